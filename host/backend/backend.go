@@ -1,0 +1,127 @@
+// Package backend is the seam between the plugin runtime (mechanism) and the
+// code that decides policy. A Backend is asked for what RCCL sees (devices),
+// for a connection plan per communicator, and, when it opts in, for a plan per
+// operation and for batched completion reports. The native passthrough in this
+// package is the baseline; host/sandbox implements the same interface on top
+// of a WebAssembly guest.
+//
+// Threading contract: Backend methods may be called concurrently. A Context is
+// used by one goroutine at a time (the runtime holds the owning rma context's
+// lock around every call), so implementations need no locking of their own.
+package backend
+
+import "errors"
+
+// DeviceInfo is what a backend wants NCCL to see for one device. The runtime
+// clamps values to what the data path can honour.
+type DeviceInfo struct {
+	Name      string  // at most 63 bytes, shown in NCCL's topology and logs
+	SpeedMbps int32   // advertised bandwidth
+	LatencyUs float32 // advertised latency
+}
+
+// Transport selects how payload moves between two ranks.
+type Transport int32
+
+const (
+	TransportAuto      Transport = 0 // intra-node when possible, else TCP
+	TransportTCP       Transport = 1
+	TransportIntraNode Transport = 2 // still falls back to TCP when the kernel refuses
+)
+
+// ConnPlan is decided once per communicator (collComm) at connect time.
+type ConnPlan struct {
+	Lanes           int32     // TCP streams per peer, 1..MaxLanes
+	StripeThreshold uint64    // puts/gets at least this large are striped over all lanes
+	ChunkSize       uint64    // stripe unit
+	Transport       Transport // preference
+}
+
+// MaxLanes bounds ConnPlan.Lanes.
+const MaxLanes = 8
+
+// DefaultConnPlan is what the native backend and the embedded default use.
+func DefaultConnPlan() ConnPlan {
+	return ConnPlan{Lanes: 1, StripeThreshold: 1 << 20, ChunkSize: 512 << 10, Transport: TransportAuto}
+}
+
+// OpKind names a data operation.
+type OpKind uint32
+
+const (
+	OpPut       OpKind = 1
+	OpPutSignal OpKind = 2
+	OpGet       OpKind = 3
+	OpFlush     OpKind = 4
+)
+
+// Op describes one data operation to a planner. Payload bytes are never part
+// of it: a backend decides policy, it never touches memory.
+type Op struct {
+	Kind     OpKind
+	Context  int32
+	Peer     uint32
+	Size     uint64
+	OptFlags uint32
+	SignalOp uint32
+}
+
+// OpPlan is a planner's answer. The runtime fills defaults before the call.
+type OpPlan struct {
+	Lane   int32 // lane index in [0, Lanes), or -1 for the runtime's choice
+	Status int32 // 0 = go ahead; non-zero = fail this operation (fault injection, policy)
+}
+
+// Completion reports one finished operation for telemetry.
+type Completion struct {
+	Kind    OpKind
+	Peer    uint32
+	Size    uint64
+	Status  int32 // 0 success, else the ncclResult_t the request failed with
+	Latency uint64
+}
+
+// ContextInfo identifies the rma context a Context serves.
+type ContextInfo struct {
+	CommID   uint64
+	NRanks   int32
+	Rank     int32
+	Contexts int32 // nContexts of the createContext call
+}
+
+// Backend is one loaded policy module, shared by all communicators of the
+// process.
+type Backend interface {
+	// Name is the backend's name ("native", "default", a module name).
+	Name() string
+	// Devices lists at least one device; called when init runs.
+	Devices() []DeviceInfo
+	// ConnectionPlan is asked once per collComm.
+	ConnectionPlan(nranks, rank int32) (ConnPlan, error)
+	// NewContext returns the per-rma-context policy state (a guest instance).
+	NewContext(info ContextInfo) (Context, error)
+	// Close releases the backend after the last communicator is gone.
+	Close() error
+}
+
+// Context is the per-rma-context side of a backend.
+type Context interface {
+	// PlansOps reports whether PlanOp must be called for every operation.
+	// When false the runtime never calls PlanOp (zero per-op cost).
+	PlansOps() bool
+	// PlanOp fills plan for op. An error means the backend failed (a trap,
+	// a timeout, a nonsense answer); the runtime fails the operation's
+	// request, records a sticky error, and keeps going.
+	PlanOp(op *Op, plan *OpPlan) error
+	// WantsCompletions reports whether Completions should be called.
+	WantsCompletions() bool
+	// Completions receives a batch of finished operations; the slice is
+	// reused after the call returns.
+	Completions(batch []Completion) error
+	// Close releases the context (a guest instance).
+	Close() error
+}
+
+// ErrDisabled is returned by a Context whose backend was disabled after
+// repeated faults.
+var ErrDisabled = errors.New("backend disabled after a fault")
