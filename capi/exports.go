@@ -1,0 +1,468 @@
+package main
+
+/*
+#include <stdbool.h>
+#include <stdint.h>
+#include "rma_plugin.h"
+*/
+import "C"
+
+import (
+	"runtime/debug"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// Conventions of every export below:
+//   - handles cross as C.uintptr_t (tables.c casts void* <-> uintptr_t), so
+//     Go never holds an integer id typed as a pointer and never hands a Go
+//     pointer to C;
+//   - a NULL out-pointer is ncclInvalidArgument with a WARN naming the call
+//     and the argument; out handles are cleared first and written only on
+//     success;
+//   - a panic is recovered, logged at WARN and returned as ncclInternalError;
+//   - per-op calls (iput, iputSignal, iget, test, rmaProgress) allocate
+//     nothing on the success path.
+
+const subsys = abi.SubsysNet
+
+func rc(r abi.Result) C.int { return C.int(r) }
+
+// nullArg reports a NULL pointer argument.
+func nullArg(call, arg string) C.int {
+	logx.Warn(subsys, "%s: NULL %s", call, arg)
+	return rc(abi.InvalidArgument)
+}
+
+// panicked turns a recovered panic into ncclInternalError.
+func panicked(call string, r any) C.int {
+	logx.Warn(subsys, "%s: internal error (recovered panic): %v", call, r)
+	logx.Trace(subsys, "%s: panic stack:\n%s", call, debug.Stack())
+	return rc(abi.InternalError)
+}
+
+// noID reports a host success that produced no handle (a host bug).
+func noID(call, what string) C.int {
+	logx.Warn(subsys, "%s: internal error: runtime returned success without a %s", call, what)
+	return rc(abi.InternalError)
+}
+
+//export rmawasm_init
+func rmawasm_init(ctx *C.uintptr_t, commID C.uint64_t, logFn C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("init", r)
+		}
+	}()
+	if logFn != 0 {
+		installLogger(logFn)
+	}
+	if ctx == nil {
+		return nullArg("init", "ctx")
+	}
+	*ctx = 0
+	id, r := host.Init(uint64(commID))
+	if r != abi.Success {
+		return rc(r)
+	}
+	if id == 0 {
+		return noID("init", "context")
+	}
+	*ctx = C.uintptr_t(id)
+	return rc(abi.Success)
+}
+
+//export rmawasm_devices
+func rmawasm_devices(ndev *C.int) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("devices", r)
+		}
+	}()
+	if ndev == nil {
+		return nullArg("devices", "ndev")
+	}
+	n, r := host.Devices()
+	if r != abi.Success {
+		*ndev = 0
+		return rc(r)
+	}
+	*ndev = C.int(n)
+	return rc(abi.Success)
+}
+
+//export rmawasm_getRmaProperties
+func rmawasm_getRmaProperties(coll C.uintptr_t, props *C.ncclRmaProperties_v16_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("getRmaProperties", r)
+		}
+	}()
+	if props == nil {
+		return nullArg("getRmaProperties", "rmaProps")
+	}
+	props.flushesAllPutsOnAnySignal = false
+	v, r := host.GetRmaProperties(uint64(coll))
+	if r != abi.Success {
+		return rc(r)
+	}
+	props.flushesAllPutsOnAnySignal = C.bool(v)
+	return rc(abi.Success)
+}
+
+//export rmawasm_getProperties
+func rmawasm_getProperties(dev C.int, props *C.ncclNetProperties_v12_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("getProperties", r)
+		}
+	}()
+	if props == nil {
+		return nullArg("getProperties", "props")
+	}
+	// abi.NetProperties has the layout of ncclNetProperties_v12_t
+	// (test/layout_test.go checks it against rma_plugin.h).
+	p := (*abi.NetProperties)(unsafe.Pointer(props))
+	*p = abi.NetProperties{}
+	if r := host.GetProperties(int32(dev), p); r != abi.Success {
+		return rc(r)
+	}
+	props.name = cName(deviceName(int32(dev)))
+	props.pciPath = nil
+	return rc(abi.Success)
+}
+
+//export rmawasm_listen
+func rmawasm_listen(ctx C.uintptr_t, dev C.int, handle unsafe.Pointer, listenComm *C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("listen", r)
+		}
+	}()
+	if listenComm == nil {
+		return nullArg("listen", "listenComm")
+	}
+	*listenComm = 0
+	if handle == nil {
+		return nullArg("listen", "handle")
+	}
+	id, r := host.Listen(uint64(ctx), int32(dev), (*[abi.HandleSize]byte)(handle))
+	if r != abi.Success {
+		return rc(r)
+	}
+	if id == 0 {
+		return noID("listen", "listen communicator")
+	}
+	*listenComm = C.uintptr_t(id)
+	return rc(abi.Success)
+}
+
+//export rmawasm_connect
+func rmawasm_connect(ctx C.uintptr_t, handles *unsafe.Pointer, nranks, rank C.int, listen C.uintptr_t, collComm *C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("connect", r)
+		}
+	}()
+	_ = ctx // may be another plugin's context (NCCL passes netContext): ignored
+	if collComm == nil {
+		return nullArg("connect", "collComm")
+	}
+	*collComm = 0
+	if handles == nil {
+		return nullArg("connect", "handles")
+	}
+	if nranks <= 0 || rank < 0 || rank >= nranks {
+		logx.Warn(subsys, "connect: invalid rank %d of nranks %d", int(rank), int(nranks))
+		return rc(abi.InvalidArgument)
+	}
+	raw := unsafe.Slice(handles, int(nranks))
+	hs := make([]*[abi.HandleSize]byte, len(raw))
+	for i, p := range raw {
+		if p == nil {
+			logx.Warn(subsys, "connect: NULL handles[%d]", i)
+			return rc(abi.InvalidArgument)
+		}
+		hs[i] = (*[abi.HandleSize]byte)(p)
+	}
+	id, r := host.Connect(hs, int32(rank), uint64(listen))
+	if r != abi.Success {
+		return rc(r)
+	}
+	if id == 0 {
+		return noID("connect", "collective communicator")
+	}
+	*collComm = C.uintptr_t(id)
+	return rc(abi.Success)
+}
+
+//export rmawasm_createContext
+func rmawasm_createContext(coll C.uintptr_t, config *C.ncclRmaConfig_v15_t, rmaCtx *C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("createContext", r)
+		}
+	}()
+	if rmaCtx == nil {
+		return nullArg("createContext", "rmaCtx")
+	}
+	*rmaCtx = 0
+	if config == nil {
+		return nullArg("createContext", "config")
+	}
+	cfg := abi.RmaConfig{
+		NContexts:    int32(config.nContexts),
+		TrafficClass: int32(config.trafficClass),
+		RankStride:   int32(config.rankStride),
+	}
+	id, r := host.CreateContext(uint64(coll), cfg)
+	if r != abi.Success {
+		return rc(r)
+	}
+	if id == 0 {
+		return noID("createContext", "rma context")
+	}
+	*rmaCtx = C.uintptr_t(id)
+	return rc(abi.Success)
+}
+
+//export rmawasm_regMrSym
+func rmawasm_regMrSym(coll, data C.uintptr_t, size C.size_t, typ C.int, flags C.uint64_t, mhandle *C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("regMrSym", r)
+		}
+	}()
+	if mhandle == nil {
+		return nullArg("regMrSym", "mhandle")
+	}
+	*mhandle = 0
+	id, r := host.RegMr(uint64(coll), uintptr(data), uint64(size), int32(typ), uint64(flags))
+	if r != abi.Success {
+		return rc(r)
+	}
+	if id == 0 {
+		return noID("regMrSym", "memory handle")
+	}
+	*mhandle = C.uintptr_t(id)
+	return rc(abi.Success)
+}
+
+//export rmawasm_regMrSymDmaBuf
+func rmawasm_regMrSymDmaBuf(coll, data C.uintptr_t, size C.size_t, typ C.int, offset C.uint64_t, fd C.int, flags C.uint64_t, mhandle *C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("regMrSymDmaBuf", r)
+		}
+	}()
+	if mhandle == nil {
+		return nullArg("regMrSymDmaBuf", "mhandle")
+	}
+	*mhandle = 0
+	id, r := host.RegMrDmaBuf(uint64(coll), uintptr(data), uint64(size), int32(typ), uint64(offset), int32(fd), uint64(flags))
+	if r != abi.Success {
+		return rc(r)
+	}
+	if id == 0 {
+		return noID("regMrSymDmaBuf", "memory handle")
+	}
+	*mhandle = C.uintptr_t(id)
+	return rc(abi.Success)
+}
+
+//export rmawasm_deregMrSym
+func rmawasm_deregMrSym(coll, mhandle C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("deregMrSym", r)
+		}
+	}()
+	return rc(host.DeregMr(uint64(coll), uint64(mhandle)))
+}
+
+//export rmawasm_destroyContext
+func rmawasm_destroyContext(rmaCtx C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("destroyContext", r)
+		}
+	}()
+	return rc(host.DestroyContext(uint64(rmaCtx)))
+}
+
+//export rmawasm_closeColl
+func rmawasm_closeColl(coll C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("closeColl", r)
+		}
+	}()
+	return rc(host.CloseColl(uint64(coll)))
+}
+
+//export rmawasm_closeListen
+func rmawasm_closeListen(listen C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("closeListen", r)
+		}
+	}()
+	return rc(host.CloseListen(uint64(listen)))
+}
+
+//export rmawasm_iput
+func rmawasm_iput(rmaCtx C.uintptr_t, context C.int, srcOff C.uint64_t, srcMh C.uintptr_t, size C.size_t,
+	dstOff C.uint64_t, dstMh C.uintptr_t, rank, optFlags C.uint32_t, request *C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("iput", r)
+		}
+	}()
+	if request == nil {
+		return nullArg("iput", "request")
+	}
+	*request = 0
+	id, r := host.Iput(uint64(rmaCtx), int32(context), uint64(srcOff), uint64(srcMh), uint64(size),
+		uint64(dstOff), uint64(dstMh), uint32(rank), uint32(optFlags))
+	if r != abi.Success {
+		return rc(r)
+	}
+	if id == 0 {
+		return noID("iput", "request")
+	}
+	*request = C.uintptr_t(id)
+	return rc(abi.Success)
+}
+
+//export rmawasm_iputSignal
+func rmawasm_iputSignal(rmaCtx C.uintptr_t, context C.int, srcOff C.uint64_t, srcMh C.uintptr_t, size C.size_t,
+	dstOff C.uint64_t, dstMh C.uintptr_t, rank C.uint32_t, signalOff C.uint64_t, signalMh C.uintptr_t,
+	signalValue C.uint64_t, signalOp C.uint32_t, strong C.bool, optFlags C.uint32_t, request *C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("iputSignal", r)
+		}
+	}()
+	if request == nil {
+		return nullArg("iputSignal", "request")
+	}
+	*request = 0
+	id, r := host.IputSignal(uint64(rmaCtx), int32(context), uint64(srcOff), uint64(srcMh), uint64(size),
+		uint64(dstOff), uint64(dstMh), uint32(rank), uint64(signalOff), uint64(signalMh),
+		uint64(signalValue), uint32(signalOp), bool(strong), uint32(optFlags))
+	if r != abi.Success {
+		return rc(r)
+	}
+	if id == 0 {
+		return noID("iputSignal", "request")
+	}
+	*request = C.uintptr_t(id)
+	return rc(abi.Success)
+}
+
+//export rmawasm_iget
+func rmawasm_iget(rmaCtx C.uintptr_t, context C.int, remoteOff C.uint64_t, remoteMh C.uintptr_t, size C.size_t,
+	localOff C.uint64_t, localMh C.uintptr_t, rank, optFlags C.uint32_t, request *C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("iget", r)
+		}
+	}()
+	if request == nil {
+		return nullArg("iget", "request")
+	}
+	*request = 0
+	id, r := host.Iget(uint64(rmaCtx), int32(context), uint64(remoteOff), uint64(remoteMh), uint64(size),
+		uint64(localOff), uint64(localMh), uint32(rank), uint32(optFlags))
+	if r != abi.Success {
+		return rc(r)
+	}
+	if id == 0 {
+		return noID("iget", "request")
+	}
+	*request = C.uintptr_t(id)
+	return rc(abi.Success)
+}
+
+//export rmawasm_iflush
+func rmawasm_iflush(rmaCtx C.uintptr_t, context C.int, mhandle C.uintptr_t, rank C.uint32_t, request *C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("iflush", r)
+		}
+	}()
+	if request == nil {
+		return nullArg("iflush", "request")
+	}
+	*request = 0
+	// A zero id is allowed here: *request = NULL means "already complete".
+	id, r := host.Iflush(uint64(rmaCtx), int32(context), uint64(mhandle), uint32(rank))
+	if r != abi.Success {
+		return rc(r)
+	}
+	*request = C.uintptr_t(id)
+	return rc(abi.Success)
+}
+
+//export rmawasm_test
+func rmawasm_test(coll, request C.uintptr_t, done *C.int) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("test", r)
+		}
+	}()
+	if done == nil {
+		return nullArg("test", "done")
+	}
+	*done = 0
+	d, r := host.Test(uint64(coll), uint64(request))
+	if r != abi.Success {
+		return rc(r)
+	}
+	if d {
+		*done = 1
+	}
+	return rc(abi.Success)
+}
+
+//export rmawasm_rmaProgress
+func rmawasm_rmaProgress(rmaCtx C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("rmaProgress", r)
+		}
+	}()
+	return rc(host.Progress(uint64(rmaCtx)))
+}
+
+//export rmawasm_queryLastError
+func rmawasm_queryLastError(rmaCtx C.uintptr_t, hasError *C.bool) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("queryLastError", r)
+		}
+	}()
+	if hasError == nil {
+		return nullArg("queryLastError", "hasError")
+	}
+	*hasError = false
+	e, r := host.QueryLastError(uint64(rmaCtx))
+	if r != abi.Success {
+		return rc(r)
+	}
+	*hasError = C.bool(e)
+	return rc(abi.Success)
+}
+
+//export rmawasm_finalize
+func rmawasm_finalize(ctx C.uintptr_t) (ret C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			ret = panicked("finalize", r)
+		}
+	}()
+	return rc(host.Finalize(uint64(ctx)))
+}

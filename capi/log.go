@@ -1,0 +1,87 @@
+package main
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// flavor selects the log-level numbering of the host library (abi.Flavor).
+var flavor atomic.Int32
+
+// installLogger makes fn (a ncclDebugLogger_t) the process-wide sink of
+// logx. The newest non-NULL logger handed to init wins.
+func installLogger(fn C.uintptr_t) {
+	f, how, bad := detectFlavor(fn)
+	flavor.Store(int32(f))
+	C.rmawasm_set_logger(fn)
+	logx.SetSink(sink)
+	if bad != "" {
+		logx.Warn(abi.SubsysEnv, "%s=%q is not auto, nccl or rccl; using auto", config.LogFlavor, bad)
+	}
+	logx.Trace(abi.SubsysInit, "logger installed, %s log levels (%s)", f, how)
+}
+
+// detectFlavor honours NCCL_RMA_WASM_LOG_FLAVOR=auto|nccl|rccl; with auto it
+// asks dladdr which object holds the logger: a file name containing "rccl"
+// (librccl.so.1) means RCCL numbering, anything else NCCL numbering.
+// bad is the unrecognised variable value, if any (warned by the caller once
+// the sink is installed).
+func detectFlavor(fn C.uintptr_t) (f abi.Flavor, how, bad string) {
+	v := strings.ToLower(config.String(config.LogFlavor, "auto"))
+	switch v {
+	case "nccl":
+		return abi.FlavorNCCL, config.LogFlavor + "=nccl", ""
+	case "rccl":
+		return abi.FlavorRCCL, config.LogFlavor + "=rccl", ""
+	case "auto":
+	default:
+		bad = v
+	}
+	p := C.rmawasm_object_path(fn)
+	if p == nil {
+		return abi.FlavorNCCL, "logger object unknown", bad
+	}
+	path := C.GoString(p)
+	if strings.Contains(strings.ToLower(filepath.Base(path)), "rccl") {
+		return abi.FlavorRCCL, "logger in " + path, bad
+	}
+	return abi.FlavorNCCL, "logger in " + path, bad
+}
+
+var (
+	fileMu    sync.Mutex
+	fileNames = map[string]*C.char{}
+)
+
+// cFile returns a C copy of a (small, fixed set of) source-file names; the
+// copies live forever because the host logger may keep the pointer.
+func cFile(name string) *C.char {
+	fileMu.Lock()
+	defer fileMu.Unlock()
+	if c, ok := fileNames[name]; ok {
+		return c
+	}
+	c := C.CString(name)
+	fileNames[name] = c
+	return c
+}
+
+func sink(level abi.LogLevel, subsys uint64, file string, line int, msg string) {
+	f := abi.Flavor(flavor.Load())
+	cmsg := C.CString(msg)
+	C.rmawasm_log(C.int(f.Level(level)), C.ulong(subsys), cFile(file), C.int(line), cmsg)
+	C.free(unsafe.Pointer(cmsg))
+}
