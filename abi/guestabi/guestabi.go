@@ -1,0 +1,146 @@
+// Package guestabi holds the constants of Guest ABI v1 (SPEC-guest.md): the
+// names of the exports and imports, status codes, feature bits and the byte
+// layout of the descriptor area a guest keeps in its linear memory. The host
+// (host/sandbox) and the Go guest SDK (guests/go/rmaw) both import it; the C
+// SDK (guests/c/rmaw.h) mirrors it and a host test checks the two agree.
+//
+// Pure Go, no dependencies, safe to build for GOOS=wasip1.
+package guestabi
+
+// Version is the ABI major version this package describes.
+const Version = 1
+
+// Marker is the export whose presence declares Guest ABI v1. A v2 host keeps
+// accepting modules that export only this marker and speaks v1 to them.
+const Marker = "rmaw_abi_v1"
+
+// MarkerPrefix is shared by every ABI version's marker ("rmaw_abi_v<N>").
+const MarkerPrefix = "rmaw_abi_v"
+
+// ImportModule is the module name of the host functions.
+const ImportModule = "rmaw"
+
+// WASIModule is the only other import module a guest may use. The host
+// instantiates it with everything denied (no fs, env, args, sockets; fake
+// clocks; deterministic random).
+const WASIModule = "wasi_snapshot_preview1"
+
+// Host functions (imports, module "rmaw").
+const (
+	ImportLog       = "log"        // (level i32, ptr i32, len i32) -> i32 status
+	ImportGetConfig = "get_config" // (buf i32, limit i32) -> i32 needed_len
+)
+
+// Guest exports.
+const (
+	ExportMemory      = "memory"
+	ExportInitialize  = "_initialize"      // optional, language runtime (Go, wasi-libc); called first
+	ExportInit        = "rmaw_init"        // (host_features i64) -> i64 enabled features, or < 0 status
+	ExportArea        = "rmaw_area"        // () -> i32 address of the descriptor area
+	ExportDevices     = "rmaw_devices"     // optional (max i32) -> i32 count or < 0 status
+	ExportConnPlan    = "rmaw_conn_plan"   // optional (nranks i32, rank i32) -> i32 status
+	ExportCtxOpen     = "rmaw_ctx_open"    // optional (ctx i32, comm i64, nranks i32, rank i32, ncontexts i32) -> i32 status
+	ExportCtxClose    = "rmaw_ctx_close"   // optional (ctx i32) -> i32 status
+	ExportPlanOp      = "rmaw_plan_op"     // FeaturePlanOp: (ctx i32, kind i32, peer i32, size i64, opt_flags i32, signal_op i32) -> i32
+	ExportCompletions = "rmaw_completions" // FeatureCompletions: (ctx i32, n i32) -> i32 status
+	ExportFinalize    = "rmaw_finalize"    // optional () -> i32 status
+)
+
+// Feature bits negotiated by rmaw_init: the host offers, the guest returns the
+// subset it enables. Unknown bits are reserved; a guest must not return a bit
+// the host did not offer.
+const (
+	FeaturePlanOp      uint64 = 1 << 0 // call rmaw_plan_op for every operation
+	FeatureCompletions uint64 = 1 << 1 // call rmaw_completions with batches
+	FeaturesV1                = FeaturePlanOp | FeatureCompletions
+)
+
+// Status codes returned by guest exports and host imports. Zero is success;
+// negative values are errors. rmaw_plan_op additionally returns 1..6, meaning
+// "fail this operation with that ncclResult_t".
+const (
+	StatusOK          int32 = 0
+	StatusErrInval    int32 = -1 // bad argument
+	StatusErrNotSup   int32 = -2 // unsupported request
+	StatusErrNoMem    int32 = -3 // out of memory
+	StatusErrInternal int32 = -4 // guest-internal failure
+	StatusErrBounds   int32 = -5 // a pointer/length is outside linear memory (host imports)
+)
+
+// Log levels of rmaw.log.
+const (
+	LogError = 0
+	LogWarn  = 1
+	LogInfo  = 2
+	LogTrace = 3
+)
+
+// Area layout. The guest reserves the area in its own memory (static data,
+// 8-byte aligned) and returns its address from rmaw_area. The host reads and
+// writes it in place. All fields little-endian.
+const (
+	AreaMagic = 0x57414d52 // "RMAW"
+
+	// Header, written by the guest (usually static initialised data).
+	OffMagic    = 0x000 // u32 AreaMagic
+	OffVersion  = 0x004 // u32 Version
+	OffAreaSize = 0x008 // u32 total bytes of the area
+	OffCompCap  = 0x00c // u32 completion records the area holds (0 = none)
+
+	// Op plan, pre-filled by the host before rmaw_plan_op, edited by the guest.
+	OffPlan        = 0x010
+	OffPlanLane    = OffPlan + 0  // i32 lane, -1 = runtime's choice
+	OffPlanFlags   = OffPlan + 4  // u32 reserved, 0
+	OffPlanChunk   = OffPlan + 8  // u64 chunk size hint, 0 = default (advisory in v1)
+	OffPlanDelayNs = OffPlan + 16 // u64 pacing delay hint (advisory in v1)
+	PlanSize       = 32
+
+	// Connection plan, pre-filled with defaults before rmaw_conn_plan.
+	OffConn          = 0x030
+	OffConnLanes     = OffConn + 0  // i32 1..MaxLanes
+	OffConnTransport = OffConn + 4  // i32 0 auto, 1 tcp, 2 intra-node
+	OffConnStripe    = OffConn + 8  // u64 stripe threshold
+	OffConnChunk     = OffConn + 16 // u64 stripe unit, > 0
+	ConnSize         = 32
+
+	// Devices, written by rmaw_devices.
+	OffDevices      = 0x050
+	MaxDevices      = 8
+	DeviceSize      = 80
+	DevOffName      = 0  // 64 bytes, NUL-terminated or NUL-padded
+	DevOffSpeedMbps = 64 // i32
+	DevOffLatencyUs = 68 // f32
+	DeviceNameMax   = 63
+
+	// Completion records, written by the host before rmaw_completions.
+	OffCompletions  = OffDevices + MaxDevices*DeviceSize // 0x2d0
+	CompletionSize  = 32
+	CompOffKind     = 0  // u32 OpKind
+	CompOffPeer     = 4  // u32
+	CompOffSize     = 8  // u64
+	CompOffStatus   = 16 // i32 ncclResult_t, 0 = success
+	CompOffReserved = 20 // u32 0
+	CompOffLatency  = 24 // u64 nanoseconds, measured by the host
+
+	// AreaMinSize is the smallest valid area (no completion records).
+	AreaMinSize = OffCompletions
+	// MaxCompCap bounds the completion ring a guest may declare.
+	MaxCompCap = 4096
+)
+
+// Op kinds (mirror backend.OpKind).
+const (
+	OpPut       = 1
+	OpPutSignal = 2
+	OpGet       = 3
+	OpFlush     = 4
+)
+
+// MaxLanes mirrors backend.MaxLanes.
+const MaxLanes = 8
+
+// MaxConfigLen bounds the configuration string handed to a guest.
+const MaxConfigLen = 64 << 10
+
+// MaxLogLen bounds one log line (longer lines are truncated).
+const MaxLogLen = 1024

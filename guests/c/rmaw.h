@@ -1,0 +1,199 @@
+/* rmaw.h - Guest ABI v1 SDK for C backends of rccl-rma-wasm.
+ *
+ * Build a backend (freestanding, no libc, no WASI):
+ *   clang --target=wasm32 -O2 -ffreestanding -nostdlib -fno-builtin \
+ *         -Wl,--no-entry -Wl,--export-dynamic -o mybackend.wasm mybackend.c
+ *
+ * Every backend must:
+ *   RMAW_ABI_V1();              declare the ABI (exports rmaw_abi_v1)
+ *   RMAW_DEFINE_AREA(cap);      reserve the descriptor area (exports rmaw_area)
+ *   RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) { ... }
+ * and may export rmaw_devices, rmaw_conn_plan, rmaw_ctx_open, rmaw_ctx_close,
+ * rmaw_plan_op, rmaw_completions and rmaw_finalize (signatures below).
+ * The normative text is SPEC-guest.md; the constants mirror abi/guestabi.
+ */
+#ifndef RMAW_H
+#define RMAW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define RMAW_ABI_VERSION 1
+#define RMAW_AREA_MAGIC 0x57414d52u /* "RMAW" */
+
+/* Feature bits (rmaw_init's argument offers, its result enables). */
+#define RMAW_FEATURE_PLAN_OP     ((int64_t)1 << 0)
+#define RMAW_FEATURE_COMPLETIONS ((int64_t)1 << 1)
+
+/* Status codes. rmaw_plan_op may also return 1..6 (an ncclResult_t) to fail
+ * the operation on purpose. */
+#define RMAW_OK             0
+#define RMAW_ERR_INVAL     -1
+#define RMAW_ERR_NOTSUP    -2
+#define RMAW_ERR_NOMEM     -3
+#define RMAW_ERR_INTERNAL  -4
+#define RMAW_ERR_BOUNDS    -5
+
+/* ncclResult_t values usable as rmaw_plan_op answers. */
+#define RMAW_NCCL_SYSTEM_ERROR    2
+#define RMAW_NCCL_INTERNAL_ERROR  3
+#define RMAW_NCCL_INVALID_ARGUMENT 4
+#define RMAW_NCCL_INVALID_USAGE   5
+#define RMAW_NCCL_REMOTE_ERROR    6
+
+#define RMAW_LOG_ERROR 0
+#define RMAW_LOG_WARN  1
+#define RMAW_LOG_INFO  2
+#define RMAW_LOG_TRACE 3
+
+#define RMAW_OP_PUT        1
+#define RMAW_OP_PUT_SIGNAL 2
+#define RMAW_OP_GET        3
+#define RMAW_OP_FLUSH      4
+
+#define RMAW_TRANSPORT_AUTO      0
+#define RMAW_TRANSPORT_TCP       1
+#define RMAW_TRANSPORT_INTRANODE 2
+
+#define RMAW_MAX_LANES   8
+#define RMAW_MAX_DEVICES 8
+#define RMAW_MAX_COMP_CAP 4096
+
+#define RMAW_EXPORT(name) __attribute__((export_name(#name), visibility("default")))
+#define RMAW_IMPORT(name) __attribute__((import_module("rmaw"), import_name(#name)))
+
+/* ---- descriptors (little-endian, in the guest's own memory) ---- */
+
+struct rmaw_plan {            /* pre-filled by the host before rmaw_plan_op */
+  int32_t lane;               /* -1 = runtime's choice, else 0..lanes-1 */
+  uint32_t flags;             /* reserved, 0 */
+  uint64_t chunk_size;        /* advisory in v1, 0 = default */
+  uint64_t delay_ns;          /* advisory in v1 */
+  uint64_t reserved;
+};
+
+struct rmaw_conn_plan {       /* pre-filled with the defaults before rmaw_conn_plan */
+  int32_t lanes;              /* 1..RMAW_MAX_LANES */
+  int32_t transport;          /* RMAW_TRANSPORT_* */
+  uint64_t stripe_threshold;  /* ops at least this large are striped */
+  uint64_t chunk_size;        /* stripe unit, > 0 */
+  uint64_t reserved;
+};
+
+struct rmaw_device {          /* written by rmaw_devices */
+  char name[64];              /* NUL-terminated, at most 63 bytes */
+  int32_t speed_mbps;         /* > 0 */
+  float latency_us;           /* >= 0 */
+  uint64_t reserved;
+};
+
+struct rmaw_completion {      /* written by the host before rmaw_completions */
+  uint32_t kind;              /* RMAW_OP_* */
+  uint32_t peer;
+  uint64_t size;
+  int32_t status;             /* ncclResult_t, 0 = success */
+  uint32_t reserved;
+  uint64_t latency_ns;        /* measured by the host */
+};
+
+struct rmaw_area {
+  uint32_t magic;             /* RMAW_AREA_MAGIC */
+  uint32_t version;           /* RMAW_ABI_VERSION */
+  uint32_t area_size;         /* bytes, including the completion records */
+  uint32_t comp_cap;          /* completion records that follow */
+  struct rmaw_plan plan;
+  struct rmaw_conn_plan conn;
+  struct rmaw_device devices[RMAW_MAX_DEVICES];
+  /* comp_cap struct rmaw_completion records follow (rmaw_completion_ring()) */
+};
+
+_Static_assert(offsetof(struct rmaw_area, plan) == 0x10, "plan offset");
+_Static_assert(offsetof(struct rmaw_area, conn) == 0x30, "conn offset");
+_Static_assert(offsetof(struct rmaw_area, devices) == 0x50, "devices offset");
+_Static_assert(sizeof(struct rmaw_area) == 0x2d0, "area header size");
+_Static_assert(sizeof(struct rmaw_device) == 80, "device size");
+_Static_assert(sizeof(struct rmaw_completion) == 32, "completion size");
+
+/* ---- the declarations a backend implements ---- */
+int64_t rmaw_init(int64_t host_features);
+int32_t rmaw_devices(int32_t max);
+int32_t rmaw_conn_plan(int32_t nranks, int32_t rank);
+int32_t rmaw_ctx_open(int32_t ctx, int64_t comm_id, int32_t nranks, int32_t rank, int32_t ncontexts);
+int32_t rmaw_ctx_close(int32_t ctx);
+int32_t rmaw_plan_op(int32_t ctx, int32_t kind, int32_t peer, int64_t size, int32_t opt_flags, int32_t signal_op);
+int32_t rmaw_completions(int32_t ctx, int32_t n);
+int32_t rmaw_finalize(void);
+
+/* Declares Guest ABI v1. */
+#define RMAW_ABI_V1() RMAW_EXPORT(rmaw_abi_v1) void rmaw_abi_v1(void) {}
+
+/* Reserves the descriptor area with room for CAP completion records and
+ * exports rmaw_area. Use rmaw_area_ptr() to reach it. */
+#define RMAW_DEFINE_AREA(CAP)                                                        \
+  static struct {                                                                    \
+    struct rmaw_area a;                                                              \
+    struct rmaw_completion c[(CAP) > 0 ? (CAP) : 1];                                 \
+  } __attribute__((aligned(8))) rmaw__area = {                                       \
+      .a = {.magic = RMAW_AREA_MAGIC, .version = RMAW_ABI_VERSION,                   \
+            .area_size = sizeof(rmaw__area), .comp_cap = (CAP)}};                    \
+  static inline __attribute__((unused)) struct rmaw_area *rmaw_area_ptr(void) { return &rmaw__area.a; }      \
+  static inline __attribute__((unused)) struct rmaw_completion *rmaw_completion_ring(void) { return rmaw__area.c; } \
+  RMAW_EXPORT(rmaw_area) uint32_t rmaw_area(void) { return (uint32_t)(uintptr_t)&rmaw__area; }
+
+/* ---- host functions (module "rmaw") ---- */
+RMAW_IMPORT(log) int32_t rmaw_log_raw(int32_t level, const char *msg, uint32_t len);
+RMAW_IMPORT(get_config) int32_t rmaw_get_config(char *buf, uint32_t limit);
+
+/* ---- helpers (no libc) ---- */
+static inline uint32_t rmaw_strlen(const char *s) {
+  uint32_t n = 0;
+  while (s[n]) n++;
+  return n;
+}
+
+static inline int32_t rmaw_log(int32_t level, const char *msg) {
+  return rmaw_log_raw(level, msg, rmaw_strlen(msg));
+}
+
+static inline void rmaw_strlcpy(char *dst, const char *src, uint32_t size) {
+  uint32_t i = 0;
+  for (; i + 1 < size && src[i]; i++) dst[i] = src[i];
+  for (; i < size; i++) dst[i] = 0;
+}
+
+/* Writes v in decimal to buf (at least 21 bytes); returns the length. */
+static inline uint32_t rmaw_utoa(uint64_t v, char *buf) {
+  char tmp[21];
+  uint32_t n = 0, i;
+  do { tmp[n++] = (char)('0' + v % 10); v /= 10; } while (v);
+  for (i = 0; i < n; i++) buf[i] = tmp[n - 1 - i];
+  buf[n] = 0;
+  return n;
+}
+
+/* Finds key=value in a config string of comma/space/newline separated
+ * pairs; returns the value as an integer (decimal, k/m/g suffixes) or def. */
+static inline int64_t rmaw_config_int(const char *cfg, uint32_t len, const char *key, int64_t def) {
+  uint32_t klen = rmaw_strlen(key), i = 0;
+  while (i < len) {
+    while (i < len && (cfg[i] == ',' || cfg[i] == ' ' || cfg[i] == '\n' || cfg[i] == '\t')) i++;
+    uint32_t j = 0;
+    while (j < klen && i + j < len && cfg[i + j] == key[j]) j++;
+    if (j == klen && i + j < len && cfg[i + j] == '=') {
+      i += j + 1;
+      int neg = 0;
+      int64_t v = 0;
+      if (i < len && cfg[i] == '-') { neg = 1; i++; }
+      if (i >= len || cfg[i] < '0' || cfg[i] > '9') return def;
+      while (i < len && cfg[i] >= '0' && cfg[i] <= '9') v = v * 10 + (cfg[i++] - '0');
+      if (i < len && (cfg[i] == 'k' || cfg[i] == 'K')) v <<= 10;
+      else if (i < len && (cfg[i] == 'm' || cfg[i] == 'M')) v <<= 20;
+      else if (i < len && (cfg[i] == 'g' || cfg[i] == 'G')) v <<= 30;
+      return neg ? -v : v;
+    }
+    while (i < len && cfg[i] != ',' && cfg[i] != ' ' && cfg[i] != '\n' && cfg[i] != '\t') i++;
+  }
+  return def;
+}
+
+#endif /* RMAW_H */

@@ -1,0 +1,170 @@
+package sandbox
+
+import (
+	"fmt"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
+)
+
+// guestContext is the backend.Context of one rma context: one instance,
+// used by one goroutine at a time (the runtime's lock), so no locking here.
+type guestContext struct {
+	b    *Backend
+	info backend.ContextInfo
+	id   int32
+	in   *instance // nil after a fault until the next call revives it
+
+	plans, completions bool
+}
+
+var _ backend.Context = (*guestContext)(nil)
+
+// revive creates the instance and opens the context in it.
+func (c *guestContext) revive() error {
+	if c.b.disabled.Load() {
+		return backend.ErrDisabled
+	}
+	in, err := c.b.newInstance()
+	if err != nil {
+		return c.b.fault(fmt.Errorf("wasm backend %s: %w", c.b.name, err))
+	}
+	if in.fCtxOpen != nil {
+		s := in.stack[:5]
+		s[0], s[1], s[2], s[3], s[4] = uint64(uint32(c.id)), c.info.CommID,
+			uint64(uint32(c.info.NRanks)), uint64(uint32(c.info.Rank)), uint64(uint32(c.info.Contexts))
+		if err := in.call(in.fCtxOpen, guestabi.ExportCtxOpen, s, c.b.ctlFuel); err != nil {
+			in.close()
+			return c.b.fault(fmt.Errorf("wasm backend %s: %w", c.b.name, err))
+		}
+		if st := int32(s[0]); st != 0 {
+			in.close()
+			return &guestStatusError{c.b.name, guestabi.ExportCtxOpen, st}
+		}
+	}
+	c.in = in
+	c.plans = in.features&guestabi.FeaturePlanOp != 0
+	c.completions = in.features&guestabi.FeatureCompletions != 0
+	return nil
+}
+
+// faulted drops the instance and records the fault.
+func (c *guestContext) faulted(err error) error {
+	c.in.close()
+	c.in = nil
+	return c.b.fault(fmt.Errorf("wasm backend %s: %w", c.b.name, err))
+}
+
+// PlansOps implements backend.Context.
+func (c *guestContext) PlansOps() bool { return c.plans }
+
+// WantsCompletions implements backend.Context.
+func (c *guestContext) WantsCompletions() bool { return c.completions }
+
+// PlanOp implements backend.Context. It allocates nothing on success.
+func (c *guestContext) PlanOp(op *backend.Op, plan *backend.OpPlan) error {
+	if c.b.disabled.Load() {
+		return backend.ErrDisabled
+	}
+	in := c.in
+	if in == nil {
+		if err := c.revive(); err != nil {
+			return err
+		}
+		in = c.in
+	}
+	if in.fPlanOp == nil {
+		return nil
+	}
+	m, a := in.mem, in.area
+	m.WriteUint64Le(a+guestabi.OffPlanLane, uint64(uint32(plan.Lane))) // lane + flags=0
+	m.WriteUint64Le(a+guestabi.OffPlanChunk, 0)
+	m.WriteUint64Le(a+guestabi.OffPlanDelayNs, 0)
+	s := in.planStack[:]
+	s[0], s[1], s[2], s[3], s[4], s[5] = uint64(uint32(c.id)), uint64(op.Kind), uint64(op.Peer), op.Size,
+		uint64(op.OptFlags), uint64(op.SignalOp)
+	if err := in.call(in.fPlanOp, guestabi.ExportPlanOp, s, c.b.planFuel); err != nil {
+		return c.faulted(err)
+	}
+	st := int32(s[0])
+	switch {
+	case st == 0:
+		lane, _ := m.ReadUint32Le(a + guestabi.OffPlanLane)
+		if l := int32(lane); l < -1 || l >= backend.MaxLanes {
+			return c.faulted(fmt.Errorf("%s: lane %d outside -1..%d", guestabi.ExportPlanOp, l, backend.MaxLanes-1))
+		}
+		plan.Lane, plan.Status = int32(lane), 0
+		return nil
+	case st > 0 && st <= 6: // ncclResult_t codes a plugin may return
+		plan.Status = st
+		return nil
+	case st < 0:
+		return &guestStatusError{c.b.name, guestabi.ExportPlanOp, st}
+	}
+	return c.faulted(fmt.Errorf("%s returned status %d (want 0, 1..6 or negative)", guestabi.ExportPlanOp, st))
+}
+
+// Completions implements backend.Context: records are written into the
+// guest's ring in place, up to its capacity per call.
+func (c *guestContext) Completions(batch []backend.Completion) error {
+	if c.b.disabled.Load() {
+		return backend.ErrDisabled
+	}
+	if c.in == nil {
+		if err := c.revive(); err != nil {
+			return err
+		}
+	}
+	in := c.in
+	if in.fCompletions == nil || !c.completions {
+		return nil
+	}
+	for len(batch) > 0 {
+		n := min(len(batch), int(in.compCap))
+		m := in.mem
+		base := in.area + guestabi.OffCompletions
+		for i := range batch[:n] {
+			r, x := base+uint32(i)*guestabi.CompletionSize, &batch[i]
+			m.WriteUint32Le(r+guestabi.CompOffKind, uint32(x.Kind))
+			m.WriteUint32Le(r+guestabi.CompOffPeer, x.Peer)
+			m.WriteUint64Le(r+guestabi.CompOffSize, x.Size)
+			m.WriteUint32Le(r+guestabi.CompOffStatus, uint32(x.Status))
+			m.WriteUint32Le(r+guestabi.CompOffReserved, 0)
+			m.WriteUint64Le(r+guestabi.CompOffLatency, x.Latency)
+		}
+		s := in.stack[:2]
+		s[0], s[1] = uint64(uint32(c.id)), uint64(n)
+		if err := in.call(in.fCompletions, guestabi.ExportCompletions, s, c.b.ctlFuel); err != nil {
+			return c.faulted(err)
+		}
+		if st := int32(s[0]); st != 0 {
+			if st < 0 {
+				return &guestStatusError{c.b.name, guestabi.ExportCompletions, st}
+			}
+			return c.faulted(fmt.Errorf("%s returned status %d (want 0 or negative)", guestabi.ExportCompletions, st))
+		}
+		batch = batch[n:]
+	}
+	return nil
+}
+
+// Close implements backend.Context.
+func (c *guestContext) Close() error {
+	in := c.in
+	if in == nil {
+		return nil
+	}
+	c.in = nil
+	var err error
+	if in.fCtxClose != nil {
+		in.stack[0] = uint64(uint32(c.id))
+		if err = in.call(in.fCtxClose, guestabi.ExportCtxClose, in.stack[:1], c.b.ctlFuel); err == nil {
+			if st := int32(in.stack[0]); st != 0 {
+				err = &guestStatusError{c.b.name, guestabi.ExportCtxClose, st}
+			}
+		}
+	}
+	in.finalize()
+	in.close()
+	return err
+}

@@ -1,0 +1,212 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// One wazero Runtime per (memory cap, cache dir) for the whole process, with
+// the host module "rmaw" and a deny-everything WASI instantiated once. Guest
+// instances are anonymous, so one CompiledModule serves every context.
+
+type rtKey struct {
+	pages    uint32
+	cacheDir string
+}
+
+type sharedRuntime struct {
+	rt      wazero.Runtime
+	wasiFns map[string]api.FunctionDefinition
+
+	mu       sync.Mutex
+	compiled map[[32]byte]*compiledEntry
+}
+
+type compiledEntry struct {
+	once sync.Once
+	cm   wazero.CompiledModule
+	err  error
+}
+
+var (
+	runtimesMu sync.Mutex
+	runtimes   = map[rtKey]*sharedRuntime{}
+	caches     = map[string]wazero.CompilationCache{}
+)
+
+// defaultCacheDir is os.UserCacheDir()/rccl-rma-wasm, or a per-user folder in
+// the temp dir when there is no user cache directory.
+func defaultCacheDir() string {
+	if d, err := os.UserCacheDir(); err == nil && d != "" {
+		return filepath.Join(d, "rccl-rma-wasm")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("rccl-rma-wasm-%d", os.Getuid()))
+}
+
+func getRuntime(pages uint32, cacheDir string) (*sharedRuntime, error) {
+	runtimesMu.Lock()
+	defer runtimesMu.Unlock()
+	k := rtKey{pages, cacheDir}
+	if r := runtimes[k]; r != nil {
+		return r, nil
+	}
+	ctx := context.Background()
+	cfg := wazero.NewRuntimeConfig().
+		WithMemoryLimitPages(pages).
+		WithCloseOnContextDone(false). // metering instead: see meter.go
+		WithCoreFeatures(api.CoreFeaturesV2)
+	if cacheDir != "off" {
+		cc := caches[cacheDir]
+		if cc == nil {
+			// wazero writes each entry to a temp file and renames it into
+			// place, so processes sharing the directory never see a torn
+			// entry (internal/filecache/file_cache.go).
+			if err := os.MkdirAll(cacheDir, 0o700); err != nil {
+				logx.Warn(0, "wasm: compilation cache %s unusable (%v); compiling without it", cacheDir, err)
+			} else if c, err := wazero.NewCompilationCacheWithDir(cacheDir); err != nil {
+				logx.Warn(0, "wasm: compilation cache %s unusable (%v); compiling without it", cacheDir, err)
+			} else {
+				cc = c
+				caches[cacheDir] = c
+			}
+		}
+		if cc != nil {
+			cfg = cfg.WithCompilationCache(cc)
+		}
+	}
+	rt := wazero.NewRuntimeWithConfig(ctx, cfg)
+	wasiB := wasi_snapshot_preview1.NewBuilder(rt)
+	wasiCM, err := wasiB.Compile(ctx)
+	if err != nil {
+		_ = rt.Close(ctx)
+		return nil, fmt.Errorf("wasm: compiling WASI: %w", err)
+	}
+	if _, err := rt.InstantiateModule(ctx, wasiCM, wazero.NewModuleConfig()); err != nil {
+		_ = rt.Close(ctx)
+		return nil, fmt.Errorf("wasm: instantiating WASI: %w", err)
+	}
+	if _, err := hostModule(rt).Instantiate(ctx); err != nil {
+		_ = rt.Close(ctx)
+		return nil, fmt.Errorf("wasm: instantiating host module: %w", err)
+	}
+	r := &sharedRuntime{rt: rt, wasiFns: wasiCM.ExportedFunctions(), compiled: map[[32]byte]*compiledEntry{}}
+	runtimes[k] = r
+	return r, nil
+}
+
+// compile meters and compiles a module once per process and runtime.
+func (r *sharedRuntime) compile(wasm []byte) (wazero.CompiledModule, error) {
+	sum := sha256.Sum256(wasm)
+	r.mu.Lock()
+	e := r.compiled[sum]
+	if e == nil {
+		e = &compiledEntry{}
+		r.compiled[sum] = e
+	}
+	r.mu.Unlock()
+	e.once.Do(func() {
+		metered, err := meter(wasm)
+		if err != nil {
+			e.err = err
+			return
+		}
+		e.cm, e.err = r.rt.CompileModule(context.Background(), metered)
+	})
+	if e.err != nil {
+		// Do not cache failures: a fixed file with the same name is a new hash
+		// anyway, but keep the map small.
+		r.mu.Lock()
+		delete(r.compiled, sum)
+		r.mu.Unlock()
+	}
+	return e.cm, e.err
+}
+
+// Host functions, module "rmaw".
+
+type instKey struct{}
+
+func instanceFrom(ctx context.Context) *instance {
+	in, _ := ctx.Value(instKey{}).(*instance)
+	return in
+}
+
+const (
+	i32 = api.ValueTypeI32
+)
+
+func hostModule(rt wazero.Runtime) wazero.HostModuleBuilder {
+	b := rt.NewHostModuleBuilder(guestabi.ImportModule)
+	b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostLog), []api.ValueType{i32, i32, i32}, []api.ValueType{i32}).
+		WithParameterNames("level", "ptr", "len").Export(guestabi.ImportLog)
+	b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(hostGetConfig), []api.ValueType{i32, i32}, []api.ValueType{i32}).
+		WithParameterNames("buf", "limit").Export(guestabi.ImportGetConfig)
+	return b
+}
+
+// Fuel charged by host functions, in instruction units.
+const (
+	fuelLog       = 2000
+	fuelGetConfig = 200
+)
+
+func hostLog(ctx context.Context, mod api.Module, stack []uint64) {
+	in := instanceFrom(ctx)
+	level, ptr, n := int32(stack[0]), uint32(stack[1]), uint32(stack[2])
+	if n > guestabi.MaxLogLen {
+		n = guestabi.MaxLogLen
+	}
+	buf, ok := mod.Memory().Read(ptr, n)
+	if !ok {
+		stack[0] = statusWord(guestabi.StatusErrBounds)
+		return
+	}
+	name := "?"
+	if in != nil {
+		in.charge(fuelLog + int64(n))
+		name = in.b.name
+	}
+	msg := strings.TrimRight(string(buf), "\n")
+	switch level {
+	case guestabi.LogError, guestabi.LogWarn:
+		logx.Warn(0, "wasm guest %s: %s", name, msg)
+	case guestabi.LogInfo:
+		logx.Info(0, "wasm guest %s: %s", name, msg)
+	case guestabi.LogTrace:
+		logx.Trace(0, "wasm guest %s: %s", name, msg)
+	default:
+		stack[0] = statusWord(guestabi.StatusErrInval)
+		return
+	}
+	stack[0] = 0
+}
+
+func hostGetConfig(ctx context.Context, mod api.Module, stack []uint64) {
+	in := instanceFrom(ctx)
+	buf, limit := uint32(stack[0]), uint32(stack[1])
+	cfg := ""
+	if in != nil {
+		cfg = in.b.config
+		in.charge(fuelGetConfig + int64(min(limit, uint32(len(cfg)))))
+	}
+	n := min(uint32(len(cfg)), limit)
+	if n > 0 && !mod.Memory().WriteString(buf, cfg[:n]) {
+		stack[0] = statusWord(guestabi.StatusErrBounds)
+		return
+	}
+	stack[0] = uint64(uint32(len(cfg)))
+}
+
+func statusWord(s int32) uint64 { return uint64(uint32(s)) }
