@@ -1,0 +1,251 @@
+package host
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+type listenComm struct {
+	l   *dataplane.Listener
+	dev int32
+	be  *loaded
+}
+
+// coll is a collective communicator: the mesh, its registrations and its
+// rma contexts.
+type coll struct {
+	id     uint64
+	rank   int
+	nranks int
+	dev    int32
+	be     *loaded
+	plan   backend.ConnPlan
+	mesh   *dataplane.Mesh
+	closed atomic.Bool
+
+	mrMu    sync.Mutex
+	mrs     atomic.Pointer[[]*mr] // indexed by symmetric registration id
+	byAddr  map[uintptr]*mr
+	nextMR  uint32
+	remote  map[uint32]*remoteSizes
+	regCond *sync.Cond
+
+	rmaMu sync.Mutex
+	rmas  []*rmaCtx
+
+	errFlag   atomic.Bool
+	errMu     sync.Mutex
+	errPeers  map[int]bool
+	lastError string
+}
+
+type remoteSizes struct {
+	have  int
+	sizes []uint64
+	known []bool
+}
+
+var (
+	listens table[listenComm]
+	colls   table[coll]
+)
+
+func connectTimeout() time.Duration {
+	d, ok := config.Duration(config.ConnectTimeout, 120*time.Second)
+	if !ok {
+		logx.Warn(abi.SubsysEnv, "NET/wasm: ignoring malformed %s", config.ConnectTimeout)
+	}
+	return d
+}
+
+// Listen opens the listener a later connect accepts peers on, and writes the
+// handle NCCL all-gathers.
+func Listen(ctx uint64, dev int32, handle *[abi.HandleSize]byte) (uint64, abi.Result) {
+	pc := lookupCtx(ctx)
+	if pc == nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: listen: unknown context %#x", ctx)
+		return 0, abi.InvalidArgument
+	}
+	if dev < 0 || int(dev) >= len(pc.backend.devices) {
+		logx.Warn(abi.SubsysNet, "NET/wasm: listen: device %d out of range [0, %d)", dev, len(pc.backend.devices))
+		return 0, abi.InvalidArgument
+	}
+	l, h, err := dataplane.Listen(config.Get(config.Addr))
+	if err != nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: listen: %v", err)
+		return 0, abi.SystemError
+	}
+	*handle = *h
+	id := listens.add(&listenComm{l: l, dev: dev, be: pc.backend})
+	logx.Info(abi.SubsysNet, "NET/wasm: listening on %s (dev %d)", l.Addr(), dev)
+	return makeHandle(kindListen, id), abi.Success
+}
+
+// CloseListen stops accepting. Connect has already taken its connections.
+func CloseListen(listen uint64) abi.Result {
+	k, id := splitHandle(listen)
+	var lc *listenComm
+	if k == kindListen {
+		lc = listens.remove(id)
+	}
+	if lc == nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: closeListen: unknown listen comm %#x", listen)
+		return abi.InvalidArgument
+	}
+	if err := lc.l.Close(); err != nil {
+		logx.Info(abi.SubsysNet, "NET/wasm: closeListen: %v", err)
+	}
+	return abi.Success
+}
+
+// Connect builds the full mesh among the nranks ranks. The ctx argument is
+// ignored: NCCL's RMA proxy passes another plugin's context there.
+func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64, abi.Result) {
+	k, lid := splitHandle(listen)
+	var lc *listenComm
+	if k == kindListen {
+		lc = listens.get(lid)
+	}
+	if lc == nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: connect: unknown listen comm %#x", listen)
+		return 0, abi.InvalidArgument
+	}
+	n := len(handles)
+	if n == 0 || rank < 0 || int(rank) >= n {
+		logx.Warn(abi.SubsysNet, "NET/wasm: connect: rank %d outside [0, %d)", rank, n)
+		return 0, abi.InvalidArgument
+	}
+	plan, err := lc.be.b.ConnectionPlan(int32(n), rank)
+	if err != nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: connect: backend %s: connection plan: %v", lc.be.b.Name(), err)
+		return 0, abi.InternalError
+	}
+	if plan.Lanes < 1 || plan.Lanes > backend.MaxLanes {
+		logx.Warn(abi.SubsysNet, "NET/wasm: connect: backend %s asked for %d lanes, allowed 1..%d", lc.be.b.Name(), plan.Lanes, backend.MaxLanes)
+		return 0, abi.InternalError
+	}
+	c := &coll{rank: int(rank), nranks: n, dev: lc.dev, be: lc.be, plan: plan,
+		byAddr: map[uintptr]*mr{}, remote: map[uint32]*remoteSizes{}, errPeers: map[int]bool{}}
+	c.regCond = sync.NewCond(&c.mrMu)
+	empty := []*mr{}
+	c.mrs.Store(&empty)
+	hs := make([]*dataplane.Handle, n)
+	for i, h := range handles {
+		hs[i] = (*dataplane.Handle)(h)
+	}
+	timeout := connectTimeout()
+	start := time.Now()
+	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, timeout)
+	if err != nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: connect: rank %d of %d: %v", rank, n, err)
+		return 0, abi.SystemError
+	}
+	c.mesh = mesh
+	c.id = colls.add(c)
+	logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d connected to %d ranks in %v", rank, n, time.Since(start).Round(time.Microsecond))
+	return makeHandle(kindColl, c.id), abi.Success
+}
+
+func lookupColl(h uint64) *coll {
+	k, id := splitHandle(h)
+	if k != kindColl {
+		return nil
+	}
+	return colls.get(id)
+}
+
+// GetRmaProperties answers the v16 query. Puts and signals of different
+// peers travel on different streams, so a signal from one peer says nothing
+// about another peer's puts.
+func GetRmaProperties(h uint64) (bool, abi.Result) {
+	if lookupColl(h) == nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: getRmaProperties: unknown collComm %#x", h)
+		return false, abi.InvalidArgument
+	}
+	return false, abi.Success
+}
+
+// CloseColl tears the communicator down without waiting for peers: it says
+// goodbye, drops the streams, and fails whatever is still in flight.
+func CloseColl(h uint64) abi.Result {
+	k, id := splitHandle(h)
+	var c *coll
+	if k == kindColl {
+		c = colls.remove(id)
+	}
+	if c == nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: unknown collComm %#x", h)
+		return abi.InvalidArgument
+	}
+	c.closed.Store(true)
+	c.rmaMu.Lock()
+	rmas := c.rmas
+	c.rmas = nil
+	c.rmaMu.Unlock()
+	for _, r := range rmas {
+		r.destroy()
+	}
+	if err := c.mesh.Close(); err != nil {
+		logx.Info(abi.SubsysNet, "NET/wasm: closeColl: %v", err)
+	}
+	c.mrMu.Lock()
+	c.regCond.Broadcast()
+	c.mrMu.Unlock()
+	return abi.Success
+}
+
+// setError records a sticky asynchronous error for queryLastError.
+func (c *coll) setError(peer int, err error) {
+	c.errMu.Lock()
+	first := !c.errPeers[peer]
+	c.errPeers[peer] = true
+	c.lastError = err.Error()
+	c.errMu.Unlock()
+	c.errFlag.Store(true)
+	if first && !c.closed.Load() {
+		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: %v", c.rank, err)
+	}
+}
+
+// dataplane.Owner
+
+// Resolve is called by the target service for every incoming operation.
+func (c *coll) Resolve(id uint32) (unsafe.Pointer, uint64, bool) {
+	mrs := *c.mrs.Load()
+	if int(id) >= len(mrs) || mrs[id] == nil {
+		return nil, 0, false
+	}
+	m := mrs[id]
+	return m.base, m.size, true
+}
+
+// PeerRegistered records a peer's size for registration id.
+func (c *coll) PeerRegistered(peer int, id uint32, size uint64) {
+	c.mrMu.Lock()
+	defer c.mrMu.Unlock()
+	rs := c.remote[id]
+	if rs == nil {
+		rs = &remoteSizes{sizes: make([]uint64, c.nranks), known: make([]bool, c.nranks)}
+		c.remote[id] = rs
+	}
+	if !rs.known[peer] {
+		rs.known[peer] = true
+		rs.have++
+	}
+	rs.sizes[peer] = size
+	c.regCond.Broadcast()
+}
+
+// Complete finishes a request; tags are request handles.
+func (c *coll) Complete(tag uint64, status abi.Result) { completeRequest(tag, status) }
+
+// PeerFailed makes the error visible through queryLastError.
+func (c *coll) PeerFailed(peer int, err error) { c.setError(peer, err) }

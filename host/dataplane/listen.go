@@ -1,0 +1,249 @@
+package dataplane
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+const (
+	helloMagic = "RMAH"
+	helloSize  = 32
+	ackMagic   = "RMAK"
+	// helloTimeout bounds how long a half-open or silent connection may hold
+	// an accept slot.
+	helloTimeout = 10 * time.Second
+)
+
+// incoming is an authenticated connection from a peer rank.
+type incoming struct {
+	conn   *net.TCPConn
+	rank   int
+	nranks int
+}
+
+// Listener accepts peer connections for one future collComm. Only dialers that
+// present the listener's random token are admitted.
+type Listener struct {
+	ln      *net.TCPListener
+	info    HandleInfo
+	conns   chan incoming
+	closeMu sync.Mutex
+	closed  bool
+	done    chan struct{}
+}
+
+// Listen opens a listener on addr ("ip" or "ip:port"; empty picks an
+// address) and returns it with the handle to all-gather.
+func Listen(addr string) (*Listener, *Handle, error) {
+	laddr, err := resolveListenAddr(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	ln, err := net.ListenTCP("tcp", laddr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listen on %s: %w", laddr, err)
+	}
+	l := &Listener{ln: ln, conns: make(chan incoming, 1024), done: make(chan struct{})}
+	l.info.Addr = ln.Addr().(*net.TCPAddr)
+	if _, err := rand.Read(l.info.Token[:]); err != nil {
+		ln.Close()
+		return nil, nil, fmt.Errorf("random token: %w", err)
+	}
+	l.info.HostID = HostID()
+	l.info.Pid = uint32(os.Getpid())
+	l.info.UID = uint32(os.Getuid())
+	var h Handle
+	l.info.Encode(&h)
+	go l.acceptLoop()
+	return l, &h, nil
+}
+
+// Addr is the address peers dial.
+func (l *Listener) Addr() *net.TCPAddr { return l.info.Addr }
+
+func (l *Listener) acceptLoop() {
+	for {
+		c, err := l.ln.AcceptTCP()
+		if err != nil {
+			close(l.done)
+			return
+		}
+		go l.admit(c)
+	}
+}
+
+// admit checks the dialer's hello before the connection reaches connect.
+func (l *Listener) admit(c *net.TCPConn) {
+	var b [helloSize]byte
+	c.SetDeadline(time.Now().Add(helloTimeout))
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		c.Close()
+		return
+	}
+	if string(b[0:4]) != helloMagic || string(b[4:20]) != string(l.info.Token[:]) {
+		logx.Warn(abi.SubsysNet, "NET/wasm: rejected connection from %s: it did not present this communicator's token", c.RemoteAddr())
+		c.Close()
+		return
+	}
+	in := incoming{conn: c, rank: int(binary.LittleEndian.Uint32(b[20:])), nranks: int(binary.LittleEndian.Uint32(b[24:]))}
+	if _, err := c.Write([]byte(ackMagic)); err != nil {
+		c.Close()
+		return
+	}
+	c.SetDeadline(time.Time{})
+	l.closeMu.Lock()
+	defer l.closeMu.Unlock()
+	if l.closed {
+		c.Close()
+		return
+	}
+	select {
+	case l.conns <- in:
+	default:
+		logx.Warn(abi.SubsysNet, "NET/wasm: too many pending connections on %s, dropping one from %s", l.info.Addr, c.RemoteAddr())
+		c.Close()
+	}
+}
+
+// Close stops accepting and closes connections no collComm took.
+func (l *Listener) Close() error {
+	l.closeMu.Lock()
+	if l.closed {
+		l.closeMu.Unlock()
+		return nil
+	}
+	l.closed = true
+	l.closeMu.Unlock()
+	err := l.ln.Close()
+	for {
+		select {
+		case in := <-l.conns:
+			in.conn.Close()
+		default:
+			return err
+		}
+	}
+}
+
+// dial opens an authenticated connection to a peer's listener.
+func dial(peer HandleInfo, rank, nranks int, deadline time.Time) (*net.TCPConn, error) {
+	var lastErr error
+	for {
+		d := net.Dialer{Deadline: deadline}
+		c, err := d.Dial("tcp", peer.Addr.String())
+		if err == nil {
+			tc := c.(*net.TCPConn)
+			if err = hello(tc, peer, rank, nranks, deadline); err == nil {
+				return tc, nil
+			}
+			tc.Close()
+		}
+		lastErr = err
+		if time.Now().After(deadline) {
+			return nil, lastErr
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func hello(c *net.TCPConn, peer HandleInfo, rank, nranks int, deadline time.Time) error {
+	var b [helloSize]byte
+	copy(b[0:4], helloMagic)
+	copy(b[4:20], peer.Token[:])
+	binary.LittleEndian.PutUint32(b[20:], uint32(rank))
+	binary.LittleEndian.PutUint32(b[24:], uint32(nranks))
+	c.SetDeadline(deadline)
+	if _, err := c.Write(b[:]); err != nil {
+		return err
+	}
+	var ack [4]byte
+	if _, err := io.ReadFull(c, ack[:]); err != nil {
+		return fmt.Errorf("peer %s refused the connection (token rejected?): %w", peer.Addr, err)
+	}
+	if string(ack[:]) != ackMagic {
+		return errors.New("bad acknowledgement from peer")
+	}
+	c.SetDeadline(time.Time{})
+	return nil
+}
+
+var (
+	hostIDOnce sync.Once
+	hostID     [16]byte
+)
+
+// HostID identifies this machine and boot, so ranks can tell which peers
+// share the host (the intra-node transport needs the same kernel).
+func HostID() [16]byte {
+	hostIDOnce.Do(func() {
+		h := sha256.New()
+		name, _ := os.Hostname()
+		h.Write([]byte(name))
+		if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+			h.Write(b)
+		}
+		if b, err := os.ReadFile("/etc/machine-id"); err == nil {
+			h.Write(b)
+		}
+		copy(hostID[:], h.Sum(nil))
+	})
+	return hostID
+}
+
+// resolveListenAddr turns the configured address into a bind address. With
+// nothing configured it uses the first non-loopback IPv4 address that is up,
+// and loopback when there is none.
+func resolveListenAddr(addr string) (*net.TCPAddr, error) {
+	if addr != "" {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			host, port = addr, "0"
+		}
+		if ifi, err := net.InterfaceByName(host); err == nil {
+			ip, err := interfaceIPv4(ifi)
+			if err != nil {
+				return nil, err
+			}
+			host = ip.String()
+		}
+		a, err := net.ResolveTCPAddr("tcp", net.JoinHostPort(host, port))
+		if err != nil {
+			return nil, fmt.Errorf("bad listen address %q: %w", addr, err)
+		}
+		return a, nil
+	}
+	ifs, _ := net.Interfaces()
+	for i := range ifs {
+		if ifs[i].Flags&net.FlagUp == 0 || ifs[i].Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		if ip, err := interfaceIPv4(&ifs[i]); err == nil {
+			return &net.TCPAddr{IP: ip}, nil
+		}
+	}
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}, nil
+}
+
+func interfaceIPv4(ifi *net.Interface) (net.IP, error) {
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return nil, fmt.Errorf("interface %s: %w", ifi.Name, err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
+			return n.IP.To4(), nil
+		}
+	}
+	return nil, fmt.Errorf("interface %s has no IPv4 address", ifi.Name)
+}

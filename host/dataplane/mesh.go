@@ -1,0 +1,188 @@
+// Package dataplane is the native mechanism that moves bytes: authenticated
+// TCP connections between ranks, the wire protocol, the target-side service
+// that lands puts, applies signals and serves gets without any call from the
+// target process, and completion of initiator requests.
+//
+// Ordering: every operation from one rank to one peer travels on one stream
+// and the target applies them in order, payload before signal, so every
+// signal is strong per (context, peer) and across contexts too.
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"go.uber.org/multierr"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+)
+
+// Owner is what the dataplane needs from the communicator above it.
+type Owner interface {
+	// Resolve maps a registration id to its local memory, for the target
+	// side. It must be lock-free: it runs once per incoming operation.
+	Resolve(mrID uint32) (base unsafe.Pointer, size uint64, ok bool)
+	// PeerRegistered records a peer's registration size (msgReg).
+	PeerRegistered(peer int, mrID uint32, size uint64)
+	// Complete finishes the request named by tag.
+	Complete(tag uint64, status abi.Result)
+	// PeerFailed reports a lost peer or an operation the peer rejected.
+	PeerFailed(peer int, err error)
+}
+
+// Op is one operation to post. It is copied into the peer's queue, so posting
+// allocates nothing.
+type Op struct {
+	Kind     uint8 // OpPut, OpPutSignal, OpGet, OpReg
+	SigOp    uint8
+	MrID     uint32 // target registration (dst for puts, src for gets)
+	SigMrID  uint32
+	Context  uint32
+	Tag      uint64         // request handle, echoed back on errors
+	Local    unsafe.Pointer // put: source bytes; get: destination bytes
+	Size     uint64
+	Off      uint64 // offset in the target registration
+	SigOff   uint64
+	SigValue uint64
+}
+
+// Operation kinds for Op.Kind.
+const (
+	OpPut       = msgPut
+	OpPutSignal = msgPutSig
+	OpGet       = msgGet
+	OpReg       = msgReg
+)
+
+// Mesh is one communicator's set of connections: one stream to every rank,
+// itself included.
+type Mesh struct {
+	rank, nranks int
+	owner        Owner
+	peers        []*peer
+	closed       atomic.Bool
+	wg           sync.WaitGroup
+}
+
+// ErrPeerGone is the status of operations to a peer that closed or failed.
+var ErrPeerGone = errors.New("peer connection lost")
+
+// Connect builds the full mesh: it dials every rank's listener (including its
+// own) and accepts one connection from every rank on l. It returns when all
+// 2*nranks streams are up or when timeout passes.
+func Connect(l *Listener, handles []*Handle, rank int, owner Owner, timeout time.Duration) (*Mesh, error) {
+	n := len(handles)
+	if rank < 0 || rank >= n {
+		return nil, fmt.Errorf("rank %d outside [0, %d)", rank, n)
+	}
+	infos := make([]HandleInfo, n)
+	for i, h := range handles {
+		hi, err := DecodeHandle(h)
+		if err != nil {
+			return nil, fmt.Errorf("handle of rank %d: %w", i, err)
+		}
+		infos[i] = hi
+	}
+	deadline := time.Now().Add(timeout)
+	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n)}
+	outs := make([]*net.TCPConn, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range infos {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			outs[i], errs[i] = dial(infos[i], rank, n, deadline)
+		}(i)
+	}
+	ins := make([]*net.TCPConn, n)
+	got := 0
+	var acceptErr error
+	timer := time.NewTimer(time.Until(deadline))
+	for got < n && acceptErr == nil {
+		select {
+		case in := <-l.conns:
+			switch {
+			case in.nranks != n || in.rank < 0 || in.rank >= n:
+				acceptErr = fmt.Errorf("peer announced rank %d of %d, expected a rank of %d", in.rank, in.nranks, n)
+				in.conn.Close()
+			case ins[in.rank] != nil:
+				acceptErr = fmt.Errorf("two connections claim rank %d", in.rank)
+				in.conn.Close()
+			default:
+				ins[in.rank] = in.conn
+				got++
+			}
+		case <-timer.C:
+			acceptErr = fmt.Errorf("timed out after %v with %d of %d peers connected to us", timeout, got, n)
+		}
+	}
+	timer.Stop()
+	wg.Wait()
+	var err error
+	for i, e := range errs {
+		if e != nil {
+			err = multierr.Append(err, fmt.Errorf("connect to rank %d at %s: %w", i, infos[i].Addr, e))
+		}
+	}
+	err = multierr.Append(err, acceptErr)
+	if err != nil {
+		for i := range outs {
+			if outs[i] != nil {
+				outs[i].Close()
+			}
+			if ins[i] != nil {
+				ins[i].Close()
+			}
+		}
+		return nil, err
+	}
+	for i := 0; i < n; i++ {
+		outs[i].SetNoDelay(true)
+		ins[i].SetNoDelay(true)
+		m.peers[i] = newPeer(m, i, outs[i], ins[i])
+	}
+	for _, p := range m.peers {
+		p.start()
+	}
+	return m, nil
+}
+
+// Rank and NRanks describe the communicator.
+func (m *Mesh) Rank() int   { return m.rank }
+func (m *Mesh) NRanks() int { return m.nranks }
+
+// Post queues op for peer. It never blocks on the network and never fails for
+// lack of space; an op to a lost peer completes with an error.
+func (m *Mesh) Post(peerRank int, op *Op, defer_ bool) {
+	m.peers[peerRank].post(op, defer_)
+}
+
+// Kick flushes operations held back by the aggregation hint.
+func (m *Mesh) Kick() {
+	for _, p := range m.peers {
+		p.kick()
+	}
+}
+
+// PeerAlive reports whether the stream to peer is still usable.
+func (m *Mesh) PeerAlive(peerRank int) bool { return !m.peers[peerRank].dead.Load() }
+
+// Close says goodbye to every peer (without waiting for answers), closes all
+// streams, and fails what is still queued.
+func (m *Mesh) Close() error {
+	if m.closed.Swap(true) {
+		return nil
+	}
+	var err error
+	for _, p := range m.peers {
+		err = multierr.Append(err, p.close())
+	}
+	m.wg.Wait()
+	return err
+}

@@ -1,0 +1,141 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+)
+
+// Message types on a connection. Requests flow from the initiator's outgoing
+// connection to the target's service; replies come back on the same socket.
+const (
+	msgPut     = 1 // header + size payload bytes
+	msgPutSig  = 2 // as msgPut, then the 64-bit signal update
+	msgGet     = 3 // header only; the target answers msgGetResp
+	msgReg     = 4 // a registration's id and size, for initiator-side bounds checks
+	msgBye     = 5 // orderly close: the peer is going away, not failing
+	msgNack    = 0x81
+	msgGetResp = 0x82
+)
+
+// hdrSize is the fixed size of every message header.
+const hdrSize = 64
+
+// header layout (little endian):
+//
+//	0 type u8 | 1 sigOp u8 | 2 status u16 | 4 mrID u32 | 8 tag u64 | 16 off u64
+//	24 size u64 | 32 sigMrID u32 | 36 context u32 | 40 sigOff u64 | 48 sigValue u64
+type header struct {
+	typ      uint8
+	sigOp    uint8
+	status   uint16
+	mrID     uint32
+	tag      uint64
+	off      uint64
+	size     uint64
+	sigMrID  uint32
+	context  uint32
+	sigOff   uint64
+	sigValue uint64
+}
+
+func (h *header) encode(b []byte) {
+	_ = b[hdrSize-1]
+	b[0] = h.typ
+	b[1] = h.sigOp
+	binary.LittleEndian.PutUint16(b[2:], h.status)
+	binary.LittleEndian.PutUint32(b[4:], h.mrID)
+	binary.LittleEndian.PutUint64(b[8:], h.tag)
+	binary.LittleEndian.PutUint64(b[16:], h.off)
+	binary.LittleEndian.PutUint64(b[24:], h.size)
+	binary.LittleEndian.PutUint32(b[32:], h.sigMrID)
+	binary.LittleEndian.PutUint32(b[36:], h.context)
+	binary.LittleEndian.PutUint64(b[40:], h.sigOff)
+	binary.LittleEndian.PutUint64(b[48:], h.sigValue)
+	binary.LittleEndian.PutUint64(b[56:], 0)
+}
+
+func (h *header) decode(b []byte) {
+	_ = b[hdrSize-1]
+	h.typ = b[0]
+	h.sigOp = b[1]
+	h.status = binary.LittleEndian.Uint16(b[2:])
+	h.mrID = binary.LittleEndian.Uint32(b[4:])
+	h.tag = binary.LittleEndian.Uint64(b[8:])
+	h.off = binary.LittleEndian.Uint64(b[16:])
+	h.size = binary.LittleEndian.Uint64(b[24:])
+	h.sigMrID = binary.LittleEndian.Uint32(b[32:])
+	h.context = binary.LittleEndian.Uint32(b[36:])
+	h.sigOff = binary.LittleEndian.Uint64(b[40:])
+	h.sigValue = binary.LittleEndian.Uint64(b[48:])
+}
+
+// Handle is the 128-byte listen handle NCCL all-gathers between ranks.
+//
+//	0 magic "RMAW" | 4 version u8 | 5 ip length u8 | 6 port u16 | 8 ip [16]
+//	24 token [16] | 40 host id [16] | 56 pid u32 | 60 uid u32 | 64.. zero
+type Handle [abi.HandleSize]byte
+
+const (
+	handleMagic   = "RMAW"
+	handleVersion = 1
+)
+
+// TokenSize is the length of the per-listener secret a dialer must present.
+const TokenSize = 16
+
+// HandleInfo is the decoded content of a Handle.
+type HandleInfo struct {
+	Addr   *net.TCPAddr
+	Token  [TokenSize]byte
+	HostID [16]byte
+	Pid    uint32
+	UID    uint32
+}
+
+// Encode writes the info into a handle.
+func (hi *HandleInfo) Encode(h *Handle) {
+	*h = Handle{}
+	copy(h[0:4], handleMagic)
+	h[4] = handleVersion
+	ip := hi.Addr.IP.To4()
+	if ip == nil {
+		ip = hi.Addr.IP.To16()
+	}
+	h[5] = byte(len(ip))
+	binary.LittleEndian.PutUint16(h[6:], uint16(hi.Addr.Port))
+	copy(h[8:24], ip)
+	copy(h[24:40], hi.Token[:])
+	copy(h[40:56], hi.HostID[:])
+	binary.LittleEndian.PutUint32(h[56:], hi.Pid)
+	binary.LittleEndian.PutUint32(h[60:], hi.UID)
+}
+
+// ErrBadHandle reports a handle this library did not write.
+var ErrBadHandle = errors.New("not an rccl-rma-wasm listen handle")
+
+// DecodeHandle parses a handle written by Encode.
+func DecodeHandle(h *Handle) (HandleInfo, error) {
+	var hi HandleInfo
+	if string(h[0:4]) != handleMagic {
+		return hi, ErrBadHandle
+	}
+	if h[4] != handleVersion {
+		return hi, fmt.Errorf("listen handle version %d, this library speaks %d", h[4], handleVersion)
+	}
+	n := int(h[5])
+	if n != 4 && n != 16 {
+		return hi, fmt.Errorf("%w: address length %d", ErrBadHandle, n)
+	}
+	ip := make(net.IP, n)
+	copy(ip, h[8:8+n])
+	hi.Addr = &net.TCPAddr{IP: ip, Port: int(binary.LittleEndian.Uint16(h[6:]))}
+	copy(hi.Token[:], h[24:40])
+	copy(hi.HostID[:], h[40:56])
+	hi.Pid = binary.LittleEndian.Uint32(h[56:])
+	hi.UID = binary.LittleEndian.Uint32(h[60:])
+	return hi, nil
+}

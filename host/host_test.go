@@ -1,0 +1,295 @@
+package host
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+)
+
+// rank is one in-process rank of a test communicator.
+type rank struct {
+	ctx, coll, rma     uint64
+	src, dst, sig, get []byte
+	srcMh, dstMh       uint64
+	sigMh, getMh       uint64
+}
+
+func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+// setup builds an n-rank communicator inside this process, the way NCCL
+// drives the plugin: init, listen, all-gather, connect, createContext, regMr.
+func setup(t testing.TB, n, size int) []*rank {
+	t.Helper()
+	config.SetGetenv(func(k string) string {
+		switch k {
+		case config.Backend:
+			return "native"
+		case config.Addr:
+			return "127.0.0.1"
+		}
+		return ""
+	})
+	rs := make([]*rank, n)
+	handles := make([]*[abi.HandleSize]byte, n)
+	listens := make([]uint64, n)
+	for i := range rs {
+		ctx, res := Init(uint64(0xc0ffee))
+		if res != abi.Success {
+			t.Fatalf("init: %v", res)
+		}
+		handles[i] = new([abi.HandleSize]byte)
+		l, res := Listen(ctx, 0, handles[i])
+		if res != abi.Success {
+			t.Fatalf("listen: %v", res)
+		}
+		rs[i] = &rank{ctx: ctx}
+		listens[i] = l
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range rs {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			r := rs[i]
+			var res abi.Result
+			if r.coll, res = Connect(handles, int32(i), listens[i]); res != abi.Success {
+				errs[i] = fmt.Errorf("connect: %v", res)
+				return
+			}
+			CloseListen(listens[i])
+			if r.rma, res = CreateContext(r.coll, abi.RmaConfig{NContexts: 2, TrafficClass: abi.ConfigUndefInt, RankStride: 0}); res != abi.Success {
+				errs[i] = fmt.Errorf("createContext: %v", res)
+				return
+			}
+			r.src, r.dst = make([]byte, size), make([]byte, size*n)
+			r.sig, r.get = make([]byte, 8*(n+1)), make([]byte, size)
+			for _, b := range []struct {
+				buf []byte
+				mh  *uint64
+			}{{r.src, &r.srcMh}, {r.dst, &r.dstMh}, {r.sig, &r.sigMh}, {r.get, &r.getMh}} {
+				if *b.mh, res = RegMr(r.coll, addr(b.buf), uint64(len(b.buf)), abi.PtrHost, 0); res != abi.Success {
+					errs[i] = fmt.Errorf("regMr: %v", res)
+					return
+				}
+			}
+		}(i)
+	}
+	wg.Wait()
+	for _, e := range errs {
+		if e != nil {
+			t.Fatal(e)
+		}
+	}
+	t.Cleanup(func() {
+		for _, r := range rs {
+			for _, mh := range []uint64{r.srcMh, r.dstMh, r.sigMh, r.getMh} {
+				DeregMr(r.coll, mh)
+			}
+			DestroyContext(r.rma)
+			CloseColl(r.coll)
+			Finalize(r.ctx)
+		}
+	})
+	return rs
+}
+
+func wait(t testing.TB, coll, req uint64) abi.Result {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		done, res := Test(coll, req)
+		if done || res != abi.Success {
+			return res
+		}
+	}
+	t.Fatal("request did not complete")
+	return abi.InternalError
+}
+
+func signalWord(b []byte, i int) uint64 {
+	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&b[8*i])))
+}
+
+func TestPutSignalGet(t *testing.T) {
+	const n, size = 3, 100003
+	rs := setup(t, n, size)
+	for i, r := range rs {
+		for j := range r.src {
+			r.src[j] = byte(i*31 + j*7)
+			r.get[j] = byte(i*17 + j*3)
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range rs {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			r := rs[i]
+			for p := 0; p < n; p++ {
+				req, res := IputSignal(r.rma, int32(p%2), 0, r.srcMh, size, uint64(i*size), r.dstMh, uint32(p), uint64(8*i), r.sigMh, 5, abi.SignalOpAdd, true, 0)
+				if res != abi.Success || wait(t, r.coll, req) != abi.Success {
+					t.Errorf("putSignal %d->%d: %v", i, p, res)
+				}
+				req, res = IputSignal(r.rma, 0, 0, 0, 0, 0, 0, uint32(p), uint64(8*n), r.sigMh, 0, abi.SignalOpInc, true, abi.OptFlagAggregateRequests)
+				if res != abi.Success || wait(t, r.coll, req) != abi.Success {
+					t.Errorf("signal-only %d->%d: %v", i, p, res)
+				}
+			}
+		}(i)
+	}
+	wg.Wait()
+	for i, r := range rs {
+		deadline := time.Now().Add(10 * time.Second)
+		for signalWord(r.sig, n) != n && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		for p := 0; p < n; p++ {
+			if got := signalWord(r.sig, p); got != 5 {
+				t.Fatalf("rank %d signal from %d = %d, want 5", i, p, got)
+			}
+			for j := 0; j < size; j++ {
+				if want := byte(p*31 + j*7); r.dst[p*size+j] != want {
+					t.Fatalf("rank %d byte %d from %d = %d, want %d", i, j, p, r.dst[p*size+j], want)
+				}
+			}
+		}
+		if got := signalWord(r.sig, n); got != n {
+			t.Fatalf("rank %d signal-only count %d, want %d", i, got, n)
+		}
+	}
+	// Gets: rank 0 reads everyone's get buffer into its src.
+	r := rs[0]
+	for p := 0; p < n; p++ {
+		req, res := Iget(r.rma, 1, 0, r.getMh, size, 0, r.srcMh, uint32(p), 0)
+		if res != abi.Success || wait(t, r.coll, req) != abi.Success {
+			t.Fatalf("get from %d: %v", p, res)
+		}
+		for j := 0; j < size; j++ {
+			if want := byte(p*17 + j*3); r.src[j] != want {
+				t.Fatalf("get from %d byte %d = %d, want %d", p, j, r.src[j], want)
+			}
+		}
+	}
+	req, res := Iflush(r.rma, 0, r.sigMh, 1)
+	if res != abi.Success || wait(t, r.coll, req) != abi.Success {
+		t.Fatalf("flush: %v", res)
+	}
+	if bad, _ := QueryLastError(r.rma); bad {
+		t.Fatal("sticky error after a clean run")
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	rs := setup(t, 2, 64)
+	r := rs[0]
+	cases := []struct {
+		name string
+		res  abi.Result
+	}{
+		{"bad rma", second(Iput(12345, 0, 0, r.srcMh, 8, 0, r.dstMh, 1, 0))},
+		{"bad context", second(Iput(r.rma, 2, 0, r.srcMh, 8, 0, r.dstMh, 1, 0))},
+		{"bad rank", second(Iput(r.rma, 0, 0, r.srcMh, 8, 0, r.dstMh, 2, 0))},
+		{"src range", second(Iput(r.rma, 0, 60, r.srcMh, 8, 0, r.dstMh, 1, 0))},
+		{"dst range", second(Iput(r.rma, 0, 0, r.srcMh, 8, 200, r.dstMh, 1, 0))},
+		{"garbage handle", second(Iput(r.rma, 0, 0, 0xdead, 8, 0, r.dstMh, 1, 0))},
+		{"signal op", second(IputSignal(r.rma, 0, 0, 0, 0, 0, 0, 1, 0, r.sigMh, 1, 7, true, 0))},
+		{"signal align", second(IputSignal(r.rma, 0, 0, 0, 0, 0, 0, 1, 3, r.sigMh, 1, 1, true, 0))},
+		{"get range", second(Iget(r.rma, 0, 0, r.getMh, 65, 0, r.srcMh, 1, 0))},
+		{"test garbage", second(Test(r.coll, 0x42))},
+		{"stride", second(CreateContext(r.coll, abi.RmaConfig{NContexts: 1, RankStride: 3}))},
+		{"dmabuf", second(RegMrDmaBuf(r.coll, addr(r.src), 64, abi.PtrHost, 0, 3, 0))},
+		{"cuda", second(RegMr(r.coll, addr(r.src), 64, abi.PtrCuda, 0))},
+	}
+	for _, c := range cases {
+		if c.res != abi.InvalidArgument && c.res != abi.InvalidUsage {
+			t.Errorf("%s: got %v, want InvalidArgument or InvalidUsage", c.name, c.res)
+		}
+	}
+	req, res := Iput(r.rma, 0, 0, r.srcMh, 8, 0, r.dstMh, 1, 0)
+	if res != abi.Success || wait(t, r.coll, req) != abi.Success {
+		t.Fatal("plugin unusable after bad input")
+	}
+	if _, res := Test(r.coll, req); res != abi.InvalidArgument {
+		t.Fatalf("test of a freed request: %v", res)
+	}
+}
+
+func second[T any](_ T, r abi.Result) abi.Result { return r }
+
+func TestDuplicateRegistration(t *testing.T) {
+	rs := setup(t, 1, 64)
+	r := rs[0]
+	a, _ := RegMr(r.coll, addr(r.src), 64, abi.PtrHost, 0)
+	b, _ := RegMr(r.coll, addr(r.src), 32, abi.PtrHost, 0)
+	if a != r.srcMh || b != r.srcMh {
+		t.Fatalf("duplicate registration returned %#x, %#x; want %#x", a, b, r.srcMh)
+	}
+	for i := 0; i < 2; i++ {
+		if DeregMr(r.coll, r.srcMh) != abi.Success {
+			t.Fatal("dereg")
+		}
+	}
+	if _, res := Iput(r.rma, 0, 0, r.srcMh, 8, 0, r.dstMh, 0, 0); res != abi.Success {
+		t.Fatalf("handle dead while a reference remains: %v", res)
+	}
+}
+
+func TestPeerLoss(t *testing.T) {
+	rs := setup(t, 2, 1<<20)
+	a, b := rs[0], rs[1]
+	CloseColl(b.coll) // b goes away with a goodbye; a's later ops must fail
+	b.coll = 0
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		req, res := Iget(a.rma, 0, 0, a.getMh, 64, 0, a.srcMh, 1, 0)
+		if res != abi.Success {
+			t.Fatalf("iget: %v", res)
+		}
+		if res := wait(t, a.coll, req); res != abi.Success {
+			t.Logf("iget to the closed peer failed with %v", res)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("ops to a closed peer keep succeeding")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if bad, _ := QueryLastError(a.rma); !bad {
+		t.Fatal("queryLastError does not report the lost peer")
+	}
+	binary.LittleEndian.PutUint64(a.src, 1)
+}
+
+// BenchmarkPut8 drives 8-byte puts to self and reports allocations per op.
+func BenchmarkPut8(b *testing.B) {
+	rs := setup(b, 1, 64)
+	r := rs[0]
+	reqs := make([]uint64, 0, 64)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		req, res := Iput(r.rma, 0, 0, r.srcMh, 8, 0, r.dstMh, 0, 0)
+		if res != abi.Success {
+			b.Fatal(res)
+		}
+		reqs = append(reqs, req)
+		if len(reqs) == cap(reqs) {
+			for _, q := range reqs {
+				for {
+					if done, res := Test(r.coll, q); done || res != abi.Success {
+						break
+					}
+				}
+			}
+			reqs = reqs[:0]
+		}
+	}
+}

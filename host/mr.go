@@ -1,0 +1,168 @@
+package host
+
+import (
+	"fmt"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// mr is one symmetric registration. Its id is the same on every rank because
+// registration is collective and ordered; peers' sizes are exchanged so that
+// an initiator can reject a put outside the target's registration up front.
+type mr struct {
+	id     uint32
+	handle uint64
+	base   unsafe.Pointer // C memory owned by the caller
+	size   uint64
+	typ    int32
+	flags  uint64
+	refs   int
+	remote atomic.Pointer[[]uint64] // size of this registration on every rank
+}
+
+// RegMr registers host memory collectively. A second registration of the
+// same address (no larger) returns the same handle and takes a reference.
+func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64, abi.Result) {
+	c := lookupColl(h)
+	if c == nil {
+		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: unknown collComm %#x", h)
+		return 0, abi.InvalidArgument
+	}
+	switch {
+	case typ == abi.PtrCuda:
+		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: device memory (NCCL_PTR_CUDA) is not supported yet; this plugin advertises ptrSupport=HOST")
+		return 0, abi.InvalidUsage
+	case typ != abi.PtrHost:
+		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: unknown memory type %d", typ)
+		return 0, abi.InvalidArgument
+	case data == 0 && size > 0:
+		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: NULL buffer of %d bytes", size)
+		return 0, abi.InvalidArgument
+	case size > abi.MaxNetSizeBytes:
+		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: size %d too large", size)
+		return 0, abi.InvalidArgument
+	}
+	c.mrMu.Lock()
+	if m := c.byAddr[data]; m != nil && size <= m.size {
+		m.refs++
+		c.mrMu.Unlock()
+		return m.handle, abi.Success
+	}
+	c.nextMR++
+	m := &mr{id: c.nextMR, base: *(*unsafe.Pointer)(unsafe.Pointer(&data)), size: size, typ: typ, flags: flags, refs: 1}
+	m.handle = makeHandle(kindMR, c.id<<32|uint64(m.id))
+	old := *c.mrs.Load()
+	n := make([]*mr, max(len(old), int(m.id)+1))
+	copy(n, old)
+	n[m.id] = m
+	c.mrs.Store(&n)
+	c.byAddr[data] = m
+	c.mrMu.Unlock()
+
+	// Tell every peer our size; wait until every peer told us theirs.
+	for p := 0; p < c.nranks; p++ {
+		c.mesh.Post(p, &dataplane.Op{Kind: dataplane.OpReg, MrID: m.id, Size: size}, false)
+	}
+	sizes, err := c.awaitPeerSizes(m.id, connectTimeout())
+	if err != nil {
+		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: rank %d, registration %d (%d bytes at %#x): %v", c.rank, m.id, size, data, err)
+		c.drop(m)
+		return 0, abi.SystemError
+	}
+	m.remote.Store(&sizes)
+	logx.Trace(abi.SubsysReg, "NET/wasm: registered %d bytes at %#x as %d", size, data, m.id)
+	return m.handle, abi.Success
+}
+
+func (c *coll) awaitPeerSizes(id uint32, timeout time.Duration) ([]uint64, error) {
+	deadline := time.Now().Add(timeout)
+	t := time.AfterFunc(timeout, func() {
+		c.mrMu.Lock()
+		c.regCond.Broadcast()
+		c.mrMu.Unlock()
+	})
+	defer t.Stop()
+	c.mrMu.Lock()
+	defer c.mrMu.Unlock()
+	for {
+		rs := c.remote[id]
+		if rs != nil && rs.have == c.nranks {
+			delete(c.remote, id)
+			return rs.sizes, nil
+		}
+		if c.closed.Load() {
+			return nil, fmt.Errorf("communicator closed")
+		}
+		if time.Now().After(deadline) {
+			missing := []int{}
+			for p := 0; p < c.nranks; p++ {
+				if rs == nil || !rs.known[p] {
+					missing = append(missing, p)
+				}
+			}
+			return nil, fmt.Errorf("ranks %v did not register the matching buffer within %v (registration is collective)", missing, timeout)
+		}
+		c.regCond.Wait()
+	}
+}
+
+// RegMrDmaBuf is refused: DMABUF is not advertised, so NCCL does not call it.
+func RegMrDmaBuf(h uint64, data uintptr, size uint64, typ int32, offset uint64, fd int32, flags uint64) (uint64, abi.Result) {
+	logx.Warn(abi.SubsysReg, "NET/wasm: regMrSymDmaBuf: DMA-BUF registration is not supported (ptrSupport has no NCCL_PTR_DMABUF); use regMrSym")
+	return 0, abi.InvalidUsage
+}
+
+// DeregMr drops a reference; the last one forgets the registration. It never
+// waits for peers.
+func DeregMr(h, mh uint64) abi.Result {
+	c := lookupColl(h)
+	if c == nil {
+		logx.Warn(abi.SubsysReg, "NET/wasm: deregMrSym: unknown collComm %#x", h)
+		return abi.InvalidArgument
+	}
+	m := c.lookupMR(mh)
+	if m == nil {
+		logx.Warn(abi.SubsysReg, "NET/wasm: deregMrSym: unknown or already released handle %#x", mh)
+		return abi.InvalidArgument
+	}
+	c.mrMu.Lock()
+	m.refs--
+	last := m.refs == 0
+	c.mrMu.Unlock()
+	if last {
+		c.drop(m)
+	}
+	return abi.Success
+}
+
+func (c *coll) drop(m *mr) {
+	c.mrMu.Lock()
+	defer c.mrMu.Unlock()
+	old := *c.mrs.Load()
+	n := make([]*mr, len(old))
+	copy(n, old)
+	n[m.id] = nil
+	c.mrs.Store(&n)
+	if c.byAddr[uintptr(m.base)] == m {
+		delete(c.byAddr, uintptr(m.base))
+	}
+}
+
+// lookupMR resolves a memory handle of this communicator, lock-free.
+func (c *coll) lookupMR(mh uint64) *mr {
+	k, p := splitHandle(mh)
+	if k != kindMR || p>>32 != c.id {
+		return nil
+	}
+	id := uint32(p)
+	mrs := *c.mrs.Load()
+	if int(id) >= len(mrs) {
+		return nil
+	}
+	return mrs[id]
+}

@@ -1,0 +1,235 @@
+package host
+
+import (
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// The per-operation path: lock-free handle lookups, a request slot from the
+// context's pool, an optional guest plan, and a copy of the descriptor into
+// the peer's queue. No allocation, no global lock. Errors are rare and may
+// allocate to format their WARN line.
+
+// span reports whether [off, off+n) lies inside [0, size).
+func span(off, n, size uint64) bool { return off <= size && n <= size-off }
+
+// checkCommon resolves the rma context and validates context and rank.
+func checkCommon(call string, h uint64, context int32, rank uint32) (*rmaCtx, abi.Result) {
+	r := lookupRma(h)
+	if r == nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: %s: unknown or destroyed rma context %#x", call, h)
+		return nil, abi.InvalidArgument
+	}
+	c := r.c
+	if c.closed.Load() {
+		logx.Warn(abi.SubsysNet, "NET/wasm: %s: collComm of rma context %#x is closed", call, h)
+		return nil, abi.InvalidUsage
+	}
+	if context < 0 || int(context) >= len(r.ctxs) {
+		logx.Warn(abi.SubsysNet, "NET/wasm: %s: context %d outside [0, %d)", call, context, len(r.ctxs))
+		return nil, abi.InvalidArgument
+	}
+	if int64(rank) >= int64(c.nranks) {
+		logx.Warn(abi.SubsysNet, "NET/wasm: %s: rank %d outside [0, %d)", call, rank, c.nranks)
+		return nil, abi.InvalidArgument
+	}
+	if r.stride > 1 && ((int(rank)-c.rank+c.nranks)%c.nranks)%r.stride != 0 {
+		logx.Warn(abi.SubsysNet, "NET/wasm: %s: rank %d is not reachable with rankStride %d from rank %d", call, rank, r.stride, c.rank)
+		return nil, abi.InvalidArgument
+	}
+	return r, abi.Success
+}
+
+// localRange resolves a local handle and checks [off, off+size).
+func localRange(call, what string, c *coll, mh, off, size uint64) (*mr, abi.Result) {
+	m := c.lookupMR(mh)
+	if m == nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: %s: %s handle %#x is unknown or released", call, what, mh)
+		return nil, abi.InvalidArgument
+	}
+	if !span(off, size, m.size) {
+		logx.Warn(abi.SubsysNet, "NET/wasm: %s: %s range [%d, +%d) outside its registration of %d bytes", call, what, off, size, m.size)
+		return nil, abi.InvalidArgument
+	}
+	return m, abi.Success
+}
+
+// remoteRange resolves a symmetric handle and checks [off, off+size) against
+// the registration's size on the target rank.
+func remoteRange(call, what string, c *coll, mh, off, size uint64, rank uint32) (*mr, abi.Result) {
+	m := c.lookupMR(mh)
+	if m == nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: %s: %s handle %#x is unknown or released", call, what, mh)
+		return nil, abi.InvalidArgument
+	}
+	sizes := m.remote.Load()
+	if sizes == nil || !span(off, size, (*sizes)[rank]) {
+		var rsz uint64
+		if sizes != nil {
+			rsz = (*sizes)[rank]
+		}
+		logx.Warn(abi.SubsysNet, "NET/wasm: %s: %s range [%d, +%d) outside the registration of %d bytes on rank %d", call, what, off, size, rsz, rank)
+		return nil, abi.InvalidArgument
+	}
+	return m, abi.Success
+}
+
+// post takes a request slot, lets the backend plan, and queues op.
+func (r *rmaCtx) post(context int32, rank uint32, kind backend.OpKind, optFlags, sigOp uint32, op *dataplane.Op) (uint64, abi.Result) {
+	q, idx, ok := r.reqs.alloc()
+	if !ok {
+		logx.Warn(abi.SubsysNet, "NET/wasm: more than %d requests in flight on one rma context", maxSlabs*slabSize)
+		return 0, abi.InternalError
+	}
+	q.ctx, q.kind, q.peer, q.size = context, uint8(kind), rank, op.Size
+	gen := q.gen.Load()
+	handle := requestHandle(r.id, gen, idx)
+	op.Tag = handle
+	s := &r.ctxs[context]
+	if s.comps {
+		q.start = nanotime()
+	}
+	if s.plans {
+		if status := s.planOp(r, context, rank, kind, optFlags, sigOp, op.Size); status != abi.Success {
+			q.status.Store(int32(status))
+			q.state.Store(reqDone)
+			return handle, abi.Success
+		}
+	}
+	r.c.mesh.Post(int(rank), op, optFlags&abi.OptFlagAggregateRequests != 0)
+	return handle, abi.Success
+}
+
+// planOp asks the backend; a fault fails only this operation.
+func (s *ctxState) planOp(r *rmaCtx, context int32, rank uint32, kind backend.OpKind, optFlags, sigOp uint32, size uint64) abi.Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.b == nil {
+		return abi.InvalidUsage
+	}
+	s.op = backend.Op{Kind: kind, Context: context, Peer: rank, Size: size, OptFlags: optFlags, SignalOp: sigOp}
+	s.plan = backend.OpPlan{Lane: -1}
+	if err := s.b.PlanOp(&s.op, &s.plan); err != nil {
+		r.c.setError(-1, err)
+		return abi.InternalError
+	}
+	switch {
+	case s.plan.Lane < -1 || s.plan.Lane >= r.c.plan.Lanes:
+		logx.Warn(abi.SubsysNet, "NET/wasm: backend %s planned lane %d of %d; failing the operation", r.c.be.b.Name(), s.plan.Lane, r.c.plan.Lanes)
+		return abi.InternalError
+	case s.plan.Status != 0:
+		st := abi.Result(s.plan.Status)
+		if st < abi.UnhandledCudaError || st > abi.RemoteError {
+			st = abi.InternalError
+		}
+		logx.Warn(abi.SubsysNet, "NET/wasm: backend %s failed an operation to rank %d with status %d", r.c.be.b.Name(), rank, s.plan.Status)
+		return st
+	}
+	return abi.Success
+}
+
+// Iput copies size bytes from the local registration to rank's.
+func Iput(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint64, rank, optFlags uint32) (uint64, abi.Result) {
+	r, res := checkCommon("iput", h, context, rank)
+	if res != abi.Success {
+		return 0, res
+	}
+	c := r.c
+	src, res := localRange("iput", "source", c, srcMh, srcOff, size)
+	if res != abi.Success {
+		return 0, res
+	}
+	dst, res := remoteRange("iput", "destination", c, dstMh, dstOff, size, rank)
+	if res != abi.Success {
+		return 0, res
+	}
+	op := dataplane.Op{Kind: dataplane.OpPut, MrID: dst.id, Context: uint32(context),
+		Local: unsafe.Add(src.base, srcOff), Size: size, Off: dstOff}
+	return r.post(context, rank, backend.OpPut, optFlags, 0, &op)
+}
+
+// IputSignal is a put followed, at the target, by a 64-bit signal update that
+// becomes visible only after the payload. size 0 is a signal alone, and then
+// the source and destination handles may be NULL.
+func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint64, rank uint32,
+	signalOff, signalMh, signalValue uint64, signalOp uint32, strong bool, optFlags uint32) (uint64, abi.Result) {
+	r, res := checkCommon("iputSignal", h, context, rank)
+	if res != abi.Success {
+		return 0, res
+	}
+	c := r.c
+	if signalOp != abi.SignalOpInc && signalOp != abi.SignalOpAdd {
+		logx.Warn(abi.SubsysNet, "NET/wasm: iputSignal: unknown signal op %d (INC=1, ADD=2)", signalOp)
+		return 0, abi.InvalidArgument
+	}
+	sig, res := remoteRange("iputSignal", "signal", c, signalMh, signalOff, 8, rank)
+	if res != abi.Success {
+		return 0, res
+	}
+	if signalOff%8 != 0 {
+		logx.Warn(abi.SubsysNet, "NET/wasm: iputSignal: signal offset %d is not 8-byte aligned", signalOff)
+		return 0, abi.InvalidArgument
+	}
+	op := dataplane.Op{Kind: dataplane.OpPutSignal, SigOp: uint8(signalOp), SigMrID: sig.id, Context: uint32(context),
+		SigOff: signalOff, SigValue: signalValue}
+	if size > 0 {
+		src, res := localRange("iputSignal", "source", c, srcMh, srcOff, size)
+		if res != abi.Success {
+			return 0, res
+		}
+		dst, res := remoteRange("iputSignal", "destination", c, dstMh, dstOff, size, rank)
+		if res != abi.Success {
+			return 0, res
+		}
+		op.MrID, op.Local, op.Size, op.Off = dst.id, unsafe.Add(src.base, srcOff), size, dstOff
+	}
+	return r.post(context, rank, backend.OpPutSignal, optFlags, signalOp, &op)
+}
+
+// Iget reads size bytes of rank's registration into the local one.
+func Iget(h uint64, context int32, remoteOff, remoteMh, size, localOff, localMh uint64, rank, optFlags uint32) (uint64, abi.Result) {
+	r, res := checkCommon("iget", h, context, rank)
+	if res != abi.Success {
+		return 0, res
+	}
+	c := r.c
+	local, res := localRange("iget", "local", c, localMh, localOff, size)
+	if res != abi.Success {
+		return 0, res
+	}
+	remote, res := remoteRange("iget", "remote", c, remoteMh, remoteOff, size, rank)
+	if res != abi.Success {
+		return 0, res
+	}
+	op := dataplane.Op{Kind: dataplane.OpGet, MrID: remote.id, Context: uint32(context),
+		Local: unsafe.Add(local.base, localOff), Size: size, Off: remoteOff}
+	return r.post(context, rank, backend.OpGet, optFlags, 0, &op)
+}
+
+// Iflush completes at once: gets complete only after their bytes are in host
+// memory, so every completed get is already visible. A real request is
+// returned anyway because some callers assert it is non-NULL.
+func Iflush(h uint64, context int32, mh uint64, rank uint32) (uint64, abi.Result) {
+	r, res := checkCommon("iflush", h, context, rank)
+	if res != abi.Success {
+		return 0, res
+	}
+	if mh != 0 && r.c.lookupMR(mh) == nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: iflush: handle %#x is unknown or released", mh)
+		return 0, abi.InvalidArgument
+	}
+	r.c.mesh.Kick()
+	q, idx, ok := r.reqs.alloc()
+	if !ok {
+		logx.Warn(abi.SubsysNet, "NET/wasm: more than %d requests in flight on one rma context", maxSlabs*slabSize)
+		return 0, abi.InternalError
+	}
+	q.ctx, q.kind, q.peer, q.size = context, uint8(backend.OpFlush), rank, 0
+	q.start = nanotime()
+	q.state.Store(reqDone)
+	return requestHandle(r.id, q.gen.Load(), idx), abi.Success
+}

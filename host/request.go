@@ -1,0 +1,132 @@
+package host
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+)
+
+// Request slots live in fixed slabs so that a handle (rma context id, slot
+// index, generation) finds its slot with two loads and no lock, and so that
+// the completing goroutine and the testing thread meet on one atomic word.
+const (
+	slabBits  = 8
+	slabSize  = 1 << slabBits
+	maxSlabs  = 4096 // 1M requests in flight per rma context
+	indexBits = 20
+	genBits   = 12
+	genMask   = 1<<genBits - 1
+)
+
+const (
+	reqFree    = 0
+	reqPending = 1
+	reqDone    = 2
+)
+
+type request struct {
+	state  atomic.Uint32
+	gen    atomic.Uint32
+	status atomic.Int32
+	ctx    int32
+	kind   uint8
+	peer   uint32
+	size   uint64
+	start  int64
+}
+
+type slab [slabSize]request
+
+type requestPool struct {
+	mu     sync.Mutex // guards free and nslabs; never held across I/O
+	free   []uint32
+	nslabs int
+	slabs  [maxSlabs]atomic.Pointer[slab]
+}
+
+// alloc returns a pending slot and its index; ok is false only when a
+// million requests are already in flight.
+func (p *requestPool) alloc() (*request, uint32, bool) {
+	p.mu.Lock()
+	if len(p.free) == 0 && !p.grow() {
+		p.mu.Unlock()
+		return nil, 0, false
+	}
+	idx := p.free[len(p.free)-1]
+	p.free = p.free[:len(p.free)-1]
+	p.mu.Unlock()
+	r := p.slot(idx)
+	r.gen.Store((r.gen.Load() + 1) & genMask)
+	r.status.Store(0)
+	r.state.Store(reqPending)
+	return r, idx, true
+}
+
+// grow adds a slab; called with p.mu held. The only allocation on the
+// request path, and it stops once the pool fits the load.
+func (p *requestPool) grow() bool {
+	if p.nslabs == maxSlabs {
+		return false
+	}
+	p.slabs[p.nslabs].Store(new(slab))
+	base := uint32(p.nslabs * slabSize)
+	for i := slabSize - 1; i >= 0; i-- {
+		p.free = append(p.free, base+uint32(i))
+	}
+	p.nslabs++
+	return true
+}
+
+func (p *requestPool) slot(idx uint32) *request {
+	s := p.slabs[idx>>slabBits].Load()
+	if s == nil {
+		return nil
+	}
+	return &s[idx&(slabSize-1)]
+}
+
+func (p *requestPool) release(r *request, idx uint32) {
+	r.state.Store(reqFree)
+	p.mu.Lock()
+	p.free = append(p.free, idx)
+	p.mu.Unlock()
+}
+
+func requestHandle(rmaID uint64, gen, idx uint32) uint64 {
+	return makeHandle(kindReq, rmaID<<32|uint64(gen&genMask)<<indexBits|uint64(idx))
+}
+
+// lookupRequest decodes a request handle. It returns nil for anything that
+// is not a live request of a live rma context.
+func lookupRequest(h uint64) (*rmaCtx, *request, uint32) {
+	k, p := splitHandle(h)
+	if k != kindReq {
+		return nil, nil, 0
+	}
+	r := rmas.get(p >> 32)
+	if r == nil {
+		return nil, nil, 0
+	}
+	idx := uint32(p) & (1<<indexBits - 1)
+	gen := uint32(p>>indexBits) & genMask
+	if idx>>slabBits >= maxSlabs {
+		return nil, nil, 0
+	}
+	q := r.reqs.slot(idx)
+	if q == nil || q.gen.Load() != gen || q.state.Load() == reqFree {
+		return nil, nil, 0
+	}
+	return r, q, idx
+}
+
+// completeRequest is called by the data path; a request that is gone (its
+// context destroyed) is ignored.
+func completeRequest(h uint64, status abi.Result) {
+	_, q, _ := lookupRequest(h)
+	if q == nil {
+		return
+	}
+	q.status.Store(int32(status))
+	q.state.CompareAndSwap(reqPending, reqDone)
+}

@@ -1,0 +1,233 @@
+package host
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// maxContexts bounds nContexts of one createContext call.
+const maxContexts = 4096
+
+// completionBatch is how many completions are handed to a backend at once.
+const completionBatch = 64
+
+// rmaCtx is a block of nContexts contexts created by one createContext.
+type rmaCtx struct {
+	id      uint64
+	c       *coll
+	stride  int
+	ctxs    []ctxState
+	reqs    requestPool
+	closed  atomic.Bool
+	anyPlan bool
+}
+
+// ctxState is one context of the block: its backend policy state (a guest
+// instance) behind a lock, with preallocated scratch so that planning an
+// operation allocates nothing.
+type ctxState struct {
+	mu    sync.Mutex
+	b     backend.Context
+	plans bool
+	comps bool
+	op    backend.Op
+	plan  backend.OpPlan
+	done  []backend.Completion
+}
+
+var rmas table[rmaCtx]
+
+// CreateContext creates nContexts contexts; the context argument of data
+// calls indexes them. trafficClass is accepted and ignored (TCP has none);
+// rankStride 0 is treated as 1, as NCCL's own callers expect.
+func CreateContext(h uint64, cfg abi.RmaConfig) (uint64, abi.Result) {
+	c := lookupColl(h)
+	if c == nil {
+		logx.Warn(abi.SubsysInit, "NET/wasm: createContext: unknown collComm %#x", h)
+		return 0, abi.InvalidArgument
+	}
+	if cfg.NContexts < 1 || cfg.NContexts > maxContexts {
+		logx.Warn(abi.SubsysInit, "NET/wasm: createContext: nContexts %d outside [1, %d]", cfg.NContexts, maxContexts)
+		return 0, abi.InvalidArgument
+	}
+	stride := int(cfg.RankStride)
+	if stride == 0 {
+		stride = 1
+	}
+	if stride < 0 || c.nranks%stride != 0 {
+		logx.Warn(abi.SubsysInit, "NET/wasm: createContext: rankStride %d does not divide nranks %d", cfg.RankStride, c.nranks)
+		return 0, abi.InvalidArgument
+	}
+	r := &rmaCtx{c: c, stride: stride, ctxs: make([]ctxState, cfg.NContexts)}
+	info := backend.ContextInfo{NRanks: int32(c.nranks), Rank: int32(c.rank), Contexts: cfg.NContexts}
+	for i := range r.ctxs {
+		b, err := c.be.b.NewContext(info)
+		if err != nil {
+			logx.Warn(abi.SubsysInit, "NET/wasm: createContext: backend %s: context %d: %v", c.be.b.Name(), i, err)
+			r.closeBackends()
+			return 0, abi.InternalError
+		}
+		s := &r.ctxs[i]
+		s.b, s.plans, s.comps = b, b.PlansOps(), b.WantsCompletions()
+		if s.comps {
+			s.done = make([]backend.Completion, 0, completionBatch)
+		}
+		r.anyPlan = r.anyPlan || s.plans
+	}
+	r.id = rmas.add(r)
+	c.rmaMu.Lock()
+	if c.closed.Load() {
+		c.rmaMu.Unlock()
+		r.destroy()
+		logx.Warn(abi.SubsysInit, "NET/wasm: createContext: collComm %#x is closing", h)
+		return 0, abi.InvalidUsage
+	}
+	c.rmas = append(c.rmas, r)
+	c.rmaMu.Unlock()
+	return makeHandle(kindRma, r.id), abi.Success
+}
+
+func (r *rmaCtx) closeBackends() {
+	for i := range r.ctxs {
+		s := &r.ctxs[i]
+		s.mu.Lock()
+		if s.b != nil {
+			s.flushCompletions()
+			if err := s.b.Close(); err != nil {
+				logx.Info(abi.SubsysNet, "NET/wasm: closing backend context: %v", err)
+			}
+			s.b = nil
+		}
+		s.mu.Unlock()
+	}
+}
+
+// destroy retires the context block; requests still in flight are dropped.
+func (r *rmaCtx) destroy() {
+	if r.closed.Swap(true) {
+		return
+	}
+	rmas.remove(r.id)
+	r.closeBackends()
+}
+
+func lookupRma(h uint64) *rmaCtx {
+	k, id := splitHandle(h)
+	if k != kindRma {
+		return nil
+	}
+	return rmas.get(id)
+}
+
+// DestroyContext retires a context block without waiting for peers.
+func DestroyContext(h uint64) abi.Result {
+	r := lookupRma(h)
+	if r == nil {
+		logx.Warn(abi.SubsysInit, "NET/wasm: destroyContext: unknown rma context %#x", h)
+		return abi.InvalidArgument
+	}
+	c := r.c
+	c.rmaMu.Lock()
+	for i, x := range c.rmas {
+		if x == r {
+			c.rmas = append(c.rmas[:i], c.rmas[i+1:]...)
+			break
+		}
+	}
+	c.rmaMu.Unlock()
+	r.destroy()
+	return abi.Success
+}
+
+// QueryLastError reports a sticky asynchronous error (a lost peer, an
+// operation a peer rejected, a backend fault).
+func QueryLastError(h uint64) (bool, abi.Result) {
+	r := lookupRma(h)
+	if r == nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: queryLastError: unknown rma context %#x", h)
+		return false, abi.InvalidArgument
+	}
+	return r.c.errFlag.Load(), abi.Success
+}
+
+// Progress pushes out operations held back by the aggregation hint and hands
+// pending telemetry to the backend. The data path runs on its own; this is
+// never required for correctness.
+func Progress(h uint64) abi.Result {
+	r := lookupRma(h)
+	if r == nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: rmaProgress: unknown rma context %#x", h)
+		return abi.InvalidArgument
+	}
+	r.c.mesh.Kick()
+	for i := range r.ctxs {
+		s := &r.ctxs[i]
+		if s.comps {
+			s.mu.Lock()
+			s.flushCompletions()
+			s.mu.Unlock()
+		}
+	}
+	return abi.Success
+}
+
+// Test reports whether a request is done and frees it when it is.
+func Test(coll, req uint64) (bool, abi.Result) {
+	r, q, idx := lookupRequest(req)
+	if q == nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: test: unknown or already completed request %#x", req)
+		return false, abi.InvalidArgument
+	}
+	if k, id := splitHandle(coll); k != kindColl || id != r.c.id {
+		logx.Warn(abi.SubsysNet, "NET/wasm: test: request %#x does not belong to collComm %#x", req, coll)
+		return false, abi.InvalidArgument
+	}
+	if q.state.Load() != reqDone {
+		r.c.mesh.Kick()
+		return false, abi.Success
+	}
+	status := abi.Result(q.status.Load())
+	s := &r.ctxs[q.ctx]
+	if s.comps {
+		s.mu.Lock()
+		s.record(q, status)
+		s.mu.Unlock()
+	}
+	r.reqs.release(q, idx)
+	if status != abi.Success {
+		logx.Warn(abi.SubsysNet, "NET/wasm: request to rank %d (%d bytes) failed: %v", q.peer, q.size, status)
+	}
+	return true, status
+}
+
+func (s *ctxState) record(q *request, status abi.Result) {
+	if s.b == nil {
+		return
+	}
+	s.done = append(s.done, backend.Completion{Kind: backend.OpKind(q.kind), Peer: q.peer, Size: q.size,
+		Status: int32(status), Latency: uint64(nanotime() - q.start)})
+	if len(s.done) == cap(s.done) {
+		s.flushCompletions()
+	}
+}
+
+// flushCompletions hands the batch to the backend; called with s.mu held.
+func (s *ctxState) flushCompletions() {
+	if len(s.done) == 0 || s.b == nil {
+		return
+	}
+	if err := s.b.Completions(s.done); err != nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: backend completion hook failed: %v", err)
+	}
+	s.done = s.done[:0]
+}
+
+var epoch = time.Now()
+
+// nanotime is a monotonic clock that does not allocate.
+func nanotime() int64 { return int64(time.Since(epoch)) }
