@@ -13,11 +13,11 @@ import (
 )
 
 // deviceName is the name NCCL shows for dev (ncclNetProperties_v12_t.name,
-// also the topology key).
-//
-// TODO(host): call host.DeviceName(dev int32) string once host/ has it; until
-// then the name is derived here.
+// also the topology key); never empty.
 func deviceName(dev int32) string {
+	if n := host.DeviceName(dev); n != "" {
+		return n
+	}
 	return host.PluginName + "_" + strconv.Itoa(int(dev))
 }
 

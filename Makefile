@@ -1,0 +1,70 @@
+# rccl-rma-wasm build. All outputs go to build/.
+#
+#   make          build/librccl-rma-wasm.so (+ libnccl-rma-wasm.so symlink) and build/rma_driver
+#   make demo     run the C driver: 4 ranks, table v15
+#   make test     gofmt, go vet, go test -race (abi, host), integration tests (test/)
+#   make bench    benchmarks (placeholder)
+#   make clean
+
+GO      ?= go
+CC      ?= gcc
+BUILD   := build
+LIB     := $(BUILD)/librccl-rma-wasm.so
+LIBNCCL := $(BUILD)/libnccl-rma-wasm.so
+DRIVER  := $(BUILD)/rma_driver
+
+GOFLAGS_LIB ?= -trimpath
+CFLAGS_DRIVER ?= -O2 -Wall -Wextra -Werror -pthread
+
+# ---------------------------------------------------------------------------
+# Guests (.wasm backends). The guests/sandbox owner defines them in
+# guests/guests.mk: append the .wasm files the library embeds or the tests
+# need to GUESTS, and add their rules there. The library is rebuilt after them.
+GUESTS :=
+.DEFAULT_GOAL := all
+-include guests/guests.mk
+# ---------------------------------------------------------------------------
+
+.PHONY: all lib driver demo test bench clean gofmt-check
+
+all: lib driver
+
+lib: $(LIB) $(LIBNCCL)
+
+# go build is incremental on its own; always ask it.
+$(LIB): FORCE $(GUESTS) | $(BUILD)
+	$(GO) build -buildmode=c-shared $(GOFLAGS_LIB) -o $@ ./capi
+	@rm -f $(BUILD)/librccl-rma-wasm.h   # cgo's generated header; capi/rma_plugin.h is ours
+
+# NCCL resolves NCCL_RMA_PLUGIN=wasm to libnccl-rma-wasm.so (RCCL: librccl-rma-wasm.so).
+$(LIBNCCL): $(LIB)
+	ln -sf librccl-rma-wasm.so $@
+
+driver: $(DRIVER)
+
+$(DRIVER): samples/rma_driver.c capi/rma_plugin.h | $(BUILD)
+	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ samples/rma_driver.c -ldl
+
+$(BUILD):
+	mkdir -p $@
+
+demo: all
+	./$(DRIVER) --lib $(LIB) --ranks 4 --version 15
+
+gofmt-check:
+	@out="$$(gofmt -l $$(find . -name '*.go' -not -path './build/*' -not -path './.git/*'))"; \
+	if [ -n "$$out" ]; then echo "gofmt needs to run on:"; echo "$$out"; exit 1; fi
+
+test: all gofmt-check
+	$(GO) vet ./...
+	$(GO) test -race ./abi/... ./host/...
+	$(GO) test ./test/... -count=1 -timeout 30m
+
+# Placeholder: the bench owner replaces this target.
+bench: all
+	$(GO) test -run XXX -bench . ./host/...
+
+clean:
+	rm -rf $(BUILD)
+
+FORCE:
