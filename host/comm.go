@@ -47,10 +47,18 @@ type coll struct {
 	lastError string
 }
 
+// remoteSizes collects what peers announced for one registration id.
 type remoteSizes struct {
 	have  int
-	sizes []uint64
+	peers remoteRegs
 	known []bool
+}
+
+// remoteRegs is a registration as every rank sees it: its size there (for
+// bounds checks) and its address there (for the intra-node single copy).
+type remoteRegs struct {
+	sizes []uint64
+	bases []uint64
 }
 
 var (
@@ -143,7 +151,12 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	}
 	timeout := connectTimeout()
 	start := time.Now()
-	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, timeout)
+	intra, ok := config.Bool(config.IntraNode, true)
+	if !ok {
+		logx.Warn(abi.SubsysEnv, "NET/wasm: ignoring malformed %s", config.IntraNode)
+	}
+	opt := dataplane.Options{Timeout: timeout, IntraNode: intra && plan.Transport != backend.TransportTCP}
+	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: rank %d of %d: %v", rank, n, err)
 		return 0, abi.SystemError
@@ -227,20 +240,21 @@ func (c *coll) Resolve(id uint32) (unsafe.Pointer, uint64, bool) {
 	return m.base, m.size, true
 }
 
-// PeerRegistered records a peer's size for registration id.
-func (c *coll) PeerRegistered(peer int, id uint32, size uint64) {
+// PeerRegistered records a peer's size and address for registration id.
+func (c *coll) PeerRegistered(peer int, id uint32, size, base uint64) {
 	c.mrMu.Lock()
 	defer c.mrMu.Unlock()
 	rs := c.remote[id]
 	if rs == nil {
-		rs = &remoteSizes{sizes: make([]uint64, c.nranks), known: make([]bool, c.nranks)}
+		rs = &remoteSizes{peers: remoteRegs{sizes: make([]uint64, c.nranks), bases: make([]uint64, c.nranks)}, known: make([]bool, c.nranks)}
 		c.remote[id] = rs
 	}
 	if !rs.known[peer] {
 		rs.known[peer] = true
 		rs.have++
 	}
-	rs.sizes[peer] = size
+	rs.peers.sizes[peer] = size
+	rs.peers.bases[peer] = base
 	c.regCond.Broadcast()
 }
 

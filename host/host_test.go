@@ -33,6 +33,8 @@ func setup(t testing.TB, n, size int) []*rank {
 			return "native"
 		case config.Addr:
 			return "127.0.0.1"
+		case config.IntraNode:
+			return testIntraNode
 		}
 		return ""
 	})
@@ -116,6 +118,16 @@ func wait(t testing.TB, coll, req uint64) abi.Result {
 
 func signalWord(b []byte, i int) uint64 {
 	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&b[8*i])))
+}
+
+// testIntraNode selects the transport of in-process test communicators.
+var testIntraNode = "1"
+
+// TestPutSignalGetTCP runs the same exchange with the intra-node path off.
+func TestPutSignalGetTCP(t *testing.T) {
+	testIntraNode = "0"
+	defer func() { testIntraNode = "1" }()
+	TestPutSignalGet(t)
 }
 
 func TestPutSignalGet(t *testing.T) {

@@ -22,7 +22,7 @@ type mr struct {
 	typ    int32
 	flags  uint64
 	refs   int
-	remote atomic.Pointer[[]uint64] // size of this registration on every rank
+	remote atomic.Pointer[remoteRegs] // this registration on every rank
 }
 
 // RegMr registers host memory collectively. A second registration of the
@@ -66,7 +66,7 @@ func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64
 
 	// Tell every peer our size; wait until every peer told us theirs.
 	for p := 0; p < c.nranks; p++ {
-		c.mesh.Post(p, &dataplane.Op{Kind: dataplane.OpReg, MrID: m.id, Size: size}, false)
+		c.mesh.Post(p, &dataplane.Op{Kind: dataplane.OpReg, MrID: m.id, Size: size, Off: uint64(data)}, false)
 	}
 	sizes, err := c.awaitPeerSizes(m.id, connectTimeout())
 	if err != nil {
@@ -74,12 +74,12 @@ func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64
 		c.drop(m)
 		return 0, abi.SystemError
 	}
-	m.remote.Store(&sizes)
+	m.remote.Store(sizes)
 	logx.Trace(abi.SubsysReg, "NET/wasm: registered %d bytes at %#x as %d", size, data, m.id)
 	return m.handle, abi.Success
 }
 
-func (c *coll) awaitPeerSizes(id uint32, timeout time.Duration) ([]uint64, error) {
+func (c *coll) awaitPeerSizes(id uint32, timeout time.Duration) (*remoteRegs, error) {
 	deadline := time.Now().Add(timeout)
 	t := time.AfterFunc(timeout, func() {
 		c.mrMu.Lock()
@@ -93,7 +93,7 @@ func (c *coll) awaitPeerSizes(id uint32, timeout time.Duration) ([]uint64, error
 		rs := c.remote[id]
 		if rs != nil && rs.have == c.nranks {
 			delete(c.remote, id)
-			return rs.sizes, nil
+			return &rs.peers, nil
 		}
 		if c.closed.Load() {
 			return nil, fmt.Errorf("communicator closed")
@@ -165,4 +165,10 @@ func (c *coll) lookupMR(mh uint64) *mr {
 		return nil
 	}
 	return mrs[id]
+}
+
+// remoteAddr is the address of off in this registration in rank's process,
+// for the intra-node path; remoteRange has already checked the range.
+func (m *mr) remoteAddr(rank uint32, off uint64) uint64 {
+	return m.remote.Load().bases[rank] + off
 }

@@ -66,11 +66,11 @@ func remoteRange(call, what string, c *coll, mh, off, size uint64, rank uint32) 
 		logx.Warn(abi.SubsysNet, "NET/wasm: %s: %s handle %#x is unknown or released", call, what, mh)
 		return nil, abi.InvalidArgument
 	}
-	sizes := m.remote.Load()
-	if sizes == nil || !span(off, size, (*sizes)[rank]) {
+	regs := m.remote.Load()
+	if regs == nil || !span(off, size, regs.sizes[rank]) {
 		var rsz uint64
-		if sizes != nil {
-			rsz = (*sizes)[rank]
+		if regs != nil {
+			rsz = regs.sizes[rank]
 		}
 		logx.Warn(abi.SubsysNet, "NET/wasm: %s: %s range [%d, +%d) outside the registration of %d bytes on rank %d", call, what, off, size, rsz, rank)
 		return nil, abi.InvalidArgument
@@ -148,7 +148,7 @@ func Iput(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint64, ra
 		return 0, res
 	}
 	op := dataplane.Op{Kind: dataplane.OpPut, MrID: dst.id, Context: uint32(context),
-		Local: unsafe.Add(src.base, srcOff), Size: size, Off: dstOff}
+		Local: unsafe.Add(src.base, srcOff), Size: size, Off: dstOff, Remote: dst.remoteAddr(rank, dstOff)}
 	return r.post(context, rank, backend.OpPut, optFlags, 0, &op)
 }
 
@@ -186,6 +186,7 @@ func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint
 			return 0, res
 		}
 		op.MrID, op.Local, op.Size, op.Off = dst.id, unsafe.Add(src.base, srcOff), size, dstOff
+		op.Remote = dst.remoteAddr(rank, dstOff)
 	}
 	return r.post(context, rank, backend.OpPutSignal, optFlags, signalOp, &op)
 }
@@ -206,7 +207,7 @@ func Iget(h uint64, context int32, remoteOff, remoteMh, size, localOff, localMh 
 		return 0, res
 	}
 	op := dataplane.Op{Kind: dataplane.OpGet, MrID: remote.id, Context: uint32(context),
-		Local: unsafe.Add(local.base, localOff), Size: size, Off: remoteOff}
+		Local: unsafe.Add(local.base, localOff), Size: size, Off: remoteOff, Remote: remote.remoteAddr(rank, remoteOff)}
 	return r.post(context, rank, backend.OpGet, optFlags, 0, &op)
 }
 

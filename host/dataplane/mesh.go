@@ -27,8 +27,8 @@ type Owner interface {
 	// Resolve maps a registration id to its local memory, for the target
 	// side. It must be lock-free: it runs once per incoming operation.
 	Resolve(mrID uint32) (base unsafe.Pointer, size uint64, ok bool)
-	// PeerRegistered records a peer's registration size (msgReg).
-	PeerRegistered(peer int, mrID uint32, size uint64)
+	// PeerRegistered records a peer's registration size and address (msgReg).
+	PeerRegistered(peer int, mrID uint32, size, base uint64)
 	// Complete finishes the request named by tag.
 	Complete(tag uint64, status abi.Result)
 	// PeerFailed reports a lost peer or an operation the peer rejected.
@@ -46,7 +46,8 @@ type Op struct {
 	Tag      uint64         // request handle, echoed back on errors
 	Local    unsafe.Pointer // put: source bytes; get: destination bytes
 	Size     uint64
-	Off      uint64 // offset in the target registration
+	Off      uint64 // offset in the target registration (msgReg: its address)
+	Remote   uint64 // address of Off in the target process (intra-node path)
 	SigOff   uint64
 	SigValue uint64
 }
@@ -57,7 +58,14 @@ const (
 	OpPutSignal = msgPutSig
 	OpGet       = msgGet
 	OpReg       = msgReg
+	opDone      = 0 // completed in the writer, nothing to send
 )
+
+// Options tune Connect.
+type Options struct {
+	Timeout   time.Duration
+	IntraNode bool // use process_vm_writev/readv for peers on this host
+}
 
 // Mesh is one communicator's set of connections: one stream to every rank,
 // itself included.
@@ -75,7 +83,8 @@ var ErrPeerGone = errors.New("peer connection lost")
 // Connect builds the full mesh: it dials every rank's listener (including its
 // own) and accepts one connection from every rank on l. It returns when all
 // 2*nranks streams are up or when timeout passes.
-func Connect(l *Listener, handles []*Handle, rank int, owner Owner, timeout time.Duration) (*Mesh, error) {
+func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options) (*Mesh, error) {
+	timeout := opt.Timeout
 	n := len(handles)
 	if rank < 0 || rank >= n {
 		return nil, fmt.Errorf("rank %d outside [0, %d)", rank, n)
@@ -146,6 +155,10 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, timeout time
 		outs[i].SetNoDelay(true)
 		ins[i].SetNoDelay(true)
 		m.peers[i] = newPeer(m, i, outs[i], ins[i])
+		if opt.IntraNode && infos[i].HostID == infos[rank].HostID && infos[i].Pid != 0 {
+			m.peers[i].pid = int(infos[i].Pid)
+			m.peers[i].intra.Store(true)
+		}
 	}
 	for _, p := range m.peers {
 		p.start()

@@ -10,6 +10,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 )
 
@@ -42,6 +44,10 @@ type peer struct {
 	wake     chan struct{}
 	quit     chan struct{}
 	byeSent  chan struct{}
+	intra    atomic.Bool // the single-copy path is usable for this peer
+	pid      int
+	liov     [1]unix.Iovec
+	riov     [1]unix.RemoteIovec
 	dead     atomic.Bool
 	peerBye  atomic.Bool
 	closing  atomic.Bool
@@ -170,6 +176,20 @@ func (p *peer) writeBatch(ops []Op) bool {
 	bye := false
 	for i := range ops {
 		op := &ops[i]
+		if p.intra.Load() && op.Remote != 0 && op.Size > 0 {
+			switch {
+			case op.Kind == OpPut && p.directPut(op):
+				op.Kind = opDone // nothing to tell the target
+				p.m.owner.Complete(op.Tag, abi.Success)
+				continue
+			case op.Kind == OpPutSignal && p.directPut(op):
+				op.Size = 0 // the payload is there; send the signal alone
+			case op.Kind == OpGet && p.directGet(op):
+				op.Kind = opDone
+				p.m.owner.Complete(op.Tag, abi.Success)
+				continue
+			}
+		}
 		h := header{typ: op.Kind, sigOp: op.SigOp, mrID: op.MrID, tag: op.Tag, off: op.Off,
 			size: op.Size, sigMrID: op.SigMrID, context: op.Context, sigOff: op.SigOff, sigValue: op.SigValue}
 		hb := p.hdrs[i*hdrSize : (i+1)*hdrSize]
@@ -186,9 +206,12 @@ func (p *peer) writeBatch(ops []Op) bool {
 			bye = true
 		}
 	}
-	p.bufs = iov
-	_, err := p.bufs.WriteTo(p.out)
-	p.bufs = nil
+	var err error
+	if len(iov) > 0 {
+		p.bufs = iov
+		_, err = p.bufs.WriteTo(p.out)
+		p.bufs = nil
+	}
 	clear(iov)
 	if err != nil {
 		for i := range ops {
@@ -301,7 +324,7 @@ func (p *peer) service() {
 		case msgGet:
 			err = p.serveGet(&h, resp)
 		case msgReg:
-			p.m.owner.PeerRegistered(p.rank, h.mrID, h.size)
+			p.m.owner.PeerRegistered(p.rank, h.mrID, h.size, h.off)
 		case msgBye:
 			p.peerBye.Store(true)
 		default:
