@@ -1,0 +1,172 @@
+// Package test runs the plugin the way RCCL/NCCL do: the C driver in
+// samples/ dlopens build/librccl-rma-wasm.so, resolves a versioned table, and
+// runs every rank as its own process over real sockets, verifying every byte
+// and every signal. These tests only pass when the driver prints
+// "RESULT PASS" and exits 0; they check the scenario-specific lines too.
+package test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	buildErr  error
+)
+
+// repoRoot finds the directory holding go.mod.
+func repoRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("go.mod not found above the test directory")
+		}
+		dir = parent
+	}
+}
+
+// build runs make once per test binary: the library, the driver and the
+// guest backends.
+func build(t testing.TB) string {
+	t.Helper()
+	root := repoRoot(t)
+	buildOnce.Do(func() {
+		cmd := exec.Command("make", "all", "guests")
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("make all guests: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return root
+}
+
+// runDriver runs the driver with args and extra environment and returns its
+// combined output; it fails the test unless the run passes.
+func runDriver(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	root := build(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	full := append([]string{"--lib", filepath.Join(root, "build/librccl-rma-wasm.so")}, args...)
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "build/rma_driver"), full...)
+	cmd.Dir = root
+	cmd.Env = append(append(os.Environ(), "NCCL_RMA_WASM_ADDR=127.0.0.1", "NCCL_RMA_WASM_CACHE_DIR="+t.TempDir()), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	text := out.String()
+	if ctx.Err() != nil {
+		t.Fatalf("driver %v hung (killed after the timeout):\n%s", args, tail(text))
+	}
+	if err != nil || !strings.Contains(text, "RESULT PASS") {
+		t.Fatalf("driver %v failed (%v):\n%s", args, err, tail(text))
+	}
+	return text
+}
+
+func tail(s string) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > 60 {
+		lines = lines[len(lines)-60:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func TestRanksAndVersions(t *testing.T) {
+	for _, c := range []struct{ ranks, version, threads int }{
+		{2, 14, 1}, {2, 15, 2}, {2, 16, 2}, {4, 15, 2}, {4, 16, 3}, {8, 15, 1}, {8, 14, 2},
+	} {
+		t.Run(fmt.Sprintf("ranks%d_v%d_threads%d", c.ranks, c.version, c.threads), func(t *testing.T) {
+			out := runDriver(t, nil, "--ranks", fmt.Sprint(c.ranks), "--version", fmt.Sprint(c.version),
+				"--threads", fmt.Sprint(c.threads), "--size", "262144", "--iters", "2")
+			if n := strings.Count(out, "] PASS"); n != c.ranks {
+				t.Fatalf("%d ranks reported PASS, want %d:\n%s", n, c.ranks, tail(out))
+			}
+		})
+	}
+}
+
+// TestBackends runs one workload on every backend kind; each run verifies
+// every byte itself, so identical PASS lines mean identical results.
+func TestBackends(t *testing.T) {
+	root := build(t)
+	for _, c := range []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{"native", []string{"NCCL_RMA_WASM_BACKEND=native"}, "backend native"},
+		{"embedded", nil, "backend default"},
+		{"go-sdk", []string{"NCCL_RMA_WASM_BACKEND=passthrough-go", "NCCL_RMA_WASM_DIR=" + filepath.Join(root, "build/guests")}, "backend passthrough-go"},
+		{"c-planner", []string{"NCCL_RMA_WASM_BACKEND=planner", "NCCL_RMA_WASM_DIR=" + filepath.Join(root, "build/guests")}, "backend planner"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out := runDriver(t, c.env, "--verbose", "--ranks", "3", "--threads", "2", "--size", "131072", "--iters", "2")
+			if !strings.Contains(out, c.want) {
+				t.Fatalf("output does not show %q:\n%s", c.want, tail(out))
+			}
+		})
+	}
+}
+
+func TestTransports(t *testing.T) {
+	for _, intra := range []string{"0", "1"} {
+		t.Run("intranode="+intra, func(t *testing.T) {
+			runDriver(t, []string{"NCCL_RMA_WASM_INTRANODE=" + intra}, "--ranks", "3", "--size", "1048576", "--iters", "2")
+		})
+	}
+}
+
+func TestLargeTransfers(t *testing.T) {
+	for _, intra := range []string{"0", "1"} {
+		t.Run("intranode="+intra, func(t *testing.T) {
+			runDriver(t, []string{"NCCL_RMA_WASM_INTRANODE=" + intra}, "--ranks", "2", "--threads", "1", "--size", "67108864", "--iters", "1")
+		})
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	out := runDriver(t, nil, "--ranks", "2", "--scenario", "bad-input", "--iters", "1")
+	if !strings.Contains(out, "bad-input checks passed") {
+		t.Fatalf("bad-input checks did not run:\n%s", tail(out))
+	}
+}
+
+func TestPeerKilled(t *testing.T) {
+	for _, intra := range []string{"0", "1"} {
+		t.Run("intranode="+intra, func(t *testing.T) {
+			out := runDriver(t, []string{"NCCL_RMA_WASM_INTRANODE=" + intra}, "--ranks", "3", "--scenario", "kill", "--kill-rank", "2", "--iters", "2")
+			if got := len(regexp.MustCompile(`kill: detected the loss of rank 2`).FindAllString(out, -1)); got != 2 {
+				t.Fatalf("%d survivors detected the loss, want 2:\n%s", got, tail(out))
+			}
+		})
+	}
+}
+
+// TestReinit runs init..finalize several times in one process with dlclose
+// and dlopen in between: the library is never unloaded and must start over.
+func TestReinit(t *testing.T) {
+	runDriver(t, nil, "--ranks", "2", "--cycles", "3", "--iters", "1", "--size", "65536")
+}
