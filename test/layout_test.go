@@ -1,0 +1,259 @@
+// layout_test.go checks the C boundary: capi/rma_plugin.h against the Go
+// mirror in abi/, and the exported symbols and ELF flags of
+// build/librccl-rma-wasm.so. Its helpers are self-contained (prefixed
+// capi) so that this file builds on its own.
+
+package test
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
+)
+
+// capiRoot returns the directory holding go.mod, walking up from the
+// package directory the test runs in.
+func capiRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("go.mod not found above the test directory")
+		}
+		dir = parent
+	}
+}
+
+var (
+	capiLibOnce sync.Once
+	capiLibPath string
+	capiLibErr  error
+	capiLibOut  []byte
+)
+
+// capiLibrary builds build/librccl-rma-wasm.so once per test binary with
+// the same command as the Makefile and returns its path.
+func capiLibrary(t testing.TB) string {
+	t.Helper()
+	root := capiRoot(t)
+	capiLibOnce.Do(func() {
+		capiLibPath = filepath.Join(root, "build", "librccl-rma-wasm.so")
+		if err := os.MkdirAll(filepath.Dir(capiLibPath), 0o755); err != nil {
+			capiLibErr = err
+			return
+		}
+		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", capiLibPath, "./capi")
+		cmd.Dir = root
+		capiLibOut, capiLibErr = cmd.CombinedOutput()
+		os.Remove(filepath.Join(root, "build", "librccl-rma-wasm.h"))
+	})
+	if capiLibErr != nil {
+		t.Fatalf("building the library: %v\n%s", capiLibErr, capiLibOut)
+	}
+	return capiLibPath
+}
+
+// buildC compiles test/csrc/<src> against capi/rma_plugin.h into dir.
+func capiBuildC(t testing.TB, dir, src, out string, extra ...string) string {
+	t.Helper()
+	root := capiRoot(t)
+	bin := filepath.Join(dir, out)
+	args := append([]string{"-O1", "-Wall", "-Wextra", "-Werror", "-I", filepath.Join(root, "capi"),
+		"-o", bin, filepath.Join(root, "test", "csrc", src)}, extra...)
+	args = append(args, "-ldl")
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "gcc"
+	}
+	if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", cc, strings.Join(args, " "), err, out)
+	}
+	return bin
+}
+
+// runLayout runs the layout program and parses its "key value" lines.
+func capiLayout(t *testing.T, args ...string) map[string]string {
+	t.Helper()
+	bin := capiBuildC(t, t.TempDir(), "layout.c", "layout")
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("layout %v: %v\n%s", args, err, out)
+	}
+	m := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), " ")
+		if ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+func TestHeaderLayoutMatchesABI(t *testing.T) {
+	m := capiLayout(t)
+	var p abi.NetProperties
+	var c abi.RmaConfig
+	want := map[string]uintptr{
+		"sizeof.ncclNetProperties_v12_t":              unsafe.Sizeof(p),
+		"alignof.ncclNetProperties_v12_t":             unsafe.Alignof(p),
+		"offsetof.P.name":                             unsafe.Offsetof(p.Name),
+		"offsetof.P.pciPath":                          unsafe.Offsetof(p.PciPath),
+		"offsetof.P.guid":                             unsafe.Offsetof(p.GUID),
+		"offsetof.P.ptrSupport":                       unsafe.Offsetof(p.PtrSupport),
+		"offsetof.P.regIsGlobal":                      unsafe.Offsetof(p.RegIsGlobal),
+		"offsetof.P.forceFlush":                       unsafe.Offsetof(p.ForceFlush),
+		"offsetof.P.speed":                            unsafe.Offsetof(p.Speed),
+		"offsetof.P.port":                             unsafe.Offsetof(p.Port),
+		"offsetof.P.latency":                          unsafe.Offsetof(p.Latency),
+		"offsetof.P.maxComms":                         unsafe.Offsetof(p.MaxComms),
+		"offsetof.P.maxRecvs":                         unsafe.Offsetof(p.MaxRecvs),
+		"offsetof.P.netDeviceType":                    unsafe.Offsetof(p.NetDeviceType),
+		"offsetof.P.netDeviceVersion":                 unsafe.Offsetof(p.NetDeviceVersion),
+		"offsetof.P.vProps":                           unsafe.Offsetof(p.VPropsNdevs),
+		"offsetof.P.vProps.devs":                      unsafe.Offsetof(p.VPropsDevs),
+		"offsetof.P.maxP2pBytes":                      unsafe.Offsetof(p.MaxP2pBytes),
+		"offsetof.P.maxCollBytes":                     unsafe.Offsetof(p.MaxCollBytes),
+		"offsetof.P.maxMultiRequestSize":              unsafe.Offsetof(p.MaxMultiRequestSize),
+		"offsetof.P.railId":                           unsafe.Offsetof(p.RailID),
+		"offsetof.P.planeId":                          unsafe.Offsetof(p.PlaneID),
+		"sizeof.ncclNetVDeviceProps_v12_t":            unsafe.Offsetof(p.MaxP2pBytes) - unsafe.Offsetof(p.VPropsNdevs) - 4,
+		"sizeof.ncclRmaConfig_v14_t":                  unsafe.Sizeof(c),
+		"sizeof.ncclRmaConfig_v15_t":                  unsafe.Sizeof(c),
+		"sizeof.ncclRmaConfig_v16_t":                  unsafe.Sizeof(c),
+		"offsetof.ncclRmaConfig_v15_t.nContexts":      unsafe.Offsetof(c.NContexts),
+		"offsetof.ncclRmaConfig_v15_t.trafficClass":   unsafe.Offsetof(c.TrafficClass),
+		"offsetof.ncclRmaConfig_v15_t.rankStride":     unsafe.Offsetof(c.RankStride),
+		"sizeof.ncclRmaProperties_v16_t":              1,
+		"sizeof.ncclRma_v14_t":                        abi.TableSlotsV14V15 * 8,
+		"sizeof.ncclRma_v15_t":                        abi.TableSlotsV14V15 * 8,
+		"sizeof.ncclRma_v16_t":                        abi.TableSlotsV16 * 8,
+		"sizeof.ncclResult_t":                         unsafe.Sizeof(abi.Result(0)),
+		"sizeof.void*":                                unsafe.Sizeof(uintptr(0)),
+		"offsetof.ncclRma_v15_t.getProperties":        3 * 8,
+		"offsetof.ncclRma_v15_t.iput":                 13 * 8,
+		"offsetof.ncclRma_v15_t.finalize":             20 * 8,
+		"offsetof.ncclRma_v14_t.iput":                 13 * 8,
+		"offsetof.ncclRma_v14_t.finalize":             20 * 8,
+		"offsetof.ncclRma_v16_t.getRmaProperties":     3 * 8,
+		"offsetof.ncclRma_v16_t.getProperties":        4 * 8,
+		"offsetof.ncclRma_v16_t.iput":                 14 * 8,
+		"offsetof.ncclRma_v16_t.finalize":             21 * 8,
+		"value.ncclSuccess":                           uintptr(abi.Success),
+		"value.ncclInternalError":                     uintptr(abi.InternalError),
+		"value.ncclInvalidArgument":                   uintptr(abi.InvalidArgument),
+		"value.ncclInvalidUsage":                      uintptr(abi.InvalidUsage),
+		"value.ncclRemoteError":                       uintptr(abi.RemoteError),
+		"value.NCCL_PTR_HOST":                         abi.PtrHost,
+		"value.NCCL_PTR_CUDA":                         abi.PtrCuda,
+		"value.NCCL_PTR_DMABUF":                       abi.PtrDmaBuf,
+		"value.NCCL_NET_MR_FLAG_FORCE_SO":             abi.MrFlagForceSO,
+		"value.NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET":   abi.MrFlagSignalNeverReset,
+		"value.NCCL_NET_SIGNAL_OP_INC":                abi.SignalOpInc,
+		"value.NCCL_NET_SIGNAL_OP_ADD":                abi.SignalOpAdd,
+		"value.NCCL_NET_HANDLE_MAXSIZE":               abi.HandleSize,
+		"value.NCCL_NET_MAX_DEVS_PER_NIC_V12":         abi.MaxDevsPerNIC,
+		"value.NCCL_NET_DEVICE_GIN_PROXY":             abi.NetDeviceGinProxy,
+		"value.NCCL_RMA_OPT_FLAGS_AGGREGATE_REQUESTS": abi.OptFlagAggregateRequests,
+		"value.RMA_NCCL_LOG_WARN":                     uintptr(abi.FlavorNCCL.Level(abi.LogWarn)),
+		"value.RMA_NCCL_LOG_INFO":                     uintptr(abi.FlavorNCCL.Level(abi.LogInfo)),
+	}
+	if len(m) < len(want) {
+		t.Errorf("layout printed %d keys, want at least %d", len(m), len(want))
+	}
+	for k, w := range want {
+		v, ok := m[k]
+		if !ok {
+			t.Errorf("%s: not printed by layout.c", k)
+			continue
+		}
+		got, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Errorf("%s: %q: %v", k, v, err)
+			continue
+		}
+		if uintptr(got) != w {
+			t.Errorf("%s = %d in C, %d in abi/", k, got, w)
+		}
+	}
+	if abi.NetPropertiesSize != 128 || abi.RmaConfigSize != 12 {
+		t.Errorf("abi size constants changed: %d, %d", abi.NetPropertiesSize, abi.RmaConfigSize)
+	}
+}
+
+func TestLibraryExportsTables(t *testing.T) {
+	lib := capiLibrary(t)
+
+	out, err := exec.Command("nm", "-D", "--defined-only", lib).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nm -D: %v\n%s", err, out)
+	}
+	types := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 {
+			types[f[2]] = f[1]
+		}
+	}
+	for _, sym := range []string{"ncclRmaPlugin_v14", "ncclRmaPlugin_v15", "ncclRmaPlugin_v16"} {
+		switch ty := types[sym]; ty {
+		case "D", "R":
+		case "":
+			t.Errorf("%s is not exported", sym)
+		default:
+			t.Errorf("%s has symbol type %s, want D or R (a data object)", sym, ty)
+		}
+	}
+	for sym := range types {
+		if strings.HasPrefix(sym, "ncclRmaPlugin_v") && sym != "ncclRmaPlugin_v14" &&
+			sym != "ncclRmaPlugin_v15" && sym != "ncclRmaPlugin_v16" {
+			t.Errorf("unexpected table %s exported", sym)
+		}
+	}
+
+	out, err = exec.Command("readelf", "-d", lib).CombinedOutput()
+	if err != nil {
+		t.Fatalf("readelf -d: %v\n%s", err, out)
+	}
+	nodelete := false
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, "FLAGS_1") && strings.Contains(line, "NODELETE") {
+			nodelete = true
+		}
+	}
+	if !nodelete {
+		t.Errorf("library lacks FLAGS_1 NODELETE (a Go c-shared library cannot be unmapped):\n%s", out)
+	}
+
+	m := capiLayout(t, lib)
+	for _, v := range []string{"v14", "v15", "v16"} {
+		if got := m["table."+v+".name"]; got != host.PluginName {
+			t.Errorf("ncclRmaPlugin_%s.name = %q, want %q", v, got, host.PluginName)
+		}
+		if got := m["table."+v+".nullslots"]; got != "0" {
+			t.Errorf("ncclRmaPlugin_%s has %s NULL slots", v, got)
+		}
+	}
+	for _, k := range []string{"table.v14v15.sameinit", "table.v16v15.sametest", "table.v14v15.diffiput"} {
+		if m[k] != "1" {
+			t.Errorf("%s = %q, want 1", k, m[k])
+		}
+	}
+}
