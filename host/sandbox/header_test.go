@@ -1,0 +1,58 @@
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+)
+
+// TestCHeaderMatchesGuestABI compiles static assertions generated from
+// abi/guestabi against guests/c/rmaw.h.
+func TestCHeaderMatchesGuestABI(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("#include \"rmaw.h\"\n")
+	a := func(expr string, v any) { fmt.Fprintf(&b, "_Static_assert((%s) == (%v), %q);\n", expr, v, expr) }
+	a("RMAW_ABI_VERSION", guestabi.Version)
+	a("RMAW_AREA_MAGIC", uint32(guestabi.AreaMagic))
+	a("RMAW_FEATURE_PLAN_OP", guestabi.FeaturePlanOp)
+	a("RMAW_FEATURE_COMPLETIONS", guestabi.FeatureCompletions)
+	a("RMAW_ERR_INVAL", guestabi.StatusErrInval)
+	a("RMAW_ERR_NOTSUP", guestabi.StatusErrNotSup)
+	a("RMAW_ERR_NOMEM", guestabi.StatusErrNoMem)
+	a("RMAW_ERR_INTERNAL", guestabi.StatusErrInternal)
+	a("RMAW_ERR_BOUNDS", guestabi.StatusErrBounds)
+	a("RMAW_MAX_LANES", guestabi.MaxLanes)
+	a("RMAW_MAX_DEVICES", guestabi.MaxDevices)
+	a("RMAW_MAX_COMP_CAP", guestabi.MaxCompCap)
+	a("offsetof(struct rmaw_area, plan.lane)", guestabi.OffPlanLane)
+	a("offsetof(struct rmaw_area, plan.chunk_size)", guestabi.OffPlanChunk)
+	a("offsetof(struct rmaw_area, plan.delay_ns)", guestabi.OffPlanDelayNs)
+	a("offsetof(struct rmaw_area, conn.lanes)", guestabi.OffConnLanes)
+	a("offsetof(struct rmaw_area, conn.transport)", guestabi.OffConnTransport)
+	a("offsetof(struct rmaw_area, conn.stripe_threshold)", guestabi.OffConnStripe)
+	a("offsetof(struct rmaw_area, conn.chunk_size)", guestabi.OffConnChunk)
+	a("offsetof(struct rmaw_area, devices)", guestabi.OffDevices)
+	a("offsetof(struct rmaw_device, speed_mbps)", guestabi.DevOffSpeedMbps)
+	a("offsetof(struct rmaw_device, latency_us)", guestabi.DevOffLatencyUs)
+	a("sizeof(struct rmaw_area)", guestabi.OffCompletions)
+	a("offsetof(struct rmaw_completion, size)", guestabi.CompOffSize)
+	a("offsetof(struct rmaw_completion, status)", guestabi.CompOffStatus)
+	a("offsetof(struct rmaw_completion, latency_ns)", guestabi.CompOffLatency)
+	src := filepath.Join(t.TempDir(), "check.c")
+	writeFile(t, src, []byte(b.String()))
+	clang, err := exec.LookPath("clang")
+	if err != nil {
+		t.Fatalf("clang is required: %v", err)
+	}
+	out, err := exec.Command(clang, "--target=wasm32", "-ffreestanding", "-fsyntax-only",
+		"-I", filepath.Join(repoRoot(t), "guests", "c"), src).CombinedOutput()
+	if err != nil {
+		t.Fatalf("rmaw.h disagrees with abi/guestabi: %v\n%s", err, out)
+	}
+	_ = os.Remove(src)
+}
