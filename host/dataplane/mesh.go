@@ -74,6 +74,7 @@ type Mesh struct {
 	owner        Owner
 	peers        []*peer
 	closed       atomic.Bool
+	held         atomic.Bool // some peer queue holds aggregated ops
 	wg           sync.WaitGroup
 }
 
@@ -172,12 +173,21 @@ func (m *Mesh) NRanks() int { return m.nranks }
 
 // Post queues op for peer. It never blocks on the network and never fails for
 // lack of space; an op to a lost peer completes with an error.
-func (m *Mesh) Post(peerRank int, op *Op, defer_ bool) {
-	m.peers[peerRank].post(op, defer_)
+func (m *Mesh) Post(peerRank int, op *Op, hold bool) {
+	m.peers[peerRank].post(op, hold)
+	// Raise the flag after the op is queued, so a Kick that clears it
+	// always finds the op.
+	if hold && !m.held.Load() {
+		m.held.Store(true)
+	}
 }
 
-// Kick flushes operations held back by the aggregation hint.
+// Kick flushes operations held back by the aggregation hint. It is called
+// from test() in tight loops, so it costs one atomic load when nothing is held.
 func (m *Mesh) Kick() {
+	if !m.held.Load() || !m.held.Swap(false) {
+		return
+	}
 	for _, p := range m.peers {
 		p.kick()
 	}
