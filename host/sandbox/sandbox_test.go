@@ -408,7 +408,7 @@ func TestGoGuest(t *testing.T) {
 	})
 	defer logx.SetSink(nil)
 	o := testOptions(t, out, "")
-	o.CallTimeout = 2 * time.Second // Go's _initialize runs millions of instructions
+	o.CallTimeout = DefaultCallTimeout // Go's _initialize fits the default budget
 	start := time.Now()
 	b := mustOpen(t, o)
 	t.Logf("Go guest compiled+instantiated+initialised in %v", time.Since(start))
