@@ -33,8 +33,9 @@ lib: $(LIB) $(LIBNCCL)
 
 # go build is incremental on its own; always ask it.
 $(LIB): FORCE $(GUESTS) | $(BUILD)
-	$(GO) build -buildmode=c-shared $(GOFLAGS_LIB) -o $@ ./capi
-	@rm -f $(BUILD)/librccl-rma-wasm.h   # cgo's generated header; capi/rma_plugin.h is ours
+	$(GO) build -buildmode=c-shared $(GOFLAGS_LIB) -o $@.tmp ./capi
+	@rm -f $@.h $(BUILD)/librccl-rma-wasm.h   # cgo's generated header; capi/rma_plugin.h is ours
+	@mv -f $@.tmp $@   # rename: running processes keep the old mapping
 
 # NCCL resolves NCCL_RMA_PLUGIN=wasm to libnccl-rma-wasm.so (RCCL: librccl-rma-wasm.so).
 $(LIBNCCL): $(LIB)

@@ -59,10 +59,19 @@ func capiLibrary(t testing.TB) string {
 			capiLibErr = err
 			return
 		}
-		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", capiLibPath, "./capi")
+		// Build beside the target and rename, so that processes running the
+		// old library keep their mapping intact.
+		base := filepath.Join(root, "build", ".librccl-rma-wasm-"+strconv.Itoa(os.Getpid()))
+		tmp := base + ".so"
+		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", tmp, "./capi")
 		cmd.Dir = root
 		capiLibOut, capiLibErr = cmd.CombinedOutput()
-		os.Remove(filepath.Join(root, "build", "librccl-rma-wasm.h"))
+		os.Remove(base + ".h") // cgo's generated header
+		if capiLibErr == nil {
+			capiLibErr = os.Rename(tmp, capiLibPath)
+		} else {
+			os.Remove(tmp)
+		}
 	})
 	if capiLibErr != nil {
 		t.Fatalf("building the library: %v\n%s", capiLibErr, capiLibOut)
@@ -254,6 +263,67 @@ func TestLibraryExportsTables(t *testing.T) {
 	for _, k := range []string{"table.v14v15.sameinit", "table.v16v15.sametest", "table.v14v15.diffiput"} {
 		if m[k] != "1" {
 			t.Errorf("%s = %q, want 1", k, m[k])
+		}
+	}
+}
+
+// TestLoggerFlavor checks that the plugin picks NCCL or RCCL log-level
+// numbers from the object holding the logger (dladdr), that
+// NCCL_RMA_WASM_LOG_FLAVOR overrides it even when set after the library was
+// loaded (libc getenv), and that a NULL out-pointer is ncclInvalidArgument
+// with a WARN naming the call and the argument.
+func TestLoggerFlavor(t *testing.T) {
+	lib := capiLibrary(t)
+	dir := t.TempDir()
+	root := capiRoot(t)
+	for _, name := range []string{"librccl.so.1", "libnccl.so.2"} {
+		out, err := exec.Command("gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror",
+			"-o", filepath.Join(dir, name), filepath.Join(root, "test", "csrc", "fake_logger.c")).CombinedOutput()
+		if err != nil {
+			t.Fatalf("building %s: %v\n%s", name, err, out)
+		}
+	}
+	bin := capiBuildC(t, dir, "flavor.c", "flavor")
+	for _, c := range []struct {
+		logger, env string
+		wantWarn    string
+	}{
+		{"librccl.so.1", "", "3"},
+		{"libnccl.so.2", "", "2"},
+		{"libnccl.so.2", "rccl", "3"},
+		{"librccl.so.1", "nccl", "2"},
+		{"librccl.so.1", "auto", "3"},
+		{"libnccl.so.2", "bogus", "2"},
+	} {
+		args := []string{lib, filepath.Join(dir, c.logger)}
+		if c.env != "" {
+			args = append(args, c.env)
+		}
+		cmd := exec.Command(bin, args...)
+		cmd.Env = os.Environ()
+		for i, kv := range cmd.Env {
+			if strings.HasPrefix(kv, "NCCL_RMA_WASM_LOG_FLAVOR=") {
+				cmd.Env[i] = "NCCL_RMA_WASM_LOG_FLAVOR_UNSET="
+			}
+		}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("flavor %v: %v\n%s", args, err, out)
+		}
+		m := map[string]string{}
+		for _, line := range strings.Split(string(out), "\n") {
+			if k, v, ok := strings.Cut(line, " "); ok {
+				m[k] = v
+			}
+		}
+		if m["rc"] != strconv.Itoa(int(abi.InvalidArgument)) {
+			t.Errorf("%s env=%q: init(ctx=NULL) = %s, want %d", c.logger, c.env, m["rc"], abi.InvalidArgument)
+		}
+		if m["level"] != c.wantWarn {
+			t.Errorf("%s env=%q: WARN logged at level %s, want %s", c.logger, c.env, m["level"], c.wantWarn)
+		}
+		if !strings.Contains(m["msg"], "init") || !strings.Contains(m["msg"], "ctx") {
+			t.Errorf("%s env=%q: WARN %q does not name the call and the argument", c.logger, c.env, m["msg"])
 		}
 	}
 }
