@@ -1,4 +1,4 @@
-// Package guestabi holds the constants of Guest ABI v1 (SPEC-guest.md): the
+// Package guestabi holds the constants of Guest ABI v1 (SPEC.md §8): the
 // names of the exports and imports, status codes, feature bits and the byte
 // layout of the descriptor area a guest keeps in its linear memory. The host
 // (host/sandbox) and the Go guest SDK (guests/go/rmaw) both import it; the C

@@ -10,7 +10,7 @@
  *   RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) { ... }
  * and may export rmaw_devices, rmaw_conn_plan, rmaw_ctx_open, rmaw_ctx_close,
  * rmaw_plan_op, rmaw_completions and rmaw_finalize (signatures below).
- * The normative text is SPEC-guest.md; the constants mirror abi/guestabi.
+ * The normative text is SPEC.md §8; the constants mirror abi/guestabi.
  */
 #ifndef RMAW_H
 #define RMAW_H

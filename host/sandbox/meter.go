@@ -6,7 +6,7 @@ import (
 	"fmt"
 )
 
-// Metering (SPEC-guest.md, "Termination"). wazero v1.12 can only stop a
+// Metering (SPEC.md §8.6, "Termination"). wazero v1.12 can only stop a
 // running guest through RuntimeConfig.WithCloseOnContextDone, which costs a
 // goroutine, a channel and ~300 ns per export call plus ~25 ns per loop
 // back-edge. Instead every module is rewritten at load time:

@@ -1,5 +1,5 @@
 // Package sandbox runs a backend's policy as a WebAssembly guest under wazero
-// (Guest ABI v1, SPEC-guest.md) and presents it as a backend.Backend.
+// (Guest ABI v1, SPEC.md §8) and presents it as a backend.Backend.
 //
 // A module is validated, metered (meter.go) and compiled once per process;
 // the Backend keeps one "control" instance for process-wide questions

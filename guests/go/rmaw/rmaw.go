@@ -1,7 +1,7 @@
 //go:build wasip1
 
 // Package rmaw is the Go SDK for Guest ABI v1 backends of rccl-rma-wasm
-// (SPEC-guest.md). A backend is a main package built with
+// (SPEC.md §8). A backend is a main package built with
 //
 //	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o mybackend.wasm .
 //
