@@ -764,8 +764,9 @@ static int fault_phase(void) {
 static int run_cycle(int cycle) {
   int N = opt.ranks;
   R.cycle = cycle;
-  if (load_plugin(&R.pl, R.err, sizeof R.err)) {
-    failf("%s", R.err);
+  char lerr[400];
+  if (load_plugin(&R.pl, lerr, sizeof lerr)) {
+    failf("%s", lerr);
     return -1;
   }
   if (strcmp(R.pl.t.name, "wasm") != 0 && cycle == 0)
@@ -1202,7 +1203,8 @@ int main(int argc, char** argv) {
       C[r].reaped = 1;
     }
 
-  /* summary */
+  /* summary: a rank that died without a report is the primary cause;
+   * otherwise the first rank that reported a failure. */
   int pass = hub_err == NULL;
   char reason[600] = "";
   double bytes = 0, secs = 0;
@@ -1210,19 +1212,35 @@ int main(int argc, char** argv) {
   if (hub_err) snprintf(reason, sizeof reason, "%s", hub_err);
   for (int r = 0; r < N; r++) {
     int st = C[r].status;
+    if (C[r].killed || C[r].has_report) continue;
+    if (WIFSIGNALED(st))
+      printf("rma_driver: rank %d: died with signal %d (%s)\n", r, WTERMSIG(st),
+             strsignal(WTERMSIG(st)));
+    else
+      printf("rma_driver: rank %d: exited with status %d without a report\n", r,
+             WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    if (pass) {
+      if (WIFSIGNALED(st))
+        snprintf(reason, sizeof reason, "rank %d died with signal %d (%s)", r, WTERMSIG(st),
+                 strsignal(WTERMSIG(st)));
+      else
+        snprintf(reason, sizeof reason, "rank %d exited with status %d without a report", r,
+                 WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+    pass = 0;
+  }
+  for (int r = 0; r < N; r++) {
+    int st = C[r].status;
     if (C[r].killed) {
       printf("rma_driver: rank %d: killed on purpose\n", r);
       continue;
     }
-    if (WIFSIGNALED(st) || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || !C[r].has_report ||
-        C[r].rep.status != 0) {
+    if (C[r].has_report && (C[r].rep.status != 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
       if (pass) {
-        if (C[r].has_report && C[r].rep.reason[0])
+        if (C[r].rep.reason[0])
           snprintf(reason, sizeof reason, "rank %d: %s", r, C[r].rep.reason);
-        else if (WIFSIGNALED(st))
-          snprintf(reason, sizeof reason, "rank %d died with signal %d", r, WTERMSIG(st));
         else
-          snprintf(reason, sizeof reason, "rank %d exited with status %d", r,
+          snprintf(reason, sizeof reason, "rank %d failed (status %d)", r,
                    WIFEXITED(st) ? WEXITSTATUS(st) : -1);
       }
       pass = 0;
