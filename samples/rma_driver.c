@@ -1208,7 +1208,7 @@ int main(int argc, char** argv) {
   int pass = hub_err == NULL;
   char reason[600] = "";
   double bytes = 0, secs = 0;
-  int warns = 0;
+  int warns = 0, reporting = 0;
   if (hub_err) snprintf(reason, sizeof reason, "%s", hub_err);
   for (int r = 0; r < N; r++) {
     int st = C[r].status;
@@ -1247,6 +1247,7 @@ int main(int argc, char** argv) {
     }
     if (C[r].has_report) {
       bytes += (double)C[r].rep.bytes;
+      reporting++;
       if (C[r].rep.seconds > secs) secs = C[r].rep.seconds;
       warns += C[r].rep.warns;
       printf("rma_driver: rank %d: %s, %.1f MiB moved in %.3f s = %.1f MB/s, %llu ops, %d WARN "
@@ -1263,10 +1264,11 @@ int main(int argc, char** argv) {
   }
   if (pass)
     printf("RESULT PASS ranks=%d version=%d scenario=%s size=%zu iters=%d threads=%d cycles=%d "
-           "aggregate=%.1f MB/s per_rank=%.1f MB/s warns=%d\n",
+           "aggregate=%.2f MB/s per_rank=%.2f MB/s per_rank_Bps=%.0f warns=%d\n",
            N, opt.version, scenario_name(opt.scenario), opt.size, opt.iters, opt.threads,
            opt.cycles, secs > 0 ? bytes / secs / 1e6 : 0.0,
-           secs > 0 ? bytes / secs / 1e6 / N : 0.0, warns);
+           secs > 0 && reporting ? bytes / secs / 1e6 / reporting : 0.0,
+           secs > 0 && reporting ? bytes / secs / reporting : 0.0, warns);
   else
     printf("RESULT FAIL %s\n", reason[0] ? reason : "unknown");
   return pass ? 0 : 1;

@@ -327,3 +327,38 @@ func TestLoggerFlavor(t *testing.T) {
 		}
 	}
 }
+
+// TestPanicIsRecovered hands connect a handle pointer that faults when read:
+// the Go panic must come back as ncclInternalError with one WARN, *collComm
+// must be NULL, and the plugin must keep working afterwards.
+func TestPanicIsRecovered(t *testing.T) {
+	lib := capiLibrary(t)
+	bin := capiBuildC(t, t.TempDir(), "recover.c", "recover")
+	cmd := exec.Command(bin, lib)
+	cmd.Env = append(os.Environ(), "NCCL_RMA_WASM_ADDR=127.0.0.1")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("recover: %v\n%s", err, out)
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if k, v, ok := strings.Cut(line, " "); ok {
+			m[k] = v
+		}
+	}
+	want := map[string]string{
+		"init": "0", "devices": "0", "listen": "0",
+		"connect":           strconv.Itoa(int(abi.InternalError)),
+		"connect_warns":     "1",
+		"connect_coll_null": "1",
+		"devices_after":     "0", "closeListen": "0", "finalize": "0",
+	}
+	for k, v := range want {
+		if m[k] != v {
+			t.Errorf("%s = %q, want %q\n%s", k, m[k], v, out)
+		}
+	}
+	if !strings.Contains(m["connect_warn"], "connect") || !strings.Contains(m["connect_warn"], "panic") {
+		t.Errorf("WARN %q does not say connect panicked", m["connect_warn"])
+	}
+}
