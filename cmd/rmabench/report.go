@@ -1,0 +1,345 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+type report struct {
+	o       *options
+	samples []Sample
+	notes   []string
+	ratios  []ratio
+	elapsed time.Duration
+}
+
+type ratio struct {
+	metric, num, den string
+	size             uint64
+	value            float64
+	reps             int
+}
+
+func newReport(o *options, s []Sample, notes []string) *report {
+	r := &report{o: o, samples: s, notes: notes}
+	for _, size := range sizes {
+		r.addRatio("put_bw", "plugin-tcp", "raw-tcp", size)
+		r.addRatio("put_bw", "plugin-intranode", "raw-pvw", size)
+	}
+	r.addRatio("half_rtt", "plugin-tcp", "raw-tcp", 8)
+	r.addRatio("half_rtt", "plugin-intranode", "raw-tcp", 8)
+	r.addRatio("msg_rate", "default", "native", 8)
+	r.addRatio("msg_rate", "planner", "native", 8)
+	return r
+}
+
+func (r *report) find(metric, config string, size uint64) *Sample {
+	for i := range r.samples {
+		s := &r.samples[i]
+		if s.Metric == metric && s.Config == config && s.Size == size {
+			return s
+		}
+	}
+	return nil
+}
+
+func (r *report) med(metric, config string, size uint64) (float64, bool) {
+	s := r.find(metric, config, size)
+	if s == nil || len(s.Values) == 0 {
+		return 0, false
+	}
+	return median(s.Values), true
+}
+
+// addRatio pairs repetition i of num with repetition i of den (they ran
+// back to back) and keeps the median of the per-repetition ratios.
+func (r *report) addRatio(metric, num, den string, size uint64) {
+	a, b := r.find(metric, num, size), r.find(metric, den, size)
+	if a == nil || b == nil {
+		return
+	}
+	n := min(len(a.Values), len(b.Values))
+	var v []float64
+	for i := 0; i < n; i++ {
+		if b.Values[i] > 0 {
+			v = append(v, a.Values[i]/b.Values[i])
+		}
+	}
+	if len(v) == 0 {
+		return
+	}
+	r.ratios = append(r.ratios, ratio{metric, num, den, size, median(v), len(v)})
+}
+
+func (r *report) ratio(metric, num, den string, size uint64) (float64, bool) {
+	for _, x := range r.ratios {
+		if x.metric == metric && x.num == num && x.den == den && x.size == size {
+			return x.value, true
+		}
+	}
+	return 0, false
+}
+
+func (r *report) write() error {
+	var b strings.Builder
+	b.WriteString("metric,config,size,median,unit,reps\n")
+	for _, s := range r.samples {
+		fmt.Fprintf(&b, "%s,%s,%d,%.6g,%s,%d\n", s.Metric, s.Config, s.Size, median(s.Values), s.Unit, len(s.Values))
+	}
+	for _, x := range r.ratios {
+		fmt.Fprintf(&b, "ratio_%s,%s/%s,%d,%.4f,x,%d\n", x.metric, x.num, x.den, x.size, x.value, x.reps)
+	}
+	if err := os.WriteFile(filepath.Join(r.o.out, "results.csv"), []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(r.o.out, "bandwidth.svg"), []byte(r.svg()), 0o644)
+}
+
+func sizeName(s uint64) string {
+	switch {
+	case s >= 1<<20:
+		return fmt.Sprintf("%d MiB", s>>20)
+	case s >= 1<<10:
+		return fmt.Sprintf("%d KiB", s>>10)
+	}
+	return fmt.Sprintf("%d B", s)
+}
+
+func cpuModel() string {
+	out, err := exec.Command("lscpu").Output()
+	if err == nil {
+		for _, l := range strings.Split(string(out), "\n") {
+			if v, ok := strings.CutPrefix(l, "Model name:"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return runtime.GOARCH
+}
+
+func f(v float64, ok bool, prec int) string {
+	if !ok {
+		return "-"
+	}
+	return fmt.Sprintf("%.*f", prec, v)
+}
+
+func (r *report) print(out io.Writer) {
+	w := bufio.NewWriter(out)
+	defer w.Flush()
+	host, _ := os.Hostname()
+	fmt.Fprintf(w, "\nrmabench  %s  %s, %d CPUs, %s  reps=%d%s  (%v)\n", time.Now().Format("2006-01-02 15:04"), cpuModel(), runtime.NumCPU(), host, r.o.reps,
+		map[bool]string{true: " -quick", false: ""}[r.o.quick], r.elapsed.Round(time.Second))
+	fmt.Fprintf(w, "medians over repetitions; ratios are medians of per-repetition ratios (the two series ran back to back)\n\n")
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "put GB/s\tsize\tplugin-tcp\traw-tcp\tratio\tplugin-intranode\traw-pvw\tratio\tmemcpy\t\n")
+	for _, s := range sizes {
+		a, aok := r.med("put_bw", "plugin-tcp", s)
+		b, bok := r.med("put_bw", "raw-tcp", s)
+		c, cok := r.med("put_bw", "plugin-intranode", s)
+		d, dok := r.med("put_bw", "raw-pvw", s)
+		e, eok := r.med("put_bw", "memcpy", s)
+		r1, r1ok := r.ratio("put_bw", "plugin-tcp", "raw-tcp", s)
+		r2, r2ok := r.ratio("put_bw", "plugin-intranode", "raw-pvw", s)
+		fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", sizeName(s), f(a, aok, 3), f(b, bok, 3), f(r1, r1ok, 2),
+			f(c, cok, 3), f(d, dok, 3), f(r2, r2ok, 2), f(e, eok, 2))
+	}
+	tw.Flush()
+
+	fmt.Fprintf(w, "\n8-byte ping-pong, half round trip (us)\n")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for _, c := range []string{"raw-tcp", "plugin-tcp", "plugin-intranode"} {
+		v, ok := r.med("half_rtt", c, 8)
+		x, xok := r.ratio("half_rtt", c, "raw-tcp", 8)
+		if c == "raw-tcp" {
+			x, xok = 1, ok
+		}
+		fmt.Fprintf(tw, "\t%s\t%s\t%sx\t\n", c, f(v, ok, 1), f(x, xok, 2))
+	}
+	tw.Flush()
+
+	fmt.Fprintf(w, "\n8-byte put message rate (Mops/s) and allocations per op (initiator / target process)\n")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for _, c := range []string{"native", "default", "planner"} {
+		v, ok := r.med("msg_rate", c, 8)
+		x, xok := r.ratio("msg_rate", c, "native", 8)
+		if c == "native" {
+			x, xok = 1, ok
+		}
+		ai, aiok := r.med("allocs_per_op", c+"/initiator", 8)
+		at, atok := r.med("allocs_per_op", c+"/target", 8)
+		fmt.Fprintf(tw, "\t%s\t%s\t%sx\t%s\t%s\t\n", c, f(v, ok, 3), f(x, xok, 2), f(ai, aiok, 4), f(at, atok, 4))
+	}
+	tw.Flush()
+
+	fmt.Fprintf(w, "\ncold start, host.Init -> first completed put, fresh process, 1-rank communicator (ms)\n")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "\tbackend\ttotal\tinit\tconnect\tcontext\tregmr\tput\truns\t\n")
+	for _, c := range []string{"native", "default", "default-cold-cache", "go-sdk", "go-sdk-cold-cache"} {
+		s := r.find("cold_start", c, 0)
+		if s == nil {
+			continue
+		}
+		line := fmt.Sprintf("\t%s\t%.2f", c, median(s.Values))
+		for _, p := range coldPhases {
+			v, ok := r.med("cold_start_"+p, c, 0)
+			line += "\t" + f(v, ok, 2)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t\n", line, len(s.Values))
+	}
+	tw.Flush()
+
+	fmt.Fprintf(w, "\ntargets\n")
+	for _, t := range r.targets() {
+		fmt.Fprintf(w, "  %-9s %s\n", t.verdict, t.text)
+	}
+	if len(r.notes) > 0 {
+		fmt.Fprintf(w, "\nnotes\n")
+		for _, n := range r.notes {
+			fmt.Fprintf(w, "  - %s\n", n)
+		}
+	}
+	fmt.Fprintf(w, "\nwrote %s and %s\n", filepath.Join(r.o.out, "results.csv"), filepath.Join(r.o.out, "bandwidth.svg"))
+}
+
+type target struct{ verdict, text string }
+
+func verdict(measured, ok bool) string {
+	switch {
+	case !measured:
+		return "NOT RUN"
+	case ok:
+		return "MET"
+	}
+	return "NOT MET"
+}
+
+func (r *report) worstRatio(num, den string) (float64, string, bool) {
+	worst, at, any := math.Inf(1), "", false
+	for _, s := range sizes {
+		if s < 1<<20 {
+			continue
+		}
+		if v, ok := r.ratio("put_bw", num, den, s); ok {
+			any = true
+			if v < worst {
+				worst, at = v, sizeName(s)
+			}
+		}
+	}
+	return worst, at, any
+}
+
+func (r *report) targets() []target {
+	var ts []target
+	v, at, ok := r.worstRatio("plugin-tcp", "raw-tcp")
+	ts = append(ts, target{verdict(ok, v >= 0.95), fmt.Sprintf("TCP put >= 0.95x raw TCP at >= 1 MiB: worst %.2fx (at %s)", v, at)})
+	v, at, ok = r.worstRatio("plugin-intranode", "raw-pvw")
+	ts = append(ts, target{verdict(ok, v >= 0.95), fmt.Sprintf("intra-node put >= 0.95x raw process_vm_writev at >= 1 MiB: worst %.2fx (at %s)", v, at)})
+	v, ok = r.ratio("half_rtt", "plugin-tcp", "raw-tcp", 8)
+	ts = append(ts, target{verdict(ok, v <= 1.3), fmt.Sprintf("8-byte put+signal ping-pong <= 1.3x raw TCP: %.2fx", v)})
+	v, ok = r.ratio("msg_rate", "default", "native", 8)
+	ts = append(ts, target{verdict(ok, v >= 0.95), fmt.Sprintf("embedded default backend >= 0.95x native message rate: %.2fx", v)})
+	v, ok = r.ratio("msg_rate", "planner", "native", 8)
+	ts = append(ts, target{verdict(ok, v >= 0.90), fmt.Sprintf("per-op hook (planner) >= 0.90x native message rate: %.2fx", v)})
+	worst, any := 0.0, false
+	for _, c := range []string{"native", "default", "planner"} {
+		if a, ok := r.med("allocs_per_op", c+"/initiator", 8); ok {
+			any, worst = true, max(worst, a)
+		}
+	}
+	ts = append(ts, target{verdict(any, worst < 0.01), fmt.Sprintf("0 allocations per op on the put path (initiator process, all backends): worst %.4f", worst)})
+	v, ok = r.med("cold_start", "default", 0)
+	ts = append(ts, target{verdict(ok, v <= 10), fmt.Sprintf("cold start, embedded default, warm cache <= 10 ms: %.2f ms", v)})
+	v, ok = r.med("cold_start", "go-sdk", 0)
+	ts = append(ts, target{verdict(ok, v <= 50), fmt.Sprintf("cold start, Go-SDK guest, warm cache <= 50 ms: %.2f ms", v)})
+	return ts
+}
+
+// ---------------------------------------------------------------- svg
+
+var seriesColors = map[string]string{
+	"plugin-tcp":       "#1f77b4",
+	"raw-tcp":          "#7fb3e0",
+	"plugin-intranode": "#d62728",
+	"raw-pvw":          "#f0a0a0",
+	"memcpy":           "#555555",
+}
+
+func (r *report) svg() string {
+	const W, H, ml, mr, mt, mb = 900.0, 560.0, 80.0, 200.0, 50.0, 60.0
+	pw, ph := W-ml-mr, H-mt-mb
+	series := []string{"plugin-tcp", "raw-tcp", "plugin-intranode", "raw-pvw", "memcpy"}
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, c := range series {
+		for _, s := range sizes {
+			if v, ok := r.med("put_bw", c, s); ok && v > 0 {
+				lo, hi = math.Min(lo, v), math.Max(hi, v)
+			}
+		}
+	}
+	if math.IsInf(lo, 1) {
+		lo, hi = 0.001, 100
+	}
+	ylo, yhi := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
+	if yhi <= ylo {
+		yhi = ylo + 1
+	}
+	xlo, xhi := math.Log2(float64(sizes[0])), math.Log2(float64(sizes[len(sizes)-1]))
+	px := func(s uint64) float64 { return ml + (math.Log2(float64(s))-xlo)/(xhi-xlo)*pw }
+	py := func(v float64) float64 { return mt + ph - (math.Log10(v)-ylo)/(yhi-ylo)*ph }
+
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" font-family="sans-serif" font-size="12">`+"\n", W, H, W, H)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%g" y="24" font-size="15" font-weight="bold">Put bandwidth, rank 0 -> rank 1, same host (median of %d reps)</text>`+"\n", ml, r.o.reps)
+	for d := ylo; d <= yhi; d++ {
+		y := py(math.Pow(10, d))
+		fmt.Fprintf(&b, `<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="#ddd"/>`+"\n", ml, y, ml+pw, y)
+		fmt.Fprintf(&b, `<text x="%g" y="%.1f" text-anchor="end" dy="4">%s</text>`+"\n", ml-6, y, strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.4f", math.Pow(10, d)), "0"), "."))
+	}
+	for _, s := range sizes {
+		x := px(s)
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%g" x2="%.1f" y2="%g" stroke="#eee"/>`+"\n", x, mt, x, mt+ph)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%g" text-anchor="middle">%s</text>`+"\n", x, mt+ph+18, sizeName(s))
+	}
+	fmt.Fprintf(&b, `<rect x="%g" y="%g" width="%g" height="%g" fill="none" stroke="#333"/>`+"\n", ml, mt, pw, ph)
+	fmt.Fprintf(&b, `<text x="%g" y="%g" text-anchor="middle">message size (log scale)</text>`+"\n", ml+pw/2, H-14)
+	fmt.Fprintf(&b, `<text transform="translate(22 %g) rotate(-90)" text-anchor="middle">GB/s (log scale)</text>`+"\n", mt+ph/2)
+	for i, c := range series {
+		var pts []string
+		for _, s := range sizes {
+			if v, ok := r.med("put_bw", c, s); ok && v > 0 {
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(s), py(v)))
+			}
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		dash := ""
+		if strings.HasPrefix(c, "raw") || c == "memcpy" {
+			dash = ` stroke-dasharray="6 4"`
+		}
+		col := seriesColors[c]
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>`+"\n", col, dash, strings.Join(pts, " "))
+		for _, p := range pts {
+			xy := strings.Split(p, ",")
+			fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="3" fill="%s"/>`+"\n", xy[0], xy[1], col)
+		}
+		ly := mt + 10 + float64(i)*22
+		fmt.Fprintf(&b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="%s" stroke-width="2"%s/>`+"\n", ml+pw+15, ly, ml+pw+45, ly, col, dash)
+		fmt.Fprintf(&b, `<text x="%g" y="%g" dy="4">%s</text>`+"\n", ml+pw+52, ly, c)
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}
