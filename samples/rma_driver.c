@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -1084,6 +1085,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (pid == 0) {
+      /* die with the parent (a killed test harness leaves no ranks behind) */
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() == 1) _exit(4);
       /* only our end survives, so a dead sibling shows up as EOF at the hub */
       for (int q = 0; q < N; q++) {
         close(sp[q][0]);
