@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"time"
 
@@ -64,6 +65,12 @@ func runCold(o *options) {
 		fatalf("cold start (%s): %s: %v", o.backend, what, r)
 	}
 
+	if p := os.Getenv("RMABENCH_CPUPROFILE"); p != "" {
+		if f, err := os.Create(p); err == nil {
+			pprof.StartCPUProfile(f)
+			defer pprof.StopCPUProfile()
+		}
+	}
 	t0 := time.Now()
 	ctx, rc := host.Init(1)
 	if rc != abi.Success {
@@ -112,6 +119,7 @@ func runCold(o *options) {
 	r := coldResult{Init: ms(t1.Sub(t0)), Connect: ms(t2.Sub(t1)), Context: ms(t3.Sub(t2)), RegMr: ms(t4.Sub(t3)), Put: ms(t5.Sub(t4)), Total: ms(t5.Sub(t0))}
 	b, _ := json.Marshal(r)
 	fmt.Println(string(b))
+	pprof.StopCPUProfile()
 }
 
 func median(v []float64) float64 {

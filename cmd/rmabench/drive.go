@@ -113,7 +113,7 @@ func (r *rankState) drive() (rankResult, error) {
 		{"raw-pvw", r.pvwBW},
 		{"memcpy", func(s, n uint64) (time.Duration, error) { return r.memcpyBW(s, n), nil }},
 	}
-	rates := []int{commIntra, commDefault, commPlanner}
+	rates := []int{commTCP, commDefault, commPlanner}
 	for rep := 0; rep < r.opt.reps; rep++ {
 		t0 := time.Now()
 		for _, size := range sizes {
@@ -137,7 +137,7 @@ func (r *rankState) drive() (rankResult, error) {
 				continue
 			}
 			name := comms[ci].name
-			if ci == commIntra {
+			if ci == commTCP {
 				name = "native"
 			}
 			d, mine, theirs, err := r.plugBW(ci, 8, r.opt.msgOps, true)

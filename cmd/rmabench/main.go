@@ -66,6 +66,7 @@ func main() {
 	flag.StringVar(&o.guests, "guests", "build/guests", "directory of guest modules (planner.wasm, passthrough-go.wasm)")
 	flag.DurationVar(&o.timeout, "timeout", 8*time.Minute, "kill the rank processes after this long")
 	flag.IntVar(&o.spin, "spin", 64, "busy checks of a signal word before each wait starts yielding the CPU")
+	flag.StringVar(&yieldMode, "yield", "both", "what a waiting loop does between checks: os (sched_yield), go (runtime.Gosched), both, none")
 	flag.IntVar(&o.coldRuns, "cold-runs", 0, "warm-cache cold-start runs per backend (default 5, -quick 3)")
 	flag.StringVar(&o.role, "role", "", "internal: rank | cold")
 	flag.IntVar(&o.rank, "rank", 0, "internal: rank of a -role rank process")
@@ -146,7 +147,7 @@ func launch(o *options) {
 	if err != nil {
 		fatalf("%v", err)
 	}
-	common := []string{"-out", o.out, "-guests", o.guests, "-reps", fmt.Sprint(o.reps), "-spin", fmt.Sprint(o.spin)}
+	common := []string{"-out", o.out, "-guests", o.guests, "-reps", fmt.Sprint(o.reps), "-spin", fmt.Sprint(o.spin), "-yield", yieldMode}
 	if o.quick {
 		common = append(common, "-quick")
 	}

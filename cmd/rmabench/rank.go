@@ -42,12 +42,16 @@ const (
 )
 
 var comms = []commCfg{
-	commTCP:     {name: "plugin-tcp", backend: "native", intra: "0"},
-	commIntra:   {name: "plugin-intranode", backend: "native", intra: "1"},
-	commDefault: {name: "default", backend: "default", intra: "1"},
+	commTCP:   {name: "plugin-tcp", backend: "native", intra: "0"},
+	commIntra: {name: "plugin-intranode", backend: "native", intra: "1"},
+	// The message-rate comparison runs all three backends over TCP, the
+	// faster path for 8-byte puts (one batched writev for many puts; the
+	// intra-node path makes one process_vm_writev per put), so a per-op cost
+	// of the backend shows instead of hiding behind the transport.
+	commDefault: {name: "default", backend: "default", intra: "0"},
 	// lanes=1 keeps the data path identical to native, so the difference is
 	// the per-op hook (rmaw_plan_op) and the completion batches.
-	commPlanner: {name: "planner", backend: "planner", intra: "1", config: "lanes=1", needs: "planner.wasm"},
+	commPlanner: {name: "planner", backend: "planner", intra: "0", config: "lanes=1", needs: "planner.wasm"},
 }
 
 // Series kinds of opBW / opPing (low byte of A; comm index in the next).
@@ -674,7 +678,23 @@ func (r *rankState) setupBaselines() error {
 	return nil
 }
 
-// schedYield gives the CPU to another runnable thread, as NCCL's proxy does
-// when it has nothing to progress; on 2 cores a pure spin starves the
-// goroutines that move the bytes.
-func schedYield() { unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
+// schedYield is what a waiting loop does between checks. NCCL's proxy thread
+// calls sched_yield when it has nothing to progress; and a C thread that
+// returns from a plugin call holds no Go P, which runtime.Gosched imitates
+// here, so the runtime's own goroutines (the peer writer and service) can run
+// at once. Measured on 2 cores: a pure spin costs about 1 ms per wake-up, the
+// OS yield alone ~150 us per half round trip, Gosched alone is far worse,
+// both ~75 us (-yield).
+func schedYield() {
+	switch yieldMode {
+	case "os":
+		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	case "go":
+		runtime.Gosched()
+	case "both":
+		runtime.Gosched()
+		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	}
+}
+
+var yieldMode = "both"
