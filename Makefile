@@ -23,6 +23,8 @@ CFLAGS_DRIVER ?= -O2 -Wall -Wextra -Werror -pthread
 GUESTS :=
 .DEFAULT_GOAL := all
 -include guests/guests.mk
+# The benchmark owner's rules (bench-run, bench-build).
+-include bench.mk
 # ---------------------------------------------------------------------------
 
 .PHONY: all lib driver demo test bench clean gofmt-check
@@ -61,9 +63,11 @@ test: all gofmt-check
 	$(GO) test -race ./abi/... ./host/...
 	$(GO) test ./test/... -count=1 -timeout 30m
 
-# Placeholder: the bench owner replaces this target.
+# Go micro-benchmarks of the runtime, then the two-process benchmark from
+# bench.mk when it is present (the bench owner may replace this target).
 bench: all
 	$(GO) test -run XXX -bench . ./host/...
+	@if [ -f bench.mk ]; then $(MAKE) --no-print-directory bench-run; fi
 
 clean:
 	rm -rf $(BUILD)
