@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"unsafe"
 
@@ -21,68 +20,17 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
 )
 
-// capiRoot returns the directory holding go.mod, walking up from the
-// package directory the test runs in.
-func capiRoot(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
-
-var (
-	capiLibOnce sync.Once
-	capiLibPath string
-	capiLibErr  error
-	capiLibOut  []byte
-)
-
-// capiLibrary builds build/librccl-rma-wasm.so once per test binary with
-// the same command as the Makefile and returns its path.
+// capiLibrary returns the library built by make (see build in
+// driver_test.go), so every test in this package runs the same binary.
 func capiLibrary(t testing.TB) string {
 	t.Helper()
-	root := capiRoot(t)
-	capiLibOnce.Do(func() {
-		capiLibPath = filepath.Join(root, "build", "librccl-rma-wasm.so")
-		if err := os.MkdirAll(filepath.Dir(capiLibPath), 0o755); err != nil {
-			capiLibErr = err
-			return
-		}
-		// Build beside the target and rename, so that processes running the
-		// old library keep their mapping intact.
-		base := filepath.Join(root, "build", ".librccl-rma-wasm-"+strconv.Itoa(os.Getpid()))
-		tmp := base + ".so"
-		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", tmp, "./capi")
-		cmd.Dir = root
-		capiLibOut, capiLibErr = cmd.CombinedOutput()
-		os.Remove(base + ".h") // cgo's generated header
-		if capiLibErr == nil {
-			capiLibErr = os.Rename(tmp, capiLibPath)
-		} else {
-			os.Remove(tmp)
-		}
-	})
-	if capiLibErr != nil {
-		t.Fatalf("building the library: %v\n%s", capiLibErr, capiLibOut)
-	}
-	return capiLibPath
+	return filepath.Join(build(t), "build", "librccl-rma-wasm.so")
 }
 
 // buildC compiles test/csrc/<src> against capi/rma_plugin.h into dir.
 func capiBuildC(t testing.TB, dir, src, out string, extra ...string) string {
 	t.Helper()
-	root := capiRoot(t)
+	root := repoRoot(t)
 	bin := filepath.Join(dir, out)
 	args := append([]string{"-O1", "-Wall", "-Wextra", "-Werror", "-I", filepath.Join(root, "capi"),
 		"-o", bin, filepath.Join(root, "test", "csrc", src)}, extra...)
@@ -275,7 +223,7 @@ func TestLibraryExportsTables(t *testing.T) {
 func TestLoggerFlavor(t *testing.T) {
 	lib := capiLibrary(t)
 	dir := t.TempDir()
-	root := capiRoot(t)
+	root := repoRoot(t)
 	for _, name := range []string{"librccl.so.1", "libnccl.so.2"} {
 		out, err := exec.Command("gcc", "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror",
 			"-o", filepath.Join(dir, name), filepath.Join(root, "test", "csrc", "fake_logger.c")).CombinedOutput()

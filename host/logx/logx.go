@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 )
 
 // Sink receives one preformatted line. capi installs a sink that calls the
@@ -35,7 +36,7 @@ func emit(level abi.LogLevel, subsys uint64, format string, args []any) {
 		(*s)(level, subsys, "rccl-rma-wasm", 0, msg)
 		return
 	}
-	if os.Getenv("NCCL_RMA_WASM_DEBUG_STDERR") != "" {
+	if debugStderr() != "" {
 		fmt.Fprintf(os.Stderr, "rccl-rma-wasm %d: %s\n", level, msg)
 	}
 }
@@ -51,3 +52,7 @@ func Trace(subsys uint64, format string, args ...any) { emit(abi.LogTrace, subsy
 
 // Version logs at VERSION.
 func Version(subsys uint64, format string, args ...any) { emit(abi.LogVersion, subsys, format, args) }
+
+// debugStderr reads the variable through config, i.e. libc getenv inside
+// the library, so a value set after load is seen.
+func debugStderr() string { return config.Get(config.DebugStderr) }
