@@ -305,3 +305,23 @@ func BenchmarkPut8(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPutLatency8 measures one 8-byte put to a peer rank, from post to
+// completion, with nothing else in flight.
+func BenchmarkPutLatency8(b *testing.B) {
+	rs := setup(b, 2, 64)
+	r := rs[0]
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		req, res := Iput(r.rma, 0, 0, r.srcMh, 8, 0, r.dstMh, 1, 0)
+		if res != abi.Success {
+			b.Fatal(res)
+		}
+		for {
+			if done, res := Test(r.coll, req); done || res != abi.Success {
+				break
+			}
+		}
+	}
+}

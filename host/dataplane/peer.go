@@ -20,6 +20,10 @@ const (
 	readBufSize   = 256 << 10 // service read buffer; large payloads bypass it
 	byeWait       = 250 * time.Millisecond
 	smallResponse = 4096 // get responses up to this size leave in one write
+	// inlineMax is the most payload a caller writes on its own thread when
+	// the stream is idle; larger work goes to the writer goroutine so that
+	// a big put never holds NCCL's progress thread.
+	inlineMax = 64 << 10
 )
 
 // getEntry is an outstanding get; replies arrive in request order.
@@ -37,7 +41,8 @@ type peer struct {
 	out  *net.TCPConn
 	in   *net.TCPConn
 
-	mu       sync.Mutex // guards the queue
+	mu       sync.Mutex // guards the queue and writing
+	writing  bool       // someone owns the stream and the batch buffers
 	q        []Op
 	qHead    int
 	qLen     int
@@ -99,8 +104,27 @@ func (p *peer) post(op *Op, hold bool) {
 	}
 	p.q[(p.qHead+p.qLen)%len(p.q)] = *op
 	p.qLen++
+	if hold {
+		p.mu.Unlock()
+		return
+	}
+	if p.writing || p.q[p.qHead].Size > inlineMax {
+		p.mu.Unlock()
+		p.kick()
+		return
+	}
+	// The stream is idle: write on the caller's thread. A hand-off to the
+	// writer goroutine costs a scheduler wake-up, which from a foreign C
+	// thread can take a hundred microseconds on a busy machine.
+	p.writing = true
+	n := p.takeLocked(inlineMax)
 	p.mu.Unlock()
-	if !hold {
+	ok := p.writeBatch(p.batch[:n])
+	p.mu.Lock()
+	p.writing = false
+	more := p.qLen > 0
+	p.mu.Unlock()
+	if ok && more {
 		p.kick()
 	}
 }
@@ -134,17 +158,23 @@ func (p *peer) fail(op *Op) {
 	}
 }
 
-// take moves up to len(p.batch) queued ops into the batch.
-func (p *peer) take() int {
-	p.mu.Lock()
-	n := min(p.qLen, len(p.batch))
-	for i := 0; i < n; i++ {
-		p.batch[i] = p.q[p.qHead]
-		p.q[p.qHead] = Op{}
+// takeLocked moves queued ops into the batch, at most len(p.batch) of them
+// and, past the first, no more than maxPayload bytes of payload. The caller
+// holds p.mu and owns the stream.
+func (p *peer) takeLocked(maxPayload uint64) int {
+	n, bytes := 0, uint64(0)
+	for n < len(p.batch) && p.qLen > 0 {
+		op := &p.q[p.qHead]
+		if n > 0 && bytes+op.Size > maxPayload {
+			break
+		}
+		bytes += op.Size
+		p.batch[n] = *op
+		*op = Op{}
 		p.qHead = (p.qHead + 1) % len(p.q)
+		p.qLen--
+		n++
 	}
-	p.qLen -= n
-	p.mu.Unlock()
 	return n
 }
 
@@ -157,11 +187,21 @@ func (p *peer) writer() {
 			return
 		}
 		for {
-			n := p.take()
-			if n == 0 {
+			p.mu.Lock()
+			if p.writing || p.qLen == 0 {
+				// An inline writer owns the stream; it kicks us when it
+				// leaves work behind.
+				p.mu.Unlock()
 				break
 			}
-			if !p.writeBatch(p.batch[:n]) {
+			p.writing = true
+			n := p.takeLocked(^uint64(0))
+			p.mu.Unlock()
+			ok := p.writeBatch(p.batch[:n])
+			p.mu.Lock()
+			p.writing = false
+			p.mu.Unlock()
+			if !ok {
 				return
 			}
 		}
