@@ -194,4 +194,3 @@ func TestGuestFaultsFailOnlyTheirOps(t *testing.T) {
 		})
 	}
 }
-
