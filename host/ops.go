@@ -223,6 +223,7 @@ func Iflush(h uint64, context int32, mh uint64, rank uint32) (uint64, abi.Result
 		logx.Warn(abi.SubsysNet, "NET/wasm: iflush: handle %#x is unknown or released", mh)
 		return 0, abi.InvalidArgument
 	}
+	r.c.mesh.FlushAll()
 	r.c.mesh.Kick()
 	q, idx, ok := r.reqs.alloc()
 	if !ok {

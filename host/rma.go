@@ -164,6 +164,7 @@ func Progress(h uint64) abi.Result {
 		logx.Warn(abi.SubsysNet, "NET/wasm: rmaProgress: unknown rma context %#x", h)
 		return abi.InvalidArgument
 	}
+	r.c.mesh.FlushAll()
 	r.c.mesh.Kick()
 	for i := range r.ctxs {
 		s := &r.ctxs[i]
@@ -188,7 +189,9 @@ func Test(coll, req uint64) (bool, abi.Result) {
 		return false, abi.InvalidArgument
 	}
 	if q.state.Load() != reqDone {
-		r.c.mesh.Kick()
+		if q.kind != uint8(backend.OpFlush) {
+			r.c.mesh.Flush(int(q.peer))
+		}
 		return false, abi.Success
 	}
 	status := abi.Result(q.status.Load())

@@ -182,8 +182,19 @@ func (m *Mesh) Post(peerRank int, op *Op, hold bool) {
 	}
 }
 
-// Kick flushes operations held back by the aggregation hint. It is called
-// from test() in tight loops, so it costs one atomic load when nothing is held.
+// Flush sends what is queued for peer from the calling thread if the stream
+// is idle (see peer.flush). test() calls it for the peer of a pending request.
+func (m *Mesh) Flush(peerRank int) { m.peers[peerRank].flush() }
+
+// FlushAll is Flush for every peer; rmaProgress and iflush call it.
+func (m *Mesh) FlushAll() {
+	for _, p := range m.peers {
+		p.flush()
+	}
+}
+
+// Kick wakes the writers of queues holding aggregated ops. It costs one
+// atomic load when nothing is held.
 func (m *Mesh) Kick() {
 	if !m.held.Load() || !m.held.Swap(false) {
 		return

@@ -24,6 +24,12 @@ const (
 	// the stream is idle; larger work goes to the writer goroutine so that
 	// a big put never holds NCCL's progress thread.
 	inlineMax = 64 << 10
+	// intraMin is the smallest payload worth a process_vm_writev of its own;
+	// smaller puts ride the coalesced TCP stream, which is cheaper per op.
+	intraMin = 16 << 10
+	// sendDelay bounds how long a small operation waits in the queue for
+	// the caller's next test() before the writer goroutine sends it anyway.
+	sendDelay = 200 * time.Microsecond
 )
 
 // getEntry is an outstanding get; replies arrive in request order.
@@ -47,6 +53,8 @@ type peer struct {
 	qHead    int
 	qLen     int
 	wake     chan struct{}
+	timer    *time.Timer // fires the writer for ops nobody tests
+	armed    atomic.Bool
 	quit     chan struct{}
 	byeSent  chan struct{}
 	intra    atomic.Bool // the single-copy path is usable for this peer
@@ -85,6 +93,11 @@ func newPeer(m *Mesh, rank int, out, in *net.TCPConn) *peer {
 }
 
 func (p *peer) start() {
+	p.timer = time.AfterFunc(time.Hour, func() {
+		p.armed.Store(false)
+		p.kick()
+	})
+	p.timer.Stop()
 	p.m.wg.Add(3)
 	go p.writer()
 	go p.replies()
@@ -104,18 +117,31 @@ func (p *peer) post(op *Op, hold bool) {
 	}
 	p.q[(p.qHead+p.qLen)%len(p.q)] = *op
 	p.qLen++
-	if hold {
+	p.mu.Unlock()
+	switch {
+	case hold:
+	case op.Size > inlineMax:
+		p.kick() // big: the writer goroutine sends it, never the caller
+	case !p.armed.Swap(true):
+		// Small: the caller's next test() sends it with everything else
+		// queued by then, in one writev; the timer covers callers that
+		// post and never test.
+		p.timer.Reset(sendDelay)
+	}
+}
+
+// flush writes what is queued on the caller's thread when the stream is
+// idle and the work is small. test() calls it: a hand-off to the writer
+// goroutine costs a scheduler wake-up, which from a foreign C thread can take
+// a hundred microseconds on a busy machine, while a caller that posts a burst
+// and then tests gets the whole burst in one writev. The send timer, armed
+// at post time, remains the guarantee that nothing waits for a test.
+func (p *peer) flush() {
+	p.mu.Lock()
+	if p.writing || p.qLen == 0 || p.q[p.qHead].Size > inlineMax || p.dead.Load() {
 		p.mu.Unlock()
 		return
 	}
-	if p.writing || p.q[p.qHead].Size > inlineMax {
-		p.mu.Unlock()
-		p.kick()
-		return
-	}
-	// The stream is idle: write on the caller's thread. A hand-off to the
-	// writer goroutine costs a scheduler wake-up, which from a foreign C
-	// thread can take a hundred microseconds on a busy machine.
 	p.writing = true
 	n := p.takeLocked(inlineMax)
 	p.mu.Unlock()
@@ -216,7 +242,7 @@ func (p *peer) writeBatch(ops []Op) bool {
 	bye := false
 	for i := range ops {
 		op := &ops[i]
-		if p.intra.Load() && op.Remote != 0 && op.Size > 0 {
+		if op.Size >= intraMin && op.Remote != 0 && p.intra.Load() {
 			switch {
 			case op.Kind == OpPut && p.directPut(op):
 				op.Kind = opDone // nothing to tell the target
@@ -512,5 +538,6 @@ func (p *peer) close() error {
 		}
 	}
 	p.markDead(nil)
+	p.timer.Stop()
 	return nil
 }
