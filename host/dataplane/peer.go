@@ -16,8 +16,12 @@ import (
 )
 
 const (
-	batchMax      = 256       // ops written per writev
-	readBufSize   = 256 << 10 // service read buffer; large payloads bypass it
+	batchMax = 256 // ops written per writev
+	// readBufSize is the receive buffer of both readers. It coalesces many
+	// small messages per read, while a large payload is read straight into
+	// registered memory except for what the buffer already holds, so it is
+	// kept small: those bytes take an extra copy.
+	readBufSize   = 16 << 10
 	byeWait       = 250 * time.Millisecond
 	smallResponse = 4096 // get responses up to this size leave in one write
 	// inlineMax is the most payload a caller writes on its own thread when
@@ -329,7 +333,7 @@ func (p *peer) popGet() (getEntry, bool) {
 // written straight into the destination registration, and rejections.
 func (p *peer) replies() {
 	defer p.m.wg.Done()
-	br := bufio.NewReaderSize(p.out, 64<<10)
+	br := bufio.NewReaderSize(p.out, readBufSize)
 	var hb [hdrSize]byte
 	var h header
 	for {
