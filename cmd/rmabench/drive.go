@@ -87,7 +87,7 @@ func (r *rankState) drive() (rankResult, error) {
 	}
 
 	// Warm-up: TCP windows, page tables, guest instances.
-	for _, ci := range []int{commTCP, commIntra, commDefault, commPlanner} {
+	for _, ci := range []int{commTCP, commIntra, commDefault, commPlanner, commTelemetry} {
 		if r.comms[ci].ok {
 			if _, _, _, err := r.plugBW(ci, 1<<20, 64, false); err != nil {
 				return result(), fmt.Errorf("warm-up %s: %w", comms[ci].name, err)
@@ -113,7 +113,7 @@ func (r *rankState) drive() (rankResult, error) {
 		{"raw-pvw", r.pvwBW},
 		{"memcpy", func(s, n uint64) (time.Duration, error) { return r.memcpyBW(s, n), nil }},
 	}
-	rates := []int{commTCP, commDefault, commPlanner}
+	rates := []int{commTCP, commDefault, commPlanner, commTelemetry}
 	for rep := 0; rep < r.opt.reps; rep++ {
 		t0 := time.Now()
 		for _, size := range sizes {

@@ -39,6 +39,7 @@ const (
 	commIntra
 	commDefault
 	commPlanner
+	commTelemetry
 )
 
 var comms = []commCfg{
@@ -50,8 +51,11 @@ var comms = []commCfg{
 	// of the backend shows instead of hiding behind the transport.
 	commDefault: {name: "default", backend: "default", intra: "0"},
 	// lanes=1 keeps the data path identical to native, so the difference is
-	// the per-op hook (rmaw_plan_op) and the completion batches.
-	commPlanner: {name: "planner", backend: "planner", intra: "0", config: "lanes=1", needs: "planner.wasm"},
+	// the per-op hook (rmaw_plan_op) alone...
+	commPlanner: {name: "planner", backend: "planner", intra: "0", config: "lanes=1, completions=0", needs: "planner.wasm"},
+	// ...and here the per-op hook plus batched completion telemetry, which
+	// adds two clock reads per op on the host side.
+	commTelemetry: {name: "planner+telemetry", backend: "planner", intra: "0", config: "lanes=1", needs: "planner.wasm"},
 }
 
 // Series kinds of opBW / opPing (low byte of A; comm index in the next).

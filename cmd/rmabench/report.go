@@ -39,6 +39,7 @@ func newReport(o *options, s []Sample, notes []string) *report {
 	r.addRatio("half_rtt", "plugin-intranode", "raw-tcp", 8)
 	r.addRatio("msg_rate", "default", "native", 8)
 	r.addRatio("msg_rate", "planner", "native", 8)
+	r.addRatio("msg_rate", "planner+telemetry", "native", 8)
 	return r
 }
 
@@ -170,7 +171,7 @@ func (r *report) print(out io.Writer) {
 
 	fmt.Fprintf(w, "\n8-byte put message rate (Mops/s) and allocations per op (initiator / target process)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	for _, c := range []string{"native", "default", "planner"} {
+	for _, c := range []string{"native", "default", "planner", "planner+telemetry"} {
 		v, ok := r.med("msg_rate", c, 8)
 		x, xok := r.ratio("msg_rate", c, "native", 8)
 		if c == "native" {
@@ -252,8 +253,11 @@ func (r *report) targets() []target {
 	ts = append(ts, target{verdict(ok, v >= 0.95), fmt.Sprintf("embedded default backend >= 0.95x native message rate: %.2fx", v)})
 	v, ok = r.ratio("msg_rate", "planner", "native", 8)
 	ts = append(ts, target{verdict(ok, v >= 0.90), fmt.Sprintf("per-op hook (planner) >= 0.90x native message rate: %.2fx", v)})
+	if v, ok := r.ratio("msg_rate", "planner+telemetry", "native", 8); ok {
+		ts = append(ts, target{"INFO", fmt.Sprintf("per-op hook with completion telemetry: %.2fx native (no target)", v)})
+	}
 	worst, any := 0.0, false
-	for _, c := range []string{"native", "default", "planner"} {
+	for _, c := range []string{"native", "default", "planner", "planner+telemetry"} {
 		if a, ok := r.med("allocs_per_op", c+"/initiator", 8); ok {
 			any, worst = true, max(worst, a)
 		}
