@@ -9,6 +9,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -77,6 +78,7 @@ func selectBackend() (*loaded, error) {
 
 // Init creates an independent plugin context.
 func Init(commID uint64) (uint64, abi.Result) {
+	dataplane.Prewarm(config.Get(config.Addr)) // overlaps with loading the backend
 	l, err := selectBackend()
 	if err != nil {
 		logx.Warn(abi.SubsysInit|abi.SubsysNet, "NET/wasm: cannot load backend: %v", err)

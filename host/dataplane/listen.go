@@ -205,6 +205,23 @@ func HostID() [16]byte {
 // nothing configured it uses the first non-loopback IPv4 address that is up,
 // and loopback when there is none.
 func resolveListenAddr(addr string) (*net.TCPAddr, error) {
+	// Enumerating interfaces costs about a millisecond (netlink); every
+	// communicator listens again, so remember the answer per setting.
+	if v, ok := resolved.Load(addr); ok {
+		a := *v.(*net.TCPAddr)
+		return &a, nil
+	}
+	a, err := resolveListenAddrUncached(addr)
+	if err == nil {
+		c := *a
+		resolved.Store(addr, &c)
+	}
+	return a, err
+}
+
+var resolved sync.Map // configured address -> *net.TCPAddr
+
+func resolveListenAddrUncached(addr string) (*net.TCPAddr, error) {
 	if addr != "" {
 		host, port, err := net.SplitHostPort(addr)
 		if err != nil {
@@ -246,4 +263,13 @@ func interfaceIPv4(ifi *net.Interface) (net.IP, error) {
 		}
 	}
 	return nil, fmt.Errorf("interface %s has no IPv4 address", ifi.Name)
+}
+
+// Prewarm resolves the listen address and the host id in the background, so
+// that the first listen of a process does not pay for them after init.
+func Prewarm(addr string) {
+	go func() {
+		resolveListenAddr(addr)
+		HostID()
+	}()
 }

@@ -124,8 +124,10 @@ func (p *peer) post(op *Op, hold bool) {
 	p.mu.Unlock()
 	switch {
 	case hold:
-	case op.Size > inlineMax:
-		p.kick() // big: the writer goroutine sends it, never the caller
+	case op.Size > inlineMax || op.Kind == OpReg || op.Kind == msgBye:
+		// Big payloads are sent by the writer goroutine, never the caller;
+		// control messages go at once, nobody tests them.
+		p.kick()
 	case !p.armed.Swap(true):
 		// Small: the caller's next test() sends it with everything else
 		// queued by then, in one writev; the timer covers callers that

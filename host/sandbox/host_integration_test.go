@@ -25,7 +25,7 @@ type hostRank struct {
 }
 
 // hostComm builds a communicator of n ranks in this process, as NCCL would.
-func hostComm(t *testing.T, n, contexts int) []*hostRank {
+func hostComm(t testing.TB, n, contexts int) []*hostRank {
 	t.Helper()
 	rs := make([]*hostRank, n)
 	handles := make([]*[abi.HandleSize]byte, n)
@@ -96,14 +96,14 @@ func hostWait(t *testing.T, coll, req uint64) abi.Result {
 }
 
 // useGuest points the runtime at a guest backend for this test.
-func useGuest(t *testing.T, wasm, cfg string) {
+func useGuest(t testing.TB, wasm, cfg string) {
 	dir := t.TempDir()
 	b, err := os.ReadFile(wasm)
 	if err != nil {
 		t.Fatal(err)
 	}
 	writeFile(t, filepath.Join(dir, "planner.wasm"), b)
-	env := map[string]string{config.Backend: "planner", config.Dir: dir, config.BackendConfig: cfg,
+	env := map[string]string{config.Backend: "planner", config.Dir: dir, config.BackendConfig: cfg, config.IntraNode: "0",
 		config.CacheDir: "off", config.Addr: "127.0.0.1"}
 	config.SetGetenv(func(k string) string { return env[k] })
 	t.Cleanup(func() { config.SetGetenv(os.Getenv) })
@@ -193,4 +193,44 @@ func TestGuestFaultsFailOnlyTheirOps(t *testing.T) {
 			t.Logf("%s: %d ok, %d failed", cfg, ok, failed)
 		})
 	}
+}
+
+// benchHostPut8 measures 8-byte puts to a peer through the runtime with a
+// guest backend (or native), bursts of 64 then tests, like rmabench.
+func benchHostPut8(b *testing.B, wasm, cfg string) {
+	if wasm != "" {
+		useGuest(b, wasm, cfg)
+	} else {
+		env := map[string]string{config.Backend: "native", config.Addr: "127.0.0.1", config.IntraNode: "0"}
+		config.SetGetenv(func(k string) string { return env[k] })
+		b.Cleanup(func() { config.SetGetenv(os.Getenv) })
+	}
+	rs := hostComm(b, 2, 1)
+	r := rs[0]
+	reqs := make([]uint64, 0, 64)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		req, res := host.Iput(r.rma, 0, 0, r.bufMh, 8, 64, r.bufMh, 1, 0)
+		if res != abi.Success {
+			b.Fatal(res)
+		}
+		reqs = append(reqs, req)
+		if len(reqs) == cap(reqs) || i == b.N-1 {
+			for _, q := range reqs {
+				for {
+					if done, res := host.Test(r.coll, q); done || res != abi.Success {
+						break
+					}
+				}
+			}
+			reqs = reqs[:0]
+		}
+	}
+}
+
+func BenchmarkHostPut8Native(b *testing.B)  { benchHostPut8(b, "", "") }
+func BenchmarkHostPut8Planner(b *testing.B) { benchHostPut8(b, cguest(b, "planner"), "lanes=1") }
+func BenchmarkHostPut8PlannerNoCompletions(b *testing.B) {
+	benchHostPut8(b, cguest(b, "planner"), "lanes=1, completions=0")
 }

@@ -29,6 +29,9 @@ type rtKey struct {
 type sharedRuntime struct {
 	rt      wazero.Runtime
 	wasiFns map[string]api.FunctionDefinition
+	// cacheDir holds metered modules (metercache.go); "" when the
+	// compilation cache is off or unusable.
+	cacheDir string
 
 	mu       sync.Mutex
 	compiled map[[32]byte]*compiledEntry
@@ -67,6 +70,7 @@ func getRuntime(pages uint32, cacheDir string) (*sharedRuntime, error) {
 		WithMemoryLimitPages(pages).
 		WithCloseOnContextDone(false). // metering instead: see meter.go
 		WithCoreFeatures(api.CoreFeaturesV2)
+	usedDir := ""
 	if cacheDir != "off" {
 		cc := caches[cacheDir]
 		if cc == nil {
@@ -84,6 +88,7 @@ func getRuntime(pages uint32, cacheDir string) (*sharedRuntime, error) {
 		}
 		if cc != nil {
 			cfg = cfg.WithCompilationCache(cc)
+			usedDir = cacheDir
 		}
 	}
 	rt := wazero.NewRuntimeWithConfig(ctx, cfg)
@@ -101,12 +106,13 @@ func getRuntime(pages uint32, cacheDir string) (*sharedRuntime, error) {
 		_ = rt.Close(ctx)
 		return nil, fmt.Errorf("wasm: instantiating host module: %w", err)
 	}
-	r := &sharedRuntime{rt: rt, wasiFns: wasiCM.ExportedFunctions(), compiled: map[[32]byte]*compiledEntry{}}
+	r := &sharedRuntime{rt: rt, wasiFns: wasiCM.ExportedFunctions(), cacheDir: usedDir, compiled: map[[32]byte]*compiledEntry{}}
 	runtimes[k] = r
 	return r, nil
 }
 
-// compile meters and compiles a module once per process and runtime.
+// compile meters and compiles a module once per process and runtime. The
+// metered bytes come from the disk cache when they are there (metercache.go).
 func (r *sharedRuntime) compile(wasm []byte) (wazero.CompiledModule, error) {
 	sum := sha256.Sum256(wasm)
 	r.mu.Lock()
@@ -117,7 +123,7 @@ func (r *sharedRuntime) compile(wasm []byte) (wazero.CompiledModule, error) {
 	}
 	r.mu.Unlock()
 	e.once.Do(func() {
-		metered, err := meter(wasm)
+		metered, err := meterCached(r.cacheDir, wasm, sum)
 		if err != nil {
 			e.err = err
 			return

@@ -27,6 +27,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
@@ -465,7 +466,9 @@ func (b *Backend) newInstance() (*instance, error) {
 		WithStartFunctions().
 		WithStdout(&logWriter{name: b.name}).
 		WithStderr(&logWriter{name: b.name})
-	mod, err := b.rt.rt.InstantiateModule(in.ctx, b.cm, cfg)
+	// The allocator goes on the instantiation context only: calls keep the
+	// short in.ctx.
+	mod, err := b.rt.rt.InstantiateModule(experimental.WithMemoryAllocator(in.ctx, mmapAllocator{}), b.cm, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("instantiating: %w", err)
 	}
