@@ -163,7 +163,8 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	}
 	c.mesh = mesh
 	c.id = colls.add(c)
-	logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d connected to %d ranks in %v", rank, n, time.Since(start).Round(time.Microsecond))
+	logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d connected to %d ranks in %v; %d on this host use the intra-node path",
+		rank, n, time.Since(start).Round(time.Microsecond), mesh.IntraNodePeers())
 	return makeHandle(kindColl, c.id), abi.Success
 }
 

@@ -25,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -52,7 +54,8 @@ static struct {
   int timeout_s;
   int verbose;
   int no_progress;
-} opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0};
+  int no_ptrace;
+} opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0};
 
 static const char* scenario_name(enum scenario s) {
   return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : "basic";
@@ -1002,7 +1005,22 @@ static void usage(FILE* f) {
           "  --kill-rank R     rank the parent SIGKILLs after round 0 (kill; default 1)\n"
           "  --timeout S       per-wait timeout in seconds (default 300)\n"
           "  --no-progress     never call rmaProgress (test() must progress alone)\n"
+          "  --no-ptrace       ranks drop CAP_SYS_PTRACE and become non-dumpable, so the\n"
+          "                    kernel refuses process_vm_writev between them (fallback test)\n"
           "  --verbose         print INFO/TRACE plugin log lines\n");
+}
+
+/* drop_ptrace makes this process a target that process_vm_writev refuses:
+ * without CAP_SYS_PTRACE (even as root) a non-dumpable peer is off limits. */
+static int drop_ptrace(void) {
+  struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct data[2];
+  if (syscall(SYS_capget, &hdr, data) != 0) return -1;
+  data[CAP_SYS_PTRACE / 32].effective &= ~(1u << (CAP_SYS_PTRACE % 32));
+  data[CAP_SYS_PTRACE / 32].permitted &= ~(1u << (CAP_SYS_PTRACE % 32));
+  data[CAP_SYS_PTRACE / 32].inheritable &= ~(1u << (CAP_SYS_PTRACE % 32));
+  if (syscall(SYS_capset, &hdr, data) != 0) return -1;
+  return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
 static size_t parse_size(const char* s) {
@@ -1024,7 +1042,7 @@ int main(int argc, char** argv) {
                                {"cycles", 1, 0, 'c'},    {"scenario", 1, 0, 'S'},
                                {"kill-rank", 1, 0, 'k'}, {"timeout", 1, 0, 'T'},
                                {"verbose", 0, 0, 'v'},   {"no-progress", 0, 0, 'P'},
-                               {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
+                               {"no-ptrace", 0, 0, 'D'},  {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (ch) {
@@ -1039,6 +1057,7 @@ int main(int argc, char** argv) {
       case 'T': opt.timeout_s = atoi(optarg); break;
       case 'v': opt.verbose = 1; break;
       case 'P': opt.no_progress = 1; break;
+      case 'D': opt.no_ptrace = 1; break;
       case 'S':
         if (!strcmp(optarg, "basic")) opt.scenario = SC_BASIC;
         else if (!strcmp(optarg, "bad-input")) opt.scenario = SC_BAD_INPUT;
@@ -1088,6 +1107,10 @@ int main(int argc, char** argv) {
       /* die with the parent (a killed test harness leaves no ranks behind) */
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() == 1) _exit(4);
+      if (opt.no_ptrace && drop_ptrace() != 0) {
+        fprintf(stderr, "rank %d: cannot drop CAP_SYS_PTRACE: %s\n", r, strerror(errno));
+        _exit(5);
+      }
       /* only our end survives, so a dead sibling shows up as EOF at the hub */
       for (int q = 0; q < N; q++) {
         close(sp[q][0]);

@@ -170,3 +170,18 @@ func TestPeerKilled(t *testing.T) {
 func TestReinit(t *testing.T) {
 	runDriver(t, nil, "--ranks", "2", "--cycles", "3", "--iters", "1", "--size", "65536")
 }
+
+// TestIntraNodeFallback makes the kernel refuse process_vm_writev (ranks
+// drop CAP_SYS_PTRACE and turn non-dumpable): every rank must say why, once
+// per peer, and still deliver every byte over TCP.
+func TestIntraNodeFallback(t *testing.T) {
+	on := runDriver(t, nil, "--verbose", "--ranks", "3", "--size", "1m", "--iters", "1")
+	if strings.Count(on, "; 3 on this host use the intra-node path") != 3 || strings.Contains(on, "refused by the kernel") {
+		t.Fatalf("intra-node path not in use on a permissive host:\n%s", tail(on))
+	}
+	off := runDriver(t, nil, "--verbose", "--no-ptrace", "--ranks", "3", "--size", "1m", "--iters", "1")
+	// 3 ranks, 2 remote peers each: 6 refusals, each logged once.
+	if got := strings.Count(off, "refused by the kernel"); got != 6 {
+		t.Fatalf("%d refusals logged, want 6 (one per rank and remote peer):\n%s", got, tail(off))
+	}
+}

@@ -204,6 +204,17 @@ func (m *Mesh) Kick() {
 	}
 }
 
+// IntraNodePeers counts the peers the single-copy path is enabled for.
+func (m *Mesh) IntraNodePeers() int {
+	n := 0
+	for _, p := range m.peers {
+		if p.intra.Load() {
+			n++
+		}
+	}
+	return n
+}
+
 // PeerAlive reports whether the stream to peer is still usable.
 func (m *Mesh) PeerAlive(peerRank int) bool { return !m.peers[peerRank].dead.Load() }
 

@@ -46,25 +46,29 @@ func meterCachePath(dir string, sum [32]byte) string {
 
 // meterCached returns meter(wasm), from dir when an intact entry for sum is
 // there, and stores what it computes otherwise. dir "" means no disk cache.
-func meterCached(dir string, wasm []byte, sum [32]byte) ([]byte, error) {
+// The caller calls free once it no longer uses the bytes (an entry read from
+// disk lives outside the Go heap, see readFileOffHeap).
+func meterCached(dir string, wasm []byte, sum [32]byte) (metered []byte, free func(), err error) {
 	if dir == "" {
-		return meter(wasm)
+		metered, err = meter(wasm)
+		return metered, func() {}, err
 	}
 	path := meterCachePath(dir, sum)
-	if b, err := os.ReadFile(path); err == nil {
+	if b, free, err := readFileOffHeap(path); err == nil {
 		if body, ok := parseMeterEntry(b, sum); ok {
-			return body, nil
+			return body, free, nil
 		}
+		free()
 		logx.Info(0, "wasm: ignoring damaged metered-module cache entry %s; rebuilding it", path)
 	}
-	metered, err := meter(wasm)
+	metered, err = meter(wasm)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := writeMeterEntry(path, sum, metered); err != nil {
 		logx.Info(0, "wasm: cannot store metered module in the cache (%v)", err)
 	}
-	return metered, nil
+	return metered, func() {}, nil
 }
 
 func parseMeterEntry(b []byte, sum [32]byte) ([]byte, bool) {

@@ -123,12 +123,15 @@ func (r *sharedRuntime) compile(wasm []byte) (wazero.CompiledModule, error) {
 	}
 	r.mu.Unlock()
 	e.once.Do(func() {
-		metered, err := meterCached(r.cacheDir, wasm, sum)
+		metered, free, err := meterCached(r.cacheDir, wasm, sum)
 		if err != nil {
 			e.err = err
 			return
 		}
+		// wazero copies what it keeps (function bodies, data segments), so
+		// the metered bytes can go once CompileModule returns.
 		e.cm, e.err = r.rt.CompileModule(context.Background(), metered)
+		free()
 	})
 	if e.err != nil {
 		// Do not cache failures: a fixed file with the same name is a new hash

@@ -149,10 +149,11 @@ func open(opts Options) (*Backend, error) {
 	if opts.CacheDir == "" {
 		opts.CacheDir = defaultCacheDir()
 	}
-	name, wasm, cfg, err := resolve(opts)
+	name, wasm, freeWasm, cfg, err := resolve(opts)
 	if err != nil {
 		return nil, err
 	}
+	defer freeWasm()
 	b := &Backend{
 		name:     name,
 		config:   cfg,
@@ -188,36 +189,38 @@ func open(opts Options) (*Backend, error) {
 	return b, nil
 }
 
-// resolve finds the module bytes and its configuration.
-func resolve(opts Options) (name string, wasm []byte, cfg string, err error) {
+// resolve finds the module bytes and its configuration. The caller calls
+// free when it no longer needs wasm (a file is read outside the Go heap).
+func resolve(opts Options) (name string, wasm []byte, free func(), cfg string, err error) {
 	cfg = opts.Config
 	switch n := opts.Name; {
 	case n == "" || n == "default":
-		return "default", defaultWasm, cfg, nil
+		return "default", defaultWasm, func() {}, cfg, nil
 	case n == "native":
-		return "", nil, "", errors.New("wasm: backend \"native\" has no module; use backend.Native{}")
+		return "", nil, nil, "", errors.New("wasm: backend \"native\" has no module; use backend.Native{}")
 	default:
 		path := n
 		if !strings.Contains(n, "/") && !strings.HasSuffix(n, ".wasm") {
 			if opts.Dir == "" {
-				return "", nil, "", fmt.Errorf("wasm: backend %q: %s is not set (it names the directory of .wasm backends)", n, config.Dir)
+				return "", nil, nil, "", fmt.Errorf("wasm: backend %q: %s is not set (it names the directory of .wasm backends)", n, config.Dir)
 			}
 			path = filepath.Join(opts.Dir, n+".wasm")
 		}
 		name = strings.TrimSuffix(filepath.Base(path), ".wasm")
-		wasm, err = os.ReadFile(path)
+		wasm, free, err = readFileOffHeap(path)
 		if err != nil {
-			return "", nil, "", fmt.Errorf("wasm: backend %q: %w", n, err)
+			return "", nil, nil, "", fmt.Errorf("wasm: backend %q: %w", n, err)
 		}
 		if cfg == "" {
 			conf := strings.TrimSuffix(path, ".wasm") + ".conf"
 			if c, err := os.ReadFile(conf); err == nil {
 				cfg = string(c)
 			} else if !errors.Is(err, os.ErrNotExist) {
-				return "", nil, "", fmt.Errorf("wasm: backend %q: reading %s: %w", n, conf, err)
+				free()
+				return "", nil, nil, "", fmt.Errorf("wasm: backend %q: reading %s: %w", n, conf, err)
 			}
 		}
-		return name, wasm, cfg, nil
+		return name, wasm, free, cfg, nil
 	}
 }
 
