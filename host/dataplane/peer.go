@@ -28,6 +28,11 @@ const (
 	// the stream is idle; larger work goes to the writer goroutine so that
 	// a big put never holds NCCL's progress thread.
 	inlineMax = 64 << 10
+	// intraInlineMax is the same bound for a peer on the intra-node path,
+	// where sending is a memory copy like any other the caller makes; the
+	// caller spinning in test() does it itself instead of waiting for a
+	// second thread, which matters when cores are few.
+	intraInlineMax = 4 << 20
 	// intraMin is the smallest payload worth a process_vm_writev of its own;
 	// smaller puts ride the coalesced TCP stream, which is cheaper per op.
 	intraMin = 16 << 10
@@ -124,7 +129,7 @@ func (p *peer) post(op *Op, hold bool) {
 	p.mu.Unlock()
 	switch {
 	case hold:
-	case op.Size > inlineMax || op.Kind == OpReg || op.Kind == msgBye:
+	case op.Size > p.inlineLimit() || op.Kind == OpReg || op.Kind == msgBye:
 		// Big payloads are sent by the writer goroutine, never the caller;
 		// control messages go at once, nobody tests them.
 		p.kick()
@@ -136,6 +141,14 @@ func (p *peer) post(op *Op, hold bool) {
 	}
 }
 
+// inlineLimit is the largest operation the caller's thread sends itself.
+func (p *peer) inlineLimit() uint64 {
+	if p.intra.Load() {
+		return intraInlineMax
+	}
+	return inlineMax
+}
+
 // flush writes what is queued on the caller's thread when the stream is
 // idle and the work is small. test() calls it: a hand-off to the writer
 // goroutine costs a scheduler wake-up, which from a foreign C thread can take
@@ -143,13 +156,14 @@ func (p *peer) post(op *Op, hold bool) {
 // and then tests gets the whole burst in one writev. The send timer, armed
 // at post time, remains the guarantee that nothing waits for a test.
 func (p *peer) flush() {
+	limit := p.inlineLimit()
 	p.mu.Lock()
-	if p.writing || p.qLen == 0 || p.q[p.qHead].Size > inlineMax || p.dead.Load() {
+	if p.writing || p.qLen == 0 || p.q[p.qHead].Size > limit || p.dead.Load() {
 		p.mu.Unlock()
 		return
 	}
 	p.writing = true
-	n := p.takeLocked(inlineMax)
+	n := p.takeLocked(limit)
 	p.mu.Unlock()
 	ok := p.writeBatch(p.batch[:n])
 	p.mu.Lock()
