@@ -13,19 +13,22 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 )
 
-// forgetProcessState closes every shared runtime and drops the compiled
-// modules and cache objects, so the next Open starts like a fresh process
-// (with a warm disk cache).
-func forgetProcessState() {
+// forgetProcessState closes the shared runtimes that use cacheDir and drops
+// their compiled modules and cache object, so the next Open with cacheDir
+// starts like a fresh process with a warm disk cache. Runtimes of other
+// directories (held by other tests, the host package's backend cache) stay.
+func forgetProcessState(cacheDir string) {
 	runtimesMu.Lock()
 	defer runtimesMu.Unlock()
 	for k, r := range runtimes {
-		_ = r.rt.Close(context.Background())
-		delete(runtimes, k)
+		if k.cacheDir == cacheDir {
+			_ = r.rt.Close(context.Background())
+			delete(runtimes, k)
+		}
 	}
-	for k, c := range caches {
+	if c := caches[cacheDir]; c != nil {
 		_ = c.Close(context.Background())
-		delete(caches, k)
+		delete(caches, cacheDir)
 	}
 }
 
@@ -97,13 +100,13 @@ func coldOnce(tb testing.TB, o Options) (open, ctx time.Duration) {
 
 func benchCold(b *testing.B, name string) {
 	o := Options{Name: name, CacheDir: b.TempDir(), CallTimeout: DefaultCallTimeout}
-	forgetProcessState()
+	forgetProcessState(o.CacheDir)
 	coldOnce(b, o) // fills the disk caches
 	var open, ctx time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		forgetProcessState()
+		forgetProcessState(o.CacheDir)
 		runtime.GC()
 		b.StartTimer()
 		o1, c1 := coldOnce(b, o)
@@ -111,7 +114,7 @@ func benchCold(b *testing.B, name string) {
 		ctx += c1
 	}
 	b.StopTimer()
-	forgetProcessState()
+	forgetProcessState(o.CacheDir)
 	b.ReportMetric(float64(open.Microseconds())/1000/float64(b.N), "open-ms/op")
 	b.ReportMetric(float64(ctx.Microseconds())/1000/float64(b.N), "ctx-ms/op")
 }

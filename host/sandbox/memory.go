@@ -30,9 +30,14 @@ import (
 
 type mmapAllocator struct{}
 
-// mmapFallbacks counts reservations that failed (e.g. RLIMIT_AS) and used
-// Go-heap memory instead.
-var mmapFallbacks atomic.Int32
+var (
+	// mmapFallbacks counts reservations that failed (e.g. RLIMIT_AS) and
+	// used Go-heap memory instead.
+	mmapFallbacks atomic.Int32
+	// liveReservations counts mapped guest memories (tests check that
+	// closing instances unmaps them).
+	liveReservations atomic.Int64
+)
 
 // hugePage is the x86-64/arm64 transparent huge page size. Reservations of
 // at least this size are aligned to it and advised MADV_HUGEPAGE: on the
@@ -70,6 +75,7 @@ func (mmapAllocator) Allocate(_, max uint64) experimental.LinearMemory {
 	if max > 0 && max <= 1<<32 {
 		p, err := mapAnon(uintptr(max), unix.PROT_NONE, unix.MAP_NORESERVE)
 		if err == nil {
+			liveReservations.Add(1)
 			return &mmapMemory{res: unsafe.Slice((*byte)(p), max)}
 		}
 		if mmapFallbacks.Add(1) == 1 {
@@ -110,6 +116,7 @@ func (m *mmapMemory) Free() {
 	if m.res != nil {
 		_ = unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(m.res)), uintptr(len(m.res)))
 		m.res, m.committed = nil, 0
+		liveReservations.Add(-1)
 	}
 }
 

@@ -36,6 +36,10 @@ const (
 	meterCacheSubdir = "rmaw-metered"
 	meterCacheMagic  = "RMAWMTR\x01"
 	meterHeaderLen   = 8 + 32 + 8 + 4 // magic, input sha256, body length, body CRC-32C
+	// meterCacheMinSize: smaller modules are metered in less time than a
+	// file read takes (~15 ms per MB metered; the embedded default, 1 KB,
+	// in microseconds), so they are not cached.
+	meterCacheMinSize = 64 << 10
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -49,7 +53,7 @@ func meterCachePath(dir string, sum [32]byte) string {
 // The caller calls free once it no longer uses the bytes (an entry read from
 // disk lives outside the Go heap, see readFileOffHeap).
 func meterCached(dir string, wasm []byte, sum [32]byte) (metered []byte, free func(), err error) {
-	if dir == "" {
+	if dir == "" || len(wasm) < meterCacheMinSize {
 		metered, err = meter(wasm)
 		return metered, func() {}, err
 	}

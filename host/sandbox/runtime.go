@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
@@ -27,8 +29,13 @@ type rtKey struct {
 }
 
 type sharedRuntime struct {
-	rt      wazero.Runtime
-	wasiFns map[string]api.FunctionDefinition
+	rt wazero.Runtime
+	// WASI is compiled and instantiated on first need (wasi()): the
+	// embedded default imports none of it, and compiling its ~45 host
+	// functions is ~1-3 ms of a cold start.
+	wasiOnce sync.Once
+	wasiFns  map[string]api.FunctionDefinition
+	wasiErr  error
 	// cacheDir holds metered modules (metercache.go); "" when the
 	// compilation cache is off or unusable.
 	cacheDir string
@@ -92,23 +99,33 @@ func getRuntime(pages uint32, cacheDir string) (*sharedRuntime, error) {
 		}
 	}
 	rt := wazero.NewRuntimeWithConfig(ctx, cfg)
-	wasiB := wasi_snapshot_preview1.NewBuilder(rt)
-	wasiCM, err := wasiB.Compile(ctx)
-	if err != nil {
-		_ = rt.Close(ctx)
-		return nil, fmt.Errorf("wasm: compiling WASI: %w", err)
-	}
-	if _, err := rt.InstantiateModule(ctx, wasiCM, wazero.NewModuleConfig()); err != nil {
-		_ = rt.Close(ctx)
-		return nil, fmt.Errorf("wasm: instantiating WASI: %w", err)
-	}
 	if _, err := hostModule(rt).Instantiate(ctx); err != nil {
 		_ = rt.Close(ctx)
 		return nil, fmt.Errorf("wasm: instantiating host module: %w", err)
 	}
-	r := &sharedRuntime{rt: rt, wasiFns: wasiCM.ExportedFunctions(), cacheDir: usedDir, compiled: map[[32]byte]*compiledEntry{}}
+	r := &sharedRuntime{rt: rt, cacheDir: usedDir, compiled: map[[32]byte]*compiledEntry{}}
 	runtimes[k] = r
 	return r, nil
+}
+
+// wasi instantiates the deny-everything WASI in the runtime once and returns
+// its functions. Modules that import WASI call it before they are
+// instantiated (validate does).
+func (r *sharedRuntime) wasi() (map[string]api.FunctionDefinition, error) {
+	r.wasiOnce.Do(func() {
+		ctx := context.Background()
+		cm, err := wasi_snapshot_preview1.NewBuilder(r.rt).Compile(ctx)
+		if err != nil {
+			r.wasiErr = fmt.Errorf("wasm: compiling WASI: %w", err)
+			return
+		}
+		if _, err := r.rt.InstantiateModule(ctx, cm, wazero.NewModuleConfig()); err != nil {
+			r.wasiErr = fmt.Errorf("wasm: instantiating WASI: %w", err)
+			return
+		}
+		r.wasiFns = cm.ExportedFunctions()
+	})
+	return r.wasiFns, r.wasiErr
 }
 
 // compile meters and compiles a module once per process and runtime. The
@@ -130,7 +147,10 @@ func (r *sharedRuntime) compile(wasm []byte) (wazero.CompiledModule, error) {
 		}
 		// wazero copies what it keeps (function bodies, data segments), so
 		// the metered bytes can go once CompileModule returns.
-		e.cm, e.err = r.rt.CompileModule(context.Background(), metered)
+		// On a cache miss, compile functions on up to 4 threads (a Go
+		// guest: ~1.2 s on one, see SPEC.md §8.8); a hit does not use them.
+		ctx := experimental.WithCompilationWorkers(context.Background(), min(runtime.GOMAXPROCS(0), 4))
+		e.cm, e.err = r.rt.CompileModule(ctx, metered)
 		free()
 	})
 	if e.err != nil {

@@ -327,7 +327,11 @@ func (b *Backend) validate(rt *sharedRuntime) error {
 					typeString(d.ParamTypes(), d.ResultTypes()), typeString(s.params, s.results))
 			}
 		case guestabi.WASIModule:
-			w, ok := rt.wasiFns[n]
+			fns, err := rt.wasi()
+			if err != nil {
+				return err
+			}
+			w, ok := fns[n]
 			if !ok {
 				return fmt.Errorf("module imports %s.%s, which this host does not provide", mod, n)
 			}
