@@ -136,6 +136,11 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: backend %s: connection plan: %v", lc.be.b.Name(), err)
 		return 0, abi.InternalError
 	}
+	if lanes, ok := config.Int(config.Lanes, 0); !ok || lanes < 0 || lanes > backend.MaxLanes {
+		logx.Warn(abi.SubsysEnv, "NET/wasm: ignoring %s: want 1..%d", config.Lanes, backend.MaxLanes)
+	} else if lanes > 0 {
+		plan.Lanes = int32(lanes) // the operator overrides the backend
+	}
 	if plan.Lanes < 1 || plan.Lanes > backend.MaxLanes {
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: backend %s asked for %d lanes, allowed 1..%d", lc.be.b.Name(), plan.Lanes, backend.MaxLanes)
 		return 0, abi.InternalError
@@ -155,7 +160,8 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	if !ok {
 		logx.Warn(abi.SubsysEnv, "NET/wasm: ignoring malformed %s", config.IntraNode)
 	}
-	opt := dataplane.Options{Timeout: timeout, IntraNode: intra && plan.Transport != backend.TransportTCP}
+	opt := dataplane.Options{Timeout: timeout, IntraNode: intra && plan.Transport != backend.TransportTCP,
+		Lanes: int(plan.Lanes), StripeThreshold: plan.StripeThreshold, ChunkSize: plan.ChunkSize}
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: rank %d of %d: %v", rank, n, err)

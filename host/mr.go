@@ -66,7 +66,7 @@ func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64
 
 	// Tell every peer our size; wait until every peer told us theirs.
 	for p := 0; p < c.nranks; p++ {
-		c.mesh.Post(p, &dataplane.Op{Kind: dataplane.OpReg, MrID: m.id, Size: size, Off: uint64(data)}, false)
+		c.mesh.Post(p, &dataplane.Op{Kind: dataplane.OpReg, MrID: m.id, Size: size, Off: uint64(data)}, false, 0)
 	}
 	sizes, err := c.awaitPeerSizes(m.id, connectTimeout())
 	if err != nil {

@@ -93,43 +93,47 @@ func (r *rmaCtx) post(context int32, rank uint32, kind backend.OpKind, optFlags,
 	if s.comps {
 		q.start = nanotime()
 	}
+	lane := int32(-1)
 	if s.plans {
-		if status := s.planOp(r, context, rank, kind, optFlags, sigOp, op.Size); status != abi.Success {
+		var status abi.Result
+		if lane, status = s.planOp(r, context, rank, kind, optFlags, sigOp, op.Size); status != abi.Success {
 			q.status.Store(int32(status))
 			q.state.Store(reqDone)
 			return handle, abi.Success
 		}
 	}
-	r.c.mesh.Post(int(rank), op, optFlags&abi.OptFlagAggregateRequests != 0)
+	q.parts.Store(int32(r.c.mesh.Parts(op.Kind, op.Size)))
+	r.c.mesh.Post(int(rank), op, optFlags&abi.OptFlagAggregateRequests != 0, int(lane))
 	return handle, abi.Success
 }
 
-// planOp asks the backend; a fault fails only this operation.
-func (s *ctxState) planOp(r *rmaCtx, context int32, rank uint32, kind backend.OpKind, optFlags, sigOp uint32, size uint64) abi.Result {
+// planOp asks the backend for a lane (-1: the runtime's choice); a fault
+// fails only this operation.
+func (s *ctxState) planOp(r *rmaCtx, context int32, rank uint32, kind backend.OpKind, optFlags, sigOp uint32, size uint64) (int32, abi.Result) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.b == nil {
-		return abi.InvalidUsage
+		return -1, abi.InvalidUsage
 	}
 	s.op = backend.Op{Kind: kind, Context: context, Peer: rank, Size: size, OptFlags: optFlags, SignalOp: sigOp}
 	s.plan = backend.OpPlan{Lane: -1}
 	if err := s.b.PlanOp(&s.op, &s.plan); err != nil {
 		r.c.setError(-1, err)
-		return abi.InternalError
+		return -1, abi.InternalError
 	}
 	switch {
 	case s.plan.Lane < -1 || s.plan.Lane >= r.c.plan.Lanes:
 		logx.Warn(abi.SubsysNet, "NET/wasm: backend %s planned lane %d of %d; failing the operation", r.c.be.b.Name(), s.plan.Lane, r.c.plan.Lanes)
-		return abi.InternalError
+		return -1, abi.InternalError
 	case s.plan.Status != 0:
 		st := abi.Result(s.plan.Status)
 		if st < abi.UnhandledCudaError || st > abi.RemoteError {
 			st = abi.InternalError
 		}
 		logx.Warn(abi.SubsysNet, "NET/wasm: backend %s failed an operation to rank %d with status %d", r.c.be.b.Name(), rank, s.plan.Status)
-		return st
+		return -1, st
 	}
-	return abi.Success
+	return s.plan.Lane, abi.Success
 }
 
 // Iput copies size bytes from the local registration to rank's.

@@ -29,6 +29,7 @@ type request struct {
 	state  atomic.Uint32
 	gen    atomic.Uint32
 	status atomic.Int32
+	parts  atomic.Int32 // completions still expected (chunks of a striped op)
 	ctx    int32
 	kind   uint8
 	peer   uint32
@@ -59,6 +60,7 @@ func (p *requestPool) alloc() (*request, uint32, bool) {
 	r := p.slot(idx)
 	r.gen.Store((r.gen.Load() + 1) & genMask)
 	r.status.Store(0)
+	r.parts.Store(1)
 	r.state.Store(reqPending)
 	return r, idx, true
 }
@@ -127,6 +129,10 @@ func completeRequest(h uint64, status abi.Result) {
 	if q == nil {
 		return
 	}
-	q.status.Store(int32(status))
-	q.state.CompareAndSwap(reqPending, reqDone)
+	if status != abi.Success {
+		q.status.CompareAndSwap(0, int32(status)) // the first failure wins
+	}
+	if q.parts.Add(-1) <= 0 {
+		q.state.CompareAndSwap(reqPending, reqDone)
+	}
 }

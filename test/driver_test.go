@@ -185,3 +185,14 @@ func TestIntraNodeFallback(t *testing.T) {
 		t.Fatalf("%d refusals logged, want 6 (one per rank and remote peer):\n%s", got, tail(off))
 	}
 }
+
+// TestLanes stripes large puts and gets over several TCP streams per peer
+// (and over the intra-node path): every byte and signal is still verified.
+func TestLanes(t *testing.T) {
+	for _, intra := range []string{"0", "1"} {
+		t.Run("intranode="+intra, func(t *testing.T) {
+			runDriver(t, []string{"NCCL_RMA_WASM_LANES=3", "NCCL_RMA_WASM_INTRANODE=" + intra},
+				"--ranks", "3", "--threads", "2", "--size", "4m", "--iters", "2")
+		})
+	}
+}

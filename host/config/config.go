@@ -81,5 +81,6 @@ const (
 	ConnectTimeout = "NCCL_RMA_WASM_CONNECT_TIMEOUT_MS"
 	LogFlavor      = "NCCL_RMA_WASM_LOG_FLAVOR"   // auto | nccl | rccl
 	IntraNode      = "NCCL_RMA_WASM_INTRANODE"    // 1 (default) | 0
+	Lanes          = "NCCL_RMA_WASM_LANES"        // TCP streams per peer, overriding the backend's plan
 	DebugStderr    = "NCCL_RMA_WASM_DEBUG_STDERR" // log to stderr until NCCL installs its logger
 )

@@ -20,35 +20,36 @@ import (
 // peers) turns the path off for that peer and the operation goes over TCP.
 
 // directPut writes op's payload into the peer; false means "use TCP".
-func (p *peer) directPut(op *Op) bool {
-	if p.pid == os.Getpid() {
+func (l *lane) directPut(op *Op) bool {
+	if l.p.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size), unsafe.Slice((*byte)(op.Local), op.Size))
 		return true
 	}
-	return p.vm(op, true)
+	return l.vm(op, true)
 }
 
 // directGet reads op's bytes from the peer; false means "use TCP".
-func (p *peer) directGet(op *Op) bool {
-	if p.pid == os.Getpid() {
+func (l *lane) directGet(op *Op) bool {
+	if l.p.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(op.Local), op.Size), unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size))
 		return true
 	}
-	return p.vm(op, false)
+	return l.vm(op, false)
 }
 
-func (p *peer) vm(op *Op, write bool) bool {
+func (l *lane) vm(op *Op, write bool) bool {
+	p := l.p
 	done := uint64(0)
 	for done < op.Size {
-		p.liov[0].Base = (*byte)(unsafe.Add(op.Local, done))
-		p.liov[0].SetLen(int(op.Size - done))
-		p.riov[0] = unix.RemoteIovec{Base: uintptr(op.Remote + done), Len: int(op.Size - done)}
+		l.liov[0].Base = (*byte)(unsafe.Add(op.Local, done))
+		l.liov[0].SetLen(int(op.Size - done))
+		l.riov[0] = unix.RemoteIovec{Base: uintptr(op.Remote + done), Len: int(op.Size - done)}
 		var n int
 		var err error
 		if write {
-			n, err = unix.ProcessVMWritev(p.pid, p.liov[:], p.riov[:], 0)
+			n, err = unix.ProcessVMWritev(p.pid, l.liov[:], l.riov[:], 0)
 		} else {
-			n, err = unix.ProcessVMReadv(p.pid, p.liov[:], p.riov[:], 0)
+			n, err = unix.ProcessVMReadv(p.pid, l.liov[:], l.riov[:], 0)
 		}
 		if err == unix.EINTR {
 			continue
@@ -71,3 +72,11 @@ func (p *peer) vm(op *Op, write bool) bool {
 // addrPtr turns an address in this process into a pointer without tripping
 // vet's uintptr check; the memory is C memory registered by the caller.
 func addrPtr(a uint64) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&a)) }
+
+// addOffset advances a pointer into registered memory.
+func addOffset(ptr unsafe.Pointer, off uint64) unsafe.Pointer {
+	if ptr == nil {
+		return nil
+	}
+	return unsafe.Add(ptr, off)
+}

@@ -50,6 +50,7 @@ type Op struct {
 	Remote   uint64 // address of Off in the target process (intra-node path)
 	SigOff   uint64
 	SigValue uint64
+	Seq      uint64 // set by the mesh when lanes > 1
 }
 
 // Operation kinds for Op.Kind.
@@ -65,7 +66,16 @@ const (
 type Options struct {
 	Timeout   time.Duration
 	IntraNode bool // use process_vm_writev/readv for peers on this host
+	// Lanes is how many streams this rank opens to every peer (1..MaxLanes).
+	// With more than one, puts and gets of at least StripeThreshold bytes are
+	// cut into ChunkSize pieces spread over the lanes.
+	Lanes           int
+	StripeThreshold uint64
+	ChunkSize       uint64
 }
+
+// MaxLanes bounds Options.Lanes.
+const MaxLanes = 8
 
 // Mesh is one communicator's set of connections: one stream to every rank,
 // itself included.
@@ -73,6 +83,9 @@ type Mesh struct {
 	rank, nranks int
 	owner        Owner
 	peers        []*peer
+	lanes        int
+	stripe       uint64
+	chunk        uint64
 	closed       atomic.Bool
 	held         atomic.Bool // some peer queue holds aggregated ops
 	wg           sync.WaitGroup
@@ -99,37 +112,65 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 		infos[i] = hi
 	}
 	deadline := time.Now().Add(timeout)
-	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n)}
-	outs := make([]*net.TCPConn, n)
-	errs := make([]error, n)
+	lanes := opt.Lanes
+	if lanes < 1 || lanes > MaxLanes {
+		return nil, fmt.Errorf("%d lanes requested, allowed 1..%d", lanes, MaxLanes)
+	}
+	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n), lanes: lanes,
+		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096)}
+	outs := make([][]*net.TCPConn, n)
+	errs := make([]error, n*lanes)
 	var wg sync.WaitGroup
 	for i := range infos {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			outs[i], errs[i] = dial(infos[i], rank, n, deadline)
-		}(i)
+		outs[i] = make([]*net.TCPConn, lanes)
+		for j := 0; j < lanes; j++ {
+			wg.Add(1)
+			go func(i, j int) {
+				defer wg.Done()
+				outs[i][j], errs[i*lanes+j] = dial(infos[i], rank, n, j, lanes, deadline)
+			}(i, j)
+		}
 	}
-	ins := make([]*net.TCPConn, n)
-	got := 0
+	// Every rank announces how many lanes it opens; we take them all.
+	ins := make([][]*net.TCPConn, n)
+	want, got := n, 0 // want grows as ranks announce more than one lane
+	counted := make([]bool, n)
 	var acceptErr error
 	timer := time.NewTimer(time.Until(deadline))
-	for got < n && acceptErr == nil {
+	for got < want && acceptErr == nil {
 		select {
 		case in := <-l.conns:
 			switch {
 			case in.nranks != n || in.rank < 0 || in.rank >= n:
 				acceptErr = fmt.Errorf("peer announced rank %d of %d, expected a rank of %d", in.rank, in.nranks, n)
 				in.conn.Close()
-			case ins[in.rank] != nil:
-				acceptErr = fmt.Errorf("two connections claim rank %d", in.rank)
+			case in.lanes < 1 || in.lanes > MaxLanes || in.lane >= in.lanes || (ins[in.rank] != nil && len(ins[in.rank]) != in.lanes):
+				acceptErr = fmt.Errorf("rank %d announced lane %d of %d", in.rank, in.lane, in.lanes)
 				in.conn.Close()
 			default:
-				ins[in.rank] = in.conn
+				if ins[in.rank] == nil {
+					ins[in.rank] = make([]*net.TCPConn, in.lanes)
+				}
+				if ins[in.rank][in.lane] != nil {
+					acceptErr = fmt.Errorf("two connections claim rank %d lane %d", in.rank, in.lane)
+					in.conn.Close()
+					break
+				}
+				ins[in.rank][in.lane] = in.conn
+				if !counted[in.rank] {
+					counted[in.rank] = true
+					want += in.lanes - 1
+				}
 				got++
 			}
 		case <-timer.C:
-			acceptErr = fmt.Errorf("timed out after %v with %d of %d peers connected to us", timeout, got, n)
+			missing := []int{}
+			for r := range ins {
+				if ins[r] == nil {
+					missing = append(missing, r)
+				}
+			}
+			acceptErr = fmt.Errorf("timed out after %v with %d of %d streams connected to us (no connection at all from ranks %v)", timeout, got, want, missing)
 		}
 	}
 	timer.Stop()
@@ -137,24 +178,24 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	var err error
 	for i, e := range errs {
 		if e != nil {
-			err = multierr.Append(err, fmt.Errorf("connect to rank %d at %s: %w", i, infos[i].Addr, e))
+			err = multierr.Append(err, fmt.Errorf("connect to rank %d lane %d at %s: %w", i/lanes, i%lanes, infos[i/lanes].Addr, e))
 		}
 	}
 	err = multierr.Append(err, acceptErr)
 	if err != nil {
 		for i := range outs {
-			if outs[i] != nil {
-				outs[i].Close()
-			}
-			if ins[i] != nil {
-				ins[i].Close()
+			for _, c := range append(outs[i], ins[i]...) {
+				if c != nil {
+					c.Close()
+				}
 			}
 		}
 		return nil, err
 	}
 	for i := 0; i < n; i++ {
-		outs[i].SetNoDelay(true)
-		ins[i].SetNoDelay(true)
+		for _, c := range append(outs[i], ins[i]...) {
+			c.SetNoDelay(true)
+		}
 		m.peers[i] = newPeer(m, i, outs[i], ins[i])
 		if opt.IntraNode && infos[i].HostID == infos[rank].HostID && infos[i].Pid != 0 {
 			m.peers[i].pid = int(infos[i].Pid)
@@ -173,8 +214,8 @@ func (m *Mesh) NRanks() int { return m.nranks }
 
 // Post queues op for peer. It never blocks on the network and never fails for
 // lack of space; an op to a lost peer completes with an error.
-func (m *Mesh) Post(peerRank int, op *Op, hold bool) {
-	m.peers[peerRank].post(op, hold)
+func (m *Mesh) Post(peerRank int, op *Op, hold bool, lane int) {
+	m.peers[peerRank].post(op, hold, lane)
 	// Raise the flag after the op is queued, so a Kick that clears it
 	// always finds the op.
 	if hold && !m.held.Load() {
@@ -200,9 +241,18 @@ func (m *Mesh) Kick() {
 		return
 	}
 	for _, p := range m.peers {
-		p.kick()
+		for _, l := range p.lanes {
+			l.kick()
+		}
 	}
 }
+
+// Parts is how many completions the runtime must expect for an operation:
+// more than one when it is striped over several lanes.
+func (m *Mesh) Parts(kind uint8, size uint64) int { return m.parts(kind, size) }
+
+// Lanes is the number of streams to every peer.
+func (m *Mesh) Lanes() int { return m.lanes }
 
 // IntraNodePeers counts the peers the single-copy path is enabled for.
 func (m *Mesh) IntraNodePeers() int {

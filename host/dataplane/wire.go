@@ -28,6 +28,7 @@ const hdrSize = 64
 //
 //	0 type u8 | 1 sigOp u8 | 2 status u16 | 4 mrID u32 | 8 tag u64 | 16 off u64
 //	24 size u64 | 32 sigMrID u32 | 36 context u32 | 40 sigOff u64 | 48 sigValue u64
+//	56 seq u64 (0: ordered by the stream; else the peer's sequence number)
 type header struct {
 	typ      uint8
 	sigOp    uint8
@@ -40,6 +41,7 @@ type header struct {
 	context  uint32
 	sigOff   uint64
 	sigValue uint64
+	seq      uint64
 }
 
 func (h *header) encode(b []byte) {
@@ -55,7 +57,7 @@ func (h *header) encode(b []byte) {
 	binary.LittleEndian.PutUint32(b[36:], h.context)
 	binary.LittleEndian.PutUint64(b[40:], h.sigOff)
 	binary.LittleEndian.PutUint64(b[48:], h.sigValue)
-	binary.LittleEndian.PutUint64(b[56:], 0)
+	binary.LittleEndian.PutUint64(b[56:], h.seq)
 }
 
 func (h *header) decode(b []byte) {
@@ -71,6 +73,7 @@ func (h *header) decode(b []byte) {
 	h.context = binary.LittleEndian.Uint32(b[36:])
 	h.sigOff = binary.LittleEndian.Uint64(b[40:])
 	h.sigValue = binary.LittleEndian.Uint64(b[48:])
+	h.seq = binary.LittleEndian.Uint64(b[56:])
 }
 
 // Handle is the 128-byte listen handle NCCL all-gathers between ranks.

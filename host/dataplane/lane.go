@@ -1,0 +1,387 @@
+package dataplane
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+)
+
+const (
+	batchMax = 256 // ops written per writev
+	// readBufSize is the receive buffer of every reader. It coalesces many
+	// small messages per read, while a large payload is read straight into
+	// registered memory except for what the buffer already holds, so it is
+	// kept small: those bytes take an extra copy.
+	readBufSize   = 16 << 10
+	byeWait       = 250 * time.Millisecond
+	smallResponse = 4096 // get responses up to this size leave in one write
+	// inlineMax is the most payload a caller writes on its own thread when
+	// the stream is idle; larger work goes to the writer goroutine so that
+	// a big put never holds NCCL's progress thread.
+	inlineMax = 64 << 10
+	// intraInlineMax is the same bound for a peer on the intra-node path,
+	// where sending is a memory copy like any other the caller makes; the
+	// caller spinning in test() does it itself instead of waiting for a
+	// second thread, which matters when cores are few.
+	intraInlineMax = 4 << 20
+	// intraMin is the smallest payload worth a process_vm_writev of its own;
+	// smaller puts ride the coalesced TCP stream, which is cheaper per op.
+	intraMin = 16 << 10
+	// sendDelay bounds how long a small operation waits in the queue for
+	// the caller's next test() before the writer goroutine sends it anyway.
+	sendDelay = 200 * time.Microsecond
+)
+
+// getEntry is an outstanding get; replies arrive in request order.
+type getEntry struct {
+	tag  uint64
+	dst  unsafe.Pointer
+	size uint64
+}
+
+// lane is one outgoing stream to a peer: a queue, the goroutine that writes
+// it, and the goroutine that reads the peer's replies on the same socket.
+type lane struct {
+	p   *peer
+	idx int
+	out *net.TCPConn
+
+	mu      sync.Mutex // guards the queue and writing
+	writing bool       // someone owns the stream and the batch buffers
+	q       []Op
+	qHead   int
+	qLen    int
+	wake    chan struct{}
+	timer   *time.Timer // fires the writer for ops nobody tests
+	armed   atomic.Bool
+
+	// owned by whoever holds writing
+	batch []Op
+	hdrs  []byte
+	iov   [][]byte
+	bufs  net.Buffers
+	liov  [1]unix.Iovec
+	riov  [1]unix.RemoteIovec
+
+	gmu   sync.Mutex // guards the outstanding-get FIFO
+	gets  []getEntry
+	gHead int
+	gLen  int
+}
+
+func newLane(p *peer, idx int, out *net.TCPConn) *lane {
+	return &lane{
+		p: p, idx: idx, out: out,
+		q:     make([]Op, 1024),
+		wake:  make(chan struct{}, 1),
+		batch: make([]Op, batchMax),
+		hdrs:  make([]byte, batchMax*hdrSize),
+		iov:   make([][]byte, 0, 2*batchMax),
+		gets:  make([]getEntry, 256),
+	}
+}
+
+func (l *lane) start() {
+	l.timer = time.AfterFunc(time.Hour, func() {
+		l.armed.Store(false)
+		l.kick()
+	})
+	l.timer.Stop()
+	l.p.m.wg.Add(2)
+	go l.writer()
+	go l.replies()
+}
+
+// post appends op to the queue, growing it rather than failing.
+func (l *lane) post(op *Op, hold bool) {
+	l.mu.Lock()
+	if l.p.dead.Load() {
+		l.mu.Unlock()
+		l.p.fail(op)
+		return
+	}
+	if l.qLen == len(l.q) {
+		l.growQueue()
+	}
+	l.q[(l.qHead+l.qLen)%len(l.q)] = *op
+	l.qLen++
+	l.mu.Unlock()
+	switch {
+	case hold:
+	case op.Size > l.p.inlineLimit() || op.Kind == OpReg || op.Kind == msgBye:
+		// Big payloads are sent by the writer goroutine, never the caller;
+		// control messages go at once, nobody tests them.
+		l.kick()
+	case !l.armed.Swap(true):
+		// Small: the caller's next test() sends it with everything else
+		// queued by then, in one writev; the timer covers callers that
+		// post and never test.
+		l.timer.Reset(sendDelay)
+	}
+}
+
+// flush writes what is queued on the caller's thread when the stream is
+// idle and the work is small. test() calls it: a hand-off to the writer
+// goroutine costs a scheduler wake-up, which from a foreign C thread can take
+// a hundred microseconds on a busy machine, while a caller that posts a burst
+// and then tests gets the whole burst in one writev. The send timer, armed
+// at post time, remains the guarantee that nothing waits for a test.
+func (l *lane) flush() {
+	limit := l.p.inlineLimit()
+	l.mu.Lock()
+	if l.writing || l.qLen == 0 || l.q[l.qHead].Size > limit || l.p.dead.Load() {
+		l.mu.Unlock()
+		return
+	}
+	l.writing = true
+	n := l.takeLocked(limit)
+	l.mu.Unlock()
+	ok := l.writeBatch(l.batch[:n])
+	l.mu.Lock()
+	l.writing = false
+	more := l.qLen > 0
+	l.mu.Unlock()
+	if ok && more {
+		l.kick()
+	}
+}
+
+// growQueue doubles the ring; called with l.mu held. Growth is the only
+// allocation on the posting path and stops once the ring fits the workload.
+func (l *lane) growQueue() {
+	nq := make([]Op, 2*len(l.q))
+	for i := 0; i < l.qLen; i++ {
+		nq[i] = l.q[(l.qHead+i)%len(l.q)]
+	}
+	l.q, l.qHead = nq, 0
+}
+
+func (l *lane) kick() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// takeLocked moves queued ops into the batch, at most len(l.batch) of them
+// and, past the first, no more than maxPayload bytes of payload. The caller
+// holds l.mu and owns the stream.
+func (l *lane) takeLocked(maxPayload uint64) int {
+	n, bytes := 0, uint64(0)
+	for n < len(l.batch) && l.qLen > 0 {
+		op := &l.q[l.qHead]
+		if n > 0 && bytes+op.Size > maxPayload {
+			break
+		}
+		bytes += op.Size
+		l.batch[n] = *op
+		*op = Op{}
+		l.qHead = (l.qHead + 1) % len(l.q)
+		l.qLen--
+		n++
+	}
+	return n
+}
+
+// drainFailed fails every queued op; the peer is dead.
+func (l *lane) drainFailed() {
+	for {
+		l.mu.Lock()
+		if l.qLen == 0 {
+			l.mu.Unlock()
+			return
+		}
+		op := l.q[l.qHead]
+		l.q[l.qHead] = Op{}
+		l.qHead = (l.qHead + 1) % len(l.q)
+		l.qLen--
+		l.mu.Unlock()
+		l.p.fail(&op)
+	}
+}
+
+func (l *lane) writer() {
+	defer l.p.m.wg.Done()
+	for {
+		select {
+		case <-l.wake:
+		case <-l.p.quit:
+			return
+		}
+		for {
+			l.mu.Lock()
+			if l.writing || l.qLen == 0 {
+				// An inline writer owns the stream; it kicks us when it
+				// leaves work behind.
+				l.mu.Unlock()
+				break
+			}
+			l.writing = true
+			n := l.takeLocked(^uint64(0))
+			l.mu.Unlock()
+			ok := l.writeBatch(l.batch[:n])
+			l.mu.Lock()
+			l.writing = false
+			l.mu.Unlock()
+			if !ok {
+				return
+			}
+		}
+	}
+}
+
+// writeBatch sends headers and payloads with one writev, straight from the
+// registered memory, then completes the puts: their source is reusable once
+// the kernel has the bytes. On the intra-node path payloads are copied into
+// the peer first and only what the target must act on is sent.
+func (l *lane) writeBatch(ops []Op) bool {
+	p := l.p
+	iov := l.iov[:0]
+	bye := false
+	for i := range ops {
+		op := &ops[i]
+		if op.Size >= intraMin && op.Remote != 0 && p.intra.Load() {
+			switch {
+			case op.Kind == OpPut && l.directPut(op):
+				if op.Seq == 0 {
+					op.Kind = opDone // nothing to tell the target
+					p.m.owner.Complete(op.Tag, abi.Success)
+					continue
+				}
+				op.Size = 0 // tell the target this sequence number landed
+			case op.Kind == OpPutSignal && l.directPut(op):
+				op.Size = 0 // the payload is there; send the signal alone
+			case op.Kind == OpGet && l.directGet(op):
+				op.Kind = opDone
+				p.m.owner.Complete(op.Tag, abi.Success)
+				continue
+			}
+		}
+		h := header{typ: op.Kind, sigOp: op.SigOp, mrID: op.MrID, tag: op.Tag, off: op.Off,
+			size: op.Size, sigMrID: op.SigMrID, context: op.Context, sigOff: op.SigOff, sigValue: op.SigValue, seq: op.Seq}
+		hb := l.hdrs[i*hdrSize : (i+1)*hdrSize]
+		h.encode(hb)
+		iov = append(iov, hb)
+		switch op.Kind {
+		case OpPut, OpPutSignal:
+			if op.Size > 0 {
+				iov = append(iov, unsafe.Slice((*byte)(op.Local), op.Size))
+			}
+		case OpGet:
+			l.pushGet(getEntry{tag: op.Tag, dst: op.Local, size: op.Size})
+		case msgBye:
+			bye = true
+		}
+	}
+	var err error
+	if len(iov) > 0 {
+		l.bufs = iov
+		_, err = l.bufs.WriteTo(l.out)
+		l.bufs = nil
+	}
+	clear(iov)
+	if err != nil {
+		for i := range ops {
+			if ops[i].Kind == OpPut || ops[i].Kind == OpPutSignal {
+				p.fail(&ops[i])
+			}
+		}
+		p.markDead(fmt.Errorf("send to rank %d: %w", p.rank, err))
+		return false
+	}
+	for i := range ops {
+		if ops[i].Kind == OpPut || ops[i].Kind == OpPutSignal {
+			p.m.owner.Complete(ops[i].Tag, abi.Success)
+		}
+	}
+	if bye {
+		close(p.byeSent)
+	}
+	return true
+}
+
+func (l *lane) pushGet(e getEntry) {
+	l.gmu.Lock()
+	if l.gLen == len(l.gets) {
+		ng := make([]getEntry, 2*len(l.gets))
+		for i := 0; i < l.gLen; i++ {
+			ng[i] = l.gets[(l.gHead+i)%len(l.gets)]
+		}
+		l.gets, l.gHead = ng, 0
+	}
+	l.gets[(l.gHead+l.gLen)%len(l.gets)] = e
+	l.gLen++
+	l.gmu.Unlock()
+}
+
+func (l *lane) popGet() (getEntry, bool) {
+	l.gmu.Lock()
+	defer l.gmu.Unlock()
+	if l.gLen == 0 {
+		return getEntry{}, false
+	}
+	e := l.gets[l.gHead]
+	l.gHead = (l.gHead + 1) % len(l.gets)
+	l.gLen--
+	return e, true
+}
+
+func (l *lane) pendingGets() int {
+	l.gmu.Lock()
+	defer l.gmu.Unlock()
+	return l.gLen
+}
+
+// replies reads what the peer sends back on this lane: get data, written
+// straight into the destination registration, and rejections.
+func (l *lane) replies() {
+	p := l.p
+	defer p.m.wg.Done()
+	br := bufio.NewReaderSize(l.out, readBufSize)
+	var hb [hdrSize]byte
+	var h header
+	for {
+		if _, err := io.ReadFull(br, hb[:]); err != nil {
+			p.markDead(fmt.Errorf("receive from rank %d: %w", p.rank, err))
+			return
+		}
+		h.decode(hb[:])
+		switch h.typ {
+		case msgGetResp:
+			e, ok := l.popGet()
+			if !ok || e.tag != h.tag || (h.status == 0 && e.size != h.size) {
+				p.markDead(fmt.Errorf("rank %d answered a get we did not ask for (tag %#x)", p.rank, h.tag))
+				return
+			}
+			if h.status != 0 {
+				p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d rejected a get of %d bytes at offset %d of registration %d: %v",
+					p.rank, e.size, h.off, h.mrID, abi.Result(h.status)))
+				p.m.owner.Complete(e.tag, abi.Result(h.status))
+				continue
+			}
+			if e.size > 0 {
+				if _, err := io.ReadFull(br, unsafe.Slice((*byte)(e.dst), e.size)); err != nil {
+					p.markDead(fmt.Errorf("receive get data from rank %d: %w", p.rank, err))
+					p.m.owner.Complete(e.tag, abi.RemoteError)
+					return
+				}
+			}
+			p.m.owner.Complete(e.tag, abi.Success)
+		case msgNack:
+			p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d rejected a put of %d bytes at offset %d of registration %d (signal registration %d offset %d): %v",
+				p.rank, h.size, h.off, h.mrID, h.sigMrID, h.sigOff, abi.Result(h.status)))
+		default:
+			p.markDead(fmt.Errorf("protocol error: message type %d from rank %d", h.typ, p.rank))
+			return
+		}
+	}
+}

@@ -1,0 +1,198 @@
+package dataplane
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+)
+
+// service executes the peer's operations arriving on one incoming lane. It
+// runs whether or not this process ever calls the plugin again.
+func (p *peer) service(in *net.TCPConn) {
+	defer p.m.wg.Done()
+	br := bufio.NewReaderSize(in, readBufSize)
+	var hb [hdrSize]byte
+	var h header
+	resp := make([]byte, hdrSize+smallResponse)
+	for {
+		if _, err := io.ReadFull(br, hb[:]); err != nil {
+			p.markDead(fmt.Errorf("receive from rank %d: %w", p.rank, err))
+			return
+		}
+		h.decode(hb[:])
+		var err error
+		switch h.typ {
+		case msgPut, msgPutSig:
+			err = p.servePut(in, br, &h, resp)
+		case msgGet:
+			err = p.serveGet(in, &h, resp)
+		case msgReg:
+			p.m.owner.PeerRegistered(p.rank, h.mrID, h.size, h.off)
+		case msgBye:
+			p.peerBye.Store(true)
+		default:
+			err = fmt.Errorf("protocol error: message type %d from rank %d", h.typ, p.rank)
+		}
+		if err != nil {
+			p.markDead(err)
+			return
+		}
+	}
+}
+
+// span checks that [off, off+n) lies inside a registration of size bytes.
+func span(off, n, size uint64) bool { return off <= size && n <= size-off }
+
+func (p *peer) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byte) error {
+	status := abi.Success
+	if h.size > 0 {
+		base, size, ok := p.m.owner.Resolve(h.mrID)
+		if !ok || !span(h.off, h.size, size) {
+			status = abi.InvalidArgument
+		}
+		if status == abi.Success {
+			if _, err := io.ReadFull(br, unsafe.Slice((*byte)(unsafe.Add(base, h.off)), h.size)); err != nil {
+				return fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
+			}
+		} else if _, err := br.Discard(int(h.size)); err != nil {
+			return fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
+		}
+	}
+	var sig *uint64
+	var add uint64
+	if h.typ == msgPutSig && status == abi.Success {
+		sig, add, status = p.signalTarget(h)
+	}
+	switch {
+	case h.seq == 0: // one lane: stream order is the order
+		if sig != nil {
+			atomic.AddUint64(sig, add)
+		}
+	default:
+		p.order.done(h.seq, sig, add)
+	}
+	if status != abi.Success {
+		return p.reply(in, msgNack, h, status, nil, resp)
+	}
+	return nil
+}
+
+// signalTarget resolves and checks the 64-bit signal word and the amount to
+// add to it.
+func (p *peer) signalTarget(h *header) (*uint64, uint64, abi.Result) {
+	base, size, ok := p.m.owner.Resolve(h.sigMrID)
+	if !ok || !span(h.sigOff, 8, size) {
+		return nil, 0, abi.InvalidArgument
+	}
+	addr := unsafe.Add(base, h.sigOff)
+	if uintptr(addr)%8 != 0 {
+		return nil, 0, abi.InvalidArgument
+	}
+	switch h.sigOp {
+	case abi.SignalOpInc:
+		return (*uint64)(addr), 1, abi.Success
+	case abi.SignalOpAdd:
+		return (*uint64)(addr), h.sigValue, abi.Success
+	}
+	return nil, 0, abi.InvalidArgument
+}
+
+func (p *peer) serveGet(in *net.TCPConn, h *header, resp []byte) error {
+	base, size, ok := p.m.owner.Resolve(h.mrID)
+	if !ok || !span(h.off, h.size, size) {
+		return p.reply(in, msgGetResp, h, abi.InvalidArgument, nil, resp)
+	}
+	var data []byte
+	if h.size > 0 {
+		data = unsafe.Slice((*byte)(unsafe.Add(base, h.off)), h.size)
+	}
+	return p.reply(in, msgGetResp, h, abi.Success, data, resp)
+}
+
+// reply answers on an incoming lane, which only its service goroutine writes.
+func (p *peer) reply(in *net.TCPConn, typ uint8, req *header, status abi.Result, data []byte, buf []byte) error {
+	h := *req
+	h.typ = typ
+	h.status = uint16(status)
+	h.encode(buf[:hdrSize])
+	var err error
+	if len(data) <= smallResponse {
+		n := copy(buf[hdrSize:], data)
+		_, err = in.Write(buf[:hdrSize+n])
+	} else if _, err = in.Write(buf[:hdrSize]); err == nil {
+		_, err = in.Write(data)
+	}
+	if err != nil {
+		return fmt.Errorf("reply to rank %d: %w", p.rank, err)
+	}
+	return nil
+}
+
+// orderer applies a peer's signals in sequence order when its operations
+// arrive over several lanes: a signal becomes visible only after every put
+// with a smaller sequence number has landed, which keeps signals strong.
+// Sequence numbers start at 1; puts and signals each take one.
+type orderer struct {
+	mu   sync.Mutex
+	next uint64 // every sequence number below next has been applied
+	ring []orderSlot
+}
+
+type orderSlot struct {
+	state uint8 // 0 not yet, 1 landed, 2 signal waiting
+	sig   *uint64
+	add   uint64
+}
+
+// done records that seq landed; sig, when non-nil, is the signal word that
+// seq adds add to once everything before it has landed.
+func (o *orderer) done(seq uint64, sig *uint64, add uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.next == 0 {
+		o.next = 1
+	}
+	if seq < o.next {
+		return // a duplicate cannot happen on a healthy stream; ignore it
+	}
+	for seq-o.next >= uint64(len(o.ring)) {
+		o.grow()
+	}
+	s := &o.ring[seq%uint64(len(o.ring))]
+	s.state, s.sig, s.add = 1, sig, add
+	if sig != nil {
+		s.state = 2
+	}
+	for {
+		s := &o.ring[o.next%uint64(len(o.ring))]
+		if s.state == 0 {
+			return
+		}
+		if s.state == 2 {
+			atomic.AddUint64(s.sig, s.add)
+		}
+		*s = orderSlot{}
+		o.next++
+	}
+}
+
+// grow doubles the window of sequence numbers that may land out of order.
+func (o *orderer) grow() {
+	n := max(2*len(o.ring), 1024)
+	nr := make([]orderSlot, n)
+	for i, s := range o.ring {
+		if s.state != 0 {
+			// slot i held the sequence number congruent to i within the
+			// current window [next, next+len)
+			seq := o.next + (uint64(i)-o.next%uint64(len(o.ring))+uint64(len(o.ring)))%uint64(len(o.ring))
+			nr[seq%uint64(n)] = s
+		}
+	}
+	o.ring = nr
+}
