@@ -14,9 +14,6 @@ import (
 // the peer's queue. No allocation, no global lock. Errors are rare and may
 // allocate to format their WARN line.
 
-// span reports whether [off, off+n) lies inside [0, size).
-func span(off, n, size uint64) bool { return off <= size && n <= size-off }
-
 // checkCommon resolves the rma context and validates context and rank.
 func checkCommon(call string, h uint64, context int32, rank uint32) (*rmaCtx, abi.Result) {
 	r := lookupRma(h)
@@ -51,7 +48,7 @@ func localRange(call, what string, c *coll, mh, off, size uint64) (*mr, abi.Resu
 		logx.Warn(abi.SubsysNet, "NET/wasm: %s: %s handle %#x is unknown or released", call, what, mh)
 		return nil, abi.InvalidArgument
 	}
-	if !span(off, size, m.size) {
+	if !dataplane.Span(off, size, m.size) {
 		logx.Warn(abi.SubsysNet, "NET/wasm: %s: %s range [%d, +%d) outside its registration of %d bytes", call, what, off, size, m.size)
 		return nil, abi.InvalidArgument
 	}
@@ -67,7 +64,7 @@ func remoteRange(call, what string, c *coll, mh, off, size uint64, rank uint32) 
 		return nil, abi.InvalidArgument
 	}
 	regs := m.remote.Load()
-	if regs == nil || !span(off, size, regs.sizes[rank]) {
+	if regs == nil || !dataplane.Span(off, size, regs.sizes[rank]) {
 		var rsz uint64
 		if regs != nil {
 			rsz = regs.sizes[rank]

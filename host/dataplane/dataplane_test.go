@@ -51,8 +51,8 @@ func TestSpan(t *testing.T) {
 		off, n, size uint64
 		ok           bool
 	}{{0, 0, 0, true}, {0, 8, 8, true}, {1, 8, 8, false}, {8, 0, 8, true}, {9, 0, 8, false}, {^uint64(0), 2, 8, false}, {4, ^uint64(0), 8, false}} {
-		if span(c.off, c.n, c.size) != c.ok {
-			t.Errorf("span(%d, %d, %d) != %v", c.off, c.n, c.size, c.ok)
+		if Span(c.off, c.n, c.size) != c.ok {
+			t.Errorf("Span(%d, %d, %d) != %v", c.off, c.n, c.size, c.ok)
 		}
 	}
 }

@@ -46,14 +46,15 @@ func (p *peer) service(in *net.TCPConn) {
 	}
 }
 
-// span checks that [off, off+n) lies inside a registration of size bytes.
-func span(off, n, size uint64) bool { return off <= size && n <= size-off }
+// Span reports whether [off, off+n) lies inside a registration of size
+// bytes, without overflowing. Initiator and target check with the same rule.
+func Span(off, n, size uint64) bool { return off <= size && n <= size-off }
 
 func (p *peer) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byte) error {
 	status := abi.Success
 	if h.size > 0 {
 		base, size, ok := p.m.owner.Resolve(h.mrID)
-		if !ok || !span(h.off, h.size, size) {
+		if !ok || !Span(h.off, h.size, size) {
 			status = abi.InvalidArgument
 		}
 		if status == abi.Success {
@@ -87,7 +88,7 @@ func (p *peer) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byt
 // add to it.
 func (p *peer) signalTarget(h *header) (*uint64, uint64, abi.Result) {
 	base, size, ok := p.m.owner.Resolve(h.sigMrID)
-	if !ok || !span(h.sigOff, 8, size) {
+	if !ok || !Span(h.sigOff, 8, size) {
 		return nil, 0, abi.InvalidArgument
 	}
 	addr := unsafe.Add(base, h.sigOff)
@@ -105,7 +106,7 @@ func (p *peer) signalTarget(h *header) (*uint64, uint64, abi.Result) {
 
 func (p *peer) serveGet(in *net.TCPConn, h *header, resp []byte) error {
 	base, size, ok := p.m.owner.Resolve(h.mrID)
-	if !ok || !span(h.off, h.size, size) {
+	if !ok || !Span(h.off, h.size, size) {
 		return p.reply(in, msgGetResp, h, abi.InvalidArgument, nil, resp)
 	}
 	var data []byte
