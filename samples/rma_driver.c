@@ -314,6 +314,7 @@ typedef struct {
   plugin_t pl;
   int cycle;
   void* ctx;
+  void* ginCtx; /* NCCL inits the plugin a second time for the GIN proxy */
   void* listenComm;
   void* coll;
   void* rctx;
@@ -782,6 +783,14 @@ static int run_cycle(int cycle) {
     failf("init returned success with a NULL context");
     return -1;
   }
+  /* The GIN proxy calls init again on the same communicator and must get an
+   * independent context; it is finalized first at teardown, as in NCCL. */
+  CALL(R.pl.t.init(&R.ginCtx, 0x5eed0000ULL + (uint64_t)cycle, logger));
+  if (R.ginCtx == NULL || R.ginCtx == R.ctx) {
+    failf("second init returned context %p (first %p): want a distinct non-NULL context", R.ginCtx,
+          R.ctx);
+    return -1;
+  }
   int ndev = 0;
   CALL(R.pl.t.devices(&ndev));
   if (ndev < 1) {
@@ -899,6 +908,11 @@ static int run_cycle(int cycle) {
     return -1;
   }
   if (opt.scenario == SC_BAD_INPUT && bad_after_teardown(oldRctx, R.coll)) return -1;
+  rc = R.pl.t.finalize(R.ginCtx);
+  if (rc != ncclSuccess && !lenient) {
+    failf("finalize(GIN context) returned %d (%s)", rc, result_name(rc));
+    return -1;
+  }
   rc = R.pl.t.finalize(R.ctx);
   if (rc != ncclSuccess && !lenient) {
     failf("finalize returned %d (%s)", rc, result_name(rc));
