@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"net"
 	"strings"
@@ -61,6 +62,7 @@ func TestSpan(t *testing.T) {
 type memOwner struct {
 	mu     sync.Mutex
 	mem    []byte
+	whole  []byte // mem with 64 guard bytes on each side
 	done   map[uint64]abi.Result
 	parts  map[uint64]int // completions seen per tag (striped ops have several)
 	failed []error
@@ -108,7 +110,11 @@ func mesh2(t *testing.T, intra bool) ([]*Mesh, []*memOwner) {
 		t.Cleanup(func() { l.Close() })
 	}
 	ms := make([]*Mesh, 2)
-	os := []*memOwner{{mem: make([]byte, 256), done: map[uint64]abi.Result{}}, {mem: make([]byte, 256), done: map[uint64]abi.Result{}}}
+	os := make([]*memOwner, 2)
+	for i := range os {
+		whole := make([]byte, 64+256+64)
+		os[i] = &memOwner{mem: whole[64:320:320], whole: whole, done: map[uint64]abi.Result{}}
+	}
 	var wg sync.WaitGroup
 	for i := range ms {
 		wg.Add(1)
@@ -315,5 +321,41 @@ func TestStripedLanes(t *testing.T) {
 	}
 	if !bytes.Equal(dst, owners[1].mem[size:]) {
 		t.Fatal("striped get returned wrong bytes")
+	}
+}
+
+// TestServiceSurvivesGarbage writes random headers and payloads straight
+// onto an authenticated stream, as a broken or hostile peer could: the
+// target must never touch memory outside its registration, must not crash,
+// and at worst drops that peer.
+func TestServiceSurvivesGarbage(t *testing.T) {
+	rng := uint64(0x9e3779b97f4a7c15)
+	next := func() uint64 {
+		rng ^= rng << 13
+		rng ^= rng >> 7
+		rng ^= rng << 17
+		return rng
+	}
+	for iter := 0; iter < 40; iter++ {
+		ms, owners := mesh2(t, false)
+		var b [hdrSize + 64]byte
+		for i := range b {
+			b[i] = byte(next())
+		}
+		// Keep some headers plausible so they reach the range checks.
+		b[0] = byte(1 + next()%5)
+		binary.LittleEndian.PutUint32(b[4:], uint32(next()%3))
+		binary.LittleEndian.PutUint64(b[24:], next()%512)
+		binary.LittleEndian.PutUint64(b[56:], next()%4)
+		if _, err := ms[0].peers[1].lanes[0].out.Write(b[:]); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+		ms[0].Close()
+		ms[1].Close()
+		w := owners[1].whole
+		if !bytes.Equal(w[:64], make([]byte, 64)) || !bytes.Equal(w[320:], make([]byte, 64)) {
+			t.Fatalf("iteration %d: a garbage header wrote outside the registration", iter)
+		}
 	}
 }
