@@ -970,7 +970,7 @@ __attribute__((noreturn)) static void rank_main(int rank, int fd) {
     printf("[rank %d] bad-input: %d invalid calls rejected with a WARN each, valid traffic "
            "still verified\n",
            rank, bad_count);
-  else
+  if (rep.status != 0)
     printf("[rank %d] FAIL after %d cycle(s): %s (warns=%d)\n", rank, c, R.err, rep.warns);
   boot_report(&rep);
   fflush(stdout);

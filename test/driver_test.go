@@ -80,7 +80,7 @@ func runDriver(t *testing.T, env []string, args ...string) string {
 	if ctx.Err() != nil {
 		t.Fatalf("driver %v hung (killed after the timeout):\n%s", args, tail(text))
 	}
-	if err != nil || !strings.Contains(text, "RESULT PASS") {
+	if err != nil || !strings.Contains(text, "RESULT PASS") || strings.Contains(text, "] FAIL") {
 		t.Fatalf("driver %v failed (%v):\n%s", args, err, tail(text))
 	}
 	return text
