@@ -77,10 +77,15 @@ func (c *guestContext) PlanOp(op *backend.Op, plan *backend.OpPlan) error {
 	if in.fPlanOp == nil {
 		return nil
 	}
-	m, a := in.mem, in.area
-	m.WriteUint64Le(a+guestabi.OffPlanLane, uint64(uint32(plan.Lane))) // lane + flags=0
-	m.WriteUint64Le(a+guestabi.OffPlanChunk, 0)
-	m.WriteUint64Le(a+guestabi.OffPlanDelayNs, 0)
+	// One bounds-checked view of the plan descriptor per call (the memory
+	// may have moved if the reserving allocator was unavailable).
+	pd, ok := in.mem.Read(in.area+guestabi.OffPlan, guestabi.OffPlanDelayNs+8-guestabi.OffPlan)
+	if !ok {
+		return c.faulted(fmt.Errorf("plan descriptor at %#x is outside guest memory", in.area+guestabi.OffPlan))
+	}
+	binary.LittleEndian.PutUint64(pd[guestabi.OffPlanLane-guestabi.OffPlan:], uint64(uint32(plan.Lane))) // lane + flags=0
+	binary.LittleEndian.PutUint64(pd[guestabi.OffPlanChunk-guestabi.OffPlan:], 0)
+	binary.LittleEndian.PutUint64(pd[guestabi.OffPlanDelayNs-guestabi.OffPlan:], 0)
 	s := in.planStack[:]
 	s[0], s[1], s[2], s[3], s[4], s[5] = uint64(uint32(c.id)), uint64(op.Kind), uint64(op.Peer), op.Size,
 		uint64(op.OptFlags), uint64(op.SignalOp)
@@ -90,7 +95,8 @@ func (c *guestContext) PlanOp(op *backend.Op, plan *backend.OpPlan) error {
 	st := int32(s[0])
 	switch {
 	case st == 0:
-		lane, _ := m.ReadUint32Le(a + guestabi.OffPlanLane)
+		// The guest may have grown its memory during the call: read again.
+		lane, _ := in.mem.ReadUint32Le(in.area + guestabi.OffPlanLane)
 		if l := int32(lane); l < -1 || l >= backend.MaxLanes {
 			return c.faulted(fmt.Errorf("%s: lane %d outside -1..%d", guestabi.ExportPlanOp, l, backend.MaxLanes-1))
 		}
