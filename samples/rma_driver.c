@@ -55,7 +55,8 @@ static struct {
   int verbose;
   int no_progress;
   int no_ptrace;
-} opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0};
+  int signal_storm;
+} opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0, 0};
 
 static const char* scenario_name(enum scenario s) {
   return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : "basic";
@@ -941,16 +942,57 @@ static void on_alarm(int sig) {
   _exit(3);
 }
 
+/* A signal storm: host processes (MPI, profilers, Python) deliver signals
+ * while plugin threads are inside Go or wazero code. Go requires handlers to
+ * use SA_ONSTACK; with it, nothing may crash or hang. */
+static atomic_long g_storm_hits;
+static atomic_int g_storm_stop;
+
+static void on_usr1(int sig) {
+  (void)sig;
+  char pad[4096]; /* use some stack, as real handlers do */
+  pad[0] = 1;
+  __asm__ volatile("" : : "r"(pad) : "memory");
+  atomic_fetch_add(&g_storm_hits, 1);
+}
+
+static void* storm(void* arg) {
+  (void)arg;
+  pid_t pid = getpid();
+  while (!atomic_load(&g_storm_stop)) {
+    kill(pid, SIGUSR1);
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+  }
+  return NULL;
+}
+
 __attribute__((noreturn)) static void rank_main(int rank, int fd) {
   g_rank = rank;
   g_boot_fd = fd;
   setvbuf(stdout, NULL, _IOLBF, 0);
   signal(SIGALRM, on_alarm);
+  pthread_t storm_th;
+  if (opt.signal_storm) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1;
+    sa.sa_flags = SA_ONSTACK | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    pthread_create(&storm_th, NULL, storm, NULL);
+  }
   alarm((unsigned)(opt.timeout_s * (opt.cycles + 1) + 60));
   int cycles = opt.scenario == SC_KILL ? 1 : opt.cycles;
   int c;
   for (c = 0; c < cycles; c++)
     if (run_cycle(c)) break;
+  if (opt.signal_storm) {
+    atomic_store(&g_storm_stop, 1);
+    pthread_join(storm_th, NULL);
+    printf("[rank %d] signal storm: %ld SIGUSR1 handled during the run\n", rank,
+           atomic_load(&g_storm_hits));
+  }
   report_t rep;
   memset(&rep, 0, sizeof rep);
   rep.status = atomic_load(&R.failed) ? 1 : 0;
@@ -1021,6 +1063,8 @@ static void usage(FILE* f) {
           "  --no-progress     never call rmaProgress (test() must progress alone)\n"
           "  --no-ptrace       ranks drop CAP_SYS_PTRACE and become non-dumpable, so the\n"
           "                    kernel refuses process_vm_writev between them (fallback test)\n"
+          "  --signal-storm    a thread per rank sends SIGUSR1 to the process every 50 us\n"
+          "                    (handler installed with SA_ONSTACK, as Go requires)\n"
           "  --verbose         print INFO/TRACE plugin log lines\n");
 }
 
@@ -1056,7 +1100,8 @@ int main(int argc, char** argv) {
                                {"cycles", 1, 0, 'c'},    {"scenario", 1, 0, 'S'},
                                {"kill-rank", 1, 0, 'k'}, {"timeout", 1, 0, 'T'},
                                {"verbose", 0, 0, 'v'},   {"no-progress", 0, 0, 'P'},
-                               {"no-ptrace", 0, 0, 'D'},  {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
+                               {"no-ptrace", 0, 0, 'D'},  {"signal-storm", 0, 0, 'G'},
+                               {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (ch) {
@@ -1072,6 +1117,7 @@ int main(int argc, char** argv) {
       case 'v': opt.verbose = 1; break;
       case 'P': opt.no_progress = 1; break;
       case 'D': opt.no_ptrace = 1; break;
+      case 'G': opt.signal_storm = 1; break;
       case 'S':
         if (!strcmp(optarg, "basic")) opt.scenario = SC_BASIC;
         else if (!strcmp(optarg, "bad-input")) opt.scenario = SC_BAD_INPUT;
