@@ -59,6 +59,7 @@ type remoteSizes struct {
 type remoteRegs struct {
 	sizes []uint64
 	bases []uint64
+	dev   []bool // device memory there: no single-copy path into it
 }
 
 var (
@@ -238,22 +239,23 @@ func (c *coll) setError(peer int, err error) {
 // dataplane.Owner
 
 // Resolve is called by the target service for every incoming operation.
-func (c *coll) Resolve(id uint32) (unsafe.Pointer, uint64, bool) {
+func (c *coll) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, bool) {
 	mrs := *c.mrs.Load()
 	if int(id) >= len(mrs) || mrs[id] == nil {
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
 	m := mrs[id]
-	return m.base, m.size, true
+	return m.base, m.size, m.devCtx, true
 }
 
-// PeerRegistered records a peer's size and address for registration id.
-func (c *coll) PeerRegistered(peer int, id uint32, size, base uint64) {
+// PeerRegistered records a peer's size, address and memory kind for
+// registration id.
+func (c *coll) PeerRegistered(peer int, id uint32, size, base uint64, dev bool) {
 	c.mrMu.Lock()
 	defer c.mrMu.Unlock()
 	rs := c.remote[id]
 	if rs == nil {
-		rs = &remoteSizes{peers: remoteRegs{sizes: make([]uint64, c.nranks), bases: make([]uint64, c.nranks)}, known: make([]bool, c.nranks)}
+		rs = &remoteSizes{peers: remoteRegs{sizes: make([]uint64, c.nranks), bases: make([]uint64, c.nranks), dev: make([]bool, c.nranks)}, known: make([]bool, c.nranks)}
 		c.remote[id] = rs
 	}
 	if !rs.known[peer] {
@@ -262,6 +264,7 @@ func (c *coll) PeerRegistered(peer int, id uint32, size, base uint64) {
 	}
 	rs.peers.sizes[peer] = size
 	rs.peers.bases[peer] = base
+	rs.peers.dev[peer] = dev
 	c.regCond.Broadcast()
 }
 

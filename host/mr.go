@@ -8,6 +8,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -20,6 +21,7 @@ type mr struct {
 	base   unsafe.Pointer // C memory owned by the caller
 	size   uint64
 	typ    int32
+	devCtx uintptr // non-zero for device memory: the context to copy in
 	flags  uint64
 	refs   int
 	remote atomic.Pointer[remoteRegs] // this registration on every rank
@@ -33,10 +35,20 @@ func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64
 		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: unknown collComm %#x", h)
 		return 0, abi.InvalidArgument
 	}
+	var devCtx uintptr
 	switch {
 	case typ == abi.PtrCuda:
-		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: device memory (NCCL_PTR_CUDA) is not supported yet; this plugin advertises ptrSupport=HOST")
-		return 0, abi.InvalidUsage
+		d := devmem.Get()
+		if d == nil {
+			logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: device memory (NCCL_PTR_CUDA) needs the CUDA driver (libcuda.so.1), which could not be loaded; this process advertises ptrSupport=HOST")
+			return 0, abi.InvalidUsage
+		}
+		ctx, err := d.Inspect(data, size)
+		if err != nil {
+			logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: %d bytes at %#x registered as NCCL_PTR_CUDA: %v", size, data, err)
+			return 0, abi.InvalidArgument
+		}
+		devCtx = ctx
 	case typ != abi.PtrHost:
 		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: unknown memory type %d", typ)
 		return 0, abi.InvalidArgument
@@ -54,7 +66,7 @@ func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64
 		return m.handle, abi.Success
 	}
 	c.nextMR++
-	m := &mr{id: c.nextMR, base: *(*unsafe.Pointer)(unsafe.Pointer(&data)), size: size, typ: typ, flags: flags, refs: 1}
+	m := &mr{id: c.nextMR, base: *(*unsafe.Pointer)(unsafe.Pointer(&data)), size: size, typ: typ, devCtx: devCtx, flags: flags, refs: 1}
 	m.handle = makeHandle(kindMR, c.id<<32|uint64(m.id))
 	old := *c.mrs.Load()
 	n := make([]*mr, max(len(old), int(m.id)+1))
@@ -66,7 +78,7 @@ func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64
 
 	// Tell every peer our size; wait until every peer told us theirs.
 	for p := 0; p < c.nranks; p++ {
-		c.mesh.Post(p, &dataplane.Op{Kind: dataplane.OpReg, MrID: m.id, Size: size, Off: uint64(data)}, false, 0)
+		c.mesh.Post(p, &dataplane.Op{Kind: dataplane.OpReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0}, false, 0)
 	}
 	sizes, err := c.awaitPeerSizes(m.id, connectTimeout())
 	if err != nil {
@@ -168,7 +180,12 @@ func (c *coll) lookupMR(mh uint64) *mr {
 }
 
 // remoteAddr is the address of off in this registration in rank's process,
-// for the intra-node path; remoteRange has already checked the range.
-func (m *mr) remoteAddr(rank uint32, off uint64) uint64 {
-	return m.remote.Load().bases[rank] + off
+// for the intra-node path, or 0 when either side is device memory (which
+// process_vm_writev cannot reach); remoteRange has already checked the range.
+func (m *mr) remoteAddr(local *mr, rank uint32, off uint64) uint64 {
+	r := m.remote.Load()
+	if r.dev[rank] || local.devCtx != 0 {
+		return 0
+	}
+	return r.bases[rank] + off
 }

@@ -149,7 +149,7 @@ func Iput(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint64, ra
 		return 0, res
 	}
 	op := dataplane.Op{Kind: dataplane.OpPut, MrID: dst.id, Context: uint32(context),
-		Local: unsafe.Add(src.base, srcOff), Size: size, Off: dstOff, Remote: dst.remoteAddr(rank, dstOff)}
+		Local: unsafe.Add(src.base, srcOff), LocalCtx: src.devCtx, Size: size, Off: dstOff, Remote: dst.remoteAddr(src, rank, dstOff)}
 	return r.post(context, rank, backend.OpPut, optFlags, 0, &op)
 }
 
@@ -187,7 +187,8 @@ func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint
 			return 0, res
 		}
 		op.MrID, op.Local, op.Size, op.Off = dst.id, unsafe.Add(src.base, srcOff), size, dstOff
-		op.Remote = dst.remoteAddr(rank, dstOff)
+		op.LocalCtx = src.devCtx
+		op.Remote = dst.remoteAddr(src, rank, dstOff)
 	}
 	return r.post(context, rank, backend.OpPutSignal, optFlags, signalOp, &op)
 }
@@ -208,7 +209,7 @@ func Iget(h uint64, context int32, remoteOff, remoteMh, size, localOff, localMh 
 		return 0, res
 	}
 	op := dataplane.Op{Kind: dataplane.OpGet, MrID: remote.id, Context: uint32(context),
-		Local: unsafe.Add(local.base, localOff), Size: size, Off: remoteOff, Remote: remote.remoteAddr(rank, remoteOff)}
+		Local: unsafe.Add(local.base, localOff), LocalCtx: local.devCtx, Size: size, Off: remoteOff, Remote: remote.remoteAddr(local, rank, remoteOff)}
 	return r.post(context, rank, backend.OpGet, optFlags, 0, &op)
 }
 

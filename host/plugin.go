@@ -10,6 +10,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -152,7 +153,7 @@ func GetProperties(dev int32, p *abi.NetProperties) abi.Result {
 	info := d[dev]
 	*p = abi.NetProperties{
 		GUID:                uint64(dev),
-		PtrSupport:          abi.PtrHost,
+		PtrSupport:          ptrSupport(),
 		Speed:               min(max(info.SpeedMbps, 1), maxSpeedMbps),
 		Port:                1,
 		Latency:             max(info.LatencyUs, minLatencyUs),
@@ -169,4 +170,12 @@ func GetProperties(dev int32, p *abi.NetProperties) abi.Result {
 	}
 	p.VPropsDevs[0] = dev
 	return abi.Success
+}
+
+// ptrSupport advertises device memory when a device runtime is loaded.
+func ptrSupport() int32 {
+	if devmem.Get() != nil {
+		return abi.PtrHost | abi.PtrCuda
+	}
+	return abi.PtrHost
 }

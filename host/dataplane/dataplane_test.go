@@ -68,13 +68,13 @@ type memOwner struct {
 	failed []error
 }
 
-func (o *memOwner) Resolve(id uint32) (unsafe.Pointer, uint64, bool) {
+func (o *memOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, bool) {
 	if id != 1 {
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
-	return unsafe.Pointer(&o.mem[0]), uint64(len(o.mem)), true
+	return unsafe.Pointer(&o.mem[0]), uint64(len(o.mem)), 0, true
 }
-func (o *memOwner) PeerRegistered(int, uint32, uint64, uint64) {}
+func (o *memOwner) PeerRegistered(int, uint32, uint64, uint64, bool) {}
 func (o *memOwner) Complete(tag uint64, st abi.Result) {
 	o.mu.Lock()
 	o.done[tag] = st
@@ -217,27 +217,27 @@ func TestConnectTimeout(t *testing.T) {
 func TestOrderer(t *testing.T) {
 	var o orderer
 	var sig uint64
-	o.done(3, &sig, 10) // signal waiting for 1 and 2
-	o.done(2, nil, 0)
+	o.done(3, sigRef{host: &sig}, 10) // signal waiting for 1 and 2
+	o.done(2, sigRef{}, 0)
 	if sig != 0 {
 		t.Fatal("signal applied before sequence 1 landed")
 	}
-	o.done(1, nil, 0)
+	o.done(1, sigRef{}, 0)
 	if sig != 10 {
 		t.Fatalf("signal = %d after its prefix landed, want 10", sig)
 	}
 	// A window far wider than the ring: everything but 4 lands first.
 	for s := uint64(5000); s >= 5; s-- {
 		if s%1000 == 0 {
-			o.done(s, &sig, 1)
+			o.done(s, sigRef{host: &sig}, 1)
 		} else {
-			o.done(s, nil, 0)
+			o.done(s, sigRef{}, 0)
 		}
 	}
 	if sig != 10 {
 		t.Fatalf("signals applied across a gap: %d", sig)
 	}
-	o.done(4, nil, 0)
+	o.done(4, sigRef{}, 0)
 	if sig != 15 || o.next != 5001 {
 		t.Fatalf("after the gap closed: signal %d (want 15), next %d (want 5001)", sig, o.next)
 	}

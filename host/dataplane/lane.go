@@ -46,6 +46,7 @@ type getEntry struct {
 	tag  uint64
 	dst  unsafe.Pointer
 	size uint64
+	ctx  uintptr // non-zero: dst is device memory
 }
 
 // lane is one outgoing stream to a peer: a queue, the goroutine that writes
@@ -71,6 +72,7 @@ type lane struct {
 	bufs  net.Buffers
 	liov  [1]unix.Iovec
 	riov  [1]unix.RemoteIovec
+	stage []byte // device payloads, allocated on first use
 
 	gmu   sync.Mutex // guards the outstanding-get FIFO
 	gets  []getEntry
@@ -247,7 +249,8 @@ func (l *lane) writeBatch(ops []Op) bool {
 	p := l.p
 	iov := l.iov[:0]
 	bye := false
-	for i := range ops {
+	var err error
+	for i := 0; i < len(ops) && err == nil; i++ {
 		op := &ops[i]
 		if op.Size >= intraMin && op.Remote != 0 && p.intra.Load() {
 			switch {
@@ -268,25 +271,35 @@ func (l *lane) writeBatch(ops []Op) bool {
 		}
 		h := header{typ: op.Kind, sigOp: op.SigOp, mrID: op.MrID, tag: op.Tag, off: op.Off,
 			size: op.Size, sigMrID: op.SigMrID, context: op.Context, sigOff: op.SigOff, sigValue: op.SigValue, seq: op.Seq}
+		if op.Kind == OpReg && op.Dev {
+			h.status = 1
+		}
 		hb := l.hdrs[i*hdrSize : (i+1)*hdrSize]
 		h.encode(hb)
 		iov = append(iov, hb)
 		switch op.Kind {
 		case OpPut, OpPutSignal:
-			if op.Size > 0 {
+			if op.Size > 0 && op.LocalCtx != 0 {
+				// Device source: what is queued goes first, then the
+				// payload is staged through host memory chunk by chunk.
+				if err = l.writeIov(iov); err == nil {
+					err = writeFromDevice(l.out, op.LocalCtx, uintptr(op.Local), op.Size, l.stageBuf())
+				}
+				iov = iov[:0]
+				if err != nil {
+					break
+				}
+			} else if op.Size > 0 {
 				iov = append(iov, unsafe.Slice((*byte)(op.Local), op.Size))
 			}
 		case OpGet:
-			l.pushGet(getEntry{tag: op.Tag, dst: op.Local, size: op.Size})
+			l.pushGet(getEntry{tag: op.Tag, dst: op.Local, size: op.Size, ctx: op.LocalCtx})
 		case msgBye:
 			bye = true
 		}
 	}
-	var err error
-	if len(iov) > 0 {
-		l.bufs = iov
-		_, err = l.bufs.WriteTo(l.out)
-		l.bufs = nil
+	if err == nil {
+		err = l.writeIov(iov)
 	}
 	clear(iov)
 	if err != nil {
@@ -307,6 +320,25 @@ func (l *lane) writeBatch(ops []Op) bool {
 		close(p.byeSent)
 	}
 	return true
+}
+
+// writeIov sends the gathered headers and payloads with one writev.
+func (l *lane) writeIov(iov [][]byte) error {
+	if len(iov) == 0 {
+		return nil
+	}
+	l.bufs = iov
+	_, err := l.bufs.WriteTo(l.out)
+	l.bufs = nil
+	return err
+}
+
+// stageBuf returns the lane's staging buffer for device payloads.
+func (l *lane) stageBuf() []byte {
+	if l.stage == nil {
+		l.stage = make([]byte, stageChunk)
+	}
+	return l.stage
 }
 
 func (l *lane) pushGet(e getEntry) {
@@ -349,6 +381,7 @@ func (l *lane) replies() {
 	br := bufio.NewReaderSize(l.out, readBufSize)
 	var hb [hdrSize]byte
 	var h header
+	var rstage []byte // device destinations, allocated on first use
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
 			p.markDead(fmt.Errorf("receive from rank %d: %w", p.rank, err))
@@ -368,7 +401,16 @@ func (l *lane) replies() {
 				p.m.owner.Complete(e.tag, abi.Result(h.status))
 				continue
 			}
-			if e.size > 0 {
+			if e.size > 0 && e.ctx != 0 {
+				if rstage == nil {
+					rstage = make([]byte, stageChunk)
+				}
+				if err := readToDevice(br, e.ctx, uintptr(e.dst), e.size, rstage); err != nil {
+					p.markDead(fmt.Errorf("receive get data from rank %d into device memory: %w", p.rank, err))
+					p.m.owner.Complete(e.tag, abi.RemoteError)
+					return
+				}
+			} else if e.size > 0 {
 				if _, err := io.ReadFull(br, unsafe.Slice((*byte)(e.dst), e.size)); err != nil {
 					p.markDead(fmt.Errorf("receive get data from rank %d: %w", p.rank, err))
 					p.m.owner.Complete(e.tag, abi.RemoteError)

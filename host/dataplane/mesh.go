@@ -25,10 +25,13 @@ import (
 // Owner is what the dataplane needs from the communicator above it.
 type Owner interface {
 	// Resolve maps a registration id to its local memory, for the target
-	// side. It must be lock-free: it runs once per incoming operation.
-	Resolve(mrID uint32) (base unsafe.Pointer, size uint64, ok bool)
-	// PeerRegistered records a peer's registration size and address (msgReg).
-	PeerRegistered(peer int, mrID uint32, size, base uint64)
+	// side. ctx is non-zero for device memory (base is then a device address
+	// that must never be dereferenced). It must be lock-free: it runs once
+	// per incoming operation.
+	Resolve(mrID uint32) (base unsafe.Pointer, size uint64, ctx uintptr, ok bool)
+	// PeerRegistered records a peer's registration size and address, and
+	// whether it is device memory (msgReg).
+	PeerRegistered(peer int, mrID uint32, size, base uint64, dev bool)
 	// Complete finishes the request named by tag.
 	Complete(tag uint64, status abi.Result)
 	// PeerFailed reports a lost peer or an operation the peer rejected.
@@ -45,6 +48,8 @@ type Op struct {
 	Context  uint32
 	Tag      uint64         // request handle, echoed back on errors
 	Local    unsafe.Pointer // put: source bytes; get: destination bytes
+	LocalCtx uintptr        // non-zero: Local is device memory of this context
+	Dev      bool           // msgReg: the registration is device memory
 	Size     uint64
 	Off      uint64 // offset in the target registration (msgReg: its address)
 	Remote   uint64 // address of Off in the target process (intra-node path)

@@ -36,6 +36,7 @@ type peer struct {
 
 func newPeer(m *Mesh, rank int, outs, ins []*net.TCPConn) *peer {
 	p := &peer{m: m, rank: rank, ins: ins, quit: make(chan struct{}), byeSent: make(chan struct{})}
+	p.order.onErr = func(err error) { m.owner.PeerFailed(rank, fmt.Errorf("signal from rank %d: %w", rank, err)) }
 	for i, c := range outs {
 		p.lanes = append(p.lanes, newLane(p, i, c))
 	}

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"sync"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -20,6 +19,7 @@ func (p *peer) service(in *net.TCPConn) {
 	var hb [hdrSize]byte
 	var h header
 	resp := make([]byte, hdrSize+smallResponse)
+	var stage []byte // for device memory, allocated on first use
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
 			p.markDead(fmt.Errorf("receive from rank %d: %w", p.rank, err))
@@ -29,11 +29,11 @@ func (p *peer) service(in *net.TCPConn) {
 		var err error
 		switch h.typ {
 		case msgPut, msgPutSig:
-			err = p.servePut(in, br, &h, resp)
+			err = p.servePut(in, br, &h, resp, &stage)
 		case msgGet:
-			err = p.serveGet(in, &h, resp)
+			err = p.serveGet(in, &h, resp, &stage)
 		case msgReg:
-			p.m.owner.PeerRegistered(p.rank, h.mrID, h.size, h.off)
+			p.m.owner.PeerRegistered(p.rank, h.mrID, h.size, h.off, h.status == 1)
 		case msgBye:
 			p.peerBye.Store(true)
 		default:
@@ -50,30 +50,47 @@ func (p *peer) service(in *net.TCPConn) {
 // bytes, without overflowing. Initiator and target check with the same rule.
 func Span(off, n, size uint64) bool { return off <= size && n <= size-off }
 
-func (p *peer) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byte) error {
+// stageBuf returns the goroutine's staging buffer for device memory.
+func stageBuf(stage *[]byte) []byte {
+	if *stage == nil {
+		*stage = make([]byte, stageChunk)
+	}
+	return *stage
+}
+
+func (p *peer) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byte, stage *[]byte) error {
 	status := abi.Success
 	if h.size > 0 {
-		base, size, ok := p.m.owner.Resolve(h.mrID)
+		base, size, ctx, ok := p.m.owner.Resolve(h.mrID)
 		if !ok || !Span(h.off, h.size, size) {
 			status = abi.InvalidArgument
 		}
-		if status == abi.Success {
+		switch {
+		case status != abi.Success:
+			if _, err := br.Discard(int(h.size)); err != nil {
+				return fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
+			}
+		case ctx != 0:
+			if err := readToDevice(br, ctx, devAddr(base, h.off), h.size, stageBuf(stage)); err != nil {
+				return fmt.Errorf("receive put payload from rank %d into device memory: %w", p.rank, err)
+			}
+		default:
 			if _, err := io.ReadFull(br, unsafe.Slice((*byte)(unsafe.Add(base, h.off)), h.size)); err != nil {
 				return fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
 			}
-		} else if _, err := br.Discard(int(h.size)); err != nil {
-			return fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
 		}
 	}
-	var sig *uint64
+	var sig sigRef
 	var add uint64
 	if h.typ == msgPutSig && status == abi.Success {
 		sig, add, status = p.signalTarget(h)
 	}
 	switch {
 	case h.seq == 0: // one lane: stream order is the order
-		if sig != nil {
-			atomic.AddUint64(sig, add)
+		if sig.valid() {
+			if err := sig.apply(add); err != nil {
+				p.m.owner.PeerFailed(p.rank, fmt.Errorf("signal from rank %d: %w", p.rank, err))
+			}
 		}
 	default:
 		p.order.done(h.seq, sig, add)
@@ -86,28 +103,41 @@ func (p *peer) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byt
 
 // signalTarget resolves and checks the 64-bit signal word and the amount to
 // add to it.
-func (p *peer) signalTarget(h *header) (*uint64, uint64, abi.Result) {
-	base, size, ok := p.m.owner.Resolve(h.sigMrID)
-	if !ok || !Span(h.sigOff, 8, size) {
-		return nil, 0, abi.InvalidArgument
+func (p *peer) signalTarget(h *header) (sigRef, uint64, abi.Result) {
+	base, size, ctx, ok := p.m.owner.Resolve(h.sigMrID)
+	if !ok || !Span(h.sigOff, 8, size) || (uintptr(base)+uintptr(h.sigOff))%8 != 0 {
+		return sigRef{}, 0, abi.InvalidArgument
 	}
-	addr := unsafe.Add(base, h.sigOff)
-	if uintptr(addr)%8 != 0 {
-		return nil, 0, abi.InvalidArgument
+	var ref sigRef
+	if ctx != 0 {
+		ref = sigRef{dev: devAddr(base, h.sigOff), ctx: ctx}
+	} else {
+		ref = sigRef{host: (*uint64)(unsafe.Add(base, h.sigOff))}
 	}
 	switch h.sigOp {
 	case abi.SignalOpInc:
-		return (*uint64)(addr), 1, abi.Success
+		return ref, 1, abi.Success
 	case abi.SignalOpAdd:
-		return (*uint64)(addr), h.sigValue, abi.Success
+		return ref, h.sigValue, abi.Success
 	}
-	return nil, 0, abi.InvalidArgument
+	return sigRef{}, 0, abi.InvalidArgument
 }
 
-func (p *peer) serveGet(in *net.TCPConn, h *header, resp []byte) error {
-	base, size, ok := p.m.owner.Resolve(h.mrID)
+func (p *peer) serveGet(in *net.TCPConn, h *header, resp []byte, stage *[]byte) error {
+	base, size, ctx, ok := p.m.owner.Resolve(h.mrID)
 	if !ok || !Span(h.off, h.size, size) {
 		return p.reply(in, msgGetResp, h, abi.InvalidArgument, nil, resp)
+	}
+	if ctx != 0 {
+		// The reply header promises the bytes; a failing device copy after
+		// it can only end the stream, which fails the get at the initiator.
+		if err := p.reply(in, msgGetResp, h, abi.Success, nil, resp); err != nil {
+			return err
+		}
+		if err := writeFromDevice(in, ctx, devAddr(base, h.off), h.size, stageBuf(stage)); err != nil {
+			return fmt.Errorf("serve get from device memory to rank %d: %w", p.rank, err)
+		}
+		return nil
 	}
 	var data []byte
 	if h.size > 0 {
@@ -140,20 +170,21 @@ func (p *peer) reply(in *net.TCPConn, typ uint8, req *header, status abi.Result,
 // with a smaller sequence number has landed, which keeps signals strong.
 // Sequence numbers start at 1; puts and signals each take one.
 type orderer struct {
-	mu   sync.Mutex
-	next uint64 // every sequence number below next has been applied
-	ring []orderSlot
+	onErr func(error) // reports a signal that could not be applied
+	mu    sync.Mutex
+	next  uint64 // every sequence number below next has been applied
+	ring  []orderSlot
 }
 
 type orderSlot struct {
 	state uint8 // 0 not yet, 1 landed, 2 signal waiting
-	sig   *uint64
+	sig   sigRef
 	add   uint64
 }
 
-// done records that seq landed; sig, when non-nil, is the signal word that
+// done records that seq landed; sig, when valid, is the signal word that
 // seq adds add to once everything before it has landed.
-func (o *orderer) done(seq uint64, sig *uint64, add uint64) {
+func (o *orderer) done(seq uint64, sig sigRef, add uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.next == 0 {
@@ -167,7 +198,7 @@ func (o *orderer) done(seq uint64, sig *uint64, add uint64) {
 	}
 	s := &o.ring[seq%uint64(len(o.ring))]
 	s.state, s.sig, s.add = 1, sig, add
-	if sig != nil {
+	if sig.valid() {
 		s.state = 2
 	}
 	for {
@@ -176,7 +207,9 @@ func (o *orderer) done(seq uint64, sig *uint64, add uint64) {
 			return
 		}
 		if s.state == 2 {
-			atomic.AddUint64(s.sig, s.add)
+			if err := s.sig.apply(s.add); err != nil && o.onErr != nil {
+				o.onErr(err)
+			}
 		}
 		*s = orderSlot{}
 		o.next++

@@ -1,0 +1,44 @@
+// Package devmem is the seam to GPU memory. The runtime stays pure Go: capi
+// registers an implementation that reaches the CUDA driver through dlopen at
+// run time (never linked), and tests register a fake. Device memory is never
+// dereferenced by the host: payloads are staged through host buffers with
+// the copies below, which run on whatever thread calls them with the
+// context captured at registration (NCCL's progress threads have none).
+package devmem
+
+import (
+	"sync/atomic"
+	"unsafe"
+)
+
+// Device copies between host memory and one kind of device memory.
+type Device interface {
+	// Name is shown in logs ("CUDA").
+	Name() string
+	// Inspect checks that [ptr, ptr+size) is device memory and returns the
+	// context copies of it must run in.
+	Inspect(ptr uintptr, size uint64) (ctx uintptr, err error)
+	// DtoH copies n bytes from device address src to host memory dst.
+	DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error
+	// HtoD copies n bytes from host memory src to device address dst.
+	HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64) error
+}
+
+var current atomic.Pointer[Device]
+
+// Register installs the device implementation (nil removes it).
+func Register(d Device) {
+	if d == nil {
+		current.Store(nil)
+		return
+	}
+	current.Store(&d)
+}
+
+// Get returns the registered device, or nil when there is none.
+func Get() Device {
+	if p := current.Load(); p != nil {
+		return *p
+	}
+	return nil
+}

@@ -1,0 +1,207 @@
+package host
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+)
+
+// fakeDevice stands in for a GPU: its "device addresses" lie far outside
+// anything mapped, so a host dereference of one would crash the test, and
+// every byte must move through DtoH and HtoD.
+type fakeDevice struct {
+	mu     sync.Mutex
+	next   uintptr
+	allocs map[uintptr][]byte
+	copies int
+}
+
+const fakeBase = 0x7e00_0000_0000
+
+func newFakeDevice() *fakeDevice {
+	return &fakeDevice{next: fakeBase, allocs: map[uintptr][]byte{}}
+}
+
+func (d *fakeDevice) alloc(n int) uintptr {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	a := d.next
+	d.allocs[a] = make([]byte, n)
+	d.next += uintptr(n+4095) &^ 4095
+	return a
+}
+
+// find returns the backing bytes of [addr, addr+n).
+func (d *fakeDevice) find(addr uintptr, n uint64) ([]byte, error) {
+	for base, b := range d.allocs {
+		if addr >= base && uint64(addr-base)+n <= uint64(len(b)) {
+			return b[addr-base : uint64(addr-base)+n], nil
+		}
+	}
+	return nil, fmt.Errorf("%#x+%d is not fake device memory", addr, n)
+}
+
+func (d *fakeDevice) Name() string { return "fake" }
+
+func (d *fakeDevice) Inspect(ptr uintptr, size uint64) (uintptr, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, err := d.find(ptr, size); err != nil {
+		return 0, err
+	}
+	return 0xc0ffee, nil
+}
+
+func (d *fakeDevice) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b, err := d.find(src, n)
+	if err != nil || ctx != 0xc0ffee {
+		return fmt.Errorf("DtoH: ctx %#x: %v", ctx, err)
+	}
+	copy(unsafe.Slice((*byte)(dst), n), b)
+	d.copies++
+	return nil
+}
+
+func (d *fakeDevice) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b, err := d.find(dst, n)
+	if err != nil || ctx != 0xc0ffee {
+		return fmt.Errorf("HtoD: ctx %#x: %v", ctx, err)
+	}
+	copy(b, unsafe.Slice((*byte)(src), n))
+	d.copies++
+	return nil
+}
+
+func (d *fakeDevice) read(addr uintptr, n int) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b, err := d.find(addr, uint64(n))
+	if err != nil {
+		panic(err)
+	}
+	return append([]byte(nil), b...)
+}
+
+func (d *fakeDevice) write(addr uintptr, p []byte) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b, err := d.find(addr, uint64(len(p)))
+	if err != nil {
+		panic(err)
+	}
+	copy(b, p)
+}
+
+// TestDeviceMemory registers "device" buffers on every rank and moves puts,
+// signals (into device memory) and gets between device and host memory, on
+// one lane and striped over three, with and without the intra-node path
+// (which must stay away from device memory).
+func TestDeviceMemory(t *testing.T) {
+	for _, c := range []struct{ lanes, intra string }{{"", "0"}, {"", "1"}, {"3", "1"}} {
+		t.Run("lanes="+c.lanes+",intranode="+c.intra, func(t *testing.T) {
+			testLanes, testIntraNode = c.lanes, c.intra
+			defer func() { testLanes, testIntraNode = "", "1" }()
+			dev := newFakeDevice()
+			devmem.Register(dev)
+			defer devmem.Register(nil)
+			const n, size = 2, 3<<20 + 5 // striped from 1 MiB with lanes
+			rs := setup(t, n, 64)
+			var p abi.NetProperties
+			if GetProperties(0, &p) != abi.Success || p.PtrSupport&abi.PtrCuda == 0 {
+				t.Fatalf("ptrSupport %#x does not advertise device memory", p.PtrSupport)
+			}
+			type bufs struct{ src, dst, sig, get uintptr }
+			dv := make([]bufs, n)
+			mh := make([][4]uint64, n)
+			var wg sync.WaitGroup
+			for i := range rs {
+				dv[i] = bufs{dev.alloc(size), dev.alloc(size * n), dev.alloc(8 * n), dev.alloc(size)}
+				src := make([]byte, size)
+				for j := range src {
+					src[j] = byte(i*29 + j*5)
+				}
+				dev.write(dv[i].src, src)
+				wg.Add(1)
+				go func(i int) { // registration is collective
+					defer wg.Done()
+					for k, a := range []uintptr{dv[i].src, dv[i].dst, dv[i].sig, dv[i].get} {
+						sz := []uint64{size, size * n, 8 * n, size}[k]
+						h, res := RegMr(rs[i].coll, a, sz, abi.PtrCuda, 0)
+						if res != abi.Success {
+							t.Errorf("rank %d: regMr(CUDA): %v", i, res)
+						}
+						mh[i][k] = h
+					}
+				}(i)
+			}
+			wg.Wait()
+			if t.Failed() {
+				t.FailNow()
+			}
+			// Every rank puts its device source into every rank's device
+			// destination, with a signal in device memory.
+			for i, r := range rs {
+				for p := 0; p < n; p++ {
+					req, res := IputSignal(r.rma, 0, 0, mh[i][0], size, uint64(i*size), mh[i][1], uint32(p),
+						uint64(8*i), mh[i][2], 3, abi.SignalOpAdd, true, 0)
+					if res != abi.Success || wait(t, r.coll, req) != abi.Success {
+						t.Fatalf("putSignal %d->%d: %v", i, p, res)
+					}
+				}
+			}
+			for i := range rs {
+				for p := 0; p < n; p++ {
+					deadline := time.Now().Add(10 * time.Second)
+					for binary.LittleEndian.Uint64(dev.read(dv[i].sig+uintptr(8*p), 8)) != 3 {
+						if time.Now().After(deadline) {
+							t.Fatalf("rank %d: no device signal from %d", i, p)
+						}
+						time.Sleep(time.Millisecond)
+					}
+					if !bytes.Equal(dev.read(dv[i].dst+uintptr(p*size), size), dev.read(dv[p].src, size)) {
+						t.Fatalf("rank %d: device bytes from %d differ after the signal", i, p)
+					}
+				}
+			}
+			// Device -> host put, and a get from device memory into host memory.
+			r0 := rs[0]
+			req, res := Iput(r0.rma, 0, 0, mh[0][0], 64, 0, r0.dstMh, 1, 0)
+			if res != abi.Success || wait(t, r0.coll, req) != abi.Success {
+				t.Fatalf("device->host put: %v", res)
+			}
+			req, res = Iget(r0.rma, 0, 0, mh[0][0], size, 0, mh[0][3], 1, 0)
+			if res != abi.Success || wait(t, r0.coll, req) != abi.Success {
+				t.Fatalf("device get: %v", res)
+			}
+			if !bytes.Equal(dev.read(dv[0].get, size), dev.read(dv[1].src, size)) {
+				t.Fatal("get from device memory returned wrong bytes")
+			}
+			req, res = Iget(r0.rma, 0, 0, r0.getMh, 64, 0, mh[0][3], 1, 0) // host -> device
+			if res != abi.Success || wait(t, r0.coll, req) != abi.Success {
+				t.Fatalf("host->device get: %v", res)
+			}
+			if !bytes.Equal(dev.read(dv[0].get, 64), rs[1].get[:64]) {
+				t.Fatal("get from host into device memory returned wrong bytes")
+			}
+			for i := range rs {
+				for _, h := range mh[i] {
+					DeregMr(rs[i].coll, h)
+				}
+			}
+			if dev.copies == 0 {
+				t.Fatal("no device copies were made")
+			}
+		})
+	}
+}
