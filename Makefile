@@ -43,10 +43,14 @@ $(LIB): FORCE $(GUESTS) | $(BUILD)
 $(LIBNCCL): $(LIB)
 	ln -sf librccl-rma-wasm.so $@
 
-driver: $(DRIVER)
+driver: $(DRIVER) $(BUILD)/cuda_check
 
 $(DRIVER): samples/rma_driver.c capi/rma_plugin.h | $(BUILD)
 	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ samples/rma_driver.c -ldl
+
+# Device-memory check for a machine with an NVIDIA GPU (dlopens libcuda.so.1).
+$(BUILD)/cuda_check: samples/cuda_check.c capi/rma_plugin.h | $(BUILD)
+	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ samples/cuda_check.c -ldl
 
 $(BUILD):
 	mkdir -p $@

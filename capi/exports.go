@@ -64,6 +64,7 @@ func rmawasm_init(ctx *C.uintptr_t, commID C.uint64_t, logFn C.uintptr_t) (ret C
 		return nullArg("init", "ctx")
 	}
 	*ctx = 0
+	probeCUDA()
 	id, r := host.Init(uint64(commID))
 	if r != abi.Success {
 		return rc(r)

@@ -82,5 +82,6 @@ const (
 	LogFlavor      = "NCCL_RMA_WASM_LOG_FLAVOR"   // auto | nccl | rccl
 	IntraNode      = "NCCL_RMA_WASM_INTRANODE"    // 1 (default) | 0
 	Lanes          = "NCCL_RMA_WASM_LANES"        // TCP streams per peer, overriding the backend's plan
+	CUDA           = "NCCL_RMA_WASM_CUDA"         // 1 (default) | 0: load the CUDA driver for device memory
 	DebugStderr    = "NCCL_RMA_WASM_DEBUG_STDERR" // log to stderr until NCCL installs its logger
 )

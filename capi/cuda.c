@@ -1,0 +1,171 @@
+/* The CUDA driver, found with dlopen at run time and never linked, so the
+ * library loads on machines without a GPU. Declarations are our own minimal
+ * subset of the driver API (types are plain integers and pointers). Copies
+ * run on a non-blocking stream per context and wait for that stream only:
+ * the legacy default stream would wait for user kernels, and a GIN kernel
+ * that spins on a signal we are about to write would then never finish. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_shim.h"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void* CUcontext;
+typedef void* CUstream;
+typedef int CUdevice;
+
+enum {
+  ATTR_CONTEXT = 1,
+  ATTR_MEMORY_TYPE = 2,
+  ATTR_DEVICE_ORDINAL = 9,
+  MEMTYPE_DEVICE = 2,
+  STREAM_NON_BLOCKING = 1,
+};
+
+static struct {
+  CUresult (*init)(unsigned);
+  CUresult (*deviceGetCount)(int*);
+  CUresult (*deviceGet)(CUdevice*, int);
+  CUresult (*primaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*pointerGetAttribute)(void*, int, CUdeviceptr);
+  CUresult (*ctxSetCurrent)(CUcontext);
+  CUresult (*streamCreate)(CUstream*, unsigned);
+  CUresult (*streamSynchronize)(CUstream);
+  CUresult (*dtoh)(void*, CUdeviceptr, size_t, CUstream);
+  CUresult (*htod)(CUdeviceptr, const void*, size_t, CUstream);
+  CUresult (*getErrorString)(CUresult, const char**);
+} cu;
+
+#define MAX_CTX 64
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  CUcontext ctx;
+  CUstream stream;
+} streams[MAX_CTX];
+static int nstreams;
+
+static const char* errstr(CUresult r) {
+  const char* s = NULL;
+  if (cu.getErrorString && cu.getErrorString(r, &s) == 0 && s) return s;
+  return "unknown CUDA error";
+}
+
+int rmaw_cuda_open(char* err, size_t errlen) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(err, errlen, "%s", dlerror());
+    return -1;
+  }
+#define SYM(field, name)                                     \
+  do {                                                       \
+    *(void**)&cu.field = dlsym(h, name);                     \
+    if (!cu.field) {                                         \
+      snprintf(err, errlen, "libcuda.so.1 has no %s", name); \
+      return -1;                                             \
+    }                                                        \
+  } while (0)
+  SYM(init, "cuInit");
+  SYM(deviceGetCount, "cuDeviceGetCount");
+  SYM(deviceGet, "cuDeviceGet");
+  SYM(primaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  SYM(pointerGetAttribute, "cuPointerGetAttribute");
+  SYM(ctxSetCurrent, "cuCtxSetCurrent");
+  SYM(streamCreate, "cuStreamCreate");
+  SYM(streamSynchronize, "cuStreamSynchronize");
+  SYM(dtoh, "cuMemcpyDtoHAsync_v2");
+  SYM(htod, "cuMemcpyHtoDAsync_v2");
+  SYM(getErrorString, "cuGetErrorString");
+#undef SYM
+  CUresult r = cu.init(0);
+  if (r != 0) {
+    snprintf(err, errlen, "cuInit: %s (%d)", errstr(r), r);
+    return -1;
+  }
+  int n = 0;
+  r = cu.deviceGetCount(&n);
+  if (r != 0 || n < 1) {
+    snprintf(err, errlen, "no CUDA device (cuDeviceGetCount: %d devices, status %d)", n, r);
+    return -1;
+  }
+  return n;
+}
+
+int rmaw_cuda_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t errlen) {
+  unsigned int memtype = 0;
+  CUresult r = cu.pointerGetAttribute(&memtype, ATTR_MEMORY_TYPE, (CUdeviceptr)ptr);
+  if (r != 0 || memtype != MEMTYPE_DEVICE) {
+    snprintf(err, errlen, "not CUDA device memory (memory type %u, status %s)", memtype, errstr(r));
+    return -1;
+  }
+  if (size > 0) {
+    unsigned int last = 0;
+    r = cu.pointerGetAttribute(&last, ATTR_MEMORY_TYPE, (CUdeviceptr)(ptr + size - 1));
+    if (r != 0 || last != MEMTYPE_DEVICE) {
+      snprintf(err, errlen, "the range ends outside CUDA device memory");
+      return -1;
+    }
+  }
+  CUcontext c = NULL;
+  r = cu.pointerGetAttribute(&c, ATTR_CONTEXT, (CUdeviceptr)ptr);
+  if (r != 0 || c == NULL) {
+    /* VMM allocations carry no context: use the device's primary one. */
+    int ordinal = -1;
+    CUdevice dev;
+    if (cu.pointerGetAttribute(&ordinal, ATTR_DEVICE_ORDINAL, (CUdeviceptr)ptr) != 0 || ordinal < 0 ||
+        cu.deviceGet(&dev, ordinal) != 0 || cu.primaryCtxRetain(&c, dev) != 0) {
+      snprintf(err, errlen, "cannot find the CUDA context of this memory");
+      return -1;
+    }
+  }
+  *ctx = (uintptr_t)c;
+  return 0;
+}
+
+/* stream_for returns this context's copy stream, creating it once. */
+static CUstream stream_for(CUcontext ctx, CUresult* r) {
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < nstreams; i++)
+    if (streams[i].ctx == ctx) {
+      CUstream s = streams[i].stream;
+      pthread_mutex_unlock(&mu);
+      return s;
+    }
+  CUstream s = NULL;
+  *r = cu.streamCreate(&s, STREAM_NON_BLOCKING);
+  if (*r == 0 && nstreams < MAX_CTX) {
+    streams[nstreams].ctx = ctx;
+    streams[nstreams].stream = s;
+    nstreams++;
+  }
+  pthread_mutex_unlock(&mu);
+  return *r == 0 ? s : NULL;
+}
+
+int rmaw_cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
+                   size_t errlen) {
+  /* The calling thread (an NCCL progress thread, a Go goroutine's thread)
+   * may have no context: set the one captured at registration. */
+  CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
+  if (r != 0) {
+    snprintf(err, errlen, "cuCtxSetCurrent: %s", errstr(r));
+    return -1;
+  }
+  CUstream s = stream_for((CUcontext)ctx, &r);
+  if (!s) {
+    snprintf(err, errlen, "cuStreamCreate: %s", errstr(r));
+    return -1;
+  }
+  r = to_device ? cu.htod((CUdeviceptr)dev, host, (size_t)n, s) : cu.dtoh(host, (CUdeviceptr)dev, (size_t)n, s);
+  if (r == 0) r = cu.streamSynchronize(s);
+  if (r != 0) {
+    snprintf(err, errlen, "%s of %llu bytes: %s", to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync",
+             (unsigned long long)n, errstr(r));
+    return -1;
+  }
+  return 0;
+}

@@ -1,0 +1,71 @@
+package main
+
+/*
+#include <stdlib.h>
+#include "cuda_shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"sync"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// cudaDevice reaches the CUDA driver through cuda.c.
+type cudaDevice struct{}
+
+var cudaOnce sync.Once
+
+// probeCUDA loads the CUDA driver once, at the first init, and registers it
+// as the device runtime when a GPU is there. NCCL_RMA_WASM_CUDA=0 skips it.
+func probeCUDA() {
+	cudaOnce.Do(func() {
+		if on, _ := config.Bool(config.CUDA, true); !on {
+			logx.Info(abi.SubsysInit, "NET/wasm: device memory disabled by %s", config.CUDA)
+			return
+		}
+		var buf [256]C.char
+		n := C.rmaw_cuda_open(&buf[0], C.size_t(len(buf)))
+		if n < 0 {
+			logx.Info(abi.SubsysInit, "NET/wasm: no CUDA device memory support: %s", C.GoString(&buf[0]))
+			return
+		}
+		devmem.Register(cudaDevice{})
+		logx.Info(abi.SubsysInit, "NET/wasm: CUDA driver loaded, %d device(s): ptrSupport includes NCCL_PTR_CUDA", int(n))
+	})
+}
+
+func (cudaDevice) Name() string { return "CUDA" }
+
+func (cudaDevice) Inspect(ptr uintptr, size uint64) (uintptr, error) {
+	var ctx C.uintptr_t
+	var buf [256]C.char
+	if C.rmaw_cuda_inspect(C.uint64_t(ptr), C.uint64_t(size), &ctx, &buf[0], C.size_t(len(buf))) != 0 {
+		return 0, errors.New(C.GoString(&buf[0]))
+	}
+	return uintptr(ctx), nil
+}
+
+// The host buffers are Go memory pinned for the duration of the call, which
+// the cgo rules allow: C does not keep them.
+func (cudaDevice) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
+	var buf [256]C.char
+	if C.rmaw_cuda_copy(C.uintptr_t(ctx), 0, dst, C.uint64_t(src), C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
+		return errors.New(C.GoString(&buf[0]))
+	}
+	return nil
+}
+
+func (cudaDevice) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64) error {
+	var buf [256]C.char
+	if C.rmaw_cuda_copy(C.uintptr_t(ctx), 1, src, C.uint64_t(dst), C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
+		return errors.New(C.GoString(&buf[0]))
+	}
+	return nil
+}

@@ -1,0 +1,9 @@
+#ifndef RMAW_CUDA_SHIM_H
+#define RMAW_CUDA_SHIM_H
+#include <stddef.h>
+#include <stdint.h>
+int rmaw_cuda_open(char* err, size_t errlen);
+int rmaw_cuda_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t errlen);
+int rmaw_cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
+                   size_t errlen);
+#endif

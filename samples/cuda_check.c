@@ -1,0 +1,217 @@
+/* cuda_check: two ranks (processes) on one GPU machine drive the plugin the
+ * way RCCL's proxies do with device memory: buffers from cuMemAlloc are
+ * registered as NCCL_PTR_CUDA, a put with a signal lands in the peer's
+ * device memory (the signal word too), and a get reads the peer's device
+ * memory. Every byte is checked by copying it back. Needs libcuda.so.1 and
+ * a GPU; prints "RESULT PASS" or "RESULT FAIL <why>".
+ *
+ *   cuda_check [path/to/librccl-rma-wasm.so] [bytes]
+ */
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rma_plugin.h"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+static struct {
+  CUresult (*init)(unsigned);
+  CUresult (*deviceGet)(int*, int);
+  CUresult (*primaryCtxRetain)(void**, int);
+  CUresult (*ctxSetCurrent)(void*);
+  CUresult (*memAlloc)(CUdeviceptr*, size_t);
+  CUresult (*memFree)(CUdeviceptr);
+  CUresult (*htod)(CUdeviceptr, const void*, size_t);
+  CUresult (*dtoh)(void*, CUdeviceptr, size_t);
+} cu;
+
+static int rank;
+#define FAIL(...)                               \
+  do {                                          \
+    printf("[rank %d] RESULT FAIL ", rank);     \
+    printf(__VA_ARGS__);                        \
+    printf("\n");                               \
+    fflush(stdout);                             \
+    _exit(1);                                   \
+  } while (0)
+#define CU(x)                                        \
+  do {                                               \
+    CUresult r_ = (x);                               \
+    if (r_ != 0) FAIL("%s -> CUDA error %d", #x, r_); \
+  } while (0)
+#define NC(x)                                        \
+  do {                                               \
+    ncclResult_t r_ = (x);                           \
+    if (r_ != ncclSuccess) FAIL("%s -> %d", #x, r_); \
+  } while (0)
+
+static void logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
+                   const char* fmt, ...) {
+  (void)flags, (void)file, (void)line;
+  if (level > 3) return; /* NCCL numbering: up to INFO */
+  va_list ap;
+  va_start(ap, fmt);
+  char buf[1024];
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "[rank %d] plugin %d: %s\n", rank, (int)level, buf);
+}
+
+static void xchg(int fd, const void* mine, void* theirs, size_t n) {
+  if (write(fd, mine, n) != (ssize_t)n) FAIL("bootstrap write");
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, (char*)theirs + got, n - got);
+    if (r <= 0) FAIL("bootstrap read (peer died?)");
+    got += (size_t)r;
+  }
+}
+
+static void wait_req(const ncclRma_v15_t* t, void* coll, void* req) {
+  int done = 0;
+  time_t t0 = time(NULL);
+  while (!done) {
+    NC(t->test(coll, req, &done));
+    if (time(NULL) - t0 > 60) FAIL("request did not complete in 60 s");
+  }
+}
+
+static uint8_t pat(int owner, size_t i) { return (uint8_t)(owner * 37 + i * 11 + (i >> 9)); }
+
+static int run(const char* lib, size_t size, int fd) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) FAIL("dlopen libcuda.so.1: %s", dlerror());
+  *(void**)&cu.init = dlsym(h, "cuInit");
+  *(void**)&cu.deviceGet = dlsym(h, "cuDeviceGet");
+  *(void**)&cu.primaryCtxRetain = dlsym(h, "cuDevicePrimaryCtxRetain");
+  *(void**)&cu.ctxSetCurrent = dlsym(h, "cuCtxSetCurrent");
+  *(void**)&cu.memAlloc = dlsym(h, "cuMemAlloc_v2");
+  *(void**)&cu.memFree = dlsym(h, "cuMemFree_v2");
+  *(void**)&cu.htod = dlsym(h, "cuMemcpyHtoD_v2");
+  *(void**)&cu.dtoh = dlsym(h, "cuMemcpyDtoH_v2");
+  CU(cu.init(0));
+  int dev;
+  void* ctx;
+  CU(cu.deviceGet(&dev, 0));
+  CU(cu.primaryCtxRetain(&ctx, dev));
+  CU(cu.ctxSetCurrent(ctx));
+
+  void* ph = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (!ph) FAIL("dlopen %s: %s", lib, dlerror());
+  const ncclRma_v15_t* t = dlsym(ph, "ncclRmaPlugin_v15");
+  if (!t) FAIL("no ncclRmaPlugin_v15");
+  void* pctx;
+  NC(t->init(&pctx, 42, logger));
+  ncclNetProperties_v12_t p;
+  NC(t->getProperties(0, &p));
+  if (!(p.ptrSupport & NCCL_PTR_CUDA)) FAIL("ptrSupport %#x lacks NCCL_PTR_CUDA", p.ptrSupport);
+  char handles[2][NCCL_NET_HANDLE_MAXSIZE];
+  void* listen;
+  NC(t->listen(pctx, 0, handles[rank], &listen));
+  xchg(fd, handles[rank], handles[1 - rank], NCCL_NET_HANDLE_MAXSIZE);
+  void* hp[2] = {handles[0], handles[1]};
+  void* coll;
+  NC(t->connect(pctx, hp, 2, rank, listen, &coll));
+  NC(t->closeListen(listen));
+  ncclRmaConfig_v15_t cfg = {1, -2147483647 - 1, 1};
+  void* rma;
+  NC(t->createContext(coll, &cfg, &rma));
+
+  CUdeviceptr src, dst, sig, get;
+  CU(cu.memAlloc(&src, size));
+  CU(cu.memAlloc(&dst, 2 * size));
+  CU(cu.memAlloc(&sig, 16));
+  CU(cu.memAlloc(&get, size));
+  uint8_t* host = malloc(2 * size);
+  for (size_t i = 0; i < size; i++) host[i] = pat(rank, i);
+  CU(cu.htod(src, host, size));
+  memset(host, 0, 2 * size);
+  CU(cu.htod(dst, host, 2 * size));
+  CU(cu.htod(sig, host, 16));
+  CU(cu.htod(get, host, size));
+  void *msrc, *mdst, *msig, *mget;
+  NC(t->regMrSym(coll, (void*)src, size, NCCL_PTR_CUDA, 0, &msrc));
+  NC(t->regMrSym(coll, (void*)dst, 2 * size, NCCL_PTR_CUDA, 0, &mdst));
+  NC(t->regMrSym(coll, (void*)sig, 16, NCCL_PTR_CUDA, NCCL_NET_MR_FLAG_FORCE_SO, &msig));
+  NC(t->regMrSym(coll, (void*)get, size, NCCL_PTR_CUDA, 0, &mget));
+
+  /* Put into the peer's device memory with a device signal, and to ourselves. */
+  for (int peer = 0; peer < 2; peer++) {
+    void* req;
+    NC(t->iputSignal(rma, 0, 0, msrc, size, (uint64_t)rank * size, mdst, peer, (uint64_t)rank * 8, msig, 7,
+                     NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
+    if (!req) FAIL("NULL request");
+    wait_req(t, coll, req);
+  }
+  time_t t0 = time(NULL);
+  uint64_t s[2] = {0, 0};
+  while (s[0] != 7 || s[1] != 7) {
+    CU(cu.dtoh(s, sig, 16));
+    if (time(NULL) - t0 > 60) FAIL("device signals %llu %llu, want 7 7", (unsigned long long)s[0], (unsigned long long)s[1]);
+  }
+  CU(cu.dtoh(host, dst, 2 * size));
+  for (int from = 0; from < 2; from++)
+    for (size_t i = 0; i < size; i++)
+      if (host[(size_t)from * size + i] != pat(from, i))
+        FAIL("device byte %zu from rank %d is %u, want %u", i, from, host[(size_t)from * size + i], pat(from, i));
+
+  /* Get the peer's device source into our device memory. */
+  void* req;
+  NC(t->iget(rma, 0, 0, msrc, size, 0, mget, 1 - rank, 0, &req));
+  wait_req(t, coll, req);
+  void* freq;
+  NC(t->iflush(rma, 0, msig, 1 - rank, &freq));
+  if (freq) wait_req(t, coll, freq);
+  CU(cu.dtoh(host, get, size));
+  for (size_t i = 0; i < size; i++)
+    if (host[i] != pat(1 - rank, i)) FAIL("get byte %zu is %u, want %u", i, host[i], pat(1 - rank, i));
+  bool bad = false;
+  NC(t->queryLastError(rma, &bad));
+  if (bad) FAIL("queryLastError reports an error");
+
+  char b = 1, c;
+  xchg(fd, &b, &c, 1); /* both done before anyone tears down */
+  NC(t->deregMrSym(coll, msrc));
+  NC(t->deregMrSym(coll, mdst));
+  NC(t->deregMrSym(coll, msig));
+  NC(t->deregMrSym(coll, mget));
+  NC(t->destroyContext(rma));
+  NC(t->closeColl(coll));
+  NC(t->finalize(pctx));
+  printf("[rank %d] device memory: %zu-byte put+signal and get verified byte by byte\n", rank, size);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  const char* lib = argc > 1 ? argv[1] : "build/librccl-rma-wasm.so";
+  size_t size = argc > 2 ? strtoull(argv[2], NULL, 0) : (size_t)3 << 20;
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  int sp[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp)) return 1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    rank = 1;
+    close(sp[0]);
+    _exit(run(lib, size, sp[1]));
+  }
+  rank = 0;
+  close(sp[1]);
+  int rc = run(lib, size, sp[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (rc == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+    printf("RESULT PASS cuda_check size=%zu\n", size);
+    return 0;
+  }
+  printf("RESULT FAIL a rank failed (status %d)\n", st);
+  return 1;
+}
