@@ -199,7 +199,10 @@ func TestDeviceMemory(t *testing.T) {
 					DeregMr(rs[i].coll, h)
 				}
 			}
-			if dev.copies == 0 {
+			dev.mu.Lock()
+			copies := dev.copies
+			dev.mu.Unlock()
+			if copies == 0 {
 				t.Fatal("no device copies were made")
 			}
 		})
