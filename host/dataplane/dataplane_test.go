@@ -99,6 +99,17 @@ func (o *memOwner) status(tag uint64) (abi.Result, bool) {
 
 func mesh2(t *testing.T, intra bool) ([]*Mesh, []*memOwner) {
 	t.Helper()
+	os := make([]*memOwner, 2)
+	for i := range os {
+		whole := make([]byte, 64+256+64)
+		os[i] = &memOwner{mem: whole[64:320:320], whole: whole, done: map[uint64]abi.Result{}}
+	}
+	return connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1}), os
+}
+
+// connect2 connects two meshes over loopback with the given owners.
+func connect2(t *testing.T, os []*memOwner, opt Options) []*Mesh {
+	t.Helper()
 	ls := make([]*Listener, 2)
 	hs := make([]*Handle, 2)
 	for i := range ls {
@@ -110,17 +121,12 @@ func mesh2(t *testing.T, intra bool) ([]*Mesh, []*memOwner) {
 		t.Cleanup(func() { l.Close() })
 	}
 	ms := make([]*Mesh, 2)
-	os := make([]*memOwner, 2)
-	for i := range os {
-		whole := make([]byte, 64+256+64)
-		os[i] = &memOwner{mem: whole[64:320:320], whole: whole, done: map[uint64]abi.Result{}}
-	}
 	var wg sync.WaitGroup
 	for i := range ms {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			m, err := Connect(ls[i], hs, i, os[i], Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
+			m, err := Connect(ls[i], hs, i, os[i], opt)
 			if err != nil {
 				t.Error(err)
 			}
@@ -132,7 +138,7 @@ func mesh2(t *testing.T, intra bool) ([]*Mesh, []*memOwner) {
 		t.FailNow()
 	}
 	t.Cleanup(func() { ms[0].Close(); ms[1].Close() })
-	return ms, os
+	return ms
 }
 
 func waitDone(t *testing.T, o *memOwner, tag uint64) abi.Result {
@@ -246,16 +252,6 @@ func TestOrderer(t *testing.T) {
 // TestStripedLanes sends striped puts, gets and a put with signal over three
 // lanes between two meshes and checks bytes, signal and completion counts.
 func TestStripedLanes(t *testing.T) {
-	ls := make([]*Listener, 2)
-	hs := make([]*Handle, 2)
-	for i := range ls {
-		l, h, err := Listen("127.0.0.1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls[i], hs[i] = l, h
-		defer l.Close()
-	}
 	const size = 1<<20 + 333
 	// Target memory: the signal word, the put region, then a get source
 	// written before the meshes start (the race detector cannot see the
@@ -264,25 +260,7 @@ func TestStripedLanes(t *testing.T) {
 	for i := size; i < 2*size; i++ {
 		owners[1].mem[i] = byte(i * 7)
 	}
-	ms := make([]*Mesh, 2)
-	var wg sync.WaitGroup
-	for i := range ms {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			m, err := Connect(ls[i], hs, i, owners[i], Options{Timeout: 10 * time.Second, Lanes: 3, StripeThreshold: 64 << 10, ChunkSize: 100 << 10})
-			if err != nil {
-				t.Error(err)
-			}
-			ms[i] = m
-		}(i)
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
-	defer ms[0].Close()
-	defer ms[1].Close()
+	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 3, StripeThreshold: 64 << 10, ChunkSize: 100 << 10})
 	if got := ms[0].Parts(OpPutSignal, size); got != 12 { // 11 chunks + the signal
 		t.Fatalf("parts = %d, want 12", got)
 	}
