@@ -261,8 +261,13 @@ func TestStripedLanes(t *testing.T) {
 		owners[1].mem[i] = byte(i * 7)
 	}
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 3, StripeThreshold: 64 << 10, ChunkSize: 100 << 10})
-	if got := ms[0].Parts(OpPutSignal, size); got != 12 { // 11 chunks + the signal
-		t.Fatalf("parts = %d, want 12", got)
+	// One piece per lane (3) plus the signal; a smaller op is cut into
+	// pieces no smaller than the chunk size (200 KiB / 100 KiB = 2).
+	if got := ms[0].Parts(OpPutSignal, size); got != 4 {
+		t.Fatalf("parts = %d, want 4", got)
+	}
+	if got := ms[0].Parts(OpPut, 200<<10); got != 2 {
+		t.Fatalf("parts of 200 KiB = %d, want 2", got)
 	}
 	src := make([]byte, size)
 	for i := range src {

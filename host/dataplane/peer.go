@@ -89,7 +89,7 @@ func (p *peer) post(op *Op, hold bool, lane int) {
 // postStriped cuts op into chunks over all lanes (round robin). A signal
 // travels after the chunks as its own operation. Called with seqMu held.
 func (p *peer) postStriped(op *Op, hold bool, sigLane int) {
-	chunk := p.m.chunk
+	chunk := p.m.pieceSize(op.Size)
 	for off := uint64(0); off < op.Size; off += chunk {
 		c := *op
 		if c.Kind == OpPutSignal {
@@ -123,13 +123,23 @@ func (p *peer) postStriped(op *Op, hold bool, sigLane int) {
 	}
 }
 
+// pieceSize cuts a striped operation into one piece per lane (rounded up to
+// 4 KiB), but no smaller than the plan's chunk size: few large pieces keep
+// the per-piece cost (a header, a sequence number, a completion) small.
+func (m *Mesh) pieceSize(size uint64) uint64 {
+	per := (size + uint64(m.lanes) - 1) / uint64(m.lanes)
+	per = (per + 4095) &^ 4095
+	return max(per, m.chunk)
+}
+
 // parts is how many completions an operation of this kind and size gets:
 // one per chunk, plus one for the signal of a striped put with signal.
 func (m *Mesh) parts(kind uint8, size uint64) int {
 	if m.lanes == 1 || size < m.stripe || (kind != OpPut && kind != OpPutSignal && kind != OpGet) {
 		return 1
 	}
-	n := int((size + m.chunk - 1) / m.chunk)
+	c := m.pieceSize(size)
+	n := int((size + c - 1) / c)
 	if kind == OpPutSignal {
 		n++
 	}
