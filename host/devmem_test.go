@@ -21,6 +21,7 @@ type fakeDevice struct {
 	next   uintptr
 	allocs map[uintptr][]byte
 	copies int
+	broken bool // every copy fails, as when the GPU falls off the bus
 }
 
 const fakeBase = 0x7e00_0000_0000
@@ -63,8 +64,8 @@ func (d *fakeDevice) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	b, err := d.find(src, n)
-	if err != nil || ctx != 0xc0ffee {
-		return fmt.Errorf("DtoH: ctx %#x: %v", ctx, err)
+	if err != nil || ctx != 0xc0ffee || d.broken {
+		return fmt.Errorf("DtoH: ctx %#x: %v (broken %v)", ctx, err, d.broken)
 	}
 	copy(unsafe.Slice((*byte)(dst), n), b)
 	d.copies++
@@ -206,5 +207,49 @@ func TestDeviceMemory(t *testing.T) {
 				t.Fatal("no device copies were made")
 			}
 		})
+	}
+}
+
+// TestDeviceCopyFailure breaks the device after registration: a put from
+// device memory fails its request, queryLastError reports it, and nothing
+// hangs.
+func TestDeviceCopyFailure(t *testing.T) {
+	testIntraNode = "0"
+	defer func() { testIntraNode = "1" }()
+	dev := newFakeDevice()
+	devmem.Register(dev)
+	defer devmem.Register(nil)
+	rs := setup(t, 2, 64)
+	src := make([]uintptr, 2)
+	mh := make([]uint64, 2)
+	var wg sync.WaitGroup
+	for i := range rs {
+		src[i] = dev.alloc(4096)
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			var res abi.Result
+			if mh[i], res = RegMr(rs[i].coll, src[i], 4096, abi.PtrCuda, 0); res != abi.Success {
+				t.Errorf("regMr: %v", res)
+			}
+		}(i)
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	dev.mu.Lock()
+	dev.broken = true
+	dev.mu.Unlock()
+	r := rs[0]
+	req, res := Iput(r.rma, 0, 0, mh[0], 64, 0, r.dstMh, 1, 0)
+	if res != abi.Success {
+		t.Fatalf("iput: %v", res)
+	}
+	if st := wait(t, r.coll, req); st == abi.Success {
+		t.Fatal("a put whose device copy failed reported success")
+	}
+	if bad, _ := QueryLastError(r.rma); !bad {
+		t.Fatal("queryLastError does not report the failed device copy")
 	}
 }

@@ -250,8 +250,9 @@ func (l *lane) writeBatch(ops []Op) bool {
 	iov := l.iov[:0]
 	bye := false
 	var err error
-	for i := 0; i < len(ops) && err == nil; i++ {
-		op := &ops[i]
+	n := 0 // ops handled so far; a device copy failure stops the batch
+	for ; n < len(ops) && err == nil; n++ {
+		i, op := n, &ops[n]
 		if op.Size >= intraMin && op.Remote != 0 && p.intra.Load() {
 			switch {
 			case op.Kind == OpPut && l.directPut(op):
@@ -286,9 +287,6 @@ func (l *lane) writeBatch(ops []Op) bool {
 					err = writeFromDevice(l.out, op.LocalCtx, uintptr(op.Local), op.Size, l.stageBuf())
 				}
 				iov = iov[:0]
-				if err != nil {
-					break
-				}
 			} else if op.Size > 0 {
 				iov = append(iov, unsafe.Slice((*byte)(op.Local), op.Size))
 			}
@@ -304,7 +302,9 @@ func (l *lane) writeBatch(ops []Op) bool {
 	clear(iov)
 	if err != nil {
 		for i := range ops {
-			if ops[i].Kind == OpPut || ops[i].Kind == OpPutSignal {
+			// Puts fail; gets the loop reached are in the FIFO, which
+			// markDead fails; the rest never left.
+			if ops[i].Kind == OpPut || ops[i].Kind == OpPutSignal || (ops[i].Kind == OpGet && i >= n) {
 				p.fail(&ops[i])
 			}
 		}
