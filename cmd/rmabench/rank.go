@@ -354,19 +354,7 @@ func (r *rankState) servePing(m *msg) error {
 	case kindPlugin:
 		cs := r.comms[ci]
 		var pending uint64
-		test := func() error {
-			if pending == 0 {
-				return nil
-			}
-			done, rc := host.Test(cs.coll, pending)
-			if rc != abi.Success {
-				return res("test", rc)
-			}
-			if done {
-				pending = 0
-			}
-			return nil
-		}
+		test := func() error { return testOnce(cs.coll, &pending) }
 		for i := uint64(0); i < iters; i++ {
 			if err := r.waitWord(word(cs.sig), base+i+1, waitLimit, test); err != nil {
 				return err
@@ -597,19 +585,7 @@ func (r *rankState) plugPing(ci int, iters uint64) (time.Duration, error) {
 		return 0, err
 	}
 	var pending uint64
-	test := func() error {
-		if pending == 0 {
-			return nil
-		}
-		done, rc := host.Test(cs.coll, pending)
-		if rc != abi.Success {
-			return res("test", rc)
-		}
-		if done {
-			pending = 0
-		}
-		return nil
-	}
+	test := func() error { return testOnce(cs.coll, &pending) }
 	t0 := time.Now()
 	for i := uint64(0); i < iters; i++ {
 		h, rc := host.IputSignal(cs.rma, 0, 0, cs.srcMh, 8, 0, cs.dstMh, 1, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
@@ -702,3 +678,19 @@ func schedYield() {
 }
 
 var yieldMode = "both"
+
+// testOnce polls the one outstanding request of a ping-pong side, if any,
+// and forgets it once done.
+func testOnce(coll uint64, pending *uint64) error {
+	if *pending == 0 {
+		return nil
+	}
+	done, rc := host.Test(coll, *pending)
+	if rc != abi.Success {
+		return res("test", rc)
+	}
+	if done {
+		*pending = 0
+	}
+	return nil
+}
