@@ -3,9 +3,11 @@
 // that lands puts, applies signals and serves gets without any call from the
 // target process, and completion of initiator requests.
 //
-// Ordering: every operation from one rank to one peer travels on one stream
-// and the target applies them in order, payload before signal, so every
-// signal is strong per (context, peer) and across contexts too.
+// Ordering: with one lane, every operation from one rank to one peer travels
+// on one stream and the target applies them in order, payload before signal;
+// with several, puts carry per-peer sequence numbers and the target holds a
+// signal until every earlier put landed. Either way every signal is strong
+// per (context, peer) and across contexts too.
 package dataplane
 
 import (
@@ -82,8 +84,8 @@ type Options struct {
 // MaxLanes bounds Options.Lanes.
 const MaxLanes = 8
 
-// Mesh is one communicator's set of connections: one stream to every rank,
-// itself included.
+// Mesh is one communicator's set of connections: Lanes streams to every
+// rank, itself included.
 type Mesh struct {
 	rank, nranks int
 	owner        Owner
