@@ -75,6 +75,20 @@ func remoteRange(call, what string, c *coll, mh, off, size uint64, rank uint32) 
 	return m, abi.Success
 }
 
+// pair resolves the local and the remote side of a transfer and checks
+// both ranges; every data call but the bare signal goes through it.
+func pair(call, localWhat, remoteWhat string, c *coll, localMh, localOff, remoteMh, remoteOff, size uint64, rank uint32) (*mr, *mr, abi.Result) {
+	local, res := localRange(call, localWhat, c, localMh, localOff, size)
+	if res != abi.Success {
+		return nil, nil, res
+	}
+	remote, res := remoteRange(call, remoteWhat, c, remoteMh, remoteOff, size, rank)
+	if res != abi.Success {
+		return nil, nil, res
+	}
+	return local, remote, abi.Success
+}
+
 // post takes a request slot, lets the backend plan, and queues op.
 func (r *rmaCtx) post(context int32, rank uint32, kind backend.OpKind, optFlags, sigOp uint32, op *dataplane.Op) (uint64, abi.Result) {
 	q, idx, ok := r.reqs.alloc()
@@ -139,12 +153,7 @@ func Iput(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint64, ra
 	if res != abi.Success {
 		return 0, res
 	}
-	c := r.c
-	src, res := localRange("iput", "source", c, srcMh, srcOff, size)
-	if res != abi.Success {
-		return 0, res
-	}
-	dst, res := remoteRange("iput", "destination", c, dstMh, dstOff, size, rank)
+	src, dst, res := pair("iput", "source", "destination", r.c, srcMh, srcOff, dstMh, dstOff, size, rank)
 	if res != abi.Success {
 		return 0, res
 	}
@@ -178,11 +187,7 @@ func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint
 	op := dataplane.Op{Kind: dataplane.OpPutSignal, SigOp: uint8(signalOp), SigMrID: sig.id, Context: uint32(context),
 		SigOff: signalOff, SigValue: signalValue}
 	if size > 0 {
-		src, res := localRange("iputSignal", "source", c, srcMh, srcOff, size)
-		if res != abi.Success {
-			return 0, res
-		}
-		dst, res := remoteRange("iputSignal", "destination", c, dstMh, dstOff, size, rank)
+		src, dst, res := pair("iputSignal", "source", "destination", c, srcMh, srcOff, dstMh, dstOff, size, rank)
 		if res != abi.Success {
 			return 0, res
 		}
@@ -199,12 +204,7 @@ func Iget(h uint64, context int32, remoteOff, remoteMh, size, localOff, localMh 
 	if res != abi.Success {
 		return 0, res
 	}
-	c := r.c
-	local, res := localRange("iget", "local", c, localMh, localOff, size)
-	if res != abi.Success {
-		return 0, res
-	}
-	remote, res := remoteRange("iget", "remote", c, remoteMh, remoteOff, size, rank)
+	local, remote, res := pair("iget", "local", "remote", r.c, localMh, localOff, remoteMh, remoteOff, size, rank)
 	if res != abi.Success {
 		return 0, res
 	}
