@@ -63,8 +63,8 @@ type remoteRegs struct {
 }
 
 var (
-	listens table[listenComm]
-	colls   table[coll]
+	listens = table[listenComm]{kind: kindListen}
+	colls   = table[coll]{kind: kindColl}
 )
 
 func connectTimeout() time.Duration {
@@ -95,16 +95,12 @@ func Listen(ctx uint64, dev int32, handle *[abi.HandleSize]byte) (uint64, abi.Re
 	*handle = *h
 	id := listens.add(&listenComm{l: l, dev: dev, be: pc.backend})
 	logx.Info(abi.SubsysNet, "NET/wasm: listening on %s (dev %d)", l.Addr(), dev)
-	return makeHandle(kindListen, id), abi.Success
+	return listens.handle(id), abi.Success
 }
 
 // CloseListen stops accepting. Connect has already taken its connections.
 func CloseListen(listen uint64) abi.Result {
-	k, id := splitHandle(listen)
-	var lc *listenComm
-	if k == kindListen {
-		lc = listens.remove(id)
-	}
+	lc := listens.take(listen)
 	if lc == nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: closeListen: unknown listen comm %#x", listen)
 		return abi.InvalidArgument
@@ -118,11 +114,7 @@ func CloseListen(listen uint64) abi.Result {
 // Connect builds the full mesh among the nranks ranks. The ctx argument is
 // ignored: NCCL's RMA proxy passes another plugin's context there.
 func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64, abi.Result) {
-	k, lid := splitHandle(listen)
-	var lc *listenComm
-	if k == kindListen {
-		lc = listens.get(lid)
-	}
+	lc := listens.lookup(listen)
 	if lc == nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: unknown listen comm %#x", listen)
 		return 0, abi.InvalidArgument
@@ -172,16 +164,10 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	c.id = colls.add(c)
 	logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d connected to %d ranks in %v; %d on this host use the intra-node path",
 		rank, n, time.Since(start).Round(time.Microsecond), mesh.IntraNodePeers())
-	return makeHandle(kindColl, c.id), abi.Success
+	return colls.handle(c.id), abi.Success
 }
 
-func lookupColl(h uint64) *coll {
-	k, id := splitHandle(h)
-	if k != kindColl {
-		return nil
-	}
-	return colls.get(id)
-}
+func lookupColl(h uint64) *coll { return colls.lookup(h) }
 
 // GetRmaProperties answers the v16 query. Puts and signals of different
 // peers travel on different streams, so a signal from one peer says nothing
@@ -197,11 +183,7 @@ func GetRmaProperties(h uint64) (bool, abi.Result) {
 // CloseColl tears the communicator down without waiting for peers: it says
 // goodbye, drops the streams, and fails whatever is still in flight.
 func CloseColl(h uint64) abi.Result {
-	k, id := splitHandle(h)
-	var c *coll
-	if k == kindColl {
-		c = colls.remove(id)
-	}
+	c := colls.take(h)
 	if c == nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: unknown collComm %#x", h)
 		return abi.InvalidArgument

@@ -29,6 +29,7 @@ func splitHandle(h uint64) (kind, payload uint64) { return h >> kindShift, h & p
 // removals take a lock and happen only on control paths. Ids are never
 // reused, so a stale handle finds nil instead of someone else's object.
 type table[T any] struct {
+	kind  uint64 // of the handles naming these objects
 	mu    sync.Mutex
 	slots atomic.Pointer[[]*T]
 	next  uint64
@@ -86,4 +87,25 @@ func (t *table[T]) all() []*T {
 		}
 	}
 	return out
+}
+
+// handle names the object with this id.
+func (t *table[T]) handle(id uint64) uint64 { return makeHandle(t.kind, id) }
+
+// lookup resolves a handle of this table's kind; anything else is nil.
+func (t *table[T]) lookup(h uint64) *T {
+	k, id := splitHandle(h)
+	if k != t.kind {
+		return nil
+	}
+	return t.get(id)
+}
+
+// take removes the object a handle names and returns it (nil if none).
+func (t *table[T]) take(h uint64) *T {
+	k, id := splitHandle(h)
+	if k != t.kind {
+		return nil
+	}
+	return t.remove(id)
 }

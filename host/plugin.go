@@ -29,7 +29,7 @@ type loaded struct {
 }
 
 var (
-	ctxs    table[pluginCtx]
+	ctxs    = table[pluginCtx]{kind: kindCtx}
 	loadMu  sync.Mutex
 	current atomic.Pointer[loaded]
 	cache   = map[string]*loaded{}
@@ -87,27 +87,20 @@ func Init(commID uint64) (uint64, abi.Result) {
 	}
 	id := ctxs.add(&pluginCtx{commID: commID, backend: l})
 	logx.Info(abi.SubsysInit|abi.SubsysNet, "NET/wasm: initialized for comm %#x with backend %s (%d device(s))", commID, l.b.Name(), len(l.devices))
-	return makeHandle(kindCtx, id), abi.Success
+	return ctxs.handle(id), abi.Success
 }
 
 // Finalize releases a plugin context. Communicators it created are closed
 // by closeColl; whatever is left is tolerated.
 func Finalize(ctx uint64) abi.Result {
-	k, id := splitHandle(ctx)
-	if k != kindCtx || ctxs.remove(id) == nil {
+	if ctxs.take(ctx) == nil {
 		logx.Warn(abi.SubsysInit, "NET/wasm: finalize: unknown context %#x", ctx)
 		return abi.InvalidArgument
 	}
 	return abi.Success
 }
 
-func lookupCtx(ctx uint64) *pluginCtx {
-	k, id := splitHandle(ctx)
-	if k != kindCtx {
-		return nil
-	}
-	return ctxs.get(id)
-}
+func lookupCtx(ctx uint64) *pluginCtx { return ctxs.lookup(ctx) }
 
 func devicesNow() []backend.DeviceInfo {
 	if l := current.Load(); l != nil {

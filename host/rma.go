@@ -40,7 +40,7 @@ type ctxState struct {
 	done  []backend.Completion
 }
 
-var rmas table[rmaCtx]
+var rmas = table[rmaCtx]{kind: kindRma}
 
 // CreateContext creates nContexts contexts; the context argument of data
 // calls indexes them. trafficClass is accepted and ignored (TCP has none);
@@ -89,7 +89,7 @@ func CreateContext(h uint64, cfg abi.RmaConfig) (uint64, abi.Result) {
 	}
 	c.rmas = append(c.rmas, r)
 	c.rmaMu.Unlock()
-	return makeHandle(kindRma, r.id), abi.Success
+	return rmas.handle(r.id), abi.Success
 }
 
 func (r *rmaCtx) closeBackends() {
@@ -116,13 +116,7 @@ func (r *rmaCtx) destroy() {
 	r.closeBackends()
 }
 
-func lookupRma(h uint64) *rmaCtx {
-	k, id := splitHandle(h)
-	if k != kindRma {
-		return nil
-	}
-	return rmas.get(id)
-}
+func lookupRma(h uint64) *rmaCtx { return rmas.lookup(h) }
 
 // DestroyContext retires a context block without waiting for peers.
 func DestroyContext(h uint64) abi.Result {
