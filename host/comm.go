@@ -67,6 +67,17 @@ var (
 	colls   = table[coll]{kind: kindColl}
 )
 
+// closeTimeout bounds how long teardown waits for a live peer to take and
+// apply what was posted (SPEC.md §3, Teardown).
+func closeTimeout() time.Duration {
+	d, ok := config.Duration(config.CloseTimeout, dataplane.DefaultCloseTimeout)
+	if !ok || d <= 0 {
+		logx.Warn(abi.SubsysEnv, "NET/wasm: ignoring malformed %s; using %v", config.CloseTimeout, dataplane.DefaultCloseTimeout)
+		d = dataplane.DefaultCloseTimeout
+	}
+	return d
+}
+
 func connectTimeout() time.Duration {
 	d, ok := config.Duration(config.ConnectTimeout, 120*time.Second)
 	if !ok {
@@ -154,7 +165,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		logx.Warn(abi.SubsysEnv, "NET/wasm: ignoring malformed %s", config.IntraNode)
 	}
 	opt := dataplane.Options{Timeout: timeout, IntraNode: intra && plan.Transport != backend.TransportTCP,
-		Lanes: int(plan.Lanes), StripeThreshold: plan.StripeThreshold, ChunkSize: plan.ChunkSize}
+		Lanes: int(plan.Lanes), StripeThreshold: plan.StripeThreshold, ChunkSize: plan.ChunkSize, CloseTimeout: closeTimeout()}
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: rank %d of %d: %v", rank, n, err)
@@ -180,8 +191,10 @@ func GetRmaProperties(h uint64) (bool, abi.Result) {
 	return false, abi.Success
 }
 
-// CloseColl tears the communicator down without waiting for peers: it says
-// goodbye, drops the streams, and fails whatever is still in flight.
+// CloseColl delivers what was posted and tears the communicator down: a
+// goodbye follows the queued operations on every stream, and the streams
+// close once every peer's service acknowledged it (it applied everything
+// before it), or a peer is gone, or the close timeout passed.
 func CloseColl(h uint64) abi.Result {
 	c := colls.take(h)
 	if c == nil {
@@ -197,7 +210,7 @@ func CloseColl(h uint64) abi.Result {
 		r.destroy()
 	}
 	if err := c.mesh.Close(); err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: closeColl: %v", err)
+		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: rank %d: %v (%s)", c.rank, err, config.CloseTimeout)
 	}
 	c.mrMu.Lock()
 	c.regCond.Broadcast()
@@ -248,6 +261,15 @@ func (c *coll) PeerRegistered(peer int, id uint32, size, base uint64, dev bool) 
 	rs.peers.bases[peer] = base
 	rs.peers.dev[peer] = dev
 	c.regCond.Broadcast()
+}
+
+// drain sends what was posted and waits until it completed locally, before
+// the caller may free memory that queued operations still read or write.
+func (c *coll) drain(call string) {
+	if busy := c.mesh.Drain(); len(busy) > 0 {
+		logx.Warn(abi.SubsysNet, "NET/wasm: %s: rank %d: operations to ranks %v still in flight after %s; returning anyway",
+			call, c.rank, busy, config.CloseTimeout)
+	}
 }
 
 // Complete finishes a request; tags are request handles.

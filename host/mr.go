@@ -129,8 +129,9 @@ func RegMrDmaBuf(h uint64, data uintptr, size uint64, typ int32, offset uint64, 
 	return 0, abi.InvalidUsage
 }
 
-// DeregMr drops a reference; the last one forgets the registration. It never
-// waits for peers.
+// DeregMr drops a reference; the last one forgets the registration after
+// every operation posted so far completed locally (bounded by the close
+// timeout), since the caller may free or reuse the memory once it returns.
 func DeregMr(h, mh uint64) abi.Result {
 	c := lookupColl(h)
 	if c == nil {
@@ -147,6 +148,9 @@ func DeregMr(h, mh uint64) abi.Result {
 	last := m.refs == 0
 	c.mrMu.Unlock()
 	if last {
+		if !c.closed.Load() {
+			c.drain("deregMrSym")
+		}
 		c.drop(m)
 	}
 	return abi.Success

@@ -118,7 +118,10 @@ func (r *rmaCtx) destroy() {
 
 func lookupRma(h uint64) *rmaCtx { return rmas.lookup(h) }
 
-// DestroyContext retires a context block without waiting for peers.
+// DestroyContext retires a context block. Operations it posted are sent
+// first (bounded by the close timeout): NCCL's GIN proxy destroys the
+// context right after a kernel's last signals, never testing them, and
+// frees their buffers next.
 func DestroyContext(h uint64) abi.Result {
 	r := lookupRma(h)
 	if r == nil {
@@ -126,6 +129,9 @@ func DestroyContext(h uint64) abi.Result {
 		return abi.InvalidArgument
 	}
 	c := r.c
+	if !c.closed.Load() {
+		c.drain("destroyContext")
+	}
 	c.rmaMu.Lock()
 	for i, x := range c.rmas {
 		if x == r {

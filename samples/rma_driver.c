@@ -39,7 +39,7 @@
 /* ------------------------------------------------------------------ */
 /* options                                                             */
 
-enum scenario { SC_BASIC, SC_BAD_INPUT, SC_KILL };
+enum scenario { SC_BASIC, SC_BAD_INPUT, SC_KILL, SC_TEARDOWN };
 
 static struct {
   const char* lib;
@@ -59,7 +59,7 @@ static struct {
 } opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0, 0};
 
 static const char* scenario_name(enum scenario s) {
-  return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : "basic";
+  return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : s == SC_TEARDOWN ? "teardown" : "basic";
 }
 
 static double now_s(void) {
@@ -765,6 +765,94 @@ static int fault_phase(void) {
   return 0;
 }
 
+/* ---- teardown scenario: accepted operations are delivered ---- */
+
+/* In cycle c, rank c % N receives and every other rank sends to it: a
+ * striped put, a put with an ADD signal, and a bare INC signal, then tears
+ * down at once without ever calling test(): destroyContext, deregMrSym (after
+ * which the source is overwritten, as a caller reusing its memory would),
+ * closeColl, finalize. The receiver must see every byte and every signal.
+ * Returns 1 when this rank already tore down. */
+static int teardown_phase(void) {
+  int N = opt.ranks, recv = R.cycle % N;
+  size_t half = opt.size / 2;
+  uint64_t key = put_key(g_rank, recv, R.cycle, 0, 0);
+  if (g_rank != recv) fill(R.src, 0, opt.size, key);
+  if (boot_barrier(TAG_BARRIER)) {
+    failf("cycle %d: bootstrap barrier failed (a rank died?)", R.cycle);
+    return -1;
+  }
+  if (g_rank != recv) {
+    size_t dbase = (size_t)g_rank * opt.size;
+    void* rq[3] = {NULL, NULL, NULL};
+    CALL(R.pl.t.iput(R.rctx, 0, 0, R.srcMh, half, dbase, R.dstMh, (uint32_t)recv, 0, &rq[0]));
+    CALL(R.pl.t.iputSignal(R.rctx, 0, half, R.srcMh, opt.size - half, dbase + half, R.dstMh,
+                           (uint32_t)recv, (uint64_t)g_rank * 8, R.sigMh,
+                           (uint64_t)R.cycle + 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &rq[1]));
+    CALL(R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)recv, (uint64_t)N * 8,
+                           R.sigMh, 0, NCCL_NET_SIGNAL_OP_INC, true, 0, &rq[2]));
+    if (!rq[0] || !rq[1] || !rq[2]) {
+      failf("cycle %d: a data call returned success with a NULL request", R.cycle);
+      return -1;
+    }
+    /* The NCCL order, at once: contexts, registrations, communicator. */
+    CALL(R.pl.t.destroyContext(R.rctx));
+    CALL(R.pl.t.deregMrSym(R.coll, R.srcMh));
+    memset(R.src, 0xEE, (size_t)N * opt.size); /* the caller reuses its memory */
+    CALL(R.pl.t.deregMrSym(R.coll, R.dstMh));
+    CALL(R.pl.t.deregMrSym(R.coll, R.getsrcMh));
+    CALL(R.pl.t.deregMrSym(R.coll, R.getdstMh));
+    CALL(R.pl.t.deregMrSym(R.coll, R.sigMh));
+    CALL(R.pl.t.closeColl(R.coll));
+    CALL(R.pl.t.finalize(R.ginCtx));
+    CALL(R.pl.t.finalize(R.ctx));
+    return 1;
+  }
+  /* receiver: every sender's ADD, and one INC each on the shared word */
+  double deadline = now_s() + opt.timeout_s;
+  for (;;) {
+    int ok = __atomic_load_n(&R.sig[N], __ATOMIC_ACQUIRE) == (uint64_t)(N - 1);
+    for (int s = 0; s < N; s++)
+      if (s != recv && __atomic_load_n(&R.sig[s], __ATOMIC_ACQUIRE) != (uint64_t)R.cycle + 1)
+        ok = 0;
+    if (ok) break;
+    if (now_s() > deadline) {
+      char b[256];
+      int o = 0;
+      for (int s = 0; s <= N && o < (int)sizeof b - 24; s++)
+        o += snprintf(b + o, sizeof b - (size_t)o, " %llu",
+                      (unsigned long long)__atomic_load_n(&R.sig[s], __ATOMIC_ACQUIRE));
+      failf("cycle %d: signals of senders that tore down at once did not arrive within %d s "
+            "(words:%s; want %d from each sender, %d shared): accepted operations were lost",
+            R.cycle, opt.timeout_s, b, R.cycle + 1, N - 1);
+      return -1;
+    }
+    usleep(50);
+  }
+  for (int s = 0; s < N; s++) {
+    if (s == recv) continue;
+    long bad = check(R.dst + (size_t)s * opt.size, 0, opt.size, put_key(s, recv, R.cycle, 0, 0));
+    if (bad >= 0) {
+      failf("cycle %d: byte %ld of the put from rank %d (which tore down at once) is wrong", R.cycle,
+            bad, s);
+      return -1;
+    }
+    __atomic_store_n(&R.sig[s], 0, __ATOMIC_RELEASE);
+  }
+  bool err = false;
+  CALL(R.pl.t.queryLastError(R.rctx, &err));
+  if (err) {
+    failf("cycle %d: queryLastError reports an error after peers said goodbye", R.cycle);
+    return -1;
+  }
+  R.bytes += (uint64_t)(N - 1) * opt.size;
+  R.ops += 3ULL * (uint64_t)(N - 1);
+  if (opt.verbose)
+    printf("[rank %d] teardown cycle %d: %d senders delivered every byte and signal\n", g_rank,
+           R.cycle, N - 1);
+  return 0;
+}
+
 /* ---- one init .. finalize cycle ---- */
 
 static int run_cycle(int cycle) {
@@ -870,7 +958,12 @@ static int run_cycle(int cycle) {
     }
   }
 
-  int iters = opt.iters;
+  if (opt.scenario == SC_TEARDOWN) {
+    int td = teardown_phase();
+    if (td < 0) return -1;
+    if (td == 1) goto unloaded;
+  }
+  int iters = opt.scenario == SC_TEARDOWN ? 0 : opt.iters;
   for (int i = 0; i < iters; i++) {
     if (run_iter(i)) return -1;
     if (opt.scenario == SC_KILL && i == 0) {
@@ -919,6 +1012,7 @@ static int run_cycle(int cycle) {
     failf("finalize returned %d (%s)", rc, result_name(rc));
     return -1;
   }
+unloaded:
   free(R.src);
   free(R.dst);
   free(R.getsrc);
@@ -1057,7 +1151,7 @@ static void usage(FILE* f) {
           "  --iters N         rounds (default 3)\n"
           "  --threads T       threads per rank = nContexts (default 2)\n"
           "  --cycles K        init..finalize cycles per process, dlclose between (default 1)\n"
-          "  --scenario S      basic | bad-input | kill (default basic)\n"
+          "  --scenario S      basic | bad-input | kill | teardown (default basic)\n"
           "  --kill-rank R     rank the parent SIGKILLs after round 0 (kill; default 1)\n"
           "  --timeout S       per-wait timeout in seconds (default 300)\n"
           "  --no-progress     never call rmaProgress (test() must progress alone)\n"
@@ -1122,6 +1216,7 @@ int main(int argc, char** argv) {
         if (!strcmp(optarg, "basic")) opt.scenario = SC_BASIC;
         else if (!strcmp(optarg, "bad-input")) opt.scenario = SC_BAD_INPUT;
         else if (!strcmp(optarg, "kill")) opt.scenario = SC_KILL;
+        else if (!strcmp(optarg, "teardown")) opt.scenario = SC_TEARDOWN;
         else { usage(stderr); printf("RESULT FAIL bad --scenario %s\n", optarg); return 2; }
         break;
       case 'h': usage(stdout); return 0;
@@ -1131,6 +1226,7 @@ int main(int argc, char** argv) {
   if ((opt.version != 14 && opt.version != 15 && opt.version != 16) || opt.ranks < 1 ||
       opt.ranks > 256 || opt.iters < 1 || opt.threads < 1 || opt.threads > 64 ||
       opt.cycles < 1 || opt.timeout_s < 1 ||
+      (opt.scenario == SC_TEARDOWN && opt.ranks < 2) ||
       (opt.scenario == SC_KILL && (opt.ranks < 2 || opt.kill_rank < 0 ||
                                    opt.kill_rank >= opt.ranks)) ||
       (opt.size < 16 && opt.scenario == SC_BAD_INPUT)) {

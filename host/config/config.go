@@ -79,6 +79,7 @@ const (
 	GuestTimeoutMs = "NCCL_RMA_WASM_GUEST_TIMEOUT_MS"
 	Addr           = "NCCL_RMA_WASM_ADDR" // address to listen on and advertise
 	ConnectTimeout = "NCCL_RMA_WASM_CONNECT_TIMEOUT_MS"
+	CloseTimeout   = "NCCL_RMA_WASM_CLOSE_TIMEOUT_MS" // bound on delivering posted operations at teardown
 	LogFlavor      = "NCCL_RMA_WASM_LOG_FLAVOR"   // auto | nccl | rccl
 	IntraNode      = "NCCL_RMA_WASM_INTRANODE"    // 1 (default) | 0
 	Lanes          = "NCCL_RMA_WASM_LANES"        // TCP streams per peer, overriding the backend's plan

@@ -22,7 +22,6 @@ const (
 	// registered memory except for what the buffer already holds, so it is
 	// kept small: those bytes take an extra copy.
 	readBufSize   = 16 << 10
-	byeWait       = 250 * time.Millisecond
 	smallResponse = 4096 // get responses up to this size leave in one write
 	// inlineMax is the most payload a caller writes on its own thread when
 	// the stream is idle; larger work goes to the writer goroutine so that
@@ -248,7 +247,6 @@ func (l *lane) writer() {
 func (l *lane) writeBatch(ops []Op) bool {
 	p := l.p
 	iov := l.iov[:0]
-	bye := false
 	var err error
 	n := 0 // ops handled so far; a device copy failure stops the batch
 	for ; n < len(ops) && err == nil; n++ {
@@ -292,8 +290,6 @@ func (l *lane) writeBatch(ops []Op) bool {
 			}
 		case OpGet:
 			l.pushGet(getEntry{tag: op.Tag, dst: op.Local, size: op.Size, ctx: op.LocalCtx})
-		case msgBye:
-			bye = true
 		}
 	}
 	if err == nil {
@@ -315,9 +311,6 @@ func (l *lane) writeBatch(ops []Op) bool {
 		if ops[i].Kind == OpPut || ops[i].Kind == OpPutSignal {
 			p.m.owner.Complete(ops[i].Tag, abi.Success)
 		}
-	}
-	if bye {
-		close(p.byeSent)
 	}
 	return true
 }
@@ -418,6 +411,8 @@ func (l *lane) replies() {
 				}
 			}
 			p.m.owner.Complete(e.tag, abi.Success)
+		case msgByeAck:
+			p.ackBye()
 		case msgNack:
 			p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d rejected a put of %d bytes at offset %d of registration %d (signal registration %d offset %d): %v",
 				p.rank, h.size, h.off, h.mrID, h.sigMrID, h.sigOff, abi.Result(h.status)))

@@ -79,7 +79,13 @@ type Options struct {
 	Lanes           int
 	StripeThreshold uint64
 	ChunkSize       uint64
+	// CloseTimeout bounds how long Drain and Close wait for a live peer to
+	// take (Drain) and to apply and acknowledge (Close) what was posted.
+	CloseTimeout time.Duration
 }
+
+// DefaultCloseTimeout is Options.CloseTimeout when it is zero.
+const DefaultCloseTimeout = 10 * time.Second
 
 // MaxLanes bounds Options.Lanes.
 const MaxLanes = 8
@@ -95,6 +101,7 @@ type Mesh struct {
 	chunk        uint64
 	closed       atomic.Bool
 	held         atomic.Bool // some peer queue holds aggregated ops
+	closeTimeout time.Duration
 	wg           sync.WaitGroup
 }
 
@@ -124,7 +131,10 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 		return nil, fmt.Errorf("%d lanes requested, allowed 1..%d", lanes, MaxLanes)
 	}
 	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n), lanes: lanes,
-		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096)}
+		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout}
+	if m.closeTimeout <= 0 {
+		m.closeTimeout = DefaultCloseTimeout
+	}
 	outs := make([][]*net.TCPConn, n)
 	errs := make([]error, n*lanes)
 	var wg sync.WaitGroup
@@ -275,16 +285,77 @@ func (m *Mesh) IntraNodePeers() int {
 // PeerAlive reports whether the stream to peer is still usable.
 func (m *Mesh) PeerAlive(peerRank int) bool { return !m.peers[peerRank].dead.Load() }
 
-// Close says goodbye to every peer (without waiting for answers), closes all
-// streams, and fails what is still queued.
+// Drain sends everything posted so far and waits until every operation
+// completed locally (puts handed to the kernel or copied into the peer,
+// gets answered), a peer is gone, or the close timeout passes. The
+// runtime calls it before destroyContext and deregMrSym return, because
+// after those the caller may free the memory queued operations read from
+// or write to. It reports the peers still busy at the deadline.
+func (m *Mesh) Drain() []int {
+	m.FlushAll()
+	m.kickAll()
+	deadline := time.Now().Add(m.closeTimeout)
+	pause := 10 * time.Microsecond
+	for {
+		var busy []int
+		for _, p := range m.peers {
+			if !p.idle() {
+				busy = append(busy, p.rank)
+			}
+		}
+		if len(busy) == 0 || time.Now().After(deadline) {
+			return busy
+		}
+		// Teardown only: the writers and the peer do the work, we sleep.
+		time.Sleep(pause)
+		pause = min(2*pause, time.Millisecond)
+	}
+}
+
+// kickAll wakes every writer, so that small operations waiting for a test()
+// or an aggregation hint leave now.
+func (m *Mesh) kickAll() {
+	m.held.Store(false)
+	for _, p := range m.peers {
+		for _, l := range p.lanes {
+			l.kick()
+		}
+	}
+}
+
+// ErrUnconfirmed reports peers that did not acknowledge a goodbye in time:
+// operations posted to them before the close may not have been applied.
+type ErrUnconfirmed struct {
+	Ranks   []int
+	Timeout time.Duration
+}
+
+func (e *ErrUnconfirmed) Error() string {
+	return fmt.Sprintf("ranks %v did not confirm within %v that they applied the operations posted before the close; those may be lost", e.Ranks, e.Timeout)
+}
+
+// Close delivers what was posted and then closes every stream. A goodbye
+// follows the queued operations on every lane, and Close waits until each
+// peer acknowledged each goodbye (its service applied everything before it,
+// with no call from the peer process), the peer is gone, or the close
+// timeout passes; a dead peer ends the wait at once.
 func (m *Mesh) Close() error {
 	if m.closed.Swap(true) {
 		return nil
 	}
-	var err error
 	for _, p := range m.peers {
-		err = multierr.Append(err, p.close())
+		p.sayGoodbye()
+	}
+	deadline := time.Now().Add(m.closeTimeout)
+	var late []int
+	for _, p := range m.peers {
+		if p.awaitGoodbye(deadline) > 0 {
+			late = append(late, p.rank)
+		}
 	}
 	m.wg.Wait()
-	return err
+	if late != nil {
+		return &ErrUnconfirmed{Ranks: late, Timeout: m.closeTimeout}
+	}
+	return nil
 }

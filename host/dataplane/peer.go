@@ -27,15 +27,17 @@ type peer struct {
 	intra    atomic.Bool // the single-copy path is usable for this peer
 	pid      int
 	quit     chan struct{}
-	byeSent  chan struct{}
 	dead     atomic.Bool
-	peerBye  atomic.Bool
+	peerBye  atomic.Bool // the peer said goodbye on at least one of its lanes
 	closing  atomic.Bool
 	deadOnce sync.Once
+
+	acks  atomic.Int32  // goodbyes the peer acknowledged, one per lane
+	acked chan struct{} // closed when every lane's goodbye was acknowledged
 }
 
 func newPeer(m *Mesh, rank int, outs, ins []*net.TCPConn) *peer {
-	p := &peer{m: m, rank: rank, ins: ins, quit: make(chan struct{}), byeSent: make(chan struct{})}
+	p := &peer{m: m, rank: rank, ins: ins, quit: make(chan struct{}), acked: make(chan struct{})}
 	p.order.onErr = func(err error) { m.owner.PeerFailed(rank, fmt.Errorf("signal from rank %d: %w", rank, err)) }
 	for i, c := range outs {
 		p.lanes = append(p.lanes, newLane(p, i, c))
@@ -66,7 +68,7 @@ func (p *peer) inlineLimit() uint64 {
 // over the lanes, and every put carries a sequence number so the target can
 // hold a signal until everything before it landed.
 func (p *peer) post(op *Op, hold bool, lane int) {
-	if len(p.lanes) == 1 || op.Kind == OpReg || op.Kind == msgBye {
+	if len(p.lanes) == 1 || op.Kind == OpReg {
 		p.lanes[0].post(op, hold)
 		return
 	}
@@ -204,17 +206,57 @@ func (p *peer) markDead(err error) {
 	})
 }
 
-// close sends a goodbye, gives it a moment to leave, and drops the streams.
-func (p *peer) close() error {
+// sayGoodbye queues a goodbye behind everything already queued on every
+// lane. The target acknowledges each one after it applied all the lane
+// carried before it (payloads, then signals), so an operation accepted
+// before closeColl is delivered, not dropped with the streams.
+func (p *peer) sayGoodbye() {
 	p.closing.Store(true)
+	for _, l := range p.lanes {
+		l.post(&Op{Kind: msgBye}, false)
+	}
+}
+
+// awaitGoodbye waits until the peer acknowledged every lane's goodbye, the
+// peer is gone, or the deadline passes, then drops the streams. It reports
+// how many lanes were not acknowledged in time.
+func (p *peer) awaitGoodbye(deadline time.Time) int {
+	missing := 0
 	if !p.dead.Load() {
-		p.lanes[0].post(&Op{Kind: msgBye}, false)
+		t := time.NewTimer(time.Until(deadline))
 		select {
-		case <-p.byeSent:
+		case <-p.acked:
 		case <-p.quit:
-		case <-time.After(byeWait):
+		case <-t.C:
+			missing = len(p.lanes) - int(p.acks.Load())
 		}
+		t.Stop()
 	}
 	p.markDead(nil)
-	return nil
+	return missing
+}
+
+// ackBye counts one acknowledged goodbye; a peer that acknowledges more
+// than it was sent changes nothing.
+func (p *peer) ackBye() {
+	if p.acks.Add(1) == int32(len(p.lanes)) {
+		close(p.acked)
+	}
+}
+
+// idle reports whether nothing is queued or being written on any lane and
+// no get awaits its reply: every operation posted so far completed locally.
+func (p *peer) idle() bool {
+	if p.dead.Load() {
+		return true
+	}
+	for _, l := range p.lanes {
+		l.mu.Lock()
+		busy := l.writing || l.qLen > 0
+		l.mu.Unlock()
+		if busy || l.pendingGets() > 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -20,9 +20,20 @@ func (p *peer) service(in *net.TCPConn) {
 	var h header
 	resp := make([]byte, hdrSize+smallResponse)
 	var stage []byte // for device memory, allocated on first use
+	bye := false
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
+			if bye {
+				// The lane ended in order. The peer's other lanes may
+				// still carry operations: they end on their own, and
+				// the replies stream notices when the peer is gone.
+				return
+			}
 			p.markDead(fmt.Errorf("receive from rank %d: %w", p.rank, err))
+			return
+		}
+		if bye {
+			p.markDead(fmt.Errorf("protocol error: rank %d sent message type %d after its goodbye", p.rank, hb[0]))
 			return
 		}
 		h.decode(hb[:])
@@ -35,7 +46,13 @@ func (p *peer) service(in *net.TCPConn) {
 		case msgReg:
 			p.m.owner.PeerRegistered(p.rank, h.mrID, h.size, h.off, h.status == 1)
 		case msgBye:
+			// Everything this lane carried before the goodbye has been
+			// applied (signals included: a signal held for an earlier
+			// sequence number of another lane is applied when that one
+			// lands, and that lane's goodbye comes after it).
 			p.peerBye.Store(true)
+			bye = true
+			err = p.reply(in, msgByeAck, &h, abi.Success, nil, resp)
 		default:
 			err = fmt.Errorf("protocol error: message type %d from rank %d", h.typ, p.rank)
 		}

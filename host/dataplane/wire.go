@@ -16,9 +16,10 @@ const (
 	msgPutSig  = 2 // as msgPut, then the 64-bit signal update
 	msgGet     = 3 // header only; the target answers msgGetResp
 	msgReg     = 4 // a registration's id and size, for initiator-side bounds checks
-	msgBye     = 5 // orderly close: the peer is going away, not failing
+	msgBye     = 5 // orderly close: the last message on this lane
 	msgNack    = 0x81
 	msgGetResp = 0x82
+	msgByeAck  = 0x83 // the target applied everything the lane carried before its goodbye
 )
 
 // hdrSize is the fixed size of every message header.
