@@ -2,10 +2,15 @@
  * way RCCL's proxies do with device memory: buffers from cuMemAlloc are
  * registered as NCCL_PTR_CUDA, a put with a signal lands in the peer's
  * device memory (the signal word too), and a get reads the peer's device
- * memory. Every byte is checked by copying it back. Needs libcuda.so.1 and
- * a GPU; prints "RESULT PASS" or "RESULT FAIL <why>".
+ * memory. Every byte is checked by copying it back. Then, round after
+ * round, one rank posts a put and signals from device memory and tears down
+ * at once without testing them (destroyContext, deregMrSym, cuMemFree,
+ * closeColl, finalize), as NCCL's GIN proxy does after a kernel's last
+ * barrier: the other rank must see every byte and signal in its device
+ * memory. Needs libcuda.so.1 and a GPU; prints "RESULT PASS" or
+ * "RESULT FAIL <why>".
  *
- *   cuda_check [path/to/librccl-rma-wasm.so] [bytes]
+ *   cuda_check [path/to/librccl-rma-wasm.so] [bytes] [teardown rounds]
  */
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -87,7 +92,88 @@ static void wait_req(const ncclRma_v15_t* t, void* coll, void* req) {
 
 static uint8_t pat(int owner, size_t i) { return (uint8_t)(owner * 37 + i * 11 + (i >> 9)); }
 
-static int run(const char* lib, size_t size, int fd) {
+
+/* One teardown round on a fresh communicator: rank `sender` puts `size`
+ * bytes of device memory (half plain, half with an ADD signal) and a bare
+ * INC signal into the peer's device memory, then tears down at once. */
+static void teardown_round(const ncclRma_v15_t* t, size_t size, int fd, int round) {
+  int sender = round % 2;
+  void* pctx;
+  NC(t->init(&pctx, 42, logger));
+  char handles[2][NCCL_NET_HANDLE_MAXSIZE];
+  void* listen;
+  NC(t->listen(pctx, 0, handles[rank], &listen));
+  xchg(fd, handles[rank], handles[1 - rank], NCCL_NET_HANDLE_MAXSIZE);
+  void* hp[2] = {handles[0], handles[1]};
+  void* coll;
+  NC(t->connect(pctx, hp, 2, rank, listen, &coll));
+  NC(t->closeListen(listen));
+  ncclRmaConfig_v15_t cfg = {1, -2147483647 - 1, 1};
+  void* rma;
+  NC(t->createContext(coll, &cfg, &rma));
+  CUdeviceptr src, dst, sig;
+  CU(cu.memAlloc(&src, size));
+  CU(cu.memAlloc(&dst, size));
+  CU(cu.memAlloc(&sig, 16));
+  uint8_t* host = calloc(1, size);
+  CU(cu.htod(dst, host, size));
+  CU(cu.htod(sig, host, 16));
+  for (size_t i = 0; i < size; i++) host[i] = pat(round + 3, i);
+  CU(cu.htod(src, host, size));
+  void *msrc, *mdst, *msig;
+  NC(t->regMrSym(coll, (void*)src, size, NCCL_PTR_CUDA, 0, &msrc));
+  NC(t->regMrSym(coll, (void*)dst, size, NCCL_PTR_CUDA, 0, &mdst));
+  NC(t->regMrSym(coll, (void*)sig, 16, NCCL_PTR_CUDA, NCCL_NET_MR_FLAG_FORCE_SO, &msig));
+  char b = 1, c;
+  xchg(fd, &b, &c, 1);
+  size_t half = size / 2;
+  if (rank == sender) {
+    void *r0, *r1, *r2;
+    NC(t->iput(rma, 0, 0, msrc, half, 0, mdst, 1 - rank, 0, &r0));
+    NC(t->iputSignal(rma, 0, half, msrc, size - half, half, mdst, 1 - rank, 0, msig, (uint64_t)round + 1,
+                     NCCL_NET_SIGNAL_OP_ADD, true, 0, &r1));
+    NC(t->iputSignal(rma, 0, 0, NULL, 0, 0, NULL, 1 - rank, 8, msig, 0, NCCL_NET_SIGNAL_OP_INC, true, 0, &r2));
+    if (!r0 || !r1 || !r2) FAIL("NULL request");
+    NC(t->destroyContext(rma));
+    NC(t->deregMrSym(coll, msrc));
+    CU(cu.memFree(src)); /* as NCCL frees a window after deregistering it */
+    NC(t->deregMrSym(coll, mdst));
+    NC(t->deregMrSym(coll, msig));
+    NC(t->closeColl(coll));
+    NC(t->finalize(pctx));
+    CU(cu.memFree(dst));
+    CU(cu.memFree(sig));
+  } else {
+    time_t t0 = time(NULL);
+    uint64_t s[2] = {0, 0};
+    while (s[0] != (uint64_t)round + 1 || s[1] != 1) {
+      CU(cu.dtoh(s, sig, 16));
+      if (time(NULL) - t0 > 30)
+        FAIL("teardown round %d: device signals %llu %llu, want %d 1: operations accepted before the "
+             "sender's teardown were lost", round, (unsigned long long)s[0], (unsigned long long)s[1],
+             round + 1);
+    }
+    CU(cu.dtoh(host, dst, size));
+    for (size_t i = 0; i < size; i++)
+      if (host[i] != pat(round + 3, i))
+        FAIL("teardown round %d: device byte %zu is %u, want %u", round, i, host[i], pat(round + 3, i));
+    bool bad = false;
+    NC(t->queryLastError(rma, &bad));
+    if (bad) FAIL("teardown round %d: queryLastError reports an error after the peer's goodbye", round);
+    NC(t->destroyContext(rma));
+    NC(t->deregMrSym(coll, msrc));
+    NC(t->deregMrSym(coll, mdst));
+    NC(t->deregMrSym(coll, msig));
+    NC(t->closeColl(coll));
+    NC(t->finalize(pctx));
+    CU(cu.memFree(src));
+    CU(cu.memFree(dst));
+    CU(cu.memFree(sig));
+  }
+  free(host);
+}
+
+static int run(const char* lib, size_t size, int rounds, int fd) {
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!h) FAIL("dlopen libcuda.so.1: %s", dlerror());
   *(void**)&cu.init = dlsym(h, "cuInit");
@@ -188,12 +274,17 @@ static int run(const char* lib, size_t size, int fd) {
   NC(t->closeColl(coll));
   NC(t->finalize(pctx));
   printf("[rank %d] device memory: %zu-byte put+signal and get verified byte by byte\n", rank, size);
+  for (int r = 0; r < rounds; r++) teardown_round(t, r % 2 ? size : 4096, fd, r);
+  if (rounds > 0)
+    printf("[rank %d] teardown: %d rounds, the sender tearing down at once, every byte and signal arrived\n",
+           rank, rounds);
   return 0;
 }
 
 int main(int argc, char** argv) {
   const char* lib = argc > 1 ? argv[1] : "build/librccl-rma-wasm.so";
   size_t size = argc > 2 ? strtoull(argv[2], NULL, 0) : (size_t)3 << 20;
+  int rounds = argc > 3 ? atoi(argv[3]) : 20;
   setvbuf(stdout, NULL, _IOLBF, 0);
   int sp[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp)) return 1;
@@ -201,11 +292,11 @@ int main(int argc, char** argv) {
   if (pid == 0) {
     rank = 1;
     close(sp[0]);
-    _exit(run(lib, size, sp[1]));
+    _exit(run(lib, size, rounds, sp[1]));
   }
   rank = 0;
   close(sp[1]);
-  int rc = run(lib, size, sp[0]);
+  int rc = run(lib, size, rounds, sp[0]);
   int st = 0;
   waitpid(pid, &st, 0);
   if (rc == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0) {

@@ -80,9 +80,9 @@ const (
 	Addr           = "NCCL_RMA_WASM_ADDR" // address to listen on and advertise
 	ConnectTimeout = "NCCL_RMA_WASM_CONNECT_TIMEOUT_MS"
 	CloseTimeout   = "NCCL_RMA_WASM_CLOSE_TIMEOUT_MS" // bound on delivering posted operations at teardown
-	LogFlavor      = "NCCL_RMA_WASM_LOG_FLAVOR"   // auto | nccl | rccl
-	IntraNode      = "NCCL_RMA_WASM_INTRANODE"    // 1 (default) | 0
-	Lanes          = "NCCL_RMA_WASM_LANES"        // TCP streams per peer, overriding the backend's plan
-	CUDA           = "NCCL_RMA_WASM_CUDA"         // 1 (default) | 0: load the CUDA driver for device memory
-	DebugStderr    = "NCCL_RMA_WASM_DEBUG_STDERR" // log to stderr until NCCL installs its logger
+	LogFlavor      = "NCCL_RMA_WASM_LOG_FLAVOR"       // auto | nccl | rccl
+	IntraNode      = "NCCL_RMA_WASM_INTRANODE"        // 1 (default) | 0
+	Lanes          = "NCCL_RMA_WASM_LANES"            // TCP streams per peer, overriding the backend's plan
+	CUDA           = "NCCL_RMA_WASM_CUDA"             // 1 (default) | 0: load the CUDA driver for device memory
+	DebugStderr    = "NCCL_RMA_WASM_DEBUG_STDERR"     // log to stderr until NCCL installs its logger
 )

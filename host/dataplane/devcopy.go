@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -28,8 +29,14 @@ type sigRef struct {
 
 func (s sigRef) valid() bool { return s.host != nil || s.dev != 0 }
 
+// devSigLocks serialise read-modify-writes of device signal words: the
+// services of different peers (and lanes) may update one word at once, and
+// two unlocked read-modify-writes would lose an increment. Striped by
+// address so that unrelated words rarely share a lock.
+var devSigLocks [64]sync.Mutex
+
 // apply adds v to the signal word. It runs after the payload is visible:
-// device copies are synchronous.
+// device copies are synchronous and run on one stream per context.
 func (s sigRef) apply(v uint64) error {
 	if s.host != nil {
 		atomic.AddUint64(s.host, v)
@@ -39,6 +46,9 @@ func (s sigRef) apply(v uint64) error {
 	if d == nil {
 		return errNoDevice
 	}
+	mu := &devSigLocks[(s.dev>>3)%uintptr(len(devSigLocks))]
+	mu.Lock()
+	defer mu.Unlock()
 	var w uint64
 	if err := d.DtoH(s.ctx, unsafe.Pointer(&w), s.dev, 8); err != nil {
 		return fmt.Errorf("read device signal: %w", err)

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The real-client check, for a machine with an NVIDIA GPU, nvcc and mpirun
+# (it cannot run in CI, which has no GPU). It builds NVIDIA NCCL from a
+# source tarball, runs samples/cuda_check (device memory through the plugin,
+# and teardown right after posting), then runs NCCL's own device-API
+# example "pure GIN alltoall" RUNS times in a row, two processes on GPU 0
+# posing as two hosts (different NCCL_HOSTID) so that its GIN traffic goes
+# through our plugin. Each run has a timeout; a run that times out is a hang.
+#
+#   make                                   # build/ holds the plugin and cuda_check
+#   git -C <nccl clone> archive --format=tar.gz -o build/nccl-src.tar.gz v2.30.7-1
+#   test/gpu/nccl_gin_check.sh build/nccl-src.tar.gz 20 /tmp/nccl-check
+#
+# Prints one line per run and a summary "GIN-CHECK runs=N passed=P hangs=H
+# failed=F"; exits 0 only when every run passed. NVCC_GENCODE picks the GPU
+# architecture (default sm_90, Hopper). NCCL_PREBUILT=<dir> skips the NCCL
+# build and uses <dir>/lib and <dir>/include.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TAR=${1:?usage: nccl_gin_check.sh nccl-src.tar.gz [runs] [outdir]}
+RUNS=${2:-20}
+OUT=${3:-/tmp/nccl-check}
+PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-90}
+GENCODE=${NVCC_GENCODE:--gencode=arch=compute_90,code=sm_90}
+PLUGIN=$ROOT/build/libnccl-rma-wasm.so
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export PATH=$CUDA_HOME/bin:$PATH
+mkdir -p "$OUT"
+TAR=$(cd "$(dirname "$TAR")" && pwd)/$(basename "$TAR")
+
+[ -f "$PLUGIN" ] || { echo "GIN-CHECK: $PLUGIN missing: run make first"; exit 2; }
+SRC=$(mktemp -d /tmp/nccl-src.XXXXXX)
+tar -xzf "$TAR" -C "$SRC" || { echo "GIN-CHECK: cannot unpack $TAR"; exit 2; }
+
+t0=$(date +%s)
+if [ -n "${NCCL_PREBUILT:-}" ]; then
+  mkdir -p "$SRC/build" && cp -a "$NCCL_PREBUILT/." "$SRC/build/"
+else
+  echo "GIN-CHECK: building NCCL ($GENCODE) with $(nproc) jobs"
+  if ! make -C "$SRC" -j"$(nproc)" src.build NVCC_GENCODE="$GENCODE" >"$OUT/nccl-build.log" 2>&1; then
+    tail -40 "$OUT/nccl-build.log"
+    echo "GIN-CHECK: NCCL build failed"
+    exit 2
+  fi
+fi
+NCCL_HOME=$SRC/build
+echo "$NCCL_HOME" >"$OUT/nccl_home.txt"
+echo "GIN-CHECK: NCCL ready in $(($(date +%s) - t0)) s: $(ls "$NCCL_HOME"/lib/libnccl.so.* | head -1)"
+
+# The example picks its GPU by node-local rank; with one GPU both ranks use
+# device 0 (a copy of NCCL's source is patched here, nothing is committed).
+EX=$SRC/docs/examples/06_device_api/02_alltoall_gin/c
+sed -i 's/CUDACHECK(cudaSetDevice(local_device));/{ int n_ = 1; cudaGetDeviceCount(\&n_); local_device %= n_; } CUDACHECK(cudaSetDevice(local_device));/' "$EX/main.cu"
+if ! make -C "$EX" MPI=1 NCCL_HOME="$NCCL_HOME" CUDA_HOME="$CUDA_HOME" NVCC_GENCODE="$GENCODE" >"$OUT/example-build.log" 2>&1; then
+  tail -40 "$OUT/example-build.log"
+  echo "GIN-CHECK: example build failed"
+  exit 2
+fi
+
+export LD_LIBRARY_PATH=$NCCL_HOME/lib:$ROOT/build:${LD_LIBRARY_PATH:-}
+export NCCL_RMA_WASM_ADDR=127.0.0.1
+
+echo "GIN-CHECK: cuda_check (device memory, then 20 teardown rounds)"
+if timeout 300 "$ROOT/build/cuda_check" "$ROOT/build/librccl-rma-wasm.so" $((3 << 20)) 20 >"$OUT/cuda_check.log" 2>&1; then
+  grep -E "teardown|RESULT" "$OUT/cuda_check.log"
+else
+  tail -20 "$OUT/cuda_check.log"
+  echo "GIN-CHECK: cuda_check failed"
+fi
+
+cat >"$OUT/hostid.sh" <<'EOF'
+#!/bin/bash
+export NCCL_HOSTID=node-${OMPI_COMM_WORLD_RANK:-0}
+exec "$@"
+EOF
+chmod +x "$OUT/hostid.sh"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+pass=0 hang=0 fail=0
+for i in $(seq 1 "$RUNS"); do
+  log=$OUT/run-$i.log
+  s=$(date +%s%N)
+  timeout -s KILL "$PER_RUN_TIMEOUT" mpirun --allow-run-as-root -np 2 --bind-to none \
+    -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" -x NCCL_SOCKET_IFNAME=lo \
+    -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET \
+    ${EXTRA_MPI_ENV:-} "$OUT/hostid.sh" "$EX/alltoall_gin" >"$log" 2>&1
+  rc=$?
+  ms=$((($(date +%s%N) - s) / 1000000))
+  gin=$(grep -c "GIN/Plugin: Assigned plugin wasm" "$log")
+  warns=$(grep -c "NCCL WARN" "$log")
+  if [ $rc -eq 137 ] || [ $rc -eq 124 ]; then
+    hang=$((hang + 1)); what=HANG
+    pkill -9 -f alltoall_gin >/dev/null 2>&1
+  elif [ $rc -eq 0 ] && grep -q "Pure GIN AlltoAll result: PASSED" "$log" && [ "$gin" -ge 1 ]; then
+    pass=$((pass + 1)); what=PASS
+  else
+    fail=$((fail + 1)); what=FAIL
+  fi
+  printf 'GIN-CHECK run %2d: %s rc=%d %d ms, GIN assigned to plugin wasm %d times, %d WARN lines\n' "$i" "$what" "$rc" "$ms" "$gin" "$warns"
+  [ "$what" = PASS ] || grep -E "WARN|PASSED|FAILED|completed" "$log" | head -20
+done
+echo "GIN-CHECK runs=$RUNS passed=$pass hangs=$hang failed=$fail"
+[ $pass -eq "$RUNS" ]
