@@ -21,7 +21,8 @@ type fakeDevice struct {
 	next   uintptr
 	allocs map[uintptr][]byte
 	copies int
-	broken bool // every copy fails, as when the GPU falls off the bus
+	broken bool          // every copy fails, as when the GPU falls off the bus
+	delay  time.Duration // per copy, like a busy GPU: keeps operations in flight
 }
 
 const fakeBase = 0x7e00_0000_0000
@@ -49,6 +50,13 @@ func (d *fakeDevice) find(addr uintptr, n uint64) ([]byte, error) {
 	return nil, fmt.Errorf("%#x+%d is not fake device memory", addr, n)
 }
 
+// free forgets an allocation, as cuMemFree does: later copies of it fail.
+func (d *fakeDevice) free(addr uintptr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.allocs, addr)
+}
+
 func (d *fakeDevice) Name() string { return "fake" }
 
 func (d *fakeDevice) Inspect(ptr uintptr, size uint64) (uintptr, error) {
@@ -61,6 +69,7 @@ func (d *fakeDevice) Inspect(ptr uintptr, size uint64) (uintptr, error) {
 }
 
 func (d *fakeDevice) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
+	time.Sleep(d.delay)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	b, err := d.find(src, n)
@@ -73,6 +82,7 @@ func (d *fakeDevice) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64
 }
 
 func (d *fakeDevice) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64) error {
+	time.Sleep(d.delay)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	b, err := d.find(dst, n)

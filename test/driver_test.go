@@ -208,3 +208,22 @@ func TestSignalStorm(t *testing.T) {
 		t.Fatalf("%d ranks reported the storm, want 3:\n%s", got, tail(out))
 	}
 }
+
+// TestTeardownDelivers: in every cycle one rank receives and the others put,
+// put with a signal and signal, then tear down at once without ever calling
+// test() (destroyContext, deregMrSym, then overwrite the source, closeColl,
+// finalize). The receiver must see every byte and signal, on one lane and
+// striped over four, over TCP and the intra-node path, small and large.
+func TestTeardownDelivers(t *testing.T) {
+	for _, c := range []struct{ lanes, intra, size string }{
+		{"1", "0", "4k"}, {"1", "1", "4m"}, {"4", "0", "4m"}, {"4", "1", "64k"}, {"4", "1", "16m"},
+	} {
+		t.Run("lanes="+c.lanes+",intranode="+c.intra+",size="+c.size, func(t *testing.T) {
+			out := runDriver(t, []string{"NCCL_RMA_WASM_LANES=" + c.lanes, "NCCL_RMA_WASM_INTRANODE=" + c.intra},
+				"--verbose", "--ranks", "3", "--scenario", "teardown", "--cycles", "12", "--size", c.size, "--timeout", "30")
+			if got := strings.Count(out, "senders delivered every byte and signal"); got != 12 {
+				t.Fatalf("%d of 12 cycles delivered, want all:\n%s", got, tail(out))
+			}
+		})
+	}
+}

@@ -1,0 +1,157 @@
+package dataplane
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+)
+
+func newOwners(n, size int) []*memOwner {
+	os := make([]*memOwner, n)
+	for i := range os {
+		whole := make([]byte, 64+size+64)
+		os[i] = &memOwner{mem: whole[64 : 64+size : 64+size], whole: whole, done: map[uint64]abi.Result{}}
+	}
+	return os
+}
+
+// TestCloseDeliversQueuedOps posts puts on every lane, some held back by
+// the aggregation hint, and a put with a signal, then closes at once: the
+// target must hold every byte and the signal, and neither side may report
+// an error.
+func TestCloseDeliversQueuedOps(t *testing.T) {
+	for _, lanes := range []int{1, 3} {
+		for round := 0; round < 20; round++ {
+			os := newOwners(2, 64<<10)
+			ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 16 << 10, ChunkSize: 4096})
+			src := make([]byte, 64<<10)
+			for i := range src {
+				src[i] = byte(i*7 + round)
+			}
+			const sigOff = 64<<10 - 8
+			// 15 puts of 4 KiB, spread over the lanes, held for a test()
+			// that never comes; then one striped put with the signal.
+			for k := 0; k < 15; k++ {
+				ms[0].Post(1, &Op{Kind: OpPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}, true, k%lanes)
+			}
+			ms[0].Post(1, &Op{Kind: OpPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 5, SigOff: sigOff, Tag: 99,
+				Local: unsafe.Pointer(&src[15*4096]), Size: 4096 - 8, Off: 15 * 4096}, false, 0)
+			if err := ms[0].Close(); err != nil {
+				t.Fatalf("lanes %d round %d: close: %v", lanes, round, err)
+			}
+			// The close returned after the target acknowledged: no waiting.
+			if got := binary.LittleEndian.Uint64(os[1].mem[sigOff:]); got != 5 {
+				t.Fatalf("lanes %d round %d: signal word is %d after the close, want 5", lanes, round, got)
+			}
+			if !bytes.Equal(os[1].mem[:sigOff], src[:sigOff]) {
+				t.Fatalf("lanes %d round %d: bytes put before the close are missing at the target", lanes, round)
+			}
+			for _, o := range os {
+				o.mu.Lock()
+				failed := o.failed
+				o.mu.Unlock()
+				if len(failed) > 0 {
+					t.Fatalf("lanes %d round %d: an orderly close reported errors: %v", lanes, round, failed)
+				}
+			}
+			ms[1].Close()
+		}
+	}
+}
+
+// gatedOwner is a target whose service stalls in Resolve until the gate
+// opens, like a peer process that stopped (SIGSTOP) with its sockets open.
+type gatedOwner struct {
+	*memOwner
+	gate    chan struct{}
+	stalled atomic.Bool
+}
+
+func (o *gatedOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, bool) {
+	o.stalled.Store(true)
+	<-o.gate
+	return o.memOwner.Resolve(id)
+}
+
+// TestCloseBoundedOnStalledPeer: a peer whose service never gets to the
+// goodbye cannot hold closeColl beyond the close timeout, and the close
+// names it.
+func TestCloseBoundedOnStalledPeer(t *testing.T) {
+	mo := newOwners(2, 4096)
+	g := &gatedOwner{memOwner: mo[1], gate: make(chan struct{})}
+	ls := make([]*Listener, 2)
+	hs := make([]*Handle, 2)
+	for i := range ls {
+		l, h, err := Listen("127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i], hs[i] = l, h
+		defer l.Close()
+	}
+	opt := Options{Timeout: 10 * time.Second, Lanes: 2, CloseTimeout: 300 * time.Millisecond}
+	owners := []Owner{mo[0], g}
+	ms := make([]*Mesh, 2)
+	errs := make(chan error, 2)
+	for i := range ms {
+		go func(i int) {
+			m, err := Connect(ls[i], hs, i, owners[i], opt)
+			ms[i] = m
+			errs <- err
+		}(i)
+	}
+	for range ms {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer ms[1].Close()
+	defer close(g.gate) // before ms[1].Close, whose service waits on it
+	src := make([]byte, 64)
+	ms[0].Post(1, &Op{Kind: OpPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64}, false, 0)
+	done := make(chan error, 1)
+	go func() { done <- ms[0].Close() }()
+	select {
+	case err := <-done:
+		var u *ErrUnconfirmed
+		if !errors.As(err, &u) || len(u.Ranks) != 1 || u.Ranks[0] != 1 {
+			t.Fatalf("close with a stalled peer returned %v, want ErrUnconfirmed naming rank 1", err)
+		}
+		if !g.stalled.Load() {
+			t.Fatal("the target's service never received the put")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("close hung on a stalled peer")
+	}
+}
+
+// TestDrainCompletesPosted: Drain returns only when every posted operation
+// completed locally, held ones included, and the mesh stays usable.
+func TestDrainCompletesPosted(t *testing.T) {
+	os := newOwners(2, 64<<10)
+	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 16 << 10, ChunkSize: 4096})
+	src := make([]byte, 64<<10)
+	dst := make([]byte, 4096)
+	for k := 0; k < 8; k++ {
+		ms[0].Post(1, &Op{Kind: OpPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}, true, k%2)
+	}
+	ms[0].Post(1, &Op{Kind: OpGet, MrID: 1, Tag: 50, Local: unsafe.Pointer(&dst[0]), Size: 4096}, true, 1)
+	if busy := ms[0].Drain(); len(busy) != 0 {
+		t.Fatalf("drain left ranks %v busy", busy)
+	}
+	for _, tag := range []uint64{1, 2, 3, 4, 5, 6, 7, 8, 50} {
+		if st, ok := os[0].status(tag); !ok || st != abi.Success {
+			t.Fatalf("tag %d after drain: done %v status %v", tag, ok, st)
+		}
+	}
+	ms[0].Post(1, &Op{Kind: OpPut, MrID: 1, Tag: 60, Local: unsafe.Pointer(&src[0]), Size: 64}, false, 0)
+	if st := waitDone(t, os[0], 60); st != abi.Success {
+		t.Fatalf("put after drain: %v", st)
+	}
+}
