@@ -14,15 +14,17 @@ import (
 )
 
 type listenComm struct {
-	l   *dataplane.Listener
-	dev int32
-	be  *loaded
+	l      *dataplane.Listener
+	dev    int32
+	be     *loaded
+	commID uint64 // NCCL's communicator id, from the context listen was called on
 }
 
 // coll is a collective communicator: the mesh, its registrations and its
 // rma contexts.
 type coll struct {
 	id     uint64
+	commID uint64 // NCCL's communicator id; guests see it in rmaw_ctx_open
 	rank   int
 	nranks int
 	dev    int32
@@ -104,7 +106,7 @@ func Listen(ctx uint64, dev int32, handle *[abi.HandleSize]byte) (uint64, abi.Re
 		return 0, abi.SystemError
 	}
 	*handle = *h
-	id := listens.add(&listenComm{l: l, dev: dev, be: pc.backend})
+	id := listens.add(&listenComm{l: l, dev: dev, be: pc.backend, commID: pc.commID})
 	logx.Info(abi.SubsysNet, "NET/wasm: listening on %s (dev %d)", l.Addr(), dev)
 	return listens.handle(id), abi.Success
 }
@@ -149,7 +151,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: backend %s asked for %d lanes, allowed 1..%d", lc.be.b.Name(), plan.Lanes, backend.MaxLanes)
 		return 0, abi.InternalError
 	}
-	c := &coll{rank: int(rank), nranks: n, dev: lc.dev, be: lc.be, plan: plan,
+	c := &coll{commID: lc.commID, rank: int(rank), nranks: n, dev: lc.dev, be: lc.be, plan: plan,
 		byAddr: map[uintptr]*mr{}, remote: map[uint32]*remoteSizes{}, errPeers: map[int]bool{}}
 	c.regCond = sync.NewCond(&c.mrMu)
 	empty := []*mr{}

@@ -64,7 +64,7 @@ func CreateContext(h uint64, cfg abi.RmaConfig) (uint64, abi.Result) {
 		return 0, abi.InvalidArgument
 	}
 	r := &rmaCtx{c: c, stride: stride, ctxs: make([]ctxState, cfg.NContexts)}
-	info := backend.ContextInfo{NRanks: int32(c.nranks), Rank: int32(c.rank), Contexts: cfg.NContexts}
+	info := backend.ContextInfo{CommID: c.commID, NRanks: int32(c.nranks), Rank: int32(c.rank), Contexts: cfg.NContexts}
 	for i := range r.ctxs {
 		b, err := c.be.b.NewContext(info)
 		if err != nil {
