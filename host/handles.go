@@ -74,21 +74,6 @@ func (t *table[T]) remove(id uint64) *T {
 	return v
 }
 
-// all returns a snapshot of the live objects.
-func (t *table[T]) all() []*T {
-	p := t.slots.Load()
-	if p == nil {
-		return nil
-	}
-	var out []*T
-	for _, v := range *p {
-		if v != nil {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
 // handle names the object with this id.
 func (t *table[T]) handle(id uint64) uint64 { return makeHandle(t.kind, id) }
 

@@ -20,8 +20,8 @@ import (
 )
 
 var (
-	buildOnce sync.Once
-	buildErr  error
+	buildOnce, guestsOnce sync.Once
+	buildErr, guestsErr   error
 )
 
 // repoRoot finds the directory holding go.mod.
@@ -43,23 +43,37 @@ func repoRoot(t testing.TB) string {
 	}
 }
 
-// build runs make once per test binary: the library, the driver and the
-// guest backends.
+// build runs `make all` once per test binary: the library and the driver,
+// which need only Go and a C compiler.
 func build(t testing.TB) string {
 	t.Helper()
 	root := repoRoot(t)
-	buildOnce.Do(func() {
-		cmd := exec.Command("make", "all", "guests")
-		cmd.Dir = root
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("make all guests: %v\n%s", err, out)
-		}
-	})
+	buildOnce.Do(func() { buildErr = runMake(root, "all") })
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
 	return root
+}
+
+// buildGuests also builds the guest backends (clang, lld and Go's wasip1
+// port): only the tests that load a guest from build/guests need them.
+func buildGuests(t testing.TB) string {
+	t.Helper()
+	root := build(t)
+	guestsOnce.Do(func() { guestsErr = runMake(root, "guests") })
+	if guestsErr != nil {
+		t.Fatal(guestsErr)
+	}
+	return root
+}
+
+func runMake(root, target string) error {
+	cmd := exec.Command("make", target)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("make %s: %v\n%s", target, err, out)
+	}
+	return nil
 }
 
 // runDriver runs the driver with args and extra environment and returns its
@@ -111,7 +125,7 @@ func TestRanksAndVersions(t *testing.T) {
 // TestBackends runs one workload on every backend kind; each run verifies
 // every byte itself, so identical PASS lines mean identical results.
 func TestBackends(t *testing.T) {
-	root := build(t)
+	root := buildGuests(t)
 	for _, c := range []struct {
 		name string
 		env  []string
@@ -201,7 +215,7 @@ func TestLanes(t *testing.T) {
 // SA_ONSTACK) while threads run inside Go and the planning guest: nothing may
 // crash or hang, and every byte is still verified.
 func TestSignalStorm(t *testing.T) {
-	root := build(t)
+	root := buildGuests(t)
 	out := runDriver(t, []string{"NCCL_RMA_WASM_BACKEND=planner", "NCCL_RMA_WASM_DIR=" + filepath.Join(root, "build/guests")},
 		"--signal-storm", "--ranks", "3", "--threads", "3", "--size", "256k", "--iters", "20")
 	if got := strings.Count(out, "SIGUSR1 handled"); got != 3 {

@@ -181,9 +181,7 @@ func launch(o *options) {
 			}
 			warm = append(warm, cr)
 		}
-		for _, s := range mergeCold(b.name, warm) {
-			samples = append(samples, s)
-		}
+		samples = append(samples, mergeCold(b.name, warm)...)
 	}
 
 	// The two ranks.

@@ -85,7 +85,6 @@ type rankState struct {
 	flag   []byte // rank 1: process_vm_writev completion word
 	comms  []*commState
 	raw    net.Conn
-	rawLn  net.Listener
 	pvwPid int
 	pvwDst uintptr
 	pvwFlg uintptr

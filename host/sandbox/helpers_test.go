@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -20,8 +19,6 @@ func repoRoot(t testing.TB) string {
 
 // guestCFlags must equal GUEST_CFLAGS in guests/guests.mk.
 var guestCFlags = "--target=wasm32 -O2 -ffreestanding -nostdlib -fno-builtin -Wall -Wextra -Werror -Wl,--no-entry -Wl,--strip-all"
-
-var buildMu sync.Mutex
 
 // wat compiles testdata/<name>.wat with wat2wasm into a temp dir. A missing
 // wat2wasm fails the test: the sandbox guarantees are not optional.

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what `make test` needs beyond Go, gcc and make: clang and lld
+# (C guests for wasm32), wabt (wat2wasm, for the sandbox's hostile test
+# modules) and binutils (readelf, nm: the library's exported symbols). Run
+# as root on Debian it installs what is missing, once; otherwise it stops
+# and prints the command to run.
+set -euo pipefail
+declare -A pkg=([clang]=clang [wasm-ld]=lld [wat2wasm]=wabt [readelf]=binutils [nm]=binutils [gcc]=gcc)
+missing=()
+for tool in "${!pkg[@]}"; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("${pkg[$tool]}")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+cmd="apt-get install -y ${missing[*]}"
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+  exit 0
+fi
+echo "setup: make test needs ${missing[*]}; run:  sudo apt-get update && sudo $cmd" >&2
+exit 1
