@@ -114,6 +114,7 @@ func wait(t testing.TB, coll, req uint64) abi.Result {
 		if done || res != abi.Success {
 			return res
 		}
+		runtime.Gosched() // let the writers and services run on few cores
 	}
 	t.Fatal("request did not complete")
 	return abi.InternalError

@@ -104,7 +104,7 @@ func mesh2(t *testing.T, intra bool) ([]*Mesh, []*memOwner) {
 		whole := make([]byte, 64+256+64)
 		os[i] = &memOwner{mem: whole[64:320:320], whole: whole, done: map[uint64]abi.Result{}}
 	}
-	return connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1}), os
+	return connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1, CloseTimeout: 500 * time.Millisecond}), os
 }
 
 // connect2 connects two meshes over loopback with the given owners.
@@ -194,10 +194,14 @@ func TestTokenRequired(t *testing.T) {
 	if _, err := dial(hi, 0, 1, 0, 1, time.Now().Add(time.Second)); err == nil {
 		t.Fatal("a dialer with the wrong token was admitted")
 	}
-	select {
-	case in := <-l.conns:
-		t.Fatalf("rejected connection reached connect: rank %d", in.rank)
-	default:
+	// A good dialer follows: the first connection handed to connect must be
+	// it, never the rejected one.
+	hi.Token[0] ^= 1
+	if _, err := dial(hi, 1, 2, 0, 1, time.Now().Add(10*time.Second)); err != nil {
+		t.Fatalf("the right token was refused: %v", err)
+	}
+	if in := <-l.conns; in.rank != 1 || in.nranks != 2 {
+		t.Fatalf("rejected connection reached connect: rank %d of %d", in.rank, in.nranks)
 	}
 }
 
@@ -333,7 +337,10 @@ func TestServiceSurvivesGarbage(t *testing.T) {
 		if _, err := ms[0].peers[1].lanes[0].out.Write(b[:]); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(2 * time.Millisecond)
+		// Close queues a goodbye behind the garbage on the same stream and
+		// returns once the target acknowledged it (so it handled the
+		// garbage) or dropped the stream over it; a garbage length that
+		// swallows the goodbye ends with the short close timeout.
 		ms[0].Close()
 		ms[1].Close()
 		w := owners[1].whole

@@ -19,14 +19,16 @@ func Example() {
 	defer b.Close()
 	fmt.Println(b.Name(), b.Devices()[0].Name)
 
+	// The lane count follows the core count (one per four, up to four);
+	// the striping threshold does not.
 	plan, _ := b.ConnectionPlan(8, 0)
-	fmt.Println("lanes:", plan.Lanes)
+	fmt.Println("stripe from:", plan.StripeThreshold, "bytes")
 
 	ctx, _ := b.NewContext(backend.ContextInfo{CommID: 1, NRanks: 8, Rank: 0, Contexts: 1})
 	defer ctx.Close()
 	fmt.Println("per-op calls:", ctx.PlansOps())
 	// Output:
 	// default wasm-tcp
-	// lanes: 1
+	// stripe from: 262144 bytes
 	// per-op calls: false
 }
