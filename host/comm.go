@@ -33,35 +33,12 @@ type coll struct {
 	mesh   *dataplane.Mesh
 	closed atomic.Bool
 
-	mrMu    sync.Mutex
-	mrs     atomic.Pointer[[]*mr] // indexed by symmetric registration id
-	byAddr  map[uintptr]*mr
-	nextMR  uint32
-	remote  map[uint32]*remoteSizes
-	regCond *sync.Cond
+	regs *registry
 
 	rmaMu sync.Mutex
 	rmas  []*rmaCtx
 
-	errFlag   atomic.Bool
-	errMu     sync.Mutex
-	errPeers  map[int]bool
-	lastError string
-}
-
-// remoteSizes collects what peers announced for one registration id.
-type remoteSizes struct {
-	have  int
-	peers remoteRegs
-	known []bool
-}
-
-// remoteRegs is a registration as every rank sees it: its size there (for
-// bounds checks) and its address there (for the intra-node single copy).
-type remoteRegs struct {
-	sizes []uint64
-	bases []uint64
-	dev   []bool // device memory there: no single-copy path into it
+	err stickyError
 }
 
 var (
@@ -151,11 +128,8 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: backend %s asked for %d lanes, allowed 1..%d", lc.be.b.Name(), plan.Lanes, backend.MaxLanes)
 		return 0, abi.InternalError
 	}
-	c := &coll{commID: lc.commID, rank: int(rank), nranks: n, dev: lc.dev, be: lc.be, plan: plan,
-		byAddr: map[uintptr]*mr{}, remote: map[uint32]*remoteSizes{}, errPeers: map[int]bool{}}
-	c.regCond = sync.NewCond(&c.mrMu)
-	empty := []*mr{}
-	c.mrs.Store(&empty)
+	c := &coll{commID: lc.commID, rank: int(rank), nranks: n, dev: lc.dev, be: lc.be, plan: plan}
+	c.regs = newRegistry(n, &c.closed)
 	hs := make([]*dataplane.Handle, n)
 	for i, h := range handles {
 		hs[i] = (*dataplane.Handle)(h)
@@ -214,21 +188,13 @@ func CloseColl(h uint64) abi.Result {
 	if err := c.mesh.Close(); err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: rank %d: %v (%s)", c.rank, err, config.CloseTimeout)
 	}
-	c.mrMu.Lock()
-	c.regCond.Broadcast()
-	c.mrMu.Unlock()
+	c.regs.wake()
 	return abi.Success
 }
 
 // setError records a sticky asynchronous error for queryLastError.
 func (c *coll) setError(peer int, err error) {
-	c.errMu.Lock()
-	first := !c.errPeers[peer]
-	c.errPeers[peer] = true
-	c.lastError = err.Error()
-	c.errMu.Unlock()
-	c.errFlag.Store(true)
-	if first && !c.closed.Load() {
+	if c.err.set(peer) && !c.closed.Load() {
 		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: %v", c.rank, err)
 	}
 }
@@ -237,32 +203,17 @@ func (c *coll) setError(peer int, err error) {
 
 // Resolve is called by the target service for every incoming operation.
 func (c *coll) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, bool) {
-	mrs := *c.mrs.Load()
-	if int(id) >= len(mrs) || mrs[id] == nil {
+	m := c.regs.lookup(id)
+	if m == nil {
 		return nil, 0, 0, false
 	}
-	m := mrs[id]
 	return m.base, m.size, m.devCtx, true
 }
 
 // PeerRegistered records a peer's size, address and memory kind for
 // registration id.
 func (c *coll) PeerRegistered(peer int, id uint32, size, base uint64, dev bool) {
-	c.mrMu.Lock()
-	defer c.mrMu.Unlock()
-	rs := c.remote[id]
-	if rs == nil {
-		rs = &remoteSizes{peers: remoteRegs{sizes: make([]uint64, c.nranks), bases: make([]uint64, c.nranks), dev: make([]bool, c.nranks)}, known: make([]bool, c.nranks)}
-		c.remote[id] = rs
-	}
-	if !rs.known[peer] {
-		rs.known[peer] = true
-		rs.have++
-	}
-	rs.peers.sizes[peer] = size
-	rs.peers.bases[peer] = base
-	rs.peers.dev[peer] = dev
-	c.regCond.Broadcast()
+	c.regs.peerRegistered(peer, id, size, base, dev)
 }
 
 // drain sends what was posted and waits until it completed locally, before

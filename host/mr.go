@@ -1,9 +1,7 @@
 package host
 
 import (
-	"fmt"
 	"sync/atomic"
-	"time"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -59,68 +57,26 @@ func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64
 		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: size %d too large", size)
 		return 0, abi.InvalidArgument
 	}
-	c.mrMu.Lock()
-	if m := c.byAddr[data]; m != nil && size <= m.size {
-		m.refs++
-		c.mrMu.Unlock()
+	if m := c.regs.reuse(data, size); m != nil {
 		return m.handle, abi.Success
 	}
-	c.nextMR++
-	m := &mr{id: c.nextMR, base: *(*unsafe.Pointer)(unsafe.Pointer(&data)), size: size, typ: typ, devCtx: devCtx, flags: flags, refs: 1}
+	m := &mr{base: *(*unsafe.Pointer)(unsafe.Pointer(&data)), size: size, typ: typ, devCtx: devCtx, flags: flags, refs: 1}
+	c.regs.add(m, data)
 	m.handle = makeHandle(kindMR, c.id<<32|uint64(m.id))
-	old := *c.mrs.Load()
-	n := make([]*mr, max(len(old), int(m.id)+1))
-	copy(n, old)
-	n[m.id] = m
-	c.mrs.Store(&n)
-	c.byAddr[data] = m
-	c.mrMu.Unlock()
 
 	// Tell every peer our size; wait until every peer told us theirs.
 	for p := 0; p < c.nranks; p++ {
 		c.mesh.Post(p, &dataplane.Op{Kind: dataplane.OpReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0}, false, 0)
 	}
-	sizes, err := c.awaitPeerSizes(m.id, connectTimeout())
+	sizes, err := c.regs.awaitPeers(m.id, connectTimeout())
 	if err != nil {
 		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: rank %d, registration %d (%d bytes at %#x): %v", c.rank, m.id, size, data, err)
-		c.drop(m)
+		c.regs.drop(m)
 		return 0, abi.SystemError
 	}
 	m.remote.Store(sizes)
 	logx.Trace(abi.SubsysReg, "NET/wasm: registered %d bytes at %#x as %d", size, data, m.id)
 	return m.handle, abi.Success
-}
-
-func (c *coll) awaitPeerSizes(id uint32, timeout time.Duration) (*remoteRegs, error) {
-	deadline := time.Now().Add(timeout)
-	t := time.AfterFunc(timeout, func() {
-		c.mrMu.Lock()
-		c.regCond.Broadcast()
-		c.mrMu.Unlock()
-	})
-	defer t.Stop()
-	c.mrMu.Lock()
-	defer c.mrMu.Unlock()
-	for {
-		rs := c.remote[id]
-		if rs != nil && rs.have == c.nranks {
-			delete(c.remote, id)
-			return &rs.peers, nil
-		}
-		if c.closed.Load() {
-			return nil, fmt.Errorf("communicator closed")
-		}
-		if time.Now().After(deadline) {
-			missing := []int{}
-			for p := 0; p < c.nranks; p++ {
-				if rs == nil || !rs.known[p] {
-					missing = append(missing, p)
-				}
-			}
-			return nil, fmt.Errorf("ranks %v did not register the matching buffer within %v (registration is collective)", missing, timeout)
-		}
-		c.regCond.Wait()
-	}
 }
 
 // RegMrDmaBuf is refused: DMABUF is not advertised, so NCCL does not call it.
@@ -143,30 +99,13 @@ func DeregMr(h, mh uint64) abi.Result {
 		logx.Warn(abi.SubsysReg, "NET/wasm: deregMrSym: unknown or already released handle %#x", mh)
 		return abi.InvalidArgument
 	}
-	c.mrMu.Lock()
-	m.refs--
-	last := m.refs == 0
-	c.mrMu.Unlock()
-	if last {
+	if c.regs.release(m) {
 		if !c.closed.Load() {
 			c.drain("deregMrSym")
 		}
-		c.drop(m)
+		c.regs.drop(m)
 	}
 	return abi.Success
-}
-
-func (c *coll) drop(m *mr) {
-	c.mrMu.Lock()
-	defer c.mrMu.Unlock()
-	old := *c.mrs.Load()
-	n := make([]*mr, len(old))
-	copy(n, old)
-	n[m.id] = nil
-	c.mrs.Store(&n)
-	if c.byAddr[uintptr(m.base)] == m {
-		delete(c.byAddr, uintptr(m.base))
-	}
 }
 
 // lookupMR resolves a memory handle of this communicator, lock-free.
@@ -175,12 +114,7 @@ func (c *coll) lookupMR(mh uint64) *mr {
 	if k != kindMR || p>>32 != c.id {
 		return nil
 	}
-	id := uint32(p)
-	mrs := *c.mrs.Load()
-	if int(id) >= len(mrs) {
-		return nil
-	}
-	return mrs[id]
+	return c.regs.lookup(uint32(p))
 }
 
 // remoteAddr is the address of off in this registration in rank's process,

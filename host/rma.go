@@ -152,7 +152,7 @@ func QueryLastError(h uint64) (bool, abi.Result) {
 		logx.Warn(abi.SubsysNet, "NET/wasm: queryLastError: unknown rma context %#x", h)
 		return false, abi.InvalidArgument
 	}
-	return r.c.errFlag.Load(), abi.Success
+	return r.c.err.isSet(), abi.Success
 }
 
 // Progress pushes out operations held back by the aggregation hint and hands

@@ -1,0 +1,187 @@
+package host
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// registry is one communicator's symmetric registrations. Ids are assigned
+// in call order, so a buffer has the same id on every rank; the target
+// side resolves ids for every incoming operation, so lookups are lock-free
+// reads of a copy-on-write slice, while registering, releasing and the
+// exchange of peers' sizes take the mutex.
+type registry struct {
+	nranks int
+	closed *atomic.Bool // the communicator's: waiters give up when it closes
+
+	mu     sync.Mutex
+	cond   *sync.Cond // peers' announcements arrived, or the wait ended
+	byID   atomic.Pointer[[]*mr]
+	byAddr map[uintptr]*mr
+	nextID uint32
+	remote map[uint32]*remoteSizes // announcements not yet claimed by awaitPeers
+}
+
+// remoteSizes collects what peers announced for one registration id.
+type remoteSizes struct {
+	have  int
+	peers remoteRegs
+	known []bool
+}
+
+// remoteRegs is a registration as every rank sees it: its size there (for
+// bounds checks) and its address there (for the intra-node single copy).
+type remoteRegs struct {
+	sizes []uint64
+	bases []uint64
+	dev   []bool // device memory there: no single-copy path into it
+}
+
+func newRegistry(nranks int, closed *atomic.Bool) *registry {
+	g := &registry{nranks: nranks, closed: closed, byAddr: map[uintptr]*mr{}, remote: map[uint32]*remoteSizes{}}
+	g.cond = sync.NewCond(&g.mu)
+	empty := []*mr{}
+	g.byID.Store(&empty)
+	return g
+}
+
+// lookup returns registration id, or nil; lock-free.
+func (g *registry) lookup(id uint32) *mr {
+	mrs := *g.byID.Load()
+	if int(id) >= len(mrs) {
+		return nil
+	}
+	return mrs[id]
+}
+
+// reuse takes another reference on the registration of data when it
+// covers size bytes.
+func (g *registry) reuse(data uintptr, size uint64) *mr {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if m := g.byAddr[data]; m != nil && size <= m.size {
+		m.refs++
+		return m
+	}
+	return nil
+}
+
+// add gives m the next id and publishes it.
+func (g *registry) add(m *mr, data uintptr) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.nextID++
+	m.id = g.nextID
+	old := *g.byID.Load()
+	n := make([]*mr, max(len(old), int(m.id)+1))
+	copy(n, old)
+	n[m.id] = m
+	g.byID.Store(&n)
+	g.byAddr[data] = m
+}
+
+// release drops one reference and reports whether it was the last.
+func (g *registry) release(m *mr) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	m.refs--
+	return m.refs == 0
+}
+
+// drop forgets m: the target side no longer resolves its id.
+func (g *registry) drop(m *mr) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	old := *g.byID.Load()
+	n := make([]*mr, len(old))
+	copy(n, old)
+	n[m.id] = nil
+	g.byID.Store(&n)
+	if g.byAddr[uintptr(m.base)] == m {
+		delete(g.byAddr, uintptr(m.base))
+	}
+}
+
+// peerRegistered records a peer's size, address and memory kind for id.
+func (g *registry) peerRegistered(peer int, id uint32, size, base uint64, dev bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	rs := g.remote[id]
+	if rs == nil {
+		n := g.nranks
+		rs = &remoteSizes{peers: remoteRegs{sizes: make([]uint64, n), bases: make([]uint64, n), dev: make([]bool, n)}, known: make([]bool, n)}
+		g.remote[id] = rs
+	}
+	if !rs.known[peer] {
+		rs.known[peer] = true
+		rs.have++
+	}
+	rs.peers.sizes[peer] = size
+	rs.peers.bases[peer] = base
+	rs.peers.dev[peer] = dev
+	g.cond.Broadcast()
+}
+
+// awaitPeers waits until every rank announced registration id, the
+// communicator closes, or timeout passes.
+func (g *registry) awaitPeers(id uint32, timeout time.Duration) (*remoteRegs, error) {
+	deadline := time.Now().Add(timeout)
+	t := time.AfterFunc(timeout, g.wake)
+	defer t.Stop()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for {
+		rs := g.remote[id]
+		if rs != nil && rs.have == g.nranks {
+			delete(g.remote, id)
+			return &rs.peers, nil
+		}
+		if g.closed.Load() {
+			return nil, fmt.Errorf("communicator closed")
+		}
+		if time.Now().After(deadline) {
+			missing := []int{}
+			for p := 0; p < g.nranks; p++ {
+				if rs == nil || !rs.known[p] {
+					missing = append(missing, p)
+				}
+			}
+			return nil, fmt.Errorf("ranks %v did not register the matching buffer within %v (registration is collective)", missing, timeout)
+		}
+		g.cond.Wait()
+	}
+}
+
+// wake makes waiters look again (the deadline passed, or the communicator
+// closed).
+func (g *registry) wake() {
+	g.mu.Lock()
+	g.cond.Broadcast()
+	g.mu.Unlock()
+}
+
+// stickyError is queryLastError's flag: set by the first asynchronous
+// failure and never cleared. Each failing peer is logged once.
+type stickyError struct {
+	flag  atomic.Bool
+	mu    sync.Mutex
+	peers map[int]bool
+}
+
+// set raises the flag and reports whether peer failed for the first time.
+func (s *stickyError) set(peer int) (first bool) {
+	s.mu.Lock()
+	if s.peers == nil {
+		s.peers = map[int]bool{}
+	}
+	first = !s.peers[peer]
+	s.peers[peer] = true
+	s.mu.Unlock()
+	s.flag.Store(true)
+	return first
+}
+
+// isSet is lock-free.
+func (s *stickyError) isSet() bool { return s.flag.Load() }
