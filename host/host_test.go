@@ -382,3 +382,40 @@ func BenchmarkPutLatency8(b *testing.B) {
 		}
 	}
 }
+
+// TestConcurrentTestOfOneRequest: threads that test() the same request at
+// once must not both see it done: the slot would be released twice and a
+// later, valid request would fail.
+func TestConcurrentTestOfOneRequest(t *testing.T) {
+	rs := setup(t, 2, 64)
+	r := rs[0]
+	for round := 0; round < 500; round++ {
+		req, res := Iput(r.rma, 0, 0, r.srcMh, 8, 0, r.dstMh, 1, 0)
+		if res != abi.Success {
+			t.Fatalf("round %d: iput: %v", round, res)
+		}
+		var dones atomic.Int32
+		var wg sync.WaitGroup
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					done, res := Test(r.coll, req)
+					if done {
+						dones.Add(1)
+						return
+					}
+					if res != abi.Success { // another thread took it
+						return
+					}
+					runtime.Gosched()
+				}
+			}()
+		}
+		wg.Wait()
+		if n := dones.Load(); n != 1 {
+			t.Fatalf("round %d: %d threads saw the request done, want exactly 1", round, n)
+		}
+	}
+}

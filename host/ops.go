@@ -1,6 +1,7 @@
 package host
 
 import (
+	"fmt"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -108,6 +109,9 @@ func (r *rmaCtx) post(context int32, rank uint32, kind backend.OpKind, optFlags,
 	if s.plans {
 		var status abi.Result
 		if lane, status = s.planOp(r, context, rank, kind, optFlags, sigOp, op.Size); status != abi.Success {
+			// Sticky first: whoever sees the failed request also sees
+			// queryLastError report it (SPEC.md §3, Errors).
+			r.c.setError(errKeyBackend, fmt.Errorf("backend %s failed an operation to rank %d: %v", r.c.be.b.Name(), rank, status))
 			q.status.Store(int32(status))
 			q.state.Store(reqDone)
 			return handle, abi.Success
@@ -129,7 +133,7 @@ func (s *ctxState) planOp(r *rmaCtx, context int32, rank uint32, kind backend.Op
 	s.op = backend.Op{Kind: kind, Context: context, Peer: rank, Size: size, OptFlags: optFlags, SignalOp: sigOp}
 	s.plan = backend.OpPlan{Lane: -1}
 	if err := s.b.PlanOp(&s.op, &s.plan); err != nil {
-		r.c.setError(-1, err)
+		r.c.setError(errKeyBackend, err)
 		return -1, abi.InternalError
 	}
 	switch {

@@ -162,6 +162,10 @@ func (g *registry) wake() {
 	g.mu.Unlock()
 }
 
+// errKeyBackend is the stickyError key of failures a backend decided (a
+// plan status, a lane outside the plan, a guest fault); peers use their rank.
+const errKeyBackend = -1
+
 // stickyError is queryLastError's flag: set by the first asynchronous
 // failure and never cleared. Each failing peer is logged once.
 type stickyError struct {

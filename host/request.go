@@ -23,6 +23,7 @@ const (
 	reqFree    = 0
 	reqPending = 1
 	reqDone    = 2
+	reqClaimed = 3 // one test() call reports it done and releases it
 )
 
 type request struct {

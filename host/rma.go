@@ -194,6 +194,12 @@ func Test(coll, req uint64) (bool, abi.Result) {
 		}
 		return false, abi.Success
 	}
+	// Threads that test one request concurrently race here: exactly one
+	// claims it, reports it done and releases the slot once.
+	if !q.state.CompareAndSwap(reqDone, reqClaimed) {
+		logx.Warn(abi.SubsysNet, "NET/wasm: test: request %#x was completed by a concurrent test()", req)
+		return false, abi.InvalidArgument
+	}
 	status := abi.Result(q.status.Load())
 	s := &r.ctxs[q.ctx]
 	if s.comps {

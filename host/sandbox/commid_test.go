@@ -28,6 +28,11 @@ func TestGuestSeesCommID(t *testing.T) {
 			if got := hostWait(t, r.coll, req); got != c.want {
 				t.Fatalf("operation finished with %v, want %v (the guest compares comm_id with %#x)", got, c.want, c.comm)
 			}
+			// A request failed by the backend's plan sets the sticky flag
+			// before it completes (SPEC.md §3, Errors).
+			if bad, _ := host.QueryLastError(r.rma); bad != (c.want != abi.Success) {
+				t.Fatalf("queryLastError = %v after an operation that finished with %v", bad, c.want)
+			}
 		})
 	}
 }
