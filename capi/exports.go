@@ -13,6 +13,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/cuda"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -64,7 +65,7 @@ func rmawasm_init(ctx *C.uintptr_t, commID C.uint64_t, logFn C.uintptr_t) (ret C
 		return nullArg("init", "ctx")
 	}
 	*ctx = 0
-	probeCUDA()
+	cuda.Probe()
 	id, r := host.Init(uint64(commID))
 	if r != abi.Success {
 		return rc(r)
