@@ -1,7 +1,7 @@
 // Package sandbox runs a backend's policy as a WebAssembly guest under wazero
 // (Guest ABI v1, SPEC.md §8) and presents it as a backend.Backend.
 //
-// A module is validated, metered (meter.go) and compiled once per process;
+// A module is validated, metered (package meter) and compiled once per process;
 // the Backend keeps one "control" instance for process-wide questions
 // (devices, connection plans) and every backend.Context gets an instance of
 // its own. Guests see only their own linear memory, the "rmaw" host module
@@ -33,6 +33,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/sandbox/meter"
 )
 
 //go:embed embedded/default.wasm
@@ -481,7 +482,7 @@ func (b *Backend) newInstance() (*instance, error) {
 	}
 	in.mod = mod
 	in.mem = mod.Memory()
-	g, ok := mod.ExportedGlobal(fuelExport).(api.MutableGlobal)
+	g, ok := mod.ExportedGlobal(meter.FuelExport).(api.MutableGlobal)
 	if !ok || in.mem == nil {
 		mod.Close(context.Background())
 		return nil, errors.New("internal: metering global missing")
