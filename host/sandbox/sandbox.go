@@ -2,9 +2,9 @@
 // (Guest ABI v1, SPEC.md §8) and presents it as a backend.Backend.
 //
 // A module is validated, metered (package meter) and compiled once per
-// process; the Backend keeps one "control" instance for process-wide questions
-// (devices, connection plans) and every backend.Context gets an instance of
-// its own. Guests see only their own linear memory, the "rmaw" host module
+// process; the Backend keeps one "control" instance for process-wide
+// questions (devices, connection plans) and every backend.Context gets an
+// instance of its own. Guests see only their own linear memory, the "rmaw" host module
 // (log, get_config) and a WASI that denies everything. Every call runs on a
 // fuel budget, so a guest that loops forever is stopped; traps and nonsense
 // answers become errors, the instance is replaced, and after MaxFaults the
