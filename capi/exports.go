@@ -13,6 +13,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/cuda"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -25,7 +26,10 @@ import (
 //     success;
 //   - a panic is recovered, logged at WARN and returned as ncclInternalError;
 //   - per-op calls (iput, iputSignal, iget, test, rmaProgress) allocate
-//     nothing on the success path.
+//     nothing on the success path (exports_test.go checks it).
+//
+// The helpers below hold that scaffold: recoverTo (deferred), clearOut for
+// out-pointers and putID for created handles.
 
 const subsys = abi.SubsysNet
 
@@ -37,11 +41,47 @@ func nullArg(call, arg string) C.int {
 	return rc(abi.InvalidArgument)
 }
 
-// panicked turns a recovered panic into ncclInternalError.
+// recoverTo turns a panic in the export that defers it into
+// ncclInternalError in *ret. Every export defers it directly with a named
+// result (defer recoverTo(&ret, "call")), not through a closure: such a
+// defer is open-coded and allocates nothing, which the per-op calls need.
+func recoverTo(ret *C.int, call string) {
+	if r := recover(); r != nil {
+		*ret = panicked(call, r)
+	}
+}
+
+// panicked logs a recovered panic and returns ncclInternalError.
 func panicked(call string, r any) C.int {
 	logx.Warn(subsys, "%s: internal error (recovered panic): %v", call, r)
 	logx.Trace(subsys, "%s: panic stack:\n%s", call, debug.Stack())
 	return rc(abi.InternalError)
+}
+
+// clearOut checks an out-pointer and clears it, so the caller sees a value
+// only on success. NULL is ncclInvalidArgument (returned with ok = false)
+// with a WARN naming the call and the argument.
+func clearOut[T any](p *T, call, arg string) (ret C.int, ok bool) {
+	if p == nil {
+		return nullArg(call, arg), false
+	}
+	var zero T
+	*p = zero
+	return rc(abi.Success), true
+}
+
+// putID finishes a call that creates something: it passes a host error
+// through, writes the new id to *out, and turns a success without an id
+// (a host bug) into ncclInternalError, since C would read 0 as NULL.
+func putID(out *C.uintptr_t, id uint64, r abi.Result, call, what string) C.int {
+	if r != abi.Success {
+		return rc(r)
+	}
+	if id == 0 {
+		return noID(call, what)
+	}
+	*out = C.uintptr_t(id)
+	return rc(abi.Success)
 }
 
 // noID reports a host success that produced no handle (a host bug).
@@ -52,43 +92,26 @@ func noID(call, what string) C.int {
 
 //export rmawasm_init
 func rmawasm_init(ctx *C.uintptr_t, commID C.uint64_t, logFn C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("init", r)
-		}
-	}()
+	defer recoverTo(&ret, "init")
 	if logFn != 0 {
 		installLogger(logFn)
 	}
-	if ctx == nil {
-		return nullArg("init", "ctx")
+	if r, ok := clearOut(ctx, "init", "ctx"); !ok {
+		return r
 	}
-	*ctx = 0
-	probeCUDA()
+	cuda.Probe()
 	id, r := host.Init(uint64(commID))
-	if r != abi.Success {
-		return rc(r)
-	}
-	if id == 0 {
-		return noID("init", "context")
-	}
-	*ctx = C.uintptr_t(id)
-	return rc(abi.Success)
+	return putID(ctx, id, r, "init", "context")
 }
 
 //export rmawasm_devices
 func rmawasm_devices(ndev *C.int) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("devices", r)
-		}
-	}()
-	if ndev == nil {
-		return nullArg("devices", "ndev")
+	defer recoverTo(&ret, "devices")
+	if r, ok := clearOut(ndev, "devices", "ndev"); !ok {
+		return r
 	}
 	n, r := host.Devices()
 	if r != abi.Success {
-		*ndev = 0
 		return rc(r)
 	}
 	*ndev = C.int(n)
@@ -97,11 +120,7 @@ func rmawasm_devices(ndev *C.int) (ret C.int) {
 
 //export rmawasm_getRmaProperties
 func rmawasm_getRmaProperties(coll C.uintptr_t, props *C.ncclRmaProperties_v16_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("getRmaProperties", r)
-		}
-	}()
+	defer recoverTo(&ret, "getRmaProperties")
 	if props == nil {
 		return nullArg("getRmaProperties", "rmaProps")
 	}
@@ -116,11 +135,7 @@ func rmawasm_getRmaProperties(coll C.uintptr_t, props *C.ncclRmaProperties_v16_t
 
 //export rmawasm_getProperties
 func rmawasm_getProperties(dev C.int, props *C.ncclNetProperties_v12_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("getProperties", r)
-		}
-	}()
+	defer recoverTo(&ret, "getProperties")
 	if props == nil {
 		return nullArg("getProperties", "props")
 	}
@@ -138,41 +153,24 @@ func rmawasm_getProperties(dev C.int, props *C.ncclNetProperties_v12_t) (ret C.i
 
 //export rmawasm_listen
 func rmawasm_listen(ctx C.uintptr_t, dev C.int, handle unsafe.Pointer, listenComm *C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("listen", r)
-		}
-	}()
-	if listenComm == nil {
-		return nullArg("listen", "listenComm")
+	defer recoverTo(&ret, "listen")
+	if r, ok := clearOut(listenComm, "listen", "listenComm"); !ok {
+		return r
 	}
-	*listenComm = 0
 	if handle == nil {
 		return nullArg("listen", "handle")
 	}
 	id, r := host.Listen(uint64(ctx), int32(dev), (*[abi.HandleSize]byte)(handle))
-	if r != abi.Success {
-		return rc(r)
-	}
-	if id == 0 {
-		return noID("listen", "listen communicator")
-	}
-	*listenComm = C.uintptr_t(id)
-	return rc(abi.Success)
+	return putID(listenComm, id, r, "listen", "listen communicator")
 }
 
 //export rmawasm_connect
 func rmawasm_connect(ctx C.uintptr_t, handles *unsafe.Pointer, nranks, rank C.int, listen C.uintptr_t, collComm *C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("connect", r)
-		}
-	}()
+	defer recoverTo(&ret, "connect")
 	_ = ctx // may be another plugin's context (NCCL passes netContext): ignored
-	if collComm == nil {
-		return nullArg("connect", "collComm")
+	if r, ok := clearOut(collComm, "connect", "collComm"); !ok {
+		return r
 	}
-	*collComm = 0
 	if handles == nil {
 		return nullArg("connect", "handles")
 	}
@@ -190,27 +188,15 @@ func rmawasm_connect(ctx C.uintptr_t, handles *unsafe.Pointer, nranks, rank C.in
 		hs[i] = (*[abi.HandleSize]byte)(p)
 	}
 	id, r := host.Connect(hs, int32(rank), uint64(listen))
-	if r != abi.Success {
-		return rc(r)
-	}
-	if id == 0 {
-		return noID("connect", "collective communicator")
-	}
-	*collComm = C.uintptr_t(id)
-	return rc(abi.Success)
+	return putID(collComm, id, r, "connect", "collective communicator")
 }
 
 //export rmawasm_createContext
 func rmawasm_createContext(coll C.uintptr_t, config *C.ncclRmaConfig_v15_t, rmaCtx *C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("createContext", r)
-		}
-	}()
-	if rmaCtx == nil {
-		return nullArg("createContext", "rmaCtx")
+	defer recoverTo(&ret, "createContext")
+	if r, ok := clearOut(rmaCtx, "createContext", "rmaCtx"); !ok {
+		return r
 	}
-	*rmaCtx = 0
 	if config == nil {
 		return nullArg("createContext", "config")
 	}
@@ -220,185 +206,97 @@ func rmawasm_createContext(coll C.uintptr_t, config *C.ncclRmaConfig_v15_t, rmaC
 		RankStride:   int32(config.rankStride),
 	}
 	id, r := host.CreateContext(uint64(coll), cfg)
-	if r != abi.Success {
-		return rc(r)
-	}
-	if id == 0 {
-		return noID("createContext", "rma context")
-	}
-	*rmaCtx = C.uintptr_t(id)
-	return rc(abi.Success)
+	return putID(rmaCtx, id, r, "createContext", "rma context")
 }
 
 //export rmawasm_regMrSym
 func rmawasm_regMrSym(coll, data C.uintptr_t, size C.size_t, typ C.int, flags C.uint64_t, mhandle *C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("regMrSym", r)
-		}
-	}()
-	if mhandle == nil {
-		return nullArg("regMrSym", "mhandle")
+	defer recoverTo(&ret, "regMrSym")
+	if r, ok := clearOut(mhandle, "regMrSym", "mhandle"); !ok {
+		return r
 	}
-	*mhandle = 0
 	id, r := host.RegMr(uint64(coll), uintptr(data), uint64(size), int32(typ), uint64(flags))
-	if r != abi.Success {
-		return rc(r)
-	}
-	if id == 0 {
-		return noID("regMrSym", "memory handle")
-	}
-	*mhandle = C.uintptr_t(id)
-	return rc(abi.Success)
+	return putID(mhandle, id, r, "regMrSym", "memory handle")
 }
 
 //export rmawasm_regMrSymDmaBuf
 func rmawasm_regMrSymDmaBuf(coll, data C.uintptr_t, size C.size_t, typ C.int, offset C.uint64_t, fd C.int, flags C.uint64_t, mhandle *C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("regMrSymDmaBuf", r)
-		}
-	}()
-	if mhandle == nil {
-		return nullArg("regMrSymDmaBuf", "mhandle")
+	defer recoverTo(&ret, "regMrSymDmaBuf")
+	if r, ok := clearOut(mhandle, "regMrSymDmaBuf", "mhandle"); !ok {
+		return r
 	}
-	*mhandle = 0
 	id, r := host.RegMrDmaBuf(uint64(coll), uintptr(data), uint64(size), int32(typ), uint64(offset), int32(fd), uint64(flags))
-	if r != abi.Success {
-		return rc(r)
-	}
-	if id == 0 {
-		return noID("regMrSymDmaBuf", "memory handle")
-	}
-	*mhandle = C.uintptr_t(id)
-	return rc(abi.Success)
+	return putID(mhandle, id, r, "regMrSymDmaBuf", "memory handle")
 }
 
 //export rmawasm_deregMrSym
 func rmawasm_deregMrSym(coll, mhandle C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("deregMrSym", r)
-		}
-	}()
+	defer recoverTo(&ret, "deregMrSym")
 	return rc(host.DeregMr(uint64(coll), uint64(mhandle)))
 }
 
 //export rmawasm_destroyContext
 func rmawasm_destroyContext(rmaCtx C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("destroyContext", r)
-		}
-	}()
+	defer recoverTo(&ret, "destroyContext")
 	return rc(host.DestroyContext(uint64(rmaCtx)))
 }
 
 //export rmawasm_closeColl
 func rmawasm_closeColl(coll C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("closeColl", r)
-		}
-	}()
+	defer recoverTo(&ret, "closeColl")
 	return rc(host.CloseColl(uint64(coll)))
 }
 
 //export rmawasm_closeListen
 func rmawasm_closeListen(listen C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("closeListen", r)
-		}
-	}()
+	defer recoverTo(&ret, "closeListen")
 	return rc(host.CloseListen(uint64(listen)))
 }
 
 //export rmawasm_iput
 func rmawasm_iput(rmaCtx C.uintptr_t, context C.int, srcOff C.uint64_t, srcMh C.uintptr_t, size C.size_t,
 	dstOff C.uint64_t, dstMh C.uintptr_t, rank, optFlags C.uint32_t, request *C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("iput", r)
-		}
-	}()
-	if request == nil {
-		return nullArg("iput", "request")
+	defer recoverTo(&ret, "iput")
+	if r, ok := clearOut(request, "iput", "request"); !ok {
+		return r
 	}
-	*request = 0
 	id, r := host.Iput(uint64(rmaCtx), int32(context), uint64(srcOff), uint64(srcMh), uint64(size),
 		uint64(dstOff), uint64(dstMh), uint32(rank), uint32(optFlags))
-	if r != abi.Success {
-		return rc(r)
-	}
-	if id == 0 {
-		return noID("iput", "request")
-	}
-	*request = C.uintptr_t(id)
-	return rc(abi.Success)
+	return putID(request, id, r, "iput", "request")
 }
 
 //export rmawasm_iputSignal
 func rmawasm_iputSignal(rmaCtx C.uintptr_t, context C.int, srcOff C.uint64_t, srcMh C.uintptr_t, size C.size_t,
 	dstOff C.uint64_t, dstMh C.uintptr_t, rank C.uint32_t, signalOff C.uint64_t, signalMh C.uintptr_t,
 	signalValue C.uint64_t, signalOp C.uint32_t, strong C.bool, optFlags C.uint32_t, request *C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("iputSignal", r)
-		}
-	}()
-	if request == nil {
-		return nullArg("iputSignal", "request")
+	defer recoverTo(&ret, "iputSignal")
+	if r, ok := clearOut(request, "iputSignal", "request"); !ok {
+		return r
 	}
-	*request = 0
 	id, r := host.IputSignal(uint64(rmaCtx), int32(context), uint64(srcOff), uint64(srcMh), uint64(size),
 		uint64(dstOff), uint64(dstMh), uint32(rank), uint64(signalOff), uint64(signalMh),
 		uint64(signalValue), uint32(signalOp), bool(strong), uint32(optFlags))
-	if r != abi.Success {
-		return rc(r)
-	}
-	if id == 0 {
-		return noID("iputSignal", "request")
-	}
-	*request = C.uintptr_t(id)
-	return rc(abi.Success)
+	return putID(request, id, r, "iputSignal", "request")
 }
 
 //export rmawasm_iget
 func rmawasm_iget(rmaCtx C.uintptr_t, context C.int, remoteOff C.uint64_t, remoteMh C.uintptr_t, size C.size_t,
 	localOff C.uint64_t, localMh C.uintptr_t, rank, optFlags C.uint32_t, request *C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("iget", r)
-		}
-	}()
-	if request == nil {
-		return nullArg("iget", "request")
+	defer recoverTo(&ret, "iget")
+	if r, ok := clearOut(request, "iget", "request"); !ok {
+		return r
 	}
-	*request = 0
 	id, r := host.Iget(uint64(rmaCtx), int32(context), uint64(remoteOff), uint64(remoteMh), uint64(size),
 		uint64(localOff), uint64(localMh), uint32(rank), uint32(optFlags))
-	if r != abi.Success {
-		return rc(r)
-	}
-	if id == 0 {
-		return noID("iget", "request")
-	}
-	*request = C.uintptr_t(id)
-	return rc(abi.Success)
+	return putID(request, id, r, "iget", "request")
 }
 
 //export rmawasm_iflush
 func rmawasm_iflush(rmaCtx C.uintptr_t, context C.int, mhandle C.uintptr_t, rank C.uint32_t, request *C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("iflush", r)
-		}
-	}()
-	if request == nil {
-		return nullArg("iflush", "request")
+	defer recoverTo(&ret, "iflush")
+	if r, ok := clearOut(request, "iflush", "request"); !ok {
+		return r
 	}
-	*request = 0
 	// A zero id is allowed here: *request = NULL means "already complete".
 	id, r := host.Iflush(uint64(rmaCtx), int32(context), uint64(mhandle), uint32(rank))
 	if r != abi.Success {
@@ -410,15 +308,10 @@ func rmawasm_iflush(rmaCtx C.uintptr_t, context C.int, mhandle C.uintptr_t, rank
 
 //export rmawasm_test
 func rmawasm_test(coll, request C.uintptr_t, done *C.int) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("test", r)
-		}
-	}()
-	if done == nil {
-		return nullArg("test", "done")
+	defer recoverTo(&ret, "test")
+	if r, ok := clearOut(done, "test", "done"); !ok {
+		return r
 	}
-	*done = 0
 	d, r := host.Test(uint64(coll), uint64(request))
 	if r != abi.Success {
 		return rc(r)
@@ -431,25 +324,16 @@ func rmawasm_test(coll, request C.uintptr_t, done *C.int) (ret C.int) {
 
 //export rmawasm_rmaProgress
 func rmawasm_rmaProgress(rmaCtx C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("rmaProgress", r)
-		}
-	}()
+	defer recoverTo(&ret, "rmaProgress")
 	return rc(host.Progress(uint64(rmaCtx)))
 }
 
 //export rmawasm_queryLastError
 func rmawasm_queryLastError(rmaCtx C.uintptr_t, hasError *C.bool) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("queryLastError", r)
-		}
-	}()
-	if hasError == nil {
-		return nullArg("queryLastError", "hasError")
+	defer recoverTo(&ret, "queryLastError")
+	if r, ok := clearOut(hasError, "queryLastError", "hasError"); !ok {
+		return r
 	}
-	*hasError = false
 	e, r := host.QueryLastError(uint64(rmaCtx))
 	if r != abi.Success {
 		return rc(r)
@@ -460,10 +344,6 @@ func rmawasm_queryLastError(rmaCtx C.uintptr_t, hasError *C.bool) (ret C.int) {
 
 //export rmawasm_finalize
 func rmawasm_finalize(ctx C.uintptr_t) (ret C.int) {
-	defer func() {
-		if r := recover(); r != nil {
-			ret = panicked("finalize", r)
-		}
-	}()
+	defer recoverTo(&ret, "finalize")
 	return rc(host.Finalize(uint64(ctx)))
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/tetratelabs/wazero"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/sandbox/meter"
 )
 
 func benchPlan(b *testing.B, c backend.Context) {
@@ -73,7 +74,7 @@ func benchRaw(b *testing.B, closeOnDone, metered bool) {
 		b.Fatal(err)
 	}
 	if metered {
-		if bin, err = meter(bin); err != nil {
+		if bin, err = meter.Rewrite(bin); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -82,7 +83,7 @@ func benchRaw(b *testing.B, closeOnDone, metered bool) {
 		b.Fatal(err)
 	}
 	if metered {
-		mod.ExportedGlobal(fuelExport).(interface{ Set(uint64) }).Set(1 << 60)
+		mod.ExportedGlobal(meter.FuelExport).(interface{ Set(uint64) }).Set(1 << 60)
 	}
 	st := make([]uint64, 6)
 	st[0] = 3

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/sandbox/meter"
 )
 
 // On-disk cache of metered modules (SPEC.md §8.7).
@@ -28,8 +29,8 @@ import (
 // much as wazero's (which holds machine code): the checks catch accidents,
 // not tampering.
 
-// meterVersion names the output of meter(). Bump it whenever meter.go
-// changes what it emits; TestMeterVersionPinned fails until you do.
+// meterVersion names the output of meter.Rewrite. Bump it whenever package
+// meter changes what it emits; TestMeterVersionPinned fails until you do.
 const meterVersion = 1
 
 const (
@@ -48,13 +49,13 @@ func meterCachePath(dir string, sum [32]byte) string {
 	return filepath.Join(dir, meterCacheSubdir, fmt.Sprintf("v%d-%x.wasm", meterVersion, sum))
 }
 
-// meterCached returns meter(wasm), from dir when an intact entry for sum is
-// there, and stores what it computes otherwise. dir "" means no disk cache.
+// meterCached returns meter.Rewrite(wasm), from dir when an intact entry
+// for sum is there, and stores what it computes otherwise. dir "" means no disk cache.
 // The caller calls free once it no longer uses the bytes (an entry read from
 // disk lives outside the Go heap, see readFileOffHeap).
 func meterCached(dir string, wasm []byte, sum [32]byte) (metered []byte, free func(), err error) {
 	if dir == "" || len(wasm) < meterCacheMinSize {
-		metered, err = meter(wasm)
+		metered, err = meter.Rewrite(wasm)
 		return metered, func() {}, err
 	}
 	path := meterCachePath(dir, sum)
@@ -65,7 +66,7 @@ func meterCached(dir string, wasm []byte, sum [32]byte) (metered []byte, free fu
 		free()
 		logx.Info(0, "wasm: ignoring damaged metered-module cache entry %s; rebuilding it", path)
 	}
-	metered, err = meter(wasm)
+	metered, err = meter.Rewrite(wasm)
 	if err != nil {
 		return nil, nil, err
 	}

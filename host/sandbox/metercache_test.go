@@ -3,11 +3,14 @@ package sandbox
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/sandbox/meter"
 )
 
 // pinnedModule: a loop, a global, a call and a block; enough for every kind
@@ -17,18 +20,18 @@ const pinnedModule = "0061736d0100000001090260017f017f60000003030200010504010101
 // pinnedMetered is sha256(meter(pinnedModule)) for meterVersion 1.
 const pinnedMetered = "9a4fbcf774dab4dd64c35fa69eaee55d7f7b511b7eacf82ad5a8eacfd2e21b85"
 
-// TestMeterVersionPinned fails when meter() emits something new: bump
+// TestMeterVersionPinned fails when meter.Rewrite emits something new: bump
 // meterVersion (so stale cached entries are not used) and update
 // pinnedMetered.
 func TestMeterVersionPinned(t *testing.T) {
 	in, _ := hex.DecodeString(pinnedModule)
-	out, err := meter(in)
+	out, err := meter.Rewrite(in)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(out)
 	if got := hex.EncodeToString(sum[:]); got != pinnedMetered || meterVersion != 1 {
-		t.Fatalf("meter output is %s (meterVersion %d): if meter.go changed, bump meterVersion and set pinnedMetered to it", got, meterVersion)
+		t.Fatalf("meter output is %s (meterVersion %d): if package meter changed, bump meterVersion and set pinnedMetered to it", got, meterVersion)
 	}
 }
 
@@ -41,14 +44,14 @@ func padded(t *testing.T, wasm []byte, n int) []byte {
 	body = append(body, make([]byte, n)...)
 	out := append([]byte(nil), wasm...)
 	out = append(out, 0)
-	out = appendU32(out, uint32(len(body)))
+	out = binary.AppendUvarint(out, uint64(len(body))) // unsigned LEB128, as Wasm sizes are
 	return append(out, body...)
 }
 
 func TestMeterCache(t *testing.T) {
 	small, _ := hex.DecodeString(pinnedModule)
 	wasm := padded(t, small, meterCacheMinSize)
-	want, err := meter(wasm)
+	want, err := meter.Rewrite(wasm)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +116,7 @@ func TestMeterCache(t *testing.T) {
 func TestMeterCacheConcurrent(t *testing.T) {
 	small, _ := hex.DecodeString(pinnedModule)
 	wasm := padded(t, small, 256<<10)
-	want, _ := meter(wasm)
+	want, _ := meter.Rewrite(wasm)
 	sum := sha256.Sum256(wasm)
 	dir := t.TempDir()
 	var wg sync.WaitGroup

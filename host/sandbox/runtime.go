@@ -75,7 +75,7 @@ func getRuntime(pages uint32, cacheDir string) (*sharedRuntime, error) {
 	ctx := context.Background()
 	cfg := wazero.NewRuntimeConfig().
 		WithMemoryLimitPages(pages).
-		WithCloseOnContextDone(false). // metering instead: see meter.go
+		WithCloseOnContextDone(false). // metering instead: see package meter
 		WithCoreFeatures(api.CoreFeaturesV2)
 	usedDir := ""
 	if cacheDir != "off" {

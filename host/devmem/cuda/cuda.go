@@ -1,6 +1,10 @@
-package main
+// Package cuda registers the CUDA driver as the devmem.Device. It is cgo:
+// cuda.c finds libcuda.so.1 with dlopen at run time (never linked), so the
+// library still loads on machines without a GPU, and host stays pure Go.
+package cuda
 
 /*
+#cgo CFLAGS: -Wall -Werror=incompatible-pointer-types -Werror=int-conversion -Werror=implicit-function-declaration
 #include <stdlib.h>
 #include "cuda_shim.h"
 */
@@ -22,9 +26,10 @@ type cudaDevice struct{}
 
 var cudaOnce sync.Once
 
-// probeCUDA loads the CUDA driver once, at the first init, and registers it
-// as the device runtime when a GPU is there. NCCL_RMA_WASM_CUDA=0 skips it.
-func probeCUDA() {
+// Probe loads the CUDA driver once, at the first call (capi makes it at the
+// plugin's init), and registers it with devmem when a GPU is there.
+// NCCL_RMA_WASM_CUDA=0 skips it.
+func Probe() {
 	cudaOnce.Do(func() {
 		if on, _ := config.Bool(config.CUDA, true); !on {
 			logx.Info(abi.SubsysInit, "NET/wasm: device memory disabled by %s", config.CUDA)

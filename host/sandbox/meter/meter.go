@@ -1,17 +1,13 @@
-package sandbox
-
-import (
-	"bytes"
-	"errors"
-	"fmt"
-)
-
-// Metering (SPEC.md §8.6, "Termination"). wazero v1.12 can only stop a
-// running guest through RuntimeConfig.WithCloseOnContextDone, which costs a
-// goroutine, a channel and ~300 ns per export call plus ~25 ns per loop
-// back-edge. Instead every module is rewritten at load time:
+// Package meter is the fuel-metering rewriter of Wasm modules (SPEC.md §8.6,
+// "Termination"), kept apart from the sandbox because it is pure bytecode
+// work: it parses and re-encodes a module and knows nothing of wazero.
 //
-//   - a mutable i64 global is appended and exported as fuelExport;
+// wazero v1.12 can only stop a running guest through
+// RuntimeConfig.WithCloseOnContextDone, which costs a goroutine, a channel
+// and ~300 ns per export call plus ~25 ns per loop back-edge. Instead every
+// module is rewritten at load time:
+//
+//   - a mutable i64 global is appended and exported as FuelExport;
 //   - every function body starts with a charge of the number of instructions
 //     it owns outside any loop;
 //   - every loop body starts (so on entry and on every back-edge) with a
@@ -25,8 +21,17 @@ import (
 // memory instructions count as one, and are bounded by the memory cap; host
 // functions charge fuel themselves). The host sets the global before each
 // call and reads it after a trap to tell "out of fuel" from a guest trap.
+package meter
 
-const fuelExport = "__rmaw_fuel"
+import (
+	"bytes"
+	"errors"
+	"fmt"
+)
+
+// FuelExport is the name under which Rewrite exports the fuel global (a
+// mutable i64): the host sets it before a call and reads it after a trap.
+const FuelExport = "__rmaw_fuel"
 
 var errMeter = errors.New("malformed module")
 
@@ -119,10 +124,10 @@ type section struct {
 	body []byte
 }
 
-// meter returns the instrumented module. It also refuses modules that
+// Rewrite returns the instrumented module. It also refuses modules that
 // reference a global index beyond their own (which would alias the fuel
-// global once it is appended).
-func meter(wasm []byte) ([]byte, error) {
+// global once it is appended). It never panics on malformed input.
+func Rewrite(wasm []byte) ([]byte, error) {
 	if len(wasm) < 8 || !bytes.Equal(wasm[:4], []byte("\x00asm")) {
 		return nil, errors.New("not a WebAssembly module (bad magic)")
 	}
@@ -223,7 +228,7 @@ func meter(wasm []byte) ([]byte, error) {
 	}
 
 	// Export section: append the fuel global; refuse a clash.
-	exp := appendName(nil, fuelExport)
+	exp := appendName(nil, FuelExport)
 	exp = append(exp, 0x03)
 	exp = appendU32(exp, fuel)
 	if exportSec >= 0 {
@@ -242,8 +247,8 @@ func meter(wasm []byte) ([]byte, error) {
 			if err := sr.skip(int(l)); err != nil {
 				return nil, err
 			}
-			if string(name) == fuelExport {
-				return nil, fmt.Errorf("module exports the reserved name %q", fuelExport)
+			if string(name) == FuelExport {
+				return nil, fmt.Errorf("module exports the reserved name %q", FuelExport)
 			}
 			kind, err := sr.byte()
 			if err != nil {

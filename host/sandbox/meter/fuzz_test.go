@@ -1,7 +1,8 @@
-package sandbox
+package meter
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	"github.com/tetratelabs/wazero"
@@ -11,7 +12,7 @@ import (
 // broken backend file would. It must never panic, and a module that wazero
 // accepts must still be accepted after metering.
 func FuzzMeter(f *testing.F) {
-	def := DefaultWasm()
+	def := defaultWasm(f)
 	f.Add(def)
 	f.Add(def[:len(def)/2])
 	f.Add([]byte("\x00asm\x01\x00\x00\x00"))
@@ -20,7 +21,7 @@ func FuzzMeter(f *testing.F) {
 	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter().WithMemoryLimitPages(64))
 	defer rt.Close(ctx)
 	f.Fuzz(func(t *testing.T, in []byte) {
-		out, err := meter(in)
+		out, err := Rewrite(in)
 		if err != nil {
 			return
 		}
@@ -35,4 +36,14 @@ func FuzzMeter(f *testing.F) {
 		}
 		m.Close(ctx)
 	})
+}
+
+// defaultWasm is the sandbox's embedded default backend, a real C guest.
+func defaultWasm(tb testing.TB) []byte {
+	tb.Helper()
+	b, err := os.ReadFile("../embedded/default.wasm")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
 }

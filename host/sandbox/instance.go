@@ -1,0 +1,295 @@
+package sandbox
+
+// Instances: one guest instance with its cached functions, the fuel each
+// call runs on, and the checks that turn its answers into Go values.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"sync"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/sandbox/meter"
+)
+
+// instance is one guest instance with its cached functions and stacks.
+type instance struct {
+	b        *Backend
+	mod      api.Module
+	mem      api.Memory
+	fuel     api.MutableGlobal
+	ctx      context.Context
+	area     uint32
+	compCap  uint32
+	features uint64
+
+	fInit, fArea, fDevices, fConnPlan, fCtxOpen, fCtxClose, fPlanOp, fCompletions, fFinalize api.Function
+
+	planStack [6]uint64
+	stack     [8]uint64
+}
+
+func (b *Backend) newInstance() (*instance, error) {
+	in := &instance{b: b}
+	in.ctx = context.WithValue(context.Background(), instKey{}, in)
+	cfg := wazero.NewModuleConfig().
+		WithName("").
+		WithStartFunctions().
+		WithStdout(&logWriter{name: b.name}).
+		WithStderr(&logWriter{name: b.name})
+	// The allocator goes on the instantiation context only: calls keep the
+	// short in.ctx.
+	mod, err := b.rt.rt.InstantiateModule(experimental.WithMemoryAllocator(in.ctx, mmapAllocator{}), b.cm, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("instantiating: %w", err)
+	}
+	in.mod = mod
+	in.mem = mod.Memory()
+	g, ok := mod.ExportedGlobal(meter.FuelExport).(api.MutableGlobal)
+	if !ok || in.mem == nil {
+		mod.Close(context.Background())
+		return nil, errors.New("internal: metering global missing")
+	}
+	in.fuel = g
+	fn := func(name string) api.Function {
+		if !b.exports[name] {
+			return nil
+		}
+		return mod.ExportedFunction(name)
+	}
+	in.fInit, in.fArea, in.fDevices = fn(guestabi.ExportInit), fn(guestabi.ExportArea), fn(guestabi.ExportDevices)
+	in.fConnPlan, in.fCtxOpen, in.fCtxClose = fn(guestabi.ExportConnPlan), fn(guestabi.ExportCtxOpen), fn(guestabi.ExportCtxClose)
+	in.fPlanOp, in.fCompletions, in.fFinalize = fn(guestabi.ExportPlanOp), fn(guestabi.ExportCompletions), fn(guestabi.ExportFinalize)
+
+	if init := fn(guestabi.ExportInitialize); init != nil {
+		if err := in.call(init, guestabi.ExportInitialize, in.stack[:0], b.ctlFuel); err != nil {
+			in.close()
+			return nil, err
+		}
+	}
+	in.stack[0] = guestabi.FeaturesV1
+	if err := in.call(in.fInit, guestabi.ExportInit, in.stack[:1], b.ctlFuel); err != nil {
+		in.close()
+		return nil, err
+	}
+	res := int64(in.stack[0])
+	if res < 0 {
+		in.close()
+		return nil, fmt.Errorf("%s failed with status %d", guestabi.ExportInit, res)
+	}
+	in.features = uint64(res)
+	if in.features&^guestabi.FeaturesV1 != 0 {
+		in.close()
+		return nil, fmt.Errorf("%s enabled features %#x the host did not offer (offered %#x)", guestabi.ExportInit, in.features, guestabi.FeaturesV1)
+	}
+	if in.features&guestabi.FeaturePlanOp != 0 && in.fPlanOp == nil {
+		in.close()
+		return nil, fmt.Errorf("%s enabled plan_op but the module does not export %q", guestabi.ExportInit, guestabi.ExportPlanOp)
+	}
+	if in.features&guestabi.FeatureCompletions != 0 && in.fCompletions == nil {
+		in.close()
+		return nil, fmt.Errorf("%s enabled completions but the module does not export %q", guestabi.ExportInit, guestabi.ExportCompletions)
+	}
+	if err := in.call(in.fArea, guestabi.ExportArea, in.stack[:1], b.ctlFuel); err != nil {
+		in.close()
+		return nil, err
+	}
+	if err := in.checkArea(uint32(in.stack[0])); err != nil {
+		in.close()
+		return nil, err
+	}
+	return in, nil
+}
+
+func (in *instance) checkArea(area uint32) error {
+	size := uint64(in.mem.Size())
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("descriptor area at %#x: "+format, append([]any{area}, args...)...)
+	}
+	if area%8 != 0 {
+		return bad("not 8-byte aligned")
+	}
+	if uint64(area)+guestabi.AreaMinSize > size {
+		return bad("outside linear memory (%d bytes)", size)
+	}
+	magic, _ := in.mem.ReadUint32Le(area + guestabi.OffMagic)
+	ver, _ := in.mem.ReadUint32Le(area + guestabi.OffVersion)
+	asz, _ := in.mem.ReadUint32Le(area + guestabi.OffAreaSize)
+	ccap, _ := in.mem.ReadUint32Le(area + guestabi.OffCompCap)
+	if magic != guestabi.AreaMagic {
+		return bad("magic %#x, want %#x", magic, guestabi.AreaMagic)
+	}
+	if ver != guestabi.Version {
+		return bad("version %d, want %d", ver, guestabi.Version)
+	}
+	if ccap > guestabi.MaxCompCap {
+		return bad("completion capacity %d exceeds %d", ccap, guestabi.MaxCompCap)
+	}
+	need := uint64(guestabi.OffCompletions) + uint64(ccap)*guestabi.CompletionSize
+	if uint64(asz) < need {
+		return bad("size %d is smaller than the layout needs (%d for %d completion records)", asz, need, ccap)
+	}
+	if uint64(area)+uint64(asz) > size {
+		return bad("size %d runs past linear memory (%d bytes)", asz, size)
+	}
+	if in.features&guestabi.FeatureCompletions != 0 && ccap == 0 {
+		return bad("completions enabled but the area holds no completion records")
+	}
+	in.area, in.compCap = area, ccap
+	return nil
+}
+
+// charge takes fuel from the running call (host functions).
+func (in *instance) charge(n int64) {
+	in.fuel.Set(uint64(int64(in.fuel.Get()) - n))
+}
+
+// call runs f with a fuel budget. Errors name the export and tell a timeout
+// (ErrTimeout) from a trap.
+func (in *instance) call(f api.Function, export string, stack []uint64, fuel int64) error {
+	in.fuel.Set(uint64(fuel))
+	err := f.CallWithStack(in.ctx, stack)
+	if err == nil {
+		return nil
+	}
+	if int64(in.fuel.Get()) < 0 {
+		return fmt.Errorf("%s: %w (budget %d instructions): %v", export, ErrTimeout, fuel, firstLine(err))
+	}
+	return fmt.Errorf("%s trapped: %v", export, firstLine(err))
+}
+
+func firstLine(err error) string {
+	s := err.Error()
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+func (in *instance) close() {
+	if in != nil && in.mod != nil {
+		_ = in.mod.Close(context.Background())
+		in.mod = nil
+	}
+}
+
+func (in *instance) finalize() {
+	if in.fFinalize != nil && in.mod != nil {
+		if err := in.call(in.fFinalize, guestabi.ExportFinalize, in.stack[:1], in.b.ctlFuel); err != nil {
+			logx.Warn(0, "wasm backend %s: %v", in.b.name, err)
+		}
+	}
+}
+
+func (in *instance) devices() ([]backend.DeviceInfo, error) {
+	def := backend.Native{}.Devices()
+	if in.fDevices == nil {
+		return def, nil
+	}
+	in.stack[0] = guestabi.MaxDevices
+	if err := in.call(in.fDevices, guestabi.ExportDevices, in.stack[:1], in.b.ctlFuel); err != nil {
+		return nil, err
+	}
+	n := int32(in.stack[0])
+	if n < 0 {
+		return nil, fmt.Errorf("%s failed with status %d", guestabi.ExportDevices, n)
+	}
+	if n == 0 || n > guestabi.MaxDevices {
+		return nil, fmt.Errorf("%s returned %d devices, want 1..%d", guestabi.ExportDevices, n, guestabi.MaxDevices)
+	}
+	out := make([]backend.DeviceInfo, n)
+	for i := range out {
+		base := in.area + guestabi.OffDevices + uint32(i)*guestabi.DeviceSize
+		raw, _ := in.mem.Read(base+guestabi.DevOffName, 64)
+		name := string(raw)
+		if j := strings.IndexByte(name, 0); j >= 0 {
+			name = name[:j]
+		}
+		if len(name) > guestabi.DeviceNameMax {
+			name = name[:guestabi.DeviceNameMax]
+		}
+		speed, _ := in.mem.ReadUint32Le(base + guestabi.DevOffSpeedMbps)
+		lat, _ := in.mem.ReadFloat32Le(base + guestabi.DevOffLatencyUs)
+		if name == "" {
+			return nil, fmt.Errorf("%s: device %d has an empty name", guestabi.ExportDevices, i)
+		}
+		if int32(speed) <= 0 {
+			return nil, fmt.Errorf("%s: device %d speed %d Mbps is not positive", guestabi.ExportDevices, i, int32(speed))
+		}
+		if !(lat >= 0 && lat < 1e6) || math.IsNaN(float64(lat)) {
+			return nil, fmt.Errorf("%s: device %d latency %v us is out of range", guestabi.ExportDevices, i, lat)
+		}
+		out[i] = backend.DeviceInfo{Name: name, SpeedMbps: int32(speed), LatencyUs: lat}
+	}
+	return out, nil
+}
+
+func (in *instance) connPlan(nranks, rank int32, def backend.ConnPlan) (backend.ConnPlan, error) {
+	m, a := in.mem, in.area
+	m.WriteUint32Le(a+guestabi.OffConnLanes, uint32(def.Lanes))
+	m.WriteUint32Le(a+guestabi.OffConnTransport, uint32(def.Transport))
+	m.WriteUint64Le(a+guestabi.OffConnStripe, def.StripeThreshold)
+	m.WriteUint64Le(a+guestabi.OffConnChunk, def.ChunkSize)
+	in.stack[0], in.stack[1] = uint64(uint32(nranks)), uint64(uint32(rank))
+	if err := in.call(in.fConnPlan, guestabi.ExportConnPlan, in.stack[:2], in.b.ctlFuel); err != nil {
+		return def, err
+	}
+	if st := int32(in.stack[0]); st != 0 {
+		if st < 0 {
+			return def, &guestStatusError{in.b.name, guestabi.ExportConnPlan, st}
+		}
+		return def, fmt.Errorf("%s returned status %d (want 0 or negative)", guestabi.ExportConnPlan, st)
+	}
+	lanes, _ := m.ReadUint32Le(a + guestabi.OffConnLanes)
+	tr, _ := m.ReadUint32Le(a + guestabi.OffConnTransport)
+	stripe, _ := m.ReadUint64Le(a + guestabi.OffConnStripe)
+	chunk, _ := m.ReadUint64Le(a + guestabi.OffConnChunk)
+	p := backend.ConnPlan{Lanes: int32(lanes), Transport: backend.Transport(int32(tr)), StripeThreshold: stripe, ChunkSize: chunk}
+	switch {
+	case p.Lanes < 1 || p.Lanes > backend.MaxLanes:
+		return def, fmt.Errorf("%s: lanes %d outside 1..%d", guestabi.ExportConnPlan, p.Lanes, backend.MaxLanes)
+	case p.Transport < backend.TransportAuto || p.Transport > backend.TransportIntraNode:
+		return def, fmt.Errorf("%s: unknown transport %d", guestabi.ExportConnPlan, p.Transport)
+	case p.ChunkSize == 0 || p.ChunkSize > 1<<40:
+		return def, fmt.Errorf("%s: chunk size %d outside 1..2^40", guestabi.ExportConnPlan, p.ChunkSize)
+	}
+	return p, nil
+}
+
+// logWriter forwards a guest's stdout/stderr (e.g. a Go panic) to the log.
+type logWriter struct {
+	name string
+	mu   sync.Mutex
+	buf  []byte
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := strings.IndexByte(string(w.buf), '\n')
+		if i < 0 {
+			break
+		}
+		logx.Warn(0, "wasm guest %s (stdio): %s", w.name, w.buf[:i])
+		w.buf = w.buf[i+1:]
+	}
+	if len(w.buf) > 4096 {
+		logx.Warn(0, "wasm guest %s (stdio): %s", w.name, w.buf)
+		w.buf = w.buf[:0]
+	}
+	return len(p), nil
+}
+
+var _ io.Writer = (*logWriter)(nil)

@@ -1,0 +1,71 @@
+package sandbox
+
+// Options: what selects a guest backend and limits it, and how they are
+// read from the environment.
+
+import (
+	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// Defaults of Options.
+const (
+	DefaultMemoryLimitMiB = 64
+	DefaultCallTimeout    = 100 * time.Millisecond
+	// MaxFaults is how many traps/nonsense answers a backend survives (each
+	// replaces the instance that faulted); the next one disables it. Running
+	// out of fuel (a guest that does not return) disables it at once.
+	MaxFaults = 3
+	// fuelPerNs calibrates budgets: one unit is one wasm instruction;
+	// compiled code runs roughly one simple instruction per ns or faster.
+	fuelPerNs = 1
+	// planFuelDivisor: rmaw_plan_op gets CallTimeout/planFuelDivisor.
+	planFuelDivisor = 100
+)
+
+// Options selects and limits a guest backend.
+type Options struct {
+	// Name is "" or "default" for the embedded default backend, a path to a
+	// .wasm file (contains a '/' or ends in ".wasm"), or a module name looked
+	// up as <Dir>/<Name>.wasm.
+	Name string
+	// Dir holds backend modules (NCCL_RMA_WASM_DIR).
+	Dir string
+	// CacheDir is the on-disk compilation cache; "" = default
+	// (os.UserCacheDir()/rccl-rma-wasm), "off" disables it.
+	CacheDir string
+	// Config is handed to the guest at init; when empty, the file
+	// <module>.conf beside the module is used if it exists.
+	Config string
+	// MemoryLimitMiB caps each instance's linear memory (default 64).
+	MemoryLimitMiB uint32
+	// CallTimeout bounds control-plane calls (init, contexts, completions);
+	// rmaw_plan_op gets 1/100 of it. Default 100 ms.
+	CallTimeout time.Duration
+}
+
+// OptionsFromEnv reads the NCCL_RMA_WASM_* variables through host/config.
+// Unparsable values are reported with a WARN and replaced by defaults.
+func OptionsFromEnv() Options {
+	o := Options{
+		Name:     config.String(config.Backend, ""),
+		Dir:      config.String(config.Dir, ""),
+		CacheDir: config.String(config.CacheDir, ""),
+		Config:   config.Get(config.BackendConfig),
+	}
+	mb, ok := config.Int(config.GuestMemoryMiB, DefaultMemoryLimitMiB)
+	if !ok || mb <= 0 || mb > 4096 {
+		logx.Warn(0, "wasm: %s=%q is not a size in MiB (1..4096); using %d", config.GuestMemoryMiB, config.Get(config.GuestMemoryMiB), DefaultMemoryLimitMiB)
+		mb = DefaultMemoryLimitMiB
+	}
+	o.MemoryLimitMiB = uint32(mb)
+	d, ok := config.Duration(config.GuestTimeoutMs, DefaultCallTimeout)
+	if !ok || d <= 0 {
+		logx.Warn(0, "wasm: %s=%q is not a positive millisecond count; using %v", config.GuestTimeoutMs, config.Get(config.GuestTimeoutMs), DefaultCallTimeout)
+		d = DefaultCallTimeout
+	}
+	o.CallTimeout = d
+	return o
+}
