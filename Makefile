@@ -1,7 +1,8 @@
 # rccl-rma-wasm build. All outputs go to build/.
 #
-#   make          build/librccl-rma-wasm.so (+ libnccl-rma-wasm.so symlink) and build/rma_driver
-#   make demo     run the C driver: 4 ranks, table v15
+#   make          build/librccl-rma-wasm.so (+ libnccl-rma-wasm.so symlink), build/rma_driver
+#                 (the test harness, test/harness/) and build/hello_rma (samples/hello_rma.c)
+#   make demo     run the harness: 4 ranks, table v15, with a summary of what happened
 #   make test     gofmt, go vet, go test -race (abi, host), integration tests (test/)
 #   make bench    benchmarks (placeholder)
 #   make clean
@@ -12,6 +13,9 @@ BUILD   := build
 LIB     := $(BUILD)/librccl-rma-wasm.so
 LIBNCCL := $(BUILD)/libnccl-rma-wasm.so
 DRIVER  := $(BUILD)/rma_driver
+HELLO   := $(BUILD)/hello_rma
+# The conformance and stress harness, split by concern (see test/harness/harness.h).
+HARNESS_SRC := $(addprefix test/harness/,main.c bootstrap.c plugin.c rank.c scenarios.c)
 
 GOFLAGS_LIB ?= -trimpath
 CFLAGS_DRIVER ?= -O2 -Wall -Wextra -Werror -pthread
@@ -43,10 +47,14 @@ $(LIB): FORCE $(GUESTS) | $(BUILD)
 $(LIBNCCL): $(LIB)
 	ln -sf librccl-rma-wasm.so $@
 
-driver: $(DRIVER) $(BUILD)/cuda_check
+driver: $(DRIVER) $(HELLO) $(BUILD)/cuda_check
 
-$(DRIVER): samples/rma_driver.c capi/rma_plugin.h | $(BUILD)
-	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ samples/rma_driver.c -ldl
+$(DRIVER): $(HARNESS_SRC) test/harness/harness.h capi/rma_plugin.h | $(BUILD)
+	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ $(HARNESS_SRC) -ldl
+
+# The short example a plugin user reads first.
+$(HELLO): samples/hello_rma.c capi/rma_plugin.h | $(BUILD)
+	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ samples/hello_rma.c -ldl
 
 # Device-memory check for a machine with an NVIDIA GPU (dlopens libcuda.so.1).
 $(BUILD)/cuda_check: samples/cuda_check.c capi/rma_plugin.h | $(BUILD)
@@ -56,7 +64,7 @@ $(BUILD):
 	mkdir -p $@
 
 demo: all
-	./$(DRIVER) --lib $(LIB) --ranks 4 --version 15
+	./$(DRIVER) --lib $(LIB) --ranks 4 --version 15 --summary
 
 gofmt-check:
 	@out="$$(gofmt -l $$(find . -name '*.go' -not -path './build/*' -not -path './.git/*'))"; \
