@@ -153,6 +153,7 @@ static int run_rank(int rank, int fd, const char* lib) {
 
 int main(int argc, char** argv) {
   const char* lib = argc > 1 ? argv[1] : "build/librccl-rma-wasm.so";
+  setvbuf(stdout, NULL, _IOLBF, 0); /* keep the two ranks' lines in order */
   int sp[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp)) {
     perror("socketpair");
@@ -166,7 +167,9 @@ int main(int argc, char** argv) {
   }
   if (pid == 0) {
     close(sp[0]);
-    _exit(run_rank(1, sp[1], lib));
+    int rc = run_rank(1, sp[1], lib);
+    fflush(stdout);
+    _exit(rc); /* leave without running the parent's exit handlers twice */
   }
   close(sp[1]);
   int rc0 = run_rank(0, sp[0], lib);
