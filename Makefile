@@ -1,7 +1,8 @@
 # rccl-rma-wasm build. All outputs go to build/.
 #
-#   make          build/librccl-rma-wasm.so (+ libnccl-rma-wasm.so symlink) and build/rma_driver
-#   make demo     run the C driver: 4 ranks, table v15
+#   make          build/librccl-rma-wasm.so (+ libnccl-rma-wasm.so symlink), build/rma_driver
+#                 (the test harness, test/harness/) and build/hello_rma (samples/hello_rma.c)
+#   make demo     run the harness: 4 ranks, table v15, with a summary of what happened
 #   make test     installs missing Debian tools (test/setup.sh), then gofmt, go vet,
 #                 staticcheck, go test -race (abi, host) and the multi-process tests (test/)
 #   make bench    benchmarks (bench.mk): ratios against raw TCP, process_vm_writev, memcpy
@@ -13,6 +14,9 @@ BUILD   := build
 LIB     := $(BUILD)/librccl-rma-wasm.so
 LIBNCCL := $(BUILD)/libnccl-rma-wasm.so
 DRIVER  := $(BUILD)/rma_driver
+HELLO   := $(BUILD)/hello_rma
+# The conformance and stress harness, split by concern (see test/harness/harness.h).
+HARNESS_SRC := $(addprefix test/harness/,main.c bootstrap.c plugin.c rank.c scenarios.c)
 
 GOFLAGS_LIB ?= -trimpath
 CFLAGS_DRIVER ?= -O2 -Wall -Wextra -Werror -pthread
@@ -47,10 +51,14 @@ $(LIB): FORCE $(GUESTS) | $(BUILD)
 $(LIBNCCL): $(LIB)
 	ln -sf librccl-rma-wasm.so $@
 
-driver: $(DRIVER) $(BUILD)/cuda_check
+driver: $(DRIVER) $(HELLO) $(BUILD)/cuda_check
 
-$(DRIVER): samples/rma_driver.c capi/rma_plugin.h | $(BUILD)
-	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ samples/rma_driver.c -ldl
+$(DRIVER): $(HARNESS_SRC) test/harness/harness.h capi/rma_plugin.h | $(BUILD)
+	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ $(HARNESS_SRC) -ldl
+
+# The short example a plugin user reads first.
+$(HELLO): samples/hello_rma.c capi/rma_plugin.h | $(BUILD)
+	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ samples/hello_rma.c -ldl
 
 # Device-memory check for a machine with an NVIDIA GPU (dlopens libcuda.so.1).
 $(BUILD)/cuda_check: samples/cuda_check.c capi/rma_plugin.h | $(BUILD)
@@ -60,7 +68,7 @@ $(BUILD):
 	mkdir -p $@
 
 demo: all
-	./$(DRIVER) --lib $(LIB) --ranks 4 --version 15
+	./$(DRIVER) --lib $(LIB) --ranks 4 --version 15 --summary
 
 gofmt-check:
 	@out="$$(gofmt -l $$(find . -name '*.go' -not -path './build/*' -not -path './.git/*'))"; \

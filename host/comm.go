@@ -149,8 +149,10 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	}
 	c.mesh = mesh
 	c.id = colls.add(c)
-	logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d connected to %d ranks in %v; %d on this host use the intra-node path",
-		rank, n, time.Since(start).Round(time.Microsecond), mesh.IntraNodePeers())
+	// The lane count closes the line so a host (rma_driver --summary) can
+	// report the connection plan the backend chose.
+	logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d connected to %d ranks in %v; %d on this host use the intra-node path; %d TCP lane(s) per peer",
+		rank, n, time.Since(start).Round(time.Microsecond), mesh.IntraNodePeers(), plan.Lanes)
 	return colls.handle(c.id), abi.Success
 }
 

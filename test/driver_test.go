@@ -1,5 +1,5 @@
-// Package test runs the plugin the way RCCL/NCCL do: the C driver in
-// samples/ dlopens build/librccl-rma-wasm.so, resolves a versioned table, and
+// Package test runs the plugin the way RCCL/NCCL do: the C harness in
+// test/harness/ (build/rma_driver) dlopens build/librccl-rma-wasm.so, resolves a versioned table, and
 // runs every rank as its own process over real sockets, verifying every byte
 // and every signal. These tests only pass when the driver prints
 // "RESULT PASS" and exits 0; they check the scenario-specific lines too.
@@ -43,8 +43,8 @@ func repoRoot(t testing.TB) string {
 	}
 }
 
-// build runs `make all` once per test binary: the library and the driver,
-// which need only Go and a C compiler.
+// build runs `make all` once per test binary: the library, the driver and
+// the hello_rma sample, which need only Go and a C compiler.
 func build(t testing.TB) string {
 	t.Helper()
 	root := repoRoot(t)
@@ -237,6 +237,50 @@ func TestTeardownDelivers(t *testing.T) {
 				"--verbose", "--ranks", "3", "--scenario", "teardown", "--cycles", "12", "--size", c.size, "--timeout", "30")
 			if got := strings.Count(out, "senders delivered every byte and signal"); got != 12 {
 				t.Fatalf("%d of 12 cycles delivered, want all:\n%s", got, tail(out))
+			}
+		})
+	}
+}
+
+// TestNoProgress never calls rmaProgress: test() alone must drive every
+// request to completion, over TCP and over the intra-node path.
+func TestNoProgress(t *testing.T) {
+	for _, intra := range []string{"0", "1"} {
+		t.Run("intranode="+intra, func(t *testing.T) {
+			out := runDriver(t, []string{"NCCL_RMA_WASM_INTRANODE=" + intra},
+				"--no-progress", "--ranks", "3", "--threads", "2", "--size", "512k", "--iters", "2")
+			if !strings.Contains(out, "scenario=basic no-progress") {
+				t.Fatalf("the driver did not run in no-progress mode:\n%s", tail(out))
+			}
+		})
+	}
+}
+
+// TestSummary checks what make demo shows: the backend, the lanes and the
+// transport to each peer as the plugin logged them, and what was verified.
+func TestSummary(t *testing.T) {
+	root := buildGuests(t)
+	for _, c := range []struct {
+		name string
+		env  []string
+		row  string // rank 0's row: backend, lanes, intra-node peers, TCP-only peers
+		more string
+	}{
+		{"default-tcp", []string{"NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_LANES=2"}, `0 +default +2 +- +0-2 `, "backend default runs as Wasm"},
+		{"planner-intranode", []string{"NCCL_RMA_WASM_BACKEND=planner", "NCCL_RMA_WASM_DIR=" + filepath.Join(root, "build/guests")},
+			`0 +planner +4 +0-2 +- `, "the backend's last lines: planner: "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out := runDriver(t, c.env, "--summary", "--ranks", "3", "--size", "256k", "--iters", "2")
+			if !regexp.MustCompile(`(?m)^  ` + c.row).MatchString(out) {
+				t.Fatalf("no summary row matching %q:\n%s", c.row, tail(out))
+			}
+			// 2 rounds x (put half + get) of 3 x 256 KiB; 3 signals per sender and thread.
+			if got := strings.Count(out, " 3.0 MiB      36 "); got != 3 {
+				t.Fatalf("%d ranks report 3.0 MiB and 36 signals verified, want 3:\n%s", got, tail(out))
+			}
+			if !strings.Contains(out, c.more) {
+				t.Fatalf("summary lacks %q:\n%s", c.more, tail(out))
 			}
 		})
 	}

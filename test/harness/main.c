@@ -1,0 +1,323 @@
+/*
+ * main.c - rma_driver's options, the rank processes and the final report.
+ * See harness.h for the parts; samples/README.md for the options.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <linux/capability.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+#include "harness.h"
+
+options_t opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0, 0, 0};
+
+const char* scenario_name(enum scenario s) {
+  return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : s == SC_TEARDOWN ? "teardown" : "basic";
+}
+
+double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+const char* result_name(int r) {
+  static const char* names[] = {"ncclSuccess",       "ncclUnhandledCudaError", "ncclSystemError",
+                                "ncclInternalError", "ncclInvalidArgument",    "ncclInvalidUsage",
+                                "ncclRemoteError",   "ncclInProgress"};
+  return (r >= 0 && r < 8) ? names[r] : "ncclResult(?)";
+}
+
+static void usage(FILE* f) {
+  fprintf(f,
+          "usage: rma_driver [options]\n"
+          "  --lib PATH        plugin library (default build/librccl-rma-wasm.so)\n"
+          "  --version V       table version 14|15|16 (default 15)\n"
+          "  --ranks N         ranks, one process each (default 2)\n"
+          "  --size BYTES      bytes per peer region; suffix k/m/g allowed (default 1m)\n"
+          "  --iters N         rounds (default 3)\n"
+          "  --threads T       threads per rank = nContexts (default 2)\n"
+          "  --cycles K        init..finalize cycles per process, dlclose between (default 1)\n"
+          "  --scenario S      basic | bad-input | kill | teardown (default basic)\n"
+          "  --kill-rank R     rank the parent SIGKILLs after round 0 (kill; default 1)\n"
+          "  --timeout S       per-wait timeout in seconds (default 300)\n"
+          "  --no-progress     never call rmaProgress (test() must progress alone)\n"
+          "  --no-ptrace       ranks drop CAP_SYS_PTRACE and become non-dumpable, so the\n"
+          "                    kernel refuses process_vm_writev between them (fallback test)\n"
+          "  --signal-storm    a thread per rank sends SIGUSR1 to the process every 50 us\n"
+          "                    (handler installed with SA_ONSTACK, as Go requires)\n"
+          "  --verbose         print INFO/TRACE plugin log lines\n"
+          "  --summary         end with a per-rank table: backend, transport to each peer,\n"
+          "                    bytes and signals verified, rates (from the plugin's INFO lines)\n");
+}
+
+/* drop_ptrace makes this process a target that process_vm_writev refuses:
+ * without CAP_SYS_PTRACE (even as root) a non-dumpable peer is off limits. */
+static int drop_ptrace(void) {
+  struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct data[2];
+  if (syscall(SYS_capget, &hdr, data) != 0) return -1;
+  data[CAP_SYS_PTRACE / 32].effective &= ~(1u << (CAP_SYS_PTRACE % 32));
+  data[CAP_SYS_PTRACE / 32].permitted &= ~(1u << (CAP_SYS_PTRACE % 32));
+  data[CAP_SYS_PTRACE / 32].inheritable &= ~(1u << (CAP_SYS_PTRACE % 32));
+  if (syscall(SYS_capset, &hdr, data) != 0) return -1;
+  return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+}
+
+static size_t parse_size(const char* s) {
+  char* e;
+  double v = strtod(s, &e);
+  switch (*e) {
+    case 'k': case 'K': v *= 1024; break;
+    case 'm': case 'M': v *= 1048576; break;
+    case 'g': case 'G': v *= 1073741824.0; break;
+    default: break;
+  }
+  return (size_t)v;
+}
+
+/* ranges writes the set {r : in[r]} of n ranks as "0-2,5" ("-" when empty). */
+static void ranges(char* out, size_t cap, const uint8_t* in, int n) {
+  size_t o = 0;
+  out[0] = 0;
+  for (int r = 0; r < n && o + 16 < cap; r++) {
+    if (!in[r]) continue;
+    int e = r;
+    while (e + 1 < n && in[e + 1]) e++;
+    o += (size_t)snprintf(out + o, cap - o, o ? ",%d" : "%d", r);
+    if (e > r) o += (size_t)snprintf(out + o, cap - o, "-%d", e);
+    r = e;
+  }
+  if (o == 0) snprintf(out, cap, "-");
+}
+
+/* print_summary tells what happened, from the ranks' reports: the plugin's
+ * INFO lines (backend, connection plan, intra-node refusals) next to what
+ * each rank verified itself. */
+static void print_summary(const child_t* C, int N) {
+  printf("rma_driver: summary (%d ranks; transport and backend as the plugin logged them)\n", N);
+  printf("  %-4s %-14s %-10s %-10s %-14s %-10s %-12s %-10s %-8s %s\n", "rank", "backend", "lanes/peer",
+         "intra-node", "TCP only", "connect", "bytes ok", "signals ok", "ops", "MB/s");
+  const report_t* first = NULL;
+  for (int r = 0; r < N; r++) {
+    if (!C[r].has_report) {
+      printf("  %-4d %s\n", r, C[r].killed ? "(killed on purpose)" : "(no report)");
+      continue;
+    }
+    const report_t* p = &C[r].rep;
+    const summary_t* s = &p->sum;
+    if (first == NULL) first = p;
+    /* Peers the kernel refused go over TCP; the others use the intra-node
+     * path when the plugin said it had one for every rank, else TCP. */
+    uint8_t intra[SUMMARY_MAX_RANKS], tcp[SUMMARY_MAX_RANKS];
+    int n = N < SUMMARY_MAX_RANKS ? N : SUMMARY_MAX_RANKS;
+    for (int q = 0; q < n; q++) {
+      int on = s->intra >= n && !s->refused[q];
+      intra[q] = (uint8_t)on;
+      tcp[q] = (uint8_t)!on;
+    }
+    char ib[64], tb[64], lanes[16];
+    ranges(ib, sizeof ib, intra, n);
+    ranges(tb, sizeof tb, tcp, n);
+    if (s->connected < 0) snprintf(ib, sizeof ib, "?"), snprintf(tb, sizeof tb, "?");
+    if (s->lanes > 0) snprintf(lanes, sizeof lanes, "%d", s->lanes);
+    else snprintf(lanes, sizeof lanes, "?");
+    char mib[32];
+    snprintf(mib, sizeof mib, "%.1f MiB", (double)p->bytes / 1048576.0);
+    printf("  %-4d %-14s %-10s %-10s %-14s %-10s %-12s %-10llu %-8llu %.1f\n", r,
+           s->backend[0] ? s->backend : "?", lanes, ib, tb,
+           s->connect_time[0] ? s->connect_time : "?", mib, (unsigned long long)p->sigs,
+           (unsigned long long)p->ops, p->seconds > 0 ? (double)p->bytes / p->seconds / 1e6 : 0.0);
+  }
+  if (first == NULL) return;
+  const summary_t* s = &first->sum;
+  if (s->features[0])
+    printf("  backend %s runs as Wasm (features %s)\n", s->backend, s->features);
+  else
+    printf("  backend %s runs in the host (no Wasm guest)\n", s->backend[0] ? s->backend : "?");
+  for (int r = 0; r < N; r++) {
+    if (!C[r].has_report || C[r].rep.sum.nnotes == 0) continue;
+    printf("  rank %d, the backend's last lines:", r);
+    for (int i = 0; i < C[r].rep.sum.nnotes; i++)
+      printf("%s %s", i ? ";" : "", C[r].rep.sum.notes[i]);
+    printf("\n");
+  }
+  printf("  verified: every byte put and got (pattern per source, destination, round, thread) and "
+         "every signal word's exact sum\n");
+}
+
+
+int main(int argc, char** argv) {
+  static struct option lo[] = {{"lib", 1, 0, 'l'},       {"version", 1, 0, 'V'},
+                               {"ranks", 1, 0, 'n'},     {"size", 1, 0, 's'},
+                               {"iters", 1, 0, 'i'},     {"threads", 1, 0, 't'},
+                               {"cycles", 1, 0, 'c'},    {"scenario", 1, 0, 'S'},
+                               {"kill-rank", 1, 0, 'k'}, {"timeout", 1, 0, 'T'},
+                               {"verbose", 0, 0, 'v'},   {"no-progress", 0, 0, 'P'},
+                               {"no-ptrace", 0, 0, 'D'},  {"signal-storm", 0, 0, 'G'},
+                               {"summary", 0, 0, 'Y'},
+                               {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
+  int ch;
+  while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    switch (ch) {
+      case 'l': opt.lib = optarg; break;
+      case 'V': opt.version = atoi(optarg); break;
+      case 'n': opt.ranks = atoi(optarg); break;
+      case 's': opt.size = parse_size(optarg); break;
+      case 'i': opt.iters = atoi(optarg); break;
+      case 't': opt.threads = atoi(optarg); break;
+      case 'c': opt.cycles = atoi(optarg); break;
+      case 'k': opt.kill_rank = atoi(optarg); break;
+      case 'T': opt.timeout_s = atoi(optarg); break;
+      case 'v': opt.verbose = 1; break;
+      case 'P': opt.no_progress = 1; break;
+      case 'D': opt.no_ptrace = 1; break;
+      case 'G': opt.signal_storm = 1; break;
+      case 'Y': opt.summary = 1; break;
+      case 'S':
+        if (!strcmp(optarg, "basic")) opt.scenario = SC_BASIC;
+        else if (!strcmp(optarg, "bad-input")) opt.scenario = SC_BAD_INPUT;
+        else if (!strcmp(optarg, "kill")) opt.scenario = SC_KILL;
+        else if (!strcmp(optarg, "teardown")) opt.scenario = SC_TEARDOWN;
+        else { usage(stderr); printf("RESULT FAIL bad --scenario %s\n", optarg); return 2; }
+        break;
+      case 'h': usage(stdout); return 0;
+      default: usage(stderr); printf("RESULT FAIL bad command line\n"); return 2;
+    }
+  }
+  if ((opt.version != 14 && opt.version != 15 && opt.version != 16) || opt.ranks < 1 ||
+      opt.ranks > 256 || opt.iters < 1 || opt.threads < 1 || opt.threads > 64 ||
+      opt.cycles < 1 || opt.timeout_s < 1 ||
+      (opt.scenario == SC_TEARDOWN && opt.ranks < 2) ||
+      (opt.scenario == SC_KILL && (opt.ranks < 2 || opt.kill_rank < 0 ||
+                                   opt.kill_rank >= opt.ranks)) ||
+      (opt.size < 16 && opt.scenario == SC_BAD_INPUT)) {
+    usage(stderr);
+    printf("RESULT FAIL invalid options (kill needs --ranks >= 2 and 0 <= --kill-rank < ranks; "
+           "bad-input needs --size >= 16)\n");
+    return 2;
+  }
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  signal(SIGPIPE, SIG_IGN);
+  int N = opt.ranks;
+  printf("rma_driver: lib=%s version=v%d ranks=%d size=%zu iters=%d threads=%d cycles=%d "
+         "scenario=%s%s\n",
+         opt.lib, opt.version, N, opt.size, opt.iters, opt.threads, opt.cycles,
+         scenario_name(opt.scenario), opt.no_progress ? " no-progress" : "");
+  fflush(stdout);
+
+  child_t* C = calloc((size_t)N, sizeof *C);
+  int (*sp)[2] = calloc((size_t)N, sizeof *sp);
+  for (int r = 0; r < N; r++)
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp[r])) {
+      perror("socketpair");
+      printf("RESULT FAIL socketpair\n");
+      return 1;
+    }
+  for (int r = 0; r < N; r++) {
+    pid_t pid = fork();
+    if (pid < 0) {
+      perror("fork");
+      printf("RESULT FAIL fork\n");
+      return 1;
+    }
+    if (pid == 0) {
+      /* die with the parent (a killed test harness leaves no ranks behind) */
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() == 1) _exit(4);
+      if (opt.no_ptrace && drop_ptrace() != 0) {
+        fprintf(stderr, "rank %d: cannot drop CAP_SYS_PTRACE: %s\n", r, strerror(errno));
+        _exit(5);
+      }
+      /* only our end survives, so a dead sibling shows up as EOF at the hub */
+      for (int q = 0; q < N; q++) {
+        close(sp[q][0]);
+        if (q != r) close(sp[q][1]);
+      }
+      rank_main(r, sp[r][1]);
+    }
+    C[r].pid = pid;
+    C[r].fd = sp[r][0];
+    C[r].alive = 1;
+  }
+  for (int r = 0; r < N; r++) close(sp[r][1]);
+
+
+  const char* hub_err = hub_run(C, N);
+
+
+  /* summary: a rank that died without a report is the primary cause;
+   * otherwise the first rank that reported a failure. */
+  int pass = hub_err == NULL;
+  char reason[600] = "";
+  double bytes = 0, secs = 0;
+  int warns = 0, reporting = 0;
+  if (hub_err) snprintf(reason, sizeof reason, "%s", hub_err);
+  for (int r = 0; r < N; r++) {
+    int st = C[r].status;
+    if (C[r].killed || C[r].has_report) continue;
+    if (WIFSIGNALED(st))
+      printf("rma_driver: rank %d: died with signal %d (%s)\n", r, WTERMSIG(st),
+             strsignal(WTERMSIG(st)));
+    else
+      printf("rma_driver: rank %d: exited with status %d without a report\n", r,
+             WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    if (pass) {
+      if (WIFSIGNALED(st))
+        snprintf(reason, sizeof reason, "rank %d died with signal %d (%s)", r, WTERMSIG(st),
+                 strsignal(WTERMSIG(st)));
+      else
+        snprintf(reason, sizeof reason, "rank %d exited with status %d without a report", r,
+                 WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+    pass = 0;
+  }
+  for (int r = 0; r < N; r++) {
+    int st = C[r].status;
+    if (C[r].killed) {
+      printf("rma_driver: rank %d: killed on purpose\n", r);
+      continue;
+    }
+    if (C[r].has_report && (C[r].rep.status != 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
+      if (pass) {
+        if (C[r].rep.reason[0])
+          snprintf(reason, sizeof reason, "rank %d: %s", r, C[r].rep.reason);
+        else
+          snprintf(reason, sizeof reason, "rank %d failed (status %d)", r,
+                   WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+      }
+      pass = 0;
+    }
+    if (C[r].has_report) {
+      bytes += (double)C[r].rep.bytes;
+      reporting++;
+      if (C[r].rep.seconds > secs) secs = C[r].rep.seconds;
+      warns += C[r].rep.warns;
+      printf("rma_driver: rank %d: %s, %.1f MiB moved in %.3f s = %.1f MB/s, %llu ops, %d WARN "
+             "lines\n",
+             r, C[r].rep.status ? "FAIL" : "ok", (double)C[r].rep.bytes / 1048576.0,
+             C[r].rep.seconds,
+             C[r].rep.seconds > 0 ? (double)C[r].rep.bytes / C[r].rep.seconds / 1e6 : 0.0,
+             (unsigned long long)C[r].rep.ops, C[r].rep.warns);
+    }
+  }
+  if (opt.scenario == SC_KILL && pass && !C[opt.kill_rank].killed) {
+    pass = 0;
+    snprintf(reason, sizeof reason, "the kill point was never reached");
+  }
+  if (opt.summary) print_summary(C, N);
+  if (pass)
+    printf("RESULT PASS ranks=%d version=%d scenario=%s size=%zu iters=%d threads=%d cycles=%d "
+           "aggregate=%.2f MB/s per_rank=%.2f MB/s per_rank_Bps=%.0f warns=%d\n",
+           N, opt.version, scenario_name(opt.scenario), opt.size, opt.iters, opt.threads,
+           opt.cycles, secs > 0 ? bytes / secs / 1e6 : 0.0,
+           secs > 0 && reporting ? bytes / secs / 1e6 / reporting : 0.0,
+           secs > 0 && reporting ? bytes / secs / reporting : 0.0, warns);
+  else
+    printf("RESULT FAIL %s\n", reason[0] ? reason : "unknown");
+  return pass ? 0 : 1;
+}
+

@@ -1,0 +1,513 @@
+/*
+ * rank.c - one rank: init .. finalize cycles, the worker threads that move
+ * patterned data, the signal waits and the byte-for-byte verification.
+ */
+#include <signal.h>
+
+#include "harness.h"
+
+/* ------------------------------------------------------------------ */
+/* data patterns                                                       */
+
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return x;
+}
+
+/* key of the bytes src sends to dst in (cycle, iter) from thread t */
+uint64_t put_key(int src, int dst, int cycle, int iter, int t) {
+  return mix64(((uint64_t)src << 48) ^ ((uint64_t)dst << 32) ^ ((uint64_t)cycle << 24) ^
+               ((uint64_t)iter << 8) ^ (uint64_t)t ^ 0x5055540000000000ULL);
+}
+static uint64_t get_key(int owner, int cycle, int iter) {
+  return mix64(((uint64_t)owner << 48) ^ ((uint64_t)cycle << 24) ^ ((uint64_t)iter << 8) ^
+               0x4745540000000000ULL);
+}
+
+/* byte at offset o of a region with key k */
+static inline uint8_t pat(uint64_t k, size_t o) {
+  uint64_t w = k ^ (((uint64_t)(o >> 3) + 1) * 0x9E3779B97F4A7C15ULL);
+  return (uint8_t)(w >> ((o & 7) * 8));
+}
+
+void fill(uint8_t* b, size_t off, size_t len, uint64_t k) {
+  for (size_t i = 0; i < len; i++) b[i] = pat(k, off + i);
+}
+
+/* first mismatching index or -1 */
+long check(const uint8_t* b, size_t off, size_t len, uint64_t k) {
+  for (size_t i = 0; i < len; i++)
+    if (b[i] != pat(k, off + i)) return (long)i;
+  return -1;
+}
+
+/* thread t's chunk of a region of opt.size bytes */
+static void chunk(int t, size_t* off, size_t* len) {
+  size_t a = opt.size * (size_t)t / (size_t)opt.threads;
+  size_t b = opt.size * (size_t)(t + 1) / (size_t)opt.threads;
+  *off = a;
+  *len = b - a;
+}
+
+/* ------------------------------------------------------------------ */
+/* one rank                                                            */
+
+
+rank_t R;
+
+void failf(const char* fmt, ...) {
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&R.failed, &expected, 1)) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(R.err, sizeof R.err, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "[rank %d] FAIL: %s\n", g_rank, R.err);
+}
+
+/* poll test() until done; rmaProgress sometimes (never with --no-progress) */
+static int wait_req(void* req, const char* what, int thread, double deadline) {
+  if (req == NULL) return 0;
+  long spins = 0;
+  for (;;) {
+    int done = 0;
+    ncclResult_t rc = R.pl.t.test(R.coll, req, &done);
+    if (rc != ncclSuccess) {
+      failf("cycle %d iter %d thread %d: test(%s) returned %d (%s)", R.cycle, R.iter, thread, what,
+            rc, result_name(rc));
+      return -1;
+    }
+    if (done) return 0;
+    ++spins;
+    if (!opt.no_progress && thread == 0 && (spins & 255) == 0) {
+      rc = R.pl.t.rmaProgress(R.rctx);
+      if (rc != ncclSuccess) {
+        failf("rmaProgress returned %d (%s)", rc, result_name(rc));
+        return -1;
+      }
+    }
+    if ((spins & 1023) == 0 && now_s() > deadline) {
+      failf("cycle %d iter %d thread %d: %s not complete after %d s", R.cycle, R.iter, thread, what,
+            opt.timeout_s);
+      return -1;
+    }
+  }
+}
+
+typedef struct {
+  int t;
+  pthread_t th;
+  long ops;
+} worker_t;
+
+static void* worker(void* arg) {
+  worker_t* w = arg;
+  int t = w->t, N = opt.ranks, me = g_rank;
+  size_t coff, clen;
+  chunk(t, &coff, &clen);
+  size_t h1 = clen / 2, h2 = clen - h1;
+  double deadline = now_s() + opt.timeout_s;
+  void* reqs[8];
+  const char* what[8];
+  for (int k = 0; k < N && !atomic_load(&R.failed); k++) {
+    int d = (me + 1 + t + k) % N; /* spread the threads over peers */
+    size_t sbase = (size_t)d * opt.size, dbase = (size_t)me * opt.size;
+    int n = 0;
+    ncclResult_t rc;
+#define ISSUE(name, expr)                                                                   \
+  do {                                                                                      \
+    void* rq_ = NULL;                                                                       \
+    rc = (expr);                                                                            \
+    if (rc != ncclSuccess) {                                                                \
+      failf("cycle %d iter %d thread %d: %s to rank %d returned %d (%s)", R.cycle, R.iter, \
+            t, name, d, rc, result_name(rc));                                               \
+      goto out;                                                                             \
+    }                                                                                       \
+    if (rq_ == NULL) {                                                                      \
+      failf("%s to rank %d returned success with a NULL request", name, d);                 \
+      goto out;                                                                             \
+    }                                                                                       \
+    what[n] = name;                                                                         \
+    reqs[n++] = rq_;                                                                        \
+    w->ops++;                                                                               \
+  } while (0)
+    /* 1. plain put of the first half of the chunk */
+    if (h1 > 0)
+      ISSUE("iput", R.pl.t.iput(R.rctx, t, sbase + coff, R.srcMh, h1, dbase + coff, R.dstMh,
+                                (uint32_t)d, NCCL_RMA_OPT_FLAGS_AGGREGATE_REQUESTS, &rq_));
+    /* 2. put of the second half + INC of word `me` */
+    ISSUE("iputSignal(INC)",
+          R.pl.t.iputSignal(R.rctx, t, sbase + coff + h1, R.srcMh, h2, dbase + coff + h1, R.dstMh,
+                            (uint32_t)d, (uint64_t)me * 8, R.sigMh, 0, NCCL_NET_SIGNAL_OP_INC, true,
+                            NCCL_RMA_OPT_FLAGS_AGGREGATE_REQUESTS, &rq_));
+    /* 3. signal-only ADD (size 0, NULL data handles) of word `me` */
+    ISSUE("iputSignal(size 0, ADD)",
+          R.pl.t.iputSignal(R.rctx, t, 0, NULL, 0, 0, NULL, (uint32_t)d, (uint64_t)me * 8, R.sigMh,
+                            SIG_INC_ADD, NCCL_NET_SIGNAL_OP_ADD, true,
+                            NCCL_RMA_OPT_FLAGS_AGGREGATE_REQUESTS, &rq_));
+    /* 4. signal-only ADD of the shared word N with value me+1 */
+    ISSUE("iputSignal(size 0, ADD shared)",
+          R.pl.t.iputSignal(R.rctx, t, 0, NULL, 0, 0, NULL, (uint32_t)d, (uint64_t)N * 8, R.sigMh,
+                            (uint64_t)me + 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &rq_));
+    /* 5. get our chunk of d's get source */
+    if (clen > 0)
+      ISSUE("iget", R.pl.t.iget(R.rctx, t, coff, R.getsrcMh, clen, (size_t)d * opt.size + coff,
+                                R.getdstMh, (uint32_t)d, 0, &rq_));
+#undef ISSUE
+    for (int i = 0; i < n; i++)
+      if (wait_req(reqs[i], what[i], t, deadline)) goto out;
+    /* 6. flush after the completed get (request may be NULL = done) */
+    void* fr = NULL;
+    rc = R.pl.t.iflush(R.rctx, t, R.sigMh, (uint32_t)d, &fr);
+    if (rc != ncclSuccess) {
+      failf("iflush to rank %d returned %d (%s)", d, rc, result_name(rc));
+      goto out;
+    }
+    if (wait_req(fr, "iflush", t, deadline)) goto out;
+  }
+out:
+  return NULL;
+}
+
+static int wait_signals(int iter) {
+  int N = opt.ranks;
+  uint64_t per = (uint64_t)(iter + 1) * (uint64_t)opt.threads;
+  uint64_t want_shared = 0;
+  for (int s = 0; s < N; s++) want_shared += per * (uint64_t)(s + 1);
+  double deadline = now_s() + opt.timeout_s;
+  for (;;) {
+    int ok = 1;
+    for (int s = 0; s <= N; s++) {
+      uint64_t want = s < N ? per * (1 + SIG_INC_ADD) : want_shared;
+      uint64_t got = __atomic_load_n(&R.sig[s], __ATOMIC_ACQUIRE);
+      if (got > want) {
+        failf("cycle %d iter %d: signal word %d = %llu exceeds the expected %llu", R.cycle, iter,
+              s, (unsigned long long)got, (unsigned long long)want);
+        return -1;
+      }
+      if (got != want) ok = 0;
+    }
+    if (ok) return 0;
+    if (now_s() > deadline) {
+      char b[256];
+      int o = 0;
+      for (int s = 0; s <= N && o < (int)sizeof b - 24; s++)
+        o += snprintf(b + o, sizeof b - (size_t)o, " %llu",
+                      (unsigned long long)__atomic_load_n(&R.sig[s], __ATOMIC_ACQUIRE));
+      failf("cycle %d iter %d: signals did not arrive within %d s (words:%s; want %llu each, "
+            "shared %llu)",
+            R.cycle, iter, opt.timeout_s, b, (unsigned long long)(per * (1 + SIG_INC_ADD)),
+            (unsigned long long)want_shared);
+      return -1;
+    }
+    usleep(50);
+  }
+}
+
+static int verify_iter(int iter) {
+  int N = opt.ranks;
+  for (int s = 0; s < N; s++) {
+    for (int t = 0; t < opt.threads; t++) {
+      size_t off, len;
+      chunk(t, &off, &len);
+      long bad = check(R.dst + (size_t)s * opt.size + off, off, len,
+                       put_key(s, g_rank, R.cycle, iter, t));
+      if (bad >= 0) {
+        failf("cycle %d iter %d: byte %zu of the region put by rank %d (thread %d) is wrong",
+              R.cycle, iter, off + (size_t)bad, s, t);
+        return -1;
+      }
+      bad = check(R.getdst + (size_t)s * opt.size + off, off, len, get_key(s, R.cycle, iter));
+      if (bad >= 0) {
+        failf("cycle %d iter %d: byte %zu got from rank %d (thread %d) is wrong", R.cycle, iter,
+              off + (size_t)bad, s, t);
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
+static int run_iter(int iter) {
+  int N = opt.ranks;
+  R.iter = iter;
+  /* a. our source slots and get source for this iteration */
+  for (int d = 0; d < N; d++)
+    for (int t = 0; t < opt.threads; t++) {
+      size_t off, len;
+      chunk(t, &off, &len);
+      fill(R.src + (size_t)d * opt.size + off, off, len, put_key(g_rank, d, R.cycle, iter, t));
+    }
+  fill(R.getsrc, 0, opt.size, get_key(g_rank, R.cycle, iter));
+  /* b. everyone is ready */
+  if (boot_barrier(TAG_BARRIER)) {
+    failf("cycle %d iter %d: bootstrap barrier failed (a rank died?)", R.cycle, iter);
+    return -1;
+  }
+  double t0 = now_s();
+  worker_t ws[64];
+  for (int t = 0; t < opt.threads; t++) {
+    ws[t].t = t;
+    ws[t].ops = 0;
+    pthread_create(&ws[t].th, NULL, worker, &ws[t]);
+  }
+  for (int t = 0; t < opt.threads; t++) {
+    pthread_join(ws[t].th, NULL);
+    R.ops += (uint64_t)ws[t].ops;
+  }
+  if (atomic_load(&R.failed)) return -1;
+  if (wait_signals(iter)) return -1;
+  R.seconds += now_s() - t0;
+  R.bytes += 2ULL * (uint64_t)N * opt.size;
+  R.sigs += 3ULL * (uint64_t)N * (uint64_t)opt.threads; /* INC, ADD, shared ADD per thread */
+  if (verify_iter(iter)) return -1;
+  bool err = false;
+  CALL(R.pl.t.queryLastError(R.rctx, &err));
+  if (err) {
+    failf("cycle %d iter %d: queryLastError reports an error", R.cycle, iter);
+    return -1;
+  }
+  /* g. nobody refills what others still read */
+  if (boot_barrier(iter == 0 && opt.scenario == SC_KILL ? TAG_KILL : TAG_BARRIER)) {
+    failf("cycle %d iter %d: bootstrap barrier failed (a rank died?)", R.cycle, iter);
+    return -1;
+  }
+  return 0;
+}
+
+void* xalloc(size_t n) {
+  size_t a = (n + 4095) & ~(size_t)4095;
+  void* p = aligned_alloc(4096, a ? a : 4096);
+  if (p) memset(p, 0, a ? a : 4096);
+  return p;
+}
+
+/* ---- one init .. finalize cycle ---- */
+
+static int run_cycle(int cycle) {
+  int N = opt.ranks;
+  R.cycle = cycle;
+  char lerr[400];
+  if (load_plugin(&R.pl, lerr, sizeof lerr)) {
+    failf("%s", lerr);
+    return -1;
+  }
+  if (strcmp(R.pl.t.name, "wasm") != 0 && cycle == 0)
+    printf("[rank %d] note: plugin name is \"%s\"\n", g_rank, R.pl.t.name);
+  if (opt.scenario == SC_BAD_INPUT && bad_before_init()) return -1;
+
+  CALL(R.pl.t.init(&R.ctx, 0x5eed0000ULL + (uint64_t)cycle, logger));
+  if (R.ctx == NULL) {
+    failf("init returned success with a NULL context");
+    return -1;
+  }
+  /* The GIN proxy calls init again on the same communicator and must get an
+   * independent context; it is finalized first at teardown, as in NCCL. */
+  CALL(R.pl.t.init(&R.ginCtx, 0x5eed0000ULL + (uint64_t)cycle, logger));
+  if (R.ginCtx == NULL || R.ginCtx == R.ctx) {
+    failf("second init returned context %p (first %p): want a distinct non-NULL context", R.ginCtx,
+          R.ctx);
+    return -1;
+  }
+  int ndev = 0;
+  CALL(R.pl.t.devices(&ndev));
+  if (ndev < 1) {
+    failf("devices() reported %d devices", ndev);
+    return -1;
+  }
+  for (int d = 0; d < ndev; d++) {
+    ncclNetProperties_v12_t p;
+    memset(&p, 0xA5, sizeof p);
+    CALL(R.pl.t.getProperties(d, &p));
+    if (p.netDeviceType != NCCL_NET_DEVICE_GIN_PROXY || p.maxRecvs < 1 || p.name == NULL) {
+      failf("getProperties(%d): netDeviceType=%d maxRecvs=%d name=%p (want 2, >=1, non-NULL)", d,
+            (int)p.netDeviceType, p.maxRecvs, (void*)p.name);
+      return -1;
+    }
+    if (g_rank == 0 && cycle == 0)
+      printf("[rank 0] device %d: name=%s speed=%d Mbps ptrSupport=0x%x maxRecvs=%d "
+             "netDeviceType=%d\n",
+             d, p.name, p.speed, p.ptrSupport, p.maxRecvs, (int)p.netDeviceType);
+  }
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  memset(handle, 0, sizeof handle);
+  CALL(R.pl.t.listen(R.ctx, 0, handle, &R.listenComm));
+  char* all = calloc((size_t)N, NCCL_NET_HANDLE_MAXSIZE);
+  void* hs[N];
+  if (boot_allgather(TAG_HANDLES, handle, sizeof handle, all)) {
+    failf("bootstrap allgather of the handles failed (a rank died?)");
+    free(all);
+    return -1;
+  }
+  for (int i = 0; i < N; i++) hs[i] = all + (size_t)i * NCCL_NET_HANDLE_MAXSIZE;
+  /* connect must ignore ctx (NCCL passes another plugin's context) */
+  ncclResult_t crc = R.pl.t.connect(BOGUS_CTX, hs, N, g_rank, R.listenComm, &R.coll);
+  free(all);
+  if (crc != ncclSuccess) {
+    failf("connect returned %d (%s)", crc, result_name(crc));
+    return -1;
+  }
+  CALL(R.pl.t.closeListen(R.listenComm));
+  if (R.pl.getRmaProperties) {
+    ncclRmaProperties_v16_t rp = {true};
+    CALL(R.pl.getRmaProperties(R.coll, &rp));
+    if (g_rank == 0 && cycle == 0)
+      printf("[rank 0] getRmaProperties: flushesAllPutsOnAnySignal=%d\n",
+             (int)rp.flushesAllPutsOnAnySignal);
+  }
+  ncclRmaConfig_v15_t cfg = {opt.threads, INT_MIN, 1};
+  CALL(R.pl.t.createContext(R.coll, &cfg, &R.rctx));
+
+  size_t region = (size_t)N * opt.size;
+  R.src = xalloc(region);
+  R.dst = xalloc(region);
+  R.getsrc = xalloc(opt.size);
+  R.getdst = xalloc(region);
+  R.sig = xalloc((size_t)(N + 1) * 8);
+  if (!R.src || !R.dst || !R.getsrc || !R.getdst || !R.sig) {
+    failf("out of memory allocating %zu-byte buffers", region);
+    return -1;
+  }
+  CALL(R.pl.t.regMrSym(R.coll, R.src, region, NCCL_PTR_HOST, 0, &R.srcMh));
+  CALL(R.pl.t.regMrSym(R.coll, R.dst, region, NCCL_PTR_HOST, 0, &R.dstMh));
+  CALL(R.pl.t.regMrSym(R.coll, R.sig, (size_t)(N + 1) * 8, NCCL_PTR_HOST,
+                       NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &R.sigMh));
+  CALL(R.pl.t.regMrSym(R.coll, R.getsrc, opt.size, NCCL_PTR_HOST, 0, &R.getsrcMh));
+  CALL(R.pl.t.regMrSym(R.coll, R.getdst, region, NCCL_PTR_HOST, 0, &R.getdstMh));
+  if (!R.srcMh || !R.dstMh || !R.sigMh || !R.getsrcMh || !R.getdstMh) {
+    failf("regMrSym returned success with a NULL handle");
+    return -1;
+  }
+
+  if (opt.scenario == SC_BAD_INPUT) {
+    if (bad_after_setup(ndev)) return -1;
+    if (boot_barrier(TAG_BARRIER)) {
+      failf("bootstrap barrier failed");
+      return -1;
+    }
+  }
+
+  if (opt.scenario == SC_TEARDOWN) {
+    int td = teardown_phase();
+    if (td < 0) return -1;
+    if (td == 1) goto unloaded;
+  }
+  int iters = opt.scenario == SC_TEARDOWN ? 0 : opt.iters;
+  for (int i = 0; i < iters; i++) {
+    if (run_iter(i)) return -1;
+    if (opt.scenario == SC_KILL && i == 0) {
+      if (g_rank == opt.kill_rank) {
+        failf("still alive after the kill point");
+        return -1;
+      }
+      if (fault_phase()) return -1;
+      break;
+    }
+  }
+
+  /* teardown: no synchronisation among ranks needed */
+  int lenient = opt.scenario == SC_KILL;
+  ncclResult_t trc[8];
+  int k = 0;
+  trc[k++] = R.pl.t.deregMrSym(R.coll, R.srcMh);
+  trc[k++] = R.pl.t.deregMrSym(R.coll, R.dstMh);
+  trc[k++] = R.pl.t.deregMrSym(R.coll, R.getsrcMh);
+  trc[k++] = R.pl.t.deregMrSym(R.coll, R.getdstMh);
+  trc[k++] = R.pl.t.destroyContext(R.rctx);
+  trc[k++] = R.pl.t.deregMrSym(R.coll, R.sigMh); /* NCCL deregisters signals after */
+  for (int i = 0; i < k; i++)
+    if (trc[i] != ncclSuccess) {
+      if (!lenient) {
+        failf("teardown call %d returned %d (%s)", i, trc[i], result_name(trc[i]));
+        return -1;
+      }
+      printf("[rank %d] kill: teardown call %d returned %s\n", g_rank, i, result_name(trc[i]));
+    }
+  void* oldRctx = R.rctx;
+  if (opt.scenario == SC_BAD_INPUT && bad_after_teardown(oldRctx, NULL)) return -1;
+  ncclResult_t rc = R.pl.t.closeColl(R.coll);
+  if (rc != ncclSuccess && !lenient) {
+    failf("closeColl returned %d (%s)", rc, result_name(rc));
+    return -1;
+  }
+  if (opt.scenario == SC_BAD_INPUT && bad_after_teardown(oldRctx, R.coll)) return -1;
+  rc = R.pl.t.finalize(R.ginCtx);
+  if (rc != ncclSuccess && !lenient) {
+    failf("finalize(GIN context) returned %d (%s)", rc, result_name(rc));
+    return -1;
+  }
+  rc = R.pl.t.finalize(R.ctx);
+  if (rc != ncclSuccess && !lenient) {
+    failf("finalize returned %d (%s)", rc, result_name(rc));
+    return -1;
+  }
+unloaded:
+  free(R.src);
+  free(R.dst);
+  free(R.getsrc);
+  free(R.getdst);
+  free(R.sig);
+  R.src = R.dst = R.getsrc = R.getdst = NULL;
+  R.sig = NULL;
+  /* the library carries NODELETE: dlclose must leave it usable */
+  if (dlclose(R.pl.dl) != 0) {
+    failf("dlclose: %s", dlerror());
+    return -1;
+  }
+  return 0;
+}
+
+static void on_alarm(int sig) {
+  (void)sig;
+  static const char m[] = "rma_driver: rank watchdog expired, exiting\n";
+  ssize_t w = write(2, m, sizeof m - 1);
+  (void)w;
+  _exit(3);
+}
+
+__attribute__((noreturn)) void rank_main(int rank, int fd) {
+  boot_attach(rank, fd);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  signal(SIGALRM, on_alarm);
+  if (opt.signal_storm) storm_start();
+  alarm((unsigned)(opt.timeout_s * (opt.cycles + 1) + 60));
+  int cycles = opt.scenario == SC_KILL ? 1 : opt.cycles;
+  int c;
+  for (c = 0; c < cycles; c++)
+    if (run_cycle(c)) break;
+  if (opt.signal_storm) {
+    long hits = storm_stop();
+    printf("[rank %d] signal storm: %ld SIGUSR1 handled during the run\n", rank, hits);
+  }
+  report_t rep;
+  memset(&rep, 0, sizeof rep);
+  rep.status = atomic_load(&R.failed) ? 1 : 0;
+  rep.warns = atomic_load(&g_warns);
+  rep.cycles_done = c;
+  rep.seconds = R.seconds;
+  rep.bytes = R.bytes;
+  rep.ops = R.ops;
+  rep.sigs = R.sigs;
+  if (opt.summary) summary_snapshot(&rep.sum);
+  snprintf(rep.reason, sizeof rep.reason, "%s", R.err);
+  double bps = R.seconds > 0 ? (double)R.bytes / R.seconds : 0;
+  if (rep.status == 0)
+    printf("[rank %d] PASS cycles=%d ops=%llu moved=%.1f MiB in %.3f s => %.1f MB/s (%.3f GB/s) "
+           "warns=%d%s\n",
+           rank, c, (unsigned long long)R.ops, (double)R.bytes / 1048576.0, R.seconds, bps / 1e6,
+           bps / 1e9, rep.warns, opt.scenario == SC_BAD_INPUT ? " (bad-input checks passed)" : "");
+  if (rep.status == 0 && opt.scenario == SC_BAD_INPUT)
+    printf("[rank %d] bad-input: %d invalid calls rejected with a WARN each, valid traffic "
+           "still verified\n",
+           rank, bad_count);
+  if (rep.status != 0)
+    printf("[rank %d] FAIL after %d cycle(s): %s (warns=%d)\n", rank, c, R.err, rep.warns);
+  boot_report(&rep);
+  fflush(stdout);
+  /* leave without running the library's destructors in a weird state */
+  _exit(rep.status);
+}

@@ -1,0 +1,340 @@
+/*
+ * scenarios.c - the checks beyond the basic rounds: bad input, a killed
+ * peer, teardown right after posting, and a signal storm.
+ */
+#include <signal.h>
+
+#include "harness.h"
+
+/* ---- bad input ---- */
+
+int bad_count;
+
+#define EXPECT_BAD(what, expr, only_invalid_arg)                                             \
+  do {                                                                                       \
+    atomic_store(&g_expecting_warn, 1);                                                      \
+    int w0_ = atomic_load(&g_warns);                                                         \
+    ncclResult_t rc_ = (expr);                                                               \
+    int w1_ = atomic_load(&g_warns);                                                         \
+    atomic_store(&g_expecting_warn, 0);                                                      \
+    bad_count++;                                                                             \
+    if (!(rc_ == ncclInvalidArgument || (!(only_invalid_arg) && rc_ == ncclInvalidUsage))) { \
+      failf("bad-input %s: returned %d (%s), want ncclInvalidArgument%s", what, rc_,         \
+            result_name(rc_), (only_invalid_arg) ? "" : " or ncclInvalidUsage");             \
+      return -1;                                                                             \
+    }                                                                                        \
+    if (w1_ == w0_) {                                                                        \
+      failf("bad-input %s: returned %s but logged no WARN line", what, result_name(rc_));    \
+      return -1;                                                                             \
+    }                                                                                        \
+    if (opt.verbose) fprintf(stderr, "[rank %d] bad-input ok: %s -> %s\n", g_rank, what,     \
+                             result_name(rc_));                                              \
+  } while (0)
+
+int bad_before_init(void) {
+  EXPECT_BAD("init(ctx=NULL)", R.pl.t.init(NULL, 42, logger), 1);
+  EXPECT_BAD("devices(NULL)", R.pl.t.devices(NULL), 1);
+  EXPECT_BAD("getProperties(0, NULL)", R.pl.t.getProperties(0, NULL), 1);
+  return 0;
+}
+
+int bad_after_setup(int ndev) {
+  ncclNetProperties_v12_t p;
+  void* x = (void*)1;
+  void* req = NULL;
+  int N = opt.ranks;
+  char h[NCCL_NET_HANDLE_MAXSIZE];
+  EXPECT_BAD("getProperties(dev=ndev)", R.pl.t.getProperties(ndev, &p), 0);
+  EXPECT_BAD("getProperties(dev=-1)", R.pl.t.getProperties(-1, &p), 0);
+  EXPECT_BAD("listen(handle=NULL)", R.pl.t.listen(R.ctx, 0, NULL, &x), 1);
+  EXPECT_BAD("listen(listenComm=NULL)", R.pl.t.listen(R.ctx, 0, h, NULL), 1);
+  void* hs[1] = {NULL};
+  EXPECT_BAD("connect(collComm=NULL)", R.pl.t.connect(NULL, hs, 1, 0, R.listenComm, NULL), 1);
+  EXPECT_BAD("connect(handles=NULL)", R.pl.t.connect(NULL, NULL, 1, 0, R.listenComm, &x), 1);
+  EXPECT_BAD("connect(handles[0]=NULL)", R.pl.t.connect(NULL, hs, 1, 0, R.listenComm, &x), 1);
+  ncclRmaConfig_v15_t cfg = {opt.threads, INT_MIN, 1};
+  EXPECT_BAD("createContext(config=NULL)", R.pl.t.createContext(R.coll, NULL, &x), 1);
+  EXPECT_BAD("createContext(rmaCtx=NULL)", R.pl.t.createContext(R.coll, &cfg, NULL), 1);
+  EXPECT_BAD("regMrSym(mhandle=NULL)",
+             R.pl.t.regMrSym(R.coll, R.src, opt.size, NCCL_PTR_HOST, 0, NULL), 1);
+  if (R.pl.getRmaProperties)
+    EXPECT_BAD("getRmaProperties(NULL)", R.pl.getRmaProperties(R.coll, NULL), 1);
+  EXPECT_BAD("iput(request=NULL)",
+             R.pl.t.iput(R.rctx, 0, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, NULL), 1);
+  EXPECT_BAD("iputSignal(request=NULL)",
+             R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, 0, 0, R.sigMh, 1,
+                               NCCL_NET_SIGNAL_OP_INC, true, 0, NULL), 1);
+  EXPECT_BAD("iget(request=NULL)",
+             R.pl.t.iget(R.rctx, 0, 0, R.getsrcMh, 8, 0, R.getdstMh, 0, 0, NULL), 1);
+  EXPECT_BAD("iflush(request=NULL)", R.pl.t.iflush(R.rctx, 0, R.sigMh, 0, NULL), 1);
+  int done;
+  EXPECT_BAD("test(done=NULL)", R.pl.t.test(R.coll, GARBAGE_HANDLE, NULL), 1);
+  EXPECT_BAD("queryLastError(hasError=NULL)", R.pl.t.queryLastError(R.rctx, NULL), 1);
+  /* garbage handles */
+  EXPECT_BAD("iput(garbage rmaCtx)",
+             R.pl.t.iput(GARBAGE_HANDLE, 0, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), 0);
+  EXPECT_BAD("iput(garbage srcMhandle)",
+             R.pl.t.iput(R.rctx, 0, 0, GARBAGE_HANDLE, 8, 0, R.dstMh, 0, 0, &req), 0);
+  EXPECT_BAD("iput(garbage dstMhandle)",
+             R.pl.t.iput(R.rctx, 0, 0, R.srcMh, 8, 0, GARBAGE_HANDLE, 0, 0, &req), 0);
+  EXPECT_BAD("iputSignal(garbage signalMhandle)",
+             R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, 0, 0, GARBAGE_HANDLE, 1,
+                               NCCL_NET_SIGNAL_OP_INC, true, 0, &req), 0);
+  EXPECT_BAD("iget(garbage remoteMhandle)",
+             R.pl.t.iget(R.rctx, 0, 0, GARBAGE_HANDLE, 8, 0, R.getdstMh, 0, 0, &req), 0);
+  EXPECT_BAD("test(garbage request)", R.pl.t.test(R.coll, GARBAGE_HANDLE, &done), 0);
+  EXPECT_BAD("test(garbage collComm)", R.pl.t.test(GARBAGE_HANDLE, GARBAGE_HANDLE, &done), 0);
+  EXPECT_BAD("rmaProgress(garbage rmaCtx)", R.pl.t.rmaProgress(GARBAGE_HANDLE), 0);
+  EXPECT_BAD("deregMrSym(garbage mhandle)", R.pl.t.deregMrSym(R.coll, GARBAGE_HANDLE), 0);
+  EXPECT_BAD("closeListen(garbage)", R.pl.t.closeListen(GARBAGE_HANDLE), 0);
+  /* bounds, ranks, contexts, ops */
+  EXPECT_BAD("iput(srcOff+size beyond the registration)",
+             R.pl.t.iput(R.rctx, 0, (uint64_t)opt.size * (uint64_t)N - 8, R.srcMh, 16, 0, R.dstMh,
+                         0, 0, &req), 0);
+  EXPECT_BAD("iget(localOff+size beyond the registration)",
+             R.pl.t.iget(R.rctx, 0, 0, R.getsrcMh, 16, (uint64_t)opt.size * (uint64_t)N - 8,
+                         R.getdstMh, 0, 0, &req), 0);
+  EXPECT_BAD("iput(rank=nranks)",
+             R.pl.t.iput(R.rctx, 0, 0, R.srcMh, 8, 0, R.dstMh, (uint32_t)N, 0, &req), 0);
+  EXPECT_BAD("iput(context=nContexts)",
+             R.pl.t.iput(R.rctx, opt.threads, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), 0);
+  EXPECT_BAD("iput(context=-1)", R.pl.t.iput(R.rctx, -1, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req),
+             0);
+  EXPECT_BAD("iputSignal(signalOp=7)",
+             R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, 0, 0, R.sigMh, 1, 7, true, 0, &req),
+             0);
+  EXPECT_BAD("iputSignal(size>0 with NULL src handle)",
+             R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 8, 0, R.dstMh, 0, 0, R.sigMh, 1,
+                               NCCL_NET_SIGNAL_OP_INC, true, 0, &req), 0);
+  /* a freed handle: register (collectively) and deregister a scratch buffer */
+  uint8_t* scratch = xalloc(4096);
+  void* smh = NULL;
+  CALL(R.pl.t.regMrSym(R.coll, scratch, 4096, NCCL_PTR_HOST, 0, &smh));
+  CALL(R.pl.t.deregMrSym(R.coll, smh));
+  EXPECT_BAD("iput(deregistered srcMhandle)",
+             R.pl.t.iput(R.rctx, 0, 0, smh, 8, 0, R.dstMh, 0, 0, &req), 0);
+  EXPECT_BAD("deregMrSym(twice)", R.pl.t.deregMrSym(R.coll, smh), 0);
+  free(scratch);
+  if (req != NULL) {
+    failf("bad-input: a failed call wrote a non-NULL request");
+    return -1;
+  }
+  return 0;
+}
+
+int bad_after_teardown(void* oldRctx, void* oldColl) {
+  void* req = NULL;
+  int done;
+  void* x;
+  uint8_t b[64];
+  EXPECT_BAD("iput after destroyContext",
+             R.pl.t.iput(oldRctx, 0, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), 0);
+  EXPECT_BAD("rmaProgress after destroyContext", R.pl.t.rmaProgress(oldRctx), 0);
+  EXPECT_BAD("destroyContext twice", R.pl.t.destroyContext(oldRctx), 0);
+  if (oldColl) {
+    EXPECT_BAD("regMrSym after closeColl",
+               R.pl.t.regMrSym(oldColl, b, sizeof b, NCCL_PTR_HOST, 0, &x), 0);
+    EXPECT_BAD("test after closeColl", R.pl.t.test(oldColl, GARBAGE_HANDLE, &done), 0);
+    ncclRmaConfig_v15_t cfg = {1, INT_MIN, 1};
+    EXPECT_BAD("createContext after closeColl", R.pl.t.createContext(oldColl, &cfg, &x), 0);
+    EXPECT_BAD("closeColl twice", R.pl.t.closeColl(oldColl), 0);
+  }
+  return 0;
+}
+
+/* ---- kill scenario: rank opt.kill_rank was SIGKILLed after round 0 ---- */
+
+int fault_phase(void) {
+  int victim = opt.kill_rank;
+  double t0 = now_s(), deadline = t0 + 10.0;
+  long issued = 0;
+  const char* how = NULL;
+  int code = 0;
+  while (now_s() < deadline && how == NULL) {
+    void* req = NULL;
+    ncclResult_t rc;
+    if (issued & 1)
+      rc = R.pl.t.iget(R.rctx, 0, 0, R.getsrcMh, opt.size, (size_t)victim * opt.size, R.getdstMh,
+                       (uint32_t)victim, 0, &req);
+    else
+      rc = R.pl.t.iputSignal(R.rctx, 0, (size_t)victim * opt.size, R.srcMh, opt.size,
+                             (size_t)g_rank * opt.size, R.dstMh, (uint32_t)victim,
+                             (uint64_t)g_rank * 8, R.sigMh, 0, NCCL_NET_SIGNAL_OP_INC, true, 0,
+                             &req);
+    issued++;
+    if (rc != ncclSuccess) {
+      how = (issued & 1) ? "iputSignal returned an error" : "iget returned an error";
+      code = rc;
+      break;
+    }
+    double rdl = now_s() + 2.0;
+    long spins = 0;
+    for (;;) {
+      int done = 0;
+      rc = R.pl.t.test(R.coll, req, &done);
+      if (rc != ncclSuccess) {
+        how = "test returned an error";
+        code = rc;
+        break;
+      }
+      if (done) break;
+      if ((++spins & 255) == 0) {
+        bool e = false;
+        if (R.pl.t.queryLastError(R.rctx, &e) == ncclSuccess && e) {
+          how = "queryLastError reported an error";
+          break;
+        }
+        if (now_s() > rdl || now_s() > deadline) break; /* abandon this request */
+        usleep(100);
+      }
+    }
+    if (how == NULL) {
+      bool e = false;
+      if (R.pl.t.queryLastError(R.rctx, &e) == ncclSuccess && e)
+        how = "queryLastError reported an error";
+    }
+  }
+  double dt = now_s() - t0;
+  if (how == NULL) {
+    failf("kill: no error reported within 10 s for traffic to the killed rank %d (%ld ops issued)",
+          victim, issued);
+    return -1;
+  }
+  printf("[rank %d] kill: detected the loss of rank %d after %.3f s: %s%s%s (%ld ops issued)\n",
+         g_rank, victim, dt, how, code ? " " : "", code ? result_name(code) : "", issued);
+  return 0;
+}
+
+/* ---- teardown scenario: accepted operations are delivered ---- */
+
+/* In cycle c, rank c % N receives and every other rank sends to it: a
+ * striped put, a put with an ADD signal, and a bare INC signal, then tears
+ * down at once without ever calling test(): destroyContext, deregMrSym (after
+ * which the source is overwritten, as a caller reusing its memory would),
+ * closeColl, finalize. The receiver must see every byte and every signal.
+ * Returns 1 when this rank already tore down. */
+int teardown_phase(void) {
+  int N = opt.ranks, recv = R.cycle % N;
+  size_t half = opt.size / 2;
+  uint64_t key = put_key(g_rank, recv, R.cycle, 0, 0);
+  if (g_rank != recv) fill(R.src, 0, opt.size, key);
+  if (boot_barrier(TAG_BARRIER)) {
+    failf("cycle %d: bootstrap barrier failed (a rank died?)", R.cycle);
+    return -1;
+  }
+  if (g_rank != recv) {
+    size_t dbase = (size_t)g_rank * opt.size;
+    void* rq[3] = {NULL, NULL, NULL};
+    CALL(R.pl.t.iput(R.rctx, 0, 0, R.srcMh, half, dbase, R.dstMh, (uint32_t)recv, 0, &rq[0]));
+    CALL(R.pl.t.iputSignal(R.rctx, 0, half, R.srcMh, opt.size - half, dbase + half, R.dstMh,
+                           (uint32_t)recv, (uint64_t)g_rank * 8, R.sigMh,
+                           (uint64_t)R.cycle + 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &rq[1]));
+    CALL(R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)recv, (uint64_t)N * 8,
+                           R.sigMh, 0, NCCL_NET_SIGNAL_OP_INC, true, 0, &rq[2]));
+    if (!rq[0] || !rq[1] || !rq[2]) {
+      failf("cycle %d: a data call returned success with a NULL request", R.cycle);
+      return -1;
+    }
+    /* The NCCL order, at once: contexts, registrations, communicator. */
+    CALL(R.pl.t.destroyContext(R.rctx));
+    CALL(R.pl.t.deregMrSym(R.coll, R.srcMh));
+    memset(R.src, 0xEE, (size_t)N * opt.size); /* the caller reuses its memory */
+    CALL(R.pl.t.deregMrSym(R.coll, R.dstMh));
+    CALL(R.pl.t.deregMrSym(R.coll, R.getsrcMh));
+    CALL(R.pl.t.deregMrSym(R.coll, R.getdstMh));
+    CALL(R.pl.t.deregMrSym(R.coll, R.sigMh));
+    CALL(R.pl.t.closeColl(R.coll));
+    CALL(R.pl.t.finalize(R.ginCtx));
+    CALL(R.pl.t.finalize(R.ctx));
+    return 1;
+  }
+  /* receiver: every sender's ADD, and one INC each on the shared word */
+  double deadline = now_s() + opt.timeout_s;
+  for (;;) {
+    int ok = __atomic_load_n(&R.sig[N], __ATOMIC_ACQUIRE) == (uint64_t)(N - 1);
+    for (int s = 0; s < N; s++)
+      if (s != recv && __atomic_load_n(&R.sig[s], __ATOMIC_ACQUIRE) != (uint64_t)R.cycle + 1)
+        ok = 0;
+    if (ok) break;
+    if (now_s() > deadline) {
+      char b[256];
+      int o = 0;
+      for (int s = 0; s <= N && o < (int)sizeof b - 24; s++)
+        o += snprintf(b + o, sizeof b - (size_t)o, " %llu",
+                      (unsigned long long)__atomic_load_n(&R.sig[s], __ATOMIC_ACQUIRE));
+      failf("cycle %d: signals of senders that tore down at once did not arrive within %d s "
+            "(words:%s; want %d from each sender, %d shared): accepted operations were lost",
+            R.cycle, opt.timeout_s, b, R.cycle + 1, N - 1);
+      return -1;
+    }
+    usleep(50);
+  }
+  for (int s = 0; s < N; s++) {
+    if (s == recv) continue;
+    long bad = check(R.dst + (size_t)s * opt.size, 0, opt.size, put_key(s, recv, R.cycle, 0, 0));
+    if (bad >= 0) {
+      failf("cycle %d: byte %ld of the put from rank %d (which tore down at once) is wrong", R.cycle,
+            bad, s);
+      return -1;
+    }
+    __atomic_store_n(&R.sig[s], 0, __ATOMIC_RELEASE);
+  }
+  bool err = false;
+  CALL(R.pl.t.queryLastError(R.rctx, &err));
+  if (err) {
+    failf("cycle %d: queryLastError reports an error after peers said goodbye", R.cycle);
+    return -1;
+  }
+  R.bytes += (uint64_t)(N - 1) * opt.size;
+  R.ops += 3ULL * (uint64_t)(N - 1);
+  R.sigs += 2ULL * (uint64_t)(N - 1); /* each sender's ADD and INC */
+  if (opt.verbose)
+    printf("[rank %d] teardown cycle %d: %d senders delivered every byte and signal\n", g_rank,
+           R.cycle, N - 1);
+  return 0;
+}
+
+/* ---- signal storm ---- */
+
+/* A signal storm: host processes (MPI, profilers, Python) deliver signals
+ * while plugin threads are inside Go or wazero code. Go requires handlers to
+ * use SA_ONSTACK; with it, nothing may crash or hang. */
+static atomic_long g_storm_hits;
+static atomic_int g_storm_stop;
+
+static void on_usr1(int sig) {
+  (void)sig;
+  char pad[4096]; /* use some stack, as real handlers do */
+  pad[0] = 1;
+  __asm__ volatile("" : : "r"(pad) : "memory");
+  atomic_fetch_add(&g_storm_hits, 1);
+}
+
+static void* storm(void* arg) {
+  (void)arg;
+  pid_t pid = getpid();
+  while (!atomic_load(&g_storm_stop)) {
+    kill(pid, SIGUSR1);
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+  }
+  return NULL;
+}
+
+static pthread_t g_storm_th;
+
+void storm_start(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_usr1;
+  sa.sa_flags = SA_ONSTACK | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, NULL);
+  pthread_create(&g_storm_th, NULL, storm, NULL);
+}
+
+long storm_stop(void) {
+  atomic_store(&g_storm_stop, 1);
+  pthread_join(g_storm_th, NULL);
+  return atomic_load(&g_storm_hits);
+}
