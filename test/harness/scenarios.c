@@ -10,31 +10,35 @@
 
 int bad_count;
 
-#define EXPECT_BAD(what, expr, only_invalid_arg)                                             \
-  do {                                                                                       \
-    atomic_store(&g_expecting_warn, 1);                                                      \
-    int w0_ = atomic_load(&g_warns);                                                         \
-    ncclResult_t rc_ = (expr);                                                               \
-    int w1_ = atomic_load(&g_warns);                                                         \
-    atomic_store(&g_expecting_warn, 0);                                                      \
-    bad_count++;                                                                             \
-    if (!(rc_ == ncclInvalidArgument || (!(only_invalid_arg) && rc_ == ncclInvalidUsage))) { \
-      failf("bad-input %s: returned %d (%s), want ncclInvalidArgument%s", what, rc_,         \
-            result_name(rc_), (only_invalid_arg) ? "" : " or ncclInvalidUsage");             \
-      return -1;                                                                             \
-    }                                                                                        \
-    if (w1_ == w0_) {                                                                        \
-      failf("bad-input %s: returned %s but logged no WARN line", what, result_name(rc_));    \
-      return -1;                                                                             \
-    }                                                                                        \
-    if (opt.verbose) fprintf(stderr, "[rank %d] bad-input ok: %s -> %s\n", g_rank, what,     \
-                             result_name(rc_));                                              \
+/* Every case expects the exact code SPEC.md §3 prescribes: ncclInvalidArgument
+ * for an argument that is wrong in itself (NULL, unknown or released
+ * handles, out-of-range values); ncclInvalidUsage only for a valid handle
+ * used in a state that forbids the call. */
+#define EXPECT_BAD(what, expr, want)                                                        \
+  do {                                                                                      \
+    atomic_store(&g_expecting_warn, 1);                                                     \
+    int w0_ = atomic_load(&g_warns);                                                        \
+    ncclResult_t rc_ = (expr);                                                              \
+    int w1_ = atomic_load(&g_warns);                                                        \
+    atomic_store(&g_expecting_warn, 0);                                                     \
+    bad_count++;                                                                            \
+    if (rc_ != (want)) {                                                                    \
+      failf("bad-input %s: returned %d (%s), want %s", what, rc_, result_name(rc_),         \
+            result_name(want));                                                             \
+      return -1;                                                                            \
+    }                                                                                       \
+    if (w1_ == w0_) {                                                                       \
+      failf("bad-input %s: returned %s but logged no WARN line", what, result_name(rc_));   \
+      return -1;                                                                            \
+    }                                                                                       \
+    if (opt.verbose) fprintf(stderr, "[rank %d] bad-input ok: %s -> %s\n", g_rank, what,    \
+                             result_name(rc_));                                             \
   } while (0)
 
 int bad_before_init(void) {
-  EXPECT_BAD("init(ctx=NULL)", R.pl.t.init(NULL, 42, logger), 1);
-  EXPECT_BAD("devices(NULL)", R.pl.t.devices(NULL), 1);
-  EXPECT_BAD("getProperties(0, NULL)", R.pl.t.getProperties(0, NULL), 1);
+  EXPECT_BAD("init(ctx=NULL)", R.pl.t.init(NULL, 42, logger), ncclInvalidArgument);
+  EXPECT_BAD("devices(NULL)", R.pl.t.devices(NULL), ncclInvalidArgument);
+  EXPECT_BAD("getProperties(0, NULL)", R.pl.t.getProperties(0, NULL), ncclInvalidArgument);
   return 0;
 }
 
@@ -44,76 +48,74 @@ int bad_after_setup(int ndev) {
   void* req = NULL;
   int N = opt.ranks;
   char h[NCCL_NET_HANDLE_MAXSIZE];
-  EXPECT_BAD("getProperties(dev=ndev)", R.pl.t.getProperties(ndev, &p), 0);
-  EXPECT_BAD("getProperties(dev=-1)", R.pl.t.getProperties(-1, &p), 0);
-  EXPECT_BAD("listen(handle=NULL)", R.pl.t.listen(R.ctx, 0, NULL, &x), 1);
-  EXPECT_BAD("listen(listenComm=NULL)", R.pl.t.listen(R.ctx, 0, h, NULL), 1);
+  EXPECT_BAD("getProperties(dev=ndev)", R.pl.t.getProperties(ndev, &p), ncclInvalidArgument);
+  EXPECT_BAD("getProperties(dev=-1)", R.pl.t.getProperties(-1, &p), ncclInvalidArgument);
+  EXPECT_BAD("listen(handle=NULL)", R.pl.t.listen(R.ctx, 0, NULL, &x), ncclInvalidArgument);
+  EXPECT_BAD("listen(listenComm=NULL)", R.pl.t.listen(R.ctx, 0, h, NULL), ncclInvalidArgument);
   void* hs[1] = {NULL};
-  EXPECT_BAD("connect(collComm=NULL)", R.pl.t.connect(NULL, hs, 1, 0, R.listenComm, NULL), 1);
-  EXPECT_BAD("connect(handles=NULL)", R.pl.t.connect(NULL, NULL, 1, 0, R.listenComm, &x), 1);
-  EXPECT_BAD("connect(handles[0]=NULL)", R.pl.t.connect(NULL, hs, 1, 0, R.listenComm, &x), 1);
+  EXPECT_BAD("connect(collComm=NULL)", R.pl.t.connect(NULL, hs, 1, 0, R.listenComm, NULL), ncclInvalidArgument);
+  EXPECT_BAD("connect(handles=NULL)", R.pl.t.connect(NULL, NULL, 1, 0, R.listenComm, &x), ncclInvalidArgument);
+  EXPECT_BAD("connect(handles[0]=NULL)", R.pl.t.connect(NULL, hs, 1, 0, R.listenComm, &x), ncclInvalidArgument);
   ncclRmaConfig_v15_t cfg = {opt.threads, INT_MIN, 1};
-  EXPECT_BAD("createContext(config=NULL)", R.pl.t.createContext(R.coll, NULL, &x), 1);
-  EXPECT_BAD("createContext(rmaCtx=NULL)", R.pl.t.createContext(R.coll, &cfg, NULL), 1);
+  EXPECT_BAD("createContext(config=NULL)", R.pl.t.createContext(R.coll, NULL, &x), ncclInvalidArgument);
+  EXPECT_BAD("createContext(rmaCtx=NULL)", R.pl.t.createContext(R.coll, &cfg, NULL), ncclInvalidArgument);
   EXPECT_BAD("regMrSym(mhandle=NULL)",
-             R.pl.t.regMrSym(R.coll, R.src, opt.size, NCCL_PTR_HOST, 0, NULL), 1);
+             R.pl.t.regMrSym(R.coll, R.src, opt.size, NCCL_PTR_HOST, 0, NULL), ncclInvalidArgument);
   if (R.pl.getRmaProperties)
-    EXPECT_BAD("getRmaProperties(NULL)", R.pl.getRmaProperties(R.coll, NULL), 1);
+    EXPECT_BAD("getRmaProperties(NULL)", R.pl.getRmaProperties(R.coll, NULL), ncclInvalidArgument);
   EXPECT_BAD("iput(request=NULL)",
-             R.pl.t.iput(R.rctx, 0, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, NULL), 1);
+             R.pl.t.iput(R.rctx, 0, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, NULL), ncclInvalidArgument);
   EXPECT_BAD("iputSignal(request=NULL)",
              R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, 0, 0, R.sigMh, 1,
-                               NCCL_NET_SIGNAL_OP_INC, true, 0, NULL), 1);
+                               NCCL_NET_SIGNAL_OP_INC, true, 0, NULL), ncclInvalidArgument);
   EXPECT_BAD("iget(request=NULL)",
-             R.pl.t.iget(R.rctx, 0, 0, R.getsrcMh, 8, 0, R.getdstMh, 0, 0, NULL), 1);
-  EXPECT_BAD("iflush(request=NULL)", R.pl.t.iflush(R.rctx, 0, R.sigMh, 0, NULL), 1);
+             R.pl.t.iget(R.rctx, 0, 0, R.getsrcMh, 8, 0, R.getdstMh, 0, 0, NULL), ncclInvalidArgument);
+  EXPECT_BAD("iflush(request=NULL)", R.pl.t.iflush(R.rctx, 0, R.sigMh, 0, NULL), ncclInvalidArgument);
   int done;
-  EXPECT_BAD("test(done=NULL)", R.pl.t.test(R.coll, GARBAGE_HANDLE, NULL), 1);
-  EXPECT_BAD("queryLastError(hasError=NULL)", R.pl.t.queryLastError(R.rctx, NULL), 1);
+  EXPECT_BAD("test(done=NULL)", R.pl.t.test(R.coll, GARBAGE_HANDLE, NULL), ncclInvalidArgument);
+  EXPECT_BAD("queryLastError(hasError=NULL)", R.pl.t.queryLastError(R.rctx, NULL), ncclInvalidArgument);
   /* garbage handles */
   EXPECT_BAD("iput(garbage rmaCtx)",
-             R.pl.t.iput(GARBAGE_HANDLE, 0, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), 0);
+             R.pl.t.iput(GARBAGE_HANDLE, 0, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iput(garbage srcMhandle)",
-             R.pl.t.iput(R.rctx, 0, 0, GARBAGE_HANDLE, 8, 0, R.dstMh, 0, 0, &req), 0);
+             R.pl.t.iput(R.rctx, 0, 0, GARBAGE_HANDLE, 8, 0, R.dstMh, 0, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iput(garbage dstMhandle)",
-             R.pl.t.iput(R.rctx, 0, 0, R.srcMh, 8, 0, GARBAGE_HANDLE, 0, 0, &req), 0);
+             R.pl.t.iput(R.rctx, 0, 0, R.srcMh, 8, 0, GARBAGE_HANDLE, 0, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iputSignal(garbage signalMhandle)",
              R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, 0, 0, GARBAGE_HANDLE, 1,
-                               NCCL_NET_SIGNAL_OP_INC, true, 0, &req), 0);
+                               NCCL_NET_SIGNAL_OP_INC, true, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iget(garbage remoteMhandle)",
-             R.pl.t.iget(R.rctx, 0, 0, GARBAGE_HANDLE, 8, 0, R.getdstMh, 0, 0, &req), 0);
-  EXPECT_BAD("test(garbage request)", R.pl.t.test(R.coll, GARBAGE_HANDLE, &done), 0);
-  EXPECT_BAD("test(garbage collComm)", R.pl.t.test(GARBAGE_HANDLE, GARBAGE_HANDLE, &done), 0);
-  EXPECT_BAD("rmaProgress(garbage rmaCtx)", R.pl.t.rmaProgress(GARBAGE_HANDLE), 0);
-  EXPECT_BAD("deregMrSym(garbage mhandle)", R.pl.t.deregMrSym(R.coll, GARBAGE_HANDLE), 0);
-  EXPECT_BAD("closeListen(garbage)", R.pl.t.closeListen(GARBAGE_HANDLE), 0);
+             R.pl.t.iget(R.rctx, 0, 0, GARBAGE_HANDLE, 8, 0, R.getdstMh, 0, 0, &req), ncclInvalidArgument);
+  EXPECT_BAD("test(garbage request)", R.pl.t.test(R.coll, GARBAGE_HANDLE, &done), ncclInvalidArgument);
+  EXPECT_BAD("test(garbage collComm)", R.pl.t.test(GARBAGE_HANDLE, GARBAGE_HANDLE, &done), ncclInvalidArgument);
+  EXPECT_BAD("rmaProgress(garbage rmaCtx)", R.pl.t.rmaProgress(GARBAGE_HANDLE), ncclInvalidArgument);
+  EXPECT_BAD("deregMrSym(garbage mhandle)", R.pl.t.deregMrSym(R.coll, GARBAGE_HANDLE), ncclInvalidArgument);
+  EXPECT_BAD("closeListen(garbage)", R.pl.t.closeListen(GARBAGE_HANDLE), ncclInvalidArgument);
   /* bounds, ranks, contexts, ops */
   EXPECT_BAD("iput(srcOff+size beyond the registration)",
              R.pl.t.iput(R.rctx, 0, (uint64_t)opt.size * (uint64_t)N - 8, R.srcMh, 16, 0, R.dstMh,
-                         0, 0, &req), 0);
+                         0, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iget(localOff+size beyond the registration)",
              R.pl.t.iget(R.rctx, 0, 0, R.getsrcMh, 16, (uint64_t)opt.size * (uint64_t)N - 8,
-                         R.getdstMh, 0, 0, &req), 0);
+                         R.getdstMh, 0, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iput(rank=nranks)",
-             R.pl.t.iput(R.rctx, 0, 0, R.srcMh, 8, 0, R.dstMh, (uint32_t)N, 0, &req), 0);
+             R.pl.t.iput(R.rctx, 0, 0, R.srcMh, 8, 0, R.dstMh, (uint32_t)N, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iput(context=nContexts)",
-             R.pl.t.iput(R.rctx, opt.threads, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), 0);
-  EXPECT_BAD("iput(context=-1)", R.pl.t.iput(R.rctx, -1, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req),
-             0);
+             R.pl.t.iput(R.rctx, opt.threads, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), ncclInvalidArgument);
+  EXPECT_BAD("iput(context=-1)", R.pl.t.iput(R.rctx, -1, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iputSignal(signalOp=7)",
-             R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, 0, 0, R.sigMh, 1, 7, true, 0, &req),
-             0);
+             R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, 0, 0, R.sigMh, 1, 7, true, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iputSignal(size>0 with NULL src handle)",
              R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 8, 0, R.dstMh, 0, 0, R.sigMh, 1,
-                               NCCL_NET_SIGNAL_OP_INC, true, 0, &req), 0);
+                               NCCL_NET_SIGNAL_OP_INC, true, 0, &req), ncclInvalidArgument);
   /* a freed handle: register (collectively) and deregister a scratch buffer */
   uint8_t* scratch = xalloc(4096);
   void* smh = NULL;
   CALL(R.pl.t.regMrSym(R.coll, scratch, 4096, NCCL_PTR_HOST, 0, &smh));
   CALL(R.pl.t.deregMrSym(R.coll, smh));
   EXPECT_BAD("iput(deregistered srcMhandle)",
-             R.pl.t.iput(R.rctx, 0, 0, smh, 8, 0, R.dstMh, 0, 0, &req), 0);
-  EXPECT_BAD("deregMrSym(twice)", R.pl.t.deregMrSym(R.coll, smh), 0);
+             R.pl.t.iput(R.rctx, 0, 0, smh, 8, 0, R.dstMh, 0, 0, &req), ncclInvalidArgument);
+  EXPECT_BAD("deregMrSym(twice)", R.pl.t.deregMrSym(R.coll, smh), ncclInvalidArgument);
   free(scratch);
   if (req != NULL) {
     failf("bad-input: a failed call wrote a non-NULL request");
@@ -128,16 +130,16 @@ int bad_after_teardown(void* oldRctx, void* oldColl) {
   void* x;
   uint8_t b[64];
   EXPECT_BAD("iput after destroyContext",
-             R.pl.t.iput(oldRctx, 0, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), 0);
-  EXPECT_BAD("rmaProgress after destroyContext", R.pl.t.rmaProgress(oldRctx), 0);
-  EXPECT_BAD("destroyContext twice", R.pl.t.destroyContext(oldRctx), 0);
+             R.pl.t.iput(oldRctx, 0, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), ncclInvalidArgument);
+  EXPECT_BAD("rmaProgress after destroyContext", R.pl.t.rmaProgress(oldRctx), ncclInvalidArgument);
+  EXPECT_BAD("destroyContext twice", R.pl.t.destroyContext(oldRctx), ncclInvalidArgument);
   if (oldColl) {
     EXPECT_BAD("regMrSym after closeColl",
-               R.pl.t.regMrSym(oldColl, b, sizeof b, NCCL_PTR_HOST, 0, &x), 0);
-    EXPECT_BAD("test after closeColl", R.pl.t.test(oldColl, GARBAGE_HANDLE, &done), 0);
+               R.pl.t.regMrSym(oldColl, b, sizeof b, NCCL_PTR_HOST, 0, &x), ncclInvalidArgument);
+    EXPECT_BAD("test after closeColl", R.pl.t.test(oldColl, GARBAGE_HANDLE, &done), ncclInvalidArgument);
     ncclRmaConfig_v15_t cfg = {1, INT_MIN, 1};
-    EXPECT_BAD("createContext after closeColl", R.pl.t.createContext(oldColl, &cfg, &x), 0);
-    EXPECT_BAD("closeColl twice", R.pl.t.closeColl(oldColl), 0);
+    EXPECT_BAD("createContext after closeColl", R.pl.t.createContext(oldColl, &cfg, &x), ncclInvalidArgument);
+    EXPECT_BAD("closeColl twice", R.pl.t.closeColl(oldColl), ncclInvalidArgument);
   }
   return 0;
 }
