@@ -126,7 +126,7 @@ func TestDeviceMemory(t *testing.T) {
 			dev := newFakeDevice()
 			devmem.Register(dev)
 			defer devmem.Register(nil)
-			const n, size = 2, 3<<20 + 5 // striped from 1 MiB with lanes
+			const n, size = 2, 3<<20 + 5 // striped under the default plan when lanes > 1
 			rs := setup(t, n, 64)
 			var p abi.NetProperties
 			if GetProperties(0, &p) != abi.Success || p.PtrSupport&abi.PtrCuda == 0 {

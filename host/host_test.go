@@ -133,7 +133,7 @@ var (
 )
 
 // TestPutSignalGetLanes stripes multi-megabyte puts and gets over four
-// lanes (the native plan stripes from 1 MiB in 512 KiB chunks), with and
+// lanes (large enough to be striped under the default plan), with and
 // without the intra-node path: signals must still follow their payload.
 func TestPutSignalGetLanes(t *testing.T) {
 	testLanes, testSize = "4", 3<<20+17

@@ -661,9 +661,8 @@ func (r *rankState) setupBaselines() error {
 // calls sched_yield when it has nothing to progress; and a C thread that
 // returns from a plugin call holds no Go P, which runtime.Gosched imitates
 // here, so the runtime's own goroutines (the peer writer and service) can run
-// at once. Measured on 2 cores: a pure spin costs about 1 ms per wake-up, the
-// OS yield alone ~150 us per half round trip, Gosched alone is far worse,
-// both ~75 us (-yield).
+// at once. Both together were the fastest on 2 cores (BENCH.md, "Figures
+// behind the code"; -yield).
 func schedYield() {
 	switch yieldMode {
 	case "os":

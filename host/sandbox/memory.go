@@ -17,7 +17,8 @@ import (
 // wazero's default linear memory is a Go []byte that memory.grow extends
 // with append: every grow past the capacity copies the whole memory and
 // leaves the old buffer to the GC. A Go guest grows its memory dozens of
-// times while its runtime starts, which cost ~80 ms per process.
+// times while its runtime starts, which cost tens of milliseconds per process (BENCH.md,
+// "Figures behind the code").
 //
 // mmapAllocator instead reserves the instance's maximum (the module's max,
 // which wazero has already clamped to the runtime's memory cap,
@@ -41,9 +42,10 @@ var (
 
 // hugePage is the x86-64/arm64 transparent huge page size. Reservations of
 // at least this size are aligned to it and advised MADV_HUGEPAGE: on the
-// 2-vCPU development VM a 4 KiB first-touch fault costs ~12 us, so a Go
-// guest touching its first megabytes paid ~6 ms per instance in faults;
-// with huge pages it is one fault per 2 MiB.
+// development VM a 4 KiB first-touch fault is expensive, so a Go guest
+// touching its first megabytes paid milliseconds per instance in faults
+// (BENCH.md, "Figures behind the code"); with huge pages it is one fault
+// per 2 MiB.
 const hugePage = 2 << 20
 
 // mapAnon maps n bytes of private anonymous memory with prot, 2 MiB-aligned

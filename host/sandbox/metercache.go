@@ -16,8 +16,9 @@ import (
 //
 // wazero's compilation cache is keyed on the bytes handed to CompileModule,
 // and it decodes and validates those bytes even on a hit, so the host must
-// have the metered module in hand in every process. Rewriting a 1.8 MB Go
-// module takes ~30 ms, so the result is kept next to wazero's entries:
+// have the metered module in hand in every process. Rewriting a large Go
+// module takes tens of milliseconds (BENCH.md, "Figures behind the code"),
+// so the result is kept next to wazero's entries:
 //
 //	<cache dir>/rmaw-metered/v<meterVersion>-<sha256 of the input module>.wasm
 //
@@ -38,8 +39,8 @@ const (
 	meterCacheMagic  = "RMAWMTR\x01"
 	meterHeaderLen   = 8 + 32 + 8 + 4 // magic, input sha256, body length, body CRC-32C
 	// meterCacheMinSize: smaller modules are metered in less time than a
-	// file read takes (~15 ms per MB metered; the embedded default, 1 KB,
-	// in microseconds), so they are not cached.
+	// file read takes (the embedded default in microseconds), so they are
+	// not cached.
 	meterCacheMinSize = 64 << 10
 )
 

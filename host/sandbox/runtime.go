@@ -31,8 +31,8 @@ type rtKey struct {
 type sharedRuntime struct {
 	rt wazero.Runtime
 	// WASI is compiled and instantiated on first need (wasi()): the
-	// embedded default imports none of it, and compiling its ~45 host
-	// functions is ~1-3 ms of a cold start.
+	// embedded default imports none of it, and compiling its host functions
+	// is a visible part of a cold start (BENCH.md, "Figures behind the code").
 	wasiOnce sync.Once
 	wasiFns  map[string]api.FunctionDefinition
 	wasiErr  error

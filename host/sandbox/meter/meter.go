@@ -4,7 +4,8 @@
 //
 // wazero v1.12 can only stop a running guest through
 // RuntimeConfig.WithCloseOnContextDone, which costs a goroutine, a channel
-// and ~300 ns per export call plus ~25 ns per loop back-edge. Instead every
+// and a large per-call and per-back-edge price (BENCH.md, "Figures behind
+// the code"). Instead every
 // module is rewritten at load time:
 //
 //   - a mutable i64 global is appended and exported as FuelExport;
