@@ -26,8 +26,8 @@ var cudaOnce sync.Once
 // as the device runtime when a GPU is there. NCCL_RMA_WASM_CUDA=0 skips it.
 func probeCUDA() {
 	cudaOnce.Do(func() {
-		if on, _ := config.Bool(config.CUDA, true); !on {
-			logx.Info(abi.SubsysInit, "NET/wasm: device memory disabled by %s", config.CUDA)
+		if !config.CUDA.Get() {
+			logx.Info(abi.SubsysInit, "NET/wasm: device memory disabled by %s", config.CUDA.Name)
 			return
 		}
 		var buf [256]C.char

@@ -29,6 +29,7 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
@@ -43,8 +44,9 @@ func DefaultWasm() []byte { return defaultWasm }
 
 // Defaults of Options.
 const (
-	DefaultMemoryLimitMiB = 64
-	DefaultCallTimeout    = 100 * time.Millisecond
+	// The defaults of NCCL_RMA_WASM_GUEST_MEMORY_MB and _GUEST_TIMEOUT_MS.
+	DefaultMemoryLimitMiB = config.DefaultGuestMemoryMiB
+	DefaultCallTimeout    = config.DefaultGuestTimeout
 	// MaxFaults is how many traps/nonsense answers a backend survives (each
 	// replaces the instance that faulted); the next one disables it. Running
 	// out of fuel (a guest that does not return) disables it at once.
@@ -80,25 +82,14 @@ type Options struct {
 // OptionsFromEnv reads the NCCL_RMA_WASM_* variables through host/config.
 // Unparsable values are reported with a WARN and replaced by defaults.
 func OptionsFromEnv() Options {
-	o := Options{
-		Name:     config.String(config.Backend, ""),
-		Dir:      config.String(config.Dir, ""),
-		CacheDir: config.String(config.CacheDir, ""),
-		Config:   config.Get(config.BackendConfig),
+	return Options{
+		Name:           config.Backend.Get(),
+		Dir:            config.Dir.Get(),
+		CacheDir:       config.CacheDir.Get(),
+		Config:         config.BackendConfig.Get(),
+		MemoryLimitMiB: uint32(config.GuestMemoryMiB.Get()),
+		CallTimeout:    config.GuestTimeout.Get(),
 	}
-	mb, ok := config.Int(config.GuestMemoryMiB, DefaultMemoryLimitMiB)
-	if !ok || mb <= 0 || mb > 4096 {
-		logx.Warn(0, "wasm: %s=%q is not a size in MiB (1..4096); using %d", config.GuestMemoryMiB, config.Get(config.GuestMemoryMiB), DefaultMemoryLimitMiB)
-		mb = DefaultMemoryLimitMiB
-	}
-	o.MemoryLimitMiB = uint32(mb)
-	d, ok := config.Duration(config.GuestTimeoutMs, DefaultCallTimeout)
-	if !ok || d <= 0 {
-		logx.Warn(0, "wasm: %s=%q is not a positive millisecond count; using %v", config.GuestTimeoutMs, config.Get(config.GuestTimeoutMs), DefaultCallTimeout)
-		d = DefaultCallTimeout
-	}
-	o.CallTimeout = d
-	return o
 }
 
 // ErrTimeout is wrapped by errors of calls that ran out of their budget.
@@ -202,7 +193,7 @@ func resolve(opts Options) (name string, wasm []byte, free func(), cfg string, e
 		path := n
 		if !strings.Contains(n, "/") && !strings.HasSuffix(n, ".wasm") {
 			if opts.Dir == "" {
-				return "", nil, nil, "", fmt.Errorf("wasm: backend %q: %s is not set (it names the directory of .wasm backends)", n, config.Dir)
+				return "", nil, nil, "", fmt.Errorf("wasm: backend %q: %s is not set (it names the directory of .wasm backends)", n, config.Dir.Name)
 			}
 			path = filepath.Join(opts.Dir, n+".wasm")
 		}
@@ -618,7 +609,7 @@ func (in *instance) finalize() {
 }
 
 func (in *instance) devices() ([]backend.DeviceInfo, error) {
-	def := backend.Native{}.Devices()
+	def := []backend.DeviceInfo{backend.DefaultDevice()}
 	if in.fDevices == nil {
 		return def, nil
 	}
@@ -682,8 +673,8 @@ func (in *instance) connPlan(nranks, rank int32, def backend.ConnPlan) (backend.
 	chunk, _ := m.ReadUint64Le(a + guestabi.OffConnChunk)
 	p := backend.ConnPlan{Lanes: int32(lanes), Transport: backend.Transport(int32(tr)), StripeThreshold: stripe, ChunkSize: chunk}
 	switch {
-	case p.Lanes < 1 || p.Lanes > backend.MaxLanes:
-		return def, fmt.Errorf("%s: lanes %d outside 1..%d", guestabi.ExportConnPlan, p.Lanes, backend.MaxLanes)
+	case p.Lanes < 1 || p.Lanes > abi.MaxLanes:
+		return def, fmt.Errorf("%s: lanes %d outside 1..%d", guestabi.ExportConnPlan, p.Lanes, abi.MaxLanes)
 	case p.Transport < backend.TransportAuto || p.Transport > backend.TransportIntraNode:
 		return def, fmt.Errorf("%s: unknown transport %d", guestabi.ExportConnPlan, p.Transport)
 	case p.ChunkSize == 0 || p.ChunkSize > 1<<40:
