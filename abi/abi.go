@@ -152,3 +152,9 @@ type RmaConfig struct {
 	TrafficClass int32
 	RankStride   int32
 }
+
+// MaxLanes is the most lanes (TCP streams per peer) a communicator may use:
+// it bounds backend.ConnPlan.Lanes, dataplane.Options.Lanes and
+// NCCL_RMA_WASM_LANES. abi/guestabi repeats it for guests, which build
+// without this package; a test there keeps the two equal.
+const MaxLanes = 8

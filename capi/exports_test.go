@@ -41,9 +41,9 @@ func bindProgress[A, R num](f func(A) R, ctx uint64) func() R {
 func TestOpExportsAllocateNothingMore(t *testing.T) {
 	config.SetGetenv(func(k string) string {
 		switch k {
-		case config.Backend:
+		case config.Backend.Name:
 			return "native"
-		case config.Addr:
+		case config.Addr.Name:
 			return "127.0.0.1"
 		}
 		return ""

@@ -24,41 +24,37 @@ var flavor atomic.Int32
 // installLogger makes fn (a ncclDebugLogger_t) the process-wide sink of
 // logx. The newest non-NULL logger handed to init wins.
 func installLogger(fn C.uintptr_t) {
-	f, how, bad := detectFlavor(fn)
+	f, how := detectFlavor(fn)
 	flavor.Store(int32(f))
 	C.rmawasm_set_logger(fn)
 	logx.SetSink(sink)
-	if bad != "" {
-		logx.Warn(abi.SubsysEnv, "%s=%q is not auto, nccl or rccl; using auto", config.LogFlavor, bad)
-	}
+	// detectFlavor could not warn (no sink yet); this read warns about a
+	// bad value, once per process, now that the line has somewhere to go.
+	_ = config.LogFlavor.Get()
 	logx.Trace(abi.SubsysInit, "logger installed, %s log levels (%s)", f, how)
 }
 
 // detectFlavor honours NCCL_RMA_WASM_LOG_FLAVOR=auto|nccl|rccl; with auto it
 // asks dladdr which object holds the logger: a file name containing "rccl"
 // (librccl.so.1) means RCCL numbering, anything else NCCL numbering.
-// bad is the unrecognised variable value, if any (warned by the caller once
-// the sink is installed).
-func detectFlavor(fn C.uintptr_t) (f abi.Flavor, how, bad string) {
-	v := strings.ToLower(config.String(config.LogFlavor, "auto"))
+// A bad value means auto; the caller warns once the sink is installed.
+func detectFlavor(fn C.uintptr_t) (f abi.Flavor, how string) {
+	v, _ := config.LogFlavor.Parse()
 	switch v {
 	case "nccl":
-		return abi.FlavorNCCL, config.LogFlavor + "=nccl", ""
+		return abi.FlavorNCCL, config.LogFlavor.Name + "=nccl"
 	case "rccl":
-		return abi.FlavorRCCL, config.LogFlavor + "=rccl", ""
-	case "auto":
-	default:
-		bad = v
+		return abi.FlavorRCCL, config.LogFlavor.Name + "=rccl"
 	}
 	p := C.rmawasm_object_path(fn)
 	if p == nil {
-		return abi.FlavorNCCL, "logger object unknown", bad
+		return abi.FlavorNCCL, "logger object unknown"
 	}
 	path := C.GoString(p)
 	if strings.Contains(strings.ToLower(filepath.Base(path)), "rccl") {
-		return abi.FlavorRCCL, "logger in " + path, bad
+		return abi.FlavorRCCL, "logger in " + path
 	}
-	return abi.FlavorNCCL, "logger in " + path, bad
+	return abi.FlavorNCCL, "logger in " + path
 }
 
 var (

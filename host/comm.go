@@ -46,25 +46,6 @@ var (
 	colls   = table[coll]{kind: kindColl}
 )
 
-// closeTimeout bounds how long teardown waits for a live peer to take and
-// apply what was posted (SPEC.md §3, Teardown).
-func closeTimeout() time.Duration {
-	d, ok := config.Duration(config.CloseTimeout, dataplane.DefaultCloseTimeout)
-	if !ok || d <= 0 {
-		logx.Warn(abi.SubsysEnv, "NET/wasm: ignoring malformed %s; using %v", config.CloseTimeout, dataplane.DefaultCloseTimeout)
-		d = dataplane.DefaultCloseTimeout
-	}
-	return d
-}
-
-func connectTimeout() time.Duration {
-	d, ok := config.Duration(config.ConnectTimeout, 120*time.Second)
-	if !ok {
-		logx.Warn(abi.SubsysEnv, "NET/wasm: ignoring malformed %s", config.ConnectTimeout)
-	}
-	return d
-}
-
 // Listen opens the listener a later connect accepts peers on, and writes the
 // handle NCCL all-gathers.
 func Listen(ctx uint64, dev int32, handle *[abi.HandleSize]byte) (uint64, abi.Result) {
@@ -77,7 +58,7 @@ func Listen(ctx uint64, dev int32, handle *[abi.HandleSize]byte) (uint64, abi.Re
 		logx.Warn(abi.SubsysNet, "NET/wasm: listen: device %d out of range [0, %d)", dev, len(pc.backend.devices))
 		return 0, abi.InvalidArgument
 	}
-	l, h, err := dataplane.Listen(config.Get(config.Addr))
+	l, h, err := dataplane.Listen(config.Addr.Get())
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: listen: %v", err)
 		return 0, abi.SystemError
@@ -119,13 +100,11 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: backend %s: connection plan: %v", lc.be.b.Name(), err)
 		return 0, abi.InternalError
 	}
-	if lanes, ok := config.Int(config.Lanes, 0); !ok || lanes < 0 || lanes > backend.MaxLanes {
-		logx.Warn(abi.SubsysEnv, "NET/wasm: ignoring %s: want 1..%d", config.Lanes, backend.MaxLanes)
-	} else if lanes > 0 {
+	if lanes := config.Lanes.Get(); lanes > 0 {
 		plan.Lanes = int32(lanes) // the operator overrides the backend
 	}
-	if plan.Lanes < 1 || plan.Lanes > backend.MaxLanes {
-		logx.Warn(abi.SubsysNet, "NET/wasm: connect: backend %s asked for %d lanes, allowed 1..%d", lc.be.b.Name(), plan.Lanes, backend.MaxLanes)
+	if plan.Lanes < 1 || plan.Lanes > abi.MaxLanes {
+		logx.Warn(abi.SubsysNet, "NET/wasm: connect: backend %s asked for %d lanes, allowed 1..%d", lc.be.b.Name(), plan.Lanes, abi.MaxLanes)
 		return 0, abi.InternalError
 	}
 	c := &coll{commID: lc.commID, rank: int(rank), nranks: n, dev: lc.dev, be: lc.be, plan: plan}
@@ -134,14 +113,9 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	for i, h := range handles {
 		hs[i] = (*dataplane.Handle)(h)
 	}
-	timeout := connectTimeout()
 	start := time.Now()
-	intra, ok := config.Bool(config.IntraNode, true)
-	if !ok {
-		logx.Warn(abi.SubsysEnv, "NET/wasm: ignoring malformed %s", config.IntraNode)
-	}
-	opt := dataplane.Options{Timeout: timeout, IntraNode: intra && plan.Transport != backend.TransportTCP,
-		Lanes: int(plan.Lanes), StripeThreshold: plan.StripeThreshold, ChunkSize: plan.ChunkSize, CloseTimeout: closeTimeout()}
+	opt := dataplane.Options{Timeout: config.ConnectTimeout.Get(), IntraNode: config.IntraNode.Get() && plan.Transport != backend.TransportTCP,
+		Lanes: int(plan.Lanes), StripeThreshold: plan.StripeThreshold, ChunkSize: plan.ChunkSize, CloseTimeout: config.CloseTimeout.Get()}
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: rank %d of %d: %v", rank, n, err)
@@ -188,7 +162,7 @@ func CloseColl(h uint64) abi.Result {
 		r.destroy()
 	}
 	if err := c.mesh.Close(); err != nil {
-		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: rank %d: %v (%s)", c.rank, err, config.CloseTimeout)
+		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: rank %d: %v (%s)", c.rank, err, config.CloseTimeout.Name)
 	}
 	c.regs.wake()
 	return abi.Success
@@ -223,7 +197,7 @@ func (c *coll) PeerRegistered(peer int, id uint32, size, base uint64, dev bool) 
 func (c *coll) drain(call string) {
 	if busy := c.mesh.Drain(); len(busy) > 0 {
 		logx.Warn(abi.SubsysNet, "NET/wasm: %s: rank %d: operations to ranks %v still in flight after %s; returning anyway",
-			call, c.rank, busy, config.CloseTimeout)
+			call, c.rank, busy, config.CloseTimeout.Name)
 	}
 }
 

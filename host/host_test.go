@@ -30,13 +30,13 @@ func setup(t testing.TB, n, size int) []*rank {
 	t.Helper()
 	config.SetGetenv(func(k string) string {
 		switch k {
-		case config.Backend:
+		case config.Backend.Name:
 			return "native"
-		case config.Addr:
+		case config.Addr.Name:
 			return "127.0.0.1"
-		case config.IntraNode:
+		case config.IntraNode.Name:
 			return testIntraNode
-		case config.Lanes:
+		case config.Lanes.Name:
 			return testLanes
 		}
 		return ""

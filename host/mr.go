@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
@@ -66,9 +67,9 @@ func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64
 
 	// Tell every peer our size; wait until every peer told us theirs.
 	for p := 0; p < c.nranks; p++ {
-		c.mesh.Post(p, &dataplane.Op{Kind: dataplane.OpReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0}, false, 0)
+		c.mesh.Post(p, &dataplane.Op{Msg: dataplane.MsgReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0}, false, 0)
 	}
-	sizes, err := c.regs.awaitPeers(m.id, connectTimeout())
+	sizes, err := c.regs.awaitPeers(m.id, config.ConnectTimeout.Get())
 	if err != nil {
 		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: rank %d, registration %d (%d bytes at %#x): %v", c.rank, m.id, size, data, err)
 		c.regs.drop(m)

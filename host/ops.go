@@ -117,7 +117,7 @@ func (r *rmaCtx) post(context int32, rank uint32, kind backend.OpKind, optFlags,
 			return handle, abi.Success
 		}
 	}
-	q.parts.Store(int32(r.c.mesh.Parts(op.Kind, op.Size)))
+	q.parts.Store(int32(r.c.mesh.Parts(op.Msg, op.Size)))
 	r.c.mesh.Post(int(rank), op, optFlags&abi.OptFlagAggregateRequests != 0, int(lane))
 	return handle, abi.Success
 }
@@ -161,7 +161,7 @@ func Iput(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint64, ra
 	if res != abi.Success {
 		return 0, res
 	}
-	op := dataplane.Op{Kind: dataplane.OpPut, MrID: dst.id, Context: uint32(context),
+	op := dataplane.Op{Msg: dataplane.MsgPut, MrID: dst.id, Context: uint32(context),
 		Local: unsafe.Add(src.base, srcOff), LocalCtx: src.devCtx, Size: size, Off: dstOff, Remote: dst.remoteAddr(src, rank, dstOff)}
 	return r.post(context, rank, backend.OpPut, optFlags, 0, &op)
 }
@@ -188,7 +188,7 @@ func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint
 		logx.Warn(abi.SubsysNet, "NET/wasm: iputSignal: signal offset %d is not 8-byte aligned", signalOff)
 		return 0, abi.InvalidArgument
 	}
-	op := dataplane.Op{Kind: dataplane.OpPutSignal, SigOp: uint8(signalOp), SigMrID: sig.id, Context: uint32(context),
+	op := dataplane.Op{Msg: dataplane.MsgPutSignal, SigOp: uint8(signalOp), SigMrID: sig.id, Context: uint32(context),
 		SigOff: signalOff, SigValue: signalValue}
 	if size > 0 {
 		src, dst, res := pair("iputSignal", "source", "destination", c, srcMh, srcOff, dstMh, dstOff, size, rank)
@@ -212,7 +212,7 @@ func Iget(h uint64, context int32, remoteOff, remoteMh, size, localOff, localMh 
 	if res != abi.Success {
 		return 0, res
 	}
-	op := dataplane.Op{Kind: dataplane.OpGet, MrID: remote.id, Context: uint32(context),
+	op := dataplane.Op{Msg: dataplane.MsgGet, MrID: remote.id, Context: uint32(context),
 		Local: unsafe.Add(local.base, localOff), LocalCtx: local.devCtx, Size: size, Off: remoteOff, Remote: remote.remoteAddr(local, rank, remoteOff)}
 	return r.post(context, rank, backend.OpGet, optFlags, 0, &op)
 }

@@ -47,8 +47,8 @@ func RegisterGuestLoader(f func(name string) (backend.Backend, error)) { openGue
 // asks for. Compiled modules are kept for the life of the process: the
 // library is never unloaded, and init runs again on every communicator.
 func selectBackend() (*loaded, error) {
-	name := config.String(config.Backend, "default")
-	key := name + "\x00" + config.Get(config.Dir) + "\x00" + config.Get(config.BackendConfig)
+	name := config.Backend.Get()
+	key := name + "\x00" + config.Dir.Get() + "\x00" + config.BackendConfig.Get()
 	loadMu.Lock()
 	defer loadMu.Unlock()
 	if l := cache[key]; l != nil {
@@ -79,7 +79,7 @@ func selectBackend() (*loaded, error) {
 
 // Init creates an independent plugin context.
 func Init(commID uint64) (uint64, abi.Result) {
-	dataplane.Prewarm(config.Get(config.Addr)) // overlaps with loading the backend
+	dataplane.Prewarm(config.Addr.Get()) // overlaps with loading the backend
 	l, err := selectBackend()
 	if err != nil {
 		logx.Warn(abi.SubsysInit|abi.SubsysNet, "NET/wasm: cannot load backend: %v", err)

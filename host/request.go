@@ -32,7 +32,7 @@ type request struct {
 	status atomic.Int32
 	parts  atomic.Int32 // completions still expected (chunks of a striped op)
 	ctx    int32
-	kind   uint8
+	kind   uint8 // backend.OpKind (not a dataplane message type), narrowed to keep requests small
 	peer   uint32
 	size   uint64
 	start  int64

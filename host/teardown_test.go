@@ -77,11 +77,11 @@ func TestTeardownDeviceRank(t *testing.T) {
 	dir, lanes := os.Getenv(envTDDir), os.Getenv(envTDLanes)
 	config.SetGetenv(func(k string) string {
 		switch k {
-		case config.Backend:
+		case config.Backend.Name:
 			return "native"
-		case config.Addr:
+		case config.Addr.Name:
 			return "127.0.0.1"
-		case config.Lanes:
+		case config.Lanes.Name:
 			return lanes
 		}
 		return ""

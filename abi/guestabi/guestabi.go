@@ -128,7 +128,8 @@ const (
 	MaxCompCap = 4096
 )
 
-// Op kinds (mirror backend.OpKind).
+// Op kinds: the numbers of backend.OpKind (which takes them from here). They
+// are not the dataplane's wire message types.
 const (
 	OpPut       = 1
 	OpPutSignal = 2
@@ -136,8 +137,18 @@ const (
 	OpFlush     = 4
 )
 
-// MaxLanes mirrors backend.MaxLanes.
+// MaxLanes is abi.MaxLanes, repeated because guests build without package
+// abi (guestabi_test.go checks they agree).
 const MaxLanes = 8
+
+// The default device: what the native backend and the embedded default
+// report, and what the host assumes when a guest has no rmaw_devices.
+// guests/c/passthrough.c repeats it in C (host/sandbox tests check it).
+const (
+	DefaultDeviceName      = "wasm-tcp"
+	DefaultDeviceSpeedMbps = 40000 // measured TCP loopback on the reference machine (SPEC.md §1)
+	DefaultDeviceLatencyUs = 20
+)
 
 // MaxConfigLen bounds the configuration string handed to a guest.
 const MaxConfigLen = 64 << 10

@@ -55,10 +55,10 @@ func mergeCold(config string, rs []coldResult) []Sample {
 }
 
 func runCold(o *options) {
-	os.Setenv(config.Backend, o.backend)
-	os.Setenv(config.Dir, o.guestsAbs)
-	os.Setenv(config.CacheDir, o.cacheDir)
-	os.Setenv(config.Addr, "127.0.0.1")
+	os.Setenv(config.Backend.Name, o.backend)
+	os.Setenv(config.Dir.Name, o.guestsAbs)
+	os.Setenv(config.CacheDir.Name, o.cacheDir)
+	os.Setenv(config.Addr.Name, "127.0.0.1")
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	src, dst := make([]byte, 4096), make([]byte, 4096)
 	fail := func(what string, r abi.Result) {

@@ -126,13 +126,13 @@ func newRank(rank int, opt *options, k *ctl) *rankState {
 // setEnv applies one configuration's variables; host/config reads them with
 // os.Getenv in a pure-Go program, at init (backend) and connect (transport).
 func (r *rankState) setEnv(c commCfg) {
-	os.Setenv(config.Backend, c.backend)
-	os.Setenv(config.IntraNode, c.intra)
-	os.Setenv(config.BackendConfig, c.config)
-	os.Setenv(config.Dir, r.opt.guestsAbs)
-	os.Setenv(config.CacheDir, r.opt.cacheDir)
+	os.Setenv(config.Backend.Name, c.backend)
+	os.Setenv(config.IntraNode.Name, c.intra)
+	os.Setenv(config.BackendConfig.Name, c.config)
+	os.Setenv(config.Dir.Name, r.opt.guestsAbs)
+	os.Setenv(config.CacheDir.Name, r.opt.cacheDir)
 	if os.Getenv("RMABENCH_KEEP_ADDR") == "" {
-		os.Setenv(config.Addr, "127.0.0.1")
+		os.Setenv(config.Addr.Name, "127.0.0.1")
 	}
 }
 

@@ -15,6 +15,7 @@ RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
 RMAW_EXPORT(rmaw_devices) int32_t rmaw_devices(int32_t max) {
   struct rmaw_device *d = &rmaw_area_ptr()->devices[0];
   if (max < 1) return RMAW_ERR_INVAL;
+  /* guestabi.DefaultDevice*; TestDefaultDeviceAgrees checks these. */
   rmaw_strlcpy(d->name, "wasm-tcp", sizeof d->name);
   d->speed_mbps = 40000;
   d->latency_us = 20.0f;

@@ -13,6 +13,8 @@ package backend
 import (
 	"errors"
 	"runtime"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 )
 
 // DeviceInfo is what a backend wants NCCL to see for one device. The runtime
@@ -34,14 +36,11 @@ const (
 
 // ConnPlan is decided once per communicator (collComm) at connect time.
 type ConnPlan struct {
-	Lanes           int32     // TCP streams per peer, 1..MaxLanes
+	Lanes           int32     // TCP streams per peer, 1..abi.MaxLanes
 	StripeThreshold uint64    // puts/gets at least this large are striped over all lanes
 	ChunkSize       uint64    // smallest stripe piece; a striped op is cut in at most Lanes pieces of at least this size
 	Transport       Transport // preference
 }
-
-// MaxLanes bounds ConnPlan.Lanes.
-const MaxLanes = 8
 
 // DefaultConnPlan is what the native backend and the embedded default use:
 // one lane per four cores, up to four. Measured (BENCH.md): on 2 vCPUs extra
@@ -52,14 +51,16 @@ func DefaultConnPlan() ConnPlan {
 	return ConnPlan{Lanes: lanes, StripeThreshold: 256 << 10, ChunkSize: 64 << 10, Transport: TransportAuto}
 }
 
-// OpKind names a data operation.
+// OpKind names a data operation as a planner sees it. The numbers are the
+// guest ABI's (a guest reads them in completion records); the dataplane's
+// wire message types are a different set (dataplane.Msg*).
 type OpKind uint32
 
 const (
-	OpPut       OpKind = 1
-	OpPutSignal OpKind = 2
-	OpGet       OpKind = 3
-	OpFlush     OpKind = 4
+	OpPut       OpKind = guestabi.OpPut
+	OpPutSignal OpKind = guestabi.OpPutSignal
+	OpGet       OpKind = guestabi.OpGet
+	OpFlush     OpKind = guestabi.OpFlush
 )
 
 // Op describes one data operation to a planner. Payload bytes are never part

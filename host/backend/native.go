@@ -1,13 +1,19 @@
 package backend
 
+import "github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+
 // Native is the passthrough policy without any guest: the baseline the
 // sandbox's cost is measured against (NCCL_RMA_WASM_BACKEND=native).
 type Native struct{}
 
 func (Native) Name() string { return "native" }
 
-func (Native) Devices() []DeviceInfo {
-	return []DeviceInfo{{Name: "wasm-tcp", SpeedMbps: 40000, LatencyUs: 20}}
+func (Native) Devices() []DeviceInfo { return []DeviceInfo{DefaultDevice()} }
+
+// DefaultDevice is the one device of the native backend and the embedded
+// default, and the host's answer for a guest without rmaw_devices.
+func DefaultDevice() DeviceInfo {
+	return DeviceInfo{Name: guestabi.DefaultDeviceName, SpeedMbps: guestabi.DefaultDeviceSpeedMbps, LatencyUs: guestabi.DefaultDeviceLatencyUs}
 }
 
 func (Native) ConnectionPlan(nranks, rank int32) (ConnPlan, error) { return DefaultConnPlan(), nil }

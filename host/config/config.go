@@ -1,88 +1,285 @@
-// Package config reads the NCCL_RMA_WASM_* variables. Values come from libc
-// getenv (installed by capi) because os.Getenv inside a c-shared library only
-// sees the environment as it was at exec, not what the host setenv()s later.
+// Package config declares the NCCL_RMA_WASM_* variables, once each, with
+// their kind, default, allowed range and meaning (README.md's table is
+// checked against Table). Values come from libc getenv (installed by capi)
+// because os.Getenv inside a c-shared library only sees the environment as it
+// was at exec, not what the host setenv()s later; every accessor reads the
+// variable again, so a later setenv is seen.
+//
+// A malformed or out-of-range value is reported once per variable per
+// process through the warn hook (logx installs it) and the default is used:
+// accessors run on every communicator and rank, and one line says enough.
 package config
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 )
 
 var getenv atomic.Pointer[func(string) string]
 
-// SetGetenv installs the lookup used by Get. Tests and pure-Go callers can
-// leave the default (os.Getenv).
+// SetGetenv installs the lookup used by every accessor. Tests and pure-Go
+// callers can leave the default (os.Getenv).
 func SetGetenv(f func(string) string) { getenv.Store(&f) }
 
-// Get returns the value of name, or "" when unset.
-func Get(name string) string {
+func lookup(name string) string {
 	if f := getenv.Load(); f != nil {
 		return (*f)(name)
 	}
 	return os.Getenv(name)
 }
 
-// String returns the variable or def when it is unset or blank.
-func String(name, def string) string {
-	if v := strings.TrimSpace(Get(name)); v != "" {
-		return v
-	}
-	return def
+var warnHook atomic.Pointer[func(string)]
+
+// SetWarn installs the sink of malformed-value warnings. logx installs one
+// that logs at WARN under the ENV subsystem; config cannot import logx
+// because logx reads DebugStderr from here.
+func SetWarn(f func(msg string)) { warnHook.Store(&f) }
+
+// Kind is how a variable's value is parsed.
+type Kind int
+
+const (
+	KindString     Kind = iota // taken as is (blank = unset)
+	KindBool                   // 1/0, true/false, yes/no, on/off
+	KindInt                    // integer (Go syntax: 0x.. allowed) in [Min, Max]
+	KindDurationMs             // millisecond count in [Min, Max]
+	KindEnum                   // one of Values, case-insensitive
+)
+
+func (k Kind) String() string {
+	return [...]string{"string", "bool", "int", "duration-ms", "enum"}[k]
 }
 
-// Int returns the variable parsed as an integer, def when unset, and def plus
-// ok=false when it does not parse (callers WARN).
-func Int(name string, def int64) (int64, bool) {
-	v := strings.TrimSpace(Get(name))
-	if v == "" {
-		return def, true
+// Var is one declaration: what the README table shows and how values are
+// checked. The typed wrappers (StringVar, ...) hold the default's value.
+type Var struct {
+	Name    string
+	Kind    Kind
+	Default string   // the default as README.md shows it
+	Doc     string   // one line: README.md's "meaning" column
+	Min     int64    // KindInt, KindDurationMs (milliseconds)
+	Max     int64    // KindInt, KindDurationMs (milliseconds)
+	Values  []string // KindEnum
+	raw     bool     // KindString: keep surrounding blanks (a guest's configuration string)
+	warned  atomic.Bool
+}
+
+// Table lists every variable in declaration order (the README's order).
+var Table []*Var
+
+func declare(v *Var) *Var {
+	Table = append(Table, v)
+	return v
+}
+
+// Lookup returns the trimmed value, or "" when the variable is unset.
+func (v *Var) Lookup() string {
+	s := lookup(v.Name)
+	if !v.raw {
+		s = strings.TrimSpace(s)
 	}
-	n, err := strconv.ParseInt(v, 0, 64)
-	if err != nil {
-		return def, false
+	return s
+}
+
+// malformed warns the first time a variable holds a bad value.
+func (v *Var) malformed(val, want string) {
+	if !v.warned.CompareAndSwap(false, true) {
+		return
+	}
+	msg := fmt.Sprintf("NET/wasm: ignoring %s=%q: want %s; using the default (%s)", v.Name, val, want, v.Default)
+	if f := warnHook.Load(); f != nil {
+		(*f)(msg)
+	}
+}
+
+// want describes the accepted values, for the warning.
+func (v *Var) want() string {
+	switch v.Kind {
+	case KindBool:
+		return "1/0, true/false, yes/no or on/off"
+	case KindInt:
+		return fmt.Sprintf("an integer in %d..%d", v.Min, v.Max)
+	case KindDurationMs:
+		return fmt.Sprintf("milliseconds in %d..%d", v.Min, v.Max)
+	case KindEnum:
+		return strings.Join(v.Values, ", ")
+	}
+	return "a string"
+}
+
+// StringVar is a KindString variable.
+type StringVar struct {
+	*Var
+	Def string
+}
+
+// Get returns the value, or Def when unset or blank.
+func (s StringVar) Get() string {
+	if v := s.Lookup(); v != "" {
+		return v
+	}
+	return s.Def
+}
+
+// BoolVar is a KindBool variable.
+type BoolVar struct {
+	*Var
+	Def bool
+}
+
+// Get returns the value, or Def when unset or malformed.
+func (b BoolVar) Get() bool {
+	s := b.Lookup()
+	switch strings.ToLower(s) {
+	case "":
+		return b.Def
+	case "1", "true", "yes", "on":
+		return true
+	case "0", "false", "no", "off":
+		return false
+	}
+	b.malformed(s, b.want())
+	return b.Def
+}
+
+// IntVar is a KindInt variable.
+type IntVar struct {
+	*Var
+	Def int64
+}
+
+func (v *Var) integer() (int64, bool) {
+	s := v.Lookup()
+	if s == "" {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(s, 0, 64)
+	if err != nil || n < v.Min || n > v.Max {
+		v.malformed(s, v.want())
+		return 0, false
 	}
 	return n, true
 }
 
-// Bool accepts 1/0, true/false, yes/no, on/off.
-func Bool(name string, def bool) (bool, bool) {
-	switch strings.ToLower(strings.TrimSpace(Get(name))) {
-	case "":
-		return def, true
-	case "1", "true", "yes", "on":
-		return true, true
-	case "0", "false", "no", "off":
-		return false, true
+// Get returns the value, or Def when unset, malformed or out of range.
+func (i IntVar) Get() int64 {
+	if n, ok := i.integer(); ok {
+		return n
 	}
-	return def, false
+	return i.Def
 }
 
-// Duration reads a millisecond count.
-func Duration(name string, def time.Duration) (time.Duration, bool) {
-	ms, ok := Int(name, int64(def/time.Millisecond))
-	if ms < 0 {
-		return def, false
-	}
-	return time.Duration(ms) * time.Millisecond, ok
+// DurationVar is a KindDurationMs variable.
+type DurationVar struct {
+	*Var
+	Def time.Duration
 }
 
-// The variables, documented in SPEC.md ("Configuration").
+// Get returns the value, or Def when unset, malformed or out of range.
+func (d DurationVar) Get() time.Duration {
+	if n, ok := d.integer(); ok {
+		return time.Duration(n) * time.Millisecond
+	}
+	return d.Def
+}
+
+// EnumVar is a KindEnum variable.
+type EnumVar struct {
+	*Var
+	Def string
+}
+
+// Get returns the value in lower case, or Def when unset or not one of Values.
+func (e EnumVar) Get() string {
+	val, ok := e.Parse()
+	if !ok {
+		e.malformed(e.Lookup(), e.want())
+	}
+	return val
+}
+
+// Parse is Get without the warning, for callers that must decide before
+// warnings can be seen (the log flavor, read before the logger is set).
+// ok is false when the variable is set to something not in Values.
+func (e EnumVar) Parse() (string, bool) {
+	s := strings.ToLower(e.Lookup())
+	if s == "" {
+		return e.Def, true
+	}
+	for _, x := range e.Values {
+		if s == x {
+			return s, true
+		}
+	}
+	return e.Def, false
+}
+
+// Defaults that code outside the environment path also uses (a zero field
+// of dataplane.Options or sandbox.Options means the same as unset here).
 const (
-	Backend        = "NCCL_RMA_WASM_BACKEND"         // backend name: "default" (embedded), "native", or a module in Dir
-	Dir            = "NCCL_RMA_WASM_DIR"             // directory of .wasm backends
-	BackendConfig  = "NCCL_RMA_WASM_CONFIG"          // configuration string handed to the guest
-	CacheDir       = "NCCL_RMA_WASM_CACHE_DIR"       // compilation cache; "off" disables it
-	GuestMemoryMiB = "NCCL_RMA_WASM_GUEST_MEMORY_MB" // linear memory cap per guest instance
-	GuestTimeoutMs = "NCCL_RMA_WASM_GUEST_TIMEOUT_MS"
-	Addr           = "NCCL_RMA_WASM_ADDR" // address to listen on and advertise
-	ConnectTimeout = "NCCL_RMA_WASM_CONNECT_TIMEOUT_MS"
-	CloseTimeout   = "NCCL_RMA_WASM_CLOSE_TIMEOUT_MS" // bound on delivering posted operations at teardown
-	LogFlavor      = "NCCL_RMA_WASM_LOG_FLAVOR"       // auto | nccl | rccl
-	IntraNode      = "NCCL_RMA_WASM_INTRANODE"        // 1 (default) | 0
-	Lanes          = "NCCL_RMA_WASM_LANES"            // TCP streams per peer, overriding the backend's plan
-	CUDA           = "NCCL_RMA_WASM_CUDA"             // 1 (default) | 0: load the CUDA driver for device memory
-	DebugStderr    = "NCCL_RMA_WASM_DEBUG_STDERR"     // log to stderr until NCCL installs its logger
+	DefaultGuestMemoryMiB = 64
+	DefaultGuestTimeout   = 100 * time.Millisecond
+	DefaultConnectTimeout = 120 * time.Second
+	DefaultCloseTimeout   = 10 * time.Second
 )
+
+const maxMs = int64(1<<63-1) / int64(time.Millisecond)
+
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+// The variables, in README.md's order.
+var (
+	Backend = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_BACKEND", Kind: KindString, Default: "`default`",
+		Doc: "backend name (see above)"}), "default"}
+	Dir = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_DIR", Kind: KindString, Default: "unset",
+		Doc: "directory of `.wasm` backends"}), ""}
+	BackendConfig = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_CONFIG", Kind: KindString, Default: "unset", raw: true,
+		Doc: "configuration string handed to the guest at init (else `<dir>/<name>.conf`)"}), ""}
+	CacheDir = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_CACHE_DIR", Kind: KindString, Default: "user cache dir `/rccl-rma-wasm`",
+		Doc: "compiled-code cache shared by the processes of a job; `off` disables"}), ""}
+	GuestMemoryMiB = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_GUEST_MEMORY_MB", Kind: KindInt,
+		Default: strconv.Itoa(DefaultGuestMemoryMiB), Min: 1, Max: 4096,
+		Doc: "linear-memory cap per guest instance, in MiB (1..4096)"}), DefaultGuestMemoryMiB}
+	GuestTimeout = DurationVar{declare(&Var{Name: "NCCL_RMA_WASM_GUEST_TIMEOUT_MS", Kind: KindDurationMs,
+		Default: ms(DefaultGuestTimeout), Min: 1, Max: maxMs,
+		Doc: "how long a guest call may run before it is stopped"}), DefaultGuestTimeout}
+	Addr = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_ADDR", Kind: KindString, Default: "first non-loopback IPv4",
+		Doc: "address (`ip`, `ip:port` or interface name) to listen on and advertise"}), ""}
+	ConnectTimeout = DurationVar{declare(&Var{Name: "NCCL_RMA_WASM_CONNECT_TIMEOUT_MS", Kind: KindDurationMs,
+		Default: ms(DefaultConnectTimeout), Min: 1, Max: maxMs,
+		Doc: "how long `connect` and the registration exchange wait for peers"}), DefaultConnectTimeout}
+	CloseTimeout = DurationVar{declare(&Var{Name: "NCCL_RMA_WASM_CLOSE_TIMEOUT_MS", Kind: KindDurationMs,
+		Default: ms(DefaultCloseTimeout), Min: 1, Max: maxMs,
+		Doc: "the most `destroyContext`, `deregMrSym` and `closeColl` wait for a live peer to take and apply what was posted (SPEC.md §3)"}), DefaultCloseTimeout}
+	IntraNode = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_INTRANODE", Kind: KindBool, Default: "1",
+		Doc: "0 turns the single-copy path off for ranks on one host"}), true}
+	// Lanes 0 (the default) keeps the backend's plan.
+	Lanes = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_LANES", Kind: KindInt, Default: "backend's plan (1 per 4 cores, ≤ 4)",
+		Min: 0, Max: abi.MaxLanes,
+		Doc: fmt.Sprintf("TCP streams per peer (1..%d); large puts and gets are striped over them", abi.MaxLanes)}), 0}
+	CUDA = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_CUDA", Kind: KindBool, Default: "1",
+		Doc: "0 skips loading the CUDA driver (no device memory)"}), true}
+	// DebugStderr is on when set to anything: it is read by logx on every
+	// line, so it must never warn (the warning would log through it).
+	DebugStderr = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_DEBUG_STDERR", Kind: KindString, Default: "unset",
+		Doc: "log to stderr until NCCL hands over its logger"}), ""}
+	LogFlavor = EnumVar{declare(&Var{Name: "NCCL_RMA_WASM_LOG_FLAVOR", Kind: KindEnum, Default: "`auto`",
+		Values: []string{"auto", "nccl", "rccl"},
+		Doc:    "`nccl` or `rccl` log-level numbering; `auto` looks at the logger's library"}), "auto"}
+)
+
+// Markdown returns the rows of README.md's variable table, one per
+// declaration: | `NAME` | default | meaning |.
+func Markdown() []string {
+	rows := make([]string, len(Table))
+	for i, v := range Table {
+		rows[i] = fmt.Sprintf("| `%s` | %s | %s |", v.Name, v.Default, v.Doc)
+	}
+	return rows
+}

@@ -16,7 +16,7 @@ import (
 )
 
 func TestHeaderRoundTrip(t *testing.T) {
-	in := header{typ: msgPutSig, sigOp: 2, status: 6, mrID: 7, tag: 1<<63 | 5, off: 1 << 40, size: 123,
+	in := header{typ: MsgPutSignal, sigOp: 2, status: 6, mrID: 7, tag: 1<<63 | 5, off: 1 << 40, size: 123,
 		sigMrID: 9, context: 3, sigOff: 64, sigValue: ^uint64(0)}
 	var b [hdrSize]byte
 	in.encode(b[:])
@@ -159,16 +159,16 @@ func TestTargetRejectsBadRanges(t *testing.T) {
 	for _, intra := range []bool{false, true} {
 		ms, os := mesh2(t, intra)
 		src := bytes.Repeat([]byte{7}, 64)
-		ms[0].Post(1, &Op{Kind: OpPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 250}, false, -1)
-		ms[0].Post(1, &Op{Kind: OpPut, MrID: 9, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 8}, false, -1)
-		ms[0].Post(1, &Op{Kind: OpPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: 3, Tag: 3}, false, -1)
+		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 250}, false, -1)
+		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 9, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 8}, false, -1)
+		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: 3, Tag: 3}, false, -1)
 		dst := make([]byte, 64)
-		ms[0].Post(1, &Op{Kind: OpGet, MrID: 1, Tag: 4, Local: unsafe.Pointer(&dst[0]), Size: 64, Off: 200}, false, -1)
+		ms[0].Post(1, &Op{Msg: MsgGet, MrID: 1, Tag: 4, Local: unsafe.Pointer(&dst[0]), Size: 64, Off: 200}, false, -1)
 		if st := waitDone(t, os[0], 4); st != abi.InvalidArgument {
 			t.Fatalf("out-of-range get: %v", st)
 		}
-		ms[0].Post(1, &Op{Kind: OpPut, MrID: 1, Tag: 5, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 0}, false, -1)
-		ms[0].Post(1, &Op{Kind: OpGet, MrID: 1, Tag: 6, Local: unsafe.Pointer(&dst[0]), Size: 64, Off: 0}, false, -1)
+		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 5, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 0}, false, -1)
+		ms[0].Post(1, &Op{Msg: MsgGet, MrID: 1, Tag: 6, Local: unsafe.Pointer(&dst[0]), Size: 64, Off: 0}, false, -1)
 		if st := waitDone(t, os[0], 6); st != abi.Success || !bytes.Equal(dst, src) {
 			t.Fatalf("stream unusable after rejections: %v %v", st, dst[:8])
 		}
@@ -267,10 +267,10 @@ func TestStripedLanes(t *testing.T) {
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 3, StripeThreshold: 64 << 10, ChunkSize: 100 << 10})
 	// One piece per lane (3) plus the signal; a smaller op is cut into
 	// pieces no smaller than the chunk size (200 KiB / 100 KiB = 2).
-	if got := ms[0].Parts(OpPutSignal, size); got != 4 {
+	if got := ms[0].Parts(MsgPutSignal, size); got != 4 {
 		t.Fatalf("parts = %d, want 4", got)
 	}
-	if got := ms[0].Parts(OpPut, 200<<10); got != 2 {
+	if got := ms[0].Parts(MsgPut, 200<<10); got != 2 {
 		t.Fatalf("parts of 200 KiB = %d, want 2", got)
 	}
 	src := make([]byte, size)
@@ -280,7 +280,7 @@ func TestStripedLanes(t *testing.T) {
 	// The signal word lives in the first 8 bytes of the target registration,
 	// so the payload goes from offset 8.
 	n := uint64(size - 8)
-	ms[0].Post(1, &Op{Kind: OpPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 7, Local: unsafe.Pointer(&src[8]), Size: n, Off: 8}, false, 1)
+	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 7, Local: unsafe.Pointer(&src[8]), Size: n, Off: 8}, false, 1)
 	deadline := time.Now().Add(10 * time.Second)
 	for atomic.LoadUint64((*uint64)(unsafe.Pointer(&owners[1].mem[0]))) != 1 {
 		if time.Now().After(deadline) {
@@ -292,8 +292,8 @@ func TestStripedLanes(t *testing.T) {
 		t.Fatal("signal visible before all striped chunks landed")
 	}
 	dst := make([]byte, size)
-	ms[0].Post(1, &Op{Kind: OpGet, MrID: 1, Tag: 8, Local: unsafe.Pointer(&dst[0]), Size: size, Off: size}, false, -1)
-	want := ms[0].Parts(OpGet, size)
+	ms[0].Post(1, &Op{Msg: MsgGet, MrID: 1, Tag: 8, Local: unsafe.Pointer(&dst[0]), Size: size, Off: size}, false, -1)
+	want := ms[0].Parts(MsgGet, size)
 	for {
 		owners[0].mu.Lock()
 		got := owners[0].parts[8]

@@ -118,7 +118,7 @@ func (l *lane) post(op *Op, hold bool) {
 	l.mu.Unlock()
 	switch {
 	case hold:
-	case op.Size > l.p.inlineLimit() || op.Kind == OpReg || op.Kind == msgBye:
+	case op.Size > l.p.inlineLimit() || op.Msg == MsgReg || op.Msg == msgBye:
 		// Big payloads are sent by the writer goroutine, never the caller;
 		// control messages go at once, nobody tests them.
 		l.kick()
@@ -253,31 +253,31 @@ func (l *lane) writeBatch(ops []Op) bool {
 		i, op := n, &ops[n]
 		if op.Size >= intraMin && op.Remote != 0 && p.intra.Load() {
 			switch {
-			case op.Kind == OpPut && l.directPut(op):
+			case op.Msg == MsgPut && l.directPut(op):
 				if op.Seq == 0 {
-					op.Kind = opDone // nothing to tell the target
+					op.Msg = opDone // nothing to tell the target
 					p.m.owner.Complete(op.Tag, abi.Success)
 					continue
 				}
 				op.Size = 0 // tell the target this sequence number landed
-			case op.Kind == OpPutSignal && l.directPut(op):
+			case op.Msg == MsgPutSignal && l.directPut(op):
 				op.Size = 0 // the payload is there; send the signal alone
-			case op.Kind == OpGet && l.directGet(op):
-				op.Kind = opDone
+			case op.Msg == MsgGet && l.directGet(op):
+				op.Msg = opDone
 				p.m.owner.Complete(op.Tag, abi.Success)
 				continue
 			}
 		}
-		h := header{typ: op.Kind, sigOp: op.SigOp, mrID: op.MrID, tag: op.Tag, off: op.Off,
+		h := header{typ: op.Msg, sigOp: op.SigOp, mrID: op.MrID, tag: op.Tag, off: op.Off,
 			size: op.Size, sigMrID: op.SigMrID, context: op.Context, sigOff: op.SigOff, sigValue: op.SigValue, seq: op.Seq}
-		if op.Kind == OpReg && op.Dev {
+		if op.Msg == MsgReg && op.Dev {
 			h.status = 1
 		}
 		hb := l.hdrs[i*hdrSize : (i+1)*hdrSize]
 		h.encode(hb)
 		iov = append(iov, hb)
-		switch op.Kind {
-		case OpPut, OpPutSignal:
+		switch op.Msg {
+		case MsgPut, MsgPutSignal:
 			if op.Size > 0 && op.LocalCtx != 0 {
 				// Device source: what is queued goes first, then the
 				// payload is staged through host memory chunk by chunk.
@@ -288,7 +288,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 			} else if op.Size > 0 {
 				iov = append(iov, unsafe.Slice((*byte)(op.Local), op.Size))
 			}
-		case OpGet:
+		case MsgGet:
 			l.pushGet(getEntry{tag: op.Tag, dst: op.Local, size: op.Size, ctx: op.LocalCtx})
 		}
 	}
@@ -300,7 +300,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 		for i := range ops {
 			// Puts fail; gets the loop reached are in the FIFO, which
 			// markDead fails; the rest never left.
-			if ops[i].Kind == OpPut || ops[i].Kind == OpPutSignal || (ops[i].Kind == OpGet && i >= n) {
+			if ops[i].Msg == MsgPut || ops[i].Msg == MsgPutSignal || (ops[i].Msg == MsgGet && i >= n) {
 				p.fail(&ops[i])
 			}
 		}
@@ -308,7 +308,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 		return false
 	}
 	for i := range ops {
-		if ops[i].Kind == OpPut || ops[i].Kind == OpPutSignal {
+		if ops[i].Msg == MsgPut || ops[i].Msg == MsgPutSignal {
 			p.m.owner.Complete(ops[i].Tag, abi.Success)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/multierr"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 )
 
 // Owner is what the dataplane needs from the communicator above it.
@@ -32,7 +33,7 @@ type Owner interface {
 	// per incoming operation.
 	Resolve(mrID uint32) (base unsafe.Pointer, size uint64, ctx uintptr, ok bool)
 	// PeerRegistered records a peer's registration size and address, and
-	// whether it is device memory (msgReg).
+	// whether it is device memory (MsgReg).
 	PeerRegistered(peer int, mrID uint32, size, base uint64, dev bool)
 	// Complete finishes the request named by tag.
 	Complete(tag uint64, status abi.Result)
@@ -43,7 +44,7 @@ type Owner interface {
 // Op is one operation to post. It is copied into the peer's queue, so posting
 // allocates nothing.
 type Op struct {
-	Kind     uint8 // OpPut, OpPutSignal, OpGet, OpReg
+	Msg      uint8 // the request's wire message type: MsgPut, MsgPutSignal, MsgGet or MsgReg
 	SigOp    uint8
 	MrID     uint32 // target registration (dst for puts, src for gets)
 	SigMrID  uint32
@@ -51,29 +52,24 @@ type Op struct {
 	Tag      uint64         // request handle, echoed back on errors
 	Local    unsafe.Pointer // put: source bytes; get: destination bytes
 	LocalCtx uintptr        // non-zero: Local is device memory of this context
-	Dev      bool           // msgReg: the registration is device memory
+	Dev      bool           // MsgReg: the registration is device memory
 	Size     uint64
-	Off      uint64 // offset in the target registration (msgReg: its address)
+	Off      uint64 // offset in the target registration (MsgReg: its address)
 	Remote   uint64 // address of Off in the target process (intra-node path)
 	SigOff   uint64
 	SigValue uint64
 	Seq      uint64 // set by the mesh when lanes > 1
 }
 
-// Operation kinds for Op.Kind.
-const (
-	OpPut       = msgPut
-	OpPutSignal = msgPutSig
-	OpGet       = msgGet
-	OpReg       = msgReg
-	opDone      = 0 // completed in the writer, nothing to send
-)
+// opDone replaces Op.Msg when the writer completed the operation itself
+// (the intra-node path): nothing to send.
+const opDone = 0
 
 // Options tune Connect.
 type Options struct {
 	Timeout   time.Duration
 	IntraNode bool // use process_vm_writev/readv for peers on this host
-	// Lanes is how many streams this rank opens to every peer (1..MaxLanes).
+	// Lanes is how many streams this rank opens to every peer (1..abi.MaxLanes).
 	// With more than one, puts and gets of at least StripeThreshold bytes are
 	// cut into ChunkSize pieces spread over the lanes.
 	Lanes           int
@@ -84,11 +80,9 @@ type Options struct {
 	CloseTimeout time.Duration
 }
 
-// DefaultCloseTimeout is Options.CloseTimeout when it is zero.
-const DefaultCloseTimeout = 10 * time.Second
-
-// MaxLanes bounds Options.Lanes.
-const MaxLanes = 8
+// DefaultCloseTimeout is Options.CloseTimeout when it is zero: the default
+// of NCCL_RMA_WASM_CLOSE_TIMEOUT_MS, declared in host/config.
+const DefaultCloseTimeout = config.DefaultCloseTimeout
 
 // Mesh is one communicator's set of connections: Lanes streams to every
 // rank, itself included.
@@ -127,8 +121,8 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	}
 	deadline := time.Now().Add(timeout)
 	lanes := opt.Lanes
-	if lanes < 1 || lanes > MaxLanes {
-		return nil, fmt.Errorf("%d lanes requested, allowed 1..%d", lanes, MaxLanes)
+	if lanes < 1 || lanes > abi.MaxLanes {
+		return nil, fmt.Errorf("%d lanes requested, allowed 1..%d", lanes, abi.MaxLanes)
 	}
 	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n), lanes: lanes,
 		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout}
@@ -161,7 +155,7 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 			case in.nranks != n || in.rank < 0 || in.rank >= n:
 				acceptErr = fmt.Errorf("peer announced rank %d of %d, expected a rank of %d", in.rank, in.nranks, n)
 				in.conn.Close()
-			case in.lanes < 1 || in.lanes > MaxLanes || in.lane >= in.lanes || (ins[in.rank] != nil && len(ins[in.rank]) != in.lanes):
+			case in.lanes < 1 || in.lanes > abi.MaxLanes || in.lane >= in.lanes || (ins[in.rank] != nil && len(ins[in.rank]) != in.lanes):
 				acceptErr = fmt.Errorf("rank %d announced lane %d of %d", in.rank, in.lane, in.lanes)
 				in.conn.Close()
 			default:
@@ -266,7 +260,7 @@ func (m *Mesh) Kick() {
 
 // Parts is how many completions the runtime must expect for an operation:
 // more than one when it is striped over several lanes.
-func (m *Mesh) Parts(kind uint8, size uint64) int { return m.parts(kind, size) }
+func (m *Mesh) Parts(msg uint8, size uint64) int { return m.parts(msg, size) }
 
 // Lanes is the number of streams to every peer.
 func (m *Mesh) Lanes() int { return m.lanes }

@@ -68,7 +68,7 @@ func (p *peer) inlineLimit() uint64 {
 // over the lanes, and every put carries a sequence number so the target can
 // hold a signal until everything before it landed.
 func (p *peer) post(op *Op, hold bool, lane int) {
-	if len(p.lanes) == 1 || op.Kind == OpReg {
+	if len(p.lanes) == 1 || op.Msg == MsgReg {
 		p.lanes[0].post(op, hold)
 		return
 	}
@@ -77,11 +77,11 @@ func (p *peer) post(op *Op, hold bool, lane int) {
 	}
 	p.seqMu.Lock()
 	defer p.seqMu.Unlock()
-	if op.Size >= p.m.stripe && (op.Kind == OpPut || op.Kind == OpPutSignal || op.Kind == OpGet) {
+	if op.Size >= p.m.stripe && (op.Msg == MsgPut || op.Msg == MsgPutSignal || op.Msg == MsgGet) {
 		p.postStriped(op, hold, lane)
 		return
 	}
-	if op.Kind != OpGet {
+	if op.Msg != MsgGet {
 		p.seq++
 		op.Seq = p.seq
 	}
@@ -94,8 +94,8 @@ func (p *peer) postStriped(op *Op, hold bool, sigLane int) {
 	chunk := p.m.pieceSize(op.Size)
 	for off := uint64(0); off < op.Size; off += chunk {
 		c := *op
-		if c.Kind == OpPutSignal {
-			c.Kind, c.SigOp, c.SigMrID, c.SigOff, c.SigValue = OpPut, 0, 0, 0, 0
+		if c.Msg == MsgPutSignal {
+			c.Msg, c.SigOp, c.SigMrID, c.SigOff, c.SigValue = MsgPut, 0, 0, 0, 0
 		}
 		c.Size = min(chunk, op.Size-off)
 		c.Local = addOffset(op.Local, off)
@@ -103,7 +103,7 @@ func (p *peer) postStriped(op *Op, hold bool, sigLane int) {
 		if c.Remote != 0 {
 			c.Remote += off
 		}
-		if c.Kind != OpGet {
+		if c.Msg != MsgGet {
 			p.seq++
 			c.Seq = p.seq
 		}
@@ -111,7 +111,7 @@ func (p *peer) postStriped(op *Op, hold bool, sigLane int) {
 		p.rr++
 		l.post(&c, true)
 	}
-	if op.Kind == OpPutSignal {
+	if op.Msg == MsgPutSignal {
 		s := *op
 		s.Size, s.Local, s.Remote, s.Off, s.MrID = 0, nil, 0, 0, 0
 		p.seq++
@@ -134,15 +134,15 @@ func (m *Mesh) pieceSize(size uint64) uint64 {
 	return max(per, m.chunk)
 }
 
-// parts is how many completions an operation of this kind and size gets:
-// one per chunk, plus one for the signal of a striped put with signal.
-func (m *Mesh) parts(kind uint8, size uint64) int {
-	if m.lanes == 1 || size < m.stripe || (kind != OpPut && kind != OpPutSignal && kind != OpGet) {
+// parts is how many completions an operation of this message type and size
+// gets: one per chunk, plus one for the signal of a striped put with signal.
+func (m *Mesh) parts(msg uint8, size uint64) int {
+	if m.lanes == 1 || size < m.stripe || (msg != MsgPut && msg != MsgPutSignal && msg != MsgGet) {
 		return 1
 	}
 	c := m.pieceSize(size)
 	n := int((size + c - 1) / c)
-	if kind == OpPutSignal {
+	if msg == MsgPutSignal {
 		n++
 	}
 	return n
@@ -159,10 +159,10 @@ func (p *peer) flush() {
 func (p *peer) fail(op *Op) {
 	// The sticky error is set before the request completes, so whoever sees
 	// the failed request also sees queryLastError report it.
-	if !p.closing.Load() && op.Kind != msgBye {
+	if !p.closing.Load() && op.Msg != msgBye {
 		p.m.owner.PeerFailed(p.rank, fmt.Errorf("%w: operation to rank %d failed", ErrPeerGone, p.rank))
 	}
-	if op.Kind != OpReg && op.Tag != 0 {
+	if op.Msg != MsgReg && op.Tag != 0 {
 		p.m.owner.Complete(op.Tag, abi.RemoteError)
 	}
 }
@@ -213,7 +213,7 @@ func (p *peer) markDead(err error) {
 func (p *peer) sayGoodbye() {
 	p.closing.Store(true)
 	for _, l := range p.lanes {
-		l.post(&Op{Kind: msgBye}, false)
+		l.post(&Op{Msg: msgBye}, false)
 	}
 }
 

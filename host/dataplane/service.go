@@ -39,11 +39,11 @@ func (p *peer) service(in *net.TCPConn) {
 		h.decode(hb[:])
 		var err error
 		switch h.typ {
-		case msgPut, msgPutSig:
+		case MsgPut, MsgPutSignal:
 			err = p.servePut(in, br, &h, resp, &stage)
-		case msgGet:
+		case MsgGet:
 			err = p.serveGet(in, &h, resp, &stage)
-		case msgReg:
+		case MsgReg:
 			p.m.owner.PeerRegistered(p.rank, h.mrID, h.size, h.off, h.status == 1)
 		case msgBye:
 			// Everything this lane carried before the goodbye has been
@@ -99,7 +99,7 @@ func (p *peer) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byt
 	}
 	var sig sigRef
 	var add uint64
-	if h.typ == msgPutSig && status == abi.Success {
+	if h.typ == MsgPutSignal && status == abi.Success {
 		sig, add, status = p.signalTarget(h)
 	}
 	switch {

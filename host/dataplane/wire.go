@@ -11,15 +11,17 @@ import (
 
 // Message types on a connection. Requests flow from the initiator's outgoing
 // connection to the target's service; replies come back on the same socket.
+// The exported ones are what Op.Msg carries. They are wire numbers, not
+// backend.OpKind (there 4 is a flush, which never reaches the wire).
 const (
-	msgPut     = 1 // header + size payload bytes
-	msgPutSig  = 2 // as msgPut, then the 64-bit signal update
-	msgGet     = 3 // header only; the target answers msgGetResp
-	msgReg     = 4 // a registration's id and size, for initiator-side bounds checks
-	msgBye     = 5 // orderly close: the last message on this lane
-	msgNack    = 0x81
-	msgGetResp = 0x82
-	msgByeAck  = 0x83 // the target applied everything the lane carried before its goodbye
+	MsgPut       = 1 // header + size payload bytes
+	MsgPutSignal = 2 // as MsgPut, then the 64-bit signal update
+	MsgGet       = 3 // header only; the target answers msgGetResp
+	MsgReg       = 4 // a registration's id and size, for initiator-side bounds checks
+	msgBye       = 5 // orderly close: the last message on this lane
+	msgNack      = 0x81
+	msgGetResp   = 0x82
+	msgByeAck    = 0x83 // the target applied everything the lane carried before its goodbye
 )
 
 // hdrSize is the fixed size of every message header.

@@ -55,4 +55,8 @@ func Version(subsys uint64, format string, args ...any) { emit(abi.LogVersion, s
 
 // debugStderr reads the variable through config, i.e. libc getenv inside
 // the library, so a value set after load is seen.
-func debugStderr() string { return config.Get(config.DebugStderr) }
+func debugStderr() string { return config.DebugStderr.Get() }
+
+// config reports malformed variables through here: it cannot import logx,
+// which reads DebugStderr from it.
+func init() { config.SetWarn(func(msg string) { Warn(abi.SubsysEnv, "%s", msg) }) }

@@ -121,7 +121,7 @@ func resolve(opts Options) (name string, wasm []byte, free func(), cfg string, e
 		path := n
 		if !strings.Contains(n, "/") && !strings.HasSuffix(n, ".wasm") {
 			if opts.Dir == "" {
-				return "", nil, nil, "", fmt.Errorf("wasm: backend %q: %s is not set (it names the directory of .wasm backends)", n, config.Dir)
+				return "", nil, nil, "", fmt.Errorf("wasm: backend %q: %s is not set (it names the directory of .wasm backends)", n, config.Dir.Name)
 			}
 			path = filepath.Join(opts.Dir, n+".wasm")
 		}

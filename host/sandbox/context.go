@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 )
@@ -97,8 +98,8 @@ func (c *guestContext) PlanOp(op *backend.Op, plan *backend.OpPlan) error {
 	case st == 0:
 		// The guest may have grown its memory during the call: read again.
 		lane, _ := in.mem.ReadUint32Le(in.area + guestabi.OffPlanLane)
-		if l := int32(lane); l < -1 || l >= backend.MaxLanes {
-			return c.faulted(fmt.Errorf("%s: lane %d outside -1..%d", guestabi.ExportPlanOp, l, backend.MaxLanes-1))
+		if l := int32(lane); l < -1 || l >= abi.MaxLanes {
+			return c.faulted(fmt.Errorf("%s: lane %d outside -1..%d", guestabi.ExportPlanOp, l, abi.MaxLanes-1))
 		}
 		plan.Lane, plan.Status = int32(lane), 0
 		return nil

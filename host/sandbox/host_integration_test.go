@@ -103,8 +103,8 @@ func useGuest(t testing.TB, wasm, cfg string) {
 		t.Fatal(err)
 	}
 	writeFile(t, filepath.Join(dir, "planner.wasm"), b)
-	env := map[string]string{config.Backend: "planner", config.Dir: dir, config.BackendConfig: cfg, config.IntraNode: "0",
-		config.CacheDir: "off", config.Addr: "127.0.0.1"}
+	env := map[string]string{config.Backend.Name: "planner", config.Dir.Name: dir, config.BackendConfig.Name: cfg, config.IntraNode.Name: "0",
+		config.CacheDir.Name: "off", config.Addr.Name: "127.0.0.1"}
 	config.SetGetenv(func(k string) string { return env[k] })
 	t.Cleanup(func() { config.SetGetenv(os.Getenv) })
 	host.RegisterGuestLoader(func(name string) (backend.Backend, error) {
@@ -201,7 +201,7 @@ func benchHostPut8(b *testing.B, wasm, cfg string) {
 	if wasm != "" {
 		useGuest(b, wasm, cfg)
 	} else {
-		env := map[string]string{config.Backend: "native", config.Addr: "127.0.0.1", config.IntraNode: "0"}
+		env := map[string]string{config.Backend.Name: "native", config.Addr.Name: "127.0.0.1", config.IntraNode.Name: "0"}
 		config.SetGetenv(func(k string) string { return env[k] })
 		b.Cleanup(func() { config.SetGetenv(os.Getenv) })
 	}

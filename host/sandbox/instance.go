@@ -16,6 +16,7 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
@@ -192,7 +193,7 @@ func (in *instance) finalize() {
 }
 
 func (in *instance) devices() ([]backend.DeviceInfo, error) {
-	def := backend.Native{}.Devices()
+	def := []backend.DeviceInfo{backend.DefaultDevice()}
 	if in.fDevices == nil {
 		return def, nil
 	}
@@ -256,8 +257,8 @@ func (in *instance) connPlan(nranks, rank int32, def backend.ConnPlan) (backend.
 	chunk, _ := m.ReadUint64Le(a + guestabi.OffConnChunk)
 	p := backend.ConnPlan{Lanes: int32(lanes), Transport: backend.Transport(int32(tr)), StripeThreshold: stripe, ChunkSize: chunk}
 	switch {
-	case p.Lanes < 1 || p.Lanes > backend.MaxLanes:
-		return def, fmt.Errorf("%s: lanes %d outside 1..%d", guestabi.ExportConnPlan, p.Lanes, backend.MaxLanes)
+	case p.Lanes < 1 || p.Lanes > abi.MaxLanes:
+		return def, fmt.Errorf("%s: lanes %d outside 1..%d", guestabi.ExportConnPlan, p.Lanes, abi.MaxLanes)
 	case p.Transport < backend.TransportAuto || p.Transport > backend.TransportIntraNode:
 		return def, fmt.Errorf("%s: unknown transport %d", guestabi.ExportConnPlan, p.Transport)
 	case p.ChunkSize == 0 || p.ChunkSize > 1<<40:

@@ -7,13 +7,13 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 // Defaults of Options.
 const (
-	DefaultMemoryLimitMiB = 64
-	DefaultCallTimeout    = 100 * time.Millisecond
+	// The defaults of NCCL_RMA_WASM_GUEST_MEMORY_MB and _GUEST_TIMEOUT_MS.
+	DefaultMemoryLimitMiB = config.DefaultGuestMemoryMiB
+	DefaultCallTimeout    = config.DefaultGuestTimeout
 	// MaxFaults is how many traps/nonsense answers a backend survives (each
 	// replaces the instance that faulted); the next one disables it. Running
 	// out of fuel (a guest that does not return) disables it at once.
@@ -49,23 +49,12 @@ type Options struct {
 // OptionsFromEnv reads the NCCL_RMA_WASM_* variables through host/config.
 // Unparsable values are reported with a WARN and replaced by defaults.
 func OptionsFromEnv() Options {
-	o := Options{
-		Name:     config.String(config.Backend, ""),
-		Dir:      config.String(config.Dir, ""),
-		CacheDir: config.String(config.CacheDir, ""),
-		Config:   config.Get(config.BackendConfig),
+	return Options{
+		Name:           config.Backend.Get(),
+		Dir:            config.Dir.Get(),
+		CacheDir:       config.CacheDir.Get(),
+		Config:         config.BackendConfig.Get(),
+		MemoryLimitMiB: uint32(config.GuestMemoryMiB.Get()),
+		CallTimeout:    config.GuestTimeout.Get(),
 	}
-	mb, ok := config.Int(config.GuestMemoryMiB, DefaultMemoryLimitMiB)
-	if !ok || mb <= 0 || mb > 4096 {
-		logx.Warn(0, "wasm: %s=%q is not a size in MiB (1..4096); using %d", config.GuestMemoryMiB, config.Get(config.GuestMemoryMiB), DefaultMemoryLimitMiB)
-		mb = DefaultMemoryLimitMiB
-	}
-	o.MemoryLimitMiB = uint32(mb)
-	d, ok := config.Duration(config.GuestTimeoutMs, DefaultCallTimeout)
-	if !ok || d <= 0 {
-		logx.Warn(0, "wasm: %s=%q is not a positive millisecond count; using %v", config.GuestTimeoutMs, config.Get(config.GuestTimeoutMs), DefaultCallTimeout)
-		d = DefaultCallTimeout
-	}
-	o.CallTimeout = d
-	return o
 }

@@ -1,7 +1,7 @@
 //go:build wasip1
 
 // Command passthrough is the passthrough backend written with the Go SDK:
-// the native policy (one "wasm-tcp" device, default connection plan), no
+// the native policy (the default device, default connection plan), no
 // per-op calls. Build: make guests (build/guests/passthrough-go.wasm).
 package main
 
@@ -15,8 +15,7 @@ func (passthrough) Init(config string, hostFeatures uint64) (uint64, int32) {
 }
 
 func (passthrough) Devices(d []rmaw.Device) int32 {
-	d[0].SetName("wasm-tcp")
-	d[0].SpeedMbps, d[0].LatencyUs = 40000, 20
+	d[0].SetDefault()
 	return 1
 }
 

@@ -65,6 +65,13 @@ func (d *Device) SetName(s string) {
 	clear(d.Name[n:])
 }
 
+// SetDefault makes d the default device (guestabi.DefaultDevice*), what the
+// host assumes when a guest lists none.
+func (d *Device) SetDefault() {
+	d.SetName(guestabi.DefaultDeviceName)
+	d.SpeedMbps, d.LatencyUs = guestabi.DefaultDeviceSpeedMbps, guestabi.DefaultDeviceLatencyUs
+}
+
 // Completion reports one finished operation.
 type Completion struct {
 	Kind      uint32
@@ -194,8 +201,7 @@ func exportDevices(max int32) int32 {
 	if d, ok := registered.(DeviceLister); ok {
 		return d.Devices(area.Devices[:min(max, guestabi.MaxDevices)])
 	}
-	area.Devices[0].SetName("wasm-tcp")
-	area.Devices[0].SpeedMbps, area.Devices[0].LatencyUs = 40000, 20
+	area.Devices[0].SetDefault()
 	return 1
 }
 

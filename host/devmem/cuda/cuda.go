@@ -31,8 +31,8 @@ var cudaOnce sync.Once
 // NCCL_RMA_WASM_CUDA=0 skips it.
 func Probe() {
 	cudaOnce.Do(func() {
-		if on, _ := config.Bool(config.CUDA, true); !on {
-			logx.Info(abi.SubsysInit, "NET/wasm: device memory disabled by %s", config.CUDA)
+		if !config.CUDA.Get() {
+			logx.Info(abi.SubsysInit, "NET/wasm: device memory disabled by %s", config.CUDA.Name)
 			return
 		}
 		var buf [256]C.char
