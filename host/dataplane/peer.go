@@ -48,7 +48,7 @@ func newPeer(m *Mesh, rank int) *peer {
 // it landed.
 func (p *peer) route(op *Op, hold bool, lane int) {
 	if p.lanes == 1 || op.Kind == OpReg {
-		p.t.submit(0, op, hold)
+		p.t.submit(0, *op, hold)
 		return
 	}
 	if lane < 0 || lane >= p.lanes {
@@ -64,7 +64,7 @@ func (p *peer) route(op *Op, hold bool, lane int) {
 		p.seq++
 		op.Seq = p.seq
 	}
-	p.t.submit(lane, op, hold)
+	p.t.submit(lane, *op, hold)
 }
 
 // stripe cuts op into chunks over all lanes (round robin). A signal travels
@@ -88,14 +88,14 @@ func (p *peer) stripe(op *Op, hold bool, sigLane int) {
 		}
 		lane := p.rr % p.lanes
 		p.rr++
-		p.t.submit(lane, &c, true)
+		p.t.submit(lane, c, true)
 	}
 	if op.Kind == OpPutSignal {
 		s := *op
 		s.Size, s.Local, s.Remote, s.Off, s.MrID = 0, nil, 0, 0, 0
 		p.seq++
 		s.Seq = p.seq
-		p.t.submit(sigLane, &s, true)
+		p.t.submit(sigLane, s, true)
 	}
 	if !hold {
 		p.t.kick()
@@ -160,7 +160,7 @@ func (p *peer) markDead(err error) {
 func (p *peer) sayGoodbye() {
 	p.closing.Store(true)
 	for lane := 0; lane < p.lanes; lane++ {
-		p.t.submit(lane, &Op{Kind: msgBye}, false)
+		p.t.submit(lane, Op{Kind: msgBye}, false)
 	}
 }
 

@@ -83,7 +83,7 @@ func (t *tcpLink) start() {
 	}
 }
 
-func (t *tcpLink) submit(lane int, op *Op, hold bool) { t.lanes[lane].enqueue(op, hold) }
+func (t *tcpLink) submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op, hold) }
 
 func (t *tcpLink) flush() {
 	for _, l := range t.lanes {

@@ -36,8 +36,10 @@ type transport interface {
 	// or get (op.Kind), a registration notice (OpReg) or a goodbye
 	// (msgBye). It never blocks on the network and never fails for lack of
 	// space. hold keeps op until the next flush or kick (aggregation). Once
-	// stop ran, op is failed through peer.fail instead.
-	submit(lane int, op *Op, hold bool)
+	// stop ran, op is failed through peer.fail instead. op is passed by
+	// value: a pointer through an interface call escapes, and posting
+	// must not allocate.
+	submit(lane int, op Op, hold bool)
 	// flush sends queued work from the caller's thread when that is cheap
 	// (test() calls it); otherwise the transport's own goroutines do.
 	flush()
