@@ -1,7 +1,8 @@
 // Package dataplane is the native mechanism that moves bytes: authenticated
 // TCP connections between ranks, the wire protocol, the target-side service
 // that lands puts, applies signals and serves gets without any call from the
-// target process, and completion of initiator requests.
+// target process, and completion of initiator requests. How bytes move to a
+// peer is its transport (transport.go): TCP or the intra-node path.
 //
 // Ordering: with one lane, every operation from one rank to one peer travels
 // on one stream and the target applies them in order, payload before signal;
