@@ -90,8 +90,8 @@ func pair(call, localWhat, remoteWhat string, c *coll, localMh, localOff, remote
 	return local, remote, abi.Success
 }
 
-// post takes a request slot, lets the backend plan, and queues op.
-func (r *rmaCtx) post(context int32, rank uint32, kind backend.OpKind, optFlags, sigOp uint32, op *dataplane.Op) (uint64, abi.Result) {
+// issue takes a request slot, lets the backend plan, and queues op.
+func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags, sigOp uint32, op *dataplane.Op) (uint64, abi.Result) {
 	q, idx, ok := r.reqs.alloc()
 	if !ok {
 		logx.Warn(abi.SubsysNet, "NET/wasm: more than %d requests in flight on one rma context", maxSlabs*slabSize)
@@ -163,7 +163,7 @@ func Iput(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint64, ra
 	}
 	op := dataplane.Op{Msg: dataplane.MsgPut, MrID: dst.id, Context: uint32(context),
 		Local: unsafe.Add(src.base, srcOff), LocalCtx: src.devCtx, Size: size, Off: dstOff, Remote: dst.remoteAddr(src, rank, dstOff)}
-	return r.post(context, rank, backend.OpPut, optFlags, 0, &op)
+	return r.issue(context, rank, backend.OpPut, optFlags, 0, &op)
 }
 
 // IputSignal is a put followed, at the target, by a 64-bit signal update that
@@ -199,7 +199,7 @@ func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint
 		op.LocalCtx = src.devCtx
 		op.Remote = dst.remoteAddr(src, rank, dstOff)
 	}
-	return r.post(context, rank, backend.OpPutSignal, optFlags, signalOp, &op)
+	return r.issue(context, rank, backend.OpPutSignal, optFlags, signalOp, &op)
 }
 
 // Iget reads size bytes of rank's registration into the local one.
@@ -214,7 +214,7 @@ func Iget(h uint64, context int32, remoteOff, remoteMh, size, localOff, localMh 
 	}
 	op := dataplane.Op{Msg: dataplane.MsgGet, MrID: remote.id, Context: uint32(context),
 		Local: unsafe.Add(local.base, localOff), LocalCtx: local.devCtx, Size: size, Off: remoteOff, Remote: remote.remoteAddr(local, rank, remoteOff)}
-	return r.post(context, rank, backend.OpGet, optFlags, 0, &op)
+	return r.issue(context, rank, backend.OpGet, optFlags, 0, &op)
 }
 
 // Iflush completes at once: gets complete only after their bytes are in host

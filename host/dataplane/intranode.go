@@ -2,7 +2,9 @@ package dataplane
 
 import (
 	"fmt"
+	"net"
 	"os"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -11,34 +13,86 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
-// The intra-node transport: when a peer runs on the same host (same host id
-// in its handle), the writer moves payload straight between the two
-// processes' registered memory with process_vm_writev/readv, one copy and no
-// socket. It runs on the peer's writer goroutine, in queue order, so the
-// signal that follows a put still leaves on the stream after its payload
-// landed. Any refusal by the kernel (ptrace rules, other users, non-dumpable
-// peers) turns the path off for that peer and the operation goes over TCP.
+const (
+	// intraInlineMax is inlineMax for a peer on the intra-node path, where
+	// sending is a memory copy like any other the caller makes; the caller
+	// spinning in test() does it itself instead of waiting for a second
+	// thread, which matters when cores are few.
+	intraInlineMax = 4 << 20
+	// intraMin is the smallest payload worth a process_vm_writev of its own;
+	// smaller puts ride the coalesced TCP stream, which is cheaper per op.
+	intraMin = 16 << 10
+)
 
-// directPut writes op's payload into the peer; false means "use TCP".
-func (l *lane) directPut(op *Op) bool {
-	if l.p.pid == os.Getpid() {
+// intraLink is the intra-node transport, for a peer on the same host (same
+// host id in its handle): large host payloads move straight between the two
+// processes' registered memory with process_vm_writev/readv, one copy and no
+// socket. Everything else (small operations, signals, registrations,
+// goodbyes, replies, device memory) rides the embedded TCP link. The copy
+// runs where the lane's batch is written, in queue order, so the signal
+// that follows a put still leaves on the stream after its payload landed.
+// Any refusal by the kernel (ptrace rules, other users, non-dumpable peers)
+// turns the path off for that peer and the operation goes over TCP.
+type intraLink struct {
+	*tcpLink
+	pid int
+	on  atomic.Bool // the single-copy path is usable for this peer
+}
+
+func newIntraLink(p *peer, outs, ins []*net.TCPConn, pid int) *intraLink {
+	x := &intraLink{tcpLink: newTCPLink(p, outs, ins), pid: pid}
+	x.on.Store(true)
+	x.side = x
+	return x
+}
+
+func (x *intraLink) props() Props {
+	pr := x.tcpLink.props()
+	if x.on.Load() {
+		pr.Name = nameIntraNode
+	}
+	return pr
+}
+
+func (x *intraLink) inlineMax() uint64 {
+	if x.on.Load() {
+		return intraInlineMax
+	}
+	return inlineMax
+}
+
+// takes reports whether op's payload should move beside the stream.
+func (x *intraLink) takes(op *Op) bool {
+	return op.Size >= intraMin && op.Remote != 0 && x.on.Load()
+}
+
+// put writes op's payload into the peer; false means "use TCP".
+func (x *intraLink) put(l *lane, op *Op) bool {
+	if !x.takes(op) {
+		return false
+	}
+	if x.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size), unsafe.Slice((*byte)(op.Local), op.Size))
 		return true
 	}
-	return l.vm(op, true)
+	return x.vm(l, op, true)
 }
 
-// directGet reads op's bytes from the peer; false means "use TCP".
-func (l *lane) directGet(op *Op) bool {
-	if l.p.pid == os.Getpid() {
+// get reads op's bytes from the peer; false means "use TCP".
+func (x *intraLink) get(l *lane, op *Op) bool {
+	if !x.takes(op) {
+		return false
+	}
+	if x.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(op.Local), op.Size), unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size))
 		return true
 	}
-	return l.vm(op, false)
+	return x.vm(l, op, false)
 }
 
-func (l *lane) vm(op *Op, write bool) bool {
-	p := l.p
+// vm copies with the kernel, using the lane's iovec scratch (the caller
+// owns the lane's stream).
+func (x *intraLink) vm(l *lane, op *Op, write bool) bool {
 	done := uint64(0)
 	for done < op.Size {
 		l.liov[0].Base = (*byte)(unsafe.Add(op.Local, done))
@@ -47,9 +101,9 @@ func (l *lane) vm(op *Op, write bool) bool {
 		var n int
 		var err error
 		if write {
-			n, err = unix.ProcessVMWritev(p.pid, l.liov[:], l.riov[:], 0)
+			n, err = unix.ProcessVMWritev(x.pid, l.liov[:], l.riov[:], 0)
 		} else {
-			n, err = unix.ProcessVMReadv(p.pid, l.liov[:], l.riov[:], 0)
+			n, err = unix.ProcessVMReadv(x.pid, l.liov[:], l.riov[:], 0)
 		}
 		if err == unix.EINTR {
 			continue
@@ -60,8 +114,8 @@ func (l *lane) vm(op *Op, write bool) bool {
 				// still correct, the bytes are the same.
 				err = fmt.Errorf("short transfer after %d bytes: %v", done, err)
 			}
-			p.intra.Store(false)
-			logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d (pid %d) refused by the kernel (%v); using TCP for this peer", p.rank, p.pid, err)
+			x.on.Store(false)
+			logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d (pid %d) refused by the kernel (%v); using TCP for this peer", x.p.rank, x.pid, err)
 			return false
 		}
 		done += uint64(n)

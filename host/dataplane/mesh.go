@@ -1,7 +1,8 @@
 // Package dataplane is the native mechanism that moves bytes: authenticated
 // TCP connections between ranks, the wire protocol, the target-side service
 // that lands puts, applies signals and serves gets without any call from the
-// target process, and completion of initiator requests.
+// target process, and completion of initiator requests. How bytes move to a
+// peer is its transport (transport.go): TCP or the intra-node path.
 //
 // Ordering: with one lane, every operation from one rank to one peer travels
 // on one stream and the target applies them in order, payload before signal;
@@ -18,8 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 	"unsafe"
-
-	"go.uber.org/multierr"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
@@ -129,104 +128,35 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	if m.closeTimeout <= 0 {
 		m.closeTimeout = DefaultCloseTimeout
 	}
-	outs := make([][]*net.TCPConn, n)
-	errs := make([]error, n*lanes)
-	var wg sync.WaitGroup
-	for i := range infos {
-		outs[i] = make([]*net.TCPConn, lanes)
-		for j := 0; j < lanes; j++ {
-			wg.Add(1)
-			go func(i, j int) {
-				defer wg.Done()
-				outs[i][j], errs[i*lanes+j] = dial(infos[i], rank, n, j, lanes, deadline)
-			}(i, j)
-		}
-	}
-	// Every rank announces how many lanes it opens; we take them all.
-	ins := make([][]*net.TCPConn, n)
-	want, got := n, 0 // want grows as ranks announce more than one lane
-	counted := make([]bool, n)
-	var acceptErr error
-	timer := time.NewTimer(time.Until(deadline))
-	for got < want && acceptErr == nil {
-		select {
-		case in := <-l.conns:
-			switch {
-			case in.nranks != n || in.rank < 0 || in.rank >= n:
-				acceptErr = fmt.Errorf("peer announced rank %d of %d, expected a rank of %d", in.rank, in.nranks, n)
-				in.conn.Close()
-			case in.lanes < 1 || in.lanes > abi.MaxLanes || in.lane >= in.lanes || (ins[in.rank] != nil && len(ins[in.rank]) != in.lanes):
-				acceptErr = fmt.Errorf("rank %d announced lane %d of %d", in.rank, in.lane, in.lanes)
-				in.conn.Close()
-			default:
-				if ins[in.rank] == nil {
-					ins[in.rank] = make([]*net.TCPConn, in.lanes)
-				}
-				if ins[in.rank][in.lane] != nil {
-					acceptErr = fmt.Errorf("two connections claim rank %d lane %d", in.rank, in.lane)
-					in.conn.Close()
-					break
-				}
-				ins[in.rank][in.lane] = in.conn
-				if !counted[in.rank] {
-					counted[in.rank] = true
-					want += in.lanes - 1
-				}
-				got++
-			}
-		case <-timer.C:
-			missing := []int{}
-			for r := range ins {
-				if ins[r] == nil {
-					missing = append(missing, r)
-				}
-			}
-			acceptErr = fmt.Errorf("timed out after %v with %d of %d streams connected to us (no connection at all from ranks %v)", timeout, got, want, missing)
-		}
-	}
-	timer.Stop()
-	wg.Wait()
-	var err error
-	for i, e := range errs {
-		if e != nil {
-			err = multierr.Append(err, fmt.Errorf("connect to rank %d lane %d at %s: %w", i/lanes, i%lanes, infos[i/lanes].Addr, e))
-		}
-	}
-	err = multierr.Append(err, acceptErr)
+	outs, ins, err := connectStreams(l, infos, rank, lanes, deadline, timeout)
 	if err != nil {
-		for i := range outs {
-			for _, c := range append(outs[i], ins[i]...) {
-				if c != nil {
-					c.Close()
-				}
-			}
-		}
 		return nil, err
 	}
 	for i := 0; i < n; i++ {
-		for _, c := range append(outs[i], ins[i]...) {
-			c.SetNoDelay(true)
-		}
-		m.peers[i] = newPeer(m, i, outs[i], ins[i])
-		if opt.IntraNode && infos[i].HostID == infos[rank].HostID && infos[i].Pid != 0 {
-			m.peers[i].pid = int(infos[i].Pid)
-			m.peers[i].intra.Store(true)
-		}
+		p := newPeer(m, i)
+		p.t = chooseTransport(p, opt, infos[i], infos[rank], outs[i], ins[i])
+		m.peers[i] = p
 	}
 	for _, p := range m.peers {
-		p.start()
+		p.t.start()
 	}
 	return m, nil
 }
 
-// Rank and NRanks describe the communicator.
-func (m *Mesh) Rank() int   { return m.rank }
-func (m *Mesh) NRanks() int { return m.nranks }
+// chooseTransport picks how bytes move to one peer: the intra-node path
+// for a peer on this host (same host id, a pid to copy into), TCP
+// otherwise. A new transport is chosen here.
+func chooseTransport(p *peer, opt Options, peer, self HandleInfo, outs, ins []*net.TCPConn) transport {
+	if opt.IntraNode && peer.HostID == self.HostID && peer.Pid != 0 {
+		return newIntraLink(p, outs, ins, int(peer.Pid))
+	}
+	return newTCPLink(p, outs, ins)
+}
 
 // Post queues op for peer. It never blocks on the network and never fails for
 // lack of space; an op to a lost peer completes with an error.
 func (m *Mesh) Post(peerRank int, op *Op, hold bool, lane int) {
-	m.peers[peerRank].post(op, hold, lane)
+	m.peers[peerRank].route(op, hold, lane)
 	// Raise the flag after the op is queued, so a Kick that clears it
 	// always finds the op.
 	if hold && !m.held.Load() {
@@ -235,13 +165,13 @@ func (m *Mesh) Post(peerRank int, op *Op, hold bool, lane int) {
 }
 
 // Flush sends what is queued for peer from the calling thread if the stream
-// is idle (see peer.flush). test() calls it for the peer of a pending request.
-func (m *Mesh) Flush(peerRank int) { m.peers[peerRank].flush() }
+// is idle (see lane.flush). test() calls it for the peer of a pending request.
+func (m *Mesh) Flush(peerRank int) { m.peers[peerRank].t.flush() }
 
 // FlushAll is Flush for every peer; rmaProgress and iflush call it.
 func (m *Mesh) FlushAll() {
 	for _, p := range m.peers {
-		p.flush()
+		p.t.flush()
 	}
 }
 
@@ -252,32 +182,24 @@ func (m *Mesh) Kick() {
 		return
 	}
 	for _, p := range m.peers {
-		for _, l := range p.lanes {
-			l.kick()
-		}
+		p.t.kick()
 	}
 }
 
 // Parts is how many completions the runtime must expect for an operation:
 // more than one when it is striped over several lanes.
-func (m *Mesh) Parts(msg uint8, size uint64) int { return m.parts(msg, size) }
-
-// Lanes is the number of streams to every peer.
-func (m *Mesh) Lanes() int { return m.lanes }
+func (m *Mesh) Parts(kind uint8, size uint64) int { return m.parts(kind, size) }
 
 // IntraNodePeers counts the peers the single-copy path is enabled for.
 func (m *Mesh) IntraNodePeers() int {
 	n := 0
 	for _, p := range m.peers {
-		if p.intra.Load() {
+		if p.t.props().Name == nameIntraNode {
 			n++
 		}
 	}
 	return n
 }
-
-// PeerAlive reports whether the stream to peer is still usable.
-func (m *Mesh) PeerAlive(peerRank int) bool { return !m.peers[peerRank].dead.Load() }
 
 // Drain sends everything posted so far and waits until every operation
 // completed locally (puts handed to the kernel or copied into the peer,
@@ -311,9 +233,7 @@ func (m *Mesh) Drain() []int {
 func (m *Mesh) kickAll() {
 	m.held.Store(false)
 	for _, p := range m.peers {
-		for _, l := range p.lanes {
-			l.kick()
-		}
+		p.t.kick()
 	}
 }
 

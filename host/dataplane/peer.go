@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"fmt"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,22 +9,21 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 )
 
-// peer is everything between us and one rank: our outgoing lanes (requests
-// and their replies) and the peer's incoming lanes (its requests to our
-// memory and our replies), plus the state shared by both directions.
+// peer is everything between us and one rank that does not depend on how
+// the bytes move: lane choice, sequence numbers and striping, the orderer
+// for the peer's signals, completions, and the teardown. The transport it
+// holds moves the operations (transport.go).
 type peer struct {
 	m     *Mesh
 	rank  int
-	lanes []*lane
-	ins   []*net.TCPConn
+	t     transport
+	lanes int
 
 	seqMu sync.Mutex // orders sequence numbers and lane choice when lanes > 1
 	seq   uint64
 	rr    int
 	order orderer // the peer's signals, applied in its sequence order
 
-	intra    atomic.Bool // the single-copy path is usable for this peer
-	pid      int
 	quit     chan struct{}
 	dead     atomic.Bool
 	peerBye  atomic.Bool // the peer said goodbye on at least one of its lanes
@@ -36,61 +34,42 @@ type peer struct {
 	acked chan struct{} // closed when every lane's goodbye was acknowledged
 }
 
-func newPeer(m *Mesh, rank int, outs, ins []*net.TCPConn) *peer {
-	p := &peer{m: m, rank: rank, ins: ins, quit: make(chan struct{}), acked: make(chan struct{})}
+// newPeer makes the peer; Connect gives it its transport before start.
+func newPeer(m *Mesh, rank int) *peer {
+	p := &peer{m: m, rank: rank, lanes: m.lanes, quit: make(chan struct{}), acked: make(chan struct{})}
 	p.order.onErr = func(err error) { m.owner.PeerFailed(rank, fmt.Errorf("signal from rank %d: %w", rank, err)) }
-	for i, c := range outs {
-		p.lanes = append(p.lanes, newLane(p, i, c))
-	}
 	return p
 }
 
-func (p *peer) start() {
-	for _, l := range p.lanes {
-		l.start()
-	}
-	p.m.wg.Add(len(p.ins))
-	for _, in := range p.ins {
-		go p.service(in)
-	}
-}
-
-// inlineLimit is the largest operation the caller's thread sends itself.
-func (p *peer) inlineLimit() uint64 {
-	if p.intra.Load() {
-		return intraInlineMax
-	}
-	return inlineMax
-}
-
-// post routes op. With one lane every operation rides it and stream order is
-// the ordering. With several, large puts and gets are cut into chunks spread
-// over the lanes, and every put carries a sequence number so the target can
-// hold a signal until everything before it landed.
-func (p *peer) post(op *Op, hold bool, lane int) {
-	if len(p.lanes) == 1 || op.Msg == MsgReg {
-		p.lanes[0].post(op, hold)
+// route picks the lane for op and numbers it. With one lane every operation
+// rides it and stream order is the ordering. With several, large puts and
+// gets are cut into chunks spread over the lanes, and every put carries a
+// sequence number so the target can hold a signal until everything before
+// it landed.
+func (p *peer) route(op *Op, hold bool, lane int) {
+	if p.lanes == 1 || op.Msg == MsgReg {
+		p.t.submit(0, *op, hold)
 		return
 	}
-	if lane < 0 || lane >= len(p.lanes) {
+	if lane < 0 || lane >= p.lanes {
 		lane = 0
 	}
 	p.seqMu.Lock()
 	defer p.seqMu.Unlock()
 	if op.Size >= p.m.stripe && (op.Msg == MsgPut || op.Msg == MsgPutSignal || op.Msg == MsgGet) {
-		p.postStriped(op, hold, lane)
+		p.stripe(op, hold, lane)
 		return
 	}
 	if op.Msg != MsgGet {
 		p.seq++
 		op.Seq = p.seq
 	}
-	p.lanes[lane].post(op, hold)
+	p.t.submit(lane, *op, hold)
 }
 
-// postStriped cuts op into chunks over all lanes (round robin). A signal
-// travels after the chunks as its own operation. Called with seqMu held.
-func (p *peer) postStriped(op *Op, hold bool, sigLane int) {
+// stripe cuts op into chunks over all lanes (round robin). A signal travels
+// after the chunks as its own operation. Called with seqMu held.
+func (p *peer) stripe(op *Op, hold bool, sigLane int) {
 	chunk := p.m.pieceSize(op.Size)
 	for off := uint64(0); off < op.Size; off += chunk {
 		c := *op
@@ -107,21 +86,19 @@ func (p *peer) postStriped(op *Op, hold bool, sigLane int) {
 			p.seq++
 			c.Seq = p.seq
 		}
-		l := p.lanes[p.rr%len(p.lanes)]
+		lane := p.rr % p.lanes
 		p.rr++
-		l.post(&c, true)
+		p.t.submit(lane, c, true)
 	}
 	if op.Msg == MsgPutSignal {
 		s := *op
 		s.Size, s.Local, s.Remote, s.Off, s.MrID = 0, nil, 0, 0, 0
 		p.seq++
 		s.Seq = p.seq
-		p.lanes[sigLane].post(&s, true)
+		p.t.submit(sigLane, s, true)
 	}
 	if !hold {
-		for _, l := range p.lanes {
-			l.kick()
-		}
+		p.t.kick()
 	}
 }
 
@@ -134,25 +111,18 @@ func (m *Mesh) pieceSize(size uint64) uint64 {
 	return max(per, m.chunk)
 }
 
-// parts is how many completions an operation of this message type and size
-// gets: one per chunk, plus one for the signal of a striped put with signal.
-func (m *Mesh) parts(msg uint8, size uint64) int {
-	if m.lanes == 1 || size < m.stripe || (msg != MsgPut && msg != MsgPutSignal && msg != MsgGet) {
+// parts is how many completions an operation of this kind and size gets:
+// one per chunk, plus one for the signal of a striped put with signal.
+func (m *Mesh) parts(kind uint8, size uint64) int {
+	if m.lanes == 1 || size < m.stripe || (kind != MsgPut && kind != MsgPutSignal && kind != MsgGet) {
 		return 1
 	}
 	c := m.pieceSize(size)
 	n := int((size + c - 1) / c)
-	if msg == MsgPutSignal {
+	if kind == MsgPutSignal {
 		n++
 	}
 	return n
-}
-
-// flush sends queued work from the caller's thread (see lane.flush).
-func (p *peer) flush() {
-	for _, l := range p.lanes {
-		l.flush()
-	}
 }
 
 // fail completes op with an error without sending it.
@@ -167,42 +137,19 @@ func (p *peer) fail(op *Op) {
 	}
 }
 
-// markDead tears the streams down once, fails everything in flight, and
-// reports the loss unless it was an orderly goodbye or our own close.
+// markDead tears the connections down once, fails everything in flight,
+// and reports the loss unless it was an orderly goodbye or our own close.
 func (p *peer) markDead(err error) {
 	p.deadOnce.Do(func() {
-		for _, l := range p.lanes {
-			l.mu.Lock()
-		}
-		p.dead.Store(true)
-		for _, l := range p.lanes {
-			l.mu.Unlock()
-		}
+		p.t.stop()
 		close(p.quit)
-		for _, l := range p.lanes {
-			l.out.Close()
-			l.timer.Stop()
-		}
-		for _, in := range p.ins {
-			in.Close()
-		}
-		lost := 0
-		for _, l := range p.lanes {
-			lost += l.pendingGets()
-		}
+		lost := p.t.awaiting()
 		if !p.closing.Load() && (!p.peerBye.Load() || lost > 0) {
 			p.m.owner.PeerFailed(p.rank, fmt.Errorf("%w: %v", ErrPeerGone, err))
 		}
-		for _, l := range p.lanes {
-			l.drainFailed()
-			for {
-				e, ok := l.popGet()
-				if !ok {
-					break
-				}
-				p.m.owner.Complete(e.tag, abi.RemoteError)
-			}
-		}
+		// After the report: whoever sees a failed request also sees
+		// queryLastError report it.
+		p.t.failAll()
 	})
 }
 
@@ -212,8 +159,8 @@ func (p *peer) markDead(err error) {
 // before closeColl is delivered, not dropped with the streams.
 func (p *peer) sayGoodbye() {
 	p.closing.Store(true)
-	for _, l := range p.lanes {
-		l.post(&Op{Msg: msgBye}, false)
+	for lane := 0; lane < p.lanes; lane++ {
+		p.t.submit(lane, Op{Msg: msgBye}, false)
 	}
 }
 
@@ -228,7 +175,7 @@ func (p *peer) awaitGoodbye(deadline time.Time) int {
 		case <-p.acked:
 		case <-p.quit:
 		case <-t.C:
-			missing = len(p.lanes) - int(p.acks.Load())
+			missing = p.lanes - int(p.acks.Load())
 		}
 		t.Stop()
 	}
@@ -239,24 +186,10 @@ func (p *peer) awaitGoodbye(deadline time.Time) int {
 // ackBye counts one acknowledged goodbye; a peer that acknowledges more
 // than it was sent changes nothing.
 func (p *peer) ackBye() {
-	if p.acks.Add(1) == int32(len(p.lanes)) {
+	if p.acks.Add(1) == int32(p.lanes) {
 		close(p.acked)
 	}
 }
 
-// idle reports whether nothing is queued or being written on any lane and
-// no get awaits its reply: every operation posted so far completed locally.
-func (p *peer) idle() bool {
-	if p.dead.Load() {
-		return true
-	}
-	for _, l := range p.lanes {
-		l.mu.Lock()
-		busy := l.writing || l.qLen > 0
-		l.mu.Unlock()
-		if busy || l.pendingGets() > 0 {
-			return false
-		}
-	}
-	return true
-}
+// idle reports whether every operation posted so far completed locally.
+func (p *peer) idle() bool { return p.dead.Load() || p.t.idle() }

@@ -27,18 +27,125 @@ const (
 	// the stream is idle; larger work goes to the writer goroutine so that
 	// a big put never holds NCCL's progress thread.
 	inlineMax = 64 << 10
-	// intraInlineMax is the same bound for a peer on the intra-node path,
-	// where sending is a memory copy like any other the caller makes; the
-	// caller spinning in test() does it itself instead of waiting for a
-	// second thread, which matters when cores are few.
-	intraInlineMax = 4 << 20
-	// intraMin is the smallest payload worth a process_vm_writev of its own;
-	// smaller puts ride the coalesced TCP stream, which is cheaper per op.
-	intraMin = 16 << 10
 	// sendDelay bounds how long a small operation waits in the queue for
 	// the caller's next test() before the writer goroutine sends it anyway.
 	sendDelay = 200 * time.Microsecond
 )
+
+// tcpLink is the TCP transport to one peer: our outgoing lanes (requests
+// and the replies to them) and the peer's incoming streams (its requests to
+// our memory, served by tcp_service.go, and our replies).
+type tcpLink struct {
+	p     *peer
+	lanes []*lane
+	ins   []*net.TCPConn
+	// side moves large payloads beside the streams (the intra-node
+	// transport installs itself); nil for plain TCP.
+	side sidePath
+}
+
+// sidePath moves a payload beside the stream, which still carries the
+// header (or nothing, see writeBatch) in order. put and get report false
+// when they did not move it: the stream carries it then.
+type sidePath interface {
+	inlineMax() uint64
+	put(l *lane, op *Op) bool
+	get(l *lane, op *Op) bool
+}
+
+func newTCPLink(p *peer, outs, ins []*net.TCPConn) *tcpLink {
+	t := &tcpLink{p: p, ins: ins}
+	for i, c := range outs {
+		t.lanes = append(t.lanes, newLane(t, i, c))
+	}
+	return t
+}
+
+func (t *tcpLink) props() Props {
+	return Props{Name: nameTCP, DeviceMemory: true, InlineMax: t.inlineMax(), Lanes: len(t.lanes)}
+}
+
+// inlineMax is the largest operation the caller's thread sends itself.
+func (t *tcpLink) inlineMax() uint64 {
+	if t.side != nil {
+		return t.side.inlineMax()
+	}
+	return inlineMax
+}
+
+func (t *tcpLink) start() {
+	for _, l := range t.lanes {
+		l.start()
+	}
+	t.p.m.wg.Add(len(t.ins))
+	for _, in := range t.ins {
+		go t.service(in)
+	}
+}
+
+func (t *tcpLink) submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op, hold) }
+
+func (t *tcpLink) flush() {
+	for _, l := range t.lanes {
+		l.flush()
+	}
+}
+
+func (t *tcpLink) kick() {
+	for _, l := range t.lanes {
+		l.kick()
+	}
+}
+
+func (t *tcpLink) idle() bool {
+	for _, l := range t.lanes {
+		l.mu.Lock()
+		busy := l.writing || l.qLen > 0
+		l.mu.Unlock()
+		if busy || l.pendingGets() > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (t *tcpLink) stop() {
+	for _, l := range t.lanes {
+		l.mu.Lock()
+	}
+	t.p.dead.Store(true)
+	for _, l := range t.lanes {
+		l.mu.Unlock()
+	}
+	for _, l := range t.lanes {
+		l.out.Close()
+		l.timer.Stop()
+	}
+	for _, in := range t.ins {
+		in.Close()
+	}
+}
+
+func (t *tcpLink) awaiting() int {
+	n := 0
+	for _, l := range t.lanes {
+		n += l.pendingGets()
+	}
+	return n
+}
+
+func (t *tcpLink) failAll() {
+	for _, l := range t.lanes {
+		l.drainFailed()
+		for {
+			e, ok := l.popGet()
+			if !ok {
+				break
+			}
+			t.p.m.owner.Complete(e.tag, abi.RemoteError)
+		}
+	}
+}
 
 // getEntry is an outstanding get; replies arrive in request order.
 type getEntry struct {
@@ -52,6 +159,7 @@ type getEntry struct {
 // it, and the goroutine that reads the peer's replies on the same socket.
 type lane struct {
 	p   *peer
+	t   *tcpLink
 	idx int
 	out *net.TCPConn
 
@@ -69,9 +177,9 @@ type lane struct {
 	hdrs  []byte
 	iov   [][]byte
 	bufs  net.Buffers
-	liov  [1]unix.Iovec
-	riov  [1]unix.RemoteIovec
-	stage []byte // device payloads, allocated on first use
+	liov  [1]unix.Iovec       // scratch for the side path
+	riov  [1]unix.RemoteIovec // (process_vm_writev/readv)
+	stage []byte              // device payloads, allocated on first use
 
 	gmu   sync.Mutex // guards the outstanding-get FIFO
 	gets  []getEntry
@@ -79,9 +187,9 @@ type lane struct {
 	gLen  int
 }
 
-func newLane(p *peer, idx int, out *net.TCPConn) *lane {
+func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
 	return &lane{
-		p: p, idx: idx, out: out,
+		p: t.p, t: t, idx: idx, out: out,
 		q:     make([]Op, 1024),
 		wake:  make(chan struct{}, 1),
 		batch: make([]Op, batchMax),
@@ -102,8 +210,8 @@ func (l *lane) start() {
 	go l.replies()
 }
 
-// post appends op to the queue, growing it rather than failing.
-func (l *lane) post(op *Op, hold bool) {
+// enqueue appends op to the queue, growing it rather than failing.
+func (l *lane) enqueue(op *Op, hold bool) {
 	l.mu.Lock()
 	if l.p.dead.Load() {
 		l.mu.Unlock()
@@ -118,7 +226,7 @@ func (l *lane) post(op *Op, hold bool) {
 	l.mu.Unlock()
 	switch {
 	case hold:
-	case op.Size > l.p.inlineLimit() || op.Msg == MsgReg || op.Msg == msgBye:
+	case op.Size > l.t.inlineMax() || op.Msg == MsgReg || op.Msg == msgBye:
 		// Big payloads are sent by the writer goroutine, never the caller;
 		// control messages go at once, nobody tests them.
 		l.kick()
@@ -137,7 +245,7 @@ func (l *lane) post(op *Op, hold bool) {
 // and then tests gets the whole burst in one writev. The send timer, armed
 // at post time, remains the guarantee that nothing waits for a test.
 func (l *lane) flush() {
-	limit := l.p.inlineLimit()
+	limit := l.t.inlineMax()
 	l.mu.Lock()
 	if l.writing || l.qLen == 0 || l.q[l.qHead].Size > limit || l.p.dead.Load() {
 		l.mu.Unlock()
@@ -242,8 +350,9 @@ func (l *lane) writer() {
 
 // writeBatch sends headers and payloads with one writev, straight from the
 // registered memory, then completes the puts: their source is reusable once
-// the kernel has the bytes. On the intra-node path payloads are copied into
-// the peer first and only what the target must act on is sent.
+// the kernel has the bytes. With a side path (intra-node) payloads it takes
+// are copied into the peer first and only what the target must act on is
+// sent.
 func (l *lane) writeBatch(ops []Op) bool {
 	p := l.p
 	iov := l.iov[:0]
@@ -251,18 +360,18 @@ func (l *lane) writeBatch(ops []Op) bool {
 	n := 0 // ops handled so far; a device copy failure stops the batch
 	for ; n < len(ops) && err == nil; n++ {
 		i, op := n, &ops[n]
-		if op.Size >= intraMin && op.Remote != 0 && p.intra.Load() {
+		if side := l.t.side; side != nil {
 			switch {
-			case op.Msg == MsgPut && l.directPut(op):
+			case op.Msg == MsgPut && side.put(l, op):
 				if op.Seq == 0 {
 					op.Msg = opDone // nothing to tell the target
 					p.m.owner.Complete(op.Tag, abi.Success)
 					continue
 				}
 				op.Size = 0 // tell the target this sequence number landed
-			case op.Msg == MsgPutSignal && l.directPut(op):
+			case op.Msg == MsgPutSignal && side.put(l, op):
 				op.Size = 0 // the payload is there; send the signal alone
-			case op.Msg == MsgGet && l.directGet(op):
+			case op.Msg == MsgGet && side.get(l, op):
 				op.Msg = opDone
 				p.m.owner.Complete(op.Tag, abi.Success)
 				continue

@@ -1,0 +1,115 @@
+package dataplane
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+)
+
+// The target side every transport shares: a put (or a piece of one) has
+// landed in our memory; its signal, if any, becomes visible once everything
+// the peer numbered before it has landed too.
+
+// landed records that the put numbered seq landed and applies sig (when
+// valid) in order. seq 0 means one ordered channel: apply at once.
+func (p *peer) landed(seq uint64, sig sigRef, add uint64) {
+	if seq != 0 {
+		p.order.done(seq, sig, add)
+		return
+	}
+	if sig.valid() {
+		if err := sig.apply(add); err != nil {
+			p.m.owner.PeerFailed(p.rank, fmt.Errorf("signal from rank %d: %w", p.rank, err))
+		}
+	}
+}
+
+// signalTarget resolves and checks the 64-bit signal word a put with
+// signal updates, and the amount to add to it.
+func (p *peer) signalTarget(mrID uint32, off uint64, op uint8, value uint64) (sigRef, uint64, abi.Result) {
+	base, size, ctx, ok := p.m.owner.Resolve(mrID)
+	if !ok || !Span(off, 8, size) || (uintptr(base)+uintptr(off))%8 != 0 {
+		return sigRef{}, 0, abi.InvalidArgument
+	}
+	var ref sigRef
+	if ctx != 0 {
+		ref = sigRef{dev: devAddr(base, off), ctx: ctx}
+	} else {
+		ref = sigRef{host: (*uint64)(unsafe.Add(base, off))}
+	}
+	switch op {
+	case abi.SignalOpInc:
+		return ref, 1, abi.Success
+	case abi.SignalOpAdd:
+		return ref, value, abi.Success
+	}
+	return sigRef{}, 0, abi.InvalidArgument
+}
+
+// orderer applies a peer's signals in sequence order when its operations
+// arrive over several lanes: a signal becomes visible only after every put
+// with a smaller sequence number has landed, which keeps signals strong.
+// Sequence numbers start at 1; puts and signals each take one.
+type orderer struct {
+	onErr func(error) // reports a signal that could not be applied
+	mu    sync.Mutex
+	next  uint64 // every sequence number below next has been applied
+	ring  []orderSlot
+}
+
+type orderSlot struct {
+	state uint8 // 0 not yet, 1 landed, 2 signal waiting
+	sig   sigRef
+	add   uint64
+}
+
+// done records that seq landed; sig, when valid, is the signal word that
+// seq adds add to once everything before it has landed.
+func (o *orderer) done(seq uint64, sig sigRef, add uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.next == 0 {
+		o.next = 1
+	}
+	if seq < o.next {
+		return // a duplicate cannot happen on a healthy stream; ignore it
+	}
+	for seq-o.next >= uint64(len(o.ring)) {
+		o.grow()
+	}
+	s := &o.ring[seq%uint64(len(o.ring))]
+	s.state, s.sig, s.add = 1, sig, add
+	if sig.valid() {
+		s.state = 2
+	}
+	for {
+		s := &o.ring[o.next%uint64(len(o.ring))]
+		if s.state == 0 {
+			return
+		}
+		if s.state == 2 {
+			if err := s.sig.apply(s.add); err != nil && o.onErr != nil {
+				o.onErr(err)
+			}
+		}
+		*s = orderSlot{}
+		o.next++
+	}
+}
+
+// grow doubles the window of sequence numbers that may land out of order.
+func (o *orderer) grow() {
+	n := max(2*len(o.ring), 1024)
+	nr := make([]orderSlot, n)
+	for i, s := range o.ring {
+		if s.state != 0 {
+			// slot i held the sequence number congruent to i within the
+			// current window [next, next+len)
+			seq := o.next + (uint64(i)-o.next%uint64(len(o.ring))+uint64(len(o.ring)))%uint64(len(o.ring))
+			nr[seq%uint64(n)] = s
+		}
+	}
+	o.ring = nr
+}

@@ -1,0 +1,99 @@
+package dataplane
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"go.uber.org/multierr"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+)
+
+// connectStreams opens the TCP streams of the mesh: lanes streams dialled
+// to every rank's listener (outs[rank][lane], ours included) and the ones
+// every rank dialled to us (ins[rank][lane]), all with TCP_NODELAY. It
+// returns when all are up or when the deadline passes.
+func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, deadline time.Time, timeout time.Duration) (outs, ins [][]*net.TCPConn, err error) {
+	n := len(infos)
+	outs = make([][]*net.TCPConn, n)
+	errs := make([]error, n*lanes)
+	var wg sync.WaitGroup
+	for i := range infos {
+		outs[i] = make([]*net.TCPConn, lanes)
+		for j := 0; j < lanes; j++ {
+			wg.Add(1)
+			go func(i, j int) {
+				defer wg.Done()
+				outs[i][j], errs[i*lanes+j] = dial(infos[i], rank, n, j, lanes, deadline)
+			}(i, j)
+		}
+	}
+	// Every rank announces how many lanes it opens; we take them all.
+	ins = make([][]*net.TCPConn, n)
+	want, got := n, 0 // want grows as ranks announce more than one lane
+	counted := make([]bool, n)
+	var acceptErr error
+	timer := time.NewTimer(time.Until(deadline))
+	for got < want && acceptErr == nil {
+		select {
+		case in := <-l.conns:
+			switch {
+			case in.nranks != n || in.rank < 0 || in.rank >= n:
+				acceptErr = fmt.Errorf("peer announced rank %d of %d, expected a rank of %d", in.rank, in.nranks, n)
+				in.conn.Close()
+			case in.lanes < 1 || in.lanes > abi.MaxLanes || in.lane >= in.lanes || (ins[in.rank] != nil && len(ins[in.rank]) != in.lanes):
+				acceptErr = fmt.Errorf("rank %d announced lane %d of %d", in.rank, in.lane, in.lanes)
+				in.conn.Close()
+			default:
+				if ins[in.rank] == nil {
+					ins[in.rank] = make([]*net.TCPConn, in.lanes)
+				}
+				if ins[in.rank][in.lane] != nil {
+					acceptErr = fmt.Errorf("two connections claim rank %d lane %d", in.rank, in.lane)
+					in.conn.Close()
+					break
+				}
+				ins[in.rank][in.lane] = in.conn
+				if !counted[in.rank] {
+					counted[in.rank] = true
+					want += in.lanes - 1
+				}
+				got++
+			}
+		case <-timer.C:
+			missing := []int{}
+			for r := range ins {
+				if ins[r] == nil {
+					missing = append(missing, r)
+				}
+			}
+			acceptErr = fmt.Errorf("timed out after %v with %d of %d streams connected to us (no connection at all from ranks %v)", timeout, got, want, missing)
+		}
+	}
+	timer.Stop()
+	wg.Wait()
+	for i, e := range errs {
+		if e != nil {
+			err = multierr.Append(err, fmt.Errorf("connect to rank %d lane %d at %s: %w", i/lanes, i%lanes, infos[i/lanes].Addr, e))
+		}
+	}
+	err = multierr.Append(err, acceptErr)
+	if err != nil {
+		for i := range outs {
+			for _, c := range append(outs[i], ins[i]...) {
+				if c != nil {
+					c.Close()
+				}
+			}
+		}
+		return nil, nil, err
+	}
+	for i := 0; i < n; i++ {
+		for _, c := range append(outs[i], ins[i]...) {
+			c.SetNoDelay(true)
+		}
+	}
+	return outs, ins, nil
+}

@@ -1,0 +1,79 @@
+package dataplane
+
+// The transport seam. A peer (peer.go) is everything that does not depend
+// on how bytes move: sequence numbers and striping over lanes, the
+// target-side orderer that keeps signals strong, completions and failures
+// reported to the Owner, and the teardown (Drain, goodbyes, markDead). It
+// hands each operation to the transport Connect chose for that peer:
+//
+//   - tcpLink (tcp_*.go): Lanes streams, the 64-byte header protocol of
+//     wire.go, device memory staged through host buffers (devcopy.go).
+//   - intraLink (intranode.go): a tcpLink whose large host payloads move
+//     with process_vm_writev/readv; the stream still carries everything
+//     else, in order, so a signal follows its payload.
+//
+// A third one (RDMA over libfabric) implements transport too: submit posts
+// work requests (fi_writemsg / fi_readmsg, a signal as a write with
+// immediate data or a message behind the payload on the same ordered
+// endpoint), a completion goroutine reaps the queue and calls the peer's
+// completed/fail, and the target side runs on the receive completions. What
+// it needs beyond this interface is listed in SPEC.md §4 (Transports).
+
+// transport moves operations between this rank and one peer. The peer
+// calls it from many threads at once; every method but stop must be cheap,
+// take no global lock and allocate nothing on the per-operation path.
+type transport interface {
+	// props reports what the transport can do. It may change while the
+	// link runs (the intra-node path turns itself off on a refusal).
+	props() Props
+
+	// start launches what runs on its own: senders, completion readers,
+	// and the service that lands the peer's puts, applies its signals and
+	// answers its gets on our memory with no call from this process.
+	start()
+
+	// submit queues op on lane (0..Props.Lanes-1): a put, put with signal
+	// or get (op.Msg), a registration notice (MsgReg) or a goodbye
+	// (msgBye). It never blocks on the network and never fails for lack of
+	// space. hold keeps op until the next flush or kick (aggregation). Once
+	// stop ran, op is failed through peer.fail instead. op is passed by
+	// value: a pointer through an interface call escapes, and posting
+	// must not allocate.
+	submit(lane int, op Op, hold bool)
+	// flush sends queued work from the caller's thread when that is cheap
+	// (test() calls it); otherwise the transport's own goroutines do.
+	flush()
+	// kick wakes the senders, so held operations leave now.
+	kick()
+	// idle reports that every submitted operation completed locally:
+	// nothing queued or being sent, no reply awaited.
+	idle() bool
+
+	// stop raises the peer's dead flag so that submit fails every later
+	// op (under the queue locks, so none slips in between) and closes the
+	// connections, which ends the goroutines start launched.
+	stop()
+	// awaiting counts operations still waiting for the peer's reply.
+	awaiting() int
+	// failAll fails everything queued and awaited; called after stop.
+	failAll()
+}
+
+// Props describes a transport to one peer.
+type Props struct {
+	Name string
+	// DeviceMemory: operations on NCCL_PTR_CUDA registrations work;
+	// DeviceDirect: their payloads move without host staging (GPUDirect).
+	DeviceMemory, DeviceDirect bool
+	// InlineMax is the largest operation the caller's thread sends itself
+	// from flush; larger ones go to the transport's goroutines.
+	InlineMax uint64
+	// Lanes is how many independent ordered channels submit accepts.
+	Lanes int
+}
+
+// Transport names, as Props.Name reports them.
+const (
+	nameTCP       = "tcp"
+	nameIntraNode = "intranode"
+)
