@@ -9,16 +9,16 @@ import (
 	"strconv"
 	"sync"
 
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/plugin"
 )
 
 // deviceName is the name NCCL shows for dev (ncclNetProperties_v12_t.name,
 // also the topology key); never empty.
 func deviceName(dev int32) string {
-	if n := host.DeviceName(dev); n != "" {
+	if n := plugin.DeviceName(dev); n != "" {
 		return n
 	}
-	return host.PluginName + "_" + strconv.Itoa(int(dev))
+	return plugin.PluginName + "_" + strconv.Itoa(int(dev))
 }
 
 var (

@@ -12,9 +12,9 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/cuda"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/plugin"
 )
 
 // Conventions of every export below:
@@ -100,7 +100,7 @@ func rmawasm_init(ctx *C.uintptr_t, commID C.uint64_t, logFn C.uintptr_t) (ret C
 		return r
 	}
 	cuda.Probe()
-	id, r := host.Init(uint64(commID))
+	id, r := plugin.Init(uint64(commID))
 	return putID(ctx, id, r, "init", "context")
 }
 
@@ -110,7 +110,7 @@ func rmawasm_devices(ndev *C.int) (ret C.int) {
 	if r, ok := clearOut(ndev, "devices", "ndev"); !ok {
 		return r
 	}
-	n, r := host.Devices()
+	n, r := plugin.Devices()
 	if r != abi.Success {
 		return rc(r)
 	}
@@ -125,7 +125,7 @@ func rmawasm_getRmaProperties(coll C.uintptr_t, props *C.ncclRmaProperties_v16_t
 		return nullArg("getRmaProperties", "rmaProps")
 	}
 	props.flushesAllPutsOnAnySignal = false
-	v, r := host.GetRmaProperties(uint64(coll))
+	v, r := plugin.GetRmaProperties(uint64(coll))
 	if r != abi.Success {
 		return rc(r)
 	}
@@ -143,7 +143,7 @@ func rmawasm_getProperties(dev C.int, props *C.ncclNetProperties_v12_t) (ret C.i
 	// (test/layout_test.go checks it against rma_plugin.h).
 	p := (*abi.NetProperties)(unsafe.Pointer(props))
 	*p = abi.NetProperties{}
-	if r := host.GetProperties(int32(dev), p); r != abi.Success {
+	if r := plugin.GetProperties(int32(dev), p); r != abi.Success {
 		return rc(r)
 	}
 	props.name = cName(deviceName(int32(dev)))
@@ -160,7 +160,7 @@ func rmawasm_listen(ctx C.uintptr_t, dev C.int, handle unsafe.Pointer, listenCom
 	if handle == nil {
 		return nullArg("listen", "handle")
 	}
-	id, r := host.Listen(uint64(ctx), int32(dev), (*[abi.HandleSize]byte)(handle))
+	id, r := plugin.Listen(uint64(ctx), int32(dev), (*[abi.HandleSize]byte)(handle))
 	return putID(listenComm, id, r, "listen", "listen communicator")
 }
 
@@ -187,7 +187,7 @@ func rmawasm_connect(ctx C.uintptr_t, handles *unsafe.Pointer, nranks, rank C.in
 		}
 		hs[i] = (*[abi.HandleSize]byte)(p)
 	}
-	id, r := host.Connect(hs, int32(rank), uint64(listen))
+	id, r := plugin.Connect(hs, int32(rank), uint64(listen))
 	return putID(collComm, id, r, "connect", "collective communicator")
 }
 
@@ -205,7 +205,7 @@ func rmawasm_createContext(coll C.uintptr_t, config *C.ncclRmaConfig_v15_t, rmaC
 		TrafficClass: int32(config.trafficClass),
 		RankStride:   int32(config.rankStride),
 	}
-	id, r := host.CreateContext(uint64(coll), cfg)
+	id, r := plugin.CreateContext(uint64(coll), cfg)
 	return putID(rmaCtx, id, r, "createContext", "rma context")
 }
 
@@ -215,7 +215,7 @@ func rmawasm_regMrSym(coll, data C.uintptr_t, size C.size_t, typ C.int, flags C.
 	if r, ok := clearOut(mhandle, "regMrSym", "mhandle"); !ok {
 		return r
 	}
-	id, r := host.RegMr(uint64(coll), uintptr(data), uint64(size), int32(typ), uint64(flags))
+	id, r := plugin.RegMr(uint64(coll), uintptr(data), uint64(size), int32(typ), uint64(flags))
 	return putID(mhandle, id, r, "regMrSym", "memory handle")
 }
 
@@ -225,32 +225,32 @@ func rmawasm_regMrSymDmaBuf(coll, data C.uintptr_t, size C.size_t, typ C.int, of
 	if r, ok := clearOut(mhandle, "regMrSymDmaBuf", "mhandle"); !ok {
 		return r
 	}
-	id, r := host.RegMrDmaBuf(uint64(coll), uintptr(data), uint64(size), int32(typ), uint64(offset), int32(fd), uint64(flags))
+	id, r := plugin.RegMrDmaBuf(uint64(coll), uintptr(data), uint64(size), int32(typ), uint64(offset), int32(fd), uint64(flags))
 	return putID(mhandle, id, r, "regMrSymDmaBuf", "memory handle")
 }
 
 //export rmawasm_deregMrSym
 func rmawasm_deregMrSym(coll, mhandle C.uintptr_t) (ret C.int) {
 	defer recoverTo(&ret, "deregMrSym")
-	return rc(host.DeregMr(uint64(coll), uint64(mhandle)))
+	return rc(plugin.DeregMr(uint64(coll), uint64(mhandle)))
 }
 
 //export rmawasm_destroyContext
 func rmawasm_destroyContext(rmaCtx C.uintptr_t) (ret C.int) {
 	defer recoverTo(&ret, "destroyContext")
-	return rc(host.DestroyContext(uint64(rmaCtx)))
+	return rc(plugin.DestroyContext(uint64(rmaCtx)))
 }
 
 //export rmawasm_closeColl
 func rmawasm_closeColl(coll C.uintptr_t) (ret C.int) {
 	defer recoverTo(&ret, "closeColl")
-	return rc(host.CloseColl(uint64(coll)))
+	return rc(plugin.CloseColl(uint64(coll)))
 }
 
 //export rmawasm_closeListen
 func rmawasm_closeListen(listen C.uintptr_t) (ret C.int) {
 	defer recoverTo(&ret, "closeListen")
-	return rc(host.CloseListen(uint64(listen)))
+	return rc(plugin.CloseListen(uint64(listen)))
 }
 
 //export rmawasm_iput
@@ -260,7 +260,7 @@ func rmawasm_iput(rmaCtx C.uintptr_t, context C.int, srcOff C.uint64_t, srcMh C.
 	if r, ok := clearOut(request, "iput", "request"); !ok {
 		return r
 	}
-	id, r := host.Iput(uint64(rmaCtx), int32(context), uint64(srcOff), uint64(srcMh), uint64(size),
+	id, r := plugin.Iput(uint64(rmaCtx), int32(context), uint64(srcOff), uint64(srcMh), uint64(size),
 		uint64(dstOff), uint64(dstMh), uint32(rank), uint32(optFlags))
 	return putID(request, id, r, "iput", "request")
 }
@@ -273,7 +273,7 @@ func rmawasm_iputSignal(rmaCtx C.uintptr_t, context C.int, srcOff C.uint64_t, sr
 	if r, ok := clearOut(request, "iputSignal", "request"); !ok {
 		return r
 	}
-	id, r := host.IputSignal(uint64(rmaCtx), int32(context), uint64(srcOff), uint64(srcMh), uint64(size),
+	id, r := plugin.IputSignal(uint64(rmaCtx), int32(context), uint64(srcOff), uint64(srcMh), uint64(size),
 		uint64(dstOff), uint64(dstMh), uint32(rank), uint64(signalOff), uint64(signalMh),
 		uint64(signalValue), uint32(signalOp), bool(strong), uint32(optFlags))
 	return putID(request, id, r, "iputSignal", "request")
@@ -286,7 +286,7 @@ func rmawasm_iget(rmaCtx C.uintptr_t, context C.int, remoteOff C.uint64_t, remot
 	if r, ok := clearOut(request, "iget", "request"); !ok {
 		return r
 	}
-	id, r := host.Iget(uint64(rmaCtx), int32(context), uint64(remoteOff), uint64(remoteMh), uint64(size),
+	id, r := plugin.Iget(uint64(rmaCtx), int32(context), uint64(remoteOff), uint64(remoteMh), uint64(size),
 		uint64(localOff), uint64(localMh), uint32(rank), uint32(optFlags))
 	return putID(request, id, r, "iget", "request")
 }
@@ -298,7 +298,7 @@ func rmawasm_iflush(rmaCtx C.uintptr_t, context C.int, mhandle C.uintptr_t, rank
 		return r
 	}
 	// A zero id is allowed here: *request = NULL means "already complete".
-	id, r := host.Iflush(uint64(rmaCtx), int32(context), uint64(mhandle), uint32(rank))
+	id, r := plugin.Iflush(uint64(rmaCtx), int32(context), uint64(mhandle), uint32(rank))
 	if r != abi.Success {
 		return rc(r)
 	}
@@ -312,7 +312,7 @@ func rmawasm_test(coll, request C.uintptr_t, done *C.int) (ret C.int) {
 	if r, ok := clearOut(done, "test", "done"); !ok {
 		return r
 	}
-	d, r := host.Test(uint64(coll), uint64(request))
+	d, r := plugin.Test(uint64(coll), uint64(request))
 	if r != abi.Success {
 		return rc(r)
 	}
@@ -325,7 +325,7 @@ func rmawasm_test(coll, request C.uintptr_t, done *C.int) (ret C.int) {
 //export rmawasm_rmaProgress
 func rmawasm_rmaProgress(rmaCtx C.uintptr_t) (ret C.int) {
 	defer recoverTo(&ret, "rmaProgress")
-	return rc(host.Progress(uint64(rmaCtx)))
+	return rc(plugin.Progress(uint64(rmaCtx)))
 }
 
 //export rmawasm_queryLastError
@@ -334,7 +334,7 @@ func rmawasm_queryLastError(rmaCtx C.uintptr_t, hasError *C.bool) (ret C.int) {
 	if r, ok := clearOut(hasError, "queryLastError", "hasError"); !ok {
 		return r
 	}
-	e, r := host.QueryLastError(uint64(rmaCtx))
+	e, r := plugin.QueryLastError(uint64(rmaCtx))
 	if r != abi.Success {
 		return rc(r)
 	}
@@ -345,5 +345,5 @@ func rmawasm_queryLastError(rmaCtx C.uintptr_t, hasError *C.bool) (ret C.int) {
 //export rmawasm_finalize
 func rmawasm_finalize(ctx C.uintptr_t) (ret C.int) {
 	defer recoverTo(&ret, "finalize")
-	return rc(host.Finalize(uint64(ctx)))
+	return rc(plugin.Finalize(uint64(ctx)))
 }

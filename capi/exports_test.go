@@ -6,8 +6,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/plugin"
 )
 
 // Test files cannot name C types, so the helpers below take an export and
@@ -50,33 +50,33 @@ func TestOpExportsAllocateNothingMore(t *testing.T) {
 	})
 	defer config.SetGetenv(libcGetenv)
 
-	ctx, r := host.Init(1)
+	ctx, r := plugin.Init(1)
 	if r != abi.Success {
 		t.Fatal(r)
 	}
-	defer host.Finalize(ctx)
+	defer plugin.Finalize(ctx)
 	var handle [abi.HandleSize]byte
-	listen, r := host.Listen(ctx, 0, &handle)
+	listen, r := plugin.Listen(ctx, 0, &handle)
 	if r != abi.Success {
 		t.Fatal(r)
 	}
-	coll, r := host.Connect([]*[abi.HandleSize]byte{&handle}, 0, listen)
+	coll, r := plugin.Connect([]*[abi.HandleSize]byte{&handle}, 0, listen)
 	if r != abi.Success {
 		t.Fatal(r)
 	}
-	defer host.CloseColl(coll)
-	host.CloseListen(listen)
-	rma, r := host.CreateContext(coll, abi.RmaConfig{NContexts: 1, TrafficClass: abi.ConfigUndefInt})
+	defer plugin.CloseColl(coll)
+	plugin.CloseListen(listen)
+	rma, r := plugin.CreateContext(coll, abi.RmaConfig{NContexts: 1, TrafficClass: abi.ConfigUndefInt})
 	if r != abi.Success {
 		t.Fatal(r)
 	}
-	defer host.DestroyContext(rma)
+	defer plugin.DestroyContext(rma)
 	buf := make([]byte, 64)
-	mh, r := host.RegMr(coll, uintptr(unsafe.Pointer(&buf[0])), uint64(len(buf)), abi.PtrHost, 0)
+	mh, r := plugin.RegMr(coll, uintptr(unsafe.Pointer(&buf[0])), uint64(len(buf)), abi.PtrHost, 0)
 	if r != abi.Success {
 		t.Fatal(r)
 	}
-	defer host.DeregMr(coll, mh)
+	defer plugin.DeregMr(coll, mh)
 
 	// One op, driven to completion: iput or iget, then test until done.
 	drive := func(post func() (uint64, abi.Result)) {
@@ -85,7 +85,7 @@ func TestOpExportsAllocateNothingMore(t *testing.T) {
 			t.Fatal(r)
 		}
 		for {
-			done, r := host.Test(coll, req)
+			done, r := plugin.Test(coll, req)
 			if r != abi.Success {
 				t.Fatal(r)
 			}
@@ -109,16 +109,16 @@ func TestOpExportsAllocateNothingMore(t *testing.T) {
 		{"iput", func() {
 			drive(func() (uint64, abi.Result) { return uint64(*iputReq), abi.Result(iput()) })
 		}, func() {
-			drive(func() (uint64, abi.Result) { return host.Iput(rma, 0, 0, mh, 8, 32, mh, 0, 0) })
+			drive(func() (uint64, abi.Result) { return plugin.Iput(rma, 0, 0, mh, 8, 32, mh, 0, 0) })
 		}},
 		{"iget", func() {
 			drive(func() (uint64, abi.Result) { return uint64(*igetReq), abi.Result(iget()) })
 		}, func() {
-			drive(func() (uint64, abi.Result) { return host.Iget(rma, 0, 32, mh, 8, 0, mh, 0, 0) })
+			drive(func() (uint64, abi.Result) { return plugin.Iget(rma, 0, 32, mh, 8, 0, mh, 0, 0) })
 		}},
 		{"test", func() {
 			var r abi.Result
-			if testReq, r = host.Iput(rma, 0, 0, mh, 8, 32, mh, 0, 0); r != abi.Success {
+			if testReq, r = plugin.Iput(rma, 0, 0, mh, 8, 32, mh, 0, 0); r != abi.Success {
 				t.Fatal(r)
 			}
 			for *done = 0; *done == 0; runtime.Gosched() {
@@ -127,14 +127,14 @@ func TestOpExportsAllocateNothingMore(t *testing.T) {
 				}
 			}
 		}, func() {
-			drive(func() (uint64, abi.Result) { return host.Iput(rma, 0, 0, mh, 8, 32, mh, 0, 0) })
+			drive(func() (uint64, abi.Result) { return plugin.Iput(rma, 0, 0, mh, 8, 32, mh, 0, 0) })
 		}},
 		{"rmaProgress", func() {
 			if r := abi.Result(progress()); r != abi.Success {
 				t.Fatal(r)
 			}
 		}, func() {
-			if r := host.Progress(rma); r != abi.Success {
+			if r := plugin.Progress(rma); r != abi.Success {
 				t.Fatal(r)
 			}
 		}},

@@ -17,7 +17,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/plugin"
 )
 
 // capiLibrary returns the library built by make (see build in
@@ -201,8 +201,8 @@ func TestLibraryExportsTables(t *testing.T) {
 
 	m := capiLayout(t, lib)
 	for _, v := range []string{"v14", "v15", "v16"} {
-		if got := m["table."+v+".name"]; got != host.PluginName {
-			t.Errorf("ncclRmaPlugin_%s.name = %q, want %q", v, got, host.PluginName)
+		if got := m["table."+v+".name"]; got != plugin.PluginName {
+			t.Errorf("ncclRmaPlugin_%s.name = %q, want %q", v, got, plugin.PluginName)
 		}
 		if got := m["table."+v+".nullslots"]; got != "0" {
 			t.Errorf("ncclRmaPlugin_%s has %s NULL slots", v, got)

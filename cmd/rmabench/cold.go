@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/plugin"
 )
 
-// coldResult is one fresh process: milliseconds from host.Init to the first
+// coldResult is one fresh process: milliseconds from plugin.Init to the first
 // completed put, by phase, on a 1-rank communicator (the put goes to self),
 // so no other process's start-up is on the clock.
 type coldResult struct {
@@ -72,42 +72,42 @@ func runCold(o *options) {
 		}
 	}
 	t0 := time.Now()
-	ctx, rc := host.Init(1)
+	ctx, rc := plugin.Init(1)
 	if rc != abi.Success {
 		fail("init", rc)
 	}
 	t1 := time.Now()
 	var h [abi.HandleSize]byte
-	l, rc := host.Listen(ctx, 0, &h)
+	l, rc := plugin.Listen(ctx, 0, &h)
 	if rc != abi.Success {
 		fail("listen", rc)
 	}
-	coll, rc := host.Connect([]*[abi.HandleSize]byte{&h}, 0, l)
+	coll, rc := plugin.Connect([]*[abi.HandleSize]byte{&h}, 0, l)
 	if rc != abi.Success {
 		fail("connect", rc)
 	}
-	host.CloseListen(l)
+	plugin.CloseListen(l)
 	t2 := time.Now()
-	rma, rc := host.CreateContext(coll, abi.RmaConfig{NContexts: 1, TrafficClass: abi.ConfigUndefInt})
+	rma, rc := plugin.CreateContext(coll, abi.RmaConfig{NContexts: 1, TrafficClass: abi.ConfigUndefInt})
 	if rc != abi.Success {
 		fail("createContext", rc)
 	}
 	t3 := time.Now()
-	srcMh, rc := host.RegMr(coll, addrOf(src), 4096, abi.PtrHost, 0)
+	srcMh, rc := plugin.RegMr(coll, addrOf(src), 4096, abi.PtrHost, 0)
 	if rc != abi.Success {
 		fail("regMr", rc)
 	}
-	dstMh, rc := host.RegMr(coll, addrOf(dst), 4096, abi.PtrHost, 0)
+	dstMh, rc := plugin.RegMr(coll, addrOf(dst), 4096, abi.PtrHost, 0)
 	if rc != abi.Success {
 		fail("regMr", rc)
 	}
 	t4 := time.Now()
-	req, rc := host.Iput(rma, 0, 0, srcMh, 8, 0, dstMh, 0, 0)
+	req, rc := plugin.Iput(rma, 0, 0, srcMh, 8, 0, dstMh, 0, 0)
 	if rc != abi.Success {
 		fail("iput", rc)
 	}
 	for {
-		done, rc := host.Test(coll, req)
+		done, rc := plugin.Test(coll, req)
 		if rc != abi.Success {
 			fail("test", rc)
 		}

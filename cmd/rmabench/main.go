@@ -27,9 +27,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/plugin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/sandbox"
 )
 
@@ -99,7 +99,7 @@ func main() {
 		o.cacheDir = filepath.Join(abs, "wasm-cache")
 	}
 	if o.role != "" {
-		host.RegisterGuestLoader(func(name string) (backend.Backend, error) {
+		plugin.RegisterGuestLoader(func(name string) (backend.Backend, error) {
 			so := sandbox.OptionsFromEnv()
 			so.Name = name
 			return sandbox.Open(so)

@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/plugin"
 )
 
 // bufSize is the registered source and destination size: the largest put.
@@ -149,10 +149,10 @@ func (r *rankState) commInit(i int, h *[abi.HandleSize]byte) error {
 	cs := r.comms[i]
 	r.setEnv(comms[i])
 	var rc abi.Result
-	if cs.ctx, rc = host.Init(uint64(0xbe0c0000 + i)); rc != abi.Success {
+	if cs.ctx, rc = plugin.Init(uint64(0xbe0c0000 + i)); rc != abi.Success {
 		return res("init", rc)
 	}
-	if cs.listen, rc = host.Listen(cs.ctx, 0, h); rc != abi.Success {
+	if cs.listen, rc = plugin.Listen(cs.ctx, 0, h); rc != abi.Success {
 		return res("listen", rc)
 	}
 	return nil
@@ -161,11 +161,11 @@ func (r *rankState) commInit(i int, h *[abi.HandleSize]byte) error {
 func (r *rankState) commConnect(i int, h0, h1 *[abi.HandleSize]byte) error {
 	cs := r.comms[i]
 	var rc abi.Result
-	if cs.coll, rc = host.Connect([]*[abi.HandleSize]byte{h0, h1}, int32(r.rank), cs.listen); rc != abi.Success {
+	if cs.coll, rc = plugin.Connect([]*[abi.HandleSize]byte{h0, h1}, int32(r.rank), cs.listen); rc != abi.Success {
 		return res("connect", rc)
 	}
-	host.CloseListen(cs.listen)
-	if cs.rma, rc = host.CreateContext(cs.coll, abi.RmaConfig{NContexts: 1, TrafficClass: abi.ConfigUndefInt}); rc != abi.Success {
+	plugin.CloseListen(cs.listen)
+	if cs.rma, rc = plugin.CreateContext(cs.coll, abi.RmaConfig{NContexts: 1, TrafficClass: abi.ConfigUndefInt}); rc != abi.Success {
 		return res("createContext", rc)
 	}
 	cs.sig = mmap(4096)
@@ -173,7 +173,7 @@ func (r *rankState) commConnect(i int, h0, h1 *[abi.HandleSize]byte) error {
 		buf []byte
 		mh  *uint64
 	}{{r.src, &cs.srcMh}, {r.dst, &cs.dstMh}, {cs.sig, &cs.sigMh}} {
-		if *b.mh, rc = host.RegMr(cs.coll, addrOf(b.buf), uint64(len(b.buf)), abi.PtrHost, 0); rc != abi.Success {
+		if *b.mh, rc = plugin.RegMr(cs.coll, addrOf(b.buf), uint64(len(b.buf)), abi.PtrHost, 0); rc != abi.Success {
 			return res("regMr", rc)
 		}
 	}
@@ -187,11 +187,11 @@ func (r *rankState) commClose(i int) {
 		return
 	}
 	for _, mh := range []uint64{cs.srcMh, cs.dstMh, cs.sigMh} {
-		host.DeregMr(cs.coll, mh)
+		plugin.DeregMr(cs.coll, mh)
 	}
-	host.DestroyContext(cs.rma)
-	host.CloseColl(cs.coll)
-	host.Finalize(cs.ctx)
+	plugin.DestroyContext(cs.rma)
+	plugin.CloseColl(cs.coll)
+	plugin.Finalize(cs.ctx)
 	cs.ok = false
 }
 
@@ -363,7 +363,7 @@ func (r *rankState) servePing(m *msg) error {
 					return err
 				}
 			}
-			h, rc := host.IputSignal(cs.rma, 0, 0, cs.srcMh, 8, 8, cs.dstMh, 0, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
+			h, rc := plugin.IputSignal(cs.rma, 0, 0, cs.srcMh, 8, 8, cs.dstMh, 0, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
 			if rc != abi.Success {
 				return res("iputSignal", rc)
 			}
@@ -412,7 +412,7 @@ func (r *rankState) verify(i int) error {
 	for j := 0; j < n; j++ {
 		r.src[j] = pat
 	}
-	h, rc := host.IputSignal(cs.rma, 0, 0, cs.srcMh, n, 0, cs.dstMh, 1, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
+	h, rc := plugin.IputSignal(cs.rma, 0, 0, cs.srcMh, n, 0, cs.dstMh, 1, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
 	if rc != abi.Success {
 		return res("iputSignal", rc)
 	}
@@ -427,7 +427,7 @@ func (r *rankState) verify(i int) error {
 func (r *rankState) testAll(cs *commState, hs []uint64) error {
 	for _, h := range hs {
 		for {
-			done, rc := host.Test(cs.coll, h)
+			done, rc := plugin.Test(cs.coll, h)
 			if rc != abi.Success {
 				return res("test", rc)
 			}
@@ -479,9 +479,9 @@ func (r *rankState) plugBW(ci int, size, count uint64, allocs bool) (time.Durati
 			var rc abi.Result
 			if posted < count {
 				off := (posted * size) % bufSize
-				h, rc = host.Iput(cs.rma, 0, off, cs.srcMh, size, off, cs.dstMh, 1, 0)
+				h, rc = plugin.Iput(cs.rma, 0, off, cs.srcMh, size, off, cs.dstMh, 1, 0)
 			} else {
-				h, rc = host.IputSignal(cs.rma, 0, 0, 0, 0, 0, 0, 1, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
+				h, rc = plugin.IputSignal(cs.rma, 0, 0, 0, 0, 0, 0, 1, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
 			}
 			if rc != abi.Success {
 				return 0, 0, 0, res("iput", rc)
@@ -489,7 +489,7 @@ func (r *rankState) plugBW(ci int, size, count uint64, allocs bool) (time.Durati
 			ring[posted%w] = h
 			posted++
 		}
-		ok, rc := host.Test(cs.coll, ring[done%w])
+		ok, rc := plugin.Test(cs.coll, ring[done%w])
 		if rc != abi.Success {
 			return 0, 0, 0, res("test", rc)
 		}
@@ -587,7 +587,7 @@ func (r *rankState) plugPing(ci int, iters uint64) (time.Duration, error) {
 	test := func() error { return testOnce(cs.coll, &pending) }
 	t0 := time.Now()
 	for i := uint64(0); i < iters; i++ {
-		h, rc := host.IputSignal(cs.rma, 0, 0, cs.srcMh, 8, 0, cs.dstMh, 1, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
+		h, rc := plugin.IputSignal(cs.rma, 0, 0, cs.srcMh, 8, 0, cs.dstMh, 1, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
 		if rc != abi.Success {
 			return 0, res("iputSignal", rc)
 		}
@@ -683,7 +683,7 @@ func testOnce(coll uint64, pending *uint64) error {
 	if *pending == 0 {
 		return nil
 	}
-	done, rc := host.Test(coll, *pending)
+	done, rc := plugin.Test(coll, *pending)
 	if rc != abi.Success {
 		return res("test", rc)
 	}

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/plugin"
 )
 
 // TestGuestSeesCommID: the communicator id NCCL passes to init reaches
@@ -21,7 +21,7 @@ func TestGuestSeesCommID(t *testing.T) {
 			useGuest(t, cguest(t, "testdata/commid.c"), fmt.Sprintf("comm=%d", c.comm))
 			rs := hostComm(t, 2, 1) // init(0x42) on every rank
 			r := rs[0]
-			req, res := host.Iput(r.rma, 0, 0, r.bufMh, 64, 64, r.bufMh, 1, 0)
+			req, res := plugin.Iput(r.rma, 0, 0, r.bufMh, 64, 64, r.bufMh, 1, 0)
 			if res != abi.Success {
 				t.Fatalf("iput: %v", res)
 			}
@@ -30,7 +30,7 @@ func TestGuestSeesCommID(t *testing.T) {
 			}
 			// A request failed by the backend's plan sets the sticky flag
 			// before it completes (SPEC.md §3, Errors).
-			if bad, _ := host.QueryLastError(r.rma); bad != (c.want != abi.Success) {
+			if bad, _ := plugin.QueryLastError(r.rma); bad != (c.want != abi.Success) {
 				t.Fatalf("queryLastError = %v after an operation that finished with %v", bad, c.want)
 			}
 		})

@@ -10,9 +10,9 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/plugin"
 )
 
 // hostRank is one rank of an in-process communicator driven through the
@@ -32,12 +32,12 @@ func hostComm(t testing.TB, n, contexts int) []*hostRank {
 	listens := make([]uint64, n)
 	ctxs := make([]uint64, n)
 	for i := range rs {
-		ctx, res := host.Init(0x42)
+		ctx, res := plugin.Init(0x42)
 		if res != abi.Success {
 			t.Fatalf("init: %v", res)
 		}
 		handles[i] = new([abi.HandleSize]byte)
-		if listens[i], res = host.Listen(ctx, 0, handles[i]); res != abi.Success {
+		if listens[i], res = plugin.Listen(ctx, 0, handles[i]); res != abi.Success {
 			t.Fatalf("listen: %v", res)
 		}
 		ctxs[i] = ctx
@@ -50,20 +50,20 @@ func hostComm(t testing.TB, n, contexts int) []*hostRank {
 			defer wg.Done()
 			r := rs[i]
 			var res abi.Result
-			if r.coll, res = host.Connect(handles, int32(i), listens[i]); res != abi.Success {
+			if r.coll, res = plugin.Connect(handles, int32(i), listens[i]); res != abi.Success {
 				t.Errorf("connect: %v", res)
 				return
 			}
-			host.CloseListen(listens[i])
-			if r.rma, res = host.CreateContext(r.coll, abi.RmaConfig{NContexts: int32(contexts), RankStride: 1}); res != abi.Success {
+			plugin.CloseListen(listens[i])
+			if r.rma, res = plugin.CreateContext(r.coll, abi.RmaConfig{NContexts: int32(contexts), RankStride: 1}); res != abi.Success {
 				t.Errorf("createContext: %v", res)
 				return
 			}
 			r.buf, r.sig = make([]byte, 4096*(n+1)), make([]byte, 8*n) // slot n is the source
-			if r.bufMh, res = host.RegMr(r.coll, uintptr(unsafe.Pointer(&r.buf[0])), uint64(len(r.buf)), abi.PtrHost, 0); res != abi.Success {
+			if r.bufMh, res = plugin.RegMr(r.coll, uintptr(unsafe.Pointer(&r.buf[0])), uint64(len(r.buf)), abi.PtrHost, 0); res != abi.Success {
 				t.Errorf("regMr: %v", res)
 			}
-			if r.sigMh, res = host.RegMr(r.coll, uintptr(unsafe.Pointer(&r.sig[0])), uint64(len(r.sig)), abi.PtrHost, 0); res != abi.Success {
+			if r.sigMh, res = plugin.RegMr(r.coll, uintptr(unsafe.Pointer(&r.sig[0])), uint64(len(r.sig)), abi.PtrHost, 0); res != abi.Success {
 				t.Errorf("regMr: %v", res)
 			}
 		}(i)
@@ -74,11 +74,11 @@ func hostComm(t testing.TB, n, contexts int) []*hostRank {
 	}
 	t.Cleanup(func() {
 		for i, r := range rs {
-			host.DeregMr(r.coll, r.bufMh)
-			host.DeregMr(r.coll, r.sigMh)
-			host.DestroyContext(r.rma)
-			host.CloseColl(r.coll)
-			host.Finalize(ctxs[i])
+			plugin.DeregMr(r.coll, r.bufMh)
+			plugin.DeregMr(r.coll, r.sigMh)
+			plugin.DestroyContext(r.rma)
+			plugin.CloseColl(r.coll)
+			plugin.Finalize(ctxs[i])
 		}
 	})
 	return rs
@@ -87,7 +87,7 @@ func hostComm(t testing.TB, n, contexts int) []*hostRank {
 func hostWait(t *testing.T, coll, req uint64) abi.Result {
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		if done, res := host.Test(coll, req); done || res != abi.Success {
+		if done, res := plugin.Test(coll, req); done || res != abi.Success {
 			return res
 		}
 	}
@@ -107,7 +107,7 @@ func useGuest(t testing.TB, wasm, cfg string) {
 		config.CacheDir.Name: "off", config.Addr.Name: "127.0.0.1"}
 	config.SetGetenv(func(k string) string { return env[k] })
 	t.Cleanup(func() { config.SetGetenv(os.Getenv) })
-	host.RegisterGuestLoader(func(name string) (backend.Backend, error) {
+	plugin.RegisterGuestLoader(func(name string) (backend.Backend, error) {
 		o := OptionsFromEnv()
 		o.Name = name
 		return Open(o)
@@ -135,7 +135,7 @@ func TestManyCommunicatorsWithPlanner(t *testing.T) {
 				r := rs[i]
 				for p := c; p < n; p += contexts {
 					// Each sender owns a 4 KiB slot at every target.
-					req, res := host.IputSignal(r.rma, int32(c), uint64(n*4096), r.bufMh, 4096, uint64(i*4096), r.bufMh,
+					req, res := plugin.IputSignal(r.rma, int32(c), uint64(n*4096), r.bufMh, 4096, uint64(i*4096), r.bufMh,
 						uint32(p), uint64(8*i), r.sigMh, 0, abi.SignalOpInc, true, 0)
 					if res != abi.Success || hostWait(t, r.coll, req) != abi.Success {
 						t.Errorf("rank %d -> %d: %v", i, p, res)
@@ -160,7 +160,7 @@ func TestManyCommunicatorsWithPlanner(t *testing.T) {
 				}
 			}
 		}
-		if bad, _ := host.QueryLastError(r.rma); bad {
+		if bad, _ := plugin.QueryLastError(r.rma); bad {
 			t.Fatalf("rank %d: sticky error after a clean run", i)
 		}
 	}
@@ -177,7 +177,7 @@ func TestGuestFaultsFailOnlyTheirOps(t *testing.T) {
 			r := rs[0]
 			ok, failed := 0, 0
 			for k := 0; k < 8; k++ {
-				req, res := host.Iput(r.rma, 0, 0, r.bufMh, 64, 64, r.bufMh, 1, 0)
+				req, res := plugin.Iput(r.rma, 0, 0, r.bufMh, 64, 64, r.bufMh, 1, 0)
 				if res != abi.Success {
 					t.Fatalf("iput %d: %v", k, res)
 				}
@@ -211,7 +211,7 @@ func benchHostPut8(b *testing.B, wasm, cfg string) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		req, res := host.Iput(r.rma, 0, 0, r.bufMh, 8, 64, r.bufMh, 1, 0)
+		req, res := plugin.Iput(r.rma, 0, 0, r.bufMh, 8, 64, r.bufMh, 1, 0)
 		if res != abi.Success {
 			b.Fatal(res)
 		}
@@ -219,7 +219,7 @@ func benchHostPut8(b *testing.B, wasm, cfg string) {
 		if len(reqs) == cap(reqs) || i == b.N-1 {
 			for _, q := range reqs {
 				for {
-					if done, res := host.Test(r.coll, q); done || res != abi.Success {
+					if done, res := plugin.Test(r.coll, q); done || res != abi.Success {
 						break
 					}
 				}
