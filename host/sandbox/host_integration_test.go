@@ -3,6 +3,7 @@ package sandbox
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -90,6 +91,7 @@ func hostWait(t *testing.T, coll, req uint64) abi.Result {
 		if done, res := plugin.Test(coll, req); done || res != abi.Success {
 			return res
 		}
+		runtime.Gosched() // let the data path's goroutines run on few cores
 	}
 	t.Fatal("request did not complete")
 	return abi.InternalError
