@@ -51,6 +51,16 @@ func recoverTo(ret *C.int, call string) {
 	}
 }
 
+// recoverOn is recoverTo for calls on an rma context or a communicator: the
+// panic also raises that communicator's sticky error, so queryLastError
+// reports it as it reports every other failed operation (SPEC.md §3).
+func recoverOn(ret *C.int, call string, h C.uintptr_t) {
+	if r := recover(); r != nil {
+		*ret = panicked(call, r)
+		plugin.NoteFault(uint64(h), call)
+	}
+}
+
 // panicked logs a recovered panic and returns ncclInternalError.
 func panicked(call string, r any) C.int {
 	logx.Warn(subsys, "%s: internal error (recovered panic): %v", call, r)
@@ -193,7 +203,7 @@ func rmawasm_connect(ctx C.uintptr_t, handles *unsafe.Pointer, nranks, rank C.in
 
 //export rmawasm_createContext
 func rmawasm_createContext(coll C.uintptr_t, config *C.ncclRmaConfig_v15_t, rmaCtx *C.uintptr_t) (ret C.int) {
-	defer recoverTo(&ret, "createContext")
+	defer recoverOn(&ret, "createContext", coll)
 	if r, ok := clearOut(rmaCtx, "createContext", "rmaCtx"); !ok {
 		return r
 	}
@@ -211,7 +221,7 @@ func rmawasm_createContext(coll C.uintptr_t, config *C.ncclRmaConfig_v15_t, rmaC
 
 //export rmawasm_regMrSym
 func rmawasm_regMrSym(coll, data C.uintptr_t, size C.size_t, typ C.int, flags C.uint64_t, mhandle *C.uintptr_t) (ret C.int) {
-	defer recoverTo(&ret, "regMrSym")
+	defer recoverOn(&ret, "regMrSym", coll)
 	if r, ok := clearOut(mhandle, "regMrSym", "mhandle"); !ok {
 		return r
 	}
@@ -231,13 +241,13 @@ func rmawasm_regMrSymDmaBuf(coll, data C.uintptr_t, size C.size_t, typ C.int, of
 
 //export rmawasm_deregMrSym
 func rmawasm_deregMrSym(coll, mhandle C.uintptr_t) (ret C.int) {
-	defer recoverTo(&ret, "deregMrSym")
+	defer recoverOn(&ret, "deregMrSym", coll)
 	return rc(plugin.DeregMr(uint64(coll), uint64(mhandle)))
 }
 
 //export rmawasm_destroyContext
 func rmawasm_destroyContext(rmaCtx C.uintptr_t) (ret C.int) {
-	defer recoverTo(&ret, "destroyContext")
+	defer recoverOn(&ret, "destroyContext", rmaCtx)
 	return rc(plugin.DestroyContext(uint64(rmaCtx)))
 }
 
@@ -256,7 +266,7 @@ func rmawasm_closeListen(listen C.uintptr_t) (ret C.int) {
 //export rmawasm_iput
 func rmawasm_iput(rmaCtx C.uintptr_t, context C.int, srcOff C.uint64_t, srcMh C.uintptr_t, size C.size_t,
 	dstOff C.uint64_t, dstMh C.uintptr_t, rank, optFlags C.uint32_t, request *C.uintptr_t) (ret C.int) {
-	defer recoverTo(&ret, "iput")
+	defer recoverOn(&ret, "iput", rmaCtx)
 	if r, ok := clearOut(request, "iput", "request"); !ok {
 		return r
 	}
@@ -269,7 +279,7 @@ func rmawasm_iput(rmaCtx C.uintptr_t, context C.int, srcOff C.uint64_t, srcMh C.
 func rmawasm_iputSignal(rmaCtx C.uintptr_t, context C.int, srcOff C.uint64_t, srcMh C.uintptr_t, size C.size_t,
 	dstOff C.uint64_t, dstMh C.uintptr_t, rank C.uint32_t, signalOff C.uint64_t, signalMh C.uintptr_t,
 	signalValue C.uint64_t, signalOp C.uint32_t, strong C.bool, optFlags C.uint32_t, request *C.uintptr_t) (ret C.int) {
-	defer recoverTo(&ret, "iputSignal")
+	defer recoverOn(&ret, "iputSignal", rmaCtx)
 	if r, ok := clearOut(request, "iputSignal", "request"); !ok {
 		return r
 	}
@@ -282,7 +292,7 @@ func rmawasm_iputSignal(rmaCtx C.uintptr_t, context C.int, srcOff C.uint64_t, sr
 //export rmawasm_iget
 func rmawasm_iget(rmaCtx C.uintptr_t, context C.int, remoteOff C.uint64_t, remoteMh C.uintptr_t, size C.size_t,
 	localOff C.uint64_t, localMh C.uintptr_t, rank, optFlags C.uint32_t, request *C.uintptr_t) (ret C.int) {
-	defer recoverTo(&ret, "iget")
+	defer recoverOn(&ret, "iget", rmaCtx)
 	if r, ok := clearOut(request, "iget", "request"); !ok {
 		return r
 	}
@@ -293,7 +303,7 @@ func rmawasm_iget(rmaCtx C.uintptr_t, context C.int, remoteOff C.uint64_t, remot
 
 //export rmawasm_iflush
 func rmawasm_iflush(rmaCtx C.uintptr_t, context C.int, mhandle C.uintptr_t, rank C.uint32_t, request *C.uintptr_t) (ret C.int) {
-	defer recoverTo(&ret, "iflush")
+	defer recoverOn(&ret, "iflush", rmaCtx)
 	if r, ok := clearOut(request, "iflush", "request"); !ok {
 		return r
 	}
@@ -308,7 +318,7 @@ func rmawasm_iflush(rmaCtx C.uintptr_t, context C.int, mhandle C.uintptr_t, rank
 
 //export rmawasm_test
 func rmawasm_test(coll, request C.uintptr_t, done *C.int) (ret C.int) {
-	defer recoverTo(&ret, "test")
+	defer recoverOn(&ret, "test", coll)
 	if r, ok := clearOut(done, "test", "done"); !ok {
 		return r
 	}
@@ -324,7 +334,7 @@ func rmawasm_test(coll, request C.uintptr_t, done *C.int) (ret C.int) {
 
 //export rmawasm_rmaProgress
 func rmawasm_rmaProgress(rmaCtx C.uintptr_t) (ret C.int) {
-	defer recoverTo(&ret, "rmaProgress")
+	defer recoverOn(&ret, "rmaProgress", rmaCtx)
 	return rc(plugin.Progress(uint64(rmaCtx)))
 }
 

@@ -419,3 +419,28 @@ func TestConcurrentTestOfOneRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestNoteFaultSetsStickyError: a panic recovered at the C boundary in a
+// call on an rma context or a communicator raises that communicator's
+// sticky error; a handle of nothing live changes nothing.
+func TestNoteFaultSetsStickyError(t *testing.T) {
+	for _, byColl := range []bool{false, true} {
+		rs := setup(t, 1, 64)
+		r := rs[0]
+		if bad, _ := QueryLastError(r.rma); bad {
+			t.Fatal("sticky error set before any fault")
+		}
+		NoteFault(0x7a7a7a7a12345, "iput") // garbage: ignored
+		if bad, _ := QueryLastError(r.rma); bad {
+			t.Fatal("a fault on a garbage handle raised the sticky error")
+		}
+		h := r.rma
+		if byColl {
+			h = r.coll
+		}
+		NoteFault(h, "iput")
+		if bad, _ := QueryLastError(r.rma); !bad {
+			t.Fatalf("queryLastError is false after a recovered panic (handle of the %s)", map[bool]string{false: "rma context", true: "communicator"}[byColl])
+		}
+	}
+}

@@ -166,6 +166,9 @@ func (g *registry) wake() {
 // plan status, a lane outside the plan, a guest fault); peers use their rank.
 const errKeyBackend = -1
 
+// errKeyInternal is the stickyError key of panics recovered at the C boundary.
+const errKeyInternal = -2
+
 // stickyError is queryLastError's flag: set by the first asynchronous
 // failure and never cleared. Each failing peer is logged once.
 type stickyError struct {

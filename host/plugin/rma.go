@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -240,3 +241,22 @@ var epoch = time.Now()
 
 // nanotime is a monotonic clock that does not allocate.
 func nanotime() int64 { return int64(time.Since(epoch)) }
+
+// NoteFault raises the sticky error of the communicator that handle h (an
+// rma context or a collective communicator) belongs to, after capi
+// recovered a panic in call: a request that failed that way must be
+// visible through queryLastError like any other failure.
+func NoteFault(h uint64, call string) {
+	var c *coll
+	switch k, _ := splitHandle(h); k {
+	case kindRma:
+		if r := lookupRma(h); r != nil {
+			c = r.c
+		}
+	case kindColl:
+		c = lookupColl(h)
+	}
+	if c != nil {
+		c.setError(errKeyInternal, fmt.Errorf("internal error in %s (recovered panic)", call))
+	}
+}
