@@ -32,7 +32,7 @@ GUESTS :=
 -include bench.mk
 # ---------------------------------------------------------------------------
 
-.PHONY: all lib driver demo test setup bench clean gofmt-check
+.PHONY: all lib driver demo test setup bench clean gofmt-check gpu-check
 
 # Pinned so that a new release never turns a green tree red on its own.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -90,6 +90,13 @@ test: setup all gofmt-check
 bench: all
 	$(GO) test -run XXX -bench . ./host/...
 	@if [ -f bench.mk ]; then $(MAKE) --no-print-directory bench-run; fi
+
+# The real-NCCL check, on a machine with an NVIDIA GPU, nvcc and MPI (not CI):
+#   make gpu-check NCCL_SRC=path/to/nccl-v2.30.7.tar.gz (or a source tree)
+GIN_RUNS ?= 20
+gpu-check: all
+	@test -n "$(NCCL_SRC)" || { echo "set NCCL_SRC to an NVIDIA NCCL (>= 2.30) source archive or tree"; exit 2; }
+	test/gpu/nccl_gin_check.sh $(NCCL_SRC) $(GIN_RUNS)
 
 clean:
 	rm -rf $(BUILD)

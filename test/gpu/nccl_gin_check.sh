@@ -2,8 +2,11 @@
 # The real-client check, for a machine with an NVIDIA GPU, nvcc and mpirun
 # (it cannot run in CI, which has no GPU). It builds NVIDIA NCCL from a
 # source tarball, runs samples/cuda_check (device memory through the plugin,
-# and teardown right after posting), then runs NCCL's own device-API
-# example "pure GIN alltoall" RUNS times in a row, two processes on GPU 0
+# and teardown right after posting), then test/gpu/host_rma.cu (NCCL's host
+# RMA API: ncclPutSignal, ncclSignal, ncclWaitSignal between ncclMemAlloc
+# windows, 8 B to 64 MiB, every byte verified, bandwidth beside NCCL's own
+# send/recv), then NCCL's own device-API example "pure GIN alltoall" RUNS
+# times in a row, two processes on GPU 0
 # posing as two hosts (different NCCL_HOSTID) so that its GIN traffic goes
 # through our plugin. Each run has a timeout; a run that times out is a hang.
 #
@@ -18,7 +21,7 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-TAR=${1:?usage: nccl_gin_check.sh nccl-src.tar.gz [runs] [outdir]}
+TAR=${1:?usage: nccl_gin_check.sh <nccl-src.tar.gz or source tree> [runs] [outdir]}
 RUNS=${2:-20}
 OUT=${3:-/tmp/nccl-check}
 PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-90}
@@ -31,7 +34,11 @@ TAR=$(cd "$(dirname "$TAR")" && pwd)/$(basename "$TAR")
 
 [ -f "$PLUGIN" ] || { echo "GIN-CHECK: $PLUGIN missing: run make first"; exit 2; }
 SRC=$(mktemp -d /tmp/nccl-src.XXXXXX)
-tar -xzf "$TAR" -C "$SRC" || { echo "GIN-CHECK: cannot unpack $TAR"; exit 2; }
+if [ -d "$TAR" ]; then # a source tree
+  cp -a "$TAR/." "$SRC/" || { echo "GIN-CHECK: cannot copy $TAR"; exit 2; }
+else
+  tar -xzf "$TAR" -C "$SRC" || { echo "GIN-CHECK: cannot unpack $TAR"; exit 2; }
+fi
 
 t0=$(date +%s)
 if [ -n "${NCCL_PREBUILT:-}" ]; then
@@ -76,6 +83,23 @@ exec "$@"
 EOF
 chmod +x "$OUT/hostid.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+# NCCL's host RMA API over the plugin (nvcc does not take -Wl options, so
+# mpicxx links).
+arch=$(echo "$GENCODE" | sed -n 's/.*code=\(sm_[0-9]*\).*/\1/p')
+if nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/host_rma.cu" -o "$OUT/host_rma.o" >"$OUT/host_rma-build.log" 2>&1 &&
+  mpicxx "$OUT/host_rma.o" -o "$OUT/host_rma" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/host_rma-build.log" 2>&1; then
+  if timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
+    -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma.log" 2>&1; then
+    grep -E "HOSTRMA" "$OUT/host_rma.log"
+  else
+    tail -20 "$OUT/host_rma.log"
+    echo "GIN-CHECK: host_rma failed"
+  fi
+else
+  tail -20 "$OUT/host_rma-build.log"
+  echo "GIN-CHECK: host_rma build failed"
+fi
 
 pass=0 hang=0 fail=0
 for i in $(seq 1 "$RUNS"); do
