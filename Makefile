@@ -4,7 +4,7 @@
 #                 (the test harness, test/harness/) and build/hello_rma (samples/hello_rma.c)
 #   make demo     run the harness: 4 ranks, table v15, with a summary of what happened
 #   make test     installs missing Debian tools (test/setup.sh), then gofmt, go vet,
-#                 staticcheck, go test -race (abi, host) and the multi-process tests (test/)
+#                 staticcheck, go test -race (abi, host, capi) and the multi-process tests (test/)
 #   make bench    benchmarks (bench.mk): ratios against raw TCP, process_vm_writev, memcpy
 #   make clean
 
@@ -82,7 +82,7 @@ setup:
 test: setup all gofmt-check
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
-	$(GO) test -race -count=1 ./abi/... ./host/...
+	$(GO) test -race -count=1 ./abi/... ./host/... ./capi/...
 	$(GO) test ./test/... -count=1 -timeout 30m
 
 # Go micro-benchmarks of the runtime, then the two-process benchmark from
