@@ -168,8 +168,11 @@ func (in *instance) call(f api.Function, export string, stack []uint64, fuel int
 	if in.out.call != (outCounts{}) {
 		in.endCall(export)
 	}
-	if err == nil {
+	if err == nil && int64(in.fuel.Get()) >= 0 {
 		return nil
+	}
+	if err == nil { // a host function's charge after the guest's last check
+		return fmt.Errorf("%s: %w (budget %d instructions): host calls used the rest", export, ErrTimeout, fuel)
 	}
 	if int64(in.fuel.Get()) < 0 {
 		return fmt.Errorf("%s: %w (budget %d instructions): %v", export, ErrTimeout, fuel, firstLine(err))

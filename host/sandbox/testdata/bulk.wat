@@ -1,7 +1,7 @@
 ;; plan_op runs one bulk instruction over its size argument, chosen by peer:
 ;; 1 memory.fill, 2 memory.copy, 3 memory.init (from a passive segment of
 ;; 64 KiB of zeros, size capped to it), 4 table.fill, 5 table.copy, 6 the
-;; memory.fill in a loop forever. Memory: 32 MiB; table: 65536 elements.
+;; memory.fill in a loop forever, 7 table.grow. Memory: 32 MiB; table: 65536 elements.
 (module
   (memory (export "memory") 512)
   (table $t 65536 funcref)
@@ -18,7 +18,7 @@
     (if (i32.eq (local.get 2) (i32.const 2))
       (then (memory.copy (i32.const 65536) (i32.const 65536) (local.get $n))))
     (if (i32.eq (local.get 2) (i32.const 3))
-      (then (memory.init $zeros (i32.const 65536) (i32.const 0) (i32.const 0))))
+      (then (memory.init $zeros (i32.const 65536) (i32.const 0) (local.get $n))))
     (if (i32.eq (local.get 2) (i32.const 4))
       (then (table.fill $t (i32.const 0) (ref.null func) (local.get $n))))
     (if (i32.eq (local.get 2) (i32.const 5))
@@ -27,6 +27,8 @@
       (then (loop $l
         (memory.fill (i32.const 65536) (i32.const 0) (local.get $n))
         (br $l))))
+    (if (i32.eq (local.get 2) (i32.const 7))
+      (then (drop (table.grow $t (ref.null func) (local.get $n)))))
     (i32.store (i32.const 1040) (i32.const 0))
     i32.const 0)
 )
