@@ -13,5 +13,5 @@
       (then (return (i64.const -4))))
     (if (i32.eq (table.grow $t (ref.null func) (i32.const 1048576)) (i32.const -1))
       (then (return (i64.const -3))))
-    i64.const 1)
+    i64.const 0)
 )
