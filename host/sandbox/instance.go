@@ -4,6 +4,7 @@ package sandbox
 // call runs on, and the checks that turn its answers into Go values.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -29,10 +30,13 @@ type instance struct {
 	mod      api.Module
 	mem      api.Memory
 	fuel     api.MutableGlobal
+	depth    api.MutableGlobal // frames left (meter.DepthExport)
 	ctx      context.Context
 	area     uint32
 	compCap  uint32
 	features uint64
+
+	out outState // output limits
 
 	fInit, fArea, fDevices, fConnPlan, fCtxOpen, fCtxClose, fPlanOp, fCompletions, fFinalize api.Function
 
@@ -46,8 +50,8 @@ func (b *Backend) newInstance() (*instance, error) {
 	cfg := wazero.NewModuleConfig().
 		WithName("").
 		WithStartFunctions().
-		WithStdout(&logWriter{name: b.name}).
-		WithStderr(&logWriter{name: b.name})
+		WithStdout(&logWriter{in: in}).
+		WithStderr(&logWriter{in: in})
 	// The allocator goes on the instantiation context only: calls keep the
 	// short in.ctx.
 	mod, err := b.rt.rt.InstantiateModule(experimental.WithMemoryAllocator(in.ctx, mmapAllocator{}), b.cm, cfg)
@@ -57,11 +61,12 @@ func (b *Backend) newInstance() (*instance, error) {
 	in.mod = mod
 	in.mem = mod.Memory()
 	g, ok := mod.ExportedGlobal(meter.FuelExport).(api.MutableGlobal)
-	if !ok || in.mem == nil {
+	d, ok2 := mod.ExportedGlobal(meter.DepthExport).(api.MutableGlobal)
+	if !ok || !ok2 || in.mem == nil {
 		mod.Close(context.Background())
 		return nil, errors.New("internal: metering global missing")
 	}
-	in.fuel = g
+	in.fuel, in.depth = g, d
 	fn := func(name string) api.Function {
 		if !b.exports[name] {
 			return nil
@@ -159,12 +164,22 @@ func (in *instance) charge(n int64) {
 // (ErrTimeout) from a trap.
 func (in *instance) call(f api.Function, export string, stack []uint64, fuel int64) error {
 	in.fuel.Set(uint64(fuel))
+	in.depth.Set(meter.MaxCallDepth) // a trapped call leaves it low
 	err := f.CallWithStack(in.ctx, stack)
-	if err == nil {
+	if in.out.call != (outCounts{}) {
+		in.endCall(export)
+	}
+	if err == nil && int64(in.fuel.Get()) >= 0 {
 		return nil
+	}
+	if err == nil { // a host function's charge after the guest's last check
+		return fmt.Errorf("%s: %w (budget %d instructions): host calls used the rest", export, ErrTimeout, fuel)
 	}
 	if int64(in.fuel.Get()) < 0 {
 		return fmt.Errorf("%s: %w (budget %d instructions): %v", export, ErrTimeout, fuel, firstLine(err))
+	}
+	if int32(in.depth.Get()) < 0 {
+		return fmt.Errorf("%s trapped: call depth limit (%d nested calls) exceeded", export, meter.MaxCallDepth)
 	}
 	return fmt.Errorf("%s trapped: %v", export, firstLine(err))
 }
@@ -267,30 +282,130 @@ func (in *instance) connPlan(nranks, rank int32, def backend.ConnPlan) (backend.
 	return p, nil
 }
 
-// logWriter forwards a guest's stdout/stderr (e.g. a Go panic) to the log.
+// Guest output (WASI stdout/stderr and rmaw.log) goes to NCCL's logger,
+// which is slow per line, so it is bounded (SPEC.md §8.6): lines are cut at
+// guestabi.MaxLogLen bytes, every byte written costs fuel, and lines beyond
+// these limits are dropped, with one WARN per call saying how much.
+const (
+	maxOutLinesPerCall     = 256
+	maxOutBytesPerCall     = 64 << 10
+	maxOutLinesPerInstance = 4096
+	maxOutBytesPerInstance = 1 << 20
+	fuelWrite              = 200 // per fd_write buffer, plus 1 per byte
+)
+
+// outCounts is the output of the running call.
+type outCounts struct{ lines, bytes, dropLines, dropBytes int }
+
+// outState is an instance's output so far.
+type outState struct {
+	call             outCounts
+	lines, bytes     int  // whole instance
+	instanceReported bool // the per-instance limit was reported
+}
+
+func (o *outState) full() bool {
+	return o.call.lines >= maxOutLinesPerCall || o.call.bytes >= maxOutBytesPerCall ||
+		o.lines >= maxOutLinesPerInstance || o.bytes >= maxOutBytesPerInstance
+}
+
+// admit counts a line of n bytes and reports whether it may be logged.
+func (o *outState) admit(n int) bool {
+	if o.full() {
+		o.call.dropLines++
+		o.call.dropBytes += n
+		return false
+	}
+	o.call.lines++
+	o.call.bytes += n
+	o.lines++
+	o.bytes += n
+	return true
+}
+
+// endCall reports what the call dropped and starts counting the next one.
+func (in *instance) endCall(export string) {
+	o := &in.out
+	if o.call.dropLines > 0 && !o.instanceReported {
+		more := ""
+		if o.lines >= maxOutLinesPerInstance || o.bytes >= maxOutBytesPerInstance {
+			o.instanceReported = true
+			more = "; the instance's limit is reached, later output is dropped without a warning"
+		}
+		logx.Warn(0, "wasm guest %s: dropped %d lines (%d bytes) of output in %s: the limits are %d lines or %d bytes per call, %d lines or %d bytes per instance%s",
+			in.b.name, o.call.dropLines, o.call.dropBytes, export, maxOutLinesPerCall, maxOutBytesPerCall,
+			maxOutLinesPerInstance, maxOutBytesPerInstance, more)
+	}
+	o.call = outCounts{}
+}
+
+var errOutputFuel = errors.New("out of fuel")
+
+// logWriter forwards a guest's stdout/stderr (e.g. a Go panic) to the log,
+// a line at a time, within the instance's output limits.
 type logWriter struct {
-	name string
+	in   *instance
 	mu   sync.Mutex
-	buf  []byte
+	buf  []byte // the line so far, at most guestabi.MaxLogLen bytes
+	skip bool   // the line was cut: drop bytes up to its newline
 }
 
 func (w *logWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.buf = append(w.buf, p...)
-	for {
-		i := strings.IndexByte(string(w.buf), '\n')
+	in, n := w.in, len(p)
+	if in.fuel != nil {
+		in.charge(fuelWrite + int64(n))
+		if int64(in.fuel.Get()) < 0 {
+			// Fails fd_write, ending its loop over the iovecs; the guest
+			// traps at its next charge.
+			return 0, errOutputFuel
+		}
+	}
+	o := &in.out
+	for len(p) > 0 {
+		if o.full() { // count the rest without logging it
+			o.call.dropLines += bytes.Count(p, []byte{'\n'})
+			o.call.dropBytes += len(p) + len(w.buf)
+			w.buf, w.skip = w.buf[:0], false
+			break
+		}
+		i := bytes.IndexByte(p, '\n')
+		end := i
+		if i < 0 {
+			end = len(p)
+		}
+		if w.skip {
+			o.call.dropBytes += end
+		} else {
+			take := min(end, guestabi.MaxLogLen-len(w.buf))
+			w.buf = append(w.buf, p[:take]...)
+			o.call.dropBytes += end - take
+			if len(w.buf) == guestabi.MaxLogLen {
+				w.emit()
+				w.skip = true
+			}
+		}
 		if i < 0 {
 			break
 		}
-		logx.Warn(0, "wasm guest %s (stdio): %s", w.name, w.buf[:i])
-		w.buf = w.buf[i+1:]
+		if !w.skip {
+			w.emit()
+		}
+		w.skip = false
+		p = p[i+1:]
 	}
-	if len(w.buf) > 4096 {
-		logx.Warn(0, "wasm guest %s (stdio): %s", w.name, w.buf)
-		w.buf = w.buf[:0]
+	return n, nil
+}
+
+func (w *logWriter) emit() {
+	if w.in.out.admit(len(w.buf)) {
+		if w.in.fuel != nil {
+			w.in.charge(fuelLog)
+		}
+		logx.Warn(0, "wasm guest %s (stdio): %s", w.in.b.name, w.buf)
 	}
-	return len(p), nil
+	w.buf = w.buf[:0]
 }
 
 var _ io.Writer = (*logWriter)(nil)

@@ -202,10 +202,18 @@ func hostLog(ctx context.Context, mod api.Module, stack []uint64) {
 		stack[0] = statusWord(guestabi.StatusErrBounds)
 		return
 	}
+	if level < guestabi.LogError || level > guestabi.LogTrace {
+		stack[0] = statusWord(guestabi.StatusErrInval)
+		return
+	}
 	name := "?"
 	if in != nil {
 		in.charge(fuelLog + int64(n))
 		name = in.b.name
+		if !in.out.admit(int(n)) { // over the output limits (instance.go)
+			stack[0] = 0
+			return
+		}
 	}
 	msg := strings.TrimRight(string(buf), "\n")
 	switch level {

@@ -169,9 +169,9 @@ func TestTraps(t *testing.T) {
 	}
 }
 
-// TestRecursion: unbounded recursion is stopped (every function entry pays
-// fuel, so it runs out before wazero's 50 MB stack ceiling) and, like any
-// call that does not return within its budget, disables the backend.
+// TestRecursion: unbounded recursion is stopped by the call-depth limit
+// (meter.MaxCallDepth) before wazero's 400 MB stack ceiling or the fuel
+// budget: a trap, so a fault that replaces the instance.
 func TestRecursion(t *testing.T) {
 	b := mustOpen(t, testOptions(t, wat(t, "traps"), ""))
 	c, err := b.NewContext(info)
@@ -180,13 +180,13 @@ func TestRecursion(t *testing.T) {
 	}
 	defer c.Close()
 	start := time.Now()
-	if _, err := planOp(c, 3); err == nil {
-		t.Fatal("recursion returned no error")
+	if _, err := planOp(c, 3); err == nil || !strings.Contains(err.Error(), "call depth limit") {
+		t.Fatalf("recursion: %v, want the call depth trap", err)
 	} else {
 		t.Logf("recursion stopped after %v: %v", time.Since(start), err)
 	}
-	if _, err := planOp(c, 0); !errors.Is(err, backend.ErrDisabled) {
-		t.Fatalf("after runaway recursion: %v", err)
+	if p, err := planOp(c, 0); err != nil || p.Lane != 0 {
+		t.Fatalf("after runaway recursion the replaced instance should serve: %+v %v", p, err)
 	}
 }
 

@@ -15,13 +15,21 @@
 //     charge of the number of instructions the loop owns directly (nested
 //     loops charge their own);
 //   - a charge is global.get; i64.const n; i64.sub; global.tee-like store; a
-//     compare with zero and `if unreachable end`.
+//     compare with zero and `if unreachable end`;
+//   - bulk instructions (memory.fill/copy/init, table.fill/copy/init/grow)
+//     also charge their length operand, shifted (bulkShift), just before
+//     they run: their cost grows with the length, not with the count;
+//   - a second i32 global (DepthExport) counts the frames a call may still
+//     open: each body takes one on entry and gives it back on every way out
+//     (the body is wrapped in a block, and return becomes a branch to it);
+//   - tables are clamped to MaxTableElements, as they are outside the
+//     memory cap.
 //
 // Each executed instruction is therefore paid for before it runs, so a call
-// that is handed F units of fuel executes at most F wasm instructions (bulk
-// memory instructions count as one, and are bounded by the memory cap; host
-// functions charge fuel themselves). The host sets the global before each
-// call and reads it after a trap to tell "out of fuel" from a guest trap.
+// that is handed F units of fuel executes at most F wasm instructions plus
+// its bulk lengths over 64 bytes (host functions charge fuel themselves).
+// The host sets the globals before each call and reads them after a trap to
+// tell "out of fuel" and "too deep" from a guest trap.
 package meter
 
 import (
@@ -125,6 +133,40 @@ type section struct {
 	body []byte
 }
 
+// Limits the rewriter enforces (SPEC.md §8.6). Tables live outside the
+// memory cap, so their size is bounded here; call depth is bounded because
+// wazero keeps a grown call stack (up to 400 MB) for as long as the instance
+// lives.
+const (
+	// MaxTableElements bounds every table: a larger initial size is
+	// refused, a larger or missing maximum is lowered to it (table.grow past
+	// it returns -1). 8 bytes per element: 512 KiB per table.
+	MaxTableElements = 65536
+	// MaxTables bounds the number of tables a module may declare or import.
+	MaxTables = 4
+	// MaxCallDepth bounds nested wasm calls within one host call; the call
+	// that would go deeper traps.
+	MaxCallDepth = 10000
+)
+
+// DepthExport is the name under which Rewrite exports the call-depth global
+// (a mutable i32 counting the frames still allowed): the host sets it to
+// MaxCallDepth before a call and finds it negative after a depth trap.
+const DepthExport = "__rmaw_depth"
+
+// Bulk instructions (0xfc sub-opcodes) whose last operand is a length, and
+// how far that length is shifted right to give its extra fuel: one unit per
+// 64 bytes of memory, per 8 table elements (8 bytes each).
+func bulkShift(sub uint32) (int64, bool) {
+	switch sub {
+	case 8, 10, 11: // memory.init, memory.copy, memory.fill
+		return 6, true
+	case 12, 14, 15, 17: // table.init, table.copy, table.grow, table.fill
+		return 3, true
+	}
+	return 0, false
+}
+
 // Rewrite returns the instrumented module. It also refuses modules that
 // reference a global index beyond their own (which would alias the fuel
 // global once it is appended). It never panics on malformed input.
@@ -153,11 +195,20 @@ func Rewrite(wasm []byte) ([]byte, error) {
 		secs = append(secs, section{id, wasm[start:r.off]})
 	}
 
-	// Count globals (imported + defined) and find the sections we edit.
-	var nGlobals uint32
-	globalSec, exportSec, codeSec := -1, -1, -1
+	// Count globals (imported + defined) and tables, read the types and
+	// find the sections we edit.
+	var nGlobals, nTables uint32
+	var types [][]byte // result types of each function type
+	var funcs []uint32 // type index of each defined function
+	typeSec, globalSec, exportSec, codeSec := -1, -1, -1, -1
 	for i, s := range secs {
 		switch s.id {
+		case 1:
+			typeSec = i
+			var err error
+			if types, err = readTypes(s.body); err != nil {
+				return nil, err
+			}
 		case 2: // import
 			sr := &reader{b: s.body}
 			cnt, err := sr.u32()
@@ -182,6 +233,7 @@ func Rewrite(wasm []byte) ([]byte, error) {
 				case 0: // func
 					_, err = sr.u32()
 				case 1: // table: reftype, limits
+					nTables++
 					if _, err = sr.byte(); err == nil {
 						err = skipLimits(sr)
 					}
@@ -199,6 +251,26 @@ func Rewrite(wasm []byte) ([]byte, error) {
 					return nil, err
 				}
 			}
+		case 3:
+			sr := &reader{b: s.body}
+			cnt, err := sr.u32()
+			if err != nil {
+				return nil, err
+			}
+			for j := uint32(0); j < cnt; j++ {
+				ti, err := sr.u32()
+				if err != nil {
+					return nil, err
+				}
+				funcs = append(funcs, ti)
+			}
+		case 4:
+			body, n, err := clampTables(s.body)
+			if err != nil {
+				return nil, err
+			}
+			secs[i].body = body
+			nTables += n
 		case 6:
 			globalSec = i
 			sr := &reader{b: s.body}
@@ -213,25 +285,35 @@ func Rewrite(wasm []byte) ([]byte, error) {
 			codeSec = i
 		}
 	}
-	fuel := nGlobals
+	if nTables > MaxTables {
+		return nil, fmt.Errorf("module has %d tables; the limit is %d", nTables, MaxTables)
+	}
+	// Appended globals: the fuel counter, a scratch i32 for bulk lengths
+	// and the call-depth counter.
+	g := globals{fuel: nGlobals, scratch: nGlobals + 1, depth: nGlobals + 2}
 
-	// Global section: append (mut i64 (i64.const 0)).
-	newGlobal := []byte{0x7e, 0x01, 0x42, 0x00, 0x0b}
+	// Global section: append them.
+	newGlobals := []byte{0x7e, 0x01, 0x42, 0x00, 0x0b, 0x7f, 0x01, 0x41, 0x00, 0x0b, 0x7f, 0x01, 0x41}
+	newGlobals = appendS64(newGlobals, MaxCallDepth)
+	newGlobals = append(newGlobals, 0x0b)
 	if globalSec >= 0 {
 		sr := &reader{b: secs[globalSec].body}
 		cnt, _ := sr.u32()
-		body := appendU32(nil, cnt+1)
+		body := appendU32(nil, cnt+3)
 		body = append(body, secs[globalSec].body[sr.off:]...)
-		secs[globalSec].body = append(body, newGlobal...)
+		secs[globalSec].body = append(body, newGlobals...)
 	} else {
-		secs = insertSection(secs, section{6, append([]byte{1}, newGlobal...)})
-		exportSec, codeSec = findSec(secs, 7), findSec(secs, 10)
+		secs = insertSection(secs, section{6, append([]byte{3}, newGlobals...)})
+		typeSec, exportSec, codeSec = findSec(secs, 1), findSec(secs, 7), findSec(secs, 10)
 	}
 
-	// Export section: append the fuel global; refuse a clash.
+	// Export section: append the fuel and depth globals; refuse a clash.
 	exp := appendName(nil, FuelExport)
 	exp = append(exp, 0x03)
-	exp = appendU32(exp, fuel)
+	exp = appendU32(exp, g.fuel)
+	exp = appendName(exp, DepthExport)
+	exp = append(exp, 0x03)
+	exp = appendU32(exp, g.depth)
 	if exportSec >= 0 {
 		sr := &reader{b: secs[exportSec].body}
 		cnt, err := sr.u32()
@@ -248,8 +330,8 @@ func Rewrite(wasm []byte) ([]byte, error) {
 			if err := sr.skip(int(l)); err != nil {
 				return nil, err
 			}
-			if string(name) == FuelExport {
-				return nil, fmt.Errorf("module exports the reserved name %q", FuelExport)
+			if string(name) == FuelExport || string(name) == DepthExport {
+				return nil, fmt.Errorf("module exports the reserved name %q", name)
 			}
 			kind, err := sr.byte()
 			if err != nil {
@@ -259,25 +341,41 @@ func Rewrite(wasm []byte) ([]byte, error) {
 			if err != nil {
 				return nil, err
 			}
-			if kind == 3 && idx >= fuel {
-				return nil, fmt.Errorf("%w: export %q names global %d of %d", errMeter, name, idx, fuel)
+			if kind == 3 && idx >= nGlobals {
+				return nil, fmt.Errorf("%w: export %q names global %d of %d", errMeter, name, idx, nGlobals)
 			}
 		}
-		body := appendU32(nil, cnt+1)
+		body := appendU32(nil, cnt+2)
 		body = append(body, secs[exportSec].body[entries:]...)
 		secs[exportSec].body = append(body, exp...)
 	} else {
-		secs = insertSection(secs, section{7, append([]byte{1}, exp...)})
-		codeSec = findSec(secs, 10)
+		secs = insertSection(secs, section{7, append([]byte{2}, exp...)})
+		typeSec, codeSec = findSec(secs, 1), findSec(secs, 10)
 	}
 
 	// Code section.
 	if codeSec >= 0 {
-		nb, err := meterCode(secs[codeSec].body, fuel, nGlobals)
+		m := &coder{g: g, types: types, funcs: funcs, nGlobals: nGlobals}
+		nb, err := m.code(secs[codeSec].body)
 		if err != nil {
 			return nil, err
 		}
 		secs[codeSec].body = nb
+		if len(m.newTypes) > 0 { // block types for multi-value results
+			if typeSec < 0 {
+				return nil, fmt.Errorf("%w: code without a type section", errMeter)
+			}
+			sr := &reader{b: secs[typeSec].body}
+			cnt, _ := sr.u32()
+			body := appendU32(nil, cnt+uint32(len(m.newTypes)))
+			body = append(body, secs[typeSec].body[sr.off:]...)
+			for _, res := range m.newTypes {
+				body = append(body, 0x60, 0x00)
+				body = appendU32(body, uint32(len(res)))
+				body = append(body, res...)
+			}
+			secs[typeSec].body = body
+		}
 	}
 
 	out := make([]byte, 0, len(wasm)+len(wasm)/4+64)
@@ -291,6 +389,84 @@ func Rewrite(wasm []byte) ([]byte, error) {
 		out = append(out, s.body...)
 	}
 	return out, nil
+}
+
+// readTypes returns the result types of each entry of a type section.
+func readTypes(body []byte) ([][]byte, error) {
+	r := &reader{b: body}
+	cnt, err := r.u32()
+	if err != nil {
+		return nil, err
+	}
+	var types [][]byte
+	for i := uint32(0); i < cnt; i++ {
+		form, err := r.byte()
+		if err != nil {
+			return nil, err
+		}
+		if form != 0x60 {
+			return nil, fmt.Errorf("%w: type %d has form 0x%02x (want a function type)", errMeter, i, form)
+		}
+		var res []byte
+		for k := 0; k < 2; k++ {
+			n, err := r.u32()
+			if err != nil {
+				return nil, err
+			}
+			start := r.off
+			if err := r.skip(int(n)); err != nil {
+				return nil, err
+			}
+			res = r.b[start:r.off]
+		}
+		types = append(types, res)
+	}
+	return types, nil
+}
+
+// clampTables refuses tables that start above MaxTableElements and lowers
+// a larger or missing maximum to it, so table.grow past it returns -1.
+func clampTables(body []byte) ([]byte, uint32, error) {
+	r := &reader{b: body}
+	cnt, err := r.u32()
+	if err != nil {
+		return nil, 0, err
+	}
+	out := appendU32(nil, cnt)
+	for i := uint32(0); i < cnt; i++ {
+		rt, err := r.byte()
+		if err != nil {
+			return nil, 0, err
+		}
+		flag, err := r.byte()
+		if err != nil {
+			return nil, 0, err
+		}
+		if flag > 1 {
+			return nil, 0, fmt.Errorf("%w: table %d has limits flag %d", errMeter, i, flag)
+		}
+		lo, err := r.u32()
+		if err != nil {
+			return nil, 0, err
+		}
+		hi := uint32(MaxTableElements)
+		if flag == 1 {
+			if hi, err = r.u32(); err != nil {
+				return nil, 0, err
+			}
+			hi = min(hi, MaxTableElements)
+		}
+		if lo > MaxTableElements {
+			return nil, 0, fmt.Errorf("table %d starts with %d elements; the limit is %d", i, lo, MaxTableElements)
+		}
+		out = append(out, rt, 1)
+		out = appendU32(out, lo)
+		out = appendU32(out, hi)
+	}
+	if !r.eof() {
+		return nil, 0, fmt.Errorf("%w: trailing bytes in the table section", errMeter)
+	}
+	return out, cnt, nil
 }
 
 func isDebugSection(body []byte) bool {
@@ -347,6 +523,8 @@ func findSec(secs []section, id byte) int {
 	return -1
 }
 
+type globals struct{ fuel, scratch, depth uint32 }
+
 func appendCharge(b []byte, fuel uint32, n int64) []byte {
 	b = append(b, 0x23) // global.get
 	b = appendU32(b, fuel)
@@ -354,18 +532,99 @@ func appendCharge(b []byte, fuel uint32, n int64) []byte {
 	b = appendS64(b, n)
 	b = append(b, 0x7d, 0x24) // i64.sub; global.set
 	b = appendU32(b, fuel)
+	return appendFuelCheck(b, fuel)
+}
+
+// appendFuelCheck traps when the fuel global is negative.
+func appendFuelCheck(b []byte, fuel uint32) []byte {
 	b = append(b, 0x23)
 	b = appendU32(b, fuel)
 	b = append(b, 0x42, 0x00, 0x53) // i64.const 0; i64.lt_s
-	b = append(b, 0x04, 0x40, 0x00, 0x0b)
-	return b
+	return append(b, 0x04, 0x40, 0x00, 0x0b)
 }
 
-func meterCode(body []byte, fuel, nGlobals uint32) ([]byte, error) {
+// appendBulkCharge charges len>>shift for the length on top of the stack and
+// leaves it there (through the scratch global: no locals to declare).
+func appendBulkCharge(b []byte, g globals, shift int64) []byte {
+	b = append(b, 0x24)
+	b = appendU32(b, g.scratch)
+	b = append(b, 0x23)
+	b = appendU32(b, g.fuel)
+	b = append(b, 0x23)
+	b = appendU32(b, g.scratch)
+	b = append(b, 0xad, 0x42) // i64.extend_i32_u; i64.const
+	b = appendS64(b, shift)
+	b = append(b, 0x88, 0x7d, 0x24) // i64.shr_u; i64.sub; global.set
+	b = appendU32(b, g.fuel)
+	b = appendFuelCheck(b, g.fuel)
+	b = append(b, 0x23)
+	return appendU32(b, g.scratch)
+}
+
+// appendDepthEnter takes one frame from the depth global and traps when
+// none is left; appendDepthLeave gives it back.
+func appendDepthEnter(b []byte, depth uint32) []byte {
+	b = append(b, 0x23)
+	b = appendU32(b, depth)
+	b = append(b, 0x41, 0x01, 0x6b, 0x24) // i32.const 1; i32.sub; global.set
+	b = appendU32(b, depth)
+	b = append(b, 0x23)
+	b = appendU32(b, depth)
+	b = append(b, 0x41, 0x00, 0x48) // i32.const 0; i32.lt_s
+	return append(b, 0x04, 0x40, 0x00, 0x0b)
+}
+
+func appendDepthLeave(b []byte, depth uint32) []byte {
+	b = append(b, 0x23)
+	b = appendU32(b, depth)
+	b = append(b, 0x41, 0x01, 0x6a, 0x24) // i32.const 1; i32.add; global.set
+	return appendU32(b, depth)
+}
+
+type coder struct {
+	g        globals
+	types    [][]byte
+	funcs    []uint32
+	nGlobals uint32
+	newTypes [][]byte // () -> results types appended for block types
+}
+
+// blockType returns the block type with no parameters and the results of
+// function type ti.
+func (m *coder) blockType(b []byte, ti uint32) ([]byte, error) {
+	if int(ti) >= len(m.types) {
+		return nil, fmt.Errorf("%w: type index %d out of range", errMeter, ti)
+	}
+	res := m.types[ti]
+	switch len(res) {
+	case 0:
+		return append(b, 0x40), nil
+	case 1:
+		return append(b, res[0]), nil
+	}
+	for i, t := range m.newTypes {
+		if bytes.Equal(t, res) {
+			return appendS64(b, int64(len(m.types)+i)), nil
+		}
+	}
+	m.newTypes = append(m.newTypes, res)
+	return appendS64(b, int64(len(m.types)+len(m.newTypes)-1)), nil
+}
+
+// code rewrites a code section. Each body becomes
+//
+//	depth-enter; charge; block (result ...) <body, return -> br> end; depth-leave; end
+//
+// so that every way out of the function (falling off the end, return, a
+// branch to the function's label) passes depth-leave.
+func (m *coder) code(body []byte) ([]byte, error) {
 	r := &reader{b: body}
 	cnt, err := r.u32()
 	if err != nil {
 		return nil, err
+	}
+	if int(cnt) != len(m.funcs) {
+		return nil, fmt.Errorf("%w: %d function bodies for %d functions", errMeter, cnt, len(m.funcs))
 	}
 	out := make([]byte, 0, len(body)+len(body)/4)
 	out = appendU32(out, cnt)
@@ -396,14 +655,20 @@ func meterCode(body []byte, fuel, nGlobals uint32) ([]byte, error) {
 		}
 		codeStart := fb.off
 		// Pass 1: costs per scope, in order of appearance (function first).
-		costs, err = scanCosts(fb, costs[:0], nGlobals)
+		costs, err = scanCosts(fb, costs[:0], m.nGlobals)
 		if err != nil {
 			return nil, fmt.Errorf("function %d: %w", i, err)
 		}
 		// Pass 2: emit with charges.
 		fn = append(fn[:0], fb.b[:codeStart]...)
-		fn = appendCharge(fn, fuel, costs[0])
+		fn = appendDepthEnter(fn, m.g.depth)
+		fn = appendCharge(fn, m.g.fuel, costs[0])
+		fn = append(fn, 0x02)
+		if fn, err = m.blockType(fn, m.funcs[i]); err != nil {
+			return nil, err
+		}
 		ci := 1
+		open := 0 // blocks open inside the wrapper
 		fb.off = codeStart
 		for !fb.eof() {
 			ins := fb.off
@@ -411,10 +676,30 @@ func meterCode(body []byte, fuel, nGlobals uint32) ([]byte, error) {
 			if err := skipImmediates(fb, op); err != nil {
 				return nil, err
 			}
+			switch op {
+			case 0x02, 0x03, 0x04:
+				open++
+			case 0x0b:
+				open--
+			case 0x0f: // return: branch to the wrapper, which has the same results
+				fn = append(fn, 0x0c)
+				fn = appendU32(fn, uint32(open))
+				continue
+			case 0xfc:
+				sr := &reader{b: fb.b, off: ins + 1}
+				sub, _ := sr.u32()
+				if shift, ok := bulkShift(sub); ok {
+					fn = appendBulkCharge(fn, m.g, shift)
+				}
+			}
 			fn = append(fn, fb.b[ins:fb.off]...)
 			if op == 0x03 {
-				fn = appendCharge(fn, fuel, costs[ci])
+				fn = appendCharge(fn, m.g.fuel, costs[ci])
 				ci++
+			}
+			if open < 0 { // the function's end closed the wrapper
+				fn = appendDepthLeave(fn, m.g.depth)
+				fn = append(fn, 0x0b)
 			}
 		}
 		out = appendU32(out, uint32(len(fn)))

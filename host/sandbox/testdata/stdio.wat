@@ -1,0 +1,31 @@
+;; Floods the log. rmaw_init writes 1 MiB of newlines to stdout with one
+;; fd_write (after a 5000-byte line), then calls rmaw.log 1000 times.
+;; plan_op writes 1 MiB of newlines (fills them first: bulk fuel is cheap).
+(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (import "rmaw" "log" (func $log (param i32 i32 i32) (result i32)))
+  (memory (export "memory") 32)
+  (data (i32.const 1024) "\52\4d\41\57\01\00\00\00\d0\02\00\00\00\00\00\00")
+  (data (i32.const 4000) "hello")
+  (func (export "rmaw_abi_v1"))
+  (func (export "rmaw_area") (result i32) i32.const 1024)
+  (func $write (param $c i32) (param $n i32)
+    (memory.fill (i32.const 65536) (local.get $c) (local.get $n))
+    (i32.store (i32.const 3000) (i32.const 65536))
+    (i32.store (i32.const 3004) (local.get $n))
+    (drop (call $fd_write (i32.const 1) (i32.const 3000) (i32.const 1) (i32.const 3008))))
+  (func (export "rmaw_init") (param i64) (result i64)
+    (local $i i32)
+    (call $write (i32.const 65) (i32.const 5000))
+    (call $write (i32.const 10) (i32.const 1))
+    (call $write (i32.const 10) (i32.const 1048576))
+    (loop $l
+      (drop (call $log (i32.const 1) (i32.const 4000) (i32.const 5)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $l (i32.lt_u (local.get $i) (i32.const 1000))))
+    i64.const 1)
+  (func (export "rmaw_plan_op") (param i32 i32 i32 i64 i32 i32) (result i32)
+    (call $write (i32.const 10) (i32.wrap_i64 (local.get 3)))
+    (i32.store (i32.const 1040) (i32.const 0))
+    i32.const 0)
+)

@@ -1,0 +1,9 @@
+;; A table that starts with 2^20 elements (8 MiB outside the memory cap).
+(module
+  (memory (export "memory") 1)
+  (table 1048576 funcref)
+  (data (i32.const 1024) "\52\4d\41\57\01\00\00\00\d0\02\00\00\00\00\00\00")
+  (func (export "rmaw_abi_v1"))
+  (func (export "rmaw_area") (result i32) i32.const 1024)
+  (func (export "rmaw_init") (param i64) (result i64) i64.const 0)
+)
