@@ -4,18 +4,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 // Device memory never meets a socket or process_vm_writev directly: its
-// bytes are staged through a host buffer, stageChunk at a time, with the
-// copies of host/devmem. Host memory takes none of these paths.
-const stageChunk = 1 << 20
+// bytes are staged through pinned host buffers (a stager), a chunk at a
+// time, with the copies of host/devmem. A payload of one chunk or less takes
+// one synchronous copy; a larger one is pipelined over two buffers, the
+// stager's copier goroutine copying chunk k+1 while the caller moves chunk k
+// over the wire. Host memory takes none of these paths.
 
 var errNoDevice = errors.New("device memory registered but no device runtime is loaded")
 
@@ -36,7 +40,7 @@ func (s sigRef) valid() bool { return s.host != nil || s.dev != 0 }
 var devSigLocks [64]sync.Mutex
 
 // apply adds v to the signal word. It runs after the payload is visible:
-// device copies are synchronous and run on one stream per context.
+// readToDevice returns only once every copy of the payload completed.
 func (s sigRef) apply(v uint64) error {
 	if s.host != nil {
 		atomic.AddUint64(s.host, v)
@@ -60,40 +64,185 @@ func (s sigRef) apply(v uint64) error {
 	return nil
 }
 
-// readToDevice reads n bytes from r into device memory at dst, through stage.
-func readToDevice(r io.Reader, ctx, dst uintptr, n uint64, stage []byte) error {
-	d := devmem.Get()
-	if d == nil {
-		return errNoDevice
-	}
-	for done := uint64(0); done < n; {
-		c := min(n-done, uint64(len(stage)))
-		if _, err := io.ReadFull(r, stage[:c]); err != nil {
-			return err
-		}
-		if err := d.HtoD(ctx, dst+uintptr(done), unsafe.Pointer(&stage[0]), c); err != nil {
-			return fmt.Errorf("copy to device: %w", err)
-		}
-		done += c
-	}
-	return nil
+// stager is a pair of pinned staging buffers and the goroutine that runs
+// device copies on them, so that a copy overlaps the caller's socket I/O.
+// Stagers are pooled per process and reused: pinned allocation costs
+// milliseconds, and the pool holds as many as ran at once.
+type stager struct {
+	dev   devmem.Device
+	chunk uint64
+	buf   [2]unsafe.Pointer
+	keep  []byte // the buffers, when pinned allocation failed
+	jobs  chan copyJob
+	done  chan error
 }
 
-// writeFromDevice writes n bytes of device memory at src to w, through stage.
-func writeFromDevice(w *net.TCPConn, ctx, src uintptr, n uint64, stage []byte) error {
+type copyJob struct {
+	toDev bool
+	ctx   uintptr
+	dev   uintptr
+	host  unsafe.Pointer
+	n     uint64
+}
+
+var stagers struct {
+	mu   sync.Mutex
+	free []*stager
+}
+
+var pinnedWarned atomic.Bool
+
+// stageChunk is the staging chunk size, read at each transfer so that a
+// test or a tuning run can change it.
+func stageChunk() uint64 { return uint64(config.StageChunkKiB.Get()) << 10 }
+
+// getStager takes a stager of device d from the pool, or makes one. Stagers
+// of another device (tests swap fakes) or chunk size are dropped.
+func getStager(d devmem.Device, ctx uintptr) *stager {
+	chunk := stageChunk()
+	stagers.mu.Lock()
+	for n := len(stagers.free); n > 0; n = len(stagers.free) {
+		s := stagers.free[n-1]
+		stagers.free[n-1] = nil
+		stagers.free = stagers.free[:n-1]
+		if s.dev == d && s.chunk == chunk {
+			stagers.mu.Unlock()
+			return s
+		}
+		s.release()
+	}
+	stagers.mu.Unlock()
+	s := &stager{dev: d, chunk: chunk, jobs: make(chan copyJob, 2), done: make(chan error, 2)}
+	for i := range s.buf {
+		p, err := d.AllocPinned(ctx, chunk)
+		if err != nil {
+			if !pinnedWarned.Swap(true) {
+				logx.Info(abi.SubsysNet, "NET/wasm: no pinned staging memory (%v); device payloads are staged through pageable memory, several times slower", err)
+			}
+			for j := 0; j < i; j++ {
+				d.FreePinned(s.buf[j])
+			}
+			s.keep = make([]byte, 2*chunk)
+			s.buf = [2]unsafe.Pointer{unsafe.Pointer(&s.keep[0]), unsafe.Pointer(&s.keep[chunk])}
+			break
+		}
+		s.buf[i] = p
+	}
+	go s.copier()
+	return s
+}
+
+func putStager(s *stager) {
+	stagers.mu.Lock()
+	stagers.free = append(stagers.free, s)
+	stagers.mu.Unlock()
+}
+
+// release ends the copier and frees the buffers; nothing is in flight.
+func (s *stager) release() {
+	close(s.jobs)
+	if s.keep == nil {
+		for _, p := range s.buf {
+			s.dev.FreePinned(p)
+		}
+	}
+}
+
+func (s *stager) copier() {
+	for j := range s.jobs {
+		if j.toDev {
+			s.done <- s.dev.HtoD(j.ctx, j.dev, j.host, j.n)
+		} else {
+			s.done <- s.dev.DtoH(j.ctx, j.host, j.dev, j.n)
+		}
+	}
+}
+
+func (s *stager) bytes(i int, n uint64) []byte { return unsafe.Slice((*byte)(s.buf[i]), n) }
+
+// readToDevice reads n bytes from r into device memory at dst. With more
+// than one chunk, the copy to the device of chunk k runs while chunk k+1 is
+// received; it returns once every copy completed, so whatever follows (a
+// signal, a completion) sees the whole payload.
+func readToDevice(r io.Reader, ctx, dst uintptr, n uint64) error {
 	d := devmem.Get()
 	if d == nil {
 		return errNoDevice
 	}
-	for done := uint64(0); done < n; {
-		c := min(n-done, uint64(len(stage)))
-		if err := d.DtoH(ctx, unsafe.Pointer(&stage[0]), src+uintptr(done), c); err != nil {
-			return fmt.Errorf("copy from device: %w", err)
-		}
-		if _, err := w.Write(stage[:c]); err != nil {
+	s := getStager(d, ctx)
+	defer putStager(s)
+	c := s.chunk
+	if n <= c {
+		if _, err := io.ReadFull(r, s.bytes(0, n)); err != nil {
 			return err
 		}
-		done += c
+		if err := d.HtoD(ctx, dst, s.buf[0], n); err != nil {
+			return fmt.Errorf("copy to device: %w", err)
+		}
+		return nil
+	}
+	pending := 0
+	var err error
+	for done, k := uint64(0), 0; done < n && err == nil; k++ {
+		m := min(c, n-done)
+		if pending == 2 { // the copy of chunk k-2 frees buffer k&1
+			pending--
+			if e := <-s.done; e != nil {
+				err = fmt.Errorf("copy to device: %w", e)
+				break
+			}
+		}
+		if _, err = io.ReadFull(r, s.bytes(k&1, m)); err != nil {
+			break
+		}
+		s.jobs <- copyJob{toDev: true, ctx: ctx, dev: dst + uintptr(done), host: s.buf[k&1], n: m}
+		pending++
+		done += m
+	}
+	for ; pending > 0; pending-- {
+		if e := <-s.done; e != nil && err == nil {
+			err = fmt.Errorf("copy to device: %w", e)
+		}
+	}
+	return err
+}
+
+// writeFromDevice writes n bytes of device memory at src to w. With more
+// than one chunk, chunk k+1 is copied from the device while chunk k is
+// written.
+func writeFromDevice(w io.Writer, ctx, src uintptr, n uint64) error {
+	d := devmem.Get()
+	if d == nil {
+		return errNoDevice
+	}
+	s := getStager(d, ctx)
+	defer putStager(s)
+	c := s.chunk
+	if n <= c {
+		if err := d.DtoH(ctx, s.buf[0], src, n); err != nil {
+			return fmt.Errorf("copy from device: %w", err)
+		}
+		_, err := w.Write(s.bytes(0, n))
+		return err
+	}
+	s.jobs <- copyJob{ctx: ctx, dev: src, host: s.buf[0], n: c}
+	for done, k := uint64(0), 0; done < n; k++ {
+		m := min(c, n-done)
+		if e := <-s.done; e != nil { // chunk k is in buffer k&1; nothing else in flight
+			return fmt.Errorf("copy from device: %w", e)
+		}
+		next := done + m
+		ahead := next < n
+		if ahead {
+			s.jobs <- copyJob{ctx: ctx, dev: src + uintptr(next), host: s.buf[(k+1)&1], n: min(c, n-next)}
+		}
+		if _, err := w.Write(s.bytes(k&1, m)); err != nil {
+			if ahead {
+				<-s.done // the buffer goes back to the pool idle
+			}
+			return err
+		}
+		done = next
 	}
 	return nil
 }

@@ -179,7 +179,6 @@ type lane struct {
 	bufs  net.Buffers
 	liov  [1]unix.Iovec       // scratch for the side path
 	riov  [1]unix.RemoteIovec // (process_vm_writev/readv)
-	stage []byte              // device payloads, allocated on first use
 
 	gmu   sync.Mutex // guards the outstanding-get FIFO
 	gets  []getEntry
@@ -391,7 +390,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 				// Device source: what is queued goes first, then the
 				// payload is staged through host memory chunk by chunk.
 				if err = l.writeIov(iov); err == nil {
-					err = writeFromDevice(l.out, op.LocalCtx, uintptr(op.Local), op.Size, l.stageBuf())
+					err = writeFromDevice(l.out, op.LocalCtx, uintptr(op.Local), op.Size)
 				}
 				iov = iov[:0]
 			} else if op.Size > 0 {
@@ -435,14 +434,6 @@ func (l *lane) writeIov(iov [][]byte) error {
 	return err
 }
 
-// stageBuf returns the lane's staging buffer for device payloads.
-func (l *lane) stageBuf() []byte {
-	if l.stage == nil {
-		l.stage = make([]byte, stageChunk)
-	}
-	return l.stage
-}
-
 func (l *lane) pushGet(e getEntry) {
 	l.gmu.Lock()
 	if l.gLen == len(l.gets) {
@@ -483,7 +474,6 @@ func (l *lane) replies() {
 	br := bufio.NewReaderSize(l.out, readBufSize)
 	var hb [hdrSize]byte
 	var h header
-	var rstage []byte // device destinations, allocated on first use
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
 			p.markDead(fmt.Errorf("receive from rank %d: %w", p.rank, err))
@@ -504,10 +494,7 @@ func (l *lane) replies() {
 				continue
 			}
 			if e.size > 0 && e.ctx != 0 {
-				if rstage == nil {
-					rstage = make([]byte, stageChunk)
-				}
-				if err := readToDevice(br, e.ctx, uintptr(e.dst), e.size, rstage); err != nil {
+				if err := readToDevice(br, e.ctx, uintptr(e.dst), e.size); err != nil {
 					p.markDead(fmt.Errorf("receive get data from rank %d into device memory: %w", p.rank, err))
 					p.m.owner.Complete(e.tag, abi.RemoteError)
 					return

@@ -19,7 +19,6 @@ func (t *tcpLink) service(in *net.TCPConn) {
 	var hb [hdrSize]byte
 	var h header
 	resp := make([]byte, hdrSize+smallResponse)
-	var stage []byte // for device memory, allocated on first use
 	bye := false
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
@@ -40,9 +39,9 @@ func (t *tcpLink) service(in *net.TCPConn) {
 		var err error
 		switch h.typ {
 		case MsgPut, MsgPutSignal:
-			err = t.servePut(in, br, &h, resp, &stage)
+			err = t.servePut(in, br, &h, resp)
 		case MsgGet:
-			err = t.serveGet(in, &h, resp, &stage)
+			err = t.serveGet(in, &h, resp)
 		case MsgReg:
 			p.m.owner.PeerRegistered(p.rank, h.mrID, h.size, h.off, h.status == 1)
 		case msgBye:
@@ -67,15 +66,7 @@ func (t *tcpLink) service(in *net.TCPConn) {
 // bytes, without overflowing. Initiator and target check with the same rule.
 func Span(off, n, size uint64) bool { return off <= size && n <= size-off }
 
-// stageBuf returns the goroutine's staging buffer for device memory.
-func stageBuf(stage *[]byte) []byte {
-	if *stage == nil {
-		*stage = make([]byte, stageChunk)
-	}
-	return *stage
-}
-
-func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byte, stage *[]byte) error {
+func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byte) error {
 	p := t.p
 	status := abi.Success
 	if h.size > 0 {
@@ -89,7 +80,7 @@ func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []
 				return fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
 			}
 		case ctx != 0:
-			if err := readToDevice(br, ctx, devAddr(base, h.off), h.size, stageBuf(stage)); err != nil {
+			if err := readToDevice(br, ctx, devAddr(base, h.off), h.size); err != nil {
 				return fmt.Errorf("receive put payload from rank %d into device memory: %w", p.rank, err)
 			}
 		default:
@@ -110,7 +101,7 @@ func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []
 	return nil
 }
 
-func (t *tcpLink) serveGet(in *net.TCPConn, h *header, resp []byte, stage *[]byte) error {
+func (t *tcpLink) serveGet(in *net.TCPConn, h *header, resp []byte) error {
 	p := t.p
 	base, size, ctx, ok := p.m.owner.Resolve(h.mrID)
 	if !ok || !Span(h.off, h.size, size) {
@@ -122,7 +113,7 @@ func (t *tcpLink) serveGet(in *net.TCPConn, h *header, resp []byte, stage *[]byt
 		if err := t.reply(in, msgGetResp, h, abi.Success, nil, resp); err != nil {
 			return err
 		}
-		if err := writeFromDevice(in, ctx, devAddr(base, h.off), h.size, stageBuf(stage)); err != nil {
+		if err := writeFromDevice(in, ctx, devAddr(base, h.off), h.size); err != nil {
 			return fmt.Errorf("serve get from device memory to rank %d: %w", p.rank, err)
 		}
 		return nil

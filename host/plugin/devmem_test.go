@@ -23,12 +23,54 @@ type fakeDevice struct {
 	copies int
 	broken bool          // every copy fails, as when the GPU falls off the bus
 	delay  time.Duration // per copy, like a busy GPU: keeps operations in flight
+
+	pinned     map[unsafe.Pointer][]byte // AllocPinned's buffers
+	noPinned   bool                      // AllocPinned fails (staging falls back to Go memory)
+	unpinned   int                       // copies of more than a signal word through other memory
+	pinnedLive int                       // pinned buffers allocated and not freed
 }
 
 const fakeBase = 0x7e00_0000_0000
 
 func newFakeDevice() *fakeDevice {
-	return &fakeDevice{next: fakeBase, allocs: map[uintptr][]byte{}}
+	return &fakeDevice{next: fakeBase, allocs: map[uintptr][]byte{}, pinned: map[unsafe.Pointer][]byte{}}
+}
+
+func (d *fakeDevice) AllocPinned(ctx uintptr, n uint64) (unsafe.Pointer, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.noPinned || ctx != 0xc0ffee {
+		return nil, fmt.Errorf("AllocPinned: ctx %#x, disabled %v", ctx, d.noPinned)
+	}
+	b := make([]byte, n)
+	p := unsafe.Pointer(&b[0])
+	d.pinned[p] = b
+	d.pinnedLive++
+	return p, nil
+}
+
+func (d *fakeDevice) FreePinned(p unsafe.Pointer) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.pinned[p]; !ok {
+		panic("FreePinned of memory AllocPinned did not return")
+	}
+	delete(d.pinned, p)
+	d.pinnedLive--
+}
+
+// notePinned counts a payload copy whose host side is not a pinned buffer;
+// called with d.mu held.
+func (d *fakeDevice) notePinned(h unsafe.Pointer, n uint64) {
+	if n <= 8 {
+		return // signal words
+	}
+	for p, b := range d.pinned {
+		if uintptr(h) >= uintptr(p) && uintptr(h)+uintptr(n) <= uintptr(p)+uintptr(len(b)) {
+			return
+		}
+	}
+	d.unpinned++
 }
 
 func (d *fakeDevice) alloc(n int) uintptr {
@@ -77,6 +119,7 @@ func (d *fakeDevice) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64
 		return fmt.Errorf("DtoH: ctx %#x: %v (broken %v)", ctx, err, d.broken)
 	}
 	copy(unsafe.Slice((*byte)(dst), n), b)
+	d.notePinned(dst, n)
 	d.copies++
 	return nil
 }
@@ -90,6 +133,7 @@ func (d *fakeDevice) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64
 		return fmt.Errorf("HtoD: ctx %#x: %v", ctx, err)
 	}
 	copy(b, unsafe.Slice((*byte)(src), n))
+	d.notePinned(src, n)
 	d.copies++
 	return nil
 }
@@ -261,5 +305,103 @@ func TestDeviceCopyFailure(t *testing.T) {
 	}
 	if bad, _ := QueryLastError(r.rma); !bad {
 		t.Fatal("queryLastError does not report the failed device copy")
+	}
+}
+
+// TestDeviceStaging drives the pipelined staging path with 4 KiB chunks:
+// sizes on and around chunk boundaries, one chunk or less (one synchronous
+// copy), many chunks, and large enough to be striped over three lanes.
+// Device-to-device puts with a device signal (the payload must be complete
+// when the signal is seen, while copies are slowed down) and gets, over TCP
+// and with the intra-node path on; every payload copy goes through pinned
+// buffers, and falling back to pageable memory still works.
+func TestDeviceStaging(t *testing.T) {
+	t.Setenv("NCCL_RMA_WASM_STAGE_CHUNK_KB", "4")
+	const chunk = 4 << 10
+	sizes := []int{1, chunk - 1, chunk, chunk + 1, 2 * chunk, 3*chunk + 7, 300<<10 + 13}
+	total := 0
+	for _, n := range sizes {
+		total += n
+	}
+	for _, c := range []struct {
+		intra    string
+		noPinned bool
+	}{{"0", false}, {"1", false}, {"0", true}} {
+		t.Run(fmt.Sprintf("intranode=%s,pinned=%v", c.intra, !c.noPinned), func(t *testing.T) {
+			testLanes, testIntraNode = "3", c.intra
+			defer func() { testLanes, testIntraNode = "", "1" }()
+			dev := newFakeDevice()
+			dev.delay = 20 * time.Microsecond
+			dev.noPinned = c.noPinned
+			devmem.Register(dev)
+			defer devmem.Register(nil)
+			rs := setup(t, 2, 64)
+			type bufs struct{ src, dst, sig, get uintptr }
+			dv := make([]bufs, 2)
+			mh := make([][4]uint64, 2)
+			var wg sync.WaitGroup
+			for i := range rs {
+				dv[i] = bufs{dev.alloc(total), dev.alloc(total), dev.alloc(8 * len(sizes)), dev.alloc(total)}
+				src := make([]byte, total)
+				for j := range src {
+					src[j] = byte(i*31 + j*7 + j>>12)
+				}
+				dev.write(dv[i].src, src)
+				wg.Add(1)
+				go func(i int) {
+					defer wg.Done()
+					for k, a := range []uintptr{dv[i].src, dv[i].dst, dv[i].sig, dv[i].get} {
+						sz := []uint64{uint64(total), uint64(total), uint64(8 * len(sizes)), uint64(total)}[k]
+						h, res := RegMr(rs[i].coll, a, sz, abi.PtrCuda, 0)
+						if res != abi.Success {
+							t.Errorf("rank %d: regMr(CUDA): %v", i, res)
+						}
+						mh[i][k] = h
+					}
+				}(i)
+			}
+			wg.Wait()
+			if t.Failed() {
+				t.FailNow()
+			}
+			r0 := rs[0]
+			off := 0
+			for k, n := range sizes {
+				req, res := IputSignal(r0.rma, 0, uint64(off), mh[0][0], uint64(n), uint64(off), mh[0][1], 1,
+					uint64(8*k), mh[0][2], 1, abi.SignalOpAdd, true, 0)
+				if res != abi.Success || wait(t, r0.coll, req) != abi.Success {
+					t.Fatalf("putSignal of %d bytes: %v", n, res)
+				}
+				deadline := time.Now().Add(10 * time.Second)
+				for binary.LittleEndian.Uint64(dev.read(dv[1].sig+uintptr(8*k), 8)) != 1 {
+					if time.Now().After(deadline) {
+						t.Fatalf("no device signal for the put of %d bytes", n)
+					}
+					time.Sleep(100 * time.Microsecond)
+				}
+				if !bytes.Equal(dev.read(dv[1].dst+uintptr(off), n), dev.read(dv[0].src+uintptr(off), n)) {
+					t.Fatalf("put of %d bytes: device bytes differ once the signal is seen", n)
+				}
+				req, res = Iget(r0.rma, 0, uint64(off), mh[0][0], uint64(n), uint64(off), mh[0][3], 1, 0)
+				if res != abi.Success || wait(t, r0.coll, req) != abi.Success {
+					t.Fatalf("get of %d bytes: %v", n, res)
+				}
+				if !bytes.Equal(dev.read(dv[0].get+uintptr(off), n), dev.read(dv[1].src+uintptr(off), n)) {
+					t.Fatalf("get of %d bytes returned wrong device bytes", n)
+				}
+				off += n
+			}
+			for i := range rs {
+				for _, h := range mh[i] {
+					DeregMr(rs[i].coll, h)
+				}
+			}
+			dev.mu.Lock()
+			unpinned := dev.unpinned
+			dev.mu.Unlock()
+			if !c.noPinned && unpinned != 0 {
+				t.Fatalf("%d payload copies did not use pinned staging memory", unpinned)
+			}
+		})
 	}
 }

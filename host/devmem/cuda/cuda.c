@@ -3,7 +3,9 @@
  * subset of the driver API (types are plain integers and pointers). Copies
  * run on a non-blocking stream per context and wait for that stream only:
  * the legacy default stream would wait for user kernels, and a GIN kernel
- * that spins on a signal we are about to write would then never finish. */
+ * that spins on a signal we are about to write would then never finish.
+ * Each thread has its own stream per context: lanes copy at once, and a
+ * shared stream would make each wait for the others' copies too. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -39,7 +41,11 @@ static struct {
   CUresult (*dtoh)(void*, CUdeviceptr, size_t, CUstream);
   CUresult (*htod)(CUdeviceptr, const void*, size_t, CUstream);
   CUresult (*getErrorString)(CUresult, const char**);
+  CUresult (*memHostAlloc)(void**, size_t, unsigned);
+  CUresult (*memFreeHost)(void*);
 } cu;
+
+enum { MEMHOSTALLOC_PORTABLE = 1 };
 
 #define MAX_CTX 64
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -80,6 +86,8 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   SYM(dtoh, "cuMemcpyDtoHAsync_v2");
   SYM(htod, "cuMemcpyHtoDAsync_v2");
   SYM(getErrorString, "cuGetErrorString");
+  SYM(memHostAlloc, "cuMemHostAlloc");
+  SYM(memFreeHost, "cuMemFreeHost");
 #undef SYM
   CUresult r = cu.init(0);
   if (r != 0) {
@@ -126,8 +134,27 @@ int rmaw_cuda_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, si
   return 0;
 }
 
-/* stream_for returns this context's copy stream, creating it once. */
+#define MAX_TLS 8
+static __thread struct {
+  CUcontext ctx;
+  CUstream stream;
+} tstreams[MAX_TLS];
+static __thread int ntstreams;
+
+/* stream_for returns this thread's copy stream for ctx, creating it once;
+ * past MAX_TLS contexts on one thread, a stream shared per context. */
 static CUstream stream_for(CUcontext ctx, CUresult* r) {
+  for (int i = 0; i < ntstreams; i++)
+    if (tstreams[i].ctx == ctx) return tstreams[i].stream;
+  if (ntstreams < MAX_TLS) {
+    CUstream s = NULL;
+    *r = cu.streamCreate(&s, STREAM_NON_BLOCKING);
+    if (*r != 0) return NULL;
+    tstreams[ntstreams].ctx = ctx;
+    tstreams[ntstreams].stream = s;
+    ntstreams++;
+    return s;
+  }
   pthread_mutex_lock(&mu);
   for (int i = 0; i < nstreams; i++)
     if (streams[i].ctx == ctx) {
@@ -169,3 +196,16 @@ int rmaw_cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint6
   }
   return 0;
 }
+
+/* Portable page-locked memory: usable by copies of every context. */
+int rmaw_cuda_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen) {
+  CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
+  if (r == 0) r = cu.memHostAlloc(p, (size_t)n, MEMHOSTALLOC_PORTABLE);
+  if (r != 0) {
+    snprintf(err, errlen, "cuMemHostAlloc of %llu bytes: %s", (unsigned long long)n, errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+void rmaw_cuda_host_free(void* p) { cu.memFreeHost(p); }

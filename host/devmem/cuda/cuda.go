@@ -74,3 +74,16 @@ func (cudaDevice) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64) e
 	}
 	return nil
 }
+
+// Pinned staging memory is C memory (cuMemHostAlloc): Go never moves or
+// frees it, and C may keep pointers to it.
+func (cudaDevice) AllocPinned(ctx uintptr, n uint64) (unsafe.Pointer, error) {
+	var p unsafe.Pointer
+	var buf [256]C.char
+	if C.rmaw_cuda_host_alloc(C.uintptr_t(ctx), C.uint64_t(n), &p, &buf[0], C.size_t(len(buf))) != 0 {
+		return nil, errors.New(C.GoString(&buf[0]))
+	}
+	return p, nil
+}
+
+func (cudaDevice) FreePinned(p unsafe.Pointer) { C.rmaw_cuda_host_free(p) }
