@@ -51,7 +51,7 @@ $(LIB): FORCE $(GUESTS) | $(BUILD)
 $(LIBNCCL): $(LIB)
 	ln -sf librccl-rma-wasm.so $@
 
-driver: $(DRIVER) $(HELLO) $(BUILD)/cuda_check
+driver: $(DRIVER) $(HELLO) $(BUILD)/cuda_check $(BUILD)/staging_bench
 
 $(DRIVER): $(HARNESS_SRC) test/harness/harness.h capi/rma_plugin.h | $(BUILD)
 	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ $(HARNESS_SRC) -ldl
@@ -63,6 +63,10 @@ $(HELLO): samples/hello_rma.c capi/rma_plugin.h | $(BUILD)
 # Device-memory check for a machine with an NVIDIA GPU (dlopens libcuda.so.1).
 $(BUILD)/cuda_check: samples/cuda_check.c capi/rma_plugin.h | $(BUILD)
 	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ samples/cuda_check.c -ldl
+
+# Staging throughput against pinned-copy and wire bounds (test/gpu/staging_bench.sh).
+$(BUILD)/staging_bench: samples/staging_bench.c capi/rma_plugin.h | $(BUILD)
+	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ samples/staging_bench.c -ldl
 
 $(BUILD):
 	mkdir -p $@

@@ -1,0 +1,417 @@
+/* staging_bench: how fast device memory moves through the plugin, against
+ * the bounds measured in the same run, on one GPU machine (two ranks =
+ * two processes on GPU 0).
+ *
+ *   1. Bounds: synchronous cuMemcpy of `bytes` device<->host, pinned
+ *      (cuMemHostAlloc) and pageable (malloc), and pinned in chunks of
+ *      NCCL_RMA_WASM_STAGE_CHUNK_KB as the plugin copies (async + wait on a
+ *      non-blocking stream).
+ *   2. For each transport, tcp (NCCL_RMA_WASM_INTRANODE=0) and intranode
+ *      (=1): a put with signal of `bytes` from host to host memory (the
+ *      wire bound of that transport) and from device to device memory,
+ *      timed from the post until the target saw the signal (and told the
+ *      sender over a socketpair); then the signal latency, host and device
+ *      signal words, as half a ping-pong of empty put-with-signals.
+ *
+ * Prints "BOUND", "PUT", "SIGNAL" and "RATIO" lines and one "RESULT" line.
+ * The device put passes when it reaches 0.8 x min(pinned D2H, the
+ * transport's host put, pinned H2D). Device payloads never take the
+ * intra-node single-copy path (process_vm_writev cannot reach GPU memory):
+ * under "intranode" they ride the TCP lanes, so their bound there is the
+ * tcp host put, and the ratio against the intra-node host put is printed
+ * too.
+ *
+ *   staging_bench [path/to/librccl-rma-wasm.so] [bytes] [iterations] [signal round trips]
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rma_plugin.h"
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+static struct {
+  CUresult (*init)(unsigned);
+  CUresult (*deviceGet)(int*, int);
+  CUresult (*primaryCtxRetain)(void**, int);
+  CUresult (*ctxSetCurrent)(void*);
+  CUresult (*memAlloc)(CUdeviceptr*, size_t);
+  CUresult (*memFree)(CUdeviceptr);
+  CUresult (*memHostAlloc)(void**, size_t, unsigned);
+  CUresult (*memFreeHost)(void*);
+  CUresult (*htod)(CUdeviceptr, const void*, size_t);
+  CUresult (*dtoh)(void*, CUdeviceptr, size_t);
+  CUresult (*htodAsync)(CUdeviceptr, const void*, size_t, void*);
+  CUresult (*dtohAsync)(void*, CUdeviceptr, size_t, void*);
+  CUresult (*streamCreate)(void**, unsigned);
+  CUresult (*streamSynchronize)(void*);
+} cu;
+
+static const char* who = "main";
+#define FAIL(...)                          \
+  do {                                     \
+    printf("[%s] RESULT FAIL ", who);      \
+    printf(__VA_ARGS__);                   \
+    printf("\n");                          \
+    fflush(stdout);                        \
+    _exit(1);                              \
+  } while (0)
+#define CU(x)                                         \
+  do {                                                \
+    CUresult r_ = (x);                                \
+    if (r_ != 0) FAIL("%s -> CUDA error %d", #x, r_); \
+  } while (0)
+#define NC(x)                                        \
+  do {                                               \
+    ncclResult_t r_ = (x);                           \
+    if (r_ != ncclSuccess) FAIL("%s -> %d", #x, r_); \
+  } while (0)
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmpd(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return x < y ? -1 : x > y;
+}
+static double median(double* v, int n) {
+  qsort(v, n, sizeof *v, cmpd);
+  return v[n / 2];
+}
+
+static void logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
+                   const char* fmt, ...) {
+  (void)flags, (void)file, (void)line;
+  va_list ap;
+  va_start(ap, fmt);
+  char buf[1024];
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  /* WARN always; INFO only about device memory, staging and transports. */
+  if (level <= 2 || (level == 3 && (strstr(buf, "CUDA") || strstr(buf, "pinned") || strstr(buf, "intra-node") ||
+                                    strstr(buf, "GDR") || strstr(buf, "HIP"))))
+    fprintf(stderr, "[%s] plugin: %s\n", who, buf);
+}
+
+static void cuda_open(void) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) FAIL("dlopen libcuda.so.1: %s", dlerror());
+#define SYM(f, n) \
+  if (!(*(void**)&cu.f = dlsym(h, n))) FAIL("libcuda.so.1 has no %s", n)
+  SYM(init, "cuInit");
+  SYM(deviceGet, "cuDeviceGet");
+  SYM(primaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  SYM(ctxSetCurrent, "cuCtxSetCurrent");
+  SYM(memAlloc, "cuMemAlloc_v2");
+  SYM(memFree, "cuMemFree_v2");
+  SYM(memHostAlloc, "cuMemHostAlloc");
+  SYM(memFreeHost, "cuMemFreeHost");
+  SYM(htod, "cuMemcpyHtoD_v2");
+  SYM(dtoh, "cuMemcpyDtoH_v2");
+  SYM(htodAsync, "cuMemcpyHtoDAsync_v2");
+  SYM(dtohAsync, "cuMemcpyDtoHAsync_v2");
+  SYM(streamCreate, "cuStreamCreate");
+  SYM(streamSynchronize, "cuStreamSynchronize");
+#undef SYM
+  CU(cu.init(0));
+  int dev;
+  void* ctx;
+  CU(cu.deviceGet(&dev, 0));
+  CU(cu.primaryCtxRetain(&ctx, dev));
+  CU(cu.ctxSetCurrent(ctx));
+}
+
+/* Results travel to the parent through a pipe, in this order. */
+enum { B_D2H_PIN, B_H2D_PIN, B_D2H_PAGE, B_H2D_PAGE, B_D2H_CHUNK, B_H2D_CHUNK, NBOUNDS };
+enum { P_HOST, P_DEV, P_SIG_HOST_US, P_SIG_DEV_US, NPUT };
+
+static size_t chunk_bytes(void) {
+  const char* s = getenv("NCCL_RMA_WASM_STAGE_CHUNK_KB");
+  size_t kb = s && *s ? strtoull(s, NULL, 0) : 1024;
+  return (kb ? kb : 1024) << 10;
+}
+
+static void bounds(size_t size, int iters, int out) {
+  who = "bounds";
+  cuda_open();
+  CUdeviceptr d;
+  CU(cu.memAlloc(&d, size));
+  void* pin;
+  CU(cu.memHostAlloc(&pin, size, 1));
+  void* page = malloc(size);
+  memset(page, 1, size);
+  memset(pin, 1, size);
+  void* stream;
+  CU(cu.streamCreate(&stream, 1));
+  size_t chunk = chunk_bytes();
+  double r[NBOUNDS];
+  double t[64];
+  if (iters > 64) iters = 64;
+  for (int k = 0; k < NBOUNDS; k++) {
+    for (int i = -1; i < iters; i++) { /* i = -1: warm-up */
+      double t0 = now();
+      switch (k) {
+        case B_D2H_PIN: CU(cu.dtoh(pin, d, size)); break;
+        case B_H2D_PIN: CU(cu.htod(d, pin, size)); break;
+        case B_D2H_PAGE: CU(cu.dtoh(page, d, size)); break;
+        case B_H2D_PAGE: CU(cu.htod(d, page, size)); break;
+        case B_D2H_CHUNK:
+        case B_H2D_CHUNK:
+          for (size_t o = 0; o < size; o += chunk) {
+            size_t m = size - o < chunk ? size - o : chunk;
+            size_t b = 2 * chunk <= size ? (o / chunk % 2) * chunk : 0;
+            /* one staging buffer's worth of pinned memory, as the plugin */
+            if (k == B_D2H_CHUNK) CU(cu.dtohAsync((char*)pin + b, d + o, m, stream));
+            else CU(cu.htodAsync(d + o, (char*)pin + b, m, stream));
+            CU(cu.streamSynchronize(stream));
+          }
+          break;
+      }
+      if (i >= 0) t[i] = now() - t0;
+    }
+    r[k] = size / median(t, iters) / 1e9;
+  }
+  static const char* names[NBOUNDS] = {"d2h_pinned", "h2d_pinned", "d2h_pageable", "h2d_pageable",
+                                       "d2h_pinned_chunked", "h2d_pinned_chunked"};
+  for (int k = 0; k < NBOUNDS; k++)
+    printf("BOUND %-20s %7.2f GB/s  (%zu bytes%s, median of %d)\n", names[k], r[k], size,
+           k >= B_D2H_CHUNK ? ", chunk = NCCL_RMA_WASM_STAGE_CHUNK_KB, async + wait" : "", iters);
+  if (write(out, r, sizeof r) != (ssize_t)sizeof r) FAIL("pipe");
+}
+
+static void xchg(int fd, const void* mine, void* theirs, size_t n) {
+  if (write(fd, mine, n) != (ssize_t)n) FAIL("bootstrap write");
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, (char*)theirs + got, n - got);
+    if (r <= 0) FAIL("bootstrap read (peer died?)");
+    got += (size_t)r;
+  }
+}
+static void sync_peer(int fd) {
+  char b = 1, c;
+  xchg(fd, &b, &c, 1);
+}
+
+static void wait_req(const ncclRma_v15_t* t, void* coll, void* req) {
+  int done = 0;
+  double t0 = now();
+  while (!done) {
+    NC(t->test(coll, req, &done));
+    if (now() - t0 > 60) FAIL("request did not complete in 60 s");
+  }
+}
+
+static uint64_t dev_word(CUdeviceptr p) {
+  uint64_t v;
+  CU(cu.dtoh(&v, p, 8));
+  return v;
+}
+
+/* wait_sig polls a signal word (host or device) until it reaches want. */
+static void wait_sig(volatile uint64_t* host, CUdeviceptr dev, uint64_t want) {
+  double t0 = now();
+  while ((host ? *host : dev_word(dev)) < want)
+    if (now() - t0 > 60) FAIL("signal did not reach %llu in 60 s", (unsigned long long)want);
+}
+
+static void ranks(const char* lib, size_t size, int iters, int pings, int rank, int fd, int out) {
+  static char name[32];
+  snprintf(name, sizeof name, "rank %d", rank);
+  who = name;
+  cuda_open();
+  void* ph = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+  if (!ph) FAIL("dlopen %s: %s", lib, dlerror());
+  const ncclRma_v15_t* t = dlsym(ph, "ncclRmaPlugin_v15");
+  if (!t) FAIL("no ncclRmaPlugin_v15");
+  void* pctx;
+  NC(t->init(&pctx, 42, logger));
+  ncclNetProperties_v12_t p;
+  NC(t->getProperties(0, &p));
+  if (!(p.ptrSupport & NCCL_PTR_CUDA)) FAIL("ptrSupport %#x lacks NCCL_PTR_CUDA", p.ptrSupport);
+  char handles[2][NCCL_NET_HANDLE_MAXSIZE];
+  void* listen;
+  NC(t->listen(pctx, 0, handles[rank], &listen));
+  xchg(fd, handles[rank], handles[1 - rank], NCCL_NET_HANDLE_MAXSIZE);
+  void* hp[2] = {handles[0], handles[1]};
+  void* coll;
+  NC(t->connect(pctx, hp, 2, rank, listen, &coll));
+  NC(t->closeListen(listen));
+  ncclRmaConfig_v15_t cfg = {1, -2147483647 - 1, 1};
+  void* rma;
+  NC(t->createContext(coll, &cfg, &rma));
+
+  CUdeviceptr dsrc, ddst, dsig;
+  CU(cu.memAlloc(&dsrc, size));
+  CU(cu.memAlloc(&ddst, size));
+  CU(cu.memAlloc(&dsig, 16));
+  uint64_t zero[2] = {0, 0};
+  CU(cu.htod(dsig, zero, 16));
+  char* hsrc = malloc(size);
+  char* hdst = malloc(size);
+  uint64_t* hsig = calloc(2, 8);
+  memset(hsrc, rank + 1, size);
+  memset(hdst, 0, size);
+  CU(cu.htod(dsrc, hsrc, size));
+  void *mdsrc, *mddst, *mdsig, *mhsrc, *mhdst, *mhsig;
+  NC(t->regMrSym(coll, (void*)dsrc, size, NCCL_PTR_CUDA, 0, &mdsrc));
+  NC(t->regMrSym(coll, (void*)ddst, size, NCCL_PTR_CUDA, 0, &mddst));
+  NC(t->regMrSym(coll, (void*)dsig, 16, NCCL_PTR_CUDA, NCCL_NET_MR_FLAG_FORCE_SO, &mdsig));
+  NC(t->regMrSym(coll, hsrc, size, NCCL_PTR_HOST, 0, &mhsrc));
+  NC(t->regMrSym(coll, hdst, size, NCCL_PTR_HOST, 0, &mhdst));
+  NC(t->regMrSym(coll, hsig, 16, NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO, &mhsig));
+  sync_peer(fd);
+
+  double res[NPUT];
+  double tm[64];
+  if (iters > 62) iters = 62;
+  /* Puts: rank 0 to rank 1, signal word 0; two warm-up rounds (connections,
+   * pinned staging allocation). */
+  for (int k = P_HOST; k <= P_DEV; k++) {
+    void *src = k == P_DEV ? mdsrc : mhsrc, *dst = k == P_DEV ? mddst : mhdst, *sig = k == P_DEV ? mdsig : mhsig;
+    for (int i = 0; i < iters + 2; i++) {
+      sync_peer(fd);
+      if (rank == 0) {
+        double t0 = now();
+        void* req;
+        NC(t->iputSignal(rma, 0, 0, src, size, 0, dst, 1, 0, sig, 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
+        wait_req(t, coll, req);
+        char c;
+        if (read(fd, &c, 1) != 1) FAIL("peer died");
+        if (i >= 2) tm[i - 2] = now() - t0;
+      } else {
+        /* Each loop has its own signal word, counting from 0. */
+        wait_sig(k == P_DEV ? NULL : (volatile uint64_t*)&hsig[0], dsig, (uint64_t)i + 1);
+        char c = 1;
+        if (write(fd, &c, 1) != 1) FAIL("peer died");
+      }
+    }
+    if (rank == 0) res[k] = size / median(tm, iters) / 1e9;
+  }
+  /* Verify the last device put byte for byte. */
+  if (rank == 1) {
+    CU(cu.dtoh(hdst, ddst, size));
+    for (size_t i = 0; i < size; i++)
+      if (hdst[i] != 1) FAIL("device byte %zu is %d after the device put, want 1", i, hdst[i]);
+  }
+  /* Signal latency: ping-pong of empty put-with-signals on word 1. */
+  for (int k = P_SIG_HOST_US; k <= P_SIG_DEV_US; k++) {
+    void* sig = k == P_SIG_DEV_US ? mdsig : mhsig;
+    sync_peer(fd);
+    double t0 = 0;
+    for (int i = 0; i < pings + 10; i++) {
+      if (i == 10) t0 = now(); /* after warm-up */
+      uint64_t want = (uint64_t)i + 1;
+      if (rank == 1) wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want);
+      void* req;
+      NC(t->iputSignal(rma, 0, 0, NULL, 0, 0, NULL, 1 - rank, 8, sig, 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
+      if (req) wait_req(t, coll, req);
+      if (rank == 0) wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want);
+    }
+    res[k] = (now() - t0) / pings / 2 * 1e6;
+  }
+  bool bad = false;
+  NC(t->queryLastError(rma, &bad));
+  if (bad) FAIL("queryLastError reports an error");
+  sync_peer(fd);
+  NC(t->deregMrSym(coll, mdsrc));
+  NC(t->deregMrSym(coll, mddst));
+  NC(t->deregMrSym(coll, mdsig));
+  NC(t->deregMrSym(coll, mhsrc));
+  NC(t->deregMrSym(coll, mhdst));
+  NC(t->deregMrSym(coll, mhsig));
+  NC(t->destroyContext(rma));
+  NC(t->closeColl(coll));
+  NC(t->finalize(pctx));
+  if (rank == 0 && write(out, res, sizeof res) != (ssize_t)sizeof res) FAIL("pipe");
+}
+
+static bool reap(pid_t pid) {
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+int main(int argc, char** argv) {
+  const char* lib = argc > 1 ? argv[1] : "build/librccl-rma-wasm.so";
+  size_t size = argc > 2 ? strtoull(argv[2], NULL, 0) : (size_t)64 << 20;
+  int iters = argc > 3 ? atoi(argv[3]) : 10;
+  int pings = argc > 4 ? atoi(argv[4]) : 2000;
+  if (iters < 1) iters = 1;
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  /* CUDA does not survive fork: the parent never touches it. Each child
+   * gets its own pipe, whose write end the parent closes, so that a child
+   * that dies ends the parent's read. */
+  int pp[2];
+  if (pipe(pp)) return 1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(pp[0]);
+    bounds(size, iters, pp[1]);
+    _exit(0);
+  }
+  close(pp[1]);
+  double b[NBOUNDS];
+  ssize_t got = read(pp[0], b, sizeof b);
+  if (!reap(pid) || got != (ssize_t)sizeof b) FAIL("the bounds child failed");
+  static const char* modes[2] = {"tcp", "intranode"};
+  double r[2][NPUT];
+  for (int m = 0; m < 2; m++) {
+    setenv("NCCL_RMA_WASM_INTRANODE", m ? "1" : "0", 1);
+    int sp[2];
+    close(pp[0]);
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) || pipe(pp)) return 1;
+    pid_t kids[2];
+    for (int rank = 0; rank < 2; rank++) {
+      kids[rank] = fork();
+      if (kids[rank] == 0) {
+        close(pp[0]);
+        close(sp[1 - rank]);
+        ranks(lib, size, iters, pings, rank, sp[rank], pp[1]);
+        _exit(0);
+      }
+    }
+    close(sp[0]);
+    close(sp[1]);
+    close(pp[1]);
+    got = read(pp[0], r[m], sizeof r[m]);
+    bool ok0 = reap(kids[0]), ok1 = reap(kids[1]);
+    if (!ok0 || !ok1 || got != (ssize_t)sizeof r[m]) FAIL("mode %s: a rank failed", modes[m]);
+    printf("PUT    %-9s host->host   %7.2f GB/s  (%zu bytes, put+signal until the target sees it, median of %d)\n",
+           modes[m], r[m][P_HOST], size, iters);
+    printf("PUT    %-9s device->dev  %7.2f GB/s\n", modes[m], r[m][P_DEV]);
+    printf("SIGNAL %-9s host word %7.1f us   device word %7.1f us  (one way, half a ping-pong)\n", modes[m],
+           r[m][P_SIG_HOST_US], r[m][P_SIG_DEV_US]);
+  }
+  bool pass = true;
+  for (int m = 0; m < 2; m++) {
+    /* Device payloads ride TCP in both modes (see the top comment). */
+    double wire = r[0][P_HOST];
+    double bound = b[B_D2H_PIN] < b[B_H2D_PIN] ? b[B_D2H_PIN] : b[B_H2D_PIN];
+    if (wire < bound) bound = wire;
+    double ratio = r[m][P_DEV] / bound;
+    printf("RATIO  %-9s device put %.2f GB/s / bound %.2f GB/s (min of d2h %.2f, tcp wire %.2f, h2d %.2f) = %.2f "
+           "(target >= 0.80)%s\n",
+           modes[m], r[m][P_DEV], bound, b[B_D2H_PIN], wire, b[B_H2D_PIN], ratio, ratio >= 0.8 ? "" : "  BELOW");
+    if (m == 1)
+      printf("RATIO  intranode device put / intranode host put %.2f GB/s = %.2f (device payloads do not take "
+             "process_vm_writev)\n", r[1][P_HOST], r[1][P_DEV] / r[1][P_HOST]);
+    if (ratio < 0.8) pass = false;
+  }
+  printf("RESULT %s staging_bench size=%zu chunk=%zu KiB lanes=%s\n", pass ? "PASS" : "BELOW-TARGET", size,
+         chunk_bytes() >> 10, getenv("NCCL_RMA_WASM_LANES") ? getenv("NCCL_RMA_WASM_LANES") : "default");
+  return pass ? 0 : 1;
+}

@@ -1,0 +1,72 @@
+/* A stand-in libcuda.so.1 for machines without a GPU: "device memory" is
+ * host memory the fake remembers, copies are memcpy. It lets
+ * test/gpu/staging_bench.sh --fake run samples/staging_bench (and the
+ * plugin's CUDA glue: pinned allocation, per-thread streams, pointer
+ * attributes) end to end; its numbers mean nothing.
+ *
+ *   cc -shared -fPIC -o build/fakecuda/libcuda.so.1 test/gpu/fakecuda.c -lpthread */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXA 256
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  uintptr_t base;
+  size_t n;
+} allocs[MAXA];
+static int ctxobj;
+
+static int find(uintptr_t p) {
+  pthread_mutex_lock(&mu);
+  int ok = 0;
+  for (int i = 0; i < MAXA; i++)
+    if (allocs[i].base && p >= allocs[i].base && p < allocs[i].base + allocs[i].n) ok = 1;
+  pthread_mutex_unlock(&mu);
+  return ok;
+}
+
+int cuInit(unsigned f) { (void)f; return 0; }
+int cuDeviceGetCount(int* n) { *n = 1; return 0; }
+int cuDeviceGet(int* d, int o) { *d = o; return 0; }
+int cuDevicePrimaryCtxRetain(void** c, int d) { (void)d; *c = &ctxobj; return 0; }
+int cuCtxSetCurrent(void* c) { (void)c; return 0; }
+int cuGetErrorString(int r, const char** s) { (void)r; *s = "fake CUDA error"; return 0; }
+int cuStreamCreate(void** s, unsigned f) { (void)f; *s = malloc(1); return 0; }
+int cuStreamSynchronize(void* s) { (void)s; return 0; }
+int cuPointerGetAttribute(void* out, int attr, unsigned long long p) {
+  if (!find((uintptr_t)p)) return 1;
+  if (attr == 2) *(unsigned*)out = 2;       /* memory type: device */
+  else if (attr == 1) *(void**)out = &ctxobj; /* context */
+  else if (attr == 9) *(int*)out = 0;       /* ordinal */
+  else return 1;
+  return 0;
+}
+int cuMemAlloc_v2(unsigned long long* p, size_t n) {
+  void* m = calloc(1, n);
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < MAXA; i++)
+    if (!allocs[i].base) {
+      allocs[i].base = (uintptr_t)m;
+      allocs[i].n = n;
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+  *p = (uintptr_t)m;
+  return 0;
+}
+int cuMemFree_v2(unsigned long long p) {
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < MAXA; i++)
+    if (allocs[i].base == p) allocs[i].base = 0;
+  pthread_mutex_unlock(&mu);
+  free((void*)(uintptr_t)p);
+  return 0;
+}
+int cuMemHostAlloc(void** p, size_t n, unsigned f) { (void)f; *p = malloc(n); return 0; }
+int cuMemFreeHost(void* p) { free(p); return 0; }
+int cuMemcpyHtoD_v2(unsigned long long d, const void* h, size_t n) { memcpy((void*)(uintptr_t)d, h, n); return 0; }
+int cuMemcpyDtoH_v2(void* h, unsigned long long d, size_t n) { memcpy(h, (void*)(uintptr_t)d, n); return 0; }
+int cuMemcpyHtoDAsync_v2(unsigned long long d, const void* h, size_t n, void* s) { (void)s; return cuMemcpyHtoD_v2(d, h, n); }
+int cuMemcpyDtoHAsync_v2(void* h, unsigned long long d, size_t n, void* s) { (void)s; return cuMemcpyDtoH_v2(h, d, n); }

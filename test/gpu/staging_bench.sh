@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Device-memory staging throughput, for a machine with an NVIDIA GPU (no Go
+# needed: it runs what `make` built into build/). One run of
+# build/staging_bench per staging chunk size: pinned/pageable copy bounds,
+# 64 MiB device->device and host->host put+signal over TCP and with the
+# intra-node path on, signal latency (host and device words), and the ratio
+# of the device put to min(pinned D2H, wire, pinned H2D) against the 0.8
+# target. The last lines are a summary table.
+#
+#   make && test/gpu/staging_bench.sh            # on the GPU machine
+#   test/gpu/staging_bench.sh --fake             # here: against test/gpu/fakecuda.c
+#
+# BYTES (default 64 MiB), ITERS (10), PINGS (2000) and CHUNKS_KB (default
+# "1024 256 4096": the first is the plugin's default) change the runs; any
+# NCCL_RMA_WASM_* variable set in the environment is passed on (LANES...).
+# Exits 0 when the default-chunk run reached the target.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BENCH=$ROOT/build/staging_bench
+LIB=$ROOT/build/librccl-rma-wasm.so
+BYTES=${BYTES:-$((64 << 20))}
+ITERS=${ITERS:-10}
+PINGS=${PINGS:-2000}
+CHUNKS_KB=${CHUNKS_KB:-1024 256 4096}
+[ -x "$BENCH" ] && [ -f "$LIB" ] || { echo "STAGING-BENCH: $BENCH or $LIB missing: run make first"; exit 2; }
+if [ "${1:-}" = "--fake" ]; then
+  mkdir -p "$ROOT/build/fakecuda"
+  cc -O2 -shared -fPIC -o "$ROOT/build/fakecuda/libcuda.so.1" "$ROOT/test/gpu/fakecuda.c" -lpthread || exit 2
+  export LD_LIBRARY_PATH=$ROOT/build/fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  BYTES=$((8 << 20)) ITERS=3 PINGS=100
+  echo "STAGING-BENCH: fake CUDA (numbers mean nothing; this checks the program runs)"
+fi
+echo "STAGING-BENCH: $(nproc) cores; ptrace_scope=$(cat /proc/sys/kernel/yama/ptrace_scope 2>/dev/null || echo none)"
+command -v nvidia-smi >/dev/null && nvidia-smi -L
+env | grep '^NCCL_RMA_WASM_' | sed 's/^/STAGING-BENCH: env /'
+OUT=$(mktemp -d /tmp/staging-bench.XXXXXX)
+rc=1
+first=1
+for kb in $CHUNKS_KB; do
+  echo "=== NCCL_RMA_WASM_STAGE_CHUNK_KB=$kb"
+  NCCL_RMA_WASM_STAGE_CHUNK_KB=$kb timeout 300 "$BENCH" "$LIB" "$BYTES" "$ITERS" "$PINGS" 2>&1 | tee "$OUT/chunk$kb.log"
+  r=${PIPESTATUS[0]}
+  [ "$first" = 1 ] && rc=$r
+  first=0
+done
+echo "=== summary ($BYTES bytes; GB/s unless marked)"
+printf '%-9s %9s %9s %9s %10s %10s %10s %10s %8s %8s %8s %8s\n' chunkKiB d2hPin h2dPin d2hPage tcpHost tcpDev intraHost intraDev ratioTcp ratioIntra sigHost_us sigDev_us
+for kb in $CHUNKS_KB; do
+  f=$OUT/chunk$kb.log
+  v() { awk "$1" "$f"; }
+  printf '%-9s %9s %9s %9s %10s %10s %10s %10s %8s %8s %8s %8s\n' "$kb" \
+    "$(v '/^BOUND d2h_pinned /{print $3}')" "$(v '/^BOUND h2d_pinned /{print $3}')" "$(v '/^BOUND d2h_pageable /{print $3}')" \
+    "$(v '/^PUT +tcp +host/{print $4}')" "$(v '/^PUT +tcp +device/{print $4}')" \
+    "$(v '/^PUT +intranode +host/{print $4}')" "$(v '/^PUT +intranode +device/{print $4}')" \
+    "$(v '/^RATIO +tcp /{for(i=1;i<=NF;i++) if($i=="=") print $(i+1)}')" \
+    "$(v '/^RATIO +intranode +device put [0-9]/{for(i=1;i<=NF;i++) if($i=="=") print $(i+1)}')" \
+    "$(v '/^SIGNAL +tcp/{print $5}')" "$(v '/^SIGNAL +tcp/{print $9}')"
+done
+echo "STAGING-BENCH logs in $OUT; exit $rc (0: default chunk met the 0.8 target on both paths)"
+exit $rc
