@@ -405,3 +405,57 @@ func TestDeviceStaging(t *testing.T) {
 		})
 	}
 }
+
+// TestDeviceDmaBuf: with a device runtime, ptrSupport advertises DMA-BUF and
+// regMrSymDmaBuf registers device memory by its address range (the fd is
+// not used); host memory through it is refused.
+func TestDeviceDmaBuf(t *testing.T) {
+	testIntraNode = "0"
+	defer func() { testIntraNode = "1" }()
+	dev := newFakeDevice()
+	devmem.Register(dev)
+	defer devmem.Register(nil)
+	rs := setup(t, 2, 64)
+	var p abi.NetProperties
+	if GetProperties(0, &p) != abi.Success || p.PtrSupport&abi.PtrDmaBuf == 0 {
+		t.Fatalf("ptrSupport %#x lacks NCCL_PTR_DMABUF with a device runtime", p.PtrSupport)
+	}
+	const size = 5<<20 + 3
+	src := make([]uintptr, 2)
+	mh := make([]uint64, 2)
+	var wg sync.WaitGroup
+	for i := range rs {
+		src[i] = dev.alloc(size)
+		dev.write(src[i], bytes.Repeat([]byte{byte(i + 1)}, size))
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			var res abi.Result
+			if mh[i], res = RegMrDmaBuf(rs[i].coll, src[i], size, abi.PtrCuda, 4096, -1, 0); res != abi.Success {
+				t.Errorf("regMrSymDmaBuf(CUDA): %v", res)
+			}
+		}(i)
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	r := rs[0]
+	req, res := Iput(r.rma, 0, 0, mh[0], 64, 0, r.dstMh, 1, 0)
+	if res != abi.Success || wait(t, r.coll, req) != abi.Success {
+		t.Fatalf("put from DMA-BUF registered device memory: %v", res)
+	}
+	req, res = Iget(r.rma, 0, 0, mh[0], size, 0, mh[0], 1, 0)
+	if res != abi.Success || wait(t, r.coll, req) != abi.Success {
+		t.Fatalf("get into DMA-BUF registered device memory: %v", res)
+	}
+	if !bytes.Equal(dev.read(src[0], size), dev.read(src[1], size)) {
+		t.Fatal("get between DMA-BUF registrations returned wrong bytes")
+	}
+	if _, res := RegMrDmaBuf(r.coll, addr(r.src), 64, abi.PtrHost, 0, 3, 0); res == abi.Success {
+		t.Fatal("host memory registered through regMrSymDmaBuf")
+	}
+	for i := range rs {
+		DeregMr(rs[i].coll, mh[i])
+	}
+}

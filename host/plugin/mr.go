@@ -80,10 +80,17 @@ func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64
 	return m.handle, abi.Success
 }
 
-// RegMrDmaBuf is refused: DMABUF is not advertised, so NCCL does not call it.
+// RegMrDmaBuf registers device memory NCCL exported as a DMA-BUF. Device
+// payloads are staged through host memory by copies of the virtual address
+// range, so the range is registered as NCCL_PTR_CUDA and the fd is not used
+// (nor kept: the caller closes it). Anything else is refused, and
+// NCCL_PTR_DMABUF is advertised only when a device runtime is loaded.
 func RegMrDmaBuf(h uint64, data uintptr, size uint64, typ int32, offset uint64, fd int32, flags uint64) (uint64, abi.Result) {
-	logx.Warn(abi.SubsysReg, "NET/wasm: regMrSymDmaBuf: DMA-BUF registration is not supported (ptrSupport has no NCCL_PTR_DMABUF); use regMrSym")
-	return 0, abi.InvalidUsage
+	if typ != abi.PtrCuda || devmem.Get() == nil {
+		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSymDmaBuf: memory type %d: DMA-BUF registration works for device memory (NCCL_PTR_CUDA) with a device runtime loaded only", typ)
+		return 0, abi.InvalidUsage
+	}
+	return RegMr(h, data, size, typ, flags)
 }
 
 // DeregMr drops a reference; the last one forgets the registration after

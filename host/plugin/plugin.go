@@ -165,10 +165,11 @@ func GetProperties(dev int32, p *abi.NetProperties) abi.Result {
 	return abi.Success
 }
 
-// ptrSupport advertises device memory when a device runtime is loaded.
+// ptrSupport advertises device memory when a device runtime is loaded, and
+// DMA-BUF registration of it (RegMrDmaBuf registers the address range).
 func ptrSupport() int32 {
 	if devmem.Get() != nil {
-		return abi.PtrHost | abi.PtrCuda
+		return abi.PtrHost | abi.PtrCuda | abi.PtrDmaBuf
 	}
 	return abi.PtrHost
 }

@@ -43,6 +43,18 @@ int cuPointerGetAttribute(void* out, int attr, unsigned long long p) {
   else return 1;
   return 0;
 }
+int cuMemGetAddressRange_v2(unsigned long long* base, size_t* n, unsigned long long p) {
+  int ok = 1;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < MAXA; i++)
+    if (allocs[i].base && p >= allocs[i].base && p < allocs[i].base + allocs[i].n) {
+      *base = allocs[i].base;
+      *n = allocs[i].n;
+      ok = 0;
+    }
+  pthread_mutex_unlock(&mu);
+  return ok;
+}
 int cuMemAlloc_v2(unsigned long long* p, size_t n) {
   void* m = calloc(1, n);
   pthread_mutex_lock(&mu);

@@ -43,6 +43,7 @@ static struct {
   CUresult (*getErrorString)(CUresult, const char**);
   CUresult (*memHostAlloc)(void**, size_t, unsigned);
   CUresult (*memFreeHost)(void*);
+  CUresult (*memGetAddressRange)(CUdeviceptr*, size_t*, CUdeviceptr);
 } cu;
 
 enum { MEMHOSTALLOC_PORTABLE = 1 };
@@ -88,6 +89,7 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   SYM(getErrorString, "cuGetErrorString");
   SYM(memHostAlloc, "cuMemHostAlloc");
   SYM(memFreeHost, "cuMemFreeHost");
+  SYM(memGetAddressRange, "cuMemGetAddressRange_v2");
 #undef SYM
   CUresult r = cu.init(0);
   if (r != 0) {
@@ -103,29 +105,45 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   return n;
 }
 
+/* rmaw_cuda_inspect accepts [ptr, ptr+size) when every byte of it is CUDA
+ * device memory of one device: one allocation, or several mapped next to
+ * each other in one VMM reservation (NCCL's symmetric windows), walked
+ * allocation by allocation with cuMemGetAddressRange. */
 int rmaw_cuda_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t errlen) {
-  unsigned int memtype = 0;
-  CUresult r = cu.pointerGetAttribute(&memtype, ATTR_MEMORY_TYPE, (CUdeviceptr)ptr);
-  if (r != 0 || memtype != MEMTYPE_DEVICE) {
-    snprintf(err, errlen, "not CUDA device memory (memory type %u, status %s)", memtype, errstr(r));
-    return -1;
-  }
-  if (size > 0) {
-    unsigned int last = 0;
-    r = cu.pointerGetAttribute(&last, ATTR_MEMORY_TYPE, (CUdeviceptr)(ptr + size - 1));
-    if (r != 0 || last != MEMTYPE_DEVICE) {
-      snprintf(err, errlen, "the range ends outside CUDA device memory");
+  int ordinal = -1;
+  uint64_t end = ptr + (size ? size : 1);
+  for (uint64_t p = ptr; p < end;) {
+    unsigned int memtype = 0;
+    CUresult r = cu.pointerGetAttribute(&memtype, ATTR_MEMORY_TYPE, (CUdeviceptr)p);
+    if (r != 0 || memtype != MEMTYPE_DEVICE) {
+      snprintf(err, errlen, "%s CUDA device memory (at offset %llu: memory type %u, status %s)",
+               p == ptr ? "not" : "the range leaves", (unsigned long long)(p - ptr), memtype, errstr(r));
       return -1;
     }
+    int o = -1;
+    if (cu.pointerGetAttribute(&o, ATTR_DEVICE_ORDINAL, (CUdeviceptr)p) != 0 || (ordinal >= 0 && o != ordinal)) {
+      snprintf(err, errlen, "the range spans allocations of more than one device");
+      return -1;
+    }
+    ordinal = o;
+    CUdeviceptr base = 0;
+    size_t n = 0;
+    if (cu.memGetAddressRange(&base, &n, (CUdeviceptr)p) != 0 || base + n <= p) {
+      /* No range known: the first and last bytes decide, as before. */
+      if (p == ptr && size > 1) {
+        p = end - 1;
+        continue;
+      }
+      break;
+    }
+    p = base + n;
   }
   CUcontext c = NULL;
-  r = cu.pointerGetAttribute(&c, ATTR_CONTEXT, (CUdeviceptr)ptr);
+  CUresult r = cu.pointerGetAttribute(&c, ATTR_CONTEXT, (CUdeviceptr)ptr);
   if (r != 0 || c == NULL) {
     /* VMM allocations carry no context: use the device's primary one. */
-    int ordinal = -1;
     CUdevice dev;
-    if (cu.pointerGetAttribute(&ordinal, ATTR_DEVICE_ORDINAL, (CUdeviceptr)ptr) != 0 || ordinal < 0 ||
-        cu.deviceGet(&dev, ordinal) != 0 || cu.primaryCtxRetain(&c, dev) != 0) {
+    if (ordinal < 0 || cu.deviceGet(&dev, ordinal) != 0 || cu.primaryCtxRetain(&c, dev) != 0) {
       snprintf(err, errlen, "cannot find the CUDA context of this memory");
       return -1;
     }
