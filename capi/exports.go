@@ -13,6 +13,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/cuda"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/hip"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/plugin"
 )
@@ -110,6 +111,7 @@ func rmawasm_init(ctx *C.uintptr_t, commID C.uint64_t, logFn C.uintptr_t) (ret C
 		return r
 	}
 	cuda.Probe()
+	hip.Probe() // RCCL's HIP memory arrives as NCCL_PTR_CUDA too
 	id, r := plugin.Init(uint64(commID))
 	return putID(ctx, id, r, "init", "context")
 }

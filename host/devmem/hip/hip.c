@@ -1,0 +1,180 @@
+/* The AMD HIP runtime, found with dlopen at run time and never linked, so
+ * the library loads on machines without ROCm. Declarations are our own
+ * minimal subset (types are plain integers and pointers). A "context" here
+ * is the device ordinal + 1 (0 means host memory to the data path); every
+ * copy sets that device on the calling thread first (hipSetDevice), since
+ * NCCL's progress threads and Go's threads have none, and runs on a
+ * non-blocking stream of its own per thread and device, for the reasons the
+ * CUDA side gives (cuda.c). */
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "hip_shim.h"
+
+typedef int hipError_t;
+typedef void* hipStream_t;
+
+enum {
+  STREAM_NON_BLOCKING = 1,
+  HOST_MALLOC_PORTABLE = 1,
+  KIND_H2D = 1,
+  KIND_D2H = 2,
+};
+
+static struct {
+  hipError_t (*init)(unsigned);
+  hipError_t (*getDeviceCount)(int*);
+  hipError_t (*runtimeGetVersion)(int*);
+  hipError_t (*pointerGetAttributes)(void*, const void*);
+  hipError_t (*setDevice)(int);
+  hipError_t (*streamCreateWithFlags)(hipStream_t*, unsigned);
+  hipError_t (*streamSynchronize)(hipStream_t);
+  hipError_t (*memcpyAsync)(void*, const void*, size_t, int, hipStream_t);
+  hipError_t (*hostMalloc)(void**, size_t, unsigned);
+  hipError_t (*hostFree)(void*);
+  const char* (*getErrorString)(hipError_t);
+} hip;
+
+/* hipMemoryTypeDevice: 1 before ROCm 6, 2 from ROCm 6 on (the enum was
+ * renumbered to match CUDA's). */
+static int memtype_device = 2;
+
+static const char* errstr(hipError_t r) {
+  const char* s = hip.getErrorString ? hip.getErrorString(r) : NULL;
+  return s ? s : "unknown HIP error";
+}
+
+/* lib, when not NULL, is the only name tried (tests). */
+int rmaw_hip_open(const char* lib, char* err, size_t errlen) {
+  static const char* names[] = {"libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"};
+  void* h = lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
+  for (size_t i = 0; !lib && i < sizeof names / sizeof names[0] && !h; i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    snprintf(err, errlen, "%s", dlerror());
+    return -1;
+  }
+#define SYM(field, name)                                      \
+  do {                                                        \
+    *(void**)&hip.field = dlsym(h, name);                     \
+    if (!hip.field) {                                         \
+      snprintf(err, errlen, "libamdhip64.so has no %s", name); \
+      return -1;                                              \
+    }                                                         \
+  } while (0)
+  SYM(init, "hipInit");
+  SYM(getDeviceCount, "hipGetDeviceCount");
+  SYM(runtimeGetVersion, "hipRuntimeGetVersion");
+  SYM(pointerGetAttributes, "hipPointerGetAttributes");
+  SYM(setDevice, "hipSetDevice");
+  SYM(streamCreateWithFlags, "hipStreamCreateWithFlags");
+  SYM(streamSynchronize, "hipStreamSynchronize");
+  SYM(memcpyAsync, "hipMemcpyAsync");
+  SYM(hostMalloc, "hipHostMalloc");
+  SYM(hostFree, "hipHostFree");
+  SYM(getErrorString, "hipGetErrorString");
+#undef SYM
+  int v = 0;
+  if (hip.runtimeGetVersion(&v) == 0 && v > 0 && v < 60000000) memtype_device = 1;
+  hipError_t r = hip.init(0);
+  int n = 0;
+  if (r == 0) r = hip.getDeviceCount(&n);
+  if (r != 0 || n < 1) {
+    snprintf(err, errlen, "no HIP device (hipGetDeviceCount: %d devices, status %d: %s)", n, r, errstr(r));
+    return -1;
+  }
+  return n;
+}
+
+/* attrs reads the memory type and device of one address. Only the first two
+ * fields are read, which every ROCm release keeps in place; the buffer is
+ * larger than any release's hipPointerAttribute_t. */
+static int attrs(uint64_t p, int* type, int* dev) {
+  union {
+    struct {
+      int type;
+      int device;
+    } head;
+    char room[256];
+  } a;
+  memset(&a, 0, sizeof a);
+  hipError_t r = hip.pointerGetAttributes(&a, (const void*)(uintptr_t)p);
+  *type = a.head.type;
+  *dev = a.head.device;
+  return r;
+}
+
+int rmaw_hip_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t errlen) {
+  int type = -1, dev = -1;
+  hipError_t r = attrs(ptr, &type, &dev);
+  if (r != 0 || type != memtype_device || dev < 0) {
+    snprintf(err, errlen, "not HIP device memory (memory type %d, status %s)", type, r ? errstr(r) : "ok");
+    return -1;
+  }
+  if (size > 1) {
+    int t2 = -1, d2 = -1;
+    if (attrs(ptr + size - 1, &t2, &d2) != 0 || t2 != memtype_device || d2 != dev) {
+      snprintf(err, errlen, "the range ends outside HIP device memory of device %d", dev);
+      return -1;
+    }
+  }
+  *ctx = (uintptr_t)dev + 1;
+  return 0;
+}
+
+#define MAX_TLS 16
+static __thread struct {
+  int dev;
+  hipStream_t stream;
+} tstreams[MAX_TLS];
+static __thread int ntstreams;
+
+/* on_device sets the device on this thread and returns its copy stream. */
+static hipStream_t on_device(uintptr_t ctx, hipError_t* r) {
+  int dev = (int)ctx - 1;
+  *r = hip.setDevice(dev);
+  if (*r != 0) return NULL;
+  for (int i = 0; i < ntstreams; i++)
+    if (tstreams[i].dev == dev) return tstreams[i].stream;
+  hipStream_t s = NULL;
+  *r = hip.streamCreateWithFlags(&s, STREAM_NON_BLOCKING);
+  if (*r != 0) return NULL;
+  if (ntstreams < MAX_TLS) {
+    tstreams[ntstreams].dev = dev;
+    tstreams[ntstreams].stream = s;
+    ntstreams++;
+  }
+  return s;
+}
+
+int rmaw_hip_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err, size_t errlen) {
+  hipError_t r;
+  hipStream_t s = on_device(ctx, &r);
+  if (!s) {
+    snprintf(err, errlen, "hipSetDevice(%d) / hipStreamCreateWithFlags: %s", (int)ctx - 1, errstr(r));
+    return -1;
+  }
+  void* d = (void*)(uintptr_t)dev;
+  r = to_device ? hip.memcpyAsync(d, host, (size_t)n, KIND_H2D, s) : hip.memcpyAsync(host, d, (size_t)n, KIND_D2H, s);
+  if (r == 0) r = hip.streamSynchronize(s);
+  if (r != 0) {
+    snprintf(err, errlen, "hipMemcpyAsync (%s) of %llu bytes: %s", to_device ? "to device" : "from device",
+             (unsigned long long)n, errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+int rmaw_hip_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen) {
+  hipError_t r = hip.setDevice((int)ctx - 1);
+  if (r == 0) r = hip.hostMalloc(p, (size_t)n, HOST_MALLOC_PORTABLE);
+  if (r != 0) {
+    snprintf(err, errlen, "hipHostMalloc of %llu bytes: %s", (unsigned long long)n, errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+void rmaw_hip_host_free(void* p) { hip.hostFree(p); }

@@ -1,0 +1,50 @@
+package hip
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+)
+
+// hipPresent reports whether a libamdhip64 is installed where dlopen looks.
+func hipPresent() bool {
+	for _, dir := range []string{"/usr/lib/x86_64-linux-gnu", "/opt/rocm/lib", "/usr/lib64", "/usr/lib"} {
+		if m, _ := filepath.Glob(filepath.Join(dir, "libamdhip64.so*")); len(m) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// TestProbeWithoutDevice: no AMD GPU exists on these machines. Without the
+// runtime (a name that is not installed, and the usual names on machines
+// without ROCm) the probe says the library is missing; with it (Debian's
+// libamdhip64-5) the runtime loads and reports no device. Either way no
+// device is registered, so ptrSupport stays HOST.
+func TestProbeWithoutDevice(t *testing.T) {
+	if _, err := os.Stat("/dev/kfd"); err == nil {
+		t.Skip("an AMD GPU driver is present")
+	}
+	if _, err := open("libamdhip64-not-installed.so"); err == nil || !strings.Contains(err.Error(), "libamdhip64-not-installed.so") {
+		t.Fatalf("a missing runtime: %v, want dlopen's error naming the library", err)
+	}
+	n, err := open("")
+	if err == nil {
+		t.Fatalf("HIP runtime found %d device(s) on a machine without an AMD GPU", n)
+	}
+	want := "libamdhip64"
+	if hipPresent() {
+		want = "no HIP device"
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("probe error %q does not mention %q", err, want)
+	}
+	t.Logf("runtime present: %v; probe: %v", hipPresent(), err)
+	Probe()
+	if devmem.Get() != nil {
+		t.Fatal("a device was registered without a HIP device")
+	}
+}
