@@ -265,6 +265,8 @@ var (
 		Doc: fmt.Sprintf("TCP streams per peer (1..%d); large puts and gets are striped over them", abi.MaxLanes)}), 0}
 	CUDA = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_CUDA", Kind: KindBool, Default: "1",
 		Doc: "0 skips loading the CUDA driver (no device memory)"}), true}
+	GDRCopy = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_GDRCOPY", Kind: KindBool, Default: "1",
+		Doc: "0 keeps device signal words on copies even where GDRCopy (`libgdrapi.so`, `/dev/gdrdrv`) is present"}), true}
 	HIP = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_HIP", Kind: KindBool, Default: "1",
 		Doc: "0 skips loading the HIP runtime (`libamdhip64.so`, probed when CUDA has no device)"}), true}
 	StageChunkKiB = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_STAGE_CHUNK_KB", Kind: KindInt, Default: "1024", Min: 4, Max: 1 << 16,

@@ -53,6 +53,11 @@ func (s sigRef) apply(v uint64) error {
 	mu := &devSigLocks[(s.dev>>3)%uintptr(len(devSigLocks))]
 	mu.Lock()
 	defer mu.Unlock()
+	if wa, ok := d.(devmem.WordAdder); ok {
+		if done, err := wa.AddWord(s.ctx, s.dev, v); done || err != nil {
+			return err
+		}
+	}
 	var w uint64
 	if err := d.DtoH(s.ctx, unsafe.Pointer(&w), s.dev, 8); err != nil {
 		return fmt.Errorf("read device signal: %w", err)

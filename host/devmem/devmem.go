@@ -31,6 +31,19 @@ type Device interface {
 	FreePinned(p unsafe.Pointer)
 }
 
+// WordAdder is implemented by a device that can add to a word of device
+// memory from the CPU through a mapping of it (GDRCopy), much faster than
+// the two copies of a read-modify-write. Callers serialise updates of one
+// word; the write is visible to the device when AddWord returns.
+type WordAdder interface {
+	// AddWord adds v to the 8-byte word at addr. false (and no error):
+	// this word cannot be mapped, use copies.
+	AddWord(ctx, addr uintptr, v uint64) (bool, error)
+	// Forget drops mappings of [addr, addr+size), which is being
+	// deregistered and may be freed.
+	Forget(addr uintptr, size uint64)
+}
+
 var current atomic.Pointer[Device]
 
 // Register installs the device implementation (nil removes it).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -457,5 +458,128 @@ func TestDeviceDmaBuf(t *testing.T) {
 	}
 	for i := range rs {
 		DeregMr(rs[i].coll, mh[i])
+	}
+}
+
+// fakeGDR is the fake device with a CPU mapping of its words (GDRCopy).
+type fakeGDR struct {
+	*fakeDevice
+	adds, forgets int
+	unmappable    bool // AddWord declines: the copy path runs
+}
+
+func (g *fakeGDR) AddWord(ctx, addr uintptr, v uint64) (bool, error) {
+	g.mu.Lock()
+	if g.unmappable {
+		g.mu.Unlock()
+		return false, nil
+	}
+	b, err := g.find(addr, 8)
+	if err != nil || ctx != 0xc0ffee {
+		g.mu.Unlock()
+		return false, fmt.Errorf("AddWord: ctx %#x: %v", ctx, err)
+	}
+	// A read and a write, like the mapped word: the caller must
+	// serialise updates of one word, or an increment is lost here.
+	w := binary.LittleEndian.Uint64(b)
+	g.mu.Unlock()
+	runtime.Gosched()
+	g.mu.Lock()
+	binary.LittleEndian.PutUint64(b, w+v)
+	g.adds++
+	g.mu.Unlock()
+	return true, nil
+}
+
+func (g *fakeGDR) Forget(addr uintptr, size uint64) {
+	g.mu.Lock()
+	g.forgets++
+	g.mu.Unlock()
+}
+
+// TestDeviceSignalWords: every rank's puts and bare signals add to one
+// device word of rank 0 at once, over three lanes; no increment is lost,
+// with a CPU mapping (GDRCopy) and when it declines the word (copies).
+// The payload is complete when the signal is seen, and deregistration
+// drops the mappings.
+func TestDeviceSignalWords(t *testing.T) {
+	for _, unmappable := range []bool{false, true} {
+		t.Run(fmt.Sprint("mapped=", !unmappable), func(t *testing.T) {
+			testLanes, testIntraNode = "3", "0"
+			defer func() { testLanes, testIntraNode = "", "1" }()
+			g := &fakeGDR{fakeDevice: newFakeDevice(), unmappable: unmappable}
+			devmem.Register(g)
+			defer devmem.Register(nil)
+			const n, per, size = 3, 40, 300 << 10
+			rs := setup(t, n, 64)
+			sig, src, dst := make([]uintptr, n), make([]uintptr, n), make([]uintptr, n)
+			mh := make([][3]uint64, n)
+			var wg sync.WaitGroup
+			for i := range rs {
+				sig[i], src[i], dst[i] = g.alloc(8), g.alloc(size), g.alloc(n*size)
+				g.write(src[i], bytes.Repeat([]byte{byte(i + 1)}, size))
+				wg.Add(1)
+				go func(i int) {
+					defer wg.Done()
+					for k, a := range []uintptr{sig[i], src[i], dst[i]} {
+						var res abi.Result
+						if mh[i][k], res = RegMr(rs[i].coll, a, []uint64{8, size, n * size}[k], abi.PtrCuda, 0); res != abi.Success {
+							t.Errorf("regMr: %v", res)
+						}
+					}
+				}(i)
+			}
+			wg.Wait()
+			if t.Failed() {
+				t.FailNow()
+			}
+			for i := range rs {
+				wg.Add(1)
+				go func(i int) {
+					defer wg.Done()
+					r := rs[i]
+					for k := 0; k < per; k++ {
+						var req uint64
+						var res abi.Result
+						if k == per-1 { // the last one carries a striped payload
+							req, res = IputSignal(r.rma, 0, 0, mh[i][1], size, uint64(i*size), mh[i][2], 0, 0, mh[i][0], 1, abi.SignalOpAdd, true, 0)
+						} else {
+							req, res = IputSignal(r.rma, 0, 0, 0, 0, 0, 0, 0, 0, mh[i][0], 1, abi.SignalOpAdd, true, 0)
+						}
+						if res != abi.Success || wait(t, r.coll, req) != abi.Success {
+							t.Errorf("rank %d signal %d: %v", i, k, res)
+							return
+						}
+					}
+				}(i)
+			}
+			wg.Wait()
+			deadline := time.Now().Add(10 * time.Second)
+			for binary.LittleEndian.Uint64(g.read(sig[0], 8)) != n*per {
+				if time.Now().After(deadline) {
+					t.Fatalf("device signal %d, want %d: increments lost", binary.LittleEndian.Uint64(g.read(sig[0], 8)), n*per)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			for i := range rs {
+				if !bytes.Equal(g.read(dst[0]+uintptr(i*size), size), bytes.Repeat([]byte{byte(i + 1)}, size)) {
+					t.Fatalf("payload from rank %d incomplete once every signal is seen", i)
+				}
+			}
+			for i := range rs {
+				for _, h := range mh[i] {
+					DeregMr(rs[i].coll, h)
+				}
+			}
+			g.mu.Lock()
+			adds, forgets := g.adds, g.forgets
+			g.mu.Unlock()
+			if !unmappable && adds != n*per {
+				t.Fatalf("%d signals went through the mapping, want %d", adds, n*per)
+			}
+			if forgets != 3*n {
+				t.Fatalf("%d deregistrations of device memory dropped mappings, want %d", forgets, 3*n)
+			}
+		})
 	}
 }

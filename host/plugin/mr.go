@@ -112,6 +112,13 @@ func DeregMr(h, mh uint64) abi.Result {
 			c.drain("deregMrSym")
 		}
 		c.regs.drop(m)
+		if m.devCtx != 0 {
+			// The caller may free the memory now: no CPU mapping of it
+			// (GDRCopy) may outlive the registration.
+			if wa, ok := devmem.Get().(devmem.WordAdder); ok {
+				wa.Forget(uintptr(m.base), m.size)
+			}
+		}
 	}
 	return abi.Success
 }

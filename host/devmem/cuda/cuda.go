@@ -41,8 +41,18 @@ func Probe() {
 			logx.Info(abi.SubsysInit, "NET/wasm: no CUDA device memory support: %s", C.GoString(&buf[0]))
 			return
 		}
-		devmem.Register(cudaDevice{})
 		logx.Info(abi.SubsysInit, "NET/wasm: CUDA driver loaded, %d device(s): ptrSupport includes NCCL_PTR_CUDA", int(n))
+		if !config.GDRCopy.Get() {
+			devmem.Register(cudaDevice{})
+			return
+		}
+		if C.rmaw_gdr_open(&buf[0], C.size_t(len(buf))) != 0 {
+			logx.Info(abi.SubsysInit, "NET/wasm: no GDRCopy (%s): device signal words are updated with copies", C.GoString(&buf[0]))
+			devmem.Register(cudaDevice{})
+			return
+		}
+		logx.Info(abi.SubsysInit, "NET/wasm: GDRCopy loaded: device signal words are updated through a CPU mapping")
+		devmem.Register(gdrDevice{})
 	})
 }
 
@@ -87,3 +97,14 @@ func (cudaDevice) AllocPinned(ctx uintptr, n uint64) (unsafe.Pointer, error) {
 }
 
 func (cudaDevice) FreePinned(p unsafe.Pointer) { C.rmaw_cuda_host_free(p) }
+
+// gdrDevice is the CUDA device with GDRCopy for signal words.
+type gdrDevice struct{ cudaDevice }
+
+func (gdrDevice) AddWord(ctx, addr uintptr, v uint64) (bool, error) {
+	return C.rmaw_gdr_add(C.uintptr_t(ctx), C.uint64_t(addr), C.uint64_t(v)) == 1, nil
+}
+
+func (gdrDevice) Forget(addr uintptr, size uint64) {
+	C.rmaw_gdr_forget(C.uint64_t(addr), C.uint64_t(size))
+}
