@@ -221,11 +221,15 @@ static uint64_t dev_word(CUdeviceptr p) {
   return v;
 }
 
-/* wait_sig polls a signal word (host or device) until it reaches want. */
-static void wait_sig(volatile uint64_t* host, CUdeviceptr dev, uint64_t want) {
+/* wait_sig polls a signal word (host or device) until it reaches want;
+ * pause_us between device polls keeps them from taking copy-engine turns
+ * from the transfer being timed (0 for latency). */
+static void wait_sig(volatile uint64_t* host, CUdeviceptr dev, uint64_t want, int pause_us) {
   double t0 = now();
-  while ((host ? *host : dev_word(dev)) < want)
+  while ((host ? *host : dev_word(dev)) < want) {
     if (now() - t0 > 60) FAIL("signal did not reach %llu in 60 s", (unsigned long long)want);
+    if (!host && pause_us) usleep(pause_us);
+  }
 }
 
 static void ranks(const char* lib, size_t size, int iters, int pings, int rank, int fd, int out) {
@@ -294,7 +298,7 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
         if (i >= 2) tm[i - 2] = now() - t0;
       } else {
         /* Each loop has its own signal word, counting from 0. */
-        wait_sig(k == P_DEV ? NULL : (volatile uint64_t*)&hsig[0], dsig, (uint64_t)i + 1);
+        wait_sig(k == P_DEV ? NULL : (volatile uint64_t*)&hsig[0], dsig, (uint64_t)i + 1, 20);
         char c = 1;
         if (write(fd, &c, 1) != 1) FAIL("peer died");
       }
@@ -315,11 +319,11 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
     for (int i = 0; i < pings + 10; i++) {
       if (i == 10) t0 = now(); /* after warm-up */
       uint64_t want = (uint64_t)i + 1;
-      if (rank == 1) wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want);
+      if (rank == 1) wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want, 0);
       void* req;
       NC(t->iputSignal(rma, 0, 0, NULL, 0, 0, NULL, 1 - rank, 8, sig, 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
       if (req) wait_req(t, coll, req);
-      if (rank == 0) wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want);
+      if (rank == 0) wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want, 0);
     }
     res[k] = (now() - t0) / pings / 2 * 1e6;
   }

@@ -143,6 +143,19 @@ func putStager(s *stager) {
 	stagers.mu.Unlock()
 }
 
+// ReleaseStagers frees the pooled stagers that are idle (plugin finalize):
+// pinned memory lives in a device context the application may destroy.
+// Stagers in use return to the pool and are freed at the next call.
+func ReleaseStagers() {
+	stagers.mu.Lock()
+	free := stagers.free
+	stagers.free = nil
+	stagers.mu.Unlock()
+	for _, s := range free {
+		s.release()
+	}
+}
+
 // release ends the copier and frees the buffers; nothing is in flight.
 func (s *stager) release() {
 	close(s.jobs)

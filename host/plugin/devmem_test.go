@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 )
 
@@ -336,6 +337,26 @@ func TestDeviceStaging(t *testing.T) {
 			dev.noPinned = c.noPinned
 			devmem.Register(dev)
 			defer devmem.Register(nil)
+			t.Cleanup(func() { // after setup's cleanup, which finalizes
+				// Finalize frees idle pinned staging memory; a target's
+				// stager may come back a moment after the initiator saw
+				// its request complete.
+				deadline := time.Now().Add(5 * time.Second)
+				for {
+					dev.mu.Lock()
+					live := dev.pinnedLive
+					dev.mu.Unlock()
+					if live == 0 {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Errorf("%d pinned staging buffers still allocated after finalize", live)
+						return
+					}
+					time.Sleep(time.Millisecond)
+					dataplane.ReleaseStagers()
+				}
+			})
 			rs := setup(t, 2, 64)
 			type bufs struct{ src, dst, sig, get uintptr }
 			dv := make([]bufs, 2)

@@ -97,6 +97,9 @@ func Finalize(ctx uint64) abi.Result {
 		logx.Warn(abi.SubsysInit, "NET/wasm: finalize: unknown context %#x", ctx)
 		return abi.InvalidArgument
 	}
+	// Pinned staging memory belongs to a device context the application
+	// may destroy after finalize; idle stagers go now.
+	dataplane.ReleaseStagers()
 	return abi.Success
 }
 
