@@ -261,7 +261,9 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
   CUdeviceptr dsrc, ddst, dsig;
   CU(cu.memAlloc(&dsrc, size));
   CU(cu.memAlloc(&ddst, size));
-  CU(cu.memAlloc(&dsig, 16));
+  /* 2 MiB: cuMemAlloc aligns it to its size, so the signal words' 64 KiB
+   * GPU page lies inside it and GDRCopy (when present) can map it. */
+  CU(cu.memAlloc(&dsig, 2 << 20));
   uint64_t zero[2] = {0, 0};
   CU(cu.htod(dsig, zero, 16));
   char* hsrc = malloc(size);

@@ -4,7 +4,8 @@
  * plugin's CUDA glue: pinned allocation, per-thread streams, pointer
  * attributes) end to end; its numbers mean nothing.
  *
- *   cc -shared -fPIC -o build/fakecuda/libcuda.so.1 test/gpu/fakecuda.c -lpthread */
+ *   cc -shared -fPIC -o build/fakecuda/libcuda.so.1 test/gpu/fakecuda.c -lpthread
+ *   cc -shared -fPIC -o build/fakecuda/libgdrapi.so test/gpu/fakegdr.c    (optional) */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -55,8 +56,12 @@ int cuMemGetAddressRange_v2(unsigned long long* base, size_t* n, unsigned long l
   pthread_mutex_unlock(&mu);
   return ok;
 }
+int cuPointerSetAttribute(const void* v, int attr, unsigned long long p) { (void)v, (void)attr, (void)p; return 0; }
 int cuMemAlloc_v2(unsigned long long* p, size_t n) {
-  void* m = calloc(1, n);
+  /* Large blocks aligned to 64 KiB, like the driver's, so that the fake
+   * GDRCopy (fakegdr.c) can map their pages. */
+  void* m = n >= (1 << 16) ? aligned_alloc(1 << 16, (n + 0xffff) & ~(size_t)0xffff) : calloc(1, n);
+  if (n >= (1 << 16)) memset(m, 0, n);
   pthread_mutex_lock(&mu);
   for (int i = 0; i < MAXA; i++)
     if (!allocs[i].base) {

@@ -9,6 +9,7 @@
 #
 #   make && test/gpu/staging_bench.sh            # on the GPU machine
 #   test/gpu/staging_bench.sh --fake             # here: against test/gpu/fakecuda.c
+#   FAKE_GDR=1 test/gpu/staging_bench.sh --fake  # ... and test/gpu/fakegdr.c
 #
 # BYTES (default 64 MiB), ITERS (10), PINGS (2000) and CHUNKS_KB (default
 # "1024 256 4096": the first is the plugin's default) change the runs; any
@@ -26,6 +27,11 @@ CHUNKS_KB=${CHUNKS_KB:-1024 256 4096}
 if [ "${1:-}" = "--fake" ]; then
   mkdir -p "$ROOT/build/fakecuda"
   cc -O2 -shared -fPIC -o "$ROOT/build/fakecuda/libcuda.so.1" "$ROOT/test/gpu/fakecuda.c" -lpthread || exit 2
+  # FAKE_GDR=1: a stand-in libgdrapi.so too, to run the GDRCopy signal path.
+  rm -f "$ROOT/build/fakecuda/libgdrapi.so"
+  if [ "${FAKE_GDR:-0}" = 1 ]; then
+    cc -O2 -shared -fPIC -o "$ROOT/build/fakecuda/libgdrapi.so" "$ROOT/test/gpu/fakegdr.c" || exit 2
+  fi
   export LD_LIBRARY_PATH=$ROOT/build/fakecuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   BYTES=$((8 << 20)) ITERS=3 PINGS=100
   echo "STAGING-BENCH: fake CUDA (numbers mean nothing; this checks the program runs)"
@@ -43,6 +49,13 @@ for kb in $CHUNKS_KB; do
   [ "$first" = 1 ] && rc=$r
   first=0
 done
+if grep -q "GDRCopy loaded" "$OUT"/chunk*.log; then
+  echo "=== GDRCopy was used for device signal words; the same run without it (NCCL_RMA_WASM_GDRCOPY=0):"
+  NCCL_RMA_WASM_GDRCOPY=0 timeout 300 "$BENCH" "$LIB" "$BYTES" "$ITERS" "$PINGS" >"$OUT/nogdr.log" 2>&1
+  grep -E '^SIGNAL|^PUT .*device' "$OUT/nogdr.log" | sed 's/^/without GDRCopy: /'
+else
+  echo "=== GDRCopy not used: $(grep -h -m1 'no GDRCopy' "$OUT"/chunk*.log | head -1 | sed 's/.*no GDRCopy/no GDRCopy/')"
+fi
 echo "=== summary ($BYTES bytes; GB/s unless marked)"
 printf '%-9s %9s %9s %9s %10s %10s %10s %10s %8s %8s %8s %8s\n' chunkKiB d2hPin h2dPin d2hPage tcpHost tcpDev intraHost intraDev ratioTcp ratioIntra sigHost_us sigDev_us
 for kb in $CHUNKS_KB; do
