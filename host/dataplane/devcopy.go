@@ -24,7 +24,8 @@ import (
 var errNoDevice = errors.New("device memory registered but no device runtime is loaded")
 
 // sigRef is a signal word: host memory updated atomically, or a word of
-// device memory updated by read-modify-write through the device runtime.
+// device memory updated by read-modify-write through the device runtime
+// (through a CPU mapping of it where the device offers one: GDRCopy).
 type sigRef struct {
 	host *uint64
 	dev  uintptr
