@@ -35,12 +35,13 @@ func TestProbeWithoutDevice(t *testing.T) {
 	if err == nil {
 		t.Fatalf("HIP runtime found %d device(s) on a machine without an AMD GPU", n)
 	}
-	want := "libamdhip64"
-	if hipPresent() {
-		want = "no HIP device"
+	// Missing runtime: dlopen's error names the library; present runtime
+	// (Debian's libamdhip64-5 here): it finds no device.
+	if msg := err.Error(); !strings.Contains(msg, "libamdhip64") && !strings.Contains(msg, "no HIP device") {
+		t.Fatalf("probe error %q names neither the missing library nor the missing device", msg)
 	}
-	if !strings.Contains(err.Error(), want) {
-		t.Fatalf("probe error %q does not mention %q", err, want)
+	if hipPresent() && !strings.Contains(err.Error(), "no HIP device") {
+		t.Fatalf("runtime installed, but the probe failed before counting devices: %v", err)
 	}
 	t.Logf("runtime present: %v; probe: %v", hipPresent(), err)
 	Probe()
