@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what `make test` needs beyond Go, gcc and make: clang and lld
 # (C guests for wasm32), wabt (wat2wasm, for the sandbox's hostile test
-# modules) and binutils (readelf, nm: the library's exported symbols). Run
+# modules), binutils (readelf, nm: the library's exported symbols) and
+# Debian's HIP runtime (the "runtime present, no AMD GPU" case). Run
 # as root on Debian it installs what is missing, once; otherwise it stops
 # and prints the command to run.
 set -euo pipefail
@@ -10,6 +11,7 @@ missing=()
 for tool in "${!pkg[@]}"; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("${pkg[$tool]}")
 done
+ldconfig -p 2>/dev/null | grep -q 'libamdhip64\.so' || missing+=(libamdhip64-5)
 [ ${#missing[@]} -eq 0 ] && exit 0
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 cmd="apt-get install -y ${missing[*]}"
