@@ -32,7 +32,7 @@ GUESTS :=
 -include bench.mk
 # ---------------------------------------------------------------------------
 
-.PHONY: all lib driver demo test setup bench clean gofmt-check gpu-check
+.PHONY: all lib driver demo test setup bench clean gofmt-check gpu-check fuzz
 
 # Pinned so that a new release never turns a green tree red on its own.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -83,11 +83,24 @@ gofmt-check:
 setup:
 	@test/setup.sh
 
+# Each fuzz target runs briefly in make test; longer: make fuzz FUZZTIME=10m.
+FUZZTIME ?= 3s
+FUZZ_TARGETS := host/dataplane:FuzzHeader host/dataplane:FuzzDecodeHandle host/dataplane:FuzzOrderer \
+	host/sandbox/meter:FuzzMeter
+
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$fn ($$pkg) for $(FUZZTIME)"; \
+		$(GO) test -run XXX -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) ./$$pkg || exit 1; \
+	done
+
 test: setup all gofmt-check
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	$(GO) test -race -count=1 ./abi/... ./host/... ./capi/...
 	$(GO) test ./test/... -count=1 -timeout 30m
+	@$(MAKE) --no-print-directory fuzz
 
 # Go micro-benchmarks of the runtime, then the two-process benchmark from
 # bench.mk when it is present (the bench owner may replace this target).
