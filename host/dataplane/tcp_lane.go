@@ -102,7 +102,7 @@ func (t *tcpLink) idle() bool {
 		l.mu.Lock()
 		busy := l.writing || l.qLen > 0
 		l.mu.Unlock()
-		if busy || l.pendingGets() > 0 {
+		if busy || l.pendingGets() > 0 || l.pendingPuts() > 0 {
 			return false
 		}
 	}
@@ -129,7 +129,7 @@ func (t *tcpLink) stop() {
 func (t *tcpLink) awaiting() int {
 	n := 0
 	for _, l := range t.lanes {
-		n += l.pendingGets()
+		n += l.pendingGets() + l.pendingPuts()
 	}
 	return n
 }
@@ -144,6 +144,7 @@ func (t *tcpLink) failAll() {
 			}
 			t.p.m.owner.Complete(e.tag, abi.RemoteError)
 		}
+		l.failPuts()
 	}
 }
 
@@ -184,6 +185,16 @@ type lane struct {
 	gets  []getEntry
 	gHead int
 	gLen  int
+
+	// Puts written on this stream whose arrival the target has not yet
+	// acknowledged (msgPutAck), in stream order: their tags, and how many
+	// puts the stream carried before the oldest of them.
+	amu    sync.Mutex
+	puts   []uint64
+	pHead  int
+	pLen   int
+	pAcked uint64
+	ptags  []uint64 // owned by whoever holds writing: puts not yet in the FIFO
 }
 
 func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
@@ -195,6 +206,8 @@ func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
 		hdrs:  make([]byte, batchMax*hdrSize),
 		iov:   make([][]byte, 0, 2*batchMax),
 		gets:  make([]getEntry, 256),
+		puts:  make([]uint64, 1024),
+		ptags: make([]uint64, 0, batchMax),
 	}
 }
 
@@ -348,13 +361,16 @@ func (l *lane) writer() {
 }
 
 // writeBatch sends headers and payloads with one writev, straight from the
-// registered memory, then completes the puts: their source is reusable once
-// the kernel has the bytes. With a side path (intra-node) payloads it takes
-// are copied into the peer first and only what the target must act on is
-// sent.
+// registered memory. A put completes when the target acknowledges that it
+// landed (msgPutAck, read by replies), not when the kernel has the bytes:
+// completion means arrival, as an RDMA write completion does. With a side
+// path (intra-node) payloads it takes are copied into the peer first, and a
+// put that needs nothing more from the target completes here; only what the
+// target must act on is sent.
 func (l *lane) writeBatch(ops []Op) bool {
 	p := l.p
 	iov := l.iov[:0]
+	pend := l.ptags[:0]
 	var err error
 	n := 0 // ops handled so far; a device copy failure stops the batch
 	for ; n < len(ops) && err == nil; n++ {
@@ -386,9 +402,12 @@ func (l *lane) writeBatch(ops []Op) bool {
 		iov = append(iov, hb)
 		switch op.Msg {
 		case MsgPut, MsgPutSignal:
+			pend = append(pend, op.Tag)
 			if op.Size > 0 && op.LocalCtx != 0 {
 				// Device source: what is queued goes first, then the
 				// payload is staged through host memory chunk by chunk.
+				l.awaitPuts(pend)
+				pend = pend[:0]
 				if err = l.writeIov(iov); err == nil {
 					err = writeFromDevice(l.out, op.LocalCtx, uintptr(op.Local), op.Size)
 				}
@@ -401,26 +420,104 @@ func (l *lane) writeBatch(ops []Op) bool {
 		}
 	}
 	if err == nil {
+		// Into the FIFO before the bytes leave: the ack may come back
+		// before writev returns.
+		l.awaitPuts(pend)
 		err = l.writeIov(iov)
 	}
 	clear(iov)
 	if err != nil {
-		for i := range ops {
-			// Puts fail; gets the loop reached are in the FIFO, which
+		for i := n; i < len(ops); i++ {
+			// The puts and gets the loop reached are in the FIFOs, which
 			// markDead fails; the rest never left.
-			if ops[i].Msg == MsgPut || ops[i].Msg == MsgPutSignal || (ops[i].Msg == MsgGet && i >= n) {
+			if ops[i].Msg == MsgPut || ops[i].Msg == MsgPutSignal || ops[i].Msg == MsgGet {
 				p.fail(&ops[i])
 			}
 		}
 		p.markDead(fmt.Errorf("send to rank %d: %w", p.rank, err))
 		return false
 	}
-	for i := range ops {
-		if ops[i].Msg == MsgPut || ops[i].Msg == MsgPutSignal {
-			p.m.owner.Complete(ops[i].Tag, abi.Success)
+	return true
+}
+
+// awaitPuts appends the tags of puts about to be written to the FIFO that
+// the target's acks complete. If the peer is already dead (failAll may have
+// emptied the FIFO), they fail here instead, so none is left behind.
+func (l *lane) awaitPuts(tags []uint64) {
+	if len(tags) == 0 {
+		return
+	}
+	l.amu.Lock()
+	if l.p.dead.Load() {
+		l.amu.Unlock()
+		for _, tag := range tags {
+			l.p.fail(&Op{Msg: MsgPut, Tag: tag})
+		}
+		return
+	}
+	for l.pLen+len(tags) > len(l.puts) {
+		np := make([]uint64, 2*len(l.puts))
+		for i := 0; i < l.pLen; i++ {
+			np[i] = l.puts[(l.pHead+i)%len(l.puts)]
+		}
+		l.puts, l.pHead = np, 0
+	}
+	for _, tag := range tags {
+		l.puts[(l.pHead+l.pLen)%len(l.puts)] = tag
+		l.pLen++
+	}
+	l.amu.Unlock()
+}
+
+// ackPuts completes the puts a cumulative ack covers: the first n puts of
+// the stream. It reports false when n is more than the stream carried.
+func (l *lane) ackPuts(n uint64) bool {
+	var done [64]uint64 // completed outside the lock, a few at a time
+	for {
+		l.amu.Lock()
+		if n < l.pAcked || n-l.pAcked > uint64(l.pLen) {
+			l.amu.Unlock()
+			return false
+		}
+		k := min(int(n-l.pAcked), len(done))
+		for i := 0; i < k; i++ {
+			done[i] = l.puts[l.pHead]
+			l.pHead = (l.pHead + 1) % len(l.puts)
+		}
+		l.pLen -= k
+		l.pAcked += uint64(k)
+		l.amu.Unlock()
+		for _, tag := range done[:k] {
+			if tag != 0 {
+				l.p.m.owner.Complete(tag, abi.Success)
+			}
+		}
+		if k < len(done) {
+			return true
 		}
 	}
-	return true
+}
+
+// failPuts fails every put awaiting its ack; the peer is dead.
+func (l *lane) failPuts() {
+	l.amu.Lock()
+	var tags []uint64
+	for ; l.pLen > 0; l.pLen-- {
+		tags = append(tags, l.puts[l.pHead])
+		l.pHead = (l.pHead + 1) % len(l.puts)
+	}
+	l.amu.Unlock()
+	for _, tag := range tags {
+		if tag != 0 {
+			l.p.m.owner.Complete(tag, abi.RemoteError)
+		}
+	}
+}
+
+func (l *lane) pendingPuts() int {
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	return l.pLen
 }
 
 // writeIov sends the gathered headers and payloads with one writev.
@@ -467,7 +564,9 @@ func (l *lane) pendingGets() int {
 }
 
 // replies reads what the peer sends back on this lane: get data, written
-// straight into the destination registration, and rejections.
+// straight into the destination registration, put acknowledgements, and
+// rejections (a nack comes before the ack that covers its put, so the
+// sticky error is set before the put completes).
 func (l *lane) replies() {
 	p := l.p
 	defer p.m.wg.Done()
@@ -507,6 +606,11 @@ func (l *lane) replies() {
 				}
 			}
 			p.m.owner.Complete(e.tag, abi.Success)
+		case msgPutAck:
+			if !l.ackPuts(h.seq) {
+				p.markDead(fmt.Errorf("protocol error: rank %d acknowledged %d puts on lane %d, more than it was sent", p.rank, h.seq, l.idx))
+				return
+			}
 		case msgByeAck:
 			p.ackBye()
 		case msgNack:

@@ -10,12 +10,46 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 )
 
+// acker sends the cumulative put acknowledgements of one incoming stream.
+// It sits between the socket and the service's buffered reader, so an ack
+// leaves just before each read from the socket: at most one per read (one
+// per up to readBufSize bytes of small puts), never held while the service
+// waits for input, and never starved by a stream that keeps the buffer full.
+type acker struct {
+	in     *net.TCPConn
+	landed uint64 // puts of this stream that landed (the service counts)
+	sent   uint64 // the last count acknowledged
+	buf    [hdrSize]byte
+}
+
+func (a *acker) Read(b []byte) (int, error) {
+	if err := a.flush(); err != nil {
+		return 0, err
+	}
+	return a.in.Read(b)
+}
+
+// flush acknowledges every put counted so far, if any is new.
+func (a *acker) flush() error {
+	if a.landed == a.sent {
+		return nil
+	}
+	h := header{typ: msgPutAck, seq: a.landed}
+	h.encode(a.buf[:])
+	if _, err := a.in.Write(a.buf[:]); err != nil {
+		return fmt.Errorf("acknowledge puts: %w", err)
+	}
+	a.sent = a.landed
+	return nil
+}
+
 // service executes the peer's operations arriving on one incoming lane. It
 // runs whether or not this process ever calls the plugin again.
 func (t *tcpLink) service(in *net.TCPConn) {
 	p := t.p
 	defer p.m.wg.Done()
-	br := bufio.NewReaderSize(in, readBufSize)
+	ack := &acker{in: in}
+	br := bufio.NewReaderSize(ack, readBufSize)
 	var hb [hdrSize]byte
 	var h header
 	resp := make([]byte, hdrSize+smallResponse)
@@ -40,6 +74,7 @@ func (t *tcpLink) service(in *net.TCPConn) {
 		switch h.typ {
 		case MsgPut, MsgPutSignal:
 			err = t.servePut(in, br, &h, resp)
+			ack.landed++
 		case MsgGet:
 			err = t.serveGet(in, &h, resp)
 		case MsgReg:
@@ -49,9 +84,12 @@ func (t *tcpLink) service(in *net.TCPConn) {
 			// applied (signals included: a signal held for an earlier
 			// sequence number of another lane is applied when that one
 			// lands, and that lane's goodbye comes after it).
+			// The puts it carried are acknowledged before the goodbye.
 			p.peerBye.Store(true)
 			bye = true
-			err = t.reply(in, msgByeAck, &h, abi.Success, nil, resp)
+			if err = ack.flush(); err == nil {
+				err = t.reply(in, msgByeAck, &h, abi.Success, nil, resp)
+			}
 		default:
 			err = fmt.Errorf("protocol error: message type %d from rank %d", h.typ, p.rank)
 		}

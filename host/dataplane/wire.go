@@ -22,6 +22,11 @@ const (
 	msgNack      = 0x81
 	msgGetResp   = 0x82
 	msgByeAck    = 0x83 // the target applied everything the lane carried before its goodbye
+	// msgPutAck: cumulative, in stream order: the first seq put messages
+	// (MsgPut and MsgPutSignal headers, rejected ones included) this stream
+	// carried have landed in the target's memory. The target sends at most
+	// one per read from the socket, so acks cost little per small put.
+	msgPutAck = 0x84
 )
 
 // hdrSize is the fixed size of every message header.
@@ -31,7 +36,8 @@ const hdrSize = 64
 //
 //	0 type u8 | 1 sigOp u8 | 2 status u16 | 4 mrID u32 | 8 tag u64 | 16 off u64
 //	24 size u64 | 32 sigMrID u32 | 36 context u32 | 40 sigOff u64 | 48 sigValue u64
-//	56 seq u64 (0: ordered by the stream; else the peer's sequence number)
+//	56 seq u64 (requests: 0 ordered by the stream, else the peer's sequence
+//	   number; msgPutAck: how many puts of this stream landed)
 type header struct {
 	typ      uint8
 	sigOp    uint8

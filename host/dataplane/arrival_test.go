@@ -1,0 +1,102 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+)
+
+// TestCompletionMeansArrival is aws-ofi-nccl's rma_duplicate_mr check: rank
+// 0 puts, waits for the request to complete, then tells rank 1 out of band
+// (a channel, not the plugin), and rank 1 reads its memory without calling
+// the plugin: every byte, and the signal of a put with signal, must already
+// be there. Over TCP with one lane and several, and on the intra-node path
+// (below and above the side path's threshold, striped and not).
+func TestCompletionMeansArrival(t *testing.T) {
+	const sigOff = 0 // the signal word; payloads go after it
+	const payOff = 4096
+	sizes := []uint64{8, 4 << 10, 64 << 10, 1 << 20}
+	for _, cfg := range []struct {
+		intra bool
+		lanes int
+	}{{false, 1}, {false, 3}, {true, 1}, {true, 2}} {
+		t.Run(fmt.Sprintf("intra=%v/lanes=%d", cfg.intra, cfg.lanes), func(t *testing.T) {
+			os := newOwners(2, payOff+1<<20)
+			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: cfg.intra, Lanes: cfg.lanes,
+				StripeThreshold: 256 << 10, ChunkSize: 64 << 10})
+			src := make([]byte, 1<<20)
+			notify := make(chan uint64) // out of band: "request tag completed"
+			checked := make(chan error)
+			// Rank 1: never calls the mesh; reads its memory when told.
+			go func() {
+				sig := uint64(0)
+				for tag := range notify {
+					size, iter := sizes[tag%uint64(len(sizes))], byte(tag>>8)
+					got := os[1].mem[payOff : payOff+size]
+					var err error
+					for i := range got {
+						if got[i] != iter+byte(i) {
+							err = fmt.Errorf("put %d (%d bytes) completed but byte %d at the target is %d, want %d", tag, size, i, got[i], iter+byte(i))
+							break
+						}
+					}
+					if tag&0x80 != 0 {
+						sig++
+						if w := binary.LittleEndian.Uint64(os[1].mem[sigOff:]); err == nil && w != sig {
+							err = fmt.Errorf("put with signal %d completed but the signal word is %d, want %d", tag, w, sig)
+						}
+					}
+					checked <- err
+				}
+			}()
+			defer close(notify)
+			for iter := 1; iter <= 120; iter++ {
+				for si, size := range sizes {
+					if size >= 64<<10 && iter%8 != 0 {
+						continue // large sizes cost more; fewer of them
+					}
+					for i := range src[:size] {
+						src[i] = byte(iter) + byte(i)
+					}
+					tag := uint64(iter)<<8 | uint64(si)
+					op := Op{Msg: MsgPut, MrID: 1, Local: unsafe.Pointer(&src[0]), Size: size, Off: payOff,
+						Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[payOff])))}
+					if iter%2 == 0 {
+						tag |= 0x80
+						op.Msg, op.SigMrID, op.SigOp, op.SigOff = MsgPutSignal, 1, abi.SignalOpInc, sigOff
+					}
+					op.Tag = tag
+					want := ms[0].Parts(op.Msg, size)
+					ms[0].Post(1, &op, false, 0)
+					// Rank 0's test() loop: flush and poll until done.
+					deadline := time.Now().Add(10 * time.Second)
+					for {
+						ms[0].Flush(1)
+						os[0].mu.Lock()
+						n, st := os[0].parts[tag], os[0].done[tag]
+						os[0].mu.Unlock()
+						if n == want {
+							if st != abi.Success {
+								t.Fatalf("put %d: %v", tag, st)
+							}
+							break
+						}
+						if time.Now().After(deadline) {
+							t.Fatalf("put %d: %d of %d parts completed", tag, n, want)
+						}
+						runtime.Gosched()
+					}
+					notify <- tag
+					if err := <-checked; err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}
