@@ -259,6 +259,9 @@ var (
 		Doc: "the most `destroyContext`, `deregMrSym` and `closeColl` wait for a live peer to take and apply what was posted (SPEC.md §3)"}), DefaultCloseTimeout}
 	IntraNode = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_INTRANODE", Kind: KindBool, Default: "1",
 		Doc: "0 turns the single-copy path off for ranks on one host"}), true}
+	// Off by default: a put completes when it arrived (SPEC.md §3).
+	LocalCompletion = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_LOCAL_COMPLETION", Kind: KindBool, Default: "0",
+		Doc: "1: a put completes when the kernel has its bytes, before the target acknowledged them (faster, weaker; SPEC.md §3)"}), false}
 	// Lanes 0 (the default) keeps the backend's plan.
 	Lanes = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_LANES", Kind: KindInt, Default: "backend's plan (1 per 4 cores, ≤ 4)",
 		Min: 0, Max: abi.MaxLanes,

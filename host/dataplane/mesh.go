@@ -77,6 +77,11 @@ type Options struct {
 	// CloseTimeout bounds how long Drain and Close wait for a live peer to
 	// take (Drain) and to apply and acknowledge (Close) what was posted.
 	CloseTimeout time.Duration
+	// LocalCompletion completes a put when the kernel has its bytes instead
+	// of when the target acknowledged their arrival: the opt-in faster mode
+	// (NCCL_RMA_WASM_LOCAL_COMPLETION), which an out-of-band reader at the
+	// target cannot rely on.
+	LocalCompletion bool
 }
 
 // DefaultCloseTimeout is Options.CloseTimeout when it is zero: the default
@@ -95,6 +100,7 @@ type Mesh struct {
 	closed       atomic.Bool
 	held         atomic.Bool // some peer queue holds aggregated ops
 	closeTimeout time.Duration
+	localComp    bool
 	wg           sync.WaitGroup
 }
 
@@ -124,7 +130,7 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 		return nil, fmt.Errorf("%d lanes requested, allowed 1..%d", lanes, abi.MaxLanes)
 	}
 	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n), lanes: lanes,
-		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout}
+		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout, localComp: opt.LocalCompletion}
 	if m.closeTimeout <= 0 {
 		m.closeTimeout = DefaultCloseTimeout
 	}

@@ -402,7 +402,14 @@ func (l *lane) writeBatch(ops []Op) bool {
 		iov = append(iov, hb)
 		switch op.Msg {
 		case MsgPut, MsgPutSignal:
-			pend = append(pend, op.Tag)
+			if p.m.localComp {
+				// Completed below, once written. The FIFO still counts
+				// the put against the target's acks; tag 0 completes
+				// nothing when the ack comes.
+				pend = append(pend, 0)
+			} else {
+				pend = append(pend, op.Tag)
+			}
 			if op.Size > 0 && op.LocalCtx != 0 {
 				// Device source: what is queued goes first, then the
 				// payload is staged through host memory chunk by chunk.
@@ -427,15 +434,24 @@ func (l *lane) writeBatch(ops []Op) bool {
 	}
 	clear(iov)
 	if err != nil {
-		for i := n; i < len(ops); i++ {
+		for i := range ops {
 			// The puts and gets the loop reached are in the FIFOs, which
-			// markDead fails; the rest never left.
-			if ops[i].Msg == MsgPut || ops[i].Msg == MsgPutSignal || ops[i].Msg == MsgGet {
+			// markDead fails (but tag 0 there in local mode); the rest
+			// never left.
+			put := ops[i].Msg == MsgPut || ops[i].Msg == MsgPutSignal
+			if (i >= n && (put || ops[i].Msg == MsgGet)) || (put && p.m.localComp) {
 				p.fail(&ops[i])
 			}
 		}
 		p.markDead(fmt.Errorf("send to rank %d: %w", p.rank, err))
 		return false
+	}
+	if p.m.localComp {
+		for i := range ops {
+			if ops[i].Msg == MsgPut || ops[i].Msg == MsgPutSignal {
+				p.m.owner.Complete(ops[i].Tag, abi.Success)
+			}
+		}
 	}
 	return true
 }

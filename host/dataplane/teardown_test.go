@@ -132,10 +132,17 @@ func TestCloseBoundedOnStalledPeer(t *testing.T) {
 }
 
 // TestDrainCompletesPosted: Drain returns only when every posted operation
-// completed locally, held ones included, and the mesh stays usable.
+// completed (puts arrived, or in local-completion mode left), held ones
+// included, and the mesh stays usable.
 func TestDrainCompletesPosted(t *testing.T) {
+	for _, local := range []bool{false, true} {
+		drainCompletesPosted(t, local)
+	}
+}
+
+func drainCompletesPosted(t *testing.T, local bool) {
 	os := newOwners(2, 64<<10)
-	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 16 << 10, ChunkSize: 4096})
+	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 16 << 10, ChunkSize: 4096, LocalCompletion: local})
 	src := make([]byte, 64<<10)
 	dst := make([]byte, 4096)
 	for k := 0; k < 8; k++ {

@@ -115,7 +115,8 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	}
 	start := time.Now()
 	opt := dataplane.Options{Timeout: config.ConnectTimeout.Get(), IntraNode: config.IntraNode.Get() && plan.Transport != backend.TransportTCP,
-		Lanes: int(plan.Lanes), StripeThreshold: plan.StripeThreshold, ChunkSize: plan.ChunkSize, CloseTimeout: config.CloseTimeout.Get()}
+		Lanes: int(plan.Lanes), StripeThreshold: plan.StripeThreshold, ChunkSize: plan.ChunkSize, CloseTimeout: config.CloseTimeout.Get(),
+		LocalCompletion: config.LocalCompletion.Get()}
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: rank %d of %d: %v", rank, n, err)
