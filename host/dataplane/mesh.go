@@ -57,7 +57,7 @@ type Op struct {
 	Remote   uint64 // address of Off in the target process (intra-node path)
 	SigOff   uint64
 	SigValue uint64
-	Seq      uint64 // set by the mesh when lanes > 1
+	Seq      uint64 // set by the mesh when lanes > 1 (signal order; completion counts per lane)
 }
 
 // opDone replaces Op.Msg when the writer completed the operation itself
@@ -208,8 +208,8 @@ func (m *Mesh) IntraNodePeers() int {
 }
 
 // Drain sends everything posted so far and waits until every operation
-// completed locally (puts handed to the kernel or copied into the peer,
-// gets answered), a peer is gone, or the close timeout passes. The
+// completed (puts acknowledged by the peer or copied into it, gets
+// answered), a peer is gone, or the close timeout passes. The
 // runtime calls it before destroyContext and deregMrSym return, because
 // after those the caller may free the memory queued operations read from
 // or write to. It reports the peers still busy at the deadline.

@@ -191,5 +191,5 @@ func (p *peer) ackBye() {
 	}
 }
 
-// idle reports whether every operation posted so far completed locally.
+// idle reports whether every operation posted so far completed (puts arrived).
 func (p *peer) idle() bool { return p.dead.Load() || p.t.idle() }

@@ -45,15 +45,16 @@ type transport interface {
 	flush()
 	// kick wakes the senders, so held operations leave now.
 	kick()
-	// idle reports that every submitted operation completed locally:
-	// nothing queued or being sent, no reply awaited.
+	// idle reports that every submitted operation completed: nothing
+	// queued or being sent, no reply or arrival acknowledgement awaited.
 	idle() bool
 
 	// stop raises the peer's dead flag so that submit fails every later
 	// op (under the queue locks, so none slips in between) and closes the
 	// connections, which ends the goroutines start launched.
 	stop()
-	// awaiting counts operations still waiting for the peer's reply.
+	// awaiting counts operations still waiting for the peer's reply (get
+	// data, or the acknowledgement that a put arrived).
 	awaiting() int
 	// failAll fails everything queued and awaited; called after stop.
 	failAll()

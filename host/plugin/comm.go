@@ -193,7 +193,7 @@ func (c *coll) PeerRegistered(peer int, id uint32, size, base uint64, dev bool) 
 	c.regs.peerRegistered(peer, id, size, base, dev)
 }
 
-// drain sends what was posted and waits until it completed locally, before
+// drain sends what was posted and waits until it completed (arrived), before
 // the caller may free memory that queued operations still read or write.
 func (c *coll) drain(call string) {
 	if busy := c.mesh.Drain(); len(busy) > 0 {

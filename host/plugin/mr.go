@@ -94,7 +94,7 @@ func RegMrDmaBuf(h uint64, data uintptr, size uint64, typ int32, offset uint64, 
 }
 
 // DeregMr drops a reference; the last one forgets the registration after
-// every operation posted so far completed locally (bounded by the close
+// every operation posted so far completed (bounded by the close
 // timeout), since the caller may free or reuse the memory once it returns.
 func DeregMr(h, mh uint64) abi.Result {
 	c := lookupColl(h)
