@@ -66,13 +66,14 @@ type memOwner struct {
 	done   map[uint64]abi.Result
 	parts  map[uint64]int // completions seen per tag (striped ops have several)
 	failed []error
+	pins   atomic.Int32 // registrations the target side holds (Resolve)
 }
 
-func (o *memOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, bool) {
+func (o *memOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, bool) {
 	if id != 1 {
-		return nil, 0, 0, false
+		return nil, 0, 0, Pin{}, false
 	}
-	return unsafe.Pointer(&o.mem[0]), uint64(len(o.mem)), 0, true
+	return unsafe.Pointer(&o.mem[0]), uint64(len(o.mem)), 0, NewPin(&o.pins), true
 }
 func (o *memOwner) PeerRegistered(int, uint32, uint64, uint64, bool) {}
 func (o *memOwner) Complete(tag uint64, st abi.Result) {

@@ -30,6 +30,7 @@ type sigRef struct {
 	host *uint64
 	dev  uintptr
 	ctx  uintptr
+	pin  Pin // the signal registration, held until the signal is applied
 }
 
 func (s sigRef) valid() bool { return s.host != nil || s.dev != 0 }

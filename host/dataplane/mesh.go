@@ -30,7 +30,10 @@ type Owner interface {
 	// side. ctx is non-zero for device memory (base is then a device address
 	// that must never be dereferenced). It must be lock-free: it runs once
 	// per incoming operation.
-	Resolve(mrID uint32) (base unsafe.Pointer, size uint64, ctx uintptr, ok bool)
+	// On success the registration is pinned: deregMrSym waits until the
+	// returned Pin is released, so memory being landed into, served from or
+	// holding a pending signal word is never handed back mid-operation.
+	Resolve(mrID uint32) (base unsafe.Pointer, size uint64, ctx uintptr, pin Pin, ok bool)
 	// PeerRegistered records a peer's registration size and address, and
 	// whether it is device memory (MsgReg).
 	PeerRegistered(peer int, mrID uint32, size, base uint64, dev bool)
@@ -38,6 +41,20 @@ type Owner interface {
 	Complete(tag uint64, status abi.Result)
 	// PeerFailed reports a lost peer or an operation the peer rejected.
 	PeerFailed(peer int, err error)
+}
+
+// Pin holds a registration the target side is using (see Owner.Resolve).
+// The zero Pin holds nothing. Releasing is one atomic add.
+type Pin struct{ n *atomic.Int32 }
+
+// NewPin pins by adding one to n; Release takes it back.
+func NewPin(n *atomic.Int32) Pin { n.Add(1); return Pin{n} }
+
+// Release gives the registration back.
+func (p Pin) Release() {
+	if p.n != nil {
+		p.n.Add(-1)
+	}
 }
 
 // Op is one operation to post. It is copied into the peer's queue, so posting

@@ -23,29 +23,31 @@ func (p *peer) landed(seq uint64, sig sigRef, add uint64) {
 		if err := sig.apply(add); err != nil {
 			p.m.owner.PeerFailed(p.rank, fmt.Errorf("signal from rank %d: %w", p.rank, err))
 		}
+		sig.pin.Release()
 	}
 }
 
 // signalTarget resolves and checks the 64-bit signal word a put with
 // signal updates, and the amount to add to it.
 func (p *peer) signalTarget(mrID uint32, off uint64, op uint8, value uint64) (sigRef, uint64, abi.Result) {
-	base, size, ctx, ok := p.m.owner.Resolve(mrID)
-	if !ok || !Span(off, 8, size) || (uintptr(base)+uintptr(off))%8 != 0 {
+	base, size, ctx, pin, ok := p.m.owner.Resolve(mrID)
+	if !ok {
 		return sigRef{}, 0, abi.InvalidArgument
 	}
-	var ref sigRef
+	if !Span(off, 8, size) || (uintptr(base)+uintptr(off))%8 != 0 || (op != abi.SignalOpInc && op != abi.SignalOpAdd) {
+		pin.Release()
+		return sigRef{}, 0, abi.InvalidArgument
+	}
+	ref := sigRef{pin: pin}
 	if ctx != 0 {
-		ref = sigRef{dev: devAddr(base, off), ctx: ctx}
+		ref.dev, ref.ctx = devAddr(base, off), ctx
 	} else {
-		ref = sigRef{host: (*uint64)(unsafe.Add(base, off))}
+		ref.host = (*uint64)(unsafe.Add(base, off))
 	}
-	switch op {
-	case abi.SignalOpInc:
+	if op == abi.SignalOpInc {
 		return ref, 1, abi.Success
-	case abi.SignalOpAdd:
-		return ref, value, abi.Success
 	}
-	return sigRef{}, 0, abi.InvalidArgument
+	return ref, value, abi.Success
 }
 
 // orderer applies a peer's signals in sequence order when its operations
@@ -93,6 +95,7 @@ func (o *orderer) done(seq uint64, sig sigRef, add uint64) {
 			if err := s.sig.apply(s.add); err != nil && o.onErr != nil {
 				o.onErr(err)
 			}
+			s.sig.pin.Release()
 		}
 		*s = orderSlot{}
 		o.next++

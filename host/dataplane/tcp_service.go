@@ -108,23 +108,28 @@ func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []
 	p := t.p
 	status := abi.Success
 	if h.size > 0 {
-		base, size, ctx, ok := p.m.owner.Resolve(h.mrID)
+		base, size, ctx, pin, ok := p.m.owner.Resolve(h.mrID)
 		if !ok || !Span(h.off, h.size, size) {
 			status = abi.InvalidArgument
 		}
+		var err error
 		switch {
 		case status != abi.Success:
-			if _, err := br.Discard(int(h.size)); err != nil {
-				return fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
+			if _, err = br.Discard(int(h.size)); err != nil {
+				err = fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
 			}
 		case ctx != 0:
-			if err := readToDevice(br, ctx, devAddr(base, h.off), h.size); err != nil {
-				return fmt.Errorf("receive put payload from rank %d into device memory: %w", p.rank, err)
+			if err = readToDevice(br, ctx, devAddr(base, h.off), h.size); err != nil {
+				err = fmt.Errorf("receive put payload from rank %d into device memory: %w", p.rank, err)
 			}
 		default:
-			if _, err := io.ReadFull(br, unsafe.Slice((*byte)(unsafe.Add(base, h.off)), h.size)); err != nil {
-				return fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
+			if _, err = io.ReadFull(br, unsafe.Slice((*byte)(unsafe.Add(base, h.off)), h.size)); err != nil {
+				err = fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
 			}
+		}
+		pin.Release() // the payload is in (or the stream is broken)
+		if err != nil {
+			return err
 		}
 	}
 	var sig sigRef
@@ -141,7 +146,8 @@ func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []
 
 func (t *tcpLink) serveGet(in *net.TCPConn, h *header, resp []byte) error {
 	p := t.p
-	base, size, ctx, ok := p.m.owner.Resolve(h.mrID)
+	base, size, ctx, pin, ok := p.m.owner.Resolve(h.mrID)
+	defer pin.Release() // the bytes are on the socket when this returns
 	if !ok || !Span(h.off, h.size, size) {
 		return t.reply(in, msgGetResp, h, abi.InvalidArgument, nil, resp)
 	}

@@ -52,6 +52,9 @@ func TestCloseDeliversQueuedOps(t *testing.T) {
 			if !bytes.Equal(os[1].mem[:sigOff], src[:sigOff]) {
 				t.Fatalf("lanes %d round %d: bytes put before the close are missing at the target", lanes, round)
 			}
+			if n := os[1].pins.Load(); n != 0 {
+				t.Fatalf("lanes %d round %d: the target still holds %d registration pins after every put and signal landed", lanes, round, n)
+			}
 			for _, o := range os {
 				o.mu.Lock()
 				failed := o.failed
@@ -73,7 +76,7 @@ type gatedOwner struct {
 	stalled atomic.Bool
 }
 
-func (o *gatedOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, bool) {
+func (o *gatedOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, bool) {
 	o.stalled.Store(true)
 	<-o.gate
 	return o.memOwner.Resolve(id)

@@ -179,12 +179,19 @@ func (c *coll) setError(peer int, err error) {
 // dataplane.Owner
 
 // Resolve is called by the target service for every incoming operation.
-func (c *coll) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, bool) {
+func (c *coll) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, dataplane.Pin, bool) {
 	m := c.regs.lookup(id)
 	if m == nil {
-		return nil, 0, 0, false
+		return nil, 0, 0, dataplane.Pin{}, false
 	}
-	return m.base, m.size, m.devCtx, true
+	// Pin, then look again: drop marks the registration before it waits
+	// for the pins to go, so one of the two sees the other.
+	pin := dataplane.NewPin(&m.pins)
+	if m.dropped.Load() {
+		pin.Release()
+		return nil, 0, 0, dataplane.Pin{}, false
+	}
+	return m.base, m.size, m.devCtx, pin, true
 }
 
 // PeerRegistered records a peer's size, address and memory kind for

@@ -30,6 +30,9 @@ type fakeDevice struct {
 	noPinned   bool                      // AllocPinned fails (staging falls back to Go memory)
 	unpinned   int                       // copies of more than a signal word through other memory
 	pinnedLive int                       // pinned buffers allocated and not freed
+	freed      map[uintptr]bool          // allocations the test released: a copy into one is a use after free
+	lateCopies int                       // copies into freed allocations
+	htod       int                       // HtoD copies made
 }
 
 const fakeBase = 0x7e00_0000_0000
@@ -130,6 +133,11 @@ func (d *fakeDevice) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64
 	time.Sleep(d.delay)
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	for base := range d.freed {
+		if b := d.allocs[base]; dst >= base && dst < base+uintptr(len(b)) {
+			d.lateCopies++
+		}
+	}
 	b, err := d.find(dst, n)
 	if err != nil || ctx != 0xc0ffee {
 		return fmt.Errorf("HtoD: ctx %#x: %v", ctx, err)
@@ -137,6 +145,7 @@ func (d *fakeDevice) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64
 	copy(b, unsafe.Slice((*byte)(src), n))
 	d.notePinned(src, n)
 	d.copies++
+	d.htod++
 	return nil
 }
 

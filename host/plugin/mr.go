@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -23,7 +24,11 @@ type mr struct {
 	devCtx uintptr // non-zero for device memory: the context to copy in
 	flags  uint64
 	refs   int
-	remote atomic.Pointer[remoteRegs] // this registration on every rank
+	// pins counts target-side operations using the memory (dataplane.Pin);
+	// dropped is set before deregMrSym waits for them to finish.
+	pins    atomic.Int32
+	dropped atomic.Bool
+	remote  atomic.Pointer[remoteRegs] // this registration on every rank
 }
 
 // RegMr registers host memory collectively. A second registration of the
@@ -112,6 +117,7 @@ func DeregMr(h, mh uint64) abi.Result {
 			c.drain("deregMrSym")
 		}
 		c.regs.drop(m)
+		c.awaitUnpinned(m)
 		if m.devCtx != 0 {
 			// The caller may free the memory now: no CPU mapping of it
 			// (GDRCopy) may outlive the registration.
@@ -141,4 +147,22 @@ func (m *mr) remoteAddr(local *mr, rank uint32, off uint64) uint64 {
 		return 0
 	}
 	return r.bases[rank] + off
+}
+
+// awaitUnpinned waits until no target-side operation uses m any more (a
+// put landing, a get being served, a signal waiting for its turn), bounded
+// by the close timeout: the caller may free the memory when deregMrSym
+// returns.
+func (c *coll) awaitUnpinned(m *mr) {
+	deadline := time.Now().Add(config.CloseTimeout.Get())
+	pause := 10 * time.Microsecond
+	for m.pins.Load() > 0 {
+		if time.Now().After(deadline) {
+			logx.Warn(abi.SubsysReg, "NET/wasm: deregMrSym: rank %d: registration %d still in use by %d incoming operations after %s; returning anyway",
+				c.rank, m.id, m.pins.Load(), config.CloseTimeout.Name)
+			return
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, time.Millisecond)
+	}
 }

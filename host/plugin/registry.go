@@ -92,6 +92,7 @@ func (g *registry) release(m *mr) bool {
 
 // drop forgets m: the target side no longer resolves its id.
 func (g *registry) drop(m *mr) {
+	m.dropped.Store(true)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	old := *g.byID.Load()

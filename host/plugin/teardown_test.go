@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -208,4 +209,76 @@ func teardownCycle(t *testing.T, dev *fakeDevice, dir string, rank, c int) {
 		}
 	}
 	fmt.Printf("cycle %d: rank %d received every byte and signal\n", c, rank)
+}
+
+// TestDeregWaitsForLandingPut: the target deregisters a buffer while a put
+// into it is landing (slow device copies keep it in flight). deregMrSym must
+// not return before the last byte landed, since the caller frees the memory
+// next: no copy may reach the allocation after it returned.
+func TestDeregWaitsForLandingPut(t *testing.T) {
+	testIntraNode = "0"
+	defer func() { testIntraNode = "1" }()
+	dev := newFakeDevice()
+	dev.delay = 300 * time.Microsecond
+	dev.freed = map[uintptr]bool{}
+	devmem.Register(dev)
+	defer devmem.Register(nil)
+	rs := setup(t, 2, 64)
+	const size = 8 << 20
+	src, dst := dev.alloc(size), dev.alloc(size)
+	var mh [2][2]uint64
+	var wg sync.WaitGroup
+	for i := range rs {
+		wg.Add(1)
+		go func(i int) { // collective
+			defer wg.Done()
+			var res abi.Result
+			if mh[i][0], res = RegMr(rs[i].coll, src, size, abi.PtrCuda, 0); res != abi.Success {
+				t.Errorf("regMr: %v", res)
+			}
+			if mh[i][1], res = RegMr(rs[i].coll, dst, size, abi.PtrCuda, 0); res != abi.Success {
+				t.Errorf("regMr: %v", res)
+			}
+		}(i)
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	req, res := Iput(rs[0].rma, 0, 0, mh[0][0], size, 0, mh[0][1], 1, 0)
+	if res != abi.Success {
+		t.Fatalf("iput: %v", res)
+	}
+	// Wait until the target is landing it, then deregister there.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		dev.mu.Lock()
+		n := dev.htod
+		dev.mu.Unlock()
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the put never started landing")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	if res := DeregMr(rs[1].coll, mh[1][1]); res != abi.Success {
+		t.Fatalf("deregMr at the target: %v", res)
+	}
+	dev.mu.Lock()
+	dev.freed[dst] = true // what cuMemFree would do now
+	dev.mu.Unlock()
+	// The put completes once the target acknowledged it landed: after
+	// that no copy of it can come.
+	wait(t, rs[0].coll, req)
+	DeregMr(rs[1].coll, mh[1][0])
+	DeregMr(rs[0].coll, mh[0][0])
+	DeregMr(rs[0].coll, mh[0][1])
+	dev.mu.Lock()
+	late := dev.lateCopies
+	dev.mu.Unlock()
+	if late > 0 {
+		t.Fatalf("%d device copies landed in the buffer after deregMrSym returned", late)
+	}
 }
