@@ -266,6 +266,13 @@ var (
 	Lanes = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_LANES", Kind: KindInt, Default: "backend's plan (1 per 4 cores, ≤ 4)",
 		Min: 0, Max: abi.MaxLanes,
 		Doc: fmt.Sprintf("TCP streams per peer (1..%d); large puts and gets are striped over them", abi.MaxLanes)}), 0}
+	Transport = EnumVar{declare(&Var{Name: "NCCL_RMA_WASM_TRANSPORT", Kind: KindEnum, Default: "`auto`",
+		Values: []string{"auto", "tcp", "fabric"},
+		Doc:    "`tcp`, `fabric` (libfabric RDMA, any provider) or `auto` (libfabric only on RDMA hardware: verbs, efa, cxi, psm3, opx)"}), "auto"}
+	FIProvider = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_FI_PROVIDER", Kind: KindString, Default: "unset",
+		Doc: "libfabric provider to use (e.g. `verbs;ofi_rxm`, `efa`, `cxi`, `tcp;ofi_rxm`, `shm`); naming one asks for it"}), ""}
+	FILibrary = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_FI_LIBRARY", Kind: KindString, Default: "`libfabric.so.1`",
+		Doc: "libfabric library dlopen'ed at init (a name or a path)"}), "libfabric.so.1"}
 	CUDA = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_CUDA", Kind: KindBool, Default: "1",
 		Doc: "0 skips loading the CUDA driver (no device memory)"}), true}
 	GDRCopy = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_GDRCOPY", Kind: KindBool, Default: "1",

@@ -43,11 +43,17 @@ type Listener struct {
 	closeMu sync.Mutex
 	closed  bool
 	done    chan struct{}
+	fab     *fabEP // libfabric endpoint (ListenFabric), until a Mesh takes it
 }
 
 // Listen opens a listener on addr ("ip" or "ip:port"; empty picks an
 // address) and returns it with the handle to all-gather.
-func Listen(addr string) (*Listener, *Handle, error) {
+func Listen(addr string) (*Listener, *Handle, error) { return ListenFabric(addr, "") }
+
+// ListenFabric is Listen with a libfabric endpoint on provider prov
+// (SelectFabric's choice; empty for none) whose address rides the handle.
+// An endpoint that cannot open is logged and the listener stays TCP-only.
+func ListenFabric(addr, prov string) (*Listener, *Handle, error) {
 	laddr, err := resolveListenAddr(addr)
 	if err != nil {
 		return nil, nil, err
@@ -65,6 +71,15 @@ func Listen(addr string) (*Listener, *Handle, error) {
 	l.info.HostID = HostID()
 	l.info.Pid = uint32(os.Getpid())
 	l.info.UID = uint32(os.Getuid())
+	if prov != "" {
+		fab, err := openFabric(prov)
+		if err != nil {
+			logx.Warn(abi.SubsysNet|abi.SubsysInit, "NET/wasm: fabric endpoint on %s: %v; this communicator uses TCP", prov, err)
+		} else {
+			l.fab = fab
+			l.info.FabricHash, l.info.FabricName = fab.hash, fab.name
+		}
+	}
 	var h Handle
 	l.info.Encode(&h)
 	go l.acceptLoop()
@@ -127,7 +142,12 @@ func (l *Listener) Close() error {
 		return nil
 	}
 	l.closed = true
+	fab := l.fab
+	l.fab = nil
 	l.closeMu.Unlock()
+	if fab != nil {
+		fab.close()
+	}
 	err := l.ln.Close()
 	for {
 		select {
@@ -278,4 +298,20 @@ func Prewarm(addr string) {
 		resolveListenAddr(addr)
 		HostID()
 	}()
+}
+
+// takeFabric hands the endpoint to the mesh that connected.
+func (l *Listener) takeFabric() *fabEP {
+	l.closeMu.Lock()
+	defer l.closeMu.Unlock()
+	f := l.fab
+	l.fab = nil
+	return f
+}
+
+// dropFabric closes the endpoint before connecting over TCP only.
+func (l *Listener) dropFabric() {
+	if f := l.takeFabric(); f != nil {
+		f.close()
+	}
 }

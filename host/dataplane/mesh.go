@@ -67,13 +67,14 @@ type Op struct {
 	Context  uint32
 	Tag      uint64         // request handle, echoed back on errors
 	Local    unsafe.Pointer // put: source bytes; get: destination bytes
+	LocalMr  uint32         // the registration Local lies in (its fabric descriptor)
 	LocalCtx uintptr        // non-zero: Local is device memory of this context
 	Dev      bool           // MsgReg: the registration is device memory
 	Size     uint64
 	Off      uint64 // offset in the target registration (MsgReg: its address)
 	Remote   uint64 // address of Off in the target process (intra-node path)
 	SigOff   uint64
-	SigValue uint64
+	SigValue uint64 // MsgReg: the registration's fabric key
 	Seq      uint64 // set by the mesh when lanes > 1 (signal order; completion counts per lane)
 }
 
@@ -119,6 +120,7 @@ type Mesh struct {
 	closeTimeout time.Duration
 	localComp    bool
 	wg           sync.WaitGroup
+	fab          *fabEP // the libfabric endpoint, nil without one
 }
 
 // ErrPeerGone is the status of operations to a peer that closed or failed.
@@ -151,14 +153,41 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	if m.closeTimeout <= 0 {
 		m.closeTimeout = DefaultCloseTimeout
 	}
+	if n-1 > fabMaxRank {
+		l.dropFabric() // ranks ride 16 bits of the CQ data
+	}
 	outs, ins, err := connectStreams(l, infos, rank, lanes, deadline, timeout)
 	if err != nil {
 		return nil, err
 	}
+	// The endpoint moves from the listener to the mesh.
+	m.fab = l.takeFabric()
+	if m.fab != nil {
+		m.fab.m, m.fab.rank, m.fab.links = m, rank, make([]*fabricLink, n)
+	}
 	for i := 0; i < n; i++ {
 		p := newPeer(m, i)
-		p.t = chooseTransport(p, opt, infos[i], infos[rank], outs[i], ins[i])
+		t, err := m.chooseTransport(p, opt, infos[i], infos[rank], outs[i], ins[i])
+		if err != nil {
+			for j := range outs {
+				for _, c := range append(outs[j], ins[j]...) {
+					c.Close()
+				}
+			}
+			if m.fab != nil {
+				m.fab.close()
+			}
+			return nil, err
+		}
+		p.t = t
 		m.peers[i] = p
+	}
+	if m.fab != nil {
+		if err := m.fab.start(); err != nil {
+			m.fab.close()
+			m.fab = nil
+			return nil, fmt.Errorf("fabric: %w", err)
+		}
 	}
 	for _, p := range m.peers {
 		p.t.start()
@@ -166,14 +195,63 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	return m, nil
 }
 
-// chooseTransport picks how bytes move to one peer: the intra-node path
-// for a peer on this host (same host id, a pid to copy into), TCP
-// otherwise. A new transport is chosen here.
-func chooseTransport(p *peer, opt Options, peer, self HandleInfo, outs, ins []*net.TCPConn) transport {
-	if opt.IntraNode && peer.HostID == self.HostID && peer.Pid != 0 {
-		return newIntraLink(p, outs, ins, int(peer.Pid))
+// chooseTransport picks how bytes move to one peer: libfabric when both
+// listeners opened an endpoint on the same provider, else the intra-node
+// path for a peer on this host (same host id, a pid to copy into), else
+// TCP. Both sides see both handles, so they choose alike.
+func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self HandleInfo, outs, ins []*net.TCPConn) (transport, error) {
+	if m.fab != nil && peer.FabricHash == self.FabricHash && len(peer.FabricName) > 0 {
+		addr, err := m.fab.ep.Insert(peer.FabricName)
+		if err != nil {
+			return nil, fmt.Errorf("fabric address of rank %d: %w", p.rank, err)
+		}
+		f := newFabricLink(p, outs, ins, m.fab, addr)
+		m.fab.links[p.rank] = f
+		return f, nil
 	}
-	return newTCPLink(p, outs, ins)
+	if opt.IntraNode && peer.HostID == self.HostID && peer.Pid != 0 {
+		return newIntraLink(p, outs, ins, int(peer.Pid)), nil
+	}
+	return newTCPLink(p, outs, ins), nil
+}
+
+// FabricPeers counts the peers reached over libfabric.
+func (m *Mesh) FabricPeers() int {
+	n := 0
+	for _, p := range m.peers {
+		if p.t.props().Name == nameFabric {
+			n++
+		}
+	}
+	return n
+}
+
+// FabricProvider names the libfabric provider in use ("" for none).
+func (m *Mesh) FabricProvider() string {
+	if m.fab == nil {
+		return ""
+	}
+	return m.fab.info.Provider
+}
+
+// RegisterMemory registers a communicator registration with the fabric
+// endpoint (regMrSym calls it before announcing the registration) and
+// returns the key peers write with; 0 without a fabric endpoint.
+func (m *Mesh) RegisterMemory(id uint32, base unsafe.Pointer, size uint64, dev bool) (uint64, error) {
+	if m.fab == nil {
+		return 0, nil
+	}
+	if dev {
+		return 0, fmt.Errorf("the fabric transport (%s) does not register device memory yet (no FI_HMEM)", m.fab.info.Provider)
+	}
+	return m.fab.register(id, base, size)
+}
+
+// DeregisterMemory undoes RegisterMemory once nothing uses the memory.
+func (m *Mesh) DeregisterMemory(id uint32) {
+	if m.fab != nil {
+		m.fab.deregister(id)
+	}
 }
 
 // Post queues op for peer. It never blocks on the network and never fails for
@@ -291,6 +369,9 @@ func (m *Mesh) Close() error {
 		}
 	}
 	m.wg.Wait()
+	if m.fab != nil {
+		m.fab.close()
+	}
 	if late != nil {
 		return &ErrUnconfirmed{Ranks: late, Timeout: m.closeTimeout}
 	}

@@ -116,3 +116,11 @@ func (o *orderer) grow() {
 	}
 	o.ring = nr
 }
+
+// passed reports whether every sequence number up to seq was applied
+// (the fabric transport acknowledges a goodbye then).
+func (o *orderer) passed(seq uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.next > seq
+}

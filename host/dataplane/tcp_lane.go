@@ -42,6 +42,10 @@ type tcpLink struct {
 	// side moves large payloads beside the streams (the intra-node
 	// transport installs itself); nil for plain TCP.
 	side sidePath
+	// onReg hears of the peer's registrations (id, address, the key in
+	// the header's sigValue) before the owner does; the fabric transport
+	// installs it.
+	onReg func(id uint32, base, key uint64)
 }
 
 // sidePath moves a payload beside the stream, which still carries the

@@ -78,6 +78,9 @@ func (t *tcpLink) service(in *net.TCPConn) {
 		case MsgGet:
 			err = t.serveGet(in, &h, resp)
 		case MsgReg:
+			if t.onReg != nil {
+				t.onReg(h.mrID, h.off, h.sigValue)
+			}
 			p.m.owner.PeerRegistered(p.rank, h.mrID, h.size, h.off, h.status == 1)
 		case msgBye:
 			// Everything this lane carried before the goodbye has been

@@ -88,7 +88,8 @@ func (h *header) decode(b []byte) {
 // Handle is the 128-byte listen handle NCCL all-gathers between ranks.
 //
 //	0 magic "RMAW" | 4 version u8 | 5 ip length u8 | 6 port u16 | 8 ip [16]
-//	24 token [16] | 40 host id [16] | 56 pid u32 | 60 uid u32 | 64.. zero
+//	24 token [16] | 40 host id [16] | 56 pid u32 | 60 uid u32
+//	64 fabric provider hash u32 (0: none) | 68 name length u8 | 69 name [59]
 type Handle [abi.HandleSize]byte
 
 const (
@@ -106,6 +107,10 @@ type HandleInfo struct {
 	HostID [16]byte
 	Pid    uint32
 	UID    uint32
+	// FabricHash identifies the libfabric provider of the listener's
+	// endpoint and FabricName is its address (empty: TCP only).
+	FabricHash uint32
+	FabricName []byte
 }
 
 // Encode writes the info into a handle.
@@ -124,6 +129,11 @@ func (hi *HandleInfo) Encode(h *Handle) {
 	copy(h[40:56], hi.HostID[:])
 	binary.LittleEndian.PutUint32(h[56:], hi.Pid)
 	binary.LittleEndian.PutUint32(h[60:], hi.UID)
+	if len(hi.FabricName) > 0 && len(hi.FabricName) <= fabNameMax {
+		binary.LittleEndian.PutUint32(h[64:], hi.FabricHash)
+		h[68] = byte(len(hi.FabricName))
+		copy(h[69:], hi.FabricName)
+	}
 }
 
 // ErrBadHandle reports a handle this library did not write.
@@ -149,5 +159,9 @@ func DecodeHandle(h *Handle) (HandleInfo, error) {
 	copy(hi.HostID[:], h[40:56])
 	hi.Pid = binary.LittleEndian.Uint32(h[56:])
 	hi.UID = binary.LittleEndian.Uint32(h[60:])
+	if n := int(h[68]); n > 0 && n <= fabNameMax {
+		hi.FabricHash = binary.LittleEndian.Uint32(h[64:])
+		hi.FabricName = append([]byte(nil), h[69:69+n]...)
+	}
 	return hi, nil
 }

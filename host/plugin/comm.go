@@ -58,7 +58,8 @@ func Listen(ctx uint64, dev int32, handle *[abi.HandleSize]byte) (uint64, abi.Re
 		logx.Warn(abi.SubsysNet, "NET/wasm: listen: device %d out of range [0, %d)", dev, len(pc.backend.devices))
 		return 0, abi.InvalidArgument
 	}
-	l, h, err := dataplane.Listen(config.Addr.Get())
+	prov := dataplane.SelectFabric(config.Transport.Get(), config.FIProvider.Get(), config.FILibrary.Get())
+	l, h, err := dataplane.ListenFabric(config.Addr.Get(), prov)
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: listen: %v", err)
 		return 0, abi.SystemError
@@ -126,6 +127,9 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	c.id = colls.add(c)
 	// The lane count closes the line so a host (rma_driver --summary) can
 	// report the connection plan the backend chose.
+	if fp := mesh.FabricPeers(); fp > 0 {
+		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d reaches %d ranks over libfabric provider %s", rank, fp, mesh.FabricProvider())
+	}
 	logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d connected to %d ranks in %v; %d on this host use the intra-node path; %d TCP lane(s) per peer",
 		rank, n, time.Since(start).Round(time.Microsecond), mesh.IntraNodePeers(), plan.Lanes)
 	return colls.handle(c.id), abi.Success

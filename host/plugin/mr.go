@@ -70,14 +70,23 @@ func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64
 	c.regs.add(m, data)
 	m.handle = makeHandle(kindMR, c.id<<32|uint64(m.id))
 
+	// Register with the fabric endpoint, if any, so the key can travel
+	// with the size.
+	key, err := c.mesh.RegisterMemory(m.id, m.base, size, devCtx != 0)
+	if err != nil {
+		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: rank %d, %d bytes at %#x: %v", c.rank, size, data, err)
+		c.regs.drop(m)
+		return 0, abi.SystemError
+	}
 	// Tell every peer our size; wait until every peer told us theirs.
 	for p := 0; p < c.nranks; p++ {
-		c.mesh.Post(p, &dataplane.Op{Msg: dataplane.MsgReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0}, false, 0)
+		c.mesh.Post(p, &dataplane.Op{Msg: dataplane.MsgReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0, SigValue: key}, false, 0)
 	}
 	sizes, err := c.regs.awaitPeers(m.id, config.ConnectTimeout.Get())
 	if err != nil {
 		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: rank %d, registration %d (%d bytes at %#x): %v", c.rank, m.id, size, data, err)
 		c.regs.drop(m)
+		c.mesh.DeregisterMemory(m.id)
 		return 0, abi.SystemError
 	}
 	m.remote.Store(sizes)
@@ -125,6 +134,7 @@ func DeregMr(h, mh uint64) abi.Result {
 				wa.Forget(uintptr(m.base), m.size)
 			}
 		}
+		c.mesh.DeregisterMemory(m.id)
 	}
 	return abi.Success
 }

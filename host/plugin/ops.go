@@ -162,7 +162,7 @@ func Iput(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint64, ra
 		return 0, res
 	}
 	op := dataplane.Op{Msg: dataplane.MsgPut, MrID: dst.id, Context: uint32(context),
-		Local: unsafe.Add(src.base, srcOff), LocalCtx: src.devCtx, Size: size, Off: dstOff, Remote: dst.remoteAddr(src, rank, dstOff)}
+		Local: unsafe.Add(src.base, srcOff), LocalMr: src.id, LocalCtx: src.devCtx, Size: size, Off: dstOff, Remote: dst.remoteAddr(src, rank, dstOff)}
 	return r.issue(context, rank, backend.OpPut, optFlags, 0, &op)
 }
 
@@ -196,7 +196,7 @@ func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint
 			return 0, res
 		}
 		op.MrID, op.Local, op.Size, op.Off = dst.id, unsafe.Add(src.base, srcOff), size, dstOff
-		op.LocalCtx = src.devCtx
+		op.LocalCtx, op.LocalMr = src.devCtx, src.id
 		op.Remote = dst.remoteAddr(src, rank, dstOff)
 	}
 	return r.issue(context, rank, backend.OpPutSignal, optFlags, signalOp, &op)
@@ -213,7 +213,7 @@ func Iget(h uint64, context int32, remoteOff, remoteMh, size, localOff, localMh 
 		return 0, res
 	}
 	op := dataplane.Op{Msg: dataplane.MsgGet, MrID: remote.id, Context: uint32(context),
-		Local: unsafe.Add(local.base, localOff), LocalCtx: local.devCtx, Size: size, Off: remoteOff, Remote: remote.remoteAddr(local, rank, remoteOff)}
+		Local: unsafe.Add(local.base, localOff), LocalMr: local.id, LocalCtx: local.devCtx, Size: size, Off: remoteOff, Remote: remote.remoteAddr(local, rank, remoteOff)}
 	return r.issue(context, rank, backend.OpGet, optFlags, 0, &op)
 }
 

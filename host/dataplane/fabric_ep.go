@@ -1,0 +1,485 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// The libfabric side of one communicator: one RDM endpoint shared by every
+// peer, a pool of operation contexts and receive buffers in C memory, the
+// registrations, and the progress goroutine that reaps the completion
+// queue for both directions (our operations finishing, and the peers'
+// writes and messages landing in our memory).
+
+const (
+	fabSlots    = 4096 // operations in flight on one endpoint
+	fabRecvs    = 256  // receive buffers for signal and goodbye messages
+	fabMsgSize  = 32   // one control message
+	fabSlotSize = fabric.ContextSize + fabMsgSize
+	// fabSeqBits of the 64-bit CQ data carry the sequence number, the rest
+	// the sender's rank: the target learns who wrote without FI_SOURCE.
+	fabSeqBits = 48
+	fabSeqMask = 1<<fabSeqBits - 1
+	fabMaxRank = 1<<(64-fabSeqBits) - 1
+	// fabNameMax is the endpoint name room in the listen handle.
+	fabNameMax = 59
+)
+
+// Control messages (fi_inject, fabMsgSize bytes, little endian):
+//
+//	0 type u8 | 1 sigOp u8 | 2 rank u16 | 4 sigMrID u32 | 8 seq u64
+//	16 sigOff u64 | 24 sigValue u64
+const (
+	fabMsgSignal = 1 // apply a signal once every earlier sequence number landed
+	fabMsgBye    = 2 // the sender's last message on one of its lanes
+	fabMsgByeAck = 3 // everything before that goodbye was applied
+)
+
+// Slot states, in the low two bits of fabSlot.state; the bits above hold
+// the owning peer's rank, so failAll claims only its own peer's slots.
+const (
+	slotFree   = 0
+	slotPosted = 1
+	slotFailed = 2 // failed by failAll; the late completion frees it
+)
+
+type fabSlot struct {
+	state atomic.Uint32
+	link  *fabricLink // written before state turns posted
+	tag   uint64
+}
+
+// fabEP is the endpoint of one listener, then of the Mesh it connects.
+type fabEP struct {
+	ep   *fabric.Endpoint
+	info fabric.Info
+	name []byte
+	hash uint32 // of the provider name: peers must use the same
+
+	m     *Mesh
+	rank  int
+	links []*fabricLink // by rank; nil where the peer is not on this fabric
+
+	mem    unsafe.Pointer // C: fabSlots slot areas, then fabRecvs receive areas
+	slots  []fabSlot
+	free   chan uint32
+	recvMR fabric.MR
+
+	regMu  sync.Mutex
+	closed bool                        // under regMu: the endpoint is gone
+	local  atomic.Pointer[[]fabric.MR] // our registrations by id
+
+	comps []fabric.Completion
+	byeMu sync.Mutex
+	byes  []fabBye // goodbyes waiting for the orderer to pass them
+
+	quit chan struct{}
+	done chan struct{}
+}
+
+type fabBye struct {
+	link *fabricLink
+	seq  uint64
+}
+
+func providerHash(prov string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(prov))
+	return h.Sum32() | 1 // never 0: 0 means "no fabric" in the handle
+}
+
+// openFabric opens an endpoint on prov for a new listener.
+func openFabric(prov string) (*fabEP, error) {
+	ep, err := fabric.Open(prov, "")
+	if err != nil {
+		return nil, err
+	}
+	e := &fabEP{ep: ep, info: ep.Info, hash: providerHash(prov), quit: make(chan struct{}), done: make(chan struct{})}
+	fail := func(err error) (*fabEP, error) {
+		ep.Close()
+		return nil, err
+	}
+	if e.info.CQDataSize < 8 {
+		// TODO: 4-byte CQ data (verbs, efa) needs a wrapped sequence number.
+		return fail(fmt.Errorf("provider %s offers %d bytes of CQ data; this transport needs 8", prov, e.info.CQDataSize))
+	}
+	if e.info.InjectSize < fabMsgSize {
+		return fail(fmt.Errorf("provider %s injects at most %d bytes; control messages take %d", prov, e.info.InjectSize, fabMsgSize))
+	}
+	if e.name, err = ep.Name(); err != nil {
+		return fail(err)
+	}
+	if len(e.name) > fabNameMax {
+		return fail(fmt.Errorf("provider %s endpoint name is %d bytes; the listen handle holds %d", prov, len(e.name), fabNameMax))
+	}
+	e.mem = fabric.Alloc((fabSlots + fabRecvs) * fabSlotSize)
+	e.slots = make([]fabSlot, fabSlots)
+	e.free = make(chan uint32, fabSlots)
+	for i := uint32(0); i < fabSlots; i++ {
+		e.free <- i
+	}
+	if e.info.MRMode&fabric.MRLocal != 0 {
+		if e.recvMR, err = ep.Register(e.recvArea(0), fabRecvs*fabSlotSize, 1<<62); err != nil {
+			fabric.Free(e.mem)
+			return fail(err)
+		}
+	}
+	e.comps = make([]fabric.Completion, 64)
+	empty := []fabric.MR{}
+	e.local.Store(&empty)
+	return e, nil
+}
+
+func (e *fabEP) slotArea(i uint32) unsafe.Pointer { return unsafe.Add(e.mem, uintptr(i)*fabSlotSize) }
+func (e *fabEP) recvArea(i uint32) unsafe.Pointer {
+	return unsafe.Add(e.mem, uintptr(fabSlots+i)*fabSlotSize)
+}
+
+// slotOf maps a completion's context back to an operation slot or a
+// receive buffer.
+func (e *fabEP) slotOf(ctx unsafe.Pointer) (idx uint32, recv, ok bool) {
+	d := uintptr(ctx) - uintptr(e.mem)
+	if uintptr(ctx) < uintptr(e.mem) || d >= (fabSlots+fabRecvs)*fabSlotSize || d%fabSlotSize != 0 {
+		return 0, false, false
+	}
+	i := uint32(d / fabSlotSize)
+	if i >= fabSlots {
+		return i - fabSlots, true, true
+	}
+	return i, false, true
+}
+
+func (e *fabEP) postRecv(i uint32) error {
+	a := e.recvArea(i)
+	return e.ep.Recv(unsafe.Add(a, fabric.ContextSize), fabMsgSize, e.recvMR.Desc, a)
+}
+
+// start posts the receive buffers and launches the progress goroutine.
+func (e *fabEP) start() error {
+	for i := uint32(0); i < fabRecvs; i++ {
+		if err := e.postRecv(i); err != nil {
+			return err
+		}
+	}
+	go e.progress()
+	return nil
+}
+
+// register makes a registration reachable by the peers' RMA.
+func (e *fabEP) register(id uint32, base unsafe.Pointer, size uint64) (uint64, error) {
+	e.regMu.Lock()
+	defer e.regMu.Unlock()
+	if e.closed {
+		return 0, fmt.Errorf("fabric endpoint closed")
+	}
+	mr, err := e.ep.Register(base, max(size, 1), uint64(id))
+	if err != nil {
+		return 0, err
+	}
+	old := *e.local.Load()
+	n := max(len(old), int(id)+1)
+	tab := make([]fabric.MR, n)
+	copy(tab, old)
+	tab[id] = mr
+	e.local.Store(&tab)
+	return mr.Key, nil
+}
+
+func (e *fabEP) deregister(id uint32) {
+	e.regMu.Lock()
+	defer e.regMu.Unlock()
+	old := *e.local.Load()
+	if e.closed || int(id) >= len(old) || old[id] == (fabric.MR{}) {
+		return
+	}
+	e.ep.Deregister(old[id])
+	tab := append([]fabric.MR(nil), old...)
+	tab[id] = fabric.MR{}
+	e.local.Store(&tab)
+}
+
+// desc is the local descriptor of registration id (nil where the
+// provider does not need one).
+func (e *fabEP) desc(id uint32) unsafe.Pointer {
+	if e.info.MRMode&fabric.MRLocal == 0 {
+		return nil
+	}
+	if t := *e.local.Load(); int(id) < len(t) {
+		return t[id].Desc
+	}
+	return nil
+}
+
+// close stops the progress goroutine and closes the endpoint and every
+// registration left.
+func (e *fabEP) close() {
+	select {
+	case <-e.quit:
+		return
+	default:
+	}
+	close(e.quit)
+	if e.m != nil {
+		<-e.done
+	}
+	e.regMu.Lock()
+	e.closed = true
+	for _, mr := range *e.local.Load() {
+		e.ep.Deregister(mr)
+	}
+	e.regMu.Unlock()
+	e.ep.Deregister(e.recvMR)
+	e.ep.Close()
+	fabric.Free(e.mem)
+}
+
+// progress reaps completions until close. An empty poll costs a system
+// call on some providers (tcp;ofi_rxm), so an idle endpoint backs off to
+// sleeping; with operations in flight it only yields.
+func (e *fabEP) progress() {
+	defer close(e.done)
+	empty := 0
+	for {
+		select {
+		case <-e.quit:
+			return
+		default:
+		}
+		n, err := e.ep.Poll(e.comps)
+		if err != nil {
+			logx.Warn(abi.SubsysNet, "NET/wasm: fabric: %v", err)
+		}
+		for i := 0; i < n; i++ {
+			e.handle(&e.comps[i])
+		}
+		e.retry()
+		e.checkByes()
+		if n > 0 {
+			empty = 0
+			continue
+		}
+		empty++
+		if e.busy() && empty < 2000 {
+			runtime.Gosched()
+			continue
+		}
+		// Idle: sleep 10 µs, doubling up to 200 µs.
+		time.Sleep(time.Duration(10<<min(max(empty-2000, 0)/16, 4)) * time.Microsecond)
+	}
+}
+
+// busy reports operations of ours in flight or waiting for room.
+func (e *fabEP) busy() bool {
+	for _, l := range e.links {
+		if l != nil && (l.inflight.Load() > 0 || l.backlog.Load() > 0) {
+			return true
+		}
+	}
+	return false
+}
+
+func (e *fabEP) handle(c *fabric.Completion) {
+	ctx, flags := fabric.Ctx(c), fabric.Flags(c)
+	idx, recv, ok := e.slotOf(ctx)
+	if errno := fabric.Err(c); errno != 0 {
+		if ok && !recv {
+			e.finish(idx, abi.RemoteError, fmt.Errorf("fabric: %s", fabric.Strerror(errno)))
+		}
+		// A failed receive only happens while the endpoint closes.
+		return
+	}
+	if flags&fabric.FlagRemoteCQData != 0 && flags&fabric.FlagRemoteWrite != 0 {
+		data := fabric.Data(c)
+		if l := e.link(int(data >> fabSeqBits)); l != nil {
+			l.p.landed(data&fabSeqMask, sigRef{}, 0)
+		}
+		if ok && recv {
+			e.repost(idx)
+		}
+		return
+	}
+	if ok && recv {
+		e.message(unsafe.Add(e.recvArea(idx), fabric.ContextSize), fabric.Len(c))
+		e.repost(idx)
+		return
+	}
+	if ok {
+		e.finish(idx, abi.Success, nil)
+	}
+}
+
+func (e *fabEP) repost(i uint32) {
+	for {
+		err := e.postRecv(i)
+		if err != fabric.ErrAgain {
+			if err != nil {
+				logx.Warn(abi.SubsysNet, "NET/wasm: fabric: repost receive: %v", err)
+			}
+			return
+		}
+		e.ep.Poll(e.comps[:0:0]) // nothing reaped; lets the provider progress
+	}
+}
+
+func (e *fabEP) link(rank int) *fabricLink {
+	if rank < 0 || rank >= len(e.links) {
+		return nil
+	}
+	return e.links[rank]
+}
+
+// finish completes the operation in slot idx and frees the slot.
+func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
+	s := &e.slots[idx]
+	v := s.state.Load()
+	switch {
+	case v&3 == slotPosted && s.state.CompareAndSwap(v, slotFree):
+		l, tag := s.link, s.tag
+		s.link = nil
+		e.free <- idx
+		l.inflight.Add(-1)
+		if err != nil {
+			logx.Warn(abi.SubsysNet, "NET/wasm: operation to rank %d: %v", l.p.rank, err)
+			l.p.m.owner.PeerFailed(l.p.rank, fmt.Errorf("%w: operation to rank %d failed: %v", ErrPeerGone, l.p.rank, err))
+		}
+		if tag != 0 {
+			l.p.m.owner.Complete(tag, status)
+		}
+	case v&3 == slotFailed && s.state.CompareAndSwap(v, slotFree):
+		s.link = nil
+		e.free <- idx
+	}
+}
+
+// message applies a control message from a peer.
+func (e *fabEP) message(b unsafe.Pointer, n uint64) {
+	if n < fabMsgSize {
+		return
+	}
+	m := unsafe.Slice((*byte)(b), fabMsgSize)
+	l := e.link(int(binary.LittleEndian.Uint16(m[2:])))
+	if l == nil {
+		return
+	}
+	p := l.p
+	seq := binary.LittleEndian.Uint64(m[8:])
+	switch m[0] {
+	case fabMsgSignal:
+		sig, add, status := p.signalTarget(binary.LittleEndian.Uint32(m[4:]), binary.LittleEndian.Uint64(m[16:]), m[1], binary.LittleEndian.Uint64(m[24:]))
+		if status != abi.Success {
+			// TCP answers with a nack; here the initiator already
+			// completed, so the target reports it.
+			p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d sent a signal to an invalid target", p.rank))
+		}
+		p.landed(seq&fabSeqMask, sig, add)
+	case fabMsgBye:
+		p.peerBye.Store(true)
+		p.landed(seq&fabSeqMask, sigRef{}, 0)
+		e.byeMu.Lock()
+		e.byes = append(e.byes, fabBye{l, seq & fabSeqMask})
+		e.byeMu.Unlock()
+	case fabMsgByeAck:
+		p.ackBye()
+	}
+}
+
+// checkByes acknowledges every goodbye whose predecessors all landed.
+func (e *fabEP) checkByes() {
+	e.byeMu.Lock()
+	defer e.byeMu.Unlock()
+	k := 0
+	for _, b := range e.byes {
+		if !b.link.p.order.passed(b.seq) || !b.link.control(fabMsgByeAck, 0) {
+			e.byes[k] = b
+			k++
+		}
+	}
+	e.byes = e.byes[:k]
+}
+
+// retry posts what found no room earlier.
+func (e *fabEP) retry() {
+	for _, l := range e.links {
+		if l != nil && l.backlog.Load() > 0 {
+			l.retry()
+		}
+	}
+}
+
+// fabricChoice is what SelectFabric decided for this process.
+var fabricChoice struct {
+	once sync.Once
+	prov string
+}
+
+// hardware names the libfabric providers that drive an RDMA NIC: auto
+// uses only these; tcp and shm only when asked for.
+var hardware = []string{"verbs", "efa", "cxi", "psm3", "opx"}
+
+// SelectFabric decides, once per process, whether listeners open a
+// libfabric endpoint and on which provider. mode is auto, tcp or fabric;
+// prov names a provider (empty: any that auto or fabric accepts); lib is
+// the library to dlopen. It logs the decision and why.
+func SelectFabric(mode, prov, lib string) string {
+	fabricChoice.once.Do(func() { fabricChoice.prov = selectFabric(mode, prov, lib) })
+	return fabricChoice.prov
+}
+
+func selectFabric(mode, prov, lib string) string {
+	if mode == "tcp" {
+		return ""
+	}
+	if err := fabric.Load(lib); err != nil {
+		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport %s: libfabric unavailable (%v); using TCP", mode, err)
+		return ""
+	}
+	infos, err := fabric.Probe(prov)
+	if err != nil || len(infos) == 0 {
+		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport %s: no libfabric provider %q with RDM endpoints and RMA (%v); using TCP", mode, prov, err)
+		return ""
+	}
+	var seen []string
+	for _, in := range infos {
+		seen = append(seen, in.Provider)
+		core := strings.SplitN(in.Provider, ";", 2)[0]
+		hw := false
+		for _, h := range hardware {
+			hw = hw || core == h
+		}
+		if mode == "fabric" || hw || (prov != "" && in.Provider == prov) {
+			why := "RDMA hardware"
+			if !hw {
+				why = "asked for (NCCL_RMA_WASM_TRANSPORT=fabric or NCCL_RMA_WASM_FI_PROVIDER)"
+			}
+			logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport fabric: libfabric provider %s, domain %s (%s)", in.Provider, in.Domain, why)
+			return in.Provider
+		}
+	}
+	logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport auto: no RDMA provider among libfabric's %v; using TCP (NCCL_RMA_WASM_TRANSPORT=fabric uses them)", dedupe(seen))
+	return ""
+}
+
+func dedupe(s []string) []string {
+	var out []string
+	for _, x := range s {
+		dup := false
+		for _, y := range out {
+			dup = dup || x == y
+		}
+		if !dup {
+			out = append(out, x)
+		}
+	}
+	return out
+}

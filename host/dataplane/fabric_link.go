@@ -1,0 +1,295 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+)
+
+const nameFabric = "fabric"
+
+// fabricLink is the libfabric transport to one peer. Puts are RMA writes
+// carrying our rank and a sequence number as remote CQ data; a signal is a
+// small message after its payload with a later sequence number, which the
+// target applies once every earlier number landed (the orderer); gets are
+// RMA reads; a goodbye is a message with a sequence number, acknowledged
+// once everything before it was applied. Registrations (their keys ride
+// the MsgReg header) and the liveness of the peer stay on the embedded TCP
+// link: its streams ending is how a dead peer is noticed.
+type fabricLink struct {
+	*tcpLink
+	e    *fabEP
+	addr uint64 // the peer in the address vector
+
+	seq      atomic.Uint64 // our sequence numbers to this peer
+	inflight atomic.Int64  // operations posted, not completed
+	posting  atomic.Int32  // submits between their dead check and their post
+	backlog  atomic.Int32  // operations waiting for room (pend)
+
+	pmu  sync.Mutex
+	pend []fabPend
+
+	regMu  sync.Mutex
+	remote atomic.Pointer[[]fabRemote] // the peer's registrations by id
+}
+
+type fabRemote struct{ base, key uint64 }
+
+// fabPend is an operation that found no room, with the sequence numbers it
+// was given at submit (ordering does not depend on when it is posted).
+type fabPend struct {
+	op          Op
+	seq, sigSeq uint64
+	sigOnly     bool // the payload was posted; only the signal is left
+}
+
+func newFabricLink(p *peer, outs, ins []*net.TCPConn, e *fabEP, addr uint64) *fabricLink {
+	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, addr: addr}
+	empty := []fabRemote{}
+	f.remote.Store(&empty)
+	f.tcpLink.onReg = f.peerRegistered
+	return f
+}
+
+// peerRegistered records the address and key of a peer's registration
+// (the TCP service calls it for MsgReg, before the owner hears of it).
+func (f *fabricLink) peerRegistered(id uint32, base, key uint64) {
+	f.regMu.Lock()
+	defer f.regMu.Unlock()
+	old := *f.remote.Load()
+	tab := make([]fabRemote, max(len(old), int(id)+1))
+	copy(tab, old)
+	tab[id] = fabRemote{base: base, key: key}
+	f.remote.Store(&tab)
+}
+
+// target is the remote address and key of off in the peer's registration id.
+func (f *fabricLink) target(id uint32, off uint64) (uint64, uint64, bool) {
+	t := *f.remote.Load()
+	if int(id) >= len(t) || t[id] == (fabRemote{}) {
+		return 0, 0, false
+	}
+	r := t[id]
+	if f.e.info.MRMode&fabric.MRVirtAddr != 0 {
+		off += r.base
+	}
+	return off, r.key, true
+}
+
+func (f *fabricLink) props() Props {
+	return Props{Name: nameFabric, InlineMax: 1 << 62, Lanes: len(f.lanes)}
+}
+
+func (f *fabricLink) submit(lane int, op Op, hold bool) {
+	if op.Msg == MsgReg {
+		f.tcpLink.submit(0, op, hold)
+		return
+	}
+	f.posting.Add(1)
+	if f.p.dead.Load() {
+		f.posting.Add(-1)
+		f.p.fail(&op)
+		return
+	}
+	// Numbered here, in the caller's order: the target orders by these.
+	var pd fabPend
+	pd.op = op
+	switch op.Msg {
+	case MsgPut, msgBye:
+		pd.seq = f.seq.Add(1)
+	case MsgPutSignal:
+		if op.Size > 0 {
+			pd.seq = f.seq.Add(1)
+		} else {
+			pd.sigOnly = true
+		}
+		pd.sigSeq = f.seq.Add(1)
+	}
+	err := f.post(&pd)
+	if err == fabric.ErrAgain {
+		f.queue(pd)
+		err = nil
+	}
+	f.posting.Add(-1)
+	if err != nil {
+		f.p.fail(&pd.op)
+		go f.p.markDead(err)
+	}
+}
+
+// post tries once; ErrAgain leaves pd as it was, for the retry.
+func (f *fabricLink) post(pd *fabPend) error {
+	op := &pd.op
+	if op.LocalCtx != 0 {
+		return fmt.Errorf("device memory is not supported by the fabric transport (no FI_HMEM yet)")
+	}
+	switch {
+	case op.Msg == msgBye:
+		return f.msg(fabMsgBye, pd.seq, op)
+	case op.Msg == MsgPutSignal && pd.sigOnly:
+		if err := f.msg(fabMsgSignal, pd.sigSeq, op); err != nil {
+			return err
+		}
+		if op.Tag != 0 {
+			f.p.m.owner.Complete(op.Tag, abi.Success)
+		}
+		return nil
+	}
+	raddr, key, ok := f.target(op.MrID, op.Off)
+	if !ok {
+		return fmt.Errorf("rank %d registration %d has no fabric key", f.p.rank, op.MrID)
+	}
+	idx, ok := f.slot(op.Tag)
+	if !ok {
+		return fabric.ErrAgain
+	}
+	ctx := f.e.slotArea(idx)
+	var err error
+	if op.Msg == MsgGet {
+		err = f.e.ep.Read(op.Local, op.Size, f.e.desc(op.LocalMr), f.addr, raddr, key, ctx)
+	} else {
+		data := uint64(f.e.rank)<<fabSeqBits | pd.seq&fabSeqMask
+		err = f.e.ep.WriteData(op.Local, op.Size, f.e.desc(op.LocalMr), data, f.addr, raddr, key, ctx)
+	}
+	if err != nil {
+		f.unslot(idx)
+		return err
+	}
+	if op.Msg == MsgPutSignal {
+		// The payload is posted; the request completes with it. If the
+		// signal finds no room it waits in pend, numbered already.
+		pd.sigOnly = true
+		op.Tag = 0
+		if err := f.msg(fabMsgSignal, pd.sigSeq, op); err == fabric.ErrAgain {
+			f.queue(*pd)
+		} else if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// slot takes a context for an operation completing request tag.
+func (f *fabricLink) slot(tag uint64) (uint32, bool) {
+	select {
+	case idx := <-f.e.free:
+		s := &f.e.slots[idx]
+		s.link, s.tag = f, tag
+		f.inflight.Add(1)
+		s.state.Store(slotPosted | uint32(f.p.rank)<<2)
+		return idx, true
+	default:
+		return 0, false
+	}
+}
+
+func (f *fabricLink) unslot(idx uint32) {
+	s := &f.e.slots[idx]
+	s.state.Store(slotFree)
+	s.link = nil
+	f.inflight.Add(-1)
+	f.e.free <- idx
+}
+
+// msg injects a control message; the payload is built in C memory (a
+// free slot's message area) so that nothing escapes to the Go heap.
+func (f *fabricLink) msg(typ uint8, seq uint64, op *Op) error {
+	idx, ok := f.slot(0)
+	if !ok {
+		return fabric.ErrAgain
+	}
+	b := unsafe.Slice((*byte)(unsafe.Add(f.e.slotArea(idx), fabric.ContextSize)), fabMsgSize)
+	b[0], b[1] = typ, 0
+	binary.LittleEndian.PutUint16(b[2:], uint16(f.e.rank))
+	binary.LittleEndian.PutUint32(b[4:], 0)
+	binary.LittleEndian.PutUint64(b[8:], seq)
+	binary.LittleEndian.PutUint64(b[16:], 0)
+	binary.LittleEndian.PutUint64(b[24:], 0)
+	if op != nil && typ == fabMsgSignal {
+		b[1] = op.SigOp
+		binary.LittleEndian.PutUint32(b[4:], op.SigMrID)
+		binary.LittleEndian.PutUint64(b[16:], op.SigOff)
+		binary.LittleEndian.PutUint64(b[24:], op.SigValue)
+	}
+	err := f.e.ep.Inject(unsafe.Pointer(&b[0]), fabMsgSize, f.addr)
+	f.unslot(idx)
+	return err
+}
+
+// control sends a message that is not an operation (the goodbye's
+// acknowledgement); false means no room yet.
+func (f *fabricLink) control(typ uint8, seq uint64) bool {
+	err := f.msg(typ, seq, nil)
+	return err != fabric.ErrAgain
+}
+
+func (f *fabricLink) queue(pd fabPend) {
+	f.pmu.Lock()
+	f.pend = append(f.pend, pd)
+	f.backlog.Add(1)
+	f.pmu.Unlock()
+}
+
+// retry posts queued operations in order until one finds no room.
+func (f *fabricLink) retry() {
+	f.pmu.Lock()
+	defer f.pmu.Unlock()
+	k := 0
+	for k < len(f.pend) {
+		if f.p.dead.Load() {
+			break
+		}
+		pd := f.pend[k]
+		err := f.post(&pd)
+		if err == fabric.ErrAgain {
+			break
+		}
+		k++
+		f.backlog.Add(-1)
+		if err != nil {
+			f.p.fail(&pd.op)
+			go f.p.markDead(err)
+		}
+	}
+	f.pend = append(f.pend[:0], f.pend[k:]...)
+}
+
+func (f *fabricLink) idle() bool {
+	return f.inflight.Load() == 0 && f.backlog.Load() == 0 && f.tcpLink.idle()
+}
+
+func (f *fabricLink) awaiting() int { return int(f.inflight.Load()) + int(f.backlog.Load()) }
+
+// failAll fails what was posted or queued; stop already raised the dead
+// flag, so it waits only for submits that passed their check before.
+func (f *fabricLink) failAll() {
+	for f.posting.Load() > 0 {
+		runtime.Gosched()
+	}
+	f.tcpLink.failAll()
+	f.pmu.Lock()
+	pend := f.pend
+	f.pend = nil
+	f.backlog.Add(-int32(len(pend)))
+	f.pmu.Unlock()
+	for i := range pend {
+		f.p.fail(&pend[i].op)
+	}
+	mine := slotPosted | uint32(f.p.rank)<<2
+	for i := range f.e.slots {
+		s := &f.e.slots[i]
+		if s.state.CompareAndSwap(mine, slotFailed|uint32(f.p.rank)<<2) {
+			f.inflight.Add(-1)
+			if s.tag != 0 {
+				f.p.m.owner.Complete(s.tag, abi.RemoteError)
+			}
+		}
+	}
+}

@@ -1,0 +1,250 @@
+// Package fabric is the thin cgo layer over libfabric for the RDMA
+// transport (host/dataplane/fabric_link.go). libfabric is dlopen'ed at run
+// time, never linked: a host without it keeps working over TCP. Building
+// needs its headers (libfabric-dev), because the data-path calls are
+// static inlines there; shim.c wraps them so Go makes one cgo call per
+// post and one per batch of completions. Everything libfabric keeps a
+// pointer to (contexts, receive buffers, registered memory) lives in C
+// memory, outside the Go heap.
+package fabric
+
+/*
+#cgo CFLAGS: -O2 -Wall
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+)
+
+// Info describes one provider offering RDM endpoints with RMA.
+type Info struct {
+	Provider, Fabric, Domain string
+	MRMode                   uint64
+	CQDataSize, InjectSize   uint64
+	MaxMsgSize               uint64
+	RxCQData                 bool // remote CQ data consumes a posted receive
+}
+
+// mr_mode bits (rdma/fi_domain.h) the dataplane reacts to.
+const (
+	MRLocal    = 1 << 2 // FI_MR_LOCAL: local buffers need a descriptor
+	MRVirtAddr = 1 << 4 // FI_MR_VIRT_ADDR: remote addresses are virtual, not offsets
+	MRProvKey  = 1 << 6 // FI_MR_PROV_KEY
+	MREndpoint = 1 << 9 // FI_MR_ENDPOINT
+)
+
+// Completion flags (rdma/fabric.h).
+const (
+	FlagMsg          = 1 << 1
+	FlagRMA          = 1 << 2
+	FlagRead         = 1 << 8
+	FlagWrite        = 1 << 9
+	FlagRecv         = 1 << 10
+	FlagSend         = 1 << 11
+	FlagRemoteRead   = 1 << 12
+	FlagRemoteWrite  = 1 << 13
+	FlagRemoteCQData = 1 << 17
+)
+
+// ErrAgain is FI_EAGAIN: the provider has no room; progress and retry.
+var ErrAgain = errors.New("fabric: try again (FI_EAGAIN)")
+
+const fiEAGAIN = 11
+
+var (
+	loadOnce sync.Once
+	loadErr  error
+)
+
+// Load dlopens lib (a name or path, normally libfabric.so.1) once per
+// process; later calls return the first result.
+func Load(lib string) error {
+	loadOnce.Do(func() {
+		cs := C.CString(lib)
+		defer C.free(unsafe.Pointer(cs))
+		var buf [512]C.char
+		if C.rmaw_load(cs, &buf[0], C.size_t(len(buf))) != 0 {
+			loadErr = fmt.Errorf("cannot load %s: %s", lib, C.GoString(&buf[0]))
+		}
+	})
+	return loadErr
+}
+
+func fiErr(what string, rc C.int) error {
+	return fmt.Errorf("%s: %s (%d)", what, C.GoString(C.rmaw_strerror(rc)), int(rc))
+}
+
+func toInfo(ci *C.rmaw_info) Info {
+	return Info{Provider: C.GoString(&ci.prov[0]), Fabric: C.GoString(&ci.fabric[0]), Domain: C.GoString(&ci.domain[0]),
+		MRMode: uint64(ci.mr_mode), CQDataSize: uint64(ci.cq_data_size), InjectSize: uint64(ci.inject_size),
+		MaxMsgSize: uint64(ci.max_msg_size), RxCQData: ci.rx_cq_data != 0}
+}
+
+// Probe lists the providers (all, or the one named) that offer an RDM
+// endpoint with RMA and messages.
+func Probe(prov string) ([]Info, error) {
+	var cp *C.char
+	if prov != "" {
+		cp = C.CString(prov)
+		defer C.free(unsafe.Pointer(cp))
+	}
+	out := make([]C.rmaw_info, 32)
+	n := C.rmaw_probe(cp, &out[0], C.int(len(out)))
+	if n < 0 {
+		return nil, fiErr("fi_getinfo", n)
+	}
+	infos := make([]Info, n)
+	for i := range infos {
+		infos[i] = toInfo(&out[i])
+	}
+	return infos, nil
+}
+
+// Endpoint is one RDM endpoint with its fabric, domain, completion queue
+// and address vector.
+type Endpoint struct {
+	ep   *C.rmaw_ep
+	Info Info
+}
+
+// Open opens an endpoint on provider prov (exact name, e.g. "tcp;ofi_rxm")
+// and domain (empty: the provider's first).
+func Open(prov, domain string) (*Endpoint, error) {
+	cp := C.CString(prov)
+	defer C.free(unsafe.Pointer(cp))
+	cd := C.CString(domain)
+	defer C.free(unsafe.Pointer(cd))
+	var ep *C.rmaw_ep
+	var ci C.rmaw_info
+	if rc := C.rmaw_open(cp, cd, &ep, &ci); rc != 0 {
+		return nil, fiErr("open "+prov, rc)
+	}
+	return &Endpoint{ep: ep, Info: toInfo(&ci)}, nil
+}
+
+// Name is the endpoint's address, for peers to insert.
+func (e *Endpoint) Name() ([]byte, error) {
+	buf := (*C.char)(C.malloc(256))
+	defer C.free(unsafe.Pointer(buf))
+	n := C.size_t(256)
+	if rc := C.rmaw_name(e.ep, unsafe.Pointer(buf), &n); rc != 0 {
+		return nil, fiErr("fi_getname", rc)
+	}
+	return C.GoBytes(unsafe.Pointer(buf), C.int(n)), nil
+}
+
+// Insert adds a peer's name to the address vector.
+func (e *Endpoint) Insert(name []byte) (uint64, error) {
+	buf := C.CBytes(name)
+	defer C.free(buf)
+	var a C.uint64_t
+	if rc := C.rmaw_insert(e.ep, buf, &a); rc != 0 {
+		return 0, fiErr("fi_av_insert", rc)
+	}
+	return uint64(a), nil
+}
+
+// MR is a registration: its handle, remote key and local descriptor.
+type MR struct {
+	mr   unsafe.Pointer
+	Key  uint64
+	Desc unsafe.Pointer
+}
+
+// Register registers [base, base+size) for local use and remote
+// reads and writes. want is the key asked for where the provider lets
+// us choose (no FI_MR_PROV_KEY); it must be unique in the domain.
+func (e *Endpoint) Register(base unsafe.Pointer, size uint64, want uint64) (MR, error) {
+	var m MR
+	var key C.uint64_t
+	if rc := C.rmaw_reg(e.ep, base, C.size_t(size), C.uint64_t(want), &m.mr, &key, &m.Desc); rc != 0 {
+		return MR{}, fiErr("fi_mr_regattr", rc)
+	}
+	m.Key = uint64(key)
+	return m, nil
+}
+
+// Deregister closes a registration.
+func (e *Endpoint) Deregister(m MR) {
+	if m.mr != nil {
+		C.rmaw_dereg(m.mr)
+	}
+}
+
+func post(rc C.int64_t, what string) error {
+	switch {
+	case rc == 0:
+		return nil
+	case rc == -fiEAGAIN:
+		return ErrAgain
+	}
+	return fiErr(what, C.int(rc))
+}
+
+// WriteData posts an RMA write carrying 8 bytes of remote CQ data.
+func (e *Endpoint) WriteData(buf unsafe.Pointer, n uint64, desc unsafe.Pointer, data, dest, raddr, key uint64, ctx unsafe.Pointer) error {
+	return post(C.rmaw_writedata(e.ep, buf, C.size_t(n), desc, C.uint64_t(data), C.uint64_t(dest), C.uint64_t(raddr), C.uint64_t(key), ctx), "fi_writedata")
+}
+
+// Read posts an RMA read.
+func (e *Endpoint) Read(buf unsafe.Pointer, n uint64, desc unsafe.Pointer, src, raddr, key uint64, ctx unsafe.Pointer) error {
+	return post(C.rmaw_read(e.ep, buf, C.size_t(n), desc, C.uint64_t(src), C.uint64_t(raddr), C.uint64_t(key), ctx), "fi_read")
+}
+
+// Inject sends a small message; buf is reusable on return.
+func (e *Endpoint) Inject(buf unsafe.Pointer, n uint64, dest uint64) error {
+	return post(C.rmaw_inject(e.ep, buf, C.size_t(n), C.uint64_t(dest)), "fi_inject")
+}
+
+// Recv posts a receive buffer for messages from any peer.
+func (e *Endpoint) Recv(buf unsafe.Pointer, n uint64, desc, ctx unsafe.Pointer) error {
+	return post(C.rmaw_recv(e.ep, buf, C.size_t(n), desc, ctx), "fi_recv")
+}
+
+// Completion is one reaped completion; Err non-zero marks an error.
+type Completion = C.rmaw_comp
+
+// Ctx, Flags, Len, Data and Err read a Completion.
+func Ctx(c *Completion) unsafe.Pointer { return c.ctx }
+func Flags(c *Completion) uint64       { return uint64(c.flags) }
+func Len(c *Completion) uint64         { return uint64(c.len) }
+func Data(c *Completion) uint64        { return uint64(c.data) }
+func Err(c *Completion) int            { return int(c.err) }
+
+// Poll reads up to len(out) (at most 64) completions; 0 means none.
+func (e *Endpoint) Poll(out []Completion) (int, error) {
+	n := C.rmaw_poll(e.ep, &out[0], C.int(len(out)))
+	if n == -fiEAGAIN {
+		return 0, nil
+	}
+	if n < 0 {
+		return 0, fiErr("fi_cq_read", C.int(n))
+	}
+	return int(n), nil
+}
+
+// Strerror is fi_strerror.
+func Strerror(e int) string { return C.GoString(C.rmaw_strerror(C.int(e))) }
+
+// Close closes the endpoint and everything under it; registrations must
+// be closed first.
+func (e *Endpoint) Close() {
+	C.rmaw_close(e.ep)
+	e.ep = nil
+}
+
+// Alloc returns n zeroed bytes of C memory (contexts, receive buffers).
+func Alloc(n uint64) unsafe.Pointer { return C.calloc(1, C.size_t(n)) }
+
+// Free releases Alloc's memory.
+func Free(p unsafe.Pointer) { C.free(p) }
+
+// ContextSize is the room a context needs (struct fi_context2).
+const ContextSize = 64

@@ -1,0 +1,208 @@
+#include "shim.h"
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_errno.h>
+
+// The five exported libfabric functions we call, resolved at run time so
+// the library loads on hosts without libfabric.
+static int (*p_getinfo)(uint32_t, const char *, const char *, uint64_t, const struct fi_info *, struct fi_info **);
+static void (*p_freeinfo)(struct fi_info *);
+static struct fi_info *(*p_dupinfo)(const struct fi_info *);
+static int (*p_fabric)(struct fi_fabric_attr *, struct fid_fabric **, void *);
+static const char *(*p_strerror)(int);
+
+// FI_VERSION 1.10: mr_mode bits and FI_CONTEXT2 are honoured, and any
+// libfabric of the last years answers it.
+#define RMAW_FI_VERSION FI_VERSION(1, 10)
+
+struct rmaw_ep {
+	struct fi_info *info;
+	struct fid_fabric *fabric;
+	struct fid_domain *domain;
+	struct fid_cq *cq;
+	struct fid_av *av;
+	struct fid_ep *ep;
+};
+
+int rmaw_load(const char *lib, char *err, size_t errlen) {
+	void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		snprintf(err, errlen, "%s", dlerror());
+		return -1;
+	}
+	p_getinfo = dlsym(h, "fi_getinfo");
+	p_freeinfo = dlsym(h, "fi_freeinfo");
+	p_dupinfo = dlsym(h, "fi_dupinfo");
+	p_fabric = dlsym(h, "fi_fabric");
+	p_strerror = dlsym(h, "fi_strerror");
+	if (!p_getinfo || !p_freeinfo || !p_dupinfo || !p_fabric || !p_strerror) {
+		snprintf(err, errlen, "%s lacks fi_getinfo/fi_freeinfo/fi_dupinfo/fi_fabric/fi_strerror", lib);
+		dlclose(h);
+		p_getinfo = NULL;
+		return -1;
+	}
+	return 0;
+}
+
+const char *rmaw_strerror(int e) { return p_strerror ? p_strerror(e < 0 ? -e : e) : "libfabric not loaded"; }
+
+// hints: an RDM endpoint with RMA and messages; every mode and mr_mode we
+// can honour is offered, so providers that need them still match.
+static struct fi_info *hints(const char *prov) {
+	struct fi_info *h = p_dupinfo(NULL);
+	if (!h) return NULL;
+	h->caps = FI_MSG | FI_RMA;
+	h->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
+	h->ep_attr->type = FI_EP_RDM;
+	h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+	h->domain_attr->threading = FI_THREAD_SAFE;
+	h->tx_attr->msg_order = FI_ORDER_SAS;
+	if (prov) h->fabric_attr->prov_name = strdup(prov);
+	return h;
+}
+
+static void fill(rmaw_info *o, const struct fi_info *i) {
+	memset(o, 0, sizeof *o);
+	snprintf(o->prov, sizeof o->prov, "%s", i->fabric_attr->prov_name ? i->fabric_attr->prov_name : "");
+	snprintf(o->fabric, sizeof o->fabric, "%s", i->fabric_attr->name ? i->fabric_attr->name : "");
+	snprintf(o->domain, sizeof o->domain, "%s", i->domain_attr->name ? i->domain_attr->name : "");
+	o->mr_mode = i->domain_attr->mr_mode;
+	o->cq_data_size = i->domain_attr->cq_data_size;
+	o->inject_size = i->tx_attr->inject_size;
+	o->max_msg_size = i->ep_attr->max_msg_size;
+	o->rx_cq_data = (i->mode & FI_RX_CQ_DATA) != 0;
+}
+
+int rmaw_probe(const char *prov, rmaw_info *out, int n) {
+	if (!p_getinfo) return -FI_ENOSYS;
+	struct fi_info *h = hints(prov), *list = NULL;
+	if (!h) return -FI_ENOMEM;
+	int rc = p_getinfo(RMAW_FI_VERSION, NULL, NULL, 0, h, &list);
+	p_freeinfo(h);
+	if (rc) return rc;
+	int k = 0;
+	for (struct fi_info *i = list; i && k < n; i = i->next) fill(&out[k++], i);
+	p_freeinfo(list);
+	return k;
+}
+
+void rmaw_close(rmaw_ep *e) {
+	if (!e) return;
+	if (e->ep) fi_close(&e->ep->fid);
+	if (e->av) fi_close(&e->av->fid);
+	if (e->cq) fi_close(&e->cq->fid);
+	if (e->domain) fi_close(&e->domain->fid);
+	if (e->fabric) fi_close(&e->fabric->fid);
+	if (e->info) p_freeinfo(e->info);
+	free(e);
+}
+
+int rmaw_open(const char *prov, const char *domain, rmaw_ep **out, rmaw_info *info) {
+	if (!p_getinfo) return -FI_ENOSYS;
+	struct fi_info *h = hints(prov), *list = NULL;
+	if (!h) return -FI_ENOMEM;
+	if (domain && *domain) h->domain_attr->name = strdup(domain);
+	int rc = p_getinfo(RMAW_FI_VERSION, NULL, NULL, 0, h, &list);
+	p_freeinfo(h);
+	if (rc) return rc;
+	rmaw_ep *e = calloc(1, sizeof *e);
+	e->info = p_dupinfo(list);
+	p_freeinfo(list);
+	if (!e->info) { free(e); return -FI_ENOMEM; }
+	fill(info, e->info);
+	struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_DATA, .size = 4096, .wait_obj = FI_WAIT_NONE};
+	struct fi_av_attr ava = {.type = FI_AV_TABLE};
+	if ((rc = p_fabric(e->info->fabric_attr, &e->fabric, NULL)) ||
+	    (rc = fi_domain(e->fabric, e->info, &e->domain, NULL)) ||
+	    (rc = fi_cq_open(e->domain, &cqa, &e->cq, NULL)) ||
+	    (rc = fi_av_open(e->domain, &ava, &e->av, NULL)) ||
+	    (rc = fi_endpoint(e->domain, e->info, &e->ep, NULL)) ||
+	    (rc = fi_ep_bind(e->ep, &e->cq->fid, FI_TRANSMIT | FI_RECV)) ||
+	    (rc = fi_ep_bind(e->ep, &e->av->fid, 0)) ||
+	    (rc = fi_enable(e->ep))) {
+		rmaw_close(e);
+		return rc;
+	}
+	*out = e;
+	return 0;
+}
+
+int rmaw_name(rmaw_ep *e, void *buf, size_t *len) { return fi_getname(&e->ep->fid, buf, len); }
+
+int rmaw_insert(rmaw_ep *e, const void *name, uint64_t *addr) {
+	fi_addr_t a = FI_ADDR_UNSPEC;
+	int rc = fi_av_insert(e->av, name, 1, &a, 0, NULL);
+	if (rc != 1) return rc < 0 ? rc : -FI_EINVAL;
+	*addr = a;
+	return 0;
+}
+
+int rmaw_reg(rmaw_ep *e, void *base, size_t len, uint64_t want_key, void **mr, uint64_t *key, void **desc) {
+	struct iovec iov = {.iov_base = base, .iov_len = len};
+	struct fi_mr_attr a = {
+		.mr_iov = &iov, .iov_count = 1,
+		.access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV,
+		.requested_key = want_key, // ignored under FI_MR_PROV_KEY
+	};
+	struct fid_mr *m = NULL;
+	int rc = fi_mr_regattr(e->domain, &a, 0, &m);
+	if (rc) return rc;
+	if (e->info->domain_attr->mr_mode & FI_MR_ENDPOINT) {
+		if ((rc = fi_mr_bind(m, &e->ep->fid, 0)) || (rc = fi_mr_enable(m))) {
+			fi_close(&m->fid);
+			return rc;
+		}
+	}
+	*mr = m;
+	*key = fi_mr_key(m);
+	*desc = fi_mr_desc(m);
+	return 0;
+}
+
+int rmaw_dereg(void *mr) { return fi_close(&((struct fid_mr *)mr)->fid); }
+
+int64_t rmaw_writedata(rmaw_ep *e, void *buf, size_t len, void *desc, uint64_t data, uint64_t dest, uint64_t raddr, uint64_t key, void *ctx) {
+	return fi_writedata(e->ep, buf, len, desc, data, dest, raddr, key, ctx);
+}
+
+int64_t rmaw_read(rmaw_ep *e, void *buf, size_t len, void *desc, uint64_t src, uint64_t raddr, uint64_t key, void *ctx) {
+	return fi_read(e->ep, buf, len, desc, src, raddr, key, ctx);
+}
+
+int64_t rmaw_inject(rmaw_ep *e, const void *buf, size_t len, uint64_t dest) { return fi_inject(e->ep, buf, len, dest); }
+
+int64_t rmaw_recv(rmaw_ep *e, void *buf, size_t len, void *desc, void *ctx) {
+	return fi_recv(e->ep, buf, len, desc, FI_ADDR_UNSPEC, ctx);
+}
+
+int64_t rmaw_poll(rmaw_ep *e, rmaw_comp *out, int n) {
+	struct fi_cq_data_entry ent[64];
+	if (n > 64) n = 64;
+	ssize_t rc = fi_cq_read(e->cq, ent, n);
+	if (rc == -FI_EAVAIL) {
+		struct fi_cq_err_entry err = {0};
+		if (fi_cq_readerr(e->cq, &err, 0) < 0) return -FI_EAVAIL;
+		out[0].ctx = err.op_context;
+		out[0].flags = err.flags;
+		out[0].len = 0;
+		out[0].data = 0;
+		out[0].err = err.err ? err.err : FI_EIO;
+		return 1;
+	}
+	if (rc <= 0) return rc;
+	for (ssize_t i = 0; i < rc; i++) {
+		out[i].ctx = ent[i].op_context;
+		out[i].flags = ent[i].flags;
+		out[i].len = ent[i].len;
+		out[i].data = ent[i].data;
+		out[i].err = 0;
+	}
+	return rc;
+}

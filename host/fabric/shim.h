@@ -1,0 +1,52 @@
+// The C side of host/fabric: libfabric is dlopen'ed (never linked), and
+// the data-path calls, which are static inlines in its headers that jump
+// through the provider's ops tables, are wrapped here so Go pays one cgo
+// call per post or per batch of completions.
+#ifndef RMAW_FABRIC_SHIM_H
+#define RMAW_FABRIC_SHIM_H
+#include <stdint.h>
+#include <stddef.h>
+
+typedef struct rmaw_ep rmaw_ep;
+
+// One completion as Go reads it (mirrors fi_cq_data_entry's useful part).
+typedef struct {
+	void *ctx;
+	uint64_t flags;
+	uint64_t len;
+	uint64_t data;
+	int32_t err; // non-zero: an error completion (the provider's error number)
+} rmaw_comp;
+
+typedef struct {
+	char prov[64];
+	char fabric[64];
+	char domain[64];
+	uint64_t mr_mode;
+	uint64_t cq_data_size;
+	uint64_t inject_size;
+	uint64_t max_msg_size;
+	uint32_t rx_cq_data; // FI_RX_CQ_DATA: remote CQ data consumes a receive
+} rmaw_info;
+
+int rmaw_load(const char *lib, char *err, size_t errlen);
+const char *rmaw_strerror(int e);
+// rmaw_probe lists up to n RDM providers with FI_RMA|FI_MSG (prov: NULL
+// for all); returns how many, or a negative fi error.
+int rmaw_probe(const char *prov, rmaw_info *out, int n);
+// rmaw_open opens fabric, domain, CQ, AV and endpoint on the first
+// provider named prov (exact name), with FI_THREAD_SAFE.
+int rmaw_open(const char *prov, const char *domain, rmaw_ep **ep, rmaw_info *info);
+int rmaw_name(rmaw_ep *ep, void *buf, size_t *len);
+int rmaw_insert(rmaw_ep *ep, const void *name, uint64_t *addr);
+int rmaw_reg(rmaw_ep *ep, void *base, size_t len, uint64_t want_key, void **mr, uint64_t *key, void **desc);
+int rmaw_dereg(void *mr);
+int64_t rmaw_writedata(rmaw_ep *ep, void *buf, size_t len, void *desc, uint64_t data, uint64_t dest, uint64_t raddr, uint64_t key, void *ctx);
+int64_t rmaw_read(rmaw_ep *ep, void *buf, size_t len, void *desc, uint64_t src, uint64_t raddr, uint64_t key, void *ctx);
+int64_t rmaw_inject(rmaw_ep *ep, const void *buf, size_t len, uint64_t dest);
+int64_t rmaw_recv(rmaw_ep *ep, void *buf, size_t len, void *desc, void *ctx);
+// rmaw_poll reads up to n completions; an error completion comes back
+// alone, with err set.
+int64_t rmaw_poll(rmaw_ep *ep, rmaw_comp *out, int n);
+void rmaw_close(rmaw_ep *ep);
+#endif
