@@ -84,8 +84,10 @@ type fabEP struct {
 	byeMu sync.Mutex
 	byes  []fabBye // goodbyes waiting for the orderer to pass them
 
-	quit chan struct{}
-	done chan struct{}
+	quit     chan struct{}
+	done     chan struct{}
+	wake     chan struct{} // a submit ends the progress goroutine's nap
+	sleeping atomic.Bool
 }
 
 type fabBye struct {
@@ -105,7 +107,7 @@ func openFabric(prov string) (*fabEP, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &fabEP{ep: ep, info: ep.Info, hash: providerHash(prov), quit: make(chan struct{}), done: make(chan struct{})}
+	e := &fabEP{ep: ep, info: ep.Info, hash: providerHash(prov), quit: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1)}
 	fail := func(err error) (*fabEP, error) {
 		ep.Close()
 		return nil, err
@@ -250,6 +252,8 @@ func (e *fabEP) close() {
 func (e *fabEP) progress() {
 	defer close(e.done)
 	empty := 0
+	nap := time.NewTimer(time.Hour)
+	defer nap.Stop()
 	for {
 		select {
 		case <-e.quit:
@@ -274,8 +278,28 @@ func (e *fabEP) progress() {
 			runtime.Gosched()
 			continue
 		}
-		// Idle: sleep 10 µs, doubling up to 200 µs.
-		time.Sleep(time.Duration(10<<min(max(empty-2000, 0)/16, 4)) * time.Microsecond)
+		// Idle: nap 10 µs, doubling up to 200 µs, unless a submit wakes us.
+		// The peers' writes cannot wake us: they wait for the next poll.
+		nap.Reset(time.Duration(10<<min(max(empty-2000, 0)/16, 4)) * time.Microsecond)
+		e.sleeping.Store(true)
+		select {
+		case <-nap.C:
+		case <-e.wake:
+			empty = 0
+		case <-e.quit:
+		}
+		e.sleeping.Store(false)
+	}
+}
+
+// nudge wakes the progress goroutine when it naps: our operation needs
+// polling to progress (manual progress) and to complete.
+func (e *fabEP) nudge() {
+	if e.sleeping.Load() {
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 

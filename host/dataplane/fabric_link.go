@@ -118,6 +118,7 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 		err = nil
 	}
 	f.posting.Add(-1)
+	f.e.nudge()
 	if err != nil {
 		f.p.fail(&pd.op)
 		go f.p.markDead(err)
