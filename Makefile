@@ -78,7 +78,7 @@ gofmt-check:
 	@out="$$(gofmt -l $$(find . -name '*.go' -not -path './build/*' -not -path './.git/*'))"; \
 	if [ -n "$$out" ]; then echo "gofmt needs to run on:"; echo "$$out"; exit 1; fi
 
-# clang, lld, wabt: installed once when run as root on Debian, else the
+# clang, lld, wabt, libfabric: installed once when run as root on Debian, else the
 # exact command is printed and make stops.
 setup:
 	@test/setup.sh

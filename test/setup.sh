@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Installs what `make test` needs beyond Go, gcc and make: clang and lld
 # (C guests for wasm32), wabt (wat2wasm, for the sandbox's hostile test
-# modules), binutils (readelf, nm: the library's exported symbols) and
-# Debian's HIP runtime (the "runtime present, no AMD GPU" case). Run
+# modules), binutils (readelf, nm: the library's exported symbols),
+# Debian's HIP runtime (the "runtime present, no AMD GPU" case) and
+# libfabric: its headers to build host/fabric (the library dlopens
+# libfabric.so.1 at run time, never links it) and fi_info plus the runtime
+# for the fabric transport's tests over tcp;ofi_rxm and shm. Run
 # as root on Debian it installs what is missing, once; otherwise it stops
 # and prints the command to run.
 set -euo pipefail
-declare -A pkg=([clang]=clang [wasm-ld]=lld [wat2wasm]=wabt [readelf]=binutils [nm]=binutils [gcc]=gcc)
+declare -A pkg=([clang]=clang [wasm-ld]=lld [wat2wasm]=wabt [readelf]=binutils [nm]=binutils [gcc]=gcc [fi_info]=libfabric-bin)
 missing=()
 for tool in "${!pkg[@]}"; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("${pkg[$tool]}")
 done
 ldconfig -p 2>/dev/null | grep -q 'libamdhip64\.so' || missing+=(libamdhip64-5)
+[ -f /usr/include/rdma/fi_rma.h ] || missing+=(libfabric-dev)
 [ ${#missing[@]} -eq 0 ] && exit 0
 mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 cmd="apt-get install -y ${missing[*]}"

@@ -273,3 +273,57 @@ func TestFabricThroughput(t *testing.T) {
 	el := time.Since(start)
 	t.Logf("tcp;ofi_rxm: %d × 1 MiB puts, window %d: %.2f GB/s", total, window, float64(total*size)/el.Seconds()/1e9)
 }
+
+// TestHandleFabricName: the endpoint name and provider hash ride the
+// handle; a name too long for it leaves the handle TCP-only.
+func TestHandleFabricName(t *testing.T) {
+	l, _, err := Listen("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	hi := l.info
+	hi.FabricHash, hi.FabricName = providerHash("tcp;ofi_rxm"), []byte{2, 0, 0x1f, 0x90, 127, 0, 0, 1}
+	var h Handle
+	hi.Encode(&h)
+	got, err := DecodeHandle(&h)
+	if err != nil || got.FabricHash != hi.FabricHash || string(got.FabricName) != string(hi.FabricName) || got.Pid != hi.Pid {
+		t.Fatalf("round trip: %+v, %v", got, err)
+	}
+	if providerHash("shm") == got.FabricHash {
+		t.Fatal("two providers hash alike")
+	}
+	hi.FabricName = make([]byte, fabNameMax+1)
+	hi.Encode(&h)
+	if got, _ := DecodeHandle(&h); got.FabricHash != 0 || got.FabricName != nil {
+		t.Fatalf("oversized name encoded: %+v", got)
+	}
+}
+
+// TestOrdererPassed: a goodbye is acknowledged only once everything
+// numbered before it was applied.
+func TestOrdererPassed(t *testing.T) {
+	var o orderer
+	o.done(2, sigRef{}, 0)
+	if o.passed(2) || o.passed(1) {
+		t.Fatal("passed with 1 missing")
+	}
+	o.done(1, sigRef{}, 0)
+	if !o.passed(2) || o.passed(3) {
+		t.Fatal("passed wrong after 1 and 2")
+	}
+}
+
+// TestSelectFabricModes: tcp never loads libfabric; a missing library
+// falls back to TCP.
+func TestSelectFabricModes(t *testing.T) {
+	if p := selectFabric("tcp", "tcp;ofi_rxm", "libfabric.so.1"); p != "" {
+		t.Fatalf("tcp mode chose %q", p)
+	}
+	if err := fabric.Load("/nonexistent/libfabric.so.1"); err == nil {
+		t.Skip("libfabric already loaded in this process")
+	}
+	if p := selectFabric("fabric", "", "/nonexistent/libfabric.so.1"); p != "" {
+		t.Fatalf("chose %q without libfabric", p)
+	}
+}

@@ -1,0 +1,103 @@
+package test
+
+import (
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// The libfabric transport through the C harness, one process per rank, on
+// the providers that need no NIC: tcp;ofi_rxm and shm. The harness
+// verifies every byte and every signal; these tests also check from the
+// log that the fabric carried them.
+
+// needFabric skips where libfabric's runtime is missing (test/setup.sh
+// installs it; the build itself needs libfabric-dev).
+func needFabric(t *testing.T) {
+	t.Helper()
+	if err := exec.Command("sh", "-c", "ldconfig -p | grep -q 'libfabric.so.1 '").Run(); err != nil {
+		t.Skip("libfabric.so.1 not installed (test/setup.sh installs libfabric-bin)")
+	}
+}
+
+func fabricEnv(prov string) []string {
+	return []string{"NCCL_RMA_WASM_TRANSPORT=fabric", "NCCL_RMA_WASM_FI_PROVIDER=" + prov}
+}
+
+var fabricProviders = []string{"tcp;ofi_rxm", "shm"}
+
+// checkFabric asserts every rank reached all n ranks over the provider.
+func checkFabric(t *testing.T, out, prov string, n int) {
+	t.Helper()
+	re := regexp.MustCompile(`rank \d+ reaches (\d+) ranks over libfabric provider ` + regexp.QuoteMeta(prov))
+	m := re.FindAllStringSubmatch(out, -1)
+	if len(m) < n {
+		t.Fatalf("%d ranks report the fabric transport, want %d:\n%s", len(m), n, tail(out))
+	}
+}
+
+func TestFabricRanks(t *testing.T) {
+	needFabric(t)
+	for _, prov := range fabricProviders {
+		for _, c := range []struct {
+			ranks, lanes string
+			size         string
+		}{{"4", "1", "262144"}, {"3", "3", "4194304"}} {
+			t.Run(prov+"/ranks"+c.ranks+"/lanes"+c.lanes, func(t *testing.T) {
+				out := runDriver(t, append(fabricEnv(prov), "NCCL_RMA_WASM_LANES="+c.lanes),
+					"--verbose", "--ranks", c.ranks, "--size", c.size, "--iters", "2", "--version", "16")
+				checkFabric(t, out, prov, int(c.ranks[0]-'0'))
+			})
+		}
+	}
+}
+
+func TestFabricPeerKilled(t *testing.T) {
+	needFabric(t)
+	for _, prov := range fabricProviders {
+		t.Run(prov, func(t *testing.T) {
+			out := runDriver(t, fabricEnv(prov), "--verbose", "--ranks", "3", "--scenario", "kill", "--kill-rank", "2", "--iters", "2", "--timeout", "60")
+			if got := len(regexp.MustCompile(`kill: detected the loss of rank 2`).FindAllString(out, -1)); got != 2 {
+				t.Fatalf("%d survivors detected the loss, want 2:\n%s", got, tail(out))
+			}
+			checkFabric(t, out, prov, 3)
+		})
+	}
+}
+
+func TestFabricBadInputAndTeardown(t *testing.T) {
+	needFabric(t)
+	for _, prov := range fabricProviders {
+		t.Run(prov, func(t *testing.T) {
+			out := runDriver(t, fabricEnv(prov), "--ranks", "2", "--scenario", "bad-input", "--iters", "1")
+			if !strings.Contains(out, "bad-input checks passed") {
+				t.Fatalf("bad-input checks did not run:\n%s", tail(out))
+			}
+			runDriver(t, append(fabricEnv(prov), "NCCL_RMA_WASM_LANES=2"),
+				"--ranks", "3", "--scenario", "teardown", "--cycles", "6", "--size", "1m", "--timeout", "30")
+		})
+	}
+}
+
+// TestFabricMissingLibrary: without libfabric the plugin says why in one
+// INFO line per process and runs over TCP.
+func TestFabricMissingLibrary(t *testing.T) {
+	out := runDriver(t, []string{"NCCL_RMA_WASM_TRANSPORT=fabric", "NCCL_RMA_WASM_FI_LIBRARY=/nonexistent/libfabric.so.1"},
+		"--verbose", "--ranks", "2", "--iters", "1", "--size", "65536")
+	if got := strings.Count(out, "libfabric unavailable"); got != 2 {
+		t.Fatalf("%d fallback lines, want 2 (one per rank):\n%s", got, tail(out))
+	}
+	if strings.Contains(out, "over libfabric provider") {
+		t.Fatalf("fabric in use without libfabric:\n%s", tail(out))
+	}
+}
+
+// TestFabricAutoSkipsSoftware: auto never picks tcp;ofi_rxm or shm.
+func TestFabricAutoSkipsSoftware(t *testing.T) {
+	needFabric(t)
+	out := runDriver(t, nil, "--verbose", "--ranks", "2", "--iters", "1", "--size", "65536")
+	if strings.Contains(out, "over libfabric provider") {
+		t.Fatalf("auto chose a software provider:\n%s", tail(out))
+	}
+}
