@@ -327,3 +327,21 @@ func TestSelectFabricModes(t *testing.T) {
 		t.Fatalf("chose %q without libfabric", p)
 	}
 }
+
+// TestFabricPostAllocs: posting over the fabric allocates nothing.
+func TestFabricPostAllocs(t *testing.T) {
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
+	src := fabric.Alloc(8)
+	defer fabric.Free(src)
+	tag := uint64(0)
+	op := Op{Msg: MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 8, SigMrID: 1, SigOp: abi.SignalOpInc}
+	allocs := testing.AllocsPerRun(200, func() {
+		tag++
+		op.Tag = tag
+		ms[0].Post(1, &op, false, -1)
+	})
+	os[0].wait(t, tag)
+	if allocs != 0 {
+		t.Fatalf("%v allocations per post", allocs)
+	}
+}
