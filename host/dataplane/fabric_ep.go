@@ -80,9 +80,11 @@ type fabEP struct {
 	closed bool                        // under regMu: the endpoint is gone
 	local  atomic.Pointer[[]fabric.MR] // our registrations by id
 
-	comps []fabric.Completion
-	byeMu sync.Mutex
-	byes  []fabBye // goodbyes waiting for the orderer to pass them
+	pollMu sync.Mutex // one poller at a time; it owns comps
+	comps  []fabric.Completion
+	gone   bool // under pollMu: the endpoint is closed
+	byeMu  sync.Mutex
+	byes   []fabBye // goodbyes waiting for the orderer to pass them
 
 	quit     chan struct{}
 	done     chan struct{}
@@ -235,6 +237,9 @@ func (e *fabEP) close() {
 	if e.m != nil {
 		<-e.done
 	}
+	e.pollMu.Lock()
+	e.gone = true
+	e.pollMu.Unlock()
 	e.regMu.Lock()
 	e.closed = true
 	for _, mr := range *e.local.Load() {
@@ -260,15 +265,11 @@ func (e *fabEP) progress() {
 			return
 		default:
 		}
-		n, err := e.ep.Poll(e.comps)
-		if err != nil {
-			logx.Warn(abi.SubsysNet, "NET/wasm: fabric: %v", err)
+		n, polled := e.poll()
+		if !polled {
+			runtime.Gosched() // a caller's thread is polling
+			continue
 		}
-		for i := 0; i < n; i++ {
-			e.handle(&e.comps[i])
-		}
-		e.retry()
-		e.checkByes()
 		if n > 0 {
 			empty = 0
 			continue
@@ -301,6 +302,29 @@ func (e *fabEP) nudge() {
 		default:
 		}
 	}
+}
+
+// poll reaps one batch of completions, then retries what waited for room
+// and acknowledges goodbyes. One thread polls at a time (callers' test()
+// through flush, or the progress goroutine); ok is false when another was.
+func (e *fabEP) poll() (n int, ok bool) {
+	if !e.pollMu.TryLock() {
+		return 0, false
+	}
+	defer e.pollMu.Unlock()
+	if e.gone {
+		return 0, true
+	}
+	n, err := e.ep.Poll(e.comps)
+	if err != nil {
+		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: %v", err)
+	}
+	for i := 0; i < n; i++ {
+		e.handle(&e.comps[i])
+	}
+	e.retry()
+	e.checkByes()
+	return n, true
 }
 
 // busy reports operations of ours in flight or waiting for room.

@@ -262,6 +262,17 @@ func (f *fabricLink) retry() {
 	f.pend = append(f.pend[:0], f.pend[k:]...)
 }
 
+// flush progresses the endpoint from the caller's thread (test() calls
+// it while it waits): with manual progress that is where the work is, and
+// on few cores a spinning caller would otherwise only take the CPU from
+// the progress goroutine.
+func (f *fabricLink) flush() {
+	f.tcpLink.flush()
+	if f.inflight.Load() > 0 || f.backlog.Load() > 0 {
+		f.e.poll()
+	}
+}
+
 func (f *fabricLink) idle() bool {
 	return f.inflight.Load() == 0 && f.backlog.Load() == 0 && f.tcpLink.idle()
 }
