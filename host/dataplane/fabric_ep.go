@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"math/bits"
 	"runtime"
 	"strings"
 	"sync"
@@ -27,11 +28,12 @@ const (
 	fabRecvs    = 256  // receive buffers for signal and goodbye messages
 	fabMsgSize  = 32   // one control message
 	fabSlotSize = fabric.ContextSize + fabMsgSize
-	// fabSeqBits of the 64-bit CQ data carry the sequence number, the rest
-	// the sender's rank: the target learns who wrote without FI_SOURCE.
-	fabSeqBits = 48
-	fabSeqMask = 1<<fabSeqBits - 1
-	fabMaxRank = 1<<(64-fabSeqBits) - 1
+	// The CQ data of a write carries the sender's rank in its high bits
+	// (the target learns who wrote without FI_SOURCE) and the low bits of
+	// the sequence number below: with 8 bytes of CQ data 16 and 48 bits;
+	// with 4 (verbs, efa) as few rank bits as the communicator needs and
+	// at least fabMinSeqBits for the number (see orderer.unwrap).
+	fabMinSeqBits = 16
 	// fabNameMax is the endpoint name room in the listen handle.
 	fabNameMax = 59
 )
@@ -67,9 +69,10 @@ type fabEP struct {
 	name []byte
 	hash uint32 // of the provider name: peers must use the same
 
-	m     *Mesh
-	rank  int
-	links []*fabricLink // by rank; nil where the peer is not on this fabric
+	m       *Mesh
+	rank    int
+	links   []*fabricLink // by rank; nil where the peer is not on this fabric
+	seqBits uint          // low bits of the CQ data holding the sequence number
 
 	mem    unsafe.Pointer // C: fabSlots slot areas, then fabRecvs receive areas
 	slots  []fabSlot
@@ -114,9 +117,8 @@ func openFabric(prov string) (*fabEP, error) {
 		ep.Close()
 		return nil, err
 	}
-	if e.info.CQDataSize < 8 {
-		// TODO: 4-byte CQ data (verbs, efa) needs a wrapped sequence number.
-		return fail(fmt.Errorf("provider %s offers %d bytes of CQ data; this transport needs 8", prov, e.info.CQDataSize))
+	if e.info.CQDataSize < 4 {
+		return fail(fmt.Errorf("provider %s offers %d bytes of CQ data; this transport needs 4", prov, e.info.CQDataSize))
 	}
 	if e.info.InjectSize < fabMsgSize {
 		return fail(fmt.Errorf("provider %s injects at most %d bytes; control messages take %d", prov, e.info.InjectSize, fabMsgSize))
@@ -144,6 +146,27 @@ func openFabric(prov string) (*fabEP, error) {
 	e.local.Store(&empty)
 	return e, nil
 }
+
+// layout sets how the CQ data splits between rank and sequence number for
+// n ranks; false when n ranks do not fit. Every rank computes the same.
+func (e *fabEP) layout(n int) bool {
+	total, rankBits := uint(64), uint(16)
+	if e.info.CQDataSize < 8 {
+		total, rankBits = 32, uint(bits.Len(uint(n-1)))
+	}
+	if uint(bits.Len(uint(n-1))) > rankBits || total-rankBits < fabMinSeqBits {
+		return false
+	}
+	e.seqBits = total - rankBits
+	if fabTestSeqBits != 0 {
+		e.seqBits = fabTestSeqBits
+	}
+	return true
+}
+
+// fabTestSeqBits, when set by a test, narrows the sequence field so that
+// it wraps quickly.
+var fabTestSeqBits uint
 
 func (e *fabEP) slotArea(i uint32) unsafe.Pointer { return unsafe.Add(e.mem, uintptr(i)*fabSlotSize) }
 func (e *fabEP) recvArea(i uint32) unsafe.Pointer {
@@ -349,8 +372,8 @@ func (e *fabEP) handle(c *fabric.Completion) {
 	}
 	if flags&fabric.FlagRemoteCQData != 0 && flags&fabric.FlagRemoteWrite != 0 {
 		data := fabric.Data(c)
-		if l := e.link(int(data >> fabSeqBits)); l != nil {
-			l.p.landed(data&fabSeqMask, sigRef{}, 0)
+		if l := e.link(int(data >> e.seqBits)); l != nil {
+			l.p.landed(l.p.order.unwrap(data&(1<<e.seqBits-1), e.seqBits), sigRef{}, 0)
 		}
 		if ok && recv {
 			e.repost(idx)
@@ -430,12 +453,12 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 			// completed, so the target reports it.
 			p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d sent a signal to an invalid target", p.rank))
 		}
-		p.landed(seq&fabSeqMask, sig, add)
+		p.landed(seq, sig, add)
 	case fabMsgBye:
 		p.peerBye.Store(true)
-		p.landed(seq&fabSeqMask, sigRef{}, 0)
+		p.landed(seq, sigRef{}, 0)
 		e.byeMu.Lock()
-		e.byes = append(e.byes, fabBye{l, seq & fabSeqMask})
+		e.byes = append(e.byes, fabBye{l, seq})
 		e.byeMu.Unlock()
 	case fabMsgByeAck:
 		p.ackBye()

@@ -156,7 +156,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 	if op.Msg == MsgGet {
 		err = f.e.ep.Read(op.Local, op.Size, f.e.desc(op.LocalMr), f.addr, raddr, key, ctx)
 	} else {
-		data := uint64(f.e.rank)<<fabSeqBits | pd.seq&fabSeqMask
+		data := uint64(f.e.rank)<<f.e.seqBits | pd.seq&(1<<f.e.seqBits-1)
 		err = f.e.ep.WriteData(op.Local, op.Size, f.e.desc(op.LocalMr), data, f.addr, raddr, key, ctx)
 	}
 	if err != nil {

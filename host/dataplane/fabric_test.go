@@ -345,3 +345,52 @@ func TestFabricPostAllocs(t *testing.T) {
 		t.Fatalf("%v allocations per post", allocs)
 	}
 }
+
+// TestFabricNarrowCQData runs the ordered-signal test with the sequence
+// field cut to 8 bits (as with 4-byte CQ data, only narrower), so the
+// target's unwrap is crossed many times, with one lane and with three.
+func TestFabricNarrowCQData(t *testing.T) {
+	fabTestSeqBits = 8
+	defer func() { fabTestSeqBits = 0 }()
+	for _, lanes := range []int{1, 3} {
+		ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, lanes)
+		if ms[0].fab.seqBits != 8 {
+			t.Fatalf("seqBits %d", ms[0].fab.seqBits)
+		}
+		src := fabric.Alloc(8)
+		const n = 700
+		for i := uint64(1); i <= n; i++ {
+			*(*uint64)(src) = i
+			ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+			os[0].wait(t, i)
+		}
+		fabric.Free(src)
+		sig := (*uint64)(os[1].mem)
+		for deadline := time.Now().Add(5 * time.Second); *sig != n; {
+			if time.Now().After(deadline) {
+				t.Fatalf("lanes %d: signal %d, want %d", lanes, *sig, n)
+			}
+			time.Sleep(10 * time.Microsecond)
+		}
+		for i := uint64(1); i <= n; i++ {
+			if v := *(*uint64)(unsafe.Add(os[1].mem, 8*i)); v != i {
+				t.Fatalf("lanes %d: word %d: %d", lanes, i, v)
+			}
+		}
+	}
+}
+
+// TestUnwrap: the low bits of a number come back as the smallest number
+// at or above the orderer's next one.
+func TestUnwrap(t *testing.T) {
+	var o orderer
+	for s := uint64(1); s < 1000; s++ {
+		if got := o.unwrap(s&0xff, 8); got != s {
+			t.Fatalf("unwrap(%d) = %d", s, got)
+		}
+		o.done(s, sigRef{}, 0)
+	}
+	if got := o.unwrap((1000+200)&0xff, 8); got != 1200 {
+		t.Fatalf("ahead by 200: %d", got)
+	}
+}

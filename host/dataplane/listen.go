@@ -300,6 +300,13 @@ func Prewarm(addr string) {
 	}()
 }
 
+// fabric is the listener's endpoint, if any.
+func (l *Listener) fabric() *fabEP {
+	l.closeMu.Lock()
+	defer l.closeMu.Unlock()
+	return l.fab
+}
+
 // takeFabric hands the endpoint to the mesh that connected.
 func (l *Listener) takeFabric() *fabEP {
 	l.closeMu.Lock()

@@ -22,6 +22,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 // Owner is what the dataplane needs from the communicator above it.
@@ -153,8 +154,11 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	if m.closeTimeout <= 0 {
 		m.closeTimeout = DefaultCloseTimeout
 	}
-	if n-1 > fabMaxRank {
-		l.dropFabric() // ranks ride 16 bits of the CQ data
+	if f := l.fabric(); f != nil && !f.layout(n) {
+		// Ranks and sequence numbers share the CQ data; every rank sees
+		// the same n and provider, so all of them fall back alike.
+		logx.Warn(abi.SubsysNet|abi.SubsysInit, "NET/wasm: %d ranks do not fit %s's %d bytes of CQ data; using TCP", n, f.info.Provider, f.info.CQDataSize)
+		l.dropFabric()
 	}
 	outs, ins, err := connectStreams(l, infos, rank, lanes, deadline, timeout)
 	if err != nil {

@@ -124,3 +124,16 @@ func (o *orderer) passed(seq uint64) bool {
 	defer o.mu.Unlock()
 	return o.next > seq
 }
+
+// unwrap turns the low bits of a sequence number (the CQ data of a
+// provider with 4 bytes of it) back into the number: every number that can
+// still arrive is at least next, and fewer than 1<<bits are outstanding.
+func (o *orderer) unwrap(w uint64, bits uint) uint64 {
+	if bits >= 64 {
+		return w
+	}
+	o.mu.Lock()
+	next := max(o.next, 1)
+	o.mu.Unlock()
+	return next + (w-next)&(1<<bits-1)
+}
