@@ -74,10 +74,10 @@ type fabEP struct {
 	links   []*fabricLink // by rank; nil where the peer is not on this fabric
 	seqBits uint          // low bits of the CQ data holding the sequence number
 
-	mem    unsafe.Pointer // C: fabSlots slot areas, then fabRecvs receive areas
-	slots  []fabSlot
-	free   chan uint32
-	recvMR fabric.MR
+	mem   unsafe.Pointer // C: fabSlots slot areas, then fabRecvs receive areas
+	slots []fabSlot
+	free  chan uint32
+	memMR fabric.MR // all of mem, under FI_MR_LOCAL (messages and receives)
 
 	regMu  sync.Mutex
 	closed bool                        // under regMu: the endpoint is gone
@@ -136,7 +136,7 @@ func openFabric(prov string) (*fabEP, error) {
 		e.free <- i
 	}
 	if e.info.MRMode&fabric.MRLocal != 0 {
-		if e.recvMR, err = ep.Register(e.recvArea(0), fabRecvs*fabSlotSize, 1<<62); err != nil {
+		if e.memMR, err = ep.Register(e.mem, (fabSlots+fabRecvs)*fabSlotSize, 1<<62); err != nil {
 			fabric.Free(e.mem)
 			return fail(err)
 		}
@@ -189,7 +189,7 @@ func (e *fabEP) slotOf(ctx unsafe.Pointer) (idx uint32, recv, ok bool) {
 
 func (e *fabEP) postRecv(i uint32) error {
 	a := e.recvArea(i)
-	return e.ep.Recv(unsafe.Add(a, fabric.ContextSize), fabMsgSize, e.recvMR.Desc, a)
+	return e.ep.Recv(unsafe.Add(a, fabric.ContextSize), fabMsgSize, e.memMR.Desc, a)
 }
 
 // start posts the receive buffers and launches the progress goroutine.
@@ -269,7 +269,7 @@ func (e *fabEP) close() {
 		e.ep.Deregister(mr)
 	}
 	e.regMu.Unlock()
-	e.ep.Deregister(e.recvMR)
+	e.ep.Deregister(e.memMR)
 	e.ep.Close()
 	fabric.Free(e.mem)
 }

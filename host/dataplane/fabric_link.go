@@ -133,15 +133,9 @@ func (f *fabricLink) post(pd *fabPend) error {
 	}
 	switch {
 	case op.Msg == msgBye:
-		return f.msg(fabMsgBye, pd.seq, op)
+		return f.msg(fabMsgBye, pd.seq, op, false)
 	case op.Msg == MsgPutSignal && pd.sigOnly:
-		if err := f.msg(fabMsgSignal, pd.sigSeq, op); err != nil {
-			return err
-		}
-		if op.Tag != 0 {
-			f.p.m.owner.Complete(op.Tag, abi.Success)
-		}
-		return nil
+		return f.msg(fabMsgSignal, pd.sigSeq, op, true)
 	}
 	raddr, key, ok := f.target(op.MrID, op.Off)
 	if !ok {
@@ -156,19 +150,21 @@ func (f *fabricLink) post(pd *fabPend) error {
 	if op.Msg == MsgGet {
 		err = f.e.ep.Read(op.Local, op.Size, f.e.desc(op.LocalMr), f.addr, raddr, key, ctx)
 	} else {
+		// Delivery complete unless local completion was asked for: a put
+		// completes when its bytes arrived, as over TCP (SPEC.md §3).
 		data := uint64(f.e.rank)<<f.e.seqBits | pd.seq&(1<<f.e.seqBits-1)
-		err = f.e.ep.WriteData(op.Local, op.Size, f.e.desc(op.LocalMr), data, f.addr, raddr, key, ctx)
+		err = f.e.ep.WriteMsg(op.Local, op.Size, f.e.desc(op.LocalMr), data, f.addr, raddr, key, ctx, !f.p.m.localComp)
 	}
 	if err != nil {
 		f.unslot(idx)
 		return err
 	}
 	if op.Msg == MsgPutSignal {
-		// The payload is posted; the request completes with it. If the
-		// signal finds no room it waits in pend, numbered already.
+		// The payload is posted; the signal follows as a message whose
+		// completion is the request's second part (Mesh.PeerParts). If it
+		// finds no room it waits in pend, numbered already.
 		pd.sigOnly = true
-		op.Tag = 0
-		if err := f.msg(fabMsgSignal, pd.sigSeq, op); err == fabric.ErrAgain {
+		if err := f.msg(fabMsgSignal, pd.sigSeq, op, true); err == fabric.ErrAgain {
 			f.queue(*pd)
 		} else if err != nil {
 			return err
@@ -199,10 +195,16 @@ func (f *fabricLink) unslot(idx uint32) {
 	f.e.free <- idx
 }
 
-// msg injects a control message; the payload is built in C memory (a
-// free slot's message area) so that nothing escapes to the Go heap.
-func (f *fabricLink) msg(typ uint8, seq uint64, op *Op) error {
-	idx, ok := f.slot(0)
+// msg sends a control message built in C memory (a slot's message area,
+// so nothing escapes to the Go heap). A signal is sent with a completion
+// that completes op's request; a goodbye or its acknowledgement is
+// injected and needs none.
+func (f *fabricLink) msg(typ uint8, seq uint64, op *Op, complete bool) error {
+	tag := uint64(0)
+	if complete {
+		tag = op.Tag
+	}
+	idx, ok := f.slot(tag)
 	if !ok {
 		return fabric.ErrAgain
 	}
@@ -213,11 +215,18 @@ func (f *fabricLink) msg(typ uint8, seq uint64, op *Op) error {
 	binary.LittleEndian.PutUint64(b[8:], seq)
 	binary.LittleEndian.PutUint64(b[16:], 0)
 	binary.LittleEndian.PutUint64(b[24:], 0)
-	if op != nil && typ == fabMsgSignal {
+	if typ == fabMsgSignal {
 		b[1] = op.SigOp
 		binary.LittleEndian.PutUint32(b[4:], op.SigMrID)
 		binary.LittleEndian.PutUint64(b[16:], op.SigOff)
 		binary.LittleEndian.PutUint64(b[24:], op.SigValue)
+	}
+	if complete {
+		err := f.e.ep.SendMsg(unsafe.Pointer(&b[0]), fabMsgSize, f.e.memMR.Desc, f.addr, f.e.slotArea(idx), !f.p.m.localComp)
+		if err != nil {
+			f.unslot(idx)
+		}
+		return err
 	}
 	err := f.e.ep.Inject(unsafe.Pointer(&b[0]), fabMsgSize, f.addr)
 	f.unslot(idx)
@@ -227,7 +236,7 @@ func (f *fabricLink) msg(typ uint8, seq uint64, op *Op) error {
 // control sends a message that is not an operation (the goodbye's
 // acknowledgement); false means no room yet.
 func (f *fabricLink) control(typ uint8, seq uint64) bool {
-	err := f.msg(typ, seq, nil)
+	err := f.msg(typ, seq, nil, false)
 	return err != fabric.ErrAgain
 }
 

@@ -14,23 +14,28 @@ import (
 // fabOwner is a target whose one registration (id 1) lives in C memory,
 // as registered memory does in the plugin.
 type fabOwner struct {
-	mem  unsafe.Pointer
-	size uint64
-	mu   sync.Mutex
-	done map[uint64]abi.Result
-	fail []error
+	mem   unsafe.Pointer
+	size  uint64
+	mu    sync.Mutex
+	done  map[uint64]abi.Result
+	parts map[uint64]int
+	fail  []error
 }
 
-func (o *fabOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, bool) {
+func (o *fabOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, bool) {
 	if id != 1 {
-		return nil, 0, 0, false
+		return nil, 0, 0, Pin{}, false
 	}
-	return o.mem, o.size, 0, true
+	return o.mem, o.size, 0, Pin{}, true
 }
 func (o *fabOwner) PeerRegistered(int, uint32, uint64, uint64, bool) {}
 func (o *fabOwner) Complete(tag uint64, st abi.Result) {
 	o.mu.Lock()
 	o.done[tag] = st
+	if o.parts == nil {
+		o.parts = map[uint64]int{}
+	}
+	o.parts[tag]++
 	o.mu.Unlock()
 }
 func (o *fabOwner) PeerFailed(_ int, err error) {
@@ -38,11 +43,15 @@ func (o *fabOwner) PeerFailed(_ int, err error) {
 	o.fail = append(o.fail, err)
 	o.mu.Unlock()
 }
-func (o *fabOwner) wait(t testing.TB, tag uint64) abi.Result {
+func (o *fabOwner) wait(t testing.TB, tag uint64) abi.Result { return o.waitN(t, tag, 1) }
+
+// waitN waits for n completions of tag (a put with signal has two).
+func (o *fabOwner) waitN(t testing.TB, tag uint64, n int) abi.Result {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 		o.mu.Lock()
 		st, ok := o.done[tag]
+		ok = ok && o.parts[tag] >= n
 		o.mu.Unlock()
 		if ok {
 			return st
@@ -214,7 +223,7 @@ func TestFabricOrderedSignals(t *testing.T) {
 	for i := uint64(1); i <= n; i++ {
 		*(*uint64)(src) = i
 		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
-		os[0].wait(t, i) // the source is reused: wait for the local completion
+		os[0].waitN(t, i, ms[0].PeerParts(1, MsgPutSignal, 8)) // the source is reused
 	}
 	sig := (*uint64)(os[1].mem)
 	for deadline := time.Now().Add(5 * time.Second); *sig != n; {
@@ -340,7 +349,10 @@ func TestFabricPostAllocs(t *testing.T) {
 		op.Tag = tag
 		ms[0].Post(1, &op, false, -1)
 	})
-	os[0].wait(t, tag)
+	os[0].waitN(t, tag, 2)
+	if n := ms[0].PeerParts(1, MsgPutSignal, 8); n != 2 {
+		t.Fatalf("a put with signal over the fabric has %d parts, want 2", n)
+	}
 	if allocs != 0 {
 		t.Fatalf("%v allocations per post", allocs)
 	}
@@ -362,7 +374,7 @@ func TestFabricNarrowCQData(t *testing.T) {
 		for i := uint64(1); i <= n; i++ {
 			*(*uint64)(src) = i
 			ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
-			os[0].wait(t, i)
+			os[0].waitN(t, i, ms[0].PeerParts(1, MsgPutSignal, 8))
 		}
 		fabric.Free(src)
 		sig := (*uint64)(os[1].mem)

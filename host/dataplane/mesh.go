@@ -295,6 +295,17 @@ func (m *Mesh) Kick() {
 // more than one when it is striped over several lanes.
 func (m *Mesh) Parts(kind uint8, size uint64) int { return m.parts(kind, size) }
 
+// PeerParts is Parts for an operation to peer: over libfabric a put with
+// signal that is not striped completes twice, once for the write and once
+// for the signal message behind it.
+func (m *Mesh) PeerParts(peer int, kind uint8, size uint64) int {
+	n := m.parts(kind, size)
+	if kind == MsgPutSignal && size > 0 && n == 1 && m.fab != nil && m.fab.link(peer) != nil {
+		n++
+	}
+	return n
+}
+
 // IntraNodePeers counts the peers the single-copy path is enabled for.
 func (m *Mesh) IntraNodePeers() int {
 	n := 0

@@ -193,6 +193,24 @@ func (e *Endpoint) WriteData(buf unsafe.Pointer, n uint64, desc unsafe.Pointer, 
 	return post(C.rmaw_writedata(e.ep, buf, C.size_t(n), desc, C.uint64_t(data), C.uint64_t(dest), C.uint64_t(raddr), C.uint64_t(key), ctx), "fi_writedata")
 }
 
+// WriteMsg is WriteData as fi_writemsg; deliver asks for
+// FI_DELIVERY_COMPLETE: the completion then means the bytes arrived.
+func (e *Endpoint) WriteMsg(buf unsafe.Pointer, n uint64, desc unsafe.Pointer, data, dest, raddr, key uint64, ctx unsafe.Pointer, deliver bool) error {
+	return post(C.rmaw_writemsg(e.ep, buf, C.size_t(n), desc, C.uint64_t(data), C.uint64_t(dest), C.uint64_t(raddr), C.uint64_t(key), ctx, cbool(deliver)), "fi_writemsg")
+}
+
+// SendMsg sends a message whose completion is reported (deliver: as above).
+func (e *Endpoint) SendMsg(buf unsafe.Pointer, n uint64, desc unsafe.Pointer, dest uint64, ctx unsafe.Pointer, deliver bool) error {
+	return post(C.rmaw_sendmsg(e.ep, buf, C.size_t(n), desc, C.uint64_t(dest), ctx, cbool(deliver)), "fi_sendmsg")
+}
+
+func cbool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // Read posts an RMA read.
 func (e *Endpoint) Read(buf unsafe.Pointer, n uint64, desc unsafe.Pointer, src, raddr, key uint64, ctx unsafe.Pointer) error {
 	return post(C.rmaw_read(e.ep, buf, C.size_t(n), desc, C.uint64_t(src), C.uint64_t(raddr), C.uint64_t(key), ctx), "fi_read")

@@ -172,6 +172,20 @@ int64_t rmaw_writedata(rmaw_ep *e, void *buf, size_t len, void *desc, uint64_t d
 	return fi_writedata(e->ep, buf, len, desc, data, dest, raddr, key, ctx);
 }
 
+int64_t rmaw_writemsg(rmaw_ep *e, void *buf, size_t len, void *desc, uint64_t data, uint64_t dest, uint64_t raddr, uint64_t key, void *ctx, int deliver) {
+	struct iovec iov = {.iov_base = buf, .iov_len = len};
+	struct fi_rma_iov rma = {.addr = raddr, .len = len, .key = key};
+	struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = dest,
+	                         .rma_iov = &rma, .rma_iov_count = 1, .context = ctx, .data = data};
+	return fi_writemsg(e->ep, &msg, FI_REMOTE_CQ_DATA | FI_COMPLETION | (deliver ? FI_DELIVERY_COMPLETE : 0));
+}
+
+int64_t rmaw_sendmsg(rmaw_ep *e, void *buf, size_t len, void *desc, uint64_t dest, void *ctx, int deliver) {
+	struct iovec iov = {.iov_base = buf, .iov_len = len};
+	struct fi_msg msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = dest, .context = ctx};
+	return fi_sendmsg(e->ep, &msg, FI_COMPLETION | (deliver ? FI_DELIVERY_COMPLETE : 0));
+}
+
 int64_t rmaw_read(rmaw_ep *e, void *buf, size_t len, void *desc, uint64_t src, uint64_t raddr, uint64_t key, void *ctx) {
 	return fi_read(e->ep, buf, len, desc, src, raddr, key, ctx);
 }

@@ -42,6 +42,11 @@ int rmaw_insert(rmaw_ep *ep, const void *name, uint64_t *addr);
 int rmaw_reg(rmaw_ep *ep, void *base, size_t len, uint64_t want_key, void **mr, uint64_t *key, void **desc);
 int rmaw_dereg(void *mr);
 int64_t rmaw_writedata(rmaw_ep *ep, void *buf, size_t len, void *desc, uint64_t data, uint64_t dest, uint64_t raddr, uint64_t key, void *ctx);
+// rmaw_writemsg is fi_writemsg with remote CQ data; deliver asks for
+// FI_DELIVERY_COMPLETE (the completion means the bytes are at the target).
+int64_t rmaw_writemsg(rmaw_ep *ep, void *buf, size_t len, void *desc, uint64_t data, uint64_t dest, uint64_t raddr, uint64_t key, void *ctx, int deliver);
+// rmaw_sendmsg sends a message with a completion (deliver: as above).
+int64_t rmaw_sendmsg(rmaw_ep *ep, void *buf, size_t len, void *desc, uint64_t dest, void *ctx, int deliver);
 int64_t rmaw_read(rmaw_ep *ep, void *buf, size_t len, void *desc, uint64_t src, uint64_t raddr, uint64_t key, void *ctx);
 int64_t rmaw_inject(rmaw_ep *ep, const void *buf, size_t len, uint64_t dest);
 int64_t rmaw_recv(rmaw_ep *ep, void *buf, size_t len, void *desc, void *ctx);

@@ -117,7 +117,7 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 			return handle, abi.Success
 		}
 	}
-	q.parts.Store(int32(r.c.mesh.Parts(op.Msg, op.Size)))
+	q.parts.Store(int32(r.c.mesh.PeerParts(int(rank), op.Msg, op.Size)))
 	r.c.mesh.Post(int(rank), op, optFlags&abi.OptFlagAggregateRequests != 0, int(lane))
 	return handle, abi.Success
 }
