@@ -2,7 +2,9 @@ package dataplane
 
 import (
 	"os"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -254,10 +256,12 @@ func TestFabricLatency(t *testing.T) {
 			start := time.Now()
 			for i := uint64(1); i <= n; i++ {
 				ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 1 << 15, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
-				for *s1 != i {
+				for atomic.LoadUint64(s1) != i {
+					runtime.Gosched()
 				}
 				ms[1].Post(0, &Op{Msg: MsgPutSignal, Tag: i, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
-				for *s0 != i {
+				for atomic.LoadUint64(s0) != i {
+					runtime.Gosched()
 				}
 			}
 			t.Logf("%s: 32 KiB put+signal, signal back: %v per round trip", prov, time.Since(start)/n)

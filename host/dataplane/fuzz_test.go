@@ -55,7 +55,8 @@ func FuzzDecodeHandle(f *testing.F) {
 			t.Fatalf("re-encoded handle refused: %v", err)
 		}
 		if !hi2.Addr.IP.Equal(hi.Addr.IP) || hi2.Addr.Port != hi.Addr.Port || hi2.Token != hi.Token ||
-			hi2.HostID != hi.HostID || hi2.Pid != hi.Pid || hi2.UID != hi.UID {
+			hi2.HostID != hi.HostID || hi2.Pid != hi.Pid || hi2.UID != hi.UID ||
+			hi2.FabricHash != hi.FabricHash || !bytes.Equal(hi2.FabricName, hi.FabricName) {
 			t.Fatalf("round trip changed the handle: %+v -> %+v", hi, hi2)
 		}
 	})
