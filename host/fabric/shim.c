@@ -1,5 +1,6 @@
 #include "shim.h"
 #include <dlfcn.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,37 @@ struct rmaw_ep {
 	struct fid_ep *ep;
 };
 
+// Some providers install signal handlers when libfabric initialises them
+// (shm: SIGSEGV, SIGBUS, SIGINT, SIGTERM, to remove its shared memory).
+// They replace the Go runtime's, which then can no longer turn a fault
+// into a panic or preempt goroutines. Every call that can initialise a
+// provider is bracketed: handlers that changed are put back.
+#define RMAW_NSIG 65
+typedef struct { struct sigaction sa[RMAW_NSIG]; } sigsave;
+
+static void save_sigs(sigsave *s) {
+	for (int i = 1; i < RMAW_NSIG; i++) sigaction(i, NULL, &s->sa[i]);
+}
+
+static void restore_sigs(const sigsave *s) {
+	for (int i = 1; i < RMAW_NSIG; i++) {
+		struct sigaction cur;
+		if (i == SIGKILL || i == SIGSTOP || sigaction(i, NULL, &cur) != 0) continue;
+		if (cur.sa_handler != s->sa[i].sa_handler || cur.sa_flags != s->sa[i].sa_flags) sigaction(i, &s->sa[i], NULL);
+	}
+}
+
+static int load(const char *lib, char *err, size_t errlen);
+
 int rmaw_load(const char *lib, char *err, size_t errlen) {
+	sigsave s;
+	save_sigs(&s);
+	int rc = load(lib, err, errlen);
+	restore_sigs(&s);
+	return rc;
+}
+
+static int load(const char *lib, char *err, size_t errlen) {
 	void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
 	if (!h) {
 		snprintf(err, errlen, "%s", dlerror());
@@ -84,7 +115,10 @@ int rmaw_probe(const char *prov, rmaw_info *out, int n) {
 	if (!p_getinfo) return -FI_ENOSYS;
 	struct fi_info *h = hints(prov), *list = NULL;
 	if (!h) return -FI_ENOMEM;
+	sigsave s;
+	save_sigs(&s);
 	int rc = p_getinfo(RMAW_FI_VERSION, NULL, NULL, 0, h, &list);
+	restore_sigs(&s);
 	p_freeinfo(h);
 	if (rc) return rc;
 	int k = 0;
@@ -104,7 +138,17 @@ void rmaw_close(rmaw_ep *e) {
 	free(e);
 }
 
+static int open_ep(const char *prov, const char *domain, rmaw_ep **out, rmaw_info *info);
+
 int rmaw_open(const char *prov, const char *domain, rmaw_ep **out, rmaw_info *info) {
+	sigsave s;
+	save_sigs(&s);
+	int rc = open_ep(prov, domain, out, info);
+	restore_sigs(&s);
+	return rc;
+}
+
+static int open_ep(const char *prov, const char *domain, rmaw_ep **out, rmaw_info *info) {
 	if (!p_getinfo) return -FI_ENOSYS;
 	struct fi_info *h = hints(prov), *list = NULL;
 	if (!h) return -FI_ENOMEM;
