@@ -34,6 +34,9 @@ const (
 	// with 4 (verbs, efa) as few rank bits as the communicator needs and
 	// at least fabMinSeqBits for the number (see orderer.unwrap).
 	fabMinSeqBits = 16
+	// fabNapsBeforeWait: empty polls (about 2000 yields, then ~10 ms of
+	// naps) before an idle progress goroutine sleeps on the CQ's wait fd.
+	fabNapsBeforeWait = 2000 + 64 + 50
 	// fabNameMax is the endpoint name room in the listen handle.
 	fabNameMax = 59
 )
@@ -93,6 +96,7 @@ type fabEP struct {
 	done     chan struct{}
 	wake     chan struct{} // a submit ends the progress goroutine's nap
 	sleeping atomic.Bool
+	canWait  atomic.Bool // the CQ has a wait fd the provider honours
 }
 
 type fabBye struct {
@@ -142,6 +146,7 @@ func openFabric(prov string) (*fabEP, error) {
 		}
 	}
 	e.comps = make([]fabric.Completion, 64)
+	e.canWait.Store(ep.CanWait())
 	empty := []fabric.MR{}
 	e.local.Store(&empty)
 	return e, nil
@@ -258,6 +263,9 @@ func (e *fabEP) close() {
 	}
 	close(e.quit)
 	if e.m != nil {
+		if e.canWait.Load() {
+			e.ep.Signal()
+		}
 		<-e.done
 	}
 	// Reap what is left (peers' departures among it): closing an rxm
@@ -307,8 +315,25 @@ func (e *fabEP) progress() {
 			runtime.Gosched()
 			continue
 		}
-		// Idle: nap 10 µs, doubling up to 200 µs, unless a submit wakes us.
-		// The peers' writes cannot wake us: they wait for the next poll.
+		if e.canWait.Load() && empty > fabNapsBeforeWait {
+			// Idle for a while: sleep on the CQ's wait fd (the peers'
+			// writes and messages wake it, so does a submit through
+			// Signal), unless a submit slipped in after busy() above.
+			// Not sooner: waking from poll() costs more than a nap's
+			// poll while operations come in bursts.
+			e.sleeping.Store(true)
+			if !e.busy() {
+				if err := e.ep.Wait(100); err != nil {
+					e.canWait.Store(false)
+					logx.Trace(abi.SubsysNet, "NET/wasm: fabric: %s cannot wait on its CQ (%v); polling with naps", e.info.Provider, err)
+				}
+			}
+			e.sleeping.Store(false)
+			continue
+		}
+		// Idle: nap 10 µs, doubling up to 200 µs, unless a submit wakes
+		// us. The peers' writes cannot wake a nap: they wait for the next
+		// poll.
 		nap.Reset(time.Duration(10<<min(max(empty-2000, 0)/16, 4)) * time.Microsecond)
 		e.sleeping.Store(true)
 		select {
@@ -325,6 +350,9 @@ func (e *fabEP) progress() {
 // polling to progress (manual progress) and to complete.
 func (e *fabEP) nudge() {
 	if e.sleeping.Load() {
+		if e.canWait.Load() {
+			e.ep.Signal()
+		}
 		select {
 		case e.wake <- struct{}{}:
 		default:

@@ -410,3 +410,38 @@ func TestUnwrap(t *testing.T) {
 		t.Fatalf("ahead by 200: %d", got)
 	}
 }
+
+// TestFabricIdleWake: after a long idle spell both progress goroutines
+// sleep on their CQ's wait fd; a put with signal must wake the target (and
+// the submit the initiator) well before the 100 ms wait would time out.
+func TestFabricIdleWake(t *testing.T) {
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
+	if !ms[1].fab.canWait.Load() {
+		t.Skip("tcp;ofi_rxm offers no CQ wait fd here")
+	}
+	src := fabric.Alloc(64)
+	defer fabric.Free(src)
+	sig := (*uint64)(os[1].mem)
+	for i := uint64(1); i <= 3; i++ {
+		time.Sleep(150 * time.Millisecond)
+		if !ms[1].fab.sleeping.Load() {
+			t.Logf("round %d: the target's goroutine is not asleep", i)
+		}
+		start := time.Now()
+		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 64, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+		for atomic.LoadUint64(sig) != i {
+			if time.Since(start) > time.Second {
+				t.Fatalf("round %d: signal never arrived", i)
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
+		if el := time.Since(start); el > 50*time.Millisecond {
+			t.Fatalf("round %d: the signal took %v: the wait fd did not wake the target", i, el)
+		} else {
+			t.Logf("round %d: woke and applied in %v", i, el)
+		}
+	}
+	if !ms[1].fab.canWait.Load() {
+		t.Fatal("the provider refused to wait after all")
+	}
+}

@@ -248,6 +248,22 @@ func (e *Endpoint) Poll(out []Completion) (int, error) {
 	return int(n), nil
 }
 
+// Wait sleeps up to timeout for the completion queue to have work: after
+// fi_trywait, in poll() on the CQ's wait fd. An error means the endpoint
+// cannot wait this way (no wait object, or the provider refuses): poll.
+func (e *Endpoint) Wait(timeoutMs int) error {
+	if rc := C.rmaw_wait(e.ep, C.int(timeoutMs)); rc != 0 {
+		return fiErr("fi_trywait", rc)
+	}
+	return nil
+}
+
+// CanWait reports whether the CQ has a wait fd.
+func (e *Endpoint) CanWait() bool { return C.rmaw_can_wait(e.ep) != 0 }
+
+// Signal ends a Wait in progress (fi_cq_signal).
+func (e *Endpoint) Signal() { C.rmaw_signal(e.ep) }
+
 // Strerror is fi_strerror.
 func Strerror(e int) string { return C.GoString(C.rmaw_strerror(C.int(e))) }
 

@@ -1,6 +1,7 @@
 #include "shim.h"
 #include <dlfcn.h>
 #include <signal.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@ struct rmaw_ep {
 	struct fid_cq *cq;
 	struct fid_av *av;
 	struct fid_ep *ep;
+	int fd; // the CQ's wait fd, or -1: no wait object (poll with naps)
 };
 
 // Some providers install signal handlers when libfabric initialises them
@@ -161,11 +163,27 @@ static int open_ep(const char *prov, const char *domain, rmaw_ep **out, rmaw_inf
 	p_freeinfo(list);
 	if (!e->info) { free(e); return -FI_ENOMEM; }
 	fill(info, e->info);
-	struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_DATA, .size = 4096, .wait_obj = FI_WAIT_NONE};
+	e->fd = -1;
+	struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_DATA, .size = 4096, .wait_obj = FI_WAIT_FD};
 	struct fi_av_attr ava = {.type = FI_AV_TABLE};
 	if ((rc = p_fabric(e->info->fabric_attr, &e->fabric, NULL)) ||
-	    (rc = fi_domain(e->fabric, e->info, &e->domain, NULL)) ||
-	    (rc = fi_cq_open(e->domain, &cqa, &e->cq, NULL)) ||
+	    (rc = fi_domain(e->fabric, e->info, &e->domain, NULL))) {
+		rmaw_close(e);
+		return rc;
+	}
+	// A CQ with a wait fd lets an idle progress goroutine sleep in poll();
+	// providers without one get a CQ without a wait object.
+	if (fi_cq_open(e->domain, &cqa, &e->cq, NULL) == 0) {
+		if (fi_control(&e->cq->fid, FI_GETWAIT, &e->fd) != 0) e->fd = -1;
+	} else {
+		e->cq = NULL;
+		cqa.wait_obj = FI_WAIT_NONE;
+		if ((rc = fi_cq_open(e->domain, &cqa, &e->cq, NULL))) {
+			rmaw_close(e);
+			return rc;
+		}
+	}
+	if (
 	    (rc = fi_av_open(e->domain, &ava, &e->av, NULL)) ||
 	    (rc = fi_endpoint(e->domain, e->info, &e->ep, NULL)) ||
 	    (rc = fi_ep_bind(e->ep, &e->cq->fid, FI_TRANSMIT | FI_RECV)) ||
@@ -177,6 +195,21 @@ static int open_ep(const char *prov, const char *domain, rmaw_ep **out, rmaw_inf
 	*out = e;
 	return 0;
 }
+
+int rmaw_wait(rmaw_ep *e, int timeout_ms) {
+	if (e->fd < 0) return -FI_ENOSYS;
+	struct fid *f = &e->cq->fid;
+	int rc = fi_trywait(e->fabric, &f, 1);
+	if (rc == -FI_EAGAIN) return 0; // something to reap: poll again
+	if (rc != 0) return rc;
+	struct pollfd p = {.fd = e->fd, .events = POLLIN};
+	poll(&p, 1, timeout_ms);
+	return 0;
+}
+
+int rmaw_can_wait(rmaw_ep *e) { return e->fd >= 0; }
+
+int rmaw_signal(rmaw_ep *e) { return e->fd < 0 ? -FI_ENOSYS : fi_cq_signal(e->cq); }
 
 int rmaw_name(rmaw_ep *e, void *buf, size_t *len) { return fi_getname(&e->ep->fid, buf, len); }
 

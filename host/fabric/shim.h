@@ -53,5 +53,11 @@ int64_t rmaw_recv(rmaw_ep *ep, void *buf, size_t len, void *desc, void *ctx);
 // rmaw_poll reads up to n completions; an error completion comes back
 // alone, with err set.
 int64_t rmaw_poll(rmaw_ep *ep, rmaw_comp *out, int n);
+// rmaw_wait sleeps until the CQ may have work, rmaw_signal ends such a
+// sleep; both answer -FI_ENOSYS without a wait object, and rmaw_wait may
+// answer another error where the provider cannot promise a wakeup.
+int rmaw_wait(rmaw_ep *ep, int timeout_ms);
+int rmaw_signal(rmaw_ep *ep);
+int rmaw_can_wait(rmaw_ep *ep);
 void rmaw_close(rmaw_ep *ep);
 #endif
