@@ -32,7 +32,7 @@ GUESTS :=
 -include bench.mk
 # ---------------------------------------------------------------------------
 
-.PHONY: all lib driver demo test setup bench clean gofmt-check gpu-check fuzz
+.PHONY: all lib driver demo test setup bench bench-device clean gofmt-check gpu-check fuzz
 
 # Pinned so that a new release never turns a green tree red on its own.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -107,6 +107,18 @@ test: setup all gofmt-check
 bench: all
 	$(GO) test -run XXX -bench . ./host/...
 	@if [ -f bench.mk ]; then $(MAKE) --no-print-directory bench-run; fi
+	@$(MAKE) --no-print-directory bench-device
+
+# The device-memory series (issue: staging against the pinned-copy and wire
+# bounds, signal latency in device memory) needs an NVIDIA GPU; elsewhere it
+# says so and skips. On a GPU machine without Go: test/gpu/staging_bench.sh.
+bench-device: driver
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  test/gpu/staging_bench.sh; \
+	else \
+	  echo "bench: device-memory series skipped: no NVIDIA GPU on this machine (nvidia-smi -L failed);"; \
+	  echo "       run 'make bench' or test/gpu/staging_bench.sh on a GPU machine for them"; \
+	fi
 
 # The real-NCCL check, on a machine with an NVIDIA GPU, nvcc and MPI (not CI):
 #   make gpu-check NCCL_SRC=path/to/nccl-v2.30.7.tar.gz (or a source tree)
