@@ -61,12 +61,12 @@ $(HELLO): samples/hello_rma.c capi/rma_plugin.h | $(BUILD)
 	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ samples/hello_rma.c -ldl
 
 # Device-memory check for a machine with an NVIDIA GPU (dlopens libcuda.so.1).
-$(BUILD)/cuda_check: samples/cuda_check.c capi/rma_plugin.h | $(BUILD)
-	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ samples/cuda_check.c -ldl
+$(BUILD)/cuda_check: samples/cuda_check.c samples/cuda_sample.h capi/rma_plugin.h | $(BUILD)
+	$(CC) $(CFLAGS_DRIVER) -Icapi -Isamples -o $@ samples/cuda_check.c -ldl
 
 # Staging throughput against pinned-copy and wire bounds (test/gpu/staging_bench.sh).
-$(BUILD)/staging_bench: samples/staging_bench.c capi/rma_plugin.h | $(BUILD)
-	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ samples/staging_bench.c -ldl
+$(BUILD)/staging_bench: samples/staging_bench.c samples/cuda_sample.h capi/rma_plugin.h | $(BUILD)
+	$(CC) $(CFLAGS_DRIVER) -Icapi -Isamples -o $@ samples/staging_bench.c -ldl
 
 $(BUILD):
 	mkdir -p $@

@@ -12,52 +12,16 @@
  *
  *   cuda_check [path/to/librccl-rma-wasm.so] [bytes] [teardown rounds]
  */
-#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "rma_plugin.h"
-
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-static struct {
-  CUresult (*init)(unsigned);
-  CUresult (*deviceGet)(int*, int);
-  CUresult (*primaryCtxRetain)(void**, int);
-  CUresult (*ctxSetCurrent)(void*);
-  CUresult (*memAlloc)(CUdeviceptr*, size_t);
-  CUresult (*memFree)(CUdeviceptr);
-  CUresult (*htod)(CUdeviceptr, const void*, size_t);
-  CUresult (*dtoh)(void*, CUdeviceptr, size_t);
-} cu;
+#include "cuda_sample.h"
 
 static int rank;
-#define FAIL(...)                               \
-  do {                                          \
-    printf("[rank %d] RESULT FAIL ", rank);     \
-    printf(__VA_ARGS__);                        \
-    printf("\n");                               \
-    fflush(stdout);                             \
-    _exit(1);                                   \
-  } while (0)
-#define CU(x)                                        \
-  do {                                               \
-    CUresult r_ = (x);                               \
-    if (r_ != 0) FAIL("%s -> CUDA error %d", #x, r_); \
-  } while (0)
-#define NC(x)                                        \
-  do {                                               \
-    ncclResult_t r_ = (x);                           \
-    if (r_ != ncclSuccess) FAIL("%s -> %d", #x, r_); \
-  } while (0)
 
 static void logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line,
                    const char* fmt, ...) {
@@ -71,24 +35,7 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char* fil
   fprintf(stderr, "[rank %d] plugin %d: %s\n", rank, (int)level, buf);
 }
 
-static void xchg(int fd, const void* mine, void* theirs, size_t n) {
-  if (write(fd, mine, n) != (ssize_t)n) FAIL("bootstrap write");
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = read(fd, (char*)theirs + got, n - got);
-    if (r <= 0) FAIL("bootstrap read (peer died?)");
-    got += (size_t)r;
-  }
-}
 
-static void wait_req(const ncclRma_v15_t* t, void* coll, void* req) {
-  int done = 0;
-  time_t t0 = time(NULL);
-  while (!done) {
-    NC(t->test(coll, req, &done));
-    if (time(NULL) - t0 > 60) FAIL("request did not complete in 60 s");
-  }
-}
 
 static uint8_t pat(int owner, size_t i) { return (uint8_t)(owner * 37 + i * 11 + (i >> 9)); }
 
@@ -174,27 +121,12 @@ static void teardown_round(const ncclRma_v15_t* t, size_t size, int fd, int roun
 }
 
 static int run(const char* lib, size_t size, int rounds, int fd) {
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!h) FAIL("dlopen libcuda.so.1: %s", dlerror());
-  *(void**)&cu.init = dlsym(h, "cuInit");
-  *(void**)&cu.deviceGet = dlsym(h, "cuDeviceGet");
-  *(void**)&cu.primaryCtxRetain = dlsym(h, "cuDevicePrimaryCtxRetain");
-  *(void**)&cu.ctxSetCurrent = dlsym(h, "cuCtxSetCurrent");
-  *(void**)&cu.memAlloc = dlsym(h, "cuMemAlloc_v2");
-  *(void**)&cu.memFree = dlsym(h, "cuMemFree_v2");
-  *(void**)&cu.htod = dlsym(h, "cuMemcpyHtoD_v2");
-  *(void**)&cu.dtoh = dlsym(h, "cuMemcpyDtoH_v2");
-  CU(cu.init(0));
-  int dev;
-  void* ctx;
-  CU(cu.deviceGet(&dev, 0));
-  CU(cu.primaryCtxRetain(&ctx, dev));
-  CU(cu.ctxSetCurrent(ctx));
+  static char name[16];
+  snprintf(name, sizeof name, "rank %d", rank);
+  who = name;
+  cuda_open();
 
-  void* ph = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-  if (!ph) FAIL("dlopen %s: %s", lib, dlerror());
-  const ncclRma_v15_t* t = dlsym(ph, "ncclRmaPlugin_v15");
-  if (!t) FAIL("no ncclRmaPlugin_v15");
+  const ncclRma_v15_t* t = open_plugin(lib);
   void* pctx;
   NC(t->init(&pctx, 42, logger));
   ncclNetProperties_v12_t p;

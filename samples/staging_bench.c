@@ -24,65 +24,15 @@
  *   staging_bench [path/to/librccl-rma-wasm.so] [bytes] [iterations] [signal round trips]
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "rma_plugin.h"
-
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-static struct {
-  CUresult (*init)(unsigned);
-  CUresult (*deviceGet)(int*, int);
-  CUresult (*primaryCtxRetain)(void**, int);
-  CUresult (*ctxSetCurrent)(void*);
-  CUresult (*memAlloc)(CUdeviceptr*, size_t);
-  CUresult (*memFree)(CUdeviceptr);
-  CUresult (*memHostAlloc)(void**, size_t, unsigned);
-  CUresult (*memFreeHost)(void*);
-  CUresult (*htod)(CUdeviceptr, const void*, size_t);
-  CUresult (*dtoh)(void*, CUdeviceptr, size_t);
-  CUresult (*htodAsync)(CUdeviceptr, const void*, size_t, void*);
-  CUresult (*dtohAsync)(void*, CUdeviceptr, size_t, void*);
-  CUresult (*streamCreate)(void**, unsigned);
-  CUresult (*streamSynchronize)(void*);
-} cu;
-
-static const char* who = "main";
-#define FAIL(...)                          \
-  do {                                     \
-    printf("[%s] RESULT FAIL ", who);      \
-    printf(__VA_ARGS__);                   \
-    printf("\n");                          \
-    fflush(stdout);                        \
-    _exit(1);                              \
-  } while (0)
-#define CU(x)                                         \
-  do {                                                \
-    CUresult r_ = (x);                                \
-    if (r_ != 0) FAIL("%s -> CUDA error %d", #x, r_); \
-  } while (0)
-#define NC(x)                                        \
-  do {                                               \
-    ncclResult_t r_ = (x);                           \
-    if (r_ != ncclSuccess) FAIL("%s -> %d", #x, r_); \
-  } while (0)
-
-static double now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "cuda_sample.h"
 
 static int cmpd(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
@@ -107,33 +57,6 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char* fil
     fprintf(stderr, "[%s] plugin: %s\n", who, buf);
 }
 
-static void cuda_open(void) {
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!h) FAIL("dlopen libcuda.so.1: %s", dlerror());
-#define SYM(f, n) \
-  if (!(*(void**)&cu.f = dlsym(h, n))) FAIL("libcuda.so.1 has no %s", n)
-  SYM(init, "cuInit");
-  SYM(deviceGet, "cuDeviceGet");
-  SYM(primaryCtxRetain, "cuDevicePrimaryCtxRetain");
-  SYM(ctxSetCurrent, "cuCtxSetCurrent");
-  SYM(memAlloc, "cuMemAlloc_v2");
-  SYM(memFree, "cuMemFree_v2");
-  SYM(memHostAlloc, "cuMemHostAlloc");
-  SYM(memFreeHost, "cuMemFreeHost");
-  SYM(htod, "cuMemcpyHtoD_v2");
-  SYM(dtoh, "cuMemcpyDtoH_v2");
-  SYM(htodAsync, "cuMemcpyHtoDAsync_v2");
-  SYM(dtohAsync, "cuMemcpyDtoHAsync_v2");
-  SYM(streamCreate, "cuStreamCreate");
-  SYM(streamSynchronize, "cuStreamSynchronize");
-#undef SYM
-  CU(cu.init(0));
-  int dev;
-  void* ctx;
-  CU(cu.deviceGet(&dev, 0));
-  CU(cu.primaryCtxRetain(&ctx, dev));
-  CU(cu.ctxSetCurrent(ctx));
-}
 
 /* Results travel to the parent through a pipe, in this order. */
 enum { B_D2H_PIN, B_H2D_PIN, B_D2H_PAGE, B_H2D_PAGE, B_D2H_CHUNK, B_H2D_CHUNK, NBOUNDS };
@@ -193,28 +116,11 @@ static void bounds(size_t size, int iters, int out) {
   if (write(out, r, sizeof r) != (ssize_t)sizeof r) FAIL("pipe");
 }
 
-static void xchg(int fd, const void* mine, void* theirs, size_t n) {
-  if (write(fd, mine, n) != (ssize_t)n) FAIL("bootstrap write");
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = read(fd, (char*)theirs + got, n - got);
-    if (r <= 0) FAIL("bootstrap read (peer died?)");
-    got += (size_t)r;
-  }
-}
 static void sync_peer(int fd) {
   char b = 1, c;
   xchg(fd, &b, &c, 1);
 }
 
-static void wait_req(const ncclRma_v15_t* t, void* coll, void* req) {
-  int done = 0;
-  double t0 = now();
-  while (!done) {
-    NC(t->test(coll, req, &done));
-    if (now() - t0 > 60) FAIL("request did not complete in 60 s");
-  }
-}
 
 static uint64_t dev_word(CUdeviceptr p) {
   uint64_t v;
@@ -241,10 +147,7 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
    * each other: allow it, so that "intranode" measures that path. */
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   cuda_open();
-  void* ph = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-  if (!ph) FAIL("dlopen %s: %s", lib, dlerror());
-  const ncclRma_v15_t* t = dlsym(ph, "ncclRmaPlugin_v15");
-  if (!t) FAIL("no ncclRmaPlugin_v15");
+  const ncclRma_v15_t* t = open_plugin(lib);
   void* pctx;
   NC(t->init(&pctx, 42, logger));
   ncclNetProperties_v12_t p;
