@@ -2,7 +2,9 @@
  * way RCCL's proxies do with device memory: buffers from cuMemAlloc are
  * registered as NCCL_PTR_CUDA, a put with a signal lands in the peer's
  * device memory (the signal word too), and a get reads the peer's device
- * memory. Every byte is checked by copying it back. Then, round after
+ * memory. Every byte is checked by copying it back. Then a window of two
+ * physical allocations in one VMM reservation, registered with
+ * regMrSymDmaBuf, takes a put that straddles both (multiseg). Then, round after
  * round, one rank posts a put and signals from device memory and tears down
  * at once without testing them (destroyContext, deregMrSym, cuMemFree,
  * closeColl, finalize), as NCCL's GIN proxy does after a kernel's last
@@ -120,6 +122,129 @@ static void teardown_round(const ncclRma_v15_t* t, size_t size, int fd, int roun
   free(host);
 }
 
+/* The CUDA virtual memory management calls a multi-segment window needs
+ * (optional: a driver without them skips that phase). Struct layouts are
+ * the driver API's (CUmemAllocationProp is 32 bytes, CUmemAccessDesc 12). */
+typedef unsigned long long CUmemHandle;
+typedef struct {
+  int type; /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+  int requestedHandleTypes;
+  int locType; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+  int locId;
+  void* win32;
+  unsigned char compression, gpuDirectRDMACapable;
+  unsigned short usage;
+  unsigned char reserved[4];
+} memProp;
+typedef struct {
+  int locType, locId;
+  int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
+} memAccess;
+static struct {
+  CUresult (*granularity)(size_t*, const memProp*, int);
+  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*create)(CUmemHandle*, size_t, const memProp*, unsigned long long);
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemHandle, unsigned long long);
+  CUresult (*setAccess)(CUdeviceptr, size_t, const memAccess*, size_t);
+  CUresult (*unmap)(CUdeviceptr, size_t);
+  CUresult (*release)(CUmemHandle);
+  CUresult (*addressFree)(CUdeviceptr, size_t);
+  CUresult (*rangeHandle)(void*, CUdeviceptr, size_t, int, unsigned long long);
+} vmm;
+
+static bool vmm_open(void) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) return false;
+  *(void**)&vmm.granularity = dlsym(h, "cuMemGetAllocationGranularity");
+  *(void**)&vmm.reserve = dlsym(h, "cuMemAddressReserve");
+  *(void**)&vmm.create = dlsym(h, "cuMemCreate");
+  *(void**)&vmm.map = dlsym(h, "cuMemMap");
+  *(void**)&vmm.setAccess = dlsym(h, "cuMemSetAccess");
+  *(void**)&vmm.unmap = dlsym(h, "cuMemUnmap");
+  *(void**)&vmm.release = dlsym(h, "cuMemRelease");
+  *(void**)&vmm.addressFree = dlsym(h, "cuMemAddressFree");
+  *(void**)&vmm.rangeHandle = dlsym(h, "cuMemGetHandleForAddressRange");
+  return vmm.granularity && vmm.reserve && vmm.create && vmm.map && vmm.setAccess && vmm.unmap && vmm.release &&
+         vmm.addressFree;
+}
+
+/* multiseg: as aws-ofi-nccl's rma_multiseg_signal and NCCL's symmetric
+ * windows do, each rank builds one window of two physical allocations
+ * mapped back to back in one VMM reservation, registers it with
+ * regMrSymDmaBuf (a DMA-BUF fd of the whole range, closed right after, as
+ * the caller may), and the peer puts a payload that straddles the two
+ * segments with an ADD signal whose word lies in the second segment. */
+static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
+  if (!vmm_open()) {
+    printf("[rank %d] multiseg: SKIP (the driver lacks the VMM calls)\n", rank);
+    return;
+  }
+  memProp prop = {.type = 1, .locType = 1, .locId = 0, .gpuDirectRDMACapable = 1};
+  size_t gran = 0;
+  CU(vmm.granularity(&gran, &prop, 0));
+  size_t seg = gran < (2 << 20) ? (size_t)2 << 20 : gran, win = 2 * seg;
+  CUdeviceptr base;
+  CUmemHandle h[2];
+  CU(vmm.reserve(&base, win, seg, 0, 0));
+  for (int i = 0; i < 2; i++) {
+    CU(vmm.create(&h[i], seg, &prop, 0));
+    CU(vmm.map(base + (size_t)i * seg, seg, 0, h[i], 0));
+  }
+  memAccess acc = {1, 0, 3};
+  CU(vmm.setAccess(base, win, &acc, 1));
+  uint8_t* host = calloc(1, win);
+  CU(cu.htod(base, host, win));
+  int dfd = -1;
+  const char* how = "regMrSymDmaBuf";
+  if (!vmm.rangeHandle || vmm.rangeHandle(&dfd, base, win, 1 /* DMA_BUF_FD */, 0) != 0 || dfd < 0) {
+    dfd = -1;
+    how = "regMrSym (this driver exports no DMA-BUF for the range)";
+  }
+  void* mwin;
+  if (dfd >= 0) {
+    NC(t->regMrSymDmaBuf(coll, (void*)base, win, NCCL_PTR_CUDA, 0, dfd, 0, &mwin));
+    close(dfd); /* the plugin must not need it any more */
+  } else {
+    NC(t->regMrSym(coll, (void*)base, win, NCCL_PTR_CUDA, 0, &mwin));
+  }
+  /* The source: a plain allocation holding the pattern. */
+  size_t n = seg, off = seg / 2, sigoff = win - 8;
+  CUdeviceptr src;
+  CU(cu.memAlloc(&src, n));
+  for (size_t i = 0; i < n; i++) host[i] = pat(rank + 5, i);
+  CU(cu.htod(src, host, n));
+  void* msrc;
+  NC(t->regMrSym(coll, (void*)src, n, NCCL_PTR_CUDA, 0, &msrc));
+  char b = 1, c;
+  xchg(fd, &b, &c, 1);
+  void* req;
+  NC(t->iputSignal(rma, 0, 0, msrc, n, off, mwin, 1 - rank, sigoff, mwin, 5, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
+  wait_req(t, coll, req);
+  double t0 = now();
+  uint64_t v = 0;
+  while (v != 5) {
+    CU(cu.dtoh(&v, base + sigoff, 8));
+    if (now() - t0 > 60) FAIL("multiseg: signal word in the second segment is %llu, want 5", (unsigned long long)v);
+  }
+  CU(cu.dtoh(host, base, win));
+  for (size_t i = 0; i < n; i++)
+    if (host[off + i] != pat(1 - rank + 5, i))
+      FAIL("multiseg: window byte %zu (segment %zu) is %u, want %u", off + i, (off + i) / seg, host[off + i],
+           pat(1 - rank + 5, i));
+  for (size_t i = 0; i < off; i++)
+    if (host[i]) FAIL("multiseg: byte %zu before the put's range was written", i);
+  xchg(fd, &b, &c, 1);
+  NC(t->deregMrSym(coll, msrc));
+  NC(t->deregMrSym(coll, mwin));
+  CU(cu.memFree(src));
+  CU(vmm.unmap(base, win));
+  for (int i = 0; i < 2; i++) CU(vmm.release(h[i]));
+  CU(vmm.addressFree(base, win));
+  free(host);
+  printf("[rank %d] multiseg: %zu-byte put+signal across the 2 segments of a VMM window registered with %s, "
+         "verified\n", rank, n, how);
+}
+
 static int run(const char* lib, size_t size, int rounds, int fd) {
   static char name[16];
   snprintf(name, sizeof name, "rank %d", rank);
@@ -196,6 +321,7 @@ static int run(const char* lib, size_t size, int rounds, int fd) {
   NC(t->queryLastError(rma, &bad));
   if (bad) FAIL("queryLastError reports an error");
 
+  multiseg(t, coll, rma, fd);
   char b = 1, c;
   xchg(fd, &b, &c, 1); /* both done before anyone tears down */
   NC(t->deregMrSym(coll, msrc));

@@ -6,6 +6,7 @@
  *
  *   cc -shared -fPIC -o build/fakecuda/libcuda.so.1 test/gpu/fakecuda.c -lpthread
  *   cc -shared -fPIC -o build/fakecuda/libgdrapi.so test/gpu/fakegdr.c    (optional) */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -87,3 +88,50 @@ int cuMemcpyHtoD_v2(unsigned long long d, const void* h, size_t n) { memcpy((voi
 int cuMemcpyDtoH_v2(void* h, unsigned long long d, size_t n) { memcpy(h, (void*)(uintptr_t)d, n); return 0; }
 int cuMemcpyHtoDAsync_v2(unsigned long long d, const void* h, size_t n, void* s) { (void)s; return cuMemcpyHtoD_v2(d, h, n); }
 int cuMemcpyDtoHAsync_v2(void* h, unsigned long long d, size_t n, void* s) { (void)s; return cuMemcpyDtoH_v2(h, d, n); }
+
+/* Virtual memory management, enough for a multi-segment window: a
+ * reservation is host memory; each cuMemMap makes one "allocation" of it
+ * known (so the plugin sees several allocations back to back, as with the
+ * real driver); the DMA-BUF of a range is a memfd the caller closes. */
+#include <sys/mman.h>
+#include <unistd.h>
+int cuMemGetAllocationGranularity(size_t* g, const void* prop, int opt) { (void)prop, (void)opt; *g = 2 << 20; return 0; }
+int cuMemAddressReserve(unsigned long long* p, size_t n, size_t align, unsigned long long addr, unsigned long long f) {
+  (void)addr, (void)f;
+  void* m = aligned_alloc(align ? align : (2 << 20), n);
+  if (!m) return 2;
+  memset(m, 0, n);
+  *p = (uintptr_t)m;
+  return 0;
+}
+int cuMemCreate(unsigned long long* h, size_t n, const void* prop, unsigned long long f) { (void)prop, (void)f; *h = n; return 0; }
+int cuMemMap(unsigned long long p, size_t n, size_t off, unsigned long long h, unsigned long long f) {
+  (void)off, (void)h, (void)f;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < MAXA; i++)
+    if (!allocs[i].base) {
+      allocs[i].base = (uintptr_t)p;
+      allocs[i].n = n;
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+  return 0;
+}
+int cuMemSetAccess(unsigned long long p, size_t n, const void* d, size_t c) { (void)p, (void)n, (void)d, (void)c; return 0; }
+int cuMemUnmap(unsigned long long p, size_t n) {
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < MAXA; i++)
+    if (allocs[i].base >= p && allocs[i].base < p + n) allocs[i].base = 0;
+  pthread_mutex_unlock(&mu);
+  return 0;
+}
+int cuMemRelease(unsigned long long h) { (void)h; return 0; }
+int cuMemAddressFree(unsigned long long p, size_t n) { (void)n; free((void*)(uintptr_t)p); return 0; }
+int cuMemGetHandleForAddressRange(void* h, unsigned long long p, size_t n, int type, unsigned long long f) {
+  (void)p, (void)n, (void)f;
+  if (type != 1) return 1;
+  int fd = memfd_create("fake-dmabuf", 0);
+  if (fd < 0) return 2;
+  *(int*)h = fd;
+  return 0;
+}
