@@ -153,6 +153,7 @@ static struct {
 } vmm;
 
 static bool vmm_open(void) {
+  if (hip_mode()) return false;
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!h) return false;
   *(void**)&vmm.granularity = dlsym(h, "cuMemGetAllocationGranularity");
@@ -176,7 +177,7 @@ static bool vmm_open(void) {
  * segments with an ADD signal whose word lies in the second segment. */
 static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
   if (!vmm_open()) {
-    printf("[rank %d] multiseg: SKIP (the driver lacks the VMM calls)\n", rank);
+    printf("[rank %d] multiseg: SKIP (%s)\n", rank, hip_mode() ? "CUDA only" : "the driver lacks the VMM calls");
     return;
   }
   memProp prop = {.type = 1, .locType = 1, .locId = 0, .gpuDirectRDMACapable = 1};
@@ -249,7 +250,7 @@ static int run(const char* lib, size_t size, int rounds, int fd) {
   static char name[16];
   snprintf(name, sizeof name, "rank %d", rank);
   who = name;
-  cuda_open();
+  int dev = device_open(rank);
 
   const ncclRma_v15_t* t = open_plugin(lib);
   void* pctx;
@@ -331,7 +332,8 @@ static int run(const char* lib, size_t size, int rounds, int fd) {
   NC(t->destroyContext(rma));
   NC(t->closeColl(coll));
   NC(t->finalize(pctx));
-  printf("[rank %d] device memory: %zu-byte put+signal and get verified byte by byte\n", rank, size);
+  printf("[rank %d] device memory (%s device %d): %zu-byte put+signal and get verified byte by byte\n", rank,
+         hip_mode() ? "HIP" : "CUDA", dev, size);
   for (int r = 0; r < rounds; r++) teardown_round(t, r % 2 ? size : 4096, fd, r);
   if (rounds > 0)
     printf("[rank %d] teardown: %d rounds, the sender tearing down at once, every byte and signal arrived\n",

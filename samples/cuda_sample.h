@@ -6,6 +6,9 @@
 #define RMAW_CUDA_SAMPLE_H
 
 #include <dlfcn.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <time.h>
@@ -87,6 +90,57 @@ static inline void cuda_open(void) {
   CU(cu.deviceGet(&dev, 0));
   CU(cu.primaryCtxRetain(&ctx, dev));
   CU(cu.ctxSetCurrent(ctx));
+}
+
+/* AMD HIP instead of CUDA (SAMPLE_RUNTIME=hip): the same entry points,
+ * mapped onto libamdhip64.so, rank r on device r % count. RCCL hands HIP
+ * memory to the plugin as NCCL_PTR_CUDA, as this does. */
+static struct {
+  int (*init)(unsigned);
+  int (*count)(int*);
+  int (*setDevice)(int);
+  int (*malloc)(void**, size_t);
+  int (*free)(void*);
+  int (*memcpy)(void*, const void*, size_t, int); /* kind 1: to device, 2: to host */
+} hipr;
+static inline CUresult hip_alloc(CUdeviceptr* p, size_t n) { return hipr.malloc((void**)p, n); }
+static inline CUresult hip_free(CUdeviceptr p) { return hipr.free((void*)(uintptr_t)p); }
+static inline CUresult hip_htod(CUdeviceptr d, const void* h, size_t n) { return hipr.memcpy((void*)(uintptr_t)d, h, n, 1); }
+static inline CUresult hip_dtoh(void* h, CUdeviceptr d, size_t n) { return hipr.memcpy(h, (void*)(uintptr_t)d, n, 2); }
+
+static inline bool hip_mode(void) {
+  const char* s = getenv("SAMPLE_RUNTIME");
+  return s && strcmp(s, "hip") == 0;
+}
+
+/* device_open opens CUDA (device 0) or, under SAMPLE_RUNTIME=hip, HIP
+ * (device rank % count) and returns the device used. */
+static inline int device_open(int rank) {
+  if (!hip_mode()) {
+    cuda_open();
+    return 0;
+  }
+  void* h = dlopen("libamdhip64.so", RTLD_NOW | RTLD_LOCAL);
+  if (!h) FAIL("dlopen libamdhip64.so: %s", dlerror());
+#define SYM(f, n) \
+  if (!(*(void**)&hipr.f = dlsym(h, n))) FAIL("libamdhip64.so has no %s", n)
+  SYM(init, "hipInit");
+  SYM(count, "hipGetDeviceCount");
+  SYM(setDevice, "hipSetDevice");
+  SYM(malloc, "hipMalloc");
+  SYM(free, "hipFree");
+  SYM(memcpy, "hipMemcpy");
+#undef SYM
+  int n = 0;
+  CU(hipr.init(0));
+  CU(hipr.count(&n));
+  if (n < 1) FAIL("no HIP device");
+  CU(hipr.setDevice(rank % n));
+  cu.memAlloc = hip_alloc;
+  cu.memFree = hip_free;
+  cu.htod = hip_htod;
+  cu.dtoh = hip_dtoh;
+  return rank % n;
 }
 
 /* xchg swaps n bytes with the other rank over the socketpair bootstrap. */

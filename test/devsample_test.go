@@ -24,32 +24,53 @@ func fakeCUDA(t *testing.T, root string) string {
 	return dir
 }
 
+// fakeHIP builds test/gpu/fakehip.c as libamdhip64.so: two fake AMD
+// devices whose copies fail unless the calling thread set the device that
+// owns the memory and uses a stream of that device.
+func fakeHIP(t *testing.T, root string) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command("cc", "-O2", "-shared", "-fPIC", "-o", filepath.Join(dir, "libamdhip64.so"),
+		filepath.Join(root, "test/gpu/fakehip.c"), "-lpthread")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build fake libamdhip64.so: %v\n%s", err, out)
+	}
+	return dir
+}
+
 // TestDeviceSamplesOnFakeCUDA runs the GPU machine's own programs
 // (samples/cuda_check.c and samples/staging_bench.c, built by make) against
 // the fake driver, so that they cannot rot between GPU runs: every device
 // byte and signal is verified through the plugin, two processes each.
 func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 	root := build(t)
-	fake := fakeCUDA(t, root)
+	fake, fakeAMD := fakeCUDA(t, root), fakeHIP(t, root)
 	lib := filepath.Join(root, "build/librccl-rma-wasm.so")
 	for _, c := range []struct {
-		name string
-		args []string
-		want []string
+		name, prog string
+		args, env  []string
+		want       []string
 	}{
-		{"cuda_check", []string{lib, "196608", "4"}, []string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified"}},
+		{"cuda_check", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified"}},
+		// The same program on the HIP seam: no CUDA, two AMD devices, rank 1
+		// on device 1, so the plugin's copy threads must pick the device.
+		{"hip_check", "cuda_check", []string{lib, "196608", "4"},
+			[]string{"LD_LIBRARY_PATH=" + fakeAMD, "SAMPLE_RUNTIME=hip", "NCCL_RMA_WASM_CUDA=0"},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "(HIP device 1)", "HIP runtime loaded, 2 device(s)"}},
 		// Its speed target means nothing on a fake device: only correctness
 		// (RESULT FAIL) fails the test, and "RESULT BELOW-TARGET" (exit 1)
 		// is a pass here.
-		{"staging_bench", []string{lib, "2097152", "2", "50"}, []string{"RESULT ", "RATIO  tcp", "RATIO  intranode"}},
+		{"staging_bench", "staging_bench", []string{lib, "2097152", "2", "50"}, []string{"LD_LIBRARY_PATH=" + fake},
+			[]string{"RESULT ", "RATIO  tcp", "RATIO  intranode"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			cmd := exec.CommandContext(ctx, filepath.Join(root, "build", c.name), c.args...)
+			cmd := exec.CommandContext(ctx, filepath.Join(root, "build", c.prog), c.args...)
 			cmd.Dir = root
-			cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+fake, "NCCL_RMA_WASM_ADDR=127.0.0.1",
-				"NCCL_RMA_WASM_CACHE_DIR="+t.TempDir())
+			cmd.Env = append(append(os.Environ(), "NCCL_RMA_WASM_ADDR=127.0.0.1",
+				"NCCL_RMA_WASM_CACHE_DIR="+t.TempDir()), c.env...)
 			out, err := cmd.CombinedOutput()
 			text := string(out)
 			if ctx.Err() != nil {
