@@ -1,4 +1,4 @@
-// Package guestabi holds the constants of Guest ABI v1 (SPEC.md §8): the
+// Package guestabi holds the constants of Guest ABI v1.1 (SPEC.md §8): the
 // names of the exports and imports, status codes, feature bits and the byte
 // layout of the descriptor area a guest keeps in its linear memory. The host
 // (host/sandbox) and the Go guest SDK (guests/go/rmaw) both import it; the C
@@ -7,8 +7,13 @@
 // Pure Go, no dependencies, safe to build for GOOS=wasip1.
 package guestabi
 
-// Version is the ABI major version this package describes.
+// Version is the ABI major version this package describes; it is also the
+// area's version field. Minor versions add feature bits, never a marker or
+// an area version: v1.1 is v1 plus FeaturesV11.
 const Version = 1
+
+// Minor is the ABI minor version this package describes (SPEC.md §8.1).
+const Minor = 1
 
 // Marker is the export whose presence declares Guest ABI v1. A v2 host keeps
 // accepting modules that export only this marker and speaks v1 to them.
@@ -53,6 +58,14 @@ const (
 	FeaturePlanOp      uint64 = 1 << 0 // call rmaw_plan_op for every operation
 	FeatureCompletions uint64 = 1 << 1 // call rmaw_completions with batches
 	FeaturesV1                = FeaturePlanOp | FeatureCompletions
+
+	// v1.1. Without its bit a field keeps its v1 meaning: the host zeroes
+	// or pre-fills it and ignores what the guest writes there.
+	FeatureChunk       uint64 = 1 << 2 // plan.chunk_size acts (per-op striping unit)
+	FeatureDelay       uint64 = 1 << 3 // plan.delay_ns acts (pacing, at most MaxDelayNs)
+	FeatureCompression uint64 = 1 << 4 // plan.codec and conn.codec act
+	FeatureTransports  uint64 = 1 << 5 // conn.transport may be TransportFabric
+	FeaturesV11               = FeaturesV1 | FeatureChunk | FeatureDelay | FeatureCompression | FeatureTransports
 )
 
 // Status codes returned by guest exports and host imports. Zero is success;
@@ -91,16 +104,18 @@ const (
 	OffPlan        = 0x010
 	OffPlanLane    = OffPlan + 0  // i32 lane, -1 = runtime's choice
 	OffPlanFlags   = OffPlan + 4  // u32 reserved, 0
-	OffPlanChunk   = OffPlan + 8  // u64 chunk size hint, 0 = default (advisory in v1)
-	OffPlanDelayNs = OffPlan + 16 // u64 pacing delay hint (advisory in v1)
+	OffPlanChunk   = OffPlan + 8  // u64 striping unit, 0 = the connection's (FeatureChunk)
+	OffPlanDelayNs = OffPlan + 16 // u64 pacing delay before the op is sent (FeatureDelay)
+	OffPlanCodec   = OffPlan + 24 // u32 codec word, pre-filled with conn.codec (FeatureCompression)
 	PlanSize       = 32
 
 	// Connection plan, pre-filled with defaults before rmaw_conn_plan.
 	OffConn          = 0x030
 	OffConnLanes     = OffConn + 0  // i32 1..MaxLanes
-	OffConnTransport = OffConn + 4  // i32 0 auto, 1 tcp, 2 intra-node
+	OffConnTransport = OffConn + 4  // i32 Transport*
 	OffConnStripe    = OffConn + 8  // u64 stripe threshold
 	OffConnChunk     = OffConn + 16 // u64 stripe unit, > 0
+	OffConnCodec     = OffConn + 24 // u32 codec word for every peer of the communicator (FeatureCompression)
 	ConnSize         = 32
 
 	// Devices, written by rmaw_devices.
@@ -135,6 +150,63 @@ const (
 	OpPutSignal = 2
 	OpGet       = 3
 	OpFlush     = 4
+)
+
+// Transports a connection plan may ask for (conn.transport).
+const (
+	TransportAuto      = 0 // libfabric when both ranks opened it, else intra-node on one host, else TCP
+	TransportTCP       = 1
+	TransportIntraNode = 2 // falls back to TCP when the kernel refuses
+	TransportFabric    = 3 // FeatureTransports: libfabric, else what auto picks among the rest
+)
+
+// Codec words (plan.codec, conn.codec): the codec id in bits 0..7, its
+// level in bits 8..15, the rest zero. The host compresses put payloads on
+// the TCP transport; the target decompresses into the registered range.
+const (
+	CodecNone = 0 // send bytes as they are
+	CodecS2   = 1 // github.com/klauspost/compress/s2; level 0 or 1 (Encode), 2 (EncodeBetter)
+	CodecZstd = 2 // github.com/klauspost/compress/zstd; level 0 (= 1) .. 4, klauspost's EncoderLevel
+
+	CodecIDMask     = 0xff
+	CodecLevelShift = 8
+	MaxS2Level      = 2
+	MaxZstdLevel    = 4
+)
+
+// Codec makes a codec word.
+func Codec(id, level uint32) uint32 { return id&CodecIDMask | (level&0xff)<<CodecLevelShift }
+
+// ValidCodec reports whether w is a codec word this ABI defines.
+func ValidCodec(w uint32) bool {
+	if w>>16 != 0 {
+		return false
+	}
+	id, level := w&CodecIDMask, w>>CodecLevelShift&0xff
+	switch id {
+	case CodecNone:
+		return level == 0
+	case CodecS2:
+		return level <= MaxS2Level
+	case CodecZstd:
+		return level <= MaxZstdLevel
+	}
+	return false
+}
+
+// Bounds of the v1.1 plan fields.
+const (
+	// MaxDelayNs caps plan.delay_ns (10 ms); a larger value is a nonsense
+	// answer.
+	MaxDelayNs = 10_000_000
+	// MaxChunk caps plan.chunk_size and conn.chunk_size (2^40).
+	MaxChunk = 1 << 40
+	// MinPlanChunk is the smallest striping unit; smaller plan.chunk_size
+	// values are raised to it.
+	MinPlanChunk = 4096
+	// MaxPiecesPerOp bounds how many pieces plan.chunk_size may cut one
+	// operation into; the unit is raised to size/MaxPiecesPerOp.
+	MaxPiecesPerOp = 1024
 )
 
 // MaxLanes is abi.MaxLanes, repeated because guests build without package

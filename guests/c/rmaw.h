@@ -1,4 +1,4 @@
-/* rmaw.h - Guest ABI v1 SDK for C backends of rccl-rma-wasm.
+/* rmaw.h - Guest ABI v1.1 SDK for C backends of rccl-rma-wasm.
  *
  * Build a backend (freestanding, no libc, no WASI):
  *   clang --target=wasm32 -O2 -ffreestanding -nostdlib -fno-builtin \
@@ -18,12 +18,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RMAW_ABI_VERSION 1
+#define RMAW_ABI_VERSION 1 /* the marker's and the area's version */
+#define RMAW_ABI_MINOR 1   /* v1.1: the RMAW_FEATURE_* bits 2..5 below */
 #define RMAW_AREA_MAGIC 0x57414d52u /* "RMAW" */
 
 /* Feature bits (rmaw_init's argument offers, its result enables). */
 #define RMAW_FEATURE_PLAN_OP     ((int64_t)1 << 0)
 #define RMAW_FEATURE_COMPLETIONS ((int64_t)1 << 1)
+/* v1.1: offered by v1.1 hosts; enable only what host_features offers. */
+#define RMAW_FEATURE_CHUNK       ((int64_t)1 << 2) /* plan.chunk_size acts */
+#define RMAW_FEATURE_DELAY       ((int64_t)1 << 3) /* plan.delay_ns acts */
+#define RMAW_FEATURE_COMPRESSION ((int64_t)1 << 4) /* plan.codec, conn.codec act */
+#define RMAW_FEATURE_TRANSPORTS  ((int64_t)1 << 5) /* conn.transport may be FABRIC */
 
 /* Status codes. rmaw_plan_op may also return 1..6 (an ncclResult_t) to fail
  * the operation on purpose. */
@@ -54,6 +60,18 @@
 #define RMAW_TRANSPORT_AUTO      0
 #define RMAW_TRANSPORT_TCP       1
 #define RMAW_TRANSPORT_INTRANODE 2
+#define RMAW_TRANSPORT_FABRIC    3 /* RMAW_FEATURE_TRANSPORTS */
+
+/* Codec words (plan.codec, conn.codec; RMAW_FEATURE_COMPRESSION). */
+#define RMAW_CODEC_NONE 0
+#define RMAW_CODEC_S2   1 /* level 0/1 Encode, 2 EncodeBetter */
+#define RMAW_CODEC_ZSTD 2 /* level 0 (= 1) .. 4 */
+#define RMAW_CODEC(id, level) ((uint32_t)(id) | ((uint32_t)(level) << 8))
+
+#define RMAW_MAX_DELAY_NS 10000000ull   /* plan.delay_ns cap (10 ms) */
+#define RMAW_MAX_CHUNK (1ull << 40)
+#define RMAW_MIN_PLAN_CHUNK 4096
+#define RMAW_MAX_PIECES_PER_OP 1024
 
 #define RMAW_MAX_LANES   8
 #define RMAW_MAX_DEVICES 8
@@ -67,9 +85,10 @@
 struct rmaw_plan {            /* pre-filled by the host before rmaw_plan_op */
   int32_t lane;               /* -1 = runtime's choice, else 0..lanes-1 */
   uint32_t flags;             /* reserved, 0 */
-  uint64_t chunk_size;        /* advisory in v1, 0 = default */
-  uint64_t delay_ns;          /* advisory in v1 */
-  uint64_t reserved;
+  uint64_t chunk_size;        /* RMAW_FEATURE_CHUNK: striping unit, 0 = the connection's */
+  uint64_t delay_ns;          /* RMAW_FEATURE_DELAY: wait before sending, <= RMAW_MAX_DELAY_NS */
+  uint32_t codec;             /* RMAW_FEATURE_COMPRESSION: RMAW_CODEC(id, level), pre-filled with conn.codec */
+  uint32_t reserved;
 };
 
 struct rmaw_conn_plan {       /* pre-filled with the defaults before rmaw_conn_plan */
@@ -77,7 +96,8 @@ struct rmaw_conn_plan {       /* pre-filled with the defaults before rmaw_conn_p
   int32_t transport;          /* RMAW_TRANSPORT_* */
   uint64_t stripe_threshold;  /* ops at least this large are striped */
   uint64_t chunk_size;        /* stripe unit, > 0 */
-  uint64_t reserved;
+  uint32_t codec;             /* RMAW_FEATURE_COMPRESSION: codec word for every peer */
+  uint32_t reserved;
 };
 
 struct rmaw_device {          /* written by rmaw_devices */

@@ -32,7 +32,16 @@ const (
 	TransportAuto      Transport = 0 // intra-node when possible, else TCP
 	TransportTCP       Transport = 1
 	TransportIntraNode Transport = 2 // still falls back to TCP when the kernel refuses
+	TransportFabric    Transport = 3 // libfabric when both ranks opened an endpoint, else as auto
 )
+
+// Codec is a codec word (guestabi.Codec): which compression a put's payload
+// gets on the TCP transport. Zero is none.
+type Codec uint32
+
+// ID and Level split the word.
+func (c Codec) ID() uint32    { return uint32(c) & guestabi.CodecIDMask }
+func (c Codec) Level() uint32 { return uint32(c) >> guestabi.CodecLevelShift & 0xff }
 
 // ConnPlan is decided once per communicator (collComm) at connect time.
 type ConnPlan struct {
@@ -40,6 +49,7 @@ type ConnPlan struct {
 	StripeThreshold uint64    // puts/gets at least this large are striped over all lanes
 	ChunkSize       uint64    // smallest stripe piece; a striped op is cut in at most Lanes pieces of at least this size
 	Transport       Transport // preference
+	Codec           Codec     // every peer's default codec; a per-op plan may change it
 }
 
 // DefaultConnPlan is what the native backend and the embedded default use:
@@ -76,8 +86,11 @@ type Op struct {
 
 // OpPlan is a planner's answer. The runtime fills defaults before the call.
 type OpPlan struct {
-	Lane   int32 // lane index in [0, Lanes), or -1 for the runtime's choice
-	Status int32 // 0 = go ahead; non-zero = fail this operation (fault injection, policy)
+	Lane      int32  // lane index in [0, Lanes), or -1 for the runtime's choice
+	Status    int32  // 0 = go ahead; non-zero = fail this operation (fault injection, policy)
+	ChunkSize uint64 // striping unit over the lanes; 0 = the connection plan's
+	DelayNs   uint64 // pacing: the op waits this long in the data path before it is sent
+	Codec     Codec  // pre-filled with the connection plan's
 }
 
 // Completion reports one finished operation for telemetry.

@@ -103,8 +103,10 @@ func open(opts Options) (*Backend, error) {
 		ctl.close()
 		return nil, fmt.Errorf("wasm backend %s: %w", name, err)
 	}
-	logx.Info(0, "wasm: backend %s loaded (features plan_op=%v completions=%v, %d device(s))",
-		name, ctl.features&guestabi.FeaturePlanOp != 0, ctl.features&guestabi.FeatureCompletions != 0, len(b.devices))
+	logx.Info(0, "wasm: backend %s loaded (features %#x: plan_op=%v completions=%v chunk=%v delay=%v compression=%v transports=%v, %d device(s))",
+		name, ctl.features, ctl.features&guestabi.FeaturePlanOp != 0, ctl.features&guestabi.FeatureCompletions != 0,
+		ctl.features&guestabi.FeatureChunk != 0, ctl.features&guestabi.FeatureDelay != 0,
+		ctl.features&guestabi.FeatureCompression != 0, ctl.features&guestabi.FeatureTransports != 0, len(b.devices))
 	return b, nil
 }
 

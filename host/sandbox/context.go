@@ -18,6 +18,7 @@ type guestContext struct {
 	in   *instance // nil after a fault until the next call revives it
 
 	plans, completions bool
+	v11                uint64 // the v1.1 plan features the instance enabled
 }
 
 var _ backend.Context = (*guestContext)(nil)
@@ -47,6 +48,7 @@ func (c *guestContext) revive() error {
 	c.in = in
 	c.plans = in.features&guestabi.FeaturePlanOp != 0
 	c.completions = in.features&guestabi.FeatureCompletions != 0
+	c.v11 = in.features & (guestabi.FeatureChunk | guestabi.FeatureDelay | guestabi.FeatureCompression)
 	return nil
 }
 
@@ -80,13 +82,18 @@ func (c *guestContext) PlanOp(op *backend.Op, plan *backend.OpPlan) error {
 	}
 	// One bounds-checked view of the plan descriptor per call (the memory
 	// may have moved if the reserving allocator was unavailable).
-	pd, ok := in.mem.Read(in.area+guestabi.OffPlan, guestabi.OffPlanDelayNs+8-guestabi.OffPlan)
+	pd, ok := in.mem.Read(in.area+guestabi.OffPlan, guestabi.PlanSize)
 	if !ok {
 		return c.faulted(fmt.Errorf("plan descriptor at %#x is outside guest memory", in.area+guestabi.OffPlan))
+	}
+	var codec uint64
+	if c.v11&guestabi.FeatureCompression != 0 {
+		codec = uint64(plan.Codec)
 	}
 	binary.LittleEndian.PutUint64(pd[guestabi.OffPlanLane-guestabi.OffPlan:], uint64(uint32(plan.Lane))) // lane + flags=0
 	binary.LittleEndian.PutUint64(pd[guestabi.OffPlanChunk-guestabi.OffPlan:], 0)
 	binary.LittleEndian.PutUint64(pd[guestabi.OffPlanDelayNs-guestabi.OffPlan:], 0)
+	binary.LittleEndian.PutUint64(pd[guestabi.OffPlanCodec-guestabi.OffPlan:], codec) // codec + reserved
 	s := in.planStack[:]
 	s[0], s[1], s[2], s[3], s[4], s[5] = uint64(uint32(c.id)), uint64(op.Kind), uint64(op.Peer), op.Size,
 		uint64(op.OptFlags), uint64(op.SignalOp)
@@ -102,6 +109,9 @@ func (c *guestContext) PlanOp(op *backend.Op, plan *backend.OpPlan) error {
 			return c.faulted(fmt.Errorf("%s: lane %d outside -1..%d", guestabi.ExportPlanOp, l, abi.MaxLanes-1))
 		}
 		plan.Lane, plan.Status = int32(lane), 0
+		if c.v11 != 0 {
+			return c.readV11(in, plan)
+		}
 		return nil
 	case st > 0 && st <= 6: // ncclResult_t codes a plugin may return
 		plan.Status = st
@@ -110,6 +120,37 @@ func (c *guestContext) PlanOp(op *backend.Op, plan *backend.OpPlan) error {
 		return &guestStatusError{c.b.name, guestabi.ExportPlanOp, st}
 	}
 	return c.faulted(fmt.Errorf("%s returned status %d (want 0, 1..6 or negative)", guestabi.ExportPlanOp, st))
+}
+
+// readV11 reads the plan fields of the v1.1 features the instance enabled
+// and checks them (SPEC.md §8.5).
+func (c *guestContext) readV11(in *instance, plan *backend.OpPlan) error {
+	pd, ok := in.mem.Read(in.area+guestabi.OffPlan, guestabi.PlanSize)
+	if !ok {
+		return c.faulted(fmt.Errorf("plan descriptor at %#x is outside guest memory", in.area+guestabi.OffPlan))
+	}
+	if c.v11&guestabi.FeatureChunk != 0 {
+		chunk := binary.LittleEndian.Uint64(pd[guestabi.OffPlanChunk-guestabi.OffPlan:])
+		if chunk > guestabi.MaxChunk {
+			return c.faulted(fmt.Errorf("%s: chunk size %d above 2^40", guestabi.ExportPlanOp, chunk))
+		}
+		plan.ChunkSize = chunk
+	}
+	if c.v11&guestabi.FeatureDelay != 0 {
+		d := binary.LittleEndian.Uint64(pd[guestabi.OffPlanDelayNs-guestabi.OffPlan:])
+		if d > guestabi.MaxDelayNs {
+			return c.faulted(fmt.Errorf("%s: delay %d ns above the cap of %d ns", guestabi.ExportPlanOp, d, guestabi.MaxDelayNs))
+		}
+		plan.DelayNs = d
+	}
+	if c.v11&guestabi.FeatureCompression != 0 {
+		w := binary.LittleEndian.Uint32(pd[guestabi.OffPlanCodec-guestabi.OffPlan:])
+		if !guestabi.ValidCodec(w) {
+			return c.faulted(fmt.Errorf("%s: unknown codec word %#x", guestabi.ExportPlanOp, w))
+		}
+		plan.Codec = backend.Codec(w)
+	}
+	return nil
 }
 
 // Completions implements backend.Context: records are written into the

@@ -83,7 +83,7 @@ func (b *Backend) newInstance() (*instance, error) {
 			return nil, err
 		}
 	}
-	in.stack[0] = guestabi.FeaturesV1
+	in.stack[0] = guestabi.FeaturesV11
 	if err := in.call(in.fInit, guestabi.ExportInit, in.stack[:1], b.ctlFuel); err != nil {
 		in.close()
 		return nil, err
@@ -94,9 +94,13 @@ func (b *Backend) newInstance() (*instance, error) {
 		return nil, fmt.Errorf("%s failed with status %d", guestabi.ExportInit, res)
 	}
 	in.features = uint64(res)
-	if in.features&^guestabi.FeaturesV1 != 0 {
+	if in.features&^guestabi.FeaturesV11 != 0 {
 		in.close()
-		return nil, fmt.Errorf("%s enabled features %#x the host did not offer (offered %#x)", guestabi.ExportInit, in.features, guestabi.FeaturesV1)
+		return nil, fmt.Errorf("%s enabled features %#x the host did not offer (offered %#x)", guestabi.ExportInit, in.features, guestabi.FeaturesV11)
+	}
+	if in.features&(guestabi.FeatureChunk|guestabi.FeatureDelay) != 0 && in.features&guestabi.FeaturePlanOp == 0 {
+		in.close()
+		return nil, fmt.Errorf("%s enabled plan.chunk_size or plan.delay_ns (features %#x) without plan_op, which is the only call that sets them", guestabi.ExportInit, in.features)
 	}
 	if in.features&guestabi.FeaturePlanOp != 0 && in.fPlanOp == nil {
 		in.close()
@@ -256,6 +260,7 @@ func (in *instance) connPlan(nranks, rank int32, def backend.ConnPlan) (backend.
 	m.WriteUint32Le(a+guestabi.OffConnTransport, uint32(def.Transport))
 	m.WriteUint64Le(a+guestabi.OffConnStripe, def.StripeThreshold)
 	m.WriteUint64Le(a+guestabi.OffConnChunk, def.ChunkSize)
+	m.WriteUint64Le(a+guestabi.OffConnCodec, uint64(def.Codec)) // codec + reserved
 	in.stack[0], in.stack[1] = uint64(uint32(nranks)), uint64(uint32(rank))
 	if err := in.call(in.fConnPlan, guestabi.ExportConnPlan, in.stack[:2], in.b.ctlFuel); err != nil {
 		return def, err
@@ -270,13 +275,24 @@ func (in *instance) connPlan(nranks, rank int32, def backend.ConnPlan) (backend.
 	tr, _ := m.ReadUint32Le(a + guestabi.OffConnTransport)
 	stripe, _ := m.ReadUint64Le(a + guestabi.OffConnStripe)
 	chunk, _ := m.ReadUint64Le(a + guestabi.OffConnChunk)
-	p := backend.ConnPlan{Lanes: int32(lanes), Transport: backend.Transport(int32(tr)), StripeThreshold: stripe, ChunkSize: chunk}
+	p := backend.ConnPlan{Lanes: int32(lanes), Transport: backend.Transport(int32(tr)), StripeThreshold: stripe, ChunkSize: chunk, Codec: def.Codec}
+	maxTransport := backend.TransportIntraNode
+	if in.features&guestabi.FeatureTransports != 0 {
+		maxTransport = backend.TransportFabric
+	}
+	if in.features&guestabi.FeatureCompression != 0 {
+		codec, _ := m.ReadUint32Le(a + guestabi.OffConnCodec)
+		if !guestabi.ValidCodec(codec) {
+			return def, fmt.Errorf("%s: unknown codec word %#x", guestabi.ExportConnPlan, codec)
+		}
+		p.Codec = backend.Codec(codec)
+	}
 	switch {
 	case p.Lanes < 1 || p.Lanes > abi.MaxLanes:
 		return def, fmt.Errorf("%s: lanes %d outside 1..%d", guestabi.ExportConnPlan, p.Lanes, abi.MaxLanes)
-	case p.Transport < backend.TransportAuto || p.Transport > backend.TransportIntraNode:
-		return def, fmt.Errorf("%s: unknown transport %d", guestabi.ExportConnPlan, p.Transport)
-	case p.ChunkSize == 0 || p.ChunkSize > 1<<40:
+	case p.Transport < backend.TransportAuto || p.Transport > maxTransport:
+		return def, fmt.Errorf("%s: unknown transport %d (features %#x)", guestabi.ExportConnPlan, p.Transport, in.features)
+	case p.ChunkSize == 0 || p.ChunkSize > guestabi.MaxChunk:
 		return def, fmt.Errorf("%s: chunk size %d outside 1..2^40", guestabi.ExportConnPlan, p.ChunkSize)
 	}
 	return p, nil

@@ -1,6 +1,6 @@
 //go:build wasip1
 
-// Package rmaw is the Go SDK for Guest ABI v1 backends of rccl-rma-wasm
+// Package rmaw is the Go SDK for Guest ABI v1.1 backends of rccl-rma-wasm
 // (SPEC.md §8). A backend is a main package built with
 //
 //	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o mybackend.wasm .
@@ -33,22 +33,25 @@ type Op struct {
 }
 
 // Plan is the per-op answer; the host pre-fills it (Lane = -1 means "the
-// runtime chooses").
+// runtime chooses"). ChunkSize, DelayNs and Codec act only when Init enabled
+// guestabi.FeatureChunk, FeatureDelay and FeatureCompression (v1.1 hosts).
 type Plan struct {
 	Lane      int32
 	Flags     uint32
-	ChunkSize uint64
-	DelayNs   uint64
-	_         uint64
+	ChunkSize uint64 // striping unit over the lanes, 0 = the connection's
+	DelayNs   uint64 // pacing: wait this long before sending, <= guestabi.MaxDelayNs
+	Codec     uint32 // guestabi.Codec(id, level); pre-filled with ConnPlan.Codec
+	_         uint32
 }
 
 // ConnPlan is the per-communicator plan, pre-filled with the host defaults.
 type ConnPlan struct {
 	Lanes           int32
-	Transport       int32
+	Transport       int32 // guestabi.Transport*; Fabric needs FeatureTransports
 	StripeThreshold uint64
 	ChunkSize       uint64
-	_               uint64
+	Codec           uint32 // every peer's codec word (FeatureCompression)
+	_               uint32
 }
 
 // Device is what NCCL sees for one device.
@@ -95,6 +98,8 @@ type Area struct {
 var (
 	_ [guestabi.OffPlan]byte        = [unsafe.Offsetof(Area{}.Plan)]byte{}
 	_ [guestabi.OffConn]byte        = [unsafe.Offsetof(Area{}.Conn)]byte{}
+	_ [guestabi.OffPlanCodec]byte   = [guestabi.OffPlan + unsafe.Offsetof(Plan{}.Codec)]byte{}
+	_ [guestabi.OffConnCodec]byte   = [guestabi.OffConn + unsafe.Offsetof(ConnPlan{}.Codec)]byte{}
 	_ [guestabi.OffDevices]byte     = [unsafe.Offsetof(Area{}.Devices)]byte{}
 	_ [guestabi.OffCompletions]byte = [unsafe.Offsetof(Area{}.Completions)]byte{}
 	_ [guestabi.DeviceSize]byte     = [unsafe.Sizeof(Device{})]byte{}

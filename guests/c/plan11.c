@@ -1,0 +1,74 @@
+/* plan11.c - a Guest ABI v1.1 planner for tests and the benchmark: it
+ * enables the v1.1 features its configuration asks for and sets the plan's
+ * v1.1 fields from it. With an empty configuration it behaves like a v1
+ * guest that plans nothing.
+ *
+ * Configuration (NCCL_RMA_WASM_CONFIG or plan11.conf), comma separated:
+ *   lanes=N          lanes per peer (1..8, default: the host's)
+ *   codec=ID         conn.codec: 0 none, 1 S2, 2 zstd (enables compression)
+ *   level=L          its level
+ *   op_codec=ID      plan.codec for ops of at least op_min bytes (per op)
+ *   op_level=L       its level
+ *   op_min=BYTES     (default 0)
+ *   chunk=BYTES      plan.chunk_size of every op (enables FEATURE_CHUNK)
+ *   delay=NS         plan.delay_ns of every op (enables FEATURE_DELAY)
+ *   transport=T      conn.transport (3 enables FEATURE_TRANSPORTS)
+ *   plan=1           plan every op even without the keys above
+ */
+#include "rmaw.h"
+
+RMAW_ABI_V1()
+RMAW_DEFINE_AREA(0)
+
+static struct {
+  int64_t lanes, codec, level, op_codec, op_level, op_min, chunk, delay, transport, plan;
+} st;
+static char cfg[512];
+
+RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
+  int32_t len = rmaw_get_config(cfg, sizeof cfg);
+  if (len < 0) return RMAW_ERR_INTERNAL;
+  if (len > (int32_t)sizeof cfg) len = sizeof cfg;
+  uint32_t n = (uint32_t)len;
+  st.lanes = rmaw_config_int(cfg, n, "lanes", 0);
+  st.codec = rmaw_config_int(cfg, n, "codec", -1);
+  st.level = rmaw_config_int(cfg, n, "level", 0);
+  st.op_codec = rmaw_config_int(cfg, n, "op_codec", -1);
+  st.op_level = rmaw_config_int(cfg, n, "op_level", 0);
+  st.op_min = rmaw_config_int(cfg, n, "op_min", 0);
+  st.chunk = rmaw_config_int(cfg, n, "chunk", -1);
+  st.delay = rmaw_config_int(cfg, n, "delay", -1);
+  st.transport = rmaw_config_int(cfg, n, "transport", -1);
+  st.plan = rmaw_config_int(cfg, n, "plan", 0);
+  int64_t want = 0;
+  if (st.codec >= 0 || st.op_codec >= 0) want |= RMAW_FEATURE_COMPRESSION;
+  if (st.op_codec >= 0 || st.chunk >= 0 || st.delay >= 0 || st.plan) want |= RMAW_FEATURE_PLAN_OP;
+  if (st.chunk >= 0) want |= RMAW_FEATURE_CHUNK;
+  if (st.delay >= 0) want |= RMAW_FEATURE_DELAY;
+  if (st.transport == RMAW_TRANSPORT_FABRIC) want |= RMAW_FEATURE_TRANSPORTS;
+  return want & host_features; /* a v1 host offers bits 0..1 only */
+}
+
+RMAW_EXPORT(rmaw_conn_plan) int32_t rmaw_conn_plan(int32_t nranks, int32_t rank) {
+  (void)nranks;
+  (void)rank;
+  struct rmaw_conn_plan *c = &rmaw_area_ptr()->conn;
+  if (st.lanes > 0) c->lanes = (int32_t)st.lanes;
+  if (st.codec >= 0) c->codec = RMAW_CODEC(st.codec, st.level);
+  if (st.transport >= 0) c->transport = (int32_t)st.transport;
+  return RMAW_OK;
+}
+
+RMAW_EXPORT(rmaw_plan_op) int32_t rmaw_plan_op(int32_t ctx, int32_t kind, int32_t peer, int64_t size,
+                                               int32_t opt_flags, int32_t signal_op) {
+  (void)ctx;
+  (void)kind;
+  (void)peer;
+  (void)opt_flags;
+  (void)signal_op;
+  struct rmaw_plan *p = &rmaw_area_ptr()->plan;
+  if (st.op_codec >= 0 && size >= st.op_min) p->codec = RMAW_CODEC(st.op_codec, st.op_level);
+  if (st.chunk >= 0) p->chunk_size = (uint64_t)st.chunk;
+  if (st.delay >= 0) p->delay_ns = (uint64_t)st.delay;
+  return RMAW_OK;
+}
