@@ -1,10 +1,11 @@
 # rccl-rma-wasm build. All outputs go to build/.
 #
 #   make          build/librccl-rma-wasm.so (+ libnccl-rma-wasm.so symlink), build/rma_driver
-#                 (the test harness, test/harness/) and build/hello_rma (samples/hello_rma.c)
+#                 (the test harness, test/harness/), build/hello_rma (samples/hello_rma.c) and
+#                 build/rmaw (cmd/rmaw: validate, inspect, new, test, bench for backend authors)
 #   make demo     run the harness: 4 ranks, table v15, with a summary of what happened
 #   make test     installs missing Debian tools (test/setup.sh), then gofmt, go vet,
-#                 staticcheck, go test -race (abi, host, capi) and the multi-process tests (test/)
+#                 staticcheck, go test -race (abi, host, capi, cmd/rmaw) and the multi-process tests (test/)
 #   make bench    benchmarks (bench.mk): ratios against raw TCP, process_vm_writev, memcpy
 #   make clean
 
@@ -15,6 +16,7 @@ LIB     := $(BUILD)/librccl-rma-wasm.so
 LIBNCCL := $(BUILD)/libnccl-rma-wasm.so
 DRIVER  := $(BUILD)/rma_driver
 HELLO   := $(BUILD)/hello_rma
+RMAW    := $(BUILD)/rmaw
 # The conformance and stress harness, split by concern (see test/harness/harness.h).
 HARNESS_SRC := $(addprefix test/harness/,main.c bootstrap.c plugin.c rank.c scenarios.c)
 
@@ -32,12 +34,18 @@ GUESTS :=
 -include bench.mk
 # ---------------------------------------------------------------------------
 
-.PHONY: all lib driver demo test setup bench bench-device clean gofmt-check gpu-check fuzz
+.PHONY: all lib driver tools demo test setup bench bench-device clean gofmt-check gpu-check fuzz
 
 # Pinned so that a new release never turns a green tree red on its own.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-all: lib driver
+all: lib driver tools
+
+tools: $(RMAW)
+
+# The backend authors' tool; go build is incremental.
+$(RMAW): FORCE | $(BUILD)
+	$(GO) build -o $@ ./cmd/rmaw
 
 lib: $(LIB) $(LIBNCCL)
 
@@ -98,7 +106,7 @@ fuzz:
 test: setup all gofmt-check
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
-	$(GO) test -race -count=1 ./abi/... ./host/... ./capi/...
+	$(GO) test -race -count=1 ./abi/... ./host/... ./capi/... ./cmd/rmaw/...
 	$(GO) test ./test/... -count=1 -timeout 30m
 	@$(MAKE) --no-print-directory fuzz
 
