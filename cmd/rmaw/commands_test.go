@@ -77,7 +77,7 @@ func TestInspect(t *testing.T) {
 		t.Fatalf("rc %d:\n%s\n%s", rc, out, errs)
 	}
 	for _, want := range []string{
-		"abi: v1 (this host speaks v1)",
+		"abi: v1 (this host speaks v1.1)",
 		"rmaw_plan_op       (i32, i32, i32, i64, i32, i32) -> (i32) (optional)",
 		"rmaw_devices       -                         (optional, absent)",
 		"rmaw.log                                 (i32, i32, i32) -> (i32)",
@@ -92,7 +92,7 @@ func TestInspect(t *testing.T) {
 	}
 	// A module that does not load still shows what it declares.
 	rc, out, _ = rmaw(t, "inspect", watModule(t, "v2", module(map[string]string{"marker": `(func (export "rmaw_abi_v2"))`})))
-	if rc != 1 || !strings.Contains(out, "abi: v2 (this host speaks v1)") || !strings.Contains(out, "load: FAILS") {
+	if rc != 1 || !strings.Contains(out, "abi: v2 (this host speaks v1.1)") || !strings.Contains(out, "load: FAILS") {
 		t.Fatalf("rc %d:\n%s", rc, out)
 	}
 }

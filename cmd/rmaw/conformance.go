@@ -197,7 +197,7 @@ func (k *kit) planKinds() (string, error) {
 	if !c.PlansOps() {
 		return "plan_op not enabled; nothing to drive", nil
 	}
-	failed, lanes := 0, map[int32]int{}
+	failed, chunked, delayed, coded, lanes := 0, 0, 0, 0, map[int32]int{}
 	for _, kind := range []backend.OpKind{backend.OpPut, backend.OpPutSignal, backend.OpGet, backend.OpFlush} {
 		for _, size := range []uint64{0, 1, 8, 4096, 64 << 10, 1 << 20, 256 << 20, 1 << 30, 1 << 40} {
 			for peer := uint32(0); peer < 4; peer++ {
@@ -212,11 +212,21 @@ func (k *kit) planKinds() (string, error) {
 				if p.Status != 0 {
 					failed++
 				}
+				if p.ChunkSize != 0 {
+					chunked++
+				}
+				if p.DelayNs != 0 {
+					delayed++
+				}
+				if p.Codec != 0 {
+					coded++
+				}
 				lanes[p.Lane]++
 			}
 		}
 	}
-	return fmt.Sprintf("%d ops, %d failed on purpose, lanes used %v", 4*9*4, failed, lanes), nil
+	return fmt.Sprintf("%d ops, %d failed on purpose, lanes used %v; v1.1: %d with chunk_size, %d delayed, %d with a codec",
+		4*9*4, failed, lanes, chunked, delayed, coded), nil
 }
 
 func (k *kit) planHostile() (string, error) {

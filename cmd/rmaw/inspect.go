@@ -48,8 +48,8 @@ func runInspect(e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "  device %d      %q %d Mbps %g us\n", i, d.Name, d.SpeedMbps, d.LatencyUs)
 	}
 	if p, err := b.ConnectionPlan(2, 0); err == nil {
-		fmt.Fprintf(e.stdout, "  conn plan     lanes %d, transport %d, stripe >= %d B, chunk %d B (2 ranks, rank 0)\n",
-			p.Lanes, p.Transport, p.StripeThreshold, p.ChunkSize)
+		fmt.Fprintf(e.stdout, "  conn plan     lanes %d, transport %d, stripe >= %d B, chunk %d B, codec %d level %d (2 ranks, rank 0)\n",
+			p.Lanes, p.Transport, p.StripeThreshold, p.ChunkSize, p.Codec.ID(), p.Codec.Level())
 	} else {
 		fmt.Fprintf(e.stdout, "  conn plan     FAILS: %v\n", err)
 	}
@@ -100,7 +100,7 @@ func inspectStatic(e *env, path string, wasm []byte) error {
 	if len(markers) == 0 {
 		fmt.Fprintf(w, "abi: none declared (no %s* export)\n", guestabi.MarkerPrefix)
 	} else {
-		fmt.Fprintf(w, "abi: %s (this host speaks v%d)\n", strings.Join(markers, ", "), guestabi.Version)
+		fmt.Fprintf(w, "abi: %s (this host speaks v%d.%d)\n", strings.Join(markers, ", "), guestabi.Version, guestabi.Minor)
 	}
 	fmt.Fprintf(w, "exports:\n")
 	known := map[string]bool{}

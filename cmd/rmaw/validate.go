@@ -77,6 +77,10 @@ var hints = []struct {
 	{[]string{"budget"}, "the call does not return within its budget (a loop?): guests must be quick and never wait; plan_op gets 1/100 of the control budget"},
 	{[]string{"rmaw_init failed with status"}, "rmaw_init returned a negative status: check the configuration string (-config or <module>.conf) and the guest's log lines"},
 	{[]string{"enabled features"}, "return only bits the host offered: features & host_features"},
+	{[]string{"without plan_op"}, "plan.chunk_size and plan.delay_ns are set only by rmaw_plan_op: enable RMAW_FEATURE_PLAN_OP too, or drop those bits"},
+	{[]string{"unknown codec word"}, "a codec word is id | level<<8: none 0, S2 1 (levels 0..2), zstd 2 (levels 0..4); enable RMAW_FEATURE_COMPRESSION first"},
+	{[]string{"unknown transport"}, "transport is 0 auto, 1 tcp, 2 intra-node, or 3 fabric with RMAW_FEATURE_TRANSPORTS enabled"},
+	{[]string{"delay"}, "plan.delay_ns is at most 10 ms (guestabi.MaxDelayNs) and acts only with RMAW_FEATURE_DELAY"},
 	{[]string{"enabled plan_op but"}, "export rmaw_plan_op (C: RMAW_EXPORT(rmaw_plan_op)) or do not enable RMAW_FEATURE_PLAN_OP"},
 	{[]string{"enabled completions but"}, "export rmaw_completions or do not enable RMAW_FEATURE_COMPLETIONS"},
 	{[]string{"descriptor area", "aligned"}, "align the area to 8 bytes (RMAW_DEFINE_AREA does)"},
@@ -174,16 +178,24 @@ func lint(inf sandbox.Info) []string {
 	return out
 }
 
+var featureBits = []struct {
+	bit  uint64
+	name string
+}{
+	{guestabi.FeaturePlanOp, "plan_op"}, {guestabi.FeatureCompletions, "completions"},
+	{guestabi.FeatureChunk, "chunk"}, {guestabi.FeatureDelay, "delay"},
+	{guestabi.FeatureCompression, "compression"}, {guestabi.FeatureTransports, "transports"},
+}
+
 // featureNames spells a feature set.
 func featureNames(f uint64) string {
 	var n []string
-	if f&guestabi.FeaturePlanOp != 0 {
-		n = append(n, "plan_op")
+	for _, b := range featureBits {
+		if f&b.bit != 0 {
+			n = append(n, b.name)
+		}
 	}
-	if f&guestabi.FeatureCompletions != 0 {
-		n = append(n, "completions")
-	}
-	if rest := f &^ (guestabi.FeaturePlanOp | guestabi.FeatureCompletions); rest != 0 {
+	if rest := f &^ guestabi.FeaturesV11; rest != 0 {
 		n = append(n, fmt.Sprintf("%#x", rest))
 	}
 	if len(n) == 0 {

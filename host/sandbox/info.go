@@ -26,7 +26,7 @@ type Info struct {
 // negotiated. After Close, or when the control instance was replaced after a
 // fault and not revived, the instance fields are zero.
 func (b *Backend) Info() Info {
-	inf := Info{Name: b.name, HostFeatures: guestabi.FeaturesV1, Faults: b.faults.Load(), Disabled: b.disabled.Load()}
+	inf := Info{Name: b.name, HostFeatures: guestabi.FeaturesV11, Faults: b.faults.Load(), Disabled: b.disabled.Load()}
 	for n := range b.exports {
 		inf.Exports = append(inf.Exports, n)
 	}
