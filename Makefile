@@ -93,7 +93,7 @@ setup:
 
 # Each fuzz target runs briefly in make test; longer: make fuzz FUZZTIME=10m.
 FUZZTIME ?= 3s
-FUZZ_TARGETS := host/dataplane:FuzzHeader host/dataplane:FuzzDecodeHandle host/dataplane:FuzzOrderer \
+FUZZ_TARGETS := host/dataplane:FuzzHeader host/dataplane:FuzzDecodeHandle host/dataplane:FuzzOrderer host/dataplane:FuzzDecodeBlock \
 	host/sandbox/meter:FuzzMeter
 
 fuzz:

@@ -7,3 +7,5 @@ require (
 	go.uber.org/multierr v1.11.0
 	golang.org/x/sys v0.50.0
 )
+
+require github.com/klauspost/compress v1.20.4 // indirect

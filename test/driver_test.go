@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -283,5 +284,46 @@ func TestSummary(t *testing.T) {
 				t.Fatalf("summary lacks %q:\n%s", c.more, tail(out))
 			}
 		})
+	}
+}
+
+// TestCompression runs the driver (every byte verified by each rank) with
+// the v1.1 test guest choosing codecs per peer (conn.codec) and per op
+// (plan.codec), with per-op chunks and pacing, on compressible and on
+// pseudo-random data, over TCP between processes. The plugin's closing
+// line says what the codec made of the payload.
+func TestCompression(t *testing.T) {
+	root := buildGuests(t)
+	re := regexp.MustCompile(`compressed (\d+) payload bytes into (\d+) on the wire`)
+	for _, c := range []struct{ name, config string }{
+		{"s2-per-peer", "codec=1"},
+		{"s2-better", "codec=1, level=2"},
+		{"zstd3-per-peer", "codec=2, level=3"},
+		{"zstd-per-op-lanes-chunk-delay", "lanes=3, op_codec=2, op_level=1, op_min=4096, chunk=16384, delay=20000"},
+	} {
+		for _, data := range []string{"compressible", "random"} {
+			t.Run(c.name+"/"+data, func(t *testing.T) {
+				args := []string{"--verbose", "--ranks", "3", "--threads", "2", "--size", "1m", "--iters", "2"}
+				if data == "compressible" {
+					args = append(args, "--compressible")
+				}
+				out := runDriver(t, []string{"NCCL_RMA_WASM_BACKEND=plan11", "NCCL_RMA_WASM_DIR=" + filepath.Join(root, "build/guests"),
+					"NCCL_RMA_WASM_CONFIG=" + c.config, "NCCL_RMA_WASM_INTRANODE=0"}, args...)
+				m := re.FindAllStringSubmatch(out, -1)
+				if len(m) != 3 {
+					t.Fatalf("%d ranks reported compression, want 3:\n%s", len(m), tail(out))
+				}
+				for _, x := range m {
+					raw, _ := strconv.ParseUint(x[1], 10, 64)
+					wire, _ := strconv.ParseUint(x[2], 10, 64)
+					switch {
+					case data == "compressible" && wire*3 > raw:
+						t.Errorf("compressible data: %d bytes took %d on the wire", raw, wire)
+					case data == "random" && (wire < raw || wire > raw+raw/100):
+						t.Errorf("random data: %d bytes took %d on the wire (stored blocks expected)", raw, wire)
+					}
+				}
+			})
+		}
 	}
 }

@@ -192,13 +192,13 @@ func TestTokenRequired(t *testing.T) {
 	defer l.Close()
 	hi, _ := DecodeHandle(h)
 	hi.Token[0] ^= 1
-	if _, err := dial(hi, 0, 1, 0, 1, time.Now().Add(time.Second)); err == nil {
+	if _, err := dial(hi, 0, 1, 0, 1, false, time.Now().Add(time.Second)); err == nil {
 		t.Fatal("a dialer with the wrong token was admitted")
 	}
 	// A good dialer follows: the first connection handed to connect must be
 	// it, never the rejected one.
 	hi.Token[0] ^= 1
-	if _, err := dial(hi, 1, 2, 0, 1, time.Now().Add(10*time.Second)); err != nil {
+	if _, err := dial(hi, 1, 2, 0, 1, false, time.Now().Add(10*time.Second)); err != nil {
 		t.Fatalf("the right token was refused: %v", err)
 	}
 	if in := <-l.conns; in.rank != 1 || in.nranks != 2 {

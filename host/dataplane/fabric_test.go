@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bytes"
 	"os"
 	"runtime"
 	"sync"
@@ -86,6 +87,12 @@ func fabricProvider(t testing.TB, prov string) string {
 // registration 1 known to the other.
 func fabMesh2(t testing.TB, prov string, size uint64, lanes int) ([]*Mesh, []*fabOwner) {
 	t.Helper()
+	return fabMesh2NoFab(t, prov, size, lanes, [2]bool{})
+}
+
+// fabMesh2NoFab is fabMesh2 where rank i's plan declines libfabric if noFab[i].
+func fabMesh2NoFab(t testing.TB, prov string, size uint64, lanes int, noFab [2]bool) ([]*Mesh, []*fabOwner) {
+	t.Helper()
 	prov = fabricProvider(t, prov)
 	os := make([]*fabOwner, 2)
 	ls := make([]*Listener, 2)
@@ -108,7 +115,7 @@ func fabMesh2(t testing.TB, prov string, size uint64, lanes int) ([]*Mesh, []*fa
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			m, err := Connect(ls[i], hs, i, os[i], Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 1 << 20, CloseTimeout: time.Second})
+			m, err := Connect(ls[i], hs, i, os[i], Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 1 << 20, CloseTimeout: time.Second, NoFabric: noFab[i]})
 			if err != nil {
 				t.Error(err)
 			}
@@ -126,7 +133,7 @@ func fabMesh2(t testing.TB, prov string, size uint64, lanes int) ([]*Mesh, []*fa
 		fabric.Free(os[1].mem)
 	})
 	for i, m := range ms {
-		if m.FabricPeers() != 2 {
+		if m.FabricPeers() != 2 && noFab == [2]bool{} {
 			t.Fatalf("rank %d reaches %d peers over fabric, want 2", i, m.FabricPeers())
 		}
 		key, err := m.RegisterMemory(1, os[i].mem, size, false)
@@ -142,8 +149,10 @@ func fabMesh2(t testing.TB, prov string, size uint64, lanes int) ([]*Mesh, []*fa
 		ok := true
 		for _, m := range ms {
 			for _, p := range m.peers {
-				_, _, known := p.t.(*fabricLink).target(1, 0)
-				ok = ok && known
+				if f, isFab := p.t.(*fabricLink); isFab {
+					_, _, known := f.target(1, 0)
+					ok = ok && known
+				}
 			}
 		}
 		if ok {
@@ -443,5 +452,44 @@ func TestFabricIdleWake(t *testing.T) {
 	}
 	if !ms[1].fab.canWait.Load() {
 		t.Fatal("the provider refused to wait after all")
+	}
+}
+
+// TestFabricDeclined: when either rank's connection plan declines
+// libfabric, both choose TCP for the pair (the hello carries the choice),
+// and bytes and signals still arrive.
+func TestFabricDeclined(t *testing.T) {
+	for _, noFab := range [][2]bool{{false, false}, {true, false}, {false, true}} {
+		ms, os := fabMesh2NoFab(t, "tcp;ofi_rxm", 1<<16, 1, noFab)
+		for i, m := range ms {
+			want := 0 // a rank reaches itself too
+			if !noFab[i] {
+				want++
+				if !noFab[1-i] {
+					want++
+				}
+			}
+			if got := m.FabricPeers(); got != want {
+				t.Fatalf("decline %v: rank %d reaches %d peers over libfabric, want %d", noFab, i, got, want)
+			}
+		}
+		src := fabric.Alloc(4096)
+		b := unsafe.Slice((*byte)(src), 4096)
+		for i := range b {
+			b[i] = byte(i * 3)
+		}
+		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+		os[0].waitN(t, 1, ms[0].PeerParts(1, MsgPutSignal, 4096))
+		deadline := time.Now().Add(10 * time.Second)
+		for atomic.LoadUint64((*uint64)(os[1].mem)) != 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("decline %v: signal never arrived", noFab)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		if !bytes.Equal(unsafe.Slice((*byte)(unsafe.Add(os[1].mem, 64)), 4096), b) {
+			t.Fatalf("decline %v: bytes differ", noFab)
+		}
+		fabric.Free(src)
 	}
 }

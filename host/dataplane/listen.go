@@ -32,6 +32,7 @@ type incoming struct {
 	nranks int
 	lane   int
 	lanes  int
+	noFab  bool // the dialer's plan declines libfabric (hello flag)
 }
 
 // Listener accepts peer connections for one future collComm. Only dialers that
@@ -113,8 +114,9 @@ func (l *Listener) admit(c *net.TCPConn) {
 		c.Close()
 		return
 	}
+	lanesWord := binary.LittleEndian.Uint16(b[30:])
 	in := incoming{conn: c, rank: int(binary.LittleEndian.Uint32(b[20:])), nranks: int(binary.LittleEndian.Uint32(b[24:])),
-		lane: int(binary.LittleEndian.Uint16(b[28:])), lanes: int(binary.LittleEndian.Uint16(b[30:]))}
+		lane: int(binary.LittleEndian.Uint16(b[28:])), lanes: int(lanesWord &^ helloNoFabric), noFab: lanesWord&helloNoFabric != 0}
 	if _, err := c.Write([]byte(ackMagic)); err != nil {
 		c.Close()
 		return
@@ -160,14 +162,14 @@ func (l *Listener) Close() error {
 }
 
 // dial opens an authenticated connection to a peer's listener.
-func dial(peer HandleInfo, rank, nranks, lane, lanes int, deadline time.Time) (*net.TCPConn, error) {
+func dial(peer HandleInfo, rank, nranks, lane, lanes int, noFab bool, deadline time.Time) (*net.TCPConn, error) {
 	var lastErr error
 	for {
 		d := net.Dialer{Deadline: deadline}
 		c, err := d.Dial("tcp", peer.Addr.String())
 		if err == nil {
 			tc := c.(*net.TCPConn)
-			if err = hello(tc, peer, rank, nranks, lane, lanes, deadline); err == nil {
+			if err = hello(tc, peer, rank, nranks, lane, lanes, noFab, deadline); err == nil {
 				return tc, nil
 			}
 			tc.Close()
@@ -180,15 +182,24 @@ func dial(peer HandleInfo, rank, nranks, lane, lanes int, deadline time.Time) (*
 	}
 }
 
-// hello: 0 magic | 4 token [16] | 20 rank u32 | 24 nranks u32 | 28 lane u16 | 30 lanes u16
-func hello(c *net.TCPConn, peer HandleInfo, rank, nranks, lane, lanes int, deadline time.Time) error {
+// helloNoFabric in the hello's lanes word says that the dialer's connection
+// plan declines libfabric (SPEC.md §8.10): the pair then uses TCP or the
+// intra-node path, and both sides know it.
+const helloNoFabric = 0x8000
+
+// hello: 0 magic | 4 token [16] | 20 rank u32 | 24 nranks u32 | 28 lane u16 | 30 lanes u16 (| helloNoFabric)
+func hello(c *net.TCPConn, peer HandleInfo, rank, nranks, lane, lanes int, noFab bool, deadline time.Time) error {
 	var b [helloSize]byte
 	copy(b[0:4], helloMagic)
 	copy(b[4:20], peer.Token[:])
 	binary.LittleEndian.PutUint32(b[20:], uint32(rank))
 	binary.LittleEndian.PutUint32(b[24:], uint32(nranks))
 	binary.LittleEndian.PutUint16(b[28:], uint16(lane))
-	binary.LittleEndian.PutUint16(b[30:], uint16(lanes))
+	w := uint16(lanes)
+	if noFab {
+		w |= helloNoFabric
+	}
+	binary.LittleEndian.PutUint16(b[30:], w)
 	c.SetDeadline(deadline)
 	if _, err := c.Write(b[:]); err != nil {
 		return err

@@ -77,7 +77,16 @@ type Op struct {
 	SigOff   uint64
 	SigValue uint64 // MsgReg: the registration's fabric key
 	Seq      uint64 // set by the mesh when lanes > 1 (signal order; completion counts per lane)
+	// Set by the plan (SPEC.md §8.10):
+	Chunk     uint64 // non-zero: stripe over the lanes in pieces of this size
+	NotBefore int64  // non-zero: not sent before this Now() (pacing)
+	Codec     uint32 // guestabi codec word of a put's payload on TCP
 }
+
+// Now is the dataplane's clock for Op.NotBefore: monotonic nanoseconds.
+func Now() int64 { return int64(time.Since(epoch)) }
+
+var epoch = time.Now()
 
 // opDone replaces Op.Msg when the writer completed the operation itself
 // (the intra-node path): nothing to send.
@@ -101,6 +110,11 @@ type Options struct {
 	// (NCCL_RMA_WASM_LOCAL_COMPLETION), which an out-of-band reader at the
 	// target cannot rely on.
 	LocalCompletion bool
+	// NoFabric declines libfabric for every peer (the connection plan
+	// asked for TCP or the intra-node path). Each rank tells its peers in
+	// the connection hello, so a pair uses libfabric only if neither
+	// declines.
+	NoFabric bool
 }
 
 // DefaultCloseTimeout is Options.CloseTimeout when it is zero: the default
@@ -160,7 +174,7 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 		logx.Warn(abi.SubsysNet|abi.SubsysInit, "NET/wasm: %d ranks do not fit %s's %d bytes of CQ data; using TCP", n, f.info.Provider, f.info.CQDataSize)
 		l.dropFabric()
 	}
-	outs, ins, err := connectStreams(l, infos, rank, lanes, deadline, timeout)
+	outs, ins, peerNoFab, err := connectStreams(l, infos, rank, lanes, opt.NoFabric, deadline, timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +185,7 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	}
 	for i := 0; i < n; i++ {
 		p := newPeer(m, i)
-		t, err := m.chooseTransport(p, opt, infos[i], infos[rank], outs[i], ins[i])
+		t, err := m.chooseTransport(p, opt, infos[i], infos[rank], outs[i], ins[i], opt.NoFabric || peerNoFab[i])
 		if err != nil {
 			for j := range outs {
 				for _, c := range append(outs[j], ins[j]...) {
@@ -202,9 +216,9 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 // chooseTransport picks how bytes move to one peer: libfabric when both
 // listeners opened an endpoint on the same provider, else the intra-node
 // path for a peer on this host (same host id, a pid to copy into), else
-// TCP. Both sides see both handles, so they choose alike.
-func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self HandleInfo, outs, ins []*net.TCPConn) (transport, error) {
-	if m.fab != nil && peer.FabricHash == self.FabricHash && len(peer.FabricName) > 0 {
+// TCP. Both sides see both handles and both hellos, so they choose alike.
+func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self HandleInfo, outs, ins []*net.TCPConn, noFab bool) (transport, error) {
+	if m.fab != nil && !noFab && peer.FabricHash == self.FabricHash && len(peer.FabricName) > 0 {
 		addr, err := m.fab.ep.Insert(peer.FabricName)
 		if err != nil {
 			return nil, fmt.Errorf("fabric address of rank %d: %w", p.rank, err)
@@ -293,13 +307,19 @@ func (m *Mesh) Kick() {
 
 // Parts is how many completions the runtime must expect for an operation:
 // more than one when it is striped over several lanes.
-func (m *Mesh) Parts(kind uint8, size uint64) int { return m.parts(kind, size) }
+func (m *Mesh) Parts(kind uint8, size uint64) int { return m.parts(kind, size, 0) }
 
 // PeerParts is Parts for an operation to peer: over libfabric a put with
 // signal that is not striped completes twice, once for the write and once
 // for the signal message behind it.
 func (m *Mesh) PeerParts(peer int, kind uint8, size uint64) int {
-	n := m.parts(kind, size)
+	return m.OpParts(peer, &Op{Msg: kind, Size: size})
+}
+
+// OpParts is PeerParts for op as it will be posted (its Chunk counts).
+func (m *Mesh) OpParts(peer int, op *Op) int {
+	kind, size := op.Msg, op.Size
+	n := m.parts(kind, size, op.Chunk)
 	if kind == MsgPutSignal && size > 0 && n == 1 && m.fab != nil && m.fab.link(peer) != nil {
 		n++
 	}

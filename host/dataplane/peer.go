@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 )
 
 // peer is everything between us and one rank that does not depend on how
@@ -56,7 +57,7 @@ func (p *peer) route(op *Op, hold bool, lane int) {
 	}
 	p.seqMu.Lock()
 	defer p.seqMu.Unlock()
-	if op.Size >= p.m.stripe && (op.Msg == MsgPut || op.Msg == MsgPutSignal || op.Msg == MsgGet) {
+	if p.m.striped(op.Msg, op.Size, op.Chunk) {
 		p.stripe(op, hold, lane)
 		return
 	}
@@ -70,9 +71,10 @@ func (p *peer) route(op *Op, hold bool, lane int) {
 // stripe cuts op into chunks over all lanes (round robin). A signal travels
 // after the chunks as its own operation. Called with seqMu held.
 func (p *peer) stripe(op *Op, hold bool, sigLane int) {
-	chunk := p.m.pieceSize(op.Size)
+	chunk := p.m.pieceSize(op.Size, op.Chunk)
 	for off := uint64(0); off < op.Size; off += chunk {
 		c := *op
+		c.Chunk = 0
 		if c.Msg == MsgPutSignal {
 			c.Msg, c.SigOp, c.SigMrID, c.SigOff, c.SigValue = MsgPut, 0, 0, 0, 0
 		}
@@ -102,10 +104,28 @@ func (p *peer) stripe(op *Op, hold bool, sigLane int) {
 	}
 }
 
-// pieceSize cuts a striped operation into one piece per lane (rounded up to
-// 4 KiB), but no smaller than the plan's chunk size: few large pieces keep
-// the per-piece cost (a header, a sequence number, a completion) small.
-func (m *Mesh) pieceSize(size uint64) uint64 {
+// striped reports whether an operation is cut over the lanes: with a
+// per-op chunk (the guest's plan.chunk_size) when it is larger than the
+// chunk, else when it reaches the connection's stripe threshold.
+func (m *Mesh) striped(kind uint8, size, chunk uint64) bool {
+	if m.lanes == 1 || (kind != MsgPut && kind != MsgPutSignal && kind != MsgGet) {
+		return false
+	}
+	if chunk != 0 {
+		return size > max(chunk, guestabi.MinPlanChunk)
+	}
+	return size >= m.stripe
+}
+
+// pieceSize is the size of a striped operation's pieces. With a per-op
+// chunk: that chunk, at least 4 KiB and at most MaxPiecesPerOp pieces.
+// Else one piece per lane (rounded up to 4 KiB), but no smaller than the
+// connection's chunk size: few large pieces keep the per-piece cost (a
+// header, a sequence number, a completion) small.
+func (m *Mesh) pieceSize(size, chunk uint64) uint64 {
+	if chunk != 0 {
+		return max(chunk, guestabi.MinPlanChunk, (size+guestabi.MaxPiecesPerOp-1)/guestabi.MaxPiecesPerOp)
+	}
 	per := (size + uint64(m.lanes) - 1) / uint64(m.lanes)
 	per = (per + 4095) &^ 4095
 	return max(per, m.chunk)
@@ -113,11 +133,11 @@ func (m *Mesh) pieceSize(size uint64) uint64 {
 
 // parts is how many completions an operation of this kind and size gets:
 // one per chunk, plus one for the signal of a striped put with signal.
-func (m *Mesh) parts(kind uint8, size uint64) int {
-	if m.lanes == 1 || size < m.stripe || (kind != MsgPut && kind != MsgPutSignal && kind != MsgGet) {
+func (m *Mesh) parts(kind uint8, size, chunk uint64) int {
+	if !m.striped(kind, size, chunk) {
 		return 1
 	}
-	c := m.pieceSize(size)
+	c := m.pieceSize(size, chunk)
 	n := int((size + c - 1) / c)
 	if kind == MsgPutSignal {
 		n++

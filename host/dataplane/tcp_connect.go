@@ -15,7 +15,8 @@ import (
 // to every rank's listener (outs[rank][lane], ours included) and the ones
 // every rank dialled to us (ins[rank][lane]), all with TCP_NODELAY. It
 // returns when all are up or when the deadline passes.
-func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, deadline time.Time, timeout time.Duration) (outs, ins [][]*net.TCPConn, err error) {
+// noFab is sent in every hello; peerNoFab reports what each rank sent.
+func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, noFab bool, deadline time.Time, timeout time.Duration) (outs, ins [][]*net.TCPConn, peerNoFab []bool, err error) {
 	n := len(infos)
 	outs = make([][]*net.TCPConn, n)
 	errs := make([]error, n*lanes)
@@ -26,12 +27,13 @@ func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, deadline t
 			wg.Add(1)
 			go func(i, j int) {
 				defer wg.Done()
-				outs[i][j], errs[i*lanes+j] = dial(infos[i], rank, n, j, lanes, deadline)
+				outs[i][j], errs[i*lanes+j] = dial(infos[i], rank, n, j, lanes, noFab, deadline)
 			}(i, j)
 		}
 	}
 	// Every rank announces how many lanes it opens; we take them all.
 	ins = make([][]*net.TCPConn, n)
+	peerNoFab = make([]bool, n)
 	want, got := n, 0 // want grows as ranks announce more than one lane
 	counted := make([]bool, n)
 	var acceptErr error
@@ -56,6 +58,7 @@ func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, deadline t
 					break
 				}
 				ins[in.rank][in.lane] = in.conn
+				peerNoFab[in.rank] = peerNoFab[in.rank] || in.noFab
 				if !counted[in.rank] {
 					counted[in.rank] = true
 					want += in.lanes - 1
@@ -88,12 +91,12 @@ func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, deadline t
 				}
 			}
 		}
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	for i := 0; i < n; i++ {
 		for _, c := range append(outs[i], ins[i]...) {
 			c.SetNoDelay(true)
 		}
 	}
-	return outs, ins, nil
+	return outs, ins, peerNoFab, nil
 }

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 )
 
 const (
@@ -124,6 +125,7 @@ func (t *tcpLink) stop() {
 	for _, l := range t.lanes {
 		l.out.Close()
 		l.timer.Stop()
+		l.due.Stop()
 	}
 	for _, in := range t.ins {
 		in.Close()
@@ -176,6 +178,9 @@ type lane struct {
 	wake    chan struct{}
 	timer   *time.Timer // fires the writer for ops nobody tests
 	armed   atomic.Bool
+	// due fires the writer when a paced op at the head of the queue
+	// (Op.NotBefore) may leave.
+	due *time.Timer
 
 	// owned by whoever holds writing
 	batch []Op
@@ -184,6 +189,7 @@ type lane struct {
 	bufs  net.Buffers
 	liov  [1]unix.Iovec       // scratch for the side path
 	riov  [1]unix.RemoteIovec // (process_vm_writev/readv)
+	enc   encoders            // wire compression (codec.go)
 
 	gmu   sync.Mutex // guards the outstanding-get FIFO
 	gets  []getEntry
@@ -221,6 +227,8 @@ func (l *lane) start() {
 		l.kick()
 	})
 	l.timer.Stop()
+	l.due = time.AfterFunc(time.Hour, l.kick)
+	l.due.Stop()
 	l.p.m.wg.Add(2)
 	go l.writer()
 	go l.replies()
@@ -242,7 +250,7 @@ func (l *lane) enqueue(op *Op, hold bool) {
 	l.mu.Unlock()
 	switch {
 	case hold:
-	case op.Size > l.t.inlineMax() || op.Msg == MsgReg || op.Msg == msgBye:
+	case op.Size > l.t.inlineMax() || op.Msg == MsgReg || op.Msg == msgBye || op.NotBefore != 0:
 		// Big payloads are sent by the writer goroutine, never the caller;
 		// control messages go at once, nobody tests them.
 		l.kick()
@@ -263,7 +271,8 @@ func (l *lane) enqueue(op *Op, hold bool) {
 func (l *lane) flush() {
 	limit := l.t.inlineMax()
 	l.mu.Lock()
-	if l.writing || l.qLen == 0 || l.q[l.qHead].Size > limit || l.p.dead.Load() {
+	if l.writing || l.qLen == 0 || l.q[l.qHead].Size > limit || l.q[l.qHead].NotBefore != 0 || l.p.dead.Load() {
+		// A paced op at the head is the writer's, on its timer.
 		l.mu.Unlock()
 		return
 	}
@@ -298,14 +307,24 @@ func (l *lane) kick() {
 }
 
 // takeLocked moves queued ops into the batch, at most len(l.batch) of them
-// and, past the first, no more than maxPayload bytes of payload. The caller
-// holds l.mu and owns the stream.
+// and, past the first, no more than maxPayload bytes of payload. It stops at
+// a paced op that is not due yet (everything behind it waits, to keep the
+// order). The caller holds l.mu and owns the stream.
 func (l *lane) takeLocked(maxPayload uint64) int {
 	n, bytes := 0, uint64(0)
+	var now int64
 	for n < len(l.batch) && l.qLen > 0 {
 		op := &l.q[l.qHead]
 		if n > 0 && bytes+op.Size > maxPayload {
 			break
+		}
+		if op.NotBefore != 0 {
+			if now == 0 {
+				now = Now()
+			}
+			if op.NotBefore > now {
+				break
+			}
 		}
 		bytes += op.Size
 		l.batch[n] = *op
@@ -352,6 +371,14 @@ func (l *lane) writer() {
 			}
 			l.writing = true
 			n := l.takeLocked(^uint64(0))
+			if n == 0 {
+				// A paced op heads the queue: come back when it is due.
+				l.writing = false
+				wait := l.q[l.qHead].NotBefore - Now()
+				l.mu.Unlock()
+				l.due.Reset(time.Duration(max(wait, 1)))
+				break
+			}
 			l.mu.Unlock()
 			ok := l.writeBatch(l.batch[:n])
 			l.mu.Lock()
@@ -375,6 +402,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 	p := l.p
 	iov := l.iov[:0]
 	pend := l.ptags[:0]
+	l.enc.reset()
 	var err error
 	n := 0 // ops handled so far; a device copy failure stops the batch
 	for ; n < len(ops) && err == nil; n++ {
@@ -401,6 +429,11 @@ func (l *lane) writeBatch(ops []Op) bool {
 		if op.Msg == MsgReg && op.Dev {
 			h.status = 1
 		}
+		// Compression is TCP's alone: a side path (intra-node) copies.
+		comp := l.t.side == nil && compressible(op)
+		if comp {
+			h.status = uint16(op.Codec & guestabi.CodecIDMask) // requests: the payload's codec
+		}
 		hb := l.hdrs[i*hdrSize : (i+1)*hdrSize]
 		h.encode(hb)
 		iov = append(iov, hb)
@@ -423,6 +456,8 @@ func (l *lane) writeBatch(ops []Op) bool {
 					err = writeFromDevice(l.out, op.LocalCtx, uintptr(op.Local), op.Size)
 				}
 				iov = iov[:0]
+			} else if comp {
+				iov, pend, err = l.compress(iov, pend, op)
 			} else if op.Size > 0 {
 				iov = append(iov, unsafe.Slice((*byte)(op.Local), op.Size))
 			}
@@ -458,6 +493,36 @@ func (l *lane) writeBatch(ops []Op) bool {
 		}
 	}
 	return true
+}
+
+// compress appends op's payload to iov as compressed blocks in the lane's
+// arena (a block the codec cannot shrink is sent as it is, from the source).
+// When the arena or iov is full, what is gathered is written first; pend's
+// tags go to the FIFO before that, as the acks may race the write.
+func (l *lane) compress(iov [][]byte, pend []uint64, op *Op) ([][]byte, []uint64, error) {
+	e := &l.enc
+	src := unsafe.Slice((*byte)(op.Local), op.Size)
+	for len(src) > 0 {
+		n := min(len(src), compBlock)
+		if (e.arena != nil && !e.room(n)) || len(iov)+2 > cap(iov) {
+			l.awaitPuts(pend)
+			pend = pend[:0]
+			err := l.writeIov(iov)
+			clear(iov)
+			iov = iov[:0]
+			e.reset()
+			if err != nil {
+				return iov, pend, err
+			}
+		}
+		framed, stored := e.block(op.Codec, src[:n])
+		iov = append(iov, framed)
+		if stored {
+			iov = append(iov, src[:n])
+		}
+		src = src[n:]
+	}
+	return iov, pend, nil
 }
 
 // awaitPuts appends the tags of puts about to be written to the FIFO that

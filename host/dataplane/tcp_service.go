@@ -2,12 +2,14 @@ package dataplane
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 // acker sends the cumulative put acknowledgements of one incoming stream.
@@ -53,6 +55,8 @@ func (t *tcpLink) service(in *net.TCPConn) {
 	var hb [hdrSize]byte
 	var h header
 	resp := make([]byte, hdrSize+smallResponse)
+	dec := &decoders{}
+	defer dec.close()
 	bye := false
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
@@ -73,7 +77,7 @@ func (t *tcpLink) service(in *net.TCPConn) {
 		var err error
 		switch h.typ {
 		case MsgPut, MsgPutSignal:
-			err = t.servePut(in, br, &h, resp)
+			err = t.servePut(in, br, &h, resp, dec)
 			ack.landed++
 		case MsgGet:
 			err = t.serveGet(in, &h, resp)
@@ -107,7 +111,7 @@ func (t *tcpLink) service(in *net.TCPConn) {
 // bytes, without overflowing. Initiator and target check with the same rule.
 func Span(off, n, size uint64) bool { return off <= size && n <= size-off }
 
-func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byte) error {
+func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byte, dec *decoders) error {
 	p := t.p
 	status := abi.Success
 	if h.size > 0 {
@@ -116,7 +120,22 @@ func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []
 			status = abi.InvalidArgument
 		}
 		var err error
-		switch {
+		switch codec := uint8(h.status); {
+		case codec != codecNone:
+			// Compressed (SPEC.md §8.10): decoded into the range only.
+			var dst []byte
+			if status == abi.Success && ctx == 0 {
+				dst = unsafe.Slice((*byte)(unsafe.Add(base, h.off)), h.size)
+			}
+			var bad error
+			if bad, err = t.readCompressed(br, codec, h.size, dst, dec); err == nil && (bad != nil || (status == abi.Success && dst == nil)) {
+				if bad == nil {
+					bad = errors.New("compressed payload for device memory")
+				}
+				logx.Warn(abi.SubsysNet, "NET/wasm: protocol error from rank %d: put of %d bytes at offset %d of registration %d rejected: %v",
+					p.rank, h.size, h.off, h.mrID, bad)
+				status = abi.RemoteError
+			}
 		case status != abi.Success:
 			if _, err = br.Discard(int(h.size)); err != nil {
 				err = fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
@@ -170,6 +189,44 @@ func (t *tcpLink) serveGet(in *net.TCPConn, h *header, resp []byte) error {
 		data = unsafe.Slice((*byte)(unsafe.Add(base, h.off)), h.size)
 	}
 	return t.reply(in, msgGetResp, h, abi.Success, data, resp)
+}
+
+// readCompressed reads a compressed payload of size raw bytes, block by
+// block, decoding into dst (nil: discard). bad reports a block that did
+// not decode (the put is rejected, the stream stays in step: the blocks
+// after it are read and dropped); err a broken stream or framing.
+func (t *tcpLink) readCompressed(br *bufio.Reader, codec uint8, size uint64, dst []byte, dec *decoders) (bad, err error) {
+	left, done := size, uint64(0)
+	for left > 0 {
+		if _, err := io.ReadFull(br, dec.prefix[:]); err != nil {
+			return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.rank, err)
+		}
+		clen, rawLen := getPrefix(dec.prefix[:])
+		if err := checkFrame(clen, rawLen, left); err != nil {
+			return bad, fmt.Errorf("protocol error from rank %d: %w", t.p.rank, err)
+		}
+		switch {
+		case dst == nil || bad != nil:
+			if _, err := br.Discard(int(clen)); err != nil {
+				return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.rank, err)
+			}
+		case clen == rawLen: // stored
+			if _, err := io.ReadFull(br, dst[done:done+uint64(rawLen)]); err != nil {
+				return bad, fmt.Errorf("receive put payload from rank %d: %w", t.p.rank, err)
+			}
+		default:
+			if dec.buf == nil {
+				dec.buf = make([]byte, compBlock)
+			}
+			if _, err := io.ReadFull(br, dec.buf[:clen]); err != nil {
+				return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.rank, err)
+			}
+			bad = dec.decode(codec, dst[done:done+uint64(rawLen)], dec.buf[:clen])
+		}
+		left -= uint64(rawLen)
+		done += uint64(rawLen)
+	}
+	return bad, nil
 }
 
 // reply answers on an incoming lane, which only its service goroutine writes.

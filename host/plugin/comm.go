@@ -117,7 +117,9 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	start := time.Now()
 	opt := dataplane.Options{Timeout: config.ConnectTimeout.Get(), IntraNode: config.IntraNode.Get() && plan.Transport != backend.TransportTCP,
 		Lanes: int(plan.Lanes), StripeThreshold: plan.StripeThreshold, ChunkSize: plan.ChunkSize, CloseTimeout: config.CloseTimeout.Get(),
-		LocalCompletion: config.LocalCompletion.Get()}
+		LocalCompletion: config.LocalCompletion.Get(),
+		// The plan chooses among what the operator enabled (SPEC.md §8.10).
+		NoFabric: plan.Transport == backend.TransportTCP || plan.Transport == backend.TransportIntraNode}
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: rank %d of %d: %v", rank, n, err)
@@ -129,6 +131,10 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	// report the connection plan the backend chose.
 	if fp := mesh.FabricPeers(); fp > 0 {
 		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d reaches %d ranks over libfabric provider %s", rank, fp, mesh.FabricProvider())
+	}
+	if plan.Codec != 0 {
+		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d: backend %s compresses puts over TCP with codec %d level %d by default",
+			rank, lc.be.b.Name(), plan.Codec.ID(), plan.Codec.Level())
 	}
 	logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d connected to %d ranks in %v; %d on this host use the intra-node path; %d TCP lane(s) per peer",
 		rank, n, time.Since(start).Round(time.Microsecond), mesh.IntraNodePeers(), plan.Lanes)
@@ -168,6 +174,9 @@ func CloseColl(h uint64) abi.Result {
 	}
 	if err := c.mesh.Close(); err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: rank %d: %v (%s)", c.rank, err, config.CloseTimeout.Name)
+	}
+	if raw, wire := c.mesh.Compression(); raw > 0 {
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d compressed %d payload bytes into %d on the wire (%.2fx)", c.rank, raw, wire, float64(raw)/float64(wire))
 	}
 	c.regs.wake()
 	return abi.Success

@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
@@ -106,9 +107,10 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 		q.start = nanotime()
 	}
 	lane := int32(-1)
+	op.Codec = uint32(r.c.plan.Codec)
 	if s.plans {
 		var status abi.Result
-		if lane, status = s.planOp(r, context, rank, kind, optFlags, sigOp, op.Size); status != abi.Success {
+		if lane, status = s.planOp(r, context, rank, kind, optFlags, sigOp, op); status != abi.Success {
 			// Sticky first: whoever sees the failed request also sees
 			// queryLastError report it (SPEC.md §3, Errors).
 			r.c.setError(errKeyBackend, fmt.Errorf("backend %s failed an operation to rank %d: %v", r.c.be.b.Name(), rank, status))
@@ -117,21 +119,24 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 			return handle, abi.Success
 		}
 	}
-	q.parts.Store(int32(r.c.mesh.PeerParts(int(rank), op.Msg, op.Size)))
+	if op.Remote == 0 {
+		op.Codec = 0 // device memory on either side (or no payload): never compressed
+	}
+	q.parts.Store(int32(r.c.mesh.OpParts(int(rank), op)))
 	r.c.mesh.Post(int(rank), op, optFlags&abi.OptFlagAggregateRequests != 0, int(lane))
 	return handle, abi.Success
 }
 
-// planOp asks the backend for a lane (-1: the runtime's choice); a fault
-// fails only this operation.
-func (s *ctxState) planOp(r *rmaCtx, context int32, rank uint32, kind backend.OpKind, optFlags, sigOp uint32, size uint64) (int32, abi.Result) {
+// planOp asks the backend for a lane (-1: the runtime's choice) and the
+// v1.1 fields, which it writes into op; a fault fails only this operation.
+func (s *ctxState) planOp(r *rmaCtx, context int32, rank uint32, kind backend.OpKind, optFlags, sigOp uint32, op *dataplane.Op) (int32, abi.Result) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.b == nil {
 		return -1, abi.InvalidUsage
 	}
-	s.op = backend.Op{Kind: kind, Context: context, Peer: rank, Size: size, OptFlags: optFlags, SignalOp: sigOp}
-	s.plan = backend.OpPlan{Lane: -1}
+	s.op = backend.Op{Kind: kind, Context: context, Peer: rank, Size: op.Size, OptFlags: optFlags, SignalOp: sigOp}
+	s.plan = backend.OpPlan{Lane: -1, Codec: r.c.plan.Codec}
 	if err := s.b.PlanOp(&s.op, &s.plan); err != nil {
 		r.c.setError(errKeyBackend, err)
 		return -1, abi.InternalError
@@ -147,6 +152,12 @@ func (s *ctxState) planOp(r *rmaCtx, context int32, rank uint32, kind backend.Op
 		}
 		logx.Warn(abi.SubsysNet, "NET/wasm: backend %s failed an operation to rank %d with status %d", r.c.be.b.Name(), rank, s.plan.Status)
 		return -1, st
+	}
+	// A backend.Context checks these against guestabi's bounds; a
+	// native (Go) one is trusted like the rest of the process.
+	op.Chunk, op.Codec = s.plan.ChunkSize, uint32(s.plan.Codec)
+	if s.plan.DelayNs != 0 {
+		op.NotBefore = dataplane.Now() + int64(min(s.plan.DelayNs, guestabi.MaxDelayNs))
 	}
 	return s.plan.Lane, abi.Success
 }

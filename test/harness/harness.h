@@ -59,6 +59,7 @@ typedef struct {
   int no_ptrace;
   int signal_storm;
   int summary;
+  int compressible;
 } options_t;
 
 extern options_t opt;

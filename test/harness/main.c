@@ -12,7 +12,7 @@
 
 #include "harness.h"
 
-options_t opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0, 0, 0};
+options_t opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0, 0, 0, 0};
 
 const char* scenario_name(enum scenario s) {
   return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : s == SC_TEARDOWN ? "teardown" : "basic";
@@ -49,6 +49,8 @@ static void usage(FILE* f) {
           "                    kernel refuses process_vm_writev between them (fallback test)\n"
           "  --signal-storm    a thread per rank sends SIGUSR1 to the process every 50 us\n"
           "                    (handler installed with SA_ONSTACK, as Go requires)\n"
+          "  --compressible    data patterns that compress (runs of 32 bytes from 4 values)\n"
+          "                    instead of pseudo-random bytes\n"
           "  --verbose         print INFO/TRACE plugin log lines\n"
           "  --summary         end with a per-rank table: backend, transport to each peer,\n"
           "                    bytes and signals verified, rates (from the plugin's INFO lines)\n");
@@ -158,7 +160,7 @@ int main(int argc, char** argv) {
                                {"kill-rank", 1, 0, 'k'}, {"timeout", 1, 0, 'T'},
                                {"verbose", 0, 0, 'v'},   {"no-progress", 0, 0, 'P'},
                                {"no-ptrace", 0, 0, 'D'},  {"signal-storm", 0, 0, 'G'},
-                               {"summary", 0, 0, 'Y'},
+                               {"summary", 0, 0, 'Y'},  {"compressible", 0, 0, 'Z'},
                                {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -177,6 +179,7 @@ int main(int argc, char** argv) {
       case 'D': opt.no_ptrace = 1; break;
       case 'G': opt.signal_storm = 1; break;
       case 'Y': opt.summary = 1; break;
+      case 'Z': opt.compressible = 1; break;
       case 'S':
         if (!strcmp(optarg, "basic")) opt.scenario = SC_BASIC;
         else if (!strcmp(optarg, "bad-input")) opt.scenario = SC_BAD_INPUT;

@@ -28,8 +28,10 @@ static uint64_t get_key(int owner, int cycle, int iter) {
                0x4745540000000000ULL);
 }
 
-/* byte at offset o of a region with key k */
+/* byte at offset o of a region with key k; --compressible: runs of 32
+ * equal bytes drawn from 4 values, still a function of (k, o) */
 static inline uint8_t pat(uint64_t k, size_t o) {
+  if (opt.compressible) return (uint8_t)('a' + (mix64(k ^ (uint64_t)(o >> 5)) & 3));
   uint64_t w = k ^ (((uint64_t)(o >> 3) + 1) * 0x9E3779B97F4A7C15ULL);
   return (uint8_t)(w >> ((o & 7) * 8));
 }

@@ -1,0 +1,232 @@
+package dataplane
+
+// Wire compression of put payloads on the TCP transport (SPEC.md §8.10).
+// The sending lane compresses a payload block by block into its arena; the
+// target's service reads each block into its stream's buffer and decodes
+// it straight into the registered range. Encoders, decoders and buffers
+// belong to one lane or one incoming stream and are made on first use, so
+// the steady path allocates nothing per op.
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/klauspost/compress/s2"
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+)
+
+const (
+	// compMin: smaller payloads are sent as they are (a block's framing
+	// and the codec's own header would eat what compression saves).
+	compMin = 512
+	// compBlock is the largest raw block: it bounds the buffers of both
+	// sides and lets a big put stream through them.
+	compBlock = 1 << 20
+	// compPrefix frames a block: u32 compressed length, u32 raw length.
+	// A compressed length equal to the raw length means "stored": the raw
+	// bytes follow (the codec did not make the block smaller).
+	compPrefix = 8
+)
+
+// Codec ids on the wire (header.status of a put), guestabi's numbers.
+const (
+	codecNone = guestabi.CodecNone
+	codecS2   = guestabi.CodecS2
+	codecZstd = guestabi.CodecZstd
+)
+
+// errCorrupt marks a block that does not decode to exactly its raw length.
+var errCorrupt = errors.New("corrupt compressed block")
+
+// compressible reports whether op's payload is compressed on the wire.
+func compressible(op *Op) bool {
+	return op.Codec&guestabi.CodecIDMask != codecNone && op.Size >= compMin && op.LocalCtx == 0 &&
+		(op.Msg == MsgPut || op.Msg == MsgPutSignal)
+}
+
+// encoders is a lane's compression state; whoever owns the lane's stream
+// (lane.writing) uses it.
+type encoders struct {
+	arena []byte // compressed blocks of the batch being written, with their prefixes
+	used  int
+	zstd  [guestabi.MaxZstdLevel + 1]*zstd.Encoder
+	// raw and wire count payload bytes before and after compression
+	// (Mesh.Compression).
+	raw, wire atomic.Uint64
+}
+
+// arenaSize holds one block at the codec's worst case, prefix included.
+var arenaSize = compPrefix + s2.MaxEncodedLen(compBlock)
+
+// room reports whether the arena can take one more block of n raw bytes.
+func (e *encoders) room(n int) bool {
+	return e.used+compPrefix+s2.MaxEncodedLen(n) <= len(e.arena)
+}
+
+// block compresses src into the arena and returns the framed block, or,
+// when the codec did not make it smaller, just its prefix (the caller then
+// sends src itself). The caller checked room.
+func (e *encoders) block(codec uint32, src []byte) (framed []byte, stored bool) {
+	if e.arena == nil {
+		e.arena = make([]byte, arenaSize)
+	}
+	n := len(src)
+	start := e.used
+	out := e.arena[start+compPrefix : start+compPrefix : start+compPrefix+s2.MaxEncodedLen(n)]
+	switch codec & guestabi.CodecIDMask {
+	case codecS2:
+		if codec>>guestabi.CodecLevelShift&0xff >= 2 {
+			out = s2.EncodeBetter(out[:cap(out)], src)
+		} else {
+			out = s2.Encode(out[:cap(out)], src)
+		}
+	case codecZstd:
+		out = e.zstdEncoder(codec).EncodeAll(src, out)
+	}
+	clen := len(out)
+	if clen >= n || !sameStart(out, e.arena[start+compPrefix:]) {
+		clen = n // stored: no gain (or the codec outgrew its room)
+	}
+	putPrefix(e.arena[start:], uint32(clen), uint32(n))
+	e.raw.Add(uint64(n))
+	e.wire.Add(uint64(compPrefix + clen))
+	if clen == n {
+		e.used += compPrefix
+		return e.arena[start : start+compPrefix], true
+	}
+	e.used += compPrefix + clen
+	return e.arena[start : start+compPrefix+clen], false
+}
+
+func (e *encoders) zstdEncoder(codec uint32) *zstd.Encoder {
+	level := codec >> guestabi.CodecLevelShift & 0xff
+	if level == 0 {
+		level = 1
+	}
+	if e.zstd[level] == nil {
+		// One block per frame, independent of the others: a window the
+		// size of a block is all it can use; no checksum (the lengths are
+		// checked exactly and TCP checksums the bytes).
+		z, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.EncoderLevel(level)), zstd.WithEncoderConcurrency(1),
+			zstd.WithWindowSize(compBlock), zstd.WithEncoderCRC(false), zstd.WithSingleSegment(true))
+		if err != nil {
+			panic(fmt.Sprintf("zstd encoder level %d: %v", level, err)) // options are constants
+		}
+		e.zstd[level] = z
+	}
+	return e.zstd[level]
+}
+
+// reset empties the arena once its blocks are written.
+func (e *encoders) reset() { e.used = 0 }
+
+func (e *encoders) close() {
+	for i, z := range e.zstd {
+		if z != nil {
+			z.Close()
+			e.zstd[i] = nil
+		}
+	}
+}
+
+func putPrefix(b []byte, clen, rawLen uint32) {
+	_ = b[compPrefix-1]
+	b[0], b[1], b[2], b[3] = byte(clen), byte(clen>>8), byte(clen>>16), byte(clen>>24)
+	b[4], b[5], b[6], b[7] = byte(rawLen), byte(rawLen>>8), byte(rawLen>>16), byte(rawLen>>24)
+}
+
+func getPrefix(b []byte) (clen, rawLen uint32) {
+	_ = b[compPrefix-1]
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24,
+		uint32(b[4]) | uint32(b[5])<<8 | uint32(b[6])<<16 | uint32(b[7])<<24
+}
+
+// sameStart reports whether a and b start at the same byte (the codec
+// wrote where it was told rather than into a buffer of its own).
+func sameStart(a, b []byte) bool {
+	return len(a) == 0 || len(b) == 0 || unsafe.SliceData(a) == unsafe.SliceData(b)
+}
+
+// Compression reports the payload bytes this mesh's TCP lanes compressed
+// so far and what they took on the wire (framing included).
+func (m *Mesh) Compression() (raw, wire uint64) {
+	for _, p := range m.peers {
+		if t, ok := p.t.(*tcpLink); ok {
+			for _, l := range t.lanes {
+				raw += l.enc.raw.Load()
+				wire += l.enc.wire.Load()
+			}
+		}
+	}
+	return raw, wire
+}
+
+// decoders is an incoming stream's decompression state, used by its
+// service goroutine only.
+type decoders struct {
+	prefix [compPrefix]byte
+	buf    []byte // one compressed block
+	zstd   *zstd.Decoder
+}
+
+// checkFrame validates a block's prefix against what is left of the put:
+// a raw length of 1..min(left, compBlock) and a compressed length no
+// larger than it. An error here means the stream cannot be trusted.
+func checkFrame(clen, rawLen uint32, left uint64) error {
+	if rawLen == 0 || rawLen > compBlock || uint64(rawLen) > left {
+		return fmt.Errorf("compressed block of %d raw bytes (%d left in the put, blocks hold at most %d)", rawLen, left, compBlock)
+	}
+	if clen > rawLen {
+		return fmt.Errorf("compressed block of %d bytes for %d raw bytes", clen, rawLen)
+	}
+	return nil
+}
+
+// decode decompresses src into dst, which must be exactly the block's raw
+// length. It never writes outside dst: the codec is handed dst with no
+// spare capacity and a result anywhere else, or of another length, is an
+// error (errCorrupt).
+func (d *decoders) decode(codec uint8, dst, src []byte) error {
+	switch codec {
+	case codecS2:
+		n, err := s2.DecodedLen(src)
+		if err != nil || n != len(dst) {
+			return fmt.Errorf("%w: s2 block declares %d bytes, want %d (%v)", errCorrupt, n, len(dst), err)
+		}
+		out, err := s2.Decode(dst[:len(dst):len(dst)], src)
+		if err != nil || len(out) != len(dst) || !sameStart(out, dst) {
+			return fmt.Errorf("%w: s2: %v", errCorrupt, err)
+		}
+		return nil
+	case codecZstd:
+		var h zstd.Header
+		if err := h.Decode(src); err != nil || !h.HasFCS || h.FrameContentSize != uint64(len(dst)) {
+			return fmt.Errorf("%w: zstd frame declares %d bytes, want %d (%v)", errCorrupt, h.FrameContentSize, len(dst), err)
+		}
+		if d.zstd == nil {
+			z, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(compBlock),
+				zstd.WithDecoderMaxWindow(compBlock), zstd.WithDecoderLowmem(true))
+			if err != nil {
+				return fmt.Errorf("zstd decoder: %w", err)
+			}
+			d.zstd = z
+		}
+		out, err := d.zstd.DecodeAll(src, dst[:0:len(dst)])
+		if err != nil || len(out) != len(dst) || !sameStart(out, dst) {
+			return fmt.Errorf("%w: zstd: %v", errCorrupt, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: unknown codec %d", errCorrupt, codec)
+}
+
+func (d *decoders) close() {
+	if d.zstd != nil {
+		d.zstd.Close()
+		d.zstd = nil
+	}
+}

@@ -1,0 +1,369 @@
+package dataplane
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/klauspost/compress/s2"
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+)
+
+// compressibleData is text-like: a small alphabet in runs.
+func compressibleData(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, 1))
+	b := make([]byte, n)
+	for i := 0; i < n; {
+		c, k := byte('a'+r.IntN(6)), 1+r.IntN(40)
+		for j := 0; j < k && i < n; j++ {
+			b[i] = c
+			i++
+		}
+	}
+	return b
+}
+
+func randomData(n int, seed uint64) []byte {
+	r := rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8)})
+	b := make([]byte, n)
+	_, _ = r.Read(b)
+	return b
+}
+
+// guarded returns a registration of n bytes with 4 KiB of guard bytes on
+// each side, and a check that the guards are untouched.
+func guarded(n int) (whole, mem []byte, intact func() bool) {
+	whole = make([]byte, n+8192)
+	for i := range whole {
+		whole[i] = 0xa5
+	}
+	mem = whole[4096 : 4096+n : 4096+n]
+	clear(mem)
+	return whole, mem, func() bool {
+		for _, b := range whole[:4096] {
+			if b != 0xa5 {
+				return false
+			}
+		}
+		for _, b := range whole[4096+n:] {
+			if b != 0xa5 {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// TestCompressedPuts moves compressible and incompressible payloads with
+// every codec over real sockets (one and three lanes, blocks and pieces),
+// checks every byte, that the signal comes after its payload, that the
+// codec did shrink what it could, and that nothing landed outside.
+func TestCompressedPuts(t *testing.T) {
+	const size = 1<<20 + 4321 // two blocks
+	codecs := []uint32{guestabi.Codec(guestabi.CodecS2, 0), guestabi.Codec(guestabi.CodecS2, 2),
+		guestabi.Codec(guestabi.CodecZstd, 1), guestabi.Codec(guestabi.CodecZstd, 3)}
+	for _, lanes := range []int{1, 3} {
+		// Every put has its own range: the race detector cannot see the
+		// order a signal gives across a socket, so no range is reused.
+		const slot = size + 4096
+		_, mem, intact := guarded(8 + 24*slot)
+		owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: mem, done: map[uint64]abi.Result{}}}
+		ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 64 << 10})
+		sig := (*uint64)(unsafe.Pointer(&mem[0]))
+		tag, signals := uint64(1), uint64(0) // tag 0 completes nothing
+		for ci, codec := range codecs {
+			for di, data := range [][]byte{compressibleData(size, uint64(ci)), randomData(size, uint64(ci))} {
+				// Sizes: under compMin (sent raw), one block, several.
+				for _, n := range []int{compMin - 1, 70000, size} {
+					off := 8 + int(tag-1)*slot
+					src := data[:n]
+					ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: tag, Codec: codec,
+						Local: unsafe.Pointer(&src[0]), Size: uint64(n), Off: uint64(off)}, false, -1)
+					signals++
+					tag++
+					deadline := time.Now().Add(20 * time.Second)
+					for atomic.LoadUint64(sig) != signals {
+						if time.Now().After(deadline) {
+							t.Fatalf("lanes %d codec %#x data %d size %d: signal never arrived (failures %v)", lanes, codec, di, n, owners[0].failed)
+						}
+						time.Sleep(100 * time.Microsecond)
+					}
+					if !bytes.Equal(mem[off:off+n], src) {
+						t.Fatalf("lanes %d codec %#x data %d size %d: bytes differ after the signal", lanes, codec, di, n)
+					}
+					if st := waitDone(t, owners[0], tag-1); st != abi.Success {
+						t.Fatalf("put completed with %v", st)
+					}
+				}
+			}
+		}
+		if !intact() {
+			t.Fatalf("lanes %d: bytes landed outside the registration", lanes)
+		}
+		ms[0].Close()
+		ms[1].Close()
+		raw, wire := ms[0].Compression()
+		// Half of the data compresses well, half not at all (stored).
+		if raw == 0 || wire > raw*3/4 || wire < raw/2 {
+			t.Fatalf("lanes %d: %d raw bytes went as %d on the wire", lanes, raw, wire)
+		}
+		if len(owners[0].failed) > 0 || len(owners[1].failed) > 0 {
+			t.Fatalf("failures: %v %v", owners[0].failed, owners[1].failed)
+		}
+	}
+}
+
+// frame builds a compressed put as a hostile peer could write it.
+func frame(mrID uint32, off, size uint64, codec uint8, blocks ...[]byte) []byte {
+	h := header{typ: MsgPut, status: uint16(codec), mrID: mrID, tag: 1, off: off, size: size}
+	b := make([]byte, hdrSize)
+	h.encode(b)
+	return append(b, bytes.Join(blocks, nil)...)
+}
+
+func block(clen, raw uint32, data []byte) []byte {
+	b := make([]byte, compPrefix)
+	putPrefix(b, clen, raw)
+	return append(b, data...)
+}
+
+// TestHostileCompressedFrames writes corrupt and oversized compressed puts
+// straight onto an authenticated stream. A block that does not decode to
+// its declared length is rejected (nack, WARN) and the stream stays in
+// step; a framing lie drops the peer. Nothing lands outside the put's range.
+func TestHostileCompressedFrames(t *testing.T) {
+	good := compressibleData(4096, 7)
+	s2big := s2.Encode(nil, compressibleData(8192, 8)) // decodes to twice the declared size
+	z, _ := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	zbig := z.EncodeAll(compressibleData(8192, 9), nil)
+	zgood := z.EncodeAll(good, nil)
+	zlie := append([]byte(nil), zgood...)
+	zlie[len(zlie)/2] ^= 0xff // content corrupted, lengths intact
+	s2short := s2.Encode(nil, good[:4000])
+	cases := []struct {
+		name   string
+		wire   []byte
+		broken bool // the stream cannot be trusted after it
+	}{
+		{"s2 decodes past its block", frame(1, 0, 4096, codecS2, block(uint32(len(s2big)), 4096, s2big)), false},
+		{"s2 decodes short", frame(1, 0, 4096, codecS2, block(uint32(len(s2short)), 4096, s2short)), false},
+		{"s2 garbage", frame(1, 0, 4096, codecS2, block(100, 4096, bytes.Repeat([]byte{0xff}, 100))), false},
+		{"zstd declares more", frame(1, 0, 4096, codecZstd, block(uint32(len(zbig)), 4096, zbig)), false},
+		{"zstd corrupt content", frame(1, 0, 4096, codecZstd, block(uint32(len(zlie)), 4096, zlie)), false},
+		{"unknown codec", frame(1, 0, 4096, 9, block(uint32(len(zgood)), 4096, zgood)), false},
+		{"zstd into a range past the end", frame(1, 8192, 4096, codecZstd, block(uint32(len(zgood)), 4096, zgood)), false},
+		{"compressed larger than raw", frame(1, 0, 4096, codecS2, block(5000, 4096, make([]byte, 5000))), true},
+		{"block beyond the put", frame(1, 0, 100, codecS2, block(10, 4096, make([]byte, 10))), true},
+		{"block above the block size", frame(1, 0, 4<<20, codecS2, block(10, 2<<20, make([]byte, 10))), true},
+		{"empty block", frame(1, 0, 4096, codecS2, block(0, 0, nil)), true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, mem, intact := guarded(8192)
+			owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: mem, done: map[uint64]abi.Result{}}}
+			ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second})
+			l := ms[0].peers[1].t.(*tcpLink).lanes[0]
+			l.awaitPuts([]uint64{0}) // the target acknowledges it like any put
+			if _, err := l.out.Write(c.wire); err != nil {
+				t.Fatal(err)
+			}
+			// A good compressed put behind it, on the same stream.
+			ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 2, Codec: guestabi.CodecZstd, Local: unsafe.Pointer(&good[0]), Size: 4096, Off: 4096}, false, -1)
+			st := waitDone(t, owners[0], 2)
+			owners[0].mu.Lock()
+			failed := append([]error(nil), owners[0].failed...)
+			owners[0].mu.Unlock()
+			if c.broken {
+				if st == abi.Success {
+					t.Fatalf("the put behind a framing lie completed: the stream stayed open")
+				}
+			} else {
+				if st != abi.Success || !bytes.Equal(mem[4096:], good) {
+					t.Fatalf("the put behind the bad frame: %v, bytes equal %v (failures %v)", st, bytes.Equal(mem[4096:], good), failed)
+				}
+				if len(failed) == 0 || !strings.Contains(failed[0].Error(), "rejected a put") {
+					t.Fatalf("no rejection reported: %v", failed)
+				}
+			}
+			if !intact() {
+				t.Fatal("a hostile frame wrote outside the registration")
+			}
+		})
+	}
+}
+
+// FuzzDecodeBlock: whatever the block, decoding writes only into dst and
+// succeeds only with exactly len(dst) bytes.
+func FuzzDecodeBlock(f *testing.F) {
+	d := compressibleData(3000, 1)
+	z, _ := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithSingleSegment(true))
+	f.Add(uint8(codecS2), uint16(3000), s2.Encode(nil, d))
+	f.Add(uint8(codecS2), uint16(100), s2.Encode(nil, d))
+	f.Add(uint8(codecZstd), uint16(3000), z.EncodeAll(d, nil))
+	f.Add(uint8(codecZstd), uint16(2999), z.EncodeAll(d, nil))
+	f.Add(uint8(codecZstd), uint16(3000), z.EncodeAll(d[:10], z.EncodeAll(d[:2990], nil)))
+	var dec decoders
+	defer dec.close()
+	f.Fuzz(func(t *testing.T, codec uint8, n uint16, src []byte) {
+		whole, dst, intact := guarded(int(n))
+		_ = whole
+		err := dec.decode(codec, dst, src)
+		if !intact() {
+			t.Fatalf("codec %d: decoding %d bytes into %d wrote outside the destination", codec, len(src), n)
+		}
+		if err == nil {
+			var ref []byte
+			var rerr error
+			switch codec {
+			case codecS2:
+				ref, rerr = s2.Decode(nil, src)
+			case codecZstd:
+				zd, _ := zstd.NewReader(nil)
+				ref, rerr = zd.DecodeAll(src, nil)
+				zd.Close()
+			}
+			if rerr != nil || !bytes.Equal(ref, dst) {
+				t.Fatalf("codec %d: accepted a block that does not decode to its %d bytes (%v)", codec, n, rerr)
+			}
+		}
+	})
+}
+
+// TestCodecSteadyAllocs: once a lane's encoders and a stream's decoders
+// exist, compressing and decompressing allocate nothing.
+func TestCodecSteadyAllocs(t *testing.T) {
+	data := compressibleData(200000, 3)
+	dst := make([]byte, len(data))
+	for _, codec := range []uint32{guestabi.Codec(guestabi.CodecS2, 0), guestabi.Codec(guestabi.CodecS2, 2), guestabi.Codec(guestabi.CodecZstd, 1), guestabi.Codec(guestabi.CodecZstd, 2)} {
+		var e encoders
+		var d decoders
+		run := func() {
+			e.reset()
+			framed, stored := e.block(codec, data)
+			if stored {
+				t.Fatalf("codec %#x did not compress", codec)
+			}
+			clen, raw := getPrefix(framed)
+			if err := checkFrame(clen, raw, uint64(len(data))); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.decode(uint8(codec), dst, framed[compPrefix:]); err != nil {
+				t.Fatalf("codec %#x: %v", codec, err)
+			}
+		}
+		run()
+		if !bytes.Equal(dst, data) {
+			t.Fatalf("codec %#x: round trip differs", codec)
+		}
+		if a := testing.AllocsPerRun(20, run); a != 0 && !raceOn {
+			t.Errorf("codec %#x: %v allocations per block", codec, a)
+		}
+		e.close()
+		d.close()
+	}
+}
+
+// TestPlanChunk: a per-op chunk stripes an op over the lanes in pieces of
+// that size, whatever the connection's threshold, bounded in count, and the
+// signal still follows every piece.
+func TestPlanChunk(t *testing.T) {
+	const size = 100000
+	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, size+8), done: map[uint64]abi.Result{}}}
+	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 3, StripeThreshold: 1 << 30, ChunkSize: 64 << 10})
+	m := ms[0]
+	for _, c := range []struct {
+		kind        uint8
+		size, chunk uint64
+		want        int
+	}{
+		{MsgPut, size, 0, 1},            // below the connection's threshold
+		{MsgPut, size, 8192, 13},        // ceil(100000/8192)
+		{MsgPutSignal, size, 8192, 14},  // + the signal
+		{MsgGet, size, 100, 25},         // raised to 4096
+		{MsgPut, 8192, 8192, 1},         // fits in one chunk
+		{MsgPut, 1 << 30, 4096, 1024},   // at most MaxPiecesPerOp
+		{MsgPutSignal, 0, 4096, 1},      // a bare signal
+		{MsgPut, 1<<30 + 1, 4096, 1024}, // size/1024 rounds up
+	} {
+		if got := m.OpParts(1, &Op{Msg: c.kind, Size: c.size, Chunk: c.chunk}); got != c.want {
+			t.Errorf("kind %d size %d chunk %d: %d parts, want %d", c.kind, c.size, c.chunk, got, c.want)
+		}
+	}
+	src := randomData(size, 5)
+	op := Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 9, Local: unsafe.Pointer(&src[0]), Size: size, Off: 8, Chunk: 8192}
+	want := m.OpParts(1, &op)
+	m.Post(1, &op, false, 2)
+	deadline := time.Now().Add(10 * time.Second)
+	for atomic.LoadUint64((*uint64)(unsafe.Pointer(&owners[1].mem[0]))) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("signal never arrived")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	if !bytes.Equal(owners[1].mem[8:], src) {
+		t.Fatal("signal visible before every piece landed")
+	}
+	for {
+		owners[0].mu.Lock()
+		got := owners[0].parts[9]
+		owners[0].mu.Unlock()
+		if got == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d parts completed", got, want)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	used := 0
+	for _, l := range m.peers[1].t.(*tcpLink).lanes {
+		if l.pendingPuts() == 0 && l.p.seq > 0 {
+			used++
+		}
+	}
+	if used != 3 {
+		t.Fatalf("pieces used %d lanes, want 3", used)
+	}
+}
+
+// TestPacing: a paced op leaves no earlier than its time, Post returns at
+// once, ops behind it on its lane wait with it (order), and other lanes
+// do not.
+func TestPacing(t *testing.T) {
+	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 4096), done: map[uint64]abi.Result{}}}
+	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 30, ChunkSize: 64 << 10})
+	src := compressibleData(64, 1)
+	const delay = 30 * time.Millisecond
+	start := time.Now()
+	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64, NotBefore: Now() + int64(delay)}, false, 0)
+	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 2}, false, 0)
+	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 3, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 1024}, false, 1)
+	if el := time.Since(start); el > delay/2 {
+		t.Fatalf("posting a paced op blocked for %v", el)
+	}
+	if st := waitDone(t, owners[0], 3); st != abi.Success {
+		t.Fatal(st)
+	}
+	if _, done := owners[0].status(1); done {
+		t.Fatal("the paced op completed before an op on another lane posted after it")
+	}
+	ms[0].Flush(1) // a test() must not send it early either
+	waitDone(t, owners[0], 1)
+	if el := time.Since(start); el < delay {
+		t.Fatalf("the paced op completed after %v, before its %v", el, delay)
+	}
+	waitDone(t, owners[0], 2)
+	if got := atomic.LoadUint64((*uint64)(unsafe.Pointer(&owners[1].mem[0]))); got != 1 {
+		t.Fatalf("signal %d", got)
+	}
+	if !bytes.Equal(owners[1].mem[64:128], src) {
+		t.Fatal("paced payload wrong")
+	}
+}
