@@ -406,7 +406,9 @@ func (e *fabEP) handle(c *fabric.Completion) {
 	if flags&fabric.FlagRemoteCQData != 0 && flags&fabric.FlagRemoteWrite != 0 {
 		data := fabric.Data(c)
 		if l := e.link(int(data >> e.seqBits)); l != nil {
-			l.p.landed(l.p.order.unwrap(data&(1<<e.seqBits-1), e.seqBits), sigRef{}, 0)
+			if err := l.p.landed(l.p.order.unwrap(data&(1<<e.seqBits-1), e.seqBits), sigRef{}, 0); err != nil {
+				go l.p.markDead(err)
+			}
 		}
 		if ok && recv {
 			e.repost(idx)
@@ -486,10 +488,15 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 			// completed, so the target reports it.
 			p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d sent a signal to an invalid target", p.rank))
 		}
-		p.landed(seq, sig, add)
+		if err := p.landed(seq, sig, add); err != nil {
+			go p.markDead(err)
+		}
 	case fabMsgBye:
 		p.peerBye.Store(true)
-		p.landed(seq, sigRef{}, 0)
+		if err := p.landed(seq, sigRef{}, 0); err != nil {
+			go p.markDead(err)
+			return
+		}
 		e.byeMu.Lock()
 		e.byes = append(e.byes, fabBye{l, seq})
 		e.byeMu.Unlock()

@@ -92,7 +92,9 @@ func FuzzOrderer(f *testing.F) {
 				sig = sigRef{host: &words[seq]}
 			}
 			landed[seq] = true
-			o.done(seq, sig, 1)
+			if err := o.done(seq, sig, 1); err != nil {
+				t.Fatalf("a permutation refused: %v", err)
+			}
 			for s := 1; s <= n; s++ {
 				if words[s] == 0 {
 					continue

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -20,9 +21,26 @@ const (
 	helloMagic = "RMAH"
 	helloSize  = 32
 	ackMagic   = "RMAK"
-	// helloTimeout bounds how long a half-open or silent connection may hold
-	// an accept slot.
+)
+
+// Bounds on what a stranger (a connection that has not authenticated yet)
+// can hold. Variables so tests can shrink them.
+var (
+	// helloTimeout bounds how long a half-open or silent connection may
+	// hold a stranger slot.
 	helloTimeout = 10 * time.Second
+	// maxStrangers caps the unauthenticated connections of one listener;
+	// further ones are closed at accept (a real dialer retries).
+	maxStrangers = int32(1024)
+	// acceptBackoffMax is the longest pause after a failed accept.
+	acceptBackoffMax = time.Second
+)
+
+// Lines a stranger can cause are rate limited process-wide, so a flood of
+// connections does not become a flood of log lines.
+var (
+	strangerWarn logx.Limited // rejected or dropped connections
+	acceptWarn   logx.Limited // accept failures (EMFILE, ENFILE, ...)
 )
 
 // incoming is an authenticated connection from a peer rank.
@@ -43,8 +61,11 @@ type Listener struct {
 	conns   chan incoming
 	closeMu sync.Mutex
 	closed  bool
-	done    chan struct{}
-	fab     *fabEP // libfabric endpoint (ListenFabric), until a Mesh takes it
+	done    chan struct{} // closed when the accept loop ends
+	quit    chan struct{} // closed by Close
+
+	strangers atomic.Int32 // connections accepted and not yet authenticated or dropped
+	fab       *fabEP       // libfabric endpoint (ListenFabric), until a Mesh takes it
 }
 
 // Listen opens a listener on addr ("ip" or "ip:port"; empty picks an
@@ -63,7 +84,7 @@ func ListenFabric(addr, prov string) (*Listener, *Handle, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("listen on %s: %w", laddr, err)
 	}
-	l := &Listener{ln: ln, conns: make(chan incoming, 1024), done: make(chan struct{})}
+	l := &Listener{ln: ln, conns: make(chan incoming, 1024), done: make(chan struct{}), quit: make(chan struct{})}
 	l.info.Addr = ln.Addr().(*net.TCPAddr)
 	if _, err := rand.Read(l.info.Token[:]); err != nil {
 		ln.Close()
@@ -90,12 +111,35 @@ func ListenFabric(addr, prov string) (*Listener, *Handle, error) {
 // Addr is the address peers dial.
 func (l *Listener) Addr() *net.TCPAddr { return l.info.Addr }
 
+// acceptLoop runs until the listener is closed. Any other accept error
+// (EMFILE, ENFILE, ENOBUFS, ECONNABORTED, ...) is a shortage the process
+// recovers from: it pauses, 5 ms doubling to acceptBackoffMax, and goes on.
 func (l *Listener) acceptLoop() {
+	defer close(l.done)
+	var backoff time.Duration
 	for {
 		c, err := l.ln.AcceptTCP()
 		if err != nil {
-			close(l.done)
-			return
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), acceptBackoffMax)
+			acceptWarn.Warn(abi.SubsysNet, "NET/wasm: accept on %s: %v; retrying in %v", l.info.Addr, err, backoff)
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-l.quit:
+				t.Stop()
+				return
+			}
+			continue
+		}
+		backoff = 0
+		if l.strangers.Add(1) > maxStrangers {
+			l.strangers.Add(-1)
+			strangerWarn.Warn(abi.SubsysNet, "NET/wasm: %s has %d connections that have not authenticated; closing one more from %s", l.info.Addr, maxStrangers, c.RemoteAddr())
+			c.Close()
+			continue
 		}
 		go l.admit(c)
 	}
@@ -103,6 +147,7 @@ func (l *Listener) acceptLoop() {
 
 // admit checks the dialer's hello before the connection reaches connect.
 func (l *Listener) admit(c *net.TCPConn) {
+	defer l.strangers.Add(-1)
 	var b [helloSize]byte
 	c.SetDeadline(time.Now().Add(helloTimeout))
 	if _, err := io.ReadFull(c, b[:]); err != nil {
@@ -110,7 +155,7 @@ func (l *Listener) admit(c *net.TCPConn) {
 		return
 	}
 	if string(b[0:4]) != helloMagic || string(b[4:20]) != string(l.info.Token[:]) {
-		logx.Warn(abi.SubsysNet, "NET/wasm: rejected connection from %s: it did not present this communicator's token", c.RemoteAddr())
+		strangerWarn.Warn(abi.SubsysNet, "NET/wasm: rejected connection from %s: it did not present this communicator's token", c.RemoteAddr())
 		c.Close()
 		return
 	}
@@ -131,7 +176,7 @@ func (l *Listener) admit(c *net.TCPConn) {
 	select {
 	case l.conns <- in:
 	default:
-		logx.Warn(abi.SubsysNet, "NET/wasm: too many pending connections on %s, dropping one from %s", l.info.Addr, c.RemoteAddr())
+		strangerWarn.Warn(abi.SubsysNet, "NET/wasm: too many pending connections on %s, dropping one from %s", l.info.Addr, c.RemoteAddr())
 		c.Close()
 	}
 }
@@ -144,6 +189,7 @@ func (l *Listener) Close() error {
 		return nil
 	}
 	l.closed = true
+	close(l.quit)
 	fab := l.fab
 	l.fab = nil
 	l.closeMu.Unlock()

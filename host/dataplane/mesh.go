@@ -115,11 +115,19 @@ type Options struct {
 	// the connection hello, so a pair uses libfabric only if neither
 	// declines.
 	NoFabric bool
+	// OrderWindow bounds how far past the first missing sequence number a
+	// peer's numbers may run (0: DefaultOrderWindow). A number beyond it
+	// is a protocol violation and drops the peer, so a broken or hostile
+	// peer cannot grow the ordering ring without bound.
+	OrderWindow uint64
 }
 
 // DefaultCloseTimeout is Options.CloseTimeout when it is zero: the default
 // of NCCL_RMA_WASM_CLOSE_TIMEOUT_MS, declared in host/config.
 const DefaultCloseTimeout = config.DefaultCloseTimeout
+
+// DefaultOrderWindow is Options.OrderWindow when it is zero.
+const DefaultOrderWindow = config.DefaultOrderWindow
 
 // Mesh is one communicator's set of connections: Lanes streams to every
 // rank, itself included.
@@ -134,6 +142,7 @@ type Mesh struct {
 	held         atomic.Bool // some peer queue holds aggregated ops
 	closeTimeout time.Duration
 	localComp    bool
+	orderWindow  uint64
 	wg           sync.WaitGroup
 	fab          *fabEP // the libfabric endpoint, nil without one
 }
@@ -164,7 +173,11 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 		return nil, fmt.Errorf("%d lanes requested, allowed 1..%d", lanes, abi.MaxLanes)
 	}
 	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n), lanes: lanes,
-		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout, localComp: opt.LocalCompletion}
+		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout, localComp: opt.LocalCompletion,
+		orderWindow: opt.OrderWindow}
+	if m.orderWindow == 0 {
+		m.orderWindow = DefaultOrderWindow
+	}
 	if m.closeTimeout <= 0 {
 		m.closeTimeout = DefaultCloseTimeout
 	}

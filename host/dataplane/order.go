@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 // The target side every transport shares: a put (or a piece of one) has
@@ -13,11 +14,18 @@ import (
 // the peer numbered before it has landed too.
 
 // landed records that the put numbered seq landed and applies sig (when
-// valid) in order. seq 0 means one ordered channel: apply at once.
-func (p *peer) landed(seq uint64, sig sigRef, add uint64) {
+// valid) in order. seq 0 means one ordered channel: apply at once. A
+// number the orderer refuses (a duplicate, or beyond the window) is a
+// protocol violation: the caller drops the peer with the error returned.
+func (p *peer) landed(seq uint64, sig sigRef, add uint64) error {
 	if seq != 0 {
-		p.order.done(seq, sig, add)
-		return
+		if err := p.order.done(seq, sig, add); err != nil {
+			sig.pin.Release()
+			err = fmt.Errorf("protocol violation by rank %d: %w", p.rank, err)
+			logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
+			return err
+		}
+		return nil
 	}
 	if sig.valid() {
 		if err := sig.apply(add); err != nil {
@@ -25,6 +33,7 @@ func (p *peer) landed(seq uint64, sig sigRef, add uint64) {
 		}
 		sig.pin.Release()
 	}
+	return nil
 }
 
 // signalTarget resolves and checks the 64-bit signal word a put with
@@ -55,10 +64,11 @@ func (p *peer) signalTarget(mrID uint32, off uint64, op uint8, value uint64) (si
 // with a smaller sequence number has landed, which keeps signals strong.
 // Sequence numbers start at 1; puts and signals each take one.
 type orderer struct {
-	onErr func(error) // reports a signal that could not be applied
-	mu    sync.Mutex
-	next  uint64 // every sequence number below next has been applied
-	ring  []orderSlot
+	onErr  func(error) // reports a signal that could not be applied
+	window uint64      // numbers may land at most this far past next (0: DefaultOrderWindow)
+	mu     sync.Mutex
+	next   uint64 // every sequence number below next has been applied
+	ring   []orderSlot
 }
 
 type orderSlot struct {
@@ -68,20 +78,33 @@ type orderSlot struct {
 }
 
 // done records that seq landed; sig, when valid, is the signal word that
-// seq adds add to once everything before it has landed.
-func (o *orderer) done(seq uint64, sig sigRef, add uint64) {
+// seq adds add to once everything before it has landed. It refuses, and
+// changes nothing, a number that already landed or lies window or more
+// past the first missing one: neither happens on a healthy stream, and the
+// window bounds the ring (and its memory) whatever a peer sends.
+func (o *orderer) done(seq uint64, sig sigRef, add uint64) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.next == 0 {
 		o.next = 1
 	}
 	if seq < o.next {
-		return // a duplicate cannot happen on a healthy stream; ignore it
+		return fmt.Errorf("sequence number %d arrived again (every number below %d has landed)", seq, o.next)
+	}
+	window := o.window
+	if window == 0 {
+		window = DefaultOrderWindow
+	}
+	if seq-o.next >= window {
+		return fmt.Errorf("sequence number %d is %d past the first missing one (%d), beyond the window of %d", seq, seq-o.next, o.next, window)
 	}
 	for seq-o.next >= uint64(len(o.ring)) {
 		o.grow()
 	}
 	s := &o.ring[seq%uint64(len(o.ring))]
+	if s.state != 0 {
+		return fmt.Errorf("sequence number %d arrived again", seq)
+	}
 	s.state, s.sig, s.add = 1, sig, add
 	if sig.valid() {
 		s.state = 2
@@ -89,7 +112,7 @@ func (o *orderer) done(seq uint64, sig sigRef, add uint64) {
 	for {
 		s := &o.ring[o.next%uint64(len(o.ring))]
 		if s.state == 0 {
-			return
+			return nil
 		}
 		if s.state == 2 {
 			if err := s.sig.apply(s.add); err != nil && o.onErr != nil {

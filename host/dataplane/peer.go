@@ -38,6 +38,7 @@ type peer struct {
 // newPeer makes the peer; Connect gives it its transport before start.
 func newPeer(m *Mesh, rank int) *peer {
 	p := &peer{m: m, rank: rank, lanes: m.lanes, quit: make(chan struct{}), acked: make(chan struct{})}
+	p.order.window = m.orderWindow
 	p.order.onErr = func(err error) { m.owner.PeerFailed(rank, fmt.Errorf("signal from rank %d: %w", rank, err)) }
 	return p
 }

@@ -159,7 +159,9 @@ func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []
 	if h.typ == MsgPutSignal && status == abi.Success {
 		sig, add, status = p.signalTarget(h.sigMrID, h.sigOff, h.sigOp, h.sigValue)
 	}
-	p.landed(h.seq, sig, add)
+	if err := p.landed(h.seq, sig, add); err != nil {
+		return err
+	}
 	if status != abi.Success {
 		return t.reply(in, msgNack, h, status, nil, resp)
 	}

@@ -119,7 +119,8 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		Lanes: int(plan.Lanes), StripeThreshold: plan.StripeThreshold, ChunkSize: plan.ChunkSize, CloseTimeout: config.CloseTimeout.Get(),
 		LocalCompletion: config.LocalCompletion.Get(),
 		// The plan chooses among what the operator enabled (SPEC.md §8.10).
-		NoFabric: plan.Transport == backend.TransportTCP || plan.Transport == backend.TransportIntraNode}
+		NoFabric:    plan.Transport == backend.TransportTCP || plan.Transport == backend.TransportIntraNode,
+		OrderWindow: uint64(config.OrderWindow.Get())}
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: rank %d of %d: %v", rank, n, err)
