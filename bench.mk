@@ -3,6 +3,7 @@
 #
 #   make bench-run          full run (7 repetitions; about 1-2 minutes on 2 cores)
 #   make bench-run BENCH_FLAGS=-quick
+#   make bench-run BENCH_FLAGS="-quick -series ping,rate"   (only some series: bw, rate, ping, cold)
 #
 # Builds build/rmabench from cmd/rmabench and runs it: two rank processes on
 # this host measure the plugin runtime (TCP and intra-node transports, native,

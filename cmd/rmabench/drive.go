@@ -117,6 +117,9 @@ func (r *rankState) drive() (rankResult, error) {
 	for rep := 0; rep < r.opt.reps; rep++ {
 		t0 := time.Now()
 		for _, size := range sizes {
+			if !r.opt.runs("bw") {
+				break
+			}
 			n := r.count(size)
 			for j := range bw {
 				s := bw[(j+rep)%len(bw)]
@@ -133,7 +136,7 @@ func (r *rankState) drive() (rankResult, error) {
 		// 8-byte message rate and allocations per op, per backend.
 		for j := range rates {
 			ci := rates[(j+rep)%len(rates)]
-			if !r.comms[ci].ok {
+			if !r.comms[ci].ok || !r.opt.runs("rate") {
 				continue
 			}
 			name := comms[ci].name
@@ -167,6 +170,9 @@ func (r *rankState) drive() (rankResult, error) {
 			},
 		}
 		for j := range pings {
+			if !r.opt.runs("ping") {
+				break
+			}
 			if err := pings[(j+rep)%len(pings)](); err != nil {
 				return result(), fmt.Errorf("ping-pong: %w", err)
 			}

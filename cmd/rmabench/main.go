@@ -43,6 +43,7 @@ type options struct {
 	timeout   time.Duration
 	spin      int
 	coldRuns  int
+	series    string // comma list of bw, rate, ping, cold; empty: all
 
 	repBytes, minOps, maxOps uint64
 	msgOps, pingIters        uint64
@@ -52,6 +53,19 @@ type options struct {
 }
 
 var sizes = []uint64{8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20}
+
+// runs reports whether series name is selected by -series.
+func (o *options) runs(name string) bool {
+	if o.series == "" {
+		return true
+	}
+	for _, s := range strings.Split(o.series, ",") {
+		if strings.TrimSpace(s) == name {
+			return true
+		}
+	}
+	return false
+}
 
 func fatalf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "rmabench: "+format+"\n", args...)
@@ -68,6 +82,7 @@ func main() {
 	flag.IntVar(&o.spin, "spin", 64, "busy checks of a signal word before each wait starts yielding the CPU")
 	flag.StringVar(&yieldMode, "yield", "both", "what a waiting loop does between checks: os (sched_yield), go (runtime.Gosched), both, none")
 	flag.IntVar(&o.coldRuns, "cold-runs", 0, "warm-cache cold-start runs per backend (default 5, -quick 3)")
+	flag.StringVar(&o.series, "series", "", "run only these series, a comma list of bw, rate, ping, cold (default all)")
 	flag.StringVar(&o.role, "role", "", "internal: rank | cold")
 	flag.IntVar(&o.rank, "rank", 0, "internal: rank of a -role rank process")
 	flag.StringVar(&o.result, "result", "", "internal: where rank 0 writes its samples")
@@ -147,7 +162,7 @@ func launch(o *options) {
 	if err != nil {
 		fatalf("%v", err)
 	}
-	common := []string{"-out", o.out, "-guests", o.guests, "-reps", fmt.Sprint(o.reps), "-spin", fmt.Sprint(o.spin), "-yield", yieldMode}
+	common := []string{"-out", o.out, "-guests", o.guests, "-reps", fmt.Sprint(o.reps), "-spin", fmt.Sprint(o.spin), "-yield", yieldMode, "-series", o.series}
 	if o.quick {
 		common = append(common, "-quick")
 	}
@@ -156,6 +171,9 @@ func launch(o *options) {
 	fmt.Fprintf(os.Stderr, "rmabench: cold start (fresh processes)\n")
 	var samples []Sample
 	for _, b := range []struct{ name, backend string }{{"native", "native"}, {"default", "default"}, {"go-sdk", "passthrough-go"}} {
+		if !o.runs("cold") {
+			break
+		}
 		if b.backend == "passthrough-go" && !exists(filepath.Join(o.guests, "passthrough-go.wasm")) {
 			notes = append(notes, "cold start go-sdk: "+filepath.Join(o.guests, "passthrough-go.wasm")+" is missing; skipped")
 			continue
