@@ -23,7 +23,8 @@ import (
 // (a channel, not the plugin), and rank 1 reads its memory without calling
 // the plugin: every byte, and the signal of a put with signal, must already
 // be there. Over TCP with one lane and several, and on the intra-node path
-// (below and above the side path's threshold, striped and not).
+// (below and above the side path's threshold, striped and not), with the
+// stream readers parking at once and spinning after traffic.
 func TestCompletionMeansArrival(t *testing.T) {
 	const sigOff = 0 // the signal word; payloads go after it
 	const payOff = 4096
@@ -31,11 +32,12 @@ func TestCompletionMeansArrival(t *testing.T) {
 	for _, cfg := range []struct {
 		intra bool
 		lanes int
-	}{{false, 1}, {false, 3}, {true, 1}, {true, 2}} {
-		t.Run(fmt.Sprintf("intra=%v/lanes=%d", cfg.intra, cfg.lanes), func(t *testing.T) {
+		spin  time.Duration
+	}{{false, 1, 0}, {false, 3, 0}, {true, 1, 0}, {true, 2, 0}, {false, 1, time.Millisecond}, {false, 3, 200 * time.Microsecond}} {
+		t.Run(fmt.Sprintf("intra=%v/lanes=%d/spin=%v", cfg.intra, cfg.lanes, cfg.spin), func(t *testing.T) {
 			os := newOwners(2, payOff+1<<20)
 			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: cfg.intra, Lanes: cfg.lanes,
-				StripeThreshold: 256 << 10, ChunkSize: 64 << 10})
+				StripeThreshold: 256 << 10, ChunkSize: 64 << 10, SpinWait: cfg.spin, Spinners: 3})
 			src := make([]byte, 1<<20)
 			notify := make(chan uint64) // out of band: "request tag completed"
 			checked := make(chan error)

@@ -265,7 +265,9 @@ func TestStripedLanes(t *testing.T) {
 	for i := size; i < 2*size; i++ {
 		owners[1].mem[i] = byte(i * 7)
 	}
-	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 3, StripeThreshold: 64 << 10, ChunkSize: 100 << 10})
+	// The readers spin after traffic (two of the six may at once).
+	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 3, StripeThreshold: 64 << 10, ChunkSize: 100 << 10,
+		SpinWait: 500 * time.Microsecond, Spinners: 2})
 	// One piece per lane (3) plus the signal; a smaller op is cut into
 	// pieces no smaller than the chunk size (200 KiB / 100 KiB = 2).
 	if got := ms[0].Parts(MsgPutSignal, size); got != 4 {

@@ -120,6 +120,11 @@ type Options struct {
 	// is a protocol violation and drops the peer, so a broken or hostile
 	// peer cannot grow the ordering ring without bound.
 	OrderWindow uint64
+	// SpinWait is how long a stream's reader keeps reading an empty socket
+	// after traffic before it parks (0: never spins), and Spinners how many
+	// readers of the process may spin at once (tcp_spin.go).
+	SpinWait time.Duration
+	Spinners int
 }
 
 // DefaultCloseTimeout is Options.CloseTimeout when it is zero: the default
@@ -143,6 +148,8 @@ type Mesh struct {
 	closeTimeout time.Duration
 	localComp    bool
 	orderWindow  uint64
+	spinWait     time.Duration
+	spinners     int
 	wg           sync.WaitGroup
 	fab          *fabEP // the libfabric endpoint, nil without one
 }
@@ -174,7 +181,7 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	}
 	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n), lanes: lanes,
 		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout, localComp: opt.LocalCompletion,
-		orderWindow: opt.OrderWindow}
+		orderWindow: opt.OrderWindow, spinWait: opt.SpinWait, spinners: opt.Spinners}
 	if m.orderWindow == 0 {
 		m.orderWindow = DefaultOrderWindow
 	}

@@ -283,6 +283,11 @@ func (l *lane) flush() {
 	l.mu.Lock()
 	l.writing = false
 	more := l.qLen > 0
+	if !more && l.armed.Load() && l.timer.Stop() {
+		// Everything left: the send timer would only wake the writer
+		// for nothing. An op queued after this re-arms it.
+		l.armed.Store(false)
+	}
 	l.mu.Unlock()
 	if ok && more {
 		l.kick()
@@ -655,7 +660,7 @@ func (l *lane) pendingGets() int {
 func (l *lane) replies() {
 	p := l.p
 	defer p.m.wg.Done()
-	br := bufio.NewReaderSize(l.out, readBufSize)
+	br := bufio.NewReaderSize(newSpinReader(l.out, p.m.spinWait, p.m.spinners, l.awaitingReply), readBufSize)
 	var hb [hdrSize]byte
 	var h header
 	for {

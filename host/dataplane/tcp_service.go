@@ -22,13 +22,15 @@ type acker struct {
 	landed uint64 // puts of this stream that landed (the service counts)
 	sent   uint64 // the last count acknowledged
 	buf    [hdrSize]byte
+
+	r io.Reader // in, or a spinReader over it
 }
 
 func (a *acker) Read(b []byte) (int, error) {
 	if err := a.flush(); err != nil {
 		return 0, err
 	}
-	return a.in.Read(b)
+	return a.r.Read(b)
 }
 
 // flush acknowledges every put counted so far, if any is new.
@@ -50,7 +52,7 @@ func (a *acker) flush() error {
 func (t *tcpLink) service(in *net.TCPConn) {
 	p := t.p
 	defer p.m.wg.Done()
-	ack := &acker{in: in}
+	ack := &acker{in: in, r: newSpinReader(in, p.m.spinWait, p.m.spinners, nil)}
 	br := bufio.NewReaderSize(ack, readBufSize)
 	var hb [hdrSize]byte
 	var h header

@@ -121,6 +121,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		// The plan chooses among what the operator enabled (SPEC.md §8.10).
 		NoFabric:    plan.Transport == backend.TransportTCP || plan.Transport == backend.TransportIntraNode,
 		OrderWindow: uint64(config.OrderWindow.Get())}
+	opt.SpinWait, opt.Spinners = spinOptions()
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: rank %d of %d: %v", rank, n, err)
@@ -228,3 +229,13 @@ func (c *coll) Complete(tag uint64, status abi.Result) { completeRequest(tag, st
 
 // PeerFailed makes the error visible through queryLastError.
 func (c *coll) PeerFailed(peer int, err error) { c.setError(peer, err) }
+
+// spinOptions reads NCCL_RMA_WASM_SPIN_US: unset, readers spin 50 µs, one
+// per four cores at once; set, they spin that long on any machine.
+func spinOptions() (time.Duration, int) {
+	us := config.SpinUs.Get()
+	if us < 0 {
+		return 50 * time.Microsecond, dataplane.DefaultSpinners()
+	}
+	return time.Duration(us) * time.Microsecond, max(dataplane.DefaultSpinners(), 1)
+}
