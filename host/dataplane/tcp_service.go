@@ -47,6 +47,11 @@ func (a *acker) flush() error {
 	return nil
 }
 
+// ackEvery is the most puts the service lands before it acknowledges them,
+// even with more of them already read (it acknowledges before each read
+// from the socket too).
+const ackEvery = 64
+
 // service executes the peer's operations arriving on one incoming lane. It
 // runs whether or not this process ever calls the plugin again.
 func (t *tcpLink) service(in *net.TCPConn) {
@@ -81,6 +86,12 @@ func (t *tcpLink) service(in *net.TCPConn) {
 		case MsgPut, MsgPutSignal:
 			err = t.servePut(in, br, &h, resp, dec)
 			ack.landed++
+			if err == nil && ack.landed-ack.sent >= ackEvery {
+				// A read buffer of small puts holds hundreds: acknowledge
+				// part of it now so the initiator refills its window while
+				// the rest lands.
+				err = ack.flush()
+			}
 		case MsgGet:
 			err = t.serveGet(in, &h, resp)
 		case MsgReg:

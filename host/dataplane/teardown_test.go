@@ -165,3 +165,102 @@ func drainCompletesPosted(t *testing.T, local bool) {
 		t.Fatalf("put after drain: %v", st)
 	}
 }
+
+// countGateOwner stalls the service in the Resolve of its n-th put until
+// the gate opens.
+type countGateOwner struct {
+	*memOwner
+	n       int32
+	calls   atomic.Int32
+	gate    chan struct{}
+	stalled chan struct{}
+}
+
+func (o *countGateOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, bool) {
+	if o.calls.Add(1) == o.n {
+		close(o.stalled)
+		<-o.gate
+	}
+	return o.memOwner.Resolve(id)
+}
+
+// TestAckWithinARead: a burst of small puts that the target reads at once
+// is acknowledged every ackEvery puts, not only when the service goes back
+// to the socket, so the initiator's window refills while the rest lands.
+// The target stalls at the 100th put of 150: the first 64 must complete.
+func TestAckWithinARead(t *testing.T) {
+	mo := newOwners(2, 4096)
+	g := &countGateOwner{memOwner: mo[1], n: 100, gate: make(chan struct{}), stalled: make(chan struct{})}
+	ls := make([]*Listener, 2)
+	hs := make([]*Handle, 2)
+	for i := range ls {
+		l, h, err := Listen("127.0.0.1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i], hs[i] = l, h
+		defer l.Close()
+	}
+	owners := []Owner{mo[0], g}
+	ms := make([]*Mesh, 2)
+	errs := make(chan error, 2)
+	for i := range ms {
+		go func(i int) {
+			m, err := Connect(ls[i], hs, i, owners[i], Options{Timeout: 10 * time.Second, Lanes: 1})
+			ms[i] = m
+			errs <- err
+		}(i)
+	}
+	for range ms {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer ms[0].Close()
+	defer ms[1].Close()
+	var opened bool
+	defer func() {
+		if !opened {
+			close(g.gate)
+		}
+	}()
+	src := make([]byte, 8)
+	const n = 150
+	for k := 0; k < n; k++ { // held, then one writev
+		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[0]), Size: 8, Off: uint64(8 * k)}, true, 0)
+	}
+	ms[0].Flush(1)
+	select {
+	case <-g.stalled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the target never reached the 100th put")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mo[0].mu.Lock()
+		done := len(mo[0].done)
+		mo[0].mu.Unlock()
+		if done >= ackEvery {
+			if done >= 100 {
+				t.Fatalf("%d puts completed while the target is stuck landing the 100th", done)
+			}
+			for k := 1; k <= ackEvery; k++ {
+				if st, ok := mo[0].status(uint64(k)); !ok || st != abi.Success {
+					t.Fatalf("put %d: completed %v, status %v", k, ok, st)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d puts completed while the target lands the 100th of one burst; want the first %d acknowledged", done, ackEvery)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(g.gate)
+	opened = true
+	for k := 1; k <= n; k++ {
+		if st := waitDone(t, mo[0], uint64(k)); st != abi.Success {
+			t.Fatalf("put %d: %v", k, st)
+		}
+	}
+}
