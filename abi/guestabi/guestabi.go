@@ -49,6 +49,7 @@ const (
 	ExportPlanOp      = "rmaw_plan_op"     // FeaturePlanOp: (ctx i32, kind i32, peer i32, size i64, opt_flags i32, signal_op i32) -> i32
 	ExportCompletions = "rmaw_completions" // FeatureCompletions: (ctx i32, n i32) -> i32 status
 	ExportFinalize    = "rmaw_finalize"    // optional () -> i32 status
+	ExportMetrics     = "rmaw_metrics"     // optional () -> i64 ptr<<32 | len of Prometheus text in guest memory (v1.1)
 )
 
 // Feature bits negotiated by rmaw_init: the host offers, the guest returns the
@@ -128,14 +129,14 @@ const (
 	DeviceNameMax   = 63
 
 	// Completion records, written by the host before rmaw_completions.
-	OffCompletions  = OffDevices + MaxDevices*DeviceSize // 0x2d0
-	CompletionSize  = 32
-	CompOffKind     = 0  // u32 OpKind
-	CompOffPeer     = 4  // u32
-	CompOffSize     = 8  // u64
-	CompOffStatus   = 16 // i32 ncclResult_t, 0 = success
-	CompOffReserved = 20 // u32 0
-	CompOffLatency  = 24 // u64 nanoseconds, measured by the host
+	OffCompletions = OffDevices + MaxDevices*DeviceSize // 0x2d0
+	CompletionSize = 32
+	CompOffKind    = 0  // u32 OpKind
+	CompOffPeer    = 4  // u32
+	CompOffSize    = 8  // u64
+	CompOffStatus  = 16 // i32 ncclResult_t, 0 = success
+	CompOffLane    = 20 // i32 the lane the op's plan asked for, -1 = the runtime's choice (v1.1 hosts; v1 hosts write 0)
+	CompOffLatency = 24 // u64 nanoseconds, measured by the host
 
 	// AreaMinSize is the smallest valid area (no completion records).
 	AreaMinSize = OffCompletions
@@ -224,6 +225,9 @@ const (
 
 // MaxConfigLen bounds the configuration string handed to a guest.
 const MaxConfigLen = 64 << 10
+
+// MaxMetricsLen bounds the Prometheus text one rmaw_metrics call returns.
+const MaxMetricsLen = 256 << 10
 
 // MaxLogLen bounds one log line (longer lines are truncated).
 const MaxLogLen = 1024

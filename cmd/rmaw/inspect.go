@@ -64,7 +64,7 @@ var abiExports = []struct {
 	{guestabi.Marker, true}, {guestabi.ExportInit, true}, {guestabi.ExportArea, true},
 	{guestabi.ExportInitialize, false}, {guestabi.ExportDevices, false}, {guestabi.ExportConnPlan, false},
 	{guestabi.ExportCtxOpen, false}, {guestabi.ExportCtxClose, false}, {guestabi.ExportPlanOp, false},
-	{guestabi.ExportCompletions, false}, {guestabi.ExportFinalize, false},
+	{guestabi.ExportCompletions, false}, {guestabi.ExportFinalize, false}, {guestabi.ExportMetrics, false},
 }
 
 func sigString(d api.FunctionDefinition) string {

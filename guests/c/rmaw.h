@@ -76,6 +76,7 @@
 #define RMAW_MAX_LANES   8
 #define RMAW_MAX_DEVICES 8
 #define RMAW_MAX_COMP_CAP 4096
+#define RMAW_MAX_METRICS_LEN (256 << 10)
 
 #define RMAW_EXPORT(name) __attribute__((export_name(#name), visibility("default")))
 #define RMAW_IMPORT(name) __attribute__((import_module("rmaw"), import_name(#name)))
@@ -112,7 +113,7 @@ struct rmaw_completion {      /* written by the host before rmaw_completions */
   uint32_t peer;
   uint64_t size;
   int32_t status;             /* ncclResult_t, 0 = success */
-  uint32_t reserved;
+  int32_t lane;               /* the lane the op's plan asked for, -1 = runtime's choice (v1.1 host; a v1 host writes 0) */
   uint64_t latency_ns;        /* measured by the host */
 };
 
@@ -143,6 +144,10 @@ int32_t rmaw_ctx_close(int32_t ctx);
 int32_t rmaw_plan_op(int32_t ctx, int32_t kind, int32_t peer, int64_t size, int32_t opt_flags, int32_t signal_op);
 int32_t rmaw_completions(int32_t ctx, int32_t n);
 int32_t rmaw_finalize(void);
+/* Optional (v1.1): the address (high 32 bits) and length (low 32 bits) of
+ * Prometheus text the host writes to NCCL_RMA_WASM_METRICS_FILE and serves
+ * at NCCL_RMA_WASM_METRICS_ADDR; at most RMAW_MAX_METRICS_LEN bytes. */
+int64_t rmaw_metrics(void);
 
 /* Declares Guest ABI v1. */
 #define RMAW_ABI_V1() RMAW_EXPORT(rmaw_abi_v1) void rmaw_abi_v1(void) {}
@@ -189,6 +194,37 @@ static inline uint32_t rmaw_utoa(uint64_t v, char *buf) {
   for (i = 0; i < n; i++) buf[i] = tmp[n - 1 - i];
   buf[n] = 0;
   return n;
+}
+
+/* A bounded line builder for log lines and text (no libc): appends stop
+ * when the buffer is full, the text stays NUL-terminated. */
+struct rmaw_buf {
+  char *p;
+  uint32_t n, cap;
+};
+
+static inline void rmaw_buf_str(struct rmaw_buf *b, const char *s) {
+  while (*s && b->n + 1 < b->cap) b->p[b->n++] = *s++;
+  if (b->cap) b->p[b->n] = 0;
+}
+
+static inline void rmaw_buf_u64(struct rmaw_buf *b, uint64_t v) {
+  char tmp[24];
+  rmaw_utoa(v, tmp);
+  rmaw_buf_str(b, tmp);
+}
+
+static inline void rmaw_buf_i64(struct rmaw_buf *b, int64_t v) {
+  if (v < 0) {
+    rmaw_buf_str(b, "-");
+    rmaw_buf_u64(b, (uint64_t)0 - (uint64_t)v);
+  } else {
+    rmaw_buf_u64(b, (uint64_t)v);
+  }
+}
+
+static inline int32_t rmaw_buf_log(int32_t level, const struct rmaw_buf *b) {
+  return rmaw_log_raw(level, b->p, b->n);
 }
 
 /* Finds key=value in a config string of comma/space/newline separated

@@ -99,6 +99,7 @@ type Completion struct {
 	Peer    uint32
 	Size    uint64
 	Status  int32 // 0 success, else the ncclResult_t the request failed with
+	Lane    int32 // the lane the op's plan asked for, -1 = the runtime's choice
 	Latency uint64
 }
 

@@ -252,6 +252,13 @@ var (
 	GuestTimeout = DurationVar{declare(&Var{Name: "NCCL_RMA_WASM_GUEST_TIMEOUT_MS", Kind: KindDurationMs,
 		Default: ms(DefaultGuestTimeout), Min: 1, Max: maxMs,
 		Doc: "how long a guest call may run before it is stopped"}), DefaultGuestTimeout}
+	MetricsFile = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_METRICS_FILE", Kind: KindString, Default: "unset",
+		Doc: "Prometheus textfile-collector file the host writes from a backend's `rmaw_metrics` (e.g. `guests/telemetry`); `%p` is the process id"}), ""}
+	MetricsAddr = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_METRICS_ADDR", Kind: KindString, Default: "unset",
+		Doc: "loopback `host:port` where the host serves the same text at `/metrics` (port 0 picks one, logged at INFO)"}), ""}
+	MetricsInterval = DurationVar{declare(&Var{Name: "NCCL_RMA_WASM_METRICS_INTERVAL_MS", Kind: KindDurationMs,
+		Default: "1000", Min: 10, Max: maxMs,
+		Doc: "how often each context's metrics are refreshed (also when it closes)"}), time.Second}
 	Addr = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_ADDR", Kind: KindString, Default: "first non-loopback IPv4",
 		Doc: "address (`ip`, `ip:port` or interface name) to listen on and advertise"}), ""}
 	ConnectTimeout = DurationVar{declare(&Var{Name: "NCCL_RMA_WASM_CONNECT_TIMEOUT_MS", Kind: KindDurationMs,

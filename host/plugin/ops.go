@@ -108,6 +108,7 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 	}
 	lane := int32(-1)
 	op.Codec = uint32(r.c.plan.Codec)
+	q.lane = -1
 	if s.plans {
 		var status abi.Result
 		if lane, status = s.planOp(r, context, rank, kind, optFlags, sigOp, op); status != abi.Success {
@@ -122,6 +123,7 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 	if op.Remote == 0 {
 		op.Codec = 0 // device memory on either side (or no payload): never compressed
 	}
+	q.lane = int8(lane) // -1..abi.MaxLanes-1, checked by planOp
 	q.parts.Store(int32(r.c.mesh.OpParts(int(rank), op)))
 	r.c.mesh.Post(int(rank), op, optFlags&abi.OptFlagAggregateRequests != 0, int(lane))
 	return handle, abi.Success

@@ -33,6 +33,7 @@ type request struct {
 	parts  atomic.Int32 // completions still expected (chunks of a striped op)
 	ctx    int32
 	kind   uint8 // backend.OpKind (not a dataplane message type), narrowed to keep requests small
+	lane   int8  // the lane the plan asked for (-1: the runtime's), for completion records
 	peer   uint32
 	size   uint64
 	start  int64

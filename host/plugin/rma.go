@@ -220,7 +220,7 @@ func (s *ctxState) record(q *request, status abi.Result) {
 		return
 	}
 	s.done = append(s.done, backend.Completion{Kind: backend.OpKind(q.kind), Peer: q.peer, Size: q.size,
-		Status: int32(status), Latency: uint64(nanotime() - q.start)})
+		Status: int32(status), Lane: int32(q.lane), Latency: uint64(nanotime() - q.start)})
 	if len(s.done) == cap(s.done) {
 		s.flushCompletions()
 	}

@@ -38,6 +38,8 @@ type Backend struct {
 	ctlMu sync.Mutex
 	ctl   *instance // control instance (devices, connection plans)
 
+	exp *exporter // nil unless the module exports rmaw_metrics and a destination is set
+
 	faults   atomic.Int32
 	disabled atomic.Bool
 	nextCtx  atomic.Int32
@@ -102,6 +104,15 @@ func open(opts Options) (*Backend, error) {
 	if b.devices, err = ctl.devices(); err != nil {
 		ctl.close()
 		return nil, fmt.Errorf("wasm backend %s: %w", name, err)
+	}
+	if opts.MetricsFile != "" || opts.MetricsAddr != "" {
+		if !b.exports[guestabi.ExportMetrics] {
+			logx.Info(0, "wasm: backend %s does not export %s; the metrics file and endpoint are not used", name, guestabi.ExportMetrics)
+		} else if b.exp, err = newExporter(name, opts.MetricsFile, opts.MetricsAddr, opts.MetricsInterval); err != nil {
+			ctl.finalize()
+			ctl.close()
+			return nil, fmt.Errorf("wasm backend %s: %w", name, err)
+		}
 	}
 	logx.Info(0, "wasm: backend %s loaded (features %#x: plan_op=%v completions=%v chunk=%v delay=%v compression=%v transports=%v, %d device(s))",
 		name, ctl.features, ctl.features&guestabi.FeaturePlanOp != 0, ctl.features&guestabi.FeatureCompletions != 0,
@@ -213,7 +224,18 @@ func (b *Backend) Close() error {
 		b.ctl.close()
 		b.ctl = nil
 	}
+	if b.exp != nil {
+		b.exp.close() // the last write has every closed context's final text
+	}
 	return nil
+}
+
+// MetricsAddr is the address the metrics endpoint listens on ("" if none).
+func (b *Backend) MetricsAddr() string {
+	if b.exp == nil {
+		return ""
+	}
+	return b.exp.addr
 }
 
 // fault counts a fault and disables the backend when it is a timeout or the

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
@@ -18,7 +19,8 @@ type guestContext struct {
 	in   *instance // nil after a fault until the next call revives it
 
 	plans, completions bool
-	v11                uint64 // the v1.1 plan features the instance enabled
+	v11                uint64    // the v1.1 plan features the instance enabled
+	lastExport         time.Time // metrics (metrics.go)
 }
 
 var _ backend.Context = (*guestContext)(nil)
@@ -182,7 +184,7 @@ func (c *guestContext) Completions(batch []backend.Completion) error {
 			binary.LittleEndian.PutUint32(r[guestabi.CompOffPeer:], x.Peer)
 			binary.LittleEndian.PutUint64(r[guestabi.CompOffSize:], x.Size)
 			binary.LittleEndian.PutUint32(r[guestabi.CompOffStatus:], uint32(x.Status))
-			binary.LittleEndian.PutUint32(r[guestabi.CompOffReserved:], 0)
+			binary.LittleEndian.PutUint32(r[guestabi.CompOffLane:], uint32(x.Lane))
 			binary.LittleEndian.PutUint64(r[guestabi.CompOffLatency:], x.Latency)
 		}
 		s := in.stack[:2]
@@ -198,6 +200,26 @@ func (c *guestContext) Completions(batch []backend.Completion) error {
 		}
 		batch = batch[n:]
 	}
+	if c.b.exp != nil && in.fMetrics != nil {
+		if now := time.Now(); now.Sub(c.lastExport) >= c.b.exp.interval {
+			c.lastExport = now
+			return c.exportMetrics(false)
+		}
+	}
+	return nil
+}
+
+// exportMetrics hands the instance's metrics text to the exporter. A bad
+// answer is a nonsense answer: a fault.
+func (c *guestContext) exportMetrics(closing bool) error {
+	text, err := c.in.metrics()
+	if err != nil {
+		if closing {
+			return c.b.fault(fmt.Errorf("wasm backend %s: %w", c.b.name, err))
+		}
+		return c.faulted(err)
+	}
+	c.b.exp.set(c.id, c.info.Rank, text, closing)
 	return nil
 }
 
@@ -207,9 +229,12 @@ func (c *guestContext) Close() error {
 	if in == nil {
 		return nil
 	}
-	c.in = nil
 	var err error
-	if in.fCtxClose != nil {
+	if c.b.exp != nil && in.fMetrics != nil {
+		err = c.exportMetrics(true) // the final counters, before the guest sees the close
+	}
+	c.in = nil
+	if in.fCtxClose != nil && err == nil {
 		in.stack[0] = uint64(uint32(c.id))
 		if err = in.call(in.fCtxClose, guestabi.ExportCtxClose, in.stack[:1], c.b.ctlFuel); err == nil {
 			if st := int32(in.stack[0]); st != 0 {

@@ -62,6 +62,8 @@ func TestCHeaderMatchesGuestABI(t *testing.T) {
 	a("offsetof(struct rmaw_completion, size)", guestabi.CompOffSize)
 	a("offsetof(struct rmaw_completion, status)", guestabi.CompOffStatus)
 	a("offsetof(struct rmaw_completion, latency_ns)", guestabi.CompOffLatency)
+	a("offsetof(struct rmaw_completion, lane)", guestabi.CompOffLane)
+	a("RMAW_MAX_METRICS_LEN", guestabi.MaxMetricsLen)
 	src := filepath.Join(t.TempDir(), "check.c")
 	writeFile(t, src, []byte(b.String()))
 	clang, err := exec.LookPath("clang")

@@ -43,8 +43,12 @@ func cguest(t testing.TB, src string) string {
 	if err != nil {
 		t.Fatalf("clang is required to build C guests: %v", err)
 	}
-	if !strings.Contains(src, "/") {
-		src = filepath.Join(repoRoot(t), "guests", "c", src+".c")
+	if !strings.Contains(src, "/") { // an SDK guest, else a sample backend
+		name := src
+		src = filepath.Join(repoRoot(t), "guests", "c", name+".c")
+		if _, err := os.Stat(src); err != nil {
+			src = filepath.Join(repoRoot(t), "guests", name, name+".c")
+		}
 	}
 	out := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".c")+".wasm")
 	args := append(strings.Fields(guestCFlags), "-I", filepath.Join(repoRoot(t), "guests", "c"), "-o", out, src)
@@ -73,4 +77,13 @@ func writeFile(t testing.TB, path string, data []byte) {
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// runWat2wasm compiles a .wat file outside testdata.
+func runWat2wasm(in, out string) ([]byte, error) {
+	tool, err := exec.LookPath("wat2wasm")
+	if err != nil {
+		return nil, err
+	}
+	return exec.Command(tool, "--enable-all", "-o", out, in).CombinedOutput()
 }

@@ -38,7 +38,7 @@ type instance struct {
 
 	out outState // output limits
 
-	fInit, fArea, fDevices, fConnPlan, fCtxOpen, fCtxClose, fPlanOp, fCompletions, fFinalize api.Function
+	fInit, fArea, fDevices, fConnPlan, fCtxOpen, fCtxClose, fPlanOp, fCompletions, fFinalize, fMetrics api.Function
 
 	planStack [6]uint64
 	stack     [8]uint64
@@ -76,6 +76,7 @@ func (b *Backend) newInstance() (*instance, error) {
 	in.fInit, in.fArea, in.fDevices = fn(guestabi.ExportInit), fn(guestabi.ExportArea), fn(guestabi.ExportDevices)
 	in.fConnPlan, in.fCtxOpen, in.fCtxClose = fn(guestabi.ExportConnPlan), fn(guestabi.ExportCtxOpen), fn(guestabi.ExportCtxClose)
 	in.fPlanOp, in.fCompletions, in.fFinalize = fn(guestabi.ExportPlanOp), fn(guestabi.ExportCompletions), fn(guestabi.ExportFinalize)
+	in.fMetrics = fn(guestabi.ExportMetrics)
 
 	if init := fn(guestabi.ExportInitialize); init != nil {
 		if err := in.call(init, guestabi.ExportInitialize, in.stack[:0], b.ctlFuel); err != nil {

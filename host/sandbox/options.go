@@ -44,6 +44,15 @@ type Options struct {
 	// CallTimeout bounds control-plane calls (init, contexts, completions);
 	// rmaw_plan_op gets 1/100 of it. Default 100 ms.
 	CallTimeout time.Duration
+	// MetricsFile is where the host writes the Prometheus text of a guest
+	// that exports rmaw_metrics (%p = the process id); "" = no file.
+	MetricsFile string
+	// MetricsAddr is a loopback host:port serving the same text at
+	// /metrics; "" = no endpoint.
+	MetricsAddr string
+	// MetricsInterval is the most often a context's text is refreshed
+	// (default 1 s); it is also refreshed when the context closes.
+	MetricsInterval time.Duration
 }
 
 // OptionsFromEnv reads the NCCL_RMA_WASM_* variables through host/config.
@@ -56,5 +65,9 @@ func OptionsFromEnv() Options {
 		Config:         config.BackendConfig.Get(),
 		MemoryLimitMiB: uint32(config.GuestMemoryMiB.Get()),
 		CallTimeout:    config.GuestTimeout.Get(),
+
+		MetricsFile:     config.MetricsFile.Get(),
+		MetricsAddr:     config.MetricsAddr.Get(),
+		MetricsInterval: config.MetricsInterval.Get(),
 	}
 }

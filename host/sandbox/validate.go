@@ -35,6 +35,7 @@ var exportSigs = map[string]sig{
 	guestabi.ExportPlanOp:      {[]api.ValueType{tI32, tI32, tI32, tI64, tI32, tI32}, []api.ValueType{tI32}, false},
 	guestabi.ExportCompletions: {[]api.ValueType{tI32, tI32}, []api.ValueType{tI32}, false},
 	guestabi.ExportFinalize:    {nil, []api.ValueType{tI32}, false},
+	guestabi.ExportMetrics:     {nil, []api.ValueType{tI64}, false},
 }
 
 var importSigs = map[string]sig{

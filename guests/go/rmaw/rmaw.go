@@ -81,7 +81,7 @@ type Completion struct {
 	Peer      uint32
 	Size      uint64
 	Status    int32
-	_         uint32
+	Lane      int32 // the lane the op's plan asked for, -1 = runtime's choice (v1.1 host; v1 writes 0)
 	LatencyNs uint64
 }
 

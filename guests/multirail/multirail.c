@@ -1,0 +1,215 @@
+/* multirail.c - stripe large operations over the lanes (rails) of each peer
+ * and keep traffic off a lane that fails, without failing an operation.
+ * README: guests/multirail/README.md.
+ *
+ * Configuration (NCCL_RMA_WASM_CONFIG or multirail.conf), comma separated:
+ *   lanes=N       lanes (TCP streams) per peer, 1..8 (default 4)
+ *   stripe=BYTES  ops at least this large are striped over every lane of the
+ *                 peer while all are up (default 256k)
+ *   fail_after=N  consecutive failed completions on a lane that take it out
+ *                 of rotation for that peer (default 1)
+ *   probe=N       while a lane is out, every Nth op to that peer goes on it
+ *                 as a probe; a successful probe brings it back (default 256)
+ *   down=MASK     lanes out of rotation from the start (bit i = lane i),
+ *                 e.g. a rail the operator knows is bad (default 0)
+ */
+#include "rmaw.h"
+
+RMAW_ABI_V1()
+RMAW_DEFINE_AREA(64)
+
+#define MAX_PEERS 512
+
+struct peer_state {
+  uint8_t down;     /* bit i: lane i out of rotation */
+  uint8_t probing;  /* bit i: a probe op on lane i is in flight */
+  uint8_t rr;       /* next lane of the round robin */
+  uint8_t fails[RMAW_MAX_LANES];
+  uint32_t since_probe;
+};
+
+static struct {
+  int64_t lanes, stripe, fail_after, probe, down;
+  int chunk; /* FEATURE_CHUNK negotiated */
+  int32_t rank;
+  uint64_t planned[RMAW_MAX_LANES], completed[RMAW_MAX_LANES], failed[RMAW_MAX_LANES];
+  uint64_t striped, striped_done, probes, failovers, recoveries, no_lane;
+} st;
+
+static struct peer_state peers[MAX_PEERS + 1]; /* the last: every higher rank */
+static char cfg[512];
+
+static struct peer_state *peer_of(uint32_t peer) { return &peers[peer < MAX_PEERS ? peer : MAX_PEERS]; }
+
+RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
+  int32_t len = rmaw_get_config(cfg, sizeof cfg);
+  if (len < 0) return RMAW_ERR_INTERNAL;
+  if (len > (int32_t)sizeof cfg) len = sizeof cfg;
+  st.lanes = rmaw_config_int(cfg, (uint32_t)len, "lanes", 4);
+  st.stripe = rmaw_config_int(cfg, (uint32_t)len, "stripe", 256 << 10);
+  st.fail_after = rmaw_config_int(cfg, (uint32_t)len, "fail_after", 1);
+  st.probe = rmaw_config_int(cfg, (uint32_t)len, "probe", 256);
+  st.down = rmaw_config_int(cfg, (uint32_t)len, "down", 0);
+  if (st.lanes < 1 || st.lanes > RMAW_MAX_LANES || st.stripe < 1 || st.fail_after < 1 || st.probe < 1 ||
+      st.down < 0 || st.down >= (1 << st.lanes)) {
+    rmaw_log(RMAW_LOG_WARN, "multirail: want lanes=1..8, stripe>0, fail_after>0, probe>0, down=a mask of those lanes");
+    return RMAW_ERR_INVAL;
+  }
+  for (uint32_t i = 0; i <= MAX_PEERS; i++) peers[i].down = (uint8_t)st.down;
+  int64_t want = RMAW_FEATURE_PLAN_OP | RMAW_FEATURE_COMPLETIONS | RMAW_FEATURE_CHUNK;
+  st.chunk = (host_features & RMAW_FEATURE_CHUNK) != 0;
+  return want & host_features;
+}
+
+RMAW_EXPORT(rmaw_conn_plan) int32_t rmaw_conn_plan(int32_t nranks, int32_t rank) {
+  (void)nranks;
+  (void)rank;
+  struct rmaw_conn_plan *c = &rmaw_area_ptr()->conn;
+  c->lanes = (int32_t)st.lanes;
+  /* The runtime must never stripe on its own: that would put pieces on a
+   * lane this backend took out. Striping is decided per op below. */
+  c->stripe_threshold = ~(uint64_t)0;
+  return RMAW_OK;
+}
+
+RMAW_EXPORT(rmaw_ctx_open) int32_t rmaw_ctx_open(int32_t ctx, int64_t comm, int32_t nranks, int32_t rank, int32_t n) {
+  (void)ctx;
+  (void)comm;
+  (void)nranks;
+  (void)n;
+  st.rank = rank;
+  return RMAW_OK;
+}
+
+static uint32_t all_lanes(void) { return (1u << st.lanes) - 1; }
+
+/* The chunk that keeps an op whole (at most the ABI's bound). */
+static uint64_t whole(uint64_t sz) { return sz == 0 ? 1 : sz > RMAW_MAX_CHUNK ? RMAW_MAX_CHUNK : sz; }
+
+RMAW_EXPORT(rmaw_plan_op) int32_t rmaw_plan_op(int32_t ctx, int32_t kind, int32_t peer, int64_t size,
+                                               int32_t opt_flags, int32_t signal_op) {
+  (void)ctx;
+  (void)opt_flags;
+  (void)signal_op;
+  struct rmaw_plan *p = &rmaw_area_ptr()->plan;
+  struct peer_state *ps = peer_of((uint32_t)peer);
+  uint64_t sz = (uint64_t)size;
+  if (kind == RMAW_OP_FLUSH) return RMAW_OK; /* moves nothing */
+  uint32_t up = all_lanes() & ~ps->down;
+  /* A probe: one op on a lane that is out, to see whether it works again. */
+  if (ps->down && !ps->probing && ++ps->since_probe >= (uint64_t)st.probe) {
+    ps->since_probe = 0;
+    for (uint32_t i = 0; i < (uint32_t)st.lanes; i++) {
+      uint32_t l = (ps->rr + i) % (uint32_t)st.lanes;
+      if (ps->down & (1u << l)) {
+        ps->probing |= (uint8_t)(1u << l);
+        p->lane = (int32_t)l;
+        if (st.chunk) p->chunk_size = whole(sz);
+        st.planned[l]++;
+        st.probes++;
+        return RMAW_OK;
+      }
+    }
+  }
+  if (up == all_lanes() && st.chunk && st.lanes > 1 && sz >= (uint64_t)st.stripe) {
+    /* Every lane is up: cut the op into one piece per lane. */
+    uint64_t piece = (sz + (uint64_t)st.lanes - 1) / (uint64_t)st.lanes;
+    p->lane = -1;
+    p->chunk_size = piece > RMAW_MAX_CHUNK ? RMAW_MAX_CHUNK : piece;
+    st.striped++;
+    return RMAW_OK;
+  }
+  if (!up) { /* every lane failed: keep sending (never drop an op), round robin */
+    up = all_lanes();
+    st.no_lane++;
+  }
+  uint32_t l = ps->rr % (uint32_t)st.lanes;
+  while (!(up & (1u << l))) l = (l + 1) % (uint32_t)st.lanes;
+  ps->rr = (uint8_t)((l + 1) % (uint32_t)st.lanes);
+  p->lane = (int32_t)l;
+  if (st.chunk) p->chunk_size = whole(sz); /* whole, on this lane */
+  st.planned[l]++;
+  return RMAW_OK;
+}
+
+static uint32_t logged;
+
+/* Logs a lane's change of state; the first 32 only (a flapping lane). */
+static void log_lane(const char *what, uint32_t lane, uint32_t peer) {
+  char line[96];
+  if (++logged > 32) return;
+  struct rmaw_buf b = {line, 0, sizeof line};
+  rmaw_buf_str(&b, "multirail: lane ");
+  rmaw_buf_u64(&b, lane);
+  rmaw_buf_str(&b, what);
+  rmaw_buf_u64(&b, peer);
+  rmaw_buf_log(RMAW_LOG_WARN, &b);
+}
+
+RMAW_EXPORT(rmaw_completions) int32_t rmaw_completions(int32_t ctx, int32_t n) {
+  (void)ctx;
+  const struct rmaw_completion *c = rmaw_completion_ring();
+  if (n < 0 || n > (int32_t)rmaw_area_ptr()->comp_cap) return RMAW_ERR_INVAL;
+  for (int32_t i = 0; i < n; i++) {
+    if (c[i].kind == RMAW_OP_FLUSH) continue;
+    if (c[i].lane < 0 || c[i].lane >= st.lanes) { /* striped (or not ours) */
+      if (c[i].lane == -1) st.striped_done++;
+      continue;
+    }
+    uint32_t l = (uint32_t)c[i].lane, bit = 1u << l;
+    struct peer_state *ps = peer_of(c[i].peer);
+    if (c[i].status) {
+      st.failed[l]++;
+      ps->probing &= (uint8_t)~bit;
+      if (!(ps->down & bit) && ++ps->fails[l] >= st.fail_after) {
+        ps->down |= (uint8_t)bit;
+        ps->since_probe = 0;
+        st.failovers++;
+        log_lane(" out of rotation after failed ops to rank ", l, c[i].peer);
+      }
+      continue;
+    }
+    st.completed[l]++;
+    ps->fails[l] = 0;
+    if (ps->down & bit & ps->probing) {
+      ps->down &= (uint8_t)~bit;
+      st.recoveries++;
+      log_lane(" back in rotation (probe succeeded) for rank ", l, c[i].peer);
+    }
+    ps->probing &= (uint8_t)~bit;
+  }
+  return RMAW_OK;
+}
+
+static void put_lanes(struct rmaw_buf *b, const char *name, const uint64_t *v) {
+  rmaw_buf_str(b, name);
+  for (uint32_t i = 0; i < (uint32_t)st.lanes; i++) {
+    rmaw_buf_str(b, i ? " " : "[");
+    rmaw_buf_u64(b, v[i]);
+  }
+  rmaw_buf_str(b, "]");
+}
+
+RMAW_EXPORT(rmaw_ctx_close) int32_t rmaw_ctx_close(int32_t ctx) {
+  (void)ctx;
+  char line[400];
+  struct rmaw_buf b = {line, 0, sizeof line};
+  rmaw_buf_str(&b, "multirail: rank ");
+  rmaw_buf_i64(&b, st.rank);
+  put_lanes(&b, ": planned per lane ", st.planned);
+  put_lanes(&b, ", completed ", st.completed);
+  put_lanes(&b, ", failed ", st.failed);
+  rmaw_buf_str(&b, ", striped ");
+  rmaw_buf_u64(&b, st.striped);
+  rmaw_buf_str(&b, " (completed ");
+  rmaw_buf_u64(&b, st.striped_done);
+  rmaw_buf_str(&b, "), probes ");
+  rmaw_buf_u64(&b, st.probes);
+  rmaw_buf_str(&b, ", failovers ");
+  rmaw_buf_u64(&b, st.failovers);
+  rmaw_buf_str(&b, ", recoveries ");
+  rmaw_buf_u64(&b, st.recoveries);
+  rmaw_buf_str(&b, st.chunk ? "" : " (host without FEATURE_CHUNK: no striping)");
+  rmaw_buf_log(RMAW_LOG_INFO, &b);
+  return RMAW_OK;
+}

@@ -1,0 +1,155 @@
+package sandbox
+
+// The policies of the sample backends in guests/c, driven op by op through
+// the sandbox (the end-to-end runs through the plugin are in test/).
+
+import (
+	"testing"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
+)
+
+func sampleContext(t *testing.T, name, cfg string) backend.Context {
+	t.Helper()
+	b := mustOpen(t, testOptions(t, cguest(t, name), cfg))
+	c, err := b.NewContext(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func plan(t *testing.T, c backend.Context, kind backend.OpKind, peer uint32, size uint64) backend.OpPlan {
+	t.Helper()
+	p := backend.OpPlan{Lane: -1}
+	if err := c.PlanOp(&backend.Op{Kind: kind, Peer: peer, Size: size}, &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Status != 0 {
+		t.Fatalf("op to %d of %d bytes failed with %d", peer, size, p.Status)
+	}
+	return p
+}
+
+// TestMultirailFailover: a failed completion on a lane takes it out of
+// rotation for that peer (whole ops on the other lanes, no striping), other
+// peers keep striping, a probe goes on the lane after `probe` ops, and a
+// successful probe brings it back. No op is ever failed.
+func TestMultirailFailover(t *testing.T) {
+	c := sampleContext(t, "multirail", "lanes=4,stripe=64k,probe=8")
+	const mb = 1 << 20
+	if p := plan(t, c, backend.OpPut, 1, mb); p.Lane != -1 || p.ChunkSize != mb/4 {
+		t.Fatalf("all lanes up: %+v, want striped in 4 pieces", p)
+	}
+	if err := c.Completions([]backend.Completion{{Kind: backend.OpPut, Peer: 1, Size: 4096, Lane: 2, Status: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	used := map[int32]int{}
+	for i := 0; i < 7; i++ {
+		p := plan(t, c, backend.OpPut, 1, mb)
+		if p.Lane < 0 || p.Lane == 2 || p.ChunkSize != mb {
+			t.Fatalf("op %d after lane 2 failed: %+v, want a whole op on lane 0, 1 or 3", i, p)
+		}
+		used[p.Lane]++
+	}
+	if len(used) != 3 {
+		t.Fatalf("lanes used %v, want the three that are up", used)
+	}
+	if p := plan(t, c, backend.OpPut, 0, mb); p.Lane != -1 {
+		t.Fatalf("peer 0 lost striping: %+v", p)
+	}
+	probe := plan(t, c, backend.OpGet, 1, 8192) // the 8th op to peer 1 since the failure
+	if probe.Lane != 2 {
+		t.Fatalf("no probe on lane 2: %+v", probe)
+	}
+	if p := plan(t, c, backend.OpPut, 1, mb); p.Lane == 2 || p.Lane < 0 {
+		t.Fatalf("lane 2 in rotation before its probe completed: %+v", p)
+	}
+	if err := c.Completions([]backend.Completion{{Kind: backend.OpGet, Peer: 1, Size: 8192, Lane: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if p := plan(t, c, backend.OpPut, 1, mb); p.Lane != -1 || p.ChunkSize != mb/4 {
+		t.Fatalf("after the probe succeeded: %+v, want striping again", p)
+	}
+	// Every lane failing still sends every op.
+	for l := int32(0); l < 4; l++ {
+		c.Completions([]backend.Completion{{Kind: backend.OpPut, Peer: 3, Size: 1, Lane: l, Status: 6}})
+	}
+	if p := plan(t, c, backend.OpPut, 3, 100); p.Lane < 0 || p.Lane > 3 {
+		t.Fatalf("with every lane down: %+v", p)
+	}
+}
+
+// TestChaosSeeded: the same seed gives the same decisions, another seed
+// other ones, and the rates follow the configuration.
+func TestChaosSeeded(t *testing.T) {
+	run := func(seed string) (out []backend.OpPlan) {
+		c := sampleContext(t, "chaos", "seed="+seed+",fail_ppm=100000,fail_code=3,delay_ppm=200000,delay_ns=5000")
+		for i := 0; i < 5000; i++ {
+			p := backend.OpPlan{Lane: -1}
+			if err := c.PlanOp(&backend.Op{Kind: backend.OpKind(1 + i%3), Peer: uint32(i % 4), Size: 64}, &p); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, p)
+		}
+		return out
+	}
+	a, b, other := run("42"), run("42"), run("43")
+	same, failed, delayed := 0, 0, 0
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("op %d: %+v and %+v with the same seed", i, a[i], b[i])
+		}
+		if a[i] == other[i] {
+			same++
+		}
+		switch {
+		case a[i].Status == 3:
+			failed++
+		case a[i].Status != 0:
+			t.Fatalf("op %d failed with %d, want 3", i, a[i].Status)
+		case a[i].DelayNs > 0:
+			delayed++
+			if a[i].DelayNs > 5000 {
+				t.Fatalf("delay %d above delay_ns", a[i].DelayNs)
+			}
+		}
+	}
+	if same == len(a) {
+		t.Fatal("seeds 42 and 43 decide alike")
+	}
+	if failed < 400 || failed > 600 || delayed < 850 || delayed > 1150 {
+		t.Fatalf("%d failed (want ~500), %d delayed (want ~1000) of 5000", failed, delayed)
+	}
+}
+
+// TestShaperBuckets: bytes in flight above the burst are paced at the rate,
+// per peer and per class; completions drain the bucket.
+func TestShaperBuckets(t *testing.T) {
+	c := sampleContext(t, "shaper", "put_rate=100m,burst=64k")
+	const k64 = 64 << 10
+	for i := uint64(0); i < 20; i++ {
+		p := plan(t, c, backend.OpPut, 1, k64)
+		want := min(i*k64*1e9/(100<<20), 10_000_000)
+		if p.DelayNs != want {
+			t.Fatalf("put %d: delay %d ns, want %d", i, p.DelayNs, want)
+		}
+	}
+	if p := plan(t, c, backend.OpPut, 2, k64); p.DelayNs != 0 {
+		t.Fatalf("another peer's bucket is shared: %+v", p)
+	}
+	if p := plan(t, c, backend.OpGet, 1, 1<<20); p.DelayNs != 0 {
+		t.Fatalf("gets are not limited here: %+v", p)
+	}
+	var done []backend.Completion
+	for i := 0; i < 20; i++ {
+		done = append(done, backend.Completion{Kind: backend.OpPut, Peer: 1, Size: k64})
+	}
+	if err := c.Completions(done); err != nil {
+		t.Fatal(err)
+	}
+	if p := plan(t, c, backend.OpPutSignal, 1, k64); p.DelayNs != 0 {
+		t.Fatalf("after the bucket drained: %+v", p)
+	}
+}
