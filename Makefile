@@ -94,6 +94,7 @@ setup:
 # Each fuzz target runs briefly in make test; longer: make fuzz FUZZTIME=10m.
 FUZZTIME ?= 3s
 FUZZ_TARGETS := host/dataplane:FuzzHeader host/dataplane:FuzzDecodeHandle host/dataplane:FuzzOrderer host/dataplane:FuzzDecodeBlock \
+	host/dataplane:FuzzHello host/dataplane:FuzzAuthenticate \
 	host/sandbox/meter:FuzzMeter
 
 fuzz:

@@ -37,8 +37,6 @@ const (
 	// fabNapsBeforeWait: empty polls (about 2000 yields, then ~10 ms of
 	// naps) before an idle progress goroutine sleeps on the CQ's wait fd.
 	fabNapsBeforeWait = 2000 + 64 + 50
-	// fabNameMax is the endpoint name room in the listen handle.
-	fabNameMax = 59
 )
 
 // Control messages (fi_inject, fabMsgSize bytes, little endian):

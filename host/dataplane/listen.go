@@ -1,12 +1,9 @@
 package dataplane
 
 import (
-	"crypto/rand"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"sync"
@@ -17,17 +14,12 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
-const (
-	helloMagic = "RMAH"
-	helloSize  = 32
-	ackMagic   = "RMAK"
-)
-
 // Bounds on what a stranger (a connection that has not authenticated yet)
 // can hold. Variables so tests can shrink them.
 var (
-	// helloTimeout bounds how long a half-open or silent connection may
-	// hold a stranger slot.
+	// helloTimeout bounds how long a connection may stay unauthenticated,
+	// waiting for connect to name the peers included (a dialer whose
+	// connection is dropped dials again until its connect deadline).
 	helloTimeout = 10 * time.Second
 	// maxStrangers caps the unauthenticated connections of one listener;
 	// further ones are closed at accept (a real dialer retries).
@@ -45,24 +37,27 @@ var (
 
 // incoming is an authenticated connection from a peer rank.
 type incoming struct {
-	conn   *net.TCPConn
-	rank   int
-	nranks int
-	lane   int
-	lanes  int
-	noFab  bool // the dialer's plan declines libfabric (hello flag)
+	conn *net.TCPConn
+	claim
 }
 
-// Listener accepts peer connections for one future collComm. Only dialers that
-// present the listener's random token are admitted.
+// Listener accepts peer connections for one future collComm. A dialer is
+// admitted once it proved, by signing this listener's fresh nonce, that it
+// holds the private key of the rank it claims (hello.go); the public keys
+// come from the handles connect receives.
 type Listener struct {
 	ln      *net.TCPListener
 	info    HandleInfo
+	id      identity
 	conns   chan incoming
 	closeMu sync.Mutex
 	closed  bool
 	done    chan struct{} // closed when the accept loop ends
 	quit    chan struct{} // closed by Close
+
+	peersMu    sync.Mutex
+	peers      []HandleInfo  // every rank's handle, from connect
+	peersKnown chan struct{} // closed once peers is set
 
 	strangers atomic.Int32 // connections accepted and not yet authenticated or dropped
 	fab       *fabEP       // libfabric endpoint (ListenFabric), until a Mesh takes it
@@ -80,16 +75,18 @@ func ListenFabric(addr, prov string) (*Listener, *Handle, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	id, err := newIdentity()
+	if err != nil {
+		return nil, nil, err
+	}
 	ln, err := net.ListenTCP("tcp", laddr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listen on %s: %w", laddr, err)
 	}
-	l := &Listener{ln: ln, conns: make(chan incoming, 1024), done: make(chan struct{}), quit: make(chan struct{})}
+	l := &Listener{ln: ln, id: id, conns: make(chan incoming, 1024), done: make(chan struct{}), quit: make(chan struct{}),
+		peersKnown: make(chan struct{})}
 	l.info.Addr = ln.Addr().(*net.TCPAddr)
-	if _, err := rand.Read(l.info.Token[:]); err != nil {
-		ln.Close()
-		return nil, nil, fmt.Errorf("random token: %w", err)
-	}
+	l.info.Key = id.pub
 	l.info.HostID = HostID()
 	l.info.Pid = uint32(os.Getpid())
 	l.info.UID = uint32(os.Getuid())
@@ -145,24 +142,51 @@ func (l *Listener) acceptLoop() {
 	}
 }
 
-// admit checks the dialer's hello before the connection reaches connect.
+// setPeers gives the listener every rank's handle (connect calls it first),
+// so the connections that wait for their claim to be checked can be.
+func (l *Listener) setPeers(infos []HandleInfo) {
+	l.peersMu.Lock()
+	defer l.peersMu.Unlock()
+	if l.peers == nil {
+		l.peers = infos
+		close(l.peersKnown)
+	}
+}
+
+// peerKey returns the public key of rank r of n once connect named the
+// peers, waiting at most until deadline; false if the claim names no such
+// rank or the wait ended.
+func (l *Listener) peerKey(c claim, deadline time.Time) (*[KeySize]byte, error) {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-l.peersKnown:
+	case <-l.quit:
+		return nil, errors.New("the listener closed")
+	case <-t.C:
+		return nil, errors.New("connect did not start before the hello deadline")
+	}
+	l.peersMu.Lock()
+	peers := l.peers
+	l.peersMu.Unlock()
+	if c.nranks != len(peers) {
+		return nil, fmt.Errorf("it claims rank %d of %d; this communicator has %d ranks", c.rank, c.nranks, len(peers))
+	}
+	return &peers[c.rank].Key, nil
+}
+
+// admit authenticates a dialer before its connection reaches connect. Every
+// way out but success closes the connection; the rejections a stranger can
+// provoke log through the rate-limited strangerWarn.
 func (l *Listener) admit(c *net.TCPConn) {
 	defer l.strangers.Add(-1)
-	var b [helloSize]byte
-	c.SetDeadline(time.Now().Add(helloTimeout))
-	if _, err := io.ReadFull(c, b[:]); err != nil {
-		c.Close()
-		return
-	}
-	if string(b[0:4]) != helloMagic || string(b[4:20]) != string(l.info.Token[:]) {
-		strangerWarn.Warn(abi.SubsysNet, "NET/wasm: rejected connection from %s: it did not present this communicator's token", c.RemoteAddr())
-		c.Close()
-		return
-	}
-	lanesWord := binary.LittleEndian.Uint16(b[30:])
-	in := incoming{conn: c, rank: int(binary.LittleEndian.Uint32(b[20:])), nranks: int(binary.LittleEndian.Uint32(b[24:])),
-		lane: int(binary.LittleEndian.Uint16(b[28:])), lanes: int(lanesWord &^ helloNoFabric), noFab: lanesWord&helloNoFabric != 0}
-	if _, err := c.Write([]byte(ackMagic)); err != nil {
+	deadline := time.Now().Add(helloTimeout)
+	c.SetDeadline(deadline)
+	cl, err := l.authenticate(c, deadline)
+	if err != nil {
+		if !errors.Is(err, errSilent) {
+			strangerWarn.Warn(abi.SubsysNet, "NET/wasm: rejected connection from %s to %s: %v", c.RemoteAddr(), l.info.Addr, err)
+		}
 		c.Close()
 		return
 	}
@@ -174,7 +198,7 @@ func (l *Listener) admit(c *net.TCPConn) {
 		return
 	}
 	select {
-	case l.conns <- in:
+	case l.conns <- incoming{conn: c, claim: cl}:
 	default:
 		strangerWarn.Warn(abi.SubsysNet, "NET/wasm: too many pending connections on %s, dropping one from %s", l.info.Addr, c.RemoteAddr())
 		c.Close()
@@ -207,15 +231,16 @@ func (l *Listener) Close() error {
 	}
 }
 
-// dial opens an authenticated connection to a peer's listener.
-func dial(peer HandleInfo, rank, nranks, lane, lanes int, noFab bool, deadline time.Time) (*net.TCPConn, error) {
+// dial opens an authenticated connection to a peer's listener, retrying
+// until deadline.
+func dial(peer HandleInfo, id *identity, cl claim, deadline time.Time) (*net.TCPConn, error) {
 	var lastErr error
 	for {
 		d := net.Dialer{Deadline: deadline}
 		c, err := d.Dial("tcp", peer.Addr.String())
 		if err == nil {
 			tc := c.(*net.TCPConn)
-			if err = hello(tc, peer, rank, nranks, lane, lanes, noFab, deadline); err == nil {
+			if err = hello(tc, &peer.Key, id, cl, deadline); err == nil {
 				return tc, nil
 			}
 			tc.Close()
@@ -228,47 +253,15 @@ func dial(peer HandleInfo, rank, nranks, lane, lanes int, noFab bool, deadline t
 	}
 }
 
-// helloNoFabric in the hello's lanes word says that the dialer's connection
-// plan declines libfabric (SPEC.md §8.10): the pair then uses TCP or the
-// intra-node path, and both sides know it.
-const helloNoFabric = 0x8000
-
-// hello: 0 magic | 4 token [16] | 20 rank u32 | 24 nranks u32 | 28 lane u16 | 30 lanes u16 (| helloNoFabric)
-func hello(c *net.TCPConn, peer HandleInfo, rank, nranks, lane, lanes int, noFab bool, deadline time.Time) error {
-	var b [helloSize]byte
-	copy(b[0:4], helloMagic)
-	copy(b[4:20], peer.Token[:])
-	binary.LittleEndian.PutUint32(b[20:], uint32(rank))
-	binary.LittleEndian.PutUint32(b[24:], uint32(nranks))
-	binary.LittleEndian.PutUint16(b[28:], uint16(lane))
-	w := uint16(lanes)
-	if noFab {
-		w |= helloNoFabric
-	}
-	binary.LittleEndian.PutUint16(b[30:], w)
-	c.SetDeadline(deadline)
-	if _, err := c.Write(b[:]); err != nil {
-		return err
-	}
-	var ack [4]byte
-	if _, err := io.ReadFull(c, ack[:]); err != nil {
-		return fmt.Errorf("peer %s refused the connection (token rejected?): %w", peer.Addr, err)
-	}
-	if string(ack[:]) != ackMagic {
-		return errors.New("bad acknowledgement from peer")
-	}
-	c.SetDeadline(time.Time{})
-	return nil
-}
-
 var (
 	hostIDOnce sync.Once
-	hostID     [16]byte
+	hostID     [8]byte
 )
 
 // HostID identifies this machine and boot, so ranks can tell which peers
-// share the host (the intra-node transport needs the same kernel).
-func HostID() [16]byte {
+// share the host (the intra-node transport needs the same kernel): 8 bytes
+// of a hash of the host name, boot id and machine id.
+func HostID() [8]byte {
 	hostIDOnce.Do(func() {
 		h := sha256.New()
 		name, _ := os.Hostname()

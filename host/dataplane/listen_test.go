@@ -186,7 +186,8 @@ func TestStrangerCap(t *testing.T) {
 	}
 	// The held ones time out; then a real dialer is admitted.
 	waitFor(t, "the strangers' hello deadline", func() bool { return l.strangers.Load() == 0 })
-	c, err := dial(hi, 0, 1, 0, 1, false, time.Now().Add(5*time.Second))
+	l.setPeers([]HandleInfo{hi})
+	c, err := dial(hi, &l.id, claim{rank: 0, nranks: 1, lane: 0, lanes: 1}, time.Now().Add(5*time.Second))
 	if err != nil {
 		t.Fatalf("a real dialer after the strangers left: %v", err)
 	}
@@ -196,6 +197,6 @@ func TestStrangerCap(t *testing.T) {
 // resetLimits gives the process-wide rate limits a full budget, so a test
 // sees its own lines.
 func resetLimits() {
-	strangerWarn = logx.Limited{}
-	acceptWarn = logx.Limited{}
+	strangerWarn.Reset()
+	acceptWarn.Reset()
 }

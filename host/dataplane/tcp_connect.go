@@ -14,10 +14,15 @@ import (
 // connectStreams opens the TCP streams of the mesh: lanes streams dialled
 // to every rank's listener (outs[rank][lane], ours included) and the ones
 // every rank dialled to us (ins[rank][lane]), all with TCP_NODELAY. It
-// returns when all are up or when the deadline passes.
+// returns when all are up or when the deadline passes. Every stream is
+// authenticated both ways (hello.go): a connection that cannot prove the
+// rank it claims never gets here, so it cannot disturb the connect; two
+// proven connections for one rank and lane are an error.
 // noFab is sent in every hello; peerNoFab reports what each rank sent.
 func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, noFab bool, deadline time.Time, timeout time.Duration) (outs, ins [][]*net.TCPConn, peerNoFab []bool, err error) {
 	n := len(infos)
+	// Connections that proved a claim wait for these keys to be checked.
+	l.setPeers(infos)
 	outs = make([][]*net.TCPConn, n)
 	errs := make([]error, n*lanes)
 	var wg sync.WaitGroup
@@ -27,7 +32,7 @@ func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, noFab bool
 			wg.Add(1)
 			go func(i, j int) {
 				defer wg.Done()
-				outs[i][j], errs[i*lanes+j] = dial(infos[i], rank, n, j, lanes, noFab, deadline)
+				outs[i][j], errs[i*lanes+j] = dial(infos[i], &l.id, claim{rank: rank, nranks: n, lane: j, lanes: lanes, noFab: noFab}, deadline)
 			}(i, j)
 		}
 	}

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"crypto/ed25519"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -85,26 +86,37 @@ func (h *header) decode(b []byte) {
 	h.seq = binary.LittleEndian.Uint64(b[56:])
 }
 
-// Handle is the 128-byte listen handle NCCL all-gathers between ranks.
+// Handle is the 128-byte listen handle NCCL all-gathers between ranks
+// (version 2):
 //
 //	0 magic "RMAW" | 4 version u8 | 5 ip length u8 | 6 port u16 | 8 ip [16]
-//	24 token [16] | 40 host id [16] | 56 pid u32 | 60 uid u32
-//	64 fabric provider hash u32 (0: none) | 68 name length u8 | 69 name [59]
+//	24 ed25519 public key [32] | 56 host id [8] | 64 pid u32 | 68 uid u32
+//	72 fabric provider hash u32 (0: none) | 76 name length u8 | 77 name [51]
+//
+// The public key is the listener's identity: a dialer claiming this rank
+// proves it holds the private half (listen.go), which never leaves the
+// process, so reading every handle does not let anyone claim a rank.
+// Version 1 carried a 16-byte token in clear instead and a 16-byte host
+// id. 51 bytes of endpoint name fit every provider address seen: tcp,
+// sockets, udp (sockaddr_in 16, sockaddr_in6 28), shm ("fi_shm://pid:n:m",
+// ~20), efa (32), verbs;ofi_rxm (sockaddr_ib 48).
 type Handle [abi.HandleSize]byte
 
 const (
 	handleMagic   = "RMAW"
-	handleVersion = 1
+	handleVersion = 2
+	// fabNameMax is the endpoint name room in the listen handle.
+	fabNameMax = abi.HandleSize - 77
 )
 
-// TokenSize is the length of the per-listener secret a dialer must present.
-const TokenSize = 16
+// KeySize is the length of a listener's public key (ed25519).
+const KeySize = ed25519.PublicKeySize
 
 // HandleInfo is the decoded content of a Handle.
 type HandleInfo struct {
 	Addr   *net.TCPAddr
-	Token  [TokenSize]byte
-	HostID [16]byte
+	Key    [KeySize]byte // the listener's ed25519 public key
+	HostID [8]byte
 	Pid    uint32
 	UID    uint32
 	// FabricHash identifies the libfabric provider of the listener's
@@ -125,14 +137,14 @@ func (hi *HandleInfo) Encode(h *Handle) {
 	h[5] = byte(len(ip))
 	binary.LittleEndian.PutUint16(h[6:], uint16(hi.Addr.Port))
 	copy(h[8:24], ip)
-	copy(h[24:40], hi.Token[:])
-	copy(h[40:56], hi.HostID[:])
-	binary.LittleEndian.PutUint32(h[56:], hi.Pid)
-	binary.LittleEndian.PutUint32(h[60:], hi.UID)
+	copy(h[24:56], hi.Key[:])
+	copy(h[56:64], hi.HostID[:])
+	binary.LittleEndian.PutUint32(h[64:], hi.Pid)
+	binary.LittleEndian.PutUint32(h[68:], hi.UID)
 	if len(hi.FabricName) > 0 && len(hi.FabricName) <= fabNameMax {
-		binary.LittleEndian.PutUint32(h[64:], hi.FabricHash)
-		h[68] = byte(len(hi.FabricName))
-		copy(h[69:], hi.FabricName)
+		binary.LittleEndian.PutUint32(h[72:], hi.FabricHash)
+		h[76] = byte(len(hi.FabricName))
+		copy(h[77:], hi.FabricName)
 	}
 }
 
@@ -155,13 +167,13 @@ func DecodeHandle(h *Handle) (HandleInfo, error) {
 	ip := make(net.IP, n)
 	copy(ip, h[8:8+n])
 	hi.Addr = &net.TCPAddr{IP: ip, Port: int(binary.LittleEndian.Uint16(h[6:]))}
-	copy(hi.Token[:], h[24:40])
-	copy(hi.HostID[:], h[40:56])
-	hi.Pid = binary.LittleEndian.Uint32(h[56:])
-	hi.UID = binary.LittleEndian.Uint32(h[60:])
-	if n := int(h[68]); n > 0 && n <= fabNameMax {
-		hi.FabricHash = binary.LittleEndian.Uint32(h[64:])
-		hi.FabricName = append([]byte(nil), h[69:69+n]...)
+	copy(hi.Key[:], h[24:56])
+	copy(hi.HostID[:], h[56:64])
+	hi.Pid = binary.LittleEndian.Uint32(h[64:])
+	hi.UID = binary.LittleEndian.Uint32(h[68:])
+	if n := int(h[76]); n > 0 && n <= fabNameMax {
+		hi.FabricHash = binary.LittleEndian.Uint32(h[72:])
+		hi.FabricName = append([]byte(nil), h[77:77+n]...)
 	}
 	return hi, nil
 }

@@ -55,3 +55,10 @@ func (l *Limited) Warn(subsys uint64, format string, args ...any) bool {
 	Warn(subsys, format, args...)
 	return true
 }
+
+// Reset gives the limiter its full budget back (tests).
+func (l *Limited) Reset() {
+	l.mu.Lock()
+	l.started, l.dropped = false, 0
+	l.mu.Unlock()
+}
