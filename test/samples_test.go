@@ -266,3 +266,31 @@ func TestSampleTelemetry(t *testing.T) {
 		t.Fatalf("%d finalize summaries in NCCL's log, want %d:\n%s", n, ranks*threads, tail(out))
 	}
 }
+
+// TestSampleCompress: compressed puts over TCP between processes, on data
+// that compresses and on data that does not, with the codec forced and
+// chosen; the harness verifies every byte.
+func TestSampleCompress(t *testing.T) {
+	root := buildGuests(t)
+	for _, c := range []struct {
+		name, config string
+		compressible bool
+		want         string // in every context's report
+	}{
+		{"zstd-forced", "codec=2,zstd_level=2", true, `puts none 0 \(0 B\) s2 0 \(0 B\) zstd 24 \(12582912 B\); trials decided 0 \(codec forced\)`},
+		{"s2-forced-random", "codec=1", false, `puts none 0 \(0 B\) s2 24 \(12582912 B\) zstd 0 \(0 B\)`},
+		{"choosing", "trial=2,period=4", true, `puts none [1-9]\d* \(\d+ B\) s2 [1-9]\d* \(\d+ B\) zstd [1-9]\d* \(\d+ B\); trials decided [1-9]`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env := append(sampleEnv(root, "compress", c.config), "NCCL_RMA_WASM_INTRANODE=0") // the codec acts on TCP
+			args := []string{"--verbose", "--ranks", "2", "--threads", "2", "--size", "2m", "--iters", "6"}
+			if c.compressible {
+				args = append(args, "--compressible")
+			}
+			out := runDriver(t, env, args...)
+			if n := len(regexp.MustCompile(`compress: rank \d: `+c.want).FindAllString(out, -1)); n != 4 {
+				t.Fatalf("%d of 4 context reports match %q:\n%s", n, c.want, tail(out))
+			}
+		})
+	}
+}

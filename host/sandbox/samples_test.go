@@ -153,3 +153,46 @@ func TestShaperBuckets(t *testing.T) {
 		t.Fatalf("after the bucket drained: %+v", p)
 	}
 }
+
+// TestCompressChooses: a trial runs every candidate for `trial` puts, the
+// one with the most bytes per ns of completion latency wins for `period`
+// puts; small puts try only none and S2; tiny ones and gets get no codec.
+func TestCompressChooses(t *testing.T) {
+	c := sampleContext(t, "compress", "min=4k,large=256k,trial=2,period=3,zstd_level=3")
+	const big = 1 << 20
+	s2, zstd := uint32(1|1<<8), uint32(2|3<<8)
+	want := []uint32{0, 0, s2, s2, zstd, zstd}
+	for i, w := range want {
+		if p := plan(t, c, backend.OpPut, 1, big); uint32(p.Codec) != w {
+			t.Fatalf("trial put %d: codec %#x, want %#x", i, p.Codec, w)
+		}
+	}
+	// Latencies: none 4 ms, S2 2 ms, zstd 1 ms per MiB.
+	var done []backend.Completion
+	for _, ns := range []uint64{4e6, 4e6, 2e6, 2e6, 1e6, 1e6} {
+		done = append(done, backend.Completion{Kind: backend.OpPut, Peer: 1, Size: big, Latency: ns})
+	}
+	if err := c.Completions(done); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if p := plan(t, c, backend.OpPutSignal, 1, big); uint32(p.Codec) != zstd {
+			t.Fatalf("after the trial, put %d: codec %#x, want zstd", i, p.Codec)
+		}
+	}
+	if p := plan(t, c, backend.OpPut, 1, big); p.Codec != 0 {
+		t.Fatalf("the next trial starts with none: %#x", p.Codec)
+	}
+	// Another peer and the medium class run trials of their own.
+	for i, w := range []uint32{0, 0, s2, s2, 0} {
+		if p := plan(t, c, backend.OpPut, 2, 64<<10); uint32(p.Codec) != w {
+			t.Fatalf("medium put %d: codec %#x, want %#x", i, p.Codec, w)
+		}
+	}
+	if p := plan(t, c, backend.OpPut, 1, 1000); p.Codec != 0 {
+		t.Fatalf("a put under min: %#x", p.Codec)
+	}
+	if p := plan(t, c, backend.OpGet, 1, big); p.Codec != 0 {
+		t.Fatalf("a get: %#x", p.Codec)
+	}
+}
