@@ -9,7 +9,8 @@
 # this host measure the plugin runtime (TCP and intra-node transports, native,
 # embedded and per-op-hook backends) next to raw TCP, process_vm_writev and
 # memcpy measured between the same two processes. Writes
-# $(BENCH_OUT)/results.csv and $(BENCH_OUT)/bandwidth.svg and prints a table
+# $(BENCH_OUT)/results.csv and charts (bandwidth.svg, msgrate.svg and, with
+# compression series, compression.svg: internal/benchplot, gonum plot) and prints a table
 # with ratios and targets. It reports numbers; it never fails on a timing.
 
 BENCH_GO    ?= go

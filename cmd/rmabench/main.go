@@ -1,7 +1,7 @@
 // Command rmabench measures the plugin runtime the way NCCL drives it, between
 // two rank processes on this machine, next to raw baselines measured in the
 // same run between the same two processes: a TCP stream, process_vm_writev
-// and memcpy. It writes results.csv and bandwidth.svg and prints a table with
+// and memcpy. It writes results.csv and charts (plots.go) and prints a table with
 // ratios against the targets. Benchmarks report numbers; nothing here asserts
 // a timing.
 //
@@ -76,7 +76,7 @@ func main() {
 	var o options
 	flag.BoolVar(&o.quick, "quick", false, "shorter run: fewer repetitions and operations")
 	flag.IntVar(&o.reps, "reps", 0, "repetitions per point (default 7, -quick 3)")
-	flag.StringVar(&o.out, "out", "build/bench", "output directory (results.csv, bandwidth.svg)")
+	flag.StringVar(&o.out, "out", "build/bench", "output directory (results.csv, *.svg charts)")
 	flag.StringVar(&o.guests, "guests", "build/guests", "directory of guest modules (planner.wasm, passthrough-go.wasm)")
 	flag.DurationVar(&o.timeout, "timeout", 8*time.Minute, "kill the rank processes after this long")
 	flag.IntVar(&o.spin, "spin", 64, "busy checks of a signal word before each wait starts yielding the CPU")

@@ -20,6 +20,7 @@ type report struct {
 	notes   []string
 	ratios  []ratio
 	elapsed time.Duration
+	charts  []string // files plots() wrote
 }
 
 type ratio struct {
@@ -99,10 +100,12 @@ func (r *report) write() error {
 	for _, x := range r.ratios {
 		fmt.Fprintf(&b, "ratio_%s,%s/%s,%d,%.4f,x,%d\n", x.metric, x.num, x.den, x.size, x.value, x.reps)
 	}
-	if err := os.WriteFile(filepath.Join(r.o.out, "results.csv"), []byte(b.String()), 0o644); err != nil {
+	err := os.WriteFile(filepath.Join(r.o.out, "results.csv"), []byte(b.String()), 0o644)
+	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(r.o.out, "bandwidth.svg"), []byte(r.svg()), 0o644)
+	r.charts, err = r.plots()
+	return err
 }
 
 func sizeName(s uint64) string {
@@ -210,7 +213,7 @@ func (r *report) print(out io.Writer) {
 			fmt.Fprintf(w, "  - %s\n", n)
 		}
 	}
-	fmt.Fprintf(w, "\nwrote %s and %s\n", filepath.Join(r.o.out, "results.csv"), filepath.Join(r.o.out, "bandwidth.svg"))
+	fmt.Fprintf(w, "\nwrote %s\n", strings.Join(append([]string{filepath.Join(r.o.out, "results.csv")}, r.charts...), ", "))
 }
 
 type target struct{ verdict, text string }
@@ -268,82 +271,4 @@ func (r *report) targets() []target {
 	v, ok = r.med("cold_start", "go-sdk", 0)
 	ts = append(ts, target{verdict(ok, v <= 50), fmt.Sprintf("cold start, Go-SDK guest, warm cache <= 50 ms: %.2f ms", v)})
 	return ts
-}
-
-// ---------------------------------------------------------------- svg
-
-var seriesColors = map[string]string{
-	"plugin-tcp":       "#1f77b4",
-	"raw-tcp":          "#7fb3e0",
-	"plugin-intranode": "#d62728",
-	"raw-pvw":          "#f0a0a0",
-	"memcpy":           "#555555",
-}
-
-func (r *report) svg() string {
-	const W, H, ml, mr, mt, mb = 900.0, 560.0, 80.0, 200.0, 50.0, 60.0
-	pw, ph := W-ml-mr, H-mt-mb
-	series := []string{"plugin-tcp", "raw-tcp", "plugin-intranode", "raw-pvw", "memcpy"}
-	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, c := range series {
-		for _, s := range sizes {
-			if v, ok := r.med("put_bw", c, s); ok && v > 0 {
-				lo, hi = math.Min(lo, v), math.Max(hi, v)
-			}
-		}
-	}
-	if math.IsInf(lo, 1) {
-		lo, hi = 0.001, 100
-	}
-	ylo, yhi := math.Floor(math.Log10(lo)), math.Ceil(math.Log10(hi))
-	if yhi <= ylo {
-		yhi = ylo + 1
-	}
-	xlo, xhi := math.Log2(float64(sizes[0])), math.Log2(float64(sizes[len(sizes)-1]))
-	px := func(s uint64) float64 { return ml + (math.Log2(float64(s))-xlo)/(xhi-xlo)*pw }
-	py := func(v float64) float64 { return mt + ph - (math.Log10(v)-ylo)/(yhi-ylo)*ph }
-
-	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%g" height="%g" viewBox="0 0 %g %g" font-family="sans-serif" font-size="12">`+"\n", W, H, W, H)
-	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="%g" y="24" font-size="15" font-weight="bold">Put bandwidth, rank 0 -> rank 1, same host (median of %d reps)</text>`+"\n", ml, r.o.reps)
-	for d := ylo; d <= yhi; d++ {
-		y := py(math.Pow(10, d))
-		fmt.Fprintf(&b, `<line x1="%g" y1="%.1f" x2="%g" y2="%.1f" stroke="#ddd"/>`+"\n", ml, y, ml+pw, y)
-		fmt.Fprintf(&b, `<text x="%g" y="%.1f" text-anchor="end" dy="4">%s</text>`+"\n", ml-6, y, strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.4f", math.Pow(10, d)), "0"), "."))
-	}
-	for _, s := range sizes {
-		x := px(s)
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%g" x2="%.1f" y2="%g" stroke="#eee"/>`+"\n", x, mt, x, mt+ph)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%g" text-anchor="middle">%s</text>`+"\n", x, mt+ph+18, sizeName(s))
-	}
-	fmt.Fprintf(&b, `<rect x="%g" y="%g" width="%g" height="%g" fill="none" stroke="#333"/>`+"\n", ml, mt, pw, ph)
-	fmt.Fprintf(&b, `<text x="%g" y="%g" text-anchor="middle">message size (log scale)</text>`+"\n", ml+pw/2, H-14)
-	fmt.Fprintf(&b, `<text transform="translate(22 %g) rotate(-90)" text-anchor="middle">GB/s (log scale)</text>`+"\n", mt+ph/2)
-	for i, c := range series {
-		var pts []string
-		for _, s := range sizes {
-			if v, ok := r.med("put_bw", c, s); ok && v > 0 {
-				pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(s), py(v)))
-			}
-		}
-		if len(pts) == 0 {
-			continue
-		}
-		dash := ""
-		if strings.HasPrefix(c, "raw") || c == "memcpy" {
-			dash = ` stroke-dasharray="6 4"`
-		}
-		col := seriesColors[c]
-		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"/>`+"\n", col, dash, strings.Join(pts, " "))
-		for _, p := range pts {
-			xy := strings.Split(p, ",")
-			fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="3" fill="%s"/>`+"\n", xy[0], xy[1], col)
-		}
-		ly := mt + 10 + float64(i)*22
-		fmt.Fprintf(&b, `<line x1="%g" y1="%g" x2="%g" y2="%g" stroke="%s" stroke-width="2"%s/>`+"\n", ml+pw+15, ly, ml+pw+45, ly, col, dash)
-		fmt.Fprintf(&b, `<text x="%g" y="%g" dy="4">%s</text>`+"\n", ml+pw+52, ly, c)
-	}
-	b.WriteString("</svg>\n")
-	return b.String()
 }
