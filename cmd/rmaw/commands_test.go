@@ -13,7 +13,7 @@ func TestConformancePasses(t *testing.T) {
 	for _, name := range []string{"planner", "passthrough"} {
 		t.Run(name, func(t *testing.T) {
 			rc, out, errs := rmaw(t, "test", "-ops", "2000", "-contexts", "16", cModule(t, name))
-			if rc != 0 || !strings.Contains(out, "11 passed, 0 failed") {
+			if rc != 0 || !strings.Contains(out, "12 passed, 0 failed") {
 				t.Fatalf("rc %d:\n%s\n%s", rc, out, errs)
 			}
 		})
@@ -34,6 +34,7 @@ func TestConformanceCatches(t *testing.T) {
 		{"chatty", careless, "chatty=1", "plan-op-volume", "log lines for 2000 plan_op calls"},
 		{"batch", careless, "batch=1", "completions", "rmaw_completions trapped"},
 		{"close-status", careless, "status=1", "context", "rmaw_ctx_close returned status -4"},
+		{"metrics-labels", careless, "metrics=1", "metrics", `label "rank" is the host's`},
 		{"bad-lane", planner, "bad_lane=7", "plan-op-kinds", "lane 1000 outside"},
 		{"hang", planner, "hang=2", "context", "exceeded its time budget"},
 		{"fail-always-ok", planner, "fail_every=1", "", ""},

@@ -11,8 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
@@ -22,6 +26,8 @@ import (
 
 type kit struct {
 	e        *env
+	lf       *loadFlags
+	path     string
 	b        *sandbox.Backend
 	contexts int
 	ops      int
@@ -43,6 +49,7 @@ var checks = []check{
 	{"completions", "completion batches of 0, 1, cap, cap+1 and 10x cap records", (*kit).completions},
 	{"completions-hostile", "completion records with unknown kinds, error statuses, huge sizes, peers and latencies", (*kit).completionsHostile},
 	{"many-contexts", "many contexts open at once, each used, all closed, then one more", (*kit).manyContexts},
+	{"metrics", "rmaw_metrics (if exported) returns Prometheus text the host accepts, during and at the close of a context", (*kit).metrics},
 	{"finalize", "contexts and the backend close with status 0 and no fault was counted", (*kit).finalize},
 }
 
@@ -81,7 +88,7 @@ func runTest(e *env, args []string) error {
 		fmt.Fprintf(e.stdout, "0 passed, 1 failed\n")
 		return errFailed
 	}
-	k.b = b
+	k.b, k.lf, k.path = b, &lf, path
 	defer b.Close()
 	pass, fail := 1, 0
 	fmt.Fprintf(e.stdout, "PASS load (features %s)\n", featureNames(b.Info().Features))
@@ -363,6 +370,49 @@ func (k *kit) manyContexts() (string, error) {
 	}
 	cs = append(cs, c)
 	return fmt.Sprintf("%d contexts", k.contexts), nil
+}
+
+// metrics loads the module a second time with a metrics file, so that the
+// host calls rmaw_metrics after every completion batch and at the close.
+func (k *kit) metrics() (string, error) {
+	if !slices.Contains(k.b.Info().Exports, guestabi.ExportMetrics) {
+		return "rmaw_metrics not exported; nothing to drive", nil
+	}
+	dir, err := os.MkdirTemp("", "rmaw-test-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	file := filepath.Join(dir, "metrics.prom")
+	abs, _ := filepath.Abs(k.path)
+	bi, err := sandbox.Open(sandbox.Options{Name: abs, Config: k.lf.config, CacheDir: "off", MemoryLimitMiB: uint32(k.lf.memMiB),
+		CallTimeout: k.lf.timeout, MetricsFile: file, MetricsInterval: time.Nanosecond})
+	if err != nil {
+		return "", err
+	}
+	b := bi.(*sandbox.Backend)
+	defer b.Close()
+	c, err := b.NewContext(backend.ContextInfo{CommID: 13, NRanks: 4, Rank: 2, Contexts: 1})
+	if err != nil {
+		return "", err
+	}
+	for i := 0; i < 3 && c.WantsCompletions(); i++ {
+		if err := c.Completions([]backend.Completion{{Kind: backend.OpPut, Peer: uint32(i), Size: 4096, Latency: 30000, Lane: -1}}); err != nil {
+			c.Close()
+			return "", fmt.Errorf("completions with metrics export: %w", err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		return "", fmt.Errorf("close with metrics export: %w", err)
+	}
+	if inf := b.Info(); inf.Faults != 0 {
+		return "", fmt.Errorf("%d fault(s) with the metrics export (see the log lines)", inf.Faults)
+	}
+	text, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("the host wrote no metrics file: %w", err)
+	}
+	return fmt.Sprintf("%d bytes of text, %d lines", len(text), strings.Count(string(text), "\n")), nil
 }
 
 func (k *kit) finalize() (string, error) {

@@ -5,13 +5,14 @@
  *   chatty=1    log on every plan_op
  *   batch=1     trap on a completion batch larger than 8
  *   status=1    fail rmaw_ctx_close with a status
+ *   metrics=1   answer rmaw_metrics with a label of the host's (rank)
  */
 #include "rmaw.h"
 
 RMAW_ABI_V1()
 RMAW_DEFINE_AREA(64)
 
-static int64_t kinds, ctxs, chatty, batch, status;
+static int64_t kinds, ctxs, chatty, batch, status, metrics;
 static uint32_t per_ctx[16];
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
@@ -23,6 +24,7 @@ RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
   chatty = rmaw_config_int(cfg, (uint32_t)len, "chatty", 0);
   batch = rmaw_config_int(cfg, (uint32_t)len, "batch", 0);
   status = rmaw_config_int(cfg, (uint32_t)len, "status", 0);
+  metrics = rmaw_config_int(cfg, (uint32_t)len, "metrics", 0);
   return (RMAW_FEATURE_PLAN_OP | RMAW_FEATURE_COMPLETIONS) & host_features;
 }
 
@@ -50,4 +52,13 @@ RMAW_EXPORT(rmaw_completions) int32_t rmaw_completions(int32_t ctx, int32_t n) {
 RMAW_EXPORT(rmaw_ctx_close) int32_t rmaw_ctx_close(int32_t ctx) {
   (void)ctx;
   return status ? RMAW_ERR_INTERNAL : RMAW_OK;
+}
+
+static const char good[] = "# TYPE careless_ops_total counter\ncareless_ops_total 1\n";
+static const char bad[] = "careless_ops_total{rank=\"0\"} 1\n";
+
+RMAW_EXPORT(rmaw_metrics) int64_t rmaw_metrics(void) {
+  const char *t = metrics ? bad : good;
+  uint32_t n = metrics ? sizeof bad - 1 : sizeof good - 1;
+  return ((int64_t)(uint32_t)(uintptr_t)t << 32) | n;
 }
