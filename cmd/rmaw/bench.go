@@ -7,8 +7,13 @@ package main
 // end-to-end figures between two processes come from `make bench`.
 
 import (
+	"bytes"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
@@ -27,6 +32,8 @@ func runBench(e *env, args []string) error {
 	batch := fs.Int("batch", 64, "completion records per batch")
 	opNs := fs.Float64("op-ns", nativeOpNs, "native data-path cost of one 8-byte put, ns (make bench measures it)")
 	size := fs.Uint64("size", 8, "bytes per operation")
+	e2e := fs.Bool("e2e", false, "also run the two-process message-rate benchmark (build/rmabench -series rate) with this module as its per-op-hook backend")
+	rmabench := fs.String("rmabench", "", "the rmabench binary for -e2e (default: build/rmabench of the checkout)")
 	path, err := oneModule(fs, args)
 	if err != nil {
 		return err
@@ -68,6 +75,86 @@ func runBench(e *env, args []string) error {
 	if inf := b.Info(); inf.Faults != 0 {
 		fmt.Fprintf(w, "  faults: %d\n", inf.Faults)
 		return errFailed
+	}
+	if *e2e {
+		return benchE2E(e, path, *rmabench, lf.config)
+	}
+	return nil
+}
+
+// benchE2E runs rmabench's message-rate series between two processes with
+// the module in place of the planner (its per-op-hook series): rmabench
+// loads "planner" from its -guests directory, so a temporary directory
+// holds the module under that name.
+func benchE2E(e *env, path, bin, config string) error {
+	if bin == "" {
+		root := findRepo()
+		if root == "" {
+			return usageError{"-e2e: no rccl-rma-wasm checkout found for build/rmabench: pass -rmabench"}
+		}
+		bin = filepath.Join(root, "build", "rmabench")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return fmt.Errorf("-e2e needs %s (make bench-build builds it): %w", bin, err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "rmaw-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	guests := filepath.Join(dir, "guests")
+	if err := os.MkdirAll(guests, 0o755); err != nil {
+		return err
+	}
+	if err := os.Symlink(abs, filepath.Join(guests, "planner.wasm")); err != nil {
+		return err
+	}
+	if config != "" { // rmabench hands the planner its own configuration; a .conf is read only when that is empty
+		fmt.Fprintf(e.stderr, "rmaw bench: -e2e: rmabench configures its per-op-hook series itself; -config is not passed\n")
+	}
+	out := filepath.Join(dir, "out")
+	cmd := exec.Command(bin, "-quick", "-series", "rate", "-out", out, "-guests", guests)
+	cmd.Stderr = e.stderr
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	fmt.Fprintf(e.stdout, "end to end: %s -quick -series rate (two processes on this host, the module as the per-op hook)\n", bin)
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("rmabench: %w\n%s", err, stdout.String())
+	}
+	csv, err := os.ReadFile(filepath.Join(out, "results.csv"))
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, line := range strings.Split(string(csv), "\n") {
+		f := strings.Split(line, ",")
+		if len(f) != 6 {
+			continue
+		}
+		label := map[string]string{
+			"msg_rate/native":                         "native",
+			"msg_rate/planner":                        "this module, plan_op only",
+			"msg_rate/planner+telemetry":              "this module, plan_op and completions",
+			"ratio_msg_rate/planner/native":           "message rate vs native, plan_op only",
+			"ratio_msg_rate/planner+telemetry/native": "message rate vs native, with completions",
+		}[f[0]+"/"+f[1]]
+		if label == "" || f[2] != "8" {
+			continue
+		}
+		found = true
+		unit := f[4]
+		if unit == "x" {
+			fmt.Fprintf(e.stdout, "  %-42s %8s x (median of %s repetitions)\n", label, f[3], f[5])
+		} else {
+			fmt.Fprintf(e.stdout, "  %-42s %8s %s\n", label, f[3], unit)
+		}
+	}
+	if !found {
+		return fmt.Errorf("rmabench reported no message rate for the module:\n%s", stdout.String())
 	}
 	return nil
 }

@@ -151,3 +151,25 @@ func TestNew(t *testing.T) {
 		t.Fatalf("a bad name: rc %d", rc)
 	}
 }
+
+// TestBenchE2E: -e2e runs rmabench's two-process message-rate series with
+// the module as its per-op hook and reports the ratio against native.
+func TestBenchE2E(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "rmabench")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/rmabench")
+	build.Dir = repoRoot(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building rmabench: %v\n%s", err, out)
+	}
+	rc, out, errs := rmaw(t, "bench", "-ops", "1000", "-reps", "1", "-e2e", "-rmabench", bin, cModule(t, "planner"))
+	if rc != 0 {
+		t.Fatalf("rc %d:\n%s\n%s", rc, out, errs)
+	}
+	m := regexp.MustCompile(`message rate vs native, plan_op only +([0-9.]+) x`).FindStringSubmatch(out)
+	if m == nil || m[1] == "0" {
+		t.Fatalf("no end-to-end ratio:\n%s", out)
+	}
+	if rc, _, _ := rmaw(t, "bench", "-ops", "100", "-reps", "1", "-e2e", "-rmabench", filepath.Join(t.TempDir(), "none"), cModule(t, "planner")); rc != 1 {
+		t.Fatalf("a missing rmabench: rc %d", rc)
+	}
+}
