@@ -108,7 +108,6 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 	}
 	lane := int32(-1)
 	op.Codec = uint32(r.c.plan.Codec)
-	q.lane = -1
 	if s.plans {
 		var status abi.Result
 		if lane, status = s.planOp(r, context, rank, kind, optFlags, sigOp, op); status != abi.Success {

@@ -62,6 +62,7 @@ func (p *requestPool) alloc() (*request, uint32, bool) {
 	r := p.slot(idx)
 	r.gen.Store((r.gen.Load() + 1) & genMask)
 	r.status.Store(0)
+	r.lane = -1 // no plan (a flush, an unplanned op) until issue says otherwise
 	r.parts.Store(1)
 	r.state.Store(reqPending)
 	return r, idx, true
