@@ -179,6 +179,24 @@ func TestTargetRejectsBadRanges(t *testing.T) {
 		if n < 4 {
 			t.Fatalf("intra=%v: %d rejections reported, want at least 4", intra, n)
 		}
+		// The rejected puts and signals fail their own requests too, with
+		// the target's code, and never complete as a success.
+		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 9, SigOp: abi.SignalOpInc, Tag: 7, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}, false, -1)
+		for _, tag := range []uint64{1, 2, 3, 7} {
+			if st := waitDone(t, os[0], tag); st != abi.InvalidArgument {
+				t.Fatalf("intra=%v: request %d rejected at the target completed with %v, want %v", intra, tag, st, abi.InvalidArgument)
+			}
+		}
+		if st := waitDone(t, os[0], 5); st != abi.Success {
+			t.Fatalf("intra=%v: valid put after rejections: %v", intra, st)
+		}
+		os[0].mu.Lock()
+		for tag, k := range os[0].parts {
+			if k != 1 {
+				t.Errorf("intra=%v: request %d completed %d times", intra, tag, k)
+			}
+		}
+		os[0].mu.Unlock()
 	}
 }
 

@@ -39,14 +39,21 @@ const (
 	fabNapsBeforeWait = 2000 + 64 + 50
 )
 
-// Control messages (fi_inject, fabMsgSize bytes, little endian):
+// Control messages (fabMsgSize bytes, little endian):
 //
-//	0 type u8 | 1 sigOp u8 | 2 rank u16 | 4 sigMrID u32 | 8 seq u64
+//	0 type u8 | 1 sigOp u8 | 2 rank u16 | 4 sigMrID u32 | 8 seq u48, slot u16
 //	16 sigOff u64 | 24 sigValue u64
+//
+// slot (a signal's: the sender's operation slot) comes back in the signal's
+// verdict, which reuses the layout: 1 holds the status (0: applied or
+// queued in order; else the ncclResult_t of the rejection) and 8 the same
+// seq and slot. Sequence numbers are 48 bits, as in 8-byte CQ data.
 const (
-	fabMsgSignal = 1 // apply a signal once every earlier sequence number landed
-	fabMsgBye    = 2 // the sender's last message on one of its lanes
-	fabMsgByeAck = 3 // everything before that goodbye was applied
+	fabMsgSignal  = 1 // apply a signal once every earlier sequence number landed
+	fabMsgBye     = 2 // the sender's last message on one of its lanes
+	fabMsgByeAck  = 3 // everything before that goodbye was applied
+	fabMsgVerdict = 4 // the target checked a signal's word: the request may complete
+	fabSeqMask    = 1<<48 - 1
 )
 
 // Slot states, in the low two bits of fabSlot.state; the bits above hold
@@ -61,7 +68,20 @@ type fabSlot struct {
 	state atomic.Uint32
 	link  *fabricLink // written before state turns posted
 	tag   uint64
+	// A signal's slot is kept until both its send completed (the provider
+	// is done with the context) and the target's verdict came: the request
+	// fails if the target rejected the signal word. Written before the
+	// post, then only under the endpoint's pollMu.
+	sig bool
+	got uint8 // sigSent | sigVerdict
+	vst abi.Result
+	seq uint64
 }
+
+const (
+	sigSent    = 1
+	sigVerdict = 2
+)
 
 // fabEP is the endpoint of one listener, then of the Mesh it connects.
 type fabEP struct {
@@ -89,6 +109,8 @@ type fabEP struct {
 	gone   bool // under pollMu: the endpoint is closed
 	byeMu  sync.Mutex
 	byes   []fabBye // goodbyes waiting for the orderer to pass them
+	// verdicts that found no room to be sent yet (under pollMu)
+	verdicts []fabVerdict
 
 	quit     chan struct{}
 	done     chan struct{}
@@ -100,6 +122,12 @@ type fabEP struct {
 type fabBye struct {
 	link *fabricLink
 	seq  uint64
+}
+
+type fabVerdict struct {
+	link   *fabricLink
+	word   uint64 // seq and slot, as the signal carried them
+	status abi.Result
 }
 
 func providerHash(prov string) uint32 {
@@ -378,6 +406,9 @@ func (e *fabEP) poll() (n int, ok bool) {
 	}
 	e.retry()
 	e.checkByes()
+	if len(e.verdicts) > 0 {
+		e.sendVerdicts()
+	}
 	return n, true
 }
 
@@ -447,10 +478,28 @@ func (e *fabEP) link(rank int) *fabricLink {
 func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 	s := &e.slots[idx]
 	v := s.state.Load()
+	if v&3 == slotPosted && s.seq != 0 && s.got&sigSent == 0 {
+		// Completion means delivery: the target has this number, so
+		// later ones may be posted (seqWindow).
+		s.link.win.complete(s.seq)
+	}
+	if s.sig && v&3 == slotPosted {
+		// The signal's send is done; its request waits for the verdict.
+		s.got |= sigSent
+		if status != abi.Success && s.vst == abi.Success {
+			s.vst = status
+		}
+		if s.got&sigVerdict == 0 && status == abi.Success {
+			return
+		}
+		// Verdict in, or the send failed (no verdict will come then).
+		s.got |= sigVerdict
+		status = s.vst
+	}
 	switch {
 	case v&3 == slotPosted && s.state.CompareAndSwap(v, slotFree):
 		l, tag := s.link, s.tag
-		s.link = nil
+		s.link, s.sig, s.got, s.vst = nil, false, 0, abi.Success
 		e.free <- idx
 		l.inflight.Add(-1)
 		if err != nil {
@@ -461,9 +510,45 @@ func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 			l.p.m.owner.Complete(tag, status)
 		}
 	case v&3 == slotFailed && s.state.CompareAndSwap(v, slotFree):
-		s.link = nil
+		s.link, s.sig, s.got, s.vst = nil, false, 0, abi.Success
 		e.free <- idx
 	}
+}
+
+// verdict is the target's answer to our signal in slot idx (under pollMu).
+// A verdict that matches no signal of ours awaiting one (a stale or forged
+// slot) changes nothing but a rejection's sticky error.
+func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
+	if status != abi.Success {
+		l.p.m.owner.PeerFailed(l.p.rank, fmt.Errorf("rank %d rejected a signal (sequence number %d): %v", l.p.rank, word&fabSeqMask, status))
+	}
+	idx := uint32(word >> 48)
+	if idx >= fabSlots {
+		return
+	}
+	s := &e.slots[idx]
+	if s.state.Load()&3 != slotPosted || !s.sig || s.link != l || s.seq != word&fabSeqMask || s.got&sigVerdict != 0 {
+		return
+	}
+	s.got |= sigVerdict
+	if status != abi.Success && s.vst == abi.Success {
+		s.vst = status
+	}
+	if s.got&sigSent != 0 {
+		e.finish(idx, s.vst, nil)
+	}
+}
+
+// sendVerdicts sends the verdicts that waited for room (under pollMu).
+func (e *fabEP) sendVerdicts() {
+	k := 0
+	for _, v := range e.verdicts {
+		if !v.link.p.dead.Load() && !v.link.sendVerdict(v.word, v.status) {
+			e.verdicts[k] = v
+			k++
+		}
+	}
+	e.verdicts = e.verdicts[:k]
 }
 
 // message applies a control message from a peer.
@@ -477,18 +562,22 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 		return
 	}
 	p := l.p
-	seq := binary.LittleEndian.Uint64(m[8:])
+	word := binary.LittleEndian.Uint64(m[8:])
+	seq := word & fabSeqMask
 	switch m[0] {
 	case fabMsgSignal:
 		sig, add, status := p.signalTarget(binary.LittleEndian.Uint32(m[4:]), binary.LittleEndian.Uint64(m[16:]), m[1], binary.LittleEndian.Uint64(m[24:]))
-		if status != abi.Success {
-			// TCP answers with a nack; here the initiator already
-			// completed, so the target reports it.
-			p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d sent a signal to an invalid target", p.rank))
-		}
 		if err := p.landed(seq, sig, add); err != nil {
 			go p.markDead(err)
+			return
 		}
+		// The initiator's request completes on this verdict: with the
+		// rejection's code when the word is not a valid signal target.
+		if !l.sendVerdict(word, status) {
+			e.verdicts = append(e.verdicts, fabVerdict{l, word, status})
+		}
+	case fabMsgVerdict:
+		e.verdict(l, word, rejectedOrOK(m[1]))
 	case fabMsgBye:
 		p.peerBye.Store(true)
 		if err := p.landed(seq, sigRef{}, 0); err != nil {

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"net"
 	"runtime"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 const nameFabric = "fabric"
@@ -38,6 +40,8 @@ type fabricLink struct {
 
 	regMu  sync.Mutex
 	remote atomic.Pointer[[]fabRemote] // the peer's registrations by id
+
+	win *seqWindow // how far our numbers may run ahead (fabric_window.go)
 }
 
 type fabRemote struct{ base, key uint64 }
@@ -52,6 +56,16 @@ type fabPend struct {
 
 func newFabricLink(p *peer, outs, ins []*net.TCPConn, e *fabEP, addr uint64) *fabricLink {
 	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, addr: addr}
+	// At most 2^seqBits numbers (the CQ data field) and the orderer's
+	// window past the target's first missing number.
+	size := uint64(fabSeqWindow)
+	if e.seqBits < 63 {
+		size = min(size, 1<<e.seqBits)
+	}
+	if p.m.orderWindow > 0 {
+		size = min(size, uint64(1)<<(63-bits.LeadingZeros64(p.m.orderWindow))) // a power of two at most the window
+	}
+	f.win = newSeqWindow(size)
 	empty := []fabRemote{}
 	f.remote.Store(&empty)
 	f.tcpLink.onReg = f.peerRegistered
@@ -133,7 +147,14 @@ func (f *fabricLink) post(pd *fabPend) error {
 	}
 	switch {
 	case op.Msg == msgBye:
-		return f.msg(fabMsgBye, pd.seq, op, false)
+		if !f.win.fits(pd.seq) {
+			return fabric.ErrAgain
+		}
+		if err := f.msg(fabMsgBye, pd.seq, op, false); err != nil {
+			return err
+		}
+		f.win.complete(pd.seq) // injected: no completion will say so
+		return nil
 	case op.Msg == MsgPutSignal && pd.sigOnly:
 		return f.msg(fabMsgSignal, pd.sigSeq, op, true)
 	}
@@ -141,10 +162,14 @@ func (f *fabricLink) post(pd *fabPend) error {
 	if !ok {
 		return fmt.Errorf("rank %d registration %d has no fabric key", f.p.rank, op.MrID)
 	}
+	if op.Msg != MsgGet && !f.win.fits(pd.seq) {
+		return fabric.ErrAgain
+	}
 	idx, ok := f.slot(op.Tag)
 	if !ok {
 		return fabric.ErrAgain
 	}
+	f.e.slots[idx].seq = pd.seq
 	ctx := f.e.slotArea(idx)
 	var err error
 	if op.Msg == MsgGet {
@@ -178,7 +203,8 @@ func (f *fabricLink) slot(tag uint64) (uint32, bool) {
 	select {
 	case idx := <-f.e.free:
 		s := &f.e.slots[idx]
-		s.link, s.tag = f, tag
+		s.link, s.tag, s.seq = f, tag, 0
+		s.sig, s.got, s.vst = false, 0, abi.Success // a signal's unslot leaves them
 		f.inflight.Add(1)
 		s.state.Store(slotPosted | uint32(f.p.rank)<<2)
 		return idx, true
@@ -204,15 +230,27 @@ func (f *fabricLink) msg(typ uint8, seq uint64, op *Op, complete bool) error {
 	if complete {
 		tag = op.Tag
 	}
+	if typ == fabMsgSignal && !f.win.fits(seq) {
+		return fabric.ErrAgain
+	}
 	idx, ok := f.slot(tag)
 	if !ok {
 		return fabric.ErrAgain
+	}
+	word := seq & fabSeqMask
+	f.e.slots[idx].seq = word
+	if complete && typ == fabMsgSignal && !f.p.m.localComp {
+		// Kept until the target's verdict too (fabEP.verdict); set before
+		// the post, so before any poller can see the completion.
+		s := &f.e.slots[idx]
+		s.sig, s.got, s.vst = true, 0, abi.Success
+		word |= uint64(idx) << 48
 	}
 	b := unsafe.Slice((*byte)(unsafe.Add(f.e.slotArea(idx), fabric.ContextSize)), fabMsgSize)
 	b[0], b[1] = typ, 0
 	binary.LittleEndian.PutUint16(b[2:], uint16(f.e.rank))
 	binary.LittleEndian.PutUint32(b[4:], 0)
-	binary.LittleEndian.PutUint64(b[8:], seq)
+	binary.LittleEndian.PutUint64(b[8:], word)
 	binary.LittleEndian.PutUint64(b[16:], 0)
 	binary.LittleEndian.PutUint64(b[24:], 0)
 	if typ == fabMsgSignal {
@@ -231,6 +269,34 @@ func (f *fabricLink) msg(typ uint8, seq uint64, op *Op, complete bool) error {
 	err := f.e.ep.Inject(unsafe.Pointer(&b[0]), fabMsgSize, f.addr)
 	f.unslot(idx)
 	return err
+}
+
+// sendVerdict tells the peer whether its signal (word: seq and slot, as it
+// sent them) targets a valid word; false means no room yet.
+func (f *fabricLink) sendVerdict(word uint64, status abi.Result) bool {
+	idx, ok := f.slot(0)
+	if !ok {
+		return false
+	}
+	b := unsafe.Slice((*byte)(unsafe.Add(f.e.slotArea(idx), fabric.ContextSize)), fabMsgSize)
+	clear(b)
+	b[0], b[1] = fabMsgVerdict, uint8(status)
+	binary.LittleEndian.PutUint16(b[2:], uint16(f.e.rank))
+	binary.LittleEndian.PutUint64(b[8:], word)
+	err := f.e.ep.Inject(unsafe.Pointer(&b[0]), fabMsgSize, f.addr)
+	f.unslot(idx)
+	if err != nil && err != fabric.ErrAgain {
+		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: verdict to rank %d: %v", f.p.rank, err)
+	}
+	return err != fabric.ErrAgain
+}
+
+// rejectedOrOK reads a verdict's status byte.
+func rejectedOrOK(b uint8) abi.Result {
+	if b == 0 {
+		return abi.Success
+	}
+	return rejected(uint16(b))
 }
 
 // control sends a message that is not an operation (the goodbye's
@@ -304,12 +370,21 @@ func (f *fabricLink) failAll() {
 		f.p.fail(&pend[i].op)
 	}
 	mine := slotPosted | uint32(f.p.rank)<<2
+	// Under pollMu: a signal's slot whose send completed waits only for
+	// the verdict, which will not come; nobody else frees it.
+	f.e.pollMu.Lock()
+	defer f.e.pollMu.Unlock()
 	for i := range f.e.slots {
 		s := &f.e.slots[i]
 		if s.state.CompareAndSwap(mine, slotFailed|uint32(f.p.rank)<<2) {
 			f.inflight.Add(-1)
 			if s.tag != 0 {
 				f.p.m.owner.Complete(s.tag, abi.RemoteError)
+			}
+			if s.sig && s.got&sigSent != 0 {
+				s.link, s.sig, s.got, s.vst = nil, false, 0, abi.Success
+				s.state.Store(slotFree)
+				f.e.free <- uint32(i)
 			}
 		}
 	}

@@ -493,3 +493,136 @@ func TestFabricDeclined(t *testing.T) {
 		fabric.Free(src)
 	}
 }
+
+// TestFabricRejectedSignal: a signal whose word the target rejects (an
+// unknown registration, an offset outside it or unaligned) fails the
+// sender's request with the target's code and sets the sender's sticky
+// error; the request completes exactly as many times as it has parts, and
+// the link stays usable.
+func TestFabricRejectedSignal(t *testing.T) {
+	const size = 1 << 16
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	src := fabric.Alloc(4096)
+	defer fabric.Free(src)
+	bad := []Op{
+		{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, SigMrID: 9, SigOp: abi.SignalOpInc},
+		{Msg: MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 64, SigMrID: 1, SigOff: size, SigOp: abi.SignalOpInc},
+		{Msg: MsgPutSignal, Tag: 3, SigMrID: 1, SigOff: 12, SigOp: abi.SignalOpInc},
+		{Msg: MsgPutSignal, Tag: 4, SigMrID: 1, SigOff: 16, SigOp: 9},
+	}
+	for i := range bad {
+		ms[0].Post(1, &bad[i], false, -1)
+	}
+	for i := range bad {
+		parts := ms[0].PeerParts(1, bad[i].Msg, bad[i].Size)
+		if st := os[0].waitN(t, bad[i].Tag, parts); st != abi.InvalidArgument {
+			t.Fatalf("signal %d rejected at the target: request completed with %v, want %v", bad[i].Tag, st, abi.InvalidArgument)
+		}
+	}
+	ms[0].Post(1, &Op{Msg: MsgPutSignal, Tag: 5, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: 3}, false, -1)
+	if st := os[0].waitN(t, 5, ms[0].PeerParts(1, MsgPutSignal, 0)); st != abi.Success {
+		t.Fatalf("valid signal after rejections: %v", st)
+	}
+	if w := *(*uint64)(unsafe.Add(os[1].mem, 8)); w != 3 {
+		t.Fatalf("signal word %d, want 3", w)
+	}
+	time.Sleep(10 * time.Millisecond) // a duplicate completion would show now
+	os[0].mu.Lock()
+	defer os[0].mu.Unlock()
+	for i := range bad {
+		if got, want := os[0].parts[bad[i].Tag], ms[0].PeerParts(1, bad[i].Msg, bad[i].Size); got != want {
+			t.Errorf("request %d completed %d times, want %d", bad[i].Tag, got, want)
+		}
+	}
+	if len(os[0].fail) < len(bad) {
+		t.Fatalf("%d rejections reported to the sender, want %d: %v", len(os[0].fail), len(bad), os[0].fail)
+	}
+}
+
+// TestSeqWindow: the guard's bookkeeping, completions in any order.
+func TestSeqWindow(t *testing.T) {
+	w := newSeqWindow(8)
+	for s := uint64(1); s <= 8; s++ {
+		if !w.fits(s) {
+			t.Fatalf("%d does not fit an empty window", s)
+		}
+	}
+	if w.fits(9) {
+		t.Fatal("9 fits while 1 is in flight, window 8")
+	}
+	for _, s := range []uint64{3, 2, 8, 5} {
+		w.complete(s)
+	}
+	if w.fits(9) {
+		t.Fatal("9 fits while 1 is in flight")
+	}
+	w.complete(1) // 1, 2, 3 done: low is 4
+	if !w.fits(11) || w.fits(12) {
+		t.Fatalf("after 1..3 completed: low %d", w.low)
+	}
+	w.complete(4) // 5 done too: low 6
+	w.complete(0)
+	w.complete(2) // again: ignored
+	if w.low != 6 || !w.fits(13) || w.fits(14) {
+		t.Fatalf("low %d, want 6", w.low)
+	}
+	for s := uint64(6); s <= 100; s++ {
+		if !w.fits(s) {
+			t.Fatalf("%d does not fit with low %d", s, w.low)
+		}
+		w.complete(s)
+	}
+	if w.low != 101 {
+		t.Fatalf("low %d after completing everything up to 100", w.low)
+	}
+}
+
+// TestFabricSeqWindowHolds: with a 6-bit sequence field, while nothing
+// of ours can complete (no poller) no more than 2^6 numbers are posted;
+// the rest wait in order and land once completions flow, every byte and
+// the signal count right.
+func TestFabricSeqWindowHolds(t *testing.T) {
+	fabTestSeqBits = 6
+	defer func() { fabTestSeqBits = 0 }()
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
+	l := ms[0].fab.links[1]
+	if l.win.size != 64 {
+		t.Fatalf("window %d, want 64 for a 6-bit field", l.win.size)
+	}
+	src := fabric.Alloc(8 * 1024)
+	defer fabric.Free(src)
+	const n = 600
+	// One put first: rxm connects on the first send, which needs progress.
+	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 1 << 20, Local: src, Size: 8, Off: 0}, false, -1)
+	os[0].wait(t, 1<<20)
+	ms[0].fab.pollMu.Lock() // nobody reaps: nothing of ours completes
+	for i := uint64(1); i <= n; i++ {
+		*(*uint64)(unsafe.Add(src, 8*i)) = i
+		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: i, Local: unsafe.Add(src, 8*i), Size: 8, Off: 8 * i}, false, -1)
+	}
+	ms[0].Post(1, &Op{Msg: MsgPutSignal, Tag: n + 1, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+	posted := l.inflight.Load()
+	waiting := l.backlog.Load()
+	ms[0].fab.pollMu.Unlock()
+	t.Logf("%d posted, %d waiting", posted, waiting)
+	if posted > 64 || waiting < n+1-64 {
+		t.Fatalf("%d posted and %d waiting with nothing completed; the window allows 64", posted, waiting)
+	}
+	for i := uint64(1); i <= n; i++ {
+		if st := os[0].wait(t, i); st != abi.Success {
+			t.Fatalf("put %d: %v", i, st)
+		}
+	}
+	os[0].waitN(t, n+1, ms[0].PeerParts(1, MsgPutSignal, 0))
+	for deadline := time.Now().Add(5 * time.Second); *(*uint64)(os[1].mem) != 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("signal never applied")
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
+	for i := uint64(1); i <= n; i++ {
+		if v := *(*uint64)(unsafe.Add(os[1].mem, 8*i)); v != i {
+			t.Fatalf("word %d: %d", i, v)
+		}
+	}
+}

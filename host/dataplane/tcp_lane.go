@@ -588,6 +588,38 @@ func (l *lane) ackPuts(n uint64) bool {
 	}
 }
 
+// failPut fails the oldest put of request tag awaiting its ack (a nack
+// names it; nacks come in stream order, so the oldest is the one) and
+// leaves 0 in its place. In local-completion mode the put completed when
+// written: only the sticky error reports the rejection then.
+func (l *lane) failPut(tag uint64, st abi.Result) {
+	if tag == 0 {
+		return
+	}
+	found := false
+	l.amu.Lock()
+	for i := 0; i < l.pLen; i++ {
+		k := (l.pHead + i) % len(l.puts)
+		if l.puts[k] == tag {
+			l.puts[k], found = 0, true
+			break
+		}
+	}
+	l.amu.Unlock()
+	if found {
+		l.p.m.owner.Complete(tag, st)
+	}
+}
+
+// rejected is the status a peer's rejection carries, as a failure: a
+// status that is not one (0, or beyond the codes) reads as a remote error.
+func rejected(status uint16) abi.Result {
+	if st := abi.Result(status); st != abi.Success && st <= abi.RemoteError {
+		return st
+	}
+	return abi.RemoteError
+}
+
 // failPuts fails every put awaiting its ack; the peer is dead.
 func (l *lane) failPuts() {
 	l.amu.Lock()
@@ -704,8 +736,12 @@ func (l *lane) replies() {
 		case msgByeAck:
 			p.ackBye()
 		case msgNack:
+			st := rejected(h.status)
 			p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d rejected a put of %d bytes at offset %d of registration %d (signal registration %d offset %d): %v",
-				p.rank, h.size, h.off, h.mrID, h.sigMrID, h.sigOff, abi.Result(h.status)))
+				p.rank, h.size, h.off, h.mrID, h.sigMrID, h.sigOff, st))
+			// The nack comes before the ack that covers its put: the
+			// request fails now, and the ack completes nothing for it.
+			l.failPut(h.tag, st)
 		default:
 			p.markDead(fmt.Errorf("protocol error: message type %d from rank %d", h.typ, p.rank))
 			return
