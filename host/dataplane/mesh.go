@@ -125,6 +125,9 @@ type Options struct {
 	// readers of the process may spin at once (tcp_spin.go).
 	SpinWait time.Duration
 	Spinners int
+	// PeerTimeout fails a peer with operations outstanding whose streams
+	// moved no byte for this long (watchdog.go); 0 waits forever.
+	PeerTimeout time.Duration
 }
 
 // DefaultCloseTimeout is Options.CloseTimeout when it is zero: the default
@@ -151,7 +154,8 @@ type Mesh struct {
 	spinWait     time.Duration
 	spinners     int
 	wg           sync.WaitGroup
-	fab          *fabEP // the libfabric endpoint, nil without one
+	quit         chan struct{} // closed by Close: stops the watchdog
+	fab          *fabEP        // the libfabric endpoint, nil without one
 }
 
 // ErrPeerGone is the status of operations to a peer that closed or failed.
@@ -181,7 +185,7 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	}
 	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n), lanes: lanes,
 		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout, localComp: opt.LocalCompletion,
-		orderWindow: opt.OrderWindow, spinWait: opt.SpinWait, spinners: opt.Spinners}
+		orderWindow: opt.OrderWindow, spinWait: opt.SpinWait, spinners: opt.Spinners, quit: make(chan struct{})}
 	if m.orderWindow == 0 {
 		m.orderWindow = DefaultOrderWindow
 	}
@@ -229,6 +233,10 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	}
 	for _, p := range m.peers {
 		p.t.start()
+	}
+	if opt.PeerTimeout > 0 {
+		m.wg.Add(1)
+		go m.watch(opt.PeerTimeout)
 	}
 	return m, nil
 }
@@ -413,6 +421,7 @@ func (m *Mesh) Close() error {
 	if m.closed.Swap(true) {
 		return nil
 	}
+	close(m.quit)
 	for _, p := range m.peers {
 		p.sayGoodbye()
 	}

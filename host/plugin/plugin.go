@@ -79,6 +79,12 @@ func selectBackend() (*loaded, error) {
 
 // Init creates an independent plugin context.
 func Init(commID uint64) (uint64, abi.Result) {
+	// Before anything opens a file: without a descriptor for the runtime's
+	// poller the process would abort (dataplane.EnsurePoller).
+	if err := dataplane.EnsurePoller(); err != nil {
+		logx.Warn(abi.SubsysInit|abi.SubsysNet, "NET/wasm: init: %v", err)
+		return 0, abi.SystemError
+	}
 	dataplane.Prewarm(config.Addr.Get()) // overlaps with loading the backend
 	l, err := selectBackend()
 	if err != nil {

@@ -110,7 +110,8 @@ const char* hub_run(child_t* C, int N) {
         if (C[r].alive) kill(C[r].pid, SIGKILL);
       break;
     }
-    int n = poll(pfd, (nfds_t)N, 1000);
+    if (opt.scenario == SC_FAULT) fault_tick(C, N);
+    int n = poll(pfd, (nfds_t)N, opt.scenario == SC_FAULT ? 10 : 1000);
     if (n < 0 && errno != EINTR) break;
     for (int r = 0; r < N && n > 0; r++) {
       if (!pfd[r].revents) continue;
@@ -186,6 +187,7 @@ const char* hub_run(child_t* C, int N) {
       for (int q = 0; q < N; q++)
         if (C[q].alive) hub_reply(C, q, 0, -1, out, len * (size_t)N);
       free(out);
+      if (opt.scenario == SC_FAULT) fault_after_collective(C, N, tag);
     }
   }
   for (int r = 0; r < N; r++)

@@ -41,7 +41,10 @@
 
 /* ---- options (main.c) ---- */
 
-enum scenario { SC_BASIC, SC_BAD_INPUT, SC_KILL, SC_TEARDOWN };
+enum scenario { SC_BASIC, SC_BAD_INPUT, SC_KILL, SC_TEARDOWN, SC_FAULT };
+
+/* --fault (scenario fault): what happens to --kill-rank after round 0 */
+enum fault { F_KILL_PUT, F_KILL_GET, F_KILL_SIGNAL, F_STOP, F_STOP_CONT, F_RESET };
 
 typedef struct {
   const char* lib;
@@ -60,11 +63,16 @@ typedef struct {
   int signal_storm;
   int summary;
   int compressible;
+  enum fault fault;
+  int fault_delay_ms; /* kill-*, reset: after the fault phase began */
+  int stop_ms;        /* stop-cont: how long the rank stays stopped */
+  int nofile;         /* > 0: RLIMIT_NOFILE of every rank */
 } options_t;
 
 extern options_t opt;
 
 const char* scenario_name(enum scenario s);
+const char* fault_name(enum fault f);
 double now_s(void);
 const char* result_name(int r);
 
@@ -100,6 +108,8 @@ typedef struct {
   uint64_t ops;         /* data operations issued */
   uint64_t sigs;        /* signal operations whose effect this rank verified */
   char reason[512];
+  int32_t setup_failed; /* --nofile: a setup call failed cleanly (code + WARN) */
+  int32_t pad2;
   summary_t sum;
 } report_t;
 
@@ -168,6 +178,7 @@ typedef struct {
   atomic_int failed;
   uint64_t bytes, ops, sigs;
   double seconds;
+  double round_s; /* the last round's data phase */
   int iter;
 } rank_t;
 
@@ -197,6 +208,12 @@ int bad_before_init(void);
 int bad_after_setup(int ndev);
 int bad_after_teardown(void* oldRctx, void* oldColl);
 int fault_phase(void);
+int fault_storm(void);
+/* fault_apply is the parent's side of --scenario fault (bootstrap.c). */
+void fault_after_collective(child_t* C, int N, int tag);
+void fault_tick(child_t* C, int N);
+int reset_sockets(pid_t pid);
+void count_resources(long* fds, long* rss_kib, long* threads);
 int teardown_phase(void);
 void storm_start(void);
 long storm_stop(void); /* SIGUSR1 handled */

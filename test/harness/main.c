@@ -12,11 +12,17 @@
 
 #include "harness.h"
 
-options_t opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0, 0, 0, 0};
+options_t opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0, 0, 0, 0,
+                 F_KILL_PUT, 300, 1500, 0};
 
 const char* scenario_name(enum scenario s) {
-  return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : s == SC_TEARDOWN ? "teardown" : "basic";
+  return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : s == SC_TEARDOWN ? "teardown"
+       : s == SC_FAULT ? "fault" : "basic";
 }
+
+static const char* fault_names[] = {"kill-put", "kill-get", "kill-signal", "stop", "stop-cont", "reset"};
+
+const char* fault_name(enum fault f) { return fault_names[f]; }
 
 double now_s(void) {
   struct timespec ts;
@@ -41,8 +47,19 @@ static void usage(FILE* f) {
           "  --iters N         rounds (default 3)\n"
           "  --threads T       threads per rank = nContexts (default 2)\n"
           "  --cycles K        init..finalize cycles per process, dlclose between (default 1)\n"
-          "  --scenario S      basic | bad-input | kill | teardown (default basic)\n"
-          "  --kill-rank R     rank the parent SIGKILLs after round 0 (kill; default 1)\n"
+          "  --scenario S      basic | bad-input | kill | teardown | fault (default basic)\n"
+          "  --kill-rank R     rank the parent SIGKILLs after round 0 (kill; default 1), the\n"
+          "                    victim of --fault\n"
+          "  --fault F         scenario fault, what happens to --kill-rank after round 0 while\n"
+          "                    every rank keeps operations in flight: kill-put | kill-get |\n"
+          "                    kill-signal (SIGKILL mid large puts / gets / a signal storm),\n"
+          "                    stop (SIGSTOP for good), stop-cont (SIGSTOP, SIGCONT after\n"
+          "                    --stop-ms, then the remaining rounds), reset (every TCP\n"
+          "                    connection of the rank is reset with ss -K)\n"
+          "  --fault-delay-ms M  kill-* and reset strike M ms into the fault phase (default 300)\n"
+          "  --stop-ms M       stop-cont: how long the rank stays stopped (default 1500)\n"
+          "  --nofile N        every rank lowers RLIMIT_NOFILE to N first; a setup call may then\n"
+          "                    fail, but only with ncclSystemError/ncclRemoteError and a WARN\n"
           "  --timeout S       per-wait timeout in seconds (default 300)\n"
           "  --no-progress     never call rmaProgress (test() must progress alone)\n"
           "  --no-ptrace       ranks drop CAP_SYS_PTRACE and become non-dumpable, so the\n"
@@ -161,6 +178,8 @@ int main(int argc, char** argv) {
                                {"verbose", 0, 0, 'v'},   {"no-progress", 0, 0, 'P'},
                                {"no-ptrace", 0, 0, 'D'},  {"signal-storm", 0, 0, 'G'},
                                {"summary", 0, 0, 'Y'},  {"compressible", 0, 0, 'Z'},
+                               {"fault", 1, 0, 'F'},     {"fault-delay-ms", 1, 0, 'd'},
+                               {"stop-ms", 1, 0, 'o'},   {"nofile", 1, 0, 'N'},
                                {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -180,11 +199,22 @@ int main(int argc, char** argv) {
       case 'G': opt.signal_storm = 1; break;
       case 'Y': opt.summary = 1; break;
       case 'Z': opt.compressible = 1; break;
+      case 'd': opt.fault_delay_ms = atoi(optarg); break;
+      case 'o': opt.stop_ms = atoi(optarg); break;
+      case 'N': opt.nofile = atoi(optarg); break;
+      case 'F': {
+        int found = 0;
+        for (int f = 0; f <= F_RESET; f++)
+          if (!strcmp(optarg, fault_names[f])) opt.fault = (enum fault)f, found = 1;
+        if (!found) { usage(stderr); printf("RESULT FAIL bad --fault %s\n", optarg); return 2; }
+        break;
+      }
       case 'S':
         if (!strcmp(optarg, "basic")) opt.scenario = SC_BASIC;
         else if (!strcmp(optarg, "bad-input")) opt.scenario = SC_BAD_INPUT;
         else if (!strcmp(optarg, "kill")) opt.scenario = SC_KILL;
         else if (!strcmp(optarg, "teardown")) opt.scenario = SC_TEARDOWN;
+        else if (!strcmp(optarg, "fault")) opt.scenario = SC_FAULT;
         else { usage(stderr); printf("RESULT FAIL bad --scenario %s\n", optarg); return 2; }
         break;
       case 'h': usage(stdout); return 0;
@@ -195,7 +225,7 @@ int main(int argc, char** argv) {
       opt.ranks > 256 || opt.iters < 1 || opt.threads < 1 || opt.threads > 64 ||
       opt.cycles < 1 || opt.timeout_s < 1 ||
       (opt.scenario == SC_TEARDOWN && opt.ranks < 2) ||
-      (opt.scenario == SC_KILL && (opt.ranks < 2 || opt.kill_rank < 0 ||
+      ((opt.scenario == SC_KILL || opt.scenario == SC_FAULT) && (opt.ranks < 2 || opt.kill_rank < 0 ||
                                    opt.kill_rank >= opt.ranks)) ||
       (opt.size < 16 && opt.scenario == SC_BAD_INPUT)) {
     usage(stderr);
@@ -207,9 +237,10 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   int N = opt.ranks;
   printf("rma_driver: lib=%s version=v%d ranks=%d size=%zu iters=%d threads=%d cycles=%d "
-         "scenario=%s%s\n",
+         "scenario=%s%s%s%s\n",
          opt.lib, opt.version, N, opt.size, opt.iters, opt.threads, opt.cycles,
-         scenario_name(opt.scenario), opt.no_progress ? " no-progress" : "");
+         scenario_name(opt.scenario), opt.no_progress ? " no-progress" : "",
+         opt.scenario == SC_FAULT ? " fault=" : "", opt.scenario == SC_FAULT ? fault_name(opt.fault) : "");
   fflush(stdout);
 
   child_t* C = calloc((size_t)N, sizeof *C);
@@ -307,6 +338,14 @@ int main(int argc, char** argv) {
              (unsigned long long)C[r].rep.ops, C[r].rep.warns);
     }
   }
+  int setup_failed = 0;
+  for (int r = 0; r < N; r++)
+    if (C[r].has_report && C[r].rep.setup_failed) setup_failed++;
+  if (opt.scenario == SC_FAULT && pass && opt.fault != F_STOP_CONT && opt.fault != F_RESET &&
+      !C[opt.kill_rank].killed) {
+    pass = 0;
+    snprintf(reason, sizeof reason, "the fault point was never reached");
+  }
   if (opt.scenario == SC_KILL && pass && !C[opt.kill_rank].killed) {
     pass = 0;
     snprintf(reason, sizeof reason, "the kill point was never reached");
@@ -314,11 +353,11 @@ int main(int argc, char** argv) {
   if (opt.summary) print_summary(C, N);
   if (pass)
     printf("RESULT PASS ranks=%d version=%d scenario=%s size=%zu iters=%d threads=%d cycles=%d "
-           "aggregate=%.2f MB/s per_rank=%.2f MB/s per_rank_Bps=%.0f warns=%d\n",
+           "aggregate=%.2f MB/s per_rank=%.2f MB/s per_rank_Bps=%.0f warns=%d setup_failed=%d\n",
            N, opt.version, scenario_name(opt.scenario), opt.size, opt.iters, opt.threads,
            opt.cycles, secs > 0 ? bytes / secs / 1e6 : 0.0,
            secs > 0 && reporting ? bytes / secs / 1e6 / reporting : 0.0,
-           secs > 0 && reporting ? bytes / secs / reporting : 0.0, warns);
+           secs > 0 && reporting ? bytes / secs / reporting : 0.0, warns, setup_failed);
   else
     printf("RESULT FAIL %s\n", reason[0] ? reason : "unknown");
   return pass ? 0 : 1;

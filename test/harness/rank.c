@@ -3,6 +3,7 @@
  * patterned data, the signal waits and the byte-for-byte verification.
  */
 #include <signal.h>
+#include <sys/resource.h>
 
 #include "harness.h"
 
@@ -263,7 +264,8 @@ static int run_iter(int iter) {
   }
   if (atomic_load(&R.failed)) return -1;
   if (wait_signals(iter)) return -1;
-  R.seconds += now_s() - t0;
+  R.round_s = now_s() - t0;
+  R.seconds += R.round_s;
   R.bytes += 2ULL * (uint64_t)N * opt.size;
   R.sigs += 3ULL * (uint64_t)N * (uint64_t)opt.threads; /* INC, ADD, shared ADD per thread */
   if (verify_iter(iter)) return -1;
@@ -274,7 +276,8 @@ static int run_iter(int iter) {
     return -1;
   }
   /* g. nobody refills what others still read */
-  if (boot_barrier(iter == 0 && opt.scenario == SC_KILL ? TAG_KILL : TAG_BARRIER)) {
+  if (boot_barrier(iter == 0 && (opt.scenario == SC_KILL || opt.scenario == SC_FAULT) ? TAG_KILL
+                                                                                     : TAG_BARRIER)) {
     failf("cycle %d iter %d: bootstrap barrier failed (a rank died?)", R.cycle, iter);
     return -1;
   }
@@ -290,9 +293,32 @@ void* xalloc(size_t n) {
 
 /* ---- one init .. finalize cycle ---- */
 
+/* With --nofile a setup call may fail for want of descriptors, but only
+ * cleanly: ncclSystemError (or ncclRemoteError from connect, when a peer
+ * gave up) with a WARN line. SETUP returns -2 from run_cycle then. */
+static int g_setup_failed;
+
+#define SETUP(expr)                                                                          \
+  do {                                                                                       \
+    int w0_ = atomic_load(&g_warns);                                                         \
+    ncclResult_t rc_ = (expr);                                                               \
+    if (rc_ != ncclSuccess) {                                                                \
+      if (opt.nofile > 0 && (rc_ == ncclSystemError || rc_ == ncclRemoteError) &&            \
+          atomic_load(&g_warns) > w0_) {                                                     \
+        printf("[rank %d] nofile %d: %s returned %s with a WARN\n", g_rank, opt.nofile, #expr, \
+               result_name(rc_));                                                            \
+        g_setup_failed = 1;                                                                  \
+        return -2;                                                                           \
+      }                                                                                      \
+      failf("cycle %d: %s returned %d (%s)", R.cycle, #expr, rc_, result_name(rc_));         \
+      return -1;                                                                             \
+    }                                                                                        \
+  } while (0)
+
 static int run_cycle(int cycle) {
   int N = opt.ranks;
   R.cycle = cycle;
+  R.ctx = R.ginCtx = R.listenComm = R.coll = NULL;
   char lerr[400];
   if (load_plugin(&R.pl, lerr, sizeof lerr)) {
     failf("%s", lerr);
@@ -302,14 +328,14 @@ static int run_cycle(int cycle) {
     printf("[rank %d] note: plugin name is \"%s\"\n", g_rank, R.pl.t.name);
   if (opt.scenario == SC_BAD_INPUT && bad_before_init()) return -1;
 
-  CALL(R.pl.t.init(&R.ctx, 0x5eed0000ULL + (uint64_t)cycle, logger));
+  SETUP(R.pl.t.init(&R.ctx, 0x5eed0000ULL + (uint64_t)cycle, logger));
   if (R.ctx == NULL) {
     failf("init returned success with a NULL context");
     return -1;
   }
   /* The GIN proxy calls init again on the same communicator and must get an
    * independent context; it is finalized first at teardown, as in NCCL. */
-  CALL(R.pl.t.init(&R.ginCtx, 0x5eed0000ULL + (uint64_t)cycle, logger));
+  SETUP(R.pl.t.init(&R.ginCtx, 0x5eed0000ULL + (uint64_t)cycle, logger));
   if (R.ginCtx == NULL || R.ginCtx == R.ctx) {
     failf("second init returned context %p (first %p): want a distinct non-NULL context", R.ginCtx,
           R.ctx);
@@ -337,10 +363,16 @@ static int run_cycle(int cycle) {
   }
   char handle[NCCL_NET_HANDLE_MAXSIZE];
   memset(handle, 0, sizeof handle);
-  CALL(R.pl.t.listen(R.ctx, 0, handle, &R.listenComm));
+  SETUP(R.pl.t.listen(R.ctx, 0, handle, &R.listenComm));
   char* all = calloc((size_t)N, NCCL_NET_HANDLE_MAXSIZE);
   void* hs[N];
   if (boot_allgather(TAG_HANDLES, handle, sizeof handle, all)) {
+    if (opt.nofile > 0) { /* a peer gave up cleanly (its own line says how) */
+      printf("[rank %d] nofile %d: a peer gave up before connect\n", g_rank, opt.nofile);
+      g_setup_failed = 1;
+      free(all);
+      return -2;
+    }
     failf("bootstrap allgather of the handles failed (a rank died?)");
     free(all);
     return -1;
@@ -350,10 +382,17 @@ static int run_cycle(int cycle) {
   ncclResult_t crc = R.pl.t.connect(BOGUS_CTX, hs, N, g_rank, R.listenComm, &R.coll);
   free(all);
   if (crc != ncclSuccess) {
+    if (opt.nofile > 0 && (crc == ncclSystemError || crc == ncclRemoteError) && atomic_load(&g_warns) > 0) {
+      printf("[rank %d] nofile %d: connect returned %s with a WARN\n", g_rank, opt.nofile,
+             result_name(crc));
+      g_setup_failed = 1;
+      return -2;
+    }
     failf("connect returned %d (%s)", crc, result_name(crc));
     return -1;
   }
   CALL(R.pl.t.closeListen(R.listenComm));
+  R.listenComm = NULL;
   if (R.pl.getRmaProperties) {
     ncclRmaProperties_v16_t rp = {true};
     CALL(R.pl.getRmaProperties(R.coll, &rp));
@@ -362,7 +401,7 @@ static int run_cycle(int cycle) {
              (int)rp.flushesAllPutsOnAnySignal);
   }
   ncclRmaConfig_v15_t cfg = {opt.threads, INT_MIN, 1};
-  CALL(R.pl.t.createContext(R.coll, &cfg, &R.rctx));
+  SETUP(R.pl.t.createContext(R.coll, &cfg, &R.rctx));
 
   size_t region = (size_t)N * opt.size;
   R.src = xalloc(region);
@@ -374,12 +413,12 @@ static int run_cycle(int cycle) {
     failf("out of memory allocating %zu-byte buffers", region);
     return -1;
   }
-  CALL(R.pl.t.regMrSym(R.coll, R.src, region, NCCL_PTR_HOST, 0, &R.srcMh));
-  CALL(R.pl.t.regMrSym(R.coll, R.dst, region, NCCL_PTR_HOST, 0, &R.dstMh));
-  CALL(R.pl.t.regMrSym(R.coll, R.sig, (size_t)(N + 1) * 8, NCCL_PTR_HOST,
+  SETUP(R.pl.t.regMrSym(R.coll, R.src, region, NCCL_PTR_HOST, 0, &R.srcMh));
+  SETUP(R.pl.t.regMrSym(R.coll, R.dst, region, NCCL_PTR_HOST, 0, &R.dstMh));
+  SETUP(R.pl.t.regMrSym(R.coll, R.sig, (size_t)(N + 1) * 8, NCCL_PTR_HOST,
                        NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &R.sigMh));
-  CALL(R.pl.t.regMrSym(R.coll, R.getsrc, opt.size, NCCL_PTR_HOST, 0, &R.getsrcMh));
-  CALL(R.pl.t.regMrSym(R.coll, R.getdst, region, NCCL_PTR_HOST, 0, &R.getdstMh));
+  SETUP(R.pl.t.regMrSym(R.coll, R.getsrc, opt.size, NCCL_PTR_HOST, 0, &R.getsrcMh));
+  SETUP(R.pl.t.regMrSym(R.coll, R.getdst, region, NCCL_PTR_HOST, 0, &R.getdstMh));
   if (!R.srcMh || !R.dstMh || !R.sigMh || !R.getsrcMh || !R.getdstMh) {
     failf("regMrSym returned success with a NULL handle");
     return -1;
@@ -401,6 +440,19 @@ static int run_cycle(int cycle) {
   int iters = opt.scenario == SC_TEARDOWN ? 0 : opt.iters;
   for (int i = 0; i < iters; i++) {
     if (run_iter(i)) return -1;
+    if (opt.scenario == SC_FAULT && opt.fault == F_STOP_CONT && i >= 1)
+      printf("[rank %d] stop-cont: round %d took %.3f s, every byte and signal verified\n", g_rank, i,
+             R.round_s);
+    if (opt.scenario == SC_FAULT && opt.fault != F_STOP_CONT && i == 0) {
+      if (g_rank == opt.kill_rank && opt.fault != F_RESET && opt.fault != F_STOP) {
+        /* the victim keeps its own operations in flight until it is killed */
+        fault_storm();
+        failf("still alive after the fault point");
+        return -1;
+      }
+      if (fault_storm()) return -1;
+      break;
+    }
     if (opt.scenario == SC_KILL && i == 0) {
       if (g_rank == opt.kill_rank) {
         failf("still alive after the kill point");
@@ -412,7 +464,7 @@ static int run_cycle(int cycle) {
   }
 
   /* teardown: no synchronisation among ranks needed */
-  int lenient = opt.scenario == SC_KILL;
+  int lenient = opt.scenario == SC_KILL || (opt.scenario == SC_FAULT && opt.fault != F_STOP_CONT);
   ncclResult_t trc[8];
   int k = 0;
   trc[k++] = R.pl.t.deregMrSym(R.coll, R.srcMh);
@@ -477,10 +529,33 @@ __attribute__((noreturn)) void rank_main(int rank, int fd) {
   signal(SIGALRM, on_alarm);
   if (opt.signal_storm) storm_start();
   alarm((unsigned)(opt.timeout_s * (opt.cycles + 1) + 60));
-  int cycles = opt.scenario == SC_KILL ? 1 : opt.cycles;
+  if (opt.nofile > 0) {
+    struct rlimit rl = {(rlim_t)opt.nofile, (rlim_t)opt.nofile};
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) failf("setrlimit(RLIMIT_NOFILE, %d): %s", opt.nofile, strerror(errno));
+  }
+  int cycles = opt.scenario == SC_KILL || opt.scenario == SC_FAULT ? 1 : opt.cycles;
   int c;
-  for (c = 0; c < cycles; c++)
-    if (run_cycle(c)) break;
+  long fd1 = -1, rss1 = -1, th1 = -1;
+  for (c = 0; c < cycles && !atomic_load(&R.failed); c++) {
+    int rc = run_cycle(c);
+    if (rc == -2) {
+      /* a clean setup failure: release what was made, which must not crash either */
+      if (R.listenComm) R.pl.t.closeListen(R.listenComm);
+      if (R.coll) R.pl.t.closeColl(R.coll);
+      if (R.ginCtx) R.pl.t.finalize(R.ginCtx);
+      if (R.ctx) R.pl.t.finalize(R.ctx);
+      break;
+    }
+    if (rc) break;
+    if (c == 0) count_resources(&fd1, &rss1, &th1);
+  }
+  if (cycles > 1 && c == cycles) {
+    long fdn, rssn, thn;
+    count_resources(&fdn, &rssn, &thn);
+    printf("[rank %d] resources: after cycle 1 fds=%ld rss=%ld KiB threads=%ld; after cycle %d "
+           "fds=%ld rss=%ld KiB threads=%ld\n",
+           rank, fd1, rss1, th1, c, fdn, rssn, thn);
+  }
   if (opt.signal_storm) {
     long hits = storm_stop();
     printf("[rank %d] signal storm: %ld SIGUSR1 handled during the run\n", rank, hits);
@@ -494,6 +569,7 @@ __attribute__((noreturn)) void rank_main(int rank, int fd) {
   rep.bytes = R.bytes;
   rep.ops = R.ops;
   rep.sigs = R.sigs;
+  rep.setup_failed = g_setup_failed;
   if (opt.summary) summary_snapshot(&rep.sum);
   snprintf(rep.reason, sizeof rep.reason, "%s", R.err);
   double bps = R.seconds > 0 ? (double)R.bytes / R.seconds : 0;

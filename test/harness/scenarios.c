@@ -2,7 +2,9 @@
  * scenarios.c - the checks beyond the basic rounds: bad input, a killed
  * peer, teardown right after posting, and a signal storm.
  */
+#include <dirent.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include "harness.h"
 
@@ -339,4 +341,244 @@ long storm_stop(void) {
   atomic_store(&g_storm_stop, 1);
   pthread_join(g_storm_th, NULL);
   return atomic_load(&g_storm_hits);
+}
+
+/* ---- fault scenario: the rank side ---- */
+
+/* fault_storm runs after round 0 of --scenario fault (all modes but
+ * stop-cont): every rank keeps operations of the mode's kind in flight, the
+ * survivors to the victim (--kill-rank), the victim to the next rank, while
+ * the parent strikes the victim. Every rank still talking to a struck peer
+ * must see an operation fail with ncclRemoteError (from the call or from
+ * test()) and queryLastError report it, every request it posted must
+ * complete, all within --timeout seconds: no hang, no crash, no other code. */
+int fault_storm(void) {
+  int N = opt.ranks, v = opt.kill_rank;
+  int target = g_rank == v ? (v + 1) % N : v;
+  int Q = opt.fault == F_KILL_SIGNAL ? 64 : 4;
+  void* req[64] = {0};
+  double t0 = now_s(), bound = t0 + opt.timeout_s, t_remote = 0, t_qle = 0;
+  long issued = 0, ok = 0, failed = 0, spins = 0;
+  const char* how = NULL;
+  bool qle = false;
+  for (;;) {
+    int inflight = 0;
+    for (int i = 0; i < Q; i++) {
+      ncclResult_t rc;
+      if (req[i] == NULL && !(how && qle)) {
+        void* rq = NULL;
+        const char* what;
+        if (opt.fault == F_KILL_GET) {
+          what = "iget";
+          rc = R.pl.t.iget(R.rctx, 0, 0, R.getsrcMh, opt.size, (size_t)target * opt.size,
+                           R.getdstMh, (uint32_t)target, 0, &rq);
+        } else if (opt.fault == F_KILL_SIGNAL) {
+          what = "iputSignal(size 0)";
+          rc = R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)target,
+                                 (uint64_t)g_rank * 8, R.sigMh, 0, NCCL_NET_SIGNAL_OP_INC, true, 0,
+                                 &rq);
+        } else {
+          what = "iput";
+          rc = R.pl.t.iput(R.rctx, 0, (size_t)target * opt.size, R.srcMh, opt.size,
+                           (size_t)g_rank * opt.size, R.dstMh, (uint32_t)target, 0, &rq);
+        }
+        issued++;
+        if (rc != ncclSuccess) {
+          if (rc != ncclRemoteError) {
+            failf("fault %s: %s to rank %d returned %s, want ncclRemoteError", fault_name(opt.fault),
+                  what, target, result_name(rc));
+            return -1;
+          }
+          failed++;
+          if (!how) {
+            how = "the call returned ncclRemoteError";
+            t_remote = now_s();
+          }
+        } else if (rq == NULL) {
+          failf("fault: %s returned success with a NULL request", what);
+          return -1;
+        } else {
+          req[i] = rq;
+        }
+      }
+      if (req[i] == NULL) continue;
+      int done = 0;
+      rc = R.pl.t.test(R.coll, req[i], &done);
+      if (rc != ncclSuccess) {
+        if (rc != ncclRemoteError) {
+          failf("fault %s: test() returned %s, want ncclRemoteError", fault_name(opt.fault),
+                result_name(rc));
+          return -1;
+        }
+        req[i] = NULL;
+        failed++;
+        if (!how) {
+          how = "test() returned ncclRemoteError";
+          t_remote = now_s();
+        }
+      } else if (done) {
+        req[i] = NULL;
+        ok++;
+      } else {
+        inflight++;
+      }
+    }
+    if ((++spins & 63) == 0) {
+      if (!opt.no_progress) R.pl.t.rmaProgress(R.rctx);
+      if (!qle && R.pl.t.queryLastError(R.rctx, &qle) == ncclSuccess && qle) t_qle = now_s();
+      if (how && qle && inflight == 0) break;
+      if (now_s() > bound) {
+        failf("fault %s: after %d s: %s, queryLastError %s, %d requests still pending (%ld issued, "
+              "%ld ok, %ld failed)",
+              fault_name(opt.fault), opt.timeout_s, how ? how : "no operation failed",
+              qle ? "true" : "false", inflight, issued, ok, failed);
+        return -1;
+      }
+      usleep(20);
+    }
+  }
+  printf("[rank %d] fault %s: lost rank %d: %s after %.3f s, queryLastError true after %.3f s; "
+         "%ld ops issued, %ld ok, %ld failed with ncclRemoteError, none pending\n",
+         g_rank, fault_name(opt.fault), target, how, t_remote - t0, t_qle - t0, issued, ok, failed);
+  return 0;
+}
+
+/* ---- fault scenario: the parent side ---- */
+
+static enum { FS_IDLE, FS_ARMED, FS_STRIKE, FS_STOPPED, FS_STOPPED_FOR_GOOD, FS_DONE } g_fs;
+static double g_fs_at, g_fs_t0;
+
+static void reap_victim(child_t* C, int v) {
+  kill(C[v].pid, SIGKILL);
+  waitpid(C[v].pid, &C[v].status, 0);
+  C[v].reaped = 1;
+  C[v].killed = 1;
+  if (C[v].alive) close(C[v].fd);
+  C[v].alive = 0;
+}
+
+void fault_after_collective(child_t* C, int N, int tag) {
+  (void)N;
+  int v = opt.kill_rank;
+  if (g_fs == FS_IDLE && tag == TAG_KILL) {
+    g_fs_t0 = now_s();
+    switch (opt.fault) {
+      case F_STOP_CONT: g_fs = FS_ARMED; break; /* at the start of the next round */
+      case F_STOP:
+        kill(C[v].pid, SIGSTOP);
+        printf("rma_driver: fault phase begins; SIGSTOP rank %d (pid %d) for good\n", v, (int)C[v].pid);
+        g_fs = FS_STOPPED_FOR_GOOD;
+        break;
+      default:
+        g_fs_at = g_fs_t0 + opt.fault_delay_ms / 1000.0;
+        g_fs = FS_STRIKE;
+    }
+  } else if (g_fs == FS_ARMED) {
+    kill(C[v].pid, SIGSTOP);
+    g_fs_t0 = now_s();
+    g_fs_at = g_fs_t0 + opt.stop_ms / 1000.0;
+    printf("rma_driver: round 1 begins; SIGSTOP rank %d (pid %d) for %d ms\n", v, (int)C[v].pid,
+           opt.stop_ms);
+    g_fs = FS_STOPPED;
+  }
+}
+
+void fault_tick(child_t* C, int N) {
+  int v = opt.kill_rank;
+  double t = now_s();
+  if (g_fs == FS_STRIKE && t >= g_fs_at) {
+    if (opt.fault == F_RESET) {
+      int n = reset_sockets(C[v].pid);
+      printf("rma_driver: %.3f s into the fault phase: reset %d TCP connections of rank %d\n",
+             t - g_fs_t0, n, v);
+    } else {
+      reap_victim(C, v);
+      printf("rma_driver: %.3f s into the fault phase (%s): SIGKILL rank %d\n", t - g_fs_t0,
+             fault_name(opt.fault), v);
+    }
+    g_fs = FS_DONE;
+  } else if (g_fs == FS_STOPPED && t >= g_fs_at) {
+    kill(C[v].pid, SIGCONT);
+    printf("rma_driver: SIGCONT rank %d after %.3f s\n", v, t - g_fs_t0);
+    g_fs = FS_DONE;
+  } else if (g_fs == FS_STOPPED_FOR_GOOD) {
+    for (int r = 0; r < N; r++)
+      if (r != v && C[r].alive) return;
+    reap_victim(C, v); /* every survivor is done */
+    g_fs = FS_DONE;
+  }
+}
+
+/* reset_sockets aborts every established TCP connection of process pid
+ * with ss -K (SOCK_DESTROY: the kernel sends the far end a RST). The
+ * connections are found by matching the socket inodes in /proc/pid/fd
+ * against /proc/pid/net/tcp{,6}. Returns how many were reset. */
+int reset_sockets(pid_t pid) {
+  unsigned long inos[1024];
+  int nino = 0, n = 0;
+  char path[96], link[96];
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR* d = opendir(path);
+  if (d == NULL) return 0;
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL && nino < 1024) {
+    char p[400];
+    snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+    ssize_t k = readlink(p, link, sizeof link - 1);
+    if (k <= 0) continue;
+    link[k] = 0;
+    unsigned long ino;
+    if (sscanf(link, "socket:[%lu]", &ino) == 1) inos[nino++] = ino;
+  }
+  closedir(d);
+  for (int v6 = 0; v6 < 2; v6++) {
+    snprintf(path, sizeof path, "/proc/%d/net/tcp%s", (int)pid, v6 ? "6" : "");
+    FILE* f = fopen(path, "r");
+    if (f == NULL) continue;
+    char line[512];
+    if (fgets(line, sizeof line, f) == NULL) { fclose(f); continue; }
+    while (fgets(line, sizeof line, f)) {
+      unsigned lport, rport, st;
+      unsigned long ino;
+      if (sscanf(line, " %*d: %*[0-9A-Fa-f]:%x %*[0-9A-Fa-f]:%x %x %*x:%*x %*x:%*x %*x %*u %*u %lu",
+                 &lport, &rport, &st, &ino) != 4 || st != 1 /* ESTABLISHED */)
+        continue;
+      for (int i = 0; i < nino; i++) {
+        if (inos[i] != ino) continue;
+        char cmd[160];
+        snprintf(cmd, sizeof cmd, "ss -K -t -n 'sport = :%u and dport = :%u' >/dev/null 2>&1", lport,
+                 rport);
+        if (system(cmd) == 0) n++;
+        break;
+      }
+    }
+    fclose(f);
+  }
+  return n;
+}
+
+/* count_resources reads this process's open descriptors, resident set and
+ * threads from /proc. */
+void count_resources(long* fds, long* rss_kib, long* threads) {
+  *fds = *rss_kib = *threads = -1;
+  DIR* d = opendir("/proc/self/fd");
+  if (d) {
+    long n = 0;
+    while (readdir(d) != NULL) n++;
+    closedir(d);
+    *fds = n - 3; /* ".", ".." and the directory's own descriptor */
+  }
+  FILE* f = fopen("/proc/self/statm", "r");
+  if (f) {
+    long size, res;
+    if (fscanf(f, "%ld %ld", &size, &res) == 2) *rss_kib = res * (sysconf(_SC_PAGESIZE) / 1024);
+    fclose(f);
+  }
+  f = fopen("/proc/self/status", "r");
+  if (f) {
+    char line[256];
+    while (fgets(line, sizeof line, f))
+      if (sscanf(line, "Threads: %ld", threads) == 1) break;
+    fclose(f);
+  }
 }

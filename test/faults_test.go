@@ -1,0 +1,177 @@
+package test
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// Faults across processes (SPEC.md §3, "Faults"). Each run is the C harness
+// with every rank a process of its own over real sockets; the parent
+// strikes --kill-rank while every rank keeps operations of one kind in
+// flight. The harness fails a rank unless every operation it posted
+// completes, at least one with ncclRemoteError and none with another
+// error code, and queryLastError reports the loss, within --timeout.
+
+var faultLine = regexp.MustCompile(`\[rank (\d+)\] fault (\S+): lost rank (\d+): .* ncclRemoteError after ([0-9.]+) s, queryLastError true after ([0-9.]+) s`)
+
+// faultRuns returns, per reporting rank, the seconds after the start of the
+// fault phase at which an operation failed.
+func faultRuns(t *testing.T, out, fault string, want int) map[int]float64 {
+	t.Helper()
+	got := map[int]float64{}
+	for _, m := range faultLine.FindAllStringSubmatch(out, -1) {
+		if m[2] != fault {
+			continue
+		}
+		r, _ := strconv.Atoi(m[1])
+		s, _ := strconv.ParseFloat(m[4], 64)
+		got[r] = s
+	}
+	if len(got) != want {
+		t.Fatalf("%d ranks reported the %s fault, want %d:\n%s", len(got), fault, want, tail(out))
+	}
+	return got
+}
+
+// TestFaultKillMidOperation SIGKILLs a rank 300 ms into a phase of large
+// puts, large gets, or a storm of signals (every rank, the victim too, has
+// operations in flight), over TCP and over the intra-node path.
+func TestFaultKillMidOperation(t *testing.T) {
+	for _, c := range []struct{ fault, size, intra string }{
+		{"kill-put", "8m", "0"}, {"kill-get", "8m", "0"}, {"kill-signal", "64k", "0"},
+		{"kill-put", "8m", "1"}, {"kill-get", "8m", "1"},
+	} {
+		t.Run(c.fault+"/intranode="+c.intra, func(t *testing.T) {
+			out := runDriver(t, []string{"NCCL_RMA_WASM_INTRANODE=" + c.intra},
+				"--ranks", "3", "--scenario", "fault", "--fault", c.fault, "--kill-rank", "2",
+				"--size", c.size, "--iters", "1", "--timeout", "20")
+			if !strings.Contains(out, "SIGKILL rank 2") {
+				t.Fatalf("the victim was not killed:\n%s", tail(out))
+			}
+			for r, s := range faultRuns(t, out, c.fault, 2) {
+				// The kill comes 0.3 s in; the loss must show within 10 s of it.
+				if s < 0.25 || s > 10.3 {
+					t.Errorf("rank %d saw the loss %.3f s into the phase, want 0.3..10.3", r, s)
+				}
+			}
+		})
+	}
+}
+
+// TestFaultStoppedPeer SIGSTOPs a rank for good: its connections stay up
+// and its kernel keeps acknowledging, so only the peer timeout
+// (NCCL_RMA_WASM_PEER_TIMEOUT_MS) can fail the operations posted to it:
+// not before the timeout, and not long after. On the intra-node path puts
+// to the stopped process still land (the kernel copies into its memory)
+// and complete until its stream's buffers fill, so the timeout counts
+// from then.
+func TestFaultStoppedPeer(t *testing.T) {
+	for _, intra := range []string{"0", "1"} {
+		t.Run("intranode="+intra, func(t *testing.T) {
+			out := runDriver(t, []string{"NCCL_RMA_WASM_PEER_TIMEOUT_MS=2000", "NCCL_RMA_WASM_INTRANODE=" + intra},
+				"--ranks", "3", "--scenario", "fault", "--fault", "stop", "--kill-rank", "2",
+				"--size", "8m", "--iters", "1", "--timeout", "30")
+			for r, s := range faultRuns(t, out, "stop", 2) {
+				if s < 1.9 || s > 15 {
+					t.Errorf("rank %d failed the stopped peer %.3f s into the phase, want the 2 s timeout (1.9..15)", r, s)
+				}
+			}
+			if !strings.Contains(out, "moved no byte for 2s with operations outstanding") {
+				t.Errorf("no WARN names the peer timeout:\n%s", tail(out))
+			}
+		})
+	}
+}
+
+// TestFaultStopCont stops a rank for 1.5 s at the start of a round and
+// lets it go on, well within the peer timeout: the round waits for it, then
+// every byte and signal of it and of the next round is verified and no
+// rank reports an error.
+func TestFaultStopCont(t *testing.T) {
+	out := runDriver(t, []string{"NCCL_RMA_WASM_PEER_TIMEOUT_MS=20000", "NCCL_RMA_WASM_INTRANODE=0"},
+		"--ranks", "3", "--scenario", "fault", "--fault", "stop-cont", "--stop-ms", "1500", "--kill-rank", "2",
+		"--size", "4m", "--iters", "3", "--timeout", "30")
+	re := regexp.MustCompile(`\[rank (\d+)\] stop-cont: round 1 took ([0-9.]+) s, every byte and signal verified`)
+	m := re.FindAllStringSubmatch(out, -1)
+	if len(m) != 3 || strings.Count(out, "stop-cont: round 2 took") != 3 {
+		t.Fatalf("%d ranks verified round 1 (and round 2), want 3:\n%s", len(m), tail(out))
+	}
+	for _, x := range m {
+		s, _ := strconv.ParseFloat(x[2], 64)
+		if x[1] != "2" && s < 1.2 {
+			t.Errorf("rank %s finished round 1 in %.3f s although rank 2 was stopped for 1.5 s", x[1], s)
+		}
+	}
+}
+
+// TestFaultConnectionReset aborts every TCP connection of a rank with a RST
+// (ss -K) while all ranks have large puts in flight: the rank and every
+// peer talking to it must see ncclRemoteError and queryLastError.
+func TestFaultConnectionReset(t *testing.T) {
+	out := runDriver(t, []string{"NCCL_RMA_WASM_INTRANODE=0"},
+		"--ranks", "3", "--scenario", "fault", "--fault", "reset", "--kill-rank", "2",
+		"--size", "8m", "--iters", "1", "--timeout", "20")
+	if regexp.MustCompile(`reset [1-9]\d* TCP connections of rank 2`).FindString(out) == "" {
+		t.Fatalf("no connection was reset (is ss -K supported?):\n%s", tail(out))
+	}
+	faultRuns(t, out, "reset", 3)
+}
+
+// TestFdExhaustion lowers RLIMIT_NOFILE in every rank: init, listen and
+// connect either succeed or fail cleanly, with ncclSystemError (or
+// ncclRemoteError from connect when a peer gave up) and a WARN line, never a
+// crash or a hang. Before EnsurePoller the Go runtime aborted the process
+// at 8 descriptors ("runtime: eventfd failed").
+func TestFdExhaustion(t *testing.T) {
+	failed := map[int]int{}
+	for _, n := range []int{5, 8, 10, 13, 64} {
+		out := runDriver(t, []string{"NCCL_RMA_WASM_CONNECT_TIMEOUT_MS=5000"},
+			"--ranks", "3", "--nofile", fmt.Sprint(n), "--size", "64k", "--iters", "1", "--timeout", "30")
+		m := regexp.MustCompile(`setup_failed=(\d+)`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("nofile %d: no setup_failed count:\n%s", n, tail(out))
+		}
+		failed[n], _ = strconv.Atoi(m[1])
+		if failed[n] > 0 && !strings.Contains(out, "returned ncclSystemError with a WARN") {
+			t.Errorf("nofile %d: ranks gave up but none with ncclSystemError:\n%s", n, tail(out))
+		}
+		if failed[n] == 0 && strings.Count(out, "] PASS cycles=1") != 3 {
+			t.Errorf("nofile %d: no setup failure, yet not every rank moved and verified data:\n%s", n, tail(out))
+		}
+	}
+	if failed[5] != 3 || failed[64] != 0 {
+		t.Fatalf("ranks that gave up per limit %v: want all 3 at 5 descriptors and none at 64", failed)
+	}
+}
+
+// TestCyclesLeakNothing runs 200 init .. connect .. traffic .. finalize
+// cycles (dlclose and dlopen in between) in each of two processes and
+// compares the descriptors, resident memory and threads after the first
+// and after the last cycle.
+func TestCyclesLeakNothing(t *testing.T) {
+	out := runDriver(t, nil, "--ranks", "2", "--cycles", "200", "--size", "64k", "--iters", "1", "--timeout", "60")
+	re := regexp.MustCompile(`\[rank (\d)\] resources: after cycle 1 fds=(\d+) rss=(\d+) KiB threads=(\d+); after cycle 200 fds=(\d+) rss=(\d+) KiB threads=(\d+)`)
+	m := re.FindAllStringSubmatch(out, -1)
+	if len(m) != 2 {
+		t.Fatalf("%d ranks reported resources after 200 cycles, want 2:\n%s", len(m), tail(out))
+	}
+	for _, x := range m {
+		v := make([]int, 8)
+		for i := 2; i < 8; i++ {
+			v[i], _ = strconv.Atoi(x[i])
+		}
+		t.Logf("rank %s: fds %d -> %d, RSS %d -> %d KiB, threads %d -> %d", x[1], v[2], v[5], v[3], v[6], v[4], v[7])
+		if v[5] > v[2] {
+			t.Errorf("rank %s: %d descriptors open after cycle 1, %d after cycle 200", x[1], v[2], v[5])
+		}
+		if v[6]-v[3] > 32<<10 {
+			t.Errorf("rank %s: resident memory grew by %d KiB over 199 cycles (bound 32 MiB)", x[1], v[6]-v[3])
+		}
+		if v[7] > v[4]+8 {
+			t.Errorf("rank %s: %d threads after cycle 1, %d after cycle 200 (bound +8)", x[1], v[4], v[7])
+		}
+	}
+}
