@@ -75,8 +75,10 @@ func TestFaultStoppedPeer(t *testing.T) {
 				"--ranks", "3", "--scenario", "fault", "--fault", "stop", "--kill-rank", "2",
 				"--size", "8m", "--iters", "1", "--timeout", "30")
 			for r, s := range faultRuns(t, out, "stop", 2) {
-				if s < 1.9 || s > 15 {
-					t.Errorf("rank %d failed the stopped peer %.3f s into the phase, want the 2 s timeout (1.9..15)", r, s)
+				// The phase clock starts when the survivor got going, which
+				// on a loaded machine can be a little after the SIGSTOP.
+				if s < 1.5 || s > 15 {
+					t.Errorf("rank %d failed the stopped peer %.3f s into the phase, want the 2 s timeout (1.5..15)", r, s)
 				}
 			}
 			if !strings.Contains(out, "moved no byte for 2s with operations outstanding") {

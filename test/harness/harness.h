@@ -67,6 +67,7 @@ typedef struct {
   int fault_delay_ms; /* kill-*, reset: after the fault phase began */
   int stop_ms;        /* stop-cont: how long the rank stays stopped */
   int nofile;         /* > 0: RLIMIT_NOFILE of every rank */
+  const char* netns;  /* rank r joins the network namespace <netns><r> */
 } options_t;
 
 extern options_t opt;

@@ -13,7 +13,7 @@
 #include "harness.h"
 
 options_t opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0, 0, 0, 0,
-                 F_KILL_PUT, 300, 1500, 0};
+                 F_KILL_PUT, 300, 1500, 0, NULL};
 
 const char* scenario_name(enum scenario s) {
   return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : s == SC_TEARDOWN ? "teardown"
@@ -60,6 +60,8 @@ static void usage(FILE* f) {
           "  --stop-ms M       stop-cont: how long the rank stays stopped (default 1500)\n"
           "  --nofile N        every rank lowers RLIMIT_NOFILE to N first; a setup call may then\n"
           "                    fail, but only with ncclSystemError/ncclRemoteError and a WARN\n"
+          "  --netns PREFIX    rank r joins the network namespace PREFIX<r> (ip netns; root)\n"
+          "                    before loading the plugin: ranks as on separate hosts\n"
           "  --timeout S       per-wait timeout in seconds (default 300)\n"
           "  --no-progress     never call rmaProgress (test() must progress alone)\n"
           "  --no-ptrace       ranks drop CAP_SYS_PTRACE and become non-dumpable, so the\n"
@@ -180,6 +182,7 @@ int main(int argc, char** argv) {
                                {"summary", 0, 0, 'Y'},  {"compressible", 0, 0, 'Z'},
                                {"fault", 1, 0, 'F'},     {"fault-delay-ms", 1, 0, 'd'},
                                {"stop-ms", 1, 0, 'o'},   {"nofile", 1, 0, 'N'},
+                               {"netns", 1, 0, 'x'},
                                {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -202,6 +205,7 @@ int main(int argc, char** argv) {
       case 'd': opt.fault_delay_ms = atoi(optarg); break;
       case 'o': opt.stop_ms = atoi(optarg); break;
       case 'N': opt.nofile = atoi(optarg); break;
+      case 'x': opt.netns = optarg; break;
       case 'F': {
         int found = 0;
         for (int f = 0; f <= F_RESET; f++)

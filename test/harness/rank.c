@@ -2,6 +2,8 @@
  * rank.c - one rank: init .. finalize cycles, the worker threads that move
  * patterned data, the signal waits and the byte-for-byte verification.
  */
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -529,6 +531,14 @@ __attribute__((noreturn)) void rank_main(int rank, int fd) {
   signal(SIGALRM, on_alarm);
   if (opt.signal_storm) storm_start();
   alarm((unsigned)(opt.timeout_s * (opt.cycles + 1) + 60));
+  if (opt.netns) {
+    char path[256];
+    snprintf(path, sizeof path, "/var/run/netns/%s%d", opt.netns, rank);
+    int nfd = open(path, O_RDONLY | O_CLOEXEC);
+    if (nfd < 0 || setns(nfd, CLONE_NEWNET) != 0)
+      failf("cannot join network namespace %s: %s", path, strerror(errno));
+    if (nfd >= 0) close(nfd);
+  }
   if (opt.nofile > 0) {
     struct rlimit rl = {(rlim_t)opt.nofile, (rlim_t)opt.nofile};
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0) failf("setrlimit(RLIMIT_NOFILE, %d): %s", opt.nofile, strerror(errno));
