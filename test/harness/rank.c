@@ -2,6 +2,9 @@
  * rank.c - one rank: init .. finalize cycles, the worker threads that move
  * patterned data, the signal waits and the byte-for-byte verification.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* setns */
+#endif
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
