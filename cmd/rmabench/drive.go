@@ -114,6 +114,7 @@ func (r *rankState) drive() (rankResult, error) {
 		{"memcpy", func(s, n uint64) (time.Duration, error) { return r.memcpyBW(s, n), nil }},
 	}
 	rates := []int{commTCP, commDefault, commPlanner, commTelemetry}
+	r.fillCompressionData()
 	for rep := 0; rep < r.opt.reps; rep++ {
 		t0 := time.Now()
 		for _, size := range sizes {
@@ -175,6 +176,11 @@ func (r *rankState) drive() (rankResult, error) {
 			}
 			if err := pings[(j+rep)%len(pings)](); err != nil {
 				return result(), fmt.Errorf("ping-pong: %w", err)
+			}
+		}
+		if r.opt.runs("compress") {
+			if err := r.compression(&set, rep); err != nil {
+				return result(), fmt.Errorf("compression: %w", err)
 			}
 		}
 		fmt.Fprintf(os.Stderr, "rmabench: repetition %d/%d done in %v\n", rep+1, r.opt.reps, time.Since(t0).Round(time.Millisecond))

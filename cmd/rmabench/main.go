@@ -82,7 +82,7 @@ func main() {
 	flag.IntVar(&o.spin, "spin", 64, "busy checks of a signal word before each wait starts yielding the CPU")
 	flag.StringVar(&yieldMode, "yield", "both", "what a waiting loop does between checks: os (sched_yield), go (runtime.Gosched), both, none")
 	flag.IntVar(&o.coldRuns, "cold-runs", 0, "warm-cache cold-start runs per backend (default 5, -quick 3)")
-	flag.StringVar(&o.series, "series", "", "run only these series, a comma list of bw, rate, ping, cold (default all)")
+	flag.StringVar(&o.series, "series", "", "run only these series, a comma list of bw, rate, ping, cold, compress (default all)")
 	flag.StringVar(&o.role, "role", "", "internal: rank | cold")
 	flag.IntVar(&o.rank, "rank", 0, "internal: rank of a -role rank process")
 	flag.StringVar(&o.result, "result", "", "internal: where rank 0 writes its samples")
@@ -259,7 +259,7 @@ func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 // ensureGuests builds guest modules the bench needs when they are missing.
 func ensureGuests(o *options) []string {
 	var notes []string
-	for _, f := range []string{"planner.wasm", "passthrough-go.wasm"} {
+	for _, f := range []string{"planner.wasm", "passthrough-go.wasm", "plan11.wasm"} {
 		p := filepath.Join(o.guests, f)
 		if exists(p) {
 			continue

@@ -40,6 +40,8 @@ const (
 	commDefault
 	commPlanner
 	commTelemetry
+	commS2
+	commZstd
 )
 
 var comms = []commCfg{
@@ -56,6 +58,10 @@ var comms = []commCfg{
 	// ...and here the per-op hook plus batched completion telemetry, which
 	// adds two clock reads per op on the host side.
 	commTelemetry: {name: "planner+telemetry", backend: "planner", intra: "0", config: "lanes=1", needs: "planner.wasm"},
+	// Wire compression (Guest ABI v1.1 conn.codec) over TCP, otherwise the
+	// plugin-tcp configuration: the plan11 guest only sets the codec.
+	commS2:   {name: "plugin-tcp-s2", backend: "plan11", intra: "0", config: "codec=1", needs: "plan11.wasm"},
+	commZstd: {name: "plugin-tcp-zstd1", backend: "plan11", intra: "0", config: "codec=2, level=1", needs: "plan11.wasm"},
 }
 
 // Series kinds of opBW / opPing (low byte of A; comm index in the next).
@@ -91,6 +97,9 @@ type rankState struct {
 	flagN  uint64
 	ring   []uint64
 	notes  []string
+	// plugBW reads its source from src[srcBase:srcBase+span] and writes
+	// dst[:span] (the compression series pick the data this way).
+	srcBase, span uint64
 }
 
 func mmap(n int) []byte {
@@ -109,7 +118,7 @@ func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
 func word(b []byte) *uint64 { return (*uint64)(unsafe.Pointer(&b[0])) }
 
 func newRank(rank int, opt *options, k *ctl) *rankState {
-	r := &rankState{rank: rank, opt: opt, k: k, ring: make([]uint64, maxWindow)}
+	r := &rankState{rank: rank, opt: opt, k: k, ring: make([]uint64, maxWindow), span: bufSize}
 	r.src, r.dst = mmap(bufSize), mmap(bufSize)
 	if rank == 0 {
 		r.local = mmap(bufSize)
@@ -478,8 +487,8 @@ func (r *rankState) plugBW(ci int, size, count uint64, allocs bool) (time.Durati
 			var h uint64
 			var rc abi.Result
 			if posted < count {
-				off := (posted * size) % bufSize
-				h, rc = plugin.Iput(cs.rma, 0, off, cs.srcMh, size, off, cs.dstMh, 1, 0)
+				off := (posted * size) % r.span
+				h, rc = plugin.Iput(cs.rma, 0, r.srcBase+off, cs.srcMh, size, off, cs.dstMh, 1, 0)
 			} else {
 				h, rc = plugin.IputSignal(cs.rma, 0, 0, 0, 0, 0, 0, 1, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
 			}

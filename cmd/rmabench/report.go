@@ -41,6 +41,16 @@ func newReport(o *options, s []Sample, notes []string) *report {
 	r.addRatio("msg_rate", "default", "native", 8)
 	r.addRatio("msg_rate", "planner", "native", 8)
 	r.addRatio("msg_rate", "planner+telemetry", "native", 8)
+	for _, size := range compSizes {
+		for _, d := range compData {
+			for _, s := range []string{"plugin-tcp", "plugin-tcp-s2", "plugin-tcp-zstd1"} {
+				r.addRatio("comp_bw", s+"/"+d.name, "raw-tcp", size)
+				if s != "plugin-tcp" {
+					r.addRatio("comp_bw", s+"/"+d.name, "plugin-tcp/"+d.name, size)
+				}
+			}
+		}
+	}
 	return r
 }
 
@@ -185,6 +195,8 @@ func (r *report) print(out io.Writer) {
 		fmt.Fprintf(tw, "\t%s\t%s\t%sx\t%s\t%s\t\n", c, f(v, ok, 3), f(x, xok, 2), f(ai, aiok, 4), f(at, atok, 4))
 	}
 	tw.Flush()
+
+	r.printCompression(w)
 
 	fmt.Fprintf(w, "\ncold start, host.Init -> first completed put, fresh process, 1-rank communicator (ms)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -84,9 +84,12 @@ func (c *guestContext) PlanOp(op *backend.Op, plan *backend.OpPlan) error {
 	}
 	// One bounds-checked view of the plan descriptor per call (the memory
 	// may have moved if the reserving allocator was unavailable).
-	pd, ok := in.mem.Read(in.area+guestabi.OffPlan, guestabi.PlanSize)
-	if !ok {
-		return c.faulted(fmt.Errorf("plan descriptor at %#x is outside guest memory", in.area+guestabi.OffPlan))
+	pd := in.planView
+	if pd == nil {
+		var ok bool
+		if pd, ok = in.mem.Read(in.area+guestabi.OffPlan, guestabi.PlanSize); !ok {
+			return c.faulted(fmt.Errorf("plan descriptor at %#x is outside guest memory", in.area+guestabi.OffPlan))
+		}
 	}
 	var codec uint64
 	if c.v11&guestabi.FeatureCompression != 0 {
@@ -105,8 +108,14 @@ func (c *guestContext) PlanOp(op *backend.Op, plan *backend.OpPlan) error {
 	st := int32(s[0])
 	switch {
 	case st == 0:
-		// The guest may have grown its memory during the call: read again.
-		lane, _ := in.mem.ReadUint32Le(in.area + guestabi.OffPlanLane)
+		// The guest may have grown its memory during the call: read again
+		// (a kept view stays valid: that memory never moves).
+		var lane uint32
+		if in.planView != nil {
+			lane = binary.LittleEndian.Uint32(in.planView[guestabi.OffPlanLane-guestabi.OffPlan:])
+		} else {
+			lane, _ = in.mem.ReadUint32Le(in.area + guestabi.OffPlanLane)
+		}
 		if l := int32(lane); l < -1 || l >= abi.MaxLanes {
 			return c.faulted(fmt.Errorf("%s: lane %d outside -1..%d", guestabi.ExportPlanOp, l, abi.MaxLanes-1))
 		}
@@ -127,9 +136,12 @@ func (c *guestContext) PlanOp(op *backend.Op, plan *backend.OpPlan) error {
 // readV11 reads the plan fields of the v1.1 features the instance enabled
 // and checks them (SPEC.md §8.5).
 func (c *guestContext) readV11(in *instance, plan *backend.OpPlan) error {
-	pd, ok := in.mem.Read(in.area+guestabi.OffPlan, guestabi.PlanSize)
-	if !ok {
-		return c.faulted(fmt.Errorf("plan descriptor at %#x is outside guest memory", in.area+guestabi.OffPlan))
+	pd := in.planView
+	if pd == nil {
+		var ok bool
+		if pd, ok = in.mem.Read(in.area+guestabi.OffPlan, guestabi.PlanSize); !ok {
+			return c.faulted(fmt.Errorf("plan descriptor at %#x is outside guest memory", in.area+guestabi.OffPlan))
+		}
 	}
 	if c.v11&guestabi.FeatureChunk != 0 {
 		chunk := binary.LittleEndian.Uint64(pd[guestabi.OffPlanChunk-guestabi.OffPlan:])

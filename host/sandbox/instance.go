@@ -31,6 +31,17 @@ type instance struct {
 	mem      api.Memory
 	fuel     api.MutableGlobal
 	depth    api.MutableGlobal // frames left (meter.DepthExport)
+	// depthLow: the last call failed and may have left depth low; a call
+	// that returns normally gives back every frame it took, so the host
+	// resets the counter only after a failure.
+	depthLow bool
+	// charged: a host function took fuel during the running call, which
+	// may have left the counter negative without a trap. Only then does
+	// the host read the counter back after a call that returned.
+	charged bool
+	// planView is the plan descriptor in guest memory, kept when the
+	// memory is reserved (memory.go: it never moves); nil otherwise.
+	planView []byte
 	ctx      context.Context
 	area     uint32
 	compCap  uint32
@@ -45,8 +56,9 @@ type instance struct {
 }
 
 func (b *Backend) newInstance() (*instance, error) {
-	in := &instance{b: b}
+	in := &instance{b: b, depthLow: true}
 	in.ctx = context.WithValue(context.Background(), instKey{}, in)
+	fallbacks := mmapFallbacks.Load()
 	cfg := wazero.NewModuleConfig().
 		WithName("").
 		WithStartFunctions().
@@ -67,6 +79,7 @@ func (b *Backend) newInstance() (*instance, error) {
 		return nil, errors.New("internal: metering global missing")
 	}
 	in.fuel, in.depth = g, d
+	reserved := mmapFallbacks.Load() == fallbacks // no instance fell back meanwhile, so neither did this one
 	fn := func(name string) api.Function {
 		if !b.exports[name] {
 			return nil
@@ -119,6 +132,9 @@ func (b *Backend) newInstance() (*instance, error) {
 		in.close()
 		return nil, err
 	}
+	if reserved {
+		in.planView, _ = in.mem.Read(in.area+guestabi.OffPlan, guestabi.PlanSize)
+	}
 	return in, nil
 }
 
@@ -162,6 +178,7 @@ func (in *instance) checkArea(area uint32) error {
 
 // charge takes fuel from the running call (host functions).
 func (in *instance) charge(n int64) {
+	in.charged = true
 	in.fuel.Set(uint64(int64(in.fuel.Get()) - n))
 }
 
@@ -169,14 +186,19 @@ func (in *instance) charge(n int64) {
 // (ErrTimeout) from a trap.
 func (in *instance) call(f api.Function, export string, stack []uint64, fuel int64) error {
 	in.fuel.Set(uint64(fuel))
-	in.depth.Set(meter.MaxCallDepth) // a trapped call leaves it low
+	in.charged = false
+	if in.depthLow {
+		in.depth.Set(meter.MaxCallDepth)
+		in.depthLow = false
+	}
 	err := f.CallWithStack(in.ctx, stack)
 	if in.out.call != (outCounts{}) {
 		in.endCall(export)
 	}
-	if err == nil && int64(in.fuel.Get()) >= 0 {
+	if err == nil && (!in.charged || int64(in.fuel.Get()) >= 0) {
 		return nil
 	}
+	in.depthLow = true
 	if err == nil { // a host function's charge after the guest's last check
 		return fmt.Errorf("%s: %w (budget %d instructions): host calls used the rest", export, ErrTimeout, fuel)
 	}
