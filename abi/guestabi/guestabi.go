@@ -50,6 +50,7 @@ const (
 	ExportCompletions = "rmaw_completions" // FeatureCompletions: (ctx i32, n i32) -> i32 status
 	ExportFinalize    = "rmaw_finalize"    // optional () -> i32 status
 	ExportMetrics     = "rmaw_metrics"     // optional () -> i64 ptr<<32 | len of Prometheus text in guest memory (v1.1)
+	ExportPlanOps     = "rmaw_plan_ops"    // FeaturePlanBatch: (ctx i32, n i32) -> i32 status
 )
 
 // Feature bits negotiated by rmaw_init: the host offers, the guest returns the
@@ -66,7 +67,8 @@ const (
 	FeatureDelay       uint64 = 1 << 3 // plan.delay_ns acts (pacing, at most MaxDelayNs)
 	FeatureCompression uint64 = 1 << 4 // plan.codec and conn.codec act
 	FeatureTransports  uint64 = 1 << 5 // conn.transport may be TransportFabric
-	FeaturesV11               = FeaturesV1 | FeatureChunk | FeatureDelay | FeatureCompression | FeatureTransports
+	FeaturePlanBatch   uint64 = 1 << 6 // aggregated ops are planned in batches by rmaw_plan_ops
+	FeaturesV11               = FeaturesV1 | FeatureChunk | FeatureDelay | FeatureCompression | FeatureTransports | FeaturePlanBatch
 )
 
 // Status codes returned by guest exports and host imports. Zero is success;
@@ -137,6 +139,19 @@ const (
 	CompOffStatus  = 16 // i32 ncclResult_t, 0 = success
 	CompOffLane    = 20 // i32 the lane the op's plan asked for, -1 = the runtime's choice (v1.1 hosts; v1 hosts write 0)
 	CompOffLatency = 24 // u64 nanoseconds, measured by the host
+
+	// Batch plan records (FeaturePlanBatch), written by the host before
+	// rmaw_plan_ops over the completion records' space: (area_size -
+	// OffCompletions) / BatchRecordSize of them, at most MaxBatch.
+	BatchRecordSize = 64
+	BatOffKind      = 0  // u32 OpKind
+	BatOffPeer      = 4  // u32
+	BatOffSize      = 8  // u64
+	BatOffOptFlags  = 16 // u32
+	BatOffSignalOp  = 20 // u32
+	BatOffPlan      = 24 // a plan descriptor (PlanSize bytes), pre-filled like plan
+	BatOffStatus    = 56 // i32: 0 go ahead, 1..6 fail this op with that ncclResult_t
+	MaxBatch        = 256
 
 	// AreaMinSize is the smallest valid area (no completion records).
 	AreaMinSize = OffCompletions

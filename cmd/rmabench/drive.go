@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 )
 
 func netFileConn(f *os.File) (net.Conn, error) {
@@ -151,6 +153,28 @@ func (r *rankState) drive() (rankResult, error) {
 			set.add("msg_rate", name, 8, "Mops/s", float64(r.opt.msgOps+1)/d.Seconds()/1e6)
 			set.add("allocs_per_op", name+"/initiator", 8, "allocs/op", mine)
 			set.add("allocs_per_op", name+"/target", 8, "allocs/op", theirs)
+		}
+		// The same with the aggregation hint on every put (NCCL's
+		// OptFlagAggregateRequests): native, the per-op hook, and the
+		// batched planning export (Guest ABI v1.1).
+		aggs := []int{commTCP, commPlanner, commBatch}
+		for j := range aggs {
+			ci := aggs[(j+rep)%len(aggs)]
+			if !r.comms[ci].ok || !r.opt.runs("rate") {
+				continue
+			}
+			name := comms[ci].name
+			if ci == commTCP {
+				name = "native"
+			}
+			r.optFlags = abi.OptFlagAggregateRequests
+			d, mine, _, err := r.plugBW(ci, 8, r.opt.msgOps, true)
+			r.optFlags = 0
+			if err != nil {
+				return result(), fmt.Errorf("aggregated message rate %s: %w", name, err)
+			}
+			set.add("msg_rate_agg", name, 8, "Mops/s", float64(r.opt.msgOps+1)/d.Seconds()/1e6)
+			set.add("allocs_per_op_agg", name+"/initiator", 8, "allocs/op", mine)
 		}
 		// 8-byte ping-pong, half round trip.
 		pings := []func() error{

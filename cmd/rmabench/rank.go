@@ -42,6 +42,7 @@ const (
 	commTelemetry
 	commS2
 	commZstd
+	commBatch
 )
 
 var comms = []commCfg{
@@ -62,6 +63,9 @@ var comms = []commCfg{
 	// plugin-tcp configuration: the plan11 guest only sets the codec.
 	commS2:   {name: "plugin-tcp-s2", backend: "plan11", intra: "0", config: "codec=1", needs: "plan11.wasm"},
 	commZstd: {name: "plugin-tcp-zstd1", backend: "plan11", intra: "0", config: "codec=2, level=1", needs: "plan11.wasm"},
+	// Guest ABI v1.1 batched planning: a planner that plans every op, the
+	// aggregated ones in batches (rmaw_plan_ops).
+	commBatch: {name: "planner-batch", backend: "plan11", intra: "0", config: "lanes=1, plan=1, batch=1", needs: "plan11.wasm"},
 }
 
 // Series kinds of opBW / opPing (low byte of A; comm index in the next).
@@ -100,6 +104,8 @@ type rankState struct {
 	// plugBW reads its source from src[srcBase:srcBase+span] and writes
 	// dst[:span] (the compression series pick the data this way).
 	srcBase, span uint64
+	// optFlags go with plugBW's puts (the final signal has none).
+	optFlags uint32
 }
 
 func mmap(n int) []byte {
@@ -488,7 +494,7 @@ func (r *rankState) plugBW(ci int, size, count uint64, allocs bool) (time.Durati
 			var rc abi.Result
 			if posted < count {
 				off := (posted * size) % r.span
-				h, rc = plugin.Iput(cs.rma, 0, r.srcBase+off, cs.srcMh, size, off, cs.dstMh, 1, 0)
+				h, rc = plugin.Iput(cs.rma, 0, r.srcBase+off, cs.srcMh, size, off, cs.dstMh, 1, r.optFlags)
 			} else {
 				h, rc = plugin.IputSignal(cs.rma, 0, 0, 0, 0, 0, 0, 1, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
 			}

@@ -41,6 +41,8 @@ func newReport(o *options, s []Sample, notes []string) *report {
 	r.addRatio("msg_rate", "default", "native", 8)
 	r.addRatio("msg_rate", "planner", "native", 8)
 	r.addRatio("msg_rate", "planner+telemetry", "native", 8)
+	r.addRatio("msg_rate_agg", "planner", "native", 8)
+	r.addRatio("msg_rate_agg", "planner-batch", "native", 8)
 	for _, size := range compSizes {
 		for _, d := range compData {
 			for _, s := range []string{"plugin-tcp", "plugin-tcp-s2", "plugin-tcp-zstd1"} {
@@ -196,6 +198,19 @@ func (r *report) print(out io.Writer) {
 	}
 	tw.Flush()
 
+	fmt.Fprintf(w, "\nthe same with the aggregation hint on every put (Mops/s, allocations per op on the initiator)\n")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for _, c := range []string{"native", "planner", "planner-batch"} {
+		v, ok := r.med("msg_rate_agg", c, 8)
+		x, xok := r.ratio("msg_rate_agg", c, "native", 8)
+		if c == "native" {
+			x, xok = 1, ok
+		}
+		ai, aiok := r.med("allocs_per_op_agg", c+"/initiator", 8)
+		fmt.Fprintf(tw, "\t%s\t%s\t%sx\t%s\t\n", c, f(v, ok, 3), f(x, xok, 2), f(ai, aiok, 4))
+	}
+	tw.Flush()
+
 	r.printCompression(w)
 
 	fmt.Fprintf(w, "\ncold start, host.Init -> first completed put, fresh process, 1-rank communicator (ms)\n")
@@ -271,11 +286,23 @@ func (r *report) targets() []target {
 	if v, ok := r.ratio("msg_rate", "planner+telemetry", "native", 8); ok {
 		ts = append(ts, target{"INFO", fmt.Sprintf("per-op hook with completion telemetry: %.2fx native (no target)", v)})
 	}
+	if v, ok := r.ratio("msg_rate_agg", "planner-batch", "native", 8); ok {
+		ts = append(ts, target{verdict(ok, v >= 0.90), fmt.Sprintf("batched planning (planner-batch, aggregated puts) >= 0.90x native message rate: %.2fx", v)})
+	}
+	if v, ok := r.ratio("msg_rate_agg", "planner", "native", 8); ok {
+		ts = append(ts, target{"INFO", fmt.Sprintf("per-op hook on aggregated puts: %.2fx native (no target)", v)})
+	}
 	worst, any := 0.0, false
 	for _, c := range []string{"native", "default", "planner", "planner+telemetry"} {
 		if a, ok := r.med("allocs_per_op", c+"/initiator", 8); ok {
 			any, worst = true, max(worst, a)
 		}
+		if a, ok := r.med("allocs_per_op_agg", c+"/initiator", 8); ok {
+			any, worst = true, max(worst, a)
+		}
+	}
+	if a, ok := r.med("allocs_per_op_agg", "planner-batch/initiator", 8); ok {
+		any, worst = true, max(worst, a)
 	}
 	ts = append(ts, target{verdict(any, worst < 0.01), fmt.Sprintf("0 allocations per op on the put path (initiator process, all backends): worst %.4f", worst)})
 	v, ok = r.med("cold_start", "default", 0)

@@ -30,6 +30,8 @@
 #define RMAW_FEATURE_DELAY       ((int64_t)1 << 3) /* plan.delay_ns acts */
 #define RMAW_FEATURE_COMPRESSION ((int64_t)1 << 4) /* plan.codec, conn.codec act */
 #define RMAW_FEATURE_TRANSPORTS  ((int64_t)1 << 5) /* conn.transport may be FABRIC */
+#define RMAW_FEATURE_PLAN_BATCH  ((int64_t)1 << 6) /* aggregated ops planned by rmaw_plan_ops */
+#define RMAW_MAX_BATCH 256
 
 /* Status codes. rmaw_plan_op may also return 1..6 (an ncclResult_t) to fail
  * the operation on purpose. */
@@ -117,6 +119,17 @@ struct rmaw_completion {      /* written by the host before rmaw_completions */
   uint64_t latency_ns;        /* measured by the host */
 };
 
+struct rmaw_plan_rec {        /* RMAW_FEATURE_PLAN_BATCH: one op of a batch (rmaw_plan_recs()) */
+  uint32_t kind;              /* RMAW_OP_* */
+  uint32_t peer;
+  uint64_t size;
+  uint32_t opt_flags;
+  uint32_t signal_op;
+  struct rmaw_plan plan;      /* pre-filled like the area's plan; edit in place */
+  int32_t status;             /* 0 go ahead, 1..6 fail this op with that ncclResult_t */
+  uint32_t reserved;
+};
+
 struct rmaw_area {
   uint32_t magic;             /* RMAW_AREA_MAGIC */
   uint32_t version;           /* RMAW_ABI_VERSION */
@@ -134,6 +147,9 @@ _Static_assert(offsetof(struct rmaw_area, devices) == 0x50, "devices offset");
 _Static_assert(sizeof(struct rmaw_area) == 0x2d0, "area header size");
 _Static_assert(sizeof(struct rmaw_device) == 80, "device size");
 _Static_assert(sizeof(struct rmaw_completion) == 32, "completion size");
+_Static_assert(sizeof(struct rmaw_plan_rec) == 64, "plan record size");
+_Static_assert(offsetof(struct rmaw_plan_rec, plan) == 24, "plan record plan");
+_Static_assert(offsetof(struct rmaw_plan_rec, status) == 56, "plan record status");
 
 /* ---- the declarations a backend implements ---- */
 int64_t rmaw_init(int64_t host_features);
@@ -148,6 +164,7 @@ int32_t rmaw_finalize(void);
  * Prometheus text the host writes to NCCL_RMA_WASM_METRICS_FILE and serves
  * at NCCL_RMA_WASM_METRICS_ADDR; at most RMAW_MAX_METRICS_LEN bytes. */
 int64_t rmaw_metrics(void);
+int32_t rmaw_plan_ops(int32_t ctx, int32_t n); /* n records at rmaw_plan_recs(); < 0 fails them all */
 
 /* Declares Guest ABI v1. */
 #define RMAW_ABI_V1() RMAW_EXPORT(rmaw_abi_v1) void rmaw_abi_v1(void) {}
@@ -163,6 +180,7 @@ int64_t rmaw_metrics(void);
             .area_size = sizeof(rmaw__area), .comp_cap = (CAP)}};                    \
   static inline __attribute__((unused)) struct rmaw_area *rmaw_area_ptr(void) { return &rmaw__area.a; }      \
   static inline __attribute__((unused)) struct rmaw_completion *rmaw_completion_ring(void) { return rmaw__area.c; } \
+  static inline __attribute__((unused)) struct rmaw_plan_rec *rmaw_plan_recs(void) { return (struct rmaw_plan_rec *)(void *)rmaw__area.c; } \
   RMAW_EXPORT(rmaw_area) uint32_t rmaw_area(void) { return (uint32_t)(uintptr_t)&rmaw__area; }
 
 /* ---- host functions (module "rmaw") ---- */

@@ -144,6 +144,19 @@ type Context interface {
 	Close() error
 }
 
+// BatchPlanner is implemented by a Context that can plan several
+// operations in one call (Guest ABI v1.1 FeaturePlanBatch). The runtime
+// uses it for operations posted with the aggregation hint: it keeps them
+// back until the batch is full or something would send them anyway (an op
+// without the hint, test, iflush, rmaProgress) and plans them together.
+type BatchPlanner interface {
+	// BatchCap is the largest batch PlanOps takes; 0 means no batches.
+	BatchCap() int
+	// PlanOps fills plans[i] for ops[i] (plans pre-filled like PlanOp's).
+	// An error fails every op of the batch.
+	PlanOps(ops []Op, plans []OpPlan) error
+}
+
 // ErrDisabled is returned by a Context whose backend was disabled after
 // repeated faults.
 var ErrDisabled = errors.New("backend disabled after a fault")

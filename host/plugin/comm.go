@@ -37,6 +37,9 @@ type coll struct {
 
 	rmaMu sync.Mutex
 	rmas  []*rmaCtx
+	// deferred is 1 while a context holds aggregated ops back for batched
+	// planning (batch.go).
+	deferred atomic.Int32
 
 	err stickyError
 }
@@ -166,6 +169,7 @@ func CloseColl(h uint64) abi.Result {
 		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: unknown collComm %#x", h)
 		return abi.InvalidArgument
 	}
+	c.flushDeferred() // held ops were accepted: they go out before the goodbye
 	c.closed.Store(true)
 	c.rmaMu.Lock()
 	rmas := c.rmas

@@ -28,7 +28,16 @@ func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
 // drives the plugin: init, listen, all-gather, connect, createContext, regMr.
 func setup(t testing.TB, n, size int) []*rank {
 	t.Helper()
+	return setupEnv(t, n, size, nil)
+}
+
+// setupEnv is setup with extra variables (they win over the defaults).
+func setupEnv(t testing.TB, n, size int, env map[string]string) []*rank {
+	t.Helper()
 	config.SetGetenv(func(k string) string {
+		if v, ok := env[k]; ok {
+			return v
+		}
 		switch k {
 		case config.Backend.Name:
 			return "native"

@@ -91,7 +91,9 @@ func pair(call, localWhat, remoteWhat string, c *coll, localMh, localOff, remote
 	return local, remote, abi.Success
 }
 
-// issue takes a request slot, lets the backend plan, and queues op.
+// issue takes a request slot, lets the backend plan, and queues op. An
+// aggregated op on a context whose backend plans in batches is held back
+// and planned with the others (batch.go).
 func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags, sigOp uint32, op *dataplane.Op) (uint64, abi.Result) {
 	q, idx, ok := r.reqs.alloc()
 	if !ok {
@@ -106,26 +108,45 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 	if s.comps {
 		q.start = nanotime()
 	}
-	lane := int32(-1)
 	op.Codec = uint32(r.c.plan.Codec)
+	aggregate := optFlags&abi.OptFlagAggregateRequests != 0
+	if s.batch != nil && aggregate {
+		r.deferOp(s, q, context, rank, kind, optFlags, sigOp, op)
+		return handle, abi.Success
+	}
+	if r.c.deferred.Load() != 0 {
+		r.c.flushDeferred() // ops held back earlier go first
+	}
+	lane := int32(-1)
 	if s.plans {
 		var status abi.Result
 		if lane, status = s.planOp(r, context, rank, kind, optFlags, sigOp, op); status != abi.Success {
-			// Sticky first: whoever sees the failed request also sees
-			// queryLastError report it (SPEC.md §3, Errors).
-			r.c.setError(errKeyBackend, fmt.Errorf("backend %s failed an operation to rank %d: %v", r.c.be.b.Name(), rank, status))
-			q.status.Store(int32(status))
-			q.state.Store(reqDone)
+			r.failPlanned(q, rank, status)
 			return handle, abi.Success
 		}
 	}
+	r.post(q, rank, op, aggregate, lane)
+	return handle, abi.Success
+}
+
+// failPlanned completes a request the backend failed. Sticky first:
+// whoever sees the failed request also sees queryLastError report it
+// (SPEC.md §3, Errors).
+func (r *rmaCtx) failPlanned(q *request, rank uint32, status abi.Result) {
+	r.c.setError(errKeyBackend, fmt.Errorf("backend %s failed an operation to rank %d: %v", r.c.be.b.Name(), rank, status))
+	q.status.Store(int32(status))
+	q.state.Store(reqDone)
+}
+
+// post hands a planned op to the mesh.
+func (r *rmaCtx) post(q *request, rank uint32, op *dataplane.Op, hold bool, lane int32) {
 	if op.Remote == 0 {
 		op.Codec = 0 // device memory on either side (or no payload): never compressed
 	}
 	q.lane = int8(lane) // -1..abi.MaxLanes-1, checked by planOp
+	q.lane = int8(lane) // -1..abi.MaxLanes-1, checked by applyPlan
 	q.parts.Store(int32(r.c.mesh.OpParts(int(rank), op)))
-	r.c.mesh.Post(int(rank), op, optFlags&abi.OptFlagAggregateRequests != 0, int(lane))
-	return handle, abi.Success
+	r.c.mesh.Post(int(rank), op, hold, int(lane))
 }
 
 // planOp asks the backend for a lane (-1: the runtime's choice) and the
@@ -142,25 +163,30 @@ func (s *ctxState) planOp(r *rmaCtx, context int32, rank uint32, kind backend.Op
 		r.c.setError(errKeyBackend, err)
 		return -1, abi.InternalError
 	}
+	return r.applyPlan(&s.plan, rank, op)
+}
+
+// applyPlan checks a backend's plan and writes its v1.1 fields into op.
+func (r *rmaCtx) applyPlan(plan *backend.OpPlan, rank uint32, op *dataplane.Op) (int32, abi.Result) {
 	switch {
-	case s.plan.Lane < -1 || s.plan.Lane >= r.c.plan.Lanes:
-		logx.Warn(abi.SubsysNet, "NET/wasm: backend %s planned lane %d of %d; failing the operation", r.c.be.b.Name(), s.plan.Lane, r.c.plan.Lanes)
+	case plan.Lane < -1 || plan.Lane >= r.c.plan.Lanes:
+		logx.Warn(abi.SubsysNet, "NET/wasm: backend %s planned lane %d of %d; failing the operation", r.c.be.b.Name(), plan.Lane, r.c.plan.Lanes)
 		return -1, abi.InternalError
-	case s.plan.Status != 0:
-		st := abi.Result(s.plan.Status)
+	case plan.Status != 0:
+		st := abi.Result(plan.Status)
 		if st < abi.UnhandledCudaError || st > abi.RemoteError {
 			st = abi.InternalError
 		}
-		logx.Warn(abi.SubsysNet, "NET/wasm: backend %s failed an operation to rank %d with status %d", r.c.be.b.Name(), rank, s.plan.Status)
+		logx.Warn(abi.SubsysNet, "NET/wasm: backend %s failed an operation to rank %d with status %d", r.c.be.b.Name(), rank, plan.Status)
 		return -1, st
 	}
 	// A backend.Context checks these against guestabi's bounds; a
 	// native (Go) one is trusted like the rest of the process.
-	op.Chunk, op.Codec = s.plan.ChunkSize, uint32(s.plan.Codec)
-	if s.plan.DelayNs != 0 {
-		op.NotBefore = dataplane.Now() + int64(min(s.plan.DelayNs, guestabi.MaxDelayNs))
+	op.Chunk, op.Codec = plan.ChunkSize, uint32(plan.Codec)
+	if plan.DelayNs != 0 {
+		op.NotBefore = dataplane.Now() + int64(min(plan.DelayNs, guestabi.MaxDelayNs))
 	}
-	return s.plan.Lane, abi.Success
+	return plan.Lane, abi.Success
 }
 
 // Iput copies size bytes from the local registration to rank's.
@@ -241,6 +267,7 @@ func Iflush(h uint64, context int32, mh uint64, rank uint32) (uint64, abi.Result
 		logx.Warn(abi.SubsysNet, "NET/wasm: iflush: handle %#x is unknown or released", mh)
 		return 0, abi.InvalidArgument
 	}
+	r.c.flushDeferred()
 	r.c.mesh.FlushAll()
 	r.c.mesh.Kick()
 	q, idx, ok := r.reqs.alloc()

@@ -17,6 +17,10 @@ const maxContexts = 4096
 // completionBatch is how many completions are handed to a backend at once.
 const completionBatch = 64
 
+// maxPending bounds the aggregated ops one context holds back for a
+// batched plan (the guest's batch capacity may be lower).
+const maxPending = 64
+
 // rmaCtx is a block of nContexts contexts created by one createContext.
 type rmaCtx struct {
 	id      uint64
@@ -39,6 +43,12 @@ type ctxState struct {
 	op    backend.Op
 	plan  backend.OpPlan
 	done  []backend.Completion
+	// Batched planning (batch.go): non-nil when the backend plans
+	// aggregated ops in batches; pend holds them, bops/bplans are scratch.
+	batch  backend.BatchPlanner
+	pend   []pendingOp
+	bops   []backend.Op
+	bplans []backend.OpPlan
 }
 
 var rmas = table[rmaCtx]{kind: kindRma}
@@ -78,6 +88,10 @@ func CreateContext(h uint64, cfg abi.RmaConfig) (uint64, abi.Result) {
 		if s.comps {
 			s.done = make([]backend.Completion, 0, completionBatch)
 		}
+		if bp, ok := b.(backend.BatchPlanner); ok && s.plans && bp.BatchCap() > 0 {
+			n := min(bp.BatchCap(), maxPending)
+			s.batch, s.pend, s.bops, s.bplans = bp, make([]pendingOp, 0, n), make([]backend.Op, n), make([]backend.OpPlan, n)
+		}
 		r.anyPlan = r.anyPlan || s.plans
 	}
 	r.id = rmas.add(r)
@@ -97,6 +111,7 @@ func (r *rmaCtx) closeBackends() {
 	for i := range r.ctxs {
 		s := &r.ctxs[i]
 		s.mu.Lock()
+		s.flushPending(r) // held ops were accepted: planned and queued before the backend goes
 		if s.b != nil {
 			s.flushCompletions()
 			if err := s.b.Close(); err != nil {
@@ -130,6 +145,7 @@ func DestroyContext(h uint64) abi.Result {
 		return abi.InvalidArgument
 	}
 	c := r.c
+	c.flushDeferred()
 	if !c.closed.Load() {
 		c.drain("destroyContext")
 	}
@@ -165,6 +181,7 @@ func Progress(h uint64) abi.Result {
 		logx.Warn(abi.SubsysNet, "NET/wasm: rmaProgress: unknown rma context %#x", h)
 		return abi.InvalidArgument
 	}
+	r.c.flushDeferred()
 	r.c.mesh.FlushAll()
 	r.c.mesh.Kick()
 	for i := range r.ctxs {
@@ -190,6 +207,9 @@ func Test(coll, req uint64) (bool, abi.Result) {
 		return false, abi.InvalidArgument
 	}
 	if q.state.Load() != reqDone {
+		if q.parts.Load() == 0 {
+			r.c.flushDeferred() // q is held for a batched plan
+		}
 		if q.kind != uint8(backend.OpFlush) {
 			r.c.mesh.Flush(int(q.peer))
 		}

@@ -21,6 +21,7 @@ type guestContext struct {
 	plans, completions bool
 	v11                uint64    // the v1.1 plan features the instance enabled
 	lastExport         time.Time // metrics (metrics.go)
+	batchCap           int       // > 0: aggregated ops may be planned in batches of this many
 }
 
 var _ backend.Context = (*guestContext)(nil)
@@ -51,6 +52,7 @@ func (c *guestContext) revive() error {
 	c.plans = in.features&guestabi.FeaturePlanOp != 0
 	c.completions = in.features&guestabi.FeatureCompletions != 0
 	c.v11 = in.features & (guestabi.FeatureChunk | guestabi.FeatureDelay | guestabi.FeatureCompression)
+	c.batchCap = int(in.batchCap)
 	return nil
 }
 
@@ -133,6 +135,88 @@ func (c *guestContext) PlanOp(op *backend.Op, plan *backend.OpPlan) error {
 	return c.faulted(fmt.Errorf("%s returned status %d (want 0, 1..6 or negative)", guestabi.ExportPlanOp, st))
 }
 
+// BatchCap implements backend.BatchPlanner: 0 unless the guest enabled
+// FeaturePlanBatch. A revived instance has the same module, so the same
+// answer.
+func (c *guestContext) BatchCap() int { return c.batchCap }
+
+// PlanOps implements backend.BatchPlanner: one rmaw_plan_ops call for
+// len(ops) records (at most BatchCap), written over the completion ring,
+// on a budget of one plan_op per op. It allocates nothing on success.
+func (c *guestContext) PlanOps(ops []backend.Op, plans []backend.OpPlan) error {
+	if c.b.disabled.Load() {
+		return backend.ErrDisabled
+	}
+	in := c.in
+	if in == nil {
+		if err := c.revive(); err != nil {
+			return err
+		}
+		in = c.in
+	}
+	n := len(ops)
+	if n == 0 {
+		return nil
+	}
+	if n > int(in.batchCap) || in.fPlanOps == nil {
+		return fmt.Errorf("wasm backend %s: a batch of %d plans, the guest takes %d", c.b.name, n, in.batchCap)
+	}
+	recs, ok := in.mem.Read(in.area+guestabi.OffCompletions, uint32(n)*guestabi.BatchRecordSize)
+	if !ok {
+		return c.faulted(fmt.Errorf("%d plan records are outside guest memory", n))
+	}
+	for i := range ops {
+		r, op, p := recs[i*guestabi.BatchRecordSize:(i+1)*guestabi.BatchRecordSize], &ops[i], &plans[i]
+		var codec uint64
+		if c.v11&guestabi.FeatureCompression != 0 {
+			codec = uint64(p.Codec)
+		}
+		binary.LittleEndian.PutUint32(r[guestabi.BatOffKind:], uint32(op.Kind))
+		binary.LittleEndian.PutUint32(r[guestabi.BatOffPeer:], op.Peer)
+		binary.LittleEndian.PutUint64(r[guestabi.BatOffSize:], op.Size)
+		binary.LittleEndian.PutUint32(r[guestabi.BatOffOptFlags:], op.OptFlags)
+		binary.LittleEndian.PutUint32(r[guestabi.BatOffSignalOp:], op.SignalOp)
+		pd := r[guestabi.BatOffPlan:]
+		binary.LittleEndian.PutUint64(pd[guestabi.OffPlanLane-guestabi.OffPlan:], uint64(uint32(p.Lane)))
+		binary.LittleEndian.PutUint64(pd[guestabi.OffPlanChunk-guestabi.OffPlan:], 0)
+		binary.LittleEndian.PutUint64(pd[guestabi.OffPlanDelayNs-guestabi.OffPlan:], 0)
+		binary.LittleEndian.PutUint64(pd[guestabi.OffPlanCodec-guestabi.OffPlan:], codec)
+		binary.LittleEndian.PutUint64(r[guestabi.BatOffStatus:], 0) // status + reserved
+	}
+	s := in.stack[:2]
+	s[0], s[1] = uint64(uint32(c.id)), uint64(n)
+	if err := in.call(in.fPlanOps, guestabi.ExportPlanOps, s, c.b.planFuel*int64(n)); err != nil {
+		return c.faulted(err)
+	}
+	if st := int32(s[0]); st != 0 {
+		if st < 0 {
+			return &guestStatusError{c.b.name, guestabi.ExportPlanOps, st}
+		}
+		return c.faulted(fmt.Errorf("%s returned status %d (want 0 or negative)", guestabi.ExportPlanOps, st))
+	}
+	if recs, ok = in.mem.Read(in.area+guestabi.OffCompletions, uint32(n)*guestabi.BatchRecordSize); !ok {
+		return c.faulted(fmt.Errorf("%d plan records are outside guest memory", n))
+	}
+	for i := range plans {
+		r, p := recs[i*guestabi.BatchRecordSize:(i+1)*guestabi.BatchRecordSize], &plans[i]
+		st := int32(binary.LittleEndian.Uint32(r[guestabi.BatOffStatus:]))
+		if st < 0 || st > 6 {
+			return c.faulted(fmt.Errorf("%s: record %d has status %d (want 0 or 1..6)", guestabi.ExportPlanOps, i, st))
+		}
+		lane := int32(binary.LittleEndian.Uint32(r[guestabi.BatOffPlan+guestabi.OffPlanLane-guestabi.OffPlan:]))
+		if lane < -1 || lane >= abi.MaxLanes {
+			return c.faulted(fmt.Errorf("%s: record %d: lane %d outside -1..%d", guestabi.ExportPlanOps, i, lane, abi.MaxLanes-1))
+		}
+		p.Lane, p.Status = lane, st
+		if c.v11 != 0 {
+			if err := c.readPlanFields(r[guestabi.BatOffPlan:guestabi.BatOffPlan+guestabi.PlanSize], p, guestabi.ExportPlanOps); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // readV11 reads the plan fields of the v1.1 features the instance enabled
 // and checks them (SPEC.md §8.5).
 func (c *guestContext) readV11(in *instance, plan *backend.OpPlan) error {
@@ -143,24 +227,30 @@ func (c *guestContext) readV11(in *instance, plan *backend.OpPlan) error {
 			return c.faulted(fmt.Errorf("plan descriptor at %#x is outside guest memory", in.area+guestabi.OffPlan))
 		}
 	}
+	return c.readPlanFields(pd, plan, guestabi.ExportPlanOp)
+}
+
+// readPlanFields reads the v1.1 fields of one plan descriptor (pd, PlanSize
+// bytes) that the instance enabled, for export.
+func (c *guestContext) readPlanFields(pd []byte, plan *backend.OpPlan, export string) error {
 	if c.v11&guestabi.FeatureChunk != 0 {
 		chunk := binary.LittleEndian.Uint64(pd[guestabi.OffPlanChunk-guestabi.OffPlan:])
 		if chunk > guestabi.MaxChunk {
-			return c.faulted(fmt.Errorf("%s: chunk size %d above 2^40", guestabi.ExportPlanOp, chunk))
+			return c.faulted(fmt.Errorf("%s: chunk size %d above 2^40", export, chunk))
 		}
 		plan.ChunkSize = chunk
 	}
 	if c.v11&guestabi.FeatureDelay != 0 {
 		d := binary.LittleEndian.Uint64(pd[guestabi.OffPlanDelayNs-guestabi.OffPlan:])
 		if d > guestabi.MaxDelayNs {
-			return c.faulted(fmt.Errorf("%s: delay %d ns above the cap of %d ns", guestabi.ExportPlanOp, d, guestabi.MaxDelayNs))
+			return c.faulted(fmt.Errorf("%s: delay %d ns above the cap of %d ns", export, d, guestabi.MaxDelayNs))
 		}
 		plan.DelayNs = d
 	}
 	if c.v11&guestabi.FeatureCompression != 0 {
 		w := binary.LittleEndian.Uint32(pd[guestabi.OffPlanCodec-guestabi.OffPlan:])
 		if !guestabi.ValidCodec(w) {
-			return c.faulted(fmt.Errorf("%s: unknown codec word %#x", guestabi.ExportPlanOp, w))
+			return c.faulted(fmt.Errorf("%s: unknown codec word %#x", export, w))
 		}
 		plan.Codec = backend.Codec(w)
 	}

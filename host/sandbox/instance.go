@@ -26,11 +26,11 @@ import (
 
 // instance is one guest instance with its cached functions and stacks.
 type instance struct {
-	b        *Backend
-	mod      api.Module
-	mem      api.Memory
-	fuel     api.MutableGlobal
-	depth    api.MutableGlobal // frames left (meter.DepthExport)
+	b     *Backend
+	mod   api.Module
+	mem   api.Memory
+	fuel  api.MutableGlobal
+	depth api.MutableGlobal // frames left (meter.DepthExport)
 	// depthLow: the last call failed and may have left depth low; a call
 	// that returns normally gives back every frame it took, so the host
 	// resets the counter only after a failure.
@@ -49,7 +49,8 @@ type instance struct {
 
 	out outState // output limits
 
-	fInit, fArea, fDevices, fConnPlan, fCtxOpen, fCtxClose, fPlanOp, fCompletions, fFinalize, fMetrics api.Function
+	fInit, fArea, fDevices, fConnPlan, fCtxOpen, fCtxClose, fPlanOp, fCompletions, fFinalize, fMetrics, fPlanOps api.Function
+	batchCap                                                                                                     uint32 // plan records the area holds (FeaturePlanBatch)
 
 	planStack [6]uint64
 	stack     [8]uint64
@@ -90,6 +91,7 @@ func (b *Backend) newInstance() (*instance, error) {
 	in.fConnPlan, in.fCtxOpen, in.fCtxClose = fn(guestabi.ExportConnPlan), fn(guestabi.ExportCtxOpen), fn(guestabi.ExportCtxClose)
 	in.fPlanOp, in.fCompletions, in.fFinalize = fn(guestabi.ExportPlanOp), fn(guestabi.ExportCompletions), fn(guestabi.ExportFinalize)
 	in.fMetrics = fn(guestabi.ExportMetrics)
+	in.fPlanOps = fn(guestabi.ExportPlanOps)
 
 	if init := fn(guestabi.ExportInitialize); init != nil {
 		if err := in.call(init, guestabi.ExportInitialize, in.stack[:0], b.ctlFuel); err != nil {
@@ -119,6 +121,10 @@ func (b *Backend) newInstance() (*instance, error) {
 	if in.features&guestabi.FeaturePlanOp != 0 && in.fPlanOp == nil {
 		in.close()
 		return nil, fmt.Errorf("%s enabled plan_op but the module does not export %q", guestabi.ExportInit, guestabi.ExportPlanOp)
+	}
+	if in.features&guestabi.FeaturePlanBatch != 0 && (in.fPlanOps == nil || in.features&guestabi.FeaturePlanOp == 0) {
+		in.close()
+		return nil, fmt.Errorf("%s enabled plan batches but the module does not export %q or does not enable plan_op too", guestabi.ExportInit, guestabi.ExportPlanOps)
 	}
 	if in.features&guestabi.FeatureCompletions != 0 && in.fCompletions == nil {
 		in.close()
@@ -171,6 +177,12 @@ func (in *instance) checkArea(area uint32) error {
 	}
 	if in.features&guestabi.FeatureCompletions != 0 && ccap == 0 {
 		return bad("completions enabled but the area holds no completion records")
+	}
+	if in.features&guestabi.FeaturePlanBatch != 0 {
+		in.batchCap = min((asz-guestabi.OffCompletions)/guestabi.BatchRecordSize, guestabi.MaxBatch)
+		if in.batchCap == 0 {
+			return bad("plan batches enabled but the area (%d bytes) holds no %d-byte plan record", asz, guestabi.BatchRecordSize)
+		}
 	}
 	in.area, in.compCap = area, ccap
 	return nil

@@ -125,3 +125,70 @@ func TestV1GuestsUnchanged(t *testing.T) {
 		t.Fatalf("default enabled %#x", d.ctl.features)
 	}
 }
+
+// TestPlanBatch: rmaw_plan_ops plans a batch in one call with the same
+// fields as plan_op, allocation-free, and its answers are checked.
+func TestPlanBatch(t *testing.T) {
+	wasm := cguest(t, "plan11")
+	b := mustOpen(t, testOptions(t, wasm, "batch=1, codec=1, op_codec=2, op_min=100, chunk=8192"))
+	c, err := b.NewContext(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	bp, ok := c.(backend.BatchPlanner)
+	if !ok || bp.BatchCap() != 64 {
+		t.Fatalf("batch planner %v, cap %d; want 64 (128 completion slots)", ok, bp.BatchCap())
+	}
+	s2 := backend.Codec(guestabi.Codec(guestabi.CodecS2, 0))
+	ops := make([]backend.Op, 64)
+	plans := make([]backend.OpPlan, 64)
+	fill := func() {
+		for i := range ops {
+			ops[i] = backend.Op{Kind: backend.OpPut, Peer: uint32(i % 3), Size: uint64(i * 10)}
+			plans[i] = backend.OpPlan{Lane: -1, Codec: s2}
+		}
+	}
+	fill()
+	if err := bp.PlanOps(ops, plans); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range plans {
+		want := s2
+		if ops[i].Size >= 100 {
+			want = backend.Codec(guestabi.Codec(guestabi.CodecZstd, 0))
+		}
+		if p.Codec != want || p.ChunkSize != 8192 || p.Lane != -1 || p.Status != 0 {
+			t.Fatalf("record %d: %+v, want codec %#x chunk 8192", i, p, want)
+		}
+	}
+	if a := testing.AllocsPerRun(50, func() { fill(); _ = bp.PlanOps(ops, plans) }); a != 0 {
+		t.Fatalf("PlanOps: %v allocations per batch", a)
+	}
+	if err := bp.PlanOps(make([]backend.Op, 65), make([]backend.OpPlan, 65)); err == nil {
+		t.Fatal("a batch above the capacity was accepted")
+	}
+
+	// Per-record statuses: 1..6 fail the op; anything else is nonsense.
+	b2 := mustOpen(t, testOptions(t, wasm, "batch=1, batch_status=4"))
+	c2, _ := b2.NewContext(info)
+	defer c2.Close()
+	fill()
+	if err := c2.(backend.BatchPlanner).PlanOps(ops[:3], plans[:3]); err != nil || plans[2].Status != 4 {
+		t.Fatalf("status 4: %v %+v", err, plans[2])
+	}
+	b3 := mustOpen(t, testOptions(t, wasm, "batch=1, batch_status=9"))
+	c3, _ := b3.NewContext(info)
+	defer c3.Close()
+	fill()
+	if err := c3.(backend.BatchPlanner).PlanOps(ops[:3], plans[:3]); err == nil || !strings.Contains(err.Error(), "status 9") {
+		t.Fatalf("status 9: %v", err)
+	}
+	// A v1 guest has no batches.
+	b4 := mustOpen(t, testOptions(t, cguest(t, "planner"), ""))
+	c4, _ := b4.NewContext(info)
+	defer c4.Close()
+	if c4.(backend.BatchPlanner).BatchCap() != 0 {
+		t.Fatal("the v1 planner got a batch capacity")
+	}
+}

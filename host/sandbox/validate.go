@@ -36,6 +36,7 @@ var exportSigs = map[string]sig{
 	guestabi.ExportCompletions: {[]api.ValueType{tI32, tI32}, []api.ValueType{tI32}, false},
 	guestabi.ExportFinalize:    {nil, []api.ValueType{tI32}, false},
 	guestabi.ExportMetrics:     {nil, []api.ValueType{tI64}, false},
+	guestabi.ExportPlanOps:     {[]api.ValueType{tI32, tI32}, []api.ValueType{tI32}, false},
 }
 
 var importSigs = map[string]sig{

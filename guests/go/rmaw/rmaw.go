@@ -85,6 +85,24 @@ type Completion struct {
 	LatencyNs uint64
 }
 
+// PlanRecord is one op of a batch (guestabi.FeaturePlanBatch): the op and
+// its plan, pre-filled like the area's; PlanOps edits Plan and Status (0 go
+// ahead, 1..6 fail the op with that ncclResult_t).
+type PlanRecord struct {
+	Kind     uint32
+	Peer     uint32
+	Size     uint64
+	OptFlags uint32
+	SignalOp uint32
+	Plan     Plan
+	Status   int32
+	_        uint32
+}
+
+// BatchCap is how many plan records the SDK's area holds (they overlay the
+// completion records).
+const BatchCap = CompCap * guestabi.CompletionSize / guestabi.BatchRecordSize
+
 // Area is the descriptor area, laid out exactly as guestabi describes.
 type Area struct {
 	Magic, Version, AreaSize, CompCap uint32
@@ -104,6 +122,9 @@ var (
 	_ [guestabi.OffCompletions]byte = [unsafe.Offsetof(Area{}.Completions)]byte{}
 	_ [guestabi.DeviceSize]byte     = [unsafe.Sizeof(Device{})]byte{}
 	_ [guestabi.CompletionSize]byte = [unsafe.Sizeof(Completion{})]byte{}
+	_ [guestabi.BatchRecordSize]byte = [unsafe.Sizeof(PlanRecord{})]byte{}
+	_ [guestabi.BatOffPlan]byte      = [unsafe.Offsetof(PlanRecord{}.Plan)]byte{}
+	_ [guestabi.BatOffStatus]byte    = [unsafe.Offsetof(PlanRecord{}.Status)]byte{}
 )
 
 // Backend is the required part of a guest backend.
@@ -134,6 +155,11 @@ type (
 	Finalizer interface {
 		Finalize() int32
 	}
+	// BatchPlanner plans aggregated ops in batches (FeaturePlanBatch,
+	// with OpPlanner too). A non-zero result fails the whole batch.
+	BatchPlanner interface {
+		PlanOps(ctx int32, recs []PlanRecord) int32
+	}
 )
 
 var (
@@ -143,6 +169,7 @@ var (
 	op         Op
 	planner    OpPlanner
 	completer  CompletionHandler
+	batcher    BatchPlanner
 )
 
 // Register installs the backend; call it from init().
@@ -150,6 +177,7 @@ func Register(b Backend) {
 	registered = b
 	planner, _ = b.(OpPlanner)
 	completer, _ = b.(CompletionHandler)
+	batcher, _ = b.(BatchPlanner)
 }
 
 //go:wasmimport rmaw log
@@ -197,6 +225,9 @@ func exportInit(hostFeatures int64) int64 {
 	}
 	if completer == nil {
 		f &^= guestabi.FeatureCompletions
+	}
+	if batcher == nil || planner == nil {
+		f &^= guestabi.FeaturePlanBatch
 	}
 	return int64(f & uint64(hostFeatures))
 }
@@ -253,6 +284,18 @@ func exportCompletions(ctx, n int32) int32 {
 		return guestabi.StatusErrInval
 	}
 	return completer.Completions(ctx, area.Completions[:n])
+}
+
+//go:wasmexport rmaw_plan_ops
+func exportPlanOps(ctx, n int32) int32 {
+	if batcher == nil {
+		return guestabi.StatusErrNotSup
+	}
+	if n < 0 || n > BatchCap {
+		return guestabi.StatusErrInval
+	}
+	recs := (*[BatchCap]PlanRecord)(unsafe.Pointer(&area.Completions))
+	return batcher.PlanOps(ctx, recs[:n])
 }
 
 //go:wasmexport rmaw_finalize
