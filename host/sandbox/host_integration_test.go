@@ -236,3 +236,50 @@ func BenchmarkHostPut8Planner(b *testing.B) { benchHostPut8(b, cguest(b, "planne
 func BenchmarkHostPut8PlannerNoCompletions(b *testing.B) {
 	benchHostPut8(b, cguest(b, "planner"), "lanes=1, completions=0")
 }
+
+// TestGuestBatchesThroughRuntime: a Wasm guest plans aggregated puts in
+// batches (rmaw_plan_ops) through the whole runtime, over real sockets,
+// two contexts: every byte lands, the signal posted last (from the other
+// context, without the hint) is applied after all of them, nothing fails.
+func TestGuestBatchesThroughRuntime(t *testing.T) {
+	useGuest(t, cguest(t, "plan11"), "batch=1, plan=1, lanes=1, op_codec=1")
+	const n = 2
+	rs := hostComm(t, n, 2)
+	r0, r1 := rs[0], rs[1]
+	for j := 0; j < 4096; j++ {
+		r0.buf[n*4096+j] = byte(7*j + 1)
+	}
+	var reqs []uint64
+	for k := uint64(0); k < 150; k++ { // two full batches of 64 and a rest
+		req, res := plugin.Iput(r0.rma, 0, n*4096+k*20, r0.bufMh, 20, k*20, r0.bufMh, 1, abi.OptFlagAggregateRequests)
+		if res != abi.Success {
+			t.Fatal(res)
+		}
+		reqs = append(reqs, req)
+	}
+	sreq, res := plugin.IputSignal(r0.rma, 1, 0, 0, 0, 0, 0, 1, 0, r0.sigMh, 0, abi.SignalOpInc, true, 0)
+	if res != abi.Success || hostWait(t, r0.coll, sreq) != abi.Success {
+		t.Fatalf("signal: %v", res)
+	}
+	sig := (*uint64)(unsafe.Pointer(&r1.sig[0]))
+	deadline := time.Now().Add(10 * time.Second)
+	for atomic.LoadUint64(sig) != 1 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Microsecond)
+	}
+	if atomic.LoadUint64(sig) != 1 {
+		t.Fatal("signal never arrived")
+	}
+	for j := 0; j < 150*20; j++ {
+		if r1.buf[j] != r0.buf[n*4096+j] {
+			t.Fatalf("byte %d: %d, want %d (signal before the batched puts?)", j, r1.buf[j], r0.buf[n*4096+j])
+		}
+	}
+	for k, req := range reqs {
+		if st := hostWait(t, r0.coll, req); st != abi.Success {
+			t.Fatalf("put %d: %v", k, st)
+		}
+	}
+	if bad, _ := plugin.QueryLastError(r0.rma); bad {
+		t.Fatal("sticky error after a clean run")
+	}
+}
