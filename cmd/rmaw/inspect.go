@@ -65,6 +65,7 @@ var abiExports = []struct {
 	{guestabi.ExportInitialize, false}, {guestabi.ExportDevices, false}, {guestabi.ExportConnPlan, false},
 	{guestabi.ExportCtxOpen, false}, {guestabi.ExportCtxClose, false}, {guestabi.ExportPlanOp, false},
 	{guestabi.ExportCompletions, false}, {guestabi.ExportFinalize, false}, {guestabi.ExportMetrics, false},
+	{guestabi.ExportPlanOps, false},
 }
 
 func sigString(d api.FunctionDefinition) string {

@@ -185,6 +185,7 @@ var featureBits = []struct {
 	{guestabi.FeaturePlanOp, "plan_op"}, {guestabi.FeatureCompletions, "completions"},
 	{guestabi.FeatureChunk, "chunk"}, {guestabi.FeatureDelay, "delay"},
 	{guestabi.FeatureCompression, "compression"}, {guestabi.FeatureTransports, "transports"},
+	{guestabi.FeaturePlanBatch, "plan_batch"},
 }
 
 // featureNames spells a feature set.
