@@ -114,14 +114,14 @@ type Area struct {
 
 // Compile-time layout checks against guestabi.
 var (
-	_ [guestabi.OffPlan]byte        = [unsafe.Offsetof(Area{}.Plan)]byte{}
-	_ [guestabi.OffConn]byte        = [unsafe.Offsetof(Area{}.Conn)]byte{}
-	_ [guestabi.OffPlanCodec]byte   = [guestabi.OffPlan + unsafe.Offsetof(Plan{}.Codec)]byte{}
-	_ [guestabi.OffConnCodec]byte   = [guestabi.OffConn + unsafe.Offsetof(ConnPlan{}.Codec)]byte{}
-	_ [guestabi.OffDevices]byte     = [unsafe.Offsetof(Area{}.Devices)]byte{}
-	_ [guestabi.OffCompletions]byte = [unsafe.Offsetof(Area{}.Completions)]byte{}
-	_ [guestabi.DeviceSize]byte     = [unsafe.Sizeof(Device{})]byte{}
-	_ [guestabi.CompletionSize]byte = [unsafe.Sizeof(Completion{})]byte{}
+	_ [guestabi.OffPlan]byte         = [unsafe.Offsetof(Area{}.Plan)]byte{}
+	_ [guestabi.OffConn]byte         = [unsafe.Offsetof(Area{}.Conn)]byte{}
+	_ [guestabi.OffPlanCodec]byte    = [guestabi.OffPlan + unsafe.Offsetof(Plan{}.Codec)]byte{}
+	_ [guestabi.OffConnCodec]byte    = [guestabi.OffConn + unsafe.Offsetof(ConnPlan{}.Codec)]byte{}
+	_ [guestabi.OffDevices]byte      = [unsafe.Offsetof(Area{}.Devices)]byte{}
+	_ [guestabi.OffCompletions]byte  = [unsafe.Offsetof(Area{}.Completions)]byte{}
+	_ [guestabi.DeviceSize]byte      = [unsafe.Sizeof(Device{})]byte{}
+	_ [guestabi.CompletionSize]byte  = [unsafe.Sizeof(Completion{})]byte{}
 	_ [guestabi.BatchRecordSize]byte = [unsafe.Sizeof(PlanRecord{})]byte{}
 	_ [guestabi.BatOffPlan]byte      = [unsafe.Offsetof(PlanRecord{}.Plan)]byte{}
 	_ [guestabi.BatOffStatus]byte    = [unsafe.Offsetof(PlanRecord{}.Status)]byte{}
