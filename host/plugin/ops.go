@@ -143,7 +143,6 @@ func (r *rmaCtx) post(q *request, rank uint32, op *dataplane.Op, hold bool, lane
 	if op.Remote == 0 {
 		op.Codec = 0 // device memory on either side (or no payload): never compressed
 	}
-	q.lane = int8(lane) // -1..abi.MaxLanes-1, checked by planOp
 	q.lane = int8(lane) // -1..abi.MaxLanes-1, checked by applyPlan
 	q.parts.Store(int32(r.c.mesh.OpParts(int(rank), op)))
 	r.c.mesh.Post(int(rank), op, hold, int(lane))
