@@ -89,7 +89,7 @@ func (r *rankState) drive() (rankResult, error) {
 	}
 
 	// Warm-up: TCP windows, page tables, guest instances.
-	for _, ci := range []int{commTCP, commIntra, commDefault, commPlanner, commTelemetry} {
+	for _, ci := range []int{commTCP, commIntra, commDefault, commPlanner, commTelemetry, commSealed} {
 		if r.comms[ci].ok {
 			if _, _, _, err := r.plugBW(ci, 1<<20, 64, false); err != nil {
 				return result(), fmt.Errorf("warm-up %s: %w", comms[ci].name, err)
@@ -114,6 +114,12 @@ func (r *rankState) drive() (rankResult, error) {
 		{comms[commIntra].name, func(s, n uint64) (time.Duration, error) { d, _, _, e := r.plugBW(commIntra, s, n, false); return d, e }},
 		{"raw-pvw", r.pvwBW},
 		{"memcpy", func(s, n uint64) (time.Duration, error) { return r.memcpyBW(s, n), nil }},
+	}
+	if r.comms[commSealed].ok {
+		bw = append(bw, series{comms[commSealed].name, func(s, n uint64) (time.Duration, error) {
+			d, _, _, e := r.plugBW(commSealed, s, n, false)
+			return d, e
+		}})
 	}
 	rates := []int{commTCP, commDefault, commPlanner, commTelemetry}
 	r.fillCompressionData()
@@ -193,6 +199,13 @@ func (r *rankState) drive() (rankResult, error) {
 				set.add("half_rtt", comms[commIntra].name, 8, "us", float64(d)/1e3)
 				return err
 			},
+		}
+		if r.comms[commSealed].ok {
+			pings = append(pings, func() error {
+				d, err := r.plugPing(commSealed, r.opt.pingIters)
+				set.add("half_rtt", comms[commSealed].name, 8, "us", float64(d)/1e3)
+				return err
+			})
 		}
 		for j := range pings {
 			if !r.opt.runs("ping") {

@@ -32,6 +32,7 @@ type commCfg struct {
 	intra   string // NCCL_RMA_WASM_INTRANODE
 	config  string // NCCL_RMA_WASM_CONFIG
 	needs   string // guest module file needed under -guests
+	encrypt string // NCCL_RMA_WASM_ENCRYPT
 }
 
 const (
@@ -43,6 +44,7 @@ const (
 	commS2
 	commZstd
 	commBatch
+	commSealed
 )
 
 var comms = []commCfg{
@@ -66,6 +68,9 @@ var comms = []commCfg{
 	// Guest ABI v1.1 batched planning: a planner that plans every op, the
 	// aggregated ones in batches (rmaw_plan_ops).
 	commBatch: {name: "planner-batch", backend: "plan11", intra: "0", config: "lanes=1, plan=1, batch=1", needs: "plan11.wasm"},
+	// The TCP path with every stream sealed (X25519 + AES-256-GCM), next to
+	// plugin-tcp: the cost of encryption.
+	commSealed: {name: "plugin-tcp-encrypted", backend: "native", intra: "0", encrypt: "1"},
 }
 
 // Series kinds of opBW / opPing (low byte of A; comm index in the next).
@@ -144,6 +149,7 @@ func (r *rankState) setEnv(c commCfg) {
 	os.Setenv(config.Backend.Name, c.backend)
 	os.Setenv(config.IntraNode.Name, c.intra)
 	os.Setenv(config.BackendConfig.Name, c.config)
+	os.Setenv(config.Encrypt.Name, c.encrypt)
 	os.Setenv(config.Dir.Name, r.opt.guestsAbs)
 	os.Setenv(config.CacheDir.Name, r.opt.cacheDir)
 	if os.Getenv("RMABENCH_KEEP_ADDR") == "" {

@@ -35,9 +35,11 @@ func newReport(o *options, s []Sample, notes []string) *report {
 	for _, size := range sizes {
 		r.addRatio("put_bw", "plugin-tcp", "raw-tcp", size)
 		r.addRatio("put_bw", "plugin-intranode", "raw-pvw", size)
+		r.addRatio("put_bw", "plugin-tcp-encrypted", "plugin-tcp", size)
 	}
 	r.addRatio("half_rtt", "plugin-tcp", "raw-tcp", 8)
 	r.addRatio("half_rtt", "plugin-intranode", "raw-tcp", 8)
+	r.addRatio("half_rtt", "plugin-tcp-encrypted", "plugin-tcp", 8)
 	r.addRatio("msg_rate", "default", "native", 8)
 	r.addRatio("msg_rate", "planner", "native", 8)
 	r.addRatio("msg_rate", "planner+telemetry", "native", 8)
@@ -171,6 +173,22 @@ func (r *report) print(out io.Writer) {
 			f(c, cok, 3), f(d, dok, 3), f(r2, r2ok, 2), f(e, eok, 2))
 	}
 	tw.Flush()
+
+	if _, ok := r.med("put_bw", "plugin-tcp-encrypted", sizes[len(sizes)-1]); ok {
+		fmt.Fprintf(w, "\nencrypted TCP (NCCL_RMA_WASM_ENCRYPT=1) against plugin-tcp\n")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintf(tw, "put GB/s\tsize\tencrypted\tplugin-tcp\tratio\t\n")
+		for _, s := range sizes {
+			a, aok := r.med("put_bw", "plugin-tcp-encrypted", s)
+			b, bok := r.med("put_bw", "plugin-tcp", s)
+			x, xok := r.ratio("put_bw", "plugin-tcp-encrypted", "plugin-tcp", s)
+			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s\t\n", sizeName(s), f(a, aok, 3), f(b, bok, 3), f(x, xok, 2))
+		}
+		a, aok := r.med("half_rtt", "plugin-tcp-encrypted", 8)
+		x, xok := r.ratio("half_rtt", "plugin-tcp-encrypted", "plugin-tcp", 8)
+		fmt.Fprintf(tw, "half rtt us\t8 B\t%s\t\t%s\t\n", f(a, aok, 1), f(x, xok, 2))
+		tw.Flush()
+	}
 
 	fmt.Fprintf(w, "\n8-byte ping-pong, half round trip (us)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

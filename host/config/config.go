@@ -276,6 +276,8 @@ var (
 	OrderWindow = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_ORDER_WINDOW", Kind: KindInt, Default: "1048576",
 		Min: 1 << 10, Max: 1 << 26,
 		Doc: "with several lanes, how far (in operations) a peer's sequence numbers may run ahead of the first one still missing (1024..2^26); beyond it the peer is dropped as broken (48 bytes of memory per number, at most)"}), DefaultOrderWindow}
+	Encrypt = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_ENCRYPT", Kind: KindBool, Default: "0",
+		Doc: "1 seals every TCP stream (X25519 agreed under the signed hello, AES-256-GCM records); set it alike on every rank (SPEC.md §9)"}), false}
 	IntraNode = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_INTRANODE", Kind: KindBool, Default: "1",
 		Doc: "0 turns the single-copy path off for ranks on one host"}), true}
 	// Off by default: a put completes when it arrived (SPEC.md §3).

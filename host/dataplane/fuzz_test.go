@@ -139,22 +139,26 @@ func FuzzHello(f *testing.F) {
 		nonce[i] = byte(i)
 	}
 	var b [helloSize]byte
+	var none, eph [ephSize]byte
+	eph[0] = 9
 	for _, cl := range []claim{{rank: 1, nranks: 2, lane: 0, lanes: 1}, {rank: 7, nranks: 8, lane: 3, lanes: 4, noFab: true}, {rank: 0, nranks: 1, lane: 7, lanes: 8}} {
-		encodeHello(&b, cl, &nonce)
+		encodeHello(&b, cl, &nonce, &none)
 		f.Add(b[:])
 	}
+	encodeHello(&b, claim{rank: 1, nranks: 2, lane: 0, lanes: 1, encrypt: true}, &nonce, &eph)
+	f.Add(b[:])
 	f.Add(make([]byte, helloSize))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		cl, n, err := decodeHello(in)
+		cl, n, e, err := decodeHello(in)
 		if err != nil {
 			return
 		}
 		var out [helloSize]byte
-		encodeHello(&out, cl, &n)
+		encodeHello(&out, cl, &n, &e)
 		if !bytes.Equal(out[:], in) {
 			t.Fatalf("hello %x decodes to %+v, which encodes to %x", in, cl, out)
 		}
-		if cl.rank >= cl.nranks || cl.lane >= cl.lanes || cl.lanes > 8 {
+		if cl.rank >= cl.nranks || cl.lane >= cl.lanes || cl.lanes > 8 || cl.encrypt == (e == [ephSize]byte{}) {
 			t.Fatalf("decoder accepted an impossible claim %+v", cl)
 		}
 	})
@@ -172,10 +176,11 @@ func FuzzAuthenticate(f *testing.F) {
 	}
 	defer l.Close()
 	hi, _ := DecodeHandle(h)
-	l.setPeers([]HandleInfo{hi, hi})
+	l.setPeers([]HandleInfo{hi, hi}, false)
 	var nonce [nonceSize]byte
 	var hb [helloSize]byte
-	encodeHello(&hb, claim{rank: 1, nranks: 2, lane: 0, lanes: 1}, &nonce)
+	var eph [ephSize]byte
+	encodeHello(&hb, claim{rank: 1, nranks: 2, lane: 0, lanes: 1}, &nonce, &eph)
 	proof := append([]byte(proofMagic), make([]byte, ed25519.SignatureSize)...)
 	f.Add(hb[:], proof)
 	f.Add(hb[:], []byte("RMAP"))
@@ -193,7 +198,7 @@ func FuzzAuthenticate(f *testing.F) {
 		}()
 		deadline := time.Now().Add(2 * time.Second)
 		a.SetDeadline(deadline)
-		if cl, err := l.authenticate(a, deadline); err == nil {
+		if cl, _, err := l.authenticate(a, deadline); err == nil {
 			t.Fatalf("a stranger was admitted as %+v", cl)
 		}
 	})

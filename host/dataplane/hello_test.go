@@ -164,7 +164,8 @@ func TestImpostorWithAllHandles(t *testing.T) {
 		}
 		defer c.Close()
 		go func(id *identity) {
-			impostor <- hello(c, &his[0].Key, id, claim{rank: 1, nranks: 2, lane: 0, lanes: 1}, time.Now().Add(15*time.Second))
+			_, err := hello(c, &his[0].Key, id, claim{rank: 1, nranks: 2, lane: 0, lanes: 1}, time.Now().Add(15*time.Second))
+			impostor <- err
 		}(id)
 	}
 	waitFor(t, "the impostors to wait for connect", func() bool { return ls[0].strangers.Load() == 2 })
@@ -193,7 +194,8 @@ func dialerSteps(t *testing.T, addr *net.TCPAddr, key *[KeySize]byte, id *identi
 	var nonceD [nonceSize]byte
 	nonceD[0] = 42
 	var hb [helloSize]byte
-	encodeHello(&hb, said, &nonceD)
+	var eph [ephSize]byte
+	encodeHello(&hb, said, &nonceD, &eph)
 	c.Write(hb[:])
 	var ch [challengeSize]byte
 	if _, err := io.ReadFull(c, ch[:]); err != nil {
@@ -203,7 +205,7 @@ func dialerSteps(t *testing.T, addr *net.TCPAddr, key *[KeySize]byte, id *identi
 	copy(nonceL[:], ch[4:])
 	pb := make([]byte, proofSize)
 	copy(pb, proofMagic)
-	copy(pb[4:], ed25519.Sign(id.priv, transcript(domainDialer, &nonceL, &nonceD, key, &id.pub, signed)))
+	copy(pb[4:], ed25519.Sign(id.priv, transcript(domainDialer, &nonceL, &nonceD, key, &id.pub, &eph, &eph, signed)))
 	if tamper != nil {
 		tamper(pb)
 	}
@@ -220,7 +222,7 @@ func TestHelloRefusals(t *testing.T) {
 	got := warnings(t)
 	resetLimits()
 	ls, hs, his := pair(t)
-	ls[0].setPeers(his)
+	ls[0].setPeers(his, false)
 	other, _, err := Listen("127.0.0.1")
 	if err != nil {
 		t.Fatal(err)
@@ -276,7 +278,7 @@ func TestHelloRefusals(t *testing.T) {
 // lane are an error of connect, not silently parked.
 func TestDuplicateProvenStream(t *testing.T) {
 	ls, hs, his := pair(t)
-	ls[1].setPeers(his) // rank 1's listener answers rank 0's dial
+	ls[1].setPeers(his, false) // rank 1's listener answers rank 0's dial
 	done := make(chan error, 2)
 	for i := 0; i < 2; i++ {
 		extra, err := net.DialTCP("tcp", nil, his[0].Addr)
@@ -285,12 +287,13 @@ func TestDuplicateProvenStream(t *testing.T) {
 		}
 		defer extra.Close()
 		go func() {
-			done <- hello(extra, &his[0].Key, &ls[1].id, claim{rank: 1, nranks: 2, lane: 0, lanes: 1}, time.Now().Add(10*time.Second))
+			_, err := hello(extra, &his[0].Key, &ls[1].id, claim{rank: 1, nranks: 2, lane: 0, lanes: 1}, time.Now().Add(10*time.Second))
+			done <- err
 		}()
 	}
 	// Both are proven and queued before connect looks, so it sees them
 	// ahead of rank 0's own stream.
-	ls[0].setPeers(his)
+	ls[0].setPeers(his, false)
 	waitFor(t, "both streams admitted", func() bool { return len(ls[0].conns) == 2 })
 	_, err := Connect(ls[0], hs, 0, &memOwner{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, Options{Timeout: 5 * time.Second, Lanes: 1})
 	if err == nil || !strings.Contains(err.Error(), "two connections claim rank 1 lane 0") {
@@ -328,13 +331,14 @@ func TestDialerChecksListener(t *testing.T) {
 		defer c.Close()
 		var hb [helloSize]byte
 		io.ReadFull(c, hb[:])
-		cl, nonceD, _ := decodeHello(hb[:])
+		cl, nonceD, ephD, _ := decodeHello(hb[:])
 		var nonceL [nonceSize]byte
-		c.Write(append([]byte(challengeMagic), nonceL[:]...))
+		var ephL [ephSize]byte
+		c.Write(append(append([]byte(challengeMagic), nonceL[:]...), ephL[:]...))
 		var pb [proofSize]byte
 		io.ReadFull(c, pb[:])
 		// It answers with a well-formed ack, signed with its own key.
-		c.Write(append([]byte(ackMagic), ed25519.Sign(evil.priv, transcript(domainListener, &nonceL, &nonceD, &real.pub, &me.pub, cl))...))
+		c.Write(append([]byte(ackMagic), ed25519.Sign(evil.priv, transcript(domainListener, &nonceL, &nonceD, &real.pub, &me.pub, &ephL, &ephD, cl))...))
 		io.ReadAll(c)
 	}()
 	c, err := net.DialTCP("tcp", nil, fake.Addr().(*net.TCPAddr))
@@ -342,7 +346,7 @@ func TestDialerChecksListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	err = hello(c, &real.pub, &me, claim{rank: 0, nranks: 2, lane: 0, lanes: 1}, time.Now().Add(5*time.Second))
+	_, err = hello(c, &real.pub, &me, claim{rank: 0, nranks: 2, lane: 0, lanes: 1}, time.Now().Add(5*time.Second))
 	if err == nil || !strings.Contains(err.Error(), "did not prove it holds the key") {
 		t.Fatalf("a listener without the handle's key: %v", err)
 	}

@@ -57,6 +57,7 @@ type Listener struct {
 
 	peersMu    sync.Mutex
 	peers      []HandleInfo  // every rank's handle, from connect
+	encrypt    bool          // this rank requires sealed streams (from connect)
 	peersKnown chan struct{} // closed once peers is set
 
 	strangers atomic.Int32 // connections accepted and not yet authenticated or dropped
@@ -144,35 +145,37 @@ func (l *Listener) acceptLoop() {
 
 // setPeers gives the listener every rank's handle (connect calls it first),
 // so the connections that wait for their claim to be checked can be.
-func (l *Listener) setPeers(infos []HandleInfo) {
+// With encrypt, a dialer that does not seal its stream is refused.
+func (l *Listener) setPeers(infos []HandleInfo, encrypt bool) {
 	l.peersMu.Lock()
 	defer l.peersMu.Unlock()
 	if l.peers == nil {
-		l.peers = infos
+		l.peers, l.encrypt = infos, encrypt
 		close(l.peersKnown)
 	}
 }
 
-// peerKey returns the public key of rank r of n once connect named the
-// peers, waiting at most until deadline; false if the claim names no such
-// rank or the wait ended.
-func (l *Listener) peerKey(c claim, deadline time.Time) (*[KeySize]byte, error) {
+// peerKey returns the public key of the rank a claim names once connect
+// named the peers (waiting at most until deadline), and whether this rank
+// requires sealed streams; an error if the claim names no such rank or the
+// wait ended.
+func (l *Listener) peerKey(c claim, deadline time.Time) (*[KeySize]byte, bool, error) {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
 	case <-l.peersKnown:
 	case <-l.quit:
-		return nil, errors.New("the listener closed")
+		return nil, false, errors.New("the listener closed")
 	case <-t.C:
-		return nil, errors.New("connect did not start before the hello deadline")
+		return nil, false, errors.New("connect did not start before the hello deadline")
 	}
 	l.peersMu.Lock()
-	peers := l.peers
+	peers, encrypt := l.peers, l.encrypt
 	l.peersMu.Unlock()
 	if c.nranks != len(peers) {
-		return nil, fmt.Errorf("it claims rank %d of %d; this communicator has %d ranks", c.rank, c.nranks, len(peers))
+		return nil, false, fmt.Errorf("it claims rank %d of %d; this communicator has %d ranks", c.rank, c.nranks, len(peers))
 	}
-	return &peers[c.rank].Key, nil
+	return &peers[c.rank].Key, encrypt, nil
 }
 
 // admit authenticates a dialer before its connection reaches connect. Every
@@ -182,7 +185,7 @@ func (l *Listener) admit(c *net.TCPConn) {
 	defer l.strangers.Add(-1)
 	deadline := time.Now().Add(helloTimeout)
 	c.SetDeadline(deadline)
-	cl, err := l.authenticate(c, deadline)
+	cl, keys, err := l.authenticate(c, deadline)
 	if err != nil {
 		if !errors.Is(err, errSilent) {
 			strangerWarn.Warn(abi.SubsysNet, "NET/wasm: rejected connection from %s to %s: %v", c.RemoteAddr(), l.info.Addr, err)
@@ -191,6 +194,15 @@ func (l *Listener) admit(c *net.TCPConn) {
 		return
 	}
 	c.SetDeadline(time.Time{})
+	if keys != nil {
+		sealed, err := sealStream(c, *keys)
+		if err != nil {
+			logx.Warn(abi.SubsysNet, "NET/wasm: connection of rank %d lane %d: %v", cl.rank, cl.lane, err)
+			c.Close()
+			return
+		}
+		c = sealed
+	}
 	l.closeMu.Lock()
 	defer l.closeMu.Unlock()
 	if l.closed {
@@ -240,8 +252,17 @@ func dial(peer HandleInfo, id *identity, cl claim, deadline time.Time) (*net.TCP
 		c, err := d.Dial("tcp", peer.Addr.String())
 		if err == nil {
 			tc := c.(*net.TCPConn)
-			if err = hello(tc, &peer.Key, id, cl, deadline); err == nil {
-				return tc, nil
+			var keys *sealKeys
+			if keys, err = hello(tc, &peer.Key, id, cl, deadline); err == nil {
+				if keys == nil {
+					return tc, nil
+				}
+				sealed, serr := sealStream(tc, *keys)
+				if serr != nil {
+					tc.Close()
+					return nil, serr
+				}
+				return sealed, nil
 			}
 			tc.Close()
 		}

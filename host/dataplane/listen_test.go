@@ -186,7 +186,7 @@ func TestStrangerCap(t *testing.T) {
 	}
 	// The held ones time out; then a real dialer is admitted.
 	waitFor(t, "the strangers' hello deadline", func() bool { return l.strangers.Load() == 0 })
-	l.setPeers([]HandleInfo{hi})
+	l.setPeers([]HandleInfo{hi}, false)
 	c, err := dial(hi, &l.id, claim{rank: 0, nranks: 1, lane: 0, lanes: 1}, time.Now().Add(5*time.Second))
 	if err != nil {
 		t.Fatalf("a real dialer after the strangers left: %v", err)

@@ -128,6 +128,10 @@ type Options struct {
 	// PeerTimeout fails a peer with operations outstanding whose streams
 	// moved no byte for this long (watchdog.go); 0 waits forever.
 	PeerTimeout time.Duration
+	// Encrypt seals every TCP stream (NCCL_RMA_WASM_ENCRYPT): X25519 keys
+	// agreed under the signed hello, AES-256-GCM records (seal.go). A
+	// dialer that does not seal is refused.
+	Encrypt bool
 }
 
 // DefaultCloseTimeout is Options.CloseTimeout when it is zero: the default
@@ -198,7 +202,7 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 		logx.Warn(abi.SubsysNet|abi.SubsysInit, "NET/wasm: %d ranks do not fit %s's %d bytes of CQ data; using TCP", n, f.info.Provider, f.info.CQDataSize)
 		l.dropFabric()
 	}
-	outs, ins, peerNoFab, err := connectStreams(l, infos, rank, lanes, opt.NoFabric, deadline, timeout)
+	outs, ins, peerNoFab, err := connectStreams(l, infos, rank, lanes, opt.NoFabric, opt.Encrypt, deadline, timeout)
 	if err != nil {
 		return nil, err
 	}

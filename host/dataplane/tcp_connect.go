@@ -19,10 +19,11 @@ import (
 // rank it claims never gets here, so it cannot disturb the connect; two
 // proven connections for one rank and lane are an error.
 // noFab is sent in every hello; peerNoFab reports what each rank sent.
-func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, noFab bool, deadline time.Time, timeout time.Duration) (outs, ins [][]*net.TCPConn, peerNoFab []bool, err error) {
+// With encrypt every stream is sealed (seal.go), ours and the ones we take.
+func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, noFab, encrypt bool, deadline time.Time, timeout time.Duration) (outs, ins [][]*net.TCPConn, peerNoFab []bool, err error) {
 	n := len(infos)
 	// Connections that proved a claim wait for these keys to be checked.
-	l.setPeers(infos)
+	l.setPeers(infos, encrypt)
 	outs = make([][]*net.TCPConn, n)
 	errs := make([]error, n*lanes)
 	var wg sync.WaitGroup
@@ -32,7 +33,7 @@ func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, noFab bool
 			wg.Add(1)
 			go func(i, j int) {
 				defer wg.Done()
-				outs[i][j], errs[i*lanes+j] = dial(infos[i], &l.id, claim{rank: rank, nranks: n, lane: j, lanes: lanes, noFab: noFab}, deadline)
+				outs[i][j], errs[i*lanes+j] = dial(infos[i], &l.id, claim{rank: rank, nranks: n, lane: j, lanes: lanes, noFab: noFab, encrypt: encrypt}, deadline)
 			}(i, j)
 		}
 	}

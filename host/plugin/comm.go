@@ -123,7 +123,8 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		LocalCompletion: config.LocalCompletion.Get(),
 		// The plan chooses among what the operator enabled (SPEC.md §8.10).
 		NoFabric:    plan.Transport == backend.TransportTCP || plan.Transport == backend.TransportIntraNode,
-		OrderWindow: uint64(config.OrderWindow.Get()), PeerTimeout: config.PeerTimeout.Get()}
+		OrderWindow: uint64(config.OrderWindow.Get()), PeerTimeout: config.PeerTimeout.Get(),
+		Encrypt: config.Encrypt.Get()}
 	opt.SpinWait, opt.Spinners = spinOptions()
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {
