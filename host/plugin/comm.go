@@ -122,7 +122,8 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		Lanes: int(plan.Lanes), StripeThreshold: plan.StripeThreshold, ChunkSize: plan.ChunkSize, CloseTimeout: config.CloseTimeout.Get(),
 		LocalCompletion: config.LocalCompletion.Get(),
 		// The plan chooses among what the operator enabled (SPEC.md §8.10).
-		NoFabric:    plan.Transport == backend.TransportTCP || plan.Transport == backend.TransportIntraNode,
+		// Encryption declines libfabric too: its RMA writes would bypass the seal.
+		NoFabric:    plan.Transport == backend.TransportTCP || plan.Transport == backend.TransportIntraNode || config.Encrypt.Get(),
 		OrderWindow: uint64(config.OrderWindow.Get()), PeerTimeout: config.PeerTimeout.Get(),
 		Encrypt: config.Encrypt.Get()}
 	opt.SpinWait, opt.Spinners = spinOptions()
