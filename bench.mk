@@ -10,7 +10,8 @@
 # embedded and per-op-hook backends) next to raw TCP, process_vm_writev and
 # memcpy measured between the same two processes. Writes
 # $(BENCH_OUT)/results.csv and charts (bandwidth.svg, msgrate.svg and, with
-# compression series, compression.svg: internal/benchplot, gonum plot) and prints a table
+# compression series, compression.svg and codecs.svg: internal/benchplot,
+# gonum plot) and prints a table
 # with ratios and targets. It reports numbers; it never fails on a timing.
 
 BENCH_GO    ?= go

@@ -3,7 +3,8 @@ package main
 // Charts of a run, drawn by internal/benchplot (gonum.org/v1/plot):
 // bandwidth.svg (put bandwidth against size, plugin next to its raw
 // baselines), msgrate.svg (message-rate ratios against native) and, when
-// the run has compression series (metric comp_bw), compression.svg.
+// the run has compression series, compression.svg (metric comp_bw) and
+// codecs.svg (the codecs' own speed: codec_enc, codec_dec).
 
 import (
 	"path/filepath"
@@ -82,8 +83,8 @@ func sizeTicks(series []benchplot.Series) []benchplot.Tick {
 // data is skipped, not an error.
 func (r *report) plots() ([]string, error) {
 	var written []string
-	line := func(file, title, ylabel, metric string, configs []string) error {
-		series := r.lineSeries(metric, configs)
+	line := func(file, title, ylabel, metric string, configs []string, extra ...benchplot.Series) error {
+		series := append(r.lineSeries(metric, configs), extra...)
 		if len(series) == 0 {
 			return nil
 		}
@@ -102,6 +103,23 @@ func (r *report) plots() ([]string, error) {
 	}
 	if err := line("compression.svg", "Put bandwidth with compression on TCP (medians)", "GB/s (log scale)",
 		"comp_bw", r.configsOf("comp_bw")); err != nil {
+		return written, err
+	}
+	// The codecs' own speed (one core, in memory), the chart beside it: one
+	// colour per codec and data, encode solid, decode dashed.
+	var codec []benchplot.Series
+	colors := map[string]int{}
+	for _, m := range []struct{ metric, verb string }{{"codec_enc", "encode "}, {"codec_dec", "decode "}} {
+		for _, s := range r.lineSeries(m.metric, r.configsOf(m.metric)) {
+			if colors[s.Name] == 0 {
+				colors[s.Name] = len(colors) + 1
+			}
+			s.Color, s.Dashed = colors[s.Name], m.verb == "decode "
+			s.Name = m.verb + s.Name
+			codec = append(codec, s)
+		}
+	}
+	if err := line("codecs.svg", "Codec speed, one core, in memory (medians)", "GB/s of raw data (log scale)", "", nil, codec...); err != nil {
 		return written, err
 	}
 	// Message-rate ratios against native, one bar per backend.

@@ -17,6 +17,8 @@ func TestPlots(t *testing.T) {
 		for _, c := range []string{"plugin-tcp-s2/compressible", "plugin-tcp/random", "raw-tcp"} {
 			s = append(s, Sample{Metric: "comp_bw", Config: c, Size: size, Unit: "GB/s", Values: []float64{1, 2, 3}})
 		}
+		s = append(s, Sample{Metric: "codec_enc", Config: "s2/compressible", Size: size, Unit: "GB/s", Values: []float64{0.5}},
+			Sample{Metric: "codec_dec", Config: "s2/compressible", Size: size, Unit: "GB/s", Values: []float64{1.5}})
 	}
 	s = append(s, Sample{Metric: "msg_rate", Config: "native", Size: 8, Values: []float64{1.6}},
 		Sample{Metric: "msg_rate", Config: "planner", Size: 8, Values: []float64{1.4}})
@@ -25,12 +27,13 @@ func TestPlots(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(files) != 3 {
-		t.Fatalf("wrote %v, want bandwidth, compression and message-rate charts", files)
+	if len(files) != 4 {
+		t.Fatalf("wrote %v, want bandwidth, compression, codec and message-rate charts", files)
 	}
 	for file, want := range map[string][]string{
 		"bandwidth.svg":   append([]string{"1 MiB", "4 KiB"}, bandwidthSeries...),
 		"compression.svg": {"plugin-tcp-s2/compressible", "plugin-tcp/random", "raw-tcp"},
+		"codecs.svg":      {"encode s2/compressible", "decode s2/compressible"},
 		"msgrate.svg":     {"planner", "x native"},
 	} {
 		b, err := os.ReadFile(filepath.Join(dir, file))

@@ -7,6 +7,7 @@ package benchplot
 import (
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -15,6 +16,10 @@ import (
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+	_ "gonum.org/v1/plot/vg/vgeps" // the formats save writes
+	_ "gonum.org/v1/plot/vg/vgimg"
+	_ "gonum.org/v1/plot/vg/vgpdf"
+	_ "gonum.org/v1/plot/vg/vgsvg"
 )
 
 // Series is one line of a Chart.
@@ -22,6 +27,7 @@ type Series struct {
 	Name   string
 	X, Y   []float64 // points; on a log axis, values <= 0 are left out
 	Dashed bool      // a baseline (raw TCP, memcpy, ...)
+	Color  int       // 1 + an index into the palette; 0 = by the series' position
 }
 
 // Tick is a labelled position on an axis.
@@ -46,7 +52,7 @@ var Size = struct{ W, H vg.Length }{9 * vg.Inch, 5.5 * vg.Inch}
 func (c Chart) Save(path string) error {
 	p := plot.New()
 	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = c.Title, c.XLabel, c.YLabel
-	p.Legend.Top, p.Legend.Left = true, true
+	leg := plot.NewLegend()
 	p.Add(plotter.NewGrid())
 	if c.LogX {
 		p.X.Scale = plot.LogScale{}
@@ -81,7 +87,11 @@ func (c Chart) Save(path string) error {
 		if err != nil {
 			return fmt.Errorf("series %s: %w", s.Name, err)
 		}
-		col := plotutil.Color(i)
+		ci := i
+		if s.Color > 0 {
+			ci = s.Color - 1
+		}
+		col := plotutil.Color(ci)
 		line.Color, line.Width = col, vg.Points(1.5)
 		if s.Dashed {
 			line.Dashes = []vg.Length{vg.Points(6), vg.Points(4)}
@@ -89,13 +99,21 @@ func (c Chart) Save(path string) error {
 		points.Color, points.Shape = col, draw.CircleGlyph{}
 		points.Radius = vg.Points(2.5)
 		p.Add(line, points)
-		p.Legend.Add(s.Name, line, points)
+		leg.Add(s.Name, line, points)
 		drawn++
 	}
 	if drawn == 0 {
 		return fmt.Errorf("chart %q: no points to draw", c.Title)
 	}
-	return save(p, path)
+	return save(p, leg, c.names(), path)
+}
+
+func (c Chart) names() []string {
+	n := make([]string, len(c.Series))
+	for i, s := range c.Series {
+		n[i] = s.Name
+	}
+	return n
 }
 
 // Bars is a grouped bar chart: one bar per series in every group.
@@ -117,7 +135,7 @@ type BarSeries struct {
 func (b Bars) Save(path string) error {
 	p := plot.New()
 	p.Title.Text, p.Y.Label.Text = b.Title, b.YLabel
-	p.Legend.Top = true
+	leg := plot.NewLegend()
 	p.Add(plotter.NewGrid())
 	n := len(b.Series)
 	if n == 0 || len(b.Groups) == 0 {
@@ -139,7 +157,7 @@ func (b Bars) Save(path string) error {
 		bars.LineStyle.Width = 0
 		bars.Offset = w * vg.Length(float64(i)-float64(n-1)/2)
 		p.Add(bars)
-		p.Legend.Add(s.Name, bars)
+		leg.Add(s.Name, bars)
 	}
 	if b.Reference != 0 {
 		ref, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: b.Reference}, {X: float64(len(b.Groups)) - 0.5, Y: b.Reference}})
@@ -150,17 +168,43 @@ func (b Bars) Save(path string) error {
 		p.Add(ref)
 	}
 	p.NominalX(b.Groups...)
-	return save(p, path)
+	names := make([]string, n)
+	for i, s := range b.Series {
+		names[i] = s.Name
+	}
+	return save(p, leg, names, path)
 }
 
-func save(p *plot.Plot, path string) error {
-	switch strings.ToLower(filepath.Ext(path)) {
-	case ".svg", ".png", ".pdf", ".eps", ".jpg", ".jpeg", ".tif", ".tiff":
+// save draws the plot with its legend in a strip on the right, outside the
+// data, and writes the file in the format its extension names.
+func save(p *plot.Plot, leg plot.Legend, names []string, path string) error {
+	format := strings.TrimPrefix(strings.ToLower(filepath.Ext(path)), ".")
+	switch format {
+	case "svg", "png", "pdf", "eps", "jpg", "jpeg", "tif", "tiff":
 	default:
 		return fmt.Errorf("%s: unknown image format (use .svg, .png or .pdf)", path)
 	}
-	if err := p.Save(Size.W, Size.H, path); err != nil {
+	cw, err := draw.NewFormattedCanvas(Size.W, Size.H, format)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	dc := draw.New(cw)
+	var strip vg.Length
+	for _, n := range names {
+		strip = max(strip, leg.TextStyle.Width(n))
+	}
+	strip += leg.ThumbnailWidth + 3*leg.TextStyle.Font.Size
+	p.Draw(draw.Crop(dc, 0, -strip, 0, 0))
+	leg.Top, leg.Left = true, true
+	leg.YOffs = -p.Title.TextStyle.Font.Size * 2 // level with the data area
+	leg.Draw(draw.Crop(dc, dc.Max.X-dc.Min.X-strip+leg.TextStyle.Font.Size, 0, 0, 0))
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := cw.WriteTo(f); err != nil {
+		f.Close()
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
-	return nil
+	return f.Close()
 }
