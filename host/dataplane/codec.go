@@ -1,16 +1,21 @@
 package dataplane
 
 // Wire compression of put payloads on the TCP transport (SPEC.md §8.10).
-// The sending lane compresses a payload block by block into its arena; the
-// target's service reads each block into its stream's buffer and decodes
-// it straight into the registered range. Encoders, decoders and buffers
-// belong to one lane or one incoming stream and are made on first use, so
-// the steady path allocates nothing per op.
+// The sending lane compresses a payload block by block into an arena; the
+// target's service reads each block into a buffer and decodes it straight
+// into the registered range. Memory is bounded by what is busy, not by
+// peers x lanes: arenas and block buffers come from process-wide pools for
+// the length of one batch or one put, and zstd has one encoder per level
+// and one decoder for the process, each used by at most GOMAXPROCS callers
+// at once (klauspost's EncodeAll/DecodeAll are safe for concurrent use).
+// Once the pools are warm the steady path allocates nothing per op.
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -55,7 +60,9 @@ func compressible(op *Op) bool {
 type encoders struct {
 	arena []byte // compressed blocks of the batch being written, with their prefixes
 	used  int
-	zstd  [guestabi.MaxZstdLevel + 1]*zstd.Encoder
+	// pooled is the pool's pointer to arena (Put takes it back as it came,
+	// so returning the arena allocates nothing).
+	pooled *[]byte
 	// raw and wire count payload bytes before and after compression
 	// (Mesh.Compression).
 	raw, wire atomic.Uint64
@@ -74,7 +81,8 @@ func (e *encoders) room(n int) bool {
 // sends src itself). The caller checked room.
 func (e *encoders) block(codec uint32, src []byte) (framed []byte, stored bool) {
 	if e.arena == nil {
-		e.arena = make([]byte, arenaSize)
+		e.pooled = arenaPool.Get().(*[]byte)
+		e.arena = *e.pooled
 	}
 	n := len(src)
 	start := e.used
@@ -87,7 +95,7 @@ func (e *encoders) block(codec uint32, src []byte) (framed []byte, stored bool) 
 			out = s2.Encode(out[:cap(out)], src)
 		}
 	case codecZstd:
-		out = e.zstdEncoder(codec).EncodeAll(src, out)
+		out = zstdEncoder(codec).EncodeAll(src, out)
 	}
 	clen := len(out)
 	if clen >= n || !sameStart(out, e.arena[start+compPrefix:]) {
@@ -104,34 +112,69 @@ func (e *encoders) block(codec uint32, src []byte) (framed []byte, stored bool) 
 	return e.arena[start : start+compPrefix+clen], false
 }
 
-func (e *encoders) zstdEncoder(codec uint32) *zstd.Encoder {
+var (
+	arenaPool = sync.Pool{New: func() any { b := make([]byte, arenaSize); return &b }}
+	blockPool = sync.Pool{New: func() any { b := make([]byte, compBlock); return &b }}
+
+	zstdMu   sync.Mutex
+	zstdEnc  [guestabi.MaxZstdLevel + 1]atomic.Pointer[zstd.Encoder]
+	zstdDec  atomic.Pointer[zstd.Decoder]
+	zstdProc = max(runtime.GOMAXPROCS(0), 1)
+)
+
+// zstdEncoder is the process's encoder of codec's level, made on first use.
+func zstdEncoder(codec uint32) *zstd.Encoder {
 	level := codec >> guestabi.CodecLevelShift & 0xff
 	if level == 0 {
 		level = 1
 	}
-	if e.zstd[level] == nil {
-		// One block per frame, independent of the others: a window the
-		// size of a block is all it can use; no checksum (the lengths are
-		// checked exactly and TCP checksums the bytes).
-		z, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.EncoderLevel(level)), zstd.WithEncoderConcurrency(1),
-			zstd.WithWindowSize(compBlock), zstd.WithEncoderCRC(false), zstd.WithSingleSegment(true))
-		if err != nil {
-			panic(fmt.Sprintf("zstd encoder level %d: %v", level, err)) // options are constants
-		}
-		e.zstd[level] = z
+	if z := zstdEnc[level].Load(); z != nil {
+		return z
 	}
-	return e.zstd[level]
+	zstdMu.Lock()
+	defer zstdMu.Unlock()
+	if z := zstdEnc[level].Load(); z != nil {
+		return z
+	}
+	// One block per frame, independent of the others: a window the size of
+	// a block is all it can use; no checksum (the lengths are checked
+	// exactly and TCP checksums the bytes).
+	z, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.EncoderLevel(level)), zstd.WithEncoderConcurrency(zstdProc),
+		zstd.WithWindowSize(compBlock), zstd.WithEncoderCRC(false), zstd.WithSingleSegment(true))
+	if err != nil {
+		panic(fmt.Sprintf("zstd encoder level %d: %v", level, err)) // options are constants
+	}
+	zstdEnc[level].Store(z)
+	return z
+}
+
+// zstdDecoder is the process's decoder, made on first use.
+func zstdDecoder() (*zstd.Decoder, error) {
+	if z := zstdDec.Load(); z != nil {
+		return z, nil
+	}
+	zstdMu.Lock()
+	defer zstdMu.Unlock()
+	if z := zstdDec.Load(); z != nil {
+		return z, nil
+	}
+	z, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(zstdProc), zstd.WithDecoderMaxMemory(compBlock),
+		zstd.WithDecoderMaxWindow(compBlock), zstd.WithDecoderLowmem(true))
+	if err != nil {
+		return nil, fmt.Errorf("zstd decoder: %w", err)
+	}
+	zstdDec.Store(z)
+	return z, nil
 }
 
 // reset empties the arena once its blocks are written.
 func (e *encoders) reset() { e.used = 0 }
 
-func (e *encoders) close() {
-	for i, z := range e.zstd {
-		if z != nil {
-			z.Close()
-			e.zstd[i] = nil
-		}
+// release gives the arena back to the pool (the batch is written).
+func (e *encoders) release() {
+	if e.pooled != nil {
+		arenaPool.Put(e.pooled)
+		e.pooled, e.arena, e.used = nil, nil, 0
 	}
 }
 
@@ -171,8 +214,8 @@ func (m *Mesh) Compression() (raw, wire uint64) {
 // service goroutine only.
 type decoders struct {
 	prefix [compPrefix]byte
-	buf    []byte // one compressed block
-	zstd   *zstd.Decoder
+	buf    []byte // one compressed block, from blockPool while a put is read
+	pooled *[]byte
 }
 
 // checkFrame validates a block's prefix against what is left of the put:
@@ -209,15 +252,11 @@ func (d *decoders) decode(codec uint8, dst, src []byte) error {
 		if err := h.Decode(src); err != nil || !h.HasFCS || h.FrameContentSize != uint64(len(dst)) {
 			return fmt.Errorf("%w: zstd frame declares %d bytes, want %d (%v)", errCorrupt, h.FrameContentSize, len(dst), err)
 		}
-		if d.zstd == nil {
-			z, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(compBlock),
-				zstd.WithDecoderMaxWindow(compBlock), zstd.WithDecoderLowmem(true))
-			if err != nil {
-				return fmt.Errorf("zstd decoder: %w", err)
-			}
-			d.zstd = z
+		z, err := zstdDecoder()
+		if err != nil {
+			return err
 		}
-		out, err := d.zstd.DecodeAll(src, dst[:0:len(dst)])
+		out, err := z.DecodeAll(src, dst[:0:len(dst)])
 		if err != nil || len(out) != len(dst) || !sameStart(out, dst) {
 			return fmt.Errorf("%w: zstd: %v", errCorrupt, err)
 		}
@@ -226,10 +265,18 @@ func (d *decoders) decode(codec uint8, dst, src []byte) error {
 	return fmt.Errorf("%w: unknown codec %d", errCorrupt, codec)
 }
 
-func (d *decoders) close() {
-	if d.zstd != nil {
-		d.zstd.Close()
-		d.zstd = nil
+// take gets a block buffer for the put being read; release returns it.
+func (d *decoders) take() {
+	if d.pooled == nil {
+		d.pooled = blockPool.Get().(*[]byte)
+		d.buf = *d.pooled
+	}
+}
+
+func (d *decoders) release() {
+	if d.pooled != nil {
+		blockPool.Put(d.pooled)
+		d.pooled, d.buf = nil, nil
 	}
 }
 
@@ -244,8 +291,8 @@ func MeasureCodec(codec uint32, data []byte, rounds int) (enc, dec time.Duration
 	}
 	var e encoders
 	var d decoders
-	defer e.close()
-	defer d.close()
+	defer e.release()
+	defer d.release()
 	dst := make([]byte, len(data))
 	for r := 0; r < rounds; r++ {
 		wire = 0

@@ -213,7 +213,6 @@ func FuzzDecodeBlock(f *testing.F) {
 	f.Add(uint8(codecZstd), uint16(2999), z.EncodeAll(d, nil))
 	f.Add(uint8(codecZstd), uint16(3000), z.EncodeAll(d[:10], z.EncodeAll(d[:2990], nil)))
 	var dec decoders
-	defer dec.close()
 	f.Fuzz(func(t *testing.T, codec uint8, n uint16, src []byte) {
 		whole, dst, intact := guarded(int(n))
 		_ = whole
@@ -268,8 +267,8 @@ func TestCodecSteadyAllocs(t *testing.T) {
 		if a := testing.AllocsPerRun(20, run); a != 0 && !raceOn {
 			t.Errorf("codec %#x: %v allocations per block", codec, a)
 		}
-		e.close()
-		d.close()
+		e.release()
+		d.release()
 	}
 }
 

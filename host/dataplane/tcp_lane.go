@@ -408,6 +408,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 	iov := l.iov[:0]
 	pend := l.ptags[:0]
 	l.enc.reset()
+	defer l.enc.release() // the arena goes back to the pool once the batch is written
 	var err error
 	n := 0 // ops handled so far; a device copy failure stops the batch
 	for ; n < len(ops) && err == nil; n++ {

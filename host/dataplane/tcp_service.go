@@ -63,7 +63,7 @@ func (t *tcpLink) service(in *net.TCPConn) {
 	var h header
 	resp := make([]byte, hdrSize+smallResponse)
 	dec := &decoders{}
-	defer dec.close()
+	defer dec.release()
 	bye := false
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
@@ -145,7 +145,9 @@ func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []
 				if bad == nil {
 					bad = errors.New("compressed payload for device memory")
 				}
-				logx.Warn(abi.SubsysNet, "NET/wasm: protocol error from rank %d: put of %d bytes at offset %d of registration %d rejected: %v",
+				// Rate-limited: a peer sending nothing but bad frames
+				// must not flood NCCL's log (each also fails its put).
+				codecWarn.Warn(abi.SubsysNet, "NET/wasm: protocol error from rank %d: put of %d bytes at offset %d of registration %d rejected: %v",
 					p.rank, h.size, h.off, h.mrID, bad)
 				status = abi.RemoteError
 			}
@@ -206,6 +208,9 @@ func (t *tcpLink) serveGet(in *net.TCPConn, h *header, resp []byte) error {
 	return t.reply(in, msgGetResp, h, abi.Success, data, resp)
 }
 
+// codecWarn limits the WARN lines about bad compressed frames.
+var codecWarn logx.Limited
+
 // readCompressed reads a compressed payload of size raw bytes, block by
 // block, decoding into dst (nil: discard). bad reports a block that did
 // not decode (the put is rejected, the stream stays in step: the blocks
@@ -230,9 +235,7 @@ func (t *tcpLink) readCompressed(br *bufio.Reader, codec uint8, size uint64, dst
 				return bad, fmt.Errorf("receive put payload from rank %d: %w", t.p.rank, err)
 			}
 		default:
-			if dec.buf == nil {
-				dec.buf = make([]byte, compBlock)
-			}
+			dec.take()
 			if _, err := io.ReadFull(br, dec.buf[:clen]); err != nil {
 				return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.rank, err)
 			}
@@ -241,6 +244,7 @@ func (t *tcpLink) readCompressed(br *bufio.Reader, codec uint8, size uint64, dst
 		left -= uint64(rawLen)
 		done += uint64(rawLen)
 	}
+	dec.release() // held for one put only: idle streams keep no buffer
 	return bad, nil
 }
 
