@@ -6,6 +6,8 @@
 #   make demo     run the harness: 4 ranks, table v15, with a summary of what happened
 #   make test     installs missing Debian tools (test/setup.sh), then gofmt, go vet,
 #                 staticcheck, go test -race (abi, host, capi, cmd/rmaw) and the multi-process tests (test/)
+#   make soak     hours of churn in SOAKTIME minutes: random shapes, killed, stopped and reset
+#                 ranks, failing guests; every byte verified (not in CI)
 #   make bench    benchmarks (bench.mk): ratios against raw TCP, process_vm_writev, memcpy
 #   make clean
 
@@ -34,7 +36,7 @@ GUESTS :=
 -include bench.mk
 # ---------------------------------------------------------------------------
 
-.PHONY: all lib driver tools demo test setup bench bench-device clean gofmt-check gpu-check fuzz
+.PHONY: all lib driver tools demo test setup bench bench-device clean gofmt-check gpu-check fuzz soak
 
 # Pinned so that a new release never turns a green tree red on its own.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -103,6 +105,12 @@ fuzz:
 		echo "fuzz $$fn ($$pkg) for $(FUZZTIME)"; \
 		$(GO) test -run XXX -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) ./$$pkg || exit 1; \
 	done
+
+# Churn: random shapes and faults through the harness for SOAKTIME (not in CI;
+# test/soak/main.go says what it does). make soak SOAKTIME=30m
+SOAKTIME ?= 3m
+soak: all guests
+	$(GO) run ./test/soak -duration $(SOAKTIME) -root .
 
 test: setup all gofmt-check
 	$(GO) vet ./...

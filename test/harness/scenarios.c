@@ -510,7 +510,7 @@ void fault_tick(child_t* C, int N) {
 }
 
 /* reset_sockets aborts every established TCP connection of process pid
- * with ss -K (SOCK_DESTROY: the kernel sends the far end a RST). The
+ * with ss -K run in its network namespace (nsenter) (SOCK_DESTROY: the kernel sends the far end a RST). The
  * connections are found by matching the socket inodes in /proc/pid/fd
  * against /proc/pid/net/tcp{,6}. Returns how many were reset. */
 int reset_sockets(pid_t pid) {
@@ -545,9 +545,10 @@ int reset_sockets(pid_t pid) {
         continue;
       for (int i = 0; i < nino; i++) {
         if (inos[i] != ino) continue;
-        char cmd[160];
-        snprintf(cmd, sizeof cmd, "ss -K -t -n 'sport = :%u and dport = :%u' >/dev/null 2>&1", lport,
-                 rport);
+        char cmd[200];
+        snprintf(cmd, sizeof cmd,
+                 "nsenter -t %d -n ss -K -t -n 'sport = :%u and dport = :%u' >/dev/null 2>&1",
+                 (int)pid, lport, rport);
         if (system(cmd) == 0) n++;
         break;
       }
