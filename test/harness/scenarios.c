@@ -531,13 +531,17 @@ int reset_sockets(pid_t pid) {
     if (sscanf(link, "socket:[%lu]", &ino) == 1) inos[nino++] = ino;
   }
   closedir(d);
+  /* One ss call for all of them: a call per connection would let the rank
+   * notice the first reset and close the rest in order before they are hit. */
+  static char cmd[65536];
+  int o = snprintf(cmd, sizeof cmd, "nsenter -t %d -n ss -K -t -n '", (int)pid);
   for (int v6 = 0; v6 < 2; v6++) {
     snprintf(path, sizeof path, "/proc/%d/net/tcp%s", (int)pid, v6 ? "6" : "");
     FILE* f = fopen(path, "r");
     if (f == NULL) continue;
     char line[512];
     if (fgets(line, sizeof line, f) == NULL) { fclose(f); continue; }
-    while (fgets(line, sizeof line, f)) {
+    while (fgets(line, sizeof line, f) && o < (int)sizeof cmd - 128) {
       unsigned lport, rport, st;
       unsigned long ino;
       if (sscanf(line, " %*d: %*[0-9A-Fa-f]:%x %*[0-9A-Fa-f]:%x %x %*x:%*x %*x:%*x %*x %*u %*u %lu",
@@ -545,17 +549,17 @@ int reset_sockets(pid_t pid) {
         continue;
       for (int i = 0; i < nino; i++) {
         if (inos[i] != ino) continue;
-        char cmd[200];
-        snprintf(cmd, sizeof cmd,
-                 "nsenter -t %d -n ss -K -t -n 'sport = :%u and dport = :%u' >/dev/null 2>&1",
-                 (int)pid, lport, rport);
-        if (system(cmd) == 0) n++;
+        o += snprintf(cmd + o, sizeof cmd - (size_t)o, "%s( sport = :%u and dport = :%u )",
+                      n ? " or " : "", lport, rport);
+        n++;
         break;
       }
     }
     fclose(f);
   }
-  return n;
+  if (n == 0) return 0;
+  snprintf(cmd + o, sizeof cmd - (size_t)o, "' >/dev/null 2>&1");
+  return system(cmd) == 0 ? n : 0;
 }
 
 /* count_resources reads this process's open descriptors, resident set and

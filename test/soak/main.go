@@ -64,11 +64,20 @@ func shape(r *rand.Rand, guests string) run {
 	x := run{ranks: ranks, cycles: 1}
 	x.args = []string{"--ranks", fmt.Sprint(ranks), "--size", size, "--iters", fmt.Sprint(1 + r.IntN(4)),
 		"--threads", fmt.Sprint(1 + r.IntN(3)), "--version", pick(r, "14", "15", "16"), "--timeout", "60"}
+	lanes := pick(r, "1", "2", "4")
 	x.env = []string{"NCCL_RMA_WASM_ADDR=127.0.0.1", "NCCL_RMA_WASM_INTRANODE=" + pick(r, "0", "1"),
-		"NCCL_RMA_WASM_LANES=" + pick(r, "1", "2", "4")}
+		"NCCL_RMA_WASM_LANES=" + lanes}
+	// The planner answers lanes of its own configuration (4 unless told):
+	// it must agree with NCCL_RMA_WASM_LANES, or every op fails as planned
+	// on a lane outside the connection.
+	planner := "NCCL_RMA_WASM_CONFIG=lanes=" + lanes
 	if guests != "" {
 		x.env = append(x.env, "NCCL_RMA_WASM_DIR="+guests)
-		x.env = append(x.env, "NCCL_RMA_WASM_BACKEND="+pick(r, "default", "native", "planner", "passthrough-go"))
+		b := pick(r, "default", "native", "planner", "passthrough-go")
+		x.env = append(x.env, "NCCL_RMA_WASM_BACKEND="+b)
+		if b == "planner" {
+			x.env = append(x.env, planner)
+		}
 	}
 	victim := fmt.Sprint(r.IntN(ranks))
 	switch f := r.IntN(12); {
@@ -85,7 +94,7 @@ func shape(r *rand.Rand, guests string) run {
 	case f == 6 && guests != "":
 		x.fault, x.guest = "guest", true
 		x.env = append(x.env, "NCCL_RMA_WASM_BACKEND=planner",
-			"NCCL_RMA_WASM_CONFIG="+pick(r, "fail_every=", "trap_every=")+fmt.Sprint(50+r.IntN(400)))
+			planner+", "+pick(r, "fail_every=", "trap_every=")+fmt.Sprint(50+r.IntN(400)))
 	case f == 7:
 		x.fault = "nofile"
 		x.args = append(x.args, "--nofile", fmt.Sprint(8+r.IntN(24)))
