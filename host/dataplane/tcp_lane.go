@@ -654,8 +654,19 @@ func (l *lane) writeIov(iov [][]byte) error {
 	return err
 }
 
+// pushGet records a get whose request is about to leave. A writer can get
+// here after the peer died and markDead already emptied the FIFO (the
+// intra-node read it tried first failed because the peer is gone, and the
+// get fell back to the stream): then the get fails now instead of waiting
+// for a reply that never comes. dead is raised before markDead drains the
+// FIFO, and both sides look under gmu, so every get is failed exactly once.
 func (l *lane) pushGet(e getEntry) {
 	l.gmu.Lock()
+	if l.p.dead.Load() {
+		l.gmu.Unlock()
+		l.p.fail(&Op{Msg: MsgGet, Tag: e.tag})
+		return
+	}
 	if l.gLen == len(l.gets) {
 		ng := make([]getEntry, 2*len(l.gets))
 		for i := 0; i < l.gLen; i++ {

@@ -94,7 +94,7 @@ func shape(r *rand.Rand, guests string) run {
 	case f == 6 && guests != "":
 		x.fault, x.guest = "guest", true
 		x.env = append(x.env, "NCCL_RMA_WASM_BACKEND=planner",
-			planner+", "+pick(r, "fail_every=", "trap_every=")+fmt.Sprint(50+r.IntN(400)))
+			planner+", "+pick(r, "fail_every=", "trap_every=")+fmt.Sprint(2+r.IntN(30)))
 	case f == 7:
 		x.fault = "nofile"
 		x.args = append(x.args, "--nofile", fmt.Sprint(8+r.IntN(24)))

@@ -1,0 +1,26 @@
+package dataplane
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+)
+
+// TestGetRecordedAfterDeath: a writer that records a get after the peer
+// died and markDead emptied the FIFO (the soak found it: a get whose
+// intra-node read failed against a killed peer fell back to the stream and
+// was never answered nor failed) must fail it at once.
+func TestGetRecordedAfterDeath(t *testing.T) {
+	ms, os := mesh2(t, false)
+	p := ms[0].peers[1]
+	p.markDead(errors.New("test: the peer died"))
+	l := p.t.(*tcpLink).lanes[0]
+	l.pushGet(getEntry{tag: 77, size: 8})
+	if n := l.pendingGets(); n != 0 {
+		t.Fatalf("%d gets wait for a dead peer's reply", n)
+	}
+	if st, ok := os[0].status(77); !ok || st != abi.RemoteError {
+		t.Fatalf("the get completed: %v with %v, want ncclRemoteError", ok, st)
+	}
+}
