@@ -160,6 +160,9 @@ func rmawasm_getProperties(dev C.int, props *C.ncclNetProperties_v12_t) (ret C.i
 	}
 	props.name = cName(deviceName(int32(dev)))
 	props.pciPath = nil
+	if pp := plugin.DevicePCIPath(int32(dev)); pp != "" {
+		props.pciPath = cName(pp)
+	}
 	return rc(abi.Success)
 }
 

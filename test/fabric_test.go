@@ -2,6 +2,7 @@ package test
 
 import (
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -100,4 +101,42 @@ func TestFabricAutoSkipsSoftware(t *testing.T) {
 	if strings.Contains(out, "over libfabric provider") {
 		t.Fatalf("auto chose a software provider:\n%s", tail(out))
 	}
+}
+
+// TestFabricDevicesAreNICs: with the fabric transport selected, devices()
+// and getProperties report the provider's NICs (its domains: for
+// tcp;ofi_rxm the interfaces, loopback among them), with the sysfs PCI
+// path where the interface has a device, and a listener on device i opens
+// its endpoint on NIC i: the loopback device carries a whole run.
+func TestFabricDevicesAreNICs(t *testing.T) {
+	needFabric(t)
+	const prov = "tcp;ofi_rxm"
+	out := runDriver(t, fabricEnv(prov), "--verbose", "--ranks", "2", "--iters", "1", "--size", "65536")
+	re := regexp.MustCompile(`\[rank 0\] device (\d+): name=wasm-tcp-(\S+) pciPath=(\S+) `)
+	devs := re.FindAllStringSubmatch(out, -1)
+	lo := ""
+	for _, d := range devs {
+		nic, pci := d[2], d[3]
+		if nic == "lo" {
+			lo = d[1]
+		}
+		want := "(null)"
+		if p, err := filepath.EvalSymlinks("/sys/class/net/" + nic + "/device"); err == nil {
+			if !strings.HasPrefix(p, pci) || pci == "(null)" {
+				t.Errorf("device %s (%s): pciPath %s, want the PCI ancestor of %s", d[1], nic, pci, p)
+			}
+			continue
+		}
+		if pci != want {
+			t.Errorf("device %s (%s) has no sysfs device but pciPath %s", d[1], nic, pci)
+		}
+	}
+	if lo == "" {
+		t.Fatalf("no device for the loopback interface among %d devices:\n%s", len(devs), tail(out))
+	}
+	out = runDriver(t, fabricEnv(prov), "--verbose", "--device", lo, "--ranks", "2", "--iters", "2", "--size", "1m")
+	if got := strings.Count(out, "(dev "+lo+"), fabric endpoint on domain lo"); got != 2 {
+		t.Fatalf("%d ranks listen on the loopback NIC with --device %s, want 2:\n%s", got, lo, tail(out))
+	}
+	checkFabric(t, out, prov, 2)
 }

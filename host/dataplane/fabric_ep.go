@@ -137,8 +137,8 @@ func providerHash(prov string) uint32 {
 }
 
 // openFabric opens an endpoint on prov for a new listener.
-func openFabric(prov string) (*fabEP, error) {
-	ep, err := fabric.Open(prov, "")
+func openFabric(prov, domain string) (*fabEP, error) {
+	ep, err := fabric.Open(prov, domain)
 	if err != nil {
 		return nil, err
 	}

@@ -72,6 +72,12 @@ func Listen(addr string) (*Listener, *Handle, error) { return ListenFabric(addr,
 // (SelectFabric's choice; empty for none) whose address rides the handle.
 // An endpoint that cannot open is logged and the listener stays TCP-only.
 func ListenFabric(addr, prov string) (*Listener, *Handle, error) {
+	return ListenFabricOn(addr, prov, "")
+}
+
+// ListenFabricOn is ListenFabric with the endpoint on one domain (one NIC,
+// FabricNICs) of the provider; "" takes the provider's first.
+func ListenFabricOn(addr, prov, domain string) (*Listener, *Handle, error) {
 	laddr, err := resolveListenAddr(addr)
 	if err != nil {
 		return nil, nil, err
@@ -92,7 +98,7 @@ func ListenFabric(addr, prov string) (*Listener, *Handle, error) {
 	l.info.Pid = uint32(os.Getpid())
 	l.info.UID = uint32(os.Getuid())
 	if prov != "" {
-		fab, err := openFabric(prov)
+		fab, err := openFabric(prov, domain)
 		if err != nil {
 			logx.Warn(abi.SubsysNet|abi.SubsysInit, "NET/wasm: fabric endpoint on %s: %v; this communicator uses TCP", prov, err)
 		} else {
@@ -392,4 +398,13 @@ func (l *Listener) dropFabric() {
 	if f := l.takeFabric(); f != nil {
 		f.close()
 	}
+}
+
+// FabricDomain names the libfabric domain (NIC) of the listener's
+// endpoint, "" when it has none.
+func (l *Listener) FabricDomain() string {
+	if f := l.fabric(); f != nil {
+		return f.info.Domain
+	}
+	return ""
 }

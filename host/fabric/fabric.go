@@ -30,6 +30,10 @@ type Info struct {
 	CQDataSize, InjectSize   uint64
 	MaxMsgSize               uint64
 	RxCQData                 bool // remote CQ data consumes a posted receive
+	// The NIC behind the domain, where the provider describes it (fi_nic):
+	// its name, PCI address (dddd:bb:dd.f) and link speed in bits/s.
+	NIC, PCI  string
+	LinkSpeed uint64
 }
 
 // mr_mode bits (rdma/fi_domain.h) the dataplane reacts to.
@@ -84,7 +88,8 @@ func fiErr(what string, rc C.int) error {
 func toInfo(ci *C.rmaw_info) Info {
 	return Info{Provider: C.GoString(&ci.prov[0]), Fabric: C.GoString(&ci.fabric[0]), Domain: C.GoString(&ci.domain[0]),
 		MRMode: uint64(ci.mr_mode), CQDataSize: uint64(ci.cq_data_size), InjectSize: uint64(ci.inject_size),
-		MaxMsgSize: uint64(ci.max_msg_size), RxCQData: ci.rx_cq_data != 0}
+		MaxMsgSize: uint64(ci.max_msg_size), RxCQData: ci.rx_cq_data != 0,
+		NIC: C.GoString(&ci.nic[0]), PCI: C.GoString(&ci.pci[0]), LinkSpeed: uint64(ci.link_speed)}
 }
 
 // Probe lists the providers (all, or the one named) that offer an RDM

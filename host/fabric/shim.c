@@ -111,6 +111,16 @@ static void fill(rmaw_info *o, const struct fi_info *i) {
 	o->inject_size = i->tx_attr->inject_size;
 	o->max_msg_size = i->ep_attr->max_msg_size;
 	o->rx_cq_data = (i->mode & FI_RX_CQ_DATA) != 0;
+	const struct fid_nic *nic = i->nic;
+	if (nic) {
+		if (nic->device_attr && nic->device_attr->name)
+			snprintf(o->nic, sizeof o->nic, "%s", nic->device_attr->name);
+		if (nic->bus_attr && nic->bus_attr->bus_type == FI_BUS_PCI) {
+			const struct fi_pci_attr *a = &nic->bus_attr->attr.pci;
+			snprintf(o->pci, sizeof o->pci, "%04x:%02x:%02x.%x", a->domain_id, a->bus_id, a->device_id, a->function_id);
+		}
+		if (nic->link_attr) o->link_speed = nic->link_attr->speed;
+	}
 }
 
 int rmaw_probe(const char *prov, rmaw_info *out, int n) {
@@ -158,8 +168,16 @@ static int open_ep(const char *prov, const char *domain, rmaw_ep **out, rmaw_inf
 	int rc = p_getinfo(RMAW_FI_VERSION, NULL, NULL, 0, h, &list);
 	p_freeinfo(h);
 	if (rc) return rc;
+	// The domain hint is not honoured by every provider (rxm over tcp
+	// returns every interface): take the entry that names it.
+	struct fi_info *pick = list;
+	if (domain && *domain) {
+		for (pick = list; pick; pick = pick->next)
+			if (pick->domain_attr->name && !strcmp(pick->domain_attr->name, domain)) break;
+		if (!pick) { p_freeinfo(list); return -FI_ENODATA; }
+	}
 	rmaw_ep *e = calloc(1, sizeof *e);
-	e->info = p_dupinfo(list);
+	e->info = p_dupinfo(pick);
 	p_freeinfo(list);
 	if (!e->info) { free(e); return -FI_ENOMEM; }
 	fill(info, e->info);

@@ -27,6 +27,10 @@ typedef struct {
 	uint64_t inject_size;
 	uint64_t max_msg_size;
 	uint32_t rx_cq_data; // FI_RX_CQ_DATA: remote CQ data consumes a receive
+	// The NIC behind the domain, where the provider describes it (fi_nic).
+	char nic[64];        // device name ("" when unknown)
+	char pci[16];        // "dddd:bb:dd.f" when it sits on PCI
+	uint64_t link_speed; // bits per second, 0 when unknown
 } rmaw_info;
 
 int rmaw_load(const char *lib, char *err, size_t errlen);

@@ -62,14 +62,18 @@ func Listen(ctx uint64, dev int32, handle *[abi.HandleSize]byte) (uint64, abi.Re
 		return 0, abi.InvalidArgument
 	}
 	prov := dataplane.SelectFabric(config.Transport.Get(), config.FIProvider.Get(), config.FILibrary.Get())
-	l, h, err := dataplane.ListenFabric(config.Addr.Get(), prov)
+	l, h, err := dataplane.ListenFabricOn(config.Addr.Get(), prov, pc.backend.deviceDomain(dev))
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: listen: %v", err)
 		return 0, abi.SystemError
 	}
 	*handle = *h
 	id := listens.add(&listenComm{l: l, dev: dev, be: pc.backend, commID: pc.commID})
-	logx.Info(abi.SubsysNet, "NET/wasm: listening on %s (dev %d)", l.Addr(), dev)
+	if d := l.FabricDomain(); d != "" {
+		logx.Info(abi.SubsysNet, "NET/wasm: listening on %s (dev %d), fabric endpoint on domain %s", l.Addr(), dev, d)
+	} else {
+		logx.Info(abi.SubsysNet, "NET/wasm: listening on %s (dev %d)", l.Addr(), dev)
+	}
 	return listens.handle(id), abi.Success
 }
 

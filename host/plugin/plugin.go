@@ -26,6 +26,7 @@ type loaded struct {
 	key     string
 	b       backend.Backend
 	devices []backend.DeviceInfo
+	nics    []dataplane.NIC // devices[i] is nics[i] when the fabric transport is selected
 }
 
 var (
@@ -71,7 +72,8 @@ func selectBackend() (*loaded, error) {
 	if len(devs) == 0 {
 		return nil, fmt.Errorf("backend %q reports no devices", b.Name())
 	}
-	l := &loaded{key: key, b: b, devices: devs}
+	l := &loaded{key: key, b: b}
+	l.devices, l.nics = withNICs(devs)
 	cache[key] = l
 	current.Store(l)
 	return l, nil

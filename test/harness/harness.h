@@ -68,6 +68,7 @@ typedef struct {
   int stop_ms;        /* stop-cont: how long the rank stays stopped */
   int nofile;         /* > 0: RLIMIT_NOFILE of every rank */
   const char* netns;  /* rank r joins the network namespace <netns><r> */
+  int device;
 } options_t;
 
 extern options_t opt;

@@ -13,7 +13,7 @@
 #include "harness.h"
 
 options_t opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0, 0, 0, 0,
-                 F_KILL_PUT, 300, 1500, 0, NULL};
+                 F_KILL_PUT, 300, 1500, 0, NULL, 0};
 
 const char* scenario_name(enum scenario s) {
   return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : s == SC_TEARDOWN ? "teardown"
@@ -70,6 +70,7 @@ static void usage(FILE* f) {
           "                    (handler installed with SA_ONSTACK, as Go requires)\n"
           "  --compressible    data patterns that compress (runs of 32 bytes from 4 values)\n"
           "                    instead of pseudo-random bytes\n"
+          "  --device D        listen on device D (default 0; must be below devices())\n"
           "  --verbose         print INFO/TRACE plugin log lines\n"
           "  --summary         end with a per-rank table: backend, transport to each peer,\n"
           "                    bytes and signals verified, rates (from the plugin's INFO lines)\n");
@@ -182,7 +183,7 @@ int main(int argc, char** argv) {
                                {"summary", 0, 0, 'Y'},  {"compressible", 0, 0, 'Z'},
                                {"fault", 1, 0, 'F'},     {"fault-delay-ms", 1, 0, 'd'},
                                {"stop-ms", 1, 0, 'o'},   {"nofile", 1, 0, 'N'},
-                               {"netns", 1, 0, 'x'},
+                               {"netns", 1, 0, 'x'},     {"device", 1, 0, 'e'},
                                {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -213,6 +214,7 @@ int main(int argc, char** argv) {
         if (!found) { usage(stderr); printf("RESULT FAIL bad --fault %s\n", optarg); return 2; }
         break;
       }
+      case 'e': opt.device = atoi(optarg); break;
       case 'S':
         if (!strcmp(optarg, "basic")) opt.scenario = SC_BASIC;
         else if (!strcmp(optarg, "bad-input")) opt.scenario = SC_BAD_INPUT;

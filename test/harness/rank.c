@@ -362,13 +362,18 @@ static int run_cycle(int cycle) {
       return -1;
     }
     if (g_rank == 0 && cycle == 0)
-      printf("[rank 0] device %d: name=%s speed=%d Mbps ptrSupport=0x%x maxRecvs=%d "
+      printf("[rank 0] device %d: name=%s pciPath=%s speed=%d Mbps ptrSupport=0x%x maxRecvs=%d "
              "netDeviceType=%d\n",
-             d, p.name, p.speed, p.ptrSupport, p.maxRecvs, (int)p.netDeviceType);
+             d, p.name, p.pciPath ? p.pciPath : "(null)", p.speed, p.ptrSupport, p.maxRecvs,
+             (int)p.netDeviceType);
+  }
+  if (opt.device < 0 || opt.device >= ndev) {
+    failf("--device %d: the plugin reports %d device(s)", opt.device, ndev);
+    return -1;
   }
   char handle[NCCL_NET_HANDLE_MAXSIZE];
   memset(handle, 0, sizeof handle);
-  SETUP(R.pl.t.listen(R.ctx, 0, handle, &R.listenComm));
+  SETUP(R.pl.t.listen(R.ctx, opt.device, handle, &R.listenComm));
   char* all = calloc((size_t)N, NCCL_NET_HANDLE_MAXSIZE);
   void* hs[N];
   if (boot_allgather(TAG_HANDLES, handle, sizeof handle, all)) {

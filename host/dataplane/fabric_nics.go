@@ -1,0 +1,124 @@
+package dataplane
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+)
+
+// NIC is one network device the chosen libfabric provider offers: one of
+// its domains. devices/getProperties report them when the fabric
+// transport is selected, and a listener on device i opens its endpoint on
+// NIC i's domain.
+type NIC struct {
+	Domain    string // the provider's domain name (mlx5_0, eth0, ...)
+	Name      string // the NIC's name (fi_nic), else the domain's
+	PCIPath   string // sysfs path of the PCI device, "" when none is found
+	SpeedMbps int32  // 0 when neither the provider nor sysfs says
+}
+
+// FabricNICs lists the distinct domains provider prov offers RDM
+// endpoints with RMA on, in libfabric's order (its preference), with what
+// the provider (fi_nic) or sysfs says about each device. nil when there
+// is no provider (or libfabric is not loaded).
+func FabricNICs(prov string) []NIC {
+	if prov == "" {
+		return nil
+	}
+	infos, err := fabric.Probe(prov)
+	if err != nil {
+		return nil
+	}
+	var nics []NIC
+	for _, in := range infos {
+		if in.Provider != prov || in.Domain == "" {
+			continue
+		}
+		dup := false
+		for _, n := range nics {
+			dup = dup || n.Domain == in.Domain
+		}
+		if dup {
+			continue
+		}
+		n := NIC{Domain: in.Domain, Name: in.NIC, PCIPath: pciPath(in.PCI, in.Domain), SpeedMbps: int32(min(in.LinkSpeed/1e6, 1<<31-1))}
+		if n.Name == "" {
+			n.Name = in.Domain
+		}
+		if n.SpeedMbps <= 0 {
+			n.SpeedMbps = sysfsSpeed(in.Domain)
+		}
+		nics = append(nics, n)
+	}
+	return nics
+}
+
+// sysRoot is where sysfs is read (tests point it elsewhere).
+var sysRoot = "/sys"
+
+// pciPath is the sysfs path of the device: from the PCI address fi_nic
+// gave, else from the domain as an RDMA device or a network interface
+// (verbs names domains after the former, tcp after the latter).
+func pciPath(pci, domain string) string {
+	var cands []string
+	if pci != "" {
+		cands = append(cands, filepath.Join(sysRoot, "bus/pci/devices", pci))
+	}
+	if domain != "" && !strings.ContainsAny(domain, "/") {
+		cands = append(cands, filepath.Join(sysRoot, "class/infiniband", domain, "device"), filepath.Join(sysRoot, "class/net", domain, "device"))
+	}
+	for _, c := range cands {
+		if p, err := filepath.EvalSymlinks(c); err == nil {
+			return pciAncestor(p)
+		}
+	}
+	return ""
+}
+
+// pciAncestor cuts p after its last PCI address element: a virtio or
+// other child device sits below the PCI function NCCL's topology wants.
+func pciAncestor(p string) string {
+	parts := strings.Split(p, "/")
+	for i := len(parts) - 1; i > 0; i-- {
+		if isBDF(parts[i]) {
+			return strings.Join(parts[:i+1], "/")
+		}
+	}
+	return p
+}
+
+// isBDF: dddd:bb:dd.f in hex.
+func isBDF(s string) bool {
+	if len(s) != 12 || s[4] != ':' || s[7] != ':' || s[10] != '.' {
+		return false
+	}
+	for i, c := range s {
+		if i == 4 || i == 7 || i == 10 {
+			continue
+		}
+		if !strings.ContainsRune("0123456789abcdef", c) {
+			return false
+		}
+	}
+	return true
+}
+
+// sysfsSpeed reads a network interface's link speed in Mbps (0: unknown,
+// as for loopback or a link that is down).
+func sysfsSpeed(domain string) int32 {
+	if domain == "" || strings.ContainsAny(domain, "/") {
+		return 0
+	}
+	b, err := os.ReadFile(filepath.Join(sysRoot, "class/net", domain, "speed"))
+	if err != nil {
+		return 0
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || v <= 0 {
+		return 0
+	}
+	return int32(v)
+}

@@ -1,0 +1,72 @@
+package dataplane
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestNICSysfs: PCI paths and link speeds read from a sysfs tree, for an
+// RDMA device, a network interface below a virtio child, a PCI address
+// fi_nic gave, and devices with none.
+func TestNICSysfs(t *testing.T) {
+	root := t.TempDir()
+	old := sysRoot
+	sysRoot = root
+	defer func() { sysRoot = old }()
+	mk := func(p string) {
+		if err := os.MkdirAll(filepath.Join(root, p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := func(target, name string) {
+		mk(filepath.Dir(name))
+		if err := os.Symlink(filepath.Join(root, target), filepath.Join(root, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("devices/pci0000:00/0000:00:03.0/virtio2")
+	mk("devices/pci0000:16/0000:16:02.0/0000:17:00.0")
+	link("devices/pci0000:00/0000:00:03.0/virtio2", "class/net/eth0/device")
+	link("devices/pci0000:16/0000:16:02.0/0000:17:00.0", "class/infiniband/mlx5_0/device")
+	link("devices/pci0000:16/0000:16:02.0/0000:17:00.0", "bus/pci/devices/0000:17:00.0")
+	if err := os.WriteFile(filepath.Join(root, "class/net/eth0/speed"), []byte("25000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mk("class/net/lo")
+	if err := os.WriteFile(filepath.Join(root, "class/net/lo/speed"), []byte("-1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ pci, domain, want string }{
+		{"", "eth0", root + "/devices/pci0000:00/0000:00:03.0"},
+		{"", "mlx5_0", root + "/devices/pci0000:16/0000:16:02.0/0000:17:00.0"},
+		{"0000:17:00.0", "whatever", root + "/devices/pci0000:16/0000:16:02.0/0000:17:00.0"},
+		{"", "lo", ""},
+		{"", "../../etc", ""},
+	} {
+		// The temp dir itself may sit below symlinks: compare resolved.
+		want := c.want
+		if want != "" {
+			if r, err := filepath.EvalSymlinks(want); err == nil {
+				want = r
+			}
+		}
+		if got := pciPath(c.pci, c.domain); got != want {
+			t.Errorf("pciPath(%q, %q) = %q, want %q", c.pci, c.domain, got, want)
+		}
+	}
+	if got := sysfsSpeed("eth0"); got != 25000 {
+		t.Errorf("eth0 speed %d, want 25000", got)
+	}
+	if got := sysfsSpeed("lo"); got != 0 {
+		t.Errorf("lo speed %d, want 0 (unknown)", got)
+	}
+	if got := sysfsSpeed("nonexistent"); got != 0 {
+		t.Errorf("missing interface speed %d, want 0", got)
+	}
+	for s, want := range map[string]bool{"0000:17:00.0": true, "0000:17:00": false, "virtio2": false, "000g:17:00.0": false} {
+		if isBDF(s) != want {
+			t.Errorf("isBDF(%q) = %v", s, !want)
+		}
+	}
+}

@@ -1,0 +1,56 @@
+package plugin
+
+import (
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// withNICs is the device list NCCL is told about. When the fabric
+// transport is selected (SelectFabric, once per process), it is the NICs
+// the provider offers: device i is NIC i (its name after the backend's
+// first device's, its link speed where the provider or sysfs knows it,
+// else the backend's; its PCI path), and a listener on device i opens its
+// endpoint on that NIC's domain. Otherwise it is the backend's devices.
+func withNICs(devs []backend.DeviceInfo) ([]backend.DeviceInfo, []dataplane.NIC) {
+	prov := dataplane.SelectFabric(config.Transport.Get(), config.FIProvider.Get(), config.FILibrary.Get())
+	nics := dataplane.FabricNICs(prov)
+	if len(nics) == 0 {
+		return devs, nil
+	}
+	base := devs[0]
+	out := make([]backend.DeviceInfo, len(nics))
+	for i, n := range nics {
+		name := base.Name + "-" + n.Name
+		if len(name) > 63 {
+			name = name[:63]
+		}
+		out[i] = backend.DeviceInfo{Name: name, SpeedMbps: base.SpeedMbps, LatencyUs: base.LatencyUs}
+		if n.SpeedMbps > 0 {
+			out[i].SpeedMbps = n.SpeedMbps
+		}
+		logx.Info(abi.SubsysInit|abi.SubsysNet, "NET/wasm: device %d: %s NIC %s (domain %s, %d Mbps, pci %q)", i, prov, n.Name, n.Domain, out[i].SpeedMbps, n.PCIPath)
+	}
+	return out, nics
+}
+
+// DevicePCIPath is the sysfs PCI path of device dev ("" when unknown or
+// not a NIC), for capi to keep as a C string.
+func DevicePCIPath(dev int32) string {
+	l := current.Load()
+	if l == nil || dev < 0 || int(dev) >= len(l.nics) {
+		return ""
+	}
+	return l.nics[dev].PCIPath
+}
+
+// deviceDomain is the fabric domain a listener on dev opens its endpoint
+// on ("" for the provider's first).
+func (l *loaded) deviceDomain(dev int32) string {
+	if dev < 0 || int(dev) >= len(l.nics) {
+		return ""
+	}
+	return l.nics[dev].Domain
+}
