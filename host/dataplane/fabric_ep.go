@@ -39,6 +39,13 @@ const (
 	fabNapsBeforeWait = 2000 + 64 + 50
 )
 
+// fabWaitMs bounds one sleep on the CQ's wait fd. The wake-ups come from
+// the fd; the bound only limits the harm of a provider that misses one.
+// A test raises it to prove the fd alone wakes the target.
+var fabWaitMs atomic.Int32
+
+func init() { fabWaitMs.Store(100) }
+
 // Control messages (fabMsgSize bytes, little endian):
 //
 //	0 type u8 | 1 sigOp u8 | 2 rank u16 | 4 sigMrID u32 | 8 seq u48, slot u16
@@ -116,6 +123,7 @@ type fabEP struct {
 	done     chan struct{}
 	wake     chan struct{} // a submit ends the progress goroutine's nap
 	sleeping atomic.Bool
+	inWait   atomic.Bool // asleep on the CQ's wait fd, not in a nap
 	canWait  atomic.Bool // the CQ has a wait fd the provider honours
 }
 
@@ -349,7 +357,10 @@ func (e *fabEP) progress() {
 			// poll while operations come in bursts.
 			e.sleeping.Store(true)
 			if !e.busy() {
-				if err := e.ep.Wait(100); err != nil {
+				e.inWait.Store(true)
+				err := e.ep.Wait(int(fabWaitMs.Load()))
+				e.inWait.Store(false)
+				if err != nil {
 					e.canWait.Store(false)
 					logx.Trace(abi.SubsysNet, "NET/wasm: fabric: %s cannot wait on its CQ (%v); polling with naps", e.info.Provider, err)
 				}

@@ -421,9 +421,12 @@ func TestUnwrap(t *testing.T) {
 }
 
 // TestFabricIdleWake: after a long idle spell both progress goroutines
-// sleep on their CQ's wait fd; a put with signal must wake the target (and
-// the submit the initiator) well before the 100 ms wait would time out.
+// sleep on their CQ's wait fd; a put with signal must wake the target. The
+// wait's own bound is raised to ten minutes, so only the fd can wake it:
+// without that wake-up the signal does not arrive and the test fails.
 func TestFabricIdleWake(t *testing.T) {
+	prev := fabWaitMs.Swap(600_000)
+	t.Cleanup(func() { fabWaitMs.Store(prev) })
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
 	if !ms[1].fab.canWait.Load() {
 		t.Skip("tcp;ofi_rxm offers no CQ wait fd here")
@@ -432,23 +435,22 @@ func TestFabricIdleWake(t *testing.T) {
 	defer fabric.Free(src)
 	sig := (*uint64)(os[1].mem)
 	for i := uint64(1); i <= 3; i++ {
-		time.Sleep(150 * time.Millisecond)
-		if !ms[1].fab.sleeping.Load() {
-			t.Logf("round %d: the target's goroutine is not asleep", i)
+		asleep := time.Now().Add(20 * time.Second)
+		for !ms[1].fab.inWait.Load() || !ms[0].fab.inWait.Load() {
+			if time.Now().After(asleep) {
+				t.Fatalf("round %d: the progress goroutines never went to sleep", i)
+			}
+			time.Sleep(time.Millisecond)
 		}
-		start := time.Now()
 		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 64, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+		start := time.Now()
 		for atomic.LoadUint64(sig) != i {
-			if time.Since(start) > time.Second {
-				t.Fatalf("round %d: signal never arrived", i)
+			if time.Since(start) > 60*time.Second {
+				t.Fatalf("round %d: the signal never arrived: the wait fd did not wake the target", i)
 			}
 			time.Sleep(20 * time.Microsecond)
 		}
-		if el := time.Since(start); el > 50*time.Millisecond {
-			t.Fatalf("round %d: the signal took %v: the wait fd did not wake the target", i, el)
-		} else {
-			t.Logf("round %d: woke and applied in %v", i, el)
-		}
+		t.Logf("round %d: woke and applied in %v", i, time.Since(start))
 	}
 	if !ms[1].fab.canWait.Load() {
 		t.Fatal("the provider refused to wait after all")
