@@ -22,8 +22,12 @@ func needFabric(t *testing.T) {
 	}
 }
 
+// fabricEnv selects provider prov. FI_TCP_IFACE=lo keeps the tcp
+// provider's endpoints on the loopback interface: its first domain is
+// otherwise the machine's first real interface, and test traffic stays on
+// loopback.
 func fabricEnv(prov string) []string {
-	return []string{"NCCL_RMA_WASM_TRANSPORT=fabric", "NCCL_RMA_WASM_FI_PROVIDER=" + prov}
+	return []string{"NCCL_RMA_WASM_TRANSPORT=fabric", "NCCL_RMA_WASM_FI_PROVIDER=" + prov, "FI_TCP_IFACE=lo"}
 }
 
 var fabricProviders = []string{"tcp;ofi_rxm", "shm"}

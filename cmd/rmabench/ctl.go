@@ -33,6 +33,7 @@ const (
 	opPing      // A = series, B = iterations, C = signal base
 	opVerify    // A = comm index, B = size, C = expected signal, D = pattern byte
 	opQuit
+	opFabric // A = key, B = base of rank 0's destination, C = name length, H = its endpoint name; answer: rank 1's
 )
 
 type ctl struct {

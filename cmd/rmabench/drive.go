@@ -71,12 +71,21 @@ func (r *rankState) drive() (rankResult, error) {
 			notes = append(notes, fmt.Sprintf("%s: %s missing; skipped", c.name, filepath.Join(r.opt.guests, c.needs)))
 			continue
 		}
+		if (i == commFabric) != r.opt.fabricPair {
+			continue // the fabric pair holds that communicator alone
+		}
 		t0 := time.Now()
+		seen := len(fabricLines)
 		if err := r.setupComm(i); err != nil {
-			if i <= commIntra {
+			if i <= commIntra && !r.opt.fabricPair {
 				return result(), fmt.Errorf("communicator %s: %w", c.name, err)
 			}
 			notes = append(notes, fmt.Sprintf("%s: setup failed: %v; skipped", c.name, err))
+			continue
+		}
+		if i == commFabric && len(fabricLines) == seen {
+			notes = append(notes, fmt.Sprintf("%s: the communicator did not use libfabric (provider %q; see the runtime's lines); skipped", c.name, r.opt.fiProvider))
+			r.commClose(i)
 			continue
 		}
 		fmt.Fprintf(os.Stderr, "rmabench: communicator %s (backend %s, INTRANODE=%s) up and verified in %v\n",
@@ -88,8 +97,21 @@ func (r *rankState) drive() (rankResult, error) {
 		}
 	}
 
+	fabOK := false
+	if r.opt.fabricPair && r.comms[commFabric].ok {
+		if err := r.setupFabRaw(); err != nil {
+			notes = append(notes, fmt.Sprintf("raw libfabric baseline (%s) unavailable: %v; fabric series skipped", r.opt.fiProvider, err))
+		} else if _, err := r.fabBW(1<<20, 16); err != nil {
+			return result(), fmt.Errorf("warm-up raw-fi-write: %w", err)
+		} else {
+			fabOK = true
+		}
+	} else if r.opt.fabricPair {
+		notes = append(notes, fmt.Sprintf("fabric series skipped: no plugin-fabric communicator over %q", r.opt.fiProvider))
+	}
+
 	// Warm-up: TCP windows, page tables, guest instances.
-	for _, ci := range []int{commTCP, commIntra, commDefault, commPlanner, commTelemetry, commSealed} {
+	for _, ci := range []int{commTCP, commIntra, commDefault, commPlanner, commTelemetry, commSealed, commFabric} {
 		if r.comms[ci].ok {
 			if _, _, _, err := r.plugBW(ci, 1<<20, 64, false); err != nil {
 				return result(), fmt.Errorf("warm-up %s: %w", comms[ci].name, err)
@@ -215,6 +237,11 @@ func (r *rankState) drive() (rankResult, error) {
 				return result(), fmt.Errorf("ping-pong: %w", err)
 			}
 		}
+		if fabOK {
+			if err := r.fabricSeries(&set, rep); err != nil {
+				return result(), fmt.Errorf("fabric: %w", err)
+			}
+		}
 		if r.opt.runs("compress") {
 			if err := r.compression(&set, rep); err != nil {
 				return result(), fmt.Errorf("compression: %w", err)
@@ -230,6 +257,7 @@ func (r *rankState) drive() (rankResult, error) {
 	for i := range r.comms {
 		r.commClose(i)
 	}
+	r.fab.close()
 	if d := time.Since(t0); d > time.Second {
 		notes = append(notes, fmt.Sprintf("closing %d communicators took %v on rank 0", len(comms), d.Round(time.Millisecond)))
 	}

@@ -43,7 +43,10 @@ type options struct {
 	timeout   time.Duration
 	spin      int
 	coldRuns  int
-	series    string // comma list of bw, rate, ping, cold; empty: all
+	series    string // comma list of bw, rate, ping, cold, compress, fabric; empty: all
+	// fiProvider is the libfabric provider of the fabric series.
+	fiProvider string
+	fabricPair bool // this rank pair runs the fabric series alone
 
 	repBytes, minOps, maxOps uint64
 	msgOps, pingIters        uint64
@@ -82,12 +85,15 @@ func main() {
 	flag.IntVar(&o.spin, "spin", 64, "busy checks of a signal word before each wait starts yielding the CPU")
 	flag.StringVar(&yieldMode, "yield", "both", "what a waiting loop does between checks: os (sched_yield), go (runtime.Gosched), both, none")
 	flag.IntVar(&o.coldRuns, "cold-runs", 0, "warm-cache cold-start runs per backend (default 5, -quick 3)")
-	flag.StringVar(&o.series, "series", "", "run only these series, a comma list of bw, rate, ping, cold, compress (default all)")
+	flag.StringVar(&o.series, "series", "", "run only these series, a comma list of bw, rate, ping, cold, compress, fabric (default all)")
+	flag.StringVar(&o.fiProvider, "fi-provider", "tcp;ofi_rxm", "libfabric provider of the fabric series (the plugin's NCCL_RMA_WASM_FI_PROVIDER and the raw baselines')")
+	flag.BoolVar(&o.fabricPair, "fabric-pair", false, "internal: this rank pair runs only the fabric series")
 	flag.StringVar(&o.role, "role", "", "internal: rank | cold")
 	flag.IntVar(&o.rank, "rank", 0, "internal: rank of a -role rank process")
 	flag.StringVar(&o.result, "result", "", "internal: where rank 0 writes its samples")
 	flag.StringVar(&o.backend, "backend", "", "internal: backend of a -role cold process")
 	flag.Parse()
+	comms[commFabric].provider = o.fiProvider
 
 	if o.reps <= 0 {
 		o.reps = 7
@@ -137,6 +143,10 @@ func main() {
 // transport a communicator uses.
 var transportLines []string
 
+// fabricLines are the runtime's "reaches N ranks over libfabric provider"
+// lines: proof that plugin-fabric really uses libfabric.
+var fabricLines []string
+
 func logSink(level abi.LogLevel, subsys uint64, file string, line int, msg string) {
 	if level == abi.LogWarn {
 		fmt.Fprintf(os.Stderr, "rmabench: runtime WARN: %s\n", msg)
@@ -145,6 +155,9 @@ func logSink(level abi.LogLevel, subsys uint64, file string, line int, msg strin
 		fmt.Fprintf(os.Stderr, "rmabench: runtime %d: %s\n", level, msg)
 	}
 	l := strings.ToLower(msg)
+	if strings.Contains(l, "over libfabric provider") {
+		fabricLines = append(fabricLines, msg)
+	}
 	if (strings.Contains(l, "intra") || strings.Contains(l, "process_vm") || strings.Contains(l, "transport")) && len(transportLines) < 32 {
 		transportLines = append(transportLines, msg)
 	}
@@ -162,7 +175,7 @@ func launch(o *options) {
 	if err != nil {
 		fatalf("%v", err)
 	}
-	common := []string{"-out", o.out, "-guests", o.guests, "-reps", fmt.Sprint(o.reps), "-spin", fmt.Sprint(o.spin), "-yield", yieldMode, "-series", o.series}
+	common := []string{"-out", o.out, "-guests", o.guests, "-reps", fmt.Sprint(o.reps), "-spin", fmt.Sprint(o.spin), "-yield", yieldMode, "-series", o.series, "-fi-provider", o.fiProvider}
 	if o.quick {
 		common = append(common, "-quick")
 	}
@@ -202,18 +215,51 @@ func launch(o *options) {
 		samples = append(samples, mergeCold(b.name, warm)...)
 	}
 
-	// The two ranks.
+	// The two ranks; then, for the fabric series, a second pair: libfabric's
+	// transport choice is made once per process (SelectFabric), so the
+	// plugin-fabric communicator cannot share a process with the TCP ones.
+	var failed []string
+	if o.series != "fabric" {
+		rr, f := runPair(o, self, common, "rank0.json", false)
+		samples = append(samples, rr.Samples...)
+		notes = append(notes, rr.Notes...)
+		failed = append(failed, f...)
+	}
+	if o.runs("fabric") {
+		fmt.Fprintf(os.Stderr, "rmabench: libfabric series (provider %s), a second pair of ranks\n", o.fiProvider)
+		rr, f := runPair(o, self, common, "rank0-fabric.json", true)
+		samples = append(samples, rr.Samples...)
+		notes = append(notes, rr.Notes...)
+		failed = append(failed, f...)
+	}
+	for _, f := range failed {
+		notes = append(notes, "FAILED: "+f)
+	}
+	rep := newReport(o, samples, notes)
+	rep.elapsed = time.Since(start)
+	if err := rep.write(); err != nil {
+		fatalf("%v", err)
+	}
+	rep.print(os.Stdout)
+	if len(failed) > 0 {
+		os.Exit(1)
+	}
+}
+
+// runPair runs the two rank processes (the fabric pair when fabricPair)
+// and returns rank 0's samples and notes, and what failed.
+func runPair(o *options, self string, common []string, result string, fabricPair bool) (rankResult, []string) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		fatalf("socketpair: %v", err)
 	}
-	resultPath := filepath.Join(o.out, "rank0.json")
+	resultPath := filepath.Join(o.out, result)
 	os.Remove(resultPath)
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
 	var cmds []*exec.Cmd
 	for rank := 0; rank < 2; rank++ {
-		args := append([]string{"-role", "rank", "-rank", fmt.Sprint(rank), "-result", resultPath}, common...)
+		args := append([]string{"-role", "rank", "-rank", fmt.Sprint(rank), "-result", resultPath, fmt.Sprintf("-fabric-pair=%v", fabricPair)}, common...)
 		cmd := exec.CommandContext(ctx, self, args...)
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(fds[rank]), fmt.Sprintf("bootstrap%d", rank))}
@@ -238,20 +284,7 @@ func launch(o *options) {
 	} else if err := json.Unmarshal(b, &rr); err != nil {
 		failed = append(failed, fmt.Sprintf("results of rank 0: %v", err))
 	}
-	samples = append(samples, rr.Samples...)
-	notes = append(notes, rr.Notes...)
-	for _, f := range failed {
-		notes = append(notes, "FAILED: "+f)
-	}
-	rep := newReport(o, samples, notes)
-	rep.elapsed = time.Since(start)
-	if err := rep.write(); err != nil {
-		fatalf("%v", err)
-	}
-	rep.print(os.Stdout)
-	if len(failed) > 0 {
-		os.Exit(1)
-	}
+	return rr, failed
 }
 
 func exists(p string) bool { _, err := os.Stat(p); return err == nil }

@@ -33,6 +33,8 @@ type commCfg struct {
 	config  string // NCCL_RMA_WASM_CONFIG
 	needs   string // guest module file needed under -guests
 	encrypt string // NCCL_RMA_WASM_ENCRYPT
+	// NCCL_RMA_WASM_TRANSPORT and NCCL_RMA_WASM_FI_PROVIDER (empty: unset)
+	transport, provider string
 }
 
 const (
@@ -45,6 +47,7 @@ const (
 	commZstd
 	commBatch
 	commSealed
+	commFabric
 )
 
 var comms = []commCfg{
@@ -71,6 +74,9 @@ var comms = []commCfg{
 	// The TCP path with every stream sealed (X25519 + AES-256-GCM), next to
 	// plugin-tcp: the cost of encryption.
 	commSealed: {name: "plugin-tcp-encrypted", backend: "native", intra: "0", encrypt: "1"},
+	// The libfabric transport (provider from -fi-provider), next to raw
+	// fi_write / fi_writedata (fabric.go).
+	commFabric: {name: "plugin-fabric", backend: "native", intra: "0", transport: "fabric"},
 }
 
 // Series kinds of opBW / opPing (low byte of A; comm index in the next).
@@ -78,6 +84,7 @@ const (
 	kindRawTCP = 1
 	kindPVW    = 2
 	kindPlugin = 3
+	kindRawFab = 4
 	flagAllocs = 1 << 16
 )
 
@@ -111,6 +118,7 @@ type rankState struct {
 	srcBase, span uint64
 	// optFlags go with plugBW's puts (the final signal has none).
 	optFlags uint32
+	fab      *fabRaw // the raw libfabric baselines' endpoint (fabric.go)
 }
 
 func mmap(n int) []byte {
@@ -150,6 +158,16 @@ func (r *rankState) setEnv(c commCfg) {
 	os.Setenv(config.IntraNode.Name, c.intra)
 	os.Setenv(config.BackendConfig.Name, c.config)
 	os.Setenv(config.Encrypt.Name, c.encrypt)
+	for _, v := range []struct{ name, val string }{{config.Transport.Name, c.transport}, {config.FIProvider.Name, c.provider}} {
+		if v.val == "" {
+			os.Unsetenv(v.name)
+		} else {
+			os.Setenv(v.name, v.val)
+		}
+	}
+	if c.transport == "fabric" {
+		loopbackFabric()
+	}
 	os.Setenv(config.Dir.Name, r.opt.guestsAbs)
 	os.Setenv(config.CacheDir.Name, r.opt.cacheDir)
 	if os.Getenv("RMABENCH_KEEP_ADDR") == "" {
@@ -308,6 +326,8 @@ func (r *rankState) handle(m *msg) error {
 			}
 		}
 		return r.k.ok(0, 0, 0)
+	case opFabric:
+		return r.serveFabric(m)
 	case opBW:
 		return r.serveBW(m)
 	case opPing:
@@ -316,6 +336,7 @@ func (r *rankState) handle(m *msg) error {
 		for i := range r.comms {
 			r.commClose(i)
 		}
+		r.fab.close()
 		return r.k.ok(0, 0, 0)
 	}
 	return fmt.Errorf("unknown op %d", m.Op)
@@ -344,6 +365,10 @@ func (r *rankState) serveBW(m *msg) error {
 		}
 	case kindPlugin:
 		if err := r.waitWord(word(r.comms[ci].sig), m.D, waitLimit, nil); err != nil {
+			return err
+		}
+	case kindRawFab:
+		if err := r.serveFabBW(m.D); err != nil {
 			return err
 		}
 	}
@@ -394,6 +419,10 @@ func (r *rankState) servePing(m *msg) error {
 			if err := test(); err != nil {
 				return err
 			}
+		}
+	case kindRawFab:
+		if err := r.serveFabPing(iters); err != nil {
+			return err
 		}
 	}
 	return r.k.ok(0, 0, 0)

@@ -36,7 +36,9 @@ func newReport(o *options, s []Sample, notes []string) *report {
 		r.addRatio("put_bw", "plugin-tcp", "raw-tcp", size)
 		r.addRatio("put_bw", "plugin-intranode", "raw-pvw", size)
 		r.addRatio("put_bw", "plugin-tcp-encrypted", "plugin-tcp", size)
+		r.addRatio("put_bw", "plugin-fabric", "raw-fi-write", size)
 	}
+	r.addRatio("half_rtt", "plugin-fabric", "raw-fi-writedata", 8)
 	r.addRatio("half_rtt", "plugin-tcp", "raw-tcp", 8)
 	r.addRatio("half_rtt", "plugin-intranode", "raw-tcp", 8)
 	r.addRatio("half_rtt", "plugin-tcp-encrypted", "plugin-tcp", 8)
@@ -190,6 +192,23 @@ func (r *report) print(out io.Writer) {
 		tw.Flush()
 	}
 
+	if _, ok := r.med("put_bw", "raw-fi-write", fabSizes[0]); ok {
+		fmt.Fprintf(w, "\nlibfabric transport (provider %s) against bare libfabric between the same processes\n", r.o.fiProvider)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintf(tw, "put GB/s\tsize\tplugin-fabric\traw-fi-write\tratio\t\n")
+		for _, s := range fabSizes {
+			a, aok := r.med("put_bw", "plugin-fabric", s)
+			b, bok := r.med("put_bw", "raw-fi-write", s)
+			x, xok := r.ratio("put_bw", "plugin-fabric", "raw-fi-write", s)
+			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s\t\n", sizeName(s), f(a, aok, 3), f(b, bok, 3), f(x, xok, 2))
+		}
+		a, aok := r.med("half_rtt", "plugin-fabric", 8)
+		b, bok := r.med("half_rtt", "raw-fi-writedata", 8)
+		x, xok := r.ratio("half_rtt", "plugin-fabric", "raw-fi-writedata", 8)
+		fmt.Fprintf(tw, "half rtt us\t8 B\t%s\t%s\t%s\t\n", f(a, aok, 1), f(b, bok, 1), f(x, xok, 2))
+		tw.Flush()
+	}
+
 	fmt.Fprintf(w, "\n8-byte ping-pong, half round trip (us)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	for _, c := range []string{"raw-tcp", "plugin-tcp", "plugin-intranode"} {
@@ -297,6 +316,12 @@ func (r *report) targets() []target {
 	ts = append(ts, target{verdict(ok, v >= 0.95), fmt.Sprintf("intra-node put >= 0.95x raw process_vm_writev at >= 1 MiB: worst %.2fx (at %s)", v, at)})
 	v, ok = r.ratio("half_rtt", "plugin-tcp", "raw-tcp", 8)
 	ts = append(ts, target{verdict(ok, v <= 1.3), fmt.Sprintf("8-byte put+signal ping-pong <= 1.3x raw TCP: %.2fx", v)})
+	if v, at, ok := r.worstRatio("plugin-fabric", "raw-fi-write"); ok {
+		ts = append(ts, target{verdict(ok, v >= 0.9), fmt.Sprintf("libfabric (%s) put >= 0.9x raw fi_write at >= 1 MiB: worst %.2fx (at %s)", r.o.fiProvider, v, at)})
+	}
+	if v, ok := r.ratio("half_rtt", "plugin-fabric", "raw-fi-writedata", 8); ok {
+		ts = append(ts, target{verdict(ok, v <= 1.3), fmt.Sprintf("libfabric (%s) 8-byte put+signal ping-pong <= 1.3x raw fi_writedata: %.2fx", r.o.fiProvider, v)})
+	}
 	v, ok = r.ratio("msg_rate", "default", "native", 8)
 	ts = append(ts, target{verdict(ok, v >= 0.95), fmt.Sprintf("embedded default backend >= 0.95x native message rate: %.2fx", v)})
 	v, ok = r.ratio("msg_rate", "planner", "native", 8)

@@ -69,6 +69,7 @@ func (o *fabOwner) bytes() []byte { return unsafe.Slice((*byte)(o.mem), o.size) 
 // fabricProvider returns the provider to test with, or skips.
 func fabricProvider(t testing.TB, prov string) string {
 	t.Helper()
+	loopbackOnly()
 	lib := os.Getenv("NCCL_RMA_WASM_FI_LIBRARY")
 	if lib == "" {
 		lib = "libfabric.so.1"
@@ -81,6 +82,16 @@ func fabricProvider(t testing.TB, prov string) string {
 		t.Skipf("no provider %s: %v", prov, err)
 	}
 	return infos[0].Provider
+}
+
+// loopbackOnly keeps the tcp provider on the loopback interface (its first
+// domain is otherwise the machine's first real interface): test traffic
+// stays on loopback. libfabric reads it when it first initialises its
+// providers; os.Setenv reaches the C environment in a cgo program.
+func loopbackOnly() {
+	if os.Getenv("FI_TCP_IFACE") == "" {
+		os.Setenv("FI_TCP_IFACE", "lo")
+	}
 }
 
 // fabMesh2 connects two meshes over provider prov, each with a size-byte

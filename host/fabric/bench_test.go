@@ -9,6 +9,9 @@ import (
 // pair opens two endpoints of prov in this process, each knowing the
 // other, or skips where libfabric or the provider is missing.
 func pair(b *testing.B, prov string) (a, c *Endpoint, ca uint64) {
+	if os.Getenv("FI_TCP_IFACE") == "" {
+		os.Setenv("FI_TCP_IFACE", "lo") // loopback only, not the first real interface
+	}
 	lib := os.Getenv("NCCL_RMA_WASM_FI_LIBRARY")
 	if lib == "" {
 		lib = "libfabric.so.1"

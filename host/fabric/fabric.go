@@ -193,6 +193,11 @@ func post(rc C.int64_t, what string) error {
 	return fiErr(what, C.int(rc))
 }
 
+// Write posts a plain RMA write (fi_write): make bench's baseline.
+func (e *Endpoint) Write(buf unsafe.Pointer, n uint64, desc unsafe.Pointer, dest, raddr, key uint64, ctx unsafe.Pointer) error {
+	return post(C.rmaw_write(e.ep, buf, C.size_t(n), desc, C.uint64_t(dest), C.uint64_t(raddr), C.uint64_t(key), ctx), "fi_write")
+}
+
 // WriteData posts an RMA write carrying 8 bytes of remote CQ data.
 func (e *Endpoint) WriteData(buf unsafe.Pointer, n uint64, desc unsafe.Pointer, data, dest, raddr, key uint64, ctx unsafe.Pointer) error {
 	return post(C.rmaw_writedata(e.ep, buf, C.size_t(n), desc, C.uint64_t(data), C.uint64_t(dest), C.uint64_t(raddr), C.uint64_t(key), ctx), "fi_writedata")

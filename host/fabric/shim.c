@@ -263,6 +263,10 @@ int rmaw_reg(rmaw_ep *e, void *base, size_t len, uint64_t want_key, void **mr, u
 
 int rmaw_dereg(void *mr) { return fi_close(&((struct fid_mr *)mr)->fid); }
 
+int64_t rmaw_write(rmaw_ep *e, void *buf, size_t len, void *desc, uint64_t dest, uint64_t raddr, uint64_t key, void *ctx) {
+	return fi_write(e->ep, buf, len, desc, dest, raddr, key, ctx);
+}
+
 int64_t rmaw_writedata(rmaw_ep *e, void *buf, size_t len, void *desc, uint64_t data, uint64_t dest, uint64_t raddr, uint64_t key, void *ctx) {
 	return fi_writedata(e->ep, buf, len, desc, data, dest, raddr, key, ctx);
 }

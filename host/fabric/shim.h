@@ -45,6 +45,7 @@ int rmaw_name(rmaw_ep *ep, void *buf, size_t *len);
 int rmaw_insert(rmaw_ep *ep, const void *name, uint64_t *addr);
 int rmaw_reg(rmaw_ep *ep, void *base, size_t len, uint64_t want_key, void **mr, uint64_t *key, void **desc);
 int rmaw_dereg(void *mr);
+int64_t rmaw_write(rmaw_ep *ep, void *buf, size_t len, void *desc, uint64_t dest, uint64_t raddr, uint64_t key, void *ctx);
 int64_t rmaw_writedata(rmaw_ep *ep, void *buf, size_t len, void *desc, uint64_t data, uint64_t dest, uint64_t raddr, uint64_t key, void *ctx);
 // rmaw_writemsg is fi_writemsg with remote CQ data; deliver asks for
 // FI_DELIVERY_COMPLETE (the completion means the bytes are at the target).
