@@ -125,6 +125,12 @@ type fabEP struct {
 	sleeping atomic.Bool
 	inWait   atomic.Bool // asleep on the CQ's wait fd, not in a nap
 	canWait  atomic.Bool // the CQ has a wait fd the provider honours
+	// After traffic the progress goroutine keeps polling for spinNs before
+	// it naps (Options.SpinWait, one of Options.Spinners slots, shared with
+	// the TCP readers), so an answer that follows at once is reaped
+	// without a timer's wake-up.
+	spinNs    atomic.Int64
+	spinSlots atomic.Int32
 }
 
 type fabBye struct {
@@ -329,6 +335,13 @@ func (e *fabEP) progress() {
 	empty := 0
 	nap := time.NewTimer(time.Hour)
 	defer nap.Stop()
+	spinning := false
+	var spinStart time.Time
+	defer func() {
+		if spinning {
+			spinners.Add(-1)
+		}
+	}()
 	for {
 		select {
 		case <-e.quit:
@@ -342,12 +355,28 @@ func (e *fabEP) progress() {
 		}
 		if n > 0 {
 			empty = 0
+			if spinning {
+				spinStart = time.Now()
+			}
 			continue
 		}
 		empty++
 		if e.busy() && empty < 2000 {
 			runtime.Gosched()
 			continue
+		}
+		if spin := e.spinNs.Load(); spin > 0 {
+			if !spinning && empty == 1 && acquireSpin(e.spinSlots.Load()) {
+				spinning, spinStart = true, time.Now()
+			}
+			if spinning {
+				if time.Since(spinStart) < time.Duration(spin) {
+					runtime.Gosched()
+					continue
+				}
+				spinners.Add(-1)
+				spinning = false
+			}
 		}
 		if e.canWait.Load() && empty > fabNapsBeforeWait {
 			// Idle for a while: sleep on the CQ's wait fd (the peers'

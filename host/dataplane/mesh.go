@@ -210,6 +210,8 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	m.fab = l.takeFabric()
 	if m.fab != nil {
 		m.fab.m, m.fab.rank, m.fab.links = m, rank, make([]*fabricLink, n)
+		m.fab.spinSlots.Store(int32(opt.Spinners))
+		m.fab.spinNs.Store(int64(opt.SpinWait))
 	}
 	for i := 0; i < n; i++ {
 		p := newPeer(m, i)
