@@ -178,35 +178,11 @@ func (r *report) print(out io.Writer) {
 
 	if _, ok := r.med("put_bw", "plugin-tcp-encrypted", sizes[len(sizes)-1]); ok {
 		fmt.Fprintf(w, "\nencrypted TCP (NCCL_RMA_WASM_ENCRYPT=1) against plugin-tcp\n")
-		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintf(tw, "put GB/s\tsize\tencrypted\tplugin-tcp\tratio\t\n")
-		for _, s := range sizes {
-			a, aok := r.med("put_bw", "plugin-tcp-encrypted", s)
-			b, bok := r.med("put_bw", "plugin-tcp", s)
-			x, xok := r.ratio("put_bw", "plugin-tcp-encrypted", "plugin-tcp", s)
-			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s\t\n", sizeName(s), f(a, aok, 3), f(b, bok, 3), f(x, xok, 2))
-		}
-		a, aok := r.med("half_rtt", "plugin-tcp-encrypted", 8)
-		x, xok := r.ratio("half_rtt", "plugin-tcp-encrypted", "plugin-tcp", 8)
-		fmt.Fprintf(tw, "half rtt us\t8 B\t%s\t\t%s\t\n", f(a, aok, 1), f(x, xok, 2))
-		tw.Flush()
+		r.pairTable(w, sizes, "plugin-tcp-encrypted", "plugin-tcp", "plugin-tcp")
 	}
-
 	if _, ok := r.med("put_bw", "raw-fi-write", fabSizes[0]); ok {
 		fmt.Fprintf(w, "\nlibfabric transport (provider %s) against bare libfabric between the same processes\n", r.o.fiProvider)
-		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintf(tw, "put GB/s\tsize\tplugin-fabric\traw-fi-write\tratio\t\n")
-		for _, s := range fabSizes {
-			a, aok := r.med("put_bw", "plugin-fabric", s)
-			b, bok := r.med("put_bw", "raw-fi-write", s)
-			x, xok := r.ratio("put_bw", "plugin-fabric", "raw-fi-write", s)
-			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s\t\n", sizeName(s), f(a, aok, 3), f(b, bok, 3), f(x, xok, 2))
-		}
-		a, aok := r.med("half_rtt", "plugin-fabric", 8)
-		b, bok := r.med("half_rtt", "raw-fi-writedata", 8)
-		x, xok := r.ratio("half_rtt", "plugin-fabric", "raw-fi-writedata", 8)
-		fmt.Fprintf(tw, "half rtt us\t8 B\t%s\t%s\t%s\t\n", f(a, aok, 1), f(b, bok, 1), f(x, xok, 2))
-		tw.Flush()
+		r.pairTable(w, fabSizes, "plugin-fabric", "raw-fi-write", "raw-fi-writedata")
 	}
 
 	fmt.Fprintf(w, "\n8-byte ping-pong, half round trip (us)\n")
@@ -278,6 +254,24 @@ func (r *report) print(out io.Writer) {
 		}
 	}
 	fmt.Fprintf(w, "\nwrote %s\n", strings.Join(append([]string{filepath.Join(r.o.out, "results.csv")}, r.charts...), ", "))
+}
+
+// pairTable prints put bandwidth of num beside den at each size with their
+// ratio, then num's 8-byte half round trip beside pingDen's.
+func (r *report) pairTable(w io.Writer, at []uint64, num, den, pingDen string) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "put GB/s\tsize\t%s\t%s\tratio\t\n", num, den)
+	for _, s := range at {
+		a, aok := r.med("put_bw", num, s)
+		b, bok := r.med("put_bw", den, s)
+		x, xok := r.ratio("put_bw", num, den, s)
+		fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s\t\n", sizeName(s), f(a, aok, 3), f(b, bok, 3), f(x, xok, 2))
+	}
+	a, aok := r.med("half_rtt", num, 8)
+	b, bok := r.med("half_rtt", pingDen, 8)
+	x, xok := r.ratio("half_rtt", num, pingDen, 8)
+	fmt.Fprintf(tw, "half rtt us\t8 B\t%s\t%s\t%s\t\n", f(a, aok, 1), f(b, bok, 1), f(x, xok, 2))
+	tw.Flush()
 }
 
 type target struct{ verdict, text string }
