@@ -90,12 +90,17 @@ const (
 	sigVerdict = 2
 )
 
-// fabEP is the endpoint of one listener, then of the Mesh it connects.
+// fabEP is the endpoint of one listener, then of the Mesh it connects; a
+// Mesh with several rails has one per NIC (fabric_rails.go).
 type fabEP struct {
 	ep   *fabric.Endpoint
 	info fabric.Info
 	name []byte
 	hash uint32 // of the provider name: peers must use the same
+	rail int    // its index among the Mesh's rails
+	// bytes counts what our puts and gets moved through this endpoint
+	// (logged per rail at close).
+	bytes atomic.Uint64
 
 	m       *Mesh
 	rank    int
@@ -120,7 +125,8 @@ type fabEP struct {
 	verdicts []fabVerdict
 
 	quit     chan struct{}
-	done     chan struct{}
+	done     chan struct{} // closed when progress ends (once started)
+	started  bool
 	wake     chan struct{} // a submit ends the progress goroutine's nap
 	sleeping atomic.Bool
 	inWait   atomic.Bool // asleep on the CQ's wait fd, not in a nap
@@ -244,6 +250,7 @@ func (e *fabEP) start() error {
 			return err
 		}
 	}
+	e.started = true
 	go e.progress()
 	return nil
 }
@@ -281,6 +288,14 @@ func (e *fabEP) deregister(id uint32) {
 	e.local.Store(&tab)
 }
 
+// key is registration id's remote key on this endpoint (0 if none).
+func (e *fabEP) key(id uint32) uint64 {
+	if t := *e.local.Load(); int(id) < len(t) {
+		return t[id].Key
+	}
+	return 0
+}
+
 // desc is the local descriptor of registration id (nil where the
 // provider does not need one).
 func (e *fabEP) desc(id uint32) unsafe.Pointer {
@@ -302,7 +317,7 @@ func (e *fabEP) close() {
 	default:
 	}
 	close(e.quit)
-	if e.m != nil {
+	if e.started {
 		if e.canWait.Load() {
 			e.ep.Signal()
 		}
@@ -583,7 +598,7 @@ func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
 func (e *fabEP) sendVerdicts() {
 	k := 0
 	for _, v := range e.verdicts {
-		if !v.link.p.dead.Load() && !v.link.sendVerdict(v.word, v.status) {
+		if !v.link.p.dead.Load() && !v.link.sendVerdict(e.rail, v.word, v.status) {
 			e.verdicts[k] = v
 			k++
 		}
@@ -598,7 +613,7 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 	}
 	m := unsafe.Slice((*byte)(b), fabMsgSize)
 	l := e.link(int(binary.LittleEndian.Uint16(m[2:])))
-	if l == nil {
+	if l == nil || e.rail >= len(l.rails) {
 		return
 	}
 	p := l.p
@@ -613,7 +628,7 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 		}
 		// The initiator's request completes on this verdict: with the
 		// rejection's code when the word is not a valid signal target.
-		if !l.sendVerdict(word, status) {
+		if !l.sendVerdict(e.rail, word, status) {
 			e.verdicts = append(e.verdicts, fabVerdict{l, word, status})
 		}
 	case fabMsgVerdict:
@@ -638,7 +653,7 @@ func (e *fabEP) checkByes() {
 	defer e.byeMu.Unlock()
 	k := 0
 	for _, b := range e.byes {
-		if !b.link.p.order.passed(b.seq) || !b.link.control(fabMsgByeAck, 0) {
+		if !b.link.p.order.passed(b.seq) || !b.link.control(e.rail, fabMsgByeAck, 0) {
 			e.byes[k] = b
 			k++
 		}

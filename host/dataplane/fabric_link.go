@@ -25,10 +25,16 @@ const nameFabric = "fabric"
 // once everything before it was applied. Registrations (their keys ride
 // the MsgReg header) and the liveness of the peer stay on the embedded TCP
 // link: its streams ending is how a dead peer is noticed.
+//
+// With several rails (one endpoint per NIC, fabric_rails.go) lane l
+// posts on rail l mod len(rails), paired with the peer's rail of the same
+// index; the sequence numbers, the window and the orderer stay per peer,
+// so a signal is still applied only after every earlier write of that
+// peer landed, on whichever rail.
 type fabricLink struct {
 	*tcpLink
-	e    *fabEP
-	addr uint64 // the peer in the address vector
+	e     *fabEP    // rail 0's endpoint (the listener's)
+	rails []fabRail // at least one
 
 	seq      atomic.Uint64 // our sequence numbers to this peer
 	inflight atomic.Int64  // operations posted, not completed
@@ -44,18 +50,34 @@ type fabricLink struct {
 	win *seqWindow // how far our numbers may run ahead (fabric_window.go)
 }
 
-type fabRemote struct{ base, key uint64 }
+// fabRail is one of the link's rails: our endpoint on one NIC and the
+// peer's endpoint of the same rail index in its address vector.
+type fabRail struct {
+	e    *fabEP
+	addr uint64
+}
+
+// fabRemote is a peer's registration: its address and one key per rail
+// (keys differ per domain under FI_MR_PROV_KEY); set has bit r once rail
+// r's key arrived.
+type fabRemote struct {
+	base uint64
+	keys [abi.MaxLanes]uint64
+	set  uint8
+}
 
 // fabPend is an operation that found no room, with the sequence numbers it
 // was given at submit (ordering does not depend on when it is posted).
 type fabPend struct {
 	op          Op
 	seq, sigSeq uint64
+	rail        int
 	sigOnly     bool // the payload was posted; only the signal is left
 }
 
-func newFabricLink(p *peer, outs, ins []*net.TCPConn, e *fabEP, addr uint64) *fabricLink {
-	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, addr: addr}
+func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
+	e := rails[0].e
+	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, rails: rails}
 	// At most 2^seqBits numbers (the CQ data field) and the orderer's
 	// window past the target's first missing number.
 	size := uint64(fabSeqWindow)
@@ -72,29 +94,42 @@ func newFabricLink(p *peer, outs, ins []*net.TCPConn, e *fabEP, addr uint64) *fa
 	return f
 }
 
-// peerRegistered records the address and key of a peer's registration
-// (the TCP service calls it for MsgReg, before the owner hears of it).
-func (f *fabricLink) peerRegistered(id uint32, base, key uint64) {
+// peerRegistered records the address and rail's key of a peer's
+// registration (the TCP service calls it for MsgReg, before the owner
+// hears of it). The peer sends the keys of rails 1.. before rail 0's, and
+// the owner hears of the registration with rail 0's: by then every rail's
+// key is here. A rail we do not share with the peer is ignored.
+func (f *fabricLink) peerRegistered(rail uint8, id uint32, base, key uint64) {
+	if int(rail) >= len(f.rails) {
+		return
+	}
 	f.regMu.Lock()
 	defer f.regMu.Unlock()
 	old := *f.remote.Load()
 	tab := make([]fabRemote, max(len(old), int(id)+1))
 	copy(tab, old)
-	tab[id] = fabRemote{base: base, key: key}
+	r := &tab[id]
+	if rail != 0 && r.base != base {
+		*r = fabRemote{} // a new registration under a reused id
+	}
+	r.base = base
+	r.keys[rail] = key
+	r.set |= 1 << rail
 	f.remote.Store(&tab)
 }
 
-// target is the remote address and key of off in the peer's registration id.
-func (f *fabricLink) target(id uint32, off uint64) (uint64, uint64, bool) {
+// target is the remote address and rail's key of off in the peer's
+// registration id.
+func (f *fabricLink) target(id uint32, off uint64, rail int) (uint64, uint64, bool) {
 	t := *f.remote.Load()
-	if int(id) >= len(t) || t[id] == (fabRemote{}) {
+	if int(id) >= len(t) || t[id].set&(1<<rail) == 0 {
 		return 0, 0, false
 	}
-	r := t[id]
+	r := &t[id]
 	if f.e.info.MRMode&fabric.MRVirtAddr != 0 {
 		off += r.base
 	}
-	return off, r.key, true
+	return off, r.keys[rail], true
 }
 
 func (f *fabricLink) props() Props {
@@ -103,6 +138,13 @@ func (f *fabricLink) props() Props {
 
 func (f *fabricLink) submit(lane int, op Op, hold bool) {
 	if op.Msg == MsgReg {
+		// The keys of rails 1.. first (SigOp names the rail), then rail
+		// 0's, which tells the peer's owner (peerRegistered).
+		for r := 1; r < len(f.rails); r++ {
+			k := op
+			k.SigOp, k.SigValue = uint8(r), f.rails[r].e.key(op.MrID)
+			f.tcpLink.submit(0, k, hold)
+		}
 		f.tcpLink.submit(0, op, hold)
 		return
 	}
@@ -115,6 +157,9 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 	// Numbered here, in the caller's order: the target orders by these.
 	var pd fabPend
 	pd.op = op
+	if lane > 0 {
+		pd.rail = lane % len(f.rails)
+	}
 	switch op.Msg {
 	case MsgPut, msgBye:
 		pd.seq = f.seq.Add(1)
@@ -132,7 +177,7 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 		err = nil
 	}
 	f.posting.Add(-1)
-	f.e.nudge()
+	f.rails[pd.rail].e.nudge()
 	if err != nil {
 		f.p.fail(&pd.op)
 		go f.p.markDead(err)
@@ -145,51 +190,54 @@ func (f *fabricLink) post(pd *fabPend) error {
 	if op.LocalCtx != 0 {
 		return fmt.Errorf("device memory is not supported by the fabric transport (no FI_HMEM yet)")
 	}
+	rl := &f.rails[pd.rail]
+	e := rl.e
 	switch {
 	case op.Msg == msgBye:
 		if !f.win.fits(pd.seq) {
 			return fabric.ErrAgain
 		}
-		if err := f.msg(fabMsgBye, pd.seq, op, false); err != nil {
+		if err := f.msg(pd.rail, fabMsgBye, pd.seq, op, false); err != nil {
 			return err
 		}
 		f.win.complete(pd.seq) // injected: no completion will say so
 		return nil
 	case op.Msg == MsgPutSignal && pd.sigOnly:
-		return f.msg(fabMsgSignal, pd.sigSeq, op, true)
+		return f.msg(pd.rail, fabMsgSignal, pd.sigSeq, op, true)
 	}
-	raddr, key, ok := f.target(op.MrID, op.Off)
+	raddr, key, ok := f.target(op.MrID, op.Off, pd.rail)
 	if !ok {
-		return fmt.Errorf("rank %d registration %d has no fabric key", f.p.rank, op.MrID)
+		return fmt.Errorf("rank %d registration %d has no fabric key for rail %d", f.p.rank, op.MrID, pd.rail)
 	}
 	if op.Msg != MsgGet && !f.win.fits(pd.seq) {
 		return fabric.ErrAgain
 	}
-	idx, ok := f.slot(op.Tag)
+	idx, ok := f.slot(e, op.Tag)
 	if !ok {
 		return fabric.ErrAgain
 	}
-	f.e.slots[idx].seq = pd.seq
-	ctx := f.e.slotArea(idx)
+	e.slots[idx].seq = pd.seq
+	ctx := e.slotArea(idx)
 	var err error
 	if op.Msg == MsgGet {
-		err = f.e.ep.Read(op.Local, op.Size, f.e.desc(op.LocalMr), f.addr, raddr, key, ctx)
+		err = e.ep.Read(op.Local, op.Size, e.desc(op.LocalMr), rl.addr, raddr, key, ctx)
 	} else {
 		// Delivery complete unless local completion was asked for: a put
 		// completes when its bytes arrived, as over TCP (SPEC.md §3).
-		data := uint64(f.e.rank)<<f.e.seqBits | pd.seq&(1<<f.e.seqBits-1)
-		err = f.e.ep.WriteMsg(op.Local, op.Size, f.e.desc(op.LocalMr), data, f.addr, raddr, key, ctx, !f.p.m.localComp)
+		data := uint64(e.rank)<<e.seqBits | pd.seq&(1<<e.seqBits-1)
+		err = e.ep.WriteMsg(op.Local, op.Size, e.desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.p.m.localComp)
 	}
 	if err != nil {
-		f.unslot(idx)
+		f.unslot(e, idx)
 		return err
 	}
+	e.bytes.Add(op.Size)
 	if op.Msg == MsgPutSignal {
 		// The payload is posted; the signal follows as a message whose
 		// completion is the request's second part (Mesh.PeerParts). If it
 		// finds no room it waits in pend, numbered already.
 		pd.sigOnly = true
-		if err := f.msg(fabMsgSignal, pd.sigSeq, op, true); err == fabric.ErrAgain {
+		if err := f.msg(pd.rail, fabMsgSignal, pd.sigSeq, op, true); err == fabric.ErrAgain {
 			f.queue(*pd)
 		} else if err != nil {
 			return err
@@ -198,11 +246,11 @@ func (f *fabricLink) post(pd *fabPend) error {
 	return nil
 }
 
-// slot takes a context for an operation completing request tag.
-func (f *fabricLink) slot(tag uint64) (uint32, bool) {
+// slot takes a context of endpoint e for an operation completing request tag.
+func (f *fabricLink) slot(e *fabEP, tag uint64) (uint32, bool) {
 	select {
-	case idx := <-f.e.free:
-		s := &f.e.slots[idx]
+	case idx := <-e.free:
+		s := &e.slots[idx]
 		s.link, s.tag, s.seq = f, tag, 0
 		s.sig, s.got, s.vst = false, 0, abi.Success // a signal's unslot leaves them
 		f.inflight.Add(1)
@@ -213,19 +261,19 @@ func (f *fabricLink) slot(tag uint64) (uint32, bool) {
 	}
 }
 
-func (f *fabricLink) unslot(idx uint32) {
-	s := &f.e.slots[idx]
+func (f *fabricLink) unslot(e *fabEP, idx uint32) {
+	s := &e.slots[idx]
 	s.state.Store(slotFree)
 	s.link = nil
 	f.inflight.Add(-1)
-	f.e.free <- idx
+	e.free <- idx
 }
 
 // msg sends a control message built in C memory (a slot's message area,
 // so nothing escapes to the Go heap). A signal is sent with a completion
 // that completes op's request; a goodbye or its acknowledgement is
 // injected and needs none.
-func (f *fabricLink) msg(typ uint8, seq uint64, op *Op, complete bool) error {
+func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete bool) error {
 	tag := uint64(0)
 	if complete {
 		tag = op.Tag
@@ -233,22 +281,25 @@ func (f *fabricLink) msg(typ uint8, seq uint64, op *Op, complete bool) error {
 	if typ == fabMsgSignal && !f.win.fits(seq) {
 		return fabric.ErrAgain
 	}
-	idx, ok := f.slot(tag)
+	rl := &f.rails[rail]
+	e := rl.e
+	idx, ok := f.slot(e, tag)
 	if !ok {
 		return fabric.ErrAgain
 	}
 	word := seq & fabSeqMask
-	f.e.slots[idx].seq = word
+	e.slots[idx].seq = word
 	if complete && typ == fabMsgSignal && !f.p.m.localComp {
-		// Kept until the target's verdict too (fabEP.verdict); set before
-		// the post, so before any poller can see the completion.
-		s := &f.e.slots[idx]
+		// Kept until the target's verdict too (fabEP.verdict, which comes
+		// back on this rail); set before the post, so before any poller
+		// can see the completion.
+		s := &e.slots[idx]
 		s.sig, s.got, s.vst = true, 0, abi.Success
 		word |= uint64(idx) << 48
 	}
-	b := unsafe.Slice((*byte)(unsafe.Add(f.e.slotArea(idx), fabric.ContextSize)), fabMsgSize)
+	b := unsafe.Slice((*byte)(unsafe.Add(e.slotArea(idx), fabric.ContextSize)), fabMsgSize)
 	b[0], b[1] = typ, 0
-	binary.LittleEndian.PutUint16(b[2:], uint16(f.e.rank))
+	binary.LittleEndian.PutUint16(b[2:], uint16(e.rank))
 	binary.LittleEndian.PutUint32(b[4:], 0)
 	binary.LittleEndian.PutUint64(b[8:], word)
 	binary.LittleEndian.PutUint64(b[16:], 0)
@@ -260,31 +311,33 @@ func (f *fabricLink) msg(typ uint8, seq uint64, op *Op, complete bool) error {
 		binary.LittleEndian.PutUint64(b[24:], op.SigValue)
 	}
 	if complete {
-		err := f.e.ep.SendMsg(unsafe.Pointer(&b[0]), fabMsgSize, f.e.memMR.Desc, f.addr, f.e.slotArea(idx), !f.p.m.localComp)
+		err := e.ep.SendMsg(unsafe.Pointer(&b[0]), fabMsgSize, e.memMR.Desc, rl.addr, e.slotArea(idx), !f.p.m.localComp)
 		if err != nil {
-			f.unslot(idx)
+			f.unslot(e, idx)
 		}
 		return err
 	}
-	err := f.e.ep.Inject(unsafe.Pointer(&b[0]), fabMsgSize, f.addr)
-	f.unslot(idx)
+	err := e.ep.Inject(unsafe.Pointer(&b[0]), fabMsgSize, rl.addr)
+	f.unslot(e, idx)
 	return err
 }
 
 // sendVerdict tells the peer whether its signal (word: seq and slot, as it
-// sent them) targets a valid word; false means no room yet.
-func (f *fabricLink) sendVerdict(word uint64, status abi.Result) bool {
-	idx, ok := f.slot(0)
+// sent them on rail) targets a valid word; false means no room yet.
+func (f *fabricLink) sendVerdict(rail int, word uint64, status abi.Result) bool {
+	rl := &f.rails[rail]
+	e := rl.e
+	idx, ok := f.slot(e, 0)
 	if !ok {
 		return false
 	}
-	b := unsafe.Slice((*byte)(unsafe.Add(f.e.slotArea(idx), fabric.ContextSize)), fabMsgSize)
+	b := unsafe.Slice((*byte)(unsafe.Add(e.slotArea(idx), fabric.ContextSize)), fabMsgSize)
 	clear(b)
 	b[0], b[1] = fabMsgVerdict, uint8(status)
-	binary.LittleEndian.PutUint16(b[2:], uint16(f.e.rank))
+	binary.LittleEndian.PutUint16(b[2:], uint16(e.rank))
 	binary.LittleEndian.PutUint64(b[8:], word)
-	err := f.e.ep.Inject(unsafe.Pointer(&b[0]), fabMsgSize, f.addr)
-	f.unslot(idx)
+	err := e.ep.Inject(unsafe.Pointer(&b[0]), fabMsgSize, rl.addr)
+	f.unslot(e, idx)
 	if err != nil && err != fabric.ErrAgain {
 		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: verdict to rank %d: %v", f.p.rank, err)
 	}
@@ -300,9 +353,9 @@ func rejectedOrOK(b uint8) abi.Result {
 }
 
 // control sends a message that is not an operation (the goodbye's
-// acknowledgement); false means no room yet.
-func (f *fabricLink) control(typ uint8, seq uint64) bool {
-	err := f.msg(typ, seq, nil, false)
+// acknowledgement) on rail; false means no room yet.
+func (f *fabricLink) control(rail int, typ uint8, seq uint64) bool {
+	err := f.msg(rail, typ, seq, nil, false)
 	return err != fabric.ErrAgain
 }
 
@@ -344,7 +397,9 @@ func (f *fabricLink) retry() {
 func (f *fabricLink) flush() {
 	f.tcpLink.flush()
 	if f.inflight.Load() > 0 || f.backlog.Load() > 0 {
-		f.e.poll()
+		for i := range f.rails {
+			f.rails[i].e.poll()
+		}
 	}
 }
 
@@ -369,13 +424,20 @@ func (f *fabricLink) failAll() {
 	for i := range pend {
 		f.p.fail(&pend[i].op)
 	}
+	for i := range f.rails {
+		f.failSlots(f.rails[i].e)
+	}
+}
+
+// failSlots fails this peer's operations posted on endpoint e. Under
+// pollMu: a signal's slot whose send completed waits only for the
+// verdict, which will not come; nobody else frees it.
+func (f *fabricLink) failSlots(e *fabEP) {
 	mine := slotPosted | uint32(f.p.rank)<<2
-	// Under pollMu: a signal's slot whose send completed waits only for
-	// the verdict, which will not come; nobody else frees it.
-	f.e.pollMu.Lock()
-	defer f.e.pollMu.Unlock()
-	for i := range f.e.slots {
-		s := &f.e.slots[i]
+	e.pollMu.Lock()
+	defer e.pollMu.Unlock()
+	for i := range e.slots {
+		s := &e.slots[i]
 		if s.state.CompareAndSwap(mine, slotFailed|uint32(f.p.rank)<<2) {
 			f.inflight.Add(-1)
 			if s.tag != 0 {
@@ -384,7 +446,7 @@ func (f *fabricLink) failAll() {
 			if s.sig && s.got&sigSent != 0 {
 				s.link, s.sig, s.got, s.vst = nil, false, 0, abi.Success
 				s.state.Store(slotFree)
-				f.e.free <- uint32(i)
+				e.free <- uint32(i)
 			}
 		}
 	}

@@ -18,6 +18,7 @@ type NIC struct {
 	Name      string // the NIC's name (fi_nic), else the domain's
 	PCIPath   string // sysfs path of the PCI device, "" when none is found
 	SpeedMbps int32  // 0 when neither the provider nor sysfs says
+	Loopback  bool   // a loopback interface (tcp's "lo"): never a rail
 }
 
 // FabricNICs lists the distinct domains provider prov offers RDM
@@ -51,6 +52,7 @@ func FabricNICs(prov string) []NIC {
 		if n.SpeedMbps <= 0 {
 			n.SpeedMbps = sysfsSpeed(in.Domain)
 		}
+		n.Loopback = loopback(in.Domain)
 		nics = append(nics, n)
 	}
 	return nics
@@ -121,4 +123,17 @@ func sysfsSpeed(domain string) int32 {
 		return 0
 	}
 	return int32(v)
+}
+
+// loopback reports a loopback network interface (ARPHRD_LOOPBACK in
+// sysfs, or named lo).
+func loopback(domain string) bool {
+	if domain == "lo" {
+		return true
+	}
+	if domain == "" || strings.ContainsAny(domain, "/") {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join(sysRoot, "class/net", domain, "type"))
+	return err == nil && strings.TrimSpace(string(b)) == "772"
 }

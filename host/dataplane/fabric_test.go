@@ -104,13 +104,20 @@ func fabMesh2(t testing.TB, prov string, size uint64, lanes int) ([]*Mesh, []*fa
 // fabMesh2NoFab is fabMesh2 where rank i's plan declines libfabric if noFab[i].
 func fabMesh2NoFab(t testing.TB, prov string, size uint64, lanes int, noFab [2]bool) ([]*Mesh, []*fabOwner) {
 	t.Helper()
+	return fabMesh2Rails(t, prov, size, lanes, noFab, "", nil)
+}
+
+// fabMesh2Rails is fabMesh2NoFab with rail 0 on domain and further rails
+// on the domains rails.
+func fabMesh2Rails(t testing.TB, prov string, size uint64, lanes int, noFab [2]bool, domain string, rails []string) ([]*Mesh, []*fabOwner) {
+	t.Helper()
 	prov = fabricProvider(t, prov)
 	os := make([]*fabOwner, 2)
 	ls := make([]*Listener, 2)
 	hs := make([]*Handle, 2)
 	for i := range ls {
 		os[i] = &fabOwner{mem: fabric.Alloc(size), size: size, done: map[uint64]abi.Result{}}
-		l, h, err := ListenFabric("127.0.0.1", prov)
+		l, h, err := ListenFabricRails("127.0.0.1", prov, domain, rails)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -161,7 +168,7 @@ func fabMesh2NoFab(t testing.TB, prov string, size uint64, lanes int, noFab [2]b
 		for _, m := range ms {
 			for _, p := range m.peers {
 				if f, isFab := p.t.(*fabricLink); isFab {
-					_, _, known := f.target(1, 0)
+					_, _, known := f.target(1, 0, len(f.rails)-1)
 					ok = ok && known
 				}
 			}
@@ -636,6 +643,104 @@ func TestFabricSeqWindowHolds(t *testing.T) {
 	for i := uint64(1); i <= n; i++ {
 		if v := *(*uint64)(unsafe.Add(os[1].mem, 8*i)); v != i {
 			t.Fatalf("word %d: %d", i, v)
+		}
+	}
+}
+
+// TestFabricRails stripes large puts, puts with signal and gets over two
+// rails and checks every byte, the signals, and that both rails carried
+// bytes. Test traffic stays on loopback here, so both rails are endpoints
+// on the loopback domain (TestFabricRailsNamespaces in test/ gives each
+// rail a NIC of its own).
+func TestFabricRails(t *testing.T) {
+	prov := fabricProvider(t, "tcp;ofi_rxm")
+	nics := FabricNICs(prov)
+	if len(nics) < 1 {
+		t.Skipf("%s offers no domain here", prov)
+	}
+	const size = 8 << 20
+	dom := nics[0].Domain
+	ms, os := fabMesh2Rails(t, prov, size, 2, [2]bool{}, dom, []string{dom})
+	for i, m := range ms {
+		if got := m.FabricRails(); len(got) != 2 || got[0] != dom || got[1] != dom {
+			t.Fatalf("rank %d rails %v, want [%s %s]", i, got, dom, dom)
+		}
+		for _, p := range m.peers {
+			if f := p.t.(*fabricLink); len(f.rails) != 2 {
+				t.Fatalf("rank %d link to %d has %d rails", i, p.rank, len(f.rails))
+			}
+		}
+	}
+	src := fabric.Alloc(size)
+	defer fabric.Free(src)
+	s := unsafe.Slice((*byte)(src), size)
+	sigOff := uint64(size - 8)
+	const rounds, n = 4, 3 << 20 // striped: at least the 1 MiB threshold
+	for r := uint64(1); r <= rounds; r++ {
+		for i := range s[:n] {
+			s[i] = byte(uint64(i)*13 + r)
+		}
+		// A striped put with signal, then small ones on lane 1 (rail 1)
+		// each counted by the same signal: it may reach k only once the
+		// first k operations of this round landed, pieces included.
+		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 10 * r, Local: src, Size: n, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}, false, -1)
+		for k := uint64(1); k <= 3; k++ {
+			ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 10*r + k, Local: unsafe.Add(src, n+8*k), Size: 8, Off: n + 8*k, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}, false, 1)
+		}
+		for k := uint64(0); k <= 3; k++ {
+			if st := os[0].waitN(t, 10*r+k, ms[0].OpParts(1, &Op{Msg: MsgPutSignal, Size: map[bool]uint64{true: n, false: 8}[k == 0]})); st != abi.Success {
+				t.Fatalf("round %d op %d: %v", r, k, st)
+			}
+		}
+		want := 4 * r
+		for deadline := time.Now().Add(5 * time.Second); atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, sigOff))) != want; {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: signal %d, want %d", r, *(*uint64)(unsafe.Add(os[1].mem, sigOff)), want)
+			}
+			time.Sleep(10 * time.Microsecond)
+		}
+		if got := os[1].bytes()[:n]; !bytes.Equal(got, s[:n]) {
+			t.Fatalf("round %d: payload differs", r)
+		}
+	}
+	// Rank 1 reads it back, striped over its rails too.
+	dst := fabric.Alloc(n)
+	defer fabric.Free(dst)
+	ms[1].Post(0, &Op{Msg: MsgGet, MrID: 1, Tag: 99, Local: dst, Size: n}, false, -1)
+	if st := os[1].waitN(t, 99, ms[1].Parts(MsgGet, n)); st != abi.Success {
+		t.Fatalf("get: %v", st)
+	}
+	for i, m := range ms {
+		b := m.FabricRailBytes()
+		t.Logf("rank %d: bytes by rail %v", i, b)
+		if b[0] == 0 || b[1] == 0 {
+			t.Errorf("rank %d: rail bytes %v: a rail carried nothing", i, b)
+		}
+	}
+	if len(os[0].fail)+len(os[1].fail) > 0 {
+		t.Fatalf("failures: %v %v", os[0].fail, os[1].fail)
+	}
+}
+
+// TestRailFrame: the rails frame round-trips and bad frames are refused.
+func TestRailFrame(t *testing.T) {
+	m := &Mesh{rails: []*fabEP{{name: []byte("zero")}, {name: []byte("one")}, {name: bytes.Repeat([]byte{7}, fabNameMax)}}}
+	names, err := readRailFrame(bytes.NewReader(m.railFrame()))
+	if err != nil || len(names) != 2 || string(names[0]) != "one" || len(names[1]) != fabNameMax {
+		t.Fatalf("round trip: %q %v", names, err)
+	}
+	good := m.railFrame()
+	for name, b := range map[string][]byte{
+		"magic":     append([]byte("RAIX"), good[4:]...),
+		"no rails":  append([]byte("RAIL\x00\x00\x00\x00"), good[8:]...),
+		"too many":  append([]byte("RAIL\x09\x00\x00\x00"), good[8:]...),
+		"reserved":  append([]byte("RAIL\x03\x00\x01\x00"), good[8:]...),
+		"empty":     []byte("RAIL\x02\x00\x00\x00\x00"),
+		"too long":  append([]byte("RAIL\x02\x00\x00\x00"), append([]byte{fabNameMax + 1}, bytes.Repeat([]byte{1}, fabNameMax+1)...)...),
+		"truncated": good[:len(good)-1],
+	} {
+		if _, err := readRailFrame(bytes.NewReader(b)); err == nil {
+			t.Errorf("%s: accepted", name)
 		}
 	}
 }

@@ -62,6 +62,10 @@ type Listener struct {
 
 	strangers atomic.Int32 // connections accepted and not yet authenticated or dropped
 	fab       *fabEP       // libfabric endpoint (ListenFabric), until a Mesh takes it
+	// The provider and the NICs (domains) of further rails: Connect opens
+	// endpoints on as many as the plan has lanes (fabric_rails.go).
+	prov  string
+	rails []string
 }
 
 // Listen opens a listener on addr ("ip" or "ip:port"; empty picks an
@@ -78,6 +82,13 @@ func ListenFabric(addr, prov string) (*Listener, *Handle, error) {
 // ListenFabricOn is ListenFabric with the endpoint on one domain (one NIC,
 // FabricNICs) of the provider; "" takes the provider's first.
 func ListenFabricOn(addr, prov, domain string) (*Listener, *Handle, error) {
+	return ListenFabricRails(addr, prov, domain, nil)
+}
+
+// ListenFabricRails is ListenFabricOn with the domains of further rails:
+// a communicator with lanes > 1 stripes large operations over endpoints
+// on up to lanes of domain, rails[0], rails[1], ... (fabric_rails.go).
+func ListenFabricRails(addr, prov, domain string, rails []string) (*Listener, *Handle, error) {
 	laddr, err := resolveListenAddr(addr)
 	if err != nil {
 		return nil, nil, err
@@ -104,6 +115,7 @@ func ListenFabricOn(addr, prov, domain string) (*Listener, *Handle, error) {
 		} else {
 			l.fab = fab
 			l.info.FabricHash, l.info.FabricName = fab.hash, fab.name
+			l.prov, l.rails = prov, rails
 		}
 	}
 	var h Handle

@@ -159,7 +159,8 @@ type Mesh struct {
 	spinners     int
 	wg           sync.WaitGroup
 	quit         chan struct{} // closed by Close: stops the watchdog
-	fab          *fabEP        // the libfabric endpoint, nil without one
+	fab          *fabEP        // the libfabric endpoint (rail 0), nil without one
+	rails        []*fabEP      // every rail's endpoint, fab first (fabric_rails.go)
 }
 
 // ErrPeerGone is the status of operations to a peer that closed or failed.
@@ -206,36 +207,58 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	if err != nil {
 		return nil, err
 	}
-	// The endpoint moves from the listener to the mesh.
+	closeAll := func() {
+		for j := range outs {
+			for _, c := range append(outs[j], ins[j]...) {
+				c.Close()
+			}
+		}
+		m.closeRails()
+	}
+	// The endpoint moves from the listener to the mesh; more rails open
+	// now that the plan's lanes are known.
 	m.fab = l.takeFabric()
+	var rails [][][]byte
 	if m.fab != nil {
 		m.fab.m, m.fab.rank, m.fab.links = m, rank, make([]*fabricLink, n)
 		m.fab.spinSlots.Store(int32(opt.Spinners))
 		m.fab.spinNs.Store(int64(opt.SpinWait))
+		m.openRails(l, lanes)
+		// Which pairs use libfabric: both sides decide alike, from both
+		// handles and both hellos.
+		fab := make([]bool, n)
+		for i := range fab {
+			fab[i] = !opt.NoFabric && !peerNoFab[i] && infos[i].FabricHash == infos[rank].FabricHash && len(infos[i].FabricName) > 0
+		}
+		if rails, err = m.exchangeRails(fab, outs, ins, deadline); err != nil {
+			closeAll()
+			return nil, err
+		}
 	}
 	for i := 0; i < n; i++ {
 		p := newPeer(m, i)
-		t, err := m.chooseTransport(p, opt, infos[i], infos[rank], outs[i], ins[i], opt.NoFabric || peerNoFab[i])
+		var names [][]byte
+		if rails != nil {
+			names = rails[i]
+		}
+		t, err := m.chooseTransport(p, opt, infos[i], infos[rank], outs[i], ins[i], opt.NoFabric || peerNoFab[i], names)
 		if err != nil {
-			for j := range outs {
-				for _, c := range append(outs[j], ins[j]...) {
-					c.Close()
-				}
-			}
-			if m.fab != nil {
-				m.fab.close()
-			}
+			closeAll()
 			return nil, err
 		}
 		p.t = t
 		m.peers[i] = p
 	}
-	if m.fab != nil {
-		if err := m.fab.start(); err != nil {
-			m.fab.close()
-			m.fab = nil
-			return nil, fmt.Errorf("fabric: %w", err)
+	for _, e := range m.rails {
+		if err := e.start(); err != nil {
+			m.closeRails()
+			m.fab, m.rails = nil, nil
+			return nil, fmt.Errorf("fabric rail %d: %w", e.rail, err)
 		}
+	}
+	if len(m.rails) > 1 {
+		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d: %d fabric rails %v; operations of at least %d bytes stripe over them",
+			rank, len(m.rails), m.FabricRails(), m.stripe)
 	}
 	for _, p := range m.peers {
 		p.t.start()
@@ -251,14 +274,21 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 // listeners opened an endpoint on the same provider, else the intra-node
 // path for a peer on this host (same host id, a pid to copy into), else
 // TCP. Both sides see both handles and both hellos, so they choose alike.
-func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self HandleInfo, outs, ins []*net.TCPConn, noFab bool) (transport, error) {
+// railNames are the peer's rails 1.. (exchangeRails).
+func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self HandleInfo, outs, ins []*net.TCPConn, noFab bool, railNames [][]byte) (transport, error) {
 	if m.fab != nil && !noFab && peer.FabricHash == self.FabricHash && len(peer.FabricName) > 0 {
 		addr, err := m.fab.ep.Insert(peer.FabricName)
 		if err != nil {
 			return nil, fmt.Errorf("fabric address of rank %d: %w", p.rank, err)
 		}
-		f := newFabricLink(p, outs, ins, m.fab, addr)
-		m.fab.links[p.rank] = f
+		rails, err := m.fabricRails(p.rank, addr, railNames)
+		if err != nil {
+			return nil, err
+		}
+		f := newFabricLink(p, outs, ins, rails)
+		for _, r := range rails {
+			r.e.links[p.rank] = f
+		}
 		return f, nil
 	}
 	if opt.IntraNode && peer.HostID == self.HostID && peer.Pid != 0 {
@@ -296,13 +326,28 @@ func (m *Mesh) RegisterMemory(id uint32, base unsafe.Pointer, size uint64, dev b
 	if dev {
 		return 0, fmt.Errorf("the fabric transport (%s) does not register device memory yet (no FI_HMEM)", m.fab.info.Provider)
 	}
-	return m.fab.register(id, base, size)
+	// Every rail's domain registers it; rail 0's key rides the MsgReg the
+	// caller posts, the others' are sent ahead of it (fabricLink.submit).
+	var key uint64
+	for r, e := range m.rails {
+		k, err := e.register(id, base, size)
+		if err != nil {
+			for _, d := range m.rails[:r] {
+				d.deregister(id)
+			}
+			return 0, fmt.Errorf("fabric rail %d (%s): %w", r, e.info.Domain, err)
+		}
+		if r == 0 {
+			key = k
+		}
+	}
+	return key, nil
 }
 
 // DeregisterMemory undoes RegisterMemory once nothing uses the memory.
 func (m *Mesh) DeregisterMemory(id uint32) {
-	if m.fab != nil {
-		m.fab.deregister(id)
+	for _, e := range m.rails {
+		e.deregister(id)
 	}
 }
 
@@ -439,9 +484,8 @@ func (m *Mesh) Close() error {
 		}
 	}
 	m.wg.Wait()
-	if m.fab != nil {
-		m.fab.close()
-	}
+	m.logRails()
+	m.closeRails()
 	if late != nil {
 		return &ErrUnconfirmed{Ranks: late, Timeout: m.closeTimeout}
 	}

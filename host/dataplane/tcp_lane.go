@@ -43,10 +43,10 @@ type tcpLink struct {
 	// side moves large payloads beside the streams (the intra-node
 	// transport installs itself); nil for plain TCP.
 	side sidePath
-	// onReg hears of the peer's registrations (id, address, the key in
-	// the header's sigValue) before the owner does; the fabric transport
-	// installs it.
-	onReg func(id uint32, base, key uint64)
+	// onReg hears of the peer's registrations (the fabric rail in the
+	// header's sigOp, id, address, the key in sigValue) before the owner
+	// does; the fabric transport installs it.
+	onReg func(rail uint8, id uint32, base, key uint64)
 }
 
 // sidePath moves a payload beside the stream, which still carries the

@@ -95,10 +95,14 @@ func (t *tcpLink) service(in *net.TCPConn) {
 		case MsgGet:
 			err = t.serveGet(in, &h, resp)
 		case MsgReg:
+			// sigOp: the fabric rail whose key sigValue is (fabricLink's
+			// submit sends rails 1.. first); rail 0's also tells the owner.
 			if t.onReg != nil {
-				t.onReg(h.mrID, h.off, h.sigValue)
+				t.onReg(h.sigOp, h.mrID, h.off, h.sigValue)
 			}
-			p.m.owner.PeerRegistered(p.rank, h.mrID, h.size, h.off, h.status == 1)
+			if h.sigOp == 0 {
+				p.m.owner.PeerRegistered(p.rank, h.mrID, h.size, h.off, h.status == 1)
+			}
 		case msgBye:
 			// Everything this lane carried before the goodbye has been
 			// applied (signals included: a signal held for an earlier

@@ -62,7 +62,7 @@ func Listen(ctx uint64, dev int32, handle *[abi.HandleSize]byte) (uint64, abi.Re
 		return 0, abi.InvalidArgument
 	}
 	prov := dataplane.SelectFabric(config.Transport.Get(), config.FIProvider.Get(), config.FILibrary.Get())
-	l, h, err := dataplane.ListenFabricOn(config.Addr.Get(), prov, pc.backend.deviceDomain(dev))
+	l, h, err := dataplane.ListenFabricRails(config.Addr.Get(), prov, pc.backend.deviceDomain(dev), pc.backend.railDomains(dev))
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: listen: %v", err)
 		return 0, abi.SystemError

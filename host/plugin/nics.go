@@ -54,3 +54,20 @@ func (l *loaded) deviceDomain(dev int32) string {
 	}
 	return l.nics[dev].Domain
 }
+
+// railDomains are the domains of a listener's further rails: the other
+// NICs, from dev+1 round, loopback excluded (it reaches no other host).
+// A communicator uses as many as its plan has lanes (SPEC.md §4, Rails).
+func (l *loaded) railDomains(dev int32) []string {
+	if dev < 0 || int(dev) >= len(l.nics) {
+		return nil
+	}
+	var d []string
+	for i := 1; i < len(l.nics); i++ {
+		n := l.nics[(int(dev)+i)%len(l.nics)]
+		if !n.Loopback {
+			d = append(d, n.Domain)
+		}
+	}
+	return d
+}

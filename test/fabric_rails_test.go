@@ -1,0 +1,182 @@
+package test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Rails across real NICs: every rank runs in a network namespace of its
+// own with two veths, rmaw0 and rmaw1, each to a bridge of its own (rail
+// 0: 10.79.0.0/24, rail 1: 10.80.0.0/24) in a further namespace, so
+// tcp;ofi_rxm offers two domains (plus loopback) in each rank. With two
+// lanes the plugin opens a fabric endpoint on both, stripes large puts,
+// puts with signal and gets over them, and the harness verifies every
+// byte and signal; the test checks that both veths of every rank carried
+// a share of the payload and that the plugin's own per-rail counters agree.
+
+const railRanks, railCount = 3, 2
+
+type railNetns struct {
+	t      *testing.T
+	prefix string
+}
+
+func newRailNetns(t *testing.T) *railNetns {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create network namespaces (ip netns) with two NICs per rank")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("no ip command (iproute2)")
+	}
+	n := &railNetns{t: t, prefix: fmt.Sprintf("rmwr%d-%d-", os.Getpid(), time.Now().UnixNano()%100000)}
+	br := n.prefix + "br"
+	if err := ipCmd("netns", "add", br); err != nil {
+		t.Skipf("ip netns does not work here: %v", err)
+	}
+	t.Cleanup(n.remove)
+	var steps [][]string
+	for k := 0; k < railCount; k++ {
+		steps = append(steps, []string{"-n", br, "link", "add", fmt.Sprintf("br%d", k), "type", "bridge"},
+			[]string{"-n", br, "link", "set", fmt.Sprintf("br%d", k), "up"})
+	}
+	for r := 0; r < railRanks; r++ {
+		ns := fmt.Sprintf("%s%d", n.prefix, r)
+		steps = append(steps, []string{"netns", "add", ns}, []string{"-n", ns, "link", "set", "lo", "up"})
+		for k := 0; k < railCount; k++ {
+			dev, port := fmt.Sprintf("rmaw%d", k), fmt.Sprintf("p%d-%d", r, k)
+			steps = append(steps,
+				[]string{"-n", ns, "link", "add", dev, "type", "veth", "peer", "name", port, "netns", br},
+				[]string{"-n", ns, "addr", "add", fmt.Sprintf("10.%d.0.%d/24", 79+k, r+1), "dev", dev},
+				[]string{"-n", ns, "link", "set", dev, "up"},
+				[]string{"-n", br, "link", "set", port, "master", fmt.Sprintf("br%d", k)},
+				[]string{"-n", br, "link", "set", port, "up"})
+		}
+	}
+	for _, s := range steps {
+		if err := ipCmd(s...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return n
+}
+
+func (n *railNetns) remove() {
+	for r := 0; r < railRanks; r++ {
+		if err := ipCmd("netns", "del", fmt.Sprintf("%s%d", n.prefix, r)); err != nil {
+			n.t.Log(err)
+		}
+	}
+	if err := ipCmd("netns", "del", n.prefix+"br"); err != nil {
+		n.t.Log(err)
+	}
+}
+
+// txBytes is what rank r's NIC dev sent so far.
+func (n *railNetns) txBytes(r int, dev string) uint64 {
+	out, err := exec.Command("ip", "netns", "exec", fmt.Sprintf("%s%d", n.prefix, r), "cat", "/sys/class/net/"+dev+"/statistics/tx_bytes").Output()
+	if err != nil {
+		n.t.Fatalf("tx_bytes of rank %d %s: %v", r, dev, err)
+	}
+	v, _ := strconv.ParseUint(strings.TrimSpace(string(out)), 10, 64)
+	return v
+}
+
+func (n *railNetns) run(env []string, args ...string) string {
+	t := n.t
+	t.Helper()
+	root := build(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	full := append([]string{"--lib", filepath.Join(root, "build/librccl-rma-wasm.so"), "--netns", n.prefix}, args...)
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "build/rma_driver"), full...)
+	// Every interface of the namespaces is ours: FI_TCP_IFACE (which the
+	// loopback tests set) must not narrow the provider to one.
+	var base []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "FI_TCP_IFACE=") {
+			base = append(base, kv)
+		}
+	}
+	cmd.Env = append(append(base, "NCCL_RMA_WASM_ADDR=rmaw0", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_CACHE_DIR="+t.TempDir()), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	text := out.String()
+	if ctx.Err() != nil {
+		t.Fatalf("driver hung (killed after the timeout):\n%s", tail(text))
+	}
+	if err != nil || !strings.Contains(text, "RESULT PASS") || strings.Contains(text, "] FAIL") {
+		t.Fatalf("driver %v failed (%v):\n%s", args, err, tail(text))
+	}
+	return text
+}
+
+func TestFabricRailsNamespaces(t *testing.T) {
+	needFabric(t)
+	n := newRailNetns(t)
+	const size, iters = 4 << 20, 3
+	var before [railRanks][railCount]uint64
+	for r := range before {
+		for k := range before[r] {
+			before[r][k] = n.txBytes(r, fmt.Sprintf("rmaw%d", k))
+		}
+	}
+	// Device 0 is one of the veths (libfabric lists loopback last); its
+	// rails are it and the other veth.
+	out := n.run([]string{"NCCL_RMA_WASM_TRANSPORT=fabric", "NCCL_RMA_WASM_FI_PROVIDER=tcp;ofi_rxm", "NCCL_RMA_WASM_LANES=2"},
+		"--verbose", "--ranks", fmt.Sprint(railRanks), "--size", fmt.Sprint(size), "--iters", fmt.Sprint(iters), "--threads", "2", "--timeout", "60")
+	checkFabric(t, out, "tcp;ofi_rxm", railRanks)
+	rails := regexp.MustCompile(`rank (\d+): 2 fabric rails \[(rmaw[01]) (rmaw[01])\]`).FindAllStringSubmatch(out, -1)
+	if len(rails) != railRanks {
+		t.Fatalf("%d ranks opened two rails on the veths, want %d:\n%s", len(rails), railRanks, tail(out))
+	}
+	for _, m := range rails {
+		if m[2] == m[3] {
+			t.Fatalf("rank %s: both rails on %s", m[1], m[2])
+		}
+	}
+	// The plugin's own count, per rail, at close.
+	counted := regexp.MustCompile(`rank (\d+): bytes put and got by fabric rail: rail 0 \((rmaw[01])\) (\d+) rail 1 \((rmaw[01])\) (\d+)`).FindAllStringSubmatch(out, -1)
+	if len(counted) != railRanks {
+		t.Fatalf("%d ranks logged their rail bytes, want %d:\n%s", len(counted), railRanks, tail(out))
+	}
+	for _, m := range counted {
+		b0, _ := strconv.ParseUint(m[3], 10, 64)
+		b1, _ := strconv.ParseUint(m[5], 10, 64)
+		if b0 == 0 || b1 == 0 {
+			t.Errorf("rank %s: rail bytes %d (%s) and %d (%s): a rail carried nothing", m[1], b0, m[2], b1, m[4])
+		}
+		t.Logf("rank %s: the plugin counted %d bytes on %s, %d on %s", m[1], b0, m[2], b1, m[4])
+	}
+	// What the NICs saw: each rank puts size bytes to each of the other
+	// ranks per round and serves their gets of size bytes; striped over
+	// two rails, each veth must have sent a good part of it (a quarter,
+	// leaving room for pieces the plan puts on one lane), and both
+	// together all of it.
+	want := uint64(2 * (railRanks - 1) * size * iters)
+	for r := 0; r < railRanks; r++ {
+		var sum uint64
+		for k := 0; k < railCount; k++ {
+			dev := fmt.Sprintf("rmaw%d", k)
+			sent := n.txBytes(r, dev) - before[r][k]
+			sum += sent
+			t.Logf("rank %d: %s sent %d bytes (%.0f%% of the %d payload bytes)", r, dev, sent, 100*float64(sent)/float64(want), want)
+			if sent < want/4 {
+				t.Errorf("rank %d: %s sent %d bytes, less than a quarter of the %d the rank put and served", r, dev, sent, want)
+			}
+		}
+		if sum < want {
+			t.Errorf("rank %d: its veths sent %d bytes, less than the %d it put and served", r, sum, want)
+		}
+	}
+}
