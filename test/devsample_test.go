@@ -53,6 +53,12 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 	}{
 		{"cuda_check", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified"}},
+		// Over the libfabric transport, whose provider here (tcp;ofi_rxm)
+		// has no FI_HMEM: device payloads are staged over the link's TCP
+		// lanes, in order with its RDMA writes.
+		{"cuda_check_fabric", "cuda_check", []string{lib, "196608", "4"},
+			[]string{"LD_LIBRARY_PATH=" + fake, "NCCL_RMA_WASM_TRANSPORT=fabric", "NCCL_RMA_WASM_FI_PROVIDER=tcp;ofi_rxm", "FI_TCP_IFACE=lo"},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified", "reaches 2 ranks over libfabric provider tcp;ofi_rxm"}},
 		// The same program on the HIP seam: no CUDA, two AMD devices, rank 1
 		// on device 1, so the plugin's copy threads must pick the device.
 		{"hip_check", "cuda_check", []string{lib, "196608", "4"},
@@ -65,6 +71,9 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 			[]string{"RESULT ", "RATIO  tcp", "RATIO  intranode"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if strings.HasSuffix(c.name, "_fabric") {
+				needFabric(t)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, filepath.Join(root, "build", c.prog), c.args...)

@@ -661,10 +661,17 @@ func (e *fabEP) checkByes() {
 	e.byes = e.byes[:k]
 }
 
-// retry posts what found no room earlier.
+// retry posts what found no room earlier, after moving the links' windows
+// past staged puts that landed.
 func (e *fabEP) retry() {
 	for _, l := range e.links {
-		if l != nil && l.backlog.Load() > 0 {
+		if l == nil {
+			continue
+		}
+		if l.staging.Load() > 0 {
+			l.reapStaged()
+		}
+		if l.backlog.Load() > 0 {
 			l.retry()
 		}
 	}

@@ -48,6 +48,8 @@ type fabricLink struct {
 	remote atomic.Pointer[[]fabRemote] // the peer's registrations by id
 
 	win *seqWindow // how far our numbers may run ahead (fabric_window.go)
+
+	fabStaged // device memory sent over the TCP lanes (fabric_dev.go)
 }
 
 // fabRail is one of the link's rails: our endpoint on one NIC and the
@@ -64,6 +66,7 @@ type fabRemote struct {
 	base uint64
 	keys [abi.MaxLanes]uint64
 	set  uint8
+	dev  bool // device memory: operations on it are staged over TCP (fabric_dev.go)
 }
 
 // fabPend is an operation that found no room, with the sequence numbers it
@@ -71,8 +74,9 @@ type fabRemote struct {
 type fabPend struct {
 	op          Op
 	seq, sigSeq uint64
-	rail        int
+	lane, rail  int
 	sigOnly     bool // the payload was posted; only the signal is left
+	staged      bool // device memory: sent on the TCP lane (fabric_dev.go)
 }
 
 func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
@@ -99,7 +103,7 @@ func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLi
 // hears of it). The peer sends the keys of rails 1.. before rail 0's, and
 // the owner hears of the registration with rail 0's: by then every rail's
 // key is here. A rail we do not share with the peer is ignored.
-func (f *fabricLink) peerRegistered(rail uint8, id uint32, base, key uint64) {
+func (f *fabricLink) peerRegistered(rail uint8, id uint32, base, key uint64, dev bool) {
 	if int(rail) >= len(f.rails) {
 		return
 	}
@@ -115,6 +119,9 @@ func (f *fabricLink) peerRegistered(rail uint8, id uint32, base, key uint64) {
 	r.base = base
 	r.keys[rail] = key
 	r.set |= 1 << rail
+	if rail == 0 {
+		r.dev = dev
+	}
 	f.remote.Store(&tab)
 }
 
@@ -158,12 +165,19 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 	var pd fabPend
 	pd.op = op
 	if lane > 0 {
-		pd.rail = lane % len(f.rails)
+		pd.lane, pd.rail = lane, lane%len(f.rails)
 	}
+	// Device memory the provider cannot reach goes over the TCP lanes,
+	// staged (fabric_dev.go): one number for a put with signal there.
+	pd.staged = f.staged(&op)
 	switch op.Msg {
 	case MsgPut, msgBye:
 		pd.seq = f.seq.Add(1)
 	case MsgPutSignal:
+		if pd.staged {
+			pd.seq = f.seq.Add(1)
+			break
+		}
 		if op.Size > 0 {
 			pd.seq = f.seq.Add(1)
 		} else {
@@ -187,8 +201,8 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 // post tries once; ErrAgain leaves pd as it was, for the retry.
 func (f *fabricLink) post(pd *fabPend) error {
 	op := &pd.op
-	if op.LocalCtx != 0 {
-		return fmt.Errorf("device memory is not supported by the fabric transport (no FI_HMEM yet)")
+	if pd.staged {
+		return f.postStaged(pd)
 	}
 	rl := &f.rails[pd.rail]
 	e := rl.e
@@ -424,6 +438,7 @@ func (f *fabricLink) failAll() {
 	for i := range pend {
 		f.p.fail(&pend[i].op)
 	}
+	f.dropStaged()
 	for i := range f.rails {
 		f.failSlots(f.rails[i].e)
 	}

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"runtime"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 )
 
@@ -742,5 +744,201 @@ func TestRailFrame(t *testing.T) {
 		if _, err := readRailFrame(bytes.NewReader(b)); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// devFabOwner is fabOwner with a second registration (id 2) in a fake
+// device's memory: ops on it must be staged (the provider here has no
+// FI_HMEM, and the fake's addresses cannot be dereferenced).
+type devFabOwner struct {
+	*fabOwner
+	dev  uintptr
+	size uint64
+}
+
+func (o *devFabOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, bool) {
+	if id == 2 {
+		a := o.dev
+		return *(*unsafe.Pointer)(unsafe.Pointer(&a)), o.size, 1, Pin{}, true
+	}
+	return o.fabOwner.Resolve(id)
+}
+
+// TestFabricDeviceStaged: puts from and to device memory, with signals,
+// interleaved with host puts that go over RDMA, and a get from device
+// memory, on a fabric link: every byte lands, every signal is applied
+// (device ops ride the TCP lanes with the fabric's sequence numbers, which
+// the target's orderer takes from both paths), the staged puts leave the
+// number window when acknowledged, and no device byte touched the fabric.
+func TestFabricDeviceStaged(t *testing.T) {
+	for _, lanes := range []int{1, 2} {
+		t.Run(fmt.Sprintf("lanes%d", lanes), func(t *testing.T) {
+			const hsize, dsize = 1 << 20, 4 << 20
+			d := &pipeDevice{mem: make([]byte, 2*dsize), base: 0x7e00_0000_0000}
+			devmem.Register(d)
+			defer devmem.Register(nil)
+			prov := fabricProvider(t, "tcp;ofi_rxm")
+			owners := make([]*devFabOwner, 2)
+			ms := make([]*Mesh, 2)
+			{
+				ls := make([]*Listener, 2)
+				hs := make([]*Handle, 2)
+				for i := range ls {
+					owners[i] = &devFabOwner{fabOwner: &fabOwner{mem: fabric.Alloc(hsize), size: hsize, done: map[uint64]abi.Result{}}, dev: d.base + uintptr(i*dsize), size: dsize}
+					l, h, err := ListenFabric("127.0.0.1", prov)
+					if err != nil {
+						t.Fatal(err)
+					}
+					ls[i], hs[i] = l, h
+					t.Cleanup(func() { l.Close() })
+				}
+				var wg sync.WaitGroup
+				for i := range ms {
+					wg.Add(1)
+					go func(i int) {
+						defer wg.Done()
+						m, err := Connect(ls[i], hs, i, owners[i], Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 256 << 10, CloseTimeout: time.Second})
+						if err != nil {
+							t.Error(err)
+						}
+						ms[i] = m
+					}(i)
+				}
+				wg.Wait()
+				if t.Failed() {
+					t.FailNow()
+				}
+			}
+			defer func() {
+				ms[0].Close()
+				ms[1].Close()
+				fabric.Free(owners[0].mem)
+				fabric.Free(owners[1].mem)
+			}()
+			for i, m := range ms {
+				key, err := m.RegisterMemory(1, owners[i].mem, hsize, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := m.RegisterMemory(2, nil, dsize, true); err != nil {
+					t.Fatalf("device registration on a fabric communicator: %v", err)
+				}
+				for p := 0; p < 2; p++ {
+					m.Post(p, &Op{Msg: MsgReg, MrID: 1, Size: hsize, Off: uint64(uintptr(owners[i].mem)), SigValue: key}, false, 0)
+					m.Post(p, &Op{Msg: MsgReg, MrID: 2, Size: dsize, Off: uint64(owners[i].dev), Dev: true}, false, 0)
+				}
+			}
+			f := ms[0].peers[1].t.(*fabricLink)
+			for deadline := time.Now().Add(5 * time.Second); !f.remoteDev(2); {
+				if time.Now().After(deadline) {
+					t.Fatal("device registration never announced")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			// Rank 0's source: its host registration and its device memory.
+			hsrc := owners[0].bytes()
+			for i := range hsrc {
+				hsrc[i] = byte(i*7 + 3)
+			}
+			dsrc := d.mem[:dsize]
+			for i := range dsrc {
+				dsrc[i] = byte(i*11 + 5)
+			}
+			before := ms[0].FabricRailBytes()[0]
+			// Ops to rank 1, each followed by an INC of the word at 0 of its
+			// host registration; the target must see every earlier op
+			// landed whenever the signal moves.
+			type step struct {
+				op     Op
+				fabric bool
+			}
+			var steps []step
+			for k := uint64(0); k < 6; k++ {
+				n := uint64(64 << 10)
+				if k%3 == 2 {
+					n = 2 << 20 // striped when lanes > 1
+				}
+				off := k * (n + 4096) % (dsize - n)
+				switch k % 2 {
+				case 0: // device source → device destination, staged
+					steps = append(steps, step{Op{Msg: MsgPutSignal, MrID: 2, Local: nil, LocalCtx: 1, Size: n, Off: off, SigMrID: 1, SigOp: abi.SignalOpInc}, false})
+					steps[len(steps)-1].op.Local = *(*unsafe.Pointer)(unsafe.Pointer(&[]uintptr{d.base + uintptr(off)}[0]))
+				default: // host → host over RDMA, then host → device staged
+					hn := min(n, hsize/2)
+					steps = append(steps, step{Op{Msg: MsgPut, MrID: 1, Local: unsafe.Add(owners[0].mem, 8), Size: hn - 8, Off: hsize/2 + 8, LocalMr: 1}, true})
+					steps = append(steps, step{Op{Msg: MsgPutSignal, MrID: 2, Local: unsafe.Add(owners[0].mem, 8), Size: hn - 8, Off: dsize - hn, LocalMr: 1, SigMrID: 1, SigOp: abi.SignalOpInc}, false})
+				}
+			}
+			for i := range steps {
+				steps[i].op.Tag = uint64(i + 1)
+				ms[0].Post(1, &steps[i].op, false, -1)
+			}
+			for i := range steps {
+				if st := owners[0].waitN(t, steps[i].op.Tag, ms[0].OpParts(1, &steps[i].op)); st != abi.Success {
+					t.Fatalf("op %d: %v", i, st)
+				}
+			}
+			sigs := uint64(0)
+			for _, s := range steps {
+				if s.op.Msg == MsgPutSignal {
+					sigs++
+				}
+			}
+			sig := (*uint64)(owners[1].mem)
+			for deadline := time.Now().Add(5 * time.Second); atomic.LoadUint64(sig) != sigs; {
+				if time.Now().After(deadline) {
+					t.Fatalf("signal %d, want %d", atomic.LoadUint64(sig), sigs)
+				}
+				time.Sleep(10 * time.Microsecond)
+			}
+			// Rank 1's device memory holds the last device put to each
+			// range; check each op's bytes where no later op overwrote them.
+			dst := d.mem[dsize:]
+			for i, s := range steps {
+				if s.op.MrID != 2 {
+					continue
+				}
+				var want []byte
+				if s.op.LocalCtx != 0 {
+					want = dsrc[s.op.Off : s.op.Off+s.op.Size]
+				} else {
+					want = hsrc[8 : 8+s.op.Size]
+				}
+				later := false
+				for _, u := range steps[i+1:] {
+					later = later || (u.op.MrID == 2 && u.op.Off < s.op.Off+s.op.Size && s.op.Off < u.op.Off+u.op.Size)
+				}
+				if !later && !bytes.Equal(dst[s.op.Off:s.op.Off+s.op.Size], want) {
+					t.Fatalf("op %d: device bytes differ", i)
+				}
+			}
+			if got := owners[1].bytes()[hsize/2+8 : hsize/2+64<<10]; !bytes.Equal(got, hsrc[8:64<<10]) {
+				t.Fatal("host put over the fabric: bytes differ")
+			}
+			// Only the host puts used the fabric.
+			var hostBytes uint64
+			for _, s := range steps {
+				if s.fabric {
+					hostBytes += s.op.Size
+				}
+			}
+			if got := ms[0].FabricRailBytes()[0] - before; got != hostBytes {
+				t.Errorf("the fabric moved %d bytes, want %d (the host puts only)", got, hostBytes)
+			}
+			// Rank 1 gets device bytes of rank 0 into its host memory.
+			ms[1].Post(0, &Op{Msg: MsgGet, MrID: 2, Tag: 500, Local: unsafe.Add(owners[1].mem, 4096), LocalMr: 1, Size: 128 << 10, Off: 4096}, false, -1)
+			if st := owners[1].waitN(t, 500, ms[1].Parts(MsgGet, 128<<10)); st != abi.Success {
+				t.Fatalf("get: %v", st)
+			}
+			if !bytes.Equal(owners[1].bytes()[4096:4096+128<<10], dsrc[4096:4096+128<<10]) {
+				t.Fatal("get from device memory: bytes differ")
+			}
+			if f.staging.Load() != 0 {
+				t.Errorf("%d staged puts still hold the window", f.staging.Load())
+			}
+			if len(owners[0].fail)+len(owners[1].fail) > 0 {
+				t.Fatalf("failures: %v %v", owners[0].fail, owners[1].fail)
+			}
+		})
 	}
 }

@@ -324,7 +324,10 @@ func (m *Mesh) RegisterMemory(id uint32, base unsafe.Pointer, size uint64, dev b
 		return 0, nil
 	}
 	if dev {
-		return 0, fmt.Errorf("the fabric transport (%s) does not register device memory yet (no FI_HMEM)", m.fab.info.Provider)
+		// Not reachable by the provider: operations on it are staged over
+		// the TCP lanes (fabric_dev.go); peers learn it is device memory
+		// from the MsgReg.
+		return 0, nil
 	}
 	// Every rail's domain registers it; rail 0's key rides the MsgReg the
 	// caller posts, the others' are sent ahead of it (fabricLink.submit).
@@ -399,8 +402,12 @@ func (m *Mesh) PeerParts(peer int, kind uint8, size uint64) int {
 func (m *Mesh) OpParts(peer int, op *Op) int {
 	kind, size := op.Msg, op.Size
 	n := m.parts(kind, size, op.Chunk)
-	if kind == MsgPutSignal && size > 0 && n == 1 && m.fab != nil && m.fab.link(peer) != nil {
-		n++
+	if kind == MsgPutSignal && size > 0 && n == 1 && m.fab != nil {
+		// Over libfabric the write and the signal message complete
+		// apart, unless the op is staged over TCP (one message).
+		if l := m.fab.link(peer); l != nil && !l.staged(op) {
+			n++
+		}
 	}
 	return n
 }

@@ -98,7 +98,7 @@ func (t *tcpLink) service(in *net.TCPConn) {
 			// sigOp: the fabric rail whose key sigValue is (fabricLink's
 			// submit sends rails 1.. first); rail 0's also tells the owner.
 			if t.onReg != nil {
-				t.onReg(h.sigOp, h.mrID, h.off, h.sigValue)
+				t.onReg(h.sigOp, h.mrID, h.off, h.sigValue, h.status == 1)
 			}
 			if h.sigOp == 0 {
 				p.m.owner.PeerRegistered(p.rank, h.mrID, h.size, h.off, h.status == 1)

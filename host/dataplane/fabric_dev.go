@@ -1,0 +1,116 @@
+package dataplane
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+)
+
+// Device memory over the fabric transport. Where the provider cannot
+// reach GPU memory (no FI_HMEM, or a registration it did not take), an
+// operation whose local buffer or target registration is device memory
+// rides the link's TCP lanes instead, where host/devmem's staging path
+// copies it through pinned host memory on both sides (devcopy.go). It
+// keeps its place in the peer's order: a staged put (or put with signal,
+// payload and signal in one message) takes the next fabric sequence
+// number at submit and carries it in its TCP header, so the target's
+// orderer, which the fabric writes feed too, applies every signal after
+// every earlier operation landed, whichever path it took. Such a put also
+// counts in the number window until its TCP acknowledgement says it
+// landed: the window's guarantee (the target's first missing number is
+// never below our oldest incomplete one) covers it like any write.
+// Gets have no number; they complete on their TCP answer.
+
+// stagedRec is a numbered put handed to a TCP lane: the lane's n-th put.
+type stagedRec struct{ n, seq uint64 }
+
+// fabStaged is a fabric link's bookkeeping of its staged puts.
+type fabStaged struct {
+	smu     sync.Mutex
+	sput    []uint64      // per TCP lane: puts handed to it so far
+	srecs   [][]stagedRec // per TCP lane: numbered puts not yet acknowledged
+	staging atomic.Int32  // records in srecs
+}
+
+// staged reports whether op moves over the TCP lanes: a payload to or from
+// device memory the provider does not reach.
+func (f *fabricLink) staged(op *Op) bool {
+	if op.Size == 0 || (op.Msg != MsgPut && op.Msg != MsgPutSignal && op.Msg != MsgGet) {
+		return false
+	}
+	return op.LocalCtx != 0 || f.remoteDev(op.MrID)
+}
+
+// remoteDev reports whether the peer's registration id is device memory.
+func (f *fabricLink) remoteDev(id uint32) bool {
+	t := *f.remote.Load()
+	return int(id) < len(t) && t[id].dev
+}
+
+// postStaged hands a staged operation to its TCP lane, in order (the
+// caller posts pend's operations in order, and submit's numbers are
+// taken in the caller's order).
+func (f *fabricLink) postStaged(pd *fabPend) error {
+	op := pd.op
+	put := op.Msg != MsgGet
+	if put && !f.win.fits(pd.seq) {
+		return fabric.ErrAgain
+	}
+	lane := pd.lane % len(f.lanes)
+	f.smu.Lock()
+	defer f.smu.Unlock()
+	if f.sput == nil {
+		f.sput, f.srecs = make([]uint64, len(f.lanes)), make([][]stagedRec, len(f.lanes))
+	}
+	op.Seq = 0
+	if put {
+		op.Seq = pd.seq
+		f.sput[lane]++
+		f.srecs[lane] = append(f.srecs[lane], stagedRec{n: f.sput[lane], seq: pd.seq})
+		f.staging.Add(1)
+	}
+	f.tcpLink.submit(lane, op, false)
+	return nil
+}
+
+// reapStaged moves the window past staged puts their lane's cumulative
+// acknowledgements cover. Any poller calls it; one at a time does work.
+func (f *fabricLink) reapStaged() {
+	if f.staging.Load() == 0 || !f.smu.TryLock() {
+		return
+	}
+	defer f.smu.Unlock()
+	for i, recs := range f.srecs {
+		if len(recs) == 0 {
+			continue
+		}
+		acked := f.lanes[i].acked()
+		k := 0
+		for k < len(recs) && recs[k].n <= acked {
+			f.win.complete(recs[k].seq)
+			k++
+		}
+		if k > 0 {
+			f.srecs[i] = append(recs[:0], recs[k:]...)
+			f.staging.Add(-int32(k))
+		}
+	}
+}
+
+// dropStaged forgets the records (the peer is dead).
+func (f *fabricLink) dropStaged() {
+	f.smu.Lock()
+	for i := range f.srecs {
+		f.srecs[i] = f.srecs[i][:0]
+	}
+	f.staging.Store(0)
+	f.smu.Unlock()
+}
+
+// acked is how many puts of this stream the target acknowledged.
+func (l *lane) acked() uint64 {
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	return l.pAcked
+}
