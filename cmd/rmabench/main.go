@@ -50,6 +50,7 @@ type options struct {
 
 	repBytes, minOps, maxOps uint64
 	msgOps, pingIters        uint64
+	rateRounds               int // message-rate measurements per repetition
 
 	role, result, backend string
 	rank                  int
@@ -107,9 +108,9 @@ func main() {
 			o.coldRuns = 3
 		}
 	}
-	o.repBytes, o.minOps, o.maxOps, o.msgOps, o.pingIters = 512<<20, 8, 100000, 200000, 5000
+	o.repBytes, o.minOps, o.maxOps, o.msgOps, o.pingIters, o.rateRounds = 512<<20, 8, 100000, 200000, 5000, 2
 	if o.quick {
-		o.repBytes, o.minOps, o.maxOps, o.msgOps, o.pingIters = 128<<20, 2, 20000, 50000, 1000
+		o.repBytes, o.minOps, o.maxOps, o.msgOps, o.pingIters, o.rateRounds = 128<<20, 2, 20000, 50000, 1000, 3
 	}
 	var err error
 	if o.guestsAbs, err = filepath.Abs(o.guests); err != nil {

@@ -58,7 +58,7 @@ type instance struct {
 
 func (b *Backend) newInstance() (*instance, error) {
 	in := &instance{b: b, depthLow: true}
-	in.ctx = context.WithValue(context.Background(), instKey{}, in)
+	in.ctx = &instCtx{Context: context.Background(), in: in}
 	fallbacks := mmapFallbacks.Load()
 	cfg := wazero.NewModuleConfig().
 		WithName("").
@@ -188,6 +188,23 @@ func (in *instance) checkArea(area uint32) error {
 	return nil
 }
 
+// instCtx is the context of every call into an instance: it carries the
+// instance for the host functions. wazero looks a key up in it on every
+// call (its snapshotter), which walks a context.WithValue chain but is
+// one comparison here; that is a few ns of the per-op hook.
+type instCtx struct {
+	context.Context // Background: no deadline, never done
+	in              *instance
+}
+
+// Value implements context.Context.
+func (c *instCtx) Value(key any) any {
+	if key == (instKey{}) {
+		return c.in
+	}
+	return nil
+}
+
 // charge takes fuel from the running call (host functions).
 func (in *instance) charge(n int64) {
 	in.charged = true
@@ -204,10 +221,15 @@ func (in *instance) call(f api.Function, export string, stack []uint64, fuel int
 		in.depthLow = false
 	}
 	err := f.CallWithStack(in.ctx, stack)
+	if err == nil && !in.charged {
+		// The per-op fast path: no host function ran (every one that
+		// counts output charges first), so nothing more to look at.
+		return nil
+	}
 	if in.out.call != (outCounts{}) {
 		in.endCall(export)
 	}
-	if err == nil && (!in.charged || int64(in.fuel.Get()) >= 0) {
+	if err == nil && int64(in.fuel.Get()) >= 0 {
 		return nil
 	}
 	in.depthLow = true
