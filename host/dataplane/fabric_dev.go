@@ -34,18 +34,27 @@ type fabStaged struct {
 }
 
 // staged reports whether op moves over the TCP lanes: a payload to or from
-// device memory the provider does not reach.
+// device memory the provider does not reach (our registration of the
+// local buffer, or the peer's of the target, was not made with FI_HMEM).
 func (f *fabricLink) staged(op *Op) bool {
 	if op.Size == 0 || (op.Msg != MsgPut && op.Msg != MsgPutSignal && op.Msg != MsgGet) {
 		return false
 	}
-	return op.LocalCtx != 0 || f.remoteDev(op.MrID)
+	if op.LocalCtx != 0 && !f.e.devDirect(op.LocalMr) {
+		return true
+	}
+	dev, direct := f.remoteDev(op.MrID)
+	return dev && !direct
 }
 
-// remoteDev reports whether the peer's registration id is device memory.
-func (f *fabricLink) remoteDev(id uint32) bool {
+// remoteDev reports whether the peer's registration id is device memory,
+// and whether its provider registered it (direct).
+func (f *fabricLink) remoteDev(id uint32) (dev, direct bool) {
 	t := *f.remote.Load()
-	return int(id) < len(t) && t[id].dev
+	if int(id) >= len(t) {
+		return false, false
+	}
+	return t[id].dev, t[id].direct
 }
 
 // postStaged hands a staged operation to its TCP lane, in order (the

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math/bits"
@@ -156,10 +157,26 @@ func providerHash(prov string) uint32 {
 	return h.Sum32() | 1 // never 0: 0 means "no fabric" in the handle
 }
 
-// openFabric opens an endpoint on prov for a new listener.
+// openFabric opens an endpoint on prov for a new listener: with FI_HMEM
+// where the provider offers it and meets this transport's needs that way
+// (shm with FI_HMEM injects nothing, for one), else without.
 func openFabric(prov, domain string) (*fabEP, error) {
-	ep, err := fabric.Open(prov, domain)
+	if e, err := openFabricMode(prov, domain, true); err == nil {
+		return e, nil
+	} else if !errors.Is(err, errNoHMEM) {
+		logx.Trace(abi.SubsysNet, "NET/wasm: fabric %s: with FI_HMEM: %v; opening without (device memory is staged)", prov, err)
+	}
+	return openFabricMode(prov, domain, false)
+}
+
+var errNoHMEM = errors.New("no FI_HMEM")
+
+func openFabricMode(prov, domain string, hmem bool) (*fabEP, error) {
+	ep, err := fabric.OpenHMEM(prov, domain, hmem)
 	if err != nil {
+		if hmem {
+			return nil, fmt.Errorf("%w: %v", errNoHMEM, err)
+		}
 		return nil, err
 	}
 	e := &fabEP{ep: ep, info: ep.Info, hash: providerHash(prov), quit: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1)}
@@ -257,12 +274,18 @@ func (e *fabEP) start() error {
 
 // register makes a registration reachable by the peers' RMA.
 func (e *fabEP) register(id uint32, base unsafe.Pointer, size uint64) (uint64, error) {
+	return e.registerMR(id, fabric.MRRequest{Base: base, Len: size, DMABUFFd: -1})
+}
+
+// registerMR is register for any request (device memory under FI_HMEM).
+func (e *fabEP) registerMR(id uint32, r fabric.MRRequest) (uint64, error) {
 	e.regMu.Lock()
 	defer e.regMu.Unlock()
 	if e.closed {
 		return 0, fmt.Errorf("fabric endpoint closed")
 	}
-	mr, err := e.ep.Register(base, max(size, 1), uint64(id))
+	r.Len, r.WantKey = max(r.Len, 1), uint64(id)
+	mr, err := e.ep.RegisterMR(r)
 	if err != nil {
 		return 0, err
 	}
@@ -298,14 +321,19 @@ func (e *fabEP) key(id uint32) uint64 {
 
 // desc is the local descriptor of registration id (nil where the
 // provider does not need one).
+// Under FI_MR_HMEM device buffers need theirs whatever FI_MR_LOCAL says.
 func (e *fabEP) desc(id uint32) unsafe.Pointer {
-	if e.info.MRMode&fabric.MRLocal == 0 {
-		return nil
-	}
-	if t := *e.local.Load(); int(id) < len(t) {
+	if t := *e.local.Load(); int(id) < len(t) && (e.info.MRMode&fabric.MRLocal != 0 || (e.info.MRMode&fabric.MRHMEM != 0 && t[id].Dev)) {
 		return t[id].Desc
 	}
 	return nil
+}
+
+// devDirect reports whether registration id is device memory registered
+// with the provider (FI_HMEM): RDMA reaches it, no staging.
+func (e *fabEP) devDirect(id uint32) bool {
+	t := *e.local.Load()
+	return int(id) < len(t) && t[id].Dev
 }
 
 // close stops the progress goroutine and closes the endpoint and every

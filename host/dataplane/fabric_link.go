@@ -67,6 +67,9 @@ type fabRemote struct {
 	keys [abi.MaxLanes]uint64
 	set  uint8
 	dev  bool // device memory: operations on it are staged over TCP (fabric_dev.go)
+	// direct: device memory the peer registered with its provider
+	// (FI_HMEM): RDMA reaches it.
+	direct bool
 }
 
 // fabPend is an operation that found no room, with the sequence numbers it
@@ -103,7 +106,7 @@ func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLi
 // hears of it). The peer sends the keys of rails 1.. before rail 0's, and
 // the owner hears of the registration with rail 0's: by then every rail's
 // key is here. A rail we do not share with the peer is ignored.
-func (f *fabricLink) peerRegistered(rail uint8, id uint32, base, key uint64, dev bool) {
+func (f *fabricLink) peerRegistered(rail uint8, id uint32, base, key uint64, dev, direct bool) {
 	if int(rail) >= len(f.rails) {
 		return
 	}
@@ -120,7 +123,7 @@ func (f *fabricLink) peerRegistered(rail uint8, id uint32, base, key uint64, dev
 	r.keys[rail] = key
 	r.set |= 1 << rail
 	if rail == 0 {
-		r.dev = dev
+		r.dev, r.direct = dev, dev && direct
 	}
 	f.remote.Store(&tab)
 }
@@ -146,7 +149,12 @@ func (f *fabricLink) props() Props {
 func (f *fabricLink) submit(lane int, op Op, hold bool) {
 	if op.Msg == MsgReg {
 		// The keys of rails 1.. first (SigOp names the rail), then rail
-		// 0's, which tells the peer's owner (peerRegistered).
+		// 0's, which tells the peer's owner (peerRegistered). Context 1:
+		// device memory the provider registered (FI_HMEM), reachable by
+		// RDMA.
+		if op.Dev && f.e.devDirect(op.MrID) {
+			op.Context = 1
+		}
 		for r := 1; r < len(f.rails); r++ {
 			k := op
 			k.SigOp, k.SigValue = uint8(r), f.rails[r].e.key(op.MrID)

@@ -829,7 +829,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 				}
 			}
 			f := ms[0].peers[1].t.(*fabricLink)
-			for deadline := time.Now().Add(5 * time.Second); !f.remoteDev(2); {
+			for deadline := time.Now().Add(5 * time.Second); !func() bool { d, _ := f.remoteDev(2); return d }(); {
 				if time.Now().After(deadline) {
 					t.Fatal("device registration never announced")
 				}
@@ -940,5 +940,48 @@ func TestFabricDeviceStaged(t *testing.T) {
 				t.Fatalf("failures: %v %v", owners[0].fail, owners[1].fail)
 			}
 		})
+	}
+}
+
+// TestFabricStagedChoice: which operations a fabric link stages over TCP.
+// Device memory goes by RDMA only where both ends registered it with the
+// provider (FI_HMEM): our local buffer's registration and the peer's
+// target registration (its MsgReg says so); host memory always does.
+func TestFabricStagedChoice(t *testing.T) {
+	e := &fabEP{}
+	local := []fabric.MR{1: {}, 2: {Dev: true}} // 1 host, 2 device registered with FI_HMEM
+	e.local.Store(&local)
+	f := &fabricLink{e: e, rails: []fabRail{{e: e}}}
+	empty := []fabRemote{}
+	f.remote.Store(&empty)
+	f.peerRegistered(0, 1, 0x1000, 11, false, false) // host
+	f.peerRegistered(0, 2, 0x2000, 12, true, false)  // device, not registered with the provider: staged
+	f.peerRegistered(0, 3, 0x3000, 13, true, true)   // device registered with FI_HMEM
+	f.peerRegistered(0, 4, 0x4000, 14, false, true)  // host: "direct" means nothing there
+	dev := uintptr(0x7e00_0000_0000)
+	for _, c := range []struct {
+		name   string
+		op     Op
+		staged bool
+	}{
+		{"host to host", Op{Msg: MsgPut, MrID: 1, LocalMr: 1, Size: 64}, false},
+		{"host to staged device", Op{Msg: MsgPutSignal, MrID: 2, LocalMr: 1, Size: 64}, true},
+		{"host to direct device", Op{Msg: MsgPut, MrID: 3, LocalMr: 1, Size: 64}, false},
+		{"host to host marked direct", Op{Msg: MsgPut, MrID: 4, LocalMr: 1, Size: 64}, false},
+		{"direct device to host", Op{Msg: MsgPut, MrID: 1, LocalMr: 2, LocalCtx: dev, Size: 64}, false},
+		{"unregistered device to host", Op{Msg: MsgPut, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}, true},
+		{"direct device to staged device", Op{Msg: MsgPut, MrID: 2, LocalMr: 2, LocalCtx: dev, Size: 64}, true},
+		{"get from staged device", Op{Msg: MsgGet, MrID: 2, LocalMr: 1, Size: 64}, true},
+		{"get into unregistered device", Op{Msg: MsgGet, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}, true},
+		{"signal alone to a device word", Op{Msg: MsgPutSignal, SigMrID: 2}, false},
+		{"empty put to staged device", Op{Msg: MsgPut, MrID: 2, LocalMr: 1}, false},
+		{"goodbye", Op{Msg: msgBye}, false},
+	} {
+		if got := f.staged(&c.op); got != c.staged {
+			t.Errorf("%s: staged %v, want %v", c.name, got, c.staged)
+		}
+	}
+	if d, direct := f.remoteDev(4); d || direct {
+		t.Errorf("host registration 4 reads as device %v direct %v", d, direct)
 	}
 }

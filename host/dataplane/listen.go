@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -410,6 +411,22 @@ func (l *Listener) dropFabric() {
 	if f := l.takeFabric(); f != nil {
 		f.close()
 	}
+}
+
+// FabricDeviceMemory says how device memory moves over the listener's
+// fabric endpoint: "FI_HMEM" (registered with the provider; "FI_HMEM,
+// dmabuf" where the library takes DMA-BUFs) or "staged"; "" without one.
+func (l *Listener) FabricDeviceMemory() string {
+	f := l.fabric()
+	switch {
+	case f == nil:
+		return ""
+	case !f.info.HMEM:
+		return "staged"
+	case f.info.API >= fabric.APIDMABUF:
+		return "FI_HMEM, dmabuf"
+	}
+	return "FI_HMEM"
 }
 
 // FabricDomain names the libfabric domain (NIC) of the listener's

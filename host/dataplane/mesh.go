@@ -22,6 +22,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -345,6 +346,40 @@ func (m *Mesh) RegisterMemory(id uint32, base unsafe.Pointer, size uint64, dev b
 		}
 	}
 	return key, nil
+}
+
+// DeviceMemory describes a device registration for RegisterDevice.
+type DeviceMemory struct {
+	Iface, Device int    // devmem.IfaceCUDA or IfaceROCR, and the ordinal
+	DMABUFFd      int    // a DMA-BUF of the range (-1: none); read during the call only
+	DMABUFOff     uint64 // the range's offset in it
+}
+
+// RegisterDevice registers device memory with the fabric endpoint where
+// the provider reaches it (FI_HMEM), on every rail, and returns rail 0's
+// key and direct = true; otherwise (no fabric, no FI_HMEM, or the
+// provider refuses it, which an INFO line reports) key 0 and direct =
+// false: operations on it are staged over the TCP lanes (fabric_dev.go).
+func (m *Mesh) RegisterDevice(id uint32, base uintptr, size uint64, d DeviceMemory) (key uint64, direct bool) {
+	if m.fab == nil || !m.fab.info.HMEM {
+		return 0, false
+	}
+	r := fabric.MRRequest{Base: *(*unsafe.Pointer)(unsafe.Pointer(&base)), Len: size, Iface: d.Iface, Device: d.Device, DMABUFFd: d.DMABUFFd, DMABUFOff: d.DMABUFOff}
+	for i, e := range m.rails {
+		k, err := e.registerMR(id, r)
+		if err != nil {
+			for _, u := range m.rails[:i] {
+				u.deregister(id)
+			}
+			logx.Info(abi.SubsysNet|abi.SubsysReg, "NET/wasm: fabric %s rail %d: device memory (interface %d, device %d, dmabuf fd %d) not registered: %v; its operations are staged through host memory",
+				e.info.Provider, i, d.Iface, d.Device, d.DMABUFFd, err)
+			return 0, false
+		}
+		if i == 0 {
+			key = k
+		}
+	}
+	return key, true
 }
 
 // DeregisterMemory undoes RegisterMemory once nothing uses the memory.

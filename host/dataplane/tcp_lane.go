@@ -46,7 +46,7 @@ type tcpLink struct {
 	// onReg hears of the peer's registrations (the fabric rail in the
 	// header's sigOp, id, address, the key in sigValue) before the owner
 	// does; the fabric transport installs it.
-	onReg func(rail uint8, id uint32, base, key uint64, dev bool)
+	onReg func(rail uint8, id uint32, base, key uint64, dev, direct bool)
 }
 
 // sidePath moves a payload beside the stream, which still carries the

@@ -97,8 +97,9 @@ func (t *tcpLink) service(in *net.TCPConn) {
 		case MsgReg:
 			// sigOp: the fabric rail whose key sigValue is (fabricLink's
 			// submit sends rails 1.. first); rail 0's also tells the owner.
+			// context 1: device memory its provider registered (FI_HMEM).
 			if t.onReg != nil {
-				t.onReg(h.sigOp, h.mrID, h.off, h.sigValue, h.status == 1)
+				t.onReg(h.sigOp, h.mrID, h.off, h.sigValue, h.status == 1, h.context == 1)
 			}
 			if h.sigOp == 0 {
 				p.m.owner.PeerRegistered(p.rank, h.mrID, h.size, h.off, h.status == 1)

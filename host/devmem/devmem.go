@@ -44,6 +44,20 @@ type WordAdder interface {
 	Forget(addr uintptr, size uint64)
 }
 
+// Memory interfaces a NIC may reach directly, numbered as libfabric's
+// enum fi_hmem_iface.
+const (
+	IfaceCUDA = 1
+	IfaceROCR = 2
+)
+
+// Locator is implemented by a device whose memory a NIC can reach
+// directly (libfabric's FI_HMEM): the interface and device ordinal of an
+// address of a context Inspect returned.
+type Locator interface {
+	Locate(ctx, ptr uintptr) (iface, device int, err error)
+}
+
 var current atomic.Pointer[Device]
 
 // Register installs the device implementation (nil removes it).

@@ -34,14 +34,20 @@ type Info struct {
 	// its name, PCI address (dddd:bb:dd.f) and link speed in bits/s.
 	NIC, PCI  string
 	LinkSpeed uint64
+	// HMEM: the endpoint was opened with FI_HMEM, so device memory is
+	// registered with its interface (RegisterMR); API is the FI_VERSION
+	// asked of fi_getinfo (1.20 from a runtime that has FI_MR_DMABUF).
+	HMEM bool
+	API  uint32
 }
 
 // mr_mode bits (rdma/fi_domain.h) the dataplane reacts to.
 const (
-	MRLocal    = 1 << 2 // FI_MR_LOCAL: local buffers need a descriptor
-	MRVirtAddr = 1 << 4 // FI_MR_VIRT_ADDR: remote addresses are virtual, not offsets
-	MRProvKey  = 1 << 6 // FI_MR_PROV_KEY
-	MREndpoint = 1 << 9 // FI_MR_ENDPOINT
+	MRLocal    = 1 << 2  // FI_MR_LOCAL: local buffers need a descriptor
+	MRVirtAddr = 1 << 4  // FI_MR_VIRT_ADDR: remote addresses are virtual, not offsets
+	MRProvKey  = 1 << 6  // FI_MR_PROV_KEY
+	MREndpoint = 1 << 9  // FI_MR_ENDPOINT
+	MRHMEM     = 1 << 10 // FI_MR_HMEM: device buffers need a descriptor
 )
 
 // Completion flags (rdma/fabric.h).
@@ -89,7 +95,74 @@ func toInfo(ci *C.rmaw_info) Info {
 	return Info{Provider: C.GoString(&ci.prov[0]), Fabric: C.GoString(&ci.fabric[0]), Domain: C.GoString(&ci.domain[0]),
 		MRMode: uint64(ci.mr_mode), CQDataSize: uint64(ci.cq_data_size), InjectSize: uint64(ci.inject_size),
 		MaxMsgSize: uint64(ci.max_msg_size), RxCQData: ci.rx_cq_data != 0,
-		NIC: C.GoString(&ci.nic[0]), PCI: C.GoString(&ci.pci[0]), LinkSpeed: uint64(ci.link_speed)}
+		NIC: C.GoString(&ci.nic[0]), PCI: C.GoString(&ci.pci[0]), LinkSpeed: uint64(ci.link_speed),
+		HMEM: ci.hmem != 0, API: uint32(ci.api)}
+}
+
+// Version packs major.minor as FI_VERSION does.
+func Version(major, minor uint32) uint32 { return major<<16 | minor }
+
+// APIDMABUF is the first API version whose registrations take a DMA-BUF.
+const APIDMABUF = 1<<16 | 20
+
+// RuntimeVersion is fi_version() of the loaded libfabric (0 if none).
+func RuntimeVersion() uint32 { return uint32(C.rmaw_runtime_version()) }
+
+// Memory interfaces (enum fi_hmem_iface).
+const (
+	IfaceSystem = 0
+	IfaceCUDA   = 1
+	IfaceROCR   = 2
+)
+
+// MRRequest asks for a registration: host memory (Iface 0) or device
+// memory (IfaceCUDA, IfaceROCR; Device its ordinal), by address range or,
+// with DMABUFFd >= 0, as a DMA-BUF (fd, offset) where the library can.
+type MRRequest struct {
+	Base      unsafe.Pointer
+	Len       uint64
+	WantKey   uint64 // where the provider lets us choose (no FI_MR_PROV_KEY)
+	Iface     int
+	Device    int
+	DMABUFFd  int
+	DMABUFOff uint64
+}
+
+func (r *MRRequest) c() C.rmaw_mr_req {
+	return C.rmaw_mr_req{base: r.Base, len: C.uint64_t(r.Len), want_key: C.uint64_t(r.WantKey), iface: C.int32_t(r.Iface),
+		device: C.int32_t(r.Device), dmabuf_fd: C.int32_t(r.DMABUFFd), dmabuf_off: C.uint64_t(r.DMABUFOff)}
+}
+
+// MRView is what a registration request becomes: the fi_mr_attr fields
+// and flags the shim passes to fi_mr_regattr.
+type MRView struct {
+	Access, RequestedKey, Flags uint64
+	Iface, Device               int // Device -1 where the interface has none
+	DMABUF                      bool
+	Fd                          int // the DMA-BUF's, -1 otherwise
+	Base                        uintptr
+	Len, Offset, IOVCount       uint64
+}
+
+// FlagDMABUF is FI_MR_DMABUF.
+const FlagDMABUF = 1 << 40
+
+// DescribeMR builds the attributes r would be registered with on an
+// endpoint opened with (hmem) or without FI_HMEM at API version api,
+// without registering: the registration's logic, testable with no NIC.
+func DescribeMR(hmem bool, api uint32, r MRRequest) (MRView, error) {
+	cr := r.c()
+	var v C.rmaw_mr_view
+	h := C.uint32_t(0)
+	if hmem {
+		h = 1
+	}
+	if rc := C.rmaw_mr_describe(h, C.uint32_t(api), &cr, &v); rc != 0 {
+		return MRView{}, fiErr("fi_mr_attr", rc)
+	}
+	return MRView{Access: uint64(v.access), RequestedKey: uint64(v.requested_key), Flags: uint64(v.flags),
+		Iface: int(v.iface), Device: int(v.device), DMABUF: v.dmabuf != 0, Fd: int(v.fd),
+		Base: uintptr(v.base), Len: uint64(v.len), Offset: uint64(v.offset), IOVCount: uint64(v.iov_count)}, nil
 }
 
 // Probe lists the providers (all, or the one named) that offer an RDM
@@ -121,14 +194,18 @@ type Endpoint struct {
 
 // Open opens an endpoint on provider prov (exact name, e.g. "tcp;ofi_rxm")
 // and domain (empty: the provider's first).
-func Open(prov, domain string) (*Endpoint, error) {
+func Open(prov, domain string) (*Endpoint, error) { return OpenHMEM(prov, domain, false) }
+
+// OpenHMEM is Open with FI_HMEM when hmem: device memory can then be
+// registered (RegisterMR); a provider without it there fails.
+func OpenHMEM(prov, domain string, hmem bool) (*Endpoint, error) {
 	cp := C.CString(prov)
 	defer C.free(unsafe.Pointer(cp))
 	cd := C.CString(domain)
 	defer C.free(unsafe.Pointer(cd))
 	var ep *C.rmaw_ep
 	var ci C.rmaw_info
-	if rc := C.rmaw_open(cp, cd, &ep, &ci); rc != 0 {
+	if rc := C.rmaw_open(cp, cd, cbool(hmem), &ep, &ci); rc != 0 {
 		return nil, fiErr("open "+prov, rc)
 	}
 	return &Endpoint{ep: ep, Info: toInfo(&ci)}, nil
@@ -156,11 +233,13 @@ func (e *Endpoint) Insert(name []byte) (uint64, error) {
 	return uint64(a), nil
 }
 
-// MR is a registration: its handle, remote key and local descriptor.
+// MR is a registration: its handle, remote key and local descriptor;
+// Dev marks device memory registered with its interface (FI_HMEM).
 type MR struct {
 	mr   unsafe.Pointer
 	Key  uint64
 	Desc unsafe.Pointer
+	Dev  bool
 }
 
 // Register registers [base, base+size) for local use and remote
@@ -173,6 +252,21 @@ func (e *Endpoint) Register(base unsafe.Pointer, size uint64, want uint64) (MR, 
 		return MR{}, fiErr("fi_mr_regattr", rc)
 	}
 	m.Key = uint64(key)
+	return m, nil
+}
+
+// RegisterMR registers r (host or device memory) for local use and
+// remote reads and writes, bound to the endpoint where the provider needs
+// that. Device memory needs an endpoint opened with FI_HMEM (Info.HMEM).
+// A DMA-BUF fd is only read during the call.
+func (e *Endpoint) RegisterMR(r MRRequest) (MR, error) {
+	cr := r.c()
+	var m MR
+	var key C.uint64_t
+	if rc := C.rmaw_reg_mr(e.ep, &cr, &m.mr, &key, &m.Desc); rc != 0 {
+		return MR{}, fiErr("fi_mr_regattr", rc)
+	}
+	m.Key, m.Dev = uint64(key), r.Iface != IfaceSystem
 	return m, nil
 }
 

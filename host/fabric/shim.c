@@ -19,10 +19,40 @@ static void (*p_freeinfo)(struct fi_info *);
 static struct fi_info *(*p_dupinfo)(const struct fi_info *);
 static int (*p_fabric)(struct fi_fabric_attr *, struct fid_fabric **, void *);
 static const char *(*p_strerror)(int);
+static uint32_t (*p_version)(void); // optional: fi_version
 
-// FI_VERSION 1.10: mr_mode bits and FI_CONTEXT2 are honoured, and any
-// libfabric of the last years answers it.
+// FI_VERSION 1.10: mr_mode bits, FI_CONTEXT2 and FI_HMEM are honoured, and
+// any libfabric of the last years answers it. A runtime of 1.20 or later
+// is asked for 1.20, the first API whose registrations take a DMA-BUF
+// (FI_MR_DMABUF); the fields we read are the same in both.
 #define RMAW_FI_VERSION FI_VERSION(1, 10)
+#define RMAW_API_DMABUF FI_VERSION(1, 20)
+
+static uint32_t api(void) {
+	uint32_t v = p_version ? p_version() : 0;
+	return v >= RMAW_API_DMABUF ? RMAW_API_DMABUF : RMAW_FI_VERSION;
+}
+
+uint32_t rmaw_runtime_version(void) { return p_version ? p_version() : 0; }
+
+// FI_MR_DMABUF and struct fi_mr_dmabuf as libfabric 1.20 documents them
+// (fi_mr(3)); the headers we build with may predate them. With the flag,
+// fi_mr_attr's first member (a union with mr_iov) points to this.
+#define RMAW_FI_MR_DMABUF (1ULL << 40)
+struct rmaw_dmabuf {
+	int fd;
+	uint64_t offset;
+	size_t len;
+	void *base_addr;
+};
+
+// A newer libfabric reads fields appended to fi_mr_attr after the ones our
+// headers know (hmem_data, ...): they must be zero, so the attributes
+// live in a larger zeroed buffer.
+typedef struct {
+	struct fi_mr_attr a;
+	char pad[256];
+} mr_attr_buf;
 
 struct rmaw_ep {
 	struct fi_info *info;
@@ -32,6 +62,7 @@ struct rmaw_ep {
 	struct fid_av *av;
 	struct fid_ep *ep;
 	int fd; // the CQ's wait fd, or -1: no wait object (poll with naps)
+	uint32_t hmem, api;
 };
 
 // Some providers install signal handlers when libfabric initialises them
@@ -75,6 +106,7 @@ static int load(const char *lib, char *err, size_t errlen) {
 	p_dupinfo = dlsym(h, "fi_dupinfo");
 	p_fabric = dlsym(h, "fi_fabric");
 	p_strerror = dlsym(h, "fi_strerror");
+	p_version = dlsym(h, "fi_version");
 	if (!p_getinfo || !p_freeinfo || !p_dupinfo || !p_fabric || !p_strerror) {
 		snprintf(err, errlen, "%s lacks fi_getinfo/fi_freeinfo/fi_dupinfo/fi_fabric/fi_strerror", lib);
 		dlclose(h);
@@ -88,13 +120,15 @@ const char *rmaw_strerror(int e) { return p_strerror ? p_strerror(e < 0 ? -e : e
 
 // hints: an RDM endpoint with RMA and messages; every mode and mr_mode we
 // can honour is offered, so providers that need them still match.
-static struct fi_info *hints(const char *prov) {
+// With hmem, FI_HMEM is asked for too (and FI_MR_HMEM offered): device
+// memory registered with its interface and device.
+static struct fi_info *hints(const char *prov, int hmem) {
 	struct fi_info *h = p_dupinfo(NULL);
 	if (!h) return NULL;
-	h->caps = FI_MSG | FI_RMA;
+	h->caps = FI_MSG | FI_RMA | (hmem ? FI_HMEM : 0);
 	h->mode = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
 	h->ep_attr->type = FI_EP_RDM;
-	h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+	h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT | (hmem ? FI_MR_HMEM : 0);
 	h->domain_attr->threading = FI_THREAD_SAFE;
 	h->tx_attr->msg_order = FI_ORDER_SAS;
 	if (prov) h->fabric_attr->prov_name = strdup(prov);
@@ -121,15 +155,16 @@ static void fill(rmaw_info *o, const struct fi_info *i) {
 		}
 		if (nic->link_attr) o->link_speed = nic->link_attr->speed;
 	}
+	o->hmem = (i->caps & FI_HMEM) != 0;
 }
 
 int rmaw_probe(const char *prov, rmaw_info *out, int n) {
 	if (!p_getinfo) return -FI_ENOSYS;
-	struct fi_info *h = hints(prov), *list = NULL;
+	struct fi_info *h = hints(prov, 0), *list = NULL;
 	if (!h) return -FI_ENOMEM;
 	sigsave s;
 	save_sigs(&s);
-	int rc = p_getinfo(RMAW_FI_VERSION, NULL, NULL, 0, h, &list);
+	int rc = p_getinfo(api(), NULL, NULL, 0, h, &list);
 	restore_sigs(&s);
 	p_freeinfo(h);
 	if (rc) return rc;
@@ -150,37 +185,51 @@ void rmaw_close(rmaw_ep *e) {
 	free(e);
 }
 
-static int open_ep(const char *prov, const char *domain, rmaw_ep **out, rmaw_info *info);
+static int open_ep(const char *prov, const char *domain, int hmem, rmaw_ep **out, rmaw_info *info);
 
-int rmaw_open(const char *prov, const char *domain, rmaw_ep **out, rmaw_info *info) {
+int rmaw_open(const char *prov, const char *domain, int hmem, rmaw_ep **out, rmaw_info *info) {
 	sigsave s;
 	save_sigs(&s);
-	int rc = open_ep(prov, domain, out, info);
+	int rc = open_ep(prov, domain, hmem, out, info);
 	restore_sigs(&s);
 	return rc;
 }
 
-static int open_ep(const char *prov, const char *domain, rmaw_ep **out, rmaw_info *info) {
-	if (!p_getinfo) return -FI_ENOSYS;
-	struct fi_info *h = hints(prov), *list = NULL;
+// lookup finds the provider's entry for domain (any when empty), with
+// FI_HMEM when hmem; *pick is a copy to free.
+static int lookup(const char *prov, const char *domain, int hmem, struct fi_info **pick) {
+	struct fi_info *h = hints(prov, hmem), *list = NULL;
 	if (!h) return -FI_ENOMEM;
 	if (domain && *domain) h->domain_attr->name = strdup(domain);
-	int rc = p_getinfo(RMAW_FI_VERSION, NULL, NULL, 0, h, &list);
+	int rc = p_getinfo(api(), NULL, NULL, 0, h, &list);
 	p_freeinfo(h);
 	if (rc) return rc;
 	// The domain hint is not honoured by every provider (rxm over tcp
 	// returns every interface): take the entry that names it.
-	struct fi_info *pick = list;
+	struct fi_info *p = list;
 	if (domain && *domain) {
-		for (pick = list; pick; pick = pick->next)
-			if (pick->domain_attr->name && !strcmp(pick->domain_attr->name, domain)) break;
-		if (!pick) { p_freeinfo(list); return -FI_ENODATA; }
+		for (p = list; p; p = p->next)
+			if (p->domain_attr->name && !strcmp(p->domain_attr->name, domain)) break;
 	}
-	rmaw_ep *e = calloc(1, sizeof *e);
-	e->info = p_dupinfo(pick);
+	if (hmem && p && !(p->caps & FI_HMEM)) p = NULL;
+	*pick = p ? p_dupinfo(p) : NULL;
 	p_freeinfo(list);
-	if (!e->info) { free(e); return -FI_ENOMEM; }
+	if (!p) return -FI_ENODATA;
+	return *pick ? 0 : -FI_ENOMEM;
+}
+
+static int open_ep(const char *prov, const char *domain, int hmem, rmaw_ep **out, rmaw_info *info) {
+	if (!p_getinfo) return -FI_ENOSYS;
+	struct fi_info *pick = NULL;
+	int rc = lookup(prov, domain, hmem, &pick);
+	if (rc) return rc;
+	rmaw_ep *e = calloc(1, sizeof *e);
+	if (!e) { p_freeinfo(pick); return -FI_ENOMEM; }
+	e->info = pick;
+	e->hmem = (pick->caps & FI_HMEM) != 0;
+	e->api = api();
 	fill(info, e->info);
+	info->api = e->api;
 	e->fd = -1;
 	struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_DATA, .size = 4096, .wait_obj = FI_WAIT_FD};
 	struct fi_av_attr ava = {.type = FI_AV_TABLE};
@@ -239,15 +288,88 @@ int rmaw_insert(rmaw_ep *e, const void *name, uint64_t *addr) {
 	return 0;
 }
 
+// build fills the attributes of request r for an endpoint opened with
+// (hmem) or without FI_HMEM at API version api: device memory needs
+// FI_HMEM; a DMA-BUF is passed as one (FI_MR_DMABUF) from API 1.20 on,
+// else its address range is registered with the device's interface.
+static int build(uint32_t hmem, uint32_t api, const rmaw_mr_req *r, mr_attr_buf *b, struct iovec *iov, struct rmaw_dmabuf *db, uint64_t *flags) {
+	memset(b, 0, sizeof *b);
+	*flags = 0;
+	b->a.access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
+	b->a.requested_key = r->want_key; // ignored under FI_MR_PROV_KEY
+	b->a.iov_count = 1;
+	b->a.iface = FI_HMEM_SYSTEM;
+	if (r->iface != FI_HMEM_SYSTEM) {
+		if (!hmem) return -FI_EOPNOTSUPP;
+		if (r->iface != FI_HMEM_CUDA && r->iface != FI_HMEM_ROCR) return -FI_EINVAL;
+		b->a.iface = (enum fi_hmem_iface)r->iface;
+		if (r->iface == FI_HMEM_CUDA) b->a.device.cuda = r->device; // ROCR: the address says
+		if (r->dmabuf_fd >= 0 && api >= RMAW_API_DMABUF) {
+			db->fd = r->dmabuf_fd;
+			db->offset = r->dmabuf_off;
+			db->len = r->len;
+			db->base_addr = r->base;
+			b->a.mr_iov = (const struct iovec *)(const void *)db;
+			*flags = RMAW_FI_MR_DMABUF;
+			return 0;
+		}
+	}
+	iov->iov_base = r->base;
+	iov->iov_len = r->len;
+	b->a.mr_iov = iov;
+	return 0;
+}
+
+int rmaw_mr_describe(uint32_t hmem, uint32_t api, const rmaw_mr_req *r, rmaw_mr_view *v) {
+	mr_attr_buf b;
+	struct iovec iov;
+	struct rmaw_dmabuf db;
+	uint64_t flags;
+	int rc = build(hmem, api, r, &b, &iov, &db, &flags);
+	if (rc) return rc;
+	memset(v, 0, sizeof *v);
+	v->access = b.a.access;
+	v->requested_key = b.a.requested_key;
+	v->flags = flags;
+	v->iface = b.a.iface;
+	v->device = b.a.iface == FI_HMEM_CUDA ? b.a.device.cuda : -1;
+	v->iov_count = b.a.iov_count;
+	if (flags & RMAW_FI_MR_DMABUF) {
+		const struct rmaw_dmabuf *d = (const struct rmaw_dmabuf *)(const void *)b.a.mr_iov;
+		v->dmabuf = 1;
+		v->fd = d->fd;
+		v->offset = d->offset;
+		v->len = d->len;
+		v->base = (uintptr_t)d->base_addr;
+	} else {
+		v->fd = -1;
+		v->len = b.a.mr_iov->iov_len;
+		v->base = (uintptr_t)b.a.mr_iov->iov_base;
+	}
+	return 0;
+}
+
 int rmaw_reg(rmaw_ep *e, void *base, size_t len, uint64_t want_key, void **mr, uint64_t *key, void **desc) {
-	struct iovec iov = {.iov_base = base, .iov_len = len};
-	struct fi_mr_attr a = {
-		.mr_iov = &iov, .iov_count = 1,
-		.access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV,
-		.requested_key = want_key, // ignored under FI_MR_PROV_KEY
-	};
+	rmaw_mr_req r = {.base = base, .len = len, .want_key = want_key, .iface = FI_HMEM_SYSTEM, .dmabuf_fd = -1};
+	return rmaw_reg_mr(e, &r, mr, key, desc);
+}
+
+int rmaw_reg_mr(rmaw_ep *e, const rmaw_mr_req *r, void **mr, uint64_t *key, void **desc) {
+	mr_attr_buf b;
+	struct iovec iov;
+	struct rmaw_dmabuf db;
+	uint64_t flags;
+	int rc = build(e->hmem, e->api, r, &b, &iov, &db, &flags);
+	if (rc) return rc;
 	struct fid_mr *m = NULL;
-	int rc = fi_mr_regattr(e->domain, &a, 0, &m);
+	rc = fi_mr_regattr(e->domain, &b.a, flags, &m);
+	if (rc && (flags & RMAW_FI_MR_DMABUF)) {
+		// A provider of a DMA-BUF-aware libfabric that cannot import
+		// one: register the address range with the device's interface.
+		rmaw_mr_req byaddr = *r;
+		byaddr.dmabuf_fd = -1;
+		if ((rc = build(e->hmem, e->api, &byaddr, &b, &iov, &db, &flags)) == 0) rc = fi_mr_regattr(e->domain, &b.a, flags, &m);
+	}
 	if (rc) return rc;
 	if (e->info->domain_attr->mr_mode & FI_MR_ENDPOINT) {
 		if ((rc = fi_mr_bind(m, &e->ep->fid, 0)) || (rc = fi_mr_enable(m))) {

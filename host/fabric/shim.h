@@ -31,7 +31,30 @@ typedef struct {
 	char nic[64];        // device name ("" when unknown)
 	char pci[16];        // "dddd:bb:dd.f" when it sits on PCI
 	uint64_t link_speed; // bits per second, 0 when unknown
+	uint32_t hmem;       // the endpoint was opened with FI_HMEM (device memory)
+	uint32_t api;        // the FI_VERSION asked of fi_getinfo
 } rmaw_info;
+
+// A registration request: host memory (iface 0) or device memory (iface
+// FI_HMEM_CUDA / FI_HMEM_ROCR, device its ordinal), by address range or,
+// with dmabuf_fd >= 0, as a DMA-BUF (fd, offset into it).
+typedef struct {
+	void *base;
+	uint64_t len;
+	uint64_t want_key; // ignored under FI_MR_PROV_KEY
+	int32_t iface;
+	int32_t device;
+	int32_t dmabuf_fd; // -1: none
+	uint64_t dmabuf_off;
+} rmaw_mr_req;
+
+// What rmaw_mr_build chose (for tests, which cannot see libfabric's types).
+typedef struct {
+	uint64_t access, requested_key, flags, len, offset;
+	uintptr_t base;
+	int32_t iface, device, dmabuf, fd;
+	uint64_t iov_count;
+} rmaw_mr_view;
 
 int rmaw_load(const char *lib, char *err, size_t errlen);
 const char *rmaw_strerror(int e);
@@ -39,12 +62,21 @@ const char *rmaw_strerror(int e);
 // for all); returns how many, or a negative fi error.
 int rmaw_probe(const char *prov, rmaw_info *out, int n);
 // rmaw_open opens fabric, domain, CQ, AV and endpoint on the first
-// provider named prov (exact name), with FI_THREAD_SAFE.
-int rmaw_open(const char *prov, const char *domain, rmaw_ep **ep, rmaw_info *info);
+// provider named prov (exact name), with FI_THREAD_SAFE; with hmem, only
+// where the provider offers FI_HMEM there (-FI_ENODATA otherwise).
+int rmaw_open(const char *prov, const char *domain, int hmem, rmaw_ep **ep, rmaw_info *info);
 int rmaw_name(rmaw_ep *ep, void *buf, size_t *len);
 int rmaw_insert(rmaw_ep *ep, const void *name, uint64_t *addr);
 int rmaw_reg(rmaw_ep *ep, void *base, size_t len, uint64_t want_key, void **mr, uint64_t *key, void **desc);
 int rmaw_dereg(void *mr);
+// rmaw_reg_mr registers r on the endpoint's domain (rmaw_mr_build's
+// attributes), bound and enabled under FI_MR_ENDPOINT.
+int rmaw_reg_mr(rmaw_ep *ep, const rmaw_mr_req *r, void **mr, uint64_t *key, void **desc);
+// rmaw_mr_describe builds the attributes r would be registered with on an
+// endpoint with these properties and reports them; negative: refused.
+int rmaw_mr_describe(uint32_t hmem, uint32_t api, const rmaw_mr_req *r, rmaw_mr_view *v);
+// rmaw_runtime_version is fi_version() of the loaded libfabric (0 if none).
+uint32_t rmaw_runtime_version(void);
 int64_t rmaw_write(rmaw_ep *ep, void *buf, size_t len, void *desc, uint64_t dest, uint64_t raddr, uint64_t key, void *ctx);
 int64_t rmaw_writedata(rmaw_ep *ep, void *buf, size_t len, void *desc, uint64_t data, uint64_t dest, uint64_t raddr, uint64_t key, void *ctx);
 // rmaw_writemsg is fi_writemsg with remote CQ data; deliver asks for

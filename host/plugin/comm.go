@@ -70,7 +70,7 @@ func Listen(ctx uint64, dev int32, handle *[abi.HandleSize]byte) (uint64, abi.Re
 	*handle = *h
 	id := listens.add(&listenComm{l: l, dev: dev, be: pc.backend, commID: pc.commID})
 	if d := l.FabricDomain(); d != "" {
-		logx.Info(abi.SubsysNet, "NET/wasm: listening on %s (dev %d), fabric endpoint on domain %s", l.Addr(), dev, d)
+		logx.Info(abi.SubsysNet, "NET/wasm: listening on %s (dev %d), fabric endpoint on domain %s (device memory: %s)", l.Addr(), dev, d, l.FabricDeviceMemory())
 	} else {
 		logx.Info(abi.SubsysNet, "NET/wasm: listening on %s (dev %d)", l.Addr(), dev)
 	}

@@ -5,6 +5,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
@@ -34,6 +36,12 @@ type mr struct {
 // RegMr registers host memory collectively. A second registration of the
 // same address (no larger) returns the same handle and takes a reference.
 func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64, abi.Result) {
+	return regMr(h, data, size, typ, flags, -1, 0)
+}
+
+// regMr is RegMr with the DMA-BUF of device memory (fd -1: none), which
+// the fabric transport hands its provider where it can (FI_MR_DMABUF).
+func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int, fdOff uint64) (uint64, abi.Result) {
 	c := lookupColl(h)
 	if c == nil {
 		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: unknown collComm %#x", h)
@@ -71,9 +79,13 @@ func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64
 	m.handle = makeHandle(kindMR, c.id<<32|uint64(m.id))
 
 	// Register with the fabric endpoint, if any, so the key can travel
-	// with the size.
-	key, err := c.mesh.RegisterMemory(m.id, m.base, size, devCtx != 0)
-	if err != nil {
+	// with the size. Device memory only where the provider reaches it
+	// (FI_HMEM); otherwise its operations are staged.
+	var key uint64
+	var err error
+	if devCtx != 0 {
+		key, _ = c.mesh.RegisterDevice(m.id, data, size, deviceMemory(devCtx, data, fd, fdOff))
+	} else if key, err = c.mesh.RegisterMemory(m.id, m.base, size, false); err != nil {
 		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: rank %d, %d bytes at %#x: %v", c.rank, size, data, err)
 		c.regs.drop(m)
 		return 0, abi.SystemError
@@ -94,17 +106,42 @@ func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64
 	return m.handle, abi.Success
 }
 
-// RegMrDmaBuf registers device memory NCCL exported as a DMA-BUF. Device
-// payloads are staged through host memory by copies of the virtual address
-// range, so the range is registered as NCCL_PTR_CUDA and the fd is not used
-// (nor kept: the caller closes it). Anything else is refused, and
-// NCCL_PTR_DMABUF is advertised only when a device runtime is loaded.
+// RegMrDmaBuf registers device memory NCCL exported as a DMA-BUF. The
+// range is registered as NCCL_PTR_CUDA: payloads are staged through host
+// memory by copies of the virtual address range, unless the fabric
+// transport's provider reaches device memory (FI_HMEM), which then gets
+// the DMA-BUF itself (FI_MR_DMABUF, libfabric 1.20 or later) or the
+// range. The fd is dup'ed for the length of the registration call (the
+// provider imports the buffer then) and not kept: the caller closes its
+// own. Anything else is refused, and NCCL_PTR_DMABUF is advertised only
+// when a device runtime is loaded.
 func RegMrDmaBuf(h uint64, data uintptr, size uint64, typ int32, offset uint64, fd int32, flags uint64) (uint64, abi.Result) {
 	if typ != abi.PtrCuda || devmem.Get() == nil {
 		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSymDmaBuf: memory type %d: DMA-BUF registration works for device memory (NCCL_PTR_CUDA) with a device runtime loaded only", typ)
 		return 0, abi.InvalidUsage
 	}
-	return RegMr(h, data, size, typ, flags)
+	own := -1
+	if fd >= 0 {
+		if d, err := unix.Dup(int(fd)); err == nil {
+			own = d
+			defer unix.Close(d)
+		} else {
+			logx.Info(abi.SubsysReg, "NET/wasm: regMrSymDmaBuf: dup of fd %d: %v; registering the address range", fd, err)
+		}
+	}
+	return regMr(h, data, size, typ, flags, own, offset)
+}
+
+// deviceMemory describes a device range for the fabric transport: its
+// interface and device where the device runtime says (devmem.Locator).
+func deviceMemory(ctx, data uintptr, fd int, off uint64) dataplane.DeviceMemory {
+	d := dataplane.DeviceMemory{Iface: devmem.IfaceCUDA, DMABUFFd: fd, DMABUFOff: off}
+	if l, ok := devmem.Get().(devmem.Locator); ok {
+		if iface, dev, err := l.Locate(ctx, data); err == nil {
+			d.Iface, d.Device = iface, dev
+		}
+	}
+	return d
 }
 
 // DeregMr drops a reference; the last one forgets the registration after

@@ -177,7 +177,10 @@ func GetProperties(dev int32, p *abi.NetProperties) abi.Result {
 }
 
 // ptrSupport advertises device memory when a device runtime is loaded, and
-// DMA-BUF registration of it (RegMrDmaBuf registers the address range).
+// DMA-BUF registration of it (RegMrDmaBuf registers the address range, or
+// hands the DMA-BUF to a libfabric provider with FI_HMEM): both work on
+// every transport, staged through host memory where the NIC cannot reach
+// device memory.
 func ptrSupport() int32 {
 	if devmem.Get() != nil {
 		return abi.PtrHost | abi.PtrCuda | abi.PtrDmaBuf

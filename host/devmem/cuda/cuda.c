@@ -152,6 +152,13 @@ int rmaw_cuda_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, si
   return 0;
 }
 
+/* rmaw_cuda_ordinal is the device ordinal of a CUDA address (-1: none). */
+int rmaw_cuda_ordinal(uint64_t ptr) {
+  int o = -1;
+  if (cu.pointerGetAttribute(&o, ATTR_DEVICE_ORDINAL, (CUdeviceptr)ptr) != 0) return -1;
+  return o;
+}
+
 #define MAX_TLS 8
 static __thread struct {
   CUcontext ctx;

@@ -67,6 +67,16 @@ func (cudaDevice) Inspect(ptr uintptr, size uint64) (uintptr, error) {
 	return uintptr(ctx), nil
 }
 
+// Locate says which CUDA device holds ptr, for direct registration with a
+// NIC (libfabric FI_HMEM_CUDA).
+func (cudaDevice) Locate(_, ptr uintptr) (int, int, error) {
+	o := int(C.rmaw_cuda_ordinal(C.uint64_t(ptr)))
+	if o < 0 {
+		return 0, 0, errors.New("no CUDA device ordinal for this address")
+	}
+	return devmem.IfaceCUDA, o, nil
+}
+
 // The host buffers are Go memory pinned for the duration of the call, which
 // the cgo rules allow: C does not keep them.
 func (cudaDevice) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {

@@ -4,6 +4,7 @@
 #include <stdint.h>
 int rmaw_cuda_open(char* err, size_t errlen);
 int rmaw_cuda_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t errlen);
+int rmaw_cuda_ordinal(uint64_t ptr);
 int rmaw_cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
                    size_t errlen);
 int rmaw_cuda_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen);

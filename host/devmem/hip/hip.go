@@ -69,6 +69,15 @@ func open(lib string) (int, error) {
 
 func (hipDevice) Name() string { return "HIP" }
 
+// Locate: a HIP context is the device ordinal + 1 (hip.c); libfabric's
+// FI_HMEM_ROCR finds the device from the address itself.
+func (hipDevice) Locate(ctx, _ uintptr) (int, int, error) {
+	if ctx == 0 {
+		return 0, 0, errors.New("not HIP device memory")
+	}
+	return devmem.IfaceROCR, int(ctx) - 1, nil
+}
+
 func (hipDevice) Inspect(ptr uintptr, size uint64) (uintptr, error) {
 	var ctx C.uintptr_t
 	var buf [256]C.char

@@ -49,3 +49,15 @@ func TestProbeWithoutDevice(t *testing.T) {
 		t.Fatal("a device was registered without a HIP device")
 	}
 }
+
+// TestLocate: a HIP context is the device ordinal + 1; a NIC reaches that
+// memory through libfabric's ROCR interface.
+func TestLocate(t *testing.T) {
+	var d devmem.Locator = hipDevice{}
+	if iface, dev, err := d.Locate(3, 0x7000); err != nil || iface != devmem.IfaceROCR || dev != 2 {
+		t.Fatalf("Locate(ctx 3) = %d, %d, %v; want ROCR, device 2", iface, dev, err)
+	}
+	if _, _, err := d.Locate(0, 0x7000); err == nil {
+		t.Fatal("context 0 (host memory) located on a device")
+	}
+}
