@@ -68,7 +68,7 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// (RESULT FAIL) fails the test, and "RESULT BELOW-TARGET" (exit 1)
 		// is a pass here.
 		{"staging_bench", "staging_bench", []string{lib, "2097152", "2", "50"}, []string{"LD_LIBRARY_PATH=" + fake},
-			[]string{"RESULT ", "RATIO  tcp", "RATIO  intranode"}},
+			[]string{"RESULT ", "RATIO  tcp", "RATIO  intranode", "device payloads through a shared staging ring", "BOUND signal_rmw"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if strings.HasSuffix(c.name, "_fabric") {

@@ -307,6 +307,8 @@ var (
 		Doc: "0 skips loading the HIP runtime (`libamdhip64.so`, probed when CUDA has no device)"}), true}
 	StageChunkKiB = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_STAGE_CHUNK_KB", Kind: KindInt, Default: "1024", Min: 4, Max: 1 << 16,
 		Doc: "device payloads are staged through pinned host memory in chunks of this many KiB (4..65536), copies overlapped with the wire"}), 1024}
+	IntraRing = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_INTRANODE_RING", Kind: KindBool, Default: "1",
+		Doc: "0 sends device payloads between processes of one host over the TCP lanes instead of a shared staging ring"}), true}
 	// DebugStderr is on when set to anything: it is read by logx on every
 	// line, so it must never warn (the warning would log through it).
 	DebugStderr = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_DEBUG_STDERR", Kind: KindString, Default: "unset",

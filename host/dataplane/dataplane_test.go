@@ -111,6 +111,12 @@ func mesh2(t *testing.T, intra bool) ([]*Mesh, []*memOwner) {
 // connect2 connects two meshes over loopback with the given owners.
 func connect2(t *testing.T, os []*memOwner, opt Options) []*Mesh {
 	t.Helper()
+	return connectOwners(t, []Owner{os[0], os[1]}, opt)
+}
+
+// connectOwners connects two meshes over loopback with any owners.
+func connectOwners(t *testing.T, os []Owner, opt Options) []*Mesh {
+	t.Helper()
 	ls := make([]*Listener, 2)
 	hs := make([]*Handle, 2)
 	for i := range ls {

@@ -18,12 +18,17 @@ import (
 type pipeDevice struct {
 	mem     []byte
 	base    uintptr
-	delay   time.Duration
-	failAt  int32 // 1-based copy number that fails; 0: none
+	delay   atomic.Int64 // per copy, nanoseconds
+	failAt  int32        // 1-based copy number that fails; 0: none
 	n       atomic.Int32
 	copying atomic.Bool
 	mu      sync.Mutex
 	live    int
+	// Payload copies (more than a signal word) running now in each
+	// direction, and how many started while one of the other direction
+	// ran: the stages of a pipeline overlap.
+	dtoh, htod atomic.Int32
+	overlap    atomic.Int32
 }
 
 func (d *pipeDevice) Name() string { return "pipe" }
@@ -34,7 +39,7 @@ func (d *pipeDevice) at(a uintptr, n uint64) []byte { return d.mem[a-d.base : ui
 func (d *pipeDevice) copy(dst, src []byte) error {
 	d.copying.Store(true)
 	defer d.copying.Store(false)
-	time.Sleep(d.delay)
+	time.Sleep(time.Duration(d.delay.Load()))
 	if k := d.n.Add(1); k == d.failAt {
 		return errors.New("injected copy failure")
 	}
@@ -42,10 +47,25 @@ func (d *pipeDevice) copy(dst, src []byte) error {
 	return nil
 }
 func (d *pipeDevice) DtoH(_ uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
+	defer d.stage(n, &d.dtoh, &d.htod)()
 	return d.copy(unsafe.Slice((*byte)(dst), n), d.at(src, n))
 }
 func (d *pipeDevice) HtoD(_ uintptr, dst uintptr, src unsafe.Pointer, n uint64) error {
+	defer d.stage(n, &d.htod, &d.dtoh)()
 	return d.copy(d.at(dst, n), unsafe.Slice((*byte)(src), n))
+}
+
+// stage counts a payload copy in mine while it runs, and an overlap when
+// one in other runs as it starts.
+func (d *pipeDevice) stage(n uint64, mine, other *atomic.Int32) func() {
+	if n <= 8 {
+		return func() {}
+	}
+	mine.Add(1)
+	if other.Load() > 0 {
+		d.overlap.Add(1)
+	}
+	return func() { mine.Add(-1) }
 }
 func (d *pipeDevice) AllocPinned(_ uintptr, n uint64) (unsafe.Pointer, error) {
 	d.mu.Lock()
@@ -114,8 +134,8 @@ func TestStagingPipeline(t *testing.T) {
 		})
 	}
 	t.Run("overlap", func(t *testing.T) {
-		d.delay = 2 * time.Millisecond
-		defer func() { d.delay = 0 }()
+		d.delay.Store(int64(2 * time.Millisecond))
+		defer d.delay.Store(0)
 		w := &slowWriter{d: d, delay: 2 * time.Millisecond}
 		if err := writeFromDevice(w, 1, d.base, 16*chunk); err != nil {
 			t.Fatal(err)

@@ -63,7 +63,13 @@ func (x *intraLink) inlineMax() uint64 {
 
 // takes reports whether op's payload should move beside the stream.
 func (x *intraLink) takes(op *Op) bool {
-	return op.Size >= intraMin && op.Remote != 0 && x.on.Load()
+	return op.Size >= intraMin && op.Remote != 0 && op.LocalCtx == 0 && x.on.Load()
+}
+
+// ringable: a large put with device memory at either end (the target's is
+// device memory when its address is unknown) and the path on.
+func (x *intraLink) ringable(op *Op) bool {
+	return op.Size >= intraMin && (op.LocalCtx != 0 || op.Remote == 0) && x.on.Load()
 }
 
 // put writes op's payload into the peer; false means "use TCP".

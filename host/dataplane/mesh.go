@@ -526,6 +526,13 @@ func (m *Mesh) Close() error {
 		}
 	}
 	m.wg.Wait()
+	for _, p := range m.peers {
+		if x, ok := p.t.(*intraLink); ok {
+			for _, l := range x.lanes {
+				l.releaseRing()
+			}
+		}
+	}
 	m.logRails()
 	m.closeRails()
 	if late != nil {

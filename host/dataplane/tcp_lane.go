@@ -54,6 +54,9 @@ type tcpLink struct {
 // when they did not move it: the stream carries it then.
 type sidePath interface {
 	inlineMax() uint64
+	// ringable reports whether op's payload should move through the
+	// shared staging ring (ring.go): device memory at either end.
+	ringable(op *Op) bool
 	put(l *lane, op *Op) bool
 	get(l *lane, op *Op) bool
 }
@@ -205,6 +208,13 @@ type lane struct {
 	pLen   int
 	pAcked uint64
 	ptags  []uint64 // owned by whoever holds writing: puts not yet in the FIFO
+
+	// The intra-node staging ring (ring.go): state and fill count owned by
+	// whoever holds writing; the mapping is read by replies too.
+	ringState  int
+	ringFilled uint32
+	ring       atomic.Pointer[ring]
+	ringNo     atomic.Bool // the target refused the ring
 }
 
 func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
@@ -430,10 +440,27 @@ func (l *lane) writeBatch(ops []Op) bool {
 				continue
 			}
 		}
+		ringed := false
+		if (op.Msg == MsgPut || op.Msg == MsgPutSignal) && l.t.side != nil && l.t.side.ringable(op) {
+			// What is gathered goes first: the first ring offer waits
+			// for the target's answer.
+			l.awaitPuts(pend)
+			pend = pend[:0]
+			if err = l.writeIov(iov); err != nil {
+				break // this op never left
+			}
+			iov = iov[:0]
+			if ringed, err = l.ringReady(); err != nil {
+				break
+			}
+		}
 		h := header{typ: op.Msg, sigOp: op.SigOp, mrID: op.MrID, tag: op.Tag, off: op.Off,
 			size: op.Size, sigMrID: op.SigMrID, context: op.Context, sigOff: op.SigOff, sigValue: op.SigValue, seq: op.Seq}
 		if op.Msg == MsgReg && op.Dev {
 			h.status = 1
+		}
+		if ringed {
+			h.status = statusRing
 		}
 		// Compression is TCP's alone: a side path (intra-node) copies.
 		comp := l.t.side == nil && compressible(op)
@@ -453,7 +480,15 @@ func (l *lane) writeBatch(ops []Op) bool {
 			} else {
 				pend = append(pend, op.Tag)
 			}
-			if op.Size > 0 && op.LocalCtx != 0 {
+			if ringed {
+				// The header goes now; the payload through the ring.
+				l.awaitPuts(pend)
+				pend = pend[:0]
+				if err = l.writeIov(iov); err == nil {
+					err = l.ringSend(op)
+				}
+				iov = iov[:0]
+			} else if op.Size > 0 && op.LocalCtx != 0 {
 				// Device source: what is queued goes first, then the
 				// payload is staged through host memory chunk by chunk.
 				l.awaitPuts(pend)
@@ -747,6 +782,8 @@ func (l *lane) replies() {
 			}
 		case msgByeAck:
 			p.ackBye()
+		case msgRingNo:
+			l.ringRefused()
 		case msgNack:
 			st := rejected(h.status)
 			p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d rejected a put of %d bytes at offset %d of registration %d (signal registration %d offset %d): %v",

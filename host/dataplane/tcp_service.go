@@ -64,6 +64,8 @@ func (t *tcpLink) service(in *net.TCPConn) {
 	resp := make([]byte, hdrSize+smallResponse)
 	dec := &decoders{}
 	defer dec.release()
+	rx := &ringRx{}
+	defer rx.close()
 	bye := false
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
@@ -84,7 +86,7 @@ func (t *tcpLink) service(in *net.TCPConn) {
 		var err error
 		switch h.typ {
 		case MsgPut, MsgPutSignal:
-			err = t.servePut(in, br, &h, resp, dec)
+			err = t.servePut(in, br, &h, resp, dec, rx)
 			ack.landed++
 			if err == nil && ack.landed-ack.sent >= ackEvery {
 				// A read buffer of small puts holds hundreds: acknowledge
@@ -94,6 +96,8 @@ func (t *tcpLink) service(in *net.TCPConn) {
 			}
 		case MsgGet:
 			err = t.serveGet(in, &h, resp)
+		case msgRing:
+			err = t.attachRing(in, rx, &h, resp)
 		case MsgReg:
 			// sigOp: the fabric rail whose key sigValue is (fabricLink's
 			// submit sends rails 1.. first); rail 0's also tells the owner.
@@ -129,7 +133,7 @@ func (t *tcpLink) service(in *net.TCPConn) {
 // bytes, without overflowing. Initiator and target check with the same rule.
 func Span(off, n, size uint64) bool { return off <= size && n <= size-off }
 
-func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byte, dec *decoders) error {
+func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byte, dec *decoders, rx *ringRx) error {
 	p := t.p
 	status := abi.Success
 	if h.size > 0 {
@@ -139,6 +143,16 @@ func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []
 		}
 		var err error
 		switch codec := uint8(h.status); {
+		case h.status&statusRing != 0:
+			// The payload is in the staging ring: emptied even when
+			// the put is rejected, so the ring stays in step.
+			if codec != codecNone {
+				err = fmt.Errorf("protocol error: rank %d sent a compressed put through the staging ring", p.rank)
+				break
+			}
+			if err = rx.drain(p, ctx, unsafe.Add(base, h.off), h.size, status == abi.Success); err != nil {
+				err = fmt.Errorf("receive put payload from rank %d through the staging ring: %w", p.rank, err)
+			}
 		case codec != codecNone:
 			// Compressed (SPEC.md §8.10): decoded into the range only.
 			var dst []byte

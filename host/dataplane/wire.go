@@ -20,14 +20,19 @@ const (
 	MsgGet       = 3 // header only; the target answers msgGetResp
 	MsgReg       = 4 // a registration's id and size, for initiator-side bounds checks
 	msgBye       = 5 // orderly close: the last message on this lane
-	msgNack      = 0x81
-	msgGetResp   = 0x82
-	msgByeAck    = 0x83 // the target applied everything the lane carried before its goodbye
+	// msgRing offers the target a staging ring for device payloads (ring.go):
+	// off the sender's memfd, size its bytes, context the slots, sigValue
+	// the chunk. The target maps it or answers msgRingNo (0x85).
+	msgRing    = 6
+	msgNack    = 0x81
+	msgGetResp = 0x82
+	msgByeAck  = 0x83 // the target applied everything the lane carried before its goodbye
 	// msgPutAck: cumulative, in stream order: the first seq put messages
 	// (MsgPut and MsgPutSignal headers, rejected ones included) this stream
 	// carried have landed in the target's memory. The target sends at most
 	// one per read from the socket, so acks cost little per small put.
 	msgPutAck = 0x84
+	msgRingNo = 0x85
 )
 
 // hdrSize is the fixed size of every message header.

@@ -58,6 +58,17 @@ type Locator interface {
 	Locate(ctx, ptr uintptr) (iface, device int, err error)
 }
 
+// HostRegisterer is implemented by a device that can pin host memory it
+// did not allocate (cuMemHostRegister): the intra-node staging ring, shared
+// memory mapped by two processes, is pinned at both ends this way.
+type HostRegisterer interface {
+	// HostRegister pins [p, p+n) for copies of every context; ctx is a
+	// context to register from.
+	HostRegister(ctx uintptr, p unsafe.Pointer, n uint64) error
+	// HostUnregister undoes HostRegister before the memory is unmapped.
+	HostUnregister(p unsafe.Pointer)
+}
+
 var current atomic.Pointer[Device]
 
 // Register installs the device implementation (nil removes it).

@@ -33,6 +33,8 @@ type fakeDevice struct {
 	freed      map[uintptr]bool          // allocations the test released: a copy into one is a use after free
 	lateCopies int                       // copies into freed allocations
 	htod       int                       // HtoD copies made
+	hostRegs   map[unsafe.Pointer]uint64 // HostRegister'ed ranges (the intra-node staging ring), by start
+	ringPins   int                       // HostRegister calls
 }
 
 const fakeBase = 0x7e00_0000_0000
@@ -64,6 +66,32 @@ func (d *fakeDevice) FreePinned(p unsafe.Pointer) {
 	d.pinnedLive--
 }
 
+// HostRegister pins memory the plugin mapped itself: it counts as pinned.
+func (d *fakeDevice) HostRegister(ctx uintptr, p unsafe.Pointer, n uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.noPinned || ctx != 0xc0ffee {
+		return fmt.Errorf("HostRegister: ctx %#x, disabled %v", ctx, d.noPinned)
+	}
+	if d.hostRegs == nil {
+		d.hostRegs = map[unsafe.Pointer]uint64{}
+	}
+	d.hostRegs[p] = n
+	d.ringPins++
+	d.pinnedLive++
+	return nil
+}
+
+func (d *fakeDevice) HostUnregister(p unsafe.Pointer) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.hostRegs[p]; !ok {
+		panic("HostUnregister of memory HostRegister did not pin")
+	}
+	delete(d.hostRegs, p)
+	d.pinnedLive--
+}
+
 // notePinned counts a payload copy whose host side is not a pinned buffer;
 // called with d.mu held.
 func (d *fakeDevice) notePinned(h unsafe.Pointer, n uint64) {
@@ -72,6 +100,11 @@ func (d *fakeDevice) notePinned(h unsafe.Pointer, n uint64) {
 	}
 	for p, b := range d.pinned {
 		if uintptr(h) >= uintptr(p) && uintptr(h)+uintptr(n) <= uintptr(p)+uintptr(len(b)) {
+			return
+		}
+	}
+	for p, m := range d.hostRegs {
+		if uintptr(h) >= uintptr(p) && uintptr(h)+uintptr(n) <= uintptr(p)+uintptr(m) {
 			return
 		}
 	}
@@ -432,6 +465,12 @@ func TestDeviceStaging(t *testing.T) {
 			dev.mu.Unlock()
 			if !c.noPinned && unpinned != 0 {
 				t.Fatalf("%d payload copies did not use pinned staging memory", unpinned)
+			}
+			dev.mu.Lock()
+			ringPins := dev.ringPins
+			dev.mu.Unlock()
+			if (c.intra == "1") != (ringPins > 0) {
+				t.Fatalf("intranode=%s: %d staging ring ends pinned", c.intra, ringPins)
 			}
 		})
 	}

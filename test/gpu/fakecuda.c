@@ -84,6 +84,10 @@ int cuMemFree_v2(unsigned long long p) {
 }
 int cuMemHostAlloc(void** p, size_t n, unsigned f) { (void)f; *p = malloc(n); return 0; }
 int cuMemFreeHost(void* p) { free(p); return 0; }
+/* Pinning memory the caller mapped (the plugin's intra-node staging ring):
+ * nothing to do, but the range must be mapped host memory. */
+int cuMemHostRegister_v2(void* p, size_t n, unsigned f) { (void)f; return p && n ? 0 : 1; }
+int cuMemHostUnregister(void* p) { return p ? 0 : 1; }
 int cuMemcpyHtoD_v2(unsigned long long d, const void* h, size_t n) { memcpy((void*)(uintptr_t)d, h, n); return 0; }
 int cuMemcpyDtoH_v2(void* h, unsigned long long d, size_t n) { memcpy(h, (void*)(uintptr_t)d, n); return 0; }
 int cuMemcpyHtoDAsync_v2(unsigned long long d, const void* h, size_t n, void* s) { (void)s; return cuMemcpyHtoD_v2(d, h, n); }

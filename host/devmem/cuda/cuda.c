@@ -44,6 +44,8 @@ static struct {
   CUresult (*memHostAlloc)(void**, size_t, unsigned);
   CUresult (*memFreeHost)(void*);
   CUresult (*memGetAddressRange)(CUdeviceptr*, size_t*, CUdeviceptr);
+  CUresult (*memHostRegister)(void*, size_t, unsigned);   /* optional */
+  CUresult (*memHostUnregister)(void*);                   /* optional */
 } cu;
 
 enum { MEMHOSTALLOC_PORTABLE = 1 };
@@ -91,6 +93,9 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   SYM(memFreeHost, "cuMemFreeHost");
   SYM(memGetAddressRange, "cuMemGetAddressRange_v2");
 #undef SYM
+  *(void**)&cu.memHostRegister = dlsym(h, "cuMemHostRegister_v2");
+  *(void**)&cu.memHostUnregister = dlsym(h, "cuMemHostUnregister");
+  if (!cu.memHostRegister || !cu.memHostUnregister) cu.memHostRegister = NULL;
   CUresult r = cu.init(0);
   if (r != 0) {
     snprintf(err, errlen, "cuInit: %s (%d)", errstr(r), r);
@@ -234,6 +239,26 @@ int rmaw_cuda_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t 
 }
 
 void rmaw_cuda_host_free(void* p) { cu.memFreeHost(p); }
+
+/* Pins memory we mapped ourselves (the intra-node staging ring, shared
+ * with another process), portable to every context. */
+int rmaw_cuda_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
+  if (!cu.memHostRegister) {
+    snprintf(err, errlen, "the driver has no cuMemHostRegister");
+    return -1;
+  }
+  CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
+  if (r == 0) r = cu.memHostRegister(p, (size_t)n, MEMHOSTALLOC_PORTABLE);
+  if (r != 0) {
+    snprintf(err, errlen, "cuMemHostRegister of %llu bytes: %s", (unsigned long long)n, errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+void rmaw_cuda_host_unregister(void* p) {
+  if (cu.memHostUnregister) cu.memHostUnregister(p);
+}
 
 /* GDRCopy (libgdrapi.so, loaded at run time and never linked): device
  * signal words are updated through a CPU mapping of their 64 KiB GPU page

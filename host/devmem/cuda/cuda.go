@@ -108,6 +108,17 @@ func (cudaDevice) AllocPinned(ctx uintptr, n uint64) (unsafe.Pointer, error) {
 
 func (cudaDevice) FreePinned(p unsafe.Pointer) { C.rmaw_cuda_host_free(p) }
 
+// HostRegister pins memory mapped outside Go's heap (the staging ring).
+func (cudaDevice) HostRegister(ctx uintptr, p unsafe.Pointer, n uint64) error {
+	var buf [256]C.char
+	if C.rmaw_cuda_host_register(C.uintptr_t(ctx), p, C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
+		return errors.New(C.GoString(&buf[0]))
+	}
+	return nil
+}
+
+func (cudaDevice) HostUnregister(p unsafe.Pointer) { C.rmaw_cuda_host_unregister(p) }
+
 // gdrDevice is the CUDA device with GDRCopy for signal words.
 type gdrDevice struct{ cudaDevice }
 

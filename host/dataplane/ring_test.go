@@ -1,0 +1,211 @@
+package dataplane
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+)
+
+// devOwner is a target with device memory (registration 1, of a
+// pipeDevice) and host memory (registration 2).
+type devOwner struct {
+	memOwner
+	dev  uintptr
+	size uint64
+	host []byte
+}
+
+func (o *devOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, bool) {
+	switch id {
+	case 1:
+		return addrPtr(uint64(o.dev)), o.size, 1, NewPin(&o.pins), true
+	case 2:
+		return unsafe.Pointer(&o.host[0]), uint64(len(o.host)), 0, NewPin(&o.pins), true
+	}
+	return nil, 0, 0, Pin{}, false
+}
+
+// ringDevice is a pipeDevice that pins host memory too, and counts it.
+type ringDevice struct {
+	*pipeDevice
+	registered atomic.Int32
+}
+
+func (d *ringDevice) HostRegister(_ uintptr, p unsafe.Pointer, n uint64) error {
+	if p == nil || n == 0 {
+		return errors.New("empty range")
+	}
+	d.registered.Add(1)
+	return nil
+}
+func (d *ringDevice) HostUnregister(unsafe.Pointer) { d.registered.Add(-1) }
+
+// ringMesh connects two ranks over the intra-node path with device memory
+// of size bytes each (rank r's at base+r*size) and 64 KiB of host memory.
+func ringMesh(t *testing.T, size uint64, lanes int) ([]*Mesh, []*devOwner, *ringDevice) {
+	t.Helper()
+	t.Setenv("NCCL_RMA_WASM_STAGE_CHUNK_KB", "4")
+	// Both ranks' memory is mapped outside Go's heap: the two ends of the
+	// ring synchronise through shared memory and futexes, which the race
+	// detector cannot see, as two processes would.
+	pd := &pipeDevice{mem: mapAnon(t, 2*size), base: 0x7e00_0000_0000}
+	d := &ringDevice{pipeDevice: pd}
+	devmem.Register(d)
+	t.Cleanup(func() { devmem.Register(nil) })
+	os := make([]*devOwner, 2)
+	for r := range os {
+		os[r] = &devOwner{memOwner: memOwner{done: map[uint64]abi.Result{}}, dev: pd.base + uintptr(r)*uintptr(size), size: size, host: mapAnon(t, 64<<10)}
+	}
+	ms := connectOwners(t, []Owner{os[0], os[1]}, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes,
+		StripeThreshold: 64 << 10, ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second})
+	return ms, os, d
+}
+
+func mapAnon(t *testing.T, n uint64) []byte {
+	b, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(b) })
+	return b
+}
+
+func fill(b []byte, seed int) {
+	for i := range b {
+		b[i] = byte(i*7 + seed + i>>10)
+	}
+}
+
+// TestRingPipelined: device-to-device, host-to-device and device-to-host
+// puts between two ranks of one host move through the staging ring, every
+// byte lands, the signal is visible only once the whole payload is, and
+// the sender's device-to-ring copies overlap the target's ring-to-device
+// copies (with the stages run one after the other, no copy ever starts
+// while one of the other direction runs, and this fails).
+func TestRingPipelined(t *testing.T) {
+	const size = 256 << 10
+	for _, lanes := range []int{1, 2} {
+		t.Run(fmt.Sprint("lanes", lanes), func(t *testing.T) {
+			ms, os, d := ringMesh(t, size, lanes)
+			src := d.at(os[0].dev, size)
+			dst := d.at(os[1].dev, size)
+			fill(src, lanes)
+			d.delay.Store(int64(time.Millisecond))
+			sig := (*uint64)(unsafe.Pointer(&os[1].host[0]))
+			ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size,
+				SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 5}, false, -1)
+			// The signal says the payload is there: check it the moment
+			// the signal appears.
+			deadline := time.Now().Add(20 * time.Second)
+			for atomic.LoadUint64(sig) == 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("signal never arrived")
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+			if !bytes.Equal(dst, src) {
+				t.Fatal("the signal was visible before the whole payload landed")
+			}
+			if v := atomic.LoadUint64(sig); v != 5 {
+				t.Fatalf("signal %d, want 5", v)
+			}
+			if st := waitDone(t, &os[0].memOwner, 1); st != abi.Success {
+				t.Fatalf("put completed with %v", st)
+			}
+			d.delay.Store(0)
+			if d.overlap.Load() == 0 {
+				t.Fatal("no device copy of the sender ran while the target copied in: the ring stages ran one after the other")
+			}
+			x := ms[0].peers[1].t.(*intraLink)
+			rings := 0
+			for _, l := range x.lanes {
+				if l.ringState == ringOn {
+					rings++
+				}
+			}
+			if rings != lanes {
+				t.Fatalf("%d of %d lanes used the staging ring", rings, lanes)
+			}
+			if d.registered.Load() != int32(2*lanes) {
+				t.Fatalf("%d ring mappings pinned, want %d (both ends of each lane)", d.registered.Load(), 2*lanes)
+			}
+
+			// Host memory to device memory, and device memory to host
+			// memory (an odd size: a partial last chunk).
+			h := os[0].host[:40<<10+3]
+			fill(h, 9)
+			ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 2, Local: unsafe.Pointer(&h[0]), Size: uint64(len(h)), Off: 5}, false, -1)
+			if st := waitDone(t, &os[0].memOwner, 2); st != abi.Success || !bytes.Equal(dst[5:5+len(h)], h) {
+				t.Fatalf("host->device put through the ring: %v", st)
+			}
+			ms[0].Post(1, &Op{Msg: MsgPut, MrID: 2, Tag: 3, Local: addrPtr(uint64(os[0].dev) + 100), LocalCtx: 1, Size: 48 << 10, Off: 8,
+				Remote: uint64(uintptr(unsafe.Pointer(&os[1].host[8])))}, false, -1)
+			if st := waitDone(t, &os[0].memOwner, 3); st != abi.Success || !bytes.Equal(os[1].host[8:8+48<<10], src[100:100+48<<10]) {
+				t.Fatalf("device->host put through the ring: %v", st)
+			}
+			// A put the target rejects still empties its slots: the
+			// next one lands.
+			ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 4, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 32 << 10, Off: size - 100}, false, -1)
+			if st := waitDone(t, &os[0].memOwner, 4); st != abi.InvalidArgument {
+				t.Fatalf("out-of-range put through the ring completed with %v", st)
+			}
+			clear(dst)
+			ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 5, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 32 << 10}, false, -1)
+			if st := waitDone(t, &os[0].memOwner, 5); st != abi.Success || !bytes.Equal(dst[:32<<10], src[:32<<10]) {
+				t.Fatalf("put after a rejected one: %v", st)
+			}
+			for _, m := range ms {
+				if err := m.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := d.registered.Load(); n != 0 {
+				t.Fatalf("%d ring mappings still pinned after close", n)
+			}
+		})
+	}
+}
+
+// TestRingRefusedFallsBack: a target that cannot map the ring refuses it,
+// and device payloads ride the stream instead, every byte intact.
+func TestRingRefusedFallsBack(t *testing.T) {
+	attachHook = func() error { return errors.New("refused by the test") }
+	defer func() { attachHook = nil }()
+	const size = 64 << 10
+	ms, os, d := ringMesh(t, size, 1)
+	src, dst := d.at(os[0].dev, size), d.at(os[1].dev, size)
+	fill(src, 3)
+	for tag := uint64(1); tag <= 3; tag++ {
+		clear(dst)
+		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size}, false, -1)
+		if st := waitDone(t, &os[0].memOwner, tag); st != abi.Success || !bytes.Equal(dst, src) {
+			t.Fatalf("put %d with the ring refused: %v", tag, st)
+		}
+	}
+	if l := ms[0].peers[1].t.(*intraLink).lanes[0]; l.ringState != ringOff {
+		t.Fatalf("ring state %d after a refusal, want off", l.ringState)
+	}
+}
+
+// TestRingPeerGone: a target that dies in the middle of a put through the
+// ring leaves the sender failing it, not waiting forever.
+func TestRingPeerGone(t *testing.T) {
+	const size = 256 << 10
+	ms, os, d := ringMesh(t, size, 1)
+	d.delay.Store(int64(20 * time.Millisecond)) // the target copies slowly: the sender waits for slots
+	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size}, false, -1)
+	time.Sleep(60 * time.Millisecond)
+	ms[1].Close()
+	if st := waitDone(t, &os[0].memOwner, 1); st == abi.Success {
+		t.Fatal("a put whose target closed in the middle succeeded")
+	}
+}
