@@ -114,11 +114,11 @@ func connect2(t *testing.T, os []*memOwner, opt Options) []*Mesh {
 	return connectOwners(t, []Owner{os[0], os[1]}, opt)
 }
 
-// connectOwners connects two meshes over loopback with any owners.
+// connectOwners connects a mesh per owner over loopback.
 func connectOwners(t *testing.T, os []Owner, opt Options) []*Mesh {
 	t.Helper()
-	ls := make([]*Listener, 2)
-	hs := make([]*Handle, 2)
+	ls := make([]*Listener, len(os))
+	hs := make([]*Handle, len(os))
 	for i := range ls {
 		l, h, err := Listen("127.0.0.1")
 		if err != nil {
@@ -127,7 +127,7 @@ func connectOwners(t *testing.T, os []Owner, opt Options) []*Mesh {
 		ls[i], hs[i] = l, h
 		t.Cleanup(func() { l.Close() })
 	}
-	ms := make([]*Mesh, 2)
+	ms := make([]*Mesh, len(os))
 	var wg sync.WaitGroup
 	for i := range ms {
 		wg.Add(1)
@@ -144,7 +144,11 @@ func connectOwners(t *testing.T, os []Owner, opt Options) []*Mesh {
 	if t.Failed() {
 		t.FailNow()
 	}
-	t.Cleanup(func() { ms[0].Close(); ms[1].Close() })
+	t.Cleanup(func() {
+		for _, m := range ms {
+			m.Close()
+		}
+	})
 	return ms
 }
 

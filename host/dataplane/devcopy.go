@@ -52,7 +52,8 @@ func (s sigRef) apply(v uint64) error {
 	if d == nil {
 		return errNoDevice
 	}
-	mu := &devSigLocks[(s.dev>>3)%uintptr(len(devSigLocks))]
+	stripe := int((s.dev >> 3) % uintptr(len(devSigLocks)))
+	mu := &devSigLocks[stripe]
 	mu.Lock()
 	defer mu.Unlock()
 	if wa, ok := d.(devmem.WordAdder); ok {
@@ -60,15 +61,64 @@ func (s sigRef) apply(v uint64) error {
 			return err
 		}
 	}
-	var w uint64
-	if err := d.DtoH(s.ctx, unsafe.Pointer(&w), s.dev, 8); err != nil {
+	w := sigWord(d, s.ctx, stripe)
+	if err := d.DtoH(s.ctx, w, s.dev, 8); err != nil {
 		return fmt.Errorf("read device signal: %w", err)
 	}
-	w += v
-	if err := d.HtoD(s.ctx, s.dev, unsafe.Pointer(&w), 8); err != nil {
+	*(*uint64)(w) += v
+	if err := d.HtoD(s.ctx, s.dev, w, 8); err != nil {
 		return fmt.Errorf("write device signal: %w", err)
 	}
 	return nil
+}
+
+// sigPage is a pinned page of one device through which each lock stripe
+// reads and writes its signal word: a copy from pageable memory would take
+// the driver's bounce buffer, and a Go variable handed to the device would
+// be allocated per signal.
+var sigPage struct {
+	mu sync.Mutex
+	p  atomic.Pointer[sigWords]
+}
+
+type sigWords struct {
+	dev  devmem.Device
+	base unsafe.Pointer // nil: pinned allocation failed, use Go memory
+}
+
+// sigWord returns stripe's word in d's pinned page, allocating the page on
+// first use; called with the stripe's lock held.
+func sigWord(d devmem.Device, ctx uintptr, stripe int) unsafe.Pointer {
+	w := sigPage.p.Load()
+	if w == nil || w.dev != d {
+		sigPage.mu.Lock()
+		if w = sigPage.p.Load(); w == nil || w.dev != d {
+			// Another device (tests swap fakes): its page is dropped, not
+			// freed, as a stripe may still hold it.
+			w = &sigWords{dev: d}
+			w.base, _ = d.AllocPinned(ctx, 8*uint64(len(devSigLocks)))
+			sigPage.p.Store(w)
+		}
+		sigPage.mu.Unlock()
+	}
+	if w.base == nil {
+		return unsafe.Pointer(new(uint64))
+	}
+	return unsafe.Add(w.base, 8*stripe)
+}
+
+// releaseSigPage frees the pinned signal page (plugin finalize); every
+// stripe's lock is taken first, so no signal is using it.
+func releaseSigPage() {
+	for i := range devSigLocks {
+		devSigLocks[i].Lock()
+	}
+	if w := sigPage.p.Swap(nil); w != nil && w.base != nil {
+		w.dev.FreePinned(w.base)
+	}
+	for i := range devSigLocks {
+		devSigLocks[i].Unlock()
+	}
 }
 
 // stager is a pair of pinned staging buffers and the goroutine that runs
@@ -149,6 +199,7 @@ func putStager(s *stager) {
 // pinned memory lives in a device context the application may destroy.
 // Stagers in use return to the pool and are freed at the next call.
 func ReleaseStagers() {
+	releaseSigPage()
 	stagers.mu.Lock()
 	free := stagers.free
 	stagers.free = nil
