@@ -24,6 +24,19 @@ func fakeCUDA(t *testing.T, root string) string {
 	return dir
 }
 
+// fakeGDR builds test/gpu/fakecuda.c and test/gpu/fakegdr.c (a GDRCopy
+// whose mapping of a fake device page is the page itself) side by side.
+func fakeGDR(t *testing.T, root string) string {
+	t.Helper()
+	dir := fakeCUDA(t, root)
+	cmd := exec.Command("cc", "-O2", "-shared", "-fPIC", "-o", filepath.Join(dir, "libgdrapi.so"),
+		filepath.Join(root, "test/gpu/fakegdr.c"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build fake libgdrapi.so: %v\n%s", err, out)
+	}
+	return dir
+}
+
 // fakeHIP builds test/gpu/fakehip.c as libamdhip64.so: two fake AMD
 // devices whose copies fail unless the calling thread set the device that
 // owns the memory and uses a stream of that device.
@@ -44,7 +57,7 @@ func fakeHIP(t *testing.T, root string) string {
 // byte and signal is verified through the plugin, two processes each.
 func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 	root := build(t)
-	fake, fakeAMD := fakeCUDA(t, root), fakeHIP(t, root)
+	fake, fakeAMD, fakeWithGDR := fakeCUDA(t, root), fakeHIP(t, root), fakeGDR(t, root)
 	lib := filepath.Join(root, "build/librccl-rma-wasm.so")
 	for _, c := range []struct {
 		name, prog string
@@ -68,7 +81,14 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// (RESULT FAIL) fails the test, and "RESULT BELOW-TARGET" (exit 1)
 		// is a pass here.
 		{"staging_bench", "staging_bench", []string{lib, "2097152", "2", "50"}, []string{"LD_LIBRARY_PATH=" + fake},
-			[]string{"RESULT ", "RATIO  tcp", "RATIO  intranode", "device payloads through a shared staging ring", "BOUND signal_rmw"}},
+			[]string{"RESULT ", "RATIO  tcp", "RATIO  intranode", "device payloads through a shared staging ring", "BOUND signal_rmw",
+				"no GDRCopy"}},
+		// With libgdrapi.so present, device signal words (the program puts
+		// them in a 2 MiB allocation, so their 64 KiB page can be mapped)
+		// are updated through GDRCopy's mapping, pinned on first use and
+		// unpinned at deregistration; every signal is still waited for.
+		{"staging_bench_gdr", "staging_bench", []string{lib, "2097152", "2", "50"}, []string{"LD_LIBRARY_PATH=" + fakeWithGDR},
+			[]string{"RESULT ", "GDRCopy loaded", "fakegdr: page", "unpinned"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if strings.HasSuffix(c.name, "_fabric") {
