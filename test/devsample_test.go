@@ -65,7 +65,8 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		want       []string
 	}{
 		{"cuda_check", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake},
-			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified"}},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified",
+				"device payloads through a shared staging ring"}},
 		// Over the libfabric transport, whose provider here (tcp;ofi_rxm)
 		// has no FI_HMEM: device payloads are staged over the link's TCP
 		// lanes, in order with its RDMA writes.
@@ -76,7 +77,8 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// on device 1, so the plugin's copy threads must pick the device.
 		{"hip_check", "cuda_check", []string{lib, "196608", "4"},
 			[]string{"LD_LIBRARY_PATH=" + fakeAMD, "SAMPLE_RUNTIME=hip", "NCCL_RMA_WASM_CUDA=0"},
-			[]string{"RESULT PASS", "teardown: 4 rounds", "(HIP device 1)", "HIP runtime loaded, 2 device(s)"}},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "(HIP device 1)", "HIP runtime loaded, 2 device(s)",
+				"device payloads through a shared staging ring"}},
 		// Its speed target means nothing on a fake device: only correctness
 		// (RESULT FAIL) fails the test, and "RESULT BELOW-TARGET" (exit 1)
 		// is a pass here.

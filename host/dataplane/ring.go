@@ -73,6 +73,7 @@ type ring struct {
 
 	pinTried bool
 	pinned   devmem.HostRegisterer // non-nil: the slots are registered with it
+	pinCtx   uintptr               // the context they were registered from
 }
 
 func (r *ring) word(off int) *uint32 { return (*uint32)(unsafe.Pointer(&r.mem[off])) }
@@ -97,12 +98,12 @@ func (r *ring) pin(d devmem.Device, ctx uintptr) {
 		logx.Info(abi.SubsysNet, "NET/wasm: cannot pin the intra-node staging ring (%v); its device copies run at pageable speed", err)
 		return
 	}
-	r.pinned = hr
+	r.pinned, r.pinCtx = hr, ctx
 }
 
 func (r *ring) close() {
 	if r.pinned != nil {
-		r.pinned.HostUnregister(unsafe.Pointer(&r.mem[ringHdrSize]))
+		r.pinned.HostUnregister(r.pinCtx, unsafe.Pointer(&r.mem[ringHdrSize]))
 	}
 	unix.Munmap(r.mem)
 	if r.fd >= 0 {

@@ -47,7 +47,12 @@ func (d *ringDevice) HostRegister(_ uintptr, p unsafe.Pointer, n uint64) error {
 	d.registered.Add(1)
 	return nil
 }
-func (d *ringDevice) HostUnregister(unsafe.Pointer) { d.registered.Add(-1) }
+func (d *ringDevice) HostUnregister(ctx uintptr, _ unsafe.Pointer) {
+	if ctx != 1 {
+		panic("HostUnregister with another context than HostRegister's")
+	}
+	d.registered.Add(-1)
+}
 
 // ringMesh connects two ranks over the intra-node path with device memory
 // of size bytes each (rank r's at base+r*size) and 64 KiB of host memory.

@@ -65,8 +65,10 @@ type HostRegisterer interface {
 	// HostRegister pins [p, p+n) for copies of every context; ctx is a
 	// context to register from.
 	HostRegister(ctx uintptr, p unsafe.Pointer, n uint64) error
-	// HostUnregister undoes HostRegister before the memory is unmapped.
-	HostUnregister(p unsafe.Pointer)
+	// HostUnregister undoes HostRegister before the memory is unmapped;
+	// ctx is the one HostRegister was given (the calling thread may have
+	// none current).
+	HostUnregister(ctx uintptr, p unsafe.Pointer)
 }
 
 var current atomic.Pointer[Device]

@@ -82,9 +82,12 @@ func (d *fakeDevice) HostRegister(ctx uintptr, p unsafe.Pointer, n uint64) error
 	return nil
 }
 
-func (d *fakeDevice) HostUnregister(p unsafe.Pointer) {
+func (d *fakeDevice) HostUnregister(ctx uintptr, p unsafe.Pointer) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if ctx != 0xc0ffee {
+		panic("HostUnregister with another context than HostRegister's")
+	}
 	if _, ok := d.hostRegs[p]; !ok {
 		panic("HostUnregister of memory HostRegister did not pin")
 	}

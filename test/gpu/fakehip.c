@@ -87,6 +87,9 @@ int hipStreamCreateWithFlags(void** s, unsigned f) {
 int hipStreamSynchronize(void* s) { (void)s; return 0; }
 int hipHostMalloc(void** p, size_t n, unsigned f) { (void)f; *p = malloc(n); return *p ? 0 : 2; }
 int hipHostFree(void* p) { free(p); return 0; }
+/* Pinning memory the caller mapped (the plugin's staging ring). */
+int hipHostRegister(void* p, size_t n, unsigned f) { (void)f; return p && n ? 0 : 1; }
+int hipHostUnregister(void* p) { return p ? 0 : 1; }
 /* kind: 1 host to device, 2 device to host. */
 static int copy(void* dst, const void* src, size_t n, int kind, int dev) {
   uintptr_t d = (uintptr_t)(kind == 1 ? dst : src);

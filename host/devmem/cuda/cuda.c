@@ -256,8 +256,10 @@ int rmaw_cuda_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_
   return 0;
 }
 
-void rmaw_cuda_host_unregister(void* p) {
-  if (cu.memHostUnregister) cu.memHostUnregister(p);
+/* Called from threads with no context (closeColl's, a service goroutine's
+ * at teardown): set the registering one. */
+void rmaw_cuda_host_unregister(uintptr_t ctx, void* p) {
+  if (cu.memHostUnregister && cu.ctxSetCurrent((CUcontext)ctx) == 0) cu.memHostUnregister(p);
 }
 
 /* GDRCopy (libgdrapi.so, loaded at run time and never linked): device

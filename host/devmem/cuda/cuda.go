@@ -117,7 +117,9 @@ func (cudaDevice) HostRegister(ctx uintptr, p unsafe.Pointer, n uint64) error {
 	return nil
 }
 
-func (cudaDevice) HostUnregister(p unsafe.Pointer) { C.rmaw_cuda_host_unregister(p) }
+func (cudaDevice) HostUnregister(ctx uintptr, p unsafe.Pointer) {
+	C.rmaw_cuda_host_unregister(C.uintptr_t(ctx), p)
+}
 
 // gdrDevice is the CUDA device with GDRCopy for signal words.
 type gdrDevice struct{ cudaDevice }

@@ -10,7 +10,7 @@ int rmaw_cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint6
 int rmaw_cuda_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen);
 void rmaw_cuda_host_free(void* p);
 int rmaw_cuda_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen);
-void rmaw_cuda_host_unregister(void* p);
+void rmaw_cuda_host_unregister(uintptr_t ctx, void* p);
 int rmaw_gdr_open(char* err, size_t errlen);
 int rmaw_gdr_add(uintptr_t ctx, uint64_t addr, uint64_t v);
 void rmaw_gdr_forget(uint64_t addr, uint64_t size);

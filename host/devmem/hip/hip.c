@@ -36,6 +36,8 @@ static struct {
   hipError_t (*hostMalloc)(void**, size_t, unsigned);
   hipError_t (*hostFree)(void*);
   const char* (*getErrorString)(hipError_t);
+  hipError_t (*hostRegister)(void*, size_t, unsigned); /* optional */
+  hipError_t (*hostUnregister)(void*);                 /* optional */
 } hip;
 
 /* hipMemoryTypeDevice: 1 before ROCm 6, 2 from ROCm 6 on (the enum was
@@ -76,6 +78,9 @@ int rmaw_hip_open(const char* lib, char* err, size_t errlen) {
   SYM(hostFree, "hipHostFree");
   SYM(getErrorString, "hipGetErrorString");
 #undef SYM
+  *(void**)&hip.hostRegister = dlsym(h, "hipHostRegister");
+  *(void**)&hip.hostUnregister = dlsym(h, "hipHostUnregister");
+  if (!hip.hostUnregister) hip.hostRegister = NULL;
   int v = 0;
   if (hip.runtimeGetVersion(&v) == 0 && v > 0 && v < 60000000) memtype_device = 1;
   hipError_t r = hip.init(0);
@@ -178,3 +183,22 @@ int rmaw_hip_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t e
 }
 
 void rmaw_hip_host_free(void* p) { hip.hostFree(p); }
+
+/* Pins memory we mapped ourselves (the intra-node staging ring). */
+int rmaw_hip_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
+  if (!hip.hostRegister) {
+    snprintf(err, errlen, "the runtime has no hipHostRegister");
+    return -1;
+  }
+  hipError_t r = hip.setDevice((int)ctx - 1);
+  if (r == 0) r = hip.hostRegister(p, (size_t)n, HOST_MALLOC_PORTABLE); /* hipHostRegisterPortable = 1 */
+  if (r != 0) {
+    snprintf(err, errlen, "hipHostRegister of %llu bytes: %s", (unsigned long long)n, errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+void rmaw_hip_host_unregister(uintptr_t ctx, void* p) {
+  if (hip.hostUnregister && hip.setDevice((int)ctx - 1) == 0) hip.hostUnregister(p);
+}

@@ -114,3 +114,16 @@ func (hipDevice) AllocPinned(ctx uintptr, n uint64) (unsafe.Pointer, error) {
 }
 
 func (hipDevice) FreePinned(p unsafe.Pointer) { C.rmaw_hip_host_free(p) }
+
+// HostRegister pins memory mapped outside Go's heap (the staging ring).
+func (hipDevice) HostRegister(ctx uintptr, p unsafe.Pointer, n uint64) error {
+	var buf [256]C.char
+	if C.rmaw_hip_host_register(C.uintptr_t(ctx), p, C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
+		return errors.New(C.GoString(&buf[0]))
+	}
+	return nil
+}
+
+func (hipDevice) HostUnregister(ctx uintptr, p unsafe.Pointer) {
+	C.rmaw_hip_host_unregister(C.uintptr_t(ctx), p)
+}

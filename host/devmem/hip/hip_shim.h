@@ -7,4 +7,6 @@ int rmaw_hip_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, siz
 int rmaw_hip_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err, size_t errlen);
 int rmaw_hip_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen);
 void rmaw_hip_host_free(void* p);
+int rmaw_hip_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen);
+void rmaw_hip_host_unregister(uintptr_t ctx, void* p);
 #endif
