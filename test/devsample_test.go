@@ -2,6 +2,7 @@ package test
 
 import (
 	"context"
+	"encoding/binary"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -117,5 +118,53 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRingOverlapOnFakeCUDA runs build/staging_bench (two processes; in
+// its intra-node round rank 0 puts device memory into rank 1's, one way)
+// on the fake driver with slow copies of registered host memory, which only
+// the intra-node staging ring uses, counted in a file both processes map:
+// the ring carries the payloads, and the sender's copy into a slot starts
+// while the target copies another out (puts go one way, so any overlap of
+// the two directions is the two ends of one ring). Stages run one after
+// the other would never overlap. With the ring off, no copy touches
+// registered memory.
+func TestRingOverlapOnFakeCUDA(t *testing.T) {
+	root := build(t)
+	fake := fakeCUDA(t, root)
+	lib := filepath.Join(root, "build/librccl-rma-wasm.so")
+	for _, ring := range []string{"1", "0"} {
+		stage := filepath.Join(t.TempDir(), "stage")
+		if err := os.WriteFile(stage, make([]byte, 64), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		cmd := exec.CommandContext(ctx, filepath.Join(root, "build/staging_bench"), lib, "262144", "2", "10")
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "NCCL_RMA_WASM_ADDR=127.0.0.1", "NCCL_RMA_WASM_CACHE_DIR="+t.TempDir(),
+			"LD_LIBRARY_PATH="+fake, "NCCL_RMA_WASM_STAGE_CHUNK_KB=4", "NCCL_RMA_WASM_LANES=1",
+			"NCCL_RMA_WASM_INTRANODE_RING="+ring, "FAKECUDA_STAGE_FILE="+stage, "FAKECUDA_STAGE_US=200")
+		out, err := cmd.CombinedOutput()
+		cancel()
+		// Its speed target means nothing here: "RESULT BELOW-TARGET" passes.
+		if text := string(out); !strings.Contains(text, "RESULT ") || strings.Contains(text, "RESULT FAIL") {
+			t.Fatalf("ring=%s: staging_bench failed (%v):\n%s", ring, err, tail(text))
+		}
+		b, err := os.ReadFile(stage)
+		if err != nil {
+			t.Fatal(err)
+		}
+		le := func(i int) int64 { return int64(binary.LittleEndian.Uint64(b[8*i:])) }
+		copies, overlaps := le(2), le(3)
+		t.Logf("ring=%s: %d copies of the ring's slots, %d started while the other direction copied", ring, copies, overlaps)
+		switch {
+		case ring == "0" && copies != 0:
+			t.Fatalf("ring off, yet %d copies of registered memory", copies)
+		case ring == "1" && copies < 4*2*64:
+			t.Fatalf("ring on: %d copies of its slots, want at least %d (4 puts of 64 chunks, both ends)", copies, 4*2*64)
+		case ring == "1" && overlaps == 0:
+			t.Fatal("ring on: no copy of one direction ran while one of the other did: its stages ran one after the other")
+		}
 	}
 }

@@ -85,13 +85,93 @@ int cuMemFree_v2(unsigned long long p) {
 int cuMemHostAlloc(void** p, size_t n, unsigned f) { (void)f; *p = malloc(n); return 0; }
 int cuMemFreeHost(void* p) { free(p); return 0; }
 /* Pinning memory the caller mapped (the plugin's intra-node staging ring):
- * nothing to do, but the range must be mapped host memory. */
-int cuMemHostRegister_v2(void* p, size_t n, unsigned f) { (void)f; return p && n ? 0 : 1; }
-int cuMemHostUnregister(void* p) { return p ? 0 : 1; }
+ * the range is remembered, so that copies of it can be watched.
+ *
+ * FAKECUDA_STAGE_FILE=path (a file of at least 64 bytes that every process
+ * of a test maps) and FAKECUDA_STAGE_US=n: each async copy whose host side
+ * lies in registered memory takes n microseconds, and counts in the file:
+ * word 0 copies to the device running now (all processes), word 1 from
+ * the device, word 2 such copies made, word 3 those that started while one
+ * of the other direction ran (in this process or another): how much the
+ * stages of the ring overlap. */
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#define MAXREG 64
+static struct {
+  uintptr_t p;
+  size_t n;
+} regs[MAXREG];
+static volatile long* stage;
+static long stage_us = -1;
+
+int cuMemHostRegister_v2(void* p, size_t n, unsigned f) {
+  (void)f;
+  if (!p || !n) return 1;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < MAXREG; i++)
+    if (!regs[i].p) {
+      regs[i].p = (uintptr_t)p;
+      regs[i].n = n;
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+  return 0;
+}
+int cuMemHostUnregister(void* p) {
+  int found = 0;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < MAXREG; i++)
+    if (regs[i].p == (uintptr_t)p) regs[i].p = 0, found = 1;
+  pthread_mutex_unlock(&mu);
+  return found ? 0 : 1;
+}
+
+/* watched returns the shared counters when host lies in registered memory
+ * and FAKECUDA_STAGE_FILE is set, else NULL. */
+static volatile long* watched(const void* host) {
+  pthread_mutex_lock(&mu);
+  if (stage_us < 0) {
+    const char* f = getenv("FAKECUDA_STAGE_FILE");
+    const char* us = getenv("FAKECUDA_STAGE_US");
+    stage_us = us ? atol(us) : 0;
+    int fd = f ? open(f, O_RDWR) : -1;
+    if (fd >= 0) {
+      void* m = mmap(NULL, 64, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (m != MAP_FAILED) stage = m;
+      close(fd);
+    }
+  }
+  int in = 0;
+  for (int i = 0; i < MAXREG; i++)
+    if (regs[i].p && (uintptr_t)host >= regs[i].p && (uintptr_t)host < regs[i].p + regs[i].n) in = 1;
+  pthread_mutex_unlock(&mu);
+  return in ? stage : NULL;
+}
+
+static void stage_copy(int to_device, void* dst, const void* src, size_t n, const void* host) {
+  volatile long* w = watched(host);
+  if (w) {
+    __atomic_add_fetch(&w[to_device ? 0 : 1], 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&w[2], 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&w[to_device ? 1 : 0], __ATOMIC_SEQ_CST) > 0) __atomic_add_fetch(&w[3], 1, __ATOMIC_SEQ_CST);
+    usleep(stage_us);
+  }
+  memcpy(dst, src, n);
+  if (w) __atomic_sub_fetch(&w[to_device ? 0 : 1], 1, __ATOMIC_SEQ_CST);
+}
 int cuMemcpyHtoD_v2(unsigned long long d, const void* h, size_t n) { memcpy((void*)(uintptr_t)d, h, n); return 0; }
 int cuMemcpyDtoH_v2(void* h, unsigned long long d, size_t n) { memcpy(h, (void*)(uintptr_t)d, n); return 0; }
-int cuMemcpyHtoDAsync_v2(unsigned long long d, const void* h, size_t n, void* s) { (void)s; return cuMemcpyHtoD_v2(d, h, n); }
-int cuMemcpyDtoHAsync_v2(void* h, unsigned long long d, size_t n, void* s) { (void)s; return cuMemcpyDtoH_v2(h, d, n); }
+int cuMemcpyHtoDAsync_v2(unsigned long long d, const void* h, size_t n, void* s) {
+  (void)s;
+  stage_copy(1, (void*)(uintptr_t)d, h, n, h);
+  return 0;
+}
+int cuMemcpyDtoHAsync_v2(void* h, unsigned long long d, size_t n, void* s) {
+  (void)s;
+  stage_copy(0, h, (void*)(uintptr_t)d, n, h);
+  return 0;
+}
 
 /* Virtual memory management, enough for a multi-segment window: a
  * reservation is host memory; each cuMemMap makes one "allocation" of it
