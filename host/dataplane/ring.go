@@ -24,8 +24,8 @@ import (
 // put between two processes of one host whose source or target is device
 // memory moves through a ring of chunk-sized slots in shared memory: a memfd
 // the sending lane creates on its first such put and the target maps
-// through /proc/<pid>/fd (the ptrace permission process_vm_writev needs
-// too). The sender copies chunk k from its device into slot k mod
+// through /proc/<pid>/fd (ptrace read access, which Yama's ptrace_scope=1
+// grants to siblings that it refuses process_vm_writev). The sender copies chunk k from its device into slot k mod
 // ringSlots while the target copies earlier chunks out to its device; two
 // counters in the ring's first page are the flow control, waited on with
 // futexes. Both sides pin the slots once (cuMemHostRegister), so both copies

@@ -201,6 +201,24 @@ func TestRingRefusedFallsBack(t *testing.T) {
 	}
 }
 
+// TestRingWithoutProcessVM: with the single-copy path refused (as Yama
+// refuses process_vm_writev between sibling processes), device payloads
+// still take the ring, which needs only read access to the peer's fds.
+func TestRingWithoutProcessVM(t *testing.T) {
+	const size = 64 << 10
+	ms, os, d := ringMesh(t, size, 1)
+	ms[0].peers[1].t.(*intraLink).on.Store(false)
+	src, dst := d.at(os[0].dev, size), d.at(os[1].dev, size)
+	fill(src, 5)
+	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size}, false, -1)
+	if st := waitDone(t, &os[0].memOwner, 1); st != abi.Success || !bytes.Equal(dst, src) {
+		t.Fatalf("put: %v", st)
+	}
+	if l := ms[0].peers[1].t.(*intraLink).lanes[0]; l.ringState != ringOn {
+		t.Fatalf("ring state %d with process_vm_writev refused, want on", l.ringState)
+	}
+}
+
 // TestRingPeerGone: a target that dies in the middle of a put through the
 // ring leaves the sender failing it, not waiting forever.
 func TestRingPeerGone(t *testing.T) {
