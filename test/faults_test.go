@@ -122,6 +122,49 @@ func TestFaultConnectionReset(t *testing.T) {
 	faultRuns(t, out, "reset", 3)
 }
 
+// TestFaultLaneReset resets one more outgoing TCP lane of rank 2 (ss -K)
+// in each of rounds 1..3, 5 ms into the round, while every rank has puts,
+// puts with signal, signals and gets in flight, under the multirail
+// backend with 4 lanes per peer: the lane fails over (its unacknowledged
+// operations go again on a live lane of the same peer, the target drops
+// what already landed), every byte and signal of every round is verified
+// exactly once by every rank, no operation fails and nobody reports an
+// error; multirail hears of each failed lane and takes it out for good.
+// Without failover the first reset fails the peer and the round.
+func TestFaultLaneReset(t *testing.T) {
+	for _, intra := range []string{"0", "1"} {
+		t.Run("intranode="+intra, func(t *testing.T) {
+			root := buildGuests(t)
+			env := append(sampleEnv(root, "multirail", "lanes=4,stripe=256k"), "NCCL_RMA_WASM_INTRANODE="+intra)
+			out := runDriver(t, env, "--ranks", "3", "--threads", "4", "--scenario", "fault", "--fault", "lane-reset",
+				"--kill-rank", "2", "--size", "8m", "--iters", "4", "--fault-delay-ms", "5", "--timeout", "30")
+			if n := len(regexp.MustCompile(`\[rank 2\] lane-reset: reset 1 TCP connection`).FindAllString(out, -1)); n != 3 {
+				t.Fatalf("%d lanes reset, want 3:\n%s", n, tail(out))
+			}
+			for r := 0; r < 3; r++ {
+				for round := 1; round <= 3; round++ {
+					if !strings.Contains(out, fmt.Sprintf("[rank %d] lane-reset: round %d took", r, round)) {
+						t.Fatalf("rank %d did not verify round %d:\n%s", r, round, tail(out))
+					}
+				}
+			}
+			failed := regexp.MustCompile(`NET/wasm: rank 2: lane (\d) to rank (\d) failed \(.*\); (\d+) operations moved to lane \d, none lost`).FindAllStringSubmatch(out, -1)
+			if len(failed) != 3 {
+				t.Fatalf("%d lane failovers at rank 2, want 3:\n%s", len(failed), tail(out))
+			}
+			for _, f := range failed {
+				want := fmt.Sprintf("multirail: lane %s failed, the host moved its operations; out of rotation for good for rank %s", f[1], f[2])
+				if !strings.Contains(out, want) {
+					t.Errorf("multirail did not hear that lane %s to rank %s failed:\n%s", f[1], f[2], tail(out))
+				}
+			}
+			if strings.Contains(out, "ncclRemoteError") || strings.Contains(out, "peer connection lost") {
+				t.Fatalf("an operation failed or a peer was lost over one lane:\n%s", tail(out))
+			}
+		})
+	}
+}
+
 // TestFdExhaustion lowers RLIMIT_NOFILE in every rank: init, listen and
 // connect either succeed or fail cleanly, with ncclSystemError (or
 // ncclRemoteError from connect when a peer gave up) and a WARN line, never a

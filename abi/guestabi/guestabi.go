@@ -68,7 +68,8 @@ const (
 	FeatureCompression uint64 = 1 << 4 // plan.codec and conn.codec act
 	FeatureTransports  uint64 = 1 << 5 // conn.transport may be TransportFabric
 	FeaturePlanBatch   uint64 = 1 << 6 // aggregated ops are planned in batches by rmaw_plan_ops
-	FeaturesV11               = FeaturesV1 | FeatureChunk | FeatureDelay | FeatureCompression | FeatureTransports | FeaturePlanBatch
+	FeatureLaneEvents  uint64 = 1 << 7 // completion batches carry EventLaneDown records (needs FeatureCompletions)
+	FeaturesV11               = FeaturesV1 | FeatureChunk | FeatureDelay | FeatureCompression | FeatureTransports | FeaturePlanBatch | FeatureLaneEvents
 )
 
 // Status codes returned by guest exports and host imports. Zero is success;
@@ -166,6 +167,11 @@ const (
 	OpPutSignal = 2
 	OpGet       = 3
 	OpFlush     = 4
+	// EventLaneDown is the kind of a completion record that is no
+	// operation (FeatureLaneEvents): lane `lane` of the connection to
+	// `peer` failed and the host moved its operations to the other lanes
+	// (size: how many). The lane stays down for the communicator's life.
+	EventLaneDown = 5
 )
 
 // Transports a connection plan may ask for (conn.transport).

@@ -185,7 +185,7 @@ var featureBits = []struct {
 	{guestabi.FeaturePlanOp, "plan_op"}, {guestabi.FeatureCompletions, "completions"},
 	{guestabi.FeatureChunk, "chunk"}, {guestabi.FeatureDelay, "delay"},
 	{guestabi.FeatureCompression, "compression"}, {guestabi.FeatureTransports, "transports"},
-	{guestabi.FeaturePlanBatch, "plan_batch"},
+	{guestabi.FeaturePlanBatch, "plan_batch"}, {guestabi.FeatureLaneEvents, "lane_events"},
 }
 
 // featureNames spells a feature set.

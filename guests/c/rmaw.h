@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #define RMAW_ABI_VERSION 1 /* the marker's and the area's version */
-#define RMAW_ABI_MINOR 1   /* v1.1: the RMAW_FEATURE_* bits 2..5 below */
+#define RMAW_ABI_MINOR 1   /* v1.1: the RMAW_FEATURE_* bits 2..7 below */
 #define RMAW_AREA_MAGIC 0x57414d52u /* "RMAW" */
 
 /* Feature bits (rmaw_init's argument offers, its result enables). */
@@ -31,6 +31,7 @@
 #define RMAW_FEATURE_COMPRESSION ((int64_t)1 << 4) /* plan.codec, conn.codec act */
 #define RMAW_FEATURE_TRANSPORTS  ((int64_t)1 << 5) /* conn.transport may be FABRIC */
 #define RMAW_FEATURE_PLAN_BATCH  ((int64_t)1 << 6) /* aggregated ops planned by rmaw_plan_ops */
+#define RMAW_FEATURE_LANE_EVENTS ((int64_t)1 << 7) /* completion batches carry RMAW_EVENT_LANE_DOWN records */
 #define RMAW_MAX_BATCH 256
 
 /* Status codes. rmaw_plan_op may also return 1..6 (an ncclResult_t) to fail
@@ -58,6 +59,10 @@
 #define RMAW_OP_PUT_SIGNAL 2
 #define RMAW_OP_GET        3
 #define RMAW_OP_FLUSH      4
+/* A completion record that is no operation (RMAW_FEATURE_LANE_EVENTS): lane
+ * `lane` to `peer` failed, the host moved its operations (`size` of them) to
+ * the other lanes; it stays down. status is RMAW_NCCL_REMOTE_ERROR. */
+#define RMAW_EVENT_LANE_DOWN 5
 
 #define RMAW_TRANSPORT_AUTO      0
 #define RMAW_TRANSPORT_TCP       1

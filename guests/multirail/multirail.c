@@ -22,6 +22,7 @@ RMAW_DEFINE_AREA(64)
 
 struct peer_state {
   uint8_t down;     /* bit i: lane i out of rotation */
+  uint8_t gone;     /* bit i: the host failed lane i over (lane event): never probed again */
   uint8_t probing;  /* bit i: a probe op on lane i is in flight */
   uint8_t rr;       /* next lane of the round robin */
   uint8_t fails[RMAW_MAX_LANES];
@@ -33,7 +34,7 @@ static struct {
   int chunk; /* FEATURE_CHUNK negotiated */
   int32_t rank;
   uint64_t planned[RMAW_MAX_LANES], completed[RMAW_MAX_LANES], failed[RMAW_MAX_LANES];
-  uint64_t striped, striped_done, probes, failovers, recoveries, no_lane;
+  uint64_t striped, striped_done, probes, failovers, recoveries, no_lane, lane_events, moved;
 } st;
 
 static struct peer_state peers[MAX_PEERS + 1]; /* the last: every higher rank */
@@ -56,7 +57,7 @@ RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
     return RMAW_ERR_INVAL;
   }
   for (uint32_t i = 0; i <= MAX_PEERS; i++) peers[i].down = (uint8_t)st.down;
-  int64_t want = RMAW_FEATURE_PLAN_OP | RMAW_FEATURE_COMPLETIONS | RMAW_FEATURE_CHUNK;
+  int64_t want = RMAW_FEATURE_PLAN_OP | RMAW_FEATURE_COMPLETIONS | RMAW_FEATURE_CHUNK | RMAW_FEATURE_LANE_EVENTS;
   st.chunk = (host_features & RMAW_FEATURE_CHUNK) != 0;
   return want & host_features;
 }
@@ -97,11 +98,12 @@ RMAW_EXPORT(rmaw_plan_op) int32_t rmaw_plan_op(int32_t ctx, int32_t kind, int32_
   if (kind == RMAW_OP_FLUSH) return RMAW_OK; /* moves nothing */
   uint32_t up = all_lanes() & ~ps->down;
   /* A probe: one op on a lane that is out, to see whether it works again. */
-  if (ps->down && !ps->probing && ++ps->since_probe >= (uint64_t)st.probe) {
+  uint8_t probable = (uint8_t)(ps->down & ~ps->gone);
+  if (probable && !ps->probing && ++ps->since_probe >= (uint64_t)st.probe) {
     ps->since_probe = 0;
     for (uint32_t i = 0; i < (uint32_t)st.lanes; i++) {
       uint32_t l = (ps->rr + i) % (uint32_t)st.lanes;
-      if (ps->down & (1u << l)) {
+      if (probable & (1u << l)) {
         ps->probing |= (uint8_t)(1u << l);
         p->lane = (int32_t)l;
         if (st.chunk) p->chunk_size = whole(sz);
@@ -120,7 +122,8 @@ RMAW_EXPORT(rmaw_plan_op) int32_t rmaw_plan_op(int32_t ctx, int32_t kind, int32_
     return RMAW_OK;
   }
   if (!up) { /* every lane failed: keep sending (never drop an op), round robin */
-    up = all_lanes();
+    up = all_lanes() & ~ps->gone;
+    if (!up) up = all_lanes(); /* the host fails the peer when its last lane goes */
     st.no_lane++;
   }
   uint32_t l = ps->rr % (uint32_t)st.lanes;
@@ -152,6 +155,24 @@ RMAW_EXPORT(rmaw_completions) int32_t rmaw_completions(int32_t ctx, int32_t n) {
   if (n < 0 || n > (int32_t)rmaw_area_ptr()->comp_cap) return RMAW_ERR_INVAL;
   for (int32_t i = 0; i < n; i++) {
     if (c[i].kind == RMAW_OP_FLUSH) continue;
+    if (c[i].kind == RMAW_EVENT_LANE_DOWN) {
+      /* The host failed this lane over: its operations went to the other
+       * lanes and it never comes back. Plan nothing more onto it. */
+      if (c[i].lane < 0 || c[i].lane >= st.lanes) continue;
+      uint32_t bit = 1u << (uint32_t)c[i].lane;
+      struct peer_state *ps = peer_of(c[i].peer);
+      st.lane_events++;
+      st.moved += c[i].size;
+      if (!(ps->gone & bit)) {
+        ps->gone |= (uint8_t)bit;
+        ps->down |= (uint8_t)bit;
+        ps->probing &= (uint8_t)~bit;
+        st.failovers++;
+        log_lane(" failed, the host moved its operations; out of rotation for good for rank ", (uint32_t)c[i].lane,
+                 c[i].peer);
+      }
+      continue;
+    }
     if (c[i].lane < 0 || c[i].lane >= st.lanes) { /* striped (or not ours) */
       if (c[i].lane == -1) st.striped_done++;
       continue;
@@ -209,6 +230,11 @@ RMAW_EXPORT(rmaw_ctx_close) int32_t rmaw_ctx_close(int32_t ctx) {
   rmaw_buf_u64(&b, st.failovers);
   rmaw_buf_str(&b, ", recoveries ");
   rmaw_buf_u64(&b, st.recoveries);
+  rmaw_buf_str(&b, ", lane events ");
+  rmaw_buf_u64(&b, st.lane_events);
+  rmaw_buf_str(&b, " (operations moved ");
+  rmaw_buf_u64(&b, st.moved);
+  rmaw_buf_str(&b, ")");
   rmaw_buf_str(&b, st.chunk ? "" : " (host without FEATURE_CHUNK: no striping)");
   rmaw_buf_log(RMAW_LOG_INFO, &b);
   return RMAW_OK;

@@ -71,6 +71,11 @@ const (
 	OpPutSignal OpKind = guestabi.OpPutSignal
 	OpGet       OpKind = guestabi.OpGet
 	OpFlush     OpKind = guestabi.OpFlush
+	// EventLaneDown: a completion record that reports a failed lane
+	// (Completion.Lane, of the connection to Completion.Peer) instead of
+	// an operation; Size is how many operations moved. Only to contexts
+	// that want lane events (LaneEventer).
+	EventLaneDown OpKind = guestabi.EventLaneDown
 )
 
 // Op describes one data operation to a planner. Payload bytes are never part
@@ -155,6 +160,12 @@ type BatchPlanner interface {
 	// PlanOps fills plans[i] for ops[i] (plans pre-filled like PlanOp's).
 	// An error fails every op of the batch.
 	PlanOps(ops []Op, plans []OpPlan) error
+}
+
+// LaneEventer is implemented by a Context that wants EventLaneDown
+// records in its completion batches (Guest ABI v1.1 FeatureLaneEvents).
+type LaneEventer interface {
+	WantsLaneEvents() bool
 }
 
 // ErrDisabled is returned by a Context whose backend was disabled after

@@ -60,13 +60,14 @@ func TestSpan(t *testing.T) {
 
 // memOwner is a target with one registration and recorded events.
 type memOwner struct {
-	mu     sync.Mutex
-	mem    []byte
-	whole  []byte // mem with 64 guard bytes on each side
-	done   map[uint64]abi.Result
-	parts  map[uint64]int // completions seen per tag (striped ops have several)
-	failed []error
-	pins   atomic.Int32 // registrations the target side holds (Resolve)
+	mu         sync.Mutex
+	mem        []byte
+	whole      []byte // mem with 64 guard bytes on each side
+	done       map[uint64]abi.Result
+	parts      map[uint64]int // completions seen per tag (striped ops have several)
+	failed     []error
+	pins       atomic.Int32 // registrations the target side holds (Resolve)
+	laneEvents [][3]int     // LaneFailed: peer, lane, moved
 }
 
 func (o *memOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, bool) {

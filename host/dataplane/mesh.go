@@ -82,6 +82,10 @@ type Op struct {
 	Chunk     uint64 // non-zero: stripe over the lanes in pieces of this size
 	NotBefore int64  // non-zero: not sent before this Now() (pacing)
 	Codec     uint32 // guestabi codec word of a put's payload on TCP
+	// Set by a lane failover (tcp_failover.go): the op is sent again on
+	// another lane; From is the lane that carried it first.
+	Resent bool
+	From   uint8
 }
 
 // Now is the dataplane's clock for Op.NotBefore: monotonic nanoseconds.

@@ -125,6 +125,21 @@ func (o *orderer) done(seq uint64, sig sigRef, add uint64) error {
 	}
 }
 
+// seen reports whether seq already landed (a resent put that did must not
+// be applied again, tcp_failover.go).
+func (o *orderer) seen(seq uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	next := max(o.next, 1)
+	if seq < next {
+		return true
+	}
+	if seq-next >= uint64(len(o.ring)) {
+		return false
+	}
+	return o.ring[seq%uint64(len(o.ring))].state != 0
+}
+
 // grow doubles the window of sequence numbers that may land out of order.
 func (o *orderer) grow() {
 	n := max(2*len(o.ring), 1024)

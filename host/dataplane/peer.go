@@ -31,8 +31,15 @@ type peer struct {
 	closing  atomic.Bool
 	deadOnce sync.Once
 
-	acks  atomic.Int32  // goodbyes the peer acknowledged, one per lane
-	acked chan struct{} // closed when every lane's goodbye was acknowledged
+	acks     atomic.Int32  // goodbyes the peer acknowledged, one per lane
+	byeLanes atomic.Int32  // lanes a goodbye was sent on (the live ones)
+	acked    chan struct{} // closed when every lane's goodbye was acknowledged
+	ackOnce  sync.Once
+
+	// down has bit i set once lane i failed and its operations moved to
+	// the others (lane failover, tcp_failover.go). Only TCP lanes fail
+	// alone; the peer dies when the last one goes.
+	down atomic.Uint32
 }
 
 // newPeer makes the peer; Connect gives it its transport before start.
@@ -47,10 +54,15 @@ func newPeer(m *Mesh, rank int) *peer {
 // rides it and stream order is the ordering. With several, large puts and
 // gets are cut into chunks spread over the lanes, and every put carries a
 // sequence number so the target can hold a signal until everything before
-// it landed.
+// it landed. A lane that failed is skipped: its work goes to the next live
+// one.
 func (p *peer) route(op *Op, hold bool, lane int) {
-	if p.lanes == 1 || op.Msg == MsgReg {
+	if p.lanes == 1 {
 		p.t.submit(0, *op, hold)
+		return
+	}
+	if op.Msg == MsgReg {
+		p.t.submit(p.live(0), *op, hold)
 		return
 	}
 	if lane < 0 || lane >= p.lanes {
@@ -66,7 +78,22 @@ func (p *peer) route(op *Op, hold bool, lane int) {
 		p.seq++
 		op.Seq = p.seq
 	}
-	p.t.submit(lane, *op, hold)
+	p.t.submit(p.live(lane), *op, hold)
+}
+
+// live is lane, or the next lane after it that has not failed (lane itself
+// when every lane failed: the peer is dying and the op fails there).
+func (p *peer) live(lane int) int {
+	down := p.down.Load()
+	if down == 0 {
+		return lane
+	}
+	for i := 0; i < p.lanes; i++ {
+		if l := (lane + i) % p.lanes; down&(1<<l) == 0 {
+			return l
+		}
+	}
+	return lane
 }
 
 // stripe cuts op into chunks over all lanes (round robin). A signal travels
@@ -89,7 +116,7 @@ func (p *peer) stripe(op *Op, hold bool, sigLane int) {
 			p.seq++
 			c.Seq = p.seq
 		}
-		lane := p.rr % p.lanes
+		lane := p.live(p.rr % p.lanes)
 		p.rr++
 		p.t.submit(lane, c, true)
 	}
@@ -98,7 +125,7 @@ func (p *peer) stripe(op *Op, hold bool, sigLane int) {
 		s.Size, s.Local, s.Remote, s.Off, s.MrID = 0, nil, 0, 0, 0
 		p.seq++
 		s.Seq = p.seq
-		p.t.submit(sigLane, s, true)
+		p.t.submit(p.live(sigLane), s, true)
 	}
 	if !hold {
 		p.t.kick()
@@ -180,8 +207,18 @@ func (p *peer) markDead(err error) {
 // before closeColl is delivered, not dropped with the streams.
 func (p *peer) sayGoodbye() {
 	p.closing.Store(true)
+	down := p.down.Load()
+	n := int32(0)
 	for lane := 0; lane < p.lanes; lane++ {
-		p.t.submit(lane, Op{Msg: msgBye}, false)
+		if down&(1<<lane) == 0 {
+			n++
+		}
+	}
+	p.byeLanes.Store(max(n, 1))
+	for lane := 0; lane < p.lanes; lane++ {
+		if down&(1<<lane) == 0 || n == 0 {
+			p.t.submit(lane, Op{Msg: msgBye}, false)
+		}
 	}
 }
 
@@ -196,7 +233,7 @@ func (p *peer) awaitGoodbye(deadline time.Time) int {
 		case <-p.acked:
 		case <-p.quit:
 		case <-t.C:
-			missing = p.lanes - int(p.acks.Load())
+			missing = int(p.byeLanes.Load() - p.acks.Load())
 		}
 		t.Stop()
 	}
@@ -207,8 +244,17 @@ func (p *peer) awaitGoodbye(deadline time.Time) int {
 // ackBye counts one acknowledged goodbye; a peer that acknowledges more
 // than it was sent changes nothing.
 func (p *peer) ackBye() {
-	if p.acks.Add(1) == int32(p.lanes) {
-		close(p.acked)
+	if p.acks.Add(1) == p.byeLanes.Load() {
+		p.ackOnce.Do(func() { close(p.acked) })
+	}
+}
+
+// byeGone forgets a goodbye that will never be acknowledged: it was queued
+// on a lane that failed (the lane's stream is gone, and a second goodbye on
+// another lane would be a protocol error there).
+func (p *peer) byeGone() {
+	if n := p.byeLanes.Add(-1); n > 0 && p.acks.Load() >= n {
+		p.ackOnce.Do(func() { close(p.acked) })
 	}
 }
 

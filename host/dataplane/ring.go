@@ -219,8 +219,8 @@ func (l *lane) ringReady() (bool, error) {
 		if l.ringNo.Load() {
 			return false, nil // the target said why in its log
 		}
-		if l.p.dead.Load() {
-			return false, errors.New("peer gone while it considered the staging ring")
+		if l.p.dead.Load() || l.isDown() {
+			return false, errors.New("peer or lane gone while it considered the staging ring")
 		}
 		futexWait(att, 0, ringWait)
 	}
@@ -259,9 +259,9 @@ func (l *lane) ringSend(op *Op) error {
 			if k-f < r.slots {
 				break
 			}
-			if l.p.dead.Load() {
+			if l.p.dead.Load() || l.isDown() {
 				r.abort()
-				return errors.New("peer gone during a put through the staging ring")
+				return errors.New("peer or lane gone during a put through the staging ring")
 			}
 			futexWait(freed, f, ringWait)
 		}

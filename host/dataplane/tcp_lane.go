@@ -47,6 +47,15 @@ type tcpLink struct {
 	// header's sigOp, id, address, the key in sigValue) before the owner
 	// does; the fabric transport installs it.
 	onReg func(rail uint8, id uint32, base, key uint64, dev, direct bool)
+
+	// Lane failover, target side (tcp_failover.go): inDone[i] is closed
+	// when the service of incoming lane i returned, inDown has bit i set
+	// when that stream ended without a goodbye, fences closes a lane's
+	// stream once for the first resent operation that names it.
+	inDone []chan struct{}
+	inDown atomic.Uint32
+	fences [abi.MaxLanes]sync.Once
+	fixed  bool // no failover: a broken stream fails the peer
 }
 
 // sidePath moves a payload beside the stream, which still carries the
@@ -86,8 +95,12 @@ func (t *tcpLink) start() {
 		l.start()
 	}
 	t.p.m.wg.Add(len(t.ins))
-	for _, in := range t.ins {
-		go t.service(in)
+	t.inDone = make([]chan struct{}, len(t.ins))
+	for i := range t.ins {
+		t.inDone[i] = make(chan struct{})
+	}
+	for i, in := range t.ins {
+		go t.service(i, in)
 	}
 }
 
@@ -163,6 +176,7 @@ type getEntry struct {
 	dst  unsafe.Pointer
 	size uint64
 	ctx  uintptr // non-zero: dst is device memory
+	op   Op      // the request as written, for a resend (lanes > 1)
 }
 
 // lane is one outgoing stream to a peer: a queue, the goroutine that writes
@@ -184,6 +198,13 @@ type lane struct {
 	// due fires the writer when a paced op at the head of the queue
 	// (Op.NotBefore) may leave.
 	due *time.Timer
+	// down: the lane failed and its work moved to the other lanes
+	// (tcp_failover.go); enqueue forwards, nobody writes the stream again.
+	// orphans are ops a failed write had taken from the queue but never
+	// put on the stream.
+	down    bool
+	orphans []Op
+	failed  sync.Once
 
 	// owned by whoever holds writing
 	batch []Op
@@ -215,10 +236,26 @@ type lane struct {
 	ringFilled uint32
 	ring       atomic.Pointer[ring]
 	ringNo     atomic.Bool // the target refused the ring
+
+	// With several lanes (resend), every put and registration notice
+	// written on the stream and not yet known to have been applied, as
+	// written, in stream order, under amu: what a failover sends again.
+	resend bool
+	sent   []sentOp
+	sHead  int
+	sLen   int
+	pops   []Op // owned by whoever holds writing: parallel to ptags
+}
+
+// sentOp is an entry of the resend ring: counts tells a put (counted by
+// the target's acks) from a registration notice (not counted).
+type sentOp struct {
+	op     Op
+	counts bool
 }
 
 func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
-	return &lane{
+	l := &lane{
 		p: t.p, t: t, idx: idx, out: out,
 		q:     make([]Op, 1024),
 		wake:  make(chan struct{}, 1),
@@ -229,6 +266,12 @@ func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
 		puts:  make([]uint64, 1024),
 		ptags: make([]uint64, 0, batchMax),
 	}
+	if t.p.lanes > 1 && !t.p.m.localComp {
+		l.resend = true
+		l.sent = make([]sentOp, 256)
+		l.pops = make([]Op, 0, batchMax)
+	}
+	return l
 }
 
 func (l *lane) start() {
@@ -250,6 +293,11 @@ func (l *lane) enqueue(op *Op, hold bool) {
 	if l.p.dead.Load() {
 		l.mu.Unlock()
 		l.p.fail(op)
+		return
+	}
+	if l.down {
+		l.mu.Unlock()
+		l.forward(op, hold)
 		return
 	}
 	if l.qLen == len(l.q) {
@@ -281,7 +329,7 @@ func (l *lane) enqueue(op *Op, hold bool) {
 func (l *lane) flush() {
 	limit := l.t.inlineMax()
 	l.mu.Lock()
-	if l.writing || l.qLen == 0 || l.q[l.qHead].Size > limit || l.q[l.qHead].NotBefore != 0 || l.p.dead.Load() {
+	if l.writing || l.qLen == 0 || l.down || l.q[l.qHead].Size > limit || l.q[l.qHead].NotBefore != 0 || l.p.dead.Load() {
 		// A paced op at the head is the writer's, on its timer.
 		l.mu.Unlock()
 		return
@@ -353,6 +401,13 @@ func (l *lane) takeLocked(maxPayload uint64) int {
 
 // drainFailed fails every queued op; the peer is dead.
 func (l *lane) drainFailed() {
+	l.mu.Lock()
+	orphans := l.orphans
+	l.orphans = nil
+	l.mu.Unlock()
+	for i := range orphans {
+		l.p.fail(&orphans[i])
+	}
 	for {
 		l.mu.Lock()
 		if l.qLen == 0 {
@@ -378,7 +433,7 @@ func (l *lane) writer() {
 		}
 		for {
 			l.mu.Lock()
-			if l.writing || l.qLen == 0 {
+			if l.writing || l.qLen == 0 || l.down {
 				// An inline writer owns the stream; it kicks us when it
 				// leaves work behind.
 				l.mu.Unlock()
@@ -417,6 +472,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 	p := l.p
 	iov := l.iov[:0]
 	pend := l.ptags[:0]
+	pops := l.pops[:0]
 	l.enc.reset()
 	defer l.enc.release() // the arena goes back to the pool once the batch is written
 	var err error
@@ -441,11 +497,13 @@ func (l *lane) writeBatch(ops []Op) bool {
 			}
 		}
 		ringed := false
-		if (op.Msg == MsgPut || op.Msg == MsgPutSignal) && l.t.side != nil && l.t.side.ringable(op) {
+		// A resent put goes on the stream: the target may drop its
+		// payload unread (tcp_failover.go), which a ring cannot do.
+		if (op.Msg == MsgPut || op.Msg == MsgPutSignal) && !op.Resent && l.t.side != nil && l.t.side.ringable(op) {
 			// What is gathered goes first: the first ring offer waits
 			// for the target's answer.
-			l.awaitPuts(pend)
-			pend = pend[:0]
+			l.awaitPuts(pend, pops)
+			pend, pops = pend[:0], pops[:0]
 			if err = l.writeIov(iov); err != nil {
 				break // this op never left
 			}
@@ -467,9 +525,15 @@ func (l *lane) writeBatch(ops []Op) bool {
 		if comp {
 			h.status = uint16(op.Codec & guestabi.CodecIDMask) // requests: the payload's codec
 		}
+		if op.Resent {
+			h.status |= statusResent | uint16(op.From)<<8
+		}
 		hb := l.hdrs[i*hdrSize : (i+1)*hdrSize]
 		h.encode(hb)
 		iov = append(iov, hb)
+		if l.resend && (op.Msg == MsgPut || op.Msg == MsgPutSignal || op.Msg == MsgReg) {
+			pops = append(pops, *op)
+		}
 		switch op.Msg {
 		case MsgPut, MsgPutSignal:
 			if p.m.localComp {
@@ -482,8 +546,8 @@ func (l *lane) writeBatch(ops []Op) bool {
 			}
 			if ringed {
 				// The header goes now; the payload through the ring.
-				l.awaitPuts(pend)
-				pend = pend[:0]
+				l.awaitPuts(pend, pops)
+				pend, pops = pend[:0], pops[:0]
 				if err = l.writeIov(iov); err == nil {
 					err = l.ringSend(op)
 				}
@@ -491,28 +555,40 @@ func (l *lane) writeBatch(ops []Op) bool {
 			} else if op.Size > 0 && op.LocalCtx != 0 {
 				// Device source: what is queued goes first, then the
 				// payload is staged through host memory chunk by chunk.
-				l.awaitPuts(pend)
-				pend = pend[:0]
+				l.awaitPuts(pend, pops)
+				pend, pops = pend[:0], pops[:0]
 				if err = l.writeIov(iov); err == nil {
 					err = writeFromDevice(l.out, op.LocalCtx, uintptr(op.Local), op.Size)
 				}
 				iov = iov[:0]
 			} else if comp {
-				iov, pend, err = l.compress(iov, pend, op)
+				iov, pend, pops, err = l.compress(iov, pend, pops, op)
 			} else if op.Size > 0 {
 				iov = append(iov, unsafe.Slice((*byte)(op.Local), op.Size))
 			}
 		case MsgGet:
-			l.pushGet(getEntry{tag: op.Tag, dst: op.Local, size: op.Size, ctx: op.LocalCtx})
+			e := getEntry{tag: op.Tag, dst: op.Local, size: op.Size, ctx: op.LocalCtx}
+			if l.resend {
+				e.op = *op
+			}
+			l.pushGet(e)
 		}
 	}
 	if err == nil {
 		// Into the FIFO before the bytes leave: the ack may come back
 		// before writev returns.
-		l.awaitPuts(pend)
+		l.awaitPuts(pend, pops)
 		err = l.writeIov(iov)
 	}
 	clear(iov)
+	clear(pops)
+	if err != nil && l.canFailover() {
+		// The lane failed alone: what the loop did not reach goes to the
+		// other lanes with the rest of its work (tcp_failover.go).
+		l.keep(ops[n:])
+		l.broken(fmt.Errorf("send to rank %d on lane %d: %w", p.rank, l.idx, err))
+		return false
+	}
 	if err != nil {
 		for i := range ops {
 			// The puts and gets the loop reached are in the FIFOs, which
@@ -540,20 +616,20 @@ func (l *lane) writeBatch(ops []Op) bool {
 // arena (a block the codec cannot shrink is sent as it is, from the source).
 // When the arena or iov is full, what is gathered is written first; pend's
 // tags go to the FIFO before that, as the acks may race the write.
-func (l *lane) compress(iov [][]byte, pend []uint64, op *Op) ([][]byte, []uint64, error) {
+func (l *lane) compress(iov [][]byte, pend []uint64, pops []Op, op *Op) ([][]byte, []uint64, []Op, error) {
 	e := &l.enc
 	src := unsafe.Slice((*byte)(op.Local), op.Size)
 	for len(src) > 0 {
 		n := min(len(src), compBlock)
 		if (e.arena != nil && !e.room(n)) || len(iov)+2 > cap(iov) {
-			l.awaitPuts(pend)
-			pend = pend[:0]
+			l.awaitPuts(pend, pops)
+			pend, pops = pend[:0], pops[:0]
 			err := l.writeIov(iov)
 			clear(iov)
 			iov = iov[:0]
 			e.reset()
 			if err != nil {
-				return iov, pend, err
+				return iov, pend, pops, err
 			}
 		}
 		framed, stored := e.block(op.Codec, src[:n])
@@ -563,14 +639,14 @@ func (l *lane) compress(iov [][]byte, pend []uint64, op *Op) ([][]byte, []uint64
 		}
 		src = src[n:]
 	}
-	return iov, pend, nil
+	return iov, pend, pops, nil
 }
 
 // awaitPuts appends the tags of puts about to be written to the FIFO that
 // the target's acks complete. If the peer is already dead (failAll may have
 // emptied the FIFO), they fail here instead, so none is left behind.
-func (l *lane) awaitPuts(tags []uint64) {
-	if len(tags) == 0 {
+func (l *lane) awaitPuts(tags []uint64, ops []Op) {
+	if len(tags) == 0 && len(ops) == 0 {
 		return
 	}
 	l.amu.Lock()
@@ -580,6 +656,9 @@ func (l *lane) awaitPuts(tags []uint64) {
 			l.p.fail(&Op{Msg: MsgPut, Tag: tag})
 		}
 		return
+	}
+	if l.resend {
+		l.logSent(ops)
 	}
 	for l.pLen+len(tags) > len(l.puts) {
 		np := make([]uint64, 2*len(l.puts))
@@ -612,6 +691,9 @@ func (l *lane) ackPuts(n uint64) bool {
 		}
 		l.pLen -= k
 		l.pAcked += uint64(k)
+		if l.resend {
+			l.popSent(k)
+		}
 		l.amu.Unlock()
 		for _, tag := range done[:k] {
 			if tag != 0 {
@@ -641,6 +723,15 @@ func (l *lane) failPut(tag uint64, st abi.Result) {
 			break
 		}
 	}
+	if found && l.resend {
+		// A resend must not complete the failed request again.
+		for i := 0; i < l.sLen; i++ {
+			if e := &l.sent[(l.sHead+i)%len(l.sent)]; e.counts && e.op.Tag == tag {
+				e.op.Tag = 0
+				break
+			}
+		}
+	}
 	l.amu.Unlock()
 	if found {
 		l.p.m.owner.Complete(tag, st)
@@ -663,6 +754,10 @@ func (l *lane) failPuts() {
 	for ; l.pLen > 0; l.pLen-- {
 		tags = append(tags, l.puts[l.pHead])
 		l.pHead = (l.pHead + 1) % len(l.puts)
+	}
+	for ; l.sLen > 0; l.sLen-- { // failed here: never sent again
+		l.sent[l.sHead] = sentOp{}
+		l.sHead = (l.sHead + 1) % len(l.sent)
 	}
 	l.amu.Unlock()
 	for _, tag := range tags {
@@ -744,7 +839,7 @@ func (l *lane) replies() {
 	var h header
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
-			p.markDead(fmt.Errorf("receive from rank %d: %w", p.rank, err))
+			l.replyStreamEnded(fmt.Errorf("receive from rank %d on lane %d: %w", p.rank, l.idx, err))
 			return
 		}
 		h.decode(hb[:])
@@ -769,6 +864,12 @@ func (l *lane) replies() {
 				}
 			} else if e.size > 0 {
 				if _, err := io.ReadFull(br, unsafe.Slice((*byte)(e.dst), e.size)); err != nil {
+					if l.canFailover() {
+						// The get goes again on another lane, whole.
+						l.unpopGet(e)
+						l.replyStreamEnded(fmt.Errorf("receive get data from rank %d on lane %d: %w", p.rank, l.idx, err))
+						return
+					}
 					p.markDead(fmt.Errorf("receive get data from rank %d: %w", p.rank, err))
 					p.m.owner.Complete(e.tag, abi.RemoteError)
 					return

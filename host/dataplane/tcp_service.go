@@ -54,9 +54,10 @@ const ackEvery = 64
 
 // service executes the peer's operations arriving on one incoming lane. It
 // runs whether or not this process ever calls the plugin again.
-func (t *tcpLink) service(in *net.TCPConn) {
+func (t *tcpLink) service(lane int, in *net.TCPConn) {
 	p := t.p
 	defer p.m.wg.Done()
+	defer close(t.inDone[lane]) // after the last landing (fence waits for it)
 	ack := &acker{in: in, r: newSpinReader(in, p.m.spinWait, p.m.spinners, nil)}
 	br := bufio.NewReaderSize(ack, readBufSize)
 	var hb [hdrSize]byte
@@ -75,6 +76,9 @@ func (t *tcpLink) service(in *net.TCPConn) {
 				// the replies stream notices when the peer is gone.
 				return
 			}
+			if t.inLaneEnded(lane, err) {
+				return // the lane failed alone: the peer fails it over
+			}
 			p.markDead(fmt.Errorf("receive from rank %d: %w", p.rank, err))
 			return
 		}
@@ -86,7 +90,22 @@ func (t *tcpLink) service(in *net.TCPConn) {
 		var err error
 		switch h.typ {
 		case MsgPut, MsgPutSignal:
-			err = t.servePut(in, br, &h, resp, dec, rx)
+			switch {
+			case h.status&statusResent == 0:
+				err = t.servePut(in, br, &h, resp, dec, rx)
+			case h.seq == 0:
+				err = fmt.Errorf("protocol error: rank %d resent a put without a sequence number", p.rank)
+			default:
+				// Sent again after lane From failed: only once nothing of
+				// that lane is still landing, and only if it never landed.
+				if err = t.fence(lane, int(h.status&statusFromMask)>>8); err == nil {
+					if p.order.seen(h.seq) {
+						err = t.dropPut(br, &h, dec)
+					} else {
+						err = t.servePut(in, br, &h, resp, dec, rx)
+					}
+				}
+			}
 			ack.landed++
 			if err == nil && ack.landed-ack.sent >= ackEvery {
 				// A read buffer of small puts holds hundreds: acknowledge
@@ -123,6 +142,9 @@ func (t *tcpLink) service(in *net.TCPConn) {
 			err = fmt.Errorf("protocol error: message type %d from rank %d", h.typ, p.rank)
 		}
 		if err != nil {
+			if streamEnded(err) && t.inLaneEnded(lane, err) {
+				return // broke mid-message: the peer sends it again
+			}
 			p.markDead(err)
 			return
 		}

@@ -35,6 +35,15 @@ const (
 	msgRingNo = 0x85
 )
 
+// statusResent in a request's status word marks an operation sent again
+// after the lane that carried it failed (tcp_failover.go); bits 8..10 name
+// that lane. The low byte keeps its meaning (a put's codec), and so does
+// bit 15 (statusRing).
+const (
+	statusResent   = 0x4000 // 0x8000 is statusRing (ring.go)
+	statusFromMask = 0x0700
+)
+
 // hdrSize is the fixed size of every message header.
 const hdrSize = 64
 

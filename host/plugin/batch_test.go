@@ -134,8 +134,24 @@ func TestBatchedPlanning(t *testing.T) {
 	if res != abi.Success {
 		t.Fatal(res)
 	}
-	if st := wait(t, r0.coll, h); st != abi.Success || r1.dst[7000] != r0.src[0] {
+	if st := wait(t, r0.coll, h); st != abi.Success {
 		t.Fatalf("held put: %v", st)
+	}
+	// A signal behind it orders the byte check after the landing for the
+	// race detector too (a completion travels over a socket, which it
+	// cannot see).
+	sh, res = IputSignal(r0.rma, 0, 0, 0, 0, 0, 0, 1, 0, r0.sigMh, 1, abi.SignalOpInc, true, 0)
+	if res != abi.Success || wait(t, r0.coll, sh) != abi.Success {
+		t.Fatalf("signal after the held put: %v", res)
+	}
+	for signalWord(r1.sig, 0) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("second signal never arrived")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	if r1.dst[7000] != r0.src[0] {
+		t.Fatalf("held put: byte %d, want %d", r1.dst[7000], r0.src[0])
 	}
 	// Holding, batch-planning and queueing allocate nothing.
 	be.mu.Lock()

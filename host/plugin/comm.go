@@ -42,6 +42,8 @@ type coll struct {
 	deferred atomic.Int32
 
 	err stickyError
+
+	lanes laneLog // lanes the mesh failed over (lanes.go)
 }
 
 var (

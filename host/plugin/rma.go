@@ -43,6 +43,10 @@ type ctxState struct {
 	op    backend.Op
 	plan  backend.OpPlan
 	done  []backend.Completion
+	// lanes: the backend wants lane events; laneSeen of the
+	// communicator's are in its batches already (lanes.go).
+	lanes    bool
+	laneSeen int
 	// Batched planning (batch.go): non-nil when the backend plans
 	// aggregated ops in batches; pend holds them, bops/bplans are scratch.
 	batch  backend.BatchPlanner
@@ -87,6 +91,8 @@ func CreateContext(h uint64, cfg abi.RmaConfig) (uint64, abi.Result) {
 		s.b, s.plans, s.comps = b, b.PlansOps(), b.WantsCompletions()
 		if s.comps {
 			s.done = make([]backend.Completion, 0, completionBatch)
+			le, ok := b.(backend.LaneEventer)
+			s.lanes = ok && le.WantsLaneEvents()
 		}
 		if bp, ok := b.(backend.BatchPlanner); ok && s.plans && bp.BatchCap() > 0 {
 			n := min(bp.BatchCap(), maxPending)
@@ -188,6 +194,7 @@ func Progress(h uint64) abi.Result {
 		s := &r.ctxs[i]
 		if s.comps {
 			s.mu.Lock()
+			s.laneEvents(r.c)
 			s.flushCompletions()
 			s.mu.Unlock()
 		}
@@ -225,6 +232,7 @@ func Test(coll, req uint64) (bool, abi.Result) {
 	s := &r.ctxs[q.ctx]
 	if s.comps {
 		s.mu.Lock()
+		s.laneEvents(r.c)
 		s.record(q, status)
 		s.mu.Unlock()
 	}

@@ -22,6 +22,7 @@ type guestContext struct {
 	v11                uint64    // the v1.1 plan features the instance enabled
 	lastExport         time.Time // metrics (metrics.go)
 	batchCap           int       // > 0: aggregated ops may be planned in batches of this many
+	laneEvents         bool      // FeatureLaneEvents
 }
 
 var _ backend.Context = (*guestContext)(nil)
@@ -53,6 +54,7 @@ func (c *guestContext) revive() error {
 	c.completions = in.features&guestabi.FeatureCompletions != 0
 	c.v11 = in.features & (guestabi.FeatureChunk | guestabi.FeatureDelay | guestabi.FeatureCompression)
 	c.batchCap = int(in.batchCap)
+	c.laneEvents = c.completions && in.features&guestabi.FeatureLaneEvents != 0
 	return nil
 }
 
@@ -134,6 +136,9 @@ func (c *guestContext) PlanOp(op *backend.Op, plan *backend.OpPlan) error {
 	}
 	return c.faulted(fmt.Errorf("%s returned status %d (want 0, 1..6 or negative)", guestabi.ExportPlanOp, st))
 }
+
+// WantsLaneEvents implements backend.LaneEventer.
+func (c *guestContext) WantsLaneEvents() bool { return c.laneEvents }
 
 // BatchCap implements backend.BatchPlanner: 0 unless the guest enabled
 // FeaturePlanBatch. A revived instance has the same module, so the same

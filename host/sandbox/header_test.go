@@ -39,6 +39,8 @@ func TestCHeaderMatchesGuestABI(t *testing.T) {
 	a("RMAW_MIN_PLAN_CHUNK", guestabi.MinPlanChunk)
 	a("RMAW_MAX_PIECES_PER_OP", guestabi.MaxPiecesPerOp)
 	a("RMAW_FEATURE_PLAN_BATCH", guestabi.FeaturePlanBatch)
+	a("RMAW_FEATURE_LANE_EVENTS", guestabi.FeatureLaneEvents)
+	a("RMAW_EVENT_LANE_DOWN", guestabi.EventLaneDown)
 	a("RMAW_MAX_BATCH", guestabi.MaxBatch)
 	a("sizeof(struct rmaw_plan_rec)", guestabi.BatchRecordSize)
 	a("offsetof(struct rmaw_plan_rec, size)", guestabi.BatOffSize)

@@ -126,6 +126,10 @@ func (b *Backend) newInstance() (*instance, error) {
 		in.close()
 		return nil, fmt.Errorf("%s enabled plan batches but the module does not export %q or does not enable plan_op too", guestabi.ExportInit, guestabi.ExportPlanOps)
 	}
+	if in.features&guestabi.FeatureLaneEvents != 0 && in.features&guestabi.FeatureCompletions == 0 {
+		in.close()
+		return nil, fmt.Errorf("%s enabled lane events without completions, which is the only call that carries them", guestabi.ExportInit)
+	}
 	if in.features&guestabi.FeatureCompletions != 0 && in.fCompletions == nil {
 		in.close()
 		return nil, fmt.Errorf("%s enabled completions but the module does not export %q", guestabi.ExportInit, guestabi.ExportCompletions)

@@ -81,6 +81,34 @@ func TestMultirailFailover(t *testing.T) {
 	}
 }
 
+// TestMultirailLaneEvents: a lane the host failed over (an EventLaneDown
+// record, FeatureLaneEvents) leaves the rotation for good: no striping
+// over it, no probe on it, and a success completion planned on it (an op
+// the host moved) does not bring it back.
+func TestMultirailLaneEvents(t *testing.T) {
+	c := sampleContext(t, "multirail", "lanes=4,stripe=64k,probe=4")
+	if le, ok := c.(backend.LaneEventer); !ok || !le.WantsLaneEvents() {
+		t.Fatal("multirail does not ask for lane events")
+	}
+	const mb = 1 << 20
+	if err := c.Completions([]backend.Completion{{Kind: backend.EventLaneDown, Peer: 1, Size: 17, Lane: 3, Status: 6}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 40; i++ {
+		p := plan(t, c, backend.OpPut, 1, mb)
+		if p.Lane < 0 || p.Lane == 3 || p.ChunkSize != mb {
+			t.Fatalf("op %d after lane 3 failed over: %+v, want a whole op on lane 0, 1 or 2, never a probe of 3", i, p)
+		}
+		// An op planned on lane 3 before the event completes there, fine.
+		if err := c.Completions([]backend.Completion{{Kind: backend.OpPut, Peer: 1, Size: mb, Lane: 3}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := plan(t, c, backend.OpPut, 2, mb); p.Lane != -1 || p.ChunkSize != mb/4 {
+		t.Fatalf("peer 2 lost striping: %+v", p)
+	}
+}
+
 // TestChaosSeeded: the same seed gives the same decisions, another seed
 // other ones, and the rates follow the configuration.
 func TestChaosSeeded(t *testing.T) {

@@ -29,6 +29,7 @@ func TestValidationErrors(t *testing.T) {
 		{wat(t, "wrong_sig"), `export "rmaw_init" has type (i32) -> (i32), Guest ABI v1 wants (i64) -> (i64)`},
 		{wat(t, "bad_area"), "descriptor area at 0xffdc: not 8-byte aligned"},
 		{wat(t, "bigmem"), "memory"},
+		{wat(t, "lane_events_alone"), "enabled lane events without completions"},
 		{filepath.Join(t.TempDir(), "absent.wasm"), "no such file"},
 	}
 	for _, c := range cases {

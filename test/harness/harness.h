@@ -44,7 +44,7 @@
 enum scenario { SC_BASIC, SC_BAD_INPUT, SC_KILL, SC_TEARDOWN, SC_FAULT };
 
 /* --fault (scenario fault): what happens to --kill-rank after round 0 */
-enum fault { F_KILL_PUT, F_KILL_GET, F_KILL_SIGNAL, F_STOP, F_STOP_CONT, F_RESET };
+enum fault { F_KILL_PUT, F_KILL_GET, F_KILL_SIGNAL, F_STOP, F_STOP_CONT, F_RESET, F_LANE_RESET };
 
 typedef struct {
   const char* lib;
@@ -181,6 +181,7 @@ typedef struct {
   uint64_t bytes, ops, sigs;
   double seconds;
   double round_s; /* the last round's data phase */
+  atomic_int running; /* worker threads still posting (lane-reset) */
   int iter;
 } rank_t;
 
@@ -215,6 +216,7 @@ int fault_storm(void);
 void fault_after_collective(child_t* C, int N, int tag);
 void fault_tick(child_t* C, int N);
 int reset_sockets(pid_t pid);
+int reset_one_lane(pid_t pid, char* what, size_t cap);
 void count_resources(long* fds, long* rss_kib, long* threads);
 int teardown_phase(void);
 void storm_start(void);

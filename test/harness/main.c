@@ -20,7 +20,7 @@ const char* scenario_name(enum scenario s) {
        : s == SC_FAULT ? "fault" : "basic";
 }
 
-static const char* fault_names[] = {"kill-put", "kill-get", "kill-signal", "stop", "stop-cont", "reset"};
+static const char* fault_names[] = {"kill-put", "kill-get", "kill-signal", "stop", "stop-cont", "reset", "lane-reset"};
 
 const char* fault_name(enum fault f) { return fault_names[f]; }
 
@@ -55,7 +55,10 @@ static void usage(FILE* f) {
           "                    kill-signal (SIGKILL mid large puts / gets / a signal storm),\n"
           "                    stop (SIGSTOP for good), stop-cont (SIGSTOP, SIGCONT after\n"
           "                    --stop-ms, then the remaining rounds), reset (every TCP\n"
-          "                    connection of the rank is reset with ss -K)\n"
+          "                    connection of the rank is reset with ss -K), lane-reset (in\n"
+          "                    every round after the first the rank resets one more of its\n"
+          "                    outgoing TCP lanes with ss -K --fault-delay-ms into the round;\n"
+          "                    every round must still verify)\n"
           "  --fault-delay-ms M  kill-* and reset strike M ms into the fault phase (default 300)\n"
           "  --stop-ms M       stop-cont: how long the rank stays stopped (default 1500)\n"
           "  --nofile N        every rank lowers RLIMIT_NOFILE to N first; a setup call may then\n"
@@ -209,7 +212,7 @@ int main(int argc, char** argv) {
       case 'x': opt.netns = optarg; break;
       case 'F': {
         int found = 0;
-        for (int f = 0; f <= F_RESET; f++)
+        for (int f = 0; f <= F_LANE_RESET; f++)
           if (!strcmp(optarg, fault_names[f])) opt.fault = (enum fault)f, found = 1;
         if (!found) { usage(stderr); printf("RESULT FAIL bad --fault %s\n", optarg); return 2; }
         break;
@@ -348,6 +351,7 @@ int main(int argc, char** argv) {
   for (int r = 0; r < N; r++)
     if (C[r].has_report && C[r].rep.setup_failed) setup_failed++;
   if (opt.scenario == SC_FAULT && pass && opt.fault != F_STOP_CONT && opt.fault != F_RESET &&
+      opt.fault != F_LANE_RESET &&
       !C[opt.kill_rank].killed) {
     pass = 0;
     snprintf(reason, sizeof reason, "the fault point was never reached");

@@ -115,6 +115,7 @@ typedef struct {
 static void* worker(void* arg) {
   worker_t* w = arg;
   int t = w->t, N = opt.ranks, me = g_rank;
+  atomic_fetch_add(&R.running, 1);
   size_t coff, clen;
   chunk(t, &coff, &clen);
   size_t h1 = clen / 2, h2 = clen - h1;
@@ -178,6 +179,7 @@ static void* worker(void* arg) {
     if (wait_req(fr, "iflush", t, deadline)) goto out;
   }
 out:
+  atomic_fetch_sub(&R.running, 1);
   return NULL;
 }
 
@@ -262,6 +264,19 @@ static int run_iter(int iter) {
     ws[t].t = t;
     ws[t].ops = 0;
     pthread_create(&ws[t].th, NULL, worker, &ws[t]);
+  }
+  if (opt.scenario == SC_FAULT && opt.fault == F_LANE_RESET && iter >= 1 && g_rank == opt.kill_rank) {
+    /* One more lane breaks in every round after the first, while the
+     * round's operations are in flight: the plugin must move its work to
+     * the other lanes and lose nothing. */
+    usleep((useconds_t)opt.fault_delay_ms * 1000);
+    int busy = atomic_load(&R.running);
+    char what[128];
+    int n = reset_one_lane(getpid(), what, sizeof what);
+    printf("[rank %d] lane-reset: reset %d TCP connection(s) (%s) %.3f s into round %d, %d of %d threads "
+           "still posting\n",
+           g_rank, n, what, now_s() - t0, iter, busy, opt.threads);
+    fflush(stdout);
   }
   for (int t = 0; t < opt.threads; t++) {
     pthread_join(ws[t].th, NULL);
@@ -450,10 +465,10 @@ static int run_cycle(int cycle) {
   int iters = opt.scenario == SC_TEARDOWN ? 0 : opt.iters;
   for (int i = 0; i < iters; i++) {
     if (run_iter(i)) return -1;
-    if (opt.scenario == SC_FAULT && opt.fault == F_STOP_CONT && i >= 1)
-      printf("[rank %d] stop-cont: round %d took %.3f s, every byte and signal verified\n", g_rank, i,
-             R.round_s);
-    if (opt.scenario == SC_FAULT && opt.fault != F_STOP_CONT && i == 0) {
+    if (opt.scenario == SC_FAULT && (opt.fault == F_STOP_CONT || opt.fault == F_LANE_RESET) && i >= 1)
+      printf("[rank %d] %s: round %d took %.3f s, every byte and signal verified\n", g_rank,
+             fault_name(opt.fault), i, R.round_s);
+    if (opt.scenario == SC_FAULT && opt.fault != F_STOP_CONT && opt.fault != F_LANE_RESET && i == 0) {
       if (g_rank == opt.kill_rank && opt.fault != F_RESET && opt.fault != F_STOP) {
         /* the victim keeps its own operations in flight until it is killed */
         fault_storm();
@@ -474,7 +489,8 @@ static int run_cycle(int cycle) {
   }
 
   /* teardown: no synchronisation among ranks needed */
-  int lenient = opt.scenario == SC_KILL || (opt.scenario == SC_FAULT && opt.fault != F_STOP_CONT);
+  int lenient = opt.scenario == SC_KILL || (opt.scenario == SC_FAULT && opt.fault != F_STOP_CONT &&
+                                             opt.fault != F_LANE_RESET);
   ncclResult_t trc[8];
   int k = 0;
   trc[k++] = R.pl.t.deregMrSym(R.coll, R.srcMh);

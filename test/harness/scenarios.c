@@ -464,6 +464,7 @@ void fault_after_collective(child_t* C, int N, int tag) {
     g_fs_t0 = now_s();
     switch (opt.fault) {
       case F_STOP_CONT: g_fs = FS_ARMED; break; /* at the start of the next round */
+      case F_LANE_RESET: g_fs = FS_DONE; break; /* the victim strikes itself, mid-round */
       case F_STOP:
         kill(C[v].pid, SIGSTOP);
         printf("rma_driver: fault phase begins; SIGSTOP rank %d (pid %d) for good\n", v, (int)C[v].pid);
@@ -560,6 +561,68 @@ int reset_sockets(pid_t pid) {
   if (n == 0) return 0;
   snprintf(cmd + o, sizeof cmd - (size_t)o, "' >/dev/null 2>&1");
   return system(cmd) == 0 ? n : 0;
+}
+
+/* reset_one_lane aborts one outgoing TCP lane of process pid to another
+ * process with ss -K; what names it. Accepted connections share the
+ * local port their listener had (several of them), lanes to ourselves end
+ * at one of those ports: an outgoing lane to a peer is an established
+ * connection whose local port is its own and whose remote port is none of
+ * ours. Returns 1, or 0 when none was found. */
+int reset_one_lane(pid_t pid, char* what, size_t cap) {
+  unsigned long inos[1024];
+  unsigned lp[1024], rp[1024];
+  int nino = 0, nc = 0;
+  char path[96], link[96];
+  snprintf(what, cap, "none");
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR* d = opendir(path);
+  if (d == NULL) return 0;
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL && nino < 1024) {
+    char p[400];
+    snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+    ssize_t k = readlink(p, link, sizeof link - 1);
+    if (k <= 0) continue;
+    link[k] = 0;
+    unsigned long ino;
+    if (sscanf(link, "socket:[%lu]", &ino) == 1) inos[nino++] = ino;
+  }
+  closedir(d);
+  for (int v6 = 0; v6 < 2; v6++) {
+    snprintf(path, sizeof path, "/proc/%d/net/tcp%s", (int)pid, v6 ? "6" : "");
+    FILE* f = fopen(path, "r");
+    if (f == NULL) continue;
+    char line[512];
+    if (fgets(line, sizeof line, f) == NULL) { fclose(f); continue; }
+    while (fgets(line, sizeof line, f) && nc < 1024) {
+      unsigned lport, rport, st;
+      unsigned long ino;
+      if (sscanf(line, " %*d: %*[0-9A-Fa-f]:%x %*[0-9A-Fa-f]:%x %x %*x:%*x %*x:%*x %*x %*u %*u %lu",
+                 &lport, &rport, &st, &ino) != 4 || st != 1 /* ESTABLISHED */)
+        continue;
+      for (int i = 0; i < nino; i++)
+        if (inos[i] == ino) {
+          lp[nc] = lport, rp[nc] = rport, nc++;
+          break;
+        }
+    }
+    fclose(f);
+  }
+  for (int i = 0; i < nc; i++) {
+    int shared = 0, ours = 0;
+    for (int j = 0; j < nc; j++) {
+      shared += j != i && lp[j] == lp[i];
+      ours += lp[j] == rp[i];
+    }
+    if (shared || ours) continue;
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "nsenter -t %d -n ss -K -t -n '( sport = :%u and dport = :%u )' >/dev/null 2>&1",
+             (int)pid, lp[i], rp[i]);
+    snprintf(what, cap, "local port %u to port %u", lp[i], rp[i]);
+    return system(cmd) == 0 ? 1 : 0;
+  }
+  return 0;
 }
 
 /* count_resources reads this process's open descriptors, resident set and

@@ -1,0 +1,254 @@
+package dataplane
+
+import (
+	"bytes"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+)
+
+// Lane failover (tcp_failover.go, SPEC.md §4).
+
+func (o *memOwner) LaneFailed(peer, lane, moved int, _ error) {
+	o.mu.Lock()
+	o.laneEvents = append(o.laneEvents, [3]int{peer, lane, moved})
+	o.mu.Unlock()
+}
+
+// resetIn aborts incoming stream lane of peer at the target with a RST, as
+// ss -K does: both ends see the stream break.
+func resetIn(t *testing.T, m *Mesh, peer, lane int) {
+	t.Helper()
+	c := m.peers[peer].t.(*tcpLink).ins[lane]
+	if err := c.SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestLaneFailoverMidStream resets one of four lanes while 16 MiB of puts
+// and a put with signal are in flight: every put completes once with
+// success, every byte lands, the signal is applied exactly once and only
+// after the puts, nobody reports an error, the initiator hears of the
+// failover, later operations avoid the dead lane, and the close is orderly.
+func TestLaneFailoverMidStream(t *testing.T) {
+	const (
+		n     = 128
+		piece = 128 << 10
+		size  = 8 + n*piece
+	)
+	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, size), done: map[uint64]abi.Result{}}}
+	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 4, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: 5 * time.Second})
+	sig := (*uint64)(unsafe.Pointer(&owners[1].mem[0]))
+	src := make([]byte, size)
+	for round := uint64(1); round <= 3; round++ {
+		for i := range src {
+			src[i] = byte(uint64(i)*7 + round*31)
+		}
+		base := round * 1000
+		for k := uint64(0); k < n; k++ {
+			off := 8 + k*piece
+			ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: base + k, Local: unsafe.Pointer(&src[off]), Size: piece, Off: off}, true, int(k%4))
+		}
+		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: base + n}, false, 0)
+		ms[0].kickAll()
+		switch round {
+		case 1:
+			time.Sleep(200 * time.Microsecond) // some of it on the wire, some landed
+			resetIn(t, ms[1], 0, 2)
+		case 2:
+			time.Sleep(300 * time.Microsecond) // a second lane, with resent work on it
+			resetIn(t, ms[1], 0, 3)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for atomic.LoadUint64(sig) < round && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if atomic.LoadUint64(sig) < round {
+			p := ms[0].peers[1]
+			t.Logf("down %b dead %v", p.down.Load(), p.dead.Load())
+			for _, l := range p.t.(*tcpLink).lanes {
+				l.mu.Lock()
+				t.Logf("lane %d: down %v writing %v q %d orphans %d", l.idx, l.down, l.writing, l.qLen, len(l.orphans))
+				l.mu.Unlock()
+				l.amu.Lock()
+				t.Logf("   sent %d puts %d acked %d", l.sLen, l.pLen, l.pAcked)
+				l.amu.Unlock()
+			}
+			q := ms[1].peers[0]
+			q.order.mu.Lock()
+			t.Logf("target: next %d inDown %b", q.order.next, q.t.(*tcpLink).inDown.Load())
+			q.order.mu.Unlock()
+			owners[0].mu.Lock()
+			t.Logf("events %v failed %v", owners[0].laneEvents, owners[0].failed)
+			owners[0].mu.Unlock()
+			t.FailNow()
+		}
+		if !bytes.Equal(owners[1].mem[8:], src[8:]) {
+			t.Fatalf("round %d: the signal is visible before every put landed (or a put landed twice)", round)
+		}
+		for k := uint64(0); k <= n; k++ {
+			if st := waitDone(t, owners[0], base+k); st != abi.Success {
+				t.Fatalf("round %d: op %d completed with %v", round, k, st)
+			}
+		}
+		if got := atomic.LoadUint64(sig); got != round {
+			t.Fatalf("round %d: signal word %d, want %d (applied twice?)", round, got, round)
+		}
+	}
+	owners[0].mu.Lock()
+	for tag, c := range owners[0].parts {
+		if c != 1 {
+			t.Errorf("op %d completed %d times", tag, c)
+		}
+	}
+	failed, events := append([]error(nil), owners[0].failed...), append([][3]int(nil), owners[0].laneEvents...)
+	owners[0].mu.Unlock()
+	owners[1].mu.Lock()
+	failed = append(failed, owners[1].failed...)
+	owners[1].mu.Unlock()
+	if len(failed) > 0 {
+		t.Fatalf("errors reported although only one lane failed: %v", failed)
+	}
+	t.Logf("lane events (peer, lane, moved): %v", events)
+	if len(events) != 2 || events[0][0] != 1 || events[0][1] != 2 || events[0][2] == 0 || events[1][1] != 3 {
+		t.Fatalf("lane events %v, want rank 1 lane 2 (with operations moved), then lane 3", events)
+	}
+	if d := ms[0].peers[1].down.Load(); d != 1<<2|1<<3 {
+		t.Fatalf("down lanes %#b, want lanes 2 and 3", d)
+	}
+	if ms[0].peers[1].dead.Load() || ms[1].peers[0].dead.Load() {
+		t.Fatal("the peer died with three lanes left")
+	}
+	if err := ms[0].Close(); err != nil {
+		t.Fatalf("close after a failover: %v", err)
+	}
+}
+
+// TestResentPutsDeduplicated writes resent puts by hand on an
+// authenticated stream: one whose sequence number already landed is read
+// and dropped (its bytes are not written over a later put's, its signal is
+// not applied again), one that never landed is applied once, and a plain
+// duplicate is still a protocol violation that drops the peer.
+func TestResentPutsDeduplicated(t *testing.T) {
+	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 64), done: map[uint64]abi.Result{}}}
+	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: 2 * time.Second})
+	l := ms[0].peers[1].t.(*tcpLink).lanes[0]
+	send := func(tag, seq uint64, typ uint8, status uint16, fill byte) {
+		t.Helper()
+		h := header{typ: typ, mrID: 1, tag: tag, off: 8, size: 8, status: status, seq: seq}
+		if typ == MsgPutSignal {
+			h.sigMrID, h.sigOp = 1, abi.SignalOpInc
+		}
+		var b [hdrSize + 8]byte
+		h.encode(b[:hdrSize])
+		copy(b[hdrSize:], bytes.Repeat([]byte{fill}, 8))
+		l.awaitPuts([]uint64{tag}, nil) // the target acknowledges it like any put
+		if _, err := l.out.Write(b[:]); err != nil {
+			t.Fatal(err)
+		}
+		if st := waitDone(t, owners[0], tag); st != abi.Success {
+			t.Fatalf("put %d: %v", tag, st)
+		}
+	}
+	word := func() uint64 { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&owners[1].mem[0]))) }
+	resent := uint16(statusResent | 1<<8) // it left lane 1
+	send(1, 1, MsgPutSignal, 0, 'A')
+	send(2, 2, MsgPut, 0, 'B')
+	send(3, 1, MsgPutSignal, resent, 'A') // landed already: dropped
+	if got := owners[1].mem[8:16]; !bytes.Equal(got, []byte("BBBBBBBB")) || word() != 1 {
+		t.Fatalf("after a duplicate resend: bytes %q (want B's), signal %d (want 1)", got, word())
+	}
+	send(4, 3, MsgPutSignal, resent, 'C') // never landed: applied once
+	send(5, 3, MsgPutSignal, resent, 'C') // and not again
+	if got := owners[1].mem[8:16]; !bytes.Equal(got, []byte("CCCCCCCC")) || word() != 2 {
+		t.Fatalf("after a new resend: bytes %q (want C's), signal %d (want 2)", got, word())
+	}
+	// The fence closed the target's end of lane 1: the initiator fails it
+	// over (it had nothing to move), and the peer stays up.
+	waitUntil(t, "lane 1 to fail over", func() bool { return ms[0].peers[1].down.Load() == 1<<1 })
+	if ms[0].peers[1].dead.Load() || ms[1].peers[0].dead.Load() {
+		t.Fatal("the peer died over resent puts")
+	}
+	// A duplicate that does not say it was resent is a protocol violation.
+	h := header{typ: MsgPut, mrID: 1, tag: 6, off: 8, size: 0, seq: 2}
+	var b [hdrSize]byte
+	h.encode(b[:])
+	l.awaitPuts([]uint64{6}, nil)
+	if _, err := l.out.Write(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the peer to be dropped", func() bool { return ms[1].peers[0].dead.Load() })
+}
+
+// TestResendNamesBadLane: a resent put that names its own lane or a lane
+// the peer does not have is a protocol error.
+func TestResendNamesBadLane(t *testing.T) {
+	for _, from := range []uint16{0, 5} {
+		owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 64), done: map[uint64]abi.Result{}}}
+		ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: time.Second})
+		l := ms[0].peers[1].t.(*tcpLink).lanes[0]
+		h := header{typ: MsgPut, mrID: 1, tag: 1, off: 8, size: 0, seq: 1, status: statusResent | from<<8}
+		var b [hdrSize]byte
+		h.encode(b[:])
+		l.awaitPuts([]uint64{1}, nil)
+		if _, err := l.out.Write(b[:]); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, "the peer to be dropped", func() bool { return ms[1].peers[0].dead.Load() })
+	}
+}
+
+// TestAllLanesDownPeerDead: when every lane of a peer fails, the peer is
+// dead as before: every operation in flight fails with ncclRemoteError and
+// the loss is reported.
+func TestAllLanesDownPeerDead(t *testing.T) {
+	const piece = 256 << 10
+	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 8+16*piece), done: map[uint64]abi.Result{}}}
+	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: time.Second})
+	src := make([]byte, 16*piece)
+	for k := 0; k < 16; k++ {
+		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*piece]), Size: piece, Off: 8 + uint64(k*piece)}, false, k%2)
+	}
+	resetIn(t, ms[1], 0, 0)
+	resetIn(t, ms[1], 0, 1)
+	failed := 0
+	for k := 1; k <= 16; k++ {
+		if st := waitDone(t, owners[0], uint64(k)); st != abi.Success {
+			if st != abi.RemoteError {
+				t.Fatalf("op %d: %v, want success or ncclRemoteError", k, st)
+			}
+			failed++
+		}
+	}
+	waitUntil(t, "the peer to die", func() bool { return ms[0].peers[1].dead.Load() })
+	// Posted after the death: fails at once.
+	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 99, Local: unsafe.Pointer(&src[0]), Size: 8, Off: 8}, false, 1)
+	if st := waitDone(t, owners[0], 99); st != abi.RemoteError {
+		t.Fatalf("op after the death: %v, want ncclRemoteError", st)
+	}
+	owners[0].mu.Lock()
+	defer owners[0].mu.Unlock()
+	lost := false
+	for _, err := range owners[0].failed {
+		lost = lost || errors.Is(err, ErrPeerGone)
+	}
+	if !lost {
+		t.Fatalf("the loss was not reported: %v", owners[0].failed)
+	}
+}

@@ -1,0 +1,338 @@
+package dataplane
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// Lane failover (SPEC.md §4, "Lane failover"). With several TCP lanes to a
+// peer, one stream that breaks (a reset, an EOF without goodbye, a failed
+// write) does not fail the peer: the initiator marks the lane down and
+// sends everything the target may not have applied again on a live lane
+// of the same peer, and the target drops what it already applied, by the
+// per-peer sequence number every put carries when lanes > 1. Only when the
+// last lane goes does the peer die, as before.
+//
+// Initiator: the lane's resend ring holds every put and registration
+// notice written on the stream until the target's cumulative ack covers
+// it; the get FIFO holds every get until its reply was read. On failure
+// the lane's replies reader (the only one that reads acks and replies)
+// waits for the stream's writer to let go, then moves, in this order, the
+// unacknowledged puts and notices, the unanswered gets, the ops a failed
+// write had taken and never sent, and the queue to the next live lane.
+// The puts go flagged (statusResent, with the lane they left) and keep
+// their tags and sequence numbers.
+//
+// Target: a flagged put first fences the lane it names (closes that
+// incoming stream and waits for its service to return), so that no copy
+// of the put is still being landed from the dead stream; then, if its
+// sequence number already landed, the payload is read and dropped (no
+// byte written, no signal applied) and it is acknowledged like any put on
+// its new stream. Signals stay strong: the orderer holds them until every
+// earlier number landed, whichever lane brought it.
+//
+// Security: a resend travels only on a stream of the same peer that
+// passed the signed hello; nothing is accepted from anyone else. A flagged
+// put may only name another lane of the same peer, only skip a number
+// that already landed, and the fence wait is bounded by the close
+// timeout; anything else is a protocol error and drops the peer, as
+// before. A peer could always write its own registrations; failover gives
+// it no new reach.
+
+// LaneObserver is an Owner that wants to hear of a lane failover: lane
+// of the connection to peer failed and moved operations went to the
+// others. It is called once per lane, from the lane's reader goroutine.
+type LaneObserver interface {
+	LaneFailed(peer, lane, moved int, err error)
+}
+
+// noFailover turns lane failover off for this link (both sides).
+func (t *tcpLink) noFailover() {
+	t.fixed = true
+	for _, l := range t.lanes {
+		l.resend, l.sent, l.pops = false, nil, nil
+	}
+}
+
+// broken handles a failure of the lane's stream seen by its writer or its
+// reader. It fails the lane over when another lane of the peer is live
+// and the peer is not closing; otherwise the peer is dead, as before.
+func (l *lane) broken(err error) {
+	p := l.p
+	bit := uint32(1) << l.idx
+	all := uint32(1)<<p.lanes - 1
+	for {
+		d := p.down.Load()
+		if d&bit != 0 {
+			return // failed over already
+		}
+		if !l.resend || d|bit == all || p.closing.Load() || p.peerBye.Load() || p.dead.Load() {
+			p.markDead(err)
+			return
+		}
+		if p.down.CompareAndSwap(d, d|bit) {
+			break
+		}
+	}
+	l.mu.Lock()
+	l.down = true
+	l.mu.Unlock()
+	// Whoever writes or reads the stream fails at once now.
+	l.out.Close()
+	l.timer.Stop()
+	l.due.Stop()
+}
+
+// isDown reports whether the lane failed over (a writer waiting on the
+// peer, e.g. for room in the staging ring, gives up then).
+func (l *lane) isDown() bool { return l.p.down.Load()&(1<<l.idx) != 0 }
+
+// canFailover reports whether a failure of this lane would fail it over
+// (rather than fail the peer).
+func (l *lane) canFailover() bool {
+	p := l.p
+	if !l.resend || p.closing.Load() || p.peerBye.Load() || p.dead.Load() {
+		return false
+	}
+	bit := uint32(1) << l.idx
+	return (p.down.Load() | bit) != uint32(1)<<p.lanes-1
+}
+
+// replyStreamEnded: the lane's reader could not read. It fails the lane
+// over (or the peer) and, when the lane was failed over, moves its work.
+func (l *lane) replyStreamEnded(err error) {
+	l.broken(err)
+	if l.p.down.Load()&(1<<l.idx) != 0 {
+		l.migrate(err)
+	}
+}
+
+// keep puts ops a failed write took from the queue, and never put on the
+// stream, aside for the failover.
+func (l *lane) keep(ops []Op) {
+	l.mu.Lock()
+	for i := range ops {
+		if ops[i].Msg != opDone {
+			l.orphans = append(l.orphans, ops[i])
+		}
+	}
+	l.mu.Unlock()
+}
+
+// forward sends op, posted to a lane that failed, to the next live one.
+func (l *lane) forward(op *Op, hold bool) {
+	p := l.p
+	if op.Msg == msgBye {
+		p.byeGone() // the dead stream needs no goodbye
+		return
+	}
+	to := p.live(l.idx)
+	if to == l.idx {
+		p.fail(op) // every lane failed: the peer is going
+		return
+	}
+	p.t.submit(to, *op, hold)
+}
+
+// migrate moves the work of the failed lane to the next live lane. It runs
+// once, on the lane's reader goroutine, after broken closed the stream.
+func (l *lane) migrate(cause error) {
+	p := l.p
+	// The stream's writer (its goroutine or a caller flushing inline) fails
+	// at once on the closed socket; wait until it let go, so that what it
+	// took is in the rings or among the orphans.
+	for {
+		l.mu.Lock()
+		if !l.writing {
+			break
+		}
+		l.mu.Unlock()
+		time.Sleep(20 * time.Microsecond)
+	}
+	orphans := l.orphans
+	l.orphans = nil
+	queued := make([]Op, 0, l.qLen)
+	for l.qLen > 0 {
+		queued = append(queued, l.q[l.qHead])
+		l.q[l.qHead] = Op{}
+		l.qHead = (l.qHead + 1) % len(l.q)
+		l.qLen--
+	}
+	l.mu.Unlock()
+
+	// Failure path: allocating here is fine.
+	var work []Op
+	l.amu.Lock()
+	for ; l.sLen > 0; l.sLen-- {
+		e := l.sent[l.sHead]
+		l.sent[l.sHead] = sentOp{}
+		l.sHead = (l.sHead + 1) % len(l.sent)
+		if e.counts {
+			e.op.Resent, e.op.From = true, uint8(l.idx)
+		}
+		work = append(work, e.op)
+	}
+	// Their tags travel with them; the stream's count ends here.
+	l.pLen = 0
+	l.amu.Unlock()
+	l.gmu.Lock()
+	for ; l.gLen > 0; l.gLen-- {
+		e := l.gets[l.gHead]
+		l.gets[l.gHead] = getEntry{}
+		l.gHead = (l.gHead + 1) % len(l.gets)
+		work = append(work, e.op)
+	}
+	l.gmu.Unlock()
+	work = append(work, orphans...)
+	work = append(work, queued...)
+
+	to := p.live(l.idx)
+	moved := 0
+	for i := range work {
+		op := &work[i]
+		switch {
+		case op.Msg == msgBye:
+			p.byeGone()
+		case op.Msg == opDone:
+		case to == l.idx:
+			p.fail(op) // no live lane left: the peer died meanwhile
+		default:
+			p.t.submit(to, *op, true)
+			moved++
+		}
+	}
+	p.t.kick()
+	logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: lane %d to rank %d failed (%v); %d operations moved to lane %d, none lost",
+		p.m.rank, l.idx, p.rank, cause, moved, to)
+	if o, ok := p.m.owner.(LaneObserver); ok {
+		o.LaneFailed(p.rank, l.idx, moved, cause)
+	}
+}
+
+// logSent appends what a batch wrote to the resend ring; amu held.
+func (l *lane) logSent(ops []Op) {
+	for l.sLen+len(ops) > len(l.sent) {
+		ns := make([]sentOp, 2*len(l.sent))
+		for i := 0; i < l.sLen; i++ {
+			ns[i] = l.sent[(l.sHead+i)%len(l.sent)]
+		}
+		l.sent, l.sHead = ns, 0
+	}
+	for i := range ops {
+		l.sent[(l.sHead+l.sLen)%len(l.sent)] = sentOp{op: ops[i], counts: ops[i].Msg != MsgReg}
+		l.sLen++
+	}
+}
+
+// popSent forgets the first k puts of the ring (an ack covered them) and
+// the registration notices written before the last of them; amu held.
+func (l *lane) popSent(k int) {
+	for l.sLen > 0 && k > 0 {
+		e := &l.sent[l.sHead]
+		if e.counts {
+			k--
+		}
+		*e = sentOp{}
+		l.sHead = (l.sHead + 1) % len(l.sent)
+		l.sLen--
+	}
+}
+
+// unpopGet puts back the get whose reply the reader was in the middle of
+// when the stream broke: it goes again, whole, on another lane.
+func (l *lane) unpopGet(e getEntry) {
+	l.gmu.Lock()
+	l.gHead = (l.gHead - 1 + len(l.gets)) % len(l.gets)
+	l.gets[l.gHead] = e
+	l.gLen++
+	l.gmu.Unlock()
+}
+
+// inLaneEnded: the service of incoming lane i could not read, without a
+// goodbye. It reports true when the lane ends alone (the peer fails it
+// over and sends again what it did not see acknowledged), false when the
+// peer must be failed: it has one lane, it is closing, or this was the
+// last live lane.
+func (t *tcpLink) inLaneEnded(i int, err error) bool {
+	p := t.p
+	n := len(t.ins)
+	if n == 1 || t.fixed || p.closing.Load() || p.dead.Load() {
+		return false
+	}
+	bit := uint32(1) << i
+	all := uint32(1)<<n - 1
+	for {
+		d := t.inDown.Load()
+		if d|bit == all {
+			return false
+		}
+		if t.inDown.CompareAndSwap(d, d|bit) {
+			break
+		}
+	}
+	t.ins[i].Close()
+	logx.Info(abi.SubsysNet, "NET/wasm: rank %d: incoming lane %d from rank %d ended (%v); the rank sends again what it did not see acknowledged",
+		p.m.rank, i, p.rank, err)
+	return true
+}
+
+// streamEnded tells an error of the stream itself (it was closed, reset,
+// or ended) from a protocol error, which fails the peer whatever its lanes.
+func streamEnded(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || errors.As(err, &op)
+}
+
+// fence makes sure the service of incoming lane from returned before a
+// resent operation that left that lane is handled on lane i: it closes
+// that stream and waits for its service, at most the close timeout.
+func (t *tcpLink) fence(i, from int) error {
+	p := t.p
+	if from >= len(t.ins) || from == i || t.fixed {
+		return fmt.Errorf("protocol error: rank %d resent an operation of lane %d on lane %d (it has %d)", p.rank, from, i, len(t.ins))
+	}
+	select {
+	case <-t.inDone[from]:
+		return nil
+	default:
+	}
+	t.fences[from].Do(func() { t.ins[from].Close() })
+	timer := time.NewTimer(p.m.closeTimeout)
+	defer timer.Stop()
+	select {
+	case <-t.inDone[from]:
+		return nil
+	case <-p.quit:
+		return fmt.Errorf("%w: rank %d", ErrPeerGone, p.rank)
+	case <-timer.C:
+		return fmt.Errorf("protocol error: rank %d resent operations of lane %d, whose stream did not end within %v", p.rank, from, p.m.closeTimeout)
+	}
+}
+
+// dropPut reads and drops the payload of a resent put whose sequence
+// number already landed: no byte of it is written, its signal is not
+// applied again.
+func (t *tcpLink) dropPut(br *bufio.Reader, h *header, dec *decoders) error {
+	if h.size == 0 {
+		return nil
+	}
+	if codec := uint8(h.status); codec != codecNone {
+		_, err := t.readCompressed(br, codec, h.size, nil, dec)
+		return err
+	}
+	if h.size > math.MaxInt64 {
+		return fmt.Errorf("protocol error: rank %d resent a put of %d bytes", t.p.rank, h.size)
+	}
+	if _, err := br.Discard(int(h.size)); err != nil {
+		return fmt.Errorf("receive resent put from rank %d: %w", t.p.rank, err)
+	}
+	return nil
+}
