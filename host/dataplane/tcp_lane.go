@@ -204,7 +204,6 @@ type lane struct {
 	// put on the stream.
 	down    bool
 	orphans []Op
-	failed  sync.Once
 
 	// owned by whoever holds writing
 	batch []Op
