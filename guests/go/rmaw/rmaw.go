@@ -224,7 +224,7 @@ func exportInit(hostFeatures int64) int64 {
 		f &^= guestabi.FeaturePlanOp
 	}
 	if completer == nil {
-		f &^= guestabi.FeatureCompletions
+		f &^= guestabi.FeatureCompletions | guestabi.FeatureLaneEvents // lane events ride completion batches
 	}
 	if batcher == nil || planner == nil {
 		f &^= guestabi.FeaturePlanBatch
