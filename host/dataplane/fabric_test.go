@@ -106,12 +106,12 @@ func fabMesh2(t testing.TB, prov string, size uint64, lanes int) ([]*Mesh, []*fa
 // fabMesh2NoFab is fabMesh2 where rank i's plan declines libfabric if noFab[i].
 func fabMesh2NoFab(t testing.TB, prov string, size uint64, lanes int, noFab [2]bool) ([]*Mesh, []*fabOwner) {
 	t.Helper()
-	return fabMesh2Rails(t, prov, size, lanes, noFab, "", nil)
+	return fabMesh2Rails(t, prov, size, lanes, noFab, "", [2][]string{})
 }
 
-// fabMesh2Rails is fabMesh2NoFab with rail 0 on domain and further rails
-// on the domains rails.
-func fabMesh2Rails(t testing.TB, prov string, size uint64, lanes int, noFab [2]bool, domain string, rails []string) ([]*Mesh, []*fabOwner) {
+// fabMesh2Rails is fabMesh2NoFab with rail 0 on domain and rank i's
+// further rails on the domains rails[i].
+func fabMesh2Rails(t testing.TB, prov string, size uint64, lanes int, noFab [2]bool, domain string, rails [2][]string) ([]*Mesh, []*fabOwner) {
 	t.Helper()
 	prov = fabricProvider(t, prov)
 	os := make([]*fabOwner, 2)
@@ -119,7 +119,7 @@ func fabMesh2Rails(t testing.TB, prov string, size uint64, lanes int, noFab [2]b
 	hs := make([]*Handle, 2)
 	for i := range ls {
 		os[i] = &fabOwner{mem: fabric.Alloc(size), size: size, done: map[uint64]abi.Result{}}
-		l, h, err := ListenFabricRails("127.0.0.1", prov, domain, rails)
+		l, h, err := ListenFabricRails("127.0.0.1", prov, domain, rails[i])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -662,7 +662,7 @@ func TestFabricRails(t *testing.T) {
 	}
 	const size = 8 << 20
 	dom := nics[0].Domain
-	ms, os := fabMesh2Rails(t, prov, size, 2, [2]bool{}, dom, []string{dom})
+	ms, os := fabMesh2Rails(t, prov, size, 2, [2]bool{}, dom, [2][]string{{dom}, {dom}})
 	for i, m := range ms {
 		if got := m.FabricRails(); len(got) != 2 || got[0] != dom || got[1] != dom {
 			t.Fatalf("rank %d rails %v, want [%s %s]", i, got, dom, dom)
@@ -721,6 +721,57 @@ func TestFabricRails(t *testing.T) {
 	}
 	if len(os[0].fail)+len(os[1].fail) > 0 {
 		t.Fatalf("failures: %v %v", os[0].fail, os[1].fail)
+	}
+}
+
+// TestFabricRailsUneven: a rank with two rails and one with one (its
+// listener knows no second NIC) pair on one rail: rank 0's second
+// endpoint carries nothing to rank 1, and every byte and signal arrives.
+func TestFabricRailsUneven(t *testing.T) {
+	prov := fabricProvider(t, "tcp;ofi_rxm")
+	nics := FabricNICs(prov)
+	if len(nics) < 1 {
+		t.Skipf("%s offers no domain here", prov)
+	}
+	const size = 4 << 20
+	dom := nics[0].Domain
+	ms, os := fabMesh2Rails(t, prov, size, 2, [2]bool{}, dom, [2][]string{{dom}, nil})
+	if r0, r1 := ms[0].FabricRails(), ms[1].FabricRails(); len(r0) != 2 || len(r1) != 1 {
+		t.Fatalf("rails %v and %v, want 2 and 1", r0, r1)
+	}
+	for i, m := range ms {
+		for _, p := range m.peers {
+			want := 1
+			if i == 0 && p.rank == 0 {
+				want = 2 // rank 0 to itself: both ends have two
+			}
+			if f := p.t.(*fabricLink); len(f.rails) != want {
+				t.Fatalf("rank %d link to %d: %d rails, want %d", i, p.rank, len(f.rails), want)
+			}
+		}
+	}
+	src := fabric.Alloc(size)
+	defer fabric.Free(src)
+	s := unsafe.Slice((*byte)(src), size)
+	for i := range s {
+		s[i] = byte(i*5 + 1)
+	}
+	const n = 2 << 20
+	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: n, SigMrID: 1, SigOff: size - 8, SigOp: abi.SignalOpInc}, false, -1)
+	if st := os[0].waitN(t, 1, ms[0].OpParts(1, &Op{Msg: MsgPutSignal, Size: n})); st != abi.Success {
+		t.Fatal(st)
+	}
+	for deadline := time.Now().Add(5 * time.Second); atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, size-8))) != 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("signal never applied")
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
+	if !bytes.Equal(os[1].bytes()[:n], s[:n]) {
+		t.Fatal("payload differs")
+	}
+	if b := ms[0].FabricRailBytes(); b[0] != n || b[1] != 0 {
+		t.Fatalf("rank 0 bytes by rail %v, want [%d 0]", b, n)
 	}
 }
 
