@@ -124,6 +124,27 @@ func (n *railNetns) run(env []string, args ...string) string {
 func TestFabricRailsNamespaces(t *testing.T) {
 	needFabric(t)
 	n := newRailNetns(t)
+	fab := []string{"NCCL_RMA_WASM_TRANSPORT=fabric", "NCCL_RMA_WASM_FI_PROVIDER=tcp;ofi_rxm"}
+	t.Run("lanes", func(t *testing.T) {
+		n.t = t
+		n.railRun(append(fab, "NCCL_RMA_WASM_LANES=2"))
+	})
+	// The backend's connection plan chooses rails as it chooses lanes: the
+	// multirail sample asks for 4 lanes and stripes ops of 256 KiB or more
+	// itself (plan.chunk_size); 4 lanes over 2 NICs are 2 rails.
+	t.Run("multirail-backend", func(t *testing.T) {
+		n.t = t
+		root := buildGuests(t)
+		n.railRun(append(fab, "NCCL_RMA_WASM_BACKEND=multirail", "NCCL_RMA_WASM_DIR="+filepath.Join(root, "build/guests"),
+			"NCCL_RMA_WASM_CONFIG=lanes=4,stripe=256k"))
+	})
+}
+
+// railRun runs 3 ranks over both veths with env and checks the rails, the
+// plugin's per-rail counts and the veths' own.
+func (n *railNetns) railRun(env []string) {
+	t := n.t
+	t.Helper()
 	const size, iters = 4 << 20, 3
 	var before [railRanks][railCount]uint64
 	for r := range before {
@@ -133,8 +154,7 @@ func TestFabricRailsNamespaces(t *testing.T) {
 	}
 	// Device 0 is one of the veths (libfabric lists loopback last); its
 	// rails are it and the other veth.
-	out := n.run([]string{"NCCL_RMA_WASM_TRANSPORT=fabric", "NCCL_RMA_WASM_FI_PROVIDER=tcp;ofi_rxm", "NCCL_RMA_WASM_LANES=2"},
-		"--verbose", "--ranks", fmt.Sprint(railRanks), "--size", fmt.Sprint(size), "--iters", fmt.Sprint(iters), "--threads", "2", "--timeout", "60")
+	out := n.run(env, "--verbose", "--ranks", fmt.Sprint(railRanks), "--size", fmt.Sprint(size), "--iters", fmt.Sprint(iters), "--threads", "2", "--timeout", "60")
 	checkFabric(t, out, "tcp;ofi_rxm", railRanks)
 	rails := regexp.MustCompile(`rank (\d+): 2 fabric rails \[(rmaw[01]) (rmaw[01])\]`).FindAllStringSubmatch(out, -1)
 	if len(rails) != railRanks {
