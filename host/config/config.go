@@ -286,7 +286,7 @@ var (
 	// Lanes 0 (the default) keeps the backend's plan.
 	Lanes = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_LANES", Kind: KindInt, Default: "backend's plan (1 per 4 cores, ≤ 4)",
 		Min: 0, Max: abi.MaxLanes,
-		Doc: fmt.Sprintf("TCP streams per peer (1..%d); large puts and gets are striped over them", abi.MaxLanes)}), 0}
+		Doc: fmt.Sprintf("TCP streams per peer (1..%d); large puts and gets are striped over them; over libfabric also the rails: an endpoint on each of up to that many NICs", abi.MaxLanes)}), 0}
 	// SpinUs -1 (unset) is the default: 50 µs, with one spinning reader
 	// per four cores (none below four); a value set here spins on any
 	// machine.
