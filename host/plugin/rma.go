@@ -119,6 +119,9 @@ func (r *rmaCtx) closeBackends() {
 		s.mu.Lock()
 		s.flushPending(r) // held ops were accepted: planned and queued before the backend goes
 		if s.b != nil {
+			if s.comps {
+				s.laneEvents(r.c) // a lane that failed after the last batch
+			}
 			s.flushCompletions()
 			if err := s.b.Close(); err != nil {
 				logx.Info(abi.SubsysNet, "NET/wasm: closing backend context: %v", err)
