@@ -498,7 +498,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 		ringed := false
 		// A resent put goes on the stream: the target may drop its
 		// payload unread (tcp_failover.go), which a ring cannot do.
-		if (op.Msg == MsgPut || op.Msg == MsgPutSignal) && !op.Resent && l.t.side != nil && l.t.side.ringable(op) {
+		if (op.Msg == MsgPut || op.Msg == MsgPutSignal) && !op.Resent && l.ringState != ringOff && l.t.side != nil && l.t.side.ringable(op) {
 			// What is gathered goes first: the first ring offer waits
 			// for the target's answer.
 			l.awaitPuts(pend, pops)
