@@ -3,6 +3,7 @@ package dataplane
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"os"
@@ -62,7 +63,11 @@ const (
 	ringOff            // refused, disabled or failed: the stream carries it
 )
 
-var errRingAbort = errors.New("the sender abandoned a put in the staging ring")
+// errRingAbort: the sender gave up in the middle of a put (its lane failed,
+// or a copy). To the target it is a stream that ended mid-message: with
+// other lanes live, that lane alone fails and the sender resends the put on
+// another (tcp_failover.go); otherwise the peer is dropped.
+var errRingAbort = fmt.Errorf("the sender abandoned a put in the staging ring: %w", io.ErrUnexpectedEOF)
 
 // ring is one mapping of a staging ring, at either end.
 type ring struct {

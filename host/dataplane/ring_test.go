@@ -34,10 +34,17 @@ func (o *devOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, boo
 	return nil, 0, 0, Pin{}, false
 }
 
-// ringDevice is a pipeDevice that pins host memory too, and counts it.
+// ringDevice is a pipeDevice that pins host memory too, and counts it;
+// slowIn (nanoseconds) slows its copies to the device further.
 type ringDevice struct {
 	*pipeDevice
 	registered atomic.Int32
+	slowIn     atomic.Int64
+}
+
+func (d *ringDevice) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64) error {
+	time.Sleep(time.Duration(d.slowIn.Load()))
+	return d.pipeDevice.HtoD(ctx, dst, src, n)
 }
 
 func (d *ringDevice) HostRegister(_ uintptr, p unsafe.Pointer, n uint64) error {
@@ -57,6 +64,10 @@ func (d *ringDevice) HostUnregister(ctx uintptr, _ unsafe.Pointer) {
 // ringMesh connects two ranks over the intra-node path with device memory
 // of size bytes each (rank r's at base+r*size) and 64 KiB of host memory.
 func ringMesh(t *testing.T, size uint64, lanes int) ([]*Mesh, []*devOwner, *ringDevice) {
+	return ringMeshStripe(t, size, lanes, 64<<10)
+}
+
+func ringMeshStripe(t *testing.T, size uint64, lanes int, stripe uint64) ([]*Mesh, []*devOwner, *ringDevice) {
 	t.Helper()
 	t.Setenv("NCCL_RMA_WASM_STAGE_CHUNK_KB", "4")
 	// Both ranks' memory is mapped outside Go's heap: the two ends of the
@@ -71,7 +82,7 @@ func ringMesh(t *testing.T, size uint64, lanes int) ([]*Mesh, []*devOwner, *ring
 		os[r] = &devOwner{memOwner: memOwner{done: map[uint64]abi.Result{}}, dev: pd.base + uintptr(r)*uintptr(size), size: size, host: mapAnon(t, 64<<10)}
 	}
 	ms := connectOwners(t, []Owner{os[0], os[1]}, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes,
-		StripeThreshold: 64 << 10, ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second})
+		StripeThreshold: stripe, ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second})
 	return ms, os, d
 }
 
@@ -230,5 +241,42 @@ func TestRingPeerGone(t *testing.T) {
 	ms[1].Close()
 	if st := waitDone(t, &os[0].memOwner, 1); st == abi.Success {
 		t.Fatal("a put whose target closed in the middle succeeded")
+	}
+}
+
+// TestRingLaneFailover: the stream of the lane whose ring carries a put
+// breaks mid-put (another lane lives). The sender abandons the ring, the
+// target fails that lane alone instead of the peer, and the put is resent
+// on the live lane: it completes once, every byte lands, its signal is
+// applied once.
+func TestRingLaneFailover(t *testing.T) {
+	const size = 256 << 10
+	ms, os, d := ringMeshStripe(t, size, 2, 1<<40)
+	d.slowIn.Store(int64(2 * time.Millisecond)) // the target lags: the sender waits for slots
+	src, dst := d.at(os[0].dev, size), d.at(os[1].dev, size)
+	fill(src, 8)
+	sig := (*uint64)(unsafe.Pointer(&os[1].host[0]))
+	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size,
+		SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 3}, false, 0)
+	waitUntil(t, "the ring to carry part of the put", func() bool { return d.overlap.Load()+d.n.Load() > 4 })
+	c := ms[1].peers[0].t.(*intraLink).ins[0] // reset at the target, as ss -K does
+	if err := c.SetLinger(0); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if st := waitDone(t, &os[0].memOwner, 1); st != abi.Success {
+		t.Fatalf("put whose lane failed mid-ring: %v", st)
+	}
+	waitUntil(t, "the signal", func() bool { return atomic.LoadUint64(sig) == 3 })
+	if !bytes.Equal(dst, src) {
+		t.Fatal("bytes differ after the put was resent")
+	}
+	if ms[0].peers[1].dead.Load() || ms[1].peers[0].dead.Load() {
+		t.Fatal("a lane failing mid-ring dropped the peer")
+	}
+	d.slowIn.Store(0)
+	time.Sleep(20 * time.Millisecond)
+	if v := atomic.LoadUint64(sig); v != 3 {
+		t.Fatalf("signal %d, want 3 (applied once)", v)
 	}
 }
