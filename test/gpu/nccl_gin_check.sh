@@ -70,7 +70,7 @@ export NCCL_RMA_WASM_ADDR=127.0.0.1
 
 echo "GIN-CHECK: cuda_check (device memory, then 20 teardown rounds)"
 if timeout 300 "$ROOT/build/cuda_check" "$ROOT/build/librccl-rma-wasm.so" $((3 << 20)) 20 >"$OUT/cuda_check.log" 2>&1; then
-  grep -E "teardown|RESULT" "$OUT/cuda_check.log"
+  grep -E "teardown|multiseg|ring|RESULT" "$OUT/cuda_check.log"
 else
   tail -20 "$OUT/cuda_check.log"
   echo "GIN-CHECK: cuda_check failed"
