@@ -52,9 +52,12 @@ func TestFaultKillMidOperation(t *testing.T) {
 				t.Fatalf("the victim was not killed:\n%s", tail(out))
 			}
 			for r, s := range faultRuns(t, out, c.fault, 2) {
-				// The kill comes 0.3 s in; the loss must show within 10 s of it.
-				if s < 0.25 || s > 10.3 {
-					t.Errorf("rank %d saw the loss %.3f s into the phase, want 0.3..10.3", r, s)
+				// The kill comes 0.3 s into the killer's phase; the loss must
+				// show within 10 s of it. No lower bound: each rank's phase
+				// clock starts when that rank enters it, which a loaded
+				// machine delays by a variable amount.
+				if s > 10.3 {
+					t.Errorf("rank %d saw the loss %.3f s into the phase, want it within 10 s of the kill", r, s)
 				}
 			}
 		})
