@@ -20,6 +20,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
@@ -357,6 +359,12 @@ type DeviceMemory struct {
 	Iface, Device int    // devmem.IfaceCUDA or IfaceROCR, and the ordinal
 	DMABUFFd      int    // a DMA-BUF of the range (-1: none); read during the call only
 	DMABUFOff     uint64 // the range's offset in it
+	// Export, when not nil, makes a DMA-BUF of the range (an fd the
+	// caller closes, and the offset): used when no fd came with the
+	// registration and the loaded libfabric imports DMA-BUFs, which is how
+	// NICs reach memory they cannot pin by address (ROCm without a
+	// peer-memory module, for one).
+	Export func() (fd int, off uint64, err error)
 }
 
 // RegisterDevice registers device memory with the fabric endpoint where
@@ -367,6 +375,14 @@ type DeviceMemory struct {
 func (m *Mesh) RegisterDevice(id uint32, base uintptr, size uint64, d DeviceMemory) (key uint64, direct bool) {
 	if m.fab == nil || !m.fab.info.HMEM {
 		return 0, false
+	}
+	if d.DMABUFFd < 0 && d.Export != nil && fabric.RuntimeVersion() >= fabric.APIDMABUF {
+		if fd, off, err := d.Export(); err == nil {
+			defer unix.Close(fd)
+			d.DMABUFFd, d.DMABUFOff = fd, off
+		} else {
+			logx.Info(abi.SubsysNet|abi.SubsysReg, "NET/wasm: fabric: no DMA-BUF of device memory (%v); registering the address range", err)
+		}
 	}
 	r := fabric.MRRequest{Base: *(*unsafe.Pointer)(unsafe.Pointer(&base)), Len: size, Iface: d.Iface, Device: d.Device, DMABUFFd: d.DMABUFFd, DMABUFOff: d.DMABUFOff}
 	for i, e := range m.rails {

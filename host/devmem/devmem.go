@@ -8,6 +8,7 @@
 package devmem
 
 import (
+	"os"
 	"sync/atomic"
 	"unsafe"
 )
@@ -56,6 +57,25 @@ const (
 // address of a context Inspect returned.
 type Locator interface {
 	Locate(ctx, ptr uintptr) (iface, device int, err error)
+}
+
+// DmaBufExporter is implemented by a device that can export its memory as
+// a DMA-BUF (cuMemGetHandleForAddressRange, hipMemGetHandleForAddressRange):
+// the fabric transport hands the fd to a provider that imports DMA-BUFs
+// (FI_MR_DMABUF) when the caller registered the memory by address.
+type DmaBufExporter interface {
+	// ExportDmaBuf returns a new fd the caller closes, covering the pages
+	// under [ptr, ptr+size), and ptr's offset in it.
+	ExportDmaBuf(ctx, ptr uintptr, size uint64) (fd int, off uint64, err error)
+}
+
+// PageSpan widens [ptr, ptr+size) to whole host pages, as DMA-BUF export
+// requires: the first page's address, the span's length and ptr's offset.
+func PageSpan(ptr uintptr, size uint64) (base uintptr, n, off uint64) {
+	pg := uintptr(os.Getpagesize())
+	base = ptr &^ (pg - 1)
+	end := (ptr + uintptr(size) + pg - 1) &^ (pg - 1)
+	return base, uint64(end - base), uint64(ptr - base)
 }
 
 // HostRegisterer is implemented by a device that can pin host memory it

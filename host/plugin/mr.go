@@ -84,7 +84,7 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 	var key uint64
 	var err error
 	if devCtx != 0 {
-		key, _ = c.mesh.RegisterDevice(m.id, data, size, deviceMemory(devCtx, data, fd, fdOff))
+		key, _ = c.mesh.RegisterDevice(m.id, data, size, deviceMemory(devCtx, data, size, fd, fdOff))
 	} else if key, err = c.mesh.RegisterMemory(m.id, m.base, size, false); err != nil {
 		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: rank %d, %d bytes at %#x: %v", c.rank, size, data, err)
 		c.regs.drop(m)
@@ -134,8 +134,11 @@ func RegMrDmaBuf(h uint64, data uintptr, size uint64, typ int32, offset uint64, 
 
 // deviceMemory describes a device range for the fabric transport: its
 // interface and device where the device runtime says (devmem.Locator).
-func deviceMemory(ctx, data uintptr, fd int, off uint64) dataplane.DeviceMemory {
+func deviceMemory(ctx, data uintptr, size uint64, fd int, off uint64) dataplane.DeviceMemory {
 	d := dataplane.DeviceMemory{Iface: devmem.IfaceCUDA, DMABUFFd: fd, DMABUFOff: off}
+	if x, ok := devmem.Get().(devmem.DmaBufExporter); ok {
+		d.Export = func() (int, uint64, error) { return x.ExportDmaBuf(ctx, data, size) }
+	}
 	if l, ok := devmem.Get().(devmem.Locator); ok {
 		if iface, dev, err := l.Locate(ctx, data); err == nil {
 			d.Iface, d.Device = iface, dev

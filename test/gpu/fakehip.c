@@ -7,10 +7,13 @@
  * progress threads (which start with no device set) are held to it.
  *
  *   cc -shared -fPIC -o <dir>/libamdhip64.so test/gpu/fakehip.c -lpthread */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define MAXA 256
 #define NDEV 2
@@ -104,3 +107,19 @@ int hipMemcpyAsync(void* dst, const void* src, size_t n, int kind, void* s) {
   return copy(dst, src, n, kind, current);
 }
 int hipMemcpy(void* dst, const void* src, size_t n, int kind) { return copy(dst, src, n, kind, current); }
+
+#ifndef FAKEHIP_NO_DMABUF
+/* hipMemGetHandleForAddressRange: a DMA-BUF of a page-aligned range of one
+ * device's memory, made current first, as the plugin's export must; the fd
+ * is a memfd of the range's length (there is nothing to import it here). */
+int hipMemGetHandleForAddressRange(void* handle, void* dptr, size_t n, int type, unsigned long long flags) {
+  uintptr_t p = (uintptr_t)dptr, pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+  if (type != 1 || flags != 0 || n == 0 || p % pg || n % pg) return 1;
+  int d = owner(p);
+  if (d >= 0 && d != current) return 101;
+  int fd = memfd_create("fakehip-dmabuf", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, (off_t)n) != 0) return 2;
+  *(int*)handle = fd;
+  return 0;
+}
+#endif

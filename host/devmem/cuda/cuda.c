@@ -46,6 +46,7 @@ static struct {
   CUresult (*memGetAddressRange)(CUdeviceptr*, size_t*, CUdeviceptr);
   CUresult (*memHostRegister)(void*, size_t, unsigned);   /* optional */
   CUresult (*memHostUnregister)(void*);                   /* optional */
+  CUresult (*getHandleForRange)(void*, CUdeviceptr, size_t, int, unsigned long long); /* optional, 11.7 */
 } cu;
 
 enum { MEMHOSTALLOC_PORTABLE = 1 };
@@ -96,6 +97,7 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   *(void**)&cu.memHostRegister = dlsym(h, "cuMemHostRegister_v2");
   *(void**)&cu.memHostUnregister = dlsym(h, "cuMemHostUnregister");
   if (!cu.memHostRegister || !cu.memHostUnregister) cu.memHostRegister = NULL;
+  *(void**)&cu.getHandleForRange = dlsym(h, "cuMemGetHandleForAddressRange");
   CUresult r = cu.init(0);
   if (r != 0) {
     snprintf(err, errlen, "cuInit: %s (%d)", errstr(r), r);
@@ -260,6 +262,22 @@ int rmaw_cuda_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_
  * at teardown): set the registering one. */
 void rmaw_cuda_host_unregister(uintptr_t ctx, void* p) {
   if (cu.memHostUnregister && cu.ctxSetCurrent((CUcontext)ctx) == 0) cu.memHostUnregister(p);
+}
+
+/* Exports [base, base+n) (page-aligned by the caller) as a DMA-BUF fd
+ * (CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD), for a NIC that imports it. */
+int rmaw_cuda_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen) {
+  if (!cu.getHandleForRange) {
+    snprintf(err, errlen, "the driver has no cuMemGetHandleForAddressRange");
+    return -1;
+  }
+  CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
+  if (r == 0) r = cu.getHandleForRange(fd, (CUdeviceptr)base, (size_t)n, 1, 0);
+  if (r != 0) {
+    snprintf(err, errlen, "cuMemGetHandleForAddressRange of %llu bytes: %s", (unsigned long long)n, errstr(r));
+    return -1;
+  }
+  return 0;
 }
 
 /* GDRCopy (libgdrapi.so, loaded at run time and never linked): device

@@ -121,6 +121,17 @@ func (cudaDevice) HostUnregister(ctx uintptr, p unsafe.Pointer) {
 	C.rmaw_cuda_host_unregister(C.uintptr_t(ctx), p)
 }
 
+// ExportDmaBuf exports the pages under [ptr, ptr+size) as a DMA-BUF.
+func (cudaDevice) ExportDmaBuf(ctx, ptr uintptr, size uint64) (int, uint64, error) {
+	base, n, off := devmem.PageSpan(ptr, size)
+	var fd C.int
+	var buf [256]C.char
+	if C.rmaw_cuda_export_dmabuf(C.uintptr_t(ctx), C.uint64_t(base), C.uint64_t(n), &fd, &buf[0], C.size_t(len(buf))) != 0 {
+		return -1, 0, errors.New(C.GoString(&buf[0]))
+	}
+	return int(fd), off, nil
+}
+
 // gdrDevice is the CUDA device with GDRCopy for signal words.
 type gdrDevice struct{ cudaDevice }
 

@@ -11,6 +11,7 @@ int rmaw_cuda_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t 
 void rmaw_cuda_host_free(void* p);
 int rmaw_cuda_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen);
 void rmaw_cuda_host_unregister(uintptr_t ctx, void* p);
+int rmaw_cuda_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen);
 int rmaw_gdr_open(char* err, size_t errlen);
 int rmaw_gdr_add(uintptr_t ctx, uint64_t addr, uint64_t v);
 void rmaw_gdr_forget(uint64_t addr, uint64_t size);

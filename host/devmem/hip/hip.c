@@ -38,6 +38,7 @@ static struct {
   const char* (*getErrorString)(hipError_t);
   hipError_t (*hostRegister)(void*, size_t, unsigned); /* optional */
   hipError_t (*hostUnregister)(void*);                 /* optional */
+  hipError_t (*getHandleForRange)(void*, void*, size_t, int, unsigned long long); /* optional */
 } hip;
 
 /* hipMemoryTypeDevice: 1 before ROCm 6, 2 from ROCm 6 on (the enum was
@@ -81,6 +82,7 @@ int rmaw_hip_open(const char* lib, char* err, size_t errlen) {
   *(void**)&hip.hostRegister = dlsym(h, "hipHostRegister");
   *(void**)&hip.hostUnregister = dlsym(h, "hipHostUnregister");
   if (!hip.hostUnregister) hip.hostRegister = NULL;
+  *(void**)&hip.getHandleForRange = dlsym(h, "hipMemGetHandleForAddressRange");
   int v = 0;
   if (hip.runtimeGetVersion(&v) == 0 && v > 0 && v < 60000000) memtype_device = 1;
   hipError_t r = hip.init(0);
@@ -201,4 +203,21 @@ int rmaw_hip_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t
 
 void rmaw_hip_host_unregister(uintptr_t ctx, void* p) {
   if (hip.hostUnregister && hip.setDevice((int)ctx - 1) == 0) hip.hostUnregister(p);
+}
+
+/* Exports [base, base+n) (page-aligned by the caller) as a DMA-BUF fd
+ * (hipMemRangeHandleTypeDmaBufFd), for a NIC that imports it; the memory's
+ * device is made current first. */
+int rmaw_hip_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen) {
+  if (!hip.getHandleForRange) {
+    snprintf(err, errlen, "the runtime has no hipMemGetHandleForAddressRange");
+    return -1;
+  }
+  hipError_t r = hip.setDevice((int)ctx - 1);
+  if (r == 0) r = hip.getHandleForRange(fd, (void*)(uintptr_t)base, (size_t)n, 1, 0);
+  if (r != 0) {
+    snprintf(err, errlen, "hipMemGetHandleForAddressRange of %llu bytes: %s", (unsigned long long)n, errstr(r));
+    return -1;
+  }
+  return 0;
 }

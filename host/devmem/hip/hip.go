@@ -127,3 +127,15 @@ func (hipDevice) HostRegister(ctx uintptr, p unsafe.Pointer, n uint64) error {
 func (hipDevice) HostUnregister(ctx uintptr, p unsafe.Pointer) {
 	C.rmaw_hip_host_unregister(C.uintptr_t(ctx), p)
 }
+
+// ExportDmaBuf exports the pages under [ptr, ptr+size) as a DMA-BUF
+// (hipMemGetHandleForAddressRange), for the RDMA path.
+func (hipDevice) ExportDmaBuf(ctx, ptr uintptr, size uint64) (int, uint64, error) {
+	base, n, off := devmem.PageSpan(ptr, size)
+	var fd C.int
+	var buf [256]C.char
+	if C.rmaw_hip_export_dmabuf(C.uintptr_t(ctx), C.uint64_t(base), C.uint64_t(n), &fd, &buf[0], C.size_t(len(buf))) != 0 {
+		return -1, 0, errors.New(C.GoString(&buf[0]))
+	}
+	return int(fd), off, nil
+}

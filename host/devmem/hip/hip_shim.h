@@ -9,4 +9,5 @@ int rmaw_hip_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t e
 void rmaw_hip_host_free(void* p);
 int rmaw_hip_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen);
 void rmaw_hip_host_unregister(uintptr_t ctx, void* p);
+int rmaw_hip_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen);
 #endif
