@@ -36,7 +36,7 @@ GUESTS :=
 -include bench.mk
 # ---------------------------------------------------------------------------
 
-.PHONY: all lib driver tools demo test setup bench bench-device clean gofmt-check gpu-check fuzz soak
+.PHONY: all lib driver tools demo test setup build-deps bench bench-device clean gofmt-check gpu-check fuzz soak
 
 # Pinned so that a new release never turns a green tree red on its own.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -52,7 +52,7 @@ $(RMAW): FORCE | $(BUILD)
 lib: $(LIB) $(LIBNCCL)
 
 # go build is incremental on its own; always ask it.
-$(LIB): FORCE $(GUESTS) | $(BUILD)
+$(LIB): FORCE $(GUESTS) | $(BUILD) build-deps
 	$(GO) build -buildmode=c-shared $(GOFLAGS_LIB) -o $@.tmp ./capi
 	@rm -f $@.h $(BUILD)/librccl-rma-wasm.h   # cgo's generated header; capi/rma_plugin.h is ours
 	@mv -f $@.tmp $@   # rename: running processes keep the old mapping
@@ -92,6 +92,11 @@ gofmt-check:
 # exact command is printed and make stops.
 setup:
 	@test/setup.sh
+
+# Building needs libfabric's headers (host/fabric's inline calls; the library
+# itself is dlopened at run time): installed once as root on Debian.
+build-deps:
+	@test/setup.sh --build
 
 # Each fuzz target runs briefly in make test; longer: make fuzz FUZZTIME=10m.
 FUZZTIME ?= 3s
