@@ -379,7 +379,7 @@ func (e *fabEP) progress() {
 	nap := time.NewTimer(time.Hour)
 	defer nap.Stop()
 	spinning := false
-	var spinStart time.Time
+	var last time.Time // the last poll that reaped something
 	defer func() {
 		if spinning {
 			spinners.Add(-1)
@@ -398,8 +398,8 @@ func (e *fabEP) progress() {
 		}
 		if n > 0 {
 			empty = 0
-			if spinning {
-				spinStart = time.Now()
+			if e.spinNs.Load() > 0 {
+				last = time.Now()
 			}
 			continue
 		}
@@ -408,18 +408,17 @@ func (e *fabEP) progress() {
 			runtime.Gosched()
 			continue
 		}
-		if spin := e.spinNs.Load(); spin > 0 {
-			if !spinning && empty == 1 && acquireSpin(e.spinSlots.Load()) {
-				spinning, spinStart = true, time.Now()
-			}
-			if spinning {
-				if time.Since(spinStart) < time.Duration(spin) {
-					runtime.Gosched()
-					continue
-				}
-				spinners.Add(-1)
-				spinning = false
-			}
+		// Within the spin window after the last traffic (however long the
+		// busy polling above ran), keep polling in a spin slot.
+		if spin := e.spinNs.Load(); spin > 0 && time.Since(last) < time.Duration(spin) &&
+			(spinning || acquireSpin(e.spinSlots.Load())) {
+			spinning = true
+			runtime.Gosched()
+			continue
+		}
+		if spinning {
+			spinners.Add(-1)
+			spinning = false
 		}
 		if e.canWait.Load() && empty > fabNapsBeforeWait {
 			// Idle for a while: sleep on the CQ's wait fd (the peers'
