@@ -516,6 +516,28 @@ void fault_tick(child_t* C, int N) {
   }
 }
 
+/* socket_inodes lists the socket inodes among process pid's open files
+ * (at most cap); -1 when its fd directory cannot be read. */
+static int socket_inodes(pid_t pid, unsigned long* inos, int cap) {
+  char path[96], link[96];
+  int n = 0;
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR* d = opendir(path);
+  if (d == NULL) return -1;
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL && n < cap) {
+    char p[400];
+    snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+    ssize_t k = readlink(p, link, sizeof link - 1);
+    if (k <= 0) continue;
+    link[k] = 0;
+    unsigned long ino;
+    if (sscanf(link, "socket:[%lu]", &ino) == 1) inos[n++] = ino;
+  }
+  closedir(d);
+  return n;
+}
+
 /* reset_sockets aborts every established TCP connection of process pid
  * with ss -K run in its network namespace (nsenter) (SOCK_DESTROY: the kernel sends the far end a RST). The
  * connections are found by matching the socket inodes in /proc/pid/fd
@@ -523,21 +545,9 @@ void fault_tick(child_t* C, int N) {
 int reset_sockets(pid_t pid) {
   unsigned long inos[1024];
   int nino = 0, n = 0;
-  char path[96], link[96];
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-  DIR* d = opendir(path);
-  if (d == NULL) return 0;
-  struct dirent* e;
-  while ((e = readdir(d)) != NULL && nino < 1024) {
-    char p[400];
-    snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-    ssize_t k = readlink(p, link, sizeof link - 1);
-    if (k <= 0) continue;
-    link[k] = 0;
-    unsigned long ino;
-    if (sscanf(link, "socket:[%lu]", &ino) == 1) inos[nino++] = ino;
-  }
-  closedir(d);
+  char path[96];
+  nino = socket_inodes(pid, inos, 1024);
+  if (nino < 0) return 0;
   /* One ss call for all of them: a call per connection would let the rank
    * notice the first reset and close the rest in order before they are hit. */
   static char cmd[65536];
@@ -579,22 +589,10 @@ int reset_one_lane(pid_t pid, char* what, size_t cap) {
   unsigned long inos[1024];
   unsigned lp[1024], rp[1024];
   int nino = 0, nc = 0;
-  char path[96], link[96];
+  char path[96];
   snprintf(what, cap, "none");
-  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-  DIR* d = opendir(path);
-  if (d == NULL) return 0;
-  struct dirent* e;
-  while ((e = readdir(d)) != NULL && nino < 1024) {
-    char p[400];
-    snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-    ssize_t k = readlink(p, link, sizeof link - 1);
-    if (k <= 0) continue;
-    link[k] = 0;
-    unsigned long ino;
-    if (sscanf(link, "socket:[%lu]", &ino) == 1) inos[nino++] = ino;
-  }
-  closedir(d);
+  nino = socket_inodes(pid, inos, 1024);
+  if (nino < 0) return 0;
   for (int v6 = 0; v6 < 2; v6++) {
     snprintf(path, sizeof path, "/proc/%d/net/tcp%s", (int)pid, v6 ? "6" : "");
     FILE* f = fopen(path, "r");
