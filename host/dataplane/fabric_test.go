@@ -984,6 +984,12 @@ func TestFabricDeviceStaged(t *testing.T) {
 			if !bytes.Equal(owners[1].bytes()[4096:4096+128<<10], dsrc[4096:4096+128<<10]) {
 				t.Fatal("get from device memory: bytes differ")
 			}
+			// The window is released lazily: the next poll after a staged
+			// put's TCP acknowledgement reaps its record (reapStaged), so
+			// wait for the progress goroutine's next polls, bounded.
+			for end := time.Now().Add(10 * time.Second); f.staging.Load() != 0 && time.Now().Before(end); {
+				time.Sleep(time.Millisecond)
+			}
 			if f.staging.Load() != 0 {
 				t.Errorf("%d staged puts still hold the window", f.staging.Load())
 			}
