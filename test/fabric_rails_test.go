@@ -16,7 +16,7 @@ import (
 
 // Rails across real NICs: every rank runs in a network namespace of its
 // own with two veths, rmaw0 and rmaw1, each to a bridge of its own (rail
-// 0: 10.79.0.0/24, rail 1: 10.80.0.0/24) in a further namespace, so
+// 0: 10.77.0.0/24, rail 1: 10.78.0.0/24) in a further namespace, so
 // tcp;ofi_rxm offers two domains (plus loopback) in each rank. With two
 // lanes the plugin opens a fabric endpoint on both, stripes large puts,
 // puts with signal and gets over them, and the harness verifies every
@@ -32,64 +32,11 @@ type railNetns struct {
 
 func newRailNetns(t *testing.T) *railNetns {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces (ip netns) with two NICs per rank")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("no ip command (iproute2)")
-	}
-	n := &railNetns{t: t, prefix: fmt.Sprintf("rmwr%d-%d-", os.Getpid(), time.Now().UnixNano()%100000)}
-	br := n.prefix + "br"
-	if err := ipCmd("netns", "add", br); err != nil {
-		t.Skipf("ip netns does not work here: %v", err)
-	}
-	t.Cleanup(n.remove)
-	var steps [][]string
-	for k := 0; k < railCount; k++ {
-		steps = append(steps, []string{"-n", br, "link", "add", fmt.Sprintf("br%d", k), "type", "bridge"},
-			[]string{"-n", br, "link", "set", fmt.Sprintf("br%d", k), "up"})
-	}
-	for r := 0; r < railRanks; r++ {
-		ns := fmt.Sprintf("%s%d", n.prefix, r)
-		steps = append(steps, []string{"netns", "add", ns}, []string{"-n", ns, "link", "set", "lo", "up"})
-		for k := 0; k < railCount; k++ {
-			dev, port := fmt.Sprintf("rmaw%d", k), fmt.Sprintf("p%d-%d", r, k)
-			steps = append(steps,
-				[]string{"-n", ns, "link", "add", dev, "type", "veth", "peer", "name", port, "netns", br},
-				[]string{"-n", ns, "addr", "add", fmt.Sprintf("10.%d.0.%d/24", 79+k, r+1), "dev", dev},
-				[]string{"-n", ns, "link", "set", dev, "up"},
-				[]string{"-n", br, "link", "set", port, "master", fmt.Sprintf("br%d", k)},
-				[]string{"-n", br, "link", "set", port, "up"})
-		}
-	}
-	for _, s := range steps {
-		if err := ipCmd(s...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return n
-}
-
-func (n *railNetns) remove() {
-	for r := 0; r < railRanks; r++ {
-		if err := ipCmd("netns", "del", fmt.Sprintf("%s%d", n.prefix, r)); err != nil {
-			n.t.Log(err)
-		}
-	}
-	if err := ipCmd("netns", "del", n.prefix+"br"); err != nil {
-		n.t.Log(err)
-	}
+	return &railNetns{t: t, prefix: buildNetns(t, "rmwr", railRanks, railCount)}
 }
 
 // txBytes is what rank r's NIC dev sent so far.
-func (n *railNetns) txBytes(r int, dev string) uint64 {
-	out, err := exec.Command("ip", "netns", "exec", fmt.Sprintf("%s%d", n.prefix, r), "cat", "/sys/class/net/"+dev+"/statistics/tx_bytes").Output()
-	if err != nil {
-		n.t.Fatalf("tx_bytes of rank %d %s: %v", r, dev, err)
-	}
-	v, _ := strconv.ParseUint(strings.TrimSpace(string(out)), 10, 64)
-	return v
-}
+func (n *railNetns) txBytes(r int, dev string) uint64 { return nsTxBytes(n.t, n.prefix, r, dev) }
 
 func (n *railNetns) run(env []string, args ...string) string {
 	t := n.t

@@ -40,39 +40,75 @@ func ipCmd(args ...string) error {
 	return nil
 }
 
-// newNetns builds the namespaces or skips the test saying why it cannot.
-func newNetns(t *testing.T, rate string) *netns {
+// buildNetns creates ranks network namespaces named prefix<r>, each with
+// nics veths rmaw<k> (10.<77+k>.0.<r+1>/24) joined to bridge br<k> in a
+// namespace prefix+"br" (rank r's port on bridge k is p<r>-<k>), and
+// removes them all when the test ends; it skips the test saying why where
+// namespaces cannot be made.
+func buildNetns(t *testing.T, tag string, ranks, nics int) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to create network namespaces (ip netns)")
+		t.Skipf("needs root to create network namespaces (ip netns) with %d NIC(s) per rank", nics)
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("no ip command (iproute2)")
 	}
-	n := &netns{t: t, prefix: fmt.Sprintf("rmaw%d-%d-", os.Getpid(), time.Now().UnixNano()%100000)}
-	br := n.prefix + "br"
+	prefix := fmt.Sprintf("%s%d-%d-", tag, os.Getpid(), time.Now().UnixNano()%100000)
+	br := prefix + "br"
 	if err := ipCmd("netns", "add", br); err != nil {
 		t.Skipf("ip netns does not work here: %v", err)
 	}
-	t.Cleanup(n.remove)
-	steps := [][]string{{"-n", br, "link", "add", "br0", "type", "bridge"}, {"-n", br, "link", "set", "br0", "up"}}
-	for r := 0; r < nsRanks; r++ {
-		ns := fmt.Sprintf("%s%d", n.prefix, r)
-		port := fmt.Sprintf("p%d", r)
-		steps = append(steps,
-			[]string{"netns", "add", ns},
-			[]string{"-n", ns, "link", "add", "rmaw0", "type", "veth", "peer", "name", port, "netns", br},
-			[]string{"-n", ns, "addr", "add", fmt.Sprintf("10.77.0.%d/24", r+1), "dev", "rmaw0"},
-			[]string{"-n", ns, "link", "set", "lo", "up"},
-			[]string{"-n", ns, "link", "set", "rmaw0", "up"},
-			[]string{"-n", br, "link", "set", port, "master", "br0"},
-			[]string{"-n", br, "link", "set", port, "up"})
+	t.Cleanup(func() {
+		for r := 0; r < ranks; r++ {
+			if err := ipCmd("netns", "del", fmt.Sprintf("%s%d", prefix, r)); err != nil {
+				t.Log(err)
+			}
+		}
+		if err := ipCmd("netns", "del", br); err != nil {
+			t.Log(err)
+		}
+	})
+	var steps [][]string
+	for k := 0; k < nics; k++ {
+		steps = append(steps, []string{"-n", br, "link", "add", fmt.Sprintf("br%d", k), "type", "bridge"},
+			[]string{"-n", br, "link", "set", fmt.Sprintf("br%d", k), "up"})
+	}
+	for r := 0; r < ranks; r++ {
+		ns := fmt.Sprintf("%s%d", prefix, r)
+		steps = append(steps, []string{"netns", "add", ns}, []string{"-n", ns, "link", "set", "lo", "up"})
+		for k := 0; k < nics; k++ {
+			dev, port := fmt.Sprintf("rmaw%d", k), fmt.Sprintf("p%d-%d", r, k)
+			steps = append(steps,
+				[]string{"-n", ns, "link", "add", dev, "type", "veth", "peer", "name", port, "netns", br},
+				[]string{"-n", ns, "addr", "add", fmt.Sprintf("10.%d.0.%d/24", 77+k, r+1), "dev", dev},
+				[]string{"-n", ns, "link", "set", dev, "up"},
+				[]string{"-n", br, "link", "set", port, "master", fmt.Sprintf("br%d", k)},
+				[]string{"-n", br, "link", "set", port, "up"})
+		}
 	}
 	for _, s := range steps {
 		if err := ipCmd(s...); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return prefix
+}
+
+// nsTxBytes is what rank r's interface dev sent so far.
+func nsTxBytes(t *testing.T, prefix string, r int, dev string) uint64 {
+	out, err := exec.Command("ip", "netns", "exec", fmt.Sprintf("%s%d", prefix, r), "cat", "/sys/class/net/"+dev+"/statistics/tx_bytes").Output()
+	if err != nil {
+		t.Fatalf("tx_bytes of rank %d %s: %v", r, dev, err)
+	}
+	v, _ := strconv.ParseUint(strings.TrimSpace(string(out)), 10, 64)
+	return v
+}
+
+// newNetns builds the namespaces, one veth per rank, with a tbf rate
+// limit on each rank's egress where rate is set.
+func newNetns(t *testing.T, rate string) *netns {
+	t.Helper()
+	n := &netns{t: t, prefix: buildNetns(t, "rmaw", nsRanks, 1)}
 	if rate != "" {
 		for r := 0; r < nsRanks; r++ {
 			ns := fmt.Sprintf("%s%d", n.prefix, r)
@@ -86,26 +122,8 @@ func newNetns(t *testing.T, rate string) *netns {
 	return n
 }
 
-func (n *netns) remove() {
-	for r := 0; r < nsRanks; r++ {
-		if err := ipCmd("netns", "del", fmt.Sprintf("%s%d", n.prefix, r)); err != nil {
-			n.t.Log(err)
-		}
-	}
-	if err := ipCmd("netns", "del", n.prefix+"br"); err != nil {
-		n.t.Log(err)
-	}
-}
-
 // txBytes is what rank r's veth sent so far.
-func (n *netns) txBytes(r int) uint64 {
-	out, err := exec.Command("ip", "netns", "exec", fmt.Sprintf("%s%d", n.prefix, r), "cat", "/sys/class/net/rmaw0/statistics/tx_bytes").Output()
-	if err != nil {
-		n.t.Fatalf("tx_bytes of rank %d: %v", r, err)
-	}
-	v, _ := strconv.ParseUint(strings.TrimSpace(string(out)), 10, 64)
-	return v
-}
+func (n *netns) txBytes(r int) uint64 { return nsTxBytes(n.t, n.prefix, r, "rmaw0") }
 
 // run starts the driver with its ranks in the namespaces; during (if not
 // nil) runs while it does. It returns the output and the wall time.
@@ -181,11 +199,11 @@ func TestNamespaces(t *testing.T) {
 		// every byte still arrives.
 		stall := func() {
 			time.Sleep(time.Second)
-			if err := ipCmd("-n", n.prefix+"br", "link", "set", "p1", "down"); err != nil {
+			if err := ipCmd("-n", n.prefix+"br", "link", "set", "p1-0", "down"); err != nil {
 				t.Error(err)
 			}
 			time.Sleep(2 * time.Second)
-			if err := ipCmd("-n", n.prefix+"br", "link", "set", "p1", "up"); err != nil {
+			if err := ipCmd("-n", n.prefix+"br", "link", "set", "p1-0", "up"); err != nil {
 				t.Error(err)
 			}
 		}
