@@ -128,13 +128,26 @@ func connectOwners(t *testing.T, os []Owner, opt Options) []*Mesh {
 		ls[i], hs[i] = l, h
 		t.Cleanup(func() { l.Close() })
 	}
-	ms := make([]*Mesh, len(os))
+	ms := connectAll(t, ls, hs, func(i int) Owner { return os[i] }, func(int) Options { return opt })
+	t.Cleanup(func() {
+		for _, m := range ms {
+			m.Close()
+		}
+	})
+	return ms
+}
+
+// connectAll connects every listener's rank at once (Connect blocks until
+// all are up), rank i with owner(i) and opt(i); a failure ends the test.
+func connectAll(t testing.TB, ls []*Listener, hs []*Handle, owner func(int) Owner, opt func(int) Options) []*Mesh {
+	t.Helper()
+	ms := make([]*Mesh, len(ls))
 	var wg sync.WaitGroup
 	for i := range ms {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			m, err := Connect(ls[i], hs, i, os[i], opt)
+			m, err := Connect(ls[i], hs, i, owner(i), opt(i))
 			if err != nil {
 				t.Error(err)
 			}
@@ -145,11 +158,6 @@ func connectOwners(t *testing.T, os []Owner, opt Options) []*Mesh {
 	if t.Failed() {
 		t.FailNow()
 	}
-	t.Cleanup(func() {
-		for _, m := range ms {
-			m.Close()
-		}
-	})
 	return ms
 }
 

@@ -129,23 +129,9 @@ func fabMesh2Rails(t testing.TB, prov string, size uint64, lanes int, noFab [2]b
 		ls[i], hs[i] = l, h
 		t.Cleanup(func() { l.Close() })
 	}
-	ms := make([]*Mesh, 2)
-	var wg sync.WaitGroup
-	for i := range ms {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			m, err := Connect(ls[i], hs, i, os[i], Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 1 << 20, CloseTimeout: time.Second, NoFabric: noFab[i]})
-			if err != nil {
-				t.Error(err)
-			}
-			ms[i] = m
-		}(i)
-	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
-	}
+	ms := connectAll(t, ls, hs, func(i int) Owner { return os[i] }, func(i int) Options {
+		return Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 1 << 20, CloseTimeout: time.Second, NoFabric: noFab[i]}
+	})
 	t.Cleanup(func() {
 		ms[0].Close()
 		ms[1].Close()
@@ -843,22 +829,9 @@ func TestFabricDeviceStaged(t *testing.T) {
 					ls[i], hs[i] = l, h
 					t.Cleanup(func() { l.Close() })
 				}
-				var wg sync.WaitGroup
-				for i := range ms {
-					wg.Add(1)
-					go func(i int) {
-						defer wg.Done()
-						m, err := Connect(ls[i], hs, i, owners[i], Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 256 << 10, CloseTimeout: time.Second})
-						if err != nil {
-							t.Error(err)
-						}
-						ms[i] = m
-					}(i)
-				}
-				wg.Wait()
-				if t.Failed() {
-					t.FailNow()
-				}
+				copy(ms, connectAll(t, ls, hs, func(i int) Owner { return owners[i] }, func(int) Options {
+					return Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 256 << 10, CloseTimeout: time.Second}
+				}))
 			}
 			defer func() {
 				ms[0].Close()
