@@ -84,7 +84,8 @@ func (f *fabricLink) postStaged(pd *fabPend) error {
 }
 
 // reapStaged moves the window past staged puts their lane's cumulative
-// acknowledgements cover. Any poller calls it; one at a time does work.
+// acknowledgements cover. A lane calls it when acks arrive, before their
+// requests complete, and pollers call it too; one at a time does work.
 func (f *fabricLink) reapStaged() {
 	if f.staging.Load() == 0 || !f.smu.TryLock() {
 		return

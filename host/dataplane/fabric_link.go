@@ -98,6 +98,7 @@ func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLi
 	empty := []fabRemote{}
 	f.remote.Store(&empty)
 	f.tcpLink.onReg = f.peerRegistered
+	f.tcpLink.onAcked = f.reapStaged
 	// The streams beside an endpoint carry fabric-numbered work whose
 	// window has its own rules: a broken one fails the peer.
 	f.tcpLink.noFailover()

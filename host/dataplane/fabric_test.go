@@ -957,9 +957,9 @@ func TestFabricDeviceStaged(t *testing.T) {
 			if !bytes.Equal(owners[1].bytes()[4096:4096+128<<10], dsrc[4096:4096+128<<10]) {
 				t.Fatal("get from device memory: bytes differ")
 			}
-			// The window is released lazily: the next poll after a staged
-			// put's TCP acknowledgement reaps its record (reapStaged), so
-			// wait for the progress goroutine's next polls, bounded.
+			// The lane releases the window when the acks arrive, unless a
+			// poller was reaping at that moment (reapStaged takes turns);
+			// then that poller's next round does: wait for it, bounded.
 			for end := time.Now().Add(10 * time.Second); f.staging.Load() != 0 && time.Now().Before(end); {
 				time.Sleep(time.Millisecond)
 			}

@@ -47,6 +47,10 @@ type tcpLink struct {
 	// header's sigOp, id, address, the key in sigValue) before the owner
 	// does; the fabric transport installs it.
 	onReg func(rail uint8, id uint32, base, key uint64, dev, direct bool)
+	// onAcked runs when a lane's puts were acknowledged, before their
+	// requests complete: the fabric transport releases the number window
+	// its staged puts hold (fabric_dev.go).
+	onAcked func()
 
 	// Lane failover, target side (tcp_failover.go): inDone[i] is closed
 	// when the service of incoming lane i returned, inDown has bit i set
@@ -694,6 +698,9 @@ func (l *lane) ackPuts(n uint64) bool {
 			l.popSent(k)
 		}
 		l.amu.Unlock()
+		if l.t.onAcked != nil {
+			l.t.onAcked() // before the requests complete
+		}
 		for _, tag := range done[:k] {
 			if tag != 0 {
 				l.p.m.owner.Complete(tag, abi.Success)
