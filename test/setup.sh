@@ -5,7 +5,8 @@
 # Debian's HIP runtime (the "runtime present, no AMD GPU" case) and
 # libfabric: its headers to build host/fabric (the library dlopens
 # libfabric.so.1 at run time, never links it) and fi_info plus the runtime
-# for the fabric transport's tests over tcp;ofi_rxm and shm. Run
+# for the fabric transport's tests over tcp;ofi_rxm and shm, and iproute2
+# and util-linux (ip, tc, ss -K, nsenter: the namespace and fault tests). Run
 # as root on Debian it installs what is missing, once; otherwise it stops
 # and prints the command to run.
 #
@@ -24,7 +25,7 @@ if [ "${1:-}" = "--build" ]; then
   echo "setup: building the library needs libfabric's headers; run:  sudo apt-get update && sudo apt-get install -y libfabric-dev" >&2
   exit 1
 fi
-declare -A pkg=([clang]=clang [wasm-ld]=lld [wat2wasm]=wabt [readelf]=binutils [nm]=binutils [gcc]=gcc [fi_info]=libfabric-bin)
+declare -A pkg=([clang]=clang [wasm-ld]=lld [wat2wasm]=wabt [readelf]=binutils [nm]=binutils [gcc]=gcc [fi_info]=libfabric-bin [ip]=iproute2 [ss]=iproute2 [tc]=iproute2 [nsenter]=util-linux)
 missing=()
 for tool in "${!pkg[@]}"; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("${pkg[$tool]}")
