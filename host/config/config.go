@@ -291,7 +291,7 @@ var (
 	// per four cores (none below four); a value set here spins on any
 	// machine.
 	SpinUs = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_SPIN_US", Kind: KindInt, Default: "50 (off below 4 cores)", Min: 0, Max: 10000,
-		Doc: "how long a TCP stream's reader keeps polling its empty socket after traffic before it sleeps, in µs (0..10000; 0 off); at most one reader per four cores spins at once"}), -1}
+		Doc: "how long a TCP stream's reader (and a libfabric endpoint's progress goroutine) keeps polling after traffic before it sleeps, in µs (0..10000; 0 off); at most one per four cores spins at once"}), -1}
 	Transport = EnumVar{declare(&Var{Name: "NCCL_RMA_WASM_TRANSPORT", Kind: KindEnum, Default: "`auto`",
 		Values: []string{"auto", "tcp", "fabric"},
 		Doc:    "`tcp`, `fabric` (libfabric RDMA, any provider) or `auto` (libfabric only on RDMA hardware: verbs, efa, cxi, psm3, opx)"}), "auto"}
