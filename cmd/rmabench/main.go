@@ -261,6 +261,11 @@ func runPair(o *options, self string, common []string, result string, fabricPair
 	var cmds []*exec.Cmd
 	for rank := 0; rank < 2; rank++ {
 		args := append([]string{"-role", "rank", "-rank", fmt.Sprint(rank), "-result", resultPath, fmt.Sprintf("-fabric-pair=%v", fabricPair)}, common...)
+		if fabricPair {
+			// That pair holds only plugin-fabric: the other series have
+			// no communicator there (the last -series given wins).
+			args = append(args, "-series", "fabric")
+		}
 		cmd := exec.CommandContext(ctx, self, args...)
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		cmd.ExtraFiles = []*os.File{os.NewFile(uintptr(fds[rank]), fmt.Sprintf("bootstrap%d", rank))}

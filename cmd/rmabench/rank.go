@@ -399,7 +399,7 @@ func (r *rankState) servePing(m *msg) error {
 	case kindPlugin:
 		cs := r.comms[ci]
 		var pending uint64
-		test := func() error { return testOnce(cs.coll, &pending) }
+		test := func() error { return waitPoll(cs, &pending) }
 		for i := uint64(0); i < iters; i++ {
 			if err := r.waitWord(word(cs.sig), base+i+1, waitLimit, test); err != nil {
 				return err
@@ -634,7 +634,7 @@ func (r *rankState) plugPing(ci int, iters uint64) (time.Duration, error) {
 		return 0, err
 	}
 	var pending uint64
-	test := func() error { return testOnce(cs.coll, &pending) }
+	test := func() error { return waitPoll(cs, &pending) }
 	t0 := time.Now()
 	for i := uint64(0); i < iters; i++ {
 		h, rc := plugin.IputSignal(cs.rma, 0, 0, cs.srcMh, 8, 0, cs.dstMh, 1, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
@@ -729,6 +729,20 @@ var yieldMode = "both"
 
 // testOnce polls the one outstanding request of a ping-pong side, if any,
 // and forgets it once done.
+// waitPoll is one turn of a rank's wait for its signal word, as NCCL's
+// proxy threads wait: test() the request in flight, then rmaProgress,
+// which reaps the libfabric completion queue on this thread (the raw
+// fi_writedata baseline polls its own CQ the same way).
+func waitPoll(cs *commState, pending *uint64) error {
+	if err := testOnce(cs.coll, pending); err != nil {
+		return err
+	}
+	if rc := plugin.Progress(cs.rma); rc != abi.Success {
+		return res("rmaProgress", rc)
+	}
+	return nil
+}
+
 func testOnce(coll uint64, pending *uint64) error {
 	if *pending == 0 {
 		return nil

@@ -16,6 +16,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"golang.org/x/sys/unix"
 )
 
 // The libfabric side of one communicator: one RDM endpoint shared by every
@@ -25,10 +26,17 @@ import (
 // writes and messages landing in our memory).
 
 const (
-	fabSlots    = 4096 // operations in flight on one endpoint
-	fabRecvs    = 256  // receive buffers for signal and goodbye messages
-	fabMsgSize  = 32   // one control message
-	fabSlotSize = fabric.ContextSize + fabMsgSize
+	fabSlots   = 4096 // operations in flight on one endpoint
+	fabRecvs   = 256  // receive buffers for signal and goodbye messages
+	fabMsgSize = 32   // one control message
+	// A small put with signal travels as one message with its payload
+	// inline (fabMsgPutSignal): the control message, 16 bytes naming the
+	// target range, then at most fabInlineMax bytes. Slots and receive
+	// buffers hold the largest message.
+	fabPutSigHdr = fabMsgSize + 16
+	fabInlineMax = 80
+	fabMsgMax    = fabPutSigHdr + fabInlineMax
+	fabSlotSize  = fabric.ContextSize + fabMsgMax
 	// The CQ data of a write carries the sender's rank in its high bits
 	// (the target learns who wrote without FI_SOURCE) and the low bits of
 	// the sequence number below: with 8 bytes of CQ data 16 and 48 bits;
@@ -52,6 +60,10 @@ func init() { fabWaitMs.Store(100) }
 //	0 type u8 | 1 sigOp u8 | 2 rank u16 | 4 sigMrID u32 | 8 seq u48, slot u16
 //	16 sigOff u64 | 24 sigValue u64
 //
+// A fabMsgPutSignal message continues with
+//
+//	32 mrID u32 | 36 size u32 (1..fabInlineMax) | 40 offset u64 | 48 payload
+//
 // slot (a signal's: the sender's operation slot) comes back in the signal's
 // verdict, which reuses the layout: 1 holds the status (0: applied or
 // queued in order; else the ncclResult_t of the rejection) and 8 the same
@@ -61,7 +73,10 @@ const (
 	fabMsgBye     = 2 // the sender's last message on one of its lanes
 	fabMsgByeAck  = 3 // everything before that goodbye was applied
 	fabMsgVerdict = 4 // the target checked a signal's word: the request may complete
-	fabSeqMask    = 1<<48 - 1
+	// a put with signal whose payload is inline: copied in, then applied
+	// as a signal (one sequence number for both)
+	fabMsgPutSignal = 5
+	fabSeqMask      = 1<<48 - 1
 )
 
 // Slot states, in the low two bits of fabSlot.state; the bits above hold
@@ -138,6 +153,37 @@ type fabEP struct {
 	// without a timer's wake-up.
 	spinNs    atomic.Int64
 	spinSlots atomic.Int32
+	// callerAt is when a caller's thread last polled through Mesh.Progress
+	// (rmaProgress), as nanoseconds since epochStart. While callers poll,
+	// the progress goroutine naps instead of competing for the CQ: the
+	// caller reaps the peers' writes and signals where it waits, as a raw
+	// libfabric program polls its own CQ, without a thread hand-off.
+	callerAt atomic.Int64
+}
+
+// callerGrace is how long after a caller's poll the progress goroutine
+// leaves the CQ to callers. NCCL's proxies call rmaProgress in a loop;
+// when they stop, the goroutine resumes within this bound.
+const callerGrace = 200 * time.Microsecond
+
+// epochStart is the origin of fabEP.callerAt (monotonic).
+var epochStart = time.Now()
+
+// callerPoll reaps completions from a caller's thread (rmaProgress). It
+// does not wait when another thread is polling.
+func (e *fabEP) callerPoll() {
+	e.callerAt.Store(int64(time.Since(epochStart)))
+	e.poll()
+}
+
+// callerRecent is how much of the callers' grace is left (0: none).
+func (e *fabEP) callerRecent() time.Duration {
+	at := e.callerAt.Load()
+	if at == 0 {
+		return 0
+	}
+	left := callerGrace - (time.Since(epochStart) - time.Duration(at))
+	return max(left, 0)
 }
 
 type fabBye struct {
@@ -257,7 +303,7 @@ func (e *fabEP) slotOf(ctx unsafe.Pointer) (idx uint32, recv, ok bool) {
 
 func (e *fabEP) postRecv(i uint32) error {
 	a := e.recvArea(i)
-	return e.ep.Recv(unsafe.Add(a, fabric.ContextSize), fabMsgSize, e.memMR.Desc, a)
+	return e.ep.Recv(unsafe.Add(a, fabric.ContextSize), fabMsgMax, e.memMR.Desc, a)
 }
 
 // start posts the receive buffers and launches the progress goroutine.
@@ -391,6 +437,23 @@ func (e *fabEP) progress() {
 			return
 		default:
 		}
+		if d := e.callerRecent(); d > 0 {
+			// A caller drives the CQ (callerPoll); look again when its
+			// grace ends, or at once when a submit nudges.
+			if spinning {
+				spinners.Add(-1)
+				spinning = false
+			}
+			nap.Reset(d)
+			e.sleeping.Store(true)
+			select {
+			case <-nap.C:
+			case <-e.wake:
+			case <-e.quit:
+			}
+			e.sleeping.Store(false)
+			continue
+		}
 		n, polled := e.poll()
 		if !polled {
 			runtime.Gosched() // a caller's thread is polling
@@ -511,12 +574,19 @@ func (e *fabEP) handle(c *fabric.Completion) {
 		if ok && !recv {
 			e.finish(idx, abi.RemoteError, fmt.Errorf("fabric: %s", fabric.Strerror(errno)))
 		}
-		// A failed receive only happens while the endpoint closes.
+		// A receive fails when the endpoint closes (canceled), or when a
+		// peer sent a message larger than fabMsgMax (truncated): that
+		// buffer goes back, or such peers would use them all up.
+		if ok && recv && errno != fabCanceled {
+			fabRecvWarn.Warn(abi.SubsysNet, "NET/wasm: fabric: a control message failed to arrive: %s", fabric.Strerror(errno))
+			e.repost(idx)
+		}
 		return
 	}
 	if flags&fabric.FlagRemoteCQData != 0 && flags&fabric.FlagRemoteWrite != 0 {
 		data := fabric.Data(c)
 		if l := e.link(int(data >> e.seqBits)); l != nil {
+			l.heard.Add(1)
 			if err := l.p.landed(l.p.order.unwrap(data&(1<<e.seqBits-1), e.seqBits), sigRef{}, 0); err != nil {
 				go l.p.markDead(err)
 			}
@@ -560,9 +630,11 @@ func (e *fabEP) link(rank int) *fabricLink {
 func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 	s := &e.slots[idx]
 	v := s.state.Load()
-	if v&3 == slotPosted && s.seq != 0 && s.got&sigSent == 0 {
+	if v&3 == slotPosted && s.seq != 0 && !s.sig {
 		// Completion means delivery: the target has this number, so
-		// later ones may be posted (seqWindow).
+		// later ones may be posted (seqWindow). A signal awaiting a
+		// verdict is sent without delivery completion: its verdict says
+		// the target has the number (verdict).
 		s.link.win.complete(s.seq)
 	}
 	if s.sig && v&3 == slotPosted {
@@ -577,6 +649,9 @@ func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 		// Verdict in, or the send failed (no verdict will come then).
 		s.got |= sigVerdict
 		status = s.vst
+	}
+	if s.link != nil {
+		s.link.heard.Add(1)
 	}
 	switch {
 	case v&3 == slotPosted && s.state.CompareAndSwap(v, slotFree):
@@ -613,6 +688,7 @@ func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
 		return
 	}
 	s.got |= sigVerdict
+	s.link.win.complete(s.seq)
 	if status != abi.Success && s.vst == abi.Success {
 		s.vst = status
 	}
@@ -633,16 +709,24 @@ func (e *fabEP) sendVerdicts() {
 	e.verdicts = e.verdicts[:k]
 }
 
+// fabCanceled is FI_ECANCELED (= ECANCELED): an operation flushed by
+// closing the endpoint.
+const fabCanceled = int(unix.ECANCELED)
+
+// fabRecvWarn rate-limits the lines about failed receives.
+var fabRecvWarn logx.Limited
+
 // message applies a control message from a peer.
 func (e *fabEP) message(b unsafe.Pointer, n uint64) {
-	if n < fabMsgSize {
+	if n < fabMsgSize || n > fabMsgMax {
 		return
 	}
-	m := unsafe.Slice((*byte)(b), fabMsgSize)
+	m := unsafe.Slice((*byte)(b), n)
 	l := e.link(int(binary.LittleEndian.Uint16(m[2:])))
 	if l == nil || e.rail >= len(l.rails) {
 		return
 	}
+	l.heard.Add(1)
 	p := l.p
 	word := binary.LittleEndian.Uint64(m[8:])
 	seq := word & fabSeqMask
@@ -655,6 +739,25 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 		}
 		// The initiator's request completes on this verdict: with the
 		// rejection's code when the word is not a valid signal target.
+		if !l.sendVerdict(e.rail, word, status) {
+			e.verdicts = append(e.verdicts, fabVerdict{l, word, status})
+		}
+	case fabMsgPutSignal:
+		status, err := p.inlinePut(m)
+		if err != nil {
+			logx.Warn(abi.SubsysNet, "NET/wasm: protocol violation by rank %d: %v; dropping its connections", p.rank, err)
+			go p.markDead(err)
+			return
+		}
+		var sig sigRef
+		var add uint64
+		if status == abi.Success {
+			sig, add, status = p.signalTarget(binary.LittleEndian.Uint32(m[4:]), binary.LittleEndian.Uint64(m[16:]), m[1], binary.LittleEndian.Uint64(m[24:]))
+		}
+		if err := p.landed(seq, sig, add); err != nil {
+			go p.markDead(err)
+			return
+		}
 		if !l.sendVerdict(e.rail, word, status) {
 			e.verdicts = append(e.verdicts, fabVerdict{l, word, status})
 		}
@@ -672,6 +775,27 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 	case fabMsgByeAck:
 		p.ackBye()
 	}
+}
+
+// inlinePut copies the payload of a fabMsgPutSignal message m into our
+// registration. status is what its verdict reports (a range outside the
+// registration, or device memory, which senders never inline, is
+// rejected); err is a malformed message, which drops the peer.
+func (p *peer) inlinePut(m []byte) (abi.Result, error) {
+	if len(m) < fabPutSigHdr {
+		return 0, fmt.Errorf("inline put of %d bytes is shorter than its %d-byte header", len(m), fabPutSigHdr)
+	}
+	id, size, off := binary.LittleEndian.Uint32(m[32:]), uint64(binary.LittleEndian.Uint32(m[36:])), binary.LittleEndian.Uint64(m[40:])
+	if size == 0 || size > fabInlineMax || uint64(len(m)) != fabPutSigHdr+size {
+		return 0, fmt.Errorf("inline put declares %d bytes in a %d-byte message", size, len(m))
+	}
+	base, rsize, ctx, pin, ok := p.m.owner.Resolve(id)
+	defer pin.Release()
+	if !ok || !Span(off, size, rsize) || ctx != 0 {
+		return abi.InvalidArgument, nil
+	}
+	copy(unsafe.Slice((*byte)(unsafe.Add(base, off)), size), m[fabPutSigHdr:])
+	return abi.Success, nil
 }
 
 // checkByes acknowledges every goodbye whose predecessors all landed.

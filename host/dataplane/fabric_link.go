@@ -40,6 +40,10 @@ type fabricLink struct {
 	inflight atomic.Int64  // operations posted, not completed
 	posting  atomic.Int32  // submits between their dead check and their post
 	backlog  atomic.Int32  // operations waiting for room (pend)
+	// heard counts completions that involve this peer (our operations
+	// to it finishing, its writes and messages landing): the watchdog's
+	// measure of progress over the fabric.
+	heard atomic.Uint64
 
 	pmu  sync.Mutex
 	pend []fabPend
@@ -80,6 +84,20 @@ type fabPend struct {
 	lane, rail  int
 	sigOnly     bool // the payload was posted; only the signal is left
 	staged      bool // device memory: sent on the TCP lane (fabric_dev.go)
+	inline      bool // a small put with signal: one message, payload inline
+}
+
+// inlined reports whether a put with signal travels as one control
+// message carrying its payload (fabMsgPutSignal): at most fabInlineMax
+// bytes, host memory at both ends. One send instead of a write and a
+// message, and one sequence number; the verdict, sent after the copy,
+// says the bytes arrived.
+func (f *fabricLink) inlined(op *Op) bool {
+	if op.Msg != MsgPutSignal || op.Size == 0 || op.Size > fabInlineMax || op.LocalCtx != 0 {
+		return false
+	}
+	dev, _ := f.remoteDev(op.MrID)
+	return !dev
 }
 
 func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
@@ -190,6 +208,10 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 			pd.seq = f.seq.Add(1)
 			break
 		}
+		if pd.inline = f.inlined(&op); pd.inline {
+			pd.sigSeq = f.seq.Add(1)
+			break
+		}
 		if op.Size > 0 {
 			pd.seq = f.seq.Add(1)
 		} else {
@@ -230,6 +252,12 @@ func (f *fabricLink) post(pd *fabPend) error {
 		return nil
 	case op.Msg == MsgPutSignal && pd.sigOnly:
 		return f.msg(pd.rail, fabMsgSignal, pd.sigSeq, op, true)
+	case pd.inline:
+		if err := f.msg(pd.rail, fabMsgPutSignal, pd.sigSeq, op, true); err != nil {
+			return err
+		}
+		e.bytes.Add(op.Size)
+		return nil
 	}
 	raddr, key, ok := f.target(op.MrID, op.Off, pd.rail)
 	if !ok {
@@ -304,7 +332,8 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete bool)
 	if complete {
 		tag = op.Tag
 	}
-	if typ == fabMsgSignal && !f.win.fits(seq) {
+	sig := typ == fabMsgSignal || typ == fabMsgPutSignal
+	if sig && !f.win.fits(seq) {
 		return fabric.ErrAgain
 	}
 	rl := &f.rails[rail]
@@ -315,36 +344,56 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete bool)
 	}
 	word := seq & fabSeqMask
 	e.slots[idx].seq = word
-	if complete && typ == fabMsgSignal && !f.p.m.localComp {
+	n := uint64(fabMsgSize)
+	if typ == fabMsgPutSignal {
+		n = fabPutSigHdr + op.Size
+	}
+	verdict := complete && sig && !f.p.m.localComp
+	inject := verdict && n <= e.info.InjectSize
+	if verdict {
 		// Kept until the target's verdict too (fabEP.verdict, which comes
 		// back on this rail); set before the post, so before any poller
-		// can see the completion.
+		// can see the completion. Injected, the send is done once posted:
+		// only the verdict is awaited.
 		s := &e.slots[idx]
 		s.sig, s.got, s.vst = true, 0, abi.Success
+		if inject {
+			s.got = sigSent
+		}
 		word |= uint64(idx) << 48
 	}
-	b := unsafe.Slice((*byte)(unsafe.Add(e.slotArea(idx), fabric.ContextSize)), fabMsgSize)
+	b := unsafe.Slice((*byte)(unsafe.Add(e.slotArea(idx), fabric.ContextSize)), n)
 	b[0], b[1] = typ, 0
 	binary.LittleEndian.PutUint16(b[2:], uint16(e.rank))
 	binary.LittleEndian.PutUint32(b[4:], 0)
 	binary.LittleEndian.PutUint64(b[8:], word)
 	binary.LittleEndian.PutUint64(b[16:], 0)
 	binary.LittleEndian.PutUint64(b[24:], 0)
-	if typ == fabMsgSignal {
+	if sig {
 		b[1] = op.SigOp
 		binary.LittleEndian.PutUint32(b[4:], op.SigMrID)
 		binary.LittleEndian.PutUint64(b[16:], op.SigOff)
 		binary.LittleEndian.PutUint64(b[24:], op.SigValue)
 	}
-	if complete {
-		err := e.ep.SendMsg(unsafe.Pointer(&b[0]), fabMsgSize, e.memMR.Desc, rl.addr, e.slotArea(idx), !f.p.m.localComp)
+	if typ == fabMsgPutSignal {
+		binary.LittleEndian.PutUint32(b[32:], op.MrID)
+		binary.LittleEndian.PutUint32(b[36:], uint32(op.Size))
+		binary.LittleEndian.PutUint64(b[40:], op.Off)
+		copy(b[fabPutSigHdr:], unsafe.Slice((*byte)(op.Local), op.Size))
+	}
+	if complete && !inject {
+		// A verdict, when one comes, says the message arrived: no
+		// delivery completion is needed for it.
+		err := e.ep.SendMsg(unsafe.Pointer(&b[0]), n, e.memMR.Desc, rl.addr, e.slotArea(idx), !f.p.m.localComp && !verdict)
 		if err != nil {
 			f.unslot(e, idx)
 		}
 		return err
 	}
-	err := e.ep.Inject(unsafe.Pointer(&b[0]), fabMsgSize, rl.addr)
-	f.unslot(e, idx)
+	err := e.ep.Inject(unsafe.Pointer(&b[0]), n, rl.addr)
+	if !complete || err != nil {
+		f.unslot(e, idx)
+	}
 	return err
 }
 

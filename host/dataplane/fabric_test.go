@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"runtime"
@@ -103,6 +104,10 @@ func fabMesh2(t testing.TB, prov string, size uint64, lanes int) ([]*Mesh, []*fa
 	return fabMesh2NoFab(t, prov, size, lanes, [2]bool{})
 }
 
+// fabTestPeerTimeout is the watchdog's timeout in fabMesh2's meshes (0:
+// none); a test that sets it restores it.
+var fabTestPeerTimeout time.Duration
+
 // fabMesh2NoFab is fabMesh2 where rank i's plan declines libfabric if noFab[i].
 func fabMesh2NoFab(t testing.TB, prov string, size uint64, lanes int, noFab [2]bool) ([]*Mesh, []*fabOwner) {
 	t.Helper()
@@ -130,7 +135,7 @@ func fabMesh2Rails(t testing.TB, prov string, size uint64, lanes int, noFab [2]b
 		t.Cleanup(func() { l.Close() })
 	}
 	ms := connectAll(t, ls, hs, func(i int) Owner { return os[i] }, func(i int) Options {
-		return Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 1 << 20, CloseTimeout: time.Second, NoFabric: noFab[i]}
+		return Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 1 << 20, CloseTimeout: time.Second, NoFabric: noFab[i], PeerTimeout: fabTestPeerTimeout}
 	})
 	t.Cleanup(func() {
 		ms[0].Close()
@@ -368,9 +373,14 @@ func TestFabricPostAllocs(t *testing.T) {
 		op.Tag = tag
 		ms[0].Post(1, &op, false, -1)
 	})
-	os[0].waitN(t, tag, 2)
-	if n := ms[0].PeerParts(1, MsgPutSignal, 8); n != 2 {
-		t.Fatalf("a put with signal over the fabric has %d parts, want 2", n)
+	// 8 bytes travel inline (one message, one part); larger ones as a
+	// write and a signal message (two parts).
+	os[0].waitN(t, tag, 1)
+	if n := ms[0].PeerParts(1, MsgPutSignal, 8); n != 1 {
+		t.Fatalf("an inline put with signal over the fabric has %d parts, want 1", n)
+	}
+	if n := ms[0].PeerParts(1, MsgPutSignal, fabInlineMax+1); n != 2 {
+		t.Fatalf("a put with signal of %d bytes over the fabric has %d parts, want 2", fabInlineMax+1, n)
 	}
 	if allocs != 0 {
 		t.Fatalf("%v allocations per post", allocs)
@@ -1013,5 +1023,163 @@ func TestFabricStagedChoice(t *testing.T) {
 	}
 	if d, direct := f.remoteDev(4); d || direct {
 		t.Errorf("host registration 4 reads as device %v direct %v", d, direct)
+	}
+}
+
+// TestFabricInlinePutSignal: puts with signal of up to fabInlineMax bytes
+// travel as one message (one part) and larger ones as a write and a
+// message (two); either way every byte lands and every signal applies
+// once, after its payload.
+func TestFabricInlinePutSignal(t *testing.T) {
+	const size = 1 << 16
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	src := fabric.Alloc(4096)
+	defer fabric.Free(src)
+	sb := unsafe.Slice((*byte)(src), 4096)
+	tag, off := uint64(0), uint64(64)
+	for _, n := range []uint64{1, 7, 8, 56, fabInlineMax - 1, fabInlineMax, fabInlineMax + 1, 4096} {
+		for i := range sb {
+			sb[i] = byte(uint64(i)*7 + n)
+		}
+		tag++
+		op := Op{Msg: MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: n, Off: off, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: n}
+		want := 1
+		if n > fabInlineMax {
+			want = 2
+		}
+		if got := ms[0].OpParts(1, &op); got != want {
+			t.Fatalf("%d bytes: %d parts, want %d", n, got, want)
+		}
+		ms[0].Post(1, &op, false, -1)
+		if st := os[0].waitN(t, tag, want); st != abi.Success {
+			t.Fatalf("%d bytes: %v", n, st)
+		}
+		// Completion means arrival: the bytes and the signal are there
+		// without the target doing anything.
+		got := os[1].bytes()[off : off+n]
+		for i := range got {
+			if got[i] != sb[i] {
+				t.Fatalf("%d bytes: byte %d is %d, want %d", n, i, got[i], sb[i])
+			}
+		}
+		off += n + 3 // odd offsets too
+	}
+	var sum uint64
+	for _, n := range []uint64{1, 7, 8, 56, fabInlineMax - 1, fabInlineMax, fabInlineMax + 1, 4096} {
+		sum += n
+	}
+	for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 8))) != sum; {
+		if time.Now().After(deadline) {
+			t.Fatalf("signal word %d, want %d", atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 8))), sum)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if len(os[0].fail)+len(os[1].fail) != 0 {
+		t.Fatalf("failures: %v %v", os[0].fail, os[1].fail)
+	}
+}
+
+// TestFabricInlineRejected: an inline put outside the target's
+// registration, or into one that does not exist, fails its own request
+// with ncclInvalidArgument; the pair keeps working.
+func TestFabricInlineRejected(t *testing.T) {
+	const size = 1 << 16
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	src := fabric.Alloc(64)
+	defer fabric.Free(src)
+	bad := []Op{
+		{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 16, Off: size - 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc},
+		{Msg: MsgPutSignal, MrID: 7, Tag: 2, Local: src, Size: 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc},
+		{Msg: MsgPutSignal, MrID: 1, Tag: 3, Local: src, Size: 8, Off: 1<<64 - 4, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc},
+	}
+	for i := range bad {
+		ms[0].Post(1, &bad[i], false, -1)
+		if st := os[0].waitN(t, bad[i].Tag, 1); st != abi.InvalidArgument {
+			t.Fatalf("inline put %d: %v, want %v", bad[i].Tag, st, abi.InvalidArgument)
+		}
+	}
+	if w := *(*uint64)(unsafe.Add(os[1].mem, 8)); w != 0 {
+		t.Fatalf("a rejected put's signal applied: word %d", w)
+	}
+	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 9, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}, false, -1)
+	if st := os[0].waitN(t, 9, 1); st != abi.Success {
+		t.Fatalf("valid inline put after rejections: %v", st)
+	}
+	if w := *(*uint64)(unsafe.Add(os[1].mem, 8)); w != 1 {
+		t.Fatalf("signal word %d, want 1", w)
+	}
+}
+
+// TestFabricHostileMessages: a peer's malformed inline put drops that
+// peer with a protocol error. Messages longer than a receive buffer fail
+// to arrive; a provider that survives them gives the buffer back (more
+// of them than there are buffers, then a put with signal still gets
+// through), and one whose connection they break (the tcp provider ends
+// the stream) leaves the pair silent, which the watchdog turns into a
+// failed request: never a hang.
+func TestFabricHostileMessages(t *testing.T) {
+	const size = 1 << 16
+	fabTestPeerTimeout = time.Second
+	defer func() { fabTestPeerTimeout = 0 }()
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	e := ms[0].fab
+	dest := e.links[1].rails[0].addr
+	const long = fabMsgMax + 64
+	buf := fabric.Alloc(long)
+	defer fabric.Free(buf)
+	b := unsafe.Slice((*byte)(buf), long)
+
+	// Malformed: an inline put whose size disagrees with its length.
+	b[0] = fabMsgPutSignal
+	binary.LittleEndian.PutUint64(b[8:], 1<<40)
+	binary.LittleEndian.PutUint32(b[32:], 1)
+	binary.LittleEndian.PutUint32(b[36:], 40)
+	for {
+		err := e.ep.Inject(buf, fabPutSigHdr+8, dest)
+		if err == nil {
+			break
+		}
+		if err != fabric.ErrAgain {
+			t.Fatal(err)
+		}
+		e.poll()
+	}
+	for deadline := time.Now().Add(10 * time.Second); !ms[1].peers[0].dead.Load(); {
+		if time.Now().After(deadline) {
+			t.Fatal("a malformed inline put did not drop its sender")
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	// Oversized, on a fresh pair.
+	ms, os = fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	e = ms[0].fab
+	dest = e.links[1].rails[0].addr
+	ctxs := fabric.Alloc(fabRecvs * 2 * fabric.ContextSize)
+	defer fabric.Free(ctxs)
+	clear(b)
+	b[0] = fabMsgSignal
+	for i := 0; i < fabRecvs+fabRecvs/2; i++ {
+		for {
+			err := e.ep.SendMsg(buf, long, nil, dest, unsafe.Add(ctxs, i*fabric.ContextSize), false)
+			if err == nil {
+				break
+			}
+			if err != fabric.ErrAgain {
+				t.Fatal(err)
+			}
+			e.poll()
+		}
+	}
+	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: buf, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}, false, -1)
+	switch st := os[0].waitN(t, 1, 1); {
+	case st == abi.Success:
+		if ms[1].peers[0].dead.Load() || ms[0].peers[1].dead.Load() {
+			t.Fatal("the put completed but a peer was dropped")
+		}
+	case st == abi.RemoteError && ms[0].peers[1].dead.Load():
+		t.Logf("the provider broke the connection; the watchdog failed the peer: %v", os[0].fail)
+	default:
+		t.Fatalf("put with signal after %d oversized messages: %v", fabRecvs+fabRecvs/2, st)
 	}
 }

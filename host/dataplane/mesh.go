@@ -425,6 +425,17 @@ func (m *Mesh) Post(peerRank int, op *Op, hold bool, lane int) {
 func (m *Mesh) Flush(peerRank int) { m.peers[peerRank].t.flush() }
 
 // FlushAll is Flush for every peer; rmaProgress and iflush call it.
+// Progress reaps every libfabric endpoint's completions from the caller's
+// thread (rmaProgress): the peers' writes land and their signals apply
+// where the caller waits, with no hand-off to the progress goroutine,
+// which leaves the CQs to callers while they keep calling (callerGrace).
+// Without libfabric it does nothing.
+func (m *Mesh) Progress() {
+	for _, e := range m.rails {
+		e.callerPoll()
+	}
+}
+
 func (m *Mesh) FlushAll() {
 	for _, p := range m.peers {
 		p.t.flush()
@@ -459,8 +470,9 @@ func (m *Mesh) OpParts(peer int, op *Op) int {
 	n := m.parts(kind, size, op.Chunk)
 	if kind == MsgPutSignal && size > 0 && n == 1 && m.fab != nil {
 		// Over libfabric the write and the signal message complete
-		// apart, unless the op is staged over TCP (one message).
-		if l := m.fab.link(peer); l != nil && !l.staged(op) {
+		// apart, unless the op is staged over TCP or inline (one
+		// message either way).
+		if l := m.fab.link(peer); l != nil && !l.staged(op) && !l.inlined(op) {
 			n++
 		}
 	}

@@ -98,7 +98,13 @@ func (t *tcpLink) progress() (uint64, bool) {
 	return sum, ok
 }
 
-// progress: the streams beside a libfabric endpoint carry only control
-// messages, so their silence says nothing; the provider's own timeouts
-// apply to fabric peers.
-func (f *fabricLink) progress() (uint64, bool) { return 0, false }
+// progress over libfabric: completions involving the peer (fabricLink.heard),
+// plus what its TCP streams moved (registrations, staged device memory).
+// A provider can lose a connection without telling us (a hostile message
+// longer than a receive buffer breaks the tcp provider's stream, a
+// verbs queue pair goes to its error state), so a silent peer with
+// operations outstanding fails here rather than hanging them.
+func (f *fabricLink) progress() (uint64, bool) {
+	n, _ := f.tcpLink.progress()
+	return n + f.heard.Load(), true
+}

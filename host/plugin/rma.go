@@ -181,9 +181,10 @@ func QueryLastError(h uint64) (bool, abi.Result) {
 	return r.c.err.isSet(), abi.Success
 }
 
-// Progress pushes out operations held back by the aggregation hint and hands
+// Progress pushes out operations held back by the aggregation hint, reaps
+// the libfabric completion queues on the caller's thread, and hands
 // pending telemetry to the backend. The data path runs on its own; this is
-// never required for correctness.
+// never required for correctness, only faster when called in a loop.
 func Progress(h uint64) abi.Result {
 	r := lookupRma(h)
 	if r == nil {
@@ -191,6 +192,7 @@ func Progress(h uint64) abi.Result {
 		return abi.InvalidArgument
 	}
 	r.c.flushDeferred()
+	r.c.mesh.Progress()
 	r.c.mesh.FlushAll()
 	r.c.mesh.Kick()
 	for i := range r.ctxs {
