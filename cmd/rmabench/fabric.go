@@ -37,7 +37,7 @@ type fabRaw struct {
 	rkey, rbase  uint64 // the other rank's destination registration
 	ctxs, rb     unsafe.Pointer
 	free         []uint32
-	comps        []fabric.Completion
+	comps        *fabric.Comps
 	remote       uint64 // remote CQ data entries seen
 	lastData     uint64
 	spin         int
@@ -71,7 +71,7 @@ func openFabRaw(prov string, src, dst []byte, spin int) (*fabRaw, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &fabRaw{ep: ep, comps: make([]fabric.Completion, 64), free: make([]uint32, 0, fabSlots), spin: spin}
+	f := &fabRaw{ep: ep, comps: fabric.NewComps(64), free: make([]uint32, 0, fabSlots), spin: spin}
 	if f.srcMR, err = ep.Register(unsafe.Pointer(&src[0]), uint64(len(src)), 1); err != nil {
 		f.close()
 		return nil, fmt.Errorf("register source: %w", err)
@@ -122,7 +122,7 @@ func (f *fabRaw) poll() (int, error) {
 	}
 	rb, ctxs := uintptr(f.rb), uintptr(f.ctxs)
 	for i := 0; i < n; i++ {
-		c := &f.comps[i]
+		c := f.comps.At(i)
 		if e := fabric.Err(c); e != 0 {
 			return n, fmt.Errorf("completion error: %s", fabric.Strerror(e))
 		}
@@ -208,6 +208,7 @@ func (f *fabRaw) close() {
 	f.ep = nil
 	fabric.Free(f.ctxs)
 	fabric.Free(f.rb)
+	f.comps.Free()
 }
 
 // setupFabRaw (rank 0) opens both ranks' baseline endpoints and joins them.

@@ -133,12 +133,14 @@ type fabEP struct {
 	local  atomic.Pointer[[]fabric.MR] // our registrations by id
 
 	pollMu sync.Mutex // one poller at a time; it owns comps
-	comps  []fabric.Completion
+	comps  *fabric.Comps
 	gone   bool // under pollMu: the endpoint is closed
 	byeMu  sync.Mutex
 	byes   []fabBye // goodbyes waiting for the orderer to pass them
-	// verdicts that found no room to be sent yet (under pollMu)
-	verdicts []fabVerdict
+	// verdicts to send at the next poll (under pollMu); nverdicts is
+	// their number, for busy()
+	verdicts  []fabVerdict
+	nverdicts atomic.Int32
 
 	quit     chan struct{}
 	done     chan struct{} // closed when progress ends (once started)
@@ -166,24 +168,31 @@ type fabEP struct {
 // when they stop, the goroutine resumes within this bound.
 const callerGrace = 200 * time.Microsecond
 
-// epochStart is the origin of fabEP.callerAt (monotonic).
-var epochStart = time.Now()
+// testPollGap: test() leaves the polling to rmaProgress when that polled
+// this recently (a proxy loop calls both; one empty poll per turn is a
+// system call on some providers), and polls itself otherwise (NCCL's RMA
+// flush path spins on test() alone).
+const testPollGap = 20 * time.Microsecond
 
 // callerPoll reaps completions from a caller's thread (rmaProgress). It
 // does not wait when another thread is polling.
 func (e *fabEP) callerPoll() {
-	e.callerAt.Store(int64(time.Since(epochStart)))
+	e.callerAt.Store(Now())
 	e.poll()
 }
 
 // callerRecent is how much of the callers' grace is left (0: none).
 func (e *fabEP) callerRecent() time.Duration {
+	return e.callerLeft(callerGrace)
+}
+
+// callerLeft is how much of d since the last caller's poll is left.
+func (e *fabEP) callerLeft(d time.Duration) time.Duration {
 	at := e.callerAt.Load()
 	if at == 0 {
 		return 0
 	}
-	left := callerGrace - (time.Since(epochStart) - time.Duration(at))
-	return max(left, 0)
+	return max(d-time.Duration(Now()-at), 0)
 }
 
 type fabBye struct {
@@ -254,7 +263,8 @@ func openFabricMode(prov, domain string, hmem bool) (*fabEP, error) {
 			return fail(err)
 		}
 	}
-	e.comps = make([]fabric.Completion, 64)
+	e.comps = fabric.NewComps(64)
+	e.verdicts = make([]fabVerdict, 0, fabRecvs) // one per receive buffer, at most, per poll
 	e.canWait.Store(ep.CanWait())
 	empty := []fabric.MR{}
 	e.local.Store(&empty)
@@ -414,6 +424,7 @@ func (e *fabEP) close() {
 	e.ep.Deregister(e.memMR)
 	e.ep.Close()
 	fabric.Free(e.mem)
+	e.comps.Free() // no poll runs: gone is set
 }
 
 // progress reaps completions until close. An empty poll costs a system
@@ -439,19 +450,18 @@ func (e *fabEP) progress() {
 		}
 		if d := e.callerRecent(); d > 0 {
 			// A caller drives the CQ (callerPoll); look again when its
-			// grace ends, or at once when a submit nudges.
+			// grace ends. Not sleeping as far as nudge knows: a submit
+			// needs no wake-up (a system call and a thread switch in
+			// the caller's path) while the caller polls anyway.
 			if spinning {
 				spinners.Add(-1)
 				spinning = false
 			}
 			nap.Reset(d)
-			e.sleeping.Store(true)
 			select {
 			case <-nap.C:
-			case <-e.wake:
 			case <-e.quit:
 			}
-			e.sleeping.Store(false)
 			continue
 		}
 		n, polled := e.poll()
@@ -542,23 +552,30 @@ func (e *fabEP) poll() (n int, ok bool) {
 	if e.gone {
 		return 0, true
 	}
+	if len(e.verdicts) > 0 {
+		// Sent here, at the next poll, not while the message was
+		// handled: the caller that just saw its signal word change
+		// answers first, and the verdict's send leaves its path.
+		e.sendVerdicts()
+	}
 	n, err := e.ep.Poll(e.comps)
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: %v", err)
 	}
 	for i := 0; i < n; i++ {
-		e.handle(&e.comps[i])
+		e.handle(e.comps.At(i))
 	}
 	e.retry()
 	e.checkByes()
-	if len(e.verdicts) > 0 {
-		e.sendVerdicts()
-	}
 	return n, true
 }
 
-// busy reports operations of ours in flight or waiting for room.
+// busy reports operations of ours in flight or waiting for room, or
+// verdicts waiting to be sent.
 func (e *fabEP) busy() bool {
+	if e.nverdicts.Load() > 0 {
+		return true
+	}
 	for _, l := range e.links {
 		if l != nil && (l.inflight.Load() > 0 || l.backlog.Load() > 0) {
 			return true
@@ -615,7 +632,7 @@ func (e *fabEP) repost(i uint32) {
 			}
 			return
 		}
-		e.ep.Poll(e.comps[:0:0]) // nothing reaped; lets the provider progress
+		e.ep.Progress(e.comps) // nothing reaped; lets the provider progress
 	}
 }
 
@@ -697,7 +714,14 @@ func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
 	}
 }
 
-// sendVerdicts sends the verdicts that waited for room (under pollMu).
+// queueVerdict queues a verdict for the next poll (under pollMu).
+func (e *fabEP) queueVerdict(l *fabricLink, word uint64, status abi.Result) {
+	e.verdicts = append(e.verdicts, fabVerdict{l, word, status})
+	e.nverdicts.Store(int32(len(e.verdicts)))
+}
+
+// sendVerdicts sends the queued verdicts; those that find no room wait
+// for the next poll (under pollMu).
 func (e *fabEP) sendVerdicts() {
 	k := 0
 	for _, v := range e.verdicts {
@@ -707,6 +731,7 @@ func (e *fabEP) sendVerdicts() {
 		}
 	}
 	e.verdicts = e.verdicts[:k]
+	e.nverdicts.Store(int32(k))
 }
 
 // fabCanceled is FI_ECANCELED (= ECANCELED): an operation flushed by
@@ -739,9 +764,7 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 		}
 		// The initiator's request completes on this verdict: with the
 		// rejection's code when the word is not a valid signal target.
-		if !l.sendVerdict(e.rail, word, status) {
-			e.verdicts = append(e.verdicts, fabVerdict{l, word, status})
-		}
+		e.queueVerdict(l, word, status)
 	case fabMsgPutSignal:
 		status, err := p.inlinePut(m)
 		if err != nil {
@@ -758,9 +781,7 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 			go p.markDead(err)
 			return
 		}
-		if !l.sendVerdict(e.rail, word, status) {
-			e.verdicts = append(e.verdicts, fabVerdict{l, word, status})
-		}
+		e.queueVerdict(l, word, status)
 	case fabMsgVerdict:
 		e.verdict(l, word, rejectedOrOK(m[1]))
 	case fabMsgBye:

@@ -473,7 +473,9 @@ func (f *fabricLink) flush() {
 	f.tcpLink.flush()
 	if f.inflight.Load() > 0 || f.backlog.Load() > 0 {
 		for i := range f.rails {
-			f.rails[i].e.poll()
+			if e := f.rails[i].e; e.callerLeft(testPollGap) == 0 {
+				e.poll()
+			}
 		}
 	}
 }

@@ -67,6 +67,12 @@ func (o *fabOwner) waitN(t testing.TB, tag uint64, n int) abi.Result {
 	t.Fatalf("tag %d never completed", tag)
 	return 0
 }
+func (o *fabOwner) isDone(tag uint64) bool {
+	o.mu.Lock()
+	_, ok := o.done[tag]
+	o.mu.Unlock()
+	return ok
+}
 func (o *fabOwner) bytes() []byte { return unsafe.Slice((*byte)(o.mem), o.size) }
 
 // fabricProvider returns the provider to test with, or skips.
@@ -1182,4 +1188,44 @@ func TestFabricHostileMessages(t *testing.T) {
 	default:
 		t.Fatalf("put with signal after %d oversized messages: %v", fabRecvs+fabRecvs/2, st)
 	}
+}
+
+// BenchmarkFabricPing: an 8-byte put with signal answered by one, each
+// side polling as NCCL's proxy does (Progress, the caller's thread); one
+// op is half a round trip.
+func BenchmarkFabricPing(b *testing.B) {
+	ms, os := fabMesh2(b, "tcp;ofi_rxm", 1<<16, 1)
+	src := fabric.Alloc(64)
+	defer fabric.Free(src)
+	s0, s1 := (*uint64)(unsafe.Add(os[0].mem, 8)), (*uint64)(unsafe.Add(os[1].mem, 8))
+	n := uint64(b.N/2 + 1)
+	done := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer close(done)
+		op := Op{Msg: MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}
+		for i := uint64(1); i <= n; i++ {
+			for atomic.LoadUint64(s1) != i {
+				ms[1].Progress()
+			}
+			for i > 1 && !os[1].isDone(i-1) {
+				ms[1].Progress()
+			}
+			op.Tag = i
+			ms[1].Post(0, &op, false, -1)
+		}
+	}()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	op := Op{Msg: MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}
+	b.ResetTimer()
+	for i := uint64(1); i <= n; i++ {
+		op.Tag = i
+		ms[0].Post(1, &op, false, -1)
+		for atomic.LoadUint64(s0) != i || !os[0].isDone(i) {
+			ms[0].Progress()
+		}
+	}
+	b.StopTimer()
+	<-done
 }

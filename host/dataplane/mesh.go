@@ -425,15 +425,16 @@ func (m *Mesh) Post(peerRank int, op *Op, hold bool, lane int) {
 func (m *Mesh) Flush(peerRank int) { m.peers[peerRank].t.flush() }
 
 // FlushAll is Flush for every peer; rmaProgress and iflush call it.
-// Progress reaps every libfabric endpoint's completions from the caller's
-// thread (rmaProgress): the peers' writes land and their signals apply
-// where the caller waits, with no hand-off to the progress goroutine,
-// which leaves the CQs to callers while they keep calling (callerGrace).
-// Without libfabric it does nothing.
+// Progress is FlushAll plus one poll of every libfabric endpoint on the
+// caller's thread (rmaProgress): the peers' writes land and their signals
+// apply where the caller waits, with no hand-off to the progress
+// goroutine, which leaves the CQs to callers while they keep calling
+// (callerGrace).
 func (m *Mesh) Progress() {
 	for _, e := range m.rails {
 		e.callerPoll()
 	}
+	m.FlushAll() // fabric links skip their poll: it was just done
 }
 
 func (m *Mesh) FlushAll() {

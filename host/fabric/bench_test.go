@@ -62,7 +62,7 @@ func BenchmarkRawWrite1MiB(b *testing.B) {
 	ctxs := Alloc(ContextSize * window)
 	const recvs = 64
 	rb := Alloc((ContextSize + 64) * recvs)
-	comps := make([]Completion, 64)
+	comps := NewComps(64)
 	// Registrations close before their endpoints, C memory is freed last.
 	defer func() {
 		a.Deregister(sm)
@@ -76,6 +76,7 @@ func BenchmarkRawWrite1MiB(b *testing.B) {
 		Free(dst)
 		Free(ctxs)
 		Free(rb)
+		comps.Free()
 	}()
 	raddr := uint64(0)
 	if c.Info.MRMode&MRVirtAddr != 0 {
@@ -109,8 +110,8 @@ func BenchmarkRawWrite1MiB(b *testing.B) {
 			b.Fatal(err)
 		}
 		for i := 0; i < n; i++ {
-			if Err(&comps[i]) != 0 {
-				b.Fatal(Strerror(Err(&comps[i])))
+			if Err(comps.At(i)) != 0 {
+				b.Fatal(Strerror(Err(comps.At(i))))
 			}
 		}
 		inflight -= n
@@ -119,7 +120,7 @@ func BenchmarkRawWrite1MiB(b *testing.B) {
 		// the receive they consumed, if any.
 		m, _ := c.Poll(comps)
 		for i := 0; i < m; i++ {
-			if p := Ctx(&comps[i]); p != nil && uintptr(p) >= uintptr(rb) && uintptr(p) < uintptr(rb)+(ContextSize+64)*recvs {
+			if p := Ctx(comps.At(i)); p != nil && uintptr(p) >= uintptr(rb) && uintptr(p) < uintptr(rb)+(ContextSize+64)*recvs {
 				c.Recv(unsafe.Add(p, ContextSize), 64, nil, p)
 			}
 		}

@@ -340,16 +340,46 @@ func Len(c *Completion) uint64         { return uint64(c.len) }
 func Data(c *Completion) uint64        { return uint64(c.data) }
 func Err(c *Completion) int            { return int(c.err) }
 
-// Poll reads up to len(out) (at most 64) completions; 0 means none.
-func (e *Endpoint) Poll(out []Completion) (int, error) {
-	n := C.rmaw_poll(e.ep, &out[0], C.int(len(out)))
-	if n == -fiEAGAIN {
+// Comps is a batch of room for completions in C memory. Never Go memory:
+// C writes it, and for a Go pointer cgo would check every entry (each
+// holds a pointer) on every poll, which cost more than the poll.
+type Comps struct {
+	p *C.rmaw_comp
+	n int
+}
+
+// NewComps allocates room for n (at most 64) completions; Free releases it.
+func NewComps(n int) *Comps {
+	n = min(max(n, 1), 64)
+	return &Comps{p: (*C.rmaw_comp)(C.calloc(C.size_t(n), C.sizeof_rmaw_comp)), n: n}
+}
+
+// Free releases the room; c is unusable after.
+func (c *Comps) Free() {
+	C.free(unsafe.Pointer(c.p))
+	c.p, c.n = nil, 0
+}
+
+// At is completion i of the last Poll.
+func (c *Comps) At(i int) *Completion {
+	return (*Completion)(unsafe.Add(unsafe.Pointer(c.p), uintptr(i)*C.sizeof_rmaw_comp))
+}
+
+// Poll reads up to c's room of completions into c; 0 means none.
+func (e *Endpoint) Poll(c *Comps) (int, error) { return e.poll(c.p, c.n) }
+
+// Progress lets the provider progress without reaping a completion.
+func (e *Endpoint) Progress(c *Comps) { e.poll(c.p, 0) }
+
+func (e *Endpoint) poll(p *C.rmaw_comp, n int) (int, error) {
+	rc := C.rmaw_poll(e.ep, p, C.int(n))
+	if rc == -fiEAGAIN {
 		return 0, nil
 	}
-	if n < 0 {
-		return 0, fiErr("fi_cq_read", C.int(n))
+	if rc < 0 {
+		return 0, fiErr("fi_cq_read", C.int(rc))
 	}
-	return int(n), nil
+	return int(rc), nil
 }
 
 // Wait sleeps up to timeout for the completion queue to have work: after

@@ -193,7 +193,6 @@ func Progress(h uint64) abi.Result {
 	}
 	r.c.flushDeferred()
 	r.c.mesh.Progress()
-	r.c.mesh.FlushAll()
 	r.c.mesh.Kick()
 	for i := range r.ctxs {
 		s := &r.ctxs[i]
