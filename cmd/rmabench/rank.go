@@ -398,27 +398,22 @@ func (r *rankState) servePing(m *msg) error {
 		}
 	case kindPlugin:
 		cs := r.comms[ci]
-		var pending uint64
-		test := func() error { return waitPoll(cs, &pending) }
+		w := pingWindow{cs: cs}
 		for i := uint64(0); i < iters; i++ {
-			if err := r.waitWord(word(cs.sig), base+i+1, waitLimit, test); err != nil {
+			if err := r.waitWord(word(cs.sig), base+i+1, waitLimit, w.poll); err != nil {
 				return err
 			}
-			for pending != 0 {
-				if err := test(); err != nil {
-					return err
-				}
+			if err := w.room(); err != nil {
+				return err
 			}
 			h, rc := plugin.IputSignal(cs.rma, 0, 0, cs.srcMh, 8, 8, cs.dstMh, 0, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
 			if rc != abi.Success {
 				return res("iputSignal", rc)
 			}
-			pending = h
+			w.add(h)
 		}
-		for pending != 0 {
-			if err := test(); err != nil {
-				return err
-			}
+		if err := w.drain(); err != nil {
+			return err
 		}
 	case kindRawFab:
 		if err := r.serveFabPing(iters); err != nil {
@@ -633,25 +628,25 @@ func (r *rankState) plugPing(ci int, iters uint64) (time.Duration, error) {
 	if err := r.k.call(&m); err != nil {
 		return 0, err
 	}
-	var pending uint64
-	test := func() error { return waitPoll(cs, &pending) }
+	w := pingWindow{cs: cs}
 	t0 := time.Now()
 	for i := uint64(0); i < iters; i++ {
+		if err := w.room(); err != nil {
+			return 0, err
+		}
 		h, rc := plugin.IputSignal(cs.rma, 0, 0, cs.srcMh, 8, 0, cs.dstMh, 1, 0, cs.sigMh, 1, abi.SignalOpAdd, true, 0)
 		if rc != abi.Success {
 			return 0, res("iputSignal", rc)
 		}
-		pending = h
-		if err := r.waitWord(word(cs.sig), cs.recvd+i+1, waitLimit, test); err != nil {
+		w.add(h)
+		if err := r.waitWord(word(cs.sig), cs.recvd+i+1, waitLimit, w.poll); err != nil {
 			return 0, err
-		}
-		for pending != 0 {
-			if err := test(); err != nil {
-				return 0, err
-			}
 		}
 	}
 	el := time.Since(t0)
+	if err := w.drain(); err != nil {
+		return 0, err
+	}
 	cs.sent += iters
 	cs.recvd += iters
 	if err := r.k.recv(&m); err != nil || m.Op != opOK {
@@ -729,16 +724,61 @@ var yieldMode = "both"
 
 // testOnce polls the one outstanding request of a ping-pong side, if any,
 // and forgets it once done.
-// waitPoll is one turn of a rank's wait for its signal word, as NCCL's
-// proxy threads wait: test() the request in flight, then rmaProgress,
-// which reaps the libfabric completion queue on this thread (the raw
-// fi_writedata baseline polls its own CQ the same way).
-func waitPoll(cs *commState, pending *uint64) error {
-	if err := testOnce(cs.coll, pending); err != nil {
-		return err
+// pingWindow is the requests one side of a ping-pong has in flight. Like
+// the raw fi_writedata baseline, which reaps its completions while it
+// waits and stalls only when out of contexts, a side answers without
+// waiting for its previous put's completion (which, meaning arrival, is a
+// round trip of its own); every request is still tested to completion,
+// and a failed one fails the run.
+type pingWindow struct {
+	cs      *commState
+	h       [pingDepth]uint64
+	head, n int
+}
+
+const pingDepth = 16
+
+// poll is one turn of a wait, as NCCL's proxy threads wait: test() the
+// oldest requests in flight, then rmaProgress, which reaps the libfabric
+// completion queue on this thread (the raw baseline polls its CQ too).
+func (w *pingWindow) poll() error {
+	for w.n > 0 {
+		h := w.h[w.head]
+		if err := testOnce(w.cs.coll, &h); err != nil {
+			return err
+		}
+		if h != 0 {
+			break
+		}
+		w.head, w.n = (w.head+1)%pingDepth, w.n-1
 	}
-	if rc := plugin.Progress(cs.rma); rc != abi.Success {
+	if rc := plugin.Progress(w.cs.rma); rc != abi.Success {
 		return res("rmaProgress", rc)
+	}
+	return nil
+}
+
+// room waits until another request fits.
+func (w *pingWindow) room() error {
+	for w.n == pingDepth {
+		if err := w.poll(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *pingWindow) add(h uint64) {
+	w.h[(w.head+w.n)%pingDepth] = h
+	w.n++
+}
+
+// drain waits for every request in flight.
+func (w *pingWindow) drain() error {
+	for w.n > 0 {
+		if err := w.poll(); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -33,7 +33,7 @@ const (
 	// inline (fabMsgPutSignal): the control message, 16 bytes naming the
 	// target range, then at most fabInlineMax bytes. Slots and receive
 	// buffers hold the largest message.
-	fabPutSigHdr = fabMsgSize + 16
+	fabPutSigHdr = fabMsgSize + 24
 	fabInlineMax = 80
 	fabMsgMax    = fabPutSigHdr + fabInlineMax
 	fabSlotSize  = fabric.ContextSize + fabMsgMax
@@ -62,7 +62,12 @@ func init() { fabWaitMs.Store(100) }
 //
 // A fabMsgPutSignal message continues with
 //
-//	32 mrID u32 | 36 size u32 (1..fabInlineMax) | 40 offset u64 | 48 payload
+//	32 mrID u32 | 36 size u32 (0..fabInlineMax) | 40 offset u64
+//	48 owed verdict u64 | 56 payload
+//
+// size 0: the payload was written apart (or there is none). The owed
+// verdict (0: none) answers a signal the receiver sent us on this rail,
+// as a verdict message would (seq and slot; status 0).
 //
 // slot (a signal's: the sender's operation slot) comes back in the signal's
 // verdict, which reuses the layout: 1 holds the status (0: applied or
@@ -141,6 +146,11 @@ type fabEP struct {
 	// their number, for busy()
 	verdicts  []fabVerdict
 	nverdicts atomic.Int32
+	// links whose piggy for this rail was set since the last poll (under
+	// pollMu): what callers' messages have not carried goes out then.
+	owing   []*fabricLink
+	nowing  atomic.Int32
+	spilled atomic.Bool // some link's spill holds verdicts (unowe)
 
 	quit     chan struct{}
 	done     chan struct{} // closed when progress ends (once started)
@@ -265,6 +275,7 @@ func openFabricMode(prov, domain string, hmem bool) (*fabEP, error) {
 	}
 	e.comps = fabric.NewComps(64)
 	e.verdicts = make([]fabVerdict, 0, fabRecvs) // one per receive buffer, at most, per poll
+	e.owing = make([]*fabricLink, 0, fabRecvs)
 	e.canWait.Store(ep.CanWait())
 	empty := []fabric.MR{}
 	e.local.Store(&empty)
@@ -552,10 +563,12 @@ func (e *fabEP) poll() (n int, ok bool) {
 	if e.gone {
 		return 0, true
 	}
-	if len(e.verdicts) > 0 {
+	if len(e.verdicts) > 0 || e.nowing.Load() > 0 || e.spilled.Load() {
 		// Sent here, at the next poll, not while the message was
 		// handled: the caller that just saw its signal word change
-		// answers first, and the verdict's send leaves its path.
+		// answers first, and its answer carries the verdict if it is a
+		// signal on this rail (owed).
+		e.sendOwed()
 		e.sendVerdicts()
 	}
 	n, err := e.ep.Poll(e.comps)
@@ -573,7 +586,7 @@ func (e *fabEP) poll() (n int, ok bool) {
 // busy reports operations of ours in flight or waiting for room, or
 // verdicts waiting to be sent.
 func (e *fabEP) busy() bool {
-	if e.nverdicts.Load() > 0 {
+	if e.nverdicts.Load() > 0 || e.nowing.Load() > 0 || e.spilled.Load() {
 		return true
 	}
 	for _, l := range e.links {
@@ -714,10 +727,44 @@ func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
 	}
 }
 
-// queueVerdict queues a verdict for the next poll (under pollMu).
+// queueVerdict queues a verdict for the next poll (under pollMu): a
+// success as l's owed verdict on this rail, which our next signal to l
+// may carry, when none is owed yet.
 func (e *fabEP) queueVerdict(l *fabricLink, word uint64, status abi.Result) {
+	if status == abi.Success && l.piggy[e.rail].CompareAndSwap(0, word) {
+		e.owing = append(e.owing, l)
+		e.nowing.Store(int32(len(e.owing)))
+		return
+	}
 	e.verdicts = append(e.verdicts, fabVerdict{l, word, status})
 	e.nverdicts.Store(int32(len(e.verdicts)))
+}
+
+// sendOwed moves the verdicts no message carried to the verdict queue
+// (under pollMu).
+func (e *fabEP) sendOwed() {
+	take := func(l *fabricLink) {
+		if w := l.piggy[e.rail].Swap(0); w != 0 {
+			e.verdicts = append(e.verdicts, fabVerdict{l, w, abi.Success})
+		}
+	}
+	for _, l := range e.owing {
+		take(l)
+	}
+	e.owing = e.owing[:0]
+	e.nowing.Store(0)
+	if e.spilled.Swap(false) {
+		for _, l := range e.links {
+			if l == nil || e.rail >= len(l.piggy) {
+				continue
+			}
+			take(l)
+			l.vmu.Lock()
+			e.verdicts = append(e.verdicts, l.spill...)
+			l.spill = l.spill[:0]
+			l.vmu.Unlock()
+		}
+	}
 }
 
 // sendVerdicts sends the queued verdicts; those that find no room wait
@@ -782,6 +829,9 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 			return
 		}
 		e.queueVerdict(l, word, status)
+		if owed := binary.LittleEndian.Uint64(m[48:]); owed != 0 {
+			e.verdict(l, owed, abi.Success)
+		}
 	case fabMsgVerdict:
 		e.verdict(l, word, rejectedOrOK(m[1]))
 	case fabMsgBye:
@@ -807,8 +857,11 @@ func (p *peer) inlinePut(m []byte) (abi.Result, error) {
 		return 0, fmt.Errorf("inline put of %d bytes is shorter than its %d-byte header", len(m), fabPutSigHdr)
 	}
 	id, size, off := binary.LittleEndian.Uint32(m[32:]), uint64(binary.LittleEndian.Uint32(m[36:])), binary.LittleEndian.Uint64(m[40:])
-	if size == 0 || size > fabInlineMax || uint64(len(m)) != fabPutSigHdr+size {
+	if size > fabInlineMax || uint64(len(m)) != fabPutSigHdr+size {
 		return 0, fmt.Errorf("inline put declares %d bytes in a %d-byte message", size, len(m))
+	}
+	if size == 0 {
+		return abi.Success, nil // a signal alone, or its payload was written
 	}
 	base, rsize, ctx, pin, ok := p.m.owner.Resolve(id)
 	defer pin.Release()

@@ -44,6 +44,14 @@ type fabricLink struct {
 	// to it finishing, its writes and messages landing): the watchdog's
 	// measure of progress over the fabric.
 	heard atomic.Uint64
+	// piggy[r] is a verdict we owe the peer for a signal it sent on rail
+	// r (its word; 0: none), which our next signal message on that rail
+	// carries instead of a verdict message of its own (fabEP.verdict);
+	// the poller sends what is left at its next poll. spill holds words
+	// taken for a message whose post then failed.
+	piggy []atomic.Uint64
+	vmu   sync.Mutex
+	spill []fabVerdict
 
 	pmu  sync.Mutex
 	pend []fabPend
@@ -102,7 +110,7 @@ func (f *fabricLink) inlined(op *Op) bool {
 
 func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
 	e := rails[0].e
-	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, rails: rails}
+	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, rails: rails, piggy: make([]atomic.Uint64, len(rails))}
 	// At most 2^seqBits numbers (the CQ data field) and the orderer's
 	// window past the target's first missing number.
 	size := uint64(fabSeqWindow)
@@ -245,15 +253,15 @@ func (f *fabricLink) post(pd *fabPend) error {
 		if !f.win.fits(pd.seq) {
 			return fabric.ErrAgain
 		}
-		if err := f.msg(pd.rail, fabMsgBye, pd.seq, op, false); err != nil {
+		if err := f.msg(pd.rail, fabMsgBye, pd.seq, op, false, false); err != nil {
 			return err
 		}
 		f.win.complete(pd.seq) // injected: no completion will say so
 		return nil
 	case op.Msg == MsgPutSignal && pd.sigOnly:
-		return f.msg(pd.rail, fabMsgSignal, pd.sigSeq, op, true)
+		return f.msg(pd.rail, fabMsgPutSignal, pd.sigSeq, op, true, false)
 	case pd.inline:
-		if err := f.msg(pd.rail, fabMsgPutSignal, pd.sigSeq, op, true); err != nil {
+		if err := f.msg(pd.rail, fabMsgPutSignal, pd.sigSeq, op, true, true); err != nil {
 			return err
 		}
 		e.bytes.Add(op.Size)
@@ -291,7 +299,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 		// completion is the request's second part (Mesh.PeerParts). If it
 		// finds no room it waits in pend, numbered already.
 		pd.sigOnly = true
-		if err := f.msg(pd.rail, fabMsgSignal, pd.sigSeq, op, true); err == fabric.ErrAgain {
+		if err := f.msg(pd.rail, fabMsgPutSignal, pd.sigSeq, op, true, false); err == fabric.ErrAgain {
 			f.queue(*pd)
 		} else if err != nil {
 			return err
@@ -324,10 +332,10 @@ func (f *fabricLink) unslot(e *fabEP, idx uint32) {
 }
 
 // msg sends a control message built in C memory (a slot's message area,
-// so nothing escapes to the Go heap). A signal is sent with a completion
-// that completes op's request; a goodbye or its acknowledgement is
-// injected and needs none.
-func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete bool) error {
+// so nothing escapes to the Go heap). A signal (fabMsgPutSignal, with op's
+// payload when inline) completes op's request on its verdict; a goodbye
+// or its acknowledgement is injected and needs none.
+func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inline bool) error {
 	tag := uint64(0)
 	if complete {
 		tag = op.Tag
@@ -344,9 +352,12 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete bool)
 	}
 	word := seq & fabSeqMask
 	e.slots[idx].seq = word
-	n := uint64(fabMsgSize)
+	n, size := uint64(fabMsgSize), uint64(0)
 	if typ == fabMsgPutSignal {
-		n = fabPutSigHdr + op.Size
+		if inline {
+			size = op.Size
+		}
+		n = fabPutSigHdr + size
 	}
 	verdict := complete && sig && !f.p.m.localComp
 	inject := verdict && n <= e.info.InjectSize
@@ -375,26 +386,48 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete bool)
 		binary.LittleEndian.PutUint64(b[16:], op.SigOff)
 		binary.LittleEndian.PutUint64(b[24:], op.SigValue)
 	}
+	var owed uint64 // a verdict this message carries
 	if typ == fabMsgPutSignal {
 		binary.LittleEndian.PutUint32(b[32:], op.MrID)
-		binary.LittleEndian.PutUint32(b[36:], uint32(op.Size))
+		binary.LittleEndian.PutUint32(b[36:], uint32(size))
 		binary.LittleEndian.PutUint64(b[40:], op.Off)
-		copy(b[fabPutSigHdr:], unsafe.Slice((*byte)(op.Local), op.Size))
+		owed = f.piggy[rail].Swap(0)
+		binary.LittleEndian.PutUint64(b[48:], owed)
+		copy(b[fabPutSigHdr:], unsafe.Slice((*byte)(op.Local), size))
 	}
+	var err error
 	if complete && !inject {
 		// A verdict, when one comes, says the message arrived: no
 		// delivery completion is needed for it.
-		err := e.ep.SendMsg(unsafe.Pointer(&b[0]), n, e.memMR.Desc, rl.addr, e.slotArea(idx), !f.p.m.localComp && !verdict)
+		err = e.ep.SendMsg(unsafe.Pointer(&b[0]), n, e.memMR.Desc, rl.addr, e.slotArea(idx), !f.p.m.localComp && !verdict)
 		if err != nil {
 			f.unslot(e, idx)
 		}
-		return err
+	} else {
+		err = e.ep.Inject(unsafe.Pointer(&b[0]), n, rl.addr)
+		if !complete || err != nil {
+			f.unslot(e, idx)
+		}
 	}
-	err := e.ep.Inject(unsafe.Pointer(&b[0]), n, rl.addr)
-	if !complete || err != nil {
-		f.unslot(e, idx)
+	if err != nil && owed != 0 {
+		f.unowe(rail, owed)
 	}
 	return err
+}
+
+// unowe puts back a verdict taken for a message that was not sent. This
+// may run under the poller's lock (retry), so it takes only vmu.
+func (f *fabricLink) unowe(rail int, word uint64) {
+	// The next poll looks at every link's piggy and spill (rare: a post
+	// failed with a verdict on board).
+	if f.piggy[rail].CompareAndSwap(0, word) {
+		f.rails[rail].e.spilled.Store(true)
+		return
+	}
+	f.vmu.Lock()
+	f.spill = append(f.spill, fabVerdict{f, word, abi.Success})
+	f.vmu.Unlock()
+	f.rails[rail].e.spilled.Store(true)
 }
 
 // sendVerdict tells the peer whether its signal (word: seq and slot, as it
@@ -430,7 +463,7 @@ func rejectedOrOK(b uint8) abi.Result {
 // control sends a message that is not an operation (the goodbye's
 // acknowledgement) on rail; false means no room yet.
 func (f *fabricLink) control(rail int, typ uint8, seq uint64) bool {
-	err := f.msg(rail, typ, seq, nil, false)
+	err := f.msg(rail, typ, seq, nil, false, false)
 	return err != fabric.ErrAgain
 }
 
