@@ -1229,3 +1229,40 @@ func BenchmarkFabricPing(b *testing.B) {
 	b.StopTimer()
 	<-done
 }
+
+// TestFabricOneRailNoStripe: with one rail every lane posts on the same
+// endpoint, so a large put is one write (one part) unless the backend's
+// plan asks for a chunk size; the bytes land either way.
+func TestFabricOneRailNoStripe(t *testing.T) {
+	const size = 8 << 20
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 4)
+	src := fabric.Alloc(4 << 20)
+	defer fabric.Free(src)
+	sb := unsafe.Slice((*byte)(src), 4<<20)
+	for i := range sb {
+		sb[i] = byte(i*13 + 1)
+	}
+	plain := Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: src, Size: 4 << 20}
+	chunked := Op{Msg: MsgPut, MrID: 1, Tag: 2, Local: src, Size: 4 << 20, Off: 4 << 20, Chunk: 1 << 20}
+	if n := ms[0].OpParts(1, &plain); n != 1 {
+		t.Fatalf("a 4 MiB put over one rail has %d parts, want 1", n)
+	}
+	if n := ms[0].OpParts(1, &chunked); n != 4 {
+		t.Fatalf("a 4 MiB put with a 1 MiB chunk has %d parts, want 4", n)
+	}
+	ms[0].Post(1, &plain, false, -1)
+	ms[0].Post(1, &chunked, false, -1)
+	for _, op := range []Op{plain, chunked} {
+		if st := os[0].waitN(t, op.Tag, ms[0].OpParts(1, &op)); st != abi.Success {
+			t.Fatalf("put %d: %v", op.Tag, st)
+		}
+		if got := os[1].bytes()[op.Off : op.Off+op.Size]; !bytes.Equal(got, sb) {
+			t.Fatalf("put %d: bytes differ", op.Tag)
+		}
+	}
+	os[0].mu.Lock()
+	defer os[0].mu.Unlock()
+	if os[0].parts[1] != 1 || os[0].parts[2] != 4 {
+		t.Fatalf("completions %d and %d, want 1 and 4", os[0].parts[1], os[0].parts[2])
+	}
+}

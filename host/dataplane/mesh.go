@@ -468,7 +468,14 @@ func (m *Mesh) PeerParts(peer int, kind uint8, size uint64) int {
 // OpParts is PeerParts for op as it will be posted (its Chunk counts).
 func (m *Mesh) OpParts(peer int, op *Op) int {
 	kind, size := op.Msg, op.Size
-	n := m.parts(kind, size, op.Chunk)
+	n := 1
+	if peer >= 0 && peer < len(m.peers) && m.peers[peer] != nil {
+		if m.peers[peer].striped(op) {
+			n = m.parts(kind, size, op.Chunk)
+		}
+	} else {
+		n = m.parts(kind, size, op.Chunk)
+	}
 	if kind == MsgPutSignal && size > 0 && n == 1 && m.fab != nil {
 		// Over libfabric the write and the signal message complete
 		// apart, unless the op is staged over TCP or inline (one

@@ -70,7 +70,7 @@ func (p *peer) route(op *Op, hold bool, lane int) {
 	}
 	p.seqMu.Lock()
 	defer p.seqMu.Unlock()
-	if p.m.striped(op.Msg, op.Size, op.Chunk) {
+	if p.striped(op) {
 		p.stripe(op, hold, lane)
 		return
 	}
@@ -157,6 +157,17 @@ func (m *Mesh) pieceSize(size, chunk uint64) uint64 {
 	per := (size + uint64(m.lanes) - 1) / uint64(m.lanes)
 	per = (per + 4095) &^ 4095
 	return max(per, m.chunk)
+}
+
+// striped is Mesh.striped for op to this peer. Over libfabric with one
+// rail every lane posts on the same endpoint, so cutting an op only adds
+// operations: it is not striped unless the backend's plan asked for a
+// chunk size, or it is staged over the TCP lanes (device memory).
+func (p *peer) striped(op *Op) bool {
+	if f, ok := p.t.(*fabricLink); ok && len(f.rails) == 1 && op.Chunk == 0 && !f.staged(op) {
+		return false
+	}
+	return p.m.striped(op.Msg, op.Size, op.Chunk)
 }
 
 // parts is how many completions an operation of this kind and size gets:
