@@ -504,12 +504,17 @@ func (e *fabEP) progress() {
 			spinners.Add(-1)
 			spinning = false
 		}
-		if e.canWait.Load() && empty > fabNapsBeforeWait {
-			// Idle for a while: sleep on the CQ's wait fd (the peers'
-			// writes and messages wake it, so does a submit through
-			// Signal), unless a submit slipped in after busy() above.
-			// Not sooner: waking from poll() costs more than a nap's
-			// poll while operations come in bursts.
+		if e.canWait.Load() && (empty > fabNapsBeforeWait || !e.busy()) {
+			// Idle for a while, or with nothing of ours in flight: sleep
+			// on the CQ's wait fd (the peers' writes and messages wake
+			// it, so does a submit through Signal), unless a submit
+			// slipped in after busy() above. A target does not nap: with
+			// manual progress a peer's large write moves only while we
+			// poll, and the fd wakes us as soon as its bytes come, where
+			// a nap would stall them (fi_trywait returns at once while
+			// data is pending). Our own operations in flight nap first:
+			// their completions come in bursts, and a nap's poll costs
+			// less than a wake-up from poll().
 			e.sleeping.Store(true)
 			if !e.busy() {
 				e.inWait.Store(true)
