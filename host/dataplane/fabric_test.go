@@ -1127,7 +1127,7 @@ func TestFabricHostileMessages(t *testing.T) {
 	const size = 1 << 16
 	fabTestPeerTimeout = time.Second
 	defer func() { fabTestPeerTimeout = 0 }()
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	ms, _ := fabMesh2(t, "tcp;ofi_rxm", size, 1)
 	e := ms[0].fab
 	dest := e.links[1].rails[0].addr
 	const long = fabMsgMax + 64
@@ -1158,7 +1158,7 @@ func TestFabricHostileMessages(t *testing.T) {
 	}
 
 	// Oversized, on a fresh pair.
-	ms, os = fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
 	e = ms[0].fab
 	dest = e.links[1].rails[0].addr
 	ctxs := fabric.Alloc(fabRecvs * 2 * fabric.ContextSize)
