@@ -272,7 +272,7 @@ var (
 		Doc: "the most `destroyContext`, `deregMrSym` and `closeColl` wait for a live peer to take and apply what was posted (SPEC.md §3)"}), DefaultCloseTimeout}
 	PeerTimeout = DurationVar{declare(&Var{Name: "NCCL_RMA_WASM_PEER_TIMEOUT_MS", Kind: KindDurationMs,
 		Default: ms(DefaultPeerTimeout), Min: 0, Max: maxMs,
-		Doc: "a peer with operations outstanding that moves no byte on any of its TCP streams for this long (stopped, frozen, cut off) is failed: its operations complete with `ncclRemoteError` (SPEC.md §3); 0 waits forever"}), DefaultPeerTimeout}
+		Doc: "a peer with operations outstanding that moves no byte on any of its TCP streams, and completes nothing over libfabric, for this long (stopped, frozen, cut off) is failed: its operations complete with `ncclRemoteError` (SPEC.md §3); 0 waits forever"}), DefaultPeerTimeout}
 	OrderWindow = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_ORDER_WINDOW", Kind: KindInt, Default: "1048576",
 		Min: 1 << 10, Max: 1 << 26,
 		Doc: "with several lanes, how far (in operations) a peer's sequence numbers may run ahead of the first one still missing (1024..2^26); beyond it the peer is dropped as broken (48 bytes of memory per number, at most)"}), DefaultOrderWindow}
