@@ -403,9 +403,17 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 		if err != nil {
 			f.unslot(e, idx)
 		}
-	} else {
+	} else if n <= e.info.InjectSize {
 		err = e.ep.Inject(unsafe.Pointer(&b[0]), n, rl.addr)
 		if !complete || err != nil {
+			f.unslot(e, idx)
+		}
+	} else {
+		// A provider that cannot inject it (shm with FI_HMEM): sent with
+		// a completion that frees the slot and completes nothing; the
+		// window is the caller's business, as for an injected goodbye.
+		e.slots[idx].seq = 0
+		if err = e.ep.SendMsg(unsafe.Pointer(&b[0]), n, e.memMR.Desc, rl.addr, e.slotArea(idx), false); err != nil {
 			f.unslot(e, idx)
 		}
 	}
@@ -444,8 +452,13 @@ func (f *fabricLink) sendVerdict(rail int, word uint64, status abi.Result) bool 
 	b[0], b[1] = fabMsgVerdict, uint8(status)
 	binary.LittleEndian.PutUint16(b[2:], uint16(e.rank))
 	binary.LittleEndian.PutUint64(b[8:], word)
-	err := e.ep.Inject(unsafe.Pointer(&b[0]), fabMsgSize, rl.addr)
-	f.unslot(e, idx)
+	var err error
+	if fabMsgSize <= e.info.InjectSize {
+		err = e.ep.Inject(unsafe.Pointer(&b[0]), fabMsgSize, rl.addr)
+		f.unslot(e, idx)
+	} else if err = e.ep.SendMsg(unsafe.Pointer(&b[0]), fabMsgSize, e.memMR.Desc, rl.addr, e.slotArea(idx), false); err != nil {
+		f.unslot(e, idx) // else its completion frees the slot
+	}
 	if err != nil && err != fabric.ErrAgain {
 		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: verdict to rank %d: %v", f.p.rank, err)
 	}

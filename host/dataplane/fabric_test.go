@@ -1266,3 +1266,16 @@ func TestFabricOneRailNoStripe(t *testing.T) {
 		t.Fatalf("completions %d and %d, want 1 and 4", os[0].parts[1], os[0].parts[2])
 	}
 }
+
+// TestFabricNoInject runs the signal tests on endpoints that inject
+// nothing (as shm does with FI_HMEM): every message, goodbyes and
+// verdicts included, goes with a completion, and closing still delivers
+// everything (the meshes close at cleanup, through their goodbyes).
+func TestFabricNoInject(t *testing.T) {
+	fabTestNoInject = true
+	defer func() { fabTestNoInject = false }()
+	t.Run("inline", TestFabricInlinePutSignal)
+	t.Run("rejected", TestFabricInlineRejected)
+	t.Run("ordered", TestFabricOrderedSignals)
+	t.Run("rejected-signal", TestFabricRejectedSignal)
+}
