@@ -299,6 +299,8 @@ var (
 		Doc: "libfabric provider to use (e.g. `verbs;ofi_rxm`, `efa`, `cxi`, `tcp;ofi_rxm`, `shm`); naming one asks for it"}), ""}
 	FILibrary = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_FI_LIBRARY", Kind: KindString, Default: "`libfabric.so.1`",
 		Doc: "libfabric library dlopen'ed at init (a name or a path)"}), "libfabric.so.1"}
+	FIDmaBuf = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_FI_DMABUF", Kind: KindBool, Default: "1",
+		Doc: "hand device memory to a NIC provider (verbs, efa, cxi, psm3, opx) as a DMA-BUF where the libfabric found at run time takes one (1.20 or later); 0 registers the address range. shm and tcp always get the address range"}), true}
 	CUDA = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_CUDA", Kind: KindBool, Default: "1",
 		Doc: "0 skips loading the CUDA driver (no device memory)"}), true}
 	GDRCopy = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_GDRCOPY", Kind: KindBool, Default: "1",

@@ -227,9 +227,12 @@ func providerHash(prov string) uint32 {
 // where the provider offers it and meets this transport's needs that way
 // (shm with FI_HMEM injects nothing, for one), else without.
 func openFabric(prov, domain string) (*fabEP, error) {
-	if devmem.Get() == nil {
+	if devmem.Get() == nil || prov == "shm" {
 		// No device runtime, no device memory to register: FI_HMEM would
-		// only cost (shm with it injects nothing).
+		// only cost (shm with it injects nothing). shm with FI_HMEM
+		// registered CUDA memory on the H200 (libfabric 1.22 built with
+		// CUDA) but its transfers of it never completed, so its device
+		// memory is staged.
 		return openFabricMode(prov, domain, false)
 	}
 	if e, err := openFabricMode(prov, domain, true); err == nil {

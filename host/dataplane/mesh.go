@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -376,6 +377,12 @@ func (m *Mesh) RegisterDevice(id uint32, base uintptr, size uint64, d DeviceMemo
 	if m.fab == nil || !m.fab.info.HMEM {
 		return 0, false
 	}
+	if !takesDmaBuf(m.fab.info.Provider) {
+		// shm reaches device memory through the driver's IPC by address
+		// (with a DMA-BUF registration its transfers never completed on
+		// the H200 with libfabric 1.22), and tcp copies: neither wants one.
+		d.DMABUFFd, d.Export = -1, nil
+	}
 	if d.DMABUFFd < 0 && d.Export != nil && fabric.RuntimeVersion() >= fabric.APIDMABUF {
 		if fd, off, err := d.Export(); err == nil {
 			defer unix.Close(fd)
@@ -400,6 +407,21 @@ func (m *Mesh) RegisterDevice(id uint32, base uintptr, size uint64, d DeviceMemo
 		}
 	}
 	return key, true
+}
+
+// takesDmaBuf reports whether device memory goes to provider prov as a
+// DMA-BUF (when one is at hand or can be exported): NIC providers only,
+// unless NCCL_RMA_WASM_FI_DMABUF=0.
+func takesDmaBuf(prov string) bool {
+	if !config.FIDmaBuf.Get() {
+		return false
+	}
+	for _, h := range hardware {
+		if prov == h || strings.HasPrefix(prov, h+";") {
+			return true
+		}
+	}
+	return false
 }
 
 // DeregisterMemory undoes RegisterMemory once nothing uses the memory.
