@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -136,4 +137,58 @@ func loopback(domain string) bool {
 	}
 	b, err := os.ReadFile(filepath.Join(sysRoot, "class/net", domain, "type"))
 	return err == nil && strings.TrimSpace(string(b)) == "772"
+}
+
+// AddrInterface names the network interface that NCCL_RMA_WASM_ADDR (an
+// ip, ip:port or interface name) pins the listener to, "" when it pins
+// none (unset, or an address no interface holds).
+func AddrInterface(addr string) string {
+	if addr == "" {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	if ifi, err := net.InterfaceByName(host); err == nil {
+		return ifi.Name
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || ip.IsUnspecified() {
+		return ""
+	}
+	ifs, _ := net.Interfaces()
+	for i := range ifs {
+		addrs, _ := ifs[i].Addrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+				return ifs[i].Name
+			}
+		}
+	}
+	return ""
+}
+
+// PinNICs puts the NIC whose domain is interface ifc first (the tcp
+// provider's domains are interface names), so device 0, and rail 0 of a
+// listener on it, follow the address the listener was pinned to, while
+// the other NICs stay for rails; a loopback interface is kept alone (it
+// reaches no other host, and rails beside it would leave it). nics is
+// returned unchanged when no domain is ifc (verbs domains are device
+// names, mlx5_0 and so on).
+func PinNICs(nics []NIC, ifc string) []NIC {
+	if ifc == "" {
+		return nics
+	}
+	for i, n := range nics {
+		if n.Domain != ifc {
+			continue
+		}
+		if n.Loopback {
+			return []NIC{n}
+		}
+		out := append([]NIC{n}, nics[:i]...)
+		return append(out, nics[i+1:]...)
+	}
+	return nics
 }

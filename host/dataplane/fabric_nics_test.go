@@ -85,3 +85,39 @@ func TestTakesDmaBuf(t *testing.T) {
 		t.Error("efa takes a DMA-BUF with NCCL_RMA_WASM_FI_DMABUF=0")
 	}
 }
+
+// TestAddrInterface: the interface an address pins (loopback is always
+// there), and none for unset, unspecified or foreign addresses.
+func TestAddrInterface(t *testing.T) {
+	lo := AddrInterface("lo")
+	if lo != "lo" {
+		t.Skipf("no interface named lo here (%q)", lo)
+	}
+	for addr, want := range map[string]string{"127.0.0.1": "lo", "127.0.0.1:4000": "lo", "lo": "lo",
+		"": "", "0.0.0.0": "", "192.0.2.77": "", "not-an-address": ""} {
+		if got := AddrInterface(addr); got != want {
+			t.Errorf("AddrInterface(%q) = %q, want %q", addr, got, want)
+		}
+	}
+}
+
+// TestPinNICs: a pinned interface that is one of the domains comes first
+// (alone when it is loopback); otherwise the list stays.
+func TestPinNICs(t *testing.T) {
+	nics := []NIC{{Domain: "eth0"}, {Domain: "lo", Loopback: true}, {Domain: "eth1"}}
+	if got := PinNICs(nics, "lo"); len(got) != 1 || got[0].Domain != "lo" {
+		t.Fatalf("pinned to lo: %+v", got)
+	}
+	if got := PinNICs(nics, "eth1"); len(got) != 3 || got[0].Domain != "eth1" || got[1].Domain != "eth0" || got[2].Domain != "lo" {
+		t.Fatalf("pinned to eth1: %+v", got)
+	}
+	if got := PinNICs(nics, "ib0"); len(got) != 3 || got[0].Domain != "eth0" {
+		t.Fatalf("pinned to an interface that is no domain: %+v", got)
+	}
+	if got := PinNICs(nics, ""); len(got) != 3 || got[0].Domain != "eth0" {
+		t.Fatalf("unpinned: %+v", got)
+	}
+	if nics[0].Domain != "eth0" || nics[2].Domain != "eth1" {
+		t.Fatalf("the input changed: %+v", nics)
+	}
+}

@@ -20,6 +20,15 @@ func withNICs(devs []backend.DeviceInfo) ([]backend.DeviceInfo, []dataplane.NIC)
 	if len(nics) == 0 {
 		return devs, nil
 	}
+	if ifc := dataplane.AddrInterface(config.Addr.Get()); ifc != "" {
+		// NCCL_RMA_WASM_ADDR pins the listener to an interface: where the
+		// provider's domains are interfaces (tcp), device 0 is that one
+		// rather than the provider's first (the first real interface).
+		if pinned := dataplane.PinNICs(nics, ifc); pinned[0].Domain != nics[0].Domain || len(pinned) < len(nics) {
+			logx.Info(abi.SubsysInit|abi.SubsysNet, "NET/wasm: NCCL_RMA_WASM_ADDR is on interface %s: device 0 is %s's domain %s (%d device(s))", ifc, prov, ifc, len(pinned))
+			nics = pinned
+		}
+	}
 	base := devs[0]
 	out := make([]backend.DeviceInfo, len(nics))
 	for i, n := range nics {
