@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/eventfd.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -62,6 +64,10 @@ struct rmaw_ep {
 	struct fid_av *av;
 	struct fid_ep *ep;
 	int fd; // the CQ's wait fd, or -1: no wait object (poll with naps)
+	// Our own wake-up, polled beside the CQ's fd: fi_trywait resets the
+	// CQ's signal, so an fi_cq_signal that lands between the caller's last
+	// look and fi_trywait was lost (a close then waited out the timeout).
+	int wake;
 	uint32_t hmem, api;
 };
 
@@ -182,6 +188,7 @@ void rmaw_close(rmaw_ep *e) {
 	if (e->domain) fi_close(&e->domain->fid);
 	if (e->fabric) fi_close(&e->fabric->fid);
 	if (e->info) p_freeinfo(e->info);
+	if (e->wake >= 0) close(e->wake);
 	free(e);
 }
 
@@ -231,6 +238,7 @@ static int open_ep(const char *prov, const char *domain, int hmem, rmaw_ep **out
 	fill(info, e->info);
 	info->api = e->api;
 	e->fd = -1;
+	e->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	struct fi_cq_attr cqa = {.format = FI_CQ_FORMAT_DATA, .size = 4096, .wait_obj = FI_WAIT_FD};
 	struct fi_av_attr ava = {.type = FI_AV_TABLE};
 	if ((rc = p_fabric(e->info->fabric_attr, &e->fabric, NULL)) ||
@@ -264,19 +272,27 @@ static int open_ep(const char *prov, const char *domain, int hmem, rmaw_ep **out
 }
 
 int rmaw_wait(rmaw_ep *e, int timeout_ms) {
-	if (e->fd < 0) return -FI_ENOSYS;
+	if (e->fd < 0 || e->wake < 0) return -FI_ENOSYS;
 	struct fid *f = &e->cq->fid;
 	int rc = fi_trywait(e->fabric, &f, 1);
 	if (rc == -FI_EAGAIN) return 0; // something to reap: poll again
 	if (rc != 0) return rc;
-	struct pollfd p = {.fd = e->fd, .events = POLLIN};
-	poll(&p, 1, timeout_ms);
+	struct pollfd p[2] = {{.fd = e->fd, .events = POLLIN}, {.fd = e->wake, .events = POLLIN}};
+	poll(p, 2, timeout_ms);
+	uint64_t v;
+	if (read(e->wake, &v, sizeof v) < 0) { /* nothing pending: fine */ }
 	return 0;
 }
 
-int rmaw_can_wait(rmaw_ep *e) { return e->fd >= 0; }
+int rmaw_can_wait(rmaw_ep *e) { return e->fd >= 0 && e->wake >= 0; }
 
-int rmaw_signal(rmaw_ep *e) { return e->fd < 0 ? -FI_ENOSYS : fi_cq_signal(e->cq); }
+// rmaw_signal ends a wait in progress, or the next one: the eventfd stays
+// readable until rmaw_wait reads it.
+int rmaw_signal(rmaw_ep *e) {
+	if (e->fd < 0 || e->wake < 0) return -FI_ENOSYS;
+	uint64_t one = 1;
+	return write(e->wake, &one, sizeof one) == sizeof one ? 0 : -FI_EIO;
+}
 
 int rmaw_name(rmaw_ep *e, void *buf, size_t *len) { return fi_getname(&e->ep->fid, buf, len); }
 

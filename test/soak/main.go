@@ -39,12 +39,14 @@ type run struct {
 	guest  bool   // the guest fails or traps: a clean failure is expected
 	ranks  int
 	cycles int
+	fabric string // the libfabric provider the run asked for ("" none)
 }
 
 type totals struct {
 	mu                           sync.Mutex
 	runs, passed, cleanFail, bad int
 	faults                       map[string]int
+	fabric                       map[string]int // runs per libfabric provider
 	ops                          uint64
 	bytes                        float64 // MiB verified
 	comms                        int
@@ -71,6 +73,13 @@ func shape(r *rand.Rand, guests string) run {
 	// it must agree with NCCL_RMA_WASM_LANES, or every op fails as planned
 	// on a lane outside the connection.
 	planner := "NCCL_RMA_WASM_CONFIG=lanes=" + lanes
+	// A third of the runs go over the libfabric transport (where the
+	// library is missing the plugin says so and uses TCP): the same
+	// shapes and faults, with loopback-only tcp or shm.
+	if r.IntN(3) == 0 {
+		x.fabric = pick(r, "tcp;ofi_rxm", "shm")
+		x.env = append(x.env, "NCCL_RMA_WASM_TRANSPORT=fabric", "NCCL_RMA_WASM_FI_PROVIDER="+x.fabric, "FI_TCP_IFACE=lo")
+	}
 	if guests != "" {
 		x.env = append(x.env, "NCCL_RMA_WASM_DIR="+guests)
 		b := pick(r, "default", "native", "planner", "passthrough-go")
@@ -128,7 +137,7 @@ func main() {
 	cache, _ := os.MkdirTemp("", "soak-cache")
 	defer os.RemoveAll(cache)
 	fmt.Printf("soak: %v, %d communicators at once, seed %d\n", *dur, *par, *seed)
-	T := &totals{faults: map[string]int{}}
+	T := &totals{faults: map[string]int{}, fabric: map[string]int{}}
 	end := time.Now().Add(*dur)
 	var wg sync.WaitGroup
 	for w := 0; w < *par; w++ {
@@ -160,6 +169,7 @@ func main() {
 		n += v
 	}
 	fmt.Printf("soak: %d faults injected (%s)\n", n, strings.Join(fs, ", "))
+	fmt.Printf("soak: %d runs over libfabric (tcp;ofi_rxm %d, shm %d)\n", T.fabric["tcp;ofi_rxm"]+T.fabric["shm"], T.fabric["tcp;ofi_rxm"], T.fabric["shm"])
 	fmt.Printf("soak: %d data operations, %.1f MiB put and got, every byte verified\n", T.ops, T.bytes)
 	if T.bad > 0 {
 		fmt.Println("soak: FAIL")
@@ -175,6 +185,9 @@ func judge(T *totals, x run, out string, err error, hung bool) {
 	T.comms += x.cycles
 	if x.fault != "" {
 		T.faults[x.fault]++
+	}
+	if x.fabric != "" {
+		T.fabric[x.fabric]++
 	}
 	for _, m := range moved.FindAllStringSubmatch(out, -1) {
 		ops, _ := strconv.ParseUint(m[2], 10, 64)
