@@ -30,9 +30,9 @@ const (
 	fabSlots   = 4096 // operations in flight on one endpoint
 	fabRecvs   = 256  // receive buffers for signal and goodbye messages
 	fabMsgSize = 32   // one control message
-	// A small put with signal travels as one message with its payload
-	// inline (fabMsgPutSignal): the control message, 16 bytes naming the
-	// target range, then at most fabInlineMax bytes. Slots and receive
+	// A signal travels as a fabMsgPutSignal message: the control message,
+	// 24 bytes (the target range of an inline payload, and an owed
+	// verdict), then at most fabInlineMax bytes of payload. Slots and receive
 	// buffers hold the largest message.
 	fabPutSigHdr = fabMsgSize + 24
 	fabInlineMax = 80
@@ -79,8 +79,8 @@ const (
 	fabMsgBye     = 2 // the sender's last message on one of its lanes
 	fabMsgByeAck  = 3 // everything before that goodbye was applied
 	fabMsgVerdict = 4 // the target checked a signal's word: the request may complete
-	// a put with signal whose payload is inline: copied in, then applied
-	// as a signal (one sequence number for both)
+	// a signal, with its put's payload inline when small: copied in,
+	// then applied as a signal (one sequence number for both)
 	fabMsgPutSignal = 5
 	fabSeqMask      = 1<<48 - 1
 )
@@ -167,7 +167,7 @@ type fabEP struct {
 	spinNs    atomic.Int64
 	spinSlots atomic.Int32
 	// callerAt is when a caller's thread last polled through Mesh.Progress
-	// (rmaProgress), as nanoseconds since epochStart. While callers poll,
+	// (rmaProgress), as Now(). While callers poll,
 	// the progress goroutine naps instead of competing for the CQ: the
 	// caller reaps the peers' writes and signals where it waits, as a raw
 	// libfabric program polls its own CQ, without a thread hand-off.
@@ -224,8 +224,8 @@ func providerHash(prov string) uint32 {
 }
 
 // openFabric opens an endpoint on prov for a new listener: with FI_HMEM
-// where the provider offers it and meets this transport's needs that way
-// (shm with FI_HMEM injects nothing, for one), else without.
+// where a device runtime is loaded and the provider offers it with enough
+// CQ data (never shm, below), else without.
 func openFabric(prov, domain string) (*fabEP, error) {
 	if devmem.Get() == nil || prov == "shm" {
 		// No device runtime, no device memory to register: FI_HMEM would

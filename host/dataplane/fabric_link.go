@@ -396,29 +396,43 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 		copy(b[fabPutSigHdr:], unsafe.Slice((*byte)(op.Local), size))
 	}
 	var err error
-	if complete && !inject {
+	switch {
+	case complete && !inject:
 		// A verdict, when one comes, says the message arrived: no
 		// delivery completion is needed for it.
 		err = e.ep.SendMsg(unsafe.Pointer(&b[0]), n, e.memMR.Desc, rl.addr, e.slotArea(idx), !f.p.m.localComp && !verdict)
 		if err != nil {
 			f.unslot(e, idx)
 		}
-	} else if n <= e.info.InjectSize {
-		err = e.ep.Inject(unsafe.Pointer(&b[0]), n, rl.addr)
-		if !complete || err != nil {
+	case complete: // injected: the slot waits for the verdict
+		if err = e.ep.Inject(unsafe.Pointer(&b[0]), n, rl.addr); err != nil {
 			f.unslot(e, idx)
 		}
-	} else {
-		// A provider that cannot inject it (shm with FI_HMEM): sent with
-		// a completion that frees the slot and completes nothing; the
-		// window is the caller's business, as for an injected goodbye.
-		e.slots[idx].seq = 0
-		if err = e.ep.SendMsg(unsafe.Pointer(&b[0]), n, e.memMR.Desc, rl.addr, e.slotArea(idx), false); err != nil {
-			f.unslot(e, idx)
-		}
+	default: // the window is the caller's business (an injected goodbye)
+		err = f.sendFree(rl, idx, b)
 	}
 	if err != nil && owed != 0 {
 		f.unowe(rail, owed)
+	}
+	return err
+}
+
+// sendFree sends message b, built in slot idx's area, that completes
+// nothing: injected where the provider injects that much (the slot is
+// free at once), else with a completion that frees the slot (shm with
+// FI_HMEM injects nothing).
+func (f *fabricLink) sendFree(rl *fabRail, idx uint32, b []byte) error {
+	e := rl.e
+	n := uint64(len(b))
+	if n <= e.info.InjectSize {
+		err := e.ep.Inject(unsafe.Pointer(&b[0]), n, rl.addr)
+		f.unslot(e, idx)
+		return err
+	}
+	e.slots[idx].seq = 0 // its completion completes no number
+	err := e.ep.SendMsg(unsafe.Pointer(&b[0]), n, e.memMR.Desc, rl.addr, e.slotArea(idx), false)
+	if err != nil {
+		f.unslot(e, idx)
 	}
 	return err
 }
@@ -452,13 +466,7 @@ func (f *fabricLink) sendVerdict(rail int, word uint64, status abi.Result) bool 
 	b[0], b[1] = fabMsgVerdict, uint8(status)
 	binary.LittleEndian.PutUint16(b[2:], uint16(e.rank))
 	binary.LittleEndian.PutUint64(b[8:], word)
-	var err error
-	if fabMsgSize <= e.info.InjectSize {
-		err = e.ep.Inject(unsafe.Pointer(&b[0]), fabMsgSize, rl.addr)
-		f.unslot(e, idx)
-	} else if err = e.ep.SendMsg(unsafe.Pointer(&b[0]), fabMsgSize, e.memMR.Desc, rl.addr, e.slotArea(idx), false); err != nil {
-		f.unslot(e, idx) // else its completion frees the slot
-	}
+	err := f.sendFree(rl, idx, b)
 	if err != nil && err != fabric.ErrAgain {
 		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: verdict to rank %d: %v", f.p.rank, err)
 	}

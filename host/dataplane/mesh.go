@@ -491,11 +491,7 @@ func (m *Mesh) PeerParts(peer int, kind uint8, size uint64) int {
 func (m *Mesh) OpParts(peer int, op *Op) int {
 	kind, size := op.Msg, op.Size
 	n := 1
-	if peer >= 0 && peer < len(m.peers) && m.peers[peer] != nil {
-		if m.peers[peer].striped(op) {
-			n = m.parts(kind, size, op.Chunk)
-		}
-	} else {
+	if peer < 0 || peer >= len(m.peers) || m.peers[peer] == nil || m.peers[peer].striped(op) {
 		n = m.parts(kind, size, op.Chunk)
 	}
 	if kind == MsgPutSignal && size > 0 && n == 1 && m.fab != nil {
