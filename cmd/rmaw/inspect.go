@@ -15,6 +15,7 @@ import (
 	"github.com/tetratelabs/wazero/api"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/sandbox/meter"
 )
 
 func runInspect(e *env, args []string) error {
@@ -83,6 +84,12 @@ func inspectStatic(e *env, path string, wasm []byte) error {
 	ctx := context.Background()
 	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfig().WithCoreFeatures(api.CoreFeaturesV2))
 	defer rt.Close(ctx)
+	// The rewriter first: it bounds what compiling may allocate, and the
+	// plugin refuses what it refuses.
+	if _, err := meter.Rewrite(wasm); err != nil {
+		fmt.Fprintf(e.stdout, "%s: the plugin would refuse it: %v\n", path, err)
+		return errFailed
+	}
 	cm, err := rt.CompileModule(ctx, wasm)
 	if err != nil {
 		fmt.Fprintf(e.stdout, "%s: not a valid WebAssembly module: %v\n", path, err)

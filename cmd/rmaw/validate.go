@@ -67,6 +67,7 @@ var hints = []struct {
 	{[]string{"has type", "Guest ABI v1 wants"}, "give the export the signature SPEC.md §8.2 lists (the SDK prototypes in guests/c/rmaw.h and guests/go/rmaw)"},
 	{[]string{"import", "has type"}, "declare the import with the signature the host provides (use the SDK: guests/c/rmaw.h)"},
 	{[]string{"which this host does not provide"}, "a guest may import only rmaw.log, rmaw.get_config and wasi_snapshot_preview1: build C with -nostdlib -ffreestanding and avoid libc calls, or drop the import"},
+	{[]string{"locals (the limit)"}, "split the function: the plugin allows at most 50000 locals per function (SPEC.md §8.6)"},
 	{[]string{"reserved name"}, "rename the export: __rmaw_fuel and __rmaw_depth belong to the host's metering"},
 	{[]string{"tables"}, "use at most 4 tables of at most 65536 elements (SPEC.md §8.6)"},
 	{[]string{"table", "limit"}, "use at most 4 tables of at most 65536 elements (SPEC.md §8.6)"},

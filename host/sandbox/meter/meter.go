@@ -194,6 +194,10 @@ func Rewrite(wasm []byte) ([]byte, error) {
 		}
 		secs = append(secs, section{id, wasm[start:r.off]})
 	}
+	secs, err := boundVectors(secs)
+	if err != nil {
+		return nil, err
+	}
 
 	// Count globals (imported + defined) and tables, read the types and
 	// find the sections we edit.
@@ -645,9 +649,14 @@ func (m *coder) code(body []byte) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
+		var locals uint64
 		for j := uint32(0); j < nl; j++ {
-			if _, err := fb.u32(); err != nil {
+			n, err := fb.u32()
+			if err != nil {
 				return nil, err
+			}
+			if locals += uint64(n); locals > MaxLocals {
+				return nil, fmt.Errorf("function %d declares more than %d locals (the limit)", i, MaxLocals)
 			}
 			if _, err := fb.byte(); err != nil {
 				return nil, err
