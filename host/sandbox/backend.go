@@ -139,13 +139,13 @@ func resolve(opts Options) (name string, wasm []byte, free func(), cfg string, e
 			path = filepath.Join(opts.Dir, n+".wasm")
 		}
 		name = strings.TrimSuffix(filepath.Base(path), ".wasm")
-		wasm, free, err = readFileOffHeap(path)
+		wasm, free, err = readFileOffHeap(path, MaxModuleBytes)
 		if err != nil {
 			return "", nil, nil, "", fmt.Errorf("wasm: backend %q: %w", n, err)
 		}
 		if cfg == "" {
 			conf := strings.TrimSuffix(path, ".wasm") + ".conf"
-			if c, err := os.ReadFile(conf); err == nil {
+			if c, err := readSmallFile(conf, guestabi.MaxConfigLen); err == nil {
 				cfg = string(c)
 			} else if !errors.Is(err, os.ErrNotExist) {
 				free()

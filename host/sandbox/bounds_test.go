@@ -5,10 +5,14 @@ package sandbox
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
@@ -184,5 +188,53 @@ func TestGuestOutputBounds(t *testing.T) {
 	// 1 MiB written in plan_op costs more than its budget.
 	if err := planPeer(c, 1, 1<<20); !errors.Is(err, ErrTimeout) {
 		t.Fatalf("plan_op writing 1 MiB: %v, want ErrTimeout (output bytes cost fuel)", err)
+	}
+}
+
+// TestModuleFileBounds: a backend path that is a FIFO, a directory or a file
+// over MaxModuleBytes, or a configuration over guestabi.MaxConfigLen, is
+// refused at once with a clear error (before: a FIFO blocked the load
+// until a writer came, and any size was read).
+func TestModuleFileBounds(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo.wasm")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big.wasm")
+	if err := os.WriteFile(big, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(big, MaxModuleBytes+1); err != nil { // sparse
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "dir.wasm"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(cguest(t, "planner"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "planner.wasm"), src)
+	writeFile(t, filepath.Join(dir, "planner.conf"), make([]byte, guestabi.MaxConfigLen+1))
+	for _, c := range []struct{ name, want string }{
+		{"fifo", "not a regular file"},
+		{"dir", "not a regular file"},
+		{"big", "the limit is 268435456"},
+		{"planner", "more than 65536 bytes"},
+	} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := Open(Options{Name: c.name, Dir: dir, CacheDir: "off"})
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s: Open = %v, want an error containing %q", c.name, err, c.want)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: Open blocked", c.name)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"sync/atomic"
@@ -140,29 +141,32 @@ func (m *heapMemory) Reallocate(size uint64) []byte {
 
 func (m *heapMemory) Free() { m.buf = nil }
 
-// readFileOffHeap reads a file into anonymous huge-page memory outside the
-// Go heap (a 2 MB module read into fresh heap costs ~500 faults here). The
-// caller must call free when it no longer uses the bytes. It falls back to
-// os.ReadFile.
-func readFileOffHeap(path string) (b []byte, free func(), err error) {
-	f, err := os.Open(path)
+// MaxModuleBytes bounds a backend module file (real backends are a few
+// MiB; the host reads the whole file before metering it).
+const MaxModuleBytes = 256 << 20
+
+// readFileOffHeap reads a regular file of at most max bytes into anonymous
+// huge-page memory outside the Go heap (a 2 MB module read into fresh heap
+// costs ~500 faults here). The caller must call free when it no longer uses
+// the bytes. It falls back to a bounded ordinary read.
+func readFileOffHeap(path string, max int64) (b []byte, free func(), err error) {
+	f, st, err := openRegular(path)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, nil, err
+	if st.Size() > max {
+		return nil, nil, fmt.Errorf("%s is %d bytes; the limit is %d", path, st.Size(), max)
 	}
 	size := st.Size()
-	if size < hugePage/2 || size > 1<<32 {
-		b, err := os.ReadFile(path)
+	if size < hugePage/2 {
+		b, err := readAllBounded(f, path, max)
 		return b, func() {}, err
 	}
 	n := (uintptr(size) + 1 + hugePage - 1) &^ (hugePage - 1) // +1: see a file that grew
 	p, err := mapAnon(n, unix.PROT_READ|unix.PROT_WRITE, 0)
 	if err != nil {
-		b, err := os.ReadFile(path)
+		b, err := readAllBounded(f, path, max)
 		return b, func() {}, err
 	}
 	buf := unsafe.Slice((*byte)(p), n)
@@ -176,6 +180,50 @@ func readFileOffHeap(path string) (b []byte, free func(), err error) {
 		return nil, nil, err
 	}
 	free() // the file grew past its stat size: read it the ordinary way
-	b, err = os.ReadFile(path)
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, nil, err
+	}
+	b, err = readAllBounded(f, path, max)
 	return b, func() {}, err
+}
+
+// openRegular opens path for reading only if it is a regular file. The
+// open does not block (a FIFO named like a module would otherwise hang the
+// caller until a writer came).
+func openRegular(path string) (*os.File, os.FileInfo, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := f.Stat()
+	if err == nil && !st.Mode().IsRegular() {
+		err = fmt.Errorf("%s is not a regular file (%v)", path, st.Mode().Type())
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, st, nil
+}
+
+// readAllBounded reads f to its end, refusing more than max bytes.
+func readAllBounded(f *os.File, path string, max int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s is more than %d bytes", path, max)
+	}
+	return b, nil
+}
+
+// readSmallFile reads a regular file of at most max bytes.
+func readSmallFile(path string, max int64) ([]byte, error) {
+	f, _, err := openRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return readAllBounded(f, path, max)
 }

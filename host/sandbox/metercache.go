@@ -31,8 +31,10 @@ import (
 // not tampering.
 
 // meterVersion names the output of meter.Rewrite. Bump it whenever package
-// meter changes what it emits; TestMeterVersionPinned fails until you do.
-const meterVersion = 2
+// meter changes what it emits or what it refuses (3: declared counts are
+// bounded, so an entry cached by an older rewriter could hold a module it now
+// refuses); TestMeterVersionPinned fails until you do.
+const meterVersion = 3
 
 const (
 	meterCacheSubdir = "rmaw-metered"
@@ -60,7 +62,7 @@ func meterCached(dir string, wasm []byte, sum [32]byte) (metered []byte, free fu
 		return metered, func() {}, err
 	}
 	path := meterCachePath(dir, sum)
-	if b, free, err := readFileOffHeap(path); err == nil {
+	if b, free, err := readFileOffHeap(path, 2*MaxModuleBytes); err == nil {
 		if body, ok := parseMeterEntry(b, sum); ok {
 			return body, free, nil
 		}
