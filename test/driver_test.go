@@ -327,3 +327,18 @@ func TestCompression(t *testing.T) {
 		}
 	}
 }
+
+// TestManyComms: eight communicators per process side by side on one
+// plugin context (NCCL opens one per communicator), over TCP and the
+// intra-node path, every byte and signal of each verified.
+func TestManyComms(t *testing.T) {
+	for _, intra := range []string{"0", "1"} {
+		t.Run("intranode="+intra, func(t *testing.T) {
+			out := runDriver(t, []string{"NCCL_RMA_WASM_INTRANODE=" + intra}, "--verbose", "--ranks", "4", "--comms", "8",
+				"--threads", "2", "--size", "65536", "--iters", "2", "--version", "16")
+			if got := strings.Count(out, "connected to 4 ranks"); got != 4*8 {
+				t.Fatalf("%d communicators connected, want %d:\n%s", got, 4*8, tail(out))
+			}
+		})
+	}
+}

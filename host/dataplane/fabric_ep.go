@@ -313,6 +313,18 @@ func (e *fabEP) layout(n int) bool {
 	return true
 }
 
+// fabTestRefuse, when set by a test to n > 1, makes n-1 of every n writes
+// and signal sends find no room (ErrAgain), as shm refuses every post to a
+// peer while one write to it is in segmentation and reassembly.
+var (
+	fabTestRefuse  uint64
+	fabTestRefused atomic.Uint64
+)
+
+func fabRefused() bool {
+	return fabTestRefuse > 1 && fabTestRefused.Add(1)%fabTestRefuse != 0
+}
+
 // fabTestSeqBits, when set by a test, narrows the sequence field so that
 // it wraps quickly.
 var fabTestSeqBits uint

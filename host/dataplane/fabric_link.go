@@ -240,7 +240,8 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 	}
 }
 
-// post tries once; ErrAgain leaves pd as it was, for the retry.
+// post tries once; ErrAgain leaves pd as what is still to post, for the
+// retry.
 func (f *fabricLink) post(pd *fabPend) error {
 	op := &pd.op
 	if pd.staged {
@@ -281,6 +282,10 @@ func (f *fabricLink) post(pd *fabPend) error {
 	e.slots[idx].seq = pd.seq
 	ctx := e.slotArea(idx)
 	var err error
+	if fabTestRefuse > 1 && op.Msg != MsgGet && fabRefused() {
+		f.unslot(e, idx)
+		return fabric.ErrAgain
+	}
 	if op.Msg == MsgGet {
 		err = e.ep.Read(op.Local, op.Size, e.desc(op.LocalMr), rl.addr, raddr, key, ctx)
 	} else {
@@ -297,13 +302,13 @@ func (f *fabricLink) post(pd *fabPend) error {
 	if op.Msg == MsgPutSignal {
 		// The payload is posted; the signal follows as a message whose
 		// completion is the request's second part (Mesh.PeerParts). If it
-		// finds no room it waits in pend, numbered already.
+		// finds no room, ErrAgain leaves pd as the signal alone, numbered
+		// already, for the caller to queue or keep queued. (It must not
+		// queue it here: retry calls post holding pmu. shm refuses every
+		// send to a peer while a write to it is in segmentation and
+		// reassembly, so this came up at once there.)
 		pd.sigOnly = true
-		if err := f.msg(pd.rail, fabMsgPutSignal, pd.sigSeq, op, true, false); err == fabric.ErrAgain {
-			f.queue(*pd)
-		} else if err != nil {
-			return err
-		}
+		return f.msg(pd.rail, fabMsgPutSignal, pd.sigSeq, op, true, false)
 	}
 	return nil
 }
@@ -341,7 +346,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 		tag = op.Tag
 	}
 	sig := typ == fabMsgSignal || typ == fabMsgPutSignal
-	if sig && !f.win.fits(seq) {
+	if sig && (!f.win.fits(seq) || fabTestRefuse > 1 && fabRefused()) {
 		return fabric.ErrAgain
 	}
 	rl := &f.rails[rail]
@@ -504,10 +509,10 @@ func (f *fabricLink) retry() {
 		if f.p.dead.Load() {
 			break
 		}
-		pd := f.pend[k]
-		err := f.post(&pd)
+		pd := &f.pend[k]
+		err := f.post(pd)
 		if err == fabric.ErrAgain {
-			break
+			break // pd may have moved on (a put with signal whose payload went)
 		}
 		k++
 		f.backlog.Add(-1)

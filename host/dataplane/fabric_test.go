@@ -1253,3 +1253,85 @@ func TestFabricNoInject(t *testing.T) {
 	t.Run("ordered", TestFabricOrderedSignals)
 	t.Run("rejected-signal", TestFabricRejectedSignal)
 }
+
+// TestFabricRefusedPosts: with most writes and signal sends finding no
+// room (as shm refuses them while a write is in segmentation and
+// reassembly), every put with signal still lands, in order, and
+// completes. A signal refused after its payload was posted from the retry
+// queue used to queue itself again under the queue's lock: the poller
+// deadlocked and every later operation hung (on shm with 100 B..4 KiB
+// puts, every run).
+func TestFabricRefusedPosts(t *testing.T) {
+	fabTestRefuse = 3
+	defer func() { fabTestRefuse = 0 }()
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<18, 1) // room for every put apart
+	const n = 200
+	srcs := fabric.Alloc(8 * (n + 1))
+	defer fabric.Free(srcs)
+	sizes := []uint64{8, 100, 512, 2048} // 8 and 100 B also inline
+	off := uint64(8 * (n + 1))
+	offs := make([]uint64, n+1)
+	for i := uint64(1); i <= n; i++ {
+		*(*uint64)(unsafe.Add(srcs, 8*i)) = i
+		offs[i] = off
+		off += sizes[i%4]
+	}
+	big := fabric.Alloc(2048)
+	defer fabric.Free(big)
+	var pending []uint64
+	for i := uint64(1); i <= n; i++ {
+		local, size := unsafe.Add(srcs, 8*i), sizes[i%4]
+		if size > 8 {
+			b := unsafe.Slice((*byte)(big), size)
+			for j := range b {
+				b[j] = byte(i + uint64(j))
+			}
+			local = big
+		}
+		// Several in flight, so that refused ones queue behind each other
+		// (the large source is reused: wait before the next one).
+		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: i, Local: local, Size: size, Off: offs[i], SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
+		pending = append(pending, i)
+		if size > 8 || len(pending) >= 8 {
+			for _, k := range pending {
+				if st := os[0].waitN(t, k, ms[0].PeerParts(1, MsgPutSignal, sizes[k%4])); st != abi.Success {
+					t.Fatalf("put %d: %v", k, st)
+				}
+			}
+			pending = pending[:0]
+		}
+		if size > 8 {
+			got := unsafe.Slice((*byte)(unsafe.Add(os[1].mem, offs[i])), size)
+			for j := range got {
+				if got[j] != byte(i+uint64(j)) {
+					t.Fatalf("put %d (%d B), byte %d: %d, want %d", i, size, j, got[j], byte(i+uint64(j)))
+				}
+			}
+		}
+	}
+	for _, k := range pending {
+		if st := os[0].waitN(t, k, ms[0].PeerParts(1, MsgPutSignal, sizes[k%4])); st != abi.Success {
+			t.Fatalf("put %d: %v", k, st)
+		}
+	}
+	sig := (*uint64)(os[1].mem)
+	for deadline := time.Now().Add(time.Minute); *sig != n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("signal %d, want %d", *sig, n)
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
+	for i := uint64(1); i <= n; i++ {
+		if sizes[i%4] == 8 {
+			if v := *(*uint64)(unsafe.Add(os[1].mem, offs[i])); v != i {
+				t.Fatalf("put %d: word %d", i, v)
+			}
+		}
+	}
+	if fabTestRefused.Load() == 0 {
+		t.Fatal("nothing was refused: the hook is not reached")
+	}
+	if len(os[0].fail)+len(os[1].fail) > 0 {
+		t.Fatalf("failures: %v %v", os[0].fail, os[1].fail)
+	}
+}

@@ -69,6 +69,7 @@ typedef struct {
   int nofile;         /* > 0: RLIMIT_NOFILE of every rank */
   const char* netns;  /* rank r joins the network namespace <netns><r> */
   int device;
+  int comms; /* communicators per rank, each with its own contexts and buffers */
 } options_t;
 
 extern options_t opt;
@@ -164,6 +165,18 @@ void summary_snapshot(summary_t* out);
 #define SIG_INC_ADD 0x10000ULL /* value of the per-sender ADD signal */
 #define BOGUS_CTX ((void*)(uintptr_t)0xBAD0C0DEULL)
 #define GARBAGE_HANDLE ((void*)(uintptr_t)0x7a7a7a7a12345ULL)
+
+#define MAX_COMMS 16
+
+/* What the data rounds use of one communicator. comm 0 is the rank's own
+ * (R.coll ...), which every scenario uses; --comms adds 1..C-1 beside it. */
+typedef struct {
+  void* coll;
+  void* rctx;
+  uint8_t *src, *dst, *getsrc, *getdst;
+  uint64_t* sig;
+  void *srcMh, *dstMh, *getsrcMh, *getdstMh, *sigMh;
+} comm_t;
 
 typedef struct {
   plugin_t pl;

@@ -13,7 +13,7 @@
 #include "harness.h"
 
 options_t opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0, 0, 0, 0,
-                 F_KILL_PUT, 300, 1500, 0, NULL, 0};
+                 F_KILL_PUT, 300, 1500, 0, NULL, 0, 1};
 
 const char* scenario_name(enum scenario s) {
   return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : s == SC_TEARDOWN ? "teardown"
@@ -46,6 +46,9 @@ static void usage(FILE* f) {
           "  --size BYTES      bytes per peer region; suffix k/m/g allowed (default 1m)\n"
           "  --iters N         rounds (default 3)\n"
           "  --threads T       threads per rank = nContexts (default 2)\n"
+          "  --comms C         communicators per rank, set up side by side on one plugin\n"
+          "                    context, each with --threads contexts, its own buffers and\n"
+          "                    its own verified traffic (basic scenario; default 1)\n"
           "  --cycles K        init..finalize cycles per process, dlclose between (default 1)\n"
           "  --scenario S      basic | bad-input | kill | teardown | fault (default basic)\n"
           "  --kill-rank R     rank the parent SIGKILLs after round 0 (kill; default 1), the\n"
@@ -186,7 +189,7 @@ int main(int argc, char** argv) {
                                {"summary", 0, 0, 'Y'},  {"compressible", 0, 0, 'Z'},
                                {"fault", 1, 0, 'F'},     {"fault-delay-ms", 1, 0, 'd'},
                                {"stop-ms", 1, 0, 'o'},   {"nofile", 1, 0, 'N'},
-                               {"netns", 1, 0, 'x'},     {"device", 1, 0, 'e'},
+                               {"netns", 1, 0, 'x'},     {"device", 1, 0, 'e'},   {"comms", 1, 0, 'C'},
                                {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -218,6 +221,7 @@ int main(int argc, char** argv) {
         break;
       }
       case 'e': opt.device = atoi(optarg); break;
+      case 'C': opt.comms = atoi(optarg); break;
       case 'S':
         if (!strcmp(optarg, "basic")) opt.scenario = SC_BASIC;
         else if (!strcmp(optarg, "bad-input")) opt.scenario = SC_BAD_INPUT;
@@ -232,22 +236,23 @@ int main(int argc, char** argv) {
   }
   if ((opt.version != 14 && opt.version != 15 && opt.version != 16) || opt.ranks < 1 ||
       opt.ranks > 256 || opt.iters < 1 || opt.threads < 1 || opt.threads > 64 ||
-      opt.cycles < 1 || opt.timeout_s < 1 ||
+      opt.cycles < 1 || opt.timeout_s < 1 || opt.comms < 1 || opt.comms > MAX_COMMS ||
+      (opt.comms > 1 && opt.scenario != SC_BASIC) ||
       (opt.scenario == SC_TEARDOWN && opt.ranks < 2) ||
       ((opt.scenario == SC_KILL || opt.scenario == SC_FAULT) && (opt.ranks < 2 || opt.kill_rank < 0 ||
                                    opt.kill_rank >= opt.ranks)) ||
       (opt.size < 16 && opt.scenario == SC_BAD_INPUT)) {
     usage(stderr);
     printf("RESULT FAIL invalid options (kill needs --ranks >= 2 and 0 <= --kill-rank < ranks; "
-           "bad-input needs --size >= 16)\n");
+           "bad-input needs --size >= 16; --comms 1..16, basic only)\n");
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
   signal(SIGPIPE, SIG_IGN);
   int N = opt.ranks;
-  printf("rma_driver: lib=%s version=v%d ranks=%d size=%zu iters=%d threads=%d cycles=%d "
+  printf("rma_driver: lib=%s version=v%d ranks=%d size=%zu iters=%d threads=%d comms=%d cycles=%d "
          "scenario=%s%s%s%s\n",
-         opt.lib, opt.version, N, opt.size, opt.iters, opt.threads, opt.cycles,
+         opt.lib, opt.version, N, opt.size, opt.iters, opt.threads, opt.comms, opt.cycles,
          scenario_name(opt.scenario), opt.no_progress ? " no-progress" : "",
          opt.scenario == SC_FAULT ? " fault=" : "", opt.scenario == SC_FAULT ? fault_name(opt.fault) : "");
   fflush(stdout);

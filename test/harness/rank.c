@@ -34,6 +34,10 @@ static uint64_t get_key(int owner, int cycle, int iter) {
                0x4745540000000000ULL);
 }
 
+/* comm c's keys differ from every other comm's (0 for comm 0, which the
+ * scenarios share) */
+static uint64_t comm_salt(int c) { return c ? mix64(0x434f4d4d00000000ULL + (uint64_t)c) : 0; }
+
 /* byte at offset o of a region with key k; --compressible: runs of 32
  * equal bytes drawn from 4 values, still a function of (k, o) */
 static inline uint8_t pat(uint64_t k, size_t o) {
@@ -67,6 +71,9 @@ static void chunk(int t, size_t* off, size_t* len) {
 
 rank_t R;
 
+/* the communicators of the data rounds: [0] mirrors R's own after setup */
+static comm_t g_comm[MAX_COMMS];
+
 void failf(const char* fmt, ...) {
   int expected = 0;
   if (!atomic_compare_exchange_strong(&R.failed, &expected, 1)) return;
@@ -78,12 +85,12 @@ void failf(const char* fmt, ...) {
 }
 
 /* poll test() until done; rmaProgress sometimes (never with --no-progress) */
-static int wait_req(void* req, const char* what, int thread, double deadline) {
+static int wait_req(const comm_t* cm, void* req, const char* what, int thread, double deadline) {
   if (req == NULL) return 0;
   long spins = 0;
   for (;;) {
     int done = 0;
-    ncclResult_t rc = R.pl.t.test(R.coll, req, &done);
+    ncclResult_t rc = R.pl.t.test(cm->coll, req, &done);
     if (rc != ncclSuccess) {
       failf("cycle %d iter %d thread %d: test(%s) returned %d (%s)", R.cycle, R.iter, thread, what,
             rc, result_name(rc));
@@ -92,7 +99,7 @@ static int wait_req(void* req, const char* what, int thread, double deadline) {
     if (done) return 0;
     ++spins;
     if (!opt.no_progress && thread == 0 && (spins & 255) == 0) {
-      rc = R.pl.t.rmaProgress(R.rctx);
+      rc = R.pl.t.rmaProgress(cm->rctx);
       if (rc != ncclSuccess) {
         failf("rmaProgress returned %d (%s)", rc, result_name(rc));
         return -1;
@@ -107,7 +114,8 @@ static int wait_req(void* req, const char* what, int thread, double deadline) {
 }
 
 typedef struct {
-  int t;
+  int t, c; /* context t of communicator c */
+  const comm_t* cm;
   pthread_t th;
   long ops;
 } worker_t;
@@ -115,6 +123,7 @@ typedef struct {
 static void* worker(void* arg) {
   worker_t* w = arg;
   int t = w->t, N = opt.ranks, me = g_rank;
+  const comm_t* cm = w->cm;
   atomic_fetch_add(&R.running, 1);
   size_t coff, clen;
   chunk(t, &coff, &clen);
@@ -132,8 +141,8 @@ static void* worker(void* arg) {
     void* rq_ = NULL;                                                                       \
     rc = (expr);                                                                            \
     if (rc != ncclSuccess) {                                                                \
-      failf("cycle %d iter %d thread %d: %s to rank %d returned %d (%s)", R.cycle, R.iter, \
-            t, name, d, rc, result_name(rc));                                               \
+      failf("cycle %d iter %d comm %d thread %d: %s to rank %d returned %d (%s)", R.cycle,  \
+            R.iter, w->c, t, name, d, rc, result_name(rc));                                  \
       goto out;                                                                             \
     }                                                                                       \
     if (rq_ == NULL) {                                                                      \
@@ -146,37 +155,37 @@ static void* worker(void* arg) {
   } while (0)
     /* 1. plain put of the first half of the chunk */
     if (h1 > 0)
-      ISSUE("iput", R.pl.t.iput(R.rctx, t, sbase + coff, R.srcMh, h1, dbase + coff, R.dstMh,
+      ISSUE("iput", R.pl.t.iput(cm->rctx, t, sbase + coff, cm->srcMh, h1, dbase + coff, cm->dstMh,
                                 (uint32_t)d, NCCL_RMA_OPT_FLAGS_AGGREGATE_REQUESTS, &rq_));
     /* 2. put of the second half + INC of word `me` */
     ISSUE("iputSignal(INC)",
-          R.pl.t.iputSignal(R.rctx, t, sbase + coff + h1, R.srcMh, h2, dbase + coff + h1, R.dstMh,
-                            (uint32_t)d, (uint64_t)me * 8, R.sigMh, 0, NCCL_NET_SIGNAL_OP_INC, true,
+          R.pl.t.iputSignal(cm->rctx, t, sbase + coff + h1, cm->srcMh, h2, dbase + coff + h1, cm->dstMh,
+                            (uint32_t)d, (uint64_t)me * 8, cm->sigMh, 0, NCCL_NET_SIGNAL_OP_INC, true,
                             NCCL_RMA_OPT_FLAGS_AGGREGATE_REQUESTS, &rq_));
     /* 3. signal-only ADD (size 0, NULL data handles) of word `me` */
     ISSUE("iputSignal(size 0, ADD)",
-          R.pl.t.iputSignal(R.rctx, t, 0, NULL, 0, 0, NULL, (uint32_t)d, (uint64_t)me * 8, R.sigMh,
+          R.pl.t.iputSignal(cm->rctx, t, 0, NULL, 0, 0, NULL, (uint32_t)d, (uint64_t)me * 8, cm->sigMh,
                             SIG_INC_ADD, NCCL_NET_SIGNAL_OP_ADD, true,
                             NCCL_RMA_OPT_FLAGS_AGGREGATE_REQUESTS, &rq_));
     /* 4. signal-only ADD of the shared word N with value me+1 */
     ISSUE("iputSignal(size 0, ADD shared)",
-          R.pl.t.iputSignal(R.rctx, t, 0, NULL, 0, 0, NULL, (uint32_t)d, (uint64_t)N * 8, R.sigMh,
+          R.pl.t.iputSignal(cm->rctx, t, 0, NULL, 0, 0, NULL, (uint32_t)d, (uint64_t)N * 8, cm->sigMh,
                             (uint64_t)me + 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &rq_));
     /* 5. get our chunk of d's get source */
     if (clen > 0)
-      ISSUE("iget", R.pl.t.iget(R.rctx, t, coff, R.getsrcMh, clen, (size_t)d * opt.size + coff,
-                                R.getdstMh, (uint32_t)d, 0, &rq_));
+      ISSUE("iget", R.pl.t.iget(cm->rctx, t, coff, cm->getsrcMh, clen, (size_t)d * opt.size + coff,
+                                cm->getdstMh, (uint32_t)d, 0, &rq_));
 #undef ISSUE
     for (int i = 0; i < n; i++)
-      if (wait_req(reqs[i], what[i], t, deadline)) goto out;
+      if (wait_req(cm, reqs[i], what[i], t, deadline)) goto out;
     /* 6. flush after the completed get (request may be NULL = done) */
     void* fr = NULL;
-    rc = R.pl.t.iflush(R.rctx, t, R.sigMh, (uint32_t)d, &fr);
+    rc = R.pl.t.iflush(cm->rctx, t, cm->sigMh, (uint32_t)d, &fr);
     if (rc != ncclSuccess) {
       failf("iflush to rank %d returned %d (%s)", d, rc, result_name(rc));
       goto out;
     }
-    if (wait_req(fr, "iflush", t, deadline)) goto out;
+    if (wait_req(cm, fr, "iflush", t, deadline)) goto out;
   }
 out:
   atomic_fetch_sub(&R.running, 1);
@@ -189,53 +198,61 @@ static int wait_signals(int iter) {
   uint64_t want_shared = 0;
   for (int s = 0; s < N; s++) want_shared += per * (uint64_t)(s + 1);
   double deadline = now_s() + opt.timeout_s;
-  for (;;) {
-    int ok = 1;
-    for (int s = 0; s <= N; s++) {
-      uint64_t want = s < N ? per * (1 + SIG_INC_ADD) : want_shared;
-      uint64_t got = __atomic_load_n(&R.sig[s], __ATOMIC_ACQUIRE);
-      if (got > want) {
-        failf("cycle %d iter %d: signal word %d = %llu exceeds the expected %llu", R.cycle, iter,
-              s, (unsigned long long)got, (unsigned long long)want);
+  for (int c = 0; c < opt.comms; c++) {
+    uint64_t* sig = g_comm[c].sig;
+    for (;;) {
+      int ok = 1;
+      for (int s = 0; s <= N; s++) {
+        uint64_t want = s < N ? per * (1 + SIG_INC_ADD) : want_shared;
+        uint64_t got = __atomic_load_n(&sig[s], __ATOMIC_ACQUIRE);
+        if (got > want) {
+          failf("cycle %d iter %d comm %d: signal word %d = %llu exceeds the expected %llu", R.cycle,
+                iter, c, s, (unsigned long long)got, (unsigned long long)want);
+          return -1;
+        }
+        if (got != want) ok = 0;
+      }
+      if (ok) break;
+      if (now_s() > deadline) {
+        char b[256];
+        int o = 0;
+        for (int s = 0; s <= N && o < (int)sizeof b - 24; s++)
+          o += snprintf(b + o, sizeof b - (size_t)o, " %llu",
+                        (unsigned long long)__atomic_load_n(&sig[s], __ATOMIC_ACQUIRE));
+        failf("cycle %d iter %d comm %d: signals did not arrive within %d s (words:%s; want %llu "
+              "each, shared %llu)",
+              R.cycle, iter, c, opt.timeout_s, b, (unsigned long long)(per * (1 + SIG_INC_ADD)),
+              (unsigned long long)want_shared);
         return -1;
       }
-      if (got != want) ok = 0;
+      usleep(50);
     }
-    if (ok) return 0;
-    if (now_s() > deadline) {
-      char b[256];
-      int o = 0;
-      for (int s = 0; s <= N && o < (int)sizeof b - 24; s++)
-        o += snprintf(b + o, sizeof b - (size_t)o, " %llu",
-                      (unsigned long long)__atomic_load_n(&R.sig[s], __ATOMIC_ACQUIRE));
-      failf("cycle %d iter %d: signals did not arrive within %d s (words:%s; want %llu each, "
-            "shared %llu)",
-            R.cycle, iter, opt.timeout_s, b, (unsigned long long)(per * (1 + SIG_INC_ADD)),
-            (unsigned long long)want_shared);
-      return -1;
-    }
-    usleep(50);
   }
+  return 0;
 }
 
 static int verify_iter(int iter) {
   int N = opt.ranks;
-  for (int s = 0; s < N; s++) {
-    for (int t = 0; t < opt.threads; t++) {
-      size_t off, len;
-      chunk(t, &off, &len);
-      long bad = check(R.dst + (size_t)s * opt.size + off, off, len,
-                       put_key(s, g_rank, R.cycle, iter, t));
-      if (bad >= 0) {
-        failf("cycle %d iter %d: byte %zu of the region put by rank %d (thread %d) is wrong",
-              R.cycle, iter, off + (size_t)bad, s, t);
-        return -1;
-      }
-      bad = check(R.getdst + (size_t)s * opt.size + off, off, len, get_key(s, R.cycle, iter));
-      if (bad >= 0) {
-        failf("cycle %d iter %d: byte %zu got from rank %d (thread %d) is wrong", R.cycle, iter,
-              off + (size_t)bad, s, t);
-        return -1;
+  for (int c = 0; c < opt.comms; c++) {
+    const comm_t* cm = &g_comm[c];
+    for (int s = 0; s < N; s++) {
+      for (int t = 0; t < opt.threads; t++) {
+        size_t off, len;
+        chunk(t, &off, &len);
+        long bad = check(cm->dst + (size_t)s * opt.size + off, off, len,
+                         put_key(s, g_rank, R.cycle, iter, t) ^ comm_salt(c));
+        if (bad >= 0) {
+          failf("cycle %d iter %d comm %d: byte %zu of the region put by rank %d (thread %d) is wrong",
+                R.cycle, iter, c, off + (size_t)bad, s, t);
+          return -1;
+        }
+        bad = check(cm->getdst + (size_t)s * opt.size + off, off, len,
+                    get_key(s, R.cycle, iter) ^ comm_salt(c));
+        if (bad >= 0) {
+          failf("cycle %d iter %d comm %d: byte %zu got from rank %d (thread %d) is wrong", R.cycle,
+                iter, c, off + (size_t)bad, s, t);
+          return -1;
+        }
       }
     }
   }
@@ -246,24 +263,30 @@ static int run_iter(int iter) {
   int N = opt.ranks;
   R.iter = iter;
   /* a. our source slots and get source for this iteration */
-  for (int d = 0; d < N; d++)
-    for (int t = 0; t < opt.threads; t++) {
-      size_t off, len;
-      chunk(t, &off, &len);
-      fill(R.src + (size_t)d * opt.size + off, off, len, put_key(g_rank, d, R.cycle, iter, t));
-    }
-  fill(R.getsrc, 0, opt.size, get_key(g_rank, R.cycle, iter));
+  for (int c = 0; c < opt.comms; c++) {
+    for (int d = 0; d < N; d++)
+      for (int t = 0; t < opt.threads; t++) {
+        size_t off, len;
+        chunk(t, &off, &len);
+        fill(g_comm[c].src + (size_t)d * opt.size + off, off, len,
+             put_key(g_rank, d, R.cycle, iter, t) ^ comm_salt(c));
+      }
+    fill(g_comm[c].getsrc, 0, opt.size, get_key(g_rank, R.cycle, iter) ^ comm_salt(c));
+  }
   /* b. everyone is ready */
   if (boot_barrier(TAG_BARRIER)) {
     failf("cycle %d iter %d: bootstrap barrier failed (a rank died?)", R.cycle, iter);
     return -1;
   }
   double t0 = now_s();
-  worker_t ws[64];
-  for (int t = 0; t < opt.threads; t++) {
-    ws[t].t = t;
-    ws[t].ops = 0;
-    pthread_create(&ws[t].th, NULL, worker, &ws[t]);
+  static worker_t ws[64 * MAX_COMMS];
+  int nw = opt.threads * opt.comms;
+  for (int i = 0; i < nw; i++) {
+    ws[i].t = i % opt.threads;
+    ws[i].c = i / opt.threads;
+    ws[i].cm = &g_comm[ws[i].c];
+    ws[i].ops = 0;
+    pthread_create(&ws[i].th, NULL, worker, &ws[i]);
   }
   if (opt.scenario == SC_FAULT && opt.fault == F_LANE_RESET && iter >= 1 && g_rank == opt.kill_rank) {
     /* One more lane breaks in every round after the first, while the
@@ -278,22 +301,25 @@ static int run_iter(int iter) {
            g_rank, n, what, now_s() - t0, iter, busy, opt.threads);
     fflush(stdout);
   }
-  for (int t = 0; t < opt.threads; t++) {
-    pthread_join(ws[t].th, NULL);
-    R.ops += (uint64_t)ws[t].ops;
+  for (int i = 0; i < nw; i++) {
+    pthread_join(ws[i].th, NULL);
+    R.ops += (uint64_t)ws[i].ops;
   }
   if (atomic_load(&R.failed)) return -1;
   if (wait_signals(iter)) return -1;
   R.round_s = now_s() - t0;
   R.seconds += R.round_s;
-  R.bytes += 2ULL * (uint64_t)N * opt.size;
-  R.sigs += 3ULL * (uint64_t)N * (uint64_t)opt.threads; /* INC, ADD, shared ADD per thread */
+  R.bytes += 2ULL * (uint64_t)N * opt.size * (uint64_t)opt.comms;
+  /* INC, ADD, shared ADD per thread */
+  R.sigs += 3ULL * (uint64_t)N * (uint64_t)opt.threads * (uint64_t)opt.comms;
   if (verify_iter(iter)) return -1;
-  bool err = false;
-  CALL(R.pl.t.queryLastError(R.rctx, &err));
-  if (err) {
-    failf("cycle %d iter %d: queryLastError reports an error", R.cycle, iter);
-    return -1;
+  for (int c = 0; c < opt.comms; c++) {
+    bool err = false;
+    CALL(R.pl.t.queryLastError(g_comm[c].rctx, &err));
+    if (err) {
+      failf("cycle %d iter %d comm %d: queryLastError reports an error", R.cycle, iter, c);
+      return -1;
+    }
   }
   /* g. nobody refills what others still read */
   if (boot_barrier(iter == 0 && (opt.scenario == SC_KILL || opt.scenario == SC_FAULT) ? TAG_KILL
@@ -334,6 +360,80 @@ static int g_setup_failed;
       return -1;                                                                             \
     }                                                                                        \
   } while (0)
+
+/* setup_comm sets up communicator k (k >= 1) beside the rank's own, as
+ * NCCL does for every further communicator: listen on the same plugin
+ * context, exchange handles, connect, its own contexts and registrations. */
+static int setup_comm(comm_t* cm, int k) {
+  int N = opt.ranks;
+  char handle[NCCL_NET_HANDLE_MAXSIZE];
+  memset(handle, 0, sizeof handle);
+  void* lc = NULL;
+  SETUP(R.pl.t.listen(R.ctx, opt.device, handle, &lc));
+  char* all = calloc((size_t)N, NCCL_NET_HANDLE_MAXSIZE);
+  void* hs[N];
+  if (!all || boot_allgather(TAG_HANDLES, handle, sizeof handle, all)) {
+    failf("comm %d: bootstrap allgather of the handles failed (a rank died?)", k);
+    free(all);
+    R.pl.t.closeListen(lc);
+    return -1;
+  }
+  for (int i = 0; i < N; i++) hs[i] = all + (size_t)i * NCCL_NET_HANDLE_MAXSIZE;
+  ncclResult_t crc = R.pl.t.connect(BOGUS_CTX, hs, N, g_rank, lc, &cm->coll);
+  free(all);
+  R.pl.t.closeListen(lc);
+  if (crc != ncclSuccess) {
+    failf("comm %d: connect returned %d (%s)", k, crc, result_name(crc));
+    return -1;
+  }
+  ncclRmaConfig_v15_t cfg = {opt.threads, INT_MIN, 1};
+  SETUP(R.pl.t.createContext(cm->coll, &cfg, &cm->rctx));
+  size_t region = (size_t)N * opt.size;
+  cm->src = xalloc(region);
+  cm->dst = xalloc(region);
+  cm->getsrc = xalloc(opt.size);
+  cm->getdst = xalloc(region);
+  cm->sig = xalloc((size_t)(N + 1) * 8);
+  if (!cm->src || !cm->dst || !cm->getsrc || !cm->getdst || !cm->sig) {
+    failf("comm %d: out of memory allocating %zu-byte buffers", k, region);
+    return -1;
+  }
+  SETUP(R.pl.t.regMrSym(cm->coll, cm->src, region, NCCL_PTR_HOST, 0, &cm->srcMh));
+  SETUP(R.pl.t.regMrSym(cm->coll, cm->dst, region, NCCL_PTR_HOST, 0, &cm->dstMh));
+  SETUP(R.pl.t.regMrSym(cm->coll, cm->sig, (size_t)(N + 1) * 8, NCCL_PTR_HOST,
+                       NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &cm->sigMh));
+  SETUP(R.pl.t.regMrSym(cm->coll, cm->getsrc, opt.size, NCCL_PTR_HOST, 0, &cm->getsrcMh));
+  SETUP(R.pl.t.regMrSym(cm->coll, cm->getdst, region, NCCL_PTR_HOST, 0, &cm->getdstMh));
+  return 0;
+}
+
+/* close_comms tears down communicators 1.. (what of them was set up);
+ * strict: every call must succeed. */
+static int close_comms(int strict) {
+  int bad = 0;
+  for (int k = 1; k < MAX_COMMS; k++) {
+    comm_t* cm = &g_comm[k];
+    if (cm->coll) {
+      void* mh[] = {cm->srcMh, cm->dstMh, cm->getsrcMh, cm->getdstMh};
+      for (int i = 0; i < 4; i++)
+        if (mh[i] && R.pl.t.deregMrSym(cm->coll, mh[i]) != ncclSuccess) bad = 1;
+      if (cm->rctx && R.pl.t.destroyContext(cm->rctx) != ncclSuccess) bad = 1;
+      if (cm->sigMh && R.pl.t.deregMrSym(cm->coll, cm->sigMh) != ncclSuccess) bad = 1;
+      if (R.pl.t.closeColl(cm->coll) != ncclSuccess) bad = 1;
+    }
+    free(cm->src);
+    free(cm->dst);
+    free(cm->getsrc);
+    free(cm->getdst);
+    free(cm->sig);
+    memset(cm, 0, sizeof *cm);
+  }
+  if (bad && strict) {
+    failf("cycle %d: tearing down the extra communicators failed", R.cycle);
+    return -1;
+  }
+  return 0;
+}
 
 static int run_cycle(int cycle) {
   int N = opt.ranks;
@@ -448,6 +548,12 @@ static int run_cycle(int cycle) {
     failf("regMrSym returned success with a NULL handle");
     return -1;
   }
+  g_comm[0] = (comm_t){R.coll,  R.rctx,  R.src,   R.dst,      R.getsrc,  R.getdst,
+                       R.sig,   R.srcMh, R.dstMh, R.getsrcMh, R.getdstMh, R.sigMh};
+  for (int k = 1; k < opt.comms; k++) {
+    int rc = setup_comm(&g_comm[k], k);
+    if (rc) return rc;
+  }
 
   if (opt.scenario == SC_BAD_INPUT) {
     if (bad_after_setup(ndev)) return -1;
@@ -491,6 +597,7 @@ static int run_cycle(int cycle) {
   /* teardown: no synchronisation among ranks needed */
   int lenient = opt.scenario == SC_KILL || (opt.scenario == SC_FAULT && opt.fault != F_STOP_CONT &&
                                              opt.fault != F_LANE_RESET);
+  if (close_comms(!lenient)) return -1;
   ncclResult_t trc[8];
   int k = 0;
   trc[k++] = R.pl.t.deregMrSym(R.coll, R.srcMh);
@@ -574,6 +681,7 @@ __attribute__((noreturn)) void rank_main(int rank, int fd) {
     int rc = run_cycle(c);
     if (rc == -2) {
       /* a clean setup failure: release what was made, which must not crash either */
+      close_comms(0);
       if (R.listenComm) R.pl.t.closeListen(R.listenComm);
       if (R.coll) R.pl.t.closeColl(R.coll);
       if (R.ginCtx) R.pl.t.finalize(R.ginCtx);
