@@ -61,6 +61,8 @@ type fabricLink struct {
 
 	win *seqWindow // how far our numbers may run ahead (fabric_window.go)
 
+	pidfd atomic.Int32 // the shm peer's process, or -1 (fabric_pid.go)
+
 	fabStaged // device memory sent over the TCP lanes (fabric_dev.go)
 }
 
@@ -111,6 +113,7 @@ func (f *fabricLink) inlined(op *Op) bool {
 func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
 	e := rails[0].e
 	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, rails: rails, piggy: make([]atomic.Uint64, len(rails))}
+	f.pidfd.Store(-1)
 	// At most 2^seqBits numbers (the CQ data field) and the orderer's
 	// window past the target's first missing number.
 	size := uint64(fabSeqWindow)
@@ -247,6 +250,9 @@ func (f *fabricLink) post(pd *fabPend) error {
 	if pd.staged {
 		return f.postStaged(pd)
 	}
+	if err := f.peerGone(); err != nil {
+		return err
+	}
 	rl := &f.rails[pd.rail]
 	e := rl.e
 	switch {
@@ -344,6 +350,9 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 	tag := uint64(0)
 	if complete {
 		tag = op.Tag
+	}
+	if err := f.peerGone(); err != nil {
+		return err
 	}
 	sig := typ == fabMsgSignal || typ == fabMsgPutSignal
 	if sig && (!f.win.fits(seq) || fabTestRefuse > 1 && fabRefused()) {
@@ -460,6 +469,10 @@ func (f *fabricLink) unowe(rail int, word uint64) {
 // sendVerdict tells the peer whether its signal (word: seq and slot, as it
 // sent them on rail) targets a valid word; false means no room yet.
 func (f *fabricLink) sendVerdict(rail int, word uint64, status abi.Result) bool {
+	if err := f.peerGone(); err != nil {
+		go f.p.markDead(err)
+		return true // nobody to tell
+	}
 	rl := &f.rails[rail]
 	e := rl.e
 	idx, ok := f.slot(e, 0)

@@ -294,6 +294,9 @@ func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self HandleInfo, outs
 			return nil, err
 		}
 		f := newFabricLink(p, outs, ins, rails)
+		if peer.HostID == self.HostID {
+			f.watchPid(int(peer.Pid))
+		}
 		for _, r := range rails {
 			r.e.links[p.rank] = f
 		}

@@ -1,0 +1,62 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Posting to a dead shm peer. libfabric 1.17's shm provider takes a
+// spinlock inside the peer's shared region on every write and send (1.19
+// made its command queues lock-free). A peer killed while holding that
+// lock, which it does whenever its own progress runs, leaves it held for
+// good, and the next post to it spins inside fi_writemsg forever: the
+// caller's iput never returns (the soak's kill-put faults hung one run in
+// six). So before each post to an shm peer we ask a pidfd of its process
+// whether it exited (one poll(2) with a zero timeout, about half a
+// microsecond, shm only): a dead peer is failed instead of posted to. What
+// is left is the sub-microsecond window between that check and the lock.
+
+// errPeerExited fails a post to a peer whose process is gone.
+var errPeerExited = errors.New("its process exited (the shm provider cannot reach a dead process)")
+
+// watchPid arms the check for a peer on the same host reached through
+// shm; a kernel without pidfds (before 5.3) leaves it unarmed.
+func (f *fabricLink) watchPid(pid int) {
+	if pid <= 0 || !strings.HasPrefix(f.e.info.Provider, "shm") {
+		return
+	}
+	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+		f.pidfd.Store(int32(fd))
+	}
+}
+
+// exited reports that the peer's process has exited (shm peers only).
+func (f *fabricLink) exited() bool {
+	fd := f.pidfd.Load()
+	if fd < 0 {
+		return false
+	}
+	pfd := [1]unix.PollFd{{Fd: fd, Events: unix.POLLIN}}
+	n, err := unix.Poll(pfd[:], 0)
+	return err == nil && n > 0
+}
+
+// peerGone fails the peer when its process exited; posts call it first.
+func (f *fabricLink) peerGone() error {
+	if !f.exited() {
+		return nil
+	}
+	return fmt.Errorf("rank %d: %w", f.p.rank, errPeerExited)
+}
+
+// stop also closes the pidfd (posts after stop fail on the dead flag
+// before they would check it).
+func (f *fabricLink) stop() {
+	f.tcpLink.stop()
+	if fd := f.pidfd.Swap(-1); fd >= 0 {
+		unix.Close(int(fd))
+	}
+}

@@ -1,0 +1,50 @@
+package dataplane
+
+import (
+	"os/exec"
+	"testing"
+	"time"
+)
+
+// TestFabricPeerExited: an shm link sees its peer's process exit (before
+// it is even reaped) without allocating; other providers are not armed.
+func TestFabricPeerExited(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Skip(err)
+	}
+	defer cmd.Process.Kill()
+	link := func(prov string) *fabricLink {
+		f := &fabricLink{e: &fabEP{}}
+		f.tcpLink = &tcpLink{p: &peer{rank: 1}}
+		f.e.info.Provider = prov
+		f.pidfd.Store(-1)
+		f.watchPid(cmd.Process.Pid)
+		return f
+	}
+	tcp, shm := link("tcp;ofi_rxm"), link("shm")
+	if tcp.pidfd.Load() >= 0 {
+		t.Fatal("a tcp link watches its peer's pid")
+	}
+	if shm.pidfd.Load() < 0 {
+		t.Skip("no pidfd on this kernel")
+	}
+	if shm.exited() || shm.peerGone() != nil {
+		t.Fatal("a live peer reported exited")
+	}
+	if a := testing.AllocsPerRun(100, func() { shm.exited() }); a != 0 {
+		t.Fatalf("exited allocates %.0f times", a)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !shm.exited(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the peer's exit was not seen")
+		}
+	}
+	if err := shm.peerGone(); err == nil {
+		t.Fatal("peerGone is nil for an exited peer")
+	}
+	_ = cmd.Wait()
+}
