@@ -215,6 +215,7 @@ uint64_t put_key(int src, int dst, int cycle, int iter, int t);
 void fill(uint8_t* b, size_t off, size_t len, uint64_t k);
 long check(const uint8_t* b, size_t off, size_t len, uint64_t k);
 void* xalloc(size_t n);
+void sig_words(const uint64_t* sig, int n, char* b, size_t cap);
 __attribute__((noreturn)) void rank_main(int rank, int fd);
 
 /* ---- scenarios (scenarios.c) ---- */

@@ -192,6 +192,15 @@ out:
   return NULL;
 }
 
+/* sig_words prints the first n signal words into b (for a failure line) */
+void sig_words(const uint64_t* sig, int n, char* b, size_t cap) {
+  size_t o = 0;
+  b[0] = 0;
+  for (int s = 0; s < n && o + 24 < cap; s++)
+    o += (size_t)snprintf(b + o, cap - o, " %llu",
+                          (unsigned long long)__atomic_load_n(&sig[s], __ATOMIC_ACQUIRE));
+}
+
 static int wait_signals(int iter) {
   int N = opt.ranks;
   uint64_t per = (uint64_t)(iter + 1) * (uint64_t)opt.threads;
@@ -215,10 +224,7 @@ static int wait_signals(int iter) {
       if (ok) break;
       if (now_s() > deadline) {
         char b[256];
-        int o = 0;
-        for (int s = 0; s <= N && o < (int)sizeof b - 24; s++)
-          o += snprintf(b + o, sizeof b - (size_t)o, " %llu",
-                        (unsigned long long)__atomic_load_n(&sig[s], __ATOMIC_ACQUIRE));
+        sig_words(sig, N + 1, b, sizeof b);
         failf("cycle %d iter %d comm %d: signals did not arrive within %d s (words:%s; want %llu "
               "each, shared %llu)",
               R.cycle, iter, c, opt.timeout_s, b, (unsigned long long)(per * (1 + SIG_INC_ADD)),

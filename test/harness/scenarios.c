@@ -262,10 +262,7 @@ int teardown_phase(void) {
     if (ok) break;
     if (now_s() > deadline) {
       char b[256];
-      int o = 0;
-      for (int s = 0; s <= N && o < (int)sizeof b - 24; s++)
-        o += snprintf(b + o, sizeof b - (size_t)o, " %llu",
-                      (unsigned long long)__atomic_load_n(&R.sig[s], __ATOMIC_ACQUIRE));
+      sig_words(R.sig, N + 1, b, sizeof b);
       failf("cycle %d: signals of senders that tore down at once did not arrive within %d s "
             "(words:%s; want %d from each sender, %d shared): accepted operations were lost",
             R.cycle, opt.timeout_s, b, R.cycle + 1, N - 1);

@@ -27,14 +27,7 @@ func TestRewriteDefaultGuestCompiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter())
-	defer rt.Close(ctx)
-	m, err := rt.CompileModule(ctx, out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.Close(ctx)
+	compile(t, out)
 }
 
 // Even an empty module gets the fuel global, exported as a mutable i64 that
