@@ -78,10 +78,11 @@ func skipConstExpr(r *reader) error {
 	}
 }
 
-// checkElements walks the element section in its eight encodings.
-func checkElements(body []byte) error {
+// eachSegment walks a vector of segments that each start with their
+// flags (the element and data sections), calling seg for the rest of each.
+func eachSegment(body []byte, what string, seg func(r *reader, i, flags uint32) error) error {
 	r := &reader{b: body}
-	cnt, err := r.vector("element segment")
+	cnt, err := r.vector(what)
 	if err != nil {
 		return err
 	}
@@ -90,6 +91,16 @@ func checkElements(body []byte) error {
 		if err != nil {
 			return err
 		}
+		if err := seg(r, i, flags); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkElements walks the element section in its eight encodings.
+func checkElements(body []byte) error {
+	return eachSegment(body, "element segment", func(r *reader, i, flags uint32) error {
 		if flags > 7 {
 			return fmt.Errorf("%w: element segment %d has flags %d", errMeter, i, flags)
 		}
@@ -126,22 +137,14 @@ func checkElements(body []byte) error {
 				return err
 			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // checkData walks the data section in its three encodings.
 func checkData(body []byte) error {
-	r := &reader{b: body}
-	cnt, err := r.vector("data segment")
-	if err != nil {
-		return err
-	}
-	for i := uint32(0); i < cnt; i++ {
-		flags, err := r.u32()
-		if err != nil {
-			return err
-		}
+	return eachSegment(body, "data segment", func(r *reader, i, flags uint32) error {
+		var err error
 		switch flags {
 		case 0:
 			err = skipConstExpr(r)
@@ -160,11 +163,8 @@ func checkData(body []byte) error {
 		if err != nil {
 			return err
 		}
-		if err := r.skip(int(n)); err != nil {
-			return err
-		}
-	}
-	return nil
+		return r.skip(int(n))
+	})
 }
 
 // customName returns a custom section's name, or "" when unreadable.
