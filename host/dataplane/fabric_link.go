@@ -250,9 +250,6 @@ func (f *fabricLink) post(pd *fabPend) error {
 	if pd.staged {
 		return f.postStaged(pd)
 	}
-	if err := f.peerGone(); err != nil {
-		return err
-	}
 	rl := &f.rails[pd.rail]
 	e := rl.e
 	switch {
@@ -274,6 +271,10 @@ func (f *fabricLink) post(pd *fabPend) error {
 		e.bytes.Add(op.Size)
 		return nil
 	}
+	// The messages above check in msg.
+	if err := f.peerGone(); err != nil {
+		return err
+	}
 	raddr, key, ok := f.target(op.MrID, op.Off, pd.rail)
 	if !ok {
 		return fmt.Errorf("rank %d registration %d has no fabric key for rail %d", f.p.rank, op.MrID, pd.rail)
@@ -288,7 +289,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 	e.slots[idx].seq = pd.seq
 	ctx := e.slotArea(idx)
 	var err error
-	if fabTestRefuse > 1 && op.Msg != MsgGet && fabRefused() {
+	if op.Msg != MsgGet && fabRefused() {
 		f.unslot(e, idx)
 		return fabric.ErrAgain
 	}
@@ -355,7 +356,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 		return err
 	}
 	sig := typ == fabMsgSignal || typ == fabMsgPutSignal
-	if sig && (!f.win.fits(seq) || fabTestRefuse > 1 && fabRefused()) {
+	if sig && (!f.win.fits(seq) || fabRefused()) {
 		return fabric.ErrAgain
 	}
 	rl := &f.rails[rail]

@@ -1268,7 +1268,7 @@ func TestFabricRefusedPosts(t *testing.T) {
 	const n = 200
 	srcs := fabric.Alloc(8 * (n + 1))
 	defer fabric.Free(srcs)
-	sizes := []uint64{8, 100, 512, 2048} // 8 and 100 B also inline
+	sizes := []uint64{8, 100, 512, 2048} // 8 B travels inline, the rest as write + signal
 	off := uint64(8 * (n + 1))
 	offs := make([]uint64, n+1)
 	for i := uint64(1); i <= n; i++ {

@@ -155,10 +155,10 @@ func readFileOffHeap(path string, max int64) (b []byte, free func(), err error) 
 		return nil, nil, err
 	}
 	defer f.Close()
-	if st.Size() > max {
-		return nil, nil, fmt.Errorf("%s is %d bytes; the limit is %d", path, st.Size(), max)
-	}
 	size := st.Size()
+	if size > max {
+		return nil, nil, fmt.Errorf("%s is %d bytes; the limit is %d", path, size, max)
+	}
 	if size < hugePage/2 {
 		b, err := readAllBounded(f, path, max)
 		return b, func() {}, err

@@ -77,8 +77,7 @@ func shape(r *rand.Rand, guests string) run {
 	// library is missing the plugin says so and uses TCP): the same
 	// shapes and faults, with loopback-only tcp or shm.
 	if r.IntN(3) == 0 {
-		x.fabric = pick(r, "tcp;ofi_rxm", "shm")
-		x.env = append(x.env, "NCCL_RMA_WASM_TRANSPORT=fabric", "NCCL_RMA_WASM_FI_PROVIDER="+x.fabric, "FI_TCP_IFACE=lo")
+		x.fabric = pick(r, "tcp;ofi_rxm", "shm") // its variables follow the fault
 	}
 	if guests != "" {
 		x.env = append(x.env, "NCCL_RMA_WASM_DIR="+guests)
@@ -118,11 +117,9 @@ func shape(r *rand.Rand, guests string) run {
 	// tcp;ofi_rxm; shm gets the rest.
 	if x.fabric == "shm" && (strings.HasPrefix(x.fault, "kill-") || x.fault == "stop") {
 		x.fabric = "tcp;ofi_rxm"
-		for i, e := range x.env {
-			if strings.HasPrefix(e, "NCCL_RMA_WASM_FI_PROVIDER=") {
-				x.env[i] = "NCCL_RMA_WASM_FI_PROVIDER=" + x.fabric
-			}
-		}
+	}
+	if x.fabric != "" {
+		x.env = append(x.env, "NCCL_RMA_WASM_TRANSPORT=fabric", "NCCL_RMA_WASM_FI_PROVIDER="+x.fabric, "FI_TCP_IFACE=lo")
 	}
 	if x.fault != "" && x.fault != "guest" && x.fault != "nofile" {
 		if x.fault == "stop-cont" {
