@@ -169,7 +169,7 @@ void summary_snapshot(summary_t* out);
 #define MAX_COMMS 16
 
 /* What the data rounds use of one communicator. comm 0 is the rank's own
- * (R.coll ...), which every scenario uses; --comms adds 1..C-1 beside it. */
+ * (R.cm), which every scenario uses; --comms adds 1..C-1 beside it. */
 typedef struct {
   void* coll;
   void* rctx;
@@ -184,11 +184,7 @@ typedef struct {
   void* ctx;
   void* ginCtx; /* NCCL inits the plugin a second time for the GIN proxy */
   void* listenComm;
-  void* coll;
-  void* rctx;
-  uint8_t *src, *dst, *getsrc, *getdst;
-  uint64_t* sig;
-  void *srcMh, *dstMh, *getsrcMh, *getdstMh, *sigMh;
+  comm_t cm; /* the rank's own communicator, which every scenario uses */
   char err[512];
   atomic_int failed;
   uint64_t bytes, ops, sigs;

@@ -71,8 +71,9 @@ static void chunk(int t, size_t* off, size_t* len) {
 
 rank_t R;
 
-/* the communicators of the data rounds: [0] mirrors R's own after setup */
-static comm_t g_comm[MAX_COMMS];
+/* the communicators --comms adds (1..C-1); comm 0 is R.cm */
+static comm_t g_extra[MAX_COMMS];
+static comm_t* comm_at(int c) { return c ? &g_extra[c] : &R.cm; }
 
 void failf(const char* fmt, ...) {
   int expected = 0;
@@ -208,7 +209,7 @@ static int wait_signals(int iter) {
   for (int s = 0; s < N; s++) want_shared += per * (uint64_t)(s + 1);
   double deadline = now_s() + opt.timeout_s;
   for (int c = 0; c < opt.comms; c++) {
-    uint64_t* sig = g_comm[c].sig;
+    uint64_t* sig = comm_at(c)->sig;
     for (;;) {
       int ok = 1;
       for (int s = 0; s <= N; s++) {
@@ -240,7 +241,7 @@ static int wait_signals(int iter) {
 static int verify_iter(int iter) {
   int N = opt.ranks;
   for (int c = 0; c < opt.comms; c++) {
-    const comm_t* cm = &g_comm[c];
+    const comm_t* cm = comm_at(c);
     for (int s = 0; s < N; s++) {
       for (int t = 0; t < opt.threads; t++) {
         size_t off, len;
@@ -274,10 +275,10 @@ static int run_iter(int iter) {
       for (int t = 0; t < opt.threads; t++) {
         size_t off, len;
         chunk(t, &off, &len);
-        fill(g_comm[c].src + (size_t)d * opt.size + off, off, len,
+        fill(comm_at(c)->src + (size_t)d * opt.size + off, off, len,
              put_key(g_rank, d, R.cycle, iter, t) ^ comm_salt(c));
       }
-    fill(g_comm[c].getsrc, 0, opt.size, get_key(g_rank, R.cycle, iter) ^ comm_salt(c));
+    fill(comm_at(c)->getsrc, 0, opt.size, get_key(g_rank, R.cycle, iter) ^ comm_salt(c));
   }
   /* b. everyone is ready */
   if (boot_barrier(TAG_BARRIER)) {
@@ -290,7 +291,7 @@ static int run_iter(int iter) {
   for (int i = 0; i < nw; i++) {
     ws[i].t = i % opt.threads;
     ws[i].c = i / opt.threads;
-    ws[i].cm = &g_comm[ws[i].c];
+    ws[i].cm = comm_at(ws[i].c);
     ws[i].ops = 0;
     pthread_create(&ws[i].th, NULL, worker, &ws[i]);
   }
@@ -321,7 +322,7 @@ static int run_iter(int iter) {
   if (verify_iter(iter)) return -1;
   for (int c = 0; c < opt.comms; c++) {
     bool err = false;
-    CALL(R.pl.t.queryLastError(g_comm[c].rctx, &err));
+    CALL(R.pl.t.queryLastError(comm_at(c)->rctx, &err));
     if (err) {
       failf("cycle %d iter %d comm %d: queryLastError reports an error", R.cycle, iter, c);
       return -1;
@@ -367,6 +368,33 @@ static int g_setup_failed;
     }                                                                                        \
   } while (0)
 
+/* register_bufs allocates communicator k's buffers and registers them
+ * (the signal words with FORCE_SO | SIGNAL_NEVER_RESET, as NCCL does). */
+static int register_bufs(comm_t* cm, int k) {
+  int N = opt.ranks;
+  size_t region = (size_t)N * opt.size;
+  cm->src = xalloc(region);
+  cm->dst = xalloc(region);
+  cm->getsrc = xalloc(opt.size);
+  cm->getdst = xalloc(region);
+  cm->sig = xalloc((size_t)(N + 1) * 8);
+  if (!cm->src || !cm->dst || !cm->getsrc || !cm->getdst || !cm->sig) {
+    failf("comm %d: out of memory allocating %zu-byte buffers", k, region);
+    return -1;
+  }
+  SETUP(R.pl.t.regMrSym(cm->coll, cm->src, region, NCCL_PTR_HOST, 0, &cm->srcMh));
+  SETUP(R.pl.t.regMrSym(cm->coll, cm->dst, region, NCCL_PTR_HOST, 0, &cm->dstMh));
+  SETUP(R.pl.t.regMrSym(cm->coll, cm->sig, (size_t)(N + 1) * 8, NCCL_PTR_HOST,
+                       NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &cm->sigMh));
+  SETUP(R.pl.t.regMrSym(cm->coll, cm->getsrc, opt.size, NCCL_PTR_HOST, 0, &cm->getsrcMh));
+  SETUP(R.pl.t.regMrSym(cm->coll, cm->getdst, region, NCCL_PTR_HOST, 0, &cm->getdstMh));
+  if (!cm->srcMh || !cm->dstMh || !cm->sigMh || !cm->getsrcMh || !cm->getdstMh) {
+    failf("comm %d: regMrSym returned success with a NULL handle", k);
+    return -1;
+  }
+  return 0;
+}
+
 /* setup_comm sets up communicator k (k >= 1) beside the rank's own, as
  * NCCL does for every further communicator: listen on the same plugin
  * context, exchange handles, connect, its own contexts and registrations. */
@@ -394,23 +422,7 @@ static int setup_comm(comm_t* cm, int k) {
   }
   ncclRmaConfig_v15_t cfg = {opt.threads, INT_MIN, 1};
   SETUP(R.pl.t.createContext(cm->coll, &cfg, &cm->rctx));
-  size_t region = (size_t)N * opt.size;
-  cm->src = xalloc(region);
-  cm->dst = xalloc(region);
-  cm->getsrc = xalloc(opt.size);
-  cm->getdst = xalloc(region);
-  cm->sig = xalloc((size_t)(N + 1) * 8);
-  if (!cm->src || !cm->dst || !cm->getsrc || !cm->getdst || !cm->sig) {
-    failf("comm %d: out of memory allocating %zu-byte buffers", k, region);
-    return -1;
-  }
-  SETUP(R.pl.t.regMrSym(cm->coll, cm->src, region, NCCL_PTR_HOST, 0, &cm->srcMh));
-  SETUP(R.pl.t.regMrSym(cm->coll, cm->dst, region, NCCL_PTR_HOST, 0, &cm->dstMh));
-  SETUP(R.pl.t.regMrSym(cm->coll, cm->sig, (size_t)(N + 1) * 8, NCCL_PTR_HOST,
-                       NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &cm->sigMh));
-  SETUP(R.pl.t.regMrSym(cm->coll, cm->getsrc, opt.size, NCCL_PTR_HOST, 0, &cm->getsrcMh));
-  SETUP(R.pl.t.regMrSym(cm->coll, cm->getdst, region, NCCL_PTR_HOST, 0, &cm->getdstMh));
-  return 0;
+  return register_bufs(cm, k);
 }
 
 /* close_comms tears down communicators 1.. (what of them was set up);
@@ -418,7 +430,7 @@ static int setup_comm(comm_t* cm, int k) {
 static int close_comms(int strict) {
   int bad = 0;
   for (int k = 1; k < MAX_COMMS; k++) {
-    comm_t* cm = &g_comm[k];
+    comm_t* cm = &g_extra[k];
     if (cm->coll) {
       void* mh[] = {cm->srcMh, cm->dstMh, cm->getsrcMh, cm->getdstMh};
       for (int i = 0; i < 4; i++)
@@ -444,7 +456,7 @@ static int close_comms(int strict) {
 static int run_cycle(int cycle) {
   int N = opt.ranks;
   R.cycle = cycle;
-  R.ctx = R.ginCtx = R.listenComm = R.coll = NULL;
+  R.ctx = R.ginCtx = R.listenComm = R.cm.coll = NULL;
   char lerr[400];
   if (load_plugin(&R.pl, lerr, sizeof lerr)) {
     failf("%s", lerr);
@@ -510,7 +522,7 @@ static int run_cycle(int cycle) {
   }
   for (int i = 0; i < N; i++) hs[i] = all + (size_t)i * NCCL_NET_HANDLE_MAXSIZE;
   /* connect must ignore ctx (NCCL passes another plugin's context) */
-  ncclResult_t crc = R.pl.t.connect(BOGUS_CTX, hs, N, g_rank, R.listenComm, &R.coll);
+  ncclResult_t crc = R.pl.t.connect(BOGUS_CTX, hs, N, g_rank, R.listenComm, &R.cm.coll);
   free(all);
   if (crc != ncclSuccess) {
     if (opt.nofile > 0 && (crc == ncclSystemError || crc == ncclRemoteError) && atomic_load(&g_warns) > 0) {
@@ -526,38 +538,18 @@ static int run_cycle(int cycle) {
   R.listenComm = NULL;
   if (R.pl.getRmaProperties) {
     ncclRmaProperties_v16_t rp = {true};
-    CALL(R.pl.getRmaProperties(R.coll, &rp));
+    CALL(R.pl.getRmaProperties(R.cm.coll, &rp));
     if (g_rank == 0 && cycle == 0)
       printf("[rank 0] getRmaProperties: flushesAllPutsOnAnySignal=%d\n",
              (int)rp.flushesAllPutsOnAnySignal);
   }
   ncclRmaConfig_v15_t cfg = {opt.threads, INT_MIN, 1};
-  SETUP(R.pl.t.createContext(R.coll, &cfg, &R.rctx));
+  SETUP(R.pl.t.createContext(R.cm.coll, &cfg, &R.cm.rctx));
 
-  size_t region = (size_t)N * opt.size;
-  R.src = xalloc(region);
-  R.dst = xalloc(region);
-  R.getsrc = xalloc(opt.size);
-  R.getdst = xalloc(region);
-  R.sig = xalloc((size_t)(N + 1) * 8);
-  if (!R.src || !R.dst || !R.getsrc || !R.getdst || !R.sig) {
-    failf("out of memory allocating %zu-byte buffers", region);
-    return -1;
-  }
-  SETUP(R.pl.t.regMrSym(R.coll, R.src, region, NCCL_PTR_HOST, 0, &R.srcMh));
-  SETUP(R.pl.t.regMrSym(R.coll, R.dst, region, NCCL_PTR_HOST, 0, &R.dstMh));
-  SETUP(R.pl.t.regMrSym(R.coll, R.sig, (size_t)(N + 1) * 8, NCCL_PTR_HOST,
-                       NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &R.sigMh));
-  SETUP(R.pl.t.regMrSym(R.coll, R.getsrc, opt.size, NCCL_PTR_HOST, 0, &R.getsrcMh));
-  SETUP(R.pl.t.regMrSym(R.coll, R.getdst, region, NCCL_PTR_HOST, 0, &R.getdstMh));
-  if (!R.srcMh || !R.dstMh || !R.sigMh || !R.getsrcMh || !R.getdstMh) {
-    failf("regMrSym returned success with a NULL handle");
-    return -1;
-  }
-  g_comm[0] = (comm_t){R.coll,  R.rctx,  R.src,   R.dst,      R.getsrc,  R.getdst,
-                       R.sig,   R.srcMh, R.dstMh, R.getsrcMh, R.getdstMh, R.sigMh};
+  int rrc = register_bufs(&R.cm, 0);
+  if (rrc) return rrc;
   for (int k = 1; k < opt.comms; k++) {
-    int rc = setup_comm(&g_comm[k], k);
+    int rc = setup_comm(&g_extra[k], k);
     if (rc) return rc;
   }
 
@@ -606,12 +598,12 @@ static int run_cycle(int cycle) {
   if (close_comms(!lenient)) return -1;
   ncclResult_t trc[8];
   int k = 0;
-  trc[k++] = R.pl.t.deregMrSym(R.coll, R.srcMh);
-  trc[k++] = R.pl.t.deregMrSym(R.coll, R.dstMh);
-  trc[k++] = R.pl.t.deregMrSym(R.coll, R.getsrcMh);
-  trc[k++] = R.pl.t.deregMrSym(R.coll, R.getdstMh);
-  trc[k++] = R.pl.t.destroyContext(R.rctx);
-  trc[k++] = R.pl.t.deregMrSym(R.coll, R.sigMh); /* NCCL deregisters signals after */
+  trc[k++] = R.pl.t.deregMrSym(R.cm.coll, R.cm.srcMh);
+  trc[k++] = R.pl.t.deregMrSym(R.cm.coll, R.cm.dstMh);
+  trc[k++] = R.pl.t.deregMrSym(R.cm.coll, R.cm.getsrcMh);
+  trc[k++] = R.pl.t.deregMrSym(R.cm.coll, R.cm.getdstMh);
+  trc[k++] = R.pl.t.destroyContext(R.cm.rctx);
+  trc[k++] = R.pl.t.deregMrSym(R.cm.coll, R.cm.sigMh); /* NCCL deregisters signals after */
   for (int i = 0; i < k; i++)
     if (trc[i] != ncclSuccess) {
       if (!lenient) {
@@ -620,14 +612,14 @@ static int run_cycle(int cycle) {
       }
       printf("[rank %d] kill: teardown call %d returned %s\n", g_rank, i, result_name(trc[i]));
     }
-  void* oldRctx = R.rctx;
+  void* oldRctx = R.cm.rctx;
   if (opt.scenario == SC_BAD_INPUT && bad_after_teardown(oldRctx, NULL)) return -1;
-  ncclResult_t rc = R.pl.t.closeColl(R.coll);
+  ncclResult_t rc = R.pl.t.closeColl(R.cm.coll);
   if (rc != ncclSuccess && !lenient) {
     failf("closeColl returned %d (%s)", rc, result_name(rc));
     return -1;
   }
-  if (opt.scenario == SC_BAD_INPUT && bad_after_teardown(oldRctx, R.coll)) return -1;
+  if (opt.scenario == SC_BAD_INPUT && bad_after_teardown(oldRctx, R.cm.coll)) return -1;
   rc = R.pl.t.finalize(R.ginCtx);
   if (rc != ncclSuccess && !lenient) {
     failf("finalize(GIN context) returned %d (%s)", rc, result_name(rc));
@@ -639,13 +631,13 @@ static int run_cycle(int cycle) {
     return -1;
   }
 unloaded:
-  free(R.src);
-  free(R.dst);
-  free(R.getsrc);
-  free(R.getdst);
-  free(R.sig);
-  R.src = R.dst = R.getsrc = R.getdst = NULL;
-  R.sig = NULL;
+  free(R.cm.src);
+  free(R.cm.dst);
+  free(R.cm.getsrc);
+  free(R.cm.getdst);
+  free(R.cm.sig);
+  R.cm.src = R.cm.dst = R.cm.getsrc = R.cm.getdst = NULL;
+  R.cm.sig = NULL;
   /* the library carries NODELETE: dlclose must leave it usable */
   if (dlclose(R.pl.dl) != 0) {
     failf("dlclose: %s", dlerror());
@@ -689,7 +681,7 @@ __attribute__((noreturn)) void rank_main(int rank, int fd) {
       /* a clean setup failure: release what was made, which must not crash either */
       close_comms(0);
       if (R.listenComm) R.pl.t.closeListen(R.listenComm);
-      if (R.coll) R.pl.t.closeColl(R.coll);
+      if (R.cm.coll) R.pl.t.closeColl(R.cm.coll);
       if (R.ginCtx) R.pl.t.finalize(R.ginCtx);
       if (R.ctx) R.pl.t.finalize(R.ctx);
       break;

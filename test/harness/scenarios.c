@@ -59,65 +59,65 @@ int bad_after_setup(int ndev) {
   EXPECT_BAD("connect(handles=NULL)", R.pl.t.connect(NULL, NULL, 1, 0, R.listenComm, &x), ncclInvalidArgument);
   EXPECT_BAD("connect(handles[0]=NULL)", R.pl.t.connect(NULL, hs, 1, 0, R.listenComm, &x), ncclInvalidArgument);
   ncclRmaConfig_v15_t cfg = {opt.threads, INT_MIN, 1};
-  EXPECT_BAD("createContext(config=NULL)", R.pl.t.createContext(R.coll, NULL, &x), ncclInvalidArgument);
-  EXPECT_BAD("createContext(rmaCtx=NULL)", R.pl.t.createContext(R.coll, &cfg, NULL), ncclInvalidArgument);
+  EXPECT_BAD("createContext(config=NULL)", R.pl.t.createContext(R.cm.coll, NULL, &x), ncclInvalidArgument);
+  EXPECT_BAD("createContext(rmaCtx=NULL)", R.pl.t.createContext(R.cm.coll, &cfg, NULL), ncclInvalidArgument);
   EXPECT_BAD("regMrSym(mhandle=NULL)",
-             R.pl.t.regMrSym(R.coll, R.src, opt.size, NCCL_PTR_HOST, 0, NULL), ncclInvalidArgument);
+             R.pl.t.regMrSym(R.cm.coll, R.cm.src, opt.size, NCCL_PTR_HOST, 0, NULL), ncclInvalidArgument);
   if (R.pl.getRmaProperties)
-    EXPECT_BAD("getRmaProperties(NULL)", R.pl.getRmaProperties(R.coll, NULL), ncclInvalidArgument);
+    EXPECT_BAD("getRmaProperties(NULL)", R.pl.getRmaProperties(R.cm.coll, NULL), ncclInvalidArgument);
   EXPECT_BAD("iput(request=NULL)",
-             R.pl.t.iput(R.rctx, 0, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, NULL), ncclInvalidArgument);
+             R.pl.t.iput(R.cm.rctx, 0, 0, R.cm.srcMh, 8, 0, R.cm.dstMh, 0, 0, NULL), ncclInvalidArgument);
   EXPECT_BAD("iputSignal(request=NULL)",
-             R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, 0, 0, R.sigMh, 1,
+             R.pl.t.iputSignal(R.cm.rctx, 0, 0, NULL, 0, 0, NULL, 0, 0, R.cm.sigMh, 1,
                                NCCL_NET_SIGNAL_OP_INC, true, 0, NULL), ncclInvalidArgument);
   EXPECT_BAD("iget(request=NULL)",
-             R.pl.t.iget(R.rctx, 0, 0, R.getsrcMh, 8, 0, R.getdstMh, 0, 0, NULL), ncclInvalidArgument);
-  EXPECT_BAD("iflush(request=NULL)", R.pl.t.iflush(R.rctx, 0, R.sigMh, 0, NULL), ncclInvalidArgument);
+             R.pl.t.iget(R.cm.rctx, 0, 0, R.cm.getsrcMh, 8, 0, R.cm.getdstMh, 0, 0, NULL), ncclInvalidArgument);
+  EXPECT_BAD("iflush(request=NULL)", R.pl.t.iflush(R.cm.rctx, 0, R.cm.sigMh, 0, NULL), ncclInvalidArgument);
   int done;
-  EXPECT_BAD("test(done=NULL)", R.pl.t.test(R.coll, GARBAGE_HANDLE, NULL), ncclInvalidArgument);
-  EXPECT_BAD("queryLastError(hasError=NULL)", R.pl.t.queryLastError(R.rctx, NULL), ncclInvalidArgument);
+  EXPECT_BAD("test(done=NULL)", R.pl.t.test(R.cm.coll, GARBAGE_HANDLE, NULL), ncclInvalidArgument);
+  EXPECT_BAD("queryLastError(hasError=NULL)", R.pl.t.queryLastError(R.cm.rctx, NULL), ncclInvalidArgument);
   /* garbage handles */
   EXPECT_BAD("iput(garbage rmaCtx)",
-             R.pl.t.iput(GARBAGE_HANDLE, 0, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), ncclInvalidArgument);
+             R.pl.t.iput(GARBAGE_HANDLE, 0, 0, R.cm.srcMh, 8, 0, R.cm.dstMh, 0, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iput(garbage srcMhandle)",
-             R.pl.t.iput(R.rctx, 0, 0, GARBAGE_HANDLE, 8, 0, R.dstMh, 0, 0, &req), ncclInvalidArgument);
+             R.pl.t.iput(R.cm.rctx, 0, 0, GARBAGE_HANDLE, 8, 0, R.cm.dstMh, 0, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iput(garbage dstMhandle)",
-             R.pl.t.iput(R.rctx, 0, 0, R.srcMh, 8, 0, GARBAGE_HANDLE, 0, 0, &req), ncclInvalidArgument);
+             R.pl.t.iput(R.cm.rctx, 0, 0, R.cm.srcMh, 8, 0, GARBAGE_HANDLE, 0, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iputSignal(garbage signalMhandle)",
-             R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, 0, 0, GARBAGE_HANDLE, 1,
+             R.pl.t.iputSignal(R.cm.rctx, 0, 0, NULL, 0, 0, NULL, 0, 0, GARBAGE_HANDLE, 1,
                                NCCL_NET_SIGNAL_OP_INC, true, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iget(garbage remoteMhandle)",
-             R.pl.t.iget(R.rctx, 0, 0, GARBAGE_HANDLE, 8, 0, R.getdstMh, 0, 0, &req), ncclInvalidArgument);
-  EXPECT_BAD("test(garbage request)", R.pl.t.test(R.coll, GARBAGE_HANDLE, &done), ncclInvalidArgument);
+             R.pl.t.iget(R.cm.rctx, 0, 0, GARBAGE_HANDLE, 8, 0, R.cm.getdstMh, 0, 0, &req), ncclInvalidArgument);
+  EXPECT_BAD("test(garbage request)", R.pl.t.test(R.cm.coll, GARBAGE_HANDLE, &done), ncclInvalidArgument);
   EXPECT_BAD("test(garbage collComm)", R.pl.t.test(GARBAGE_HANDLE, GARBAGE_HANDLE, &done), ncclInvalidArgument);
   EXPECT_BAD("rmaProgress(garbage rmaCtx)", R.pl.t.rmaProgress(GARBAGE_HANDLE), ncclInvalidArgument);
-  EXPECT_BAD("deregMrSym(garbage mhandle)", R.pl.t.deregMrSym(R.coll, GARBAGE_HANDLE), ncclInvalidArgument);
+  EXPECT_BAD("deregMrSym(garbage mhandle)", R.pl.t.deregMrSym(R.cm.coll, GARBAGE_HANDLE), ncclInvalidArgument);
   EXPECT_BAD("closeListen(garbage)", R.pl.t.closeListen(GARBAGE_HANDLE), ncclInvalidArgument);
   /* bounds, ranks, contexts, ops */
   EXPECT_BAD("iput(srcOff+size beyond the registration)",
-             R.pl.t.iput(R.rctx, 0, (uint64_t)opt.size * (uint64_t)N - 8, R.srcMh, 16, 0, R.dstMh,
+             R.pl.t.iput(R.cm.rctx, 0, (uint64_t)opt.size * (uint64_t)N - 8, R.cm.srcMh, 16, 0, R.cm.dstMh,
                          0, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iget(localOff+size beyond the registration)",
-             R.pl.t.iget(R.rctx, 0, 0, R.getsrcMh, 16, (uint64_t)opt.size * (uint64_t)N - 8,
-                         R.getdstMh, 0, 0, &req), ncclInvalidArgument);
+             R.pl.t.iget(R.cm.rctx, 0, 0, R.cm.getsrcMh, 16, (uint64_t)opt.size * (uint64_t)N - 8,
+                         R.cm.getdstMh, 0, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iput(rank=nranks)",
-             R.pl.t.iput(R.rctx, 0, 0, R.srcMh, 8, 0, R.dstMh, (uint32_t)N, 0, &req), ncclInvalidArgument);
+             R.pl.t.iput(R.cm.rctx, 0, 0, R.cm.srcMh, 8, 0, R.cm.dstMh, (uint32_t)N, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iput(context=nContexts)",
-             R.pl.t.iput(R.rctx, opt.threads, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), ncclInvalidArgument);
-  EXPECT_BAD("iput(context=-1)", R.pl.t.iput(R.rctx, -1, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), ncclInvalidArgument);
+             R.pl.t.iput(R.cm.rctx, opt.threads, 0, R.cm.srcMh, 8, 0, R.cm.dstMh, 0, 0, &req), ncclInvalidArgument);
+  EXPECT_BAD("iput(context=-1)", R.pl.t.iput(R.cm.rctx, -1, 0, R.cm.srcMh, 8, 0, R.cm.dstMh, 0, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iputSignal(signalOp=7)",
-             R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, 0, 0, R.sigMh, 1, 7, true, 0, &req), ncclInvalidArgument);
+             R.pl.t.iputSignal(R.cm.rctx, 0, 0, NULL, 0, 0, NULL, 0, 0, R.cm.sigMh, 1, 7, true, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("iputSignal(size>0 with NULL src handle)",
-             R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 8, 0, R.dstMh, 0, 0, R.sigMh, 1,
+             R.pl.t.iputSignal(R.cm.rctx, 0, 0, NULL, 8, 0, R.cm.dstMh, 0, 0, R.cm.sigMh, 1,
                                NCCL_NET_SIGNAL_OP_INC, true, 0, &req), ncclInvalidArgument);
   /* a freed handle: register (collectively) and deregister a scratch buffer */
   uint8_t* scratch = xalloc(4096);
   void* smh = NULL;
-  CALL(R.pl.t.regMrSym(R.coll, scratch, 4096, NCCL_PTR_HOST, 0, &smh));
-  CALL(R.pl.t.deregMrSym(R.coll, smh));
+  CALL(R.pl.t.regMrSym(R.cm.coll, scratch, 4096, NCCL_PTR_HOST, 0, &smh));
+  CALL(R.pl.t.deregMrSym(R.cm.coll, smh));
   EXPECT_BAD("iput(deregistered srcMhandle)",
-             R.pl.t.iput(R.rctx, 0, 0, smh, 8, 0, R.dstMh, 0, 0, &req), ncclInvalidArgument);
-  EXPECT_BAD("deregMrSym(twice)", R.pl.t.deregMrSym(R.coll, smh), ncclInvalidArgument);
+             R.pl.t.iput(R.cm.rctx, 0, 0, smh, 8, 0, R.cm.dstMh, 0, 0, &req), ncclInvalidArgument);
+  EXPECT_BAD("deregMrSym(twice)", R.pl.t.deregMrSym(R.cm.coll, smh), ncclInvalidArgument);
   free(scratch);
   if (req != NULL) {
     failf("bad-input: a failed call wrote a non-NULL request");
@@ -132,7 +132,7 @@ int bad_after_teardown(void* oldRctx, void* oldColl) {
   void* x;
   uint8_t b[64];
   EXPECT_BAD("iput after destroyContext",
-             R.pl.t.iput(oldRctx, 0, 0, R.srcMh, 8, 0, R.dstMh, 0, 0, &req), ncclInvalidArgument);
+             R.pl.t.iput(oldRctx, 0, 0, R.cm.srcMh, 8, 0, R.cm.dstMh, 0, 0, &req), ncclInvalidArgument);
   EXPECT_BAD("rmaProgress after destroyContext", R.pl.t.rmaProgress(oldRctx), ncclInvalidArgument);
   EXPECT_BAD("destroyContext twice", R.pl.t.destroyContext(oldRctx), ncclInvalidArgument);
   if (oldColl) {
@@ -158,12 +158,12 @@ int fault_phase(void) {
     void* req = NULL;
     ncclResult_t rc;
     if (issued & 1)
-      rc = R.pl.t.iget(R.rctx, 0, 0, R.getsrcMh, opt.size, (size_t)victim * opt.size, R.getdstMh,
+      rc = R.pl.t.iget(R.cm.rctx, 0, 0, R.cm.getsrcMh, opt.size, (size_t)victim * opt.size, R.cm.getdstMh,
                        (uint32_t)victim, 0, &req);
     else
-      rc = R.pl.t.iputSignal(R.rctx, 0, (size_t)victim * opt.size, R.srcMh, opt.size,
-                             (size_t)g_rank * opt.size, R.dstMh, (uint32_t)victim,
-                             (uint64_t)g_rank * 8, R.sigMh, 0, NCCL_NET_SIGNAL_OP_INC, true, 0,
+      rc = R.pl.t.iputSignal(R.cm.rctx, 0, (size_t)victim * opt.size, R.cm.srcMh, opt.size,
+                             (size_t)g_rank * opt.size, R.cm.dstMh, (uint32_t)victim,
+                             (uint64_t)g_rank * 8, R.cm.sigMh, 0, NCCL_NET_SIGNAL_OP_INC, true, 0,
                              &req);
     issued++;
     if (rc != ncclSuccess) {
@@ -175,7 +175,7 @@ int fault_phase(void) {
     long spins = 0;
     for (;;) {
       int done = 0;
-      rc = R.pl.t.test(R.coll, req, &done);
+      rc = R.pl.t.test(R.cm.coll, req, &done);
       if (rc != ncclSuccess) {
         how = "test returned an error";
         code = rc;
@@ -184,7 +184,7 @@ int fault_phase(void) {
       if (done) break;
       if ((++spins & 255) == 0) {
         bool e = false;
-        if (R.pl.t.queryLastError(R.rctx, &e) == ncclSuccess && e) {
+        if (R.pl.t.queryLastError(R.cm.rctx, &e) == ncclSuccess && e) {
           how = "queryLastError reported an error";
           break;
         }
@@ -194,7 +194,7 @@ int fault_phase(void) {
     }
     if (how == NULL) {
       bool e = false;
-      if (R.pl.t.queryLastError(R.rctx, &e) == ncclSuccess && e)
+      if (R.pl.t.queryLastError(R.cm.rctx, &e) == ncclSuccess && e)
         how = "queryLastError reported an error";
     }
   }
@@ -221,7 +221,7 @@ int teardown_phase(void) {
   int N = opt.ranks, recv = R.cycle % N;
   size_t half = opt.size / 2;
   uint64_t key = put_key(g_rank, recv, R.cycle, 0, 0);
-  if (g_rank != recv) fill(R.src, 0, opt.size, key);
+  if (g_rank != recv) fill(R.cm.src, 0, opt.size, key);
   if (boot_barrier(TAG_BARRIER)) {
     failf("cycle %d: bootstrap barrier failed (a rank died?)", R.cycle);
     return -1;
@@ -229,25 +229,25 @@ int teardown_phase(void) {
   if (g_rank != recv) {
     size_t dbase = (size_t)g_rank * opt.size;
     void* rq[3] = {NULL, NULL, NULL};
-    CALL(R.pl.t.iput(R.rctx, 0, 0, R.srcMh, half, dbase, R.dstMh, (uint32_t)recv, 0, &rq[0]));
-    CALL(R.pl.t.iputSignal(R.rctx, 0, half, R.srcMh, opt.size - half, dbase + half, R.dstMh,
-                           (uint32_t)recv, (uint64_t)g_rank * 8, R.sigMh,
+    CALL(R.pl.t.iput(R.cm.rctx, 0, 0, R.cm.srcMh, half, dbase, R.cm.dstMh, (uint32_t)recv, 0, &rq[0]));
+    CALL(R.pl.t.iputSignal(R.cm.rctx, 0, half, R.cm.srcMh, opt.size - half, dbase + half, R.cm.dstMh,
+                           (uint32_t)recv, (uint64_t)g_rank * 8, R.cm.sigMh,
                            (uint64_t)R.cycle + 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &rq[1]));
-    CALL(R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)recv, (uint64_t)N * 8,
-                           R.sigMh, 0, NCCL_NET_SIGNAL_OP_INC, true, 0, &rq[2]));
+    CALL(R.pl.t.iputSignal(R.cm.rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)recv, (uint64_t)N * 8,
+                           R.cm.sigMh, 0, NCCL_NET_SIGNAL_OP_INC, true, 0, &rq[2]));
     if (!rq[0] || !rq[1] || !rq[2]) {
       failf("cycle %d: a data call returned success with a NULL request", R.cycle);
       return -1;
     }
     /* The NCCL order, at once: contexts, registrations, communicator. */
-    CALL(R.pl.t.destroyContext(R.rctx));
-    CALL(R.pl.t.deregMrSym(R.coll, R.srcMh));
-    memset(R.src, 0xEE, (size_t)N * opt.size); /* the caller reuses its memory */
-    CALL(R.pl.t.deregMrSym(R.coll, R.dstMh));
-    CALL(R.pl.t.deregMrSym(R.coll, R.getsrcMh));
-    CALL(R.pl.t.deregMrSym(R.coll, R.getdstMh));
-    CALL(R.pl.t.deregMrSym(R.coll, R.sigMh));
-    CALL(R.pl.t.closeColl(R.coll));
+    CALL(R.pl.t.destroyContext(R.cm.rctx));
+    CALL(R.pl.t.deregMrSym(R.cm.coll, R.cm.srcMh));
+    memset(R.cm.src, 0xEE, (size_t)N * opt.size); /* the caller reuses its memory */
+    CALL(R.pl.t.deregMrSym(R.cm.coll, R.cm.dstMh));
+    CALL(R.pl.t.deregMrSym(R.cm.coll, R.cm.getsrcMh));
+    CALL(R.pl.t.deregMrSym(R.cm.coll, R.cm.getdstMh));
+    CALL(R.pl.t.deregMrSym(R.cm.coll, R.cm.sigMh));
+    CALL(R.pl.t.closeColl(R.cm.coll));
     CALL(R.pl.t.finalize(R.ginCtx));
     CALL(R.pl.t.finalize(R.ctx));
     return 1;
@@ -255,14 +255,14 @@ int teardown_phase(void) {
   /* receiver: every sender's ADD, and one INC each on the shared word */
   double deadline = now_s() + opt.timeout_s;
   for (;;) {
-    int ok = __atomic_load_n(&R.sig[N], __ATOMIC_ACQUIRE) == (uint64_t)(N - 1);
+    int ok = __atomic_load_n(&R.cm.sig[N], __ATOMIC_ACQUIRE) == (uint64_t)(N - 1);
     for (int s = 0; s < N; s++)
-      if (s != recv && __atomic_load_n(&R.sig[s], __ATOMIC_ACQUIRE) != (uint64_t)R.cycle + 1)
+      if (s != recv && __atomic_load_n(&R.cm.sig[s], __ATOMIC_ACQUIRE) != (uint64_t)R.cycle + 1)
         ok = 0;
     if (ok) break;
     if (now_s() > deadline) {
       char b[256];
-      sig_words(R.sig, N + 1, b, sizeof b);
+      sig_words(R.cm.sig, N + 1, b, sizeof b);
       failf("cycle %d: signals of senders that tore down at once did not arrive within %d s "
             "(words:%s; want %d from each sender, %d shared): accepted operations were lost",
             R.cycle, opt.timeout_s, b, R.cycle + 1, N - 1);
@@ -272,16 +272,16 @@ int teardown_phase(void) {
   }
   for (int s = 0; s < N; s++) {
     if (s == recv) continue;
-    long bad = check(R.dst + (size_t)s * opt.size, 0, opt.size, put_key(s, recv, R.cycle, 0, 0));
+    long bad = check(R.cm.dst + (size_t)s * opt.size, 0, opt.size, put_key(s, recv, R.cycle, 0, 0));
     if (bad >= 0) {
       failf("cycle %d: byte %ld of the put from rank %d (which tore down at once) is wrong", R.cycle,
             bad, s);
       return -1;
     }
-    __atomic_store_n(&R.sig[s], 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&R.cm.sig[s], 0, __ATOMIC_RELEASE);
   }
   bool err = false;
-  CALL(R.pl.t.queryLastError(R.rctx, &err));
+  CALL(R.pl.t.queryLastError(R.cm.rctx, &err));
   if (err) {
     failf("cycle %d: queryLastError reports an error after peers said goodbye", R.cycle);
     return -1;
@@ -367,17 +367,17 @@ int fault_storm(void) {
         const char* what;
         if (opt.fault == F_KILL_GET) {
           what = "iget";
-          rc = R.pl.t.iget(R.rctx, 0, 0, R.getsrcMh, opt.size, (size_t)target * opt.size,
-                           R.getdstMh, (uint32_t)target, 0, &rq);
+          rc = R.pl.t.iget(R.cm.rctx, 0, 0, R.cm.getsrcMh, opt.size, (size_t)target * opt.size,
+                           R.cm.getdstMh, (uint32_t)target, 0, &rq);
         } else if (opt.fault == F_KILL_SIGNAL) {
           what = "iputSignal(size 0)";
-          rc = R.pl.t.iputSignal(R.rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)target,
-                                 (uint64_t)g_rank * 8, R.sigMh, 0, NCCL_NET_SIGNAL_OP_INC, true, 0,
+          rc = R.pl.t.iputSignal(R.cm.rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)target,
+                                 (uint64_t)g_rank * 8, R.cm.sigMh, 0, NCCL_NET_SIGNAL_OP_INC, true, 0,
                                  &rq);
         } else {
           what = "iput";
-          rc = R.pl.t.iput(R.rctx, 0, (size_t)target * opt.size, R.srcMh, opt.size,
-                           (size_t)g_rank * opt.size, R.dstMh, (uint32_t)target, 0, &rq);
+          rc = R.pl.t.iput(R.cm.rctx, 0, (size_t)target * opt.size, R.cm.srcMh, opt.size,
+                           (size_t)g_rank * opt.size, R.cm.dstMh, (uint32_t)target, 0, &rq);
         }
         issued++;
         if (rc != ncclSuccess) {
@@ -400,7 +400,7 @@ int fault_storm(void) {
       }
       if (req[i] == NULL) continue;
       int done = 0;
-      rc = R.pl.t.test(R.coll, req[i], &done);
+      rc = R.pl.t.test(R.cm.coll, req[i], &done);
       if (rc != ncclSuccess) {
         /* A survivor's put may also be refused by the struck rank itself:
          * having lost its own peer it tears down and releases the
@@ -427,8 +427,8 @@ int fault_storm(void) {
       }
     }
     if ((++spins & 63) == 0) {
-      if (!opt.no_progress) R.pl.t.rmaProgress(R.rctx);
-      if (!qle && R.pl.t.queryLastError(R.rctx, &qle) == ncclSuccess && qle) t_qle = now_s();
+      if (!opt.no_progress) R.pl.t.rmaProgress(R.cm.rctx);
+      if (!qle && R.pl.t.queryLastError(R.cm.rctx, &qle) == ncclSuccess && qle) t_qle = now_s();
       if (how && qle && inflight == 0) break;
       if (now_s() > bound) {
         failf("fault %s: after %d s: %s, queryLastError %s, %d requests still pending (%ld issued, "
