@@ -4,7 +4,9 @@
 // rank puts a pattern into the peer's window with ncclPutSignal, waits for
 // the peer's put with ncclWaitSignal, and checks every byte; then a bare
 // ncclSignal round; then bandwidth: ITERS puts and one wait per size, beside
-// NCCL's own ncclSend/ncclRecv between the same processes. Prints
+// NCCL's own ncclSend/ncclRecv between the same processes; and small-op
+// latency (8 B, 4 KiB, 64 KiB put+signal exchanges beside NCCL's send/recv
+// exchanges; LAT_ITERS). Prints
 // "HOSTRMA PASS" or "HOSTRMA FAIL <why>".
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -94,6 +96,40 @@ int main(int argc, char** argv) {
   NCCL(ncclWaitSignal(1, &w1, comm, s));
   CUDA(cudaStreamSynchronize(s));
   printf("[rank %d] HOSTRMA verified %ld bytes of ncclPutSignal (8 B to 64 MiB) and an ncclSignal\n", rank_, verified);
+
+  // Small-operation latency: both ranks put+signal to each other and wait
+  // for the peer's signal, LAT_ITERS times per size, beside NCCL's own
+  // send/recv exchange of the same size between the same processes
+  // (ratio > 1: the plugin is faster).
+  const int latIters = getenv("LAT_ITERS") ? atoi(getenv("LAT_ITERS")) : 500;
+  const size_t latSizes[] = {8, 4096, 65536};
+  for (size_t size : latSizes) {
+    for (int warm = 0; warm < 2; warm++) {
+      int iters = warm ? latIters : 20;
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t0 = MPI_Wtime();
+      for (int k = 0; k < iters; k++) {
+        NCCL(ncclPutSignal(src, size, ncclUint8, peer, dstWin, 0, 0, 0, 0, comm, s));
+        ncclWaitSignalDesc_t w = {1, peer, 0, 0};
+        NCCL(ncclWaitSignal(1, &w, comm, s));
+      }
+      CUDA(cudaStreamSynchronize(s));
+      double tput = MPI_Wtime() - t0;
+      MPI_Barrier(MPI_COMM_WORLD);
+      t0 = MPI_Wtime();
+      for (int k = 0; k < iters; k++) {
+        NCCL(ncclGroupStart());
+        NCCL(ncclSend(src, size, ncclUint8, peer, comm, s));
+        NCCL(ncclRecv(rbuf, size, ncclUint8, peer, comm, s));
+        NCCL(ncclGroupEnd());
+      }
+      CUDA(cudaStreamSynchronize(s));
+      double tsr = MPI_Wtime() - t0;
+      if (warm && rank_ == 0)
+        printf("HOSTRMA latency size=%zu iters=%d putsignal_us=%.1f nccl-sendrecv_us=%.1f ratio=%.2f\n", size, iters,
+               tput / iters * 1e6, tsr / iters * 1e6, tsr / tput);
+    }
+  }
 
   // Bandwidth: rank 0 puts ITERS times, rank 1 waits for ITERS signals;
   // then NCCL's own send/recv of the same sizes.

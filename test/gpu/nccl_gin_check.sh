@@ -84,21 +84,75 @@ EOF
 chmod +x "$OUT/hostid.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
+# CUDA MPS (when nvidia-cuda-mps-control exists and MPS is not 0) lets both
+# ranks' kernels run at once; without it the GPU time-slices the two
+# processes and each small operation costs milliseconds of scheduling.
+MPS=${MPS:-auto}
+mps_on=0
+start_mps() {
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && mps_on=1
+}
+stop_mps() {
+  [ "$mps_on" = 1 ] || return 0
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+  sleep 1
+  mps_on=0
+}
+if [ "$MPS" != 0 ] && command -v nvidia-cuda-mps-control >/dev/null; then
+  start_mps
+fi
+echo "GIN-CHECK: MPS $([ "$mps_on" = 1 ] && echo on || echo off)"
+MPS_ENV=""
+[ "$mps_on" = 1 ] && MPS_ENV="-x CUDA_MPS_PIPE_DIRECTORY"
+
 # NCCL's host RMA API over the plugin (nvcc does not take -Wl options, so
 # mpicxx links).
 arch=$(echo "$GENCODE" | sed -n 's/.*code=\(sm_[0-9]*\).*/\1/p')
 if nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/host_rma.cu" -o "$OUT/host_rma.o" >"$OUT/host_rma-build.log" 2>&1 &&
   mpicxx "$OUT/host_rma.o" -o "$OUT/host_rma" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/host_rma-build.log" 2>&1; then
   if timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
-    -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma.log" 2>&1; then
+    -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN $MPS_ENV "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma.log" 2>&1; then
     grep -E "HOSTRMA" "$OUT/host_rma.log"
   else
     tail -20 "$OUT/host_rma.log"
     echo "GIN-CHECK: host_rma failed"
+    pkill -9 -f host_rma >/dev/null 2>&1
+    if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
   fi
 else
   tail -20 "$OUT/host_rma-build.log"
   echo "GIN-CHECK: host_rma build failed"
+fi
+
+# Our own GIN alltoall (test/gpu/gin_alltoall.cu): GIN_ITERS kernels back
+# to back per size, every byte of every iteration verified, microseconds per
+# alltoall, under MPS when it is on.
+GIN_ITERS=${GIN_ITERS:-200}
+GIN_SIZES=${GIN_SIZES:-64 4096 262144}
+if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/gin_alltoall.cu" -o "$OUT/gin_alltoall.o" >"$OUT/gin_alltoall-build.log" 2>&1 &&
+  mpicxx "$OUT/gin_alltoall.o" -o "$OUT/gin_alltoall" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/gin_alltoall-build.log" 2>&1; then
+  for b in $GIN_SIZES; do
+    log=$OUT/gin_alltoall-$b.log
+    timeout -s KILL "$PER_RUN_TIMEOUT" mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH \
+      -x NCCL_RMA_PLUGIN="$PLUGIN" -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN $MPS_ENV \
+      ${EXTRA_MPI_ENV:-} "$OUT/hostid.sh" "$OUT/gin_alltoall" "$b" "$GIN_ITERS" >"$log" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ] && grep -q "GINA2A PASS" "$log"; then
+      grep "GINA2A bytes" "$log" | sed 's/^/GIN-CHECK /'
+    else
+      [ $rc -eq 137 ] && echo "GIN-CHECK gin_alltoall bytes=$b HANG (killed after ${PER_RUN_TIMEOUT}s)" ||
+        echo "GIN-CHECK gin_alltoall bytes=$b FAIL rc=$rc"
+      grep -E "WARN|FAIL|error" "$log" | head -20
+      pkill -9 -f gin_alltoall >/dev/null 2>&1
+      # A client that faults poisons the MPS server: restart it.
+      if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
+    fi
+  done
+else
+  tail -20 "$OUT/gin_alltoall-build.log"
+  echo "GIN-CHECK: gin_alltoall build failed"
 fi
 
 pass=0 hang=0 fail=0
@@ -107,7 +161,7 @@ for i in $(seq 1 "$RUNS"); do
   s=$(date +%s%N)
   timeout -s KILL "$PER_RUN_TIMEOUT" mpirun --allow-run-as-root -np 2 --bind-to none \
     -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" -x NCCL_SOCKET_IFNAME=lo \
-    -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET \
+    -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET $MPS_ENV \
     ${EXTRA_MPI_ENV:-} "$OUT/hostid.sh" "$EX/alltoall_gin" >"$log" 2>&1
   rc=$?
   ms=$((($(date +%s%N) - s) / 1000000))
@@ -124,5 +178,6 @@ for i in $(seq 1 "$RUNS"); do
   printf 'GIN-CHECK run %2d: %s rc=%d %d ms, GIN assigned to plugin wasm %d times, %d WARN lines\n' "$i" "$what" "$rc" "$ms" "$gin" "$warns"
   [ "$what" = PASS ] || grep -E "WARN|PASSED|FAILED|completed" "$log" | head -20
 done
+stop_mps
 echo "GIN-CHECK runs=$RUNS passed=$pass hangs=$hang failed=$fail"
 [ $pass -eq "$RUNS" ]
