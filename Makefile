@@ -70,13 +70,16 @@ $(DRIVER): $(HARNESS_SRC) test/harness/harness.h capi/rma_plugin.h | $(BUILD)
 $(HELLO): samples/hello_rma.c capi/rma_plugin.h | $(BUILD)
 	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ samples/hello_rma.c -ldl
 
+# The GPU test programs (test/gpu/) share one rank set-up (gpu_rank.c).
+GPU_RANK := test/gpu/gpu_rank.c test/gpu/gpu_rank.h
+
 # Device-memory check for a machine with an NVIDIA GPU (dlopens libcuda.so.1).
-$(BUILD)/cuda_check: samples/cuda_check.c samples/cuda_sample.h capi/rma_plugin.h | $(BUILD)
-	$(CC) $(CFLAGS_DRIVER) -Icapi -Isamples -o $@ samples/cuda_check.c -ldl
+$(BUILD)/cuda_check: test/gpu/cuda_check.c $(GPU_RANK) capi/rma_plugin.h | $(BUILD)
+	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ test/gpu/cuda_check.c test/gpu/gpu_rank.c -ldl
 
 # Staging throughput against pinned-copy and wire bounds (test/gpu/staging_bench.sh).
-$(BUILD)/staging_bench: samples/staging_bench.c samples/cuda_sample.h capi/rma_plugin.h | $(BUILD)
-	$(CC) $(CFLAGS_DRIVER) -Icapi -Isamples -o $@ samples/staging_bench.c -ldl
+$(BUILD)/staging_bench: test/gpu/staging_bench.c $(GPU_RANK) capi/rma_plugin.h | $(BUILD)
+	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ test/gpu/staging_bench.c test/gpu/gpu_rank.c -ldl
 
 $(BUILD):
 	mkdir -p $@
@@ -104,7 +107,7 @@ build-deps:
 # (golang/go#75804). Longer: make fuzz FUZZTIME=10m (or 5000000x).
 FUZZTIME ?= 30000x
 FUZZ_TARGETS := host/dataplane:FuzzHeader host/dataplane:FuzzDecodeHandle host/dataplane:FuzzOrderer host/dataplane:FuzzDecodeBlock \
-	host/dataplane:FuzzHello host/dataplane:FuzzAuthenticate \
+	host/handshake:FuzzHello host/handshake:FuzzAuthenticate \
 	host/sandbox/meter:FuzzMeter
 
 fuzz:

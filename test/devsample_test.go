@@ -53,7 +53,7 @@ func fakeHIP(t *testing.T, root string) string {
 }
 
 // TestDeviceSamplesOnFakeCUDA runs the GPU machine's own programs
-// (samples/cuda_check.c and samples/staging_bench.c, built by make) against
+// (test/gpu/cuda_check.c and test/gpu/staging_bench.c, built by make) against
 // the fake driver, so that they cannot rot between GPU runs: every device
 // byte and signal is verified through the plugin, two processes each.
 func TestDeviceSamplesOnFakeCUDA(t *testing.T) {

@@ -1,6 +1,6 @@
 /* A stand-in libcuda.so.1 for machines without a GPU: "device memory" is
  * host memory the fake remembers, copies are memcpy. It lets
- * test/gpu/staging_bench.sh --fake run samples/staging_bench (and the
+ * test/gpu/staging_bench.sh --fake run build/staging_bench (and the
  * plugin's CUDA glue: pinned allocation, per-thread streams, pointer
  * attributes) end to end; its numbers mean nothing.
  *

@@ -23,26 +23,8 @@
 #include <stdlib.h>
 #include <vector>
 
-static int rank_ = -1;
-
-#define FAIL(...)                             \
-  do {                                        \
-    printf("[rank %d] GINA2A FAIL ", rank_);  \
-    printf(__VA_ARGS__);                      \
-    printf("\n");                             \
-    fflush(stdout);                           \
-    MPI_Abort(MPI_COMM_WORLD, 1);             \
-  } while (0)
-#define CUDA(x)                                                        \
-  do {                                                                 \
-    cudaError_t e_ = (x);                                              \
-    if (e_ != cudaSuccess) FAIL("%s: %s", #x, cudaGetErrorString(e_)); \
-  } while (0)
-#define NCCL(x)                                                        \
-  do {                                                                 \
-    ncclResult_t r_ = (x);                                             \
-    if (r_ != ncclSuccess) FAIL("%s: %s", #x, ncclGetErrorString(r_)); \
-  } while (0)
+#define FAIL_TAG "GINA2A"
+#include "nccl_check.h"
 
 // One CTA: the two-rank runs need one put per rank, and a single barrier
 // and signal keep the kernel's own cost small beside the network's.

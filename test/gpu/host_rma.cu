@@ -17,26 +17,8 @@
 #include <string.h>
 #include <vector>
 
-static int rank_ = -1;
-
-#define FAIL(...)                              \
-  do {                                         \
-    printf("[rank %d] HOSTRMA FAIL ", rank_); \
-    printf(__VA_ARGS__);                       \
-    printf("\n");                              \
-    fflush(stdout);                            \
-    MPI_Abort(MPI_COMM_WORLD, 1);              \
-  } while (0)
-#define CUDA(x)                                                           \
-  do {                                                                    \
-    cudaError_t e_ = (x);                                                 \
-    if (e_ != cudaSuccess) FAIL("%s: %s", #x, cudaGetErrorString(e_));    \
-  } while (0)
-#define NCCL(x)                                                           \
-  do {                                                                    \
-    ncclResult_t r_ = (x);                                                \
-    if (r_ != ncclSuccess) FAIL("%s: %s", #x, ncclGetErrorString(r_));    \
-  } while (0)
+#define FAIL_TAG "HOSTRMA"
+#include "nccl_check.h"
 
 static uint8_t pat(int owner, size_t size, size_t i) {
   return (uint8_t)(owner * 71 + (size & 0xff) * 13 + i * 7 + (i >> 11));

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The real-client check, for a machine with an NVIDIA GPU, nvcc and mpirun
 # (it cannot run in CI, which has no GPU). It builds NVIDIA NCCL from a
-# source tarball, runs samples/cuda_check (device memory through the plugin,
-# and teardown right after posting), then test/gpu/host_rma.cu (NCCL's host
-# RMA API: ncclPutSignal, ncclSignal, ncclWaitSignal between ncclMemAlloc
-# windows, 8 B to 64 MiB, every byte verified, bandwidth beside NCCL's own
-# send/recv), then NCCL's own device-API example "pure GIN alltoall" RUNS
+# source tarball, runs build/cuda_check (test/gpu/cuda_check.c: device
+# memory through the plugin, and teardown right after posting), then
+# test/gpu/host_rma.cu (NCCL's host RMA API: ncclPutSignal, ncclSignal,
+# ncclWaitSignal between ncclMemAlloc windows, 8 B to 64 MiB, every byte
+# verified, bandwidth beside NCCL's own send/recv), then NCCL's own device-API example "pure GIN alltoall" RUNS
 # times in a row, two processes on GPU 0
 # posing as two hosts (different NCCL_HOSTID) so that its GIN traffic goes
 # through our plugin. Each run has a timeout; a run that times out is a hang.

@@ -14,14 +14,16 @@
  *
  *   cuda_check [path/to/librccl-rma-wasm.so] [bytes] [teardown rounds]
  */
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 
-#include "cuda_sample.h"
+#include "gpu_rank.h"
 
 static int rank;
 
@@ -47,19 +49,9 @@ static uint8_t pat(int owner, size_t i) { return (uint8_t)(owner * 37 + i * 11 +
  * INC signal into the peer's device memory, then tears down at once. */
 static void teardown_round(const ncclRma_v15_t* t, size_t size, int fd, int round) {
   int sender = round % 2;
-  void* pctx;
-  NC(t->init(&pctx, 42, logger));
-  char handles[2][NCCL_NET_HANDLE_MAXSIZE];
-  void* listen;
-  NC(t->listen(pctx, 0, handles[rank], &listen));
-  xchg(fd, handles[rank], handles[1 - rank], NCCL_NET_HANDLE_MAXSIZE);
-  void* hp[2] = {handles[0], handles[1]};
-  void* coll;
-  NC(t->connect(pctx, hp, 2, rank, listen, &coll));
-  NC(t->closeListen(listen));
-  ncclRmaConfig_v15_t cfg = {1, -2147483647 - 1, 1};
-  void* rma;
-  NC(t->createContext(coll, &cfg, &rma));
+  gpu_rank_t g;
+  gpu_rank_connect(t, logger, rank, fd, false, &g);
+  void *pctx = g.pctx, *coll = g.coll, *rma = g.rma;
   CUdeviceptr src, dst, sig;
   CU(cu.memAlloc(&src, size));
   CU(cu.memAlloc(&dst, size));
@@ -253,22 +245,9 @@ static int run(const char* lib, size_t size, int rounds, int fd) {
   int dev = device_open(rank);
 
   const ncclRma_v15_t* t = open_plugin(lib);
-  void* pctx;
-  NC(t->init(&pctx, 42, logger));
-  ncclNetProperties_v12_t p;
-  NC(t->getProperties(0, &p));
-  if (!(p.ptrSupport & NCCL_PTR_CUDA)) FAIL("ptrSupport %#x lacks NCCL_PTR_CUDA", p.ptrSupport);
-  char handles[2][NCCL_NET_HANDLE_MAXSIZE];
-  void* listen;
-  NC(t->listen(pctx, 0, handles[rank], &listen));
-  xchg(fd, handles[rank], handles[1 - rank], NCCL_NET_HANDLE_MAXSIZE);
-  void* hp[2] = {handles[0], handles[1]};
-  void* coll;
-  NC(t->connect(pctx, hp, 2, rank, listen, &coll));
-  NC(t->closeListen(listen));
-  ncclRmaConfig_v15_t cfg = {1, -2147483647 - 1, 1};
-  void* rma;
-  NC(t->createContext(coll, &cfg, &rma));
+  gpu_rank_t g;
+  gpu_rank_connect(t, logger, rank, fd, true, &g);
+  void *pctx = g.pctx, *coll = g.coll, *rma = g.rma;
 
   CUdeviceptr src, dst, sig, get;
   CU(cu.memAlloc(&src, size));

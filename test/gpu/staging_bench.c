@@ -36,7 +36,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
-#include "cuda_sample.h"
+#include "gpu_rank.h"
 
 static int cmpd(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
@@ -169,22 +169,9 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
   prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   cuda_open();
   const ncclRma_v15_t* t = open_plugin(lib);
-  void* pctx;
-  NC(t->init(&pctx, 42, logger));
-  ncclNetProperties_v12_t p;
-  NC(t->getProperties(0, &p));
-  if (!(p.ptrSupport & NCCL_PTR_CUDA)) FAIL("ptrSupport %#x lacks NCCL_PTR_CUDA", p.ptrSupport);
-  char handles[2][NCCL_NET_HANDLE_MAXSIZE];
-  void* listen;
-  NC(t->listen(pctx, 0, handles[rank], &listen));
-  xchg(fd, handles[rank], handles[1 - rank], NCCL_NET_HANDLE_MAXSIZE);
-  void* hp[2] = {handles[0], handles[1]};
-  void* coll;
-  NC(t->connect(pctx, hp, 2, rank, listen, &coll));
-  NC(t->closeListen(listen));
-  ncclRmaConfig_v15_t cfg = {1, -2147483647 - 1, 1};
-  void* rma;
-  NC(t->createContext(coll, &cfg, &rma));
+  gpu_rank_t g;
+  gpu_rank_connect(t, logger, rank, fd, true, &g);
+  void *pctx = g.pctx, *coll = g.coll, *rma = g.rma;
 
   CUdeviceptr dsrc, ddst, dsig;
   CU(cu.memAlloc(&dsrc, size));
