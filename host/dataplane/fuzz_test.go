@@ -2,11 +2,8 @@ package dataplane
 
 import (
 	"bytes"
-	"crypto/ed25519"
-	"io"
 	"net"
 	"testing"
-	"time"
 )
 
 // Fuzz targets for everything a peer's bytes reach before any check of ours
@@ -131,80 +128,6 @@ func FuzzOrderer(f *testing.F) {
 			if want := sigMask >> (s % 16) & 1; words[s] != uint64(want) {
 				t.Fatalf("after every delivery, signal word %d is %d, want %d", s, words[s], want)
 			}
-		}
-	})
-}
-
-// FuzzHello: any bytes given to the hello decoder either are refused or
-// are exactly what encodeHello writes for the claim and nonce decoded, so
-// the listener never acts on a field it did not check.
-func FuzzHello(f *testing.F) {
-	var nonce [nonceSize]byte
-	for i := range nonce {
-		nonce[i] = byte(i)
-	}
-	var b [helloSize]byte
-	var none, eph [ephSize]byte
-	eph[0] = 9
-	for _, cl := range []claim{{rank: 1, nranks: 2, lane: 0, lanes: 1}, {rank: 7, nranks: 8, lane: 3, lanes: 4, noFab: true}, {rank: 0, nranks: 1, lane: 7, lanes: 8}} {
-		encodeHello(&b, cl, &nonce, &none)
-		f.Add(b[:])
-	}
-	encodeHello(&b, claim{rank: 1, nranks: 2, lane: 0, lanes: 1, encrypt: true}, &nonce, &eph)
-	f.Add(b[:])
-	f.Add(make([]byte, helloSize))
-	f.Fuzz(func(t *testing.T, in []byte) {
-		cl, n, e, err := decodeHello(in)
-		if err != nil {
-			return
-		}
-		var out [helloSize]byte
-		encodeHello(&out, cl, &n, &e)
-		if !bytes.Equal(out[:], in) {
-			t.Fatalf("hello %x decodes to %+v, which encodes to %x", in, cl, out)
-		}
-		if cl.rank >= cl.nranks || cl.lane >= cl.lanes || cl.lanes > 8 || cl.encrypt == (e == [ephSize]byte{}) {
-			t.Fatalf("decoder accepted an impossible claim %+v", cl)
-		}
-	})
-}
-
-// FuzzAuthenticate feeds a listener's side of the hello whatever a stranger
-// could send (a hello, then a proof; the fuzzer picks both, and may keep
-// the hello well formed so that the proof reaches the signature check).
-// Without the private key of a rank nothing may be admitted, and nothing
-// may panic or hang.
-func FuzzAuthenticate(f *testing.F) {
-	l, h, err := Listen("127.0.0.1")
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer l.Close()
-	hi, _ := DecodeHandle(h)
-	l.setPeers([]HandleInfo{hi, hi}, false)
-	var nonce [nonceSize]byte
-	var hb [helloSize]byte
-	var eph [ephSize]byte
-	encodeHello(&hb, claim{rank: 1, nranks: 2, lane: 0, lanes: 1}, &nonce, &eph)
-	proof := append([]byte(proofMagic), make([]byte, ed25519.SignatureSize)...)
-	f.Add(hb[:], proof)
-	f.Add(hb[:], []byte("RMAP"))
-	f.Add([]byte("RMAH"), []byte{})
-	f.Add(make([]byte, helloSize), proof)
-	f.Fuzz(func(t *testing.T, hello, proof []byte) {
-		a, b := net.Pipe()
-		defer a.Close()
-		// One goroutine sends the stranger's bytes and hangs up, the
-		// other takes whatever the listener answers.
-		go io.Copy(io.Discard, b)
-		go func() {
-			b.Write(append(append([]byte(nil), hello...), proof...))
-			b.Close()
-		}()
-		deadline := time.Now().Add(2 * time.Second)
-		a.SetDeadline(deadline)
-		if cl, _, err := l.authenticate(a, deadline); err == nil {
-			t.Fatalf("a stranger was admitted as %+v", cl)
 		}
 	})
 }

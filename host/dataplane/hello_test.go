@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"bytes"
-	"crypto/ed25519"
 	"errors"
 	"io"
 	"net"
@@ -13,6 +12,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 )
 
 // pair is two listeners of a 2-rank communicator and their handles.
@@ -107,12 +107,12 @@ func TestHelloReplayDuringConnect(t *testing.T) {
 		}
 		defer u.Close()
 		go func() { io.Copy(a, u); a.Close() }()
-		rec := make([]byte, helloSize+proofSize)
-		if _, err := io.ReadFull(a, rec[:helloSize]); err != nil {
+		rec := make([]byte, handshake.HelloSize+handshake.ProofSize)
+		if _, err := io.ReadFull(a, rec[:handshake.HelloSize]); err != nil {
 			return
 		}
-		u.Write(rec[:helloSize])
-		if _, err := io.ReadFull(a, rec[helloSize:]); err != nil {
+		u.Write(rec[:handshake.HelloSize])
+		if _, err := io.ReadFull(a, rec[handshake.HelloSize:]); err != nil {
 			return
 		}
 		// The real proof is held; the replay goes first.
@@ -125,12 +125,12 @@ func TestHelloReplayDuringConnect(t *testing.T) {
 		answer, _ := io.ReadAll(b)
 		b.Close()
 		replayGot <- answer
-		u.Write(rec[helloSize:])
+		u.Write(rec[handshake.HelloSize:])
 		io.Copy(u, a)
 	}()
 	ms, owners := connectPair(t, ls, [][]*Handle{hs, {&h0, hs[1]}})
 	answer := <-replayGot
-	if len(answer) != challengeSize || string(answer[:4]) != challengeMagic {
+	if len(answer) != handshake.ChallengeSize || string(answer[:4]) != handshake.ChallengeMagic {
 		t.Fatalf("the replay got %d bytes %q, want a challenge and nothing after it", len(answer), answer)
 	}
 	if countMatching(got(), "claims rank 1 of 2 lane 0 but its signature does not verify") != 1 {
@@ -148,23 +148,23 @@ func TestImpostorWithAllHandles(t *testing.T) {
 	got := warnings(t)
 	resetLimits()
 	ls, hs, his := pair(t)
-	evil, err := newIdentity()
+	evil, err := handshake.NewIdentity()
 	if err != nil {
 		t.Fatal(err)
 	}
 	// It may even present rank 1's public key as its own: the proof is
 	// checked with the key in rank 1's handle, which it cannot sign for.
 	posing := evil
-	posing.pub = his[1].Key
+	posing.Pub = his[1].Key
 	impostor := make(chan error, 2)
-	for _, id := range []*identity{&evil, &posing} {
+	for _, id := range []*handshake.Identity{&evil, &posing} {
 		c, err := net.DialTCP("tcp", nil, his[0].Addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		go func(id *identity) {
-			_, err := hello(c, &his[0].Key, id, claim{rank: 1, nranks: 2, lane: 0, lanes: 1}, time.Now().Add(15*time.Second))
+		go func(id *handshake.Identity) {
+			_, err := handshake.Hello(c, &his[0].Key, id, handshake.Claim{Rank: 1, NRanks: 2, Lane: 0, Lanes: 1}, time.Now().Add(15*time.Second))
 			impostor <- err
 		}(id)
 	}
@@ -182,8 +182,9 @@ func TestImpostorWithAllHandles(t *testing.T) {
 }
 
 // dialerSteps runs the dialer's side of the hello by hand so a test can
-// tamper with each message; it returns the listener's answer to the proof.
-func dialerSteps(t *testing.T, addr *net.TCPAddr, key *[KeySize]byte, id *identity, said, signed claim, tamper func(proof []byte)) []byte {
+// tamper with each message; it returns the listener's answer to the proof
+// and whether it is an ack.
+func dialerSteps(t *testing.T, addr *net.TCPAddr, key *[KeySize]byte, id *handshake.Identity, said, signed handshake.Claim, tamper func(proof []byte)) ([]byte, bool) {
 	t.Helper()
 	c, err := net.DialTCP("tcp", nil, addr)
 	if err != nil {
@@ -191,29 +192,7 @@ func dialerSteps(t *testing.T, addr *net.TCPAddr, key *[KeySize]byte, id *identi
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(15 * time.Second))
-	var nonceD [nonceSize]byte
-	nonceD[0] = 42
-	var hb [helloSize]byte
-	var eph [ephSize]byte
-	encodeHello(&hb, said, &nonceD, &eph)
-	c.Write(hb[:])
-	var ch [challengeSize]byte
-	if _, err := io.ReadFull(c, ch[:]); err != nil {
-		return nil // refused at the hello
-	}
-	var nonceL [nonceSize]byte
-	copy(nonceL[:], ch[4:])
-	pb := make([]byte, proofSize)
-	copy(pb, proofMagic)
-	copy(pb[4:], ed25519.Sign(id.priv, transcript(domainDialer, &nonceL, &nonceD, key, &id.pub, &eph, &eph, signed)))
-	if tamper != nil {
-		tamper(pb)
-	}
-	c.Write(pb)
-	// An ack, or whatever came before the listener closed.
-	answer := make([]byte, ackSize)
-	n, _ := io.ReadFull(c, answer)
-	return answer[:n]
+	return handshake.ForgeHello(c, key, id, said, signed, tamper)
 }
 
 // TestHelloRefusals: every way a proof can be wrong is refused with a
@@ -229,25 +208,25 @@ func TestHelloRefusals(t *testing.T) {
 	}
 	defer other.Close()
 	r1 := &ls[1].id
-	good := claim{rank: 1, nranks: 2, lane: 0, lanes: 1}
+	good := handshake.Claim{Rank: 1, NRanks: 2, Lane: 0, Lanes: 1}
 	for _, c := range []struct {
 		name        string
 		key         *[KeySize]byte // the listener key the dialer signs for
-		said, signd claim
+		said, signd handshake.Claim
 		tamper      func([]byte)
 		warn        string
 	}{
 		{"bit flipped in the signature", &his[0].Key, good, good, func(p []byte) { p[20] ^= 1 }, "signature does not verify"},
-		{"signed for lane 1, claims lane 0", &his[0].Key, good, claim{rank: 1, nranks: 2, lane: 1, lanes: 2}, nil, "signature does not verify"},
-		{"fabric flag flipped on the way", &his[0].Key, claim{rank: 1, nranks: 2, lane: 0, lanes: 1, noFab: true}, good, nil, "signature does not verify"},
+		{"signed for lane 1, claims lane 0", &his[0].Key, good, handshake.Claim{Rank: 1, NRanks: 2, Lane: 1, Lanes: 2}, nil, "signature does not verify"},
+		{"fabric flag flipped on the way", &his[0].Key, handshake.Claim{Rank: 1, NRanks: 2, Lane: 0, Lanes: 1, NoFabric: true}, good, nil, "signature does not verify"},
 		{"signed for another listener", &other.info.Key, good, good, nil, "signature does not verify"},
-		{"claims a 3-rank communicator", &his[0].Key, claim{rank: 1, nranks: 3, lane: 0, lanes: 1}, claim{rank: 1, nranks: 3, lane: 0, lanes: 1}, nil, "this communicator has 2 ranks"},
+		{"claims a 3-rank communicator", &his[0].Key, handshake.Claim{Rank: 1, NRanks: 3, Lane: 0, Lanes: 1}, handshake.Claim{Rank: 1, NRanks: 3, Lane: 0, Lanes: 1}, nil, "this communicator has 2 ranks"},
 		{"no proof magic", &his[0].Key, good, good, func(p []byte) { copy(p, "XXXX") }, "sent no proof"},
-		{"rank outside nranks", &his[0].Key, claim{rank: 2, nranks: 2, lane: 0, lanes: 1}, good, nil, "hello claims rank 2 of 2"},
-		{"lane outside lanes", &his[0].Key, claim{rank: 1, nranks: 2, lane: 1, lanes: 1}, good, nil, "lane 1 of 1"},
+		{"rank outside nranks", &his[0].Key, handshake.Claim{Rank: 2, NRanks: 2, Lane: 0, Lanes: 1}, good, nil, "hello claims rank 2 of 2"},
+		{"lane outside lanes", &his[0].Key, handshake.Claim{Rank: 1, NRanks: 2, Lane: 1, Lanes: 1}, good, nil, "lane 1 of 1"},
 	} {
 		before := len(got())
-		answer := dialerSteps(t, his[0].Addr, c.key, r1, c.said, c.signd, c.tamper)
+		answer, _ := dialerSteps(t, his[0].Addr, c.key, r1, c.said, c.signd, c.tamper)
 		if len(answer) != 0 {
 			t.Fatalf("%s: the listener answered the proof with %q", c.name, answer)
 		}
@@ -258,14 +237,14 @@ func TestHelloRefusals(t *testing.T) {
 	}
 	// The right proof on the same listener is acknowledged with the
 	// listener's own signature.
-	answer := dialerSteps(t, his[0].Addr, &his[0].Key, r1, good, good, nil)
-	if len(answer) != ackSize || string(answer[:4]) != ackMagic {
+	answer, acked := dialerSteps(t, his[0].Addr, &his[0].Key, r1, good, good, nil)
+	if !acked {
 		t.Fatalf("a correct proof got %q", answer)
 	}
 	// That stream is rank 1 lane 0 now; connect takes it as such and
 	// refuses the real one as a second proven stream for the same lane.
-	if in := <-ls[0].conns; in.claim != good {
-		t.Fatalf("admitted %+v", in.claim)
+	if in := <-ls[0].conns; in.Claim != good {
+		t.Fatalf("admitted %+v", in.Claim)
 	}
 	if len(ls[0].conns) != 0 {
 		t.Fatal("a refused connection reached connect")
@@ -287,7 +266,7 @@ func TestDuplicateProvenStream(t *testing.T) {
 		}
 		defer extra.Close()
 		go func() {
-			_, err := hello(extra, &his[0].Key, &ls[1].id, claim{rank: 1, nranks: 2, lane: 0, lanes: 1}, time.Now().Add(10*time.Second))
+			_, err := handshake.Hello(extra, &his[0].Key, &ls[1].id, handshake.Claim{Rank: 1, NRanks: 2, Lane: 0, Lanes: 1}, time.Now().Add(10*time.Second))
 			done <- err
 		}()
 	}
@@ -306,52 +285,6 @@ func TestDuplicateProvenStream(t *testing.T) {
 	}
 }
 
-// TestDialerChecksListener: a listener at the dialled address that does
-// not hold the key in the handle cannot complete the hello.
-func TestDialerChecksListener(t *testing.T) {
-	fake, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fake.Close()
-	real, err := newIdentity()
-	if err != nil {
-		t.Fatal(err)
-	}
-	evil, err := newIdentity()
-	if err != nil {
-		t.Fatal(err)
-	}
-	me, _ := newIdentity()
-	go func() {
-		c, err := fake.AcceptTCP()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		var hb [helloSize]byte
-		io.ReadFull(c, hb[:])
-		cl, nonceD, ephD, _ := decodeHello(hb[:])
-		var nonceL [nonceSize]byte
-		var ephL [ephSize]byte
-		c.Write(append(append([]byte(challengeMagic), nonceL[:]...), ephL[:]...))
-		var pb [proofSize]byte
-		io.ReadFull(c, pb[:])
-		// It answers with a well-formed ack, signed with its own key.
-		c.Write(append([]byte(ackMagic), ed25519.Sign(evil.priv, transcript(domainListener, &nonceL, &nonceD, &real.pub, &me.pub, &ephL, &ephD, cl))...))
-		io.ReadAll(c)
-	}()
-	c, err := net.DialTCP("tcp", nil, fake.Addr().(*net.TCPAddr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_, err = hello(c, &real.pub, &me, claim{rank: 0, nranks: 2, lane: 0, lanes: 1}, time.Now().Add(5*time.Second))
-	if err == nil || !strings.Contains(err.Error(), "did not prove it holds the key") {
-		t.Fatalf("a listener without the handle's key: %v", err)
-	}
-}
-
 // TestStrangerFloodQuiet: 300 connections with garbage hellos produce a
 // bounded number of WARN lines, and a real connect still works.
 func TestStrangerFloodQuiet(t *testing.T) {
@@ -359,7 +292,7 @@ func TestStrangerFloodQuiet(t *testing.T) {
 	resetLimits()
 	ls, hs, his := pair(t)
 	start := time.Now()
-	garbage := bytes.Repeat([]byte{0x5a}, helloSize)
+	garbage := bytes.Repeat([]byte{0x5a}, handshake.HelloSize)
 	for i := 0; i < 300; i++ {
 		c, err := net.DialTCP("tcp", nil, his[0].Addr)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -39,17 +40,17 @@ var (
 // incoming is an authenticated connection from a peer rank.
 type incoming struct {
 	conn *net.TCPConn
-	claim
+	handshake.Claim
 }
 
 // Listener accepts peer connections for one future collComm. A dialer is
 // admitted once it proved, by signing this listener's fresh nonce, that it
-// holds the private key of the rank it claims (hello.go); the public keys
+// holds the private key of the rank it claims (host/handshake); the public keys
 // come from the handles connect receives.
 type Listener struct {
 	ln      *net.TCPListener
 	info    HandleInfo
-	id      identity
+	id      handshake.Identity
 	conns   chan incoming
 	closeMu sync.Mutex
 	closed  bool
@@ -94,7 +95,7 @@ func ListenFabricRails(addr, prov, domain string, rails []string) (*Listener, *H
 	if err != nil {
 		return nil, nil, err
 	}
-	id, err := newIdentity()
+	id, err := handshake.NewIdentity()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -105,7 +106,7 @@ func ListenFabricRails(addr, prov, domain string, rails []string) (*Listener, *H
 	l := &Listener{ln: ln, id: id, conns: make(chan incoming, 1024), done: make(chan struct{}), quit: make(chan struct{}),
 		peersKnown: make(chan struct{})}
 	l.info.Addr = ln.Addr().(*net.TCPAddr)
-	l.info.Key = id.pub
+	l.info.Key = id.Pub
 	l.info.HostID = HostID()
 	l.info.Pid = uint32(os.Getpid())
 	l.info.UID = uint32(os.Getuid())
@@ -178,7 +179,7 @@ func (l *Listener) setPeers(infos []HandleInfo, encrypt bool) {
 // named the peers (waiting at most until deadline), and whether this rank
 // requires sealed streams; an error if the claim names no such rank or the
 // wait ended.
-func (l *Listener) peerKey(c claim, deadline time.Time) (*[KeySize]byte, bool, error) {
+func (l *Listener) peerKey(c handshake.Claim, deadline time.Time) (*[KeySize]byte, bool, error) {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
@@ -191,10 +192,10 @@ func (l *Listener) peerKey(c claim, deadline time.Time) (*[KeySize]byte, bool, e
 	l.peersMu.Lock()
 	peers, encrypt := l.peers, l.encrypt
 	l.peersMu.Unlock()
-	if c.nranks != len(peers) {
-		return nil, false, fmt.Errorf("it claims rank %d of %d; this communicator has %d ranks", c.rank, c.nranks, len(peers))
+	if c.NRanks != len(peers) {
+		return nil, false, fmt.Errorf("it claims rank %d of %d; this communicator has %d ranks", c.Rank, c.NRanks, len(peers))
 	}
-	return &peers[c.rank].Key, encrypt, nil
+	return &peers[c.Rank].Key, encrypt, nil
 }
 
 // admit authenticates a dialer before its connection reaches connect. Every
@@ -204,9 +205,11 @@ func (l *Listener) admit(c *net.TCPConn) {
 	defer l.strangers.Add(-1)
 	deadline := time.Now().Add(helloTimeout)
 	c.SetDeadline(deadline)
-	cl, keys, err := l.authenticate(c, deadline)
+	cl, keys, err := handshake.Authenticate(c, &l.id, func(cl handshake.Claim) (*[KeySize]byte, bool, error) {
+		return l.peerKey(cl, deadline)
+	})
 	if err != nil {
-		if !errors.Is(err, errSilent) {
+		if !errors.Is(err, handshake.ErrSilent) {
 			strangerWarn.Warn(abi.SubsysNet, "NET/wasm: rejected connection from %s to %s: %v", c.RemoteAddr(), l.info.Addr, err)
 		}
 		c.Close()
@@ -214,9 +217,9 @@ func (l *Listener) admit(c *net.TCPConn) {
 	}
 	c.SetDeadline(time.Time{})
 	if keys != nil {
-		sealed, err := sealStream(c, *keys)
+		sealed, err := handshake.Seal(c, *keys)
 		if err != nil {
-			logx.Warn(abi.SubsysNet, "NET/wasm: connection of rank %d lane %d: %v", cl.rank, cl.lane, err)
+			logx.Warn(abi.SubsysNet, "NET/wasm: connection of rank %d lane %d: %v", cl.Rank, cl.Lane, err)
 			c.Close()
 			return
 		}
@@ -229,7 +232,7 @@ func (l *Listener) admit(c *net.TCPConn) {
 		return
 	}
 	select {
-	case l.conns <- incoming{conn: c, claim: cl}:
+	case l.conns <- incoming{conn: c, Claim: cl}:
 	default:
 		strangerWarn.Warn(abi.SubsysNet, "NET/wasm: too many pending connections on %s, dropping one from %s", l.info.Addr, c.RemoteAddr())
 		c.Close()
@@ -264,19 +267,19 @@ func (l *Listener) Close() error {
 
 // dial opens an authenticated connection to a peer's listener, retrying
 // until deadline.
-func dial(peer HandleInfo, id *identity, cl claim, deadline time.Time) (*net.TCPConn, error) {
+func dial(peer HandleInfo, id *handshake.Identity, cl handshake.Claim, deadline time.Time) (*net.TCPConn, error) {
 	var lastErr error
 	for {
 		d := net.Dialer{Deadline: deadline}
 		c, err := d.Dial("tcp", peer.Addr.String())
 		if err == nil {
 			tc := c.(*net.TCPConn)
-			var keys *sealKeys
-			if keys, err = hello(tc, &peer.Key, id, cl, deadline); err == nil {
+			var keys *handshake.Keys
+			if keys, err = handshake.Hello(tc, &peer.Key, id, cl, deadline); err == nil {
 				if keys == nil {
 					return tc, nil
 				}
-				sealed, serr := sealStream(tc, *keys)
+				sealed, serr := handshake.Seal(tc, *keys)
 				if serr != nil {
 					tc.Close()
 					return nil, serr

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -187,7 +188,7 @@ func TestStrangerCap(t *testing.T) {
 	// The held ones time out; then a real dialer is admitted.
 	waitFor(t, "the strangers' hello deadline", func() bool { return l.strangers.Load() == 0 })
 	l.setPeers([]HandleInfo{hi}, false)
-	c, err := dial(hi, &l.id, claim{rank: 0, nranks: 1, lane: 0, lanes: 1}, time.Now().Add(5*time.Second))
+	c, err := dial(hi, &l.id, handshake.Claim{Rank: 0, NRanks: 1, Lane: 0, Lanes: 1}, time.Now().Add(5*time.Second))
 	if err != nil {
 		t.Fatalf("a real dialer after the strangers left: %v", err)
 	}

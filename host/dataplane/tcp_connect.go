@@ -9,6 +9,7 @@ import (
 	"go.uber.org/multierr"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 )
 
 // connectStreams opens the TCP streams of the mesh: lanes streams dialled
@@ -33,7 +34,7 @@ func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, noFab, enc
 			wg.Add(1)
 			go func(i, j int) {
 				defer wg.Done()
-				outs[i][j], errs[i*lanes+j] = dial(infos[i], &l.id, claim{rank: rank, nranks: n, lane: j, lanes: lanes, noFab: noFab, encrypt: encrypt}, deadline)
+				outs[i][j], errs[i*lanes+j] = dial(infos[i], &l.id, handshake.Claim{Rank: rank, NRanks: n, Lane: j, Lanes: lanes, NoFabric: noFab, Encrypt: encrypt}, deadline)
 			}(i, j)
 		}
 	}
@@ -48,26 +49,26 @@ func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, noFab, enc
 		select {
 		case in := <-l.conns:
 			switch {
-			case in.nranks != n || in.rank < 0 || in.rank >= n:
-				acceptErr = fmt.Errorf("peer announced rank %d of %d, expected a rank of %d", in.rank, in.nranks, n)
+			case in.NRanks != n || in.Rank < 0 || in.Rank >= n:
+				acceptErr = fmt.Errorf("peer announced rank %d of %d, expected a rank of %d", in.Rank, in.NRanks, n)
 				in.conn.Close()
-			case in.lanes < 1 || in.lanes > abi.MaxLanes || in.lane >= in.lanes || (ins[in.rank] != nil && len(ins[in.rank]) != in.lanes):
-				acceptErr = fmt.Errorf("rank %d announced lane %d of %d", in.rank, in.lane, in.lanes)
+			case in.Lanes < 1 || in.Lanes > abi.MaxLanes || in.Lane >= in.Lanes || (ins[in.Rank] != nil && len(ins[in.Rank]) != in.Lanes):
+				acceptErr = fmt.Errorf("rank %d announced lane %d of %d", in.Rank, in.Lane, in.Lanes)
 				in.conn.Close()
 			default:
-				if ins[in.rank] == nil {
-					ins[in.rank] = make([]*net.TCPConn, in.lanes)
+				if ins[in.Rank] == nil {
+					ins[in.Rank] = make([]*net.TCPConn, in.Lanes)
 				}
-				if ins[in.rank][in.lane] != nil {
-					acceptErr = fmt.Errorf("two connections claim rank %d lane %d", in.rank, in.lane)
+				if ins[in.Rank][in.Lane] != nil {
+					acceptErr = fmt.Errorf("two connections claim rank %d lane %d", in.Rank, in.Lane)
 					in.conn.Close()
 					break
 				}
-				ins[in.rank][in.lane] = in.conn
-				peerNoFab[in.rank] = peerNoFab[in.rank] || in.noFab
-				if !counted[in.rank] {
-					counted[in.rank] = true
-					want += in.lanes - 1
+				ins[in.Rank][in.Lane] = in.conn
+				peerNoFab[in.Rank] = peerNoFab[in.Rank] || in.NoFabric
+				if !counted[in.Rank] {
+					counted[in.Rank] = true
+					want += in.Lanes - 1
 				}
 				got++
 			}

@@ -1,13 +1,13 @@
 package dataplane
 
 import (
-	"crypto/ed25519"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 )
 
 // Message types on a connection. Requests flow from the initiator's outgoing
@@ -124,7 +124,7 @@ const (
 )
 
 // KeySize is the length of a listener's public key (ed25519).
-const KeySize = ed25519.PublicKeySize
+const KeySize = handshake.KeySize
 
 // HandleInfo is the decoded content of a Handle.
 type HandleInfo struct {

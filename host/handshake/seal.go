@@ -1,4 +1,4 @@
-package dataplane
+package handshake
 
 import (
 	"bufio"
@@ -41,15 +41,15 @@ const (
 	sealTag       = 16
 )
 
-// sealKeys are one stream's two directions.
-type sealKeys struct {
+// Keys are one sealed stream's two directions, agreed by the hello.
+type Keys struct {
 	send, recv cipher.AEAD
 }
 
 // deriveSealKeys turns the X25519 secret into the keys of the dialer (or
 // of the listener, dialer false): the dialer sends with what the listener
 // receives with.
-func deriveSealKeys(secret, transcriptHash []byte, dialer bool) (sealKeys, error) {
+func deriveSealKeys(secret, transcriptHash []byte, dialer bool) (Keys, error) {
 	mk := func(info string) (cipher.AEAD, error) {
 		k, err := hkdf.Key(sha256.New, secret, transcriptHash, info, 32)
 		if err != nil {
@@ -63,25 +63,29 @@ func deriveSealKeys(secret, transcriptHash []byte, dialer bool) (sealKeys, error
 	}
 	d2l, err := mk("rccl-rma-wasm seal dialer to listener")
 	if err != nil {
-		return sealKeys{}, fmt.Errorf("stream keys: %w", err)
+		return Keys{}, fmt.Errorf("stream keys: %w", err)
 	}
 	l2d, err := mk("rccl-rma-wasm seal listener to dialer")
 	if err != nil {
-		return sealKeys{}, fmt.Errorf("stream keys: %w", err)
+		return Keys{}, fmt.Errorf("stream keys: %w", err)
 	}
 	if dialer {
-		return sealKeys{send: d2l, recv: l2d}, nil
+		return Keys{send: d2l, recv: l2d}, nil
 	}
-	return sealKeys{send: l2d, recv: d2l}, nil
+	return Keys{send: l2d, recv: d2l}, nil
 }
 
 // sealWarn reports records that fail to open (tampering on the path).
 var sealWarn logx.Limited
 
-// sealStream returns the connection the data path uses in place of c: what
-// it writes leaves c sealed with keys.send, and what arrives on c is
-// opened with keys.recv. Closing the returned connection closes c.
-func sealStream(c *net.TCPConn, keys sealKeys) (*net.TCPConn, error) {
+// ResetWarnings gives the rate limit of those WARN lines a full budget, so
+// a test (of this package or of one that seals streams) sees its own.
+func ResetWarnings() { sealWarn.Reset() }
+
+// Seal returns the connection the data path uses in place of c: what it
+// writes leaves c sealed with keys.send, and what arrives on c is opened
+// with keys.recv. Closing the returned connection closes c.
+func Seal(c *net.TCPConn, keys Keys) (*net.TCPConn, error) {
 	inner, outer, err := loopbackPair()
 	if err != nil {
 		return nil, fmt.Errorf("encrypted stream: %w", err)

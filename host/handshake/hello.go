@@ -1,4 +1,10 @@
-package dataplane
+// Package handshake authenticates the TCP streams between ranks and,
+// optionally, seals them. It holds a listener's identity (an ed25519 key
+// pair whose public half rides the rank's handle), the four-message hello
+// with its dialer side (Hello) and listener side (Authenticate), and the
+// AES-256-GCM seal of a stream whose keys the hello agreed (Seal).
+// host/dataplane dials and accepts with it; it knows nothing of the mesh.
+package handshake
 
 import (
 	"crypto/ecdh"
@@ -44,15 +50,15 @@ import (
 // it dialled. The listener signs only for a dialer that proved itself.
 const (
 	helloMagic     = "RMAH"
-	challengeMagic = "RMAC"
+	ChallengeMagic = "RMAC" // a challenge starts with it
 	proofMagic     = "RMAP"
 	ackMagic       = "RMAK"
 	helloVersion   = 3
 	nonceSize      = 32
-	ephSize        = 32 // an X25519 public key
-	helloSize      = 24 + nonceSize + ephSize
-	challengeSize  = 4 + nonceSize + ephSize
-	proofSize      = 4 + ed25519.SignatureSize
+	ephSize        = 32                        // an X25519 public key
+	HelloSize      = 24 + nonceSize + ephSize  // the dialer's first message
+	ChallengeSize  = 4 + nonceSize + ephSize   // the listener's answer to a hello
+	ProofSize      = 4 + ed25519.SignatureSize // the dialer's second message
 	ackSize        = 4 + ed25519.SignatureSize
 	transcriptSize = 32 + 2*nonceSize + 2*KeySize + 2*ephSize + 16
 	// helloNoFabric in the hello's flags: the dialer's plan declines
@@ -67,139 +73,144 @@ const (
 	maxRanks = 1 << 24
 )
 
-// identity is a listener's key pair; its dialers sign with it too.
-type identity struct {
-	pub  [KeySize]byte
+// KeySize is the length of a listener's public key (ed25519).
+const KeySize = ed25519.PublicKeySize
+
+// Identity is a listener's key pair; its dialers sign with it too. Pub
+// rides the rank's handle; the private half never leaves the process.
+type Identity struct {
+	Pub  [KeySize]byte
 	priv ed25519.PrivateKey
 }
 
-func newIdentity() (identity, error) {
+// NewIdentity makes a fresh key pair (one per listener).
+func NewIdentity() (Identity, error) {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
-		return identity{}, fmt.Errorf("listener key: %w", err)
+		return Identity{}, fmt.Errorf("listener key: %w", err)
 	}
-	var id identity
-	copy(id.pub[:], pub)
+	var id Identity
+	copy(id.Pub[:], pub)
 	id.priv = priv
 	return id, nil
 }
 
-// claim is who a dialer says it is and which of its streams this is.
-type claim struct {
-	rank, nranks, lane, lanes int
-	noFab                     bool // the dialer declines libfabric
-	encrypt                   bool // the stream is sealed after the hello
+// Claim is who a dialer says it is and which of its streams this is.
+type Claim struct {
+	Rank, NRanks, Lane, Lanes int
+	NoFabric                  bool // the dialer declines libfabric
+	Encrypt                   bool // the stream is sealed after the hello
 }
 
-func (cl claim) flags() uint32 {
+func (cl Claim) flags() uint32 {
 	var f uint32
-	if cl.noFab {
+	if cl.NoFabric {
 		f |= helloNoFabric
 	}
-	if cl.encrypt {
+	if cl.Encrypt {
 		f |= helloEncrypt
 	}
 	return f
 }
 
-// errSilent marks a connection that went away before saying anything: a
+// ErrSilent marks a connection that went away before saying anything: a
 // port probe or a dialer that gave up. It is closed without a log line.
-var errSilent = errors.New("closed before its hello")
+var ErrSilent = errors.New("closed before its hello")
 
 // encodeHello writes the dialer's first message.
-func encodeHello(b *[helloSize]byte, cl claim, nonce *[nonceSize]byte, eph *[ephSize]byte) {
-	*b = [helloSize]byte{}
+func encodeHello(b *[HelloSize]byte, cl Claim, nonce *[nonceSize]byte, eph *[ephSize]byte) {
+	*b = [HelloSize]byte{}
 	copy(b[0:4], helloMagic)
 	b[4] = helloVersion
 	b[5] = byte(cl.flags())
-	binary.LittleEndian.PutUint32(b[8:], uint32(cl.rank))
-	binary.LittleEndian.PutUint32(b[12:], uint32(cl.nranks))
-	binary.LittleEndian.PutUint16(b[16:], uint16(cl.lane))
-	binary.LittleEndian.PutUint16(b[18:], uint16(cl.lanes))
+	binary.LittleEndian.PutUint32(b[8:], uint32(cl.Rank))
+	binary.LittleEndian.PutUint32(b[12:], uint32(cl.NRanks))
+	binary.LittleEndian.PutUint16(b[16:], uint16(cl.Lane))
+	binary.LittleEndian.PutUint16(b[18:], uint16(cl.Lanes))
 	copy(b[24:], nonce[:])
 	copy(b[24+nonceSize:], eph[:])
 }
 
 // decodeHello parses a dialer's first message and checks the claim is one a
 // rank could make: it refuses anything encodeHello would not have written.
-func decodeHello(b []byte) (claim, [nonceSize]byte, [ephSize]byte, error) {
+func decodeHello(b []byte) (Claim, [nonceSize]byte, [ephSize]byte, error) {
 	var nonce [nonceSize]byte
 	var eph [ephSize]byte
-	if len(b) != helloSize || string(b[0:4]) != helloMagic {
-		return claim{}, nonce, eph, errors.New("not an rccl-rma-wasm hello")
+	if len(b) != HelloSize || string(b[0:4]) != helloMagic {
+		return Claim{}, nonce, eph, errors.New("not an rccl-rma-wasm hello")
 	}
 	if b[4] != helloVersion {
-		return claim{}, nonce, eph, fmt.Errorf("hello version %d, this library speaks %d", b[4], helloVersion)
+		return Claim{}, nonce, eph, fmt.Errorf("hello version %d, this library speaks %d", b[4], helloVersion)
 	}
 	if b[5]&^(helloNoFabric|helloEncrypt)|b[6]|b[7]|b[20]|b[21]|b[22]|b[23] != 0 {
-		return claim{}, nonce, eph, errors.New("hello with unknown flags or nonzero reserved bytes")
+		return Claim{}, nonce, eph, errors.New("hello with unknown flags or nonzero reserved bytes")
 	}
-	cl := claim{rank: int(binary.LittleEndian.Uint32(b[8:])), nranks: int(binary.LittleEndian.Uint32(b[12:])),
-		lane: int(binary.LittleEndian.Uint16(b[16:])), lanes: int(binary.LittleEndian.Uint16(b[18:])), noFab: b[5]&helloNoFabric != 0, encrypt: b[5]&helloEncrypt != 0}
-	if cl.nranks < 1 || cl.nranks > maxRanks || cl.rank >= cl.nranks || cl.lanes < 1 || cl.lanes > abi.MaxLanes || cl.lane >= cl.lanes {
-		return claim{}, nonce, eph, fmt.Errorf("hello claims rank %d of %d, lane %d of %d", cl.rank, cl.nranks, cl.lane, cl.lanes)
+	cl := Claim{Rank: int(binary.LittleEndian.Uint32(b[8:])), NRanks: int(binary.LittleEndian.Uint32(b[12:])),
+		Lane: int(binary.LittleEndian.Uint16(b[16:])), Lanes: int(binary.LittleEndian.Uint16(b[18:])), NoFabric: b[5]&helloNoFabric != 0, Encrypt: b[5]&helloEncrypt != 0}
+	if cl.NRanks < 1 || cl.NRanks > maxRanks || cl.Rank >= cl.NRanks || cl.Lanes < 1 || cl.Lanes > abi.MaxLanes || cl.Lane >= cl.Lanes {
+		return Claim{}, nonce, eph, fmt.Errorf("hello claims rank %d of %d, lane %d of %d", cl.Rank, cl.NRanks, cl.Lane, cl.Lanes)
 	}
 	copy(nonce[:], b[24:])
 	copy(eph[:], b[24+nonceSize:])
-	if cl.encrypt == (eph == [ephSize]byte{}) {
-		return claim{}, nonce, eph, errors.New("hello's ephemeral key does not match its encryption flag")
+	if cl.Encrypt == (eph == [ephSize]byte{}) {
+		return Claim{}, nonce, eph, errors.New("hello's ephemeral key does not match its encryption flag")
 	}
 	return cl, nonce, eph, nil
 }
 
 // transcript is what both sides sign: domain names the signer's role.
 // ephL and ephD are the ephemeral keys (zero when not encrypting).
-func transcript(domain string, nonceL, nonceD *[nonceSize]byte, keyL, keyD *[KeySize]byte, ephL, ephD *[ephSize]byte, cl claim) []byte {
+func transcript(domain string, nonceL, nonceD *[nonceSize]byte, keyL, keyD *[KeySize]byte, ephL, ephD *[ephSize]byte, cl Claim) []byte {
 	b := make([]byte, transcriptSize)
 	copy(b[0:32], domain)
 	o := 32
 	for _, f := range [][]byte{nonceL[:], nonceD[:], keyL[:], keyD[:], ephL[:], ephD[:]} {
 		o += copy(b[o:], f)
 	}
-	binary.LittleEndian.PutUint32(b[o:], uint32(cl.rank))
-	binary.LittleEndian.PutUint32(b[o+4:], uint32(cl.nranks))
-	binary.LittleEndian.PutUint16(b[o+8:], uint16(cl.lane))
-	binary.LittleEndian.PutUint16(b[o+10:], uint16(cl.lanes))
+	binary.LittleEndian.PutUint32(b[o:], uint32(cl.Rank))
+	binary.LittleEndian.PutUint32(b[o+4:], uint32(cl.NRanks))
+	binary.LittleEndian.PutUint16(b[o+8:], uint16(cl.Lane))
+	binary.LittleEndian.PutUint16(b[o+10:], uint16(cl.Lanes))
 	binary.LittleEndian.PutUint32(b[o+12:], cl.flags())
 	return b
 }
 
-// hello is the dialer's side: claim cl on c, prove it with id, and check
-// that the listener holds peerKey. With cl.encrypt it returns the stream's
-// keys (nil otherwise).
-func hello(c *net.TCPConn, peerKey *[KeySize]byte, id *identity, cl claim, deadline time.Time) (*sealKeys, error) {
+// Hello is the dialer's side: claim cl on c, prove it with id, and check
+// that the listener holds peerKey. With cl.Encrypt it returns the stream's
+// keys for Seal (nil otherwise).
+func Hello(c *net.TCPConn, peerKey *[KeySize]byte, id *Identity, cl Claim, deadline time.Time) (*Keys, error) {
 	var nonceD [nonceSize]byte
 	if _, err := rand.Read(nonceD[:]); err != nil {
 		return nil, fmt.Errorf("hello nonce: %w", err)
 	}
 	var ephD [ephSize]byte
 	var eph *ecdh.PrivateKey
-	if cl.encrypt {
+	if cl.Encrypt {
 		var err error
 		if eph, err = ecdh.X25519().GenerateKey(rand.Reader); err != nil {
 			return nil, fmt.Errorf("ephemeral key: %w", err)
 		}
 		copy(ephD[:], eph.PublicKey().Bytes())
 	}
-	var hb [helloSize]byte
+	var hb [HelloSize]byte
 	encodeHello(&hb, cl, &nonceD, &ephD)
 	c.SetDeadline(deadline)
 	if _, err := c.Write(hb[:]); err != nil {
 		return nil, err
 	}
-	var ch [challengeSize]byte
+	var ch [ChallengeSize]byte
 	if _, err := io.ReadFull(c, ch[:]); err != nil {
 		return nil, fmt.Errorf("peer %s refused the connection: %w", c.RemoteAddr(), err)
 	}
-	if string(ch[0:4]) != challengeMagic {
+	if string(ch[0:4]) != ChallengeMagic {
 		return nil, errors.New("peer did not answer with a challenge")
 	}
 	var nonceL [nonceSize]byte
 	var ephL [ephSize]byte
 	copy(nonceL[:], ch[4:])
 	copy(ephL[:], ch[4+nonceSize:])
-	tr := transcript(domainDialer, &nonceL, &nonceD, peerKey, &id.pub, &ephL, &ephD, cl)
-	var pb [proofSize]byte
+	tr := transcript(domainDialer, &nonceL, &nonceD, peerKey, &id.Pub, &ephL, &ephD, cl)
+	var pb [ProofSize]byte
 	copy(pb[0:4], proofMagic)
 	copy(pb[4:], ed25519.Sign(id.priv, tr))
 	if _, err := c.Write(pb[:]); err != nil {
@@ -209,11 +220,11 @@ func hello(c *net.TCPConn, peerKey *[KeySize]byte, id *identity, cl claim, deadl
 	if _, err := io.ReadFull(c, ack[:]); err != nil {
 		return nil, fmt.Errorf("peer %s did not accept our proof (a connect that did not start in time, a key mismatch, or NCCL_RMA_WASM_ENCRYPT set differently): %w", c.RemoteAddr(), err)
 	}
-	if string(ack[0:4]) != ackMagic || !ed25519.Verify(peerKey[:], transcript(domainListener, &nonceL, &nonceD, peerKey, &id.pub, &ephL, &ephD, cl), ack[4:]) {
+	if string(ack[0:4]) != ackMagic || !ed25519.Verify(peerKey[:], transcript(domainListener, &nonceL, &nonceD, peerKey, &id.Pub, &ephL, &ephD, cl), ack[4:]) {
 		return nil, fmt.Errorf("the listener at %s did not prove it holds the key in the handle we dialled", c.RemoteAddr())
 	}
 	c.SetDeadline(time.Time{})
-	if !cl.encrypt {
+	if !cl.Encrypt {
 		return nil, nil
 	}
 	keys, err := agree(eph, &ephL, tr, true)
@@ -224,44 +235,51 @@ func hello(c *net.TCPConn, peerKey *[KeySize]byte, id *identity, cl claim, deadl
 }
 
 // agree derives a stream's keys from our ephemeral key and the peer's.
-func agree(eph *ecdh.PrivateKey, peer *[ephSize]byte, tr []byte, dialer bool) (sealKeys, error) {
+func agree(eph *ecdh.PrivateKey, peer *[ephSize]byte, tr []byte, dialer bool) (Keys, error) {
 	pub, err := ecdh.X25519().NewPublicKey(peer[:])
 	if err != nil {
-		return sealKeys{}, fmt.Errorf("peer's ephemeral key: %w", err)
+		return Keys{}, fmt.Errorf("peer's ephemeral key: %w", err)
 	}
 	secret, err := eph.ECDH(pub)
 	if err != nil {
-		return sealKeys{}, fmt.Errorf("key agreement: %w", err)
+		return Keys{}, fmt.Errorf("key agreement: %w", err)
 	}
 	h := sha256.Sum256(tr)
 	return deriveSealKeys(secret, h[:], dialer)
 }
 
-// authenticate is the listener's side of the hello, up to the ack: it
-// returns the claim once the dialer proved it with the claimed rank's key,
-// and the stream's keys when the dialer seals it.
-func (l *Listener) authenticate(c net.Conn, deadline time.Time) (claim, *sealKeys, error) {
-	var hb [helloSize]byte
+// PeerKey tells Authenticate, once a dialer's hello is read, the public key
+// of the rank its claim names and whether this rank requires sealed
+// streams; an error refuses the claim (no such rank, or no peers known in
+// time).
+type PeerKey func(Claim) (key *[KeySize]byte, encrypt bool, err error)
+
+// Authenticate is the listener's side of the hello, up to the ack: it
+// returns the claim once the dialer proved it with the key peerKey names
+// for the claimed rank, and the stream's keys when the dialer seals it.
+// Every refusal is an error; ErrSilent when c closed before its hello.
+func Authenticate(c net.Conn, id *Identity, peerKey PeerKey) (Claim, *Keys, error) {
+	var hb [HelloSize]byte
 	if n, err := io.ReadFull(c, hb[:]); err != nil {
 		if n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
-			return claim{}, nil, errSilent
+			return Claim{}, nil, ErrSilent
 		}
-		return claim{}, nil, fmt.Errorf("no hello: %w", err)
+		return Claim{}, nil, fmt.Errorf("no hello: %w", err)
 	}
 	cl, nonceD, ephD, err := decodeHello(hb[:])
 	if err != nil {
-		return claim{}, nil, err
+		return Claim{}, nil, err
 	}
-	var ch [challengeSize]byte
-	copy(ch[0:4], challengeMagic)
+	var ch [ChallengeSize]byte
+	copy(ch[0:4], ChallengeMagic)
 	if _, err := rand.Read(ch[4 : 4+nonceSize]); err != nil {
-		return claim{}, nil, fmt.Errorf("challenge nonce: %w", err)
+		return Claim{}, nil, fmt.Errorf("challenge nonce: %w", err)
 	}
 	var eph *ecdh.PrivateKey
 	var ephL [ephSize]byte
-	if cl.encrypt {
+	if cl.Encrypt {
 		if eph, err = ecdh.X25519().GenerateKey(rand.Reader); err != nil {
-			return claim{}, nil, fmt.Errorf("ephemeral key: %w", err)
+			return Claim{}, nil, fmt.Errorf("ephemeral key: %w", err)
 		}
 		copy(ephL[:], eph.PublicKey().Bytes())
 		copy(ch[4+nonceSize:], ephL[:])
@@ -269,39 +287,39 @@ func (l *Listener) authenticate(c net.Conn, deadline time.Time) (claim, *sealKey
 	var nonceL [nonceSize]byte
 	copy(nonceL[:], ch[4:])
 	if _, err := c.Write(ch[:]); err != nil {
-		return claim{}, nil, fmt.Errorf("send challenge: %w", err)
+		return Claim{}, nil, fmt.Errorf("send challenge: %w", err)
 	}
-	var pb [proofSize]byte
+	var pb [ProofSize]byte
 	if _, err := io.ReadFull(c, pb[:]); err != nil {
-		return claim{}, nil, fmt.Errorf("claims rank %d lane %d but sent no proof: %w", cl.rank, cl.lane, err)
+		return Claim{}, nil, fmt.Errorf("claims rank %d lane %d but sent no proof: %w", cl.Rank, cl.Lane, err)
 	}
 	if string(pb[0:4]) != proofMagic {
-		return claim{}, nil, fmt.Errorf("claims rank %d lane %d but sent no proof", cl.rank, cl.lane)
+		return Claim{}, nil, fmt.Errorf("claims rank %d lane %d but sent no proof", cl.Rank, cl.Lane)
 	}
-	key, encrypt, err := l.peerKey(cl, deadline)
+	key, encrypt, err := peerKey(cl)
 	if err != nil {
-		return claim{}, nil, fmt.Errorf("claims rank %d lane %d: %w", cl.rank, cl.lane, err)
+		return Claim{}, nil, fmt.Errorf("claims rank %d lane %d: %w", cl.Rank, cl.Lane, err)
 	}
-	tr := transcript(domainDialer, &nonceL, &nonceD, &l.id.pub, key, &ephL, &ephD, cl)
+	tr := transcript(domainDialer, &nonceL, &nonceD, &id.Pub, key, &ephL, &ephD, cl)
 	if !ed25519.Verify(key[:], tr, pb[4:]) {
-		return claim{}, nil, fmt.Errorf("claims rank %d of %d lane %d but its signature does not verify with that rank's key", cl.rank, cl.nranks, cl.lane)
+		return Claim{}, nil, fmt.Errorf("claims rank %d of %d lane %d but its signature does not verify with that rank's key", cl.Rank, cl.NRanks, cl.Lane)
 	}
-	if encrypt && !cl.encrypt {
-		return claim{}, nil, fmt.Errorf("rank %d lane %d does not encrypt its stream and this rank requires it (NCCL_RMA_WASM_ENCRYPT must be set alike on every rank)", cl.rank, cl.lane)
+	if encrypt && !cl.Encrypt {
+		return Claim{}, nil, fmt.Errorf("rank %d lane %d does not encrypt its stream and this rank requires it (NCCL_RMA_WASM_ENCRYPT must be set alike on every rank)", cl.Rank, cl.Lane)
 	}
-	var keys *sealKeys
-	if cl.encrypt {
+	var keys *Keys
+	if cl.Encrypt {
 		k, err := agree(eph, &ephD, tr, false)
 		if err != nil {
-			return claim{}, nil, fmt.Errorf("rank %d lane %d: %w", cl.rank, cl.lane, err)
+			return Claim{}, nil, fmt.Errorf("rank %d lane %d: %w", cl.Rank, cl.Lane, err)
 		}
 		keys = &k
 	}
 	var ack [ackSize]byte
 	copy(ack[0:4], ackMagic)
-	copy(ack[4:], ed25519.Sign(l.id.priv, transcript(domainListener, &nonceL, &nonceD, &l.id.pub, key, &ephL, &ephD, cl)))
+	copy(ack[4:], ed25519.Sign(id.priv, transcript(domainListener, &nonceL, &nonceD, &id.Pub, key, &ephL, &ephD, cl)))
 	if _, err := c.Write(ack[:]); err != nil {
-		return claim{}, nil, fmt.Errorf("send acknowledgement: %w", err)
+		return Claim{}, nil, fmt.Errorf("send acknowledgement: %w", err)
 	}
 	return cl, keys, nil
 }
