@@ -237,7 +237,7 @@ const MaxLanes = 8
 
 // The default device: what the native backend and the embedded default
 // report, and what the host assumes when a guest has no rmaw_devices.
-// guests/c/passthrough.c repeats it in C (host/sandbox tests check it).
+// guests/passthrough/passthrough.c repeats it in C (host/sandbox tests check it).
 const (
 	DefaultDeviceName      = "wasm-tcp"
 	DefaultDeviceSpeedMbps = 40000 // measured TCP loopback on the reference machine (SPEC.md §1)

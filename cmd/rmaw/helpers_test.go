@@ -8,6 +8,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/guests/buildflags"
 )
 
 func repoRoot(t testing.TB) string {
@@ -43,10 +45,8 @@ func watModule(t testing.TB, name, src string) string {
 	return out
 }
 
-// guestCFlags are GUEST_CFLAGS of guests/guests.mk.
-const guestCFlags = "--target=wasm32 -O2 -ffreestanding -nostdlib -fno-builtin -Wall -Wextra -Werror -Wl,--no-entry -Wl,--strip-all"
-
-// cModule compiles a C guest (a path, or a name in guests/c) with the SDK.
+// cModule compiles a C guest (a path, or the name of a backend folder
+// guests/<name>) with the SDK.
 func cModule(t testing.TB, src string) string {
 	t.Helper()
 	tool, err := exec.LookPath("clang")
@@ -55,10 +55,10 @@ func cModule(t testing.TB, src string) string {
 	}
 	root := repoRoot(t)
 	if !strings.Contains(src, "/") {
-		src = filepath.Join(root, "guests", "c", src+".c")
+		src = filepath.Join(root, "guests", src, src+".c")
 	}
 	out := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".c")+".wasm")
-	args := append(strings.Fields(guestCFlags), "-I", filepath.Join(root, "guests", "c"), "-o", out, src)
+	args := buildflags.ClangArgs(filepath.Join(root, "guests", "c"), out, src)
 	if b, err := exec.Command(tool, args...).CombinedOutput(); err != nil {
 		t.Fatalf("clang %s: %v\n%s", src, err, b)
 	}

@@ -1,8 +1,8 @@
 /* rmaw.h - Guest ABI v1.1 SDK for C backends of rccl-rma-wasm.
  *
- * Build a backend (freestanding, no libc, no WASI):
- *   clang --target=wasm32 -O2 -ffreestanding -nostdlib -fno-builtin \
- *         -Wl,--no-entry -Wl,--export-dynamic -o mybackend.wasm mybackend.c
+ * Build a backend (freestanding, no libc, no WASI) with the flags of
+ * guests/buildflags/cflags.txt (make and the tests read that file):
+ *   clang $(cat guests/buildflags/cflags.txt) -I guests/c -o mybackend.wasm mybackend.c
  *
  * Every backend must:
  *   RMAW_ABI_V1();              declare the ABI (exports rmaw_abi_v1)

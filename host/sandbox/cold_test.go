@@ -52,7 +52,7 @@ func goGuest(t testing.TB) string {
 			return
 		}
 		out := filepath.Join(dir, "passthrough-go.wasm")
-		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", out, "./guests/go/passthrough")
+		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", out, "./guests/passthrough-go")
 		cmd.Dir = repoRoot(t)
 		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
 		if b, err := cmd.CombinedOutput(); err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/guests/buildflags"
 )
 
 // TestCHeaderMatchesGuestABI compiles static assertions generated from
@@ -80,8 +81,13 @@ func TestCHeaderMatchesGuestABI(t *testing.T) {
 	if err != nil {
 		t.Fatalf("clang is required: %v", err)
 	}
-	out, err := exec.Command(clang, "--target=wasm32", "-ffreestanding", "-fsyntax-only",
-		"-I", filepath.Join(repoRoot(t), "guests", "c"), src).CombinedOutput()
+	args := []string{"-fsyntax-only"} // the guest flags, less the linker's
+	for _, f := range buildflags.CFlags() {
+		if !strings.HasPrefix(f, "-Wl,") {
+			args = append(args, f)
+		}
+	}
+	out, err := exec.Command(clang, append(args, "-I", filepath.Join(repoRoot(t), "guests", "c"), src)...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("rmaw.h disagrees with abi/guestabi: %v\n%s", err, out)
 	}

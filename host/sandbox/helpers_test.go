@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/guests/buildflags"
 )
 
 // repoRoot is the module root (two levels up from host/sandbox).
@@ -16,9 +18,6 @@ func repoRoot(t testing.TB) string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
-
-// guestCFlags must equal GUEST_CFLAGS in guests/guests.mk.
-var guestCFlags = "--target=wasm32 -O2 -ffreestanding -nostdlib -fno-builtin -Wall -Wextra -Werror -Wl,--no-entry -Wl,--strip-all"
 
 // wat compiles testdata/<name>.wat with wat2wasm into a temp dir. A missing
 // wat2wasm fails the test: the sandbox guarantees are not optional.
@@ -36,22 +35,18 @@ func wat(t testing.TB, name string) string {
 	return out
 }
 
-// cguest compiles guests/c/<name>.c (or a path) with the SDK flags.
+// cguest compiles guests/<name>/<name>.c (or a path) with the SDK flags.
 func cguest(t testing.TB, src string) string {
 	t.Helper()
 	tool, err := exec.LookPath("clang")
 	if err != nil {
 		t.Fatalf("clang is required to build C guests: %v", err)
 	}
-	if !strings.Contains(src, "/") { // an SDK guest, else a sample backend
-		name := src
-		src = filepath.Join(repoRoot(t), "guests", "c", name+".c")
-		if _, err := os.Stat(src); err != nil {
-			src = filepath.Join(repoRoot(t), "guests", name, name+".c")
-		}
+	if !strings.Contains(src, "/") { // a backend of this repository
+		src = filepath.Join(repoRoot(t), "guests", src, src+".c")
 	}
 	out := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".c")+".wasm")
-	args := append(strings.Fields(guestCFlags), "-I", filepath.Join(repoRoot(t), "guests", "c"), "-o", out, src)
+	args := buildflags.ClangArgs(filepath.Join(repoRoot(t), "guests", "c"), out, src)
 	if b, err := exec.Command(tool, args...).CombinedOutput(); err != nil {
 		t.Fatalf("clang %s: %v\n%s", src, err, b)
 	}

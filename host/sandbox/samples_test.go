@@ -1,6 +1,6 @@
 package sandbox
 
-// The policies of the sample backends in guests/c, driven op by op through
+// The policies of the sample backends in guests/<name>/, driven op by op through
 // the sandbox (the end-to-end runs through the plugin are in test/).
 
 import (

@@ -22,5 +22,5 @@ import _ "embed" // the default backend, below
 //go:embed embedded/default.wasm
 var defaultWasm []byte
 
-// DefaultWasm returns the embedded default backend (guests/c/passthrough.c).
+// DefaultWasm returns the embedded default backend (guests/passthrough/passthrough.c).
 func DefaultWasm() []byte { return defaultWasm }

@@ -391,7 +391,7 @@ func TestGoGuest(t *testing.T) {
 		t.Skip("builds a Go wasip1 module")
 	}
 	out := filepath.Join(t.TempDir(), "passthrough-go.wasm")
-	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", out, "./guests/go/passthrough")
+	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", out, "./guests/passthrough-go")
 	cmd.Dir = repoRoot(t)
 	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
 	if b, err := cmd.CombinedOutput(); err != nil {
