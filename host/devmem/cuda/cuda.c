@@ -112,11 +112,11 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   return n;
 }
 
-/* rmaw_cuda_inspect accepts [ptr, ptr+size) when every byte of it is CUDA
+/* cuda_inspect accepts [ptr, ptr+size) when every byte of it is CUDA
  * device memory of one device: one allocation, or several mapped next to
  * each other in one VMM reservation (NCCL's symmetric windows), walked
  * allocation by allocation with cuMemGetAddressRange. */
-int rmaw_cuda_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t errlen) {
+static int cuda_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t errlen) {
   int ordinal = -1;
   uint64_t end = ptr + (size ? size : 1);
   for (uint64_t p = ptr; p < end;) {
@@ -205,8 +205,8 @@ static CUstream stream_for(CUcontext ctx, CUresult* r) {
   return *r == 0 ? s : NULL;
 }
 
-int rmaw_cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
-                   size_t errlen) {
+static int cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
+                     size_t errlen) {
   /* The calling thread (an NCCL progress thread, a Go goroutine's thread)
    * may have no context: set the one captured at registration. */
   CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
@@ -230,7 +230,7 @@ int rmaw_cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint6
 }
 
 /* Portable page-locked memory: usable by copies of every context. */
-int rmaw_cuda_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen) {
+static int cuda_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen) {
   CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
   if (r == 0) r = cu.memHostAlloc(p, (size_t)n, MEMHOSTALLOC_PORTABLE);
   if (r != 0) {
@@ -240,11 +240,11 @@ int rmaw_cuda_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t 
   return 0;
 }
 
-void rmaw_cuda_host_free(void* p) { cu.memFreeHost(p); }
+static void cuda_host_free(void* p) { cu.memFreeHost(p); }
 
 /* Pins memory we mapped ourselves (the intra-node staging ring, shared
  * with another process), portable to every context. */
-int rmaw_cuda_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
+static int cuda_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
   if (!cu.memHostRegister) {
     snprintf(err, errlen, "the driver has no cuMemHostRegister");
     return -1;
@@ -260,13 +260,13 @@ int rmaw_cuda_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_
 
 /* Called from threads with no context (closeColl's, a service goroutine's
  * at teardown): set the registering one. */
-void rmaw_cuda_host_unregister(uintptr_t ctx, void* p) {
+static void cuda_host_unregister(uintptr_t ctx, void* p) {
   if (cu.memHostUnregister && cu.ctxSetCurrent((CUcontext)ctx) == 0) cu.memHostUnregister(p);
 }
 
 /* Exports [base, base+n) (page-aligned by the caller) as a DMA-BUF fd
  * (CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD), for a NIC that imports it. */
-int rmaw_cuda_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen) {
+static int cuda_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen) {
   if (!cu.getHandleForRange) {
     snprintf(err, errlen, "the driver has no cuMemGetHandleForAddressRange");
     return -1;
@@ -279,6 +279,17 @@ int rmaw_cuda_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, c
   }
   return 0;
 }
+
+/* The CUDA driver's entries of the ops table package devrt calls through. */
+const rmaw_devrt_ops rmaw_cuda_ops = {
+    .inspect = cuda_inspect,
+    .copy = cuda_copy,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
+    .export_dmabuf = cuda_export_dmabuf,
+};
 
 /* GDRCopy (libgdrapi.so, loaded at run time and never linked): device
  * signal words are updated through a CPU mapping of their 64 KiB GPU page

@@ -4,7 +4,7 @@
 package cuda
 
 /*
-#cgo CFLAGS: -Wall -Werror=incompatible-pointer-types -Werror=int-conversion -Werror=implicit-function-declaration
+#cgo CFLAGS: -I${SRCDIR}/../devrt -Wall -Werror=incompatible-pointer-types -Werror=int-conversion -Werror=implicit-function-declaration
 #include <stdlib.h>
 #include "cuda_shim.h"
 */
@@ -18,11 +18,21 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devrt"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
-// cudaDevice reaches the CUDA driver through cuda.c.
-type cudaDevice struct{}
+// cudaDevice reaches the CUDA driver through cuda.c: copies, pinned
+// memory and DMA-BUF export through its ops table (devrt), Locate and
+// GDRCopy directly.
+type cudaDevice struct {
+	devrt.Runtime[cudaOps]
+}
+
+// cudaOps names cuda.c's ops table.
+type cudaOps struct{}
+
+func (cudaOps) Ops() unsafe.Pointer { return unsafe.Pointer(&C.rmaw_cuda_ops) }
 
 var cudaOnce sync.Once
 
@@ -58,15 +68,6 @@ func Probe() {
 
 func (cudaDevice) Name() string { return "CUDA" }
 
-func (cudaDevice) Inspect(ptr uintptr, size uint64) (uintptr, error) {
-	var ctx C.uintptr_t
-	var buf [256]C.char
-	if C.rmaw_cuda_inspect(C.uint64_t(ptr), C.uint64_t(size), &ctx, &buf[0], C.size_t(len(buf))) != 0 {
-		return 0, errors.New(C.GoString(&buf[0]))
-	}
-	return uintptr(ctx), nil
-}
-
 // Locate says which CUDA device holds ptr, for direct registration with a
 // NIC (libfabric FI_HMEM_CUDA).
 func (cudaDevice) Locate(_, ptr uintptr) (int, int, error) {
@@ -75,61 +76,6 @@ func (cudaDevice) Locate(_, ptr uintptr) (int, int, error) {
 		return 0, 0, errors.New("no CUDA device ordinal for this address")
 	}
 	return devmem.IfaceCUDA, o, nil
-}
-
-// The host buffers are Go memory pinned for the duration of the call, which
-// the cgo rules allow: C does not keep them.
-func (cudaDevice) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
-	var buf [256]C.char
-	if C.rmaw_cuda_copy(C.uintptr_t(ctx), 0, dst, C.uint64_t(src), C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
-		return errors.New(C.GoString(&buf[0]))
-	}
-	return nil
-}
-
-func (cudaDevice) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64) error {
-	var buf [256]C.char
-	if C.rmaw_cuda_copy(C.uintptr_t(ctx), 1, src, C.uint64_t(dst), C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
-		return errors.New(C.GoString(&buf[0]))
-	}
-	return nil
-}
-
-// Pinned staging memory is C memory (cuMemHostAlloc): Go never moves or
-// frees it, and C may keep pointers to it.
-func (cudaDevice) AllocPinned(ctx uintptr, n uint64) (unsafe.Pointer, error) {
-	var p unsafe.Pointer
-	var buf [256]C.char
-	if C.rmaw_cuda_host_alloc(C.uintptr_t(ctx), C.uint64_t(n), &p, &buf[0], C.size_t(len(buf))) != 0 {
-		return nil, errors.New(C.GoString(&buf[0]))
-	}
-	return p, nil
-}
-
-func (cudaDevice) FreePinned(p unsafe.Pointer) { C.rmaw_cuda_host_free(p) }
-
-// HostRegister pins memory mapped outside Go's heap (the staging ring).
-func (cudaDevice) HostRegister(ctx uintptr, p unsafe.Pointer, n uint64) error {
-	var buf [256]C.char
-	if C.rmaw_cuda_host_register(C.uintptr_t(ctx), p, C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
-		return errors.New(C.GoString(&buf[0]))
-	}
-	return nil
-}
-
-func (cudaDevice) HostUnregister(ctx uintptr, p unsafe.Pointer) {
-	C.rmaw_cuda_host_unregister(C.uintptr_t(ctx), p)
-}
-
-// ExportDmaBuf exports the pages under [ptr, ptr+size) as a DMA-BUF.
-func (cudaDevice) ExportDmaBuf(ctx, ptr uintptr, size uint64) (int, uint64, error) {
-	base, n, off := devmem.PageSpan(ptr, size)
-	var fd C.int
-	var buf [256]C.char
-	if C.rmaw_cuda_export_dmabuf(C.uintptr_t(ctx), C.uint64_t(base), C.uint64_t(n), &fd, &buf[0], C.size_t(len(buf))) != 0 {
-		return -1, 0, errors.New(C.GoString(&buf[0]))
-	}
-	return int(fd), off, nil
 }
 
 // gdrDevice is the CUDA device with GDRCopy for signal words.

@@ -2,16 +2,13 @@
 #define RMAW_CUDA_SHIM_H
 #include <stddef.h>
 #include <stdint.h>
+
+#include "devrt.h"
+
 int rmaw_cuda_open(char* err, size_t errlen);
-int rmaw_cuda_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t errlen);
+/* The CUDA driver's ops table (copies, pinned memory, DMA-BUF export). */
+extern const rmaw_devrt_ops rmaw_cuda_ops;
 int rmaw_cuda_ordinal(uint64_t ptr);
-int rmaw_cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
-                   size_t errlen);
-int rmaw_cuda_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen);
-void rmaw_cuda_host_free(void* p);
-int rmaw_cuda_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen);
-void rmaw_cuda_host_unregister(uintptr_t ctx, void* p);
-int rmaw_cuda_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen);
 int rmaw_gdr_open(char* err, size_t errlen);
 int rmaw_gdr_add(uintptr_t ctx, uint64_t addr, uint64_t v);
 void rmaw_gdr_forget(uint64_t addr, uint64_t size);

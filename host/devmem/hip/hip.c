@@ -113,7 +113,7 @@ static int attrs(uint64_t p, int* type, int* dev) {
   return r;
 }
 
-int rmaw_hip_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t errlen) {
+static int hip_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t errlen) {
   int type = -1, dev = -1;
   hipError_t r = attrs(ptr, &type, &dev);
   if (r != 0 || type != memtype_device || dev < 0) {
@@ -156,7 +156,7 @@ static hipStream_t on_device(uintptr_t ctx, hipError_t* r) {
   return s;
 }
 
-int rmaw_hip_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err, size_t errlen) {
+static int hip_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err, size_t errlen) {
   hipError_t r;
   hipStream_t s = on_device(ctx, &r);
   if (!s) {
@@ -174,7 +174,7 @@ int rmaw_hip_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64
   return 0;
 }
 
-int rmaw_hip_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen) {
+static int hip_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen) {
   hipError_t r = hip.setDevice((int)ctx - 1);
   if (r == 0) r = hip.hostMalloc(p, (size_t)n, HOST_MALLOC_PORTABLE);
   if (r != 0) {
@@ -184,10 +184,10 @@ int rmaw_hip_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t e
   return 0;
 }
 
-void rmaw_hip_host_free(void* p) { hip.hostFree(p); }
+static void hip_host_free(void* p) { hip.hostFree(p); }
 
 /* Pins memory we mapped ourselves (the intra-node staging ring). */
-int rmaw_hip_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
+static int hip_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
   if (!hip.hostRegister) {
     snprintf(err, errlen, "the runtime has no hipHostRegister");
     return -1;
@@ -201,14 +201,14 @@ int rmaw_hip_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t
   return 0;
 }
 
-void rmaw_hip_host_unregister(uintptr_t ctx, void* p) {
+static void hip_host_unregister(uintptr_t ctx, void* p) {
   if (hip.hostUnregister && hip.setDevice((int)ctx - 1) == 0) hip.hostUnregister(p);
 }
 
 /* Exports [base, base+n) (page-aligned by the caller) as a DMA-BUF fd
  * (hipMemRangeHandleTypeDmaBufFd), for a NIC that imports it; the memory's
  * device is made current first. */
-int rmaw_hip_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen) {
+static int hip_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen) {
   if (!hip.getHandleForRange) {
     snprintf(err, errlen, "the runtime has no hipMemGetHandleForAddressRange");
     return -1;
@@ -221,3 +221,14 @@ int rmaw_hip_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, ch
   }
   return 0;
 }
+
+/* The HIP runtime's entries of the ops table package devrt calls through. */
+const rmaw_devrt_ops rmaw_hip_ops = {
+    .inspect = hip_inspect,
+    .copy = hip_copy,
+    .host_alloc = hip_host_alloc,
+    .host_free = hip_host_free,
+    .host_register = hip_host_register,
+    .host_unregister = hip_host_unregister,
+    .export_dmabuf = hip_export_dmabuf,
+};

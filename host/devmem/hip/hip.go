@@ -6,7 +6,7 @@
 package hip
 
 /*
-#cgo CFLAGS: -Wall -Werror=incompatible-pointer-types -Werror=int-conversion -Werror=implicit-function-declaration
+#cgo CFLAGS: -I${SRCDIR}/../devrt -Wall -Werror=incompatible-pointer-types -Werror=int-conversion -Werror=implicit-function-declaration
 #include <stdlib.h>
 #include "hip_shim.h"
 */
@@ -20,12 +20,20 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devrt"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
-// hipDevice reaches the HIP runtime through hip.c. Its contexts are device
-// ordinals + 1.
-type hipDevice struct{}
+// hipDevice reaches the HIP runtime through hip.c's ops table (devrt). Its
+// contexts are device ordinals + 1.
+type hipDevice struct {
+	devrt.Runtime[hipOps]
+}
+
+// hipOps names hip.c's ops table.
+type hipOps struct{}
+
+func (hipOps) Ops() unsafe.Pointer { return unsafe.Pointer(&C.rmaw_hip_ops) }
 
 var hipOnce sync.Once
 
@@ -76,66 +84,4 @@ func (hipDevice) Locate(ctx, _ uintptr) (int, int, error) {
 		return 0, 0, errors.New("not HIP device memory")
 	}
 	return devmem.IfaceROCR, int(ctx) - 1, nil
-}
-
-func (hipDevice) Inspect(ptr uintptr, size uint64) (uintptr, error) {
-	var ctx C.uintptr_t
-	var buf [256]C.char
-	if C.rmaw_hip_inspect(C.uint64_t(ptr), C.uint64_t(size), &ctx, &buf[0], C.size_t(len(buf))) != 0 {
-		return 0, errors.New(C.GoString(&buf[0]))
-	}
-	return uintptr(ctx), nil
-}
-
-func (hipDevice) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
-	var buf [256]C.char
-	if C.rmaw_hip_copy(C.uintptr_t(ctx), 0, dst, C.uint64_t(src), C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
-		return errors.New(C.GoString(&buf[0]))
-	}
-	return nil
-}
-
-func (hipDevice) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64) error {
-	var buf [256]C.char
-	if C.rmaw_hip_copy(C.uintptr_t(ctx), 1, src, C.uint64_t(dst), C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
-		return errors.New(C.GoString(&buf[0]))
-	}
-	return nil
-}
-
-// Pinned staging memory is C memory (hipHostMalloc, portable).
-func (hipDevice) AllocPinned(ctx uintptr, n uint64) (unsafe.Pointer, error) {
-	var p unsafe.Pointer
-	var buf [256]C.char
-	if C.rmaw_hip_host_alloc(C.uintptr_t(ctx), C.uint64_t(n), &p, &buf[0], C.size_t(len(buf))) != 0 {
-		return nil, errors.New(C.GoString(&buf[0]))
-	}
-	return p, nil
-}
-
-func (hipDevice) FreePinned(p unsafe.Pointer) { C.rmaw_hip_host_free(p) }
-
-// HostRegister pins memory mapped outside Go's heap (the staging ring).
-func (hipDevice) HostRegister(ctx uintptr, p unsafe.Pointer, n uint64) error {
-	var buf [256]C.char
-	if C.rmaw_hip_host_register(C.uintptr_t(ctx), p, C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
-		return errors.New(C.GoString(&buf[0]))
-	}
-	return nil
-}
-
-func (hipDevice) HostUnregister(ctx uintptr, p unsafe.Pointer) {
-	C.rmaw_hip_host_unregister(C.uintptr_t(ctx), p)
-}
-
-// ExportDmaBuf exports the pages under [ptr, ptr+size) as a DMA-BUF
-// (hipMemGetHandleForAddressRange), for the RDMA path.
-func (hipDevice) ExportDmaBuf(ctx, ptr uintptr, size uint64) (int, uint64, error) {
-	base, n, off := devmem.PageSpan(ptr, size)
-	var fd C.int
-	var buf [256]C.char
-	if C.rmaw_hip_export_dmabuf(C.uintptr_t(ctx), C.uint64_t(base), C.uint64_t(n), &fd, &buf[0], C.size_t(len(buf))) != 0 {
-		return -1, 0, errors.New(C.GoString(&buf[0]))
-	}
-	return int(fd), off, nil
 }

@@ -1,0 +1,137 @@
+// Package devrt is the one Go binding of a device runtime (CUDA, HIP): each
+// runtime's C file fills a C ops table (devrt.h: inspect, copy, pinned
+// allocation, host registration, DMA-BUF export) with its own functions,
+// and Runtime implements devmem.Device's copies and the optional
+// HostRegisterer and DmaBufExporter by calling through that table. A
+// runtime's package embeds Runtime and adds what differs: its Name, Locate,
+// and anything only it has (GDRCopy for CUDA).
+//
+// The table is C memory the runtime's C file defines; Go never hands C a
+// pointer to keep: the host buffers given to copies are Go memory pinned
+// for the duration of the call, as the cgo rules allow.
+package devrt
+
+/*
+#cgo CFLAGS: -Wall -Werror=incompatible-pointer-types -Werror=int-conversion -Werror=implicit-function-declaration
+#include "devrt.h"
+
+// Go cannot call a C function pointer: one trampoline per slot.
+static int devrt_inspect(const rmaw_devrt_ops* o, uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t errlen) {
+  return o->inspect(ptr, size, ctx, err, errlen);
+}
+static int devrt_copy(const rmaw_devrt_ops* o, uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n,
+                      char* err, size_t errlen) {
+  return o->copy(ctx, to_device, host, dev, n, err, errlen);
+}
+static int devrt_host_alloc(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen) {
+  return o->host_alloc(ctx, n, p, err, errlen);
+}
+static void devrt_host_free(const rmaw_devrt_ops* o, void* p) { o->host_free(p); }
+static int devrt_host_register(const rmaw_devrt_ops* o, uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
+  return o->host_register(ctx, p, n, err, errlen);
+}
+static void devrt_host_unregister(const rmaw_devrt_ops* o, uintptr_t ctx, void* p) { o->host_unregister(ctx, p); }
+static int devrt_export_dmabuf(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err,
+                               size_t errlen) {
+  return o->export_dmabuf(ctx, base, n, fd, err, errlen);
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+)
+
+// Table names one runtime's ops table: Ops returns the address of the
+// rmaw_devrt_ops its C file defines (static C memory, filled before use).
+type Table interface {
+	Ops() unsafe.Pointer
+}
+
+// Runtime calls through T's ops table. Its zero value is ready: the table
+// comes from the type, so a runtime's device is a plain value.
+type Runtime[T Table] struct{}
+
+func (Runtime[T]) ops() *C.rmaw_devrt_ops {
+	var t T
+	return (*C.rmaw_devrt_ops)(t.Ops())
+}
+
+// errBuf receives a C function's failure message.
+type errBuf [256]C.char
+
+func (b *errBuf) err() error { return errors.New(C.GoString(&b[0])) }
+
+// Inspect checks that [ptr, ptr+size) is device memory of one device and
+// returns the context its copies run in.
+func (r Runtime[T]) Inspect(ptr uintptr, size uint64) (uintptr, error) {
+	var ctx C.uintptr_t
+	var buf errBuf
+	if C.devrt_inspect(r.ops(), C.uint64_t(ptr), C.uint64_t(size), &ctx, &buf[0], C.size_t(len(buf))) != 0 {
+		return 0, buf.err()
+	}
+	return uintptr(ctx), nil
+}
+
+// DtoH copies n bytes from device address src to host memory dst. The host
+// buffers of both copies are pinned for the duration of the call, which the
+// cgo rules allow: C does not keep them.
+func (r Runtime[T]) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
+	return r.copy(ctx, 0, dst, src, n)
+}
+
+// HtoD copies n bytes from host memory src to device address dst.
+func (r Runtime[T]) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64) error {
+	return r.copy(ctx, 1, src, dst, n)
+}
+
+func (r Runtime[T]) copy(ctx uintptr, toDevice C.int, host unsafe.Pointer, dev uintptr, n uint64) error {
+	var buf errBuf
+	if C.devrt_copy(r.ops(), C.uintptr_t(ctx), toDevice, host, C.uint64_t(dev), C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
+		return buf.err()
+	}
+	return nil
+}
+
+// AllocPinned returns pinned staging memory, which is C memory: Go never
+// moves or frees it, and C may keep pointers to it.
+func (r Runtime[T]) AllocPinned(ctx uintptr, n uint64) (unsafe.Pointer, error) {
+	var p unsafe.Pointer
+	var buf errBuf
+	if C.devrt_host_alloc(r.ops(), C.uintptr_t(ctx), C.uint64_t(n), &p, &buf[0], C.size_t(len(buf))) != 0 {
+		return nil, buf.err()
+	}
+	return p, nil
+}
+
+// FreePinned releases memory from AllocPinned.
+func (r Runtime[T]) FreePinned(p unsafe.Pointer) { C.devrt_host_free(r.ops(), p) }
+
+// HostRegister pins memory mapped outside Go's heap (the staging ring).
+func (r Runtime[T]) HostRegister(ctx uintptr, p unsafe.Pointer, n uint64) error {
+	var buf errBuf
+	if C.devrt_host_register(r.ops(), C.uintptr_t(ctx), p, C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
+		return buf.err()
+	}
+	return nil
+}
+
+// HostUnregister undoes HostRegister with ctx current.
+func (r Runtime[T]) HostUnregister(ctx uintptr, p unsafe.Pointer) {
+	C.devrt_host_unregister(r.ops(), C.uintptr_t(ctx), p)
+}
+
+// ExportDmaBuf exports the pages under [ptr, ptr+size) as a DMA-BUF, for
+// the RDMA path, and returns ptr's offset in it.
+func (r Runtime[T]) ExportDmaBuf(ctx, ptr uintptr, size uint64) (int, uint64, error) {
+	base, n, off := devmem.PageSpan(ptr, size)
+	var fd C.int
+	var buf errBuf
+	if C.devrt_export_dmabuf(r.ops(), C.uintptr_t(ctx), C.uint64_t(base), C.uint64_t(n), &fd, &buf[0], C.size_t(len(buf))) != 0 {
+		return -1, 0, buf.err()
+	}
+	return int(fd), off, nil
+}
