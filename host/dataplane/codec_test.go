@@ -14,6 +14,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 )
 
 // compressibleData is text-like: a small alphabet in runs.
@@ -78,25 +79,25 @@ func TestCompressedPuts(t *testing.T) {
 		ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 64 << 10})
 		sig := (*uint64)(unsafe.Pointer(&mem[0]))
 		tag, signals := uint64(1), uint64(0) // tag 0 completes nothing
-		for ci, codec := range codecs {
+		for ci, cw := range codecs {
 			for di, data := range [][]byte{compressibleData(size, uint64(ci)), randomData(size, uint64(ci))} {
-				// Sizes: under compMin (sent raw), one block, several.
-				for _, n := range []int{compMin - 1, 70000, size} {
+				// Sizes: under codec.MinSize (sent raw), one block, several.
+				for _, n := range []int{codec.MinSize - 1, 70000, size} {
 					off := 8 + int(tag-1)*slot
 					src := data[:n]
-					ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: tag, Codec: codec,
+					ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: tag, Codec: cw,
 						Local: unsafe.Pointer(&src[0]), Size: uint64(n), Off: uint64(off)}, false, -1)
 					signals++
 					tag++
 					deadline := time.Now().Add(20 * time.Second)
 					for atomic.LoadUint64(sig) != signals {
 						if time.Now().After(deadline) {
-							t.Fatalf("lanes %d codec %#x data %d size %d: signal never arrived (failures %v)", lanes, codec, di, n, owners[0].failed)
+							t.Fatalf("lanes %d codec %#x data %d size %d: signal never arrived (failures %v)", lanes, cw, di, n, owners[0].failed)
 						}
 						time.Sleep(100 * time.Microsecond)
 					}
 					if !bytes.Equal(mem[off:off+n], src) {
-						t.Fatalf("lanes %d codec %#x data %d size %d: bytes differ after the signal", lanes, codec, di, n)
+						t.Fatalf("lanes %d codec %#x data %d size %d: bytes differ after the signal", lanes, cw, di, n)
 					}
 					if st := waitDone(t, owners[0], tag-1); st != abi.Success {
 						t.Fatalf("put completed with %v", st)
@@ -121,16 +122,16 @@ func TestCompressedPuts(t *testing.T) {
 }
 
 // frame builds a compressed put as a hostile peer could write it.
-func frame(mrID uint32, off, size uint64, codec uint8, blocks ...[]byte) []byte {
-	h := header{typ: MsgPut, status: uint16(codec), mrID: mrID, tag: 1, off: off, size: size}
+func frame(mrID uint32, off, size uint64, cid uint8, blocks ...[]byte) []byte {
+	h := header{typ: MsgPut, status: uint16(cid), mrID: mrID, tag: 1, off: off, size: size}
 	b := make([]byte, hdrSize)
 	h.encode(b)
 	return append(b, bytes.Join(blocks, nil)...)
 }
 
 func block(clen, raw uint32, data []byte) []byte {
-	b := make([]byte, compPrefix)
-	putPrefix(b, clen, raw)
+	b := make([]byte, codec.PrefixSize)
+	codec.PutPrefix(b, clen, raw)
 	return append(b, data...)
 }
 
@@ -152,17 +153,17 @@ func TestHostileCompressedFrames(t *testing.T) {
 		wire   []byte
 		broken bool // the stream cannot be trusted after it
 	}{
-		{"s2 decodes past its block", frame(1, 0, 4096, codecS2, block(uint32(len(s2big)), 4096, s2big)), false},
-		{"s2 decodes short", frame(1, 0, 4096, codecS2, block(uint32(len(s2short)), 4096, s2short)), false},
-		{"s2 garbage", frame(1, 0, 4096, codecS2, block(100, 4096, bytes.Repeat([]byte{0xff}, 100))), false},
-		{"zstd declares more", frame(1, 0, 4096, codecZstd, block(uint32(len(zbig)), 4096, zbig)), false},
-		{"zstd corrupt content", frame(1, 0, 4096, codecZstd, block(uint32(len(zlie)), 4096, zlie)), false},
+		{"s2 decodes past its block", frame(1, 0, 4096, guestabi.CodecS2, block(uint32(len(s2big)), 4096, s2big)), false},
+		{"s2 decodes short", frame(1, 0, 4096, guestabi.CodecS2, block(uint32(len(s2short)), 4096, s2short)), false},
+		{"s2 garbage", frame(1, 0, 4096, guestabi.CodecS2, block(100, 4096, bytes.Repeat([]byte{0xff}, 100))), false},
+		{"zstd declares more", frame(1, 0, 4096, guestabi.CodecZstd, block(uint32(len(zbig)), 4096, zbig)), false},
+		{"zstd corrupt content", frame(1, 0, 4096, guestabi.CodecZstd, block(uint32(len(zlie)), 4096, zlie)), false},
 		{"unknown codec", frame(1, 0, 4096, 9, block(uint32(len(zgood)), 4096, zgood)), false},
-		{"zstd into a range past the end", frame(1, 8192, 4096, codecZstd, block(uint32(len(zgood)), 4096, zgood)), false},
-		{"compressed larger than raw", frame(1, 0, 4096, codecS2, block(5000, 4096, make([]byte, 5000))), true},
-		{"block beyond the put", frame(1, 0, 100, codecS2, block(10, 4096, make([]byte, 10))), true},
-		{"block above the block size", frame(1, 0, 4<<20, codecS2, block(10, 2<<20, make([]byte, 10))), true},
-		{"empty block", frame(1, 0, 4096, codecS2, block(0, 0, nil)), true},
+		{"zstd into a range past the end", frame(1, 8192, 4096, guestabi.CodecZstd, block(uint32(len(zgood)), 4096, zgood)), false},
+		{"compressed larger than raw", frame(1, 0, 4096, guestabi.CodecS2, block(5000, 4096, make([]byte, 5000))), true},
+		{"block beyond the put", frame(1, 0, 100, guestabi.CodecS2, block(10, 4096, make([]byte, 10))), true},
+		{"block above the block size", frame(1, 0, 4<<20, guestabi.CodecS2, block(10, 2<<20, make([]byte, 10))), true},
+		{"empty block", frame(1, 0, 4096, guestabi.CodecS2, block(0, 0, nil)), true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -199,76 +200,6 @@ func TestHostileCompressedFrames(t *testing.T) {
 				t.Fatal("a hostile frame wrote outside the registration")
 			}
 		})
-	}
-}
-
-// FuzzDecodeBlock: whatever the block, decoding writes only into dst and
-// succeeds only with exactly len(dst) bytes.
-func FuzzDecodeBlock(f *testing.F) {
-	d := compressibleData(3000, 1)
-	z, _ := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithSingleSegment(true))
-	f.Add(uint8(codecS2), uint16(3000), s2.Encode(nil, d))
-	f.Add(uint8(codecS2), uint16(100), s2.Encode(nil, d))
-	f.Add(uint8(codecZstd), uint16(3000), z.EncodeAll(d, nil))
-	f.Add(uint8(codecZstd), uint16(2999), z.EncodeAll(d, nil))
-	f.Add(uint8(codecZstd), uint16(3000), z.EncodeAll(d[:10], z.EncodeAll(d[:2990], nil)))
-	var dec decoders
-	f.Fuzz(func(t *testing.T, codec uint8, n uint16, src []byte) {
-		whole, dst, intact := guarded(int(n))
-		_ = whole
-		err := dec.decode(codec, dst, src)
-		if !intact() {
-			t.Fatalf("codec %d: decoding %d bytes into %d wrote outside the destination", codec, len(src), n)
-		}
-		if err == nil {
-			var ref []byte
-			var rerr error
-			switch codec {
-			case codecS2:
-				ref, rerr = s2.Decode(nil, src)
-			case codecZstd:
-				zd, _ := zstd.NewReader(nil)
-				ref, rerr = zd.DecodeAll(src, nil)
-				zd.Close()
-			}
-			if rerr != nil || !bytes.Equal(ref, dst) {
-				t.Fatalf("codec %d: accepted a block that does not decode to its %d bytes (%v)", codec, n, rerr)
-			}
-		}
-	})
-}
-
-// TestCodecSteadyAllocs: once a lane's encoders and a stream's decoders
-// exist, compressing and decompressing allocate nothing.
-func TestCodecSteadyAllocs(t *testing.T) {
-	data := compressibleData(200000, 3)
-	dst := make([]byte, len(data))
-	for _, codec := range []uint32{guestabi.Codec(guestabi.CodecS2, 0), guestabi.Codec(guestabi.CodecS2, 2), guestabi.Codec(guestabi.CodecZstd, 1), guestabi.Codec(guestabi.CodecZstd, 2)} {
-		var e encoders
-		var d decoders
-		run := func() {
-			e.reset()
-			framed, stored := e.block(codec, data)
-			if stored {
-				t.Fatalf("codec %#x did not compress", codec)
-			}
-			clen, raw := getPrefix(framed)
-			if err := checkFrame(clen, raw, uint64(len(data))); err != nil {
-				t.Fatal(err)
-			}
-			if err := d.decode(uint8(codec), dst, framed[compPrefix:]); err != nil {
-				t.Fatalf("codec %#x: %v", codec, err)
-			}
-		}
-		run()
-		if !bytes.Equal(dst, data) {
-			t.Fatalf("codec %#x: round trip differs", codec)
-		}
-		if a := testing.AllocsPerRun(20, run); a != 0 && !raceOn {
-			t.Errorf("codec %#x: %v allocations per block", codec, a)
-		}
-		e.release()
-		d.release()
 	}
 }
 

@@ -137,9 +137,16 @@ type Options struct {
 	// moved no byte for this long (watchdog.go); 0 waits forever.
 	PeerTimeout time.Duration
 	// Encrypt seals every TCP stream (NCCL_RMA_WASM_ENCRYPT): X25519 keys
-	// agreed under the signed hello, AES-256-GCM records (seal.go). A
-	// dialer that does not seal is refused.
+	// agreed under the signed hello, AES-256-GCM records (host/handshake).
+	// A dialer that does not seal is refused.
 	Encrypt bool
+	// StageChunk is the size of the pieces device payloads are staged in
+	// through host memory (NCCL_RMA_WASM_STAGE_CHUNK_KB; 0:
+	// staging.DefaultChunk).
+	StageChunk uint64
+	// NoIntraRing keeps intra-node device payloads off the shared staging
+	// ring: they ride the TCP lanes (NCCL_RMA_WASM_INTRANODE_RING=0).
+	NoIntraRing bool
 }
 
 // DefaultCloseTimeout is Options.CloseTimeout when it is zero: the default
@@ -167,6 +174,8 @@ type Mesh struct {
 	spinners     int
 	wg           sync.WaitGroup
 	quit         chan struct{} // closed by Close: stops the watchdog
+	stageChunk   uint64        // Options.StageChunk
+	noIntraRing  bool          // Options.NoIntraRing
 	fab          *fabEP        // the libfabric endpoint (rail 0), nil without one
 	rails        []*fabEP      // every rail's endpoint, fab first (fabric_rails.go)
 }
@@ -198,7 +207,8 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	}
 	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n), lanes: lanes,
 		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout, localComp: opt.LocalCompletion,
-		orderWindow: opt.OrderWindow, spinWait: opt.SpinWait, spinners: opt.Spinners, quit: make(chan struct{})}
+		orderWindow: opt.OrderWindow, spinWait: opt.SpinWait, spinners: opt.Spinners, quit: make(chan struct{}),
+		stageChunk: opt.StageChunk, noIntraRing: opt.NoIntraRing}
 	if m.orderWindow == 0 {
 		m.orderWindow = DefaultOrderWindow
 	}

@@ -3,15 +3,40 @@ package dataplane
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 // The target side every transport shares: a put (or a piece of one) has
 // landed in our memory; its signal, if any, becomes visible once everything
 // the peer numbered before it has landed too.
+
+// sigRef is a signal word: host memory updated atomically, or a word of
+// device memory updated through the device runtime (staging.AddSignal).
+type sigRef struct {
+	host *uint64
+	dev  uintptr
+	ctx  uintptr
+	pin  Pin // the signal registration, held until the signal is applied
+}
+
+func (s sigRef) valid() bool { return s.host != nil || s.dev != 0 }
+
+// apply adds v to the signal word, after the payload is visible.
+func (s sigRef) apply(v uint64) error {
+	if s.host != nil {
+		atomic.AddUint64(s.host, v)
+		return nil
+	}
+	return staging.AddSignal(s.ctx, s.dev, v)
+}
+
+// devAddr is the device address a registration base stands for.
+func devAddr(p unsafe.Pointer, off uint64) uintptr { return uintptr(p) + uintptr(off) }
 
 // landed records that the put numbered seq landed and applies sig (when
 // valid) in order. seq 0 means one ordered channel: apply at once. A

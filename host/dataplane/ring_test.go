@@ -69,7 +69,6 @@ func ringMesh(t *testing.T, size uint64, lanes int) ([]*Mesh, []*devOwner, *ring
 
 func ringMeshStripe(t *testing.T, size uint64, lanes int, stripe uint64) ([]*Mesh, []*devOwner, *ringDevice) {
 	t.Helper()
-	t.Setenv("NCCL_RMA_WASM_STAGE_CHUNK_KB", "4")
 	// Both ranks' memory is mapped outside Go's heap: the two ends of the
 	// ring synchronise through shared memory and futexes, which the race
 	// detector cannot see, as two processes would.
@@ -82,7 +81,7 @@ func ringMeshStripe(t *testing.T, size uint64, lanes int, stripe uint64) ([]*Mes
 		os[r] = &devOwner{memOwner: memOwner{done: map[uint64]abi.Result{}}, dev: pd.base + uintptr(r)*uintptr(size), size: size, host: mapAnon(t, 64<<10)}
 	}
 	ms := connectOwners(t, []Owner{os[0], os[1]}, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes,
-		StripeThreshold: stripe, ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second})
+		StripeThreshold: stripe, ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second, StageChunk: 4 << 10})
 	return ms, os, d
 }
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -320,12 +322,12 @@ func (t *tcpLink) fence(i, from int) error {
 // dropPut reads and drops the payload of a resent put whose sequence
 // number already landed: no byte of it is written, its signal is not
 // applied again.
-func (t *tcpLink) dropPut(br *bufio.Reader, h *header, dec *decoders) error {
+func (t *tcpLink) dropPut(br *bufio.Reader, h *header, dec *codec.Decoder) error {
 	if h.size == 0 {
 		return nil
 	}
-	if codec := uint8(h.status); codec != codecNone {
-		_, err := t.readCompressed(br, codec, h.size, nil, dec)
+	if cid := uint8(h.status); cid != guestabi.CodecNone {
+		_, err := t.readCompressed(br, cid, h.size, nil, dec)
 		return err
 	}
 	if h.size > math.MaxInt64 {

@@ -14,6 +14,8 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 )
 
 const (
@@ -216,7 +218,7 @@ type lane struct {
 	bufs  net.Buffers
 	liov  [1]unix.Iovec       // scratch for the side path
 	riov  [1]unix.RemoteIovec // (process_vm_writev/readv)
-	enc   encoders            // wire compression (codec.go)
+	enc   codec.Encoder       // wire compression (host/codec)
 
 	gmu   sync.Mutex // guards the outstanding-get FIFO
 	gets  []getEntry
@@ -237,7 +239,7 @@ type lane struct {
 	// whoever holds writing; the mapping is read by replies too.
 	ringState  int
 	ringFilled uint32
-	ring       atomic.Pointer[ring]
+	ring       atomic.Pointer[staging.Ring]
 	ringNo     atomic.Bool // the target refused the ring
 
 	// With several lanes (resend), every put and registration notice
@@ -476,8 +478,8 @@ func (l *lane) writeBatch(ops []Op) bool {
 	iov := l.iov[:0]
 	pend := l.ptags[:0]
 	pops := l.pops[:0]
-	l.enc.reset()
-	defer l.enc.release() // the arena goes back to the pool once the batch is written
+	l.enc.Reset()
+	defer l.enc.Release() // the arena goes back to the pool once the batch is written
 	var err error
 	n := 0 // ops handled so far; a device copy failure stops the batch
 	for ; n < len(ops) && err == nil; n++ {
@@ -561,7 +563,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 				l.awaitPuts(pend, pops)
 				pend, pops = pend[:0], pops[:0]
 				if err = l.writeIov(iov); err == nil {
-					err = writeFromDevice(l.out, op.LocalCtx, uintptr(op.Local), op.Size)
+					err = staging.WriteFromDevice(l.out, op.LocalCtx, uintptr(op.Local), op.Size, l.p.m.stageChunk)
 				}
 				iov = iov[:0]
 			} else if comp {
@@ -623,19 +625,19 @@ func (l *lane) compress(iov [][]byte, pend []uint64, pops []Op, op *Op) ([][]byt
 	e := &l.enc
 	src := unsafe.Slice((*byte)(op.Local), op.Size)
 	for len(src) > 0 {
-		n := min(len(src), compBlock)
-		if (e.arena != nil && !e.room(n)) || len(iov)+2 > cap(iov) {
+		n := min(len(src), codec.BlockSize)
+		if !e.Room(n) || len(iov)+2 > cap(iov) {
 			l.awaitPuts(pend, pops)
 			pend, pops = pend[:0], pops[:0]
 			err := l.writeIov(iov)
 			clear(iov)
 			iov = iov[:0]
-			e.reset()
+			e.Reset()
 			if err != nil {
 				return iov, pend, pops, err
 			}
 		}
-		framed, stored := e.block(op.Codec, src[:n])
+		framed, stored := e.Block(op.Codec, src[:n])
 		iov = append(iov, framed)
 		if stored {
 			iov = append(iov, src[:n])
@@ -643,6 +645,26 @@ func (l *lane) compress(iov [][]byte, pend []uint64, pops []Op, op *Op) ([][]byt
 		src = src[n:]
 	}
 	return iov, pend, pops, nil
+}
+
+// compressible reports whether op's payload is compressed on the wire.
+func compressible(op *Op) bool {
+	return op.Codec&guestabi.CodecIDMask != guestabi.CodecNone && op.Size >= codec.MinSize && op.LocalCtx == 0 &&
+		(op.Msg == MsgPut || op.Msg == MsgPutSignal)
+}
+
+// Compression reports the payload bytes this mesh's TCP lanes compressed
+// so far and what they took on the wire (framing included).
+func (m *Mesh) Compression() (raw, wire uint64) {
+	for _, p := range m.peers {
+		if t, ok := p.t.(*tcpLink); ok {
+			for _, l := range t.lanes {
+				r, w := l.enc.Counts()
+				raw, wire = raw+r, wire+w
+			}
+		}
+	}
+	return raw, wire
 }
 
 // awaitPuts appends the tags of puts about to be written to the FIFO that
@@ -863,7 +885,7 @@ func (l *lane) replies() {
 				continue
 			}
 			if e.size > 0 && e.ctx != 0 {
-				if err := readToDevice(br, e.ctx, uintptr(e.dst), e.size); err != nil {
+				if err := staging.ReadToDevice(br, e.ctx, uintptr(e.dst), e.size, p.m.stageChunk); err != nil {
 					p.markDead(fmt.Errorf("receive get data from rank %d into device memory: %w", p.rank, err))
 					p.m.owner.Complete(e.tag, abi.RemoteError)
 					return

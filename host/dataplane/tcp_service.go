@@ -9,6 +9,9 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -63,10 +66,10 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 	var hb [hdrSize]byte
 	var h header
 	resp := make([]byte, hdrSize+smallResponse)
-	dec := &decoders{}
-	defer dec.release()
-	rx := &ringRx{}
-	defer rx.close()
+	dec := &codec.Decoder{}
+	defer dec.Release()
+	rx := &staging.Receiver{}
+	defer rx.Close()
 	bye := false
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
@@ -155,7 +158,7 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 // bytes, without overflowing. Initiator and target check with the same rule.
 func Span(off, n, size uint64) bool { return off <= size && n <= size-off }
 
-func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byte, dec *decoders, rx *ringRx) error {
+func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byte, dec *codec.Decoder, rx *staging.Receiver) error {
 	p := t.p
 	status := abi.Success
 	if h.size > 0 {
@@ -164,25 +167,25 @@ func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []
 			status = abi.InvalidArgument
 		}
 		var err error
-		switch codec := uint8(h.status); {
+		switch cid := uint8(h.status); {
 		case h.status&statusRing != 0:
 			// The payload is in the staging ring: emptied even when
 			// the put is rejected, so the ring stays in step.
-			if codec != codecNone {
+			if cid != guestabi.CodecNone {
 				err = fmt.Errorf("protocol error: rank %d sent a compressed put through the staging ring", p.rank)
 				break
 			}
-			if err = rx.drain(p, ctx, unsafe.Add(base, h.off), h.size, status == abi.Success); err != nil {
+			if err = rx.Drain(p.rank, ctx, unsafe.Add(base, h.off), h.size, status == abi.Success, p); err != nil {
 				err = fmt.Errorf("receive put payload from rank %d through the staging ring: %w", p.rank, err)
 			}
-		case codec != codecNone:
+		case cid != guestabi.CodecNone:
 			// Compressed (SPEC.md §8.10): decoded into the range only.
 			var dst []byte
 			if status == abi.Success && ctx == 0 {
 				dst = unsafe.Slice((*byte)(unsafe.Add(base, h.off)), h.size)
 			}
 			var bad error
-			if bad, err = t.readCompressed(br, codec, h.size, dst, dec); err == nil && (bad != nil || (status == abi.Success && dst == nil)) {
+			if bad, err = t.readCompressed(br, cid, h.size, dst, dec); err == nil && (bad != nil || (status == abi.Success && dst == nil)) {
 				if bad == nil {
 					bad = errors.New("compressed payload for device memory")
 				}
@@ -197,7 +200,7 @@ func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []
 				err = fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
 			}
 		case ctx != 0:
-			if err = readToDevice(br, ctx, devAddr(base, h.off), h.size); err != nil {
+			if err = staging.ReadToDevice(br, ctx, devAddr(base, h.off), h.size, p.m.stageChunk); err != nil {
 				err = fmt.Errorf("receive put payload from rank %d into device memory: %w", p.rank, err)
 			}
 		default:
@@ -237,7 +240,7 @@ func (t *tcpLink) serveGet(in *net.TCPConn, h *header, resp []byte) error {
 		if err := t.reply(in, msgGetResp, h, abi.Success, nil, resp); err != nil {
 			return err
 		}
-		if err := writeFromDevice(in, ctx, devAddr(base, h.off), h.size); err != nil {
+		if err := staging.WriteFromDevice(in, ctx, devAddr(base, h.off), h.size, p.m.stageChunk); err != nil {
 			return fmt.Errorf("serve get from device memory to rank %d: %w", p.rank, err)
 		}
 		return nil
@@ -256,14 +259,14 @@ var codecWarn logx.Limited
 // block, decoding into dst (nil: discard). bad reports a block that did
 // not decode (the put is rejected, the stream stays in step: the blocks
 // after it are read and dropped); err a broken stream or framing.
-func (t *tcpLink) readCompressed(br *bufio.Reader, codec uint8, size uint64, dst []byte, dec *decoders) (bad, err error) {
+func (t *tcpLink) readCompressed(br *bufio.Reader, cid uint8, size uint64, dst []byte, dec *codec.Decoder) (bad, err error) {
 	left, done := size, uint64(0)
 	for left > 0 {
-		if _, err := io.ReadFull(br, dec.prefix[:]); err != nil {
+		if _, err := io.ReadFull(br, dec.Prefix[:]); err != nil {
 			return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.rank, err)
 		}
-		clen, rawLen := getPrefix(dec.prefix[:])
-		if err := checkFrame(clen, rawLen, left); err != nil {
+		clen, rawLen := codec.GetPrefix(dec.Prefix[:])
+		if err := codec.CheckFrame(clen, rawLen, left); err != nil {
 			return bad, fmt.Errorf("protocol error from rank %d: %w", t.p.rank, err)
 		}
 		switch {
@@ -276,16 +279,16 @@ func (t *tcpLink) readCompressed(br *bufio.Reader, codec uint8, size uint64, dst
 				return bad, fmt.Errorf("receive put payload from rank %d: %w", t.p.rank, err)
 			}
 		default:
-			dec.take()
-			if _, err := io.ReadFull(br, dec.buf[:clen]); err != nil {
+			dec.Take()
+			if _, err := io.ReadFull(br, dec.Buf[:clen]); err != nil {
 				return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.rank, err)
 			}
-			bad = dec.decode(codec, dst[done:done+uint64(rawLen)], dec.buf[:clen])
+			bad = dec.Decode(cid, dst[done:done+uint64(rawLen)], dec.Buf[:clen])
 		}
 		left -= uint64(rawLen)
 		done += uint64(rawLen)
 	}
-	dec.release() // held for one put only: idle streams keep no buffer
+	dec.Release() // held for one put only: idle streams keep no buffer
 	return bad, nil
 }
 

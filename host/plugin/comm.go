@@ -131,7 +131,8 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		// Encryption declines libfabric too: its RMA writes would bypass the seal.
 		NoFabric:    plan.Transport == backend.TransportTCP || plan.Transport == backend.TransportIntraNode || config.Encrypt.Get(),
 		OrderWindow: uint64(config.OrderWindow.Get()), PeerTimeout: config.PeerTimeout.Get(),
-		Encrypt: config.Encrypt.Get()}
+		Encrypt:    config.Encrypt.Get(),
+		StageChunk: uint64(config.StageChunkKiB.Get()) << 10, NoIntraRing: !config.IntraRing.Get()}
 	opt.SpinWait, opt.Spinners = spinOptions()
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {

@@ -11,8 +11,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 )
 
 // fakeDevice stands in for a GPU: its "device addresses" lie far outside
@@ -399,7 +399,7 @@ func TestDeviceStaging(t *testing.T) {
 						return
 					}
 					time.Sleep(time.Millisecond)
-					dataplane.ReleaseStagers()
+					staging.Release()
 				}
 			})
 			rs := setup(t, 2, 64)

@@ -11,6 +11,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -107,7 +108,7 @@ func Finalize(ctx uint64) abi.Result {
 	}
 	// Pinned staging memory belongs to a device context the application
 	// may destroy after finalize; idle stagers go now.
-	dataplane.ReleaseStagers()
+	staging.Release()
 	return abi.Success
 }
 

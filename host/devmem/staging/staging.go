@@ -1,4 +1,11 @@
-package dataplane
+// Package staging moves device memory through host memory, for transports
+// that cannot reach it: pooled pairs of pinned buffers and a copier
+// goroutine (a stager) that pipeline a device payload to or from a socket
+// (ReadToDevice, WriteFromDevice), the read-modify-write of a device signal
+// word (AddSignal), and the intra-node staging ring, a shared-memory ring
+// of slots between two processes of one host (ring.go). The copies are
+// host/devmem's; host/dataplane decides when to stage.
+package staging
 
 import (
 	"errors"
@@ -9,7 +16,6 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
@@ -21,19 +27,13 @@ import (
 // stager's copier goroutine copying chunk k+1 while the caller moves chunk k
 // over the wire. Host memory takes none of these paths.
 
-var errNoDevice = errors.New("device memory registered but no device runtime is loaded")
+// ErrNoDevice: an operation names device memory and no device runtime is
+// loaded (host/devmem.Register).
+var ErrNoDevice = errors.New("device memory registered but no device runtime is loaded")
 
-// sigRef is a signal word: host memory updated atomically, or a word of
-// device memory updated by read-modify-write through the device runtime
-// (through a CPU mapping of it where the device offers one: GDRCopy).
-type sigRef struct {
-	host *uint64
-	dev  uintptr
-	ctx  uintptr
-	pin  Pin // the signal registration, held until the signal is applied
-}
-
-func (s sigRef) valid() bool { return s.host != nil || s.dev != 0 }
+// DefaultChunk is the staging chunk size when the caller names none: the
+// default of NCCL_RMA_WASM_STAGE_CHUNK_KB (host/config).
+const DefaultChunk = 1 << 20
 
 // devSigLocks serialise read-modify-writes of device signal words: the
 // services of different peers (and lanes) may update one word at once, and
@@ -41,32 +41,31 @@ func (s sigRef) valid() bool { return s.host != nil || s.dev != 0 }
 // address so that unrelated words rarely share a lock.
 var devSigLocks [64]sync.Mutex
 
-// apply adds v to the signal word. It runs after the payload is visible:
-// readToDevice returns only once every copy of the payload completed.
-func (s sigRef) apply(v uint64) error {
-	if s.host != nil {
-		atomic.AddUint64(s.host, v)
-		return nil
-	}
+// AddSignal adds v to the 8-byte signal word at device address dev of
+// context ctx, by read-modify-write through the device runtime (through a
+// CPU mapping of it where the device offers one: GDRCopy). The caller runs
+// it after the payload is visible: ReadToDevice returns only once every
+// copy of the payload completed.
+func AddSignal(ctx, dev uintptr, v uint64) error {
 	d := devmem.Get()
 	if d == nil {
-		return errNoDevice
+		return ErrNoDevice
 	}
-	stripe := int((s.dev >> 3) % uintptr(len(devSigLocks)))
+	stripe := int((dev >> 3) % uintptr(len(devSigLocks)))
 	mu := &devSigLocks[stripe]
 	mu.Lock()
 	defer mu.Unlock()
 	if wa, ok := d.(devmem.WordAdder); ok {
-		if done, err := wa.AddWord(s.ctx, s.dev, v); done || err != nil {
+		if done, err := wa.AddWord(ctx, dev, v); done || err != nil {
 			return err
 		}
 	}
-	w := sigWord(d, s.ctx, stripe)
-	if err := d.DtoH(s.ctx, w, s.dev, 8); err != nil {
+	w := sigWord(d, ctx, stripe)
+	if err := d.DtoH(ctx, w, dev, 8); err != nil {
 		return fmt.Errorf("read device signal: %w", err)
 	}
 	*(*uint64)(w) += v
-	if err := d.HtoD(s.ctx, s.dev, w, 8); err != nil {
+	if err := d.HtoD(ctx, dev, w, 8); err != nil {
 		return fmt.Errorf("write device signal: %w", err)
 	}
 	return nil
@@ -149,14 +148,13 @@ var stagers struct {
 
 var pinnedWarned atomic.Bool
 
-// stageChunk is the staging chunk size, read at each transfer so that a
-// test or a tuning run can change it.
-func stageChunk() uint64 { return uint64(config.StageChunkKiB.Get()) << 10 }
-
-// getStager takes a stager of device d from the pool, or makes one. Stagers
-// of another device (tests swap fakes) or chunk size are dropped.
-func getStager(d devmem.Device, ctx uintptr) *stager {
-	chunk := stageChunk()
+// getStager takes a stager of device d and chunk size chunk (0:
+// DefaultChunk) from the pool, or makes one. Stagers of another device
+// (tests swap fakes) or chunk size are dropped.
+func getStager(d devmem.Device, ctx uintptr, chunk uint64) *stager {
+	if chunk == 0 {
+		chunk = DefaultChunk
+	}
 	stagers.mu.Lock()
 	for n := len(stagers.free); n > 0; n = len(stagers.free) {
 		s := stagers.free[n-1]
@@ -195,10 +193,10 @@ func putStager(s *stager) {
 	stagers.mu.Unlock()
 }
 
-// ReleaseStagers frees the pooled stagers that are idle (plugin finalize):
+// Release frees the pooled stagers that are idle (plugin finalize):
 // pinned memory lives in a device context the application may destroy.
 // Stagers in use return to the pool and are freed at the next call.
-func ReleaseStagers() {
+func Release() {
 	releaseSigPage()
 	stagers.mu.Lock()
 	free := stagers.free
@@ -231,16 +229,17 @@ func (s *stager) copier() {
 
 func (s *stager) bytes(i int, n uint64) []byte { return unsafe.Slice((*byte)(s.buf[i]), n) }
 
-// readToDevice reads n bytes from r into device memory at dst. With more
-// than one chunk, the copy to the device of chunk k runs while chunk k+1 is
+// ReadToDevice reads n bytes from r into device memory at dst of context
+// ctx, staged in pieces of chunk bytes (0: DefaultChunk). With more than
+// one chunk, the copy to the device of chunk k runs while chunk k+1 is
 // received; it returns once every copy completed, so whatever follows (a
 // signal, a completion) sees the whole payload.
-func readToDevice(r io.Reader, ctx, dst uintptr, n uint64) error {
+func ReadToDevice(r io.Reader, ctx, dst uintptr, n, chunk uint64) error {
 	d := devmem.Get()
 	if d == nil {
-		return errNoDevice
+		return ErrNoDevice
 	}
-	s := getStager(d, ctx)
+	s := getStager(d, ctx, chunk)
 	defer putStager(s)
 	c := s.chunk
 	if n <= c {
@@ -278,15 +277,16 @@ func readToDevice(r io.Reader, ctx, dst uintptr, n uint64) error {
 	return err
 }
 
-// writeFromDevice writes n bytes of device memory at src to w. With more
-// than one chunk, chunk k+1 is copied from the device while chunk k is
+// WriteFromDevice writes n bytes of device memory at src of context ctx to
+// w, staged in pieces of chunk bytes (0: DefaultChunk). With more than one
+// chunk, chunk k+1 is copied from the device while chunk k is
 // written.
-func writeFromDevice(w io.Writer, ctx, src uintptr, n uint64) error {
+func WriteFromDevice(w io.Writer, ctx, src uintptr, n, chunk uint64) error {
 	d := devmem.Get()
 	if d == nil {
-		return errNoDevice
+		return ErrNoDevice
 	}
-	s := getStager(d, ctx)
+	s := getStager(d, ctx, chunk)
 	defer putStager(s)
 	c := s.chunk
 	if n <= c {
@@ -317,6 +317,3 @@ func writeFromDevice(w io.Writer, ctx, src uintptr, n uint64) error {
 	}
 	return nil
 }
-
-// devAddr is the device address a registration base stands for.
-func devAddr(p unsafe.Pointer, off uint64) uintptr { return uintptr(p) + uintptr(off) }

@@ -1,4 +1,4 @@
-package dataplane
+package staging
 
 import (
 	"bytes"
@@ -105,7 +105,6 @@ func (w *slowWriter) Write(p []byte) (int, error) {
 // boundaries, that device copies overlap socket writes, and that a failing
 // copy or write ends the transfer with an error and leaves the stager idle.
 func TestStagingPipeline(t *testing.T) {
-	t.Setenv("NCCL_RMA_WASM_STAGE_CHUNK_KB", "4")
 	const chunk = 4 << 10
 	d := &pipeDevice{mem: make([]byte, 72*chunk), base: 0x7e00_0000_0000}
 	for i := range d.mem {
@@ -116,7 +115,7 @@ func TestStagingPipeline(t *testing.T) {
 	for _, n := range []uint64{1, chunk - 1, chunk, chunk + 1, 2 * chunk, 5*chunk + 3, 32 * chunk} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			w := &slowWriter{d: d}
-			if err := writeFromDevice(w, 1, d.base+7, n); err != nil {
+			if err := WriteFromDevice(w, 1, d.base+7, n, chunk); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(w.Bytes(), d.at(d.base+7, n)) {
@@ -125,7 +124,7 @@ func TestStagingPipeline(t *testing.T) {
 			src := append([]byte(nil), w.Bytes()...)
 			dst := d.base + 32*chunk + 3
 			clear(d.at(dst, n))
-			if err := readToDevice(bytes.NewReader(src), 1, dst, n); err != nil {
+			if err := ReadToDevice(bytes.NewReader(src), 1, dst, n, chunk); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(d.at(dst, n), src) {
@@ -137,7 +136,7 @@ func TestStagingPipeline(t *testing.T) {
 		d.delay.Store(int64(2 * time.Millisecond))
 		defer d.delay.Store(0)
 		w := &slowWriter{d: d, delay: 2 * time.Millisecond}
-		if err := writeFromDevice(w, 1, d.base, 16*chunk); err != nil {
+		if err := WriteFromDevice(w, 1, d.base, 16*chunk, chunk); err != nil {
 			t.Fatal(err)
 		}
 		if w.overlapped == 0 {
@@ -148,24 +147,24 @@ func TestStagingPipeline(t *testing.T) {
 		for _, at := range []int32{1, 2, 5} {
 			d.n.Store(0)
 			d.failAt = at
-			if err := writeFromDevice(&slowWriter{d: d}, 1, d.base, 8*chunk); err == nil {
+			if err := WriteFromDevice(&slowWriter{d: d}, 1, d.base, 8*chunk, chunk); err == nil {
 				t.Fatalf("copy %d failed but writeFromDevice did not", at)
 			}
 			d.n.Store(0)
-			if err := readToDevice(bytes.NewReader(make([]byte, 8*chunk)), 1, d.base, 8*chunk); err == nil {
+			if err := ReadToDevice(bytes.NewReader(make([]byte, 8*chunk)), 1, d.base, 8*chunk, chunk); err == nil {
 				t.Fatalf("copy %d failed but readToDevice did not", at)
 			}
 		}
 		d.failAt = 0
-		if err := writeFromDevice(&slowWriter{d: d, failAt: 3}, 1, d.base, 8*chunk); err == nil {
+		if err := WriteFromDevice(&slowWriter{d: d, failAt: 3}, 1, d.base, 8*chunk, chunk); err == nil {
 			t.Fatal("a write failed but writeFromDevice did not")
 		}
-		if err := readToDevice(bytes.NewReader(make([]byte, 5*chunk)), 1, d.base, 8*chunk); err == nil {
+		if err := ReadToDevice(bytes.NewReader(make([]byte, 5*chunk)), 1, d.base, 8*chunk, chunk); err == nil {
 			t.Fatal("a short stream did not fail readToDevice")
 		}
 		// Each failure left its stager idle: the pool hands them out again.
 		for range 4 {
-			if err := writeFromDevice(&slowWriter{d: d}, 1, d.base, 8*chunk); err != nil {
+			if err := WriteFromDevice(&slowWriter{d: d}, 1, d.base, 8*chunk, chunk); err != nil {
 				t.Fatal(err)
 			}
 		}

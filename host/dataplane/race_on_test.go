@@ -1,7 +1,0 @@
-//go:build race
-
-package dataplane
-
-// raceOn: the race detector is on (it makes sync.Pool drop items, so the
-// codecs' pooled state allocates under it).
-const raceOn = true
