@@ -2,7 +2,7 @@
 // -buildmode=c-shared. It holds no logic: tables.c defines the data symbols
 // ncclRmaPlugin_v14/_v15/_v16 whose slots call the //export'ed rmawasm_*
 // functions in exports.go, which convert arguments, check NULL
-// out-pointers, recover panics and call package host.
+// out-pointers, recover panics and call host/plugin.
 package main
 
 /*

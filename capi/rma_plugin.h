@@ -1,8 +1,11 @@
 /*
  * rma_plugin.h - our own C declarations of the NCCL/RCCL RMA plugin ABI
- * (tables v14, v15, v16). Written from the facts in research/abi.md
- * sections 2 and 3; it is not a copy of any upstream header. The
- * _Static_asserts pin the x86-64 layout that abi/ mirrors in Go.
+ * (tables v14, v15, v16): result codes, the logger, ncclNetProperties_v12_t,
+ * the RMA configs and the three function tables, in the slot order and with
+ * the signatures of the public ABI that NCCL and RCCL load (what each slot
+ * must do: SPEC.md sections 1 to 3). It is not a copy of any upstream
+ * header. The _Static_asserts pin the x86-64 layout that abi/ mirrors in Go
+ * (test/layout_test.go checks the two against each other).
  */
 #ifndef RCCL_RMA_WASM_RMA_PLUGIN_H
 #define RCCL_RMA_WASM_RMA_PLUGIN_H

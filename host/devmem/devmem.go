@@ -1,8 +1,9 @@
 // Package devmem is the seam to GPU memory. The runtime stays pure Go: the
-// cgo subpackage devmem/cuda (probed by capi at the plugin's init) registers
-// an implementation that reaches the CUDA driver through dlopen at run time
-// (never linked), and tests register a fake. Device memory is never
-// dereferenced by the host: payloads are staged through host buffers with
+// cgo subpackages devmem/cuda and devmem/hip (probed by capi at the plugin's
+// init, each filling the ops table devmem/devrt calls through) register an
+// implementation that reaches the CUDA driver or the HIP runtime through
+// dlopen at run time (never linked), and tests register a fake. Device
+// memory is never dereferenced by the host: payloads are staged through host buffers with
 // the copies below, which run on whatever thread calls them with the
 // context captured at registration (NCCL's progress threads have none).
 package devmem
