@@ -7,14 +7,14 @@ import (
 	"text/tabwriter"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 )
 
 // The compression series (Guest ABI v1.1 codecs on the TCP transport): put
 // bandwidth of the plugin with S2 and with zstd level 1, on compressible and
 // on random data, next to the uncompressed plugin path and raw TCP in the
 // same repetition, and the codec's own encode and decode speed on the same
-// bytes (dataplane.MeasureCodec runs the lanes' code).
+// bytes (codec.Measure runs the lanes' code).
 
 // compSizes are the put sizes of the compression series.
 var compSizes = []uint64{64 << 10, 1 << 20, 8 << 20}
@@ -109,7 +109,7 @@ func (r *rankState) compression(set *sampleSet, rep int) error {
 			src := r.src[data.base : data.base+size]
 			for _, c := range compCodecs {
 				rounds := int(max(uint64(16<<20)/uint64(len(src)), 1))
-				enc, dec, wire, err := dataplane.MeasureCodec(c.word, src, rounds)
+				enc, dec, wire, err := codec.Measure(c.word, src, rounds)
 				if err != nil {
 					return fmt.Errorf("%s on %s data: %w", c.name, data.name, err)
 				}
