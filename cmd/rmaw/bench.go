@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/guests/conformance"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 )
 
@@ -43,7 +44,7 @@ func runBench(e *env, args []string) error {
 	}
 	b, err := lf.open(path)
 	if err != nil {
-		fmt.Fprintf(e.stdout, "FAIL load: %v\n     fix: %s\n", err, hintFor(err))
+		fmt.Fprintf(e.stdout, "FAIL load: %v\n     fix: %s\n", err, conformance.Hint(err))
 		return errFailed
 	}
 	defer b.Close()

@@ -146,6 +146,15 @@ func TestNew(t *testing.T) {
 					t.Fatalf("make validate test does not say %q:\n%s", want, b)
 				}
 			}
+			if lang == "go" { // the scaffold's own go test runs the conformance kit as a library
+				gt := exec.Command("go", "test", "-count=1", "-v", ".")
+				gt.Dir = dir
+				gt.Env = append(os.Environ(), "GOPROXY=off")
+				b, err := gt.CombinedOutput()
+				if err != nil || !strings.Contains(string(b), "12 passed, 0 failed") {
+					t.Fatalf("go test in the scaffold: %v\n%s", err, b)
+				}
+			}
 			if rc, _, _ := rmaw(t, "new", "-lang", lang, "-repo", repoRoot(t), dir); rc != 1 {
 				t.Fatalf("new into a non-empty directory: rc %d, want 1", rc)
 			}

@@ -11,11 +11,11 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/guests/conformance"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/sandbox/meter"
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
-
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/sandbox/meter"
 )
 
 func runInspect(e *env, args []string) error {
@@ -35,14 +35,14 @@ func runInspect(e *env, args []string) error {
 	}
 	b, err := lf.open(path)
 	if err != nil {
-		fmt.Fprintf(e.stdout, "load: FAILS: %v\n  fix: %s\n", err, hintFor(err))
+		fmt.Fprintf(e.stdout, "load: FAILS: %v\n  fix: %s\n", err, conformance.Hint(err))
 		return errFailed
 	}
 	defer b.Close()
 	inf := b.Info()
 	fmt.Fprintf(e.stdout, "negotiated (control instance):\n")
-	fmt.Fprintf(e.stdout, "  host offers   %s (%#x)\n", featureNames(inf.HostFeatures), inf.HostFeatures)
-	fmt.Fprintf(e.stdout, "  guest enables %s (%#x)\n", featureNames(inf.Features), inf.Features)
+	fmt.Fprintf(e.stdout, "  host offers   %s (%#x)\n", conformance.FeatureNames(inf.HostFeatures), inf.HostFeatures)
+	fmt.Fprintf(e.stdout, "  guest enables %s (%#x)\n", conformance.FeatureNames(inf.Features), inf.Features)
 	fmt.Fprintf(e.stdout, "  area          %#x, %d completion records\n", inf.Area, inf.CompCap)
 	fmt.Fprintf(e.stdout, "  memory        %d bytes after init (cap %d MiB)\n", inf.MemoryBytes, lf.memMiB)
 	for i, d := range b.Devices() {

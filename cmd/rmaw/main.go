@@ -51,28 +51,16 @@ type env struct {
 	stdout, stderr io.Writer
 	verbose        bool
 
-	logMu sync.Mutex
-	logs  []string // plugin log lines (guest output included) of the current load
+	logMu sync.Mutex // the sink may be called from several goroutines
 }
 
+// sink shows the plugin's WARN lines (every line with -v) on stderr.
 func (e *env) sink(level abi.LogLevel, _ uint64, _ string, _ int, msg string) {
-	e.logMu.Lock()
-	defer e.logMu.Unlock()
-	if len(e.logs) < 4096 {
-		e.logs = append(e.logs, msg)
-	}
 	if level == abi.LogWarn || e.verbose {
+		e.logMu.Lock()
+		defer e.logMu.Unlock()
 		fmt.Fprintf(e.stderr, "  log: %s\n", msg)
 	}
-}
-
-// takeLogs returns and clears the lines logged so far.
-func (e *env) takeLogs() []string {
-	e.logMu.Lock()
-	defer e.logMu.Unlock()
-	l := e.logs
-	e.logs = nil
-	return l
 }
 
 func usage(w io.Writer) {

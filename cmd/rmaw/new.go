@@ -72,10 +72,14 @@ func runNew(e *env, args []string) error {
 		files["Makefile"] = "templates/c/Makefile.tmpl"
 	} else {
 		files["main.go"] = "templates/go/main.go.tmpl"
+		files["conformance_test.go"] = "templates/go/conformance_test.go.tmpl"
 		files["go.mod"] = "templates/go/go.mod.tmpl"
 		files["Makefile"] = "templates/go/Makefile.tmpl"
 	}
-	data := struct{ Name, Lang, Repo, GoVersion string }{*name, *lang, root, goVersion(root)}
+	data := struct {
+		Name, Lang, Repo, GoVersion string
+		Requires                    []string
+	}{*name, *lang, root, goVersion(root), requires(root)}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -93,6 +97,15 @@ func runNew(e *env, args []string) error {
 			return fmt.Errorf("template %s: %w", tmpl, err)
 		}
 		if err := os.WriteFile(filepath.Join(dir, out), buf.Bytes(), 0o644); err != nil {
+			return err
+		}
+	}
+	if *lang == "go" { // the checkout's sums: go test builds the conformance kit offline
+		sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "go.sum"), sum, 0o644); err != nil {
 			return err
 		}
 	}
@@ -117,6 +130,32 @@ func goVersion(root string) string {
 		}
 	}
 	return "1.26"
+}
+
+// requires lists the checkout's module requirements ("path version"): a Go
+// backend requires the same versions, so that its go test (the conformance
+// kit, host/sandbox, wazero) builds with the checkout's go.sum.
+func requires(root string) []string {
+	b, _ := os.ReadFile(filepath.Join(root, "go.mod"))
+	var out []string
+	block := false
+	for _, l := range strings.Split(string(b), "\n") {
+		l = strings.TrimSpace(l)
+		if c := strings.Index(l, "//"); c >= 0 {
+			l = strings.TrimSpace(l[:c])
+		}
+		switch {
+		case l == "require (":
+			block = true
+		case block && l == ")":
+			block = false
+		case block && l != "":
+			out = append(out, l)
+		case strings.HasPrefix(l, "require ") && !strings.HasSuffix(l, "("):
+			out = append(out, strings.TrimSpace(strings.TrimPrefix(l, "require ")))
+		}
+	}
+	return out
 }
 
 // findRepo looks above the working directory, then above the executable

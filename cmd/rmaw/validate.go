@@ -8,12 +8,10 @@ package main
 import (
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/guests/conformance"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/sandbox"
 )
@@ -31,84 +29,16 @@ func (l *loadFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&l.timeout, "timeout", sandbox.DefaultCallTimeout, "control-plane call budget (NCCL_RMA_WASM_GUEST_TIMEOUT_MS); plan_op gets 1/100")
 }
 
-// open loads path with the plugin's loader; the compilation cache is off so
-// that nothing is written outside the module's directory.
+// options are the kit's load options from the flags.
+func (l *loadFlags) options() conformance.Options {
+	return conformance.Options{Config: l.config, MemoryLimitMiB: uint32(l.memMiB), CallTimeout: l.timeout}
+}
+
+// open loads path with the plugin's loader (conformance.Open: the
+// compilation cache is off so that nothing is written outside the module's
+// directory).
 func (l *loadFlags) open(path string) (*sandbox.Backend, error) {
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := os.Stat(abs); err != nil {
-		return nil, err
-	}
-	b, err := sandbox.Open(sandbox.Options{Name: abs, Config: l.config, CacheDir: "off",
-		MemoryLimitMiB: uint32(l.memMiB), CallTimeout: l.timeout})
-	if err != nil {
-		return nil, err
-	}
-	return b.(*sandbox.Backend), nil
-}
-
-// hints map a loader error to what the author should change. The first
-// entry whose every fragment occurs in the error wins.
-var hints = []struct {
-	match []string
-	fix   string
-}{
-	{[]string{"bad magic"}, "this is not a .wasm file: build with clang --target=wasm32 (C) or GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared (Go)"},
-	{[]string{"binary version"}, "emit a WebAssembly 1.0 binary (the MVP format, version 01 00 00 00)"},
-	{[]string{"not part of Guest ABI v1"}, "build without threads, exceptions and tail calls (clang: no -pthread, -matomics, -fwasm-exceptions, -mtail-call)"},
-	{[]string{"declares Guest ABI"}, "this host speaks v1: export rmaw_abi_v1 as well (C: RMAW_ABI_V1(); Go: the rmaw SDK does it)"},
-	{[]string{`missing export "rmaw_abi_v1"`}, "declare the ABI: C: RMAW_ABI_V1() at file scope; Go: import guests/go/rmaw and call rmaw.Register in init()"},
-	{[]string{`missing export "rmaw_init"`}, "define RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) (Go: rmaw.Register a Backend)"},
-	{[]string{`missing export "rmaw_area"`}, "reserve the descriptor area: C: RMAW_DEFINE_AREA(64) at file scope (Go: the rmaw SDK does it)"},
-	{[]string{`missing export "memory"`}, "export the guest's own linear memory: do not link with --import-memory; wasm-ld exports \"memory\" by default"},
-	{[]string{"imports memory"}, "do not link with --import-memory: a guest defines and exports its own memory"},
-	{[]string{"has type", "Guest ABI v1 wants"}, "give the export the signature SPEC.md §8.2 lists (the SDK prototypes in guests/c/rmaw.h and guests/go/rmaw)"},
-	{[]string{"import", "has type"}, "declare the import with the signature the host provides (use the SDK: guests/c/rmaw.h)"},
-	{[]string{"which this host does not provide"}, "a guest may import only rmaw.log, rmaw.get_config and wasi_snapshot_preview1: build C with -nostdlib -ffreestanding and avoid libc calls, or drop the import"},
-	{[]string{"locals (the limit)"}, "split the function: the plugin allows at most 50000 locals per function (SPEC.md §8.6)"},
-	{[]string{"reserved name"}, "rename the export: __rmaw_fuel and __rmaw_depth belong to the host's metering"},
-	{[]string{"tables"}, "use at most 4 tables of at most 65536 elements (SPEC.md §8.6)"},
-	{[]string{"table", "limit"}, "use at most 4 tables of at most 65536 elements (SPEC.md §8.6)"},
-	{[]string{"memory", "limit"}, "lower the initial memory (wasm-ld -Wl,--initial-memory=N, smaller static data) or raise NCCL_RMA_WASM_GUEST_MEMORY_MB / -memory-mb"},
-	{[]string{"exceeds", "pages"}, "lower the initial memory (wasm-ld -Wl,--initial-memory=N, smaller static data) or raise NCCL_RMA_WASM_GUEST_MEMORY_MB / -memory-mb"},
-	{[]string{"_initialize", "budget"}, "the language runtime's start-up runs out of the control budget: raise -timeout / NCCL_RMA_WASM_GUEST_TIMEOUT_MS or do less at start-up"},
-	{[]string{"rmaw_init", "budget"}, "rmaw_init does not return within the budget (a loop?): it must be quick, deterministic and never wait"},
-	{[]string{"budget"}, "the call does not return within its budget (a loop?): guests must be quick and never wait; plan_op gets 1/100 of the control budget"},
-	{[]string{"rmaw_init failed with status"}, "rmaw_init returned a negative status: check the configuration string (-config or <module>.conf) and the guest's log lines"},
-	{[]string{"enabled features"}, "return only bits the host offered: features & host_features"},
-	{[]string{"without plan_op"}, "plan.chunk_size and plan.delay_ns are set only by rmaw_plan_op: enable RMAW_FEATURE_PLAN_OP too, or drop those bits"},
-	{[]string{"unknown codec word"}, "a codec word is id | level<<8: none 0, S2 1 (levels 0..2), zstd 2 (levels 0..4); enable RMAW_FEATURE_COMPRESSION first"},
-	{[]string{"unknown transport"}, "transport is 0 auto, 1 tcp, 2 intra-node, or 3 fabric with RMAW_FEATURE_TRANSPORTS enabled"},
-	{[]string{"delay"}, "plan.delay_ns is at most 10 ms (guestabi.MaxDelayNs) and acts only with RMAW_FEATURE_DELAY"},
-	{[]string{"enabled plan_op but"}, "export rmaw_plan_op (C: RMAW_EXPORT(rmaw_plan_op)) or do not enable RMAW_FEATURE_PLAN_OP"},
-	{[]string{"enabled completions but"}, "export rmaw_completions or do not enable RMAW_FEATURE_COMPLETIONS"},
-	{[]string{"descriptor area", "aligned"}, "align the area to 8 bytes (RMAW_DEFINE_AREA does)"},
-	{[]string{"descriptor area", "magic"}, "start the area with magic 0x57414d52 (\"RMAW\"): use RMAW_DEFINE_AREA / the Go SDK's area"},
-	{[]string{"descriptor area", "version"}, "set the area's version to 1"},
-	{[]string{"descriptor area", "completion capacity"}, "declare at most 4096 completion records (RMAW_DEFINE_AREA(cap))"},
-	{[]string{"descriptor area", "completions enabled"}, "declare room for completion records (RMAW_DEFINE_AREA(64)) or do not enable RMAW_FEATURE_COMPLETIONS"},
-	{[]string{"descriptor area"}, "rmaw_area must return the address of an area inside linear memory whose area_size covers the layout (SPEC.md §8.3): use RMAW_DEFINE_AREA"},
-	{[]string{"rmaw_devices"}, "rmaw_devices must fill 1..max devices, each with a non-empty name, speed > 0 and 0 <= latency < 1e6 (or leave it out: the default device is used)"},
-	{[]string{"rmaw_conn_plan"}, "the connection plan needs lanes 1..8, transport 0..2 and chunk_size 1..2^40; return 0 or a negative status"},
-	{[]string{"rmaw_ctx_open"}, "rmaw_ctx_open must return 0 for a context it accepts"},
-	{[]string{"trapped"}, "the guest trapped (unreachable, out-of-bounds access, call depth): run it with -v to see its output"},
-	{[]string{"malformed module"}, "the binary does not parse: rebuild it; wasm-validate (wabt) shows where it is broken"},
-}
-
-func hintFor(err error) string {
-	s := err.Error()
-next:
-	for _, h := range hints {
-		for _, m := range h.match {
-			if !strings.Contains(s, m) {
-				continue next
-			}
-		}
-		return h.fix
-	}
-	return "see SPEC.md §8 for the rule"
+	return conformance.Open(path, l.options())
 }
 
 func runValidate(e *env, args []string) error {
@@ -129,7 +59,7 @@ func runValidate(e *env, args []string) error {
 // validate prints one line per stage and reports whether all passed.
 func validate(e *env, lf *loadFlags, path string) bool {
 	fail := func(stage string, err error) bool {
-		fmt.Fprintf(e.stdout, "FAIL %s: %v\n     fix: %s\n", stage, err, hintFor(err))
+		fmt.Fprintf(e.stdout, "FAIL %s: %v\n     fix: %s\n", stage, err, conformance.Hint(err))
 		fmt.Fprintf(e.stdout, "%s: INVALID\n", path)
 		return false
 	}
@@ -140,7 +70,7 @@ func validate(e *env, lf *loadFlags, path string) bool {
 	defer b.Close()
 	inf := b.Info()
 	fmt.Fprintf(e.stdout, "ok   load: marker %s, exports and imports, memory, rmaw_init (features %s), descriptor area at %#x (%d completion records), %d device(s)\n",
-		guestabi.Marker, featureNames(inf.Features), inf.Area, inf.CompCap, len(b.Devices()))
+		guestabi.Marker, conformance.FeatureNames(inf.Features), inf.Area, inf.CompCap, len(b.Devices()))
 	c, err := b.NewContext(backend.ContextInfo{CommID: 1, NRanks: 2, Rank: 0, Contexts: 1})
 	if err != nil {
 		return fail("context", err)
@@ -177,31 +107,4 @@ func lint(inf sandbox.Info) []string {
 		out = append(out, "rmaw_completions is exported but rmaw_init does not enable RMAW_FEATURE_COMPLETIONS: it is never called")
 	}
 	return out
-}
-
-var featureBits = []struct {
-	bit  uint64
-	name string
-}{
-	{guestabi.FeaturePlanOp, "plan_op"}, {guestabi.FeatureCompletions, "completions"},
-	{guestabi.FeatureChunk, "chunk"}, {guestabi.FeatureDelay, "delay"},
-	{guestabi.FeatureCompression, "compression"}, {guestabi.FeatureTransports, "transports"},
-	{guestabi.FeaturePlanBatch, "plan_batch"}, {guestabi.FeatureLaneEvents, "lane_events"},
-}
-
-// featureNames spells a feature set.
-func featureNames(f uint64) string {
-	var n []string
-	for _, b := range featureBits {
-		if f&b.bit != 0 {
-			n = append(n, b.name)
-		}
-	}
-	if rest := f &^ guestabi.FeaturesV11; rest != 0 {
-		n = append(n, fmt.Sprintf("%#x", rest))
-	}
-	if len(n) == 0 {
-		return "none"
-	}
-	return strings.Join(n, "+")
 }
