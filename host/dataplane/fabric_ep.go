@@ -7,7 +7,6 @@ import (
 	"hash/fnv"
 	"math/bits"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -931,71 +930,4 @@ func (e *fabEP) retry() {
 			l.retry()
 		}
 	}
-}
-
-// fabricChoice is what SelectFabric decided for this process.
-var fabricChoice struct {
-	once sync.Once
-	prov string
-}
-
-// hardware names the libfabric providers that drive an RDMA NIC: auto
-// uses only these; tcp and shm only when asked for.
-var hardware = []string{"verbs", "efa", "cxi", "psm3", "opx"}
-
-// SelectFabric decides, once per process, whether listeners open a
-// libfabric endpoint and on which provider. mode is auto, tcp or fabric;
-// prov names a provider (empty: any that auto or fabric accepts); lib is
-// the library to dlopen. It logs the decision and why.
-func SelectFabric(mode, prov, lib string) string {
-	fabricChoice.once.Do(func() { fabricChoice.prov = selectFabric(mode, prov, lib) })
-	return fabricChoice.prov
-}
-
-func selectFabric(mode, prov, lib string) string {
-	if mode == "tcp" {
-		return ""
-	}
-	if err := fabric.Load(lib); err != nil {
-		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport %s: libfabric unavailable (%v); using TCP", mode, err)
-		return ""
-	}
-	infos, err := fabric.Probe(prov)
-	if err != nil || len(infos) == 0 {
-		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport %s: no libfabric provider %q with RDM endpoints and RMA (%v); using TCP", mode, prov, err)
-		return ""
-	}
-	var seen []string
-	for _, in := range infos {
-		seen = append(seen, in.Provider)
-		core := strings.SplitN(in.Provider, ";", 2)[0]
-		hw := false
-		for _, h := range hardware {
-			hw = hw || core == h
-		}
-		if mode == "fabric" || hw || (prov != "" && in.Provider == prov) {
-			why := "RDMA hardware"
-			if !hw {
-				why = "asked for (NCCL_RMA_WASM_TRANSPORT=fabric or NCCL_RMA_WASM_FI_PROVIDER)"
-			}
-			logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport fabric: libfabric provider %s, domain %s (%s)", in.Provider, in.Domain, why)
-			return in.Provider
-		}
-	}
-	logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport auto: no RDMA provider among libfabric's %v; using TCP (NCCL_RMA_WASM_TRANSPORT=fabric uses them)", dedupe(seen))
-	return ""
-}
-
-func dedupe(s []string) []string {
-	var out []string
-	for _, x := range s {
-		dup := false
-		for _, y := range out {
-			dup = dup || x == y
-		}
-		if !dup {
-			out = append(out, x)
-		}
-	}
-	return out
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 )
 
 // fabOwner is a target whose one registration (id 1) lives in C memory,
@@ -353,20 +354,6 @@ func TestOrdererPassed(t *testing.T) {
 	}
 }
 
-// TestSelectFabricModes: tcp never loads libfabric; a missing library
-// falls back to TCP.
-func TestSelectFabricModes(t *testing.T) {
-	if p := selectFabric("tcp", "tcp;ofi_rxm", "libfabric.so.1"); p != "" {
-		t.Fatalf("tcp mode chose %q", p)
-	}
-	if err := fabric.Load("/nonexistent/libfabric.so.1"); err == nil {
-		t.Skip("libfabric already loaded in this process")
-	}
-	if p := selectFabric("fabric", "", "/nonexistent/libfabric.so.1"); p != "" {
-		t.Fatalf("chose %q without libfabric", p)
-	}
-}
-
 // TestFabricPostAllocs: posting over the fabric allocates nothing.
 func TestFabricPostAllocs(t *testing.T) {
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
@@ -664,7 +651,7 @@ func TestFabricSeqWindowHolds(t *testing.T) {
 // rail a NIC of its own).
 func TestFabricRails(t *testing.T) {
 	prov := fabricProvider(t, "tcp;ofi_rxm")
-	nics := FabricNICs(prov)
+	nics := nics.List(prov)
 	if len(nics) < 1 {
 		t.Skipf("%s offers no domain here", prov)
 	}
@@ -737,7 +724,7 @@ func TestFabricRails(t *testing.T) {
 // endpoint carries nothing to rank 1, and every byte and signal arrives.
 func TestFabricRailsUneven(t *testing.T) {
 	prov := fabricProvider(t, "tcp;ofi_rxm")
-	nics := FabricNICs(prov)
+	nics := nics.List(prov)
 	if len(nics) < 1 {
 		t.Skipf("%s offers no domain here", prov)
 	}
@@ -1333,5 +1320,19 @@ func TestFabricRefusedPosts(t *testing.T) {
 	}
 	if len(os[0].fail)+len(os[1].fail) > 0 {
 		t.Fatalf("failures: %v %v", os[0].fail, os[1].fail)
+	}
+}
+
+// TestTakesDmaBuf: device memory goes to NIC providers as a DMA-BUF, to
+// shm and tcp by address, and to none when NCCL_RMA_WASM_FI_DMABUF=0.
+func TestTakesDmaBuf(t *testing.T) {
+	for prov, want := range map[string]bool{"verbs;ofi_rxm": true, "efa": true, "cxi": true, "psm3": true, "opx": true,
+		"shm": false, "tcp;ofi_rxm": false, "tcp": false, "verbsx": false} {
+		if got := takesDmaBuf(prov, false); got != want {
+			t.Errorf("takesDmaBuf(%q) = %v, want %v", prov, got, want)
+		}
+	}
+	if takesDmaBuf("efa", true) {
+		t.Error("efa takes a DMA-BUF with NCCL_RMA_WASM_FI_DMABUF=0")
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -144,6 +144,9 @@ type Options struct {
 	// through host memory (NCCL_RMA_WASM_STAGE_CHUNK_KB; 0:
 	// staging.DefaultChunk).
 	StageChunk uint64
+	// NoDmaBuf registers device memory with NIC providers by address, not
+	// as a DMA-BUF (NCCL_RMA_WASM_FI_DMABUF=0).
+	NoDmaBuf bool
 	// NoIntraRing keeps intra-node device payloads off the shared staging
 	// ring: they ride the TCP lanes (NCCL_RMA_WASM_INTRANODE_RING=0).
 	NoIntraRing bool
@@ -176,6 +179,7 @@ type Mesh struct {
 	quit         chan struct{} // closed by Close: stops the watchdog
 	stageChunk   uint64        // Options.StageChunk
 	noIntraRing  bool          // Options.NoIntraRing
+	noDmaBuf     bool          // Options.NoDmaBuf
 	fab          *fabEP        // the libfabric endpoint (rail 0), nil without one
 	rails        []*fabEP      // every rail's endpoint, fab first (fabric_rails.go)
 }
@@ -208,7 +212,7 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n), lanes: lanes,
 		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout, localComp: opt.LocalCompletion,
 		orderWindow: opt.OrderWindow, spinWait: opt.SpinWait, spinners: opt.Spinners, quit: make(chan struct{}),
-		stageChunk: opt.StageChunk, noIntraRing: opt.NoIntraRing}
+		stageChunk: opt.StageChunk, noIntraRing: opt.NoIntraRing, noDmaBuf: opt.NoDmaBuf}
 	if m.orderWindow == 0 {
 		m.orderWindow = DefaultOrderWindow
 	}
@@ -390,7 +394,7 @@ func (m *Mesh) RegisterDevice(id uint32, base uintptr, size uint64, d DeviceMemo
 	if m.fab == nil || !m.fab.info.HMEM {
 		return 0, false
 	}
-	if !takesDmaBuf(m.fab.info.Provider) {
+	if !takesDmaBuf(m.fab.info.Provider, m.noDmaBuf) {
 		// shm reaches device memory through the driver's IPC by address
 		// (with a DMA-BUF registration its transfers never completed on
 		// the H200 with libfabric 1.22), and tcp copies: neither wants one.
@@ -424,18 +428,8 @@ func (m *Mesh) RegisterDevice(id uint32, base uintptr, size uint64, d DeviceMemo
 
 // takesDmaBuf reports whether device memory goes to provider prov as a
 // DMA-BUF (when one is at hand or can be exported): NIC providers only,
-// unless NCCL_RMA_WASM_FI_DMABUF=0.
-func takesDmaBuf(prov string) bool {
-	if !config.FIDmaBuf.Get() {
-		return false
-	}
-	for _, h := range hardware {
-		if prov == h || strings.HasPrefix(prov, h+";") {
-			return true
-		}
-	}
-	return false
-}
+// unless no (Options.NoDmaBuf, NCCL_RMA_WASM_FI_DMABUF=0).
+func takesDmaBuf(prov string, no bool) bool { return !no && nics.Hardware(prov) }
 
 // DeregisterMemory undoes RegisterMemory once nothing uses the memory.
 func (m *Mesh) DeregisterMemory(id uint32) {

@@ -10,6 +10,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -63,7 +64,7 @@ func Listen(ctx uint64, dev int32, handle *[abi.HandleSize]byte) (uint64, abi.Re
 		logx.Warn(abi.SubsysNet, "NET/wasm: listen: device %d out of range [0, %d)", dev, len(pc.backend.devices))
 		return 0, abi.InvalidArgument
 	}
-	prov := dataplane.SelectFabric(config.Transport.Get(), config.FIProvider.Get(), config.FILibrary.Get())
+	prov := nics.Select(config.Transport.Get(), config.FIProvider.Get(), config.FILibrary.Get())
 	l, h, err := dataplane.ListenFabricRails(config.Addr.Get(), prov, pc.backend.deviceDomain(dev), pc.backend.railDomains(dev))
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: listen: %v", err)
@@ -132,7 +133,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		NoFabric:    plan.Transport == backend.TransportTCP || plan.Transport == backend.TransportIntraNode || config.Encrypt.Get(),
 		OrderWindow: uint64(config.OrderWindow.Get()), PeerTimeout: config.PeerTimeout.Get(),
 		Encrypt:    config.Encrypt.Get(),
-		StageChunk: uint64(config.StageChunkKiB.Get()) << 10, NoIntraRing: !config.IntraRing.Get()}
+		StageChunk: uint64(config.StageChunkKiB.Get()) << 10, NoIntraRing: !config.IntraRing.Get(), NoDmaBuf: !config.FIDmaBuf.Get()}
 	opt.SpinWait, opt.Spinners = spinOptions()
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {

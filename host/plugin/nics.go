@@ -4,34 +4,34 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 // withNICs is the device list NCCL is told about. When the fabric
-// transport is selected (SelectFabric, once per process), it is the NICs
+// transport is selected (nics.Select, once per process), it is the NICs
 // the provider offers: device i is NIC i (its name after the backend's
 // first device's, its link speed where the provider or sysfs knows it,
 // else the backend's; its PCI path), and a listener on device i opens its
 // endpoint on that NIC's domain. Otherwise it is the backend's devices.
-func withNICs(devs []backend.DeviceInfo) ([]backend.DeviceInfo, []dataplane.NIC) {
-	prov := dataplane.SelectFabric(config.Transport.Get(), config.FIProvider.Get(), config.FILibrary.Get())
-	nics := dataplane.FabricNICs(prov)
-	if len(nics) == 0 {
+func withNICs(devs []backend.DeviceInfo) ([]backend.DeviceInfo, []nics.NIC) {
+	prov := nics.Select(config.Transport.Get(), config.FIProvider.Get(), config.FILibrary.Get())
+	list := nics.List(prov)
+	if len(list) == 0 {
 		return devs, nil
 	}
-	if ifc := dataplane.AddrInterface(config.Addr.Get()); ifc != "" {
+	if ifc := nics.AddrInterface(config.Addr.Get()); ifc != "" {
 		// NCCL_RMA_WASM_ADDR pins the listener to an interface: where the
 		// provider's domains are interfaces (tcp), device 0 is that one
 		// rather than the provider's first (the first real interface).
-		if pinned := dataplane.PinNICs(nics, ifc); pinned[0].Domain != nics[0].Domain || len(pinned) < len(nics) {
+		if pinned := nics.Pin(list, ifc); pinned[0].Domain != list[0].Domain || len(pinned) < len(list) {
 			logx.Info(abi.SubsysInit|abi.SubsysNet, "NET/wasm: NCCL_RMA_WASM_ADDR is on interface %s: device 0 is %s's domain %s (%d device(s))", ifc, prov, ifc, len(pinned))
-			nics = pinned
+			list = pinned
 		}
 	}
 	base := devs[0]
-	out := make([]backend.DeviceInfo, len(nics))
-	for i, n := range nics {
+	out := make([]backend.DeviceInfo, len(list))
+	for i, n := range list {
 		name := base.Name + "-" + n.Name
 		if len(name) > 63 {
 			name = name[:63]
@@ -42,7 +42,7 @@ func withNICs(devs []backend.DeviceInfo) ([]backend.DeviceInfo, []dataplane.NIC)
 		}
 		logx.Info(abi.SubsysInit|abi.SubsysNet, "NET/wasm: device %d: %s NIC %s (domain %s, %d Mbps, pci %q)", i, prov, n.Name, n.Domain, out[i].SpeedMbps, n.PCIPath)
 	}
-	return out, nics
+	return out, list
 }
 
 // DevicePCIPath is the sysfs PCI path of device dev ("" when unknown or

@@ -12,6 +12,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -27,7 +28,7 @@ type loaded struct {
 	key     string
 	b       backend.Backend
 	devices []backend.DeviceInfo
-	nics    []dataplane.NIC // devices[i] is nics[i] when the fabric transport is selected
+	nics    []nics.NIC // devices[i] is nics[i] when the fabric transport is selected
 }
 
 var (

@@ -1,4 +1,9 @@
-package dataplane
+// Package nics chooses the libfabric provider a process uses (Select) and
+// lists the NICs it offers (List), with what the provider or sysfs says of
+// each, and pins them to the interface of the configured listen address
+// (Pin). It sits beside the libfabric binding (host/fabric); host/plugin
+// reports the NICs as devices and host/dataplane opens endpoints on them.
+package nics
 
 import (
 	"net"
@@ -6,8 +11,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 // NIC is one network device the chosen libfabric provider offers: one of
@@ -22,11 +30,11 @@ type NIC struct {
 	Loopback  bool   // a loopback interface (tcp's "lo"): never a rail
 }
 
-// FabricNICs lists the distinct domains provider prov offers RDM
+// List lists the distinct domains provider prov offers RDM
 // endpoints with RMA on, in libfabric's order (its preference), with what
 // the provider (fi_nic) or sysfs says about each device. nil when there
 // is no provider (or libfabric is not loaded).
-func FabricNICs(prov string) []NIC {
+func List(prov string) []NIC {
 	if prov == "" {
 		return nil
 	}
@@ -169,14 +177,14 @@ func AddrInterface(addr string) string {
 	return ""
 }
 
-// PinNICs puts the NIC whose domain is interface ifc first (the tcp
+// Pin puts the NIC whose domain is interface ifc first (the tcp
 // provider's domains are interface names), so device 0, and rail 0 of a
 // listener on it, follow the address the listener was pinned to, while
 // the other NICs stay for rails; a loopback interface is kept alone (it
 // reaches no other host, and rails beside it would leave it). nics is
 // returned unchanged when no domain is ifc (verbs domains are device
 // names, mlx5_0 and so on).
-func PinNICs(nics []NIC, ifc string) []NIC {
+func Pin(nics []NIC, ifc string) []NIC {
 	if ifc == "" {
 		return nics
 	}
@@ -191,4 +199,82 @@ func PinNICs(nics []NIC, ifc string) []NIC {
 		return append(out, nics[i+1:]...)
 	}
 	return nics
+}
+
+// fabricChoice is what Select decided for this process.
+var fabricChoice struct {
+	once sync.Once
+	prov string
+}
+
+// hardware names the libfabric providers that drive an RDMA NIC: auto
+// uses only these; tcp and shm only when asked for.
+var hardware = []string{"verbs", "efa", "cxi", "psm3", "opx"}
+
+// Select decides, once per process, whether listeners open a
+// libfabric endpoint and on which provider. mode is auto, tcp or fabric;
+// prov names a provider (empty: any that auto or fabric accepts); lib is
+// the library to dlopen. It logs the decision and why.
+func Select(mode, prov, lib string) string {
+	fabricChoice.once.Do(func() { fabricChoice.prov = selectFabric(mode, prov, lib) })
+	return fabricChoice.prov
+}
+
+func selectFabric(mode, prov, lib string) string {
+	if mode == "tcp" {
+		return ""
+	}
+	if err := fabric.Load(lib); err != nil {
+		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport %s: libfabric unavailable (%v); using TCP", mode, err)
+		return ""
+	}
+	infos, err := fabric.Probe(prov)
+	if err != nil || len(infos) == 0 {
+		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport %s: no libfabric provider %q with RDM endpoints and RMA (%v); using TCP", mode, prov, err)
+		return ""
+	}
+	var seen []string
+	for _, in := range infos {
+		seen = append(seen, in.Provider)
+		core := strings.SplitN(in.Provider, ";", 2)[0]
+		hw := false
+		for _, h := range hardware {
+			hw = hw || core == h
+		}
+		if mode == "fabric" || hw || (prov != "" && in.Provider == prov) {
+			why := "RDMA hardware"
+			if !hw {
+				why = "asked for (NCCL_RMA_WASM_TRANSPORT=fabric or NCCL_RMA_WASM_FI_PROVIDER)"
+			}
+			logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport fabric: libfabric provider %s, domain %s (%s)", in.Provider, in.Domain, why)
+			return in.Provider
+		}
+	}
+	logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport auto: no RDMA provider among libfabric's %v; using TCP (NCCL_RMA_WASM_TRANSPORT=fabric uses them)", dedupe(seen))
+	return ""
+}
+
+// Hardware reports whether prov (a provider name, "verbs;ofi_rxm" for one
+// layered over another) drives an RDMA NIC.
+func Hardware(prov string) bool {
+	for _, h := range hardware {
+		if prov == h || strings.HasPrefix(prov, h+";") {
+			return true
+		}
+	}
+	return false
+}
+
+func dedupe(s []string) []string {
+	var out []string
+	for _, x := range s {
+		dup := false
+		for _, y := range out {
+			dup = dup || x == y
+		}
+		if !dup {
+			out = append(out, x)
+		}
+	}
+	return out
 }

@@ -1,9 +1,11 @@
-package dataplane
+package nics
 
 import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 )
 
 // TestNICSysfs: PCI paths and link speeds read from a sysfs tree, for an
@@ -71,21 +73,6 @@ func TestNICSysfs(t *testing.T) {
 	}
 }
 
-// TestTakesDmaBuf: device memory goes to NIC providers as a DMA-BUF, to
-// shm and tcp by address, and to none when NCCL_RMA_WASM_FI_DMABUF=0.
-func TestTakesDmaBuf(t *testing.T) {
-	for prov, want := range map[string]bool{"verbs;ofi_rxm": true, "efa": true, "cxi": true, "psm3": true, "opx": true,
-		"shm": false, "tcp;ofi_rxm": false, "tcp": false, "verbsx": false} {
-		if got := takesDmaBuf(prov); got != want {
-			t.Errorf("takesDmaBuf(%q) = %v, want %v", prov, got, want)
-		}
-	}
-	t.Setenv("NCCL_RMA_WASM_FI_DMABUF", "0")
-	if takesDmaBuf("efa") {
-		t.Error("efa takes a DMA-BUF with NCCL_RMA_WASM_FI_DMABUF=0")
-	}
-}
-
 // TestAddrInterface: the interface an address pins (loopback is always
 // there), and none for unset, unspecified or foreign addresses.
 func TestAddrInterface(t *testing.T) {
@@ -105,19 +92,33 @@ func TestAddrInterface(t *testing.T) {
 // (alone when it is loopback); otherwise the list stays.
 func TestPinNICs(t *testing.T) {
 	nics := []NIC{{Domain: "eth0"}, {Domain: "lo", Loopback: true}, {Domain: "eth1"}}
-	if got := PinNICs(nics, "lo"); len(got) != 1 || got[0].Domain != "lo" {
+	if got := Pin(nics, "lo"); len(got) != 1 || got[0].Domain != "lo" {
 		t.Fatalf("pinned to lo: %+v", got)
 	}
-	if got := PinNICs(nics, "eth1"); len(got) != 3 || got[0].Domain != "eth1" || got[1].Domain != "eth0" || got[2].Domain != "lo" {
+	if got := Pin(nics, "eth1"); len(got) != 3 || got[0].Domain != "eth1" || got[1].Domain != "eth0" || got[2].Domain != "lo" {
 		t.Fatalf("pinned to eth1: %+v", got)
 	}
-	if got := PinNICs(nics, "ib0"); len(got) != 3 || got[0].Domain != "eth0" {
+	if got := Pin(nics, "ib0"); len(got) != 3 || got[0].Domain != "eth0" {
 		t.Fatalf("pinned to an interface that is no domain: %+v", got)
 	}
-	if got := PinNICs(nics, ""); len(got) != 3 || got[0].Domain != "eth0" {
+	if got := Pin(nics, ""); len(got) != 3 || got[0].Domain != "eth0" {
 		t.Fatalf("unpinned: %+v", got)
 	}
 	if nics[0].Domain != "eth0" || nics[2].Domain != "eth1" {
 		t.Fatalf("the input changed: %+v", nics)
+	}
+}
+
+// TestSelectFabricModes: tcp never loads libfabric; a missing library
+// falls back to TCP.
+func TestSelectFabricModes(t *testing.T) {
+	if p := selectFabric("tcp", "tcp;ofi_rxm", "libfabric.so.1"); p != "" {
+		t.Fatalf("tcp mode chose %q", p)
+	}
+	if err := fabric.Load("/nonexistent/libfabric.so.1"); err == nil {
+		t.Skip("libfabric already loaded in this process")
+	}
+	if p := selectFabric("fabric", "", "/nonexistent/libfabric.so.1"); p != "" {
+		t.Fatalf("chose %q without libfabric", p)
 	}
 }
