@@ -118,7 +118,7 @@ if nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:comp
   else
     tail -20 "$OUT/host_rma.log"
     echo "GIN-CHECK: host_rma failed"
-    pkill -9 -f host_rma >/dev/null 2>&1
+    pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
     if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
   fi
 else
@@ -133,23 +133,52 @@ GIN_ITERS=${GIN_ITERS:-200}
 GIN_SIZES=${GIN_SIZES:-64 4096 262144}
 if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/gin_alltoall.cu" -o "$OUT/gin_alltoall.o" >"$OUT/gin_alltoall-build.log" 2>&1 &&
   mpicxx "$OUT/gin_alltoall.o" -o "$OUT/gin_alltoall" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/gin_alltoall-build.log" 2>&1; then
-  for b in $GIN_SIZES; do
-    log=$OUT/gin_alltoall-$b.log
+  # gin_run NAME BYTES ITERS [VAR=VALUE ...]: one two-rank run; a run still
+  # alive 5 s before its timeout has every thread's stack recorded (gdb,
+  # where installed) in $OUT/stacks-NAME.txt before it is killed.
+  gin_run() {
+    local name=$1 b=$2 iters=$3
+    shift 3
+    local log=$OUT/gin_alltoall-$name.log envs="" kv
+    for kv in "$@"; do envs="$envs -x $kv"; done
+    (
+      sleep $((PER_RUN_TIMEOUT - 5))
+      for p in $(pgrep -f "^$OUT/gin_alltoall "); do
+        echo "=== pid $p" >>"$OUT/stacks-$name.txt"
+        timeout 20 gdb -p "$p" -batch -ex 'thread apply all bt 12' >>"$OUT/stacks-$name.txt" 2>&1
+      done
+    ) &
+    local wd=$!
     timeout -s KILL "$PER_RUN_TIMEOUT" mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH \
       -x NCCL_RMA_PLUGIN="$PLUGIN" -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN $MPS_ENV \
-      ${EXTRA_MPI_ENV:-} "$OUT/hostid.sh" "$OUT/gin_alltoall" "$b" "$GIN_ITERS" >"$log" 2>&1
-    rc=$?
+      $envs ${EXTRA_MPI_ENV:-} "$OUT/hostid.sh" "$OUT/gin_alltoall" "$b" "$iters" >"$log" 2>&1
+    local rc=$?
+    kill "$wd" 2>/dev/null
+    wait "$wd" 2>/dev/null
     if [ $rc -eq 0 ] && grep -q "GINA2A PASS" "$log"; then
-      grep "GINA2A bytes" "$log" | sed 's/^/GIN-CHECK /'
-    else
-      [ $rc -eq 137 ] && echo "GIN-CHECK gin_alltoall bytes=$b HANG (killed after ${PER_RUN_TIMEOUT}s)" ||
-        echo "GIN-CHECK gin_alltoall bytes=$b FAIL rc=$rc"
-      grep -E "WARN|FAIL|error" "$log" | head -20
-      pkill -9 -f gin_alltoall >/dev/null 2>&1
-      # A client that faults poisons the MPS server: restart it.
-      if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
+      grep "GINA2A bytes" "$log" | sed "s/^/GIN-CHECK [$name] /"
+      return 0
     fi
+    [ $rc -eq 137 ] && echo "GIN-CHECK gin_alltoall [$name] bytes=$b HANG (killed after ${PER_RUN_TIMEOUT}s)" ||
+      echo "GIN-CHECK gin_alltoall [$name] bytes=$b FAIL rc=$rc"
+    grep -E "WARN|FAIL|error" "$log" | head -20
+    # The pattern names the binary's path: a bare "gin_alltoall" would
+    # also match the shell that runs this script.
+    pkill -9 -f "^$OUT/gin_alltoall " >/dev/null 2>&1
+    # A client that faults poisons the MPS server: restart it.
+    if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
+    return 1
+  }
+  gin_bad=0
+  for b in $GIN_SIZES; do
+    gin_run "$b" "$b" "$GIN_ITERS" || gin_bad=1
   done
+  # After a failure: one kernel alone, and the TCP path without the
+  # intra-node one, to tell the failing part apart.
+  if [ "$gin_bad" = 1 ]; then
+    gin_run one-64 64 1
+    gin_run tcp-64 64 "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE=0
+  fi
 else
   tail -20 "$OUT/gin_alltoall-build.log"
   echo "GIN-CHECK: gin_alltoall build failed"
@@ -169,7 +198,7 @@ for i in $(seq 1 "$RUNS"); do
   warns=$(grep -c "NCCL WARN" "$log")
   if [ $rc -eq 137 ] || [ $rc -eq 124 ]; then
     hang=$((hang + 1)); what=HANG
-    pkill -9 -f alltoall_gin >/dev/null 2>&1
+    pkill -9 -f "^$EX/alltoall_gin" >/dev/null 2>&1
   elif [ $rc -eq 0 ] && grep -q "Pure GIN AlltoAll result: PASSED" "$log" && [ "$gin" -ge 1 ]; then
     pass=$((pass + 1)); what=PASS
   else
