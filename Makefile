@@ -5,7 +5,7 @@
 #                 build/rmaw (cmd/rmaw: validate, inspect, new, test, bench for backend authors)
 #   make demo     run the harness: 4 ranks, table v15, with a summary of what happened
 #   make test     installs missing Debian tools (test/setup.sh), then gofmt, go vet,
-#                 staticcheck, go test -race (abi, host, capi, cmd/rmaw) and the multi-process tests (test/)
+#                 staticcheck, go test -race (abi, host, capi, cmd, guests) and the multi-process tests (test/)
 #   make soak     hours of churn in SOAKTIME minutes: random shapes, killed, stopped and reset
 #                 ranks, failing guests; every byte verified (not in CI)
 #   make bench    benchmarks (bench.mk): ratios against raw TCP, process_vm_writev, memcpy
@@ -126,7 +126,7 @@ soak: all guests
 test: setup all gofmt-check
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
-	$(GO) test -race -count=1 ./abi/... ./host/... ./capi/... ./cmd/... ./internal/...
+	$(GO) test -race -count=1 ./abi/... ./host/... ./capi/... ./cmd/... ./guests/... ./internal/...
 	$(GO) test ./test/... -count=1 -timeout 30m
 	@$(MAKE) --no-print-directory fuzz
 
