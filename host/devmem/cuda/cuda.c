@@ -281,15 +281,7 @@ static int cuda_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd,
 }
 
 /* The CUDA driver's entries of the ops table package devrt calls through. */
-const rmaw_devrt_ops rmaw_cuda_ops = {
-    .inspect = cuda_inspect,
-    .copy = cuda_copy,
-    .host_alloc = cuda_host_alloc,
-    .host_free = cuda_host_free,
-    .host_register = cuda_host_register,
-    .host_unregister = cuda_host_unregister,
-    .export_dmabuf = cuda_export_dmabuf,
-};
+const rmaw_devrt_ops rmaw_cuda_ops = RMAW_DEVRT_OPS(cuda);
 
 /* GDRCopy (libgdrapi.so, loaded at run time and never linked): device
  * signal words are updated through a CPU mapping of their 64 KiB GPU page

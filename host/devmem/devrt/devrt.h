@@ -29,4 +29,14 @@ typedef struct rmaw_devrt_ops {
   int (*export_dmabuf)(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen);
 } rmaw_devrt_ops;
 
+/* RMAW_DEVRT_OPS(p) is the table of the functions p_inspect, p_copy,
+ * p_host_alloc, p_host_free, p_host_register, p_host_unregister and
+ * p_export_dmabuf, which a runtime's C file defines. */
+#define RMAW_DEVRT_OPS(p)                                                                   \
+  {                                                                                         \
+    .inspect = p##_inspect, .copy = p##_copy, .host_alloc = p##_host_alloc,                 \
+    .host_free = p##_host_free, .host_register = p##_host_register,                         \
+    .host_unregister = p##_host_unregister, .export_dmabuf = p##_export_dmabuf,             \
+  }
+
 #endif

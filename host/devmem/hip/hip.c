@@ -223,12 +223,4 @@ static int hip_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, 
 }
 
 /* The HIP runtime's entries of the ops table package devrt calls through. */
-const rmaw_devrt_ops rmaw_hip_ops = {
-    .inspect = hip_inspect,
-    .copy = hip_copy,
-    .host_alloc = hip_host_alloc,
-    .host_free = hip_host_free,
-    .host_register = hip_host_register,
-    .host_unregister = hip_host_unregister,
-    .export_dmabuf = hip_export_dmabuf,
-};
+const rmaw_devrt_ops rmaw_hip_ops = RMAW_DEVRT_OPS(hip);
