@@ -250,6 +250,27 @@ static inline int32_t rmaw_buf_log(int32_t level, const struct rmaw_buf *b) {
   return rmaw_log_raw(level, b->p, b->n);
 }
 
+/* Reads the configuration string into buf (at most cap bytes); returns its
+ * length, or RMAW_ERR_INTERNAL when the host has none to give. */
+static inline int32_t rmaw_config_read(char *buf, int32_t cap) {
+  int32_t len = rmaw_get_config(buf, cap);
+  if (len < 0) return RMAW_ERR_INTERNAL;
+  return len > cap ? cap : len;
+}
+
+/* RMAW_CTX_OPEN_RANK(var) defines an rmaw_ctx_open that accepts every
+ * context and keeps its rank in var (for a backend with one context). */
+#define RMAW_CTX_OPEN_RANK(var)                                                                         \
+  RMAW_EXPORT(rmaw_ctx_open) int32_t rmaw_ctx_open(int32_t ctx, int64_t comm, int32_t nranks, int32_t rank, \
+                                                   int32_t n) {                                         \
+    (void)ctx;                                                                                          \
+    (void)comm;                                                                                         \
+    (void)nranks;                                                                                       \
+    (void)n;                                                                                            \
+    var = rank;                                                                                         \
+    return RMAW_OK;                                                                                     \
+  }
+
 /* Finds key=value in a config string of comma/space/newline separated
  * pairs; returns the value as an integer (decimal, k/m/g suffixes) or def. */
 static inline int64_t rmaw_config_int(const char *cfg, uint32_t len, const char *key, int64_t def) {

@@ -44,9 +44,8 @@ static uint64_t next(void) { /* splitmix64 */
 }
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
-  int32_t len = rmaw_get_config(cfg, sizeof cfg);
-  if (len < 0) return RMAW_ERR_INTERNAL;
-  if (len > (int32_t)sizeof cfg) len = sizeof cfg;
+  int32_t len = rmaw_config_read(cfg, sizeof cfg);
+  if (len < 0) return len;
   st.seed = rmaw_config_int(cfg, (uint32_t)len, "seed", 1);
   st.fail_ppm = rmaw_config_int(cfg, (uint32_t)len, "fail_ppm", 0);
   st.fail_code = rmaw_config_int(cfg, (uint32_t)len, "fail_code", RMAW_NCCL_SYSTEM_ERROR);

@@ -76,9 +76,8 @@ static void start_trial(struct cls *c) {
 }
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
-  int32_t len = rmaw_get_config(cfg, sizeof cfg);
-  if (len < 0) return RMAW_ERR_INTERNAL;
-  if (len > (int32_t)sizeof cfg) len = sizeof cfg;
+  int32_t len = rmaw_config_read(cfg, sizeof cfg);
+  if (len < 0) return len;
   st.min = rmaw_config_int(cfg, (uint32_t)len, "min", 4 << 10);
   st.large = rmaw_config_int(cfg, (uint32_t)len, "large", 256 << 10);
   st.trial = rmaw_config_int(cfg, (uint32_t)len, "trial", 8);
@@ -98,14 +97,7 @@ RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
   return (RMAW_FEATURE_PLAN_OP | RMAW_FEATURE_COMPLETIONS | RMAW_FEATURE_COMPRESSION) & host_features;
 }
 
-RMAW_EXPORT(rmaw_ctx_open) int32_t rmaw_ctx_open(int32_t ctx, int64_t comm, int32_t nranks, int32_t rank, int32_t n) {
-  (void)ctx;
-  (void)comm;
-  (void)nranks;
-  (void)n;
-  st.rank = rank;
-  return RMAW_OK;
-}
+RMAW_CTX_OPEN_RANK(st.rank)
 
 static int is_put(uint32_t kind) { return kind == RMAW_OP_PUT || kind == RMAW_OP_PUT_SIGNAL; }
 

@@ -43,9 +43,8 @@ static char cfg[512];
 static struct peer_state *peer_of(uint32_t peer) { return &peers[peer < MAX_PEERS ? peer : MAX_PEERS]; }
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
-  int32_t len = rmaw_get_config(cfg, sizeof cfg);
-  if (len < 0) return RMAW_ERR_INTERNAL;
-  if (len > (int32_t)sizeof cfg) len = sizeof cfg;
+  int32_t len = rmaw_config_read(cfg, sizeof cfg);
+  if (len < 0) return len;
   st.lanes = rmaw_config_int(cfg, (uint32_t)len, "lanes", 4);
   st.stripe = rmaw_config_int(cfg, (uint32_t)len, "stripe", 256 << 10);
   st.fail_after = rmaw_config_int(cfg, (uint32_t)len, "fail_after", 1);
@@ -73,14 +72,7 @@ RMAW_EXPORT(rmaw_conn_plan) int32_t rmaw_conn_plan(int32_t nranks, int32_t rank)
   return RMAW_OK;
 }
 
-RMAW_EXPORT(rmaw_ctx_open) int32_t rmaw_ctx_open(int32_t ctx, int64_t comm, int32_t nranks, int32_t rank, int32_t n) {
-  (void)ctx;
-  (void)comm;
-  (void)nranks;
-  (void)n;
-  st.rank = rank;
-  return RMAW_OK;
-}
+RMAW_CTX_OPEN_RANK(st.rank)
 
 static uint32_t all_lanes(void) { return (1u << st.lanes) - 1; }
 

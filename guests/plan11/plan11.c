@@ -29,9 +29,8 @@ static struct {
 static char cfg[512];
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
-  int32_t len = rmaw_get_config(cfg, sizeof cfg);
-  if (len < 0) return RMAW_ERR_INTERNAL;
-  if (len > (int32_t)sizeof cfg) len = sizeof cfg;
+  int32_t len = rmaw_config_read(cfg, sizeof cfg);
+  if (len < 0) return len;
   uint32_t n = (uint32_t)len;
   st.lanes = rmaw_config_int(cfg, n, "lanes", 0);
   st.codec = rmaw_config_int(cfg, n, "codec", -1);

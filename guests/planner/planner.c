@@ -35,9 +35,8 @@ static void log_kv(const char *what, uint64_t v) {
 }
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
-  int32_t len = rmaw_get_config(cfg, sizeof cfg);
-  if (len < 0) return RMAW_ERR_INTERNAL;
-  if (len > (int32_t)sizeof cfg) len = sizeof cfg;
+  int32_t len = rmaw_config_read(cfg, sizeof cfg);
+  if (len < 0) return len;
   st.lanes = rmaw_config_int(cfg, (uint32_t)len, "lanes", 4);
   st.stripe = rmaw_config_int(cfg, (uint32_t)len, "stripe", 64 << 10);
   st.fail_every = rmaw_config_int(cfg, (uint32_t)len, "fail_every", 0);

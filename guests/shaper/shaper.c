@@ -45,9 +45,8 @@ static char cfg[512];
 static const char *class_names[NCLASSES] = {"put", "get"};
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
-  int32_t len = rmaw_get_config(cfg, sizeof cfg);
-  if (len < 0) return RMAW_ERR_INTERNAL;
-  if (len > (int32_t)sizeof cfg) len = sizeof cfg;
+  int32_t len = rmaw_config_read(cfg, sizeof cfg);
+  if (len < 0) return len;
   st.rate = rmaw_config_int(cfg, (uint32_t)len, "rate", 0);
   st.class_rate[0] = rmaw_config_int(cfg, (uint32_t)len, "put_rate", 0);
   st.class_rate[1] = rmaw_config_int(cfg, (uint32_t)len, "get_rate", 0);
@@ -61,14 +60,7 @@ RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
   return (RMAW_FEATURE_PLAN_OP | RMAW_FEATURE_COMPLETIONS | RMAW_FEATURE_DELAY) & host_features;
 }
 
-RMAW_EXPORT(rmaw_ctx_open) int32_t rmaw_ctx_open(int32_t ctx, int64_t comm, int32_t nranks, int32_t rank, int32_t n) {
-  (void)ctx;
-  (void)comm;
-  (void)nranks;
-  (void)n;
-  st.rank = rank;
-  return RMAW_OK;
-}
+RMAW_CTX_OPEN_RANK(st.rank)
 
 static int class_of(int32_t kind) {
   switch (kind) {
