@@ -247,7 +247,7 @@ static int run(const char* lib, size_t size, int rounds, int fd) {
   const ncclRma_v15_t* t = open_plugin(lib);
   gpu_rank_t g;
   gpu_rank_connect(t, logger, rank, fd, true, &g);
-  void *pctx = g.pctx, *coll = g.coll, *rma = g.rma;
+  void *coll = g.coll, *rma = g.rma;
 
   CUdeviceptr src, dst, sig, get;
   CU(cu.memAlloc(&src, size));
@@ -304,13 +304,7 @@ static int run(const char* lib, size_t size, int rounds, int fd) {
   multiseg(t, coll, rma, fd);
   char b = 1, c;
   xchg(fd, &b, &c, 1); /* both done before anyone tears down */
-  NC(t->deregMrSym(coll, msrc));
-  NC(t->deregMrSym(coll, mdst));
-  NC(t->deregMrSym(coll, msig));
-  NC(t->deregMrSym(coll, mget));
-  NC(t->destroyContext(rma));
-  NC(t->closeColl(coll));
-  NC(t->finalize(pctx));
+  gpu_rank_close(t, &g, (void* const[]){msrc, mdst, msig, mget}, 4);
   printf("[rank %d] device memory (%s device %d): %zu-byte put+signal and get verified byte by byte\n", rank,
          hip_mode() ? "HIP" : "CUDA", dev, size);
   for (int r = 0; r < rounds; r++) teardown_round(t, r % 2 ? size : 4096, fd, r);

@@ -137,3 +137,10 @@ void gpu_rank_connect(const ncclRma_v15_t* t, ncclDebugLogger_t logger, int rank
   ncclRmaConfig_v15_t cfg = {1, -2147483647 - 1, 1};
   NC(t->createContext(r->coll, &cfg, &r->rma));
 }
+
+void gpu_rank_close(const ncclRma_v15_t* t, gpu_rank_t* r, void* const* mhs, int n) {
+  for (int i = 0; i < n; i++) NC(t->deregMrSym(r->coll, mhs[i]));
+  NC(t->destroyContext(r->rma));
+  NC(t->closeColl(r->coll));
+  NC(t->finalize(r->pctx));
+}

@@ -96,4 +96,8 @@ typedef struct {
 void gpu_rank_connect(const ncclRma_v15_t* t, ncclDebugLogger_t logger, int rank, int fd, bool need_cuda,
                       gpu_rank_t* r);
 
+/* gpu_rank_close tears down in NCCL's order: deregMrSym of the n
+ * registrations in mhs, destroyContext, closeColl, finalize. */
+void gpu_rank_close(const ncclRma_v15_t* t, gpu_rank_t* r, void* const* mhs, int n);
+
 #endif

@@ -171,7 +171,7 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
   const ncclRma_v15_t* t = open_plugin(lib);
   gpu_rank_t g;
   gpu_rank_connect(t, logger, rank, fd, true, &g);
-  void *pctx = g.pctx, *coll = g.coll, *rma = g.rma;
+  void *coll = g.coll, *rma = g.rma;
 
   CUdeviceptr dsrc, ddst, dsig;
   CU(cu.memAlloc(&dsrc, size));
@@ -248,15 +248,7 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
   NC(t->queryLastError(rma, &bad));
   if (bad) FAIL("queryLastError reports an error");
   sync_peer(fd);
-  NC(t->deregMrSym(coll, mdsrc));
-  NC(t->deregMrSym(coll, mddst));
-  NC(t->deregMrSym(coll, mdsig));
-  NC(t->deregMrSym(coll, mhsrc));
-  NC(t->deregMrSym(coll, mhdst));
-  NC(t->deregMrSym(coll, mhsig));
-  NC(t->destroyContext(rma));
-  NC(t->closeColl(coll));
-  NC(t->finalize(pctx));
+  gpu_rank_close(t, &g, (void* const[]){mdsrc, mddst, mdsig, mhsrc, mhdst, mhsig}, 6);
   if (rank == 0 && write(out, res, sizeof res) != (ssize_t)sizeof res) FAIL("pipe");
 }
 
