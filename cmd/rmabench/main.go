@@ -217,7 +217,7 @@ func launch(o *options) {
 	}
 
 	// The two ranks; then, for the fabric series, a second pair: libfabric's
-	// transport choice is made once per process (SelectFabric), so the
+	// transport choice is made once per process (nics.Select), so the
 	// plugin-fabric communicator cannot share a process with the TCP ones.
 	var failed []string
 	if o.series != "fabric" {

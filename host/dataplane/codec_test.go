@@ -110,7 +110,8 @@ func TestCompressedPuts(t *testing.T) {
 		}
 		ms[0].Close()
 		ms[1].Close()
-		raw, wire := ms[0].Compression()
+		st := ms[0].Stats()
+		raw, wire := st.CompressedRaw, st.CompressedWire
 		// Half of the data compresses well, half not at all (stored).
 		if raw == 0 || wire > raw*3/4 || wire < raw/2 {
 			t.Fatalf("lanes %d: %d raw bytes went as %d on the wire", lanes, raw, wire)

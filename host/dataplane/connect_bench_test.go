@@ -17,7 +17,7 @@ func BenchmarkConnect8(b *testing.B) {
 		ls := make([]*Listener, n)
 		hs := make([]*Handle, n)
 		for r := range ls {
-			l, h, err := Listen("127.0.0.1")
+			l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 			if err != nil {
 				b.Fatal(err)
 			}

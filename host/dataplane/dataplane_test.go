@@ -121,7 +121,7 @@ func connectOwners(t *testing.T, os []Owner, opt Options) []*Mesh {
 	ls := make([]*Listener, len(os))
 	hs := make([]*Handle, len(os))
 	for i := range ls {
-		l, h, err := Listen("127.0.0.1")
+		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,8 +222,8 @@ func TestTargetRejectsBadRanges(t *testing.T) {
 // TestConnectTimeout: a peer that never connects makes Connect fail in time
 // with a message that names what is missing.
 func TestConnectTimeout(t *testing.T) {
-	l0, h0, _ := Listen("127.0.0.1")
-	l1, h1, _ := Listen("127.0.0.1")
+	l0, h0, _ := Listen(ListenOptions{Addr: "127.0.0.1"})
+	l1, h1, _ := Listen(ListenOptions{Addr: "127.0.0.1"})
 	defer l0.Close()
 	defer l1.Close()
 	start := time.Now()

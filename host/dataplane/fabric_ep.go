@@ -16,6 +16,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"golang.org/x/sys/unix"
 )
 
@@ -475,7 +476,7 @@ func (e *fabEP) progress() {
 	var last time.Time // the last poll that reaped something
 	defer func() {
 		if spinning {
-			spinners.Add(-1)
+			spin.Release()
 		}
 	}()
 	for {
@@ -490,7 +491,7 @@ func (e *fabEP) progress() {
 			// needs no wake-up (a system call and a thread switch in
 			// the caller's path) while the caller polls anyway.
 			if spinning {
-				spinners.Add(-1)
+				spin.Release()
 				spinning = false
 			}
 			nap.Reset(d)
@@ -519,14 +520,14 @@ func (e *fabEP) progress() {
 		}
 		// Within the spin window after the last traffic (however long the
 		// busy polling above ran), keep polling in a spin slot.
-		if spin := e.spinNs.Load(); spin > 0 && time.Since(last) < time.Duration(spin) &&
-			(spinning || acquireSpin(e.spinSlots.Load())) {
+		if ns := e.spinNs.Load(); ns > 0 && time.Since(last) < time.Duration(ns) &&
+			(spinning || spin.Acquire(e.spinSlots.Load())) {
 			spinning = true
 			runtime.Gosched()
 			continue
 		}
 		if spinning {
-			spinners.Add(-1)
+			spin.Release()
 			spinning = false
 		}
 		if e.canWait.Load() && (empty > fabNapsBeforeWait || !e.busy()) {

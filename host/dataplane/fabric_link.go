@@ -101,6 +101,19 @@ type fabPend struct {
 // message carrying its payload (fabMsgPutSignal): at most fabInlineMax
 // bytes, host memory at both ends. One send instead of a write and a
 // message, and one sequence number; the verdict, sent after the copy,
+// wholeOp: with one rail every lane posts on the same endpoint, so an op
+// is cut only when the backend's plan asked for a chunk size or it is
+// staged over the TCP lanes (device memory).
+func (f *fabricLink) wholeOp(op Op) bool {
+	return len(f.rails) == 1 && op.Chunk == 0 && !f.staged(&op)
+}
+
+// signalApart: the write and the signal message complete apart, unless the
+// op is staged over TCP or inline (one message either way).
+func (f *fabricLink) signalApart(op Op) bool {
+	return op.Msg == MsgPutSignal && op.Size > 0 && !f.staged(&op) && !f.inlined(&op)
+}
+
 // says the bytes arrived.
 func (f *fabricLink) inlined(op *Op) bool {
 	if op.Msg != MsgPutSignal || op.Size == 0 || op.Size > fabInlineMax || op.LocalCtx != 0 {

@@ -14,7 +14,7 @@ import (
 // Rails: a communicator with more than one lane opens one libfabric
 // endpoint per NIC, up to as many as it has lanes (rail 0 is the
 // listener's, on the listen device's NIC; rails 1.. on the NICs the
-// listener was given, ListenFabricRails). Lane l of a fabric link posts on
+// listener was given, ListenOptions.Rails). Lane l of a fabric link posts on
 // rail l mod rails, so the peer's striping of large operations over the
 // lanes (peer.stripe, above the plan's StripeThreshold) spreads them over
 // the NICs, and the backend's plan (its lanes, plan_op's lane) chooses
@@ -145,9 +145,9 @@ func (m *Mesh) fabricRails(rank int, addr0 uint64, names [][]byte) ([]fabRail, e
 	return rails, nil
 }
 
-// FabricRails names the domains (NICs) of the communicator's fabric
+// railNames names the domains (NICs) of the communicator's fabric
 // endpoints, rail 0 first; nil without libfabric.
-func (m *Mesh) FabricRails() []string {
+func (m *Mesh) railNames() []string {
 	var d []string
 	for _, e := range m.rails {
 		d = append(d, e.info.Domain)
@@ -155,8 +155,8 @@ func (m *Mesh) FabricRails() []string {
 	return d
 }
 
-// FabricRailBytes is what our puts and gets moved through each rail so far.
-func (m *Mesh) FabricRailBytes() []uint64 {
+// railBytes is what our puts and gets moved through each rail so far.
+func (m *Mesh) railBytes() []uint64 {
 	var b []uint64
 	for _, e := range m.rails {
 		b = append(b, e.bytes.Load())

@@ -131,7 +131,7 @@ func fabMesh2Rails(t testing.TB, prov string, size uint64, lanes int, noFab [2]b
 	hs := make([]*Handle, 2)
 	for i := range ls {
 		os[i] = &fabOwner{mem: fabric.Alloc(size), size: size, done: map[uint64]abi.Result{}}
-		l, h, err := ListenFabricRails("127.0.0.1", prov, domain, rails[i])
+		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1", Provider: prov, Domain: domain, Rails: rails[i]})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -151,8 +151,8 @@ func fabMesh2Rails(t testing.TB, prov string, size uint64, lanes int, noFab [2]b
 		fabric.Free(os[1].mem)
 	})
 	for i, m := range ms {
-		if m.FabricPeers() != 2 && noFab == [2]bool{} {
-			t.Fatalf("rank %d reaches %d peers over fabric, want 2", i, m.FabricPeers())
+		if m.Stats().FabricPeers != 2 && noFab == [2]bool{} {
+			t.Fatalf("rank %d reaches %d peers over fabric, want 2", i, m.Stats().FabricPeers)
 		}
 		key, err := m.RegisterMemory(1, os[i].mem, size, false)
 		if err != nil {
@@ -317,7 +317,7 @@ func TestFabricThroughput(t *testing.T) {
 // TestHandleFabricName: the endpoint name and provider hash ride the
 // handle; a name too long for it leaves the handle TCP-only.
 func TestHandleFabricName(t *testing.T) {
-	l, _, err := Listen("127.0.0.1")
+	l, _, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -480,7 +480,7 @@ func TestFabricDeclined(t *testing.T) {
 					want++
 				}
 			}
-			if got := m.FabricPeers(); got != want {
+			if got := m.Stats().FabricPeers; got != want {
 				t.Fatalf("decline %v: rank %d reaches %d peers over libfabric, want %d", noFab, i, got, want)
 			}
 		}
@@ -659,7 +659,7 @@ func TestFabricRails(t *testing.T) {
 	dom := nics[0].Domain
 	ms, os := fabMesh2Rails(t, prov, size, 2, [2]bool{}, dom, [2][]string{{dom}, {dom}})
 	for i, m := range ms {
-		if got := m.FabricRails(); len(got) != 2 || got[0] != dom || got[1] != dom {
+		if got := m.Stats().FabricRails; len(got) != 2 || got[0] != dom || got[1] != dom {
 			t.Fatalf("rank %d rails %v, want [%s %s]", i, got, dom, dom)
 		}
 		for _, p := range m.peers {
@@ -708,7 +708,7 @@ func TestFabricRails(t *testing.T) {
 		t.Fatalf("get: %v", st)
 	}
 	for i, m := range ms {
-		b := m.FabricRailBytes()
+		b := m.Stats().RailBytes
 		t.Logf("rank %d: bytes by rail %v", i, b)
 		if b[0] == 0 || b[1] == 0 {
 			t.Errorf("rank %d: rail bytes %v: a rail carried nothing", i, b)
@@ -731,7 +731,7 @@ func TestFabricRailsUneven(t *testing.T) {
 	const size = 4 << 20
 	dom := nics[0].Domain
 	ms, os := fabMesh2Rails(t, prov, size, 2, [2]bool{}, dom, [2][]string{{dom}, nil})
-	if r0, r1 := ms[0].FabricRails(), ms[1].FabricRails(); len(r0) != 2 || len(r1) != 1 {
+	if r0, r1 := ms[0].Stats().FabricRails, ms[1].Stats().FabricRails; len(r0) != 2 || len(r1) != 1 {
 		t.Fatalf("rails %v and %v, want 2 and 1", r0, r1)
 	}
 	for i, m := range ms {
@@ -765,7 +765,7 @@ func TestFabricRailsUneven(t *testing.T) {
 	if !bytes.Equal(os[1].bytes()[:n], s[:n]) {
 		t.Fatal("payload differs")
 	}
-	if b := ms[0].FabricRailBytes(); b[0] != n || b[1] != 0 {
+	if b := ms[0].Stats().RailBytes; b[0] != n || b[1] != 0 {
 		t.Fatalf("rank 0 bytes by rail %v, want [%d 0]", b, n)
 	}
 }
@@ -831,7 +831,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 				hs := make([]*Handle, 2)
 				for i := range ls {
 					owners[i] = &devFabOwner{fabOwner: &fabOwner{mem: fabric.Alloc(hsize), size: hsize, done: map[uint64]abi.Result{}}, dev: d.base + uintptr(i*dsize), size: dsize}
-					l, h, err := ListenFabric("127.0.0.1", prov)
+					l, h, err := Listen(ListenOptions{Addr: "127.0.0.1", Provider: prov})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -877,7 +877,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 			for i := range dsrc {
 				dsrc[i] = byte(i*11 + 5)
 			}
-			before := ms[0].FabricRailBytes()[0]
+			before := ms[0].Stats().RailBytes[0]
 			// Ops to rank 1, each followed by an INC of the word at 0 of its
 			// host registration; the target must see every earlier op
 			// landed whenever the signal moves.
@@ -955,7 +955,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 					hostBytes += s.op.Size
 				}
 			}
-			if got := ms[0].FabricRailBytes()[0] - before; got != hostBytes {
+			if got := ms[0].Stats().RailBytes[0] - before; got != hostBytes {
 				t.Errorf("the fabric moved %d bytes, want %d (the host puts only)", got, hostBytes)
 			}
 			// Rank 1 gets device bytes of rank 0 into its host memory.

@@ -35,7 +35,7 @@ func FuzzHeader(f *testing.F) {
 // FuzzDecodeHandle: a handle from anywhere never panics the decoder, and
 // what it accepts encodes to a handle that decodes to the same fields.
 func FuzzDecodeHandle(f *testing.F) {
-	l, h, err := Listen("127.0.0.1")
+	l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -22,7 +22,7 @@ func pair(t *testing.T) ([]*Listener, []*Handle, []HandleInfo) {
 	hs := make([]*Handle, 2)
 	his := make([]HandleInfo, 2)
 	for i := range ls {
-		l, h, err := Listen("127.0.0.1")
+		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,7 +202,7 @@ func TestHelloRefusals(t *testing.T) {
 	resetLimits()
 	ls, hs, his := pair(t)
 	ls[0].setPeers(his, false)
-	other, _, err := Listen("127.0.0.1")
+	other, _, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,6 +54,8 @@ func (x *intraLink) props() Props {
 	return pr
 }
 
+func (x *intraLink) peerPid() int { return x.pid }
+
 func (x *intraLink) inlineMax() uint64 {
 	if x.on.Load() {
 		return intraInlineMax

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
@@ -63,35 +64,36 @@ type Listener struct {
 	peersKnown chan struct{} // closed once peers is set
 
 	strangers atomic.Int32 // connections accepted and not yet authenticated or dropped
-	fab       *fabEP       // libfabric endpoint (ListenFabric), until a Mesh takes it
+	fab       *fabEP       // libfabric endpoint (ListenOptions.Provider), until a Mesh takes it
 	// The provider and the NICs (domains) of further rails: Connect opens
 	// endpoints on as many as the plan has lanes (fabric_rails.go).
 	prov  string
 	rails []string
 }
 
-// Listen opens a listener on addr ("ip" or "ip:port"; empty picks an
-// address) and returns it with the handle to all-gather.
-func Listen(addr string) (*Listener, *Handle, error) { return ListenFabric(addr, "") }
-
-// ListenFabric is Listen with a libfabric endpoint on provider prov
-// (SelectFabric's choice; empty for none) whose address rides the handle.
-// An endpoint that cannot open is logged and the listener stays TCP-only.
-func ListenFabric(addr, prov string) (*Listener, *Handle, error) {
-	return ListenFabricOn(addr, prov, "")
+// ListenOptions say where a listener listens and which libfabric
+// endpoint it opens.
+type ListenOptions struct {
+	// Addr is "ip", "ip:port" or an interface name; empty picks an address.
+	Addr string
+	// Provider is the libfabric provider of the endpoint (nics.Select's
+	// choice), empty for none. An endpoint that cannot open is logged and
+	// the listener stays TCP-only.
+	Provider string
+	// Domain is the endpoint's domain (one NIC, nics.List); "" takes the
+	// provider's first.
+	Domain string
+	// Rails are the domains of further rails: a communicator with lanes > 1
+	// stripes large operations over endpoints on up to lanes of Domain,
+	// Rails[0], Rails[1], ... (fabric_rails.go).
+	Rails []string
 }
 
-// ListenFabricOn is ListenFabric with the endpoint on one domain (one NIC,
-// FabricNICs) of the provider; "" takes the provider's first.
-func ListenFabricOn(addr, prov, domain string) (*Listener, *Handle, error) {
-	return ListenFabricRails(addr, prov, domain, nil)
-}
-
-// ListenFabricRails is ListenFabricOn with the domains of further rails:
-// a communicator with lanes > 1 stripes large operations over endpoints
-// on up to lanes of domain, rails[0], rails[1], ... (fabric_rails.go).
-func ListenFabricRails(addr, prov, domain string, rails []string) (*Listener, *Handle, error) {
-	laddr, err := resolveListenAddr(addr)
+// Listen opens a listener and returns it with the handle to all-gather;
+// the libfabric endpoint's address, when it has one, rides the handle.
+func Listen(opt ListenOptions) (*Listener, *Handle, error) {
+	addr, prov, domain, rails := opt.Addr, opt.Provider, opt.Domain, opt.Rails
+	laddr, err := nics.ListenAddr(addr)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -320,75 +322,11 @@ func HostID() [8]byte {
 	return hostID
 }
 
-// resolveListenAddr turns the configured address into a bind address. With
-// nothing configured it uses the first non-loopback IPv4 address that is up,
-// and loopback when there is none.
-func resolveListenAddr(addr string) (*net.TCPAddr, error) {
-	// Enumerating interfaces costs about a millisecond (netlink); every
-	// communicator listens again, so remember the answer per setting.
-	if v, ok := resolved.Load(addr); ok {
-		a := *v.(*net.TCPAddr)
-		return &a, nil
-	}
-	a, err := resolveListenAddrUncached(addr)
-	if err == nil {
-		c := *a
-		resolved.Store(addr, &c)
-	}
-	return a, err
-}
-
-var resolved sync.Map // configured address -> *net.TCPAddr
-
-func resolveListenAddrUncached(addr string) (*net.TCPAddr, error) {
-	if addr != "" {
-		host, port, err := net.SplitHostPort(addr)
-		if err != nil {
-			host, port = addr, "0"
-		}
-		if ifi, err := net.InterfaceByName(host); err == nil {
-			ip, err := interfaceIPv4(ifi)
-			if err != nil {
-				return nil, err
-			}
-			host = ip.String()
-		}
-		a, err := net.ResolveTCPAddr("tcp", net.JoinHostPort(host, port))
-		if err != nil {
-			return nil, fmt.Errorf("bad listen address %q: %w", addr, err)
-		}
-		return a, nil
-	}
-	ifs, _ := net.Interfaces()
-	for i := range ifs {
-		if ifs[i].Flags&net.FlagUp == 0 || ifs[i].Flags&net.FlagLoopback != 0 {
-			continue
-		}
-		if ip, err := interfaceIPv4(&ifs[i]); err == nil {
-			return &net.TCPAddr{IP: ip}, nil
-		}
-	}
-	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}, nil
-}
-
-func interfaceIPv4(ifi *net.Interface) (net.IP, error) {
-	addrs, err := ifi.Addrs()
-	if err != nil {
-		return nil, fmt.Errorf("interface %s: %w", ifi.Name, err)
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
-			return n.IP.To4(), nil
-		}
-	}
-	return nil, fmt.Errorf("interface %s has no IPv4 address", ifi.Name)
-}
-
 // Prewarm resolves the listen address and the host id in the background, so
 // that the first listen of a process does not pay for them after init.
 func Prewarm(addr string) {
 	go func() {
-		resolveListenAddr(addr)
+		nics.ListenAddr(addr)
 		HostID()
 	}()
 }

@@ -79,7 +79,7 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 	ls := make([]*Listener, 2)
 	hs := make([]*Handle, 2)
 	for i := range ls {
-		l, h, err := Listen("127.0.0.1")
+		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -151,7 +151,7 @@ func TestStrangerCap(t *testing.T) {
 	resetLimits()
 	defer func(n int32, d time.Duration) { maxStrangers, helloTimeout = n, d }(maxStrangers, helloTimeout)
 	maxStrangers, helloTimeout = 4, 500*time.Millisecond
-	l, h, err := Listen("127.0.0.1")
+	l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,14 +1,11 @@
-// Package dataplane is the native mechanism that moves bytes: authenticated
-// TCP connections between ranks, the wire protocol, the target-side service
-// that lands puts, applies signals and serves gets without any call from the
-// target process, and completion of initiator requests. How bytes move to a
-// peer is its transport (transport.go): TCP or the intra-node path.
+// Connect, the mesh's public surface and its teardown.
 //
 // Ordering: with one lane, every operation from one rank to one peer travels
 // on one stream and the target applies them in order, payload before signal;
 // with several, puts carry per-peer sequence numbers and the target holds a
 // signal until every earlier put landed. Either way every signal is strong
 // per (context, peer) and across contexts too.
+
 package dataplane
 
 import (
@@ -20,13 +17,8 @@ import (
 	"time"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 // Owner is what the dataplane needs from the communicator above it.
@@ -219,12 +211,7 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	if m.closeTimeout <= 0 {
 		m.closeTimeout = DefaultCloseTimeout
 	}
-	if f := l.fabric(); f != nil && !f.layout(n) {
-		// Ranks and sequence numbers share the CQ data; every rank sees
-		// the same n and provider, so all of them fall back alike.
-		logx.Warn(abi.SubsysNet|abi.SubsysInit, "NET/wasm: %d ranks do not fit %s's %d bytes of CQ data; using TCP", n, f.info.Provider, f.info.CQDataSize)
-		l.dropFabric()
-	}
+	l.fitFabric(n)
 	outs, ins, peerNoFab, err := connectStreams(l, infos, rank, lanes, opt.NoFabric, opt.Encrypt, deadline, timeout)
 	if err != nil {
 		return nil, err
@@ -237,25 +224,10 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 		}
 		m.closeRails()
 	}
-	// The endpoint moves from the listener to the mesh; more rails open
-	// now that the plan's lanes are known.
-	m.fab = l.takeFabric()
-	var rails [][][]byte
-	if m.fab != nil {
-		m.fab.m, m.fab.rank, m.fab.links = m, rank, make([]*fabricLink, n)
-		m.fab.spinSlots.Store(int32(opt.Spinners))
-		m.fab.spinNs.Store(int64(opt.SpinWait))
-		m.openRails(l, lanes)
-		// Which pairs use libfabric: both sides decide alike, from both
-		// handles and both hellos.
-		fab := make([]bool, n)
-		for i := range fab {
-			fab[i] = !opt.NoFabric && !peerNoFab[i] && infos[i].FabricHash == infos[rank].FabricHash && len(infos[i].FabricName) > 0
-		}
-		if rails, err = m.exchangeRails(fab, outs, ins, deadline); err != nil {
-			closeAll()
-			return nil, err
-		}
+	rails, err := m.takeFabric(l, opt, infos, peerNoFab, outs, ins, deadline)
+	if err != nil {
+		closeAll()
+		return nil, err
 	}
 	for i := 0; i < n; i++ {
 		p := newPeer(m, i)
@@ -271,16 +243,8 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 		p.t = t
 		m.peers[i] = p
 	}
-	for _, e := range m.rails {
-		if err := e.start(); err != nil {
-			m.closeRails()
-			m.fab, m.rails = nil, nil
-			return nil, fmt.Errorf("fabric rail %d: %w", e.rail, err)
-		}
-	}
-	if len(m.rails) > 1 {
-		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d: %d fabric rails %v; operations of at least %d bytes stripe over them",
-			rank, len(m.rails), m.FabricRails(), m.stripe)
+	if err := m.startRails(); err != nil {
+		return nil, err
 	}
 	for _, p := range m.peers {
 		p.t.start()
@@ -299,22 +263,7 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 // railNames are the peer's rails 1.. (exchangeRails).
 func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self HandleInfo, outs, ins []*net.TCPConn, noFab bool, railNames [][]byte) (transport, error) {
 	if m.fab != nil && !noFab && peer.FabricHash == self.FabricHash && len(peer.FabricName) > 0 {
-		addr, err := m.fab.ep.Insert(peer.FabricName)
-		if err != nil {
-			return nil, fmt.Errorf("fabric address of rank %d: %w", p.rank, err)
-		}
-		rails, err := m.fabricRails(p.rank, addr, railNames)
-		if err != nil {
-			return nil, err
-		}
-		f := newFabricLink(p, outs, ins, rails)
-		if peer.HostID == self.HostID {
-			f.watchPid(int(peer.Pid))
-		}
-		for _, r := range rails {
-			r.e.links[p.rank] = f
-		}
-		return f, nil
+		return m.fabricTransport(p, peer, self, outs, ins, railNames)
 	}
 	if opt.IntraNode && peer.HostID == self.HostID && peer.Pid != 0 {
 		return newIntraLink(p, outs, ins, int(peer.Pid)), nil
@@ -322,120 +271,36 @@ func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self HandleInfo, outs
 	return newTCPLink(p, outs, ins), nil
 }
 
-// FabricPeers counts the peers reached over libfabric.
-func (m *Mesh) FabricPeers() int {
-	n := 0
+// Stats is what a mesh reports of itself: its transports and what they
+// moved.
+type Stats struct {
+	FabricPeers    int      // peers reached over libfabric
+	IntraNodePeers int      // peers the single-copy path is enabled for
+	FabricProvider string   // the libfabric provider in use ("" for none)
+	FabricRails    []string // the domains (NICs) of the fabric endpoints, rail 0 first
+	RailBytes      []uint64 // what our puts and gets moved through each rail so far
+	// CompressedRaw and CompressedWire are the payload bytes the TCP
+	// lanes compressed so far and what they took on the wire (framing
+	// included).
+	CompressedRaw, CompressedWire uint64
+}
+
+// Stats reads the mesh's counters (at connect and close: it allocates).
+func (m *Mesh) Stats() Stats {
+	st := Stats{FabricRails: m.railNames(), RailBytes: m.railBytes()}
 	for _, p := range m.peers {
-		if p.t.props().Name == nameFabric {
-			n++
+		switch p.t.props().Name {
+		case nameFabric:
+			st.FabricPeers++
+		case nameIntraNode:
+			st.IntraNodePeers++
 		}
 	}
-	return n
-}
-
-// FabricProvider names the libfabric provider in use ("" for none).
-func (m *Mesh) FabricProvider() string {
-	if m.fab == nil {
-		return ""
+	if m.fab != nil {
+		st.FabricProvider = m.fab.info.Provider
 	}
-	return m.fab.info.Provider
-}
-
-// RegisterMemory registers a communicator registration with the fabric
-// endpoint (regMrSym calls it before announcing the registration) and
-// returns the key peers write with; 0 without a fabric endpoint.
-func (m *Mesh) RegisterMemory(id uint32, base unsafe.Pointer, size uint64, dev bool) (uint64, error) {
-	if m.fab == nil {
-		return 0, nil
-	}
-	if dev {
-		// Not reachable by the provider: operations on it are staged over
-		// the TCP lanes (fabric_dev.go); peers learn it is device memory
-		// from the MsgReg.
-		return 0, nil
-	}
-	// Every rail's domain registers it; rail 0's key rides the MsgReg the
-	// caller posts, the others' are sent ahead of it (fabricLink.submit).
-	var key uint64
-	for r, e := range m.rails {
-		k, err := e.register(id, base, size)
-		if err != nil {
-			for _, d := range m.rails[:r] {
-				d.deregister(id)
-			}
-			return 0, fmt.Errorf("fabric rail %d (%s): %w", r, e.info.Domain, err)
-		}
-		if r == 0 {
-			key = k
-		}
-	}
-	return key, nil
-}
-
-// DeviceMemory describes a device registration for RegisterDevice.
-type DeviceMemory struct {
-	Iface, Device int    // devmem.IfaceCUDA or IfaceROCR, and the ordinal
-	DMABUFFd      int    // a DMA-BUF of the range (-1: none); read during the call only
-	DMABUFOff     uint64 // the range's offset in it
-	// Export, when not nil, makes a DMA-BUF of the range (an fd the
-	// caller closes, and the offset): used when no fd came with the
-	// registration and the loaded libfabric imports DMA-BUFs, which is how
-	// NICs reach memory they cannot pin by address (ROCm without a
-	// peer-memory module, for one).
-	Export func() (fd int, off uint64, err error)
-}
-
-// RegisterDevice registers device memory with the fabric endpoint where
-// the provider reaches it (FI_HMEM), on every rail, and returns rail 0's
-// key and direct = true; otherwise (no fabric, no FI_HMEM, or the
-// provider refuses it, which an INFO line reports) key 0 and direct =
-// false: operations on it are staged over the TCP lanes (fabric_dev.go).
-func (m *Mesh) RegisterDevice(id uint32, base uintptr, size uint64, d DeviceMemory) (key uint64, direct bool) {
-	if m.fab == nil || !m.fab.info.HMEM {
-		return 0, false
-	}
-	if !takesDmaBuf(m.fab.info.Provider, m.noDmaBuf) {
-		// shm reaches device memory through the driver's IPC by address
-		// (with a DMA-BUF registration its transfers never completed on
-		// the H200 with libfabric 1.22), and tcp copies: neither wants one.
-		d.DMABUFFd, d.Export = -1, nil
-	}
-	if d.DMABUFFd < 0 && d.Export != nil && fabric.RuntimeVersion() >= fabric.APIDMABUF {
-		if fd, off, err := d.Export(); err == nil {
-			defer unix.Close(fd)
-			d.DMABUFFd, d.DMABUFOff = fd, off
-		} else {
-			logx.Info(abi.SubsysNet|abi.SubsysReg, "NET/wasm: fabric: no DMA-BUF of device memory (%v); registering the address range", err)
-		}
-	}
-	r := fabric.MRRequest{Base: *(*unsafe.Pointer)(unsafe.Pointer(&base)), Len: size, Iface: d.Iface, Device: d.Device, DMABUFFd: d.DMABUFFd, DMABUFOff: d.DMABUFOff}
-	for i, e := range m.rails {
-		k, err := e.registerMR(id, r)
-		if err != nil {
-			for _, u := range m.rails[:i] {
-				u.deregister(id)
-			}
-			logx.Info(abi.SubsysNet|abi.SubsysReg, "NET/wasm: fabric %s rail %d: device memory (interface %d, device %d, dmabuf fd %d) not registered: %v; its operations are staged through host memory",
-				e.info.Provider, i, d.Iface, d.Device, d.DMABUFFd, err)
-			return 0, false
-		}
-		if i == 0 {
-			key = k
-		}
-	}
-	return key, true
-}
-
-// takesDmaBuf reports whether device memory goes to provider prov as a
-// DMA-BUF (when one is at hand or can be exported): NIC providers only,
-// unless no (Options.NoDmaBuf, NCCL_RMA_WASM_FI_DMABUF=0).
-func takesDmaBuf(prov string, no bool) bool { return !no && nics.Hardware(prov) }
-
-// DeregisterMemory undoes RegisterMemory once nothing uses the memory.
-func (m *Mesh) DeregisterMemory(id uint32) {
-	for _, e := range m.rails {
-		e.deregister(id)
-	}
+	st.CompressedRaw, st.CompressedWire = m.compression()
+	return st
 }
 
 // Post queues op for peer. It never blocks on the network and never fails for
@@ -483,42 +348,21 @@ func (m *Mesh) Kick() {
 	}
 }
 
-// Parts is how many completions the runtime must expect for an operation:
-// more than one when it is striped over several lanes.
-func (m *Mesh) Parts(kind uint8, size uint64) int { return m.parts(kind, size, 0) }
-
-// PeerParts is Parts for an operation to peer: over libfabric a put with
-// signal that is not striped completes twice, once for the write and once
-// for the signal message behind it.
-func (m *Mesh) PeerParts(peer int, kind uint8, size uint64) int {
-	return m.OpParts(peer, &Op{Msg: kind, Size: size})
-}
-
-// OpParts is PeerParts for op as it will be posted (its Chunk counts).
+// OpParts is how many completions the runtime must expect for op as it
+// will be posted to peer (its Chunk counts): more than one when it is
+// striped over several lanes, and over libfabric a put with signal that is
+// not striped completes twice, once for the write and once for the signal
+// message behind it.
 func (m *Mesh) OpParts(peer int, op *Op) int {
-	kind, size := op.Msg, op.Size
-	n := 1
-	if peer < 0 || peer >= len(m.peers) || m.peers[peer] == nil || m.peers[peer].striped(op) {
-		n = m.parts(kind, size, op.Chunk)
+	if peer < 0 || peer >= len(m.peers) || m.peers[peer] == nil {
+		return m.parts(op.Msg, op.Size, op.Chunk)
 	}
-	if kind == MsgPutSignal && size > 0 && n == 1 && m.fab != nil {
-		// Over libfabric the write and the signal message complete
-		// apart, unless the op is staged over TCP or inline (one
-		// message either way).
-		if l := m.fab.link(peer); l != nil && !l.staged(op) && !l.inlined(op) {
-			n++
-		}
+	p, n := m.peers[peer], 1
+	if p.striped(op) {
+		n = m.parts(op.Msg, op.Size, op.Chunk)
 	}
-	return n
-}
-
-// IntraNodePeers counts the peers the single-copy path is enabled for.
-func (m *Mesh) IntraNodePeers() int {
-	n := 0
-	for _, p := range m.peers {
-		if p.t.props().Name == nameIntraNode {
-			n++
-		}
+	if n == 1 && p.t.signalApart(*op) {
+		n++
 	}
 	return n
 }
@@ -592,11 +436,7 @@ func (m *Mesh) Close() error {
 	}
 	m.wg.Wait()
 	for _, p := range m.peers {
-		if x, ok := p.t.(*intraLink); ok {
-			for _, l := range x.lanes {
-				l.releaseRing()
-			}
-		}
+		p.t.release()
 	}
 	m.logRails()
 	m.closeRails()

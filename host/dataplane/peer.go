@@ -164,7 +164,7 @@ func (m *Mesh) pieceSize(size, chunk uint64) uint64 {
 // operations: it is not striped unless the backend's plan asked for a
 // chunk size, or it is staged over the TCP lanes (device memory).
 func (p *peer) striped(op *Op) bool {
-	if f, ok := p.t.(*fabricLink); ok && len(f.rails) == 1 && op.Chunk == 0 && !f.staged(op) {
+	if p.t.wholeOp(*op) {
 		return false
 	}
 	return p.m.striped(op.Msg, op.Size, op.Chunk)

@@ -108,15 +108,14 @@ func (t *tcpLink) attachRing(in *net.TCPConn, rx *staging.Receiver, h *header, r
 	if rx.Attached() {
 		return fmt.Errorf("protocol error: rank %d offered a second staging ring on one stream", p.rank)
 	}
-	x, ok := t.side.(*intraLink)
 	var err error
 	switch {
-	case !ok:
+	case t.side == nil:
 		err = errors.New("not an intra-node link")
 	case attachHook != nil:
 		err = attachHook()
 	default:
-		err = rx.Attach(x.pid, staging.Offer{FD: h.off, Size: h.size, Slots: h.context, Chunk: h.sigValue})
+		err = rx.Attach(t.side.peerPid(), staging.Offer{FD: h.off, Size: h.size, Slots: h.context, Chunk: h.sigValue})
 	}
 	if err != nil {
 		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's intra-node staging ring (%v); its device payloads ride the TCP lanes", p.rank, err)

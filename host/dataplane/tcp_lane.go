@@ -16,6 +16,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 )
 
 const (
@@ -69,6 +70,9 @@ type tcpLink struct {
 // when they did not move it: the stream carries it then.
 type sidePath interface {
 	inlineMax() uint64
+	// peerPid is the peer's process, whose staging ring offers are mapped
+	// through /proc/<pid>/fd.
+	peerPid() int
 	// ringable reports whether op's payload should move through the
 	// shared staging ring (ring.go): device memory at either end.
 	ringable(op *Op) bool
@@ -653,9 +657,26 @@ func compressible(op *Op) bool {
 		(op.Msg == MsgPut || op.Msg == MsgPutSignal)
 }
 
-// Compression reports the payload bytes this mesh's TCP lanes compressed
-// so far and what they took on the wire (framing included).
-func (m *Mesh) Compression() (raw, wire uint64) {
+// awaitingReply: the lane has sent something the peer answers (a put to
+// acknowledge, a get to serve), so its replies reader spins for it.
+func (l *lane) awaitingReply() bool { return l.pendingPuts() > 0 || l.pendingGets() > 0 }
+
+// wholeOp: TCP lanes are independent streams, so cutting pays off.
+func (t *tcpLink) wholeOp(Op) bool { return false }
+
+// signalApart: on TCP a signal rides its put's header.
+func (t *tcpLink) signalApart(Op) bool { return false }
+
+// release frees the lanes' staging rings (intra-node links have them).
+func (t *tcpLink) release() {
+	for _, l := range t.lanes {
+		l.releaseRing()
+	}
+}
+
+// compression reports the payload bytes this mesh's TCP lanes compressed
+// so far and what they took on the wire (framing included): Stats.
+func (m *Mesh) compression() (raw, wire uint64) {
 	for _, p := range m.peers {
 		if t, ok := p.t.(*tcpLink); ok {
 			for _, l := range t.lanes {
@@ -862,7 +883,7 @@ func (l *lane) pendingGets() int {
 func (l *lane) replies() {
 	p := l.p
 	defer p.m.wg.Done()
-	br := bufio.NewReaderSize(newSpinReader(l.out, p.m.spinWait, p.m.spinners, l.awaitingReply), readBufSize)
+	br := bufio.NewReaderSize(spin.NewReader(l.out, p.m.spinWait, p.m.spinners, l.awaitingReply), readBufSize)
 	var hb [hdrSize]byte
 	var h header
 	for {

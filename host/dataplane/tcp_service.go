@@ -13,6 +13,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 )
 
 // acker sends the cumulative put acknowledgements of one incoming stream.
@@ -61,7 +62,7 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 	p := t.p
 	defer p.m.wg.Done()
 	defer close(t.inDone[lane]) // after the last landing (fence waits for it)
-	ack := &acker{in: in, r: newSpinReader(in, p.m.spinWait, p.m.spinners, nil)}
+	ack := &acker{in: in, r: spin.NewReader(in, p.m.spinWait, p.m.spinners, nil)}
 	br := bufio.NewReaderSize(ack, readBufSize)
 	var hb [hdrSize]byte
 	var h header

@@ -91,7 +91,7 @@ func TestCloseBoundedOnStalledPeer(t *testing.T) {
 	ls := make([]*Listener, 2)
 	hs := make([]*Handle, 2)
 	for i := range ls {
-		l, h, err := Listen("127.0.0.1")
+		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -194,7 +194,7 @@ func TestAckWithinARead(t *testing.T) {
 	ls := make([]*Listener, 2)
 	hs := make([]*Handle, 2)
 	for i := range ls {
-		l, h, err := Listen("127.0.0.1")
+		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
 			t.Fatal(err)
 		}

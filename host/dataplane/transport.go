@@ -1,23 +1,31 @@
 package dataplane
 
-// The transport seam. A peer (peer.go) is everything that does not depend
-// on how bytes move: sequence numbers and striping over lanes, the
-// target-side orderer that keeps signals strong, completions and failures
-// reported to the Owner, and the teardown (Drain, goodbyes, markDead). It
-// hands each operation to the transport Connect chose for that peer:
+// The transport seam. The transports are layers, not alternatives: every
+// peer has a tcpLink, and TCP is its control plane and its fallback.
+// A peer (peer.go) is everything that does not depend on how bytes move:
+// sequence numbers and striping over lanes, the target-side orderer that
+// keeps signals strong, completions and failures reported to the Owner,
+// and the teardown (Drain, goodbyes, markDead). It hands each operation to
+// the transport Connect chose for that peer (chooseTransport):
 //
 //   - tcpLink (tcp_*.go): Lanes streams, the 64-byte header protocol of
-//     wire.go, device memory staged through host buffers (devcopy.go).
-//   - intraLink (intranode.go): a tcpLink whose large host payloads move
-//     with process_vm_writev/readv; the stream still carries everything
-//     else, in order, so a signal follows its payload.
+//     wire.go, device memory staged through host buffers
+//     (host/devmem/staging), compression (host/codec). Registrations,
+//     goodbyes, replies and anything the layers above decline ride it.
+//   - intraLink (intranode.go) embeds *tcpLink and takes over large host
+//     payloads to a peer on this host with process_vm_writev/readv, and
+//     device payloads through a shared staging ring (ring.go); the stream
+//     still carries everything else, in order, so a signal follows its
+//     payload.
+//   - fabricLink (fabric_*.go) embeds *tcpLink and takes over the payload
+//     over libfabric: writes and reads on one or more rails, a signal as
+//     write data or a message behind the payload on the same ordered
+//     endpoint, a completion goroutine per rail, and the target side on
+//     the receive completions. Device memory the provider cannot reach is
+//     staged over the embedded TCP lanes (fabric_dev.go).
 //
-// A third one (RDMA over libfabric) implements transport too: submit posts
-// work requests (fi_writemsg / fi_readmsg, a signal as a write with
-// immediate data or a message behind the payload on the same ordered
-// endpoint), a completion goroutine reaps the queue and calls the peer's
-// completed/fail, and the target side runs on the receive completions. What
-// it needs beyond this interface is listed in SPEC.md §4 (Transports).
+// The core asks a transport only through this interface: no code outside
+// a transport's own files names its concrete type.
 
 // transport moves operations between this rank and one peer. The peer
 // calls it from many threads at once; every method but stop must be cheap,
@@ -58,6 +66,19 @@ type transport interface {
 	awaiting() int
 	// failAll fails everything queued and awaited; called after stop.
 	failAll()
+
+	// wholeOp reports that cutting op over the lanes gains nothing on this
+	// transport, whatever the connection's stripe threshold (libfabric
+	// with one rail: every lane posts on the same endpoint). op is a value
+	// for the reason submit's is.
+	wholeOp(op Op) bool
+	// signalApart reports that op, a put with signal that is not striped,
+	// completes in two parts: its write and the signal message behind it
+	// (libfabric, unless staged over TCP or sent inline).
+	signalApart(op Op) bool
+	// release frees what outlives stop (the staging rings of the lanes);
+	// Close calls it once the transport's goroutines ended.
+	release()
 }
 
 // Props describes a transport to one peer.

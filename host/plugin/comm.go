@@ -12,6 +12,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 )
 
 type listenComm struct {
@@ -65,7 +66,8 @@ func Listen(ctx uint64, dev int32, handle *[abi.HandleSize]byte) (uint64, abi.Re
 		return 0, abi.InvalidArgument
 	}
 	prov := nics.Select(config.Transport.Get(), config.FIProvider.Get(), config.FILibrary.Get())
-	l, h, err := dataplane.ListenFabricRails(config.Addr.Get(), prov, pc.backend.deviceDomain(dev), pc.backend.railDomains(dev))
+	l, h, err := dataplane.Listen(dataplane.ListenOptions{Addr: config.Addr.Get(), Provider: prov,
+		Domain: pc.backend.deviceDomain(dev), Rails: pc.backend.railDomains(dev)})
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: listen: %v", err)
 		return 0, abi.SystemError
@@ -144,15 +146,16 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	c.id = colls.add(c)
 	// The lane count closes the line so a host (rma_driver --summary) can
 	// report the connection plan the backend chose.
-	if fp := mesh.FabricPeers(); fp > 0 {
-		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d reaches %d ranks over libfabric provider %s", rank, fp, mesh.FabricProvider())
+	st := mesh.Stats()
+	if st.FabricPeers > 0 {
+		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d reaches %d ranks over libfabric provider %s", rank, st.FabricPeers, st.FabricProvider)
 	}
 	if plan.Codec != 0 {
 		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d: backend %s compresses puts over TCP with codec %d level %d by default",
 			rank, lc.be.b.Name(), plan.Codec.ID(), plan.Codec.Level())
 	}
 	logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d connected to %d ranks in %v; %d on this host use the intra-node path; %d TCP lane(s) per peer",
-		rank, n, time.Since(start).Round(time.Microsecond), mesh.IntraNodePeers(), plan.Lanes)
+		rank, n, time.Since(start).Round(time.Microsecond), st.IntraNodePeers, plan.Lanes)
 	return colls.handle(c.id), abi.Success
 }
 
@@ -191,7 +194,8 @@ func CloseColl(h uint64) abi.Result {
 	if err := c.mesh.Close(); err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: rank %d: %v (%s)", c.rank, err, config.CloseTimeout.Name)
 	}
-	if raw, wire := c.mesh.Compression(); raw > 0 {
+	if st := c.mesh.Stats(); st.CompressedRaw > 0 {
+		raw, wire := st.CompressedRaw, st.CompressedWire
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d compressed %d payload bytes into %d on the wire (%.2fx)", c.rank, raw, wire, float64(raw)/float64(wire))
 	}
 	c.regs.wake()
@@ -249,7 +253,7 @@ func (c *coll) PeerFailed(peer int, err error) { c.setError(peer, err) }
 func spinOptions() (time.Duration, int) {
 	us := config.SpinUs.Get()
 	if us < 0 {
-		return 50 * time.Microsecond, dataplane.DefaultSpinners()
+		return 50 * time.Microsecond, spin.DefaultSlots()
 	}
-	return time.Duration(us) * time.Microsecond, max(dataplane.DefaultSpinners(), 1)
+	return time.Duration(us) * time.Microsecond, max(spin.DefaultSlots(), 1)
 }

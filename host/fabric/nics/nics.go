@@ -1,11 +1,13 @@
-// Package nics chooses the libfabric provider a process uses (Select) and
-// lists the NICs it offers (List), with what the provider or sysfs says of
-// each, and pins them to the interface of the configured listen address
-// (Pin). It sits beside the libfabric binding (host/fabric); host/plugin
-// reports the NICs as devices and host/dataplane opens endpoints on them.
+// Package nics chooses the libfabric provider a process uses (Select),
+// lists the NICs it offers (List) with what the provider or sysfs says of
+// each, pins them to the interface of the configured listen address (Pin)
+// and resolves the TCP listen address (ListenAddr). It sits beside the
+// libfabric binding (host/fabric); host/plugin reports the NICs as devices
+// and host/dataplane opens endpoints on them.
 package nics
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -175,6 +177,71 @@ func AddrInterface(addr string) string {
 		}
 	}
 	return ""
+}
+
+// ListenAddr turns the configured listen address (NCCL_RMA_WASM_ADDR: "ip",
+// "ip:port" or an interface name) into a bind address, the counterpart of
+// AddrInterface. With nothing configured it uses the first non-loopback IPv4 address that is up,
+// and loopback when there is none.
+func ListenAddr(addr string) (*net.TCPAddr, error) {
+	// Enumerating interfaces costs about a millisecond (netlink); every
+	// communicator listens again, so remember the answer per setting.
+	if v, ok := resolved.Load(addr); ok {
+		a := *v.(*net.TCPAddr)
+		return &a, nil
+	}
+	a, err := resolveListenAddrUncached(addr)
+	if err == nil {
+		c := *a
+		resolved.Store(addr, &c)
+	}
+	return a, err
+}
+
+var resolved sync.Map // configured address -> *net.TCPAddr
+
+func resolveListenAddrUncached(addr string) (*net.TCPAddr, error) {
+	if addr != "" {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			host, port = addr, "0"
+		}
+		if ifi, err := net.InterfaceByName(host); err == nil {
+			ip, err := interfaceIPv4(ifi)
+			if err != nil {
+				return nil, err
+			}
+			host = ip.String()
+		}
+		a, err := net.ResolveTCPAddr("tcp", net.JoinHostPort(host, port))
+		if err != nil {
+			return nil, fmt.Errorf("bad listen address %q: %w", addr, err)
+		}
+		return a, nil
+	}
+	ifs, _ := net.Interfaces()
+	for i := range ifs {
+		if ifs[i].Flags&net.FlagUp == 0 || ifs[i].Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		if ip, err := interfaceIPv4(&ifs[i]); err == nil {
+			return &net.TCPAddr{IP: ip}, nil
+		}
+	}
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}, nil
+}
+
+func interfaceIPv4(ifi *net.Interface) (net.IP, error) {
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return nil, fmt.Errorf("interface %s: %w", ifi.Name, err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil {
+			return n.IP.To4(), nil
+		}
+	}
+	return nil, fmt.Errorf("interface %s has no IPv4 address", ifi.Name)
 }
 
 // Pin puts the NIC whose domain is interface ifc first (the tcp

@@ -1,4 +1,7 @@
-package dataplane
+// Package spin holds the readers that spin briefly on an empty socket
+// before they park, and the process-wide budget of spinning readers that
+// host/dataplane's TCP streams and libfabric completion loops share.
+package spin
 
 import (
 	"io"
@@ -13,7 +16,7 @@ import (
 
 // spinReader reads a TCP socket as net.Conn does, except that when the
 // socket is empty right after traffic it keeps trying for a short while
-// (Options.SpinWait) before parking the goroutine on the netpoller. A
+// (host/dataplane's Options.SpinWait) before parking the goroutine on the netpoller. A
 // parked reader costs a thread wake-up when the next message comes (several
 // µs, more on a VM), the one step a raw TCP ping-pong does not pay twice:
 // its reader is the application. A peer in a request/response exchange
@@ -41,8 +44,10 @@ type spinReader struct {
 // spinners counts the readers of this process spinning now.
 var spinners atomic.Int32
 
-// newSpinReader returns c itself when spinning is off.
-func newSpinReader(c *net.TCPConn, spin time.Duration, slots int, want func() bool) io.Reader {
+// NewReader returns a reader of c that spins for up to spin after traffic
+// while one of slots process-wide spin slots is free and want (nil:
+// always) says a message is due; c itself when spinning is off.
+func NewReader(c *net.TCPConn, spin time.Duration, slots int, want func() bool) io.Reader {
 	if spin <= 0 || slots <= 0 {
 		return c
 	}
@@ -82,7 +87,7 @@ func (s *spinReader) readFD(fd uintptr) bool {
 			continue
 		case err == unix.EAGAIN:
 			if !spinning {
-				if s.parked || (s.want != nil && !s.want()) || !acquireSpin(s.slots) {
+				if s.parked || (s.want != nil && !s.want()) || !Acquire(s.slots) {
 					s.parked = true
 					return false
 				}
@@ -107,8 +112,9 @@ func (s *spinReader) readFD(fd uintptr) bool {
 	}
 }
 
-// acquireSpin takes one of the process's spin slots, if one is free.
-func acquireSpin(slots int32) bool {
+// Acquire takes one of the process's spin slots, if fewer than slots are
+// taken; Release gives it back.
+func Acquire(slots int32) bool {
 	for {
 		n := spinners.Load()
 		if n >= slots {
@@ -120,11 +126,13 @@ func acquireSpin(slots int32) bool {
 	}
 }
 
-// awaitingReply: the lane has sent something the peer answers (a put to
-// acknowledge, a get to serve), so its replies reader spins for it.
-func (l *lane) awaitingReply() bool { return l.pendingPuts() > 0 || l.pendingGets() > 0 }
+// Release gives back a slot Acquire took.
+func Release() { spinners.Add(-1) }
 
-// DefaultSpinners is Options.Spinners for NCCL_RMA_WASM_SPIN_US's default:
+// Spinning counts the readers (and completion loops) spinning now.
+func Spinning() int32 { return spinners.Load() }
+
+// DefaultSlots is host/dataplane's Options.Spinners for NCCL_RMA_WASM_SPIN_US's default:
 // one spinning reader per four cores, so none on a machine of fewer than
 // four (a spinner there takes the core from the thread it waits for).
-func DefaultSpinners() int { return runtime.NumCPU() / 4 }
+func DefaultSlots() int { return runtime.NumCPU() / 4 }

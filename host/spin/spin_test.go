@@ -1,4 +1,4 @@
-package dataplane
+package spin
 
 import (
 	"bytes"
@@ -34,14 +34,14 @@ func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
 // held), the peer's close (EOF) and a local close during a read.
 func TestSpinReader(t *testing.T) {
 	w, c := tcpPair(t)
-	r := newSpinReader(c, 2*time.Millisecond, 1, nil)
+	r := NewReader(c, 2*time.Millisecond, 1, nil)
 	if _, ok := r.(*spinReader); !ok {
 		t.Fatalf("newSpinReader returned %T, want a spinReader", r)
 	}
-	if plain := newSpinReader(c, 0, 1, nil); plain != io.Reader(c) {
+	if plain := NewReader(c, 0, 1, nil); plain != io.Reader(c) {
 		t.Fatal("spin 0 must read the connection itself")
 	}
-	if plain := newSpinReader(c, time.Millisecond, 0, nil); plain != io.Reader(c) {
+	if plain := NewReader(c, time.Millisecond, 0, nil); plain != io.Reader(c) {
 		t.Fatal("no spin slots must read the connection itself")
 	}
 	want := make([]byte, 64<<10)
@@ -81,7 +81,7 @@ func TestSpinReader(t *testing.T) {
 	}()
 	deadline := time.Now().Add(5 * time.Second)
 	time.Sleep(20 * time.Millisecond)
-	for spinners.Load() != 0 {
+	for Spinning() != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("an idle reader still holds a spin slot")
 		}
@@ -102,7 +102,7 @@ func TestSpinReader(t *testing.T) {
 	if _, err := r.Read(buf); err != io.EOF {
 		t.Fatalf("after the peer closed: %v, want EOF", err)
 	}
-	if spinners.Load() != 0 {
+	if Spinning() != 0 {
 		t.Fatal("spin slot leaked")
 	}
 }
@@ -117,21 +117,21 @@ func TestSpinReaderCloseAndSlots(t *testing.T) {
 	for i := 0; i < readers; i++ {
 		_, c := tcpPair(t)
 		conns = append(conns, c)
-		r := newSpinReader(c, 50*time.Millisecond, 2, nil)
+		r := NewReader(c, 50*time.Millisecond, 2, nil)
 		go func() {
 			_, err := r.Read(make([]byte, 8))
 			res <- err
 		}()
 	}
 	_, c := tcpPair(t)
-	never := newSpinReader(c, time.Second, 8, func() bool { return false })
+	never := NewReader(c, time.Second, 8, func() bool { return false })
 	go func() {
 		_, err := never.Read(make([]byte, 8))
 		res <- err
 	}()
 	end := time.Now().Add(30 * time.Millisecond)
 	for time.Now().Before(end) {
-		if n := spinners.Load(); n > 2 {
+		if n := Spinning(); n > 2 {
 			t.Fatalf("%d readers spin at once, 2 slots", n)
 		}
 		time.Sleep(100 * time.Microsecond)
@@ -150,7 +150,7 @@ func TestSpinReaderCloseAndSlots(t *testing.T) {
 			t.Fatal("a read did not end after Close")
 		}
 	}
-	if n := spinners.Load(); n != 0 {
+	if n := Spinning(); n != 0 {
 		t.Fatalf("%d spin slots held after every reader ended", n)
 	}
 }
@@ -159,7 +159,7 @@ func TestSpinReaderCloseAndSlots(t *testing.T) {
 // (the service and replies readers are on the per-operation path).
 func TestSpinReaderAllocs(t *testing.T) {
 	w, c := tcpPair(t)
-	r := newSpinReader(c, time.Millisecond, 1, func() bool { return true })
+	r := NewReader(c, time.Millisecond, 1, func() bool { return true })
 	msg := make([]byte, 8)
 	buf := make([]byte, 8)
 	if n := testing.AllocsPerRun(200, func() {

@@ -1,0 +1,52 @@
+// Package dataplane is the native mechanism that moves bytes between the
+// ranks of a communicator: authenticated connections, the wire protocol,
+// the target-side service that lands puts, applies signals and serves gets
+// with no call from the target process, and the completion of initiator
+// requests. TCP is every peer's control plane and fallback; libfabric and
+// the intra-node path take over the payload where they can (transport.go).
+//
+// Files by concern, the way NCCL's net_ib splits its transport:
+//
+// Init and listen:
+//   - listen.go: Listen and ListenOptions, the accept loop and admission of
+//     dialers (host/handshake), the listen address and host id.
+//   - wire.go: the handle and the 64-byte header protocol.
+//   - poller.go: the process's network poller check (EnsurePoller).
+//
+// Connect:
+//   - mesh.go: Options, Connect, the transport choice, Stats, Post and
+//     flushing, Drain and Close.
+//   - tcp_connect.go: dialing and accepting every lane's stream.
+//   - fabric_setup.go: the listener's endpoint handed to the mesh, rails
+//     opened and exchanged, fabric links made and started.
+//   - fabric_rails.go: further rails, one endpoint per NIC.
+//
+// Data path:
+//   - transport.go: the transport interface and Props.
+//   - peer.go: lanes, sequence numbers and striping; completions, failures.
+//   - order.go: the target-side orderer that keeps signals strong.
+//   - tcp_lane.go: a TCP lane's queue, batch writer and reply reader.
+//   - intranode.go: process_vm_writev/readv to a peer on this host.
+//   - ring.go: the lanes' side of the intra-node staging ring.
+//   - fabric_link.go: libfabric writes, reads and signals to one peer.
+//   - fabric_window.go: the window of sequence numbers a fabric link runs.
+//   - fabric_dev.go: device memory staged over TCP beside a fabric link.
+//
+// Target service:
+//   - tcp_service.go: landing puts, applying signals, serving gets.
+//   - fabric_ep.go: the endpoint, its completion queue and the target side
+//     of libfabric operations.
+//
+// Registration:
+//   - fabric_reg.go: communicator memory registered on every rail.
+//
+// Teardown and watchdog:
+//   - tcp_failover.go: a failed TCP lane's work moved to the others.
+//   - fabric_pid.go: a local peer's exit noticed through its pidfd.
+//   - watchdog.go: peers whose streams stopped moving are failed.
+//
+// Leaves it builds on: host/handshake (the hello and the seal), host/codec
+// (compression), host/devmem/staging (device staging and the staging
+// ring), host/fabric and host/fabric/nics (libfabric and its NICs),
+// host/spin (readers that spin before they park).
+package dataplane

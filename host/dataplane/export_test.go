@@ -1,0 +1,14 @@
+package dataplane
+
+// Test-only read-outs of the mesh.
+
+// Parts is how many completions the runtime must expect for an operation:
+// more than one when it is striped over several lanes.
+func (m *Mesh) Parts(kind uint8, size uint64) int { return m.parts(kind, size, 0) }
+
+// PeerParts is Parts for an operation to peer (OpParts): over libfabric a put with
+// signal that is not striped completes twice, once for the write and once
+// for the signal message behind it.
+func (m *Mesh) PeerParts(peer int, kind uint8, size uint64) int {
+	return m.OpParts(peer, &Op{Msg: kind, Size: size})
+}
