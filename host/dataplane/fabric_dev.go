@@ -11,7 +11,7 @@ import (
 // reach GPU memory (no FI_HMEM, or a registration it did not take), an
 // operation whose local buffer or target registration is device memory
 // rides the link's TCP lanes instead, where host/devmem's staging path
-// copies it through pinned host memory on both sides (devcopy.go). It
+// copies it through pinned host memory on both sides (host/devmem/staging). It
 // keeps its place in the peer's order: a staged put (or put with signal,
 // payload and signal in one message) takes the next fabric sequence
 // number at submit and carries it in its TCP header, so the target's

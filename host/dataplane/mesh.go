@@ -122,7 +122,7 @@ type Options struct {
 	OrderWindow uint64
 	// SpinWait is how long a stream's reader keeps reading an empty socket
 	// after traffic before it parks (0: never spins), and Spinners how many
-	// readers of the process may spin at once (tcp_spin.go).
+	// readers of the process may spin at once (host/spin).
 	SpinWait time.Duration
 	Spinners int
 	// PeerTimeout fails a peer with operations outstanding whose streams

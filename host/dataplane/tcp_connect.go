@@ -16,11 +16,11 @@ import (
 // to every rank's listener (outs[rank][lane], ours included) and the ones
 // every rank dialled to us (ins[rank][lane]), all with TCP_NODELAY. It
 // returns when all are up or when the deadline passes. Every stream is
-// authenticated both ways (hello.go): a connection that cannot prove the
+// authenticated both ways (host/handshake): a connection that cannot prove the
 // rank it claims never gets here, so it cannot disturb the connect; two
 // proven connections for one rank and lane are an error.
 // noFab is sent in every hello; peerNoFab reports what each rank sent.
-// With encrypt every stream is sealed (seal.go), ours and the ones we take.
+// With encrypt every stream is sealed (host/handshake), ours and the ones we take.
 func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, noFab, encrypt bool, deadline time.Time, timeout time.Duration) (outs, ins [][]*net.TCPConn, peerNoFab []bool, err error) {
 	n := len(infos)
 	// Connections that proved a claim wait for these keys to be checked.
