@@ -250,6 +250,31 @@ static inline int32_t rmaw_buf_log(int32_t level, const struct rmaw_buf *b) {
   return rmaw_log_raw(level, b->p, b->n);
 }
 
+/* Appends fmt, printf-style, with only %s, %d, %u, %lld, %llu and %% (clang
+ * checks the arguments against the format: int64_t is %lld, uint64_t %llu). */
+static inline __attribute__((format(printf, 2, 3))) void rmaw_buf_fmt(struct rmaw_buf *b, const char *fmt, ...) {
+  __builtin_va_list ap;
+  char ch[2] = {0, 0};
+  __builtin_va_start(ap, fmt);
+  for (const char *f = fmt; *f; f++) {
+    if (*f != '%' || !f[1]) {
+      ch[0] = *f;
+      rmaw_buf_str(b, ch);
+      continue;
+    }
+    int ll = f[1] == 'l' && f[2] == 'l' && f[3];
+    f += ll ? 3 : 1; /* the conversion */
+    if (*f == 's') rmaw_buf_str(b, __builtin_va_arg(ap, const char *));
+    else if (*f == 'd') rmaw_buf_i64(b, ll ? __builtin_va_arg(ap, long long) : __builtin_va_arg(ap, int));
+    else if (*f == 'u') rmaw_buf_u64(b, ll ? __builtin_va_arg(ap, unsigned long long) : __builtin_va_arg(ap, unsigned));
+    else {
+      ch[0] = *f; /* %% and anything unknown: the character */
+      rmaw_buf_str(b, ch);
+    }
+  }
+  __builtin_va_end(ap);
+}
+
 /* Reads the configuration string into buf (at most cap bytes); returns its
  * length, or RMAW_ERR_INTERNAL when the host has none to give. */
 static inline int32_t rmaw_config_read(char *buf, int32_t cap) {
@@ -257,6 +282,21 @@ static inline int32_t rmaw_config_read(char *buf, int32_t cap) {
   if (len < 0) return RMAW_ERR_INTERNAL;
   return len > cap ? cap : len;
 }
+
+/* RMAW_ON_COMPLETION(c) { ... } defines rmaw_completions: it refuses a
+ * batch larger than the area's completion ring (RMAW_ERR_INVAL) and runs the
+ * block once per record, in order, with c pointing at the record (const
+ * struct rmaw_completion *); `return;` in the block goes on to the next
+ * record. Use it after RMAW_DEFINE_AREA. */
+#define RMAW_ON_COMPLETION(c)                                                                 \
+  static void rmaw__on_completion(const struct rmaw_completion *c);                           \
+  RMAW_EXPORT(rmaw_completions) int32_t rmaw_completions(int32_t ctx, int32_t n) {            \
+    (void)ctx;                                                                                \
+    if (n < 0 || n > (int32_t)rmaw_area_ptr()->comp_cap) return RMAW_ERR_INVAL;               \
+    for (int32_t i = 0; i < n; i++) rmaw__on_completion(&rmaw_completion_ring()[i]);          \
+    return RMAW_OK;                                                                           \
+  }                                                                                           \
+  static void rmaw__on_completion(const struct rmaw_completion *c)
 
 /* RMAW_CTX_OPEN_RANK(var) defines an rmaw_ctx_open that accepts every
  * context and keeps its rank in var (for a backend with one context). */
@@ -295,5 +335,42 @@ static inline int64_t rmaw_config_int(const char *cfg, uint32_t len, const char 
   }
   return def;
 }
+
+/* One integer setting: rmaw_config_load sets *value from key (def when absent). */
+struct rmaw_config_key {
+  const char *key;
+  int64_t *value;
+  int64_t def;
+};
+
+/* Reads the configuration string into buf (at most cap bytes) and sets the
+ * n keys from it; returns the string's length, or RMAW_ERR_INTERNAL (and
+ * sets nothing) when the host has none to give. */
+static inline int32_t rmaw_config_load(char *buf, int32_t cap, const struct rmaw_config_key *keys, uint32_t n) {
+  int32_t len = rmaw_config_read(buf, cap);
+  if (len < 0) return len;
+  for (uint32_t i = 0; i < n; i++) *keys[i].value = rmaw_config_int(buf, (uint32_t)len, keys[i].key, keys[i].def);
+  return len;
+}
+
+/* RMAW_CONFIG_KEYS(buf, {"key", &var, def}, ...) is rmaw_config_load over the
+ * listed keys, with buf a char array: int32_t len = RMAW_CONFIG_KEYS(cfg,
+ * {"lanes", &st.lanes, 4}, {"stripe", &st.stripe, 65536}); */
+#define RMAW_CONFIG_KEYS(buf, ...)                                                              \
+  rmaw_config_load(buf, sizeof(buf), (const struct rmaw_config_key[]){__VA_ARGS__},             \
+                   sizeof((const struct rmaw_config_key[]){__VA_ARGS__}) / sizeof(struct rmaw_config_key))
+
+/* RMAW_CONN_PLAN_LANES(LANES, STRIPE) defines an rmaw_conn_plan that asks,
+ * for every peer, for LANES lanes and striping of ops of at least STRIPE
+ * bytes (both evaluated at each call). Use it after RMAW_DEFINE_AREA. */
+#define RMAW_CONN_PLAN_LANES(LANES, STRIPE)                                                      \
+  RMAW_EXPORT(rmaw_conn_plan) int32_t rmaw_conn_plan(int32_t nranks, int32_t rank) {             \
+    struct rmaw_conn_plan *c = &rmaw_area_ptr()->conn;                                           \
+    (void)nranks;                                                                                \
+    (void)rank;                                                                                  \
+    c->lanes = (int32_t)(LANES);                                                                 \
+    c->stripe_threshold = (uint64_t)(STRIPE);                                                    \
+    return RMAW_OK;                                                                              \
+  }
 
 #endif /* RMAW_H */

@@ -44,19 +44,13 @@ static uint64_t next(void) { /* splitmix64 */
 }
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
-  int32_t len = rmaw_config_read(cfg, sizeof cfg);
+  int32_t len = RMAW_CONFIG_KEYS(cfg, {"seed", &st.seed, 1}, {"fail_ppm", &st.fail_ppm, 0},
+                                      {"fail_code", &st.fail_code, RMAW_NCCL_SYSTEM_ERROR},
+                                      {"delay_ppm", &st.delay_ppm, 0}, {"delay_ns", &st.delay_ns, 1000000},
+                                      {"kinds", &st.kinds, 7}, {"peer", &st.peer, -1}, {"after", &st.after, 0},
+                                      {"reset_peer", &st.reset_peer, -1}, {"reset_at", &st.reset_at, 0},
+                                      {"reset_len", &st.reset_len, 0});
   if (len < 0) return len;
-  st.seed = rmaw_config_int(cfg, (uint32_t)len, "seed", 1);
-  st.fail_ppm = rmaw_config_int(cfg, (uint32_t)len, "fail_ppm", 0);
-  st.fail_code = rmaw_config_int(cfg, (uint32_t)len, "fail_code", RMAW_NCCL_SYSTEM_ERROR);
-  st.delay_ppm = rmaw_config_int(cfg, (uint32_t)len, "delay_ppm", 0);
-  st.delay_ns = rmaw_config_int(cfg, (uint32_t)len, "delay_ns", 1000000);
-  st.kinds = rmaw_config_int(cfg, (uint32_t)len, "kinds", 7);
-  st.peer = rmaw_config_int(cfg, (uint32_t)len, "peer", -1);
-  st.after = rmaw_config_int(cfg, (uint32_t)len, "after", 0);
-  st.reset_peer = rmaw_config_int(cfg, (uint32_t)len, "reset_peer", -1);
-  st.reset_at = rmaw_config_int(cfg, (uint32_t)len, "reset_at", 0);
-  st.reset_len = rmaw_config_int(cfg, (uint32_t)len, "reset_len", 0);
   if (st.fail_ppm < 0 || st.fail_ppm > 1000000 || st.delay_ppm < 0 || st.delay_ppm > 1000000 ||
       st.fail_code < 1 || st.fail_code > 6 || st.delay_ns < 1 || st.delay_ns > (int64_t)RMAW_MAX_DELAY_NS ||
       st.kinds < 0 || st.kinds > 15 || st.after < 0 || st.reset_at < 0 || st.reset_len < 0) {
@@ -117,50 +111,21 @@ RMAW_EXPORT(rmaw_plan_op) int32_t rmaw_plan_op(int32_t ctx, int32_t kind, int32_
   return RMAW_OK;
 }
 
-RMAW_EXPORT(rmaw_completions) int32_t rmaw_completions(int32_t ctx, int32_t n) {
-  (void)ctx;
-  const struct rmaw_completion *c = rmaw_completion_ring();
-  if (n < 0 || n > (int32_t)rmaw_area_ptr()->comp_cap) return RMAW_ERR_INVAL;
-  for (int32_t i = 0; i < n; i++) {
-    st.completed++;
-    if (c[i].status) st.completed_err++;
-  }
-  return RMAW_OK;
+RMAW_ON_COMPLETION(c) {
+  st.completed++;
+  if (c->status) st.completed_err++;
 }
 
 RMAW_EXPORT(rmaw_ctx_close) int32_t rmaw_ctx_close(int32_t ctx) {
   (void)ctx;
   char line[320];
   struct rmaw_buf b = {line, 0, sizeof line};
-  rmaw_buf_str(&b, "chaos: seed ");
-  rmaw_buf_i64(&b, st.seed);
-  rmaw_buf_str(&b, " rank ");
-  rmaw_buf_i64(&b, st.rank);
-  rmaw_buf_str(&b, " ctx ");
-  rmaw_buf_i64(&b, st.ctx);
-  rmaw_buf_str(&b, ": ");
-  rmaw_buf_u64(&b, st.ops);
-  rmaw_buf_str(&b, " ops, failed ");
-  rmaw_buf_u64(&b, st.failed);
-  rmaw_buf_str(&b, " (code ");
-  rmaw_buf_i64(&b, st.fail_code);
-  rmaw_buf_str(&b, "), reset window failed ");
-  rmaw_buf_u64(&b, st.reset_failed);
-  rmaw_buf_str(&b, ", delayed ");
-  rmaw_buf_u64(&b, st.delayed);
-  rmaw_buf_str(&b, " by ");
-  rmaw_buf_u64(&b, st.delay_total_ns / 1000);
-  rmaw_buf_str(&b, " us in all");
-  if (st.skipped_delays) {
-    rmaw_buf_str(&b, " (");
-    rmaw_buf_u64(&b, st.skipped_delays);
-    rmaw_buf_str(&b, " delays skipped: the host does not offer FEATURE_DELAY)");
-  }
-  rmaw_buf_str(&b, "; completions ");
-  rmaw_buf_u64(&b, st.completed);
-  rmaw_buf_str(&b, " (");
-  rmaw_buf_u64(&b, st.completed_err);
-  rmaw_buf_str(&b, " with an error)");
+  rmaw_buf_fmt(&b, "chaos: seed %lld rank %d ctx %d: %llu ops, failed %llu (code %lld), reset window failed %llu",
+               st.seed, st.rank, st.ctx, st.ops, st.failed, st.fail_code, st.reset_failed);
+  rmaw_buf_fmt(&b, ", delayed %llu by %llu us in all", st.delayed, st.delay_total_ns / 1000);
+  if (st.skipped_delays)
+    rmaw_buf_fmt(&b, " (%llu delays skipped: the host does not offer FEATURE_DELAY)", st.skipped_delays);
+  rmaw_buf_fmt(&b, "; completions %llu (%llu with an error)", st.completed, st.completed_err);
   rmaw_buf_log(RMAW_LOG_INFO, &b);
   return RMAW_OK;
 }

@@ -76,15 +76,11 @@ static void start_trial(struct cls *c) {
 }
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
-  int32_t len = rmaw_config_read(cfg, sizeof cfg);
+  int32_t len = RMAW_CONFIG_KEYS(cfg, {"min", &st.min, 4 << 10}, {"large", &st.large, 256 << 10},
+                                      {"trial", &st.trial, 8}, {"period", &st.period, 512},
+                                      {"s2_level", &st.s2_level, 1}, {"zstd_level", &st.zstd_level, 1},
+                                      {"codec", &st.force, -1});
   if (len < 0) return len;
-  st.min = rmaw_config_int(cfg, (uint32_t)len, "min", 4 << 10);
-  st.large = rmaw_config_int(cfg, (uint32_t)len, "large", 256 << 10);
-  st.trial = rmaw_config_int(cfg, (uint32_t)len, "trial", 8);
-  st.period = rmaw_config_int(cfg, (uint32_t)len, "period", 512);
-  st.s2_level = rmaw_config_int(cfg, (uint32_t)len, "s2_level", 1);
-  st.zstd_level = rmaw_config_int(cfg, (uint32_t)len, "zstd_level", 1);
-  st.force = rmaw_config_int(cfg, (uint32_t)len, "codec", -1);
   if (st.min < 0 || st.large < st.min || st.trial < 1 || st.period < 1 || st.s2_level < 0 || st.s2_level > 2 ||
       st.zstd_level < 0 || st.zstd_level > 4 || st.force < -1 || st.force > 2) {
     rmaw_log(RMAW_LOG_WARN, "compress: want min <= large, trial >= 1, period >= 1, s2_level 0..2, zstd_level 0..4, codec -1..2");
@@ -149,60 +145,38 @@ RMAW_EXPORT(rmaw_plan_op) int32_t rmaw_plan_op(int32_t ctx, int32_t kind, int32_
   return RMAW_OK;
 }
 
-RMAW_EXPORT(rmaw_completions) int32_t rmaw_completions(int32_t ctx, int32_t n) {
-  (void)ctx;
-  const struct rmaw_completion *r = rmaw_completion_ring();
-  if (n < 0 || n > (int32_t)rmaw_area_ptr()->comp_cap) return RMAW_ERR_INVAL;
-  for (int32_t i = 0; i < n; i++) {
-    if (!is_put(r[i].kind) || r[i].size < (uint64_t)st.min) continue;
-    struct peer *p = &peers[r[i].peer < MAX_PEERS ? r[i].peer : MAX_PEERS];
-    if (p->len == 0) { /* more completions than plans: a hostile or foreign record */
-      st.unmatched++;
-      continue;
-    }
-    /* Puts to one peer complete close to plan order; a trial's puts all
-     * use one codec, so a swap at a boundary blurs one sample at most. */
-    uint8_t e = p->fifo[p->head];
-    p->head = (p->head + 1) % FIFO;
-    p->len--;
-    struct cls *c = &p->c[e >> 4 & 1];
-    int cand = e & 3;
-    if (r[i].status || c->phase != 0) continue; /* measure trials only */
-    if (c->ns[cand] + r[i].latency_ns < c->ns[cand]) continue; /* overflow */
-    c->bytes[cand] += r[i].size;
-    c->ns[cand] += r[i].latency_ns ? r[i].latency_ns : 1;
+RMAW_ON_COMPLETION(r) {
+  if (!is_put(r->kind) || r->size < (uint64_t)st.min) return;
+  struct peer *p = &peers[r->peer < MAX_PEERS ? r->peer : MAX_PEERS];
+  if (p->len == 0) { /* more completions than plans: a hostile or foreign record */
+    st.unmatched++;
+    return;
   }
-  return RMAW_OK;
+  /* Puts to one peer complete close to plan order; a trial's puts all
+   * use one codec, so a swap at a boundary blurs one sample at most. */
+  uint8_t e = p->fifo[p->head];
+  p->head = (p->head + 1) % FIFO;
+  p->len--;
+  struct cls *c = &p->c[e >> 4 & 1];
+  int cand = e & 3;
+  if (r->status || c->phase != 0) return; /* measure trials only */
+  if (c->ns[cand] + r->latency_ns < c->ns[cand]) return; /* overflow */
+  c->bytes[cand] += r->size;
+  c->ns[cand] += r->latency_ns ? r->latency_ns : 1;
 }
 
 RMAW_EXPORT(rmaw_ctx_close) int32_t rmaw_ctx_close(int32_t ctx) {
   (void)ctx;
   char line[320];
   struct rmaw_buf b = {line, 0, sizeof line};
-  rmaw_buf_str(&b, "compress: rank ");
-  rmaw_buf_i64(&b, st.rank);
-  rmaw_buf_str(&b, ": puts");
-  for (int i = 0; i < NCAND; i++) {
-    rmaw_buf_str(&b, " ");
-    rmaw_buf_str(&b, names[i]);
-    rmaw_buf_str(&b, " ");
-    rmaw_buf_u64(&b, st.puts[i]);
-    rmaw_buf_str(&b, " (");
-    rmaw_buf_u64(&b, st.bytes[i]);
-    rmaw_buf_str(&b, " B)");
-  }
-  rmaw_buf_str(&b, "; trials decided ");
-  rmaw_buf_u64(&b, st.trials);
+  rmaw_buf_fmt(&b, "compress: rank %d: puts", st.rank);
+  for (int i = 0; i < NCAND; i++) rmaw_buf_fmt(&b, " %s %llu (%llu B)", names[i], st.puts[i], st.bytes[i]);
+  rmaw_buf_fmt(&b, "; trials decided %llu", st.trials);
   if (st.force >= 0) {
     rmaw_buf_str(&b, " (codec forced)");
   } else {
     rmaw_buf_str(&b, ", won by");
-    for (int i = 0; i < NCAND; i++) {
-      rmaw_buf_str(&b, " ");
-      rmaw_buf_str(&b, names[i]);
-      rmaw_buf_str(&b, " ");
-      rmaw_buf_u64(&b, st.won[i]);
-    }
+    for (int i = 0; i < NCAND; i++) rmaw_buf_fmt(&b, " %s %llu", names[i], st.won[i]);
   }
   rmaw_buf_log(RMAW_LOG_INFO, &b);
   return RMAW_OK;

@@ -42,6 +42,21 @@ func (k *kit) open(commID uint64, nranks, rank, contexts int32) (backend.Context
 	return k.b.NewContext(backend.ContextInfo{CommID: commID, NRanks: nranks, Rank: rank, Contexts: contexts})
 }
 
+// openFor opens a context for a check that needs what (on says whether the
+// context enables it). Without it, the context is closed again and openFor
+// returns no context and the check's result, that there is nothing to drive.
+func (k *kit) openFor(commID uint64, nranks, rank, contexts int32, on func(backend.Context) bool, what string) (backend.Context, string, error) {
+	c, err := k.open(commID, nranks, rank, contexts)
+	if err != nil {
+		return nil, "", err
+	}
+	if !on(c) {
+		c.Close()
+		return nil, what + " not enabled; nothing to drive", nil
+	}
+	return c, "", nil
+}
+
 func (k *kit) devices() (string, error) {
 	ds := k.b.Devices()
 	if len(ds) < 1 || len(ds) > guestabi.MaxDevices {
@@ -109,14 +124,11 @@ func (k *kit) oneContext() (string, error) {
 }
 
 func (k *kit) planKinds() (string, error) {
-	c, err := k.open(8, 4, 1, 1)
-	if err != nil {
-		return "", err
+	c, skip, err := k.openFor(8, 4, 1, 1, backend.Context.PlansOps, "plan_op")
+	if c == nil {
+		return skip, err
 	}
 	defer c.Close()
-	if !c.PlansOps() {
-		return "plan_op not enabled; nothing to drive", nil
-	}
 	failed, chunked, delayed, coded, lanes := 0, 0, 0, 0, map[int32]int{}
 	for _, kind := range []backend.OpKind{backend.OpPut, backend.OpPutSignal, backend.OpGet, backend.OpFlush} {
 		for _, size := range []uint64{0, 1, 8, 4096, 64 << 10, 1 << 20, 256 << 20, 1 << 30, 1 << 40} {
@@ -150,14 +162,11 @@ func (k *kit) planKinds() (string, error) {
 }
 
 func (k *kit) planHostile() (string, error) {
-	c, err := k.open(math.MaxUint64, 1<<20, 1<<20-1, 64)
-	if err != nil {
-		return "", err
+	c, skip, err := k.openFor(math.MaxUint64, 1<<20, 1<<20-1, 64, backend.Context.PlansOps, "plan_op")
+	if c == nil {
+		return skip, err
 	}
 	defer c.Close()
-	if !c.PlansOps() {
-		return "plan_op not enabled; nothing to drive", nil
-	}
 	n := 0
 	for _, kind := range []backend.OpKind{0, 5, 99, math.MaxUint32} {
 		for _, peer := range []uint32{0, 1 << 20, math.MaxUint32} {
@@ -176,14 +185,11 @@ func (k *kit) planHostile() (string, error) {
 }
 
 func (k *kit) planVolume() (string, error) {
-	c, err := k.open(9, 8, 3, 1)
-	if err != nil {
-		return "", err
+	c, skip, err := k.openFor(9, 8, 3, 1, backend.Context.PlansOps, "plan_op")
+	if c == nil {
+		return skip, err
 	}
 	defer c.Close()
-	if !c.PlansOps() {
-		return "plan_op not enabled; nothing to drive", nil
-	}
 	k.takeLogs()
 	for i := 0; i < k.o.Ops; i++ {
 		op := backend.Op{Kind: backend.OpKind(1 + i%3), Peer: uint32(i % 8), Size: uint64(8) << (i % 24)}
@@ -198,14 +204,11 @@ func (k *kit) planVolume() (string, error) {
 }
 
 func (k *kit) completions() (string, error) {
-	c, err := k.open(10, 2, 0, 1)
-	if err != nil {
-		return "", err
+	c, skip, err := k.openFor(10, 2, 0, 1, backend.Context.WantsCompletions, "completions")
+	if c == nil {
+		return skip, err
 	}
 	defer c.Close()
-	if !c.WantsCompletions() {
-		return "completions not enabled; nothing to drive", nil
-	}
 	capn := int(k.b.Info().CompCap)
 	total := 0
 	for _, n := range []int{0, 1, capn, capn + 1, 10 * capn} {
@@ -222,14 +225,11 @@ func (k *kit) completions() (string, error) {
 }
 
 func (k *kit) completionsHostile() (string, error) {
-	c, err := k.open(11, 2, 1, 1)
-	if err != nil {
-		return "", err
+	c, skip, err := k.openFor(11, 2, 1, 1, backend.Context.WantsCompletions, "completions")
+	if c == nil {
+		return skip, err
 	}
 	defer c.Close()
-	if !c.WantsCompletions() {
-		return "completions not enabled; nothing to drive", nil
-	}
 	var batch []backend.Completion
 	for _, kind := range []backend.OpKind{0, 5, math.MaxUint32} {
 		for _, st := range []int32{1, 6, 7, -1, math.MaxInt32} {

@@ -43,13 +43,10 @@ static char cfg[512];
 static struct peer_state *peer_of(uint32_t peer) { return &peers[peer < MAX_PEERS ? peer : MAX_PEERS]; }
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
-  int32_t len = rmaw_config_read(cfg, sizeof cfg);
+  int32_t len = RMAW_CONFIG_KEYS(cfg, {"lanes", &st.lanes, 4}, {"stripe", &st.stripe, 256 << 10},
+                                      {"fail_after", &st.fail_after, 1}, {"probe", &st.probe, 256},
+                                      {"down", &st.down, 0});
   if (len < 0) return len;
-  st.lanes = rmaw_config_int(cfg, (uint32_t)len, "lanes", 4);
-  st.stripe = rmaw_config_int(cfg, (uint32_t)len, "stripe", 256 << 10);
-  st.fail_after = rmaw_config_int(cfg, (uint32_t)len, "fail_after", 1);
-  st.probe = rmaw_config_int(cfg, (uint32_t)len, "probe", 256);
-  st.down = rmaw_config_int(cfg, (uint32_t)len, "down", 0);
   if (st.lanes < 1 || st.lanes > RMAW_MAX_LANES || st.stripe < 1 || st.fail_after < 1 || st.probe < 1 ||
       st.down < 0 || st.down >= (1 << st.lanes)) {
     rmaw_log(RMAW_LOG_WARN, "multirail: want lanes=1..8, stripe>0, fail_after>0, probe>0, down=a mask of those lanes");
@@ -61,16 +58,9 @@ RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
   return want & host_features;
 }
 
-RMAW_EXPORT(rmaw_conn_plan) int32_t rmaw_conn_plan(int32_t nranks, int32_t rank) {
-  (void)nranks;
-  (void)rank;
-  struct rmaw_conn_plan *c = &rmaw_area_ptr()->conn;
-  c->lanes = (int32_t)st.lanes;
-  /* The runtime must never stripe on its own: that would put pieces on a
-   * lane this backend took out. Striping is decided per op below. */
-  c->stripe_threshold = ~(uint64_t)0;
-  return RMAW_OK;
-}
+/* The runtime must never stripe on its own: that would put pieces on a
+ * lane this backend took out. Striping is decided per op below. */
+RMAW_CONN_PLAN_LANES(st.lanes, ~(uint64_t)0)
 
 RMAW_CTX_OPEN_RANK(st.rank)
 
@@ -141,57 +131,51 @@ static void log_lane(const char *what, uint32_t lane, uint32_t peer) {
   rmaw_buf_log(RMAW_LOG_WARN, &b);
 }
 
-RMAW_EXPORT(rmaw_completions) int32_t rmaw_completions(int32_t ctx, int32_t n) {
-  (void)ctx;
-  const struct rmaw_completion *c = rmaw_completion_ring();
-  if (n < 0 || n > (int32_t)rmaw_area_ptr()->comp_cap) return RMAW_ERR_INVAL;
-  for (int32_t i = 0; i < n; i++) {
-    if (c[i].kind == RMAW_OP_FLUSH) continue;
-    if (c[i].kind == RMAW_EVENT_LANE_DOWN) {
-      /* The host failed this lane over: its operations went to the other
-       * lanes and it never comes back. Plan nothing more onto it. */
-      if (c[i].lane < 0 || c[i].lane >= st.lanes) continue;
-      uint32_t bit = 1u << (uint32_t)c[i].lane;
-      struct peer_state *ps = peer_of(c[i].peer);
-      st.lane_events++;
-      st.moved += c[i].size;
-      if (!(ps->gone & bit)) {
-        ps->gone |= (uint8_t)bit;
-        ps->down |= (uint8_t)bit;
-        ps->probing &= (uint8_t)~bit;
-        st.failovers++;
-        log_lane(" failed, the host moved its operations; out of rotation for good for rank ", (uint32_t)c[i].lane,
-                 c[i].peer);
-      }
-      continue;
-    }
-    if (c[i].lane < 0 || c[i].lane >= st.lanes) { /* striped (or not ours) */
-      if (c[i].lane == -1) st.striped_done++;
-      continue;
-    }
-    uint32_t l = (uint32_t)c[i].lane, bit = 1u << l;
-    struct peer_state *ps = peer_of(c[i].peer);
-    if (c[i].status) {
-      st.failed[l]++;
+RMAW_ON_COMPLETION(c) {
+  if (c->kind == RMAW_OP_FLUSH) return;
+  if (c->kind == RMAW_EVENT_LANE_DOWN) {
+    /* The host failed this lane over: its operations went to the other
+     * lanes and it never comes back. Plan nothing more onto it. */
+    if (c->lane < 0 || c->lane >= st.lanes) return;
+    uint32_t bit = 1u << (uint32_t)c->lane;
+    struct peer_state *ps = peer_of(c->peer);
+    st.lane_events++;
+    st.moved += c->size;
+    if (!(ps->gone & bit)) {
+      ps->gone |= (uint8_t)bit;
+      ps->down |= (uint8_t)bit;
       ps->probing &= (uint8_t)~bit;
-      if (!(ps->down & bit) && ++ps->fails[l] >= st.fail_after) {
-        ps->down |= (uint8_t)bit;
-        ps->since_probe = 0;
-        st.failovers++;
-        log_lane(" out of rotation after failed ops to rank ", l, c[i].peer);
-      }
-      continue;
+      st.failovers++;
+      log_lane(" failed, the host moved its operations; out of rotation for good for rank ", (uint32_t)c->lane,
+               c->peer);
     }
-    st.completed[l]++;
-    ps->fails[l] = 0;
-    if (ps->down & bit & ps->probing) {
-      ps->down &= (uint8_t)~bit;
-      st.recoveries++;
-      log_lane(" back in rotation (probe succeeded) for rank ", l, c[i].peer);
-    }
-    ps->probing &= (uint8_t)~bit;
+    return;
   }
-  return RMAW_OK;
+  if (c->lane < 0 || c->lane >= st.lanes) { /* striped (or not ours) */
+    if (c->lane == -1) st.striped_done++;
+    return;
+  }
+  uint32_t l = (uint32_t)c->lane, bit = 1u << l;
+  struct peer_state *ps = peer_of(c->peer);
+  if (c->status) {
+    st.failed[l]++;
+    ps->probing &= (uint8_t)~bit;
+    if (!(ps->down & bit) && ++ps->fails[l] >= st.fail_after) {
+      ps->down |= (uint8_t)bit;
+      ps->since_probe = 0;
+      st.failovers++;
+      log_lane(" out of rotation after failed ops to rank ", l, c->peer);
+    }
+    return;
+  }
+  st.completed[l]++;
+  ps->fails[l] = 0;
+  if (ps->down & bit & ps->probing) {
+    ps->down &= (uint8_t)~bit;
+    st.recoveries++;
+    log_lane(" back in rotation (probe succeeded) for rank ", l, c->peer);
+  }
+  ps->probing &= (uint8_t)~bit;
 }
 
 static void put_lanes(struct rmaw_buf *b, const char *name, const uint64_t *v) {
@@ -207,27 +191,14 @@ RMAW_EXPORT(rmaw_ctx_close) int32_t rmaw_ctx_close(int32_t ctx) {
   (void)ctx;
   char line[400];
   struct rmaw_buf b = {line, 0, sizeof line};
-  rmaw_buf_str(&b, "multirail: rank ");
-  rmaw_buf_i64(&b, st.rank);
+  rmaw_buf_fmt(&b, "multirail: rank %d", st.rank);
   put_lanes(&b, ": planned per lane ", st.planned);
   put_lanes(&b, ", completed ", st.completed);
   put_lanes(&b, ", failed ", st.failed);
-  rmaw_buf_str(&b, ", striped ");
-  rmaw_buf_u64(&b, st.striped);
-  rmaw_buf_str(&b, " (completed ");
-  rmaw_buf_u64(&b, st.striped_done);
-  rmaw_buf_str(&b, "), probes ");
-  rmaw_buf_u64(&b, st.probes);
-  rmaw_buf_str(&b, ", failovers ");
-  rmaw_buf_u64(&b, st.failovers);
-  rmaw_buf_str(&b, ", recoveries ");
-  rmaw_buf_u64(&b, st.recoveries);
-  rmaw_buf_str(&b, ", lane events ");
-  rmaw_buf_u64(&b, st.lane_events);
-  rmaw_buf_str(&b, " (operations moved ");
-  rmaw_buf_u64(&b, st.moved);
-  rmaw_buf_str(&b, ")");
-  rmaw_buf_str(&b, st.chunk ? "" : " (host without FEATURE_CHUNK: no striping)");
+  rmaw_buf_fmt(&b, ", striped %llu (completed %llu), probes %llu, failovers %llu, recoveries %llu", st.striped,
+               st.striped_done, st.probes, st.failovers, st.recoveries);
+  rmaw_buf_fmt(&b, ", lane events %llu (operations moved %llu)%s", st.lane_events, st.moved,
+               st.chunk ? "" : " (host without FEATURE_CHUNK: no striping)");
   rmaw_buf_log(RMAW_LOG_INFO, &b);
   return RMAW_OK;
 }

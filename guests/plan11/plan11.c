@@ -29,21 +29,12 @@ static struct {
 static char cfg[512];
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
-  int32_t len = rmaw_config_read(cfg, sizeof cfg);
+  int32_t len = RMAW_CONFIG_KEYS(cfg, {"lanes", &st.lanes, 0}, {"codec", &st.codec, -1}, {"level", &st.level, 0},
+                                      {"op_codec", &st.op_codec, -1}, {"op_level", &st.op_level, 0},
+                                      {"op_min", &st.op_min, 0}, {"chunk", &st.chunk, -1}, {"delay", &st.delay, -1},
+                                      {"transport", &st.transport, -1}, {"plan", &st.plan, 0}, {"batch", &st.batch, 0},
+                                      {"batch_status", &st.batch_status, 0});
   if (len < 0) return len;
-  uint32_t n = (uint32_t)len;
-  st.lanes = rmaw_config_int(cfg, n, "lanes", 0);
-  st.codec = rmaw_config_int(cfg, n, "codec", -1);
-  st.level = rmaw_config_int(cfg, n, "level", 0);
-  st.op_codec = rmaw_config_int(cfg, n, "op_codec", -1);
-  st.op_level = rmaw_config_int(cfg, n, "op_level", 0);
-  st.op_min = rmaw_config_int(cfg, n, "op_min", 0);
-  st.chunk = rmaw_config_int(cfg, n, "chunk", -1);
-  st.delay = rmaw_config_int(cfg, n, "delay", -1);
-  st.transport = rmaw_config_int(cfg, n, "transport", -1);
-  st.plan = rmaw_config_int(cfg, n, "plan", 0);
-  st.batch = rmaw_config_int(cfg, n, "batch", 0);
-  st.batch_status = rmaw_config_int(cfg, n, "batch_status", 0);
   int64_t want = 0;
   if (st.codec >= 0 || st.op_codec >= 0) want |= RMAW_FEATURE_COMPRESSION;
   if (st.op_codec >= 0 || st.chunk >= 0 || st.delay >= 0 || st.plan) want |= RMAW_FEATURE_PLAN_OP;

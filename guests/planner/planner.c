@@ -35,16 +35,11 @@ static void log_kv(const char *what, uint64_t v) {
 }
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
-  int32_t len = rmaw_config_read(cfg, sizeof cfg);
+  int32_t len = RMAW_CONFIG_KEYS(cfg, {"lanes", &st.lanes, 4}, {"stripe", &st.stripe, 64 << 10},
+                                      {"fail_every", &st.fail_every, 0}, {"trap_every", &st.trap_every, 0},
+                                      {"oob_every", &st.oob_every, 0}, {"hang", &st.hang, 0},
+                                      {"bad_lane", &st.bad_lane, 0}, {"completions", &st.completions, 1});
   if (len < 0) return len;
-  st.lanes = rmaw_config_int(cfg, (uint32_t)len, "lanes", 4);
-  st.stripe = rmaw_config_int(cfg, (uint32_t)len, "stripe", 64 << 10);
-  st.fail_every = rmaw_config_int(cfg, (uint32_t)len, "fail_every", 0);
-  st.trap_every = rmaw_config_int(cfg, (uint32_t)len, "trap_every", 0);
-  st.oob_every = rmaw_config_int(cfg, (uint32_t)len, "oob_every", 0);
-  st.hang = rmaw_config_int(cfg, (uint32_t)len, "hang", 0);
-  st.bad_lane = rmaw_config_int(cfg, (uint32_t)len, "bad_lane", 0);
-  st.completions = rmaw_config_int(cfg, (uint32_t)len, "completions", 1);
   if (st.lanes < 1 || st.lanes > RMAW_MAX_LANES) {
     rmaw_log(RMAW_LOG_WARN, "planner: lanes must be 1..8");
     return RMAW_ERR_INVAL;
@@ -54,14 +49,7 @@ RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
   return want & host_features;
 }
 
-RMAW_EXPORT(rmaw_conn_plan) int32_t rmaw_conn_plan(int32_t nranks, int32_t rank) {
-  (void)nranks;
-  (void)rank;
-  struct rmaw_conn_plan *c = &rmaw_area_ptr()->conn;
-  c->lanes = (int32_t)st.lanes;
-  c->stripe_threshold = (uint64_t)st.stripe;
-  return RMAW_OK;
-}
+RMAW_CONN_PLAN_LANES(st.lanes, st.stripe)
 
 static int every(int64_t n, uint64_t i) { return n > 0 && i % (uint64_t)n == 0; }
 
@@ -86,17 +74,11 @@ RMAW_EXPORT(rmaw_plan_op) int32_t rmaw_plan_op(int32_t ctx, int32_t kind, int32_
   return RMAW_OK;
 }
 
-RMAW_EXPORT(rmaw_completions) int32_t rmaw_completions(int32_t ctx, int32_t n) {
-  (void)ctx;
-  const struct rmaw_completion *c = rmaw_completion_ring();
-  if (n < 0 || n > (int32_t)rmaw_area_ptr()->comp_cap) return RMAW_ERR_INVAL;
-  for (int32_t i = 0; i < n; i++) {
-    st.done++;
-    st.done_bytes += c[i].size;
-    st.latency_ns += c[i].latency_ns;
-    if (c[i].status) st.done_errors++;
-  }
-  return RMAW_OK;
+RMAW_ON_COMPLETION(c) {
+  st.done++;
+  st.done_bytes += c->size;
+  st.latency_ns += c->latency_ns;
+  if (c->status) st.done_errors++;
 }
 
 RMAW_EXPORT(rmaw_ctx_close) int32_t rmaw_ctx_close(int32_t ctx) {

@@ -45,12 +45,9 @@ static char cfg[512];
 static const char *class_names[NCLASSES] = {"put", "get"};
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
-  int32_t len = rmaw_config_read(cfg, sizeof cfg);
+  int32_t len = RMAW_CONFIG_KEYS(cfg, {"rate", &st.rate, 0}, {"put_rate", &st.class_rate[0], 0},
+                                      {"get_rate", &st.class_rate[1], 0}, {"burst", &st.burst, 1 << 20});
   if (len < 0) return len;
-  st.rate = rmaw_config_int(cfg, (uint32_t)len, "rate", 0);
-  st.class_rate[0] = rmaw_config_int(cfg, (uint32_t)len, "put_rate", 0);
-  st.class_rate[1] = rmaw_config_int(cfg, (uint32_t)len, "get_rate", 0);
-  st.burst = rmaw_config_int(cfg, (uint32_t)len, "burst", 1 << 20);
   if (st.rate < 0 || st.class_rate[0] < 0 || st.class_rate[1] < 0 || st.burst < 0) {
     rmaw_log(RMAW_LOG_WARN, "shaper: rates and burst must be >= 0");
     return RMAW_ERR_INVAL;
@@ -112,54 +109,29 @@ RMAW_EXPORT(rmaw_plan_op) int32_t rmaw_plan_op(int32_t ctx, int32_t kind, int32_
   return RMAW_OK;
 }
 
-RMAW_EXPORT(rmaw_completions) int32_t rmaw_completions(int32_t ctx, int32_t n) {
-  (void)ctx;
-  const struct rmaw_completion *rec = rmaw_completion_ring();
-  if (n < 0 || n > (int32_t)rmaw_area_ptr()->comp_cap) return RMAW_ERR_INVAL;
-  for (int32_t i = 0; i < n; i++) {
-    int c = class_of((int32_t)rec[i].kind);
-    if (c < 0 || rec[i].size == 0) continue;
-    uint32_t p = rec[i].peer < MAX_PEERS ? rec[i].peer : MAX_PEERS;
-    /* Never drain below what was planned (a hostile or duplicate record). */
-    struct bucket *bs[2] = {&peer_b[p], &class_b[p][c]};
-    for (int j = 0; j < 2; j++) {
-      uint64_t room = bs[j]->planned - bs[j]->done;
-      bs[j]->done += rec[i].size < room ? rec[i].size : room;
-    }
+RMAW_ON_COMPLETION(rec) {
+  int c = class_of((int32_t)rec->kind);
+  if (c < 0 || rec->size == 0) return;
+  uint32_t p = rec->peer < MAX_PEERS ? rec->peer : MAX_PEERS;
+  /* Never drain below what was planned (a hostile or duplicate record). */
+  struct bucket *bs[2] = {&peer_b[p], &class_b[p][c]};
+  for (int j = 0; j < 2; j++) {
+    uint64_t room = bs[j]->planned - bs[j]->done;
+    bs[j]->done += rec->size < room ? rec->size : room;
   }
-  return RMAW_OK;
 }
 
 RMAW_EXPORT(rmaw_ctx_close) int32_t rmaw_ctx_close(int32_t ctx) {
   (void)ctx;
   char line[320];
   struct rmaw_buf b = {line, 0, sizeof line};
-  rmaw_buf_str(&b, "shaper: rank ");
-  rmaw_buf_i64(&b, st.rank);
-  rmaw_buf_str(&b, ": ");
-  rmaw_buf_u64(&b, st.ops);
-  rmaw_buf_str(&b, " ops (");
-  for (int c = 0; c < NCLASSES; c++) {
-    rmaw_buf_str(&b, class_names[c]);
-    rmaw_buf_str(&b, " ");
-    rmaw_buf_u64(&b, st.bytes[c]);
-    rmaw_buf_str(&b, c + 1 < NCLASSES ? " bytes, " : " bytes), delayed ");
-  }
-  rmaw_buf_u64(&b, st.delayed);
-  rmaw_buf_str(&b, " by ");
-  rmaw_buf_u64(&b, st.delay_total_ns / 1000);
-  rmaw_buf_str(&b, " us in all (longest ");
-  rmaw_buf_u64(&b, st.max_delay_ns / 1000);
-  rmaw_buf_str(&b, " us, ");
-  rmaw_buf_u64(&b, st.capped);
-  rmaw_buf_str(&b, " at the 10 ms cap); limits rate ");
-  rmaw_buf_i64(&b, st.rate);
-  rmaw_buf_str(&b, " put_rate ");
-  rmaw_buf_i64(&b, st.class_rate[0]);
-  rmaw_buf_str(&b, " get_rate ");
-  rmaw_buf_i64(&b, st.class_rate[1]);
-  rmaw_buf_str(&b, " B/s, burst ");
-  rmaw_buf_i64(&b, st.burst);
+  rmaw_buf_fmt(&b, "shaper: rank %d: %llu ops (", st.rank, st.ops);
+  for (int c = 0; c < NCLASSES; c++)
+    rmaw_buf_fmt(&b, "%s %llu bytes%s", class_names[c], st.bytes[c], c + 1 < NCLASSES ? ", " : "), delayed ");
+  rmaw_buf_fmt(&b, "%llu by %llu us in all (longest %llu us, %llu at the 10 ms cap)", st.delayed,
+               st.delay_total_ns / 1000, st.max_delay_ns / 1000, st.capped);
+  rmaw_buf_fmt(&b, "; limits rate %lld put_rate %lld get_rate %lld B/s, burst %lld", st.rate, st.class_rate[0],
+               st.class_rate[1], st.burst);
   rmaw_buf_log(RMAW_LOG_INFO, &b);
   return RMAW_OK;
 }

@@ -48,31 +48,25 @@ static uint32_t bucket(uint64_t ns) {
   return NBUCKETS;
 }
 
-RMAW_EXPORT(rmaw_completions) int32_t rmaw_completions(int32_t ctx, int32_t n) {
-  (void)ctx;
-  const struct rmaw_completion *c = rmaw_completion_ring();
-  if (n < 0 || n > (int32_t)rmaw_area_ptr()->comp_cap) return RMAW_ERR_INVAL;
-  for (int32_t i = 0; i < n; i++) {
-    struct peer_stats *p = &peers[c[i].peer < TELEMETRY_PEERS ? c[i].peer : TELEMETRY_PEERS];
-    uint32_t b = bucket(c[i].latency_ns);
-    if (c[i].kind >= 1 && c[i].kind <= NKINDS) {
-      p->ops[c[i].kind - 1]++;
-      p->bytes[c[i].kind - 1] += c[i].size;
-    } else {
-      unknown_kind++;
-    }
-    if (c[i].status) {
-      p->errors++;
-      all_errors++;
-    }
-    p->count++;
-    p->sum_ns += c[i].latency_ns;
-    p->hist[b]++;
-    all_hist[b]++;
-    all_ops++;
-    all_bytes += c[i].size;
+RMAW_ON_COMPLETION(c) {
+  struct peer_stats *p = &peers[c->peer < TELEMETRY_PEERS ? c->peer : TELEMETRY_PEERS];
+  uint32_t b = bucket(c->latency_ns);
+  if (c->kind >= 1 && c->kind <= NKINDS) {
+    p->ops[c->kind - 1]++;
+    p->bytes[c->kind - 1] += c->size;
+  } else {
+    unknown_kind++;
   }
-  return RMAW_OK;
+  if (c->status) {
+    p->errors++;
+    all_errors++;
+  }
+  p->count++;
+  p->sum_ns += c->latency_ns;
+  p->hist[b]++;
+  all_hist[b]++;
+  all_ops++;
+  all_bytes += c->size;
 }
 
 /* ---- text ---- */
