@@ -7,13 +7,16 @@
 #   make guests-embedded   regenerate host/sandbox/embedded/default.wasm from
 #                          guests/passthrough/passthrough.c (TestEmbeddedMatchesSource checks it)
 #
-# The C flags are defined once, in guests/buildflags/cflags.txt: the Go tests,
-# the conformance kit and `rmaw new` read the same file.
+# The guest build flags are defined once, in guests/buildflags: cflags.txt (C),
+# goenv.txt and goflags.txt (Go); the Go tests, the conformance kit and the
+# `rmaw new` Makefiles read the same files.
 
 GUEST_CLANG ?= clang
 GUEST_GO ?= go
 GUEST_OUT ?= build/guests
 GUEST_CFLAGS := $(shell cat guests/buildflags/cflags.txt)
+GUEST_GOENV := $(shell cat guests/buildflags/goenv.txt)
+GUEST_GOFLAGS := $(shell cat guests/buildflags/goflags.txt)
 GUEST_SDK_C := guests/c/rmaw.h
 GUEST_GO_SDK := $(wildcard guests/go/rmaw/*.go) $(wildcard abi/guestabi/*.go)
 
@@ -32,9 +35,9 @@ $(GUEST_OUT)/%.wasm: guests/$$*/$$*.c $(GUEST_SDK_C) guests/buildflags/cflags.tx
 	@mkdir -p $(GUEST_OUT)
 	$(GUEST_CLANG) $(GUEST_CFLAGS) -I guests/c -o $@ $<
 
-$(GUEST_OUT)/passthrough-go.wasm: $(wildcard guests/passthrough-go/*.go) $(GUEST_GO_SDK)
+$(GUEST_OUT)/passthrough-go.wasm: $(wildcard guests/passthrough-go/*.go) $(GUEST_GO_SDK) guests/buildflags/goenv.txt guests/buildflags/goflags.txt
 	@mkdir -p $(GUEST_OUT)
-	GOOS=wasip1 GOARCH=wasm $(GUEST_GO) build -buildmode=c-shared -trimpath -ldflags="-s -w" -o $@ ./guests/passthrough-go
+	$(GUEST_GOENV) $(GUEST_GO) build $(GUEST_GOFLAGS) -o $@ ./guests/passthrough-go
 
 guests-embedded: guests/passthrough/passthrough.c $(GUEST_SDK_C) guests/buildflags/cflags.txt
 	$(GUEST_CLANG) $(GUEST_CFLAGS) -I guests/c -o host/sandbox/embedded/default.wasm guests/passthrough/passthrough.c

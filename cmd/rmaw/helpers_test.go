@@ -5,18 +5,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/guests/buildflags"
 )
 
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-}
+func repoRoot(t testing.TB) string { return buildflags.Root() }
 
 // rmaw runs the tool in-process and returns its exit status and output.
 func rmaw(t testing.TB, args ...string) (int, string, string) {
@@ -49,18 +44,12 @@ func watModule(t testing.TB, name, src string) string {
 // guests/<name>) with the SDK.
 func cModule(t testing.TB, src string) string {
 	t.Helper()
-	tool, err := exec.LookPath("clang")
-	if err != nil {
-		t.Fatalf("clang is required to build C guests: %v", err)
-	}
-	root := repoRoot(t)
 	if !strings.Contains(src, "/") {
-		src = filepath.Join(root, "guests", src, src+".c")
+		src = filepath.Join(repoRoot(t), "guests", src, src+".c")
 	}
 	out := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".c")+".wasm")
-	args := buildflags.ClangArgs(filepath.Join(root, "guests", "c"), out, src)
-	if b, err := exec.Command(tool, args...).CombinedOutput(); err != nil {
-		t.Fatalf("clang %s: %v\n%s", src, err, b)
+	if err := buildflags.CompileC(src, out); err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

@@ -24,7 +24,25 @@ func TestMakeReadsFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(mk), "GUEST_CFLAGS := $(shell cat "+File+")\n") {
-		t.Fatalf("guests/guests.mk does not read GUEST_CFLAGS from %s", File)
+	for v, f := range map[string]string{"GUEST_CFLAGS": File, "GUEST_GOENV": GoEnvFile, "GUEST_GOFLAGS": GoFlagsFile} {
+		if !strings.Contains(string(mk), v+" := $(shell cat "+f+")\n") {
+			t.Fatalf("guests/guests.mk does not read %s from %s", v, f)
+		}
+	}
+}
+
+// TestGoFlags: the Go files are one line each, and GoFlags reads the quoted
+// -ldflags as the shell in make's recipe does: one word.
+func TestGoFlags(t *testing.T) {
+	for _, s := range []string{goenv, goflags} {
+		if strings.Count(strings.TrimRight(s, "\n"), "\n") != 0 {
+			t.Fatalf("%q must be one line", s)
+		}
+	}
+	if got := strings.Join(GoEnv(), "|"); got != "GOOS=wasip1|GOARCH=wasm" {
+		t.Fatalf("GoEnv: %s", got)
+	}
+	if got := strings.Join(GoArgs("./p", "o.wasm"), "|"); got != "build|-buildmode=c-shared|-trimpath|-ldflags=-s -w|-o|o.wasm|./p" {
+		t.Fatalf("GoArgs: %s", got)
 	}
 }

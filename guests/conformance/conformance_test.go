@@ -2,10 +2,7 @@ package conformance_test
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -14,24 +11,14 @@ import (
 )
 
 // repoRoot is the module root (two levels up from guests/conformance).
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-}
+func repoRoot(t testing.TB) string { return buildflags.Root() }
 
 // cBackend compiles guests/<name>/<name>.c with the SDK flags.
 func cBackend(t testing.TB, name string) string {
 	t.Helper()
-	clang, err := exec.LookPath("clang")
-	if err != nil {
-		t.Fatalf("clang is required to build C guests: %v", err)
-	}
-	root := repoRoot(t)
 	out := filepath.Join(t.TempDir(), name+".wasm")
-	args := buildflags.ClangArgs(filepath.Join(root, "guests", "c"), out, filepath.Join(root, "guests", name, name+".c"))
-	if b, err := exec.Command(clang, args...).CombinedOutput(); err != nil {
-		t.Fatalf("clang %s: %v\n%s", name, err, b)
+	if err := buildflags.CompileC(filepath.Join(repoRoot(t), "guests", name, name+".c"), out); err != nil {
+		t.Fatal(err)
 	}
 	return out
 }
@@ -40,11 +27,8 @@ func cBackend(t testing.TB, name string) string {
 func goBackend(t testing.TB, name string) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), name+".wasm")
-	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", out, "./guests/"+name)
-	cmd.Dir = repoRoot(t)
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", name, err, b)
+	if err := buildflags.CompileGo(repoRoot(t), "./guests/"+name, out); err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

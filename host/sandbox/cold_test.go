@@ -3,13 +3,13 @@ package sandbox
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/guests/buildflags"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 )
 
@@ -52,11 +52,8 @@ func goGuest(t testing.TB) string {
 			return
 		}
 		out := filepath.Join(dir, "passthrough-go.wasm")
-		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", out, "./guests/passthrough-go")
-		cmd.Dir = repoRoot(t)
-		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			goGuestErr = append([]byte(err.Error()+"\n"), b...)
+		if err := buildflags.CompileGo(repoRoot(t), "./guests/passthrough-go", out); err != nil {
+			goGuestErr = []byte(err.Error())
 			return
 		}
 		goGuestPath = out

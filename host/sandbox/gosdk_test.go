@@ -1,11 +1,10 @@
 package sandbox
 
 import (
-	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/guests/buildflags"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 )
 
@@ -16,11 +15,8 @@ import (
 func TestGoSDKPlanOpAllocatesNothing(t *testing.T) {
 	root := repoRoot(t)
 	out := filepath.Join(t.TempDir(), "goplanner.wasm")
-	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", out, "./host/sandbox/testdata/goplanner")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building the Go guest: %v\n%s", err, b)
+	if err := buildflags.CompileGo(root, "./host/sandbox/testdata/goplanner", out); err != nil {
+		t.Fatalf("building the Go guest: %v", err)
 	}
 	b := mustOpen(t, testOptions(t, out, ""))
 	cp, err := b.ConnectionPlan(4, 0)

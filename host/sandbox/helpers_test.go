@@ -4,7 +4,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -13,11 +12,7 @@ import (
 )
 
 // repoRoot is the module root (two levels up from host/sandbox).
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-}
+func repoRoot(t testing.TB) string { return buildflags.Root() }
 
 // wat compiles testdata/<name>.wat with wat2wasm into a temp dir. A missing
 // wat2wasm fails the test: the sandbox guarantees are not optional.
@@ -38,17 +33,12 @@ func wat(t testing.TB, name string) string {
 // cguest compiles guests/<name>/<name>.c (or a path) with the SDK flags.
 func cguest(t testing.TB, src string) string {
 	t.Helper()
-	tool, err := exec.LookPath("clang")
-	if err != nil {
-		t.Fatalf("clang is required to build C guests: %v", err)
-	}
 	if !strings.Contains(src, "/") { // a backend of this repository
 		src = filepath.Join(repoRoot(t), "guests", src, src+".c")
 	}
 	out := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".c")+".wasm")
-	args := buildflags.ClangArgs(filepath.Join(repoRoot(t), "guests", "c"), out, src)
-	if b, err := exec.Command(tool, args...).CombinedOutput(); err != nil {
-		t.Fatalf("clang %s: %v\n%s", src, err, b)
+	if err := buildflags.CompileC(src, out); err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

@@ -3,7 +3,6 @@ package sandbox
 import (
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/guests/buildflags"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
@@ -391,11 +391,8 @@ func TestGoGuest(t *testing.T) {
 		t.Skip("builds a Go wasip1 module")
 	}
 	out := filepath.Join(t.TempDir(), "passthrough-go.wasm")
-	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", out, "./guests/passthrough-go")
-	cmd.Dir = repoRoot(t)
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, b)
+	if err := buildflags.CompileGo(repoRoot(t), "./guests/passthrough-go", out); err != nil {
+		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	var lines []string
