@@ -27,6 +27,20 @@ type guestContext struct {
 
 var _ backend.Context = (*guestContext)(nil)
 
+// live returns the context's instance, reviving it after a fault, or
+// backend.ErrDisabled once the backend is disabled.
+func (c *guestContext) live() (*instance, error) {
+	if c.b.disabled.Load() {
+		return nil, backend.ErrDisabled
+	}
+	if c.in == nil {
+		if err := c.revive(); err != nil {
+			return nil, err
+		}
+	}
+	return c.in, nil
+}
+
 // revive creates the instance and opens the context in it.
 func (c *guestContext) revive() error {
 	if c.b.disabled.Load() {
@@ -73,15 +87,9 @@ func (c *guestContext) WantsCompletions() bool { return c.completions }
 
 // PlanOp implements backend.Context. It allocates nothing on success.
 func (c *guestContext) PlanOp(op *backend.Op, plan *backend.OpPlan) error {
-	if c.b.disabled.Load() {
-		return backend.ErrDisabled
-	}
-	in := c.in
-	if in == nil {
-		if err := c.revive(); err != nil {
-			return err
-		}
-		in = c.in
+	in, err := c.live()
+	if err != nil {
+		return err
 	}
 	if in.fPlanOp == nil {
 		return nil
@@ -149,15 +157,9 @@ func (c *guestContext) BatchCap() int { return c.batchCap }
 // len(ops) records (at most BatchCap), written over the completion ring,
 // on a budget of one plan_op per op. It allocates nothing on success.
 func (c *guestContext) PlanOps(ops []backend.Op, plans []backend.OpPlan) error {
-	if c.b.disabled.Load() {
-		return backend.ErrDisabled
-	}
-	in := c.in
-	if in == nil {
-		if err := c.revive(); err != nil {
-			return err
-		}
-		in = c.in
+	in, err := c.live()
+	if err != nil {
+		return err
 	}
 	n := len(ops)
 	if n == 0 {
@@ -265,15 +267,10 @@ func (c *guestContext) readPlanFields(pd []byte, plan *backend.OpPlan, export st
 // Completions implements backend.Context: records are written into the
 // guest's ring in place, up to its capacity per call.
 func (c *guestContext) Completions(batch []backend.Completion) error {
-	if c.b.disabled.Load() {
-		return backend.ErrDisabled
+	in, err := c.live()
+	if err != nil {
+		return err
 	}
-	if c.in == nil {
-		if err := c.revive(); err != nil {
-			return err
-		}
-	}
-	in := c.in
 	if in.fCompletions == nil || !c.completions {
 		return nil
 	}
