@@ -65,22 +65,11 @@ __global__ void fill(uint8_t* p, int from, int nranks, size_t bytes, int iters) 
 }
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int nranks;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-  setvbuf(stdout, NULL, _IOLBF, 0);
+  int nranks = startRank(&argc, &argv);
   size_t bytes = argc > 1 ? strtoull(argv[1], NULL, 0) : 4096;
   int iters = argc > 2 ? atoi(argv[2]) : 200;
   if (bytes == 0 || iters <= 0) FAIL("usage: gin_alltoall BYTES_PER_PEER ITERATIONS");
-  int ndev = 1;
-  CUDA(cudaGetDeviceCount(&ndev));
-  CUDA(cudaSetDevice(rank_ % ndev));
-  ncclUniqueId id;
-  if (rank_ == 0) NCCL(ncclGetUniqueId(&id));
-  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-  ncclComm_t comm;
-  NCCL(ncclCommInitRank(&comm, nranks, id, rank_));
+  ncclComm_t comm = openComm(nranks);
   ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
   NCCL(ncclCommQueryProperties(comm, &props));
   if (!props.deviceApiSupport || props.ginType == NCCL_GIN_TYPE_NONE)
@@ -134,12 +123,7 @@ int main(int argc, char** argv) {
            total);
 
   NCCL(ncclDevCommDestroy(comm, &dc));
-  NCCL(ncclCommWindowDeregister(comm, sendwin));
-  NCCL(ncclCommWindowDeregister(comm, recvwin));
-  NCCL(ncclMemFree(send));
-  NCCL(ncclMemFree(recv));
-  NCCL(ncclCommFinalize(comm));
-  NCCL(ncclCommDestroy(comm));
+  closeComm(comm, sendwin, send, recvwin, recv);
   CUDA(cudaStreamDestroy(s));
   if (rank_ == 0) printf("GINA2A PASS\n");
   MPI_Finalize();

@@ -25,20 +25,9 @@ static uint8_t pat(int owner, size_t size, size_t i) {
 }
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int nranks;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  int nranks = startRank(&argc, &argv);
   if (nranks != 2) FAIL("run with 2 ranks, not %d", nranks);
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  int ndev = 1;
-  CUDA(cudaGetDeviceCount(&ndev));
-  CUDA(cudaSetDevice(rank_ % ndev));
-  ncclUniqueId id;
-  if (rank_ == 0) NCCL(ncclGetUniqueId(&id));
-  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-  ncclComm_t comm;
-  NCCL(ncclCommInitRank(&comm, nranks, id, rank_));
+  ncclComm_t comm = openComm(nranks);
   cudaStream_t s;
   CUDA(cudaStreamCreate(&s));
 
@@ -144,13 +133,8 @@ int main(int argc, char** argv) {
              (double)size * iters / tput / 1e9, (double)size * iters / tsr / 1e9, tsr / tput);
   }
 
-  NCCL(ncclCommWindowDeregister(comm, srcWin));
-  NCCL(ncclCommWindowDeregister(comm, dstWin));
-  NCCL(ncclMemFree(src));
-  NCCL(ncclMemFree(dst));
   NCCL(ncclMemFree(rbuf));
-  NCCL(ncclCommFinalize(comm));
-  NCCL(ncclCommDestroy(comm));
+  closeComm(comm, srcWin, src, dstWin, dst);
   if (rank_ == 0) printf("HOSTRMA PASS\n");
   MPI_Finalize();
   return 0;

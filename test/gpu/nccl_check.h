@@ -1,8 +1,9 @@
-// nccl_check.h: the failure macros of the NCCL programs in test/gpu
-// (host_rma.cu, gin_alltoall.cu; nccl_gin_check.sh builds them with nvcc).
-// Define FAIL_TAG ("HOSTRMA", "GINA2A") before including it: a failure
-// prints "[rank R] <FAIL_TAG> FAIL <why>" and aborts every rank. rank_ is
-// set by the program after MPI_Init.
+// nccl_check.h: what the NCCL programs in test/gpu (host_rma.cu,
+// gin_alltoall.cu; nccl_gin_check.sh builds them with nvcc) share: the
+// failure macros, the start of a rank (MPI, its GPU, the communicator) and
+// the teardown of its two windows and communicator. Define FAIL_TAG
+// ("HOSTRMA", "GINA2A") before including it: a failure prints
+// "[rank R] <FAIL_TAG> FAIL <why>" and aborts every rank.
 #ifndef RMAW_NCCL_CHECK_H
 #define RMAW_NCCL_CHECK_H
 
@@ -11,7 +12,7 @@
 #include <nccl.h>
 #include <stdio.h>
 
-static int rank_ = -1;
+static int rank_ = -1;  // set by startRank
 
 #define FAIL(...)                                  \
   do {                                             \
@@ -31,5 +32,42 @@ static int rank_ = -1;
     ncclResult_t r_ = (x);                                             \
     if (r_ != ncclSuccess) FAIL("%s: %s", #x, ncclGetErrorString(r_)); \
   } while (0)
+
+
+// startRank starts MPI, sets rank_ and line-buffers stdout; it returns the
+// number of ranks.
+static int startRank(int* argc, char*** argv) {
+  MPI_Init(argc, argv);
+  int nranks;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  return nranks;
+}
+
+// openComm selects this rank's GPU (rank_ modulo the devices, so ranks may
+// share one) and returns a communicator over all nranks ranks.
+static ncclComm_t openComm(int nranks) {
+  int ndev = 1;
+  CUDA(cudaGetDeviceCount(&ndev));
+  CUDA(cudaSetDevice(rank_ % ndev));
+  ncclUniqueId id;
+  if (rank_ == 0) NCCL(ncclGetUniqueId(&id));
+  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+  ncclComm_t comm;
+  NCCL(ncclCommInitRank(&comm, nranks, id, rank_));
+  return comm;
+}
+
+// closeComm deregisters the windows w0 and w1, frees their memory b0 and b1
+// (from ncclMemAlloc), and finalizes and destroys comm.
+static void closeComm(ncclComm_t comm, ncclWindow_t w0, void* b0, ncclWindow_t w1, void* b1) {
+  NCCL(ncclCommWindowDeregister(comm, w0));
+  NCCL(ncclCommWindowDeregister(comm, w1));
+  NCCL(ncclMemFree(b0));
+  NCCL(ncclMemFree(b1));
+  NCCL(ncclCommFinalize(comm));
+  NCCL(ncclCommDestroy(comm));
+}
 
 #endif
