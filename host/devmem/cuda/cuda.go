@@ -5,7 +5,6 @@ package cuda
 
 /*
 #cgo CFLAGS: -I${SRCDIR}/../devrt -Wall -Werror=incompatible-pointer-types -Werror=int-conversion -Werror=implicit-function-declaration
-#include <stdlib.h>
 #include "cuda_shim.h"
 */
 import "C"
@@ -22,6 +21,37 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
+// Probe loads the CUDA driver once, at the first call (capi makes it at the
+// plugin's init), and registers it with devmem when a GPU is there.
+// NCCL_RMA_WASM_CUDA=0 skips it.
+var Probe = sync.OnceFunc(func() {
+	if !devrt.Load("CUDA", "CUDA driver", config.CUDA, open) {
+		return
+	}
+	if !config.GDRCopy.Get() {
+		devmem.Register(cudaDevice{})
+		return
+	}
+	var buf [256]C.char
+	if C.rmaw_gdr_open(&buf[0], C.size_t(len(buf))) != 0 {
+		logx.Info(abi.SubsysInit, "NET/wasm: no GDRCopy (%s): device signal words are updated with copies", C.GoString(&buf[0]))
+		devmem.Register(cudaDevice{})
+		return
+	}
+	logx.Info(abi.SubsysInit, "NET/wasm: GDRCopy loaded: device signal words are updated through a CPU mapping")
+	devmem.Register(gdrDevice{})
+})
+
+// open loads the driver and counts its devices.
+func open() (int, error) {
+	var buf [256]C.char
+	n := C.rmaw_cuda_open(&buf[0], C.size_t(len(buf)))
+	if n < 0 {
+		return 0, errors.New(C.GoString(&buf[0]))
+	}
+	return int(n), nil
+}
+
 // cudaDevice reaches the CUDA driver through cuda.c: copies, pinned
 // memory and DMA-BUF export through its ops table (devrt), Locate and
 // GDRCopy directly.
@@ -33,38 +63,6 @@ type cudaDevice struct {
 type cudaOps struct{}
 
 func (cudaOps) Ops() unsafe.Pointer { return unsafe.Pointer(&C.rmaw_cuda_ops) }
-
-var cudaOnce sync.Once
-
-// Probe loads the CUDA driver once, at the first call (capi makes it at the
-// plugin's init), and registers it with devmem when a GPU is there.
-// NCCL_RMA_WASM_CUDA=0 skips it.
-func Probe() {
-	cudaOnce.Do(func() {
-		if !config.CUDA.Get() {
-			logx.Info(abi.SubsysInit, "NET/wasm: device memory disabled by %s", config.CUDA.Name)
-			return
-		}
-		var buf [256]C.char
-		n := C.rmaw_cuda_open(&buf[0], C.size_t(len(buf)))
-		if n < 0 {
-			logx.Info(abi.SubsysInit, "NET/wasm: no CUDA device memory support: %s", C.GoString(&buf[0]))
-			return
-		}
-		logx.Info(abi.SubsysInit, "NET/wasm: CUDA driver loaded, %d device(s): ptrSupport includes NCCL_PTR_CUDA", int(n))
-		if !config.GDRCopy.Get() {
-			devmem.Register(cudaDevice{})
-			return
-		}
-		if C.rmaw_gdr_open(&buf[0], C.size_t(len(buf))) != 0 {
-			logx.Info(abi.SubsysInit, "NET/wasm: no GDRCopy (%s): device signal words are updated with copies", C.GoString(&buf[0]))
-			devmem.Register(cudaDevice{})
-			return
-		}
-		logx.Info(abi.SubsysInit, "NET/wasm: GDRCopy loaded: device signal words are updated through a CPU mapping")
-		devmem.Register(gdrDevice{})
-	})
-}
 
 func (cudaDevice) Name() string { return "CUDA" }
 

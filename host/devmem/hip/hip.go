@@ -17,11 +17,9 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devrt"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 // hipDevice reaches the HIP runtime through hip.c's ops table (devrt). Its
@@ -35,29 +33,17 @@ type hipOps struct{}
 
 func (hipOps) Ops() unsafe.Pointer { return unsafe.Pointer(&C.rmaw_hip_ops) }
 
-var hipOnce sync.Once
-
 // Probe loads the HIP runtime once and registers it with devmem when a
 // device is there and no other device runtime was registered.
 // NCCL_RMA_WASM_HIP=0 skips it.
-func Probe() {
-	hipOnce.Do(func() {
-		if devmem.Get() != nil {
-			return
-		}
-		if !config.HIP.Get() {
-			logx.Info(abi.SubsysInit, "NET/wasm: HIP device memory disabled by %s", config.HIP.Name)
-			return
-		}
-		n, err := open("")
-		if err != nil {
-			logx.Info(abi.SubsysInit, "NET/wasm: no HIP device memory support: %v", err)
-			return
-		}
+var Probe = sync.OnceFunc(func() {
+	if devmem.Get() != nil {
+		return
+	}
+	if devrt.Load("HIP", "HIP runtime", config.HIP, func() (int, error) { return open("") }) {
 		devmem.Register(hipDevice{})
-		logx.Info(abi.SubsysInit, "NET/wasm: HIP runtime loaded, %d device(s): ptrSupport includes NCCL_PTR_CUDA", n)
-	})
-}
+	}
+})
 
 // open loads the runtime (lib, or the usual names when empty) and counts
 // its devices.
