@@ -103,16 +103,50 @@ func TestFabricBadInputAndTeardown(t *testing.T) {
 	}
 }
 
-// TestFabricMissingLibrary: without libfabric the plugin says why in one
+// TestFabricMissingLibrary: without libfabric, an explicit request
+// (NCCL_RMA_WASM_TRANSPORT=fabric, or a provider named) fails init with
+// ncclInvalidUsage and a WARN naming the library; auto says why in one
 // INFO line per process and runs over TCP.
 func TestFabricMissingLibrary(t *testing.T) {
-	out := runDriver(t, []string{"NCCL_RMA_WASM_TRANSPORT=fabric", "NCCL_RMA_WASM_FI_LIBRARY=/nonexistent/libfabric.so.1"},
-		"--verbose", "--ranks", "2", "--iters", "1", "--size", "65536")
+	const lib = "NCCL_RMA_WASM_FI_LIBRARY=/nonexistent/libfabric.so.1"
+	for _, env := range [][]string{{"NCCL_RMA_WASM_TRANSPORT=fabric"}, {"NCCL_RMA_WASM_FI_PROVIDER=tcp;ofi_rxm"}} {
+		out := runDriverFails(t, append(env, lib), "--ranks", "2", "--iters", "1", "--size", "65536")
+		checkInitRefused(t, out, "asks for libfabric, which is missing: cannot load /nonexistent/libfabric.so.1")
+	}
+	out := runDriver(t, []string{lib}, "--verbose", "--ranks", "2", "--iters", "1", "--size", "65536")
 	if got := strings.Count(out, "libfabric unavailable"); got != 2 {
 		t.Fatalf("%d fallback lines, want 2 (one per rank):\n%s", got, tail(out))
 	}
-	if strings.Contains(out, "over libfabric provider") {
-		t.Fatalf("fabric in use without libfabric:\n%s", tail(out))
+	if strings.Contains(out, "over libfabric provider") || strings.Contains(out, "plugin WARN") {
+		t.Fatalf("fabric in use without libfabric, or a WARN under auto:\n%s", tail(out))
+	}
+}
+
+// TestFabricNoSuchProvider: a provider libfabric does not know fails init
+// with ncclInvalidUsage and a WARN naming it, under either transport
+// setting. (A provider that exists without RDM endpoints and RMA has no
+// instance among the providers installed here, whose every name matches
+// an RDM entry, "udp" as udp;ofi_rxd: host/fabric/nics TestDecideExplicit
+// covers that message.)
+func TestFabricNoSuchProvider(t *testing.T) {
+	needFabric(t)
+	for _, mode := range []string{"auto", "fabric"} {
+		out := runDriverFails(t, []string{"NCCL_RMA_WASM_TRANSPORT=" + mode, "NCCL_RMA_WASM_FI_PROVIDER=no-such-provider"},
+			"--ranks", "2", "--iters", "1", "--size", "65536")
+		checkInitRefused(t, out, `libfabric has no provider "no-such-provider" (it has: `)
+	}
+}
+
+// checkInitRefused asserts every rank's init returned ncclInvalidUsage
+// after a WARN containing why.
+func checkInitRefused(t *testing.T, out, why string) {
+	t.Helper()
+	if got := len(regexp.MustCompile(`\] FAIL: cycle 0: R\.pl\.t\.init\(&R\.ctx.*returned 5 \(ncclInvalidUsage\)`).FindAllString(out, -1)); got != 2 {
+		t.Errorf("%d ranks' init returned ncclInvalidUsage, want 2:\n%s", got, tail(out))
+	}
+	re := regexp.MustCompile(`plugin WARN .*NET/wasm: init: .*` + regexp.QuoteMeta(why))
+	if got := len(re.FindAllString(out, -1)); got != 2 {
+		t.Errorf("%d WARN lines say %q, want 2:\n%s", got, why, tail(out))
 	}
 }
 

@@ -296,7 +296,7 @@ var (
 		Values: []string{"auto", "tcp", "fabric"},
 		Doc:    "`tcp`, `fabric` (libfabric RDMA, any provider) or `auto` (libfabric only on RDMA hardware: verbs, efa, cxi, psm3, opx)"}), "auto"}
 	FIProvider = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_FI_PROVIDER", Kind: KindString, Default: "unset",
-		Doc: "libfabric provider to use (e.g. `verbs;ofi_rxm`, `efa`, `cxi`, `tcp;ofi_rxm`, `shm`); naming one asks for it"}), ""}
+		Doc: "libfabric provider to use (e.g. `verbs;ofi_rxm`, `efa`, `cxi`, `tcp;ofi_rxm`, `shm`); naming one requires it: `init` fails with `ncclInvalidUsage` if it cannot be used"}), ""}
 	FILibrary = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_FI_LIBRARY", Kind: KindString, Default: "`libfabric.so.1`",
 		Doc: "libfabric library dlopen'ed at init (a name or a path)"}), "libfabric.so.1"}
 	FIDmaBuf = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_FI_DMABUF", Kind: KindBool, Default: "1",

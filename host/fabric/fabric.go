@@ -185,6 +185,28 @@ func Probe(prov string) ([]Info, error) {
 	return infos, nil
 }
 
+// ProbeAny lists the entries of provider prov (all providers when empty)
+// with no capability or endpoint-type hints, to tell a name libfabric does
+// not know from a provider without RDM endpoints and RMA (Probe). An empty
+// list with a nil error means libfabric knows no such provider.
+func ProbeAny(prov string) ([]Info, error) {
+	var cp *C.char
+	if prov != "" {
+		cp = C.CString(prov)
+		defer C.free(unsafe.Pointer(cp))
+	}
+	out := make([]C.rmaw_info, 64)
+	n := C.rmaw_probe_any(cp, &out[0], C.int(len(out)))
+	if n < 0 {
+		return nil, fiErr("fi_getinfo", n)
+	}
+	infos := make([]Info, n)
+	for i := range infos {
+		infos[i] = toInfo(&out[i])
+	}
+	return infos, nil
+}
+
 // Endpoint is one RDM endpoint with its fabric, domain, completion queue
 // and address vector.
 type Endpoint struct {

@@ -180,6 +180,24 @@ int rmaw_probe(const char *prov, rmaw_info *out, int n) {
 	return k;
 }
 
+int rmaw_probe_any(const char *prov, rmaw_info *out, int n) {
+	if (!p_getinfo) return -FI_ENOSYS;
+	struct fi_info *h = p_dupinfo(NULL), *list = NULL;
+	if (!h) return -FI_ENOMEM;
+	if (prov) h->fabric_attr->prov_name = strdup(prov);
+	sigsave s;
+	save_sigs(&s);
+	int rc = p_getinfo(api(), NULL, NULL, 0, h, &list);
+	restore_sigs(&s);
+	p_freeinfo(h);
+	if (rc == -FI_ENODATA) return 0;
+	if (rc) return rc;
+	int k = 0;
+	for (struct fi_info *i = list; i && k < n; i = i->next) fill(&out[k++], i);
+	p_freeinfo(list);
+	return k;
+}
+
 void rmaw_close(rmaw_ep *e) {
 	if (!e) return;
 	if (e->ep) fi_close(&e->ep->fid);

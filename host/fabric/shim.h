@@ -61,6 +61,9 @@ const char *rmaw_strerror(int e);
 // rmaw_probe lists up to n RDM providers with FI_RMA|FI_MSG (prov: NULL
 // for all); returns how many, or a negative fi error.
 int rmaw_probe(const char *prov, rmaw_info *out, int n);
+// rmaw_probe_any lists up to n entries of provider prov (NULL: all) with no
+// capability, endpoint-type or mode hints: whether the name exists at all.
+int rmaw_probe_any(const char *prov, rmaw_info *out, int n);
 // rmaw_open opens fabric, domain, CQ, AV and endpoint on the first
 // provider named prov (exact name), with FI_THREAD_SAFE; with hmem, only
 // where the provider offers FI_HMEM there (-FI_ENODATA otherwise).

@@ -10,7 +10,6 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 )
@@ -65,7 +64,7 @@ func Listen(ctx uint64, dev int32, handle *[abi.HandleSize]byte) (uint64, abi.Re
 		logx.Warn(abi.SubsysNet, "NET/wasm: listen: device %d out of range [0, %d)", dev, len(pc.backend.devices))
 		return 0, abi.InvalidArgument
 	}
-	prov := nics.Select(config.Transport.Get(), config.FIProvider.Get(), config.FILibrary.Get())
+	prov, _ := selectTransport() // an explicit request not honoured failed init
 	l, h, err := dataplane.Listen(dataplane.ListenOptions{Addr: config.Addr.Get(), Provider: prov,
 		Domain: pc.backend.deviceDomain(dev), Rails: pc.backend.railDomains(dev)})
 	if err != nil {
@@ -137,6 +136,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		Encrypt:    config.Encrypt.Get(),
 		StageChunk: uint64(config.StageChunkKiB.Get()) << 10, NoIntraRing: !config.IntraRing.Get(), NoDmaBuf: !config.FIDmaBuf.Get()}
 	opt.SpinWait, opt.Spinners = spinOptions()
+	checkNoFile(n, opt.Lanes)
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: rank %d of %d: %v", rank, n, err)

@@ -15,7 +15,7 @@ import (
 // else the backend's; its PCI path), and a listener on device i opens its
 // endpoint on that NIC's domain. Otherwise it is the backend's devices.
 func withNICs(devs []backend.DeviceInfo) ([]backend.DeviceInfo, []nics.NIC) {
-	prov := nics.Select(config.Transport.Get(), config.FIProvider.Get(), config.FILibrary.Get())
+	prov, _ := selectTransport() // Init has failed already if this is an error
 	list := nics.List(prov)
 	if len(list) == 0 {
 		return devs, nil
@@ -43,6 +43,11 @@ func withNICs(devs []backend.DeviceInfo) ([]backend.DeviceInfo, []nics.NIC) {
 		logx.Info(abi.SubsysInit|abi.SubsysNet, "NET/wasm: device %d: %s NIC %s (domain %s, %d Mbps, pci %q)", i, prov, n.Name, n.Domain, out[i].SpeedMbps, n.PCIPath)
 	}
 	return out, list
+}
+
+// selectTransport is nics.Select with the settings from the environment.
+func selectTransport() (string, error) {
+	return nics.Select(config.Transport.Get(), config.FIProvider.Get(), config.FILibrary.Get())
 }
 
 // DevicePCIPath is the sysfs PCI path of device dev ("" when unknown or

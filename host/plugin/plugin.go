@@ -90,6 +90,14 @@ func Init(commID uint64) (uint64, abi.Result) {
 		return 0, abi.SystemError
 	}
 	dataplane.Prewarm(config.Addr.Get()) // overlaps with loading the backend
+	raiseNoFile()                        // as NCCL does: thousands of ranks need thousands of streams
+	// An explicit transport or provider that cannot be honoured fails here,
+	// as NCCL fails an explicit NCCL_NET, rather than running at a tenth of
+	// the speed over TCP unnoticed.
+	if _, err := selectTransport(); err != nil {
+		logx.Warn(abi.SubsysInit|abi.SubsysNet, "NET/wasm: init: %v", err)
+		return 0, abi.InvalidUsage
+	}
 	l, err := selectBackend()
 	if err != nil {
 		logx.Warn(abi.SubsysInit|abi.SubsysNet, "NET/wasm: cannot load backend: %v", err)

@@ -272,6 +272,7 @@ func Pin(nics []NIC, ifc string) []NIC {
 var fabricChoice struct {
 	once sync.Once
 	prov string
+	err  error
 }
 
 // hardware names the libfabric providers that drive an RDMA NIC: auto
@@ -281,24 +282,62 @@ var hardware = []string{"verbs", "efa", "cxi", "psm3", "opx"}
 // Select decides, once per process, whether listeners open a
 // libfabric endpoint and on which provider. mode is auto, tcp or fabric;
 // prov names a provider (empty: any that auto or fabric accepts); lib is
-// the library to dlopen. It logs the decision and why.
-func Select(mode, prov, lib string) string {
-	fabricChoice.once.Do(func() { fabricChoice.prov = selectFabric(mode, prov, lib) })
-	return fabricChoice.prov
+// the library to dlopen. It logs the decision and why. An explicit request
+// (mode fabric, or a provider named) that cannot be honoured is an error
+// naming what is missing, for init to fail with (NCCL's rule for an
+// explicit NCCL_NET); under auto the answer is "" (TCP) with one INFO line.
+func Select(mode, prov, lib string) (string, error) {
+	fabricChoice.once.Do(func() { fabricChoice.prov, fabricChoice.err = selectFabric(mode, prov, lib) })
+	return fabricChoice.prov, fabricChoice.err
 }
 
-func selectFabric(mode, prov, lib string) string {
+func selectFabric(mode, prov, lib string) (string, error) {
 	if mode == "tcp" {
-		return ""
+		return "", nil
 	}
+	explicit := mode == "fabric" || prov != ""
 	if err := fabric.Load(lib); err != nil {
+		if explicit {
+			return "", fmt.Errorf("%s asks for libfabric, which is missing: %w (install libfabric, or set NCCL_RMA_WASM_FI_LIBRARY)", asked(mode, prov), err)
+		}
 		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport %s: libfabric unavailable (%v); using TCP", mode, err)
-		return ""
+		return "", nil
 	}
 	infos, err := fabric.Probe(prov)
-	if err != nil || len(infos) == 0 {
-		logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport %s: no libfabric provider %q with RDM endpoints and RMA (%v); using TCP", mode, prov, err)
-		return ""
+	if err != nil {
+		infos = nil
+	}
+	var known []fabric.Info
+	if len(infos) == 0 && prov != "" {
+		known, _ = fabric.ProbeAny(prov)
+	}
+	var all []fabric.Info
+	if len(infos) == 0 && len(known) == 0 && explicit {
+		all, _ = fabric.ProbeAny("")
+	}
+	return decide(mode, prov, infos, known, all)
+}
+
+// decide is selectFabric's choice once libfabric is loaded: infos are the
+// entries offering RDM endpoints with RMA and messages (of prov, or of
+// every provider), known the entries of prov with no capability asked for
+// (only looked up when infos is empty), all every provider's (for the
+// message, when nothing matched).
+func decide(mode, prov string, infos, known, all []fabric.Info) (string, error) {
+	explicit := mode == "fabric" || prov != ""
+	if len(infos) == 0 {
+		if !explicit {
+			logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport auto: no libfabric provider with RDM endpoints and RMA; using TCP")
+			return "", nil
+		}
+		switch {
+		case prov != "" && len(known) > 0:
+			return "", fmt.Errorf("%s: libfabric provider %q (%s) offers no RDM endpoint with FI_RMA and FI_MSG", asked(mode, prov), prov, strings.Join(names(known), ", "))
+		case prov != "":
+			return "", fmt.Errorf("%s: libfabric has no provider %q (it has: %s)", asked(mode, prov), prov, strings.Join(names(all), ", "))
+		default:
+			return "", fmt.Errorf("%s: no libfabric provider offers an RDM endpoint with FI_RMA and FI_MSG (it has: %s)", asked(mode, prov), strings.Join(names(all), ", "))
+		}
 	}
 	var seen []string
 	for _, in := range infos {
@@ -308,17 +347,44 @@ func selectFabric(mode, prov, lib string) string {
 		for _, h := range hardware {
 			hw = hw || core == h
 		}
-		if mode == "fabric" || hw || (prov != "" && in.Provider == prov) {
+		// A named provider takes what libfabric matched for the name
+		// ("udp" is "udp;ofi_rxd" there).
+		if explicit || hw {
 			why := "RDMA hardware"
 			if !hw {
-				why = "asked for (NCCL_RMA_WASM_TRANSPORT=fabric or NCCL_RMA_WASM_FI_PROVIDER)"
+				why = "asked for (" + asked(mode, prov) + ")"
 			}
 			logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport fabric: libfabric provider %s, domain %s (%s)", in.Provider, in.Domain, why)
-			return in.Provider
+			return in.Provider, nil
 		}
 	}
 	logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: transport auto: no RDMA provider among libfabric's %v; using TCP (NCCL_RMA_WASM_TRANSPORT=fabric uses them)", dedupe(seen))
-	return ""
+	return "", nil
+}
+
+// asked names the setting that made a request explicit, for messages.
+func asked(mode, prov string) string {
+	switch {
+	case mode == "fabric" && prov != "":
+		return "NCCL_RMA_WASM_TRANSPORT=fabric with NCCL_RMA_WASM_FI_PROVIDER=" + prov
+	case prov != "":
+		return "NCCL_RMA_WASM_FI_PROVIDER=" + prov
+	default:
+		return "NCCL_RMA_WASM_TRANSPORT=fabric"
+	}
+}
+
+// names lists the distinct provider names of infos ("none" when empty).
+func names(infos []fabric.Info) []string {
+	var s []string
+	for _, in := range infos {
+		s = append(s, in.Provider)
+	}
+	s = dedupe(s)
+	if len(s) == 0 {
+		return []string{"none"}
+	}
+	return s
 }
 
 // Hardware reports whether prov (a provider name, "verbs;ofi_rxm" for one

@@ -3,6 +3,7 @@ package nics
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
@@ -110,15 +111,51 @@ func TestPinNICs(t *testing.T) {
 }
 
 // TestSelectFabricModes: tcp never loads libfabric; a missing library
-// falls back to TCP.
+// fails an explicit request (transport fabric or a provider named) and
+// leaves auto on TCP.
 func TestSelectFabricModes(t *testing.T) {
-	if p := selectFabric("tcp", "tcp;ofi_rxm", "libfabric.so.1"); p != "" {
-		t.Fatalf("tcp mode chose %q", p)
+	if p, err := selectFabric("tcp", "tcp;ofi_rxm", "libfabric.so.1"); p != "" || err != nil {
+		t.Fatalf("tcp mode chose %q, %v", p, err)
 	}
 	if err := fabric.Load("/nonexistent/libfabric.so.1"); err == nil {
 		t.Skip("libfabric already loaded in this process")
 	}
-	if p := selectFabric("fabric", "", "/nonexistent/libfabric.so.1"); p != "" {
-		t.Fatalf("chose %q without libfabric", p)
+	if p, err := selectFabric("fabric", "", "/nonexistent/libfabric.so.1"); p != "" || err == nil || !strings.Contains(err.Error(), "libfabric, which is missing") {
+		t.Fatalf("fabric without libfabric: %q, %v", p, err)
+	}
+	if p, err := selectFabric("auto", "efa", "/nonexistent/libfabric.so.1"); p != "" || err == nil || !strings.Contains(err.Error(), "NCCL_RMA_WASM_FI_PROVIDER=efa") {
+		t.Fatalf("a named provider without libfabric: %q, %v", p, err)
+	}
+	if p, err := selectFabric("auto", "", "/nonexistent/libfabric.so.1"); p != "" || err != nil {
+		t.Fatalf("auto without libfabric: %q, %v", p, err)
+	}
+}
+
+// TestDecideExplicit: the choice once libfabric is loaded, on made-up
+// probe answers: each way an explicit request fails names what is
+// missing; auto falls back; a named provider takes libfabric's match.
+func TestDecideExplicit(t *testing.T) {
+	rdm := []fabric.Info{{Provider: "udp;ofi_rxd", Domain: "lo"}}
+	dgram := []fabric.Info{{Provider: "udp", Domain: "lo"}}
+	all := []fabric.Info{{Provider: "tcp;ofi_rxm"}, {Provider: "shm"}, {Provider: "shm"}}
+	for _, c := range []struct {
+		mode, prov        string
+		infos, known, all []fabric.Info
+		want, errHas      string
+	}{
+		{"auto", "udp", nil, dgram, nil, "", `provider "udp" (udp) offers no RDM endpoint with FI_RMA and FI_MSG`},
+		{"fabric", "udp", nil, dgram, nil, "", "NCCL_RMA_WASM_TRANSPORT=fabric with NCCL_RMA_WASM_FI_PROVIDER=udp"},
+		{"auto", "no-such-provider", nil, nil, all, "", `libfabric has no provider "no-such-provider" (it has: tcp;ofi_rxm, shm)`},
+		{"fabric", "", nil, nil, all, "", "NCCL_RMA_WASM_TRANSPORT=fabric: no libfabric provider offers an RDM endpoint"},
+		{"auto", "", nil, nil, nil, "", ""},
+		{"auto", "", rdm, nil, nil, "", ""},
+		{"auto", "udp", rdm, nil, nil, "udp;ofi_rxd", ""},
+		{"fabric", "", rdm, nil, nil, "udp;ofi_rxd", ""},
+		{"auto", "", []fabric.Info{{Provider: "tcp;ofi_rxm"}, {Provider: "verbs;ofi_rxm"}}, nil, nil, "verbs;ofi_rxm", ""},
+	} {
+		got, err := decide(c.mode, c.prov, c.infos, c.known, c.all)
+		if got != c.want || (err == nil) != (c.errHas == "") || (err != nil && !strings.Contains(err.Error(), c.errHas)) {
+			t.Errorf("decide(%s, %q) = %q, %v; want %q, error containing %q", c.mode, c.prov, got, err, c.want, c.errHas)
+		}
 	}
 }
