@@ -15,13 +15,23 @@ import (
 // landed in our memory; its signal, if any, becomes visible once everything
 // the peer numbered before it has landed too.
 
+// ShadowOwner is implemented by an Owner whose device registrations may
+// carry a never-reset signal shadow (staging.Shadow): signals to their
+// words are written, not read and written.
+type ShadowOwner interface {
+	// SignalShadow returns registration mrID's shadow, or nil; the caller
+	// holds a Pin of the registration.
+	SignalShadow(mrID uint32) *staging.Shadow
+}
+
 // sigRef is a signal word: host memory updated atomically, or a word of
 // device memory updated through the device runtime (staging.AddSignal).
 type sigRef struct {
 	host *uint64
 	dev  uintptr
 	ctx  uintptr
-	pin  Pin // the signal registration, held until the signal is applied
+	sh   *staging.Shadow // the registration's never-reset shadow, or nil
+	pin  Pin             // the signal registration, held until the signal is applied
 }
 
 func (s sigRef) valid() bool { return s.host != nil || s.dev != 0 }
@@ -32,7 +42,7 @@ func (s sigRef) apply(v uint64) error {
 		atomic.AddUint64(s.host, v)
 		return nil
 	}
-	return staging.AddSignal(s.ctx, s.dev, v)
+	return staging.AddSignal(s.ctx, s.dev, v, s.sh)
 }
 
 // devAddr is the device address a registration base stands for.
@@ -75,6 +85,9 @@ func (p *peer) signalTarget(mrID uint32, off uint64, op uint8, value uint64) (si
 	ref := sigRef{pin: pin}
 	if ctx != 0 {
 		ref.dev, ref.ctx = devAddr(base, off), ctx
+		if so, ok := p.m.owner.(ShadowOwner); ok {
+			ref.sh = so.SignalShadow(mrID)
+		}
 	} else {
 		ref.host = (*uint64)(unsafe.Add(base, off))
 	}

@@ -46,6 +46,42 @@ type WordAdder interface {
 	Forget(addr uintptr, size uint64)
 }
 
+// Caps are the stream-ordered operations a device supports for a context
+// (Streams.Caps).
+type Caps uint32
+
+const (
+	CapWriteWord Caps = 1 << iota // WriteWord (cuStreamWriteValue64, hipStreamWriteValue64)
+	CapAtomicAdd                  // AtomicAdd (a one-thread atom.global.add.u64 kernel; CUDA only)
+	CapAsync                      // HtoDAsync, DtoHAsync, Record, Passed, FreeEvent, Sync
+)
+
+// Streams is implemented by a device that queues work on one stream per
+// context, shared by every thread: work queued after a copy executes
+// after it, whichever thread queued either, so a signal queued after its
+// payload's copy needs no host synchronisation. Caps says what ctx
+// supports; callers use only those methods and fall back to the
+// synchronous copies otherwise.
+type Streams interface {
+	Caps(ctx uintptr) Caps
+	// WriteWord queues a write of v to the 8-byte word at addr.
+	WriteWord(ctx, addr uintptr, v uint64) error
+	// AtomicAdd queues an atomic add of v to the 8-byte word at addr.
+	AtomicAdd(ctx, addr uintptr, v uint64) error
+	// HtoDAsync and DtoHAsync queue a copy; the host side is pinned memory
+	// (AllocPinned) left untouched until an event recorded after the copy
+	// passed.
+	HtoDAsync(ctx, dst uintptr, src unsafe.Pointer, n uint64) error
+	DtoHAsync(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error
+	// Record records *ev (created when 0) after the work queued so far;
+	// Passed reports whether that work executed; FreeEvent destroys it.
+	Record(ctx uintptr, ev *uintptr) error
+	Passed(ctx, ev uintptr) (bool, error)
+	FreeEvent(ctx, ev uintptr)
+	// Sync waits until everything queued on ctx's stream executed.
+	Sync(ctx uintptr) error
+}
+
 // Memory interfaces a NIC may reach directly, numbered as libfabric's
 // enum fi_hmem_iface.
 const (

@@ -11,6 +11,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -31,6 +32,9 @@ type mr struct {
 	pins    atomic.Int32
 	dropped atomic.Bool
 	remote  atomic.Pointer[remoteRegs] // this registration on every rank
+	// shadow is the host copy of a never-reset device signal array
+	// (abi.MrFlagSignalNeverReset), nil for other registrations.
+	shadow *staging.Shadow
 }
 
 // RegMr registers host memory collectively. A second registration of the
@@ -75,6 +79,9 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 		return m.handle, abi.Success
 	}
 	m := &mr{base: *(*unsafe.Pointer)(unsafe.Pointer(&data)), size: size, typ: typ, devCtx: devCtx, flags: flags, refs: 1}
+	if devCtx != 0 && flags&abi.MrFlagSignalNeverReset != 0 {
+		m.shadow = staging.NewShadow(data, size)
+	}
 	c.regs.add(m, data)
 	m.handle = makeHandle(kindMR, c.id<<32|uint64(m.id))
 
@@ -168,6 +175,11 @@ func DeregMr(h, mh uint64) abi.Result {
 		c.regs.drop(m)
 		c.awaitUnpinned(m)
 		if m.devCtx != 0 {
+			// Signal writes and payload copies queued on the context's
+			// stream land before the caller may free the memory.
+			if err := staging.Quiesce(m.devCtx); err != nil {
+				logx.Warn(abi.SubsysReg, "NET/wasm: deregMrSym: rank %d, registration %d: %v", c.rank, m.id, err)
+			}
 			// The caller may free the memory now: no CPU mapping of it
 			// (GDRCopy) may outlive the registration.
 			if wa, ok := devmem.Get().(devmem.WordAdder); ok {
@@ -177,6 +189,15 @@ func DeregMr(h, mh uint64) abi.Result {
 		c.mesh.DeregisterMemory(m.id)
 	}
 	return abi.Success
+}
+
+// SignalShadow is the never-reset shadow of registration id, or nil
+// (dataplane.ShadowOwner); the caller holds a Pin of it.
+func (c *coll) SignalShadow(id uint32) *staging.Shadow {
+	if m := c.regs.lookup(id); m != nil {
+		return m.shadow
+	}
+	return nil
 }
 
 // lookupMR resolves a memory handle of this communicator, lock-free.

@@ -27,6 +27,10 @@ enum {
   ATTR_DEVICE_ORDINAL = 9,
   MEMTYPE_DEVICE = 2,
   STREAM_NON_BLOCKING = 1,
+  ATTR_64_BIT_MEM_OPS_V1 = 93,  /* CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1 */
+  ATTR_64_BIT_MEM_OPS = 122,    /* CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS */
+  EVENT_DISABLE_TIMING = 2,
+  ERROR_NOT_READY = 600,
 };
 
 static struct {
@@ -47,6 +51,19 @@ static struct {
   CUresult (*memHostRegister)(void*, size_t, unsigned);   /* optional */
   CUresult (*memHostUnregister)(void*);                   /* optional */
   CUresult (*getHandleForRange)(void*, CUdeviceptr, size_t, int, unsigned long long); /* optional, 11.7 */
+  /* Optional, for stream-ordered signals and asynchronous copies. */
+  CUresult (*ctxGetDevice)(CUdevice*);
+  CUresult (*deviceGetAttribute)(int*, int, CUdevice);
+  CUresult (*writeValue64)(CUstream, CUdeviceptr, unsigned long long, unsigned);
+  int writeValueAttr; /* the attribute saying writeValue64 works */
+  CUresult (*moduleLoadData)(void**, const void*);
+  CUresult (*moduleGetFunction)(void**, void*, const char*);
+  CUresult (*launchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                           void**, void**);
+  CUresult (*eventCreate)(void**, unsigned);
+  CUresult (*eventRecord)(void*, CUstream);
+  CUresult (*eventQuery)(void*);
+  CUresult (*eventDestroy)(void*);
 } cu;
 
 enum { MEMHOSTALLOC_PORTABLE = 1 };
@@ -98,6 +115,24 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   *(void**)&cu.memHostUnregister = dlsym(h, "cuMemHostUnregister");
   if (!cu.memHostRegister || !cu.memHostUnregister) cu.memHostRegister = NULL;
   *(void**)&cu.getHandleForRange = dlsym(h, "cuMemGetHandleForAddressRange");
+  *(void**)&cu.ctxGetDevice = dlsym(h, "cuCtxGetDevice");
+  *(void**)&cu.deviceGetAttribute = dlsym(h, "cuDeviceGetAttribute");
+  /* cuda.h maps cuStreamWriteValue64 to the _v2 entry point from CUDA 11.7
+   * on, whose 64-bit support CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
+   * (122) reports; the older entry point answers to the _V1 attribute (93). */
+  *(void**)&cu.writeValue64 = dlsym(h, "cuStreamWriteValue64_v2");
+  cu.writeValueAttr = ATTR_64_BIT_MEM_OPS;
+  if (!cu.writeValue64) {
+    *(void**)&cu.writeValue64 = dlsym(h, "cuStreamWriteValue64");
+    cu.writeValueAttr = ATTR_64_BIT_MEM_OPS_V1;
+  }
+  *(void**)&cu.moduleLoadData = dlsym(h, "cuModuleLoadData");
+  *(void**)&cu.moduleGetFunction = dlsym(h, "cuModuleGetFunction");
+  *(void**)&cu.launchKernel = dlsym(h, "cuLaunchKernel");
+  *(void**)&cu.eventCreate = dlsym(h, "cuEventCreate");
+  *(void**)&cu.eventRecord = dlsym(h, "cuEventRecord");
+  *(void**)&cu.eventQuery = dlsym(h, "cuEventQuery");
+  *(void**)&cu.eventDestroy = dlsym(h, "cuEventDestroy_v2");
   CUresult r = cu.init(0);
   if (r != 0) {
     snprintf(err, errlen, "cuInit: %s (%d)", errstr(r), r);
@@ -275,6 +310,172 @@ static int cuda_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd,
   if (r == 0) r = cu.getHandleForRange(fd, (CUdeviceptr)base, (size_t)n, 1, 0);
   if (r != 0) {
     snprintf(err, errlen, "cuMemGetHandleForAddressRange of %llu bytes: %s", (unsigned long long)n, errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+/* The context stream: one non-blocking stream per context that every
+ * thread's stream-ordered work (signal writes, atomic adds, asynchronous
+ * copies, events) queues on, so that a signal queued after a payload copy
+ * executes after it whichever thread queued either. Entries are published
+ * with a release store of nctxs and found without a lock. */
+typedef struct {
+  CUcontext ctx;
+  CUstream stream;
+  int caps;
+  void* add; /* the rmaw_add64 kernel, NULL: none */
+} ctxstream;
+static ctxstream ctxs[MAX_CTX];
+static int nctxs;
+
+/* The atomic add: one thread adds v to *p with atom.global.add.u64 (sm_50
+ * PTX, which the driver compiles for any later GPU). membar.sys first
+ * (harmless: the stream already orders the kernel after the copies queued
+ * before it). */
+static const char add64_ptx[] =
+    ".version 6.0\n"
+    ".target sm_50\n"
+    ".address_size 64\n"
+    ".visible .entry rmaw_add64(.param .u64 p, .param .u64 v)\n"
+    "{\n"
+    "  .reg .b64 %rd<4>;\n"
+    "  ld.param.u64 %rd1, [p];\n"
+    "  ld.param.u64 %rd2, [v];\n"
+    "  membar.sys;\n"
+    "  atom.global.add.u64 %rd3, [%rd1], %rd2;\n"
+    "  ret;\n"
+    "}\n";
+
+/* ctx_stream makes ctx current and returns its stream entry, creating it
+ * (and probing what its device supports) on first use; NULL with *r set
+ * on failure. */
+static ctxstream* ctx_stream(uintptr_t ctx, CUresult* r) {
+  *r = cu.ctxSetCurrent((CUcontext)ctx);
+  if (*r != 0) return NULL;
+  int n = __atomic_load_n(&nctxs, __ATOMIC_ACQUIRE);
+  for (int i = 0; i < n; i++)
+    if (ctxs[i].ctx == (CUcontext)ctx) return &ctxs[i];
+  pthread_mutex_lock(&mu);
+  ctxstream* e = NULL;
+  for (int i = 0; i < nctxs; i++)
+    if (ctxs[i].ctx == (CUcontext)ctx) e = &ctxs[i];
+  if (!e && nctxs == MAX_CTX) *r = 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+  if (!e && nctxs < MAX_CTX) {
+    e = &ctxs[nctxs];
+    memset(e, 0, sizeof *e);
+    e->ctx = (CUcontext)ctx;
+    *r = cu.streamCreate(&e->stream, STREAM_NON_BLOCKING);
+    if (*r != 0) {
+      e = NULL;
+    } else {
+      CUdevice dev = 0;
+      int v = 0;
+      int have_dev = cu.ctxGetDevice && cu.deviceGetAttribute && cu.ctxGetDevice(&dev) == 0;
+      if (cu.writeValue64 && have_dev && cu.deviceGetAttribute(&v, cu.writeValueAttr, dev) == 0 && v)
+        e->caps |= RMAW_CAP_WRITE64;
+      if (cu.eventCreate && cu.eventRecord && cu.eventQuery && cu.eventDestroy) e->caps |= RMAW_CAP_ASYNC;
+      void* mod = NULL;
+      if (cu.moduleLoadData && cu.moduleGetFunction && cu.launchKernel && cu.moduleLoadData(&mod, add64_ptx) == 0 &&
+          cu.moduleGetFunction(&e->add, mod, "rmaw_add64") == 0 && e->add)
+        e->caps |= RMAW_CAP_ADD64;
+      __atomic_store_n(&nctxs, nctxs + 1, __ATOMIC_RELEASE);
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return e;
+}
+
+static int cuda_caps(uintptr_t ctx) {
+  CUresult r;
+  ctxstream* e = ctx_stream(ctx, &r);
+  return e ? e->caps : 0;
+}
+
+#define CTX_STREAM(e, what)                                                        \
+  CUresult r;                                                                      \
+  ctxstream* e = ctx_stream(ctx, &r);                                              \
+  if (!e) {                                                                        \
+    snprintf(err, errlen, "%s: no stream for the context: %s", what, errstr(r));   \
+    return -1;                                                                     \
+  }
+
+static int cuda_write64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen) {
+  CTX_STREAM(e, "cuStreamWriteValue64");
+  /* Flags 0: the write is ordered after the stream's earlier work and
+   * preceded by a memory barrier. */
+  r = cu.writeValue64(e->stream, (CUdeviceptr)dev, (unsigned long long)v, 0);
+  if (r != 0) {
+    snprintf(err, errlen, "cuStreamWriteValue64: %s", errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+static int cuda_add64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen) {
+  CTX_STREAM(e, "cuLaunchKernel");
+  if (!e->add) {
+    snprintf(err, errlen, "no atomic-add kernel for this context");
+    return -1;
+  }
+  unsigned long long p = dev, x = v;
+  void* args[] = {&p, &x}; /* copied by the launch */
+  r = cu.launchKernel(e->add, 1, 1, 1, 1, 1, 1, 0, e->stream, args, NULL);
+  if (r != 0) {
+    snprintf(err, errlen, "cuLaunchKernel (atomic add): %s", errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+static int cuda_copy_async(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
+                           size_t errlen) {
+  CTX_STREAM(e, "asynchronous copy");
+  r = to_device ? cu.htod((CUdeviceptr)dev, host, (size_t)n, e->stream)
+                : cu.dtoh(host, (CUdeviceptr)dev, (size_t)n, e->stream);
+  if (r != 0) {
+    snprintf(err, errlen, "%s of %llu bytes: %s", to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync",
+             (unsigned long long)n, errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+static int cuda_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t errlen) {
+  CTX_STREAM(e, "cuEventRecord");
+  if (!*ev) {
+    void* x = NULL;
+    r = cu.eventCreate(&x, EVENT_DISABLE_TIMING);
+    if (r != 0) {
+      snprintf(err, errlen, "cuEventCreate: %s", errstr(r));
+      return -1;
+    }
+    *ev = (uintptr_t)x;
+  }
+  r = cu.eventRecord((void*)*ev, e->stream);
+  if (r != 0) {
+    snprintf(err, errlen, "cuEventRecord: %s", errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+/* cuEventQuery needs no current context. */
+static int cuda_event_query(uintptr_t ctx, uintptr_t ev) {
+  (void)ctx;
+  CUresult r = cu.eventQuery((void*)ev);
+  return r == 0 ? 1 : r == ERROR_NOT_READY ? 0 : -1;
+}
+
+static void cuda_event_destroy(uintptr_t ctx, uintptr_t ev) {
+  if (ev && cu.ctxSetCurrent((CUcontext)ctx) == 0) cu.eventDestroy((void*)ev);
+}
+
+static int cuda_stream_sync(uintptr_t ctx, char* err, size_t errlen) {
+  CTX_STREAM(e, "cuStreamSynchronize");
+  r = cu.streamSynchronize(e->stream);
+  if (r != 0) {
+    snprintf(err, errlen, "cuStreamSynchronize: %s", errstr(r));
     return -1;
   }
   return 0;

@@ -35,6 +35,40 @@ static int devrt_export_dmabuf(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t 
                                size_t errlen) {
   return o->export_dmabuf(ctx, base, n, fd, err, errlen);
 }
+
+// The stream-ordered slots run once per operation: their error buffers
+// stay on the Go stack.
+#cgo noescape devrt_write64
+#cgo noescape devrt_add64
+#cgo noescape devrt_copy_async
+#cgo noescape devrt_event_record
+#cgo noescape devrt_stream_sync
+#cgo nocallback devrt_caps
+#cgo nocallback devrt_write64
+#cgo nocallback devrt_add64
+#cgo nocallback devrt_copy_async
+#cgo nocallback devrt_event_record
+#cgo nocallback devrt_event_query
+#cgo nocallback devrt_stream_sync
+static int devrt_caps(const rmaw_devrt_ops* o, uintptr_t ctx) { return o->caps ? o->caps(ctx) : 0; }
+static int devrt_write64(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen) {
+  return o->write64(ctx, dev, v, err, errlen);
+}
+static int devrt_add64(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen) {
+  return o->add64(ctx, dev, v, err, errlen);
+}
+static int devrt_copy_async(const rmaw_devrt_ops* o, uintptr_t ctx, int to_device, void* host, uint64_t dev,
+                            uint64_t n, char* err, size_t errlen) {
+  return o->copy_async(ctx, to_device, host, dev, n, err, errlen);
+}
+static int devrt_event_record(const rmaw_devrt_ops* o, uintptr_t ctx, uintptr_t* ev, char* err, size_t errlen) {
+  return o->event_record(ctx, ev, err, errlen);
+}
+static int devrt_event_query(const rmaw_devrt_ops* o, uintptr_t ctx, uintptr_t ev) { return o->event_query(ctx, ev); }
+static void devrt_event_destroy(const rmaw_devrt_ops* o, uintptr_t ctx, uintptr_t ev) { o->event_destroy(ctx, ev); }
+static int devrt_stream_sync(const rmaw_devrt_ops* o, uintptr_t ctx, char* err, size_t errlen) {
+  return o->stream_sync(ctx, err, errlen);
+}
 */
 import "C"
 
@@ -134,4 +168,98 @@ func (r Runtime[T]) ExportDmaBuf(ctx, ptr uintptr, size uint64) (int, uint64, er
 		return -1, 0, buf.err()
 	}
 	return int(fd), off, nil
+}
+
+// Caps says which stream-ordered operations ctx's device supports: a slot
+// the runtime left NULL, or a device that lacks the feature, reads as 0.
+func (r Runtime[T]) Caps(ctx uintptr) devmem.Caps {
+	o := r.ops()
+	c := devmem.Caps(C.devrt_caps(o, C.uintptr_t(ctx)))
+	if o.write64 == nil {
+		c &^= devmem.CapWriteWord
+	}
+	if o.add64 == nil {
+		c &^= devmem.CapAtomicAdd
+	}
+	if o.copy_async == nil || o.event_record == nil || o.event_query == nil || o.event_destroy == nil || o.stream_sync == nil {
+		c &^= devmem.CapAsync
+	}
+	return c
+}
+
+// WriteWord queues a write of v to the word at addr on ctx's stream.
+func (r Runtime[T]) WriteWord(ctx, addr uintptr, v uint64) error {
+	var buf errBuf
+	if C.devrt_write64(r.ops(), C.uintptr_t(ctx), C.uint64_t(addr), C.uint64_t(v), &buf[0], C.size_t(len(buf))) != 0 {
+		return buf.err()
+	}
+	return nil
+}
+
+// AtomicAdd queues an atomic add of v to the word at addr on ctx's stream.
+func (r Runtime[T]) AtomicAdd(ctx, addr uintptr, v uint64) error {
+	var buf errBuf
+	if C.devrt_add64(r.ops(), C.uintptr_t(ctx), C.uint64_t(addr), C.uint64_t(v), &buf[0], C.size_t(len(buf))) != 0 {
+		return buf.err()
+	}
+	return nil
+}
+
+// HtoDAsync queues a copy to the device on ctx's stream; src is pinned C
+// memory (AllocPinned) that stays untouched until an event recorded after
+// it passed.
+func (r Runtime[T]) HtoDAsync(ctx, dst uintptr, src unsafe.Pointer, n uint64) error {
+	return r.copyAsync(ctx, 1, src, dst, n)
+}
+
+// DtoHAsync queues a copy from the device into pinned C memory dst.
+func (r Runtime[T]) DtoHAsync(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
+	return r.copyAsync(ctx, 0, dst, src, n)
+}
+
+func (r Runtime[T]) copyAsync(ctx uintptr, toDevice C.int, host unsafe.Pointer, dev uintptr, n uint64) error {
+	var buf errBuf
+	if C.devrt_copy_async(r.ops(), C.uintptr_t(ctx), toDevice, host, C.uint64_t(dev), C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
+		return buf.err()
+	}
+	return nil
+}
+
+// Record records *ev (created when 0) after the work queued on ctx's
+// stream so far.
+func (r Runtime[T]) Record(ctx uintptr, ev *uintptr) error {
+	var buf errBuf
+	var e C.uintptr_t = C.uintptr_t(*ev)
+	if C.devrt_event_record(r.ops(), C.uintptr_t(ctx), &e, &buf[0], C.size_t(len(buf))) != 0 {
+		return buf.err()
+	}
+	*ev = uintptr(e)
+	return nil
+}
+
+// Passed reports whether the work before ev's last recording executed.
+func (r Runtime[T]) Passed(ctx, ev uintptr) (bool, error) {
+	switch C.devrt_event_query(r.ops(), C.uintptr_t(ctx), C.uintptr_t(ev)) {
+	case 1:
+		return true, nil
+	case 0:
+		return false, nil
+	}
+	return false, errors.New("the device reported a failed asynchronous copy (event query)")
+}
+
+// FreeEvent destroys an event from Record.
+func (r Runtime[T]) FreeEvent(ctx, ev uintptr) {
+	if ev != 0 {
+		C.devrt_event_destroy(r.ops(), C.uintptr_t(ctx), C.uintptr_t(ev))
+	}
+}
+
+// Sync waits until everything queued on ctx's stream executed.
+func (r Runtime[T]) Sync(ctx uintptr) error {
+	var buf errBuf
+	if C.devrt_stream_sync(r.ops(), C.uintptr_t(ctx), &buf[0], C.size_t(len(buf))) != 0 {
+		return buf.err()
+	}
+	return nil
 }

@@ -27,16 +27,47 @@ typedef struct rmaw_devrt_ops {
   void (*host_unregister)(uintptr_t ctx, void* p);
   /* export_dmabuf exports [base, base+n) (page-aligned) as a DMA-BUF fd. */
   int (*export_dmabuf)(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen);
+
+  /* Stream-ordered work on the context's one shared stream: every thread's
+   * calls for ctx queue there in call order, so work queued after a copy
+   * executes after it. NULL where the runtime lacks the function; caps
+   * says what ctx's device supports (RMAW_CAP_* bits). */
+  int (*caps)(uintptr_t ctx);
+  /* write64 writes v to the 8-byte word dev (cuStreamWriteValue64). */
+  int (*write64)(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen);
+  /* add64 adds v to the word dev atomically on the device (a one-thread
+   * kernel). */
+  int (*add64)(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen);
+  /* copy_async queues a copy and returns; host must stay untouched until
+   * an event recorded after it has passed. */
+  int (*copy_async)(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err, size_t errlen);
+  /* event_record records *ev (created when 0) after the work queued so
+   * far; event_query: 1 passed, 0 not yet, -1 failed. */
+  int (*event_record)(uintptr_t ctx, uintptr_t* ev, char* err, size_t errlen);
+  int (*event_query)(uintptr_t ctx, uintptr_t ev);
+  void (*event_destroy)(uintptr_t ctx, uintptr_t ev);
+  /* stream_sync waits until everything queued on the stream executed. */
+  int (*stream_sync)(uintptr_t ctx, char* err, size_t errlen);
 } rmaw_devrt_ops;
 
+enum {
+  RMAW_CAP_WRITE64 = 1, /* write64 */
+  RMAW_CAP_ADD64 = 2,   /* add64 */
+  RMAW_CAP_ASYNC = 4,   /* copy_async, events, stream_sync */
+};
+
 /* RMAW_DEVRT_OPS(p) is the table of the functions p_inspect, p_copy,
- * p_host_alloc, p_host_free, p_host_register, p_host_unregister and
- * p_export_dmabuf, which a runtime's C file defines. */
+ * p_host_alloc, p_host_free, p_host_register, p_host_unregister,
+ * p_export_dmabuf and the stream-ordered p_caps ... p_stream_sync, which a
+ * runtime's C file defines (a name #defined to NULL where it has none). */
 #define RMAW_DEVRT_OPS(p)                                                                   \
   {                                                                                         \
     .inspect = p##_inspect, .copy = p##_copy, .host_alloc = p##_host_alloc,                 \
     .host_free = p##_host_free, .host_register = p##_host_register,                         \
     .host_unregister = p##_host_unregister, .export_dmabuf = p##_export_dmabuf,             \
+    .caps = p##_caps, .write64 = p##_write64, .add64 = p##_add64, .copy_async = p##_copy_async, \
+    .event_record = p##_event_record, .event_query = p##_event_query,                       \
+    .event_destroy = p##_event_destroy, .stream_sync = p##_stream_sync,                     \
   }
 
 #endif

@@ -7,6 +7,7 @@
  * non-blocking stream of its own per thread and device, for the reasons the
  * CUDA side gives (cuda.c). */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,6 +40,12 @@ static struct {
   hipError_t (*hostRegister)(void*, size_t, unsigned); /* optional */
   hipError_t (*hostUnregister)(void*);                 /* optional */
   hipError_t (*getHandleForRange)(void*, void*, size_t, int, unsigned long long); /* optional */
+  /* Optional, for stream-ordered signals and asynchronous copies. */
+  hipError_t (*writeValue64)(hipStream_t, void*, uint64_t, unsigned);
+  hipError_t (*eventCreateWithFlags)(void**, unsigned);
+  hipError_t (*eventRecord)(void*, hipStream_t);
+  hipError_t (*eventQuery)(void*);
+  hipError_t (*eventDestroy)(void*);
 } hip;
 
 /* hipMemoryTypeDevice: 1 before ROCm 6, 2 from ROCm 6 on (the enum was
@@ -83,6 +90,11 @@ int rmaw_hip_open(const char* lib, char* err, size_t errlen) {
   *(void**)&hip.hostUnregister = dlsym(h, "hipHostUnregister");
   if (!hip.hostUnregister) hip.hostRegister = NULL;
   *(void**)&hip.getHandleForRange = dlsym(h, "hipMemGetHandleForAddressRange");
+  *(void**)&hip.writeValue64 = dlsym(h, "hipStreamWriteValue64");
+  *(void**)&hip.eventCreateWithFlags = dlsym(h, "hipEventCreateWithFlags");
+  *(void**)&hip.eventRecord = dlsym(h, "hipEventRecord");
+  *(void**)&hip.eventQuery = dlsym(h, "hipEventQuery");
+  *(void**)&hip.eventDestroy = dlsym(h, "hipEventDestroy");
   int v = 0;
   if (hip.runtimeGetVersion(&v) == 0 && v > 0 && v < 60000000) memtype_device = 1;
   hipError_t r = hip.init(0);
@@ -217,6 +229,129 @@ static int hip_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, 
   if (r == 0) r = hip.getHandleForRange(fd, (void*)(uintptr_t)base, (size_t)n, 1, 0);
   if (r != 0) {
     snprintf(err, errlen, "hipMemGetHandleForAddressRange of %llu bytes: %s", (unsigned long long)n, errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+/* The device stream: one non-blocking stream per device that every
+ * thread's stream-ordered work queues on (see cuda.c's context stream),
+ * published with a release store of ndevs and found without a lock. */
+#define MAX_DEV 64
+static pthread_mutex_t dmu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  int dev;
+  hipStream_t stream;
+  int caps;
+} devs[MAX_DEV];
+static int ndevs;
+
+/* dev_stream sets ctx's device on this thread and returns its shared
+ * stream's slot, -1 with *r set on failure. */
+static int dev_stream(uintptr_t ctx, hipError_t* r) {
+  int dev = (int)ctx - 1;
+  *r = hip.setDevice(dev);
+  if (*r != 0) return -1;
+  int n = __atomic_load_n(&ndevs, __ATOMIC_ACQUIRE);
+  for (int i = 0; i < n; i++)
+    if (devs[i].dev == dev) return i;
+  pthread_mutex_lock(&dmu);
+  int k = -1;
+  for (int i = 0; i < ndevs; i++)
+    if (devs[i].dev == dev) k = i;
+  if (k < 0 && ndevs < MAX_DEV) {
+    hipStream_t s = NULL;
+    *r = hip.streamCreateWithFlags(&s, STREAM_NON_BLOCKING);
+    if (*r == 0) {
+      k = ndevs;
+      devs[k].dev = dev;
+      devs[k].stream = s;
+      devs[k].caps = (hip.writeValue64 ? RMAW_CAP_WRITE64 : 0) |
+                     (hip.eventCreateWithFlags && hip.eventRecord && hip.eventQuery && hip.eventDestroy ? RMAW_CAP_ASYNC : 0);
+      __atomic_store_n(&ndevs, ndevs + 1, __ATOMIC_RELEASE);
+    }
+  }
+  pthread_mutex_unlock(&dmu);
+  return k;
+}
+
+static int hip_caps(uintptr_t ctx) {
+  hipError_t r;
+  int k = dev_stream(ctx, &r);
+  return k < 0 ? 0 : devs[k].caps;
+}
+
+#define DEV_STREAM(k, what)                                                              \
+  hipError_t r;                                                                          \
+  int k = dev_stream(ctx, &r);                                                           \
+  if (k < 0) {                                                                           \
+    snprintf(err, errlen, "%s: no stream for device %d: %s", what, (int)ctx - 1, errstr(r)); \
+    return -1;                                                                           \
+  }
+
+static int hip_write64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen) {
+  DEV_STREAM(k, "hipStreamWriteValue64");
+  r = hip.writeValue64(devs[k].stream, (void*)(uintptr_t)dev, v, 0);
+  if (r != 0) {
+    snprintf(err, errlen, "hipStreamWriteValue64: %s", errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+/* No atomic-add kernel on HIP (it would need a code object per GPU
+ * architecture): signal words of other registrations keep the
+ * read-modify-write. */
+#define hip_add64 NULL
+
+static int hip_copy_async(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
+                          size_t errlen) {
+  DEV_STREAM(k, "hipMemcpyAsync");
+  void* d = (void*)(uintptr_t)dev;
+  r = to_device ? hip.memcpyAsync(d, host, (size_t)n, KIND_H2D, devs[k].stream)
+                : hip.memcpyAsync(host, d, (size_t)n, KIND_D2H, devs[k].stream);
+  if (r != 0) {
+    snprintf(err, errlen, "hipMemcpyAsync (%s) of %llu bytes: %s", to_device ? "to device" : "from device",
+             (unsigned long long)n, errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+static int hip_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t errlen) {
+  DEV_STREAM(k, "hipEventRecord");
+  if (!*ev) {
+    void* x = NULL;
+    r = hip.eventCreateWithFlags(&x, 2); /* hipEventDisableTiming */
+    if (r != 0) {
+      snprintf(err, errlen, "hipEventCreateWithFlags: %s", errstr(r));
+      return -1;
+    }
+    *ev = (uintptr_t)x;
+  }
+  r = hip.eventRecord((void*)*ev, devs[k].stream);
+  if (r != 0) {
+    snprintf(err, errlen, "hipEventRecord: %s", errstr(r));
+    return -1;
+  }
+  return 0;
+}
+
+static int hip_event_query(uintptr_t ctx, uintptr_t ev) {
+  if (hip.setDevice((int)ctx - 1) != 0) return -1;
+  hipError_t r = hip.eventQuery((void*)ev);
+  return r == 0 ? 1 : r == 600 ? 0 : -1; /* hipErrorNotReady */
+}
+
+static void hip_event_destroy(uintptr_t ctx, uintptr_t ev) {
+  if (ev && hip.setDevice((int)ctx - 1) == 0) hip.eventDestroy((void*)ev);
+}
+
+static int hip_stream_sync(uintptr_t ctx, char* err, size_t errlen) {
+  DEV_STREAM(k, "hipStreamSynchronize");
+  r = hip.streamSynchronize(devs[k].stream);
+  if (r != 0) {
+    snprintf(err, errlen, "hipStreamSynchronize: %s", errstr(r));
     return -1;
   }
   return 0;

@@ -42,24 +42,54 @@ const DefaultChunk = 1 << 20
 var devSigLocks [64]sync.Mutex
 
 // AddSignal adds v to the 8-byte signal word at device address dev of
-// context ctx, by read-modify-write through the device runtime (through a
-// CPU mapping of it where the device offers one: GDRCopy). The caller runs
-// it after the payload is visible: ReadToDevice returns only once every
-// copy of the payload completed.
-func AddSignal(ctx, dev uintptr, v uint64) error {
+// context ctx, after the payloads of the operations before it: those copied
+// synchronously have completed, those copied asynchronously (ReadSmall) are
+// queued on ctx's stream. In order of preference:
+//   - sh (the registration's never-reset shadow, nil for others) and a
+//     device that writes words on its stream: the shadow takes the add and
+//     the new value is written, stream-ordered, without a read-back or a
+//     wait (Shadow.add);
+//   - a CPU mapping of the word (GDRCopy), after ctx's stream passed;
+//   - an atomic add queued on ctx's stream (CUDA's one-thread kernel);
+//   - a read-modify-write with synchronous copies, after ctx's stream
+//     passed, serialised per word.
+func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 	d := devmem.Get()
 	if d == nil {
 		return ErrNoDevice
 	}
+	st, _ := d.(devmem.Streams)
+	var caps devmem.Caps
+	if st != nil {
+		caps = st.Caps(ctx)
+	}
+	if sh != nil && caps&devmem.CapWriteWord != 0 {
+		return sh.add(st, ctx, dev, v)
+	}
 	stripe := int((dev >> 3) % uintptr(len(devSigLocks)))
 	mu := &devSigLocks[stripe]
-	mu.Lock()
-	defer mu.Unlock()
 	if wa, ok := d.(devmem.WordAdder); ok {
-		if done, err := wa.AddWord(ctx, dev, v); done || err != nil {
+		if err := settle(st, ctx); err != nil {
+			return err
+		}
+		mu.Lock()
+		done, err := wa.AddWord(ctx, dev, v)
+		mu.Unlock()
+		if done || err != nil {
 			return err
 		}
 	}
+	if caps&devmem.CapAtomicAdd != 0 {
+		if err := st.AtomicAdd(ctx, dev, v); err != nil {
+			return fmt.Errorf("atomic add to device signal: %w", err)
+		}
+		return nil
+	}
+	if err := settle(st, ctx); err != nil {
+		return err
+	}
+	mu.Lock()
+	defer mu.Unlock()
 	w := sigWord(d, ctx, stripe)
 	if err := d.DtoH(ctx, w, dev, 8); err != nil {
 		return fmt.Errorf("read device signal: %w", err)
@@ -70,6 +100,22 @@ func AddSignal(ctx, dev uintptr, v uint64) error {
 	}
 	return nil
 }
+
+// settle waits for ctx's stream when asynchronous payload copies may be
+// queued on it, before a signal path that does not queue behind them.
+func settle(st devmem.Streams, ctx uintptr) error {
+	if st == nil || !asyncUsed.Load() {
+		return nil
+	}
+	if err := st.Sync(ctx); err != nil {
+		return fmt.Errorf("wait for the device copies before a signal: %w", err)
+	}
+	return nil
+}
+
+// asyncUsed is set once any payload was copied asynchronously: until then
+// no signal path needs to wait for a stream.
+var asyncUsed atomic.Bool
 
 // sigPage is a pinned page of one device through which each lock stripe
 // reads and writes its signal word: a copy from pageable memory would take

@@ -1,0 +1,99 @@
+package staging
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+)
+
+// Shadow is the host copy of a never-reset signal registration
+// (NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET): such a word changes only by the
+// plugin's adds, so the host knows its value and an update is a write of
+// the new value queued on the context's stream, never a read. One is made
+// per registration, at registration (NewShadow), and dropped at
+// deregistration after the stream passed (Quiesce).
+type Shadow struct {
+	base  uintptr
+	words []shadowWord
+	folds atomic.Uint64
+}
+
+type shadowWord struct {
+	val     atomic.Uint64
+	pending atomic.Uint32 // 1: a writer will issue the latest value
+	seeded  bool          // val holds the device's value (under the stripe lock)
+}
+
+// NewShadow makes the shadow of a registration of size bytes at device
+// address base.
+func NewShadow(base uintptr, size uint64) *Shadow {
+	return &Shadow{base: base, words: make([]shadowWord, size/8)}
+}
+
+// Folds is how many adds were folded into another's write.
+func (s *Shadow) Folds() uint64 { return s.folds.Load() }
+
+// add adds v to the word at dev and queues the write of its new value.
+// Writes of one word are issued in the order of their values: the writer
+// holds the word's stripe lock from reading the shadow to issuing. An add
+// that finds a write pending leaves at once: that writer reads the shadow
+// after clearing the flag, so its value includes this add, and it issues
+// after this add's payload copy was queued (before the add), so the write
+// follows the payload on the stream. The first write of a word reads the
+// device's value once (a registration's initial contents are the
+// application's).
+func (s *Shadow) add(st devmem.Streams, ctx, dev uintptr, v uint64) error {
+	i := (dev - s.base) / 8
+	if dev < s.base || dev%8 != 0 || i >= uintptr(len(s.words)) {
+		return fmt.Errorf("signal word %#x outside its shadow [%#x, +%d words)", dev, s.base, len(s.words))
+	}
+	w := &s.words[i]
+	w.val.Add(v)
+	if !w.pending.CompareAndSwap(0, 1) {
+		s.folds.Add(1)
+		return nil
+	}
+	mu := &devSigLocks[(dev>>3)%uintptr(len(devSigLocks))]
+	mu.Lock()
+	defer mu.Unlock()
+	if !w.seeded {
+		if err := s.seed(st, ctx, dev, w); err != nil {
+			w.pending.Store(0)
+			return err
+		}
+	}
+	w.pending.Store(0)
+	if err := st.WriteWord(ctx, dev, w.val.Load()); err != nil {
+		return fmt.Errorf("write device signal: %w", err)
+	}
+	return nil
+}
+
+// seed adds the device's current value of the word to the shadow, once;
+// called with the stripe lock held.
+func (s *Shadow) seed(st devmem.Streams, ctx, dev uintptr, w *shadowWord) error {
+	d := devmem.Get()
+	if err := st.Sync(ctx); err != nil {
+		return fmt.Errorf("read device signal: %w", err)
+	}
+	p := sigWord(d, ctx, int((dev>>3)%uintptr(len(devSigLocks))))
+	if err := d.DtoH(ctx, p, dev, 8); err != nil {
+		return fmt.Errorf("read device signal: %w", err)
+	}
+	w.val.Add(*(*uint64)(p))
+	w.seeded = true
+	return nil
+}
+
+// Quiesce waits until every write and copy queued on ctx's stream
+// executed (deregistration, a flush): afterwards the device memory holds
+// what the host has been told.
+func Quiesce(ctx uintptr) error {
+	d := devmem.Get()
+	st, ok := d.(devmem.Streams)
+	if !ok || ctx == 0 || st.Caps(ctx) == 0 {
+		return nil
+	}
+	return st.Sync(ctx)
+}

@@ -1,0 +1,223 @@
+package staging
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+)
+
+// streamDevice is a device with one in-order stream, run by a goroutine
+// that can be slowed down per operation, so that work done outside the
+// stream's order (a signal written before its payload's copy executed)
+// becomes visible. caps picks what it offers.
+type streamDevice struct {
+	pipeDevice
+	caps   devmem.Caps
+	delay  time.Duration
+	mu     sync.Mutex
+	cond   *sync.Cond
+	queue  []func()
+	issued uint64
+	done   uint64
+	writes atomic.Int64 // WriteWord calls
+	adds   atomic.Int64 // AtomicAdd calls
+	rmw    atomic.Int64 // synchronous DtoH of a word (read-backs)
+}
+
+func newStreamDevice(size int, caps devmem.Caps, delay time.Duration) *streamDevice {
+	d := &streamDevice{pipeDevice: pipeDevice{mem: make([]byte, size), base: 0x7e00_0000_0000}, caps: caps, delay: delay}
+	d.cond = sync.NewCond(&d.mu)
+	go d.run()
+	return d
+}
+
+func (d *streamDevice) run() {
+	d.mu.Lock()
+	for {
+		for len(d.queue) == 0 {
+			d.cond.Wait()
+		}
+		f := d.queue[0]
+		d.queue = d.queue[1:]
+		d.mu.Unlock()
+		time.Sleep(d.delay)
+		f()
+		d.mu.Lock()
+		d.done++
+		d.cond.Broadcast()
+	}
+}
+
+func (d *streamDevice) enqueue(f func()) {
+	d.mu.Lock()
+	d.queue = append(d.queue, f)
+	d.issued++
+	d.cond.Broadcast()
+	d.mu.Unlock()
+}
+
+func (d *streamDevice) word(addr uintptr) *uint64 {
+	return (*uint64)(unsafe.Pointer(&d.mem[addr-d.base]))
+}
+
+func (d *streamDevice) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
+	if n == 8 {
+		d.rmw.Add(1)
+	}
+	return d.pipeDevice.DtoH(ctx, dst, src, n)
+}
+
+func (d *streamDevice) Caps(uintptr) devmem.Caps { return d.caps }
+func (d *streamDevice) WriteWord(_, addr uintptr, v uint64) error {
+	if d.caps&devmem.CapWriteWord == 0 {
+		return errors.New("WriteWord not offered")
+	}
+	d.writes.Add(1)
+	d.enqueue(func() { atomic.StoreUint64(d.word(addr), v) })
+	return nil
+}
+func (d *streamDevice) AtomicAdd(_, addr uintptr, v uint64) error {
+	if d.caps&devmem.CapAtomicAdd == 0 {
+		return errors.New("AtomicAdd not offered")
+	}
+	d.adds.Add(1)
+	d.enqueue(func() { atomic.AddUint64(d.word(addr), v) })
+	return nil
+}
+func (d *streamDevice) HtoDAsync(_, dst uintptr, src unsafe.Pointer, n uint64) error {
+	d.enqueue(func() { copy(d.at(dst, n), unsafe.Slice((*byte)(src), n)) })
+	return nil
+}
+func (d *streamDevice) DtoHAsync(_ uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
+	d.enqueue(func() { copy(unsafe.Slice((*byte)(dst), n), d.at(src, n)) })
+	return nil
+}
+func (d *streamDevice) Record(_ uintptr, ev *uintptr) error {
+	d.mu.Lock()
+	*ev = uintptr(d.issued) + 1 // 0 means no event
+	d.mu.Unlock()
+	return nil
+}
+func (d *streamDevice) Passed(_, ev uintptr) (bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.done >= uint64(ev-1), nil
+}
+func (d *streamDevice) FreeEvent(_, _ uintptr) {}
+func (d *streamDevice) Sync(uintptr) error {
+	d.mu.Lock()
+	for d.done < d.issued {
+		d.cond.Wait()
+	}
+	d.mu.Unlock()
+	return nil
+}
+
+// TestShadowSignals: several peers add to a few never-reset words at once;
+// every word ends exact, only the first update of a word reads it, and
+// adds that met a pending write were folded into it.
+func TestShadowSignals(t *testing.T) {
+	d := newStreamDevice(1<<12, devmem.CapWriteWord|devmem.CapAtomicAdd, 20*time.Microsecond)
+	devmem.Register(d)
+	defer devmem.Register(nil)
+	const words, peers, per = 4, 6, 400
+	for i := range words {
+		*d.word(d.base + uintptr(8*i)) = uint64(1000 * i) // the application's initial values
+	}
+	sh := NewShadow(d.base, 8*words)
+	var wg sync.WaitGroup
+	for p := range peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range per {
+				if err := AddSignal(1, d.base+uintptr(8*((p+k)%words)), uint64(p+1), sh); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := Quiesce(1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range words {
+		want := uint64(1000 * i)
+		for p := range peers {
+			for k := range per {
+				if (p+k)%words == i {
+					want += uint64(p + 1)
+				}
+			}
+		}
+		if got := *d.word(d.base + uintptr(8*i)); got != want {
+			t.Errorf("word %d = %d, want %d", i, got, want)
+		}
+	}
+	if n := d.rmw.Load(); n != words {
+		t.Errorf("%d read-backs of signal words, want one per word (%d)", n, words)
+	}
+	if d.adds.Load() != 0 {
+		t.Error("never-reset words took the atomic path")
+	}
+	if int64(sh.Folds())+d.writes.Load() != peers*per {
+		t.Errorf("%d folds + %d writes != %d adds", sh.Folds(), d.writes.Load(), peers*per)
+	}
+	t.Logf("%d writes, %d folded", d.writes.Load(), sh.Folds())
+}
+
+// TestSignalPaths: without a shadow the atomic is queued; without either
+// stream operation (a runtime lacking the symbols) the read-modify-write
+// runs, waiting for the stream first; every path ends exact.
+func TestSignalPaths(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		caps       devmem.Caps
+		shadow     bool
+		adds, rmws bool
+	}{
+		{"atomic", devmem.CapWriteWord | devmem.CapAtomicAdd | devmem.CapAsync, false, true, false},
+		{"shadow-without-write", devmem.CapAtomicAdd, true, true, false},
+		{"fallback", 0, false, false, true},
+		{"fallback-shadow", devmem.CapAsync, true, false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := newStreamDevice(64, c.caps, 0)
+			devmem.Register(d)
+			defer devmem.Register(nil)
+			var sh *Shadow
+			if c.shadow {
+				sh = NewShadow(d.base, 64)
+			}
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range 100 {
+						if err := AddSignal(1, d.base+8, 3, sh); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if err := Quiesce(1); err != nil {
+				t.Fatal(err)
+			}
+			if got := *d.word(d.base + 8); got != 1200 {
+				t.Fatalf("signal = %d, want 1200", got)
+			}
+			if (d.adds.Load() > 0) != c.adds || (d.rmw.Load() > 0) != c.rmws || d.writes.Load() != 0 {
+				t.Fatalf("%d atomics, %d read-backs, %d writes", d.adds.Load(), d.rmw.Load(), d.writes.Load())
+			}
+		})
+	}
+}
