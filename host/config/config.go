@@ -239,85 +239,81 @@ const maxMs = int64(1<<63-1) / int64(time.Millisecond)
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 
+// The declaring helpers, one per kind: each adds a variable to Table with
+// the default as README.md shows it (shown) and as its accessor returns it
+// (def).
+
+func stringVar(name, shown, def, doc string) StringVar {
+	return StringVar{declare(&Var{Name: name, Kind: KindString, Default: shown, Doc: doc}), def}
+}
+
+// keepBlanks makes s keep its value's surrounding blanks.
+func (s StringVar) keepBlanks() StringVar {
+	s.raw = true
+	return s
+}
+
+func boolVar(name string, def bool, doc string) BoolVar {
+	shown := "0"
+	if def {
+		shown = "1"
+	}
+	return BoolVar{declare(&Var{Name: name, Kind: KindBool, Default: shown, Doc: doc}), def}
+}
+
+// intVar takes values in [lo, hi].
+func intVar(name, shown string, lo, hi, def int64, doc string) IntVar {
+	return IntVar{declare(&Var{Name: name, Kind: KindInt, Default: shown, Min: lo, Max: hi, Doc: doc}), def}
+}
+
+// durationVar takes any whole number of milliseconds from lo.
+func durationVar(name string, def time.Duration, lo int64, doc string) DurationVar {
+	return DurationVar{declare(&Var{Name: name, Kind: KindDurationMs, Default: ms(def), Min: lo, Max: maxMs, Doc: doc}), def}
+}
+
+func enumVar(name, def string, values []string, doc string) EnumVar {
+	return EnumVar{declare(&Var{Name: name, Kind: KindEnum, Default: "`" + def + "`", Values: values, Doc: doc}), def}
+}
+
 // The variables, in README.md's order.
 var (
-	Backend = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_BACKEND", Kind: KindString, Default: "`default`",
-		Doc: "backend name (see above)"}), "default"}
-	Dir = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_DIR", Kind: KindString, Default: "unset",
-		Doc: "directory of `.wasm` backends"}), ""}
-	BackendConfig = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_CONFIG", Kind: KindString, Default: "unset", raw: true,
-		Doc: "configuration string handed to the guest at init (else `<dir>/<name>.conf`)"}), ""}
-	CacheDir = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_CACHE_DIR", Kind: KindString, Default: "user cache dir `/rccl-rma-wasm`",
-		Doc: "compiled-code cache shared by the processes of a job; `off` disables"}), ""}
-	GuestMemoryMiB = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_GUEST_MEMORY_MB", Kind: KindInt,
-		Default: strconv.Itoa(DefaultGuestMemoryMiB), Min: 1, Max: 4096,
-		Doc: "linear-memory cap per guest instance, in MiB (1..4096)"}), DefaultGuestMemoryMiB}
-	GuestTimeout = DurationVar{declare(&Var{Name: "NCCL_RMA_WASM_GUEST_TIMEOUT_MS", Kind: KindDurationMs,
-		Default: ms(DefaultGuestTimeout), Min: 1, Max: maxMs,
-		Doc: "how long a guest call may run before it is stopped"}), DefaultGuestTimeout}
-	MetricsFile = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_METRICS_FILE", Kind: KindString, Default: "unset",
-		Doc: "Prometheus textfile-collector file the host writes from a backend's `rmaw_metrics` (e.g. `guests/telemetry`); `%p` is the process id"}), ""}
-	MetricsAddr = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_METRICS_ADDR", Kind: KindString, Default: "unset",
-		Doc: "loopback `host:port` where the host serves the same text at `/metrics` (port 0 picks one, logged at INFO)"}), ""}
-	MetricsInterval = DurationVar{declare(&Var{Name: "NCCL_RMA_WASM_METRICS_INTERVAL_MS", Kind: KindDurationMs,
-		Default: "1000", Min: 10, Max: maxMs,
-		Doc: "how often each context's metrics are refreshed (also when it closes)"}), time.Second}
-	Addr = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_ADDR", Kind: KindString, Default: "first non-loopback IPv4",
-		Doc: "address (`ip`, `ip:port` or interface name) to listen on and advertise"}), ""}
-	ConnectTimeout = DurationVar{declare(&Var{Name: "NCCL_RMA_WASM_CONNECT_TIMEOUT_MS", Kind: KindDurationMs,
-		Default: ms(DefaultConnectTimeout), Min: 1, Max: maxMs,
-		Doc: "how long `connect` and the registration exchange wait for peers"}), DefaultConnectTimeout}
-	CloseTimeout = DurationVar{declare(&Var{Name: "NCCL_RMA_WASM_CLOSE_TIMEOUT_MS", Kind: KindDurationMs,
-		Default: ms(DefaultCloseTimeout), Min: 1, Max: maxMs,
-		Doc: "the most `destroyContext`, `deregMrSym` and `closeColl` wait for a live peer to take and apply what was posted (SPEC.md §3)"}), DefaultCloseTimeout}
-	PeerTimeout = DurationVar{declare(&Var{Name: "NCCL_RMA_WASM_PEER_TIMEOUT_MS", Kind: KindDurationMs,
-		Default: ms(DefaultPeerTimeout), Min: 0, Max: maxMs,
-		Doc: "a peer with operations outstanding that moves no byte on any of its TCP streams, and completes nothing over libfabric, for this long (stopped, frozen, cut off) is failed: its operations complete with `ncclRemoteError` (SPEC.md §3); 0 waits forever"}), DefaultPeerTimeout}
-	OrderWindow = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_ORDER_WINDOW", Kind: KindInt, Default: "1048576",
-		Min: 1 << 10, Max: 1 << 26,
-		Doc: "with several lanes, how far (in operations) a peer's sequence numbers may run ahead of the first one still missing (1024..2^26); beyond it the peer is dropped as broken (48 bytes of memory per number, at most)"}), DefaultOrderWindow}
-	Encrypt = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_ENCRYPT", Kind: KindBool, Default: "0",
-		Doc: "1 seals every TCP stream (X25519 agreed under the signed hello, AES-256-GCM records); set it alike on every rank (SPEC.md §9)"}), false}
-	IntraNode = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_INTRANODE", Kind: KindBool, Default: "1",
-		Doc: "0 turns the single-copy path off for ranks on one host"}), true}
+	Backend         = stringVar("NCCL_RMA_WASM_BACKEND", "`default`", "default", "backend name (see above)")
+	Dir             = stringVar("NCCL_RMA_WASM_DIR", "unset", "", "directory of `.wasm` backends")
+	BackendConfig   = stringVar("NCCL_RMA_WASM_CONFIG", "unset", "", "configuration string handed to the guest at init (else `<dir>/<name>.conf`)").keepBlanks()
+	CacheDir        = stringVar("NCCL_RMA_WASM_CACHE_DIR", "user cache dir `/rccl-rma-wasm`", "", "compiled-code cache shared by the processes of a job; `off` disables")
+	GuestMemoryMiB  = intVar("NCCL_RMA_WASM_GUEST_MEMORY_MB", strconv.Itoa(DefaultGuestMemoryMiB), 1, 4096, DefaultGuestMemoryMiB, "linear-memory cap per guest instance, in MiB (1..4096)")
+	GuestTimeout    = durationVar("NCCL_RMA_WASM_GUEST_TIMEOUT_MS", DefaultGuestTimeout, 1, "how long a guest call may run before it is stopped")
+	MetricsFile     = stringVar("NCCL_RMA_WASM_METRICS_FILE", "unset", "", "Prometheus textfile-collector file the host writes from a backend's `rmaw_metrics` (e.g. `guests/telemetry`); `%p` is the process id")
+	MetricsAddr     = stringVar("NCCL_RMA_WASM_METRICS_ADDR", "unset", "", "loopback `host:port` where the host serves the same text at `/metrics` (port 0 picks one, logged at INFO)")
+	MetricsInterval = durationVar("NCCL_RMA_WASM_METRICS_INTERVAL_MS", time.Second, 10, "how often each context's metrics are refreshed (also when it closes)")
+	Addr            = stringVar("NCCL_RMA_WASM_ADDR", "first non-loopback IPv4", "", "address (`ip`, `ip:port` or interface name) to listen on and advertise")
+	ConnectTimeout  = durationVar("NCCL_RMA_WASM_CONNECT_TIMEOUT_MS", DefaultConnectTimeout, 1, "how long `connect` and the registration exchange wait for peers")
+	CloseTimeout    = durationVar("NCCL_RMA_WASM_CLOSE_TIMEOUT_MS", DefaultCloseTimeout, 1, "the most `destroyContext`, `deregMrSym` and `closeColl` wait for a live peer to take and apply what was posted (SPEC.md §3)")
+	PeerTimeout     = durationVar("NCCL_RMA_WASM_PEER_TIMEOUT_MS", DefaultPeerTimeout, 0, "a peer with operations outstanding that moves no byte on any of its TCP streams, and completes nothing over libfabric, for this long (stopped, frozen, cut off) is failed: its operations complete with `ncclRemoteError` (SPEC.md §3); 0 waits forever")
+	OrderWindow     = intVar("NCCL_RMA_WASM_ORDER_WINDOW", "1048576", 1<<10, 1<<26, DefaultOrderWindow, "with several lanes, how far (in operations) a peer's sequence numbers may run ahead of the first one still missing (1024..2^26); beyond it the peer is dropped as broken (48 bytes of memory per number, at most)")
+	Encrypt         = boolVar("NCCL_RMA_WASM_ENCRYPT", false, "1 seals every TCP stream (X25519 agreed under the signed hello, AES-256-GCM records); set it alike on every rank (SPEC.md §9)")
+	IntraNode       = boolVar("NCCL_RMA_WASM_INTRANODE", true, "0 turns the single-copy path off for ranks on one host")
 	// Off by default: a put completes when it arrived (SPEC.md §3).
-	LocalCompletion = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_LOCAL_COMPLETION", Kind: KindBool, Default: "0",
-		Doc: "1: a put completes when the kernel has its bytes, before the target acknowledged them (faster, weaker; SPEC.md §3)"}), false}
+	LocalCompletion = boolVar("NCCL_RMA_WASM_LOCAL_COMPLETION", false, "1: a put completes when the kernel has its bytes, before the target acknowledged them (faster, weaker; SPEC.md §3)")
 	// Lanes 0 (the default) keeps the backend's plan.
-	Lanes = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_LANES", Kind: KindInt, Default: "backend's plan (1 per 4 cores, ≤ 4)",
-		Min: 0, Max: abi.MaxLanes,
-		Doc: fmt.Sprintf("TCP streams per peer (1..%d); large puts and gets are striped over them; over libfabric also the rails: an endpoint on each of up to that many NICs", abi.MaxLanes)}), 0}
+	Lanes = intVar("NCCL_RMA_WASM_LANES", "backend's plan (1 per 4 cores, ≤ 4)", 0, abi.MaxLanes, 0, fmt.Sprintf("TCP streams per peer (1..%d); large puts and gets are striped over them; over libfabric also the rails: an endpoint on each of up to that many NICs", abi.MaxLanes))
 	// SpinUs -1 (unset) is the default: 50 µs, with one spinning reader
 	// per four cores (none below four); a value set here spins on any
 	// machine.
-	SpinUs = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_SPIN_US", Kind: KindInt, Default: "50 (off below 4 cores)", Min: 0, Max: 10000,
-		Doc: "how long a TCP stream's reader (and a libfabric endpoint's progress goroutine) keeps polling after traffic before it sleeps, in µs (0..10000; 0 off); at most one per four cores spins at once"}), -1}
-	Transport = EnumVar{declare(&Var{Name: "NCCL_RMA_WASM_TRANSPORT", Kind: KindEnum, Default: "`auto`",
-		Values: []string{"auto", "tcp", "fabric"},
-		Doc:    "`tcp`, `fabric` (libfabric RDMA, any provider) or `auto` (libfabric only on RDMA hardware: verbs, efa, cxi, psm3, opx)"}), "auto"}
-	FIProvider = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_FI_PROVIDER", Kind: KindString, Default: "unset",
-		Doc: "libfabric provider to use (e.g. `verbs;ofi_rxm`, `efa`, `cxi`, `tcp;ofi_rxm`, `shm`); naming one requires it: `init` fails with `ncclInvalidUsage` if it cannot be used"}), ""}
-	FILibrary = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_FI_LIBRARY", Kind: KindString, Default: "`libfabric.so.1`",
-		Doc: "libfabric library dlopen'ed at init (a name or a path)"}), "libfabric.so.1"}
-	FIDmaBuf = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_FI_DMABUF", Kind: KindBool, Default: "1",
-		Doc: "hand device memory to a NIC provider (verbs, efa, cxi, psm3, opx) as a DMA-BUF where the libfabric found at run time takes one (1.20 or later); 0 registers the address range. shm and tcp always get the address range"}), true}
-	CUDA = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_CUDA", Kind: KindBool, Default: "1",
-		Doc: "0 skips loading the CUDA driver (no device memory)"}), true}
-	GDRCopy = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_GDRCOPY", Kind: KindBool, Default: "1",
-		Doc: "0 keeps device signal words on copies even where GDRCopy (`libgdrapi.so`, `/dev/gdrdrv`) is present"}), true}
-	HIP = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_HIP", Kind: KindBool, Default: "1",
-		Doc: "0 skips loading the HIP runtime (`libamdhip64.so`, probed when CUDA has no device)"}), true}
-	StageChunkKiB = IntVar{declare(&Var{Name: "NCCL_RMA_WASM_STAGE_CHUNK_KB", Kind: KindInt, Default: "1024", Min: 4, Max: 1 << 16,
-		Doc: "device payloads are staged through pinned host memory in chunks of this many KiB (4..65536), copies overlapped with the wire"}), 1024}
-	IntraRing = BoolVar{declare(&Var{Name: "NCCL_RMA_WASM_INTRANODE_RING", Kind: KindBool, Default: "1",
-		Doc: "0 sends device payloads between processes of one host over the TCP lanes instead of a shared staging ring"}), true}
+	SpinUs        = intVar("NCCL_RMA_WASM_SPIN_US", "50 (off below 4 cores)", 0, 10000, -1, "how long a TCP stream's reader (and a libfabric endpoint's progress goroutine) keeps polling after traffic before it sleeps, in µs (0..10000; 0 off); at most one per four cores spins at once")
+	Transport     = enumVar("NCCL_RMA_WASM_TRANSPORT", "auto", []string{"auto", "tcp", "fabric"}, "`tcp`, `fabric` (libfabric RDMA, any provider) or `auto` (libfabric only on RDMA hardware: verbs, efa, cxi, psm3, opx)")
+	FIProvider    = stringVar("NCCL_RMA_WASM_FI_PROVIDER", "unset", "", "libfabric provider to use (e.g. `verbs;ofi_rxm`, `efa`, `cxi`, `tcp;ofi_rxm`, `shm`); naming one requires it: `init` fails with `ncclInvalidUsage` if it cannot be used")
+	FILibrary     = stringVar("NCCL_RMA_WASM_FI_LIBRARY", "`libfabric.so.1`", "libfabric.so.1", "libfabric library dlopen'ed at init (a name or a path)")
+	FIDmaBuf      = boolVar("NCCL_RMA_WASM_FI_DMABUF", true, "hand device memory to a NIC provider (verbs, efa, cxi, psm3, opx) as a DMA-BUF where the libfabric found at run time takes one (1.20 or later); 0 registers the address range. shm and tcp always get the address range")
+	CUDA          = boolVar("NCCL_RMA_WASM_CUDA", true, "0 skips loading the CUDA driver (no device memory)")
+	GDRCopy       = boolVar("NCCL_RMA_WASM_GDRCOPY", true, "0 keeps device signal words on copies even where GDRCopy (`libgdrapi.so`, `/dev/gdrdrv`) is present")
+	HIP           = boolVar("NCCL_RMA_WASM_HIP", true, "0 skips loading the HIP runtime (`libamdhip64.so`, probed when CUDA has no device)")
+	StageChunkKiB = intVar("NCCL_RMA_WASM_STAGE_CHUNK_KB", "1024", 4, 1<<16, 1024, "device payloads are staged through pinned host memory in chunks of this many KiB (4..65536), copies overlapped with the wire")
+	IntraRing     = boolVar("NCCL_RMA_WASM_INTRANODE_RING", true, "0 sends device payloads between processes of one host over the TCP lanes instead of a shared staging ring")
 	// DebugStderr is on when set to anything: it is read by logx on every
 	// line, so it must never warn (the warning would log through it).
-	DebugStderr = StringVar{declare(&Var{Name: "NCCL_RMA_WASM_DEBUG_STDERR", Kind: KindString, Default: "unset",
-		Doc: "log to stderr until NCCL hands over its logger"}), ""}
-	LogFlavor = EnumVar{declare(&Var{Name: "NCCL_RMA_WASM_LOG_FLAVOR", Kind: KindEnum, Default: "`auto`",
-		Values: []string{"auto", "nccl", "rccl"},
-		Doc:    "`nccl` or `rccl` log-level numbering; `auto` looks at the logger's library"}), "auto"}
+	DebugStderr = stringVar("NCCL_RMA_WASM_DEBUG_STDERR", "unset", "", "log to stderr until NCCL hands over its logger")
+	LogFlavor   = enumVar("NCCL_RMA_WASM_LOG_FLAVOR", "auto", []string{"auto", "nccl", "rccl"}, "`nccl` or `rccl` log-level numbering; `auto` looks at the logger's library")
 )
 
 // Markdown returns the rows of README.md's variable table, one per
