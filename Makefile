@@ -36,7 +36,7 @@ GUESTS :=
 -include bench.mk
 # ---------------------------------------------------------------------------
 
-.PHONY: all lib driver tools demo test setup build-deps bench bench-device clean gofmt-check gpu-check fuzz soak
+.PHONY: all lib driver tools demo test setup build-deps bench bench-device bench-scale clean gofmt-check gpu-check fuzz soak
 
 # Pinned so that a new release never turns a green tree red on its own.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -147,6 +147,12 @@ bench-device: driver
 	  echo "bench: device-memory series skipped: no NVIDIA GPU on this machine (nvidia-smi -L failed);"; \
 	  echo "       run 'make bench' or test/gpu/staging_bench.sh on a GPU machine for them"; \
 	fi
+
+# One rank against 256 and 1,024 peers in four helper processes on
+# loopback (host/dataplane/scale_test.go): connect time, CPU, descriptors
+# and RSS per peer, the figures of SPEC.md "Limits up to 4,096 ranks".
+bench-scale:
+	$(GO) test -count=1 -run XXX -bench '^BenchmarkScale$$' -benchtime 1x ./host/dataplane
 
 # The real-NCCL check, on a machine with an NVIDIA GPU, nvcc and MPI (not CI):
 #   make gpu-check NCCL_SRC=path/to/nccl-v2.30.7.tar.gz (or a source tree)

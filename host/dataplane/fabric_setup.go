@@ -42,7 +42,7 @@ func (m *Mesh) takeFabric(l *Listener, opt Options, infos []HandleInfo, peerNoFa
 	// handles and both hellos.
 	fab := make([]bool, n)
 	for i := range fab {
-		fab[i] = !opt.NoFabric && !peerNoFab[i] && infos[i].FabricHash == infos[m.rank].FabricHash && len(infos[i].FabricName) > 0
+		fab[i] = outs[i] != nil && !opt.NoFabric && !peerNoFab[i] && infos[i].FabricHash == infos[m.rank].FabricHash && len(infos[i].FabricName) > 0
 	}
 	return m.exchangeRails(fab, outs, ins, deadline)
 }

@@ -142,6 +142,12 @@ type Options struct {
 	// NoIntraRing keeps intra-node device payloads off the shared staging
 	// ring: they ride the TCP lanes (NCCL_RMA_WASM_INTRANODE_RING=0).
 	NoIntraRing bool
+	// Peers, when non-nil, are the only ranks this rank connects to (its
+	// own rank is always one): a peer list, as NCCL's v17 ABI would pass
+	// it. Operations to any other rank fail as to a lost peer. Every rank
+	// must list the ranks that list it. The scale simulation uses it
+	// (scale_test.go), so 1,024 peers need not connect to one another.
+	Peers []int
 }
 
 // DefaultCloseTimeout is Options.CloseTimeout when it is zero: the default
@@ -211,8 +217,12 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	if m.closeTimeout <= 0 {
 		m.closeTimeout = DefaultCloseTimeout
 	}
+	want, err := peerSet(opt.Peers, rank, n)
+	if err != nil {
+		return nil, err
+	}
 	l.fitFabric(n)
-	outs, ins, peerNoFab, err := connectStreams(l, infos, rank, lanes, opt.NoFabric, opt.Encrypt, deadline, timeout)
+	outs, ins, peerNoFab, err := connectStreams(l, infos, want, rank, lanes, opt.NoFabric, opt.Encrypt, deadline, timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -231,6 +241,10 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	}
 	for i := 0; i < n; i++ {
 		p := newPeer(m, i)
+		if !want[i] {
+			p.t, m.peers[i] = absentLink{p}, p
+			continue
+		}
 		var names [][]byte
 		if rails != nil {
 			names = rails[i]

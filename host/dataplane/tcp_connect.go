@@ -21,7 +21,8 @@ import (
 // proven connections for one rank and lane are an error.
 // noFab is sent in every hello; peerNoFab reports what each rank sent.
 // With encrypt every stream is sealed (host/handshake), ours and the ones we take.
-func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, noFab, encrypt bool, deadline time.Time, timeout time.Duration) (outs, ins [][]*net.TCPConn, peerNoFab []bool, err error) {
+// want names the ranks to connect (peerSet); the others' slots stay nil.
+func connectStreams(l *Listener, infos []HandleInfo, want []bool, rank, lanes int, noFab, encrypt bool, deadline time.Time, timeout time.Duration) (outs, ins [][]*net.TCPConn, peerNoFab []bool, err error) {
 	n := len(infos)
 	// Connections that proved a claim wait for these keys to be checked.
 	l.setPeers(infos, encrypt)
@@ -29,6 +30,9 @@ func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, noFab, enc
 	errs := make([]error, n*lanes)
 	var wg sync.WaitGroup
 	for i := range infos {
+		if !want[i] {
+			continue
+		}
 		outs[i] = make([]*net.TCPConn, lanes)
 		for j := 0; j < lanes; j++ {
 			wg.Add(1)
@@ -41,16 +45,24 @@ func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, noFab, enc
 	// Every rank announces how many lanes it opens; we take them all.
 	ins = make([][]*net.TCPConn, n)
 	peerNoFab = make([]bool, n)
-	want, got := n, 0 // want grows as ranks announce more than one lane
+	need, got := 0, 0 // need grows as ranks announce more than one lane
+	for _, w := range want {
+		if w {
+			need++
+		}
+	}
 	counted := make([]bool, n)
 	var acceptErr error
 	timer := time.NewTimer(time.Until(deadline))
-	for got < want && acceptErr == nil {
+	for got < need && acceptErr == nil {
 		select {
 		case in := <-l.conns:
 			switch {
 			case in.NRanks != n || in.Rank < 0 || in.Rank >= n:
 				acceptErr = fmt.Errorf("peer announced rank %d of %d, expected a rank of %d", in.Rank, in.NRanks, n)
+				in.conn.Close()
+			case !want[in.Rank]:
+				acceptErr = fmt.Errorf("rank %d connected, which is not among this rank's peers", in.Rank)
 				in.conn.Close()
 			case in.Lanes < 1 || in.Lanes > abi.MaxLanes || in.Lane >= in.Lanes || (ins[in.Rank] != nil && len(ins[in.Rank]) != in.Lanes):
 				acceptErr = fmt.Errorf("rank %d announced lane %d of %d", in.Rank, in.Lane, in.Lanes)
@@ -68,18 +80,18 @@ func connectStreams(l *Listener, infos []HandleInfo, rank, lanes int, noFab, enc
 				peerNoFab[in.Rank] = peerNoFab[in.Rank] || in.NoFabric
 				if !counted[in.Rank] {
 					counted[in.Rank] = true
-					want += in.Lanes - 1
+					need += in.Lanes - 1
 				}
 				got++
 			}
 		case <-timer.C:
 			missing := []int{}
 			for r := range ins {
-				if ins[r] == nil {
+				if want[r] && ins[r] == nil {
 					missing = append(missing, r)
 				}
 			}
-			acceptErr = fmt.Errorf("timed out after %v with %d of %d streams connected to us (no connection at all from ranks %v)", timeout, got, want, missing)
+			acceptErr = fmt.Errorf("timed out after %v with %d of %d streams connected to us (no connection at all from ranks %v)", timeout, got, need, missing)
 		}
 	}
 	timer.Stop()

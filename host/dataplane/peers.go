@@ -1,0 +1,52 @@
+package dataplane
+
+import "fmt"
+
+// A peer list (Options.Peers): the ranks a rank connects to when it does
+// not connect to all of them. NCCL's GIN proxy with
+// NCCL_GIN_CONNECTION_FULL connects every pair; a v17 peer list would let
+// a rank name only the peers its kernels reach.
+
+// peerSet turns a peer list into one flag per rank; nil means every rank.
+// The rank itself is always in the set (loopback operations use it).
+func peerSet(peers []int, rank, n int) ([]bool, error) {
+	want := make([]bool, n)
+	if peers == nil {
+		for i := range want {
+			want[i] = true
+		}
+		return want, nil
+	}
+	want[rank] = true
+	for _, r := range peers {
+		if r < 0 || r >= n {
+			return nil, fmt.Errorf("peer list names rank %d outside [0, %d)", r, n)
+		}
+		want[r] = true
+	}
+	return want, nil
+}
+
+// absentLink is the transport of a rank outside the peer list: every
+// operation fails as to a lost peer, and a goodbye counts as acknowledged
+// so Close does not wait for it.
+type absentLink struct{ p *peer }
+
+func (a absentLink) props() Props { return Props{Name: "absent", Lanes: a.p.lanes} }
+func (a absentLink) start()       {}
+func (a absentLink) submit(_ int, op Op, _ bool) {
+	if op.Msg == msgBye {
+		a.p.ackBye()
+		return
+	}
+	a.p.fail(&op)
+}
+func (a absentLink) flush()              {}
+func (a absentLink) kick()               {}
+func (a absentLink) idle() bool          { return true }
+func (a absentLink) stop()               {}
+func (a absentLink) awaiting() int       { return 0 }
+func (a absentLink) failAll()            {}
+func (a absentLink) wholeOp(Op) bool     { return true }
+func (a absentLink) signalApart(Op) bool { return false }
+func (a absentLink) release()            {}

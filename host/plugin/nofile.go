@@ -1,0 +1,55 @@
+package plugin
+
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// Descriptors. A rank holds two TCP streams per peer and lane (the one it
+// dials and the one it accepts; lanes beyond the first open when first
+// used) plus its listeners, so 4,096 ranks need over 8,192 descriptors
+// where many systems' soft RLIMIT_NOFILE is 1,024. NCCL raises the soft
+// limit to the hard one at init; so does init here. Go's syscall package
+// does it too when the library loads (Cur = Max-1, in a c-shared library
+// as in a program), but the host may lower it again afterwards.
+
+// raiseNoFile raises the soft RLIMIT_NOFILE to the hard limit.
+func raiseNoFile() {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Cur >= lim.Max {
+		return
+	}
+	old := lim.Cur
+	lim.Cur = lim.Max
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		logx.Info(abi.SubsysInit, "NET/wasm: cannot raise RLIMIT_NOFILE from %d to %d: %v", old, lim.Max, err)
+	}
+}
+
+// fdNeed is what connect adds: two streams per rank (lane 0; the rank
+// itself included) and two per further lane of every peer used.
+func fdNeed(nranks, lanes int) uint64 { return 2 * uint64(nranks) * uint64(lanes) }
+
+// checkNoFile raises the soft limit again and warns when the descriptors
+// open now plus what connecting nranks ranks over lanes lanes needs
+// exceed even the hard limit: the connect, or a later lane, would fail
+// with ncclSystemError.
+func checkNoFile(nranks, lanes int) {
+	raiseNoFile()
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) != nil {
+		return
+	}
+	open := 0
+	if es, err := os.ReadDir("/proc/self/fd"); err == nil {
+		open = len(es)
+	}
+	if need := fdNeed(nranks, lanes) + uint64(open); need > lim.Cur {
+		logx.Warn(abi.SubsysInit|abi.SubsysNet, "NET/wasm: %d ranks x %d lanes x 2 streams + %d descriptors open = %d descriptors needed, RLIMIT_NOFILE allows %d (hard limit %d); raise the hard limit (ulimit -Hn) or connect may fail with ncclSystemError",
+			nranks, lanes, open, need, lim.Cur, lim.Max)
+	}
+}

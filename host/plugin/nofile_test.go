@@ -1,0 +1,70 @@
+package plugin
+
+import (
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// TestRaiseNoFile: a soft RLIMIT_NOFILE below the hard one is raised to it.
+func TestRaiseNoFile(t *testing.T) {
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
+	if old.Max < 512 {
+		t.Skipf("hard limit %d", old.Max)
+	}
+	low := unix.Rlimit{Cur: 256, Max: old.Max}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	raiseNoFile()
+	var now unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &now)
+	if now.Cur != old.Max {
+		t.Fatalf("soft limit %d after raiseNoFile, want the hard limit %d", now.Cur, old.Max)
+	}
+}
+
+// TestNoFileWarn: when even the hard limit is short of what connect needs,
+// one WARN names the need; when it is not, nothing is logged.
+func TestNoFileWarn(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("lowers the hard limit, which only root can raise back")
+	}
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
+	var mu sync.Mutex
+	var warns []string
+	logx.SetSink(func(level abi.LogLevel, _ uint64, _ string, _ int, msg string) {
+		if level == abi.LogWarn {
+			mu.Lock()
+			warns = append(warns, msg)
+			mu.Unlock()
+		}
+	})
+	defer logx.SetSink(nil)
+	lim := unix.Rlimit{Cur: 4096, Max: 4096}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	checkNoFile(1024, 1) // 2,048 + what is open fits 4,096
+	if len(warns) != 0 {
+		t.Fatalf("warned with enough descriptors: %q", warns)
+	}
+	checkNoFile(4096, 1) // 8,192 do not
+	if len(warns) != 1 || !strings.Contains(warns[0], "4096 ranks x 1 lanes x 2 streams") || !strings.Contains(warns[0], "hard limit 4096") {
+		t.Fatalf("WARN lines %q, want one naming 4096 ranks x 1 lanes x 2 streams and the hard limit", warns)
+	}
+}
