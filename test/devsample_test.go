@@ -14,11 +14,11 @@ import (
 // fakeCUDA builds test/gpu/fakecuda.c as libcuda.so.1 in a temporary
 // directory: a stand-in driver whose "device" memory is host memory the
 // plugin must still treat as device memory (copies through the driver).
-func fakeCUDA(t *testing.T, root string) string {
+func fakeCUDA(t *testing.T, root string, defs ...string) string {
 	t.Helper()
 	dir := t.TempDir()
-	cmd := exec.Command("cc", "-O2", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcuda.so.1"),
-		filepath.Join(root, "test/gpu/fakecuda.c"), "-lpthread")
+	args := append([]string{"-O2", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcuda.so.1")}, defs...)
+	cmd := exec.Command("cc", append(args, filepath.Join(root, "test/gpu/fakecuda.c"), "-lpthread")...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build fake libcuda.so.1: %v\n%s", err, out)
 	}
@@ -59,6 +59,7 @@ func fakeHIP(t *testing.T, root string) string {
 func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 	root := build(t)
 	fake, fakeAMD, fakeWithGDR := fakeCUDA(t, root), fakeHIP(t, root), fakeGDR(t, root)
+	fakeOld := fakeCUDA(t, root, "-DFAKECUDA_MINIMAL")
 	lib := filepath.Join(root, "build/librccl-rma-wasm.so")
 	for _, c := range []struct {
 		name, prog string
@@ -68,6 +69,17 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified",
 				"device payloads through a shared staging ring"}},
+		// Stream work runs 200 µs after it is queued: a signal written or
+		// added outside its stream's order would be seen before its
+		// payload, or lost at deregistration. Never-reset signal words
+		// (odd teardown rounds) take the shadow's stream writes, others
+		// the atomic kernel.
+		{"cuda_check_async", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200"},
+			[]string{"RESULT PASS", "teardown: 4 rounds"}},
+		// A driver without stream memory operations, events or module
+		// loading: every signal falls back to the read-modify-write.
+		{"cuda_check_old_driver", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fakeOld},
+			[]string{"RESULT PASS", "teardown: 4 rounds"}},
 		// Over the libfabric transport, whose provider here (tcp;ofi_rxm)
 		// has no FI_HMEM: device payloads are staged over the link's TCP
 		// lanes, in order with its RDMA writes.

@@ -64,7 +64,11 @@ static void teardown_round(const ncclRma_v15_t* t, size_t size, int fd, int roun
   void *msrc, *mdst, *msig;
   NC(t->regMrSym(coll, (void*)src, size, NCCL_PTR_CUDA, 0, &msrc));
   NC(t->regMrSym(coll, (void*)dst, size, NCCL_PTR_CUDA, 0, &mdst));
-  NC(t->regMrSym(coll, (void*)sig, 16, NCCL_PTR_CUDA, NCCL_NET_MR_FLAG_FORCE_SO, &msig));
+  /* Odd rounds register the signal words as NCCL's GIN proxy does (never
+   * reset): the plugin writes them from a host shadow; even rounds take
+   * the device atomic (or the read-modify-write). */
+  int sigflags = NCCL_NET_MR_FLAG_FORCE_SO | (round % 2 ? NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET : 0);
+  NC(t->regMrSym(coll, (void*)sig, 16, NCCL_PTR_CUDA, sigflags, &msig));
   char b = 1, c;
   xchg(fd, &b, &c, 1);
   size_t half = size / 2;

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAXA 256
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -35,8 +36,94 @@ int cuDeviceGet(int* d, int o) { *d = o; return 0; }
 int cuDevicePrimaryCtxRetain(void** c, int d) { (void)d; *c = &ctxobj; return 0; }
 int cuCtxSetCurrent(void* c) { (void)c; return 0; }
 int cuGetErrorString(int r, const char** s) { (void)r; *s = "fake CUDA error"; return 0; }
-int cuStreamCreate(void** s, unsigned f) { (void)f; *s = malloc(1); return 0; }
-int cuStreamSynchronize(void* s) { (void)s; return 0; }
+/* Streams run their work in order. By default each operation runs when
+ * it is queued; with FAKECUDA_ASYNC_US=n a worker thread per stream runs
+ * it n microseconds later, so that work the plugin does outside a
+ * stream's order (a signal written before its payload's copy ran) shows. */
+struct op {
+  struct op* next;
+  int kind; /* 0 copy, 1 write64, 2 add64 */
+  void* dst;
+  const void* src;
+  size_t n;
+  const void* host;
+  int to_device;
+  uint64_t v;
+};
+struct fstream {
+  pthread_mutex_t m;
+  pthread_cond_t c;
+  struct op *head, *tail;
+  long issued, done;
+};
+static long async_us = -1;
+
+static void run_op(struct op* o);
+static void* stream_worker(void* arg) {
+  struct fstream* s = arg;
+  pthread_mutex_lock(&s->m);
+  for (;;) {
+    while (!s->head) pthread_cond_wait(&s->c, &s->m);
+    struct op* o = s->head;
+    pthread_mutex_unlock(&s->m);
+    usleep(async_us);
+    run_op(o);
+    pthread_mutex_lock(&s->m);
+    s->head = o->next;
+    if (!s->head) s->tail = NULL;
+    free(o);
+    s->done++;
+    pthread_cond_broadcast(&s->c);
+  }
+  return NULL;
+}
+int cuStreamCreate(void** out, unsigned f) {
+  (void)f;
+  struct fstream* s = calloc(1, sizeof *s);
+  pthread_mutex_init(&s->m, NULL);
+  pthread_cond_init(&s->c, NULL);
+  pthread_mutex_lock(&mu);
+  if (async_us < 0) {
+    const char* e = getenv("FAKECUDA_ASYNC_US");
+    async_us = e ? atol(e) : 0;
+  }
+  pthread_mutex_unlock(&mu);
+  if (async_us > 0) {
+    pthread_t t;
+    pthread_create(&t, NULL, stream_worker, s);
+    pthread_detach(t);
+  }
+  *out = s;
+  return 0;
+}
+/* enqueue runs o now (no delay) or hands it to the stream's worker. */
+static int enqueue(void* stream, struct op o) {
+  struct fstream* s = stream;
+  struct op* p = malloc(sizeof *p);
+  *p = o;
+  p->next = NULL;
+  pthread_mutex_lock(&s->m);
+  s->issued++;
+  if (async_us <= 0) {
+    run_op(p); /* in order: under the stream's lock */
+    free(p);
+    s->done++;
+  } else {
+    if (s->tail) s->tail->next = p;
+    else s->head = p;
+    s->tail = p;
+    pthread_cond_broadcast(&s->c);
+  }
+  pthread_mutex_unlock(&s->m);
+  return 0;
+}
+int cuStreamSynchronize(void* stream) {
+  struct fstream* s = stream;
+  pthread_mutex_lock(&s->m);
+  while (s->done < s->issued) pthread_cond_wait(&s->c, &s->m);
+  pthread_mutex_unlock(&s->m);
+  return 0;
+}
 int cuPointerGetAttribute(void* out, int attr, unsigned long long p) {
   if (!find((uintptr_t)p)) return 1;
   if (attr == 2) *(unsigned*)out = 2;       /* memory type: device */
@@ -162,16 +249,79 @@ static void stage_copy(int to_device, void* dst, const void* src, size_t n, cons
 }
 int cuMemcpyHtoD_v2(unsigned long long d, const void* h, size_t n) { memcpy((void*)(uintptr_t)d, h, n); return 0; }
 int cuMemcpyDtoH_v2(void* h, unsigned long long d, size_t n) { memcpy(h, (void*)(uintptr_t)d, n); return 0; }
+static void run_op(struct op* o) {
+  if (o->kind == 0) stage_copy(o->to_device, o->dst, o->src, o->n, o->host);
+  else if (o->kind == 1) __atomic_store_n((uint64_t*)o->dst, o->v, __ATOMIC_SEQ_CST);
+  else __atomic_add_fetch((uint64_t*)o->dst, o->v, __ATOMIC_SEQ_CST);
+}
 int cuMemcpyHtoDAsync_v2(unsigned long long d, const void* h, size_t n, void* s) {
-  (void)s;
-  stage_copy(1, (void*)(uintptr_t)d, h, n, h);
-  return 0;
+  return enqueue(s, (struct op){.kind = 0, .dst = (void*)(uintptr_t)d, .src = h, .n = n, .host = h, .to_device = 1});
 }
 int cuMemcpyDtoHAsync_v2(void* h, unsigned long long d, size_t n, void* s) {
-  (void)s;
-  stage_copy(0, h, (void*)(uintptr_t)d, n, h);
+  return enqueue(s, (struct op){.kind = 0, .dst = h, .src = (void*)(uintptr_t)d, .n = n, .host = h});
+}
+
+#ifndef FAKECUDA_MINIMAL
+/* Stream memory operations, events and the plugin's atomic-add kernel,
+ * emulated on host memory (which fake device memory is). Built with
+ * -DFAKECUDA_MINIMAL the library lacks them all, as an old driver would,
+ * and the plugin must fall back to synchronous copies. FAKECUDA_NO_MEMOPS=1
+ * makes the device deny 64-bit stream memory operations. */
+int cuCtxGetDevice(int* d) { *d = 0; return 0; }
+int cuDeviceGetAttribute(int* v, int attr, int dev) {
+  (void)dev;
+  if (attr == 122 || attr == 93) *v = getenv("FAKECUDA_NO_MEMOPS") ? 0 : 1;
+  else *v = 0;
   return 0;
 }
+int cuStreamWriteValue64_v2(void* s, unsigned long long addr, unsigned long long v, unsigned flags) {
+  (void)flags;
+  if (!find((uintptr_t)addr) || addr % 8) return 1;
+  return enqueue(s, (struct op){.kind = 1, .dst = (void*)(uintptr_t)addr, .v = v});
+}
+static int modobj, funcobj;
+int cuModuleLoadData(void** m, const void* image) {
+  if (!strstr(image, "atom.global.add.u64") || !strstr(image, ".entry rmaw_add64")) return 218; /* invalid PTX */
+  *m = &modobj;
+  return 0;
+}
+int cuModuleGetFunction(void** f, void* m, const char* name) {
+  if (m != &modobj || strcmp(name, "rmaw_add64") != 0) return 500;
+  *f = &funcobj;
+  return 0;
+}
+int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm,
+                   void* s, void** params, void** extra) {
+  (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shm, (void)extra;
+  if (f != &funcobj) return 400;
+  uint64_t p = *(uint64_t*)params[0], v = *(uint64_t*)params[1];
+  if (!find((uintptr_t)p) || p % 8) return 700; /* launch failed */
+  return enqueue(s, (struct op){.kind = 2, .dst = (void*)(uintptr_t)p, .v = v});
+}
+struct fevent {
+  struct fstream* s;
+  long seq;
+};
+int cuEventCreate(void** e, unsigned f) { (void)f; *e = calloc(1, sizeof(struct fevent)); return 0; }
+int cuEventRecord(void* e, void* stream) {
+  struct fevent* ev = e;
+  struct fstream* s = stream;
+  pthread_mutex_lock(&s->m);
+  ev->s = s;
+  ev->seq = s->issued;
+  pthread_mutex_unlock(&s->m);
+  return 0;
+}
+int cuEventQuery(void* e) {
+  struct fevent* ev = e;
+  if (!ev->s) return 0;
+  pthread_mutex_lock(&ev->s->m);
+  int done = ev->s->done >= ev->seq;
+  pthread_mutex_unlock(&ev->s->m);
+  return done ? 0 : 600;
+}
+int cuEventDestroy_v2(void* e) { free(e); return 0; }
+#endif
 
 /* Virtual memory management, enough for a multi-segment window: a
  * reservation is host memory; each cuMemMap makes one "allocation" of it
