@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -91,14 +92,68 @@ func pair(call, localWhat, remoteWhat string, c *coll, localMh, localOff, remote
 	return local, remote, abi.Success
 }
 
+// slotWait bounds how long a data call waits for a request slot when all
+// of its rma context's are in flight (SPEC.md §5, Backpressure); a
+// variable so that tests can shorten it.
+var slotWait = 10 * time.Second
+
+var slotWarn logx.Limited
+
+// takeSlot returns a free request slot. The pool holds NCCL's queue depth
+// for 4096 (context, peer) pairs, so a caller within NCCL's budget never
+// waits. Past it, an error would be fatal for the communicator (NVIDIA/nccl
+// #2119), so the call waits, pushing held work out so that completions
+// keep coming, for another thread's test() to free a slot; only after
+// slotWait does it fail, with a WARN naming the cause. Nothing is accepted
+// and then lost: an operation either has a slot or was refused.
+func (r *rmaCtx) takeSlot(kind backend.OpKind) (*request, uint32, abi.Result) {
+	if q, idx, ok := r.reqs.alloc(); ok {
+		return q, idx, abi.Success
+	}
+	return r.waitSlot(kind)
+}
+
+// callName is the ABI call an operation kind came from, for messages.
+func callName(kind backend.OpKind) string {
+	switch kind {
+	case backend.OpPut:
+		return "iput"
+	case backend.OpPutSignal:
+		return "iputSignal"
+	case backend.OpGet:
+		return "iget"
+	case backend.OpFlush:
+		return "iflush"
+	}
+	return "operation"
+}
+
+func (r *rmaCtx) waitSlot(kind backend.OpKind) (*request, uint32, abi.Result) {
+	deadline := time.Now().Add(slotWait)
+	for {
+		r.c.flushDeferred()
+		r.c.mesh.FlushAll()
+		r.c.mesh.Kick()
+		if q, idx, ok := r.reqs.alloc(); ok {
+			return q, idx, abi.Success
+		}
+		if time.Now().After(deadline) {
+			n := r.reqs.capSlabs() * slabSize
+			slotWarn.Warn(abi.SubsysNet, "NET/wasm: %v refused: all %d request slots of rma context %#x were in flight for %v and no test() freed one; NCCL keeps at most %d per context and peer (NCCL_GIN_PROXY_QUEUE_SIZE), so the caller exceeds that or stopped testing",
+				callName(kind), n, rmas.handle(r.id), slotWait, ginQueueDepth)
+			return nil, 0, abi.InternalError
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
 // issue takes a request slot, lets the backend plan, and queues op. An
 // aggregated op on a context whose backend plans in batches is held back
 // and planned with the others (batch.go).
 func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags, sigOp uint32, op *dataplane.Op) (uint64, abi.Result) {
-	q, idx, ok := r.reqs.alloc()
-	if !ok {
-		logx.Warn(abi.SubsysNet, "NET/wasm: more than %d requests in flight on one rma context", maxSlabs*slabSize)
-		return 0, abi.InternalError
+	q, idx, res := r.takeSlot(kind)
+	if res != abi.Success {
+		return 0, res
 	}
 	q.ctx, q.kind, q.peer, q.size = context, uint8(kind), rank, op.Size
 	gen := q.gen.Load()
@@ -269,10 +324,9 @@ func Iflush(h uint64, context int32, mh uint64, rank uint32) (uint64, abi.Result
 	r.c.flushDeferred()
 	r.c.mesh.FlushAll()
 	r.c.mesh.Kick()
-	q, idx, ok := r.reqs.alloc()
-	if !ok {
-		logx.Warn(abi.SubsysNet, "NET/wasm: more than %d requests in flight on one rma context", maxSlabs*slabSize)
-		return 0, abi.InternalError
+	q, idx, res := r.takeSlot(backend.OpFlush)
+	if res != abi.Success {
+		return 0, res
 	}
 	q.ctx, q.kind, q.peer, q.size = context, uint8(backend.OpFlush), rank, 0
 	q.start = nanotime()

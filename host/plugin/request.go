@@ -11,12 +11,16 @@ import (
 // index, generation) finds its slot with two loads and no lock, and so that
 // the completing goroutine and the testing thread meet on one atomic word.
 const (
-	slabBits  = 8
-	slabSize  = 1 << slabBits
-	maxSlabs  = 4096 // 1M requests in flight per rma context
-	indexBits = 20
-	genBits   = 12
-	genMask   = 1<<genBits - 1
+	slabBits = 8
+	slabSize = 1 << slabBits
+	maxSlabs = 4096 // 1M requests in flight per rma context
+	// ginQueueDepth is what NCCL's GIN proxy keeps in flight per (context,
+	// peer) at most: NCCL_GIN_PROXY_QUEUE_SIZE, default 32 x maxRecvs.
+	// maxSlabs*slabSize holds it for 4096 (context, peer) pairs.
+	ginQueueDepth = 32 * maxRecvs
+	indexBits     = 20
+	genBits       = 12
+	genMask       = 1<<genBits - 1
 )
 
 const (
@@ -45,11 +49,12 @@ type requestPool struct {
 	mu     sync.Mutex // guards free and nslabs; never held across I/O
 	free   []uint32
 	nslabs int
+	limit  int // slabs allowed; 0 is maxSlabs (tests lower it)
 	slabs  [maxSlabs]atomic.Pointer[slab]
 }
 
 // alloc returns a pending slot and its index; ok is false only when a
-// million requests are already in flight.
+// million requests (the limit) are already in flight.
 func (p *requestPool) alloc() (*request, uint32, bool) {
 	p.mu.Lock()
 	if len(p.free) == 0 && !p.grow() {
@@ -71,7 +76,7 @@ func (p *requestPool) alloc() (*request, uint32, bool) {
 // grow adds a slab; called with p.mu held. The only allocation on the
 // request path, and it stops once the pool fits the load.
 func (p *requestPool) grow() bool {
-	if p.nslabs == maxSlabs {
+	if p.nslabs == p.capSlabs() {
 		return false
 	}
 	p.slabs[p.nslabs].Store(new(slab))
@@ -81,6 +86,13 @@ func (p *requestPool) grow() bool {
 	}
 	p.nslabs++
 	return true
+}
+
+func (p *requestPool) capSlabs() int {
+	if p.limit > 0 {
+		return min(p.limit, maxSlabs)
+	}
+	return maxSlabs
 }
 
 func (p *requestPool) slot(idx uint32) *request {
