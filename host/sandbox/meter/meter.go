@@ -100,6 +100,30 @@ func (r *reader) skip(n int) error {
 	return nil
 }
 
+// prefixed reads a u32 length and returns that many bytes (a section's
+// body, a name, a function type's value types).
+func (r *reader) prefixed() ([]byte, error) {
+	n, err := r.u32()
+	if err != nil {
+		return nil, err
+	}
+	start := r.off
+	if err := r.skip(int(n)); err != nil {
+		return nil, err
+	}
+	return r.b[start:r.off], nil
+}
+
+// extend returns a vector's encoding (body: its count, then its entries)
+// with extra more entries, encoded in add, at the end.
+func extend(body []byte, extra uint32, add []byte) []byte {
+	r := &reader{b: body}
+	cnt, _ := r.u32()
+	out := appendU32(nil, cnt+extra)
+	out = append(out, body[r.off:]...)
+	return append(out, add...)
+}
+
 func appendU32(b []byte, v uint32) []byte {
 	for {
 		c := byte(v & 0x7f)
@@ -184,15 +208,11 @@ func Rewrite(wasm []byte) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		n, err := r.u32()
+		body, err := r.prefixed()
 		if err != nil {
 			return nil, err
 		}
-		start := r.off
-		if err := r.skip(int(n)); err != nil {
-			return nil, err
-		}
-		secs = append(secs, section{id, wasm[start:r.off]})
+		secs = append(secs, section{id, body})
 	}
 	secs, err := boundVectors(secs)
 	if err != nil {
@@ -221,11 +241,7 @@ func Rewrite(wasm []byte) ([]byte, error) {
 			}
 			for j := uint32(0); j < cnt; j++ {
 				for k := 0; k < 2; k++ { // module, name
-					l, err := sr.u32()
-					if err != nil {
-						return nil, err
-					}
-					if err := sr.skip(int(l)); err != nil {
+					if _, err := sr.prefixed(); err != nil {
 						return nil, err
 					}
 				}
@@ -301,11 +317,7 @@ func Rewrite(wasm []byte) ([]byte, error) {
 	newGlobals = appendS64(newGlobals, MaxCallDepth)
 	newGlobals = append(newGlobals, 0x0b)
 	if globalSec >= 0 {
-		sr := &reader{b: secs[globalSec].body}
-		cnt, _ := sr.u32()
-		body := appendU32(nil, cnt+3)
-		body = append(body, secs[globalSec].body[sr.off:]...)
-		secs[globalSec].body = append(body, newGlobals...)
+		secs[globalSec].body = extend(secs[globalSec].body, 3, newGlobals)
 	} else {
 		secs = insertSection(secs, section{6, append([]byte{3}, newGlobals...)})
 		typeSec, exportSec, codeSec = findSec(secs, 1), findSec(secs, 7), findSec(secs, 10)
@@ -324,14 +336,9 @@ func Rewrite(wasm []byte) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		entries := sr.off
 		for j := uint32(0); j < cnt; j++ {
-			l, err := sr.u32()
+			name, err := sr.prefixed()
 			if err != nil {
-				return nil, err
-			}
-			name := sr.b[sr.off : sr.off+int(min(l, uint32(len(sr.b)-sr.off)))]
-			if err := sr.skip(int(l)); err != nil {
 				return nil, err
 			}
 			if string(name) == FuelExport || string(name) == DepthExport {
@@ -349,9 +356,7 @@ func Rewrite(wasm []byte) ([]byte, error) {
 				return nil, fmt.Errorf("%w: export %q names global %d of %d", errMeter, name, idx, nGlobals)
 			}
 		}
-		body := appendU32(nil, cnt+2)
-		body = append(body, secs[exportSec].body[entries:]...)
-		secs[exportSec].body = append(body, exp...)
+		secs[exportSec].body = extend(secs[exportSec].body, 2, exp)
 	} else {
 		secs = insertSection(secs, section{7, append([]byte{2}, exp...)})
 		typeSec, codeSec = findSec(secs, 1), findSec(secs, 10)
@@ -369,16 +374,13 @@ func Rewrite(wasm []byte) ([]byte, error) {
 			if typeSec < 0 {
 				return nil, fmt.Errorf("%w: code without a type section", errMeter)
 			}
-			sr := &reader{b: secs[typeSec].body}
-			cnt, _ := sr.u32()
-			body := appendU32(nil, cnt+uint32(len(m.newTypes)))
-			body = append(body, secs[typeSec].body[sr.off:]...)
+			var add []byte
 			for _, res := range m.newTypes {
-				body = append(body, 0x60, 0x00)
-				body = appendU32(body, uint32(len(res)))
-				body = append(body, res...)
+				add = append(add, 0x60, 0x00)
+				add = appendU32(add, uint32(len(res)))
+				add = append(add, res...)
 			}
-			secs[typeSec].body = body
+			secs[typeSec].body = extend(secs[typeSec].body, uint32(len(m.newTypes)), add)
 		}
 	}
 
@@ -412,16 +414,10 @@ func readTypes(body []byte) ([][]byte, error) {
 			return nil, fmt.Errorf("%w: type %d has form 0x%02x (want a function type)", errMeter, i, form)
 		}
 		var res []byte
-		for k := 0; k < 2; k++ {
-			n, err := r.u32()
-			if err != nil {
+		for k := 0; k < 2; k++ { // parameters, results
+			if res, err = r.prefixed(); err != nil {
 				return nil, err
 			}
-			start := r.off
-			if err := r.skip(int(n)); err != nil {
-				return nil, err
-			}
-			res = r.b[start:r.off]
 		}
 		types = append(types, res)
 	}
