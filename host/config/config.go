@@ -307,6 +307,7 @@ var (
 	FIDmaBuf      = boolVar("NCCL_RMA_WASM_FI_DMABUF", true, "hand device memory to a NIC provider (verbs, efa, cxi, psm3, opx) as a DMA-BUF where the libfabric found at run time takes one (1.20 or later); 0 registers the address range. shm and tcp always get the address range")
 	CUDA          = boolVar("NCCL_RMA_WASM_CUDA", true, "0 skips loading the CUDA driver (no device memory)")
 	GDRCopy       = boolVar("NCCL_RMA_WASM_GDRCOPY", true, "0 keeps device signal words on copies even where GDRCopy (`libgdrapi.so`, `/dev/gdrdrv`) is present")
+	DeviceAtomic  = boolVar("NCCL_RMA_WASM_DEVICE_ATOMIC", false, "1 adds to device signal words of registrations that are not never-reset with a one-thread CUDA kernel queued after the payload, instead of a read-modify-write (it needs a free SM: a kernel holding every SM while it waits for the signal would hang)")
 	HIP           = boolVar("NCCL_RMA_WASM_HIP", true, "0 skips loading the HIP runtime (`libamdhip64.so`, probed when CUDA has no device)")
 	StageChunkKiB = intVar("NCCL_RMA_WASM_STAGE_CHUNK_KB", "1024", 4, 1<<16, 1024, "device payloads are staged through pinned host memory in chunks of this many KiB (4..65536), copies overlapped with the wire")
 	IntraRing     = boolVar("NCCL_RMA_WASM_INTRANODE_RING", true, "0 sends device payloads between processes of one host over the TCP lanes instead of a shared staging ring")

@@ -8,6 +8,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 )
 
@@ -172,10 +173,12 @@ func TestShadowSignals(t *testing.T) {
 	t.Logf("%d writes, %d folded", d.writes.Load(), sh.Folds())
 }
 
-// TestSignalPaths: without a shadow the atomic is queued; without either
+// TestSignalPaths: without a shadow the atomic is queued where allowed; without either
 // stream operation (a runtime lacking the symbols) the read-modify-write
 // runs, waiting for the stream first; every path ends exact.
 func TestSignalPaths(t *testing.T) {
+	atomicKernel.Store(true)
+	defer atomicKernel.Store(config.DeviceAtomic.Get())
 	for _, c := range []struct {
 		name       string
 		caps       devmem.Caps
@@ -185,9 +188,11 @@ func TestSignalPaths(t *testing.T) {
 		{"atomic", devmem.CapWriteWord | devmem.CapAtomicAdd | devmem.CapAsync, false, true, false},
 		{"shadow-without-write", devmem.CapAtomicAdd, true, true, false},
 		{"fallback", 0, false, false, true},
+		{"atomic-off", devmem.CapAtomicAdd, false, false, true},
 		{"fallback-shadow", devmem.CapAsync, true, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			atomicKernel.Store(c.name != "atomic-off")
 			d := newStreamDevice(64, c.caps, 0)
 			devmem.Register(d)
 			defer devmem.Register(nil)

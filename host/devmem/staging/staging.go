@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
@@ -50,7 +51,8 @@ var devSigLocks [64]sync.Mutex
 //     the new value is written, stream-ordered, without a read-back or a
 //     wait (Shadow.add);
 //   - a CPU mapping of the word (GDRCopy), after ctx's stream passed;
-//   - an atomic add queued on ctx's stream (CUDA's one-thread kernel);
+//   - an atomic add queued on ctx's stream (CUDA's one-thread kernel),
+//     where NCCL_RMA_WASM_DEVICE_ATOMIC=1 allows it;
 //   - a read-modify-write with synchronous copies, after ctx's stream
 //     passed, serialised per word.
 func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
@@ -79,7 +81,7 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 			return err
 		}
 	}
-	if caps&devmem.CapAtomicAdd != 0 {
+	if caps&devmem.CapAtomicAdd != 0 && atomicKernel.Load() {
 		if err := st.AtomicAdd(ctx, dev, v); err != nil {
 			return fmt.Errorf("atomic add to device signal: %w", err)
 		}
@@ -112,6 +114,14 @@ func settle(st devmem.Streams, ctx uintptr) error {
 	}
 	return nil
 }
+
+// atomicKernel allows the atomic-add kernel (NCCL_RMA_WASM_DEVICE_ATOMIC):
+// off by default, as a persistent kernel that holds every SM while it
+// spins on the signal would keep the add from ever running; copy engines
+// (stream writes, copies) and GDRCopy need no SM.
+var atomicKernel atomic.Bool
+
+func init() { atomicKernel.Store(config.DeviceAtomic.Get()) }
 
 // asyncUsed is set once any payload was copied asynchronously: until then
 // no signal path needs to wait for a stream.
