@@ -190,7 +190,11 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
   void *mdsrc, *mddst, *mdsig, *mhsrc, *mhdst, *mhsig;
   NC(t->regMrSym(coll, (void*)dsrc, size, NCCL_PTR_CUDA, 0, &mdsrc));
   NC(t->regMrSym(coll, (void*)ddst, size, NCCL_PTR_CUDA, 0, &mddst));
-  NC(t->regMrSym(coll, (void*)dsig, 16, NCCL_PTR_CUDA, NCCL_NET_MR_FLAG_FORCE_SO, &mdsig));
+  /* BENCH_SIG_NEVER_RESET=1 registers the device signal words as NCCL's
+   * GIN proxy does: the plugin writes them from a host shadow. */
+  int dsigflags = NCCL_NET_MR_FLAG_FORCE_SO;
+  if (getenv("BENCH_SIG_NEVER_RESET") && atoi(getenv("BENCH_SIG_NEVER_RESET"))) dsigflags |= NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET;
+  NC(t->regMrSym(coll, (void*)dsig, 16, NCCL_PTR_CUDA, dsigflags, &mdsig));
   NC(t->regMrSym(coll, hsrc, size, NCCL_PTR_HOST, 0, &mhsrc));
   NC(t->regMrSym(coll, hdst, size, NCCL_PTR_HOST, 0, &mhdst));
   NC(t->regMrSym(coll, hsig, 16, NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO, &mhsig));
