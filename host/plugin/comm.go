@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +34,8 @@ type coll struct {
 	plan   backend.ConnPlan
 	mesh   *dataplane.Mesh
 	closed atomic.Bool
+	// laneFolded: a backend's lane beyond plan.Lanes was folded (logged once).
+	laneFolded atomic.Bool
 
 	regs *registry
 
@@ -94,6 +97,27 @@ func CloseListen(listen uint64) abi.Result {
 	return abi.Success
 }
 
+// clampLanes is the communicator's lane count: NCCL_RMA_WASM_LANES when
+// set (the operator overrides the backend), else the backend's plan,
+// within 1..MaxLanes. A difference from the plan is one INFO line rather
+// than an error: operations the backend plans on lanes beyond the count
+// fold onto the lanes there are (applyPlan).
+func clampLanes(be string, planned int32, set int) int32 {
+	lanes := planned
+	if set > 0 {
+		lanes = int32(set)
+	}
+	lanes = min(max(lanes, 1), abi.MaxLanes)
+	if lanes != planned {
+		why := fmt.Sprintf("allowed 1..%d", abi.MaxLanes)
+		if set > 0 {
+			why = fmt.Sprintf("NCCL_RMA_WASM_LANES=%d", set)
+		}
+		logx.Info(abi.SubsysNet, "NET/wasm: connect: backend %s planned %d lane(s); using %d (%s); a lane it plans beyond them is taken modulo %d", be, planned, lanes, why, lanes)
+	}
+	return lanes
+}
+
 // Connect builds the full mesh among the nranks ranks. The ctx argument is
 // ignored: NCCL's RMA proxy passes another plugin's context there.
 func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64, abi.Result) {
@@ -112,13 +136,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: backend %s: connection plan: %v", lc.be.b.Name(), err)
 		return 0, abi.InternalError
 	}
-	if lanes := config.Lanes.Get(); lanes > 0 {
-		plan.Lanes = int32(lanes) // the operator overrides the backend
-	}
-	if plan.Lanes < 1 || plan.Lanes > abi.MaxLanes {
-		logx.Warn(abi.SubsysNet, "NET/wasm: connect: backend %s asked for %d lanes, allowed 1..%d", lc.be.b.Name(), plan.Lanes, abi.MaxLanes)
-		return 0, abi.InternalError
-	}
+	plan.Lanes = clampLanes(lc.be.b.Name(), plan.Lanes, int(config.Lanes.Get()))
 	c := &coll{commID: lc.commID, rank: int(rank), nranks: n, dev: lc.dev, be: lc.be, plan: plan}
 	c.regs = newRegistry(n, &c.closed)
 	hs := make([]*dataplane.Handle, n)

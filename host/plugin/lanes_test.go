@@ -2,12 +2,15 @@ package plugin
 
 import (
 	"errors"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 // laneBackend's contexts want completions; the first one rank 0 creates
@@ -105,6 +108,96 @@ func TestLaneEventsReachBackends(t *testing.T) {
 	for _, x := range mine {
 		if last := x.got[len(x.got)-1]; x.events && (last.Kind != backend.EventLaneDown || last.Lane != 3) {
 			t.Errorf("at close the context with lane events got %+v last, want lane 3's event", last)
+		}
+	}
+}
+
+// wideBackend plans 4 lanes per peer and puts every operation on lane 3.
+type wideBackend struct{ backend.Native }
+
+func (wideBackend) Name() string { return "widelanes" }
+func (wideBackend) ConnectionPlan(int32, int32) (backend.ConnPlan, error) {
+	p := backend.DefaultConnPlan()
+	p.Lanes = 4
+	return p, nil
+}
+func (wideBackend) NewContext(backend.ContextInfo) (backend.Context, error) { return wideCtx{}, nil }
+
+type wideCtx struct{}
+
+func (wideCtx) PlansOps() bool { return true }
+func (wideCtx) PlanOp(_ *backend.Op, p *backend.OpPlan) error {
+	p.Lane = 3
+	return nil
+}
+func (wideCtx) WantsCompletions() bool                 { return false }
+func (wideCtx) Completions([]backend.Completion) error { return nil }
+func (wideCtx) Close() error                           { return nil }
+
+// TestLanesClamped: NCCL_RMA_WASM_LANES below the backend's plan (2 of 4)
+// is honoured with one INFO line at connect and one when an operation
+// planned on lane 3 is folded onto the two lanes; the operations succeed
+// and their bytes and signals arrive. No WARN.
+func TestLanesClamped(t *testing.T) {
+	RegisterGuestLoader(func(string) (backend.Backend, error) { return wideBackend{}, nil })
+	t.Cleanup(func() { RegisterGuestLoader(nil) })
+	var mu sync.Mutex
+	var infos, warns []string
+	logx.SetSink(func(level abi.LogLevel, _ uint64, _ string, _ int, msg string) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch level {
+		case abi.LogWarn:
+			warns = append(warns, msg)
+		case abi.LogInfo:
+			if strings.Contains(msg, "lane") && strings.Contains(msg, "modulo") {
+				infos = append(infos, msg)
+			}
+		}
+	})
+	defer logx.SetSink(nil)
+	const size = 4096
+	rs := setupEnv(t, 2, size, map[string]string{config.Backend.Name: "widelanes", config.Dir.Name: t.TempDir(),
+		config.IntraNode.Name: "0", config.Lanes.Name: "2"})
+	if l := lookupColl(rs[0].coll).plan.Lanes; l != 2 {
+		t.Fatalf("communicator has %d lanes, want NCCL_RMA_WASM_LANES's 2", l)
+	}
+	r := rs[0]
+	for j := range r.src {
+		r.src[j] = byte(j*7 + 1)
+	}
+	for k := 0; k < 3; k++ {
+		req, res := IputSignal(r.rma, 0, 0, r.srcMh, size, 0, r.dstMh, 1, 0, r.sigMh, 1, abi.SignalOpAdd, true, 0)
+		if res != abi.Success || wait(t, r.coll, req) != abi.Success {
+			t.Fatalf("put with signal %d planned on lane 3 of 2: %v", k, res)
+		}
+	}
+	for signalWord(rs[1].sig, 0) != 3 {
+		runtime.Gosched()
+	}
+	for j := range rs[1].dst[:size] {
+		if want := byte(j*7 + 1); rs[1].dst[j] != want {
+			t.Fatalf("byte %d = %d, want %d", j, rs[1].dst[j], want)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// connect on each rank, and the first fold on rank 0's communicator
+	if len(infos) != 3 || len(warns) != 0 {
+		t.Fatalf("INFO lines %q and WARN lines %q; want 2 at connect and 1 at the first fold, no WARN", infos, warns)
+	}
+}
+
+// TestClampLanes: the count at connect, for plans and settings in and out
+// of range.
+func TestClampLanes(t *testing.T) {
+	for _, c := range []struct {
+		planned int32
+		set     int
+		want    int32
+	}{{4, 0, 4}, {4, 2, 2}, {1, 8, 8}, {0, 0, 1}, {-3, 0, 1}, {99, 0, abi.MaxLanes}, {99, 3, 3}} {
+		if got := clampLanes("x", c.planned, c.set); got != c.want {
+			t.Errorf("clampLanes(%d, %d) = %d, want %d", c.planned, c.set, got, c.want)
 		}
 	}
 }

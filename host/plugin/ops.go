@@ -222,9 +222,17 @@ func (s *ctxState) planOp(r *rmaCtx, context int32, rank uint32, kind backend.Op
 
 // applyPlan checks a backend's plan and writes its v1.1 fields into op.
 func (r *rmaCtx) applyPlan(plan *backend.OpPlan, rank uint32, op *dataplane.Op) (int32, abi.Result) {
+	if plan.Lane >= r.c.plan.Lanes {
+		// Fewer lanes than the backend plans for (NCCL_RMA_WASM_LANES, or a
+		// plan clamped at connect): fold, told once per communicator.
+		if !r.c.laneFolded.Swap(true) {
+			logx.Info(abi.SubsysNet, "NET/wasm: backend %s planned lane %d of a communicator with %d; lanes beyond are taken modulo %d", r.c.be.b.Name(), plan.Lane, r.c.plan.Lanes, r.c.plan.Lanes)
+		}
+		plan.Lane %= r.c.plan.Lanes
+	}
 	switch {
-	case plan.Lane < -1 || plan.Lane >= r.c.plan.Lanes:
-		logx.Warn(abi.SubsysNet, "NET/wasm: backend %s planned lane %d of %d; failing the operation", r.c.be.b.Name(), plan.Lane, r.c.plan.Lanes)
+	case plan.Lane < -1:
+		logx.Warn(abi.SubsysNet, "NET/wasm: backend %s planned lane %d; failing the operation", r.c.be.b.Name(), plan.Lane)
 		return -1, abi.InternalError
 	case plan.Status != 0:
 		st := abi.Result(plan.Status)
