@@ -25,9 +25,7 @@ import (
 const nativeOpNs = 620
 
 func runBench(e *env, args []string) error {
-	fs := e.flags("bench")
-	var lf loadFlags
-	lf.register(fs)
+	fs, lf := e.loadCommand("bench")
 	ops := fs.Int("ops", 200000, "operations per repetition")
 	reps := fs.Int("reps", 5, "repetitions (the median is reported)")
 	batch := fs.Int("batch", 64, "completion records per batch")

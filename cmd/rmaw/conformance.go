@@ -12,9 +12,7 @@ import (
 )
 
 func runTest(e *env, args []string) error {
-	fs := e.flags("test")
-	var lf loadFlags
-	lf.register(fs)
+	fs, lf := e.loadCommand("test")
 	pattern := fs.String("run", "", "run only the checks whose name matches this regular expression")
 	contexts := fs.Int("contexts", conformance.DefaultContexts, "contexts open at once in many-contexts")
 	ops := fs.Int("ops", conformance.DefaultOps, "plan_op calls in plan-op-volume")

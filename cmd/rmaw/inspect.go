@@ -11,17 +11,16 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/guests/conformance"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/sandbox/meter"
-	"github.com/tetratelabs/wazero"
-	"github.com/tetratelabs/wazero/api"
 )
 
 func runInspect(e *env, args []string) error {
-	fs := e.flags("inspect")
-	var lf loadFlags
-	lf.register(fs)
+	fs, lf := e.loadCommand("inspect")
 	path, err := oneModule(fs, args)
 	if err != nil {
 		return err

@@ -29,6 +29,15 @@ func (l *loadFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&l.timeout, "timeout", sandbox.DefaultCallTimeout, "control-plane call budget (NCCL_RMA_WASM_GUEST_TIMEOUT_MS); plan_op gets 1/100")
 }
 
+// loadCommand returns the flags of a command that loads a module: e.flags
+// with the loader flags registered.
+func (e *env) loadCommand(name string) (*flag.FlagSet, *loadFlags) {
+	fs := e.flags(name)
+	lf := new(loadFlags)
+	lf.register(fs)
+	return fs, lf
+}
+
 // options are the kit's load options from the flags.
 func (l *loadFlags) options() conformance.Options {
 	return conformance.Options{Config: l.config, MemoryLimitMiB: uint32(l.memMiB), CallTimeout: l.timeout}
@@ -42,15 +51,12 @@ func (l *loadFlags) open(path string) (*sandbox.Backend, error) {
 }
 
 func runValidate(e *env, args []string) error {
-	fs := e.flags("validate")
-	var lf loadFlags
-	lf.register(fs)
+	fs, lf := e.loadCommand("validate")
 	path, err := oneModule(fs, args)
 	if err != nil {
 		return err
 	}
-	ok := validate(e, &lf, path)
-	if !ok {
+	if !validate(e, lf, path) {
 		return errFailed
 	}
 	return nil
