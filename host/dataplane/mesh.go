@@ -194,8 +194,15 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	if rank < 0 || rank >= n {
 		return nil, fmt.Errorf("rank %d outside [0, %d)", rank, n)
 	}
+	want, err := peerSet(opt.Peers, rank, n)
+	if err != nil {
+		return nil, err
+	}
 	infos := make([]HandleInfo, n)
 	for i, h := range handles {
+		if !want[i] {
+			continue // never dialled; its zero key admits no one
+		}
 		hi, err := DecodeHandle(h)
 		if err != nil {
 			return nil, fmt.Errorf("handle of rank %d: %w", i, err)
@@ -217,10 +224,6 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	if m.closeTimeout <= 0 {
 		m.closeTimeout = DefaultCloseTimeout
 	}
-	want, err := peerSet(opt.Peers, rank, n)
-	if err != nil {
-		return nil, err
-	}
 	l.fitFabric(n)
 	outs, ins, peerNoFab, err := connectStreams(l, infos, want, rank, lanes, opt.NoFabric, opt.Encrypt, deadline, timeout)
 	if err != nil {
@@ -240,11 +243,11 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 		return nil, err
 	}
 	for i := 0; i < n; i++ {
-		p := newPeer(m, i)
 		if !want[i] {
-			p.t, m.peers[i] = absentLink{p}, p
+			m.peers[i] = absentPeer(m, i)
 			continue
 		}
+		p := newPeer(m, i)
 		var names [][]byte
 		if rails != nil {
 			names = rails[i]

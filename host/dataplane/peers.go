@@ -27,26 +27,29 @@ func peerSet(peers []int, rank, n int) ([]bool, error) {
 	return want, nil
 }
 
-// absentLink is the transport of a rank outside the peer list: every
-// operation fails as to a lost peer, and a goodbye counts as acknowledged
-// so Close does not wait for it.
+// absentPeer is a rank outside the peer list: dead from the start, so
+// Close does not wait for its goodbye, and small (a rank of a large
+// communicator holds one per rank it does not connect).
+func absentPeer(m *Mesh, rank int) *peer {
+	p := &peer{m: m, rank: rank, lanes: m.lanes, quit: make(chan struct{})}
+	p.t = absentLink{p}
+	p.dead.Store(true)
+	return p
+}
+
+// absentLink is an absent peer's transport: every operation fails as to
+// a lost peer.
 type absentLink struct{ p *peer }
 
-func (a absentLink) props() Props { return Props{Name: "absent", Lanes: a.p.lanes} }
-func (a absentLink) start()       {}
-func (a absentLink) submit(_ int, op Op, _ bool) {
-	if op.Msg == msgBye {
-		a.p.ackBye()
-		return
-	}
-	a.p.fail(&op)
-}
-func (a absentLink) flush()              {}
-func (a absentLink) kick()               {}
-func (a absentLink) idle() bool          { return true }
-func (a absentLink) stop()               {}
-func (a absentLink) awaiting() int       { return 0 }
-func (a absentLink) failAll()            {}
-func (a absentLink) wholeOp(Op) bool     { return true }
-func (a absentLink) signalApart(Op) bool { return false }
-func (a absentLink) release()            {}
+func (a absentLink) props() Props                { return Props{Name: "absent", Lanes: a.p.lanes} }
+func (a absentLink) start()                      {}
+func (a absentLink) submit(_ int, op Op, _ bool) { a.p.fail(&op) }
+func (a absentLink) flush()                      {}
+func (a absentLink) kick()                       {}
+func (a absentLink) idle() bool                  { return true }
+func (a absentLink) stop()                       {}
+func (a absentLink) awaiting() int               { return 0 }
+func (a absentLink) failAll()                    {}
+func (a absentLink) wholeOp(Op) bool             { return true }
+func (a absentLink) signalApart(Op) bool         { return false }
+func (a absentLink) release()                    {}

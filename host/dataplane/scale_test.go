@@ -331,13 +331,14 @@ func TestScale1024(t *testing.T) {
 }
 
 // BenchmarkScale is the measurement SPEC.md quotes: per peer of one rank
-// connected to 1,024 (make bench-scale).
+// connected to 256 and 1,024, with one lane and four (make bench-scale).
 func BenchmarkScale(b *testing.B) {
-	for _, peers := range []int{256, 1024} {
-		b.Run(strconv.Itoa(peers), func(b *testing.B) {
+	for _, c := range []struct{ peers, lanes int }{{256, 1}, {1024, 1}, {1024, 4}} {
+		b.Run(fmt.Sprintf("peers=%d/lanes=%d", c.peers, c.lanes), func(b *testing.B) {
+			peers := c.peers
 			var r scaleResult
 			for range b.N {
-				r = runScale(b, peers, 4, 1, 64)
+				r = runScale(b, peers, 4, c.lanes, 64)
 			}
 			n := float64(peers)
 			b.ReportMetric(r.connect.Seconds(), "connect-s")
