@@ -154,7 +154,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		Encrypt:    config.Encrypt.Get(),
 		StageChunk: uint64(config.StageChunkKiB.Get()) << 10, NoIntraRing: !config.IntraRing.Get(), NoDmaBuf: !config.FIDmaBuf.Get()}
 	opt.SpinWait, opt.Spinners = spinOptions()
-	checkNoFile(n, opt.Lanes)
+	checkNoFile(n, opt.Lanes, opt.Encrypt)
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: rank %d of %d: %v", rank, n, err)

@@ -30,15 +30,22 @@ func raiseNoFile() {
 	}
 }
 
-// fdNeed is what connect adds: two streams per rank (lane 0; the rank
-// itself included) and two per further lane of every peer used.
-func fdNeed(nranks, lanes int) uint64 { return 2 * uint64(nranks) * uint64(lanes) }
+// fdNeed is what connect adds: two streams per rank and lane (the rank
+// itself included), each one descriptor, or three when sealed (the
+// stream and the loopback pair its sealer relays through).
+func fdNeed(nranks, lanes int, encrypt bool) uint64 {
+	per := uint64(2)
+	if encrypt {
+		per = 6
+	}
+	return per * uint64(nranks) * uint64(lanes)
+}
 
 // checkNoFile raises the soft limit again and warns when the descriptors
 // open now plus what connecting nranks ranks over lanes lanes needs
 // exceed even the hard limit: the connect, or a later lane, would fail
 // with ncclSystemError.
-func checkNoFile(nranks, lanes int) {
+func checkNoFile(nranks, lanes int, encrypt bool) {
 	raiseNoFile()
 	var lim unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) != nil {
@@ -48,8 +55,8 @@ func checkNoFile(nranks, lanes int) {
 	if es, err := os.ReadDir("/proc/self/fd"); err == nil {
 		open = len(es)
 	}
-	if need := fdNeed(nranks, lanes) + uint64(open); need > lim.Cur {
-		logx.Warn(abi.SubsysInit|abi.SubsysNet, "NET/wasm: %d ranks x %d lanes x 2 streams + %d descriptors open = %d descriptors needed, RLIMIT_NOFILE allows %d (hard limit %d); raise the hard limit (ulimit -Hn) or connect may fail with ncclSystemError",
-			nranks, lanes, open, need, lim.Cur, lim.Max)
+	if need := fdNeed(nranks, lanes, encrypt) + uint64(open); need > lim.Cur {
+		logx.Warn(abi.SubsysInit|abi.SubsysNet, "NET/wasm: %d ranks x %d lanes x %d descriptors + %d open = %d descriptors needed, RLIMIT_NOFILE allows %d (hard limit %d); raise the hard limit (ulimit -Hn) or connect may fail with ncclSystemError",
+			nranks, lanes, fdNeed(1, 1, encrypt), open, need, lim.Cur, lim.Max)
 	}
 }

@@ -59,12 +59,16 @@ func TestNoFileWarn(t *testing.T) {
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatal(err)
 	}
-	checkNoFile(1024, 1) // 2,048 + what is open fits 4,096
+	checkNoFile(1024, 1, false) // 2,048 + what is open fits 4,096
 	if len(warns) != 0 {
 		t.Fatalf("warned with enough descriptors: %q", warns)
 	}
-	checkNoFile(4096, 1) // 8,192 do not
-	if len(warns) != 1 || !strings.Contains(warns[0], "4096 ranks x 1 lanes x 2 streams") || !strings.Contains(warns[0], "hard limit 4096") {
-		t.Fatalf("WARN lines %q, want one naming 4096 ranks x 1 lanes x 2 streams and the hard limit", warns)
+	checkNoFile(4096, 1, false) // 8,192 do not
+	if len(warns) != 1 || !strings.Contains(warns[0], "4096 ranks x 1 lanes x 2 descriptors") || !strings.Contains(warns[0], "hard limit 4096") {
+		t.Fatalf("WARN lines %q, want one naming 4096 ranks x 1 lanes x 2 descriptors and the hard limit", warns)
+	}
+	checkNoFile(1024, 1, true) // sealed: 6,144 + what is open do not fit
+	if len(warns) != 2 || !strings.Contains(warns[1], "1024 ranks x 1 lanes x 6 descriptors") {
+		t.Fatalf("WARN lines %q, want a second naming 6 descriptors a rank when sealed", warns)
 	}
 }
