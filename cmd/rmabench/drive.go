@@ -170,15 +170,8 @@ func (r *rankState) drive() (rankResult, error) {
 		// rateRounds times: more pairs for the median, little more time.
 		for round := 0; round < r.opt.rateRounds; round++ {
 			// 8-byte message rate and allocations per op, per backend.
-			for j := range rates {
-				ci := rates[(j+rep+round)%len(rates)]
-				if !r.comms[ci].ok || !r.opt.runs("rate") {
-					continue
-				}
-				name := comms[ci].name
-				if ci == commTCP {
-					name = "native"
-				}
+			for _, ci := range r.rateOrder(rates, rep+round) {
+				name := rateName(ci)
 				d, mine, theirs, err := r.plugBW(ci, 8, r.opt.msgOps, true)
 				if err != nil {
 					return result(), fmt.Errorf("message rate %s: %w", name, err)
@@ -191,15 +184,8 @@ func (r *rankState) drive() (rankResult, error) {
 			// OptFlagAggregateRequests): native, the per-op hook, and the
 			// batched planning export (Guest ABI v1.1).
 			aggs := []int{commTCP, commPlanner, commBatch}
-			for j := range aggs {
-				ci := aggs[(j+rep+round)%len(aggs)]
-				if !r.comms[ci].ok || !r.opt.runs("rate") {
-					continue
-				}
-				name := comms[ci].name
-				if ci == commTCP {
-					name = "native"
-				}
+			for _, ci := range r.rateOrder(aggs, rep+round) {
+				name := rateName(ci)
 				r.optFlags = abi.OptFlagAggregateRequests
 				d, mine, _, err := r.plugBW(ci, 8, r.opt.msgOps, true)
 				r.optFlags = 0
@@ -268,4 +254,26 @@ func (r *rankState) drive() (rankResult, error) {
 		notes = append(notes, fmt.Sprintf("closing %d communicators took %v on rank 0", len(comms), d.Round(time.Millisecond)))
 	}
 	return result(), nil
+}
+
+// rateOrder returns the communicators of cs that the message-rate series
+// measure (none when -series leaves "rate" out), rotated by k so that none
+// always runs first.
+func (r *rankState) rateOrder(cs []int, k int) []int {
+	var out []int
+	for j := range cs {
+		if ci := cs[(j+k)%len(cs)]; r.comms[ci].ok && r.opt.runs("rate") {
+			out = append(out, ci)
+		}
+	}
+	return out
+}
+
+// rateName is communicator ci's configuration in the message-rate series:
+// plain TCP is "native".
+func rateName(ci int) string {
+	if ci == commTCP {
+		return "native"
+	}
+	return comms[ci].name
 }

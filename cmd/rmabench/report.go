@@ -107,6 +107,17 @@ func (r *report) ratio(metric, num, den string, size uint64) (float64, bool) {
 	return 0, false
 }
 
+// rated formats config c's median of metric at 8 bytes (prec decimals) and
+// its ratio to config base's (1 for base itself).
+func (r *report) rated(metric, c, base string, prec int) (string, string) {
+	v, ok := r.med(metric, c, 8)
+	x, xok := r.ratio(metric, c, base, 8)
+	if c == base {
+		x, xok = 1, ok
+	}
+	return f(v, ok, prec), f(x, xok, 2)
+}
+
 func (r *report) write() error {
 	var b strings.Builder
 	b.WriteString("metric,config,size,median,unit,reps\n")
@@ -188,39 +199,27 @@ func (r *report) print(out io.Writer) {
 	fmt.Fprintf(w, "\n8-byte ping-pong, half round trip (us)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	for _, c := range []string{"raw-tcp", "plugin-tcp", "plugin-intranode"} {
-		v, ok := r.med("half_rtt", c, 8)
-		x, xok := r.ratio("half_rtt", c, "raw-tcp", 8)
-		if c == "raw-tcp" {
-			x, xok = 1, ok
-		}
-		fmt.Fprintf(tw, "\t%s\t%s\t%sx\t\n", c, f(v, ok, 1), f(x, xok, 2))
+		v, x := r.rated("half_rtt", c, "raw-tcp", 1)
+		fmt.Fprintf(tw, "\t%s\t%s\t%sx\t\n", c, v, x)
 	}
 	tw.Flush()
 
 	fmt.Fprintf(w, "\n8-byte put message rate (Mops/s) and allocations per op (initiator / target process)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	for _, c := range []string{"native", "default", "planner", "planner+telemetry"} {
-		v, ok := r.med("msg_rate", c, 8)
-		x, xok := r.ratio("msg_rate", c, "native", 8)
-		if c == "native" {
-			x, xok = 1, ok
-		}
+		v, x := r.rated("msg_rate", c, "native", 3)
 		ai, aiok := r.med("allocs_per_op", c+"/initiator", 8)
 		at, atok := r.med("allocs_per_op", c+"/target", 8)
-		fmt.Fprintf(tw, "\t%s\t%s\t%sx\t%s\t%s\t\n", c, f(v, ok, 3), f(x, xok, 2), f(ai, aiok, 4), f(at, atok, 4))
+		fmt.Fprintf(tw, "\t%s\t%s\t%sx\t%s\t%s\t\n", c, v, x, f(ai, aiok, 4), f(at, atok, 4))
 	}
 	tw.Flush()
 
 	fmt.Fprintf(w, "\nthe same with the aggregation hint on every put (Mops/s, allocations per op on the initiator)\n")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	for _, c := range []string{"native", "planner", "planner-batch"} {
-		v, ok := r.med("msg_rate_agg", c, 8)
-		x, xok := r.ratio("msg_rate_agg", c, "native", 8)
-		if c == "native" {
-			x, xok = 1, ok
-		}
+		v, x := r.rated("msg_rate_agg", c, "native", 3)
 		ai, aiok := r.med("allocs_per_op_agg", c+"/initiator", 8)
-		fmt.Fprintf(tw, "\t%s\t%s\t%sx\t%s\t\n", c, f(v, ok, 3), f(x, xok, 2), f(ai, aiok, 4))
+		fmt.Fprintf(tw, "\t%s\t%s\t%sx\t%s\t\n", c, v, x, f(ai, aiok, 4))
 	}
 	tw.Flush()
 
