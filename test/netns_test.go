@@ -17,8 +17,9 @@ import (
 // Several hosts on one machine: every rank runs in a network namespace of
 // its own (the harness's --netns), joined to the others by a veth pair to a
 // bridge in a further namespace, so its TCP streams cross a link as they
-// would between hosts. The intra-node path is off (the namespaces share
-// the kernel, so process_vm_writev would still reach across them), and the
+// would between hosts. The intra-node path is off except in
+// TestNamespacesNotIntraNode, which checks that the host id (it hashes the
+// namespaces in) keeps ranks in different namespaces off it, and the
 // test checks that the bytes really crossed the veths. tbf limits each
 // rank's egress; a bridge port taken down and up again stalls a rank's
 // link; ss -K in a rank's namespace resets its connections. Nothing outside
@@ -128,6 +129,12 @@ func (n *netns) txBytes(r int) uint64 { return nsTxBytes(n.t, n.prefix, r, "rmaw
 // run starts the driver with its ranks in the namespaces; during (if not
 // nil) runs while it does. It returns the output and the wall time.
 func (n *netns) run(during func(), args ...string) (string, time.Duration) {
+	n.t.Helper()
+	return n.runEnv(nil, during, args...)
+}
+
+// runEnv is run with extra variables, which win over run's.
+func (n *netns) runEnv(env []string, during func(), args ...string) (string, time.Duration) {
 	t := n.t
 	t.Helper()
 	root := build(t)
@@ -135,7 +142,7 @@ func (n *netns) run(during func(), args ...string) (string, time.Duration) {
 	defer cancel()
 	full := append([]string{"--lib", filepath.Join(root, "build/librccl-rma-wasm.so"), "--netns", n.prefix}, args...)
 	cmd := exec.CommandContext(ctx, filepath.Join(root, "build/rma_driver"), full...)
-	cmd.Env = append(os.Environ(), "NCCL_RMA_WASM_ADDR=rmaw0", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_CACHE_DIR="+t.TempDir())
+	cmd.Env = append(append(os.Environ(), "NCCL_RMA_WASM_ADDR=rmaw0", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_CACHE_DIR="+t.TempDir()), env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
@@ -158,6 +165,30 @@ func (n *netns) run(during func(), args ...string) (string, time.Duration) {
 }
 
 var aggregate = regexp.MustCompile(`aggregate=([0-9.]+) MB/s per_rank=([0-9.]+) MB/s`)
+
+// TestNamespacesNotIntraNode: with the intra-node path on (the default),
+// ranks of one machine in different network namespaces have different
+// host ids (the namespaces are hashed in), so each reaches the others
+// over TCP through the veths, never the intra-node path; every byte and
+// signal is verified by the harness.
+func TestNamespacesNotIntraNode(t *testing.T) {
+	n := newNetns(t, "")
+	size := 1 << 20
+	var before [nsRanks]uint64
+	for r := range before {
+		before[r] = n.txBytes(r)
+	}
+	out, _ := n.runEnv([]string{"NCCL_RMA_WASM_INTRANODE=1"}, nil, "--summary", "--ranks", fmt.Sprint(nsRanks),
+		"--size", fmt.Sprint(size), "--iters", "1", "--timeout", "60")
+	if rows := regexp.MustCompile(`(?m)^  \d +\S+ +\d+ +- +0-2 `).FindAllString(out, -1); len(rows) != nsRanks {
+		t.Fatalf("%d summary rows show every peer over TCP only, want %d:\n%s", len(rows), nsRanks, tail(out))
+	}
+	for r := 0; r < nsRanks; r++ {
+		if sent, want := n.txBytes(r)-before[r], uint64((nsRanks-1)*size); sent < want {
+			t.Errorf("rank %d's veth sent %d bytes, less than the %d it put", r, sent, want)
+		}
+	}
+}
 
 // TestNamespaces moves data between ranks in separate namespaces under a
 // tbf rate limit, with a link stalled for two seconds, and with every

@@ -305,7 +305,9 @@ var (
 
 // HostID identifies this machine and boot, so ranks can tell which peers
 // share the host (the intra-node transport needs the same kernel): 8 bytes
-// of a hash of the host name, boot id and machine id.
+// of a hash of the host name, boot id and machine id, and of the network
+// and pid namespaces (nsIdentity): ranks in different ones are not on one
+// host for that path.
 func HostID() [8]byte {
 	hostIDOnce.Do(func() {
 		h := sha256.New()
@@ -317,6 +319,7 @@ func HostID() [8]byte {
 		if b, err := os.ReadFile("/etc/machine-id"); err == nil {
 			h.Write(b)
 		}
+		h.Write([]byte(nsIdentity()))
 		copy(hostID[:], h.Sum(nil))
 	})
 	return hostID
