@@ -22,19 +22,21 @@ func deviceName(dev int32) string {
 }
 
 var (
-	nameMu sync.Mutex
-	names  = map[string]*C.char{}
+	cStringsMu sync.Mutex
+	cStrings   = map[string]*C.char{}
 )
 
-// cName returns a C copy of s that is never freed: NCCL keeps the name
-// pointer for the lifetime of the library.
-func cName(s string) *C.char {
-	nameMu.Lock()
-	defer nameMu.Unlock()
-	if c, ok := names[s]; ok {
+// cString returns a C copy of s that is never freed, one per distinct
+// string: NCCL keeps the device name and PCI path pointers for the
+// lifetime of the library, and the host logger may keep a source-file
+// name's (a small, fixed set).
+func cString(s string) *C.char {
+	cStringsMu.Lock()
+	defer cStringsMu.Unlock()
+	if c, ok := cStrings[s]; ok {
 		return c
 	}
 	c := C.CString(s)
-	names[s] = c
+	cStrings[s] = c
 	return c
 }

@@ -158,10 +158,10 @@ func rmawasm_getProperties(dev C.int, props *C.ncclNetProperties_v12_t) (ret C.i
 	if r := plugin.GetProperties(int32(dev), p); r != abi.Success {
 		return rc(r)
 	}
-	props.name = cName(deviceName(int32(dev)))
+	props.name = cString(deviceName(int32(dev)))
 	props.pciPath = nil
 	if pp := plugin.DevicePCIPath(int32(dev)); pp != "" {
-		props.pciPath = cName(pp)
+		props.pciPath = cString(pp)
 	}
 	return rc(abi.Success)
 }
@@ -272,12 +272,7 @@ func rmawasm_closeListen(listen C.uintptr_t) (ret C.int) {
 func rmawasm_iput(rmaCtx C.uintptr_t, context C.int, srcOff C.uint64_t, srcMh C.uintptr_t, size C.size_t,
 	dstOff C.uint64_t, dstMh C.uintptr_t, rank, optFlags C.uint32_t, request *C.uintptr_t) (ret C.int) {
 	defer recoverOn(&ret, "iput", rmaCtx)
-	if r, ok := clearOut(request, "iput", "request"); !ok {
-		return r
-	}
-	id, r := plugin.Iput(uint64(rmaCtx), int32(context), uint64(srcOff), uint64(srcMh), uint64(size),
-		uint64(dstOff), uint64(dstMh), uint32(rank), uint32(optFlags))
-	return putID(request, id, r, "iput", "request")
+	return oneSided(plugin.Iput, "iput", rmaCtx, context, srcOff, srcMh, size, dstOff, dstMh, rank, optFlags, request)
 }
 
 //export rmawasm_iputSignal
@@ -298,12 +293,21 @@ func rmawasm_iputSignal(rmaCtx C.uintptr_t, context C.int, srcOff C.uint64_t, sr
 func rmawasm_iget(rmaCtx C.uintptr_t, context C.int, remoteOff C.uint64_t, remoteMh C.uintptr_t, size C.size_t,
 	localOff C.uint64_t, localMh C.uintptr_t, rank, optFlags C.uint32_t, request *C.uintptr_t) (ret C.int) {
 	defer recoverOn(&ret, "iget", rmaCtx)
-	if r, ok := clearOut(request, "iget", "request"); !ok {
+	return oneSided(plugin.Iget, "iget", rmaCtx, context, remoteOff, remoteMh, size, localOff, localMh, rank, optFlags, request)
+}
+
+// oneSided is iput and iget after their recover: the same arguments (an
+// offset and a memory handle on each side) converted for op, plugin.Iput
+// or plugin.Iget, and the request written back.
+func oneSided(op func(h uint64, context int32, off0, mh0, size, off1, mh1 uint64, rank, optFlags uint32) (uint64, abi.Result),
+	call string, rmaCtx C.uintptr_t, context C.int, off0 C.uint64_t, mh0 C.uintptr_t, size C.size_t,
+	off1 C.uint64_t, mh1 C.uintptr_t, rank, optFlags C.uint32_t, request *C.uintptr_t) C.int {
+	if r, ok := clearOut(request, call, "request"); !ok {
 		return r
 	}
-	id, r := plugin.Iget(uint64(rmaCtx), int32(context), uint64(remoteOff), uint64(remoteMh), uint64(size),
-		uint64(localOff), uint64(localMh), uint32(rank), uint32(optFlags))
-	return putID(request, id, r, "iget", "request")
+	id, r := op(uint64(rmaCtx), int32(context), uint64(off0), uint64(mh0), uint64(size),
+		uint64(off1), uint64(mh1), uint32(rank), uint32(optFlags))
+	return putID(request, id, r, call, "request")
 }
 
 //export rmawasm_iflush

@@ -9,7 +9,6 @@ import "C"
 import (
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -57,27 +56,9 @@ func detectFlavor(fn C.uintptr_t) (f abi.Flavor, how string) {
 	return abi.FlavorNCCL, "logger in " + path
 }
 
-var (
-	fileMu    sync.Mutex
-	fileNames = map[string]*C.char{}
-)
-
-// cFile returns a C copy of a (small, fixed set of) source-file names; the
-// copies live forever because the host logger may keep the pointer.
-func cFile(name string) *C.char {
-	fileMu.Lock()
-	defer fileMu.Unlock()
-	if c, ok := fileNames[name]; ok {
-		return c
-	}
-	c := C.CString(name)
-	fileNames[name] = c
-	return c
-}
-
 func sink(level abi.LogLevel, subsys uint64, file string, line int, msg string) {
 	f := abi.Flavor(flavor.Load())
 	cmsg := C.CString(msg)
-	C.rmawasm_log(C.int(f.Level(level)), C.ulong(subsys), cFile(file), C.int(line), cmsg)
+	C.rmawasm_log(C.int(f.Level(level)), C.ulong(subsys), cString(file), C.int(line), cmsg)
 	C.free(unsafe.Pointer(cmsg))
 }
