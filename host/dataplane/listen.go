@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -20,13 +21,23 @@ import (
 // Bounds on what a stranger (a connection that has not authenticated yet)
 // can hold. Variables so tests can shrink them.
 var (
-	// helloTimeout bounds how long a connection may stay unauthenticated,
-	// waiting for connect to name the peers included (a dialer whose
-	// connection is dropped dials again until its connect deadline).
-	helloTimeout = 10 * time.Second
+	// helloTimeout bounds the wait for each message a dialer sends without
+	// waiting on anything but us: a complete, well-formed hello from
+	// accept, then its proof from the challenge. A dialer needs
+	// microseconds; a stranger that sends less is closed (a real dialer
+	// whose connection is dropped dials again until its connect deadline).
+	helloTimeout = 2 * time.Second
+	// keyWaitTimeout bounds, from accept, the wait of a proven-looking
+	// connection for connect to name the peers (peerKey): a hello may
+	// arrive before this rank's own connect starts, which depends on the
+	// caller, not on the dialer.
+	keyWaitTimeout = 10 * time.Second
 	// maxStrangers caps the unauthenticated connections of one listener;
 	// further ones are closed at accept (a real dialer retries).
 	maxStrangers = int32(1024)
+	// maxStrangersPerAddr caps those of one source (strangerSource), so
+	// that one host cannot fill the listener: it holds at most a quarter.
+	maxStrangersPerAddr = int32(256)
 	// acceptBackoffMax is the longest pause after a failed accept.
 	acceptBackoffMax = time.Second
 )
@@ -64,7 +75,15 @@ type Listener struct {
 	peersKnown chan struct{} // closed once peers is set
 
 	strangers atomic.Int32 // connections accepted and not yet authenticated or dropped
-	fab       *fabEP       // libfabric endpoint (ListenOptions.Provider), until a Mesh takes it
+	// bySource counts them per strangerSource (only the accept loop adds,
+	// admit removes).
+	sourcesMu sync.Mutex
+	bySource  map[netip.Addr]int32
+	// Connections closed at accept: the listener held maxStrangers (full)
+	// or their source held maxStrangersPerAddr (source). The WARN lines
+	// are rate limited; these count every one.
+	refusedFull, refusedSource atomic.Int64
+	fab                        *fabEP // libfabric endpoint (ListenOptions.Provider), until a Mesh takes it
 	// The provider and the NICs (domains) of further rails: Connect opens
 	// endpoints on as many as the plan has lanes (fabric_rails.go).
 	prov  string
@@ -106,7 +125,7 @@ func Listen(opt ListenOptions) (*Listener, *Handle, error) {
 		return nil, nil, fmt.Errorf("listen on %s: %w", laddr, err)
 	}
 	l := &Listener{ln: ln, id: id, conns: make(chan incoming, 1024), done: make(chan struct{}), quit: make(chan struct{}),
-		peersKnown: make(chan struct{})}
+		peersKnown: make(chan struct{}), bySource: map[netip.Addr]int32{}}
 	l.info.Addr = ln.Addr().(*net.TCPAddr)
 	l.info.Key = id.Pub
 	l.info.HostID = HostID()
@@ -157,11 +176,74 @@ func (l *Listener) acceptLoop() {
 		backoff = 0
 		if l.strangers.Add(1) > maxStrangers {
 			l.strangers.Add(-1)
+			l.refusedFull.Add(1)
 			strangerWarn.Warn(abi.SubsysNet, "NET/wasm: %s has %d connections that have not authenticated; closing one more from %s", l.info.Addr, maxStrangers, c.RemoteAddr())
 			c.Close()
 			continue
 		}
-		go l.admit(c)
+		src := strangerSource(c.RemoteAddr(), c.LocalAddr())
+		if !l.addSource(src) {
+			l.strangers.Add(-1)
+			l.refusedSource.Add(1)
+			strangerWarn.Warn(abi.SubsysNet, "NET/wasm: %s has %d connections from %s that have not authenticated; closing one more", l.info.Addr, maxStrangersPerAddr, src)
+			c.Close()
+			continue
+		}
+		go l.admit(c, src)
+	}
+}
+
+// strangerSource is what the per-source cap counts a connection by: an
+// IPv4 address, an IPv6 /64 (one host commonly holds a whole /64), and
+// every loopback address as one (a local party can pick any of 127/8).
+// A connection from this host itself (its source is the address it came
+// to: a rank dialling its own or a co-located rank's listener) is not
+// capped by source (the invalid Addr): every rank of a single-host job
+// dials from it, and local processes share this host's limits anyway.
+func strangerSource(remote, local net.Addr) netip.Addr {
+	ra, ok1 := remote.(*net.TCPAddr)
+	la, ok2 := local.(*net.TCPAddr)
+	if !ok1 || !ok2 {
+		return netip.Addr{}
+	}
+	ip := ra.AddrPort().Addr().Unmap()
+	if ip == la.AddrPort().Addr().Unmap() {
+		return netip.Addr{}
+	}
+	switch {
+	case ip.IsLoopback():
+		return netip.IPv6Loopback()
+	case ip.Is6():
+		p, _ := ip.Prefix(64)
+		return p.Addr()
+	}
+	return ip
+}
+
+// addSource counts one more stranger from src, refusing it beyond
+// maxStrangersPerAddr; one from this host (src invalid) is not counted.
+func (l *Listener) addSource(src netip.Addr) bool {
+	if !src.IsValid() {
+		return true
+	}
+	l.sourcesMu.Lock()
+	defer l.sourcesMu.Unlock()
+	if l.bySource[src] >= maxStrangersPerAddr {
+		return false
+	}
+	l.bySource[src]++
+	return true
+}
+
+// dropSource forgets one stranger from src.
+func (l *Listener) dropSource(src netip.Addr) {
+	if !src.IsValid() {
+		return
+	}
+	l.sourcesMu.Lock()
+	defer l.sourcesMu.Unlock()
+	if l.bySource[src]--; l.bySource[src] <= 0 {
+		delete(l.bySource, src)
 	}
 }
 
@@ -178,7 +260,8 @@ func (l *Listener) setPeers(infos []HandleInfo, encrypt bool) {
 }
 
 // peerKey returns the public key of the rank a claim names once connect
-// named the peers (waiting at most until deadline), and whether this rank
+// named the peers (waiting at most until deadline, keyWaitTimeout after
+// accept, not the hello's bound), and whether this rank
 // requires sealed streams; an error if the claim names no such rank or the
 // wait ended.
 func (l *Listener) peerKey(c handshake.Claim, deadline time.Time) (*[KeySize]byte, bool, error) {
@@ -189,7 +272,7 @@ func (l *Listener) peerKey(c handshake.Claim, deadline time.Time) (*[KeySize]byt
 	case <-l.quit:
 		return nil, false, errors.New("the listener closed")
 	case <-t.C:
-		return nil, false, errors.New("connect did not start before the hello deadline")
+		return nil, false, fmt.Errorf("connect did not start within %v of the connection", keyWaitTimeout)
 	}
 	l.peersMu.Lock()
 	peers, encrypt := l.peers, l.encrypt
@@ -203,13 +286,17 @@ func (l *Listener) peerKey(c handshake.Claim, deadline time.Time) (*[KeySize]byt
 // admit authenticates a dialer before its connection reaches connect. Every
 // way out but success closes the connection; the rejections a stranger can
 // provoke log through the rate-limited strangerWarn.
-func (l *Listener) admit(c *net.TCPConn) {
+func (l *Listener) admit(c *net.TCPConn, src netip.Addr) {
 	defer l.strangers.Add(-1)
-	deadline := time.Now().Add(helloTimeout)
-	c.SetDeadline(deadline)
+	defer l.dropSource(src)
+	// The hello and the proof each get helloTimeout (Authenticate sets
+	// it); only then may the connection wait for connect, up to its own
+	// bound, which also covers the ack.
+	keyDeadline := time.Now().Add(keyWaitTimeout)
 	cl, keys, err := handshake.Authenticate(c, &l.id, func(cl handshake.Claim) (*[KeySize]byte, bool, error) {
-		return l.peerKey(cl, deadline)
-	})
+		c.SetDeadline(keyDeadline)
+		return l.peerKey(cl, keyDeadline)
+	}, helloTimeout)
 	if err != nil {
 		if !errors.Is(err, handshake.ErrSilent) {
 			strangerWarn.Warn(abi.SubsysNet, "NET/wasm: rejected connection from %s to %s: %v", c.RemoteAddr(), l.info.Addr, err)

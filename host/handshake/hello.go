@@ -254,17 +254,76 @@ func agree(eph *ecdh.PrivateKey, peer *[ephSize]byte, tr []byte, dialer bool) (K
 // time).
 type PeerKey func(Claim) (key *[KeySize]byte, encrypt bool, err error)
 
+// checkHelloPrefix refuses the first len(b) bytes of a hello as soon as
+// they cannot begin one decodeHello would accept: the magic, the version,
+// the flags and the reserved bytes are checked byte by byte as they arrive,
+// so a stranger speaking anything else is dropped at once, not at the hello
+// deadline. The claim's fields wait for decodeHello.
+func checkHelloPrefix(b []byte) error {
+	for i := 0; i < len(b) && i < len(helloMagic); i++ {
+		if b[i] != helloMagic[i] {
+			return errors.New("not an rccl-rma-wasm hello")
+		}
+	}
+	if len(b) > 4 && b[4] != helloVersion {
+		return fmt.Errorf("hello version %d, this library speaks %d", b[4], helloVersion)
+	}
+	if len(b) > 5 && b[5]&^(helloNoFabric|helloEncrypt) != 0 {
+		return errors.New("hello with unknown flags or nonzero reserved bytes")
+	}
+	for _, i := range [...]int{6, 7, 20, 21, 22, 23} {
+		if i < len(b) && b[i] != 0 {
+			return errors.New("hello with unknown flags or nonzero reserved bytes")
+		}
+	}
+	return nil
+}
+
+// readHello reads a hello into hb, checking each piece as it arrives
+// (checkHelloPrefix); ErrSilent when c closed before its first byte.
+func readHello(c net.Conn, hb *[HelloSize]byte) error {
+	n := 0
+	for n < HelloSize {
+		m, err := c.Read(hb[n:])
+		n += m
+		if perr := checkHelloPrefix(hb[:n]); perr != nil {
+			return perr
+		}
+		if n == HelloSize {
+			break
+		}
+		if err != nil {
+			if n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
+				return ErrSilent
+			}
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return fmt.Errorf("no hello (%d of %d bytes): %w", n, HelloSize, err)
+		}
+	}
+	return nil
+}
+
 // Authenticate is the listener's side of the hello, up to the ack: it
 // returns the claim once the dialer proved it with the key peerKey names
 // for the claimed rank, and the stream's keys when the dialer seals it.
 // Every refusal is an error; ErrSilent when c closed before its hello.
-func Authenticate(c net.Conn, id *Identity, peerKey PeerKey) (Claim, *Keys, error) {
-	var hb [HelloSize]byte
-	if n, err := io.ReadFull(c, hb[:]); err != nil {
-		if n == 0 && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)) {
-			return Claim{}, nil, ErrSilent
+// With msgTimeout > 0, each of the dialer's messages (the hello, then the
+// proof, which it sends without waiting on anything but us) must arrive
+// within msgTimeout of when the wait for it began; the wait in peerKey and
+// the ack are bounded by whatever deadline peerKey sets on c. With 0 the
+// caller's deadlines on c apply throughout.
+func Authenticate(c net.Conn, id *Identity, peerKey PeerKey, msgTimeout time.Duration) (Claim, *Keys, error) {
+	bound := func() {
+		if msgTimeout > 0 {
+			c.SetDeadline(time.Now().Add(msgTimeout))
 		}
-		return Claim{}, nil, fmt.Errorf("no hello: %w", err)
+	}
+	var hb [HelloSize]byte
+	bound()
+	if err := readHello(c, &hb); err != nil {
+		return Claim{}, nil, err
 	}
 	cl, nonceD, ephD, err := decodeHello(hb[:])
 	if err != nil {
@@ -290,6 +349,7 @@ func Authenticate(c net.Conn, id *Identity, peerKey PeerKey) (Claim, *Keys, erro
 		return Claim{}, nil, fmt.Errorf("send challenge: %w", err)
 	}
 	var pb [ProofSize]byte
+	bound()
 	if _, err := io.ReadFull(c, pb[:]); err != nil {
 		return Claim{}, nil, fmt.Errorf("claims rank %d lane %d but sent no proof: %w", cl.Rank, cl.Lane, err)
 	}

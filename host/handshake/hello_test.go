@@ -88,7 +88,7 @@ func FuzzAuthenticate(f *testing.F) {
 		}()
 		deadline := time.Now().Add(2 * time.Second)
 		a.SetDeadline(deadline)
-		if cl, _, err := Authenticate(a, &id, peerKey); err == nil {
+		if cl, _, err := Authenticate(a, &id, peerKey, 0); err == nil {
 			t.Fatalf("a stranger was admitted as %+v", cl)
 		}
 	})

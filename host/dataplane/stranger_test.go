@@ -1,0 +1,514 @@
+package dataplane
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
+)
+
+// Strangers are dropped fast: what a connection that is not a rank can
+// hold, and for how long (SPEC.md §9).
+
+// strangerKinds are byte strings no rank sends: each must get its
+// connection closed, never admitted. early: refused as soon as it arrives
+// (a wrong byte in the hello's fixed prefix), not at the hello bound.
+func strangerKinds() []struct {
+	name  string
+	bytes []byte
+	early bool
+} {
+	var valid [handshake.HelloSize]byte
+	var nonce [32]byte
+	nonce[0] = 1
+	copy(valid[:], "RMAH\x03\x00\x00\x00")
+	binary.LittleEndian.PutUint32(valid[8:], 1)
+	binary.LittleEndian.PutUint32(valid[12:], 2)
+	binary.LittleEndian.PutUint16(valid[18:], 1)
+	copy(valid[24:], nonce[:])
+	forged := append([]byte(nil), valid[:]...)
+	forged[4] = 2 // a hello of another version, whole
+	huge := []byte{0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0}
+	return []struct {
+		name  string
+		bytes []byte
+		early bool
+	}{
+		{"junk", []byte("GET / HTTP/1.0\r\n\r\n12345"), true},
+		{"forged version, 5 bytes", []byte("RMAH\x02"), true},
+		{"forged version, whole", forged, true},
+		{"unknown flags", []byte("RMAH\x03\x80"), true},
+		{"huge length frame", huge, true},
+		{"truncated hello", valid[:40], false},
+		{"magic only", []byte("RMAH"), false},
+	}
+}
+
+// closedByServer waits (up to a generous 5 s) for c to be closed by the
+// listener: a read that ends in EOF or a reset, not our deadline.
+func closedByServer(t *testing.T, c net.Conn, what string) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, 256)
+	for {
+		n, err := c.Read(b)
+		if n > 0 {
+			t.Fatalf("%s: the listener answered %x", what, b[:n])
+		}
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("%s: still open after 5 s", what)
+		}
+		return // EOF or reset: the listener closed it
+	}
+}
+
+// TestStrangersClosedWithinHelloBound: each kind of stranger, including
+// those whose bytes are a valid start of a hello, is closed by the default
+// 2 s hello bound (checked within 5 s) and frees its slot.
+func TestStrangersClosedWithinHelloBound(t *testing.T) {
+	resetLimits()
+	if helloTimeout != 2*time.Second {
+		t.Fatalf("helloTimeout %v, the documented bound is 2 s", helloTimeout)
+	}
+	l, _, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var wg sync.WaitGroup
+	for _, k := range strangerKinds() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			c.Write(k.bytes)
+			closedByServer(t, c, k.name)
+		}()
+	}
+	wg.Wait()
+	waitFor(t, "the strangers' slots", func() bool { return l.strangers.Load() == 0 })
+}
+
+// TestWrongPrefixRejectedAtOnce: with the hello bound far away (a minute),
+// a wrong magic, version, flag or a length frame is still closed, so it
+// was refused when its bytes arrived.
+func TestWrongPrefixRejectedAtOnce(t *testing.T) {
+	got := warnings(t)
+	resetLimits()
+	defer func(d, k time.Duration) { helloTimeout, keyWaitTimeout = d, k }(helloTimeout, keyWaitTimeout)
+	helloTimeout, keyWaitTimeout = time.Minute, time.Minute
+	l, _, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, k := range strangerKinds() {
+		if !k.early {
+			continue
+		}
+		c, err := net.Dial("tcp", l.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(k.bytes)
+		closedByServer(t, c, k.name)
+		c.Close()
+	}
+	lines := got()
+	if countMatching(lines, "not an rccl-rma-wasm hello") == 0 || countMatching(lines, "hello version 2") == 0 {
+		t.Fatalf("the refusals do not say why: %q", lines)
+	}
+}
+
+// TestStrangerCapPerAddr: one source holds at most maxStrangersPerAddr
+// unauthenticated connections of a listener, even with the listener's cap
+// far away; the rest are closed at accept with a WARN naming the source.
+// The strangers come from 127.0.0.2 to a listener on 127.0.0.1 (from this
+// host itself, a connection is not capped by source): meanwhile a rank
+// dialling from 127.0.0.1 is admitted, and once they leave, one from their
+// source too.
+func TestStrangerCapPerAddr(t *testing.T) {
+	got := warnings(t)
+	resetLimits()
+	defer func(n, p int32, d time.Duration) { maxStrangers, maxStrangersPerAddr, helloTimeout = n, p, d }(maxStrangers, maxStrangersPerAddr, helloTimeout)
+	maxStrangers, maxStrangersPerAddr, helloTimeout = 100, 4, time.Minute
+	l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	hi, _ := DecodeHandle(h)
+	var held []net.Conn
+	closed := 0
+	other := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}
+	for i := 0; i < 20; i++ {
+		c, err := net.DialTCP("tcp", other, l.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write([]byte("RMAH")) // a valid start: held until the hello bound
+		held = append(held, c)
+	}
+	// 4 stay (the hello bound is a minute away); the other 16 are closed
+	// at accept.
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, c := range held {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			var b [1]byte
+			if _, err := c.Read(b[:]); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				mu.Lock()
+				closed++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if closed < 16 {
+		t.Fatalf("%d of 20 strangers from one address closed, want at least 16", closed)
+	}
+	if n := l.strangers.Load(); n > 4 {
+		t.Fatalf("listener holds %d strangers from one address, cap 4", n)
+	}
+	if n := countMatching(got(), "from "+netip.IPv6Loopback().String()+" that have not authenticated"); n == 0 {
+		t.Fatalf("no WARN names the source: %q", got())
+	}
+	cl := handshake.Claim{Rank: 0, NRanks: 1, Lane: 0, Lanes: 1}
+	l.setPeers([]HandleInfo{hi}, false)
+	c, err := dial(hi, &l.id, cl, time.Now().Add(10*time.Second))
+	if err != nil {
+		t.Fatalf("a rank from the listener's own address while another source is at its cap: %v", err)
+	}
+	c.Close()
+	for _, c := range held {
+		c.Close()
+	}
+	waitFor(t, "the source's count to drop", func() bool {
+		l.sourcesMu.Lock()
+		defer l.sourcesMu.Unlock()
+		return l.strangers.Load() == 0 && len(l.bySource) == 0
+	})
+	c2, err := net.DialTCP("tcp", other, l.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if _, ok := handshake.ForgeHello(c2, &hi.Key, &l.id, cl, cl, nil); !ok {
+		t.Fatal("a rank from 127.0.0.2 after its strangers left was refused")
+	}
+}
+
+// TestStrangerSource: what the per-source cap counts by, for a listener
+// on 10.9.9.9.
+func TestStrangerSource(t *testing.T) {
+	local := &net.TCPAddr{IP: net.ParseIP("10.9.9.9"), Port: 6}
+	for _, c := range []struct{ in, want string }{
+		{"10.9.9.9", "invalid IP"}, // this host: not capped by source
+		{"::ffff:10.9.9.9", "invalid IP"},
+		{"10.1.2.3", "10.1.2.3"},
+		{"::ffff:10.1.2.3", "10.1.2.3"},
+		{"127.0.0.1", "::1"},
+		{"127.9.9.9", "::1"},
+		{"::1", "::1"},
+		{"2001:db8:1:2:3:4:5:6", "2001:db8:1:2::"},
+		{"2001:db8:1:2:ffff::1", "2001:db8:1:2::"},
+	} {
+		a := &net.TCPAddr{IP: net.ParseIP(c.in), Port: 5}
+		if got := strangerSource(a, local).String(); got != c.want {
+			t.Errorf("strangerSource(%s) = %s, want %s", c.in, got, c.want)
+		}
+	}
+}
+
+// TestKeyWaitOutlivesHelloBound: a rank whose hello and proof arrive
+// before this rank's connect started waits for the peers' keys past the
+// hello bound (its own bound, keyWaitTimeout) and is admitted once they
+// come; with a short key bound, it is closed instead.
+func TestKeyWaitOutlivesHelloBound(t *testing.T) {
+	resetLimits()
+	defer func(d, k time.Duration) { helloTimeout, keyWaitTimeout = d, k }(helloTimeout, keyWaitTimeout)
+	helloTimeout = 200 * time.Millisecond
+	cl := handshake.Claim{Rank: 0, NRanks: 1, Lane: 0, Lanes: 1}
+
+	l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	hi, _ := DecodeHandle(h)
+	type result struct {
+		answer []byte
+		acked  bool
+	}
+	res := make(chan result, 1)
+	go func() {
+		a, ok := dialerSteps(t, hi.Addr, &hi.Key, &l.id, cl, cl, nil)
+		res <- result{a, ok}
+	}()
+	// Let five hello bounds pass with the proof sent and no peers known,
+	// then start "connect".
+	waitFor(t, "the dialer to be waiting", func() bool { return l.strangers.Load() == 1 })
+	time.Sleep(5 * helloTimeout)
+	l.setPeers([]HandleInfo{hi}, false)
+	if r := <-res; !r.acked {
+		t.Fatalf("a rank waiting for connect past the hello bound got %x, not an ack", r.answer)
+	}
+
+	keyWaitTimeout = 300 * time.Millisecond
+	l2, h2, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	hi2, _ := DecodeHandle(h2)
+	if a, ok := dialerSteps(t, hi2.Addr, &hi2.Key, &l2.id, cl, cl, nil); ok || len(a) != 0 {
+		t.Fatalf("connect never started, yet the key wait answered %x", a)
+	}
+	waitFor(t, "the slot", func() bool { return l2.strangers.Load() == 0 })
+}
+
+// TestRankConnectsDuringFloodNetns: three network namespaces on a bridge,
+// one process in each: ranks 0 and 1 of a communicator, and a stranger
+// that floods rank 0's listener from its own address with connections
+// holding a valid hello prefix, reopening each one the listener closes,
+// many more than the listener's cap. The per-address cap keeps room for
+// the ranks: both connect and a put lands, byte for byte.
+func TestRankConnectsDuringFloodNetns(t *testing.T) {
+	if role := os.Getenv("RMAW_FLOOD_ROLE"); role != "" {
+		floodChild(t, role, os.Getenv("RMAW_FLOOD_DIR"))
+		return
+	}
+	prefix := floodNetns(t)
+	dir := t.TempDir()
+	start := func(role string, ns int) (*exec.Cmd, *bytes.Buffer) {
+		cmd := exec.Command("ip", "netns", "exec", fmt.Sprintf("%s%d", prefix, ns), os.Args[0],
+			"-test.run=^TestRankConnectsDuringFloodNetns$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "RMAW_FLOOD_ROLE="+role, "RMAW_FLOOD_DIR="+dir)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd, &out
+	}
+	wait := func(cmd *exec.Cmd, out *bytes.Buffer, what string) string {
+		err := cmd.Wait()
+		if err != nil || !strings.Contains(out.String(), "--- PASS") {
+			t.Fatalf("%s: %v\n%s", what, err, out)
+		}
+		return out.String()
+	}
+	r0, out0 := start("rank0", 0)
+	r1, out1 := start("rank1", 1)
+	waitFile(t, filepath.Join(dir, "handle0"))
+	waitFile(t, filepath.Join(dir, "handle1"))
+	fl, outF := start("flood", 2)
+	waitFile(t, filepath.Join(dir, "flooding"))
+	os.WriteFile(filepath.Join(dir, "go"), nil, 0o644)
+	o0 := wait(r0, out0, "rank 0")
+	wait(r1, out1, "rank 1")
+	os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644)
+	t.Log(strings.TrimSpace(lineWith(wait(fl, outF, "flooder"), "flood:")))
+	t.Log(strings.TrimSpace(lineWith(o0, "rank 0:")))
+}
+
+// floodCaps are the rank 0 listener's caps in the netns test, small so the
+// flood is cheap: the flooder holds three times the listener's cap.
+const (
+	floodCap, floodCapPerAddr, floodConns = 64, 16, 192
+)
+
+// floodChild is one process of TestRankConnectsDuringFloodNetns, inside
+// its namespace; the processes meet through files in dir.
+func floodChild(t *testing.T, role, dir string) {
+	stop := func(name string) bool { _, err := os.Stat(filepath.Join(dir, name)); return err == nil }
+	if role == "flood" {
+		b, _ := os.ReadFile(filepath.Join(dir, "handle0"))
+		hb, _ := hex.DecodeString(strings.TrimSpace(string(b)))
+		var h Handle
+		copy(h[:], hb)
+		hi, err := DecodeHandle(&h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var dials, closes atomic.Int64
+		var wg sync.WaitGroup
+		for i := 0; i < floodConns; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for !stop("stop") {
+					c, err := net.DialTimeout("tcp", hi.Addr.String(), time.Second)
+					if err != nil {
+						continue
+					}
+					dials.Add(1)
+					c.Write([]byte("RMAH\x03\x00\x00\x00")) // a valid prefix, never finished
+					c.SetReadDeadline(time.Now().Add(10 * time.Second))
+					io.Copy(io.Discard, c)
+					closes.Add(1)
+					c.Close()
+					time.Sleep(5 * time.Millisecond) // a flood, not a spin of 2 cores
+				}
+			}()
+		}
+		waitFor(t, "the flood to fill the listener", func() bool { return dials.Load() >= floodConns && closes.Load() > 0 })
+		os.WriteFile(filepath.Join(dir, "flooding"), nil, 0o644)
+		wg.Wait()
+		t.Logf("flood: %d connections opened, %d closed by the listener", dials.Load(), closes.Load())
+		if dials.Load() <= floodCap {
+			t.Fatalf("the flood opened %d connections, not more than the listener's cap %d", dials.Load(), floodCap)
+		}
+		return
+	}
+	rank := int(role[len(role)-1] - '0')
+	if rank == 0 {
+		maxStrangers, maxStrangersPerAddr = floodCap, floodCapPerAddr
+	}
+	l, h, err := Listen(ListenOptions{Addr: floodAddr(rank)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	os.WriteFile(filepath.Join(dir, fmt.Sprintf("handle%d", rank)), []byte(hex.EncodeToString(h[:])), 0o644)
+	waitFile(t, filepath.Join(dir, "go"))
+	hs := make([]*Handle, 2)
+	for r := range hs {
+		b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("handle%d", r)))
+		hb, _ := hex.DecodeString(strings.TrimSpace(string(b)))
+		hs[r] = new(Handle)
+		copy(hs[r][:], hb)
+	}
+	owner := &memOwner{mem: make([]byte, 64), done: map[uint64]abi.Result{}}
+	m, err := Connect(l, hs, rank, owner, Options{Timeout: 30 * time.Second, Lanes: 1, CloseTimeout: time.Second})
+	if err != nil {
+		t.Fatalf("rank %d could not connect during the flood: %v", rank, err)
+	}
+	defer m.Close()
+	src := make([]byte, 64)
+	for i := range src {
+		src[i] = byte(0xa0 + i)
+	}
+	if rank == 1 {
+		m.Post(0, &Op{Msg: MsgPut, MrID: 1, Tag: 7, Local: unsafe.Pointer(&src[0]), Size: 64}, false, -1)
+		if st := waitDone(t, owner, 7); st != abi.Success {
+			t.Fatalf("put from rank 1: %v", st)
+		}
+		os.WriteFile(filepath.Join(dir, "put"), nil, 0o644)
+		waitFile(t, filepath.Join(dir, "checked"))
+		return
+	}
+	waitFile(t, filepath.Join(dir, "put"))
+	m.Close() // its service goroutines, which wrote the put, have ended
+	if !bytes.Equal(owner.mem, src) {
+		t.Fatalf("rank 0's memory holds %x, want %x", owner.mem, src)
+	}
+	// The flood was capped by its source, and the listener never filled:
+	// no rank's connection was refused for want of room.
+	t.Logf("rank 0: %d flood connections closed at accept by the per-address cap, %d for a full listener", l.refusedSource.Load(), l.refusedFull.Load())
+	if l.refusedSource.Load() == 0 || l.refusedFull.Load() != 0 {
+		t.Fatalf("refused %d by source and %d for a full listener; want some and none", l.refusedSource.Load(), l.refusedFull.Load())
+	}
+	os.WriteFile(filepath.Join(dir, "checked"), nil, 0o644)
+}
+
+func floodAddr(ns int) string { return fmt.Sprintf("10.79.0.%d", ns+1) }
+
+// waitFile waits (up to 60 s) for another process to create path.
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared", path)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func lineWith(out, sub string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, sub) {
+			return l
+		}
+	}
+	return ""
+}
+
+// floodNetns makes namespaces prefix0..2, each with a veth (10.79.0.n+1/24)
+// to a bridge in namespace prefix+"br" (as test/netns_test.go's buildNetns
+// does), removed when the test ends; it skips where they cannot be made.
+func floodNetns(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create network namespaces")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("no ip command (iproute2)")
+	}
+	ip := func(args ...string) error {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	prefix := fmt.Sprintf("rmfl%d-%d-", os.Getpid(), time.Now().UnixNano()%100000)
+	br := prefix + "br"
+	if err := ip("netns", "add", br); err != nil {
+		t.Skipf("ip netns does not work here: %v", err)
+	}
+	t.Cleanup(func() {
+		for n := 0; n < 3; n++ {
+			ip("netns", "del", fmt.Sprintf("%s%d", prefix, n))
+		}
+		ip("netns", "del", br)
+	})
+	steps := [][]string{{"-n", br, "link", "add", "br0", "type", "bridge"}, {"-n", br, "link", "set", "br0", "up"}}
+	for n := 0; n < 3; n++ {
+		ns, port := fmt.Sprintf("%s%d", prefix, n), fmt.Sprintf("p%d", n)
+		steps = append(steps, []string{"netns", "add", ns}, []string{"-n", ns, "link", "set", "lo", "up"},
+			[]string{"-n", ns, "link", "add", "rmfl0", "type", "veth", "peer", "name", port, "netns", br},
+			[]string{"-n", ns, "addr", "add", floodAddr(n) + "/24", "dev", "rmfl0"},
+			[]string{"-n", ns, "link", "set", "rmfl0", "up"},
+			[]string{"-n", br, "link", "set", port, "master", "br0"},
+			[]string{"-n", br, "link", "set", port, "up"})
+	}
+	for _, s := range steps {
+		if err := ip(s...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return prefix
+}
