@@ -23,29 +23,21 @@ typedef struct {
   int64_t len;
 } reply_hdr;
 
-int write_full(int fd, const void* p, size_t n) {
-  const char* c = p;
+/* full moves exactly n bytes to (out) or from fd, through short transfers
+ * and EINTR; -1 on an error or the end of the stream. */
+static int full(int fd, char* c, size_t n, int out) {
   while (n > 0) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    c += w;
-    n -= (size_t)w;
+    ssize_t k = out ? write(fd, c, n) : read(fd, c, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return -1;
+    c += k;
+    n -= (size_t)k;
   }
   return 0;
 }
 
-int read_full(int fd, void* p, size_t n) {
-  char* c = p;
-  while (n > 0) {
-    ssize_t r = read(fd, c, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return -1;
-    c += r;
-    n -= (size_t)r;
-  }
-  return 0;
-}
+int write_full(int fd, const void* p, size_t n) { return full(fd, (char*)p, n, 1); }
+int read_full(int fd, void* p, size_t n) { return full(fd, p, n, 0); }
 
 static int g_boot_fd = -1; /* child side */
 int g_rank = -1;

@@ -535,68 +535,23 @@ static int socket_inodes(pid_t pid, unsigned long* inos, int cap) {
   return n;
 }
 
-/* reset_sockets aborts every established TCP connection of process pid
- * with ss -K run in its network namespace (nsenter) (SOCK_DESTROY: the kernel sends the far end a RST). The
- * connections are found by matching the socket inodes in /proc/pid/fd
- * against /proc/pid/net/tcp{,6}. Returns how many were reset. */
-int reset_sockets(pid_t pid) {
+/* established lists the established TCP connections (IPv4 and IPv6) of
+ * process pid by local and remote port (at most cap): the lines of
+ * /proc/pid/net/tcp{,6} whose socket inode is one of its open files.
+ * Returns how many, or -1 when its fd directory cannot be read. */
+static int established(pid_t pid, unsigned* lp, unsigned* rp, int cap) {
   unsigned long inos[1024];
-  int nino = 0, n = 0;
+  int nc = 0;
   char path[96];
-  nino = socket_inodes(pid, inos, 1024);
-  if (nino < 0) return 0;
-  /* One ss call for all of them: a call per connection would let the rank
-   * notice the first reset and close the rest in order before they are hit. */
-  static char cmd[65536];
-  int o = snprintf(cmd, sizeof cmd, "nsenter -t %d -n ss -K -t -n '", (int)pid);
+  int nino = socket_inodes(pid, inos, 1024);
+  if (nino < 0) return -1;
   for (int v6 = 0; v6 < 2; v6++) {
     snprintf(path, sizeof path, "/proc/%d/net/tcp%s", (int)pid, v6 ? "6" : "");
     FILE* f = fopen(path, "r");
     if (f == NULL) continue;
     char line[512];
     if (fgets(line, sizeof line, f) == NULL) { fclose(f); continue; }
-    while (fgets(line, sizeof line, f) && o < (int)sizeof cmd - 128) {
-      unsigned lport, rport, st;
-      unsigned long ino;
-      if (sscanf(line, " %*d: %*[0-9A-Fa-f]:%x %*[0-9A-Fa-f]:%x %x %*x:%*x %*x:%*x %*x %*u %*u %lu",
-                 &lport, &rport, &st, &ino) != 4 || st != 1 /* ESTABLISHED */)
-        continue;
-      for (int i = 0; i < nino; i++) {
-        if (inos[i] != ino) continue;
-        o += snprintf(cmd + o, sizeof cmd - (size_t)o, "%s( sport = :%u and dport = :%u )",
-                      n ? " or " : "", lport, rport);
-        n++;
-        break;
-      }
-    }
-    fclose(f);
-  }
-  if (n == 0) return 0;
-  snprintf(cmd + o, sizeof cmd - (size_t)o, "' >/dev/null 2>&1");
-  return system(cmd) == 0 ? n : 0;
-}
-
-/* reset_one_lane aborts one outgoing TCP lane of process pid to another
- * process with ss -K; what names it. Accepted connections share the
- * local port their listener had (several of them), lanes to ourselves end
- * at one of those ports: an outgoing lane to a peer is an established
- * connection whose local port is its own and whose remote port is none of
- * ours. Returns 1, or 0 when none was found. */
-int reset_one_lane(pid_t pid, char* what, size_t cap) {
-  unsigned long inos[1024];
-  unsigned lp[1024], rp[1024];
-  int nino = 0, nc = 0;
-  char path[96];
-  snprintf(what, cap, "none");
-  nino = socket_inodes(pid, inos, 1024);
-  if (nino < 0) return 0;
-  for (int v6 = 0; v6 < 2; v6++) {
-    snprintf(path, sizeof path, "/proc/%d/net/tcp%s", (int)pid, v6 ? "6" : "");
-    FILE* f = fopen(path, "r");
-    if (f == NULL) continue;
-    char line[512];
-    if (fgets(line, sizeof line, f) == NULL) { fclose(f); continue; }
-    while (fgets(line, sizeof line, f) && nc < 1024) {
+    while (fgets(line, sizeof line, f) && nc < cap) {
       unsigned lport, rport, st;
       unsigned long ino;
       if (sscanf(line, " %*d: %*[0-9A-Fa-f]:%x %*[0-9A-Fa-f]:%x %x %*x:%*x %*x:%*x %*x %*u %*u %lu",
@@ -610,6 +565,37 @@ int reset_one_lane(pid_t pid, char* what, size_t cap) {
     }
     fclose(f);
   }
+  return nc;
+}
+
+/* reset_sockets aborts every established TCP connection of process pid
+ * with ss -K run in its network namespace (nsenter; SOCK_DESTROY: the
+ * kernel sends the far end a RST). Returns how many were reset. */
+int reset_sockets(pid_t pid) {
+  unsigned lp[1024], rp[1024];
+  int nc = established(pid, lp, rp, 1024), n = 0;
+  if (nc <= 0) return 0;
+  /* One ss call for all of them: a call per connection would let the rank
+   * notice the first reset and close the rest in order before they are hit. */
+  static char cmd[65536];
+  int o = snprintf(cmd, sizeof cmd, "nsenter -t %d -n ss -K -t -n '", (int)pid);
+  for (; n < nc && o < (int)sizeof cmd - 128; n++)
+    o += snprintf(cmd + o, sizeof cmd - (size_t)o, "%s( sport = :%u and dport = :%u )", n ? " or " : "", lp[n],
+                  rp[n]);
+  snprintf(cmd + o, sizeof cmd - (size_t)o, "' >/dev/null 2>&1");
+  return system(cmd) == 0 ? n : 0;
+}
+
+/* reset_one_lane aborts one outgoing TCP lane of process pid to another
+ * process with ss -K; what names it. Accepted connections share the
+ * local port their listener had (several of them), lanes to ourselves end
+ * at one of those ports: an outgoing lane to a peer is an established
+ * connection whose local port is its own and whose remote port is none of
+ * ours. Returns 1, or 0 when none was found. */
+int reset_one_lane(pid_t pid, char* what, size_t cap) {
+  unsigned lp[1024], rp[1024];
+  snprintf(what, cap, "none");
+  int nc = established(pid, lp, rp, 1024);
   for (int i = 0; i < nc; i++) {
     int shared = 0, ours = 0;
     for (int j = 0; j < nc; j++) {
