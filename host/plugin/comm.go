@@ -222,7 +222,7 @@ func CloseColl(h uint64) abi.Result {
 
 // setError records a sticky asynchronous error for queryLastError.
 func (c *coll) setError(peer int, err error) {
-	if c.err.set(peer) && !c.closed.Load() {
+	if c.err.set(peer, err) && !c.closed.Load() {
 		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: %v", c.rank, err)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 )
 
 // registry is one communicator's symmetric registrations. Ids are assigned
@@ -171,24 +173,60 @@ const errKeyBackend = -1
 const errKeyInternal = -2
 
 // stickyError is queryLastError's flag: set by the first asynchronous
-// failure and never cleared. Each failing peer is logged once.
+// failure and never cleared. Each failing peer is logged once, and its
+// first error is kept as the cause its failed requests name (test()).
 type stickyError struct {
 	flag  atomic.Bool
 	mu    sync.Mutex
-	peers map[int]bool
+	peers map[int]error
+	// warned holds the (peer, status, cause) of failed requests already
+	// logged by test(): one WARN per cause.
+	warned map[failKey]bool
 }
 
-// set raises the flag and reports whether peer failed for the first time.
-func (s *stickyError) set(peer int) (first bool) {
+type failKey struct {
+	peer   uint32
+	status abi.Result
+	cause  string
+}
+
+// set raises the flag, keeps err as peer's cause if it is the first, and
+// reports whether it is.
+func (s *stickyError) set(peer int, err error) (first bool) {
 	s.mu.Lock()
 	if s.peers == nil {
-		s.peers = map[int]bool{}
+		s.peers = map[int]error{}
 	}
-	first = !s.peers[peer]
-	s.peers[peer] = true
+	_, seen := s.peers[peer]
+	if !seen {
+		s.peers[peer] = err
+	}
 	s.mu.Unlock()
 	s.flag.Store(true)
-	return first
+	return !seen
+}
+
+// cause is the first error recorded for peer (nil: none yet).
+func (s *stickyError) cause(peer int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.peers[peer]
+}
+
+// firstFailure reports whether a failed request to peer with status and
+// cause is the first such, and records it.
+func (s *stickyError) firstFailure(peer uint32, status abi.Result, cause string) bool {
+	k := failKey{peer, status, cause}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.warned[k] {
+		return false
+	}
+	if s.warned == nil {
+		s.warned = map[failKey]bool{}
+	}
+	s.warned[k] = true
+	return true
 }
 
 // isSet is lock-free.

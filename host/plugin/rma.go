@@ -242,9 +242,33 @@ func Test(coll, req uint64) (bool, abi.Result) {
 	}
 	r.reqs.release(q, idx)
 	if status != abi.Success {
-		logx.Warn(abi.SubsysNet, "NET/wasm: request to rank %d (%d bytes) failed: %v", q.peer, q.size, status)
+		r.c.warnFailed(backend.OpKind(q.kind), q.peer, q.size, status)
 	}
 	return true, status
+}
+
+// failWarn limits the WARN lines of failed requests across communicators;
+// each cause is logged once anyway (warnFailed).
+var failWarn logx.Limited
+
+// warnFailed logs a request that completed with an error, naming its cause
+// (the peer's first recorded error, else the backend's): once per peer,
+// status and cause, rate-limited, so that a lost peer with thousands of
+// operations in flight costs one line, and NCCL's "Error on GFD test" is
+// never the only trace. The failure path alone allocates.
+func (c *coll) warnFailed(kind backend.OpKind, peer uint32, size uint64, status abi.Result) {
+	cause := c.err.cause(int(peer))
+	if cause == nil {
+		cause = c.err.cause(errKeyBackend)
+	}
+	why := "no cause recorded yet (the transport reported the failure first)"
+	if cause != nil {
+		why = cause.Error()
+	}
+	if c.err.firstFailure(peer, status, why) {
+		failWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: %s to rank %d (%d bytes) failed with %v: %s; further requests failing for this cause are not logged",
+			c.rank, callName(kind), peer, size, status, why)
+	}
 }
 
 func (s *ctxState) record(q *request, status abi.Result) {
