@@ -21,11 +21,11 @@ import (
 // Bounds on what a stranger (a connection that has not authenticated yet)
 // can hold. Variables so tests can shrink them.
 var (
-	// helloTimeout bounds the wait for each message a dialer sends without
-	// waiting on anything but us: a complete, well-formed hello from
-	// accept, then its proof from the challenge. A dialer needs
-	// microseconds; a stranger that sends less is closed (a real dialer
-	// whose connection is dropped dials again until its connect deadline).
+	// helloTimeout bounds, from accept, the wait for the messages a dialer
+	// sends without waiting on anything but us: a complete, well-formed
+	// hello and its proof. A dialer needs milliseconds; a stranger that
+	// sends less is closed (a real dialer whose connection is dropped
+	// dials again until its connect deadline).
 	helloTimeout = 2 * time.Second
 	// keyWaitTimeout bounds, from accept, the wait of a proven-looking
 	// connection for connect to name the peers (peerKey): a hello may
@@ -289,9 +289,9 @@ func (l *Listener) peerKey(c handshake.Claim, deadline time.Time) (*[KeySize]byt
 func (l *Listener) admit(c *net.TCPConn, src netip.Addr) {
 	defer l.strangers.Add(-1)
 	defer l.dropSource(src)
-	// The hello and the proof each get helloTimeout (Authenticate sets
-	// it); only then may the connection wait for connect, up to its own
-	// bound, which also covers the ack.
+	// The hello and the proof get helloTimeout (Authenticate sets it);
+	// only then may the connection wait for connect, up to its own bound,
+	// which also covers the ack.
 	keyDeadline := time.Now().Add(keyWaitTimeout)
 	cl, keys, err := handshake.Authenticate(c, &l.id, func(cl handshake.Claim) (*[KeySize]byte, bool, error) {
 		c.SetDeadline(keyDeadline)

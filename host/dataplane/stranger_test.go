@@ -60,6 +60,36 @@ func strangerKinds() []struct {
 	}
 }
 
+// validHello is a well-formed hello (rank 1 of 2) whose proof no one can
+// make.
+func validHello() []byte {
+	var b [handshake.HelloSize]byte
+	copy(b[:], "RMAH\x03\x00\x00\x00")
+	binary.LittleEndian.PutUint32(b[8:], 1)
+	binary.LittleEndian.PutUint32(b[12:], 2)
+	binary.LittleEndian.PutUint16(b[18:], 1)
+	b[24] = 1
+	return b[:]
+}
+
+// afterHello sends a well-formed hello on a new connection to l, takes the
+// challenge, then sends proof.
+func afterHello(t *testing.T, l *Listener, proof []byte) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write(validHello())
+	var ch [handshake.ChallengeSize]byte
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(c, ch[:]); err != nil || string(ch[:4]) != handshake.ChallengeMagic {
+		t.Fatalf("no challenge for a well-formed hello: %v", err)
+	}
+	c.Write(proof)
+	return c
+}
+
 // closedByServer waits (up to a generous 5 s) for c to be closed by the
 // listener: a read that ends in EOF or a reset, not our deadline.
 func closedByServer(t *testing.T, c net.Conn, what string) {
@@ -110,6 +140,10 @@ func TestStrangersClosedWithinHelloBound(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	// A well-formed hello, then half a proof: closed by the same bound.
+	c := afterHello(t, l, []byte("RMAP"))
+	defer c.Close()
+	closedByServer(t, c, "a hello with half a proof")
 	waitFor(t, "the strangers' slots", func() bool { return l.strangers.Load() == 0 })
 }
 
@@ -138,6 +172,10 @@ func TestWrongPrefixRejectedAtOnce(t *testing.T) {
 		closedByServer(t, c, k.name)
 		c.Close()
 	}
+	// A proof's wrong magic is refused at its first byte too.
+	c := afterHello(t, l, []byte("X"))
+	closedByServer(t, c, "a proof with a wrong magic")
+	c.Close()
 	lines := got()
 	if countMatching(lines, "not an rccl-rma-wasm hello") == 0 || countMatching(lines, "hello version 2") == 0 {
 		t.Fatalf("the refusals do not say why: %q", lines)
@@ -255,7 +293,7 @@ func TestStrangerSource(t *testing.T) {
 func TestKeyWaitOutlivesHelloBound(t *testing.T) {
 	resetLimits()
 	defer func(d, k time.Duration) { helloTimeout, keyWaitTimeout = d, k }(helloTimeout, keyWaitTimeout)
-	helloTimeout = 200 * time.Millisecond
+	helloTimeout = 400 * time.Millisecond
 	cl := handshake.Claim{Rank: 0, NRanks: 1, Lane: 0, Lanes: 1}
 
 	l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})

@@ -279,17 +279,18 @@ func checkHelloPrefix(b []byte) error {
 	return nil
 }
 
-// readHello reads a hello into hb, checking each piece as it arrives
-// (checkHelloPrefix); ErrSilent when c closed before its first byte.
-func readHello(c net.Conn, hb *[HelloSize]byte) error {
+// readChecked fills b from c, giving check each prefix as it arrives, so
+// bytes that cannot start the message end the read at once; ErrSilent when
+// c closed before its first byte.
+func readChecked(c net.Conn, b []byte, what string, check func([]byte) error) error {
 	n := 0
-	for n < HelloSize {
-		m, err := c.Read(hb[n:])
+	for n < len(b) {
+		m, err := c.Read(b[n:])
 		n += m
-		if perr := checkHelloPrefix(hb[:n]); perr != nil {
-			return perr
+		if cerr := check(b[:n]); cerr != nil {
+			return cerr
 		}
-		if n == HelloSize {
+		if n == len(b) {
 			break
 		}
 		if err != nil {
@@ -299,7 +300,18 @@ func readHello(c net.Conn, hb *[HelloSize]byte) error {
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
-			return fmt.Errorf("no hello (%d of %d bytes): %w", n, HelloSize, err)
+			return fmt.Errorf("no %s (%d of %d bytes): %w", what, n, len(b), err)
+		}
+	}
+	return nil
+}
+
+// checkProofPrefix refuses a proof whose magic is wrong as soon as the
+// wrong byte arrives.
+func checkProofPrefix(b []byte) error {
+	for i := 0; i < len(b) && i < len(proofMagic); i++ {
+		if b[i] != proofMagic[i] {
+			return errors.New("sent no proof")
 		}
 	}
 	return nil
@@ -309,20 +321,17 @@ func readHello(c net.Conn, hb *[HelloSize]byte) error {
 // returns the claim once the dialer proved it with the key peerKey names
 // for the claimed rank, and the stream's keys when the dialer seals it.
 // Every refusal is an error; ErrSilent when c closed before its hello.
-// With msgTimeout > 0, each of the dialer's messages (the hello, then the
-// proof, which it sends without waiting on anything but us) must arrive
-// within msgTimeout of when the wait for it began; the wait in peerKey and
-// the ack are bounded by whatever deadline peerKey sets on c. With 0 the
-// caller's deadlines on c apply throughout.
-func Authenticate(c net.Conn, id *Identity, peerKey PeerKey, msgTimeout time.Duration) (Claim, *Keys, error) {
-	bound := func() {
-		if msgTimeout > 0 {
-			c.SetDeadline(time.Now().Add(msgTimeout))
-		}
+// With helloTimeout > 0, the dialer's hello and proof (which it sends
+// without waiting on anything but us) must both arrive within helloTimeout
+// of the call; the wait in peerKey and the ack are bounded by whatever
+// deadline peerKey sets on c. With 0 the caller's deadlines on c apply
+// throughout. Both messages are checked byte by byte as they arrive.
+func Authenticate(c net.Conn, id *Identity, peerKey PeerKey, helloTimeout time.Duration) (Claim, *Keys, error) {
+	if helloTimeout > 0 {
+		c.SetDeadline(time.Now().Add(helloTimeout))
 	}
 	var hb [HelloSize]byte
-	bound()
-	if err := readHello(c, &hb); err != nil {
+	if err := readChecked(c, hb[:], "hello", checkHelloPrefix); err != nil {
 		return Claim{}, nil, err
 	}
 	cl, nonceD, ephD, err := decodeHello(hb[:])
@@ -349,12 +358,8 @@ func Authenticate(c net.Conn, id *Identity, peerKey PeerKey, msgTimeout time.Dur
 		return Claim{}, nil, fmt.Errorf("send challenge: %w", err)
 	}
 	var pb [ProofSize]byte
-	bound()
-	if _, err := io.ReadFull(c, pb[:]); err != nil {
-		return Claim{}, nil, fmt.Errorf("claims rank %d lane %d but sent no proof: %w", cl.Rank, cl.Lane, err)
-	}
-	if string(pb[0:4]) != proofMagic {
-		return Claim{}, nil, fmt.Errorf("claims rank %d lane %d but sent no proof", cl.Rank, cl.Lane)
+	if err := readChecked(c, pb[:], "proof", checkProofPrefix); err != nil {
+		return Claim{}, nil, fmt.Errorf("claims rank %d lane %d: %w", cl.Rank, cl.Lane, err)
 	}
 	key, encrypt, err := peerKey(cl)
 	if err != nil {
