@@ -31,10 +31,12 @@ const (
 	// the stream is idle; larger work goes to the writer goroutine so that
 	// a big put never holds NCCL's progress thread.
 	inlineMax = 64 << 10
-	// sendDelay bounds how long a small operation waits in the queue for
-	// the caller's next test() before the writer goroutine sends it anyway.
-	sendDelay = 200 * time.Microsecond
 )
+
+// sendDelay bounds how long a small or held operation waits in the queue
+// for the caller's next test() before the writer goroutine sends it
+// anyway. A variable so that tests can count batches without it.
+var sendDelay = 200 * time.Microsecond
 
 // tcpLink is the TCP transport to one peer: our outgoing lanes (requests
 // and the replies to them) and the peer's incoming streams (its requests to
@@ -61,6 +63,8 @@ type tcpLink struct {
 	// stream once for the first resent operation that names it.
 	inDone []chan struct{}
 	inDown atomic.Uint32
+	// acks[i] acknowledges the puts of incoming stream i (tcp_service.go).
+	acks   []*acker
 	fences [abi.MaxLanes]sync.Once
 	fixed  bool // no failover: a broken stream fails the peer
 }
@@ -85,6 +89,9 @@ func newTCPLink(p *peer, outs, ins []*net.TCPConn) *tcpLink {
 	for i, c := range outs {
 		t.lanes = append(t.lanes, newLane(t, i, c))
 	}
+	for _, in := range ins {
+		t.acks = append(t.acks, &acker{in: in})
+	}
 	return t
 }
 
@@ -103,6 +110,21 @@ func (t *tcpLink) inlineMax() uint64 {
 func (t *tcpLink) start() {
 	for _, l := range t.lanes {
 		l.start()
+	}
+	// Acks ride the lane of the same index only on one-lane links (with
+	// several, failover needs them on the streams they acknowledge) and
+	// not beside a fabric endpoint (its staged puts' window is reaped by
+	// whichever reader acks them, one at a time).
+	if t.p.lanes == 1 && t.onAcked == nil {
+		for i, a := range t.acks {
+			if i < len(t.lanes) {
+				a.lane = t.lanes[i]
+				t.lanes[i].ack = a
+				a.timer = time.AfterFunc(time.Hour, a.expire)
+				a.timer.Stop()
+				a.piggy.Store(true)
+			}
+		}
 	}
 	t.p.m.wg.Add(len(t.ins))
 	t.inDone = make([]chan struct{}, len(t.ins))
@@ -152,6 +174,11 @@ func (t *tcpLink) stop() {
 		l.out.Close()
 		l.timer.Stop()
 		l.due.Stop()
+	}
+	for _, a := range t.acks {
+		if a.timer != nil {
+			a.timer.Stop()
+		}
 	}
 	for _, in := range t.ins {
 		in.Close()
@@ -216,13 +243,14 @@ type lane struct {
 	orphans []Op
 
 	// owned by whoever holds writing
-	batch []Op
-	hdrs  []byte
-	iov   [][]byte
-	bufs  net.Buffers
-	liov  [1]unix.Iovec       // scratch for the side path
-	riov  [1]unix.RemoteIovec // (process_vm_writev/readv)
-	enc   codec.Encoder       // wire compression (host/codec)
+	batch  []Op
+	hdrs   []byte
+	iov    [][]byte
+	bufs   net.Buffers
+	ackHdr [hdrSize]byte       // a piggybacked ack (msgAck)
+	liov   [1]unix.Iovec       // scratch for the side path
+	riov   [1]unix.RemoteIovec // (process_vm_writev/readv)
+	enc    codec.Encoder       // wire compression (host/codec)
 
 	gmu   sync.Mutex // guards the outstanding-get FIFO
 	gets  []getEntry
@@ -254,6 +282,14 @@ type lane struct {
 	sHead  int
 	sLen   int
 	pops   []Op // owned by whoever holds writing: parallel to ptags
+
+	// ack is the incoming stream of the same index whose acks this lane
+	// carries (piggybacking, tcp_service.go); nil when it carries none.
+	ack *acker
+	// batches counts the batches written and writes the writev calls
+	// they took (tests count them; the acker reads batches).
+	batches atomic.Uint64
+	writes  atomic.Uint64
 }
 
 // sentOp is an entry of the resend ring: counts tells a put (counted by
@@ -270,7 +306,7 @@ func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
 		wake:  make(chan struct{}, 1),
 		batch: make([]Op, batchMax),
 		hdrs:  make([]byte, batchMax*hdrSize),
-		iov:   make([][]byte, 0, 2*batchMax),
+		iov:   make([][]byte, 0, 2*batchMax+1), // +1: a piggybacked ack
 		gets:  make([]getEntry, 256),
 		puts:  make([]uint64, 1024),
 		ptags: make([]uint64, 0, batchMax),
@@ -286,7 +322,12 @@ func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
 func (l *lane) start() {
 	l.timer = time.AfterFunc(time.Hour, func() {
 		l.armed.Store(false)
-		l.kick()
+		l.mu.Lock()
+		more := l.qLen > 0
+		l.mu.Unlock()
+		if more {
+			l.kick()
+		}
 	})
 	l.timer.Stop()
 	l.due = time.AfterFunc(time.Hour, l.kick)
@@ -316,15 +357,19 @@ func (l *lane) enqueue(op *Op, hold bool) {
 	l.qLen++
 	l.mu.Unlock()
 	switch {
-	case hold:
-	case op.Size > l.t.inlineMax() || op.Msg == MsgReg || op.Msg == msgBye || op.NotBefore != 0:
-		// Big payloads are sent by the writer goroutine, never the caller;
-		// control messages go at once, nobody tests them.
+	case op.Msg == MsgReg || op.Msg == msgBye || op.NotBefore != 0:
+		// Control messages go at once, nobody tests them; a paced op is
+		// the writer's, on its timer.
+		l.kick()
+	case op.Size > l.t.inlineMax() && !hold:
+		// Big payloads are sent by the writer goroutine, never the caller.
 		l.kick()
 	case !l.armed.Swap(true):
-		// Small: the caller's next test() sends it with everything else
-		// queued by then, in one writev; the timer covers callers that
-		// post and never test.
+		// Small, or held by the aggregation hint (more ops follow): the
+		// caller's next test() or rmaProgress sends it with everything
+		// else queued by then, in one writev, or hands a big one to the
+		// writer then (flush); the timer covers callers that post and
+		// never test, so nothing held is stranded.
 		l.timer.Reset(sendDelay)
 	}
 }
@@ -337,10 +382,20 @@ func (l *lane) enqueue(op *Op, hold bool) {
 // at post time, remains the guarantee that nothing waits for a test.
 func (l *lane) flush() {
 	limit := l.t.inlineMax()
+	if l.ack != nil && l.ack.stale() && l.sendAck(true) {
+		return // nothing queued to carry an owed ack: it left alone, on this thread
+	}
 	l.mu.Lock()
-	if l.writing || l.qLen == 0 || l.down || l.q[l.qHead].Size > limit || l.q[l.qHead].NotBefore != 0 || l.p.dead.Load() {
+	if l.writing || l.qLen == 0 || l.down || l.q[l.qHead].NotBefore != 0 || l.p.dead.Load() {
 		// A paced op at the head is the writer's, on its timer.
 		l.mu.Unlock()
+		return
+	}
+	if l.q[l.qHead].Size > limit {
+		// A big op the aggregation hint held (enqueue kicks the others):
+		// the writer sends it, never the caller's thread.
+		l.mu.Unlock()
+		l.kick()
 		return
 	}
 	l.writing = true
@@ -349,15 +404,63 @@ func (l *lane) flush() {
 	ok := l.writeBatch(l.batch[:n])
 	l.mu.Lock()
 	l.writing = false
+	// The send timer is left running even when everything left: stopping
+	// it per batch would not spare the wake-up of a poller parked until
+	// its deadline, and re-arming it per op would cost one. It finds the
+	// queue empty and wakes no writer.
 	more := l.qLen > 0
-	if !more && l.armed.Load() && l.timer.Stop() {
-		// Everything left: the send timer would only wake the writer
-		// for nothing. An op queued after this re-arms it.
-		l.armed.Store(false)
+	l.mu.Unlock()
+	l.ackLeft()
+	if ok && more {
+		l.kick()
 	}
+}
+
+// carryAck appends the ack this lane owes the peer (acker.drained) to the
+// batch about to be written, the first thing in it.
+func (l *lane) carryAck(iov [][]byte) [][]byte {
+	a := l.ack
+	if a == nil {
+		return iov
+	}
+	n := a.owed()
+	if n == 0 || !a.claim(n) {
+		return iov
+	}
+	h := header{typ: msgAck, mrID: uint32(l.idx), seq: n}
+	h.encode(l.ackHdr[:])
+	return append(iov, l.ackHdr[:])
+}
+
+// sendAck writes an ack that no batch carried in time, alone (test() or
+// rmaProgress through flush, idle set: only when nothing is queued, which
+// would carry it; or the acker's timer). When someone holds the stream,
+// that one re-arms the timer as it lets go (ackLeft), so the ack is never
+// stranded. It reports whether it took the stream.
+func (l *lane) sendAck(idle bool) bool {
+	l.mu.Lock()
+	if l.writing || l.down || l.p.dead.Load() || l.ack.owed() == 0 || (idle && l.qLen > 0) {
+		l.mu.Unlock()
+		return false
+	}
+	l.writing = true
+	l.mu.Unlock()
+	ok := l.writeBatch(l.batch[:0])
+	l.mu.Lock()
+	l.writing = false
+	more := l.qLen > 0
 	l.mu.Unlock()
 	if ok && more {
 		l.kick()
+	}
+	return true
+}
+
+// ackLeft re-arms the ack timer when an ack is still owed as the stream
+// is let go: its timer may have fired while the stream was held.
+func (l *lane) ackLeft() {
+	if a := l.ack; a != nil && a.owed() != 0 {
+		a.arm()
 	}
 }
 
@@ -455,6 +558,7 @@ func (l *lane) writer() {
 				l.writing = false
 				wait := l.q[l.qHead].NotBefore - Now()
 				l.mu.Unlock()
+				l.ackLeft()
 				l.due.Reset(time.Duration(max(wait, 1)))
 				break
 			}
@@ -463,6 +567,7 @@ func (l *lane) writer() {
 			l.mu.Lock()
 			l.writing = false
 			l.mu.Unlock()
+			l.ackLeft()
 			if !ok {
 				return
 			}
@@ -479,9 +584,12 @@ func (l *lane) writer() {
 // target must act on is sent.
 func (l *lane) writeBatch(ops []Op) bool {
 	p := l.p
-	iov := l.iov[:0]
+	iov := l.carryAck(l.iov[:0])
 	pend := l.ptags[:0]
 	pops := l.pops[:0]
+	if len(ops) > 0 {
+		l.batches.Add(1) // an ack alone is no sign of traffic (acker.drained)
+	}
 	l.enc.Reset()
 	defer l.enc.Release() // the arena goes back to the pool once the batch is written
 	var err error
@@ -726,7 +834,13 @@ func (l *lane) ackPuts(n uint64) bool {
 	var done [64]uint64 // completed outside the lock, a few at a time
 	for {
 		l.amu.Lock()
-		if n < l.pAcked || n-l.pAcked > uint64(l.pLen) {
+		if n < l.pAcked {
+			// Stale: a piggybacked ack and one on the reply stream
+			// travel apart, and a higher count came first.
+			l.amu.Unlock()
+			return true
+		}
+		if n-l.pAcked > uint64(l.pLen) {
 			l.amu.Unlock()
 			return false
 		}
@@ -827,6 +941,7 @@ func (l *lane) writeIov(iov [][]byte) error {
 	if len(iov) == 0 {
 		return nil
 	}
+	l.writes.Add(1)
 	l.bufs = iov
 	_, err := l.bufs.WriteTo(l.out)
 	l.bufs = nil

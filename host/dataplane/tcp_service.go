@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -21,25 +24,79 @@ import (
 // leaves just before each read from the socket: at most one per read (one
 // per up to readBufSize bytes of small puts), never held while the service
 // waits for input, and never starved by a stream that keeps the buffer full.
+//
+// Piggybacking (SPEC.md §4, "Acknowledgements"): on a one-lane link an ack
+// need not cost a write and a wake-up of its own. When our outgoing lane
+// to the peer carried something since the last time the input drained
+// (traffic flows both ways, as in a ping-pong), the ack is left for that
+// lane instead: its next batch carries it (msgAck) in the same writev, and
+// the peer's service, which reads that batch anyway, completes the puts.
+// When no batch comes, the next test() or rmaProgress of this process sends
+// it alone once it waited ackDelay (on the caller's thread: no wake-up
+// here), and a timer armed at most once per ackBound covers a process that
+// stops calling. Every ack still counts only puts that landed, so
+// completion still means arrival.
 type acker struct {
 	in     *net.TCPConn
 	landed uint64 // puts of this stream that landed (the service counts)
-	sent   uint64 // the last count acknowledged
 	buf    [hdrSize]byte
 
 	r io.Reader // in, or a spinReader over it
+
+	// Shared with the outgoing lane of the same index (piggybacking).
+	pub   atomic.Uint64 // landed, as published at the last drain
+	sent  atomic.Uint64 // the highest count acknowledged, either way
+	piggy atomic.Bool   // acks may ride the lane (cleared for good by a nack)
+	lane  *lane         // the outgoing lane that carries them; nil: none
+	outs  uint64        // the lane's batches at the last drain (service only)
+	due   atomic.Int64  // Now() after which test() sends an owed ack alone
+	tmu   sync.Mutex    // guards armed and the timer's state
+	armed bool
+	timer *time.Timer // the bound when nobody calls: never stopped, so
+	// that arming it costs no wake-up per ack (a stopped timer still
+	// wakes a parked poller at its old deadline)
 }
 
+// ackDelay is how long a piggybacked ack waits for a batch of the lane
+// before test() or rmaProgress sends it alone, and ackBound how long at
+// most when neither is called. They only matter when a prediction that
+// the lane will write soon was wrong.
+const (
+	ackDelay = 50 * time.Microsecond
+	ackBound = 500 * time.Microsecond
+)
+
 func (a *acker) Read(b []byte) (int, error) {
-	if err := a.flush(); err != nil {
+	if err := a.drained(); err != nil {
 		return 0, err
 	}
 	return a.r.Read(b)
 }
 
-// flush acknowledges every put counted so far, if any is new.
+// drained runs when the service has consumed everything it read: the
+// acks of what landed leave now, or ride the lane's next batch.
+func (a *acker) drained() error {
+	if a.landed == a.sent.Load() {
+		return nil
+	}
+	if a.lane != nil && a.piggy.Load() {
+		a.pub.Store(a.landed)
+		if n := a.lane.batches.Load(); n != a.outs {
+			// The lane wrote since the last drain: expect it again.
+			a.outs = n
+			a.due.Store(Now() + int64(ackDelay))
+			a.arm()
+			return nil
+		}
+	}
+	return a.flush()
+}
+
+// flush acknowledges every put counted so far on the incoming stream
+// itself, if any is new. Only the service goroutine writes that stream.
 func (a *acker) flush() error {
-	if a.landed == a.sent {
+	a.pub.Store(a.landed)
+	if !a.claim(a.landed) {
 		return nil
 	}
 	h := header{typ: msgPutAck, seq: a.landed}
@@ -47,9 +104,60 @@ func (a *acker) flush() error {
 	if _, err := a.in.Write(a.buf[:]); err != nil {
 		return fmt.Errorf("acknowledge puts: %w", err)
 	}
-	a.sent = a.landed
 	return nil
 }
+
+// claim records n as acknowledged; false when a count as high was
+// already sent. The peer ignores a count below one it has seen (the two
+// ways to send one travel on different streams).
+func (a *acker) claim(n uint64) bool {
+	for {
+		s := a.sent.Load()
+		if n <= s {
+			return false
+		}
+		if a.sent.CompareAndSwap(s, n) {
+			return true
+		}
+	}
+}
+
+// owed is the published count the lane should carry, 0 when none.
+func (a *acker) owed() uint64 {
+	n := a.pub.Load()
+	if n <= a.sent.Load() || !a.piggy.Load() {
+		return 0
+	}
+	return n
+}
+
+// arm starts the bound unless it runs; it is not stopped when the lane
+// carries the ack, so a busy stream arms it once per ackBound at most.
+func (a *acker) arm() {
+	a.tmu.Lock()
+	if !a.armed {
+		a.armed = true
+		a.timer.Reset(ackBound)
+	}
+	a.tmu.Unlock()
+}
+
+// stale reports an owed ack that waited ackDelay for the lane in vain.
+func (a *acker) stale() bool { return a.owed() != 0 && Now() >= a.due.Load() }
+
+// expire: no batch carried the ack in time; the lane sends it alone.
+func (a *acker) expire() {
+	a.tmu.Lock()
+	a.armed = false
+	a.tmu.Unlock()
+	a.lane.sendAck(false)
+}
+
+// nacked: a put of this stream is rejected. Its nack travels on the
+// incoming stream, which the peer reads apart from the lane, so an ack
+// covering the put must follow it on that same stream: no more
+// piggybacking on this stream (rejections are failures, not a fast path).
+func (a *acker) nacked() { a.piggy.Store(false) }
 
 // ackEvery is the most puts the service lands before it acknowledges them,
 // even with more of them already read (it acknowledges before each read
@@ -62,7 +170,8 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 	p := t.p
 	defer p.m.wg.Done()
 	defer close(t.inDone[lane]) // after the last landing (fence waits for it)
-	ack := &acker{in: in, r: spin.NewReader(in, p.m.spinWait, p.m.spinners, nil)}
+	ack := t.acks[lane]
+	ack.r = spin.NewReader(in, p.m.spinWait, p.m.spinners, nil)
 	br := bufio.NewReaderSize(ack, readBufSize)
 	var hb [hdrSize]byte
 	var h header
@@ -96,7 +205,7 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 		case MsgPut, MsgPutSignal:
 			switch {
 			case h.status&statusResent == 0:
-				err = t.servePut(in, br, &h, resp, dec, rx)
+				err = t.servePut(ack, br, &h, resp, dec, rx)
 			case h.seq == 0:
 				err = fmt.Errorf("protocol error: rank %d resent a put without a sequence number", p.rank)
 			default:
@@ -106,17 +215,19 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 					if p.order.seen(h.seq) {
 						err = t.dropPut(br, &h, dec)
 					} else {
-						err = t.servePut(in, br, &h, resp, dec, rx)
+						err = t.servePut(ack, br, &h, resp, dec, rx)
 					}
 				}
 			}
 			ack.landed++
-			if err == nil && ack.landed-ack.sent >= ackEvery {
+			if err == nil && ack.landed-ack.sent.Load() >= ackEvery {
 				// A read buffer of small puts holds hundreds: acknowledge
 				// part of it now so the initiator refills its window while
 				// the rest lands.
 				err = ack.flush()
 			}
+		case msgAck:
+			err = t.piggyAck(&h)
 		case MsgGet:
 			err = t.serveGet(in, &h, resp)
 		case msgRing:
@@ -159,7 +270,7 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 // bytes, without overflowing. Initiator and target check with the same rule.
 func Span(off, n, size uint64) bool { return off <= size && n <= size-off }
 
-func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []byte, dec *codec.Decoder, rx *staging.Receiver) error {
+func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *header, resp []byte, dec *codec.Decoder, rx *staging.Receiver) error {
 	p := t.p
 	status := abi.Success
 	if h.size > 0 {
@@ -223,7 +334,21 @@ func (t *tcpLink) servePut(in *net.TCPConn, br *bufio.Reader, h *header, resp []
 		return err
 	}
 	if status != abi.Success {
-		return t.reply(in, msgNack, h, status, nil, resp)
+		ack.nacked()
+		return t.reply(ack.in, msgNack, h, status, nil, resp)
+	}
+	return nil
+}
+
+// piggyAck applies an acknowledgement the peer's lane carried for our
+// outgoing lane h.mrID (msgAck): only a lane without resend has one, as
+// only its replies reader otherwise reads acks (tcp_failover.go).
+func (t *tcpLink) piggyAck(h *header) error {
+	if int(h.mrID) >= len(t.lanes) || t.lanes[h.mrID].resend {
+		return fmt.Errorf("protocol error: rank %d acknowledged puts of lane %d on its own stream", t.p.rank, h.mrID)
+	}
+	if !t.lanes[h.mrID].ackPuts(h.seq) {
+		return fmt.Errorf("protocol error: rank %d acknowledged %d puts on lane %d, more than it was sent", t.p.rank, h.seq, h.mrID)
 	}
 	return nil
 }

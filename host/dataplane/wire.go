@@ -23,7 +23,12 @@ const (
 	// msgRing offers the target a staging ring for device payloads (ring.go):
 	// off the sender's memfd, size its bytes, context the slots, sigValue
 	// the chunk. The target maps it or answers msgRingNo (0x85).
-	msgRing    = 6
+	msgRing = 6
+	// msgAck is a msgPutAck riding a request stream (SPEC.md §4,
+	// "Acknowledgements"): the first seq puts the receiver's outgoing lane
+	// mrID carried have landed. Only one-lane links send it; all ranks run
+	// this library, so no peer that does not know it sees it.
+	msgAck     = 7
 	msgNack    = 0x81
 	msgGetResp = 0x82
 	msgByeAck  = 0x83 // the target applied everything the lane carried before its goodbye

@@ -1,0 +1,192 @@
+package dataplane
+
+import (
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+)
+
+// tcpOf is the TCP side of a peer's transport (the intra-node link runs
+// on it too).
+func tcpOf(t *testing.T, m *Mesh, peer int) *tcpLink {
+	t.Helper()
+	switch x := m.peers[peer].t.(type) {
+	case *tcpLink:
+		return x
+	case *intraLink:
+		return x.tcpLink
+	}
+	t.Fatalf("peer %d's transport is %T, not TCP", peer, m.peers[peer].t)
+	return nil
+}
+
+// waitWord waits until the 8-byte word at off of o's memory reaches want
+// (atomic: the signal is the reader's proof that the payload landed).
+func waitWord(t *testing.T, o *memOwner, off int, want uint64, poll func()) {
+	t.Helper()
+	w := (*uint64)(unsafe.Pointer(&o.mem[off]))
+	deadline := time.Now().Add(20 * time.Second)
+	for atomic.LoadUint64(w) < want {
+		if poll != nil {
+			poll()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("signal word at %d is %d, want %d", off, atomic.LoadUint64(w), want)
+		}
+		runtime.Gosched()
+	}
+}
+
+// TestAggregatedBatchOneWrite: ops posted with the aggregation hint (hold)
+// are not written one by one: N of them and the plain op behind them leave
+// in one batch and one writev when the caller tests (Flush), and all N+1
+// arrive, every byte and the signal. Held ops nobody tests are not
+// stranded: the send timer bounds them. TCP and the intra-node link (whose
+// small puts ride the same lane).
+func TestAggregatedBatchOneWrite(t *testing.T) {
+	for _, intra := range []bool{false, true} {
+		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) {
+			const n = 40
+			const size = 16
+			const sigOff = 0
+			os := newOwners(2, 4096)
+			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
+			l := tcpOf(t, ms[0], 1).lanes[0]
+			src := make([]byte, (n+1)*size)
+			for i := range src {
+				src[i] = byte(i*7 + 1)
+			}
+			put := func(i int, tag uint64, hold bool) {
+				op := Op{Msg: MsgPut, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size),
+					Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size])))}
+				if i == n {
+					op.Msg, op.SigMrID, op.SigOp, op.SigOff, op.SigValue = MsgPutSignal, 1, abi.SignalOpAdd, sigOff, 1
+				}
+				ms[0].Post(1, &op, hold, 0)
+			}
+			// Part 1: the send timer never fires (no timed behaviour).
+			saved := sendDelay
+			sendDelay = time.Hour
+			defer func() { sendDelay = saved }()
+			w0, b0 := l.writes.Load(), l.batches.Load()
+			for i := 0; i < n; i++ {
+				put(i, uint64(i+1), true)
+			}
+			if w, b := l.writes.Load()-w0, l.batches.Load()-b0; w != 0 || b != 0 {
+				t.Fatalf("%d held ops: %d writes and %d batches before any test, want none", n, w, b)
+			}
+			put(n, n+1, false)
+			ms[0].Flush(1) // the caller's test()
+			if w, b := l.writes.Load()-w0, l.batches.Load()-b0; w != 1 || b != 1 {
+				t.Fatalf("%d held ops and a plain one: %d writes and %d batches, want 1 and 1", n, w, b)
+			}
+			waitWord(t, os[1], sigOff, 1, nil)
+			for i := 0; i <= n; i++ {
+				got, want := os[1].mem[64+i*size:64+(i+1)*size], src[i*size:(i+1)*size]
+				if string(got) != string(want) {
+					t.Fatalf("put %d: target holds % x, want % x", i, got, want)
+				}
+			}
+			for tag := uint64(1); tag <= n+1; tag++ {
+				if st := waitDone(t, os[0], tag); st != abi.Success {
+					t.Fatalf("put %d: %v", tag, st)
+				}
+			}
+			// Part 2: held ops, then nothing at all from the caller (a
+			// fresh pair: the first one's send timer is armed for an hour).
+			sendDelay = saved
+			os = newOwners(2, 4096)
+			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
+			for i := 0; i <= n; i++ {
+				src[i*size] ^= 0xff
+				put(i, uint64(100+i), true)
+			}
+			waitWord(t, os[1], sigOff, 1, nil)
+			for i := 0; i <= n; i++ {
+				if got, want := os[1].mem[64+i*size], src[i*size]; got != want {
+					t.Fatalf("held put %d: first byte %#x, want %#x", i, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestPiggybackedAcks is a ping-pong of puts with signal, each rank
+// answering the other, so that acknowledgements ride the answers
+// (msgAck) instead of travelling alone. Every request must still complete
+// only once its put arrived, every byte and signal must be there, and a
+// put the target rejects mid-way must fail, not be covered by an ack that
+// rode the other stream before its rejection was read.
+func TestPiggybackedAcks(t *testing.T) {
+	for _, intra := range []bool{false, true} {
+		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) {
+			const iters = 400
+			const bad = 200 // rank 0's put at this iteration names a registration rank 1 lacks
+			os := newOwners(2, 8192)
+			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
+			// Word 0: the signal; each put writes 8 bytes at 64+8*(i%64).
+			srcs := [2][]byte{make([]byte, 8*iters), make([]byte, 8*iters)}
+			for r := range srcs {
+				for i := range srcs[r] {
+					srcs[r][i] = byte(r*131 + i*3)
+				}
+			}
+			post := func(r, i int) uint64 {
+				tag := uint64(r+1)<<32 | uint64(i)
+				op := Op{Msg: MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&srcs[r][8*i]), Size: 8,
+					Off: uint64(64 + 8*(i%64)), Remote: uint64(uintptr(unsafe.Pointer(&os[1-r].mem[64+8*(i%64)]))),
+					SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}
+				if r == 0 && i == bad {
+					op.MrID, op.Remote = 2, 0 // the target rejects it (and applies no signal)
+				}
+				ms[r].Post(1-r, &op, false, 0)
+				return tag
+			}
+			check := func(r, i int) {
+				got, want := os[r].mem[64+8*(i%64):64+8*(i%64)+8], srcs[1-r][8*i:8*i+8]
+				if string(got) != string(want) {
+					t.Errorf("rank %d, put %d: target holds % x, want % x", r, i, got, want)
+				}
+			}
+			done := make(chan struct{})
+			go func() { // rank 1 answers each put it sees
+				defer close(done)
+				seen := uint64(0)
+				for i := 0; i < iters; i++ {
+					if i != bad {
+						seen++
+						waitWord(t, os[1], 0, seen, func() { ms[1].Flush(0) })
+						check(1, i)
+					}
+					post(1, i)
+					ms[1].Flush(0)
+				}
+			}()
+			for i := 0; i < iters; i++ {
+				post(0, i)
+				ms[0].Flush(1)
+				waitWord(t, os[0], 0, uint64(i+1), func() { ms[0].Flush(1) })
+				check(0, i)
+			}
+			<-done
+			for r := 0; r < 2; r++ {
+				for i := 0; i < iters; i++ {
+					tag := uint64(r+1)<<32 | uint64(i)
+					st := waitDone(t, os[r], tag)
+					if want := abi.Success; r == 0 && i == bad {
+						if st == abi.Success {
+							t.Fatalf("rank 0's rejected put %d completed successfully", i)
+						}
+					} else if st != want {
+						t.Fatalf("rank %d's put %d: %v", r, i, st)
+					}
+				}
+			}
+		})
+	}
+}
