@@ -82,12 +82,6 @@ static void teardown_round(const ncclRma_v15_t* t, size_t size, int fd, int roun
     NC(t->destroyContext(rma));
     NC(t->deregMrSym(coll, msrc));
     CU(cu.memFree(src)); /* as NCCL frees a window after deregistering it */
-    NC(t->deregMrSym(coll, mdst));
-    NC(t->deregMrSym(coll, msig));
-    NC(t->closeColl(coll));
-    NC(t->finalize(pctx));
-    CU(cu.memFree(dst));
-    CU(cu.memFree(sig));
   } else {
     time_t t0 = time(NULL);
     uint64_t s[2] = {0, 0};
@@ -107,14 +101,14 @@ static void teardown_round(const ncclRma_v15_t* t, size_t size, int fd, int roun
     if (bad) FAIL("teardown round %d: queryLastError reports an error after the peer's goodbye", round);
     NC(t->destroyContext(rma));
     NC(t->deregMrSym(coll, msrc));
-    NC(t->deregMrSym(coll, mdst));
-    NC(t->deregMrSym(coll, msig));
-    NC(t->closeColl(coll));
-    NC(t->finalize(pctx));
-    CU(cu.memFree(src));
-    CU(cu.memFree(dst));
-    CU(cu.memFree(sig));
   }
+  NC(t->deregMrSym(coll, mdst));
+  NC(t->deregMrSym(coll, msig));
+  NC(t->closeColl(coll));
+  NC(t->finalize(pctx));
+  if (rank != sender) CU(cu.memFree(src)); /* the sender's went above */
+  CU(cu.memFree(dst));
+  CU(cu.memFree(sig));
   free(host);
 }
 
