@@ -92,6 +92,29 @@ type Props struct {
 	InlineMax uint64
 	// Lanes is how many independent ordered channels submit accepts.
 	Lanes int
+	// LateVisible: a put this transport landed may become visible only
+	// after a flush NCCL's device barrier makes, so a signal that arrived
+	// behind it does not prove it visible: a NIC writing device memory
+	// (FI_HMEM, dma-buf), or a landing copy still in flight when the
+	// service moves on (an asynchronous device copy sets it). TCP and the
+	// intra-node path land each put whole (a memcpy, process_vm_writev or
+	// a synchronous device copy) before they read anything behind it.
+	LateVisible bool
+}
+
+// FlushesOnSignal is getRmaProperties' flushesAllPutsOnAnySignal (SPEC.md
+// §2): true when no peer's transport lands puts that become visible late
+// (Props.LateVisible). Then every put a rank's services have received is
+// visible by the time any later signal, from any peer, is applied, since
+// each service lands a put whole before it processes what follows, and a
+// put still in flight is not yet received.
+func (m *Mesh) FlushesOnSignal() bool {
+	for _, p := range m.peers {
+		if p != nil && p.t != nil && p.t.props().LateVisible {
+			return false
+		}
+	}
+	return true
 }
 
 // Transport names, as Props.Name reports them.

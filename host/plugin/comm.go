@@ -179,15 +179,23 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 
 func lookupColl(h uint64) *coll { return colls.lookup(h) }
 
-// GetRmaProperties answers the v16 query. Puts and signals of different
-// peers travel on different streams, so a signal from one peer says nothing
-// about another peer's puts.
+// GetRmaProperties answers the v16 query: flushesAllPutsOnAnySignal. NCCL
+// asks whether the arrival of any signal from any peer makes every put
+// received before it visible, so that its device barrier can skip a flush
+// per peer. Over TCP and the intra-node path it does: a target's service
+// lands each put whole (memcpy, process_vm_writev or a synchronous device
+// copy) before it reads anything behind it, so a put received is a put
+// visible, whichever peer's signal comes next. Not so when a NIC writes
+// device memory directly (FI_HMEM: nothing flushes its writes before the
+// signal) or a landing copy may still run when the service moves on: the
+// mesh says which (dataplane.Mesh.FlushesOnSignal, Props.LateVisible).
 func GetRmaProperties(h uint64) (bool, abi.Result) {
-	if lookupColl(h) == nil {
+	c := lookupColl(h)
+	if c == nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: getRmaProperties: unknown collComm %#x", h)
 		return false, abi.InvalidArgument
 	}
-	return false, abi.Success
+	return c.mesh.FlushesOnSignal(), abi.Success
 }
 
 // CloseColl delivers what was posted and tears the communicator down: a
