@@ -84,17 +84,11 @@ static const char* errstr(CUresult r) {
 
 int rmaw_cuda_open(char* err, size_t errlen) {
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    snprintf(err, errlen, "%s", dlerror());
-    return -1;
-  }
-#define SYM(field, name)                                     \
-  do {                                                       \
-    *(void**)&cu.field = dlsym(h, name);                     \
-    if (!cu.field) {                                         \
-      snprintf(err, errlen, "libcuda.so.1 has no %s", name); \
-      return -1;                                             \
-    }                                                        \
+  if (!h) return rmaw_fail(err, errlen, "%s", dlerror());
+#define SYM(field, name)                                                          \
+  do {                                                                            \
+    *(void**)&cu.field = dlsym(h, name);                                          \
+    if (!cu.field) return rmaw_fail(err, errlen, "libcuda.so.1 has no %s", name); \
   } while (0)
   SYM(init, "cuInit");
   SYM(deviceGetCount, "cuDeviceGetCount");
@@ -134,16 +128,10 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   *(void**)&cu.eventQuery = dlsym(h, "cuEventQuery");
   *(void**)&cu.eventDestroy = dlsym(h, "cuEventDestroy_v2");
   CUresult r = cu.init(0);
-  if (r != 0) {
-    snprintf(err, errlen, "cuInit: %s (%d)", errstr(r), r);
-    return -1;
-  }
+  if (r != 0) return rmaw_fail(err, errlen, "cuInit: %s (%d)", errstr(r), r);
   int n = 0;
   r = cu.deviceGetCount(&n);
-  if (r != 0 || n < 1) {
-    snprintf(err, errlen, "no CUDA device (cuDeviceGetCount: %d devices, status %d)", n, r);
-    return -1;
-  }
+  if (r != 0 || n < 1) return rmaw_fail(err, errlen, "no CUDA device (cuDeviceGetCount: %d devices, status %d)", n, r);
   return n;
 }
 
@@ -157,16 +145,12 @@ static int cuda_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, 
   for (uint64_t p = ptr; p < end;) {
     unsigned int memtype = 0;
     CUresult r = cu.pointerGetAttribute(&memtype, ATTR_MEMORY_TYPE, (CUdeviceptr)p);
-    if (r != 0 || memtype != MEMTYPE_DEVICE) {
-      snprintf(err, errlen, "%s CUDA device memory (at offset %llu: memory type %u, status %s)",
-               p == ptr ? "not" : "the range leaves", (unsigned long long)(p - ptr), memtype, errstr(r));
-      return -1;
-    }
+    if (r != 0 || memtype != MEMTYPE_DEVICE)
+      return rmaw_fail(err, errlen, "%s CUDA device memory (at offset %llu: memory type %u, status %s)",
+                       p == ptr ? "not" : "the range leaves", (unsigned long long)(p - ptr), memtype, errstr(r));
     int o = -1;
-    if (cu.pointerGetAttribute(&o, ATTR_DEVICE_ORDINAL, (CUdeviceptr)p) != 0 || (ordinal >= 0 && o != ordinal)) {
-      snprintf(err, errlen, "the range spans allocations of more than one device");
-      return -1;
-    }
+    if (cu.pointerGetAttribute(&o, ATTR_DEVICE_ORDINAL, (CUdeviceptr)p) != 0 || (ordinal >= 0 && o != ordinal))
+      return rmaw_fail(err, errlen, "the range spans allocations of more than one device");
     ordinal = o;
     CUdeviceptr base = 0;
     size_t n = 0;
@@ -185,10 +169,8 @@ static int cuda_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, 
   if (r != 0 || c == NULL) {
     /* VMM allocations carry no context: use the device's primary one. */
     CUdevice dev;
-    if (ordinal < 0 || cu.deviceGet(&dev, ordinal) != 0 || cu.primaryCtxRetain(&c, dev) != 0) {
-      snprintf(err, errlen, "cannot find the CUDA context of this memory");
-      return -1;
-    }
+    if (ordinal < 0 || cu.deviceGet(&dev, ordinal) != 0 || cu.primaryCtxRetain(&c, dev) != 0)
+      return rmaw_fail(err, errlen, "cannot find the CUDA context of this memory");
   }
   *ctx = (uintptr_t)c;
   return 0;
@@ -245,22 +227,14 @@ static int cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uin
   /* The calling thread (an NCCL progress thread, a Go goroutine's thread)
    * may have no context: set the one captured at registration. */
   CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
-  if (r != 0) {
-    snprintf(err, errlen, "cuCtxSetCurrent: %s", errstr(r));
-    return -1;
-  }
+  if (r != 0) return rmaw_fail(err, errlen, "cuCtxSetCurrent: %s", errstr(r));
   CUstream s = stream_for((CUcontext)ctx, &r);
-  if (!s) {
-    snprintf(err, errlen, "cuStreamCreate: %s", errstr(r));
-    return -1;
-  }
+  if (!s) return rmaw_fail(err, errlen, "cuStreamCreate: %s", errstr(r));
   r = to_device ? cu.htod((CUdeviceptr)dev, host, (size_t)n, s) : cu.dtoh(host, (CUdeviceptr)dev, (size_t)n, s);
   if (r == 0) r = cu.streamSynchronize(s);
-  if (r != 0) {
-    snprintf(err, errlen, "%s of %llu bytes: %s", to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync",
-             (unsigned long long)n, errstr(r));
-    return -1;
-  }
+  if (r != 0)
+    return rmaw_fail(err, errlen, "%s of %llu bytes: %s", to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync",
+                     (unsigned long long)n, errstr(r));
   return 0;
 }
 
@@ -268,10 +242,7 @@ static int cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uin
 static int cuda_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen) {
   CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
   if (r == 0) r = cu.memHostAlloc(p, (size_t)n, MEMHOSTALLOC_PORTABLE);
-  if (r != 0) {
-    snprintf(err, errlen, "cuMemHostAlloc of %llu bytes: %s", (unsigned long long)n, errstr(r));
-    return -1;
-  }
+  if (r != 0) return rmaw_fail(err, errlen, "cuMemHostAlloc of %llu bytes: %s", (unsigned long long)n, errstr(r));
   return 0;
 }
 
@@ -280,16 +251,10 @@ static void cuda_host_free(void* p) { cu.memFreeHost(p); }
 /* Pins memory we mapped ourselves (the intra-node staging ring, shared
  * with another process), portable to every context. */
 static int cuda_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
-  if (!cu.memHostRegister) {
-    snprintf(err, errlen, "the driver has no cuMemHostRegister");
-    return -1;
-  }
+  if (!cu.memHostRegister) return rmaw_fail(err, errlen, "the driver has no cuMemHostRegister");
   CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
   if (r == 0) r = cu.memHostRegister(p, (size_t)n, MEMHOSTALLOC_PORTABLE);
-  if (r != 0) {
-    snprintf(err, errlen, "cuMemHostRegister of %llu bytes: %s", (unsigned long long)n, errstr(r));
-    return -1;
-  }
+  if (r != 0) return rmaw_fail(err, errlen, "cuMemHostRegister of %llu bytes: %s", (unsigned long long)n, errstr(r));
   return 0;
 }
 
@@ -302,16 +267,11 @@ static void cuda_host_unregister(uintptr_t ctx, void* p) {
 /* Exports [base, base+n) (page-aligned by the caller) as a DMA-BUF fd
  * (CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD), for a NIC that imports it. */
 static int cuda_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen) {
-  if (!cu.getHandleForRange) {
-    snprintf(err, errlen, "the driver has no cuMemGetHandleForAddressRange");
-    return -1;
-  }
+  if (!cu.getHandleForRange) return rmaw_fail(err, errlen, "the driver has no cuMemGetHandleForAddressRange");
   CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
   if (r == 0) r = cu.getHandleForRange(fd, (CUdeviceptr)base, (size_t)n, 1, 0);
-  if (r != 0) {
-    snprintf(err, errlen, "cuMemGetHandleForAddressRange of %llu bytes: %s", (unsigned long long)n, errstr(r));
-    return -1;
-  }
+  if (r != 0)
+    return rmaw_fail(err, errlen, "cuMemGetHandleForAddressRange of %llu bytes: %s", (unsigned long long)n, errstr(r));
   return 0;
 }
 
@@ -392,39 +352,27 @@ static int cuda_caps(uintptr_t ctx) {
   return e ? e->caps : 0;
 }
 
-#define CTX_STREAM(e, what)                                                        \
-  CUresult r;                                                                      \
-  ctxstream* e = ctx_stream(ctx, &r);                                              \
-  if (!e) {                                                                        \
-    snprintf(err, errlen, "%s: no stream for the context: %s", what, errstr(r));   \
-    return -1;                                                                     \
-  }
+#define CTX_STREAM(e, what)           \
+  CUresult r;                         \
+  ctxstream* e = ctx_stream(ctx, &r); \
+  if (!e) return rmaw_fail(err, errlen, "%s: no stream for the context: %s", what, errstr(r))
 
 static int cuda_write64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen) {
   CTX_STREAM(e, "cuStreamWriteValue64");
   /* Flags 0: the write is ordered after the stream's earlier work and
    * preceded by a memory barrier. */
   r = cu.writeValue64(e->stream, (CUdeviceptr)dev, (unsigned long long)v, 0);
-  if (r != 0) {
-    snprintf(err, errlen, "cuStreamWriteValue64: %s", errstr(r));
-    return -1;
-  }
+  if (r != 0) return rmaw_fail(err, errlen, "cuStreamWriteValue64: %s", errstr(r));
   return 0;
 }
 
 static int cuda_add64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen) {
   CTX_STREAM(e, "cuLaunchKernel");
-  if (!e->add) {
-    snprintf(err, errlen, "no atomic-add kernel for this context");
-    return -1;
-  }
+  if (!e->add) return rmaw_fail(err, errlen, "no atomic-add kernel for this context");
   unsigned long long p = dev, x = v;
   void* args[] = {&p, &x}; /* copied by the launch */
   r = cu.launchKernel(e->add, 1, 1, 1, 1, 1, 1, 0, e->stream, args, NULL);
-  if (r != 0) {
-    snprintf(err, errlen, "cuLaunchKernel (atomic add): %s", errstr(r));
-    return -1;
-  }
+  if (r != 0) return rmaw_fail(err, errlen, "cuLaunchKernel (atomic add): %s", errstr(r));
   return 0;
 }
 
@@ -433,11 +381,9 @@ static int cuda_copy_async(uintptr_t ctx, int to_device, void* host, uint64_t de
   CTX_STREAM(e, "asynchronous copy");
   r = to_device ? cu.htod((CUdeviceptr)dev, host, (size_t)n, e->stream)
                 : cu.dtoh(host, (CUdeviceptr)dev, (size_t)n, e->stream);
-  if (r != 0) {
-    snprintf(err, errlen, "%s of %llu bytes: %s", to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync",
-             (unsigned long long)n, errstr(r));
-    return -1;
-  }
+  if (r != 0)
+    return rmaw_fail(err, errlen, "%s of %llu bytes: %s", to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync",
+                     (unsigned long long)n, errstr(r));
   return 0;
 }
 
@@ -446,17 +392,11 @@ static int cuda_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t err
   if (!*ev) {
     void* x = NULL;
     r = cu.eventCreate(&x, EVENT_DISABLE_TIMING);
-    if (r != 0) {
-      snprintf(err, errlen, "cuEventCreate: %s", errstr(r));
-      return -1;
-    }
+    if (r != 0) return rmaw_fail(err, errlen, "cuEventCreate: %s", errstr(r));
     *ev = (uintptr_t)x;
   }
   r = cu.eventRecord((void*)*ev, e->stream);
-  if (r != 0) {
-    snprintf(err, errlen, "cuEventRecord: %s", errstr(r));
-    return -1;
-  }
+  if (r != 0) return rmaw_fail(err, errlen, "cuEventRecord: %s", errstr(r));
   return 0;
 }
 
@@ -474,10 +414,7 @@ static void cuda_event_destroy(uintptr_t ctx, uintptr_t ev) {
 static int cuda_stream_sync(uintptr_t ctx, char* err, size_t errlen) {
   CTX_STREAM(e, "cuStreamSynchronize");
   r = cu.streamSynchronize(e->stream);
-  if (r != 0) {
-    snprintf(err, errlen, "cuStreamSynchronize: %s", errstr(r));
-    return -1;
-  }
+  if (r != 0) return rmaw_fail(err, errlen, "cuStreamSynchronize: %s", errstr(r));
   return 0;
 }
 
@@ -521,17 +458,11 @@ static int ngmaps;
 int rmaw_gdr_open(char* err, size_t errlen) {
   void* h = dlopen("libgdrapi.so", RTLD_NOW | RTLD_LOCAL);
   if (!h) h = dlopen("libgdrapi.so.2", RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    snprintf(err, errlen, "%s", dlerror());
-    return -1;
-  }
-#define SYM(field, name)                                     \
-  do {                                                       \
-    *(void**)&gdr.field = dlsym(h, name);                    \
-    if (!gdr.field) {                                        \
-      snprintf(err, errlen, "libgdrapi.so has no %s", name); \
-      return -1;                                             \
-    }                                                        \
+  if (!h) return rmaw_fail(err, errlen, "%s", dlerror());
+#define SYM(field, name)                                                           \
+  do {                                                                             \
+    *(void**)&gdr.field = dlsym(h, name);                                          \
+    if (!gdr.field) return rmaw_fail(err, errlen, "libgdrapi.so has no %s", name); \
   } while (0)
   SYM(open, "gdr_open");
   SYM(pin, "gdr_pin_buffer");
@@ -543,10 +474,7 @@ int rmaw_gdr_open(char* err, size_t errlen) {
   void* cudaLib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   if (cudaLib) *(void**)&gdr.setAttr = dlsym(cudaLib, "cuPointerSetAttribute");
   gdrh = gdr.open();
-  if (!gdrh) {
-    snprintf(err, errlen, "gdr_open failed (is the gdrdrv module loaded, /dev/gdrdrv readable?)");
-    return -1;
-  }
+  if (!gdrh) return rmaw_fail(err, errlen, "gdr_open failed (is the gdrdrv module loaded, /dev/gdrdrv readable?)");
   return 0;
 }
 

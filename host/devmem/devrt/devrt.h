@@ -7,8 +7,20 @@
  * must run in (a CUcontext for CUDA, the device ordinal + 1 for HIP). */
 #ifndef RMAW_DEVRT_H
 #define RMAW_DEVRT_H
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+
+/* rmaw_fail writes a printf-style message to err (errlen bytes) and
+ * returns -1: how the runtimes' functions fail. */
+__attribute__((format(printf, 3, 4))) static inline int rmaw_fail(char* err, size_t errlen, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return -1;
+}
 
 typedef struct rmaw_devrt_ops {
   /* inspect accepts [ptr, ptr+size) when it is device memory of one

@@ -62,17 +62,11 @@ int rmaw_hip_open(const char* lib, char* err, size_t errlen) {
   static const char* names[] = {"libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"};
   void* h = lib ? dlopen(lib, RTLD_NOW | RTLD_LOCAL) : NULL;
   for (size_t i = 0; !lib && i < sizeof names / sizeof names[0] && !h; i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    snprintf(err, errlen, "%s", dlerror());
-    return -1;
-  }
-#define SYM(field, name)                                      \
-  do {                                                        \
-    *(void**)&hip.field = dlsym(h, name);                     \
-    if (!hip.field) {                                         \
-      snprintf(err, errlen, "libamdhip64.so has no %s", name); \
-      return -1;                                              \
-    }                                                         \
+  if (!h) return rmaw_fail(err, errlen, "%s", dlerror());
+#define SYM(field, name)                                                             \
+  do {                                                                               \
+    *(void**)&hip.field = dlsym(h, name);                                            \
+    if (!hip.field) return rmaw_fail(err, errlen, "libamdhip64.so has no %s", name); \
   } while (0)
   SYM(init, "hipInit");
   SYM(getDeviceCount, "hipGetDeviceCount");
@@ -100,10 +94,8 @@ int rmaw_hip_open(const char* lib, char* err, size_t errlen) {
   hipError_t r = hip.init(0);
   int n = 0;
   if (r == 0) r = hip.getDeviceCount(&n);
-  if (r != 0 || n < 1) {
-    snprintf(err, errlen, "no HIP device (hipGetDeviceCount: %d devices, status %d: %s)", n, r, errstr(r));
-    return -1;
-  }
+  if (r != 0 || n < 1)
+    return rmaw_fail(err, errlen, "no HIP device (hipGetDeviceCount: %d devices, status %d: %s)", n, r, errstr(r));
   return n;
 }
 
@@ -128,16 +120,12 @@ static int attrs(uint64_t p, int* type, int* dev) {
 static int hip_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t errlen) {
   int type = -1, dev = -1;
   hipError_t r = attrs(ptr, &type, &dev);
-  if (r != 0 || type != memtype_device || dev < 0) {
-    snprintf(err, errlen, "not HIP device memory (memory type %d, status %s)", type, r ? errstr(r) : "ok");
-    return -1;
-  }
+  if (r != 0 || type != memtype_device || dev < 0)
+    return rmaw_fail(err, errlen, "not HIP device memory (memory type %d, status %s)", type, r ? errstr(r) : "ok");
   if (size > 1) {
     int t2 = -1, d2 = -1;
-    if (attrs(ptr + size - 1, &t2, &d2) != 0 || t2 != memtype_device || d2 != dev) {
-      snprintf(err, errlen, "the range ends outside HIP device memory of device %d", dev);
-      return -1;
-    }
+    if (attrs(ptr + size - 1, &t2, &d2) != 0 || t2 != memtype_device || d2 != dev)
+      return rmaw_fail(err, errlen, "the range ends outside HIP device memory of device %d", dev);
   }
   *ctx = (uintptr_t)dev + 1;
   return 0;
@@ -171,28 +159,20 @@ static hipStream_t on_device(uintptr_t ctx, hipError_t* r) {
 static int hip_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err, size_t errlen) {
   hipError_t r;
   hipStream_t s = on_device(ctx, &r);
-  if (!s) {
-    snprintf(err, errlen, "hipSetDevice(%d) / hipStreamCreateWithFlags: %s", (int)ctx - 1, errstr(r));
-    return -1;
-  }
+  if (!s) return rmaw_fail(err, errlen, "hipSetDevice(%d) / hipStreamCreateWithFlags: %s", (int)ctx - 1, errstr(r));
   void* d = (void*)(uintptr_t)dev;
   r = to_device ? hip.memcpyAsync(d, host, (size_t)n, KIND_H2D, s) : hip.memcpyAsync(host, d, (size_t)n, KIND_D2H, s);
   if (r == 0) r = hip.streamSynchronize(s);
-  if (r != 0) {
-    snprintf(err, errlen, "hipMemcpyAsync (%s) of %llu bytes: %s", to_device ? "to device" : "from device",
-             (unsigned long long)n, errstr(r));
-    return -1;
-  }
+  if (r != 0)
+    return rmaw_fail(err, errlen, "hipMemcpyAsync (%s) of %llu bytes: %s", to_device ? "to device" : "from device",
+                     (unsigned long long)n, errstr(r));
   return 0;
 }
 
 static int hip_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen) {
   hipError_t r = hip.setDevice((int)ctx - 1);
   if (r == 0) r = hip.hostMalloc(p, (size_t)n, HOST_MALLOC_PORTABLE);
-  if (r != 0) {
-    snprintf(err, errlen, "hipHostMalloc of %llu bytes: %s", (unsigned long long)n, errstr(r));
-    return -1;
-  }
+  if (r != 0) return rmaw_fail(err, errlen, "hipHostMalloc of %llu bytes: %s", (unsigned long long)n, errstr(r));
   return 0;
 }
 
@@ -200,16 +180,10 @@ static void hip_host_free(void* p) { hip.hostFree(p); }
 
 /* Pins memory we mapped ourselves (the intra-node staging ring). */
 static int hip_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
-  if (!hip.hostRegister) {
-    snprintf(err, errlen, "the runtime has no hipHostRegister");
-    return -1;
-  }
+  if (!hip.hostRegister) return rmaw_fail(err, errlen, "the runtime has no hipHostRegister");
   hipError_t r = hip.setDevice((int)ctx - 1);
   if (r == 0) r = hip.hostRegister(p, (size_t)n, HOST_MALLOC_PORTABLE); /* hipHostRegisterPortable = 1 */
-  if (r != 0) {
-    snprintf(err, errlen, "hipHostRegister of %llu bytes: %s", (unsigned long long)n, errstr(r));
-    return -1;
-  }
+  if (r != 0) return rmaw_fail(err, errlen, "hipHostRegister of %llu bytes: %s", (unsigned long long)n, errstr(r));
   return 0;
 }
 
@@ -221,16 +195,11 @@ static void hip_host_unregister(uintptr_t ctx, void* p) {
  * (hipMemRangeHandleTypeDmaBufFd), for a NIC that imports it; the memory's
  * device is made current first. */
 static int hip_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen) {
-  if (!hip.getHandleForRange) {
-    snprintf(err, errlen, "the runtime has no hipMemGetHandleForAddressRange");
-    return -1;
-  }
+  if (!hip.getHandleForRange) return rmaw_fail(err, errlen, "the runtime has no hipMemGetHandleForAddressRange");
   hipError_t r = hip.setDevice((int)ctx - 1);
   if (r == 0) r = hip.getHandleForRange(fd, (void*)(uintptr_t)base, (size_t)n, 1, 0);
-  if (r != 0) {
-    snprintf(err, errlen, "hipMemGetHandleForAddressRange of %llu bytes: %s", (unsigned long long)n, errstr(r));
-    return -1;
-  }
+  if (r != 0)
+    return rmaw_fail(err, errlen, "hipMemGetHandleForAddressRange of %llu bytes: %s", (unsigned long long)n, errstr(r));
   return 0;
 }
 
@@ -281,21 +250,15 @@ static int hip_caps(uintptr_t ctx) {
   return k < 0 ? 0 : devs[k].caps;
 }
 
-#define DEV_STREAM(k, what)                                                              \
-  hipError_t r;                                                                          \
-  int k = dev_stream(ctx, &r);                                                           \
-  if (k < 0) {                                                                           \
-    snprintf(err, errlen, "%s: no stream for device %d: %s", what, (int)ctx - 1, errstr(r)); \
-    return -1;                                                                           \
-  }
+#define DEV_STREAM(k, what)    \
+  hipError_t r;                \
+  int k = dev_stream(ctx, &r); \
+  if (k < 0) return rmaw_fail(err, errlen, "%s: no stream for device %d: %s", what, (int)ctx - 1, errstr(r))
 
 static int hip_write64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen) {
   DEV_STREAM(k, "hipStreamWriteValue64");
   r = hip.writeValue64(devs[k].stream, (void*)(uintptr_t)dev, v, 0);
-  if (r != 0) {
-    snprintf(err, errlen, "hipStreamWriteValue64: %s", errstr(r));
-    return -1;
-  }
+  if (r != 0) return rmaw_fail(err, errlen, "hipStreamWriteValue64: %s", errstr(r));
   return 0;
 }
 
@@ -310,11 +273,9 @@ static int hip_copy_async(uintptr_t ctx, int to_device, void* host, uint64_t dev
   void* d = (void*)(uintptr_t)dev;
   r = to_device ? hip.memcpyAsync(d, host, (size_t)n, KIND_H2D, devs[k].stream)
                 : hip.memcpyAsync(host, d, (size_t)n, KIND_D2H, devs[k].stream);
-  if (r != 0) {
-    snprintf(err, errlen, "hipMemcpyAsync (%s) of %llu bytes: %s", to_device ? "to device" : "from device",
-             (unsigned long long)n, errstr(r));
-    return -1;
-  }
+  if (r != 0)
+    return rmaw_fail(err, errlen, "hipMemcpyAsync (%s) of %llu bytes: %s", to_device ? "to device" : "from device",
+                     (unsigned long long)n, errstr(r));
   return 0;
 }
 
@@ -323,17 +284,11 @@ static int hip_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t errl
   if (!*ev) {
     void* x = NULL;
     r = hip.eventCreateWithFlags(&x, 2); /* hipEventDisableTiming */
-    if (r != 0) {
-      snprintf(err, errlen, "hipEventCreateWithFlags: %s", errstr(r));
-      return -1;
-    }
+    if (r != 0) return rmaw_fail(err, errlen, "hipEventCreateWithFlags: %s", errstr(r));
     *ev = (uintptr_t)x;
   }
   r = hip.eventRecord((void*)*ev, devs[k].stream);
-  if (r != 0) {
-    snprintf(err, errlen, "hipEventRecord: %s", errstr(r));
-    return -1;
-  }
+  if (r != 0) return rmaw_fail(err, errlen, "hipEventRecord: %s", errstr(r));
   return 0;
 }
 
@@ -350,10 +305,7 @@ static void hip_event_destroy(uintptr_t ctx, uintptr_t ev) {
 static int hip_stream_sync(uintptr_t ctx, char* err, size_t errlen) {
   DEV_STREAM(k, "hipStreamSynchronize");
   r = hip.streamSynchronize(devs[k].stream);
-  if (r != 0) {
-    snprintf(err, errlen, "hipStreamSynchronize: %s", errstr(r));
-    return -1;
-  }
+  if (r != 0) return rmaw_fail(err, errlen, "hipStreamSynchronize: %s", errstr(r));
   return 0;
 }
 
