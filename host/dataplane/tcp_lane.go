@@ -404,11 +404,12 @@ func (l *lane) flush() {
 	ok := l.writeBatch(l.batch[:n])
 	l.mu.Lock()
 	l.writing = false
-	// The send timer is left running even when everything left: stopping
-	// it per batch would not spare the wake-up of a poller parked until
-	// its deadline, and re-arming it per op would cost one. It finds the
-	// queue empty and wakes no writer.
 	more := l.qLen > 0
+	if !more && l.armed.Load() && l.timer.Stop() {
+		// Everything left: the send timer would only wake the writer
+		// for nothing. An op queued after this re-arms it.
+		l.armed.Store(false)
+	}
 	l.mu.Unlock()
 	l.ackLeft()
 	if ok && more {
