@@ -44,6 +44,22 @@ const (
 	// with 4 (verbs, efa) as few rank bits as the communicator needs and
 	// at least fabMinSeqBits for the number (see orderer.unwrap).
 	fabMinSeqBits = 16
+	// A small put with signal whose signal fits travels as one write whose
+	// 8-byte CQ data carries it (fabricLink.cqSignal): the rank's 16 bits,
+	// then fabSigFlag, then the low fabSigSeqBits of the sequence number, a
+	// signal registration id below 2^fabSigIDBits and the word's index
+	// (offset / 8) below 2^fabSigWordBits; the add is 1. A plain write
+	// keeps fabSigFlag clear (47 bits of number).
+	fabSigSeqBits  = 16
+	fabSigIDBits   = 12
+	fabSigWordBits = 19
+	fabSigFlag     = 1 << 47
+	// fabSigKnown: signal targets per peer whose acceptance by the peer we
+	// remember (fabricLink.sigOK).
+	fabSigKnown = 4
+	// fabNoSlot in a verdict's slot field: a rejection of a signal that
+	// came in CQ data, which no slot awaits.
+	fabNoSlot = 1<<16 - 1
 	// fabNapsBeforeWait: empty polls (about 2000 yields, then ~10 ms of
 	// naps) before an idle progress goroutine sleeps on the CQ's wait fd.
 	fabNapsBeforeWait = 2000 + 64 + 50
@@ -105,6 +121,11 @@ type fabSlot struct {
 	got uint8 // sigSent | sigVerdict
 	vst abi.Result
 	seq uint64
+	// A signal message's target, remembered as accepted when its verdict
+	// says so (learn: an INC or ADD, which CQ data may carry later).
+	learn  bool
+	sigID  uint32
+	sigOff uint64
 }
 
 const (
@@ -128,6 +149,10 @@ type fabEP struct {
 	rank    int
 	links   []*fabricLink // by rank; nil where the peer is not on this fabric
 	seqBits uint          // low bits of the CQ data holding the sequence number
+	// sigCQ: 8-byte CQ data at full width, so a small put with signal may
+	// carry its signal there (fabSigFlag); plain writes then use one bit
+	// less of number.
+	sigCQ bool
 
 	mem   unsafe.Pointer // C: fabSlots slot areas, then fabRecvs receive areas
 	slots []fabSlot
@@ -310,6 +335,7 @@ func (e *fabEP) layout(n int) bool {
 	if fabTestSeqBits != 0 {
 		e.seqBits = fabTestSeqBits
 	}
+	e.sigCQ = e.seqBits == 48 && !fabTestNoSigCQ
 	return true
 }
 
@@ -324,6 +350,10 @@ var (
 func fabRefused() bool {
 	return fabTestRefuse > 1 && fabTestRefused.Add(1)%fabTestRefuse != 0
 }
+
+// fabTestNoSigCQ, when set by a test, keeps every signal in a message
+// (as with 4-byte CQ data).
+var fabTestNoSigCQ bool
 
 // fabTestSeqBits, when set by a test, narrows the sequence field so that
 // it wraps quickly.
@@ -648,9 +678,7 @@ func (e *fabEP) handle(c *fabric.Completion) {
 		data := fabric.Data(c)
 		if l := e.link(int(data >> e.seqBits)); l != nil {
 			l.heard.Add(1)
-			if err := l.p.landed(l.p.order.unwrap(data&(1<<e.seqBits-1), e.seqBits), sigRef{}, 0); err != nil {
-				go l.p.markDead(err)
-			}
+			e.wrote(l, data&(1<<e.seqBits-1))
 		}
 		if ok && recv {
 			e.repost(idx)
@@ -664,6 +692,40 @@ func (e *fabEP) handle(c *fabric.Completion) {
 	}
 	if ok {
 		e.finish(idx, abi.Success, nil)
+	}
+}
+
+// wrote lands a peer's write whose CQ data (rank taken off) is w: a
+// number, or with fabSigFlag a number and the signal it carries, which
+// the orderer applies once every earlier number landed. The payload is
+// in place before the provider reports the CQ data.
+func (e *fabEP) wrote(l *fabricLink, w uint64) {
+	p := l.p
+	if !e.sigCQ {
+		if err := p.landed(p.order.unwrap(w, e.seqBits), sigRef{}, 0); err != nil {
+			go p.markDead(err)
+		}
+		return
+	}
+	if w&fabSigFlag == 0 {
+		if err := p.landed(p.order.unwrap(w, e.seqBits-1), sigRef{}, 0); err != nil {
+			go p.markDead(err)
+		}
+		return
+	}
+	seq := p.order.unwrap(w&(1<<fabSigSeqBits-1), fabSigSeqBits)
+	id := uint32(w>>fabSigSeqBits) & (1<<fabSigIDBits - 1)
+	off := (w >> (fabSigSeqBits + fabSigIDBits) & (1<<fabSigWordBits - 1)) * 8
+	sig, add, status := p.signalTarget(id, off, abi.SignalOpInc, 1)
+	if err := p.landed(seq, sig, add); err != nil {
+		go p.markDead(err)
+		return
+	}
+	if status != abi.Success {
+		// The sender only puts a target it saw accepted here into CQ data,
+		// so this is a registration dropped since: its request completed
+		// on arrival; the rejection reaches its sticky error (and WARN).
+		e.queueVerdict(l, seq|fabNoSlot<<48, status)
 	}
 }
 
@@ -738,7 +800,11 @@ func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 // slot) changes nothing but a rejection's sticky error.
 func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
 	if status != abi.Success {
-		l.p.m.owner.PeerFailed(l.p.rank, fmt.Errorf("rank %d rejected a signal (sequence number %d): %v", l.p.rank, word&fabSeqMask, status))
+		how := ""
+		if word>>48 == fabNoSlot {
+			how = " carried in CQ data (its request completed on arrival)"
+		}
+		l.p.m.owner.PeerFailed(l.p.rank, fmt.Errorf("rank %d rejected a signal%s (sequence number %d): %v", l.p.rank, how, word&fabSeqMask, status))
 	}
 	idx := uint32(word >> 48)
 	if idx >= fabSlots {
@@ -752,6 +818,9 @@ func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
 	s.link.win.complete(s.seq)
 	if status != abi.Success && s.vst == abi.Success {
 		s.vst = status
+	}
+	if status == abi.Success && s.learn {
+		l.learnSignal(s.sigID, s.sigOff)
 	}
 	if s.got&sigSent != 0 {
 		e.finish(idx, s.vst, nil)

@@ -61,6 +61,14 @@ type fabricLink struct {
 
 	win *seqWindow // how far our numbers may run ahead (fabric_window.go)
 
+	// sigOK holds signal targets the peer accepted (a verdict of success
+	// for a signal message): (id+1)<<32 | the offset past the highest word
+	// accepted, 0 when empty. A put with signal to one of them may carry
+	// its signal in CQ data (cqSignal), which has no verdict.
+	sigOK   [fabSigKnown]atomic.Uint64
+	sigNext atomic.Uint32
+	cqSigs  atomic.Uint64 // puts with signal sent as one write (tests)
+
 	pidfd atomic.Int32 // the shm peer's process, or -1 (fabric_pid.go)
 
 	fabStaged // device memory sent over the TCP lanes (fabric_dev.go)
@@ -95,6 +103,7 @@ type fabPend struct {
 	sigOnly     bool // the payload was posted; only the signal is left
 	staged      bool // device memory: sent on the TCP lane (fabric_dev.go)
 	inline      bool // a small put with signal: one message, payload inline
+	cqsig       bool // a small put with signal: one write, the signal in its CQ data
 }
 
 // inlined reports whether a put with signal travels as one control
@@ -123,6 +132,71 @@ func (f *fabricLink) inlined(op *Op) bool {
 	return !dev
 }
 
+// cqSignal reports whether op, a put with signal that would be inlined,
+// travels as one write whose CQ data carries the signal: 8-byte CQ data,
+// an add of 1 to a word the encoding reaches, of a target the peer has
+// accepted before (so a rejection, which has no verdict to ride on here,
+// means only that the registration went since), and a known key.
+func (f *fabricLink) cqSignal(op *Op, rail int) bool {
+	if !f.e.sigCQ || f.p.m.localComp {
+		return false
+	}
+	if op.SigOp != abi.SignalOpInc && (op.SigOp != abi.SignalOpAdd || op.SigValue != 1) {
+		return false
+	}
+	if op.SigMrID >= 1<<fabSigIDBits || op.SigOff%8 != 0 || op.SigOff/8 >= 1<<fabSigWordBits || !f.sigKnown(op.SigMrID, op.SigOff) {
+		return false
+	}
+	_, _, ok := f.target(op.MrID, op.Off, rail)
+	return ok
+}
+
+// cqSigData is the CQ data of a write carrying op's signal (cqSignal).
+func (f *fabricLink) cqSigData(e *fabEP, seq uint64, op *Op) uint64 {
+	return uint64(e.rank)<<e.seqBits | fabSigFlag | op.SigOff/8<<(fabSigSeqBits+fabSigIDBits) |
+		uint64(op.SigMrID)<<fabSigSeqBits | seq&(1<<fabSigSeqBits-1)
+}
+
+func (f *fabricLink) sigKnown(id uint32, off uint64) bool {
+	for i := range f.sigOK {
+		if v := f.sigOK[i].Load(); v>>32 == uint64(id)+1 && off+8 <= v&(1<<32-1) {
+			return true
+		}
+	}
+	return false
+}
+
+// learnSignal remembers that the peer accepted signal word off of
+// registration id: every aligned word below it is in range too.
+func (f *fabricLink) learnSignal(id uint32, off uint64) {
+	if id >= 1<<fabSigIDBits || off%8 != 0 || off/8 >= 1<<fabSigWordBits {
+		return
+	}
+	want := (uint64(id)+1)<<32 | (off + 8)
+	for i := range f.sigOK {
+		for {
+			v := f.sigOK[i].Load()
+			if v>>32 != uint64(id)+1 {
+				break
+			}
+			if v >= want || f.sigOK[i].CompareAndSwap(v, want) {
+				return
+			}
+		}
+	}
+	f.sigOK[f.sigNext.Add(1)%fabSigKnown].Store(want)
+}
+
+// forgetSignals drops what sigOK holds for registration id (the peer
+// registered under that id again).
+func (f *fabricLink) forgetSignals(id uint32) {
+	for i := range f.sigOK {
+		if v := f.sigOK[i].Load(); v>>32 == uint64(id)+1 {
+			f.sigOK[i].CompareAndSwap(v, 0)
+		}
+	}
+}
+
 func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
 	e := rails[0].e
 	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, rails: rails, piggy: make([]atomic.Uint64, len(rails))}
@@ -132,6 +206,9 @@ func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLi
 	size := uint64(fabSeqWindow)
 	if e.seqBits < 63 {
 		size = min(size, 1<<e.seqBits)
+	}
+	if e.sigCQ {
+		size = min(size, 1<<fabSigSeqBits) // the number field of a signal in CQ data
 	}
 	if p.m.orderWindow > 0 {
 		size = min(size, uint64(1)<<(63-bits.LeadingZeros64(p.m.orderWindow))) // a power of two at most the window
@@ -156,6 +233,7 @@ func (f *fabricLink) peerRegistered(rail uint8, id uint32, base, key uint64, dev
 	if int(rail) >= len(f.rails) {
 		return
 	}
+	f.forgetSignals(id)
 	f.regMu.Lock()
 	defer f.regMu.Unlock()
 	old := *f.remote.Load()
@@ -235,6 +313,11 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 			break
 		}
 		if pd.inline = f.inlined(&op); pd.inline {
+			if f.cqSignal(&op, pd.rail) {
+				pd.inline, pd.cqsig = false, true
+				pd.seq = f.seq.Add(1)
+				break
+			}
 			pd.sigSeq = f.seq.Add(1)
 			break
 		}
@@ -314,6 +397,12 @@ func (f *fabricLink) post(pd *fabPend) error {
 		// Delivery complete unless local completion was asked for: a put
 		// completes when its bytes arrived, as over TCP (SPEC.md §3).
 		data := uint64(e.rank)<<e.seqBits | pd.seq&(1<<e.seqBits-1)
+		switch {
+		case pd.cqsig:
+			data = f.cqSigData(e, pd.seq, op)
+		case e.sigCQ:
+			data &^= fabSigFlag // 47 bits of number
+		}
 		err = e.ep.WriteMsg(op.Local, op.Size, e.desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.p.m.localComp)
 	}
 	if err != nil {
@@ -321,6 +410,10 @@ func (f *fabricLink) post(pd *fabPend) error {
 		return err
 	}
 	e.bytes.Add(op.Size)
+	if pd.cqsig {
+		f.cqSigs.Add(1)
+		return nil
+	}
 	if op.Msg == MsgPutSignal {
 		// The payload is posted; the signal follows as a message whose
 		// completion is the request's second part (Mesh.PeerParts). If it
@@ -341,7 +434,7 @@ func (f *fabricLink) slot(e *fabEP, tag uint64) (uint32, bool) {
 	case idx := <-e.free:
 		s := &e.slots[idx]
 		s.link, s.tag, s.seq = f, tag, 0
-		s.sig, s.got, s.vst = false, 0, abi.Success // a signal's unslot leaves them
+		s.sig, s.got, s.vst, s.learn = false, 0, abi.Success, false // a signal's unslot leaves them
 		f.inflight.Add(1)
 		s.state.Store(slotPosted | uint32(f.p.rank)<<2)
 		return idx, true
@@ -398,6 +491,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 		// only the verdict is awaited.
 		s := &e.slots[idx]
 		s.sig, s.got, s.vst = true, 0, abi.Success
+		s.learn, s.sigID, s.sigOff = op.SigOp == abi.SignalOpInc || op.SigOp == abi.SignalOpAdd, op.SigMrID, op.SigOff
 		if inject {
 			s.got = sigSent
 		}

@@ -1336,3 +1336,195 @@ func TestTakesDmaBuf(t *testing.T) {
 		t.Error("efa takes a DMA-BUF with NCCL_RMA_WASM_FI_DMABUF=0")
 	}
 }
+
+// fabLink0 is rank 0's fabric link to rank 1.
+func fabLink0(t *testing.T, ms []*Mesh) *fabricLink {
+	t.Helper()
+	f, ok := ms[0].peers[1].t.(*fabricLink)
+	if !ok {
+		t.Fatal("rank 1 is not reached over fabric")
+	}
+	return f
+}
+
+// TestFabricSignalInCQData: once the target accepted a signal word (the
+// first put with signal to it is a message with a verdict), small puts
+// with an add of 1 to it travel as one write whose CQ data carries the
+// signal; a larger put, an add of 2, a word past what the encoding
+// reaches or an unaligned one fall back to the message. Puts without
+// signal interleave: whenever the counter reads k, every earlier put and
+// payload landed (strong signals). Every byte and the word are checked.
+func TestFabricSignalInCQData(t *testing.T) {
+	const size = 8 << 20
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	f := fabLink0(t, ms)
+	if !f.e.sigCQ {
+		t.Skip("the provider has no 8-byte CQ data")
+	}
+	src := fabric.Alloc(4096)
+	defer fabric.Free(src)
+	sb := unsafe.Slice((*byte)(src), 4096)
+	sig := (*uint64)(unsafe.Add(os[1].mem, 4096)) // word 512 of registration 1
+	tag, want := uint64(0), uint64(0)
+	put := func(op Op) {
+		t.Helper()
+		tag++
+		op.Tag, op.MrID, op.Local = tag, 1, src
+		ms[0].Post(1, &op, false, -1)
+		if st := os[0].waitN(t, tag, ms[0].OpParts(1, &op)); st != abi.Success {
+			t.Fatalf("op %d (%d bytes): %v", tag, op.Size, st)
+		}
+	}
+	// A plain put, then the first signal to the word (a message: not yet
+	// accepted), then many with the signal in CQ data, each after a plain
+	// put of its own marker.
+	base := f.cqSigs.Load()
+	const n = 300
+	for i := uint64(0); i < n; i++ {
+		binary.LittleEndian.PutUint64(sb, i+1)
+		put(Op{Msg: MsgPut, Size: 8, Off: 8192 + 8*i})
+		binary.LittleEndian.PutUint64(sb[8:], ^i)
+		put(Op{Msg: MsgPutSignal, Size: 8 + i%73, Off: 65536 + 128*i, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc, SigValue: 0})
+		want++
+	}
+	if got := f.cqSigs.Load() - base; got < n-1 {
+		t.Fatalf("%d of %d puts with signal went in CQ data, want at least %d", got, n, n-1)
+	}
+	// Each write is complete on arrival: its bytes are there; the counter
+	// may still wait for the orderer, never for more than what is posted.
+	for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64(sig) != want; {
+		if time.Now().After(deadline) {
+			t.Fatalf("signal word %d, want %d", atomic.LoadUint64(sig), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	mem := os[1].bytes()
+	for i := uint64(0); i < n; i++ {
+		if v := binary.LittleEndian.Uint64(mem[8192+8*i:]); v != i+1 {
+			t.Fatalf("put %d: %d", i, v)
+		}
+		// The source as it was at post time: i+1, then ^i, then sb's rest.
+		var head [16]byte
+		binary.LittleEndian.PutUint64(head[:], i+1)
+		binary.LittleEndian.PutUint64(head[8:], ^i)
+		m := mem[65536+128*i : 65536+128*i+8+i%73]
+		for j := range m {
+			w := sb[j]
+			if j < 16 {
+				w = head[j]
+			}
+			if m[j] != w {
+				t.Fatalf("put with signal %d: byte %d is %d, want %d", i, j, m[j], w)
+			}
+		}
+		for j := 16; j < len(m); j++ {
+			if m[j] != sb[j] {
+				t.Fatalf("put with signal %d: byte %d is %d, want %d", i, j, m[j], sb[j])
+			}
+		}
+	}
+	// Fallbacks: each goes as a message, and still applies once.
+	before := f.cqSigs.Load()
+	put(Op{Msg: MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 2}) // add 2
+	want += 2
+	put(Op{Msg: MsgPutSignal, Size: fabInlineMax + 1, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc}) // not inline
+	want++
+	put(Op{Msg: MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // past 2^19 words
+	put(Op{Msg: MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // still past, though accepted
+	put(Op{Msg: MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 8192 - 8, SigOp: abi.SignalOpInc}) // above the word accepted
+	if got := f.cqSigs.Load() - before; got != 0 {
+		t.Fatalf("%d fallbacks went in CQ data", got)
+	}
+	// The last one taught the link a higher word: words below it now fit.
+	put(Op{Msg: MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 1})
+	want++
+	if got := f.cqSigs.Load() - before; got != 1 {
+		t.Fatalf("an add of 1 to an accepted word: %d in CQ data, want 1", got)
+	}
+	for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64(sig) != want ||
+		atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 5<<20))) != 2 || atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 8192-8))) != 1; {
+		if time.Now().After(deadline) {
+			t.Fatalf("signal words %d %d %d, want %d 2 1", atomic.LoadUint64(sig), atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 5<<20))),
+				atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 8192-8))), want)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if len(os[0].fail)+len(os[1].fail) != 0 {
+		t.Fatalf("failures: %v %v", os[0].fail, os[1].fail)
+	}
+}
+
+// TestFabricSignalInCQDataRejected: a signal in CQ data whose target the
+// peer no longer accepts (here: the sender's memory of accepted words is
+// forged, as a registration dropped since would leave it) is not applied,
+// and the rejection reaches the sender's sticky error (the WARN), naming
+// CQ data; a target never accepted goes as a message and its request
+// fails with the target's code.
+func TestFabricSignalInCQDataRejected(t *testing.T) {
+	const size = 1 << 16
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	f := fabLink0(t, ms)
+	if !f.e.sigCQ {
+		t.Skip("the provider has no 8-byte CQ data")
+	}
+	src := fabric.Alloc(64)
+	defer fabric.Free(src)
+	// Never accepted: a message, rejected with the target's code.
+	op := Op{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 8, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc}
+	ms[0].Post(1, &op, false, -1)
+	if st := os[0].wait(t, 1); st != abi.InvalidArgument {
+		t.Fatalf("signal to an unknown registration: %v, want %v", st, abi.InvalidArgument)
+	}
+	if f.cqSigs.Load() != 0 {
+		t.Fatal("an unaccepted target went in CQ data")
+	}
+	os[0].mu.Lock()
+	nfail := len(os[0].fail)
+	os[0].mu.Unlock()
+	// Forged: registration 9 and a word past registration 1's end.
+	f.learnSignal(9, 8)
+	f.learnSignal(1, size+64)
+	for i, o := range []Op{
+		{Msg: MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 8, Off: 16, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc},
+		{Msg: MsgPutSignal, MrID: 1, Tag: 3, Local: src, Size: 8, Off: 24, SigMrID: 1, SigOff: size + 64, SigOp: abi.SignalOpInc},
+	} {
+		ms[0].Post(1, &o, false, -1)
+		if st := os[0].wait(t, o.Tag); st != abi.Success {
+			t.Fatalf("forged %d: request %v, want success (complete on arrival)", i, st)
+		}
+	}
+	if f.cqSigs.Load() != 2 {
+		t.Fatalf("%d forged signals went in CQ data, want 2", f.cqSigs.Load())
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		os[0].mu.Lock()
+		got := os[0].fail[nfail:]
+		os[0].mu.Unlock()
+		if len(got) >= 2 {
+			for _, err := range got {
+				if !bytes.Contains([]byte(err.Error()), []byte("CQ data")) {
+					t.Fatalf("rejection: %v", err)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rejections reached the sender, want 2", len(got))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The link still works, in order: a valid signal after them applies.
+	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 4, Local: src, Size: 8, Off: 32, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
+	if st := os[0].wait(t, 4); st != abi.Success {
+		t.Fatalf("valid signal after rejections: %v", st)
+	}
+	for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64((*uint64)(os[1].mem)) != 1; {
+		if time.Now().After(deadline) {
+			t.Fatalf("signal word %d, want 1", atomic.LoadUint64((*uint64)(os[1].mem)))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if w := atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 8))); w != 0 {
+		t.Fatalf("a rejected signal changed word 1 to %d", w)
+	}
+}
