@@ -79,7 +79,7 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 		return m.handle, abi.Success
 	}
 	m := &mr{base: *(*unsafe.Pointer)(unsafe.Pointer(&data)), size: size, typ: typ, devCtx: devCtx, flags: flags, refs: 1}
-	if devCtx != 0 && flags&abi.MrFlagSignalNeverReset != 0 {
+	if devCtx != 0 && flags&abi.MrFlagSignalNeverReset != 0 && config.SignalShadow.Get() {
 		m.shadow = staging.NewShadow(data, size)
 	}
 	c.regs.add(m, data)
