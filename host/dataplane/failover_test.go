@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bytes"
 	"errors"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,7 +24,14 @@ func (o *memOwner) LaneFailed(peer, lane, moved int, _ error) {
 // ss -K does: both ends see the stream break.
 func resetIn(t *testing.T, m *Mesh, peer, lane int) {
 	t.Helper()
-	c := m.peers[peer].t.(*tcpLink).ins[lane]
+	tl := m.peers[peer].t.(*tcpLink)
+	var c *net.TCPConn
+	waitUntil(t, "the lane to open", func() bool { // lanes open when first used (lazy.go)
+		tl.inMu.Lock()
+		defer tl.inMu.Unlock()
+		c = tl.ins[lane]
+		return c != nil
+	})
 	if err := c.SetLinger(0); err != nil {
 		t.Fatal(err)
 	}
@@ -148,6 +156,13 @@ func TestLaneFailoverMidStream(t *testing.T) {
 func TestResentPutsDeduplicated(t *testing.T) {
 	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 64), done: map[uint64]abi.Result{}}}
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: 2 * time.Second})
+	// Open lane 1 (lanes open when first used) with a get, which takes no
+	// sequence number.
+	var got [8]byte
+	ms[0].Post(1, &Op{Msg: MsgGet, MrID: 1, Tag: 100, Local: unsafe.Pointer(&got[0]), Size: 8, Off: 8}, false, 1)
+	if st := waitDone(t, owners[0], 100); st != abi.Success {
+		t.Fatalf("get on lane 1: %v", st)
+	}
 	l := ms[0].peers[1].t.(*tcpLink).lanes[0]
 	send := func(tag, seq uint64, typ uint8, status uint16, fill byte) {
 		t.Helper()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 )
 
 // Owner is what the dataplane needs from the communicator above it.
@@ -180,14 +181,21 @@ type Mesh struct {
 	noDmaBuf     bool          // Options.NoDmaBuf
 	fab          *fabEP        // the libfabric endpoint (rail 0), nil without one
 	rails        []*fabEP      // every rail's endpoint, fab first (fabric_rails.go)
+	// What a lane opened after connect dials with (lazy.go).
+	infos          []HandleInfo
+	id             *handshake.Identity
+	noFab, encrypt bool
+	dialTimeout    time.Duration
 }
 
 // ErrPeerGone is the status of operations to a peer that closed or failed.
 var ErrPeerGone = errors.New("peer connection lost")
 
-// Connect builds the full mesh: it dials every rank's listener (including its
-// own) and accepts one connection from every rank on l. It returns when all
-// 2*nranks streams are up or when timeout passes.
+// Connect builds the full mesh: it dials lane 0 of every rank's listener
+// (including its own) and accepts lane 0 from every rank on l. It returns
+// when all 2*nranks streams are up or when timeout passes. Further lanes
+// open when first used (lazy.go): with more than one lane, l must stay
+// open until the mesh is closed, to accept the peers' lanes.
 func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options) (*Mesh, error) {
 	timeout := opt.Timeout
 	n := len(handles)
@@ -217,7 +225,8 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n), lanes: lanes,
 		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout, localComp: opt.LocalCompletion,
 		orderWindow: opt.OrderWindow, spinWait: opt.SpinWait, spinners: opt.Spinners, quit: make(chan struct{}),
-		stageChunk: opt.StageChunk, noIntraRing: opt.NoIntraRing, noDmaBuf: opt.NoDmaBuf}
+		stageChunk: opt.StageChunk, noIntraRing: opt.NoIntraRing, noDmaBuf: opt.NoDmaBuf,
+		infos: infos, id: &l.id, noFab: opt.NoFabric, encrypt: opt.Encrypt, dialTimeout: timeout}
 	if m.orderWindow == 0 {
 		m.orderWindow = DefaultOrderWindow
 	}
@@ -265,6 +274,10 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	}
 	for _, p := range m.peers {
 		p.t.start()
+	}
+	if lanes > 1 {
+		m.wg.Add(1)
+		go m.lateLanes(l)
 	}
 	if opt.PeerTimeout > 0 {
 		m.wg.Add(1)

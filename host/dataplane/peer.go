@@ -218,16 +218,20 @@ func (p *peer) markDead(err error) {
 // before closeColl is delivered, not dropped with the streams.
 func (p *peer) sayGoodbye() {
 	p.closing.Store(true)
+	// A lane never opened (lazy.go) carried nothing: no goodbye, which
+	// would only open it.
 	down := p.down.Load()
+	unused, _ := p.t.(interface{ laneUnused(int) bool })
+	skip := func(lane int) bool { return down&(1<<lane) != 0 || (unused != nil && unused.laneUnused(lane)) }
 	n := int32(0)
 	for lane := 0; lane < p.lanes; lane++ {
-		if down&(1<<lane) == 0 {
+		if !skip(lane) {
 			n++
 		}
 	}
 	p.byeLanes.Store(max(n, 1))
 	for lane := 0; lane < p.lanes; lane++ {
-		if down&(1<<lane) == 0 || n == 0 {
+		if !skip(lane) || n == 0 {
 			p.t.submit(lane, Op{Msg: msgBye}, false)
 		}
 	}

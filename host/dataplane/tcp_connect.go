@@ -12,9 +12,10 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 )
 
-// connectStreams opens the TCP streams of the mesh: lanes streams dialled
-// to every rank's listener (outs[rank][lane], ours included) and the ones
-// every rank dialled to us (ins[rank][lane]), all with TCP_NODELAY. It
+// connectStreams opens the TCP streams of the mesh: lane 0 dialled to
+// every rank's listener (outs[rank][0], ours included) and the one every
+// rank dialled to us (ins[rank][0]), all with TCP_NODELAY; the other
+// lanes' slots stay nil until they open (lazy.go). It
 // returns when all are up or when the deadline passes. Every stream is
 // authenticated both ways (host/handshake): a connection that cannot prove the
 // rank it claims never gets here, so it cannot disturb the connect; two
@@ -33,25 +34,24 @@ func connectStreams(l *Listener, infos []HandleInfo, want []bool, rank, lanes in
 		if !want[i] {
 			continue
 		}
+		// Lane 0 only: the others open when first used (lazy.go).
 		outs[i] = make([]*net.TCPConn, lanes)
-		for j := 0; j < lanes; j++ {
-			wg.Add(1)
-			go func(i, j int) {
-				defer wg.Done()
-				outs[i][j], errs[i*lanes+j] = dial(infos[i], &l.id, handshake.Claim{Rank: rank, NRanks: n, Lane: j, Lanes: lanes, NoFabric: noFab, Encrypt: encrypt}, deadline)
-			}(i, j)
-		}
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			outs[i][0], errs[i*lanes] = dial(infos[i], &l.id, handshake.Claim{Rank: rank, NRanks: n, Lane: 0, Lanes: lanes, NoFabric: noFab, Encrypt: encrypt}, deadline)
+		}(i)
 	}
-	// Every rank announces how many lanes it opens; we take them all.
+	// Every rank opens lane 0 now; a further lane that a fast peer
+	// already uses is taken too (later ones reach Mesh.lateLanes).
 	ins = make([][]*net.TCPConn, n)
 	peerNoFab = make([]bool, n)
-	need, got := 0, 0 // need grows as ranks announce more than one lane
+	need, got := 0, 0
 	for _, w := range want {
 		if w {
 			need++
 		}
 	}
-	counted := make([]bool, n)
 	var acceptErr error
 	timer := time.NewTimer(time.Until(deadline))
 	for got < need && acceptErr == nil {
@@ -78,16 +78,14 @@ func connectStreams(l *Listener, infos []HandleInfo, want []bool, rank, lanes in
 				}
 				ins[in.Rank][in.Lane] = in.conn
 				peerNoFab[in.Rank] = peerNoFab[in.Rank] || in.NoFabric
-				if !counted[in.Rank] {
-					counted[in.Rank] = true
-					need += in.Lanes - 1
+				if in.Lane == 0 {
+					got++
 				}
-				got++
 			}
 		case <-timer.C:
 			missing := []int{}
 			for r := range ins {
-				if want[r] && ins[r] == nil {
+				if want[r] && (ins[r] == nil || ins[r][0] == nil) {
 					missing = append(missing, r)
 				}
 			}
@@ -114,7 +112,9 @@ func connectStreams(l *Listener, infos []HandleInfo, want []bool, rank, lanes in
 	}
 	for i := 0; i < n; i++ {
 		for _, c := range append(outs[i], ins[i]...) {
-			c.SetNoDelay(true)
+			if c != nil {
+				c.SetNoDelay(true)
+			}
 		}
 	}
 	return outs, ins, peerNoFab, nil

@@ -86,9 +86,12 @@ func (l *lane) broken(err error) {
 	}
 	l.mu.Lock()
 	l.down = true
+	out := l.out
 	l.mu.Unlock()
 	// Whoever writes or reads the stream fails at once now.
-	l.out.Close()
+	if out != nil {
+		out.Close()
+	}
 	l.timer.Stop()
 	l.due.Stop()
 }
@@ -280,7 +283,7 @@ func (t *tcpLink) inLaneEnded(i int, err error) bool {
 			break
 		}
 	}
-	t.ins[i].Close()
+	t.closeIn(i)
 	logx.Info(abi.SubsysNet, "NET/wasm: rank %d: incoming lane %d from rank %d ended (%v); the rank sends again what it did not see acknowledged",
 		p.m.rank, i, p.rank, err)
 	return true
@@ -306,7 +309,16 @@ func (t *tcpLink) fence(i, from int) error {
 		return nil
 	default:
 	}
-	t.fences[from].Do(func() { t.ins[from].Close() })
+	t.inMu.Lock()
+	if t.ins[from] == nil {
+		// The lane never opened here (lazy.go): nothing of it is landing,
+		// and it may not open any more.
+		t.fenced |= 1 << from
+		t.inMu.Unlock()
+		return nil
+	}
+	t.inMu.Unlock()
+	t.fences[from].Do(func() { t.closeIn(from) })
 	timer := time.NewTimer(p.m.closeTimeout)
 	defer timer.Stop()
 	select {

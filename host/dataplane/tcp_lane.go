@@ -44,7 +44,11 @@ var sendDelay = 200 * time.Microsecond
 type tcpLink struct {
 	p     *peer
 	lanes []*lane
-	ins   []*net.TCPConn
+	ins   []*net.TCPConn // nil for a lane the peer has not opened yet (inMu)
+	inMu  sync.Mutex     // guards ins and fenced once the link started (addIn)
+	// fenced has bit i set when a resent operation named incoming lane i
+	// before it ever opened: it may not open any more (fence).
+	fenced uint32
 	// side moves large payloads beside the streams (the intra-node
 	// transport installs itself); nil for plain TCP.
 	side sidePath
@@ -126,13 +130,17 @@ func (t *tcpLink) start() {
 			}
 		}
 	}
-	t.p.m.wg.Add(len(t.ins))
 	t.inDone = make([]chan struct{}, len(t.ins))
 	for i := range t.ins {
 		t.inDone[i] = make(chan struct{})
 	}
+	t.inMu.Lock()
+	defer t.inMu.Unlock()
 	for i, in := range t.ins {
-		go t.service(i, in)
+		if in != nil { // lanes beyond the first arrive when the peer uses them (addIn)
+			t.p.m.wg.Add(1)
+			go t.service(i, in)
+		}
 	}
 }
 
@@ -167,11 +175,15 @@ func (t *tcpLink) stop() {
 		l.mu.Lock()
 	}
 	t.p.dead.Store(true)
-	for _, l := range t.lanes {
+	outs := make([]*net.TCPConn, len(t.lanes)) // teardown: allocating is fine
+	for i, l := range t.lanes {
+		outs[i] = l.out
 		l.mu.Unlock()
 	}
-	for _, l := range t.lanes {
-		l.out.Close()
+	for i, l := range t.lanes {
+		if outs[i] != nil {
+			outs[i].Close()
+		}
 		l.timer.Stop()
 		l.due.Stop()
 	}
@@ -180,9 +192,13 @@ func (t *tcpLink) stop() {
 			a.timer.Stop()
 		}
 	}
+	t.inMu.Lock()
 	for _, in := range t.ins {
-		in.Close()
+		if in != nil {
+			in.Close()
+		}
 	}
+	t.inMu.Unlock()
 }
 
 func (t *tcpLink) awaiting() int {
@@ -222,7 +238,9 @@ type lane struct {
 	p   *peer
 	t   *tcpLink
 	idx int
-	out *net.TCPConn
+	out *net.TCPConn // nil until the lane opens (lazy.go); set under mu
+	// opening: the first op queued on an unopened lane started its dial.
+	opening bool
 
 	mu      sync.Mutex // guards the queue and writing
 	writing bool       // someone owns the stream and the batch buffers
@@ -300,23 +318,35 @@ type sentOp struct {
 }
 
 func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
-	l := &lane{
-		p: t.p, t: t, idx: idx, out: out,
-		q:     make([]Op, 1024),
-		wake:  make(chan struct{}, 1),
-		batch: make([]Op, batchMax),
-		hdrs:  make([]byte, batchMax*hdrSize),
-		iov:   make([][]byte, 0, 2*batchMax+1), // +1: a piggybacked ack
-		gets:  make([]getEntry, 256),
-		puts:  make([]uint64, 1024),
-		ptags: make([]uint64, 0, batchMax),
+	l := &lane{p: t.p, t: t, idx: idx, out: out, wake: make(chan struct{}, 1)}
+	l.resend = t.p.lanes > 1 && !t.p.m.localComp
+	if out == nil {
+		// Not open yet (lazy.go): a small queue that grows, and the
+		// buffers when it opens, so an unused lane costs little.
+		l.q = make([]Op, 16)
+		return l
 	}
-	if t.p.lanes > 1 && !t.p.m.localComp {
-		l.resend = true
+	l.q = make([]Op, laneQueue)
+	l.alloc()
+	return l
+}
+
+// laneQueue is an open lane's initial queue (it grows on demand).
+const laneQueue = 1024
+
+// alloc gives the lane the buffers its writer and reply reader use;
+// before the stream is set, so nobody uses them yet.
+func (l *lane) alloc() {
+	l.batch = make([]Op, batchMax)
+	l.hdrs = make([]byte, batchMax*hdrSize)
+	l.iov = make([][]byte, 0, 2*batchMax+1) // +1: a piggybacked ack
+	l.gets = make([]getEntry, 256)
+	l.puts = make([]uint64, 1024)
+	l.ptags = make([]uint64, 0, batchMax)
+	if l.resend {
 		l.sent = make([]sentOp, 256)
 		l.pops = make([]Op, 0, batchMax)
 	}
-	return l
 }
 
 func (l *lane) start() {
@@ -332,6 +362,13 @@ func (l *lane) start() {
 	l.timer.Stop()
 	l.due = time.AfterFunc(time.Hour, l.kick)
 	l.due.Stop()
+	if l.out != nil {
+		l.run()
+	}
+}
+
+// run starts the lane's writer and reply reader on its open stream.
+func (l *lane) run() {
 	l.p.m.wg.Add(2)
 	go l.writer()
 	go l.replies()
@@ -355,6 +392,9 @@ func (l *lane) enqueue(op *Op, hold bool) {
 	}
 	l.q[(l.qHead+l.qLen)%len(l.q)] = *op
 	l.qLen++
+	if l.out == nil && !l.opening {
+		l.startOpen() // the first op on this lane: dial it (lazy.go)
+	}
 	l.mu.Unlock()
 	switch {
 	case op.Msg == MsgReg || op.Msg == msgBye || op.NotBefore != 0:
@@ -386,8 +426,9 @@ func (l *lane) flush() {
 		return // nothing queued to carry an owed ack: it left alone, on this thread
 	}
 	l.mu.Lock()
-	if l.writing || l.qLen == 0 || l.down || l.q[l.qHead].NotBefore != 0 || l.p.dead.Load() {
-		// A paced op at the head is the writer's, on its timer.
+	if l.writing || l.qLen == 0 || l.down || l.out == nil || l.q[l.qHead].NotBefore != 0 || l.p.dead.Load() {
+		// A paced op at the head is the writer's, on its timer; an
+		// unopened lane's ops wait for it to open (lazy.go).
 		l.mu.Unlock()
 		return
 	}

@@ -86,11 +86,22 @@ func (t *tcpLink) progress() (uint64, bool) {
 		}
 	}
 	for _, l := range t.lanes {
-		if rc, err := l.out.SyscallConn(); err == nil {
+		l.mu.Lock()
+		out := l.out
+		l.mu.Unlock()
+		if out == nil {
+			continue // not opened yet
+		}
+		if rc, err := out.SyscallConn(); err == nil {
 			_ = rc.Control(add)
 		}
 	}
+	t.inMu.Lock()
+	defer t.inMu.Unlock()
 	for _, in := range t.ins {
+		if in == nil {
+			continue
+		}
 		if rc, err := in.SyscallConn(); err == nil {
 			_ = rc.Control(add)
 		}

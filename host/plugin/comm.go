@@ -20,6 +20,10 @@ type listenComm struct {
 	dev    int32
 	be     *loaded
 	commID uint64 // NCCL's communicator id, from the context listen was called on
+	// held: a communicator with more than one lane connected on l and
+	// needs it until it closes, to accept the lanes peers open when they
+	// first use them (host/dataplane/lazy.go); closeColl closes l then.
+	held atomic.Bool
 }
 
 // coll is a collective communicator: the mesh, its registrations and its
@@ -33,6 +37,7 @@ type coll struct {
 	be     *loaded
 	plan   backend.ConnPlan
 	mesh   *dataplane.Mesh
+	ln     *dataplane.Listener // the listener the mesh keeps (listenComm.held), or nil
 	closed atomic.Bool
 	// laneFolded: a backend's lane beyond plan.Lanes was folded (logged once).
 	laneFolded atomic.Bool
@@ -90,6 +95,9 @@ func CloseListen(listen uint64) abi.Result {
 	if lc == nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: closeListen: unknown listen comm %#x", listen)
 		return abi.InvalidArgument
+	}
+	if lc.held.Load() {
+		return abi.Success // closeColl closes it
 	}
 	if err := lc.l.Close(); err != nil {
 		logx.Info(abi.SubsysNet, "NET/wasm: closeListen: %v", err)
@@ -161,6 +169,10 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		return 0, abi.SystemError
 	}
 	c.mesh = mesh
+	if opt.Lanes > 1 {
+		c.ln = lc.l
+		lc.held.Store(true)
+	}
 	c.id = colls.add(c)
 	// The lane count closes the line so a host (rma_driver --summary) can
 	// report the connection plan the backend chose.
@@ -219,6 +231,9 @@ func CloseColl(h uint64) abi.Result {
 	}
 	if err := c.mesh.Close(); err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: rank %d: %v (%s)", c.rank, err, config.CloseTimeout.Name)
+	}
+	if c.ln != nil {
+		c.ln.Close()
 	}
 	if st := c.mesh.Stats(); st.CompressedRaw > 0 {
 		raw, wire := st.CompressedRaw, st.CompressedWire

@@ -1,0 +1,189 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
+)
+
+// Lazy lanes. Connect opens lane 0 to every peer; a lane beyond it opens
+// when the first operation is queued on it: the lane dials the peer's
+// listener with the signed hello (the claim names the lane), and the
+// peer's mesh takes the stream from its listener (lateLanes), which must
+// stay open while the mesh lives. Until then the lane's operations wait in
+// its queue, in order; the target's orderer holds signals for sequence
+// numbers still on the way, as for a slow lane. A dial that fails is a
+// lane failure (tcp_failover.go): the queue moves to a live lane, or the
+// peer fails when none is left. A peer never used beyond lane 0 costs one
+// stream each way.
+
+// startOpen dials the lane in the background; l.mu held. The mesh's wait
+// group counts the dial, so Close waits for it (p.quit cuts it short).
+func (l *lane) startOpen() {
+	l.opening = true
+	l.p.m.wg.Add(1)
+	go l.open()
+}
+
+func (l *lane) open() {
+	p, m := l.p, l.p.m
+	defer m.wg.Done()
+	c, err := m.dialLane(p, l.idx)
+	if err == nil {
+		l.alloc()
+	}
+	l.mu.Lock()
+	if err == nil && (p.dead.Load() || l.down) {
+		l.mu.Unlock()
+		c.Close()
+		return
+	}
+	if err != nil {
+		l.mu.Unlock()
+		err = fmt.Errorf("open lane %d to rank %d: %w", l.idx, p.rank, err)
+		l.broken(err)
+		if l.isDown() {
+			l.migrate(err)
+		}
+		return
+	}
+	for len(l.q) < laneQueue {
+		l.growQueue()
+	}
+	l.out = c
+	l.mu.Unlock()
+	l.run()
+	l.kick()
+}
+
+// laneUnused reports that nothing was ever queued on lane: it never
+// opened and is not opening.
+func (t *tcpLink) laneUnused(lane int) bool {
+	l := t.lanes[lane]
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.out == nil && !l.opening
+}
+
+// dialLane opens lane of the connection to p: the dial and the hello of
+// connect, bounded by the connect timeout and cut short when the peer
+// dies (Close marks it dead once its goodbyes were answered or timed out).
+func (m *Mesh) dialLane(p *peer, lane int) (*net.TCPConn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), m.dialTimeout)
+	defer cancel()
+	go func() {
+		select { // not on m.quit: Close waits for what was queued on the lane
+		case <-p.quit:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	info := &m.infos[p.rank]
+	cl := handshake.Claim{Rank: m.rank, NRanks: m.nranks, Lane: lane, Lanes: m.lanes, NoFabric: m.noFab, Encrypt: m.encrypt}
+	deadline, _ := ctx.Deadline()
+	var lastErr error
+	for {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", info.Addr.String())
+		if err == nil {
+			tc := c.(*net.TCPConn)
+			unwatch := context.AfterFunc(ctx, func() { tc.Close() })
+			keys, herr := handshake.Hello(tc, &info.Key, m.id, cl, deadline)
+			if unwatch() && herr == nil {
+				tc.SetNoDelay(true)
+				if keys == nil {
+					return tc, nil
+				}
+				sealed, serr := handshake.Seal(tc, *keys)
+				if serr != nil {
+					tc.Close()
+					return nil, serr
+				}
+				sealed.SetNoDelay(true)
+				return sealed, nil
+			}
+			tc.Close()
+			err = herr
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			if lastErr == nil || errors.Is(lastErr, net.ErrClosed) {
+				lastErr = ctx.Err()
+			}
+			return nil, lastErr
+		}
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+	}
+}
+
+// closeIn closes incoming stream i if the peer opened it.
+func (t *tcpLink) closeIn(i int) {
+	t.inMu.Lock()
+	c := t.ins[i]
+	t.inMu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+}
+
+// addIn takes a stream the peer opened after connect for one of its
+// lanes beyond the first, and starts serving it.
+func (t *tcpLink) addIn(lane, lanes int, c *net.TCPConn) error {
+	t.inMu.Lock()
+	defer t.inMu.Unlock()
+	switch {
+	case lanes != len(t.ins) || lane < 1 || lane >= lanes:
+		return fmt.Errorf("rank %d opened lane %d of %d; it announced %d lanes", t.p.rank, lane, lanes, len(t.ins))
+	case t.ins[lane] != nil:
+		return fmt.Errorf("two connections claim rank %d lane %d", t.p.rank, lane)
+	case t.fenced&(1<<lane) != 0:
+		return fmt.Errorf("rank %d opened lane %d after it resent that lane's operations", t.p.rank, lane)
+	case t.p.dead.Load():
+		return fmt.Errorf("%w: rank %d", ErrPeerGone, t.p.rank)
+	}
+	c.SetNoDelay(true)
+	t.ins[lane] = c
+	t.acks[lane].in = c
+	t.p.m.wg.Add(1)
+	go t.service(lane, c)
+	return nil
+}
+
+// lateLanes hands the streams peers open after connect to their links,
+// until the mesh or the listener closes.
+func (m *Mesh) lateLanes(l *Listener) {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-m.quit:
+			return
+		case <-l.done:
+			return
+		case in := <-l.conns:
+			var err error
+			if in.NRanks != m.nranks || in.Rank < 0 || in.Rank >= m.nranks {
+				err = fmt.Errorf("it claims rank %d of %d; this communicator has %d ranks", in.Rank, in.NRanks, m.nranks)
+			} else if a, ok := m.peers[in.Rank].t.(interface {
+				addIn(lane, lanes int, c *net.TCPConn) error
+			}); !ok {
+				err = fmt.Errorf("rank %d is not connected", in.Rank)
+			} else {
+				err = a.addIn(in.Lane, in.Lanes, in.conn)
+			}
+			if err != nil {
+				strangerWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: refused a lane opened after connect: %v", m.rank, err)
+				in.conn.Close()
+			}
+		}
+	}
+}

@@ -1,0 +1,173 @@
+package dataplane
+
+import (
+	"bytes"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+)
+
+// openStreams counts the streams of the connection to peer that are open:
+// ours (lanes dialled) and the peer's (lanes it dialled to us).
+func (m *Mesh) openStreams(peer int) (outs, ins int) {
+	t := m.peers[peer].t.(*tcpLink)
+	for _, l := range t.lanes {
+		l.mu.Lock()
+		if l.out != nil {
+			outs++
+		}
+		l.mu.Unlock()
+	}
+	t.inMu.Lock()
+	for _, c := range t.ins {
+		if c != nil {
+			ins++
+		}
+	}
+	t.inMu.Unlock()
+	return outs, ins
+}
+
+func fdCount(t *testing.T) int {
+	es, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(es)
+}
+
+// TestLazyLanes: with four lanes, connect opens lane 0 only (one stream
+// each way per pair, four descriptors a rank with itself); a lane opens on
+// the first operation queued on it, a signal on a newly opened lane still
+// waits for a put on another new lane posted before it, a striped put
+// opens the rest, and the direction never used beyond lane 0 keeps one
+// stream. Every byte and signal is checked.
+func TestLazyLanes(t *testing.T) {
+	const size = 1 << 20
+	owners := newOwners(2, 2*size)
+	ls := make([]*Listener, 2)
+	hs := make([]*Handle, 2)
+	for i := range ls {
+		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i], hs[i] = l, h
+		t.Cleanup(func() { l.Close() })
+	}
+	before := fdCount(t)
+	ms := connectAll(t, ls, hs, func(i int) Owner { return owners[i] }, func(int) Options {
+		return Options{Timeout: 10 * time.Second, Lanes: 4, StripeThreshold: 256 << 10, ChunkSize: 64 << 10, CloseTimeout: 5 * time.Second}
+	})
+	// Two ranks, each with a stream each way to itself and to the other.
+	if got := fdCount(t) - before; got != 8 {
+		t.Errorf("connect opened %d descriptors, want 8 (lane 0 only)", got)
+	}
+	for r, m := range ms {
+		for p := range 2 {
+			if o, i := m.openStreams(p); o != 1 || i != 1 {
+				t.Fatalf("rank %d to %d after connect: %d streams out, %d in; want 1 and 1", r, p, o, i)
+			}
+		}
+	}
+	src := make([]byte, 2*size)
+	for i := range src {
+		src[i] = byte(i*13 + 5)
+	}
+	// A put on lane 2, then a put with signal on lane 3: both lanes open,
+	// and the signal is applied only after the put of lane 2 landed.
+	word := (*uint64)(unsafe.Pointer(&owners[1].mem[0]))
+	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[8]), Size: 4096, Off: 8}, false, 2)
+	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 2, Local: unsafe.Pointer(&src[8+4096]), Size: 4096, Off: 8 + 4096}, false, 3)
+	waitUntil(t, "the signal", func() bool { return atomic.LoadUint64(word) == 1 })
+	if !bytes.Equal(owners[1].mem[8:8+8192], src[8:8+8192]) {
+		t.Fatal("the signal of lane 3 was applied before the put of lane 2 landed")
+	}
+	for tag := uint64(1); tag <= 2; tag++ {
+		if st := waitDone(t, owners[0], tag); st != abi.Success {
+			t.Fatalf("op %d: %v", tag, st)
+		}
+	}
+	if o, _ := ms[0].openStreams(1); o != 3 {
+		t.Fatalf("%d lanes open to rank 1 after operations on lanes 2 and 3, want 3", o)
+	}
+	waitUntil(t, "rank 1 to take the new lanes", func() bool { _, i := ms[1].openStreams(0); return i == 3 })
+	// A striped put with signal opens the last lane; every byte arrives
+	// before the signal.
+	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 3, Local: unsafe.Pointer(&src[size]), Size: size, Off: size}, false, 0)
+	waitUntil(t, "the striped signal", func() bool { return atomic.LoadUint64(word) == 2 })
+	if !bytes.Equal(owners[1].mem[size:], src[size:]) {
+		t.Fatal("the striped put's signal was applied before all of it landed")
+	}
+	want := ms[0].Parts(MsgPutSignal, size)
+	waitUntil(t, "the striped put's parts", func() bool {
+		owners[0].mu.Lock()
+		defer owners[0].mu.Unlock()
+		return owners[0].parts[3] == want
+	})
+	if o, _ := ms[0].openStreams(1); o != 4 {
+		t.Fatalf("%d lanes open to rank 1 after a striped put, want 4", o)
+	}
+	// Rank 1 never sent to rank 0: one stream that way still.
+	if o, _ := ms[1].openStreams(0); o != 1 {
+		t.Fatalf("rank 1 opened %d lanes to rank 0 without using them", o)
+	}
+	for i, m := range ms {
+		if err := m.Close(); err != nil {
+			t.Fatalf("close of rank %d: %v", i, err)
+		}
+	}
+	for i, o := range owners {
+		if len(o.failed) > 0 {
+			t.Fatalf("rank %d heard of failures: %v", i, o.failed)
+		}
+	}
+}
+
+// TestLazyLaneDialFails: a lane that cannot open (the peer's listener is
+// gone) fails over like a broken lane: its operations go on lane 0, land
+// once, and the initiator hears of the failover; the peer stays up.
+func TestLazyLaneDialFails(t *testing.T) {
+	owners := newOwners(2, 64<<10)
+	ls := make([]*Listener, 2)
+	hs := make([]*Handle, 2)
+	for i := range ls {
+		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i], hs[i] = l, h
+		t.Cleanup(func() { l.Close() })
+	}
+	ms := connectAll(t, ls, hs, func(i int) Owner { return owners[i] }, func(int) Options {
+		return Options{Timeout: 500 * time.Millisecond, Lanes: 2, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: 5 * time.Second}
+	})
+	t.Cleanup(func() {
+		for _, m := range ms {
+			m.Close()
+		}
+	})
+	ls[1].Close() // lane 1 to rank 1 can no longer open
+	src := bytes.Repeat([]byte("lazy"), 1024)
+	word := (*uint64)(unsafe.Pointer(&owners[1].mem[0]))
+	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: uint64(len(src)), Off: 8}, false, 1)
+	if st := waitDone(t, owners[0], 1); st != abi.Success {
+		t.Fatalf("put with signal on a lane that cannot open: %v", st)
+	}
+	if !bytes.Equal(owners[1].mem[8:8+len(src)], src) || atomic.LoadUint64(word) != 1 {
+		t.Fatalf("bytes or signal (%d) wrong after the failover", atomic.LoadUint64(word))
+	}
+	owners[0].mu.Lock()
+	events, failed := owners[0].laneEvents, owners[0].failed
+	owners[0].mu.Unlock()
+	if len(events) != 1 || events[0] != [3]int{1, 1, 1} || len(failed) != 0 {
+		t.Fatalf("lane events %v (want rank 1 lane 1, 1 op moved), failures %v", events, failed)
+	}
+	if ms[0].peers[1].dead.Load() {
+		t.Fatal("the peer died")
+	}
+}
