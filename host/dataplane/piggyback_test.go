@@ -55,8 +55,7 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 			const size = 16
 			const sigOff = 0
 			os := newOwners(2, 4096)
-			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
-			l := tcpOf(t, ms[0], 1).lanes[0]
+			var ms []*Mesh
 			src := make([]byte, (n+1)*size)
 			for i := range src {
 				src[i] = byte(i*7 + 1)
@@ -70,9 +69,13 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 				ms[0].Post(1, &op, hold, 0)
 			}
 			// Part 1: the send timer never fires (no timed behaviour).
-			saved := sendDelay
-			sendDelay = time.Hour
-			defer func() { sendDelay = saved }()
+			saved, savedHold := sendDelay, holdDelay
+			sendDelay, holdDelay = time.Hour, time.Hour
+			// Restored after the meshes closed (cleanups run last first),
+			// as their timers read them.
+			t.Cleanup(func() { sendDelay, holdDelay = saved, savedHold })
+			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
+			l := tcpOf(t, ms[0], 1).lanes[0]
 			w0, b0 := l.writes.Load(), l.batches.Load()
 			for i := 0; i < n; i++ {
 				put(i, uint64(i+1), true)
@@ -99,7 +102,7 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 			}
 			// Part 2: held ops, then nothing at all from the caller (a
 			// fresh pair: the first one's send timer is armed for an hour).
-			sendDelay = saved
+			sendDelay, holdDelay = saved, savedHold
 			os = newOwners(2, 4096)
 			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 			for i := 0; i <= n; i++ {

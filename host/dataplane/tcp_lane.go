@@ -38,6 +38,11 @@ const (
 // anyway. A variable so that tests can count batches without it.
 var sendDelay = 200 * time.Microsecond
 
+// holdDelay is that bound for a queue of nothing but operations held by
+// the aggregation hint, whose caller said more follow and then tests:
+// long, so that a stream of them keeps the timer nearly idle.
+var holdDelay = 2 * time.Millisecond
+
 // tcpLink is the TCP transport to one peer: our outgoing lanes (requests
 // and the replies to them) and the peer's incoming streams (its requests to
 // our memory, served by tcp_service.go, and our replies).
@@ -247,9 +252,12 @@ type lane struct {
 	q       []Op
 	qHead   int
 	qLen    int
+	qSince  int64 // Now() when the queue last became non-empty
+	qUrgent bool  // it holds an op posted without the aggregation hint since
 	wake    chan struct{}
 	timer   *time.Timer // fires the writer for ops nobody tests
 	armed   atomic.Bool
+	long    atomic.Bool // the timer runs at holdDelay (only held ops queued)
 	// due fires the writer when a paced op at the head of the queue
 	// (Op.NotBefore) may leave.
 	due *time.Timer
@@ -350,15 +358,7 @@ func (l *lane) alloc() {
 }
 
 func (l *lane) start() {
-	l.timer = time.AfterFunc(time.Hour, func() {
-		l.armed.Store(false)
-		l.mu.Lock()
-		more := l.qLen > 0
-		l.mu.Unlock()
-		if more {
-			l.kick()
-		}
-	})
+	l.timer = time.AfterFunc(time.Hour, l.sendTimer)
 	l.timer.Stop()
 	l.due = time.AfterFunc(time.Hour, l.kick)
 	l.due.Stop()
@@ -372,6 +372,31 @@ func (l *lane) run() {
 	l.p.m.wg.Add(2)
 	go l.writer()
 	go l.replies()
+}
+
+// sendTimer is the send timer's turn: it wakes the writer only for work
+// queued sendDelay (holdDelay) ago that nobody sent, sleeps again for
+// younger work, and goes quiet on an empty queue (an enqueue re-arms it).
+// So a busy lane updates its timer once per sendDelay, not per op, and a
+// caller that tests in time never sees the writer.
+func (l *lane) sendTimer() {
+	l.mu.Lock()
+	more := l.qLen > 0
+	d := holdDelay
+	if l.qUrgent {
+		d = sendDelay
+	}
+	if wait := l.qSince + int64(d) - Now(); more && wait > 0 {
+		l.timer.Reset(time.Duration(wait))
+		l.mu.Unlock()
+		return
+	}
+	l.armed.Store(false)
+	l.long.Store(false)
+	l.mu.Unlock()
+	if more {
+		l.kick()
+	}
 }
 
 // enqueue appends op to the queue, growing it rather than failing.
@@ -390,6 +415,12 @@ func (l *lane) enqueue(op *Op, hold bool) {
 	if l.qLen == len(l.q) {
 		l.growQueue()
 	}
+	if l.qLen == 0 {
+		l.qSince, l.qUrgent = Now(), false
+	}
+	if !hold {
+		l.qUrgent = true
+	}
 	l.q[(l.qHead+l.qLen)%len(l.q)] = *op
 	l.qLen++
 	if l.out == nil && !l.opening {
@@ -404,12 +435,19 @@ func (l *lane) enqueue(op *Op, hold bool) {
 	case op.Size > l.t.inlineMax() && !hold:
 		// Big payloads are sent by the writer goroutine, never the caller.
 		l.kick()
-	case !l.armed.Swap(true):
-		// Small, or held by the aggregation hint (more ops follow): the
-		// caller's next test() or rmaProgress sends it with everything
-		// else queued by then, in one writev, or hands a big one to the
-		// writer then (flush); the timer covers callers that post and
-		// never test, so nothing held is stranded.
+	case hold:
+		// Held by the aggregation hint (more ops follow): the caller's
+		// next test() or rmaProgress sends it with everything queued by
+		// then, in one writev, or hands a big one to the writer then
+		// (flush); the timer, at holdDelay, covers callers that never
+		// test, so nothing held is stranded.
+		if !l.armed.Swap(true) {
+			l.long.Store(true)
+			l.timer.Reset(holdDelay)
+		}
+	case !l.armed.Swap(true) || l.long.Load():
+		// Small: the same, with the timer at sendDelay.
+		l.long.Store(false)
 		l.timer.Reset(sendDelay)
 	}
 }
@@ -445,12 +483,10 @@ func (l *lane) flush() {
 	ok := l.writeBatch(l.batch[:n])
 	l.mu.Lock()
 	l.writing = false
+	// The send timer keeps running when everything left: it goes quiet
+	// by itself (sendTimer), and stopping it here would make the next
+	// post re-arm it, a timer update per op.
 	more := l.qLen > 0
-	if !more && l.armed.Load() && l.timer.Stop() {
-		// Everything left: the send timer would only wake the writer
-		// for nothing. An op queued after this re-arms it.
-		l.armed.Store(false)
-	}
 	l.mu.Unlock()
 	l.ackLeft()
 	if ok && more {
