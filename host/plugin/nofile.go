@@ -9,9 +9,9 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
-// Descriptors. A rank holds two TCP streams per peer and lane (the one it
-// dials and the one it accepts; lanes beyond the first open when first
-// used) plus its listeners, so 4,096 ranks need over 8,192 descriptors
+// Descriptors. A rank holds two TCP streams per peer and lane in use (the
+// one it dials and the one it accepts; connect opens lane 0, the others
+// open when first used) plus its listeners, so 4,096 ranks need over 8,192 descriptors
 // where many systems' soft RLIMIT_NOFILE is 1,024. NCCL raises the soft
 // limit to the hard one at init; so does init here. Go's syscall package
 // does it too when the library loads (Cur = Max-1, in a c-shared library
@@ -30,9 +30,10 @@ func raiseNoFile() {
 	}
 }
 
-// fdNeed is what connect adds: two streams per rank and lane (the rank
-// itself included), each one descriptor, or three when sealed (the
-// stream and the loopback pair its sealer relays through).
+// fdNeed is the most a communicator adds, once every lane of every rank
+// opened: two streams per rank and lane (the rank itself included), each
+// one descriptor, or three when sealed (the stream and the loopback pair
+// its sealer relays through).
 func fdNeed(nranks, lanes int, encrypt bool) uint64 {
 	per := uint64(2)
 	if encrypt {
@@ -42,9 +43,9 @@ func fdNeed(nranks, lanes int, encrypt bool) uint64 {
 }
 
 // checkNoFile raises the soft limit again and warns when the descriptors
-// open now plus what connecting nranks ranks over lanes lanes needs
-// exceed even the hard limit: the connect, or a later lane, would fail
-// with ncclSystemError.
+// open now plus what nranks ranks over lanes lanes need exceed even the
+// hard limit: the connect, or a lane opened later, may then fail with
+// ncclSystemError (a failed lane moves its work to another).
 func checkNoFile(nranks, lanes int, encrypt bool) {
 	raiseNoFile()
 	var lim unix.Rlimit
@@ -56,7 +57,7 @@ func checkNoFile(nranks, lanes int, encrypt bool) {
 		open = len(es)
 	}
 	if need := fdNeed(nranks, lanes, encrypt) + uint64(open); need > lim.Cur {
-		logx.Warn(abi.SubsysInit|abi.SubsysNet, "NET/wasm: %d ranks x %d lanes x %d descriptors + %d open = %d descriptors needed, RLIMIT_NOFILE allows %d (hard limit %d); raise the hard limit (ulimit -Hn) or connect may fail with ncclSystemError",
+		logx.Warn(abi.SubsysInit|abi.SubsysNet, "NET/wasm: %d ranks x %d lanes x %d descriptors + %d open = %d descriptors needed once every lane is used, RLIMIT_NOFILE allows %d (hard limit %d); raise the hard limit (ulimit -Hn) or connect may fail with ncclSystemError",
 			nranks, lanes, fdNeed(1, 1, encrypt), open, need, lim.Cur, lim.Max)
 	}
 }
