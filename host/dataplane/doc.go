@@ -16,7 +16,10 @@
 // Connect:
 //   - mesh.go: Options, Connect, the transport choice, Stats, Post and
 //     flushing, Drain and Close.
-//   - tcp_connect.go: dialing and accepting every lane's stream.
+//   - tcp_connect.go: dialing and accepting every peer's lane 0.
+//   - lazy.go: a further lane, opened when first used; the peer's mesh
+//     takes it from its listener.
+//   - peers.go: a peer list (Options.Peers): ranks not connected.
 //   - fabric_setup.go: the listener's endpoint handed to the mesh, rails
 //     opened and exchanged, fabric links made and started.
 //   - fabric_rails.go: further rails, one endpoint per NIC.
