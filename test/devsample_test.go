@@ -66,15 +66,22 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		args, env  []string
 		want       []string
 	}{
-		{"cuda_check", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake},
+		// FAKECUDA_NO_MODULES: the default signal paths never load a
+		// module (a load can synchronize the context, and under MPS that
+		// deadlocked against NCCL's ncclWaitSignal kernel).
+		{"cuda_check", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_NO_MODULES=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified",
 				"device payloads through a shared staging ring"}},
 		// Stream work runs 200 µs after it is queued: a signal written or
 		// added outside its stream's order would be seen before its
 		// payload, or lost at deregistration. Never-reset signal words
 		// (odd teardown rounds) take the shadow's stream writes, others
-		// the atomic kernel.
-		{"cuda_check_async", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200"},
+		// the read-modify-write; no module is loaded.
+		{"cuda_check_async", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1"},
+			[]string{"RESULT PASS", "teardown: 4 rounds"}},
+		// NCCL_RMA_WASM_DEVICE_ATOMIC=1: words that are not never-reset
+		// take the atomic kernel, its module loaded on first use.
+		{"cuda_check_atomic", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_DEVICE_ATOMIC=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds"}},
 		// A driver without stream memory operations, events or module
 		// loading: every signal falls back to the read-modify-write.

@@ -8,6 +8,7 @@
  *   cc -shared -fPIC -o build/fakecuda/libgdrapi.so test/gpu/fakegdr.c    (optional) */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -281,6 +282,14 @@ int cuStreamWriteValue64_v2(void* s, unsigned long long addr, unsigned long long
 }
 static int modobj, funcobj;
 int cuModuleLoadData(void** m, const void* image) {
+  /* FAKECUDA_NO_MODULES=1: loading a module may synchronize a real
+   * context (CUDA lazy loading), which deadlocks against an application
+   * kernel spinning on a signal; paths that must never load one run with
+   * this set, and a load ends the process. */
+  if (getenv("FAKECUDA_NO_MODULES")) {
+    fprintf(stderr, "fakecuda: cuModuleLoadData called with FAKECUDA_NO_MODULES set\n");
+    abort();
+  }
   if (!strstr(image, "atom.global.add.u64") || !strstr(image, ".entry rmaw_add64")) return 218; /* invalid PTX */
   *m = &modobj;
   return 0;

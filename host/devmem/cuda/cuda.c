@@ -335,10 +335,12 @@ static ctxstream* ctx_stream(uintptr_t ctx, CUresult* r) {
       if (cu.writeValue64 && have_dev && cu.deviceGetAttribute(&v, cu.writeValueAttr, dev) == 0 && v)
         e->caps |= RMAW_CAP_WRITE64;
       if (cu.eventCreate && cu.eventRecord && cu.eventQuery && cu.eventDestroy) e->caps |= RMAW_CAP_ASYNC;
-      void* mod = NULL;
-      if (cu.moduleLoadData && cu.moduleGetFunction && cu.launchKernel && cu.moduleLoadData(&mod, add64_ptx) == 0 &&
-          cu.moduleGetFunction(&e->add, mod, "rmaw_add64") == 0 && e->add)
-        e->caps |= RMAW_CAP_ADD64;
+      /* The kernel's module is loaded on its first use (cuda_add64), never
+       * here: loading a module can synchronize the context (CUDA lazy
+       * loading), and this runs on the data path, where a kernel of the
+       * application may be spinning on the very signal being applied
+       * (NCCL's ncclWaitSignal under MPS hung here). */
+      if (cu.moduleLoadData && cu.moduleGetFunction && cu.launchKernel) e->caps |= RMAW_CAP_ADD64;
       __atomic_store_n(&nctxs, nctxs + 1, __ATOMIC_RELEASE);
     }
   }
@@ -368,7 +370,18 @@ static int cuda_write64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size
 
 static int cuda_add64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen) {
   CTX_STREAM(e, "cuLaunchKernel");
-  if (!e->add) return rmaw_fail(err, errlen, "no atomic-add kernel for this context");
+  if (!__atomic_load_n(&e->add, __ATOMIC_ACQUIRE)) {
+    /* Only NCCL_RMA_WASM_DEVICE_ATOMIC=1 gets here: the one place a module
+     * is loaded, and the reason that switch is documented as needing no
+     * kernel to spin on the signal meanwhile. */
+    pthread_mutex_lock(&mu);
+    void* mod = NULL;
+    void* f = e->add;
+    if (!f && cu.moduleLoadData(&mod, add64_ptx) == 0) cu.moduleGetFunction(&f, mod, "rmaw_add64");
+    if (f) __atomic_store_n(&e->add, f, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&mu);
+    if (!f) return rmaw_fail(err, errlen, "no atomic-add kernel for this context (cuModuleLoadData of its PTX failed)");
+  }
   unsigned long long p = dev, x = v;
   void* args[] = {&p, &x}; /* copied by the launch */
   r = cu.launchKernel(e->add, 1, 1, 1, 1, 1, 1, 0, e->stream, args, NULL);

@@ -8,7 +8,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 )
 
@@ -178,7 +177,7 @@ func TestShadowSignals(t *testing.T) {
 // runs, waiting for the stream first; every path ends exact.
 func TestSignalPaths(t *testing.T) {
 	atomicKernel.Store(true)
-	defer atomicKernel.Store(config.DeviceAtomic.Get())
+	defer atomicKernel.Store(false)
 	for _, c := range []struct {
 		name       string
 		caps       devmem.Caps

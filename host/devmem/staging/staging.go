@@ -16,7 +16,6 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
@@ -121,7 +120,9 @@ func settle(st devmem.Streams, ctx uintptr) error {
 // (stream writes, copies) and GDRCopy need no SM.
 var atomicKernel atomic.Bool
 
-func init() { atomicKernel.Store(config.DeviceAtomic.Get()) }
+// SetAtomicKernel allows or forbids the atomic-add kernel; host/plugin
+// sets it from NCCL_RMA_WASM_DEVICE_ATOMIC at init.
+func SetAtomicKernel(on bool) { atomicKernel.Store(on) }
 
 // asyncUsed is set once any payload was copied asynchronously: until then
 // no signal path needs to wait for a stream.
