@@ -37,8 +37,8 @@
 //
 // Target service:
 //   - tcp_service.go: landing puts, applying signals, serving gets.
-//   - fabric_ep.go: the endpoint, its completion queue and the target side
-//     of libfabric operations.
+//   - fabric_ep.go: what the endpoint's completions mean: our operations
+//     done, the target side of libfabric writes, signals and messages.
 //
 // Registration:
 //   - fabric_reg.go: communicator memory registered on every rail.
@@ -51,5 +51,6 @@
 // Leaves it builds on: host/handshake (the hello and the seal), host/codec
 // (compression), host/devmem/staging (device staging and the staging
 // ring), host/fabric and host/fabric/nics (libfabric and its NICs),
-// host/spin (readers that spin before they park).
+// host/fabric/endpoint (a libfabric endpoint's slots, receive buffers and
+// progress goroutine), host/spin (readers that spin before they park).
 package dataplane

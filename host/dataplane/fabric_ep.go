@@ -2,34 +2,28 @@ package dataplane
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"hash/fnv"
 	"math/bits"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"golang.org/x/sys/unix"
 )
 
 // The libfabric side of one communicator: one RDM endpoint shared by every
-// peer, a pool of operation contexts and receive buffers in C memory, the
-// registrations, and the progress goroutine that reaps the completion
-// queue for both directions (our operations finishing, and the peers'
-// writes and messages landing in our memory).
+// peer (host/fabric/endpoint: its slots, receive buffers and progress
+// goroutine), the registrations, and what its completions mean for both
+// directions (our operations finishing, and the peers' writes and messages
+// landing in our memory).
 
 const (
-	fabSlots   = 4096 // operations in flight on one endpoint
-	fabRecvs   = 256  // receive buffers for signal and goodbye messages
-	fabMsgSize = 32   // one control message
+	fabMsgSize = 32 // one control message
 	// A signal travels as a fabMsgPutSignal message: the control message,
 	// 24 bytes (the target range of an inline payload, and an owed
 	// verdict), then at most fabInlineMax bytes of payload. Slots and receive
@@ -37,7 +31,6 @@ const (
 	fabPutSigHdr = fabMsgSize + 24
 	fabInlineMax = 80
 	fabMsgMax    = fabPutSigHdr + fabInlineMax
-	fabSlotSize  = fabric.ContextSize + fabMsgMax
 	// The CQ data of a write carries the sender's rank in its high bits
 	// (the target learns who wrote without FI_SOURCE) and the low bits of
 	// the sequence number below: with 8 bytes of CQ data 16 and 48 bits;
@@ -60,17 +53,7 @@ const (
 	// fabNoSlot in a verdict's slot field: a rejection of a signal that
 	// came in CQ data, which no slot awaits.
 	fabNoSlot = 1<<16 - 1
-	// fabNapsBeforeWait: empty polls (about 2000 yields, then ~10 ms of
-	// naps) before an idle progress goroutine sleeps on the CQ's wait fd.
-	fabNapsBeforeWait = 2000 + 64 + 50
 )
-
-// fabWaitMs bounds one sleep on the CQ's wait fd. The wake-ups come from
-// the fd; the bound only limits the harm of a provider that misses one.
-// A test raises it to prove the fd alone wakes the target.
-var fabWaitMs atomic.Int32
-
-func init() { fabWaitMs.Store(100) }
 
 // Control messages (fabMsgSize bytes, little endian):
 //
@@ -116,7 +99,7 @@ type fabSlot struct {
 	// A signal's slot is kept until both its send completed (the provider
 	// is done with the context) and the target's verdict came: the request
 	// fails if the target rejected the signal word. Written before the
-	// post, then only under the endpoint's pollMu.
+	// post, then only under the endpoint's poll lock.
 	sig bool
 	got uint8 // sigSent | sigVerdict
 	vst abi.Result
@@ -134,13 +117,11 @@ const (
 )
 
 // fabEP is the endpoint of one listener, then of the Mesh it connects; a
-// Mesh with several rails has one per NIC (fabric_rails.go).
+// Mesh with several rails has one per NIC (fabric_rails.go). It is the
+// endpoint's Handler.
 type fabEP struct {
-	ep   *fabric.Endpoint
-	info fabric.Info
-	name []byte
-	hash uint32 // of the provider name: peers must use the same
-	rail int    // its index among the Mesh's rails
+	*endpoint.Endpoint
+	rail int // its index among the Mesh's rails
 	// bytes counts what our puts and gets moved through this endpoint
 	// (logged per rail at close).
 	bytes atomic.Uint64
@@ -154,82 +135,31 @@ type fabEP struct {
 	// less of number.
 	sigCQ bool
 
-	mem   unsafe.Pointer // C: fabSlots slot areas, then fabRecvs receive areas
-	slots []fabSlot
-	free  chan uint32
-	memMR fabric.MR // all of mem, under FI_MR_LOCAL (messages and receives)
+	slots []fabSlot // by the endpoint's slot index
 
 	regMu  sync.Mutex
 	closed bool                        // under regMu: the endpoint is gone
 	local  atomic.Pointer[[]fabric.MR] // our registrations by id
 
-	pollMu sync.Mutex // one poller at a time; it owns comps
-	comps  *fabric.Comps
-	gone   bool // under pollMu: the endpoint is closed
-	byeMu  sync.Mutex
-	byes   []fabBye // goodbyes waiting for the orderer to pass them
-	// verdicts to send at the next poll (under pollMu); nverdicts is
-	// their number, for busy()
+	// Under the endpoint's poll lock, as everything its Handler does:
+	byeMu sync.Mutex
+	byes  []fabBye // goodbyes waiting for the orderer to pass them
+	// verdicts to send at the next poll; nverdicts is their number, for
+	// Busy
 	verdicts  []fabVerdict
 	nverdicts atomic.Int32
-	// links whose piggy for this rail was set since the last poll (under
-	// pollMu): what callers' messages have not carried goes out then.
+	// links whose piggy for this rail was set since the last poll: what
+	// callers' messages have not carried goes out then.
 	owing   []*fabricLink
 	nowing  atomic.Int32
 	spilled atomic.Bool // some link's spill holds verdicts (unowe)
-
-	quit     chan struct{}
-	done     chan struct{} // closed when progress ends (once started)
-	started  bool
-	wake     chan struct{} // a submit ends the progress goroutine's nap
-	sleeping atomic.Bool
-	inWait   atomic.Bool // asleep on the CQ's wait fd, not in a nap
-	canWait  atomic.Bool // the CQ has a wait fd the provider honours
-	// After traffic the progress goroutine keeps polling for spinNs before
-	// it naps (Options.SpinWait, one of Options.Spinners slots, shared with
-	// the TCP readers), so an answer that follows at once is reaped
-	// without a timer's wake-up.
-	spinNs    atomic.Int64
-	spinSlots atomic.Int32
-	// callerAt is when a caller's thread last polled through Mesh.Progress
-	// (rmaProgress), as Now(). While callers poll,
-	// the progress goroutine naps instead of competing for the CQ: the
-	// caller reaps the peers' writes and signals where it waits, as a raw
-	// libfabric program polls its own CQ, without a thread hand-off.
-	callerAt atomic.Int64
 }
-
-// callerGrace is how long after a caller's poll the progress goroutine
-// leaves the CQ to callers. NCCL's proxies call rmaProgress in a loop;
-// when they stop, the goroutine resumes within this bound.
-const callerGrace = 200 * time.Microsecond
 
 // testPollGap: test() leaves the polling to rmaProgress when that polled
 // this recently (a proxy loop calls both; one empty poll per turn is a
 // system call on some providers), and polls itself otherwise (NCCL's RMA
 // flush path spins on test() alone).
 const testPollGap = 20 * time.Microsecond
-
-// callerPoll reaps completions from a caller's thread (rmaProgress). It
-// does not wait when another thread is polling.
-func (e *fabEP) callerPoll() {
-	e.callerAt.Store(Now())
-	e.poll()
-}
-
-// callerRecent is how much of the callers' grace is left (0: none).
-func (e *fabEP) callerRecent() time.Duration {
-	return e.callerLeft(callerGrace)
-}
-
-// callerLeft is how much of d since the last caller's poll is left.
-func (e *fabEP) callerLeft(d time.Duration) time.Duration {
-	at := e.callerAt.Load()
-	if at == 0 {
-		return 0
-	}
-	return max(d-time.Duration(Now()-at), 0)
-}
 
 type fabBye struct {
 	link *fabricLink
@@ -242,90 +172,36 @@ type fabVerdict struct {
 	status abi.Result
 }
 
-func providerHash(prov string) uint32 {
-	h := fnv.New32a()
-	h.Write([]byte(prov))
-	return h.Sum32() | 1 // never 0: 0 means "no fabric" in the handle
-}
-
-// openFabric opens an endpoint on prov for a new listener: with FI_HMEM
-// where a device runtime is loaded and the provider offers it with enough
-// CQ data (never shm, below), else without.
+// openFabric opens an endpoint on prov for a new listener
+// (endpoint.Open: with FI_HMEM where it can).
 func openFabric(prov, domain string) (*fabEP, error) {
-	if devmem.Get() == nil || prov == "shm" {
-		// No device runtime, no device memory to register: FI_HMEM would
-		// only cost (shm with it injects nothing). shm with FI_HMEM
-		// registered CUDA memory on the H200 (libfabric 1.22 built with
-		// CUDA) but its transfers of it never completed, so its device
-		// memory is staged.
-		return openFabricMode(prov, domain, false)
+	e := &fabEP{}
+	var err error
+	e.Endpoint, err = endpoint.Open(endpoint.Config{Provider: prov, Domain: domain, MsgMax: fabMsgMax, NameMax: fabNameMax, CQData: 4}, e)
+	if err != nil {
+		return nil, err
 	}
-	if e, err := openFabricMode(prov, domain, true); err == nil {
-		return e, nil
-	} else if !errors.Is(err, errNoHMEM) {
-		logx.Trace(abi.SubsysNet, "NET/wasm: fabric %s: with FI_HMEM: %v; opening without (device memory is staged)", prov, err)
+	if fabTestNoInject {
+		e.Info.InjectSize = 0
 	}
-	return openFabricMode(prov, domain, false)
+	e.slots = make([]fabSlot, endpoint.Slots)
+	e.verdicts = make([]fabVerdict, 0, endpoint.Recvs) // one per receive buffer, at most, per poll
+	e.owing = make([]*fabricLink, 0, endpoint.Recvs)
+	empty := []fabric.MR{}
+	e.local.Store(&empty)
+	return e, nil
 }
-
-var errNoHMEM = errors.New("no FI_HMEM")
 
 // fabTestNoInject, when set by a test, makes endpoints behave as if the
 // provider injected nothing (shm with FI_HMEM): every message is sent
 // with a completion.
 var fabTestNoInject bool
 
-func openFabricMode(prov, domain string, hmem bool) (*fabEP, error) {
-	ep, err := fabric.OpenHMEM(prov, domain, hmem)
-	if err != nil {
-		if hmem {
-			return nil, fmt.Errorf("%w: %v", errNoHMEM, err)
-		}
-		return nil, err
-	}
-	e := &fabEP{ep: ep, info: ep.Info, hash: providerHash(prov), quit: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1)}
-	fail := func(err error) (*fabEP, error) {
-		ep.Close()
-		return nil, err
-	}
-	if e.info.CQDataSize < 4 {
-		return fail(fmt.Errorf("provider %s offers %d bytes of CQ data; this transport needs 4", prov, e.info.CQDataSize))
-	}
-	if fabTestNoInject {
-		e.info.InjectSize = 0
-	}
-	if e.name, err = ep.Name(); err != nil {
-		return fail(err)
-	}
-	if len(e.name) > fabNameMax {
-		return fail(fmt.Errorf("provider %s endpoint name is %d bytes; the listen handle holds %d", prov, len(e.name), fabNameMax))
-	}
-	e.mem = fabric.Alloc((fabSlots + fabRecvs) * fabSlotSize)
-	e.slots = make([]fabSlot, fabSlots)
-	e.free = make(chan uint32, fabSlots)
-	for i := uint32(0); i < fabSlots; i++ {
-		e.free <- i
-	}
-	if e.info.MRMode&fabric.MRLocal != 0 {
-		if e.memMR, err = ep.Register(e.mem, (fabSlots+fabRecvs)*fabSlotSize, 1<<62); err != nil {
-			fabric.Free(e.mem)
-			return fail(err)
-		}
-	}
-	e.comps = fabric.NewComps(64)
-	e.verdicts = make([]fabVerdict, 0, fabRecvs) // one per receive buffer, at most, per poll
-	e.owing = make([]*fabricLink, 0, fabRecvs)
-	e.canWait.Store(ep.CanWait())
-	empty := []fabric.MR{}
-	e.local.Store(&empty)
-	return e, nil
-}
-
 // layout sets how the CQ data splits between rank and sequence number for
 // n ranks; false when n ranks do not fit. Every rank computes the same.
 func (e *fabEP) layout(n int) bool {
 	total, rankBits := uint(64), uint(16)
-	if e.info.CQDataSize < 8 {
+	if e.Info.CQDataSize < 8 {
 		total, rankBits = 32, uint(bits.Len(uint(n-1)))
 	}
 	if uint(bits.Len(uint(n-1))) > rankBits || total-rankBits < fabMinSeqBits {
@@ -359,42 +235,6 @@ var fabTestNoSigCQ bool
 // it wraps quickly.
 var fabTestSeqBits uint
 
-func (e *fabEP) slotArea(i uint32) unsafe.Pointer { return unsafe.Add(e.mem, uintptr(i)*fabSlotSize) }
-func (e *fabEP) recvArea(i uint32) unsafe.Pointer {
-	return unsafe.Add(e.mem, uintptr(fabSlots+i)*fabSlotSize)
-}
-
-// slotOf maps a completion's context back to an operation slot or a
-// receive buffer.
-func (e *fabEP) slotOf(ctx unsafe.Pointer) (idx uint32, recv, ok bool) {
-	d := uintptr(ctx) - uintptr(e.mem)
-	if uintptr(ctx) < uintptr(e.mem) || d >= (fabSlots+fabRecvs)*fabSlotSize || d%fabSlotSize != 0 {
-		return 0, false, false
-	}
-	i := uint32(d / fabSlotSize)
-	if i >= fabSlots {
-		return i - fabSlots, true, true
-	}
-	return i, false, true
-}
-
-func (e *fabEP) postRecv(i uint32) error {
-	a := e.recvArea(i)
-	return e.ep.Recv(unsafe.Add(a, fabric.ContextSize), fabMsgMax, e.memMR.Desc, a)
-}
-
-// start posts the receive buffers and launches the progress goroutine.
-func (e *fabEP) start() error {
-	for i := uint32(0); i < fabRecvs; i++ {
-		if err := e.postRecv(i); err != nil {
-			return err
-		}
-	}
-	e.started = true
-	go e.progress()
-	return nil
-}
-
 // register makes a registration reachable by the peers' RMA.
 func (e *fabEP) register(id uint32, base unsafe.Pointer, size uint64) (uint64, error) {
 	return e.registerMR(id, fabric.MRRequest{Base: base, Len: size, DMABUFFd: -1})
@@ -408,7 +248,7 @@ func (e *fabEP) registerMR(id uint32, r fabric.MRRequest) (uint64, error) {
 		return 0, fmt.Errorf("fabric endpoint closed")
 	}
 	r.Len, r.WantKey = max(r.Len, 1), uint64(id)
-	mr, err := e.ep.RegisterMR(r)
+	mr, err := e.FI.RegisterMR(r)
 	if err != nil {
 		return 0, err
 	}
@@ -428,7 +268,7 @@ func (e *fabEP) deregister(id uint32) {
 	if e.closed || int(id) >= len(old) || old[id] == (fabric.MR{}) {
 		return
 	}
-	e.ep.Deregister(old[id])
+	e.FI.Deregister(old[id])
 	tab := append([]fabric.MR(nil), old...)
 	tab[id] = fabric.MR{}
 	e.local.Store(&tab)
@@ -446,7 +286,7 @@ func (e *fabEP) key(id uint32) uint64 {
 // provider does not need one).
 // Under FI_MR_HMEM device buffers need theirs whatever FI_MR_LOCAL says.
 func (e *fabEP) desc(id uint32) unsafe.Pointer {
-	if t := *e.local.Load(); int(id) < len(t) && (e.info.MRMode&fabric.MRLocal != 0 || (e.info.MRMode&fabric.MRHMEM != 0 && t[id].Dev)) {
+	if t := *e.local.Load(); int(id) < len(t) && (e.Info.MRMode&fabric.MRLocal != 0 || (e.Info.MRMode&fabric.MRHMEM != 0 && t[id].Dev)) {
 		return t[id].Desc
 	}
 	return nil
@@ -462,191 +302,36 @@ func (e *fabEP) devDirect(id uint32) bool {
 // close stops the progress goroutine and closes the endpoint and every
 // registration left.
 func (e *fabEP) close() {
-	select {
-	case <-e.quit:
-		return
-	default:
-	}
-	close(e.quit)
-	if e.started {
-		if e.canWait.Load() {
-			e.ep.Signal()
-		}
-		<-e.done
-	}
-	// Reap what is left (peers' departures among it): closing an rxm
-	// endpoint with such events unread crashed libfabric 1.17.
-	for i := 0; i < 100; i++ {
-		e.poll()
-	}
-	e.pollMu.Lock()
-	e.gone = true
-	e.pollMu.Unlock()
+	e.Close()
 	e.regMu.Lock()
 	e.closed = true
 	for _, mr := range *e.local.Load() {
-		e.ep.Deregister(mr)
+		e.FI.Deregister(mr)
 	}
 	e.regMu.Unlock()
-	e.ep.Deregister(e.memMR)
-	e.ep.Close()
-	fabric.Free(e.mem)
-	e.comps.Free() // no poll runs: gone is set
+	e.Release()
 }
 
-// progress reaps completions until close. An empty poll costs a system
-// call on some providers (tcp;ofi_rxm), so an idle endpoint backs off to
-// sleeping; with operations in flight it only yields.
-func (e *fabEP) progress() {
-	defer close(e.done)
-	empty := 0
-	nap := time.NewTimer(time.Hour)
-	defer nap.Stop()
-	spinning := false
-	var last time.Time // the last poll that reaped something
-	defer func() {
-		if spinning {
-			spin.Release()
-		}
-	}()
-	for {
-		select {
-		case <-e.quit:
-			return
-		default:
-		}
-		if d := e.callerRecent(); d > 0 {
-			// A caller drives the CQ (callerPoll); look again when its
-			// grace ends. Not sleeping as far as nudge knows: a submit
-			// needs no wake-up (a system call and a thread switch in
-			// the caller's path) while the caller polls anyway.
-			if spinning {
-				spin.Release()
-				spinning = false
-			}
-			nap.Reset(d)
-			select {
-			case <-nap.C:
-			case <-e.quit:
-			}
-			continue
-		}
-		n, polled := e.poll()
-		if !polled {
-			runtime.Gosched() // a caller's thread is polling
-			continue
-		}
-		if n > 0 {
-			empty = 0
-			if e.spinNs.Load() > 0 {
-				last = time.Now()
-			}
-			continue
-		}
-		empty++
-		if e.busy() && empty < 2000 {
-			runtime.Gosched()
-			continue
-		}
-		// Within the spin window after the last traffic (however long the
-		// busy polling above ran), keep polling in a spin slot.
-		if ns := e.spinNs.Load(); ns > 0 && time.Since(last) < time.Duration(ns) &&
-			(spinning || spin.Acquire(e.spinSlots.Load())) {
-			spinning = true
-			runtime.Gosched()
-			continue
-		}
-		if spinning {
-			spin.Release()
-			spinning = false
-		}
-		if e.canWait.Load() && (empty > fabNapsBeforeWait || !e.busy()) {
-			// Idle for a while, or with nothing of ours in flight: sleep
-			// on the CQ's wait fd (the peers' writes and messages wake
-			// it, so does a submit through Signal), unless a submit
-			// slipped in after busy() above. A target does not nap: with
-			// manual progress a peer's large write moves only while we
-			// poll, and the fd wakes us as soon as its bytes come, where
-			// a nap would stall them (fi_trywait returns at once while
-			// data is pending). Our own operations in flight nap first:
-			// their completions come in bursts, and a nap's poll costs
-			// less than a wake-up from poll().
-			e.sleeping.Store(true)
-			if !e.busy() {
-				e.inWait.Store(true)
-				err := e.ep.Wait(int(fabWaitMs.Load()))
-				e.inWait.Store(false)
-				if err != nil {
-					e.canWait.Store(false)
-					logx.Trace(abi.SubsysNet, "NET/wasm: fabric: %s cannot wait on its CQ (%v); polling with naps", e.info.Provider, err)
-				}
-			}
-			e.sleeping.Store(false)
-			continue
-		}
-		// Idle: nap 10 µs, doubling up to 200 µs, unless a submit wakes
-		// us. The peers' writes cannot wake a nap: they wait for the next
-		// poll.
-		nap.Reset(time.Duration(10<<min(max(empty-2000, 0)/16, 4)) * time.Microsecond)
-		e.sleeping.Store(true)
-		select {
-		case <-nap.C:
-		case <-e.wake:
-			empty = 0
-		case <-e.quit:
-		}
-		e.sleeping.Store(false)
-	}
-}
-
-// nudge wakes the progress goroutine when it naps: our operation needs
-// polling to progress (manual progress) and to complete.
-func (e *fabEP) nudge() {
-	if e.sleeping.Load() {
-		if e.canWait.Load() {
-			e.ep.Signal()
-		}
-		select {
-		case e.wake <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// poll reaps one batch of completions, then retries what waited for room
-// and acknowledges goodbyes. One thread polls at a time (callers' test()
-// through flush, or the progress goroutine); ok is false when another was.
-func (e *fabEP) poll() (n int, ok bool) {
-	if !e.pollMu.TryLock() {
-		return 0, false
-	}
-	defer e.pollMu.Unlock()
-	if e.gone {
-		return 0, true
-	}
+// BeforePoll sends the verdicts owed. Sent here, at the next poll, not
+// while the message was handled: the caller that just saw its signal
+// word change answers first, and its answer carries the verdict if it is
+// a signal on this rail (owed).
+func (e *fabEP) BeforePoll() {
 	if len(e.verdicts) > 0 || e.nowing.Load() > 0 || e.spilled.Load() {
-		// Sent here, at the next poll, not while the message was
-		// handled: the caller that just saw its signal word change
-		// answers first, and its answer carries the verdict if it is a
-		// signal on this rail (owed).
 		e.sendOwed()
 		e.sendVerdicts()
 	}
-	n, err := e.ep.Poll(e.comps)
-	if err != nil {
-		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: %v", err)
-	}
-	for i := 0; i < n; i++ {
-		e.handle(e.comps.At(i))
-	}
-	e.retry()
-	e.checkByes()
-	return n, true
 }
 
-// busy reports operations of ours in flight or waiting for room, or
+// AfterPoll retries what waited for room and acknowledges goodbyes.
+func (e *fabEP) AfterPoll() {
+	e.retry()
+	e.checkByes()
+}
+
+// Busy reports operations of ours in flight or waiting for room, or
 // verdicts waiting to be sent.
-func (e *fabEP) busy() bool {
+func (e *fabEP) Busy() bool {
 	if e.nverdicts.Load() > 0 || e.nowing.Load() > 0 || e.spilled.Load() {
 		return true
 	}
@@ -658,9 +343,11 @@ func (e *fabEP) busy() bool {
 	return false
 }
 
-func (e *fabEP) handle(c *fabric.Completion) {
+// Completion handles one completion: an operation of ours done, a peer's
+// write landed (its CQ data), or a peer's message received.
+func (e *fabEP) Completion(c *fabric.Completion) {
 	ctx, flags := fabric.Ctx(c), fabric.Flags(c)
-	idx, recv, ok := e.slotOf(ctx)
+	idx, recv, ok := e.SlotOf(ctx)
 	if errno := fabric.Err(c); errno != 0 {
 		if ok && !recv {
 			e.finish(idx, abi.RemoteError, fmt.Errorf("fabric: %s", fabric.Strerror(errno)))
@@ -670,7 +357,7 @@ func (e *fabEP) handle(c *fabric.Completion) {
 		// buffer goes back, or such peers would use them all up.
 		if ok && recv && errno != fabCanceled {
 			fabRecvWarn.Warn(abi.SubsysNet, "NET/wasm: fabric: a control message failed to arrive: %s", fabric.Strerror(errno))
-			e.repost(idx)
+			e.Repost(idx)
 		}
 		return
 	}
@@ -681,13 +368,13 @@ func (e *fabEP) handle(c *fabric.Completion) {
 			e.wrote(l, data&(1<<e.seqBits-1))
 		}
 		if ok && recv {
-			e.repost(idx)
+			e.Repost(idx)
 		}
 		return
 	}
 	if ok && recv {
-		e.message(unsafe.Add(e.recvArea(idx), fabric.ContextSize), fabric.Len(c))
-		e.repost(idx)
+		e.message(unsafe.Add(e.RecvArea(idx), fabric.ContextSize), fabric.Len(c))
+		e.Repost(idx)
 		return
 	}
 	if ok {
@@ -729,19 +416,6 @@ func (e *fabEP) wrote(l *fabricLink, w uint64) {
 	}
 }
 
-func (e *fabEP) repost(i uint32) {
-	for {
-		err := e.postRecv(i)
-		if err != fabric.ErrAgain {
-			if err != nil {
-				logx.Warn(abi.SubsysNet, "NET/wasm: fabric: repost receive: %v", err)
-			}
-			return
-		}
-		e.ep.Progress(e.comps) // nothing reaped; lets the provider progress
-	}
-}
-
 func (e *fabEP) link(rank int) *fabricLink {
 	if rank < 0 || rank >= len(e.links) {
 		return nil
@@ -780,7 +454,7 @@ func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 	case v&3 == slotPosted && s.state.CompareAndSwap(v, slotFree):
 		l, tag := s.link, s.tag
 		s.link, s.sig, s.got, s.vst = nil, false, 0, abi.Success
-		e.free <- idx
+		e.Put(idx)
 		l.inflight.Add(-1)
 		if err != nil {
 			logx.Warn(abi.SubsysNet, "NET/wasm: operation to rank %d: %v", l.p.rank, err)
@@ -791,11 +465,11 @@ func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 		}
 	case v&3 == slotFailed && s.state.CompareAndSwap(v, slotFree):
 		s.link, s.sig, s.got, s.vst = nil, false, 0, abi.Success
-		e.free <- idx
+		e.Put(idx)
 	}
 }
 
-// verdict is the target's answer to our signal in slot idx (under pollMu).
+// verdict is the target's answer to our signal in slot idx (under the poll lock).
 // A verdict that matches no signal of ours awaiting one (a stale or forged
 // slot) changes nothing but a rejection's sticky error.
 func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
@@ -807,7 +481,7 @@ func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
 		l.p.m.owner.PeerFailed(l.p.rank, fmt.Errorf("rank %d rejected a signal%s (sequence number %d): %v", l.p.rank, how, word&fabSeqMask, status))
 	}
 	idx := uint32(word >> 48)
-	if idx >= fabSlots {
+	if idx >= endpoint.Slots {
 		return
 	}
 	s := &e.slots[idx]
@@ -827,7 +501,7 @@ func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
 	}
 }
 
-// queueVerdict queues a verdict for the next poll (under pollMu): a
+// queueVerdict queues a verdict for the next poll (under the poll lock): a
 // success as l's owed verdict on this rail, which our next signal to l
 // may carry, when none is owed yet.
 func (e *fabEP) queueVerdict(l *fabricLink, word uint64, status abi.Result) {
@@ -841,7 +515,7 @@ func (e *fabEP) queueVerdict(l *fabricLink, word uint64, status abi.Result) {
 }
 
 // sendOwed moves the verdicts no message carried to the verdict queue
-// (under pollMu).
+// (under the poll lock).
 func (e *fabEP) sendOwed() {
 	take := func(l *fabricLink) {
 		if w := l.piggy[e.rail].Swap(0); w != 0 {
@@ -868,7 +542,7 @@ func (e *fabEP) sendOwed() {
 }
 
 // sendVerdicts sends the queued verdicts; those that find no room wait
-// for the next poll (under pollMu).
+// for the next poll (under the poll lock).
 func (e *fabEP) sendVerdicts() {
 	k := 0
 	for _, v := range e.verdicts {

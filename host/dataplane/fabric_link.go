@@ -106,10 +106,6 @@ type fabPend struct {
 	cqsig       bool // a small put with signal: one write, the signal in its CQ data
 }
 
-// inlined reports whether a put with signal travels as one control
-// message carrying its payload (fabMsgPutSignal): at most fabInlineMax
-// bytes, host memory at both ends. One send instead of a write and a
-// message, and one sequence number; the verdict, sent after the copy,
 // wholeOp: with one rail every lane posts on the same endpoint, so an op
 // is cut only when the backend's plan asked for a chunk size or it is
 // staged over the TCP lanes (device memory).
@@ -123,6 +119,10 @@ func (f *fabricLink) signalApart(op Op) bool {
 	return op.Msg == MsgPutSignal && op.Size > 0 && !f.staged(&op) && !f.inlined(&op)
 }
 
+// inlined reports whether a put with signal travels as one control
+// message carrying its payload (fabMsgPutSignal): at most fabInlineMax
+// bytes, host memory at both ends. One send instead of a write and a
+// message, and one sequence number; the verdict, sent after the copy,
 // says the bytes arrived.
 func (f *fabricLink) inlined(op *Op) bool {
 	if op.Msg != MsgPutSignal || op.Size == 0 || op.Size > fabInlineMax || op.LocalCtx != 0 {
@@ -260,7 +260,7 @@ func (f *fabricLink) target(id uint32, off uint64, rail int) (uint64, uint64, bo
 		return 0, 0, false
 	}
 	r := &t[id]
-	if f.e.info.MRMode&fabric.MRVirtAddr != 0 {
+	if f.e.Info.MRMode&fabric.MRVirtAddr != 0 {
 		off += r.base
 	}
 	return off, r.keys[rail], true
@@ -269,7 +269,7 @@ func (f *fabricLink) target(id uint32, off uint64, rail int) (uint64, uint64, bo
 func (f *fabricLink) props() Props {
 	// With FI_HMEM the NIC writes device memory itself, and nothing here
 	// flushes those writes before the signal behind them (SPEC.md §4).
-	return Props{Name: nameFabric, InlineMax: 1 << 62, Lanes: len(f.lanes), LateVisible: f.e.info.HMEM}
+	return Props{Name: nameFabric, InlineMax: 1 << 62, Lanes: len(f.lanes), LateVisible: f.e.Info.HMEM}
 }
 
 func (f *fabricLink) submit(lane int, op Op, hold bool) {
@@ -334,7 +334,7 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 		err = nil
 	}
 	f.posting.Add(-1)
-	f.rails[pd.rail].e.nudge()
+	f.rails[pd.rail].e.Nudge()
 	if err != nil {
 		f.p.fail(&pd.op)
 		go f.p.markDead(err)
@@ -385,14 +385,14 @@ func (f *fabricLink) post(pd *fabPend) error {
 		return fabric.ErrAgain
 	}
 	e.slots[idx].seq = pd.seq
-	ctx := e.slotArea(idx)
+	ctx := e.SlotArea(idx)
 	var err error
 	if op.Msg != MsgGet && fabRefused() {
 		f.unslot(e, idx)
 		return fabric.ErrAgain
 	}
 	if op.Msg == MsgGet {
-		err = e.ep.Read(op.Local, op.Size, e.desc(op.LocalMr), rl.addr, raddr, key, ctx)
+		err = e.FI.Read(op.Local, op.Size, e.desc(op.LocalMr), rl.addr, raddr, key, ctx)
 	} else {
 		// Delivery complete unless local completion was asked for: a put
 		// completes when its bytes arrived, as over TCP (SPEC.md §3).
@@ -403,7 +403,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 		case e.sigCQ:
 			data &^= fabSigFlag // 47 bits of number
 		}
-		err = e.ep.WriteMsg(op.Local, op.Size, e.desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.p.m.localComp)
+		err = e.FI.WriteMsg(op.Local, op.Size, e.desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.p.m.localComp)
 	}
 	if err != nil {
 		f.unslot(e, idx)
@@ -430,17 +430,16 @@ func (f *fabricLink) post(pd *fabPend) error {
 
 // slot takes a context of endpoint e for an operation completing request tag.
 func (f *fabricLink) slot(e *fabEP, tag uint64) (uint32, bool) {
-	select {
-	case idx := <-e.free:
-		s := &e.slots[idx]
-		s.link, s.tag, s.seq = f, tag, 0
-		s.sig, s.got, s.vst, s.learn = false, 0, abi.Success, false // a signal's unslot leaves them
-		f.inflight.Add(1)
-		s.state.Store(slotPosted | uint32(f.p.rank)<<2)
-		return idx, true
-	default:
+	idx, ok := e.Take()
+	if !ok {
 		return 0, false
 	}
+	s := &e.slots[idx]
+	s.link, s.tag, s.seq = f, tag, 0
+	s.sig, s.got, s.vst, s.learn = false, 0, abi.Success, false // a signal's unslot leaves them
+	f.inflight.Add(1)
+	s.state.Store(slotPosted | uint32(f.p.rank)<<2)
+	return idx, true
 }
 
 func (f *fabricLink) unslot(e *fabEP, idx uint32) {
@@ -448,7 +447,7 @@ func (f *fabricLink) unslot(e *fabEP, idx uint32) {
 	s.state.Store(slotFree)
 	s.link = nil
 	f.inflight.Add(-1)
-	e.free <- idx
+	e.Put(idx)
 }
 
 // msg sends a control message built in C memory (a slot's message area,
@@ -483,7 +482,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 		n = fabPutSigHdr + size
 	}
 	verdict := complete && sig && !f.p.m.localComp
-	inject := verdict && n <= e.info.InjectSize
+	inject := verdict && n <= e.Info.InjectSize
 	if verdict {
 		// Kept until the target's verdict too (fabEP.verdict, which comes
 		// back on this rail); set before the post, so before any poller
@@ -497,7 +496,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 		}
 		word |= uint64(idx) << 48
 	}
-	b := unsafe.Slice((*byte)(unsafe.Add(e.slotArea(idx), fabric.ContextSize)), n)
+	b := e.SlotMsg(idx, n)
 	b[0], b[1] = typ, 0
 	binary.LittleEndian.PutUint16(b[2:], uint16(e.rank))
 	binary.LittleEndian.PutUint32(b[4:], 0)
@@ -524,12 +523,12 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 	case complete && !inject:
 		// A verdict, when one comes, says the message arrived: no
 		// delivery completion is needed for it.
-		err = e.ep.SendMsg(unsafe.Pointer(&b[0]), n, e.memMR.Desc, rl.addr, e.slotArea(idx), !f.p.m.localComp && !verdict)
+		err = e.FI.SendMsg(unsafe.Pointer(&b[0]), n, e.MemDesc(), rl.addr, e.SlotArea(idx), !f.p.m.localComp && !verdict)
 		if err != nil {
 			f.unslot(e, idx)
 		}
 	case complete: // injected: the slot waits for the verdict
-		if err = e.ep.Inject(unsafe.Pointer(&b[0]), n, rl.addr); err != nil {
+		if err = e.FI.Inject(unsafe.Pointer(&b[0]), n, rl.addr); err != nil {
 			f.unslot(e, idx)
 		}
 	default: // the window is the caller's business (an injected goodbye)
@@ -548,13 +547,13 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 func (f *fabricLink) sendFree(rl *fabRail, idx uint32, b []byte) error {
 	e := rl.e
 	n := uint64(len(b))
-	if n <= e.info.InjectSize {
-		err := e.ep.Inject(unsafe.Pointer(&b[0]), n, rl.addr)
+	if n <= e.Info.InjectSize {
+		err := e.FI.Inject(unsafe.Pointer(&b[0]), n, rl.addr)
 		f.unslot(e, idx)
 		return err
 	}
 	e.slots[idx].seq = 0 // its completion completes no number
-	err := e.ep.SendMsg(unsafe.Pointer(&b[0]), n, e.memMR.Desc, rl.addr, e.slotArea(idx), false)
+	err := e.FI.SendMsg(unsafe.Pointer(&b[0]), n, e.MemDesc(), rl.addr, e.SlotArea(idx), false)
 	if err != nil {
 		f.unslot(e, idx)
 	}
@@ -589,7 +588,7 @@ func (f *fabricLink) sendVerdict(rail int, word uint64, status abi.Result) bool 
 	if !ok {
 		return false
 	}
-	b := unsafe.Slice((*byte)(unsafe.Add(e.slotArea(idx), fabric.ContextSize)), fabMsgSize)
+	b := e.SlotMsg(idx, fabMsgSize)
 	clear(b)
 	b[0], b[1] = fabMsgVerdict, uint8(status)
 	binary.LittleEndian.PutUint16(b[2:], uint16(e.rank))
@@ -655,8 +654,8 @@ func (f *fabricLink) flush() {
 	f.tcpLink.flush()
 	if f.inflight.Load() > 0 || f.backlog.Load() > 0 {
 		for i := range f.rails {
-			if e := f.rails[i].e; e.callerLeft(testPollGap) == 0 {
-				e.poll()
+			if e := f.rails[i].e; e.CallerLeft(testPollGap) == 0 {
+				e.Poll()
 			}
 		}
 	}
@@ -690,12 +689,12 @@ func (f *fabricLink) failAll() {
 }
 
 // failSlots fails this peer's operations posted on endpoint e. Under
-// pollMu: a signal's slot whose send completed waits only for the
+// the poll lock: a signal's slot whose send completed waits only for the
 // verdict, which will not come; nobody else frees it.
 func (f *fabricLink) failSlots(e *fabEP) {
 	mine := slotPosted | uint32(f.p.rank)<<2
-	e.pollMu.Lock()
-	defer e.pollMu.Unlock()
+	e.LockPoll()
+	defer e.UnlockPoll()
 	for i := range e.slots {
 		s := &e.slots[i]
 		if s.state.CompareAndSwap(mine, slotFailed|uint32(f.p.rank)<<2) {
@@ -706,7 +705,7 @@ func (f *fabricLink) failSlots(e *fabEP) {
 			if s.sig && s.got&sigSent != 0 {
 				s.link, s.sig, s.got, s.vst = nil, false, 0, abi.Success
 				s.state.Store(slotFree)
-				e.free <- uint32(i)
+				e.Put(uint32(i))
 			}
 		}
 	}

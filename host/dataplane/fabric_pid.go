@@ -25,7 +25,7 @@ var errPeerExited = errors.New("its process exited (the shm provider cannot reac
 // watchPid arms the check for a peer on the same host reached through
 // shm; a kernel without pidfds (before 5.3) leaves it unarmed.
 func (f *fabricLink) watchPid(pid int) {
-	if pid <= 0 || !strings.HasPrefix(f.e.info.Provider, "shm") {
+	if pid <= 0 || !strings.HasPrefix(f.e.Info.Provider, "shm") {
 		return
 	}
 	if fd, err := unix.PidfdOpen(pid, 0); err == nil {

@@ -4,6 +4,8 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 )
 
 // TestFabricPeerExited: an shm link sees its peer's process exit (before
@@ -15,9 +17,9 @@ func TestFabricPeerExited(t *testing.T) {
 	}
 	defer cmd.Process.Kill()
 	link := func(prov string) *fabricLink {
-		f := &fabricLink{e: &fabEP{}}
+		f := &fabricLink{e: &fabEP{Endpoint: &endpoint.Endpoint{}}}
 		f.tcpLink = &tcpLink{p: &peer{rank: 1}}
-		f.e.info.Provider = prov
+		f.e.Info.Provider = prov
 		f.pidfd.Store(-1)
 		f.watchPid(cmd.Process.Pid)
 		return f

@@ -45,7 +45,7 @@ func (m *Mesh) openRails(l *Listener, want int) {
 			break
 		}
 		e, err := openFabric(l.prov, d)
-		if err == nil && (!e.layout(m.nranks) || e.seqBits != m.fab.seqBits || e.info.MRMode != m.fab.info.MRMode) {
+		if err == nil && (!e.layout(m.nranks) || e.seqBits != m.fab.seqBits || e.Info.MRMode != m.fab.Info.MRMode) {
 			e.close()
 			err = fmt.Errorf("its CQ data or mr_mode differs from rail 0's")
 		}
@@ -54,8 +54,7 @@ func (m *Mesh) openRails(l *Listener, want int) {
 			break
 		}
 		e.rail, e.m, e.rank, e.links = len(m.rails), m, m.rank, make([]*fabricLink, m.nranks)
-		e.spinSlots.Store(m.fab.spinSlots.Load())
-		e.spinNs.Store(m.fab.spinNs.Load())
+		e.SetSpin(m.fab.Spin())
 		m.rails = append(m.rails, e)
 	}
 }
@@ -64,8 +63,8 @@ func (m *Mesh) openRails(l *Listener, want int) {
 func (m *Mesh) railFrame() []byte {
 	b := append([]byte(railMagic), byte(len(m.rails)), 0, 0, 0)
 	for _, e := range m.rails[1:] {
-		b = append(b, byte(len(e.name)))
-		b = append(b, e.name...)
+		b = append(b, byte(len(e.Name)))
+		b = append(b, e.Name...)
 	}
 	return b
 }
@@ -136,7 +135,7 @@ func (m *Mesh) exchangeRails(fab []bool, outs, ins [][]*net.TCPConn, deadline ti
 func (m *Mesh) fabricRails(rank int, addr0 uint64, names [][]byte) ([]fabRail, error) {
 	rails := []fabRail{{e: m.fab, addr: addr0}}
 	for r := 1; r < len(m.rails) && r <= len(names); r++ {
-		a, err := m.rails[r].ep.Insert(names[r-1])
+		a, err := m.rails[r].FI.Insert(names[r-1])
 		if err != nil {
 			return nil, fmt.Errorf("fabric rail %d address of rank %d: %w", r, rank, err)
 		}
@@ -150,7 +149,7 @@ func (m *Mesh) fabricRails(rank int, addr0 uint64, names [][]byte) ([]fabRail, e
 func (m *Mesh) railNames() []string {
 	var d []string
 	for _, e := range m.rails {
-		d = append(d, e.info.Domain)
+		d = append(d, e.Info.Domain)
 	}
 	return d
 }
@@ -171,7 +170,7 @@ func (m *Mesh) logRails() {
 	}
 	var s strings.Builder
 	for r, e := range m.rails {
-		fmt.Fprintf(&s, " rail %d (%s) %d", r, e.info.Domain, e.bytes.Load())
+		fmt.Fprintf(&s, " rail %d (%s) %d", r, e.Info.Domain, e.bytes.Load())
 	}
 	logx.Info(abi.SubsysNet, "NET/wasm: rank %d: bytes put and got by fabric rail:%s", m.rank, s.String())
 }

@@ -38,7 +38,7 @@ func (m *Mesh) RegisterMemory(id uint32, base unsafe.Pointer, size uint64, dev b
 			for _, d := range m.rails[:r] {
 				d.deregister(id)
 			}
-			return 0, fmt.Errorf("fabric rail %d (%s): %w", r, e.info.Domain, err)
+			return 0, fmt.Errorf("fabric rail %d (%s): %w", r, e.Info.Domain, err)
 		}
 		if r == 0 {
 			key = k
@@ -66,10 +66,10 @@ type DeviceMemory struct {
 // provider refuses it, which an INFO line reports) key 0 and direct =
 // false: operations on it are staged over the TCP lanes (fabric_dev.go).
 func (m *Mesh) RegisterDevice(id uint32, base uintptr, size uint64, d DeviceMemory) (key uint64, direct bool) {
-	if m.fab == nil || !m.fab.info.HMEM {
+	if m.fab == nil || !m.fab.Info.HMEM {
 		return 0, false
 	}
-	if !takesDmaBuf(m.fab.info.Provider, m.noDmaBuf) {
+	if !takesDmaBuf(m.fab.Info.Provider, m.noDmaBuf) {
 		// shm reaches device memory through the driver's IPC by address
 		// (with a DMA-BUF registration its transfers never completed on
 		// the H200 with libfabric 1.22), and tcp copies: neither wants one.
@@ -91,7 +91,7 @@ func (m *Mesh) RegisterDevice(id uint32, base uintptr, size uint64, d DeviceMemo
 				u.deregister(id)
 			}
 			logx.Info(abi.SubsysNet|abi.SubsysReg, "NET/wasm: fabric %s rail %d: device memory (interface %d, device %d, dmabuf fd %d) not registered: %v; its operations are staged through host memory",
-				e.info.Provider, i, d.Iface, d.Device, d.DMABUFFd, err)
+				e.Info.Provider, i, d.Iface, d.Device, d.DMABUFFd, err)
 			return 0, false
 		}
 		if i == 0 {

@@ -20,7 +20,7 @@ import (
 // sees the same n and provider, so all of them fall back alike.
 func (l *Listener) fitFabric(n int) {
 	if f := l.fabric(); f != nil && !f.layout(n) {
-		logx.Warn(abi.SubsysNet|abi.SubsysInit, "NET/wasm: %d ranks do not fit %s's %d bytes of CQ data; using TCP", n, f.info.Provider, f.info.CQDataSize)
+		logx.Warn(abi.SubsysNet|abi.SubsysInit, "NET/wasm: %d ranks do not fit %s's %d bytes of CQ data; using TCP", n, f.Info.Provider, f.Info.CQDataSize)
 		l.dropFabric()
 	}
 }
@@ -35,8 +35,7 @@ func (m *Mesh) takeFabric(l *Listener, opt Options, infos []HandleInfo, peerNoFa
 	}
 	n := len(infos)
 	m.fab.m, m.fab.rank, m.fab.links = m, m.rank, make([]*fabricLink, n)
-	m.fab.spinSlots.Store(int32(opt.Spinners))
-	m.fab.spinNs.Store(int64(opt.SpinWait))
+	m.fab.SetSpin(opt.SpinWait, int32(opt.Spinners))
 	m.openRails(l, m.lanes)
 	// Which pairs use libfabric: both sides decide alike, from both
 	// handles and both hellos.
@@ -50,7 +49,7 @@ func (m *Mesh) takeFabric(l *Listener, opt Options, infos []HandleInfo, peerNoFa
 // fabricTransport is chooseTransport's libfabric branch: the peer's
 // address on every rail, and a fabricLink over them.
 func (m *Mesh) fabricTransport(p *peer, peer, self HandleInfo, outs, ins []*net.TCPConn, railNames [][]byte) (transport, error) {
-	addr, err := m.fab.ep.Insert(peer.FabricName)
+	addr, err := m.fab.FI.Insert(peer.FabricName)
 	if err != nil {
 		return nil, fmt.Errorf("fabric address of rank %d: %w", p.rank, err)
 	}
@@ -72,7 +71,7 @@ func (m *Mesh) fabricTransport(p *peer, peer, self HandleInfo, outs, ins []*net.
 // its transport.
 func (m *Mesh) startRails() error {
 	for _, e := range m.rails {
-		if err := e.start(); err != nil {
+		if err := e.Start(); err != nil {
 			m.closeRails()
 			m.fab, m.rails = nil, nil
 			return fmt.Errorf("fabric rail %d: %w", e.rail, err)

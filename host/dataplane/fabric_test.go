@@ -15,6 +15,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 )
 
@@ -323,14 +324,14 @@ func TestHandleFabricName(t *testing.T) {
 	}
 	defer l.Close()
 	hi := l.info
-	hi.FabricHash, hi.FabricName = providerHash("tcp;ofi_rxm"), []byte{2, 0, 0x1f, 0x90, 127, 0, 0, 1}
+	hi.FabricHash, hi.FabricName = endpoint.ProviderHash("tcp;ofi_rxm"), []byte{2, 0, 0x1f, 0x90, 127, 0, 0, 1}
 	var h Handle
 	hi.Encode(&h)
 	got, err := DecodeHandle(&h)
 	if err != nil || got.FabricHash != hi.FabricHash || string(got.FabricName) != string(hi.FabricName) || got.Pid != hi.Pid {
 		t.Fatalf("round trip: %+v, %v", got, err)
 	}
-	if providerHash("shm") == got.FabricHash {
+	if endpoint.ProviderHash("shm") == got.FabricHash {
 		t.Fatal("two providers hash alike")
 	}
 	hi.FabricName = make([]byte, fabNameMax+1)
@@ -434,10 +435,10 @@ func TestUnwrap(t *testing.T) {
 // wait's own bound is raised to ten minutes, so only the fd can wake it:
 // without that wake-up the signal does not arrive and the test fails.
 func TestFabricIdleWake(t *testing.T) {
-	prev := fabWaitMs.Swap(600_000)
-	t.Cleanup(func() { fabWaitMs.Store(prev) })
+	prev := endpoint.SetWaitBound(600_000)
+	t.Cleanup(func() { endpoint.SetWaitBound(prev) })
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
-	if !ms[1].fab.canWait.Load() {
+	if !ms[1].fab.CanWait() {
 		t.Skip("tcp;ofi_rxm offers no CQ wait fd here")
 	}
 	src := fabric.Alloc(64)
@@ -445,7 +446,7 @@ func TestFabricIdleWake(t *testing.T) {
 	sig := (*uint64)(os[1].mem)
 	for i := uint64(1); i <= 3; i++ {
 		asleep := time.Now().Add(20 * time.Second)
-		for !ms[1].fab.inWait.Load() || !ms[0].fab.inWait.Load() {
+		for !ms[1].fab.InWait() || !ms[0].fab.InWait() {
 			if time.Now().After(asleep) {
 				t.Fatalf("round %d: the progress goroutines never went to sleep", i)
 			}
@@ -461,7 +462,7 @@ func TestFabricIdleWake(t *testing.T) {
 		}
 		t.Logf("round %d: woke and applied in %v", i, time.Since(start))
 	}
-	if !ms[1].fab.canWait.Load() {
+	if !ms[1].fab.CanWait() {
 		t.Fatal("the provider refused to wait after all")
 	}
 }
@@ -612,7 +613,7 @@ func TestFabricSeqWindowHolds(t *testing.T) {
 	// One put first: rxm connects on the first send, which needs progress.
 	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 1 << 20, Local: src, Size: 8, Off: 0}, false, -1)
 	os[0].wait(t, 1<<20)
-	ms[0].fab.pollMu.Lock() // nobody reaps: nothing of ours completes
+	ms[0].fab.LockPoll() // nobody reaps: nothing of ours completes
 	for i := uint64(1); i <= n; i++ {
 		*(*uint64)(unsafe.Add(src, 8*i)) = i
 		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: i, Local: unsafe.Add(src, 8*i), Size: 8, Off: 8 * i}, false, -1)
@@ -620,7 +621,7 @@ func TestFabricSeqWindowHolds(t *testing.T) {
 	ms[0].Post(1, &Op{Msg: MsgPutSignal, Tag: n + 1, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
 	posted := l.inflight.Load()
 	waiting := l.backlog.Load()
-	ms[0].fab.pollMu.Unlock()
+	ms[0].fab.UnlockPoll()
 	t.Logf("%d posted, %d waiting", posted, waiting)
 	if posted > 64 || waiting < n+1-64 {
 		t.Fatalf("%d posted and %d waiting with nothing completed; the window allows 64", posted, waiting)
@@ -772,7 +773,7 @@ func TestFabricRailsUneven(t *testing.T) {
 
 // TestRailFrame: the rails frame round-trips and bad frames are refused.
 func TestRailFrame(t *testing.T) {
-	m := &Mesh{rails: []*fabEP{{name: []byte("zero")}, {name: []byte("one")}, {name: bytes.Repeat([]byte{7}, fabNameMax)}}}
+	m := &Mesh{rails: []*fabEP{{Endpoint: &endpoint.Endpoint{Name: []byte("zero")}}, {Endpoint: &endpoint.Endpoint{Name: []byte("one")}}, {Endpoint: &endpoint.Endpoint{Name: bytes.Repeat([]byte{7}, fabNameMax)}}}}
 	names, err := readRailFrame(bytes.NewReader(m.railFrame()))
 	if err != nil || len(names) != 2 || string(names[0]) != "one" || len(names[1]) != fabNameMax {
 		t.Fatalf("round trip: %q %v", names, err)
@@ -1103,14 +1104,14 @@ func TestFabricHostileMessages(t *testing.T) {
 	binary.LittleEndian.PutUint32(b[32:], 1)
 	binary.LittleEndian.PutUint32(b[36:], 40)
 	for {
-		err := e.ep.Inject(buf, fabPutSigHdr+8, dest)
+		err := e.FI.Inject(buf, fabPutSigHdr+8, dest)
 		if err == nil {
 			break
 		}
 		if err != fabric.ErrAgain {
 			t.Fatal(err)
 		}
-		e.poll()
+		e.Poll()
 	}
 	for deadline := time.Now().Add(10 * time.Second); !ms[1].peers[0].dead.Load(); {
 		if time.Now().After(deadline) {
@@ -1123,20 +1124,20 @@ func TestFabricHostileMessages(t *testing.T) {
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
 	e = ms[0].fab
 	dest = e.links[1].rails[0].addr
-	ctxs := fabric.Alloc(fabRecvs * 2 * fabric.ContextSize)
+	ctxs := fabric.Alloc(endpoint.Recvs * 2 * fabric.ContextSize)
 	defer fabric.Free(ctxs)
 	clear(b)
 	b[0] = fabMsgSignal
-	for i := 0; i < fabRecvs+fabRecvs/2; i++ {
+	for i := 0; i < endpoint.Recvs+endpoint.Recvs/2; i++ {
 		for {
-			err := e.ep.SendMsg(buf, long, nil, dest, unsafe.Add(ctxs, i*fabric.ContextSize), false)
+			err := e.FI.SendMsg(buf, long, nil, dest, unsafe.Add(ctxs, i*fabric.ContextSize), false)
 			if err == nil {
 				break
 			}
 			if err != fabric.ErrAgain {
 				t.Fatal(err)
 			}
-			e.poll()
+			e.Poll()
 		}
 	}
 	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: buf, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}, false, -1)
@@ -1148,7 +1149,7 @@ func TestFabricHostileMessages(t *testing.T) {
 	case st == abi.RemoteError && ms[0].peers[1].dead.Load():
 		t.Logf("the provider broke the connection; the watchdog failed the peer: %v", os[0].fail)
 	default:
-		t.Fatalf("put with signal after %d oversized messages: %v", fabRecvs+fabRecvs/2, st)
+		t.Fatalf("put with signal after %d oversized messages: %v", endpoint.Recvs+endpoint.Recvs/2, st)
 	}
 }
 

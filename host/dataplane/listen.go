@@ -137,7 +137,7 @@ func Listen(opt ListenOptions) (*Listener, *Handle, error) {
 			logx.Warn(abi.SubsysNet|abi.SubsysInit, "NET/wasm: fabric endpoint on %s: %v; this communicator uses TCP", prov, err)
 		} else {
 			l.fab = fab
-			l.info.FabricHash, l.info.FabricName = fab.hash, fab.name
+			l.info.FabricHash, l.info.FabricName = fab.Hash, fab.Name
 			l.prov, l.rails = prov, rails
 		}
 	}
@@ -452,9 +452,9 @@ func (l *Listener) FabricDeviceMemory() string {
 	switch {
 	case f == nil:
 		return ""
-	case !f.info.HMEM:
+	case !f.Info.HMEM:
 		return "staged"
-	case f.info.API >= fabric.APIDMABUF:
+	case f.Info.API >= fabric.APIDMABUF:
 		return "FI_HMEM, dmabuf"
 	}
 	return "FI_HMEM"
@@ -464,7 +464,7 @@ func (l *Listener) FabricDeviceMemory() string {
 // endpoint, "" when it has none.
 func (l *Listener) FabricDomain() string {
 	if f := l.fabric(); f != nil {
-		return f.info.Domain
+		return f.Info.Domain
 	}
 	return ""
 }

@@ -327,7 +327,7 @@ func (m *Mesh) Stats() Stats {
 		}
 	}
 	if m.fab != nil {
-		st.FabricProvider = m.fab.info.Provider
+		st.FabricProvider = m.fab.Info.Provider
 	}
 	st.CompressedRaw, st.CompressedWire = m.compression()
 	return st
@@ -353,10 +353,10 @@ func (m *Mesh) Flush(peerRank int) { m.peers[peerRank].t.flush() }
 // caller's thread (rmaProgress): the peers' writes land and their signals
 // apply where the caller waits, with no hand-off to the progress
 // goroutine, which leaves the CQs to callers while they keep calling
-// (callerGrace).
+// (endpoint.CallerGrace).
 func (m *Mesh) Progress() {
 	for _, e := range m.rails {
-		e.callerPoll()
+		e.CallerPoll()
 	}
 	m.FlushAll() // fabric links skip their poll: it was just done
 }
