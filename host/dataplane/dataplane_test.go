@@ -236,37 +236,6 @@ func TestConnectTimeout(t *testing.T) {
 	}
 }
 
-// TestOrderer lands sequence numbers out of order: a signal is applied only
-// once every smaller sequence number has landed, and the window grows.
-func TestOrderer(t *testing.T) {
-	var o orderer
-	var sig uint64
-	o.done(3, sigRef{host: &sig}, 10) // signal waiting for 1 and 2
-	o.done(2, sigRef{}, 0)
-	if sig != 0 {
-		t.Fatal("signal applied before sequence 1 landed")
-	}
-	o.done(1, sigRef{}, 0)
-	if sig != 10 {
-		t.Fatalf("signal = %d after its prefix landed, want 10", sig)
-	}
-	// A window far wider than the ring: everything but 4 lands first.
-	for s := uint64(5000); s >= 5; s-- {
-		if s%1000 == 0 {
-			o.done(s, sigRef{host: &sig}, 1)
-		} else {
-			o.done(s, sigRef{}, 0)
-		}
-	}
-	if sig != 10 {
-		t.Fatalf("signals applied across a gap: %d", sig)
-	}
-	o.done(4, sigRef{}, 0)
-	if sig != 15 || o.next != 5001 {
-		t.Fatalf("after the gap closed: signal %d (want 15), next %d (want 5001)", sig, o.next)
-	}
-}
-
 // TestStripedLanes sends striped puts, gets and a put with signal over three
 // lanes between two meshes and checks bytes, signal and completion counts.
 func TestStripedLanes(t *testing.T) {

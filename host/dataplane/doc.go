@@ -27,12 +27,12 @@
 // Data path:
 //   - transport.go: the transport interface and Props.
 //   - peer.go: lanes, sequence numbers and striping; completions, failures.
-//   - order.go: the target-side orderer that keeps signals strong.
+//   - order.go: a put landed, its signal resolved and ordered
+//     (host/seqorder keeps signals strong).
 //   - tcp_lane.go: a TCP lane's queue, batch writer and reply reader.
 //   - intranode.go: process_vm_writev/readv to a peer on this host.
 //   - ring.go: the lanes' side of the intra-node staging ring.
 //   - fabric_link.go: libfabric writes, reads and signals to one peer.
-//   - fabric_window.go: the window of sequence numbers a fabric link runs.
 //   - fabric_dev.go: device memory staged over TCP beside a fabric link.
 //
 // Target service:
@@ -52,5 +52,7 @@
 // (compression), host/devmem/staging (device staging and the staging
 // ring), host/fabric and host/fabric/nics (libfabric and its NICs),
 // host/fabric/endpoint (a libfabric endpoint's slots, receive buffers and
-// progress goroutine), host/spin (readers that spin before they park).
+// progress goroutine), host/seqorder (the target's orderer and the
+// initiator's window of sequence numbers), host/spin (readers that spin
+// before they park).
 package dataplane

@@ -63,7 +63,7 @@ func (f *fabricLink) remoteDev(id uint32) (dev, direct bool) {
 func (f *fabricLink) postStaged(pd *fabPend) error {
 	op := pd.op
 	put := op.Msg != MsgGet
-	if put && !f.win.fits(pd.seq) {
+	if put && !f.win.Fits(pd.seq) {
 		return fabric.ErrAgain
 	}
 	lane := pd.lane % len(f.lanes)
@@ -98,7 +98,7 @@ func (f *fabricLink) reapStaged() {
 		acked := f.lanes[i].acked()
 		k := 0
 		for k < len(recs) && recs[k].n <= acked {
-			f.win.complete(recs[k].seq)
+			f.win.Complete(recs[k].seq)
 			k++
 		}
 		if k > 0 {

@@ -35,7 +35,7 @@ const (
 	// (the target learns who wrote without FI_SOURCE) and the low bits of
 	// the sequence number below: with 8 bytes of CQ data 16 and 48 bits;
 	// with 4 (verbs, efa) as few rank bits as the communicator needs and
-	// at least fabMinSeqBits for the number (see orderer.unwrap).
+	// at least fabMinSeqBits for the number (see seqorder.Orderer.Unwrap).
 	fabMinSeqBits = 16
 	// A small put with signal whose signal fits travels as one write whose
 	// 8-byte CQ data carries it (fabricLink.cqSignal): the rank's 16 bits,
@@ -389,18 +389,18 @@ func (e *fabEP) Completion(c *fabric.Completion) {
 func (e *fabEP) wrote(l *fabricLink, w uint64) {
 	p := l.p
 	if !e.sigCQ {
-		if err := p.landed(p.order.unwrap(w, e.seqBits), sigRef{}, 0); err != nil {
+		if err := p.landed(p.order.Unwrap(w, e.seqBits), sigRef{}, 0); err != nil {
 			go p.markDead(err)
 		}
 		return
 	}
 	if w&fabSigFlag == 0 {
-		if err := p.landed(p.order.unwrap(w, e.seqBits-1), sigRef{}, 0); err != nil {
+		if err := p.landed(p.order.Unwrap(w, e.seqBits-1), sigRef{}, 0); err != nil {
 			go p.markDead(err)
 		}
 		return
 	}
-	seq := p.order.unwrap(w&(1<<fabSigSeqBits-1), fabSigSeqBits)
+	seq := p.order.Unwrap(w&(1<<fabSigSeqBits-1), fabSigSeqBits)
 	id := uint32(w>>fabSigSeqBits) & (1<<fabSigIDBits - 1)
 	off := (w >> (fabSigSeqBits + fabSigIDBits) & (1<<fabSigWordBits - 1)) * 8
 	sig, add, status := p.signalTarget(id, off, abi.SignalOpInc, 1)
@@ -429,10 +429,10 @@ func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 	v := s.state.Load()
 	if v&3 == slotPosted && s.seq != 0 && !s.sig {
 		// Completion means delivery: the target has this number, so
-		// later ones may be posted (seqWindow). A signal awaiting a
+		// later ones may be posted (seqorder.Window). A signal awaiting a
 		// verdict is sent without delivery completion: its verdict says
 		// the target has the number (verdict).
-		s.link.win.complete(s.seq)
+		s.link.win.Complete(s.seq)
 	}
 	if s.sig && v&3 == slotPosted {
 		// The signal's send is done; its request waits for the verdict.
@@ -489,7 +489,7 @@ func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
 		return
 	}
 	s.got |= sigVerdict
-	s.link.win.complete(s.seq)
+	s.link.win.Complete(s.seq)
 	if status != abi.Success && s.vst == abi.Success {
 		s.vst = status
 	}
@@ -652,7 +652,7 @@ func (e *fabEP) checkByes() {
 	defer e.byeMu.Unlock()
 	k := 0
 	for _, b := range e.byes {
-		if !b.link.p.order.passed(b.seq) || !b.link.control(e.rail, fabMsgByeAck, 0) {
+		if !b.link.p.order.Passed(b.seq) || !b.link.control(e.rail, fabMsgByeAck, 0) {
 			e.byes[k] = b
 			k++
 		}

@@ -13,9 +13,14 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/seqorder"
 )
 
 const nameFabric = "fabric"
+
+// fabSeqWindow is the most sequence numbers a fabric link lets run ahead
+// of its oldest one that may still be in flight (seqorder.Window).
+const fabSeqWindow = 1 << 16
 
 // fabricLink is the libfabric transport to one peer. Puts are RMA writes
 // carrying our rank and a sequence number as remote CQ data; a signal is a
@@ -59,7 +64,7 @@ type fabricLink struct {
 	regMu  sync.Mutex
 	remote atomic.Pointer[[]fabRemote] // the peer's registrations by id
 
-	win *seqWindow // how far our numbers may run ahead (fabric_window.go)
+	win *seqorder.Window // how far our numbers may run ahead
 
 	// sigOK holds signal targets the peer accepted (a verdict of success
 	// for a signal message): (id+1)<<32 | the offset past the highest word
@@ -213,7 +218,7 @@ func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLi
 	if p.m.orderWindow > 0 {
 		size = min(size, uint64(1)<<(63-bits.LeadingZeros64(p.m.orderWindow))) // a power of two at most the window
 	}
-	f.win = newSeqWindow(size)
+	f.win = seqorder.NewWindow(size)
 	empty := []fabRemote{}
 	f.remote.Store(&empty)
 	f.tcpLink.onReg = f.peerRegistered
@@ -352,13 +357,13 @@ func (f *fabricLink) post(pd *fabPend) error {
 	e := rl.e
 	switch {
 	case op.Msg == msgBye:
-		if !f.win.fits(pd.seq) {
+		if !f.win.Fits(pd.seq) {
 			return fabric.ErrAgain
 		}
 		if err := f.msg(pd.rail, fabMsgBye, pd.seq, op, false, false); err != nil {
 			return err
 		}
-		f.win.complete(pd.seq) // injected: no completion will say so
+		f.win.Complete(pd.seq) // injected: no completion will say so
 		return nil
 	case op.Msg == MsgPutSignal && pd.sigOnly:
 		return f.msg(pd.rail, fabMsgPutSignal, pd.sigSeq, op, true, false)
@@ -377,7 +382,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 	if !ok {
 		return fmt.Errorf("rank %d registration %d has no fabric key for rail %d", f.p.rank, op.MrID, pd.rail)
 	}
-	if op.Msg != MsgGet && !f.win.fits(pd.seq) {
+	if op.Msg != MsgGet && !f.win.Fits(pd.seq) {
 		return fabric.ErrAgain
 	}
 	idx, ok := f.slot(e, op.Tag)
@@ -463,7 +468,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 		return err
 	}
 	sig := typ == fabMsgSignal || typ == fabMsgPutSignal
-	if sig && (!f.win.fits(seq) || fabRefused()) {
+	if sig && (!f.win.Fits(seq) || fabRefused()) {
 		return fabric.ErrAgain
 	}
 	rl := &f.rails[rail]

@@ -341,20 +341,6 @@ func TestHandleFabricName(t *testing.T) {
 	}
 }
 
-// TestOrdererPassed: a goodbye is acknowledged only once everything
-// numbered before it was applied.
-func TestOrdererPassed(t *testing.T) {
-	var o orderer
-	o.done(2, sigRef{}, 0)
-	if o.passed(2) || o.passed(1) {
-		t.Fatal("passed with 1 missing")
-	}
-	o.done(1, sigRef{}, 0)
-	if !o.passed(2) || o.passed(3) {
-		t.Fatal("passed wrong after 1 and 2")
-	}
-}
-
 // TestFabricPostAllocs: posting over the fabric allocates nothing.
 func TestFabricPostAllocs(t *testing.T) {
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
@@ -412,21 +398,6 @@ func TestFabricNarrowCQData(t *testing.T) {
 				t.Fatalf("lanes %d: word %d: %d", lanes, i, v)
 			}
 		}
-	}
-}
-
-// TestUnwrap: the low bits of a number come back as the smallest number
-// at or above the orderer's next one.
-func TestUnwrap(t *testing.T) {
-	var o orderer
-	for s := uint64(1); s < 1000; s++ {
-		if got := o.unwrap(s&0xff, 8); got != s {
-			t.Fatalf("unwrap(%d) = %d", s, got)
-		}
-		o.done(s, sigRef{}, 0)
-	}
-	if got := o.unwrap((1000+200)&0xff, 8); got != 1200 {
-		t.Fatalf("ahead by 200: %d", got)
 	}
 }
 
@@ -557,44 +528,6 @@ func TestFabricRejectedSignal(t *testing.T) {
 	}
 }
 
-// TestSeqWindow: the guard's bookkeeping, completions in any order.
-func TestSeqWindow(t *testing.T) {
-	w := newSeqWindow(8)
-	for s := uint64(1); s <= 8; s++ {
-		if !w.fits(s) {
-			t.Fatalf("%d does not fit an empty window", s)
-		}
-	}
-	if w.fits(9) {
-		t.Fatal("9 fits while 1 is in flight, window 8")
-	}
-	for _, s := range []uint64{3, 2, 8, 5} {
-		w.complete(s)
-	}
-	if w.fits(9) {
-		t.Fatal("9 fits while 1 is in flight")
-	}
-	w.complete(1) // 1, 2, 3 done: low is 4
-	if !w.fits(11) || w.fits(12) {
-		t.Fatalf("after 1..3 completed: low %d", w.low)
-	}
-	w.complete(4) // 5 done too: low 6
-	w.complete(0)
-	w.complete(2) // again: ignored
-	if w.low != 6 || !w.fits(13) || w.fits(14) {
-		t.Fatalf("low %d, want 6", w.low)
-	}
-	for s := uint64(6); s <= 100; s++ {
-		if !w.fits(s) {
-			t.Fatalf("%d does not fit with low %d", s, w.low)
-		}
-		w.complete(s)
-	}
-	if w.low != 101 {
-		t.Fatalf("low %d after completing everything up to 100", w.low)
-	}
-}
-
 // TestFabricSeqWindowHolds: with a 6-bit sequence field, while nothing
 // of ours can complete (no poller) no more than 2^6 numbers are posted;
 // the rest wait in order and land once completions flow, every byte and
@@ -604,8 +537,8 @@ func TestFabricSeqWindowHolds(t *testing.T) {
 	defer func() { fabTestSeqBits = 0 }()
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
 	l := ms[0].fab.links[1]
-	if l.win.size != 64 {
-		t.Fatalf("window %d, want 64 for a 6-bit field", l.win.size)
+	if l.win.Size() != 64 {
+		t.Fatalf("window %d, want 64 for a 6-bit field", l.win.Size())
 	}
 	src := fabric.Alloc(8 * 1024)
 	defer fabric.Free(src)

@@ -99,9 +99,7 @@ func TestLaneFailoverMidStream(t *testing.T) {
 				l.amu.Unlock()
 			}
 			q := ms[1].peers[0]
-			q.order.mu.Lock()
-			t.Logf("target: next %d inDown %b", q.order.next, q.t.(*tcpLink).inDown.Load())
-			q.order.mu.Unlock()
+			t.Logf("target: next %d inDown %b", q.order.Next(), q.t.(*tcpLink).inDown.Load())
 			owners[0].mu.Lock()
 			t.Logf("events %v failed %v", owners[0].laneEvents, owners[0].failed)
 			owners[0].mu.Unlock()

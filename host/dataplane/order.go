@@ -2,7 +2,6 @@ package dataplane
 
 import (
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -13,7 +12,8 @@ import (
 
 // The target side every transport shares: a put (or a piece of one) has
 // landed in our memory; its signal, if any, becomes visible once everything
-// the peer numbered before it has landed too.
+// the peer numbered before it has landed too (the peer's orderer,
+// host/seqorder).
 
 // ShadowOwner is implemented by an Owner whose device registrations may
 // carry a never-reset signal shadow (staging.Shadow): signals to their
@@ -34,10 +34,14 @@ type sigRef struct {
 	pin  Pin             // the signal registration, held until the signal is applied
 }
 
-func (s sigRef) valid() bool { return s.host != nil || s.dev != 0 }
+// Valid reports whether s names a word (seqorder.Signal).
+func (s sigRef) Valid() bool { return s.host != nil || s.dev != 0 }
 
-// apply adds v to the signal word, after the payload is visible.
-func (s sigRef) apply(v uint64) error {
+// Release lets go of the signal registration's pin.
+func (s sigRef) Release() { s.pin.Release() }
+
+// Apply adds v to the signal word, after the payload is visible.
+func (s sigRef) Apply(v uint64) error {
 	if s.host != nil {
 		atomic.AddUint64(s.host, v)
 		return nil
@@ -54,7 +58,7 @@ func devAddr(p unsafe.Pointer, off uint64) uintptr { return uintptr(p) + uintptr
 // protocol violation: the caller drops the peer with the error returned.
 func (p *peer) landed(seq uint64, sig sigRef, add uint64) error {
 	if seq != 0 {
-		if err := p.order.done(seq, sig, add); err != nil {
+		if err := p.order.Done(seq, sig, add); err != nil {
 			sig.pin.Release()
 			err = fmt.Errorf("protocol violation by rank %d: %w", p.rank, err)
 			logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
@@ -62,8 +66,8 @@ func (p *peer) landed(seq uint64, sig sigRef, add uint64) error {
 		}
 		return nil
 	}
-	if sig.valid() {
-		if err := sig.apply(add); err != nil {
+	if sig.Valid() {
+		if err := sig.Apply(add); err != nil {
 			p.m.owner.PeerFailed(p.rank, fmt.Errorf("signal from rank %d: %w", p.rank, err))
 		}
 		sig.pin.Release()
@@ -95,121 +99,4 @@ func (p *peer) signalTarget(mrID uint32, off uint64, op uint8, value uint64) (si
 		return ref, 1, abi.Success
 	}
 	return ref, value, abi.Success
-}
-
-// orderer applies a peer's signals in sequence order when its operations
-// arrive over several lanes: a signal becomes visible only after every put
-// with a smaller sequence number has landed, which keeps signals strong.
-// Sequence numbers start at 1; puts and signals each take one.
-type orderer struct {
-	onErr  func(error) // reports a signal that could not be applied
-	window uint64      // numbers may land at most this far past next (0: DefaultOrderWindow)
-	mu     sync.Mutex
-	next   uint64 // every sequence number below next has been applied
-	ring   []orderSlot
-}
-
-type orderSlot struct {
-	state uint8 // 0 not yet, 1 landed, 2 signal waiting
-	sig   sigRef
-	add   uint64
-}
-
-// done records that seq landed; sig, when valid, is the signal word that
-// seq adds add to once everything before it has landed. It refuses, and
-// changes nothing, a number that already landed or lies window or more
-// past the first missing one: neither happens on a healthy stream, and the
-// window bounds the ring (and its memory) whatever a peer sends.
-func (o *orderer) done(seq uint64, sig sigRef, add uint64) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.next == 0 {
-		o.next = 1
-	}
-	if seq < o.next {
-		return fmt.Errorf("sequence number %d arrived again (every number below %d has landed)", seq, o.next)
-	}
-	window := o.window
-	if window == 0 {
-		window = DefaultOrderWindow
-	}
-	if seq-o.next >= window {
-		return fmt.Errorf("sequence number %d is %d past the first missing one (%d), beyond the window of %d", seq, seq-o.next, o.next, window)
-	}
-	for seq-o.next >= uint64(len(o.ring)) {
-		o.grow()
-	}
-	s := &o.ring[seq%uint64(len(o.ring))]
-	if s.state != 0 {
-		return fmt.Errorf("sequence number %d arrived again", seq)
-	}
-	s.state, s.sig, s.add = 1, sig, add
-	if sig.valid() {
-		s.state = 2
-	}
-	for {
-		s := &o.ring[o.next%uint64(len(o.ring))]
-		if s.state == 0 {
-			return nil
-		}
-		if s.state == 2 {
-			if err := s.sig.apply(s.add); err != nil && o.onErr != nil {
-				o.onErr(err)
-			}
-			s.sig.pin.Release()
-		}
-		*s = orderSlot{}
-		o.next++
-	}
-}
-
-// seen reports whether seq already landed (a resent put that did must not
-// be applied again, tcp_failover.go).
-func (o *orderer) seen(seq uint64) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	next := max(o.next, 1)
-	if seq < next {
-		return true
-	}
-	if seq-next >= uint64(len(o.ring)) {
-		return false
-	}
-	return o.ring[seq%uint64(len(o.ring))].state != 0
-}
-
-// grow doubles the window of sequence numbers that may land out of order.
-func (o *orderer) grow() {
-	n := max(2*len(o.ring), 1024)
-	nr := make([]orderSlot, n)
-	for i, s := range o.ring {
-		if s.state != 0 {
-			// slot i held the sequence number congruent to i within the
-			// current window [next, next+len)
-			seq := o.next + (uint64(i)-o.next%uint64(len(o.ring))+uint64(len(o.ring)))%uint64(len(o.ring))
-			nr[seq%uint64(n)] = s
-		}
-	}
-	o.ring = nr
-}
-
-// passed reports whether every sequence number up to seq was applied
-// (the fabric transport acknowledges a goodbye then).
-func (o *orderer) passed(seq uint64) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.next > seq
-}
-
-// unwrap turns the low bits of a sequence number (the CQ data of a
-// provider with 4 bytes of it) back into the number: every number that can
-// still arrive is at least next, and fewer than 1<<bits are outstanding.
-func (o *orderer) unwrap(w uint64, bits uint) uint64 {
-	if bits >= 64 {
-		return w
-	}
-	o.mu.Lock()
-	next := max(o.next, 1)
-	o.mu.Unlock()
-	return next + (w-next)&(1<<bits-1)
 }

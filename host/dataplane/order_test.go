@@ -2,46 +2,11 @@ package dataplane
 
 import (
 	"strings"
-	"sync/atomic"
 	"testing"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 )
-
-// TestOrdererWindow: a number at the edge of the window is taken, one past
-// it and any repeat are refused without changing anything, and the ring
-// never grows past the window.
-func TestOrdererWindow(t *testing.T) {
-	o := orderer{window: 4096}
-	var pins atomic.Int32
-	var word uint64
-	if err := o.done(4096, sigRef{host: &word, pin: NewPin(&pins)}, 1); err != nil {
-		t.Fatalf("the last number inside the window: %v", err)
-	}
-	for _, seq := range []uint64{4097, 1 << 40, ^uint64(0)} {
-		if err := o.done(seq, sigRef{}, 0); err == nil || !strings.Contains(err.Error(), "beyond the window of 4096") {
-			t.Fatalf("number %d past the window: %v", seq, err)
-		}
-	}
-	if err := o.done(4096, sigRef{}, 0); err == nil || !strings.Contains(err.Error(), "again") {
-		t.Fatalf("a repeated pending number: %v", err)
-	}
-	if len(o.ring) > 4096 {
-		t.Fatalf("ring grew to %d slots for a window of 4096", len(o.ring))
-	}
-	for s := uint64(1); s < 4096; s++ {
-		if err := o.done(s, sigRef{}, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if word != 1 || pins.Load() != 0 || o.next != 4097 {
-		t.Fatalf("after the gap closed: signal %d, pins %d, next %d", word, pins.Load(), o.next)
-	}
-	if err := o.done(7, sigRef{}, 0); err == nil || !strings.Contains(err.Error(), "again") {
-		t.Fatalf("a number that already landed: %v", err)
-	}
-}
 
 // TestSequenceBeyondWindowDropsPeer writes, on an authenticated stream, one
 // put header whose sequence number is 2^40 (before the bound the target's
@@ -79,7 +44,7 @@ func TestSequenceBeyondWindowDropsPeer(t *testing.T) {
 	if countMatching(got(), "protocol violation by rank 0") == 0 {
 		t.Fatalf("no WARN for the violation: %q", got())
 	}
-	if n := len(ms[1].peers[0].order.ring); n > 1024 {
+	if n := ms[1].peers[0].order.Slots(); n > 1024 {
 		t.Fatalf("the target's ring grew to %d slots", n)
 	}
 	// The initiator sees its connection go and fails what it posts.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/seqorder"
 )
 
 // peer is everything between us and one rank that does not depend on how
@@ -23,7 +24,7 @@ type peer struct {
 	seqMu sync.Mutex // orders sequence numbers and lane choice when lanes > 1
 	seq   uint64
 	rr    int
-	order orderer // the peer's signals, applied in its sequence order
+	order seqorder.Orderer[sigRef] // the peer's signals, applied in its sequence order
 
 	quit     chan struct{}
 	dead     atomic.Bool
@@ -45,8 +46,8 @@ type peer struct {
 // newPeer makes the peer; Connect gives it its transport before start.
 func newPeer(m *Mesh, rank int) *peer {
 	p := &peer{m: m, rank: rank, lanes: m.lanes, quit: make(chan struct{}), acked: make(chan struct{})}
-	p.order.window = m.orderWindow
-	p.order.onErr = func(err error) { m.owner.PeerFailed(rank, fmt.Errorf("signal from rank %d: %w", rank, err)) }
+	p.order.Window = m.orderWindow
+	p.order.OnErr = func(err error) { m.owner.PeerFailed(rank, fmt.Errorf("signal from rank %d: %w", rank, err)) }
 	return p
 }
 

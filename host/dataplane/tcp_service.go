@@ -212,7 +212,7 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 				// Sent again after lane From failed: only once nothing of
 				// that lane is still landing, and only if it never landed.
 				if err = t.fence(lane, int(h.status&statusFromMask)>>8); err == nil {
-					if p.order.seen(h.seq) {
+					if p.order.Seen(h.seq) {
 						err = t.dropPut(br, &h, dec)
 					} else {
 						err = t.servePut(ack, br, &h, resp, dec, rx)
