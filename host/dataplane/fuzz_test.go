@@ -71,4 +71,3 @@ func FuzzDecodeHandle(f *testing.F) {
 		}
 	})
 }
-
