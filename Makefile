@@ -140,9 +140,16 @@ bench: all
 # The device-memory series (issue: staging against the pinned-copy and wire
 # bounds, signal latency in device memory) needs an NVIDIA GPU; elsewhere it
 # says so and skips. On a GPU machine without Go: test/gpu/staging_bench.sh.
-bench-device: driver
+# With NCCL_SRC (an NVIDIA NCCL >= 2.30 source archive or tree) it also runs
+# the small-operation series through NCCL itself, under CUDA MPS where
+# available: host_rma's 8 B / 4 KiB / 64 KiB put+signal exchanges beside
+# NCCL's send/recv, and the GIN alltoall GIN_ITERS kernels back to back at
+# 64 B, 4 KiB and 256 KiB per peer (us per alltoall).
+bench-device: driver lib
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 	  test/gpu/staging_bench.sh; \
+	  if [ -n "$(NCCL_SRC)" ]; then GIN_ITERS=200 test/gpu/nccl_gin_check.sh $(NCCL_SRC) 0; \
+	  else echo "bench: NCCL small-operation series skipped: set NCCL_SRC to an NVIDIA NCCL source archive or tree"; fi; \
 	else \
 	  echo "bench: device-memory series skipped: no NVIDIA GPU on this machine (nvidia-smi -L failed);"; \
 	  echo "       run 'make bench' or test/gpu/staging_bench.sh on a GPU machine for them"; \
