@@ -253,17 +253,25 @@ func (r *rmaCtx) applyPlan(plan *backend.OpPlan, rank uint32, op *dataplane.Op) 
 
 // Iput copies size bytes from the local registration to rank's.
 func Iput(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint64, rank, optFlags uint32) (uint64, abi.Result) {
-	r, res := checkCommon("iput", h, context, rank)
+	return oneSided("iput", "source", "destination", backend.OpPut, dataplane.MsgPut, h, context, srcOff, srcMh, dstOff, dstMh, size, rank, optFlags)
+}
+
+// oneSided checks and issues a put or a get: each names a local range
+// and a remote one of size bytes (for a put the source and destination,
+// for a get the destination and source).
+func oneSided(name, localName, remoteName string, kind backend.OpKind, msg uint8, h uint64, context int32,
+	localOff, localMh, remoteOff, remoteMh, size uint64, rank, optFlags uint32) (uint64, abi.Result) {
+	r, res := checkCommon(name, h, context, rank)
 	if res != abi.Success {
 		return 0, res
 	}
-	src, dst, res := pair("iput", "source", "destination", r.c, srcMh, srcOff, dstMh, dstOff, size, rank)
+	local, remote, res := pair(name, localName, remoteName, r.c, localMh, localOff, remoteMh, remoteOff, size, rank)
 	if res != abi.Success {
 		return 0, res
 	}
-	op := dataplane.Op{Msg: dataplane.MsgPut, MrID: dst.id, Context: uint32(context),
-		Local: unsafe.Add(src.base, srcOff), LocalMr: src.id, LocalCtx: src.devCtx, Size: size, Off: dstOff, Remote: dst.remoteAddr(src, rank, dstOff)}
-	return r.issue(context, rank, backend.OpPut, optFlags, 0, &op)
+	op := dataplane.Op{Msg: msg, MrID: remote.id, Context: uint32(context),
+		Local: unsafe.Add(local.base, localOff), LocalMr: local.id, LocalCtx: local.devCtx, Size: size, Off: remoteOff, Remote: remote.remoteAddr(local, rank, remoteOff)}
+	return r.issue(context, rank, kind, optFlags, 0, &op)
 }
 
 // IputSignal is a put followed, at the target, by a 64-bit signal update that
@@ -304,17 +312,7 @@ func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint
 
 // Iget reads size bytes of rank's registration into the local one.
 func Iget(h uint64, context int32, remoteOff, remoteMh, size, localOff, localMh uint64, rank, optFlags uint32) (uint64, abi.Result) {
-	r, res := checkCommon("iget", h, context, rank)
-	if res != abi.Success {
-		return 0, res
-	}
-	local, remote, res := pair("iget", "local", "remote", r.c, localMh, localOff, remoteMh, remoteOff, size, rank)
-	if res != abi.Success {
-		return 0, res
-	}
-	op := dataplane.Op{Msg: dataplane.MsgGet, MrID: remote.id, Context: uint32(context),
-		Local: unsafe.Add(local.base, localOff), LocalMr: local.id, LocalCtx: local.devCtx, Size: size, Off: remoteOff, Remote: remote.remoteAddr(local, rank, remoteOff)}
-	return r.issue(context, rank, backend.OpGet, optFlags, 0, &op)
+	return oneSided("iget", "local", "remote", backend.OpGet, dataplane.MsgGet, h, context, localOff, localMh, remoteOff, remoteMh, size, rank, optFlags)
 }
 
 // Iflush completes at once: gets complete only after their bytes are in host

@@ -286,17 +286,26 @@ func (s *stager) copier() {
 
 func (s *stager) bytes(i int, n uint64) []byte { return unsafe.Slice((*byte)(s.buf[i]), n) }
 
+// takeStager returns the loaded device and a pooled stager for ctx; the
+// caller gives the stager back with putStager.
+func takeStager(ctx uintptr, chunk uint64) (devmem.Device, *stager, error) {
+	d := devmem.Get()
+	if d == nil {
+		return nil, nil, ErrNoDevice
+	}
+	return d, getStager(d, ctx, chunk), nil
+}
+
 // ReadToDevice reads n bytes from r into device memory at dst of context
 // ctx, staged in pieces of chunk bytes (0: DefaultChunk). With more than
 // one chunk, the copy to the device of chunk k runs while chunk k+1 is
 // received; it returns once every copy completed, so whatever follows (a
 // signal, a completion) sees the whole payload.
 func ReadToDevice(r io.Reader, ctx, dst uintptr, n, chunk uint64) error {
-	d := devmem.Get()
-	if d == nil {
-		return ErrNoDevice
+	d, s, err := takeStager(ctx, chunk)
+	if err != nil {
+		return err
 	}
-	s := getStager(d, ctx, chunk)
 	defer putStager(s)
 	c := s.chunk
 	if n <= c {
@@ -309,7 +318,6 @@ func ReadToDevice(r io.Reader, ctx, dst uintptr, n, chunk uint64) error {
 		return nil
 	}
 	pending := 0
-	var err error
 	for done, k := uint64(0), 0; done < n && err == nil; k++ {
 		m := min(c, n-done)
 		if pending == 2 { // the copy of chunk k-2 frees buffer k&1
@@ -339,11 +347,10 @@ func ReadToDevice(r io.Reader, ctx, dst uintptr, n, chunk uint64) error {
 // chunk, chunk k+1 is copied from the device while chunk k is
 // written.
 func WriteFromDevice(w io.Writer, ctx, src uintptr, n, chunk uint64) error {
-	d := devmem.Get()
-	if d == nil {
-		return ErrNoDevice
+	d, s, err := takeStager(ctx, chunk)
+	if err != nil {
+		return err
 	}
-	s := getStager(d, ctx, chunk)
 	defer putStager(s)
 	c := s.chunk
 	if n <= c {
