@@ -19,9 +19,11 @@ package devrt
 static int devrt_inspect(const rmaw_devrt_ops* o, uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t errlen) {
   return o->inspect(ptr, size, ctx, err, errlen);
 }
-static int devrt_copy(const rmaw_devrt_ops* o, uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n,
-                      char* err, size_t errlen) {
-  return o->copy(ctx, to_device, host, dev, n, err, errlen);
+// One trampoline for both copy slots: synchronous (async 0) or queued
+// on the context's stream.
+static int devrt_copy(const rmaw_devrt_ops* o, int async, uintptr_t ctx, int to_device, void* host, uint64_t dev,
+                      uint64_t n, char* err, size_t errlen) {
+  return (async ? o->copy_async : o->copy)(ctx, to_device, host, dev, n, err, errlen);
 }
 static int devrt_host_alloc(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen) {
   return o->host_alloc(ctx, n, p, err, errlen);
@@ -40,13 +42,13 @@ static int devrt_export_dmabuf(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t 
 // stay on the Go stack.
 #cgo noescape devrt_write64
 #cgo noescape devrt_add64
-#cgo noescape devrt_copy_async
+#cgo noescape devrt_copy
 #cgo noescape devrt_event_record
 #cgo noescape devrt_stream_sync
 #cgo nocallback devrt_caps
 #cgo nocallback devrt_write64
 #cgo nocallback devrt_add64
-#cgo nocallback devrt_copy_async
+#cgo nocallback devrt_copy
 #cgo nocallback devrt_event_record
 #cgo nocallback devrt_event_query
 #cgo nocallback devrt_stream_sync
@@ -56,10 +58,6 @@ static int devrt_write64(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t dev, u
 }
 static int devrt_add64(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen) {
   return o->add64(ctx, dev, v, err, errlen);
-}
-static int devrt_copy_async(const rmaw_devrt_ops* o, uintptr_t ctx, int to_device, void* host, uint64_t dev,
-                            uint64_t n, char* err, size_t errlen) {
-  return o->copy_async(ctx, to_device, host, dev, n, err, errlen);
 }
 static int devrt_event_record(const rmaw_devrt_ops* o, uintptr_t ctx, uintptr_t* ev, char* err, size_t errlen) {
   return o->event_record(ctx, ev, err, errlen);
@@ -114,17 +112,17 @@ func (r Runtime[T]) Inspect(ptr uintptr, size uint64) (uintptr, error) {
 // buffers of both copies are pinned for the duration of the call, which the
 // cgo rules allow: C does not keep them.
 func (r Runtime[T]) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
-	return r.copy(ctx, 0, dst, src, n)
+	return r.copy(ctx, 0, 0, dst, src, n)
 }
 
 // HtoD copies n bytes from host memory src to device address dst.
 func (r Runtime[T]) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64) error {
-	return r.copy(ctx, 1, src, dst, n)
+	return r.copy(ctx, 0, 1, src, dst, n)
 }
 
-func (r Runtime[T]) copy(ctx uintptr, toDevice C.int, host unsafe.Pointer, dev uintptr, n uint64) error {
+func (r Runtime[T]) copy(ctx uintptr, async, toDevice C.int, host unsafe.Pointer, dev uintptr, n uint64) error {
 	var buf errBuf
-	if C.devrt_copy(r.ops(), C.uintptr_t(ctx), toDevice, host, C.uint64_t(dev), C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
+	if C.devrt_copy(r.ops(), async, C.uintptr_t(ctx), toDevice, host, C.uint64_t(dev), C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
 		return buf.err()
 	}
 	return nil
@@ -209,20 +207,12 @@ func (r Runtime[T]) AtomicAdd(ctx, addr uintptr, v uint64) error {
 // memory (AllocPinned) that stays untouched until an event recorded after
 // it passed.
 func (r Runtime[T]) HtoDAsync(ctx, dst uintptr, src unsafe.Pointer, n uint64) error {
-	return r.copyAsync(ctx, 1, src, dst, n)
+	return r.copy(ctx, 1, 1, src, dst, n)
 }
 
 // DtoHAsync queues a copy from the device into pinned C memory dst.
 func (r Runtime[T]) DtoHAsync(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
-	return r.copyAsync(ctx, 0, dst, src, n)
-}
-
-func (r Runtime[T]) copyAsync(ctx uintptr, toDevice C.int, host unsafe.Pointer, dev uintptr, n uint64) error {
-	var buf errBuf
-	if C.devrt_copy_async(r.ops(), C.uintptr_t(ctx), toDevice, host, C.uint64_t(dev), C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
-		return buf.err()
-	}
-	return nil
+	return r.copy(ctx, 1, 0, dst, src, n)
 }
 
 // Record records *ev (created when 0) after the work queued on ctx's
