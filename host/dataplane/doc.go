@@ -9,7 +9,8 @@
 //
 // Init and listen:
 //   - listen.go: Listen and ListenOptions, the accept loop and admission of
-//     dialers (host/handshake), the listen address and host id.
+//     dialers (host/handshake/admission caps the strangers, host/handshake
+//     authenticates them), the listen address and host id.
 //   - wire.go: the handle and the 64-byte header protocol.
 //   - poller.go: the process's network poller check (EnsurePoller).
 //
@@ -48,7 +49,8 @@
 //   - fabric_pid.go: a local peer's exit noticed through its pidfd.
 //   - watchdog.go: peers whose streams stopped moving are failed.
 //
-// Leaves it builds on: host/handshake (the hello and the seal), host/codec
+// Leaves it builds on: host/handshake (the hello and the seal) and
+// host/handshake/admission (the caps on unauthenticated connections), host/codec
 // (compression), host/devmem/staging (device staging and the staging
 // ring), host/fabric and host/fabric/nics (libfabric and its NICs),
 // host/fabric/endpoint (a libfabric endpoint's slots, receive buffers and

@@ -168,7 +168,7 @@ func TestImpostorWithAllHandles(t *testing.T) {
 			impostor <- err
 		}(id)
 	}
-	waitFor(t, "the impostors to wait for connect", func() bool { return ls[0].strangers.Load() == 2 })
+	waitFor(t, "the impostors to wait for connect", func() bool { return ls[0].gate.Strangers() == 2 })
 	ms, owners := connectPair(t, ls, [][]*Handle{hs, hs})
 	for i := 0; i < 2; i++ {
 		if err := <-impostor; err == nil {

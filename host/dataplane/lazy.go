@@ -9,6 +9,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake/admission"
 )
 
 // Lazy lanes. Connect opens lane 0 to every peer; a lane beyond it opens
@@ -181,7 +182,7 @@ func (m *Mesh) lateLanes(l *Listener) {
 				err = a.addIn(in.Lane, in.Lanes, in.conn)
 			}
 			if err != nil {
-				strangerWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: refused a lane opened after connect: %v", m.rank, err)
+				admission.Warn.Warn(abi.SubsysNet, "NET/wasm: rank %d: refused a lane opened after connect: %v", m.rank, err)
 				in.conn.Close()
 			}
 		}

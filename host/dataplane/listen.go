@@ -8,13 +8,13 @@ import (
 	"net/netip"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake/admission"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -35,19 +35,17 @@ var (
 	// maxStrangers caps the unauthenticated connections of one listener;
 	// further ones are closed at accept (a real dialer retries).
 	maxStrangers = int32(1024)
-	// maxStrangersPerAddr caps those of one source (strangerSource), so
-	// that one host cannot fill the listener: it holds at most a quarter.
+	// maxStrangersPerAddr caps those of one source (admission.Source),
+	// so that one host cannot fill the listener: it holds at most a
+	// quarter.
 	maxStrangersPerAddr = int32(256)
 	// acceptBackoffMax is the longest pause after a failed accept.
 	acceptBackoffMax = time.Second
 )
 
-// Lines a stranger can cause are rate limited process-wide, so a flood of
-// connections does not become a flood of log lines.
-var (
-	strangerWarn logx.Limited // rejected or dropped connections
-	acceptWarn   logx.Limited // accept failures (EMFILE, ENFILE, ...)
-)
+// acceptWarn rate-limits the lines about accept failures (EMFILE,
+// ENFILE, ...); those a stranger can cause go through admission.Warn.
+var acceptWarn logx.Limited
 
 // incoming is an authenticated connection from a peer rank.
 type incoming struct {
@@ -74,16 +72,10 @@ type Listener struct {
 	encrypt    bool          // this rank requires sealed streams (from connect)
 	peersKnown chan struct{} // closed once peers is set
 
-	strangers atomic.Int32 // connections accepted and not yet authenticated or dropped
-	// bySource counts them per strangerSource (only the accept loop adds,
-	// admit removes).
-	sourcesMu sync.Mutex
-	bySource  map[netip.Addr]int32
-	// Connections closed at accept: the listener held maxStrangers (full)
-	// or their source held maxStrangersPerAddr (source). The WARN lines
-	// are rate limited; these count every one.
-	refusedFull, refusedSource atomic.Int64
-	fab                        *fabEP // libfabric endpoint (ListenOptions.Provider), until a Mesh takes it
+	// gate counts the connections accepted and not yet authenticated or
+	// dropped, capped per listener and per source.
+	gate admission.Gate
+	fab  *fabEP // libfabric endpoint (ListenOptions.Provider), until a Mesh takes it
 	// The provider and the NICs (domains) of further rails: Connect opens
 	// endpoints on as many as the plan has lanes (fabric_rails.go).
 	prov  string
@@ -125,8 +117,9 @@ func Listen(opt ListenOptions) (*Listener, *Handle, error) {
 		return nil, nil, fmt.Errorf("listen on %s: %w", laddr, err)
 	}
 	l := &Listener{ln: ln, id: id, conns: make(chan incoming, 1024), done: make(chan struct{}), quit: make(chan struct{}),
-		peersKnown: make(chan struct{}), bySource: map[netip.Addr]int32{}}
+		peersKnown: make(chan struct{})}
 	l.info.Addr = ln.Addr().(*net.TCPAddr)
+	l.gate.Name, l.gate.Max, l.gate.PerSource = l.info.Addr.String(), maxStrangers, maxStrangersPerAddr
 	l.info.Key = id.Pub
 	l.info.HostID = HostID()
 	l.info.Pid = uint32(os.Getpid())
@@ -174,76 +167,12 @@ func (l *Listener) acceptLoop() {
 			continue
 		}
 		backoff = 0
-		if l.strangers.Add(1) > maxStrangers {
-			l.strangers.Add(-1)
-			l.refusedFull.Add(1)
-			strangerWarn.Warn(abi.SubsysNet, "NET/wasm: %s has %d connections that have not authenticated; closing one more from %s", l.info.Addr, maxStrangers, c.RemoteAddr())
-			c.Close()
-			continue
-		}
-		src := strangerSource(c.RemoteAddr(), c.LocalAddr())
-		if !l.addSource(src) {
-			l.strangers.Add(-1)
-			l.refusedSource.Add(1)
-			strangerWarn.Warn(abi.SubsysNet, "NET/wasm: %s has %d connections from %s that have not authenticated; closing one more", l.info.Addr, maxStrangersPerAddr, src)
+		src, ok := l.gate.Admit(c.RemoteAddr(), c.LocalAddr())
+		if !ok {
 			c.Close()
 			continue
 		}
 		go l.admit(c, src)
-	}
-}
-
-// strangerSource is what the per-source cap counts a connection by: an
-// IPv4 address, an IPv6 /64 (one host commonly holds a whole /64), and
-// every loopback address as one (a local party can pick any of 127/8).
-// A connection from this host itself (its source is the address it came
-// to: a rank dialling its own or a co-located rank's listener) is not
-// capped by source (the invalid Addr): every rank of a single-host job
-// dials from it, and local processes share this host's limits anyway.
-func strangerSource(remote, local net.Addr) netip.Addr {
-	ra, ok1 := remote.(*net.TCPAddr)
-	la, ok2 := local.(*net.TCPAddr)
-	if !ok1 || !ok2 {
-		return netip.Addr{}
-	}
-	ip := ra.AddrPort().Addr().Unmap()
-	if ip == la.AddrPort().Addr().Unmap() {
-		return netip.Addr{}
-	}
-	switch {
-	case ip.IsLoopback():
-		return netip.IPv6Loopback()
-	case ip.Is6():
-		p, _ := ip.Prefix(64)
-		return p.Addr()
-	}
-	return ip
-}
-
-// addSource counts one more stranger from src, refusing it beyond
-// maxStrangersPerAddr; one from this host (src invalid) is not counted.
-func (l *Listener) addSource(src netip.Addr) bool {
-	if !src.IsValid() {
-		return true
-	}
-	l.sourcesMu.Lock()
-	defer l.sourcesMu.Unlock()
-	if l.bySource[src] >= maxStrangersPerAddr {
-		return false
-	}
-	l.bySource[src]++
-	return true
-}
-
-// dropSource forgets one stranger from src.
-func (l *Listener) dropSource(src netip.Addr) {
-	if !src.IsValid() {
-		return
-	}
-	l.sourcesMu.Lock()
-	defer l.sourcesMu.Unlock()
-	if l.bySource[src]--; l.bySource[src] <= 0 {
-		delete(l.bySource, src)
 	}
 }
 
@@ -285,10 +214,9 @@ func (l *Listener) peerKey(c handshake.Claim, deadline time.Time) (*[KeySize]byt
 
 // admit authenticates a dialer before its connection reaches connect. Every
 // way out but success closes the connection; the rejections a stranger can
-// provoke log through the rate-limited strangerWarn.
+// provoke log through the rate-limited admission.Warn.
 func (l *Listener) admit(c *net.TCPConn, src netip.Addr) {
-	defer l.strangers.Add(-1)
-	defer l.dropSource(src)
+	defer l.gate.Leave(src)
 	// The hello and the proof get helloTimeout (Authenticate sets it);
 	// only then may the connection wait for connect, up to its own bound,
 	// which also covers the ack.
@@ -299,7 +227,7 @@ func (l *Listener) admit(c *net.TCPConn, src netip.Addr) {
 	}, helloTimeout)
 	if err != nil {
 		if !errors.Is(err, handshake.ErrSilent) {
-			strangerWarn.Warn(abi.SubsysNet, "NET/wasm: rejected connection from %s to %s: %v", c.RemoteAddr(), l.info.Addr, err)
+			admission.Warn.Warn(abi.SubsysNet, "NET/wasm: rejected connection from %s to %s: %v", c.RemoteAddr(), l.info.Addr, err)
 		}
 		c.Close()
 		return
@@ -323,7 +251,7 @@ func (l *Listener) admit(c *net.TCPConn, src netip.Addr) {
 	select {
 	case l.conns <- incoming{conn: c, Claim: cl}:
 	default:
-		strangerWarn.Warn(abi.SubsysNet, "NET/wasm: too many pending connections on %s, dropping one from %s", l.info.Addr, c.RemoteAddr())
+		admission.Warn.Warn(abi.SubsysNet, "NET/wasm: too many pending connections on %s, dropping one from %s", l.info.Addr, c.RemoteAddr())
 		c.Close()
 	}
 }

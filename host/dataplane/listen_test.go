@@ -13,6 +13,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake/admission"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -178,7 +179,7 @@ func TestStrangerCap(t *testing.T) {
 	if closed < 36 {
 		t.Fatalf("%d of 40 idle strangers closed at once, want at least 36", closed)
 	}
-	if n := l.strangers.Load(); n > 4 {
+	if n := l.gate.Strangers(); n > 4 {
 		t.Fatalf("listener holds %d strangers, cap 4", n)
 	}
 	lines := got()
@@ -186,7 +187,7 @@ func TestStrangerCap(t *testing.T) {
 		t.Fatalf("%d cap lines for 36 refusals (want 1..11): %q", n, lines)
 	}
 	// The held ones time out; then a real dialer is admitted.
-	waitFor(t, "the strangers' hello deadline", func() bool { return l.strangers.Load() == 0 })
+	waitFor(t, "the strangers' hello deadline", func() bool { return l.gate.Strangers() == 0 })
 	l.setPeers([]HandleInfo{hi}, false)
 	c, err := dial(hi, &l.id, handshake.Claim{Rank: 0, NRanks: 1, Lane: 0, Lanes: 1}, time.Now().Add(5*time.Second))
 	if err != nil {
@@ -198,6 +199,6 @@ func TestStrangerCap(t *testing.T) {
 // resetLimits gives the process-wide rate limits a full budget, so a test
 // sees its own lines.
 func resetLimits() {
-	strangerWarn.Reset()
+	admission.Warn.Reset()
 	acceptWarn.Reset()
 }

@@ -144,7 +144,7 @@ func TestStrangersClosedWithinHelloBound(t *testing.T) {
 	c := afterHello(t, l, []byte("RMAP"))
 	defer c.Close()
 	closedByServer(t, c, "a hello with half a proof")
-	waitFor(t, "the strangers' slots", func() bool { return l.strangers.Load() == 0 })
+	waitFor(t, "the strangers' slots", func() bool { return l.gate.Strangers() == 0 })
 }
 
 // TestWrongPrefixRejectedAtOnce: with the hello bound far away (a minute),
@@ -233,7 +233,7 @@ func TestStrangerCapPerAddr(t *testing.T) {
 	if closed < 16 {
 		t.Fatalf("%d of 20 strangers from one address closed, want at least 16", closed)
 	}
-	if n := l.strangers.Load(); n > 4 {
+	if n := l.gate.Strangers(); n > 4 {
 		t.Fatalf("listener holds %d strangers from one address, cap 4", n)
 	}
 	if n := countMatching(got(), "from "+netip.IPv6Loopback().String()+" that have not authenticated"); n == 0 {
@@ -250,9 +250,7 @@ func TestStrangerCapPerAddr(t *testing.T) {
 		c.Close()
 	}
 	waitFor(t, "the source's count to drop", func() bool {
-		l.sourcesMu.Lock()
-		defer l.sourcesMu.Unlock()
-		return l.strangers.Load() == 0 && len(l.bySource) == 0
+		return l.gate.Strangers() == 0 && l.gate.Sources() == 0
 	})
 	c2, err := net.DialTCP("tcp", other, l.Addr())
 	if err != nil {
@@ -261,28 +259,6 @@ func TestStrangerCapPerAddr(t *testing.T) {
 	defer c2.Close()
 	if _, ok := handshake.ForgeHello(c2, &hi.Key, &l.id, cl, cl, nil); !ok {
 		t.Fatal("a rank from 127.0.0.2 after its strangers left was refused")
-	}
-}
-
-// TestStrangerSource: what the per-source cap counts by, for a listener
-// on 10.9.9.9.
-func TestStrangerSource(t *testing.T) {
-	local := &net.TCPAddr{IP: net.ParseIP("10.9.9.9"), Port: 6}
-	for _, c := range []struct{ in, want string }{
-		{"10.9.9.9", "invalid IP"}, // this host: not capped by source
-		{"::ffff:10.9.9.9", "invalid IP"},
-		{"10.1.2.3", "10.1.2.3"},
-		{"::ffff:10.1.2.3", "10.1.2.3"},
-		{"127.0.0.1", "::1"},
-		{"127.9.9.9", "::1"},
-		{"::1", "::1"},
-		{"2001:db8:1:2:3:4:5:6", "2001:db8:1:2::"},
-		{"2001:db8:1:2:ffff::1", "2001:db8:1:2::"},
-	} {
-		a := &net.TCPAddr{IP: net.ParseIP(c.in), Port: 5}
-		if got := strangerSource(a, local).String(); got != c.want {
-			t.Errorf("strangerSource(%s) = %s, want %s", c.in, got, c.want)
-		}
 	}
 }
 
@@ -313,7 +289,7 @@ func TestKeyWaitOutlivesHelloBound(t *testing.T) {
 	}()
 	// Let five hello bounds pass with the proof sent and no peers known,
 	// then start "connect".
-	waitFor(t, "the dialer to be waiting", func() bool { return l.strangers.Load() == 1 })
+	waitFor(t, "the dialer to be waiting", func() bool { return l.gate.Strangers() == 1 })
 	time.Sleep(5 * helloTimeout)
 	l.setPeers([]HandleInfo{hi}, false)
 	if r := <-res; !r.acked {
@@ -330,7 +306,7 @@ func TestKeyWaitOutlivesHelloBound(t *testing.T) {
 	if a, ok := dialerSteps(t, hi2.Addr, &hi2.Key, &l2.id, cl, cl, nil); ok || len(a) != 0 {
 		t.Fatalf("connect never started, yet the key wait answered %x", a)
 	}
-	waitFor(t, "the slot", func() bool { return l2.strangers.Load() == 0 })
+	waitFor(t, "the slot", func() bool { return l2.gate.Strangers() == 0 })
 }
 
 // TestRankConnectsDuringFloodNetns: three network namespaces on a bridge,
@@ -472,9 +448,10 @@ func floodChild(t *testing.T, role, dir string) {
 	}
 	// The flood was capped by its source, and the listener never filled:
 	// no rank's connection was refused for want of room.
-	t.Logf("rank 0: %d flood connections closed at accept by the per-address cap, %d for a full listener", l.refusedSource.Load(), l.refusedFull.Load())
-	if l.refusedSource.Load() == 0 || l.refusedFull.Load() != 0 {
-		t.Fatalf("refused %d by source and %d for a full listener; want some and none", l.refusedSource.Load(), l.refusedFull.Load())
+	full, source := l.gate.Refused()
+	t.Logf("rank 0: %d flood connections closed at accept by the per-address cap, %d for a full listener", source, full)
+	if source == 0 || full != 0 {
+		t.Fatalf("refused %d by source and %d for a full listener; want some and none", source, full)
 	}
 	os.WriteFile(filepath.Join(dir, "checked"), nil, 0o644)
 }
