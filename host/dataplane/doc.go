@@ -46,7 +46,8 @@
 //
 // Teardown and watchdog:
 //   - tcp_failover.go: a failed TCP lane's work moved to the others.
-//   - fabric_pid.go: a local peer's exit noticed through its pidfd.
+//   - fabric_pid.go: a local shm peer's exit noticed (host/procid's pidfd
+//     watch) before a post could spin on its lock.
 //   - watchdog.go: peers whose streams stopped moving are failed.
 //
 // Leaves it builds on: host/handshake (the hello and the seal) and
@@ -56,5 +57,5 @@
 // host/fabric/endpoint (a libfabric endpoint's slots, receive buffers and
 // progress goroutine), host/seqorder (the target's orderer and the
 // initiator's window of sequence numbers), host/spin (readers that spin
-// before they park).
+// before they park), host/procid (the host id, a local process's exit).
 package dataplane

@@ -13,6 +13,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/procid"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/seqorder"
 )
 
@@ -74,7 +75,7 @@ type fabricLink struct {
 	sigNext atomic.Uint32
 	cqSigs  atomic.Uint64 // puts with signal sent as one write (tests)
 
-	pidfd atomic.Int32 // the shm peer's process, or -1 (fabric_pid.go)
+	pid procid.Watch // the shm peer's process (fabric_pid.go)
 
 	fabStaged // device memory sent over the TCP lanes (fabric_dev.go)
 }
@@ -205,7 +206,6 @@ func (f *fabricLink) forgetSignals(id uint32) {
 func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
 	e := rails[0].e
 	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, rails: rails, piggy: make([]atomic.Uint64, len(rails))}
-	f.pidfd.Store(-1)
 	// At most 2^seqBits numbers (the CQ data field) and the orderer's
 	// window past the target's first missing number.
 	size := uint64(fabSeqWindow)

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // Posting to a dead shm peer. libfabric 1.17's shm provider takes a
@@ -15,7 +13,7 @@ import (
 // good, and the next post to it spins inside fi_writemsg forever: the
 // caller's iput never returns (the soak's kill-put faults hung one run in
 // six). So before each post to an shm peer we ask a pidfd of its process
-// whether it exited (one poll(2) with a zero timeout, about half a
+// whether it exited (host/procid: one poll(2) with a zero timeout, about half a
 // microsecond, shm only): a dead peer is failed instead of posted to. What
 // is left is the sub-microsecond window between that check and the lock.
 
@@ -25,28 +23,14 @@ var errPeerExited = errors.New("its process exited (the shm provider cannot reac
 // watchPid arms the check for a peer on the same host reached through
 // shm; a kernel without pidfds (before 5.3) leaves it unarmed.
 func (f *fabricLink) watchPid(pid int) {
-	if pid <= 0 || !strings.HasPrefix(f.e.Info.Provider, "shm") {
-		return
+	if strings.HasPrefix(f.e.Info.Provider, "shm") {
+		f.pid.Open(pid)
 	}
-	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
-		f.pidfd.Store(int32(fd))
-	}
-}
-
-// exited reports that the peer's process has exited (shm peers only).
-func (f *fabricLink) exited() bool {
-	fd := f.pidfd.Load()
-	if fd < 0 {
-		return false
-	}
-	pfd := [1]unix.PollFd{{Fd: fd, Events: unix.POLLIN}}
-	n, err := unix.Poll(pfd[:], 0)
-	return err == nil && n > 0
 }
 
 // peerGone fails the peer when its process exited; posts call it first.
 func (f *fabricLink) peerGone() error {
-	if !f.exited() {
+	if !f.pid.Exited() {
 		return nil
 	}
 	return fmt.Errorf("rank %d: %w", f.p.rank, errPeerExited)
@@ -56,7 +40,5 @@ func (f *fabricLink) peerGone() error {
 // before they would check it).
 func (f *fabricLink) stop() {
 	f.tcpLink.stop()
-	if fd := f.pidfd.Swap(-1); fd >= 0 {
-		unix.Close(int(fd))
-	}
+	f.pid.Close()
 }

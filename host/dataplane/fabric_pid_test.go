@@ -20,27 +20,26 @@ func TestFabricPeerExited(t *testing.T) {
 		f := &fabricLink{e: &fabEP{Endpoint: &endpoint.Endpoint{}}}
 		f.tcpLink = &tcpLink{p: &peer{rank: 1}}
 		f.e.Info.Provider = prov
-		f.pidfd.Store(-1)
 		f.watchPid(cmd.Process.Pid)
 		return f
 	}
 	tcp, shm := link("tcp;ofi_rxm"), link("shm")
-	if tcp.pidfd.Load() >= 0 {
+	if tcp.pid.Armed() {
 		t.Fatal("a tcp link watches its peer's pid")
 	}
-	if shm.pidfd.Load() < 0 {
+	if !shm.pid.Armed() {
 		t.Skip("no pidfd on this kernel")
 	}
-	if shm.exited() || shm.peerGone() != nil {
+	if shm.pid.Exited() || shm.peerGone() != nil {
 		t.Fatal("a live peer reported exited")
 	}
-	if a := testing.AllocsPerRun(100, func() { shm.exited() }); a != 0 {
+	if a := testing.AllocsPerRun(100, func() { shm.pid.Exited() }); a != 0 {
 		t.Fatalf("exited allocates %.0f times", a)
 	}
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); !shm.exited(); time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); !shm.pid.Exited(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the peer's exit was not seen")
 		}

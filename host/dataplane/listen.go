@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +15,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake/admission"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/procid"
 )
 
 // Bounds on what a stranger (a connection that has not authenticated yet)
@@ -121,7 +121,7 @@ func Listen(opt ListenOptions) (*Listener, *Handle, error) {
 	l.info.Addr = ln.Addr().(*net.TCPAddr)
 	l.gate.Name, l.gate.Max, l.gate.PerSource = l.info.Addr.String(), maxStrangers, maxStrangersPerAddr
 	l.info.Key = id.Pub
-	l.info.HostID = HostID()
+	l.info.HostID = procid.HostID()
 	l.info.Pid = uint32(os.Getpid())
 	l.info.UID = uint32(os.Getuid())
 	if prov != "" {
@@ -313,39 +313,12 @@ func dial(peer HandleInfo, id *handshake.Identity, cl handshake.Claim, deadline 
 	}
 }
 
-var (
-	hostIDOnce sync.Once
-	hostID     [8]byte
-)
-
-// HostID identifies this machine and boot, so ranks can tell which peers
-// share the host (the intra-node transport needs the same kernel): 8 bytes
-// of a hash of the host name, boot id and machine id, and of the network
-// and pid namespaces (nsIdentity): ranks in different ones are not on one
-// host for that path.
-func HostID() [8]byte {
-	hostIDOnce.Do(func() {
-		h := sha256.New()
-		name, _ := os.Hostname()
-		h.Write([]byte(name))
-		if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
-			h.Write(b)
-		}
-		if b, err := os.ReadFile("/etc/machine-id"); err == nil {
-			h.Write(b)
-		}
-		h.Write([]byte(nsIdentity()))
-		copy(hostID[:], h.Sum(nil))
-	})
-	return hostID
-}
-
 // Prewarm resolves the listen address and the host id in the background, so
 // that the first listen of a process does not pay for them after init.
 func Prewarm(addr string) {
 	go func() {
 		nics.ListenAddr(addr)
-		HostID()
+		procid.HostID()
 	}()
 }
 

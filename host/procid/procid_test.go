@@ -1,4 +1,4 @@
-package dataplane
+package procid
 
 import (
 	"encoding/hex"
@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestHostIDHelper prints this process's host id when run as the child of
@@ -59,5 +60,44 @@ func TestHostIDNamespaces(t *testing.T) {
 				t.Fatalf("a process in another %s namespace has our host id %s", c.name, got)
 			}
 		})
+	}
+}
+
+// TestWatch: a watch sees its process exit (before it is reaped) without
+// allocating; the zero value and a closed watch see nothing.
+func TestWatch(t *testing.T) {
+	var none Watch
+	if none.Armed() || none.Exited() || none.Open(0) {
+		t.Fatal("the zero Watch watches something")
+	}
+	none.Close()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Skip(err)
+	}
+	defer cmd.Process.Kill()
+	var w Watch
+	if !w.Open(cmd.Process.Pid) {
+		t.Skip("no pidfd on this kernel")
+	}
+	defer w.Close()
+	if !w.Armed() || w.Exited() {
+		t.Fatal("a live process reported exited")
+	}
+	if a := testing.AllocsPerRun(100, func() { w.Exited() }); a != 0 {
+		t.Fatalf("Exited allocates %.0f times", a)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !w.Exited(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the process's exit was not seen")
+		}
+	}
+	_ = cmd.Wait()
+	w.Close()
+	if w.Armed() || w.Exited() {
+		t.Fatal("a closed Watch still watches")
 	}
 }
