@@ -55,7 +55,7 @@
 // (compression), host/devmem/staging (device staging and the staging
 // ring), host/fabric and host/fabric/nics (libfabric and its NICs),
 // host/fabric/endpoint (a libfabric endpoint's slots, receive buffers and
-// progress goroutine), host/seqorder (the target's orderer and the
+// progress goroutine; the control messages and CQ data on it), host/seqorder (the target's orderer and the
 // initiator's window of sequence numbers), host/spin (readers that spin
 // before they park), host/procid (the host id, a local process's exit).
 package dataplane

@@ -1,9 +1,7 @@
 package dataplane
 
 import (
-	"encoding/binary"
 	"fmt"
-	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,67 +20,9 @@ import (
 // directions (our operations finishing, and the peers' writes and messages
 // landing in our memory).
 
-const (
-	fabMsgSize = 32 // one control message
-	// A signal travels as a fabMsgPutSignal message: the control message,
-	// 24 bytes (the target range of an inline payload, and an owed
-	// verdict), then at most fabInlineMax bytes of payload. Slots and receive
-	// buffers hold the largest message.
-	fabPutSigHdr = fabMsgSize + 24
-	fabInlineMax = 80
-	fabMsgMax    = fabPutSigHdr + fabInlineMax
-	// The CQ data of a write carries the sender's rank in its high bits
-	// (the target learns who wrote without FI_SOURCE) and the low bits of
-	// the sequence number below: with 8 bytes of CQ data 16 and 48 bits;
-	// with 4 (verbs, efa) as few rank bits as the communicator needs and
-	// at least fabMinSeqBits for the number (see seqorder.Orderer.Unwrap).
-	fabMinSeqBits = 16
-	// A small put with signal whose signal fits travels as one write whose
-	// 8-byte CQ data carries it (fabricLink.cqSignal): the rank's 16 bits,
-	// then fabSigFlag, then the low fabSigSeqBits of the sequence number, a
-	// signal registration id below 2^fabSigIDBits and the word's index
-	// (offset / 8) below 2^fabSigWordBits; the add is 1. A plain write
-	// keeps fabSigFlag clear (47 bits of number).
-	fabSigSeqBits  = 16
-	fabSigIDBits   = 12
-	fabSigWordBits = 19
-	fabSigFlag     = 1 << 47
-	// fabSigKnown: signal targets per peer whose acceptance by the peer we
-	// remember (fabricLink.sigOK).
-	fabSigKnown = 4
-	// fabNoSlot in a verdict's slot field: a rejection of a signal that
-	// came in CQ data, which no slot awaits.
-	fabNoSlot = 1<<16 - 1
-)
-
-// Control messages (fabMsgSize bytes, little endian):
-//
-//	0 type u8 | 1 sigOp u8 | 2 rank u16 | 4 sigMrID u32 | 8 seq u48, slot u16
-//	16 sigOff u64 | 24 sigValue u64
-//
-// A fabMsgPutSignal message continues with
-//
-//	32 mrID u32 | 36 size u32 (0..fabInlineMax) | 40 offset u64
-//	48 owed verdict u64 | 56 payload
-//
-// size 0: the payload was written apart (or there is none). The owed
-// verdict (0: none) answers a signal the receiver sent us on this rail,
-// as a verdict message would (seq and slot; status 0).
-//
-// slot (a signal's: the sender's operation slot) comes back in the signal's
-// verdict, which reuses the layout: 1 holds the status (0: applied or
-// queued in order; else the ncclResult_t of the rejection) and 8 the same
-// seq and slot. Sequence numbers are 48 bits, as in 8-byte CQ data.
-const (
-	fabMsgSignal  = 1 // apply a signal once every earlier sequence number landed
-	fabMsgBye     = 2 // the sender's last message on one of its lanes
-	fabMsgByeAck  = 3 // everything before that goodbye was applied
-	fabMsgVerdict = 4 // the target checked a signal's word: the request may complete
-	// a signal, with its put's payload inline when small: copied in,
-	// then applied as a signal (one sequence number for both)
-	fabMsgPutSignal = 5
-	fabSeqMask      = 1<<48 - 1
-)
+// fabSigKnown: signal targets per peer whose acceptance by the peer we
+// remember (fabricLink.sigOK).
+const fabSigKnown = 4
 
 // Slot states, in the low two bits of fabSlot.state; the bits above hold
 // the owning peer's rank, so failAll claims only its own peer's slots.
@@ -128,12 +68,8 @@ type fabEP struct {
 
 	m       *Mesh
 	rank    int
-	links   []*fabricLink // by rank; nil where the peer is not on this fabric
-	seqBits uint          // low bits of the CQ data holding the sequence number
-	// sigCQ: 8-byte CQ data at full width, so a small put with signal may
-	// carry its signal there (fabSigFlag); plain writes then use one bit
-	// less of number.
-	sigCQ bool
+	links []*fabricLink // by rank; nil where the peer is not on this fabric
+	cq    endpoint.CQLayout
 
 	slots []fabSlot // by the endpoint's slot index
 
@@ -177,7 +113,7 @@ type fabVerdict struct {
 func openFabric(prov, domain string) (*fabEP, error) {
 	e := &fabEP{}
 	var err error
-	e.Endpoint, err = endpoint.Open(endpoint.Config{Provider: prov, Domain: domain, MsgMax: fabMsgMax, NameMax: fabNameMax, CQData: 4}, e)
+	e.Endpoint, err = endpoint.Open(endpoint.Config{Provider: prov, Domain: domain, MsgMax: endpoint.MsgMax, NameMax: fabNameMax, CQData: 4}, e)
 	if err != nil {
 		return nil, err
 	}
@@ -198,20 +134,17 @@ func openFabric(prov, domain string) (*fabEP, error) {
 var fabTestNoInject bool
 
 // layout sets how the CQ data splits between rank and sequence number for
-// n ranks; false when n ranks do not fit. Every rank computes the same.
+// n ranks (endpoint.Layout); false when n ranks do not fit.
 func (e *fabEP) layout(n int) bool {
-	total, rankBits := uint(64), uint(16)
-	if e.Info.CQDataSize < 8 {
-		total, rankBits = 32, uint(bits.Len(uint(n-1)))
-	}
-	if uint(bits.Len(uint(n-1))) > rankBits || total-rankBits < fabMinSeqBits {
+	c, ok := endpoint.Layout(e.Info.CQDataSize, n)
+	if !ok {
 		return false
 	}
-	e.seqBits = total - rankBits
 	if fabTestSeqBits != 0 {
-		e.seqBits = fabTestSeqBits
+		c.SeqBits = fabTestSeqBits
 	}
-	e.sigCQ = e.seqBits == 48 && !fabTestNoSigCQ
+	c.SigCQ = c.SeqBits == 48 && !fabTestNoSigCQ
+	e.cq = c
 	return true
 }
 
@@ -353,7 +286,7 @@ func (e *fabEP) Completion(c *fabric.Completion) {
 			e.finish(idx, abi.RemoteError, fmt.Errorf("fabric: %s", fabric.Strerror(errno)))
 		}
 		// A receive fails when the endpoint closes (canceled), or when a
-		// peer sent a message larger than fabMsgMax (truncated): that
+		// peer sent a message larger than endpoint.MsgMax (truncated): that
 		// buffer goes back, or such peers would use them all up.
 		if ok && recv && errno != fabCanceled {
 			fabRecvWarn.Warn(abi.SubsysNet, "NET/wasm: fabric: a control message failed to arrive: %s", fabric.Strerror(errno))
@@ -362,10 +295,10 @@ func (e *fabEP) Completion(c *fabric.Completion) {
 		return
 	}
 	if flags&fabric.FlagRemoteCQData != 0 && flags&fabric.FlagRemoteWrite != 0 {
-		data := fabric.Data(c)
-		if l := e.link(int(data >> e.seqBits)); l != nil {
+		d := e.cq.Parse(fabric.Data(c))
+		if l := e.link(d.Rank); l != nil {
 			l.heard.Add(1)
-			e.wrote(l, data&(1<<e.seqBits-1))
+			e.wrote(l, d)
 		}
 		if ok && recv {
 			e.Repost(idx)
@@ -382,28 +315,20 @@ func (e *fabEP) Completion(c *fabric.Completion) {
 	}
 }
 
-// wrote lands a peer's write whose CQ data (rank taken off) is w: a
-// number, or with fabSigFlag a number and the signal it carries, which
-// the orderer applies once every earlier number landed. The payload is
-// in place before the provider reports the CQ data.
-func (e *fabEP) wrote(l *fabricLink, w uint64) {
+// wrote lands a peer's write whose CQ data is d: a number, or a number
+// and the signal it carries, which the orderer applies once every
+// earlier number landed. The payload is in place before the provider
+// reports the CQ data.
+func (e *fabEP) wrote(l *fabricLink, d endpoint.CQData) {
 	p := l.p
-	if !e.sigCQ {
-		if err := p.landed(p.order.Unwrap(w, e.seqBits), sigRef{}, 0); err != nil {
+	seq := p.order.Unwrap(d.Seq, d.Bits)
+	if !d.Sig {
+		if err := p.landed(seq, sigRef{}, 0); err != nil {
 			go p.markDead(err)
 		}
 		return
 	}
-	if w&fabSigFlag == 0 {
-		if err := p.landed(p.order.Unwrap(w, e.seqBits-1), sigRef{}, 0); err != nil {
-			go p.markDead(err)
-		}
-		return
-	}
-	seq := p.order.Unwrap(w&(1<<fabSigSeqBits-1), fabSigSeqBits)
-	id := uint32(w>>fabSigSeqBits) & (1<<fabSigIDBits - 1)
-	off := (w >> (fabSigSeqBits + fabSigIDBits) & (1<<fabSigWordBits - 1)) * 8
-	sig, add, status := p.signalTarget(id, off, abi.SignalOpInc, 1)
+	sig, add, status := p.signalTarget(d.SigID, d.SigOff, abi.SignalOpInc, 1)
 	if err := p.landed(seq, sig, add); err != nil {
 		go p.markDead(err)
 		return
@@ -412,7 +337,7 @@ func (e *fabEP) wrote(l *fabricLink, w uint64) {
 		// The sender only puts a target it saw accepted here into CQ data,
 		// so this is a registration dropped since: its request completed
 		// on arrival; the rejection reaches its sticky error (and WARN).
-		e.queueVerdict(l, seq|fabNoSlot<<48, status)
+		e.queueVerdict(l, seq|endpoint.NoSlot<<48, status)
 	}
 }
 
@@ -475,17 +400,17 @@ func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
 	if status != abi.Success {
 		how := ""
-		if word>>48 == fabNoSlot {
+		if word>>48 == endpoint.NoSlot {
 			how = " carried in CQ data (its request completed on arrival)"
 		}
-		l.p.m.owner.PeerFailed(l.p.rank, fmt.Errorf("rank %d rejected a signal%s (sequence number %d): %v", l.p.rank, how, word&fabSeqMask, status))
+		l.p.m.owner.PeerFailed(l.p.rank, fmt.Errorf("rank %d rejected a signal%s (sequence number %d): %v", l.p.rank, how, word&endpoint.SeqMask, status))
 	}
 	idx := uint32(word >> 48)
 	if idx >= endpoint.Slots {
 		return
 	}
 	s := &e.slots[idx]
-	if s.state.Load()&3 != slotPosted || !s.sig || s.link != l || s.seq != word&fabSeqMask || s.got&sigVerdict != 0 {
+	if s.state.Load()&3 != slotPosted || !s.sig || s.link != l || s.seq != word&endpoint.SeqMask || s.got&sigVerdict != 0 {
 		return
 	}
 	s.got |= sigVerdict
@@ -564,29 +489,29 @@ var fabRecvWarn logx.Limited
 
 // message applies a control message from a peer.
 func (e *fabEP) message(b unsafe.Pointer, n uint64) {
-	if n < fabMsgSize || n > fabMsgMax {
+	if n < endpoint.MsgSize || n > endpoint.MsgMax {
 		return
 	}
 	m := unsafe.Slice((*byte)(b), n)
-	l := e.link(int(binary.LittleEndian.Uint16(m[2:])))
+	h := endpoint.ParseMsg(m)
+	l := e.link(int(h.Rank))
 	if l == nil || e.rail >= len(l.rails) {
 		return
 	}
 	l.heard.Add(1)
 	p := l.p
-	word := binary.LittleEndian.Uint64(m[8:])
-	seq := word & fabSeqMask
-	switch m[0] {
-	case fabMsgSignal:
-		sig, add, status := p.signalTarget(binary.LittleEndian.Uint32(m[4:]), binary.LittleEndian.Uint64(m[16:]), m[1], binary.LittleEndian.Uint64(m[24:]))
+	seq := h.Word & endpoint.SeqMask
+	switch h.Type {
+	case endpoint.MsgSignal:
+		sig, add, status := p.signalTarget(h.SigMrID, h.SigOff, h.Op, h.SigValue)
 		if err := p.landed(seq, sig, add); err != nil {
 			go p.markDead(err)
 			return
 		}
 		// The initiator's request completes on this verdict: with the
 		// rejection's code when the word is not a valid signal target.
-		e.queueVerdict(l, word, status)
-	case fabMsgPutSignal:
+		e.queueVerdict(l, h.Word, status)
+	case endpoint.MsgPutSignal:
 		status, err := p.inlinePut(m)
 		if err != nil {
 			logx.Warn(abi.SubsysNet, "NET/wasm: protocol violation by rank %d: %v; dropping its connections", p.rank, err)
@@ -596,19 +521,19 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 		var sig sigRef
 		var add uint64
 		if status == abi.Success {
-			sig, add, status = p.signalTarget(binary.LittleEndian.Uint32(m[4:]), binary.LittleEndian.Uint64(m[16:]), m[1], binary.LittleEndian.Uint64(m[24:]))
+			sig, add, status = p.signalTarget(h.SigMrID, h.SigOff, h.Op, h.SigValue)
 		}
 		if err := p.landed(seq, sig, add); err != nil {
 			go p.markDead(err)
 			return
 		}
-		e.queueVerdict(l, word, status)
-		if owed := binary.LittleEndian.Uint64(m[48:]); owed != 0 {
+		e.queueVerdict(l, h.Word, status)
+		if owed := endpoint.ParseInline(m).Owed; owed != 0 {
 			e.verdict(l, owed, abi.Success)
 		}
-	case fabMsgVerdict:
-		e.verdict(l, word, rejectedOrOK(m[1]))
-	case fabMsgBye:
+	case endpoint.MsgVerdict:
+		e.verdict(l, h.Word, rejectedOrOK(h.Op))
+	case endpoint.MsgBye:
 		p.peerBye.Store(true)
 		if err := p.landed(seq, sigRef{}, 0); err != nil {
 			go p.markDead(err)
@@ -617,21 +542,22 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 		e.byeMu.Lock()
 		e.byes = append(e.byes, fabBye{l, seq})
 		e.byeMu.Unlock()
-	case fabMsgByeAck:
+	case endpoint.MsgByeAck:
 		p.ackBye()
 	}
 }
 
-// inlinePut copies the payload of a fabMsgPutSignal message m into our
+// inlinePut copies the payload of a MsgPutSignal message m into our
 // registration. status is what its verdict reports (a range outside the
 // registration, or device memory, which senders never inline, is
 // rejected); err is a malformed message, which drops the peer.
 func (p *peer) inlinePut(m []byte) (abi.Result, error) {
-	if len(m) < fabPutSigHdr {
-		return 0, fmt.Errorf("inline put of %d bytes is shorter than its %d-byte header", len(m), fabPutSigHdr)
+	if len(m) < endpoint.PutSigHdr {
+		return 0, fmt.Errorf("inline put of %d bytes is shorter than its %d-byte header", len(m), endpoint.PutSigHdr)
 	}
-	id, size, off := binary.LittleEndian.Uint32(m[32:]), uint64(binary.LittleEndian.Uint32(m[36:])), binary.LittleEndian.Uint64(m[40:])
-	if size > fabInlineMax || uint64(len(m)) != fabPutSigHdr+size {
+	in := endpoint.ParseInline(m)
+	id, size, off := in.MrID, uint64(in.Size), in.Off
+	if size > endpoint.InlineMax || uint64(len(m)) != endpoint.PutSigHdr+size {
 		return 0, fmt.Errorf("inline put declares %d bytes in a %d-byte message", size, len(m))
 	}
 	if size == 0 {
@@ -642,7 +568,7 @@ func (p *peer) inlinePut(m []byte) (abi.Result, error) {
 	if !ok || !Span(off, size, rsize) || ctx != 0 {
 		return abi.InvalidArgument, nil
 	}
-	copy(unsafe.Slice((*byte)(unsafe.Add(base, off)), size), m[fabPutSigHdr:])
+	copy(unsafe.Slice((*byte)(unsafe.Add(base, off)), size), m[endpoint.PutSigHdr:])
 	return abi.Success, nil
 }
 
@@ -652,7 +578,7 @@ func (e *fabEP) checkByes() {
 	defer e.byeMu.Unlock()
 	k := 0
 	for _, b := range e.byes {
-		if !b.link.p.order.Passed(b.seq) || !b.link.control(e.rail, fabMsgByeAck, 0) {
+		if !b.link.p.order.Passed(b.seq) || !b.link.control(e.rail, endpoint.MsgByeAck, 0) {
 			e.byes[k] = b
 			k++
 		}

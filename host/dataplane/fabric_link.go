@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math/bits"
 	"net"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/procid"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/seqorder"
@@ -126,12 +126,12 @@ func (f *fabricLink) signalApart(op Op) bool {
 }
 
 // inlined reports whether a put with signal travels as one control
-// message carrying its payload (fabMsgPutSignal): at most fabInlineMax
+// message carrying its payload (endpoint.MsgPutSignal): at most endpoint.InlineMax
 // bytes, host memory at both ends. One send instead of a write and a
 // message, and one sequence number; the verdict, sent after the copy,
 // says the bytes arrived.
 func (f *fabricLink) inlined(op *Op) bool {
-	if op.Msg != MsgPutSignal || op.Size == 0 || op.Size > fabInlineMax || op.LocalCtx != 0 {
+	if op.Msg != MsgPutSignal || op.Size == 0 || op.Size > endpoint.InlineMax || op.LocalCtx != 0 {
 		return false
 	}
 	dev, _ := f.remoteDev(op.MrID)
@@ -144,23 +144,17 @@ func (f *fabricLink) inlined(op *Op) bool {
 // accepted before (so a rejection, which has no verdict to ride on here,
 // means only that the registration went since), and a known key.
 func (f *fabricLink) cqSignal(op *Op, rail int) bool {
-	if !f.e.sigCQ || f.p.m.localComp {
+	if !f.e.cq.SigCQ || f.p.m.localComp {
 		return false
 	}
 	if op.SigOp != abi.SignalOpInc && (op.SigOp != abi.SignalOpAdd || op.SigValue != 1) {
 		return false
 	}
-	if op.SigMrID >= 1<<fabSigIDBits || op.SigOff%8 != 0 || op.SigOff/8 >= 1<<fabSigWordBits || !f.sigKnown(op.SigMrID, op.SigOff) {
+	if !endpoint.SigFits(op.SigMrID, op.SigOff) || !f.sigKnown(op.SigMrID, op.SigOff) {
 		return false
 	}
 	_, _, ok := f.target(op.MrID, op.Off, rail)
 	return ok
-}
-
-// cqSigData is the CQ data of a write carrying op's signal (cqSignal).
-func (f *fabricLink) cqSigData(e *fabEP, seq uint64, op *Op) uint64 {
-	return uint64(e.rank)<<e.seqBits | fabSigFlag | op.SigOff/8<<(fabSigSeqBits+fabSigIDBits) |
-		uint64(op.SigMrID)<<fabSigSeqBits | seq&(1<<fabSigSeqBits-1)
 }
 
 func (f *fabricLink) sigKnown(id uint32, off uint64) bool {
@@ -175,7 +169,7 @@ func (f *fabricLink) sigKnown(id uint32, off uint64) bool {
 // learnSignal remembers that the peer accepted signal word off of
 // registration id: every aligned word below it is in range too.
 func (f *fabricLink) learnSignal(id uint32, off uint64) {
-	if id >= 1<<fabSigIDBits || off%8 != 0 || off/8 >= 1<<fabSigWordBits {
+	if !endpoint.SigFits(id, off) {
 		return
 	}
 	want := (uint64(id)+1)<<32 | (off + 8)
@@ -209,11 +203,11 @@ func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLi
 	// At most 2^seqBits numbers (the CQ data field) and the orderer's
 	// window past the target's first missing number.
 	size := uint64(fabSeqWindow)
-	if e.seqBits < 63 {
-		size = min(size, 1<<e.seqBits)
+	if e.cq.SeqBits < 63 {
+		size = min(size, 1<<e.cq.SeqBits)
 	}
-	if e.sigCQ {
-		size = min(size, 1<<fabSigSeqBits) // the number field of a signal in CQ data
+	if e.cq.SigCQ {
+		size = min(size, 1<<endpoint.SigSeqBits) // the number field of a signal in CQ data
 	}
 	if p.m.orderWindow > 0 {
 		size = min(size, uint64(1)<<(63-bits.LeadingZeros64(p.m.orderWindow))) // a power of two at most the window
@@ -360,15 +354,15 @@ func (f *fabricLink) post(pd *fabPend) error {
 		if !f.win.Fits(pd.seq) {
 			return fabric.ErrAgain
 		}
-		if err := f.msg(pd.rail, fabMsgBye, pd.seq, op, false, false); err != nil {
+		if err := f.msg(pd.rail, endpoint.MsgBye, pd.seq, op, false, false); err != nil {
 			return err
 		}
 		f.win.Complete(pd.seq) // injected: no completion will say so
 		return nil
 	case op.Msg == MsgPutSignal && pd.sigOnly:
-		return f.msg(pd.rail, fabMsgPutSignal, pd.sigSeq, op, true, false)
+		return f.msg(pd.rail, endpoint.MsgPutSignal, pd.sigSeq, op, true, false)
 	case pd.inline:
-		if err := f.msg(pd.rail, fabMsgPutSignal, pd.sigSeq, op, true, true); err != nil {
+		if err := f.msg(pd.rail, endpoint.MsgPutSignal, pd.sigSeq, op, true, true); err != nil {
 			return err
 		}
 		e.bytes.Add(op.Size)
@@ -401,12 +395,9 @@ func (f *fabricLink) post(pd *fabPend) error {
 	} else {
 		// Delivery complete unless local completion was asked for: a put
 		// completes when its bytes arrived, as over TCP (SPEC.md §3).
-		data := uint64(e.rank)<<e.seqBits | pd.seq&(1<<e.seqBits-1)
-		switch {
-		case pd.cqsig:
-			data = f.cqSigData(e, pd.seq, op)
-		case e.sigCQ:
-			data &^= fabSigFlag // 47 bits of number
+		data := e.cq.Data(e.rank, pd.seq)
+		if pd.cqsig {
+			data = e.cq.SigData(e.rank, pd.seq, op.SigMrID, op.SigOff)
 		}
 		err = e.FI.WriteMsg(op.Local, op.Size, e.desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.p.m.localComp)
 	}
@@ -428,7 +419,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 		// send to a peer while a write to it is in segmentation and
 		// reassembly, so this came up at once there.)
 		pd.sigOnly = true
-		return f.msg(pd.rail, fabMsgPutSignal, pd.sigSeq, op, true, false)
+		return f.msg(pd.rail, endpoint.MsgPutSignal, pd.sigSeq, op, true, false)
 	}
 	return nil
 }
@@ -456,7 +447,7 @@ func (f *fabricLink) unslot(e *fabEP, idx uint32) {
 }
 
 // msg sends a control message built in C memory (a slot's message area,
-// so nothing escapes to the Go heap). A signal (fabMsgPutSignal, with op's
+// so nothing escapes to the Go heap). A signal (endpoint.MsgPutSignal, with op's
 // payload when inline) completes op's request on its verdict; a goodbye
 // or its acknowledgement is injected and needs none.
 func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inline bool) error {
@@ -467,7 +458,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 	if err := f.peerGone(); err != nil {
 		return err
 	}
-	sig := typ == fabMsgSignal || typ == fabMsgPutSignal
+	sig := typ == endpoint.MsgSignal || typ == endpoint.MsgPutSignal
 	if sig && (!f.win.Fits(seq) || fabRefused()) {
 		return fabric.ErrAgain
 	}
@@ -477,14 +468,14 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 	if !ok {
 		return fabric.ErrAgain
 	}
-	word := seq & fabSeqMask
+	word := seq & endpoint.SeqMask
 	e.slots[idx].seq = word
-	n, size := uint64(fabMsgSize), uint64(0)
-	if typ == fabMsgPutSignal {
+	n, size := uint64(endpoint.MsgSize), uint64(0)
+	if typ == endpoint.MsgPutSignal {
 		if inline {
 			size = op.Size
 		}
-		n = fabPutSigHdr + size
+		n = endpoint.PutSigHdr + size
 	}
 	verdict := complete && sig && !f.p.m.localComp
 	inject := verdict && n <= e.Info.InjectSize
@@ -502,26 +493,17 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 		word |= uint64(idx) << 48
 	}
 	b := e.SlotMsg(idx, n)
-	b[0], b[1] = typ, 0
-	binary.LittleEndian.PutUint16(b[2:], uint16(e.rank))
-	binary.LittleEndian.PutUint32(b[4:], 0)
-	binary.LittleEndian.PutUint64(b[8:], word)
-	binary.LittleEndian.PutUint64(b[16:], 0)
-	binary.LittleEndian.PutUint64(b[24:], 0)
+	h := endpoint.Msg{Type: typ, Rank: uint16(e.rank), Word: word}
 	if sig {
-		b[1] = op.SigOp
-		binary.LittleEndian.PutUint32(b[4:], op.SigMrID)
-		binary.LittleEndian.PutUint64(b[16:], op.SigOff)
-		binary.LittleEndian.PutUint64(b[24:], op.SigValue)
+		h.Op, h.SigMrID, h.SigOff, h.SigValue = op.SigOp, op.SigMrID, op.SigOff, op.SigValue
 	}
+	h.Put(b)
 	var owed uint64 // a verdict this message carries
-	if typ == fabMsgPutSignal {
-		binary.LittleEndian.PutUint32(b[32:], op.MrID)
-		binary.LittleEndian.PutUint32(b[36:], uint32(size))
-		binary.LittleEndian.PutUint64(b[40:], op.Off)
+	if typ == endpoint.MsgPutSignal {
 		owed = f.piggy[rail].Swap(0)
-		binary.LittleEndian.PutUint64(b[48:], owed)
-		copy(b[fabPutSigHdr:], unsafe.Slice((*byte)(op.Local), size))
+		in := endpoint.Inline{MrID: op.MrID, Size: uint32(size), Off: op.Off, Owed: owed}
+		in.Put(b)
+		copy(b[endpoint.PutSigHdr:], unsafe.Slice((*byte)(op.Local), size))
 	}
 	var err error
 	switch {
@@ -593,11 +575,9 @@ func (f *fabricLink) sendVerdict(rail int, word uint64, status abi.Result) bool 
 	if !ok {
 		return false
 	}
-	b := e.SlotMsg(idx, fabMsgSize)
-	clear(b)
-	b[0], b[1] = fabMsgVerdict, uint8(status)
-	binary.LittleEndian.PutUint16(b[2:], uint16(e.rank))
-	binary.LittleEndian.PutUint64(b[8:], word)
+	b := e.SlotMsg(idx, endpoint.MsgSize)
+	h := endpoint.Msg{Type: endpoint.MsgVerdict, Op: uint8(status), Rank: uint16(e.rank), Word: word}
+	h.Put(b)
 	err := f.sendFree(rl, idx, b)
 	if err != nil && err != fabric.ErrAgain {
 		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: verdict to rank %d: %v", f.p.rank, err)

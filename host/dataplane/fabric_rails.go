@@ -45,7 +45,7 @@ func (m *Mesh) openRails(l *Listener, want int) {
 			break
 		}
 		e, err := openFabric(l.prov, d)
-		if err == nil && (!e.layout(m.nranks) || e.seqBits != m.fab.seqBits || e.Info.MRMode != m.fab.Info.MRMode) {
+		if err == nil && (!e.layout(m.nranks) || e.cq.SeqBits != m.fab.cq.SeqBits || e.Info.MRMode != m.fab.Info.MRMode) {
 			e.close()
 			err = fmt.Errorf("its CQ data or mr_mode differs from rail 0's")
 		}

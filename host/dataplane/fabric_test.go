@@ -359,8 +359,8 @@ func TestFabricPostAllocs(t *testing.T) {
 	if n := ms[0].PeerParts(1, MsgPutSignal, 8); n != 1 {
 		t.Fatalf("an inline put with signal over the fabric has %d parts, want 1", n)
 	}
-	if n := ms[0].PeerParts(1, MsgPutSignal, fabInlineMax+1); n != 2 {
-		t.Fatalf("a put with signal of %d bytes over the fabric has %d parts, want 2", fabInlineMax+1, n)
+	if n := ms[0].PeerParts(1, MsgPutSignal, endpoint.InlineMax+1); n != 2 {
+		t.Fatalf("a put with signal of %d bytes over the fabric has %d parts, want 2", endpoint.InlineMax+1, n)
 	}
 	if allocs != 0 {
 		t.Fatalf("%v allocations per post", allocs)
@@ -375,8 +375,8 @@ func TestFabricNarrowCQData(t *testing.T) {
 	defer func() { fabTestSeqBits = 0 }()
 	for _, lanes := range []int{1, 3} {
 		ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, lanes)
-		if ms[0].fab.seqBits != 8 {
-			t.Fatalf("seqBits %d", ms[0].fab.seqBits)
+		if ms[0].fab.cq.SeqBits != 8 {
+			t.Fatalf("seqBits %d", ms[0].fab.cq.SeqBits)
 		}
 		src := fabric.Alloc(8)
 		const n = 700
@@ -492,7 +492,7 @@ func TestFabricRejectedSignal(t *testing.T) {
 		{Msg: MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 64, SigMrID: 1, SigOff: size, SigOp: abi.SignalOpInc},
 		{Msg: MsgPutSignal, Tag: 3, SigMrID: 1, SigOff: 12, SigOp: abi.SignalOpInc},
 		{Msg: MsgPutSignal, Tag: 4, SigMrID: 1, SigOff: 16, SigOp: 9},
-		// Inline puts (at most fabInlineMax bytes) whose range the target
+		// Inline puts (at most endpoint.InlineMax bytes) whose range the target
 		// rejects: past the end, an unknown registration, an offset that
 		// overflows. Their signals must not apply either.
 		{Msg: MsgPutSignal, MrID: 1, Tag: 6, Local: src, Size: 16, Off: size - 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc},
@@ -959,7 +959,7 @@ func TestFabricStagedChoice(t *testing.T) {
 	}
 }
 
-// TestFabricInlinePutSignal: puts with signal of up to fabInlineMax bytes
+// TestFabricInlinePutSignal: puts with signal of up to endpoint.InlineMax bytes
 // travel as one message (one part) and larger ones as a write and a
 // message (two); either way every byte lands and every signal applies
 // once, after its payload.
@@ -970,14 +970,14 @@ func TestFabricInlinePutSignal(t *testing.T) {
 	defer fabric.Free(src)
 	sb := unsafe.Slice((*byte)(src), 4096)
 	tag, off := uint64(0), uint64(64)
-	for _, n := range []uint64{1, 7, 8, 56, fabInlineMax - 1, fabInlineMax, fabInlineMax + 1, 4096} {
+	for _, n := range []uint64{1, 7, 8, 56, endpoint.InlineMax - 1, endpoint.InlineMax, endpoint.InlineMax + 1, 4096} {
 		for i := range sb {
 			sb[i] = byte(uint64(i)*7 + n)
 		}
 		tag++
 		op := Op{Msg: MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: n, Off: off, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: n}
 		want := 1
-		if n > fabInlineMax {
+		if n > endpoint.InlineMax {
 			want = 2
 		}
 		if got := ms[0].OpParts(1, &op); got != want {
@@ -998,7 +998,7 @@ func TestFabricInlinePutSignal(t *testing.T) {
 		off += n + 3 // odd offsets too
 	}
 	var sum uint64
-	for _, n := range []uint64{1, 7, 8, 56, fabInlineMax - 1, fabInlineMax, fabInlineMax + 1, 4096} {
+	for _, n := range []uint64{1, 7, 8, 56, endpoint.InlineMax - 1, endpoint.InlineMax, endpoint.InlineMax + 1, 4096} {
 		sum += n
 	}
 	for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 8))) != sum; {
@@ -1026,18 +1026,18 @@ func TestFabricHostileMessages(t *testing.T) {
 	ms, _ := fabMesh2(t, "tcp;ofi_rxm", size, 1)
 	e := ms[0].fab
 	dest := e.links[1].rails[0].addr
-	const long = fabMsgMax + 64
+	const long = endpoint.MsgMax + 64
 	buf := fabric.Alloc(long)
 	defer fabric.Free(buf)
 	b := unsafe.Slice((*byte)(buf), long)
 
 	// Malformed: an inline put whose size disagrees with its length.
-	b[0] = fabMsgPutSignal
+	b[0] = endpoint.MsgPutSignal
 	binary.LittleEndian.PutUint64(b[8:], 1<<40)
 	binary.LittleEndian.PutUint32(b[32:], 1)
 	binary.LittleEndian.PutUint32(b[36:], 40)
 	for {
-		err := e.FI.Inject(buf, fabPutSigHdr+8, dest)
+		err := e.FI.Inject(buf, endpoint.PutSigHdr+8, dest)
 		if err == nil {
 			break
 		}
@@ -1060,7 +1060,7 @@ func TestFabricHostileMessages(t *testing.T) {
 	ctxs := fabric.Alloc(endpoint.Recvs * 2 * fabric.ContextSize)
 	defer fabric.Free(ctxs)
 	clear(b)
-	b[0] = fabMsgSignal
+	b[0] = endpoint.MsgSignal
 	for i := 0; i < endpoint.Recvs+endpoint.Recvs/2; i++ {
 		for {
 			err := e.FI.SendMsg(buf, long, nil, dest, unsafe.Add(ctxs, i*fabric.ContextSize), false)
@@ -1292,7 +1292,7 @@ func TestFabricSignalInCQData(t *testing.T) {
 	const size = 8 << 20
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
 	f := fabLink0(t, ms)
-	if !f.e.sigCQ {
+	if !f.e.cq.SigCQ {
 		t.Skip("the provider has no 8-byte CQ data")
 	}
 	src := fabric.Alloc(4096)
@@ -1361,7 +1361,7 @@ func TestFabricSignalInCQData(t *testing.T) {
 	before := f.cqSigs.Load()
 	put(Op{Msg: MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 2}) // add 2
 	want += 2
-	put(Op{Msg: MsgPutSignal, Size: fabInlineMax + 1, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc}) // not inline
+	put(Op{Msg: MsgPutSignal, Size: endpoint.InlineMax + 1, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc}) // not inline
 	want++
 	put(Op{Msg: MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // past 2^19 words
 	put(Op{Msg: MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // still past, though accepted
@@ -1398,7 +1398,7 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 	const size = 1 << 16
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
 	f := fabLink0(t, ms)
-	if !f.e.sigCQ {
+	if !f.e.cq.SigCQ {
 		t.Skip("the provider has no 8-byte CQ data")
 	}
 	src := fabric.Alloc(64)
