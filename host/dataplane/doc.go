@@ -42,7 +42,8 @@
 //     done, the target side of libfabric writes, signals and messages.
 //
 // Registration:
-//   - fabric_reg.go: communicator memory registered on every rail.
+//   - fabric_reg.go: communicator memory registered on every rail (each
+//     endpoint's table: endpoint.Regs).
 //
 // Teardown and watchdog:
 //   - tcp_failover.go: a failed TCP lane's work moved to the others.
@@ -55,7 +56,8 @@
 // (compression), host/devmem/staging (device staging and the staging
 // ring), host/fabric and host/fabric/nics (libfabric and its NICs),
 // host/fabric/endpoint (a libfabric endpoint's slots, receive buffers and
-// progress goroutine; the control messages and CQ data on it), host/seqorder (the target's orderer and the
+// progress goroutine, its registrations; the control messages and CQ data
+// on it), host/seqorder (the target's orderer and the
 // initiator's window of sequence numbers), host/spin (readers that spin
 // before they park), host/procid (the host id, a local process's exit).
 package dataplane

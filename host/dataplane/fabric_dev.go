@@ -40,7 +40,7 @@ func (f *fabricLink) staged(op *Op) bool {
 	if op.Size == 0 || (op.Msg != MsgPut && op.Msg != MsgPutSignal && op.Msg != MsgGet) {
 		return false
 	}
-	if op.LocalCtx != 0 && !f.e.devDirect(op.LocalMr) {
+	if op.LocalCtx != 0 && !f.e.Regs.DevDirect(op.LocalMr) {
 		return true
 	}
 	dev, direct := f.remoteDev(op.MrID)

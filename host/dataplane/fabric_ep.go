@@ -66,16 +66,12 @@ type fabEP struct {
 	// (logged per rail at close).
 	bytes atomic.Uint64
 
-	m       *Mesh
-	rank    int
+	m     *Mesh
+	rank  int
 	links []*fabricLink // by rank; nil where the peer is not on this fabric
 	cq    endpoint.CQLayout
 
 	slots []fabSlot // by the endpoint's slot index
-
-	regMu  sync.Mutex
-	closed bool                        // under regMu: the endpoint is gone
-	local  atomic.Pointer[[]fabric.MR] // our registrations by id
 
 	// Under the endpoint's poll lock, as everything its Handler does:
 	byeMu sync.Mutex
@@ -123,8 +119,6 @@ func openFabric(prov, domain string) (*fabEP, error) {
 	e.slots = make([]fabSlot, endpoint.Slots)
 	e.verdicts = make([]fabVerdict, 0, endpoint.Recvs) // one per receive buffer, at most, per poll
 	e.owing = make([]*fabricLink, 0, endpoint.Recvs)
-	empty := []fabric.MR{}
-	e.local.Store(&empty)
 	return e, nil
 }
 
@@ -168,80 +162,10 @@ var fabTestNoSigCQ bool
 // it wraps quickly.
 var fabTestSeqBits uint
 
-// register makes a registration reachable by the peers' RMA.
-func (e *fabEP) register(id uint32, base unsafe.Pointer, size uint64) (uint64, error) {
-	return e.registerMR(id, fabric.MRRequest{Base: base, Len: size, DMABUFFd: -1})
-}
-
-// registerMR is register for any request (device memory under FI_HMEM).
-func (e *fabEP) registerMR(id uint32, r fabric.MRRequest) (uint64, error) {
-	e.regMu.Lock()
-	defer e.regMu.Unlock()
-	if e.closed {
-		return 0, fmt.Errorf("fabric endpoint closed")
-	}
-	r.Len, r.WantKey = max(r.Len, 1), uint64(id)
-	mr, err := e.FI.RegisterMR(r)
-	if err != nil {
-		return 0, err
-	}
-	old := *e.local.Load()
-	n := max(len(old), int(id)+1)
-	tab := make([]fabric.MR, n)
-	copy(tab, old)
-	tab[id] = mr
-	e.local.Store(&tab)
-	return mr.Key, nil
-}
-
-func (e *fabEP) deregister(id uint32) {
-	e.regMu.Lock()
-	defer e.regMu.Unlock()
-	old := *e.local.Load()
-	if e.closed || int(id) >= len(old) || old[id] == (fabric.MR{}) {
-		return
-	}
-	e.FI.Deregister(old[id])
-	tab := append([]fabric.MR(nil), old...)
-	tab[id] = fabric.MR{}
-	e.local.Store(&tab)
-}
-
-// key is registration id's remote key on this endpoint (0 if none).
-func (e *fabEP) key(id uint32) uint64 {
-	if t := *e.local.Load(); int(id) < len(t) {
-		return t[id].Key
-	}
-	return 0
-}
-
-// desc is the local descriptor of registration id (nil where the
-// provider does not need one).
-// Under FI_MR_HMEM device buffers need theirs whatever FI_MR_LOCAL says.
-func (e *fabEP) desc(id uint32) unsafe.Pointer {
-	if t := *e.local.Load(); int(id) < len(t) && (e.Info.MRMode&fabric.MRLocal != 0 || (e.Info.MRMode&fabric.MRHMEM != 0 && t[id].Dev)) {
-		return t[id].Desc
-	}
-	return nil
-}
-
-// devDirect reports whether registration id is device memory registered
-// with the provider (FI_HMEM): RDMA reaches it, no staging.
-func (e *fabEP) devDirect(id uint32) bool {
-	t := *e.local.Load()
-	return int(id) < len(t) && t[id].Dev
-}
-
 // close stops the progress goroutine and closes the endpoint and every
 // registration left.
 func (e *fabEP) close() {
 	e.Close()
-	e.regMu.Lock()
-	e.closed = true
-	for _, mr := range *e.local.Load() {
-		e.FI.Deregister(mr)
-	}
-	e.regMu.Unlock()
 	e.Release()
 }
 

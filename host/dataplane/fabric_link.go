@@ -277,12 +277,12 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 		// 0's, which tells the peer's owner (peerRegistered). Context 1:
 		// device memory the provider registered (FI_HMEM), reachable by
 		// RDMA.
-		if op.Dev && f.e.devDirect(op.MrID) {
+		if op.Dev && f.e.Regs.DevDirect(op.MrID) {
 			op.Context = 1
 		}
 		for r := 1; r < len(f.rails); r++ {
 			k := op
-			k.SigOp, k.SigValue = uint8(r), f.rails[r].e.key(op.MrID)
+			k.SigOp, k.SigValue = uint8(r), f.rails[r].e.Regs.Key(op.MrID)
 			f.tcpLink.submit(0, k, hold)
 		}
 		f.tcpLink.submit(0, op, hold)
@@ -391,7 +391,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 		return fabric.ErrAgain
 	}
 	if op.Msg == MsgGet {
-		err = e.FI.Read(op.Local, op.Size, e.desc(op.LocalMr), rl.addr, raddr, key, ctx)
+		err = e.FI.Read(op.Local, op.Size, e.Regs.Desc(op.LocalMr), rl.addr, raddr, key, ctx)
 	} else {
 		// Delivery complete unless local completion was asked for: a put
 		// completes when its bytes arrived, as over TCP (SPEC.md §3).
@@ -399,7 +399,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 		if pd.cqsig {
 			data = e.cq.SigData(e.rank, pd.seq, op.SigMrID, op.SigOff)
 		}
-		err = e.FI.WriteMsg(op.Local, op.Size, e.desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.p.m.localComp)
+		err = e.FI.WriteMsg(op.Local, op.Size, e.Regs.Desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.p.m.localComp)
 	}
 	if err != nil {
 		f.unslot(e, idx)

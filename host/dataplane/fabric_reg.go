@@ -33,10 +33,10 @@ func (m *Mesh) RegisterMemory(id uint32, base unsafe.Pointer, size uint64, dev b
 	// caller posts, the others' are sent ahead of it (fabricLink.submit).
 	var key uint64
 	for r, e := range m.rails {
-		k, err := e.register(id, base, size)
+		k, err := e.Regs.Register(id, fabric.MRRequest{Base: base, Len: size, DMABUFFd: -1})
 		if err != nil {
 			for _, d := range m.rails[:r] {
-				d.deregister(id)
+				d.Regs.Deregister(id)
 			}
 			return 0, fmt.Errorf("fabric rail %d (%s): %w", r, e.Info.Domain, err)
 		}
@@ -85,10 +85,10 @@ func (m *Mesh) RegisterDevice(id uint32, base uintptr, size uint64, d DeviceMemo
 	}
 	r := fabric.MRRequest{Base: *(*unsafe.Pointer)(unsafe.Pointer(&base)), Len: size, Iface: d.Iface, Device: d.Device, DMABUFFd: d.DMABUFFd, DMABUFOff: d.DMABUFOff}
 	for i, e := range m.rails {
-		k, err := e.registerMR(id, r)
+		k, err := e.Regs.Register(id, r)
 		if err != nil {
 			for _, u := range m.rails[:i] {
-				u.deregister(id)
+				u.Regs.Deregister(id)
 			}
 			logx.Info(abi.SubsysNet|abi.SubsysReg, "NET/wasm: fabric %s rail %d: device memory (interface %d, device %d, dmabuf fd %d) not registered: %v; its operations are staged through host memory",
 				e.Info.Provider, i, d.Iface, d.Device, d.DMABUFFd, err)
@@ -109,6 +109,6 @@ func takesDmaBuf(prov string, no bool) bool { return !no && nics.Hardware(prov) 
 // DeregisterMemory undoes RegisterMemory once nothing uses the memory.
 func (m *Mesh) DeregisterMemory(id uint32) {
 	for _, e := range m.rails {
-		e.deregister(id)
+		e.Regs.Deregister(id)
 	}
 }

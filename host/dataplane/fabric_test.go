@@ -921,9 +921,8 @@ func TestFabricDeviceStaged(t *testing.T) {
 // provider (FI_HMEM): our local buffer's registration and the peer's
 // target registration (its MsgReg says so); host memory always does.
 func TestFabricStagedChoice(t *testing.T) {
-	e := &fabEP{}
 	local := []fabric.MR{1: {}, 2: {Dev: true}} // 1 host, 2 device registered with FI_HMEM
-	e.local.Store(&local)
+	e := &fabEP{Endpoint: &endpoint.Endpoint{Regs: endpoint.NewRegs(nil, 0, local)}}
 	f := &fabricLink{e: e, rails: []fabRail{{e: e}}}
 	empty := []fabRemote{}
 	f.remote.Store(&empty)

@@ -95,6 +95,8 @@ type Endpoint struct {
 	Info fabric.Info
 	Name []byte // the endpoint's address, as peers insert it
 	Hash uint32 // of the provider name (ProviderHash)
+	// Regs is the owner's memory registered with the endpoint's domain.
+	Regs *Regs
 
 	h        Handler
 	slotSize uintptr
@@ -194,6 +196,7 @@ func open(c Config, hmem bool, h Handler) (*Endpoint, error) {
 	}
 	e.comps = fabric.NewComps(64)
 	e.canWait.Store(ep.CanWait())
+	e.Regs = NewRegs(ep, e.Info.MRMode, nil)
 	return e, nil
 }
 
@@ -318,8 +321,8 @@ func (e *Endpoint) CallerLeft(d time.Duration) time.Duration {
 	return max(d-time.Duration(now()-at), 0)
 }
 
-// Close stops the progress goroutine, reaps what is left, and closes the
-// endpoint; the caller deregisters its memory before.
+// Close stops the progress goroutine and reaps what is left; Release
+// then frees the endpoint.
 func (e *Endpoint) Close() {
 	select {
 	case <-e.quit:
@@ -343,9 +346,10 @@ func (e *Endpoint) Close() {
 	e.pollMu.Unlock()
 }
 
-// Release frees the endpoint and its memory after Close, once the
-// owner's registrations are gone.
+// Release deregisters what Regs holds and frees the endpoint and its
+// memory, after Close.
 func (e *Endpoint) Release() {
+	e.Regs.close()
 	e.FI.Deregister(e.memMR)
 	e.FI.Close()
 	fabric.Free(e.mem)
