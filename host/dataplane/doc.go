@@ -30,7 +30,8 @@
 //   - peer.go: lanes, sequence numbers and striping; completions, failures.
 //   - order.go: a put landed, its signal resolved and ordered
 //     (host/seqorder keeps signals strong).
-//   - tcp_lane.go: a TCP lane's queue, batch writer and reply reader.
+//   - tcp_lane.go: a TCP lane's queue, batch writer and reply reader
+//     (its FIFOs are host/ring's).
 //   - intranode.go: process_vm_writev/readv to a peer on this host.
 //   - ring.go: the lanes' side of the intra-node staging ring.
 //   - fabric_link.go: libfabric writes, reads and signals to one peer.
@@ -59,5 +60,6 @@
 // progress goroutine, its registrations; the control messages and CQ data
 // on it), host/seqorder (the target's orderer and the
 // initiator's window of sequence numbers), host/spin (readers that spin
-// before they park), host/procid (the host id, a local process's exit).
+// before they park), host/procid (the host id, a local process's exit),
+// host/ring (the growable FIFO the lanes queue their work in).
 package dataplane

@@ -92,10 +92,10 @@ func TestLaneFailoverMidStream(t *testing.T) {
 			t.Logf("down %b dead %v", p.down.Load(), p.dead.Load())
 			for _, l := range p.t.(*tcpLink).lanes {
 				l.mu.Lock()
-				t.Logf("lane %d: down %v writing %v q %d orphans %d", l.idx, l.down, l.writing, l.qLen, len(l.orphans))
+				t.Logf("lane %d: down %v writing %v q %d orphans %d", l.idx, l.down, l.writing, l.q.Len(), len(l.orphans))
 				l.mu.Unlock()
 				l.amu.Lock()
-				t.Logf("   sent %d puts %d acked %d", l.sLen, l.pLen, l.pAcked)
+				t.Logf("   sent %d puts %d acked %d", l.sent.Len(), l.puts.Len(), l.pAcked)
 				l.amu.Unlock()
 			}
 			q := ms[1].peers[0]

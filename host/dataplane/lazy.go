@@ -53,9 +53,7 @@ func (l *lane) open() {
 		}
 		return
 	}
-	for len(l.q) < laneQueue {
-		l.growQueue()
-	}
+	l.q.Grow(laneQueue)
 	l.out = c
 	l.mu.Unlock()
 	l.run()

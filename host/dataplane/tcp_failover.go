@@ -13,6 +13,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
 )
 
 // Lane failover (SPEC.md §4, "Lane failover"). With several TCP lanes to a
@@ -60,7 +61,7 @@ type LaneObserver interface {
 func (t *tcpLink) noFailover() {
 	t.fixed = true
 	for _, l := range t.lanes {
-		l.resend, l.sent, l.pops = false, nil, nil
+		l.resend, l.sent, l.pops = false, ring.Ring[sentOp]{}, nil
 	}
 }
 
@@ -164,35 +165,26 @@ func (l *lane) migrate(cause error) {
 	}
 	orphans := l.orphans
 	l.orphans = nil
-	queued := make([]Op, 0, l.qLen)
-	for l.qLen > 0 {
-		queued = append(queued, l.q[l.qHead])
-		l.q[l.qHead] = Op{}
-		l.qHead = (l.qHead + 1) % len(l.q)
-		l.qLen--
+	queued := make([]Op, 0, l.q.Len())
+	for op, ok := l.q.Pop(); ok; op, ok = l.q.Pop() {
+		queued = append(queued, op)
 	}
 	l.mu.Unlock()
 
 	// Failure path: allocating here is fine.
 	var work []Op
 	l.amu.Lock()
-	for ; l.sLen > 0; l.sLen-- {
-		e := l.sent[l.sHead]
-		l.sent[l.sHead] = sentOp{}
-		l.sHead = (l.sHead + 1) % len(l.sent)
+	for e, ok := l.sent.Pop(); ok; e, ok = l.sent.Pop() {
 		if e.counts {
 			e.op.Resent, e.op.From = true, uint8(l.idx)
 		}
 		work = append(work, e.op)
 	}
 	// Their tags travel with them; the stream's count ends here.
-	l.pLen = 0
+	l.puts.Clear()
 	l.amu.Unlock()
 	l.gmu.Lock()
-	for ; l.gLen > 0; l.gLen-- {
-		e := l.gets[l.gHead]
-		l.gets[l.gHead] = getEntry{}
-		l.gHead = (l.gHead + 1) % len(l.gets)
+	for e, ok := l.gets.Pop(); ok; e, ok = l.gets.Pop() {
 		work = append(work, e.op)
 	}
 	l.gmu.Unlock()
@@ -224,30 +216,19 @@ func (l *lane) migrate(cause error) {
 
 // logSent appends what a batch wrote to the resend ring; amu held.
 func (l *lane) logSent(ops []Op) {
-	for l.sLen+len(ops) > len(l.sent) {
-		ns := make([]sentOp, 2*len(l.sent))
-		for i := 0; i < l.sLen; i++ {
-			ns[i] = l.sent[(l.sHead+i)%len(l.sent)]
-		}
-		l.sent, l.sHead = ns, 0
-	}
 	for i := range ops {
-		l.sent[(l.sHead+l.sLen)%len(l.sent)] = sentOp{op: ops[i], counts: ops[i].Msg != MsgReg}
-		l.sLen++
+		l.sent.Push(sentOp{op: ops[i], counts: ops[i].Msg != MsgReg})
 	}
 }
 
 // popSent forgets the first k puts of the ring (an ack covered them) and
 // the registration notices written before the last of them; amu held.
 func (l *lane) popSent(k int) {
-	for l.sLen > 0 && k > 0 {
-		e := &l.sent[l.sHead]
-		if e.counts {
+	for l.sent.Len() > 0 && k > 0 {
+		if l.sent.At(0).counts {
 			k--
 		}
-		*e = sentOp{}
-		l.sHead = (l.sHead + 1) % len(l.sent)
-		l.sLen--
+		l.sent.Drop()
 	}
 }
 
@@ -255,9 +236,7 @@ func (l *lane) popSent(k int) {
 // when the stream broke: it goes again, whole, on another lane.
 func (l *lane) unpopGet(e getEntry) {
 	l.gmu.Lock()
-	l.gHead = (l.gHead - 1 + len(l.gets)) % len(l.gets)
-	l.gets[l.gHead] = e
-	l.gLen++
+	l.gets.PushFront(e)
 	l.gmu.Unlock()
 }
 

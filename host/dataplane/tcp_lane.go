@@ -16,6 +16,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 )
 
@@ -166,7 +167,7 @@ func (t *tcpLink) kick() {
 func (t *tcpLink) idle() bool {
 	for _, l := range t.lanes {
 		l.mu.Lock()
-		busy := l.writing || l.qLen > 0
+		busy := l.writing || l.q.Len() > 0
 		l.mu.Unlock()
 		if busy || l.pendingGets() > 0 || l.pendingPuts() > 0 {
 			return false
@@ -249,9 +250,7 @@ type lane struct {
 
 	mu      sync.Mutex // guards the queue and writing
 	writing bool       // someone owns the stream and the batch buffers
-	q       []Op
-	qHead   int
-	qLen    int
+	q       ring.Ring[Op]
 	qSince  int64 // Now() when the queue last became non-empty
 	qUrgent bool  // it holds an op posted without the aggregation hint since
 	wake    chan struct{}
@@ -278,18 +277,14 @@ type lane struct {
 	riov   [1]unix.RemoteIovec // (process_vm_writev/readv)
 	enc    codec.Encoder       // wire compression (host/codec)
 
-	gmu   sync.Mutex // guards the outstanding-get FIFO
-	gets  []getEntry
-	gHead int
-	gLen  int
+	gmu  sync.Mutex // guards the outstanding-get FIFO
+	gets ring.Ring[getEntry]
 
 	// Puts written on this stream whose arrival the target has not yet
 	// acknowledged (msgPutAck), in stream order: their tags, and how many
 	// puts the stream carried before the oldest of them.
 	amu    sync.Mutex
-	puts   []uint64
-	pHead  int
-	pLen   int
+	puts   ring.Ring[uint64]
 	pAcked uint64
 	ptags  []uint64 // owned by whoever holds writing: puts not yet in the FIFO
 
@@ -304,9 +299,7 @@ type lane struct {
 	// written on the stream and not yet known to have been applied, as
 	// written, in stream order, under amu: what a failover sends again.
 	resend bool
-	sent   []sentOp
-	sHead  int
-	sLen   int
+	sent   ring.Ring[sentOp]
 	pops   []Op // owned by whoever holds writing: parallel to ptags
 
 	// ack is the incoming stream of the same index whose acks this lane
@@ -331,10 +324,10 @@ func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
 	if out == nil {
 		// Not open yet (lazy.go): a small queue that grows, and the
 		// buffers when it opens, so an unused lane costs little.
-		l.q = make([]Op, 16)
+		l.q = ring.New[Op](16)
 		return l
 	}
-	l.q = make([]Op, laneQueue)
+	l.q = ring.New[Op](laneQueue)
 	l.alloc()
 	return l
 }
@@ -348,11 +341,11 @@ func (l *lane) alloc() {
 	l.batch = make([]Op, batchMax)
 	l.hdrs = make([]byte, batchMax*hdrSize)
 	l.iov = make([][]byte, 0, 2*batchMax+1) // +1: a piggybacked ack
-	l.gets = make([]getEntry, 256)
-	l.puts = make([]uint64, 1024)
+	l.gets = ring.New[getEntry](256)
+	l.puts = ring.New[uint64](1024)
 	l.ptags = make([]uint64, 0, batchMax)
 	if l.resend {
-		l.sent = make([]sentOp, 256)
+		l.sent = ring.New[sentOp](256)
 		l.pops = make([]Op, 0, batchMax)
 	}
 }
@@ -381,7 +374,7 @@ func (l *lane) run() {
 // caller that tests in time never sees the writer.
 func (l *lane) sendTimer() {
 	l.mu.Lock()
-	more := l.qLen > 0
+	more := l.q.Len() > 0
 	d := holdDelay
 	if l.qUrgent {
 		d = sendDelay
@@ -412,17 +405,13 @@ func (l *lane) enqueue(op *Op, hold bool) {
 		l.forward(op, hold)
 		return
 	}
-	if l.qLen == len(l.q) {
-		l.growQueue()
-	}
-	if l.qLen == 0 {
+	if l.q.Len() == 0 {
 		l.qSince, l.qUrgent = Now(), false
 	}
 	if !hold {
 		l.qUrgent = true
 	}
-	l.q[(l.qHead+l.qLen)%len(l.q)] = *op
-	l.qLen++
+	l.q.Push(*op) // grows the queue rather than failing
 	if l.out == nil && !l.opening {
 		l.startOpen() // the first op on this lane: dial it (lazy.go)
 	}
@@ -464,13 +453,13 @@ func (l *lane) flush() {
 		return // nothing queued to carry an owed ack: it left alone, on this thread
 	}
 	l.mu.Lock()
-	if l.writing || l.qLen == 0 || l.down || l.out == nil || l.q[l.qHead].NotBefore != 0 || l.p.dead.Load() {
+	if l.writing || l.q.Len() == 0 || l.down || l.out == nil || l.q.At(0).NotBefore != 0 || l.p.dead.Load() {
 		// A paced op at the head is the writer's, on its timer; an
 		// unopened lane's ops wait for it to open (lazy.go).
 		l.mu.Unlock()
 		return
 	}
-	if l.q[l.qHead].Size > limit {
+	if l.q.At(0).Size > limit {
 		// A big op the aggregation hint held (enqueue kicks the others):
 		// the writer sends it, never the caller's thread.
 		l.mu.Unlock()
@@ -486,7 +475,7 @@ func (l *lane) flush() {
 	// The send timer keeps running when everything left: it goes quiet
 	// by itself (sendTimer), and stopping it here would make the next
 	// post re-arm it, a timer update per op.
-	more := l.qLen > 0
+	more := l.q.Len() > 0
 	l.mu.Unlock()
 	l.ackLeft()
 	if ok && more {
@@ -517,7 +506,7 @@ func (l *lane) carryAck(iov [][]byte) [][]byte {
 // stranded. It reports whether it took the stream.
 func (l *lane) sendAck(idle bool) bool {
 	l.mu.Lock()
-	if l.writing || l.down || l.p.dead.Load() || l.ack.owed() == 0 || (idle && l.qLen > 0) {
+	if l.writing || l.down || l.p.dead.Load() || l.ack.owed() == 0 || (idle && l.q.Len() > 0) {
 		l.mu.Unlock()
 		return false
 	}
@@ -526,7 +515,7 @@ func (l *lane) sendAck(idle bool) bool {
 	ok := l.writeBatch(l.batch[:0])
 	l.mu.Lock()
 	l.writing = false
-	more := l.qLen > 0
+	more := l.q.Len() > 0
 	l.mu.Unlock()
 	if ok && more {
 		l.kick()
@@ -540,16 +529,6 @@ func (l *lane) ackLeft() {
 	if a := l.ack; a != nil && a.owed() != 0 {
 		a.arm()
 	}
-}
-
-// growQueue doubles the ring; called with l.mu held. Growth is the only
-// allocation on the posting path and stops once the ring fits the workload.
-func (l *lane) growQueue() {
-	nq := make([]Op, 2*len(l.q))
-	for i := 0; i < l.qLen; i++ {
-		nq[i] = l.q[(l.qHead+i)%len(l.q)]
-	}
-	l.q, l.qHead = nq, 0
 }
 
 func (l *lane) kick() {
@@ -566,8 +545,8 @@ func (l *lane) kick() {
 func (l *lane) takeLocked(maxPayload uint64) int {
 	n, bytes := 0, uint64(0)
 	var now int64
-	for n < len(l.batch) && l.qLen > 0 {
-		op := &l.q[l.qHead]
+	for n < len(l.batch) && l.q.Len() > 0 {
+		op := l.q.At(0)
 		if n > 0 && bytes+op.Size > maxPayload {
 			break
 		}
@@ -581,9 +560,7 @@ func (l *lane) takeLocked(maxPayload uint64) int {
 		}
 		bytes += op.Size
 		l.batch[n] = *op
-		*op = Op{}
-		l.qHead = (l.qHead + 1) % len(l.q)
-		l.qLen--
+		l.q.Drop()
 		n++
 	}
 	return n
@@ -600,15 +577,11 @@ func (l *lane) drainFailed() {
 	}
 	for {
 		l.mu.Lock()
-		if l.qLen == 0 {
-			l.mu.Unlock()
+		op, ok := l.q.Pop()
+		l.mu.Unlock()
+		if !ok {
 			return
 		}
-		op := l.q[l.qHead]
-		l.q[l.qHead] = Op{}
-		l.qHead = (l.qHead + 1) % len(l.q)
-		l.qLen--
-		l.mu.Unlock()
 		l.p.fail(&op)
 	}
 }
@@ -623,7 +596,7 @@ func (l *lane) writer() {
 		}
 		for {
 			l.mu.Lock()
-			if l.writing || l.qLen == 0 || l.down {
+			if l.writing || l.q.Len() == 0 || l.down {
 				// An inline writer owns the stream; it kicks us when it
 				// leaves work behind.
 				l.mu.Unlock()
@@ -634,7 +607,7 @@ func (l *lane) writer() {
 			if n == 0 {
 				// A paced op heads the queue: come back when it is due.
 				l.writing = false
-				wait := l.q[l.qHead].NotBefore - Now()
+				wait := l.q.At(0).NotBefore - Now()
 				l.mu.Unlock()
 				l.ackLeft()
 				l.due.Reset(time.Duration(max(wait, 1)))
@@ -892,16 +865,8 @@ func (l *lane) awaitPuts(tags []uint64, ops []Op) {
 	if l.resend {
 		l.logSent(ops)
 	}
-	for l.pLen+len(tags) > len(l.puts) {
-		np := make([]uint64, 2*len(l.puts))
-		for i := 0; i < l.pLen; i++ {
-			np[i] = l.puts[(l.pHead+i)%len(l.puts)]
-		}
-		l.puts, l.pHead = np, 0
-	}
 	for _, tag := range tags {
-		l.puts[(l.pHead+l.pLen)%len(l.puts)] = tag
-		l.pLen++
+		l.puts.Push(tag)
 	}
 	l.amu.Unlock()
 }
@@ -918,16 +883,14 @@ func (l *lane) ackPuts(n uint64) bool {
 			l.amu.Unlock()
 			return true
 		}
-		if n-l.pAcked > uint64(l.pLen) {
+		if n-l.pAcked > uint64(l.puts.Len()) {
 			l.amu.Unlock()
 			return false
 		}
 		k := min(int(n-l.pAcked), len(done))
 		for i := 0; i < k; i++ {
-			done[i] = l.puts[l.pHead]
-			l.pHead = (l.pHead + 1) % len(l.puts)
+			done[i], _ = l.puts.Pop()
 		}
-		l.pLen -= k
 		l.pAcked += uint64(k)
 		if l.resend {
 			l.popSent(k)
@@ -957,17 +920,16 @@ func (l *lane) failPut(tag uint64, st abi.Result) {
 	}
 	found := false
 	l.amu.Lock()
-	for i := 0; i < l.pLen; i++ {
-		k := (l.pHead + i) % len(l.puts)
-		if l.puts[k] == tag {
-			l.puts[k], found = 0, true
+	for i := 0; i < l.puts.Len(); i++ {
+		if p := l.puts.At(i); *p == tag {
+			*p, found = 0, true
 			break
 		}
 	}
 	if found && l.resend {
 		// A resend must not complete the failed request again.
-		for i := 0; i < l.sLen; i++ {
-			if e := &l.sent[(l.sHead+i)%len(l.sent)]; e.counts && e.op.Tag == tag {
+		for i := 0; i < l.sent.Len(); i++ {
+			if e := l.sent.At(i); e.counts && e.op.Tag == tag {
 				e.op.Tag = 0
 				break
 			}
@@ -992,14 +954,10 @@ func rejected(status uint16) abi.Result {
 func (l *lane) failPuts() {
 	l.amu.Lock()
 	var tags []uint64
-	for ; l.pLen > 0; l.pLen-- {
-		tags = append(tags, l.puts[l.pHead])
-		l.pHead = (l.pHead + 1) % len(l.puts)
+	for tag, ok := l.puts.Pop(); ok; tag, ok = l.puts.Pop() {
+		tags = append(tags, tag)
 	}
-	for ; l.sLen > 0; l.sLen-- { // failed here: never sent again
-		l.sent[l.sHead] = sentOp{}
-		l.sHead = (l.sHead + 1) % len(l.sent)
-	}
+	l.sent.Clear() // failed here: never sent again
 	l.amu.Unlock()
 	for _, tag := range tags {
 		if tag != 0 {
@@ -1011,7 +969,7 @@ func (l *lane) failPuts() {
 func (l *lane) pendingPuts() int {
 	l.amu.Lock()
 	defer l.amu.Unlock()
-	return l.pLen
+	return l.puts.Len()
 }
 
 // writeIov sends the gathered headers and payloads with one writev.
@@ -1039,34 +997,20 @@ func (l *lane) pushGet(e getEntry) {
 		l.p.fail(&Op{Msg: MsgGet, Tag: e.tag})
 		return
 	}
-	if l.gLen == len(l.gets) {
-		ng := make([]getEntry, 2*len(l.gets))
-		for i := 0; i < l.gLen; i++ {
-			ng[i] = l.gets[(l.gHead+i)%len(l.gets)]
-		}
-		l.gets, l.gHead = ng, 0
-	}
-	l.gets[(l.gHead+l.gLen)%len(l.gets)] = e
-	l.gLen++
+	l.gets.Push(e)
 	l.gmu.Unlock()
 }
 
 func (l *lane) popGet() (getEntry, bool) {
 	l.gmu.Lock()
 	defer l.gmu.Unlock()
-	if l.gLen == 0 {
-		return getEntry{}, false
-	}
-	e := l.gets[l.gHead]
-	l.gHead = (l.gHead + 1) % len(l.gets)
-	l.gLen--
-	return e, true
+	return l.gets.Pop()
 }
 
 func (l *lane) pendingGets() int {
 	l.gmu.Lock()
 	defer l.gmu.Unlock()
-	return l.gLen
+	return l.gets.Len()
 }
 
 // replies reads what the peer sends back on this lane: get data, written
