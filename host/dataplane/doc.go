@@ -57,8 +57,8 @@
 // (compression), host/devmem/staging (device staging and the staging
 // ring), host/fabric and host/fabric/nics (libfabric and its NICs),
 // host/fabric/endpoint (a libfabric endpoint's slots, receive buffers and
-// progress goroutine, its registrations; the control messages and CQ data
-// on it), host/seqorder (the target's orderer and the
+// progress goroutine, its registrations; the control messages, CQ data
+// and rails frame), host/seqorder (the target's orderer and the
 // initiator's window of sequence numbers), host/spin (readers that spin
 // before they park), host/procid (the host id, a local process's exit),
 // host/ring (the growable FIFO the lanes queue their work in).

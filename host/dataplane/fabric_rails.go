@@ -2,12 +2,12 @@ package dataplane
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"strings"
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -22,17 +22,11 @@ import (
 // rails), rail r paired with the peer's rail r.
 //
 // Rail 0's endpoint name rides the listen handle; the others travel at
-// connect, on lane 0 of every pair that chose libfabric, as a rails frame:
-//
-//	"RAIL" | rails u8 (1..abi.MaxLanes) | 3 zero bytes
-//	then for rails 1..rails-1: name length u8 (1..fabNameMax) | name
-//
-// Each side writes its frame on the stream it dialled, then reads the
+// connect, on lane 0 of every pair that chose libfabric, as a rails frame
+// (endpoint.RailFrame). Each side writes its frame on the stream it dialled, then reads the
 // peer's from the stream the peer dialled, before either side's service
 // starts reading that stream; the frames are small enough for any socket
 // buffer, so the writes never wait for the reads.
-
-const railMagic = "RAIL"
 
 // openRails opens the endpoints of rails 1..want-1 on the listener's
 // rail domains. A rail that cannot open, or whose provider splits the CQ
@@ -61,40 +55,11 @@ func (m *Mesh) openRails(l *Listener, want int) {
 
 // railFrame is our rails frame.
 func (m *Mesh) railFrame() []byte {
-	b := append([]byte(railMagic), byte(len(m.rails)), 0, 0, 0)
+	names := make([][]byte, 0, len(m.rails)-1)
 	for _, e := range m.rails[1:] {
-		b = append(b, byte(len(e.Name)))
-		b = append(b, e.Name...)
+		names = append(names, e.Name)
 	}
-	return b
-}
-
-// readRailFrame reads a peer's rails frame and returns the endpoint names
-// of its rails 1.. (none with one rail).
-func readRailFrame(r io.Reader) ([][]byte, error) {
-	var h [8]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return nil, err
-	}
-	n := int(h[4])
-	if string(h[:4]) != railMagic || n < 1 || n > abi.MaxLanes || h[5]|h[6]|h[7] != 0 {
-		return nil, fmt.Errorf("protocol error: bad rails frame % x", h)
-	}
-	names := make([][]byte, n-1)
-	for i := range names {
-		var ln [1]byte
-		if _, err := io.ReadFull(r, ln[:]); err != nil {
-			return nil, err
-		}
-		if ln[0] == 0 || int(ln[0]) > fabNameMax {
-			return nil, fmt.Errorf("protocol error: rail %d name of %d bytes", i+1, ln[0])
-		}
-		names[i] = make([]byte, ln[0])
-		if _, err := io.ReadFull(r, names[i]); err != nil {
-			return nil, err
-		}
-	}
-	return names, nil
+	return endpoint.RailFrame(names)
 }
 
 // exchangeRails sends our rails frame to every peer fab[i] marks and
@@ -120,7 +85,7 @@ func (m *Mesh) exchangeRails(fab []bool, outs, ins [][]*net.TCPConn, deadline ti
 		}
 		c := ins[i][0]
 		c.SetReadDeadline(deadline)
-		nm, err := readRailFrame(c)
+		nm, err := endpoint.ReadRailFrame(c, fabNameMax)
 		c.SetReadDeadline(time.Time{})
 		if err != nil {
 			return nil, fmt.Errorf("rails frame from rank %d: %w", i, err)

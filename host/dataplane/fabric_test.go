@@ -704,29 +704,6 @@ func TestFabricRailsUneven(t *testing.T) {
 	}
 }
 
-// TestRailFrame: the rails frame round-trips and bad frames are refused.
-func TestRailFrame(t *testing.T) {
-	m := &Mesh{rails: []*fabEP{{Endpoint: &endpoint.Endpoint{Name: []byte("zero")}}, {Endpoint: &endpoint.Endpoint{Name: []byte("one")}}, {Endpoint: &endpoint.Endpoint{Name: bytes.Repeat([]byte{7}, fabNameMax)}}}}
-	names, err := readRailFrame(bytes.NewReader(m.railFrame()))
-	if err != nil || len(names) != 2 || string(names[0]) != "one" || len(names[1]) != fabNameMax {
-		t.Fatalf("round trip: %q %v", names, err)
-	}
-	good := m.railFrame()
-	for name, b := range map[string][]byte{
-		"magic":     append([]byte("RAIX"), good[4:]...),
-		"no rails":  append([]byte("RAIL\x00\x00\x00\x00"), good[8:]...),
-		"too many":  append([]byte("RAIL\x09\x00\x00\x00"), good[8:]...),
-		"reserved":  append([]byte("RAIL\x03\x00\x01\x00"), good[8:]...),
-		"empty":     []byte("RAIL\x02\x00\x00\x00\x00"),
-		"too long":  append([]byte("RAIL\x02\x00\x00\x00"), append([]byte{fabNameMax + 1}, bytes.Repeat([]byte{1}, fabNameMax+1)...)...),
-		"truncated": good[:len(good)-1],
-	} {
-		if _, err := readRailFrame(bytes.NewReader(b)); err == nil {
-			t.Errorf("%s: accepted", name)
-		}
-	}
-}
-
 // devFabOwner is fabOwner with a second registration (id 2) in a fake
 // device's memory: ops on it must be staged (the provider here has no
 // FI_HMEM, and the fake's addresses cannot be dereferenced).
