@@ -436,7 +436,7 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 		// rejection's code when the word is not a valid signal target.
 		e.queueVerdict(l, h.Word, status)
 	case endpoint.MsgPutSignal:
-		status, err := p.inlinePut(m)
+		status, err := p.inlinePut(&h, m)
 		if err != nil {
 			logx.Warn(abi.SubsysNet, "NET/wasm: protocol violation by rank %d: %v; dropping its connections", p.rank, err)
 			go p.markDead(err)
@@ -452,8 +452,8 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 			return
 		}
 		e.queueVerdict(l, h.Word, status)
-		if owed := endpoint.ParseInline(m).Owed; owed != 0 {
-			e.verdict(l, owed, abi.Success)
+		if h.Owed != 0 {
+			e.verdict(l, h.Owed, abi.Success)
 		}
 	case endpoint.MsgVerdict:
 		e.verdict(l, h.Word, rejectedOrOK(h.Op))
@@ -471,16 +471,15 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 	}
 }
 
-// inlinePut copies the payload of a MsgPutSignal message m into our
+// inlinePut copies the payload of a MsgPutSignal message m (h) into our
 // registration. status is what its verdict reports (a range outside the
 // registration, or device memory, which senders never inline, is
 // rejected); err is a malformed message, which drops the peer.
-func (p *peer) inlinePut(m []byte) (abi.Result, error) {
+func (p *peer) inlinePut(h *endpoint.Msg, m []byte) (abi.Result, error) {
 	if len(m) < endpoint.PutSigHdr {
 		return 0, fmt.Errorf("inline put of %d bytes is shorter than its %d-byte header", len(m), endpoint.PutSigHdr)
 	}
-	in := endpoint.ParseInline(m)
-	id, size, off := in.MrID, uint64(in.Size), in.Off
+	id, size, off := h.MrID, uint64(h.Size), h.Off
 	if size > endpoint.InlineMax || uint64(len(m)) != endpoint.PutSigHdr+size {
 		return 0, fmt.Errorf("inline put declares %d bytes in a %d-byte message", size, len(m))
 	}

@@ -497,14 +497,13 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 	if sig {
 		h.Op, h.SigMrID, h.SigOff, h.SigValue = op.SigOp, op.SigMrID, op.SigOff, op.SigValue
 	}
-	h.Put(b)
 	var owed uint64 // a verdict this message carries
 	if typ == endpoint.MsgPutSignal {
 		owed = f.piggy[rail].Swap(0)
-		in := endpoint.Inline{MrID: op.MrID, Size: uint32(size), Off: op.Off, Owed: owed}
-		in.Put(b)
+		h.MrID, h.Size, h.Off, h.Owed = op.MrID, uint32(size), op.Off, owed
 		copy(b[endpoint.PutSigHdr:], unsafe.Slice((*byte)(op.Local), size))
 	}
+	h.Put(b)
 	var err error
 	switch {
 	case complete && !inject:

@@ -12,7 +12,7 @@ const (
 	MsgSize = 32 // one control message
 	// A signal travels as a MsgPutSignal message: the control message,
 	// 24 bytes (the target range of an inline payload, and an owed
-	// verdict: Inline), then at most InlineMax bytes of payload. Slots and
+	// verdict), then at most InlineMax bytes of payload. Slots and
 	// receive buffers hold the largest message.
 	PutSigHdr = MsgSize + 24
 	InlineMax = 80
@@ -67,7 +67,8 @@ const (
 	MsgPutSignal = 5
 )
 
-// Msg is a control message's first MsgSize bytes.
+// Msg is a control message: its first MsgSize bytes, and a
+// MsgPutSignal's next 24.
 type Msg struct {
 	Type uint8
 	Op   uint8 // the signal's op; a verdict's status
@@ -77,49 +78,40 @@ type Msg struct {
 	SigMrID          uint32
 	Word             uint64 // seq (SeqMask) and slot (the high 16 bits)
 	SigOff, SigValue uint64
+	// A MsgPutSignal's inline payload: registration, size (0..InlineMax:
+	// the bytes that follow) and offset; and an owed verdict's word (0:
+	// none).
+	MrID, Size uint32
+	Off, Owed  uint64
 }
 
-// Put writes m to b[:MsgSize].
+// Put writes m to b: MsgSize bytes, PutSigHdr for a MsgPutSignal.
 func (m *Msg) Put(b []byte) {
+	le := binary.LittleEndian
 	b[0], b[1] = m.Type, m.Op
-	binary.LittleEndian.PutUint16(b[2:], m.Rank)
-	binary.LittleEndian.PutUint32(b[4:], m.SigMrID)
-	binary.LittleEndian.PutUint64(b[8:], m.Word)
-	binary.LittleEndian.PutUint64(b[16:], m.SigOff)
-	binary.LittleEndian.PutUint64(b[24:], m.SigValue)
+	le.PutUint16(b[2:], m.Rank)
+	le.PutUint32(b[4:], m.SigMrID)
+	le.PutUint64(b[8:], m.Word)
+	le.PutUint64(b[16:], m.SigOff)
+	le.PutUint64(b[24:], m.SigValue)
+	if m.Type == MsgPutSignal {
+		le.PutUint32(b[32:], m.MrID)
+		le.PutUint32(b[36:], m.Size)
+		le.PutUint64(b[40:], m.Off)
+		le.PutUint64(b[48:], m.Owed)
+	}
 }
 
-// ParseMsg reads the control message at the start of b (at least
-// MsgSize bytes).
+// ParseMsg reads the message b (at least MsgSize bytes); a MsgPutSignal's
+// inline part where b holds it.
 func ParseMsg(b []byte) Msg {
+	le := binary.LittleEndian
 	_ = b[MsgSize-1]
-	return Msg{Type: b[0], Op: b[1], Rank: binary.LittleEndian.Uint16(b[2:]), SigMrID: binary.LittleEndian.Uint32(b[4:]),
-		Word: binary.LittleEndian.Uint64(b[8:]), SigOff: binary.LittleEndian.Uint64(b[16:]), SigValue: binary.LittleEndian.Uint64(b[24:])}
-}
-
-// Inline is what a MsgPutSignal message adds to the control message:
-// the payload's target and size, and an owed verdict.
-type Inline struct {
-	MrID uint32
-	Size uint32 // of the payload that follows (0..InlineMax)
-	Off  uint64
-	Owed uint64 // a verdict's word (0: none)
-}
-
-// Put writes in to b[MsgSize:PutSigHdr].
-func (in *Inline) Put(b []byte) {
-	binary.LittleEndian.PutUint32(b[32:], in.MrID)
-	binary.LittleEndian.PutUint32(b[36:], in.Size)
-	binary.LittleEndian.PutUint64(b[40:], in.Off)
-	binary.LittleEndian.PutUint64(b[48:], in.Owed)
-}
-
-// ParseInline reads the Inline part of a MsgPutSignal message b (at least
-// PutSigHdr bytes).
-func ParseInline(b []byte) Inline {
-	_ = b[PutSigHdr-1]
-	return Inline{MrID: binary.LittleEndian.Uint32(b[32:]), Size: binary.LittleEndian.Uint32(b[36:]),
-		Off: binary.LittleEndian.Uint64(b[40:]), Owed: binary.LittleEndian.Uint64(b[48:])}
+	m := Msg{Type: b[0], Op: b[1], Rank: le.Uint16(b[2:]), SigMrID: le.Uint32(b[4:]), Word: le.Uint64(b[8:]), SigOff: le.Uint64(b[16:]), SigValue: le.Uint64(b[24:])}
+	if m.Type == MsgPutSignal && len(b) >= PutSigHdr {
+		m.MrID, m.Size, m.Off, m.Owed = le.Uint32(b[32:]), le.Uint32(b[36:]), le.Uint64(b[40:]), le.Uint64(b[48:])
+	}
+	return m
 }
 
 // CQLayout is how a write's CQ data splits between the sender's rank and
