@@ -2,13 +2,16 @@ package dataplane
 
 import (
 	"bytes"
+	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // openStreams counts the streams of the connection to peer that are open:
@@ -32,12 +35,41 @@ func (m *Mesh) openStreams(peer int) (outs, ins int) {
 	return outs, ins
 }
 
-func fdCount(t *testing.T) int {
+// meshSockets counts this process's descriptors that are connected TCP
+// sockets to or from one of ports (the listeners' ports): the streams the
+// test's meshes hold, whatever sockets other tests leave closing.
+func meshSockets(t *testing.T, ports ...int) int {
+	inodes := map[string]bool{}
+	for _, f := range []string{"/proc/self/net/tcp", "/proc/self/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(line)
+			if len(fs) < 10 || fs[3] == "0A" { // 0A: listening
+				continue
+			}
+			for _, p := range ports {
+				hex := fmt.Sprintf(":%04X", p)
+				if strings.HasSuffix(fs[1], hex) || strings.HasSuffix(fs[2], hex) {
+					inodes[fs[9]] = true
+				}
+			}
+		}
+	}
 	es, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return len(es)
+	n := 0
+	for _, e := range es {
+		l, err := os.Readlink("/proc/self/fd/" + e.Name())
+		if err == nil && strings.HasPrefix(l, "socket:[") && inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] {
+			n++
+		}
+	}
+	return n
 }
 
 // TestLazyLanes: with four lanes, connect opens lane 0 only (one stream
@@ -50,7 +82,7 @@ func TestLazyLanes(t *testing.T) {
 	const size = 1 << 20
 	owners := newOwners(2, 2*size)
 	ls := make([]*Listener, 2)
-	hs := make([]*Handle, 2)
+	hs := make([]*wire.Handle, 2)
 	for i := range ls {
 		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
@@ -59,12 +91,12 @@ func TestLazyLanes(t *testing.T) {
 		ls[i], hs[i] = l, h
 		t.Cleanup(func() { l.Close() })
 	}
-	before := fdCount(t)
+	ports := []int{ls[0].Addr().Port, ls[1].Addr().Port}
 	ms := connectAll(t, ls, hs, func(i int) Owner { return owners[i] }, func(int) Options {
 		return Options{Timeout: 10 * time.Second, Lanes: 4, StripeThreshold: 256 << 10, ChunkSize: 64 << 10, CloseTimeout: 5 * time.Second}
 	})
 	// Two ranks, each with a stream each way to itself and to the other.
-	if got := fdCount(t) - before; got != 8 {
+	if got := meshSockets(t, ports...); got != 8 {
 		t.Errorf("connect opened %d descriptors, want 8 (lane 0 only)", got)
 	}
 	for r, m := range ms {
@@ -81,8 +113,8 @@ func TestLazyLanes(t *testing.T) {
 	// A put on lane 2, then a put with signal on lane 3: both lanes open,
 	// and the signal is applied only after the put of lane 2 landed.
 	word := (*uint64)(unsafe.Pointer(&owners[1].mem[0]))
-	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[8]), Size: 4096, Off: 8}, false, 2)
-	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 2, Local: unsafe.Pointer(&src[8+4096]), Size: 4096, Off: 8 + 4096}, false, 3)
+	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[8]), Size: 4096, Off: 8}, false, 2)
+	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 2, Local: unsafe.Pointer(&src[8+4096]), Size: 4096, Off: 8 + 4096}, false, 3)
 	waitUntil(t, "the signal", func() bool { return atomic.LoadUint64(word) == 1 })
 	if !bytes.Equal(owners[1].mem[8:8+8192], src[8:8+8192]) {
 		t.Fatal("the signal of lane 3 was applied before the put of lane 2 landed")
@@ -98,12 +130,12 @@ func TestLazyLanes(t *testing.T) {
 	waitUntil(t, "rank 1 to take the new lanes", func() bool { _, i := ms[1].openStreams(0); return i == 3 })
 	// A striped put with signal opens the last lane; every byte arrives
 	// before the signal.
-	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 3, Local: unsafe.Pointer(&src[size]), Size: size, Off: size}, false, 0)
+	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 3, Local: unsafe.Pointer(&src[size]), Size: size, Off: size}, false, 0)
 	waitUntil(t, "the striped signal", func() bool { return atomic.LoadUint64(word) == 2 })
 	if !bytes.Equal(owners[1].mem[size:], src[size:]) {
 		t.Fatal("the striped put's signal was applied before all of it landed")
 	}
-	want := ms[0].Parts(MsgPutSignal, size)
+	want := ms[0].Parts(wire.MsgPutSignal, size)
 	waitUntil(t, "the striped put's parts", func() bool {
 		owners[0].mu.Lock()
 		defer owners[0].mu.Unlock()
@@ -134,7 +166,7 @@ func TestLazyLanes(t *testing.T) {
 func TestLazyLaneDialFails(t *testing.T) {
 	owners := newOwners(2, 64<<10)
 	ls := make([]*Listener, 2)
-	hs := make([]*Handle, 2)
+	hs := make([]*wire.Handle, 2)
 	for i := range ls {
 		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
@@ -154,7 +186,7 @@ func TestLazyLaneDialFails(t *testing.T) {
 	ls[1].Close() // lane 1 to rank 1 can no longer open
 	src := bytes.Repeat([]byte("lazy"), 1024)
 	word := (*uint64)(unsafe.Pointer(&owners[1].mem[0]))
-	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: uint64(len(src)), Off: 8}, false, 1)
+	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: uint64(len(src)), Off: 8}, false, 1)
 	if st := waitDone(t, owners[0], 1); st != abi.Success {
 		t.Fatalf("put with signal on a lane that cannot open: %v", st)
 	}
