@@ -106,7 +106,7 @@ build-deps:
 # "context deadline exceeded" when a duration ends under load
 # (golang/go#75804). Longer: make fuzz FUZZTIME=10m (or 5000000x).
 FUZZTIME ?= 30000x
-FUZZ_TARGETS := host/dataplane:FuzzHeader host/dataplane:FuzzDecodeHandle host/seqorder:FuzzOrderer host/codec:FuzzDecodeBlock \
+FUZZ_TARGETS := host/wire:FuzzHeader host/wire:FuzzDecodeHandle host/ring:FuzzRing host/seqorder:FuzzOrderer host/codec:FuzzDecodeBlock \
 	host/handshake:FuzzHello host/handshake:FuzzAuthenticate \
 	host/sandbox/meter:FuzzMeter
 

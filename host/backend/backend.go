@@ -63,7 +63,7 @@ func DefaultConnPlan() ConnPlan {
 
 // OpKind names a data operation as a planner sees it. The numbers are the
 // guest ABI's (a guest reads them in completion records); the dataplane's
-// wire message types are a different set (dataplane.Msg*).
+// wire message types are a different set (host/wire's Msg*).
 type OpKind uint32
 
 const (

@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // TestCompletionMeansArrival is aws-ofi-nccl's rma_duplicate_mr check: rank
@@ -73,11 +74,11 @@ func TestCompletionMeansArrival(t *testing.T) {
 						src[i] = byte(iter) + byte(i)
 					}
 					tag := uint64(iter)<<8 | uint64(si)
-					op := Op{Msg: MsgPut, MrID: 1, Local: unsafe.Pointer(&src[0]), Size: size, Off: payOff,
+					op := Op{Msg: wire.MsgPut, MrID: 1, Local: unsafe.Pointer(&src[0]), Size: size, Off: payOff,
 						Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[payOff])))}
 					if iter%2 == 0 {
 						tag |= 0x80
-						op.Msg, op.SigMrID, op.SigOp, op.SigOff = MsgPutSignal, 1, abi.SignalOpInc, sigOff
+						op.Msg, op.SigMrID, op.SigOp, op.SigOff = wire.MsgPutSignal, 1, abi.SignalOpInc, sigOff
 					}
 					op.Tag = tag
 					want := ms[0].Parts(op.Msg, size)

@@ -15,6 +15,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // compressibleData is text-like: a small alphabet in runs.
@@ -85,7 +86,7 @@ func TestCompressedPuts(t *testing.T) {
 				for _, n := range []int{codec.MinSize - 1, 70000, size} {
 					off := 8 + int(tag-1)*slot
 					src := data[:n]
-					ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: tag, Codec: cw,
+					ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: tag, Codec: cw,
 						Local: unsafe.Pointer(&src[0]), Size: uint64(n), Off: uint64(off)}, false, -1)
 					signals++
 					tag++
@@ -124,9 +125,9 @@ func TestCompressedPuts(t *testing.T) {
 
 // frame builds a compressed put as a hostile peer could write it.
 func frame(mrID uint32, off, size uint64, cid uint8, blocks ...[]byte) []byte {
-	h := header{typ: MsgPut, status: uint16(cid), mrID: mrID, tag: 1, off: off, size: size}
-	b := make([]byte, hdrSize)
-	h.encode(b)
+	h := wire.Header{Typ: wire.MsgPut, Status: uint16(cid), MrID: mrID, Tag: 1, Off: off, Size: size}
+	b := make([]byte, wire.HeaderSize)
+	h.Encode(b)
 	return append(b, bytes.Join(blocks, nil)...)
 }
 
@@ -177,7 +178,7 @@ func TestHostileCompressedFrames(t *testing.T) {
 				t.Fatal(err)
 			}
 			// A good compressed put behind it, on the same stream.
-			ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 2, Codec: guestabi.CodecZstd, Local: unsafe.Pointer(&good[0]), Size: 4096, Off: 4096}, false, -1)
+			ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 2, Codec: guestabi.CodecZstd, Local: unsafe.Pointer(&good[0]), Size: 4096, Off: 4096}, false, -1)
 			st := waitDone(t, owners[0], 2)
 			owners[0].mu.Lock()
 			failed := append([]error(nil), owners[0].failed...)
@@ -217,21 +218,21 @@ func TestPlanChunk(t *testing.T) {
 		size, chunk uint64
 		want        int
 	}{
-		{MsgPut, size, 0, 1},            // below the connection's threshold
-		{MsgPut, size, 8192, 13},        // ceil(100000/8192)
-		{MsgPutSignal, size, 8192, 14},  // + the signal
-		{MsgGet, size, 100, 25},         // raised to 4096
-		{MsgPut, 8192, 8192, 1},         // fits in one chunk
-		{MsgPut, 1 << 30, 4096, 1024},   // at most MaxPiecesPerOp
-		{MsgPutSignal, 0, 4096, 1},      // a bare signal
-		{MsgPut, 1<<30 + 1, 4096, 1024}, // size/1024 rounds up
+		{wire.MsgPut, size, 0, 1},            // below the connection's threshold
+		{wire.MsgPut, size, 8192, 13},        // ceil(100000/8192)
+		{wire.MsgPutSignal, size, 8192, 14},  // + the signal
+		{wire.MsgGet, size, 100, 25},         // raised to 4096
+		{wire.MsgPut, 8192, 8192, 1},         // fits in one chunk
+		{wire.MsgPut, 1 << 30, 4096, 1024},   // at most MaxPiecesPerOp
+		{wire.MsgPutSignal, 0, 4096, 1},      // a bare signal
+		{wire.MsgPut, 1<<30 + 1, 4096, 1024}, // size/1024 rounds up
 	} {
 		if got := m.OpParts(1, &Op{Msg: c.kind, Size: c.size, Chunk: c.chunk}); got != c.want {
 			t.Errorf("kind %d size %d chunk %d: %d parts, want %d", c.kind, c.size, c.chunk, got, c.want)
 		}
 	}
 	src := randomData(size, 5)
-	op := Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 9, Local: unsafe.Pointer(&src[0]), Size: size, Off: 8, Chunk: 8192}
+	op := Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 9, Local: unsafe.Pointer(&src[0]), Size: size, Off: 8, Chunk: 8192}
 	want := m.OpParts(1, &op)
 	m.Post(1, &op, false, 2)
 	deadline := time.Now().Add(10 * time.Second)
@@ -278,9 +279,9 @@ func TestPacing(t *testing.T) {
 	// on a loaded machine.
 	const delay = 400 * time.Millisecond
 	start := time.Now()
-	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64, NotBefore: Now() + int64(delay)}, false, 0)
-	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 2}, false, 0)
-	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 3, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 1024}, false, 1)
+	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64, NotBefore: Now() + int64(delay)}, false, 0)
+	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 2}, false, 0)
+	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 3, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 1024}, false, 1)
 	if el := time.Since(start); el >= delay {
 		t.Fatalf("posting a paced op blocked for %v (its delay)", el)
 	}

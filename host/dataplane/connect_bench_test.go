@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // BenchmarkConnect8 times a full 8-rank connect in one process over
@@ -15,7 +16,7 @@ func BenchmarkConnect8(b *testing.B) {
 	const n = 8
 	for i := 0; i < b.N; i++ {
 		ls := make([]*Listener, n)
-		hs := make([]*Handle, n)
+		hs := make([]*wire.Handle, n)
 		for r := range ls {
 			l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 			if err != nil {

@@ -3,8 +3,6 @@ package dataplane
 import (
 	"bytes"
 	"encoding/binary"
-	"errors"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,39 +11,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
-
-func TestHeaderRoundTrip(t *testing.T) {
-	in := header{typ: MsgPutSignal, sigOp: 2, status: 6, mrID: 7, tag: 1<<63 | 5, off: 1 << 40, size: 123,
-		sigMrID: 9, context: 3, sigOff: 64, sigValue: ^uint64(0)}
-	var b [hdrSize]byte
-	in.encode(b[:])
-	var out header
-	out.decode(b[:])
-	if in != out {
-		t.Fatalf("round trip: %+v != %+v", out, in)
-	}
-}
-
-func TestHandleRoundTrip(t *testing.T) {
-	hi := HandleInfo{Addr: &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 4242}, Pid: 77, UID: 1000}
-	hi.Key[0], hi.Key[31], hi.HostID[7] = 0xaa, 0xcc, 0xbb
-	var h Handle
-	hi.Encode(&h)
-	got, err := DecodeHandle(&h)
-	if err != nil || !got.Addr.IP.Equal(hi.Addr.IP) || got.Addr.Port != 4242 || got.Key != hi.Key || got.HostID != hi.HostID || got.Pid != 77 || got.UID != 1000 {
-		t.Fatalf("decode: %+v %v", got, err)
-	}
-	h[0] = 'X'
-	if _, err := DecodeHandle(&h); !errors.Is(err, ErrBadHandle) {
-		t.Fatalf("foreign handle accepted: %v", err)
-	}
-	hi.Encode(&h)
-	h[4] = 99
-	if _, err := DecodeHandle(&h); err == nil || !strings.Contains(err.Error(), "version") {
-		t.Fatalf("wrong version accepted: %v", err)
-	}
-}
 
 func TestSpan(t *testing.T) {
 	for _, c := range []struct {
@@ -119,7 +86,7 @@ func connect2(t *testing.T, os []*memOwner, opt Options) []*Mesh {
 func connectOwners(t *testing.T, os []Owner, opt Options) []*Mesh {
 	t.Helper()
 	ls := make([]*Listener, len(os))
-	hs := make([]*Handle, len(os))
+	hs := make([]*wire.Handle, len(os))
 	for i := range ls {
 		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
@@ -139,7 +106,7 @@ func connectOwners(t *testing.T, os []Owner, opt Options) []*Mesh {
 
 // connectAll connects every listener's rank at once (Connect blocks until
 // all are up), rank i with owner(i) and opt(i); a failure ends the test.
-func connectAll(t testing.TB, ls []*Listener, hs []*Handle, owner func(int) Owner, opt func(int) Options) []*Mesh {
+func connectAll(t testing.TB, ls []*Listener, hs []*wire.Handle, owner func(int) Owner, opt func(int) Options) []*Mesh {
 	t.Helper()
 	ms := make([]*Mesh, len(ls))
 	var wg sync.WaitGroup
@@ -179,16 +146,16 @@ func TestTargetRejectsBadRanges(t *testing.T) {
 	for _, intra := range []bool{false, true} {
 		ms, os := mesh2(t, intra)
 		src := bytes.Repeat([]byte{7}, 64)
-		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 250}, false, -1)
-		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 9, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 8}, false, -1)
-		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: 3, Tag: 3}, false, -1)
+		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 250}, false, -1)
+		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 9, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 8}, false, -1)
+		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: 3, Tag: 3}, false, -1)
 		dst := make([]byte, 64)
-		ms[0].Post(1, &Op{Msg: MsgGet, MrID: 1, Tag: 4, Local: unsafe.Pointer(&dst[0]), Size: 64, Off: 200}, false, -1)
+		ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 4, Local: unsafe.Pointer(&dst[0]), Size: 64, Off: 200}, false, -1)
 		if st := waitDone(t, os[0], 4); st != abi.InvalidArgument {
 			t.Fatalf("out-of-range get: %v", st)
 		}
-		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 5, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 0}, false, -1)
-		ms[0].Post(1, &Op{Msg: MsgGet, MrID: 1, Tag: 6, Local: unsafe.Pointer(&dst[0]), Size: 64, Off: 0}, false, -1)
+		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 5, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 0}, false, -1)
+		ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 6, Local: unsafe.Pointer(&dst[0]), Size: 64, Off: 0}, false, -1)
 		if st := waitDone(t, os[0], 6); st != abi.Success || !bytes.Equal(dst, src) {
 			t.Fatalf("stream unusable after rejections: %v %v", st, dst[:8])
 		}
@@ -200,7 +167,7 @@ func TestTargetRejectsBadRanges(t *testing.T) {
 		}
 		// The rejected puts and signals fail their own requests too, with
 		// the target's code, and never complete as a success.
-		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 9, SigOp: abi.SignalOpInc, Tag: 7, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}, false, -1)
+		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 9, SigOp: abi.SignalOpInc, Tag: 7, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}, false, -1)
 		for _, tag := range []uint64{1, 2, 3, 7} {
 			if st := waitDone(t, os[0], tag); st != abi.InvalidArgument {
 				t.Fatalf("intra=%v: request %d rejected at the target completed with %v, want %v", intra, tag, st, abi.InvalidArgument)
@@ -227,7 +194,7 @@ func TestConnectTimeout(t *testing.T) {
 	defer l0.Close()
 	defer l1.Close()
 	start := time.Now()
-	_, err := Connect(l0, []*Handle{h0, h1}, 0, &memOwner{done: map[uint64]abi.Result{}}, Options{Timeout: 300 * time.Millisecond, Lanes: 1})
+	_, err := Connect(l0, []*wire.Handle{h0, h1}, 0, &memOwner{done: map[uint64]abi.Result{}}, Options{Timeout: 300 * time.Millisecond, Lanes: 1})
 	if err == nil || !strings.Contains(err.Error(), "timed out") {
 		t.Fatalf("connect without the peer: %v", err)
 	}
@@ -252,10 +219,10 @@ func TestStripedLanes(t *testing.T) {
 		SpinWait: 500 * time.Microsecond, Spinners: 2})
 	// One piece per lane (3) plus the signal; a smaller op is cut into
 	// pieces no smaller than the chunk size (200 KiB / 100 KiB = 2).
-	if got := ms[0].Parts(MsgPutSignal, size); got != 4 {
+	if got := ms[0].Parts(wire.MsgPutSignal, size); got != 4 {
 		t.Fatalf("parts = %d, want 4", got)
 	}
-	if got := ms[0].Parts(MsgPut, 200<<10); got != 2 {
+	if got := ms[0].Parts(wire.MsgPut, 200<<10); got != 2 {
 		t.Fatalf("parts of 200 KiB = %d, want 2", got)
 	}
 	src := make([]byte, size)
@@ -265,7 +232,7 @@ func TestStripedLanes(t *testing.T) {
 	// The signal word lives in the first 8 bytes of the target registration,
 	// so the payload goes from offset 8.
 	n := uint64(size - 8)
-	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 7, Local: unsafe.Pointer(&src[8]), Size: n, Off: 8}, false, 1)
+	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 7, Local: unsafe.Pointer(&src[8]), Size: n, Off: 8}, false, 1)
 	deadline := time.Now().Add(10 * time.Second)
 	for atomic.LoadUint64((*uint64)(unsafe.Pointer(&owners[1].mem[0]))) != 1 {
 		if time.Now().After(deadline) {
@@ -277,8 +244,8 @@ func TestStripedLanes(t *testing.T) {
 		t.Fatal("signal visible before all striped chunks landed")
 	}
 	dst := make([]byte, size)
-	ms[0].Post(1, &Op{Msg: MsgGet, MrID: 1, Tag: 8, Local: unsafe.Pointer(&dst[0]), Size: size, Off: size}, false, -1)
-	want := ms[0].Parts(MsgGet, size)
+	ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 8, Local: unsafe.Pointer(&dst[0]), Size: size, Off: size}, false, -1)
+	want := ms[0].Parts(wire.MsgGet, size)
 	for {
 		owners[0].mu.Lock()
 		got := owners[0].parts[8]
@@ -310,7 +277,7 @@ func TestServiceSurvivesGarbage(t *testing.T) {
 	}
 	for iter := 0; iter < 40; iter++ {
 		ms, owners := mesh2(t, false)
-		var b [hdrSize + 64]byte
+		var b [wire.HeaderSize + 64]byte
 		for i := range b {
 			b[i] = byte(next())
 		}

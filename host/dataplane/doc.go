@@ -11,7 +11,6 @@
 //   - listen.go: Listen and ListenOptions, the accept loop and admission of
 //     dialers (host/handshake/admission caps the strangers, host/handshake
 //     authenticates them), the listen address and host id.
-//   - wire.go: the handle and the 64-byte header protocol.
 //   - poller.go: the process's network poller check (EnsurePoller).
 //
 // Connect:
@@ -52,7 +51,8 @@
 //     watch) before a post could spin on its lock.
 //   - watchdog.go: peers whose streams stopped moving are failed.
 //
-// Leaves it builds on: host/handshake (the hello and the seal) and
+// Leaves it builds on: host/wire (the 64-byte header protocol and the
+// listen handle), host/handshake (the hello and the seal) and
 // host/handshake/admission (the caps on unauthenticated connections), host/codec
 // (compression), host/devmem/staging (device staging and the staging
 // ring), host/fabric and host/fabric/nics (libfabric and its NICs),

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // Device memory over the fabric transport. Where the provider cannot
@@ -37,7 +38,7 @@ type fabStaged struct {
 // device memory the provider does not reach (our registration of the
 // local buffer, or the peer's of the target, was not made with FI_HMEM).
 func (f *fabricLink) staged(op *Op) bool {
-	if op.Size == 0 || (op.Msg != MsgPut && op.Msg != MsgPutSignal && op.Msg != MsgGet) {
+	if op.Size == 0 || (op.Msg != wire.MsgPut && op.Msg != wire.MsgPutSignal && op.Msg != wire.MsgGet) {
 		return false
 	}
 	if op.LocalCtx != 0 && !f.e.Regs.DevDirect(op.LocalMr) {
@@ -62,7 +63,7 @@ func (f *fabricLink) remoteDev(id uint32) (dev, direct bool) {
 // taken in the caller's order).
 func (f *fabricLink) postStaged(pd *fabPend) error {
 	op := pd.op
-	put := op.Msg != MsgGet
+	put := op.Msg != wire.MsgGet
 	if put && !f.win.Fits(pd.seq) {
 		return fabric.ErrAgain
 	}

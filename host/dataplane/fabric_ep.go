@@ -11,6 +11,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 	"golang.org/x/sys/unix"
 )
 
@@ -109,7 +110,7 @@ type fabVerdict struct {
 func openFabric(prov, domain string) (*fabEP, error) {
 	e := &fabEP{}
 	var err error
-	e.Endpoint, err = endpoint.Open(endpoint.Config{Provider: prov, Domain: domain, MsgMax: endpoint.MsgMax, NameMax: fabNameMax, CQData: 4}, e)
+	e.Endpoint, err = endpoint.Open(endpoint.Config{Provider: prov, Domain: domain, MsgMax: endpoint.MsgMax, NameMax: wire.FabNameMax, CQData: 4}, e)
 	if err != nil {
 		return nil, err
 	}

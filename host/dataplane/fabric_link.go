@@ -15,6 +15,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/procid"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/seqorder"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 const nameFabric = "fabric"
@@ -122,7 +123,7 @@ func (f *fabricLink) wholeOp(op Op) bool {
 // signalApart: the write and the signal message complete apart, unless the
 // op is staged over TCP or inline (one message either way).
 func (f *fabricLink) signalApart(op Op) bool {
-	return op.Msg == MsgPutSignal && op.Size > 0 && !f.staged(&op) && !f.inlined(&op)
+	return op.Msg == wire.MsgPutSignal && op.Size > 0 && !f.staged(&op) && !f.inlined(&op)
 }
 
 // inlined reports whether a put with signal travels as one control
@@ -131,7 +132,7 @@ func (f *fabricLink) signalApart(op Op) bool {
 // message, and one sequence number; the verdict, sent after the copy,
 // says the bytes arrived.
 func (f *fabricLink) inlined(op *Op) bool {
-	if op.Msg != MsgPutSignal || op.Size == 0 || op.Size > endpoint.InlineMax || op.LocalCtx != 0 {
+	if op.Msg != wire.MsgPutSignal || op.Size == 0 || op.Size > endpoint.InlineMax || op.LocalCtx != 0 {
 		return false
 	}
 	dev, _ := f.remoteDev(op.MrID)
@@ -272,7 +273,7 @@ func (f *fabricLink) props() Props {
 }
 
 func (f *fabricLink) submit(lane int, op Op, hold bool) {
-	if op.Msg == MsgReg {
+	if op.Msg == wire.MsgReg {
 		// The keys of rails 1.. first (SigOp names the rail), then rail
 		// 0's, which tells the peer's owner (peerRegistered). Context 1:
 		// device memory the provider registered (FI_HMEM), reachable by
@@ -304,9 +305,9 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 	// staged (fabric_dev.go): one number for a put with signal there.
 	pd.staged = f.staged(&op)
 	switch op.Msg {
-	case MsgPut, msgBye:
+	case wire.MsgPut, wire.MsgBye:
 		pd.seq = f.seq.Add(1)
-	case MsgPutSignal:
+	case wire.MsgPutSignal:
 		if pd.staged {
 			pd.seq = f.seq.Add(1)
 			break
@@ -350,7 +351,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 	rl := &f.rails[pd.rail]
 	e := rl.e
 	switch {
-	case op.Msg == msgBye:
+	case op.Msg == wire.MsgBye:
 		if !f.win.Fits(pd.seq) {
 			return fabric.ErrAgain
 		}
@@ -359,7 +360,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 		}
 		f.win.Complete(pd.seq) // injected: no completion will say so
 		return nil
-	case op.Msg == MsgPutSignal && pd.sigOnly:
+	case op.Msg == wire.MsgPutSignal && pd.sigOnly:
 		return f.msg(pd.rail, endpoint.MsgPutSignal, pd.sigSeq, op, true, false)
 	case pd.inline:
 		if err := f.msg(pd.rail, endpoint.MsgPutSignal, pd.sigSeq, op, true, true); err != nil {
@@ -376,7 +377,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 	if !ok {
 		return fmt.Errorf("rank %d registration %d has no fabric key for rail %d", f.p.rank, op.MrID, pd.rail)
 	}
-	if op.Msg != MsgGet && !f.win.Fits(pd.seq) {
+	if op.Msg != wire.MsgGet && !f.win.Fits(pd.seq) {
 		return fabric.ErrAgain
 	}
 	idx, ok := f.slot(e, op.Tag)
@@ -386,11 +387,11 @@ func (f *fabricLink) post(pd *fabPend) error {
 	e.slots[idx].seq = pd.seq
 	ctx := e.SlotArea(idx)
 	var err error
-	if op.Msg != MsgGet && fabRefused() {
+	if op.Msg != wire.MsgGet && fabRefused() {
 		f.unslot(e, idx)
 		return fabric.ErrAgain
 	}
-	if op.Msg == MsgGet {
+	if op.Msg == wire.MsgGet {
 		err = e.FI.Read(op.Local, op.Size, e.Regs.Desc(op.LocalMr), rl.addr, raddr, key, ctx)
 	} else {
 		// Delivery complete unless local completion was asked for: a put
@@ -410,7 +411,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 		f.cqSigs.Add(1)
 		return nil
 	}
-	if op.Msg == MsgPutSignal {
+	if op.Msg == wire.MsgPutSignal {
 		// The payload is posted; the signal follows as a message whose
 		// completion is the request's second part (Mesh.PeerParts). If it
 		// finds no room, ErrAgain leaves pd as the signal alone, numbered

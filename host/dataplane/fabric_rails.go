@@ -9,6 +9,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // Rails: a communicator with more than one lane opens one libfabric
@@ -85,7 +86,7 @@ func (m *Mesh) exchangeRails(fab []bool, outs, ins [][]*net.TCPConn, deadline ti
 		}
 		c := ins[i][0]
 		c.SetReadDeadline(deadline)
-		nm, err := endpoint.ReadRailFrame(c, fabNameMax)
+		nm, err := endpoint.ReadRailFrame(c, wire.FabNameMax)
 		c.SetReadDeadline(time.Time{})
 		if err != nil {
 			return nil, fmt.Errorf("rails frame from rank %d: %w", i, err)

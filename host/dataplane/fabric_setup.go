@@ -7,6 +7,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // Fabric set-up: what Connect does for libfabric beyond the TCP streams
@@ -28,7 +29,7 @@ func (l *Listener) fitFabric(n int) {
 // takeFabric moves the listener's endpoint to the mesh and opens more
 // rails now that the plan's lanes are known; it returns every peer's rail
 // names (exchangeRails), nil without an endpoint.
-func (m *Mesh) takeFabric(l *Listener, opt Options, infos []HandleInfo, peerNoFab []bool, outs, ins [][]*net.TCPConn, deadline time.Time) ([][][]byte, error) {
+func (m *Mesh) takeFabric(l *Listener, opt Options, infos []wire.HandleInfo, peerNoFab []bool, outs, ins [][]*net.TCPConn, deadline time.Time) ([][][]byte, error) {
 	m.fab = l.takeFabric()
 	if m.fab == nil {
 		return nil, nil
@@ -48,7 +49,7 @@ func (m *Mesh) takeFabric(l *Listener, opt Options, infos []HandleInfo, peerNoFa
 
 // fabricTransport is chooseTransport's libfabric branch: the peer's
 // address on every rail, and a fabricLink over them.
-func (m *Mesh) fabricTransport(p *peer, peer, self HandleInfo, outs, ins []*net.TCPConn, railNames [][]byte) (transport, error) {
+func (m *Mesh) fabricTransport(p *peer, peer, self wire.HandleInfo, outs, ins []*net.TCPConn, railNames [][]byte) (transport, error) {
 	addr, err := m.fab.FI.Insert(peer.FabricName)
 	if err != nil {
 		return nil, fmt.Errorf("fabric address of rank %d: %w", p.rank, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // fabOwner is a target whose one registration (id 1) lives in C memory,
@@ -129,7 +130,7 @@ func fabMesh2Rails(t testing.TB, prov string, size uint64, lanes int, noFab [2]b
 	prov = fabricProvider(t, prov)
 	os := make([]*fabOwner, 2)
 	ls := make([]*Listener, 2)
-	hs := make([]*Handle, 2)
+	hs := make([]*wire.Handle, 2)
 	for i := range ls {
 		os[i] = &fabOwner{mem: fabric.Alloc(size), size: size, done: map[uint64]abi.Result{}}
 		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1", Provider: prov, Domain: domain, Rails: rails[i]})
@@ -160,7 +161,7 @@ func fabMesh2Rails(t testing.TB, prov string, size uint64, lanes int, noFab [2]b
 			t.Fatal(err)
 		}
 		for p := 0; p < 2; p++ {
-			m.Post(p, &Op{Msg: MsgReg, MrID: 1, Size: size, Off: uint64(uintptr(os[i].mem)), SigValue: key}, false, 0)
+			m.Post(p, &Op{Msg: wire.MsgReg, MrID: 1, Size: size, Off: uint64(uintptr(os[i].mem)), SigValue: key}, false, 0)
 		}
 	}
 	// The keys arrive over TCP; wait until both links know them.
@@ -205,8 +206,8 @@ func TestFabricPutSignalGet(t *testing.T) {
 				// at the registration's last 8 bytes, then a signal alone.
 				const n = 3 << 20
 				sigOff := uint64(size - 8)
-				ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: n, Off: 0, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpAdd, SigValue: 5}, false, -1)
-				ms[0].Post(1, &Op{Msg: MsgPutSignal, Tag: 2, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}, false, -1)
+				ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: n, Off: 0, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpAdd, SigValue: 5}, false, -1)
+				ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, Tag: 2, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}, false, -1)
 				for _, tag := range []uint64{1, 2} {
 					if st := os[0].wait(t, tag); st != abi.Success {
 						t.Fatalf("tag %d: %v", tag, st)
@@ -228,9 +229,9 @@ func TestFabricPutSignalGet(t *testing.T) {
 				// Rank 1 reads it back.
 				dst := fabric.Alloc(n)
 				defer fabric.Free(dst)
-				ms[1].Post(0, &Op{Msg: MsgGet, MrID: 1, Tag: 3, Local: dst, Size: n, Off: 0}, false, -1)
+				ms[1].Post(0, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 3, Local: dst, Size: n, Off: 0}, false, -1)
 				_ = os[1].wait(t, 3)
-				ms[1].Post(0, &Op{Msg: MsgGet, MrID: 1, Tag: 4, Local: dst, Size: n, Off: 0}, false, -1)
+				ms[1].Post(0, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 4, Local: dst, Size: n, Off: 0}, false, -1)
 				if st := os[1].wait(t, 4); st != abi.Success {
 					t.Fatalf("get: %v", st)
 				}
@@ -252,8 +253,8 @@ func TestFabricOrderedSignals(t *testing.T) {
 	const n = 500
 	for i := uint64(1); i <= n; i++ {
 		*(*uint64)(src) = i
-		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
-		os[0].waitN(t, i, ms[0].PeerParts(1, MsgPutSignal, 8)) // the source is reused
+		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
+		os[0].waitN(t, i, ms[0].PeerParts(1, wire.MsgPutSignal, 8)) // the source is reused
 	}
 	sig := (*uint64)(os[1].mem)
 	for deadline := time.Now().Add(5 * time.Second); *sig != n; {
@@ -283,11 +284,11 @@ func TestFabricLatency(t *testing.T) {
 			s0, s1 := (*uint64)(os[0].mem), (*uint64)(os[1].mem)
 			start := time.Now()
 			for i := uint64(1); i <= n; i++ {
-				ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 1 << 15, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+				ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 1 << 15, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
 				for atomic.LoadUint64(s1) != i {
 					runtime.Gosched()
 				}
-				ms[1].Post(0, &Op{Msg: MsgPutSignal, Tag: i, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+				ms[1].Post(0, &Op{Msg: wire.MsgPutSignal, Tag: i, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
 				for atomic.LoadUint64(s0) != i {
 					runtime.Gosched()
 				}
@@ -308,7 +309,7 @@ func TestFabricThroughput(t *testing.T) {
 		if i > window {
 			os[0].wait(t, i-window)
 		}
-		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: i, Local: src, Size: size, Off: (i % window) * size}, false, -1)
+		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: i, Local: src, Size: size, Off: (i % window) * size}, false, -1)
 	}
 	os[0].wait(t, total)
 	el := time.Since(start)
@@ -325,18 +326,18 @@ func TestHandleFabricName(t *testing.T) {
 	defer l.Close()
 	hi := l.info
 	hi.FabricHash, hi.FabricName = endpoint.ProviderHash("tcp;ofi_rxm"), []byte{2, 0, 0x1f, 0x90, 127, 0, 0, 1}
-	var h Handle
+	var h wire.Handle
 	hi.Encode(&h)
-	got, err := DecodeHandle(&h)
+	got, err := wire.DecodeHandle(&h)
 	if err != nil || got.FabricHash != hi.FabricHash || string(got.FabricName) != string(hi.FabricName) || got.Pid != hi.Pid {
 		t.Fatalf("round trip: %+v, %v", got, err)
 	}
 	if endpoint.ProviderHash("shm") == got.FabricHash {
 		t.Fatal("two providers hash alike")
 	}
-	hi.FabricName = make([]byte, fabNameMax+1)
+	hi.FabricName = make([]byte, wire.FabNameMax+1)
 	hi.Encode(&h)
-	if got, _ := DecodeHandle(&h); got.FabricHash != 0 || got.FabricName != nil {
+	if got, _ := wire.DecodeHandle(&h); got.FabricHash != 0 || got.FabricName != nil {
 		t.Fatalf("oversized name encoded: %+v", got)
 	}
 }
@@ -347,7 +348,7 @@ func TestFabricPostAllocs(t *testing.T) {
 	src := fabric.Alloc(8)
 	defer fabric.Free(src)
 	tag := uint64(0)
-	op := Op{Msg: MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 8, SigMrID: 1, SigOp: abi.SignalOpInc}
+	op := Op{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 8, SigMrID: 1, SigOp: abi.SignalOpInc}
 	allocs := testing.AllocsPerRun(200, func() {
 		tag++
 		op.Tag = tag
@@ -356,10 +357,10 @@ func TestFabricPostAllocs(t *testing.T) {
 	// 8 bytes travel inline (one message, one part); larger ones as a
 	// write and a signal message (two parts).
 	os[0].waitN(t, tag, 1)
-	if n := ms[0].PeerParts(1, MsgPutSignal, 8); n != 1 {
+	if n := ms[0].PeerParts(1, wire.MsgPutSignal, 8); n != 1 {
 		t.Fatalf("an inline put with signal over the fabric has %d parts, want 1", n)
 	}
-	if n := ms[0].PeerParts(1, MsgPutSignal, endpoint.InlineMax+1); n != 2 {
+	if n := ms[0].PeerParts(1, wire.MsgPutSignal, endpoint.InlineMax+1); n != 2 {
 		t.Fatalf("a put with signal of %d bytes over the fabric has %d parts, want 2", endpoint.InlineMax+1, n)
 	}
 	if allocs != 0 {
@@ -382,8 +383,8 @@ func TestFabricNarrowCQData(t *testing.T) {
 		const n = 700
 		for i := uint64(1); i <= n; i++ {
 			*(*uint64)(src) = i
-			ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
-			os[0].waitN(t, i, ms[0].PeerParts(1, MsgPutSignal, 8))
+			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+			os[0].waitN(t, i, ms[0].PeerParts(1, wire.MsgPutSignal, 8))
 		}
 		fabric.Free(src)
 		sig := (*uint64)(os[1].mem)
@@ -423,7 +424,7 @@ func TestFabricIdleWake(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 64, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 64, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
 		start := time.Now()
 		for atomic.LoadUint64(sig) != i {
 			if time.Since(start) > 60*time.Second {
@@ -461,8 +462,8 @@ func TestFabricDeclined(t *testing.T) {
 		for i := range b {
 			b[i] = byte(i * 3)
 		}
-		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
-		os[0].waitN(t, 1, ms[0].PeerParts(1, MsgPutSignal, 4096))
+		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+		os[0].waitN(t, 1, ms[0].PeerParts(1, wire.MsgPutSignal, 4096))
 		deadline := time.Now().Add(10 * time.Second)
 		for atomic.LoadUint64((*uint64)(os[1].mem)) != 1 {
 			if time.Now().After(deadline) {
@@ -488,16 +489,16 @@ func TestFabricRejectedSignal(t *testing.T) {
 	src := fabric.Alloc(4096)
 	defer fabric.Free(src)
 	bad := []Op{
-		{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, SigMrID: 9, SigOp: abi.SignalOpInc},
-		{Msg: MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 64, SigMrID: 1, SigOff: size, SigOp: abi.SignalOpInc},
-		{Msg: MsgPutSignal, Tag: 3, SigMrID: 1, SigOff: 12, SigOp: abi.SignalOpInc},
-		{Msg: MsgPutSignal, Tag: 4, SigMrID: 1, SigOff: 16, SigOp: 9},
+		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, SigMrID: 9, SigOp: abi.SignalOpInc},
+		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 64, SigMrID: 1, SigOff: size, SigOp: abi.SignalOpInc},
+		{Msg: wire.MsgPutSignal, Tag: 3, SigMrID: 1, SigOff: 12, SigOp: abi.SignalOpInc},
+		{Msg: wire.MsgPutSignal, Tag: 4, SigMrID: 1, SigOff: 16, SigOp: 9},
 		// Inline puts (at most endpoint.InlineMax bytes) whose range the target
 		// rejects: past the end, an unknown registration, an offset that
 		// overflows. Their signals must not apply either.
-		{Msg: MsgPutSignal, MrID: 1, Tag: 6, Local: src, Size: 16, Off: size - 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc},
-		{Msg: MsgPutSignal, MrID: 7, Tag: 7, Local: src, Size: 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc},
-		{Msg: MsgPutSignal, MrID: 1, Tag: 8, Local: src, Size: 8, Off: 1<<64 - 4, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc},
+		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 6, Local: src, Size: 16, Off: size - 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc},
+		{Msg: wire.MsgPutSignal, MrID: 7, Tag: 7, Local: src, Size: 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc},
+		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 8, Local: src, Size: 8, Off: 1<<64 - 4, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc},
 	}
 	for i := range bad {
 		ms[0].Post(1, &bad[i], false, -1)
@@ -508,8 +509,8 @@ func TestFabricRejectedSignal(t *testing.T) {
 			t.Fatalf("signal %d rejected at the target: request completed with %v, want %v", bad[i].Tag, st, abi.InvalidArgument)
 		}
 	}
-	ms[0].Post(1, &Op{Msg: MsgPutSignal, Tag: 5, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: 3}, false, -1)
-	if st := os[0].waitN(t, 5, ms[0].PeerParts(1, MsgPutSignal, 0)); st != abi.Success {
+	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, Tag: 5, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: 3}, false, -1)
+	if st := os[0].waitN(t, 5, ms[0].PeerParts(1, wire.MsgPutSignal, 0)); st != abi.Success {
 		t.Fatalf("valid signal after rejections: %v", st)
 	}
 	if w := *(*uint64)(unsafe.Add(os[1].mem, 8)); w != 3 {
@@ -544,14 +545,14 @@ func TestFabricSeqWindowHolds(t *testing.T) {
 	defer fabric.Free(src)
 	const n = 600
 	// One put first: rxm connects on the first send, which needs progress.
-	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 1 << 20, Local: src, Size: 8, Off: 0}, false, -1)
+	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1 << 20, Local: src, Size: 8, Off: 0}, false, -1)
 	os[0].wait(t, 1<<20)
 	ms[0].fab.LockPoll() // nobody reaps: nothing of ours completes
 	for i := uint64(1); i <= n; i++ {
 		*(*uint64)(unsafe.Add(src, 8*i)) = i
-		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: i, Local: unsafe.Add(src, 8*i), Size: 8, Off: 8 * i}, false, -1)
+		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: i, Local: unsafe.Add(src, 8*i), Size: 8, Off: 8 * i}, false, -1)
 	}
-	ms[0].Post(1, &Op{Msg: MsgPutSignal, Tag: n + 1, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, Tag: n + 1, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
 	posted := l.inflight.Load()
 	waiting := l.backlog.Load()
 	ms[0].fab.UnlockPoll()
@@ -564,7 +565,7 @@ func TestFabricSeqWindowHolds(t *testing.T) {
 			t.Fatalf("put %d: %v", i, st)
 		}
 	}
-	os[0].waitN(t, n+1, ms[0].PeerParts(1, MsgPutSignal, 0))
+	os[0].waitN(t, n+1, ms[0].PeerParts(1, wire.MsgPutSignal, 0))
 	for deadline := time.Now().Add(5 * time.Second); *(*uint64)(os[1].mem) != 1; {
 		if time.Now().After(deadline) {
 			t.Fatal("signal never applied")
@@ -614,12 +615,12 @@ func TestFabricRails(t *testing.T) {
 		// A striped put with signal, then small ones on lane 1 (rail 1)
 		// each counted by the same signal: it may reach k only once the
 		// first k operations of this round landed, pieces included.
-		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 10 * r, Local: src, Size: n, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}, false, -1)
+		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 10 * r, Local: src, Size: n, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}, false, -1)
 		for k := uint64(1); k <= 3; k++ {
-			ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 10*r + k, Local: unsafe.Add(src, n+8*k), Size: 8, Off: n + 8*k, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}, false, 1)
+			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 10*r + k, Local: unsafe.Add(src, n+8*k), Size: 8, Off: n + 8*k, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}, false, 1)
 		}
 		for k := uint64(0); k <= 3; k++ {
-			if st := os[0].waitN(t, 10*r+k, ms[0].OpParts(1, &Op{Msg: MsgPutSignal, Size: map[bool]uint64{true: n, false: 8}[k == 0]})); st != abi.Success {
+			if st := os[0].waitN(t, 10*r+k, ms[0].OpParts(1, &Op{Msg: wire.MsgPutSignal, Size: map[bool]uint64{true: n, false: 8}[k == 0]})); st != abi.Success {
 				t.Fatalf("round %d op %d: %v", r, k, st)
 			}
 		}
@@ -637,8 +638,8 @@ func TestFabricRails(t *testing.T) {
 	// Rank 1 reads it back, striped over its rails too.
 	dst := fabric.Alloc(n)
 	defer fabric.Free(dst)
-	ms[1].Post(0, &Op{Msg: MsgGet, MrID: 1, Tag: 99, Local: dst, Size: n}, false, -1)
-	if st := os[1].waitN(t, 99, ms[1].Parts(MsgGet, n)); st != abi.Success {
+	ms[1].Post(0, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 99, Local: dst, Size: n}, false, -1)
+	if st := os[1].waitN(t, 99, ms[1].Parts(wire.MsgGet, n)); st != abi.Success {
 		t.Fatalf("get: %v", st)
 	}
 	for i, m := range ms {
@@ -686,8 +687,8 @@ func TestFabricRailsUneven(t *testing.T) {
 		s[i] = byte(i*5 + 1)
 	}
 	const n = 2 << 20
-	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: n, SigMrID: 1, SigOff: size - 8, SigOp: abi.SignalOpInc}, false, -1)
-	if st := os[0].waitN(t, 1, ms[0].OpParts(1, &Op{Msg: MsgPutSignal, Size: n})); st != abi.Success {
+	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: n, SigMrID: 1, SigOff: size - 8, SigOp: abi.SignalOpInc}, false, -1)
+	if st := os[0].waitN(t, 1, ms[0].OpParts(1, &Op{Msg: wire.MsgPutSignal, Size: n})); st != abi.Success {
 		t.Fatal(st)
 	}
 	for deadline := time.Now().Add(5 * time.Second); atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, size-8))) != 1; {
@@ -739,7 +740,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 			ms := make([]*Mesh, 2)
 			{
 				ls := make([]*Listener, 2)
-				hs := make([]*Handle, 2)
+				hs := make([]*wire.Handle, 2)
 				for i := range ls {
 					owners[i] = &devFabOwner{fabOwner: &fabOwner{mem: fabric.Alloc(hsize), size: hsize, done: map[uint64]abi.Result{}}, dev: d.base + uintptr(i*dsize), size: dsize}
 					l, h, err := Listen(ListenOptions{Addr: "127.0.0.1", Provider: prov})
@@ -768,8 +769,8 @@ func TestFabricDeviceStaged(t *testing.T) {
 					t.Fatalf("device registration on a fabric communicator: %v", err)
 				}
 				for p := 0; p < 2; p++ {
-					m.Post(p, &Op{Msg: MsgReg, MrID: 1, Size: hsize, Off: uint64(uintptr(owners[i].mem)), SigValue: key}, false, 0)
-					m.Post(p, &Op{Msg: MsgReg, MrID: 2, Size: dsize, Off: uint64(owners[i].dev), Dev: true}, false, 0)
+					m.Post(p, &Op{Msg: wire.MsgReg, MrID: 1, Size: hsize, Off: uint64(uintptr(owners[i].mem)), SigValue: key}, false, 0)
+					m.Post(p, &Op{Msg: wire.MsgReg, MrID: 2, Size: dsize, Off: uint64(owners[i].dev), Dev: true}, false, 0)
 				}
 			}
 			f := ms[0].peers[1].t.(*fabricLink)
@@ -805,12 +806,12 @@ func TestFabricDeviceStaged(t *testing.T) {
 				off := k * (n + 4096) % (dsize - n)
 				switch k % 2 {
 				case 0: // device source → device destination, staged
-					steps = append(steps, step{Op{Msg: MsgPutSignal, MrID: 2, Local: nil, LocalCtx: 1, Size: n, Off: off, SigMrID: 1, SigOp: abi.SignalOpInc}, false})
+					steps = append(steps, step{Op{Msg: wire.MsgPutSignal, MrID: 2, Local: nil, LocalCtx: 1, Size: n, Off: off, SigMrID: 1, SigOp: abi.SignalOpInc}, false})
 					steps[len(steps)-1].op.Local = *(*unsafe.Pointer)(unsafe.Pointer(&[]uintptr{d.base + uintptr(off)}[0]))
 				default: // host → host over RDMA, then host → device staged
 					hn := min(n, hsize/2)
-					steps = append(steps, step{Op{Msg: MsgPut, MrID: 1, Local: unsafe.Add(owners[0].mem, 8), Size: hn - 8, Off: hsize/2 + 8, LocalMr: 1}, true})
-					steps = append(steps, step{Op{Msg: MsgPutSignal, MrID: 2, Local: unsafe.Add(owners[0].mem, 8), Size: hn - 8, Off: dsize - hn, LocalMr: 1, SigMrID: 1, SigOp: abi.SignalOpInc}, false})
+					steps = append(steps, step{Op{Msg: wire.MsgPut, MrID: 1, Local: unsafe.Add(owners[0].mem, 8), Size: hn - 8, Off: hsize/2 + 8, LocalMr: 1}, true})
+					steps = append(steps, step{Op{Msg: wire.MsgPutSignal, MrID: 2, Local: unsafe.Add(owners[0].mem, 8), Size: hn - 8, Off: dsize - hn, LocalMr: 1, SigMrID: 1, SigOp: abi.SignalOpInc}, false})
 				}
 			}
 			for i := range steps {
@@ -824,7 +825,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 			}
 			sigs := uint64(0)
 			for _, s := range steps {
-				if s.op.Msg == MsgPutSignal {
+				if s.op.Msg == wire.MsgPutSignal {
 					sigs++
 				}
 			}
@@ -870,8 +871,8 @@ func TestFabricDeviceStaged(t *testing.T) {
 				t.Errorf("the fabric moved %d bytes, want %d (the host puts only)", got, hostBytes)
 			}
 			// Rank 1 gets device bytes of rank 0 into its host memory.
-			ms[1].Post(0, &Op{Msg: MsgGet, MrID: 2, Tag: 500, Local: unsafe.Add(owners[1].mem, 4096), LocalMr: 1, Size: 128 << 10, Off: 4096}, false, -1)
-			if st := owners[1].waitN(t, 500, ms[1].Parts(MsgGet, 128<<10)); st != abi.Success {
+			ms[1].Post(0, &Op{Msg: wire.MsgGet, MrID: 2, Tag: 500, Local: unsafe.Add(owners[1].mem, 4096), LocalMr: 1, Size: 128 << 10, Off: 4096}, false, -1)
+			if st := owners[1].waitN(t, 500, ms[1].Parts(wire.MsgGet, 128<<10)); st != abi.Success {
 				t.Fatalf("get: %v", st)
 			}
 			if !bytes.Equal(owners[1].bytes()[4096:4096+128<<10], dsrc[4096:4096+128<<10]) {
@@ -913,18 +914,18 @@ func TestFabricStagedChoice(t *testing.T) {
 		op     Op
 		staged bool
 	}{
-		{"host to host", Op{Msg: MsgPut, MrID: 1, LocalMr: 1, Size: 64}, false},
-		{"host to staged device", Op{Msg: MsgPutSignal, MrID: 2, LocalMr: 1, Size: 64}, true},
-		{"host to direct device", Op{Msg: MsgPut, MrID: 3, LocalMr: 1, Size: 64}, false},
-		{"host to host marked direct", Op{Msg: MsgPut, MrID: 4, LocalMr: 1, Size: 64}, false},
-		{"direct device to host", Op{Msg: MsgPut, MrID: 1, LocalMr: 2, LocalCtx: dev, Size: 64}, false},
-		{"unregistered device to host", Op{Msg: MsgPut, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}, true},
-		{"direct device to staged device", Op{Msg: MsgPut, MrID: 2, LocalMr: 2, LocalCtx: dev, Size: 64}, true},
-		{"get from staged device", Op{Msg: MsgGet, MrID: 2, LocalMr: 1, Size: 64}, true},
-		{"get into unregistered device", Op{Msg: MsgGet, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}, true},
-		{"signal alone to a device word", Op{Msg: MsgPutSignal, SigMrID: 2}, false},
-		{"empty put to staged device", Op{Msg: MsgPut, MrID: 2, LocalMr: 1}, false},
-		{"goodbye", Op{Msg: msgBye}, false},
+		{"host to host", Op{Msg: wire.MsgPut, MrID: 1, LocalMr: 1, Size: 64}, false},
+		{"host to staged device", Op{Msg: wire.MsgPutSignal, MrID: 2, LocalMr: 1, Size: 64}, true},
+		{"host to direct device", Op{Msg: wire.MsgPut, MrID: 3, LocalMr: 1, Size: 64}, false},
+		{"host to host marked direct", Op{Msg: wire.MsgPut, MrID: 4, LocalMr: 1, Size: 64}, false},
+		{"direct device to host", Op{Msg: wire.MsgPut, MrID: 1, LocalMr: 2, LocalCtx: dev, Size: 64}, false},
+		{"unregistered device to host", Op{Msg: wire.MsgPut, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}, true},
+		{"direct device to staged device", Op{Msg: wire.MsgPut, MrID: 2, LocalMr: 2, LocalCtx: dev, Size: 64}, true},
+		{"get from staged device", Op{Msg: wire.MsgGet, MrID: 2, LocalMr: 1, Size: 64}, true},
+		{"get into unregistered device", Op{Msg: wire.MsgGet, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}, true},
+		{"signal alone to a device word", Op{Msg: wire.MsgPutSignal, SigMrID: 2}, false},
+		{"empty put to staged device", Op{Msg: wire.MsgPut, MrID: 2, LocalMr: 1}, false},
+		{"goodbye", Op{Msg: wire.MsgBye}, false},
 	} {
 		if got := f.staged(&c.op); got != c.staged {
 			t.Errorf("%s: staged %v, want %v", c.name, got, c.staged)
@@ -951,7 +952,7 @@ func TestFabricInlinePutSignal(t *testing.T) {
 			sb[i] = byte(uint64(i)*7 + n)
 		}
 		tag++
-		op := Op{Msg: MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: n, Off: off, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: n}
+		op := Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: n, Off: off, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: n}
 		want := 1
 		if n > endpoint.InlineMax {
 			want = 2
@@ -1049,7 +1050,7 @@ func TestFabricHostileMessages(t *testing.T) {
 			e.Poll()
 		}
 	}
-	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: buf, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}, false, -1)
+	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: buf, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}, false, -1)
 	switch st := os[0].waitN(t, 1, 1); {
 	case st == abi.Success:
 		if ms[1].peers[0].dead.Load() || ms[0].peers[1].dead.Load() {
@@ -1075,7 +1076,7 @@ func BenchmarkFabricPing(b *testing.B) {
 	go func() {
 		runtime.LockOSThread()
 		defer close(done)
-		op := Op{Msg: MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}
+		op := Op{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}
 		for i := uint64(1); i <= n; i++ {
 			for atomic.LoadUint64(s1) != i {
 				ms[1].Progress()
@@ -1089,7 +1090,7 @@ func BenchmarkFabricPing(b *testing.B) {
 	}()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	op := Op{Msg: MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}
+	op := Op{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}
 	b.ResetTimer()
 	for i := uint64(1); i <= n; i++ {
 		op.Tag = i
@@ -1114,8 +1115,8 @@ func TestFabricOneRailNoStripe(t *testing.T) {
 	for i := range sb {
 		sb[i] = byte(i*13 + 1)
 	}
-	plain := Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: src, Size: 4 << 20}
-	chunked := Op{Msg: MsgPut, MrID: 1, Tag: 2, Local: src, Size: 4 << 20, Off: 4 << 20, Chunk: 1 << 20}
+	plain := Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: src, Size: 4 << 20}
+	chunked := Op{Msg: wire.MsgPut, MrID: 1, Tag: 2, Local: src, Size: 4 << 20, Off: 4 << 20, Chunk: 1 << 20}
 	if n := ms[0].OpParts(1, &plain); n != 1 {
 		t.Fatalf("a 4 MiB put over one rail has %d parts, want 1", n)
 	}
@@ -1187,11 +1188,11 @@ func TestFabricRefusedPosts(t *testing.T) {
 		}
 		// Several in flight, so that refused ones queue behind each other
 		// (the large source is reused: wait before the next one).
-		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: i, Local: local, Size: size, Off: offs[i], SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
+		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: local, Size: size, Off: offs[i], SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
 		pending = append(pending, i)
 		if size > 8 || len(pending) >= 8 {
 			for _, k := range pending {
-				if st := os[0].waitN(t, k, ms[0].PeerParts(1, MsgPutSignal, sizes[k%4])); st != abi.Success {
+				if st := os[0].waitN(t, k, ms[0].PeerParts(1, wire.MsgPutSignal, sizes[k%4])); st != abi.Success {
 					t.Fatalf("put %d: %v", k, st)
 				}
 			}
@@ -1207,7 +1208,7 @@ func TestFabricRefusedPosts(t *testing.T) {
 		}
 	}
 	for _, k := range pending {
-		if st := os[0].waitN(t, k, ms[0].PeerParts(1, MsgPutSignal, sizes[k%4])); st != abi.Success {
+		if st := os[0].waitN(t, k, ms[0].PeerParts(1, wire.MsgPutSignal, sizes[k%4])); st != abi.Success {
 			t.Fatalf("put %d: %v", k, st)
 		}
 	}
@@ -1292,9 +1293,9 @@ func TestFabricSignalInCQData(t *testing.T) {
 	const n = 300
 	for i := uint64(0); i < n; i++ {
 		binary.LittleEndian.PutUint64(sb, i+1)
-		put(Op{Msg: MsgPut, Size: 8, Off: 8192 + 8*i})
+		put(Op{Msg: wire.MsgPut, Size: 8, Off: 8192 + 8*i})
 		binary.LittleEndian.PutUint64(sb[8:], ^i)
-		put(Op{Msg: MsgPutSignal, Size: 8 + i%73, Off: 65536 + 128*i, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc, SigValue: 0})
+		put(Op{Msg: wire.MsgPutSignal, Size: 8 + i%73, Off: 65536 + 128*i, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc, SigValue: 0})
 		want++
 	}
 	if got := f.cqSigs.Load() - base; got < n-1 {
@@ -1335,18 +1336,18 @@ func TestFabricSignalInCQData(t *testing.T) {
 	}
 	// Fallbacks: each goes as a message, and still applies once.
 	before := f.cqSigs.Load()
-	put(Op{Msg: MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 2}) // add 2
+	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 2}) // add 2
 	want += 2
-	put(Op{Msg: MsgPutSignal, Size: endpoint.InlineMax + 1, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc}) // not inline
+	put(Op{Msg: wire.MsgPutSignal, Size: endpoint.InlineMax + 1, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc}) // not inline
 	want++
-	put(Op{Msg: MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // past 2^19 words
-	put(Op{Msg: MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // still past, though accepted
-	put(Op{Msg: MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 8192 - 8, SigOp: abi.SignalOpInc}) // above the word accepted
+	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // past 2^19 words
+	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // still past, though accepted
+	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 8192 - 8, SigOp: abi.SignalOpInc}) // above the word accepted
 	if got := f.cqSigs.Load() - before; got != 0 {
 		t.Fatalf("%d fallbacks went in CQ data", got)
 	}
 	// The last one taught the link a higher word: words below it now fit.
-	put(Op{Msg: MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 1})
+	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 1})
 	want++
 	if got := f.cqSigs.Load() - before; got != 1 {
 		t.Fatalf("an add of 1 to an accepted word: %d in CQ data, want 1", got)
@@ -1380,7 +1381,7 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 	src := fabric.Alloc(64)
 	defer fabric.Free(src)
 	// Never accepted: a message, rejected with the target's code.
-	op := Op{Msg: MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 8, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc}
+	op := Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 8, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc}
 	ms[0].Post(1, &op, false, -1)
 	if st := os[0].wait(t, 1); st != abi.InvalidArgument {
 		t.Fatalf("signal to an unknown registration: %v, want %v", st, abi.InvalidArgument)
@@ -1395,8 +1396,8 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 	f.learnSignal(9, 8)
 	f.learnSignal(1, size+64)
 	for i, o := range []Op{
-		{Msg: MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 8, Off: 16, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc},
-		{Msg: MsgPutSignal, MrID: 1, Tag: 3, Local: src, Size: 8, Off: 24, SigMrID: 1, SigOff: size + 64, SigOp: abi.SignalOpInc},
+		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 8, Off: 16, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc},
+		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 3, Local: src, Size: 8, Off: 24, SigMrID: 1, SigOff: size + 64, SigOp: abi.SignalOpInc},
 	} {
 		ms[0].Post(1, &o, false, -1)
 		if st := os[0].wait(t, o.Tag); st != abi.Success {
@@ -1424,7 +1425,7 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	// The link still works, in order: a valid signal after them applies.
-	ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 4, Local: src, Size: 8, Off: 32, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
+	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 4, Local: src, Size: 8, Off: 32, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
 	if st := os[0].wait(t, 4); st != abi.Success {
 		t.Fatalf("valid signal after rejections: %v", st)
 	}

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // Lane failover (tcp_failover.go, SPEC.md §4).
@@ -71,9 +72,9 @@ func TestLaneFailoverMidStream(t *testing.T) {
 		base := round * 1000
 		for k := uint64(0); k < n; k++ {
 			off := 8 + k*piece
-			ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: base + k, Local: unsafe.Pointer(&src[off]), Size: piece, Off: off}, true, int(k%4))
+			ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: base + k, Local: unsafe.Pointer(&src[off]), Size: piece, Off: off}, true, int(k%4))
 		}
-		ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: base + n}, false, 0)
+		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: base + n}, false, 0)
 		ms[0].kickAll()
 		switch round {
 		case 1:
@@ -157,20 +158,20 @@ func TestResentPutsDeduplicated(t *testing.T) {
 	// Open lane 1 (lanes open when first used) with a get, which takes no
 	// sequence number.
 	var got [8]byte
-	ms[0].Post(1, &Op{Msg: MsgGet, MrID: 1, Tag: 100, Local: unsafe.Pointer(&got[0]), Size: 8, Off: 8}, false, 1)
+	ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 100, Local: unsafe.Pointer(&got[0]), Size: 8, Off: 8}, false, 1)
 	if st := waitDone(t, owners[0], 100); st != abi.Success {
 		t.Fatalf("get on lane 1: %v", st)
 	}
 	l := ms[0].peers[1].t.(*tcpLink).lanes[0]
 	send := func(tag, seq uint64, typ uint8, status uint16, fill byte) {
 		t.Helper()
-		h := header{typ: typ, mrID: 1, tag: tag, off: 8, size: 8, status: status, seq: seq}
-		if typ == MsgPutSignal {
-			h.sigMrID, h.sigOp = 1, abi.SignalOpInc
+		h := wire.Header{Typ: typ, MrID: 1, Tag: tag, Off: 8, Size: 8, Status: status, Seq: seq}
+		if typ == wire.MsgPutSignal {
+			h.SigMrID, h.SigOp = 1, abi.SignalOpInc
 		}
-		var b [hdrSize + 8]byte
-		h.encode(b[:hdrSize])
-		copy(b[hdrSize:], bytes.Repeat([]byte{fill}, 8))
+		var b [wire.HeaderSize + 8]byte
+		h.Encode(b[:wire.HeaderSize])
+		copy(b[wire.HeaderSize:], bytes.Repeat([]byte{fill}, 8))
 		l.awaitPuts([]uint64{tag}, nil) // the target acknowledges it like any put
 		if _, err := l.out.Write(b[:]); err != nil {
 			t.Fatal(err)
@@ -180,15 +181,15 @@ func TestResentPutsDeduplicated(t *testing.T) {
 		}
 	}
 	word := func() uint64 { return atomic.LoadUint64((*uint64)(unsafe.Pointer(&owners[1].mem[0]))) }
-	resent := uint16(statusResent | 1<<8) // it left lane 1
-	send(1, 1, MsgPutSignal, 0, 'A')
-	send(2, 2, MsgPut, 0, 'B')
-	send(3, 1, MsgPutSignal, resent, 'A') // landed already: dropped
+	resent := uint16(wire.StatusResent | 1<<8) // it left lane 1
+	send(1, 1, wire.MsgPutSignal, 0, 'A')
+	send(2, 2, wire.MsgPut, 0, 'B')
+	send(3, 1, wire.MsgPutSignal, resent, 'A') // landed already: dropped
 	if got := owners[1].mem[8:16]; !bytes.Equal(got, []byte("BBBBBBBB")) || word() != 1 {
 		t.Fatalf("after a duplicate resend: bytes %q (want B's), signal %d (want 1)", got, word())
 	}
-	send(4, 3, MsgPutSignal, resent, 'C') // never landed: applied once
-	send(5, 3, MsgPutSignal, resent, 'C') // and not again
+	send(4, 3, wire.MsgPutSignal, resent, 'C') // never landed: applied once
+	send(5, 3, wire.MsgPutSignal, resent, 'C') // and not again
 	if got := owners[1].mem[8:16]; !bytes.Equal(got, []byte("CCCCCCCC")) || word() != 2 {
 		t.Fatalf("after a new resend: bytes %q (want C's), signal %d (want 2)", got, word())
 	}
@@ -199,9 +200,9 @@ func TestResentPutsDeduplicated(t *testing.T) {
 		t.Fatal("the peer died over resent puts")
 	}
 	// A duplicate that does not say it was resent is a protocol violation.
-	h := header{typ: MsgPut, mrID: 1, tag: 6, off: 8, size: 0, seq: 2}
-	var b [hdrSize]byte
-	h.encode(b[:])
+	h := wire.Header{Typ: wire.MsgPut, MrID: 1, Tag: 6, Off: 8, Size: 0, Seq: 2}
+	var b [wire.HeaderSize]byte
+	h.Encode(b[:])
 	l.awaitPuts([]uint64{6}, nil)
 	if _, err := l.out.Write(b[:]); err != nil {
 		t.Fatal(err)
@@ -216,9 +217,9 @@ func TestResendNamesBadLane(t *testing.T) {
 		owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 64), done: map[uint64]abi.Result{}}}
 		ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: time.Second})
 		l := ms[0].peers[1].t.(*tcpLink).lanes[0]
-		h := header{typ: MsgPut, mrID: 1, tag: 1, off: 8, size: 0, seq: 1, status: statusResent | from<<8}
-		var b [hdrSize]byte
-		h.encode(b[:])
+		h := wire.Header{Typ: wire.MsgPut, MrID: 1, Tag: 1, Off: 8, Size: 0, Seq: 1, Status: wire.StatusResent | from<<8}
+		var b [wire.HeaderSize]byte
+		h.Encode(b[:])
 		l.awaitPuts([]uint64{1}, nil)
 		if _, err := l.out.Write(b[:]); err != nil {
 			t.Fatal(err)
@@ -236,7 +237,7 @@ func TestAllLanesDownPeerDead(t *testing.T) {
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: time.Second})
 	src := make([]byte, 16*piece)
 	for k := 0; k < 16; k++ {
-		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*piece]), Size: piece, Off: 8 + uint64(k*piece)}, false, k%2)
+		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*piece]), Size: piece, Off: 8 + uint64(k*piece)}, false, k%2)
 	}
 	resetIn(t, ms[1], 0, 0)
 	resetIn(t, ms[1], 0, 1)
@@ -251,7 +252,7 @@ func TestAllLanesDownPeerDead(t *testing.T) {
 	}
 	waitUntil(t, "the peer to die", func() bool { return ms[0].peers[1].dead.Load() })
 	// Posted after the death: fails at once.
-	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 99, Local: unsafe.Pointer(&src[0]), Size: 8, Off: 8}, false, 1)
+	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 99, Local: unsafe.Pointer(&src[0]), Size: 8, Off: 8}, false, 1)
 	if st := waitDone(t, owners[0], 99); st != abi.RemoteError {
 		t.Fatalf("op after the death: %v, want ncclRemoteError", st)
 	}

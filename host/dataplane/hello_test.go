@@ -13,14 +13,15 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // pair is two listeners of a 2-rank communicator and their handles.
-func pair(t *testing.T) ([]*Listener, []*Handle, []HandleInfo) {
+func pair(t *testing.T) ([]*Listener, []*wire.Handle, []wire.HandleInfo) {
 	t.Helper()
 	ls := make([]*Listener, 2)
-	hs := make([]*Handle, 2)
-	his := make([]HandleInfo, 2)
+	hs := make([]*wire.Handle, 2)
+	his := make([]wire.HandleInfo, 2)
 	for i := range ls {
 		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
@@ -28,14 +29,14 @@ func pair(t *testing.T) ([]*Listener, []*Handle, []HandleInfo) {
 		}
 		t.Cleanup(func() { l.Close() })
 		ls[i], hs[i] = l, h
-		his[i], _ = DecodeHandle(h)
+		his[i], _ = wire.DecodeHandle(h)
 	}
 	return ls, hs, his
 }
 
 // connectPair runs Connect for both ranks (rank r sees handles views[r])
 // and returns the meshes with their 64-byte registrations.
-func connectPair(t *testing.T, ls []*Listener, views [][]*Handle) ([]*Mesh, []*memOwner) {
+func connectPair(t *testing.T, ls []*Listener, views [][]*wire.Handle) ([]*Mesh, []*memOwner) {
 	t.Helper()
 	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 64), done: map[uint64]abi.Result{}}}
 	ms := make([]*Mesh, 2)
@@ -64,7 +65,7 @@ func putLands(t *testing.T, ms []*Mesh, owners []*memOwner, seed byte) {
 		src[i] = seed + byte(i)
 	}
 	tag := uint64(seed) + 100
-	ms[1].Post(0, &Op{Msg: MsgPut, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64}, false, -1)
+	ms[1].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64}, false, -1)
 	if st := waitDone(t, owners[1], tag); st != abi.Success {
 		t.Fatalf("put from rank 1: %v", st)
 	}
@@ -92,7 +93,7 @@ func TestHelloReplayDuringConnect(t *testing.T) {
 	// Rank 1 reaches rank 0 through the relay (same key, another port).
 	via := his[0]
 	via.Addr = relay.Addr().(*net.TCPAddr)
-	var h0 Handle
+	var h0 wire.Handle
 	via.Encode(&h0)
 	replayGot := make(chan []byte, 1)
 	go func() {
@@ -128,7 +129,7 @@ func TestHelloReplayDuringConnect(t *testing.T) {
 		u.Write(rec[handshake.HelloSize:])
 		io.Copy(u, a)
 	}()
-	ms, owners := connectPair(t, ls, [][]*Handle{hs, {&h0, hs[1]}})
+	ms, owners := connectPair(t, ls, [][]*wire.Handle{hs, {&h0, hs[1]}})
 	answer := <-replayGot
 	if len(answer) != handshake.ChallengeSize || string(answer[:4]) != handshake.ChallengeMagic {
 		t.Fatalf("the replay got %d bytes %q, want a challenge and nothing after it", len(answer), answer)
@@ -169,7 +170,7 @@ func TestImpostorWithAllHandles(t *testing.T) {
 		}(id)
 	}
 	waitFor(t, "the impostors to wait for connect", func() bool { return ls[0].gate.Strangers() == 2 })
-	ms, owners := connectPair(t, ls, [][]*Handle{hs, hs})
+	ms, owners := connectPair(t, ls, [][]*wire.Handle{hs, hs})
 	for i := 0; i < 2; i++ {
 		if err := <-impostor; err == nil {
 			t.Fatal("an impostor was admitted as rank 1")
@@ -184,7 +185,7 @@ func TestImpostorWithAllHandles(t *testing.T) {
 // dialerSteps runs the dialer's side of the hello by hand so a test can
 // tamper with each message; it returns the listener's answer to the proof
 // and whether it is an ack.
-func dialerSteps(t *testing.T, addr *net.TCPAddr, key *[KeySize]byte, id *handshake.Identity, said, signed handshake.Claim, tamper func(proof []byte)) ([]byte, bool) {
+func dialerSteps(t *testing.T, addr *net.TCPAddr, key *[wire.KeySize]byte, id *handshake.Identity, said, signed handshake.Claim, tamper func(proof []byte)) ([]byte, bool) {
 	t.Helper()
 	c, err := net.DialTCP("tcp", nil, addr)
 	if err != nil {
@@ -211,7 +212,7 @@ func TestHelloRefusals(t *testing.T) {
 	good := handshake.Claim{Rank: 1, NRanks: 2, Lane: 0, Lanes: 1}
 	for _, c := range []struct {
 		name        string
-		key         *[KeySize]byte // the listener key the dialer signs for
+		key         *[wire.KeySize]byte // the listener key the dialer signs for
 		said, signd handshake.Claim
 		tamper      func([]byte)
 		warn        string
@@ -249,7 +250,7 @@ func TestHelloRefusals(t *testing.T) {
 	if len(ls[0].conns) != 0 {
 		t.Fatal("a refused connection reached connect")
 	}
-	ms, owners := connectPair(t, ls, [][]*Handle{hs, hs})
+	ms, owners := connectPair(t, ls, [][]*wire.Handle{hs, hs})
 	putLands(t, ms, owners, 9)
 }
 
@@ -309,6 +310,6 @@ func TestStrangerFloodQuiet(t *testing.T) {
 	if n := countMatching(got(), "rejected connection"); n == 0 || n > limit {
 		t.Fatalf("%d WARN lines for 300 rejected strangers in %v (limit %d)", n, time.Since(start), limit)
 	}
-	ms, owners := connectPair(t, ls, [][]*Handle{hs, hs})
+	ms, owners := connectPair(t, ls, [][]*wire.Handle{hs, hs})
 	putLands(t, ms, owners, 1)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake/admission"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/procid"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // Bounds on what a stranger (a connection that has not authenticated yet)
@@ -59,7 +60,7 @@ type incoming struct {
 // come from the handles connect receives.
 type Listener struct {
 	ln      *net.TCPListener
-	info    HandleInfo
+	info    wire.HandleInfo
 	id      handshake.Identity
 	conns   chan incoming
 	closeMu sync.Mutex
@@ -68,9 +69,9 @@ type Listener struct {
 	quit    chan struct{} // closed by Close
 
 	peersMu    sync.Mutex
-	peers      []HandleInfo  // every rank's handle, from connect
-	encrypt    bool          // this rank requires sealed streams (from connect)
-	peersKnown chan struct{} // closed once peers is set
+	peers      []wire.HandleInfo // every rank's handle, from connect
+	encrypt    bool              // this rank requires sealed streams (from connect)
+	peersKnown chan struct{}     // closed once peers is set
 
 	// gate counts the connections accepted and not yet authenticated or
 	// dropped, capped per listener and per source.
@@ -102,7 +103,7 @@ type ListenOptions struct {
 
 // Listen opens a listener and returns it with the handle to all-gather;
 // the libfabric endpoint's address, when it has one, rides the handle.
-func Listen(opt ListenOptions) (*Listener, *Handle, error) {
+func Listen(opt ListenOptions) (*Listener, *wire.Handle, error) {
 	addr, prov, domain, rails := opt.Addr, opt.Provider, opt.Domain, opt.Rails
 	laddr, err := nics.ListenAddr(addr)
 	if err != nil {
@@ -134,7 +135,7 @@ func Listen(opt ListenOptions) (*Listener, *Handle, error) {
 			l.prov, l.rails = prov, rails
 		}
 	}
-	var h Handle
+	var h wire.Handle
 	l.info.Encode(&h)
 	go l.acceptLoop()
 	return l, &h, nil
@@ -179,7 +180,7 @@ func (l *Listener) acceptLoop() {
 // setPeers gives the listener every rank's handle (connect calls it first),
 // so the connections that wait for their claim to be checked can be.
 // With encrypt, a dialer that does not seal its stream is refused.
-func (l *Listener) setPeers(infos []HandleInfo, encrypt bool) {
+func (l *Listener) setPeers(infos []wire.HandleInfo, encrypt bool) {
 	l.peersMu.Lock()
 	defer l.peersMu.Unlock()
 	if l.peers == nil {
@@ -193,7 +194,7 @@ func (l *Listener) setPeers(infos []HandleInfo, encrypt bool) {
 // accept, not the hello's bound), and whether this rank
 // requires sealed streams; an error if the claim names no such rank or the
 // wait ended.
-func (l *Listener) peerKey(c handshake.Claim, deadline time.Time) (*[KeySize]byte, bool, error) {
+func (l *Listener) peerKey(c handshake.Claim, deadline time.Time) (*[wire.KeySize]byte, bool, error) {
 	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
@@ -221,7 +222,7 @@ func (l *Listener) admit(c *net.TCPConn, src netip.Addr) {
 	// only then may the connection wait for connect, up to its own bound,
 	// which also covers the ack.
 	keyDeadline := time.Now().Add(keyWaitTimeout)
-	cl, keys, err := handshake.Authenticate(c, &l.id, func(cl handshake.Claim) (*[KeySize]byte, bool, error) {
+	cl, keys, err := handshake.Authenticate(c, &l.id, func(cl handshake.Claim) (*[wire.KeySize]byte, bool, error) {
 		c.SetDeadline(keyDeadline)
 		return l.peerKey(cl, keyDeadline)
 	}, helloTimeout)
@@ -284,7 +285,7 @@ func (l *Listener) Close() error {
 
 // dial opens an authenticated connection to a peer's listener, retrying
 // until deadline.
-func dial(peer HandleInfo, id *handshake.Identity, cl handshake.Claim, deadline time.Time) (*net.TCPConn, error) {
+func dial(peer wire.HandleInfo, id *handshake.Identity, cl handshake.Claim, deadline time.Time) (*net.TCPConn, error) {
 	var lastErr error
 	for {
 		d := net.Dialer{Deadline: deadline}

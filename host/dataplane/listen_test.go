@@ -15,6 +15,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake/admission"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // warnings captures the WARN lines logged until the test ends.
@@ -78,7 +79,7 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 	got := warnings(t)
 	resetLimits()
 	ls := make([]*Listener, 2)
-	hs := make([]*Handle, 2)
+	hs := make([]*wire.Handle, 2)
 	for i := range ls {
 		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
@@ -157,7 +158,7 @@ func TestStrangerCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	hi, _ := DecodeHandle(h)
+	hi, _ := wire.DecodeHandle(h)
 	var idle []net.Conn
 	for i := 0; i < 40; i++ {
 		c, err := net.Dial("tcp", l.Addr().String())
@@ -188,7 +189,7 @@ func TestStrangerCap(t *testing.T) {
 	}
 	// The held ones time out; then a real dialer is admitted.
 	waitFor(t, "the strangers' hello deadline", func() bool { return l.gate.Strangers() == 0 })
-	l.setPeers([]HandleInfo{hi}, false)
+	l.setPeers([]wire.HandleInfo{hi}, false)
 	c, err := dial(hi, &l.id, handshake.Claim{Rank: 0, NRanks: 1, Lane: 0, Lanes: 1}, time.Now().Add(5*time.Second))
 	if err != nil {
 		t.Fatalf("a real dialer after the strangers left: %v", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // Owner is what the dataplane needs from the communicator above it.
@@ -182,7 +183,7 @@ type Mesh struct {
 	fab          *fabEP        // the libfabric endpoint (rail 0), nil without one
 	rails        []*fabEP      // every rail's endpoint, fab first (fabric_rails.go)
 	// What a lane opened after connect dials with (lazy.go).
-	infos          []HandleInfo
+	infos          []wire.HandleInfo
 	id             *handshake.Identity
 	noFab, encrypt bool
 	dialTimeout    time.Duration
@@ -196,7 +197,7 @@ var ErrPeerGone = errors.New("peer connection lost")
 // when all 2*nranks streams are up or when timeout passes. Further lanes
 // open when first used (lazy.go): with more than one lane, l must stay
 // open until the mesh is closed, to accept the peers' lanes.
-func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options) (*Mesh, error) {
+func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Options) (*Mesh, error) {
 	timeout := opt.Timeout
 	n := len(handles)
 	if rank < 0 || rank >= n {
@@ -206,12 +207,12 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 	if err != nil {
 		return nil, err
 	}
-	infos := make([]HandleInfo, n)
+	infos := make([]wire.HandleInfo, n)
 	for i, h := range handles {
 		if !want[i] {
 			continue // never dialled; its zero key admits no one
 		}
-		hi, err := DecodeHandle(h)
+		hi, err := wire.DecodeHandle(h)
 		if err != nil {
 			return nil, fmt.Errorf("handle of rank %d: %w", i, err)
 		}
@@ -291,7 +292,7 @@ func Connect(l *Listener, handles []*Handle, rank int, owner Owner, opt Options)
 // path for a peer on this host (same host id, a pid to copy into), else
 // TCP. Both sides see both handles and both hellos, so they choose alike.
 // railNames are the peer's rails 1.. (exchangeRails).
-func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self HandleInfo, outs, ins []*net.TCPConn, noFab bool, railNames [][]byte) (transport, error) {
+func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self wire.HandleInfo, outs, ins []*net.TCPConn, noFab bool, railNames [][]byte) (transport, error) {
 	if m.fab != nil && !noFab && peer.FabricHash == self.FabricHash && len(peer.FabricName) > 0 {
 		return m.fabricTransport(p, peer, self, outs, ins, railNames)
 	}

@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // TestSequenceBeyondWindowDropsPeer writes, on an authenticated stream, one
@@ -21,13 +22,13 @@ func TestSequenceBeyondWindowDropsPeer(t *testing.T) {
 		src[i] = byte(i + 1)
 	}
 	// A healthy put first: the stream works and its bytes land.
-	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64}, false, -1)
+	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64}, false, -1)
 	if st := waitDone(t, owners[0], 1); st != abi.Success {
 		t.Fatalf("healthy put: %v", st)
 	}
-	var b [hdrSize]byte
-	h := header{typ: MsgPut, mrID: 1, size: 0, seq: 1 << 40}
-	h.encode(b[:])
+	var b [wire.HeaderSize]byte
+	h := wire.Header{Typ: wire.MsgPut, MrID: 1, Size: 0, Seq: 1 << 40}
+	h.Encode(b[:])
 	if _, err := ms[0].peers[1].t.(*tcpLink).lanes[0].out.Write(b[:]); err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +50,7 @@ func TestSequenceBeyondWindowDropsPeer(t *testing.T) {
 	}
 	// The initiator sees its connection go and fails what it posts.
 	waitFor(t, "the initiator to see the peer gone", func() bool { return ms[0].peers[1].dead.Load() })
-	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64}, false, -1)
+	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64}, false, -1)
 	if st := waitDone(t, owners[0], 2); st != abi.RemoteError {
 		t.Fatalf("a put to the dropped peer: %v, want RemoteError", st)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/seqorder"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // peer is everything between us and one rank that does not depend on how
@@ -62,7 +63,7 @@ func (p *peer) route(op *Op, hold bool, lane int) {
 		p.t.submit(0, *op, hold)
 		return
 	}
-	if op.Msg == MsgReg {
+	if op.Msg == wire.MsgReg {
 		p.t.submit(p.live(0), *op, hold)
 		return
 	}
@@ -75,7 +76,7 @@ func (p *peer) route(op *Op, hold bool, lane int) {
 		p.stripe(op, hold, lane)
 		return
 	}
-	if op.Msg != MsgGet {
+	if op.Msg != wire.MsgGet {
 		p.seq++
 		op.Seq = p.seq
 	}
@@ -104,8 +105,8 @@ func (p *peer) stripe(op *Op, hold bool, sigLane int) {
 	for off := uint64(0); off < op.Size; off += chunk {
 		c := *op
 		c.Chunk = 0
-		if c.Msg == MsgPutSignal {
-			c.Msg, c.SigOp, c.SigMrID, c.SigOff, c.SigValue = MsgPut, 0, 0, 0, 0
+		if c.Msg == wire.MsgPutSignal {
+			c.Msg, c.SigOp, c.SigMrID, c.SigOff, c.SigValue = wire.MsgPut, 0, 0, 0, 0
 		}
 		c.Size = min(chunk, op.Size-off)
 		c.Local = addOffset(op.Local, off)
@@ -113,7 +114,7 @@ func (p *peer) stripe(op *Op, hold bool, sigLane int) {
 		if c.Remote != 0 {
 			c.Remote += off
 		}
-		if c.Msg != MsgGet {
+		if c.Msg != wire.MsgGet {
 			p.seq++
 			c.Seq = p.seq
 		}
@@ -121,7 +122,7 @@ func (p *peer) stripe(op *Op, hold bool, sigLane int) {
 		p.rr++
 		p.t.submit(lane, c, true)
 	}
-	if op.Msg == MsgPutSignal {
+	if op.Msg == wire.MsgPutSignal {
 		s := *op
 		s.Size, s.Local, s.Remote, s.Off, s.MrID = 0, nil, 0, 0, 0
 		p.seq++
@@ -137,7 +138,7 @@ func (p *peer) stripe(op *Op, hold bool, sigLane int) {
 // per-op chunk (the guest's plan.chunk_size) when it is larger than the
 // chunk, else when it reaches the connection's stripe threshold.
 func (m *Mesh) striped(kind uint8, size, chunk uint64) bool {
-	if m.lanes == 1 || (kind != MsgPut && kind != MsgPutSignal && kind != MsgGet) {
+	if m.lanes == 1 || (kind != wire.MsgPut && kind != wire.MsgPutSignal && kind != wire.MsgGet) {
 		return false
 	}
 	if chunk != 0 {
@@ -179,7 +180,7 @@ func (m *Mesh) parts(kind uint8, size, chunk uint64) int {
 	}
 	c := m.pieceSize(size, chunk)
 	n := int((size + c - 1) / c)
-	if kind == MsgPutSignal {
+	if kind == wire.MsgPutSignal {
 		n++
 	}
 	return n
@@ -189,10 +190,10 @@ func (m *Mesh) parts(kind uint8, size, chunk uint64) int {
 func (p *peer) fail(op *Op) {
 	// The sticky error is set before the request completes, so whoever sees
 	// the failed request also sees queryLastError report it.
-	if !p.closing.Load() && op.Msg != msgBye {
+	if !p.closing.Load() && op.Msg != wire.MsgBye {
 		p.m.owner.PeerFailed(p.rank, fmt.Errorf("%w: operation to rank %d failed", ErrPeerGone, p.rank))
 	}
-	if op.Msg != MsgReg && op.Tag != 0 {
+	if op.Msg != wire.MsgReg && op.Tag != 0 {
 		p.m.owner.Complete(op.Tag, abi.RemoteError)
 	}
 }
@@ -233,7 +234,7 @@ func (p *peer) sayGoodbye() {
 	p.byeLanes.Store(max(n, 1))
 	for lane := 0; lane < p.lanes; lane++ {
 		if !skip(lane) || n == 0 {
-			p.t.submit(lane, Op{Msg: msgBye}, false)
+			p.t.submit(lane, Op{Msg: wire.MsgBye}, false)
 		}
 	}
 }

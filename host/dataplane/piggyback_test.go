@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // tcpOf is the TCP side of a peer's transport (the intra-node link runs
@@ -61,10 +62,10 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 				src[i] = byte(i*7 + 1)
 			}
 			put := func(i int, tag uint64, hold bool) {
-				op := Op{Msg: MsgPut, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size),
+				op := Op{Msg: wire.MsgPut, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size),
 					Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size])))}
 				if i == n {
-					op.Msg, op.SigMrID, op.SigOp, op.SigOff, op.SigValue = MsgPutSignal, 1, abi.SignalOpAdd, sigOff, 1
+					op.Msg, op.SigMrID, op.SigOp, op.SigOff, op.SigValue = wire.MsgPutSignal, 1, abi.SignalOpAdd, sigOff, 1
 				}
 				ms[0].Post(1, &op, hold, 0)
 			}
@@ -121,7 +122,7 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 
 // TestPiggybackedAcks is a ping-pong of puts with signal, each rank
 // answering the other, so that acknowledgements ride the answers
-// (msgAck) instead of travelling alone. Every request must still complete
+// (wire.MsgAck) instead of travelling alone. Every request must still complete
 // only once its put arrived, every byte and signal must be there, and a
 // put the target rejects mid-way must fail, not be covered by an ack that
 // rode the other stream before its rejection was read.
@@ -141,7 +142,7 @@ func TestPiggybackedAcks(t *testing.T) {
 			}
 			post := func(r, i int) uint64 {
 				tag := uint64(r+1)<<32 | uint64(i)
-				op := Op{Msg: MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&srcs[r][8*i]), Size: 8,
+				op := Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&srcs[r][8*i]), Size: 8,
 					Off: uint64(64 + 8*(i%64)), Remote: uint64(uintptr(unsafe.Pointer(&os[1-r].mem[64+8*(i%64)]))),
 					SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}
 				if r == 0 && i == bad {

@@ -8,6 +8,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // The lanes' side of the intra-node staging ring (SPEC.md §4, "Device
@@ -18,9 +19,9 @@ import (
 // its last copy completed.
 
 const (
-	// statusRing marks a put header whose payload is in the ring, not on
+	// StatusRing marks a put header whose payload is in the ring, not on
 	// the stream (requests use status for the payload's codec otherwise).
-	statusRing = 0x8000
+	StatusRing = 0x8000
 )
 
 // The sending lane's ring state, kept by whoever holds the stream.
@@ -32,7 +33,7 @@ const (
 
 // ringReady reports whether this lane's put goes through the staging ring,
 // offering one to the target on the first call and waiting for its answer
-// (the ring's attached word, or msgRingNo on the reply stream). Called by
+// (the ring's attached word, or wire.MsgRingNo on the reply stream). Called by
 // whoever holds the stream, after what was gathered before was written.
 func (l *lane) ringReady() (bool, error) {
 	switch l.ringState {
@@ -52,9 +53,9 @@ func (l *lane) ringReady() (bool, error) {
 	}
 	l.ring.Store(r)
 	o := r.Offer()
-	h := header{typ: msgRing, off: o.FD, size: o.Size, context: o.Slots, sigValue: o.Chunk}
-	var hb [hdrSize]byte
-	h.encode(hb[:])
+	h := wire.Header{Typ: wire.MsgRing, Off: o.FD, Size: o.Size, Context: o.Slots, SigValue: o.Chunk}
+	var hb [wire.HeaderSize]byte
+	h.Encode(hb[:])
 	if err := l.writeIov([][]byte{hb[:]}); err != nil {
 		return false, err
 	}
@@ -67,7 +68,7 @@ func (l *lane) ringReady() (bool, error) {
 	return true, nil
 }
 
-// ringRefused is the reply stream's msgRingNo: wake the offer's wait.
+// ringRefused is the reply stream's wire.MsgRingNo: wake the offer's wait.
 func (l *lane) ringRefused() {
 	l.ringNo.Store(true)
 	if r := l.ring.Load(); r != nil {
@@ -75,7 +76,7 @@ func (l *lane) ringRefused() {
 	}
 }
 
-// ringSend moves op's payload through the ring; its header (statusRing) is
+// ringSend moves op's payload through the ring; its header (wire.StatusRing) is
 // on the stream already.
 func (l *lane) ringSend(op *Op) error {
 	k, err := l.ring.Load().Send(l.ringFilled, op.LocalCtx, op.Local, op.Size, l)
@@ -103,7 +104,7 @@ var attachHook func() error
 
 // attachRing answers the sender's offer: map the ring and say so in it, or
 // refuse on the reply stream (the sender then uses the stream).
-func (t *tcpLink) attachRing(in *net.TCPConn, rx *staging.Receiver, h *header, resp []byte) error {
+func (t *tcpLink) attachRing(in *net.TCPConn, rx *staging.Receiver, h *wire.Header, resp []byte) error {
 	p := t.p
 	if rx.Attached() {
 		return fmt.Errorf("protocol error: rank %d offered a second staging ring on one stream", p.rank)
@@ -115,11 +116,11 @@ func (t *tcpLink) attachRing(in *net.TCPConn, rx *staging.Receiver, h *header, r
 	case attachHook != nil:
 		err = attachHook()
 	default:
-		err = rx.Attach(t.side.peerPid(), staging.Offer{FD: h.off, Size: h.size, Slots: h.context, Chunk: h.sigValue})
+		err = rx.Attach(t.side.peerPid(), staging.Offer{FD: h.Off, Size: h.Size, Slots: h.Context, Chunk: h.SigValue})
 	}
 	if err != nil {
 		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's intra-node staging ring (%v); its device payloads ride the TCP lanes", p.rank, err)
-		return t.reply(in, msgRingNo, h, abi.InternalError, nil, resp)
+		return t.reply(in, wire.MsgRingNo, h, abi.InternalError, nil, resp)
 	}
 	return nil
 }

@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 const (
@@ -68,7 +69,7 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 		lines chan string
 	}
 	hs := make([]*helper, procs)
-	handles := make([]*Handle, total)
+	handles := make([]*wire.Handle, total)
 	l, h0, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		tb.Fatal(err)
@@ -139,10 +140,10 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 			f := next(h, "H")
 			r, _ := strconv.Atoi(f[0])
 			b, err := hex.DecodeString(f[1])
-			if err != nil || r < 1 || r >= total || len(b) != len(Handle{}) {
+			if err != nil || r < 1 || r >= total || len(b) != len(wire.Handle{}) {
 				tb.Fatalf("bad handle line %v", f)
 			}
-			handles[r] = new(Handle)
+			handles[r] = new(wire.Handle)
 			copy(handles[r][:], b)
 		}
 	}
@@ -201,8 +202,8 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 		}
 		half := uint64(scalePayload / 2)
 		// On two lanes (they open now): the signal waits for the put.
-		m.Post(r, &Op{Msg: MsgPut, MrID: 1, Tag: uint64(3 * r), Local: unsafe.Pointer(&s[8]), Size: half, Off: 8}, false, r%lanes)
-		m.Post(r, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: uint64(3*r + 1),
+		m.Post(r, &Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(3 * r), Local: unsafe.Pointer(&s[8]), Size: half, Off: 8}, false, r%lanes)
+		m.Post(r, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: uint64(3*r + 1),
 			Local: unsafe.Pointer(&s[8+half]), Size: scalePayload - half, Off: 8 + half}, false, (r+1)%lanes)
 	}
 	deadline := time.Now().Add(60 * time.Second)
@@ -223,7 +224,7 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 			}
 		}
 		// Read back what landed at the peer, signal word included.
-		m.Post(r, &Op{Msg: MsgGet, MrID: 1, Tag: uint64(3*r + 2), Local: unsafe.Pointer(&gets[r*scaleSlot]), Size: scaleSlot, Off: 0}, false, r%lanes)
+		m.Post(r, &Op{Msg: wire.MsgGet, MrID: 1, Tag: uint64(3*r + 2), Local: unsafe.Pointer(&gets[r*scaleSlot]), Size: scaleSlot, Off: 0}, false, r%lanes)
 	}
 	for r := 1; r < total; r++ {
 		if !scaleSampled(r, stride, peers) {
@@ -379,16 +380,16 @@ func TestScaleHelper(t *testing.T) {
 	}
 	out.Flush()
 	in := bufio.NewScanner(os.Stdin)
-	handles := make([]*Handle, total)
+	handles := make([]*wire.Handle, total)
 	for i := range handles {
 		if !in.Scan() {
 			t.Fatal("stdin closed before every handle arrived")
 		}
 		b, err := hex.DecodeString(in.Text())
-		if err != nil || len(b) != len(Handle{}) {
+		if err != nil || len(b) != len(wire.Handle{}) {
 			t.Fatalf("handle %d: %v", i, err)
 		}
-		handles[i] = new(Handle)
+		handles[i] = new(wire.Handle)
 		copy(handles[i][:], b)
 	}
 	owners := make([]*memOwner, count)
@@ -439,7 +440,7 @@ func TestScaleHelper(t *testing.T) {
 			src[j] = scalePattern(r, 0, j)
 		}
 		tag := uint64(r)
-		m.Post(0, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: uint64(r * scaleSlot), Tag: tag,
+		m.Post(0, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: uint64(r * scaleSlot), Tag: tag,
 			Local: unsafe.Pointer(&src[8]), Size: scalePayload, Off: uint64(r*scaleSlot + 8)}, false, r%lanes)
 		if st := waitDoneTB(t, o, tag); st != abi.Success {
 			verdict = fmt.Sprintf("rank %d's put to rank 0: %v", r, st)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // tap sits between rank 1 and rank 0's listener: it forwards every
@@ -72,12 +73,12 @@ func newTap(t *testing.T, to *net.TCPAddr, mutate func(int64, []byte)) *tap {
 }
 
 // view returns handles for rank 1: rank 0's, pointing at the tap.
-func (tp *tap) view(t *testing.T, his []HandleInfo, hs []*Handle) []*Handle {
+func (tp *tap) view(t *testing.T, his []wire.HandleInfo, hs []*wire.Handle) []*wire.Handle {
 	via := his[0]
 	via.Addr = tp.ln.Addr().(*net.TCPAddr)
-	var h Handle
+	var h wire.Handle
 	via.Encode(&h)
-	return []*Handle{&h, hs[1]}
+	return []*wire.Handle{&h, hs[1]}
 }
 
 func (tp *tap) wire() []byte {
@@ -87,7 +88,7 @@ func (tp *tap) wire() []byte {
 }
 
 // connectOpt is connectPair with options and size-byte registrations.
-func connectOpt(t *testing.T, ls []*Listener, views [][]*Handle, opts []Options, size int) ([]*Mesh, []*memOwner, []error) {
+func connectOpt(t *testing.T, ls []*Listener, views [][]*wire.Handle, opts []Options, size int) ([]*Mesh, []*memOwner, []error) {
 	t.Helper()
 	owners := []*memOwner{{mem: make([]byte, size), done: map[uint64]abi.Result{}}, {mem: make([]byte, size), done: map[uint64]abi.Result{}}}
 	ms := make([]*Mesh, 2)
@@ -130,17 +131,17 @@ func TestEncryptedStreams(t *testing.T) {
 		tp := newTap(t, his[0].Addr, nil)
 		const size = 3 << 20
 		opt := Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 256 << 10, ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second, Encrypt: encrypt}
-		ms, owners, errs := connectOpt(t, ls, [][]*Handle{hs, tp.view(t, his, hs)}, []Options{opt, opt}, size)
+		ms, owners, errs := connectOpt(t, ls, [][]*wire.Handle{hs, tp.view(t, his, hs)}, []Options{opt, opt}, size)
 		if errs[0] != nil || errs[1] != nil {
 			t.Fatalf("encrypt=%v: connect: %v / %v", encrypt, errs[0], errs[1])
 		}
 		src := pattern(size)
 		copy(owners[1].mem, src)
-		ms[1].Post(0, &Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 2 << 20}, false, -1)
-		ms[1].Post(0, &Op{Msg: MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[2<<20]), Size: 4096, Off: 2 << 20,
+		ms[1].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 2 << 20}, false, -1)
+		ms[1].Post(0, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[2<<20]), Size: 4096, Off: 2 << 20,
 			SigMrID: 1, SigOff: size - 8, SigOp: abi.SignalOpInc}, false, -1)
 		// Striped requests complete piece by piece: wait for every piece.
-		want := map[uint64]int{1: ms[1].parts(MsgPut, 2<<20, 0), 2: ms[1].parts(MsgPutSignal, 4096, 0), 3: ms[1].parts(MsgGet, 1<<20, 0)}
+		want := map[uint64]int{1: ms[1].parts(wire.MsgPut, 2<<20, 0), 2: ms[1].parts(wire.MsgPutSignal, 4096, 0), 3: ms[1].parts(wire.MsgGet, 1<<20, 0)}
 		wait := func(tag uint64) {
 			if st := waitDone(t, owners[1], tag); st != abi.Success {
 				t.Fatalf("encrypt=%v: op %d: %v", encrypt, tag, st)
@@ -155,7 +156,7 @@ func TestEncryptedStreams(t *testing.T) {
 		wait(2)
 		// The get reads back what the first put wrote, once it landed.
 		got := make([]byte, 1<<20)
-		ms[1].Post(0, &Op{Msg: MsgGet, MrID: 1, Tag: 3, Local: unsafe.Pointer(&got[0]), Size: 1 << 20, Off: 1 << 20}, false, -1)
+		ms[1].Post(0, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 3, Local: unsafe.Pointer(&got[0]), Size: 1 << 20, Off: 1 << 20}, false, -1)
 		wait(3)
 		if !bytes.Equal(owners[0].mem[:2<<20+4096], src[:2<<20+4096]) || !bytes.Equal(got, src[1<<20:2<<20]) {
 			t.Fatalf("encrypt=%v: bytes differ after put and get", encrypt)
@@ -188,7 +189,7 @@ func TestEncryptedTamper(t *testing.T) {
 		}
 	})
 	opt := Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second, Encrypt: true}
-	ms, owners, errs := connectOpt(t, ls, [][]*Handle{hs, tp.view(t, his, hs)}, []Options{opt, opt}, 1<<16)
+	ms, owners, errs := connectOpt(t, ls, [][]*wire.Handle{hs, tp.view(t, his, hs)}, []Options{opt, opt}, 1<<16)
 	if errs[0] != nil || errs[1] != nil {
 		t.Fatalf("connect: %v / %v", errs[0], errs[1])
 	}
@@ -197,7 +198,7 @@ func TestEncryptedTamper(t *testing.T) {
 	flip = int64(len(tp.wire())) + 4 + 100
 	armed.Unlock()
 	src := pattern(1 << 16)
-	ms[1].Post(0, &Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 1 << 16}, false, -1)
+	ms[1].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 1 << 16}, false, -1)
 	if st := waitDone(t, owners[1], 1); st != abi.RemoteError {
 		t.Fatalf("a put whose bytes were altered on the way: %v, want RemoteError", st)
 	}
@@ -218,7 +219,7 @@ func TestEncryptMismatch(t *testing.T) {
 	on := Options{Timeout: 1500 * time.Millisecond, Lanes: 1, Encrypt: true}
 	off := on
 	off.Encrypt = false
-	_, _, errs := connectOpt(t, ls, [][]*Handle{hs, hs}, []Options{on, off}, 64)
+	_, _, errs := connectOpt(t, ls, [][]*wire.Handle{hs, hs}, []Options{on, off}, 64)
 	if errs[0] == nil || errs[1] == nil {
 		t.Fatalf("mismatched encryption connected: %v / %v", errs[0], errs[1])
 	}

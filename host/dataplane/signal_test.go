@@ -9,6 +9,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // sigDevice is a pipeDevice that watches device signal words: it counts
@@ -116,7 +117,7 @@ func TestDeviceSignalWords(t *testing.T) {
 				for i := range puts {
 					v := uint64(1 + i%3)
 					want += v
-					ms[s].Post(0, &Op{Msg: MsgPutSignal, MrID: 1, Tag: uint64(i + 1), Local: unsafe.Pointer(&src[0]), Size: putSize,
+					ms[s].Post(0, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(i + 1), Local: unsafe.Pointer(&src[0]), Size: putSize,
 						Off: uint64(((s-1)*puts + i) * putSize), SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpAdd, SigValue: v}, false, i%2)
 				}
 			}

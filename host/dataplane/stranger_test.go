@@ -21,6 +21,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // Strangers are dropped fast: what a connection that is not a rank can
@@ -199,7 +200,7 @@ func TestStrangerCapPerAddr(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	hi, _ := DecodeHandle(h)
+	hi, _ := wire.DecodeHandle(h)
 	var held []net.Conn
 	closed := 0
 	other := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}
@@ -240,7 +241,7 @@ func TestStrangerCapPerAddr(t *testing.T) {
 		t.Fatalf("no WARN names the source: %q", got())
 	}
 	cl := handshake.Claim{Rank: 0, NRanks: 1, Lane: 0, Lanes: 1}
-	l.setPeers([]HandleInfo{hi}, false)
+	l.setPeers([]wire.HandleInfo{hi}, false)
 	c, err := dial(hi, &l.id, cl, time.Now().Add(10*time.Second))
 	if err != nil {
 		t.Fatalf("a rank from the listener's own address while another source is at its cap: %v", err)
@@ -277,7 +278,7 @@ func TestKeyWaitOutlivesHelloBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	hi, _ := DecodeHandle(h)
+	hi, _ := wire.DecodeHandle(h)
 	type result struct {
 		answer []byte
 		acked  bool
@@ -291,7 +292,7 @@ func TestKeyWaitOutlivesHelloBound(t *testing.T) {
 	// then start "connect".
 	waitFor(t, "the dialer to be waiting", func() bool { return l.gate.Strangers() == 1 })
 	time.Sleep(5 * helloTimeout)
-	l.setPeers([]HandleInfo{hi}, false)
+	l.setPeers([]wire.HandleInfo{hi}, false)
 	if r := <-res; !r.acked {
 		t.Fatalf("a rank waiting for connect past the hello bound got %x, not an ack", r.answer)
 	}
@@ -302,7 +303,7 @@ func TestKeyWaitOutlivesHelloBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l2.Close()
-	hi2, _ := DecodeHandle(h2)
+	hi2, _ := wire.DecodeHandle(h2)
 	if a, ok := dialerSteps(t, hi2.Addr, &hi2.Key, &l2.id, cl, cl, nil); ok || len(a) != 0 {
 		t.Fatalf("connect never started, yet the key wait answered %x", a)
 	}
@@ -368,9 +369,9 @@ func floodChild(t *testing.T, role, dir string) {
 	if role == "flood" {
 		b, _ := os.ReadFile(filepath.Join(dir, "handle0"))
 		hb, _ := hex.DecodeString(strings.TrimSpace(string(b)))
-		var h Handle
+		var h wire.Handle
 		copy(h[:], hb)
-		hi, err := DecodeHandle(&h)
+		hi, err := wire.DecodeHandle(&h)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -415,11 +416,11 @@ func floodChild(t *testing.T, role, dir string) {
 	defer l.Close()
 	os.WriteFile(filepath.Join(dir, fmt.Sprintf("handle%d", rank)), []byte(hex.EncodeToString(h[:])), 0o644)
 	waitFile(t, filepath.Join(dir, "go"))
-	hs := make([]*Handle, 2)
+	hs := make([]*wire.Handle, 2)
 	for r := range hs {
 		b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("handle%d", r)))
 		hb, _ := hex.DecodeString(strings.TrimSpace(string(b)))
-		hs[r] = new(Handle)
+		hs[r] = new(wire.Handle)
 		copy(hs[r][:], hb)
 	}
 	owner := &memOwner{mem: make([]byte, 64), done: map[uint64]abi.Result{}}
@@ -433,7 +434,7 @@ func floodChild(t *testing.T, role, dir string) {
 		src[i] = byte(0xa0 + i)
 	}
 	if rank == 1 {
-		m.Post(0, &Op{Msg: MsgPut, MrID: 1, Tag: 7, Local: unsafe.Pointer(&src[0]), Size: 64}, false, -1)
+		m.Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 7, Local: unsafe.Pointer(&src[0]), Size: 64}, false, -1)
 		if st := waitDone(t, owner, 7); st != abi.Success {
 			t.Fatalf("put from rank 1: %v", st)
 		}

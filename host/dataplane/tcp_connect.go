@@ -10,6 +10,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // connectStreams opens the TCP streams of the mesh: lane 0 dialled to
@@ -23,7 +24,7 @@ import (
 // noFab is sent in every hello; peerNoFab reports what each rank sent.
 // With encrypt every stream is sealed (host/handshake), ours and the ones we take.
 // want names the ranks to connect (peerSet); the others' slots stay nil.
-func connectStreams(l *Listener, infos []HandleInfo, want []bool, rank, lanes int, noFab, encrypt bool, deadline time.Time, timeout time.Duration) (outs, ins [][]*net.TCPConn, peerNoFab []bool, err error) {
+func connectStreams(l *Listener, infos []wire.HandleInfo, want []bool, rank, lanes int, noFab, encrypt bool, deadline time.Time, timeout time.Duration) (outs, ins [][]*net.TCPConn, peerNoFab []bool, err error) {
 	n := len(infos)
 	// Connections that proved a claim wait for these keys to be checked.
 	l.setPeers(infos, encrypt)

@@ -14,6 +14,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // Lane failover (SPEC.md §4, "Lane failover"). With several TCP lanes to a
@@ -31,7 +32,7 @@ import (
 // waits for the stream's writer to let go, then moves, in this order, the
 // unacknowledged puts and notices, the unanswered gets, the ops a failed
 // write had taken and never sent, and the queue to the next live lane.
-// The puts go flagged (statusResent, with the lane they left) and keep
+// The puts go flagged (wire.StatusResent, with the lane they left) and keep
 // their tags and sequence numbers.
 //
 // Target: a flagged put first fences the lane it names (closes that
@@ -136,7 +137,7 @@ func (l *lane) keep(ops []Op) {
 // forward sends op, posted to a lane that failed, to the next live one.
 func (l *lane) forward(op *Op, hold bool) {
 	p := l.p
-	if op.Msg == msgBye {
+	if op.Msg == wire.MsgBye {
 		p.byeGone() // the dead stream needs no goodbye
 		return
 	}
@@ -196,7 +197,7 @@ func (l *lane) migrate(cause error) {
 	for i := range work {
 		op := &work[i]
 		switch {
-		case op.Msg == msgBye:
+		case op.Msg == wire.MsgBye:
 			p.byeGone()
 		case op.Msg == opDone:
 		case to == l.idx:
@@ -217,7 +218,7 @@ func (l *lane) migrate(cause error) {
 // logSent appends what a batch wrote to the resend ring; amu held.
 func (l *lane) logSent(ops []Op) {
 	for i := range ops {
-		l.sent.Push(sentOp{op: ops[i], counts: ops[i].Msg != MsgReg})
+		l.sent.Push(sentOp{op: ops[i], counts: ops[i].Msg != wire.MsgReg})
 	}
 }
 
@@ -313,18 +314,18 @@ func (t *tcpLink) fence(i, from int) error {
 // dropPut reads and drops the payload of a resent put whose sequence
 // number already landed: no byte of it is written, its signal is not
 // applied again.
-func (t *tcpLink) dropPut(br *bufio.Reader, h *header, dec *codec.Decoder) error {
-	if h.size == 0 {
+func (t *tcpLink) dropPut(br *bufio.Reader, h *wire.Header, dec *codec.Decoder) error {
+	if h.Size == 0 {
 		return nil
 	}
-	if cid := uint8(h.status); cid != guestabi.CodecNone {
-		_, err := t.readCompressed(br, cid, h.size, nil, dec)
+	if cid := uint8(h.Status); cid != guestabi.CodecNone {
+		_, err := t.readCompressed(br, cid, h.Size, nil, dec)
 		return err
 	}
-	if h.size > math.MaxInt64 {
-		return fmt.Errorf("protocol error: rank %d resent a put of %d bytes", t.p.rank, h.size)
+	if h.Size > math.MaxInt64 {
+		return fmt.Errorf("protocol error: rank %d resent a put of %d bytes", t.p.rank, h.Size)
 	}
-	if _, err := br.Discard(int(h.size)); err != nil {
+	if _, err := br.Discard(int(h.Size)); err != nil {
 		return fmt.Errorf("receive resent put from rank %d: %w", t.p.rank, err)
 	}
 	return nil

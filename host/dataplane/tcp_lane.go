@@ -18,6 +18,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 const (
@@ -272,16 +273,16 @@ type lane struct {
 	hdrs   []byte
 	iov    [][]byte
 	bufs   net.Buffers
-	ackHdr [hdrSize]byte       // a piggybacked ack (msgAck)
-	liov   [1]unix.Iovec       // scratch for the side path
-	riov   [1]unix.RemoteIovec // (process_vm_writev/readv)
-	enc    codec.Encoder       // wire compression (host/codec)
+	ackHdr [wire.HeaderSize]byte // a piggybacked ack (wire.MsgAck)
+	liov   [1]unix.Iovec         // scratch for the side path
+	riov   [1]unix.RemoteIovec   // (process_vm_writev/readv)
+	enc    codec.Encoder         // wire compression (host/codec)
 
 	gmu  sync.Mutex // guards the outstanding-get FIFO
 	gets ring.Ring[getEntry]
 
 	// Puts written on this stream whose arrival the target has not yet
-	// acknowledged (msgPutAck), in stream order: their tags, and how many
+	// acknowledged (wire.MsgPutAck), in stream order: their tags, and how many
 	// puts the stream carried before the oldest of them.
 	amu    sync.Mutex
 	puts   ring.Ring[uint64]
@@ -339,7 +340,7 @@ const laneQueue = 1024
 // before the stream is set, so nobody uses them yet.
 func (l *lane) alloc() {
 	l.batch = make([]Op, batchMax)
-	l.hdrs = make([]byte, batchMax*hdrSize)
+	l.hdrs = make([]byte, batchMax*wire.HeaderSize)
 	l.iov = make([][]byte, 0, 2*batchMax+1) // +1: a piggybacked ack
 	l.gets = ring.New[getEntry](256)
 	l.puts = ring.New[uint64](1024)
@@ -417,7 +418,7 @@ func (l *lane) enqueue(op *Op, hold bool) {
 	}
 	l.mu.Unlock()
 	switch {
-	case op.Msg == MsgReg || op.Msg == msgBye || op.NotBefore != 0:
+	case op.Msg == wire.MsgReg || op.Msg == wire.MsgBye || op.NotBefore != 0:
 		// Control messages go at once, nobody tests them; a paced op is
 		// the writer's, on its timer.
 		l.kick()
@@ -494,8 +495,8 @@ func (l *lane) carryAck(iov [][]byte) [][]byte {
 	if n == 0 || !a.claim(n) {
 		return iov
 	}
-	h := header{typ: msgAck, mrID: uint32(l.idx), seq: n}
-	h.encode(l.ackHdr[:])
+	h := wire.Header{Typ: wire.MsgAck, MrID: uint32(l.idx), Seq: n}
+	h.Encode(l.ackHdr[:])
 	return append(iov, l.ackHdr[:])
 }
 
@@ -628,7 +629,7 @@ func (l *lane) writer() {
 
 // writeBatch sends headers and payloads with one writev, straight from the
 // registered memory. A put completes when the target acknowledges that it
-// landed (msgPutAck, read by replies), not when the kernel has the bytes:
+// landed (wire.MsgPutAck, read by replies), not when the kernel has the bytes:
 // completion means arrival, as an RDMA write completion does. With a side
 // path (intra-node) payloads it takes are copied into the peer first, and a
 // put that needs nothing more from the target completes here; only what the
@@ -649,16 +650,16 @@ func (l *lane) writeBatch(ops []Op) bool {
 		i, op := n, &ops[n]
 		if side := l.t.side; side != nil {
 			switch {
-			case op.Msg == MsgPut && side.put(l, op):
+			case op.Msg == wire.MsgPut && side.put(l, op):
 				if op.Seq == 0 {
 					op.Msg = opDone // nothing to tell the target
 					p.m.owner.Complete(op.Tag, abi.Success)
 					continue
 				}
 				op.Size = 0 // tell the target this sequence number landed
-			case op.Msg == MsgPutSignal && side.put(l, op):
+			case op.Msg == wire.MsgPutSignal && side.put(l, op):
 				op.Size = 0 // the payload is there; send the signal alone
-			case op.Msg == MsgGet && side.get(l, op):
+			case op.Msg == wire.MsgGet && side.get(l, op):
 				op.Msg = opDone
 				p.m.owner.Complete(op.Tag, abi.Success)
 				continue
@@ -667,7 +668,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 		ringed := false
 		// A resent put goes on the stream: the target may drop its
 		// payload unread (tcp_failover.go), which a ring cannot do.
-		if (op.Msg == MsgPut || op.Msg == MsgPutSignal) && !op.Resent && l.ringState != ringOff && l.t.side != nil && l.t.side.ringable(op) {
+		if (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal) && !op.Resent && l.ringState != ringOff && l.t.side != nil && l.t.side.ringable(op) {
 			// What is gathered goes first: the first ring offer waits
 			// for the target's answer.
 			l.awaitPuts(pend, pops)
@@ -680,30 +681,30 @@ func (l *lane) writeBatch(ops []Op) bool {
 				break
 			}
 		}
-		h := header{typ: op.Msg, sigOp: op.SigOp, mrID: op.MrID, tag: op.Tag, off: op.Off,
-			size: op.Size, sigMrID: op.SigMrID, context: op.Context, sigOff: op.SigOff, sigValue: op.SigValue, seq: op.Seq}
-		if op.Msg == MsgReg && op.Dev {
-			h.status = 1
+		h := wire.Header{Typ: op.Msg, SigOp: op.SigOp, MrID: op.MrID, Tag: op.Tag, Off: op.Off,
+			Size: op.Size, SigMrID: op.SigMrID, Context: op.Context, SigOff: op.SigOff, SigValue: op.SigValue, Seq: op.Seq}
+		if op.Msg == wire.MsgReg && op.Dev {
+			h.Status = 1
 		}
 		if ringed {
-			h.status = statusRing
+			h.Status = StatusRing
 		}
 		// Compression is TCP's alone: a side path (intra-node) copies.
 		comp := l.t.side == nil && compressible(op)
 		if comp {
-			h.status = uint16(op.Codec & guestabi.CodecIDMask) // requests: the payload's codec
+			h.Status = uint16(op.Codec & guestabi.CodecIDMask) // requests: the payload's codec
 		}
 		if op.Resent {
-			h.status |= statusResent | uint16(op.From)<<8
+			h.Status |= wire.StatusResent | uint16(op.From)<<8
 		}
-		hb := l.hdrs[i*hdrSize : (i+1)*hdrSize]
-		h.encode(hb)
+		hb := l.hdrs[i*wire.HeaderSize : (i+1)*wire.HeaderSize]
+		h.Encode(hb)
 		iov = append(iov, hb)
-		if l.resend && (op.Msg == MsgPut || op.Msg == MsgPutSignal || op.Msg == MsgReg) {
+		if l.resend && (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal || op.Msg == wire.MsgReg) {
 			pops = append(pops, *op)
 		}
 		switch op.Msg {
-		case MsgPut, MsgPutSignal:
+		case wire.MsgPut, wire.MsgPutSignal:
 			if p.m.localComp {
 				// Completed below, once written. The FIFO still counts
 				// the put against the target's acks; tag 0 completes
@@ -734,7 +735,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 			} else if op.Size > 0 {
 				iov = append(iov, unsafe.Slice((*byte)(op.Local), op.Size))
 			}
-		case MsgGet:
+		case wire.MsgGet:
 			e := getEntry{tag: op.Tag, dst: op.Local, size: op.Size, ctx: op.LocalCtx}
 			if l.resend {
 				e.op = *op
@@ -762,8 +763,8 @@ func (l *lane) writeBatch(ops []Op) bool {
 			// The puts and gets the loop reached are in the FIFOs, which
 			// markDead fails (but tag 0 there in local mode); the rest
 			// never left.
-			put := ops[i].Msg == MsgPut || ops[i].Msg == MsgPutSignal
-			if (i >= n && (put || ops[i].Msg == MsgGet)) || (put && p.m.localComp) {
+			put := ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal
+			if (i >= n && (put || ops[i].Msg == wire.MsgGet)) || (put && p.m.localComp) {
 				p.fail(&ops[i])
 			}
 		}
@@ -772,7 +773,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 	}
 	if p.m.localComp {
 		for i := range ops {
-			if ops[i].Msg == MsgPut || ops[i].Msg == MsgPutSignal {
+			if ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal {
 				p.m.owner.Complete(ops[i].Tag, abi.Success)
 			}
 		}
@@ -813,7 +814,7 @@ func (l *lane) compress(iov [][]byte, pend []uint64, pops []Op, op *Op) ([][]byt
 // compressible reports whether op's payload is compressed on the wire.
 func compressible(op *Op) bool {
 	return op.Codec&guestabi.CodecIDMask != guestabi.CodecNone && op.Size >= codec.MinSize && op.LocalCtx == 0 &&
-		(op.Msg == MsgPut || op.Msg == MsgPutSignal)
+		(op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal)
 }
 
 // awaitingReply: the lane has sent something the peer answers (a put to
@@ -858,7 +859,7 @@ func (l *lane) awaitPuts(tags []uint64, ops []Op) {
 	if l.p.dead.Load() {
 		l.amu.Unlock()
 		for _, tag := range tags {
-			l.p.fail(&Op{Msg: MsgPut, Tag: tag})
+			l.p.fail(&Op{Msg: wire.MsgPut, Tag: tag})
 		}
 		return
 	}
@@ -994,7 +995,7 @@ func (l *lane) pushGet(e getEntry) {
 	l.gmu.Lock()
 	if l.p.dead.Load() {
 		l.gmu.Unlock()
-		l.p.fail(&Op{Msg: MsgGet, Tag: e.tag})
+		l.p.fail(&Op{Msg: wire.MsgGet, Tag: e.tag})
 		return
 	}
 	l.gets.Push(e)
@@ -1021,25 +1022,25 @@ func (l *lane) replies() {
 	p := l.p
 	defer p.m.wg.Done()
 	br := bufio.NewReaderSize(spin.NewReader(l.out, p.m.spinWait, p.m.spinners, l.awaitingReply), readBufSize)
-	var hb [hdrSize]byte
-	var h header
+	var hb [wire.HeaderSize]byte
+	var h wire.Header
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
 			l.replyStreamEnded(fmt.Errorf("receive from rank %d on lane %d: %w", p.rank, l.idx, err))
 			return
 		}
-		h.decode(hb[:])
-		switch h.typ {
-		case msgGetResp:
+		h.Decode(hb[:])
+		switch h.Typ {
+		case wire.MsgGetResp:
 			e, ok := l.popGet()
-			if !ok || e.tag != h.tag || (h.status == 0 && e.size != h.size) {
-				p.markDead(fmt.Errorf("rank %d answered a get we did not ask for (tag %#x)", p.rank, h.tag))
+			if !ok || e.tag != h.Tag || (h.Status == 0 && e.size != h.Size) {
+				p.markDead(fmt.Errorf("rank %d answered a get we did not ask for (tag %#x)", p.rank, h.Tag))
 				return
 			}
-			if h.status != 0 {
+			if h.Status != 0 {
 				p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d rejected a get of %d bytes at offset %d of registration %d: %v",
-					p.rank, e.size, h.off, h.mrID, abi.Result(h.status)))
-				p.m.owner.Complete(e.tag, abi.Result(h.status))
+					p.rank, e.size, h.Off, h.MrID, abi.Result(h.Status)))
+				p.m.owner.Complete(e.tag, abi.Result(h.Status))
 				continue
 			}
 			if e.size > 0 && e.ctx != 0 {
@@ -1062,24 +1063,24 @@ func (l *lane) replies() {
 				}
 			}
 			p.m.owner.Complete(e.tag, abi.Success)
-		case msgPutAck:
-			if !l.ackPuts(h.seq) {
-				p.markDead(fmt.Errorf("protocol error: rank %d acknowledged %d puts on lane %d, more than it was sent", p.rank, h.seq, l.idx))
+		case wire.MsgPutAck:
+			if !l.ackPuts(h.Seq) {
+				p.markDead(fmt.Errorf("protocol error: rank %d acknowledged %d puts on lane %d, more than it was sent", p.rank, h.Seq, l.idx))
 				return
 			}
-		case msgByeAck:
+		case wire.MsgByeAck:
 			p.ackBye()
-		case msgRingNo:
+		case wire.MsgRingNo:
 			l.ringRefused()
-		case msgNack:
-			st := rejected(h.status)
+		case wire.MsgNack:
+			st := rejected(h.Status)
 			p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d rejected a put of %d bytes at offset %d of registration %d (signal registration %d offset %d): %v",
-				p.rank, h.size, h.off, h.mrID, h.sigMrID, h.sigOff, st))
+				p.rank, h.Size, h.Off, h.MrID, h.SigMrID, h.SigOff, st))
 			// The nack comes before the ack that covers its put: the
 			// request fails now, and the ack completes nothing for it.
-			l.failPut(h.tag, st)
+			l.failPut(h.Tag, st)
 		default:
-			p.markDead(fmt.Errorf("protocol error: message type %d from rank %d", h.typ, p.rank))
+			p.markDead(fmt.Errorf("protocol error: message type %d from rank %d", h.Typ, p.rank))
 			return
 		}
 	}

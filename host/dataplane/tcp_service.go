@@ -17,6 +17,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // acker sends the cumulative put acknowledgements of one incoming stream.
@@ -29,7 +30,7 @@ import (
 // need not cost a write and a wake-up of its own. When our outgoing lane
 // to the peer carried something since the last time the input drained
 // (traffic flows both ways, as in a ping-pong), the ack is left for that
-// lane instead: its next batch carries it (msgAck) in the same writev, and
+// lane instead: its next batch carries it (wire.MsgAck) in the same writev, and
 // the peer's service, which reads that batch anyway, completes the puts.
 // When no batch comes, the next test() or rmaProgress of this process sends
 // it alone once it waited ackDelay (on the caller's thread: no wake-up
@@ -39,7 +40,7 @@ import (
 type acker struct {
 	in     *net.TCPConn
 	landed uint64 // puts of this stream that landed (the service counts)
-	buf    [hdrSize]byte
+	buf    [wire.HeaderSize]byte
 
 	r io.Reader // in, or a spinReader over it
 
@@ -99,8 +100,8 @@ func (a *acker) flush() error {
 	if !a.claim(a.landed) {
 		return nil
 	}
-	h := header{typ: msgPutAck, seq: a.landed}
-	h.encode(a.buf[:])
+	h := wire.Header{Typ: wire.MsgPutAck, Seq: a.landed}
+	h.Encode(a.buf[:])
 	if _, err := a.in.Write(a.buf[:]); err != nil {
 		return fmt.Errorf("acknowledge puts: %w", err)
 	}
@@ -173,9 +174,9 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 	ack := t.acks[lane]
 	ack.r = spin.NewReader(in, p.m.spinWait, p.m.spinners, nil)
 	br := bufio.NewReaderSize(ack, readBufSize)
-	var hb [hdrSize]byte
-	var h header
-	resp := make([]byte, hdrSize+smallResponse)
+	var hb [wire.HeaderSize]byte
+	var h wire.Header
+	resp := make([]byte, wire.HeaderSize+smallResponse)
 	dec := &codec.Decoder{}
 	defer dec.Release()
 	rx := &staging.Receiver{}
@@ -199,20 +200,20 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 			p.markDead(fmt.Errorf("protocol error: rank %d sent message type %d after its goodbye", p.rank, hb[0]))
 			return
 		}
-		h.decode(hb[:])
+		h.Decode(hb[:])
 		var err error
-		switch h.typ {
-		case MsgPut, MsgPutSignal:
+		switch h.Typ {
+		case wire.MsgPut, wire.MsgPutSignal:
 			switch {
-			case h.status&statusResent == 0:
+			case h.Status&wire.StatusResent == 0:
 				err = t.servePut(ack, br, &h, resp, dec, rx)
-			case h.seq == 0:
+			case h.Seq == 0:
 				err = fmt.Errorf("protocol error: rank %d resent a put without a sequence number", p.rank)
 			default:
 				// Sent again after lane From failed: only once nothing of
 				// that lane is still landing, and only if it never landed.
-				if err = t.fence(lane, int(h.status&statusFromMask)>>8); err == nil {
-					if p.order.Seen(h.seq) {
+				if err = t.fence(lane, int(h.Status&wire.StatusFromMask)>>8); err == nil {
+					if p.order.Seen(h.Seq) {
 						err = t.dropPut(br, &h, dec)
 					} else {
 						err = t.servePut(ack, br, &h, resp, dec, rx)
@@ -226,23 +227,23 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 				// the rest lands.
 				err = ack.flush()
 			}
-		case msgAck:
+		case wire.MsgAck:
 			err = t.piggyAck(&h)
-		case MsgGet:
+		case wire.MsgGet:
 			err = t.serveGet(in, &h, resp)
-		case msgRing:
+		case wire.MsgRing:
 			err = t.attachRing(in, rx, &h, resp)
-		case MsgReg:
+		case wire.MsgReg:
 			// sigOp: the fabric rail whose key sigValue is (fabricLink's
 			// submit sends rails 1.. first); rail 0's also tells the owner.
 			// context 1: device memory its provider registered (FI_HMEM).
 			if t.onReg != nil {
-				t.onReg(h.sigOp, h.mrID, h.off, h.sigValue, h.status == 1, h.context == 1)
+				t.onReg(h.SigOp, h.MrID, h.Off, h.SigValue, h.Status == 1, h.Context == 1)
 			}
-			if h.sigOp == 0 {
-				p.m.owner.PeerRegistered(p.rank, h.mrID, h.size, h.off, h.status == 1)
+			if h.SigOp == 0 {
+				p.m.owner.PeerRegistered(p.rank, h.MrID, h.Size, h.Off, h.Status == 1)
 			}
-		case msgBye:
+		case wire.MsgBye:
 			// Everything this lane carried before the goodbye has been
 			// applied (signals included: a signal held for an earlier
 			// sequence number of another lane is applied when that one
@@ -251,10 +252,10 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 			p.peerBye.Store(true)
 			bye = true
 			if err = ack.flush(); err == nil {
-				err = t.reply(in, msgByeAck, &h, abi.Success, nil, resp)
+				err = t.reply(in, wire.MsgByeAck, &h, abi.Success, nil, resp)
 			}
 		default:
-			err = fmt.Errorf("protocol error: message type %d from rank %d", h.typ, p.rank)
+			err = fmt.Errorf("protocol error: message type %d from rank %d", h.Typ, p.rank)
 		}
 		if err != nil {
 			if streamEnded(err) && t.inLaneEnded(lane, err) {
@@ -270,53 +271,53 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 // bytes, without overflowing. Initiator and target check with the same rule.
 func Span(off, n, size uint64) bool { return off <= size && n <= size-off }
 
-func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *header, resp []byte, dec *codec.Decoder, rx *staging.Receiver) error {
+func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byte, dec *codec.Decoder, rx *staging.Receiver) error {
 	p := t.p
 	status := abi.Success
-	if h.size > 0 {
-		base, size, ctx, pin, ok := p.m.owner.Resolve(h.mrID)
-		if !ok || !Span(h.off, h.size, size) {
+	if h.Size > 0 {
+		base, size, ctx, pin, ok := p.m.owner.Resolve(h.MrID)
+		if !ok || !Span(h.Off, h.Size, size) {
 			status = abi.InvalidArgument
 		}
 		var err error
-		switch cid := uint8(h.status); {
-		case h.status&statusRing != 0:
+		switch cid := uint8(h.Status); {
+		case h.Status&StatusRing != 0:
 			// The payload is in the staging ring: emptied even when
 			// the put is rejected, so the ring stays in step.
 			if cid != guestabi.CodecNone {
 				err = fmt.Errorf("protocol error: rank %d sent a compressed put through the staging ring", p.rank)
 				break
 			}
-			if err = rx.Drain(p.rank, ctx, unsafe.Add(base, h.off), h.size, status == abi.Success, p); err != nil {
+			if err = rx.Drain(p.rank, ctx, unsafe.Add(base, h.Off), h.Size, status == abi.Success, p); err != nil {
 				err = fmt.Errorf("receive put payload from rank %d through the staging ring: %w", p.rank, err)
 			}
 		case cid != guestabi.CodecNone:
 			// Compressed (SPEC.md §8.10): decoded into the range only.
 			var dst []byte
 			if status == abi.Success && ctx == 0 {
-				dst = unsafe.Slice((*byte)(unsafe.Add(base, h.off)), h.size)
+				dst = unsafe.Slice((*byte)(unsafe.Add(base, h.Off)), h.Size)
 			}
 			var bad error
-			if bad, err = t.readCompressed(br, cid, h.size, dst, dec); err == nil && (bad != nil || (status == abi.Success && dst == nil)) {
+			if bad, err = t.readCompressed(br, cid, h.Size, dst, dec); err == nil && (bad != nil || (status == abi.Success && dst == nil)) {
 				if bad == nil {
 					bad = errors.New("compressed payload for device memory")
 				}
 				// Rate-limited: a peer sending nothing but bad frames
 				// must not flood NCCL's log (each also fails its put).
 				codecWarn.Warn(abi.SubsysNet, "NET/wasm: protocol error from rank %d: put of %d bytes at offset %d of registration %d rejected: %v",
-					p.rank, h.size, h.off, h.mrID, bad)
+					p.rank, h.Size, h.Off, h.MrID, bad)
 				status = abi.RemoteError
 			}
 		case status != abi.Success:
-			if _, err = br.Discard(int(h.size)); err != nil {
+			if _, err = br.Discard(int(h.Size)); err != nil {
 				err = fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
 			}
 		case ctx != 0:
-			if err = staging.ReadToDevice(br, ctx, devAddr(base, h.off), h.size, p.m.stageChunk); err != nil {
+			if err = staging.ReadToDevice(br, ctx, devAddr(base, h.Off), h.Size, p.m.stageChunk); err != nil {
 				err = fmt.Errorf("receive put payload from rank %d into device memory: %w", p.rank, err)
 			}
 		default:
-			if _, err = io.ReadFull(br, unsafe.Slice((*byte)(unsafe.Add(base, h.off)), h.size)); err != nil {
+			if _, err = io.ReadFull(br, unsafe.Slice((*byte)(unsafe.Add(base, h.Off)), h.Size)); err != nil {
 				err = fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
 			}
 		}
@@ -327,55 +328,55 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *header, resp []byte,
 	}
 	var sig sigRef
 	var add uint64
-	if h.typ == MsgPutSignal && status == abi.Success {
-		sig, add, status = p.signalTarget(h.sigMrID, h.sigOff, h.sigOp, h.sigValue)
+	if h.Typ == wire.MsgPutSignal && status == abi.Success {
+		sig, add, status = p.signalTarget(h.SigMrID, h.SigOff, h.SigOp, h.SigValue)
 	}
-	if err := p.landed(h.seq, sig, add); err != nil {
+	if err := p.landed(h.Seq, sig, add); err != nil {
 		return err
 	}
 	if status != abi.Success {
 		ack.nacked()
-		return t.reply(ack.in, msgNack, h, status, nil, resp)
+		return t.reply(ack.in, wire.MsgNack, h, status, nil, resp)
 	}
 	return nil
 }
 
 // piggyAck applies an acknowledgement the peer's lane carried for our
-// outgoing lane h.mrID (msgAck): only a lane without resend has one, as
+// outgoing lane h.mrID (wire.MsgAck): only a lane without resend has one, as
 // only its replies reader otherwise reads acks (tcp_failover.go).
-func (t *tcpLink) piggyAck(h *header) error {
-	if int(h.mrID) >= len(t.lanes) || t.lanes[h.mrID].resend {
-		return fmt.Errorf("protocol error: rank %d acknowledged puts of lane %d on its own stream", t.p.rank, h.mrID)
+func (t *tcpLink) piggyAck(h *wire.Header) error {
+	if int(h.MrID) >= len(t.lanes) || t.lanes[h.MrID].resend {
+		return fmt.Errorf("protocol error: rank %d acknowledged puts of lane %d on its own stream", t.p.rank, h.MrID)
 	}
-	if !t.lanes[h.mrID].ackPuts(h.seq) {
-		return fmt.Errorf("protocol error: rank %d acknowledged %d puts on lane %d, more than it was sent", t.p.rank, h.seq, h.mrID)
+	if !t.lanes[h.MrID].ackPuts(h.Seq) {
+		return fmt.Errorf("protocol error: rank %d acknowledged %d puts on lane %d, more than it was sent", t.p.rank, h.Seq, h.MrID)
 	}
 	return nil
 }
 
-func (t *tcpLink) serveGet(in *net.TCPConn, h *header, resp []byte) error {
+func (t *tcpLink) serveGet(in *net.TCPConn, h *wire.Header, resp []byte) error {
 	p := t.p
-	base, size, ctx, pin, ok := p.m.owner.Resolve(h.mrID)
+	base, size, ctx, pin, ok := p.m.owner.Resolve(h.MrID)
 	defer pin.Release() // the bytes are on the socket when this returns
-	if !ok || !Span(h.off, h.size, size) {
-		return t.reply(in, msgGetResp, h, abi.InvalidArgument, nil, resp)
+	if !ok || !Span(h.Off, h.Size, size) {
+		return t.reply(in, wire.MsgGetResp, h, abi.InvalidArgument, nil, resp)
 	}
 	if ctx != 0 {
 		// The reply header promises the bytes; a failing device copy after
 		// it can only end the stream, which fails the get at the initiator.
-		if err := t.reply(in, msgGetResp, h, abi.Success, nil, resp); err != nil {
+		if err := t.reply(in, wire.MsgGetResp, h, abi.Success, nil, resp); err != nil {
 			return err
 		}
-		if err := staging.WriteFromDevice(in, ctx, devAddr(base, h.off), h.size, p.m.stageChunk); err != nil {
+		if err := staging.WriteFromDevice(in, ctx, devAddr(base, h.Off), h.Size, p.m.stageChunk); err != nil {
 			return fmt.Errorf("serve get from device memory to rank %d: %w", p.rank, err)
 		}
 		return nil
 	}
 	var data []byte
-	if h.size > 0 {
-		data = unsafe.Slice((*byte)(unsafe.Add(base, h.off)), h.size)
+	if h.Size > 0 {
+		data = unsafe.Slice((*byte)(unsafe.Add(base, h.Off)), h.Size)
 	}
-	return t.reply(in, msgGetResp, h, abi.Success, data, resp)
+	return t.reply(in, wire.MsgGetResp, h, abi.Success, data, resp)
 }
 
 // codecWarn limits the WARN lines about bad compressed frames.
@@ -419,16 +420,16 @@ func (t *tcpLink) readCompressed(br *bufio.Reader, cid uint8, size uint64, dst [
 }
 
 // reply answers on an incoming lane, which only its service goroutine writes.
-func (t *tcpLink) reply(in *net.TCPConn, typ uint8, req *header, status abi.Result, data []byte, buf []byte) error {
+func (t *tcpLink) reply(in *net.TCPConn, typ uint8, req *wire.Header, status abi.Result, data []byte, buf []byte) error {
 	h := *req
-	h.typ = typ
-	h.status = uint16(status)
-	h.encode(buf[:hdrSize])
+	h.Typ = typ
+	h.Status = uint16(status)
+	h.Encode(buf[:wire.HeaderSize])
 	var err error
 	if len(data) <= smallResponse {
-		n := copy(buf[hdrSize:], data)
-		_, err = in.Write(buf[:hdrSize+n])
-	} else if _, err = in.Write(buf[:hdrSize]); err == nil {
+		n := copy(buf[wire.HeaderSize:], data)
+		_, err = in.Write(buf[:wire.HeaderSize+n])
+	} else if _, err = in.Write(buf[:wire.HeaderSize]); err == nil {
 		_, err = in.Write(data)
 	}
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 func newOwners(n, size int) []*memOwner {
@@ -38,9 +39,9 @@ func TestCloseDeliversQueuedOps(t *testing.T) {
 			// 15 puts of 4 KiB, spread over the lanes, held for a test()
 			// that never comes; then one striped put with the signal.
 			for k := 0; k < 15; k++ {
-				ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}, true, k%lanes)
+				ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}, true, k%lanes)
 			}
-			ms[0].Post(1, &Op{Msg: MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 5, SigOff: sigOff, Tag: 99,
+			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 5, SigOff: sigOff, Tag: 99,
 				Local: unsafe.Pointer(&src[15*4096]), Size: 4096 - 8, Off: 15 * 4096}, false, 0)
 			if err := ms[0].Close(); err != nil {
 				t.Fatalf("lanes %d round %d: close: %v", lanes, round, err)
@@ -89,7 +90,7 @@ func TestCloseBoundedOnStalledPeer(t *testing.T) {
 	mo := newOwners(2, 4096)
 	g := &gatedOwner{memOwner: mo[1], gate: make(chan struct{})}
 	ls := make([]*Listener, 2)
-	hs := make([]*Handle, 2)
+	hs := make([]*wire.Handle, 2)
 	for i := range ls {
 		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
@@ -117,7 +118,7 @@ func TestCloseBoundedOnStalledPeer(t *testing.T) {
 	defer ms[1].Close()
 	defer close(g.gate) // before ms[1].Close, whose service waits on it
 	src := make([]byte, 64)
-	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64}, false, 0)
+	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64}, false, 0)
 	done := make(chan error, 1)
 	go func() { done <- ms[0].Close() }()
 	select {
@@ -149,9 +150,9 @@ func drainCompletesPosted(t *testing.T, local bool) {
 	src := make([]byte, 64<<10)
 	dst := make([]byte, 4096)
 	for k := 0; k < 8; k++ {
-		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}, true, k%2)
+		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}, true, k%2)
 	}
-	ms[0].Post(1, &Op{Msg: MsgGet, MrID: 1, Tag: 50, Local: unsafe.Pointer(&dst[0]), Size: 4096}, true, 1)
+	ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 50, Local: unsafe.Pointer(&dst[0]), Size: 4096}, true, 1)
 	if busy := ms[0].Drain(); len(busy) != 0 {
 		t.Fatalf("drain left ranks %v busy", busy)
 	}
@@ -160,7 +161,7 @@ func drainCompletesPosted(t *testing.T, local bool) {
 			t.Fatalf("tag %d after drain: done %v status %v", tag, ok, st)
 		}
 	}
-	ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: 60, Local: unsafe.Pointer(&src[0]), Size: 64}, false, 0)
+	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 60, Local: unsafe.Pointer(&src[0]), Size: 64}, false, 0)
 	if st := waitDone(t, os[0], 60); st != abi.Success {
 		t.Fatalf("put after drain: %v", st)
 	}
@@ -192,7 +193,7 @@ func TestAckWithinARead(t *testing.T) {
 	mo := newOwners(2, 4096)
 	g := &countGateOwner{memOwner: mo[1], n: 100, gate: make(chan struct{}), stalled: make(chan struct{})}
 	ls := make([]*Listener, 2)
-	hs := make([]*Handle, 2)
+	hs := make([]*wire.Handle, 2)
 	for i := range ls {
 		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
@@ -227,7 +228,7 @@ func TestAckWithinARead(t *testing.T) {
 	src := make([]byte, 8)
 	const n = 150
 	for k := 0; k < n; k++ { // held, then one writev
-		ms[0].Post(1, &Op{Msg: MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[0]), Size: 8, Off: uint64(8 * k)}, true, 0)
+		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[0]), Size: 8, Off: uint64(8 * k)}, true, 0)
 	}
 	ms[0].Flush(1)
 	select {

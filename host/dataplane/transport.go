@@ -9,7 +9,7 @@ package dataplane
 // the transport Connect chose for that peer (chooseTransport):
 //
 //   - tcpLink (tcp_*.go): Lanes streams, the 64-byte header protocol of
-//     wire.go, device memory staged through host buffers
+//     host/wire, device memory staged through host buffers
 //     (host/devmem/staging), compression (host/codec). Registrations,
 //     goodbyes, replies and anything the layers above decline ride it.
 //   - intraLink (intranode.go) embeds *tcpLink and takes over large host
@@ -42,7 +42,7 @@ type transport interface {
 
 	// submit queues op on lane (0..Props.Lanes-1): a put, put with signal
 	// or get (op.Msg), a registration notice (MsgReg) or a goodbye
-	// (msgBye). It never blocks on the network and never fails for lack of
+	// (wire.MsgBye). It never blocks on the network and never fails for lack of
 	// space. hold keeps op until the next flush or kick (aggregation). Once
 	// stop ran, op is failed through peer.fail instead. op is passed by
 	// value: a pointer through an interface call escapes, and posting

@@ -13,6 +13,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 type listenComm struct {
@@ -147,9 +148,9 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	plan.Lanes = clampLanes(lc.be.b.Name(), plan.Lanes, int(config.Lanes.Get()))
 	c := &coll{commID: lc.commID, rank: int(rank), nranks: n, dev: lc.dev, be: lc.be, plan: plan}
 	c.regs = newRegistry(n, &c.closed)
-	hs := make([]*dataplane.Handle, n)
+	hs := make([]*wire.Handle, n)
 	for i, h := range handles {
-		hs[i] = (*dataplane.Handle)(h)
+		hs[i] = (*wire.Handle)(h)
 	}
 	start := time.Now()
 	opt := dataplane.Options{Timeout: config.ConnectTimeout.Get(), IntraNode: config.IntraNode.Get() && plan.Transport != backend.TransportTCP,

@@ -13,6 +13,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // mr is one symmetric registration. Its id is the same on every rank because
@@ -99,7 +100,7 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 	}
 	// Tell every peer our size; wait until every peer told us theirs.
 	for p := 0; p < c.nranks; p++ {
-		c.mesh.Post(p, &dataplane.Op{Msg: dataplane.MsgReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0, SigValue: key}, false, 0)
+		c.mesh.Post(p, &dataplane.Op{Msg: wire.MsgReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0, SigValue: key}, false, 0)
 	}
 	sizes, err := c.regs.awaitPeers(m.id, config.ConnectTimeout.Get())
 	if err != nil {

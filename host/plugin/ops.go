@@ -10,6 +10,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // The per-operation path: lock-free handle lookups, a request slot from the
@@ -253,7 +254,7 @@ func (r *rmaCtx) applyPlan(plan *backend.OpPlan, rank uint32, op *dataplane.Op) 
 
 // Iput copies size bytes from the local registration to rank's.
 func Iput(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint64, rank, optFlags uint32) (uint64, abi.Result) {
-	return oneSided("iput", "source", "destination", backend.OpPut, dataplane.MsgPut, h, context, srcOff, srcMh, dstOff, dstMh, size, rank, optFlags)
+	return oneSided("iput", "source", "destination", backend.OpPut, wire.MsgPut, h, context, srcOff, srcMh, dstOff, dstMh, size, rank, optFlags)
 }
 
 // oneSided checks and issues a put or a get: each names a local range
@@ -296,7 +297,7 @@ func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint
 		logx.Warn(abi.SubsysNet, "NET/wasm: iputSignal: signal offset %d is not 8-byte aligned", signalOff)
 		return 0, abi.InvalidArgument
 	}
-	op := dataplane.Op{Msg: dataplane.MsgPutSignal, SigOp: uint8(signalOp), SigMrID: sig.id, Context: uint32(context),
+	op := dataplane.Op{Msg: wire.MsgPutSignal, SigOp: uint8(signalOp), SigMrID: sig.id, Context: uint32(context),
 		SigOff: signalOff, SigValue: signalValue}
 	if size > 0 {
 		src, dst, res := pair("iputSignal", "source", "destination", c, srcMh, srcOff, dstMh, dstOff, size, rank)
@@ -312,7 +313,7 @@ func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint
 
 // Iget reads size bytes of rank's registration into the local one.
 func Iget(h uint64, context int32, remoteOff, remoteMh, size, localOff, localMh uint64, rank, optFlags uint32) (uint64, abi.Result) {
-	return oneSided("iget", "local", "remote", backend.OpGet, dataplane.MsgGet, h, context, localOff, localMh, remoteOff, remoteMh, size, rank, optFlags)
+	return oneSided("iget", "local", "remote", backend.OpGet, wire.MsgGet, h, context, localOff, localMh, remoteOff, remoteMh, size, rank, optFlags)
 }
 
 // Iflush completes at once: gets complete only after their bytes are in host

@@ -140,7 +140,7 @@ func NewRing(slots uint32, chunk uint64) (*Ring, error) {
 }
 
 // Offer is what a sender tells the target of its ring (on the wire, the
-// msgRing header of host/dataplane): the memfd's number in the sender,
+// MsgRing header of host/wire): the memfd's number in the sender,
 // the mapping's size, the slot count and the chunk size.
 type Offer struct {
 	FD, Size uint64
@@ -204,7 +204,7 @@ func futexWake(w *uint32) {
 }
 
 // AwaitAttach waits until the target mapped the ring (true), refused it
-// (false: refused reports the target's msgRingNo), or gone reports the
+// (false: refused reports the target's MsgRingNo, host/wire), or gone reports the
 // peer or lane lost (an error). The sender calls it once, after its offer.
 func (r *Ring) AwaitAttach(refused, gone func() bool) (bool, error) {
 	att := r.word(ringOffAttached)
