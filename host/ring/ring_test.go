@@ -109,6 +109,8 @@ func TestPopZeroes(t *testing.T) {
 	}
 }
 
+var pointee int
+
 // TestNoAllocs: pushes and pops within the room allocate nothing, with
 // a struct element as the lanes use.
 func TestNoAllocs(t *testing.T) {
@@ -118,7 +120,7 @@ func TestNoAllocs(t *testing.T) {
 	}
 	r := New[op](4)
 	a := testing.AllocsPerRun(1000, func() {
-		r.Push(op{a: 1})
+		r.Push(op{a: 1, c: 4, p: &pointee})
 		r.Push(op{a: 2})
 		r.At(1).b = 3
 		r.PushFront(op{})
