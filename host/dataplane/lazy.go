@@ -95,16 +95,11 @@ func (m *Mesh) dialLane(p *peer, lane int) (*net.TCPConn, error) {
 			keys, herr := handshake.Hello(tc, &info.Key, m.id, cl, deadline)
 			if unwatch() && herr == nil {
 				tc.SetNoDelay(true)
-				if keys == nil {
-					return tc, nil
+				s, serr := sealIf(tc, keys)
+				if serr == nil {
+					s.SetNoDelay(true)
 				}
-				sealed, serr := handshake.Seal(tc, *keys)
-				if serr != nil {
-					tc.Close()
-					return nil, serr
-				}
-				sealed.SetNoDelay(true)
-				return sealed, nil
+				return s, serr
 			}
 			tc.Close()
 			err = herr

@@ -294,15 +294,7 @@ func dial(peer wire.HandleInfo, id *handshake.Identity, cl handshake.Claim, dead
 			tc := c.(*net.TCPConn)
 			var keys *handshake.Keys
 			if keys, err = handshake.Hello(tc, &peer.Key, id, cl, deadline); err == nil {
-				if keys == nil {
-					return tc, nil
-				}
-				sealed, serr := handshake.Seal(tc, *keys)
-				if serr != nil {
-					tc.Close()
-					return nil, serr
-				}
-				return sealed, nil
+				return sealIf(tc, keys)
 			}
 			tc.Close()
 		}
@@ -312,6 +304,20 @@ func dial(peer wire.HandleInfo, id *handshake.Identity, cl handshake.Claim, dead
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// sealIf returns tc when the hello agreed no keys, else the sealed stream
+// (NCCL_RMA_WASM_ENCRYPT); tc is closed when sealing fails.
+func sealIf(tc *net.TCPConn, keys *handshake.Keys) (*net.TCPConn, error) {
+	if keys == nil {
+		return tc, nil
+	}
+	sealed, err := handshake.Seal(tc, *keys)
+	if err != nil {
+		tc.Close()
+		return nil, err
+	}
+	return sealed, nil
 }
 
 // Prewarm resolves the listen address and the host id in the background, so

@@ -167,36 +167,29 @@ func DescribeMR(hmem bool, api uint32, r MRRequest) (MRView, error) {
 
 // Probe lists the providers (all, or the one named) that offer an RDM
 // endpoint with RMA and messages.
-func Probe(prov string) ([]Info, error) {
-	var cp *C.char
-	if prov != "" {
-		cp = C.CString(prov)
-		defer C.free(unsafe.Pointer(cp))
-	}
-	out := make([]C.rmaw_info, 32)
-	n := C.rmaw_probe(cp, &out[0], C.int(len(out)))
-	if n < 0 {
-		return nil, fiErr("fi_getinfo", n)
-	}
-	infos := make([]Info, n)
-	for i := range infos {
-		infos[i] = toInfo(&out[i])
-	}
-	return infos, nil
-}
+func Probe(prov string) ([]Info, error) { return probe(prov, false, 32) }
 
 // ProbeAny lists the entries of provider prov (all providers when empty)
 // with no capability or endpoint-type hints, to tell a name libfabric does
 // not know from a provider without RDM endpoints and RMA (Probe). An empty
 // list with a nil error means libfabric knows no such provider.
-func ProbeAny(prov string) ([]Info, error) {
+func ProbeAny(prov string) ([]Info, error) { return probe(prov, true, 64) }
+
+// probe runs fi_getinfo with Probe's hints, or none (anyCaps), keeping at
+// most max entries.
+func probe(prov string, anyCaps bool, max int) ([]Info, error) {
 	var cp *C.char
 	if prov != "" {
 		cp = C.CString(prov)
 		defer C.free(unsafe.Pointer(cp))
 	}
-	out := make([]C.rmaw_info, 64)
-	n := C.rmaw_probe_any(cp, &out[0], C.int(len(out)))
+	out := make([]C.rmaw_info, max)
+	var n C.int
+	if anyCaps {
+		n = C.rmaw_probe_any(cp, &out[0], C.int(len(out)))
+	} else {
+		n = C.rmaw_probe(cp, &out[0], C.int(len(out)))
+	}
 	if n < 0 {
 		return nil, fiErr("fi_getinfo", n)
 	}

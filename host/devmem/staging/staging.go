@@ -352,14 +352,14 @@ func WriteFromDevice(w io.Writer, ctx, src uintptr, n, chunk uint64) error {
 		return err
 	}
 	defer putStager(s)
-	c := s.chunk
-	if n <= c {
+	if n <= s.chunk {
 		if err := d.DtoH(ctx, s.buf[0], src, n); err != nil {
 			return fmt.Errorf("copy from device: %w", err)
 		}
 		_, err := w.Write(s.bytes(0, n))
 		return err
 	}
+	c := s.chunk
 	s.jobs <- copyJob{ctx: ctx, dev: src, host: s.buf[0], n: c}
 	for done, k := uint64(0), 0; done < n; k++ {
 		m := min(c, n-done)
