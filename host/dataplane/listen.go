@@ -26,8 +26,9 @@ var (
 	// sends without waiting on anything but us: a complete, well-formed
 	// hello and its proof. A dialer needs milliseconds; a stranger that
 	// sends less is closed (a real dialer whose connection is dropped
-	// dials again until its connect deadline).
-	helloTimeout = 2 * time.Second
+	// dials again until its connect deadline). 1.5 s so that the promise
+	// "closed within 2 s of accept" holds with room for scheduling.
+	helloTimeout = 1500 * time.Millisecond
 	// keyWaitTimeout bounds, from accept, the wait of a proven-looking
 	// connection for connect to name the peers (peerKey): a hello may
 	// arrive before this rank's own connect starts, which depends on the

@@ -114,10 +114,11 @@ func closedByServer(t *testing.T, c net.Conn, what string) {
 
 // TestStrangersClosedWithinHelloBound: each kind of stranger, including
 // those whose bytes are a valid start of a hello, is closed by the default
-// 2 s hello bound (checked within 5 s) and frees its slot.
+// hello bound (at most the documented 2 s; checked within 5 s) and frees
+// its slot.
 func TestStrangersClosedWithinHelloBound(t *testing.T) {
 	resetLimits()
-	if helloTimeout != 2*time.Second {
+	if helloTimeout > 2*time.Second {
 		t.Fatalf("helloTimeout %v, the documented bound is 2 s", helloTimeout)
 	}
 	l, _, err := Listen(ListenOptions{Addr: "127.0.0.1"})
