@@ -59,12 +59,10 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 	if d == nil {
 		return ErrNoDevice
 	}
+	// Caps is asked only where its answer picks the path: a registration
+	// without a shadow, with the kernel off, queues nothing on a stream.
 	st, _ := d.(devmem.Streams)
-	var caps devmem.Caps
-	if st != nil {
-		caps = st.Caps(ctx)
-	}
-	if sh != nil && caps&devmem.CapWriteWord != 0 {
+	if sh != nil && st != nil && st.Caps(ctx)&devmem.CapWriteWord != 0 {
 		return sh.add(st, ctx, dev, v)
 	}
 	stripe := int((dev >> 3) % uintptr(len(devSigLocks)))
@@ -80,7 +78,7 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 			return err
 		}
 	}
-	if caps&devmem.CapAtomicAdd != 0 && atomicKernel.Load() {
+	if atomicKernel.Load() && st != nil && st.Caps(ctx)&devmem.CapAtomicAdd != 0 {
 		if err := st.AtomicAdd(ctx, dev, v); err != nil {
 			return fmt.Errorf("atomic add to device signal: %w", err)
 		}
