@@ -42,18 +42,16 @@ const DefaultChunk = 1 << 20
 var devSigLocks [64]sync.Mutex
 
 // AddSignal adds v to the 8-byte signal word at device address dev of
-// context ctx, after the payloads of the operations before it: those copied
-// synchronously have completed, those copied asynchronously (ReadSmall) are
-// queued on ctx's stream. In order of preference:
+// context ctx, after the payloads of the operations before it, whose copies
+// have completed. In order of preference:
 //   - sh (the registration's never-reset shadow, nil for others) and a
 //     device that writes words on its stream: the shadow takes the add and
 //     the new value is written, stream-ordered, without a read-back or a
 //     wait (Shadow.add);
-//   - a CPU mapping of the word (GDRCopy), after ctx's stream passed;
+//   - a CPU mapping of the word (GDRCopy);
 //   - an atomic add queued on ctx's stream (CUDA's one-thread kernel),
 //     where NCCL_RMA_WASM_DEVICE_ATOMIC=1 allows it;
-//   - a read-modify-write with synchronous copies, after ctx's stream
-//     passed, serialised per word.
+//   - a read-modify-write with synchronous copies, serialised per word.
 func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 	d := devmem.Get()
 	if d == nil {
@@ -68,9 +66,6 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 	stripe := int((dev >> 3) % uintptr(len(devSigLocks)))
 	mu := &devSigLocks[stripe]
 	if wa, ok := d.(devmem.WordAdder); ok {
-		if err := settle(st, ctx); err != nil {
-			return err
-		}
 		mu.Lock()
 		done, err := wa.AddWord(ctx, dev, v)
 		mu.Unlock()
@@ -83,9 +78,6 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 			return fmt.Errorf("atomic add to device signal: %w", err)
 		}
 		return nil
-	}
-	if err := settle(st, ctx); err != nil {
-		return err
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -100,18 +92,6 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 	return nil
 }
 
-// settle waits for ctx's stream when asynchronous payload copies may be
-// queued on it, before a signal path that does not queue behind them.
-func settle(st devmem.Streams, ctx uintptr) error {
-	if st == nil || !asyncUsed.Load() {
-		return nil
-	}
-	if err := st.Sync(ctx); err != nil {
-		return fmt.Errorf("wait for the device copies before a signal: %w", err)
-	}
-	return nil
-}
-
 // atomicKernel allows the atomic-add kernel (NCCL_RMA_WASM_DEVICE_ATOMIC):
 // off by default, as a persistent kernel that holds every SM while it
 // spins on the signal would keep the add from ever running; copy engines
@@ -121,10 +101,6 @@ var atomicKernel atomic.Bool
 // SetAtomicKernel allows or forbids the atomic-add kernel; host/plugin
 // sets it from NCCL_RMA_WASM_DEVICE_ATOMIC at init.
 func SetAtomicKernel(on bool) { atomicKernel.Store(on) }
-
-// asyncUsed is set once any payload was copied asynchronously: until then
-// no signal path needs to wait for a stream.
-var asyncUsed atomic.Bool
 
 // sigPage is a pinned page of one device through which each lock stripe
 // reads and writes its signal word: a copy from pageable memory would take
