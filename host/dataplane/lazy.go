@@ -2,10 +2,8 @@ package dataplane
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
-	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
@@ -82,42 +80,8 @@ func (m *Mesh) dialLane(p *peer, lane int) (*net.TCPConn, error) {
 		case <-ctx.Done():
 		}
 	}()
-	info := &m.infos[p.rank]
 	cl := handshake.Claim{Rank: m.rank, NRanks: m.nranks, Lane: lane, Lanes: m.lanes, NoFabric: m.noFab, Encrypt: m.encrypt}
-	deadline, _ := ctx.Deadline()
-	var lastErr error
-	for {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp", info.Addr.String())
-		if err == nil {
-			tc := c.(*net.TCPConn)
-			unwatch := context.AfterFunc(ctx, func() { tc.Close() })
-			keys, herr := handshake.Hello(tc, &info.Key, m.id, cl, deadline)
-			if unwatch() && herr == nil {
-				tc.SetNoDelay(true)
-				s, serr := sealIf(tc, keys)
-				if serr == nil {
-					s.SetNoDelay(true)
-				}
-				return s, serr
-			}
-			tc.Close()
-			err = herr
-		}
-		lastErr = err
-		if ctx.Err() != nil {
-			if lastErr == nil || errors.Is(lastErr, net.ErrClosed) {
-				lastErr = ctx.Err()
-			}
-			return nil, lastErr
-		}
-		t := time.NewTimer(20 * time.Millisecond)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-		}
-	}
+	return dialCtx(ctx, &m.infos[p.rank], m.id, cl)
 }
 
 // closeIn closes incoming stream i if the peer opened it.

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -287,23 +288,43 @@ func (l *Listener) Close() error {
 // dial opens an authenticated connection to a peer's listener, retrying
 // until deadline.
 func dial(peer wire.HandleInfo, id *handshake.Identity, cl handshake.Claim, deadline time.Time) (*net.TCPConn, error) {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	return dialCtx(ctx, &peer, id, cl)
+}
+
+// dialCtx is dial until ctx ends: its deadline bounds each hello, and
+// ending it closes a connection in its hello (a lazy lane's dial is cut
+// short so when its peer dies).
+func dialCtx(ctx context.Context, peer *wire.HandleInfo, id *handshake.Identity, cl handshake.Claim) (*net.TCPConn, error) {
+	deadline, _ := ctx.Deadline()
 	var lastErr error
 	for {
-		d := net.Dialer{Deadline: deadline}
-		c, err := d.Dial("tcp", peer.Addr.String())
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", peer.Addr.String())
 		if err == nil {
 			tc := c.(*net.TCPConn)
-			var keys *handshake.Keys
-			if keys, err = handshake.Hello(tc, &peer.Key, id, cl, deadline); err == nil {
+			unwatch := context.AfterFunc(ctx, func() { tc.Close() })
+			keys, herr := handshake.Hello(tc, &peer.Key, id, cl, deadline)
+			if unwatch() && herr == nil {
 				return sealIf(tc, keys)
 			}
 			tc.Close()
+			err = herr
 		}
 		lastErr = err
-		if time.Now().After(deadline) {
+		if ctx.Err() != nil {
+			if lastErr == nil || errors.Is(lastErr, net.ErrClosed) {
+				lastErr = ctx.Err()
+			}
 			return nil, lastErr
 		}
-		time.Sleep(20 * time.Millisecond)
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
 	}
 }
 
