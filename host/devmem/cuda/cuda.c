@@ -70,11 +70,15 @@ enum { MEMHOSTALLOC_PORTABLE = 1 };
 
 #define MAX_CTX 64
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static struct {
+
+/* A context's shared stream (ctx_stream, below). */
+typedef struct {
   CUcontext ctx;
   CUstream stream;
-} streams[MAX_CTX];
-static int nstreams;
+  int caps;
+  void* add; /* the rmaw_add64 kernel, NULL: none */
+} ctxstream;
+static ctxstream* ctx_stream(uintptr_t ctx, CUresult* r);
 
 static const char* errstr(CUresult r) {
   const char* s = NULL;
@@ -191,7 +195,8 @@ static __thread struct {
 static __thread int ntstreams;
 
 /* stream_for returns this thread's copy stream for ctx, creating it once;
- * past MAX_TLS contexts on one thread, a stream shared per context. */
+ * past MAX_TLS contexts on one thread, the context's shared stream
+ * (ctx_stream). */
 static CUstream stream_for(CUcontext ctx, CUresult* r) {
   for (int i = 0; i < ntstreams; i++)
     if (tstreams[i].ctx == ctx) return tstreams[i].stream;
@@ -204,22 +209,8 @@ static CUstream stream_for(CUcontext ctx, CUresult* r) {
     ntstreams++;
     return s;
   }
-  pthread_mutex_lock(&mu);
-  for (int i = 0; i < nstreams; i++)
-    if (streams[i].ctx == ctx) {
-      CUstream s = streams[i].stream;
-      pthread_mutex_unlock(&mu);
-      return s;
-    }
-  CUstream s = NULL;
-  *r = cu.streamCreate(&s, STREAM_NON_BLOCKING);
-  if (*r == 0 && nstreams < MAX_CTX) {
-    streams[nstreams].ctx = ctx;
-    streams[nstreams].stream = s;
-    nstreams++;
-  }
-  pthread_mutex_unlock(&mu);
-  return *r == 0 ? s : NULL;
+  ctxstream* e = ctx_stream((uintptr_t)ctx, r);
+  return e ? e->stream : NULL;
 }
 
 static int cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
@@ -280,12 +271,6 @@ static int cuda_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd,
  * copies, events) queues on, so that a signal queued after a payload copy
  * executes after it whichever thread queued either. Entries are published
  * with a release store of nctxs and found without a lock. */
-typedef struct {
-  CUcontext ctx;
-  CUstream stream;
-  int caps;
-  void* add; /* the rmaw_add64 kernel, NULL: none */
-} ctxstream;
 static ctxstream ctxs[MAX_CTX];
 static int nctxs;
 
