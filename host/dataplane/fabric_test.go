@@ -14,6 +14,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
@@ -732,7 +733,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 	for _, lanes := range []int{1, 2} {
 		t.Run(fmt.Sprintf("lanes%d", lanes), func(t *testing.T) {
 			const hsize, dsize = 1 << 20, 4 << 20
-			d := &pipeDevice{mem: make([]byte, 2*dsize), base: 0x7e00_0000_0000}
+			d := &devtest.Pipe{Mem: make([]byte, 2*dsize), Base: 0x7e00_0000_0000}
 			devmem.Register(d)
 			defer devmem.Register(nil)
 			prov := fabricProvider(t, "tcp;ofi_rxm")
@@ -742,7 +743,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 				ls := make([]*Listener, 2)
 				hs := make([]*wire.Handle, 2)
 				for i := range ls {
-					owners[i] = &devFabOwner{fabOwner: &fabOwner{mem: fabric.Alloc(hsize), size: hsize, done: map[uint64]abi.Result{}}, dev: d.base + uintptr(i*dsize), size: dsize}
+					owners[i] = &devFabOwner{fabOwner: &fabOwner{mem: fabric.Alloc(hsize), size: hsize, done: map[uint64]abi.Result{}}, dev: d.Base + uintptr(i*dsize), size: dsize}
 					l, h, err := Listen(ListenOptions{Addr: "127.0.0.1", Provider: prov})
 					if err != nil {
 						t.Fatal(err)
@@ -785,7 +786,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 			for i := range hsrc {
 				hsrc[i] = byte(i*7 + 3)
 			}
-			dsrc := d.mem[:dsize]
+			dsrc := d.Mem[:dsize]
 			for i := range dsrc {
 				dsrc[i] = byte(i*11 + 5)
 			}
@@ -807,7 +808,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 				switch k % 2 {
 				case 0: // device source → device destination, staged
 					steps = append(steps, step{Op{Msg: wire.MsgPutSignal, MrID: 2, Local: nil, LocalCtx: 1, Size: n, Off: off, SigMrID: 1, SigOp: abi.SignalOpInc}, false})
-					steps[len(steps)-1].op.Local = *(*unsafe.Pointer)(unsafe.Pointer(&[]uintptr{d.base + uintptr(off)}[0]))
+					steps[len(steps)-1].op.Local = *(*unsafe.Pointer)(unsafe.Pointer(&[]uintptr{d.Base + uintptr(off)}[0]))
 				default: // host → host over RDMA, then host → device staged
 					hn := min(n, hsize/2)
 					steps = append(steps, step{Op{Msg: wire.MsgPut, MrID: 1, Local: unsafe.Add(owners[0].mem, 8), Size: hn - 8, Off: hsize/2 + 8, LocalMr: 1}, true})
@@ -838,7 +839,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 			}
 			// Rank 1's device memory holds the last device put to each
 			// range; check each op's bytes where no later op overwrote them.
-			dst := d.mem[dsize:]
+			dst := d.Mem[dsize:]
 			for i, s := range steps {
 				if s.op.MrID != 2 {
 					continue

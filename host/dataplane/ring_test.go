@@ -13,11 +13,12 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // devOwner is a target with device memory (registration 1, of a
-// pipeDevice) and host memory (registration 2).
+// devtest.Pipe) and host memory (registration 2).
 type devOwner struct {
 	memOwner
 	dev  uintptr
@@ -35,17 +36,17 @@ func (o *devOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, boo
 	return nil, 0, 0, Pin{}, false
 }
 
-// ringDevice is a pipeDevice that pins host memory too, and counts it;
+// ringDevice is a devtest.Pipe that pins host memory too, and counts it;
 // slowIn (nanoseconds) slows its copies to the device further.
 type ringDevice struct {
-	*pipeDevice
+	*devtest.Pipe
 	registered atomic.Int32
 	slowIn     atomic.Int64
 }
 
 func (d *ringDevice) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64) error {
 	time.Sleep(time.Duration(d.slowIn.Load()))
-	return d.pipeDevice.HtoD(ctx, dst, src, n)
+	return d.Pipe.HtoD(ctx, dst, src, n)
 }
 
 func (d *ringDevice) HostRegister(_ uintptr, p unsafe.Pointer, n uint64) error {
@@ -73,13 +74,13 @@ func ringMeshStripe(t *testing.T, size uint64, lanes int, stripe uint64) ([]*Mes
 	// Both ranks' memory is mapped outside Go's heap: the two ends of the
 	// ring synchronise through shared memory and futexes, which the race
 	// detector cannot see, as two processes would.
-	pd := &pipeDevice{mem: mapAnon(t, 2*size), base: 0x7e00_0000_0000}
-	d := &ringDevice{pipeDevice: pd}
+	pd := &devtest.Pipe{Mem: mapAnon(t, 2*size), Base: 0x7e00_0000_0000}
+	d := &ringDevice{Pipe: pd}
 	devmem.Register(d)
 	t.Cleanup(func() { devmem.Register(nil) })
 	os := make([]*devOwner, 2)
 	for r := range os {
-		os[r] = &devOwner{memOwner: memOwner{done: map[uint64]abi.Result{}}, dev: pd.base + uintptr(r)*uintptr(size), size: size, host: mapAnon(t, 64<<10)}
+		os[r] = &devOwner{memOwner: memOwner{done: map[uint64]abi.Result{}}, dev: pd.Base + uintptr(r)*uintptr(size), size: size, host: mapAnon(t, 64<<10)}
 	}
 	ms := connectOwners(t, []Owner{os[0], os[1]}, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes,
 		StripeThreshold: stripe, ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second, StageChunk: 4 << 10})
@@ -112,10 +113,10 @@ func TestRingPipelined(t *testing.T) {
 	for _, lanes := range []int{1, 2} {
 		t.Run(fmt.Sprint("lanes", lanes), func(t *testing.T) {
 			ms, os, d := ringMesh(t, size, lanes)
-			src := d.at(os[0].dev, size)
-			dst := d.at(os[1].dev, size)
+			src := d.At(os[0].dev, size)
+			dst := d.At(os[1].dev, size)
 			fill(src, lanes)
-			d.delay.Store(int64(time.Millisecond))
+			d.Delay.Store(int64(time.Millisecond))
 			sig := (*uint64)(unsafe.Pointer(&os[1].host[0]))
 			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size,
 				SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 5}, false, -1)
@@ -137,8 +138,8 @@ func TestRingPipelined(t *testing.T) {
 			if st := waitDone(t, &os[0].memOwner, 1); st != abi.Success {
 				t.Fatalf("put completed with %v", st)
 			}
-			d.delay.Store(0)
-			if d.overlap.Load() == 0 {
+			d.Delay.Store(0)
+			if d.Overlap.Load() == 0 {
 				t.Fatal("no device copy of the sender ran while the target copied in: the ring stages ran one after the other")
 			}
 			x := ms[0].peers[1].t.(*intraLink)
@@ -198,7 +199,7 @@ func TestRingRefusedFallsBack(t *testing.T) {
 	defer func() { attachHook = nil }()
 	const size = 64 << 10
 	ms, os, d := ringMesh(t, size, 1)
-	src, dst := d.at(os[0].dev, size), d.at(os[1].dev, size)
+	src, dst := d.At(os[0].dev, size), d.At(os[1].dev, size)
 	fill(src, 3)
 	for tag := uint64(1); tag <= 3; tag++ {
 		clear(dst)
@@ -219,7 +220,7 @@ func TestRingWithoutProcessVM(t *testing.T) {
 	const size = 64 << 10
 	ms, os, d := ringMesh(t, size, 1)
 	ms[0].peers[1].t.(*intraLink).on.Store(false)
-	src, dst := d.at(os[0].dev, size), d.at(os[1].dev, size)
+	src, dst := d.At(os[0].dev, size), d.At(os[1].dev, size)
 	fill(src, 5)
 	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size}, false, -1)
 	if st := waitDone(t, &os[0].memOwner, 1); st != abi.Success || !bytes.Equal(dst, src) {
@@ -235,7 +236,7 @@ func TestRingWithoutProcessVM(t *testing.T) {
 func TestRingPeerGone(t *testing.T) {
 	const size = 256 << 10
 	ms, os, d := ringMesh(t, size, 1)
-	d.delay.Store(int64(20 * time.Millisecond)) // the target copies slowly: the sender waits for slots
+	d.Delay.Store(int64(20 * time.Millisecond)) // the target copies slowly: the sender waits for slots
 	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size}, false, -1)
 	time.Sleep(60 * time.Millisecond)
 	ms[1].Close()
@@ -253,12 +254,12 @@ func TestRingLaneFailover(t *testing.T) {
 	const size = 256 << 10
 	ms, os, d := ringMeshStripe(t, size, 2, 1<<40)
 	d.slowIn.Store(int64(2 * time.Millisecond)) // the target lags: the sender waits for slots
-	src, dst := d.at(os[0].dev, size), d.at(os[1].dev, size)
+	src, dst := d.At(os[0].dev, size), d.At(os[1].dev, size)
 	fill(src, 8)
 	sig := (*uint64)(unsafe.Pointer(&os[1].host[0]))
 	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size,
 		SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 3}, false, 0)
-	waitUntil(t, "the ring to carry part of the put", func() bool { return d.overlap.Load()+d.n.Load() > 4 })
+	waitUntil(t, "the ring to carry part of the put", func() bool { return d.Overlap.Load()+d.Copies.Load() > 4 })
 	c := ms[1].peers[0].t.(*intraLink).ins[0] // reset at the target, as ss -K does
 	if err := c.SetLinger(0); err != nil {
 		t.Fatal(err)

@@ -9,14 +9,15 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
-// sigDevice is a pipeDevice that watches device signal words: it counts
+// sigDevice is a devtest.Pipe that watches device signal words: it counts
 // 8-byte word copies, and at each signal update checks that as many
 // payloads have landed (every put carries putSize bytes and one update).
 type sigDevice struct {
-	*pipeDevice
+	*devtest.Pipe
 	putSize    int64
 	landed     atomic.Int64 // payload bytes copied to the device
 	updates    atomic.Int64 // signal updates made
@@ -25,7 +26,7 @@ type sigDevice struct {
 }
 
 func (d *sigDevice) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64) error {
-	err := d.pipeDevice.HtoD(ctx, dst, src, n)
+	err := d.Pipe.HtoD(ctx, dst, src, n)
 	if n == 8 {
 		d.wordCopies.Add(1)
 		d.update()
@@ -40,7 +41,7 @@ func (d *sigDevice) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64)
 		d.wordCopies.Add(1)
 		time.Sleep(50 * time.Microsecond) // widen the read-modify-write
 	}
-	return d.pipeDevice.DtoH(ctx, dst, src, n)
+	return d.Pipe.DtoH(ctx, dst, src, n)
 }
 
 func (d *sigDevice) update() {
@@ -62,7 +63,7 @@ func (d *gdrSigDevice) AddWord(_, addr uintptr, v uint64) (bool, error) {
 	if d.decline {
 		return false, nil
 	}
-	w := d.at(addr, 8)
+	w := d.At(addr, 8)
 	x := binary.LittleEndian.Uint64(w)
 	time.Sleep(50 * time.Microsecond)
 	binary.LittleEndian.PutUint64(w, x+v)
@@ -87,9 +88,9 @@ func TestDeviceSignalWords(t *testing.T) {
 	)
 	for _, mode := range []string{"copies", "gdr", "gdr-declines"} {
 		t.Run(mode, func(t *testing.T) {
-			pd := &pipeDevice{mem: mapAnon(t, 3*region+4096), base: 0x7e00_0000_0000}
-			pd.delay.Store(int64(20 * time.Microsecond))
-			sd := &sigDevice{pipeDevice: pd, putSize: putSize}
+			pd := &devtest.Pipe{Mem: mapAnon(t, 3*region+4096), Base: 0x7e00_0000_0000}
+			pd.Delay.Store(int64(20 * time.Microsecond))
+			sd := &sigDevice{Pipe: pd, putSize: putSize}
 			var gd *gdrSigDevice
 			var dev devmem.Device = sd
 			if mode != "copies" {
@@ -101,7 +102,7 @@ func TestDeviceSignalWords(t *testing.T) {
 			os := make([]*devOwner, 3)
 			owners := make([]Owner, 3)
 			for r := range os {
-				os[r] = &devOwner{memOwner: memOwner{done: map[uint64]abi.Result{}}, dev: pd.base + uintptr(r*region), size: region,
+				os[r] = &devOwner{memOwner: memOwner{done: map[uint64]abi.Result{}}, dev: pd.Base + uintptr(r*region), size: region,
 					host: mapAnon(t, putSize)}
 				owners[r] = os[r]
 			}
@@ -130,7 +131,7 @@ func TestDeviceSignalWords(t *testing.T) {
 			}
 			// Completion means the target landed the payload; its signal
 			// may follow a moment later.
-			word := func() uint64 { return binary.LittleEndian.Uint64(pd.at(os[0].dev+uintptr(sigOff), 8)) }
+			word := func() uint64 { return binary.LittleEndian.Uint64(pd.At(os[0].dev+uintptr(sigOff), 8)) }
 			deadline := time.Now().Add(30 * time.Second)
 			for word() != want && time.Now().Before(deadline) {
 				time.Sleep(time.Millisecond)
@@ -145,7 +146,7 @@ func TestDeviceSignalWords(t *testing.T) {
 			for s := 1; s <= 2; s++ {
 				for i := range puts {
 					off := ((s-1)*puts + i) * putSize
-					if string(pd.at(os[0].dev+uintptr(off), putSize)) != string(os[s].host) {
+					if string(pd.At(os[0].dev+uintptr(off), putSize)) != string(os[s].host) {
 						t.Fatalf("payload %d of rank %d differs", i, s)
 					}
 				}

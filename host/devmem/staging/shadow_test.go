@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
 )
 
 // streamDevice is a device with one in-order stream, run by a goroutine
@@ -16,7 +17,7 @@ import (
 // stream's order (a signal written before its payload's copy executed)
 // becomes visible. caps picks what it offers.
 type streamDevice struct {
-	pipeDevice
+	devtest.Pipe
 	caps   devmem.Caps
 	delay  time.Duration
 	mu     sync.Mutex
@@ -30,7 +31,7 @@ type streamDevice struct {
 }
 
 func newStreamDevice(size int, caps devmem.Caps, delay time.Duration) *streamDevice {
-	d := &streamDevice{pipeDevice: pipeDevice{mem: make([]byte, size), base: 0x7e00_0000_0000}, caps: caps, delay: delay}
+	d := &streamDevice{Pipe: devtest.Pipe{Mem: make([]byte, size), Base: 0x7e00_0000_0000}, caps: caps, delay: delay}
 	d.cond = sync.NewCond(&d.mu)
 	go d.run()
 	return d
@@ -62,14 +63,14 @@ func (d *streamDevice) enqueue(f func()) {
 }
 
 func (d *streamDevice) word(addr uintptr) *uint64 {
-	return (*uint64)(unsafe.Pointer(&d.mem[addr-d.base]))
+	return (*uint64)(unsafe.Pointer(&d.Mem[addr-d.Base]))
 }
 
 func (d *streamDevice) DtoH(ctx uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
 	if n == 8 {
 		d.rmw.Add(1)
 	}
-	return d.pipeDevice.DtoH(ctx, dst, src, n)
+	return d.Pipe.DtoH(ctx, dst, src, n)
 }
 
 func (d *streamDevice) Caps(uintptr) devmem.Caps { return d.caps }
@@ -90,11 +91,11 @@ func (d *streamDevice) AtomicAdd(_, addr uintptr, v uint64) error {
 	return nil
 }
 func (d *streamDevice) HtoDAsync(_, dst uintptr, src unsafe.Pointer, n uint64) error {
-	d.enqueue(func() { copy(d.at(dst, n), unsafe.Slice((*byte)(src), n)) })
+	d.enqueue(func() { copy(d.At(dst, n), unsafe.Slice((*byte)(src), n)) })
 	return nil
 }
 func (d *streamDevice) DtoHAsync(_ uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
-	d.enqueue(func() { copy(unsafe.Slice((*byte)(dst), n), d.at(src, n)) })
+	d.enqueue(func() { copy(unsafe.Slice((*byte)(dst), n), d.At(src, n)) })
 	return nil
 }
 func (d *streamDevice) Record(_ uintptr, ev *uintptr) error {
@@ -127,16 +128,16 @@ func TestShadowSignals(t *testing.T) {
 	defer devmem.Register(nil)
 	const words, peers, per = 4, 6, 400
 	for i := range words {
-		*d.word(d.base + uintptr(8*i)) = uint64(1000 * i) // the application's initial values
+		*d.word(d.Base + uintptr(8*i)) = uint64(1000 * i) // the application's initial values
 	}
-	sh := NewShadow(d.base, 8*words)
+	sh := NewShadow(d.Base, 8*words)
 	var wg sync.WaitGroup
 	for p := range peers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for k := range per {
-				if err := AddSignal(1, d.base+uintptr(8*((p+k)%words)), uint64(p+1), sh); err != nil {
+				if err := AddSignal(1, d.Base+uintptr(8*((p+k)%words)), uint64(p+1), sh); err != nil {
 					t.Error(err)
 					return
 				}
@@ -156,7 +157,7 @@ func TestShadowSignals(t *testing.T) {
 				}
 			}
 		}
-		if got := *d.word(d.base + uintptr(8*i)); got != want {
+		if got := *d.word(d.Base + uintptr(8*i)); got != want {
 			t.Errorf("word %d = %d, want %d", i, got, want)
 		}
 	}
@@ -197,7 +198,7 @@ func TestSignalPaths(t *testing.T) {
 			defer devmem.Register(nil)
 			var sh *Shadow
 			if c.shadow {
-				sh = NewShadow(d.base, 64)
+				sh = NewShadow(d.Base, 64)
 			}
 			var wg sync.WaitGroup
 			for range 4 {
@@ -205,7 +206,7 @@ func TestSignalPaths(t *testing.T) {
 				go func() {
 					defer wg.Done()
 					for range 100 {
-						if err := AddSignal(1, d.base+8, 3, sh); err != nil {
+						if err := AddSignal(1, d.Base+8, 3, sh); err != nil {
 							t.Error(err)
 							return
 						}
@@ -216,7 +217,7 @@ func TestSignalPaths(t *testing.T) {
 			if err := Quiesce(1); err != nil {
 				t.Fatal(err)
 			}
-			if got := *d.word(d.base + 8); got != 1200 {
+			if got := *d.word(d.Base + 8); got != 1200 {
 				t.Fatalf("signal = %d, want 1200", got)
 			}
 			if (d.adds.Load() > 0) != c.adds || (d.rmw.Load() > 0) != c.rmws || d.writes.Load() != 0 {
