@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 // putsAtDepth has rank i post n 8-byte puts with a signal (add 1 to word
@@ -162,24 +161,13 @@ func TestSlotsFullWaits(t *testing.T) {
 	slotWait = 20 * time.Millisecond
 	defer func() { slotWait = old }()
 	slotWarn.Reset()
-	var mu sync.Mutex
-	var warns []string
-	logx.SetSink(func(level abi.LogLevel, _ uint64, _ string, _ int, msg string) {
-		if level == abi.LogWarn {
-			mu.Lock()
-			warns = append(warns, msg)
-			mu.Unlock()
-		}
-	})
-	defer logx.SetSink(nil)
+	warns := warnings(t)
 	if _, res := Iput(r.rma, 0, 0, r.srcMh, 8, 8*uint64(ginQueueDepth+1), r.dstMh, 1, 0); res != abi.InternalError {
 		t.Fatalf("past the bound: %v, want ncclInternalError", res)
 	}
-	mu.Lock()
-	if len(warns) != 1 || !strings.Contains(warns[0], "iput refused: all 256 request slots") || !strings.Contains(warns[0], "NCCL_GIN_PROXY_QUEUE_SIZE") {
-		t.Errorf("WARN lines %q, want one naming the full request slots", warns)
+	if w := warns(); len(w) != 1 || !strings.Contains(w[0], "iput refused: all 256 request slots") || !strings.Contains(w[0], "NCCL_GIN_PROXY_QUEUE_SIZE") {
+		t.Errorf("WARN lines %q, want one naming the full request slots", w)
 	}
-	mu.Unlock()
 	for _, req := range reqs {
 		if res := wait(t, r.coll, req); res != abi.Success {
 			t.Fatalf("request %#x: %v", req, res)

@@ -3,13 +3,9 @@ package plugin
 import (
 	"os"
 	"strings"
-	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 // TestRaiseNoFile: a soft RLIMIT_NOFILE below the hard one is raised to it.
@@ -45,30 +41,21 @@ func TestNoFileWarn(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
-	var mu sync.Mutex
-	var warns []string
-	logx.SetSink(func(level abi.LogLevel, _ uint64, _ string, _ int, msg string) {
-		if level == abi.LogWarn {
-			mu.Lock()
-			warns = append(warns, msg)
-			mu.Unlock()
-		}
-	})
-	defer logx.SetSink(nil)
+	warns := warnings(t)
 	lim := unix.Rlimit{Cur: 4096, Max: 4096}
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatal(err)
 	}
 	checkNoFile(1024, 1, false) // 2,048 + what is open fits 4,096
-	if len(warns) != 0 {
-		t.Fatalf("warned with enough descriptors: %q", warns)
+	if w := warns(); len(w) != 0 {
+		t.Fatalf("warned with enough descriptors: %q", w)
 	}
 	checkNoFile(4096, 1, false) // 8,192 do not
-	if len(warns) != 1 || !strings.Contains(warns[0], "4096 ranks x 1 lanes x 2 descriptors") || !strings.Contains(warns[0], "hard limit 4096") {
-		t.Fatalf("WARN lines %q, want one naming 4096 ranks x 1 lanes x 2 descriptors and the hard limit", warns)
+	if w := warns(); len(w) != 1 || !strings.Contains(w[0], "4096 ranks x 1 lanes x 2 descriptors") || !strings.Contains(w[0], "hard limit 4096") {
+		t.Fatalf("WARN lines %q, want one naming 4096 ranks x 1 lanes x 2 descriptors and the hard limit", w)
 	}
 	checkNoFile(1024, 1, true) // sealed: 6,144 + what is open do not fit
-	if len(warns) != 2 || !strings.Contains(warns[1], "1024 ranks x 1 lanes x 6 descriptors") {
-		t.Fatalf("WARN lines %q, want a second naming 6 descriptors a rank when sealed", warns)
+	if w := warns(); len(w) != 2 || !strings.Contains(w[1], "1024 ranks x 1 lanes x 6 descriptors") {
+		t.Fatalf("WARN lines %q, want a second naming 6 descriptors a rank when sealed", w)
 	}
 }
