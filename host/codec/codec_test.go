@@ -2,57 +2,19 @@ package codec
 
 import (
 	"bytes"
-	"math/rand/v2"
 	"testing"
 
 	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec/codectest"
 )
-
-// compressibleData is text-like: a small alphabet in runs.
-func compressibleData(n int, seed uint64) []byte {
-	r := rand.New(rand.NewPCG(seed, 1))
-	b := make([]byte, n)
-	for i := 0; i < n; {
-		c, k := byte('a'+r.IntN(6)), 1+r.IntN(40)
-		for j := 0; j < k && i < n; j++ {
-			b[i] = c
-			i++
-		}
-	}
-	return b
-}
-
-// guarded returns a registration of n bytes with 4 KiB of guard bytes on
-// each side, and a check that the guards are untouched.
-func guarded(n int) (whole, mem []byte, intact func() bool) {
-	whole = make([]byte, n+8192)
-	for i := range whole {
-		whole[i] = 0xa5
-	}
-	mem = whole[4096 : 4096+n : 4096+n]
-	clear(mem)
-	return whole, mem, func() bool {
-		for _, b := range whole[:4096] {
-			if b != 0xa5 {
-				return false
-			}
-		}
-		for _, b := range whole[4096+n:] {
-			if b != 0xa5 {
-				return false
-			}
-		}
-		return true
-	}
-}
 
 // FuzzDecodeBlock: whatever the block, decoding writes only into dst and
 // succeeds only with exactly len(dst) bytes.
 func FuzzDecodeBlock(f *testing.F) {
-	d := compressibleData(3000, 1)
+	d := codectest.CompressibleData(3000, 1)
 	z, _ := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithSingleSegment(true))
 	f.Add(uint8(codecS2), uint16(3000), s2.Encode(nil, d))
 	f.Add(uint8(codecS2), uint16(100), s2.Encode(nil, d))
@@ -61,7 +23,7 @@ func FuzzDecodeBlock(f *testing.F) {
 	f.Add(uint8(codecZstd), uint16(3000), z.EncodeAll(d[:10], z.EncodeAll(d[:2990], nil)))
 	var dec Decoder
 	f.Fuzz(func(t *testing.T, codec uint8, n uint16, src []byte) {
-		whole, dst, intact := guarded(int(n))
+		whole, dst, intact := codectest.Guarded(int(n))
 		_ = whole
 		err := dec.Decode(codec, dst, src)
 		if !intact() {
@@ -88,7 +50,7 @@ func FuzzDecodeBlock(f *testing.F) {
 // TestCodecSteadyAllocs: once a lane's encoders and a stream's decoders
 // exist, compressing and decompressing allocate nothing.
 func TestCodecSteadyAllocs(t *testing.T) {
-	data := compressibleData(200000, 3)
+	data := codectest.CompressibleData(200000, 3)
 	dst := make([]byte, len(data))
 	for _, codec := range []uint32{guestabi.Codec(guestabi.CodecS2, 0), guestabi.Codec(guestabi.CodecS2, 2), guestabi.Codec(guestabi.CodecZstd, 1), guestabi.Codec(guestabi.CodecZstd, 2)} {
 		var e Encoder

@@ -15,52 +15,15 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec/codectest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
-
-// compressibleData is text-like: a small alphabet in runs.
-func compressibleData(n int, seed uint64) []byte {
-	r := rand.New(rand.NewPCG(seed, 1))
-	b := make([]byte, n)
-	for i := 0; i < n; {
-		c, k := byte('a'+r.IntN(6)), 1+r.IntN(40)
-		for j := 0; j < k && i < n; j++ {
-			b[i] = c
-			i++
-		}
-	}
-	return b
-}
 
 func randomData(n int, seed uint64) []byte {
 	r := rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8)})
 	b := make([]byte, n)
 	_, _ = r.Read(b)
 	return b
-}
-
-// guarded returns a registration of n bytes with 4 KiB of guard bytes on
-// each side, and a check that the guards are untouched.
-func guarded(n int) (whole, mem []byte, intact func() bool) {
-	whole = make([]byte, n+8192)
-	for i := range whole {
-		whole[i] = 0xa5
-	}
-	mem = whole[4096 : 4096+n : 4096+n]
-	clear(mem)
-	return whole, mem, func() bool {
-		for _, b := range whole[:4096] {
-			if b != 0xa5 {
-				return false
-			}
-		}
-		for _, b := range whole[4096+n:] {
-			if b != 0xa5 {
-				return false
-			}
-		}
-		return true
-	}
 }
 
 // TestCompressedPuts moves compressible and incompressible payloads with
@@ -75,13 +38,13 @@ func TestCompressedPuts(t *testing.T) {
 		// Every put has its own range: the race detector cannot see the
 		// order a signal gives across a socket, so no range is reused.
 		const slot = size + 4096
-		_, mem, intact := guarded(8 + 24*slot)
+		_, mem, intact := codectest.Guarded(8 + 24*slot)
 		owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: mem, done: map[uint64]abi.Result{}}}
 		ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 64 << 10})
 		sig := (*uint64)(unsafe.Pointer(&mem[0]))
 		tag, signals := uint64(1), uint64(0) // tag 0 completes nothing
 		for ci, cw := range codecs {
-			for di, data := range [][]byte{compressibleData(size, uint64(ci)), randomData(size, uint64(ci))} {
+			for di, data := range [][]byte{codectest.CompressibleData(size, uint64(ci)), randomData(size, uint64(ci))} {
 				// Sizes: under codec.MinSize (sent raw), one block, several.
 				for _, n := range []int{codec.MinSize - 1, 70000, size} {
 					off := 8 + int(tag-1)*slot
@@ -142,10 +105,10 @@ func block(clen, raw uint32, data []byte) []byte {
 // its declared length is rejected (nack, WARN) and the stream stays in
 // step; a framing lie drops the peer. Nothing lands outside the put's range.
 func TestHostileCompressedFrames(t *testing.T) {
-	good := compressibleData(4096, 7)
-	s2big := s2.Encode(nil, compressibleData(8192, 8)) // decodes to twice the declared size
+	good := codectest.CompressibleData(4096, 7)
+	s2big := s2.Encode(nil, codectest.CompressibleData(8192, 8)) // decodes to twice the declared size
 	z, _ := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest))
-	zbig := z.EncodeAll(compressibleData(8192, 9), nil)
+	zbig := z.EncodeAll(codectest.CompressibleData(8192, 9), nil)
 	zgood := z.EncodeAll(good, nil)
 	zlie := append([]byte(nil), zgood...)
 	zlie[len(zlie)/2] ^= 0xff // content corrupted, lengths intact
@@ -169,7 +132,7 @@ func TestHostileCompressedFrames(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, mem, intact := guarded(8192)
+			_, mem, intact := codectest.Guarded(8192)
 			owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: mem, done: map[uint64]abi.Result{}}}
 			ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second})
 			l := ms[0].peers[1].t.(*tcpLink).lanes[0]
@@ -274,7 +237,7 @@ func TestPlanChunk(t *testing.T) {
 func TestPacing(t *testing.T) {
 	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 4096), done: map[uint64]abi.Result{}}}
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 30, ChunkSize: 64 << 10})
-	src := compressibleData(64, 1)
+	src := codectest.CompressibleData(64, 1)
 	// Long enough that a Post blocking on the pacing could not go unseen
 	// on a loaded machine.
 	const delay = 400 * time.Millisecond
