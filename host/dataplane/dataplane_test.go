@@ -85,8 +85,21 @@ func connect2(t *testing.T, os []*memOwner, opt Options) []*Mesh {
 // connectOwners connects a mesh per owner over loopback.
 func connectOwners(t *testing.T, os []Owner, opt Options) []*Mesh {
 	t.Helper()
-	ls := make([]*Listener, len(os))
-	hs := make([]*wire.Handle, len(os))
+	ls, hs := listenN(t, len(os))
+	ms := connectAll(t, ls, hs, func(i int) Owner { return os[i] }, func(int) Options { return opt })
+	t.Cleanup(func() {
+		for _, m := range ms {
+			m.Close()
+		}
+	})
+	return ms
+}
+
+// listenN opens n listeners on loopback, closed when the test ends.
+func listenN(t testing.TB, n int) ([]*Listener, []*wire.Handle) {
+	t.Helper()
+	ls := make([]*Listener, n)
+	hs := make([]*wire.Handle, n)
 	for i := range ls {
 		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
@@ -95,13 +108,7 @@ func connectOwners(t *testing.T, os []Owner, opt Options) []*Mesh {
 		ls[i], hs[i] = l, h
 		t.Cleanup(func() { l.Close() })
 	}
-	ms := connectAll(t, ls, hs, func(i int) Owner { return os[i] }, func(int) Options { return opt })
-	t.Cleanup(func() {
-		for _, m := range ms {
-			m.Close()
-		}
-	})
-	return ms
+	return ls, hs
 }
 
 // connectAll connects every listener's rank at once (Connect blocks until
@@ -128,15 +135,21 @@ func connectAll(t testing.TB, ls []*Listener, hs []*wire.Handle, owner func(int)
 	return ms
 }
 
-func waitDone(t *testing.T, o *memOwner, tag uint64) abi.Result {
-	deadline := time.Now().Add(10 * time.Second)
+func waitDone(t testing.TB, o *memOwner, tag uint64) abi.Result {
+	return waitDoneWithin(t, o, tag, 10*time.Second)
+}
+
+// waitDoneWithin is tag's status once it completed, within d; a tag that
+// does not complete ends the test.
+func waitDoneWithin(tb testing.TB, o *memOwner, tag uint64, d time.Duration) abi.Result {
+	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
 		if st, ok := o.status(tag); ok {
 			return st
 		}
 		time.Sleep(time.Millisecond)
 	}
-	t.Fatalf("tag %d never completed", tag)
+	tb.Fatalf("tag %d never completed", tag)
 	return 0
 }
 

@@ -19,16 +19,9 @@ import (
 // pair is two listeners of a 2-rank communicator and their handles.
 func pair(t *testing.T) ([]*Listener, []*wire.Handle, []wire.HandleInfo) {
 	t.Helper()
-	ls := make([]*Listener, 2)
-	hs := make([]*wire.Handle, 2)
+	ls, hs := listenN(t, 2)
 	his := make([]wire.HandleInfo, 2)
-	for i := range ls {
-		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		ls[i], hs[i] = l, h
+	for i, h := range hs {
 		his[i], _ = wire.DecodeHandle(h)
 	}
 	return ls, hs, his

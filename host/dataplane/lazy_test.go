@@ -81,16 +81,7 @@ func meshSockets(t *testing.T, ports ...int) int {
 func TestLazyLanes(t *testing.T) {
 	const size = 1 << 20
 	owners := newOwners(2, 2*size)
-	ls := make([]*Listener, 2)
-	hs := make([]*wire.Handle, 2)
-	for i := range ls {
-		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls[i], hs[i] = l, h
-		t.Cleanup(func() { l.Close() })
-	}
+	ls, hs := listenN(t, 2)
 	ports := []int{ls[0].Addr().Port, ls[1].Addr().Port}
 	ms := connectAll(t, ls, hs, func(i int) Owner { return owners[i] }, func(int) Options {
 		return Options{Timeout: 10 * time.Second, Lanes: 4, StripeThreshold: 256 << 10, ChunkSize: 64 << 10, CloseTimeout: 5 * time.Second}
@@ -165,16 +156,7 @@ func TestLazyLanes(t *testing.T) {
 // once, and the initiator hears of the failover; the peer stays up.
 func TestLazyLaneDialFails(t *testing.T) {
 	owners := newOwners(2, 64<<10)
-	ls := make([]*Listener, 2)
-	hs := make([]*wire.Handle, 2)
-	for i := range ls {
-		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls[i], hs[i] = l, h
-		t.Cleanup(func() { l.Close() })
-	}
+	ls, hs := listenN(t, 2)
 	ms := connectAll(t, ls, hs, func(i int) Owner { return owners[i] }, func(int) Options {
 		return Options{Timeout: 500 * time.Millisecond, Lanes: 2, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: 5 * time.Second}
 	})

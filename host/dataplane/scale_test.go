@@ -236,7 +236,7 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 			continue
 		}
 		for k := range 3 {
-			if st := waitDoneTB(tb, owner, uint64(3*r+k)); st != abi.Success {
+			if st := waitDoneWithin(tb, owner, uint64(3*r+k), 30*time.Second); st != abi.Success {
 				tb.Fatalf("operation %d to rank %d: %v", k, r, st)
 			}
 		}
@@ -270,19 +270,6 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 		tb.Fatal(err)
 	}
 	return res
-}
-
-// waitDoneTB is waitDone for benchmarks too.
-func waitDoneTB(tb testing.TB, o *memOwner, tag uint64) abi.Result {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if st, ok := o.status(tag); ok {
-			return st
-		}
-		time.Sleep(time.Millisecond)
-	}
-	tb.Fatalf("tag %d never completed", tag)
-	return 0
 }
 
 func countFDs(tb testing.TB) int {
@@ -458,7 +445,7 @@ func TestScaleHelper(t *testing.T) {
 		tag := uint64(r)
 		m.Post(0, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: uint64(r * scaleSlot), Tag: tag,
 			Local: unsafe.Pointer(&src[8]), Size: scalePayload, Off: uint64(r*scaleSlot + 8)}, false, r%lanes)
-		if st := waitDoneTB(t, o, tag); st != abi.Success {
+		if st := waitDoneWithin(t, o, tag, 30*time.Second); st != abi.Success {
 			verdict = fmt.Sprintf("rank %d's put to rank 0: %v", r, st)
 		}
 		verified++

@@ -89,16 +89,7 @@ func (o *gatedOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, b
 func TestCloseBoundedOnStalledPeer(t *testing.T) {
 	mo := newOwners(2, 4096)
 	g := &gatedOwner{memOwner: mo[1], gate: make(chan struct{})}
-	ls := make([]*Listener, 2)
-	hs := make([]*wire.Handle, 2)
-	for i := range ls {
-		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls[i], hs[i] = l, h
-		defer l.Close()
-	}
+	ls, hs := listenN(t, 2)
 	opt := Options{Timeout: 10 * time.Second, Lanes: 2, CloseTimeout: 300 * time.Millisecond}
 	owners := []Owner{mo[0], g}
 	ms := make([]*Mesh, 2)
@@ -192,16 +183,7 @@ func (o *countGateOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pi
 func TestAckWithinARead(t *testing.T) {
 	mo := newOwners(2, 4096)
 	g := &countGateOwner{memOwner: mo[1], n: 100, gate: make(chan struct{}), stalled: make(chan struct{})}
-	ls := make([]*Listener, 2)
-	hs := make([]*wire.Handle, 2)
-	for i := range ls {
-		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls[i], hs[i] = l, h
-		defer l.Close()
-	}
+	ls, hs := listenN(t, 2)
 	owners := []Owner{mo[0], g}
 	ms := make([]*Mesh, 2)
 	errs := make(chan error, 2)
