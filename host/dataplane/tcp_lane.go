@@ -119,9 +119,6 @@ func (t *tcpLink) inlineMax() uint64 {
 }
 
 func (t *tcpLink) start() {
-	for _, l := range t.lanes {
-		l.start()
-	}
 	// Acks ride the lane of the same index only on one-lane links (with
 	// several, failover needs them on the streams they acknowledge) and
 	// not beside a fabric endpoint (its staged puts' window is reaped by
@@ -136,6 +133,11 @@ func (t *tcpLink) start() {
 				a.piggy.Store(true)
 			}
 		}
+	}
+	// The lanes start once their acks are attached: a lane whose stream
+	// ends at once stops the link, which reads them.
+	for _, l := range t.lanes {
+		l.start()
 	}
 	t.inDone = make([]chan struct{}, len(t.ins))
 	for i := range t.ins {
