@@ -125,6 +125,22 @@ func TestFaultConnectionReset(t *testing.T) {
 	faultRuns(t, out, "reset", 3)
 }
 
+// TestFaultResetLazyLanes: with four lanes of which only lane 0 opened
+// (small puts on one lane; the others open when first used), every
+// connection of rank 2 is reset: the lanes never opened do not count as
+// survivors, so the peer fails and every rank reports it, instead of
+// moving lane 0's work to a lane that first has to dial (it hung: four
+// requests pending forever, found by make soak).
+func TestFaultResetLazyLanes(t *testing.T) {
+	out := runDriver(t, []string{"NCCL_RMA_WASM_INTRANODE=1", "NCCL_RMA_WASM_LANES=4"},
+		"--ranks", "3", "--scenario", "fault", "--fault", "reset", "--kill-rank", "2",
+		"--size", "4k", "--iters", "1", "--threads", "1", "--version", "14", "--fault-delay-ms", "325", "--timeout", "20")
+	if regexp.MustCompile(`reset [1-9]\d* TCP connections of rank 2`).FindString(out) == "" {
+		t.Fatalf("no connection was reset (is ss -K supported?):\n%s", tail(out))
+	}
+	faultRuns(t, out, "reset", 3)
+}
+
 // TestFaultLaneReset resets one more outgoing TCP lane of rank 2 (ss -K)
 // in each of rounds 1..3, 5 ms into the round, while every rank has puts,
 // puts with signal, signals and gets in flight, under the multirail

@@ -39,6 +39,31 @@ func resetIn(t *testing.T, m *Mesh, peer, lane int) {
 	c.Close()
 }
 
+// openLanes opens every lane from m to peer, as connect did before lanes
+// opened on first use: only an opened lane takes over a failed one's work.
+func openLanes(t *testing.T, m *Mesh, peer int) {
+	t.Helper()
+	p := m.peers[peer]
+	var tl *tcpLink
+	switch x := p.t.(type) {
+	case *tcpLink:
+		tl = x
+	case *intraLink:
+		tl = x.tcpLink
+	default:
+		t.Fatalf("openLanes: transport %T", p.t)
+	}
+	for _, l := range tl.lanes {
+		l.mu.Lock()
+		if l.out == nil && !l.opening {
+			l.startOpen()
+		}
+		l.mu.Unlock()
+	}
+	all := uint32(1)<<p.lanes - 1
+	waitUntil(t, "every lane to open", func() bool { return p.opened.Load() == all })
+}
+
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
@@ -235,6 +260,7 @@ func TestAllLanesDownPeerDead(t *testing.T) {
 	const piece = 256 << 10
 	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 8+16*piece), done: map[uint64]abi.Result{}}}
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: time.Second})
+	openLanes(t, ms[0], 1)
 	src := make([]byte, 16*piece)
 	for k := 0; k < 16; k++ {
 		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*piece]), Size: piece, Off: 8 + uint64(k*piece)}, false, k%2)

@@ -18,7 +18,8 @@ import (
 // its queue, in order; the target's orderer holds signals for sequence
 // numbers still on the way, as for a slow lane. A dial that fails is a
 // lane failure (tcp_failover.go): the queue moves to a live lane, or the
-// peer fails when none is left. A peer never used beyond lane 0 costs one
+// peer fails when none is left. Only an opened lane is live for a
+// failover (peer.opened): a failed lane's work never waits on a dial. A peer never used beyond lane 0 costs one
 // stream each way.
 
 // startOpen dials the lane in the background; l.mu held. The mesh's wait
@@ -53,6 +54,7 @@ func (l *lane) open() {
 	}
 	l.q.Grow(laneQueue)
 	l.out = c
+	p.opened.Or(1 << l.idx)
 	l.mu.Unlock()
 	l.run()
 	l.kick()

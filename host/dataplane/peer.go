@@ -42,6 +42,11 @@ type peer struct {
 	// the others (lane failover, tcp_failover.go). Only TCP lanes fail
 	// alone; the peer dies when the last one goes.
 	down atomic.Uint32
+	// opened has bit i set once lane i has a stream (lane 0 at connect,
+	// the others when first used: lazy.go). A failed lane's work moves
+	// only to an opened lane that is not down: with none, the peer fails,
+	// as it did when every lane opened at connect and all of them broke.
+	opened atomic.Uint32
 }
 
 // newPeer makes the peer; Connect gives it its transport before start.
@@ -90,9 +95,13 @@ func (p *peer) live(lane int) int {
 	if down == 0 {
 		return lane
 	}
-	for i := 0; i < p.lanes; i++ {
-		if l := (lane + i) % p.lanes; down&(1<<l) == 0 {
-			return l
+	// An opened lane first: the work of a failed one must not wait on a
+	// dial (a lane opened now could not take over its resends).
+	for _, ok := range [2]uint32{p.opened.Load() &^ down, ^down} {
+		for i := 0; i < p.lanes; i++ {
+			if l := (lane + i) % p.lanes; ok&(1<<l) != 0 {
+				return l
+			}
 		}
 	}
 	return lane

@@ -253,6 +253,7 @@ func TestRingPeerGone(t *testing.T) {
 func TestRingLaneFailover(t *testing.T) {
 	const size = 256 << 10
 	ms, os, d := ringMeshStripe(t, size, 2, 1<<40)
+	openLanes(t, ms[0], 1)                      // the live lane the put fails over to
 	d.slowIn.Store(int64(2 * time.Millisecond)) // the target lags: the sender waits for slots
 	src, dst := d.At(os[0].dev, size), d.At(os[1].dev, size)
 	fill(src, 8)

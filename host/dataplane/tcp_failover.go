@@ -72,13 +72,12 @@ func (t *tcpLink) noFailover() {
 func (l *lane) broken(err error) {
 	p := l.p
 	bit := uint32(1) << l.idx
-	all := uint32(1)<<p.lanes - 1
 	for {
 		d := p.down.Load()
 		if d&bit != 0 {
 			return // failed over already
 		}
-		if !l.resend || d|bit == all || p.closing.Load() || p.peerBye.Load() || p.dead.Load() {
+		if !l.resend || p.opened.Load()&^(d|bit) == 0 || p.closing.Load() || p.peerBye.Load() || p.dead.Load() {
 			p.markDead(err)
 			return
 		}
@@ -110,7 +109,7 @@ func (l *lane) canFailover() bool {
 		return false
 	}
 	bit := uint32(1) << l.idx
-	return (p.down.Load() | bit) != uint32(1)<<p.lanes-1
+	return p.opened.Load()&^(p.down.Load()|bit) != 0
 }
 
 // replyStreamEnded: the lane's reader could not read. It fails the lane

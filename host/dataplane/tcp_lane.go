@@ -323,6 +323,9 @@ type sentOp struct {
 
 func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
 	l := &lane{p: t.p, t: t, idx: idx, out: out, wake: make(chan struct{}, 1)}
+	if out != nil {
+		t.p.opened.Or(1 << idx)
+	}
 	l.resend = t.p.lanes > 1 && !t.p.m.localComp
 	if out == nil {
 		// Not open yet (lazy.go): a small queue that grows, and the
