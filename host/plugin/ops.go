@@ -157,6 +157,9 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 		return 0, res
 	}
 	q.ctx, q.kind, q.peer, q.size = context, uint8(kind), rank, op.Size
+	if r.stallOn {
+		q.stamp(kind, context, rank, op.Size)
+	}
 	gen := q.gen.Load()
 	handle := requestHandle(r.id, gen, idx)
 	op.Tag = handle

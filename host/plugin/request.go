@@ -41,6 +41,7 @@ type request struct {
 	peer   uint32
 	size   uint64
 	start  int64
+	st     stallStamp // only with the stall report on (stall.go)
 }
 
 type slab [slabSize]request

@@ -30,6 +30,8 @@ type rmaCtx struct {
 	reqs    requestPool
 	closed  atomic.Bool
 	anyPlan bool
+	stallOn bool          // NCCL_RMA_WASM_STALL_REPORT_MS set: requests are stamped (stall.go)
+	polls   atomic.Uint64 // rmaProgress and test() calls, counted when stallOn
 }
 
 // ctxState is one context of the block: its backend policy state (a guest
@@ -110,6 +112,7 @@ func CreateContext(h uint64, cfg abi.RmaConfig) (uint64, abi.Result) {
 	}
 	c.rmas = append(c.rmas, r)
 	c.rmaMu.Unlock()
+	r.startStallReport()
 	return rmas.handle(r.id), abi.Success
 }
 
@@ -191,6 +194,9 @@ func Progress(h uint64) abi.Result {
 		logx.Warn(abi.SubsysNet, "NET/wasm: rmaProgress: unknown rma context %#x", h)
 		return abi.InvalidArgument
 	}
+	if r.stallOn {
+		r.polls.Add(1)
+	}
 	r.c.flushDeferred()
 	r.c.mesh.Progress()
 	r.c.mesh.Kick()
@@ -216,6 +222,9 @@ func Test(coll, req uint64) (bool, abi.Result) {
 	if k, id := splitHandle(coll); k != kindColl || id != r.c.id {
 		logx.Warn(abi.SubsysNet, "NET/wasm: test: request %#x does not belong to collComm %#x", req, coll)
 		return false, abi.InvalidArgument
+	}
+	if r.stallOn {
+		r.polls.Add(1)
 	}
 	if q.state.Load() != reqDone {
 		if q.parts.Load() == 0 {

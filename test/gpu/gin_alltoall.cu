@@ -12,7 +12,7 @@
 // every rank with a signal increment, waits for every rank's put and flushes.
 // Iteration i writes its own slot of the receive window, so one late or lost
 // put cannot be hidden by the next; every byte of every slot is checked at
-// the end. Prints "GINA2A bytes=.. iters=.. us_per_alltoall=.." and
+// the end (a run still going after GINA2A_WATCH_S s reports where it is). Prints "GINA2A bytes=.. iters=.. us_per_alltoall=.." and
 // "GINA2A PASS", or "GINA2A FAIL <why>".
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <vector>
 
 #define FAIL_TAG "GINA2A"
@@ -35,23 +37,92 @@ __host__ __device__ static inline uint8_t pat(int from, int to, int it, size_t i
   return (uint8_t)(from * 131 + to * 29 + it * 7 + i * 3 + (i >> 9));
 }
 
-__global__ void alltoall(ncclWindow_t sendwin, ncclWindow_t recvwin, size_t bytes, int it, ncclDevComm dc) {
+// Where each kernel is, for the watchdog: thread 0 stores it*8+stage in a
+// host-mapped word (stage 1 started, 2 past the first barrier, 3 puts
+// posted, 4 signal arrived, 5 flushed, 6 done) and the signal it waits for.
+struct Progress {
+  volatile unsigned long long where, base, want;
+};
+
+__device__ static inline void mark(Progress* p, int it, int stage) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    p->where = (unsigned long long)it * 8 + stage;
+    __threadfence_system();
+  }
+}
+
+__global__ void alltoall(ncclWindow_t sendwin, ncclWindow_t recvwin, size_t bytes, int it, ncclDevComm dc,
+                         Progress* prog) {
   ncclGin gin{dc, 0};
   unsigned sig = blockIdx.x;
+  mark(prog, it, 1);
   uint64_t base = gin.readSignal(sig);
+  if (threadIdx.x == 0 && blockIdx.x == 0) prog->base = base, prog->want = base + dc.nRanks;
   ncclGinBarrierSession<ncclCoopCta> bar{ncclCoopCta(), gin, ncclTeamTagWorld(), blockIdx.x};
   // Nobody puts before everybody read its signal's starting value.
   bar.sync(ncclCoopCta(), cuda::memory_order_acquire, ncclGinFenceLevel::None);
+  mark(prog, it, 2);
   size_t slot = (size_t)it * dc.nRanks * bytes;
   int tid = threadIdx.x + blockIdx.x * blockDim.x;
   int nthreads = blockDim.x * gridDim.x;
   for (int r = tid; r < dc.nRanks; r += nthreads)
     gin.put(ncclTeamWorld(dc), r, recvwin, slot + (size_t)dc.rank * bytes, sendwin, slot + (size_t)r * bytes, bytes,
             ncclGin_StrongSignalInc{sig});
+  mark(prog, it, 3);
   // Every put to rank r comes from thread r, so it lands on signal r/THREADS.
   if (blockIdx.x == (dc.rank % nthreads) / blockDim.x) gin.waitSignal(ncclCoopCta(), sig, base + dc.nRanks);
+  mark(prog, it, 4);
   gin.flush(ncclCoopCta());
+  mark(prog, it, 5);
   bar.sync(ncclCoopCta(), cuda::memory_order_release, ncclGinFenceLevel::None);
+  mark(prog, it, 6);
+}
+
+// The watchdog: a run still going after GINA2A_WATCH_S seconds (default
+// 20) prints, every 5 s, where this rank's kernels are and which slots of
+// the receive window hold their bytes (read on a stream of its own, which
+// does not wait for the kernels), then goes on waiting: the script's
+// timeout decides. A hang is then told apart: a put that never landed, a
+// signal that never came, or a flush that never ended.
+struct Watch {
+  Progress* prog;
+  const uint8_t* recv;
+  size_t bytes;
+  int nranks, iters;
+  volatile int done;
+};
+
+static void* watch(void* arg) {
+  Watch* w = (Watch*)arg;
+  int first = getenv("GINA2A_WATCH_S") ? atoi(getenv("GINA2A_WATCH_S")) : 20;
+  for (int t = 0; !w->done; t++) {
+    sleep(1);
+    if (t + 1 < first || (t + 1 - first) % 5 != 0 || w->done) continue;
+    unsigned long long where = w->prog->where;
+    printf("[rank %d] GINA2A WATCH %d s: kernel %llu at stage %llu (1 started 2 barrier 3 posted 4 signalled 5 flushed 6 done), waits for signal %llu from base %llu\n",
+           rank_, t + 1, where / 8, where % 8, w->prog->want, w->prog->base);
+    size_t total = (size_t)w->iters * w->nranks * w->bytes;
+    std::vector<uint8_t> h(total);
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) continue;
+    if (cudaMemcpyAsync(h.data(), w->recv, total, cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+        cudaStreamSynchronize(s) == cudaSuccess) {
+      for (int from = 0; from < w->nranks; from++) {
+        int landed = 0, firstMissing = -1;
+        for (int it = 0; it < w->iters; it++) {
+          bool ok = true;
+          for (size_t i = 0; i < w->bytes && ok; i++)
+            ok = h[((size_t)it * w->nranks + from) * w->bytes + i] == pat(from, rank_, it, i);
+          if (ok) landed++;
+          else if (firstMissing < 0) firstMissing = it;
+        }
+        printf("[rank %d] GINA2A WATCH from rank %d: %d of %d iterations landed, first missing %d\n", rank_, from,
+               landed, w->iters, firstMissing);
+      }
+    }
+    cudaStreamDestroy(s);
+  }
+  return NULL;
 }
 
 __global__ void fill(uint8_t* p, int from, int nranks, size_t bytes, int iters) {
@@ -98,11 +169,21 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   CUDA(cudaEventCreate(&e0));
   CUDA(cudaEventCreate(&e1));
+  Progress* prog;
+  CUDA(cudaHostAlloc((void**)&prog, sizeof *prog, cudaHostAllocMapped));
+  prog->where = prog->base = prog->want = 0;
+  Progress* progDev;
+  CUDA(cudaHostGetDevicePointer((void**)&progDev, prog, 0));
+  Watch w = {prog, (const uint8_t*)recv, bytes, nranks, iters, 0};
+  pthread_t wt;
+  pthread_create(&wt, NULL, watch, &w);
   MPI_Barrier(MPI_COMM_WORLD);
   CUDA(cudaEventRecord(e0, s));
-  for (int it = 0; it < iters; it++) alltoall<<<CTAS, THREADS, 0, s>>>(sendwin, recvwin, bytes, it, dc);
+  for (int it = 0; it < iters; it++) alltoall<<<CTAS, THREADS, 0, s>>>(sendwin, recvwin, bytes, it, dc, progDev);
   CUDA(cudaEventRecord(e1, s));
   CUDA(cudaStreamSynchronize(s));
+  w.done = 1;
+  pthread_join(wt, NULL);
   CUDA(cudaGetLastError());
   float ms = 0;
   CUDA(cudaEventElapsedTime(&ms, e0, e1));
@@ -122,6 +203,7 @@ int main(int argc, char** argv) {
     printf("GINA2A bytes=%zu iters=%d ranks=%d us_per_alltoall=%.1f verified=%zu\n", bytes, iters, nranks, worst,
            total);
 
+  CUDA(cudaFreeHost(prog));
   NCCL(ncclDevCommDestroy(comm, &dc));
   closeComm(comm, sendwin, send, recvwin, recv);
   CUDA(cudaStreamDestroy(s));

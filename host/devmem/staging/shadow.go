@@ -3,6 +3,7 @@ package staging
 import (
 	"fmt"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 )
@@ -96,4 +97,40 @@ func Quiesce(ctx uintptr) error {
 		return nil
 	}
 	return st.Sync(ctx)
+}
+
+// compareMax bounds what Compare reads of a registration: the first 64 KiB
+// (8,192 words; NCCL's GIN signal arrays are far smaller).
+const compareMax = 64 << 10
+
+// Compare calls fn for every word, in order, that is non-zero in the
+// shadow or on the device, with both values: the stall report's view of
+// signals written late or lost. It reads the device words with one
+// synchronous copy, without waiting for the context's stream, so a write
+// still queued there shows as a difference. Diagnostics only: it
+// allocates.
+func (s *Shadow) Compare(ctx uintptr, fn func(i int, host, dev uint64)) error {
+	d := devmem.Get()
+	if d == nil {
+		return ErrNoDevice
+	}
+	n := min(uint64(len(s.words))*8, compareMax)
+	if n == 0 {
+		return nil
+	}
+	p, err := d.AllocPinned(ctx, n)
+	if err != nil {
+		return fmt.Errorf("pinned buffer for the device words: %w", err)
+	}
+	defer d.FreePinned(p)
+	if err := d.DtoH(ctx, p, s.base, n); err != nil {
+		return fmt.Errorf("read device signal words: %w", err)
+	}
+	dev := unsafe.Slice((*uint64)(p), n/8)
+	for i := range dev {
+		if h := s.words[i].val.Load(); h != 0 || dev[i] != 0 {
+			fn(i, h, dev[i])
+		}
+	}
+	return nil
 }
