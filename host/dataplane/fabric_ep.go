@@ -86,6 +86,12 @@ type fabEP struct {
 	owing   []*fabricLink
 	nowing  atomic.Int32
 	spilled atomic.Bool // some link's spill holds verdicts (unowe)
+	// links whose peer awaits an arrival acknowledgement from us
+	// (fabric_ack.go); ackDone is popAcked's scratch
+	acking  []fabAcking
+	nacking atomic.Int32
+	ackDone []fabAckWait
+	polls   uint64 // BeforePoll calls
 }
 
 // testPollGap: test() leaves the polling to rmaProgress when that polled
@@ -120,6 +126,8 @@ func openFabric(prov, domain string) (*fabEP, error) {
 	e.slots = make([]fabSlot, endpoint.Slots)
 	e.verdicts = make([]fabVerdict, 0, endpoint.Recvs) // one per receive buffer, at most, per poll
 	e.owing = make([]*fabricLink, 0, endpoint.Recvs)
+	e.acking = make([]fabAcking, 0, endpoint.Recvs)
+	e.ackDone = make([]fabAckWait, 0, 64)
 	return e, nil
 }
 
@@ -175,9 +183,13 @@ func (e *fabEP) close() {
 // word change answers first, and its answer carries the verdict if it is
 // a signal on this rail (owed).
 func (e *fabEP) BeforePoll() {
+	e.polls++
 	if len(e.verdicts) > 0 || e.nowing.Load() > 0 || e.spilled.Load() {
 		e.sendOwed()
 		e.sendVerdicts()
+	}
+	if len(e.acking) > 0 {
+		e.sendAcks()
 	}
 }
 
@@ -190,7 +202,7 @@ func (e *fabEP) AfterPoll() {
 // Busy reports operations of ours in flight or waiting for room, or
 // verdicts waiting to be sent.
 func (e *fabEP) Busy() bool {
-	if e.nverdicts.Load() > 0 || e.nowing.Load() > 0 || e.spilled.Load() {
+	if e.nverdicts.Load() > 0 || e.nowing.Load() > 0 || e.spilled.Load() || e.nacking.Load() > 0 {
 		return true
 	}
 	for _, l := range e.links {
@@ -253,6 +265,8 @@ func (e *fabEP) wrote(l *fabricLink, d endpoint.CQData) {
 		}
 		return
 	}
+	e.acked(l, d.Ack)
+	e.wantAck(l, seq) // the sender completes the write on our acknowledgement
 	sig, add, status := p.signalTarget(d.SigID, d.SigOff, abi.SignalOpInc, 1)
 	if err := p.landed(seq, sig, add); err != nil {
 		go p.markDead(err)
@@ -458,6 +472,9 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 		}
 	case endpoint.MsgVerdict:
 		e.verdict(l, h.Word, rejectedOrOK(h.Op))
+	case endpoint.MsgAck:
+		l.acksIn.Add(1)
+		e.acked(l, h.Word&endpoint.SeqMask)
 	case endpoint.MsgBye:
 		p.peerBye.Store(true)
 		if err := p.landed(seq, sigRef{}, 0); err != nil {
@@ -502,7 +519,8 @@ func (e *fabEP) checkByes() {
 	defer e.byeMu.Unlock()
 	k := 0
 	for _, b := range e.byes {
-		if !b.link.p.order.Passed(b.seq) || !b.link.control(e.rail, endpoint.MsgByeAck, 0) {
+		// Acknowledgements the peer awaits go first (fabric_ack.go).
+		if !b.link.p.order.Passed(b.seq) || !b.link.flushAck(e.rail) || !b.link.control(e.rail, endpoint.MsgByeAck, 0) {
 			e.byes[k] = b
 			k++
 		}
@@ -522,6 +540,9 @@ func (e *fabEP) retry() {
 		}
 		if l.backlog.Load() > 0 {
 			l.retry()
+		}
+		if e.rail < len(l.ackWait) && l.ackWait[e.rail].n.Load() > 0 {
+			e.popAcked(l) // acknowledged on another rail
 		}
 	}
 }

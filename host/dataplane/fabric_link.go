@@ -76,6 +76,19 @@ type fabricLink struct {
 	sigNext atomic.Uint32
 	cqSigs  atomic.Uint64 // puts with signal sent as one write (tests)
 
+	// Arrival acknowledgements of puts with signal in CQ data
+	// (fabric_ack.go). As initiator: how many of our numbers the peer
+	// acknowledged, and by rail our writes awaiting that. As target: the
+	// peer's highest number awaiting our acknowledgement, how many of its
+	// numbers our acknowledgements covered, and whether an endpoint's
+	// acking list holds the link.
+	acked   atomic.Uint64
+	ackWait []fabAckQ
+	ackWant atomic.Uint64
+	ackSent atomic.Uint64
+	acking  atomic.Bool
+	acksIn  atomic.Uint64 // acknowledgements that came in a MsgAck (tests)
+
 	pid procid.Watch // the shm peer's process (fabric_pid.go)
 
 	fabStaged // device memory sent over the TCP lanes (fabric_dev.go)
@@ -200,7 +213,7 @@ func (f *fabricLink) forgetSignals(id uint32) {
 
 func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
 	e := rails[0].e
-	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, rails: rails, piggy: make([]atomic.Uint64, len(rails))}
+	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, rails: rails, piggy: make([]atomic.Uint64, len(rails)), ackWait: make([]fabAckQ, len(rails))}
 	// At most 2^seqBits numbers (the CQ data field) and the orderer's
 	// window past the target's first missing number.
 	size := uint64(fabSeqWindow)
@@ -352,7 +365,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 	e := rl.e
 	switch {
 	case op.Msg == wire.MsgBye:
-		if !f.win.Fits(pd.seq) {
+		if !f.win.Fits(pd.seq) || !f.flushAck(pd.rail) {
 			return fabric.ErrAgain
 		}
 		if err := f.msg(pd.rail, endpoint.MsgBye, pd.seq, op, false, false); err != nil {
@@ -391,15 +404,16 @@ func (f *fabricLink) post(pd *fabPend) error {
 		f.unslot(e, idx)
 		return fabric.ErrAgain
 	}
-	if op.Msg == wire.MsgGet {
+	switch {
+	case op.Msg == wire.MsgGet:
 		err = e.FI.Read(op.Local, op.Size, e.Regs.Desc(op.LocalMr), rl.addr, raddr, key, ctx)
-	} else {
+	case pd.cqsig:
+		// Completes on the peer's acknowledgement (fabric_ack.go).
+		err = f.postAcked(pd, rl, idx, raddr, key)
+	default:
 		// Delivery complete unless local completion was asked for: a put
 		// completes when its bytes arrived, as over TCP (SPEC.md §3).
 		data := e.cq.Data(e.rank, pd.seq)
-		if pd.cqsig {
-			data = e.cq.SigData(e.rank, pd.seq, op.SigMrID, op.SigOff)
-		}
 		err = e.FI.WriteMsg(op.Local, op.Size, e.Regs.Desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.p.m.localComp)
 	}
 	if err != nil {
@@ -670,6 +684,7 @@ func (f *fabricLink) failAll() {
 	f.dropStaged()
 	for i := range f.rails {
 		f.failSlots(f.rails[i].e)
+		f.ackWait[i].clear() // failSlots failed their slots
 	}
 }
 

@@ -1341,7 +1341,7 @@ func TestFabricSignalInCQData(t *testing.T) {
 	want += 2
 	put(Op{Msg: wire.MsgPutSignal, Size: endpoint.InlineMax + 1, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc}) // not inline
 	want++
-	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // past 2^19 words
+	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // past 2^16 words
 	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // still past, though accepted
 	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 8192 - 8, SigOp: abi.SignalOpInc}) // above the word accepted
 	if got := f.cqSigs.Load() - before; got != 0 {

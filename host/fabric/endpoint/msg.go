@@ -25,13 +25,17 @@ const (
 	MinSeqBits = 16
 	// A small put with signal whose signal fits travels as one write whose
 	// 8-byte CQ data carries it (CQLayout.SigData): the rank's 16 bits,
-	// then SigFlag, then the low SigSeqBits of the sequence number, a
-	// signal registration id below 2^SigIDBits and the word's index
-	// (offset / 8) below 2^SigWordBits; the add is 1. A plain write
-	// keeps SigFlag clear (47 bits of number).
+	// then SigFlag, then an arrival acknowledgement (SigAckBits: how many
+	// more of the receiver's sequence numbers landed here, in order, at
+	// most SigAckMax), the word's index (offset / 8) below 2^SigWordBits,
+	// a signal registration id below 2^SigIDBits and the low SigSeqBits
+	// of the sequence number; the add is 1. A plain write keeps SigFlag
+	// clear (47 bits of number).
 	SigSeqBits  = 16
 	SigIDBits   = 12
-	SigWordBits = 19
+	SigWordBits = 16
+	SigAckBits  = 3
+	SigAckMax   = 1<<SigAckBits - 1
 	SigFlag     = 1 << 47
 	// NoSlot in a verdict's slot field: a rejection of a signal that came
 	// in CQ data, which no slot awaits.
@@ -65,6 +69,10 @@ const (
 	// a signal, with its put's payload inline when small: copied in,
 	// then applied as a signal (one sequence number for both)
 	MsgPutSignal = 5
+	// MsgAck acknowledges arrival: Word (1..SeqMask) more of the
+	// receiver's sequence numbers landed at the sender, in order (what a
+	// write's CQ data could not carry, SigAckBits).
+	MsgAck = 6
 )
 
 // Msg is a control message: its first MsgSize bytes, and a
@@ -153,10 +161,13 @@ func SigFits(id uint32, off uint64) bool {
 }
 
 // SigData is the CQ data of a write that carries a signal adding 1 to
-// word off of registration id (SigFits; the layout's SigCQ).
-func (c CQLayout) SigData(rank int, seq uint64, id uint32, off uint64) uint64 {
-	return uint64(rank)<<c.SeqBits | SigFlag | off/8<<(SigSeqBits+SigIDBits) | uint64(id)<<SigSeqBits | seq&(1<<SigSeqBits-1)
+// word off of registration id (SigFits; the layout's SigCQ) and an
+// acknowledgement of ack (at most SigAckMax) of the receiver's numbers.
+func (c CQLayout) SigData(rank int, seq uint64, id uint32, off, ack uint64) uint64 {
+	return uint64(rank)<<c.SeqBits | SigFlag | (ack&SigAckMax)<<sigAckShift | off/8<<(SigSeqBits+SigIDBits) | uint64(id)<<SigSeqBits | seq&(1<<SigSeqBits-1)
 }
+
+const sigAckShift = SigSeqBits + SigIDBits + SigWordBits
 
 // CQData is a write's CQ data read back.
 type CQData struct {
@@ -168,6 +179,9 @@ type CQData struct {
 	Sig    bool
 	SigID  uint32
 	SigOff uint64
+	// Ack (with Sig): how many more of the receiver's numbers landed at
+	// the sender (SigData's ack).
+	Ack uint64
 }
 
 // Parse reads the CQ data d of a write.
@@ -182,6 +196,7 @@ func (c CQLayout) Parse(d uint64) CQData {
 		r.Seq, r.Bits, r.Sig = w&(1<<SigSeqBits-1), SigSeqBits, true
 		r.SigID = uint32(w>>SigSeqBits) & (1<<SigIDBits - 1)
 		r.SigOff = (w >> (SigSeqBits + SigIDBits) & (1<<SigWordBits - 1)) * 8
+		r.Ack = w >> sigAckShift & SigAckMax
 	}
 	return r
 }

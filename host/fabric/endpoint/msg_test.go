@@ -108,13 +108,15 @@ func TestCQData(t *testing.T) {
 		if !c.ok {
 			continue
 		}
-		d := full.SigData(77, 1<<20+9, c.id, c.off)
-		want := CQData{Rank: 77, Seq: 9, Bits: SigSeqBits, Sig: true, SigID: c.id, SigOff: c.off}
-		if got := full.Parse(d); got != want {
-			t.Errorf("Parse(SigData(%d, %d)) = %+v, want %+v", c.id, c.off, got, want)
-		}
-		if d>>48 != 77 || d&SigFlag == 0 {
-			t.Errorf("SigData %#x: rank or flag misplaced", d)
+		for _, ack := range []uint64{0, 1, SigAckMax} {
+			d := full.SigData(77, 1<<20+9, c.id, c.off, ack)
+			want := CQData{Rank: 77, Seq: 9, Bits: SigSeqBits, Sig: true, SigID: c.id, SigOff: c.off, Ack: ack}
+			if got := full.Parse(d); got != want {
+				t.Errorf("Parse(SigData(%d, %d, ack %d)) = %+v, want %+v", c.id, c.off, ack, got, want)
+			}
+			if d>>48 != 77 || d&SigFlag == 0 {
+				t.Errorf("SigData %#x: rank or flag misplaced", d)
+			}
 		}
 	}
 }

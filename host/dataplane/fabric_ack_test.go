@@ -1,0 +1,273 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// fabLinks returns both directions' fabric links of a two-rank pair, or
+// skips where the provider's CQ data cannot carry a signal.
+func fabLinks(t *testing.T, ms []*Mesh) [2]*fabricLink {
+	t.Helper()
+	var f [2]*fabricLink
+	for r := range f {
+		l, ok := ms[r].peers[1-r].t.(*fabricLink)
+		if !ok {
+			t.Fatalf("rank %d does not reach rank %d over fabric", r, 1-r)
+		}
+		f[r] = l
+	}
+	if !f[0].e.cq.SigCQ {
+		t.Skip("the provider has no 8-byte CQ data")
+	}
+	return f
+}
+
+// waitFabWord waits until the 8-byte word at p reads want.
+func waitFabWord(t *testing.T, p unsafe.Pointer, want uint64) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64((*uint64)(p)) != want; {
+		if time.Now().After(deadline) {
+			t.Fatalf("signal word %d, want %d", atomic.LoadUint64((*uint64)(p)), want)
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// TestFabricAckInCQData: a ping-pong of small puts with signal in CQ data,
+// with acknowledgement messages turned off: each side's write completes
+// only because the other's answer carries the acknowledgement in its CQ
+// data. The last one, which no answer follows, completes once messages
+// are allowed again (a MsgAck). Every payload byte and both words are
+// checked at every step.
+func TestFabricAckInCQData(t *testing.T) {
+	const size = 1 << 20
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	f := fabLinks(t, ms)
+	src := [2]unsafe.Pointer{fabric.Alloc(128), fabric.Alloc(128)}
+	defer fabric.Free(src[0])
+	defer fabric.Free(src[1])
+	const word = 8 // the signal word's offset on both ranks
+	tags := [2]uint64{}
+	put := func(r int, size, off uint64) uint64 {
+		t.Helper()
+		tags[r]++
+		ms[r].Post(1-r, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tags[r], Local: src[r], Size: size, Off: off, SigMrID: 1, SigOff: word, SigOp: abi.SignalOpInc}, false, -1)
+		return tags[r]
+	}
+	check := func(r int, size, off uint64, step int) {
+		t.Helper()
+		got := os[1-r].bytes()[off : off+size]
+		want := unsafe.Slice((*byte)(src[r]), size)
+		for j := range got {
+			if got[j] != want[j] {
+				t.Fatalf("step %d, rank %d's put: byte %d is %d, want %d", step, r, j, got[j], want[j])
+			}
+		}
+	}
+	// The first signal to each word is a message (accepted by its
+	// verdict); those after it may go in CQ data.
+	for r := range 2 {
+		if st := os[r].wait(t, put(r, 8, 4096)); st != abi.Success {
+			t.Fatalf("rank %d's first signal: %v", r, st)
+		}
+		waitFabWord(t, unsafe.Add(os[1-r].mem, word), 1)
+	}
+	fabTestNoAckMsg.Store(true)
+	defer fabTestNoAckMsg.Store(false)
+	base := [2]uint64{f[0].cqSigs.Load(), f[1].cqSigs.Load()}
+	in := [2]uint64{f[0].acksIn.Load(), f[1].acksIn.Load()}
+	const n = 200
+	var last [2]uint64
+	for i := range n {
+		for r := range 2 {
+			sz, off := uint64(1+(i*7+r)%endpoint.InlineMax), uint64(8192+256*i)
+			b := unsafe.Slice((*byte)(src[r]), 128)
+			for j := range b {
+				b[j] = byte(i*31 + j*3 + r)
+			}
+			binary.LittleEndian.PutUint64(b, uint64(i)<<8|uint64(r))
+			tag := put(r, sz, off)
+			waitFabWord(t, unsafe.Add(os[1-r].mem, word), uint64(i+2))
+			check(r, sz, off, i)
+			// This put carried the acknowledgement of the other rank's
+			// previous one, which completes it.
+			if prev := last[1-r]; prev != 0 {
+				if st := os[1-r].wait(t, prev); st != abi.Success {
+					t.Fatalf("step %d: rank %d's put: %v", i, 1-r, st)
+				}
+			}
+			last[r] = tag
+		}
+	}
+	for r := range 2 {
+		if got := f[r].cqSigs.Load() - base[r]; got != n {
+			t.Fatalf("rank %d sent %d of %d puts with signal in CQ data", r, got, n)
+		}
+		if got := f[r].acksIn.Load() - in[r]; got != 0 {
+			t.Fatalf("rank %d received %d acknowledgement messages with them off", r, got)
+		}
+	}
+	if os[1].isDone(last[1]) {
+		t.Fatal("rank 1's last put completed with no acknowledgement sent")
+	}
+	fabTestNoAckMsg.Store(false)
+	if st := os[1].wait(t, last[1]); st != abi.Success {
+		t.Fatalf("rank 1's last put: %v", st)
+	}
+	if f[1].acksIn.Load() == in[1] {
+		t.Fatal("rank 1's last put completed without an acknowledgement message")
+	}
+}
+
+// TestFabricAckAfterArrival: a put with signal in CQ data completes only
+// once the target has landed it, not when its send completed: with the
+// target's poll lock held (nothing lands there), the initiator reaps its
+// send's completion and the request stays open; released, it completes,
+// its bytes and signal in place.
+func TestFabricAckAfterArrival(t *testing.T) {
+	const size = 1 << 16
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	f := fabLinks(t, ms)[0]
+	src := fabric.Alloc(64)
+	defer fabric.Free(src)
+	sb := unsafe.Slice((*byte)(src), 64)
+	post := func(tag, off uint64) {
+		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: 40, Off: off, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
+	}
+	post(1, 1024) // the word's first signal: a message
+	if st := os[0].wait(t, 1); st != abi.Success {
+		t.Fatalf("first signal: %v", st)
+	}
+	waitFabWord(t, os[1].mem, 1)
+	for i := range sb {
+		sb[i] = byte(0xa0 + i)
+	}
+	e0, e1 := ms[0].fab, ms[1].fab
+	e1.LockPoll()
+	locked := true
+	defer func() {
+		if locked {
+			e1.UnlockPoll()
+		}
+	}()
+	before := f.cqSigs.Load()
+	post(2, 2048)
+	if f.cqSigs.Load() != before+1 {
+		t.Fatal("the put with signal did not go in CQ data")
+	}
+	// Wait for the send's completion: the slot of our put keeps sigSent.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		sent := false
+		e0.LockPoll()
+		for i := range e0.slots {
+			s := &e0.slots[i]
+			if s.state.Load()&3 == slotPosted && s.link == f && s.tag == 2 && s.got&sigSent != 0 {
+				sent = true
+			}
+		}
+		e0.UnlockPoll()
+		if sent {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the write's send never completed")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	if os[0].isDone(2) {
+		t.Fatal("the put with signal completed before the target landed it")
+	}
+	if w := atomic.LoadUint64((*uint64)(os[1].mem)); w != 1 {
+		t.Fatalf("the signal applied (%d) while the target's poll lock was held", w)
+	}
+	e1.UnlockPoll()
+	locked = false
+	if st := os[0].wait(t, 2); st != abi.Success {
+		t.Fatalf("put with signal: %v", st)
+	}
+	if w := atomic.LoadUint64((*uint64)(os[1].mem)); w != 2 {
+		t.Fatalf("signal word %d after completion, want 2", w)
+	}
+	got := os[1].bytes()[2048 : 2048+40]
+	for i := range got {
+		if got[i] != sb[i] {
+			t.Fatalf("byte %d is %d after completion, want %d", i, got[i], sb[i])
+		}
+	}
+}
+
+// TestFabricAckForged: an acknowledgement of more numbers than we ever
+// sent is a protocol violation: the receiver drops the sender.
+func TestFabricAckForged(t *testing.T) {
+	ms, _ := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
+	e := ms[0].fab
+	dest := e.links[1].rails[0].addr
+	buf := fabric.Alloc(endpoint.MsgSize)
+	defer fabric.Free(buf)
+	h := endpoint.Msg{Type: endpoint.MsgAck, Rank: 0, Word: 1000}
+	h.Put(unsafe.Slice((*byte)(buf), endpoint.MsgSize))
+	for {
+		err := e.FI.Inject(buf, endpoint.MsgSize, dest)
+		if err == nil {
+			break
+		}
+		if err != fabric.ErrAgain {
+			t.Fatal(err)
+		}
+		e.Poll()
+	}
+	for deadline := time.Now().Add(10 * time.Second); !ms[1].peers[0].dead.Load(); {
+		if time.Now().After(deadline) {
+			t.Fatal("an acknowledgement of numbers never sent did not drop its sender")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestFabricAckBeforeGoodbye: a target that closes right after a put with
+// signal in CQ data landed acknowledges it before its goodbye, so the
+// initiator's request succeeds rather than failing with the pair. Poll
+// acknowledgements are off: only the goodbye's can complete it.
+func TestFabricAckBeforeGoodbye(t *testing.T) {
+	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
+	f := fabLinks(t, ms)[0]
+	src := fabric.Alloc(64)
+	defer fabric.Free(src)
+	binary.LittleEndian.PutUint64(unsafe.Slice((*byte)(src), 64), 0x5eed)
+	post := func(tag, off uint64) {
+		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: 8, Off: off, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
+	}
+	post(1, 1024)
+	if st := os[0].wait(t, 1); st != abi.Success {
+		t.Fatalf("first signal: %v", st)
+	}
+	fabTestNoAckMsg.Store(true)
+	defer fabTestNoAckMsg.Store(false)
+	before := f.cqSigs.Load()
+	post(2, 2048)
+	if f.cqSigs.Load() != before+1 {
+		t.Fatal("the put with signal did not go in CQ data")
+	}
+	waitFabWord(t, os[1].mem, 2)
+	if os[0].isDone(2) {
+		t.Fatal("the put completed with no acknowledgement sent")
+	}
+	if err := ms[1].Close(); err != nil {
+		t.Fatalf("target close: %v", err)
+	}
+	if st := os[0].wait(t, 2); st != abi.Success {
+		t.Fatalf("put with signal before the target's goodbye: %v", st)
+	}
+	if v := binary.LittleEndian.Uint64(os[1].bytes()[2048:]); v != 0x5eed {
+		t.Fatalf("payload %#x", v)
+	}
+}
