@@ -309,6 +309,7 @@ var (
 	CUDA          = boolVar("NCCL_RMA_WASM_CUDA", true, "0 skips loading the CUDA driver (no device memory)")
 	GDRCopy       = boolVar("NCCL_RMA_WASM_GDRCOPY", true, "0 keeps device signal words on copies even where GDRCopy (`libgdrapi.so`, `/dev/gdrdrv`) is present")
 	DeviceAtomic  = boolVar("NCCL_RMA_WASM_DEVICE_ATOMIC", false, "1 adds to device signal words of registrations that are not never-reset with a one-thread CUDA kernel queued after the payload, instead of a read-modify-write (it needs a free SM: a kernel holding every SM while it waits for the signal would hang)")
+	CopyContext   = boolVar("NCCL_RMA_WASM_COPY_CONTEXT", false, "1 runs the plugin's device copies and signal writes for cuMem-mapped memory (NCCL's windows and GIN signal arrays) in a CUDA context of its own, whose hardware queues no application stream shares (see SPEC.md, \"Device memory\"; experimental, not yet run on a GPU)")
 	SignalShadow  = boolVar("NCCL_RMA_WASM_SIGNAL_SHADOW", true, "0 updates device signal words of never-reset registrations (NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET) like any other word, by read-modify-write (or GDRCopy, or the atomic kernel), instead of from a host shadow with one stream-ordered write")
 	HIP           = boolVar("NCCL_RMA_WASM_HIP", true, "0 skips loading the HIP runtime (`libamdhip64.so`, probed when CUDA has no device)")
 	StageChunkKiB = intVar("NCCL_RMA_WASM_STAGE_CHUNK_KB", "1024", 4, 1<<16, 1024, "device payloads are staged through pinned host memory in chunks of this many KiB (4..65536), copies overlapped with the wire")

@@ -80,6 +80,12 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 		return m.handle, abi.Success
 	}
 	m := &mr{base: *(*unsafe.Pointer)(unsafe.Pointer(&data)), size: size, typ: typ, devCtx: devCtx, flags: flags, refs: 1}
+	if devCtx != 0 {
+		// Pinned staging memory and the context's stream are made now:
+		// on the data path a kernel may be running, and a pinned
+		// allocation can wait for it.
+		staging.Prewarm(devCtx, uint64(config.StageChunkKiB.Get())<<10)
+	}
 	if devCtx != 0 && flags&abi.MrFlagSignalNeverReset != 0 && config.SignalShadow.Get() {
 		m.shadow = staging.NewShadow(data, size)
 	}

@@ -157,11 +157,12 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 		return 0, res
 	}
 	q.ctx, q.kind, q.peer, q.size = context, uint8(kind), rank, op.Size
-	if r.stallOn {
-		q.stamp(kind, context, rank, op.Size)
-	}
 	gen := q.gen.Load()
 	handle := requestHandle(r.id, gen, idx)
+	if r.stallOn {
+		q.stamp(kind, context, rank, op.Size)
+		traceOp(kind, false, context, rank, op.Size, op.Off, op.SigOff, handle)
+	}
 	op.Tag = handle
 	s := &r.ctxs[context]
 	if s.comps {
@@ -339,6 +340,9 @@ func Iflush(h uint64, context int32, mh uint64, rank uint32) (uint64, abi.Result
 		return 0, res
 	}
 	q.ctx, q.kind, q.peer, q.size = context, uint8(backend.OpFlush), rank, 0
+	if r.stallOn {
+		traceOp(backend.OpFlush, false, context, rank, 0, 0, 0, requestHandle(r.id, q.gen.Load(), idx))
+	}
 	q.start = nanotime()
 	q.state.Store(reqDone)
 	return requestHandle(r.id, q.gen.Load(), idx), abi.Success

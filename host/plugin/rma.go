@@ -242,6 +242,9 @@ func Test(coll, req uint64) (bool, abi.Result) {
 		return false, abi.InvalidArgument
 	}
 	status := abi.Result(q.status.Load())
+	if r.stallOn {
+		traceOp(backend.OpKind(q.kind), true, q.ctx, q.peer, q.size, uint64(status), 0, req)
+	}
 	s := &r.ctxs[q.ctx]
 	if s.comps {
 		s.mu.Lock()

@@ -2,16 +2,21 @@ package plugin
 
 import (
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
 	"runtime"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -40,6 +45,54 @@ func (q *request) stamp(kind backend.OpKind, ctx int32, peer uint32, size uint64
 	q.st.size.Store(size)
 }
 
+// The op trace: the last opTraceLen operations issued and completed in
+// this process, written out with the goroutines (SIGUSR2, a stall).
+const opTraceLen = 512
+
+type opEntry struct {
+	at, what, size, off, sig, handle atomic.Uint64
+}
+
+var opTrace struct {
+	next atomic.Uint64
+	ring [opTraceLen]opEntry
+}
+
+// traceOp records an issued operation (done false) or a completion test()
+// reported (done true; off is its status).
+func traceOp(kind backend.OpKind, done bool, ctx int32, peer uint32, size, off, sig, handle uint64) {
+	e := &opTrace.ring[(opTrace.next.Add(1)-1)%opTraceLen]
+	d := uint64(0)
+	if done {
+		d = 1
+	}
+	e.at.Store(uint64(nanotime()))
+	e.what.Store(uint64(kind)<<56 | d<<48 | uint64(uint16(ctx))<<32 | uint64(peer))
+	e.size.Store(size)
+	e.off.Store(off)
+	e.sig.Store(sig)
+	e.handle.Store(handle)
+}
+
+func writeOpTrace(w io.Writer) {
+	n := opTrace.next.Load()
+	first := uint64(0)
+	if n > opTraceLen {
+		first = n - opTraceLen
+	}
+	fmt.Fprintf(w, "=== NET/wasm operations %d..%d (time since init, call, context, peer, size, remote offset, signal offset, request)\n", first, n)
+	for i := first; i < n; i++ {
+		e := &opTrace.ring[i%opTraceLen]
+		wh := e.what.Load()
+		if wh>>48&1 == 1 {
+			fmt.Fprintf(w, "  %12v done %s rank %d status %d request %#x\n", time.Duration(e.at.Load()), callName(backend.OpKind(wh>>56)), uint32(wh), e.off.Load(), e.handle.Load())
+			continue
+		}
+		fmt.Fprintf(w, "  %12v %s ctx %d rank %d %d B off %d sig %d request %#x\n", time.Duration(e.at.Load()), callName(backend.OpKind(wh>>56)),
+			uint16(wh>>32), uint32(wh), e.size.Load(), e.off.Load(), e.sig.Load(), e.handle.Load())
+	}
+}
+
 // startStallReport starts the reporter of r when the variable is set.
 func (r *rmaCtx) startStallReport() {
 	period := config.StallReport.Get()
@@ -47,8 +100,22 @@ func (r *rmaCtx) startStallReport() {
 		return
 	}
 	r.stallOn = true
+	staging.SetTrace(true)
+	stackOnSignal.Do(func() {
+		// SIGUSR2 dumps the goroutines at once (a hang can be looked
+		// into before the period passes, or where it never triggers).
+		ch := make(chan os.Signal, 1)
+		signal.Notify(ch, syscall.SIGUSR2)
+		go func() {
+			for range ch {
+				dumpStacks()
+			}
+		}()
+	})
 	go r.watchStalls(period)
 }
+
+var stackOnSignal sync.Once
 
 func (r *rmaCtx) watchStalls(period time.Duration) {
 	t := time.NewTicker(min(period/4+time.Millisecond, time.Second))
@@ -87,6 +154,15 @@ func dumpStacks() {
 	buf := make([]byte, 4<<20)
 	n := runtime.Stack(buf, true)
 	fmt.Fprintf(os.Stderr, "=== NET/wasm stall report: goroutines of pid %d\n%s=== end of goroutines\n", os.Getpid(), buf[:n])
+	writeOpTrace(os.Stderr)
+	staging.WriteTrace(os.Stderr)
+	if p := colls.slots.Load(); p != nil {
+		for _, c := range *p {
+			if c != nil && c.mesh != nil {
+				c.mesh.WriteState(os.Stderr)
+			}
+		}
+	}
 }
 
 type stallKey struct {

@@ -19,8 +19,13 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
   uintptr_t base;
   size_t n;
+  int vmm; /* made by cuMemMap: reachable from every context */
 } allocs[MAXA];
-static int ctxobj;
+static int ctxobj, ctx2obj;
+/* The calling thread's current context: a second context (cuCtxCreate)
+ * may only touch cuMem* mappings, as with the real driver, where other
+ * allocations belong to the context that made them. */
+static __thread void* current;
 
 static int find(uintptr_t p) {
   pthread_mutex_lock(&mu);
@@ -35,7 +40,38 @@ int cuInit(unsigned f) { (void)f; return 0; }
 int cuDeviceGetCount(int* n) { *n = 1; return 0; }
 int cuDeviceGet(int* d, int o) { *d = o; return 0; }
 int cuDevicePrimaryCtxRetain(void** c, int d) { (void)d; *c = &ctxobj; return 0; }
-int cuCtxSetCurrent(void* c) { (void)c; return 0; }
+int cuCtxSetCurrent(void* c) {
+  current = c;
+  return 0;
+}
+int cuCtxCreate_v2(void** c, unsigned f, int d) {
+  (void)f, (void)d;
+  *c = current = &ctx2obj;
+  return 0;
+}
+static int vmm_at(uintptr_t p) {
+  pthread_mutex_lock(&mu);
+  int ok = 0;
+  for (int i = 0; i < MAXA; i++)
+    if (allocs[i].base && allocs[i].vmm && p >= allocs[i].base && p < allocs[i].base + allocs[i].n) ok = 1;
+  pthread_mutex_unlock(&mu);
+  return ok;
+}
+int cuMemRetainAllocationHandle(unsigned long long* h, void* p) {
+  *h = 1;
+  return vmm_at((uintptr_t)p) ? 0 : 1;
+}
+/* second_ok checks a device address used with the second context current. */
+static int second_ok(uintptr_t dev) {
+  static int said;
+  if (current != &ctx2obj) return 1;
+  if (vmm_at(dev)) {
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the plugin's second context reaches a cuMem mapping\n");
+    return 1;
+  }
+  fprintf(stderr, "fakecuda: device address %#lx used in the plugin's second context, which cannot reach it\n", (unsigned long)dev);
+  return 0;
+}
 int cuGetErrorString(int r, const char** s) { (void)r; *s = "fake CUDA error"; return 0; }
 /* Streams run their work in order. By default each operation runs when
  * it is queued; with FAKECUDA_ASYNC_US=n a worker thread per stream runs
@@ -156,6 +192,7 @@ int cuMemAlloc_v2(unsigned long long* p, size_t n) {
     if (!allocs[i].base) {
       allocs[i].base = (uintptr_t)m;
       allocs[i].n = n;
+      allocs[i].vmm = 0;
       break;
     }
   pthread_mutex_unlock(&mu);
@@ -256,9 +293,11 @@ static void run_op(struct op* o) {
   else __atomic_add_fetch((uint64_t*)o->dst, o->v, __ATOMIC_SEQ_CST);
 }
 int cuMemcpyHtoDAsync_v2(unsigned long long d, const void* h, size_t n, void* s) {
+  if (!second_ok(d)) return 1;
   return enqueue(s, (struct op){.kind = 0, .dst = (void*)(uintptr_t)d, .src = h, .n = n, .host = h, .to_device = 1});
 }
 int cuMemcpyDtoHAsync_v2(void* h, unsigned long long d, size_t n, void* s) {
+  if (!second_ok(d)) return 1;
   return enqueue(s, (struct op){.kind = 0, .dst = h, .src = (void*)(uintptr_t)d, .n = n, .host = h});
 }
 
@@ -277,7 +316,7 @@ int cuDeviceGetAttribute(int* v, int attr, int dev) {
 }
 int cuStreamWriteValue64_v2(void* s, unsigned long long addr, unsigned long long v, unsigned flags) {
   (void)flags;
-  if (!find((uintptr_t)addr) || addr % 8) return 1;
+  if (!find((uintptr_t)addr) || addr % 8 || !second_ok(addr)) return 1;
   return enqueue(s, (struct op){.kind = 1, .dst = (void*)(uintptr_t)addr, .v = v});
 }
 static int modobj, funcobj;
@@ -355,6 +394,7 @@ int cuMemMap(unsigned long long p, size_t n, size_t off, unsigned long long h, u
     if (!allocs[i].base) {
       allocs[i].base = (uintptr_t)p;
       allocs[i].n = n;
+      allocs[i].vmm = 1;
       break;
     }
   pthread_mutex_unlock(&mu);

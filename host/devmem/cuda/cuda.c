@@ -1,11 +1,12 @@
 /* The CUDA driver, found with dlopen at run time and never linked, so the
  * library loads on machines without a GPU. Declarations are our own minimal
  * subset of the driver API (types are plain integers and pointers). Copies
- * run on a non-blocking stream per context and wait for that stream only:
- * the legacy default stream would wait for user kernels, and a GIN kernel
- * that spins on a signal we are about to write would then never finish.
- * Each thread has its own stream per context: lanes copy at once, and a
- * shared stream would make each wait for the others' copies too. */
+ * run on non-blocking streams and wait for their stream only: the legacy
+ * default stream would wait for user kernels, and a GIN kernel that spins
+ * on a signal we are about to write would then never finish. Every stream
+ * is made once per context, before the data path (ctx_stream, called at
+ * registration): a pool of copy streams, so that lanes copy at once, and
+ * the shared stream of stream-ordered work. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -55,6 +56,10 @@ static struct {
   CUresult (*ctxGetDevice)(CUdevice*);
   CUresult (*deviceGetAttribute)(int*, int, CUdevice);
   CUresult (*writeValue64)(CUstream, CUdeviceptr, unsigned long long, unsigned);
+  /* Optional, for the copy context (rmaw_cuda_copy_context). */
+  CUresult (*ctxCreate)(CUcontext*, unsigned, CUdevice);
+  CUresult (*memRetain)(unsigned long long*, void*);
+  CUresult (*memRelease)(unsigned long long);
   int writeValueAttr; /* the attribute saying writeValue64 works */
   CUresult (*moduleLoadData)(void**, const void*);
   CUresult (*moduleGetFunction)(void**, void*, const char*);
@@ -72,12 +77,48 @@ enum { MEMHOSTALLOC_PORTABLE = 1 };
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* A context's shared stream (ctx_stream, below). */
+#define NCOPY 8
 typedef struct {
   CUcontext ctx;
   CUstream stream;
   int caps;
   void* add; /* the rmaw_add64 kernel, NULL: none */
+  /* The synchronous copies' streams (copy_take), each owned by one copy
+   * at a time. */
+  CUstream copy[NCOPY];
+  pthread_mutex_t cmu[NCOPY];
+  unsigned next;
+  /* The copy context (rmaw_cuda_copy_context): a context of the plugin's
+   * own on the same device, with its own stream and copy streams, for
+   * memory every context reaches (cuMem* mappings, as NCCL's windows and
+   * GIN signal arrays). NULL: none. */
+  CUcontext wctx;
+  CUstream wstream;
+  CUstream wcopy[NCOPY];
+  pthread_mutex_t wmu[NCOPY];
+  unsigned wnext;
 } ctxstream;
+
+/* copyContext: make copy contexts (NCCL_RMA_WASM_COPY_CONTEXT). Work
+ * queued on a stream of the application's context shares that context's
+ * hardware queues (CUDA_DEVICE_MAX_CONNECTIONS of them, streams assigned
+ * round-robin) with the application's streams: a copy that lands behind
+ * kernels queued after one that spins waiting for that very copy never
+ * runs (NCCL's GIN alltoall, 200 kernels launched back to back, hung in
+ * the target's synchronous copy into its window). Another context has
+ * queues of its own. */
+static int copyContext;
+
+void rmaw_cuda_copy_context(int on) { copyContext = on; }
+
+/* vmm reports whether dev lies in a cuMem* mapping, which every context
+ * of the device reaches. */
+static int vmm(uint64_t dev) {
+  unsigned long long h = 0;
+  if (!cu.memRetain || cu.memRetain(&h, (void*)(uintptr_t)dev) != 0) return 0;
+  cu.memRelease(h);
+  return 1;
+}
 static ctxstream* ctx_stream(uintptr_t ctx, CUresult* r);
 
 static const char* errstr(CUresult r) {
@@ -124,6 +165,9 @@ int rmaw_cuda_open(char* err, size_t errlen) {
     *(void**)&cu.writeValue64 = dlsym(h, "cuStreamWriteValue64");
     cu.writeValueAttr = ATTR_64_BIT_MEM_OPS_V1;
   }
+  *(void**)&cu.ctxCreate = dlsym(h, "cuCtxCreate_v2");
+  *(void**)&cu.memRetain = dlsym(h, "cuMemRetainAllocationHandle");
+  *(void**)&cu.memRelease = dlsym(h, "cuMemRelease");
   *(void**)&cu.moduleLoadData = dlsym(h, "cuModuleLoadData");
   *(void**)&cu.moduleGetFunction = dlsym(h, "cuModuleGetFunction");
   *(void**)&cu.launchKernel = dlsym(h, "cuLaunchKernel");
@@ -187,42 +231,39 @@ int rmaw_cuda_ordinal(uint64_t ptr) {
   return o;
 }
 
-#define MAX_TLS 8
-static __thread struct {
-  CUcontext ctx;
-  CUstream stream;
-} tstreams[MAX_TLS];
-static __thread int ntstreams;
-
-/* stream_for returns this thread's copy stream for ctx, creating it once;
- * past MAX_TLS contexts on one thread, the context's shared stream
- * (ctx_stream). */
-static CUstream stream_for(CUcontext ctx, CUresult* r) {
-  for (int i = 0; i < ntstreams; i++)
-    if (tstreams[i].ctx == ctx) return tstreams[i].stream;
-  if (ntstreams < MAX_TLS) {
-    CUstream s = NULL;
-    *r = cu.streamCreate(&s, STREAM_NON_BLOCKING);
-    if (*r != 0) return NULL;
-    tstreams[ntstreams].ctx = ctx;
-    tstreams[ntstreams].stream = s;
-    ntstreams++;
-    return s;
+/* Synchronous copies run on one of the context's copy streams, made with
+ * its shared stream (ctx_stream) and never on the data path: creating a
+ * stream while a kernel of the application runs can wait for that kernel,
+ * and the kernel may be waiting for the very copy (NCCL's GIN alltoall
+ * hung so, in a copy's cuStreamCreate on a thread new to the plugin). A
+ * copy takes a free stream of the pool, or waits for the one it lands on:
+ * the streams are non-blocking, so copies of different threads overlap. */
+static int copy_take(pthread_mutex_t* cmu, unsigned* next) {
+  unsigned start = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+  for (int k = 0; k < NCOPY; k++) {
+    int i = (int)((start + k) % NCOPY);
+    if (pthread_mutex_trylock(&cmu[i]) == 0) return i;
   }
-  ctxstream* e = ctx_stream((uintptr_t)ctx, r);
-  return e ? e->stream : NULL;
+  int i = (int)(start % NCOPY);
+  pthread_mutex_lock(&cmu[i]);
+  return i;
 }
 
 static int cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
                      size_t errlen) {
   /* The calling thread (an NCCL progress thread, a Go goroutine's thread)
    * may have no context: set the one captured at registration. */
-  CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
-  if (r != 0) return rmaw_fail(err, errlen, "cuCtxSetCurrent: %s", errstr(r));
-  CUstream s = stream_for((CUcontext)ctx, &r);
-  if (!s) return rmaw_fail(err, errlen, "cuStreamCreate: %s", errstr(r));
+  CUresult r;
+  ctxstream* e = ctx_stream(ctx, &r); /* makes ctx current */
+  if (!e) return rmaw_fail(err, errlen, "copy: no streams for the context: %s", errstr(r));
+  int w = e->wctx && vmm(dev);
+  if (w && (r = cu.ctxSetCurrent(e->wctx)) != 0) return rmaw_fail(err, errlen, "cuCtxSetCurrent: %s", errstr(r));
+  int i = copy_take(w ? e->wmu : e->cmu, w ? &e->wnext : &e->next);
+  CUstream s = w ? e->wcopy[i] : e->copy[i];
   r = to_device ? cu.htod((CUdeviceptr)dev, host, (size_t)n, s) : cu.dtoh(host, (CUdeviceptr)dev, (size_t)n, s);
   if (r == 0) r = cu.streamSynchronize(s);
+  pthread_mutex_unlock(w ? &e->wmu[i] : &e->cmu[i]);
+  if (w) cu.ctxSetCurrent((CUcontext)ctx);
   if (r != 0)
     return rmaw_fail(err, errlen, "%s of %llu bytes: %s", to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync",
                      (unsigned long long)n, errstr(r));
@@ -311,12 +352,26 @@ static ctxstream* ctx_stream(uintptr_t ctx, CUresult* r) {
     memset(e, 0, sizeof *e);
     e->ctx = (CUcontext)ctx;
     *r = cu.streamCreate(&e->stream, STREAM_NON_BLOCKING);
+    for (int i = 0; *r == 0 && i < NCOPY; i++) {
+      *r = cu.streamCreate(&e->copy[i], STREAM_NON_BLOCKING);
+      pthread_mutex_init(&e->cmu[i], NULL);
+    }
     if (*r != 0) {
-      e = NULL;
+      e = NULL; /* the streams made so far stay: a failing context is not retried */
     } else {
       CUdevice dev = 0;
       int v = 0;
       int have_dev = cu.ctxGetDevice && cu.deviceGetAttribute && cu.ctxGetDevice(&dev) == 0;
+      if (copyContext && have_dev && cu.ctxCreate && cu.memRetain && cu.memRelease &&
+          cu.ctxCreate(&e->wctx, 0, dev) == 0) {
+        CUresult w = cu.streamCreate(&e->wstream, STREAM_NON_BLOCKING);
+        for (int i = 0; w == 0 && i < NCOPY; i++) {
+          w = cu.streamCreate(&e->wcopy[i], STREAM_NON_BLOCKING);
+          pthread_mutex_init(&e->wmu[i], NULL);
+        }
+        if (w != 0) e->wctx = NULL; /* kept, unused */
+        cu.ctxSetCurrent((CUcontext)ctx); /* cuCtxCreate made it current */
+      }
       if (cu.writeValue64 && have_dev && cu.deviceGetAttribute(&v, cu.writeValueAttr, dev) == 0 && v)
         e->caps |= RMAW_CAP_WRITE64;
       if (cu.eventCreate && cu.eventRecord && cu.eventQuery && cu.eventDestroy) e->caps |= RMAW_CAP_ASYNC;
@@ -348,7 +403,14 @@ static int cuda_write64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size
   CTX_STREAM(e, "cuStreamWriteValue64");
   /* Flags 0: the write is ordered after the stream's earlier work and
    * preceded by a memory barrier. */
-  r = cu.writeValue64(e->stream, (CUdeviceptr)dev, (unsigned long long)v, 0);
+  if (e->wctx && vmm(dev)) {
+    /* The copy context's stream: behind the copies of the same context,
+     * which are synchronous, so the payload is in place. */
+    if ((r = cu.ctxSetCurrent(e->wctx)) == 0) r = cu.writeValue64(e->wstream, (CUdeviceptr)dev, (unsigned long long)v, 0);
+    cu.ctxSetCurrent((CUcontext)ctx);
+  } else {
+    r = cu.writeValue64(e->stream, (CUdeviceptr)dev, (unsigned long long)v, 0);
+  }
   if (r != 0) return rmaw_fail(err, errlen, "cuStreamWriteValue64: %s", errstr(r));
   return 0;
 }
@@ -412,6 +474,10 @@ static void cuda_event_destroy(uintptr_t ctx, uintptr_t ev) {
 static int cuda_stream_sync(uintptr_t ctx, char* err, size_t errlen) {
   CTX_STREAM(e, "cuStreamSynchronize");
   r = cu.streamSynchronize(e->stream);
+  if (r == 0 && e->wctx && (r = cu.ctxSetCurrent(e->wctx)) == 0) {
+    r = cu.streamSynchronize(e->wstream);
+    cu.ctxSetCurrent((CUcontext)ctx);
+  }
   if (r != 0) return rmaw_fail(err, errlen, "cuStreamSynchronize: %s", errstr(r));
   return 0;
 }

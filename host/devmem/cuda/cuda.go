@@ -25,6 +25,9 @@ import (
 // plugin's init), and registers it with devmem when a GPU is there.
 // NCCL_RMA_WASM_CUDA=0 skips it.
 var Probe = sync.OnceFunc(func() {
+	if config.CopyContext.Get() {
+		C.rmaw_cuda_copy_context(1)
+	}
 	if !devrt.Load("CUDA", "CUDA driver", config.CUDA, open) {
 		return
 	}

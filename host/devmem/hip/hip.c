@@ -131,38 +131,25 @@ static int hip_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, s
   return 0;
 }
 
-#define MAX_TLS 16
-static __thread struct {
-  int dev;
-  hipStream_t stream;
-} tstreams[MAX_TLS];
-static __thread int ntstreams;
+static int dev_stream(uintptr_t ctx, hipError_t* r);
+static int copy_take(int k);
+static void copy_give(int k, int i);
+static hipStream_t copy_stream(int k, int i);
 
-/* on_device sets the device on this thread and returns its copy stream. */
-static hipStream_t on_device(uintptr_t ctx, hipError_t* r) {
-  int dev = (int)ctx - 1;
-  *r = hip.setDevice(dev);
-  if (*r != 0) return NULL;
-  for (int i = 0; i < ntstreams; i++)
-    if (tstreams[i].dev == dev) return tstreams[i].stream;
-  hipStream_t s = NULL;
-  *r = hip.streamCreateWithFlags(&s, STREAM_NON_BLOCKING);
-  if (*r != 0) return NULL;
-  if (ntstreams < MAX_TLS) {
-    tstreams[ntstreams].dev = dev;
-    tstreams[ntstreams].stream = s;
-    ntstreams++;
-  }
-  return s;
-}
-
+/* Synchronous copies run on one of the device's copy streams, made with
+ * its shared stream (dev_stream) and never on the data path: see cuda.c's
+ * copy_take for why (a stream created while a kernel runs can wait for
+ * it). */
 static int hip_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err, size_t errlen) {
   hipError_t r;
-  hipStream_t s = on_device(ctx, &r);
-  if (!s) return rmaw_fail(err, errlen, "hipSetDevice(%d) / hipStreamCreateWithFlags: %s", (int)ctx - 1, errstr(r));
+  int k = dev_stream(ctx, &r);
+  if (k < 0) return rmaw_fail(err, errlen, "copy: no streams for device %d: %s", (int)ctx - 1, errstr(r));
+  int i = copy_take(k);
+  hipStream_t s = copy_stream(k, i);
   void* d = (void*)(uintptr_t)dev;
   r = to_device ? hip.memcpyAsync(d, host, (size_t)n, KIND_H2D, s) : hip.memcpyAsync(host, d, (size_t)n, KIND_D2H, s);
   if (r == 0) r = hip.streamSynchronize(s);
+  copy_give(k, i);
   if (r != 0)
     return rmaw_fail(err, errlen, "hipMemcpyAsync (%s) of %llu bytes: %s", to_device ? "to device" : "from device",
                      (unsigned long long)n, errstr(r));
@@ -208,12 +195,31 @@ static int hip_export_dmabuf(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, 
  * published with a release store of ndevs and found without a lock. */
 #define MAX_DEV 64
 static pthread_mutex_t dmu = PTHREAD_MUTEX_INITIALIZER;
+#define NCOPY 8
 static struct {
   int dev;
   hipStream_t stream;
   int caps;
+  hipStream_t copy[NCOPY]; /* the synchronous copies' streams (copy_take) */
+  pthread_mutex_t cmu[NCOPY];
+  unsigned next;
 } devs[MAX_DEV];
 static int ndevs;
+
+static int copy_take(int k) {
+  unsigned start = __atomic_fetch_add(&devs[k].next, 1, __ATOMIC_RELAXED);
+  for (int j = 0; j < NCOPY; j++) {
+    int i = (int)((start + j) % NCOPY);
+    if (pthread_mutex_trylock(&devs[k].cmu[i]) == 0) return i;
+  }
+  int i = (int)(start % NCOPY);
+  pthread_mutex_lock(&devs[k].cmu[i]);
+  return i;
+}
+
+static void copy_give(int k, int i) { pthread_mutex_unlock(&devs[k].cmu[i]); }
+
+static hipStream_t copy_stream(int k, int i) { return devs[k].copy[i]; }
 
 /* dev_stream sets ctx's device on this thread and returns its shared
  * stream's slot, -1 with *r set on failure. */
@@ -231,6 +237,10 @@ static int dev_stream(uintptr_t ctx, hipError_t* r) {
   if (k < 0 && ndevs < MAX_DEV) {
     hipStream_t s = NULL;
     *r = hip.streamCreateWithFlags(&s, STREAM_NON_BLOCKING);
+    for (int i = 0; *r == 0 && i < NCOPY; i++) {
+      *r = hip.streamCreateWithFlags(&devs[ndevs].copy[i], STREAM_NON_BLOCKING);
+      pthread_mutex_init(&devs[ndevs].cmu[i], NULL);
+    }
     if (*r == 0) {
       k = ndevs;
       devs[k].dev = dev;

@@ -53,6 +53,7 @@ func (s *Shadow) add(st devmem.Streams, ctx, dev uintptr, v uint64) error {
 	w.val.Add(v)
 	if !w.pending.CompareAndSwap(0, 1) {
 		s.folds.Add(1)
+		traceSignal(dev, v, 0, pathFolded)
 		return nil
 	}
 	mu := &devSigLocks[(dev>>3)%uintptr(len(devSigLocks))]
@@ -65,9 +66,11 @@ func (s *Shadow) add(st devmem.Streams, ctx, dev uintptr, v uint64) error {
 		}
 	}
 	w.pending.Store(0)
-	if err := st.WriteWord(ctx, dev, w.val.Load()); err != nil {
+	val := w.val.Load()
+	if err := st.WriteWord(ctx, dev, val); err != nil {
 		return fmt.Errorf("write device signal: %w", err)
 	}
+	traceSignal(dev, v, val, pathShadow)
 	return nil
 }
 

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
@@ -70,6 +72,7 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 		done, err := wa.AddWord(ctx, dev, v)
 		mu.Unlock()
 		if done || err != nil {
+			traceSignal(dev, v, 0, pathGDR)
 			return err
 		}
 	}
@@ -77,6 +80,7 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 		if err := st.AtomicAdd(ctx, dev, v); err != nil {
 			return fmt.Errorf("atomic add to device signal: %w", err)
 		}
+		traceSignal(dev, v, 0, pathAtomic)
 		return nil
 	}
 	mu.Lock()
@@ -89,6 +93,7 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 	if err := d.HtoD(ctx, dev, w, 8); err != nil {
 		return fmt.Errorf("write device signal: %w", err)
 	}
+	traceSignal(dev, v, *(*uint64)(w), pathRMW)
 	return nil
 }
 
@@ -156,12 +161,13 @@ func releaseSigPage() {
 // Stagers are pooled per process and reused: pinned allocation costs
 // milliseconds, and the pool holds as many as ran at once.
 type stager struct {
-	dev   devmem.Device
-	chunk uint64
-	buf   [2]unsafe.Pointer
-	keep  []byte // the buffers, when pinned allocation failed
-	jobs  chan copyJob
-	done  chan error
+	dev    devmem.Device
+	chunk  uint64
+	buf    [2]unsafe.Pointer
+	keep   []byte // the buffers in Go memory, when nothing else could be had
+	mapped []byte // the buffers in an anonymous mapping (pageable stagers)
+	jobs   chan copyJob
+	done   chan error
 }
 
 type copyJob struct {
@@ -175,13 +181,62 @@ type copyJob struct {
 var stagers struct {
 	mu   sync.Mutex
 	free []*stager
+	// warm: Prewarm ran (a device registration), so the data path no
+	// longer allocates pinned memory. cuMemHostAlloc can wait for the
+	// kernels running in the context, and a kernel may be waiting for
+	// the very operation being staged (NCCL's GIN alltoall under MPS hung
+	// this way); past the prewarmed stagers, extra ones use pageable
+	// memory instead.
+	warm bool
 }
 
-var pinnedWarned atomic.Bool
+var pinnedWarned, pageableSaid atomic.Bool
+
+// PrewarmStagers is how many stagers Prewarm readies: concurrent device
+// stagings beyond it (several peers' payloads at once) use pageable
+// buffers, slower but never a pinned allocation on the data path.
+const PrewarmStagers = 4
+
+// Prewarm readies device staging for context ctx before the data path
+// needs it, where a kernel of the application may be running: the pool
+// gets up to PrewarmStagers pinned stagers of chunk bytes (0:
+// DefaultChunk), the signal page is allocated, and the context's stream
+// is made. Registration of device memory calls it.
+func Prewarm(ctx uintptr, chunk uint64) {
+	d := devmem.Get()
+	if d == nil {
+		return
+	}
+	if chunk == 0 {
+		chunk = DefaultChunk
+	}
+	sigWord(d, ctx, 0)
+	if st, ok := d.(devmem.Streams); ok {
+		st.Caps(ctx)
+	}
+	stagers.mu.Lock()
+	have := 0
+	for _, s := range stagers.free {
+		if s.dev == d && s.chunk == chunk && s.mapped == nil {
+			have++
+		}
+	}
+	stagers.mu.Unlock()
+	var made []*stager
+	for ; have < PrewarmStagers; have++ {
+		s := newStager(d, ctx, chunk, true)
+		made = append(made, s)
+	}
+	stagers.mu.Lock()
+	stagers.free = append(stagers.free, made...)
+	stagers.warm = true
+	stagers.mu.Unlock()
+}
 
 // getStager takes a stager of device d and chunk size chunk (0:
-// DefaultChunk) from the pool, or makes one. Stagers of another device
-// (tests swap fakes) or chunk size are dropped.
+// DefaultChunk) from the pool, or makes one: pinned before Prewarm ran,
+// pageable after. Stagers of another device (tests swap fakes) or chunk
+// size are dropped.
 func getStager(d devmem.Device, ctx uintptr, chunk uint64) *stager {
 	if chunk == 0 {
 		chunk = DefaultChunk
@@ -197,9 +252,20 @@ func getStager(d devmem.Device, ctx uintptr, chunk uint64) *stager {
 		}
 		s.release()
 	}
+	pinned := !stagers.warm
 	stagers.mu.Unlock()
+	if !pinned && !pageableSaid.Swap(true) {
+		logx.Info(abi.SubsysNet, "NET/wasm: more than %d device payloads staged at once: the extra ones use pageable buffers (no pinned allocation while the application's kernels may run)", PrewarmStagers)
+	}
+	return newStager(d, ctx, chunk, pinned)
+}
+
+// newStager makes a stager with pinned buffers when pinned (falling back
+// to pageable ones if that fails), else pageable ones: anonymous
+// mappings, which are not Go memory and may be handed to the driver.
+func newStager(d devmem.Device, ctx uintptr, chunk uint64, pinned bool) *stager {
 	s := &stager{dev: d, chunk: chunk, jobs: make(chan copyJob, 2), done: make(chan error, 2)}
-	for i := range s.buf {
+	for i := 0; pinned && i < len(s.buf); i++ {
 		p, err := d.AllocPinned(ctx, chunk)
 		if err != nil {
 			if !pinnedWarned.Swap(true) {
@@ -208,11 +274,22 @@ func getStager(d devmem.Device, ctx uintptr, chunk uint64) *stager {
 			for j := 0; j < i; j++ {
 				d.FreePinned(s.buf[j])
 			}
-			s.keep = make([]byte, 2*chunk)
-			s.buf = [2]unsafe.Pointer{unsafe.Pointer(&s.keep[0]), unsafe.Pointer(&s.keep[chunk])}
+			pinned = false
 			break
 		}
 		s.buf[i] = p
+	}
+	if !pinned {
+		m, err := unix.Mmap(-1, 0, int(2*chunk), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			// Go memory as the last resort: the copies only read or
+			// write it for the duration of the call.
+			m = make([]byte, 2*chunk)
+			s.keep = m
+		} else {
+			s.mapped = m
+		}
+		s.buf = [2]unsafe.Pointer{unsafe.Pointer(&m[0]), unsafe.Pointer(&m[chunk])}
 	}
 	go s.copier()
 	return s
@@ -231,7 +308,7 @@ func Release() {
 	releaseSigPage()
 	stagers.mu.Lock()
 	free := stagers.free
-	stagers.free = nil
+	stagers.free, stagers.warm = nil, false
 	stagers.mu.Unlock()
 	for _, s := range free {
 		s.release()
@@ -241,7 +318,10 @@ func Release() {
 // release ends the copier and frees the buffers; nothing is in flight.
 func (s *stager) release() {
 	close(s.jobs)
-	if s.keep == nil {
+	switch {
+	case s.mapped != nil:
+		unix.Munmap(s.mapped)
+	case s.keep == nil:
 		for _, p := range s.buf {
 			s.dev.FreePinned(p)
 		}

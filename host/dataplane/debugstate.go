@@ -1,0 +1,41 @@
+package dataplane
+
+import (
+	"fmt"
+	"io"
+)
+
+// WriteState writes what every peer's transport holds (diagnostics: the
+// plugin's stall report): per TCP lane, whether it is open, its queue,
+// whether someone holds the stream, the puts written and not yet
+// acknowledged, and the gets awaiting replies. It takes each lane's locks
+// briefly; it allocates.
+func (m *Mesh) WriteState(w io.Writer) {
+	fmt.Fprintf(w, "=== NET/wasm mesh of rank %d: %d peers\n", m.rank, len(m.peers))
+	for i, p := range m.peers {
+		name := p.t.props().Name
+		fmt.Fprintf(w, "  rank %d: %s dead=%v opened=%#x down=%#x idle=%v\n", i, name, p.dead.Load(), p.opened.Load(), p.down.Load(), p.t.idle())
+		var t *tcpLink
+		switch x := p.t.(type) {
+		case *tcpLink:
+			t = x
+		case *intraLink:
+			t = x.tcpLink
+		}
+		if t == nil {
+			continue
+		}
+		for _, l := range t.lanes {
+			l.mu.Lock()
+			open, opening, qlen, writing, down := l.out != nil, l.opening, l.q.Len(), l.writing, l.down
+			var head string
+			if qlen > 0 {
+				op := l.q.At(0)
+				head = fmt.Sprintf(" head{msg %d size %d seq %d notBefore %d}", op.Msg, op.Size, op.Seq, op.NotBefore)
+			}
+			l.mu.Unlock()
+			fmt.Fprintf(w, "    lane %d: open=%v opening=%v queued=%d%s writing=%v down=%v armed=%v unacked puts=%d gets=%d batches=%d\n",
+				l.idx, open, opening, qlen, head, writing, down, l.armed.Load(), l.pendingPuts(), l.pendingGets(), l.batches.Load())
+		}
+	}
+}
