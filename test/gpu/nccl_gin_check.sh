@@ -134,8 +134,11 @@ GIN_SIZES=${GIN_SIZES:-64 4096 262144}
 if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/gin_alltoall.cu" -o "$OUT/gin_alltoall.o" >"$OUT/gin_alltoall-build.log" 2>&1 &&
   mpicxx "$OUT/gin_alltoall.o" -o "$OUT/gin_alltoall" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/gin_alltoall-build.log" 2>&1; then
   # gin_run NAME BYTES ITERS [VAR=VALUE ...]: one two-rank run; a run still
-  # alive 5 s before its timeout has every thread's stack recorded (gdb,
-  # where installed) in $OUT/stacks-NAME.txt before it is killed.
+  # alive 5 s before its timeout gets SIGUSR2 (with the stall report on,
+  # the plugin writes its goroutines, last operations, signal updates and
+  # lane state to the log) and has every thread's stack recorded (gdb,
+  # where installed) in $OUT/stacks-NAME.txt before it is killed; the
+  # program's own watchdog (GINA2A_WATCH_S) says where its kernels are.
   gin_run() {
     local name=$1 b=$2 iters=$3
     shift 3
@@ -144,6 +147,7 @@ if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --
     (
       sleep $((PER_RUN_TIMEOUT - 5))
       for p in $(pgrep -f "^$OUT/gin_alltoall "); do
+        kill -USR2 "$p" 2>/dev/null
         echo "=== pid $p" >>"$OUT/stacks-$name.txt"
         timeout 20 gdb -p "$p" -batch -ex 'thread apply all bt 12' >>"$OUT/stacks-$name.txt" 2>&1
       done
@@ -151,7 +155,7 @@ if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --
     local wd=$!
     timeout -s KILL "$PER_RUN_TIMEOUT" mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH \
       -x NCCL_RMA_PLUGIN="$PLUGIN" -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN $MPS_ENV \
-      $envs ${EXTRA_MPI_ENV:-} "$OUT/hostid.sh" "$OUT/gin_alltoall" "$b" "$iters" >"$log" 2>&1
+      -x NCCL_RMA_WASM_STALL_REPORT_MS=$(((PER_RUN_TIMEOUT - 20) * 1000)) -x GINA2A_WATCH_S=$((PER_RUN_TIMEOUT / 3)) $envs ${EXTRA_MPI_ENV:-} "$OUT/hostid.sh" "$OUT/gin_alltoall" "$b" "$iters" >"$log" 2>&1
     local rc=$?
     kill "$wd" 2>/dev/null
     wait "$wd" 2>/dev/null
@@ -173,11 +177,16 @@ if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --
   for b in $GIN_SIZES; do
     gin_run "$b" "$b" "$GIN_ITERS" || gin_bad=1
   done
-  # After a failure: one kernel alone, and the TCP path without the
-  # intra-node one, to tell the failing part apart.
+  # After a failure: one kernel alone, the TCP path without the
+  # intra-node one, and the two remedies for copies queued behind the
+  # application's kernels (see SPEC.md, "Device memory"): the plugin's own
+  # CUDA context, and more hardware queues per context.
   if [ "$gin_bad" = 1 ]; then
     gin_run one-64 64 1
     gin_run tcp-64 64 "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE=0
+    gin_run copyctx-64 64 "$GIN_ITERS" NCCL_RMA_WASM_COPY_CONTEXT=1
+    gin_run copyctx-4096 4096 "$GIN_ITERS" NCCL_RMA_WASM_COPY_CONTEXT=1
+    gin_run conn32-64 64 "$GIN_ITERS" CUDA_DEVICE_MAX_CONNECTIONS=32
   fi
 else
   tail -20 "$OUT/gin_alltoall-build.log"
