@@ -108,3 +108,62 @@ func TestStagingPipeline(t *testing.T) {
 		t.Fatalf("%d pinned buffers live for %d pooled stagers", d.Live(), pooled)
 	}
 }
+
+// gatedReader hands out its bytes only once gate is closed, so that the
+// stagers of several transfers are taken at once.
+type gatedReader struct {
+	gate <-chan struct{}
+	r    *bytes.Reader
+}
+
+func (g *gatedReader) Read(p []byte) (int, error) {
+	<-g.gate
+	return g.r.Read(p)
+}
+
+// TestPrewarmNoPinnedOnDataPath: after Prewarm (device registration), the
+// data path allocates no pinned memory, even with more transfers staged
+// at once than stagers were prewarmed (a pinned allocation can wait for
+// the application's running kernels); every byte still lands, and
+// Release frees what Prewarm made.
+func TestPrewarmNoPinnedOnDataPath(t *testing.T) {
+	const chunk = 8 << 10
+	const n = PrewarmStagers + 3
+	d := &devtest.Pipe{Mem: make([]byte, n*chunk), Base: 0x7e00_0000_0000}
+	devmem.Register(d)
+	defer devmem.Register(nil)
+	Release()
+	Prewarm(1, chunk)
+	warm := d.Live()
+	if warm < 2*PrewarmStagers {
+		t.Fatalf("Prewarm left %d pinned buffers, want at least %d", warm, 2*PrewarmStagers)
+	}
+	gate := make(chan struct{})
+	errs := make(chan error, n)
+	src := make([][]byte, n)
+	for i := range src {
+		src[i] = bytes.Repeat([]byte{byte(0x30 + i)}, chunk)
+		go func() {
+			errs <- ReadToDevice(&gatedReader{gate, bytes.NewReader(src[i])}, 1, d.Base+uintptr(i*chunk), chunk, chunk)
+		}()
+	}
+	time.Sleep(50 * time.Millisecond) // every transfer holds a stager, blocked on its reader
+	close(gate)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range src {
+		if !bytes.Equal(d.At(d.Base+uintptr(i*chunk), chunk), src[i]) {
+			t.Fatalf("transfer %d landed wrong bytes", i)
+		}
+	}
+	if got := d.Live(); got != warm {
+		t.Fatalf("%d pinned buffers after %d concurrent transfers, want the %d Prewarm made: the data path allocated pinned memory", got, n, warm)
+	}
+	Release()
+	if got := d.Live(); got != 0 {
+		t.Fatalf("%d pinned buffers left after Release", got)
+	}
+}
