@@ -179,7 +179,14 @@ int main(int argc, char** argv) {
   pthread_create(&wt, NULL, watch, &w);
   MPI_Barrier(MPI_COMM_WORLD);
   CUDA(cudaEventRecord(e0, s));
-  for (int it = 0; it < iters; it++) alltoall<<<CTAS, THREADS, 0, s>>>(sendwin, recvwin, bytes, it, dc, progDev);
+  // GINA2A_SYNC_EACH=1 waits for each kernel before launching the next:
+  // nothing is queued behind a running kernel (the diagnosis of SPEC.md
+  // §4, "Copies queued behind the application's kernels").
+  bool syncEach = getenv("GINA2A_SYNC_EACH") && atoi(getenv("GINA2A_SYNC_EACH"));
+  for (int it = 0; it < iters; it++) {
+    alltoall<<<CTAS, THREADS, 0, s>>>(sendwin, recvwin, bytes, it, dc, progDev);
+    if (syncEach) CUDA(cudaStreamSynchronize(s));
+  }
   CUDA(cudaEventRecord(e1, s));
   CUDA(cudaStreamSynchronize(s));
   w.done = 1;

@@ -187,6 +187,7 @@ if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --
     gin_run copyctx-64 64 "$GIN_ITERS" NCCL_RMA_WASM_COPY_CONTEXT=1
     gin_run copyctx-4096 4096 "$GIN_ITERS" NCCL_RMA_WASM_COPY_CONTEXT=1
     gin_run conn32-64 64 "$GIN_ITERS" CUDA_DEVICE_MAX_CONNECTIONS=32
+    gin_run synceach-64 64 "$GIN_ITERS" GINA2A_SYNC_EACH=1
   fi
 else
   tail -20 "$OUT/gin_alltoall-build.log"
