@@ -82,3 +82,28 @@ func TestStallReportOldRequest(t *testing.T) {
 		q.state.Store(reqFree) // not released to the pool: the context is torn down with the test
 	}
 }
+
+// TestStallReportWatcher: the reporter goroutine itself finds a request
+// pending longer than the period and WARNs it.
+func TestStallReportWatcher(t *testing.T) {
+	logs := warnings(t)
+	rs := setupEnv(t, 2, 1<<12, map[string]string{config.StallReport.Name: "100"})
+	r := lookupRma(rs[0].rma)
+	q, _, ok := r.reqs.alloc()
+	if !ok {
+		t.Fatal("no request slot")
+	}
+	q.stamp(backend.OpGet, 0, 1, 4096)
+	defer q.state.Store(reqFree)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := strings.Join(logs(), "\n")
+		if strings.Contains(got, "iget to rank 1, context 0, 4096 bytes") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no stall report of a request pending for 5 s:\n%s", got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
