@@ -86,7 +86,7 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// nothing else does (the fake fails a copy of other memory there).
 		{"cuda_check_copyctx", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_COPY_CONTEXT=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified",
-				"second context reaches a cuMem mapping"}},
+				"second context reaches a cuMem mapping", "run in a CUDA context of the plugin's own"}},
 		{"cuda_check_atomic", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_DEVICE_ATOMIC=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds"}},
 		// A driver without stream memory operations, events or module

@@ -111,6 +111,11 @@ static int copyContext;
 
 void rmaw_cuda_copy_context(int on) { copyContext = on; }
 
+/* copyContexts counts the copy contexts made (rmaw_cuda_copy_contexts). */
+static int copyContexts;
+
+int rmaw_cuda_copy_contexts(void) { return __atomic_load_n(&copyContexts, __ATOMIC_RELAXED); }
+
 /* vmm reports whether dev lies in a cuMem* mapping, which every context
  * of the device reaches. */
 static int vmm(uint64_t dev) {
@@ -370,6 +375,7 @@ static ctxstream* ctx_stream(uintptr_t ctx, CUresult* r) {
           pthread_mutex_init(&e->wmu[i], NULL);
         }
         if (w != 0) e->wctx = NULL; /* kept, unused */
+        else __atomic_add_fetch(&copyContexts, 1, __ATOMIC_RELAXED);
         cu.ctxSetCurrent((CUcontext)ctx); /* cuCtxCreate made it current */
       }
       if (cu.writeValue64 && have_dev && cu.deviceGetAttribute(&v, cu.writeValueAttr, dev) == 0 && v)

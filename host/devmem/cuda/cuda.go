@@ -69,6 +69,12 @@ func (cudaOps) Ops() unsafe.Pointer { return unsafe.Pointer(&C.rmaw_cuda_ops) }
 
 func (cudaDevice) Name() string { return "CUDA" }
 
+// CopyContexts is how many CUDA contexts of its own the plugin made for
+// copies (NCCL_RMA_WASM_COPY_CONTEXT=1): one per application context
+// whose memory was registered, 0 when the variable is off or the driver
+// lacks what they need.
+func (cudaDevice) CopyContexts() int { return int(C.rmaw_cuda_copy_contexts()) }
+
 // Locate says which CUDA device holds ptr, for direct registration with a
 // NIC (libfabric FI_HMEM_CUDA).
 func (cudaDevice) Locate(_, ptr uintptr) (int, int, error) {

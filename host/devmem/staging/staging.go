@@ -190,7 +190,7 @@ var stagers struct {
 	warm bool
 }
 
-var pinnedWarned, pageableSaid atomic.Bool
+var pinnedWarned, pageableSaid, copyCtxSaid atomic.Bool
 
 // PrewarmStagers is how many stagers Prewarm readies: concurrent device
 // stagings beyond it (several peers' payloads at once) use pageable
@@ -213,6 +213,9 @@ func Prewarm(ctx uintptr, chunk uint64) {
 	sigWord(d, ctx, 0)
 	if st, ok := d.(devmem.Streams); ok {
 		st.Caps(ctx)
+	}
+	if cc, ok := d.(interface{ CopyContexts() int }); ok && cc.CopyContexts() > 0 && !copyCtxSaid.Swap(true) {
+		logx.Info(abi.SubsysNet, "NET/wasm: copies and signal writes of cuMem-mapped device memory run in a CUDA context of the plugin's own (NCCL_RMA_WASM_COPY_CONTEXT=1)")
 	}
 	stagers.mu.Lock()
 	have := 0
