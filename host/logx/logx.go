@@ -28,6 +28,13 @@ func SetSink(s Sink) {
 }
 
 func emit(level abi.LogLevel, subsys uint64, format string, args []any) {
+	if level == abi.LogWarn {
+		// NCCL and RCCL drop a line whose flags miss NCCL_DEBUG_SUBSYS
+		// (default INIT,BOOTSTRAP,ENV), WARN included; their own WARNs pass
+		// NCCL_ALL. A WARN of ours is an error's only explanation, so it
+		// must show under the defaults too: it goes out with every flag.
+		subsys = abi.SubsysAll
+	}
 	msg := format
 	if len(args) > 0 {
 		msg = fmt.Sprintf(format, args...)
