@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -653,5 +654,44 @@ func TestDeviceSignalWords(t *testing.T) {
 				t.Fatalf("%d deregistrations of device memory dropped mappings, want %d", forgets, 3*n)
 			}
 		})
+	}
+}
+
+// TestDeviceShadowReregistered: a never-reset signal range registered
+// again without the flag gets the same handle (one registration per
+// range) and a WARN that its words stay updated from the shadow.
+func TestDeviceShadowReregistered(t *testing.T) {
+	logs := warnings(t)
+	g := newFakeDevice()
+	devmem.Register(g)
+	defer devmem.Register(nil)
+	rs := setup(t, 2, 64)
+	sig := []uintptr{g.alloc(64), g.alloc(64)}
+	for _, flags := range []uint64{abi.MrFlagSignalNeverReset, 0} {
+		var wg sync.WaitGroup
+		h := make([]uint64, len(rs))
+		for i := range rs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var res abi.Result
+				if h[i], res = RegMr(rs[i].coll, sig[i], 64, abi.PtrCuda, flags); res != abi.Success {
+					t.Errorf("regMr (flags %#x): %v", flags, res)
+				}
+			}()
+		}
+		wg.Wait()
+		if m := lookupColl(rs[0].coll).lookupMR(h[0]); m == nil || m.shadow == nil {
+			t.Fatalf("flags %#x: the registration has no never-reset shadow", flags)
+		}
+	}
+	n := 0
+	for _, l := range logs() {
+		if strings.Contains(l, "registered again without NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET") {
+			n++
+		}
+	}
+	if n != len(rs) {
+		t.Fatalf("%d WARNs of the re-registration, want one per rank: %q", n, logs())
 	}
 }

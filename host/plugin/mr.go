@@ -77,6 +77,12 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 		return 0, abi.InvalidArgument
 	}
 	if m := c.regs.reuse(data, size); m != nil {
+		if m.shadow != nil && flags&abi.MrFlagSignalNeverReset == 0 {
+			// One registration per range: its words keep being updated
+			// from the first registration's shadow, which a reset through
+			// this one would silently break.
+			logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: rank %d, %d bytes at %#x registered again without NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET; its signal words stay updated from the never-reset shadow of the first registration, so they must never be reset", c.rank, size, data)
+		}
 		return m.handle, abi.Success
 	}
 	m := &mr{base: *(*unsafe.Pointer)(unsafe.Pointer(&data)), size: size, typ: typ, devCtx: devCtx, flags: flags, refs: 1}
