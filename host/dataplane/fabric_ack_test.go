@@ -10,6 +10,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -269,5 +270,80 @@ func TestFabricAckBeforeGoodbye(t *testing.T) {
 	}
 	if v := binary.LittleEndian.Uint64(os[1].bytes()[2048:]); v != 0x5eed {
 		t.Fatalf("payload %#x", v)
+	}
+}
+
+// TestFabricAckRails: with two rails, each side's puts with signal in CQ
+// data alternate rails and the answer to each goes on the other rail, so
+// every acknowledgement arrives on a rail other than its write's: that
+// rail's poller completes it. Acknowledgement messages are off during the
+// exchange; every byte and signal is checked; then rank 1 closes and
+// rank 0's last put still succeeds (acknowledged before the goodbye).
+func TestFabricAckRails(t *testing.T) {
+	prov := fabricProvider(t, "tcp;ofi_rxm")
+	ns := nics.List(prov)
+	if len(ns) < 1 {
+		t.Skipf("%s offers no domain here", prov)
+	}
+	dom := ns[0].Domain
+	ms, os := fabMesh2Rails(t, prov, 1<<20, 2, [2]bool{}, dom, [2][]string{{dom}, {dom}})
+	f := fabLinks(t, ms)
+	if len(f[0].rails) != 2 || len(f[1].rails) != 2 {
+		t.Fatalf("rails %d and %d, want 2", len(f[0].rails), len(f[1].rails))
+	}
+	src := [2]unsafe.Pointer{fabric.Alloc(64), fabric.Alloc(64)}
+	defer fabric.Free(src[0])
+	defer fabric.Free(src[1])
+	const word = 16
+	tags := [2]uint64{}
+	put := func(r, lane int, off uint64) uint64 {
+		tags[r]++
+		ms[r].Post(1-r, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tags[r], Local: src[r], Size: 24, Off: off, SigMrID: 1, SigOff: word, SigOp: abi.SignalOpInc}, false, lane)
+		return tags[r]
+	}
+	for r := range 2 {
+		if st := os[r].wait(t, put(r, 0, 4096)); st != abi.Success {
+			t.Fatalf("rank %d's first signal: %v", r, st)
+		}
+		waitFabWord(t, unsafe.Add(os[1-r].mem, word), 1)
+	}
+	fabTestNoAckMsg.Store(true)
+	defer fabTestNoAckMsg.Store(false)
+	base := [2]uint64{f[0].cqSigs.Load(), f[1].cqSigs.Load()}
+	const n = 100
+	var last [2]uint64
+	for i := range n {
+		for r := range 2 {
+			b := unsafe.Slice((*byte)(src[r]), 24)
+			for j := range b {
+				b[j] = byte(i*7 + j + 100*r)
+			}
+			off := uint64(8192 + 64*i)
+			tag := put(r, (i+r)%2, off)
+			waitFabWord(t, unsafe.Add(os[1-r].mem, word), uint64(i+2))
+			got := os[1-r].bytes()[off : off+24]
+			for j := range got {
+				if got[j] != b[j] {
+					t.Fatalf("step %d, rank %d: byte %d is %d, want %d", i, r, j, got[j], b[j])
+				}
+			}
+			if prev := last[1-r]; prev != 0 {
+				if st := os[1-r].wait(t, prev); st != abi.Success {
+					t.Fatalf("step %d: rank %d's put: %v", i, 1-r, st)
+				}
+			}
+			last[r] = tag
+		}
+	}
+	for r := range 2 {
+		if got := f[r].cqSigs.Load() - base[r]; got != n {
+			t.Fatalf("rank %d sent %d of %d puts with signal in CQ data", r, got, n)
+		}
+	}
+	if err := ms[1].Close(); err != nil {
+		t.Fatalf("rank 1 close: %v", err)
+	}
+	if st := os[0].wait(t, last[0]); st != abi.Success {
+		t.Fatalf("rank 0's last put: %v", st)
 	}
 }

@@ -683,7 +683,13 @@ func (f *fabricLink) failAll() {
 	}
 	f.dropStaged()
 	for i := range f.rails {
-		f.failSlots(f.rails[i].e)
+		// Writes the peer acknowledged (on another rail, whose poller had
+		// not got to them) complete rather than fail.
+		e := f.rails[i].e
+		e.LockPoll()
+		e.popAcked(f)
+		e.UnlockPoll()
+		f.failSlots(e)
 		f.ackWait[i].clear() // failSlots failed their slots
 	}
 }
