@@ -19,7 +19,8 @@ import (
 // counts our numbers that landed, in order (its orderer passed them), and
 // tells us how many more did since it last said: in the CQ data of its
 // next put with signal in CQ data to us (SigAckBits), or, when none
-// carried it by its next poll, in a MsgAck message. The counts commute,
+// carried it within ackPolls polls or before its goodbye, in a MsgAck
+// message. The counts commute,
 // so rails and reordering do not matter; we complete a write once the
 // acknowledged count reaches its number, so a request still completes
 // only once its bytes and signal arrived (SPEC.md §3).
