@@ -134,10 +134,16 @@ func (t *tcpLink) start() {
 			}
 		}
 	}
-	// The lanes start once their acks are attached: a lane whose stream
-	// ends at once stops the link, which reads them.
+	// The lanes start once their acks are attached and every lane's
+	// timers exist: a lane whose stream ends at once stops the link,
+	// which reads them all.
 	for _, l := range t.lanes {
-		l.start()
+		l.timers()
+	}
+	for _, l := range t.lanes {
+		if l.out != nil {
+			l.run()
+		}
 	}
 	t.inDone = make([]chan struct{}, len(t.ins))
 	for i := range t.ins {
@@ -156,6 +162,13 @@ func (t *tcpLink) start() {
 func (t *tcpLink) submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op, hold) }
 
 func (t *tcpLink) flush() {
+	// What arrived first: acks it carries and signals it applies may be
+	// what the caller waits for, and acks owed leave with the batch.
+	for _, a := range t.acks {
+		if r := a.rd.Load(); r != nil {
+			r.poll()
+		}
+	}
 	for _, l := range t.lanes {
 		l.flush()
 	}
@@ -356,14 +369,12 @@ func (l *lane) alloc() {
 	}
 }
 
-func (l *lane) start() {
+// timers creates the lane's send and pacing timers, stopped.
+func (l *lane) timers() {
 	l.timer = time.AfterFunc(time.Hour, l.sendTimer)
 	l.timer.Stop()
 	l.due = time.AfterFunc(time.Hour, l.kick)
 	l.due.Stop()
-	if l.out != nil {
-		l.run()
-	}
 }
 
 // run starts the lane's writer and reply reader on its open stream.

@@ -16,7 +16,6 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -42,14 +41,16 @@ type acker struct {
 	landed uint64 // puts of this stream that landed (the service counts)
 	buf    [wire.HeaderSize]byte
 
-	r io.Reader // in, or a spinReader over it
+	r  io.Reader                // the stream's inReader (tcp_caller.go)
+	rd atomic.Pointer[inReader] // set once its service started: callers read it
 
 	// Shared with the outgoing lane of the same index (piggybacking).
 	pub   atomic.Uint64 // landed, as published at the last drain
 	sent  atomic.Uint64 // the highest count acknowledged, either way
 	piggy atomic.Bool   // acks may ride the lane (cleared for good by a nack)
 	lane  *lane         // the outgoing lane that carries them; nil: none
-	outs  uint64        // the lane's batches at the last drain (service only)
+	outs  uint64        // the lane's batches at the last drain (reader only)
+	held  uint64        // the count last left for the lane (reader only)
 	due   atomic.Int64  // Now() after which test() sends an owed ack alone
 	tmu   sync.Mutex    // guards armed and the timer's state
 	armed bool
@@ -74,17 +75,25 @@ func (a *acker) Read(b []byte) (int, error) {
 	return a.r.Read(b)
 }
 
-// drained runs when the service has consumed everything it read: the
+// drained runs when the stream's reader (the service or a polling caller,
+// inReader) has consumed everything it read: the
 // acks of what landed leave now, or ride the lane's next batch.
 func (a *acker) drained() error {
 	if a.landed == a.sent.Load() {
 		return nil
 	}
 	if a.lane != nil && a.piggy.Load() {
+		if a.held == a.landed && Now() < a.due.Load() {
+			// Already left for the lane, and a caller polling the stream
+			// drains it again and again before the lane writes: the ack
+			// waits its ackDelay, as it would for the service.
+			return nil
+		}
 		a.pub.Store(a.landed)
 		if n := a.lane.batches.Load(); n != a.outs {
 			// The lane wrote since the last drain: expect it again.
 			a.outs = n
+			a.held = a.landed
 			a.due.Store(Now() + int64(ackDelay))
 			a.arm()
 			return nil
@@ -94,7 +103,8 @@ func (a *acker) drained() error {
 }
 
 // flush acknowledges every put counted so far on the incoming stream
-// itself, if any is new. Only the service goroutine writes that stream.
+// itself, if any is new. Only the holder of the stream's reading role
+// (inReader) writes that stream.
 func (a *acker) flush() error {
 	a.pub.Store(a.landed)
 	if !a.claim(a.landed) {
@@ -166,105 +176,149 @@ func (a *acker) nacked() { a.piggy.Store(false) }
 const ackEvery = 64
 
 // service executes the peer's operations arriving on one incoming lane. It
-// runs whether or not this process ever calls the plugin again.
+// runs whether or not this process ever calls the plugin again. It serves
+// while it holds the stream's reading role (inReader), blocking in the
+// middle of a message if need be, and lets the role go while it waits for
+// input, so that a caller polling in test() or rmaProgress can serve what
+// arrives on its own thread (tcp_caller.go).
 func (t *tcpLink) service(lane int, in *net.TCPConn) {
 	p := t.p
 	defer p.m.wg.Done()
 	defer close(t.inDone[lane]) // after the last landing (fence waits for it)
 	ack := t.acks[lane]
-	ack.r = spin.NewReader(in, p.m.spinWait, p.m.spinners, nil)
-	br := bufio.NewReaderSize(ack, readBufSize)
-	var hb [wire.HeaderSize]byte
-	var h wire.Header
-	resp := make([]byte, wire.HeaderSize+smallResponse)
-	dec := &codec.Decoder{}
-	defer dec.Release()
-	rx := &staging.Receiver{}
-	defer rx.Close()
-	bye := false
+	r, err := newInReader(t, lane, in, ack)
+	if err != nil {
+		p.markDead(fmt.Errorf("serve rank %d: %w", p.rank, err))
+		return
+	}
+	defer r.close() // holding the role: no caller touches the stream after this
+	ack.rd.Store(r)
+	for t.serveAll(r) {
+		r.release()
+		r.wait()
+	}
+}
+
+// serveAll serves the stream holding the role until the socket is empty
+// between two messages (true: wait for more) or the stream ended (false).
+func (t *tcpLink) serveAll(r *inReader) bool {
+	p, lane, br := t.p, r.lane, r.br
 	for {
-		if _, err := io.ReadFull(br, hb[:]); err != nil {
-			if bye {
+		if err := r.perr; err != nil {
+			// A caller met it serving a message on its thread.
+			r.perr = nil
+			if streamEnded(err) && t.inLaneEnded(lane, err) {
+				return false
+			}
+			p.markDead(err)
+			return false
+		}
+		var err error
+		if br.Buffered() == 0 && r.stash == nil {
+			// Between messages: look without parking.
+			r.nb = true
+			_, err = br.Peek(1)
+			r.nb = false
+			if err == errWouldBlock {
+				return true
+			}
+		}
+		if err == nil {
+			_, err = io.ReadFull(br, r.hb[:])
+		}
+		if err != nil {
+			if r.bye {
 				// The lane ended in order. The peer's other lanes may
 				// still carry operations: they end on their own, and
 				// the replies stream notices when the peer is gone.
-				return
+				return false
 			}
 			if t.inLaneEnded(lane, err) {
-				return // the lane failed alone: the peer fails it over
+				return false // the lane failed alone: the peer fails it over
 			}
 			p.markDead(fmt.Errorf("receive from rank %d: %w", p.rank, err))
-			return
+			return false
 		}
-		if bye {
-			p.markDead(fmt.Errorf("protocol error: rank %d sent message type %d after its goodbye", p.rank, hb[0]))
-			return
+		if r.bye {
+			p.markDead(fmt.Errorf("protocol error: rank %d sent message type %d after its goodbye", p.rank, r.hb[0]))
+			return false
 		}
-		h.Decode(hb[:])
-		var err error
-		switch h.Typ {
-		case wire.MsgPut, wire.MsgPutSignal:
-			switch {
-			case h.Status&wire.StatusResent == 0:
-				err = t.servePut(ack, br, &h, resp, dec, rx)
-			case h.Seq == 0:
-				err = fmt.Errorf("protocol error: rank %d resent a put without a sequence number", p.rank)
-			default:
-				// Sent again after lane From failed: only once nothing of
-				// that lane is still landing, and only if it never landed.
-				if err = t.fence(lane, int(h.Status&wire.StatusFromMask)>>8); err == nil {
-					if p.order.Seen(h.Seq) {
-						err = t.dropPut(br, &h, dec)
-					} else {
-						err = t.servePut(ack, br, &h, resp, dec, rx)
-					}
-				}
-			}
-			ack.landed++
-			if err == nil && ack.landed-ack.sent.Load() >= ackEvery {
-				// A read buffer of small puts holds hundreds: acknowledge
-				// part of it now so the initiator refills its window while
-				// the rest lands.
-				err = ack.flush()
-			}
-		case wire.MsgAck:
-			err = t.piggyAck(&h)
-		case wire.MsgGet:
-			err = t.serveGet(in, &h, resp)
-		case wire.MsgRing:
-			err = t.attachRing(in, rx, &h, resp)
-		case wire.MsgReg:
-			// sigOp: the fabric rail whose key sigValue is (fabricLink's
-			// submit sends rails 1.. first); rail 0's also tells the owner.
-			// context 1: device memory its provider registered (FI_HMEM).
-			if t.onReg != nil {
-				t.onReg(h.SigOp, h.MrID, h.Off, h.SigValue, h.Status == 1, h.Context == 1)
-			}
-			if h.SigOp == 0 {
-				p.m.owner.PeerRegistered(p.rank, h.MrID, h.Size, h.Off, h.Status == 1)
-			}
-		case wire.MsgBye:
-			// Everything this lane carried before the goodbye has been
-			// applied (signals included: a signal held for an earlier
-			// sequence number of another lane is applied when that one
-			// lands, and that lane's goodbye comes after it).
-			// The puts it carried are acknowledged before the goodbye.
-			p.peerBye.Store(true)
-			bye = true
-			if err = ack.flush(); err == nil {
-				err = t.reply(in, wire.MsgByeAck, &h, abi.Success, nil, resp)
-			}
-		default:
-			err = fmt.Errorf("protocol error: message type %d from rank %d", h.Typ, p.rank)
-		}
-		if err != nil {
+		r.h.Decode(r.hb[:])
+		r.rx.Store(Now())
+		if err = t.serveMsg(r); err != nil {
 			if streamEnded(err) && t.inLaneEnded(lane, err) {
-				return // broke mid-message: the peer sends it again
+				return false // broke mid-message: the peer sends it again
 			}
 			p.markDead(err)
-			return
+			return false
 		}
 	}
+}
+
+// serveMsg executes one message whose header (r.h) was read; its body
+// follows in the buffer. The holder of the role calls it: the service, or
+// a caller for the messages inReader.serveReady lets it serve, whole in
+// the buffer.
+func (t *tcpLink) serveMsg(r *inReader) error {
+	p, lane, ack, br, h := t.p, r.lane, r.ack, r.br, &r.h
+	in, resp := r.in, r.resp
+	var err error
+	switch h.Typ {
+	case wire.MsgPut, wire.MsgPutSignal:
+		switch {
+		case h.Status&wire.StatusResent == 0:
+			err = t.servePut(ack, br, h, resp, r.dec, r.rxr)
+		case h.Seq == 0:
+			err = fmt.Errorf("protocol error: rank %d resent a put without a sequence number", p.rank)
+		default:
+			// Sent again after lane From failed: only once nothing of
+			// that lane is still landing, and only if it never landed.
+			if err = t.fence(lane, int(h.Status&wire.StatusFromMask)>>8); err == nil {
+				if p.order.Seen(h.Seq) {
+					err = t.dropPut(br, h, r.dec)
+				} else {
+					err = t.servePut(ack, br, h, resp, r.dec, r.rxr)
+				}
+			}
+		}
+		ack.landed++
+		if err == nil && ack.landed-ack.sent.Load() >= ackEvery {
+			// A read buffer of small puts holds hundreds: acknowledge
+			// part of it now so the initiator refills its window while
+			// the rest lands.
+			err = ack.flush()
+		}
+	case wire.MsgAck:
+		err = t.piggyAck(h)
+	case wire.MsgGet:
+		err = t.serveGet(in, h, resp)
+	case wire.MsgRing:
+		err = t.attachRing(in, r.rxr, h, resp)
+	case wire.MsgReg:
+		// sigOp: the fabric rail whose key sigValue is (fabricLink's
+		// submit sends rails 1.. first); rail 0's also tells the owner.
+		// context 1: device memory its provider registered (FI_HMEM).
+		if t.onReg != nil {
+			t.onReg(h.SigOp, h.MrID, h.Off, h.SigValue, h.Status == 1, h.Context == 1)
+		}
+		if h.SigOp == 0 {
+			p.m.owner.PeerRegistered(p.rank, h.MrID, h.Size, h.Off, h.Status == 1)
+		}
+	case wire.MsgBye:
+		// Everything this lane carried before the goodbye has been
+		// applied (signals included: a signal held for an earlier
+		// sequence number of another lane is applied when that one
+		// lands, and that lane's goodbye comes after it).
+		// The puts it carried are acknowledged before the goodbye.
+		p.peerBye.Store(true)
+		r.bye = true
+		if err = ack.flush(); err == nil {
+			err = t.reply(in, wire.MsgByeAck, h, abi.Success, nil, resp)
+		}
+	default:
+		err = fmt.Errorf("protocol error: message type %d from rank %d", h.Typ, p.rank)
+	}
+	return err
 }
 
 // Span reports whether [off, off+n) lies inside a registration of size

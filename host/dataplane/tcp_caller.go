@@ -1,0 +1,468 @@
+package dataplane
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// inReader is the reading side of one incoming stream: its buffer and the
+// state of the message being served. Two kinds of thread take turns at it,
+// never both at once (role):
+//
+//   - the service goroutine (tcp_service.go), which serves the stream
+//     whether or not this process calls the plugin again; it waits for
+//     input on the netpoller without holding the role, and may block in
+//     the middle of a message while it holds it;
+//   - a caller of test() or rmaProgress (poll, through tcpLink.flush),
+//     which serves what the socket already holds on its own thread, never
+//     blocking. On a machine with few cores this is what makes a small
+//     exchange cheap: the message is applied where the caller already
+//     waits, as a raw TCP reader applies it, instead of after a netpoller
+//     wake-up of the service goroutine on a busy core.
+//
+// The bytes go through one buffer in stream order whoever reads them, so
+// no byte is consumed twice and signals still apply after their payload.
+type inReader struct {
+	t    *tcpLink
+	lane int
+	in   *net.TCPConn
+	rc   syscall.RawConn
+	ack  *acker
+	br   *bufio.Reader
+	blk  io.Reader // the service's blocking reader (spins after traffic)
+
+	// role is roleOwned while a thread serves the stream; roleGone once
+	// the service returned (it keeps the role for good).
+	role atomic.Uint32
+	// left: a caller left bytes in the buffer it did not serve (a message
+	// it does not serve on its thread, or one that is not whole): the
+	// service serves them, woken by a read deadline in the past.
+	left atomic.Bool
+	// rx is Now() when a message was last served: callers look at the
+	// socket only while the stream carries traffic, so a test() of a
+	// one-way stream costs no system call.
+	rx atomic.Int64
+	// tried is Now() when a caller last found the socket empty: callers
+	// that poll in a tight loop look at most once per pollGap.
+	tried atomic.Int64
+	// callerMsgs counts the messages callers served, handoffs the times a
+	// caller left the stream to the service (tests read them).
+	callerMsgs atomic.Uint64
+	handoffs   atomic.Uint64
+	// polled is Now() of a caller's last look: while callers keep looking,
+	// the service leaves the socket to them (wait).
+	polled atomic.Int64
+
+	// Owned by whoever holds the role.
+	nb         bool  // reads never park (a caller; the service between messages)
+	callerMode bool  // the holder is a caller
+	stash      error // a read error a caller met, for the service's next read
+	perr       error // an error a caller met serving a message, for the service
+	bye        bool  // the peer said goodbye on this stream
+	hb         [wire.HeaderSize]byte
+	h          wire.Header
+	resp       []byte
+	dec        *codec.Decoder
+	rxr        *staging.Receiver
+
+	// non-blocking reads through RawConn.Control (no read lock: the
+	// service may be parked in the netpoller holding it); bound once so
+	// that they allocate nothing
+	b    []byte
+	n    int
+	err  error
+	rdFn func(fd uintptr)
+	// the service's wait for input (a peek, so nothing is consumed)
+	peek   [1]byte
+	parked bool
+	waitFn func(fd uintptr) bool
+	// the service's naps while callers serve (wait)
+	napping atomic.Bool
+	kick    chan struct{}
+	nap     *time.Timer
+	lowat   bool // SO_RCVLOWAT is raised (service only)
+	lowOn   bool
+	lowFn   func(fd uintptr)
+}
+
+const (
+	roleOwned = 1
+	roleGone  = 2
+)
+
+// pollActive is how long after a stream's last message callers keep
+// looking at its socket; callerWindow how long after a caller's last look
+// the service leaves the socket to callers (as endpoint.CallerGrace does
+// libfabric's completion queues). Variables so that tests can pin the
+// service to its naps.
+var (
+	pollActive   = 2 * time.Millisecond
+	callerWindow = 200 * time.Microsecond
+)
+
+// pollGap is the least time between two looks of callers that found the
+// socket empty: a poll loop costs a system call per pollGap at most.
+const pollGap = 2 * time.Microsecond
+
+// errWouldBlock: the socket is empty and the reader may not park.
+var errWouldBlock = errors.New("would block")
+
+// pastDeadline wakes the service from its wait (SetReadDeadline).
+var pastDeadline = time.Unix(1, 0)
+
+func newInReader(t *tcpLink, lane int, in *net.TCPConn, ack *acker) (*inReader, error) {
+	rc, err := in.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	r := &inReader{t: t, lane: lane, in: in, rc: rc, ack: ack,
+		blk:  spin.NewReader(in, t.p.m.spinWait, t.p.m.spinners, nil),
+		resp: make([]byte, wire.HeaderSize+smallResponse), dec: &codec.Decoder{}, rxr: &staging.Receiver{}}
+	r.rdFn = r.readFD
+	r.waitFn = r.waitFD
+	r.lowFn = r.lowatFD
+	r.kick = make(chan struct{}, 1)
+	r.role.Store(roleOwned) // the service's until its first wait
+	ack.r = r
+	r.br = bufio.NewReaderSize(ack, readBufSize) // acks leave before each read
+	return r, nil
+}
+
+// readFD reads through syscall.Read, which tells the race detector that
+// what was written before the bytes were sent happened before (as the net
+// package's reads do).
+func (r *inReader) readFD(fd uintptr) {
+	for {
+		n, err := syscall.Read(int(fd), r.b)
+		if err == unix.EINTR {
+			continue
+		}
+		r.n, r.err = max(n, 0), err
+		return
+	}
+}
+
+// Read is the stream as the buffer reads it (under the acker, which sends
+// acks before each read).
+func (r *inReader) Read(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	if err := r.stash; err != nil {
+		r.stash = nil
+		return 0, err
+	}
+	if r.nb {
+		r.b = b
+		if err := r.rc.Control(r.rdFn); err != nil {
+			r.n, r.err = 0, err // closed
+		}
+		r.b = nil
+		switch {
+		case r.err == unix.EAGAIN:
+			return 0, errWouldBlock
+		case r.err == nil && r.n > 0:
+			return r.n, nil
+		}
+		// The stream ended or broke: the error is the service's to handle
+		// (failover, goodbye), as its own read would have met it.
+		err := r.err
+		if err == nil {
+			err = io.EOF
+		} else if errno, ok := err.(syscall.Errno); ok {
+			err = &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", errno)}
+		}
+		if r.caller() {
+			r.stash = err
+			return 0, errWouldBlock
+		}
+		return 0, err
+	}
+	if r.lowat {
+		// A blocking read: the netpoller must see every byte again.
+		r.setLowat(false)
+	}
+	for {
+		n, err := r.blk.Read(b)
+		if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+			// A caller's wake-up (wake) met the service in a read.
+			r.in.SetReadDeadline(time.Time{})
+			if n > 0 {
+				return n, nil
+			}
+			continue
+		}
+		return n, err
+	}
+}
+
+// caller reports whether the role's holder is a caller (not the service).
+// Only the service reads in blocking mode, and it sets nb only for the
+// probe between messages, with callerMode false.
+func (r *inReader) caller() bool { return r.callerMode }
+
+// waitFD is the service's wait for input: true once the socket holds
+// bytes (or an end or error, which the read then meets) or a caller left
+// bytes in the buffer; false parks on the netpoller. After traffic it
+// spins first, as the blocking reader does, when a spin slot is free.
+func (r *inReader) waitFD(fd uintptr) bool {
+	spinning := false
+	var start int64
+	for {
+		if r.left.Load() {
+			if spinning {
+				spin.Release()
+			}
+			return true
+		}
+		_, _, e := syscall.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&r.peek[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
+		if e == unix.EINTR {
+			continue
+		}
+		if e != unix.EAGAIN {
+			if spinning {
+				spin.Release()
+			}
+			return true
+		}
+		m := r.t.p.m
+		if !spinning {
+			if r.parked || m.spinWait <= 0 || Now()-r.rx.Load() > int64(m.spinWait) || !spin.Acquire(int32(m.spinners)) {
+				r.parked = true
+				return false
+			}
+			spinning, start = true, Now()
+		} else if Now()-start > int64(m.spinWait) {
+			spin.Release()
+			r.parked = true
+			return false
+		}
+		runtime.Gosched()
+	}
+}
+
+// wait waits, not holding the role, until there is input, then takes the
+// role; a caller holding it lets go within one poll.
+//
+// While callers poll a stream with traffic they serve it, and the service
+// stays off the socket: it naps, and the socket's low-water mark is raised
+// (lowat) so that an arriving message wakes no thread at all (the
+// netpoller's included: it would take the core from the caller). Each nap
+// ends with a look at the socket, so nothing waits for a caller that
+// stopped calling longer than a nap.
+func (r *inReader) wait() {
+	for {
+		now := Now()
+		// Callers look at the socket while it carries traffic (poll),
+		// and poll while they keep calling: nap until either ends.
+		d := min(r.polled.Load()+int64(callerWindow), r.rx.Load()+int64(pollActive)) - now
+		if d > 0 {
+			if !r.lowat {
+				r.setLowat(true)
+			}
+			r.napping.Store(true)
+			if !r.left.Load() {
+				if r.nap == nil {
+					r.nap = time.NewTimer(time.Duration(d))
+				} else {
+					r.nap.Reset(time.Duration(d))
+				}
+				select {
+				case <-r.kick:
+				case <-r.nap.C:
+				case <-r.t.p.quit: // the streams are closed: the read ends the service
+				}
+			}
+			r.napping.Store(false)
+			if !r.left.Load() && !r.t.p.dead.Load() {
+				continue
+			}
+		} else {
+			if r.lowat {
+				r.setLowat(false) // a message already there wakes the netpoller now
+			}
+			r.parked = false
+			if err := r.rc.Read(r.waitFn); err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+				r.in.SetReadDeadline(time.Time{})
+			}
+			// Any other error (closed, reset) is met by the read that follows.
+		}
+		for i := 0; ; i++ {
+			if r.role.CompareAndSwap(0, roleOwned) {
+				r.left.Store(false)
+				return
+			}
+			if i >= 64 {
+				break // the holder may be descheduled: look again later
+			}
+			runtime.Gosched()
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// setLowat raises the socket's receive low-water mark (SO_RCVLOWAT) so that
+// small messages wake nobody, or sets it back to one byte. A non-blocking
+// read still returns whatever arrived. The raised mark is a quarter of the
+// receive buffer: the kernel would grow the buffer and clamp the window to
+// a mark near its size, and a backlog that large is the service's anyway.
+func (r *inReader) setLowat(on bool) {
+	r.lowat, r.lowOn = on, on
+	if err := r.rc.Control(r.lowFn); err != nil {
+		r.lowat = false
+	}
+}
+
+func (r *inReader) lowatFD(fd uintptr) {
+	v := 1
+	if r.lowOn {
+		b, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
+		if err != nil || b < 8*wire.HeaderSize {
+			r.lowOn = false
+			return
+		}
+		v = b / 4
+	}
+	if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, v) != nil && r.lowOn {
+		r.lowOn = false
+	}
+}
+
+// release lets go of the role (the service, going back to wait).
+func (r *inReader) release() { r.role.Store(0) }
+
+// poll is a caller's turn: when nobody holds the stream and it carried
+// traffic lately, serve what its socket holds, on this thread, without
+// blocking. test() and rmaProgress call it through tcpLink.flush.
+func (r *inReader) poll() {
+	now := Now()
+	r.polled.Store(now)
+	if r.role.Load() != 0 {
+		return
+	}
+	if now-r.rx.Load() > int64(pollActive) || now-r.tried.Load() < int64(pollGap) {
+		return
+	}
+	if !r.role.CompareAndSwap(0, roleOwned) {
+		return
+	}
+	if r.stash != nil || r.perr != nil || r.left.Load() {
+		r.role.Store(0) // the service's to handle; it was woken
+		return
+	}
+	r.callerMode, r.nb = true, true
+	served, left := r.serveReady()
+	r.callerMode, r.nb = false, false
+	if left {
+		r.left.Store(true)
+	}
+	if !served {
+		r.tried.Store(Now())
+	}
+	r.role.Store(0)
+	if left {
+		r.handoffs.Add(1)
+		// The service naps or parks on the netpoller, which may not see
+		// these bytes again: the kick ends a nap, a past deadline the
+		// netpoller's wait (left is stored before napping is read, and
+		// the service stores napping before it reads left: one of the two
+		// sees the other).
+		select {
+		case r.kick <- struct{}{}:
+		default:
+		}
+		if !r.napping.Load() {
+			r.in.SetReadDeadline(pastDeadline)
+		}
+	}
+}
+
+// serveReady serves the whole messages the buffer and the socket hold that
+// a caller may serve (puts without resend, compression or staging ring,
+// and piggybacked acks), until the socket is empty. left reports bytes
+// left in the buffer, or an error stashed, for the service.
+func (r *inReader) serveReady() (served, left bool) {
+	t, br := r.t, r.br
+	for !r.bye {
+		if served && br.Buffered() == 0 {
+			// What was read is served: the caller returns to what it
+			// waits for at once rather than pay another read to find the
+			// socket empty (its next poll reads). The acks of what landed
+			// are published (or sent) as before a read.
+			if err := r.ack.drained(); err != nil {
+				r.perr = err
+				return served, true
+			}
+			return served, false
+		}
+		if br.Buffered() < wire.HeaderSize {
+			if _, err := br.Peek(wire.HeaderSize); err != nil {
+				if err != errWouldBlock {
+					r.perr = err // an ack the drain wrote did not leave
+					return served, true
+				}
+				// Part of a header: the rest has not arrived, and its
+				// arrival wakes the service.
+				return served, br.Buffered() > 0 || r.stash != nil
+			}
+		}
+		hb, _ := br.Peek(wire.HeaderSize)
+		r.h.Decode(hb)
+		h := &r.h
+		var need uint64
+		switch h.Typ {
+		case wire.MsgPut, wire.MsgPutSignal:
+			if h.Status != 0 || h.Size > uint64(br.Size()-wire.HeaderSize) {
+				return served, true
+			}
+			need = wire.HeaderSize + h.Size
+		case wire.MsgAck:
+			need = wire.HeaderSize
+		default:
+			return served, true
+		}
+		if uint64(br.Buffered()) < need {
+			if _, err := br.Peek(int(need)); err != nil {
+				if err != errWouldBlock {
+					r.perr = err
+				}
+				return served, true
+			}
+		}
+		br.Discard(wire.HeaderSize)
+		served = true
+		r.callerMsgs.Add(1)
+		r.rx.Store(Now())
+		if err := t.serveMsg(r); err != nil {
+			r.perr = err
+			return served, true
+		}
+	}
+	return served, false
+}
+
+// close gives up the role for good: the service returned, and no caller
+// may touch the stream any more.
+func (r *inReader) close() {
+	r.role.Store(roleGone | roleOwned)
+	r.dec.Release()
+	r.rxr.Close()
+	if r.nap != nil {
+		r.nap.Stop()
+	}
+}
