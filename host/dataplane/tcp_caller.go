@@ -53,9 +53,15 @@ type inReader struct {
 	// it does not serve on its thread, or one that is not whole): the
 	// service serves them, woken by a read deadline in the past.
 	left atomic.Bool
-	// rx is Now() when a message was last served: callers look at the
-	// socket only while the stream carries traffic, so a test() of a
-	// one-way stream costs no system call.
+	// active: the service leaves the stream to callers, who look at its
+	// socket (wait). It is off while the stream is quiet, so a test() of
+	// a one-way stream costs an atomic load, no clock and no system call.
+	active atomic.Bool
+	// polled: a caller called since the service last looked; while
+	// callers keep calling, the service leaves the socket to them.
+	polled atomic.Bool
+	// rx is Now() when a message was last served (the service stops
+	// leaving a quiet stream to callers after pollActive).
 	rx atomic.Int64
 	// tried is Now() when a caller last found the socket empty: callers
 	// that poll in a tight loop look at most once per pollGap.
@@ -64,9 +70,6 @@ type inReader struct {
 	// caller left the stream to the service (tests read them).
 	callerMsgs atomic.Uint64
 	handoffs   atomic.Uint64
-	// polled is Now() of a caller's last look: while callers keep looking,
-	// the service leaves the socket to them (wait).
-	polled atomic.Int64
 
 	// Owned by whoever holds the role.
 	nb         bool  // reads never park (a caller; the service between messages)
@@ -105,9 +108,9 @@ const (
 	roleGone  = 2
 )
 
-// pollActive is how long after a stream's last message callers keep
-// looking at its socket; callerWindow how long after a caller's last look
-// the service leaves the socket to callers (as endpoint.CallerGrace does
+// pollActive is how long after a stream's last message the service keeps
+// leaving it to callers; callerWindow how long the service naps before it
+// looks whether callers still call (as endpoint.CallerGrace does for
 // libfabric's completion queues). Variables so that tests can pin the
 // service to its naps.
 var (
@@ -267,20 +270,19 @@ func (r *inReader) waitFD(fd uintptr) bool {
 // stopped calling longer than a nap.
 func (r *inReader) wait() {
 	for {
-		now := Now()
-		// Callers look at the socket while it carries traffic (poll),
-		// and poll while they keep calling: nap until either ends.
-		d := min(r.polled.Load()+int64(callerWindow), r.rx.Load()+int64(pollActive)) - now
-		if d > 0 {
+		// Callers that called since the last look still poll: while the
+		// stream carries traffic, they serve it.
+		if r.polled.Swap(false) && Now()-r.rx.Load() < int64(pollActive) {
 			if !r.lowat {
 				r.setLowat(true)
 			}
+			r.active.Store(true)
 			r.napping.Store(true)
 			if !r.left.Load() {
 				if r.nap == nil {
-					r.nap = time.NewTimer(time.Duration(d))
+					r.nap = time.NewTimer(callerWindow)
 				} else {
-					r.nap.Reset(time.Duration(d))
+					r.nap.Reset(callerWindow)
 				}
 				select {
 				case <-r.kick:
@@ -293,6 +295,7 @@ func (r *inReader) wait() {
 				continue
 			}
 		} else {
+			r.active.Store(false)
 			if r.lowat {
 				r.setLowat(false) // a message already there wakes the netpoller now
 			}
@@ -350,12 +353,13 @@ func (r *inReader) release() { r.role.Store(0) }
 // traffic lately, serve what its socket holds, on this thread, without
 // blocking. test() and rmaProgress call it through tcpLink.flush.
 func (r *inReader) poll() {
-	now := Now()
-	r.polled.Store(now)
-	if r.role.Load() != 0 {
+	if !r.polled.Load() {
+		r.polled.Store(true) // written only when it changes: the line stays shared
+	}
+	if !r.active.Load() || r.role.Load() != 0 {
 		return
 	}
-	if now-r.rx.Load() > int64(pollActive) || now-r.tried.Load() < int64(pollGap) {
+	if Now()-r.tried.Load() < int64(pollGap) {
 		return
 	}
 	if !r.role.CompareAndSwap(0, roleOwned) {

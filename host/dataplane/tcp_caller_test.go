@@ -194,10 +194,12 @@ func TestCallerServesWhileServiceNaps(t *testing.T) {
 		}
 	}
 	small := func(k int) {
-		// The service may still serve what came before (its read after
-		// the last ack can meet the next put): wait for its nap.
+		// Until the service naps, leaving the stream to callers, it serves
+		// (a put wakes it; it naps when a caller called since its last
+		// look).
 		for !r.napping.Load() {
-			runtime.Gosched()
+			ms[1].Flush(0)
+			put(64, 8, 0)
 		}
 		m0 := r.callerMsgs.Load()
 		for i := 0; i < k; i++ {
