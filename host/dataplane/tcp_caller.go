@@ -220,10 +220,19 @@ func (r *inReader) Read(b []byte) (int, error) {
 func (r *inReader) caller() bool { return r.callerMode }
 
 // waitFD is the service's wait for input: true once the socket holds
-// bytes (or an end or error, which the read then meets) or a caller left
-// bytes in the buffer; false parks on the netpoller. After traffic it
+// bytes (or an end or error, which the read then meets), a caller left
+// bytes in the buffer, or the netpoller woke it; false parks on the
+// netpoller. It looks (a peek, nothing is consumed) after RawConn.Read
+// cleared the readiness the netpoller had noted, so a message that came
+// before is not missed. After traffic it
 // spins first, as the blocking reader does, when a spin slot is free.
 func (r *inReader) waitFD(fd uintptr) bool {
+	if r.parked {
+		// Woken by the netpoller: input came (or an end, or a deadline,
+		// which the read meets). A rare wake-up for nothing costs one
+		// empty read; a look here would cost one on every wake-up.
+		return true
+	}
 	spinning := false
 	var start int64
 	for {
@@ -449,9 +458,11 @@ func (r *inReader) serveReady() (served, left bool) {
 			}
 		}
 		br.Discard(wire.HeaderSize)
+		if !served {
+			r.rx.Store(Now())
+		}
 		served = true
 		r.callerMsgs.Add(1)
-		r.rx.Store(Now())
 		if err := t.serveMsg(r); err != nil {
 			r.perr = err
 			return served, true
