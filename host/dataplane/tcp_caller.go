@@ -51,7 +51,8 @@ type inReader struct {
 	role atomic.Uint32
 	// left: a caller left bytes in the buffer it did not serve (a message
 	// it does not serve on its thread, or one that is not whole): the
-	// service serves them, woken by a read deadline in the past.
+	// service serves them, woken by a kick (its nap) or a read deadline
+	// in the past (its wait on the netpoller).
 	left atomic.Bool
 	// active: the service leaves the stream to callers, who look at its
 	// socket (wait). It is off while the stream is quiet, so a test() of

@@ -20,17 +20,19 @@ import (
 )
 
 // acker sends the cumulative put acknowledgements of one incoming stream.
-// It sits between the socket and the service's buffered reader, so an ack
-// leaves just before each read from the socket: at most one per read (one
-// per up to readBufSize bytes of small puts), never held while the service
-// waits for input, and never starved by a stream that keeps the buffer full.
+// It sits between the socket and the stream's buffered reader (inReader:
+// the service or a polling caller reads through it), so an ack leaves
+// just before each read from the socket: at most one per read (one per up
+// to readBufSize bytes of small puts), never held while the service waits
+// for input, and never starved by a stream that keeps the buffer full.
 //
 // Piggybacking (SPEC.md §4, "Acknowledgements"): on a one-lane link an ack
 // need not cost a write and a wake-up of its own. When our outgoing lane
 // to the peer carried something since the last time the input drained
 // (traffic flows both ways, as in a ping-pong), the ack is left for that
 // lane instead: its next batch carries it (wire.MsgAck) in the same writev, and
-// the peer's service, which reads that batch anyway, completes the puts.
+// the peer's reader (its service or a polling caller), which reads that
+// batch anyway, completes the puts.
 // When no batch comes, the next test() or rmaProgress of this process sends
 // it alone once it waited ackDelay (on the caller's thread: no wake-up
 // here), and a timer armed at most once per ackBound covers a process that
@@ -38,7 +40,7 @@ import (
 // completion still means arrival.
 type acker struct {
 	in     *net.TCPConn
-	landed uint64 // puts of this stream that landed (the service counts)
+	landed uint64 // puts of this stream that landed (the reader counts)
 	buf    [wire.HeaderSize]byte
 
 	r  io.Reader                // the stream's inReader (tcp_caller.go)
