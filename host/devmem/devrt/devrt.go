@@ -122,7 +122,13 @@ func (r Runtime[T]) HtoD(ctx uintptr, dst uintptr, src unsafe.Pointer, n uint64)
 
 func (r Runtime[T]) copy(ctx uintptr, async, toDevice C.int, host unsafe.Pointer, dev uintptr, n uint64) error {
 	var buf errBuf
-	if C.devrt_copy(r.ops(), async, C.uintptr_t(ctx), toDevice, host, C.uint64_t(dev), C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
+	slot := -1
+	if async == 0 {
+		slot = beginCopy(n, toDevice != 0) // stuck.go
+	}
+	rc := C.devrt_copy(r.ops(), async, C.uintptr_t(ctx), toDevice, host, C.uint64_t(dev), C.uint64_t(n), &buf[0], C.size_t(len(buf)))
+	endCopy(slot)
+	if rc != 0 {
 		return buf.err()
 	}
 	return nil

@@ -1,0 +1,43 @@
+package devrt
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// TestStuckCopyWarns: a synchronous copy still running after stuckAfter
+// gets one WARN naming its size, direction and the remedies; a copy that
+// ended in time gets none.
+func TestStuckCopyWarns(t *testing.T) {
+	stuckAfter = 100 * time.Millisecond
+	var mu sync.Mutex
+	var lines []string
+	logx.SetSink(func(level abi.LogLevel, _ uint64, _ string, _ int, msg string) {
+		if level == abi.LogWarn {
+			mu.Lock()
+			lines = append(lines, msg)
+			mu.Unlock()
+		}
+	})
+	defer logx.SetSink(nil)
+	quick := beginCopy(8, false)
+	endCopy(quick)
+	slow := beginCopy(4096, true)
+	time.Sleep(600 * time.Millisecond)
+	endCopy(slow)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) != 1 {
+		t.Fatalf("%d WARNs, want one for the stuck copy: %q", len(lines), lines)
+	}
+	for _, want := range []string{"a copy of 4096 bytes to device memory has waited", "NCCL_RMA_WASM_COPY_CONTEXT=1", "CUDA_DEVICE_MAX_CONNECTIONS"} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("WARN %q lacks %q", lines[0], want)
+		}
+	}
+}
