@@ -6,7 +6,6 @@ import (
 	"sync/atomic"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
@@ -248,24 +247,7 @@ func (l *fabricLink) ackOwed(rail int, send bool) bool {
 
 // sendAck sends a MsgAck of n numbers on rail; false means no room yet.
 func (l *fabricLink) sendAck(rail int, n uint64) bool {
-	if err := l.peerGone(); err != nil {
-		go l.p.markDead(err)
-		return true // nobody to tell
-	}
-	rl := &l.rails[rail]
-	e := rl.e
-	idx, ok := l.slot(e, 0)
-	if !ok {
-		return false
-	}
-	b := e.SlotMsg(idx, endpoint.MsgSize)
-	h := endpoint.Msg{Type: endpoint.MsgAck, Rank: uint16(e.rank), Word: n & endpoint.SeqMask}
-	h.Put(b)
-	err := l.sendFree(rl, idx, b)
-	if err != nil && err != fabric.ErrAgain {
-		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: acknowledgement to rank %d: %v", l.p.rank, err)
-	}
-	return err != fabric.ErrAgain
+	return l.sendSmall(rail, endpoint.Msg{Type: endpoint.MsgAck, Word: n & endpoint.SeqMask}, "acknowledgement")
 }
 
 // flushAck sends, from any thread, whatever acknowledgement the peer

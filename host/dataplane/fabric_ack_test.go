@@ -99,20 +99,11 @@ func TestFabricAckInCQData(t *testing.T) {
 			tag := put(r, sz, off)
 			waitFabWord(t, unsafe.Add(os[1-r].mem, word), uint64(i+2))
 			check(r, sz, off, i)
-			// This put carried the acknowledgement of the other rank's
-			// previous one, which completes it.
-			if prev := last[1-r]; prev != 0 {
-				if st := os[1-r].wait(t, prev); st != abi.Success {
-					t.Fatalf("step %d: rank %d's put: %v", i, 1-r, st)
-				}
-			}
-			last[r] = tag
+			stepAcked(t, os, &last, r, i, tag)
 		}
 	}
 	for r := range 2 {
-		if got := f[r].cqSigs.Load() - base[r]; got != n {
-			t.Fatalf("rank %d sent %d of %d puts with signal in CQ data", r, got, n)
-		}
+		sentInCQ(t, f[r], r, base[r], n)
 		if got := f[r].acksIn.Load() - in[r]; got != 0 {
 			t.Fatalf("rank %d received %d acknowledgement messages with them off", r, got)
 		}
@@ -216,22 +207,8 @@ func TestFabricAckForged(t *testing.T) {
 	defer fabric.Free(buf)
 	h := endpoint.Msg{Type: endpoint.MsgAck, Rank: 0, Word: 1000}
 	h.Put(unsafe.Slice((*byte)(buf), endpoint.MsgSize))
-	for {
-		err := e.FI.Inject(buf, endpoint.MsgSize, dest)
-		if err == nil {
-			break
-		}
-		if err != fabric.ErrAgain {
-			t.Fatal(err)
-		}
-		e.Poll()
-	}
-	for deadline := time.Now().Add(10 * time.Second); !ms[1].peers[0].dead.Load(); {
-		if time.Now().After(deadline) {
-			t.Fatal("an acknowledgement of numbers never sent did not drop its sender")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	injectForged(t, e, buf, endpoint.MsgSize, dest)
+	awaitDropped(t, ms[1].peers[0], "an acknowledgement of numbers never sent did not drop its sender")
 }
 
 // TestFabricAckBeforeGoodbye: a target that closes right after a put with
@@ -327,23 +304,38 @@ func TestFabricAckRails(t *testing.T) {
 					t.Fatalf("step %d, rank %d: byte %d is %d, want %d", i, r, j, got[j], b[j])
 				}
 			}
-			if prev := last[1-r]; prev != 0 {
-				if st := os[1-r].wait(t, prev); st != abi.Success {
-					t.Fatalf("step %d: rank %d's put: %v", i, 1-r, st)
-				}
-			}
-			last[r] = tag
+			stepAcked(t, os, &last, r, i, tag)
 		}
 	}
 	for r := range 2 {
-		if got := f[r].cqSigs.Load() - base[r]; got != n {
-			t.Fatalf("rank %d sent %d of %d puts with signal in CQ data", r, got, n)
-		}
+		sentInCQ(t, f[r], r, base[r], n)
 	}
 	if err := ms[1].Close(); err != nil {
 		t.Fatalf("rank 1 close: %v", err)
 	}
 	if st := os[0].wait(t, last[0]); st != abi.Success {
 		t.Fatalf("rank 0's last put: %v", st)
+	}
+}
+
+// stepAcked: rank r's put tag, step i of a ping-pong, carried the
+// acknowledgement of the other rank's previous put, which completes now;
+// tag becomes r's last.
+func stepAcked(t *testing.T, os []*fabOwner, last *[2]uint64, r, i int, tag uint64) {
+	t.Helper()
+	if prev := last[1-r]; prev != 0 {
+		if st := os[1-r].wait(t, prev); st != abi.Success {
+			t.Fatalf("step %d: rank %d's put: %v", i, 1-r, st)
+		}
+	}
+	last[r] = tag
+}
+
+// sentInCQ checks that link f of rank r sent n puts with their signal in
+// CQ data since its count was base.
+func sentInCQ(t *testing.T, f *fabricLink, r int, base, n uint64) {
+	t.Helper()
+	if got := f.cqSigs.Load() - base; got != n {
+		t.Fatalf("rank %d sent %d of %d puts with signal in CQ data", r, got, n)
 	}
 }

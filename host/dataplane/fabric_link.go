@@ -579,6 +579,13 @@ func (f *fabricLink) unowe(rail int, word uint64) {
 // sendVerdict tells the peer whether its signal (word: seq and slot, as it
 // sent them on rail) targets a valid word; false means no room yet.
 func (f *fabricLink) sendVerdict(rail int, word uint64, status abi.Result) bool {
+	return f.sendSmall(rail, endpoint.Msg{Type: endpoint.MsgVerdict, Op: uint8(status), Word: word}, "verdict")
+}
+
+// sendSmall sends a one-slot message of ours (a verdict, an
+// acknowledgement) on rail, with our rank filled in; false means no room
+// yet. A peer already gone needs none: it is failed instead.
+func (f *fabricLink) sendSmall(rail int, h endpoint.Msg, what string) bool {
 	if err := f.peerGone(); err != nil {
 		go f.p.markDead(err)
 		return true // nobody to tell
@@ -590,11 +597,11 @@ func (f *fabricLink) sendVerdict(rail int, word uint64, status abi.Result) bool 
 		return false
 	}
 	b := e.SlotMsg(idx, endpoint.MsgSize)
-	h := endpoint.Msg{Type: endpoint.MsgVerdict, Op: uint8(status), Rank: uint16(e.rank), Word: word}
+	h.Rank = uint16(e.rank)
 	h.Put(b)
 	err := f.sendFree(rl, idx, b)
 	if err != nil && err != fabric.ErrAgain {
-		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: verdict to rank %d: %v", f.p.rank, err)
+		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: %s to rank %d: %v", what, f.p.rank, err)
 	}
 	return err != fabric.ErrAgain
 }

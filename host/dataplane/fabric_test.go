@@ -1014,22 +1014,8 @@ func TestFabricHostileMessages(t *testing.T) {
 	binary.LittleEndian.PutUint64(b[8:], 1<<40)
 	binary.LittleEndian.PutUint32(b[32:], 1)
 	binary.LittleEndian.PutUint32(b[36:], 40)
-	for {
-		err := e.FI.Inject(buf, endpoint.PutSigHdr+8, dest)
-		if err == nil {
-			break
-		}
-		if err != fabric.ErrAgain {
-			t.Fatal(err)
-		}
-		e.Poll()
-	}
-	for deadline := time.Now().Add(10 * time.Second); !ms[1].peers[0].dead.Load(); {
-		if time.Now().After(deadline) {
-			t.Fatal("a malformed inline put did not drop its sender")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	injectForged(t, e, buf, endpoint.PutSigHdr+8, dest)
+	awaitDropped(t, ms[1].peers[0], "a malformed inline put did not drop its sender")
 
 	// Oversized, on a fresh pair.
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
@@ -1438,5 +1424,34 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 	}
 	if w := atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 8))); w != 0 {
 		t.Fatalf("a rejected signal changed word 1 to %d", w)
+	}
+}
+
+// injectForged sends n bytes at buf to dest as they are, past the
+// plugin's own framing (a hostile peer's message), retrying while the
+// provider has no room.
+func injectForged(t *testing.T, e *fabEP, buf unsafe.Pointer, n, dest uint64) {
+	t.Helper()
+	for {
+		err := e.FI.Inject(buf, n, dest)
+		if err == nil {
+			return
+		}
+		if err != fabric.ErrAgain {
+			t.Fatal(err)
+		}
+		e.Poll()
+	}
+}
+
+// awaitDropped waits up to 10 s for p to be failed; why is the failure
+// message otherwise.
+func awaitDropped(t *testing.T, p *peer, why string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !p.dead.Load(); {
+		if time.Now().After(deadline) {
+			t.Fatal(why)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

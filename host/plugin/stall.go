@@ -18,6 +18,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
 )
 
 // The stall report (NCCL_RMA_WASM_STALL_REPORT_MS, off by default). A job
@@ -53,15 +54,12 @@ type opEntry struct {
 	at, what, size, off, sig, handle atomic.Uint64
 }
 
-var opTrace struct {
-	next atomic.Uint64
-	ring [opTraceLen]opEntry
-}
+var opTrace = ring.NewLog[opEntry](opTraceLen)
 
 // traceOp records an issued operation (done false) or a completion test()
 // reported (done true; off is its status).
 func traceOp(kind backend.OpKind, done bool, ctx int32, peer uint32, size, off, sig, handle uint64) {
-	e := &opTrace.ring[(opTrace.next.Add(1)-1)%opTraceLen]
+	e := opTrace.Claim()
 	d := uint64(0)
 	if done {
 		d = 1
@@ -75,14 +73,10 @@ func traceOp(kind backend.OpKind, done bool, ctx int32, peer uint32, size, off, 
 }
 
 func writeOpTrace(w io.Writer) {
-	n := opTrace.next.Load()
-	first := uint64(0)
-	if n > opTraceLen {
-		first = n - opTraceLen
-	}
+	first, n := opTrace.Window()
 	fmt.Fprintf(w, "=== NET/wasm operations %d..%d (time since init, call, context, peer, size, remote offset, signal offset, request)\n", first, n)
 	for i := first; i < n; i++ {
-		e := &opTrace.ring[i%opTraceLen]
+		e := opTrace.At(i)
 		wh := e.what.Load()
 		if wh>>48&1 == 1 {
 			fmt.Fprintf(w, "  %12v done %s rank %d status %d request %#x\n", time.Duration(e.at.Load()), callName(backend.OpKind(wh>>56)), uint32(wh), e.off.Load(), e.handle.Load())

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -105,5 +106,20 @@ func TestStallReportWatcher(t *testing.T) {
 			t.Fatalf("no stall report of a request pending for 5 s:\n%s", got)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestOpTrace: issued and completed operations are written out with the
+// call, peer, size, offsets and request, oldest first.
+func TestOpTrace(t *testing.T) {
+	traceOp(backend.OpPutSignal, false, 1, 3, 4096, 8192, 16, 0xabc)
+	traceOp(backend.OpPutSignal, true, 1, 3, 4096, uint64(abi.RemoteError), 0, 0xabc)
+	var b strings.Builder
+	writeOpTrace(&b)
+	out := b.String()
+	i := strings.Index(out, "iputSignal ctx 1 rank 3 4096 B off 8192 sig 16 request 0xabc")
+	j := strings.Index(out, fmt.Sprintf("done iputSignal rank 3 status %d request 0xabc", abi.RemoteError))
+	if i < 0 || j < i {
+		t.Fatalf("operation trace lacks the issue and then the completion:\n%s", out)
 	}
 }

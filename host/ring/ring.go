@@ -2,7 +2,8 @@
 // work in (host/dataplane: the ops queue, outstanding gets, unacknowledged
 // puts, the resend ring). It is generic over the element, so an element is
 // stored by value (no interface boxing), and it allocates only when it
-// grows: when a push finds it full, it doubles.
+// grows: when a push finds it full, it doubles. Log (log.go) is the other
+// shape: a fixed ring of the last entries written, for diagnostics.
 package ring
 
 // Ring is a FIFO of T on a circular buffer. The zero value is an empty

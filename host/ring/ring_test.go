@@ -141,3 +141,24 @@ func BenchmarkPushPop(b *testing.B) {
 		r.Pop()
 	}
 }
+
+// TestLogKeepsTheLast: a Log of 4 holds the last 4 entries written, by
+// number, across wrap-around; an empty one holds none.
+func TestLogKeepsTheLast(t *testing.T) {
+	l := NewLog[int](4)
+	if first, next := l.Window(); first != 0 || next != 0 {
+		t.Fatalf("empty log window [%d, %d)", first, next)
+	}
+	for v := 0; v < 10; v++ {
+		*l.Claim() = v
+	}
+	first, next := l.Window()
+	if first != 6 || next != 10 {
+		t.Fatalf("window [%d, %d), want [6, 10)", first, next)
+	}
+	for i := first; i < next; i++ {
+		if got := *l.At(i); got != int(i) {
+			t.Fatalf("entry %d holds %d", i, got)
+		}
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"io"
 	"sync/atomic"
 	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
 )
 
 // The signal trace: the last traceLen device signal updates (AddSignal),
@@ -19,10 +21,11 @@ type traceEntry struct {
 }
 
 var trace struct {
-	on   atomic.Bool
-	next atomic.Uint64
-	ring [traceLen]traceEntry
+	on  atomic.Bool
+	log *ring.Log[traceEntry]
 }
+
+func init() { trace.log = ring.NewLog[traceEntry](traceLen) }
 
 var traceEpoch = time.Now()
 
@@ -44,7 +47,7 @@ func traceSignal(dev uintptr, v, val uint64, path int) {
 	if !trace.on.Load() {
 		return
 	}
-	e := &trace.ring[(trace.next.Add(1)-1)%traceLen]
+	e := trace.log.Claim()
 	e.at.Store(uint64(time.Since(traceEpoch)))
 	e.dev.Store(uint64(dev))
 	e.v.Store(v)
@@ -54,14 +57,10 @@ func traceSignal(dev uintptr, v, val uint64, path int) {
 
 // WriteTrace writes the traced signal updates, oldest first.
 func WriteTrace(w io.Writer) {
-	n := trace.next.Load()
-	first := uint64(0)
-	if n > traceLen {
-		first = n - traceLen
-	}
+	first, n := trace.log.Window()
 	fmt.Fprintf(w, "=== NET/wasm device signal updates %d..%d (time since start, word, add, value written, path)\n", first, n)
 	for i := first; i < n; i++ {
-		e := &trace.ring[i%traceLen]
+		e := trace.log.At(i)
 		p := e.path.Load()
 		if p >= uint64(len(pathNames)) {
 			p = 0
