@@ -340,10 +340,11 @@ func Iflush(h uint64, context int32, mh uint64, rank uint32) (uint64, abi.Result
 		return 0, res
 	}
 	q.ctx, q.kind, q.peer, q.size = context, uint8(backend.OpFlush), rank, 0
+	handle := requestHandle(r.id, q.gen.Load(), idx)
 	if r.stallOn {
-		traceOp(backend.OpFlush, false, context, rank, 0, 0, 0, requestHandle(r.id, q.gen.Load(), idx))
+		traceOp(backend.OpFlush, false, context, rank, 0, 0, 0, handle)
 	}
 	q.start = nanotime()
 	q.state.Store(reqDone)
-	return requestHandle(r.id, q.gen.Load(), idx), abi.Success
+	return handle, abi.Success
 }
