@@ -83,7 +83,7 @@ typedef struct {
   CUstream stream;
   int caps;
   void* add; /* the rmaw_add64 kernel, NULL: none */
-  /* The synchronous copies' streams (copy_take), each owned by one copy
+  /* The synchronous copies' streams (rmaw_pool_take), each owned by one copy
    * at a time. */
   CUstream copy[NCOPY];
   pthread_mutex_t cmu[NCOPY];
@@ -241,18 +241,9 @@ int rmaw_cuda_ordinal(uint64_t ptr) {
  * stream while a kernel of the application runs can wait for that kernel,
  * and the kernel may be waiting for the very copy (NCCL's GIN alltoall
  * hung so, in a copy's cuStreamCreate on a thread new to the plugin). A
- * copy takes a free stream of the pool, or waits for the one it lands on:
- * the streams are non-blocking, so copies of different threads overlap. */
-static int copy_take(pthread_mutex_t* cmu, unsigned* next) {
-  unsigned start = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
-  for (int k = 0; k < NCOPY; k++) {
-    int i = (int)((start + k) % NCOPY);
-    if (pthread_mutex_trylock(&cmu[i]) == 0) return i;
-  }
-  int i = (int)(start % NCOPY);
-  pthread_mutex_lock(&cmu[i]);
-  return i;
-}
+ * copy takes a free stream of the pool, or waits for the one it lands on
+ * (rmaw_pool_take): the streams are non-blocking, so copies of different
+ * threads overlap. */
 
 static int cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
                      size_t errlen) {
@@ -263,7 +254,7 @@ static int cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uin
   if (!e) return rmaw_fail(err, errlen, "copy: no streams for the context: %s", errstr(r));
   int w = e->wctx && vmm(dev);
   if (w && (r = cu.ctxSetCurrent(e->wctx)) != 0) return rmaw_fail(err, errlen, "cuCtxSetCurrent: %s", errstr(r));
-  int i = copy_take(w ? e->wmu : e->cmu, w ? &e->wnext : &e->next);
+  int i = rmaw_pool_take(w ? e->wmu : e->cmu, w ? &e->wnext : &e->next, NCOPY);
   CUstream s = w ? e->wcopy[i] : e->copy[i];
   r = to_device ? cu.htod((CUdeviceptr)dev, host, (size_t)n, s) : cu.dtoh(host, (CUdeviceptr)dev, (size_t)n, s);
   if (r == 0) r = cu.streamSynchronize(s);

@@ -7,6 +7,7 @@
  * must run in (a CUcontext for CUDA, the device ordinal + 1 for HIP). */
 #ifndef RMAW_DEVRT_H
 #define RMAW_DEVRT_H
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -20,6 +21,21 @@ __attribute__((format(printf, 3, 4))) static inline int rmaw_fail(char* err, siz
   vsnprintf(err, errlen, fmt, ap);
   va_end(ap);
   return -1;
+}
+
+/* rmaw_pool_take locks one of the n mutexes of a pool of streams and
+ * returns its index: a free one from *next on, else the one *next names,
+ * waited for. Both runtimes keep a pool of copy streams made before the
+ * data path, where a stream created while a kernel runs can wait for it. */
+static inline int rmaw_pool_take(pthread_mutex_t* mu, unsigned* next, int n) {
+  unsigned start = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+  for (int k = 0; k < n; k++) {
+    int i = (int)((start + (unsigned)k) % (unsigned)n);
+    if (pthread_mutex_trylock(&mu[i]) == 0) return i;
+  }
+  int i = (int)(start % (unsigned)n);
+  pthread_mutex_lock(&mu[i]);
+  return i;
 }
 
 typedef struct rmaw_devrt_ops {

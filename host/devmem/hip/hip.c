@@ -206,16 +206,7 @@ static struct {
 } devs[MAX_DEV];
 static int ndevs;
 
-static int copy_take(int k) {
-  unsigned start = __atomic_fetch_add(&devs[k].next, 1, __ATOMIC_RELAXED);
-  for (int j = 0; j < NCOPY; j++) {
-    int i = (int)((start + j) % NCOPY);
-    if (pthread_mutex_trylock(&devs[k].cmu[i]) == 0) return i;
-  }
-  int i = (int)(start % NCOPY);
-  pthread_mutex_lock(&devs[k].cmu[i]);
-  return i;
-}
+static int copy_take(int k) { return rmaw_pool_take(devs[k].cmu, &devs[k].next, NCOPY); }
 
 static void copy_give(int k, int i) { pthread_mutex_unlock(&devs[k].cmu[i]); }
 
