@@ -3,7 +3,6 @@ package staging
 import (
 	"fmt"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 )
@@ -102,37 +101,36 @@ func Quiesce(ctx uintptr) error {
 	return st.Sync(ctx)
 }
 
-// compareMax bounds what Compare reads of a registration: the first 64 KiB
-// (8,192 words; NCCL's GIN signal arrays are far smaller).
-const compareMax = 64 << 10
+// compareMax bounds how many words Compare reads (NCCL's GIN signal
+// arrays are far smaller).
+const compareMax = 1024
 
 // Compare calls fn for every word, in order, that is non-zero in the
 // shadow or on the device, with both values: the stall report's view of
-// signals written late or lost. It reads the device words with one
-// synchronous copy, without waiting for the context's stream, so a write
-// still queued there shows as a difference. Diagnostics only: it
-// allocates.
+// signals written late or lost. It reads each device word with a
+// synchronous copy through its stripe's pinned word (no allocation: a
+// pinned allocation can wait for the very kernel a stall is about),
+// without waiting for the context's stream, so a write still queued there
+// shows as a difference. Diagnostics only.
 func (s *Shadow) Compare(ctx uintptr, fn func(i int, host, dev uint64)) error {
 	d := devmem.Get()
 	if d == nil {
 		return ErrNoDevice
 	}
-	n := min(uint64(len(s.words))*8, compareMax)
-	if n == 0 {
-		return nil
-	}
-	p, err := d.AllocPinned(ctx, n)
-	if err != nil {
-		return fmt.Errorf("pinned buffer for the device words: %w", err)
-	}
-	defer d.FreePinned(p)
-	if err := d.DtoH(ctx, p, s.base, n); err != nil {
-		return fmt.Errorf("read device signal words: %w", err)
-	}
-	dev := unsafe.Slice((*uint64)(p), n/8)
-	for i := range dev {
-		if h := s.words[i].val.Load(); h != 0 || dev[i] != 0 {
-			fn(i, h, dev[i])
+	for i := range min(len(s.words), compareMax) {
+		addr := s.base + uintptr(8*i)
+		stripe := int((addr >> 3) % uintptr(len(devSigLocks)))
+		mu := &devSigLocks[stripe]
+		mu.Lock()
+		w := sigWord(d, ctx, stripe)
+		err := d.DtoH(ctx, w, addr, 8)
+		v := *(*uint64)(w)
+		mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("read device signal word %d: %w", i, err)
+		}
+		if h := s.words[i].val.Load(); h != 0 || v != 0 {
+			fn(i, h, v)
 		}
 	}
 	return nil
