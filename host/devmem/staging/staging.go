@@ -239,21 +239,21 @@ func Prewarm(ctx uintptr, chunk uint64) {
 // getStager takes a stager of device d and chunk size chunk (0:
 // DefaultChunk) from the pool, or makes one: pinned before Prewarm ran,
 // pageable after. Stagers of another device (tests swap fakes) or chunk
-// size are dropped.
+// size stay in the pool until Release: freeing pinned memory here, on the
+// data path, can wait for a running kernel.
 func getStager(d devmem.Device, ctx uintptr, chunk uint64) *stager {
 	if chunk == 0 {
 		chunk = DefaultChunk
 	}
 	stagers.mu.Lock()
-	for n := len(stagers.free); n > 0; n = len(stagers.free) {
-		s := stagers.free[n-1]
-		stagers.free[n-1] = nil
-		stagers.free = stagers.free[:n-1]
-		if s.dev == d && s.chunk == chunk {
+	for i := len(stagers.free) - 1; i >= 0; i-- {
+		if s := stagers.free[i]; s.dev == d && s.chunk == chunk {
+			last := len(stagers.free) - 1
+			stagers.free[i], stagers.free[last] = stagers.free[last], nil
+			stagers.free = stagers.free[:last]
 			stagers.mu.Unlock()
 			return s
 		}
-		s.release()
 	}
 	pinned := !stagers.warm
 	stagers.mu.Unlock()
