@@ -81,12 +81,17 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 			[]string{"RESULT PASS", "teardown: 4 rounds"}},
 		// NCCL_RMA_WASM_DEVICE_ATOMIC=1: words that are not never-reset
 		// take the atomic kernel, its module loaded on first use.
-		// NCCL_RMA_WASM_COPY_CONTEXT=1: copies and signal writes of cuMem
-		// mappings (the VMM window) run in the plugin's own context, and
-		// nothing else does (the fake fails a copy of other memory there).
-		{"cuda_check_copyctx", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_COPY_CONTEXT=1"},
+		// By default copies and signal writes of cuMem mappings (the VMM
+		// window) run in the plugin's own context, and nothing else does
+		// (the fake fails a copy of other memory there); with
+		// NCCL_RMA_WASM_COPY_CONTEXT=0 no second context is made. A want
+		// starting with "!" must be absent.
+		{"cuda_check_copyctx", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified",
 				"second context reaches a cuMem mapping", "run in a CUDA context of the plugin's own"}},
+		{"cuda_check_appctx", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_COPY_CONTEXT=0"},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified",
+				"!second context", "!run in a CUDA context of the plugin's own"}},
 		{"cuda_check_atomic", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_DEVICE_ATOMIC=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds"}},
 		// A driver without stream memory operations, events or module
@@ -138,7 +143,9 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 				t.Fatalf("%s failed (%v):\n%s", c.name, err, tail(text))
 			}
 			for _, w := range c.want {
-				if !strings.Contains(text, w) {
+				if absent, ok := strings.CutPrefix(w, "!"); ok && strings.Contains(text, absent) {
+					t.Fatalf("%s: output has %q:\n%s", c.name, absent, tail(text))
+				} else if !ok && !strings.Contains(text, w) {
 					t.Fatalf("%s: output lacks %q:\n%s", c.name, w, tail(text))
 				}
 			}

@@ -88,15 +88,6 @@ typedef struct {
   CUstream copy[NCOPY];
   pthread_mutex_t cmu[NCOPY];
   unsigned next;
-  /* The copy context (rmaw_cuda_copy_context): a context of the plugin's
-   * own on the same device, with its own stream and copy streams, for
-   * memory every context reaches (cuMem* mappings, as NCCL's windows and
-   * GIN signal arrays). NULL: none. */
-  CUcontext wctx;
-  CUstream wstream;
-  CUstream wcopy[NCOPY];
-  pthread_mutex_t wmu[NCOPY];
-  unsigned wnext;
 } ctxstream;
 
 /* copyContext: make copy contexts (NCCL_RMA_WASM_COPY_CONTEXT). Work
@@ -106,12 +97,19 @@ typedef struct {
  * kernels queued after one that spins waiting for that very copy never
  * runs (NCCL's GIN alltoall, 200 kernels launched back to back, hung in
  * the target's synchronous copy into its window). Another context has
- * queues of its own. */
+ * queues of its own. A registration of a cuMem* mapping, which every
+ * context of the device reaches (NCCL's windows and GIN signal arrays),
+ * gets the copy context as its context at inspection (cuda_inspect), so
+ * its copies, signal writes and streams are that context's with no
+ * per-operation test; other memory keeps the application's context. */
 static int copyContext;
 
 void rmaw_cuda_copy_context(int on) { copyContext = on; }
 
-/* copyContexts counts the copy contexts made (rmaw_cuda_copy_contexts). */
+/* The copy contexts made, one per application context (under mu). */
+static struct {
+  CUcontext app, own;
+} copyCtxs[MAX_CTX];
 static int copyContexts;
 
 int rmaw_cuda_copy_contexts(void) { return __atomic_load_n(&copyContexts, __ATOMIC_RELAXED); }
@@ -123,6 +121,26 @@ static int vmm(uint64_t dev) {
   if (!cu.memRetain || cu.memRetain(&h, (void*)(uintptr_t)dev) != 0) return 0;
   cu.memRelease(h);
   return 1;
+}
+
+/* copy_context returns app's copy context, made on first use with app's
+ * device; NULL when none can be made (the caller keeps app). Registration
+ * calls it, never the data path: creating a context can wait. */
+static CUcontext copy_context(CUcontext app) {
+  CUcontext own = NULL;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < copyContexts; i++)
+    if (copyCtxs[i].app == app) own = copyCtxs[i].own;
+  CUdevice dev = 0;
+  if (!own && copyContexts < MAX_CTX && cu.ctxCreate && cu.ctxGetDevice && cu.ctxSetCurrent(app) == 0 &&
+      cu.ctxGetDevice(&dev) == 0 && cu.ctxCreate(&own, 0, dev) == 0) {
+    cu.ctxSetCurrent(app); /* cuCtxCreate made it current */
+    copyCtxs[copyContexts].app = app;
+    copyCtxs[copyContexts].own = own;
+    __atomic_store_n(&copyContexts, copyContexts + 1, __ATOMIC_RELAXED);
+  }
+  pthread_mutex_unlock(&mu);
+  return own;
 }
 static ctxstream* ctx_stream(uintptr_t ctx, CUresult* r);
 
@@ -225,6 +243,10 @@ static int cuda_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, 
     if (ordinal < 0 || cu.deviceGet(&dev, ordinal) != 0 || cu.primaryCtxRetain(&c, dev) != 0)
       return rmaw_fail(err, errlen, "cannot find the CUDA context of this memory");
   }
+  if (copyContext && cu.memRetain && cu.memRelease && vmm(ptr)) {
+    CUcontext own = copy_context(c);
+    if (own) c = own;
+  }
   *ctx = (uintptr_t)c;
   return 0;
 }
@@ -252,14 +274,11 @@ static int cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uin
   CUresult r;
   ctxstream* e = ctx_stream(ctx, &r); /* makes ctx current */
   if (!e) return rmaw_fail(err, errlen, "copy: no streams for the context: %s", errstr(r));
-  int w = e->wctx && vmm(dev);
-  if (w && (r = cu.ctxSetCurrent(e->wctx)) != 0) return rmaw_fail(err, errlen, "cuCtxSetCurrent: %s", errstr(r));
-  int i = rmaw_pool_take(w ? e->wmu : e->cmu, w ? &e->wnext : &e->next, NCOPY);
-  CUstream s = w ? e->wcopy[i] : e->copy[i];
+  int i = rmaw_pool_take(e->cmu, &e->next, NCOPY);
+  CUstream s = e->copy[i];
   r = to_device ? cu.htod((CUdeviceptr)dev, host, (size_t)n, s) : cu.dtoh(host, (CUdeviceptr)dev, (size_t)n, s);
   if (r == 0) r = cu.streamSynchronize(s);
-  pthread_mutex_unlock(w ? &e->wmu[i] : &e->cmu[i]);
-  if (w) cu.ctxSetCurrent((CUcontext)ctx);
+  pthread_mutex_unlock(&e->cmu[i]);
   if (r != 0)
     return rmaw_fail(err, errlen, "%s of %llu bytes: %s", to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync",
                      (unsigned long long)n, errstr(r));
@@ -358,17 +377,6 @@ static ctxstream* ctx_stream(uintptr_t ctx, CUresult* r) {
       CUdevice dev = 0;
       int v = 0;
       int have_dev = cu.ctxGetDevice && cu.deviceGetAttribute && cu.ctxGetDevice(&dev) == 0;
-      if (copyContext && have_dev && cu.ctxCreate && cu.memRetain && cu.memRelease &&
-          cu.ctxCreate(&e->wctx, 0, dev) == 0) {
-        CUresult w = cu.streamCreate(&e->wstream, STREAM_NON_BLOCKING);
-        for (int i = 0; w == 0 && i < NCOPY; i++) {
-          w = cu.streamCreate(&e->wcopy[i], STREAM_NON_BLOCKING);
-          pthread_mutex_init(&e->wmu[i], NULL);
-        }
-        if (w != 0) e->wctx = NULL; /* kept, unused */
-        else __atomic_add_fetch(&copyContexts, 1, __ATOMIC_RELAXED);
-        cu.ctxSetCurrent((CUcontext)ctx); /* cuCtxCreate made it current */
-      }
       if (cu.writeValue64 && have_dev && cu.deviceGetAttribute(&v, cu.writeValueAttr, dev) == 0 && v)
         e->caps |= RMAW_CAP_WRITE64;
       if (cu.eventCreate && cu.eventRecord && cu.eventQuery && cu.eventDestroy) e->caps |= RMAW_CAP_ASYNC;
@@ -400,14 +408,7 @@ static int cuda_write64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size
   CTX_STREAM(e, "cuStreamWriteValue64");
   /* Flags 0: the write is ordered after the stream's earlier work and
    * preceded by a memory barrier. */
-  if (e->wctx && vmm(dev)) {
-    /* The copy context's stream: behind the copies of the same context,
-     * which are synchronous, so the payload is in place. */
-    if ((r = cu.ctxSetCurrent(e->wctx)) == 0) r = cu.writeValue64(e->wstream, (CUdeviceptr)dev, (unsigned long long)v, 0);
-    cu.ctxSetCurrent((CUcontext)ctx);
-  } else {
-    r = cu.writeValue64(e->stream, (CUdeviceptr)dev, (unsigned long long)v, 0);
-  }
+  r = cu.writeValue64(e->stream, (CUdeviceptr)dev, (unsigned long long)v, 0);
   if (r != 0) return rmaw_fail(err, errlen, "cuStreamWriteValue64: %s", errstr(r));
   return 0;
 }
@@ -471,10 +472,6 @@ static void cuda_event_destroy(uintptr_t ctx, uintptr_t ev) {
 static int cuda_stream_sync(uintptr_t ctx, char* err, size_t errlen) {
   CTX_STREAM(e, "cuStreamSynchronize");
   r = cu.streamSynchronize(e->stream);
-  if (r == 0 && e->wctx && (r = cu.ctxSetCurrent(e->wctx)) == 0) {
-    r = cu.streamSynchronize(e->wstream);
-    cu.ctxSetCurrent((CUcontext)ctx);
-  }
   if (r != 0) return rmaw_fail(err, errlen, "cuStreamSynchronize: %s", errstr(r));
   return 0;
 }

@@ -77,7 +77,7 @@ func watchStuck() {
 			if s.to.Load() {
 				dir = "to"
 			}
-			logx.Warn(abi.SubsysNet, "NET/wasm: a copy of %d bytes %s device memory has waited %v and not completed: work the application queued on its context ahead of it (kernels launched back to back, the next waiting for the one that waits for this operation) can hold the plugin's copies; NCCL_RMA_WASM_COPY_CONTEXT=1 runs them in a context of the plugin's own, or set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts (SPEC.md §4)",
+			logx.Warn(abi.SubsysNet, "NET/wasm: a copy of %d bytes %s device memory has waited %v and not completed: work the application queued on its context ahead of it (kernels launched back to back, the next waiting for the one that waits for this operation) can hold the plugin's copies. Copies of cuMem-mapped memory (ncclMemAlloc) run in a context of the plugin's own unless NCCL_RMA_WASM_COPY_CONTEXT=0; other device memory (cudaMalloc) shares the application's: allocate windows and signals with ncclMemAlloc, or set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts (SPEC.md §4)",
 				s.n.Load(), dir, time.Duration(now-t).Round(time.Second))
 		}
 	}
