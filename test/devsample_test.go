@@ -120,6 +120,11 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// them in a 2 MiB allocation, so their 64 KiB page can be mapped)
 		// are updated through GDRCopy's mapping, pinned on first use and
 		// unpinned at deregistration; every signal is still waited for.
+		// BENCH_KERNEL_WAIT=1: device signal words watched by a waiting
+		// kernel (a thread in the fake), never-reset words from the
+		// shadow; a signal the kernel never sees fails the run.
+		{"staging_bench_kernelwait", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1"},
+			[]string{"RESULT ", "watched by a waiting kernel", "!no kernel waiter"}},
 		{"staging_bench_gdr", "staging_bench", []string{lib, "2097152", "2", "50"}, []string{"LD_LIBRARY_PATH=" + fakeWithGDR},
 			[]string{"RESULT ", "GDRCopy loaded", "fakegdr: page", "unpinned"}},
 	} {

@@ -8,10 +8,12 @@
  *   cc -shared -fPIC -o build/fakecuda/libgdrapi.so test/gpu/fakegdr.c    (optional) */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAXA 256
@@ -319,7 +321,7 @@ int cuStreamWriteValue64_v2(void* s, unsigned long long addr, unsigned long long
   if (!find((uintptr_t)addr) || addr % 8 || !second_ok(addr)) return 1;
   return enqueue(s, (struct op){.kind = 1, .dst = (void*)(uintptr_t)addr, .v = v});
 }
-static int modobj, funcobj;
+static int modobj, funcobj, waitmod, waitfunc;
 int cuModuleLoadData(void** m, const void* image) {
   /* FAKECUDA_NO_MODULES=1: loading a module may synchronize a real
    * context (CUDA lazy loading), which deadlocks against an application
@@ -329,18 +331,67 @@ int cuModuleLoadData(void** m, const void* image) {
     fprintf(stderr, "fakecuda: cuModuleLoadData called with FAKECUDA_NO_MODULES set\n");
     abort();
   }
+  /* staging_bench's waiting kernel (BENCH_KERNEL_WAIT=1) is the other
+   * module the fake knows. */
+  if (strstr(image, ".entry bench_wait") && strstr(image, "%globaltimer")) {
+    *m = &waitmod;
+    return 0;
+  }
   if (!strstr(image, "atom.global.add.u64") || !strstr(image, ".entry rmaw_add64")) return 218; /* invalid PTX */
   *m = &modobj;
   return 0;
 }
 int cuModuleGetFunction(void** f, void* m, const char* name) {
+  if (m == &waitmod && strcmp(name, "bench_wait") == 0) {
+    *f = &waitfunc;
+    return 0;
+  }
   if (m != &modobj || strcmp(name, "rmaw_add64") != 0) return 500;
   *f = &funcobj;
   return 0;
 }
+/* Mapped host memory: the fake's device addresses are host addresses. */
+int cuMemHostGetDevicePointer_v2(unsigned long long* d, void* p, unsigned f) {
+  (void)f;
+  *d = (uintptr_t)p;
+  return 0;
+}
+/* bench_wait runs on a thread of its own, as a kernel runs beside the
+ * host: it spins until the word reaches want or 10 s passed, then stores
+ * what it saw in the flag. */
+struct waitargs {
+  volatile uint64_t *w, *flag;
+  uint64_t want;
+};
+static void* bench_wait(void* a) {
+  struct waitargs* x = a;
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  uint64_t v;
+  while ((v = __atomic_load_n(x->w, __ATOMIC_ACQUIRE)) < x->want) {
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec > 10) break;
+    sched_yield();
+  }
+  __atomic_store_n(x->flag, v, __ATOMIC_RELEASE);
+  free(x);
+  return NULL;
+}
 int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm,
                    void* s, void** params, void** extra) {
   (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shm, (void)extra;
+  if (f == &waitfunc) {
+    uint64_t w = *(uint64_t*)params[0];
+    if (!find((uintptr_t)w) || w % 8) return 700;
+    struct waitargs* x = malloc(sizeof *x);
+    x->w = (volatile uint64_t*)(uintptr_t)w;
+    x->want = *(uint64_t*)params[1];
+    x->flag = (volatile uint64_t*)(uintptr_t)*(uint64_t*)params[2];
+    pthread_t th;
+    if (pthread_create(&th, NULL, bench_wait, x) != 0) return 2;
+    pthread_detach(th);
+    return 0;
+  }
   if (f != &funcobj) return 400;
   uint64_t p = *(uint64_t*)params[0], v = *(uint64_t*)params[1];
   if (!find((uintptr_t)p) || p % 8) return 700; /* launch failed */

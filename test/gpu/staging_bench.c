@@ -28,6 +28,7 @@
  *   staging_bench [path/to/librccl-rma-wasm.so] [bytes] [iterations] [signal round trips]
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -149,6 +150,96 @@ static uint64_t dev_word(CUdeviceptr p) {
   return v;
 }
 
+/* The kernel waiter (BENCH_KERNEL_WAIT=1, best under CUDA MPS so that the
+ * two ranks' kernels run at once): the device signal word is watched the
+ * way a GIN kernel watches it, by a one-thread kernel that spins on the
+ * word and, once it reaches want, stores what it saw in a host-mapped
+ * word the host spins on. Polling with synchronous copies (the default)
+ * adds a copy of its own to each look and contends with the plugin's
+ * write. The kernel gives up after 10 s (%globaltimer), storing the value
+ * it last saw, so a lost signal fails the run instead of hanging it. */
+static const char wait_ptx[] =
+    ".version 6.0\n"
+    ".target sm_50\n"
+    ".address_size 64\n"
+    ".visible .entry bench_wait(.param .u64 w, .param .u64 want, .param .u64 flag)\n"
+    "{\n"
+    "  .reg .pred %p<3>;\n"
+    "  .reg .b64 %rd<8>;\n"
+    "  ld.param.u64 %rd1, [w];\n"
+    "  ld.param.u64 %rd2, [want];\n"
+    "  ld.param.u64 %rd3, [flag];\n"
+    "  mov.u64 %rd4, %globaltimer;\n"
+    "  add.u64 %rd4, %rd4, 10000000000;\n"
+    "L_loop:\n"
+    "  ld.volatile.global.u64 %rd5, [%rd1];\n"
+    "  setp.ge.u64 %p1, %rd5, %rd2;\n"
+    "  @%p1 bra L_done;\n"
+    "  mov.u64 %rd6, %globaltimer;\n"
+    "  setp.lt.u64 %p2, %rd6, %rd4;\n"
+    "  @%p2 bra L_loop;\n"
+    "L_done:\n"
+    "  st.volatile.global.u64 [%rd3], %rd5;\n"
+    "  membar.sys;\n"
+    "  ret;\n"
+    "}\n";
+
+typedef struct {
+  CUresult (*launch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                     void**);
+  void* fn;
+  void* stream;
+  volatile uint64_t* flag;
+  CUdeviceptr flagd;
+} kwait_t;
+
+#define KWAIT_IDLE UINT64_MAX
+
+/* kwait_open readies the kernel waiter when BENCH_KERNEL_WAIT=1 and the
+ * driver loads its module (the fake driver does not: it says so and the
+ * run keeps copy polling). */
+static bool kwait_open(kwait_t* k) {
+  if (!getenv("BENCH_KERNEL_WAIT") || !atoi(getenv("BENCH_KERNEL_WAIT"))) return false;
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  CUresult (*load)(void**, const void*) = h ? dlsym(h, "cuModuleLoadData") : NULL;
+  CUresult (*get)(void**, void*, const char*) = h ? dlsym(h, "cuModuleGetFunction") : NULL;
+  CUresult (*devptr)(CUdeviceptr*, void*, unsigned) = h ? dlsym(h, "cuMemHostGetDevicePointer_v2") : NULL;
+  k->launch = h ? dlsym(h, "cuLaunchKernel") : NULL;
+  void* mod = NULL;
+  CUresult r = -1;
+  if (load && get && devptr && k->launch && (r = load(&mod, wait_ptx)) == 0) r = get(&k->fn, mod, "bench_wait");
+  if (r != 0) {
+    printf("[%s] BENCH_KERNEL_WAIT: no kernel waiter (module load: CUDA error %d); device words polled by copies\n", who, r);
+    return false;
+  }
+  void* p = NULL;
+  CU(cu.memHostAlloc(&p, 8, 0x1 | 0x2)); /* PORTABLE | DEVICEMAP */
+  CU(devptr(&k->flagd, p, 0));
+  k->flag = p;
+  *k->flag = KWAIT_IDLE;
+  CU(cu.streamCreate(&k->stream, 1 /* non-blocking */));
+  return true;
+}
+
+/* kwait_launch starts a kernel that waits until the word at w reaches want. */
+static void kwait_launch(kwait_t* k, CUdeviceptr w, uint64_t want) {
+  *k->flag = KWAIT_IDLE;
+  __sync_synchronize();
+  void* args[] = {&w, &want, &k->flagd};
+  CU(k->launch(k->fn, 1, 1, 1, 1, 1, 1, 0, k->stream, args, NULL));
+}
+
+/* kwait_wait waits for the kernel of kwait_launch to see want. */
+static void kwait_wait(kwait_t* k, uint64_t want) {
+  double t0 = now();
+  uint64_t v;
+  while ((v = *k->flag) == KWAIT_IDLE)
+    if (now() - t0 > 60) FAIL("the waiting kernel did not finish in 60 s");
+  if (v < want) FAIL("device signal word stayed at %llu, want %llu (the waiting kernel gave up after 10 s)",
+                     (unsigned long long)v, (unsigned long long)want);
+  CU(cu.streamSynchronize(k->stream));
+}
+
 /* wait_sig polls a signal word (host or device) until it reaches want;
  * pause_us between device polls keeps them from taking copy-engine turns
  * from the transfer being timed (0 for latency). */
@@ -232,22 +323,37 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
     for (size_t i = 0; i < size; i++)
       if (hdst[i] != 1) FAIL("device byte %zu is %d after the device put, want 1", i, hdst[i]);
   }
-  /* Signal latency: ping-pong of empty put-with-signals on word 1. */
+  /* Signal latency: ping-pong of empty put-with-signals on word 1. With
+   * the kernel waiter, each side's kernel is launched before the signal
+   * it waits for can arrive (rank 0's before its own put). */
+  kwait_t kw;
+  bool kern = kwait_open(&kw);
   for (int k = P_SIG_HOST_US; k <= P_SIG_DEV_US; k++) {
     void* sig = k == P_SIG_DEV_US ? mdsig : mhsig;
+    bool kdev = kern && k == P_SIG_DEV_US;
     sync_peer(fd);
     double t0 = 0;
+    if (kdev && rank == 1) kwait_launch(&kw, dsig + 8, 1);
     for (int i = 0; i < pings + 10; i++) {
       if (i == 10) t0 = now(); /* after warm-up */
       uint64_t want = (uint64_t)i + 1;
-      if (rank == 1) wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want, 0);
+      if (kdev && rank == 0) kwait_launch(&kw, dsig + 8, want);
+      if (rank == 1) {
+        if (kdev) kwait_wait(&kw, want);
+        else wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want, 0);
+        if (kdev && i + 1 < pings + 10) kwait_launch(&kw, dsig + 8, want + 1);
+      }
       void* req;
       NC(t->iputSignal(rma, 0, 0, NULL, 0, 0, NULL, 1 - rank, 8, sig, 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
       if (req) wait_req(t, coll, req);
-      if (rank == 0) wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want, 0);
+      if (rank == 0) {
+        if (kdev) kwait_wait(&kw, want);
+        else wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want, 0);
+      }
     }
     res[k] = (now() - t0) / pings / 2 * 1e6;
   }
+  if (kern && rank == 0) printf("SIGNAL device words watched by a waiting kernel (BENCH_KERNEL_WAIT=1)\n");
   bool bad = false;
   NC(t->queryLastError(rma, &bad));
   if (bad) FAIL("queryLastError reports an error");
