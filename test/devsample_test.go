@@ -92,6 +92,10 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check_appctx", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_COPY_CONTEXT=0"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified",
 				"!second context", "!run in a CUDA context of the plugin's own"}},
+		// A driver that refuses the second context: the memory stays on
+		// the application's, and an INFO line says why.
+		{"cuda_check_ctxrefused", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_NO_MODULES=1", "FAKECUDA_CTX_FAIL=1"},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "refused a context of the plugin's own", "!second context"}},
 		{"cuda_check_atomic", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_DEVICE_ATOMIC=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds"}},
 		// A driver without stream memory operations, events or module

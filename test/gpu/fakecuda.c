@@ -48,6 +48,8 @@ int cuCtxSetCurrent(void* c) {
 }
 int cuCtxCreate_v2(void** c, unsigned f, int d) {
   (void)f, (void)d;
+  /* FAKECUDA_CTX_FAIL=1: refuse, as an MPS server out of client contexts. */
+  if (getenv("FAKECUDA_CTX_FAIL")) return 2;
   *c = current = &ctx2obj;
   return 0;
 }

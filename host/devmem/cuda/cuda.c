@@ -114,6 +114,11 @@ static int copyContexts;
 
 int rmaw_cuda_copy_contexts(void) { return __atomic_load_n(&copyContexts, __ATOMIC_RELAXED); }
 
+/* copyCtxFailed: the last failed cuCtxCreate's status (0: none failed). */
+static int copyCtxFailed;
+
+int rmaw_cuda_copy_context_failed(void) { return __atomic_load_n(&copyCtxFailed, __ATOMIC_RELAXED); }
+
 /* vmm reports whether dev lies in a cuMem* mapping, which every context
  * of the device reaches. */
 static int vmm(uint64_t dev) {
@@ -132,12 +137,20 @@ static CUcontext copy_context(CUcontext app) {
   for (int i = 0; i < copyContexts; i++)
     if (copyCtxs[i].app == app) own = copyCtxs[i].own;
   CUdevice dev = 0;
+  CUresult r = 0;
   if (!own && copyContexts < MAX_CTX && cu.ctxCreate && cu.ctxGetDevice && cu.ctxSetCurrent(app) == 0 &&
-      cu.ctxGetDevice(&dev) == 0 && cu.ctxCreate(&own, 0, dev) == 0) {
-    cu.ctxSetCurrent(app); /* cuCtxCreate made it current */
-    copyCtxs[copyContexts].app = app;
-    copyCtxs[copyContexts].own = own;
-    __atomic_store_n(&copyContexts, copyContexts + 1, __ATOMIC_RELAXED);
+      cu.ctxGetDevice(&dev) == 0) {
+    /* Under MPS a client may be refused more contexts: the memory then
+     * stays on the application's (rmaw_cuda_copy_context_failed). */
+    if ((r = cu.ctxCreate(&own, 0, dev)) != 0) {
+      own = NULL;
+      __atomic_store_n(&copyCtxFailed, r, __ATOMIC_RELAXED);
+    } else {
+      copyCtxs[copyContexts].app = app;
+      copyCtxs[copyContexts].own = own;
+      __atomic_store_n(&copyContexts, copyContexts + 1, __ATOMIC_RELAXED);
+    }
+    cu.ctxSetCurrent(app); /* cuCtxCreate made its context current */
   }
   pthread_mutex_unlock(&mu);
   return own;

@@ -70,10 +70,15 @@ func (cudaOps) Ops() unsafe.Pointer { return unsafe.Pointer(&C.rmaw_cuda_ops) }
 func (cudaDevice) Name() string { return "CUDA" }
 
 // CopyContexts is how many CUDA contexts of its own the plugin made for
-// copies (NCCL_RMA_WASM_COPY_CONTEXT=1): one per application context
+// copies (NCCL_RMA_WASM_COPY_CONTEXT, on by default): one per application context
 // whose memory was registered, 0 when the variable is off or the driver
 // lacks what they need.
 func (cudaDevice) CopyContexts() int { return int(C.rmaw_cuda_copy_contexts()) }
+
+// CopyContextFailed is the CUDA status of the last copy context the
+// driver refused to make (0: none), whose memory stays on the
+// application's context.
+func (cudaDevice) CopyContextFailed() int { return int(C.rmaw_cuda_copy_context_failed()) }
 
 // Locate says which CUDA device holds ptr, for direct registration with a
 // NIC (libfabric FI_HMEM_CUDA).

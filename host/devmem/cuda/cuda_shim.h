@@ -11,6 +11,7 @@ extern const rmaw_devrt_ops rmaw_cuda_ops;
 int rmaw_cuda_ordinal(uint64_t ptr);
 void rmaw_cuda_copy_context(int on);
 int rmaw_cuda_copy_contexts(void);
+int rmaw_cuda_copy_context_failed(void);
 int rmaw_gdr_open(char* err, size_t errlen);
 int rmaw_gdr_add(uintptr_t ctx, uint64_t addr, uint64_t v);
 void rmaw_gdr_forget(uint64_t addr, uint64_t size);

@@ -190,7 +190,14 @@ var stagers struct {
 	warm bool
 }
 
-var pinnedWarned, pageableSaid, copyCtxSaid atomic.Bool
+var pinnedWarned, pageableSaid, copyCtxSaid, copyCtxFailSaid atomic.Bool
+
+// copyContexts is what the CUDA device says about the contexts of the
+// plugin's own it made for copies (host/devmem/cuda).
+type copyContexts interface {
+	CopyContexts() int
+	CopyContextFailed() int
+}
 
 // PrewarmStagers is how many stagers Prewarm readies: concurrent device
 // stagings beyond it (several peers' payloads at once) use pageable
@@ -214,8 +221,13 @@ func Prewarm(ctx uintptr, chunk uint64) {
 	if st, ok := d.(devmem.Streams); ok {
 		st.Caps(ctx)
 	}
-	if cc, ok := d.(interface{ CopyContexts() int }); ok && cc.CopyContexts() > 0 && !copyCtxSaid.Swap(true) {
-		logx.Info(abi.SubsysNet, "NET/wasm: copies and signal writes of cuMem-mapped device memory run in a CUDA context of the plugin's own (NCCL_RMA_WASM_COPY_CONTEXT=1)")
+	if cc, ok := d.(copyContexts); ok {
+		if cc.CopyContexts() > 0 && !copyCtxSaid.Swap(true) {
+			logx.Info(abi.SubsysNet, "NET/wasm: copies and signal writes of cuMem-mapped device memory run in a CUDA context of the plugin's own (NCCL_RMA_WASM_COPY_CONTEXT=1)")
+		}
+		if r := cc.CopyContextFailed(); r != 0 && !copyCtxFailSaid.Swap(true) {
+			logx.Info(abi.SubsysNet, "NET/wasm: the CUDA driver refused a context of the plugin's own (cuCtxCreate: status %d; under MPS, too many client contexts?): copies of that device memory stay on the application's context, where kernels it queues behind one waiting for a signal can hold them (SPEC.md §4)", r)
+		}
 	}
 	stagers.mu.Lock()
 	have := 0
