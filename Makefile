@@ -8,7 +8,8 @@
 #                 staticcheck, go test -race (abi, host, capi, cmd, guests) and the multi-process tests (test/)
 #   make soak     hours of churn in SOAKTIME minutes: random shapes, killed, stopped and reset
 #                 ranks, failing guests; every byte verified (not in CI)
-#   make bench    benchmarks (bench.mk): ratios against raw TCP, process_vm_writev, memcpy
+#   make bench    benchmarks (bench.mk): ratios against raw TCP, process_vm_writev, memcpy;
+#                 make bench-pingpong: the C-driven 8-byte put+signal ping-pong against raw TCP
 #   make clean
 
 GO      ?= go
@@ -20,7 +21,7 @@ DRIVER  := $(BUILD)/rma_driver
 HELLO   := $(BUILD)/hello_rma
 RMAW    := $(BUILD)/rmaw
 # The conformance and stress harness, split by concern (see test/harness/harness.h).
-HARNESS_SRC := $(addprefix test/harness/,main.c bootstrap.c plugin.c rank.c scenarios.c)
+HARNESS_SRC := $(addprefix test/harness/,main.c bootstrap.c plugin.c rank.c scenarios.c pingpong.c)
 
 GOFLAGS_LIB ?= -trimpath
 CFLAGS_DRIVER ?= -O2 -Wall -Wextra -Werror -pthread
@@ -36,7 +37,7 @@ GUESTS :=
 -include bench.mk
 # ---------------------------------------------------------------------------
 
-.PHONY: all lib driver tools demo test setup build-deps bench bench-device bench-scale clean gofmt-check gpu-check fuzz soak
+.PHONY: all lib driver tools demo test setup build-deps bench bench-pingpong bench-device bench-scale clean gofmt-check gpu-check fuzz soak
 
 # Pinned so that a new release never turns a green tree red on its own.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -135,7 +136,19 @@ test: setup all gofmt-check
 bench: all
 	$(GO) test -run XXX -bench . ./host/...
 	@if [ -f bench.mk ]; then $(MAKE) --no-print-directory bench-run; fi
+	@$(MAKE) --no-print-directory bench-pingpong
 	@$(MAKE) --no-print-directory bench-device
+
+# The 8-byte put+signal ping-pong driven as NCCL's proxy thread drives the
+# plugin (C thread: rmaProgress, test(), sched_yield), TCP forced, beside raw
+# TCP between the same two processes (blocking read, and polling as the
+# plugin's waiter does); medians over alternating blocks, PINGPONG_RUNS runs.
+# It reports numbers; it never fails on a timing.
+PINGPONG_RUNS ?= 3
+bench-pingpong: driver lib
+	@for i in $$(seq $(PINGPONG_RUNS)); do \
+	  NCCL_RMA_WASM_ADDR=127.0.0.1 $(DRIVER) --scenario pingpong --blocks 9 --iters 2000 | grep -E '^(PINGPONG|RESULT)' || exit 1; \
+	done; echo "bench-pingpong: load $$(cat /proc/loadavg)"
 
 # The device-memory series (issue: staging against the pinned-copy and wire
 # bounds, signal latency in device memory) needs an NVIDIA GPU; elsewhere it

@@ -342,3 +342,16 @@ func TestManyComms(t *testing.T) {
 		})
 	}
 }
+
+// TestPingPong runs the 8-byte put+signal ping-pong (TCP forced) briefly:
+// every signal word and payload is checked by the driver; no timing is
+// asserted, only that the figures are reported.
+func TestPingPong(t *testing.T) {
+	out := runDriver(t, nil, "--verbose", "--scenario", "pingpong", "--blocks", "2", "--iters", "50")
+	if !regexp.MustCompile(`(?m)^PINGPONG raw_us=[0-9.]+ plugin_us=[0-9.]+ ratio=[0-9.]+ `).MatchString(out) {
+		t.Fatalf("no PINGPONG line:\n%s", tail(out))
+	}
+	if got := strings.Count(out, "; 0 on this host use the intra-node path"); got != 2 {
+		t.Fatalf("%d ranks connected over TCP only, want 2 (TCP forced):\n%s", got, tail(out))
+	}
+}

@@ -15,8 +15,9 @@
  *   plugin.c     dlopen + the v14/v15/v16 tables, the logger (and --summary capture)
  *   rank.c       one rank: run_cycle, worker threads, signal waits, verification
  *   scenarios.c  bad-input, kill, teardown, signal storm
+ *   pingpong.c   8-byte put+signal ping-pong beside raw TCP (--scenario pingpong)
  *
- * Build: make build/rma_driver (gcc -O2 -Wall -Wextra -Werror -pthread -Icapi test/harness/{main,bootstrap,plugin,rank,scenarios}.c -ldl)
+ * Build: make build/rma_driver (gcc -O2 -Wall -Wextra -Werror -pthread -Icapi test/harness/{main,bootstrap,plugin,rank,scenarios,pingpong}.c -ldl)
  * Usage: see samples/README.md or --help.
  */
 #ifndef RMA_HARNESS_H
@@ -41,7 +42,7 @@
 
 /* ---- options (main.c) ---- */
 
-enum scenario { SC_BASIC, SC_BAD_INPUT, SC_KILL, SC_TEARDOWN, SC_FAULT };
+enum scenario { SC_BASIC, SC_BAD_INPUT, SC_KILL, SC_TEARDOWN, SC_FAULT, SC_PINGPONG };
 
 /* --fault (scenario fault): what happens to --kill-rank after round 0 */
 enum fault { F_KILL_PUT, F_KILL_GET, F_KILL_SIGNAL, F_STOP, F_STOP_CONT, F_RESET, F_LANE_RESET };
@@ -70,6 +71,8 @@ typedef struct {
   const char* netns;  /* rank r joins the network namespace <netns><r> */
   int device;
   int comms; /* communicators per rank, each with its own contexts and buffers */
+  int blocks; /* pingpong: timed blocks of --iters round trips per path */
+  int spin;   /* pingpong: empty polls before each wait starts to sched_yield */
 } options_t;
 
 extern options_t opt;
@@ -114,6 +117,7 @@ typedef struct {
   int32_t setup_failed; /* --nofile: a setup call failed cleanly (code + WARN) */
   int32_t pad2;
   summary_t sum;
+  char pp_line[256]; /* pingpong, rank 0: the PINGPONG figures */
 } report_t;
 
 typedef struct {
@@ -192,6 +196,7 @@ typedef struct {
   double round_s; /* the last round's data phase */
   atomic_int running; /* worker threads still posting (lane-reset) */
   int iter;
+  char pp_line[256]; /* pingpong (pingpong.c) */
 } rank_t;
 
 extern rank_t R;
@@ -230,6 +235,8 @@ int reset_one_lane(pid_t pid, char* what, size_t cap);
 void count_resources(long* fds, long* rss_kib, long* threads);
 int teardown_phase(void);
 void storm_start(void);
+/* pingpong.c: the timed blocks, after setup (2 ranks, TCP forced) */
+int pingpong_phase(void);
 long storm_stop(void); /* SIGUSR1 handled */
 
 #endif

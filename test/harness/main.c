@@ -13,11 +13,11 @@
 #include "harness.h"
 
 options_t opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0, 0, 0, 0,
-                 F_KILL_PUT, 300, 1500, 0, NULL, 0, 1};
+                 F_KILL_PUT, 300, 1500, 0, NULL, 0, 1, 9, 16};
 
 const char* scenario_name(enum scenario s) {
   return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : s == SC_TEARDOWN ? "teardown"
-       : s == SC_FAULT ? "fault" : "basic";
+       : s == SC_FAULT ? "fault" : s == SC_PINGPONG ? "pingpong" : "basic";
 }
 
 static const char* fault_names[] = {"kill-put", "kill-get", "kill-signal", "stop", "stop-cont", "reset", "lane-reset"};
@@ -50,7 +50,14 @@ static void usage(FILE* f) {
           "                    context, each with --threads contexts, its own buffers and\n"
           "                    its own verified traffic (basic scenario; default 1)\n"
           "  --cycles K        init..finalize cycles per process, dlclose between (default 1)\n"
-          "  --scenario S      basic | bad-input | kill | teardown | fault (default basic)\n"
+          "  --scenario S      basic | bad-input | kill | teardown | fault | pingpong (default basic)\n"
+          "                    pingpong: 2 ranks, TCP forced; 8-byte iputSignal ping-pong driven\n"
+          "                    from a C thread (rmaProgress, test(), sched_yield) beside a raw\n"
+          "                    TCP 8-byte ping-pong, in alternating timed blocks; prints\n"
+          "                    PINGPONG raw_us=.. plugin_us=.. ratio=.. (medians over blocks)\n"
+          "  --blocks B        pingpong: timed blocks per path (default 9); --iters is the round\n"
+          "                    trips per block there (default 2000)\n"
+          "  --spin N          pingpong: empty polls before a wait starts to sched_yield (default 16)\n"
           "  --kill-rank R     rank the parent SIGKILLs after round 0 (kill; default 1), the\n"
           "                    victim of --fault\n"
           "  --fault F         scenario fault, what happens to --kill-rank after round 0 while\n"
@@ -190,15 +197,18 @@ int main(int argc, char** argv) {
                                {"fault", 1, 0, 'F'},     {"fault-delay-ms", 1, 0, 'd'},
                                {"stop-ms", 1, 0, 'o'},   {"nofile", 1, 0, 'N'},
                                {"netns", 1, 0, 'x'},     {"device", 1, 0, 'e'},   {"comms", 1, 0, 'C'},
+                               {"blocks", 1, 0, 'B'},    {"spin", 1, 0, 'p'},
                                {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
-  int ch;
+  int ch, iters_given = 0;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (ch) {
       case 'l': opt.lib = optarg; break;
       case 'V': opt.version = atoi(optarg); break;
       case 'n': opt.ranks = atoi(optarg); break;
       case 's': opt.size = parse_size(optarg); break;
-      case 'i': opt.iters = atoi(optarg); break;
+      case 'i': opt.iters = atoi(optarg), iters_given = 1; break;
+      case 'B': opt.blocks = atoi(optarg); break;
+      case 'p': opt.spin = atoi(optarg); break;
       case 't': opt.threads = atoi(optarg); break;
       case 'c': opt.cycles = atoi(optarg); break;
       case 'k': opt.kill_rank = atoi(optarg); break;
@@ -228,13 +238,21 @@ int main(int argc, char** argv) {
         else if (!strcmp(optarg, "kill")) opt.scenario = SC_KILL;
         else if (!strcmp(optarg, "teardown")) opt.scenario = SC_TEARDOWN;
         else if (!strcmp(optarg, "fault")) opt.scenario = SC_FAULT;
+        else if (!strcmp(optarg, "pingpong")) opt.scenario = SC_PINGPONG;
         else { usage(stderr); printf("RESULT FAIL bad --scenario %s\n", optarg); return 2; }
         break;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); printf("RESULT FAIL bad command line\n"); return 2;
     }
   }
-  if ((opt.version != 14 && opt.version != 15 && opt.version != 16) || opt.ranks < 1 ||
+  if (opt.scenario == SC_PINGPONG) {
+    /* one context; 16 eight-byte slots per peer (the requests in flight) */
+    if (!iters_given) opt.iters = 2000;
+    opt.threads = 1;
+    opt.size = 16 * 8;
+  }
+  if ((opt.scenario == SC_PINGPONG && (opt.ranks != 2 || opt.blocks < 1 || opt.blocks > 1000 || opt.spin < 0)) ||
+      (opt.version != 14 && opt.version != 15 && opt.version != 16) || opt.ranks < 1 ||
       opt.ranks > 256 || opt.iters < 1 || opt.threads < 1 || opt.threads > 64 ||
       opt.cycles < 1 || opt.timeout_s < 1 || opt.comms < 1 || opt.comms > MAX_COMMS ||
       (opt.comms > 1 && opt.scenario != SC_BASIC) ||
@@ -244,7 +262,8 @@ int main(int argc, char** argv) {
       (opt.size < 16 && opt.scenario == SC_BAD_INPUT)) {
     usage(stderr);
     printf("RESULT FAIL invalid options (kill needs --ranks >= 2 and 0 <= --kill-rank < ranks; "
-           "bad-input needs --size >= 16; --comms 1..16, basic only)\n");
+           "bad-input needs --size >= 16; --comms 1..16, basic only; pingpong needs --ranks 2, "
+           "--blocks 1..1000)\n");
     return 2;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -366,6 +385,7 @@ int main(int argc, char** argv) {
     snprintf(reason, sizeof reason, "the kill point was never reached");
   }
   if (opt.summary) print_summary(C, N);
+  if (opt.scenario == SC_PINGPONG && pass && C[0].has_report) printf("%s\n", C[0].rep.pp_line);
   if (pass)
     printf("RESULT PASS ranks=%d version=%d scenario=%s size=%zu iters=%d threads=%d cycles=%d "
            "aggregate=%.2f MB/s per_rank=%.2f MB/s per_rank_Bps=%.0f warns=%d setup_failed=%d\n",

@@ -566,7 +566,8 @@ static int run_cycle(int cycle) {
     if (td < 0) return -1;
     if (td == 1) goto unloaded;
   }
-  int iters = opt.scenario == SC_TEARDOWN ? 0 : opt.iters;
+  if (opt.scenario == SC_PINGPONG && pingpong_phase()) return -1;
+  int iters = opt.scenario == SC_TEARDOWN || opt.scenario == SC_PINGPONG ? 0 : opt.iters;
   for (int i = 0; i < iters; i++) {
     if (run_iter(i)) return -1;
     if (opt.scenario == SC_FAULT && (opt.fault == F_STOP_CONT || opt.fault == F_LANE_RESET) && i >= 1)
@@ -668,6 +669,13 @@ __attribute__((noreturn)) void rank_main(int rank, int fd) {
       failf("cannot join network namespace %s: %s", path, strerror(errno));
     if (nfd >= 0) close(nfd);
   }
+  if (opt.scenario == SC_PINGPONG) {
+    /* TCP forced: no single-copy path between the two processes, no
+     * libfabric (host/config reads these through libc getenv at init and
+     * connect) */
+    setenv("NCCL_RMA_WASM_INTRANODE", "0", 1);
+    setenv("NCCL_RMA_WASM_TRANSPORT", "tcp", 1);
+  }
   if (opt.nofile > 0) {
     struct rlimit rl = {(rlim_t)opt.nofile, (rlim_t)opt.nofile};
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0) failf("setrlimit(RLIMIT_NOFILE, %d): %s", opt.nofile, strerror(errno));
@@ -712,6 +720,7 @@ __attribute__((noreturn)) void rank_main(int rank, int fd) {
   rep.setup_failed = g_setup_failed;
   if (opt.summary) summary_snapshot(&rep.sum);
   snprintf(rep.reason, sizeof rep.reason, "%s", R.err);
+  snprintf(rep.pp_line, sizeof rep.pp_line, "%s", R.pp_line);
   double bps = R.seconds > 0 ? (double)R.bytes / R.seconds : 0;
   if (rep.status == 0)
     printf("[rank %d] PASS cycles=%d ops=%llu moved=%.1f MiB in %.3f s => %.1f MB/s (%.3f GB/s) "
