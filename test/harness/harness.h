@@ -73,6 +73,7 @@ typedef struct {
   int comms; /* communicators per rank, each with its own contexts and buffers */
   int blocks; /* pingpong: timed blocks of --iters round trips per path */
   int spin;   /* pingpong: empty polls before each wait starts to sched_yield */
+  int pp_only; /* pingpong: -1 every kind, else only this one (raw, raw-poll, plugin) */
 } options_t;
 
 extern options_t opt;

@@ -107,7 +107,10 @@ static int pp_wait(int peer) {
   uint64_t want = pp_got + 1;
   uint64_t* w = &R.cm.sig[peer];
   double deadline = now_s() + opt.timeout_s;
+  /* a turn as the proxy's: progress and test() first, then the word, then
+   * (after --spin empty turns) sched_yield */
   for (long turn = 0;; turn++) {
+    if (pp_poll()) return -1;
     uint64_t got = __atomic_load_n(w, __ATOMIC_ACQUIRE);
     if (got >= want) {
       if (got != want) {
@@ -117,7 +120,6 @@ static int pp_wait(int peer) {
       }
       break;
     }
-    if (pp_poll()) return -1;
     if (turn >= opt.spin) sched_yield();
     if ((turn & 1023) == 1023 && pp_deadline_passed(deadline, "a ping's signal")) return -1;
   }
@@ -270,6 +272,10 @@ int pingpong_phase(void) {
     int it = b < 0 ? warm : opt.iters;
     for (int k = 0; k < PP_KINDS; k++) {
       int kind = (k + (b < 0 ? 0 : b)) % PP_KINDS;
+      if (opt.pp_only >= 0 && kind != opt.pp_only) { /* --only (profiling): the others are not run */
+        us[kind][b < 0 ? 0 : b] = 0;
+        continue;
+      }
       if (boot_barrier(TAG_BARRIER)) {
         failf("pingpong: bootstrap barrier failed (a rank died?)");
         return -1;
