@@ -162,15 +162,28 @@ func (t *tcpLink) start() {
 func (t *tcpLink) submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op, hold) }
 
 func (t *tcpLink) flush() {
-	// What arrived first: acks it carries and signals it applies may be
-	// what the caller waits for, and acks owed leave with the batch.
+	// A lane with work queued (a reply the caller posted since its last
+	// call, which the peer waits for) writes it first: a look at an empty
+	// socket before it would hold it back by a system call. The others
+	// come after the look, as before.
+	var early uint32
+	for i, l := range t.lanes {
+		if l.queued() {
+			l.flush()
+			early |= 1 << i
+		}
+	}
+	// What arrived: acks it carries and signals it applies may be what
+	// the caller waits for, and the acks owed leave with the batch.
 	for _, a := range t.acks {
 		if r := a.rd.Load(); r != nil {
 			r.poll()
 		}
 	}
-	for _, l := range t.lanes {
-		l.flush()
+	for i, l := range t.lanes {
+		if early&(1<<i) == 0 {
+			l.flush()
+		}
 	}
 }
 
@@ -272,6 +285,7 @@ type lane struct {
 	wake    chan struct{}
 	timer   *time.Timer // fires the writer for ops nobody tests
 	armed   atomic.Bool
+	work    atomic.Bool // ops may be queued (queued)
 	long    atomic.Bool // the timer runs at holdDelay (only held ops queued)
 	// due fires the writer when a paced op at the head of the queue
 	// (Op.NotBefore) may leave.
@@ -429,6 +443,7 @@ func (l *lane) enqueue(op *Op, hold bool) {
 		l.qUrgent = true
 	}
 	l.q.Push(*op) // grows the queue rather than failing
+	l.work.Store(true)
 	if l.out == nil && !l.opening {
 		l.startOpen() // the first op on this lane: dial it (lazy.go)
 	}
@@ -499,6 +514,12 @@ func (l *lane) flush() {
 		l.kick()
 	}
 }
+
+// queued reports whether ops may wait in the queue (flush), without the
+// lock: a hint, set when an op is queued and cleared when a batch takes
+// the last one. Stale either way it only changes the order of flush's two
+// steps, each of which looks again under the lock.
+func (l *lane) queued() bool { return l.work.Load() }
 
 // carryAck appends the ack this lane owes the peer (acker.drained) to the
 // batch about to be written, the first thing in it.
@@ -579,6 +600,9 @@ func (l *lane) takeLocked(maxPayload uint64) int {
 		l.batch[n] = *op
 		l.q.Drop()
 		n++
+	}
+	if l.q.Len() == 0 {
+		l.work.Store(false)
 	}
 	return n
 }
