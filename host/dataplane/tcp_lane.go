@@ -161,6 +161,26 @@ func (t *tcpLink) start() {
 
 func (t *tcpLink) submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op, hold) }
 
+// post is submit for an operation the caller posts itself through
+// peer.route, holding no lock. A signal is what the peer waits for: a
+// small put with signal (or a bare signal) posted without the aggregation
+// hint to an idle lane, with nothing of the lane in flight (no put
+// awaiting its ack, no get its reply) and nothing posted for loneGap, is
+// written at once on the caller's thread instead of at its next test() or
+// rmaProgress. That is what a latency-bound exchange (a ping-pong) posts,
+// and on few cores NCCL's proxy reaches its next rmaProgress only after a
+// sched_yield that may give the core away. Streams keep their batches:
+// plain puts always wait for the caller's next call, and a signal posted
+// close behind other work, or while puts are in flight, queues behind it
+// and leaves with it. Not over a side path (intra-node), whose writer
+// copies payloads itself.
+func (t *tcpLink) post(lane int, op Op, hold bool) {
+	l := t.lanes[lane]
+	if l.enqueue(&op, hold) && t.side == nil && l.pendingPuts() == 0 && l.pendingGets() == 0 {
+		l.flush()
+	}
+}
+
 func (t *tcpLink) flush() {
 	// A lane with work queued (a reply the caller posted since its last
 	// call, which the peer waits for) writes it first: a look at an empty
@@ -423,21 +443,31 @@ func (l *lane) sendTimer() {
 	}
 }
 
-// enqueue appends op to the queue, growing it rather than failing.
-func (l *lane) enqueue(op *Op, hold bool) {
+// loneGap is how long a lane must have had nothing posted for a signal to
+// leave at once (post): dense bursts batch, sparse exchanges do not wait.
+const loneGap = 10 * time.Microsecond
+
+// enqueue appends op to the queue, growing it rather than failing. It
+// reports whether op is a lone signal (post): a small put with signal or
+// bare signal, not held or paced, queued on an empty, idle, open lane
+// loneGap after the op before.
+func (l *lane) enqueue(op *Op, hold bool) (lone bool) {
 	l.mu.Lock()
 	if l.p.dead.Load() {
 		l.mu.Unlock()
 		l.p.fail(op)
-		return
+		return false
 	}
 	if l.down {
 		l.mu.Unlock()
 		l.forward(op, hold)
-		return
+		return false
 	}
 	if l.q.Len() == 0 {
-		l.qSince, l.qUrgent = Now(), false
+		now := Now()
+		lone = !hold && !l.writing && l.out != nil && op.Msg == wire.MsgPutSignal && op.NotBefore == 0 &&
+			op.Size <= smallResponse && now-l.qSince > int64(loneGap)
+		l.qSince, l.qUrgent = now, false
 	}
 	if !hold {
 		l.qUrgent = true
@@ -467,10 +497,12 @@ func (l *lane) enqueue(op *Op, hold bool) {
 			l.timer.Reset(holdDelay)
 		}
 	case !l.armed.Swap(true) || l.long.Load():
-		// Small: the same, with the timer at sendDelay.
+		// Small: the same, with the timer at sendDelay (which also
+		// covers a lone signal that post could not write after all).
 		l.long.Store(false)
 		l.timer.Reset(sendDelay)
 	}
+	return lone
 }
 
 // flush writes what is queued on the caller's thread when the stream is

@@ -152,9 +152,12 @@ static int plugin_block(int iters, double* half_us) {
   double t0 = now_s();
   for (int i = 0; i < iters; i++) {
     if (g_rank == 0) {
-      if (pp_send(peer) || pp_wait(peer)) return -1;
+      if (pp_send(peer)) return -1;
+      if (opt.yield_after_post) sched_yield();
+      if (pp_wait(peer)) return -1;
     } else {
       if (pp_wait(peer) || pp_send(peer)) return -1;
+      if (opt.yield_after_post) sched_yield();
     }
   }
   double el = now_s() - t0;

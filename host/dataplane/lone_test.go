@@ -1,0 +1,90 @@
+package dataplane
+
+import (
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// TestLoneSignalLeavesAtOnce: a put with signal posted to an idle lane
+// with nothing in flight is written on the poster's thread before Post
+// returns (tcpLink.post), and lands without anyone testing; a plain put,
+// and a signal posted behind queued work, wait for the caller's next test
+// (Flush) and leave with what is queued, in one writev. The send timer
+// is off (an hour), so only the poster or a Flush can write.
+func TestLoneSignalLeavesAtOnce(t *testing.T) {
+	const size = 8
+	const sigOff = 0
+	os := newOwners(2, 4096)
+	src := make([]byte, 4*size)
+	for i := range src {
+		src[i] = byte(i*3 + 1)
+	}
+	saved, savedHold := sendDelay, holdDelay
+	sendDelay, holdDelay = time.Hour, time.Hour
+	t.Cleanup(func() { sendDelay, holdDelay = saved, savedHold })
+	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 1})
+	l := tcpOf(t, ms[0], 1).lanes[0]
+	post := func(i int, signal, hold bool) {
+		op := Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(i + 1), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size),
+			Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size])))}
+		if signal {
+			op.Msg, op.SigMrID, op.SigOp, op.SigOff, op.SigValue = wire.MsgPutSignal, 1, abi.SignalOpAdd, sigOff, 1
+		}
+		ms[0].Post(1, &op, hold, 0)
+	}
+	done := func(tags ...uint64) {
+		t.Helper()
+		for _, tag := range tags {
+			if st := waitDone(t, os[0], tag); st != abi.Success {
+				t.Fatalf("put %d: %v", tag, st)
+			}
+		}
+	}
+
+	// A plain put: queued until the caller tests.
+	w0 := l.writes.Load()
+	post(0, false, false)
+	if w := l.writes.Load() - w0; w != 0 {
+		t.Fatalf("a plain put: %d writes before any test, want 0", w)
+	}
+	ms[0].Flush(1)
+	if w := l.writes.Load() - w0; w != 1 {
+		t.Fatalf("a plain put after a test: %d writes, want 1", w)
+	}
+	done(1) // acknowledged: nothing in flight any more
+
+	// A lone put with signal: written by Post itself, lands untested.
+	time.Sleep(2 * loneGap)
+	w0 = l.writes.Load()
+	post(1, true, false)
+	if w := l.writes.Load() - w0; w != 1 {
+		t.Fatalf("a lone put with signal: %d writes when Post returned, want 1", w)
+	}
+	waitWord(t, os[1], sigOff, 1, nil)
+	done(2)
+
+	// A put with signal behind a held put: both wait for the test, then
+	// leave together.
+	time.Sleep(2 * loneGap)
+	w0 = l.writes.Load()
+	post(2, false, true)
+	post(3, true, false)
+	if w := l.writes.Load() - w0; w != 0 {
+		t.Fatalf("a put with signal behind queued work: %d writes before any test, want 0", w)
+	}
+	ms[0].Flush(1)
+	if w := l.writes.Load() - w0; w != 1 {
+		t.Fatalf("a held put and a put with signal after a test: %d writes, want 1", w)
+	}
+	waitWord(t, os[1], sigOff, 2, nil)
+	done(3, 4)
+	for i := 0; i < 4; i++ {
+		if got, want := os[1].mem[64+i*size:64+(i+1)*size], src[i*size:(i+1)*size]; string(got) != string(want) {
+			t.Fatalf("put %d: target holds % x, want % x", i, got, want)
+		}
+	}
+}
