@@ -54,6 +54,7 @@ func (l *lane) open() {
 	}
 	l.q.Grow(laneQueue)
 	l.out = c
+	l.setOut(c)
 	p.opened.Or(1 << l.idx)
 	l.mu.Unlock()
 	l.run()

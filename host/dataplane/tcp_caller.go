@@ -67,6 +67,9 @@ type inReader struct {
 	// tried is Now() when a caller last found the socket empty: callers
 	// that poll in a tight loop look at most once per pollGap.
 	tried atomic.Int64
+	// fresh: rmaProgress looked last; the next test() does not look
+	// (poll). A hint: at worst one call looks or skips in vain.
+	fresh atomic.Bool
 	// callerMsgs counts the messages callers served, handoffs the times a
 	// caller left the stream to the service (tests read them).
 	callerMsgs atomic.Uint64
@@ -87,10 +90,10 @@ type inReader struct {
 	// non-blocking reads through RawConn.Control (no read lock: the
 	// service may be parked in the netpoller holding it); bound once so
 	// that they allocate nothing
-	b    []byte
-	n    int
-	err  error
-	rdFn func(fd uintptr)
+	b     []byte
+	n     int
+	errno syscall.Errno
+	rdFn  func(fd uintptr)
 	// the service's wait for input (a peek, so nothing is consumed)
 	peek   [1]byte
 	parked bool
@@ -119,12 +122,14 @@ var (
 	callerWindow = 200 * time.Microsecond
 )
 
-// pollGap is the least time between two looks of callers that found the
-// socket empty: a poll loop costs a system call per pollGap at most. One
-// turn of a proxy's loop (rmaProgress, test() of what is in flight,
+// pollGap is the least time between two looks of test() callers that found
+// the socket empty: a test() loop costs a system call per pollGap at most.
+// One turn of a proxy's loop (rmaProgress, test() of what is in flight,
 // sched_yield) takes about a microsecond on a small machine: rmaProgress
-// looks on every turn, a test() in the same turn does not (2 us made every
-// other turn blind, about 0.5 us more per hop of an 8-byte ping-pong).
+// looks on every call, once a turn, and a test() right after it does not
+// (fresh), with no clock read (2 us made every other turn blind, about
+// 0.5 us more per hop of an 8-byte ping-pong; the clock reads of the gap's
+// check cost about as much again per turn).
 const pollGap = 1 * time.Microsecond
 
 // errWouldBlock: the socket is empty and the reader may not park.
@@ -151,16 +156,14 @@ func newInReader(t *tcpLink, lane int, in *net.TCPConn, ack *acker) (*inReader, 
 	return r, nil
 }
 
-// readFD reads through syscall.Read, which tells the race detector that
-// what was written before the bytes were sent happened before (as the net
-// package's reads do).
+// readFD is a caller's non-blocking read (readNB).
 func (r *inReader) readFD(fd uintptr) {
 	for {
-		n, err := syscall.Read(int(fd), r.b)
-		if err == unix.EINTR {
+		n, errno := readNB(int(fd), r.b)
+		if errno == unix.EINTR {
 			continue
 		}
-		r.n, r.err = max(n, 0), err
+		r.n, r.errno = n, errno
 		return
 	}
 }
@@ -177,23 +180,23 @@ func (r *inReader) Read(b []byte) (int, error) {
 	}
 	if r.nb {
 		r.b = b
-		if err := r.rc.Control(r.rdFn); err != nil {
-			r.n, r.err = 0, err // closed
+		var err error
+		if cerr := r.rc.Control(r.rdFn); cerr != nil {
+			r.n, r.errno, err = 0, 0, cerr // closed
 		}
 		r.b = nil
 		switch {
-		case r.err == unix.EAGAIN:
+		case r.errno == unix.EAGAIN:
 			return 0, errWouldBlock
-		case r.err == nil && r.n > 0:
+		case err == nil && r.errno == 0 && r.n > 0:
 			return r.n, nil
 		}
 		// The stream ended or broke: the error is the service's to handle
 		// (failover, goodbye), as its own read would have met it.
-		err := r.err
-		if err == nil {
+		if r.errno != 0 {
+			err = &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", r.errno)}
+		} else if err == nil {
 			err = io.EOF
-		} else if errno, ok := err.(syscall.Errno); ok {
-			err = &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", errno)}
 		}
 		if r.caller() {
 			r.stash = err
@@ -365,16 +368,25 @@ func (r *inReader) release() { r.role.Store(0) }
 
 // poll is a caller's turn: when nobody holds the stream and it carried
 // traffic lately, serve what its socket holds, on this thread, without
-// blocking. test() and rmaProgress call it through tcpLink.flush.
-func (r *inReader) poll() {
+// blocking. test() and rmaProgress (progress) call it through
+// tcpLink.flush and tcpLink.callerProgress.
+func (r *inReader) poll(progress bool) {
 	if !r.polled.Load() {
 		r.polled.Store(true) // written only when it changes: the line stays shared
 	}
 	if !r.active.Load() || r.role.Load() != 0 {
 		return
 	}
-	if Now()-r.tried.Load() < int64(pollGap) {
-		return
+	if !progress {
+		if r.fresh.Load() {
+			// rmaProgress looked just before, in this turn of the
+			// caller's loop: this test() does not, and reads no clock.
+			r.fresh.Store(false)
+			return
+		}
+		if Now()-r.tried.Load() < int64(pollGap) {
+			return
+		}
 	}
 	if !r.role.CompareAndSwap(0, roleOwned) {
 		return
@@ -391,6 +403,9 @@ func (r *inReader) poll() {
 	}
 	if !served {
 		r.tried.Store(Now())
+	}
+	if progress != r.fresh.Load() {
+		r.fresh.Store(progress)
 	}
 	r.role.Store(0)
 	if left {

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -181,7 +183,13 @@ func (t *tcpLink) post(lane int, op Op, hold bool) {
 	}
 }
 
-func (t *tcpLink) flush() {
+func (t *tcpLink) flush() { t.flushPoll(false) }
+
+// callerProgress is flush for rmaProgress, which looks at the incoming sockets
+// on every call: one turn of a caller's loop calls it once (pollGap).
+func (t *tcpLink) callerProgress() { t.flushPoll(true) }
+
+func (t *tcpLink) flushPoll(progress bool) {
 	// A lane with work queued (a reply the caller posted since its last
 	// call, which the peer waits for) writes it first: a look at an empty
 	// socket before it would hold it back by a system call. The others
@@ -197,7 +205,7 @@ func (t *tcpLink) flush() {
 	// the caller waits for, and the acks owed leave with the batch.
 	for _, a := range t.acks {
 		if r := a.rd.Load(); r != nil {
-			r.poll()
+			r.poll(progress)
 		}
 	}
 	for i, l := range t.lanes {
@@ -326,6 +334,14 @@ type lane struct {
 	liov   [1]unix.Iovec         // scratch for the side path
 	riov   [1]unix.RemoteIovec   // (process_vm_writev/readv)
 	enc    codec.Encoder         // wire compression (host/codec)
+	// writeIov's raw writev: the stream's RawConn, the iovecs, the count
+	// and the outcome (bound once so that a write allocates nothing)
+	orc  syscall.RawConn
+	wiov []unix.Iovec
+	wcnt int
+	wn   int
+	werr syscall.Errno
+	wvFn func(fd uintptr)
 
 	gmu  sync.Mutex // guards the outstanding-get FIFO
 	gets ring.Ring[getEntry]
@@ -382,7 +398,15 @@ func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
 	}
 	l.q = ring.New[Op](laneQueue)
 	l.alloc()
+	l.setOut(out)
 	return l
+}
+
+// setOut binds writeIov's raw writev to the lane's stream, once it is set.
+func (l *lane) setOut(out *net.TCPConn) {
+	if rc, err := out.SyscallConn(); err == nil {
+		l.orc = rc
+	}
 }
 
 // laneQueue is an open lane's initial queue (it grows on demand).
@@ -394,6 +418,8 @@ func (l *lane) alloc() {
 	l.batch = make([]Op, batchMax)
 	l.hdrs = make([]byte, batchMax*wire.HeaderSize)
 	l.iov = make([][]byte, 0, 2*batchMax+1) // +1: a piggybacked ack
+	l.wiov = make([]unix.Iovec, 2*batchMax+1)
+	l.wvFn = l.writevFD
 	l.gets = ring.New[getEntry](256)
 	l.puts = ring.New[uint64](1024)
 	l.ptags = make([]uint64, 0, batchMax)
@@ -1051,10 +1077,74 @@ func (l *lane) writeIov(iov [][]byte) error {
 		return nil
 	}
 	l.writes.Add(1)
+	if total := iovLen(iov); l.orc != nil && len(iov) <= len(l.wiov) && total <= rawWriteMax {
+		// A first try without the connection's write lock and poller
+		// bookkeeping: one non-blocking writev as a raw system call. The
+		// holder of writing is the stream's only writer, and Control keeps
+		// the descriptor from being closed under it. What it could not
+		// write (a full socket) goes through the connection, which waits.
+		for i, b := range iov {
+			l.wiov[i] = unix.Iovec{Base: unsafe.SliceData(b)}
+			l.wiov[i].SetLen(len(b))
+		}
+		l.wcnt, l.wn, l.werr = len(iov), 0, 0
+		err := l.orc.Control(l.wvFn)
+		clear(l.wiov[:len(iov)])
+		if err != nil {
+			return err // closed
+		}
+		if l.werr != 0 && l.werr != unix.EAGAIN {
+			// As the connection's own write reports it (the failure path
+			// alone allocates).
+			return &net.OpError{Op: "write", Net: "tcp", Source: l.out.LocalAddr(), Addr: l.out.RemoteAddr(),
+				Err: os.NewSyscallError("writev", l.werr)}
+		}
+		if l.wn == total {
+			return nil
+		}
+		// What left is skipped; the rest goes through the connection.
+		for n := l.wn; n > 0; {
+			if n >= len(iov[0]) {
+				n -= len(iov[0])
+				iov = iov[1:]
+			} else {
+				iov[0] = iov[0][n:]
+				n = 0
+			}
+		}
+	}
 	l.bufs = iov
 	_, err := l.bufs.WriteTo(l.out)
 	l.bufs = nil
 	return err
+}
+
+// rawWriteMax is the most a raw writev (writeIov) takes: a raw system call
+// keeps its P, so a long copy would hold the goroutines queued on it.
+const rawWriteMax = inlineMax
+
+func iovLen(iov [][]byte) int {
+	n := 0
+	for _, b := range iov {
+		n += len(b)
+	}
+	return n
+}
+
+// writevFD is writeIov's raw writev (through the connection's Control).
+func (l *lane) writevFD(fd uintptr) {
+	for {
+		n, _, e := syscall.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&l.wiov[0])), uintptr(l.wcnt))
+		if e == unix.EINTR {
+			continue
+		}
+		if e != 0 {
+			l.wn, l.werr = 0, e
+		} else {
+			l.wn, l.werr = int(n), 0
+		}
+		return
+	}
 }
 
 // pushGet records a get whose request is about to leave. A writer can get
