@@ -45,25 +45,27 @@ func TestLoneSignalLeavesAtOnce(t *testing.T) {
 		}
 	}
 
+	// writes checks how many writes the lane made since w0.
+	writes := func(w0 uint64, want uint64, what string) {
+		t.Helper()
+		if w := l.writes.Load() - w0; w != want {
+			t.Fatalf("%s: %d writes, want %d", what, w, want)
+		}
+	}
+
 	// A plain put: queued until the caller tests.
 	w0 := l.writes.Load()
 	post(0, false, false)
-	if w := l.writes.Load() - w0; w != 0 {
-		t.Fatalf("a plain put: %d writes before any test, want 0", w)
-	}
+	writes(w0, 0, "a plain put before any test")
 	ms[0].Flush(1)
-	if w := l.writes.Load() - w0; w != 1 {
-		t.Fatalf("a plain put after a test: %d writes, want 1", w)
-	}
+	writes(w0, 1, "a plain put after a test")
 	done(1) // acknowledged: nothing in flight any more
 
 	// A lone put with signal: written by Post itself, lands untested.
 	time.Sleep(2 * loneGap)
 	w0 = l.writes.Load()
 	post(1, true, false)
-	if w := l.writes.Load() - w0; w != 1 {
-		t.Fatalf("a lone put with signal: %d writes when Post returned, want 1", w)
-	}
+	writes(w0, 1, "a lone put with signal when Post returned")
 	waitWord(t, os[1], sigOff, 1, nil)
 	done(2)
 
@@ -73,13 +75,9 @@ func TestLoneSignalLeavesAtOnce(t *testing.T) {
 	w0 = l.writes.Load()
 	post(2, false, true)
 	post(3, true, false)
-	if w := l.writes.Load() - w0; w != 0 {
-		t.Fatalf("a put with signal behind queued work: %d writes before any test, want 0", w)
-	}
+	writes(w0, 0, "a put with signal behind queued work, before any test")
 	ms[0].Flush(1)
-	if w := l.writes.Load() - w0; w != 1 {
-		t.Fatalf("a held put and a put with signal after a test: %d writes, want 1", w)
-	}
+	writes(w0, 1, "a held put and a put with signal after a test")
 	waitWord(t, os[1], sigOff, 2, nil)
 	done(3, 4)
 	for i := 0; i < 4; i++ {
