@@ -42,6 +42,10 @@ type fabSlot struct {
 	// fails if the target rejected the signal word. Written before the
 	// post, then only under the endpoint's poll lock.
 	sig bool
+	// ctl: a control message (an acknowledgement, a verdict, a goodbye or
+	// its acknowledgement), not an operation: a peer that leaves before
+	// its send completion was reaped has lost nothing (fabricLink.awaiting).
+	ctl bool
 	got uint8 // sigSent | sigVerdict
 	vst abi.Result
 	seq uint64
@@ -318,8 +322,8 @@ func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 	case v&3 == slotPosted && s.state.CompareAndSwap(v, slotFree):
 		l, tag := s.link, s.tag
 		s.link, s.sig, s.got, s.vst = nil, false, 0, abi.Success
+		l.done(s)
 		e.Put(idx)
-		l.inflight.Add(-1)
 		if err != nil {
 			logx.Warn(abi.SubsysNet, "NET/wasm: operation to rank %d: %v", l.p.rank, err)
 			l.p.m.owner.PeerFailed(l.p.rank, fmt.Errorf("%w: operation to rank %d failed: %v", ErrPeerGone, l.p.rank, err))

@@ -44,7 +44,8 @@ type fabricLink struct {
 	rails []fabRail // at least one
 
 	seq      atomic.Uint64 // our sequence numbers to this peer
-	inflight atomic.Int64  // operations posted, not completed
+	inflight atomic.Int64  // operations and control messages posted, not completed
+	ctlLive  atomic.Int64  // of which control messages (fabSlot.ctl)
 	posting  atomic.Int32  // submits between their dead check and their post
 	backlog  atomic.Int32  // operations waiting for room (pend)
 	// heard counts completions that involve this peer (our operations
@@ -393,7 +394,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 	if op.Msg != wire.MsgGet && !f.win.Fits(pd.seq) {
 		return fabric.ErrAgain
 	}
-	idx, ok := f.slot(e, op.Tag)
+	idx, ok := f.slot(e, op.Tag, false)
 	if !ok {
 		return fabric.ErrAgain
 	}
@@ -439,25 +440,37 @@ func (f *fabricLink) post(pd *fabPend) error {
 	return nil
 }
 
-// slot takes a context of endpoint e for an operation completing request tag.
-func (f *fabricLink) slot(e *fabEP, tag uint64) (uint32, bool) {
+// slot takes a context of endpoint e for an operation completing request
+// tag, or for a control message (ctl).
+func (f *fabricLink) slot(e *fabEP, tag uint64, ctl bool) (uint32, bool) {
 	idx, ok := e.Take()
 	if !ok {
 		return 0, false
 	}
 	s := &e.slots[idx]
-	s.link, s.tag, s.seq = f, tag, 0
+	s.link, s.tag, s.seq, s.ctl = f, tag, 0, ctl
 	s.sig, s.got, s.vst, s.learn = false, 0, abi.Success, false // a signal's unslot leaves them
 	f.inflight.Add(1)
+	if ctl {
+		f.ctlLive.Add(1)
+	}
 	s.state.Store(slotPosted | uint32(f.p.rank)<<2)
 	return idx, true
+}
+
+// done counts slot s of this link as no longer in flight.
+func (f *fabricLink) done(s *fabSlot) {
+	if s.ctl {
+		f.ctlLive.Add(-1)
+	}
+	f.inflight.Add(-1)
 }
 
 func (f *fabricLink) unslot(e *fabEP, idx uint32) {
 	s := &e.slots[idx]
 	s.state.Store(slotFree)
 	s.link = nil
-	f.inflight.Add(-1)
+	f.done(s)
 	e.Put(idx)
 }
 
@@ -479,7 +492,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 	}
 	rl := &f.rails[rail]
 	e := rl.e
-	idx, ok := f.slot(e, tag)
+	idx, ok := f.slot(e, tag, !complete)
 	if !ok {
 		return fabric.ErrAgain
 	}
@@ -592,7 +605,7 @@ func (f *fabricLink) sendSmall(rail int, h endpoint.Msg, what string) bool {
 	}
 	rl := &f.rails[rail]
 	e := rl.e
-	idx, ok := f.slot(e, 0)
+	idx, ok := f.slot(e, 0, true)
 	if !ok {
 		return false
 	}
@@ -671,7 +684,12 @@ func (f *fabricLink) idle() bool {
 	return f.inflight.Load() == 0 && f.backlog.Load() == 0 && f.tcpLink.idle()
 }
 
-func (f *fabricLink) awaiting() int { return int(f.inflight.Load()) + int(f.backlog.Load()) }
+// awaiting counts operations, not control messages: an acknowledgement
+// whose send completion was not yet reaped when the peer left (it went
+// right after our goodbye acknowledgement) is no lost operation.
+func (f *fabricLink) awaiting() int {
+	return int(f.inflight.Load()-f.ctlLive.Load()) + int(f.backlog.Load())
+}
 
 // failAll fails what was posted or queued; stop already raised the dead
 // flag, so it waits only for submits that passed their check before.
@@ -711,7 +729,7 @@ func (f *fabricLink) failSlots(e *fabEP) {
 	for i := range e.slots {
 		s := &e.slots[i]
 		if s.state.CompareAndSwap(mine, slotFailed|uint32(f.p.rank)<<2) {
-			f.inflight.Add(-1)
+			f.done(s)
 			if s.tag != 0 {
 				f.p.m.owner.Complete(s.tag, abi.RemoteError)
 			}
