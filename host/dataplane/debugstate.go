@@ -15,13 +15,7 @@ func (m *Mesh) WriteState(w io.Writer) {
 	for i, p := range m.peers {
 		name := p.t.props().Name
 		fmt.Fprintf(w, "  rank %d: %s dead=%v opened=%#x down=%#x idle=%v\n", i, name, p.dead.Load(), p.opened.Load(), p.down.Load(), p.t.idle())
-		var t *tcpLink
-		switch x := p.t.(type) {
-		case *tcpLink:
-			t = x
-		case *intraLink:
-			t = x.tcpLink
-		}
+		t := streamsOf(p.t)
 		if t == nil {
 			continue
 		}
@@ -38,4 +32,18 @@ func (m *Mesh) WriteState(w io.Writer) {
 				l.idx, open, opening, qlen, head, writing, down, l.armed.Load(), l.pendingPuts(), l.pendingGets(), l.batches.Load())
 		}
 	}
+}
+
+// streamsOf returns the TCP lanes a transport carries: its own, or those
+// under the intra-node and libfabric links; nil for none.
+func streamsOf(tr transport) *tcpLink {
+	switch x := tr.(type) {
+	case *tcpLink:
+		return x
+	case *intraLink:
+		return x.tcpLink
+	case *fabricLink:
+		return x.tcpLink
+	}
+	return nil
 }

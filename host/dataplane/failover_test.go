@@ -44,16 +44,7 @@ func resetIn(t *testing.T, m *Mesh, peer, lane int) {
 func openLanes(t *testing.T, m *Mesh, peer int) {
 	t.Helper()
 	p := m.peers[peer]
-	var tl *tcpLink
-	switch x := p.t.(type) {
-	case *tcpLink:
-		tl = x
-	case *intraLink:
-		tl = x.tcpLink
-	default:
-		t.Fatalf("openLanes: transport %T", p.t)
-	}
-	for _, l := range tl.lanes {
+	for _, l := range tcpOf(t, m, peer).lanes {
 		l.mu.Lock()
 		if l.out == nil && !l.opening {
 			l.startOpen()

@@ -16,11 +16,8 @@ import (
 // on it too).
 func tcpOf(t *testing.T, m *Mesh, peer int) *tcpLink {
 	t.Helper()
-	switch x := m.peers[peer].t.(type) {
-	case *tcpLink:
-		return x
-	case *intraLink:
-		return x.tcpLink
+	if tl := streamsOf(m.peers[peer].t); tl != nil {
+		return tl
 	}
 	t.Fatalf("peer %d's transport is %T, not TCP", peer, m.peers[peer].t)
 	return nil

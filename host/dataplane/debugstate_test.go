@@ -1,0 +1,34 @@
+package dataplane
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// TestWriteState: the stall report's lane dump names every peer and the
+// lanes of its TCP streams (streamsOf), with the one put a held operation
+// left queued.
+func TestWriteState(t *testing.T) {
+	os := newOwners(2, 4096)
+	saved, savedHold := sendDelay, holdDelay
+	sendDelay, holdDelay = time.Hour, time.Hour
+	t.Cleanup(func() { sendDelay, holdDelay = saved, savedHold })
+	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 1})
+	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Size: 0, Off: 64}, true, 0)
+	var b strings.Builder
+	ms[0].WriteState(&b)
+	out := b.String()
+	for _, want := range []string{"=== NET/wasm mesh of rank 0: 2 peers", "rank 1: tcp", "lane 0: open=true", "queued=1 head{msg "} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("WriteState lacks %q:\n%s", want, out)
+		}
+	}
+	ms[0].Flush(1)
+	if st := waitDone(t, os[0], 1); st != abi.Success {
+		t.Fatalf("the held put: %v", st)
+	}
+}
