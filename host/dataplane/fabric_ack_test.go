@@ -76,12 +76,7 @@ func TestFabricAckInCQData(t *testing.T) {
 	}
 	// The first signal to each word is a message (accepted by its
 	// verdict); those after it may go in CQ data.
-	for r := range 2 {
-		if st := os[r].wait(t, put(r, 8, 4096)); st != abi.Success {
-			t.Fatalf("rank %d's first signal: %v", r, st)
-		}
-		waitFabWord(t, unsafe.Add(os[1-r].mem, word), 1)
-	}
+	firstSignals(t, os, word, func(r int) uint64 { return put(r, 8, 4096) })
 	fabTestNoAckMsg.Store(true)
 	defer fabTestNoAckMsg.Store(false)
 	base := [2]uint64{f[0].cqSigs.Load(), f[1].cqSigs.Load()}
@@ -278,12 +273,7 @@ func TestFabricAckRails(t *testing.T) {
 		ms[r].Post(1-r, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tags[r], Local: src[r], Size: 24, Off: off, SigMrID: 1, SigOff: word, SigOp: abi.SignalOpInc}, false, lane)
 		return tags[r]
 	}
-	for r := range 2 {
-		if st := os[r].wait(t, put(r, 0, 4096)); st != abi.Success {
-			t.Fatalf("rank %d's first signal: %v", r, st)
-		}
-		waitFabWord(t, unsafe.Add(os[1-r].mem, word), 1)
-	}
+	firstSignals(t, os, word, func(r int) uint64 { return put(r, 0, 4096) })
 	fabTestNoAckMsg.Store(true)
 	defer fabTestNoAckMsg.Store(false)
 	base := [2]uint64{f[0].cqSigs.Load(), f[1].cqSigs.Load()}
@@ -337,5 +327,18 @@ func sentInCQ(t *testing.T, f *fabricLink, r int, base, n uint64) {
 	t.Helper()
 	if got := f.cqSigs.Load() - base; got != n {
 		t.Fatalf("rank %d sent %d of %d puts with signal in CQ data", r, got, n)
+	}
+}
+
+// firstSignals sends each rank's first signal to the other's word (a
+// message, accepted by its verdict: only later ones may ride CQ data) with
+// put, which returns the request's tag, and waits until both landed.
+func firstSignals(t *testing.T, os []*fabOwner, word int, put func(r int) uint64) {
+	t.Helper()
+	for r := range 2 {
+		if st := os[r].wait(t, put(r)); st != abi.Success {
+			t.Fatalf("rank %d's first signal: %v", r, st)
+		}
+		waitFabWord(t, unsafe.Add(os[1-r].mem, word), 1)
 	}
 }
