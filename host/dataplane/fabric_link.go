@@ -680,6 +680,10 @@ func (f *fabricLink) flush() {
 	}
 }
 
+// turn: Mesh.Progress polled the rails just before, so only the TCP
+// lanes are left.
+func (f *fabricLink) turn() { f.tcpLink.turn() }
+
 func (f *fabricLink) idle() bool {
 	return f.inflight.Load() == 0 && f.backlog.Load() == 0 && f.tcpLink.idle()
 }

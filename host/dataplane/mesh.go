@@ -359,14 +359,8 @@ func (m *Mesh) Progress() {
 	for _, e := range m.rails {
 		e.CallerPoll()
 	}
-	// FlushAll, but a TCP link looks at its sockets without the test()
-	// gap (callerProgress); fabric links skip their poll: it was just done.
 	for _, p := range m.peers {
-		if t, ok := p.t.(*tcpLink); ok {
-			t.callerProgress()
-		} else {
-			p.t.flush()
-		}
+		p.t.turn()
 	}
 }
 

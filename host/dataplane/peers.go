@@ -45,6 +45,7 @@ func (a absentLink) props() Props                { return Props{Name: "absent", 
 func (a absentLink) start()                      {}
 func (a absentLink) submit(_ int, op Op, _ bool) { a.p.fail(&op) }
 func (a absentLink) flush()                      {}
+func (a absentLink) turn()                       {}
 func (a absentLink) kick()                       {}
 func (a absentLink) idle() bool                  { return true }
 func (a absentLink) stop()                       {}

@@ -369,7 +369,7 @@ func (r *inReader) release() { r.role.Store(0) }
 // poll is a caller's turn: when nobody holds the stream and it carried
 // traffic lately, serve what its socket holds, on this thread, without
 // blocking. test() and rmaProgress (progress) call it through
-// tcpLink.flush and tcpLink.callerProgress.
+// tcpLink.flush and tcpLink.turn.
 func (r *inReader) poll(progress bool) {
 	if !r.polled.Load() {
 		r.polled.Store(true) // written only when it changes: the line stays shared

@@ -185,9 +185,9 @@ func (t *tcpLink) post(lane int, op Op, hold bool) {
 
 func (t *tcpLink) flush() { t.flushPoll(false) }
 
-// callerProgress is flush for rmaProgress, which looks at the incoming sockets
+// turn is flush for rmaProgress, which looks at the incoming sockets
 // on every call: one turn of a caller's loop calls it once (pollGap).
-func (t *tcpLink) callerProgress() { t.flushPoll(true) }
+func (t *tcpLink) turn() { t.flushPoll(true) }
 
 func (t *tcpLink) flushPoll(progress bool) {
 	// A lane with work queued (a reply the caller posted since its last

@@ -51,6 +51,10 @@ type transport interface {
 	// flush sends queued work from the caller's thread when that is cheap
 	// (test() calls it); otherwise the transport's own goroutines do.
 	flush()
+	// turn is flush for rmaProgress (Mesh.Progress), once per turn of
+	// a caller's loop: a TCP stream is looked at on every call, without
+	// test()'s gap, and a libfabric endpoint was just polled.
+	turn()
 	// kick wakes the senders, so held operations leave now.
 	kick()
 	// idle reports that every submitted operation completed: nothing
