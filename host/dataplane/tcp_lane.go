@@ -334,6 +334,7 @@ type lane struct {
 	liov   [1]unix.Iovec         // scratch for the side path
 	riov   [1]unix.RemoteIovec   // (process_vm_writev/readv)
 	enc    codec.Encoder         // wire compression (host/codec)
+	gather staging.Gather        // small device payloads of the batch, copied asynchronously
 	// writeIov's raw writev: the stream's RawConn, the iovecs, the count
 	// and the outcome (bound once so that a write allocates nothing)
 	orc  syscall.RawConn
@@ -742,6 +743,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 	}
 	l.enc.Reset()
 	defer l.enc.Release() // the arena goes back to the pool once the batch is written
+	defer l.gather.Done() // slots of copies gathered for a batch that failed
 	var err error
 	n := 0 // ops handled so far; a device copy failure stops the batch
 	for ; n < len(ops) && err == nil; n++ {
@@ -819,6 +821,16 @@ func (l *lane) writeBatch(ops []Op) bool {
 					err = l.ringSend(op)
 				}
 				iov = iov[:0]
+			} else if b, gerr := l.gatherDev(op, len(iov)); b != nil {
+				// A small device payload, its copy queued: the
+				// bytes join iov, written after writeIov waited.
+				iov = append(iov, b)
+			} else if gerr != nil {
+				// As a failed synchronous copy: the put is in the
+				// FIFO, failed (or resent) with the lane.
+				l.awaitPuts(pend, pops)
+				pend, pops = pend[:0], pops[:0]
+				err = gerr
 			} else if op.Size > 0 && op.LocalCtx != 0 {
 				// Device source: what is queued goes first, then the
 				// payload is staged through host memory chunk by chunk.
@@ -1073,6 +1085,14 @@ func (l *lane) pendingPuts() int {
 
 // writeIov sends the gathered headers and payloads with one writev.
 func (l *lane) writeIov(iov [][]byte) error {
+	if l.gather.Pending() {
+		// Device payloads gathered in iov: their copies first; the slots
+		// go back once the bytes were written.
+		defer l.gather.Done()
+		if err := l.gather.Wait(); err != nil {
+			return err
+		}
+	}
 	if len(iov) == 0 {
 		return nil
 	}
@@ -1117,6 +1137,16 @@ func (l *lane) writeIov(iov [][]byte) error {
 	_, err := l.bufs.WriteTo(l.out)
 	l.bufs = nil
 	return err
+}
+
+// gatherDev queues the copy of op's payload from device memory into a
+// bounce slot (staging.Gather) when it is small and iov has room: the
+// bytes to append to iov, or nil to stage it synchronously.
+func (l *lane) gatherDev(op *Op, niov int) ([]byte, error) {
+	if op.Size == 0 || op.LocalCtx == 0 || op.Size > staging.AsyncMax() || niov+1 >= cap(l.iov) {
+		return nil, nil
+	}
+	return l.gather.Add(op.LocalCtx, uintptr(op.Local), op.Size)
 }
 
 // rawWriteMax is the most a raw writev (writeIov) takes: a raw system call

@@ -373,7 +373,7 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 				err = fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
 			}
 		case ctx != 0:
-			if err = staging.ReadToDevice(br, ctx, devAddr(base, h.Off), h.Size, p.m.stageChunk); err != nil {
+			if err = staging.LandOnDevice(br, ctx, devAddr(base, h.Off), h.Size, p.m.stageChunk); err != nil {
 				err = fmt.Errorf("receive put payload from rank %d into device memory: %w", p.rank, err)
 			}
 		default:

@@ -403,6 +403,7 @@ func TestDeviceStaging(t *testing.T) {
 					staging.Release()
 				}
 			})
+			pageable0 := staging.PageableStagers()
 			rs := setup(t, 2, 64)
 			type bufs struct{ src, dst, sig, get uintptr }
 			dv := make([]bufs, 2)
@@ -467,7 +468,10 @@ func TestDeviceStaging(t *testing.T) {
 			dev.mu.Lock()
 			unpinned := dev.unpinned
 			dev.mu.Unlock()
-			if !c.noPinned && unpinned != 0 {
+			// Past PrewarmStagers payloads staged at once (both ranks
+			// and three lanes share this process's pool) the extras use
+			// pageable buffers by design; otherwise every copy is pinned.
+			if !c.noPinned && unpinned != 0 && staging.PageableStagers() == pageable0 {
 				t.Fatalf("%d payload copies did not use pinned staging memory", unpinned)
 			}
 			dev.mu.Lock()

@@ -92,6 +92,7 @@ func Init(commID uint64) (uint64, abi.Result) {
 	dataplane.Prewarm(config.Addr.Get()) // overlaps with loading the backend
 	raiseNoFile()                        // as NCCL does: thousands of ranks need thousands of streams
 	staging.SetAtomicKernel(config.DeviceAtomic.Get())
+	staging.SetAsyncCopy(uint64(config.AsyncCopyKiB.Get()) << 10)
 	// An explicit transport or provider that cannot be honoured fails here,
 	// as NCCL fails an explicit NCCL_NET, rather than running at a tenth of
 	// the speed over TCP unnoticed.

@@ -240,6 +240,10 @@ func (r *Ring) Send(k uint32, ctx uintptr, src unsafe.Pointer, n uint64, g Liven
 			r.Abort()
 			return k, ErrNoDevice
 		}
+		if err := fence(d, 0); err != nil {
+			r.Abort()
+			return k, err
+		}
 		r.pin(d, ctx)
 	}
 	filled, freed := r.word(ringOffFilled), r.word(ringOffFreed)
@@ -314,6 +318,11 @@ func (rx *Receiver) Drain(rank int, ctx uintptr, dst unsafe.Pointer, n uint64, l
 	if land && ctx != 0 {
 		if d = devmem.Get(); d == nil {
 			return ErrNoDevice
+		}
+		// Its copies are synchronous: they follow the asynchronous ones
+		// queued before.
+		if err := fence(d, 0); err != nil {
+			return err
 		}
 		r.pin(d, ctx)
 	}

@@ -77,6 +77,9 @@ func (s *Shadow) add(st devmem.Streams, ctx, dev uintptr, v uint64) error {
 // called with the stripe lock held.
 func (s *Shadow) seed(st devmem.Streams, ctx, dev uintptr, w *shadowWord) error {
 	d := devmem.Get()
+	if err := fence(d, 0); err != nil {
+		return fmt.Errorf("read device signal: %w", err)
+	}
 	if err := st.Sync(ctx); err != nil {
 		return fmt.Errorf("read device signal: %w", err)
 	}
@@ -98,7 +101,10 @@ func Quiesce(ctx uintptr) error {
 	if !ok || ctx == 0 || st.Caps(ctx) == 0 {
 		return nil
 	}
-	return st.Sync(ctx)
+	if err := st.Sync(ctx); err != nil {
+		return err
+	}
+	return settleQueue(d, ctx) // its slots' copies executed with the rest
 }
 
 // compareMax bounds how many words Compare reads (NCCL's GIN signal

@@ -63,11 +63,22 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 	// without a shadow, with the kernel off, queues nothing on a stream.
 	st, _ := d.(devmem.Streams)
 	if sh != nil && st != nil && st.Caps(ctx)&devmem.CapWriteWord != 0 {
+		// The write follows the payloads queued on ctx's stream; those
+		// queued on other contexts' streams are waited for.
+		if err := fence(d, ctx); err != nil {
+			return err
+		}
 		return sh.add(st, ctx, dev, v)
 	}
+	// GDRCopy and the read-modify-write write at once: every payload
+	// queued before must have landed first (the atomic kernel, on ctx's
+	// stream, waits for the other contexts' only).
 	stripe := int((dev >> 3) % uintptr(len(devSigLocks)))
 	mu := &devSigLocks[stripe]
 	if wa, ok := d.(devmem.WordAdder); ok {
+		if err := fence(d, 0); err != nil {
+			return err
+		}
 		mu.Lock()
 		done, err := wa.AddWord(ctx, dev, v)
 		mu.Unlock()
@@ -77,11 +88,17 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 		}
 	}
 	if atomicKernel.Load() && st != nil && st.Caps(ctx)&devmem.CapAtomicAdd != 0 {
+		if err := fence(d, ctx); err != nil {
+			return err
+		}
 		if err := st.AtomicAdd(ctx, dev, v); err != nil {
 			return fmt.Errorf("atomic add to device signal: %w", err)
 		}
 		traceSignal(dev, v, 0, pathAtomic)
 		return nil
+	}
+	if err := fence(d, 0); err != nil {
+		return err
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -192,6 +209,14 @@ var stagers struct {
 
 var pinnedWarned, pageableSaid, copyCtxSaid, copyCtxFailSaid atomic.Bool
 
+// pageableMade counts the stagers made with pageable buffers because more
+// than PrewarmStagers ran at once.
+var pageableMade atomic.Int64
+
+// PageableStagers is how many stagers were made with pageable buffers
+// because more than PrewarmStagers device payloads were staged at once.
+func PageableStagers() int64 { return pageableMade.Load() }
+
 // copyContexts is what the CUDA device says about the contexts of the
 // plugin's own it made for copies (host/devmem/cuda).
 type copyContexts interface {
@@ -221,6 +246,7 @@ func Prewarm(ctx uintptr, chunk uint64) {
 	if st, ok := d.(devmem.Streams); ok {
 		st.Caps(ctx)
 	}
+	prewarmQueue(d, ctx)
 	if cc, ok := d.(copyContexts); ok {
 		if cc.CopyContexts() > 0 && !copyCtxSaid.Swap(true) {
 			logx.Info(abi.SubsysNet, "NET/wasm: copies and signal writes of cuMem-mapped device memory run in a CUDA context of the plugin's own (NCCL_RMA_WASM_COPY_CONTEXT=1)")
@@ -269,6 +295,9 @@ func getStager(d devmem.Device, ctx uintptr, chunk uint64) *stager {
 	}
 	pinned := !stagers.warm
 	stagers.mu.Unlock()
+	if !pinned {
+		pageableMade.Add(1)
+	}
 	if !pinned && !pageableSaid.Swap(true) {
 		logx.Info(abi.SubsysNet, "NET/wasm: more than %d device payloads staged at once: the extra ones use pageable buffers (no pinned allocation while the application's kernels may run)", PrewarmStagers)
 	}
@@ -320,6 +349,7 @@ func putStager(s *stager) {
 // pinned memory lives in a device context the application may destroy.
 // Stagers in use return to the pool and are freed at the next call.
 func Release() {
+	releaseQueues()
 	releaseSigPage()
 	stagers.mu.Lock()
 	free := stagers.free
@@ -365,6 +395,24 @@ func takeStager(ctx uintptr, chunk uint64) (devmem.Device, *stager, error) {
 	return d, getStager(d, ctx, chunk), nil
 }
 
+// LandOnDevice reads a put's payload of n bytes from r into device memory
+// at dst of context ctx: a small one into a bounce slot, its copy to the
+// device queued on ctx's stream and not waited for (bounce.go); a larger
+// one as ReadToDevice does. Either way a signal applied after it
+// (AddSignal) becomes visible after the payload.
+func LandOnDevice(r io.Reader, ctx, dst uintptr, n, chunk uint64) error {
+	d := devmem.Get()
+	if d == nil {
+		return ErrNoDevice
+	}
+	if n <= bounceSize.Load() {
+		if done, err := landAsync(d, r, ctx, dst, n); done || err != nil {
+			return err
+		}
+	}
+	return ReadToDevice(r, ctx, dst, n, chunk)
+}
+
 // ReadToDevice reads n bytes from r into device memory at dst of context
 // ctx, staged in pieces of chunk bytes (0: DefaultChunk). With more than
 // one chunk, the copy to the device of chunk k runs while chunk k+1 is
@@ -373,6 +421,10 @@ func takeStager(ctx uintptr, chunk uint64) (devmem.Device, *stager, error) {
 func ReadToDevice(r io.Reader, ctx, dst uintptr, n, chunk uint64) error {
 	d, s, err := takeStager(ctx, chunk)
 	if err != nil {
+		return err
+	}
+	if err := fence(d, 0); err != nil {
+		putStager(s)
 		return err
 	}
 	defer putStager(s)
@@ -418,6 +470,10 @@ func ReadToDevice(r io.Reader, ctx, dst uintptr, n, chunk uint64) error {
 func WriteFromDevice(w io.Writer, ctx, src uintptr, n, chunk uint64) error {
 	d, s, err := takeStager(ctx, chunk)
 	if err != nil {
+		return err
+	}
+	if err := fence(d, 0); err != nil {
+		putStager(s)
 		return err
 	}
 	defer putStager(s)

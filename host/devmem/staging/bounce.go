@@ -1,0 +1,452 @@
+package staging
+
+import (
+	"fmt"
+	"io"
+	"math/bits"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// Asynchronous small copies (SPEC.md §4, "Asynchronous small copies"). A
+// device payload of at most the bounce size (NCCL_RMA_WASM_ASYNC_COPY_KB)
+// takes no synchronous copy:
+//   - the target reads it from the socket into a pinned bounce slot of the
+//     registration's context, queues the copy to the device on the
+//     context's stream (where the signal write that follows it also goes)
+//     and moves on; the slot is reused once an event recorded after the
+//     copy has passed (LandOnDevice);
+//   - a sender gathers the small device payloads of one batch into slots,
+//     each copy queued on the stream, and waits once for them all before
+//     the one writev that sends them (Gather).
+//
+// Synchronous device copies keep working beside them. Each first waits for
+// the asynchronous copies queued before it on any context (fence), so that
+// a later large put, a get served from device memory or a read-modify-write
+// of a signal never overtakes an earlier put's copy; a signal written on a
+// context's stream first waits for the other contexts' queued copies, so
+// that it still follows every payload of the operations before it.
+//
+// The slots of a context are made once, with its stream, when memory of it
+// is first registered (Prewarm): a pinned allocation on the data path can
+// wait for the application's running kernel.
+
+const (
+	bounceSlots = 16 // per context
+	maxQueues   = 64 // contexts with bounce slots (as many as the CUDA glue's streams)
+	// gatherSlots bounds the slots one sender's batch holds at once, so
+	// that a sender blocked in writev cannot take every slot of a context
+	// from the targets (who fall back to synchronous copies meanwhile).
+	gatherSlots = 4
+	// gatherSpins is how many looks at a gathered copy's event the sender
+	// takes, yielding between them, before it blocks on the stream.
+	gatherSpins = 200
+)
+
+// bounceSize is the largest payload copied asynchronously, and the size of
+// a slot (0: off).
+var bounceSize atomic.Uint64
+
+// SetAsyncCopy sets the largest device payload copied asynchronously, in
+// bytes, rounded up to 4 KiB (0 turns asynchronous copies off); host/plugin
+// sets it from NCCL_RMA_WASM_ASYNC_COPY_KB at init. Contexts prewarmed
+// before keep their slots.
+func SetAsyncCopy(n uint64) { bounceSize.Store((n + 4095) &^ 4095) }
+
+// AsyncMax is the largest device payload copied asynchronously (0: none).
+func AsyncMax() uint64 { return bounceSize.Load() }
+
+// ctxQueue is a context's bounce slots. A slot is free, held (a reader is
+// filling it from the socket, or a sender's gathered copies are in it) or
+// queued (a copy to the device was queued from it and the event recorded
+// after that copy has not been seen to pass). Queued slots are kept in
+// the order they were queued, which is the order their events pass in.
+type ctxQueue struct {
+	ctx  uintptr
+	d    devmem.Device
+	st   devmem.Streams
+	size uint64
+	mem  unsafe.Pointer
+
+	mu     sync.Mutex
+	dead   bool
+	free   uint32 // bit i: slot i is free
+	held   uint32 // bit i: slot i is held
+	ev     [bounceSlots]uintptr
+	order  [bounceSlots]uint8 // queued slots, oldest first from head
+	head   int
+	nq     int
+	queued atomic.Int32 // nq, read without the lock by fences
+}
+
+var queues struct {
+	mu sync.Mutex // makes and drops queues
+	n  atomic.Int32
+	q  [maxQueues]atomic.Pointer[ctxQueue]
+}
+
+var asyncSaid, asyncFailSaid atomic.Bool
+
+// prewarmQueue gives context ctx its bounce slots, once, where the device
+// queues copies and events on the context's stream and asynchronous
+// copies are on.
+func prewarmQueue(d devmem.Device, ctx uintptr) {
+	size := bounceSize.Load()
+	st, ok := d.(devmem.Streams)
+	if size == 0 || !ok || st.Caps(ctx)&devmem.CapAsync == 0 || queueOf(d, ctx) != nil {
+		return
+	}
+	queues.mu.Lock()
+	defer queues.mu.Unlock()
+	n := int(queues.n.Load())
+	if queueOf(d, ctx) != nil {
+		return
+	}
+	if n == maxQueues {
+		return
+	}
+	q := &ctxQueue{ctx: ctx, d: d, st: st, size: size, free: 1<<bounceSlots - 1}
+	var err error
+	if q.mem, err = d.AllocPinned(ctx, size*bounceSlots); err == nil {
+		// The events are made now, recorded on the idle stream: creating
+		// one on the data path is a driver call that could wait.
+		for i := range q.ev {
+			if err = st.Record(ctx, &q.ev[i]); err != nil {
+				break
+			}
+		}
+		if err != nil {
+			q.release()
+		}
+	}
+	if err != nil {
+		if !asyncFailSaid.Swap(true) {
+			logx.Info(abi.SubsysNet, "NET/wasm: no bounce slots for asynchronous device copies (%v); small device payloads take synchronous copies", err)
+		}
+		return
+	}
+	queues.q[n].Store(q)
+	queues.n.Store(int32(n + 1))
+	if !asyncSaid.Swap(true) {
+		logx.Info(abi.SubsysNet, "NET/wasm: device payloads up to %d bytes are copied asynchronously, in order with their signals on the context's stream (%d pinned slots per context)", size, bounceSlots)
+	}
+}
+
+// queueOf returns ctx's bounce slots on device d, or nil.
+func queueOf(d devmem.Device, ctx uintptr) *ctxQueue {
+	n := int(queues.n.Load())
+	for i := 0; i < n; i++ {
+		if q := queues.q[i].Load(); q != nil && q.ctx == ctx && q.d == d {
+			return q
+		}
+	}
+	return nil
+}
+
+// slot is the host memory of slot i.
+func (q *ctxQueue) slot(i int) unsafe.Pointer { return unsafe.Add(q.mem, uint64(i)*q.size) }
+
+// take holds a slot: a free one, else the oldest queued one once its copy
+// executed (waiting for the stream when it has not). -1 (and no error):
+// every slot is held, or the queue was released.
+func (q *ctxQueue) take() (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.dead {
+		return -1, nil
+	}
+	if q.free == 0 && q.nq > 0 {
+		ok, err := q.st.Passed(q.ctx, q.ev[q.order[q.head]])
+		if err != nil {
+			return -1, fmt.Errorf("asynchronous copy to device: %w", err)
+		}
+		if ok {
+			q.free |= 1 << q.order[q.head]
+			q.head = (q.head + 1) % bounceSlots
+			q.nq--
+			q.queued.Store(int32(q.nq))
+		} else if err := q.drainLocked(); err != nil {
+			return -1, err
+		}
+	}
+	if q.free == 0 {
+		return -1, nil
+	}
+	i := bits.TrailingZeros32(q.free)
+	q.free &^= 1 << i
+	q.held |= 1 << i
+	return i, nil
+}
+
+// put gives held slot i back.
+func (q *ctxQueue) put(i int) {
+	q.mu.Lock()
+	q.held &^= 1 << i
+	q.free |= 1 << i
+	q.mu.Unlock()
+}
+
+// push queues the copy of n bytes from held slot i to device address dst,
+// then the slot's event; the slot is queued until the event passed.
+func (q *ctxQueue) push(i int, dst uintptr, n uint64) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.held &^= 1 << i
+	if err := q.st.HtoDAsync(q.ctx, dst, q.slot(i), n); err != nil {
+		q.free |= 1 << i
+		return fmt.Errorf("asynchronous copy of %d bytes to device: %w", n, err)
+	}
+	if err := q.st.Record(q.ctx, &q.ev[i]); err != nil {
+		// The copy is queued and cannot be watched: the slot waits for
+		// the stream before it is reused.
+		err = fmt.Errorf("asynchronous copy of %d bytes to device: %w", n, err)
+		if e := q.st.Sync(q.ctx); e != nil {
+			q.dead = true // the slot's memory may still be read: never reuse it
+			return err
+		}
+		q.free |= 1 << i
+		return err
+	}
+	q.order[(q.head+q.nq)%bounceSlots] = uint8(i)
+	q.nq++
+	q.queued.Store(int32(q.nq))
+	return nil
+}
+
+// drainLocked waits for the stream and frees every queued slot; q.mu held.
+func (q *ctxQueue) drainLocked() error {
+	if err := q.st.Sync(q.ctx); err != nil {
+		return fmt.Errorf("wait for asynchronous device copies: %w", err)
+	}
+	q.settledLocked()
+	return nil
+}
+
+// settledLocked frees every queued slot, whose copies have executed; q.mu
+// held.
+func (q *ctxQueue) settledLocked() {
+	for ; q.nq > 0; q.nq-- {
+		q.free |= 1 << q.order[q.head]
+		q.head = (q.head + 1) % bounceSlots
+	}
+	q.queued.Store(0)
+}
+
+// settle returns once every copy queued from q's slots so far executed:
+// at once when the newest one's event passed, else after the stream.
+func (q *ctxQueue) settle() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.nq == 0 {
+		return nil
+	}
+	newest := q.order[(q.head+q.nq-1)%bounceSlots]
+	ok, err := q.st.Passed(q.ctx, q.ev[newest])
+	if err != nil {
+		return fmt.Errorf("asynchronous copy to device: %w", err)
+	}
+	if !ok {
+		return q.drainLocked()
+	}
+	q.settledLocked()
+	return nil
+}
+
+// release frees the slots' memory and events, unless a slot is held
+// (a sender or reader still using it: the memory is left, not freed).
+func (q *ctxQueue) release() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.dead = true
+	if q.held != 0 || q.mem == nil {
+		return
+	}
+	for i := range q.ev {
+		q.st.FreeEvent(q.ctx, q.ev[i])
+		q.ev[i] = 0
+	}
+	q.d.FreePinned(q.mem)
+	q.mem = nil
+}
+
+// fence returns once every asynchronous copy queued on device d so far
+// executed, on every context but except (0: every context): what a
+// synchronous copy, or a signal write on except's stream, must follow.
+// Nothing queued: a load per context.
+func fence(d devmem.Device, except uintptr) error {
+	n := int(queues.n.Load())
+	for i := 0; i < n; i++ {
+		q := queues.q[i].Load()
+		if q == nil || q.ctx == except || q.queued.Load() == 0 || q.d != d {
+			continue
+		}
+		if err := q.settle(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// releaseQueues waits for every context's queued copies and frees the
+// slots (plugin finalize).
+func releaseQueues() {
+	queues.mu.Lock()
+	defer queues.mu.Unlock()
+	n := int(queues.n.Load())
+	for i := 0; i < n; i++ {
+		if q := queues.q[i].Swap(nil); q != nil {
+			q.mu.Lock()
+			if q.nq > 0 {
+				q.drainLocked() // a failed device: the memory goes anyway
+			}
+			q.mu.Unlock()
+			q.release()
+		}
+	}
+	queues.n.Store(0)
+}
+
+// settleQueue waits for the copies queued from ctx's slots and frees them
+// (Quiesce: the memory may be freed next).
+func settleQueue(d devmem.Device, ctx uintptr) error {
+	if q := queueOf(d, ctx); q != nil {
+		return q.settle()
+	}
+	return nil
+}
+
+// landAsync reads n bytes from r into a slot of ctx and queues their copy
+// to device address dst. false (and no error): no slot could be had, use
+// a synchronous copy.
+func landAsync(d devmem.Device, r io.Reader, ctx, dst uintptr, n uint64) (bool, error) {
+	q := queueOf(d, ctx)
+	if q == nil || n > q.size {
+		return false, nil
+	}
+	i, err := q.take()
+	if i < 0 {
+		return false, err
+	}
+	if _, err := io.ReadFull(r, unsafe.Slice((*byte)(q.slot(i)), n)); err != nil {
+		q.put(i)
+		return true, err
+	}
+	return true, q.push(i, dst, n)
+}
+
+// Gather collects the small device payloads of one sender's batch: Add
+// queues each one's copy from the device into a bounce slot of its context
+// (several payloads share a slot), Wait waits for them all before the
+// bytes are written, and Done gives the slots back once they were. Its
+// zero value is ready; a lane keeps one, so a batch allocates nothing.
+type Gather struct {
+	held   [gatherSlots]gathered
+	n      int
+	waited bool // Wait saw every gathered copy execute
+}
+
+type gathered struct {
+	q    *ctxQueue
+	i    int
+	used uint64
+}
+
+// Add queues a copy of n bytes at device address src of context ctx and
+// returns the host bytes that will hold them once Wait returned. nil (and
+// no error): use the synchronous path (asynchronous copies off for ctx,
+// payload too large, no slot to be had).
+func (g *Gather) Add(ctx, src uintptr, n uint64) ([]byte, error) {
+	d := devmem.Get()
+	if d == nil || n == 0 || n > bounceSize.Load() {
+		return nil, nil
+	}
+	q := queueOf(d, ctx)
+	if q == nil || n > q.size {
+		return nil, nil
+	}
+	var h *gathered
+	if g.n > 0 && g.held[g.n-1].q == q && g.held[g.n-1].used+n <= q.size {
+		h = &g.held[g.n-1]
+	} else {
+		if g.n == gatherSlots {
+			return nil, nil
+		}
+		i, err := q.take()
+		if i < 0 {
+			return nil, err
+		}
+		g.held[g.n] = gathered{q: q, i: i}
+		h = &g.held[g.n]
+		g.n++
+	}
+	p := unsafe.Add(q.slot(h.i), h.used)
+	if err := q.st.DtoHAsync(ctx, p, src, n); err != nil {
+		return nil, fmt.Errorf("asynchronous copy of %d bytes from device: %w", n, err)
+	}
+	h.used = (h.used + n + 7) &^ 7 // the next payload starts aligned
+	g.waited = false
+	return unsafe.Slice((*byte)(p), n), nil
+}
+
+// Pending reports whether copies were gathered and not yet given back.
+func (g *Gather) Pending() bool { return g.n > 0 }
+
+// Wait returns once every gathered copy executed: an event recorded after
+// each slot's copies is watched, yielding between looks, and after a
+// while the stream is waited for instead.
+func (g *Gather) Wait() error {
+	for k := 0; k < g.n; k++ {
+		h := &g.held[k]
+		q := h.q
+		if h.used == 0 {
+			continue
+		}
+		if err := q.st.Record(q.ctx, &q.ev[h.i]); err != nil {
+			// Without the event the stream itself is waited for.
+			if err := q.st.Sync(q.ctx); err != nil {
+				return fmt.Errorf("wait for asynchronous copies from device: %w", err)
+			}
+			continue
+		}
+		for spin := 0; ; spin++ {
+			ok, err := q.st.Passed(q.ctx, q.ev[h.i])
+			if err != nil {
+				return fmt.Errorf("asynchronous copy from device: %w", err)
+			}
+			if ok {
+				break
+			}
+			if spin == gatherSpins {
+				if err := q.st.Sync(q.ctx); err != nil {
+					return fmt.Errorf("wait for asynchronous copies from device: %w", err)
+				}
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	g.waited = true
+	return nil
+}
+
+// Done gives the gathered slots back: their bytes were written (or the
+// batch failed). After a failed batch, whose copies Wait did not see
+// execute, the streams are waited for first, so that no slot is reused
+// while the device still writes it.
+func (g *Gather) Done() {
+	for k := 0; k < g.n; k++ {
+		h := &g.held[k]
+		if !g.waited && h.used > 0 {
+			h.q.st.Sync(h.q.ctx) // a failing device fails the peer elsewhere
+		}
+		h.q.put(h.i)
+		g.held[k] = gathered{}
+	}
+	g.n, g.waited = 0, false
+}
