@@ -53,7 +53,7 @@ func TestLandAsync(t *testing.T) {
 		if d.Copies.Load() != sync0 {
 			t.Fatalf("%d bytes: a synchronous copy on the target's path", n)
 		}
-		if bytes.Equal(d.At(dst, uint64(n)), p) {
+		if bytes.Equal(d.peek(dst, uint64(n)), p) {
 			t.Fatalf("%d bytes: the payload landed before LandOnDevice returned: not asynchronous", n)
 		}
 		sig := d.Base + 4096 + uintptr(8*k)
@@ -61,13 +61,13 @@ func TestLandAsync(t *testing.T) {
 			t.Fatal(err)
 		}
 		deadline := time.Now().Add(5 * time.Second)
-		for *(*uint64)(unsafe.Pointer(d.word(sig))) == 0 {
+		for d.peekWord(sig) == 0 {
 			if time.Now().After(deadline) {
 				t.Fatalf("%d bytes: no signal", n)
 			}
 			time.Sleep(50 * time.Microsecond)
 		}
-		if !bytes.Equal(d.At(dst, uint64(n)), p) {
+		if !bytes.Equal(d.peek(dst, uint64(n)), p) {
 			t.Fatalf("%d bytes: signal visible before the payload", n)
 		}
 	}
@@ -76,7 +76,7 @@ func TestLandAsync(t *testing.T) {
 	if err := LandOnDevice(bytes.NewReader(pattern(n, 9)), 1, d.Base+8192, uint64(n), 0); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(d.At(d.Base+8192, uint64(n)), pattern(n, 9)) {
+	if !bytes.Equal(d.peek(d.Base+8192, uint64(n)), pattern(n, 9)) {
 		t.Fatal("a large payload did not land before LandOnDevice returned")
 	}
 }
@@ -110,7 +110,7 @@ func TestSyncCopiesFollowAsync(t *testing.T) {
 	if err := Quiesce(1); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(d.At(a, 4096), x) {
+	if !bytes.Equal(d.peek(a, 4096), x) {
 		t.Fatal("an earlier asynchronous copy overwrote a later synchronous one")
 	}
 	// A read-modify-write of a signal (no shadow) follows the payload.
@@ -121,7 +121,7 @@ func TestSyncCopiesFollowAsync(t *testing.T) {
 	if err := AddSignal(1, sig, 1, nil); err != nil {
 		t.Fatal(err)
 	}
-	if *d.word(sig) != 1 || !bytes.Equal(d.At(a, 4096), y) {
+	if d.peekWord(sig) != 1 || !bytes.Equal(d.peek(a, 4096), y) {
 		t.Fatal("a read-modify-write signal was applied before its payload landed")
 	}
 }
@@ -150,13 +150,13 @@ func (d *twoStreams) DtoHAsync(ctx uintptr, dst unsafe.Pointer, src uintptr, n u
 	return d.of(ctx).DtoHAsync(ctx, dst, src, n)
 }
 func (d *twoStreams) Record(ctx uintptr, ev *uintptr) error { return d.of(ctx).Record(ctx, ev) }
-func (d *twoStreams) Passed(ctx, ev uintptr) (bool, error) { return d.of(ctx).Passed(ctx, ev) }
+func (d *twoStreams) Passed(ctx, ev uintptr) (bool, error)  { return d.of(ctx).Passed(ctx, ev) }
 func (d *twoStreams) Sync(ctx uintptr) error                { return d.of(ctx).Sync(ctx) }
 
 func TestSignalFollowsOtherContextsCopies(t *testing.T) {
 	one := newStreamDevice(1<<20, asyncCaps, 5*time.Millisecond)
 	two := newStreamDevice(0, asyncCaps, 0)
-	two.Mem, two.Base = one.Mem, one.Base
+	two.Mem, two.Base, two.exec = one.Mem, one.Base, one.exec
 	d := &twoStreams{streamDevice: one, two: two}
 	asyncSetup(t, d, 2)
 	sh := NewShadow(d.Base, 64)
@@ -170,13 +170,13 @@ func TestSignalFollowsOtherContextsCopies(t *testing.T) {
 			t.Fatal(err)
 		}
 		deadline := time.Now().Add(5 * time.Second)
-		for *d.word(d.Base+8) != uint64(k+1) {
+		for d.peekWord(d.Base+8) != uint64(k+1) {
 			if time.Now().After(deadline) {
 				t.Fatal("no signal")
 			}
 			time.Sleep(20 * time.Microsecond)
 		}
-		if !bytes.Equal(d.At(a, 4096), p) {
+		if !bytes.Equal(d.peek(a, 4096), p) {
 			t.Fatalf("round %d: the signal on context 2 was visible before the payload queued on context 1", k)
 		}
 	}
@@ -208,7 +208,7 @@ func TestBounceSlotsRecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range writers * per {
-		if !bytes.Equal(d.At(d.Base+uintptr(i*n), n), pattern(n, i)) {
+		if !bytes.Equal(d.peek(d.Base+uintptr(i*n), n), pattern(n, i)) {
 			t.Fatalf("payload %d differs", i)
 		}
 	}
@@ -227,9 +227,11 @@ func TestGather(t *testing.T) {
 	d := newStreamDevice(1<<20, asyncCaps, 200*time.Microsecond)
 	asyncSetup(t, d)
 	const n = 8 << 10
+	d.exec.Lock()
 	for i := range 64 {
 		copy(d.At(d.Base+uintptr(i*n), n), pattern(n, i))
 	}
+	d.exec.Unlock()
 	var g Gather
 	var got [][]byte
 	for i := range 64 {
@@ -298,7 +300,7 @@ func TestAsyncOffOrUnsupported(t *testing.T) {
 			if err := LandOnDevice(bytes.NewReader(pattern(64, 1)), 1, d.Base, 64, 0); err != nil {
 				t.Fatal(err)
 			}
-			if d.Copies.Load() != sync0+1 || !bytes.Equal(d.At(d.Base, 64), pattern(64, 1)) {
+			if d.Copies.Load() != sync0+1 || !bytes.Equal(d.peek(d.Base, 64), pattern(64, 1)) {
 				t.Fatal("the payload did not take one synchronous copy")
 			}
 		})

@@ -1,6 +1,7 @@
 package staging
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -30,10 +31,26 @@ type streamDevice struct {
 	writes atomic.Int64 // WriteWord calls
 	adds   atomic.Int64 // AtomicAdd calls
 	rmw    atomic.Int64 // synchronous DtoH of a word (read-backs)
+	// exec is held while the stream runs an operation: a test reads
+	// device memory under it (peek), as the GPU's writes race the host.
+	exec *sync.Mutex
+}
+
+// peek returns a copy of n bytes of device memory at addr, read between
+// two stream operations.
+func (d *streamDevice) peek(addr uintptr, n uint64) []byte {
+	d.exec.Lock()
+	defer d.exec.Unlock()
+	return bytes.Clone(d.At(addr, n))
+}
+
+// peekWord reads the word at addr between two stream operations.
+func (d *streamDevice) peekWord(addr uintptr) uint64 {
+	return binary.LittleEndian.Uint64(d.peek(addr, 8))
 }
 
 func newStreamDevice(size int, caps devmem.Caps, delay time.Duration) *streamDevice {
-	d := &streamDevice{Pipe: devtest.Pipe{Mem: make([]byte, size), Base: 0x7e00_0000_0000}, caps: caps, delay: delay}
+	d := &streamDevice{Pipe: devtest.Pipe{Mem: make([]byte, size), Base: 0x7e00_0000_0000}, caps: caps, delay: delay, exec: new(sync.Mutex)}
 	d.cond = sync.NewCond(&d.mu)
 	go d.run()
 	return d
@@ -49,7 +66,9 @@ func (d *streamDevice) run() {
 		d.queue = d.queue[1:]
 		d.mu.Unlock()
 		time.Sleep(d.delay)
+		d.exec.Lock()
 		f()
+		d.exec.Unlock()
 		d.mu.Lock()
 		d.done++
 		d.cond.Broadcast()
