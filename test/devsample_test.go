@@ -71,14 +71,21 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// deadlocked against NCCL's ncclWaitSignal kernel).
 		{"cuda_check", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_NO_MODULES=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified",
-				"device payloads through a shared staging ring"}},
+				"device payloads through a shared staging ring", "small device put+signals: 48 of 8 B to 64 KiB",
+				"copied asynchronously"}},
 		// Stream work runs 200 µs after it is queued: a signal written or
 		// added outside its stream's order would be seen before its
 		// payload, or lost at deregistration. Never-reset signal words
 		// (odd teardown rounds) take the shadow's stream writes, others
 		// the read-modify-write; no module is loaded.
+		// Small payloads' copies are asynchronous too, in order with
+		// their signals on the stream.
 		{"cuda_check_async", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1"},
-			[]string{"RESULT PASS", "teardown: 4 rounds"}},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48", "copied asynchronously"}},
+		// NCCL_RMA_WASM_ASYNC_COPY_KB=0: every small payload takes
+		// synchronous copies.
+		{"cuda_check_sync", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_ASYNC_COPY_KB=0"},
+			[]string{"RESULT PASS", "small device put+signals: 48", "!copied asynchronously"}},
 		// NCCL_RMA_WASM_DEVICE_ATOMIC=1: words that are not never-reset
 		// take the atomic kernel, its module loaded on first use.
 		// By default copies and signal writes of cuMem mappings (the VMM
@@ -101,7 +108,7 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// A driver without stream memory operations, events or module
 		// loading: every signal falls back to the read-modify-write.
 		{"cuda_check_old_driver", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fakeOld},
-			[]string{"RESULT PASS", "teardown: 4 rounds"}},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48", "!copied asynchronously"}},
 		// Over the libfabric transport, whose provider here (tcp;ofi_rxm)
 		// has no FI_HMEM: device payloads are staged over the link's TCP
 		// lanes, in order with its RDMA writes.

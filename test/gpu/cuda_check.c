@@ -236,6 +236,69 @@ static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
          "verified\n", rank, n, how);
 }
 
+/* Small device put+signals as GIN sends them: both ranks put 8 B to
+ * 64 KiB payloads into each other's device memory, each with an ADD to a
+ * never-reset signal word; each waits for the signal of every put and then
+ * checks its bytes at once. The plugin copies such payloads
+ * asynchronously (NCCL_RMA_WASM_ASYNC_COPY_KB): a signal written before
+ * its payload's copy ran (FAKECUDA_ASYNC_US delays every stream's work)
+ * shows here as a wrong byte. */
+static void small_ops(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
+  static const size_t sizes[] = {8, 64, 4096, 65536};
+  enum { ITERS = 12 };
+  size_t total = 0;
+  for (int k = 0; k < 4; k++) total += sizes[k] * ITERS;
+  CUdeviceptr src, dst, sig;
+  CU(cu.memAlloc(&src, total));
+  CU(cu.memAlloc(&dst, total));
+  CU(cu.memAlloc(&sig, 8));
+  uint8_t* host = malloc(total);
+  for (size_t i = 0; i < total; i++) host[i] = pat(rank + 11, i);
+  CU(cu.htod(src, host, total));
+  memset(host, 0, total);
+  CU(cu.htod(dst, host, total));
+  CU(cu.htod(sig, host, 8));
+  void *msrc, *mdst, *msig;
+  NC(t->regMrSym(coll, (void*)src, total, NCCL_PTR_CUDA, 0, &msrc));
+  NC(t->regMrSym(coll, (void*)dst, total, NCCL_PTR_CUDA, 0, &mdst));
+  NC(t->regMrSym(coll, (void*)sig, 8, NCCL_PTR_CUDA, NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &msig));
+  char b = 1, c;
+  xchg(fd, &b, &c, 1);
+  size_t off = 0;
+  uint64_t n = 0;
+  for (int k = 0; k < 4; k++)
+    for (int it = 0; it < ITERS; it++, n++) {
+      size_t sz = sizes[k];
+      void* req;
+      NC(t->iputSignal(rma, 0, off, msrc, sz, off, mdst, 1 - rank, 0, msig, 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
+      if (!req) FAIL("NULL request");
+      wait_req(t, coll, req);
+      time_t t0 = time(NULL);
+      uint64_t s = 0;
+      while (s != n + 1) {
+        CU(cu.dtoh(&s, sig, 8));
+        if (s > n + 1 || time(NULL) - t0 > 30) FAIL("small put %llu of %zu bytes: signal %llu", (unsigned long long)n, sz, (unsigned long long)s);
+      }
+      CU(cu.dtoh(host, dst + off, sz));
+      for (size_t i = 0; i < sz; i++)
+        if (host[i] != pat(1 - rank + 11, off + i))
+          FAIL("small put %llu of %zu bytes: byte %zu is %u once its signal is seen, want %u", (unsigned long long)n, sz, i,
+               host[i], pat(1 - rank + 11, off + i));
+      xchg(fd, &b, &c, 1); /* in step: the next signal only after both checked this one */
+      off += sz;
+    }
+  xchg(fd, &b, &c, 1);
+  NC(t->deregMrSym(coll, msrc));
+  NC(t->deregMrSym(coll, mdst));
+  NC(t->deregMrSym(coll, msig));
+  CU(cu.memFree(src));
+  CU(cu.memFree(dst));
+  CU(cu.memFree(sig));
+  free(host);
+  printf("[rank %d] small device put+signals: %llu of 8 B to 64 KiB, never-reset signal, every byte there once its signal was seen\n",
+         rank, (unsigned long long)n);
+}
+
 static int run(const char* lib, size_t size, int rounds, int fd) {
   static char name[16];
   snprintf(name, sizeof name, "rank %d", rank);
@@ -300,6 +363,7 @@ static int run(const char* lib, size_t size, int rounds, int fd) {
   if (bad) FAIL("queryLastError reports an error");
 
   multiseg(t, coll, rma, fd);
+  small_ops(t, coll, rma, fd);
   char b = 1, c;
   xchg(fd, &b, &c, 1); /* both done before anyone tears down */
   gpu_rank_close(t, &g, (void* const[]){msrc, mdst, msig, mget}, 4);
