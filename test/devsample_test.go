@@ -134,8 +134,8 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// BENCH_KERNEL_WAIT=1: device signal words watched by a waiting
 		// kernel (a thread in the fake), never-reset words from the
 		// shadow; a signal the kernel never sees fails the run.
-		{"staging_bench_kernelwait", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1"},
-			[]string{"RESULT ", "watched by a waiting kernel", "!no kernel waiter"}},
+		{"staging_bench_kernelwait", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64"},
+			[]string{"RESULT ", "watched by a waiting kernel", "!no kernel waiter", "carries a 64-byte payload"}},
 		{"staging_bench_gdr", "staging_bench", []string{lib, "2097152", "2", "50"}, []string{"LD_LIBRARY_PATH=" + fakeWithGDR},
 			[]string{"RESULT ", "GDRCopy loaded", "fakegdr: page", "unpinned"}},
 	} {

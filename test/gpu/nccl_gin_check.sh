@@ -182,6 +182,10 @@ if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --
   # cannot hold our copies behind its kernels either (SPEC.md §4, "Copies
   # queued behind the application's kernels").
   gin_run appctx-conn32-64 64 "$GIN_ITERS" NCCL_RMA_WASM_COPY_CONTEXT=0 CUDA_DEVICE_MAX_CONNECTIONS=32 || gin_bad=1
+  # The reference for asynchronous small copies (on by default): the same
+  # alltoalls with every small payload copied synchronously.
+  gin_run synccopy-64 64 "$GIN_ITERS" NCCL_RMA_WASM_ASYNC_COPY_KB=0 || gin_bad=1
+  gin_run synccopy-4096 4096 "$GIN_ITERS" NCCL_RMA_WASM_ASYNC_COPY_KB=0 || gin_bad=1
   # After a failure: one kernel alone, the TCP path without the
   # intra-node one, and each kernel waited for before the next is
   # launched (nothing queued behind a spinning kernel).

@@ -328,6 +328,11 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
    * it waits for can arrive (rank 0's before its own put). */
   kwait_t kw;
   bool kern = kwait_open(&kw);
+  /* BENCH_PING_BYTES=n: each ping carries an n-byte payload (device to
+   * device for the device word, host to host for the host word), as a
+   * GIN put with signal does: the small-operation latency. */
+  size_t pb = getenv("BENCH_PING_BYTES") ? strtoull(getenv("BENCH_PING_BYTES"), NULL, 0) : 0;
+  if (pb > size) pb = size;
   for (int k = P_SIG_HOST_US; k <= P_SIG_DEV_US; k++) {
     void* sig = k == P_SIG_DEV_US ? mdsig : mhsig;
     bool kdev = kern && k == P_SIG_DEV_US;
@@ -344,7 +349,9 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
         if (kdev && i + 1 < pings + 10) kwait_launch(&kw, dsig + 8, want + 1);
       }
       void* req;
-      NC(t->iputSignal(rma, 0, 0, NULL, 0, 0, NULL, 1 - rank, 8, sig, 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
+      void* psrc = pb ? (k == P_SIG_DEV_US ? mdsrc : mhsrc) : NULL;
+      void* pdst = pb ? (k == P_SIG_DEV_US ? mddst : mhdst) : NULL;
+      NC(t->iputSignal(rma, 0, 0, psrc, pb, 0, pdst, 1 - rank, 8, sig, 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
       if (req) wait_req(t, coll, req);
       if (rank == 0) {
         if (kdev) kwait_wait(&kw, want);
@@ -354,6 +361,7 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
     res[k] = (now() - t0) / pings / 2 * 1e6;
   }
   if (kern && rank == 0) printf("SIGNAL device words watched by a waiting kernel (BENCH_KERNEL_WAIT=1)\n");
+  if (pb && rank == 0) printf("SIGNAL each ping carries a %zu-byte payload (BENCH_PING_BYTES)\n", pb);
   bool bad = false;
   NC(t->queryLastError(rma, &bad));
   if (bad) FAIL("queryLastError reports an error");

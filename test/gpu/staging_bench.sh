@@ -71,6 +71,16 @@ if [ "${KERNEL_WAIT:-1}" = 1 ] && [ "${1:-}" != "--fake" ] && command -v nvidia-
     echo "=== device signal words watched by a kernel, never-reset registration, MPS on"
     BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 timeout 300 "$BENCH" "$LIB" $((1 << 20)) 2 "$PINGS" >"$OUT/kernelwait.log" 2>&1
     grep -E '^SIGNAL|FAIL|no kernel waiter' "$OUT/kernelwait.log" | sed 's/^/kernel-watched, MPS: /'
+    # Small put+signals (the payload copied asynchronously by default),
+    # and the same with synchronous copies (NCCL_RMA_WASM_ASYNC_COPY_KB=0).
+    for pb in 64 4096; do
+      for ac in 64 0; do
+        NCCL_RMA_WASM_ASYNC_COPY_KB=$ac BENCH_PING_BYTES=$pb BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 \
+          timeout 300 "$BENCH" "$LIB" $((1 << 20)) 2 "$PINGS" >"$OUT/kernelwait-$pb-$ac.log" 2>&1
+        grep -E '^SIGNAL .*word|FAIL|no kernel waiter' "$OUT/kernelwait-$pb-$ac.log" |
+          sed "s/^/kernel-watched, MPS, $pb-byte payload, ASYNC_COPY_KB=$ac: /"
+      done
+    done
     echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
     sleep 1
   else
