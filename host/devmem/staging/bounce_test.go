@@ -2,12 +2,14 @@ package staging
 
 import (
 	"bytes"
+	"encoding/binary"
 	"sync"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
 )
 
 const asyncCaps = devmem.CapWriteWord | devmem.CapAsync
@@ -304,5 +306,65 @@ func TestAsyncOffOrUnsupported(t *testing.T) {
 				t.Fatal("the payload did not take one synchronous copy")
 			}
 		})
+	}
+}
+
+// immediateDevice runs stream work as it is queued, allocating nothing:
+// what TestAsyncPathAllocatesNothing measures is the plugin's side alone.
+type immediateDevice struct{ devtest.Pipe }
+
+func (d *immediateDevice) Caps(uintptr) devmem.Caps { return asyncCaps }
+func (d *immediateDevice) WriteWord(_, addr uintptr, v uint64) error {
+	binary.LittleEndian.PutUint64(d.At(addr, 8), v)
+	return nil
+}
+func (d *immediateDevice) AtomicAdd(_, _ uintptr, _ uint64) error { return nil }
+func (d *immediateDevice) HtoDAsync(_, dst uintptr, src unsafe.Pointer, n uint64) error {
+	copy(d.At(dst, n), unsafe.Slice((*byte)(src), n))
+	return nil
+}
+func (d *immediateDevice) DtoHAsync(_ uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
+	copy(unsafe.Slice((*byte)(dst), n), d.At(src, n))
+	return nil
+}
+func (d *immediateDevice) Record(_ uintptr, ev *uintptr) error { *ev = 1; return nil }
+func (d *immediateDevice) Passed(_, _ uintptr) (bool, error)   { return true, nil }
+func (d *immediateDevice) FreeEvent(_, _ uintptr)              {}
+func (d *immediateDevice) Sync(uintptr) error                  { return nil }
+
+// TestAsyncPathAllocatesNothing: landing a small payload, writing its
+// never-reset signal, and a sender's gather, wait and give-back allocate
+// nothing (the per-operation path's rule).
+func TestAsyncPathAllocatesNothing(t *testing.T) {
+	d := &immediateDevice{devtest.Pipe{Mem: make([]byte, 1<<20), Base: 0x7e00_0000_0000}}
+	asyncSetup(t, d)
+	sh := NewShadow(d.Base, 64)
+	p := pattern(4096, 3)
+	var r bytes.Reader
+	var g Gather
+	if err := AddSignal(1, d.Base, 1, sh); err != nil { // the word's one read-back
+		t.Fatal(err)
+	}
+	a := testing.AllocsPerRun(200, func() {
+		r.Reset(p)
+		if err := LandOnDevice(&r, 1, d.Base+8192, 4096, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := AddSignal(1, d.Base, 1, sh); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := g.Add(1, d.Base+8192, 4096); b == nil || err != nil {
+			t.Fatalf("gather: %v", err)
+		}
+		if err := g.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		g.Done()
+	})
+	if a != 0 {
+		t.Fatalf("%.1f allocations per small put on the asynchronous path", a)
+	}
+	if !bytes.Equal(d.At(d.Base+8192, 4096), p) {
+		t.Fatal("payload differs")
 	}
 }
