@@ -81,7 +81,7 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// Small payloads' copies are asynchronous too, in order with
 		// their signals on the stream.
 		{"cuda_check_async", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1"},
-			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48", "copied asynchronously"}},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48", "copied asynchronously", "host view: device payloads there"}},
 		// NCCL_RMA_WASM_ASYNC_COPY_KB=0: every small payload takes
 		// synchronous copies.
 		{"cuda_check_sync", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_ASYNC_COPY_KB=0"},

@@ -24,6 +24,17 @@ type ShadowOwner interface {
 	SignalShadow(mrID uint32) *staging.Shadow
 }
 
+// StrongOwner is implemented by an Owner whose registrations may be
+// flagged strongly ordered (NCCL_NET_MR_FLAG_FORCE_SO): a device payload
+// put into one lands with synchronous copies, after every asynchronous
+// copy queued before it, so that its completion says everything before
+// it landed (NCCL's RMA proxy flushes with such a put to its own rank).
+type StrongOwner interface {
+	// StronglyOrdered reports whether registration mrID is flagged so;
+	// the caller holds a Pin of it.
+	StronglyOrdered(mrID uint32) bool
+}
+
 // sigRef is a signal word: host memory updated atomically, or a word of
 // device memory updated through the device runtime (staging.AddSignal).
 type sigRef struct {
@@ -43,6 +54,11 @@ func (s sigRef) Release() { s.pin.Release() }
 // Apply adds v to the signal word, after the payload is visible.
 func (s sigRef) Apply(v uint64) error {
 	if s.host != nil {
+		// A device payload before it may still be queued on a stream:
+		// the host word must not say it landed before it did.
+		if err := staging.Fence(); err != nil {
+			return err
+		}
 		atomic.AddUint64(s.host, v)
 		return nil
 	}

@@ -373,7 +373,11 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 				err = fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
 			}
 		case ctx != 0:
-			if err = staging.LandOnDevice(br, ctx, devAddr(base, h.Off), h.Size, p.m.stageChunk); err != nil {
+			land := staging.LandOnDevice
+			if so, ok := p.m.owner.(StrongOwner); ok && so.StronglyOrdered(h.MrID) {
+				land = staging.ReadToDevice
+			}
+			if err = land(br, ctx, devAddr(base, h.Off), h.Size, p.m.stageChunk); err != nil {
 				err = fmt.Errorf("receive put payload from rank %d into device memory: %w", p.rank, err)
 			}
 		default:

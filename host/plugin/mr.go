@@ -213,6 +213,13 @@ func (c *coll) SignalShadow(id uint32) *staging.Shadow {
 	return nil
 }
 
+// StronglyOrdered reports whether registration id was flagged
+// NCCL_NET_MR_FLAG_FORCE_SO (dataplane.StrongOwner).
+func (c *coll) StronglyOrdered(id uint32) bool {
+	m := c.regs.lookup(id)
+	return m != nil && m.flags&abi.MrFlagForceSO != 0
+}
+
 // lookupMR resolves a memory handle of this communicator, lock-free.
 func (c *coll) lookupMR(mh uint64) *mr {
 	k, p := splitHandle(mh)

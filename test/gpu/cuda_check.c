@@ -299,6 +299,79 @@ static void small_ops(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
          rank, (unsigned long long)n);
 }
 
+/* What a host sees must not run ahead of a device payload still being
+ * copied: (1) a signal word in host memory, seen once the put's payload
+ * is in the peer's device memory; (2) a flush as NCCL's RMA proxy makes
+ * one, a loopback put of 8 bytes into a FORCE_SO device buffer, which
+ * completes only
+ * after the puts the peer's completed puts delivered landed. Each checks
+ * the device bytes at once, with FAKECUDA_ASYNC_US holding every stream's
+ * work back. */
+static void host_view(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
+  enum { N = 8, SZ = 4096 };
+  CUdeviceptr src, dst, flush;
+  CU(cu.memAlloc(&src, N * SZ));
+  CU(cu.memAlloc(&dst, 2 * N * SZ));
+  CU(cu.memAlloc(&flush, 16));
+  uint8_t* host = malloc(2 * N * SZ);
+  for (size_t i = 0; i < N * SZ; i++) host[i] = pat(rank + 21, i);
+  CU(cu.htod(src, host, N * SZ));
+  memset(host, 0, 2 * N * SZ);
+  CU(cu.htod(dst, host, 2 * N * SZ));
+  CU(cu.htod(flush, host, 16));
+  volatile uint64_t* hsig = calloc(1, 8);
+  void *msrc, *mdst, *mflush, *mhsig;
+  NC(t->regMrSym(coll, (void*)src, N * SZ, NCCL_PTR_CUDA, 0, &msrc));
+  NC(t->regMrSym(coll, (void*)dst, 2 * N * SZ, NCCL_PTR_CUDA, 0, &mdst));
+  NC(t->regMrSym(coll, (void*)flush, 16, NCCL_PTR_CUDA, NCCL_NET_MR_FLAG_FORCE_SO, &mflush));
+  NC(t->regMrSym(coll, (void*)hsig, 8, NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO, &mhsig));
+  char b = 1, c;
+  xchg(fd, &b, &c, 1);
+  for (int k = 0; k < N; k++) {
+    size_t off = (size_t)k * SZ;
+    void* req;
+    NC(t->iputSignal(rma, 0, off, msrc, SZ, off, mdst, 1 - rank, 0, mhsig, 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
+    wait_req(t, coll, req);
+    time_t t0 = time(NULL);
+    while (*hsig != (uint64_t)k + 1)
+      if (time(NULL) - t0 > 30) FAIL("host signal %llu, want %d", (unsigned long long)*hsig, k + 1);
+    CU(cu.dtoh(host, dst + off, SZ));
+    for (size_t i = 0; i < SZ; i++)
+      if (host[i] != pat(1 - rank + 21, off + i))
+        FAIL("put %d: device byte %zu is %u once the host signal is seen, want %u", k, i, host[i], pat(1 - rank + 21, off + i));
+    xchg(fd, &b, &c, 1);
+  }
+  /* Plain puts into the second half, 512 bytes each (64 queued copies
+   * for the fake's streams to hold back), all posted, then completed,
+   * then the peer is told. */
+  void* preq[N * SZ / 512];
+  for (int k = 0; k < N * SZ / 512; k++)
+    NC(t->iput(rma, 0, (size_t)k * 512, msrc, 512, N * SZ + (size_t)k * 512, mdst, 1 - rank, 0, &preq[k]));
+  for (int k = 0; k < N * SZ / 512; k++) wait_req(t, coll, preq[k]);
+  xchg(fd, &b, &c, 1);
+  /* The flush put's source is host memory here, so that no copy of ours
+   * from the device (queued behind the peer's on the same stream) waits
+   * for them in its stead: only the FORCE_SO target makes it wait. */
+  void* req;
+  NC(t->iput(rma, 0, 0, mhsig, 8, 8, mflush, rank, 0, &req));
+  wait_req(t, coll, req);
+  CU(cu.dtoh(host, dst + N * SZ, N * SZ));
+  for (size_t i = 0; i < (size_t)N * SZ; i++)
+    if (host[i] != pat(1 - rank + 21, i))
+      FAIL("device byte %zu of the peer's completed puts is %u after the loopback flush, want %u", i, host[i], pat(1 - rank + 21, i));
+  xchg(fd, &b, &c, 1);
+  NC(t->deregMrSym(coll, msrc));
+  NC(t->deregMrSym(coll, mdst));
+  NC(t->deregMrSym(coll, mflush));
+  NC(t->deregMrSym(coll, mhsig));
+  CU(cu.memFree(src));
+  CU(cu.memFree(dst));
+  CU(cu.memFree(flush));
+  free((void*)hsig);
+  free(host);
+  printf("[rank %d] host view: device payloads there once a host signal is seen, and after a loopback flush put\n", rank);
+}
+
 static int run(const char* lib, size_t size, int rounds, int fd) {
   static char name[16];
   snprintf(name, sizeof name, "rank %d", rank);
@@ -364,6 +437,7 @@ static int run(const char* lib, size_t size, int rounds, int fd) {
 
   multiseg(t, coll, rma, fd);
   small_ops(t, coll, rma, fd);
+  host_view(t, coll, rma, fd);
   char b = 1, c;
   xchg(fd, &b, &c, 1); /* both done before anyone tears down */
   gpu_rank_close(t, &g, (void* const[]){msrc, mdst, msig, mget}, 4);

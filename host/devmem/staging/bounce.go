@@ -293,6 +293,17 @@ func fence(d devmem.Device, except uintptr) error {
 	return nil
 }
 
+// Fence returns once every asynchronous device copy queued so far
+// executed: what a host-visible sign of a payload's arrival (a signal word
+// in host memory) must follow. Nothing queued: a load per context.
+func Fence() error {
+	d := devmem.Get()
+	if d == nil || queues.n.Load() == 0 {
+		return nil
+	}
+	return fence(d, 0)
+}
+
 // releaseQueues waits for every context's queued copies and frees the
 // slots (plugin finalize).
 func releaseQueues() {

@@ -368,3 +368,23 @@ func TestAsyncPathAllocatesNothing(t *testing.T) {
 		t.Fatal("payload differs")
 	}
 }
+
+// TestFence: Fence returns once every queued copy executed (what a host
+// signal word waits for), and costs nothing without a device.
+func TestFence(t *testing.T) {
+	if err := Fence(); err != nil {
+		t.Fatal(err)
+	}
+	d := newStreamDevice(1<<16, asyncCaps, 3*time.Millisecond)
+	asyncSetup(t, d)
+	p := pattern(4096, 5)
+	if err := LandOnDevice(bytes.NewReader(p), 1, d.Base, 4096, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := Fence(); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(d.peek(d.Base, 4096), p) {
+		t.Fatal("Fence returned before the queued copy executed")
+	}
+}
