@@ -150,6 +150,7 @@ func dumpStacks() {
 	fmt.Fprintf(os.Stderr, "=== NET/wasm stall report: goroutines of pid %d\n%s=== end of goroutines\n", os.Getpid(), buf[:n])
 	writeOpTrace(os.Stderr)
 	staging.WriteTrace(os.Stderr)
+	staging.WriteQueues(os.Stderr)
 	if p := colls.slots.Load(); p != nil {
 		for _, c := range *p {
 			if c != nil && c.mesh != nil {

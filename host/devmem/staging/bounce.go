@@ -304,6 +304,37 @@ func Fence() error {
 	return fence(d, 0)
 }
 
+// WriteQueues writes each context's bounce slots (the stall report): how
+// many are free, held and queued, and whether the oldest queued copy has
+// executed; a copy that never does (held behind other work on the
+// device) shows as "not executed".
+func WriteQueues(w io.Writer) {
+	n := int(queues.n.Load())
+	fmt.Fprintf(w, "=== NET/wasm asynchronous device copies: %d context(s) with bounce slots of %d bytes\n", n, bounceSize.Load())
+	for i := 0; i < n; i++ {
+		q := queues.q[i].Load()
+		if q == nil {
+			continue
+		}
+		q.mu.Lock()
+		state := "none queued"
+		if q.nq > 0 {
+			ok, err := q.st.Passed(q.ctx, q.ev[q.order[q.head]])
+			switch {
+			case err != nil:
+				state = fmt.Sprintf("oldest queued copy failed: %v", err)
+			case ok:
+				state = "oldest queued copy executed"
+			default:
+				state = "oldest queued copy not executed"
+			}
+		}
+		fmt.Fprintf(w, "  context %#x: %d free, %d held, %d queued; %s\n", q.ctx,
+			bits.OnesCount32(q.free), bits.OnesCount32(q.held), q.nq, state)
+		q.mu.Unlock()
+	}
+}
+
 // releaseQueues waits for every context's queued copies and frees the
 // slots (plugin finalize).
 func releaseQueues() {

@@ -3,6 +3,7 @@ package staging
 import (
 	"bytes"
 	"encoding/binary"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -386,5 +387,28 @@ func TestFence(t *testing.T) {
 	}
 	if !bytes.Equal(d.peek(d.Base, 4096), p) {
 		t.Fatal("Fence returned before the queued copy executed")
+	}
+}
+
+// TestWriteQueues: the stall report's view of the slots names a copy
+// queued and not yet executed, and one executed.
+func TestWriteQueues(t *testing.T) {
+	d := newStreamDevice(1<<16, asyncCaps, 50*time.Millisecond)
+	asyncSetup(t, d)
+	if err := LandOnDevice(bytes.NewReader(pattern(64, 1)), 1, d.Base, 64, 0); err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	WriteQueues(&b)
+	if !strings.Contains(b.String(), "15 free, 0 held, 1 queued; oldest queued copy not executed") {
+		t.Fatalf("while the copy waits:\n%s", b.String())
+	}
+	if err := d.Sync(1); err != nil {
+		t.Fatal(err)
+	}
+	b.Reset()
+	WriteQueues(&b)
+	if !strings.Contains(b.String(), "1 queued; oldest queued copy executed") {
+		t.Fatalf("after the stream:\n%s", b.String())
 	}
 }
