@@ -699,3 +699,40 @@ func TestDeviceShadowReregistered(t *testing.T) {
 		t.Fatalf("%d WARNs of the re-registration, want one per rank: %q", n, logs())
 	}
 }
+
+// TestFinalizeKeepsStagingForLiveContexts: pinned staging memory (stagers,
+// the signal page) outlives the finalize of one plugin context while
+// another lives, and goes at the last one.
+func TestFinalizeKeepsStagingForLiveContexts(t *testing.T) {
+	dev := newFakeDevice()
+	devmem.Register(dev)
+	defer devmem.Register(nil)
+	staging.Release()
+	setupEnv(t, 0, 0, nil) // the test's configuration, no ranks
+	a, res := Init(1)
+	if res != abi.Success {
+		t.Fatal(res)
+	}
+	b, res := Init(2)
+	if res != abi.Success {
+		t.Fatal(res)
+	}
+	staging.Prewarm(0xc0ffee, 64<<10)
+	live := func() int {
+		dev.mu.Lock()
+		defer dev.mu.Unlock()
+		return dev.pinnedLive
+	}
+	n := live()
+	if n == 0 {
+		t.Fatal("Prewarm allocated no pinned memory")
+	}
+	Finalize(a)
+	if live() != n {
+		t.Fatalf("finalize of one context of two freed pinned staging memory (%d -> %d buffers)", n, live())
+	}
+	Finalize(b)
+	if live() != 0 {
+		t.Fatalf("%d pinned buffers after the last finalize", live())
+	}
+}

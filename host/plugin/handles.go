@@ -74,6 +74,18 @@ func (t *table[T]) remove(id uint64) *T {
 	return v
 }
 
+// empty reports whether the table holds no object.
+func (t *table[T]) empty() bool {
+	if p := t.slots.Load(); p != nil {
+		for _, v := range *p {
+			if v != nil {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // handle names the object with this id.
 func (t *table[T]) handle(id uint64) uint64 { return makeHandle(t.kind, id) }
 

@@ -118,8 +118,13 @@ func Finalize(ctx uint64) abi.Result {
 		return abi.InvalidArgument
 	}
 	// Pinned staging memory belongs to a device context the application
-	// may destroy after finalize; idle stagers go now.
-	staging.Release()
+	// may destroy after the last finalize; idle stagers, the signal page
+	// and the bounce slots go then. Not before: another plugin context's
+	// communicators still use them, and remaking them would allocate
+	// pinned memory on the data path, where a kernel may be waiting.
+	if ctxs.empty() {
+		staging.Release()
+	}
 	return abi.Success
 }
 
