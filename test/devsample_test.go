@@ -72,7 +72,8 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_NO_MODULES=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified",
 				"device payloads through a shared staging ring", "small device put+signals: 48 of 8 B to 64 KiB",
-				"copied asynchronously"}},
+				"copied asynchronously", "operations to itself with device memory move by device copies",
+				"fakecuda: a device-to-device copy"}},
 		// Stream work runs 200 µs after it is queued: a signal written or
 		// added outside its stream's order would be seen before its
 		// payload, or lost at deregistration. Never-reset signal words
@@ -108,7 +109,8 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// A driver without stream memory operations, events or module
 		// loading: every signal falls back to the read-modify-write.
 		{"cuda_check_old_driver", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fakeOld},
-			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48", "!copied asynchronously"}},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48", "!copied asynchronously",
+				"operations to itself with device memory move by device copies", "!device-to-device copy"}},
 		// Over the libfabric transport, whose provider here (tcp;ofi_rxm)
 		// has no FI_HMEM: device payloads are staged over the link's TCP
 		// lanes, in order with its RDMA writes.

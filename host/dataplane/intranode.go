@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -35,8 +36,9 @@ const (
 // turns the path off for that peer and the operation goes over TCP.
 type intraLink struct {
 	*tcpLink
-	pid int
-	on  atomic.Bool // the single-copy path is usable for this peer
+	pid   int
+	on    atomic.Bool  // the single-copy path is usable for this peer
+	selfs atomic.Int64 // operations to this very rank moved by selfDevice
 }
 
 func newIntraLink(p *peer, outs, ins []*net.TCPConn, pid int) *intraLink {
@@ -79,6 +81,9 @@ func (x *intraLink) ringable(op *Op) bool {
 
 // put writes op's payload into the peer; false means "use TCP".
 func (x *intraLink) put(l *lane, op *Op) bool {
+	if x.self() && x.selfDevice(op, true) {
+		return true
+	}
 	if !x.takes(op) {
 		return false
 	}
@@ -91,6 +96,9 @@ func (x *intraLink) put(l *lane, op *Op) bool {
 
 // get reads op's bytes from the peer; false means "use TCP".
 func (x *intraLink) get(l *lane, op *Op) bool {
+	if x.self() && x.selfDevice(op, false) {
+		return true
+	}
 	if !x.takes(op) {
 		return false
 	}
@@ -100,6 +108,49 @@ func (x *intraLink) get(l *lane, op *Op) bool {
 	}
 	return x.vm(l, op, false)
 }
+
+// self reports whether the peer is this very rank: NCCL's RMA proxy
+// flushes with an 8-byte put to its own rank after every awaited signal,
+// and a GIN alltoall puts to its own rank every round.
+func (x *intraLink) self() bool { return x.pid == os.Getpid() && x.p.rank == x.p.m.rank }
+
+// selfDevice moves the payload of op, an operation of this rank to itself
+// with device memory at either end, with the device's copies instead of a
+// round trip through our own socket and both ends' staging: the target
+// registration is ours. false (nothing moved): not such an operation, or
+// a range or copy the TCP path must refuse and report.
+func (x *intraLink) selfDevice(op *Op, put bool) bool {
+	if op.Size == 0 || (op.LocalCtx == 0 && op.Remote != 0) {
+		return false // host memory at both ends: the paths above
+	}
+	base, size, ctx, pin, ok := x.p.m.owner.Resolve(op.MrID)
+	if !ok {
+		return false
+	}
+	defer pin.Release()
+	if !Span(op.Off, op.Size, size) || (ctx == 0 && op.LocalCtx == 0) {
+		return false
+	}
+	reg := unsafe.Add(base, op.Off) // a device address when ctx != 0, never dereferenced then
+	var err error
+	if put {
+		err = staging.CopyLocal(ctx, reg, op.LocalCtx, op.Local, op.Size, x.p.m.stageChunk)
+	} else {
+		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, reg, op.Size, x.p.m.stageChunk)
+	}
+	if err != nil {
+		// The TCP path stages it again and fails it with its cause.
+		selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself: %v; sending it through its own socket instead", x.p.rank, op.Size, err)
+		return false
+	}
+	if x.selfs.Add(1) == 1 {
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory move by device copies, not through its own socket", x.p.rank)
+	}
+	return true
+}
+
+// selfWarn limits the WARN lines about failed local device copies.
+var selfWarn logx.Limited
 
 // vm copies with the kernel, using the lane's iovec scratch (the caller
 // owns the lane's stream).

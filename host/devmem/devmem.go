@@ -9,6 +9,7 @@
 package devmem
 
 import (
+	"errors"
 	"os"
 	"sync/atomic"
 	"unsafe"
@@ -31,6 +32,17 @@ type Device interface {
 	AllocPinned(ctx uintptr, n uint64) (unsafe.Pointer, error)
 	// FreePinned releases memory from AllocPinned.
 	FreePinned(p unsafe.Pointer)
+}
+
+// ErrUnsupported: the device runtime lacks the operation asked for.
+var ErrUnsupported = errors.New("not supported by this device runtime")
+
+// DeviceCopier is implemented by a device that copies between two device
+// addresses of one context (an operation of a rank to itself), instead of
+// through host memory; ErrUnsupported where its runtime cannot.
+type DeviceCopier interface {
+	// DtoD copies n bytes from device address src to dst and waits.
+	DtoD(ctx, dst, src uintptr, n uint64) error
 }
 
 // WordAdder is implemented by a device that can add to a word of device

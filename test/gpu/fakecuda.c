@@ -306,6 +306,16 @@ int cuMemcpyDtoHAsync_v2(void* h, unsigned long long d, size_t n, void* s) {
 }
 
 #ifndef FAKECUDA_MINIMAL
+/* Device to device: both ends fake device memory the context reaches. */
+int cuMemcpyDtoDAsync_v2(unsigned long long d, unsigned long long s, size_t n, void* st) {
+  if (!find((uintptr_t)d) || !find((uintptr_t)s) || !second_ok(d) || !second_ok(s)) return 1;
+  static int said;
+  if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: a device-to-device copy\n");
+  return enqueue(st, (struct op){.kind = 0, .dst = (void*)(uintptr_t)d, .src = (void*)(uintptr_t)s, .n = n, .host = NULL});
+}
+#endif
+
+#ifndef FAKECUDA_MINIMAL
 /* Stream memory operations, events and the plugin's atomic-add kernel,
  * emulated on host memory (which fake device memory is). Built with
  * -DFAKECUDA_MINIMAL the library lacks them all, as an old driver would,

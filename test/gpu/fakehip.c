@@ -98,6 +98,10 @@ static int copy(void* dst, const void* src, size_t n, int kind, int dev) {
   uintptr_t d = (uintptr_t)(kind == 1 ? dst : src);
   if (owner(d) < 0 || owner(d + (n ? n - 1 : 0)) != owner(d)) return 1; /* not device memory */
   if (owner(d) != dev) return 101;
+  if (kind == 3) { /* device to device: the destination on the same device */
+    uintptr_t t = (uintptr_t)dst;
+    if (owner(t) != dev || owner(t + (n ? n - 1 : 0)) != dev) return 1;
+  }
   memcpy(dst, src, n);
   return 0;
 }

@@ -45,6 +45,7 @@ static struct {
   CUresult (*streamSynchronize)(CUstream);
   CUresult (*dtoh)(void*, CUdeviceptr, size_t, CUstream);
   CUresult (*htod)(CUdeviceptr, const void*, size_t, CUstream);
+  CUresult (*dtod)(CUdeviceptr, CUdeviceptr, size_t, CUstream); /* optional */
   CUresult (*getErrorString)(CUresult, const char**);
   CUresult (*memHostAlloc)(void**, size_t, unsigned);
   CUresult (*memFreeHost)(void*);
@@ -190,6 +191,7 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   *(void**)&cu.memHostUnregister = dlsym(h, "cuMemHostUnregister");
   if (!cu.memHostRegister || !cu.memHostUnregister) cu.memHostRegister = NULL;
   *(void**)&cu.getHandleForRange = dlsym(h, "cuMemGetHandleForAddressRange");
+  *(void**)&cu.dtod = dlsym(h, "cuMemcpyDtoDAsync_v2");
   *(void**)&cu.ctxGetDevice = dlsym(h, "cuCtxGetDevice");
   *(void**)&cu.deviceGetAttribute = dlsym(h, "cuDeviceGetAttribute");
   /* cuda.h maps cuStreamWriteValue64 to the _v2 entry point from CUDA 11.7
@@ -295,6 +297,22 @@ static int cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uin
   if (r != 0)
     return rmaw_fail(err, errlen, "%s of %llu bytes: %s", to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync",
                      (unsigned long long)n, errstr(r));
+  return 0;
+}
+
+/* A device-to-device copy in one context, waited for, on a copy stream
+ * as cuda_copy's: an operation of a rank to itself. Returns 1 (no
+ * message) when the driver lacks cuMemcpyDtoDAsync_v2. */
+static int cuda_copy_dtod(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err, size_t errlen) {
+  if (!cu.dtod) return 1;
+  CUresult r;
+  ctxstream* e = ctx_stream(ctx, &r);
+  if (!e) return rmaw_fail(err, errlen, "copy: no streams for the context: %s", errstr(r));
+  int i = rmaw_pool_take(e->cmu, &e->next, NCOPY);
+  r = cu.dtod((CUdeviceptr)dst, (CUdeviceptr)src, (size_t)n, e->copy[i]);
+  if (r == 0) r = cu.streamSynchronize(e->copy[i]);
+  pthread_mutex_unlock(&e->cmu[i]);
+  if (r != 0) return rmaw_fail(err, errlen, "cuMemcpyDtoDAsync of %llu bytes: %s", (unsigned long long)n, errstr(r));
   return 0;
 }
 

@@ -33,6 +33,11 @@ static int devrt_host_register(const rmaw_devrt_ops* o, uintptr_t ctx, void* p, 
   return o->host_register(ctx, p, n, err, errlen);
 }
 static void devrt_host_unregister(const rmaw_devrt_ops* o, uintptr_t ctx, void* p) { o->host_unregister(ctx, p); }
+static int devrt_copy_dtod(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err,
+                           size_t errlen) {
+  if (!o->copy_dtod) return 1;
+  return o->copy_dtod(ctx, dst, src, n, err, errlen);
+}
 static int devrt_export_dmabuf(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err,
                                size_t errlen) {
   return o->export_dmabuf(ctx, base, n, fd, err, errlen);
@@ -132,6 +137,22 @@ func (r Runtime[T]) copy(ctx uintptr, async, toDevice C.int, host unsafe.Pointer
 		return buf.err()
 	}
 	return nil
+}
+
+// DtoD copies n bytes between two device addresses of ctx and waits for
+// the copy; devmem.ErrUnsupported where the runtime has no such copy.
+func (r Runtime[T]) DtoD(ctx, dst, src uintptr, n uint64) error {
+	var buf errBuf
+	slot := beginCopy(n, true)
+	rc := C.devrt_copy_dtod(r.ops(), C.uintptr_t(ctx), C.uint64_t(dst), C.uint64_t(src), C.uint64_t(n), &buf[0], C.size_t(len(buf)))
+	endCopy(slot)
+	switch rc {
+	case 0:
+		return nil
+	case 1:
+		return devmem.ErrUnsupported
+	}
+	return buf.err()
 }
 
 // AllocPinned returns pinned staging memory, which is C memory: Go never

@@ -53,6 +53,10 @@ typedef struct rmaw_devrt_ops {
    * host_unregister undoes it with ctx current. */
   int (*host_register)(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen);
   void (*host_unregister)(uintptr_t ctx, void* p);
+  /* copy_dtod copies n bytes between two device addresses of ctx and
+   * waits for the copy (an operation of a rank to itself). NULL where the
+   * runtime has none: the caller stages through host memory. */
+  int (*copy_dtod)(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err, size_t errlen);
   /* export_dmabuf exports [base, base+n) (page-aligned) as a DMA-BUF fd. */
   int (*export_dmabuf)(uintptr_t ctx, uint64_t base, uint64_t n, int* fd, char* err, size_t errlen);
 
@@ -86,13 +90,14 @@ enum {
 
 /* RMAW_DEVRT_OPS(p) is the table of the functions p_inspect, p_copy,
  * p_host_alloc, p_host_free, p_host_register, p_host_unregister,
- * p_export_dmabuf and the stream-ordered p_caps ... p_stream_sync, which a
+ * p_copy_dtod, p_export_dmabuf and the stream-ordered p_caps ... p_stream_sync, which a
  * runtime's C file defines (a name #defined to NULL where it has none). */
 #define RMAW_DEVRT_OPS(p)                                                                   \
   {                                                                                         \
     .inspect = p##_inspect, .copy = p##_copy, .host_alloc = p##_host_alloc,                 \
     .host_free = p##_host_free, .host_register = p##_host_register,                         \
-    .host_unregister = p##_host_unregister, .export_dmabuf = p##_export_dmabuf,             \
+    .host_unregister = p##_host_unregister, .copy_dtod = p##_copy_dtod,                     \
+    .export_dmabuf = p##_export_dmabuf,                                                     \
     .caps = p##_caps, .write64 = p##_write64, .add64 = p##_add64, .copy_async = p##_copy_async, \
     .event_record = p##_event_record, .event_query = p##_event_query,                       \
     .event_destroy = p##_event_destroy, .stream_sync = p##_stream_sync,                     \

@@ -23,6 +23,7 @@ enum {
   HOST_MALLOC_PORTABLE = 1,
   KIND_H2D = 1,
   KIND_D2H = 2,
+  KIND_D2D = 3,
 };
 
 static struct {
@@ -153,6 +154,20 @@ static int hip_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint
   if (r != 0)
     return rmaw_fail(err, errlen, "hipMemcpyAsync (%s) of %llu bytes: %s", to_device ? "to device" : "from device",
                      (unsigned long long)n, errstr(r));
+  return 0;
+}
+
+/* A device-to-device copy on one device, waited for, on a copy stream. */
+static int hip_copy_dtod(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err, size_t errlen) {
+  hipError_t r;
+  int k = dev_stream(ctx, &r);
+  if (k < 0) return rmaw_fail(err, errlen, "copy: no streams for device %d: %s", (int)ctx - 1, errstr(r));
+  int i = copy_take(k);
+  hipStream_t s = copy_stream(k, i);
+  r = hip.memcpyAsync((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, (size_t)n, KIND_D2D, s);
+  if (r == 0) r = hip.streamSynchronize(s);
+  copy_give(k, i);
+  if (r != 0) return rmaw_fail(err, errlen, "hipMemcpyAsync (device to device) of %llu bytes: %s", (unsigned long long)n, errstr(r));
   return 0;
 }
 

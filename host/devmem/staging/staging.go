@@ -413,6 +413,61 @@ func LandOnDevice(r io.Reader, ctx, dst uintptr, n, chunk uint64) error {
 	return ReadToDevice(r, ctx, dst, n, chunk)
 }
 
+// CopyLocal copies n bytes between two buffers of this process, either or
+// both device memory (a context of 0 says host memory): an operation of a
+// rank to itself, which needs no socket. It first waits for the
+// asynchronous copies queued before it, so it lands after them. Device to
+// device is one copy on the device where both ends are of one context and
+// the runtime has it (devmem.DeviceCopier), else it goes through a
+// stager's pinned buffer, a chunk (0: DefaultChunk) at a time. Every copy
+// has completed when it returns.
+func CopyLocal(dstCtx uintptr, dst unsafe.Pointer, srcCtx uintptr, src unsafe.Pointer, n, chunk uint64) error {
+	d := devmem.Get()
+	if d == nil {
+		return ErrNoDevice
+	}
+	if err := fence(d, 0); err != nil {
+		return err
+	}
+	switch {
+	case srcCtx == 0 && dstCtx == 0:
+		copy(unsafe.Slice((*byte)(dst), n), unsafe.Slice((*byte)(src), n))
+		return nil
+	case srcCtx == 0:
+		if err := d.HtoD(dstCtx, uintptr(dst), src, n); err != nil {
+			return fmt.Errorf("copy to device: %w", err)
+		}
+		return nil
+	case dstCtx == 0:
+		if err := d.DtoH(srcCtx, dst, uintptr(src), n); err != nil {
+			return fmt.Errorf("copy from device: %w", err)
+		}
+		return nil
+	}
+	if dc, ok := d.(devmem.DeviceCopier); ok && srcCtx == dstCtx {
+		err := dc.DtoD(dstCtx, uintptr(dst), uintptr(src), n)
+		if !errors.Is(err, devmem.ErrUnsupported) {
+			if err != nil {
+				return fmt.Errorf("copy on the device: %w", err)
+			}
+			return nil
+		}
+	}
+	s := getStager(d, srcCtx, chunk)
+	defer putStager(s)
+	for done := uint64(0); done < n; {
+		m := min(s.chunk, n-done)
+		if err := d.DtoH(srcCtx, s.buf[0], uintptr(src)+uintptr(done), m); err != nil {
+			return fmt.Errorf("copy from device: %w", err)
+		}
+		if err := d.HtoD(dstCtx, uintptr(dst)+uintptr(done), s.buf[0], m); err != nil {
+			return fmt.Errorf("copy to device: %w", err)
+		}
+		done += m
+	}
+	return nil
+}
+
 // ReadToDevice reads n bytes from r into device memory at dst of context
 // ctx, staged in pieces of chunk bytes (0: DefaultChunk). With more than
 // one chunk, the copy to the device of chunk k runs while chunk k+1 is
