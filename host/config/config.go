@@ -313,6 +313,7 @@ var (
 	SignalShadow  = boolVar("NCCL_RMA_WASM_SIGNAL_SHADOW", true, "0 updates device signal words of never-reset registrations (NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET) like any other word, by read-modify-write (or GDRCopy, or the atomic kernel), instead of from a host shadow with one stream-ordered write")
 	HIP           = boolVar("NCCL_RMA_WASM_HIP", true, "0 skips loading the HIP runtime (`libamdhip64.so`, probed when CUDA has no device)")
 	StageChunkKiB = intVar("NCCL_RMA_WASM_STAGE_CHUNK_KB", "1024", 4, 1<<16, 1024, "device payloads are staged through pinned host memory in chunks of this many KiB (4..65536), copies overlapped with the wire")
+	Profile       = boolVar("NCCL_RMA_WASM_PROFILE", false, "1 keeps latency histograms of the data path's stages (the caller's cadence, queueing, device copies, the wire, the target, completion) and writes their percentiles to stderr when a communicator closes; a diagnostic: one clock read per stage")
 	AsyncCopyKiB  = intVar("NCCL_RMA_WASM_ASYNC_COPY_KB", "64", 0, 1024, 64, "device payloads up to this many KiB (0..1024; 0 turns it off) are copied through pinned bounce slots asynchronously, in order with their signals on the context's stream, instead of by synchronous copies")
 	IntraRing     = boolVar("NCCL_RMA_WASM_INTRANODE_RING", true, "0 sends device payloads between processes of one host over the TCP lanes instead of a shared staging ring")
 	// DebugStderr is on when set to anything: it is read by logx on every

@@ -12,6 +12,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 )
 
 const (
@@ -132,6 +133,9 @@ func (x *intraLink) selfDevice(op *Op, put bool) bool {
 		return false
 	}
 	reg := unsafe.Add(base, op.Off) // a device address when ctx != 0, never dereferenced then
+	if profile.On() {
+		defer profile.SelfCopy.Since(profile.Now())
+	}
 	var err error
 	if put {
 		err = staging.CopyLocal(ctx, reg, op.LocalCtx, op.Local, op.Size, x.p.m.stageChunk)

@@ -83,6 +83,9 @@ type Op struct {
 	// another lane; From is the lane that carried it first.
 	Resent bool
 	From   uint8
+	// Posted is when the op was issued (host/profile's clock), 0 unless
+	// NCCL_RMA_WASM_PROFILE is on.
+	Posted int64
 }
 
 // Now is the dataplane's clock for Op.NotBefore: monotonic nanoseconds.

@@ -18,6 +18,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -886,6 +887,11 @@ func (l *lane) writeBatch(ops []Op) bool {
 			if ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal {
 				p.m.owner.Complete(ops[i].Tag, abi.Success)
 			}
+		}
+	}
+	if profile.On() {
+		for i := range ops {
+			profile.Queued.Since(ops[i].Posted)
 		}
 	}
 	return true

@@ -16,6 +16,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -334,11 +335,24 @@ func Span(off, n, size uint64) bool { return off <= size && n <= size-off }
 func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byte, dec *codec.Decoder, rx *staging.Receiver) error {
 	p := t.p
 	status := abi.Success
+	var t0 int64
+	var dev bool
+	if profile.On() {
+		t0 = profile.Now()
+		defer func() {
+			if dev {
+				profile.TargetDev.Since(t0)
+			} else {
+				profile.TargetHost.Since(t0)
+			}
+		}()
+	}
 	if h.Size > 0 {
 		base, size, ctx, pin, ok := p.m.owner.Resolve(h.MrID)
 		if !ok || !Span(h.Off, h.Size, size) {
 			status = abi.InvalidArgument
 		}
+		dev = ctx != 0
 		var err error
 		switch cid := uint8(h.Status); {
 		case h.Status&StatusRing != 0:

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -232,6 +234,9 @@ func CloseColl(h uint64) abi.Result {
 	}
 	if err := c.mesh.Close(); err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: rank %d: %v (%s)", c.rank, err, config.CloseTimeout.Name)
+	}
+	if profile.On() {
+		profile.Write(os.Stderr, fmt.Sprintf("rank %d (pid %d)", c.rank, os.Getpid()))
 	}
 	if c.ln != nil {
 		c.ln.Close()

@@ -10,6 +10,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -162,6 +163,11 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 	if r.stallOn {
 		q.stamp(kind, context, rank, op.Size)
 		traceOp(kind, false, context, rank, op.Size, op.Off, op.SigOff, handle)
+	}
+	q.prof = 0
+	if profile.On() {
+		profile.Call()
+		q.prof, op.Posted = profile.Now(), profile.Now()
 	}
 	op.Tag = handle
 	s := &r.ctxs[context]

@@ -14,6 +14,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 )
 
 // pluginCtx is what init returns: one per call (NCCL calls init once for the
@@ -93,6 +94,7 @@ func Init(commID uint64) (uint64, abi.Result) {
 	raiseNoFile()                        // as NCCL does: thousands of ranks need thousands of streams
 	staging.SetAtomicKernel(config.DeviceAtomic.Get())
 	staging.SetAsyncCopy(uint64(config.AsyncCopyKiB.Get()) << 10)
+	profile.SetOn(config.Profile.Get())
 	// An explicit transport or provider that cannot be honoured fails here,
 	// as NCCL fails an explicit NCCL_NET, rather than running at a tenth of
 	// the speed over TCP unnoticed.

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 )
 
 // Request slots live in fixed slabs so that a handle (rma context id, slot
@@ -41,6 +43,8 @@ type request struct {
 	peer   uint32
 	size   uint64
 	start  int64
+	prof   int64      // profile.Now() at issue, 0: not profiled
+	doneAt int64      // profile.Now() at completion (profiled requests)
 	st     stallStamp // only with the stall report on (stall.go)
 }
 
@@ -149,6 +153,23 @@ func completeRequest(h uint64, status abi.Result) {
 		q.status.CompareAndSwap(0, int32(status)) // the first failure wins
 	}
 	if q.parts.Add(-1) <= 0 {
+		if q.prof != 0 {
+			// Before the state change: test() may reuse the slot after it.
+			q.doneAt = profile.Now()
+		}
 		q.state.CompareAndSwap(reqPending, reqDone)
 	}
+}
+
+// profRequest records a profiled request's issue-to-completion and
+// completion-to-test() times (NCCL_RMA_WASM_PROFILE).
+func profRequest(q *request) {
+	switch backend.OpKind(q.kind) {
+	case backend.OpGet:
+		profile.GetDone.Add(q.doneAt - q.prof)
+	case backend.OpFlush:
+	default:
+		profile.PutDone.Add(q.doneAt - q.prof)
+	}
+	profile.Noticed.Since(q.doneAt)
 }

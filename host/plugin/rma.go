@@ -245,6 +245,9 @@ func Test(coll, req uint64) (bool, abi.Result) {
 	if r.stallOn {
 		traceOp(backend.OpKind(q.kind), true, q.ctx, q.peer, q.size, uint64(status), 0, req)
 	}
+	if q.prof != 0 {
+		profRequest(q)
+	}
 	s := &r.ctxs[q.ctx]
 	if s.comps {
 		s.mu.Lock()

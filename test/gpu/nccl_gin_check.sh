@@ -113,8 +113,12 @@ arch=$(echo "$GENCODE" | sed -n 's/.*code=\(sm_[0-9]*\).*/\1/p')
 if nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/host_rma.cu" -o "$OUT/host_rma.o" >"$OUT/host_rma-build.log" 2>&1 &&
   mpicxx "$OUT/host_rma.o" -o "$OUT/host_rma" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/host_rma-build.log" 2>&1; then
   if timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
-    -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN $MPS_ENV "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma.log" 2>&1; then
+    -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV \
+    "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma.log" 2>&1; then
     grep -E "HOSTRMA" "$OUT/host_rma.log"
+    # Where an operation's time goes, seen from the plugin, every size
+    # together (NCCL_RMA_WASM_PROFILE: a clock read per stage).
+    grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma.log" | sed "s/^/GIN-CHECK [host_rma profile] /"
   else
     tail -20 "$OUT/host_rma.log"
     echo "GIN-CHECK: host_rma failed"
@@ -186,6 +190,12 @@ if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --
   # alltoalls with every small payload copied synchronously.
   gin_run synccopy-64 64 "$GIN_ITERS" NCCL_RMA_WASM_ASYNC_COPY_KB=0 || gin_bad=1
   gin_run synccopy-4096 4096 "$GIN_ITERS" NCCL_RMA_WASM_ASYNC_COPY_KB=0 || gin_bad=1
+  # Where the time of a 64-byte alltoall goes, seen from the plugin.
+  if gin_run profile-64 64 "$GIN_ITERS" NCCL_RMA_WASM_PROFILE=1; then
+    grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/gin_alltoall-profile-64.log" | sed "s/^/GIN-CHECK [profile-64] /"
+  else
+    gin_bad=1
+  fi
   # After a failure: one kernel alone, the TCP path without the
   # intra-node one, and each kernel waited for before the next is
   # launched (nothing queued behind a spinning kernel).

@@ -12,6 +12,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 )
 
 // Asynchronous small copies (SPEC.md §4, "Asynchronous small copies"). A
@@ -443,6 +444,9 @@ func (g *Gather) Pending() bool { return g.n > 0 }
 // each slot's copies is watched, yielding between looks, and after a
 // while the stream is waited for instead.
 func (g *Gather) Wait() error {
+	if profile.On() {
+		defer profile.GatherWait.Since(profile.Now())
+	}
 	for k := 0; k < g.n; k++ {
 		h := &g.held[k]
 		q := h.q

@@ -20,6 +20,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 )
 
 // Device memory never meets a socket or process_vm_writev directly: its
@@ -55,6 +56,9 @@ var devSigLocks [64]sync.Mutex
 //     where NCCL_RMA_WASM_DEVICE_ATOMIC=1 allows it;
 //   - a read-modify-write with synchronous copies, serialised per word.
 func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
+	if profile.On() {
+		defer profile.DevSignal.Since(profile.Now())
+	}
 	d := devmem.Get()
 	if d == nil {
 		return ErrNoDevice
@@ -523,6 +527,9 @@ func ReadToDevice(r io.Reader, ctx, dst uintptr, n, chunk uint64) error {
 // chunk, chunk k+1 is copied from the device while chunk k is
 // written.
 func WriteFromDevice(w io.Writer, ctx, src uintptr, n, chunk uint64) error {
+	if profile.On() {
+		defer profile.StageOut.Since(profile.Now())
+	}
 	d, s, err := takeStager(ctx, chunk)
 	if err != nil {
 		return err
