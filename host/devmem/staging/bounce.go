@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -83,7 +84,9 @@ type ctxQueue struct {
 	order  [bounceSlots]uint8 // queued slots, oldest first from head
 	head   int
 	nq     int
-	queued atomic.Int32 // nq, read without the lock by fences
+	queued atomic.Int32       // nq, read without the lock by fences
+	pushed [bounceSlots]int64 // when each queued slot's copy was queued (Now)
+	warned bool               // the oldest queued copy was reported stuck
 }
 
 var queues struct {
@@ -134,6 +137,7 @@ func prewarmQueue(d devmem.Device, ctx uintptr) {
 	}
 	queues.q[n].Store(q)
 	queues.n.Store(int32(n + 1))
+	stuckOnce.Do(func() { go watchQueues() })
 	if !asyncSaid.Swap(true) {
 		logx.Info(abi.SubsysNet, "NET/wasm: device payloads up to %d bytes are copied asynchronously, in order with their signals on the context's stream (%d pinned slots per context)", size, bounceSlots)
 	}
@@ -215,6 +219,7 @@ func (q *ctxQueue) push(i int, dst uintptr, n uint64) error {
 		return err
 	}
 	q.order[(q.head+q.nq)%bounceSlots] = uint8(i)
+	q.pushed[i] = int64(time.Since(stuckEpoch))
 	q.nq++
 	q.queued.Store(int32(q.nq))
 	return nil
@@ -303,6 +308,58 @@ func Fence() error {
 		return nil
 	}
 	return fence(d, 0)
+}
+
+// The stuck-queue watch: the target no longer waits for its small copies,
+// so a copy held on the device (work the application queued ahead of it on
+// a shared hardware queue: SPEC.md §4, "Copies queued behind the
+// application's kernels") would hang the operation with nothing in the
+// log. Every second a goroutine looks at each context's oldest
+// queued copy and WARNs once when it has waited stuckAfter and not
+// executed.
+
+// stuckAfter is how long a queued copy waits before its WARN, in
+// nanoseconds (tests shorten it).
+var stuckAfter atomic.Int64
+
+func init() { stuckAfter.Store(int64(5 * time.Second)) }
+
+var (
+	stuckOnce  sync.Once
+	stuckEpoch = time.Now()
+)
+
+func watchQueues() {
+	for range time.Tick(time.Second) {
+		n := int(queues.n.Load())
+		for i := 0; i < n; i++ {
+			if q := queues.q[i].Load(); q != nil {
+				q.checkStuck()
+			}
+		}
+	}
+}
+
+// checkStuck WARNs once per stuck episode of q's oldest queued copy.
+func (q *ctxQueue) checkStuck() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.nq == 0 || q.dead {
+		q.warned = false
+		return
+	}
+	oldest := q.order[q.head]
+	age := time.Duration(int64(time.Since(stuckEpoch)) - q.pushed[oldest])
+	if age < time.Duration(stuckAfter.Load()) {
+		q.warned = false
+		return
+	}
+	if ok, err := q.st.Passed(q.ctx, q.ev[oldest]); err != nil || ok || q.warned {
+		return // executed (its slot is reclaimed at the next use), failed (reported there), or said
+	}
+	q.warned = true
+	logx.Warn(abi.SubsysNet, "NET/wasm: an asynchronous copy of a put's payload to device memory (context %#x) has waited %v on the device and not executed, and so has every signal queued behind it: work the application queued on its context ahead of it (kernels launched back to back, the next waiting for the one that waits for this operation) can hold the plugin's copies. Copies of cuMem-mapped memory (ncclMemAlloc) run in a context of the plugin's own unless NCCL_RMA_WASM_COPY_CONTEXT=0; other device memory (cudaMalloc) shares the application's: allocate windows and signals with ncclMemAlloc, or set CUDA_DEVICE_MAX_CONNECTIONS=32 before CUDA starts (SPEC.md §4)",
+		q.ctx, age.Round(time.Second))
 }
 
 // WriteQueues writes each context's bounce slots (the stall report): how

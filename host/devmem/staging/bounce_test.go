@@ -9,8 +9,10 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
 const asyncCaps = devmem.CapWriteWord | devmem.CapAsync
@@ -410,5 +412,48 @@ func TestWriteQueues(t *testing.T) {
 	WriteQueues(&b)
 	if !strings.Contains(b.String(), "1 queued; oldest queued copy executed") {
 		t.Fatalf("after the stream:\n%s", b.String())
+	}
+}
+
+// TestStuckQueueWarns: a queued copy that has not executed after
+// stuckAfter gets one WARN naming the remedies, and only one while it
+// stays stuck.
+func TestStuckQueueWarns(t *testing.T) {
+	var mu sync.Mutex
+	var lines []string
+	logx.SetSink(func(level abi.LogLevel, _ uint64, _ string, _ int, msg string) {
+		if level == abi.LogWarn {
+			mu.Lock()
+			lines = append(lines, msg)
+			mu.Unlock()
+		}
+	})
+	defer logx.SetSink(nil)
+	d := newStreamDevice(1<<16, asyncCaps, 0)
+	asyncSetup(t, d)
+	q := queueOf(d, 1)
+	// Hold the stream: a copy queued now does not execute.
+	d.exec.Lock()
+	release := sync.OnceFunc(d.exec.Unlock)
+	defer release()
+	if err := LandOnDevice(bytes.NewReader(pattern(64, 1)), 1, d.Base, 64, 0); err != nil {
+		t.Fatal(err)
+	}
+	q.checkStuck() // too young
+	old := stuckAfter.Swap(int64(time.Millisecond))
+	defer stuckAfter.Store(old)
+	time.Sleep(5 * time.Millisecond)
+	q.checkStuck()
+	q.checkStuck()
+	release()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) != 1 {
+		t.Fatalf("%d WARNs, want one: %q", len(lines), lines)
+	}
+	for _, want := range []string{"asynchronous copy", "not executed", "NCCL_RMA_WASM_COPY_CONTEXT=0", "CUDA_DEVICE_MAX_CONNECTIONS=32"} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("WARN lacks %q: %s", want, lines[0])
+		}
 	}
 }
