@@ -12,7 +12,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx/logtest"
 )
 
 // rank is one in-process rank of a test communicator.
@@ -133,22 +133,7 @@ func wait(t testing.TB, coll, req uint64) abi.Result {
 // warnings captures the WARN lines logged until the test ends.
 func warnings(t testing.TB) func() []string {
 	t.Helper()
-	var mu sync.Mutex
-	var lines []string
-	logx.SetSink(func(level abi.LogLevel, _ uint64, _ string, _ int, msg string) {
-		if level != abi.LogWarn {
-			return
-		}
-		mu.Lock()
-		lines = append(lines, msg)
-		mu.Unlock()
-	})
-	t.Cleanup(func() { logx.SetSink(nil) })
-	return func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]string(nil), lines...)
-	}
+	return logtest.Warnings(t)
 }
 
 func signalWord(b []byte, i int) uint64 {

@@ -2,12 +2,10 @@ package devrt
 
 import (
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx/logtest"
 )
 
 // TestStuckCopyWarns: a synchronous copy still running after stuckAfter
@@ -15,23 +13,13 @@ import (
 // ended in time gets none.
 func TestStuckCopyWarns(t *testing.T) {
 	stuckAfter = 100 * time.Millisecond
-	var mu sync.Mutex
-	var lines []string
-	logx.SetSink(func(level abi.LogLevel, _ uint64, _ string, _ int, msg string) {
-		if level == abi.LogWarn {
-			mu.Lock()
-			lines = append(lines, msg)
-			mu.Unlock()
-		}
-	})
-	defer logx.SetSink(nil)
+	warns := logtest.Warnings(t)
 	quick := beginCopy(8, false)
 	endCopy(quick)
 	slow := beginCopy(4096, true)
 	time.Sleep(600 * time.Millisecond)
 	endCopy(slow)
-	mu.Lock()
-	defer mu.Unlock()
+	lines := warns()
 	if len(lines) != 1 {
 		t.Fatalf("%d WARNs, want one for the stuck copy: %q", len(lines), lines)
 	}

@@ -9,10 +9,9 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx/logtest"
 )
 
 const asyncCaps = devmem.CapWriteWord | devmem.CapAsync
@@ -419,16 +418,7 @@ func TestWriteQueues(t *testing.T) {
 // stuckAfter gets one WARN naming the remedies, and only one while it
 // stays stuck.
 func TestStuckQueueWarns(t *testing.T) {
-	var mu sync.Mutex
-	var lines []string
-	logx.SetSink(func(level abi.LogLevel, _ uint64, _ string, _ int, msg string) {
-		if level == abi.LogWarn {
-			mu.Lock()
-			lines = append(lines, msg)
-			mu.Unlock()
-		}
-	})
-	defer logx.SetSink(nil)
+	warns := logtest.Warnings(t)
 	d := newStreamDevice(1<<16, asyncCaps, 0)
 	asyncSetup(t, d)
 	q := queueOf(d, 1)
@@ -446,8 +436,7 @@ func TestStuckQueueWarns(t *testing.T) {
 	q.checkStuck()
 	q.checkStuck()
 	release()
-	mu.Lock()
-	defer mu.Unlock()
+	lines := warns()
 	if len(lines) != 1 {
 		t.Fatalf("%d WARNs, want one: %q", len(lines), lines)
 	}
