@@ -14,29 +14,14 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake/admission"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx/logtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // warnings captures the WARN lines logged until the test ends.
 func warnings(t *testing.T) func() []string {
 	t.Helper()
-	var mu sync.Mutex
-	var lines []string
-	logx.SetSink(func(level abi.LogLevel, _ uint64, _ string, _ int, msg string) {
-		if level != abi.LogWarn {
-			return
-		}
-		mu.Lock()
-		lines = append(lines, msg)
-		mu.Unlock()
-	})
-	t.Cleanup(func() { logx.SetSink(nil) })
-	return func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]string(nil), lines...)
-	}
+	return logtest.Warnings(t)
 }
 
 // waitFor polls cond for up to 10 s.

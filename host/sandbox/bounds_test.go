@@ -8,16 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx/logtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/sandbox/meter"
 )
 
@@ -111,21 +109,7 @@ func TestCallDepth(t *testing.T) {
 }
 
 // captureLog collects log lines until the test ends.
-func captureLog(t *testing.T) func() []string {
-	var mu sync.Mutex
-	var lines []string
-	logx.SetSink(func(_ abi.LogLevel, _ uint64, _ string, _ int, msg string) {
-		mu.Lock()
-		lines = append(lines, msg)
-		mu.Unlock()
-	})
-	t.Cleanup(func() { logx.SetSink(nil) })
-	return func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]string(nil), lines...)
-	}
-}
+func captureLog(t *testing.T) func() []string { return logtest.All(t) }
 
 // TestGuestOutputBounds: a guest that floods stdout or rmaw.log gets
 // maxOutLinesPerCall lines per call and maxOutLinesPerInstance per

@@ -14,10 +14,20 @@ import (
 // a function that reports those seen so far.
 func Warnings(t testing.TB) func() []string {
 	t.Helper()
+	return capture(t, func(l abi.LogLevel) bool { return l == abi.LogWarn })
+}
+
+// All captures the lines of every level logged until the test ends.
+func All(t testing.TB) func() []string {
+	t.Helper()
+	return capture(t, func(abi.LogLevel) bool { return true })
+}
+
+func capture(t testing.TB, keep func(abi.LogLevel) bool) func() []string {
 	var mu sync.Mutex
 	var lines []string
 	logx.SetSink(func(level abi.LogLevel, _ uint64, _ string, _ int, msg string) {
-		if level != abi.LogWarn {
+		if !keep(level) {
 			return
 		}
 		mu.Lock()
