@@ -111,8 +111,9 @@ func (x *intraLink) get(l *lane, op *Op) bool {
 }
 
 // self reports whether the peer is this very rank: NCCL's RMA proxy
-// flushes with an 8-byte put to its own rank after every awaited signal,
-// and a GIN alltoall puts to its own rank every round.
+// flushes with an 8-byte put to its own rank after every signal it awaits
+// for a CUDA graph without GDRCopy, and a GIN alltoall puts to its own
+// rank every round.
 func (x *intraLink) self() bool { return x.pid == os.Getpid() && x.p.rank == x.p.m.rank }
 
 // selfDevice moves the payload of op, an operation of this rank to itself
