@@ -85,7 +85,7 @@ type ctxQueue struct {
 	head   int
 	nq     int
 	queued atomic.Int32       // nq, read without the lock by fences
-	pushed [bounceSlots]int64 // when each queued slot's copy was queued (Now)
+	pushed [bounceSlots]int64 // when each queued slot's copy was queued (since stuckEpoch)
 	warned bool               // the oldest queued copy was reported stuck
 }
 
