@@ -1145,11 +1145,11 @@ func (l *lane) writeIov(iov [][]byte) error {
 	return err
 }
 
-// gatherDev queues the copy of op's payload from device memory into a
-// bounce slot (staging.Gather) when it is small and iov has room: the
-// bytes to append to iov, or nil to stage it synchronously.
+// gatherDev queues the copy of op's device payload into a bounce slot
+// when iov has room (staging.Gather.Add says whether it is small enough):
+// the bytes to append to iov, or nil to stage it synchronously.
 func (l *lane) gatherDev(op *Op, niov int) ([]byte, error) {
-	if op.Size == 0 || op.LocalCtx == 0 || op.Size > staging.AsyncMax() || niov+1 >= cap(l.iov) {
+	if op.LocalCtx == 0 || niov+1 >= cap(l.iov) {
 		return nil, nil
 	}
 	return l.gather.Add(op.LocalCtx, uintptr(op.Local), op.Size)

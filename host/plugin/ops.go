@@ -167,7 +167,8 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 	q.prof = 0
 	if profile.On() {
 		profile.Call()
-		q.prof, op.Posted = profile.Now(), profile.Now()
+		q.prof = profile.Now()
+		op.Posted = q.prof
 	}
 	op.Tag = handle
 	s := &r.ctxs[context]

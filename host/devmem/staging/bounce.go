@@ -61,9 +61,6 @@ var bounceSize atomic.Uint64
 // before keep their slots.
 func SetAsyncCopy(n uint64) { bounceSize.Store((n + 4095) &^ 4095) }
 
-// AsyncMax is the largest device payload copied asynchronously (0: none).
-func AsyncMax() uint64 { return bounceSize.Load() }
-
 // ctxQueue is a context's bounce slots. A slot is free, held (a reader is
 // filling it from the socket, or a sender's gathered copies are in it) or
 // queued (a copy to the device was queued from it and the event recorded

@@ -482,11 +482,10 @@ func ReadToDevice(r io.Reader, ctx, dst uintptr, n, chunk uint64) error {
 	if err != nil {
 		return err
 	}
+	defer putStager(s)
 	if err := fence(d, 0); err != nil {
-		putStager(s)
 		return err
 	}
-	defer putStager(s)
 	c := s.chunk
 	if n <= c {
 		if _, err := io.ReadFull(r, s.bytes(0, n)); err != nil {
@@ -534,11 +533,10 @@ func WriteFromDevice(w io.Writer, ctx, src uintptr, n, chunk uint64) error {
 	if err != nil {
 		return err
 	}
+	defer putStager(s)
 	if err := fence(d, 0); err != nil {
-		putStager(s)
 		return err
 	}
-	defer putStager(s)
 	if n <= s.chunk {
 		if err := d.DtoH(ctx, s.buf[0], src, n); err != nil {
 			return fmt.Errorf("copy from device: %w", err)
