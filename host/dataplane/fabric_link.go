@@ -286,6 +286,9 @@ func (f *fabricLink) props() Props {
 	return Props{Name: nameFabric, InlineMax: 1 << 62, Lanes: len(f.lanes), LateVisible: f.e.Info.HMEM}
 }
 
+// submitCaller is submit: the libfabric link sends from its own goroutines.
+func (f *fabricLink) submitCaller(lane int, op Op, hold bool) { f.submit(lane, op, hold) }
+
 func (f *fabricLink) submit(lane int, op Op, hold bool) {
 	if op.Msg == wire.MsgReg {
 		// The keys of rails 1.. first (SigOp names the rail), then rail

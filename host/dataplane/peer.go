@@ -65,11 +65,7 @@ func newPeer(m *Mesh, rank int) *peer {
 // one.
 func (p *peer) route(op *Op, hold bool, lane int) {
 	if p.lanes == 1 {
-		if t, ok := p.t.(*tcpLink); ok {
-			t.post(0, *op, hold) // no lock held: a lone signal may leave at once
-			return
-		}
-		p.t.submit(0, *op, hold)
+		p.t.submitCaller(0, *op, hold) // no lock held: a lone signal may leave at once
 		return
 	}
 	if op.Msg == wire.MsgReg {

@@ -164,8 +164,8 @@ func (t *tcpLink) start() {
 
 func (t *tcpLink) submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op, hold) }
 
-// post is submit for an operation the caller posts itself through
-// peer.route, holding no lock. A signal is what the peer waits for: a
+// submitCaller is submit for an operation the caller posts itself
+// through peer.route, holding no lock. A signal is what the peer waits for: a
 // small put with signal (or a bare signal) posted without the aggregation
 // hint to an idle lane, with nothing of the lane in flight (no put
 // awaiting its ack, no get its reply) and nothing posted for loneGap, is
@@ -177,7 +177,7 @@ func (t *tcpLink) submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op
 // close behind other work, or while puts are in flight, queues behind it
 // and leaves with it. Not over a side path (intra-node), whose writer
 // copies payloads itself.
-func (t *tcpLink) post(lane int, op Op, hold bool) {
+func (t *tcpLink) submitCaller(lane int, op Op, hold bool) {
 	l := t.lanes[lane]
 	if l.enqueue(&op, hold) && t.side == nil && l.pendingPuts() == 0 && l.pendingGets() == 0 {
 		l.flush()
@@ -472,11 +472,11 @@ func (l *lane) sendTimer() {
 }
 
 // loneGap is how long a lane must have had nothing posted for a signal to
-// leave at once (post): dense bursts batch, sparse exchanges do not wait.
+// leave at once (submitCaller): dense bursts batch, sparse exchanges do not wait.
 const loneGap = 10 * time.Microsecond
 
 // enqueue appends op to the queue, growing it rather than failing. It
-// reports whether op is a lone signal (post): a small put with signal or
+// reports whether op is a lone signal (submitCaller): a small put with signal or
 // bare signal, not held or paced, queued on an empty, idle, open lane
 // loneGap after the op before.
 func (l *lane) enqueue(op *Op, hold bool) (lone bool) {
@@ -526,7 +526,7 @@ func (l *lane) enqueue(op *Op, hold bool) (lone bool) {
 		}
 	case !l.armed.Swap(true) || l.long.Load():
 		// Small: the same, with the timer at sendDelay (which also
-		// covers a lone signal that post could not write after all).
+		// covers a lone signal that submitCaller could not write after all).
 		l.long.Store(false)
 		l.timer.Reset(sendDelay)
 	}

@@ -48,6 +48,10 @@ type transport interface {
 	// value: a pointer through an interface call escapes, and posting
 	// must not allocate.
 	submit(lane int, op Op, hold bool)
+	// submitCaller is submit for an operation the caller posts itself
+	// (peer.route of a one-lane peer), holding no lock: a transport may
+	// send it at once on the caller's thread (tcpLink's lone signal).
+	submitCaller(lane int, op Op, hold bool)
 	// flush sends queued work from the caller's thread when that is cheap
 	// (test() calls it); otherwise the transport's own goroutines do.
 	flush()
