@@ -282,18 +282,33 @@ int rmaw_cuda_ordinal(uint64_t ptr) {
  * (rmaw_pool_take): the streams are non-blocking, so copies of different
  * threads overlap. */
 
-static int cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
-                     size_t errlen) {
+enum { COPY_DTOH, COPY_HTOD, COPY_DTOD };
+
+/* pool_copy makes one copy of n bytes (kind COPY_*; dst and src are host
+ * or device addresses as kind says) on a copy stream of ctx's pool and
+ * waits for it; *r is the driver's status, -1 when ctx has no streams. */
+static int pool_copy(uintptr_t ctx, int kind, uint64_t dst, uint64_t src, uint64_t n, CUresult* r) {
   /* The calling thread (an NCCL progress thread, a Go goroutine's thread)
    * may have no context: set the one captured at registration. */
-  CUresult r;
-  ctxstream* e = ctx_stream(ctx, &r); /* makes ctx current */
-  if (!e) return rmaw_fail(err, errlen, "copy: no streams for the context: %s", errstr(r));
+  ctxstream* e = ctx_stream(ctx, r); /* makes ctx current */
+  if (!e) return -1;
   int i = rmaw_pool_take(e->cmu, &e->next, NCOPY);
   CUstream s = e->copy[i];
-  r = to_device ? cu.htod((CUdeviceptr)dev, host, (size_t)n, s) : cu.dtoh(host, (CUdeviceptr)dev, (size_t)n, s);
-  if (r == 0) r = cu.streamSynchronize(s);
+  void* h = (void*)(uintptr_t)(kind == COPY_DTOH ? dst : src);
+  *r = kind == COPY_HTOD   ? cu.htod((CUdeviceptr)dst, h, (size_t)n, s)
+       : kind == COPY_DTOH ? cu.dtoh(h, (CUdeviceptr)src, (size_t)n, s)
+                           : cu.dtod((CUdeviceptr)dst, (CUdeviceptr)src, (size_t)n, s);
+  if (*r == 0) *r = cu.streamSynchronize(s);
   pthread_mutex_unlock(&e->cmu[i]);
+  return 0;
+}
+
+static int cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
+                     size_t errlen) {
+  CUresult r;
+  uint64_t h = (uint64_t)(uintptr_t)host;
+  if (pool_copy(ctx, to_device ? COPY_HTOD : COPY_DTOH, to_device ? dev : h, to_device ? h : dev, n, &r) != 0)
+    return rmaw_fail(err, errlen, "copy: no streams for the context: %s", errstr(r));
   if (r != 0)
     return rmaw_fail(err, errlen, "%s of %llu bytes: %s", to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync",
                      (unsigned long long)n, errstr(r));
@@ -306,12 +321,8 @@ static int cuda_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uin
 static int cuda_copy_dtod(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err, size_t errlen) {
   if (!cu.dtod) return 1;
   CUresult r;
-  ctxstream* e = ctx_stream(ctx, &r);
-  if (!e) return rmaw_fail(err, errlen, "copy: no streams for the context: %s", errstr(r));
-  int i = rmaw_pool_take(e->cmu, &e->next, NCOPY);
-  r = cu.dtod((CUdeviceptr)dst, (CUdeviceptr)src, (size_t)n, e->copy[i]);
-  if (r == 0) r = cu.streamSynchronize(e->copy[i]);
-  pthread_mutex_unlock(&e->cmu[i]);
+  if (pool_copy(ctx, COPY_DTOD, dst, src, n, &r) != 0)
+    return rmaw_fail(err, errlen, "copy: no streams for the context: %s", errstr(r));
   if (r != 0) return rmaw_fail(err, errlen, "cuMemcpyDtoDAsync of %llu bytes: %s", (unsigned long long)n, errstr(r));
   return 0;
 }

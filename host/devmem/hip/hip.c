@@ -141,34 +141,31 @@ static hipStream_t copy_stream(int k, int i);
  * its shared stream (dev_stream) and never on the data path: see cuda.c's
  * copy_take for why (a stream created while a kernel runs can wait for
  * it). */
-static int hip_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err, size_t errlen) {
+/* pool_copy makes one hipMemcpyAsync of kind (what names it) on a copy
+ * stream of ctx's device and waits for it. */
+static int pool_copy(uintptr_t ctx, void* dst, const void* src, uint64_t n, int kind, const char* what, char* err,
+                     size_t errlen) {
   hipError_t r;
   int k = dev_stream(ctx, &r);
   if (k < 0) return rmaw_fail(err, errlen, "copy: no streams for device %d: %s", (int)ctx - 1, errstr(r));
   int i = copy_take(k);
   hipStream_t s = copy_stream(k, i);
-  void* d = (void*)(uintptr_t)dev;
-  r = to_device ? hip.memcpyAsync(d, host, (size_t)n, KIND_H2D, s) : hip.memcpyAsync(host, d, (size_t)n, KIND_D2H, s);
+  r = hip.memcpyAsync(dst, src, (size_t)n, kind, s);
   if (r == 0) r = hip.streamSynchronize(s);
   copy_give(k, i);
-  if (r != 0)
-    return rmaw_fail(err, errlen, "hipMemcpyAsync (%s) of %llu bytes: %s", to_device ? "to device" : "from device",
-                     (unsigned long long)n, errstr(r));
+  if (r != 0) return rmaw_fail(err, errlen, "hipMemcpyAsync (%s) of %llu bytes: %s", what, (unsigned long long)n, errstr(r));
   return 0;
+}
+
+static int hip_copy(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err, size_t errlen) {
+  void* d = (void*)(uintptr_t)dev;
+  if (to_device) return pool_copy(ctx, d, host, n, KIND_H2D, "to device", err, errlen);
+  return pool_copy(ctx, host, d, n, KIND_D2H, "from device", err, errlen);
 }
 
 /* A device-to-device copy on one device, waited for, on a copy stream. */
 static int hip_copy_dtod(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err, size_t errlen) {
-  hipError_t r;
-  int k = dev_stream(ctx, &r);
-  if (k < 0) return rmaw_fail(err, errlen, "copy: no streams for device %d: %s", (int)ctx - 1, errstr(r));
-  int i = copy_take(k);
-  hipStream_t s = copy_stream(k, i);
-  r = hip.memcpyAsync((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, (size_t)n, KIND_D2D, s);
-  if (r == 0) r = hip.streamSynchronize(s);
-  copy_give(k, i);
-  if (r != 0) return rmaw_fail(err, errlen, "hipMemcpyAsync (device to device) of %llu bytes: %s", (unsigned long long)n, errstr(r));
-  return 0;
+  return pool_copy(ctx, (void*)(uintptr_t)dst, (const void*)(uintptr_t)src, n, KIND_D2D, "device to device", err, errlen);
 }
 
 static int hip_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen) {
