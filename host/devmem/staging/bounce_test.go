@@ -446,3 +446,28 @@ func TestStuckQueueWarns(t *testing.T) {
 		}
 	}
 }
+
+// TestQueueBound: at most maxQueues contexts get bounce slots; one past
+// the bound lands its small payloads with a synchronous copy.
+func TestQueueBound(t *testing.T) {
+	d := newStreamDevice(1<<16, asyncCaps, 0)
+	devmem.Register(d)
+	SetAsyncCopy(4096)
+	defer func() { Release(); SetAsyncCopy(0); devmem.Register(nil) }()
+	for c := uintptr(1); c <= maxQueues+1; c++ {
+		Prewarm(c, 4096)
+	}
+	if n := queues.n.Load(); n != maxQueues {
+		t.Fatalf("%d contexts with bounce slots, want %d", n, maxQueues)
+	}
+	if queueOf(d, maxQueues+1) != nil {
+		t.Fatal("the context past the bound got bounce slots")
+	}
+	sync0 := d.Copies.Load()
+	if err := LandOnDevice(bytes.NewReader(pattern(64, 1)), maxQueues+1, d.Base, 64, 0); err != nil {
+		t.Fatal(err)
+	}
+	if d.Copies.Load() != sync0+1 || !bytes.Equal(d.peek(d.Base, 64), pattern(64, 1)) {
+		t.Fatal("past the bound, the payload did not take one synchronous copy")
+	}
+}
