@@ -73,20 +73,30 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified",
 				"device payloads through a shared staging ring", "small device put+signals: 48 of 8 B to 64 KiB",
 				"copied asynchronously", "operations to itself with device memory move by device copies",
-				"fakecuda: a device-to-device copy"}},
+				"fakecuda: a device-to-device copy", "small device put+signals: 48 of 8 B to 64 KiB, plain signal",
+				"stream atomic adds (cuStreamBatchMemOp_v2, data type 18 verified as 64-bit)",
+				"fakecuda: a stream atomic add to a signal word"}},
 		// Stream work runs 200 µs after it is queued: a signal written or
 		// added outside its stream's order would be seen before its
 		// payload, or lost at deregistration. Never-reset signal words
 		// (odd teardown rounds) take the shadow's stream writes, others
 		// the read-modify-write; no module is loaded.
 		// Small payloads' copies are asynchronous too, in order with
-		// their signals on the stream.
+		// their signals on the stream: the shadow's writes, and the
+		// stream atomic adds to plain signal words.
 		{"cuda_check_async", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1"},
-			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48", "copied asynchronously", "host view: device payloads there"}},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48", "copied asynchronously", "host view: device payloads there",
+				"plain signal, every byte there", "fakecuda: a stream atomic add to a signal word"}},
 		// NCCL_RMA_WASM_ASYNC_COPY_KB=0: every small payload takes
-		// synchronous copies.
-		{"cuda_check_sync", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_ASYNC_COPY_KB=0"},
-			[]string{"RESULT PASS", "small device put+signals: 48", "!copied asynchronously"}},
+		// synchronous copies; NCCL_RMA_WASM_STREAM_ATOMIC=0: plain signal
+		// words take the read-modify-write.
+		{"cuda_check_sync", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_ASYNC_COPY_KB=0", "NCCL_RMA_WASM_STREAM_ATOMIC=0"},
+			[]string{"RESULT PASS", "small device put+signals: 48", "!copied asynchronously", "off (NCCL_RMA_WASM_STREAM_ATOMIC=0)", "!a stream atomic add"}},
+		// A driver whose data type 18 is a 32-bit add: the probe refuses
+		// it (and the other candidates, which the fake refuses), so plain
+		// signal words keep the read-modify-write, every add still exact.
+		{"cuda_check_reduce32", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_REDUCE_32=1"},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "plain signal, every byte there", "type 18: not a 64-bit add", "!a stream atomic add to a signal word"}},
 		// NCCL_RMA_WASM_DEVICE_ATOMIC=1: words that are not never-reset
 		// take the atomic kernel, its module loaded on first use.
 		// By default copies and signal writes of cuMem mappings (the VMM
@@ -104,13 +114,16 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// the application's, and an INFO line says why.
 		{"cuda_check_ctxrefused", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_NO_MODULES=1", "FAKECUDA_CTX_FAIL=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "refused a context of the plugin's own", "!second context"}},
-		{"cuda_check_atomic", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_DEVICE_ATOMIC=1"},
-			[]string{"RESULT PASS", "teardown: 4 rounds"}},
+		// (FAKECUDA_NO_REDUCE: a device without stream atomics, which
+		// would otherwise take precedence over the kernel.)
+		{"cuda_check_atomic", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_DEVICE_ATOMIC=1", "FAKECUDA_NO_REDUCE=1"},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "reports no stream atomic reductions", "!a stream atomic add"}},
 		// A driver without stream memory operations, events or module
 		// loading: every signal falls back to the read-modify-write.
 		{"cuda_check_old_driver", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fakeOld},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48", "!copied asynchronously",
-				"operations to itself with device memory move by device copies", "!device-to-device copy"}},
+				"operations to itself with device memory move by device copies", "!device-to-device copy",
+				"the driver has no cuStreamBatchMemOp_v2"}},
 		// Over the libfabric transport, whose provider here (tcp;ofi_rxm)
 		// has no FI_HMEM: device payloads are staged over the link's TCP
 		// lanes, in order with its RDMA writes.

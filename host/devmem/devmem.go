@@ -66,6 +66,9 @@ const (
 	CapWriteWord Caps = 1 << iota // WriteWord (cuStreamWriteValue64, hipStreamWriteValue64)
 	CapAtomicAdd                  // AtomicAdd (a one-thread atom.global.add.u64 kernel; CUDA only)
 	CapAsync                      // HtoDAsync, DtoHAsync, Record, Passed, FreeEvent, Sync
+	// CapStreamAtomic: AtomicAdd is a stream memory operation (CUDA 13.1's
+	// atomic reduction), run without a kernel, so it needs no free SM.
+	CapStreamAtomic
 )
 
 // Streams is implemented by a device that queues work on one stream per

@@ -238,12 +238,13 @@ static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
 
 /* Small device put+signals as GIN sends them: both ranks put 8 B to
  * 64 KiB payloads into each other's device memory, each with an ADD to a
- * never-reset signal word; each waits for the signal of every put and then
- * checks its bytes at once. The plugin copies such payloads
- * asynchronously (NCCL_RMA_WASM_ASYNC_COPY_KB): a signal written before
- * its payload's copy ran (FAKECUDA_ASYNC_US delays every stream's work)
- * shows here as a wrong byte. */
-static void small_ops(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
+ * signal word, never-reset (the shadow's stream writes) or plain (the
+ * stream atomic where the driver has one); each waits for the signal of
+ * every put and then checks its bytes at once. The plugin copies such
+ * payloads asynchronously (NCCL_RMA_WASM_ASYNC_COPY_KB): a signal written
+ * or added before its payload's copy ran (FAKECUDA_ASYNC_US delays every
+ * stream's work) shows here as a wrong byte. */
+static void small_ops(const ncclRma_v15_t* t, void* coll, void* rma, int fd, int never_reset) {
   static const size_t sizes[] = {8, 64, 4096, 65536};
   enum { ITERS = 12 };
   size_t total = 0;
@@ -261,7 +262,8 @@ static void small_ops(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
   void *msrc, *mdst, *msig;
   NC(t->regMrSym(coll, (void*)src, total, NCCL_PTR_CUDA, 0, &msrc));
   NC(t->regMrSym(coll, (void*)dst, total, NCCL_PTR_CUDA, 0, &mdst));
-  NC(t->regMrSym(coll, (void*)sig, 8, NCCL_PTR_CUDA, NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &msig));
+  NC(t->regMrSym(coll, (void*)sig, 8, NCCL_PTR_CUDA,
+                 NCCL_NET_MR_FLAG_FORCE_SO | (never_reset ? NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET : 0), &msig));
   char b = 1, c;
   xchg(fd, &b, &c, 1);
   size_t off = 0;
@@ -295,8 +297,8 @@ static void small_ops(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
   CU(cu.memFree(dst));
   CU(cu.memFree(sig));
   free(host);
-  printf("[rank %d] small device put+signals: %llu of 8 B to 64 KiB, never-reset signal, every byte there once its signal was seen\n",
-         rank, (unsigned long long)n);
+  printf("[rank %d] small device put+signals: %llu of 8 B to 64 KiB, %s signal, every byte there once its signal was seen\n",
+         rank, (unsigned long long)n, never_reset ? "never-reset" : "plain");
 }
 
 /* What a host sees must not run ahead of a device payload still being
@@ -436,7 +438,8 @@ static int run(const char* lib, size_t size, int rounds, int fd) {
   if (bad) FAIL("queryLastError reports an error");
 
   multiseg(t, coll, rma, fd);
-  small_ops(t, coll, rma, fd);
+  small_ops(t, coll, rma, fd, 1);
+  small_ops(t, coll, rma, fd, 0);
   host_view(t, coll, rma, fd);
   char b = 1, c;
   xchg(fd, &b, &c, 1); /* both done before anyone tears down */

@@ -29,6 +29,16 @@ static int ctxobj, ctx2obj;
  * allocations belong to the context that made them. */
 static __thread void* current;
 
+/* alloc_size is the size of the allocation holding p (0: none). */
+static size_t alloc_size(uintptr_t p) {
+  pthread_mutex_lock(&mu);
+  size_t n = 0;
+  for (int i = 0; i < MAXA; i++)
+    if (allocs[i].base && p >= allocs[i].base && p < allocs[i].base + allocs[i].n) n = allocs[i].n;
+  pthread_mutex_unlock(&mu);
+  return n;
+}
+
 static int find(uintptr_t p) {
   pthread_mutex_lock(&mu);
   int ok = 0;
@@ -83,7 +93,7 @@ int cuGetErrorString(int r, const char** s) { (void)r; *s = "fake CUDA error"; r
  * stream's order (a signal written before its payload's copy ran) shows. */
 struct op {
   struct op* next;
-  int kind; /* 0 copy, 1 write64, 2 add64 */
+  int kind; /* 0 copy, 1 write64, 2 add64, 3 add32 (low word) */
   void* dst;
   const void* src;
   size_t n;
@@ -294,6 +304,7 @@ int cuMemcpyDtoH_v2(void* h, unsigned long long d, size_t n) { memcpy(h, (void*)
 static void run_op(struct op* o) {
   if (o->kind == 0) stage_copy(o->to_device, o->dst, o->src, o->n, o->host);
   else if (o->kind == 1) __atomic_store_n((uint64_t*)o->dst, o->v, __ATOMIC_SEQ_CST);
+  else if (o->kind == 3) __atomic_add_fetch((uint32_t*)o->dst, (uint32_t)o->v, __ATOMIC_SEQ_CST);
   else __atomic_add_fetch((uint64_t*)o->dst, o->v, __ATOMIC_SEQ_CST);
 }
 int cuMemcpyHtoDAsync_v2(unsigned long long d, const void* h, size_t n, void* s) {
@@ -325,6 +336,7 @@ int cuCtxGetDevice(int* d) { *d = 0; return 0; }
 int cuDeviceGetAttribute(int* v, int attr, int dev) {
   (void)dev;
   if (attr == 122 || attr == 93) *v = getenv("FAKECUDA_NO_MEMOPS") ? 0 : 1;
+  else if (attr == 148) *v = getenv("FAKECUDA_NO_REDUCE") ? 0 : 1; /* atomic reductions */
   else *v = 0;
   return 0;
 }
@@ -332,6 +344,37 @@ int cuStreamWriteValue64_v2(void* s, unsigned long long addr, unsigned long long
   (void)flags;
   if (!find((uintptr_t)addr) || addr % 8 || !second_ok(addr)) return 1;
   return enqueue(s, (struct op){.kind = 1, .dst = (void*)(uintptr_t)addr, .v = v});
+}
+/* cuStreamBatchMemOp_v2 with barriers (6) and atomic reductions (8): an
+ * add whose data type is 18 (the value the plugin's probe tries first)
+ * is a 64-bit add, or with FAKECUDA_REDUCE_32=1 a 32-bit add of the low
+ * word (the probe must then refuse it); any other data type, operation or
+ * flag is refused, as a driver refuses a value it does not know. */
+struct fmemop {
+  unsigned operation, flags, reductionOp, dataType;
+  unsigned long long address, value, alias;
+  unsigned long long pad;
+};
+int cuStreamBatchMemOp_v2(void* s, unsigned count, struct fmemop* ops, unsigned flags) {
+  if (flags || count > 256) return 1;
+  for (unsigned i = 0; i < count; i++) {
+    struct fmemop* o = &ops[i];
+    if (o->operation == 6) continue;
+    if (o->operation != 8 || o->flags || o->reductionOp != 0 || o->dataType != 18) return 1;
+    if (!find((uintptr_t)o->address) || o->address % 8 || !second_ok(o->address)) return 1;
+  }
+  static int said;
+  for (unsigned i = 0; i < count; i++) {
+    struct fmemop* o = &ops[i];
+    if (o->operation != 8) continue;
+    int kind = getenv("FAKECUDA_REDUCE_32") ? 3 : 2;
+    /* The plugin's probe adds to a 32-byte scratch allocation (no test
+     * program allocates that size); say when another word gets one. */
+    if (alloc_size(o->address) != 32 && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+      fprintf(stderr, "fakecuda: a stream atomic add to a signal word\n");
+    enqueue(s, (struct op){.kind = kind, .dst = (void*)(uintptr_t)o->address, .v = o->value});
+  }
+  return 0;
 }
 static int modobj, funcobj, waitmod, waitfunc;
 int cuModuleLoadData(void** m, const void* image) {

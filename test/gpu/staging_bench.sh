@@ -71,6 +71,12 @@ if [ "${KERNEL_WAIT:-1}" = 1 ] && [ "${1:-}" != "--fake" ] && command -v nvidia-
     echo "=== device signal words watched by a kernel, never-reset registration, MPS on"
     BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 timeout 300 "$BENCH" "$LIB" $((1 << 20)) 2 "$PINGS" >"$OUT/kernelwait.log" 2>&1
     grep -E '^SIGNAL|FAIL|no kernel waiter' "$OUT/kernelwait.log" | sed 's/^/kernel-watched, MPS: /'
+    # Plain signal words (not never-reset): the stream atomic where the
+    # driver verified one (CUDA 13.1), else the read-modify-write; the
+    # plugin's INFO line says which.
+    echo "=== device signal words watched by a kernel, plain registration, MPS on"
+    BENCH_KERNEL_WAIT=1 NCCL_DEBUG=INFO timeout 300 "$BENCH" "$LIB" $((1 << 20)) 2 "$PINGS" >"$OUT/kernelwait-plain.log" 2>&1
+    grep -E '^SIGNAL|FAIL|no kernel waiter|not never-reset' "$OUT/kernelwait-plain.log" | sort -u | sed 's/^/kernel-watched, MPS, plain word: /'
     # Small put+signals (the payload copied asynchronously by default),
     # and the same with synchronous copies (NCCL_RMA_WASM_ASYNC_COPY_KB=0).
     for pb in 64 4096; do

@@ -32,7 +32,24 @@ enum {
   ATTR_64_BIT_MEM_OPS = 122,    /* CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS */
   EVENT_DISABLE_TIMING = 2,
   ERROR_NOT_READY = 600,
+  ATTR_ATOMIC_REDUCTION = 148,  /* CU_DEVICE_ATTRIBUTE_ATOMIC_REDUCTION_SUPPORTED (CUDA 13.1) */
+  MEMOP_BARRIER = 6,            /* CU_STREAM_MEM_OP_BARRIER; flags 0: system scope */
+  MEMOP_ATOMIC_REDUCTION = 8,   /* CU_STREAM_MEM_OP_ATOMIC_REDUCTION (CUDA 13.1) */
+  REDUCTION_OP_ADD = 0,         /* CU_STREAM_ATOMIC_REDUCTION_OP_ADD = CU_ATOMIC_OPERATION_INTEGER_ADD */
 };
+
+/* One operation of cuStreamBatchMemOp_v2: the driver's union is 48 bytes;
+ * an atomic reduction fills the first 40 (operation, flags, reduction op
+ * and data type as 32-bit enums, then address, operand and a word the
+ * driver uses). A barrier uses the first two fields. */
+typedef union {
+  struct {
+    uint32_t operation, flags, reductionOp, dataType;
+    uint64_t address, value, alias;
+  } reduce;
+  uint64_t pad[6];
+} memop;
+_Static_assert(sizeof(memop) == 48, "CUstreamBatchMemOpParams is 48 bytes");
 
 static struct {
   CUresult (*init)(unsigned);
@@ -70,6 +87,9 @@ static struct {
   CUresult (*eventRecord)(void*, CUstream);
   CUresult (*eventQuery)(void*);
   CUresult (*eventDestroy)(void*);
+  /* Optional, for stream atomics (CUDA 13.1 drivers): see reduce_probe. */
+  CUresult (*batchMemOp)(CUstream, unsigned, memop*, unsigned);
+  CUresult (*memAlloc)(CUdeviceptr*, size_t);
 } cu;
 
 enum { MEMHOSTALLOC_PORTABLE = 1 };
@@ -83,7 +103,8 @@ typedef struct {
   CUcontext ctx;
   CUstream stream;
   int caps;
-  void* add; /* the rmaw_add64 kernel, NULL: none */
+  void* add;         /* the rmaw_add64 kernel, NULL: none */
+  uint32_t reduceTy; /* the data type verified as a 64-bit add (reduce_probe), 0: none */
   /* The synchronous copies' streams (rmaw_pool_take), each owned by one copy
    * at a time. */
   CUstream copy[NCOPY];
@@ -213,6 +234,8 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   *(void**)&cu.eventRecord = dlsym(h, "cuEventRecord");
   *(void**)&cu.eventQuery = dlsym(h, "cuEventQuery");
   *(void**)&cu.eventDestroy = dlsym(h, "cuEventDestroy_v2");
+  *(void**)&cu.batchMemOp = dlsym(h, "cuStreamBatchMemOp_v2");
+  *(void**)&cu.memAlloc = dlsym(h, "cuMemAlloc_v2");
   CUresult r = cu.init(0);
   if (r != 0) return rmaw_fail(err, errlen, "cuInit: %s (%d)", errstr(r), r);
   int n = 0;
@@ -390,6 +413,96 @@ static const char add64_ptx[] =
     "  ret;\n"
     "}\n";
 
+/* Stream atomics. CUDA 13.1 added an atomic reduction to the stream memory
+ * operations: an add queued on the stream like a stream write, run without
+ * a kernel (so no SM: a kernel holding every SM while it spins on the
+ * signal cannot starve it) and without a host wait. This file declares
+ * the driver's types from the documented layout, and the data-type enum's
+ * values are not among the documented facts it was written from, so
+ * reduce_probe verifies one before the data path uses it: at the
+ * context's first use (registration, through staging.Prewarm), each
+ * candidate is tried on a scratch pair of words in the same batch shape
+ * the data path queues (a system-scope barrier, then the add), and kept
+ * only if two adds carried across bit 32 exactly as a 64-bit add does and
+ * left the next word alone. A driver that refuses every candidate, or
+ * computes anything else, leaves the other paths in place (INFO line).
+ * Candidates: the unsigned and 64-bit scalar bits of CUatomicOperation-
+ * Capability (2 | 16), as the operation enum reuses CUatomicOperation's
+ * values, then the first two of a plain enumeration. */
+static const uint32_t reduceCandidates[] = {18, 1, 2};
+static char reduceNote[240] = "not probed (no CUDA context used yet)";
+
+/* streamAtomic: probe and use stream atomics (NCCL_RMA_WASM_STREAM_ATOMIC). */
+static int streamAtomic = 1;
+
+void rmaw_cuda_stream_atomic(int on) { streamAtomic = on; }
+
+static void reduce_fill(memop* ops, uint32_t ty, CUdeviceptr w, uint64_t v) {
+  memset(ops, 0, 2 * sizeof *ops);
+  ops[0].reduce.operation = MEMOP_BARRIER; /* flags 0: system scope */
+  ops[1].reduce.operation = MEMOP_ATOMIC_REDUCTION;
+  ops[1].reduce.reductionOp = REDUCTION_OP_ADD;
+  ops[1].reduce.dataType = ty;
+  ops[1].reduce.address = (uint64_t)w;
+  ops[1].reduce.value = v;
+}
+
+/* reduce_probe sets e->reduceTy (under mu, ctx current). The scratch words
+ * are never freed: cuMemFree can synchronize the device, and a kernel of
+ * the application may be waiting for a signal. */
+static void reduce_probe(ctxstream* e, int have_dev, CUdevice dev) {
+  int v = 0;
+  CUresult r = 0;
+  if (!streamAtomic) {
+    snprintf(reduceNote, sizeof reduceNote, "off (NCCL_RMA_WASM_STREAM_ATOMIC=0)");
+    return;
+  }
+  if (!cu.batchMemOp || !cu.memAlloc) {
+    snprintf(reduceNote, sizeof reduceNote, "the driver has no cuStreamBatchMemOp_v2");
+    return;
+  }
+  if (!have_dev || (r = cu.deviceGetAttribute(&v, ATTR_ATOMIC_REDUCTION, dev)) != 0 || !v) {
+    snprintf(reduceNote, sizeof reduceNote, "the device reports no stream atomic reductions (attribute %d: %d, status %d)",
+             ATTR_ATOMIC_REDUCTION, v, r);
+    return;
+  }
+  CUdeviceptr w = 0;
+  if ((r = cu.memAlloc(&w, 32)) != 0) { /* one 32-byte sector; two words used */
+    snprintf(reduceNote, sizeof reduceNote, "no scratch word to verify them on (cuMemAlloc: %s)", errstr(r));
+    return;
+  }
+  const uint64_t guard = 0x5a5a5a5a5a5a5a5aull, want = 0x300000003ull;
+  int n = 0;
+  for (size_t i = 0; i < sizeof reduceCandidates / sizeof reduceCandidates[0]; i++) {
+    uint32_t ty = reduceCandidates[i];
+    uint64_t init[2] = {0xffffffffull, guard}, got[2] = {0, 0};
+    memop a[2], b[2];
+    reduce_fill(a, ty, w, 1);
+    reduce_fill(b, ty, w, 0x200000003ull);
+    r = cu.htod(w, init, sizeof init, e->stream);
+    if (r == 0) r = cu.batchMemOp(e->stream, 2, a, 0);
+    if (r == 0) r = cu.batchMemOp(e->stream, 2, b, 0);
+    if (r == 0) r = cu.dtoh(got, w, sizeof got, e->stream);
+    CUresult rs = cu.streamSynchronize(e->stream); /* nothing queued outlives init and got */
+    if (r == 0) r = rs;
+    if (r == 0 && got[0] == want && got[1] == guard) {
+      e->reduceTy = ty;
+      snprintf(reduceNote, sizeof reduceNote, "stream atomic adds (cuStreamBatchMemOp_v2, data type %u verified as 64-bit)", ty);
+      return;
+    }
+    n += snprintf(reduceNote + n, n < (int)sizeof reduceNote ? sizeof reduceNote - n : 0, "%stype %u: %s",
+                  i ? "; " : "no data type verified as a 64-bit add: ", ty,
+                  r ? errstr(r) : got[1] != guard ? "wrote past the word" : "not a 64-bit add");
+  }
+}
+
+/* rmaw_cuda_stream_atomic_note copies what reduce_probe found last. */
+void rmaw_cuda_stream_atomic_note(char* out, size_t n) {
+  pthread_mutex_lock(&mu);
+  snprintf(out, n, "%s", reduceNote);
+  pthread_mutex_unlock(&mu);
+}
+
 /* ctx_stream makes ctx current and returns its stream entry, creating it
  * (and probing what its device supports) on first use; NULL with *r set
  * on failure. */
@@ -422,6 +535,8 @@ static ctxstream* ctx_stream(uintptr_t ctx, CUresult* r) {
       if (cu.writeValue64 && have_dev && cu.deviceGetAttribute(&v, cu.writeValueAttr, dev) == 0 && v)
         e->caps |= RMAW_CAP_WRITE64;
       if (cu.eventCreate && cu.eventRecord && cu.eventQuery && cu.eventDestroy) e->caps |= RMAW_CAP_ASYNC;
+      reduce_probe(e, have_dev, dev);
+      if (e->reduceTy) e->caps |= RMAW_CAP_STREAM_ATOMIC;
       /* The kernel's module is loaded on its first use (cuda_add64), never
        * here: loading a module can synchronize the context (CUDA lazy
        * loading), and this runs on the data path, where a kernel of the
@@ -456,7 +571,14 @@ static int cuda_write64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size
 }
 
 static int cuda_add64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen) {
-  CTX_STREAM(e, "cuLaunchKernel");
+  CTX_STREAM(e, "atomic add");
+  if (e->reduceTy) {
+    memop ops[2];
+    reduce_fill(ops, e->reduceTy, (CUdeviceptr)dev, v);
+    r = cu.batchMemOp(e->stream, 2, ops, 0);
+    if (r != 0) return rmaw_fail(err, errlen, "cuStreamBatchMemOp_v2 (atomic add): %s", errstr(r));
+    return 0;
+  }
   if (!__atomic_load_n(&e->add, __ATOMIC_ACQUIRE)) {
     /* Only NCCL_RMA_WASM_DEVICE_ATOMIC=1 gets here: the one place a module
      * is loaded, and the reason that switch is documented as needing no

@@ -28,6 +28,9 @@ var Probe = sync.OnceFunc(func() {
 	if config.CopyContext.Get() {
 		C.rmaw_cuda_copy_context(1)
 	}
+	if !config.StreamAtomic.Get() {
+		C.rmaw_cuda_stream_atomic(0)
+	}
 	if !devrt.Load("CUDA", "CUDA driver", config.CUDA, open) {
 		return
 	}
@@ -79,6 +82,15 @@ func (cudaDevice) CopyContexts() int { return int(C.rmaw_cuda_copy_contexts()) }
 // driver refused to make (0: none), whose memory stays on the
 // application's context.
 func (cudaDevice) CopyContextFailed() int { return int(C.rmaw_cuda_copy_context_failed()) }
+
+// StreamAtomic says whether the contexts used so far add to device signal
+// words with stream atomics (CUDA 13.1's atomic reduction, verified on a
+// scratch word at a context's first use) and, where not, why.
+func (cudaDevice) StreamAtomic() string {
+	var buf [240]C.char
+	C.rmaw_cuda_stream_atomic_note(&buf[0], C.size_t(len(buf)))
+	return C.GoString(&buf[0])
+}
 
 // Locate says which CUDA device holds ptr, for direct registration with a
 // NIC (libfabric FI_HMEM_CUDA).

@@ -12,6 +12,8 @@ int rmaw_cuda_ordinal(uint64_t ptr);
 void rmaw_cuda_copy_context(int on);
 int rmaw_cuda_copy_contexts(void);
 int rmaw_cuda_copy_context_failed(void);
+void rmaw_cuda_stream_atomic(int on);
+void rmaw_cuda_stream_atomic_note(char* out, size_t n);
 int rmaw_gdr_open(char* err, size_t errlen);
 int rmaw_gdr_add(uintptr_t ctx, uint64_t addr, uint64_t v);
 void rmaw_gdr_forget(uint64_t addr, uint64_t size);

@@ -204,7 +204,7 @@ func (r Runtime[T]) Caps(ctx uintptr) devmem.Caps {
 		c &^= devmem.CapWriteWord
 	}
 	if o.add64 == nil {
-		c &^= devmem.CapAtomicAdd
+		c &^= devmem.CapAtomicAdd | devmem.CapStreamAtomic
 	}
 	if o.copy_async == nil || o.event_record == nil || o.event_query == nil || o.event_destroy == nil || o.stream_sync == nil {
 		c &^= devmem.CapAsync

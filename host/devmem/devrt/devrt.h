@@ -67,8 +67,9 @@ typedef struct rmaw_devrt_ops {
   int (*caps)(uintptr_t ctx);
   /* write64 writes v to the 8-byte word dev (cuStreamWriteValue64). */
   int (*write64)(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen);
-  /* add64 adds v to the word dev atomically on the device (a one-thread
-   * kernel). */
+  /* add64 adds v to the word dev atomically on the device: a stream
+   * memory operation where the device has one (RMAW_CAP_STREAM_ATOMIC),
+   * else a one-thread kernel (RMAW_CAP_ADD64). */
   int (*add64)(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen);
   /* copy_async queues a copy and returns; host must stay untouched until
    * an event recorded after it has passed. */
@@ -86,6 +87,7 @@ enum {
   RMAW_CAP_WRITE64 = 1, /* write64 */
   RMAW_CAP_ADD64 = 2,   /* add64 */
   RMAW_CAP_ASYNC = 4,   /* copy_async, events, stream_sync */
+  RMAW_CAP_STREAM_ATOMIC = 8, /* add64 is a stream memory operation (no kernel) */
 };
 
 /* RMAW_DEVRT_OPS(p) is the table of the functions p_inspect, p_copy,

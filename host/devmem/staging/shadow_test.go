@@ -104,7 +104,7 @@ func (d *streamDevice) WriteWord(_, addr uintptr, v uint64) error {
 	return nil
 }
 func (d *streamDevice) AtomicAdd(_, addr uintptr, v uint64) error {
-	if d.caps&devmem.CapAtomicAdd == 0 {
+	if d.caps&(devmem.CapAtomicAdd|devmem.CapStreamAtomic) == 0 {
 		return errors.New("AtomicAdd not offered")
 	}
 	d.adds.Add(1)
@@ -194,9 +194,11 @@ func TestShadowSignals(t *testing.T) {
 	t.Logf("%d writes, %d folded", d.writes.Load(), sh.Folds())
 }
 
-// TestSignalPaths: without a shadow the atomic is queued where allowed; without either
-// stream operation (a runtime lacking the symbols) the read-modify-write
-// runs, waiting for the stream first; every path ends exact.
+// TestSignalPaths: without a shadow the atomic is queued where allowed (a
+// stream atomic always, the kernel where NCCL_RMA_WASM_DEVICE_ATOMIC
+// allows it); without either stream operation (a runtime lacking the
+// symbols) the read-modify-write runs, waiting for the stream first;
+// every path ends exact.
 func TestSignalPaths(t *testing.T) {
 	atomicKernel.Store(true)
 	defer atomicKernel.Store(false)
@@ -210,10 +212,12 @@ func TestSignalPaths(t *testing.T) {
 		{"shadow-without-write", devmem.CapAtomicAdd, true, true, false},
 		{"fallback", 0, false, false, true},
 		{"atomic-off", devmem.CapAtomicAdd, false, false, true},
+		{"stream-atomic", devmem.CapStreamAtomic | devmem.CapAsync, false, true, false},
+		{"stream-atomic-kernel-off", devmem.CapStreamAtomic, false, true, false},
 		{"fallback-shadow", devmem.CapAsync, true, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			atomicKernel.Store(c.name != "atomic-off")
+			atomicKernel.Store(c.name != "atomic-off" && c.name != "stream-atomic-kernel-off")
 			d := newStreamDevice(64, c.caps, 0)
 			devmem.Register(d)
 			defer devmem.Register(nil)

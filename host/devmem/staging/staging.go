@@ -52,8 +52,9 @@ var devSigLocks [64]sync.Mutex
 //     the new value is written, stream-ordered, without a read-back or a
 //     wait (Shadow.add);
 //   - a CPU mapping of the word (GDRCopy);
-//   - an atomic add queued on ctx's stream (CUDA's one-thread kernel),
-//     where NCCL_RMA_WASM_DEVICE_ATOMIC=1 allows it;
+//   - an atomic add queued on ctx's stream: a stream memory operation
+//     where the driver has one (CapStreamAtomic), else CUDA's one-thread
+//     kernel where NCCL_RMA_WASM_DEVICE_ATOMIC=1 allows it;
 //   - a read-modify-write with synchronous copies, serialised per word.
 func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 	if profile.On() {
@@ -63,8 +64,7 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 	if d == nil {
 		return ErrNoDevice
 	}
-	// Caps is asked only where its answer picks the path: a registration
-	// without a shadow, with the kernel off, queues nothing on a stream.
+	// Caps is asked only where its answer picks the path.
 	st, _ := d.(devmem.Streams)
 	if sh != nil && st != nil && st.Caps(ctx)&devmem.CapWriteWord != 0 {
 		// The write follows the payloads queued on ctx's stream; those
@@ -91,14 +91,14 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 			return err
 		}
 	}
-	if atomicKernel.Load() && st != nil && st.Caps(ctx)&devmem.CapAtomicAdd != 0 {
+	if path := queuedAdd(st, ctx); path != 0 {
 		if err := fence(d, ctx); err != nil {
 			return err
 		}
 		if err := st.AtomicAdd(ctx, dev, v); err != nil {
 			return fmt.Errorf("atomic add to device signal: %w", err)
 		}
-		traceSignal(dev, v, 0, pathAtomic)
+		traceSignal(dev, v, 0, path)
 		return nil
 	}
 	if err := fence(d, 0); err != nil {
@@ -116,6 +116,22 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 	}
 	traceSignal(dev, v, *(*uint64)(w), pathRMW)
 	return nil
+}
+
+// queuedAdd says how ctx's device queues an atomic add on its stream, as
+// a trace path: a stream memory operation (no SM needed, always allowed),
+// the kernel (where allowed), or 0: it does not.
+func queuedAdd(st devmem.Streams, ctx uintptr) int {
+	if st == nil {
+		return 0
+	}
+	switch c := st.Caps(ctx); {
+	case c&devmem.CapStreamAtomic != 0:
+		return pathStreamAtomic
+	case atomicKernel.Load() && c&devmem.CapAtomicAdd != 0:
+		return pathAtomic
+	}
+	return 0
 }
 
 // atomicKernel allows the atomic-add kernel (NCCL_RMA_WASM_DEVICE_ATOMIC):
@@ -211,7 +227,7 @@ var stagers struct {
 	warm bool
 }
 
-var pinnedWarned, pageableSaid, copyCtxSaid, copyCtxFailSaid atomic.Bool
+var pinnedWarned, pageableSaid, copyCtxSaid, copyCtxFailSaid, streamAtomicSaid atomic.Bool
 
 // pageableMade counts the stagers made with pageable buffers because more
 // than PrewarmStagers ran at once.
@@ -220,6 +236,9 @@ var pageableMade atomic.Int64
 // PageableStagers is how many stagers were made with pageable buffers
 // because more than PrewarmStagers device payloads were staged at once.
 func PageableStagers() int64 { return pageableMade.Load() }
+
+// streamAtomics is what the CUDA device says about its stream atomics.
+type streamAtomics interface{ StreamAtomic() string }
 
 // copyContexts is what the CUDA device says about the contexts of the
 // plugin's own it made for copies (host/devmem/cuda).
@@ -251,6 +270,13 @@ func Prewarm(ctx uintptr, chunk uint64) {
 		st.Caps(ctx)
 	}
 	prewarmQueue(d, ctx)
+	if sa, ok := d.(streamAtomics); ok && !streamAtomicSaid.Swap(true) {
+		how := sa.StreamAtomic()
+		if st, ok := d.(devmem.Streams); !ok || st.Caps(ctx)&devmem.CapStreamAtomic == 0 {
+			how = "no stream atomics (" + how + "): GDRCopy where present, else the atomic kernel where NCCL_RMA_WASM_DEVICE_ATOMIC=1, else a read-modify-write"
+		}
+		logx.Info(abi.SubsysNet, "NET/wasm: device signal words of registrations that are not never-reset: %s", how)
+	}
 	if cc, ok := d.(copyContexts); ok {
 		if cc.CopyContexts() > 0 && !copyCtxSaid.Swap(true) {
 			logx.Info(abi.SubsysNet, "NET/wasm: copies and signal writes of cuMem-mapped device memory run in a CUDA context of the plugin's own (NCCL_RMA_WASM_COPY_CONTEXT=1)")

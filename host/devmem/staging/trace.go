@@ -36,9 +36,10 @@ const (
 	pathGDR
 	pathAtomic
 	pathRMW
+	pathStreamAtomic
 )
 
-var pathNames = [...]string{"?", "shadow write", "folded into a pending write", "GDRCopy", "atomic kernel", "read-modify-write"}
+var pathNames = [...]string{"?", "shadow write", "folded into a pending write", "GDRCopy", "atomic kernel", "read-modify-write", "stream atomic"}
 
 // SetTrace turns the signal trace on or off.
 func SetTrace(on bool) { trace.on.Store(on) }
