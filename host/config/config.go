@@ -316,6 +316,7 @@ var (
 	StageChunkKiB = intVar("NCCL_RMA_WASM_STAGE_CHUNK_KB", "1024", 4, 1<<16, 1024, "device payloads are staged through pinned host memory in chunks of this many KiB (4..65536), copies overlapped with the wire")
 	Profile       = boolVar("NCCL_RMA_WASM_PROFILE", false, "1 keeps latency histograms of the data path's stages (the caller's cadence, queueing, device copies, the wire, the target, completion) and writes their percentiles to stderr when a communicator closes; a diagnostic: one clock read per stage")
 	AsyncCopyKiB  = intVar("NCCL_RMA_WASM_ASYNC_COPY_KB", "64", 0, 1024, 64, "device payloads up to this many KiB (0..1024; 0 turns it off) are copied through pinned bounce slots asynchronously, in order with their signals on the context's stream, instead of by synchronous copies")
+	IntraStream   = boolVar("NCCL_RMA_WASM_INTRANODE_STREAM", true, "0 keeps the request streams between processes of one host on their sockets instead of shared-memory rings (a ring's write is a copy and a store, its read a load and a copy: no system call while the reader polls; the socket still carries replies and wakes a sleeping reader)")
 	IntraRing     = boolVar("NCCL_RMA_WASM_INTRANODE_RING", true, "0 sends device payloads between processes of one host over the TCP lanes instead of a shared staging ring")
 	// DebugStderr is on when set to anything: it is read by logx on every
 	// line, so it must never warn (the warning would log through it).

@@ -147,6 +147,9 @@ type Options struct {
 	// NoIntraRing keeps intra-node device payloads off the shared staging
 	// ring: they ride the TCP lanes (NCCL_RMA_WASM_INTRANODE_RING=0).
 	NoIntraRing bool
+	// NoIntraStream keeps intra-node request streams on their sockets
+	// instead of shared-memory rings (NCCL_RMA_WASM_INTRANODE_STREAM=0).
+	NoIntraStream bool
 	// Peers, when non-nil, are the only ranks this rank connects to (its
 	// own rank is always one): a peer list, as NCCL's v17 ABI would pass
 	// it. Operations to any other rank fail as to a lost peer. Every rank
@@ -165,26 +168,27 @@ const DefaultOrderWindow = config.DefaultOrderWindow
 // Mesh is one communicator's set of connections: Lanes streams to every
 // rank, itself included.
 type Mesh struct {
-	rank, nranks int
-	owner        Owner
-	peers        []*peer
-	lanes        int
-	stripe       uint64
-	chunk        uint64
-	closed       atomic.Bool
-	held         atomic.Bool // some peer queue holds aggregated ops
-	closeTimeout time.Duration
-	localComp    bool
-	orderWindow  uint64
-	spinWait     time.Duration
-	spinners     int
-	wg           sync.WaitGroup
-	quit         chan struct{} // closed by Close: stops the watchdog
-	stageChunk   uint64        // Options.StageChunk
-	noIntraRing  bool          // Options.NoIntraRing
-	noDmaBuf     bool          // Options.NoDmaBuf
-	fab          *fabEP        // the libfabric endpoint (rail 0), nil without one
-	rails        []*fabEP      // every rail's endpoint, fab first (fabric_rails.go)
+	rank, nranks  int
+	owner         Owner
+	peers         []*peer
+	lanes         int
+	stripe        uint64
+	chunk         uint64
+	closed        atomic.Bool
+	held          atomic.Bool // some peer queue holds aggregated ops
+	closeTimeout  time.Duration
+	localComp     bool
+	orderWindow   uint64
+	spinWait      time.Duration
+	spinners      int
+	wg            sync.WaitGroup
+	quit          chan struct{} // closed by Close: stops the watchdog
+	stageChunk    uint64        // Options.StageChunk
+	noIntraRing   bool          // Options.NoIntraRing
+	noIntraStream bool          // Options.NoIntraStream
+	noDmaBuf      bool          // Options.NoDmaBuf
+	fab           *fabEP        // the libfabric endpoint (rail 0), nil without one
+	rails         []*fabEP      // every rail's endpoint, fab first (fabric_rails.go)
 	// What a lane opened after connect dials with (lazy.go).
 	infos          []wire.HandleInfo
 	id             *handshake.Identity
@@ -229,7 +233,7 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n), lanes: lanes,
 		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout, localComp: opt.LocalCompletion,
 		orderWindow: opt.OrderWindow, spinWait: opt.SpinWait, spinners: opt.Spinners, quit: make(chan struct{}),
-		stageChunk: opt.StageChunk, noIntraRing: opt.NoIntraRing, noDmaBuf: opt.NoDmaBuf,
+		stageChunk: opt.StageChunk, noIntraRing: opt.NoIntraRing, noIntraStream: opt.NoIntraStream, noDmaBuf: opt.NoDmaBuf,
 		infos: infos, id: &l.id, noFab: opt.NoFabric, encrypt: opt.Encrypt, dialTimeout: timeout}
 	if m.orderWindow == 0 {
 		m.orderWindow = DefaultOrderWindow

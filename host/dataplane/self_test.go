@@ -65,8 +65,15 @@ func TestSelfDevice(t *testing.T) {
 	if st := waitDone(t, &os[0].memOwner, 22); st != abi.InvalidArgument {
 		t.Fatalf("out-of-range self put completed with %v", st)
 	}
-	// The next copy fails: the put goes through the socket and lands.
-	d.FailAt = d.Copies.Load() + 1
+	// The next copy fails: the put goes through the socket and lands. (The
+	// refused put completed at its header: its payload may still be in
+	// the writer's hands.)
+	for deadline := time.Now().Add(10 * time.Second); !x.idle(); time.Sleep(50 * time.Microsecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the lane never went idle")
+		}
+	}
+	d.FailAt.Store(d.Copies.Load() + 1)
 	clear(src[size/2 : size/2+64])
 	ms[0].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 23, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 64, Off: size / 2}, false, -1)
 	if st := waitDone(t, &os[0].memOwner, 23); st != abi.Success || !bytes.Equal(src[size/2:size/2+64], src[:64]) {

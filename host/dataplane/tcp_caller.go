@@ -16,6 +16,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -105,6 +106,13 @@ type inReader struct {
 	lowat   bool // SO_RCVLOWAT is raised (service only)
 	lowOn   bool
 	lowFn   func(fd uintptr)
+
+	// The shared-memory stream the sender switched to (stream.go): set by
+	// the service, read by whoever holds the role. sockErr is the socket's
+	// end the service met (service only); bells its scratch.
+	sring   *shmstream.Ring
+	sockErr error
+	bells   [64]byte
 }
 
 const (
@@ -178,6 +186,9 @@ func (r *inReader) Read(b []byte) (int, error) {
 		r.stash = nil
 		return 0, err
 	}
+	if r.sring != nil {
+		return r.readStream(b)
+	}
 	if r.nb {
 		r.b = b
 		var err error
@@ -235,6 +246,9 @@ func (r *inReader) caller() bool { return r.callerMode }
 // before is not missed. After traffic it
 // spins first, as the blocking reader does, when a spin slot is free.
 func (r *inReader) waitFD(fd uintptr) bool {
+	if r.sring != nil {
+		return r.waitStream(fd)
+	}
 	if r.parked {
 		// Woken by the netpoller: input came (or an end, or a deadline,
 		// which the read meets). A rare wake-up for nothing costs one
@@ -290,7 +304,7 @@ func (r *inReader) wait() {
 		// Callers that called since the last look still poll: while the
 		// stream carries traffic, they serve it.
 		if r.polled.Swap(false) && Now()-r.rx.Load() < int64(pollActive) {
-			if !r.lowat {
+			if !r.lowat && r.sring == nil {
 				r.setLowat(true)
 			}
 			r.active.Store(true)
@@ -319,6 +333,8 @@ func (r *inReader) wait() {
 			r.parked = false
 			if err := r.rc.Read(r.waitFn); err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 				r.in.SetReadDeadline(time.Time{})
+			} else if err != nil && r.sring != nil && r.sockErr == nil {
+				r.sockErr = err // the stream's reads meet it once the ring is drained
 			}
 			// Any other error (closed, reset) is met by the read that follows.
 		}
@@ -497,6 +513,9 @@ func (r *inReader) close() {
 	r.role.Store(roleGone | roleOwned)
 	r.dec.Release()
 	r.rxr.Close()
+	if r.sring != nil {
+		r.sring.Close()
+	}
 	if r.nap != nil {
 		r.nap.Stop()
 	}

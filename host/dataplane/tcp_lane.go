@@ -20,6 +20,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -362,6 +363,14 @@ type lane struct {
 	ringFilled uint32
 	ring       atomic.Pointer[staging.Ring]
 	ringNo     atomic.Bool // the target refused the ring
+
+	// The intra-node shared-memory stream (stream.go): state owned by
+	// whoever holds writing; the mapping is released with the lane.
+	sState int
+	sring  atomic.Pointer[shmstream.Ring]
+	sNo    atomic.Bool // the target refused the stream
+	bellFn func(fd uintptr)
+	sbuf   [1][]byte // laneStream's iovec
 
 	// With several lanes (resend), every put and registration notice
 	// written on the stream and not yet known to have been applied, as
@@ -838,7 +847,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 				l.awaitPuts(pend, pops)
 				pend, pops = pend[:0], pops[:0]
 				if err = l.writeIov(iov); err == nil {
-					err = staging.WriteFromDevice(l.out, op.LocalCtx, uintptr(op.Local), op.Size, l.p.m.stageChunk)
+					err = staging.WriteFromDevice(l.streamWriter(), op.LocalCtx, uintptr(op.Local), op.Size, l.p.m.stageChunk)
 				}
 				iov = iov[:0]
 			} else if comp {
@@ -943,10 +952,12 @@ func (t *tcpLink) wholeOp(Op) bool { return false }
 // signalApart: on TCP a signal rides its put's header.
 func (t *tcpLink) signalApart(Op) bool { return false }
 
-// release frees the lanes' staging rings (intra-node links have them).
+// release frees the lanes' staging rings and shared-memory streams
+// (intra-node links have them).
 func (t *tcpLink) release() {
 	for _, l := range t.lanes {
 		l.releaseRing()
+		l.releaseStream()
 	}
 }
 
@@ -1089,7 +1100,8 @@ func (l *lane) pendingPuts() int {
 	return l.puts.Len()
 }
 
-// writeIov sends the gathered headers and payloads with one writev.
+// writeIov sends the gathered headers and payloads: into the shared-memory
+// stream of an intra-node lane (stream.go), else with one writev.
 func (l *lane) writeIov(iov [][]byte) error {
 	if l.gather.Pending() {
 		// Device payloads gathered in iov: their copies first; the slots
@@ -1103,6 +1115,15 @@ func (l *lane) writeIov(iov [][]byte) error {
 		return nil
 	}
 	l.writes.Add(1)
+	if l.streamOn() {
+		return l.writeStream(iov)
+	}
+	return l.writeSocket(iov)
+}
+
+// writeSocket writes iov on the lane's socket, with one writev where the
+// socket takes it all.
+func (l *lane) writeSocket(iov [][]byte) error {
 	if total := iovLen(iov); l.orc != nil && len(iov) <= len(l.wiov) && total <= rawWriteMax {
 		// A first try without the connection's write lock and poller
 		// bookkeeping: one non-blocking writev as a raw system call. The
@@ -1270,6 +1291,8 @@ func (l *lane) replies() {
 			p.ackBye()
 		case wire.MsgRingNo:
 			l.ringRefused()
+		case wire.MsgStreamNo:
+			l.streamRefused()
 		case wire.MsgNack:
 			st := rejected(h.Status)
 			p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d rejected a put of %d bytes at offset %d of registration %d (signal registration %d offset %d): %v",

@@ -301,6 +301,8 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 		err = t.serveGet(in, h, resp)
 	case wire.MsgRing:
 		err = t.attachRing(in, r.rxr, h, resp)
+	case wire.MsgStream:
+		err = t.attachStream(r, h)
 	case wire.MsgReg:
 		// sigOp: the fabric rail whose key sigValue is (fabricLink's
 		// submit sends rails 1.. first); rail 0's also tells the owner.

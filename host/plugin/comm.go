@@ -163,7 +163,9 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		NoFabric:    plan.Transport == backend.TransportTCP || plan.Transport == backend.TransportIntraNode || config.Encrypt.Get(),
 		OrderWindow: uint64(config.OrderWindow.Get()), PeerTimeout: config.PeerTimeout.Get(),
 		Encrypt:    config.Encrypt.Get(),
-		StageChunk: uint64(config.StageChunkKiB.Get()) << 10, NoIntraRing: !config.IntraRing.Get(), NoDmaBuf: !config.FIDmaBuf.Get()}
+		StageChunk: uint64(config.StageChunkKiB.Get()) << 10, NoIntraRing: !config.IntraRing.Get(),
+		// A shared ring carries requests in the clear: not under encryption.
+		NoIntraStream: !config.IntraStream.Get() || config.Encrypt.Get(), NoDmaBuf: !config.FIDmaBuf.Get()}
 	opt.SpinWait, opt.Spinners = spinOptions()
 	checkNoFile(n, opt.Lanes, opt.Encrypt)
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)

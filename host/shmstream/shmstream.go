@@ -284,12 +284,20 @@ func (r *Ring) Avail() (uint64, error) {
 	return d, nil
 }
 
+// Pending reports whether the writer published bytes the reader has not
+// read (or corrupted the counters: Read then says so). It loads the two
+// published counters only, so a thread other than the one reading may ask.
+func (r *Ring) Pending() bool {
+	return atomic.LoadUint64(r.u64(offTail)) != atomic.LoadUint64(r.u64(offHead))
+}
+
 // Sleep marks the reader as about to sleep and looks once more: true when
 // the ring is still empty (the reader may sleep; a writer rings its bell),
 // false when bytes came or the ring is corrupt (it must read instead).
+// Like Pending, it may be called by a thread other than the reading one.
 func (r *Ring) Sleep() bool {
 	atomic.StoreUint32(r.u32(offSleeping), 1)
-	if n, err := r.Avail(); n > 0 || err != nil {
+	if r.Pending() {
 		atomic.StoreUint32(r.u32(offSleeping), 0)
 		return false
 	}

@@ -36,7 +36,12 @@ const (
 	// "Acknowledgements"): the first seq puts the receiver's outgoing lane
 	// mrID carried have landed. Only one-lane links send it; all ranks run
 	// this library, so no peer that does not know it sees it.
-	MsgAck     = 7
+	MsgAck = 7
+	// MsgStream offers the target a shared-memory stream for the rest of
+	// this request stream (dataplane's stream.go): Off the sender's memfd,
+	// Size the ring's data bytes. The target maps it and reads every later
+	// byte from it, or answers MsgStreamNo (0x86).
+	MsgStream  = 8
 	MsgNack    = 0x81 // a rejected request: its tag, the result in status
 	MsgGetResp = 0x82 // a get's reply: header, then size bytes
 	MsgByeAck  = 0x83 // the target applied everything the lane carried before its goodbye
@@ -44,8 +49,9 @@ const (
 	// (MsgPut and MsgPutSignal headers, rejected ones included) this stream
 	// carried have landed in the target's memory. The target sends at most
 	// one per read from the socket, so acks cost little per small put.
-	MsgPutAck = 0x84
-	MsgRingNo = 0x85 // the target refused a MsgRing
+	MsgPutAck   = 0x84
+	MsgRingNo   = 0x85 // the target refused a MsgRing
+	MsgStreamNo = 0x86 // the target refused a MsgStream
 )
 
 // Status bits of a request. StatusResent marks an operation sent again

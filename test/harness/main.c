@@ -13,7 +13,7 @@
 #include "harness.h"
 
 options_t opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0, 0, 0, 0,
-                 F_KILL_PUT, 300, 1500, 0, NULL, 0, 1, 9, 16, -1, 0};
+                 F_KILL_PUT, 300, 1500, 0, NULL, 0, 1, 9, 16, -1, 0, 0};
 
 const char* scenario_name(enum scenario s) {
   return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : s == SC_TEARDOWN ? "teardown"
@@ -81,6 +81,8 @@ static void usage(FILE* f) {
           "                    before loading the plugin: ranks as on separate hosts\n"
           "  --timeout S       per-wait timeout in seconds (default 300)\n"
           "  --no-progress     never call rmaProgress (test() must progress alone)\n"
+          "  --intranode       pingpong: keep the intra-node path (shared-memory request\n"
+          "                    streams) instead of forcing TCP\n"
           "  --no-ptrace       ranks drop CAP_SYS_PTRACE and become non-dumpable, so the\n"
           "                    kernel refuses process_vm_writev between them (fallback test)\n"
           "  --signal-storm    a thread per rank sends SIGUSR1 to the process every 50 us\n"
@@ -202,7 +204,7 @@ int main(int argc, char** argv) {
                                {"stop-ms", 1, 0, 'o'},   {"nofile", 1, 0, 'N'},
                                {"netns", 1, 0, 'x'},     {"device", 1, 0, 'e'},   {"comms", 1, 0, 'C'},
                                {"blocks", 1, 0, 'B'},    {"spin", 1, 0, 'p'},     {"only", 1, 0, 'O'},
-                               {"yield-after-post", 0, 0, 'Q'},
+                               {"yield-after-post", 0, 0, 'Q'}, {"intranode", 0, 0, 'I'},
                                {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
   int ch, iters_given = 0;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -215,6 +217,7 @@ int main(int argc, char** argv) {
       case 'B': opt.blocks = atoi(optarg); break;
       case 'p': opt.spin = atoi(optarg); break;
       case 'Q': opt.yield_after_post = 1; break;
+      case 'I': opt.intranode = 1; break;
       case 'O':
         opt.pp_only = !strcmp(optarg, "raw") ? 0 : !strcmp(optarg, "raw-poll") ? 1 : !strcmp(optarg, "plugin") ? 2 : -2;
         if (opt.pp_only == -2) { usage(stderr); printf("RESULT FAIL bad --only %s\n", optarg); return 2; }

@@ -672,8 +672,8 @@ __attribute__((noreturn)) void rank_main(int rank, int fd) {
   if (opt.scenario == SC_PINGPONG) {
     /* TCP forced: no single-copy path between the two processes, no
      * libfabric (host/config reads these through libc getenv at init and
-     * connect) */
-    setenv("NCCL_RMA_WASM_INTRANODE", "0", 1);
+     * connect); --intranode keeps the intra-node path */
+    if (!opt.intranode) setenv("NCCL_RMA_WASM_INTRANODE", "0", 1);
     setenv("NCCL_RMA_WASM_TRANSPORT", "tcp", 1);
   }
   if (opt.nofile > 0) {

@@ -17,7 +17,7 @@ type Pipe struct {
 	Mem     []byte
 	Base    uintptr
 	Delay   atomic.Int64 // per copy, nanoseconds
-	FailAt  int32        // 1-based copy number that fails; 0: none
+	FailAt  atomic.Int32 // 1-based copy number that fails; 0: none
 	Copies  atomic.Int32 // copies started
 	Copying atomic.Bool
 	// Payload copies (more than a signal word) that started while one of
@@ -48,7 +48,7 @@ func (d *Pipe) copy(dst, src []byte) error {
 	d.Copying.Store(true)
 	defer d.Copying.Store(false)
 	time.Sleep(time.Duration(d.Delay.Load()))
-	if k := d.Copies.Add(1); k == d.FailAt {
+	if k := d.Copies.Add(1); k == d.FailAt.Load() {
 		return errors.New("injected copy failure")
 	}
 	copy(dst, src)

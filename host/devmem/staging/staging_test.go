@@ -78,7 +78,7 @@ func TestStagingPipeline(t *testing.T) {
 	t.Run("failures", func(t *testing.T) {
 		for _, at := range []int32{1, 2, 5} {
 			d.Copies.Store(0)
-			d.FailAt = at
+			d.FailAt.Store(at)
 			if err := WriteFromDevice(&slowWriter{d: d}, 1, d.Base, 8*chunk, chunk); err == nil {
 				t.Fatalf("copy %d failed but writeFromDevice did not", at)
 			}
@@ -87,7 +87,7 @@ func TestStagingPipeline(t *testing.T) {
 				t.Fatalf("copy %d failed but readToDevice did not", at)
 			}
 		}
-		d.FailAt = 0
+		d.FailAt.Store(0)
 		if err := WriteFromDevice(&slowWriter{d: d, failAt: 3}, 1, d.Base, 8*chunk, chunk); err == nil {
 			t.Fatal("a write failed but writeFromDevice did not")
 		}

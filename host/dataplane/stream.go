@@ -1,0 +1,269 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// The intra-node request stream (SPEC.md §4, "Shared-memory streams"): a
+// lane to a peer on the same host writes its requests into a shared ring
+// (host/shmstream) instead of its socket, and the peer's reader parses the
+// same bytes from there. The socket stays, for the replies, for the
+// reader's sleep (a writer that finds it asleep sends one byte, its bell)
+// and for the end of the stream (a closed socket is a closed stream).
+//
+// The switch is a message: the lane's first write offers the ring on the
+// socket (wire.MsgStream) and waits until the target mapped it (the ring's
+// attached word) or refused (wire.MsgStreamNo on the reply stream); from
+// the offer on, every byte of the request stream is in the ring, and the
+// target reads the ring from the message after the offer. Nothing else is
+// written on the socket in between, so no byte can be on the wrong side.
+
+// StreamRingSize is the data size of a lane's shared-memory stream: room
+// for a batch of small puts and their headers, a fraction of a socket's
+// buffer (payloads of intraMin and up move by process_vm_writev, device
+// payloads through the staging ring).
+const StreamRingSize = 256 << 10
+
+// streamOn reports whether this lane writes its requests into a shared
+// ring, offering one on the first call: to a peer on this host, where the
+// mesh allows it. Called by whoever holds writing, before its write.
+func (l *lane) streamOn() bool {
+	switch l.sState {
+	case ringOn:
+		return true
+	case ringOff:
+		return false
+	}
+	l.sState = ringOff
+	if l.t.side == nil || l.p.m.noIntraStream || l.orc == nil {
+		return false
+	}
+	s, err := shmstream.New(StreamRingSize)
+	if err != nil {
+		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no shared-memory stream (%v); requests ride the socket", l.p.rank, err)
+		return false
+	}
+	l.sring.Store(s)
+	fd, size := s.Offer()
+	h := wire.Header{Typ: wire.MsgStream, Off: fd, Size: size}
+	var hb [wire.HeaderSize]byte
+	h.Encode(hb[:])
+	if err := l.writeSocket([][]byte{hb[:]}); err != nil {
+		return false // the lane fails at its next write, as it would have
+	}
+	if on, _ := s.AwaitAttach(l.sNo.Load, l); !on {
+		return false
+	}
+	l.sState = ringOn
+	l.bellFn = l.bellFD
+	logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d, lane %d: requests through a shared-memory stream (%d KiB)",
+		l.p.rank, l.idx, size>>10)
+	return true
+}
+
+// streamRefused is the reply stream's wire.MsgStreamNo: wake the offer's wait.
+func (l *lane) streamRefused() {
+	l.sNo.Store(true)
+	if s := l.sring.Load(); s != nil {
+		s.WakeAttach()
+	}
+}
+
+// writeStream writes iov into the lane's shared ring.
+func (l *lane) writeStream(iov [][]byte) error {
+	return l.sring.Load().Write(iov, l, l)
+}
+
+// Ring is the stream's bell: one byte on the socket wakes the target's
+// reader from its sleep in the netpoller. A full socket already wakes it.
+func (l *lane) Ring() {
+	if err := l.orc.Control(l.bellFn); err != nil {
+		return // closed: the reader meets the end instead
+	}
+}
+
+func (l *lane) bellFD(fd uintptr) {
+	b := [1]byte{0xdb}
+	for {
+		_, _, e := syscall.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), 1)
+		if e != unix.EINTR {
+			return
+		}
+	}
+}
+
+// streamWriter is what staging writes a device payload to: the ring's
+// writer when the lane has one, else the socket.
+func (l *lane) streamWriter() io.Writer {
+	if l.sState == ringOn {
+		return (*laneStream)(l)
+	}
+	return l.out
+}
+
+// laneStream is a lane's shared ring as an io.Writer.
+type laneStream lane
+
+func (s *laneStream) Write(b []byte) (int, error) {
+	l := (*lane)(s)
+	l.sbuf[0] = b
+	err := l.writeStream(l.sbuf[:])
+	l.sbuf[0] = nil
+	if err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// releaseStream frees the lane's ring once its goroutines ended.
+func (l *lane) releaseStream() {
+	if s := l.sring.Swap(nil); s != nil {
+		s.Close()
+	}
+}
+
+// attachStream answers a lane's offer: map its ring and read the stream
+// from there, or refuse on the reply stream (the sender keeps the socket).
+// The offer must be the last byte the socket carries.
+func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
+	p := t.p
+	if r.sring != nil {
+		return fmt.Errorf("protocol error: rank %d offered a second shared-memory stream on one lane", p.rank)
+	}
+	if r.br.Buffered() != 0 {
+		return fmt.Errorf("protocol error: rank %d wrote %d bytes on its socket after offering a shared-memory stream", p.rank, r.br.Buffered())
+	}
+	var err error
+	var s *shmstream.Ring
+	switch {
+	case t.side == nil:
+		err = errors.New("not an intra-node link")
+	case streamHook != nil:
+		err = streamHook()
+	default:
+		s, err = shmstream.Attach(t.side.peerPid(), h.Off, h.Size)
+	}
+	if err != nil {
+		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's shared-memory stream (%v); its requests ride the socket", p.rank, err)
+		return t.reply(r.in, wire.MsgStreamNo, h, abi.InternalError, nil, r.resp)
+	}
+	if r.lowat {
+		r.setLowat(false)
+	}
+	r.sring = s
+	s.SetAttached()
+	return nil
+}
+
+// streamHook, when set (tests), refuses every stream offer with its error.
+var streamHook func() error
+
+// readStream is inReader.Read from the shared ring: what it holds, or for
+// a caller (nb) errWouldBlock; the service sleeps on the socket, whose
+// bytes are bells, until the ring has bytes. The socket's end (or a
+// reset) ends the stream once the ring is drained.
+func (r *inReader) readStream(b []byte) (int, error) {
+	s := r.sring
+	for {
+		n, err := s.Read(b)
+		if n > 0 || err != nil {
+			return n, err
+		}
+		if r.sockErr != nil && !r.caller() {
+			return 0, r.sockErr // the ring is drained: the stream ended
+		}
+		if r.nb {
+			return 0, errWouldBlock
+		}
+		if !s.Sleep() {
+			continue
+		}
+		_, err = r.in.Read(r.bells[:]) // bells: the ring says what came
+		s.Awake()
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				// A caller's wake-up (poll): look again.
+				r.in.SetReadDeadline(time.Time{})
+				continue
+			}
+			r.sockErr = err // after what the ring still holds
+		}
+	}
+}
+
+// waitStream is waitFD for a stream in the shared ring: true once the ring
+// holds bytes, a caller left some in the buffer, or the socket woke the
+// netpoller (a bell, or its end: the read meets it); false parks on the
+// netpoller, the ring marked asleep so that the next write rings. After
+// traffic it spins on the ring first, as waitFD does on the socket.
+func (r *inReader) waitStream(fd uintptr) bool {
+	s := r.sring
+	if r.parked {
+		s.Awake()
+		r.drainBells(fd)
+		return true
+	}
+	spinning := false
+	var start int64
+	for {
+		// Pending, not Avail: a caller may hold the role and read.
+		if s.Pending() || r.left.Load() || r.sockErr != nil {
+			if spinning {
+				spin.Release()
+			}
+			return true
+		}
+		m := r.t.p.m
+		if !spinning {
+			if m.spinWait <= 0 || Now()-r.rx.Load() > int64(m.spinWait) || !spin.Acquire(int32(m.spinners)) {
+				break
+			}
+			spinning, start = true, Now()
+		} else if Now()-start > int64(m.spinWait) {
+			spin.Release()
+			break
+		}
+		runtime.Gosched()
+	}
+	if !r.drainBells(fd) || !s.Sleep() {
+		return true
+	}
+	r.parked = true
+	return false
+}
+
+// drainBells reads the bells the socket holds, without waiting; false
+// when the socket ended or failed (recorded for readStream).
+func (r *inReader) drainBells(fd uintptr) bool {
+	for {
+		n, _, e := syscall.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&r.bells[0])), uintptr(len(r.bells)), unix.MSG_DONTWAIT, 0, 0)
+		switch {
+		case e == unix.EINTR:
+			continue
+		case e == unix.EAGAIN:
+			return true
+		case e != 0:
+			r.sockErr = &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("recvfrom", e)}
+			return false
+		case n == 0:
+			r.sockErr = io.EOF
+			return false
+		}
+	}
+}
