@@ -33,6 +33,8 @@
 //     (its FIFOs are host/ring's).
 //   - intranode.go: process_vm_writev/readv to a peer on this host.
 //   - ring.go: the lanes' side of the intra-node staging ring.
+//   - stream.go: intra-node request streams through shared-memory rings
+//     (host/shmstream), switched to in-band.
 //   - fabric_link.go: libfabric writes, reads and signals to one peer.
 //   - fabric_dev.go: device memory staged over TCP beside a fabric link.
 //

@@ -93,6 +93,7 @@ func (l *lane) writeStream(iov [][]byte) error {
 // Ring is the stream's bell: one byte on the socket wakes the target's
 // reader from its sleep in the netpoller. A full socket already wakes it.
 func (l *lane) Ring() {
+	l.bells.Add(1)
 	if err := l.orc.Control(l.bellFn); err != nil {
 		return // closed: the reader meets the end instead
 	}

@@ -370,7 +370,8 @@ type lane struct {
 	sring  atomic.Pointer[shmstream.Ring]
 	sNo    atomic.Bool // the target refused the stream
 	bellFn func(fd uintptr)
-	sbuf   [1][]byte // laneStream's iovec
+	sbuf   [1][]byte     // laneStream's iovec
+	bells  atomic.Uint64 // bells rung (tests and the stall report)
 
 	// With several lanes (resend), every put and registration notice
 	// written on the stream and not yet known to have been applied, as

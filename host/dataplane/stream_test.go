@@ -1,0 +1,156 @@
+package dataplane
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// streamPuts posts n put+signals of 8 B to 8 KiB from rank a to rank b,
+// round-robin over the lanes, each with its own bytes, and checks every
+// byte and the signal count (word 0 of b's memory counts to base+n).
+func streamPuts(t *testing.T, ms []*Mesh, owners []*memOwner, a, b, n int, base uint64) {
+	t.Helper()
+	sizes := []uint64{8, 64, 1024, 8 << 10}
+	src := make([]byte, 16<<10)
+	for i := range n {
+		size := sizes[i%len(sizes)]
+		for j := range src[:size] {
+			src[j] = byte(i*13 + j)
+		}
+		off := uint64(64 + (i%4)*(8<<10))
+		tag := uint64(a)<<32 | (base + uint64(i) + 1) // tag 0 asks for no completion
+		ms[a].Post(b, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: size, Off: off,
+			SigMrID: 1, SigOp: abi.SignalOpInc}, false, i%ms[a].lanes)
+		if st := waitDone(t, owners[a], tag); st != abi.Success {
+			t.Fatalf("put %d of %d bytes: %v", i, size, st)
+		}
+		waitWord(t, owners[b], 0, base+uint64(i)+1, nil)
+		if got := owners[b].mem[off : off+size]; !bytes.Equal(got, src[:size]) {
+			t.Fatalf("put %d of %d bytes: bytes differ once its signal was seen", i, size)
+		}
+	}
+}
+
+// TestStreamRings: between two ranks of one host every lane's requests go
+// through a shared-memory stream (the sending lanes switched, the readers
+// read rings), both ways, with every byte and signal in place; the
+// service, asleep when a put comes (nobody polls here), is woken by a bell.
+func TestStreamRings(t *testing.T) {
+	for _, lanes := range []int{1, 2} {
+		t.Run(fmt.Sprintf("lanes=%d", lanes), func(t *testing.T) {
+			owners := newOwners(2, 64+4*(8<<10))
+			ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes, CloseTimeout: time.Second})
+			streamPuts(t, ms, owners, 0, 1, 40, 0)
+			streamPuts(t, ms, owners, 1, 0, 40, 0)
+			// Quiet long enough for the services to park, then one more.
+			time.Sleep(50 * time.Millisecond)
+			streamPuts(t, ms, owners, 0, 1, 1, 40)
+			var bells uint64
+			for a := range 2 {
+				tl := tcpOf(t, ms[a], 1-a)
+				for _, l := range tl.lanes {
+					if l.sState != ringOn || l.sring.Load() == nil {
+						t.Fatalf("rank %d lane %d to rank %d: no shared-memory stream", a, l.idx, 1-a)
+					}
+					bells += l.bells.Load()
+				}
+				target := tcpOf(t, ms[1-a], a)
+				for i, ac := range target.acks {
+					if r := ac.rd.Load(); r == nil || r.sring == nil {
+						t.Fatalf("rank %d's reader of lane %d from rank %d reads no ring", 1-a, i, a)
+					}
+				}
+			}
+			if bells == 0 {
+				t.Fatal("no bell rung, yet a put reached a parked service")
+			}
+			for _, m := range ms {
+				if err := m.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, o := range owners {
+				if len(o.failed) > 0 {
+					t.Fatalf("errors: %v", o.failed)
+				}
+			}
+		})
+	}
+}
+
+// TestStreamRefused: a target that cannot map the ring refuses it (INFO),
+// and the lane goes on with its socket.
+func TestStreamRefused(t *testing.T) {
+	streamHook = func() error { return errors.New("refused by the test") }
+	defer func() { streamHook = nil }()
+	owners := newOwners(2, 64+4*(8<<10))
+	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
+	streamPuts(t, ms, owners, 0, 1, 20, 0)
+	l := tcpOf(t, ms[0], 1).lanes[0]
+	if l.sState != ringOff || !l.sNo.Load() {
+		t.Fatalf("lane state %d (refused %v) after a refusal", l.sState, l.sNo.Load())
+	}
+	if r := tcpOf(t, ms[1], 0).acks[0].rd.Load(); r == nil || r.sring != nil {
+		t.Fatal("the target reads a ring it refused")
+	}
+}
+
+// TestStreamOff: NoIntraStream keeps the socket.
+func TestStreamOff(t *testing.T) {
+	owners := newOwners(2, 64+4*(8<<10))
+	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, NoIntraStream: true})
+	streamPuts(t, ms, owners, 0, 1, 8, 0)
+	if l := tcpOf(t, ms[0], 1).lanes[0]; l.sring.Load() != nil {
+		t.Fatal("a shared-memory stream although NoIntraStream")
+	}
+}
+
+// TestStreamCorrupt: a writer whose ring tail runs ahead of what the ring
+// holds has corrupted the stream: the target drops it with an error that
+// says so, at once, and nothing hangs.
+func TestStreamCorrupt(t *testing.T) {
+	owners := newOwners(2, 64+4*(8<<10))
+	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
+	streamPuts(t, ms, owners, 0, 1, 4, 0)
+	// The hostile writer: its own mapping of the ring, through the memfd.
+	fd, size := tcpOf(t, ms[0], 1).lanes[0].sring.Load().Offer()
+	f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(4096+size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	tail := (*uint64)(unsafe.Pointer(&mem[128]))
+	atomic.AddUint64(tail, 3*size)
+	// Wake the target's service: a bell, as a writer would ring.
+	tcpOf(t, ms[0], 1).lanes[0].Ring()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ms[1].peers[0].dead.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the target still serves a corrupted stream")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	owners[1].mu.Lock()
+	failed := fmt.Sprint(owners[1].failed)
+	owners[1].mu.Unlock()
+	if !strings.Contains(failed, "corrupted") {
+		t.Fatalf("the target's error does not name the corruption: %s", failed)
+	}
+}
