@@ -28,8 +28,13 @@ func (m *Mesh) WriteState(w io.Writer) {
 				head = fmt.Sprintf(" head{msg %d size %d seq %d notBefore %d}", op.Msg, op.Size, op.Seq, op.NotBefore)
 			}
 			l.mu.Unlock()
-			fmt.Fprintf(w, "    lane %d: open=%v opening=%v queued=%d%s writing=%v down=%v armed=%v unacked puts=%d gets=%d batches=%d\n",
-				l.idx, open, opening, qlen, head, writing, down, l.armed.Load(), l.pendingPuts(), l.pendingGets(), l.batches.Load())
+			var shm string
+			if s := l.sring.Load(); s != nil {
+				tail, read, sleeping, waiting := s.State()
+				shm = fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v bells %d}", tail, read, sleeping, waiting, l.bells.Load())
+			}
+			fmt.Fprintf(w, "    lane %d: open=%v opening=%v queued=%d%s writing=%v down=%v armed=%v unacked puts=%d gets=%d batches=%d%s\n",
+				l.idx, open, opening, qlen, head, writing, down, l.armed.Load(), l.pendingPuts(), l.pendingGets(), l.batches.Load(), shm)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -25,7 +26,7 @@ func (o *memOwner) LaneFailed(peer, lane, moved int, _ error) {
 // ss -K does: both ends see the stream break.
 func resetIn(t *testing.T, m *Mesh, peer, lane int) {
 	t.Helper()
-	tl := m.peers[peer].t.(*tcpLink)
+	tl := streamsOf(m.peers[peer].t)
 	var c *net.TCPConn
 	waitUntil(t, "the lane to open", func() bool { // lanes open when first used (lazy.go)
 		tl.inMu.Lock()
@@ -70,15 +71,24 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 // and a put with signal are in flight: every put completes once with
 // success, every byte lands, the signal is applied exactly once and only
 // after the puts, nobody reports an error, the initiator hears of the
-// failover, later operations avoid the dead lane, and the close is orderly.
+// failover, later operations avoid the dead lane, and the close is orderly;
+// over TCP and between two ranks of one host (payloads by
+// process_vm_writev, requests through shared-memory streams, whose reader
+// drains the ring when its socket is reset).
 func TestLaneFailoverMidStream(t *testing.T) {
+	for _, intra := range []bool{false, true} {
+		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) { laneFailoverMidStream(t, intra) })
+	}
+}
+
+func laneFailoverMidStream(t *testing.T, intra bool) {
 	const (
 		n     = 128
 		piece = 128 << 10
 		size  = 8 + n*piece
 	)
 	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, size), done: map[uint64]abi.Result{}}}
-	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 4, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: 5 * time.Second})
+	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 4, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: 5 * time.Second})
 	sig := (*uint64)(unsafe.Pointer(&owners[1].mem[0]))
 	src := make([]byte, size)
 	for round := uint64(1); round <= 3; round++ {

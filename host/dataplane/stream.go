@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -155,8 +156,8 @@ func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
 	switch {
 	case t.side == nil:
 		err = errors.New("not an intra-node link")
-	case streamHook != nil:
-		err = streamHook()
+	case streamRefusal.Load() != nil:
+		err = *streamRefusal.Load()
 	default:
 		s, err = shmstream.Attach(t.side.peerPid(), h.Off, h.Size)
 	}
@@ -172,8 +173,9 @@ func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
 	return nil
 }
 
-// streamHook, when set (tests), refuses every stream offer with its error.
-var streamHook func() error
+// streamRefusal, when set (tests), refuses every stream offer with its
+// error (atomic: a service of another test's mesh may still look).
+var streamRefusal atomic.Pointer[error]
 
 // readStream is inReader.Read from the shared ring: what it holds, or for
 // a caller (nb) errWouldBlock; the service sleeps on the socket, whose

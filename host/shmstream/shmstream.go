@@ -221,6 +221,7 @@ func (r *Ring) publish(tail uint64, b Bell) {
 		return
 	}
 	r.pos = tail
+	raceRelease()
 	atomic.StoreUint64(r.u64(offTail), tail)
 	if atomic.LoadUint32(r.u32(offSleeping)) != 0 && atomic.CompareAndSwapUint32(r.u32(offSleeping), 1, 0) {
 		b.Ring()
@@ -232,6 +233,7 @@ func (r *Ring) awaitRoom(head uint64, l Liveness) error {
 	hw := r.u32(offHead) // the low half (little endian)
 	for spin := 0; ; spin++ {
 		if atomic.LoadUint64(r.u64(offHead)) != head {
+			raceAcquire() // the reader is done with what we overwrite
 			return nil
 		}
 		if l.Gone() {
@@ -256,6 +258,7 @@ func (r *Ring) Read(b []byte) (int, error) {
 	if err != nil || avail == 0 || len(b) == 0 {
 		return 0, err
 	}
+	raceAcquire()
 	n := uint64(len(b))
 	if n > avail {
 		n = avail
@@ -264,6 +267,7 @@ func (r *Ring) Read(b []byte) (int, error) {
 	c := copy(b[:n], r.data[at:])
 	copy(b[c:n], r.data)
 	r.pos += n
+	raceRelease()
 	atomic.StoreUint64(r.u64(offHead), r.pos)
 	if atomic.LoadUint32(r.u32(offWaiting)) != 0 {
 		futexWake(r.u32(offHead))
@@ -309,6 +313,14 @@ func (r *Ring) Awake() {
 	if atomic.LoadUint32(r.u32(offSleeping)) != 0 {
 		atomic.StoreUint32(r.u32(offSleeping), 0)
 	}
+}
+
+// State is what the ring's shared words say now, for diagnostics: bytes
+// written and read, ever, whether the reader said it sleeps and whether
+// the writer waits for room.
+func (r *Ring) State() (tail, head uint64, sleeping, waiting bool) {
+	return atomic.LoadUint64(r.u64(offTail)), atomic.LoadUint64(r.u64(offHead)),
+		atomic.LoadUint32(r.u32(offSleeping)) != 0, atomic.LoadUint32(r.u32(offWaiting)) != 0
 }
 
 // Size is the ring's data size.
