@@ -72,6 +72,7 @@ func (l *lane) streamOn() bool {
 		return false
 	}
 	l.sState = ringOn
+	l.sOn.Store(true)
 	l.bellFn = l.bellFD
 	logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d, lane %d: requests through a shared-memory stream (%d KiB)",
 		l.p.rank, l.idx, size>>10)

@@ -177,10 +177,11 @@ func (t *tcpLink) submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op
 // plain puts always wait for the caller's next call, and a signal posted
 // close behind other work, or while puts are in flight, queues behind it
 // and leaves with it. Not over a side path (intra-node), whose writer
-// copies payloads itself.
+// copies payloads itself, unless the lane writes a shared-memory stream
+// (stream.go): a lone signal is small, and its write there is a copy.
 func (t *tcpLink) submitCaller(lane int, op Op, hold bool) {
 	l := t.lanes[lane]
-	if l.enqueue(&op, hold) && t.side == nil && l.pendingPuts() == 0 && l.pendingGets() == 0 {
+	if l.enqueue(&op, hold) && (t.side == nil || l.sOn.Load()) && l.pendingPuts() == 0 && l.pendingGets() == 0 {
 		l.flush()
 	}
 }
@@ -369,6 +370,7 @@ type lane struct {
 	sState int
 	sring  atomic.Pointer[shmstream.Ring]
 	sNo    atomic.Bool // the target refused the stream
+	sOn    atomic.Bool // sState is ringOn, for those who do not hold writing
 	bellFn func(fd uintptr)
 	sbuf   [1][]byte     // laneStream's iovec
 	bells  atomic.Uint64 // bells rung (tests and the stall report)
