@@ -188,16 +188,25 @@ func TestReinit(t *testing.T) {
 
 // TestIntraNodeFallback makes the kernel refuse process_vm_writev (ranks
 // drop CAP_SYS_PTRACE and turn non-dumpable): every rank must say why, once
-// per peer, and still deliver every byte over TCP.
+// per peer, and still deliver every byte over TCP. The shared-memory
+// request streams, on between every pair (a rank's own included) on a
+// permissive host, are refused the same way (a non-dumpable process's
+// memfd cannot be opened through /proc), and the sockets carry them.
 func TestIntraNodeFallback(t *testing.T) {
 	on := runDriver(t, nil, "--verbose", "--ranks", "3", "--size", "1m", "--iters", "1")
 	if strings.Count(on, "; 3 on this host use the intra-node path") != 3 || strings.Contains(on, "refused by the kernel") {
 		t.Fatalf("intra-node path not in use on a permissive host:\n%s", tail(on))
 	}
+	if got := strings.Count(on, "requests through a shared-memory stream"); got != 9 || strings.Contains(on, "refusing rank") {
+		t.Fatalf("%d shared-memory streams, want 9 (3 ranks, 3 peers each), none refused:\n%s", got, tail(on))
+	}
 	off := runDriver(t, nil, "--verbose", "--no-ptrace", "--ranks", "3", "--size", "1m", "--iters", "1")
 	// 3 ranks, 2 remote peers each: 6 refusals, each logged once.
 	if got := strings.Count(off, "refused by the kernel"); got != 6 {
 		t.Fatalf("%d refusals logged, want 6 (one per rank and remote peer):\n%s", got, tail(off))
+	}
+	if got, self := strings.Count(off, "shared-memory stream (open /proc/"), strings.Count(off, "requests through a shared-memory stream"); got != 6 || self != 3 {
+		t.Fatalf("%d shared-memory streams refused (want 6) and %d taken (want 3, each rank's own):\n%s", got, self, tail(off))
 	}
 }
 
