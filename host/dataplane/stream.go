@@ -55,7 +55,7 @@ func (l *lane) streamOn() bool {
 	if l.t.side == nil || l.p.m.noIntraStream || l.orc == nil {
 		return false
 	}
-	s, err := shmstream.New(StreamRingSize)
+	s, err := newStreamRing(StreamRingSize)
 	if err != nil {
 		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no shared-memory stream (%v); requests ride the socket", l.p.rank, err)
 		return false
@@ -173,6 +173,10 @@ func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
 	s.SetAttached()
 	return nil
 }
+
+// newStreamRing makes a lane's ring (a variable: a test keeps a hostile
+// writer's handle on one).
+var newStreamRing = shmstream.New
 
 // streamRefusal, when set (tests), refuses every stream offer with its
 // error (atomic: a service of another test's mesh may still look).

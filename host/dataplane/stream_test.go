@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -130,15 +131,31 @@ func TestStreamOff(t *testing.T) {
 // holds has corrupted the stream: the target drops it with an error that
 // says so, at once, and nothing hangs.
 func TestStreamCorrupt(t *testing.T) {
+	// The hostile writer keeps a descriptor of every ring made (the lanes
+	// close theirs once the target answered).
+	var fds []*os.File
+	newStreamRing = func(size uint64) (*shmstream.Ring, error) {
+		r, err := shmstream.New(size)
+		if err == nil {
+			fd, _ := r.Offer()
+			f, ferr := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDWR, 0)
+			if ferr != nil {
+				t.Error(ferr)
+			}
+			fds = append(fds, f)
+		}
+		return r, err
+	}
+	defer func() { newStreamRing = shmstream.New }()
 	owners := newOwners(2, 64+48*(8<<10))
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
 	streamPuts(t, ms, owners, 0, 1, 4, 0)
-	// The hostile writer: its own mapping of the ring, through the memfd.
-	fd, size := tcpOf(t, ms[0], 1).lanes[0].sring.Load().Offer()
-	f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
+	newStreamRing = shmstream.New
+	_, size := tcpOf(t, ms[0], 1).lanes[0].sring.Load().Offer()
+	if len(fds) != 1 {
+		t.Fatalf("%d rings made, want 1 (rank 0 to rank 1)", len(fds))
 	}
+	f := fds[0]
 	defer f.Close()
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(4096+size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {

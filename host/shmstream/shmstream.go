@@ -156,8 +156,12 @@ func (r *Ring) SetAttached() {
 }
 
 // AwaitAttach waits until the reader mapped the ring (true), refused it
-// (false: refused says so), or l says the stream is gone (an error).
+// (false: refused says so), or l says the stream is gone (an error). The
+// memfd closes then, whatever the answer: the mapping is all either end
+// needs from now on, and a descriptor per lane would count against the
+// process's limit.
 func (r *Ring) AwaitAttach(refused func() bool, l Liveness) (bool, error) {
+	defer r.closeFD()
 	att := r.u32(offAttached)
 	for atomic.LoadUint32(att) == 0 {
 		if refused() {
@@ -326,15 +330,21 @@ func (r *Ring) State() (tail, head uint64, sleeping, waiting bool) {
 // Size is the ring's data size.
 func (r *Ring) Size() uint64 { return r.mask + 1 }
 
-// Close unmaps the ring; the writer's memfd closes.
+// Close unmaps the ring; the writer's memfd closes if it is still open.
 func (r *Ring) Close() error {
 	err := unix.Munmap(r.mem)
-	if r.fd >= 0 {
-		if cerr := unix.Close(r.fd); err == nil {
-			err = cerr
-		}
-		r.fd = -1
+	if cerr := r.closeFD(); err == nil {
+		err = cerr
 	}
+	return err
+}
+
+func (r *Ring) closeFD() error {
+	if r.fd < 0 {
+		return nil
+	}
+	err := unix.Close(r.fd)
+	r.fd = -1
 	return err
 }
 
