@@ -18,6 +18,9 @@
 // Only the counters cross between the processes, and the reader checks
 // each one it loads: a writer whose tail runs ahead of what the ring holds,
 // or back, has corrupted the stream, and Read fails for good.
+//
+// CreateSealed, OpenSealed, FutexWait and FutexWake are the memory both
+// ends share and the waits on it; host/devmem/staging's ring uses them too.
 package shmstream
 
 import (
@@ -86,21 +89,9 @@ func New(size uint64) (*Ring, error) {
 	if size < MinSize || size > MaxSize || size&(size-1) != 0 {
 		return nil, fmt.Errorf("shared-memory stream of %d bytes: not a power of two in [%d, %d]", size, MinSize, MaxSize)
 	}
-	fd, err := unix.MemfdCreate("rccl-rma-wasm-stream", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	fd, mem, err := CreateSealed("rccl-rma-wasm-stream", hdrSize+size)
 	if err != nil {
-		return nil, fmt.Errorf("memfd_create: %w", err)
-	}
-	total := hdrSize + size
-	if err = unix.Ftruncate(fd, int64(total)); err == nil {
-		_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL)
-	}
-	var mem []byte
-	if err == nil {
-		mem, err = unix.Mmap(fd, 0, int(total), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	}
-	if err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("shared-memory stream of %d bytes: %w", size, err)
+		return nil, fmt.Errorf("shared-memory stream: %w", err)
 	}
 	r := &Ring{mem: mem, data: mem[hdrSize:], mask: size - 1, fd: fd}
 	*r.u64(offSize) = size
@@ -115,26 +106,12 @@ func (r *Ring) Offer() (fd, size uint64) { return uint64(r.fd), r.mask + 1 }
 // Attach maps the ring that process pid offered (fd and size as Offer
 // gave them), checking the file's size and seals and the ring's header.
 func Attach(pid int, fd, size uint64) (*Ring, error) {
-	if size < MinSize || size > MaxSize || size&(size-1) != 0 || fd > math.MaxInt32 || pid <= 0 {
-		return nil, fmt.Errorf("bad shared-memory stream offer (fd %d, %d bytes, pid %d)", fd, size, pid)
+	if size < MinSize || size > MaxSize || size&(size-1) != 0 {
+		return nil, fmt.Errorf("bad shared-memory stream offer (%d bytes)", size)
 	}
-	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), os.O_RDWR|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	mem, err := OpenSealed(pid, fd, hdrSize+size)
 	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	total := hdrSize + size
-	var st unix.Stat_t
-	if err = unix.Fstat(int(f.Fd()), &st); err != nil || uint64(st.Size) != total {
-		return nil, fmt.Errorf("shared-memory stream file of %d bytes, offered %d (%v)", st.Size, total, err)
-	}
-	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
-	if err != nil || seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
-		return nil, fmt.Errorf("shared-memory stream file not sealed against resizing (%v)", err)
-	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(total), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("map the shared-memory stream: %w", err)
+		return nil, fmt.Errorf("shared-memory stream: %w", err)
 	}
 	r := &Ring{mem: mem, data: mem[hdrSize:], mask: size - 1, fd: -1}
 	if atomic.LoadUint64(r.u64(offMagic)) != magic || atomic.LoadUint64(r.u64(offSize)) != size {
@@ -152,7 +129,7 @@ func Attach(pid int, fd, size uint64) (*Ring, error) {
 // AwaitAttach).
 func (r *Ring) SetAttached() {
 	atomic.StoreUint32(r.u32(offAttached), 1)
-	futexWake(r.u32(offAttached))
+	FutexWake(r.u32(offAttached))
 }
 
 // AwaitAttach waits until the reader mapped the ring (true), refused it
@@ -170,7 +147,7 @@ func (r *Ring) AwaitAttach(refused func() bool, l Liveness) (bool, error) {
 		if l.Gone() {
 			return false, errors.New("peer or lane gone while it considered the shared-memory stream")
 		}
-		futexWait(att, 0, wait)
+		FutexWait(att, 0, wait)
 	}
 	// The reader may have started from a tail other than ours only if we
 	// wrote before the attach, which we never do.
@@ -178,7 +155,7 @@ func (r *Ring) AwaitAttach(refused func() bool, l Liveness) (bool, error) {
 }
 
 // WakeAttach ends the writer's AwaitAttach after a refusal.
-func (r *Ring) WakeAttach() { futexWake(r.u32(offAttached)) }
+func (r *Ring) WakeAttach() { FutexWake(r.u32(offAttached)) }
 
 // Write copies the bytes of iov into the ring, in order, publishing them
 // as it goes; with the ring full it rings b (a reader that went to sleep
@@ -249,7 +226,7 @@ func (r *Ring) awaitRoom(head uint64, l Liveness) error {
 		}
 		atomic.StoreUint32(r.u32(offWaiting), 1)
 		if atomic.LoadUint64(r.u64(offHead)) == head {
-			futexWait(hw, uint32(head), wait)
+			FutexWait(hw, uint32(head), wait)
 		}
 		atomic.StoreUint32(r.u32(offWaiting), 0)
 	}
@@ -274,7 +251,7 @@ func (r *Ring) Read(b []byte) (int, error) {
 	raceRelease()
 	atomic.StoreUint64(r.u64(offHead), r.pos)
 	if atomic.LoadUint32(r.u32(offWaiting)) != 0 {
-		futexWake(r.u32(offHead))
+		FutexWake(r.u32(offHead))
 	}
 	return int(n), nil
 }
@@ -348,16 +325,70 @@ func (r *Ring) closeFD() error {
 	return err
 }
 
+// CreateSealed makes a memfd of size bytes, sealed against shrinking and
+// growing (and further seals), and maps it: what a process shares with a
+// peer of its host (a stream here, host/devmem/staging's ring). The
+// descriptor is the caller's to close.
+func CreateSealed(name string, size uint64) (int, []byte, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return -1, nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	if err = unix.Ftruncate(fd, int64(size)); err == nil {
+		_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL)
+	}
+	var mem []byte
+	if err == nil {
+		mem, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, nil, fmt.Errorf("memfd of %d bytes: %w", size, err)
+	}
+	return fd, mem, nil
+}
+
+// OpenSealed maps memfd number fd of process pid (through /proc, which
+// needs ptrace read access to it), after checking that the file is exactly
+// size bytes and sealed against shrinking and growing: a mapping of it can
+// never fault, whatever the peer does to the file.
+func OpenSealed(pid int, fd, size uint64) ([]byte, error) {
+	if fd > math.MaxInt32 || pid <= 0 || size == 0 || size > math.MaxInt32 {
+		return nil, fmt.Errorf("bad memfd offer (fd %d, %d bytes, pid %d)", fd, size, pid)
+	}
+	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", pid, fd), os.O_RDWR|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err = unix.Fstat(int(f.Fd()), &st); err != nil || uint64(st.Size) != size {
+		return nil, fmt.Errorf("file of %d bytes, offered %d (%v)", st.Size, size, err)
+	}
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	if err != nil || seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
+		return nil, fmt.Errorf("file not sealed against resizing (%v)", err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map it: %w", err)
+	}
+	return mem, nil
+}
+
 const (
-	futexWaitOp = 0 // FUTEX_WAIT, shared: two processes map the ring
+	futexWaitOp = 0 // FUTEX_WAIT, shared: two processes map the word
 	futexWakeOp = 1 // FUTEX_WAKE, shared
 )
 
-func futexWait(w *uint32, val uint32, d time.Duration) {
+// FutexWait sleeps while *w == val, at most d, or until a FutexWake of w;
+// w may be in memory another process maps (CreateSealed, OpenSealed).
+func FutexWait(w *uint32, val uint32, d time.Duration) {
 	ts := unix.NsecToTimespec(d.Nanoseconds())
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWaitOp, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
 }
 
-func futexWake(w *uint32) {
+// FutexWake wakes every FutexWait of w, in any process.
+func FutexWake(w *uint32) {
 	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWakeOp, math.MaxInt32, 0, 0, 0)
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -15,6 +14,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 )
 
 // The intra-node staging ring (SPEC.md §4, "Device memory"). Neither
@@ -116,21 +116,9 @@ func (r *Ring) Close() {
 // NewRing makes a sender's ring of slots chunks in a sealed memfd (the target
 // checks the seals: a ring that could shrink under its mapping would fault).
 func NewRing(slots uint32, chunk uint64) (*Ring, error) {
-	size := ringHdrSize + uint64(slots)*chunk
-	fd, err := unix.MemfdCreate("rccl-rma-wasm-ring", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	fd, mem, err := shmstream.CreateSealed("rccl-rma-wasm-ring", ringHdrSize+uint64(slots)*chunk)
 	if err != nil {
-		return nil, fmt.Errorf("memfd_create: %w", err)
-	}
-	if err = unix.Ftruncate(fd, int64(size)); err == nil {
-		_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL)
-	}
-	var mem []byte
-	if err == nil {
-		mem, err = unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	}
-	if err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("staging ring of %d bytes: %w", size, err)
+		return nil, fmt.Errorf("staging ring: %w", err)
 	}
 	r := &Ring{mem: mem, fd: fd, slots: slots, chunk: chunk}
 	*(*uint64)(unsafe.Pointer(&mem[ringOffSlots])) = uint64(slots)
@@ -161,23 +149,9 @@ func attach(pid int, o Offer) (*Ring, error) {
 		o.Size != ringHdrSize+slots*chunk || o.FD > math.MaxInt32 {
 		return nil, fmt.Errorf("bad ring offer (%d slots of %d bytes, %d bytes)", slots, chunk, o.Size)
 	}
-	f, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", pid, o.FD), os.O_RDWR|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	mem, err := shmstream.OpenSealed(pid, o.FD, o.Size)
 	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fd := int(f.Fd())
-	var st unix.Stat_t
-	if err = unix.Fstat(fd, &st); err != nil || uint64(st.Size) != o.Size {
-		return nil, fmt.Errorf("ring file of %d bytes, offered %d (%v)", st.Size, o.Size, err)
-	}
-	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
-	if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
-		return nil, fmt.Errorf("ring file not sealed against shrinking (%v)", err)
-	}
-	mem, err := unix.Mmap(fd, 0, int(o.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("map the ring: %w", err)
+		return nil, fmt.Errorf("staging ring: %w", err)
 	}
 	r := &Ring{mem: mem, fd: -1, slots: uint32(slots), chunk: chunk}
 	if atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[ringOffMagic]))) != ringMagic ||
@@ -188,20 +162,11 @@ func attach(pid int, o Offer) (*Ring, error) {
 	return r, nil
 }
 
-const (
-	futexWaitOp = 0 // FUTEX_WAIT, shared (the ring is mapped by two processes)
-	futexWakeOp = 1 // FUTEX_WAKE, shared
+// The waits on the ring's counters (the ring is mapped by two processes).
+var (
+	futexWait = shmstream.FutexWait
+	futexWake = shmstream.FutexWake
 )
-
-// futexWait sleeps while *w == val, at most d (or until a wake).
-func futexWait(w *uint32, val uint32, d time.Duration) {
-	ts := unix.NsecToTimespec(d.Nanoseconds())
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWaitOp, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
-}
-
-func futexWake(w *uint32) {
-	unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWakeOp, math.MaxInt32, 0, 0, 0)
-}
 
 // AwaitAttach waits until the target mapped the ring (true), refused it
 // (false: refused reports the target's MsgRingNo, host/wire), or gone reports the
