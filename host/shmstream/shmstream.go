@@ -111,7 +111,7 @@ func Attach(pid int, fd, size uint64) (*Ring, error) {
 	}
 	mem, err := OpenSealed(pid, fd, hdrSize+size)
 	if err != nil {
-		return nil, fmt.Errorf("shared-memory stream: %w", err)
+		return nil, err // the caller says what it attached
 	}
 	r := &Ring{mem: mem, data: mem[hdrSize:], mask: size - 1, fd: -1}
 	if atomic.LoadUint64(r.u64(offMagic)) != magic || atomic.LoadUint64(r.u64(offSize)) != size {

@@ -151,7 +151,7 @@ func attach(pid int, o Offer) (*Ring, error) {
 	}
 	mem, err := shmstream.OpenSealed(pid, o.FD, o.Size)
 	if err != nil {
-		return nil, fmt.Errorf("staging ring: %w", err)
+		return nil, err // the caller says what it attached
 	}
 	r := &Ring{mem: mem, fd: -1, slots: uint32(slots), chunk: chunk}
 	if atomic.LoadUint64((*uint64)(unsafe.Pointer(&mem[ringOffMagic]))) != ringMagic ||
