@@ -211,6 +211,27 @@ func TestFdExhaustion(t *testing.T) {
 	}
 }
 
+// TestFdExhaustionWithLazyLanes: connect failing past its streams (here
+// libfabric's address vector, out of descriptors) closes what it opened,
+// lanes not yet opened included (a nil stream once made it panic, and the
+// call returned ncclInternalError), and returns ncclSystemError with a
+// WARN (the soak found it: 5 ranks, 4 lanes, the shm provider, 23 descriptors).
+func TestFdExhaustionWithLazyLanes(t *testing.T) {
+	needFabric(t)
+	out := runDriver(t, append(fabricEnv("shm"), "NCCL_RMA_WASM_CONNECT_TIMEOUT_MS=5000", "NCCL_RMA_WASM_LANES=4", "NCCL_RMA_WASM_INTRANODE=0"),
+		"--ranks", "5", "--nofile", "23", "--size", "64k", "--iters", "1", "--timeout", "30")
+	if strings.Contains(out, "recovered panic") || strings.Contains(out, "ncclInternalError") {
+		t.Fatalf("connect panicked:\n%s", tail(out))
+	}
+	m := regexp.MustCompile(`setup_failed=(\d+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no setup_failed count:\n%s", tail(out))
+	}
+	if m[1] != "0" && !strings.Contains(out, "returned ncclSystemError with a WARN") {
+		t.Fatalf("ranks gave up, none with ncclSystemError:\n%s", tail(out))
+	}
+}
+
 // TestCyclesLeakNothing runs 200 init .. connect .. traffic .. finalize
 // cycles (dlclose and dlopen in between) in each of two processes and
 // compares the descriptors, resident memory and threads after the first

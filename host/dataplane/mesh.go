@@ -249,7 +249,9 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 	closeAll := func() {
 		for j := range outs {
 			for _, c := range append(outs[j], ins[j]...) {
-				c.Close()
+				if c != nil { // lanes past 0 open on first use (lazy.go)
+					c.Close()
+				}
 			}
 		}
 		m.closeRails()
@@ -278,6 +280,7 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 		m.peers[i] = p
 	}
 	if err := m.startRails(); err != nil {
+		closeAll()
 		return nil, err
 	}
 	for _, p := range m.peers {
