@@ -353,7 +353,7 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 	f.posting.Add(-1)
 	f.rails[pd.rail].e.Nudge()
 	if err != nil {
-		f.p.fail(&pd.op)
+		f.p.failCause(&pd.op, err)
 		go f.p.markDead(err)
 	}
 }
@@ -661,7 +661,7 @@ func (f *fabricLink) retry() {
 		k++
 		f.backlog.Add(-1)
 		if err != nil {
-			f.p.fail(&pd.op)
+			f.p.failCause(&pd.op, err)
 			go f.p.markDead(err)
 		}
 	}

@@ -29,6 +29,9 @@ type peer struct {
 
 	quit     chan struct{}
 	dead     atomic.Bool
+	// why is markDead's cause, stored before dead is raised: an operation
+	// that fails in the window before the loss is reported names it.
+	why atomic.Pointer[error]
 	peerBye  atomic.Bool // the peer said goodbye on at least one of its lanes
 	closing  atomic.Bool
 	deadOnce sync.Once
@@ -200,17 +203,29 @@ func (p *peer) fail(op *Op) {
 	// The sticky error is set before the request completes, so whoever sees
 	// the failed request also sees queryLastError report it.
 	if !p.closing.Load() && op.Msg != wire.MsgBye {
-		p.m.owner.PeerFailed(p.rank, fmt.Errorf("%w: operation to rank %d failed", ErrPeerGone, p.rank))
+		if why := p.why.Load(); why != nil {
+			p.m.owner.PeerFailed(p.rank, fmt.Errorf("%w: operation to rank %d failed: %v", ErrPeerGone, p.rank, *why))
+		} else {
+			p.m.owner.PeerFailed(p.rank, fmt.Errorf("%w: operation to rank %d failed", ErrPeerGone, p.rank))
+		}
 	}
 	if op.Msg != wire.MsgReg && op.Tag != 0 {
 		p.m.owner.Complete(op.Tag, abi.RemoteError)
 	}
 }
 
+// failCause is fail for an operation whose failure is about to mark the
+// peer dead with err: the failure it reports names err.
+func (p *peer) failCause(op *Op, err error) {
+	p.why.CompareAndSwap(nil, &err)
+	p.fail(op)
+}
+
 // markDead tears the connections down once, fails everything in flight,
 // and reports the loss unless it was an orderly goodbye or our own close.
 func (p *peer) markDead(err error) {
 	p.deadOnce.Do(func() {
+		p.why.CompareAndSwap(nil, &err)
 		p.t.stop()
 		close(p.quit)
 		lost := p.t.awaiting()
