@@ -27,11 +27,11 @@ type peer struct {
 	rr    int
 	order seqorder.Orderer[sigRef] // the peer's signals, applied in its sequence order
 
-	quit     chan struct{}
-	dead     atomic.Bool
+	quit chan struct{}
+	dead atomic.Bool
 	// why is markDead's cause, stored before dead is raised: an operation
 	// that fails in the window before the loss is reported names it.
-	why atomic.Pointer[error]
+	why      atomic.Pointer[error]
 	peerBye  atomic.Bool // the peer said goodbye on at least one of its lanes
 	closing  atomic.Bool
 	deadOnce sync.Once
