@@ -230,11 +230,23 @@ static void kwait_launch(kwait_t* k, CUdeviceptr w, uint64_t want) {
 }
 
 /* kwait_wait waits for the kernel of kwait_launch to see want. */
+/* The waiter drives the plugin while it waits, as NCCL's proxy thread
+ * does (its loop calls rmaProgress whatever the kernels wait for);
+ * BENCH_PROGRESS=0 waits without calling the plugin, so the target's
+ * service alone applies what arrives. */
+static const ncclRma_v15_t* prog_t;
+static void* prog_rma;
+static void progress(void) {
+  if (prog_t && prog_t->rmaProgress) prog_t->rmaProgress(prog_rma);
+}
+
 static void kwait_wait(kwait_t* k, uint64_t want) {
   double t0 = now();
   uint64_t v;
-  while ((v = *k->flag) == KWAIT_IDLE)
+  while ((v = *k->flag) == KWAIT_IDLE) {
+    progress();
     if (now() - t0 > 60) FAIL("the waiting kernel did not finish in 60 s");
+  }
   if (v < want) FAIL("device signal word stayed at %llu, want %llu (the waiting kernel gave up after 10 s)",
                      (unsigned long long)v, (unsigned long long)want);
   CU(cu.streamSynchronize(k->stream));
@@ -246,6 +258,7 @@ static void kwait_wait(kwait_t* k, uint64_t want) {
 static void wait_sig(volatile uint64_t* host, CUdeviceptr dev, uint64_t want, int pause_us) {
   double t0 = now();
   while ((host ? *host : dev_word(dev)) < want) {
+    progress();
     if (now() - t0 > 60) FAIL("signal did not reach %llu in 60 s", (unsigned long long)want);
     if (!host && pause_us) usleep(pause_us);
   }
@@ -263,6 +276,7 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
   gpu_rank_t g;
   gpu_rank_connect(t, logger, rank, fd, true, &g);
   void *coll = g.coll, *rma = g.rma;
+  if (!getenv("BENCH_PROGRESS") || atoi(getenv("BENCH_PROGRESS"))) prog_t = t, prog_rma = rma;
 
   CUdeviceptr dsrc, ddst, dsig;
   CU(cu.memAlloc(&dsrc, size));
