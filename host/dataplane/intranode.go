@@ -13,6 +13,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 const (
@@ -80,34 +81,45 @@ func (x *intraLink) ringable(op *Op) bool {
 	return op.Size >= intraMin && (op.LocalCtx != 0 || op.Remote == 0)
 }
 
-// put writes op's payload into the peer; false means "use TCP".
-func (x *intraLink) put(l *lane, op *Op) bool {
-	if x.self() && x.selfDevice(op, true) {
-		return true
+// put writes op's payload into the peer; sideNo means "use TCP".
+func (x *intraLink) put(l *lane, op *Op) sideMove {
+	if x.self() {
+		if mv := x.selfDevice(op, true); mv != sideNo {
+			return mv
+		}
 	}
 	if !x.takes(op) {
-		return false
+		return sideNo
 	}
 	if x.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size), unsafe.Slice((*byte)(op.Local), op.Size))
-		return true
+		return sideMoved
 	}
-	return x.vm(l, op, true)
+	return moved(x.vm(l, op, true))
 }
 
-// get reads op's bytes from the peer; false means "use TCP".
-func (x *intraLink) get(l *lane, op *Op) bool {
-	if x.self() && x.selfDevice(op, false) {
-		return true
+// get reads op's bytes from the peer; sideNo means "use TCP".
+func (x *intraLink) get(l *lane, op *Op) sideMove {
+	if x.self() {
+		if mv := x.selfDevice(op, false); mv != sideNo {
+			return mv
+		}
 	}
 	if !x.takes(op) {
-		return false
+		return sideNo
 	}
 	if x.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(op.Local), op.Size), unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size))
-		return true
+		return sideMoved
 	}
-	return x.vm(l, op, false)
+	return moved(x.vm(l, op, false))
+}
+
+func moved(ok bool) sideMove {
+	if ok {
+		return sideMoved
+	}
+	return sideNo
 }
 
 // self reports whether the peer is this very rank: NCCL's RMA proxy
@@ -119,23 +131,26 @@ func (x *intraLink) self() bool { return x.pid == os.Getpid() && x.p.rank == x.p
 // selfDevice moves the payload of op, an operation of this rank to itself
 // with device memory at either end, with the device's copies instead of a
 // round trip through our own socket and both ends' staging: the target
-// registration is ours. false (nothing moved): not such an operation, or
+// registration is ours. sideNo (nothing moved): not such an operation, or
 // a range or copy the TCP path must refuse and report.
-func (x *intraLink) selfDevice(op *Op, put bool) bool {
+func (x *intraLink) selfDevice(op *Op, put bool) sideMove {
 	if op.Size == 0 || (op.LocalCtx == 0 && op.Remote != 0) {
-		return false // host memory at both ends: the paths above
+		return sideNo // host memory at both ends: the paths above
 	}
 	base, size, ctx, pin, ok := x.p.m.owner.Resolve(op.MrID)
 	if !ok {
-		return false
+		return sideNo
 	}
 	defer pin.Release()
 	if !Span(op.Off, op.Size, size) || (ctx == 0 && op.LocalCtx == 0) {
-		return false
+		return sideNo
 	}
 	reg := unsafe.Add(base, op.Off) // a device address when ctx != 0, never dereferenced then
 	if profile.On() {
 		defer profile.SelfCopy.Since(profile.Now())
+	}
+	if ctx == op.LocalCtx && x.selfQueue(op, put, uintptr(reg)) {
+		return sideQueued
 	}
 	var err error
 	if put {
@@ -146,10 +161,54 @@ func (x *intraLink) selfDevice(op *Op, put bool) bool {
 	if err != nil {
 		// The TCP path stages it again and fails it with its cause.
 		selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself: %v; sending it through its own socket instead", x.p.rank, op.Size, err)
-		return false
+		return sideNo
 	}
 	if x.selfs.Add(1) == 1 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory move by device copies, not through its own socket", x.p.rank)
+	}
+	return sideMoved
+}
+
+// selfQueue queues the device copy of op, an operation of this rank to
+// itself between device memory of one context (reg is the registration's
+// address), on the context's stream, without waiting for it: the copy
+// completes the request (staging.CopySelfAsync). An operation the target
+// also acknowledges (a signal, a numbered put) first gets a part more,
+// so that it completes once both happened. false: copy and wait (a
+// strongly ordered registration, whose put completes once everything
+// before it landed; an owner without parts; no spare slot; a failure to
+// queue, which the synchronous copy then reports).
+func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
+	m := x.p.m
+	if put {
+		if so, ok := m.owner.(StrongOwner); ok && so.StronglyOrdered(op.MrID) {
+			return false
+		}
+	}
+	acked := put && (op.Msg == wire.MsgPutSignal || op.Seq != 0)
+	po, parts := m.owner.(PartOwner)
+	if acked && !parts {
+		return false
+	}
+	dst, src := reg, uintptr(op.Local)
+	if !put {
+		dst, src = src, dst
+	}
+	if acked {
+		po.AddPart(op.Tag) // taken back below when nothing was queued
+	}
+	ok, err := staging.CopySelfAsync(op.LocalCtx, dst, src, op.Size, m.owner, op.Tag)
+	if !ok {
+		if acked {
+			m.owner.Complete(op.Tag, abi.Success) // the part added above
+		}
+		if err != nil {
+			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself not queued on the device: %v; copying it synchronously", x.p.rank, op.Size, err)
+		}
+		return false
+	}
+	if x.selfs.Add(1) == 1 {
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory are queued on the device's stream and complete when they executed", x.p.rank)
 	}
 	return true
 }

@@ -42,6 +42,17 @@ type Owner interface {
 	PeerFailed(peer int, err error)
 }
 
+// PartOwner is implemented by an Owner whose requests can wait for one
+// completion more than they were posted with: an operation of a rank to
+// itself whose device copy is queued (staging.CopySelfAsync) and which the
+// target also acknowledges completes once both happened. Without it such
+// an operation waits for its copy.
+type PartOwner interface {
+	// AddPart makes the request named by tag wait for one more Complete;
+	// it is called before the request can complete.
+	AddPart(tag uint64)
+}
+
 // Pin holds a registration the target side is using (see Owner.Resolve).
 // The zero Pin holds nothing. Releasing is one atomic add.
 type Pin struct{ n *atomic.Int32 }

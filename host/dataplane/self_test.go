@@ -2,12 +2,17 @@ package dataplane
 
 import (
 	"bytes"
+	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -85,6 +90,164 @@ func TestSelfDevice(t *testing.T) {
 	for _, m := range ms {
 		if err := m.Close(); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// streamSelfDevice is a device with one in-order stream (devtest.Stream)
+// that queues device-to-device copies on it, counted.
+type streamSelfDevice struct {
+	*devtest.Stream
+	dtod atomic.Int32
+}
+
+func (d *streamSelfDevice) Caps(uintptr) devmem.Caps { return devmem.CapWriteWord | devmem.CapAsync }
+func (d *streamSelfDevice) WriteWord(_, addr uintptr, v uint64) error {
+	d.Enqueue(func() { atomic.StoreUint64((*uint64)(unsafe.Pointer(&d.At(addr, 8)[0])), v) })
+	return nil
+}
+func (d *streamSelfDevice) AtomicAdd(uintptr, uintptr, uint64) error {
+	return errors.New("no atomic add")
+}
+func (d *streamSelfDevice) HtoDAsync(_, dst uintptr, src unsafe.Pointer, n uint64) error {
+	d.Enqueue(func() { copy(d.At(dst, n), unsafe.Slice((*byte)(src), n)) })
+	return nil
+}
+func (d *streamSelfDevice) DtoHAsync(_ uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
+	d.Enqueue(func() { copy(unsafe.Slice((*byte)(dst), n), d.At(src, n)) })
+	return nil
+}
+func (d *streamSelfDevice) DtoDAsync(_, dst, src uintptr, n uint64) error {
+	d.dtod.Add(1)
+	d.Enqueue(func() { copy(d.At(dst, n), d.At(src, n)) })
+	return nil
+}
+
+// partOwner is a devOwner whose requests can wait for a part more
+// (PartOwner): the extra completions are counted, not recorded, and the
+// first failure among them is kept.
+type partOwner struct {
+	*devOwner
+	pmu    sync.Mutex
+	extra  map[uint64]int
+	added  atomic.Int32
+	failed abi.Result
+}
+
+func (o *partOwner) AddPart(tag uint64) {
+	o.pmu.Lock()
+	o.extra[tag]++
+	o.pmu.Unlock()
+	o.added.Add(1)
+}
+
+func (o *partOwner) Complete(tag uint64, st abi.Result) {
+	o.pmu.Lock()
+	if o.extra[tag] > 0 {
+		o.extra[tag]--
+		if st != abi.Success && o.failed == abi.Success {
+			o.failed = st
+		}
+		o.pmu.Unlock()
+		return
+	}
+	o.pmu.Unlock()
+	o.devOwner.Complete(tag, st)
+}
+
+// TestSelfDeviceQueued: where the device queues copies on a stream, a
+// rank's device-to-device operations to itself are queued there and the
+// poster does not wait for them: each request completes only once its
+// copy executed (and, for a put+signal, once the target's acknowledgement
+// came too), every byte is there by then, the signal follows its payload,
+// and no synchronous copy runs. (An owner without parts keeps the
+// synchronous path: TestSelfDevice.)
+func TestSelfDeviceQueued(t *testing.T) {
+	const size = 1 << 20
+	d := &streamSelfDevice{Stream: devtest.NewStream(2*size, 2*time.Millisecond)}
+	devmem.Register(d)
+	staging.SetAsyncCopy(64 << 10)
+	staging.Prewarm(1, 64<<10)
+	t.Cleanup(func() {
+		staging.Release()
+		staging.SetAsyncCopy(0)
+		devmem.Register(nil)
+	})
+	os := make([]*partOwner, 2)
+	owners := make([]Owner, 2)
+	for r := range os {
+		os[r] = &partOwner{devOwner: &devOwner{memOwner: memOwner{done: map[uint64]abi.Result{}}, dev: d.Base + uintptr(r)*size,
+			size: size, host: make([]byte, 64<<10)}, extra: map[uint64]int{}}
+		owners[r] = os[r]
+	}
+	ms := connectOwners(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, ChunkSize: 64 << 10,
+		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10})
+	x := ms[0].peers[0].t.(*intraLink)
+	src := d.At(os[0].dev, size)
+	fill(src[:size/2], 3)
+	wait := func(tag uint64) abi.Result {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Microsecond) {
+			staging.Reap() // as the plugin's test() does
+			if st, ok := os[0].status(tag); ok {
+				return st
+			}
+		}
+		t.Fatalf("tag %d never completed", tag)
+		return 0
+	}
+	sync0 := d.Copies.Load()
+	// Put+signal (the signal a host word: it waits for the queued copy),
+	// a plain put, and a get, each device to device.
+	sig := (*uint64)(unsafe.Pointer(&os[0].host[0]))
+	for k, n := range []uint64{8, 20 << 10} {
+		tag := uint64(10 + k)
+		off := size/2 + uint64(k)*(64<<10)
+		ms[0].Post(0, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: n, Off: off,
+			SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}, false, -1)
+		if st := wait(tag); st != abi.Success {
+			t.Fatalf("self put+signal of %d bytes: %v", n, st)
+		}
+		if !bytes.Equal(d.Peek(os[0].dev+uintptr(off), n), src[:n]) {
+			t.Fatalf("self put+signal of %d bytes: completed before its bytes landed", n)
+		}
+		for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64(sig) != uint64(k+1); time.Sleep(50 * time.Microsecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("self put+signal of %d bytes: signal %d", n, atomic.LoadUint64(sig))
+			}
+		}
+	}
+	ms[0].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: addrPtr(uint64(os[0].dev) + 4096), LocalCtx: 1, Size: 4096, Off: size - 8192}, false, -1)
+	if st := wait(20); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size-8192, 4096), src[4096:8192]) {
+		t.Fatalf("self put: %v, or completed before its bytes landed", st)
+	}
+	ms[0].Post(0, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: addrPtr(uint64(os[0].dev) + size/4), LocalCtx: 1, Size: 4096, Off: 8192}, false, -1)
+	if st := wait(21); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size/4, 4096), src[8192:8192+4096]) {
+		t.Fatalf("self get: %v, or completed before its bytes landed", st)
+	}
+	if n := d.dtod.Load(); n != 4 {
+		t.Fatalf("%d of 4 operations to itself queued on the stream", n)
+	}
+	if n := d.Copies.Load() - sync0; n != 0 {
+		t.Fatalf("%d synchronous copies ran", n)
+	}
+	if n := os[0].added.Load(); n != 2 {
+		t.Fatalf("%d requests got a part more, want 2 (the put+signals)", n)
+	}
+	if os[0].failed != abi.Success {
+		t.Fatalf("a part failed: %v", os[0].failed)
+	}
+	if n := x.selfs.Load(); n != 4 {
+		t.Fatalf("%d operations to itself moved locally, want 4", n)
+	}
+	for _, m := range ms {
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tag := range []uint64{10, 11, 20, 21} {
+		if p := os[0].parts[tag]; p != 1 {
+			t.Fatalf("tag %d completed %d times", tag, p)
 		}
 	}
 }

@@ -95,9 +95,18 @@ type sidePath interface {
 	// ringable reports whether op's payload should move through the
 	// shared staging ring (ring.go): device memory at either end.
 	ringable(op *Op) bool
-	put(l *lane, op *Op) bool
-	get(l *lane, op *Op) bool
+	put(l *lane, op *Op) sideMove
+	get(l *lane, op *Op) sideMove
 }
+
+// sideMove is what a side path did with an operation's payload.
+type sideMove uint8
+
+const (
+	sideNo     sideMove = iota // nothing: the lane sends it
+	sideMoved                  // the payload is there
+	sideQueued                 // its copy is queued; the copy completes the request once more
+)
 
 func newTCPLink(p *peer, outs, ins []*net.TCPConn) *tcpLink {
 	t := &tcpLink{p: p, ins: ins}
@@ -762,19 +771,22 @@ func (l *lane) writeBatch(ops []Op) bool {
 	for ; n < len(ops) && err == nil; n++ {
 		i, op := n, &ops[n]
 		if side := l.t.side; side != nil {
+			var mv sideMove
+			switch op.Msg {
+			case wire.MsgPut, wire.MsgPutSignal:
+				mv = side.put(l, op)
+			case wire.MsgGet:
+				mv = side.get(l, op)
+			}
 			switch {
-			case op.Msg == wire.MsgPut && side.put(l, op):
-				if op.Seq == 0 {
-					op.Msg = opDone // nothing to tell the target
+			case mv == sideNo:
+			case op.Msg == wire.MsgPutSignal || op.Seq != 0:
+				op.Size = 0 // the payload is there: send the signal (or the number that landed) alone
+			default:
+				op.Msg = opDone // nothing to tell the target
+				if mv == sideMoved {
 					p.m.owner.Complete(op.Tag, abi.Success)
-					continue
 				}
-				op.Size = 0 // tell the target this sequence number landed
-			case op.Msg == wire.MsgPutSignal && side.put(l, op):
-				op.Size = 0 // the payload is there; send the signal alone
-			case op.Msg == wire.MsgGet && side.get(l, op):
-				op.Msg = opDone
-				p.m.owner.Complete(op.Tag, abi.Success)
 				continue
 			}
 		}

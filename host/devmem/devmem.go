@@ -45,6 +45,15 @@ type DeviceCopier interface {
 	DtoD(ctx, dst, src uintptr, n uint64) error
 }
 
+// AsyncDeviceCopier is implemented by a device that queues a copy between
+// two device addresses of one context on that context's stream (Streams),
+// where the signal writes that follow it also go.
+type AsyncDeviceCopier interface {
+	// DtoDAsync queues the copy of n bytes from src to dst and returns;
+	// ErrUnsupported where the runtime has no such copy.
+	DtoDAsync(ctx, dst, src uintptr, n uint64) error
+}
+
 // WordAdder is implemented by a device that can add to a word of device
 // memory from the CPU through a mapping of it (GDRCopy), much faster than
 // the two copies of a read-modify-write. Callers serialise updates of one

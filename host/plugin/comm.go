@@ -294,6 +294,14 @@ func (c *coll) drain(call string) {
 // Complete finishes a request; tags are request handles.
 func (c *coll) Complete(tag uint64, status abi.Result) { completeRequest(tag, status) }
 
+// AddPart makes a request wait for one completion more
+// (dataplane.PartOwner: a rank's own device copy, queued).
+func (c *coll) AddPart(tag uint64) {
+	if _, q, _ := lookupRequest(tag); q != nil {
+		q.parts.Add(1)
+	}
+}
+
 // PeerFailed makes the error visible through queryLastError.
 func (c *coll) PeerFailed(peer int, err error) { c.setError(peer, err) }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -197,6 +198,7 @@ func Progress(h uint64) abi.Result {
 	if r.stallOn {
 		r.polls.Add(1)
 	}
+	staging.Reap()
 	r.c.flushDeferred()
 	r.c.mesh.Progress()
 	r.c.mesh.Kick()
@@ -227,6 +229,7 @@ func Test(coll, req uint64) (bool, abi.Result) {
 		r.polls.Add(1)
 	}
 	if q.state.Load() != reqDone {
+		staging.Reap() // a rank's own device copies, queued
 		if q.parts.Load() == 0 {
 			r.c.flushDeferred() // q is held for a batched plan
 		}

@@ -609,6 +609,14 @@ static int cuda_copy_async(uintptr_t ctx, int to_device, void* host, uint64_t de
   return 0;
 }
 
+static int cuda_copy_dtod_async(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err, size_t errlen) {
+  if (!cu.dtod) return 1;
+  CTX_STREAM(e, "asynchronous device-to-device copy");
+  r = cu.dtod((CUdeviceptr)dst, (CUdeviceptr)src, (size_t)n, e->stream);
+  if (r != 0) return rmaw_fail(err, errlen, "cuMemcpyDtoDAsync of %llu bytes: %s", (unsigned long long)n, errstr(r));
+  return 0;
+}
+
 static int cuda_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t errlen) {
   CTX_STREAM(e, "cuEventRecord");
   if (!*ev) {

@@ -72,6 +72,13 @@ static void devrt_event_destroy(const rmaw_devrt_ops* o, uintptr_t ctx, uintptr_
 static int devrt_stream_sync(const rmaw_devrt_ops* o, uintptr_t ctx, char* err, size_t errlen) {
   return o->stream_sync(ctx, err, errlen);
 }
+#cgo noescape devrt_copy_dtod_async
+#cgo nocallback devrt_copy_dtod_async
+static int devrt_copy_dtod_async(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n,
+                                 char* err, size_t errlen) {
+  if (!o->copy_dtod_async) return 1;
+  return o->copy_dtod_async(ctx, dst, src, n, err, errlen);
+}
 */
 import "C"
 
@@ -147,6 +154,20 @@ func (r Runtime[T]) DtoD(ctx, dst, src uintptr, n uint64) error {
 	rc := C.devrt_copy_dtod(r.ops(), C.uintptr_t(ctx), C.uint64_t(dst), C.uint64_t(src), C.uint64_t(n), &buf[0], C.size_t(len(buf)))
 	endCopy(slot)
 	switch rc {
+	case 0:
+		return nil
+	case 1:
+		return devmem.ErrUnsupported
+	}
+	return buf.err()
+}
+
+// DtoDAsync queues a copy of n bytes between two device addresses of ctx
+// on its stream and returns; devmem.ErrUnsupported where the runtime has
+// no such copy.
+func (r Runtime[T]) DtoDAsync(ctx, dst, src uintptr, n uint64) error {
+	var buf errBuf
+	switch C.devrt_copy_dtod_async(r.ops(), C.uintptr_t(ctx), C.uint64_t(dst), C.uint64_t(src), C.uint64_t(n), &buf[0], C.size_t(len(buf))) {
 	case 0:
 		return nil
 	case 1:

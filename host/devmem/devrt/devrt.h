@@ -81,6 +81,11 @@ typedef struct rmaw_devrt_ops {
   void (*event_destroy)(uintptr_t ctx, uintptr_t ev);
   /* stream_sync waits until everything queued on the stream executed. */
   int (*stream_sync)(uintptr_t ctx, char* err, size_t errlen);
+  /* copy_dtod_async queues a copy of n bytes between two device addresses
+   * of ctx on its shared stream and returns (an operation of a rank to
+   * itself, completed by an event recorded after it). NULL where the
+   * runtime has none. */
+  int (*copy_dtod_async)(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err, size_t errlen);
 } rmaw_devrt_ops;
 
 enum {
@@ -92,7 +97,7 @@ enum {
 
 /* RMAW_DEVRT_OPS(p) is the table of the functions p_inspect, p_copy,
  * p_host_alloc, p_host_free, p_host_register, p_host_unregister,
- * p_copy_dtod, p_export_dmabuf and the stream-ordered p_caps ... p_stream_sync, which a
+ * p_copy_dtod, p_export_dmabuf and the stream-ordered p_caps ... p_copy_dtod_async, which a
  * runtime's C file defines (a name #defined to NULL where it has none). */
 #define RMAW_DEVRT_OPS(p)                                                                   \
   {                                                                                         \
@@ -103,6 +108,7 @@ enum {
     .caps = p##_caps, .write64 = p##_write64, .add64 = p##_add64, .copy_async = p##_copy_async, \
     .event_record = p##_event_record, .event_query = p##_event_query,                       \
     .event_destroy = p##_event_destroy, .stream_sync = p##_stream_sync,                     \
+    .copy_dtod_async = p##_copy_dtod_async,                                                 \
   }
 
 #endif

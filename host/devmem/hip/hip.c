@@ -292,6 +292,14 @@ static int hip_copy_async(uintptr_t ctx, int to_device, void* host, uint64_t dev
   return 0;
 }
 
+static int hip_copy_dtod_async(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err, size_t errlen) {
+  DEV_STREAM(k, "hipMemcpyAsync");
+  r = hip.memcpyAsync((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, (size_t)n, KIND_D2D, devs[k].stream);
+  if (r != 0)
+    return rmaw_fail(err, errlen, "hipMemcpyAsync (device to device) of %llu bytes: %s", (unsigned long long)n, errstr(r));
+  return 0;
+}
+
 static int hip_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t errlen) {
   DEV_STREAM(k, "hipEventRecord");
   if (!*ev) {

@@ -1,6 +1,7 @@
 package staging
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math/bits"
@@ -84,6 +85,22 @@ type ctxQueue struct {
 	queued atomic.Int32       // nq, read without the lock by fences
 	pushed [bounceSlots]int64 // when each queued slot's copy was queued (since stuckEpoch)
 	warned bool               // the oldest queued copy was reported stuck
+	// owed[i]: the request a queued copy of a rank to itself completes
+	// once it executed (CopySelfAsync); waiting counts them, read without
+	// the lock by Reap.
+	owed    [bounceSlots]owed
+	waiting atomic.Int32
+}
+
+// Completer finishes the request named by tag (dataplane's Owner).
+type Completer interface {
+	Complete(tag uint64, status abi.Result)
+}
+
+// owed is a request a queued copy completes.
+type owed struct {
+	c   Completer
+	tag uint64
 }
 
 var queues struct {
@@ -169,10 +186,7 @@ func (q *ctxQueue) take() (int, error) {
 			return -1, fmt.Errorf("asynchronous copy to device: %w", err)
 		}
 		if ok {
-			q.free |= 1 << q.order[q.head]
-			q.head = (q.head + 1) % bounceSlots
-			q.nq--
-			q.queued.Store(int32(q.nq))
+			q.popLocked()
 		} else if err := q.drainLocked(); err != nil {
 			return -1, err
 		}
@@ -225,7 +239,9 @@ func (q *ctxQueue) push(i int, dst uintptr, n uint64) error {
 // drainLocked waits for the stream and frees every queued slot; q.mu held.
 func (q *ctxQueue) drainLocked() error {
 	if err := q.st.Sync(q.ctx); err != nil {
-		return fmt.Errorf("wait for asynchronous device copies: %w", err)
+		err = fmt.Errorf("wait for asynchronous device copies: %w", err)
+		q.failOwedLocked(err)
+		return err
 	}
 	q.settledLocked()
 	return nil
@@ -234,11 +250,37 @@ func (q *ctxQueue) drainLocked() error {
 // settledLocked frees every queued slot, whose copies have executed; q.mu
 // held.
 func (q *ctxQueue) settledLocked() {
-	for ; q.nq > 0; q.nq-- {
-		q.free |= 1 << q.order[q.head]
-		q.head = (q.head + 1) % bounceSlots
+	for q.nq > 0 {
+		q.popLocked()
 	}
-	q.queued.Store(0)
+}
+
+// popLocked frees the oldest queued slot, whose copy executed, and
+// completes the request it owes; q.mu held.
+func (q *ctxQueue) popLocked() {
+	i := q.order[q.head]
+	q.free |= 1 << i
+	q.head = (q.head + 1) % bounceSlots
+	q.nq--
+	q.queued.Store(int32(q.nq))
+	if o := q.owed[i]; o.c != nil {
+		q.owed[i] = owed{}
+		q.waiting.Add(-1)
+		o.c.Complete(o.tag, abi.Success)
+	}
+}
+
+// failOwedLocked fails every request a queued copy owes: the device
+// failed, and they would otherwise never complete; q.mu held.
+func (q *ctxQueue) failOwedLocked(err error) {
+	for i := range q.owed {
+		if o := q.owed[i]; o.c != nil {
+			q.owed[i] = owed{}
+			q.waiting.Add(-1)
+			logx.Warn(abi.SubsysNet, "NET/wasm: an operation of a rank to itself, copied on the device (context %#x), failed: %v", q.ctx, err)
+			o.c.Complete(o.tag, abi.RemoteError)
+		}
+	}
 }
 
 // settle returns once every copy queued from q's slots so far executed:
@@ -276,6 +318,100 @@ func (q *ctxQueue) release() {
 	}
 	q.d.FreePinned(q.mem)
 	q.mem = nil
+}
+
+// selfAsync: CopySelfAsync may queue (NCCL_RMA_WASM_SELF_ASYNC).
+var selfAsync atomic.Bool
+
+func init() { selfAsync.Store(true) }
+
+// SetSelfAsync turns the asynchronous copies of CopySelfAsync on or off;
+// host/plugin sets it from NCCL_RMA_WASM_SELF_ASYNC at init.
+func SetSelfAsync(on bool) { selfAsync.Store(on) }
+
+// CopySelfAsync queues the copy of n bytes from device address src to
+// dst, both of context ctx, on ctx's stream (an operation of a rank to
+// itself) and returns: the calling thread, NCCL's proxy, does not wait for
+// the device. c.Complete(tag, ...) is called once the copy executed (Reap,
+// a fence, or a slot's reuse sees it); a signal queued on the stream after
+// it, or applied after a fence, follows it. false (and no error): copy
+// synchronously (asynchronous copies off, no spare slot, a runtime
+// without such copies).
+func CopySelfAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64) (bool, error) {
+	d := devmem.Get()
+	ac, ok := d.(devmem.AsyncDeviceCopier)
+	if !ok || n == 0 || bounceSize.Load() == 0 || !selfAsync.Load() {
+		return false, nil
+	}
+	q := queueOf(d, ctx)
+	if q == nil {
+		return false, nil
+	}
+	// After the copies of other contexts queued before it, as a
+	// synchronous copy would be: a later put to the same bytes must not
+	// be overtaken. Its own context's are ahead of it on the stream.
+	if err := fence(d, ctx); err != nil {
+		return false, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	// Half the slots stay for the landings of other ranks' puts.
+	if q.dead || bits.OnesCount32(q.free) <= bounceSlots/2 {
+		return false, nil
+	}
+	i := bits.TrailingZeros32(q.free)
+	if err := ac.DtoDAsync(ctx, dst, src, n); err != nil {
+		if errors.Is(err, devmem.ErrUnsupported) {
+			return false, nil
+		}
+		return false, fmt.Errorf("asynchronous copy of %d bytes on the device: %w", n, err)
+	}
+	if err := q.st.Record(q.ctx, &q.ev[i]); err != nil {
+		// Queued and not watchable: wait for it here.
+		if err := q.drainLocked(); err != nil {
+			return false, err
+		}
+		c.Complete(tag, abi.Success)
+		return true, nil
+	}
+	q.free &^= 1 << i
+	q.owed[i] = owed{c: c, tag: tag}
+	q.waiting.Add(1)
+	q.order[(q.head+q.nq)%bounceSlots] = uint8(i)
+	q.pushed[i] = int64(time.Since(stuckEpoch))
+	q.nq++
+	q.queued.Store(int32(q.nq))
+	return true, nil
+}
+
+// Reap completes the requests owed by queued copies that executed
+// (CopySelfAsync), without waiting for any: test() and rmaProgress call
+// it. A load per context when none is owed.
+func Reap() {
+	n := int(queues.n.Load())
+	for i := 0; i < n; i++ {
+		if q := queues.q[i].Load(); q != nil && q.waiting.Load() > 0 {
+			q.reap()
+		}
+	}
+}
+
+func (q *ctxQueue) reap() {
+	if !q.mu.TryLock() {
+		return // another thread settles it
+	}
+	defer q.mu.Unlock()
+	for q.nq > 0 {
+		ok, err := q.st.Passed(q.ctx, q.ev[q.order[q.head]])
+		if err != nil {
+			q.failOwedLocked(fmt.Errorf("asynchronous device copy: %w", err))
+			return
+		}
+		if !ok {
+			return
+		}
+		q.popLocked()
+	}
 }
 
 // fence returns once every asynchronous copy queued on device d so far
@@ -332,6 +468,9 @@ func watchQueues() {
 		for i := 0; i < n; i++ {
 			if q := queues.q[i].Load(); q != nil {
 				q.checkStuck()
+				if q.waiting.Load() > 0 {
+					q.reap() // for callers that stopped calling test()
+				}
 			}
 		}
 	}

@@ -160,7 +160,7 @@ func (d *twoStreams) Sync(ctx uintptr) error                { return d.of(ctx).S
 func TestSignalFollowsOtherContextsCopies(t *testing.T) {
 	one := newStreamDevice(1<<20, asyncCaps, 5*time.Millisecond)
 	two := newStreamDevice(0, asyncCaps, 0)
-	two.Mem, two.Base, two.exec = one.Mem, one.Base, one.exec
+	two.Mem, two.Base, two.Exec = one.Mem, one.Base, one.Exec
 	d := &twoStreams{streamDevice: one, two: two}
 	asyncSetup(t, d, 2)
 	sh := NewShadow(d.Base, 64)
@@ -231,11 +231,11 @@ func TestGather(t *testing.T) {
 	d := newStreamDevice(1<<20, asyncCaps, 200*time.Microsecond)
 	asyncSetup(t, d)
 	const n = 8 << 10
-	d.exec.Lock()
+	d.Exec.Lock()
 	for i := range 64 {
 		copy(d.At(d.Base+uintptr(i*n), n), pattern(n, i))
 	}
-	d.exec.Unlock()
+	d.Exec.Unlock()
 	var g Gather
 	var got [][]byte
 	for i := range 64 {
@@ -274,9 +274,7 @@ func TestGather(t *testing.T) {
 	if q.held != 0 || g.Pending() {
 		t.Fatalf("slots still held after Done: %#x", q.held)
 	}
-	d.mu.Lock()
-	left := d.issued - d.done
-	d.mu.Unlock()
+	left := d.Left()
 	if left != 0 {
 		t.Fatal("Done returned with a gathered copy still queued")
 	}
@@ -423,8 +421,8 @@ func TestStuckQueueWarns(t *testing.T) {
 	asyncSetup(t, d)
 	q := queueOf(d, 1)
 	// Hold the stream: a copy queued now does not execute.
-	d.exec.Lock()
-	release := sync.OnceFunc(d.exec.Unlock)
+	d.Exec.Lock()
+	release := sync.OnceFunc(d.Exec.Unlock)
 	defer release()
 	if err := LandOnDevice(bytes.NewReader(pattern(64, 1)), 1, d.Base, 64, 0); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package staging
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -15,34 +14,22 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
 )
 
-// streamDevice is a device with one in-order stream, run by a goroutine
-// that can be slowed down per operation, so that work done outside the
-// stream's order (a signal written before its payload's copy executed)
-// becomes visible. caps picks what it offers.
+// streamDevice is a devtest.Stream (one in-order stream, slowed down per
+// operation) with the stream operations the staging code uses; caps picks
+// what it offers.
 type streamDevice struct {
-	devtest.Pipe
+	*devtest.Stream
 	caps   devmem.Caps
-	delay  time.Duration
-	mu     sync.Mutex
-	cond   *sync.Cond
-	queue  []func()
-	issued uint64
-	done   uint64
 	writes atomic.Int64 // WriteWord calls
 	adds   atomic.Int64 // AtomicAdd calls
 	rmw    atomic.Int64 // synchronous DtoH of a word (read-backs)
-	// exec is held while the stream runs an operation: a test reads
-	// device memory under it (peek), as the GPU's writes race the host.
-	exec *sync.Mutex
+	noDtoD bool         // DtoDAsync says ErrUnsupported
+	failEv atomic.Bool  // Passed fails
 }
 
 // peek returns a copy of n bytes of device memory at addr, read between
 // two stream operations.
-func (d *streamDevice) peek(addr uintptr, n uint64) []byte {
-	d.exec.Lock()
-	defer d.exec.Unlock()
-	return bytes.Clone(d.At(addr, n))
-}
+func (d *streamDevice) peek(addr uintptr, n uint64) []byte { return d.Peek(addr, n) }
 
 // peekWord reads the word at addr between two stream operations.
 func (d *streamDevice) peekWord(addr uintptr) uint64 {
@@ -50,38 +37,10 @@ func (d *streamDevice) peekWord(addr uintptr) uint64 {
 }
 
 func newStreamDevice(size int, caps devmem.Caps, delay time.Duration) *streamDevice {
-	d := &streamDevice{Pipe: devtest.Pipe{Mem: make([]byte, size), Base: 0x7e00_0000_0000}, caps: caps, delay: delay, exec: new(sync.Mutex)}
-	d.cond = sync.NewCond(&d.mu)
-	go d.run()
-	return d
+	return &streamDevice{Stream: devtest.NewStream(size, delay), caps: caps}
 }
 
-func (d *streamDevice) run() {
-	d.mu.Lock()
-	for {
-		for len(d.queue) == 0 {
-			d.cond.Wait()
-		}
-		f := d.queue[0]
-		d.queue = d.queue[1:]
-		d.mu.Unlock()
-		time.Sleep(d.delay)
-		d.exec.Lock()
-		f()
-		d.exec.Unlock()
-		d.mu.Lock()
-		d.done++
-		d.cond.Broadcast()
-	}
-}
-
-func (d *streamDevice) enqueue(f func()) {
-	d.mu.Lock()
-	d.queue = append(d.queue, f)
-	d.issued++
-	d.cond.Broadcast()
-	d.mu.Unlock()
-}
+func (d *streamDevice) enqueue(f func()) { d.Enqueue(f) }
 
 func (d *streamDevice) word(addr uintptr) *uint64 {
 	return (*uint64)(unsafe.Pointer(&d.Mem[addr-d.Base]))
@@ -119,25 +78,18 @@ func (d *streamDevice) DtoHAsync(_ uintptr, dst unsafe.Pointer, src uintptr, n u
 	d.enqueue(func() { copy(unsafe.Slice((*byte)(dst), n), d.At(src, n)) })
 	return nil
 }
-func (d *streamDevice) Record(_ uintptr, ev *uintptr) error {
-	d.mu.Lock()
-	*ev = uintptr(d.issued) + 1 // 0 means no event
-	d.mu.Unlock()
-	return nil
-}
-func (d *streamDevice) Passed(_, ev uintptr) (bool, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.done >= uint64(ev-1), nil
-}
-func (d *streamDevice) FreeEvent(_, _ uintptr) {}
-func (d *streamDevice) Sync(uintptr) error {
-	d.mu.Lock()
-	for d.done < d.issued {
-		d.cond.Wait()
+func (d *streamDevice) DtoDAsync(_, dst, src uintptr, n uint64) error {
+	if d.noDtoD {
+		return devmem.ErrUnsupported
 	}
-	d.mu.Unlock()
+	d.enqueue(func() { copy(d.At(dst, n), d.At(src, n)) })
 	return nil
+}
+func (d *streamDevice) Passed(ctx, ev uintptr) (bool, error) {
+	if d.failEv.Load() {
+		return false, errors.New("injected event failure")
+	}
+	return d.Stream.Passed(ctx, ev)
 }
 
 // TestShadowSignals: several peers add to a few never-reset words at once;
