@@ -96,6 +96,14 @@ func laneFailoverMidStream(t *testing.T, intra bool) {
 			src[i] = byte(uint64(i)*7 + round*31)
 		}
 		base := round * 1000
+		// The target acknowledges nothing of the lane about to die, so
+		// that it dies with work in flight however fast the puts land.
+		switch round {
+		case 1:
+			tcpOf(t, ms[1], 0).acks[2].hold.Store(true)
+		case 2:
+			tcpOf(t, ms[1], 0).acks[3].hold.Store(true)
+		}
 		for k := uint64(0); k < n; k++ {
 			off := 8 + k*piece
 			ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: base + k, Local: unsafe.Pointer(&src[off]), Size: piece, Off: off}, true, int(k%4))

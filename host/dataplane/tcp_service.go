@@ -52,6 +52,9 @@ type acker struct {
 	sent  atomic.Uint64 // the highest count acknowledged, either way
 	piggy atomic.Bool   // acks may ride the lane (cleared for good by a nack)
 	lane  *lane         // the outgoing lane that carries them; nil: none
+	// hold keeps every acknowledgement back (tests: a lane that dies with
+	// puts landed and not yet acknowledged, whatever the timing).
+	hold atomic.Bool
 	outs  uint64        // the lane's batches at the last drain (reader only)
 	held  uint64        // the count last left for the lane (reader only)
 	due   atomic.Int64  // Now() after which test() sends an owed ack alone
@@ -110,7 +113,7 @@ func (a *acker) drained() error {
 // (inReader) writes that stream.
 func (a *acker) flush() error {
 	a.pub.Store(a.landed)
-	if !a.claim(a.landed) {
+	if a.hold.Load() || !a.claim(a.landed) {
 		return nil
 	}
 	h := wire.Header{Typ: wire.MsgPutAck, Seq: a.landed}
@@ -139,7 +142,7 @@ func (a *acker) claim(n uint64) bool {
 // owed is the published count the lane should carry, 0 when none.
 func (a *acker) owed() uint64 {
 	n := a.pub.Load()
-	if n <= a.sent.Load() || !a.piggy.Load() {
+	if n <= a.sent.Load() || !a.piggy.Load() || a.hold.Load() {
 		return 0
 	}
 	return n
