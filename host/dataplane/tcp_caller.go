@@ -16,6 +16,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/nap"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -102,8 +103,8 @@ type inReader struct {
 	// the service's naps while callers serve (wait)
 	napping atomic.Bool
 	kick    chan struct{}
-	nap     *time.Timer
-	lowat   bool // SO_RCVLOWAT is raised (service only)
+	nap     *nap.Napper // not a time.Timer: an idle process's sub-ms timer ends after ~1 ms (host/nap)
+	lowat   bool        // SO_RCVLOWAT is raised (service only)
 	lowOn   bool
 	lowFn   func(fd uintptr)
 
@@ -311,15 +312,15 @@ func (r *inReader) wait() {
 			r.napping.Store(true)
 			if !r.left.Load() {
 				if r.nap == nil {
-					r.nap = time.NewTimer(callerWindow)
-				} else {
-					r.nap.Reset(callerWindow)
+					r.nap = nap.New()
 				}
+				r.nap.Start(callerWindow)
 				select {
 				case <-r.kick:
-				case <-r.nap.C:
+				case <-r.nap.C():
 				case <-r.t.p.quit: // the streams are closed: the read ends the service
 				}
+				r.nap.Stop()
 			}
 			r.napping.Store(false)
 			if !r.left.Load() && !r.t.p.dead.Load() {
@@ -348,7 +349,10 @@ func (r *inReader) wait() {
 			}
 			runtime.Gosched()
 		}
-		time.Sleep(20 * time.Microsecond)
+		if r.nap == nil {
+			r.nap = nap.New()
+		}
+		r.nap.Sleep(20 * time.Microsecond)
 	}
 }
 

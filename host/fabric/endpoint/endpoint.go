@@ -26,6 +26,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/nap"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 )
 
@@ -362,7 +363,9 @@ func (e *Endpoint) Release() {
 func (e *Endpoint) progress() {
 	defer close(e.done)
 	empty := 0
-	nap := time.NewTimer(time.Hour)
+	// Not a time.Timer: on an idle process a sub-millisecond timer ends
+	// after about a millisecond (host/nap).
+	nap := nap.New()
 	defer nap.Stop()
 	spinning := false
 	var last time.Time // the last poll that reaped something
@@ -386,9 +389,9 @@ func (e *Endpoint) progress() {
 				spin.Release()
 				spinning = false
 			}
-			nap.Reset(d)
+			nap.Start(d)
 			select {
-			case <-nap.C:
+			case <-nap.C():
 			case <-e.quit:
 			}
 			continue
@@ -449,14 +452,15 @@ func (e *Endpoint) progress() {
 		// Idle: nap 10 µs, doubling up to 200 µs, unless a submit wakes
 		// us. The peers' writes cannot wake a nap: they wait for the next
 		// poll.
-		nap.Reset(time.Duration(10<<min(max(empty-2000, 0)/16, 4)) * time.Microsecond)
+		nap.Start(time.Duration(10<<min(max(empty-2000, 0)/16, 4)) * time.Microsecond)
 		e.sleeping.Store(true)
 		select {
-		case <-nap.C:
+		case <-nap.C():
 		case <-e.wake:
 			empty = 0
 		case <-e.quit:
 		}
+		nap.Stop()
 		e.sleeping.Store(false)
 	}
 }
