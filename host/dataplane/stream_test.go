@@ -180,3 +180,43 @@ func TestStreamCorrupt(t *testing.T) {
 		t.Fatalf("the target's error does not name the corruption: %s", failed)
 	}
 }
+
+// TestStreamSecondOffer: a sender that offers a second shared-memory
+// stream on a lane that already reads one breaks the protocol: the target
+// drops the peer with an error that says so, and nothing hangs.
+func TestStreamSecondOffer(t *testing.T) {
+	owners := newOwners(2, 64+48*(8<<10))
+	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
+	streamPuts(t, ms, owners, 0, 1, 4, 0)
+	l := tcpOf(t, ms[0], 1).lanes[0]
+	if l.sring.Load() == nil {
+		t.Fatal("the lane did not switch to a shared-memory stream")
+	}
+	// Take the lane's writing role, as a batch does, and offer again.
+	waitUntil(t, "the lane's writing role", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.writing {
+			return false
+		}
+		l.writing = true
+		return true
+	})
+	var b [wire.HeaderSize]byte
+	(&wire.Header{Typ: wire.MsgStream, Off: 3, Size: 1 << 18}).Encode(b[:])
+	err := l.writeIov([][]byte{b[:]})
+	l.mu.Lock()
+	l.writing = false
+	l.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Ring()
+	waitUntil(t, "the target to drop the peer", ms[1].peers[0].dead.Load)
+	owners[1].mu.Lock()
+	failed := fmt.Sprint(owners[1].failed)
+	owners[1].mu.Unlock()
+	if !strings.Contains(failed, "second shared-memory stream") {
+		t.Fatalf("the target's error does not name the second offer: %s", failed)
+	}
+}
