@@ -72,7 +72,7 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_NO_MODULES=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified",
 				"device payloads through a shared staging ring", "small device put+signals: 48 of 8 B to 64 KiB",
-				"copied asynchronously", "operations to itself with device memory move by device copies",
+				"copied asynchronously", "operations to itself with device memory are queued on the device's stream",
 				"fakecuda: a device-to-device copy", "small device put+signals: 48 of 8 B to 64 KiB, plain signal",
 				"stream atomic adds (cuStreamBatchMemOp_v2, data type 18 verified as 64-bit)",
 				"fakecuda: a stream atomic add to a signal word"}},
@@ -83,15 +83,18 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// the read-modify-write; no module is loaded.
 		// Small payloads' copies are asynchronous too, in order with
 		// their signals on the stream: the shadow's writes, and the
-		// stream atomic adds to plain signal words.
+		// stream atomic adds to plain signal words; so are a rank's
+		// device copies to itself, completed by their events.
 		{"cuda_check_async", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48", "copied asynchronously", "host view: device payloads there",
-				"plain signal, every byte there", "fakecuda: a stream atomic add to a signal word"}},
+				"plain signal, every byte there", "fakecuda: a stream atomic add to a signal word",
+				"operations to itself with device memory are queued on the device's stream"}},
 		// NCCL_RMA_WASM_ASYNC_COPY_KB=0: every small payload takes
 		// synchronous copies; NCCL_RMA_WASM_STREAM_ATOMIC=0: plain signal
 		// words take the read-modify-write.
 		{"cuda_check_sync", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_ASYNC_COPY_KB=0", "NCCL_RMA_WASM_STREAM_ATOMIC=0"},
-			[]string{"RESULT PASS", "small device put+signals: 48", "!copied asynchronously", "off (NCCL_RMA_WASM_STREAM_ATOMIC=0)", "!a stream atomic add"}},
+			[]string{"RESULT PASS", "small device put+signals: 48", "!copied asynchronously", "off (NCCL_RMA_WASM_STREAM_ATOMIC=0)", "!a stream atomic add",
+				"operations to itself with device memory move by device copies", "!are queued on the device's stream"}},
 		// A driver whose data type 18 is a 32-bit add: the probe refuses
 		// it (and the other candidates, which the fake refuses), so plain
 		// signal words keep the read-modify-write, every add still exact.
