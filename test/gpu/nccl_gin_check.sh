@@ -190,6 +190,9 @@ if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --
   # alltoalls with every small payload copied synchronously.
   gin_run synccopy-64 64 "$GIN_ITERS" NCCL_RMA_WASM_ASYNC_COPY_KB=0 || gin_bad=1
   gin_run synccopy-4096 4096 "$GIN_ITERS" NCCL_RMA_WASM_ASYNC_COPY_KB=0 || gin_bad=1
+  # The reference for a rank's own copies queued (on by default): each
+  # round's put to its own rank waited for by NCCL's proxy thread.
+  gin_run selfwait-64 64 "$GIN_ITERS" NCCL_RMA_WASM_SELF_ASYNC=0 || gin_bad=1
   # Where the time of a 64-byte alltoall goes, seen from the plugin.
   if gin_run profile-64 64 "$GIN_ITERS" NCCL_RMA_WASM_PROFILE=1; then
     grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/gin_alltoall-profile-64.log" | sed "s/^/GIN-CHECK [profile-64] /"
