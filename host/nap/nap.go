@@ -20,6 +20,7 @@ package nap
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -29,13 +30,20 @@ import (
 // sleeps towards a later one still ends within this of its time.
 const maxSleep = 50 * time.Microsecond
 
+// maxArmed bounds the naps the keeper holds at once; more take Go timers.
+// Its list is scanned on each wake and locked on each nap: with a
+// thousand busy streams the process is not idle anyway, and there Go's
+// timers end on time.
+const maxArmed = 64
+
 // Napper is one goroutine's nap: Start arms it, C fires once its time
 // came, Stop disarms it. Its zero value is not ready: use New.
 type Napper struct {
-	ch  chan struct{}
-	due int64       // monotonic ns; 0: not armed (keeper.mu)
-	idx int         // in keeper.armed while armed
-	t   *time.Timer // the nap where naps are not precise
+	ch    chan struct{}
+	due   int64       // monotonic ns; 0: not armed (keeper.mu)
+	idx   int         // in keeper.armed while armed
+	t     *time.Timer // the nap where the keeper does not take it
+	timed bool        // the current nap is t's
 }
 
 // precise: naps are kept by the keeper (four cores or more).
@@ -47,10 +55,8 @@ func Precise() bool { return precise }
 // New returns a disarmed Napper.
 func New() *Napper {
 	n := &Napper{ch: make(chan struct{}, 1), idx: -1}
-	if !precise {
-		n.t = time.AfterFunc(time.Hour, n.fire)
-		n.t.Stop()
-	}
+	n.t = time.AfterFunc(time.Hour, n.fire)
+	n.t.Stop()
 	return n
 }
 
@@ -72,6 +78,9 @@ var keeper struct {
 	run   bool
 }
 
+// armedN is len(keeper.armed), read without the lock.
+var armedN atomic.Int32
+
 var epoch = time.Now()
 
 func now() int64 { return int64(time.Since(epoch)) }
@@ -82,14 +91,20 @@ func (n *Napper) Start(d time.Duration) {
 	case <-n.ch: // a nap that ended unseen
 	default:
 	}
-	if n.t != nil {
+	if !precise || (n.idx < 0 && armedN.Load() >= maxArmed) {
+		n.timed = true
 		n.t.Reset(d)
 		return
+	}
+	if n.timed {
+		n.t.Stop()
+		n.timed = false
 	}
 	keeper.mu.Lock()
 	if n.idx < 0 {
 		n.idx = len(keeper.armed)
 		keeper.armed = append(keeper.armed, n)
+		armedN.Store(int32(len(keeper.armed)))
 	}
 	n.due = now() + int64(d)
 	if !keeper.run {
@@ -105,8 +120,9 @@ func (n *Napper) Start(d time.Duration) {
 
 // Stop disarms n; a nap that already fired may still be in C.
 func (n *Napper) Stop() {
-	if n.t != nil {
+	if n.timed {
 		n.t.Stop()
+		n.timed = false
 		return
 	}
 	keeper.mu.Lock()
@@ -123,6 +139,7 @@ func (n *Napper) removeLocked() {
 	keeper.armed[n.idx].idx = n.idx
 	keeper.armed[last] = nil
 	keeper.armed = keeper.armed[:last]
+	armedN.Store(int32(last))
 	n.idx, n.due = -1, 0
 }
 

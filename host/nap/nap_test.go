@@ -21,6 +21,18 @@ func TestNaps(t *testing.T) {
 }
 
 func testNaps(t *testing.T) {
+	// More naps at once than the keeper takes: the rest are Go timers,
+	// and every one fires.
+	many := make([]*Napper, 2*maxArmed)
+	for i := range many {
+		many[i] = New()
+		many[i].Start(time.Duration(200+i) * time.Microsecond)
+	}
+	for _, n := range many {
+		<-n.C()
+		n.Stop()
+	}
+
 	var wg sync.WaitGroup
 	for g := 0; g < 32; g++ {
 		wg.Add(1)
