@@ -391,6 +391,21 @@ func (m *Mesh) FlushAll() {
 	}
 }
 
+// AskAcks asks rank peerRank (every peer when it is negative) to
+// acknowledge our puts to it at once: the caller waits for their
+// completions (iflush). Transports whose targets never hold their acks
+// ignore it.
+func (m *Mesh) AskAcks(peerRank int) {
+	for i, p := range m.peers {
+		if peerRank >= 0 && i != peerRank {
+			continue
+		}
+		if a, ok := p.t.(interface{ askAcks() }); ok {
+			a.askAcks()
+		}
+	}
+}
+
 // Kick wakes the writers of queues holding aggregated ops. It costs one
 // atomic load when nothing is held.
 func (m *Mesh) Kick() {

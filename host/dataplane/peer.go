@@ -29,6 +29,9 @@ type peer struct {
 
 	quit chan struct{}
 	dead atomic.Bool
+	// askedAcks counts the peer's asks for our acks at once
+	// (wire.StatusAckNow) that we answered (tests).
+	askedAcks atomic.Int64
 	// why is markDead's cause, stored before dead is raised: an operation
 	// that fails in the window before the loss is reported names it.
 	why      atomic.Pointer[error]

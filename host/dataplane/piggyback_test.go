@@ -191,3 +191,60 @@ func TestPiggybackedAcks(t *testing.T) {
 		})
 	}
 }
+
+// TestAskAcks: a target whose lane wrote to us since it last drained
+// holds its acks for its next batch (here for an hour); our put then
+// completes only once we ask for them (AskAcks, what iflush does): the
+// ask reaches the target, which acknowledges at once.
+func TestAskAcks(t *testing.T) {
+	for _, intra := range []bool{false, true} {
+		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) {
+			savedDelay, savedBound := ackDelay, ackBound
+			ackDelay, ackBound = time.Hour, time.Hour
+			t.Cleanup(func() { ackDelay, ackBound = savedDelay, savedBound })
+			os := newOwners(2, 4096)
+			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
+			src := make([]byte, 64)
+			fill(src, 9)
+			// Rank 1 writes to us first (its ack comes at once: our lane
+			// had written nothing), so that its lane wrote when our put
+			// lands there.
+			ms[1].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}, false, 0)
+			ms[1].Flush(0)
+			if st := waitDone(t, os[1], 1); st != abi.Success {
+				t.Fatalf("rank 1's put: %v", st)
+			}
+			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128,
+				SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)
+			ms[0].Flush(1)
+			waitWord(t, os[1], 0, 1, nil)
+			// Landed, and its ack held: our test() calls do not bring it.
+			for deadline := time.Now().Add(100 * time.Millisecond); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+				ms[0].Flush(1)
+				ms[1].Flush(0)
+				if _, ok := os[0].status(2); ok {
+					t.Fatal("the put completed although the target held its ack")
+				}
+			}
+			ms[0].AskAcks(1)
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+				ms[0].Flush(1) // the caller's test(): reads the ack
+				if st, ok := os[0].status(2); ok {
+					if st != abi.Success {
+						t.Fatalf("put: %v", st)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the put never completed after asking for its ack")
+				}
+			}
+			if n := ms[1].peers[0].askedAcks.Load(); n != 1 {
+				t.Fatalf("the target answered %d asks, want 1", n)
+			}
+			if string(os[1].mem[128:192]) != string(src) {
+				t.Fatal("the put's bytes differ")
+			}
+		})
+	}
+}

@@ -233,6 +233,14 @@ func (t *tcpLink) kick() {
 	}
 }
 
+// askAcks asks the peer to acknowledge every lane's puts at once
+// (lane.askAcks): the caller waits for them.
+func (t *tcpLink) askAcks() {
+	for _, l := range t.lanes {
+		l.askAcks()
+	}
+}
+
 func (t *tcpLink) idle() bool {
 	for _, l := range t.lanes {
 		l.mu.Lock()
@@ -343,6 +351,7 @@ type lane struct {
 	iov    [][]byte
 	bufs   net.Buffers
 	ackHdr [wire.HeaderSize]byte // a piggybacked ack (wire.MsgAck)
+	askAck atomic.Bool           // the next batch asks the peer for its acks now (askAcks)
 	liov   [1]unix.Iovec         // scratch for the side path
 	riov   [1]unix.RemoteIovec   // (process_vm_writev/readv)
 	enc    codec.Encoder         // wire compression (host/codec)
@@ -565,6 +574,7 @@ func (l *lane) flush() {
 	if l.ack != nil && l.ack.stale() && l.sendAck(true) {
 		return // nothing queued to carry an owed ack: it left alone, on this thread
 	}
+	l.sendAsk() // an ask for the peer's acks that no batch carried yet
 	l.mu.Lock()
 	if l.writing || l.q.Len() == 0 || l.down || l.out == nil || l.q.At(0).NotBefore != 0 || l.p.dead.Load() {
 		// A paced op at the head is the writer's, on its timer; an
@@ -605,17 +615,74 @@ func (l *lane) queued() bool { return l.work.Load() }
 // carryAck appends the ack this lane owes the peer (acker.drained) to the
 // batch about to be written, the first thing in it.
 func (l *lane) carryAck(iov [][]byte) [][]byte {
+	ask := l.askAck.Load() && l.askAck.Swap(false)
 	a := l.ack
-	if a == nil {
+	var n uint64
+	if a != nil {
+		if n = a.owed(); n != 0 && !a.claim(n) {
+			n = 0
+		}
+	}
+	if n == 0 && !ask {
 		return iov
 	}
-	n := a.owed()
-	if n == 0 || !a.claim(n) {
-		return iov
-	}
+	// MrID names our outgoing lane whose puts n acknowledges; with n 0
+	// (only asking) the peer's count of it is unchanged.
 	h := wire.Header{Typ: wire.MsgAck, MrID: uint32(l.idx), Seq: n}
+	if ask {
+		h.Status = wire.StatusAckNow
+	}
 	h.Encode(l.ackHdr[:])
 	return append(iov, l.ackHdr[:])
+}
+
+// askAcks makes the lane's next batch ask the target to acknowledge our
+// puts at once (wire.StatusAckNow), and writes that batch now when the
+// stream is free: the caller waits for their completions (iflush). A
+// target that wrote to us since it last drained holds its acks for its
+// next batch (acker.drained), and in a GIN round that batch comes only
+// after our wait ends, so without asking both sides wait out ackDelay.
+// Nothing is asked when every put was acknowledged, or on a lane whose
+// target cannot hold acks (one with resend acks each on the reply stream
+// as it lands). A busy stream carries the ask in its next batch; flush
+// retries it.
+func (l *lane) askAcks() {
+	if l.resend {
+		return
+	}
+	l.amu.Lock()
+	unacked := l.puts.Len()
+	l.amu.Unlock()
+	if unacked == 0 {
+		return
+	}
+	l.askAck.Store(true)
+	l.sendAsk()
+}
+
+// sendAsk writes a batch of nothing but what carryAck adds, when an ask
+// is pending, nothing is queued (a batch would carry it) and the stream
+// is free.
+func (l *lane) sendAsk() {
+	if !l.askAck.Load() {
+		return
+	}
+	l.mu.Lock()
+	if l.writing || l.down || l.out == nil || l.p.dead.Load() || l.q.Len() > 0 {
+		l.mu.Unlock()
+		return
+	}
+	l.writing = true
+	l.mu.Unlock()
+	ok := l.writeBatch(l.batch[:0])
+	l.mu.Lock()
+	l.writing = false
+	more := l.q.Len() > 0
+	l.mu.Unlock()
+	l.ackLeft()
+	if ok && more {
+		l.kick()
+	}
 }
 
 // sendAck writes an ack that no batch carried in time, alone (test() or

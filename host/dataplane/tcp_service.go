@@ -68,8 +68,9 @@ type acker struct {
 // ackDelay is how long a piggybacked ack waits for a batch of the lane
 // before test() or rmaProgress sends it alone, and ackBound how long at
 // most when neither is called. They only matter when a prediction that
-// the lane will write soon was wrong.
-const (
+// the lane will write soon was wrong. Variables so that tests can make a
+// hold last.
+var (
 	ackDelay = 50 * time.Microsecond
 	ackBound = 500 * time.Microsecond
 )
@@ -299,7 +300,13 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 			err = ack.flush()
 		}
 	case wire.MsgAck:
-		err = t.piggyAck(h)
+		if h.Seq != 0 || h.Status&wire.StatusAckNow == 0 {
+			err = t.piggyAck(h) // (an ask alone acknowledges nothing)
+		}
+		if err == nil && h.Status&wire.StatusAckNow != 0 {
+			t.p.askedAcks.Add(1)
+			err = ack.flush() // the sender waits: no holding for a batch of ours
+		}
 	case wire.MsgGet:
 		err = t.serveGet(in, h, resp)
 	case wire.MsgRing:

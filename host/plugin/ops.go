@@ -340,6 +340,9 @@ func Iflush(h uint64, context int32, mh uint64, rank uint32) (uint64, abi.Result
 		return 0, abi.InvalidArgument
 	}
 	r.c.flushDeferred()
+	// The caller waits for our puts to rank to complete next (GIN's
+	// flush): the target must not hold its acks for a batch of its own.
+	r.c.mesh.AskAcks(int(rank))
 	r.c.mesh.FlushAll()
 	r.c.mesh.Kick()
 	q, idx, res := r.takeSlot(backend.OpFlush)

@@ -65,6 +65,13 @@ const (
 	StatusFromMask = 0x0700
 )
 
+// StatusAckNow on a MsgAck (its seq may then be 0: nothing acknowledged)
+// asks the receiver to acknowledge the puts of this stream at once: the
+// sender waits for them (an iflush). Without it a target that expects to
+// write soon holds its acks for its next batch, which in a GIN round
+// comes only after the sender's wait ended.
+const StatusAckNow = 1
+
 // HeaderSize is the fixed size of every message header.
 const HeaderSize = 64
 
