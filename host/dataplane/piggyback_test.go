@@ -228,7 +228,7 @@ func TestAskAcks(t *testing.T) {
 			}
 			ms[0].AskAcks(1)
 			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Microsecond) {
-				ms[0].Flush(1) // the caller's test(): reads the ack
+				ms[0].Flush(1) // the caller's test(): asks once askAfter passed, reads the ack
 				if st, ok := os[0].status(2); ok {
 					if st != abi.Success {
 						t.Fatalf("put: %v", st)

@@ -352,6 +352,7 @@ type lane struct {
 	bufs   net.Buffers
 	ackHdr [wire.HeaderSize]byte // a piggybacked ack (wire.MsgAck)
 	askAck atomic.Bool           // the next batch asks the peer for its acks now (askAcks)
+	askAt  atomic.Int64          // when flush asks, if acks are still owed then (Now(); 0: no flush waits)
 	liov   [1]unix.Iovec         // scratch for the side path
 	riov   [1]unix.RemoteIovec   // (process_vm_writev/readv)
 	enc    codec.Encoder         // wire compression (host/codec)
@@ -574,6 +575,7 @@ func (l *lane) flush() {
 	if l.ack != nil && l.ack.stale() && l.sendAck(true) {
 		return // nothing queued to carry an owed ack: it left alone, on this thread
 	}
+	l.askDue()
 	l.sendAsk() // an ask for the peer's acks that no batch carried yet
 	l.mu.Lock()
 	if l.writing || l.q.Len() == 0 || l.down || l.out == nil || l.q.At(0).NotBefore != 0 || l.p.dead.Load() {
@@ -636,28 +638,44 @@ func (l *lane) carryAck(iov [][]byte) [][]byte {
 	return append(iov, l.ackHdr[:])
 }
 
-// askAcks makes the lane's next batch ask the target to acknowledge our
-// puts at once (wire.StatusAckNow), and writes that batch now when the
-// stream is free: the caller waits for their completions (iflush). A
-// target that wrote to us since it last drained holds its acks for its
-// next batch (acker.drained), and in a GIN round that batch comes only
-// after our wait ends, so without asking both sides wait out ackDelay.
-// Nothing is asked when every put was acknowledged, or on a lane whose
-// target cannot hold acks (one with resend acks each on the reply stream
-// as it lands). A busy stream carries the ask in its next batch; flush
-// retries it.
+// askAfter is how long a flush waits for the acks of its puts before it
+// asks for them: acks that come by themselves (most do, within a few µs)
+// cost no ask. A variable so that tests can ask at once.
+var askAfter = 10 * time.Microsecond
+
+// askAcks notes that the caller waits for the completions of our puts
+// (iflush): if acks are still owed askAfter from now, the next flush (the
+// caller's test()) makes the lane's next batch ask the target to
+// acknowledge them at once (wire.StatusAckNow), and writes that batch
+// when the stream is free. A target that wrote to us since it last
+// drained holds its acks for its next batch (acker.drained), and in a GIN
+// round that batch comes only after our wait ends, so without asking both
+// sides waited out ackDelay. Nothing is asked when every put was
+// acknowledged, or on a lane whose target cannot hold acks (one with
+// resend acks each on the reply stream as it lands). A busy stream
+// carries the ask in its next batch.
 func (l *lane) askAcks() {
-	if l.resend {
+	if l.resend || l.unacked() == 0 {
 		return
 	}
+	l.askAt.CompareAndSwap(0, Now()+int64(askAfter))
+}
+
+func (l *lane) unacked() int {
 	l.amu.Lock()
-	unacked := l.puts.Len()
-	l.amu.Unlock()
-	if unacked == 0 {
+	defer l.amu.Unlock()
+	return l.puts.Len()
+}
+
+// askDue turns a flush's wait that outlasted askAfter into an ask.
+func (l *lane) askDue() {
+	at := l.askAt.Load()
+	if at == 0 || Now() < at || !l.askAt.CompareAndSwap(at, 0) {
 		return
 	}
-	l.askAck.Store(true)
-	l.sendAsk()
+	if l.unacked() > 0 {
+		l.askAck.Store(true)
+	}
 }
 
 // sendAsk writes a batch of nothing but what carryAck adds, when an ask

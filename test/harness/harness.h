@@ -75,6 +75,7 @@ typedef struct {
   int spin;   /* pingpong: empty polls before each wait starts to sched_yield */
   int pp_only; /* pingpong: -1 every kind, else only this one (raw, raw-poll, plugin) */
   int yield_after_post; /* pingpong: sched_yield after each post, as NCCL's proxy ends its turn */
+  int flush_round;      /* pingpong: both put, wait, iflush and wait for completion (a GIN round) */
   int intranode;        /* pingpong: keep the intra-node path (shared-memory streams) */
 } options_t;
 
