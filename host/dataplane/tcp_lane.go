@@ -692,12 +692,18 @@ func (l *lane) sendAsk() {
 	}
 	l.writing = true
 	l.mu.Unlock()
+	l.writeAlone()
+	l.ackLeft()
+}
+
+// writeAlone writes a batch of nothing but what carryAck adds and lets
+// the stream go; the caller took it (l.writing).
+func (l *lane) writeAlone() {
 	ok := l.writeBatch(l.batch[:0])
 	l.mu.Lock()
 	l.writing = false
 	more := l.q.Len() > 0
 	l.mu.Unlock()
-	l.ackLeft()
 	if ok && more {
 		l.kick()
 	}
@@ -716,14 +722,7 @@ func (l *lane) sendAck(idle bool) bool {
 	}
 	l.writing = true
 	l.mu.Unlock()
-	ok := l.writeBatch(l.batch[:0])
-	l.mu.Lock()
-	l.writing = false
-	more := l.q.Len() > 0
-	l.mu.Unlock()
-	if ok && more {
-		l.kick()
-	}
+	l.writeAlone()
 	return true
 }
 
