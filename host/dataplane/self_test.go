@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -163,6 +164,14 @@ func (o *partOwner) Complete(tag uint64, st abi.Result) {
 // and no synchronous copy runs. (An owner without parts keeps the
 // synchronous path: TestSelfDevice.)
 func TestSelfDeviceQueued(t *testing.T) {
+	// With two lanes operations are numbered (Seq): a numbered put is
+	// acknowledged too, a numbered get is not.
+	for _, lanes := range []int{1, 2} {
+		t.Run(fmt.Sprint("lanes", lanes), func(t *testing.T) { selfDeviceQueued(t, lanes) })
+	}
+}
+
+func selfDeviceQueued(t *testing.T, lanes int) {
 	const size = 1 << 20
 	d := &streamSelfDevice{Stream: devtest.NewStream(2*size, 2*time.Millisecond)}
 	devmem.Register(d)
@@ -180,7 +189,7 @@ func TestSelfDeviceQueued(t *testing.T) {
 			size: size, host: make([]byte, 64<<10)}, extra: map[uint64]int{}}
 		owners[r] = os[r]
 	}
-	ms := connectOwners(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, ChunkSize: 64 << 10,
+	ms := connectOwners(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
 		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10})
 	x := ms[0].peers[0].t.(*intraLink)
 	src := d.At(os[0].dev, size)
@@ -231,8 +240,10 @@ func TestSelfDeviceQueued(t *testing.T) {
 	if n := d.Copies.Load() - sync0; n != 0 {
 		t.Fatalf("%d synchronous copies ran", n)
 	}
-	if n := os[0].added.Load(); n != 2 {
-		t.Fatalf("%d requests got a part more, want 2 (the put+signals)", n)
+	// The put+signals, and with two lanes the numbered plain put: what
+	// the target also acknowledges.
+	if n, want := os[0].added.Load(), int32(1+lanes); n != want {
+		t.Fatalf("%d requests got a part more, want %d", n, want)
 	}
 	if os[0].failed != abi.Success {
 		t.Fatalf("a part failed: %v", os[0].failed)

@@ -864,7 +864,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 			}
 			switch {
 			case mv == sideNo:
-			case op.Msg == wire.MsgPutSignal || op.Seq != 0:
+			case op.Msg == wire.MsgPutSignal || (op.Msg == wire.MsgPut && op.Seq != 0):
 				op.Size = 0 // the payload is there: send the signal (or the number that landed) alone
 			default:
 				op.Msg = opDone // nothing to tell the target
