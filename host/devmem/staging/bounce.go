@@ -229,11 +229,17 @@ func (q *ctxQueue) push(i int, dst uintptr, n uint64) error {
 		q.free |= 1 << i
 		return err
 	}
+	q.queueLocked(i)
+	return nil
+}
+
+// queueLocked appends slot i, whose copy and event were just queued, to
+// the queued slots; q.mu held.
+func (q *ctxQueue) queueLocked(i int) {
 	q.order[(q.head+q.nq)%bounceSlots] = uint8(i)
 	q.pushed[i] = int64(time.Since(stuckEpoch))
 	q.nq++
 	q.queued.Store(int32(q.nq))
-	return nil
 }
 
 // drainLocked waits for the stream and frees every queued slot; q.mu held.
@@ -273,13 +279,17 @@ func (q *ctxQueue) popLocked() {
 // failOwedLocked fails every request a queued copy owes: the device
 // failed, and they would otherwise never complete; q.mu held.
 func (q *ctxQueue) failOwedLocked(err error) {
+	failed := 0
 	for i := range q.owed {
 		if o := q.owed[i]; o.c != nil {
 			q.owed[i] = owed{}
 			q.waiting.Add(-1)
-			logx.Warn(abi.SubsysNet, "NET/wasm: an operation of a rank to itself, copied on the device (context %#x), failed: %v", q.ctx, err)
 			o.c.Complete(o.tag, abi.RemoteError)
+			failed++
 		}
+	}
+	if failed > 0 {
+		logx.Warn(abi.SubsysNet, "NET/wasm: %d operation(s) of a rank to itself, copied on the device (context %#x), failed: %v", failed, q.ctx, err)
 	}
 }
 
@@ -377,10 +387,7 @@ func CopySelfAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64) (bo
 	q.free &^= 1 << i
 	q.owed[i] = owed{c: c, tag: tag}
 	q.waiting.Add(1)
-	q.order[(q.head+q.nq)%bounceSlots] = uint8(i)
-	q.pushed[i] = int64(time.Since(stuckEpoch))
-	q.nq++
-	q.queued.Store(int32(q.nq))
+	q.queueLocked(i)
 	return true, nil
 }
 
