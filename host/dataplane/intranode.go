@@ -13,7 +13,6 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 const (
@@ -185,7 +184,7 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 			return false
 		}
 	}
-	acked := put && (op.Msg == wire.MsgPutSignal || op.Seq != 0)
+	acked := tellsTarget(op)
 	po, parts := m.owner.(PartOwner)
 	if acked && !parts {
 		return false

@@ -391,18 +391,12 @@ func (m *Mesh) FlushAll() {
 	}
 }
 
-// AskAcks asks rank peerRank (every peer when it is negative) to
-// acknowledge our puts to it at once: the caller waits for their
-// completions (iflush). Transports whose targets never hold their acks
-// ignore it.
+// AskAcks asks rank peerRank to acknowledge our puts to it at once if
+// they are not acknowledged soon: the caller waits for their completions
+// (iflush). Transports whose targets never hold their acks ignore it.
 func (m *Mesh) AskAcks(peerRank int) {
-	for i, p := range m.peers {
-		if peerRank >= 0 && i != peerRank {
-			continue
-		}
-		if a, ok := p.t.(interface{ askAcks() }); ok {
-			a.askAcks()
-		}
+	if a, ok := m.peers[peerRank].t.(interface{ askAcks() }); ok {
+		a.askAcks()
 	}
 }
 

@@ -206,11 +206,11 @@ func (p *peer) fail(op *Op) {
 	// The sticky error is set before the request completes, so whoever sees
 	// the failed request also sees queryLastError report it.
 	if !p.closing.Load() && op.Msg != wire.MsgBye {
+		err := fmt.Errorf("%w: operation to rank %d failed", ErrPeerGone, p.rank)
 		if why := p.why.Load(); why != nil {
-			p.m.owner.PeerFailed(p.rank, fmt.Errorf("%w: operation to rank %d failed: %v", ErrPeerGone, p.rank, *why))
-		} else {
-			p.m.owner.PeerFailed(p.rank, fmt.Errorf("%w: operation to rank %d failed", ErrPeerGone, p.rank))
+			err = fmt.Errorf("%w: %v", err, *why)
 		}
+		p.m.owner.PeerFailed(p.rank, err)
 	}
 	if op.Msg != wire.MsgReg && op.Tag != 0 {
 		p.m.owner.Complete(op.Tag, abi.RemoteError)

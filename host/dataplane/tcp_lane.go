@@ -99,6 +99,14 @@ type sidePath interface {
 	get(l *lane, op *Op) sideMove
 }
 
+// tellsTarget reports whether op, its payload moved by a side path, still
+// goes to the target as a header (which it acknowledges): a signal to
+// apply, or a put's sequence number that landed. Gets are never numbered
+// and complete where they are copied.
+func tellsTarget(op *Op) bool {
+	return op.Msg == wire.MsgPutSignal || (op.Msg == wire.MsgPut && op.Seq != 0)
+}
+
 // sideMove is what a side path did with an operation's payload.
 type sideMove uint8
 
@@ -864,7 +872,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 			}
 			switch {
 			case mv == sideNo:
-			case op.Msg == wire.MsgPutSignal || (op.Msg == wire.MsgPut && op.Seq != 0):
+			case tellsTarget(op):
 				op.Size = 0 // the payload is there: send the signal (or the number that landed) alone
 			default:
 				op.Msg = opDone // nothing to tell the target
