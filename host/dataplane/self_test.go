@@ -95,12 +95,9 @@ func TestSelfDevice(t *testing.T) {
 	}
 }
 
-// streamSelfDevice is a device with one in-order stream (devtest.Stream)
-// that queues device-to-device copies on it, counted.
-type streamSelfDevice struct {
-	*devtest.Stream
-	dtod atomic.Int32
-}
+// streamSelfDevice is a device with one in-order stream (devtest.Stream,
+// which queues the copies and counts the device-to-device ones).
+type streamSelfDevice struct{ *devtest.Stream }
 
 func (d *streamSelfDevice) Caps(uintptr) devmem.Caps { return devmem.CapWriteWord | devmem.CapAsync }
 func (d *streamSelfDevice) WriteWord(_, addr uintptr, v uint64) error {
@@ -109,19 +106,6 @@ func (d *streamSelfDevice) WriteWord(_, addr uintptr, v uint64) error {
 }
 func (d *streamSelfDevice) AtomicAdd(uintptr, uintptr, uint64) error {
 	return errors.New("no atomic add")
-}
-func (d *streamSelfDevice) HtoDAsync(_, dst uintptr, src unsafe.Pointer, n uint64) error {
-	d.Enqueue(func() { copy(d.At(dst, n), unsafe.Slice((*byte)(src), n)) })
-	return nil
-}
-func (d *streamSelfDevice) DtoHAsync(_ uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
-	d.Enqueue(func() { copy(unsafe.Slice((*byte)(dst), n), d.At(src, n)) })
-	return nil
-}
-func (d *streamSelfDevice) DtoDAsync(_, dst, src uintptr, n uint64) error {
-	d.dtod.Add(1)
-	d.Enqueue(func() { copy(d.At(dst, n), d.At(src, n)) })
-	return nil
 }
 
 // partOwner is a devOwner whose requests can wait for a part more
@@ -234,7 +218,7 @@ func selfDeviceQueued(t *testing.T, lanes int) {
 	if st := wait(21); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size/4, 4096), src[8192:8192+4096]) {
 		t.Fatalf("self get: %v, or completed before its bytes landed", st)
 	}
-	if n := d.dtod.Load(); n != 4 {
+	if n := d.DtoDs.Load(); n != 4 {
 		t.Fatalf("%d of 4 operations to itself queued on the stream", n)
 	}
 	if n := d.Copies.Load() - sync0; n != 0 {

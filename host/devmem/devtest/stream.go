@@ -3,7 +3,9 @@ package devtest
 import (
 	"bytes"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Stream is a Pipe with one in-order stream, as a GPU stream orders its
@@ -17,6 +19,9 @@ type Stream struct {
 	// Exec is held while the stream runs an operation: a test reads device
 	// memory under it (Peek), as the GPU's writes race the host.
 	Exec *sync.Mutex
+
+	// DtoDs counts the device-to-device copies queued (DtoDAsync).
+	DtoDs atomic.Int32
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -75,6 +80,22 @@ func (d *Stream) Peek(addr uintptr, n uint64) []byte {
 	d.Exec.Lock()
 	defer d.Exec.Unlock()
 	return bytes.Clone(d.At(addr, n))
+}
+
+// HtoDAsync, DtoHAsync and DtoDAsync queue copies on the stream
+// (devmem.Streams, devmem.AsyncDeviceCopier).
+func (d *Stream) HtoDAsync(_, dst uintptr, src unsafe.Pointer, n uint64) error {
+	d.Enqueue(func() { copy(d.At(dst, n), unsafe.Slice((*byte)(src), n)) })
+	return nil
+}
+func (d *Stream) DtoHAsync(_ uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
+	d.Enqueue(func() { copy(unsafe.Slice((*byte)(dst), n), d.At(src, n)) })
+	return nil
+}
+func (d *Stream) DtoDAsync(_, dst, src uintptr, n uint64) error {
+	d.DtoDs.Add(1)
+	d.Enqueue(func() { copy(d.At(dst, n), d.At(src, n)) })
+	return nil
 }
 
 // Record, Passed, FreeEvent and Sync are devmem.Streams' events.

@@ -70,20 +70,11 @@ func (d *streamDevice) AtomicAdd(_, addr uintptr, v uint64) error {
 	d.enqueue(func() { atomic.AddUint64(d.word(addr), v) })
 	return nil
 }
-func (d *streamDevice) HtoDAsync(_, dst uintptr, src unsafe.Pointer, n uint64) error {
-	d.enqueue(func() { copy(d.At(dst, n), unsafe.Slice((*byte)(src), n)) })
-	return nil
-}
-func (d *streamDevice) DtoHAsync(_ uintptr, dst unsafe.Pointer, src uintptr, n uint64) error {
-	d.enqueue(func() { copy(unsafe.Slice((*byte)(dst), n), d.At(src, n)) })
-	return nil
-}
-func (d *streamDevice) DtoDAsync(_, dst, src uintptr, n uint64) error {
+func (d *streamDevice) DtoDAsync(ctx, dst, src uintptr, n uint64) error {
 	if d.noDtoD {
 		return devmem.ErrUnsupported
 	}
-	d.enqueue(func() { copy(d.At(dst, n), d.At(src, n)) })
-	return nil
+	return d.Stream.DtoDAsync(ctx, dst, src, n)
 }
 func (d *streamDevice) Passed(ctx, ev uintptr) (bool, error) {
 	if d.failEv.Load() {
