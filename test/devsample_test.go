@@ -75,7 +75,17 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 				"copied asynchronously", "operations to itself with device memory are queued on the device's stream",
 				"fakecuda: a device-to-device copy", "small device put+signals: 48 of 8 B to 64 KiB, plain signal",
 				"stream atomic adds (cuStreamBatchMemOp_v2, data type 18 verified as 64-bit)",
-				"fakecuda: a stream atomic add to a signal word"}},
+				"fakecuda: a stream atomic add to a signal word", "!mapped device memory (IPC)"}},
+		// NCCL_RMA_WASM_INTRANODE_IPC=1: the VMM window (memfd-backed in
+		// the fake, so the two processes share its pages) is mapped into
+		// the peer, whose put+signal copies straight into it; the
+		// cuMemAlloc buffers have no shareable handle and stay staged.
+		// Stream work runs 200 µs late: the signal must still follow
+		// the payload.
+		{"cuda_check_ipc", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1"},
+			[]string{"RESULT PASS", "VMM window registered with regMrSymDmaBuf, verified",
+				"device operations copy straight into its mapped device memory (IPC)", "small device put+signals: 48 of 8 B to 64 KiB",
+				"!is not mapped here"}},
 		// Stream work runs 200 µs after it is queued: a signal written or
 		// added outside its stream's order would be seen before its
 		// payload, or lost at deregistration. Never-reset signal words

@@ -43,7 +43,7 @@ func (o *memOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, boo
 	}
 	return unsafe.Pointer(&o.mem[0]), uint64(len(o.mem)), 0, NewPin(&o.pins), true
 }
-func (o *memOwner) PeerRegistered(int, uint32, uint64, uint64, bool) {}
+func (o *memOwner) PeerRegistered(int, PeerReg) {}
 func (o *memOwner) Complete(tag uint64, st abi.Result) {
 	o.mu.Lock()
 	o.done[tag] = st

@@ -38,7 +38,7 @@ func (o *fabOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, boo
 	}
 	return o.mem, o.size, 0, Pin{}, true
 }
-func (o *fabOwner) PeerRegistered(int, uint32, uint64, uint64, bool) {}
+func (o *fabOwner) PeerRegistered(int, PeerReg) {}
 func (o *fabOwner) Complete(tag uint64, st abi.Result) {
 	o.mu.Lock()
 	o.done[tag] = st

@@ -37,14 +37,21 @@ const (
 // turns the path off for that peer and the operation goes over TCP.
 type intraLink struct {
 	*tcpLink
-	pid   int
-	on    atomic.Bool  // the single-copy path is usable for this peer
-	selfs atomic.Int64 // operations to this very rank moved by selfDevice
+	pid    int
+	on     atomic.Bool  // the single-copy path is usable for this peer
+	selfs  atomic.Int64 // operations to this very rank moved by selfDevice
+	mapOn  atomic.Bool  // copies into the peer's mapped device memory work
+	mapped atomic.Int64 // operations moved through a mapping (viaMapping)
 }
+
+// ShareOffer in a MsgReg's sigMrID says that its tag names the sender's
+// descriptor server (PeerReg.Share).
+const ShareOffer = 1
 
 func newIntraLink(p *peer, outs, ins []*net.TCPConn, pid int) *intraLink {
 	x := &intraLink{tcpLink: newTCPLink(p, outs, ins), pid: pid}
 	x.on.Store(true)
+	x.mapOn.Store(true)
 	x.side = x
 	return x
 }
@@ -82,6 +89,11 @@ func (x *intraLink) ringable(op *Op) bool {
 
 // put writes op's payload into the peer; sideNo means "use TCP".
 func (x *intraLink) put(l *lane, op *Op) sideMove {
+	if op.Mapped != 0 {
+		if mv := x.viaMapping(op, true); mv != sideNo {
+			return mv
+		}
+	}
 	if x.self() {
 		if mv := x.selfDevice(op, true); mv != sideNo {
 			return mv
@@ -99,6 +111,11 @@ func (x *intraLink) put(l *lane, op *Op) sideMove {
 
 // get reads op's bytes from the peer; sideNo means "use TCP".
 func (x *intraLink) get(l *lane, op *Op) sideMove {
+	if op.Mapped != 0 {
+		if mv := x.viaMapping(op, false); mv != sideNo {
+			return mv
+		}
+	}
 	if x.self() {
 		if mv := x.selfDevice(op, false); mv != sideNo {
 			return mv
@@ -210,6 +227,39 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory are queued on the device's stream and complete when they executed", x.p.rank)
 	}
 	return true
+}
+
+// viaMapping moves op's payload with one device copy between our memory
+// and the peer's device memory mapped into this process (op.Mapped:
+// SPEC.md §4, "Device windows mapped"). It waits for the copy, so the
+// header that follows (a signal, a numbered put) reaches the target only
+// once the bytes are in its memory, as the target's own landing would.
+// A failed copy turns the path off for this peer and the TCP path takes
+// the operation (the same bytes again, so a partial copy does no harm).
+func (x *intraLink) viaMapping(op *Op, put bool) sideMove {
+	if op.Size == 0 || !x.mapOn.Load() {
+		return sideNo
+	}
+	ctx := op.LocalCtx
+	if ctx == 0 {
+		ctx = op.MapCtx
+	}
+	var err error
+	if put {
+		err = staging.CopyLocal(ctx, addrPtr(op.Mapped), op.LocalCtx, op.Local, op.Size, x.p.m.stageChunk)
+	} else {
+		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, addrPtr(op.Mapped), op.Size, x.p.m.stageChunk)
+	}
+	if err != nil {
+		if x.mapOn.Swap(false) {
+			logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: device copy of %d bytes through the mapping of its memory failed: %v; its operations go through the staged path from now on", x.p.rank, op.Size, err)
+		}
+		return sideNo
+	}
+	if x.mapped.Add(1) == 1 {
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): device operations copy straight into its mapped device memory (IPC)", x.p.rank, x.pid)
+	}
+	return sideMoved
 }
 
 // selfWarn limits the WARN lines about failed local device copies.

@@ -33,13 +33,23 @@ type Owner interface {
 	// returned Pin is released, so memory being landed into, served from or
 	// holding a pending signal word is never handed back mid-operation.
 	Resolve(mrID uint32) (base unsafe.Pointer, size uint64, ctx uintptr, pin Pin, ok bool)
-	// PeerRegistered records a peer's registration size and address, and
-	// whether it is device memory (MsgReg).
-	PeerRegistered(peer int, mrID uint32, size, base uint64, dev bool)
+	// PeerRegistered records a peer's registration (MsgReg).
+	PeerRegistered(peer int, r PeerReg)
 	// Complete finishes the request named by tag.
 	Complete(tag uint64, status abi.Result)
 	// PeerFailed reports a lost peer or an operation the peer rejected.
 	PeerFailed(peer int, err error)
+}
+
+// PeerReg is a peer's announcement of a registration (MsgReg).
+type PeerReg struct {
+	MrID       uint32
+	Size, Base uint64 // its size, and its address in the peer's process
+	Dev        bool   // device memory
+	// Share, non-zero, names the peer's descriptor server (host/fdpass)
+	// from which an intra-node peer may fetch the registration's device
+	// allocations to map them (SPEC.md §4, "Device windows mapped").
+	Share uint64
 }
 
 // PartOwner is implemented by an Owner whose requests can wait for one
@@ -83,6 +93,12 @@ type Op struct {
 	Size     uint64
 	Off      uint64 // offset in the target registration (MsgReg: its address)
 	Remote   uint64 // address of Off in the target process (intra-node path)
+	// Mapped, when non-zero, is the address of Off in this process: the
+	// target's device memory mapped here (intra-node IPC), reachable from
+	// MapCtx's device; the payload is copied straight into (or, for a
+	// get, out of) it.
+	Mapped   uint64
+	MapCtx   uintptr
 	SigOff   uint64
 	SigValue uint64 // MsgReg: the registration's fabric key
 	Seq      uint64 // set by the mesh when lanes > 1 (signal order; completion counts per lane)
@@ -321,6 +337,18 @@ func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self wire.HandleInfo,
 		return newIntraLink(p, outs, ins, int(peer.Pid)), nil
 	}
 	return newTCPLink(p, outs, ins), nil
+}
+
+// IntraPid is the pid of rank's process when the intra-node path carries
+// its operations (another process of this host), else 0.
+func (m *Mesh) IntraPid(rank int) int {
+	if rank < 0 || rank >= len(m.peers) || rank == m.rank {
+		return 0
+	}
+	if x, ok := m.peers[rank].t.(*intraLink); ok {
+		return x.pid
+	}
+	return 0
 }
 
 // Stats is what a mesh reports of itself: its transports and what they

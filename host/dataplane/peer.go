@@ -129,6 +129,9 @@ func (p *peer) stripe(op *Op, hold bool, sigLane int) {
 		if c.Remote != 0 {
 			c.Remote += off
 		}
+		if c.Mapped != 0 {
+			c.Mapped += off
+		}
 		if c.Msg != wire.MsgGet {
 			p.seq++
 			c.Seq = p.seq
@@ -139,7 +142,7 @@ func (p *peer) stripe(op *Op, hold bool, sigLane int) {
 	}
 	if op.Msg == wire.MsgPutSignal {
 		s := *op
-		s.Size, s.Local, s.Remote, s.Off, s.MrID = 0, nil, 0, 0, 0
+		s.Size, s.Local, s.Remote, s.Mapped, s.Off, s.MrID = 0, nil, 0, 0, 0, 0
 		p.seq++
 		s.Seq = p.seq
 		p.t.submit(p.live(sigLane), s, true)

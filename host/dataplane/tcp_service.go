@@ -321,7 +321,11 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 			t.onReg(h.SigOp, h.MrID, h.Off, h.SigValue, h.Status == 1, h.Context == 1)
 		}
 		if h.SigOp == 0 {
-			p.m.owner.PeerRegistered(p.rank, h.MrID, h.Size, h.Off, h.Status == 1)
+			r := PeerReg{MrID: h.MrID, Size: h.Size, Base: h.Off, Dev: h.Status == 1}
+			if h.SigMrID == ShareOffer {
+				r.Share = h.Tag
+			}
+			p.m.owner.PeerRegistered(p.rank, r)
 		}
 	case wire.MsgBye:
 		// Everything this lane carried before the goodbye has been

@@ -130,6 +130,33 @@ type DmaBufExporter interface {
 	ExportDmaBuf(ctx, ptr uintptr, size uint64) (fd int, off uint64, err error)
 }
 
+// MaxSegments bounds the allocations one registration shares with another
+// process (IPCSharer): a window of more keeps the staged path.
+const MaxSegments = 64
+
+// Segment is one exported allocation: its shareable handle (a POSIX fd
+// the holder closes), its address in the exporting process and its size.
+type Segment struct {
+	Fd         int
+	Base, Size uint64
+}
+
+// IPCSharer is implemented by a device whose memory another process of
+// the host can map (CUDA's cuMem POSIX fds): an intra-node peer then
+// copies a device payload straight into the target's window, one copy on
+// the device and none through host memory.
+type IPCSharer interface {
+	// IPCExport returns the allocations under [ptr, ptr+size), back to
+	// back, each with a new fd the caller closes.
+	IPCExport(ctx, ptr uintptr, size uint64) ([]Segment, error)
+	// IPCImport maps segs back to back in a new reservation reachable
+	// from ctx's device and returns its address and length; the fds stay
+	// the caller's.
+	IPCImport(ctx uintptr, segs []Segment) (va uintptr, span uint64, err error)
+	// IPCUnmap undoes IPCImport.
+	IPCUnmap(ctx, va uintptr, span uint64)
+}
+
 // PageSpan widens [ptr, ptr+size) to whole host pages, as DMA-BUF export
 // requires: the first page's address, the span's length and ptr's offset.
 func PageSpan(ptr uintptr, size uint64) (base uintptr, n, off uint64) {

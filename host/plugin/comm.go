@@ -56,6 +56,8 @@ type coll struct {
 	err stickyError
 
 	lanes laneLog // lanes the mesh failed over (lanes.go)
+
+	shares shares // device windows shared with peers of this host (share.go)
 }
 
 var (
@@ -237,6 +239,7 @@ func CloseColl(h uint64) abi.Result {
 	if err := c.mesh.Close(); err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: rank %d: %v (%s)", c.rank, err, config.CloseTimeout.Name)
 	}
+	c.closeShares()
 	if profile.On() {
 		profile.Write(os.Stderr, fmt.Sprintf("rank %d (pid %d)", c.rank, os.Getpid()))
 	}
@@ -276,10 +279,10 @@ func (c *coll) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, dataplane.Pi
 	return m.base, m.size, m.devCtx, pin, true
 }
 
-// PeerRegistered records a peer's size, address and memory kind for
-// registration id.
-func (c *coll) PeerRegistered(peer int, id uint32, size, base uint64, dev bool) {
-	c.regs.peerRegistered(peer, id, size, base, dev)
+// PeerRegistered records a peer's size, address, memory kind and share
+// offer for a registration.
+func (c *coll) PeerRegistered(peer int, r dataplane.PeerReg) {
+	c.regs.peerRegistered(peer, r)
 }
 
 // drain sends what was posted and waits until it completed (arrived), before

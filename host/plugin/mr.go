@@ -36,6 +36,9 @@ type mr struct {
 	// shadow is the host copy of a never-reset device signal array
 	// (abi.MrFlagSignalNeverReset), nil for other registrations.
 	shadow *staging.Shadow
+	// maps are the peers' parts of this registration mapped here
+	// (share.go), unmapped when it is deregistered.
+	maps []shareMap
 }
 
 // RegMr registers host memory collectively. A second registration of the
@@ -111,8 +114,13 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 		return 0, abi.SystemError
 	}
 	// Tell every peer our size; wait until every peer told us theirs.
+	reg := dataplane.Op{Msg: wire.MsgReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0, SigValue: key}
+	if tok := c.offerShare(m); tok != 0 {
+		reg.SigMrID, reg.Tag = dataplane.ShareOffer, tok
+	}
 	for p := 0; p < c.nranks; p++ {
-		c.mesh.Post(p, &dataplane.Op{Msg: wire.MsgReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0, SigValue: key}, false, 0)
+		op := reg
+		c.mesh.Post(p, &op, false, 0)
 	}
 	sizes, err := c.regs.awaitPeers(m.id, config.ConnectTimeout.Get())
 	if err != nil {
@@ -121,6 +129,7 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 		c.mesh.DeregisterMemory(m.id)
 		return 0, abi.SystemError
 	}
+	c.importShares(m, sizes)
 	m.remote.Store(sizes)
 	logx.Trace(abi.SubsysReg, "NET/wasm: registered %d bytes at %#x as %d", size, data, m.id)
 	return m.handle, abi.Success
@@ -187,6 +196,7 @@ func DeregMr(h, mh uint64) abi.Result {
 		}
 		c.regs.drop(m)
 		c.awaitUnpinned(m)
+		c.unmapShares(m)
 		if m.devCtx != 0 {
 			// Signal writes and payload copies queued on the context's
 			// stream land before the caller may free the memory.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 )
 
 // registry is one communicator's symmetric registrations. Ids are assigned
@@ -39,6 +40,12 @@ type remoteRegs struct {
 	sizes []uint64
 	bases []uint64
 	dev   []bool // device memory there: no single-copy path into it
+	// share is each rank's descriptor server token for this registration
+	// (0: none), nil when no rank offered one; mapped is the address of
+	// each rank's registration mapped into this process (0: not mapped),
+	// nil when none is (share.go).
+	share  []uint64
+	mapped []uintptr
 }
 
 func newRegistry(nranks int, closed *atomic.Bool) *registry {
@@ -108,7 +115,8 @@ func (g *registry) drop(m *mr) {
 }
 
 // peerRegistered records a peer's size, address and memory kind for id.
-func (g *registry) peerRegistered(peer int, id uint32, size, base uint64, dev bool) {
+func (g *registry) peerRegistered(peer int, r dataplane.PeerReg) {
+	id := r.MrID
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	rs := g.remote[id]
@@ -121,9 +129,15 @@ func (g *registry) peerRegistered(peer int, id uint32, size, base uint64, dev bo
 		rs.known[peer] = true
 		rs.have++
 	}
-	rs.peers.sizes[peer] = size
-	rs.peers.bases[peer] = base
-	rs.peers.dev[peer] = dev
+	rs.peers.sizes[peer] = r.Size
+	rs.peers.bases[peer] = r.Base
+	rs.peers.dev[peer] = r.Dev
+	if r.Share != 0 {
+		if rs.peers.share == nil {
+			rs.peers.share = make([]uint64, g.nranks)
+		}
+		rs.peers.share[peer] = r.Share
+	}
 	g.cond.Broadcast()
 }
 

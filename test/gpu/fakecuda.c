@@ -22,6 +22,7 @@ static struct {
   uintptr_t base;
   size_t n;
   int vmm; /* made by cuMemMap: reachable from every context */
+  int fdp1; /* a cuMem mapping's memfd + 1 (0: none), for IPC */
 } allocs[MAXA];
 static int ctxobj, ctx2obj;
 /* The calling thread's current context: a second context (cuCtxCreate)
@@ -71,8 +72,21 @@ static int vmm_at(uintptr_t p) {
   pthread_mutex_unlock(&mu);
   return ok;
 }
+/* A handle of cuMemCreate or cuMemImportFromShareableHandle is a memfd
+ * (HMARK | fd), so that another process can map the same pages (IPC);
+ * cuMemRelease closes it, and a mapping keeps a descriptor of its own. */
+#define HMARK (1ULL << 62)
+static int vmm_fd(uintptr_t p) {
+  int fd = -1;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < MAXA; i++)
+    if (allocs[i].base && allocs[i].vmm && p >= allocs[i].base && p < allocs[i].base + allocs[i].n) fd = allocs[i].fdp1 - 1;
+  pthread_mutex_unlock(&mu);
+  return fd;
+}
 int cuMemRetainAllocationHandle(unsigned long long* h, void* p) {
-  *h = 1;
+  int fd = vmm_fd((uintptr_t)p);
+  *h = fd >= 0 ? HMARK | (unsigned long long)dup(fd) : 1;
   return vmm_at((uintptr_t)p) ? 0 : 1;
 }
 /* second_ok checks a device address used with the second context current. */
@@ -207,6 +221,7 @@ int cuMemAlloc_v2(unsigned long long* p, size_t n) {
       allocs[i].base = (uintptr_t)m;
       allocs[i].n = n;
       allocs[i].vmm = 0;
+      allocs[i].fdp1 = 0;
       break;
     }
   pthread_mutex_unlock(&mu);
@@ -492,15 +507,43 @@ int cuMemAddressReserve(unsigned long long* p, size_t n, size_t align, unsigned 
   *p = (uintptr_t)m;
   return 0;
 }
-int cuMemCreate(unsigned long long* h, size_t n, const void* prop, unsigned long long f) { (void)prop, (void)f; *h = n; return 0; }
+int cuMemCreate(unsigned long long* h, size_t n, const void* prop, unsigned long long f) {
+  (void)prop, (void)f;
+  int fd = memfd_create("fake-vmm", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, (off_t)n) != 0) return 2;
+  *h = HMARK | (unsigned long long)fd;
+  return 0;
+}
+int cuMemExportToShareableHandle(void* out, unsigned long long h, int type, unsigned long long f) {
+  (void)f;
+  if (type != 1 || !(h & HMARK)) return 1; /* POSIX fds of cuMemCreate'd memory only */
+  int fd = dup((int)(h & ~HMARK));
+  if (fd < 0) return 2;
+  *(int*)out = fd;
+  return 0;
+}
+int cuMemImportFromShareableHandle(unsigned long long* h, void* os, int type) {
+  if (type != 1) return 1;
+  int fd = dup((int)(intptr_t)os);
+  if (fd < 0) return 1;
+  *h = HMARK | (unsigned long long)fd;
+  return 0;
+}
 int cuMemMap(unsigned long long p, size_t n, size_t off, unsigned long long h, unsigned long long f) {
-  (void)off, (void)h, (void)f;
+  (void)f;
+  int fdp1 = 0;
+  if (h & HMARK) {
+    int fd = (int)(h & ~HMARK);
+    if (mmap((void*)(uintptr_t)p, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, (off_t)off) == MAP_FAILED) return 2;
+    fdp1 = dup(fd) + 1;
+  }
   pthread_mutex_lock(&mu);
   for (int i = 0; i < MAXA; i++)
     if (!allocs[i].base) {
       allocs[i].base = (uintptr_t)p;
       allocs[i].n = n;
       allocs[i].vmm = 1;
+      allocs[i].fdp1 = fdp1;
       break;
     }
   pthread_mutex_unlock(&mu);
@@ -510,11 +553,22 @@ int cuMemSetAccess(unsigned long long p, size_t n, const void* d, size_t c) { (v
 int cuMemUnmap(unsigned long long p, size_t n) {
   pthread_mutex_lock(&mu);
   for (int i = 0; i < MAXA; i++)
-    if (allocs[i].base >= p && allocs[i].base < p + n) allocs[i].base = 0;
+    if (allocs[i].base >= p && allocs[i].base < p + n) {
+      if (allocs[i].fdp1) {
+        /* Back to private pages, which cuMemAddressFree's free() expects. */
+        mmap((void*)allocs[i].base, allocs[i].n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+        close(allocs[i].fdp1 - 1);
+      }
+      allocs[i].base = 0;
+      allocs[i].fdp1 = 0;
+    }
   pthread_mutex_unlock(&mu);
   return 0;
 }
-int cuMemRelease(unsigned long long h) { (void)h; return 0; }
+int cuMemRelease(unsigned long long h) {
+  if (h & HMARK) close((int)(h & ~HMARK));
+  return 0;
+}
 int cuMemAddressFree(unsigned long long p, size_t n) { (void)n; free((void*)(uintptr_t)p); return 0; }
 int cuMemGetHandleForAddressRange(void* h, unsigned long long p, size_t n, int type, unsigned long long f) {
   (void)p, (void)n, (void)f;

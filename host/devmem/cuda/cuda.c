@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda_shim.h"
 
@@ -90,6 +91,14 @@ static struct {
   /* Optional, for stream atomics (CUDA 13.1 drivers): see reduce_probe. */
   CUresult (*batchMemOp)(CUstream, unsigned, memop*, unsigned);
   CUresult (*memAlloc)(CUdeviceptr*, size_t);
+  /* Optional, for IPC between the processes of a host (cuda_ipc_*). */
+  CUresult (*memExport)(void*, unsigned long long, int, unsigned long long);
+  CUresult (*memImport)(unsigned long long*, void*, int);
+  CUresult (*addressReserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*addressFree)(CUdeviceptr, size_t);
+  CUresult (*memMap)(CUdeviceptr, size_t, size_t, unsigned long long, unsigned long long);
+  CUresult (*memUnmap)(CUdeviceptr, size_t);
+  CUresult (*memSetAccess)(CUdeviceptr, size_t, const void*, size_t);
 } cu;
 
 enum { MEMHOSTALLOC_PORTABLE = 1 };
@@ -236,6 +245,13 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   *(void**)&cu.eventDestroy = dlsym(h, "cuEventDestroy_v2");
   *(void**)&cu.batchMemOp = dlsym(h, "cuStreamBatchMemOp_v2");
   *(void**)&cu.memAlloc = dlsym(h, "cuMemAlloc_v2");
+  *(void**)&cu.memExport = dlsym(h, "cuMemExportToShareableHandle");
+  *(void**)&cu.memImport = dlsym(h, "cuMemImportFromShareableHandle");
+  *(void**)&cu.addressReserve = dlsym(h, "cuMemAddressReserve");
+  *(void**)&cu.addressFree = dlsym(h, "cuMemAddressFree");
+  *(void**)&cu.memMap = dlsym(h, "cuMemMap");
+  *(void**)&cu.memUnmap = dlsym(h, "cuMemUnmap");
+  *(void**)&cu.memSetAccess = dlsym(h, "cuMemSetAccess");
   CUresult r = cu.init(0);
   if (r != 0) return rmaw_fail(err, errlen, "cuInit: %s (%d)", errstr(r), r);
   int n = 0;
@@ -645,6 +661,106 @@ static int cuda_stream_sync(uintptr_t ctx, char* err, size_t errlen) {
   CTX_STREAM(e, "cuStreamSynchronize");
   r = cu.streamSynchronize(e->stream);
   if (r != 0) return rmaw_fail(err, errlen, "cuStreamSynchronize: %s", errstr(r));
+  return 0;
+}
+
+/* IPC between the processes of a host: the cuMem allocations under a
+ * registration are exported as POSIX fds (CU_MEM_HANDLE_TYPE_POSIX_FILE_
+ * DESCRIPTOR), which NCCL's ncclMemAlloc requests for its windows; the peer
+ * imports and maps them back to back in a reservation of its own. Memory
+ * from cuMemAlloc has no shareable handle: its export fails, and its
+ * operations keep the staged path. */
+enum { HANDLE_POSIX_FD = 1, LOC_DEVICE = 1, ACCESS_RW = 3 };
+typedef struct {
+  int locType, locId, flags;
+} accessDesc; /* CUmemAccessDesc */
+_Static_assert(sizeof(accessDesc) == 12, "CUmemAccessDesc is 12 bytes");
+
+static int ipc_ready(void) {
+  return cu.memRetain && cu.memRelease && cu.memExport && cu.memImport && cu.addressReserve && cu.addressFree &&
+         cu.memMap && cu.memUnmap && cu.memSetAccess && cu.ctxGetDevice;
+}
+
+static int cuda_ipc_export(uintptr_t ctx, uint64_t ptr, uint64_t size, int max, int* fds, uint64_t* bases,
+                           uint64_t* sizes, int* n, char* err, size_t errlen) {
+  *n = 0;
+  if (!ipc_ready()) return rmaw_fail(err, errlen, "the driver lacks the cuMem IPC calls");
+  CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
+  if (r != 0) return rmaw_fail(err, errlen, "cuCtxSetCurrent: %s", errstr(r));
+  uint64_t end = ptr + (size ? size : 1);
+  for (uint64_t p = ptr; p < end;) {
+    CUdeviceptr base = 0;
+    size_t len = 0;
+    unsigned long long h = 0;
+    const char* what = NULL;
+    if (*n == max) what = "too many allocations";
+    else if ((r = cu.memGetAddressRange(&base, &len, (CUdeviceptr)p)) != 0 || base + len <= p) what = "cuMemGetAddressRange";
+    else if (*n > 0 && base != bases[*n - 1] + sizes[*n - 1]) what = "allocations not back to back";
+    else if ((r = cu.memRetain(&h, (void*)(uintptr_t)base)) != 0) what = "cuMemRetainAllocationHandle (not a cuMem allocation)";
+    else {
+      int fd = -1;
+      r = cu.memExport(&fd, h, HANDLE_POSIX_FD, 0);
+      cu.memRelease(h);
+      if (r != 0 || fd < 0) what = "cuMemExportToShareableHandle (POSIX fd)";
+      else {
+        fds[*n] = fd;
+        bases[*n] = base;
+        sizes[*n] = len;
+        (*n)++;
+        p = base + len;
+        continue;
+      }
+    }
+    for (int i = 0; i < *n; i++) close(fds[i]);
+    int k = *n;
+    *n = 0;
+    return rmaw_fail(err, errlen, "export of allocation %d: %s%s%s", k, what, r ? ": " : "", r ? errstr(r) : "");
+  }
+  return 0;
+}
+
+static void cuda_ipc_unmap(uintptr_t ctx, uint64_t va, uint64_t span) {
+  if (!va || cu.ctxSetCurrent((CUcontext)ctx) != 0) return;
+  cu.memUnmap((CUdeviceptr)va, (size_t)span);
+  cu.addressFree((CUdeviceptr)va, (size_t)span);
+}
+
+static int cuda_ipc_import(uintptr_t ctx, int n, const int* fds, const uint64_t* offs, const uint64_t* sizes,
+                           uint64_t span, uint64_t* va, char* err, size_t errlen) {
+  *va = 0;
+  if (!ipc_ready()) return rmaw_fail(err, errlen, "the driver lacks the cuMem IPC calls");
+  CUdevice dev = 0;
+  CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
+  if (r == 0) r = cu.ctxGetDevice(&dev);
+  if (r != 0) return rmaw_fail(err, errlen, "the context's device: %s", errstr(r));
+  CUdeviceptr base = 0;
+  if ((r = cu.addressReserve(&base, (size_t)span, 0, 0, 0)) != 0)
+    return rmaw_fail(err, errlen, "cuMemAddressReserve of %llu bytes: %s", (unsigned long long)span, errstr(r));
+  int mapped = 0;
+  const char* what = NULL;
+  for (; mapped < n; mapped++) {
+    unsigned long long h = 0;
+    if ((r = cu.memImport(&h, (void*)(uintptr_t)fds[mapped], HANDLE_POSIX_FD)) != 0) {
+      what = "cuMemImportFromShareableHandle";
+      break;
+    }
+    r = cu.memMap(base + offs[mapped], (size_t)sizes[mapped], 0, h, 0);
+    cu.memRelease(h); /* the mapping holds the memory now */
+    if (r != 0) {
+      what = "cuMemMap";
+      break;
+    }
+  }
+  if (!what) {
+    accessDesc a = {LOC_DEVICE, dev, ACCESS_RW};
+    if ((r = cu.memSetAccess(base, (size_t)span, &a, 1)) != 0) what = "cuMemSetAccess";
+  }
+  if (what) {
+    for (int i = 0; i < mapped; i++) cu.memUnmap(base + offs[i], (size_t)sizes[i]);
+    cu.addressFree(base, (size_t)span);
+    return rmaw_fail(err, errlen, "import of allocation %d of %d: %s: %s", mapped, n, what, errstr(r));
+  }
+  *va = base;
   return 0;
 }
 

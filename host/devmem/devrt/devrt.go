@@ -79,6 +79,19 @@ static int devrt_copy_dtod_async(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_
   if (!o->copy_dtod_async) return 1;
   return o->copy_dtod_async(ctx, dst, src, n, err, errlen);
 }
+static int devrt_ipc_export(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t ptr, uint64_t size, int max, int* fds,
+                            uint64_t* bases, uint64_t* sizes, int* n, char* err, size_t errlen) {
+  if (!o->ipc_export) return 1;
+  return o->ipc_export(ctx, ptr, size, max, fds, bases, sizes, n, err, errlen);
+}
+static int devrt_ipc_import(const rmaw_devrt_ops* o, uintptr_t ctx, int n, const int* fds, const uint64_t* offs,
+                            const uint64_t* sizes, uint64_t span, uint64_t* va, char* err, size_t errlen) {
+  if (!o->ipc_import) return 1;
+  return o->ipc_import(ctx, n, fds, offs, sizes, span, va, err, errlen);
+}
+static void devrt_ipc_unmap(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t va, uint64_t span) {
+  if (o->ipc_unmap) o->ipc_unmap(ctx, va, span);
+}
 */
 import "C"
 
@@ -300,4 +313,54 @@ func (r Runtime[T]) Sync(ctx uintptr) error {
 		return buf.err()
 	}
 	return nil
+}
+
+// IPCExport exports the allocations under [ptr, ptr+size) for another
+// process of the host (devmem.IPCSharer).
+func (r Runtime[T]) IPCExport(ctx, ptr uintptr, size uint64) ([]devmem.Segment, error) {
+	var fds [devmem.MaxSegments]C.int
+	var bases, sizes [devmem.MaxSegments]C.uint64_t
+	var n C.int
+	var buf errBuf
+	switch C.devrt_ipc_export(r.ops(), C.uintptr_t(ctx), C.uint64_t(ptr), C.uint64_t(size), devmem.MaxSegments, &fds[0], &bases[0], &sizes[0], &n, &buf[0], C.size_t(len(buf))) {
+	case 0:
+	case 1:
+		return nil, devmem.ErrUnsupported
+	default:
+		return nil, buf.err()
+	}
+	segs := make([]devmem.Segment, n)
+	for i := range segs {
+		segs[i] = devmem.Segment{Fd: int(fds[i]), Base: uint64(bases[i]), Size: uint64(sizes[i])}
+	}
+	return segs, nil
+}
+
+// IPCImport maps segments another process exported, back to back, and
+// returns the address of the first; the fds stay the caller's.
+func (r Runtime[T]) IPCImport(ctx uintptr, segs []devmem.Segment) (uintptr, uint64, error) {
+	if len(segs) == 0 || len(segs) > devmem.MaxSegments {
+		return 0, 0, errors.New("IPC import: no segments, or too many")
+	}
+	var fds [devmem.MaxSegments]C.int
+	var offs, sizes [devmem.MaxSegments]C.uint64_t
+	span := uint64(0)
+	for i, s := range segs {
+		fds[i], offs[i], sizes[i] = C.int(s.Fd), C.uint64_t(span), C.uint64_t(s.Size)
+		span += s.Size
+	}
+	var va C.uint64_t
+	var buf errBuf
+	switch C.devrt_ipc_import(r.ops(), C.uintptr_t(ctx), C.int(len(segs)), &fds[0], &offs[0], &sizes[0], C.uint64_t(span), &va, &buf[0], C.size_t(len(buf))) {
+	case 0:
+		return uintptr(va), span, nil
+	case 1:
+		return 0, 0, devmem.ErrUnsupported
+	}
+	return 0, 0, buf.err()
+}
+
+// IPCUnmap undoes IPCImport.
+func (r Runtime[T]) IPCUnmap(ctx, va uintptr, span uint64) {
+	C.devrt_ipc_unmap(r.ops(), C.uintptr_t(ctx), C.uint64_t(va), C.uint64_t(span))
 }

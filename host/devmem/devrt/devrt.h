@@ -86,6 +86,21 @@ typedef struct rmaw_devrt_ops {
    * itself, completed by an event recorded after it). NULL where the
    * runtime has none. */
   int (*copy_dtod_async)(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err, size_t errlen);
+
+  /* Sharing device memory with another process of the host (IPC; NULL
+   * where the runtime has none). ipc_export exports the allocations that
+   * cover [ptr, ptr+size), at most max of them, back to back: segment i
+   * starts at bases[i], is sizes[i] bytes, and fds[i] is its shareable
+   * handle (a POSIX fd the caller closes); *n is how many. ipc_import
+   * maps n such segments, back to back from offs[i] (offs[0] is 0), into
+   * one new reservation of span bytes, readable and writable by ctx's
+   * device, and returns its address in *va; the fds stay the caller's.
+   * ipc_unmap undoes it. */
+  int (*ipc_export)(uintptr_t ctx, uint64_t ptr, uint64_t size, int max, int* fds, uint64_t* bases, uint64_t* sizes,
+                    int* n, char* err, size_t errlen);
+  int (*ipc_import)(uintptr_t ctx, int n, const int* fds, const uint64_t* offs, const uint64_t* sizes, uint64_t span,
+                    uint64_t* va, char* err, size_t errlen);
+  void (*ipc_unmap)(uintptr_t ctx, uint64_t va, uint64_t span);
 } rmaw_devrt_ops;
 
 enum {
@@ -97,8 +112,8 @@ enum {
 
 /* RMAW_DEVRT_OPS(p) is the table of the functions p_inspect, p_copy,
  * p_host_alloc, p_host_free, p_host_register, p_host_unregister,
- * p_copy_dtod, p_export_dmabuf and the stream-ordered p_caps ... p_copy_dtod_async, which a
- * runtime's C file defines (a name #defined to NULL where it has none). */
+ * p_copy_dtod, p_export_dmabuf, the stream-ordered p_caps ... p_copy_dtod_async and
+ * p_ipc_export, p_ipc_import, p_ipc_unmap, which a runtime's C file defines (a name #defined to NULL where it has none). */
 #define RMAW_DEVRT_OPS(p)                                                                   \
   {                                                                                         \
     .inspect = p##_inspect, .copy = p##_copy, .host_alloc = p##_host_alloc,                 \
@@ -108,7 +123,8 @@ enum {
     .caps = p##_caps, .write64 = p##_write64, .add64 = p##_add64, .copy_async = p##_copy_async, \
     .event_record = p##_event_record, .event_query = p##_event_query,                       \
     .event_destroy = p##_event_destroy, .stream_sync = p##_stream_sync,                     \
-    .copy_dtod_async = p##_copy_dtod_async,                                                 \
+    .copy_dtod_async = p##_copy_dtod_async, .ipc_export = p##_ipc_export,                   \
+    .ipc_import = p##_ipc_import, .ipc_unmap = p##_ipc_unmap,                               \
   }
 
 #endif

@@ -280,6 +280,12 @@ static int hip_write64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_
  * read-modify-write. */
 #define hip_add64 NULL
 
+/* No IPC on HIP yet: device operations between the processes of a host
+ * keep the staged path. */
+#define hip_ipc_export NULL
+#define hip_ipc_import NULL
+#define hip_ipc_unmap NULL
+
 static int hip_copy_async(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
                           size_t errlen) {
   DEV_STREAM(k, "hipMemcpyAsync");

@@ -1,0 +1,280 @@
+package plugin
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fdpass"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// Device windows mapped between the processes of a host (SPEC.md §4,
+// NCCL_RMA_WASM_INTRANODE_IPC). A rank that registers device memory with
+// peers on its host offers it in its MsgReg: a token naming its
+// descriptor server, an abstract unix socket (host/fdpass). Each such
+// peer, before its own regMrSym returns, asks that server for the
+// registration's allocations, which come as POSIX fds (cuMem export),
+// maps them, and from then on copies device payloads straight into the
+// target's memory: one copy on the device, the target applying only the
+// signal. The server exports on request and only while the registration
+// lives, so a late or hostile request gets nothing stale; only the pids of
+// our intra-node peers, of our user, are served. Anything that fails keeps
+// the staged path for that peer and registration, with one INFO line.
+
+// shares is a communicator's side of it.
+type shares struct {
+	mu    sync.Mutex
+	srv   *fdpass.Server
+	token uint64
+	said  bool // the INFO line about a failed mapping was written
+}
+
+// shareName is the abstract socket of pid's server for token.
+func shareName(pid int, token uint64) string {
+	return fmt.Sprintf("rccl-rma-wasm/%d/%016x", pid, token)
+}
+
+// offerShare returns the token to put in m's MsgReg, starting the server
+// on first use; 0: nothing to offer (off, host memory, a runtime without
+// IPC, no peer on this host).
+func (c *coll) offerShare(m *mr) uint64 {
+	if m.devCtx == 0 || !config.IntraIPC.Get() {
+		return 0
+	}
+	sh, ok := devmem.Get().(devmem.IPCSharer)
+	if !ok {
+		return 0
+	}
+	local := false
+	for r := 0; r < c.nranks && !local; r++ {
+		local = c.mesh.IntraPid(r) != 0
+	}
+	if !local {
+		return 0
+	}
+	// A trial export: memory without shareable handles (cuMemAlloc's, or
+	// cuMem allocations made without POSIX fds) is not offered.
+	segs, err := sh.IPCExport(m.devCtx, uintptr(m.base), m.size)
+	if err != nil {
+		logx.Trace(abi.SubsysReg, "NET/wasm: rank %d: registration %d is not shared with peers on this host: %v", c.rank, m.id, err)
+		return 0
+	}
+	for _, sg := range segs {
+		unix.Close(sg.Fd)
+	}
+	s := &c.shares
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.srv != nil {
+		return s.token
+	}
+	var b [8]byte
+	rand.Read(b[:])
+	tok := binary.LittleEndian.Uint64(b[:]) | 1
+	srv, err := fdpass.Listen(shareName(os.Getpid(), tok), c.sharePeer, c.serveShare)
+	if err != nil {
+		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: device windows are not shared with peers on this host: %v", c.rank, err)
+		return 0
+	}
+	s.srv, s.token = srv, tok
+	return tok
+}
+
+// sharePeer says whether pid is one of our intra-node peers.
+func (c *coll) sharePeer(pid int) bool {
+	for r := 0; r < c.nranks; r++ {
+		if p := c.mesh.IntraPid(r); p != 0 && p == pid {
+			return true
+		}
+	}
+	return false
+}
+
+// serveShare exports the allocations under registration key for a peer.
+// The answer is the segments' count, then each one's address and size;
+// the fds ride with it.
+func (c *coll) serveShare(pid int, key uint64) ([]byte, []int, error) {
+	if key > 0xffffffff {
+		return nil, nil, errors.New("no such registration")
+	}
+	base, size, ctx, pin, ok := c.Resolve(uint32(key))
+	if !ok {
+		return nil, nil, errors.New("no such registration")
+	}
+	defer pin.Release()
+	sh, _ := devmem.Get().(devmem.IPCSharer)
+	if ctx == 0 || sh == nil {
+		return nil, nil, errors.New("not device memory")
+	}
+	segs, err := sh.IPCExport(ctx, uintptr(base), size)
+	if err != nil {
+		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: registration %d cannot be shared with pid %d: %v", c.rank, key, pid, err)
+		return nil, nil, err
+	}
+	payload := binary.LittleEndian.AppendUint32(nil, uint32(len(segs)))
+	fds := make([]int, len(segs))
+	for i, s := range segs {
+		payload = binary.LittleEndian.AppendUint64(payload, s.Base)
+		payload = binary.LittleEndian.AppendUint64(payload, s.Size)
+		fds[i] = s.Fd
+	}
+	return payload, fds, nil
+}
+
+// maxShareSpan bounds what one mapping reserves (a peer's word is not
+// trusted with our address space).
+const maxShareSpan = 1 << 44
+
+// importShares maps, for every intra-node peer that offered registration
+// m, its part of it; each failure leaves that peer on the staged path.
+func (c *coll) importShares(m *mr, rs *remoteRegs) {
+	if rs.share == nil || m.devCtx == 0 || !config.IntraIPC.Get() {
+		return
+	}
+	sh, ok := devmem.Get().(devmem.IPCSharer)
+	if !ok {
+		return
+	}
+	for r := 0; r < c.nranks; r++ {
+		pid := c.mesh.IntraPid(r)
+		if rs.share[r] == 0 || !rs.dev[r] || pid == 0 {
+			continue
+		}
+		va, err := c.importShare(sh, m, rs, r, pid)
+		if err != nil {
+			c.shares.mu.Lock()
+			first := !c.shares.said
+			c.shares.said = true
+			c.shares.mu.Unlock()
+			if first {
+				logx.Info(abi.SubsysReg, "NET/wasm: rank %d: registration %d of rank %d (pid %d) is not mapped here, its device operations are staged: %v", c.rank, m.id, r, pid, err)
+			}
+			continue
+		}
+		if rs.mapped == nil {
+			rs.mapped = make([]uintptr, c.nranks)
+		}
+		rs.mapped[r] = va
+	}
+}
+
+// importShare fetches and maps rank r's part of m and returns the address
+// of its registration's first byte here.
+func (c *coll) importShare(sh devmem.IPCSharer, m *mr, rs *remoteRegs, r, pid int) (uintptr, error) {
+	payload, fds, err := fdpass.Fetch(shareName(pid, rs.share[r]), uint64(m.id))
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	segs, err := parseSegments(payload, fds)
+	if err != nil {
+		return 0, err
+	}
+	first, span := segs[0].Base, uint64(0)
+	for _, s := range segs {
+		span += s.Size
+	}
+	if rs.bases[r] < first || rs.bases[r]-first > span || rs.sizes[r] > span-(rs.bases[r]-first) {
+		return 0, fmt.Errorf("its allocations [%#x, +%d) do not hold its registration [%#x, +%d)", first, span, rs.bases[r], rs.sizes[r])
+	}
+	va, got, err := sh.IPCImport(m.devCtx, segs)
+	if err != nil {
+		return 0, err
+	}
+	m.maps = append(m.maps, shareMap{va: va, span: got})
+	return va + uintptr(rs.bases[r]-first), nil
+}
+
+// parseSegments reads serveShare's answer: n segments back to back, each
+// with its fd, of bounded total size.
+func parseSegments(p []byte, fds []int) ([]devmem.Segment, error) {
+	if len(p) < 4 {
+		return nil, errors.New("short answer")
+	}
+	n := int(binary.LittleEndian.Uint32(p))
+	if n < 1 || n > devmem.MaxSegments || n != len(fds) || len(p) != 4+16*n {
+		return nil, fmt.Errorf("malformed answer: %d segments, %d fds, %d bytes", n, len(fds), len(p))
+	}
+	segs := make([]devmem.Segment, n)
+	span := uint64(0)
+	for i := range segs {
+		b := p[4+16*i:]
+		s := devmem.Segment{Fd: fds[i], Base: binary.LittleEndian.Uint64(b), Size: binary.LittleEndian.Uint64(b[8:])}
+		if s.Size == 0 || s.Size > maxShareSpan || (i > 0 && s.Base != segs[i-1].Base+segs[i-1].Size) {
+			return nil, fmt.Errorf("malformed answer: segment %d [%#x, +%d)", i, s.Base, s.Size)
+		}
+		if span += s.Size; span > maxShareSpan {
+			return nil, fmt.Errorf("malformed answer: %d bytes mapped", span)
+		}
+		segs[i] = s
+	}
+	return segs, nil
+}
+
+// shareMap is one peer's allocations mapped here for a registration.
+type shareMap struct {
+	va   uintptr
+	span uint64
+}
+
+// unmapShares unmaps what importShares mapped for m: it is deregistered
+// (no operation of ours uses the mappings any more: DeregMr drained).
+func (c *coll) unmapShares(m *mr) {
+	sh, ok := devmem.Get().(devmem.IPCSharer)
+	if !ok {
+		return
+	}
+	for _, x := range m.maps {
+		sh.IPCUnmap(m.devCtx, x.va, x.span)
+	}
+	m.maps = nil
+}
+
+// closeShares stops the server and unmaps the mappings of registrations
+// the caller never deregistered (the mesh is closed: nothing uses them).
+func (c *coll) closeShares() {
+	s := &c.shares
+	s.mu.Lock()
+	srv := s.srv
+	s.srv = nil
+	s.mu.Unlock()
+	if srv != nil {
+		srv.Close()
+	}
+	for _, m := range *c.regs.byID.Load() {
+		if m != nil && len(m.maps) > 0 {
+			c.unmapShares(m)
+		}
+	}
+}
+
+// mappedAddr is the address of off in rank's part of registration m
+// mapped into this process and the context to copy it in (local's, or
+// ours for host memory), or 0.
+func (m *mr) mappedAddr(local *mr, rank uint32, off uint64) (uint64, uintptr) {
+	r := m.remote.Load()
+	if r == nil || r.mapped == nil || r.mapped[rank] == 0 {
+		return 0, 0
+	}
+	ctx := m.devCtx
+	if local != nil && local.devCtx != 0 {
+		ctx = local.devCtx
+	}
+	return uint64(r.mapped[rank]) + off, ctx
+}
+
+var _ dataplane.Owner = (*coll)(nil)
