@@ -119,6 +119,19 @@ if nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:comp
     # Where an operation's time goes, seen from the plugin, every size
     # together (NCCL_RMA_WASM_PROFILE: a clock read per stage).
     grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma.log" | sed "s/^/GIN-CHECK [host_rma profile] /"
+    # The same with device windows mapped between the two processes.
+    if timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
+      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET -x NCCL_RMA_WASM_INTRANODE_IPC=1 $MPS_ENV \
+      "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-ipc.log" 2>&1; then
+      grep -E "HOSTRMA" "$OUT/host_rma-ipc.log" | sed "s/^/[ipc] /"
+      grep -q "mapped device memory (IPC)" "$OUT/host_rma-ipc.log" && echo "GIN-CHECK [host_rma ipc] puts copied into the mapped peer window" ||
+        echo "GIN-CHECK [host_rma ipc] the mapping was not used"
+    else
+      tail -20 "$OUT/host_rma-ipc.log"
+      echo "GIN-CHECK: host_rma with IPC failed"
+      pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
+      if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
+    fi
   else
     tail -20 "$OUT/host_rma.log"
     echo "GIN-CHECK: host_rma failed"
@@ -193,6 +206,14 @@ if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --
   # The reference for a rank's own copies queued (on by default): each
   # round's put to its own rank waited for by NCCL's proxy thread.
   gin_run selfwait-64 64 "$GIN_ITERS" NCCL_RMA_WASM_SELF_ASYNC=0 || gin_bad=1
+  # Device windows mapped between the two processes (off by default until
+  # measured here): each put copies straight into the peer's window. The
+  # INFO line says whether the mapping was used.
+  for b in 64 4096 262144; do
+    gin_run ipc-$b $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET || gin_bad=1
+    grep -q "mapped device memory (IPC)" "$OUT/gin_alltoall-ipc-$b.log" && echo "GIN-CHECK [ipc-$b] puts copied into the mapped peer window" ||
+      { echo "GIN-CHECK [ipc-$b] the mapping was not used:"; grep -E "not mapped|not shared|IPC" "$OUT/gin_alltoall-ipc-$b.log" | head -5; }
+  done
   # Where the time of a 64-byte alltoall goes, seen from the plugin.
   if gin_run profile-64 64 "$GIN_ITERS" NCCL_RMA_WASM_PROFILE=1; then
     grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/gin_alltoall-profile-64.log" | sed "s/^/GIN-CHECK [profile-64] /"
