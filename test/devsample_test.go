@@ -80,9 +80,11 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// the fake, so the two processes share its pages) is mapped into
 		// the peer, whose put+signal copies straight into it; the
 		// cuMemAlloc buffers have no shareable handle and stay staged.
-		// Stream work runs 200 µs late: the signal must still follow
-		// the payload.
-		{"cuda_check_ipc", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1"},
+		// Stream work runs 200 µs late and device-to-device copies 5 ms
+		// later still: the put's copy is queued on the sender's stream,
+		// and its signal must reach the target only after it ran (a
+		// sender that did not wait for it fails the byte check).
+		{"cuda_check_ipc", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1"},
 			[]string{"RESULT PASS", "VMM window registered with regMrSymDmaBuf, verified",
 				"device operations copy straight into its mapped device memory (IPC)", "small device put+signals: 48 of 8 B to 64 KiB",
 				"!is not mapped here"}},

@@ -90,7 +90,7 @@ func (x *intraLink) ringable(op *Op) bool {
 // put writes op's payload into the peer; sideNo means "use TCP".
 func (x *intraLink) put(l *lane, op *Op) sideMove {
 	if op.Mapped != 0 {
-		if mv := x.viaMapping(op, true); mv != sideNo {
+		if mv := x.viaMapping(l, op, true); mv != sideNo {
 			return mv
 		}
 	}
@@ -112,7 +112,7 @@ func (x *intraLink) put(l *lane, op *Op) sideMove {
 // get reads op's bytes from the peer; sideNo means "use TCP".
 func (x *intraLink) get(l *lane, op *Op) sideMove {
 	if op.Mapped != 0 {
-		if mv := x.viaMapping(op, false); mv != sideNo {
+		if mv := x.viaMapping(l, op, false); mv != sideNo {
 			return mv
 		}
 	}
@@ -231,12 +231,17 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 
 // viaMapping moves op's payload with one device copy between our memory
 // and the peer's device memory mapped into this process (op.Mapped:
-// SPEC.md §4, "Device windows mapped"). It waits for the copy, so the
-// header that follows (a signal, a numbered put) reaches the target only
-// once the bytes are in its memory, as the target's own landing would.
-// A failed copy turns the path off for this peer and the TCP path takes
-// the operation (the same bytes again, so a partial copy does no harm).
-func (x *intraLink) viaMapping(op *Op, put bool) sideMove {
+// SPEC.md §4, "Device windows mapped"). A put from device memory is
+// queued on its context's stream with the batch's other device copies
+// (sideGathered): the lane waits for them all before it writes the
+// batch, so the header that follows (a signal, a numbered put) reaches
+// the target only once the bytes are in its memory, as the target's own
+// landing would. Anything else (a get, a host source, a strongly-ordered
+// target registration, no slot for the event) is copied and waited for
+// here. A failed copy turns the path off for this peer and the TCP path
+// takes the operation (the same bytes again, so a partial copy does no
+// harm).
+func (x *intraLink) viaMapping(l *lane, op *Op, put bool) sideMove {
 	if op.Size == 0 || !x.mapOn.Load() {
 		return sideNo
 	}
@@ -245,9 +250,18 @@ func (x *intraLink) viaMapping(op *Op, put bool) sideMove {
 		ctx = op.MapCtx
 	}
 	var err error
-	if put {
+	queued := false
+	if put && op.LocalCtx != 0 && !x.strong(op) {
+		queued, err = l.gather.AddCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
+	}
+	switch {
+	case queued:
+		x.mappedOnce()
+		return sideGathered
+	case err != nil:
+	case put:
 		err = staging.CopyLocal(ctx, addrPtr(op.Mapped), op.LocalCtx, op.Local, op.Size, x.p.m.stageChunk)
-	} else {
+	default:
 		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, addrPtr(op.Mapped), op.Size, x.p.m.stageChunk)
 	}
 	if err != nil {
@@ -256,10 +270,22 @@ func (x *intraLink) viaMapping(op *Op, put bool) sideMove {
 		}
 		return sideNo
 	}
+	x.mappedOnce()
+	return sideMoved
+}
+
+// strong reports whether op's target registration is strongly ordered
+// (NCCL_NET_MR_FLAG_FORCE_SO): its puts are copied and waited for.
+func (x *intraLink) strong(op *Op) bool {
+	so, ok := x.p.m.owner.(StrongOwner)
+	return ok && so.StronglyOrdered(op.MrID)
+}
+
+// mappedOnce counts an operation moved through a mapping; the first says so.
+func (x *intraLink) mappedOnce() {
 	if x.mapped.Add(1) == 1 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): device operations copy straight into its mapped device memory (IPC)", x.p.rank, x.pid)
 	}
-	return sideMoved
 }
 
 // selfWarn limits the WARN lines about failed local device copies.

@@ -111,9 +111,10 @@ func tellsTarget(op *Op) bool {
 type sideMove uint8
 
 const (
-	sideNo     sideMove = iota // nothing: the lane sends it
-	sideMoved                  // the payload is there
-	sideQueued                 // its copy is queued; the copy completes the request once more
+	sideNo       sideMove = iota // nothing: the lane sends it
+	sideMoved                    // the payload is there
+	sideQueued                   // its copy is queued; the copy completes the request once more
+	sideGathered                 // its copy is queued in the batch (staging.Gather.AddCopy): done once the batch waited for it
 )
 
 func newTCPLink(p *peer, outs, ins []*net.TCPConn) *tcpLink {
@@ -384,6 +385,10 @@ type lane struct {
 	puts   ring.Ring[uint64]
 	pAcked uint64
 	ptags  []uint64 // owned by whoever holds writing: puts not yet in the FIFO
+	// later (owned by whoever holds writing) are the batch's ops whose
+	// copies were gathered (sideGathered) and that complete once the
+	// batch is written, by their index in it.
+	later []int
 
 	// The intra-node staging ring (ring.go): state and fill count owned by
 	// whoever holds writing; the mapping is read by replies too.
@@ -464,6 +469,7 @@ func (l *lane) alloc() {
 	l.gets = ring.New[getEntry](256)
 	l.puts = ring.New[uint64](1024)
 	l.ptags = make([]uint64, 0, batchMax)
+	l.later = make([]int, 0, batchMax)
 	if l.resend {
 		l.sent = ring.New[sentOp](256)
 		l.pops = make([]Op, 0, batchMax)
@@ -852,6 +858,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 	iov := l.carryAck(l.iov[:0])
 	pend := l.ptags[:0]
 	pops := l.pops[:0]
+	later := l.later[:0]
 	if len(ops) > 0 {
 		l.batches.Add(1) // an ack alone is no sign of traffic (acker.drained)
 	}
@@ -876,8 +883,11 @@ func (l *lane) writeBatch(ops []Op) bool {
 				op.Size = 0 // the payload is there: send the signal (or the number that landed) alone
 			default:
 				op.Msg = opDone // nothing to tell the target
-				if mv == sideMoved {
+				switch mv {
+				case sideMoved:
 					p.m.owner.Complete(op.Tag, abi.Success)
+				case sideGathered:
+					later = append(later, i)
 				}
 				continue
 			}
@@ -978,6 +988,15 @@ func (l *lane) writeBatch(ops []Op) bool {
 	}
 	clear(iov)
 	clear(pops)
+	for _, i := range later {
+		// Their copies were waited for by a writeIov that succeeded, or
+		// the batch failed.
+		if err == nil {
+			p.m.owner.Complete(ops[i].Tag, abi.Success)
+		} else {
+			p.fail(&ops[i])
+		}
+	}
 	if err != nil && l.canFailover() {
 		// The lane failed alone: what the loop did not reach goes to the
 		// other lanes with the rest of its work (tcp_failover.go).

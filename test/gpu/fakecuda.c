@@ -104,7 +104,9 @@ int cuGetErrorString(int r, const char** s) { (void)r; *s = "fake CUDA error"; r
 /* Streams run their work in order. By default each operation runs when
  * it is queued; with FAKECUDA_ASYNC_US=n a worker thread per stream runs
  * it n microseconds later, so that work the plugin does outside a
- * stream's order (a signal written before its payload's copy ran) shows. */
+ * stream's order (a signal written before its payload's copy ran) shows.
+ * FAKECUDA_DTOD_US=m delays device-to-device copies m microseconds more, so
+ * that a header sent before a peer's copy into our memory ran shows. */
 struct op {
   struct op* next;
   int kind; /* 0 copy, 1 write64, 2 add64, 3 add32 (low word) */
@@ -132,6 +134,11 @@ static void* stream_worker(void* arg) {
     struct op* o = s->head;
     pthread_mutex_unlock(&s->m);
     usleep(async_us);
+    if (o->kind == 0 && !o->host) {
+      static long dtod_us = -1;
+      if (dtod_us < 0) dtod_us = getenv("FAKECUDA_DTOD_US") ? atol(getenv("FAKECUDA_DTOD_US")) : 0;
+      if (dtod_us > 0) usleep(dtod_us);
+    }
     run_op(o);
     pthread_mutex_lock(&s->m);
     s->head = o->next;

@@ -595,9 +595,10 @@ type Gather struct {
 }
 
 type gathered struct {
-	q    *ctxQueue
-	i    int
-	used uint64
+	q      *ctxQueue
+	i      int
+	used   uint64
+	copies bool // device-to-device copies were queued before the slot's event (AddCopy)
 }
 
 // Add queues a copy of n bytes at device address src of context ctx and
@@ -637,6 +638,49 @@ func (g *Gather) Add(ctx, src uintptr, n uint64) ([]byte, error) {
 	return unsafe.Slice((*byte)(p), n), nil
 }
 
+// AddCopy queues a copy of n bytes from device address src to device
+// address dst (a peer's memory mapped into this process) on ctx's stream,
+// as part of the batch: Wait waits for it with the rest, so the header
+// that tells the target comes after the bytes are in its memory. A slot
+// of ctx is held for its event only. false (and no error): copy
+// synchronously (no stream, no slot, no such copy in the runtime).
+func (g *Gather) AddCopy(ctx, dst, src uintptr, n uint64) (bool, error) {
+	d := devmem.Get()
+	ac, ok := d.(devmem.AsyncDeviceCopier)
+	if !ok || n == 0 || bounceSize.Load() == 0 {
+		return false, nil
+	}
+	q := queueOf(d, ctx)
+	if q == nil {
+		return false, nil
+	}
+	// After the copies other contexts queued before it, as a synchronous
+	// copy would be; its own context's are ahead of it on the stream.
+	if err := fence(d, ctx); err != nil {
+		return false, err
+	}
+	if g.n == 0 || g.held[g.n-1].q != q {
+		if g.n == gatherSlots {
+			return false, nil
+		}
+		i, err := q.take()
+		if i < 0 {
+			return false, err
+		}
+		g.held[g.n] = gathered{q: q, i: i}
+		g.n++
+	}
+	if err := ac.DtoDAsync(ctx, dst, src, n); err != nil {
+		if errors.Is(err, devmem.ErrUnsupported) {
+			return false, nil
+		}
+		return false, fmt.Errorf("asynchronous copy of %d bytes on the device: %w", n, err)
+	}
+	g.held[g.n-1].copies = true
+	g.waited = false
+	return true, nil
+}
+
 // Pending reports whether copies were gathered and not yet given back.
 func (g *Gather) Pending() bool { return g.n > 0 }
 
@@ -650,7 +694,7 @@ func (g *Gather) Wait() error {
 	for k := 0; k < g.n; k++ {
 		h := &g.held[k]
 		q := h.q
-		if h.used == 0 {
+		if h.used == 0 && !h.copies {
 			continue
 		}
 		if err := q.st.Record(q.ctx, &q.ev[h.i]); err != nil {
@@ -688,7 +732,7 @@ func (g *Gather) Wait() error {
 func (g *Gather) Done() {
 	for k := 0; k < g.n; k++ {
 		h := &g.held[k]
-		if !g.waited && h.used > 0 {
+		if !g.waited && (h.used > 0 || h.copies) {
 			h.q.st.Sync(h.q.ctx) // a failing device fails the peer elsewhere
 		}
 		h.q.put(h.i)

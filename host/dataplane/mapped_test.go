@@ -1,0 +1,95 @@
+package dataplane
+
+import (
+	"bytes"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// TestMappedPeer: operations whose target device memory is mapped into
+// this process (Op.Mapped, SPEC.md §4 "Device windows mapped") move by
+// one device copy, not through the socket. A put from device memory is
+// queued on the stream (which runs each operation 2 ms late here) and its
+// signal reaches the target only after it ran; a plain put completes
+// only once its bytes are there; a get copies out of the mapping. No
+// payload byte crosses the socket or a bounce slot.
+func TestMappedPeer(t *testing.T) {
+	const size = 1 << 20
+	d := &streamSelfDevice{Stream: devtest.NewStream(2*size, 2*time.Millisecond)}
+	devmem.Register(d)
+	staging.SetAsyncCopy(64 << 10)
+	staging.Prewarm(1, 64<<10)
+	t.Cleanup(func() {
+		staging.Release()
+		staging.SetAsyncCopy(0)
+		devmem.Register(nil)
+	})
+	os := make([]*devOwner, 2)
+	owners := make([]Owner, 2)
+	for r := range os {
+		os[r] = &devOwner{memOwner: memOwner{done: map[uint64]abi.Result{}}, dev: d.Base + uintptr(r)*size, size: size, host: make([]byte, 64<<10)}
+		owners[r] = os[r]
+	}
+	ms := connectOwners(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
+		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10})
+	x := ms[0].peers[1].t.(*intraLink)
+	src := d.At(os[0].dev, size)
+	fill(src[:size/2], 7)
+	target := os[1].dev // rank 1's device memory, "mapped" here: one process
+	sig := (*uint64)(unsafe.Pointer(&os[1].host[0]))
+	sent := x.lanes[0].writes.Load()
+
+	// Put+signal: when the target applied the signal, the bytes are there.
+	for k, n := range []uint64{8, 40 << 10} {
+		off := uint64(k) * (64 << 10)
+		tag := uint64(10 + k)
+		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: n, Off: off,
+			Mapped: uint64(target) + off, MapCtx: 1, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}, false, -1)
+		for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64(sig) != uint64(k+1); time.Sleep(20 * time.Microsecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("put+signal of %d bytes: signal %d", n, atomic.LoadUint64(sig))
+			}
+		}
+		if !bytes.Equal(d.Peek(target+uintptr(off), n), src[:n]) {
+			t.Fatalf("put+signal of %d bytes: the signal came before the bytes", n)
+		}
+		if st := waitDone(t, &os[0].memOwner, tag); st != abi.Success {
+			t.Fatalf("put+signal of %d bytes: %v", n, st)
+		}
+	}
+	// A plain put completes once its bytes are there.
+	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: addrPtr(uint64(os[0].dev) + 4096), LocalCtx: 1, Size: 8192, Off: size / 2,
+		Mapped: uint64(target) + size/2, MapCtx: 1}, false, -1)
+	if st := waitDone(t, &os[0].memOwner, 20); st != abi.Success || !bytes.Equal(d.Peek(target+size/2, 8192), src[4096:4096+8192]) {
+		t.Fatalf("plain put: %v, or completed before its bytes landed", st)
+	}
+	// A get out of the mapping.
+	ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: addrPtr(uint64(os[0].dev) + size*3/4), LocalCtx: 1, Size: 4096, Off: size / 2,
+		Mapped: uint64(target) + size/2, MapCtx: 1}, false, -1)
+	if st := waitDone(t, &os[0].memOwner, 21); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size*3/4, 4096), src[4096:8192]) {
+		t.Fatalf("get: %v", st)
+	}
+	if n := x.mapped.Load(); n != 4 {
+		t.Fatalf("%d of 4 operations moved through the mapping", n)
+	}
+	if n := d.DtoDs.Load(); n != 3 {
+		t.Fatalf("%d device-to-device copies queued, want 3 (the puts)", n)
+	}
+	// Two signals went as headers; the plain put and the get needed none.
+	if w := x.lanes[0].writes.Load() - sent; w > 2 {
+		t.Fatalf("%d writes on the stream, want at most 2 (the signals' headers)", w)
+	}
+	for _, m := range ms {
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
