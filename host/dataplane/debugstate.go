@@ -15,6 +15,9 @@ func (m *Mesh) WriteState(w io.Writer) {
 	for i, p := range m.peers {
 		name := p.t.props().Name
 		fmt.Fprintf(w, "  rank %d: %s dead=%v opened=%#x down=%#x idle=%v\n", i, name, p.dead.Load(), p.opened.Load(), p.down.Load(), p.t.idle())
+		if x, ok := p.t.(*intraLink); ok && (x.mapped.Load() > 0 || !x.mapOn.Load()) {
+			fmt.Fprintf(w, "    mapped device memory: %d operations, usable=%v\n", x.mapped.Load(), x.mapOn.Load())
+		}
 		t := streamsOf(p.t)
 		if t == nil {
 			continue
