@@ -8,9 +8,6 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -23,15 +20,7 @@ import (
 // payload byte crosses the socket or a bounce slot.
 func TestMappedPeer(t *testing.T) {
 	const size = 1 << 20
-	d := &streamSelfDevice{Stream: devtest.NewStream(2*size, 2*time.Millisecond)}
-	devmem.Register(d)
-	staging.SetAsyncCopy(64 << 10)
-	staging.Prewarm(1, 64<<10)
-	t.Cleanup(func() {
-		staging.Release()
-		staging.SetAsyncCopy(0)
-		devmem.Register(nil)
-	})
+	d := queuedDevice(t, 2*size)
 	os := make([]*devOwner, 2)
 	owners := make([]Owner, 2)
 	for r := range os {

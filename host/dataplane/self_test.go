@@ -108,6 +108,22 @@ func (d *streamSelfDevice) AtomicAdd(uintptr, uintptr, uint64) error {
 	return errors.New("no atomic add")
 }
 
+// queuedDevice registers a streamSelfDevice of size bytes whose stream
+// runs each operation 2 ms late, with asynchronous copies on and context
+// 1's bounce slots made, all undone when t ends.
+func queuedDevice(t *testing.T, size int) *streamSelfDevice {
+	d := &streamSelfDevice{Stream: devtest.NewStream(size, 2*time.Millisecond)}
+	devmem.Register(d)
+	staging.SetAsyncCopy(64 << 10)
+	staging.Prewarm(1, 64<<10)
+	t.Cleanup(func() {
+		staging.Release()
+		staging.SetAsyncCopy(0)
+		devmem.Register(nil)
+	})
+	return d
+}
+
 // partOwner is a devOwner whose requests can wait for a part more
 // (PartOwner): the extra completions are counted, not recorded, and the
 // first failure among them is kept.
@@ -157,15 +173,7 @@ func TestSelfDeviceQueued(t *testing.T) {
 
 func selfDeviceQueued(t *testing.T, lanes int) {
 	const size = 1 << 20
-	d := &streamSelfDevice{Stream: devtest.NewStream(2*size, 2*time.Millisecond)}
-	devmem.Register(d)
-	staging.SetAsyncCopy(64 << 10)
-	staging.Prewarm(1, 64<<10)
-	t.Cleanup(func() {
-		staging.Release()
-		staging.SetAsyncCopy(0)
-		devmem.Register(nil)
-	})
+	d := queuedDevice(t, 2*size)
 	os := make([]*partOwner, 2)
 	owners := make([]Owner, 2)
 	for r := range os {

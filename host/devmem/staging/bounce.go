@@ -348,19 +348,11 @@ func SetSelfAsync(on bool) { selfAsync.Store(on) }
 // synchronously (asynchronous copies off, no spare slot, a runtime
 // without such copies).
 func CopySelfAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64) (bool, error) {
-	d := devmem.Get()
-	ac, ok := d.(devmem.AsyncDeviceCopier)
-	if !ok || n == 0 || bounceSize.Load() == 0 || !selfAsync.Load() {
+	if !selfAsync.Load() {
 		return false, nil
 	}
-	q := queueOf(d, ctx)
+	ac, q, err := dtodQueue(ctx, n)
 	if q == nil {
-		return false, nil
-	}
-	// After the copies of other contexts queued before it, as a
-	// synchronous copy would be: a later put to the same bytes must not
-	// be overtaken. Its own context's are ahead of it on the stream.
-	if err := fence(d, ctx); err != nil {
 		return false, err
 	}
 	q.mu.Lock()
@@ -370,11 +362,8 @@ func CopySelfAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64) (bo
 		return false, nil
 	}
 	i := bits.TrailingZeros32(q.free)
-	if err := ac.DtoDAsync(ctx, dst, src, n); err != nil {
-		if errors.Is(err, devmem.ErrUnsupported) {
-			return false, nil
-		}
-		return false, fmt.Errorf("asynchronous copy of %d bytes on the device: %w", n, err)
+	if ok, err := queueDtoD(ac, ctx, dst, src, n); !ok {
+		return false, err
 	}
 	if err := q.st.Record(q.ctx, &q.ev[i]); err != nil {
 		// Queued and not watchable: wait for it here.
@@ -388,6 +377,40 @@ func CopySelfAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64) (bo
 	q.owed[i] = owed{c: c, tag: tag}
 	q.waiting.Add(1)
 	q.queueLocked(i)
+	return true, nil
+}
+
+// dtodQueue returns what a queued device-to-device copy of n bytes in ctx
+// needs, the runtime's copier and ctx's queue, once the copies that other
+// contexts queued before it executed, as a synchronous copy would wait for
+// them (a later put to the same bytes must not be overtaken; ctx's own are
+// ahead of it on its stream). A nil queue (and no error): copy
+// synchronously (no such copies, asynchronous copies off, no stream).
+func dtodQueue(ctx uintptr, n uint64) (devmem.AsyncDeviceCopier, *ctxQueue, error) {
+	d := devmem.Get()
+	ac, ok := d.(devmem.AsyncDeviceCopier)
+	if !ok || n == 0 || bounceSize.Load() == 0 {
+		return nil, nil, nil
+	}
+	q := queueOf(d, ctx)
+	if q == nil {
+		return nil, nil, nil
+	}
+	if err := fence(d, ctx); err != nil {
+		return nil, nil, err
+	}
+	return ac, q, nil
+}
+
+// queueDtoD queues the copy on ctx's stream; false (and no error): the
+// runtime has no such copy.
+func queueDtoD(ac devmem.AsyncDeviceCopier, ctx, dst, src uintptr, n uint64) (bool, error) {
+	if err := ac.DtoDAsync(ctx, dst, src, n); err != nil {
+		if errors.Is(err, devmem.ErrUnsupported) {
+			return false, nil
+		}
+		return false, fmt.Errorf("asynchronous copy of %d bytes on the device: %w", n, err)
+	}
 	return true, nil
 }
 
@@ -645,18 +668,8 @@ func (g *Gather) Add(ctx, src uintptr, n uint64) ([]byte, error) {
 // of ctx is held for its event only. false (and no error): copy
 // synchronously (no stream, no slot, no such copy in the runtime).
 func (g *Gather) AddCopy(ctx, dst, src uintptr, n uint64) (bool, error) {
-	d := devmem.Get()
-	ac, ok := d.(devmem.AsyncDeviceCopier)
-	if !ok || n == 0 || bounceSize.Load() == 0 {
-		return false, nil
-	}
-	q := queueOf(d, ctx)
+	ac, q, err := dtodQueue(ctx, n)
 	if q == nil {
-		return false, nil
-	}
-	// After the copies other contexts queued before it, as a synchronous
-	// copy would be; its own context's are ahead of it on the stream.
-	if err := fence(d, ctx); err != nil {
 		return false, err
 	}
 	if g.n == 0 || g.held[g.n-1].q != q {
@@ -670,11 +683,8 @@ func (g *Gather) AddCopy(ctx, dst, src uintptr, n uint64) (bool, error) {
 		g.held[g.n] = gathered{q: q, i: i}
 		g.n++
 	}
-	if err := ac.DtoDAsync(ctx, dst, src, n); err != nil {
-		if errors.Is(err, devmem.ErrUnsupported) {
-			return false, nil
-		}
-		return false, fmt.Errorf("asynchronous copy of %d bytes on the device: %w", n, err)
+	if ok, err := queueDtoD(ac, ctx, dst, src, n); !ok {
+		return false, err
 	}
 	g.held[g.n-1].copies = true
 	g.waited = false
