@@ -95,7 +95,7 @@ func (x *intraLink) put(l *lane, op *Op) sideMove {
 		}
 	}
 	if x.self() {
-		if mv := x.selfDevice(op, true); mv != sideNo {
+		if mv := x.selfDevice(l, op, true); mv != sideNo {
 			return mv
 		}
 	}
@@ -117,7 +117,7 @@ func (x *intraLink) get(l *lane, op *Op) sideMove {
 		}
 	}
 	if x.self() {
-		if mv := x.selfDevice(op, false); mv != sideNo {
+		if mv := x.selfDevice(l, op, false); mv != sideNo {
 			return mv
 		}
 	}
@@ -149,7 +149,7 @@ func (x *intraLink) self() bool { return x.pid == os.Getpid() && x.p.rank == x.p
 // round trip through our own socket and both ends' staging: the target
 // registration is ours. sideNo (nothing moved): not such an operation, or
 // a range or copy the TCP path must refuse and report.
-func (x *intraLink) selfDevice(op *Op, put bool) sideMove {
+func (x *intraLink) selfDevice(l *lane, op *Op, put bool) sideMove {
 	if op.Size == 0 || (op.LocalCtx == 0 && op.Remote != 0) {
 		return sideNo // host memory at both ends: the paths above
 	}
@@ -168,6 +168,7 @@ func (x *intraLink) selfDevice(op *Op, put bool) sideMove {
 	if ctx == op.LocalCtx && x.selfQueue(op, put, uintptr(reg)) {
 		return sideQueued
 	}
+	l.settle()
 	var err error
 	if put {
 		err = staging.CopyLocal(ctx, reg, op.LocalCtx, op.Local, op.Size, x.p.m.stageChunk)
@@ -237,8 +238,9 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 // batch, so the header that follows (a signal, a numbered put) reaches
 // the target only once the bytes are in its memory, as the target's own
 // landing would. Anything else (a get, a host source, a strongly-ordered
-// target registration, no slot for the event) is copied and waited for
-// here. A failed copy turns the path off for this peer and the TCP path
+// target registration, a payload larger than a bounce slot, which would
+// hold the context's stream, no slot for the event) is copied and waited
+// for here, after the copies the batch queued before it. A failed copy turns the path off for this peer and the TCP path
 // takes the operation (the same bytes again, so a partial copy does no
 // harm).
 func (x *intraLink) viaMapping(l *lane, op *Op, put bool) sideMove {
@@ -253,6 +255,9 @@ func (x *intraLink) viaMapping(l *lane, op *Op, put bool) sideMove {
 	queued := false
 	if put && op.LocalCtx != 0 && !x.strong(op) {
 		queued, err = l.gather.AddCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
+	}
+	if !queued && err == nil {
+		l.settle()
 	}
 	switch {
 	case queued:

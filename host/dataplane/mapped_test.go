@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"bytes"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,7 +26,7 @@ func TestMappedPeer(t *testing.T) {
 	owners := make([]Owner, 2)
 	for r := range os {
 		os[r] = &devOwner{memOwner: memOwner{done: map[uint64]abi.Result{}}, dev: d.Base + uintptr(r)*size, size: size, host: make([]byte, 64<<10)}
-		owners[r] = os[r]
+		owners[r] = sharedOwner{os[r]}
 	}
 	ms := connectOwners(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
 		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10})
@@ -66,15 +67,55 @@ func TestMappedPeer(t *testing.T) {
 	if st := waitDone(t, &os[0].memOwner, 21); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size*3/4, 4096), src[4096:8192]) {
 		t.Fatalf("get: %v", st)
 	}
-	if n := x.mapped.Load(); n != 4 {
-		t.Fatalf("%d of 4 operations moved through the mapping", n)
+	// One batch: a queued put, then a get of the same bytes copied on the
+	// spot, which must wait for the put's copy.
+	fill(src[:4096], 9)
+	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 30, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 4096, Off: 3 * size / 4,
+		Mapped: uint64(target) + 3*size/4, MapCtx: 1}, true, -1)
+	ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 31, Local: addrPtr(uint64(os[0].dev) + size/4), LocalCtx: 1, Size: 4096, Off: 3 * size / 4,
+		Mapped: uint64(target) + 3*size/4, MapCtx: 1}, false, -1)
+	if st := waitDone(t, &os[0].memOwner, 31); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size/4, 4096), src[:4096]) {
+		t.Fatalf("get behind a queued put of the same bytes: %v, or it overtook the put's copy", st)
 	}
-	if n := d.DtoDs.Load(); n != 3 {
-		t.Fatalf("%d device-to-device copies queued, want 3 (the puts)", n)
+	if st := waitDone(t, &os[0].memOwner, 30); st != abi.Success {
+		t.Fatalf("put before the get: %v", st)
 	}
-	// Two signals went as headers; the plain put and the get needed none.
+	if n := x.mapped.Load(); n != 6 {
+		t.Fatalf("%d of 6 operations moved through the mapping", n)
+	}
+	if n := d.DtoDs.Load(); n != 4 {
+		t.Fatalf("%d device-to-device copies queued, want 4 (the puts)", n)
+	}
+	// Two signals went as headers; the plain puts and the gets needed none.
 	if w := x.lanes[0].writes.Load() - sent; w > 2 {
 		t.Fatalf("%d writes on the stream, want at most 2 (the signals' headers)", w)
+	}
+	// Rank 1's staged put into rank 0's shared registration: the target
+	// acknowledges it once it landed, not once its copy is queued (rank 0's
+	// mapping peers read and write it without the target's service).
+	fill(os[1].host[:8192], 11)
+	copies := d.Copies.Load()
+	ms[1].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 40, Local: unsafe.Pointer(&os[1].host[0]), Size: 8192, Off: 4096}, false, -1)
+	for deadline := time.Now().Add(10 * time.Second); ; runtime.Gosched() {
+		// Looked at the moment it completes, both ranks polling as NCCL's
+		// proxies do (acks leave at once): the stream runs the landing
+		// 2 ms after it was queued.
+		ms[0].Progress()
+		ms[1].Progress()
+		st, ok := os[1].status(40)
+		if !ok {
+			if time.Now().After(deadline) {
+				t.Fatal("staged put into a shared registration never completed")
+			}
+			continue
+		}
+		if st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+4096, 8192), os[1].host[:8192]) {
+			t.Fatalf("staged put into a shared registration: %v, or acknowledged before it landed", st)
+		}
+		break
+	}
+	if d.Copies.Load() == copies {
+		t.Fatal("the staged put into a shared registration was landed by a queued copy, not one waited for")
 	}
 	for _, m := range ms {
 		if err := m.Close(); err != nil {
@@ -82,3 +123,9 @@ func TestMappedPeer(t *testing.T) {
 		}
 	}
 }
+
+// sharedOwner is a devOwner whose device registration was handed to a
+// peer (SharedOwner).
+type sharedOwner struct{ *devOwner }
+
+func (sharedOwner) Shared(id uint32) bool { return id == 1 }

@@ -24,6 +24,16 @@ type ShadowOwner interface {
 	SignalShadow(mrID uint32) *staging.Shadow
 }
 
+// SharedOwner is implemented by an Owner whose device registrations may
+// be mapped into peers on this host (SPEC.md §4, "Device windows mapped"):
+// such a peer reads and writes them without this target's service, so a
+// put this target acknowledges must have landed already, not merely be
+// queued behind the stream's other work.
+type SharedOwner interface {
+	// Shared reports whether registration mrID was handed to a peer.
+	Shared(mrID uint32) bool
+}
+
 // StrongOwner is implemented by an Owner whose registrations may be
 // flagged strongly ordered (NCCL_NET_MR_FLAG_FORCE_SO): a device payload
 // put into one lands with synchronous copies, after every asynchronous

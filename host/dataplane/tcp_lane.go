@@ -988,6 +988,11 @@ func (l *lane) writeBatch(ops []Op) bool {
 	}
 	clear(iov)
 	clear(pops)
+	if err != nil {
+		// Copies the batch queued may still run: they finish before
+		// their requests fail (and the caller may free or unmap).
+		l.gather.Done()
+	}
 	for _, i := range later {
 		// Their copies were waited for by a writeIov that succeeded, or
 		// the batch failed.
@@ -1290,6 +1295,16 @@ func (l *lane) writeSocket(iov [][]byte) error {
 	_, err := l.bufs.WriteTo(l.out)
 	l.bufs = nil
 	return err
+}
+
+// settle waits for the device copies the batch gathered so far, before a
+// synchronous copy that must not overtake them (a strongly-ordered put's
+// completion means everything before it landed; a get may read what an
+// earlier put writes). A failure is the batch's: its write reports it.
+func (l *lane) settle() {
+	if l.gather.Pending() {
+		l.gather.Wait()
+	}
 }
 
 // gatherDev queues the copy of op's device payload into a bounce slot

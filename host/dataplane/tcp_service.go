@@ -406,6 +406,8 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 			land := staging.LandOnDevice
 			if so, ok := p.m.owner.(StrongOwner); ok && so.StronglyOrdered(h.MrID) {
 				land = staging.ReadToDevice
+			} else if sh, ok := p.m.owner.(SharedOwner); ok && sh.Shared(h.MrID) {
+				land = staging.ReadToDevice
 			}
 			if err = land(br, ctx, devAddr(base, h.Off), h.Size, p.m.stageChunk); err != nil {
 				err = fmt.Errorf("receive put payload from rank %d into device memory: %w", p.rank, err)

@@ -150,11 +150,11 @@ type IPCSharer interface {
 	// back, each with a new fd the caller closes.
 	IPCExport(ctx, ptr uintptr, size uint64) ([]Segment, error)
 	// IPCImport maps segs back to back in a new reservation reachable
-	// from ctx's device and returns its address and length; the fds stay
-	// the caller's.
-	IPCImport(ctx uintptr, segs []Segment) (va uintptr, span uint64, err error)
-	// IPCUnmap undoes IPCImport.
-	IPCUnmap(ctx, va uintptr, span uint64)
+	// from ctx's device and returns its address; the fds stay the
+	// caller's.
+	IPCImport(ctx uintptr, segs []Segment) (va uintptr, err error)
+	// IPCUnmap undoes IPCImport: sizes are the segments' sizes.
+	IPCUnmap(ctx, va uintptr, sizes []uint64) error
 }
 
 // PageSpan widens [ptr, ptr+size) to whole host pages, as DMA-BUF export

@@ -149,14 +149,19 @@ func peerCred(c *net.UnixConn) (pid, uid int, err error) {
 // unknown or gone, or we may not ask).
 var ErrRefused = errors.New("the peer refused")
 
-// Fetch asks the server at name for key and returns its payload and
-// descriptors, which the caller closes.
-func Fetch(name string, key uint64) ([]byte, []int, error) {
+// Fetch asks the server at name, which must be process pid of our user,
+// for key and returns its payload and descriptors, which the caller
+// closes. The kernel says who listens (SO_PEERCRED): a name is only a
+// claim, and whoever made it might point us at another process's server.
+func Fetch(name string, key uint64, pid int) ([]byte, []int, error) {
 	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: "@" + name, Net: "unixpacket"})
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to abstract socket %q: %w", name, err)
 	}
 	defer c.Close()
+	if got, uid, err := peerCred(c); err != nil || got != pid || uid != os.Getuid() {
+		return nil, nil, fmt.Errorf("abstract socket %q is served by pid %d (uid %d), not pid %d (%v)", name, got, uid, pid, err)
+	}
 	c.SetDeadline(time.Now().Add(ioTimeout))
 	var req [requestSize]byte
 	binary.LittleEndian.PutUint64(req[:], key)

@@ -38,7 +38,7 @@ func TestFetch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	payload, fds, err := Fetch(s.Name(), 7)
+	payload, fds, err := Fetch(s.Name(), 7, os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestFetch(t *testing.T) {
 			t.Fatalf("fd %d reads %q (%v), want %q", i, b[:n], err, want)
 		}
 	}
-	if _, _, err := Fetch(s.Name(), 8); !errors.Is(err, ErrRefused) {
+	if _, _, err := Fetch(s.Name(), 8, os.Getpid()); !errors.Is(err, ErrRefused) {
 		t.Fatalf("unknown key: %v, want ErrRefused", err)
 	}
 }
@@ -67,7 +67,7 @@ func TestFetchNotAllowed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := Fetch(s.Name(), 1); !errors.Is(err, ErrRefused) {
+	if _, _, err := Fetch(s.Name(), 1, os.Getpid()); !errors.Is(err, ErrRefused) {
 		t.Fatalf("a process not allowed: %v, want ErrRefused", err)
 	}
 	s.Close()
@@ -94,10 +94,14 @@ func TestBadRequests(t *testing.T) {
 	if n != 1 || b[0] != answerRefused {
 		t.Fatalf("a short request got %q, want a refusal", b[:n])
 	}
-	if p, _, err := Fetch(s.Name(), 3); err != nil || string(p) != "x" {
+	if p, _, err := Fetch(s.Name(), 3, os.Getpid()); err != nil || string(p) != "x" {
 		t.Fatalf("after a bad client: %q, %v", p, err)
 	}
-	if _, _, err := Fetch(name(t)+"-absent", 3); err == nil {
+	if _, _, err := Fetch(name(t)+"-absent", 3, os.Getpid()); err == nil {
 		t.Fatal("no server: no error")
+	}
+	// A server that is not the process named: nothing is asked.
+	if _, _, err := Fetch(s.Name(), 3, os.Getpid()+1); err == nil || errors.Is(err, ErrRefused) {
+		t.Fatalf("a server of another pid: %v", err)
 	}
 }

@@ -37,8 +37,10 @@ type mr struct {
 	// (abi.MrFlagSignalNeverReset), nil for other registrations.
 	shadow *staging.Shadow
 	// maps are the peers' parts of this registration mapped here
-	// (share.go), unmapped when it is deregistered.
-	maps []shareMap
+	// (share.go), unmapped when it is deregistered; shared is set once
+	// our part was handed to a peer.
+	maps   []shareMap
+	shared atomic.Bool
 }
 
 // RegMr registers host memory collectively. A second registration of the
@@ -196,13 +198,14 @@ func DeregMr(h, mh uint64) abi.Result {
 		}
 		c.regs.drop(m)
 		c.awaitUnpinned(m)
-		c.unmapShares(m)
 		if m.devCtx != 0 {
 			// Signal writes and payload copies queued on the context's
 			// stream land before the caller may free the memory.
 			if err := staging.Quiesce(m.devCtx); err != nil {
 				logx.Warn(abi.SubsysReg, "NET/wasm: deregMrSym: rank %d, registration %d: %v", c.rank, m.id, err)
 			}
+			// Nothing queued uses the peers' parts mapped here any more.
+			c.unmapShares(m)
 			// The caller may free the memory now: no CPU mapping of it
 			// (GDRCopy) may outlive the registration.
 			if wa, ok := devmem.Get().(devmem.WordAdder); ok {

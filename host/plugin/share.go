@@ -121,6 +121,11 @@ func (c *coll) serveShare(pid int, key uint64) ([]byte, []int, error) {
 		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: registration %d cannot be shared with pid %d: %v", c.rank, key, pid, err)
 		return nil, nil, err
 	}
+	if m := c.regs.lookup(uint32(key)); m != nil {
+		// Landings into it are waited for from now on: the peer reads and
+		// writes it without us (dataplane.SharedOwner).
+		m.shared.Store(true)
+	}
 	payload := binary.LittleEndian.AppendUint32(nil, uint32(len(segs)))
 	fds := make([]int, len(segs))
 	for i, s := range segs {
@@ -171,7 +176,7 @@ func (c *coll) importShares(m *mr, rs *remoteRegs) {
 // importShare fetches and maps rank r's part of m and returns the address
 // of its registration's first byte here.
 func (c *coll) importShare(sh devmem.IPCSharer, m *mr, rs *remoteRegs, r, pid int) (uintptr, error) {
-	payload, fds, err := fdpass.Fetch(shareName(pid, rs.share[r]), uint64(m.id))
+	payload, fds, err := fdpass.Fetch(shareName(pid, rs.share[r]), uint64(m.id), pid)
 	if err != nil {
 		return 0, err
 	}
@@ -191,11 +196,15 @@ func (c *coll) importShare(sh devmem.IPCSharer, m *mr, rs *remoteRegs, r, pid in
 	if rs.bases[r] < first || rs.bases[r]-first > span || rs.sizes[r] > span-(rs.bases[r]-first) {
 		return 0, fmt.Errorf("its allocations [%#x, +%d) do not hold its registration [%#x, +%d)", first, span, rs.bases[r], rs.sizes[r])
 	}
-	va, got, err := sh.IPCImport(m.devCtx, segs)
+	va, err := sh.IPCImport(m.devCtx, segs)
 	if err != nil {
 		return 0, err
 	}
-	m.maps = append(m.maps, shareMap{va: va, span: got})
+	sizes := make([]uint64, len(segs))
+	for i, sg := range segs {
+		sizes[i] = sg.Size
+	}
+	m.maps = append(m.maps, shareMap{va: va, sizes: sizes})
 	return va + uintptr(rs.bases[r]-first), nil
 }
 
@@ -227,8 +236,8 @@ func parseSegments(p []byte, fds []int) ([]devmem.Segment, error) {
 
 // shareMap is one peer's allocations mapped here for a registration.
 type shareMap struct {
-	va   uintptr
-	span uint64
+	va    uintptr
+	sizes []uint64 // the segments mapped back to back from va
 }
 
 // unmapShares unmaps what importShares mapped for m: it is deregistered
@@ -239,7 +248,9 @@ func (c *coll) unmapShares(m *mr) {
 		return
 	}
 	for _, x := range m.maps {
-		sh.IPCUnmap(m.devCtx, x.va, x.span)
+		if err := sh.IPCUnmap(m.devCtx, x.va, x.sizes); err != nil {
+			logx.Warn(abi.SubsysReg, "NET/wasm: rank %d: unmapping a peer's part of registration %d: %v", c.rank, m.id, err)
+		}
 	}
 	m.maps = nil
 }
@@ -277,4 +288,15 @@ func (m *mr) mappedAddr(local *mr, rank uint32, off uint64) (uint64, uintptr) {
 	return uint64(r.mapped[rank]) + off, ctx
 }
 
-var _ dataplane.Owner = (*coll)(nil)
+// Shared reports whether registration id was handed to a peer on this
+// host (dataplane.SharedOwner): puts into it land before they are
+// acknowledged.
+func (c *coll) Shared(id uint32) bool {
+	m := c.regs.lookup(id)
+	return m != nil && m.shared.Load()
+}
+
+var (
+	_ dataplane.Owner       = (*coll)(nil)
+	_ dataplane.SharedOwner = (*coll)(nil)
+)

@@ -719,10 +719,27 @@ static int cuda_ipc_export(uintptr_t ctx, uint64_t ptr, uint64_t size, int max, 
   return 0;
 }
 
-static void cuda_ipc_unmap(uintptr_t ctx, uint64_t va, uint64_t span) {
-  if (!va || cu.ctxSetCurrent((CUcontext)ctx) != 0) return;
-  cu.memUnmap((CUdeviceptr)va, (size_t)span);
-  cu.addressFree((CUdeviceptr)va, (size_t)span);
+/* cuda_ipc_unmap unmaps each segment (cuMemUnmap takes what one cuMemMap
+ * mapped), then frees the reservation; it goes on past a failure and
+ * reports the first. */
+static int cuda_ipc_unmap(uintptr_t ctx, uint64_t va, int n, const uint64_t* sizes, char* err, size_t errlen) {
+  if (!ipc_ready()) return rmaw_fail(err, errlen, "the driver lacks the cuMem IPC calls");
+  CUresult r = cu.ctxSetCurrent((CUcontext)ctx), first = r;
+  const char* what = r ? "cuCtxSetCurrent" : NULL;
+  uint64_t off = 0;
+  for (int i = 0; i < n; i++) {
+    if ((r = cu.memUnmap((CUdeviceptr)(va + off), (size_t)sizes[i])) != 0 && !what) {
+      what = "cuMemUnmap";
+      first = r;
+    }
+    off += sizes[i];
+  }
+  if ((r = cu.addressFree((CUdeviceptr)va, (size_t)off)) != 0 && !what) {
+    what = "cuMemAddressFree";
+    first = r;
+  }
+  if (what) return rmaw_fail(err, errlen, "%s of %llu bytes at %#llx: %s", what, (unsigned long long)off, (unsigned long long)va, errstr(first));
+  return 0;
 }
 
 static int cuda_ipc_import(uintptr_t ctx, int n, const int* fds, const uint64_t* offs, const uint64_t* sizes,

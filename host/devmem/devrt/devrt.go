@@ -89,8 +89,10 @@ static int devrt_ipc_import(const rmaw_devrt_ops* o, uintptr_t ctx, int n, const
   if (!o->ipc_import) return 1;
   return o->ipc_import(ctx, n, fds, offs, sizes, span, va, err, errlen);
 }
-static void devrt_ipc_unmap(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t va, uint64_t span) {
-  if (o->ipc_unmap) o->ipc_unmap(ctx, va, span);
+static int devrt_ipc_unmap(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t va, int n, const uint64_t* sizes, char* err,
+                           size_t errlen) {
+  if (!o->ipc_unmap) return 1;
+  return o->ipc_unmap(ctx, va, n, sizes, err, errlen);
 }
 */
 import "C"
@@ -120,7 +122,16 @@ func (Runtime[T]) ops() *C.rmaw_devrt_ops {
 // errBuf receives a C function's failure message.
 type errBuf [256]C.char
 
-func (b *errBuf) err() error { return errors.New(C.GoString(&b[0])) }
+func (b *errBuf) err() error {
+	// Read in Go rather than with C.GoString, which would move every
+	// caller's buffer to the heap (the per-operation calls keep it on
+	// the stack).
+	n := 0
+	for n < len(b) && b[n] != 0 {
+		n++
+	}
+	return errors.New(string(unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), n)))
+}
 
 // Inspect checks that [ptr, ptr+size) is device memory of one device and
 // returns the context its copies run in.
@@ -338,9 +349,9 @@ func (r Runtime[T]) IPCExport(ctx, ptr uintptr, size uint64) ([]devmem.Segment, 
 
 // IPCImport maps segments another process exported, back to back, and
 // returns the address of the first; the fds stay the caller's.
-func (r Runtime[T]) IPCImport(ctx uintptr, segs []devmem.Segment) (uintptr, uint64, error) {
+func (r Runtime[T]) IPCImport(ctx uintptr, segs []devmem.Segment) (uintptr, error) {
 	if len(segs) == 0 || len(segs) > devmem.MaxSegments {
-		return 0, 0, errors.New("IPC import: no segments, or too many")
+		return 0, errors.New("IPC import: no segments, or too many")
 	}
 	var fds [devmem.MaxSegments]C.int
 	var offs, sizes [devmem.MaxSegments]C.uint64_t
@@ -353,14 +364,28 @@ func (r Runtime[T]) IPCImport(ctx uintptr, segs []devmem.Segment) (uintptr, uint
 	var buf errBuf
 	switch C.devrt_ipc_import(r.ops(), C.uintptr_t(ctx), C.int(len(segs)), &fds[0], &offs[0], &sizes[0], C.uint64_t(span), &va, &buf[0], C.size_t(len(buf))) {
 	case 0:
-		return uintptr(va), span, nil
+		return uintptr(va), nil
 	case 1:
-		return 0, 0, devmem.ErrUnsupported
+		return 0, devmem.ErrUnsupported
 	}
-	return 0, 0, buf.err()
+	return 0, buf.err()
 }
 
-// IPCUnmap undoes IPCImport.
-func (r Runtime[T]) IPCUnmap(ctx, va uintptr, span uint64) {
-	C.devrt_ipc_unmap(r.ops(), C.uintptr_t(ctx), C.uint64_t(va), C.uint64_t(span))
+// IPCUnmap undoes IPCImport, segment by segment.
+func (r Runtime[T]) IPCUnmap(ctx, va uintptr, sizes []uint64) error {
+	if len(sizes) == 0 || len(sizes) > devmem.MaxSegments {
+		return errors.New("IPC unmap: no segments, or too many")
+	}
+	var sz [devmem.MaxSegments]C.uint64_t
+	for i, n := range sizes {
+		sz[i] = C.uint64_t(n)
+	}
+	var buf errBuf
+	switch C.devrt_ipc_unmap(r.ops(), C.uintptr_t(ctx), C.uint64_t(va), C.int(len(sizes)), &sz[0], &buf[0], C.size_t(len(buf))) {
+	case 0:
+		return nil
+	case 1:
+		return devmem.ErrUnsupported
+	}
+	return buf.err()
 }

@@ -95,12 +95,12 @@ typedef struct rmaw_devrt_ops {
    * maps n such segments, back to back from offs[i] (offs[0] is 0), into
    * one new reservation of span bytes, readable and writable by ctx's
    * device, and returns its address in *va; the fds stay the caller's.
-   * ipc_unmap undoes it. */
+   * ipc_unmap undoes it: the n segments of sizes[], back to back from va. */
   int (*ipc_export)(uintptr_t ctx, uint64_t ptr, uint64_t size, int max, int* fds, uint64_t* bases, uint64_t* sizes,
                     int* n, char* err, size_t errlen);
   int (*ipc_import)(uintptr_t ctx, int n, const int* fds, const uint64_t* offs, const uint64_t* sizes, uint64_t span,
                     uint64_t* va, char* err, size_t errlen);
-  void (*ipc_unmap)(uintptr_t ctx, uint64_t va, uint64_t span);
+  int (*ipc_unmap)(uintptr_t ctx, uint64_t va, int n, const uint64_t* sizes, char* err, size_t errlen);
 } rmaw_devrt_ops;
 
 enum {

@@ -666,8 +666,13 @@ func (g *Gather) Add(ctx, src uintptr, n uint64) ([]byte, error) {
 // as part of the batch: Wait waits for it with the rest, so the header
 // that tells the target comes after the bytes are in its memory. A slot
 // of ctx is held for its event only. false (and no error): copy
-// synchronously (no stream, no slot, no such copy in the runtime).
+// synchronously (no stream, no slot, no such copy in the runtime, or more
+// than a bounce slot's bytes, whose copy would hold up the landings and
+// signal writes queued on the stream behind it).
 func (g *Gather) AddCopy(ctx, dst, src uintptr, n uint64) (bool, error) {
+	if n > bounceSize.Load() {
+		return false, nil // a long copy would hold the context's stream
+	}
 	ac, q, err := dtodQueue(ctx, n)
 	if q == nil {
 		return false, err
