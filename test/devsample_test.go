@@ -151,6 +151,15 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 			[]string{"LD_LIBRARY_PATH=" + fakeAMD, "SAMPLE_RUNTIME=hip", "NCCL_RMA_WASM_CUDA=0"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "(HIP device 1)", "HIP runtime loaded, 2 device(s)",
 				"device payloads through a shared staging ring"}},
+		// NCCL_RMA_WASM_INTRANODE_IPC=1 on the HIP seam: each rank opens
+		// the other's hipMalloc windows (memfds in the fake) with
+		// hipIpcOpenMemHandle, across devices, and copies device payloads
+		// straight into them; every byte and signal verified, the
+		// teardown rounds included.
+		{"hip_check_ipc", "cuda_check", []string{lib, "196608", "2"},
+			[]string{"LD_LIBRARY_PATH=" + fakeAMD, "SAMPLE_RUNTIME=hip", "NCCL_RMA_WASM_CUDA=0", "NCCL_RMA_WASM_INTRANODE_IPC=1"},
+			[]string{"RESULT PASS", "teardown: 2 rounds", "(HIP device 1)", "device operations copy straight into its mapped device memory (IPC)",
+				"!is not mapped here"}},
 		// Its speed target means nothing on a fake device: only correctness
 		// (RESULT FAIL) fails the test, and "RESULT BELOW-TARGET" (exit 1)
 		// is a pass here.

@@ -134,11 +134,13 @@ type DmaBufExporter interface {
 // process (IPCSharer): a window of more keeps the staged path.
 const MaxSegments = 64
 
-// Segment is one exported allocation: its shareable handle (a POSIX fd
-// the holder closes), its address in the exporting process and its size.
+// Segment is one exported allocation: its address in the exporting
+// process, its size, and its shareable handle: a POSIX fd the holder
+// closes (CUDA's cuMem), or Fd -1 and Handle (HIP's hipIpcMemHandle_t).
 type Segment struct {
 	Fd         int
 	Base, Size uint64
+	Handle     [64]byte
 }
 
 // IPCSharer is implemented by a device whose memory another process of

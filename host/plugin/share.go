@@ -69,9 +69,7 @@ func (c *coll) offerShare(m *mr) uint64 {
 		logx.Trace(abi.SubsysReg, "NET/wasm: rank %d: registration %d is not shared with peers on this host: %v", c.rank, m.id, err)
 		return 0
 	}
-	for _, sg := range segs {
-		unix.Close(sg.Fd)
-	}
+	closeSegments(segs)
 	s := &c.shares
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -101,8 +99,8 @@ func (c *coll) sharePeer(pid int) bool {
 }
 
 // serveShare exports the allocations under registration key for a peer.
-// The answer is the segments' count, then each one's address and size;
-// the fds ride with it.
+// The answer is the segments' count and kind, then each one's address and
+// size (and, for handles, its 64 bytes); fds ride with it.
 func (c *coll) serveShare(pid int, key uint64) ([]byte, []int, error) {
 	if key > 0xffffffff {
 		return nil, nil, errors.New("no such registration")
@@ -126,14 +124,38 @@ func (c *coll) serveShare(pid int, key uint64) ([]byte, []int, error) {
 		// writes it without us (dataplane.SharedOwner).
 		m.shared.Store(true)
 	}
+	kind := uint32(segFds)
+	if len(segs) > 0 && segs[0].Fd < 0 {
+		kind = segHandles
+	}
 	payload := binary.LittleEndian.AppendUint32(nil, uint32(len(segs)))
-	fds := make([]int, len(segs))
-	for i, s := range segs {
+	payload = binary.LittleEndian.AppendUint32(payload, kind)
+	var fds []int
+	for _, s := range segs {
 		payload = binary.LittleEndian.AppendUint64(payload, s.Base)
 		payload = binary.LittleEndian.AppendUint64(payload, s.Size)
-		fds[i] = s.Fd
+		if kind == segHandles {
+			payload = append(payload, s.Handle[:]...)
+		} else {
+			fds = append(fds, s.Fd)
+		}
 	}
 	return payload, fds, nil
+}
+
+// An answer's segments come as fds (CUDA) or as handles (HIP).
+const (
+	segFds     = 1
+	segHandles = 2
+)
+
+// closeSegments closes the fds of exported segments.
+func closeSegments(segs []devmem.Segment) {
+	for _, s := range segs {
+		if s.Fd >= 0 {
+			unix.Close(s.Fd)
+		}
+	}
 }
 
 // maxShareSpan bounds what one mapping reserves (a peer's word is not
@@ -209,20 +231,33 @@ func (c *coll) importShare(sh devmem.IPCSharer, m *mr, rs *remoteRegs, r, pid in
 }
 
 // parseSegments reads serveShare's answer: n segments back to back, each
-// with its fd, of bounded total size.
+// with its fd or its handle (then exactly one), of bounded total size.
 func parseSegments(p []byte, fds []int) ([]devmem.Segment, error) {
-	if len(p) < 4 {
+	if len(p) < 8 {
 		return nil, errors.New("short answer")
 	}
-	n := int(binary.LittleEndian.Uint32(p))
-	if n < 1 || n > devmem.MaxSegments || n != len(fds) || len(p) != 4+16*n {
-		return nil, fmt.Errorf("malformed answer: %d segments, %d fds, %d bytes", n, len(fds), len(p))
+	n, kind := int(binary.LittleEndian.Uint32(p)), binary.LittleEndian.Uint32(p[4:])
+	rec := 16
+	switch {
+	case kind == segFds && n == len(fds):
+	case kind == segHandles && n == 1 && len(fds) == 0:
+		rec += 64
+	default:
+		return nil, fmt.Errorf("malformed answer: %d segments of kind %d, %d fds", n, kind, len(fds))
+	}
+	if n < 1 || n > devmem.MaxSegments || len(p) != 8+rec*n {
+		return nil, fmt.Errorf("malformed answer: %d segments, %d bytes", n, len(p))
 	}
 	segs := make([]devmem.Segment, n)
 	span := uint64(0)
 	for i := range segs {
-		b := p[4+16*i:]
-		s := devmem.Segment{Fd: fds[i], Base: binary.LittleEndian.Uint64(b), Size: binary.LittleEndian.Uint64(b[8:])}
+		b := p[8+rec*i:]
+		s := devmem.Segment{Fd: -1, Base: binary.LittleEndian.Uint64(b), Size: binary.LittleEndian.Uint64(b[8:])}
+		if kind == segFds {
+			s.Fd = fds[i]
+		} else {
+			copy(s.Handle[:], b[16:80])
+		}
 		if s.Size == 0 || s.Size > maxShareSpan || (i > 0 && s.Base != segs[i-1].Base+segs[i-1].Size) {
 			return nil, fmt.Errorf("malformed answer: segment %d [%#x, +%d)", i, s.Base, s.Size)
 		}

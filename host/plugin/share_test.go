@@ -9,12 +9,29 @@ import (
 func TestParseSegments(t *testing.T) {
 	answer := func(n uint32, segs ...uint64) []byte {
 		b := binary.LittleEndian.AppendUint32(nil, n)
+		b = binary.LittleEndian.AppendUint32(b, segFds)
 		for _, v := range segs {
 			b = binary.LittleEndian.AppendUint64(b, v)
 		}
 		return b
 	}
 	good := answer(2, 0x200000, 0x200000, 0x400000, 0x200000)
+	// handles(n): n HIP segments of 2 MiB, handle bytes 7.
+	handles := func(n uint32) []byte {
+		b := binary.LittleEndian.AppendUint32(nil, n)
+		b = binary.LittleEndian.AppendUint32(b, segHandles)
+		for i := uint32(0); i < n; i++ {
+			b = binary.LittleEndian.AppendUint64(b, 0x200000*uint64(i+1))
+			b = binary.LittleEndian.AppendUint64(b, 0x200000)
+			for k := 0; k < 64; k++ {
+				b = append(b, 7)
+			}
+		}
+		return b
+	}
+	if segs, err := parseSegments(handles(1), nil); err != nil || len(segs) != 1 || segs[0].Fd != -1 || segs[0].Handle[63] != 7 {
+		t.Fatalf("a handle answer: %v, %v", segs, err)
+	}
 	segs, err := parseSegments(good, []int{5, 6})
 	if err != nil || len(segs) != 2 || segs[1].Fd != 6 || segs[1].Base != 0x400000 {
 		t.Fatalf("a good answer: %v, %v", segs, err)
@@ -32,6 +49,9 @@ func TestParseSegments(t *testing.T) {
 		"huge":            {answer(1, 0x200000, maxShareSpan+1), []int{5}},
 		"too many":        {answer(65), make([]int, 65)},
 		"count too large": {answer(3, 0x200000, 0x200000), []int{5, 6, 7}},
+		"unknown kind":    {append(binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(nil, 1), 3), make([]byte, 16)...), []int{5}},
+		"two handles":     {handles(2), nil},
+		"handle and fd":   {handles(1), []int{5}},
 	} {
 		if _, err := parseSegments(c.p, c.fds); err == nil {
 			t.Errorf("%s: accepted", name)

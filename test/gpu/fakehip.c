@@ -5,6 +5,9 @@
  * owns the device memory, on a stream created for that device. A copy that
  * breaks either rule fails with hipErrorInvalidDevice (101), so the plugin's
  * progress threads (which start with no device set) are held to it.
+ * Device memory is a memfd mapping, so that another process can open it
+ * through hipIpcOpenMemHandle (/proc/<pid>/fd/<fd>), as a peer's memory
+ * reachable from any device (PEER).
  *
  *   cc -shared -fPIC -o <dir>/libamdhip64.so test/gpu/fakehip.c -lpthread */
 #define _GNU_SOURCE
@@ -14,14 +17,18 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <stdio.h>
 
 #define MAXA 256
 #define NDEV 2
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+#define PEER (-2) /* another process's memory, opened by hipIpcOpenMemHandle */
 static struct {
   uintptr_t base;
   size_t n;
   int dev;
+  int fd; /* the memfd behind it, -1 for PEER mappings */
 } allocs[MAXA];
 static __thread int current = -1; /* no device until hipSetDevice */
 
@@ -56,27 +63,114 @@ int hipPointerGetAttributes(void* out, const void* p) {
   a[1] = d;
   return d >= 0 ? 0 : 1;
 }
-int hipMalloc(void** p, size_t n) {
-  if (current < 0) return 101;
-  void* m = calloc(1, n ? n : 1);
+static void remember(void* m, size_t n, int dev, int fd) {
   pthread_mutex_lock(&mu);
   for (int i = 0; i < MAXA; i++)
     if (!allocs[i].base) {
       allocs[i].base = (uintptr_t)m;
       allocs[i].n = n;
-      allocs[i].dev = current;
+      allocs[i].dev = dev;
+      allocs[i].fd = fd;
       break;
     }
   pthread_mutex_unlock(&mu);
+}
+/* forget drops p's entry and returns it (n 0: none). */
+static void forget(uintptr_t p, size_t* n, int* fd) {
+  *n = 0;
+  *fd = -1;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < MAXA; i++)
+    if (allocs[i].base == p) {
+      *n = allocs[i].n;
+      *fd = allocs[i].fd;
+      allocs[i].base = 0;
+    }
+  pthread_mutex_unlock(&mu);
+}
+int hipMalloc(void** p, size_t n) {
+  if (current < 0) return 101;
+  size_t len = n ? n : 1;
+  int fd = memfd_create("fakehip-mem", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, (off_t)len) != 0) return 2;
+  void* m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    close(fd);
+    return 2;
+  }
+  remember(m, n, current, fd);
   *p = m;
   return 0;
 }
 int hipFree(void* p) {
+  size_t n;
+  int fd;
+  forget((uintptr_t)p, &n, &fd);
+  if (fd < 0) return 1;
+  munmap(p, n ? n : 1);
+  close(fd);
+  return 0;
+}
+int hipMemGetAddressRange(void** base, size_t* n, void* p) {
+  int ok = 1;
   pthread_mutex_lock(&mu);
   for (int i = 0; i < MAXA; i++)
-    if (allocs[i].base == (uintptr_t)p) allocs[i].base = 0;
+    if (allocs[i].base && (uintptr_t)p >= allocs[i].base && (uintptr_t)p < allocs[i].base + allocs[i].n) {
+      *base = (void*)allocs[i].base;
+      *n = allocs[i].n;
+      ok = 0;
+    }
   pthread_mutex_unlock(&mu);
-  free(p);
+  return ok;
+}
+/* The fake's hipIpcMemHandle_t: who holds the memfd, and its size. */
+typedef struct {
+  unsigned magic;
+  int pid, fd;
+  unsigned long long n;
+  unsigned char pad[64 - 24];
+} ipcHandle;
+typedef struct {
+  unsigned char b[64];
+} hipIpcMemHandle_t;
+_Static_assert(sizeof(ipcHandle) == 64, "hipIpcMemHandle_t is 64 bytes");
+int hipIpcGetMemHandle(hipIpcMemHandle_t* h, void* p) {
+  int ok = 1;
+  ipcHandle x = {.magic = 0x70696b66, .pid = getpid()};
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < MAXA; i++)
+    if (allocs[i].base == (uintptr_t)p && allocs[i].fd >= 0) {
+      x.fd = allocs[i].fd;
+      x.n = allocs[i].n;
+      ok = 0;
+    }
+  pthread_mutex_unlock(&mu);
+  if (ok) return 1; /* not the start of a hipMalloc allocation */
+  memcpy(h, &x, sizeof x);
+  return 0;
+}
+int hipIpcOpenMemHandle(void** p, hipIpcMemHandle_t h, unsigned flags) {
+  (void)flags;
+  ipcHandle x;
+  memcpy(&x, &h, sizeof x);
+  if (x.magic != 0x70696b66 || x.pid == getpid()) return 1;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", x.pid, x.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return 2;
+  void* m = mmap(NULL, x.n ? x.n : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return 2;
+  remember(m, x.n, PEER, -1);
+  *p = m;
+  return 0;
+}
+int hipIpcCloseMemHandle(void* p) {
+  size_t n;
+  int fd;
+  forget((uintptr_t)p, &n, &fd);
+  if (!n) return 1;
+  munmap(p, n);
   return 0;
 }
 int hipStreamCreateWithFlags(void** s, unsigned f) {
@@ -94,14 +188,18 @@ int hipHostFree(void* p) { free(p); return 0; }
 int hipHostRegister(void* p, size_t n, unsigned f) { (void)f; return p && n ? 0 : 1; }
 int hipHostUnregister(void* p) { return p ? 0 : 1; }
 /* kind: 1 host to device, 2 device to host. */
+/* reach: device memory at [p, p+n) that device dev may copy: its own, or
+ * a peer's opened with hipIpcOpenMemHandle. 0 yes, 1 not device memory,
+ * 101 another device's. */
+static int reach(uintptr_t p, size_t n, int dev) {
+  int o = owner(p);
+  if (o == -1 || owner(p + (n ? n - 1 : 0)) != o) return 1;
+  return o == dev || o == PEER ? 0 : 101;
+}
 static int copy(void* dst, const void* src, size_t n, int kind, int dev) {
-  uintptr_t d = (uintptr_t)(kind == 1 ? dst : src);
-  if (owner(d) < 0 || owner(d + (n ? n - 1 : 0)) != owner(d)) return 1; /* not device memory */
-  if (owner(d) != dev) return 101;
-  if (kind == 3) { /* device to device: the destination on the same device */
-    uintptr_t t = (uintptr_t)dst;
-    if (owner(t) != dev || owner(t + (n ? n - 1 : 0)) != dev) return 1;
-  }
+  int r = reach((uintptr_t)(kind == 1 ? dst : src), n, dev);
+  if (r == 0 && kind == 3) r = reach((uintptr_t)dst, n, dev) ? 1 : 0; /* device to device: both reachable */
+  if (r != 0) return r;
   memcpy(dst, src, n);
   return 0;
 }

@@ -681,8 +681,8 @@ static int ipc_ready(void) {
          cu.memMap && cu.memUnmap && cu.memSetAccess && cu.ctxGetDevice;
 }
 
-static int cuda_ipc_export(uintptr_t ctx, uint64_t ptr, uint64_t size, int max, int* fds, uint64_t* bases,
-                           uint64_t* sizes, int* n, char* err, size_t errlen) {
+static int cuda_ipc_export(uintptr_t ctx, uint64_t ptr, uint64_t size, int max, rmaw_ipc_seg* segs, int* n, char* err,
+                           size_t errlen) {
   *n = 0;
   if (!ipc_ready()) return rmaw_fail(err, errlen, "the driver lacks the cuMem IPC calls");
   CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
@@ -695,7 +695,7 @@ static int cuda_ipc_export(uintptr_t ctx, uint64_t ptr, uint64_t size, int max, 
     const char* what = NULL;
     if (*n == max) what = "too many allocations";
     else if ((r = cu.memGetAddressRange(&base, &len, (CUdeviceptr)p)) != 0 || base + len <= p) what = "cuMemGetAddressRange";
-    else if (*n > 0 && base != bases[*n - 1] + sizes[*n - 1]) what = "allocations not back to back";
+    else if (*n > 0 && base != segs[*n - 1].base + segs[*n - 1].size) what = "allocations not back to back";
     else if ((r = cu.memRetain(&h, (void*)(uintptr_t)base)) != 0) what = "cuMemRetainAllocationHandle (not a cuMem allocation)";
     else {
       int fd = -1;
@@ -703,15 +703,16 @@ static int cuda_ipc_export(uintptr_t ctx, uint64_t ptr, uint64_t size, int max, 
       cu.memRelease(h);
       if (r != 0 || fd < 0) what = "cuMemExportToShareableHandle (POSIX fd)";
       else {
-        fds[*n] = fd;
-        bases[*n] = base;
-        sizes[*n] = len;
+        memset(&segs[*n], 0, sizeof segs[*n]);
+        segs[*n].fd = fd;
+        segs[*n].base = base;
+        segs[*n].size = len;
         (*n)++;
         p = base + len;
         continue;
       }
     }
-    for (int i = 0; i < *n; i++) close(fds[i]);
+    for (int i = 0; i < *n; i++) close(segs[i].fd);
     int k = *n;
     *n = 0;
     return rmaw_fail(err, errlen, "export of allocation %d: %s%s%s", k, what, r ? ": " : "", r ? errstr(r) : "");
@@ -742,38 +743,48 @@ static int cuda_ipc_unmap(uintptr_t ctx, uint64_t va, int n, const uint64_t* siz
   return 0;
 }
 
-static int cuda_ipc_import(uintptr_t ctx, int n, const int* fds, const uint64_t* offs, const uint64_t* sizes,
-                           uint64_t span, uint64_t* va, char* err, size_t errlen) {
+static int cuda_ipc_import(uintptr_t ctx, int n, const rmaw_ipc_seg* segs, uint64_t* va, char* err, size_t errlen) {
   *va = 0;
   if (!ipc_ready()) return rmaw_fail(err, errlen, "the driver lacks the cuMem IPC calls");
   CUdevice dev = 0;
   CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
   if (r == 0) r = cu.ctxGetDevice(&dev);
   if (r != 0) return rmaw_fail(err, errlen, "the context's device: %s", errstr(r));
+  uint64_t span = 0;
+  for (int i = 0; i < n; i++) {
+    if (segs[i].fd < 0) return rmaw_fail(err, errlen, "segment %d has no POSIX fd", i);
+    span += segs[i].size;
+  }
   CUdeviceptr base = 0;
   if ((r = cu.addressReserve(&base, (size_t)span, 0, 0, 0)) != 0)
     return rmaw_fail(err, errlen, "cuMemAddressReserve of %llu bytes: %s", (unsigned long long)span, errstr(r));
   int mapped = 0;
+  uint64_t off = 0;
   const char* what = NULL;
   for (; mapped < n; mapped++) {
     unsigned long long h = 0;
-    if ((r = cu.memImport(&h, (void*)(uintptr_t)fds[mapped], HANDLE_POSIX_FD)) != 0) {
+    if ((r = cu.memImport(&h, (void*)(uintptr_t)segs[mapped].fd, HANDLE_POSIX_FD)) != 0) {
       what = "cuMemImportFromShareableHandle";
       break;
     }
-    r = cu.memMap(base + offs[mapped], (size_t)sizes[mapped], 0, h, 0);
+    r = cu.memMap(base + off, (size_t)segs[mapped].size, 0, h, 0);
     cu.memRelease(h); /* the mapping holds the memory now */
     if (r != 0) {
       what = "cuMemMap";
       break;
     }
+    off += segs[mapped].size;
   }
   if (!what) {
     accessDesc a = {LOC_DEVICE, dev, ACCESS_RW};
     if ((r = cu.memSetAccess(base, (size_t)span, &a, 1)) != 0) what = "cuMemSetAccess";
   }
   if (what) {
-    for (int i = 0; i < mapped; i++) cu.memUnmap(base + offs[i], (size_t)sizes[i]);
+    off = 0;
+    for (int i = 0; i < mapped; i++) {
+      cu.memUnmap(base + off, (size_t)segs[i].size);
+      off += segs[i].size;
+    }
     cu.addressFree(base, (size_t)span);
     return rmaw_fail(err, errlen, "import of allocation %d of %d: %s: %s", mapped, n, what, errstr(r));
   }

@@ -79,15 +79,15 @@ static int devrt_copy_dtod_async(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_
   if (!o->copy_dtod_async) return 1;
   return o->copy_dtod_async(ctx, dst, src, n, err, errlen);
 }
-static int devrt_ipc_export(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t ptr, uint64_t size, int max, int* fds,
-                            uint64_t* bases, uint64_t* sizes, int* n, char* err, size_t errlen) {
+static int devrt_ipc_export(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t ptr, uint64_t size, int max,
+                            rmaw_ipc_seg* segs, int* n, char* err, size_t errlen) {
   if (!o->ipc_export) return 1;
-  return o->ipc_export(ctx, ptr, size, max, fds, bases, sizes, n, err, errlen);
+  return o->ipc_export(ctx, ptr, size, max, segs, n, err, errlen);
 }
-static int devrt_ipc_import(const rmaw_devrt_ops* o, uintptr_t ctx, int n, const int* fds, const uint64_t* offs,
-                            const uint64_t* sizes, uint64_t span, uint64_t* va, char* err, size_t errlen) {
+static int devrt_ipc_import(const rmaw_devrt_ops* o, uintptr_t ctx, int n, const rmaw_ipc_seg* segs, uint64_t* va,
+                            char* err, size_t errlen) {
   if (!o->ipc_import) return 1;
-  return o->ipc_import(ctx, n, fds, offs, sizes, span, va, err, errlen);
+  return o->ipc_import(ctx, n, segs, va, err, errlen);
 }
 static int devrt_ipc_unmap(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t va, int n, const uint64_t* sizes, char* err,
                            size_t errlen) {
@@ -329,22 +329,25 @@ func (r Runtime[T]) Sync(ctx uintptr) error {
 // IPCExport exports the allocations under [ptr, ptr+size) for another
 // process of the host (devmem.IPCSharer).
 func (r Runtime[T]) IPCExport(ctx, ptr uintptr, size uint64) ([]devmem.Segment, error) {
-	var fds [devmem.MaxSegments]C.int
-	var bases, sizes [devmem.MaxSegments]C.uint64_t
+	var segs [devmem.MaxSegments]C.rmaw_ipc_seg
 	var n C.int
 	var buf errBuf
-	switch C.devrt_ipc_export(r.ops(), C.uintptr_t(ctx), C.uint64_t(ptr), C.uint64_t(size), devmem.MaxSegments, &fds[0], &bases[0], &sizes[0], &n, &buf[0], C.size_t(len(buf))) {
+	switch C.devrt_ipc_export(r.ops(), C.uintptr_t(ctx), C.uint64_t(ptr), C.uint64_t(size), devmem.MaxSegments, &segs[0], &n, &buf[0], C.size_t(len(buf))) {
 	case 0:
 	case 1:
 		return nil, devmem.ErrUnsupported
 	default:
 		return nil, buf.err()
 	}
-	segs := make([]devmem.Segment, n)
-	for i := range segs {
-		segs[i] = devmem.Segment{Fd: int(fds[i]), Base: uint64(bases[i]), Size: uint64(sizes[i])}
+	out := make([]devmem.Segment, n)
+	for i := range out {
+		s := &segs[i]
+		out[i] = devmem.Segment{Fd: int(s.fd), Base: uint64(s.base), Size: uint64(s.size)}
+		for j := range out[i].Handle {
+			out[i].Handle[j] = byte(s.handle[j])
+		}
 	}
-	return segs, nil
+	return out, nil
 }
 
 // IPCImport maps segments another process exported, back to back, and
@@ -353,16 +356,16 @@ func (r Runtime[T]) IPCImport(ctx uintptr, segs []devmem.Segment) (uintptr, erro
 	if len(segs) == 0 || len(segs) > devmem.MaxSegments {
 		return 0, errors.New("IPC import: no segments, or too many")
 	}
-	var fds [devmem.MaxSegments]C.int
-	var offs, sizes [devmem.MaxSegments]C.uint64_t
-	span := uint64(0)
+	var cs [devmem.MaxSegments]C.rmaw_ipc_seg
 	for i, s := range segs {
-		fds[i], offs[i], sizes[i] = C.int(s.Fd), C.uint64_t(span), C.uint64_t(s.Size)
-		span += s.Size
+		cs[i].fd, cs[i].base, cs[i].size = C.int(s.Fd), C.uint64_t(s.Base), C.uint64_t(s.Size)
+		for j := range s.Handle {
+			cs[i].handle[j] = C.uchar(s.Handle[j])
+		}
 	}
 	var va C.uint64_t
 	var buf errBuf
-	switch C.devrt_ipc_import(r.ops(), C.uintptr_t(ctx), C.int(len(segs)), &fds[0], &offs[0], &sizes[0], C.uint64_t(span), &va, &buf[0], C.size_t(len(buf))) {
+	switch C.devrt_ipc_import(r.ops(), C.uintptr_t(ctx), C.int(len(segs)), &cs[0], &va, &buf[0], C.size_t(len(buf))) {
 	case 0:
 		return uintptr(va), nil
 	case 1:

@@ -38,6 +38,13 @@ static inline int rmaw_pool_take(pthread_mutex_t* mu, unsigned* next, int n) {
   return i;
 }
 
+/* One allocation shared with another process (ipc_export). */
+typedef struct {
+  int fd; /* -1: the handle bytes name it */
+  uint64_t base, size;
+  unsigned char handle[64];
+} rmaw_ipc_seg;
+
 typedef struct rmaw_devrt_ops {
   /* inspect accepts [ptr, ptr+size) when it is device memory of one
    * device, and returns the context its copies run in. */
@@ -88,18 +95,18 @@ typedef struct rmaw_devrt_ops {
   int (*copy_dtod_async)(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err, size_t errlen);
 
   /* Sharing device memory with another process of the host (IPC; NULL
-   * where the runtime has none). ipc_export exports the allocations that
-   * cover [ptr, ptr+size), at most max of them, back to back: segment i
-   * starts at bases[i], is sizes[i] bytes, and fds[i] is its shareable
-   * handle (a POSIX fd the caller closes); *n is how many. ipc_import
-   * maps n such segments, back to back from offs[i] (offs[0] is 0), into
-   * one new reservation of span bytes, readable and writable by ctx's
-   * device, and returns its address in *va; the fds stay the caller's.
-   * ipc_unmap undoes it: the n segments of sizes[], back to back from va. */
-  int (*ipc_export)(uintptr_t ctx, uint64_t ptr, uint64_t size, int max, int* fds, uint64_t* bases, uint64_t* sizes,
-                    int* n, char* err, size_t errlen);
-  int (*ipc_import)(uintptr_t ctx, int n, const int* fds, const uint64_t* offs, const uint64_t* sizes, uint64_t span,
-                    uint64_t* va, char* err, size_t errlen);
+   * where the runtime has none). ipc_export describes the allocations
+   * that cover [ptr, ptr+size), at most max of them, back to back, in
+   * segs[0..*n): each one's address in this process, its size, and its
+   * shareable handle: a POSIX fd the caller closes (CUDA's cuMem), or fd
+   * -1 and 64 opaque bytes (HIP's hipIpcMemHandle_t, one allocation).
+   * ipc_import maps n such segments, back to back, into this process,
+   * readable and writable by ctx's device, and returns the address of the
+   * first in *va; fds stay the caller's. ipc_unmap undoes it, given the
+   * segments' sizes. */
+  int (*ipc_export)(uintptr_t ctx, uint64_t ptr, uint64_t size, int max, rmaw_ipc_seg* segs, int* n, char* err,
+                    size_t errlen);
+  int (*ipc_import)(uintptr_t ctx, int n, const rmaw_ipc_seg* segs, uint64_t* va, char* err, size_t errlen);
   int (*ipc_unmap)(uintptr_t ctx, uint64_t va, int n, const uint64_t* sizes, char* err, size_t errlen);
 } rmaw_devrt_ops;
 

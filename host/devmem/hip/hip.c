@@ -17,6 +17,10 @@
 
 typedef int hipError_t;
 typedef void* hipStream_t;
+/* hipIpcMemHandle_t: 64 opaque bytes, passed by value. */
+typedef struct {
+  unsigned char reserved[64];
+} hipIpcMemHandle;
 
 enum {
   STREAM_NON_BLOCKING = 1,
@@ -47,6 +51,11 @@ static struct {
   hipError_t (*eventRecord)(void*, hipStream_t);
   hipError_t (*eventQuery)(void*);
   hipError_t (*eventDestroy)(void*);
+  /* Optional, for IPC between the processes of a host (hip_ipc_*). */
+  hipError_t (*memGetAddressRange)(void**, size_t*, void*);
+  hipError_t (*ipcGetMemHandle)(void*, void*);
+  hipError_t (*ipcOpenMemHandle)(void**, hipIpcMemHandle, unsigned);
+  hipError_t (*ipcCloseMemHandle)(void*);
 } hip;
 
 /* hipMemoryTypeDevice: 1 before ROCm 6, 2 from ROCm 6 on (the enum was
@@ -90,6 +99,10 @@ int rmaw_hip_open(const char* lib, char* err, size_t errlen) {
   *(void**)&hip.eventRecord = dlsym(h, "hipEventRecord");
   *(void**)&hip.eventQuery = dlsym(h, "hipEventQuery");
   *(void**)&hip.eventDestroy = dlsym(h, "hipEventDestroy");
+  *(void**)&hip.memGetAddressRange = dlsym(h, "hipMemGetAddressRange");
+  *(void**)&hip.ipcGetMemHandle = dlsym(h, "hipIpcGetMemHandle");
+  *(void**)&hip.ipcOpenMemHandle = dlsym(h, "hipIpcOpenMemHandle");
+  *(void**)&hip.ipcCloseMemHandle = dlsym(h, "hipIpcCloseMemHandle");
   int v = 0;
   if (hip.runtimeGetVersion(&v) == 0 && v > 0 && v < 60000000) memtype_device = 1;
   hipError_t r = hip.init(0);
@@ -280,11 +293,59 @@ static int hip_write64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_
  * read-modify-write. */
 #define hip_add64 NULL
 
-/* No IPC on HIP yet: device operations between the processes of a host
- * keep the staged path. */
-#define hip_ipc_export NULL
-#define hip_ipc_import NULL
-#define hip_ipc_unmap NULL
+/* IPC between the processes of a host: the hipMalloc allocation under a
+ * registration travels as a hipIpcMemHandle_t, which the peer opens with
+ * lazy peer access (its device may be another one of the host). One
+ * allocation per registration: a range over several keeps the staged
+ * path. */
+enum { IPC_LAZY_PEER_ACCESS = 1 };
+
+static int hip_ipc_ready(void) {
+  return hip.memGetAddressRange && hip.ipcGetMemHandle && hip.ipcOpenMemHandle && hip.ipcCloseMemHandle;
+}
+
+static int hip_ipc_export(uintptr_t ctx, uint64_t ptr, uint64_t size, int max, rmaw_ipc_seg* segs, int* n, char* err,
+                          size_t errlen) {
+  *n = 0;
+  if (!hip_ipc_ready()) return rmaw_fail(err, errlen, "the runtime lacks the hipIpc calls");
+  if (max < 1) return rmaw_fail(err, errlen, "no room for a segment");
+  void* base = NULL;
+  size_t len = 0;
+  hipError_t r = hip.setDevice((int)ctx - 1);
+  if (r == 0) r = hip.memGetAddressRange(&base, &len, (void*)(uintptr_t)ptr);
+  if (r != 0) return rmaw_fail(err, errlen, "hipMemGetAddressRange: %s", errstr(r));
+  if (ptr + size > (uint64_t)(uintptr_t)base + len) return rmaw_fail(err, errlen, "the range spans more than one allocation");
+  memset(&segs[0], 0, sizeof segs[0]);
+  if ((r = hip.ipcGetMemHandle(segs[0].handle, base)) != 0) return rmaw_fail(err, errlen, "hipIpcGetMemHandle: %s", errstr(r));
+  segs[0].fd = -1;
+  segs[0].base = (uint64_t)(uintptr_t)base;
+  segs[0].size = len;
+  *n = 1;
+  return 0;
+}
+
+static int hip_ipc_import(uintptr_t ctx, int n, const rmaw_ipc_seg* segs, uint64_t* va, char* err, size_t errlen) {
+  *va = 0;
+  if (!hip_ipc_ready()) return rmaw_fail(err, errlen, "the runtime lacks the hipIpc calls");
+  if (n != 1 || segs[0].fd >= 0) return rmaw_fail(err, errlen, "HIP opens one allocation's handle, not %d segments", n);
+  hipIpcMemHandle h;
+  memcpy(h.reserved, segs[0].handle, sizeof h.reserved);
+  void* p = NULL;
+  hipError_t r = hip.setDevice((int)ctx - 1);
+  if (r == 0) r = hip.ipcOpenMemHandle(&p, h, IPC_LAZY_PEER_ACCESS);
+  if (r != 0) return rmaw_fail(err, errlen, "hipIpcOpenMemHandle: %s", errstr(r));
+  *va = (uint64_t)(uintptr_t)p;
+  return 0;
+}
+
+static int hip_ipc_unmap(uintptr_t ctx, uint64_t va, int n, const uint64_t* sizes, char* err, size_t errlen) {
+  (void)n, (void)sizes;
+  if (!hip_ipc_ready()) return rmaw_fail(err, errlen, "the runtime lacks the hipIpc calls");
+  hipError_t r = hip.setDevice((int)ctx - 1);
+  if (r == 0) r = hip.ipcCloseMemHandle((void*)(uintptr_t)va);
+  if (r != 0) return rmaw_fail(err, errlen, "hipIpcCloseMemHandle: %s", errstr(r));
+  return 0;
+}
 
 static int hip_copy_async(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
                           size_t errlen) {
