@@ -42,6 +42,7 @@ type intraLink struct {
 	selfs  atomic.Int64 // operations to this very rank moved by selfDevice
 	mapOn  atomic.Bool  // copies into the peer's mapped device memory work
 	mapped atomic.Int64 // operations moved through a mapping (viaMapping)
+	evs    linkEvents   // interprocess events of mapped put+signals (ipc_events.go)
 }
 
 // ShareOffer in a MsgReg's sigMrID says that its tag names the sender's
@@ -54,6 +55,11 @@ func newIntraLink(p *peer, outs, ins []*net.TCPConn, pid int) *intraLink {
 	x.mapOn.Store(true)
 	x.side = x
 	return x
+}
+
+func (x *intraLink) release() {
+	x.tcpLink.release()
+	x.evs.release()
 }
 
 func (x *intraLink) props() Props {
@@ -254,6 +260,10 @@ func (x *intraLink) viaMapping(l *lane, op *Op, put bool) sideMove {
 	var err error
 	queued := false
 	if put && op.LocalCtx != 0 && !x.strong(op) {
+		if x.queueMapped(op) {
+			x.mappedOnce()
+			return sideQueued // the target orders its signal by our event
+		}
 		queued, err = l.gather.AddCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
 	}
 	if !queued && err == nil {

@@ -97,8 +97,12 @@ type Op struct {
 	// target's device memory mapped here (intra-node IPC), reachable from
 	// MapCtx's device; the payload is copied straight into (or, for a
 	// get, out of) it.
-	Mapped   uint64
-	MapCtx   uintptr
+	Mapped uint64
+	MapCtx uintptr
+	// Event, set by the lane (1 + an index), names our interprocess event
+	// recorded after the mapped copy, which the target waits for before
+	// it applies the signal (ipc_events.go).
+	Event    uint8
 	SigOff   uint64
 	SigValue uint64 // MsgReg: the registration's fabric key
 	Seq      uint64 // set by the mesh when lanes > 1 (signal order; completion counts per lane)

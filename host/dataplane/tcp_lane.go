@@ -913,6 +913,9 @@ func (l *lane) writeBatch(ops []Op) bool {
 		if op.Msg == wire.MsgReg && op.Dev {
 			h.Status = 1
 		}
+		if op.Event != 0 {
+			h.Status = wire.StatusEvent | uint16(op.Event-1)
+		}
 		if ringed {
 			h.Status = StatusRing
 		}

@@ -344,6 +344,36 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 	return err
 }
 
+// orderMapped makes the signal sig of the put+signal h (invalid: none)
+// follow the peer's copies into our memory through a mapping: the one h
+// names by its event (wire.StatusEvent), and any whose event one of our
+// streams waits for that sig's application would not follow
+// (ipc_events.go). A header that names an event it may not is a protocol
+// error; a device that fails the wait fails the peer.
+func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) error {
+	x, _ := t.side.(*intraLink)
+	if h.Status&wire.StatusEvent == 0 || h.Typ != wire.MsgPutSignal {
+		if x == nil || !sig.Valid() || x.evs.lastEv == 0 {
+			return nil // no event pending: nothing to look up
+		}
+		return x.evs.order(0, sig.ctx, sig.host == nil && staging.SignalStreamOrdered(sig.ctx, sig.sh))
+	}
+	var ev uintptr
+	if x != nil && h.Size == 0 && h.Seq == 0 {
+		ev = x.evs.peerEvent(int(h.Status & 0xff))
+	}
+	if ev == 0 {
+		return fmt.Errorf("protocol error: rank %d ordered a put+signal by an event it never shared (status %#x, %d bytes, seq %d)", t.p.rank, h.Status, h.Size, h.Seq)
+	}
+	if !sig.Valid() {
+		return nil // refused: nothing to order
+	}
+	if err := x.evs.order(ev, sig.ctx, sig.host == nil && staging.SignalStreamOrdered(sig.ctx, sig.sh)); err != nil {
+		return fmt.Errorf("signal from rank %d: %w", t.p.rank, err)
+	}
+	return nil
+}
+
 // Span reports whether [off, off+n) lies inside a registration of size
 // bytes, without overflowing. Initiator and target check with the same rule.
 func Span(off, n, size uint64) bool { return off <= size && n <= size-off }
@@ -426,6 +456,10 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 	var add uint64
 	if h.Typ == wire.MsgPutSignal && status == abi.Success {
 		sig, add, status = p.signalTarget(h.SigMrID, h.SigOff, h.SigOp, h.SigValue)
+	}
+	if err := t.orderMapped(h, sig); err != nil {
+		sig.pin.Release()
+		return err
 	}
 	if err := p.landed(h.Seq, sig, add); err != nil {
 		return err

@@ -159,6 +159,21 @@ type IPCSharer interface {
 	IPCUnmap(ctx, va uintptr, sizes []uint64) error
 }
 
+// IPCEvents is implemented by a device whose events another process of
+// the host can wait for (CUDA's interprocess events): the target of a
+// mapped put makes its stream wait for the sender's copy, so neither
+// side's host waits for it.
+type IPCEvents interface {
+	// IPCEventNew makes an event of ctx (Streams.Record records it;
+	// Streams.FreeEvent frees it) and returns its shareable handle.
+	IPCEventNew(ctx uintptr) (ev uintptr, handle [64]byte, err error)
+	// IPCEventOpen opens another process's handle in ctx.
+	IPCEventOpen(ctx uintptr, handle [64]byte) (uintptr, error)
+	// StreamWait makes what is queued on ctx's stream from now on wait
+	// for the work before ev's latest recording.
+	StreamWait(ctx, ev uintptr) error
+}
+
 // PageSpan widens [ptr, ptr+size) to whole host pages, as DMA-BUF export
 // requires: the first page's address, the span's length and ptr's offset.
 func PageSpan(ptr uintptr, size uint64) (base uintptr, n, off uint64) {

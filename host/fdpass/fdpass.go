@@ -31,7 +31,7 @@ import (
 const MaxFds = 64
 
 // MaxPayload bounds the bytes of one answer besides its descriptors.
-const MaxPayload = 4096
+const MaxPayload = 16 << 10
 
 // Serve answers a request for key from process pid: the payload and the
 // descriptors (which Server closes once sent), or an error the requester
@@ -76,15 +76,20 @@ func Listen(name string, allow func(pid int) bool, serve Serve) (*Server, error)
 // Name is the socket's abstract name.
 func (s *Server) Name() string { return s.name }
 
-// Close stops serving and waits for the request in hand, if any.
+// Close stops serving and waits for the requests in hand.
 func (s *Server) Close() error {
 	err := s.ln.Close()
 	s.wg.Wait()
 	return err
 }
 
+// maxAnswering bounds the requests answered at once; more wait in the
+// kernel's backlog.
+const maxAnswering = 16
+
 func (s *Server) loop() {
 	defer s.wg.Done()
+	busy := make(chan struct{}, maxAnswering)
 	for {
 		c, err := s.ln.AcceptUnix()
 		if err != nil {
@@ -94,8 +99,16 @@ func (s *Server) loop() {
 			time.Sleep(10 * time.Millisecond) // out of fds, say: try again, slowly
 			continue
 		}
-		s.answer(c)
-		c.Close()
+		// Each request on its own: answering one may ask the asker's
+		// server in turn (two ranks setting up with each other at once).
+		busy <- struct{}{}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.answer(c)
+			c.Close()
+			<-busy
+		}()
 	}
 }
 

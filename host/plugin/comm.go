@@ -282,6 +282,14 @@ func (c *coll) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, dataplane.Pi
 // PeerRegistered records a peer's size, address, memory kind and share
 // offer for a registration.
 func (c *coll) PeerRegistered(peer int, r dataplane.PeerReg) {
+	if r.Share != 0 {
+		c.shares.mu.Lock()
+		if c.shares.tokens == nil {
+			c.shares.tokens = map[int]uint64{}
+		}
+		c.shares.tokens[peer] = r.Share
+		c.shares.mu.Unlock()
+	}
 	c.regs.peerRegistered(peer, r)
 }
 

@@ -33,11 +33,21 @@ import (
 
 // shares is a communicator's side of it.
 type shares struct {
-	mu    sync.Mutex
-	srv   *fdpass.Server
-	token uint64
-	said  bool // the INFO line about a failed mapping was written
+	mu     sync.Mutex
+	srv    *fdpass.Server
+	token  uint64
+	said   bool           // the INFO line about a failed mapping was written
+	tokens map[int]uint64 // each peer's server, from its offers
+	evSaid bool           // the INFO line about events was written
 }
+
+// Keys of a descriptor server: a registration id (below 2^32), or one of
+// these kinds in the high word.
+const (
+	keyOpenEvents   = 1 << 32 // | registration id: open the asker's events, in that registration's context
+	keyEventHandles = 2 << 32 // | rank: the handles of our events for that rank (the asker)
+	segEvents       = 3       // an answer's kind: event handles
+)
 
 // shareName is the abstract socket of pid's server for token.
 func shareName(pid int, token uint64) string {
@@ -102,7 +112,13 @@ func (c *coll) sharePeer(pid int) bool {
 // The answer is the segments' count and kind, then each one's address and
 // size (and, for handles, its 64 bytes); fds ride with it.
 func (c *coll) serveShare(pid int, key uint64) ([]byte, []int, error) {
-	if key > 0xffffffff {
+	switch key &^ 0xffffffff {
+	case 0:
+	case keyOpenEvents:
+		return c.serveOpenEvents(pid, uint32(key))
+	case keyEventHandles:
+		return c.serveEventHandles(pid, int(uint32(key)))
+	default:
 		return nil, nil, errors.New("no such registration")
 	}
 	base, size, ctx, pin, ok := c.Resolve(uint32(key))
@@ -141,6 +157,112 @@ func (c *coll) serveShare(pid int, key uint64) ([]byte, []int, error) {
 		}
 	}
 	return payload, fds, nil
+}
+
+// serveOpenEvents opens the events of the intra-node peer pid, which
+// orders its mapped put+signals to us by them (dataplane's
+// ipc_events.go): their handles are fetched from its server.
+func (c *coll) serveOpenEvents(pid int, id uint32) ([]byte, []int, error) {
+	r := c.rankOf(pid)
+	m := c.regs.lookup(id)
+	c.shares.mu.Lock()
+	tok := c.shares.tokens[r]
+	c.shares.mu.Unlock()
+	if r < 0 || m == nil || m.devCtx == 0 || tok == 0 {
+		return nil, nil, errors.New("no such peer or registration")
+	}
+	payload, fds, err := fdpass.Fetch(shareName(pid, tok), keyEventHandles|uint64(c.rank), pid)
+	closeFds(fds)
+	if err != nil {
+		return nil, nil, err
+	}
+	n := 0
+	if len(payload) >= 8 {
+		n = int(binary.LittleEndian.Uint32(payload))
+	}
+	if n < 1 || n > 256 || binary.LittleEndian.Uint32(payload[4:]) != segEvents || len(payload) != 8+64*n {
+		return nil, nil, fmt.Errorf("malformed event handles from rank %d", r)
+	}
+	handles := make([][64]byte, n)
+	for i := range handles {
+		copy(handles[i][:], payload[8+64*i:])
+	}
+	if err := c.mesh.OpenPeerEvents(r, m.devCtx, handles); err != nil {
+		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: the events of rank %d cannot be opened here: %v", c.rank, r, err)
+		return nil, nil, err
+	}
+	return []byte{1}, nil, nil
+}
+
+// serveEventHandles answers the handles of our events for rank, which
+// must be process pid.
+func (c *coll) serveEventHandles(pid, r int) ([]byte, []int, error) {
+	if r < 0 || r >= c.nranks || c.mesh.IntraPid(r) != pid {
+		return nil, nil, errors.New("not that rank")
+	}
+	hs := c.mesh.EventHandles(r)
+	if hs == nil {
+		return nil, nil, errors.New("no events")
+	}
+	payload := binary.LittleEndian.AppendUint32(nil, uint32(len(hs)))
+	payload = binary.LittleEndian.AppendUint32(payload, segEvents)
+	for _, h := range hs {
+		payload = append(payload, h[:]...)
+	}
+	return payload, nil, nil
+}
+
+// rankOf is the intra-node peer whose process is pid, or -1.
+func (c *coll) rankOf(pid int) int {
+	for r := 0; r < c.nranks; r++ {
+		if p := c.mesh.IntraPid(r); p != 0 && p == pid {
+			return r
+		}
+	}
+	return -1
+}
+
+// orderByEvents makes our mapped put+signals to rank r (process pid)
+// ordered by our interprocess events, once per peer: the events are made
+// in m's context and r is asked to open them. Any failure keeps the
+// host's wait for each copy (an INFO line, once).
+func (c *coll) orderByEvents(m *mr, rs *remoteRegs, r, pid int) {
+	if !config.IntraIPCEvents.Get() || c.mesh.EventsReady(r) {
+		return
+	}
+	if _, ok := devmem.Get().(devmem.IPCEvents); !ok {
+		return
+	}
+	var err error
+	if _, err = c.mesh.MakeEvents(r, m.devCtx); err == nil {
+		var p []byte
+		var fds []int
+		p, fds, err = fdpass.Fetch(shareName(pid, rs.share[r]), keyOpenEvents|uint64(m.id), pid)
+		closeFds(fds)
+		if err == nil && (len(p) != 1 || p[0] != 1) {
+			err = errors.New("malformed answer")
+		}
+	}
+	c.shares.mu.Lock()
+	first := !c.shares.evSaid
+	c.shares.evSaid = true
+	c.shares.mu.Unlock()
+	if err != nil {
+		if first {
+			logx.Info(abi.SubsysReg, "NET/wasm: rank %d: mapped put+signals to rank %d wait for their copies on the host: %v", c.rank, r, err)
+		}
+		return
+	}
+	c.mesh.SetEventsReady(r)
+	if first {
+		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: mapped put+signals to rank %d are ordered by interprocess events: no host waits for their copies", c.rank, r)
+	}
+}
+
+func closeFds(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 }
 
 // An answer's segments come as fds (CUDA) or as handles (HIP).
@@ -192,6 +314,7 @@ func (c *coll) importShares(m *mr, rs *remoteRegs) {
 			rs.mapped = make([]uintptr, c.nranks)
 		}
 		rs.mapped[r] = va
+		c.orderByEvents(m, rs, r, pid)
 	}
 }
 
@@ -202,11 +325,7 @@ func (c *coll) importShare(sh devmem.IPCSharer, m *mr, rs *remoteRegs, r, pid in
 	if err != nil {
 		return 0, err
 	}
-	defer func() {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-	}()
+	defer closeFds(fds)
 	segs, err := parseSegments(payload, fds)
 	if err != nil {
 		return 0, err

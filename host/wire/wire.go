@@ -72,6 +72,12 @@ const (
 // comes only after the sender's wait ended.
 const StatusAckNow = 1
 
+// StatusEvent on a put+signal without payload (its bytes were copied into
+// the target's memory through a mapping) says that the target must order
+// the signal after the sender's interprocess event whose index is the
+// low byte of the status (dataplane's ipc_events.go).
+const StatusEvent = 0x2000
+
 // HeaderSize is the fixed size of every message header.
 const HeaderSize = 64
 

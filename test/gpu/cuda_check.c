@@ -224,6 +224,39 @@ static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
            pat(1 - rank + 5, i));
   for (size_t i = 0; i < off; i++)
     if (host[i]) FAIL("multiseg: byte %zu before the put's range was written", i);
+  /* Small put+signals from window to window, as GIN puts from its own
+   * window: 8 B, 4 KiB and 64 KiB, each with an ADD to a word of the
+   * second segment, whose bytes must be there once it is seen. One rank
+   * puts while the other watches, then the other way, so that no copy of
+   * the watcher's own can hold its signal back by luck. (With
+   * NCCL_RMA_WASM_INTRANODE_IPC=1 each is one device copy into the mapped
+   * window, its signal ordered after it by an event or a host wait.) */
+  static const size_t small[] = {8, 4096, 65536};
+  for (size_t i = 0; i < 65536; i++) host[i] = pat(rank + 9, i);
+  CU(cu.htod(base, host, 65536)); /* our window's first 64 KiB: the source */
+  xchg(fd, &b, &c, 1);
+  for (int pass = 0; pass < 2; pass++) {
+    for (int k = 0; k < 3; k++) {
+      size_t doff = 3 * seg / 2 + (size_t)k * 65536;
+      if (rank == pass) {
+        NC(t->iputSignal(rma, 0, 0, mwin, small[k], doff, mwin, 1 - rank, win - 16, mwin, 1, NCCL_NET_SIGNAL_OP_ADD, true,
+                         0, &req));
+        wait_req(t, coll, req);
+        continue;
+      }
+      t0 = now();
+      for (v = 0; v < (uint64_t)k + 1;) {
+        CU(cu.dtoh(&v, base + win - 16, 8));
+        if (now() - t0 > 60) FAIL("multiseg: small signal %d is %llu", k, (unsigned long long)v);
+      }
+      CU(cu.dtoh(host + 65536, base + doff, small[k]));
+      for (size_t i = 0; i < small[k]; i++)
+        if (host[65536 + i] != pat(1 - rank + 9, i))
+          FAIL("multiseg: byte %zu of the %zu-byte put+signal is %u once its signal was seen, want %u", i, small[k],
+               host[65536 + i], pat(1 - rank + 9, i));
+    }
+    xchg(fd, &b, &c, 1);
+  }
   xchg(fd, &b, &c, 1);
   NC(t->deregMrSym(coll, msrc));
   NC(t->deregMrSym(coll, mwin));
@@ -233,7 +266,7 @@ static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
   CU(vmm.addressFree(base, win));
   free(host);
   printf("[rank %d] multiseg: %zu-byte put+signal across the 2 segments of a VMM window registered with %s, "
-         "verified\n", rank, n, how);
+         "verified; 8 B to 64 KiB put+signals window to window, verified\n", rank, n, how);
 }
 
 /* Small device put+signals as GIN sends them: both ranks put 8 B to

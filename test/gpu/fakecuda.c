@@ -109,7 +109,7 @@ int cuGetErrorString(int r, const char** s) { (void)r; *s = "fake CUDA error"; r
  * that a header sent before a peer's copy into our memory ran shows. */
 struct op {
   struct op* next;
-  int kind; /* 0 copy, 1 write64, 2 add64, 3 add32 (low word) */
+  int kind; /* 0 copy, 1 write64, 2 add64, 3 add32 (low word), 4 mark an interprocess event, 5 wait for one */
   void* dst;
   const void* src;
   size_t n;
@@ -324,6 +324,17 @@ static void stage_copy(int to_device, void* dst, const void* src, size_t n, cons
 int cuMemcpyHtoD_v2(unsigned long long d, const void* h, size_t n) { memcpy((void*)(uintptr_t)d, h, n); return 0; }
 int cuMemcpyDtoH_v2(void* h, unsigned long long d, size_t n) { memcpy(h, (void*)(uintptr_t)d, n); return 0; }
 static void run_op(struct op* o) {
+  if (o->kind == 4) { /* the recording reached: done = max(done, v) */
+    long* d = (long*)o->dst;
+    long cur = __atomic_load_n(d, __ATOMIC_ACQUIRE);
+    while (cur < (long)o->v && !__atomic_compare_exchange_n(d, &cur, (long)o->v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
+    return;
+  }
+  if (o->kind == 5) { /* wait until another process's stream reached recording v */
+    while (__atomic_load_n((long*)o->dst, __ATOMIC_ACQUIRE) < (long)o->v) usleep(5);
+    return;
+  }
   if (o->kind == 0) stage_copy(o->to_device, o->dst, o->src, o->n, o->host);
   else if (o->kind == 1) __atomic_store_n((uint64_t*)o->dst, o->v, __ATOMIC_SEQ_CST);
   else if (o->kind == 3) __atomic_add_fetch((uint32_t*)o->dst, (uint32_t)o->v, __ATOMIC_SEQ_CST);
@@ -477,11 +488,72 @@ int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
 struct fevent {
   struct fstream* s;
   long seq;
+  long* x; /* interprocess: {recorded, reached} in the arena both processes map */
 };
-int cuEventCreate(void** e, unsigned f) { (void)f; *e = calloc(1, sizeof(struct fevent)); return 0; }
+/* Interprocess events live in a memfd arena that cuIpcOpenEventHandle maps
+ * from the creating process (/proc/<pid>/fd/<fd>). A recording bumps the
+ * recorded count and queues a mark that sets reached; a stream waiting for
+ * the event queues a wait until reached catches up with the count read
+ * when the wait was queued. */
+#define NIPCEV 4096
+static long* arena;
+static int arenafd = -1, arenanext;
+int cuEventCreate(void** e, unsigned f) {
+  struct fevent* ev = calloc(1, sizeof(struct fevent));
+  if (f & 4) {
+    pthread_mutex_lock(&mu);
+    if (!arena) {
+      arenafd = memfd_create("fakecuda-ipcev", MFD_CLOEXEC);
+      if (arenafd < 0 || ftruncate(arenafd, NIPCEV * 2 * sizeof(long)) != 0) {
+        pthread_mutex_unlock(&mu);
+        return 2;
+      }
+      arena = mmap(NULL, NIPCEV * 2 * sizeof(long), PROT_READ | PROT_WRITE, MAP_SHARED, arenafd, 0);
+    }
+    int i = arenanext < NIPCEV ? arenanext++ : -1;
+    pthread_mutex_unlock(&mu);
+    if (i < 0 || arena == MAP_FAILED) return 2;
+    ev->x = arena + 2 * i;
+  }
+  *e = ev;
+  return 0;
+}
+typedef struct {
+  unsigned magic;
+  int pid, fd, index;
+  unsigned char pad[48];
+} ipcEvHandle;
+_Static_assert(sizeof(ipcEvHandle) == 64, "CUipcEventHandle is 64 bytes");
+int cuIpcGetEventHandle(void* h, void* e) {
+  struct fevent* ev = e;
+  if (!ev->x) return 1; /* not made with CU_EVENT_INTERPROCESS */
+  ipcEvHandle x = {.magic = 0x76656b66, .pid = getpid(), .fd = arenafd, .index = (int)((ev->x - arena) / 2)};
+  memcpy(h, &x, sizeof x);
+  return 0;
+}
+int cuIpcOpenEventHandle(void** e, ipcEvHandle h) {
+  if (h.magic != 0x76656b66 || h.pid == getpid() || h.index < 0 || h.index >= NIPCEV) return 1;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return 2;
+  long* m = mmap(NULL, NIPCEV * 2 * sizeof(long), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return 2;
+  struct fevent* ev = calloc(1, sizeof(struct fevent));
+  ev->x = m + 2 * h.index; /* the mapping stays for the process's life */
+  *e = ev;
+  return 0;
+}
 int cuEventRecord(void* e, void* stream) {
   struct fevent* ev = e;
   struct fstream* s = stream;
+  if (ev->x) {
+    static int said;
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: an interprocess event recorded\n");
+    long v = __atomic_add_fetch(&ev->x[0], 1, __ATOMIC_ACQ_REL);
+    return enqueue(s, (struct op){.kind = 4, .dst = &ev->x[1], .v = (uint64_t)v});
+  }
   pthread_mutex_lock(&s->m);
   ev->s = s;
   ev->seq = s->issued;
@@ -490,11 +562,21 @@ int cuEventRecord(void* e, void* stream) {
 }
 int cuEventQuery(void* e) {
   struct fevent* ev = e;
+  if (ev->x) return __atomic_load_n(&ev->x[1], __ATOMIC_ACQUIRE) >= __atomic_load_n(&ev->x[0], __ATOMIC_ACQUIRE) ? 0 : 600;
   if (!ev->s) return 0;
   pthread_mutex_lock(&ev->s->m);
   int done = ev->s->done >= ev->seq;
   pthread_mutex_unlock(&ev->s->m);
   return done ? 0 : 600;
+}
+int cuStreamWaitEvent(void* stream, void* e, unsigned f) {
+  (void)f;
+  struct fevent* ev = e;
+  if (!ev->x) return 1; /* the plugin waits only for interprocess events */
+  long v = __atomic_load_n(&ev->x[0], __ATOMIC_ACQUIRE);
+  static int said;
+  if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: a stream waits for another process's event\n");
+  return enqueue(stream, (struct op){.kind = 5, .dst = &ev->x[1], .v = (uint64_t)v});
 }
 int cuEventDestroy_v2(void* e) { free(e); return 0; }
 #endif

@@ -22,6 +22,10 @@ typedef unsigned long long CUdeviceptr;
 typedef void* CUcontext;
 typedef void* CUstream;
 typedef int CUdevice;
+/* CUipcEventHandle: 64 opaque bytes, passed by value. */
+typedef struct {
+  unsigned char reserved[64];
+} cuIpcEventHandle;
 
 enum {
   ATTR_CONTEXT = 1,
@@ -99,6 +103,9 @@ static struct {
   CUresult (*memMap)(CUdeviceptr, size_t, size_t, unsigned long long, unsigned long long);
   CUresult (*memUnmap)(CUdeviceptr, size_t);
   CUresult (*memSetAccess)(CUdeviceptr, size_t, const void*, size_t);
+  CUresult (*ipcGetEventHandle)(void*, void*);
+  CUresult (*ipcOpenEventHandle)(void**, cuIpcEventHandle);
+  CUresult (*streamWaitEvent)(CUstream, void*, unsigned);
 } cu;
 
 enum { MEMHOSTALLOC_PORTABLE = 1 };
@@ -252,6 +259,9 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   *(void**)&cu.memMap = dlsym(h, "cuMemMap");
   *(void**)&cu.memUnmap = dlsym(h, "cuMemUnmap");
   *(void**)&cu.memSetAccess = dlsym(h, "cuMemSetAccess");
+  *(void**)&cu.ipcGetEventHandle = dlsym(h, "cuIpcGetEventHandle");
+  *(void**)&cu.ipcOpenEventHandle = dlsym(h, "cuIpcOpenEventHandle");
+  *(void**)&cu.streamWaitEvent = dlsym(h, "cuStreamWaitEvent");
   CUresult r = cu.init(0);
   if (r != 0) return rmaw_fail(err, errlen, "cuInit: %s (%d)", errstr(r), r);
   int n = 0;
@@ -789,6 +799,45 @@ static int cuda_ipc_import(uintptr_t ctx, int n, const rmaw_ipc_seg* segs, uint6
     return rmaw_fail(err, errlen, "import of allocation %d of %d: %s: %s", mapped, n, what, errstr(r));
   }
   *va = base;
+  return 0;
+}
+
+/* Interprocess events (CU_EVENT_INTERPROCESS, which needs
+ * CU_EVENT_DISABLE_TIMING): the target of a mapped put makes its stream
+ * wait for the sender's copy instead of the sender waiting for it. */
+enum { EVENT_INTERPROCESS = 4 };
+
+static int cuda_ipc_event_new(uintptr_t ctx, uintptr_t* ev, unsigned char* handle, char* err, size_t errlen) {
+  if (!cu.ipcGetEventHandle || !cu.eventCreate) return rmaw_fail(err, errlen, "the driver lacks cuIpcGetEventHandle");
+  CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
+  void* e = NULL;
+  if (r == 0) r = cu.eventCreate(&e, EVENT_DISABLE_TIMING | EVENT_INTERPROCESS);
+  if (r != 0) return rmaw_fail(err, errlen, "cuEventCreate (interprocess): %s", errstr(r));
+  if ((r = cu.ipcGetEventHandle(handle, e)) != 0) {
+    cu.eventDestroy(e);
+    return rmaw_fail(err, errlen, "cuIpcGetEventHandle: %s", errstr(r));
+  }
+  *ev = (uintptr_t)e;
+  return 0;
+}
+
+static int cuda_ipc_event_open(uintptr_t ctx, const unsigned char* handle, uintptr_t* ev, char* err, size_t errlen) {
+  if (!cu.ipcOpenEventHandle) return rmaw_fail(err, errlen, "the driver lacks cuIpcOpenEventHandle");
+  cuIpcEventHandle h;
+  memcpy(h.reserved, handle, sizeof h.reserved);
+  void* e = NULL;
+  CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
+  if (r == 0) r = cu.ipcOpenEventHandle(&e, h);
+  if (r != 0) return rmaw_fail(err, errlen, "cuIpcOpenEventHandle: %s", errstr(r));
+  *ev = (uintptr_t)e;
+  return 0;
+}
+
+static int cuda_stream_wait(uintptr_t ctx, uintptr_t ev, char* err, size_t errlen) {
+  if (!cu.streamWaitEvent) return rmaw_fail(err, errlen, "the driver lacks cuStreamWaitEvent");
+  CTX_STREAM(e, "cuStreamWaitEvent");
+  r = cu.streamWaitEvent(e->stream, (void*)ev, 0);
+  if (r != 0) return rmaw_fail(err, errlen, "cuStreamWaitEvent: %s", errstr(r));
   return 0;
 }
 

@@ -94,6 +94,22 @@ static int devrt_ipc_unmap(const rmaw_devrt_ops* o, uintptr_t ctx, uint64_t va, 
   if (!o->ipc_unmap) return 1;
   return o->ipc_unmap(ctx, va, n, sizes, err, errlen);
 }
+#cgo noescape devrt_stream_wait
+#cgo nocallback devrt_stream_wait
+static int devrt_ipc_event_new(const rmaw_devrt_ops* o, uintptr_t ctx, uintptr_t* ev, unsigned char* handle, char* err,
+                               size_t errlen) {
+  if (!o->ipc_event_new || !o->ipc_event_open || !o->stream_wait) return 1;
+  return o->ipc_event_new(ctx, ev, handle, err, errlen);
+}
+static int devrt_ipc_event_open(const rmaw_devrt_ops* o, uintptr_t ctx, const unsigned char* handle, uintptr_t* ev,
+                                char* err, size_t errlen) {
+  if (!o->ipc_event_open) return 1;
+  return o->ipc_event_open(ctx, handle, ev, err, errlen);
+}
+static int devrt_stream_wait(const rmaw_devrt_ops* o, uintptr_t ctx, uintptr_t ev, char* err, size_t errlen) {
+  if (!o->stream_wait) return 1;
+  return o->stream_wait(ctx, ev, err, errlen);
+}
 */
 import "C"
 
@@ -385,6 +401,56 @@ func (r Runtime[T]) IPCUnmap(ctx, va uintptr, sizes []uint64) error {
 	}
 	var buf errBuf
 	switch C.devrt_ipc_unmap(r.ops(), C.uintptr_t(ctx), C.uint64_t(va), C.int(len(sizes)), &sz[0], &buf[0], C.size_t(len(buf))) {
+	case 0:
+		return nil
+	case 1:
+		return devmem.ErrUnsupported
+	}
+	return buf.err()
+}
+
+// IPCEventNew makes an event of ctx that another process of the host can
+// wait for and returns it with its 64-byte handle (devmem.IPCEvents).
+func (r Runtime[T]) IPCEventNew(ctx uintptr) (uintptr, [64]byte, error) {
+	var ev C.uintptr_t
+	var h [64]C.uchar
+	var out [64]byte
+	var buf errBuf
+	switch C.devrt_ipc_event_new(r.ops(), C.uintptr_t(ctx), &ev, &h[0], &buf[0], C.size_t(len(buf))) {
+	case 0:
+	case 1:
+		return 0, out, devmem.ErrUnsupported
+	default:
+		return 0, out, buf.err()
+	}
+	for i := range out {
+		out[i] = byte(h[i])
+	}
+	return uintptr(ev), out, nil
+}
+
+// IPCEventOpen opens another process's event handle in ctx.
+func (r Runtime[T]) IPCEventOpen(ctx uintptr, handle [64]byte) (uintptr, error) {
+	var h [64]C.uchar
+	for i := range h {
+		h[i] = C.uchar(handle[i])
+	}
+	var ev C.uintptr_t
+	var buf errBuf
+	switch C.devrt_ipc_event_open(r.ops(), C.uintptr_t(ctx), &h[0], &ev, &buf[0], C.size_t(len(buf))) {
+	case 0:
+		return uintptr(ev), nil
+	case 1:
+		return 0, devmem.ErrUnsupported
+	}
+	return 0, buf.err()
+}
+
+// StreamWait makes the work queued on ctx's stream from now on wait for
+// the work before ev's latest recording.
+func (r Runtime[T]) StreamWait(ctx, ev uintptr) error {
+	var buf errBuf
+	switch C.devrt_stream_wait(r.ops(), C.uintptr_t(ctx), C.uintptr_t(ev), &buf[0], C.size_t(len(buf))) {
 	case 0:
 		return nil
 	case 1:

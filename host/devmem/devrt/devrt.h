@@ -108,6 +108,16 @@ typedef struct rmaw_devrt_ops {
                     size_t errlen);
   int (*ipc_import)(uintptr_t ctx, int n, const rmaw_ipc_seg* segs, uint64_t* va, char* err, size_t errlen);
   int (*ipc_unmap)(uintptr_t ctx, uint64_t va, int n, const uint64_t* sizes, char* err, size_t errlen);
+  /* Events another process of the host can wait for (NULL where the
+   * runtime has none). ipc_event_new makes one in ctx, recordable with
+   * event_record, and writes its 64-byte shareable handle; ipc_event_open
+   * opens a handle from another process in ctx; stream_wait makes the work
+   * queued on ctx's stream from now on wait until the work before ev's
+   * latest recording (in whichever process) executed. event_query and
+   * event_destroy serve both kinds. */
+  int (*ipc_event_new)(uintptr_t ctx, uintptr_t* ev, unsigned char* handle, char* err, size_t errlen);
+  int (*ipc_event_open)(uintptr_t ctx, const unsigned char* handle, uintptr_t* ev, char* err, size_t errlen);
+  int (*stream_wait)(uintptr_t ctx, uintptr_t ev, char* err, size_t errlen);
 } rmaw_devrt_ops;
 
 enum {
@@ -120,7 +130,8 @@ enum {
 /* RMAW_DEVRT_OPS(p) is the table of the functions p_inspect, p_copy,
  * p_host_alloc, p_host_free, p_host_register, p_host_unregister,
  * p_copy_dtod, p_export_dmabuf, the stream-ordered p_caps ... p_copy_dtod_async and
- * p_ipc_export, p_ipc_import, p_ipc_unmap, which a runtime's C file defines (a name #defined to NULL where it has none). */
+ * p_ipc_export, p_ipc_import, p_ipc_unmap, p_ipc_event_new, p_ipc_event_open and p_stream_wait,
+ * which a runtime's C file defines (a name #defined to NULL where it has none). */
 #define RMAW_DEVRT_OPS(p)                                                                   \
   {                                                                                         \
     .inspect = p##_inspect, .copy = p##_copy, .host_alloc = p##_host_alloc,                 \
@@ -132,6 +143,8 @@ enum {
     .event_destroy = p##_event_destroy, .stream_sync = p##_stream_sync,                     \
     .copy_dtod_async = p##_copy_dtod_async, .ipc_export = p##_ipc_export,                   \
     .ipc_import = p##_ipc_import, .ipc_unmap = p##_ipc_unmap,                               \
+    .ipc_event_new = p##_ipc_event_new, .ipc_event_open = p##_ipc_event_open,               \
+    .stream_wait = p##_stream_wait,                                                         \
   }
 
 #endif

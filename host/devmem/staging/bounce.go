@@ -351,6 +351,25 @@ func CopySelfAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64) (bo
 	if !selfAsync.Load() {
 		return false, nil
 	}
+	return copyQueued(ctx, dst, src, n, c, tag, 0)
+}
+
+// CopyMappedAsync is CopySelfAsync for a put into a peer's device memory
+// mapped into this process (SPEC.md §4, "Device windows mapped"), of at
+// most a bounce slot: after the copy it also records ev, an interprocess
+// event the target's stream waits for before it applies the signal, so
+// that neither host waits for the copy. c.Complete(tag, ...) once the copy
+// executed.
+func CopyMappedAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ev uintptr) (bool, error) {
+	if n > bounceSize.Load() || ev == 0 {
+		return false, nil
+	}
+	return copyQueued(ctx, dst, src, n, c, tag, ev)
+}
+
+// copyQueued queues the copy, then records ipc (when not 0), then a
+// slot's event that completes tag.
+func copyQueued(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ipc uintptr) (bool, error) {
 	ac, q, err := dtodQueue(ctx, n)
 	if q == nil {
 		return false, err
@@ -364,6 +383,13 @@ func CopySelfAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64) (bo
 	i := bits.TrailingZeros32(q.free)
 	if ok, err := queueDtoD(ac, ctx, dst, src, n); !ok {
 		return false, err
+	}
+	if ipc != 0 {
+		if err := q.st.Record(q.ctx, &ipc); err != nil {
+			// The copy is queued and the target cannot wait for it:
+			// the caller copies again and waits (the same bytes).
+			return false, fmt.Errorf("record the event of a mapped copy: %w", err)
+		}
 	}
 	if err := q.st.Record(q.ctx, &q.ev[i]); err != nil {
 		// Queued and not watchable: wait for it here.

@@ -2,7 +2,9 @@ package staging
 
 import (
 	"fmt"
+	"runtime"
 	"sync/atomic"
+	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 )
@@ -140,4 +142,63 @@ func (s *Shadow) Compare(ctx uintptr, fn func(i int, host, dev uint64)) error {
 		}
 	}
 	return nil
+}
+
+// SignalStreamOrdered reports whether AddSignal applies a signal to the
+// device word of ctx (sh its never-reset shadow, or nil) on ctx's stream,
+// after the work queued there: a target's stream can then wait for a
+// peer's event instead of its host (AfterPeerEvent).
+func SignalStreamOrdered(ctx uintptr, sh *Shadow) bool {
+	d := devmem.Get()
+	st, ok := d.(devmem.Streams)
+	if !ok || ctx == 0 {
+		return false
+	}
+	if sh != nil && st.Caps(ctx)&devmem.CapWriteWord != 0 {
+		return true // the shadow's write
+	}
+	// GDRCopy, tried first, writes from the host.
+	_, gdr := d.(devmem.WordAdder)
+	return !gdr && queuedAdd(st, ctx) != 0
+}
+
+// peerEventTimeout bounds a host wait for a peer's event: its copy runs
+// on a device of this host, so only a failed device outlasts it.
+var peerEventTimeout = 30 * time.Second
+
+// AfterPeerEvent makes what follows wait for the work before ev's latest
+// recording, ev an event another process recorded after its copy into our
+// memory (IPCEvents): on ctx's stream when the signal that follows goes
+// there (stream true), else on this host, watching the event.
+func AfterPeerEvent(ctx, ev uintptr, stream bool) error {
+	d := devmem.Get()
+	ie, ok := d.(devmem.IPCEvents)
+	st, ok2 := d.(devmem.Streams)
+	if !ok || !ok2 {
+		return ErrNoDevice
+	}
+	if stream {
+		if err := ie.StreamWait(ctx, ev); err != nil {
+			return fmt.Errorf("wait for a peer's copy on the stream: %w", err)
+		}
+		return nil
+	}
+	deadline := time.Now().Add(peerEventTimeout)
+	for spin := 0; ; spin++ {
+		done, err := st.Passed(ctx, ev)
+		if err != nil {
+			return fmt.Errorf("a peer's copy into this memory: %w", err)
+		}
+		if done {
+			return nil
+		}
+		if spin > 200 {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("a peer's copy into this memory did not finish in %s", peerEventTimeout)
+			}
+			time.Sleep(10 * time.Microsecond)
+		} else {
+			runtime.Gosched()
+		}
+	}
 }

@@ -1,0 +1,231 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// Interprocess events of mapped put+signals (SPEC.md §4, "Device windows
+// mapped"). A put+signal into a peer's mapped window queues its copy and
+// records one of our events for that peer after it, then sends its header
+// at once, marked with the event (wire.StatusEvent, its index in the low
+// byte). The target makes the stream its signal write goes to wait for
+// that event (or, for a signal it applies from the host, waits for it
+// there), so neither host waits for the copy. The request completes when
+// the target acknowledged it and our copy executed. Events are made and
+// exchanged at registration (host/plugin's share.go), and used only once
+// the peer said it opened ours.
+
+// nLinkEvents is how many events a link cycles through. Reusing one
+// before the target waited for its last recording only makes the target
+// wait for a later point of the same stream, never an earlier one.
+const nLinkEvents = 64
+
+// linkEvents is an intra-node link's events, both ways.
+type linkEvents struct {
+	mu      sync.Mutex
+	ctx     uintptr     // the context ours were made in (and record in)
+	own     []uintptr   // ours
+	handles [][64]byte  // ours, shareable
+	ready   atomic.Bool // the peer opened ours
+	next    int         // the next of ours to record (the lane's writer only)
+
+	peerCtx uintptr                   // the context the peer's were opened in
+	peer    atomic.Pointer[[]uintptr] // the peer's, opened here
+	// lastEv is the peer's event a stream of ours last waited for (on
+	// lastCtx's stream), 0 once a host wait covered it: a later signal
+	// from the peer applied elsewhere waits for it first (reader only).
+	lastEv, lastCtx uintptr
+}
+
+var errNoIntra = errors.New("not a peer on this host's intra-node path")
+
+func (m *Mesh) intra(rank int) (*intraLink, error) {
+	if rank < 0 || rank >= len(m.peers) || rank == m.rank {
+		return nil, errNoIntra
+	}
+	x, ok := m.peers[rank].t.(*intraLink)
+	if !ok {
+		return nil, errNoIntra
+	}
+	return x, nil
+}
+
+// MakeEvents makes, once, the events our mapped put+signals to rank
+// record (in ctx) and returns their handles.
+func (m *Mesh) MakeEvents(rank int, ctx uintptr) ([][64]byte, error) {
+	x, err := m.intra(rank)
+	if err != nil {
+		return nil, err
+	}
+	e := &x.evs
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.own != nil {
+		return e.handles, nil
+	}
+	ie, ok := devmem.Get().(devmem.IPCEvents)
+	if !ok {
+		return nil, devmem.ErrUnsupported
+	}
+	own := make([]uintptr, 0, nLinkEvents)
+	handles := make([][64]byte, 0, nLinkEvents)
+	for len(own) < nLinkEvents {
+		ev, h, err := ie.IPCEventNew(ctx)
+		if err != nil {
+			freeEvents(ctx, own)
+			return nil, fmt.Errorf("interprocess event for rank %d: %w", rank, err)
+		}
+		own, handles = append(own, ev), append(handles, h)
+	}
+	e.ctx, e.own, e.handles = ctx, own, handles
+	return handles, nil
+}
+
+// EventHandles returns the handles of the events MakeEvents made for
+// rank, or nil.
+func (m *Mesh) EventHandles(rank int) [][64]byte {
+	x, err := m.intra(rank)
+	if err != nil {
+		return nil
+	}
+	x.evs.mu.Lock()
+	defer x.evs.mu.Unlock()
+	return x.evs.handles
+}
+
+// SetEventsReady records that rank opened our events: our mapped
+// put+signals to it may use them from now on.
+func (m *Mesh) SetEventsReady(rank int) {
+	if x, err := m.intra(rank); err == nil {
+		x.evs.mu.Lock()
+		ok := x.evs.own != nil
+		x.evs.mu.Unlock()
+		x.evs.ready.Store(ok)
+	}
+}
+
+// EventsReady reports whether rank opened our events.
+func (m *Mesh) EventsReady(rank int) bool {
+	x, err := m.intra(rank)
+	return err == nil && x.evs.ready.Load()
+}
+
+// OpenPeerEvents opens rank's event handles in ctx, once: the events its
+// mapped put+signals to us record.
+func (m *Mesh) OpenPeerEvents(rank int, ctx uintptr, handles [][64]byte) error {
+	x, err := m.intra(rank)
+	if err != nil {
+		return err
+	}
+	if len(handles) == 0 || len(handles) > 256 {
+		return fmt.Errorf("%d event handles from rank %d", len(handles), rank)
+	}
+	ie, ok := devmem.Get().(devmem.IPCEvents)
+	if !ok {
+		return devmem.ErrUnsupported
+	}
+	e := &x.evs
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.peer.Load() != nil {
+		return nil
+	}
+	evs := make([]uintptr, 0, len(handles))
+	for _, h := range handles {
+		ev, err := ie.IPCEventOpen(ctx, h)
+		if err != nil {
+			freeEvents(ctx, evs)
+			return fmt.Errorf("open an event of rank %d: %w", rank, err)
+		}
+		evs = append(evs, ev)
+	}
+	e.peerCtx = ctx
+	e.peer.Store(&evs)
+	return nil
+}
+
+// release frees both ways' events (the mesh is closed).
+func (e *linkEvents) release() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.ready.Store(false)
+	freeEvents(e.ctx, e.own)
+	e.own, e.handles = nil, nil
+	if p := e.peer.Swap(nil); p != nil {
+		freeEvents(e.peerCtx, *p)
+	}
+}
+
+func freeEvents(ctx uintptr, evs []uintptr) {
+	if st, ok := devmem.Get().(devmem.Streams); ok {
+		for _, ev := range evs {
+			st.FreeEvent(ctx, ev)
+		}
+	}
+}
+
+// queueMapped queues op's copy into the peer's mapped memory and records
+// our next event after it (sender side), for a put+signal the target can
+// order by that event. false: the lane's other ways.
+func (x *intraLink) queueMapped(op *Op) bool {
+	e := &x.evs
+	po, ok := x.p.m.owner.(PartOwner)
+	if !ok || !e.ready.Load() || op.Msg != wire.MsgPutSignal || op.Seq != 0 || op.LocalCtx == 0 || op.LocalCtx != e.ctx {
+		return false
+	}
+	k := e.next
+	po.AddPart(op.Tag) // the copy's part; given back below when nothing was queued
+	ok, err := staging.CopyMappedAsync(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size, x.p.m.owner, op.Tag, e.own[k])
+	if !ok {
+		x.p.m.owner.Complete(op.Tag, abi.Success)
+		if err != nil {
+			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: a mapped put+signal could not be ordered by an event: %v; waiting for its copy instead", x.p.rank, err)
+		}
+		return false
+	}
+	e.next = (k + 1) % len(e.own)
+	op.Event = uint8(k + 1)
+	return true
+}
+
+// peerEvent is the peer's event i, or 0.
+func (e *linkEvents) peerEvent(i int) uintptr {
+	p := e.peer.Load()
+	if p == nil || i < 0 || i >= len(*p) {
+		return 0
+	}
+	return (*p)[i]
+}
+
+// order makes a signal from the peer follow its mapped copies (target
+// side, the stream's reader): ev, when not 0, is the event the signal's
+// header named; ctx and stream say where the signal is applied (on ctx's
+// stream when stream, else from the host). An event waited for on a
+// stream is remembered, so that a later signal applied anywhere else
+// waits for it too.
+func (e *linkEvents) order(ev, ctx uintptr, stream bool) error {
+	if ev == 0 {
+		if e.lastEv == 0 || (stream && ctx == e.lastCtx) {
+			return nil // nothing pending, or the same stream keeps the order
+		}
+		ev, e.lastEv = e.lastEv, 0
+		return staging.AfterPeerEvent(e.lastCtx, ev, false)
+	}
+	if err := staging.AfterPeerEvent(ctx, ev, stream); err != nil {
+		return err
+	}
+	if stream {
+		e.lastEv, e.lastCtx = ev, ctx
+	} else {
+		e.lastEv = 0
+	}
+	return nil
+}
