@@ -61,3 +61,34 @@ func TestSequenceBeyondWindowDropsPeer(t *testing.T) {
 		t.Fatal("the initiator's sticky error was not set")
 	}
 }
+
+// TestUnsharedEventDropsPeer: a put+signal whose header orders it by an
+// interprocess event the sender never shared (wire.StatusEvent) is a
+// protocol error: the target drops the peer with a WARN, and applies
+// nothing.
+func TestUnsharedEventDropsPeer(t *testing.T) {
+	got := warnings(t)
+	ms, owners := mesh2(t, false)
+	var b [wire.HeaderSize]byte
+	h := wire.Header{Typ: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpAdd, SigValue: 1, Status: wire.StatusEvent | 3}
+	h.Encode(b[:])
+	if _, err := ms[0].peers[1].t.(*tcpLink).lanes[0].out.Write(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the target to drop the peer", func() bool {
+		owners[1].mu.Lock()
+		defer owners[1].mu.Unlock()
+		for _, e := range owners[1].failed {
+			if strings.Contains(e.Error(), "by an event it never shared") {
+				return true
+			}
+		}
+		return false
+	})
+	if countMatching(got(), "by an event it never shared") == 0 {
+		t.Fatalf("no WARN for the violation: %q", got())
+	}
+	if w := *(*uint64)(unsafe.Pointer(&owners[1].mem[0])); w != 0 {
+		t.Fatalf("the signal word was updated to %d", w)
+	}
+}

@@ -363,7 +363,9 @@ func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) error {
 		ev = x.evs.peerEvent(int(h.Status & 0xff))
 	}
 	if ev == 0 {
-		return fmt.Errorf("protocol error: rank %d ordered a put+signal by an event it never shared (status %#x, %d bytes, seq %d)", t.p.rank, h.Status, h.Size, h.Seq)
+		err := fmt.Errorf("protocol error: rank %d ordered a put+signal by an event it never shared (status %#x, %d bytes, seq %d)", t.p.rank, h.Status, h.Size, h.Seq)
+		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
+		return err
 	}
 	if !sig.Valid() {
 		return nil // refused: nothing to order

@@ -209,8 +209,13 @@ if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --
   # Device windows mapped between the two processes (off by default until
   # measured here): each put copies straight into the peer's window. The
   # INFO line says whether the mapping was used.
+  # ipcwait-64: the same with the sender waiting for its copies (no
+  # interprocess events), to see what the events save.
+  gin_run ipcwait-64 64 "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_RMA_WASM_INTRANODE_IPC_EVENTS=0 || gin_bad=1
   for b in 64 4096 262144; do
     gin_run ipc-$b $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET || gin_bad=1
+    grep -q "ordered by interprocess events" "$OUT/gin_alltoall-ipc-$b.log" && echo "GIN-CHECK [ipc-$b] signals ordered by interprocess events" ||
+      echo "GIN-CHECK [ipc-$b] signals wait for their copies on the host"
     grep -q "mapped device memory (IPC)" "$OUT/gin_alltoall-ipc-$b.log" && echo "GIN-CHECK [ipc-$b] puts copied into the mapped peer window" ||
       { echo "GIN-CHECK [ipc-$b] the mapping was not used:"; grep -E "not mapped|not shared|IPC" "$OUT/gin_alltoall-ipc-$b.log" | head -5; }
   done
