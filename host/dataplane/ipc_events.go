@@ -36,6 +36,7 @@ type linkEvents struct {
 	handles [][64]byte  // ours, shareable
 	ready   atomic.Bool // the peer opened ours
 	next    int         // the next of ours to record (the lane's writer only)
+	closed  bool        // released: nothing is made or opened any more (under mu)
 
 	peerCtx uintptr                   // the context the peer's were opened in
 	peer    atomic.Pointer[[]uintptr] // the peer's, opened here
@@ -68,6 +69,9 @@ func (m *Mesh) MakeEvents(rank int, ctx uintptr) ([][64]byte, error) {
 	e := &x.evs
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed {
+		return nil, errNoIntra
+	}
 	if e.own != nil {
 		return e.handles, nil
 	}
@@ -106,9 +110,8 @@ func (m *Mesh) EventHandles(rank int) [][64]byte {
 func (m *Mesh) SetEventsReady(rank int) {
 	if x, err := m.intra(rank); err == nil {
 		x.evs.mu.Lock()
-		ok := x.evs.own != nil
+		x.evs.ready.Store(x.evs.own != nil && !x.evs.closed)
 		x.evs.mu.Unlock()
-		x.evs.ready.Store(ok)
 	}
 }
 
@@ -135,6 +138,9 @@ func (m *Mesh) OpenPeerEvents(rank int, ctx uintptr, handles [][64]byte) error {
 	e := &x.evs
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed {
+		return errNoIntra
+	}
 	if e.peer.Load() != nil {
 		return nil
 	}
@@ -156,6 +162,7 @@ func (m *Mesh) OpenPeerEvents(rank int, ctx uintptr, handles [][64]byte) error {
 func (e *linkEvents) release() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.closed = true
 	e.ready.Store(false)
 	freeEvents(e.ctx, e.own)
 	e.own, e.handles = nil, nil

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"unsafe"
@@ -67,10 +68,19 @@ func TestSequenceBeyondWindowDropsPeer(t *testing.T) {
 // protocol error: the target drops the peer with a WARN, and applies
 // nothing.
 func TestUnsharedEventDropsPeer(t *testing.T) {
+	for _, c := range []struct {
+		typ  uint8
+		want string
+	}{{wire.MsgPutSignal, "by an event it never shared"}, {wire.MsgPut, "a put without signal by an event"}} {
+		t.Run(fmt.Sprint("type", c.typ), func(t *testing.T) { unsharedEvent(t, c.typ, c.want) })
+	}
+}
+
+func unsharedEvent(t *testing.T, typ uint8, want string) {
 	got := warnings(t)
 	ms, owners := mesh2(t, false)
 	var b [wire.HeaderSize]byte
-	h := wire.Header{Typ: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpAdd, SigValue: 1, Status: wire.StatusEvent | 3}
+	h := wire.Header{Typ: typ, MrID: 1, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpAdd, SigValue: 1, Status: wire.StatusEvent | 3}
 	h.Encode(b[:])
 	if _, err := ms[0].peers[1].t.(*tcpLink).lanes[0].out.Write(b[:]); err != nil {
 		t.Fatal(err)
@@ -79,13 +89,13 @@ func TestUnsharedEventDropsPeer(t *testing.T) {
 		owners[1].mu.Lock()
 		defer owners[1].mu.Unlock()
 		for _, e := range owners[1].failed {
-			if strings.Contains(e.Error(), "by an event it never shared") {
+			if strings.Contains(e.Error(), want) {
 				return true
 			}
 		}
 		return false
 	})
-	if countMatching(got(), "by an event it never shared") == 0 {
+	if countMatching(got(), want) == 0 {
 		t.Fatalf("no WARN for the violation: %q", got())
 	}
 	if w := *(*uint64)(unsafe.Pointer(&owners[1].mem[0])); w != 0 {

@@ -352,6 +352,11 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 // error; a device that fails the wait fails the peer.
 func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) error {
 	x, _ := t.side.(*intraLink)
+	if h.Status&wire.StatusEvent != 0 && h.Typ == wire.MsgPut {
+		err := fmt.Errorf("protocol error: rank %d ordered a put without signal by an event (status %#x)", t.p.rank, h.Status)
+		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
+		return err
+	}
 	if h.Status&wire.StatusEvent == 0 || h.Typ != wire.MsgPutSignal {
 		if x == nil || !sig.Valid() || x.evs.lastEv == 0 {
 			return nil // no event pending: nothing to look up
@@ -368,7 +373,12 @@ func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) error {
 		return err
 	}
 	if !sig.Valid() {
-		return nil // refused: nothing to order
+		// Refused: no signal to order, but a later one from this peer
+		// must still follow this put's bytes, wherever it is applied.
+		if err := x.evs.order(ev, 0, false); err != nil {
+			return fmt.Errorf("put from rank %d: %w", t.p.rank, err)
+		}
+		return nil
 	}
 	if err := x.evs.order(ev, sig.ctx, sig.host == nil && staging.SignalStreamOrdered(sig.ctx, sig.sh)); err != nil {
 		return fmt.Errorf("signal from rank %d: %w", t.p.rank, err)

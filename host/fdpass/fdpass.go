@@ -58,7 +58,7 @@ const requestSize = 8
 
 // ioTimeout bounds one request's exchange on either side, so that a peer
 // that connects and says nothing holds nobody.
-const ioTimeout = 2 * time.Second
+const ioTimeout = 5 * time.Second
 
 // Listen opens the abstract socket name and serves it until Close; allow
 // says which processes may ask.

@@ -236,6 +236,7 @@ func CloseColl(h uint64) abi.Result {
 	for _, r := range rmas {
 		r.destroy()
 	}
+	c.stopSharing()
 	if err := c.mesh.Close(); err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: rank %d: %v (%s)", c.rank, err, config.CloseTimeout.Name)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -44,9 +45,11 @@ type shares struct {
 // Keys of a descriptor server: a registration id (below 2^32), or one of
 // these kinds in the high word.
 const (
-	keyOpenEvents   = 1 << 32 // | registration id: open the asker's events, in that registration's context
+	keyOpenEvents   = 1 << 32 // | asker's rank << 40 | registration id: open its events, in that registration's context
 	keyEventHandles = 2 << 32 // | rank: the handles of our events for that rank (the asker)
-	segEvents       = 3       // an answer's kind: event handles
+	keyKind         = 0xff << 32
+	keyRankShift    = 40 // the asker's rank in keyOpenEvents (several ranks may share a process)
+	segEvents       = 3  // an answer's kind: event handles
 )
 
 // shareName is the abstract socket of pid's server for token.
@@ -112,11 +115,11 @@ func (c *coll) sharePeer(pid int) bool {
 // The answer is the segments' count and kind, then each one's address and
 // size (and, for handles, its 64 bytes); fds ride with it.
 func (c *coll) serveShare(pid int, key uint64) ([]byte, []int, error) {
-	switch key &^ 0xffffffff {
-	case 0:
-	case keyOpenEvents:
-		return c.serveOpenEvents(pid, uint32(key))
-	case keyEventHandles:
+	switch {
+	case key&^0xffffffff == 0:
+	case key&keyKind == keyOpenEvents:
+		return c.serveOpenEvents(pid, int(key>>keyRankShift), uint32(key))
+	case key&^0xffffffff == keyEventHandles:
 		return c.serveEventHandles(pid, int(uint32(key)))
 	default:
 		return nil, nil, errors.New("no such registration")
@@ -162,14 +165,24 @@ func (c *coll) serveShare(pid int, key uint64) ([]byte, []int, error) {
 // serveOpenEvents opens the events of the intra-node peer pid, which
 // orders its mapped put+signals to us by them (dataplane's
 // ipc_events.go): their handles are fetched from its server.
-func (c *coll) serveOpenEvents(pid int, id uint32) ([]byte, []int, error) {
-	r := c.rankOf(pid)
+func (c *coll) serveOpenEvents(pid, r int, id uint32) ([]byte, []int, error) {
 	m := c.regs.lookup(id)
-	c.shares.mu.Lock()
-	tok := c.shares.tokens[r]
-	c.shares.mu.Unlock()
-	if r < 0 || m == nil || m.devCtx == 0 || tok == 0 {
+	if r < 0 || r >= c.nranks || c.mesh.IntraPid(r) != pid || m == nil || m.devCtx == 0 {
 		return nil, nil, errors.New("no such peer or registration")
+	}
+	// The asker's server is named in its MsgReg, which our service may
+	// not have read yet: it was sent before the asker's wait for ours.
+	var tok uint64
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+		c.shares.mu.Lock()
+		tok = c.shares.tokens[r]
+		c.shares.mu.Unlock()
+		if tok != 0 || time.Now().After(deadline) || c.closed.Load() {
+			break
+		}
+	}
+	if tok == 0 {
+		return nil, nil, fmt.Errorf("rank %d offered no descriptor server", r)
 	}
 	payload, fds, err := fdpass.Fetch(shareName(pid, tok), keyEventHandles|uint64(c.rank), pid)
 	closeFds(fds)
@@ -212,16 +225,6 @@ func (c *coll) serveEventHandles(pid, r int) ([]byte, []int, error) {
 	return payload, nil, nil
 }
 
-// rankOf is the intra-node peer whose process is pid, or -1.
-func (c *coll) rankOf(pid int) int {
-	for r := 0; r < c.nranks; r++ {
-		if p := c.mesh.IntraPid(r); p != 0 && p == pid {
-			return r
-		}
-	}
-	return -1
-}
-
 // orderByEvents makes our mapped put+signals to rank r (process pid)
 // ordered by our interprocess events, once per peer: the events are made
 // in m's context and r is asked to open them. Any failure keeps the
@@ -237,7 +240,7 @@ func (c *coll) orderByEvents(m *mr, rs *remoteRegs, r, pid int) {
 	if _, err = c.mesh.MakeEvents(r, m.devCtx); err == nil {
 		var p []byte
 		var fds []int
-		p, fds, err = fdpass.Fetch(shareName(pid, rs.share[r]), keyOpenEvents|uint64(m.id), pid)
+		p, fds, err = fdpass.Fetch(shareName(pid, rs.share[r]), keyOpenEvents|uint64(c.rank)<<keyRankShift|uint64(m.id), pid)
 		closeFds(fds)
 		if err == nil && (len(p) != 1 || p[0] != 1) {
 			err = errors.New("malformed answer")
@@ -409,9 +412,9 @@ func (c *coll) unmapShares(m *mr) {
 	m.maps = nil
 }
 
-// closeShares stops the server and unmaps the mappings of registrations
-// the caller never deregistered (the mesh is closed: nothing uses them).
-func (c *coll) closeShares() {
+// stopSharing stops the descriptor server (before the mesh closes: a
+// request answered later would open events nobody frees).
+func (c *coll) stopSharing() {
 	s := &c.shares
 	s.mu.Lock()
 	srv := s.srv
@@ -420,6 +423,12 @@ func (c *coll) closeShares() {
 	if srv != nil {
 		srv.Close()
 	}
+}
+
+// closeShares unmaps the mappings of registrations the caller never
+// deregistered (the mesh is closed: nothing uses them).
+func (c *coll) closeShares() {
+	c.stopSharing()
 	for _, m := range *c.regs.byID.Load() {
 		if m != nil && len(m.maps) > 0 {
 			c.unmapShares(m)
