@@ -86,18 +86,22 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// sender that did not wait for it fails the byte check).
 		// The small put+signals between the windows record an
 		// interprocess event after their copies and leave at once; the
-		// target waits for the event (from the host here: in the copy
-		// context this fake has no stream atomics, so the signal is a
-		// read-modify-write), so a signal seen before its bytes fails.
+		// target's stream waits for the event before the signal's stream
+		// atomic, so a signal seen before its bytes fails.
 		{"cuda_check_ipc", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified",
 				"device operations copy straight into its mapped device memory (IPC)", "small device put+signals: 48 of 8 B to 64 KiB",
-				"ordered by interprocess events", "fakecuda: an interprocess event recorded", "!is not mapped here"}},
-		// The same on the application's context, where the signal is a
-		// stream atomic: the target's stream waits for the sender's event.
-		{"cuda_check_ipc_stream", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_COPY_CONTEXT=0"},
+				"ordered by interprocess events", "fakecuda: an interprocess event recorded", "fakecuda: a stream waits for another process's event",
+				"!is not mapped here"}},
+		// The same on the application's context.
+		{"cuda_check_ipc_appctx", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_COPY_CONTEXT=0"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified",
 				"ordered by interprocess events", "fakecuda: a stream waits for another process's event"}},
+		// Without stream atomics the signal is a read-modify-write from
+		// the host: the target's host waits for the event instead.
+		{"cuda_check_ipc_hostsig", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_STREAM_ATOMIC=0"},
+			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified",
+				"ordered by interprocess events", "fakecuda: an interprocess event recorded", "!a stream waits for another process's event"}},
 		// Events off: the sender waits for its copies before the header
 		// leaves.
 		{"cuda_check_ipc_hostwait", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_EVENTS=0"},

@@ -23,6 +23,7 @@ static struct {
   size_t n;
   int vmm; /* made by cuMemMap: reachable from every context */
   int fdp1; /* a cuMem mapping's memfd + 1 (0: none), for IPC */
+  void* ctx; /* the context current at cuMemAlloc (which alone reaches it) */
 } allocs[MAXA];
 static int ctxobj, ctx2obj;
 /* The calling thread's current context: a second context (cuCtxCreate)
@@ -90,9 +91,19 @@ int cuMemRetainAllocationHandle(unsigned long long* h, void* p) {
   return vmm_at((uintptr_t)p) ? 0 : 1;
 }
 /* second_ok checks a device address used with the second context current. */
+/* own2 reports whether dev lies in a cuMemAlloc allocation the second
+ * context made itself (the plugin's scratch words). */
+static int own2(uintptr_t dev) {
+  pthread_mutex_lock(&mu);
+  int ok = 0;
+  for (int i = 0; i < MAXA; i++)
+    if (allocs[i].base && !allocs[i].vmm && allocs[i].ctx == &ctx2obj && dev >= allocs[i].base && dev < allocs[i].base + allocs[i].n) ok = 1;
+  pthread_mutex_unlock(&mu);
+  return ok;
+}
 static int second_ok(uintptr_t dev) {
   static int said;
-  if (current != &ctx2obj) return 1;
+  if (current != &ctx2obj || own2(dev)) return 1;
   if (vmm_at(dev)) {
     if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the plugin's second context reaches a cuMem mapping\n");
     return 1;
@@ -229,6 +240,7 @@ int cuMemAlloc_v2(unsigned long long* p, size_t n) {
       allocs[i].n = n;
       allocs[i].vmm = 0;
       allocs[i].fdp1 = 0;
+      allocs[i].ctx = current;
       break;
     }
   pthread_mutex_unlock(&mu);
