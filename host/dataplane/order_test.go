@@ -27,22 +27,7 @@ func TestSequenceBeyondWindowDropsPeer(t *testing.T) {
 	if st := waitDone(t, owners[0], 1); st != abi.Success {
 		t.Fatalf("healthy put: %v", st)
 	}
-	var b [wire.HeaderSize]byte
-	h := wire.Header{Typ: wire.MsgPut, MrID: 1, Size: 0, Seq: 1 << 40}
-	h.Encode(b[:])
-	if _, err := ms[0].peers[1].t.(*tcpLink).lanes[0].out.Write(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the target to drop the peer", func() bool {
-		owners[1].mu.Lock()
-		defer owners[1].mu.Unlock()
-		for _, e := range owners[1].failed {
-			if strings.Contains(e.Error(), "protocol violation by rank 0") && strings.Contains(e.Error(), "beyond the window") {
-				return true
-			}
-		}
-		return false
-	})
+	rawHeaderDrops(t, ms, owners, wire.Header{Typ: wire.MsgPut, MrID: 1, Size: 0, Seq: 1 << 40}, "protocol violation by rank 0", "beyond the window")
 	if countMatching(got(), "protocol violation by rank 0") == 0 {
 		t.Fatalf("no WARN for the violation: %q", got())
 	}
@@ -79,8 +64,21 @@ func TestUnsharedEventDropsPeer(t *testing.T) {
 func unsharedEvent(t *testing.T, typ uint8, want string) {
 	got := warnings(t)
 	ms, owners := mesh2(t, false)
+	rawHeaderDrops(t, ms, owners, wire.Header{Typ: typ, MrID: 1, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpAdd, SigValue: 1, Status: wire.StatusEvent | 3}, want)
+	if countMatching(got(), want) == 0 {
+		t.Fatalf("no WARN for the violation: %q", got())
+	}
+	if w := *(*uint64)(unsafe.Pointer(&owners[1].mem[0])); w != 0 {
+		t.Fatalf("the signal word was updated to %d", w)
+	}
+}
+
+// rawHeaderDrops writes h on rank 0's authenticated stream to rank 1 and
+// waits until rank 1 failed the peer with an error containing every
+// string in says.
+func rawHeaderDrops(t *testing.T, ms []*Mesh, owners []*memOwner, h wire.Header, says ...string) {
+	t.Helper()
 	var b [wire.HeaderSize]byte
-	h := wire.Header{Typ: typ, MrID: 1, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpAdd, SigValue: 1, Status: wire.StatusEvent | 3}
 	h.Encode(b[:])
 	if _, err := ms[0].peers[1].t.(*tcpLink).lanes[0].out.Write(b[:]); err != nil {
 		t.Fatal(err)
@@ -89,16 +87,14 @@ func unsharedEvent(t *testing.T, typ uint8, want string) {
 		owners[1].mu.Lock()
 		defer owners[1].mu.Unlock()
 		for _, e := range owners[1].failed {
-			if strings.Contains(e.Error(), want) {
+			all := true
+			for _, w := range says {
+				all = all && strings.Contains(e.Error(), w)
+			}
+			if all {
 				return true
 			}
 		}
 		return false
 	})
-	if countMatching(got(), want) == 0 {
-		t.Fatalf("no WARN for the violation: %q", got())
-	}
-	if w := *(*uint64)(unsafe.Pointer(&owners[1].mem[0])); w != 0 {
-		t.Fatalf("the signal word was updated to %d", w)
-	}
 }
