@@ -203,10 +203,8 @@ func (x *intraLink) selfDevice(l *lane, op *Op, put bool) sideMove {
 // queue, which the synchronous copy then reports).
 func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 	m := x.p.m
-	if put {
-		if so, ok := m.owner.(StrongOwner); ok && so.StronglyOrdered(op.MrID) {
-			return false
-		}
+	if put && x.strong(op) {
+		return false
 	}
 	acked := tellsTarget(op)
 	po, parts := m.owner.(PartOwner)
@@ -238,55 +236,62 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 
 // viaMapping moves op's payload with one device copy between our memory
 // and the peer's device memory mapped into this process (op.Mapped:
-// SPEC.md §4, "Device windows mapped"). A put from device memory is
-// queued on its context's stream with the batch's other device copies
-// (sideGathered): the lane waits for them all before it writes the
-// batch, so the header that follows (a signal, a numbered put) reaches
-// the target only once the bytes are in its memory, as the target's own
-// landing would. Anything else (a get, a host source, a strongly-ordered
-// target registration, a payload larger than a bounce slot, which would
-// hold the context's stream, no slot for the event) is copied and waited
-// for here, after the copies the batch queued before it. A failed copy turns the path off for this peer and the TCP path
-// takes the operation (the same bytes again, so a partial copy does no
-// harm).
+// SPEC.md §4, "Device windows mapped"). A put+signal from device memory
+// is queued with our event after it, which the target waits for
+// (queueMapped). Another put from device memory is queued on its
+// context's stream with the batch's other device copies (sideGathered):
+// the lane waits for them all before it writes the batch, so the header
+// that follows (a signal, a numbered put) reaches the target only once
+// the bytes are in its memory, as the target's own landing would.
+// Anything else (a get, a host source, a strongly-ordered target
+// registration, a payload larger than a bounce slot, which would hold the
+// context's stream, no slot for the event) is copied and waited for here,
+// after the copies the batch queued before it. A failed copy turns the
+// path off for this peer and the TCP path takes the operation (the same
+// bytes again, so a partial copy does no harm).
 func (x *intraLink) viaMapping(l *lane, op *Op, put bool) sideMove {
 	if op.Size == 0 || !x.mapOn.Load() {
 		return sideNo
 	}
-	ctx := op.LocalCtx
-	if ctx == 0 {
-		ctx = op.MapCtx
-	}
-	var err error
-	queued := false
 	if put && op.LocalCtx != 0 && !x.strong(op) {
 		if x.queueMapped(op) {
 			x.mappedOnce()
 			return sideQueued // the target orders its signal by our event
 		}
-		queued, err = l.gather.AddCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
+		queued, err := l.gather.AddCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
+		if err != nil {
+			return x.mapFailed(op, err)
+		}
+		if queued {
+			x.mappedOnce()
+			return sideGathered
+		}
 	}
-	if !queued && err == nil {
-		l.settle()
+	l.settle()
+	ctx := op.LocalCtx
+	if ctx == 0 {
+		ctx = op.MapCtx
 	}
-	switch {
-	case queued:
-		x.mappedOnce()
-		return sideGathered
-	case err != nil:
-	case put:
+	var err error
+	if put {
 		err = staging.CopyLocal(ctx, addrPtr(op.Mapped), op.LocalCtx, op.Local, op.Size, x.p.m.stageChunk)
-	default:
+	} else {
 		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, addrPtr(op.Mapped), op.Size, x.p.m.stageChunk)
 	}
 	if err != nil {
-		if x.mapOn.Swap(false) {
-			logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: device copy of %d bytes through the mapping of its memory failed: %v; its operations go through the staged path from now on", x.p.rank, op.Size, err)
-		}
-		return sideNo
+		return x.mapFailed(op, err)
 	}
 	x.mappedOnce()
 	return sideMoved
+}
+
+// mapFailed turns the mapping off for this peer after a failed copy (one
+// WARN): op and every later operation take the staged path.
+func (x *intraLink) mapFailed(op *Op, err error) sideMove {
+	if x.mapOn.Swap(false) {
+		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: device copy of %d bytes through the mapping of its memory failed: %v; its operations go through the staged path from now on", x.p.rank, op.Size, err)
+	}
+	return sideNo
 }
 
 // strong reports whether op's target registration is strongly ordered

@@ -184,8 +184,11 @@ func freeEvents(ctx uintptr, evs []uintptr) {
 // order by that event. false: the lane's other ways.
 func (x *intraLink) queueMapped(op *Op) bool {
 	e := &x.evs
+	if !e.ready.Load() || op.Msg != wire.MsgPutSignal || op.Seq != 0 || op.LocalCtx != e.ctx {
+		return false
+	}
 	po, ok := x.p.m.owner.(PartOwner)
-	if !ok || !e.ready.Load() || op.Msg != wire.MsgPutSignal || op.Seq != 0 || op.LocalCtx == 0 || op.LocalCtx != e.ctx {
+	if !ok {
 		return false
 	}
 	k := e.next

@@ -346,10 +346,7 @@ func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self wire.HandleInfo,
 // IntraPid is the pid of rank's process when the intra-node path carries
 // its operations (another process of this host), else 0.
 func (m *Mesh) IntraPid(rank int) int {
-	if rank < 0 || rank >= len(m.peers) || rank == m.rank {
-		return 0
-	}
-	if x, ok := m.peers[rank].t.(*intraLink); ok {
+	if x, err := m.intra(rank); err == nil {
 		return x.pid
 	}
 	return 0

@@ -58,6 +58,10 @@ type sigRef struct {
 // Valid reports whether s names a word (seqorder.Signal).
 func (s sigRef) Valid() bool { return s.host != nil || s.dev != 0 }
 
+// onStream reports whether Apply writes s on its context's stream, after
+// what is queued there.
+func (s sigRef) onStream() bool { return s.host == nil && staging.SignalStreamOrdered(s.ctx, s.sh) }
+
 // Release lets go of the signal registration's pin.
 func (s sigRef) Release() { s.pin.Release() }
 

@@ -352,23 +352,22 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 // error; a device that fails the wait fails the peer.
 func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) error {
 	x, _ := t.side.(*intraLink)
-	if h.Status&wire.StatusEvent != 0 && h.Typ == wire.MsgPut {
-		err := fmt.Errorf("protocol error: rank %d ordered a put without signal by an event (status %#x)", t.p.rank, h.Status)
-		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
-		return err
-	}
-	if h.Status&wire.StatusEvent == 0 || h.Typ != wire.MsgPutSignal {
+	if h.Status&wire.StatusEvent == 0 {
 		if x == nil || !sig.Valid() || x.evs.lastEv == 0 {
 			return nil // no event pending: nothing to look up
 		}
-		return x.evs.order(0, sig.ctx, sig.host == nil && staging.SignalStreamOrdered(sig.ctx, sig.sh))
+		return x.evs.order(0, sig.ctx, sig.onStream())
 	}
 	var ev uintptr
-	if x != nil && h.Size == 0 && h.Seq == 0 {
+	if x != nil && h.Typ == wire.MsgPutSignal && h.Size == 0 && h.Seq == 0 {
 		ev = x.evs.peerEvent(int(h.Status & 0xff))
 	}
 	if ev == 0 {
-		err := fmt.Errorf("protocol error: rank %d ordered a put+signal by an event it never shared (status %#x, %d bytes, seq %d)", t.p.rank, h.Status, h.Size, h.Seq)
+		what := "a put+signal by an event it never shared"
+		if h.Typ != wire.MsgPutSignal {
+			what = "a put without signal by an event"
+		}
+		err := fmt.Errorf("protocol error: rank %d ordered %s (status %#x, %d bytes, seq %d)", t.p.rank, what, h.Status, h.Size, h.Seq)
 		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
 		return err
 	}
@@ -380,7 +379,7 @@ func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) error {
 		}
 		return nil
 	}
-	if err := x.evs.order(ev, sig.ctx, sig.host == nil && staging.SignalStreamOrdered(sig.ctx, sig.sh)); err != nil {
+	if err := x.evs.order(ev, sig.ctx, sig.onStream()); err != nil {
 		return fmt.Errorf("signal from rank %d: %w", t.p.rank, err)
 	}
 	return nil

@@ -242,15 +242,23 @@ func (c *coll) lookupMR(mh uint64) *mr {
 	return c.regs.lookup(uint32(p))
 }
 
-// remoteAddr is the address of off in this registration in rank's process,
-// for the intra-node path, or 0 when either side is device memory (which
-// process_vm_writev cannot reach); remoteRange has already checked the range.
-func (m *mr) remoteAddr(local *mr, rank uint32, off uint64) uint64 {
+// target writes where off in rank's part of this registration is, for the
+// intra-node paths (remoteRange has already checked the range): op.Remote,
+// its address in rank's process, where neither side is device memory
+// (which process_vm_writev cannot reach); op.Mapped and op.MapCtx, its
+// address here where rank's part is mapped (share.go) and the context to
+// copy in (local's, or ours for host memory).
+func (m *mr) target(op *dataplane.Op, local *mr, rank uint32, off uint64) {
 	r := m.remote.Load()
-	if r.dev[rank] || local.devCtx != 0 {
-		return 0
+	if !r.dev[rank] && local.devCtx == 0 {
+		op.Remote = r.bases[rank] + off
 	}
-	return r.bases[rank] + off
+	if r.mapped != nil && r.mapped[rank] != 0 {
+		op.Mapped, op.MapCtx = uint64(r.mapped[rank])+off, m.devCtx
+		if local.devCtx != 0 {
+			op.MapCtx = local.devCtx
+		}
+	}
 }
 
 // awaitUnpinned waits until no target-side operation uses m any more (a

@@ -282,8 +282,8 @@ func oneSided(name, localName, remoteName string, kind backend.OpKind, msg uint8
 		return 0, res
 	}
 	op := dataplane.Op{Msg: msg, MrID: remote.id, Context: uint32(context),
-		Local: unsafe.Add(local.base, localOff), LocalMr: local.id, LocalCtx: local.devCtx, Size: size, Off: remoteOff, Remote: remote.remoteAddr(local, rank, remoteOff)}
-	op.Mapped, op.MapCtx = remote.mappedAddr(local, rank, remoteOff)
+		Local: unsafe.Add(local.base, localOff), LocalMr: local.id, LocalCtx: local.devCtx, Size: size, Off: remoteOff}
+	remote.target(&op, local, rank, remoteOff)
 	return r.issue(context, rank, kind, optFlags, 0, &op)
 }
 
@@ -318,8 +318,7 @@ func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint
 		}
 		op.MrID, op.Local, op.Size, op.Off = dst.id, unsafe.Add(src.base, srcOff), size, dstOff
 		op.LocalCtx, op.LocalMr = src.devCtx, src.id
-		op.Remote = dst.remoteAddr(src, rank, dstOff)
-		op.Mapped, op.MapCtx = dst.mappedAddr(src, rank, dstOff)
+		dst.target(&op, src, rank, dstOff)
 	}
 	return r.issue(context, rank, backend.OpPutSignal, optFlags, signalOp, &op)
 }

@@ -111,20 +111,24 @@ func (c *coll) sharePeer(pid int) bool {
 	return false
 }
 
-// serveShare exports the allocations under registration key for a peer.
-// The answer is the segments' count and kind, then each one's address and
-// size (and, for handles, its 64 bytes); fds ride with it.
+// serveShare answers a peer's request for key (fdpass.Serve).
 func (c *coll) serveShare(pid int, key uint64) ([]byte, []int, error) {
 	switch {
 	case key&^0xffffffff == 0:
+		return c.serveRegistration(pid, uint32(key))
 	case key&keyKind == keyOpenEvents:
 		return c.serveOpenEvents(pid, int(key>>keyRankShift), uint32(key))
 	case key&^0xffffffff == keyEventHandles:
 		return c.serveEventHandles(pid, int(uint32(key)))
-	default:
-		return nil, nil, errors.New("no such registration")
 	}
-	base, size, ctx, pin, ok := c.Resolve(uint32(key))
+	return nil, nil, errors.New("no such registration")
+}
+
+// serveRegistration exports the allocations under registration id for a
+// peer. The answer is the segments' count and kind, then each one's
+// address and size (and, for handles, its 64 bytes); fds ride with it.
+func (c *coll) serveRegistration(pid int, id uint32) ([]byte, []int, error) {
+	base, size, ctx, pin, ok := c.Resolve(id)
 	if !ok {
 		return nil, nil, errors.New("no such registration")
 	}
@@ -135,10 +139,10 @@ func (c *coll) serveShare(pid int, key uint64) ([]byte, []int, error) {
 	}
 	segs, err := sh.IPCExport(ctx, uintptr(base), size)
 	if err != nil {
-		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: registration %d cannot be shared with pid %d: %v", c.rank, key, pid, err)
+		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: registration %d cannot be shared with pid %d: %v", c.rank, id, pid, err)
 		return nil, nil, err
 	}
-	if m := c.regs.lookup(uint32(key)); m != nil {
+	if m := c.regs.lookup(id); m != nil {
 		// Landings into it are waited for from now on: the peer reads and
 		// writes it without us (dataplane.SharedOwner).
 		m.shared.Store(true)
@@ -434,21 +438,6 @@ func (c *coll) closeShares() {
 			c.unmapShares(m)
 		}
 	}
-}
-
-// mappedAddr is the address of off in rank's part of registration m
-// mapped into this process and the context to copy it in (local's, or
-// ours for host memory), or 0.
-func (m *mr) mappedAddr(local *mr, rank uint32, off uint64) (uint64, uintptr) {
-	r := m.remote.Load()
-	if r == nil || r.mapped == nil || r.mapped[rank] == 0 {
-		return 0, 0
-	}
-	ctx := m.devCtx
-	if local != nil && local.devCtx != 0 {
-		ctx = local.devCtx
-	}
-	return uint64(r.mapped[rank]) + off, ctx
 }
 
 // Shared reports whether registration id was handed to a peer on this

@@ -76,8 +76,9 @@ type ctxQueue struct {
 
 	mu     sync.Mutex
 	dead   bool
-	free   uint32 // bit i: slot i is free
-	held   uint32 // bit i: slot i is held
+	ipc    uintptr // CopyMappedAsync's event, while it is recorded (under mu)
+	free   uint32  // bit i: slot i is free
+	held   uint32  // bit i: slot i is held
 	ev     [bounceSlots]uintptr
 	order  [bounceSlots]uint8 // queued slots, oldest first from head
 	head   int
@@ -385,7 +386,10 @@ func copyQueued(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ipc ui
 		return false, err
 	}
 	if ipc != 0 {
-		if err := q.st.Record(q.ctx, &ipc); err != nil {
+		// Recorded through a field of q (held under q.mu): a pointer to
+		// the parameter would move it to the heap on every call.
+		q.ipc = ipc
+		if err := q.st.Record(q.ctx, &q.ipc); err != nil {
 			// The copy is queued and the target cannot wait for it:
 			// the caller copies again and waits (the same bytes).
 			return false, fmt.Errorf("record the event of a mapped copy: %w", err)
@@ -663,20 +667,9 @@ func (g *Gather) Add(ctx, src uintptr, n uint64) ([]byte, error) {
 	if q == nil || n > q.size {
 		return nil, nil
 	}
-	var h *gathered
-	if g.n > 0 && g.held[g.n-1].q == q && g.held[g.n-1].used+n <= q.size {
-		h = &g.held[g.n-1]
-	} else {
-		if g.n == gatherSlots {
-			return nil, nil
-		}
-		i, err := q.take()
-		if i < 0 {
-			return nil, err
-		}
-		g.held[g.n] = gathered{q: q, i: i}
-		h = &g.held[g.n]
-		g.n++
+	h, err := g.hold(q, n)
+	if h == nil {
+		return nil, err
 	}
 	p := unsafe.Add(q.slot(h.i), h.used)
 	if err := q.st.DtoHAsync(ctx, p, src, n); err != nil {
@@ -703,23 +696,36 @@ func (g *Gather) AddCopy(ctx, dst, src uintptr, n uint64) (bool, error) {
 	if q == nil {
 		return false, err
 	}
-	if g.n == 0 || g.held[g.n-1].q != q {
-		if g.n == gatherSlots {
-			return false, nil
-		}
-		i, err := q.take()
-		if i < 0 {
-			return false, err
-		}
-		g.held[g.n] = gathered{q: q, i: i}
-		g.n++
+	h, err := g.hold(q, 0) // for its event only
+	if h == nil {
+		return false, err
 	}
 	if ok, err := queueDtoD(ac, ctx, dst, src, n); !ok {
 		return false, err
 	}
-	g.held[g.n-1].copies = true
+	h.copies = true
 	g.waited = false
 	return true, nil
+}
+
+// hold returns the batch's slot of q with room for n more bytes: the last
+// one taken, or a new one. nil: none to be had (the batch holds
+// gatherSlots already, or q has none free), with the error of a failed
+// device if that is why.
+func (g *Gather) hold(q *ctxQueue, n uint64) (*gathered, error) {
+	if g.n > 0 && g.held[g.n-1].q == q && g.held[g.n-1].used+n <= q.size {
+		return &g.held[g.n-1], nil
+	}
+	if g.n == gatherSlots {
+		return nil, nil
+	}
+	i, err := q.take()
+	if i < 0 {
+		return nil, err
+	}
+	g.held[g.n] = gathered{q: q, i: i}
+	g.n++
+	return &g.held[g.n-1], nil
 }
 
 // Pending reports whether copies were gathered and not yet given back.

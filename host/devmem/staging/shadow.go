@@ -144,6 +144,13 @@ func (s *Shadow) Compare(ctx uintptr, fn func(i int, host, dev uint64)) error {
 	return nil
 }
 
+// shadowWrites reports whether AddSignal updates a word of ctx with sh's
+// stream-ordered write (a never-reset word, a device that writes words on
+// its stream).
+func shadowWrites(st devmem.Streams, ctx uintptr, sh *Shadow) bool {
+	return sh != nil && st != nil && st.Caps(ctx)&devmem.CapWriteWord != 0
+}
+
 // SignalStreamOrdered reports whether AddSignal applies a signal to the
 // device word of ctx (sh its never-reset shadow, or nil) on ctx's stream,
 // after the work queued there: a target's stream can then wait for a
@@ -154,8 +161,8 @@ func SignalStreamOrdered(ctx uintptr, sh *Shadow) bool {
 	if !ok || ctx == 0 {
 		return false
 	}
-	if sh != nil && st.Caps(ctx)&devmem.CapWriteWord != 0 {
-		return true // the shadow's write
+	if shadowWrites(st, ctx, sh) {
+		return true
 	}
 	// GDRCopy, tried first, writes from the host.
 	_, gdr := d.(devmem.WordAdder)

@@ -66,7 +66,7 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 	}
 	// Caps is asked only where its answer picks the path.
 	st, _ := d.(devmem.Streams)
-	if sh != nil && st != nil && st.Caps(ctx)&devmem.CapWriteWord != 0 {
+	if shadowWrites(st, ctx, sh) {
 		// The write follows the payloads queued on ctx's stream; those
 		// queued on other contexts' streams are waited for.
 		if err := fence(d, ctx); err != nil {
