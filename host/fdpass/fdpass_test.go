@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -103,5 +104,80 @@ func TestBadRequests(t *testing.T) {
 	// A server that is not the process named: nothing is asked.
 	if _, _, err := Fetch(s.Name(), 3, os.Getpid()+1); err == nil || errors.Is(err, ErrRefused) {
 		t.Fatalf("a server of another pid: %v", err)
+	}
+}
+
+// At most maxAnswering requests are served at once; the rest wait their
+// turn and are served too.
+func TestAnsweringBound(t *testing.T) {
+	var mu sync.Mutex
+	now, most := 0, 0
+	release := make(chan struct{})
+	s, err := Listen(name(t), func(int) bool { return true }, func(int, uint64) ([]byte, []int, error) {
+		mu.Lock()
+		now++
+		most = max(most, now)
+		mu.Unlock()
+		<-release
+		mu.Lock()
+		now--
+		mu.Unlock()
+		return []byte("ok"), nil, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const askers = maxAnswering + 8
+	errs := make(chan error, askers)
+	for i := 0; i < askers; i++ {
+		go func() {
+			_, _, err := Fetch(s.Name(), 1, os.Getpid())
+			errs <- err
+		}()
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n := now
+		mu.Unlock()
+		if n == maxAnswering || time.Now().After(deadline) {
+			break
+		}
+	}
+	time.Sleep(20 * time.Millisecond) // the others would have started by now
+	close(release)
+	for i := 0; i < askers; i++ {
+		if err := <-errs; err != nil {
+			t.Fatalf("asker %d: %v", i, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most != maxAnswering {
+		t.Fatalf("%d requests served at once, want %d", most, maxAnswering)
+	}
+}
+
+// An answer larger than MaxPayload, or with more than MaxFds descriptors,
+// is refused, not sent.
+func TestAnswerBounds(t *testing.T) {
+	s, err := Listen(name(t), func(int) bool { return true }, func(_ int, key uint64) ([]byte, []int, error) {
+		if key == 1 {
+			return make([]byte, MaxPayload+1), nil, nil
+		}
+		fds := make([]int, MaxFds+1)
+		for i := range fds {
+			fds[i] = memfd(t, nil)
+		}
+		return nil, fds, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, key := range []uint64{1, 2} {
+		if _, _, err := Fetch(s.Name(), key, os.Getpid()); !errors.Is(err, ErrRefused) {
+			t.Fatalf("key %d: %v, want ErrRefused", key, err)
+		}
 	}
 }
