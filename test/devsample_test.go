@@ -93,6 +93,14 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 				"device operations copy straight into its mapped device memory (IPC)", "small device put+signals: 48 of 8 B to 64 KiB",
 				"ordered by interprocess events", "fakecuda: an interprocess event recorded", "fakecuda: a stream waits for another process's event",
 				"!is not mapped here"}},
+		// Four lanes per peer: every put and signal is numbered and may
+		// travel on any lane, and the target applies signals in number
+		// order. The event a put+signal names is waited for when its
+		// signal is applied, so a signal numbered after it, on another
+		// lane, follows its bytes too.
+		{"cuda_check_ipc_lanes", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_LANES=4"},
+			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified",
+				"ordered by interprocess events", "fakecuda: an interprocess event recorded", "fakecuda: a stream waits for another process's event"}},
 		// The same on the application's context.
 		{"cuda_check_ipc_appctx", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_COPY_CONTEXT=0"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified",

@@ -31,18 +31,20 @@ const nLinkEvents = 64
 // linkEvents is an intra-node link's events, both ways.
 type linkEvents struct {
 	mu      sync.Mutex
-	ctx     uintptr     // the context ours were made in (and record in)
-	own     []uintptr   // ours
-	handles [][64]byte  // ours, shareable
-	ready   atomic.Bool // the peer opened ours
-	next    int         // the next of ours to record (the lane's writer only)
-	closed  bool        // released: nothing is made or opened any more (under mu)
+	ctx     uintptr       // the context ours were made in (and record in)
+	own     []uintptr     // ours
+	handles [][64]byte    // ours, shareable
+	ready   atomic.Bool   // the peer opened ours
+	next    atomic.Uint32 // the next of ours to record (modulo len(own); any lane's writer)
+	closed  bool          // released: nothing is made or opened any more (under mu)
 
 	peerCtx uintptr                   // the context the peer's were opened in
 	peer    atomic.Pointer[[]uintptr] // the peer's, opened here
 	// lastEv is the peer's event a stream of ours last waited for (on
 	// lastCtx's stream), 0 once a host wait covered it: a later signal
-	// from the peer applied elsewhere waits for it first (reader only).
+	// from the peer applied elsewhere waits for it first. Only whoever
+	// applies the peer's signals touches it: its one lane's reader, or
+	// with several lanes the holder of its orderer's lock (sigRef.Apply).
 	lastEv, lastCtx uintptr
 }
 
@@ -184,14 +186,16 @@ func freeEvents(ctx uintptr, evs []uintptr) {
 // order by that event. false: the lane's other ways.
 func (x *intraLink) queueMapped(op *Op) bool {
 	e := &x.evs
-	if !e.ready.Load() || op.Msg != wire.MsgPutSignal || op.Seq != 0 || op.LocalCtx != e.ctx {
+	if !e.ready.Load() || op.Msg != wire.MsgPutSignal || op.LocalCtx != e.ctx {
 		return false
 	}
 	po, ok := x.p.m.owner.(PartOwner)
 	if !ok {
 		return false
 	}
-	k := e.next
+	// Lanes may race for a slot: two copies recording one event make
+	// the target wait for the later of the two, never too little.
+	k := int(e.next.Add(1)-1) % len(e.own)
 	po.AddPart(op.Tag) // the copy's part; given back below when nothing was queued
 	ok, err := staging.CopyMappedAsync(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size, x.p.m.owner, op.Tag, e.own[k])
 	if !ok {
@@ -201,7 +205,6 @@ func (x *intraLink) queueMapped(op *Op) bool {
 		}
 		return false
 	}
-	e.next = (k + 1) % len(e.own)
 	op.Event = uint8(k + 1)
 	return true
 }

@@ -47,27 +47,43 @@ type StrongOwner interface {
 
 // sigRef is a signal word: host memory updated atomically, or a word of
 // device memory updated through the device runtime (staging.AddSignal).
+// On an intra-node link with interprocess events it also carries the
+// ordering of the peer's mapped copies (ipc_events.go), done when it is
+// applied: in sequence order, so a signal numbered after a mapped
+// put+signal that another lane carried follows that put's bytes too.
 type sigRef struct {
 	host *uint64
 	dev  uintptr
 	ctx  uintptr
 	sh   *staging.Shadow // the registration's never-reset shadow, or nil
 	pin  Pin             // the signal registration, held until the signal is applied
+	evs  *linkEvents     // the link's events, or nil: nothing to order
+	ev   uintptr         // the peer's event this put+signal named, or 0
 }
 
-// Valid reports whether s names a word (seqorder.Signal).
-func (s sigRef) Valid() bool { return s.host != nil || s.dev != 0 }
+// Valid reports whether s has something to apply (seqorder.Signal): a
+// word, or the order of a mapped put whose signal was refused.
+func (s sigRef) Valid() bool { return s.word() || s.ev != 0 }
+
+// word reports whether s names a signal word.
+func (s sigRef) word() bool { return s.host != nil || s.dev != 0 }
 
 // onStream reports whether Apply writes s on its context's stream, after
 // what is queued there.
-func (s sigRef) onStream() bool { return s.host == nil && staging.SignalStreamOrdered(s.ctx, s.sh) }
+func (s sigRef) onStream() bool { return s.dev != 0 && staging.SignalStreamOrdered(s.ctx, s.sh) }
 
 // Release lets go of the signal registration's pin.
 func (s sigRef) Release() { s.pin.Release() }
 
 // Apply adds v to the signal word, after the payload is visible.
 func (s sigRef) Apply(v uint64) error {
-	if s.host != nil {
+	if s.evs != nil {
+		if err := s.evs.order(s.ev, s.ctx, s.onStream()); err != nil {
+			return err
+		}
+	}
+	switch {
+	case s.host != nil:
 		// A device payload before it may still be queued on a stream:
 		// the host word must not say it landed before it did.
 		if err := staging.Fence(); err != nil {
@@ -75,8 +91,10 @@ func (s sigRef) Apply(v uint64) error {
 		}
 		atomic.AddUint64(s.host, v)
 		return nil
+	case s.dev != 0:
+		return staging.AddSignal(s.ctx, s.dev, v, s.sh)
 	}
-	return staging.AddSignal(s.ctx, s.dev, v, s.sh)
+	return nil // only the order of a refused signal's put
 }
 
 // devAddr is the device address a registration base stands for.

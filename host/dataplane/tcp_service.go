@@ -344,45 +344,36 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 	return err
 }
 
-// orderMapped makes the signal sig of the put+signal h (invalid: none)
-// follow the peer's copies into our memory through a mapping: the one h
-// names by its event (wire.StatusEvent), and any whose event one of our
-// streams waits for that sig's application would not follow
-// (ipc_events.go). A header that names an event it may not is a protocol
-// error; a device that fails the wait fails the peer.
-func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) error {
+// orderMapped makes the signal sig of the put+signal h follow the peer's
+// copies into our memory through a mapping: the one h names by its event
+// (wire.StatusEvent), and any whose event one of our streams waits for
+// that sig's application would not follow (ipc_events.go). It returns sig
+// carrying that order, which its Apply keeps (in sequence order, with
+// several lanes); a refused signal (sig invalid) still carries h's event,
+// so that later signals follow that put's bytes. A header that names an
+// event it may not is a protocol error.
+func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) (sigRef, error) {
 	x, _ := t.side.(*intraLink)
 	if h.Status&wire.StatusEvent == 0 {
-		if x == nil || !sig.Valid() || x.evs.lastEv == 0 {
-			return nil // no event pending: nothing to look up
+		if x != nil && sig.word() && x.evs.peer.Load() != nil {
+			sig.evs = &x.evs // an event waited for on a stream may be pending
 		}
-		return x.evs.order(0, sig.ctx, sig.onStream())
+		return sig, nil
 	}
-	var ev uintptr
-	if x != nil && h.Typ == wire.MsgPutSignal && h.Size == 0 && h.Seq == 0 {
-		ev = x.evs.peerEvent(int(h.Status & 0xff))
+	if x != nil && h.Typ == wire.MsgPutSignal && h.Size == 0 {
+		sig.ev = x.evs.peerEvent(int(h.Status & 0xff))
 	}
-	if ev == 0 {
+	if sig.ev == 0 {
 		what := "a put+signal by an event it never shared"
 		if h.Typ != wire.MsgPutSignal {
 			what = "a put without signal by an event"
 		}
 		err := fmt.Errorf("protocol error: rank %d ordered %s (status %#x, %d bytes, seq %d)", t.p.rank, what, h.Status, h.Size, h.Seq)
 		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
-		return err
+		return sig, err
 	}
-	if !sig.Valid() {
-		// Refused: no signal to order, but a later one from this peer
-		// must still follow this put's bytes, wherever it is applied.
-		if err := x.evs.order(ev, 0, false); err != nil {
-			return fmt.Errorf("put from rank %d: %w", t.p.rank, err)
-		}
-		return nil
-	}
-	if err := x.evs.order(ev, sig.ctx, sig.onStream()); err != nil {
-		return fmt.Errorf("signal from rank %d: %w", t.p.rank, err)
-	}
-	return nil
+	sig.evs = &x.evs
+	return sig, nil
 }
 
 // Span reports whether [off, off+n) lies inside a registration of size
@@ -468,7 +459,8 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 	if h.Typ == wire.MsgPutSignal && status == abi.Success {
 		sig, add, status = p.signalTarget(h.SigMrID, h.SigOff, h.SigOp, h.SigValue)
 	}
-	if err := t.orderMapped(h, sig); err != nil {
+	sig, err := t.orderMapped(h, sig)
+	if err != nil {
 		sig.pin.Release()
 		return err
 	}
