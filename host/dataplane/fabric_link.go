@@ -287,7 +287,12 @@ func (f *fabricLink) props() Props {
 }
 
 // submitCaller is submit: the libfabric link sends from its own goroutines.
-func (f *fabricLink) submitCaller(lane int, op Op, hold bool) { f.submit(lane, op, hold) }
+func (f *fabricLink) submitCaller(lane int, op Op, hold bool) bool {
+	f.submit(lane, op, hold)
+	return false
+}
+
+func (f *fabricLink) writeLone(int) {}
 
 func (f *fabricLink) submit(lane int, op Op, hold bool) {
 	if op.Msg == wire.MsgReg {

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"fmt"
 	"testing"
 	"time"
 	"unsafe"
@@ -14,8 +15,16 @@ import (
 // returns (tcpLink.post), and lands without anyone testing; a plain put,
 // and a signal posted behind queued work, wait for the caller's next test
 // (Flush) and leave with what is queued, in one writev. The send timer
-// is off (an hour), so only the poster or a Flush can write.
+// is off (an hour), so only the poster or a Flush can write. With
+// several lanes the same holds: the op is numbered under the peer's lock
+// and written after it (peer.number).
 func TestLoneSignalLeavesAtOnce(t *testing.T) {
+	for _, lanes := range []int{1, 4} {
+		t.Run(fmt.Sprintf("lanes=%d", lanes), func(t *testing.T) { testLoneSignal(t, lanes) })
+	}
+}
+
+func testLoneSignal(t *testing.T, lanes int) {
 	const size = 8
 	const sigOff = 0
 	os := newOwners(2, 4096)
@@ -26,7 +35,7 @@ func TestLoneSignalLeavesAtOnce(t *testing.T) {
 	saved, savedHold := sendDelay, holdDelay
 	sendDelay, holdDelay = time.Hour, time.Hour
 	t.Cleanup(func() { sendDelay, holdDelay = saved, savedHold })
-	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 1})
+	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20})
 	l := tcpOf(t, ms[0], 1).lanes[0]
 	post := func(i int, signal, hold bool) {
 		op := Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(i + 1), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size),

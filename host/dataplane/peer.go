@@ -71,7 +71,9 @@ func newPeer(m *Mesh, rank int) *peer {
 // one.
 func (p *peer) route(op *Op, hold bool, lane int) {
 	if p.lanes == 1 {
-		p.t.submitCaller(0, *op, hold) // no lock held: a lone signal may leave at once
+		if p.t.submitCaller(0, *op, hold) {
+			p.t.writeLone(0) // a lone signal leaves at once
+		}
 		return
 	}
 	if op.Msg == wire.MsgReg {
@@ -81,17 +83,27 @@ func (p *peer) route(op *Op, hold bool, lane int) {
 	if lane < 0 || lane >= p.lanes {
 		lane = 0
 	}
+	if lane, lone := p.number(op, hold, lane); lone {
+		p.t.writeLone(lane) // as on one lane, once the number is taken
+	}
+}
+
+// number numbers op (a get takes none) and queues it, on lane or, striped,
+// on them all; lone: the lane it went to would write it at once
+// (submitCaller), which the caller does without the lock.
+func (p *peer) number(op *Op, hold bool, lane int) (int, bool) {
 	p.seqMu.Lock()
 	defer p.seqMu.Unlock()
 	if p.striped(op) {
 		p.stripe(op, hold, lane)
-		return
+		return lane, false
 	}
 	if op.Msg != wire.MsgGet {
 		p.seq++
 		op.Seq = p.seq
 	}
-	p.t.submit(p.live(lane), *op, hold)
+	lane = p.live(lane)
+	return lane, p.t.submitCaller(lane, *op, hold)
 }
 
 // live is lane, or the next lane after it that has not failed (lane itself

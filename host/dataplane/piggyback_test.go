@@ -122,14 +122,28 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 // (wire.MsgAck) instead of travelling alone. Every request must still complete
 // only once its put arrived, every byte and signal must be there, and a
 // put the target rejects mid-way must fail, not be covered by an ack that
-// rode the other stream before its rejection was read.
+// rode the other stream before its rejection was read. With four lanes
+// and local completion no lane resends, so acks ride the answers there
+// too (the rejection is left out: a put completes once written).
 func TestPiggybackedAcks(t *testing.T) {
-	for _, intra := range []bool{false, true} {
-		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) {
+	for _, c := range []struct {
+		intra     bool
+		lanes     int
+		localComp bool
+	}{{false, 1, false}, {true, 1, false}, {false, 4, true}, {true, 4, true}} {
+		t.Run(fmt.Sprintf("intra=%v/lanes=%d", c.intra, c.lanes), func(t *testing.T) {
 			const iters = 400
-			const bad = 200 // rank 0's put at this iteration names a registration rank 1 lacks
+			bad := 200 // rank 0's put at this iteration names a registration rank 1 lacks
+			if c.localComp {
+				bad = -1
+			}
 			os := newOwners(2, 8192)
-			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
+			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: c.intra, Lanes: c.lanes, LocalCompletion: c.localComp, StripeThreshold: 1 << 20})
+			for r, m := range ms {
+				if a := tcpOf(t, m, 1-r).acks[0]; !a.piggy.Load() {
+					t.Fatalf("rank %d: acks of lane 0 do not ride the answers", r)
+				}
+			}
 			// Word 0: the signal; each put writes 8 bytes at 64+8*(i%64).
 			srcs := [2][]byte{make([]byte, 8*iters), make([]byte, 8*iters)}
 			for r := range srcs {

@@ -49,9 +49,13 @@ type transport interface {
 	// must not allocate.
 	submit(lane int, op Op, hold bool)
 	// submitCaller is submit for an operation the caller posts itself
-	// (peer.route of a one-lane peer), holding no lock: a transport may
-	// send it at once on the caller's thread (tcpLink's lone signal).
-	submitCaller(lane int, op Op, hold bool)
+	// (peer.route). true: a transport would send it at once on the
+	// caller's thread (tcpLink's lone signal), which the caller does with
+	// writeLone once it holds no lock.
+	submitCaller(lane int, op Op, hold bool) bool
+	// writeLone writes lane's queue on the caller's thread after
+	// submitCaller said so, unless the lane has work in flight by now.
+	writeLone(lane int)
 	// flush sends queued work from the caller's thread when that is cheap
 	// (test() calls it); otherwise the transport's own goroutines do.
 	flush()
