@@ -301,3 +301,164 @@ func TestAllLanesDownPeerDead(t *testing.T) {
 		t.Fatalf("the loss was not reported: %v", owners[0].failed)
 	}
 }
+
+// TestAckLaneFailover: with four lanes, the acks of rank 0's puts ride
+// rank 1's lane 0 back (piggybacked). That lane fails (a reset) while
+// rank 1 holds acks of puts that landed: from then on rank 1 sends them
+// on the acknowledged stream (acker.rehome), so every put still
+// completes, once, with success, nobody reports an error, the peer
+// lives, and later puts complete too.
+func TestAckLaneFailover(t *testing.T) {
+	for _, intra := range []bool{false, true} {
+		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) { ackLaneFailover(t, intra) })
+	}
+}
+
+func ackLaneFailover(t *testing.T, intra bool) {
+	const n, size = 16, 64
+	os := newOwners(2, 8192)
+	ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 4, StripeThreshold: 1 << 20, CloseTimeout: 5 * time.Second})
+	openLanes(t, ms[0], 1)
+	openLanes(t, ms[1], 0) // rank 1's lane 0 has lanes to fail over to
+	a := tcpOf(t, ms[1], 0).acks[0]
+	if !a.piggy.Load() {
+		t.Fatal("acks of rank 0's lane 0 do not ride rank 1's lane 0")
+	}
+	src := make([]byte, 2*n*size)
+	for i := range src {
+		src[i] = byte(i*5 + 3)
+	}
+	put := func(i int) {
+		op := Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(100 + i), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size),
+			Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size]))), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}
+		ms[0].Post(1, &op, false, 0)
+		ms[0].Flush(1)
+	}
+	a.hold.Store(true) // rank 1 acknowledges nothing until its lane 0 died
+	for i := 0; i < n; i++ {
+		put(i)
+	}
+	waitWord(t, os[1], 0, n, func() { ms[1].Flush(0) })
+	for i := 0; i < n; i++ {
+		if _, ok := os[0].status(uint64(100 + i)); ok {
+			t.Fatalf("put %d completed before rank 1 acknowledged it", i)
+		}
+	}
+	resetIn(t, ms[0], 1, 0) // rank 1's lane 0 to rank 0: both ends see it break
+	waitUntil(t, "rank 1's lane 0 to fail over", func() bool { return ms[1].peers[0].down.Load()&1 != 0 })
+	a.hold.Store(false)
+	// Nothing more arrives on the stream: the acks leave by themselves.
+	for i := 0; i < n; i++ {
+		if st := waitDone(t, os[0], uint64(100+i)); st != abi.Success {
+			t.Fatalf("put %d: %v", i, st)
+		}
+	}
+	for i := n; i < 2*n; i++ {
+		put(i) // after the failover, on rank 0's lane 0, which lives
+	}
+	waitWord(t, os[1], 0, 2*n, func() { ms[1].Flush(0) })
+	for i := n; i < 2*n; i++ {
+		if st := waitDone(t, os[0], uint64(100+i)); st != abi.Success {
+			t.Fatalf("put %d: %v", i, st)
+		}
+	}
+	if !bytes.Equal(os[1].mem[64:64+2*n*size], src) {
+		t.Fatal("a put's bytes did not land")
+	}
+	for r, o := range os {
+		o.mu.Lock()
+		failed := append([]error(nil), o.failed...)
+		o.mu.Unlock()
+		if len(failed) > 0 {
+			t.Fatalf("rank %d reported errors although one lane failed: %v", r, failed)
+		}
+	}
+	if d := ms[1].peers[0].down.Load(); d != 1 {
+		t.Fatalf("rank 1's down lanes %#b, want lane 0", d)
+	}
+	if ms[0].peers[1].dead.Load() || ms[1].peers[0].dead.Load() {
+		t.Fatal("the peer died with three lanes left")
+	}
+	for _, m := range ms {
+		if err := m.Close(); err != nil {
+			t.Fatalf("close after a failover: %v", err)
+		}
+	}
+}
+
+// TestLateAckOfMovedLane: rank 0's lane 0 fails with puts landed at rank
+// 1 and not yet acknowledged; rank 0 sends them again on another lane
+// (rank 1 drops the copies). Rank 1's acks of the old stream, which ride
+// its own lane 0 (alive), reach rank 0 after that: they are void, not a
+// protocol error, and every put completes once, with success.
+func TestLateAckOfMovedLane(t *testing.T) {
+	for _, intra := range []bool{false, true} {
+		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) { lateAckOfMovedLane(t, intra) })
+	}
+}
+
+func lateAckOfMovedLane(t *testing.T, intra bool) {
+	const n, size = 16, 64
+	os := newOwners(2, 8192)
+	ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 4, StripeThreshold: 1 << 20, CloseTimeout: 5 * time.Second})
+	openLanes(t, ms[0], 1) // rank 0's lane 0 has lanes to fail over to
+	openLanes(t, ms[1], 0)
+	a := tcpOf(t, ms[1], 0).acks[0]
+	src := make([]byte, n*size)
+	for i := range src {
+		src[i] = byte(i*11 + 7)
+	}
+	a.hold.Store(true)
+	for i := 0; i < n; i++ {
+		op := Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(200 + i), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size),
+			Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size]))), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}
+		ms[0].Post(1, &op, false, 0)
+		ms[0].Flush(1)
+	}
+	waitWord(t, os[1], 0, n, func() { ms[1].Flush(0) })
+	resetIn(t, ms[1], 0, 0) // rank 0's lane 0 to rank 1
+	waitUntil(t, "rank 0's lane 0 to fail over", func() bool {
+		l := tcpOf(t, ms[0], 1).lanes[0]
+		l.amu.Lock()
+		defer l.amu.Unlock()
+		return l.moved
+	})
+	a.hold.Store(false)
+	// Rank 1 writes to rank 0 on its lane 0: the batch carries the ack of
+	// the old stream's puts.
+	back := make([]byte, 8)
+	op := Op{Msg: wire.MsgPut, MrID: 1, Tag: 300, Local: unsafe.Pointer(&back[0]), Size: 8, Off: 4096,
+		Remote: uint64(uintptr(unsafe.Pointer(&os[0].mem[4096])))}
+	ms[1].Post(0, &op, false, 0)
+	ms[1].Flush(0)
+	if st := waitDone(t, os[1], 300); st != abi.Success {
+		t.Fatalf("rank 1's put: %v", st)
+	}
+	for i := 0; i < n; i++ {
+		if st := waitDone(t, os[0], uint64(200+i)); st != abi.Success {
+			t.Fatalf("put %d: %v", i, st)
+		}
+	}
+	if got := atomic.LoadUint64((*uint64)(unsafe.Pointer(&os[1].mem[0]))); got != n {
+		t.Fatalf("signal word %d, want %d (a resent put applied twice?)", got, n)
+	}
+	if !bytes.Equal(os[1].mem[64:64+n*size], src) {
+		t.Fatal("a put's bytes did not land")
+	}
+	os[0].mu.Lock()
+	failed := append([]error(nil), os[0].failed...)
+	for tag, c := range os[0].parts {
+		if c != 1 {
+			t.Errorf("op %d completed %d times", tag, c)
+		}
+	}
+	os[0].mu.Unlock()
+	if len(failed) > 0 || ms[0].peers[1].dead.Load() {
+		t.Fatalf("rank 0 failed the peer on the late ack: %v", failed)
+	}
+	for _, m := range ms {
+		if err := m.Close(); err != nil {
+			t.Fatalf("close after a failover: %v", err)
+		}
+	}
+}

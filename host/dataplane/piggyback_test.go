@@ -124,14 +124,15 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 // put the target rejects mid-way must fail, not be covered by an ack that
 // rode the other stream before its rejection was read. With four lanes
 // and local completion no lane resends, so acks ride the answers there
-// too (the rejection is left out: a put completes once written).
+// too (the rejection is left out: a put completes once written), and so
+// they do with failover on.
 func TestPiggybackedAcks(t *testing.T) {
 	for _, c := range []struct {
 		intra     bool
 		lanes     int
 		localComp bool
-	}{{false, 1, false}, {true, 1, false}, {false, 4, true}, {true, 4, true}} {
-		t.Run(fmt.Sprintf("intra=%v/lanes=%d", c.intra, c.lanes), func(t *testing.T) {
+	}{{false, 1, false}, {true, 1, false}, {false, 4, true}, {true, 4, true}, {false, 4, false}, {true, 4, false}} {
+		t.Run(fmt.Sprintf("intra=%v/lanes=%d/local=%v", c.intra, c.lanes, c.localComp), func(t *testing.T) {
 			const iters = 400
 			bad := 200 // rank 0's put at this iteration names a registration rank 1 lacks
 			if c.localComp {

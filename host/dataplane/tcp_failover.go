@@ -170,6 +170,11 @@ func (l *lane) migrate(cause error) {
 		queued = append(queued, op)
 	}
 	l.mu.Unlock()
+	if a := l.ack; a != nil {
+		// The acks it carried for the peer's puts go back on their own
+		// stream; the writer let go, so no count it took is in flight.
+		a.rehome()
+	}
 
 	// Failure path: allocating here is fine.
 	var work []Op
@@ -182,6 +187,7 @@ func (l *lane) migrate(cause error) {
 	}
 	// Their tags travel with them; the stream's count ends here.
 	l.puts.Clear()
+	l.moved = true
 	l.amu.Unlock()
 	l.gmu.Lock()
 	for e, ok := l.gets.Pop(); ok; e, ok = l.gets.Pop() {

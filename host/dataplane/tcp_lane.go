@@ -141,15 +141,16 @@ func (t *tcpLink) inlineMax() uint64 {
 }
 
 func (t *tcpLink) start() {
-	// Acks ride the lane of the same index only where no lane resends
-	// (one lane, or local completion: failover needs them on the streams
-	// they acknowledge), on lanes open from the start (an owed ack must
-	// not wait for a lane to be dialled), and not beside a fabric endpoint
-	// (its staged puts' window is reaped by whichever reader acks them,
-	// one at a time). Elsewhere each travels back on the stream it
-	// acknowledges, read by the initiator's replies goroutine: a wake-up
-	// per ack, which on two cores costs a small exchange some 20 µs a hop.
-	if !t.lanes[0].resend && t.onAcked == nil {
+	// Acks ride the lane of the same index on lanes open from the start
+	// (an owed ack must not wait for a lane to be dialled), never beside
+	// a fabric endpoint (its staged puts' window is reaped by whichever
+	// reader acks them, one at a time). Elsewhere each travels back on
+	// the stream it acknowledges, read by the initiator's replies
+	// goroutine: a wake-up per ack, which on two cores costs a small
+	// exchange some 20 µs a hop. With failover, a lane that carried acks
+	// and fails sends them on the acknowledged stream from then on
+	// (acker.rehome), and the initiator voids acks of a lane it moved.
+	if t.onAcked == nil {
 		for i, a := range t.acks {
 			if i < len(t.lanes) && t.lanes[i].out != nil {
 				a.lane = t.lanes[i]
@@ -394,6 +395,7 @@ type lane struct {
 	amu    sync.Mutex
 	puts   ring.Ring[uint64]
 	pAcked uint64
+	moved  bool // failed over: its puts went to another lane, and a late ack of them is void
 	ptags  []uint64 // owned by whoever holds writing: puts not yet in the FIFO
 	// later (owned by whoever holds writing) are the batch's ops whose
 	// copies were gathered (sideGathered) and that complete once the
@@ -679,7 +681,7 @@ var askAfter = 10 * time.Microsecond
 // resend acks each on the reply stream as it lands). A busy stream
 // carries the ask in its next batch.
 func (l *lane) askAcks() {
-	if l.resend || l.unacked() == 0 {
+	if l.unacked() == 0 {
 		return
 	}
 	l.askAt.CompareAndSwap(0, Now()+int64(askAfter))
@@ -1149,6 +1151,12 @@ func (l *lane) ackPuts(n uint64) bool {
 	var done [64]uint64 // completed outside the lock, a few at a time
 	for {
 		l.amu.Lock()
+		if l.moved {
+			// Its puts went to another lane, whose acks complete them;
+			// this count was on its way before the failover.
+			l.amu.Unlock()
+			return true
+		}
 		if n < l.pAcked {
 			// Stale: a piggybacked ack and one on the reply stream
 			// travel apart, and a higher count came first.

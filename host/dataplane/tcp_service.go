@@ -163,12 +163,49 @@ func (a *acker) arm() {
 // stale reports an owed ack that waited ackDelay for the lane in vain.
 func (a *acker) stale() bool { return a.owed() != 0 && Now() >= a.due.Load() }
 
-// expire: no batch carried the ack in time; the lane sends it alone.
+// expire: no batch carried the ack in time; the lane sends it alone, or
+// after rehome the stream itself does.
 func (a *acker) expire() {
 	a.tmu.Lock()
 	a.armed = false
 	a.tmu.Unlock()
-	a.lane.sendAck(false)
+	if a.piggy.Load() {
+		a.lane.sendAck(false)
+		return
+	}
+	a.flushAside()
+}
+
+// rehome: the lane that carried these acks failed over. A count it had
+// taken may have died with it, so the next ack repeats the whole count
+// (the peer keeps the highest it saw), on the acknowledged stream: its
+// reader drains (acker.Read), and the timer covers a stream that stays
+// quiet.
+func (a *acker) rehome() {
+	a.piggy.Store(false)
+	a.sent.Store(0)
+	a.arm()
+}
+
+// flushAside acknowledges on the stream from the timer's goroutine once
+// piggybacking ended: only while nobody serves the stream (the role), as
+// only the role's holder writes it; else it looks again later. Nothing
+// once the service ended (the peer or the stream is gone).
+func (a *acker) flushAside() {
+	r := a.rd.Load()
+	if r == nil || r.role.Load() == roleGone {
+		return
+	}
+	if !r.role.CompareAndSwap(0, roleOwned) {
+		a.arm()
+		return
+	}
+	err := a.flush()
+	owed := a.landed != a.sent.Load()
+	r.role.Store(0)
+	if err == nil && owed {
+		a.arm() // held back (acker.hold) or raced: look again
+	}
 }
 
 // nacked: a put of this stream is rejected. Its nack travels on the
@@ -475,11 +512,11 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 }
 
 // piggyAck applies an acknowledgement the peer's lane carried for our
-// outgoing lane h.mrID (wire.MsgAck): only a lane without resend has one, as
-// only its replies reader otherwise reads acks (tcp_failover.go).
+// outgoing lane h.mrID (wire.MsgAck). One for a lane that failed over
+// meanwhile is void (lane.ackPuts).
 func (t *tcpLink) piggyAck(h *wire.Header) error {
-	if int(h.MrID) >= len(t.lanes) || t.lanes[h.MrID].resend {
-		return fmt.Errorf("protocol error: rank %d acknowledged puts of lane %d on its own stream", t.p.rank, h.MrID)
+	if int(h.MrID) >= len(t.lanes) {
+		return fmt.Errorf("protocol error: rank %d acknowledged puts of lane %d, which does not exist", t.p.rank, h.MrID)
 	}
 	if !t.lanes[h.MrID].ackPuts(h.Seq) {
 		return fmt.Errorf("protocol error: rank %d acknowledged %d puts on lane %d, more than it was sent", t.p.rank, h.Seq, h.MrID)
