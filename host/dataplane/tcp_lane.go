@@ -395,7 +395,7 @@ type lane struct {
 	amu    sync.Mutex
 	puts   ring.Ring[uint64]
 	pAcked uint64
-	moved  bool // failed over: its puts went to another lane, and a late ack of them is void
+	moved  bool     // failed over: its puts went to another lane, and a late ack of them is void
 	ptags  []uint64 // owned by whoever holds writing: puts not yet in the FIFO
 	// later (owned by whoever holds writing) are the batch's ops whose
 	// copies were gathered (sideGathered) and that complete once the
