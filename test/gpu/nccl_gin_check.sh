@@ -206,6 +206,9 @@ if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --
   # The reference for a rank's own copies queued (on by default): each
   # round's put to its own rank waited for by NCCL's proxy thread.
   gin_run selfwait-64 64 "$GIN_ITERS" NCCL_RMA_WASM_SELF_ASYNC=0 || gin_bad=1
+  # The reference for several lanes (one per 4 cores by default, so four
+  # on a 16-core host): the same alltoalls over one lane per peer.
+  gin_run lanes1-64 64 "$GIN_ITERS" NCCL_RMA_WASM_LANES=1 || gin_bad=1
   # Device windows mapped between the two processes (off by default until
   # measured here): each put copies straight into the peer's window. The
   # INFO line says whether the mapping was used.
