@@ -128,6 +128,12 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48", "copied asynchronously", "host view: device payloads there",
 				"plain signal, every byte there", "fakecuda: a stream atomic add to a signal word",
 				"operations to itself with device memory are queued on the device's stream"}},
+		// The same over four lanes per peer, as on a 16-core host: every
+		// put and signal numbered, signals applied in number order, acks
+		// riding the reverse lanes.
+		{"cuda_check_async_lanes", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_LANES=4"},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48", "copied asynchronously", "host view: device payloads there",
+				"plain signal, every byte there", "fakecuda: a stream atomic add to a signal word"}},
 		// NCCL_RMA_WASM_ASYNC_COPY_KB=0: every small payload takes
 		// synchronous copies; NCCL_RMA_WASM_STREAM_ATOMIC=0: plain signal
 		// words take the read-modify-write.
