@@ -193,6 +193,19 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 			[]string{"LD_LIBRARY_PATH=" + fakeAMD, "SAMPLE_RUNTIME=hip", "NCCL_RMA_WASM_CUDA=0", "NCCL_RMA_WASM_INTRANODE_IPC=1"},
 			[]string{"RESULT PASS", "teardown: 2 rounds", "(HIP device 1)", "device operations copy straight into its mapped device memory (IPC)",
 				"!is not mapped here"}},
+		// The HIP seam with stream work 200 µs late and device-to-device
+		// copies 5 ms later still: small payloads' copies, never-reset
+		// signal words' stream writes (hipStreamWriteValue64) and the
+		// mapped put+signals ordered by interprocess events
+		// (hipStreamWaitEvent on the target's stream, or a host wait) must
+		// keep every signal behind its bytes.
+		{"hip_check_async", "cuda_check", []string{lib, "196608", "4"},
+			[]string{"LD_LIBRARY_PATH=" + fakeAMD, "SAMPLE_RUNTIME=hip", "NCCL_RMA_WASM_CUDA=0", "FAKEHIP_ASYNC_US=200"},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "(HIP device 1)", "copied asynchronously", "fakehip: a stream write of a signal word"}},
+		{"hip_check_ipc_events", "cuda_check", []string{lib, "196608", "2"},
+			[]string{"LD_LIBRARY_PATH=" + fakeAMD, "SAMPLE_RUNTIME=hip", "NCCL_RMA_WASM_CUDA=0", "NCCL_RMA_WASM_INTRANODE_IPC=1", "FAKEHIP_ASYNC_US=200", "FAKEHIP_DTOD_US=5000"},
+			[]string{"RESULT PASS", "teardown: 2 rounds", "device operations copy straight into its mapped device memory (IPC)",
+				"ordered by interprocess events", "fakehip: an interprocess event recorded", "fakehip: a stream waits for another process's event"}},
 		// Its speed target means nothing on a fake device: only correctness
 		// (RESULT FAIL) fails the test, and "RESULT BELOW-TARGET" (exit 1)
 		// is a pass here.

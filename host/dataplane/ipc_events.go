@@ -230,9 +230,15 @@ func (e *linkEvents) order(ev, ctx uintptr, stream bool) error {
 			return nil // nothing pending, or the same stream keeps the order
 		}
 		ev, e.lastEv = e.lastEv, 0
-		return staging.AfterPeerEvent(e.lastCtx, ev, false)
+		return staging.AfterPeerEvent(e.peerCtx, ev, false)
 	}
-	if err := staging.AfterPeerEvent(ctx, ev, stream); err != nil {
+	// A host wait watches the event in the context it was opened in (a
+	// host word has none: HIP needs a device to query on).
+	wctx := ctx
+	if !stream {
+		wctx = e.peerCtx
+	}
+	if err := staging.AfterPeerEvent(wctx, ev, stream); err != nil {
 		return err
 	}
 	if stream {

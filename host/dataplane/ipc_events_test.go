@@ -24,7 +24,7 @@ func TestEventOrderFollowsSequence(t *testing.T) {
 	d := &eventDevice{streamSelfDevice: &streamSelfDevice{Stream: devtest.NewStream(1<<16, 0)}}
 	devmem.Register(d)
 	t.Cleanup(func() { devmem.Register(nil) })
-	var evs linkEvents
+	evs := linkEvents{peerCtx: 3} // the context the peer's events were opened in
 	var o seqorder.Orderer[sigRef]
 	o.OnErr = func(err error) { t.Error(err) }
 	sh := staging.NewShadow(d.Base, 1<<16)
@@ -40,11 +40,12 @@ func TestEventOrderFollowsSequence(t *testing.T) {
 	}
 	// Number 1, a put+signal ordered by event 1 whose device word is
 	// written on context 1's stream: its stream waits for the event, then
-	// number 2's host word waits for it from the host.
+	// number 2's host word waits for it from the host (in the context the
+	// event was opened in).
 	if err := o.Done(1, sigRef{dev: d.Base, ctx: 1, sh: sh, evs: &evs, ev: ev1}, 1); err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"stream 1 e1", "host 1 e1"}; !slices.Equal(d.calls, want) || atomic.LoadUint64(&host) != 1 {
+	if want := []string{"stream 1 e1", "host 3 e1"}; !slices.Equal(d.calls, want) || atomic.LoadUint64(&host) != 1 {
 		t.Fatalf("calls %v, want %v; word %d", d.calls, want, host)
 	}
 	// Number 3 on the same stream: the host wait covered event 1.
@@ -55,7 +56,7 @@ func TestEventOrderFollowsSequence(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if want := []string{"stream 1 e1", "host 1 e1", "host 0 e2"}; !slices.Equal(d.calls, want) {
+	if want := []string{"stream 1 e1", "host 3 e1", "host 3 e2"}; !slices.Equal(d.calls, want) {
 		t.Fatalf("calls %v, want %v", d.calls, want)
 	}
 	if err := d.Sync(1); err != nil {

@@ -56,6 +56,10 @@ static struct {
   hipError_t (*ipcGetMemHandle)(void*, void*);
   hipError_t (*ipcOpenMemHandle)(void**, hipIpcMemHandle, unsigned);
   hipError_t (*ipcCloseMemHandle)(void*);
+  /* Optional, for put+signals ordered by interprocess events. */
+  hipError_t (*ipcGetEventHandle)(void*, void*);
+  hipError_t (*ipcOpenEventHandle)(void**, hipIpcMemHandle);
+  hipError_t (*streamWaitEvent)(hipStream_t, void*, unsigned);
 } hip;
 
 /* hipMemoryTypeDevice: 1 before ROCm 6, 2 from ROCm 6 on (the enum was
@@ -103,6 +107,9 @@ int rmaw_hip_open(const char* lib, char* err, size_t errlen) {
   *(void**)&hip.ipcGetMemHandle = dlsym(h, "hipIpcGetMemHandle");
   *(void**)&hip.ipcOpenMemHandle = dlsym(h, "hipIpcOpenMemHandle");
   *(void**)&hip.ipcCloseMemHandle = dlsym(h, "hipIpcCloseMemHandle");
+  *(void**)&hip.ipcGetEventHandle = dlsym(h, "hipIpcGetEventHandle");
+  *(void**)&hip.ipcOpenEventHandle = dlsym(h, "hipIpcOpenEventHandle");
+  *(void**)&hip.streamWaitEvent = dlsym(h, "hipStreamWaitEvent");
   int v = 0;
   if (hip.runtimeGetVersion(&v) == 0 && v > 0 && v < 60000000) memtype_device = 1;
   hipError_t r = hip.init(0);
@@ -338,11 +345,46 @@ static int hip_ipc_import(uintptr_t ctx, int n, const rmaw_ipc_seg* segs, uint64
   return 0;
 }
 
-/* No interprocess events on HIP yet: a mapped put waits for its copy on
- * the host before it tells the target. */
-#define hip_ipc_event_new NULL
-#define hip_ipc_event_open NULL
-#define hip_stream_wait NULL
+/* Interprocess events (hipEventInterprocess): a mapped put+signal
+ * records one after its queued copy, and the target's stream waits for it
+ * (hipStreamWaitEvent) before the signal write. Their handles are 64
+ * bytes, as hipIpcMemHandle_t. */
+enum { EVENT_DISABLE_TIMING = 0x2, EVENT_INTERPROCESS = 0x4 };
+
+static int hip_ipc_event_new(uintptr_t ctx, uintptr_t* ev, unsigned char* handle, char* err, size_t errlen) {
+  if (!hip.ipcGetEventHandle || !hip.ipcOpenEventHandle || !hip.streamWaitEvent || !hip.eventCreateWithFlags)
+    return rmaw_fail(err, errlen, "the runtime lacks hipIpcGetEventHandle, hipIpcOpenEventHandle or hipStreamWaitEvent");
+  void* e = NULL;
+  hipError_t r = hip.setDevice((int)ctx - 1);
+  if (r == 0) r = hip.eventCreateWithFlags(&e, EVENT_DISABLE_TIMING | EVENT_INTERPROCESS);
+  if (r != 0) return rmaw_fail(err, errlen, "hipEventCreateWithFlags (interprocess): %s", errstr(r));
+  if ((r = hip.ipcGetEventHandle(handle, e)) != 0) {
+    hip.eventDestroy(e);
+    return rmaw_fail(err, errlen, "hipIpcGetEventHandle: %s", errstr(r));
+  }
+  *ev = (uintptr_t)e;
+  return 0;
+}
+
+static int hip_ipc_event_open(uintptr_t ctx, const unsigned char* handle, uintptr_t* ev, char* err, size_t errlen) {
+  if (!hip.ipcOpenEventHandle) return rmaw_fail(err, errlen, "the runtime lacks hipIpcOpenEventHandle");
+  hipIpcMemHandle h;
+  memcpy(h.reserved, handle, sizeof h.reserved);
+  void* e = NULL;
+  hipError_t r = hip.setDevice((int)ctx - 1);
+  if (r == 0) r = hip.ipcOpenEventHandle(&e, h);
+  if (r != 0) return rmaw_fail(err, errlen, "hipIpcOpenEventHandle: %s", errstr(r));
+  *ev = (uintptr_t)e;
+  return 0;
+}
+
+static int hip_stream_wait(uintptr_t ctx, uintptr_t ev, char* err, size_t errlen) {
+  if (!hip.streamWaitEvent) return rmaw_fail(err, errlen, "the runtime lacks hipStreamWaitEvent");
+  DEV_STREAM(k, "hipStreamWaitEvent");
+  r = hip.streamWaitEvent(devs[k].stream, (void*)ev, 0);
+  if (r != 0) return rmaw_fail(err, errlen, "hipStreamWaitEvent: %s", errstr(r));
+  return 0;
+}
 
 static int hip_ipc_unmap(uintptr_t ctx, uint64_t va, int n, const uint64_t* sizes, char* err, size_t errlen) {
   (void)n, (void)sizes;
