@@ -364,6 +364,10 @@ type Stats struct {
 	// lanes compressed so far and what they took on the wire (framing
 	// included).
 	CompressedRaw, CompressedWire uint64
+	// AcksCarried and AcksAlone count the acknowledgements of the peers'
+	// puts sent so far: carried in a batch of ours (SPEC.md §4,
+	// "Acknowledgements ride the reverse lane"), or written alone.
+	AcksCarried, AcksAlone uint64
 }
 
 // Stats reads the mesh's counters (at connect and close: it allocates).
@@ -381,6 +385,7 @@ func (m *Mesh) Stats() Stats {
 		st.FabricProvider = m.fab.Info.Provider
 	}
 	st.CompressedRaw, st.CompressedWire = m.compression()
+	st.AcksCarried, st.AcksAlone = m.acks()
 	return st
 }
 

@@ -433,6 +433,7 @@ type lane struct {
 	// they took (tests count them; the acker reads batches).
 	batches atomic.Uint64
 	writes  atomic.Uint64
+	carried atomic.Uint64 // acks of the peer's puts its batches carried (Mesh.Stats)
 }
 
 // sentOp is an entry of the resend ring: counts tells a put (counted by
@@ -653,6 +654,9 @@ func (l *lane) carryAck(iov [][]byte) [][]byte {
 	}
 	if n == 0 && !ask {
 		return iov
+	}
+	if n != 0 {
+		l.carried.Add(1)
 	}
 	// MrID names our outgoing lane whose puts n acknowledges; with n 0
 	// (only asking) the peer's count of it is unchanged.
@@ -1109,6 +1113,22 @@ func (t *tcpLink) release() {
 
 // compression reports the payload bytes this mesh's TCP lanes compressed
 // so far and what they took on the wire (framing included): Stats.
+// acks counts the acknowledgements of peers' puts sent so far: carried in
+// a batch of ours, or written alone on the acknowledged stream.
+func (m *Mesh) acks() (carried, alone uint64) {
+	for _, p := range m.peers {
+		if t := streamsOf(p.t); t != nil {
+			for _, l := range t.lanes {
+				carried += l.carried.Load()
+			}
+			for _, a := range t.acks {
+				alone += a.alone.Load()
+			}
+		}
+	}
+	return carried, alone
+}
+
 func (m *Mesh) compression() (raw, wire uint64) {
 	for _, p := range m.peers {
 		if t, ok := p.t.(*tcpLink); ok {

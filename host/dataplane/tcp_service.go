@@ -55,10 +55,11 @@ type acker struct {
 	// hold keeps every acknowledgement back (tests: a lane that dies with
 	// puts landed and not yet acknowledged, whatever the timing).
 	hold  atomic.Bool
-	outs  uint64       // the lane's batches at the last drain (reader only)
-	held  uint64       // the count last left for the lane (reader only)
-	due   atomic.Int64 // Now() after which test() sends an owed ack alone
-	tmu   sync.Mutex   // guards armed and the timer's state
+	alone atomic.Uint64 // acks written on the stream itself (Mesh.Stats)
+	outs  uint64        // the lane's batches at the last drain (reader only)
+	held  uint64        // the count last left for the lane (reader only)
+	due   atomic.Int64  // Now() after which test() sends an owed ack alone
+	tmu   sync.Mutex    // guards armed and the timer's state
 	armed bool
 	timer *time.Timer // the bound when nobody calls: never stopped, so
 	// that arming it costs no wake-up per ack (a stopped timer still
@@ -122,6 +123,7 @@ func (a *acker) flush() error {
 	if _, err := a.in.Write(a.buf[:]); err != nil {
 		return fmt.Errorf("acknowledge puts: %w", err)
 	}
+	a.alone.Add(1)
 	return nil
 }
 

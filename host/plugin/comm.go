@@ -247,9 +247,13 @@ func CloseColl(h uint64) abi.Result {
 	if c.ln != nil {
 		c.ln.Close()
 	}
-	if st := c.mesh.Stats(); st.CompressedRaw > 0 {
+	st := c.mesh.Stats()
+	if st.CompressedRaw > 0 {
 		raw, wire := st.CompressedRaw, st.CompressedWire
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d compressed %d payload bytes into %d on the wire (%.2fx)", c.rank, raw, wire, float64(raw)/float64(wire))
+	}
+	if st.AcksCarried+st.AcksAlone > 0 {
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d acknowledged its peers' puts %d times in its own batches and %d times alone", c.rank, st.AcksCarried, st.AcksAlone)
 	}
 	c.regs.wake()
 	return abi.Success
