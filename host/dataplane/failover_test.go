@@ -321,7 +321,7 @@ func ackLaneFailover(t *testing.T, intra bool) {
 	openLanes(t, ms[0], 1)
 	openLanes(t, ms[1], 0) // rank 1's lane 0 has lanes to fail over to
 	a := tcpOf(t, ms[1], 0).acks[0]
-	if !a.piggy.Load() {
+	if !a.rides() {
 		t.Fatal("acks of rank 0's lane 0 do not ride rank 1's lane 0")
 	}
 	src := make([]byte, 2*n*size)

@@ -125,14 +125,16 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 // rode the other stream before its rejection was read. With four lanes
 // and local completion no lane resends, so acks ride the answers there
 // too (the rejection is left out: a put completes once written), and so
-// they do with failover on.
+// they do with failover on, also on a lane that opens when first used.
 func TestPiggybackedAcks(t *testing.T) {
 	for _, c := range []struct {
 		intra     bool
 		lanes     int
 		localComp bool
-	}{{false, 1, false}, {true, 1, false}, {false, 4, true}, {true, 4, true}, {false, 4, false}, {true, 4, false}} {
-		t.Run(fmt.Sprintf("intra=%v/lanes=%d/local=%v", c.intra, c.lanes, c.localComp), func(t *testing.T) {
+		lane      int // both ranks post on it
+	}{{false, 1, false, 0}, {true, 1, false, 0}, {false, 4, true, 0}, {true, 4, true, 0}, {false, 4, false, 0}, {true, 4, false, 0},
+		{false, 4, false, 2}, {true, 4, false, 2}} {
+		t.Run(fmt.Sprintf("intra=%v/lanes=%d/local=%v/lane=%d", c.intra, c.lanes, c.localComp, c.lane), func(t *testing.T) {
 			const iters = 400
 			bad := 200 // rank 0's put at this iteration names a registration rank 1 lacks
 			if c.localComp {
@@ -141,8 +143,8 @@ func TestPiggybackedAcks(t *testing.T) {
 			os := newOwners(2, 8192)
 			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: c.intra, Lanes: c.lanes, LocalCompletion: c.localComp, StripeThreshold: 1 << 20})
 			for r, m := range ms {
-				if a := tcpOf(t, m, 1-r).acks[0]; !a.piggy.Load() {
-					t.Fatalf("rank %d: acks of lane 0 do not ride the answers", r)
+				if a := tcpOf(t, m, 1-r).acks[c.lane]; a.rides() != (c.lane == 0) {
+					t.Fatalf("rank %d: acks of lane %d ride the answers: %v before the lane opened", r, c.lane, a.rides())
 				}
 			}
 			// Word 0: the signal; each put writes 8 bytes at 64+8*(i%64).
@@ -160,7 +162,7 @@ func TestPiggybackedAcks(t *testing.T) {
 				if r == 0 && i == bad {
 					op.MrID, op.Remote = 2, 0 // the target rejects it (and applies no signal)
 				}
-				ms[r].Post(1-r, &op, false, 0)
+				ms[r].Post(1-r, &op, false, c.lane)
 				return tag
 			}
 			check := func(r, i int) {

@@ -141,23 +141,26 @@ func (t *tcpLink) inlineMax() uint64 {
 }
 
 func (t *tcpLink) start() {
-	// Acks ride the lane of the same index on lanes open from the start
-	// (an owed ack must not wait for a lane to be dialled), never beside
-	// a fabric endpoint (its staged puts' window is reaped by whichever
-	// reader acks them, one at a time). Elsewhere each travels back on
-	// the stream it acknowledges, read by the initiator's replies
-	// goroutine: a wake-up per ack, which on two cores costs a small
-	// exchange some 20 µs a hop. With failover, a lane that carried acks
-	// and fails sends them on the acknowledged stream from then on
-	// (acker.rehome), and the initiator voids acks of a lane it moved.
+	// Acks ride the lane of the same index once it is open (lane 0 from
+	// the start, the others when first used: an owed ack must not wait
+	// for a lane to be dialled), never beside a fabric endpoint (its
+	// staged puts' window is reaped by whichever reader acks them, one at
+	// a time). Until then each travels back on the stream it
+	// acknowledges, read by the initiator's replies goroutine: a wake-up
+	// per ack, which on two cores costs a small exchange some 20 µs a
+	// hop. With failover, a lane that carried acks and fails sends them
+	// on the acknowledged stream from then on (acker.rehome), and the
+	// initiator voids acks of a lane it moved.
 	if t.onAcked == nil {
 		for i, a := range t.acks {
-			if i < len(t.lanes) && t.lanes[i].out != nil {
+			if i < len(t.lanes) {
 				a.lane = t.lanes[i]
 				t.lanes[i].ack = a
 				a.timer = time.AfterFunc(time.Hour, a.expire)
 				a.timer.Stop()
-				a.piggy.Store(true)
+				if t.lanes[i].out != nil {
+					a.laneOpen()
+				}
 			}
 		}
 	}

@@ -50,7 +50,7 @@ type acker struct {
 	// Shared with the outgoing lane of the same index (piggybacking).
 	pub   atomic.Uint64 // landed, as published at the last drain
 	sent  atomic.Uint64 // the highest count acknowledged, either way
-	piggy atomic.Bool   // acks may ride the lane (cleared for good by a nack)
+	piggy atomic.Int32  // piggyOff, piggyOn (acks may ride the lane) or piggyBarred
 	lane  *lane         // the outgoing lane that carries them; nil: none
 	// hold keeps every acknowledgement back (tests: a lane that dies with
 	// puts landed and not yet acknowledged, whatever the timing).
@@ -90,7 +90,7 @@ func (a *acker) drained() error {
 	if a.landed == a.sent.Load() {
 		return nil
 	}
-	if a.lane != nil && a.piggy.Load() {
+	if a.lane != nil && a.rides() {
 		if a.held == a.landed && Now() < a.due.Load() {
 			// Already left for the lane, and a caller polling the stream
 			// drains it again and again before the lane writes: the ack
@@ -145,7 +145,7 @@ func (a *acker) claim(n uint64) bool {
 // owed is the published count the lane should carry, 0 when none.
 func (a *acker) owed() uint64 {
 	n := a.pub.Load()
-	if n <= a.sent.Load() || !a.piggy.Load() || a.hold.Load() {
+	if n <= a.sent.Load() || !a.rides() || a.hold.Load() {
 		return 0
 	}
 	return n
@@ -171,7 +171,7 @@ func (a *acker) expire() {
 	a.tmu.Lock()
 	a.armed = false
 	a.tmu.Unlock()
-	if a.piggy.Load() {
+	if a.rides() {
 		a.lane.sendAck(false)
 		return
 	}
@@ -184,7 +184,7 @@ func (a *acker) expire() {
 // reader drains (acker.Read), and the timer covers a stream that stays
 // quiet.
 func (a *acker) rehome() {
-	a.piggy.Store(false)
+	a.piggy.Store(piggyBarred)
 	a.sent.Store(0)
 	a.arm()
 }
@@ -214,7 +214,23 @@ func (a *acker) flushAside() {
 // incoming stream, which the peer reads apart from the lane, so an ack
 // covering the put must follow it on that same stream: no more
 // piggybacking on this stream (rejections are failures, not a fast path).
-func (a *acker) nacked() { a.piggy.Store(false) }
+func (a *acker) nacked() { a.piggy.Store(piggyBarred) }
+
+// Piggybacking states (acker.piggy): off until the lane that would carry
+// the acks is open, on, or barred for good (a nack, a failover): a lane
+// that opens later never turns a barred stream back on.
+const (
+	piggyOff int32 = iota
+	piggyOn
+	piggyBarred
+)
+
+// rides reports whether acks may ride the lane.
+func (a *acker) rides() bool { return a.piggy.Load() == piggyOn }
+
+// laneOpen: the lane that carries these acks opened; they may ride it
+// unless the stream was barred meanwhile.
+func (a *acker) laneOpen() { a.piggy.CompareAndSwap(piggyOff, piggyOn) }
 
 // ackEvery is the most puts the service lands before it acknowledges them,
 // even with more of them already read (it acknowledges before each read
