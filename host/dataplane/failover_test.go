@@ -314,12 +314,19 @@ func TestAckLaneFailover(t *testing.T) {
 	}
 }
 
-func ackLaneFailover(t *testing.T, intra bool) {
-	const n, size = 16, 64
+// fourLanes connects two ranks with four lanes each way, every lane open
+// (a failed lane has lanes to fail over to), small operations unstriped.
+func fourLanes(t *testing.T, intra bool) ([]*memOwner, []*Mesh) {
 	os := newOwners(2, 8192)
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 4, StripeThreshold: 1 << 20, CloseTimeout: 5 * time.Second})
 	openLanes(t, ms[0], 1)
-	openLanes(t, ms[1], 0) // rank 1's lane 0 has lanes to fail over to
+	openLanes(t, ms[1], 0)
+	return os, ms
+}
+
+func ackLaneFailover(t *testing.T, intra bool) {
+	const n, size = 16, 64
+	os, ms := fourLanes(t, intra)
 	a := tcpOf(t, ms[1], 0).acks[0]
 	if !a.rides() {
 		t.Fatal("acks of rank 0's lane 0 do not ride rank 1's lane 0")
@@ -399,10 +406,7 @@ func TestLateAckOfMovedLane(t *testing.T) {
 
 func lateAckOfMovedLane(t *testing.T, intra bool) {
 	const n, size = 16, 64
-	os := newOwners(2, 8192)
-	ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 4, StripeThreshold: 1 << 20, CloseTimeout: 5 * time.Second})
-	openLanes(t, ms[0], 1) // rank 0's lane 0 has lanes to fail over to
-	openLanes(t, ms[1], 0)
+	os, ms := fourLanes(t, intra)
 	a := tcpOf(t, ms[1], 0).acks[0]
 	src := make([]byte, n*size)
 	for i := range src {

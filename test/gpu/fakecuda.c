@@ -128,83 +128,23 @@ struct op {
   int to_device;
   uint64_t v;
 };
-struct fstream {
-  pthread_mutex_t m;
-  pthread_cond_t c;
-  struct op *head, *tail;
-  long issued, done;
-};
-static long async_us = -1;
-
 static void run_op(struct op* o);
-static void* stream_worker(void* arg) {
-  struct fstream* s = arg;
-  pthread_mutex_lock(&s->m);
-  for (;;) {
-    while (!s->head) pthread_cond_wait(&s->c, &s->m);
-    struct op* o = s->head;
-    pthread_mutex_unlock(&s->m);
-    usleep(async_us);
-    if (o->kind == 0 && !o->host) {
-      static long dtod_us = -1;
-      if (dtod_us < 0) dtod_us = getenv("FAKECUDA_DTOD_US") ? atol(getenv("FAKECUDA_DTOD_US")) : 0;
-      if (dtod_us > 0) usleep(dtod_us);
-    }
-    run_op(o);
-    pthread_mutex_lock(&s->m);
-    s->head = o->next;
-    if (!s->head) s->tail = NULL;
-    free(o);
-    s->done++;
-    pthread_cond_broadcast(&s->c);
-  }
-  return NULL;
+/* op_delay_us: device-to-device copies run FAKECUDA_DTOD_US later still. */
+static long op_delay_us(const struct op* o) {
+  static long dtod_us = -1;
+  if (o->kind != 0 || o->host) return 0;
+  if (dtod_us < 0) dtod_us = getenv("FAKECUDA_DTOD_US") ? atol(getenv("FAKECUDA_DTOD_US")) : 0;
+  return dtod_us;
 }
+#include "fakestream.h"
 int cuStreamCreate(void** out, unsigned f) {
   (void)f;
-  struct fstream* s = calloc(1, sizeof *s);
-  pthread_mutex_init(&s->m, NULL);
-  pthread_cond_init(&s->c, NULL);
-  pthread_mutex_lock(&mu);
-  if (async_us < 0) {
-    const char* e = getenv("FAKECUDA_ASYNC_US");
-    async_us = e ? atol(e) : 0;
-  }
-  pthread_mutex_unlock(&mu);
-  if (async_us > 0) {
-    pthread_t t;
-    pthread_create(&t, NULL, stream_worker, s);
-    pthread_detach(t);
-  }
-  *out = s;
-  return 0;
+  *out = fs_new("FAKECUDA_ASYNC_US", 0);
+  return *out ? 0 : 2;
 }
-/* enqueue runs o now (no delay) or hands it to the stream's worker. */
-static int enqueue(void* stream, struct op o) {
-  struct fstream* s = stream;
-  struct op* p = malloc(sizeof *p);
-  *p = o;
-  p->next = NULL;
-  pthread_mutex_lock(&s->m);
-  s->issued++;
-  if (async_us <= 0) {
-    run_op(p); /* in order: under the stream's lock */
-    free(p);
-    s->done++;
-  } else {
-    if (s->tail) s->tail->next = p;
-    else s->head = p;
-    s->tail = p;
-    pthread_cond_broadcast(&s->c);
-  }
-  pthread_mutex_unlock(&s->m);
-  return 0;
-}
+static int enqueue(void* stream, struct op o) { return fs_enqueue(stream, o); }
 int cuStreamSynchronize(void* stream) {
-  struct fstream* s = stream;
-  pthread_mutex_lock(&s->m);
-  while (s->done < s->issued) pthread_cond_wait(&s->c, &s->m);
-  pthread_mutex_unlock(&s->m);
+  fs_sync(stream);
   return 0;
 }
 int cuPointerGetAttribute(void* out, int attr, unsigned long long p) {
@@ -336,15 +276,12 @@ static void stage_copy(int to_device, void* dst, const void* src, size_t n, cons
 int cuMemcpyHtoD_v2(unsigned long long d, const void* h, size_t n) { memcpy((void*)(uintptr_t)d, h, n); return 0; }
 int cuMemcpyDtoH_v2(void* h, unsigned long long d, size_t n) { memcpy(h, (void*)(uintptr_t)d, n); return 0; }
 static void run_op(struct op* o) {
-  if (o->kind == 4) { /* the recording reached: done = max(done, v) */
-    long* d = (long*)o->dst;
-    long cur = __atomic_load_n(d, __ATOMIC_ACQUIRE);
-    while (cur < (long)o->v && !__atomic_compare_exchange_n(d, &cur, (long)o->v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-    }
+  if (o->kind == 4) { /* the recording reached */
+    ipcev_reach((long*)o->dst, (long)o->v);
     return;
   }
   if (o->kind == 5) { /* wait until another process's stream reached recording v */
-    while (__atomic_load_n((long*)o->dst, __ATOMIC_ACQUIRE) < (long)o->v) usleep(5);
+    ipcev_wait((const long*)o->dst, (long)o->v);
     return;
   }
   if (o->kind == 0) stage_copy(o->to_device, o->dst, o->src, o->n, o->host);
@@ -497,98 +434,36 @@ int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
   if (!find((uintptr_t)p) || p % 8) return 700; /* launch failed */
   return enqueue(s, (struct op){.kind = 2, .dst = (void*)(uintptr_t)p, .v = v});
 }
-struct fevent {
-  struct fstream* s;
-  long seq;
-  long* x; /* interprocess: {recorded, reached} in the arena both processes map */
-};
-/* Interprocess events live in a memfd arena that cuIpcOpenEventHandle maps
- * from the creating process (/proc/<pid>/fd/<fd>). A recording bumps the
- * recorded count and queues a mark that sets reached; a stream waiting for
- * the event queues a wait until reached catches up with the count read
- * when the wait was queued. */
-#define NIPCEV 4096
-static long* arena;
-static int arenafd = -1, arenanext;
+/* Interprocess events: fakeipcev.h. */
+#define IPCEV_MAGIC 0x76656b66
 int cuEventCreate(void** e, unsigned f) {
   struct fevent* ev = calloc(1, sizeof(struct fevent));
-  if (f & 4) {
-    pthread_mutex_lock(&mu);
-    if (!arena) {
-      arenafd = memfd_create("fakecuda-ipcev", MFD_CLOEXEC);
-      if (arenafd < 0 || ftruncate(arenafd, NIPCEV * 2 * sizeof(long)) != 0) {
-        pthread_mutex_unlock(&mu);
-        return 2;
-      }
-      arena = mmap(NULL, NIPCEV * 2 * sizeof(long), PROT_READ | PROT_WRITE, MAP_SHARED, arenafd, 0);
-    }
-    int i = arenanext < NIPCEV ? arenanext++ : -1;
-    pthread_mutex_unlock(&mu);
-    if (i < 0 || arena == MAP_FAILED) return 2;
-    ev->x = arena + 2 * i;
+  if (f & 4 && !(ev->x = ipcev_new("fakecuda-ipcev"))) {
+    free(ev);
+    return 2;
   }
   *e = ev;
   return 0;
 }
-typedef struct {
-  unsigned magic;
-  int pid, fd, index;
-  unsigned char pad[48];
-} ipcEvHandle;
-_Static_assert(sizeof(ipcEvHandle) == 64, "CUipcEventHandle is 64 bytes");
 int cuIpcGetEventHandle(void* h, void* e) {
   struct fevent* ev = e;
   if (!ev->x) return 1; /* not made with CU_EVENT_INTERPROCESS */
-  ipcEvHandle x = {.magic = 0x76656b66, .pid = getpid(), .fd = arenafd, .index = (int)((ev->x - arena) / 2)};
-  memcpy(h, &x, sizeof x);
+  ipcev_get(ev->x, IPCEV_MAGIC, h);
   return 0;
 }
-int cuIpcOpenEventHandle(void** e, ipcEvHandle h) {
-  if (h.magic != 0x76656b66 || h.pid == getpid() || h.index < 0 || h.index >= NIPCEV) return 1;
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
-  int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0) return 2;
-  long* m = mmap(NULL, NIPCEV * 2 * sizeof(long), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (m == MAP_FAILED) return 2;
+int cuIpcOpenEventHandle(void** e, ipcev_handle_t h) {
+  long* x = ipcev_open(&h, IPCEV_MAGIC);
+  if (!x) return 1;
   struct fevent* ev = calloc(1, sizeof(struct fevent));
-  ev->x = m + 2 * h.index; /* the mapping stays for the process's life */
+  ev->x = x;
   *e = ev;
   return 0;
 }
-int cuEventRecord(void* e, void* stream) {
-  struct fevent* ev = e;
-  struct fstream* s = stream;
-  if (ev->x) {
-    static int said;
-    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: an interprocess event recorded\n");
-    long v = __atomic_add_fetch(&ev->x[0], 1, __ATOMIC_ACQ_REL);
-    return enqueue(s, (struct op){.kind = 4, .dst = &ev->x[1], .v = (uint64_t)v});
-  }
-  pthread_mutex_lock(&s->m);
-  ev->s = s;
-  ev->seq = s->issued;
-  pthread_mutex_unlock(&s->m);
-  return 0;
-}
-int cuEventQuery(void* e) {
-  struct fevent* ev = e;
-  if (ev->x) return __atomic_load_n(&ev->x[1], __ATOMIC_ACQUIRE) >= __atomic_load_n(&ev->x[0], __ATOMIC_ACQUIRE) ? 0 : 600;
-  if (!ev->s) return 0;
-  pthread_mutex_lock(&ev->s->m);
-  int done = ev->s->done >= ev->seq;
-  pthread_mutex_unlock(&ev->s->m);
-  return done ? 0 : 600;
-}
+int cuEventRecord(void* e, void* stream) { return fs_record(e, stream, "fakecuda"); }
+int cuEventQuery(void* e) { return fs_passed(e) ? 0 : 600; }
 int cuStreamWaitEvent(void* stream, void* e, unsigned f) {
   (void)f;
-  struct fevent* ev = e;
-  if (!ev->x) return 1; /* the plugin waits only for interprocess events */
-  long v = __atomic_load_n(&ev->x[0], __ATOMIC_ACQUIRE);
-  static int said;
-  if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: a stream waits for another process's event\n");
-  return enqueue(stream, (struct op){.kind = 5, .dst = &ev->x[1], .v = (uint64_t)v});
+  return fs_wait(stream, e, "fakecuda");
 }
 int cuEventDestroy_v2(void* e) { free(e); return 0; }
 #endif

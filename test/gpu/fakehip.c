@@ -49,14 +49,15 @@ struct op {
   size_t n;
   uint64_t v;
 };
-struct stream {
-  int dev;
-  pthread_mutex_t m;
-  pthread_cond_t c;
-  struct op *head, *tail;
-  long issued, done;
-};
-static long async_us = -1, dtod_us = -1;
+static void run_op(struct op* o);
+/* op_delay_us: device-to-device copies run FAKEHIP_DTOD_US later still. */
+static long op_delay_us(const struct op* o) {
+  static long dtod_us = -1;
+  if (!o->dtod) return 0;
+  if (dtod_us < 0) dtod_us = getenv("FAKEHIP_DTOD_US") ? atol(getenv("FAKEHIP_DTOD_US")) : 0;
+  return dtod_us;
+}
+#include "fakestream.h"
 
 /* owner returns the device of p, or -1 when p is not device memory. */
 static int owner(uintptr_t p) {
@@ -203,84 +204,22 @@ static void run_op(struct op* o) {
   case 1:
     __atomic_store_n((uint64_t*)o->dst, o->v, __ATOMIC_SEQ_CST);
     break;
-  case 4: { /* the recording reached: reached = max(reached, v) */
-    long* d = (long*)o->dst;
-    long cur = __atomic_load_n(d, __ATOMIC_ACQUIRE);
-    while (cur < (long)o->v && !__atomic_compare_exchange_n(d, &cur, (long)o->v, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-    }
+  case 4:
+    ipcev_reach((long*)o->dst, (long)o->v);
     break;
-  }
   case 5:
-    while (__atomic_load_n((long*)o->dst, __ATOMIC_ACQUIRE) < (long)o->v) usleep(5);
+    ipcev_wait((const long*)o->dst, (long)o->v);
     break;
   }
-}
-static void* stream_worker(void* arg) {
-  struct stream* s = arg;
-  pthread_mutex_lock(&s->m);
-  for (;;) {
-    while (!s->head) pthread_cond_wait(&s->c, &s->m);
-    struct op* o = s->head;
-    pthread_mutex_unlock(&s->m);
-    usleep(async_us);
-    if (o->dtod && dtod_us > 0) usleep(dtod_us);
-    run_op(o);
-    pthread_mutex_lock(&s->m);
-    s->head = o->next;
-    if (!s->head) s->tail = NULL;
-    free(o);
-    s->done++;
-    pthread_cond_broadcast(&s->c);
-  }
-  return NULL;
-}
-/* enqueue runs o now (no delay) or hands it to the stream's worker. */
-static int enqueue(struct stream* s, struct op o) {
-  struct op* p = malloc(sizeof *p);
-  if (!p) return 2;
-  *p = o;
-  p->next = NULL;
-  pthread_mutex_lock(&s->m);
-  s->issued++;
-  if (async_us <= 0) {
-    run_op(p);
-    free(p);
-    s->done++;
-  } else {
-    if (s->tail) s->tail->next = p;
-    else s->head = p;
-    s->tail = p;
-    pthread_cond_broadcast(&s->c);
-  }
-  pthread_mutex_unlock(&s->m);
-  return 0;
 }
 int hipStreamCreateWithFlags(void** s, unsigned f) {
   (void)f;
   if (current < 0) return 101;
-  struct stream* st = calloc(1, sizeof *st);
-  st->dev = current;
-  pthread_mutex_init(&st->m, NULL);
-  pthread_cond_init(&st->c, NULL);
-  pthread_mutex_lock(&mu);
-  if (async_us < 0) {
-    async_us = getenv("FAKEHIP_ASYNC_US") ? atol(getenv("FAKEHIP_ASYNC_US")) : 0;
-    dtod_us = getenv("FAKEHIP_DTOD_US") ? atol(getenv("FAKEHIP_DTOD_US")) : 0;
-  }
-  pthread_mutex_unlock(&mu);
-  if (async_us > 0) {
-    pthread_t t;
-    pthread_create(&t, NULL, stream_worker, st);
-    pthread_detach(t);
-  }
-  *s = st;
-  return 0;
+  *s = fs_new("FAKEHIP_ASYNC_US", current);
+  return *s ? 0 : 2;
 }
-int hipStreamSynchronize(void* p) {
-  struct stream* s = p;
-  pthread_mutex_lock(&s->m);
-  while (s->done < s->issued) pthread_cond_wait(&s->c, &s->m);
-  pthread_mutex_unlock(&s->m);
+int hipStreamSynchronize(void* s) {
+  fs_sync(s);
   return 0;
 }
 int hipHostMalloc(void** p, size_t n, unsigned f) { (void)f; *p = malloc(n); return *p ? 0 : 2; }
@@ -303,7 +242,7 @@ static int copyable(void* dst, const void* src, size_t n, int kind, int dev) {
   return r;
 }
 int hipMemcpyAsync(void* dst, const void* src, size_t n, int kind, void* s) {
-  struct stream* st = s;
+  struct fstream* st = s;
   if (!st || st->dev != current) return 101;
   int r = copyable(dst, src, n, kind, current);
   if (r != 0) return r;
@@ -311,7 +250,7 @@ int hipMemcpyAsync(void* dst, const void* src, size_t n, int kind, void* s) {
     static int said;
     if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakehip: a device-to-device copy\n");
   }
-  return enqueue(st, (struct op){.kind = 0, .dtod = kind == 3, .dst = dst, .src = src, .n = n});
+  return fs_enqueue(st, (struct op){.kind = 0, .dtod = kind == 3, .dst = dst, .src = src, .n = n});
 }
 int hipMemcpy(void* dst, const void* src, size_t n, int kind) {
   int r = copyable(dst, src, n, kind, current);
@@ -319,118 +258,56 @@ int hipMemcpy(void* dst, const void* src, size_t n, int kind) {
   return r;
 }
 int hipStreamWriteValue64(void* s, void* ptr, uint64_t v, unsigned flags) {
-  struct stream* st = s;
+  struct fstream* st = s;
   (void)flags;
   if (!st || st->dev != current) return 101;
   if ((uintptr_t)ptr % 8 || reach((uintptr_t)ptr, 8, current) != 0) return 1;
   static int said;
   if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakehip: a stream write of a signal word\n");
-  return enqueue(st, (struct op){.kind = 1, .dst = ptr, .v = v});
+  return fs_enqueue(st, (struct op){.kind = 1, .dst = ptr, .v = v});
 }
 
-/* Events. A plain one remembers its stream and how much was queued on it;
- * an interprocess one lives in a memfd arena that hipIpcOpenEventHandle
- * maps from the creating process (/proc/<pid>/fd/<fd>): a recording bumps
- * the recorded count and queues a mark that sets reached; a stream waiting
- * for it queues a wait until reached catches up with the count read when
- * the wait was queued. */
-struct fevent {
-  struct stream* s;
-  long seq;
-  long* x; /* interprocess: {recorded, reached} */
-};
-#define NIPCEV 4096
-static long* arena;
-static int arenafd = -1, arenanext;
+#define IPCEV_MAGIC 0x76656b68
 int hipEventCreateWithFlags(void** e, unsigned f) {
   if (current < 0) return 101;
   struct fevent* ev = calloc(1, sizeof *ev);
   if (!ev) return 2;
-  if (f & 4) { /* hipEventInterprocess */
-    pthread_mutex_lock(&mu);
-    if (!arena) {
-      arenafd = memfd_create("fakehip-ipcev", MFD_CLOEXEC);
-      if (arenafd >= 0 && ftruncate(arenafd, NIPCEV * 2 * sizeof(long)) == 0)
-        arena = mmap(NULL, NIPCEV * 2 * sizeof(long), PROT_READ | PROT_WRITE, MAP_SHARED, arenafd, 0);
-      if (arena == MAP_FAILED) arena = NULL;
-    }
-    int i = arena && arenanext < NIPCEV ? arenanext++ : -1;
-    pthread_mutex_unlock(&mu);
-    if (i < 0) {
-      free(ev);
-      return 2;
-    }
-    ev->x = arena + 2 * i;
+  if (f & 4 && !(ev->x = ipcev_new("fakehip-ipcev"))) { /* hipEventInterprocess */
+    free(ev);
+    return 2;
   }
   *e = ev;
   return 0;
 }
 int hipEventRecord(void* e, void* stream) {
-  struct fevent* ev = e;
-  struct stream* s = stream;
+  struct fstream* s = stream;
   if (!s || s->dev != current) return 101;
-  if (ev->x) {
-    static int said;
-    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakehip: an interprocess event recorded\n");
-    long v = __atomic_add_fetch(&ev->x[0], 1, __ATOMIC_ACQ_REL);
-    return enqueue(s, (struct op){.kind = 4, .dst = &ev->x[1], .v = (uint64_t)v});
-  }
-  pthread_mutex_lock(&s->m);
-  ev->s = s;
-  ev->seq = s->issued;
-  pthread_mutex_unlock(&s->m);
-  return 0;
+  return fs_record(e, s, "fakehip");
 }
-int hipEventQuery(void* e) {
-  struct fevent* ev = e;
-  if (ev->x) return __atomic_load_n(&ev->x[1], __ATOMIC_ACQUIRE) >= __atomic_load_n(&ev->x[0], __ATOMIC_ACQUIRE) ? 0 : 600;
-  if (!ev->s) return 0;
-  pthread_mutex_lock(&ev->s->m);
-  int done = ev->s->done >= ev->seq;
-  pthread_mutex_unlock(&ev->s->m);
-  return done ? 0 : 600; /* hipErrorNotReady */
-}
+int hipEventQuery(void* e) { return fs_passed(e) ? 0 : 600; /* hipErrorNotReady */ }
 int hipEventDestroy(void* e) {
   free(e);
   return 0;
 }
-typedef struct {
-  unsigned magic;
-  int pid, fd, index;
-  unsigned char pad[48];
-} ipcEvHandle;
-_Static_assert(sizeof(ipcEvHandle) == 64, "hipIpcEventHandle_t is 64 bytes");
 int hipIpcGetEventHandle(void* h, void* e) {
   struct fevent* ev = e;
   if (!ev->x) return 1; /* not made with hipEventInterprocess */
-  ipcEvHandle x = {.magic = 0x76656b68, .pid = getpid(), .fd = arenafd, .index = (int)((ev->x - arena) / 2)};
-  memcpy(h, &x, sizeof x);
+  ipcev_get(ev->x, IPCEV_MAGIC, h);
   return 0;
 }
-int hipIpcOpenEventHandle(void** e, ipcEvHandle h) {
-  if (h.magic != 0x76656b68 || h.pid == getpid() || h.index < 0 || h.index >= NIPCEV) return 1;
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
-  int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0) return 2;
-  long* m = mmap(NULL, NIPCEV * 2 * sizeof(long), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (m == MAP_FAILED) return 2;
+int hipIpcOpenEventHandle(void** e, ipcev_handle_t h) {
+  long* x = ipcev_open(&h, IPCEV_MAGIC);
+  if (!x) return 1;
   struct fevent* ev = calloc(1, sizeof *ev);
-  ev->x = m + 2 * h.index; /* the mapping stays for the process's life */
+  ev->x = x;
   *e = ev;
   return 0;
 }
 int hipStreamWaitEvent(void* stream, void* e, unsigned f) {
   (void)f;
-  struct fevent* ev = e;
-  struct stream* s = stream;
+  struct fstream* s = stream;
   if (!s || s->dev != current) return 101;
-  if (!ev->x) return 1; /* the plugin waits only for interprocess events */
-  long v = __atomic_load_n(&ev->x[0], __ATOMIC_ACQUIRE);
-  static int said;
-  if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakehip: a stream waits for another process's event\n");
-  return enqueue(s, (struct op){.kind = 5, .dst = &ev->x[1], .v = (uint64_t)v});
+  return fs_wait(s, e, "fakehip");
 }
 
 #ifndef FAKEHIP_NO_DMABUF
