@@ -303,11 +303,11 @@ func TestAllLanesDownPeerDead(t *testing.T) {
 }
 
 // TestAckLaneFailover: with four lanes, the acks of rank 0's puts ride
-// rank 1's lane 0 back (piggybacked). That lane fails (a reset) while
-// rank 1 holds acks of puts that landed: from then on rank 1 sends them
-// on the acknowledged stream (acker.rehome), so every put still
-// completes, once, with success, nobody reports an error, the peer
-// lives, and later puts complete too.
+// rank 1's lanes back (piggybacked). Rank 1's lane 0 fails (a reset)
+// while rank 1 holds acks of puts that landed: rank 1 repeats the whole
+// count on a live lane (tcpLink.rehomeAcks, its timer when nothing else
+// is written), so every put still completes, once, with success, nobody
+// reports an error, the peer lives, and later puts complete too.
 func TestAckLaneFailover(t *testing.T) {
 	for _, intra := range []bool{false, true} {
 		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) { ackLaneFailover(t, intra) })
@@ -329,7 +329,7 @@ func ackLaneFailover(t *testing.T, intra bool) {
 	os, ms := fourLanes(t, intra)
 	a := tcpOf(t, ms[1], 0).acks[0]
 	if !a.rides() {
-		t.Fatal("acks of rank 0's lane 0 do not ride rank 1's lane 0")
+		t.Fatal("acks of rank 0's lane 0 do not ride rank 1's lanes")
 	}
 	src := make([]byte, 2*n*size)
 	for i := range src {
@@ -351,10 +351,16 @@ func ackLaneFailover(t *testing.T, intra bool) {
 			t.Fatalf("put %d completed before rank 1 acknowledged it", i)
 		}
 	}
+	// The count rode a batch of rank 1's lane 0 that dies with the lane:
+	// claimed (sent) but never read by rank 0.
+	if pub := a.pub.Load(); pub != n || !a.claim(pub) {
+		t.Fatalf("rank 1 published %d landed puts, want %d", pub, n)
+	}
+	a.hold.Store(false)
 	resetIn(t, ms[0], 1, 0) // rank 1's lane 0 to rank 0: both ends see it break
 	waitUntil(t, "rank 1's lane 0 to fail over", func() bool { return ms[1].peers[0].down.Load()&1 != 0 })
-	a.hold.Store(false)
-	// Nothing more arrives on the stream: the acks leave by themselves.
+	// Nothing more arrives on the stream, and nobody calls rank 1: the
+	// whole count leaves by itself, on a live lane.
 	for i := 0; i < n; i++ {
 		if st := waitDone(t, os[0], uint64(100+i)); st != abi.Success {
 			t.Fatalf("put %d: %v", i, st)

@@ -57,9 +57,6 @@ func (l *lane) open() {
 	l.setOut(c)
 	p.opened.Or(1 << l.idx)
 	l.mu.Unlock()
-	if a := l.ack; a != nil {
-		a.laneOpen() // the peer's puts on our incoming stream of this index may be acknowledged here now
-	}
 	l.run()
 	l.kick()
 }

@@ -32,9 +32,13 @@ func testLoneSignal(t *testing.T, lanes int) {
 	for i := range src {
 		src[i] = byte(i*3 + 1)
 	}
-	saved, savedHold := sendDelay, holdDelay
-	sendDelay, holdDelay = time.Hour, time.Hour
-	t.Cleanup(func() { sendDelay, holdDelay = saved, savedHold })
+	saved, savedHold := sendDelay.get(), holdDelay.get()
+	sendDelay.set(time.Hour)
+	holdDelay.set(time.Hour)
+	t.Cleanup(func() {
+		sendDelay.set(saved)
+		holdDelay.set(savedHold)
+	})
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20})
 	l := tcpOf(t, ms[0], 1).lanes[0]
 	post := func(i int, signal, hold bool) {

@@ -366,7 +366,7 @@ type Stats struct {
 	CompressedRaw, CompressedWire uint64
 	// AcksCarried and AcksAlone count the acknowledgements of the peers'
 	// puts sent so far: carried in a batch of ours (SPEC.md §4,
-	// "Acknowledgements ride the reverse lane"), or written alone.
+	// "Acknowledgements ride the reverse lanes"), or written alone.
 	AcksCarried, AcksAlone uint64
 }
 

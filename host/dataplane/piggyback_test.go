@@ -67,11 +67,15 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 				ms[0].Post(1, &op, hold, 0)
 			}
 			// Part 1: the send timer never fires (no timed behaviour).
-			saved, savedHold := sendDelay, holdDelay
-			sendDelay, holdDelay = time.Hour, time.Hour
+			saved, savedHold := sendDelay.get(), holdDelay.get()
+			sendDelay.set(time.Hour)
+			holdDelay.set(time.Hour)
 			// Restored after the meshes closed (cleanups run last first),
 			// as their timers read them.
-			t.Cleanup(func() { sendDelay, holdDelay = saved, savedHold })
+			t.Cleanup(func() {
+				sendDelay.set(saved)
+				holdDelay.set(savedHold)
+			})
 			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 			l := tcpOf(t, ms[0], 1).lanes[0]
 			w0, b0 := l.writes.Load(), l.batches.Load()
@@ -100,7 +104,8 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 			}
 			// Part 2: held ops, then nothing at all from the caller (a
 			// fresh pair: the first one's send timer is armed for an hour).
-			sendDelay, holdDelay = saved, savedHold
+			sendDelay.set(saved)
+			holdDelay.set(savedHold)
 			os = newOwners(2, 4096)
 			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 			for i := 0; i <= n; i++ {
@@ -125,16 +130,19 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 // rode the other stream before its rejection was read. With four lanes
 // and local completion no lane resends, so acks ride the answers there
 // too (the rejection is left out: a put completes once written), and so
-// they do with failover on, also on a lane that opens when first used.
+// they do with failover on, on a lane that opens when first used, and
+// when the answers travel on another lane than the puts (a backend that
+// picks the lane by peer): an ack names the stream it acknowledges.
 func TestPiggybackedAcks(t *testing.T) {
 	for _, c := range []struct {
 		intra     bool
 		lanes     int
 		localComp bool
-		lane      int // both ranks post on it
-	}{{false, 1, false, 0}, {true, 1, false, 0}, {false, 4, true, 0}, {true, 4, true, 0}, {false, 4, false, 0}, {true, 4, false, 0},
-		{false, 4, false, 2}, {true, 4, false, 2}} {
-		t.Run(fmt.Sprintf("intra=%v/lanes=%d/local=%v/lane=%d", c.intra, c.lanes, c.localComp, c.lane), func(t *testing.T) {
+		lane      [2]int // the lane each rank posts on
+	}{{false, 1, false, [2]int{}}, {true, 1, false, [2]int{}}, {false, 4, true, [2]int{}}, {true, 4, true, [2]int{}},
+		{false, 4, false, [2]int{}}, {true, 4, false, [2]int{}}, {false, 4, false, [2]int{2, 2}}, {true, 4, false, [2]int{2, 2}},
+		{false, 4, false, [2]int{1, 0}}, {true, 4, false, [2]int{1, 0}}} {
+		t.Run(fmt.Sprintf("intra=%v/lanes=%d/local=%v/lane=%d,%d", c.intra, c.lanes, c.localComp, c.lane[0], c.lane[1]), func(t *testing.T) {
 			const iters = 400
 			bad := 200 // rank 0's put at this iteration names a registration rank 1 lacks
 			if c.localComp {
@@ -143,8 +151,8 @@ func TestPiggybackedAcks(t *testing.T) {
 			os := newOwners(2, 8192)
 			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: c.intra, Lanes: c.lanes, LocalCompletion: c.localComp, StripeThreshold: 1 << 20})
 			for r, m := range ms {
-				if a := tcpOf(t, m, 1-r).acks[c.lane]; a.rides() != (c.lane == 0) {
-					t.Fatalf("rank %d: acks of lane %d ride the answers: %v before the lane opened", r, c.lane, a.rides())
+				if a := tcpOf(t, m, 1-r).acks[c.lane[1-r]]; !a.rides() {
+					t.Fatalf("rank %d: acks of lane %d do not ride the answers", r, c.lane[1-r])
 				}
 			}
 			// Word 0: the signal; each put writes 8 bytes at 64+8*(i%64).
@@ -162,7 +170,7 @@ func TestPiggybackedAcks(t *testing.T) {
 				if r == 0 && i == bad {
 					op.MrID, op.Remote = 2, 0 // the target rejects it (and applies no signal)
 				}
-				ms[r].Post(1-r, &op, false, c.lane)
+				ms[r].Post(1-r, &op, false, c.lane[r])
 				return tag
 			}
 			check := func(r, i int) {
@@ -227,9 +235,13 @@ func TestPiggybackedAcks(t *testing.T) {
 func TestAskAcks(t *testing.T) {
 	for _, intra := range []bool{false, true} {
 		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) {
-			savedDelay, savedBound := ackDelay, ackBound
-			ackDelay, ackBound = time.Hour, time.Hour
-			t.Cleanup(func() { ackDelay, ackBound = savedDelay, savedBound })
+			savedDelay, savedBound := ackDelay.get(), ackBound.get()
+			ackDelay.set(time.Hour)
+			ackBound.set(time.Hour)
+			t.Cleanup(func() {
+				ackDelay.set(savedDelay)
+				ackBound.set(savedBound)
+			})
 			os := newOwners(2, 4096)
 			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 			src := make([]byte, 64)

@@ -170,11 +170,9 @@ func (l *lane) migrate(cause error) {
 		queued = append(queued, op)
 	}
 	l.mu.Unlock()
-	if a := l.ack; a != nil {
-		// The acks it carried for the peer's puts go back on their own
-		// stream; the writer let go, so no count it took is in flight.
-		a.rehome()
-	}
+	// Counts of acks it carried may have died with it; the writer let go,
+	// so none it took is still in flight.
+	l.t.rehomeAcks()
 
 	// Failure path: allocating here is fine.
 	var work []Op

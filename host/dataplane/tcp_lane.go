@@ -42,12 +42,24 @@ const (
 // sendDelay bounds how long a small or held operation waits in the queue
 // for the caller's next test() before the writer goroutine sends it
 // anyway. A variable so that tests can count batches without it.
-var sendDelay = 200 * time.Microsecond
+var sendDelay = newDelay(200 * time.Microsecond)
 
 // holdDelay is that bound for a queue of nothing but operations held by
 // the aggregation hint, whose caller said more follow and then tests:
 // long, so that a stream of them keeps the timer nearly idle.
-var holdDelay = 2 * time.Millisecond
+var holdDelay = newDelay(2 * time.Millisecond)
+
+// delay is a duration that tests change while the timers of meshes of
+// earlier tests may still read it.
+type delay struct{ ns atomic.Int64 }
+
+func newDelay(d time.Duration) *delay {
+	v := &delay{}
+	v.set(d)
+	return v
+}
+func (d *delay) get() time.Duration  { return time.Duration(d.ns.Load()) }
+func (d *delay) set(v time.Duration) { d.ns.Store(int64(v)) }
 
 // tcpLink is the TCP transport to one peer: our outgoing lanes (requests
 // and the replies to them) and the peer's incoming streams (its requests to
@@ -80,6 +92,7 @@ type tcpLink struct {
 	inDown atomic.Uint32
 	// acks[i] acknowledges the puts of incoming stream i (tcp_service.go).
 	acks   []*acker
+	ride   bool // acks ride our lanes' batches (set by start)
 	fences [abi.MaxLanes]sync.Once
 	fixed  bool // no failover: a broken stream fails the peer
 }
@@ -141,27 +154,22 @@ func (t *tcpLink) inlineMax() uint64 {
 }
 
 func (t *tcpLink) start() {
-	// Acks ride the lane of the same index once it is open (lane 0 from
-	// the start, the others when first used: an owed ack must not wait
-	// for a lane to be dialled), never beside a fabric endpoint (its
-	// staged puts' window is reaped by whichever reader acks them, one at
-	// a time). Until then each travels back on the stream it
+	// Acks ride whichever of our lanes to the peer writes next (each
+	// names the stream it acknowledges), never beside a fabric endpoint
+	// (its staged puts' window is reaped by whichever reader acks them,
+	// one at a time). An ack of its own travels back on the stream it
 	// acknowledges, read by the initiator's replies goroutine: a wake-up
 	// per ack, which on two cores costs a small exchange some 20 µs a
-	// hop. With failover, a lane that carried acks and fails sends them
-	// on the acknowledged stream from then on (acker.rehome), and the
-	// initiator voids acks of a lane it moved.
+	// hop. A lane that fails over may take counts with it: the next
+	// carry repeats them whole (rehomeAcks), and the initiator voids
+	// acks of a lane it moved.
 	if t.onAcked == nil {
-		for i, a := range t.acks {
-			if i < len(t.lanes) {
-				a.lane = t.lanes[i]
-				t.lanes[i].ack = a
-				a.timer = time.AfterFunc(time.Hour, a.expire)
-				a.timer.Stop()
-				if t.lanes[i].out != nil {
-					a.laneOpen()
-				}
-			}
+		t.ride = true
+		for _, a := range t.acks {
+			a.link = t
+			a.timer = time.AfterFunc(time.Hour, a.expire)
+			a.timer.Stop()
+			a.piggy.Store(piggyOn)
 		}
 	}
 	// The lanes start once their acks are attached and every lane's
@@ -373,13 +381,13 @@ type lane struct {
 	hdrs   []byte
 	iov    [][]byte
 	bufs   net.Buffers
-	ackHdr [wire.HeaderSize]byte // a piggybacked ack (wire.MsgAck)
-	askAck atomic.Bool           // the next batch asks the peer for its acks now (askAcks)
-	askAt  atomic.Int64          // when flush asks, if acks are still owed then (Now(); 0: no flush waits)
-	liov   [1]unix.Iovec         // scratch for the side path
-	riov   [1]unix.RemoteIovec   // (process_vm_writev/readv)
-	enc    codec.Encoder         // wire compression (host/codec)
-	gather staging.Gather        // small device payloads of the batch, copied asynchronously
+	ackHdr [abi.MaxLanes + 1][wire.HeaderSize]byte // piggybacked acks (wire.MsgAck), and an ask
+	askAck atomic.Bool                             // the next batch asks the peer for its acks now (askAcks)
+	askAt  atomic.Int64                            // when flush asks, if acks are still owed then (Now(); 0: no flush waits)
+	liov   [1]unix.Iovec                           // scratch for the side path
+	riov   [1]unix.RemoteIovec                     // (process_vm_writev/readv)
+	enc    codec.Encoder                           // wire compression (host/codec)
+	gather staging.Gather                          // small device payloads of the batch, copied asynchronously
 	// writeIov's raw writev: the stream's RawConn, the iovecs, the count
 	// and the outcome (bound once so that a write allocates nothing)
 	orc  syscall.RawConn
@@ -429,9 +437,6 @@ type lane struct {
 	sent   ring.Ring[sentOp]
 	pops   []Op // owned by whoever holds writing: parallel to ptags
 
-	// ack is the incoming stream of the same index whose acks this lane
-	// carries (piggybacking, tcp_service.go); nil when it carries none.
-	ack *acker
 	// batches counts the batches written and writes the writev calls
 	// they took (tests count them; the acker reads batches).
 	batches atomic.Uint64
@@ -479,8 +484,8 @@ const laneQueue = 1024
 func (l *lane) alloc() {
 	l.batch = make([]Op, batchMax)
 	l.hdrs = make([]byte, batchMax*wire.HeaderSize)
-	l.iov = make([][]byte, 0, 2*batchMax+1) // +1: a piggybacked ack
-	l.wiov = make([]unix.Iovec, 2*batchMax+1)
+	l.iov = make([][]byte, 0, 2*batchMax+len(l.ackHdr)) // + piggybacked acks
+	l.wiov = make([]unix.Iovec, 2*batchMax+len(l.ackHdr))
 	l.wvFn = l.writevFD
 	l.gets = ring.New[getEntry](256)
 	l.puts = ring.New[uint64](1024)
@@ -515,9 +520,9 @@ func (l *lane) run() {
 func (l *lane) sendTimer() {
 	l.mu.Lock()
 	more := l.q.Len() > 0
-	d := holdDelay
+	d := holdDelay.get()
 	if l.qUrgent {
-		d = sendDelay
+		d = sendDelay.get()
 	}
 	if wait := l.qSince + int64(d) - Now(); more && wait > 0 {
 		l.timer.Reset(time.Duration(wait))
@@ -583,13 +588,13 @@ func (l *lane) enqueue(op *Op, hold bool) (lone bool) {
 		// test, so nothing held is stranded.
 		if !l.armed.Swap(true) {
 			l.long.Store(true)
-			l.timer.Reset(holdDelay)
+			l.timer.Reset(holdDelay.get())
 		}
 	case !l.armed.Swap(true) || l.long.Load():
 		// Small: the same, with the timer at sendDelay (which also
 		// covers a lone signal that submitCaller could not write after all).
 		l.long.Store(false)
-		l.timer.Reset(sendDelay)
+		l.timer.Reset(sendDelay.get())
 	}
 	return lone
 }
@@ -602,7 +607,7 @@ func (l *lane) enqueue(op *Op, hold bool) (lone bool) {
 // at post time, remains the guarantee that nothing waits for a test.
 func (l *lane) flush() {
 	limit := l.t.inlineMax()
-	if l.ack != nil && l.ack.stale() && l.sendAck(true) {
+	if l.t.ackStale() && l.sendAck(true) {
 		return // nothing queued to carry an owed ack: it left alone, on this thread
 	}
 	l.askDue()
@@ -644,31 +649,111 @@ func (l *lane) flush() {
 // steps, each of which looks again under the lock.
 func (l *lane) queued() bool { return l.work.Load() }
 
-// carryAck appends the ack this lane owes the peer (acker.drained) to the
-// batch about to be written, the first thing in it.
+// carryAck appends the acks this link owes the peer (acker.drained) to
+// the batch about to be written, the first things in it, and an ask for
+// the peer's acks of this lane's puts when one is due (the first header
+// carries it, or one of its own).
 func (l *lane) carryAck(iov [][]byte) [][]byte {
 	ask := l.askAck.Load() && l.askAck.Swap(false)
-	a := l.ack
-	var n uint64
-	if a != nil {
-		if n = a.owed(); n != 0 && !a.claim(n) {
-			n = 0
+	k := 0
+	if l.t.ride {
+		for i, a := range l.t.acks {
+			n := a.owed()
+			if n == 0 || !a.claim(n) {
+				continue
+			}
+			// MrID names the peer's lane (our incoming stream i) whose
+			// puts n acknowledges.
+			h := wire.Header{Typ: wire.MsgAck, MrID: uint32(i), Seq: n}
+			if ask && k == 0 {
+				h.Status = wire.StatusAckNow
+			}
+			h.Encode(l.ackHdr[k][:])
+			iov = append(iov, l.ackHdr[k][:])
+			k++
+		}
+		if k > 0 {
+			l.carried.Add(uint64(k))
 		}
 	}
-	if n == 0 && !ask {
-		return iov
+	if ask && k == 0 {
+		// Only asking: with Seq 0 the peer's counts are unchanged.
+		h := wire.Header{Typ: wire.MsgAck, MrID: uint32(l.idx), Status: wire.StatusAckNow}
+		h.Encode(l.ackHdr[0][:])
+		iov = append(iov, l.ackHdr[0][:])
 	}
-	if n != 0 {
-		l.carried.Add(1)
+	return iov
+}
+
+// ackStale reports an owed ack that waited ackDelay for a batch in vain.
+func (t *tcpLink) ackStale() bool {
+	if !t.ride {
+		return false
 	}
-	// MrID names our outgoing lane whose puts n acknowledges; with n 0
-	// (only asking) the peer's count of it is unchanged.
-	h := wire.Header{Typ: wire.MsgAck, MrID: uint32(l.idx), Seq: n}
-	if ask {
-		h.Status = wire.StatusAckNow
+	for _, a := range t.acks {
+		if a.stale() {
+			return true
+		}
 	}
-	h.Encode(l.ackHdr[:])
-	return append(iov, l.ackHdr[:])
+	return false
+}
+
+// acksOwed reports whether any ack waits for a batch to carry it.
+func (t *tcpLink) acksOwed() bool {
+	if !t.ride {
+		return false
+	}
+	for _, a := range t.acks {
+		if a.owed() != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// batchesWritten counts the batches our lanes to the peer wrote: a change
+// since an incoming stream last drained means traffic flows both ways
+// (acker.drained).
+func (t *tcpLink) batchesWritten() uint64 {
+	var n uint64
+	for _, l := range t.lanes {
+		n += l.batches.Load()
+	}
+	return n
+}
+
+// sendAcksAlone writes the owed acks with no batch, on the first open
+// lane that did not fail (the acker's timer).
+func (t *tcpLink) sendAcksAlone() {
+	for _, l := range t.lanes {
+		if l.isOpen() {
+			l.sendAck(false)
+			return
+		}
+	}
+}
+
+// isOpen reports whether the lane's stream is open and did not fail.
+func (l *lane) isOpen() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.out != nil && !l.down
+}
+
+// rehomeAcks: a lane failed over, and a count it had taken may have died
+// with it. Every riding acker's next carry repeats its whole count (the
+// peer keeps the highest it saw), on a live lane; the timer covers a link
+// that stays quiet.
+func (t *tcpLink) rehomeAcks() {
+	if !t.ride {
+		return
+	}
+	for _, a := range t.acks {
+		if a.rides() {
+			a.sent.Store(0)
+			a.arm()
+		}
+	}
 }
 
 // askAfter is how long a flush waits for the acks of its puts before it
@@ -749,7 +834,7 @@ func (l *lane) writeAlone() {
 // stranded. It reports whether it took the stream.
 func (l *lane) sendAck(idle bool) bool {
 	l.mu.Lock()
-	if l.writing || l.down || l.p.dead.Load() || l.ack.owed() == 0 || (idle && l.q.Len() > 0) {
+	if l.writing || l.down || l.out == nil || l.p.dead.Load() || !l.t.acksOwed() || (idle && l.q.Len() > 0) {
 		l.mu.Unlock()
 		return false
 	}
@@ -759,11 +844,16 @@ func (l *lane) sendAck(idle bool) bool {
 	return true
 }
 
-// ackLeft re-arms the ack timer when an ack is still owed as the stream
-// is let go: its timer may have fired while the stream was held.
+// ackLeft re-arms the ack timers of acks still owed as the stream is let
+// go: a timer may have fired while the stream was held.
 func (l *lane) ackLeft() {
-	if a := l.ack; a != nil && a.owed() != 0 {
-		a.arm()
+	if !l.t.ride {
+		return
+	}
+	for _, a := range l.t.acks {
+		if a.owed() != 0 {
+			a.arm()
+		}
 	}
 }
 

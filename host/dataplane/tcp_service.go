@@ -27,13 +27,14 @@ import (
 // to readBufSize bytes of small puts), never held while the service waits
 // for input, and never starved by a stream that keeps the buffer full.
 //
-// Piggybacking (SPEC.md §4, "Acknowledgements"): on a one-lane link an ack
-// need not cost a write and a wake-up of its own. When our outgoing lane
-// to the peer carried something since the last time the input drained
-// (traffic flows both ways, as in a ping-pong), the ack is left for that
-// lane instead: its next batch carries it (wire.MsgAck) in the same writev, and
-// the peer's reader (its service or a polling caller), which reads that
-// batch anyway, completes the puts.
+// Piggybacking (SPEC.md §4, "Acknowledgements ride the reverse lanes"): an
+// ack need not cost a write and a wake-up of its own. When one of our
+// lanes to the peer carried something since the last time the input
+// drained (traffic flows both ways, as in a ping-pong), the ack is left
+// for them instead: the next batch any of them writes carries it
+// (wire.MsgAck, naming this stream) in the same writev, and the peer's
+// reader (its service or a polling caller), which reads that batch
+// anyway, completes the puts.
 // When no batch comes, the next test() or rmaProgress of this process sends
 // it alone once it waited ackDelay (on the caller's thread: no wake-up
 // here), and a timer armed at most once per ackBound covers a process that
@@ -47,11 +48,11 @@ type acker struct {
 	r  io.Reader                // the stream's inReader (tcp_caller.go)
 	rd atomic.Pointer[inReader] // set once its service started: callers read it
 
-	// Shared with the outgoing lane of the same index (piggybacking).
+	// Shared with our lanes to the peer, which carry the acks (piggybacking).
 	pub   atomic.Uint64 // landed, as published at the last drain
 	sent  atomic.Uint64 // the highest count acknowledged, either way
-	piggy atomic.Int32  // piggyOff, piggyOn (acks may ride the lane) or piggyBarred
-	lane  *lane         // the outgoing lane that carries them; nil: none
+	piggy atomic.Int32  // piggyOff, piggyOn (acks may ride our lanes) or piggyBarred
+	link  *tcpLink      // whose lanes carry them; nil: none
 	// hold keeps every acknowledgement back (tests: a lane that dies with
 	// puts landed and not yet acknowledged, whatever the timing).
 	hold  atomic.Bool
@@ -72,8 +73,8 @@ type acker struct {
 // the lane will write soon was wrong. Variables so that tests can make a
 // hold last.
 var (
-	ackDelay = 50 * time.Microsecond
-	ackBound = 500 * time.Microsecond
+	ackDelay = newDelay(50 * time.Microsecond)
+	ackBound = newDelay(500 * time.Microsecond)
 )
 
 func (a *acker) Read(b []byte) (int, error) {
@@ -90,7 +91,7 @@ func (a *acker) drained() error {
 	if a.landed == a.sent.Load() {
 		return nil
 	}
-	if a.lane != nil && a.rides() {
+	if a.link != nil && a.rides() {
 		if a.held == a.landed && Now() < a.due.Load() {
 			// Already left for the lane, and a caller polling the stream
 			// drains it again and again before the lane writes: the ack
@@ -98,11 +99,11 @@ func (a *acker) drained() error {
 			return nil
 		}
 		a.pub.Store(a.landed)
-		if n := a.lane.batches.Load(); n != a.outs {
-			// The lane wrote since the last drain: expect it again.
+		if n := a.link.batchesWritten(); n != a.outs {
+			// A lane wrote since the last drain: expect one again.
 			a.outs = n
 			a.held = a.landed
-			a.due.Store(Now() + int64(ackDelay))
+			a.due.Store(Now() + int64(ackDelay.get()))
 			a.arm()
 			return nil
 		}
@@ -157,7 +158,7 @@ func (a *acker) arm() {
 	a.tmu.Lock()
 	if !a.armed {
 		a.armed = true
-		a.timer.Reset(ackBound)
+		a.timer.Reset(ackBound.get())
 	}
 	a.tmu.Unlock()
 }
@@ -165,48 +166,14 @@ func (a *acker) arm() {
 // stale reports an owed ack that waited ackDelay for the lane in vain.
 func (a *acker) stale() bool { return a.owed() != 0 && Now() >= a.due.Load() }
 
-// expire: no batch carried the ack in time; the lane sends it alone, or
-// after rehome the stream itself does.
+// expire: no batch carried the ack in time; a lane sends it alone. (A
+// stream whose acks do not ride sends them as it drains.)
 func (a *acker) expire() {
 	a.tmu.Lock()
 	a.armed = false
 	a.tmu.Unlock()
 	if a.rides() {
-		a.lane.sendAck(false)
-		return
-	}
-	a.flushAside()
-}
-
-// rehome: the lane that carried these acks failed over. A count it had
-// taken may have died with it, so the next ack repeats the whole count
-// (the peer keeps the highest it saw), on the acknowledged stream: its
-// reader drains (acker.Read), and the timer covers a stream that stays
-// quiet.
-func (a *acker) rehome() {
-	a.piggy.Store(piggyBarred)
-	a.sent.Store(0)
-	a.arm()
-}
-
-// flushAside acknowledges on the stream from the timer's goroutine once
-// piggybacking ended: only while nobody serves the stream (the role), as
-// only the role's holder writes it; else it looks again later. Nothing
-// once the service ended (the peer or the stream is gone).
-func (a *acker) flushAside() {
-	r := a.rd.Load()
-	if r == nil || r.role.Load() == roleGone {
-		return
-	}
-	if !r.role.CompareAndSwap(0, roleOwned) {
-		a.arm()
-		return
-	}
-	err := a.flush()
-	owed := a.landed != a.sent.Load()
-	r.role.Store(0)
-	if err == nil && owed {
-		a.arm() // held back (acker.hold) or raced: look again
+		a.link.sendAcksAlone()
 	}
 }
 
@@ -216,21 +183,16 @@ func (a *acker) flushAside() {
 // piggybacking on this stream (rejections are failures, not a fast path).
 func (a *acker) nacked() { a.piggy.Store(piggyBarred) }
 
-// Piggybacking states (acker.piggy): off until the lane that would carry
-// the acks is open, on, or barred for good (a nack, a failover): a lane
-// that opens later never turns a barred stream back on.
+// Piggybacking states (acker.piggy): off (the link's acks never ride:
+// beside a fabric endpoint), on, or barred for good by a nack.
 const (
 	piggyOff int32 = iota
 	piggyOn
 	piggyBarred
 )
 
-// rides reports whether acks may ride the lane.
+// rides reports whether acks may ride our lanes.
 func (a *acker) rides() bool { return a.piggy.Load() == piggyOn }
-
-// laneOpen: the lane that carries these acks opened; they may ride it
-// unless the stream was barred meanwhile.
-func (a *acker) laneOpen() { a.piggy.CompareAndSwap(piggyOff, piggyOn) }
 
 // ackEvery is the most puts the service lands before it acknowledges them,
 // even with more of them already read (it acknowledges before each read
