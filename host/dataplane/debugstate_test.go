@@ -14,13 +14,7 @@ import (
 // left queued.
 func TestWriteState(t *testing.T) {
 	os := newOwners(2, 4096)
-	saved, savedHold := sendDelay.get(), holdDelay.get()
-	sendDelay.set(time.Hour)
-	holdDelay.set(time.Hour)
-	t.Cleanup(func() {
-		sendDelay.set(saved)
-		holdDelay.set(savedHold)
-	})
+	setDelays(t, time.Hour, sendDelay, holdDelay)
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 1})
 	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Size: 0, Off: 64}, true, 0)
 	var b strings.Builder

@@ -32,13 +32,7 @@ func testLoneSignal(t *testing.T, lanes int) {
 	for i := range src {
 		src[i] = byte(i*3 + 1)
 	}
-	saved, savedHold := sendDelay.get(), holdDelay.get()
-	sendDelay.set(time.Hour)
-	holdDelay.set(time.Hour)
-	t.Cleanup(func() {
-		sendDelay.set(saved)
-		holdDelay.set(savedHold)
-	})
+	setDelays(t, time.Hour, sendDelay, holdDelay)
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20})
 	l := tcpOf(t, ms[0], 1).lanes[0]
 	post := func(i int, signal, hold bool) {

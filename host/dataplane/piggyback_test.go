@@ -23,6 +23,17 @@ func tcpOf(t *testing.T, m *Mesh, peer int) *tcpLink {
 	return nil
 }
 
+// setDelays sets each delay to d until t ends, restored after the meshes
+// t made closed (cleanups run last first, so call it before connecting),
+// as their timers read them.
+func setDelays(t *testing.T, d time.Duration, ds ...*delay) {
+	for _, v := range ds {
+		saved := v.get()
+		v.set(d)
+		t.Cleanup(func() { v.set(saved) })
+	}
+}
+
 // waitWord waits until the 8-byte word at off of o's memory reaches want
 // (atomic: the signal is the reader's proof that the payload landed).
 func waitWord(t *testing.T, o *memOwner, off int, want uint64, poll func()) {
@@ -68,14 +79,7 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 			}
 			// Part 1: the send timer never fires (no timed behaviour).
 			saved, savedHold := sendDelay.get(), holdDelay.get()
-			sendDelay.set(time.Hour)
-			holdDelay.set(time.Hour)
-			// Restored after the meshes closed (cleanups run last first),
-			// as their timers read them.
-			t.Cleanup(func() {
-				sendDelay.set(saved)
-				holdDelay.set(savedHold)
-			})
+			setDelays(t, time.Hour, sendDelay, holdDelay)
 			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 			l := tcpOf(t, ms[0], 1).lanes[0]
 			w0, b0 := l.writes.Load(), l.batches.Load()
@@ -235,13 +239,7 @@ func TestPiggybackedAcks(t *testing.T) {
 func TestAskAcks(t *testing.T) {
 	for _, intra := range []bool{false, true} {
 		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) {
-			savedDelay, savedBound := ackDelay.get(), ackBound.get()
-			ackDelay.set(time.Hour)
-			ackBound.set(time.Hour)
-			t.Cleanup(func() {
-				ackDelay.set(savedDelay)
-				ackBound.set(savedBound)
-			})
+			setDelays(t, time.Hour, ackDelay, ackBound)
 			os := newOwners(2, 4096)
 			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 			src := make([]byte, 64)
