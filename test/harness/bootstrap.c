@@ -5,6 +5,7 @@
  * listen handles, barriers, and a final report. When a rank dies, every
  * pending and later collective of the others fails at once (no hangs).
  */
+#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -34,6 +35,37 @@ static int full(int fd, char* c, size_t n, int out) {
     n -= (size_t)k;
   }
   return 0;
+}
+
+/* reap_child waits for child c and reaps it. A rank that died by a signal
+ * (killed by a scenario, or crashed) could not remove the shared memory
+ * libfabric's shm provider names after its pid ("/dev/shm/<pid>:<ep>:<dom>");
+ * left there, it makes a later process that reuses the pid fail to open
+ * shm (EBUSY). Those names are removed while the child is a zombie
+ * (waitid WNOWAIT): its pid cannot be reused until it is reaped, so every
+ * name found is the dead rank's own. */
+void reap_child(child_t* c) {
+  if (c->reaped) return;
+  siginfo_t si;
+  memset(&si, 0, sizeof si);
+  while (waitid(P_PID, (id_t)c->pid, &si, WEXITED | WNOWAIT) < 0 && errno == EINTR) {
+  }
+  if (si.si_pid == c->pid && (si.si_code == CLD_KILLED || si.si_code == CLD_DUMPED)) {
+    char prefix[32];
+    int n = snprintf(prefix, sizeof prefix, "%d:", (int)c->pid);
+    DIR* d = opendir("/dev/shm");
+    struct dirent* e;
+    while (d && (e = readdir(d)) != NULL) {
+      if (strncmp(e->d_name, prefix, (size_t)n) != 0) continue;
+      char path[300];
+      snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+      if (unlink(path) == 0) printf("rma_driver: removed %s, left by rank pid %d\n", path, (int)c->pid);
+    }
+    if (d) closedir(d);
+  }
+  while (waitpid(c->pid, &c->status, 0) < 0 && errno == EINTR) {
+  }
+  c->reaped = 1;
 }
 
 int write_full(int fd, const void* p, size_t n) { return full(fd, (char*)p, n, 1); }
@@ -170,8 +202,7 @@ const char* hub_run(child_t* C, int N) {
         int v = opt.kill_rank;
         printf("rma_driver: round 0 done; SIGKILL rank %d (pid %d)\n", v, (int)C[v].pid);
         kill(C[v].pid, SIGKILL);
-        waitpid(C[v].pid, &C[v].status, 0);
-        C[v].reaped = 1;
+        reap_child(&C[v]);
         C[v].killed = 1;
         close(C[v].fd);
         C[v].alive = 0;
@@ -183,10 +214,7 @@ const char* hub_run(child_t* C, int N) {
     }
   }
   for (int r = 0; r < N; r++)
-    if (!C[r].reaped) {
-      waitpid(C[r].pid, &C[r].status, 0);
-      C[r].reaped = 1;
-    }
+    reap_child(&C[r]);
   free(pfd);
   return hub_err;
 }

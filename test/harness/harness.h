@@ -141,6 +141,7 @@ typedef struct {
 
 extern int g_rank; /* -1 in the parent */
 
+void reap_child(child_t* c);
 int write_full(int fd, const void* p, size_t n);
 int read_full(int fd, void* p, size_t n);
 void boot_attach(int rank, int fd);

@@ -453,8 +453,7 @@ static double g_fs_at, g_fs_t0;
 
 static void reap_victim(child_t* C, int v) {
   kill(C[v].pid, SIGKILL);
-  waitpid(C[v].pid, &C[v].status, 0);
-  C[v].reaped = 1;
+  reap_child(&C[v]);
   C[v].killed = 1;
   if (C[v].alive) close(C[v].fd);
   C[v].alive = 0;
