@@ -6,6 +6,8 @@
  *   lanes=N       lanes (TCP streams) per peer, 1..8 (default 4)
  *   stripe=BYTES  ops at least this large are striped over every lane of the
  *                 peer while all are up (default 256k)
+ *   small=BYTES   ops smaller than this stay on the peer's first lane that is
+ *                 up instead of going round robin (default 16k; 0: none)
  *   fail_after=N  consecutive failed completions on a lane that take it out
  *                 of rotation for that peer (default 1)
  *   probe=N       while a lane is out, every Nth op to that peer goes on it
@@ -30,11 +32,11 @@ struct peer_state {
 };
 
 static struct {
-  int64_t lanes, stripe, fail_after, probe, down;
+  int64_t lanes, stripe, small, fail_after, probe, down;
   int chunk; /* FEATURE_CHUNK negotiated */
   int32_t rank;
   uint64_t planned[RMAW_MAX_LANES], completed[RMAW_MAX_LANES], failed[RMAW_MAX_LANES];
-  uint64_t striped, striped_done, probes, failovers, recoveries, no_lane, lane_events, moved;
+  uint64_t striped, striped_done, probes, failovers, recoveries, no_lane, lane_events, moved, kept;
 } st;
 
 static struct peer_state peers[MAX_PEERS + 1]; /* the last: every higher rank */
@@ -44,12 +46,13 @@ static struct peer_state *peer_of(uint32_t peer) { return &peers[peer < MAX_PEER
 
 RMAW_EXPORT(rmaw_init) int64_t rmaw_init(int64_t host_features) {
   int32_t len = RMAW_CONFIG_KEYS(cfg, {"lanes", &st.lanes, 4}, {"stripe", &st.stripe, 256 << 10},
+                                      {"small", &st.small, 16 << 10},
                                       {"fail_after", &st.fail_after, 1}, {"probe", &st.probe, 256},
                                       {"down", &st.down, 0});
   if (len < 0) return len;
-  if (st.lanes < 1 || st.lanes > RMAW_MAX_LANES || st.stripe < 1 || st.fail_after < 1 || st.probe < 1 ||
+  if (st.lanes < 1 || st.lanes > RMAW_MAX_LANES || st.stripe < 1 || st.small < 0 || st.fail_after < 1 || st.probe < 1 ||
       st.down < 0 || st.down >= (1 << st.lanes)) {
-    rmaw_log(RMAW_LOG_WARN, "multirail: want lanes=1..8, stripe>0, fail_after>0, probe>0, down=a mask of those lanes");
+    rmaw_log(RMAW_LOG_WARN, "multirail: want lanes=1..8, stripe>0, small>=0, fail_after>0, probe>0, down=a mask of those lanes");
     return RMAW_ERR_INVAL;
   }
   for (uint32_t i = 0; i <= MAX_PEERS; i++) peers[i].down = (uint8_t)st.down;
@@ -103,14 +106,22 @@ RMAW_EXPORT(rmaw_plan_op) int32_t rmaw_plan_op(int32_t ctx, int32_t kind, int32_
     st.striped++;
     return RMAW_OK;
   }
-  if (!up) { /* every lane failed: keep sending (never drop an op), round robin */
+  int none_up = !up;
+  if (none_up) { /* every lane failed: keep sending (never drop an op), round robin */
     up = all_lanes() & ~ps->gone;
     if (!up) up = all_lanes(); /* the host fails the peer when its last lane goes */
     st.no_lane++;
   }
-  uint32_t l = ps->rr % (uint32_t)st.lanes;
+  /* A small op gains nothing from another lane, and a stream of them
+   * spread over every lane makes the peer read every lane: keep them on
+   * the first lane that is up. */
+  int keep = !none_up && sz < (uint64_t)st.small;
+  uint32_t l = keep ? 0 : ps->rr % (uint32_t)st.lanes;
   while (!(up & (1u << l))) l = (l + 1) % (uint32_t)st.lanes;
-  ps->rr = (uint8_t)((l + 1) % (uint32_t)st.lanes);
+  if (keep)
+    st.kept++;
+  else
+    ps->rr = (uint8_t)((l + 1) % (uint32_t)st.lanes);
   p->lane = (int32_t)l;
   if (st.chunk) p->chunk_size = whole(sz); /* whole, on this lane */
   st.planned[l]++;
@@ -189,13 +200,13 @@ static void put_lanes(struct rmaw_buf *b, const char *name, const uint64_t *v) {
 
 RMAW_EXPORT(rmaw_ctx_close) int32_t rmaw_ctx_close(int32_t ctx) {
   (void)ctx;
-  char line[400];
+  char line[480];
   struct rmaw_buf b = {line, 0, sizeof line};
   rmaw_buf_fmt(&b, "multirail: rank %d", st.rank);
   put_lanes(&b, ": planned per lane ", st.planned);
   put_lanes(&b, ", completed ", st.completed);
   put_lanes(&b, ", failed ", st.failed);
-  rmaw_buf_fmt(&b, ", striped %llu (completed %llu), probes %llu, failovers %llu, recoveries %llu", st.striped,
+  rmaw_buf_fmt(&b, ", small kept on one lane %llu, striped %llu (completed %llu), probes %llu, failovers %llu, recoveries %llu", st.kept, st.striped,
                st.striped_done, st.probes, st.failovers, st.recoveries);
   rmaw_buf_fmt(&b, ", lane events %llu (operations moved %llu)%s", st.lane_events, st.moved,
                st.chunk ? "" : " (host without FEATURE_CHUNK: no striping)");

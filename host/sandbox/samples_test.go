@@ -109,6 +109,44 @@ func TestMultirailLaneEvents(t *testing.T) {
 	}
 }
 
+// TestMultirailSmallOps: ops below `small` stay on the peer's first lane
+// that is up (a stream of them spread over every lane makes the peer read
+// every lane), larger ones still go round robin, and small=0 spreads all.
+func TestMultirailSmallOps(t *testing.T) {
+	c := sampleContext(t, "multirail", "lanes=4,stripe=1m,small=4k,probe=1000")
+	lanes := func(peer uint32, size uint64, n int) map[int32]int {
+		used := map[int32]int{}
+		for i := 0; i < n; i++ {
+			p := plan(t, c, backend.OpPut, peer, size)
+			if p.Lane < 0 || p.ChunkSize != size {
+				t.Fatalf("a %d-byte op: %+v, want it whole on one lane", size, p)
+			}
+			used[p.Lane]++
+		}
+		return used
+	}
+	if used := lanes(1, 8, 12); len(used) != 1 || used[0] != 12 {
+		t.Fatalf("8-byte ops on lanes %v, want all on lane 0", used)
+	}
+	if used := lanes(1, 64<<10, 8); len(used) != 4 {
+		t.Fatalf("64 KiB ops on lanes %v, want round robin over 4", used)
+	}
+	// Lane 0 out: small ops move to the next lane up.
+	if err := c.Completions([]backend.Completion{{Kind: backend.OpPut, Peer: 1, Size: 8, Lane: 0, Status: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if used := lanes(1, 4095, 6); len(used) != 1 || used[1] != 6 {
+		t.Fatalf("small ops with lane 0 out on lanes %v, want all on lane 1", used)
+	}
+	if used := lanes(2, 100, 5); used[0] != 5 {
+		t.Fatalf("peer 2's small ops on lanes %v, want lane 0 (only peer 1 lost it)", used)
+	}
+	c = sampleContext(t, "multirail", "lanes=4,small=0")
+	if used := lanes(1, 8, 8); len(used) != 4 {
+		t.Fatalf("small=0: 8-byte ops on lanes %v, want round robin", used)
+	}
+}
+
 // TestChaosSeeded: the same seed gives the same decisions, another seed
 // other ones, and the rates follow the configuration.
 func TestChaosSeeded(t *testing.T) {
