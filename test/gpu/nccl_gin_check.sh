@@ -17,7 +17,12 @@
 # Prints one line per run and a summary "GIN-CHECK runs=N passed=P hangs=H
 # failed=F"; exits 0 only when every run passed. NVCC_GENCODE picks the GPU
 # architecture (default sm_90, Hopper). NCCL_PREBUILT=<dir> skips the NCCL
-# build and uses <dir>/lib and <dir>/include.
+# build and uses <dir>/lib and <dir>/include. NCCL_ONLY_FUNCS is passed to
+# NCCL's build as ONLY_FUNCS ("SendRecv" builds in about a third of the
+# time and is all these programs launch). For a short GPU loan:
+# CHECKS picks the parts (default "cuda_check host_rma gin example"),
+# GIN_REFS the reference runs after the per-size GIN alltoalls (default
+# "appctx synccopy selfwait lanes1 ipcwait ipc profile"; "" for none).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -25,6 +30,10 @@ TAR=${1:?usage: nccl_gin_check.sh <nccl-src.tar.gz or source tree> [runs] [outdi
 RUNS=${2:-20}
 OUT=${3:-/tmp/nccl-check}
 PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-90}
+CHECKS=${CHECKS:-cuda_check host_rma gin example}
+GIN_REFS=${GIN_REFS-appctx synccopy selfwait lanes1 ipcwait ipc profile}
+want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
+ref() { case " $GIN_REFS " in *" $1 "*) return 0 ;; esac; return 1; }
 GENCODE=${NVCC_GENCODE:--gencode=arch=compute_90,code=sm_90}
 PLUGIN=$ROOT/build/libnccl-rma-wasm.so
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -45,7 +54,7 @@ if [ -n "${NCCL_PREBUILT:-}" ]; then
   mkdir -p "$SRC/build" && cp -a "$NCCL_PREBUILT/." "$SRC/build/"
 else
   echo "GIN-CHECK: building NCCL ($GENCODE) with $(nproc) jobs"
-  if ! make -C "$SRC" -j"$(nproc)" src.build NVCC_GENCODE="$GENCODE" >"$OUT/nccl-build.log" 2>&1; then
+  if ! make -C "$SRC" -j"$(nproc)" src.build NVCC_GENCODE="$GENCODE" ${NCCL_ONLY_FUNCS:+ONLY_FUNCS="$NCCL_ONLY_FUNCS"} >"$OUT/nccl-build.log" 2>&1; then
     tail -40 "$OUT/nccl-build.log"
     echo "GIN-CHECK: NCCL build failed"
     exit 2
@@ -68,8 +77,9 @@ fi
 export LD_LIBRARY_PATH=$NCCL_HOME/lib:$ROOT/build:${LD_LIBRARY_PATH:-}
 export NCCL_RMA_WASM_ADDR=127.0.0.1
 
-echo "GIN-CHECK: cuda_check (device memory, then 20 teardown rounds)"
-if timeout 300 "$ROOT/build/cuda_check" "$ROOT/build/librccl-rma-wasm.so" $((3 << 20)) 20 >"$OUT/cuda_check.log" 2>&1; then
+if ! want cuda_check; then
+  :
+elif echo "GIN-CHECK: cuda_check (device memory, then 20 teardown rounds)"; timeout 300 "$ROOT/build/cuda_check" "$ROOT/build/librccl-rma-wasm.so" $((3 << 20)) 20 >"$OUT/cuda_check.log" 2>&1; then
   grep -E "teardown|multiseg|ring|RESULT" "$OUT/cuda_check.log"
 else
   tail -20 "$OUT/cuda_check.log"
@@ -110,7 +120,9 @@ MPS_ENV=""
 # NCCL's host RMA API over the plugin (nvcc does not take -Wl options, so
 # mpicxx links).
 arch=$(echo "$GENCODE" | sed -n 's/.*code=\(sm_[0-9]*\).*/\1/p')
-if nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/host_rma.cu" -o "$OUT/host_rma.o" >"$OUT/host_rma-build.log" 2>&1 &&
+if ! want host_rma; then
+  :
+elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/host_rma.cu" -o "$OUT/host_rma.o" >"$OUT/host_rma-build.log" 2>&1 &&
   mpicxx "$OUT/host_rma.o" -o "$OUT/host_rma" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/host_rma-build.log" 2>&1; then
   if timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
     -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV \
@@ -148,7 +160,9 @@ fi
 # alltoall, under MPS when it is on.
 GIN_ITERS=${GIN_ITERS:-200}
 GIN_SIZES=${GIN_SIZES:-64 4096 262144}
-if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/gin_alltoall.cu" -o "$OUT/gin_alltoall.o" >"$OUT/gin_alltoall-build.log" 2>&1 &&
+if ! want gin; then
+  :
+elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/gin_alltoall.cu" -o "$OUT/gin_alltoall.o" >"$OUT/gin_alltoall-build.log" 2>&1 &&
   mpicxx "$OUT/gin_alltoall.o" -o "$OUT/gin_alltoall" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/gin_alltoall-build.log" 2>&1; then
   # gin_run NAME BYTES ITERS [VAR=VALUE ...]: one two-rank run; a run still
   # alive 5 s before its timeout gets SIGUSR2 (with the stall report on,
@@ -190,6 +204,12 @@ if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --
     if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
     return 1
   }
+  # refrun REF NAME BYTES ITERS [VAR=VALUE ...]: gin_run when GIN_REFS names REF.
+  refrun() {
+    ref "$1" || return 0
+    shift
+    gin_run "$@"
+  }
   gin_bad=0
   for b in $GIN_SIZES; do
     gin_run "$b" "$b" "$GIN_ITERS" || gin_bad=1
@@ -198,24 +218,25 @@ if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --
   # application's own context with a hardware queue per stream, which
   # cannot hold our copies behind its kernels either (SPEC.md §4, "Copies
   # queued behind the application's kernels").
-  gin_run appctx-conn32-64 64 "$GIN_ITERS" NCCL_RMA_WASM_COPY_CONTEXT=0 CUDA_DEVICE_MAX_CONNECTIONS=32 || gin_bad=1
+  refrun appctx appctx-conn32-64 64 "$GIN_ITERS" NCCL_RMA_WASM_COPY_CONTEXT=0 CUDA_DEVICE_MAX_CONNECTIONS=32 || gin_bad=1
   # The reference for asynchronous small copies (on by default): the same
   # alltoalls with every small payload copied synchronously.
-  gin_run synccopy-64 64 "$GIN_ITERS" NCCL_RMA_WASM_ASYNC_COPY_KB=0 || gin_bad=1
-  gin_run synccopy-4096 4096 "$GIN_ITERS" NCCL_RMA_WASM_ASYNC_COPY_KB=0 || gin_bad=1
+  refrun synccopy synccopy-64 64 "$GIN_ITERS" NCCL_RMA_WASM_ASYNC_COPY_KB=0 || gin_bad=1
+  refrun synccopy synccopy-4096 4096 "$GIN_ITERS" NCCL_RMA_WASM_ASYNC_COPY_KB=0 || gin_bad=1
   # The reference for a rank's own copies queued (on by default): each
   # round's put to its own rank waited for by NCCL's proxy thread.
-  gin_run selfwait-64 64 "$GIN_ITERS" NCCL_RMA_WASM_SELF_ASYNC=0 || gin_bad=1
+  refrun selfwait selfwait-64 64 "$GIN_ITERS" NCCL_RMA_WASM_SELF_ASYNC=0 || gin_bad=1
   # The reference for several lanes (one per 4 cores by default, so four
   # on a 16-core host): the same alltoalls over one lane per peer.
-  gin_run lanes1-64 64 "$GIN_ITERS" NCCL_RMA_WASM_LANES=1 || gin_bad=1
+  refrun lanes1 lanes1-64 64 "$GIN_ITERS" NCCL_RMA_WASM_LANES=1 || gin_bad=1
   # Device windows mapped between the two processes (off by default until
   # measured here): each put copies straight into the peer's window. The
   # INFO line says whether the mapping was used.
   # ipcwait-64: the same with the sender waiting for its copies (no
   # interprocess events), to see what the events save.
-  gin_run ipcwait-64 64 "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_RMA_WASM_INTRANODE_IPC_EVENTS=0 || gin_bad=1
-  for b in 64 4096 262144; do
+  refrun ipcwait ipcwait-64 64 "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_RMA_WASM_INTRANODE_IPC_EVENTS=0 || gin_bad=1
+  ref ipc || GIN_IPC_SIZES=""
+  for b in ${GIN_IPC_SIZES-64 4096 262144}; do
     gin_run ipc-$b $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET || gin_bad=1
     grep -q "ordered by interprocess events" "$OUT/gin_alltoall-ipc-$b.log" && echo "GIN-CHECK [ipc-$b] signals ordered by interprocess events" ||
       echo "GIN-CHECK [ipc-$b] signals wait for their copies on the host"
@@ -223,7 +244,9 @@ if nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --
       { echo "GIN-CHECK [ipc-$b] the mapping was not used:"; grep -E "not mapped|not shared|IPC" "$OUT/gin_alltoall-ipc-$b.log" | head -5; }
   done
   # Where the time of a 64-byte alltoall goes, seen from the plugin.
-  if gin_run profile-64 64 "$GIN_ITERS" NCCL_RMA_WASM_PROFILE=1; then
+  if ! ref profile; then
+    :
+  elif gin_run profile-64 64 "$GIN_ITERS" NCCL_RMA_WASM_PROFILE=1; then
     grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/gin_alltoall-profile-64.log" | sed "s/^/GIN-CHECK [profile-64] /"
   else
     gin_bad=1
@@ -243,6 +266,7 @@ else
 fi
 
 pass=0 hang=0 fail=0
+want example || RUNS=0
 for i in $(seq 1 "$RUNS"); do
   log=$OUT/run-$i.log
   s=$(date +%s%N)
