@@ -258,6 +258,12 @@ func boolVar(name string, def bool, doc string) BoolVar {
 	if def {
 		shown = "1"
 	}
+	return boolVarShown(name, shown, def, doc)
+}
+
+// boolVarShown is boolVar for a default that depends on more than the
+// variable (its accessor's caller decides when it is unset).
+func boolVarShown(name, shown string, def bool, doc string) BoolVar {
 	return BoolVar{declare(&Var{Name: name, Kind: KindBool, Default: shown, Doc: doc}), def}
 }
 
@@ -319,7 +325,8 @@ var (
 	SelfAsync      = boolVar("NCCL_RMA_WASM_SELF_ASYNC", true, "a rank's device-to-device operations to itself (a GIN alltoall's own slot, NCCL's flush puts) are queued on the context's stream and completed when an event says they executed, so NCCL's proxy thread does not wait for the copy; 0 waits for each copy (a strongly-ordered registration always does); needs NCCL_RMA_WASM_ASYNC_COPY_KB > 0")
 	IntraStream    = boolVar("NCCL_RMA_WASM_INTRANODE_STREAM", true, "0 keeps the request streams between processes of one host on their sockets instead of shared-memory rings (a ring's write is a copy and a store, its read a load and a copy: no system call while the reader polls; the socket still carries replies and wakes a sleeping reader)")
 	IntraRing      = boolVar("NCCL_RMA_WASM_INTRANODE_RING", true, "0 sends device payloads between processes of one host over the TCP lanes instead of a shared staging ring")
-	IntraIPC       = boolVar("NCCL_RMA_WASM_INTRANODE_IPC", false, "1 maps the device windows (CUDA cuMem allocations, such as `ncclMemAlloc`'s; HIP `hipMalloc` ones) of peers on this host into each rank, handed over as file descriptors on an abstract unix socket, and copies device payloads straight into them: one copy on the device, no host staging, the target applying only the signal (SPEC.md §4, \"Device windows mapped\"); off until measured on a GPU")
+	IntraIPC       = boolVarShown("NCCL_RMA_WASM_INTRANODE_IPC", "1 with CUDA, 0 with HIP", true, "1 maps the device windows (CUDA cuMem allocations, such as `ncclMemAlloc`'s; HIP `hipMalloc` ones) of peers on this host into each rank, handed over as file descriptors on an abstract unix socket, and copies device payloads of at least NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB straight into them: one copy on the device, no host staging, the target applying only the signal (SPEC.md §4, \"Device windows mapped\"); on by default with CUDA since measured on an H100 (5 December 2026), off with HIP until measured on an AMD GPU")
+	IntraIPCMinKiB = intVar("NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB", "64", 0, 1<<20, 64, "with NCCL_RMA_WASM_INTRANODE_IPC on: device puts and gets smaller than this many KiB (0..1048576; 0: every size) keep the staged path, which measured as fast or faster for small operations on an H100 under MPS, while larger ones copy straight into the mapped window (10× the bandwidth at 64 MiB)")
 	IntraIPCEvents = boolVar("NCCL_RMA_WASM_INTRANODE_IPC_EVENTS", true, "with NCCL_RMA_WASM_INTRANODE_IPC=1 (CUDA and HIP): a put+signal into a mapped window records an interprocess event after its queued copy and leaves at once, and the target's stream waits for that event before the signal write, so no host waits for the copy; 0: the sender waits for its copies before the header leaves")
 	// DebugStderr is on when set to anything: it is read by logx on every
 	// line, so it must never warn (the warning would log through it).

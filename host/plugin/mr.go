@@ -242,18 +242,23 @@ func (c *coll) lookupMR(mh uint64) *mr {
 	return c.regs.lookup(uint32(p))
 }
 
+// ipcMinBytes is NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB in bytes, read at
+// init: the per-operation path reads no environment.
+var ipcMinBytes atomic.Uint64
+
 // target writes where off in rank's part of this registration is, for the
 // intra-node paths (remoteRange has already checked the range): op.Remote,
 // its address in rank's process, where neither side is device memory
 // (which process_vm_writev cannot reach); op.Mapped and op.MapCtx, its
 // address here where rank's part is mapped (share.go) and the context to
-// copy in (local's, or ours for host memory).
+// copy in (local's, or ours for host memory), for operations of at least
+// NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB (op.Size is set).
 func (m *mr) target(op *dataplane.Op, local *mr, rank uint32, off uint64) {
 	r := m.remote.Load()
 	if !r.dev[rank] && local.devCtx == 0 {
 		op.Remote = r.bases[rank] + off
 	}
-	if r.mapped != nil && r.mapped[rank] != 0 {
+	if r.mapped != nil && r.mapped[rank] != 0 && op.Size >= ipcMinBytes.Load() {
 		op.Mapped, op.MapCtx = uint64(r.mapped[rank])+off, m.devCtx
 		if local.devCtx != 0 {
 			op.MapCtx = local.devCtx

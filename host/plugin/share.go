@@ -57,11 +57,22 @@ func shareName(pid int, token uint64) string {
 	return fmt.Sprintf("rccl-rma-wasm/%d/%016x", pid, token)
 }
 
+// ipcOn says whether device windows are mapped between the ranks of a
+// host: NCCL_RMA_WASM_INTRANODE_IPC where set, else on with CUDA (measured
+// on an H100) and off with HIP (not yet measured on an AMD GPU).
+func ipcOn() bool {
+	if config.IntraIPC.Lookup() == "" {
+		d := devmem.Get()
+		return d != nil && d.Name() == "CUDA"
+	}
+	return config.IntraIPC.Get()
+}
+
 // offerShare returns the token to put in m's MsgReg, starting the server
 // on first use; 0: nothing to offer (off, host memory, a runtime without
 // IPC, no peer on this host).
 func (c *coll) offerShare(m *mr) uint64 {
-	if m.devCtx == 0 || !config.IntraIPC.Get() {
+	if m.devCtx == 0 || !ipcOn() {
 		return 0
 	}
 	sh, ok := devmem.Get().(devmem.IPCSharer)
@@ -294,7 +305,7 @@ const maxShareSpan = 1 << 44
 // importShares maps, for every intra-node peer that offered registration
 // m, its part of it; each failure leaves that peer on the staged path.
 func (c *coll) importShares(m *mr, rs *remoteRegs) {
-	if rs.share == nil || m.devCtx == 0 || !config.IntraIPC.Get() {
+	if rs.share == nil || m.devCtx == 0 || !ipcOn() {
 		return
 	}
 	sh, ok := devmem.Get().(devmem.IPCSharer)

@@ -133,9 +133,10 @@ elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:co
     grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma.log" | sed "s/^/GIN-CHECK [host_rma profile] /"
     # The same with device windows mapped between the two processes.
     if timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
-      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET -x NCCL_RMA_WASM_INTRANODE_IPC=1 $MPS_ENV \
+      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET,REG -x NCCL_RMA_WASM_INTRANODE_IPC=1 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV \
       "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-ipc.log" 2>&1; then
       grep -E "HOSTRMA" "$OUT/host_rma-ipc.log" | sed "s/^/[ipc] /"
+      grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma-ipc.log" | sed "s/^/GIN-CHECK [host_rma ipc profile] /"
       grep -q "mapped device memory (IPC)" "$OUT/host_rma-ipc.log" && echo "GIN-CHECK [host_rma ipc] puts copied into the mapped peer window" ||
         echo "GIN-CHECK [host_rma ipc] the mapping was not used"
     else
@@ -237,7 +238,7 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   refrun ipcwait ipcwait-64 64 "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_RMA_WASM_INTRANODE_IPC_EVENTS=0 || gin_bad=1
   ref ipc || GIN_IPC_SIZES=""
   for b in ${GIN_IPC_SIZES-64 4096 262144}; do
-    gin_run ipc-$b $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET || gin_bad=1
+    gin_run ipc-$b $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET,REG || gin_bad=1
     grep -q "ordered by interprocess events" "$OUT/gin_alltoall-ipc-$b.log" && echo "GIN-CHECK [ipc-$b] signals ordered by interprocess events" ||
       echo "GIN-CHECK [ipc-$b] signals wait for their copies on the host"
     grep -q "mapped device memory (IPC)" "$OUT/gin_alltoall-ipc-$b.log" && echo "GIN-CHECK [ipc-$b] puts copied into the mapped peer window" ||
