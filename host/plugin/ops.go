@@ -193,6 +193,9 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 		}
 	}
 	r.post(q, rank, op, aggregate, lane)
+	if q.prof != 0 {
+		profile.InPost.Since(q.prof)
+	}
 	return handle, abi.Success
 }
 

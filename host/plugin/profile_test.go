@@ -30,6 +30,11 @@ func TestProfile(t *testing.T) {
 			t.Fatalf("put %d: %v", k, res)
 		}
 	}
+	for range 3 {
+		if res := Progress(r0.rma); res != abi.Success {
+			t.Fatalf("rmaProgress: %v", res)
+		}
+	}
 	req, res := Iget(r0.rma, 0, 0, r0.srcMh, 128, 0, r0.getMh, 1, 0)
 	if res != abi.Success || wait(t, r0.coll, req) != abi.Success {
 		t.Fatalf("get: %v", res)
@@ -38,7 +43,8 @@ func TestProfile(t *testing.T) {
 		s    *profile.Series
 		want uint64
 	}{{profile.PutDone, puts}, {profile.GetDone, 1}, {profile.Noticed, puts + 1}, {profile.CallGap, puts},
-		{profile.Queued, puts + 1}, {profile.TargetHost, puts}} {
+		{profile.Queued, puts + 1}, {profile.TargetHost, puts},
+		{profile.InPost, puts + 1}, {profile.InTest, puts + 1}, {profile.ProgGap, 2}, {profile.InProgress, 3}} {
 		if n := c.s.Count(); n < c.want {
 			t.Errorf("%s: %d recorded, want at least %d", c.s.Name, n, c.want)
 		}

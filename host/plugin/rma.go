@@ -10,6 +10,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 )
 
 // maxContexts bounds nContexts of one createContext call.
@@ -195,6 +196,10 @@ func Progress(h uint64) abi.Result {
 		logx.Warn(abi.SubsysNet, "NET/wasm: rmaProgress: unknown rma context %#x", h)
 		return abi.InvalidArgument
 	}
+	var t0 int64
+	if profile.On() {
+		t0 = profile.ProgressCall()
+	}
 	if r.stallOn {
 		r.polls.Add(1)
 	}
@@ -211,11 +216,24 @@ func Progress(h uint64) abi.Result {
 			s.mu.Unlock()
 		}
 	}
+	if t0 != 0 {
+		profile.InProgress.Since(t0)
+	}
 	return abi.Success
 }
 
 // Test reports whether a request is done and frees it when it is.
 func Test(coll, req uint64) (bool, abi.Result) {
+	if profile.On() {
+		t0 := profile.Now()
+		done, res := test(coll, req)
+		profile.InTest.Since(t0)
+		return done, res
+	}
+	return test(coll, req)
+}
+
+func test(coll, req uint64) (bool, abi.Result) {
 	r, q, idx := lookupRequest(req)
 	if q == nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: test: unknown or already completed request %#x", req)

@@ -103,6 +103,10 @@ func (s *Series) reset() {
 // The stages, in the order an operation meets them.
 var (
 	CallGap    = &Series{Name: "caller: gap between data calls (iput, iputSignal, iget)"}
+	InPost     = &Series{Name: "caller: time inside a data call (iput, iputSignal, iget)"}
+	ProgGap    = &Series{Name: "caller: gap between rmaProgress calls (the proxy's loop)"}
+	InProgress = &Series{Name: "caller: time inside rmaProgress"}
+	InTest     = &Series{Name: "caller: time inside test()"}
 	Queued     = &Series{Name: "initiator: posted to written to the wire"}
 	GatherWait = &Series{Name: "initiator: wait for a batch's gathered device copies"}
 	StageOut   = &Series{Name: "wire: device payload staged out synchronously (put, get served)"}
@@ -113,7 +117,7 @@ var (
 	PutDone    = &Series{Name: "request: put issued to completed"}
 	GetDone    = &Series{Name: "request: get issued to completed"}
 	Noticed    = &Series{Name: "request: completed to reported by test()"}
-	all        = []*Series{CallGap, Queued, GatherWait, StageOut, SelfCopy, TargetHost, TargetDev, DevSignal, PutDone, GetDone, Noticed}
+	all        = []*Series{CallGap, InPost, ProgGap, InProgress, InTest, Queued, GatherWait, StageOut, SelfCopy, TargetHost, TargetDev, DevSignal, PutDone, GetDone, Noticed}
 )
 
 var lastCall atomic.Int64
@@ -124,6 +128,18 @@ func Call() {
 	if prev := lastCall.Swap(now); prev != 0 {
 		CallGap.Add(now - prev)
 	}
+}
+
+var lastProgress atomic.Int64
+
+// ProgressCall records the gap since the previous rmaProgress call of this
+// process (NCCL's proxies call it once per loop) and returns the time now.
+func ProgressCall() int64 {
+	now := Now()
+	if prev := lastProgress.Swap(now); prev != 0 {
+		ProgGap.Add(now - prev)
+	}
+	return now
 }
 
 // Write writes every stage that recorded something: count and the 50th,
@@ -147,4 +163,5 @@ func Reset() {
 		s.reset()
 	}
 	lastCall.Store(0)
+	lastProgress.Store(0)
 }
