@@ -22,7 +22,7 @@
 # time and is all these programs launch). For a short GPU loan:
 # CHECKS picks the parts (default "cuda_check host_rma gin example"),
 # GIN_REFS the reference runs after the per-size GIN alltoalls (default
-# "appctx synccopy selfwait lanes1 ipcwait ipc profile"; "" for none).
+# "appctx synccopy selfwait lanes1 staged ipcwait ipc profile"; "" for none).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,7 +31,7 @@ RUNS=${2:-20}
 OUT=${3:-/tmp/nccl-check}
 PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-90}
 CHECKS=${CHECKS:-cuda_check host_rma gin example}
-GIN_REFS=${GIN_REFS-appctx synccopy selfwait lanes1 ipcwait ipc profile}
+GIN_REFS=${GIN_REFS-appctx synccopy selfwait lanes1 staged ipcwait ipc profile}
 want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 ref() { case " $GIN_REFS " in *" $1 "*) return 0 ;; esac; return 1; }
 GENCODE=${NVCC_GENCODE:--gencode=arch=compute_90,code=sm_90}
@@ -131,9 +131,10 @@ elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:co
     # Where an operation's time goes, seen from the plugin, every size
     # together (NCCL_RMA_WASM_PROFILE: a clock read per stage).
     grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma.log" | sed "s/^/GIN-CHECK [host_rma profile] /"
-    # The same with device windows mapped between the two processes.
+    # The same with device windows mapped between the two processes for
+    # every size (by default, with CUDA, from 64 KiB up).
     if timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
-      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET,REG -x NCCL_RMA_WASM_INTRANODE_IPC=1 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV \
+      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET,REG -x NCCL_RMA_WASM_INTRANODE_IPC=1 -x NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV \
       "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-ipc.log" 2>&1; then
       grep -E "HOSTRMA" "$OUT/host_rma-ipc.log" | sed "s/^/[ipc] /"
       grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma-ipc.log" | sed "s/^/GIN-CHECK [host_rma ipc profile] /"
@@ -230,15 +231,18 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # The reference for several lanes (one per 4 cores by default, so four
   # on a 16-core host): the same alltoalls over one lane per peer.
   refrun lanes1 lanes1-64 64 "$GIN_ITERS" NCCL_RMA_WASM_LANES=1 || gin_bad=1
-  # Device windows mapped between the two processes (off by default until
-  # measured here): each put copies straight into the peer's window. The
-  # INFO line says whether the mapping was used.
-  # ipcwait-64: the same with the sender waiting for its copies (no
-  # interprocess events), to see what the events save.
-  refrun ipcwait ipcwait-64 64 "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_RMA_WASM_INTRANODE_IPC_EVENTS=0 || gin_bad=1
+  # Device windows mapped between the two processes for every size (by
+  # default with CUDA only from 64 KiB, NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB):
+  # each put copies straight into the peer's window. The INFO line says
+  # whether the mapping was used. ipcwait-64: the same with the sender
+  # waiting for its copies (no interprocess events), to see what the
+  # events save. staged-*: the reference without the mapping.
+  refrun staged staged-64 64 "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=0 || gin_bad=1
+  refrun staged staged-262144 262144 "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=0 || gin_bad=1
+  refrun ipcwait ipcwait-64 64 "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0 NCCL_RMA_WASM_INTRANODE_IPC_EVENTS=0 || gin_bad=1
   ref ipc || GIN_IPC_SIZES=""
   for b in ${GIN_IPC_SIZES-64 4096 262144}; do
-    gin_run ipc-$b $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET,REG || gin_bad=1
+    gin_run ipc-$b $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET,REG || gin_bad=1
     grep -q "ordered by interprocess events" "$OUT/gin_alltoall-ipc-$b.log" && echo "GIN-CHECK [ipc-$b] signals ordered by interprocess events" ||
       echo "GIN-CHECK [ipc-$b] signals wait for their copies on the host"
     grep -q "mapped device memory (IPC)" "$OUT/gin_alltoall-ipc-$b.log" && echo "GIN-CHECK [ipc-$b] puts copied into the mapped peer window" ||
