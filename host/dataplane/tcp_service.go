@@ -98,17 +98,20 @@ func (a *acker) drained() error {
 			// waits its ackDelay, as it would for the service.
 			return nil
 		}
-		a.pub.Store(a.landed)
 		if n := a.link.batchesWritten(); n != a.outs {
-			// A lane wrote since the last drain: expect one again.
+			// A lane wrote since the last drain: expect one again. The
+			// deadline goes before the count: a caller that sees the count
+			// owed (owed) must see how long it may wait for a batch
+			// (stale), or it sends the ack alone at once.
 			a.outs = n
 			a.held = a.landed
 			a.due.Store(Now() + int64(ackDelay.get()))
+			a.pub.Store(a.landed)
 			a.arm()
 			return nil
 		}
 	}
-	return a.flush()
+	return a.flush() // publishes the count too
 }
 
 // flush acknowledges every put counted so far on the incoming stream
