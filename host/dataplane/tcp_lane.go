@@ -480,19 +480,29 @@ func (l *lane) setOut(out *net.TCPConn) {
 const laneQueue = 1024
 
 // alloc gives the lane the buffers its writer and reply reader use;
-// before the stream is set, so nobody uses them yet.
+// before the stream is set, so nobody uses them yet. The reply queues are
+// set under their locks all the same: the watchdog reads their lengths
+// (idle) while a lazy lane opens.
 func (l *lane) alloc() {
 	l.batch = make([]Op, batchMax)
 	l.hdrs = make([]byte, batchMax*wire.HeaderSize)
 	l.iov = make([][]byte, 0, 2*batchMax+len(l.ackHdr)) // + piggybacked acks
 	l.wiov = make([]unix.Iovec, 2*batchMax+len(l.ackHdr))
 	l.wvFn = l.writevFD
-	l.gets = ring.New[getEntry](256)
-	l.puts = ring.New[uint64](1024)
+	gets := ring.New[getEntry](256)
+	l.gmu.Lock()
+	l.gets = gets
+	l.gmu.Unlock()
+	puts := ring.New[uint64](1024)
+	l.amu.Lock()
+	l.puts = puts
+	if l.resend {
+		l.sent = ring.New[sentOp](256)
+	}
+	l.amu.Unlock()
 	l.ptags = make([]uint64, 0, batchMax)
 	l.later = make([]int, 0, batchMax)
 	if l.resend {
-		l.sent = ring.New[sentOp](256)
 		l.pops = make([]Op, 0, batchMax)
 	}
 }
