@@ -498,13 +498,11 @@ func (l *lane) alloc() {
 	l.puts = puts
 	if l.resend {
 		l.sent = ring.New[sentOp](256)
+		l.pops = make([]Op, 0, batchMax)
 	}
 	l.amu.Unlock()
 	l.ptags = make([]uint64, 0, batchMax)
 	l.later = make([]int, 0, batchMax)
-	if l.resend {
-		l.pops = make([]Op, 0, batchMax)
-	}
 }
 
 // timers creates the lane's send and pacing timers, stopped.

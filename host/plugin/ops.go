@@ -169,6 +169,8 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 		profile.Call()
 		q.prof = profile.Now()
 		op.Posted = q.prof
+		// Every return below: held by the hint, failed by the plan, posted.
+		defer profile.InPost.Since(q.prof)
 	}
 	op.Tag = handle
 	s := &r.ctxs[context]
@@ -193,9 +195,6 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 		}
 	}
 	r.post(q, rank, op, aggregate, lane)
-	if q.prof != 0 {
-		profile.InPost.Since(q.prof)
-	}
 	return handle, abi.Success
 }
 
