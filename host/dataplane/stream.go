@@ -193,8 +193,8 @@ func (r *inReader) readStream(b []byte) (int, error) {
 		if n > 0 || err != nil {
 			return n, err
 		}
-		if r.sockErr != nil && !r.caller() {
-			return 0, r.sockErr // the ring is drained: the stream ended
+		if err := r.endErr(); err != nil && !r.caller() {
+			return 0, err // the ring is drained: the stream ended
 		}
 		if r.nb {
 			return 0, errWouldBlock
@@ -210,7 +210,7 @@ func (r *inReader) readStream(b []byte) (int, error) {
 				r.in.SetReadDeadline(time.Time{})
 				continue
 			}
-			r.sockErr = err // after what the ring still holds
+			r.ended(err) // after what the ring still holds
 		}
 	}
 }
@@ -231,7 +231,7 @@ func (r *inReader) waitStream(fd uintptr) bool {
 	var start int64
 	for {
 		// Pending, not Avail: a caller may hold the role and read.
-		if s.Pending() || r.left.Load() || r.sockErr != nil {
+		if s.Pending() || r.left.Load() || r.endErr() != nil {
 			if spinning {
 				spin.Release()
 			}
@@ -267,10 +267,10 @@ func (r *inReader) drainBells(fd uintptr) bool {
 		case e == unix.EAGAIN:
 			return true
 		case e != 0:
-			r.sockErr = &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("recvfrom", e)}
+			r.ended(&net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("recvfrom", e)})
 			return false
 		case n == 0:
-			r.sockErr = io.EOF
+			r.ended(io.EOF)
 			return false
 		}
 	}

@@ -110,11 +110,23 @@ type inReader struct {
 
 	// The shared-memory stream the sender switched to (stream.go): set by
 	// the service, read by whoever holds the role. sockErr is the socket's
-	// end the service met (service only); bells its scratch.
+	// end the service met (set by the service, the first one kept; read by
+	// a caller holding the role too, hence atomic); bells its scratch.
 	sring   *shmstream.Ring
-	sockErr error
+	sockErr atomic.Pointer[error]
 	bells   [64]byte
 }
+
+// endErr is the socket's end the service met, nil while open.
+func (r *inReader) endErr() error {
+	if p := r.sockErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// ended records err as the socket's end, unless one is recorded.
+func (r *inReader) ended(err error) { r.sockErr.CompareAndSwap(nil, &err) }
 
 const (
 	roleOwned = 1
@@ -334,8 +346,8 @@ func (r *inReader) wait() {
 			r.parked = false
 			if err := r.rc.Read(r.waitFn); err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 				r.in.SetReadDeadline(time.Time{})
-			} else if err != nil && r.sring != nil && r.sockErr == nil {
-				r.sockErr = err // the stream's reads meet it once the ring is drained
+			} else if err != nil && r.sring != nil {
+				r.ended(err) // the stream's reads meet it once the ring is drained
 			}
 			// Any other error (closed, reset) is met by the read that follows.
 		}
