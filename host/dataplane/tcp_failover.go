@@ -53,7 +53,8 @@ import (
 
 // LaneObserver is an Owner that wants to hear of a lane failover: lane
 // of the connection to peer failed and moved operations went to the
-// others. It is called once per lane, from the lane's reader goroutine.
+// others. It is called once per lane, from the lane's reader goroutine, before
+// any moved operation is resubmitted.
 type LaneObserver interface {
 	LaneFailed(peer, lane, moved int, err error)
 }
@@ -197,6 +198,20 @@ func (l *lane) migrate(cause error) {
 
 	to := p.live(l.idx)
 	moved := 0
+	if to != l.idx {
+		for i := range work {
+			if m := work[i].Msg; m != wire.MsgBye && m != opDone {
+				moved++
+			}
+		}
+	}
+	// Tell first, then resubmit: an observer hears of the failover before
+	// any moved operation can complete on its new lane.
+	logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: lane %d to rank %d failed (%v); %d operations moved to lane %d, none lost",
+		p.m.rank, l.idx, p.rank, cause, moved, to)
+	if o, ok := p.m.owner.(LaneObserver); ok {
+		o.LaneFailed(p.rank, l.idx, moved, cause)
+	}
 	for i := range work {
 		op := &work[i]
 		switch {
@@ -207,15 +222,9 @@ func (l *lane) migrate(cause error) {
 			p.fail(op) // no live lane left: the peer died meanwhile
 		default:
 			p.t.submit(to, *op, true)
-			moved++
 		}
 	}
 	p.t.kick()
-	logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: lane %d to rank %d failed (%v); %d operations moved to lane %d, none lost",
-		p.m.rank, l.idx, p.rank, cause, moved, to)
-	if o, ok := p.m.owner.(LaneObserver); ok {
-		o.LaneFailed(p.rank, l.idx, moved, cause)
-	}
 }
 
 // logSent appends what a batch wrote to the resend ring; amu held.
