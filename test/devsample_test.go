@@ -56,6 +56,16 @@ func fakeHIP(t *testing.T, root string) string {
 // (test/gpu/cuda_check.c and test/gpu/staging_bench.c, built by make) against
 // the fake driver, so that they cannot rot between GPU runs: every device
 // byte and signal is verified through the plugin, two processes each.
+// fakeMPS returns a directory that looks like a running MPS daemon's pipe
+// directory (its control pipe exists).
+func fakeMPS(t *testing.T) string {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "control"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 	root := build(t)
 	fake, fakeAMD, fakeWithGDR := fakeCUDA(t, root), fakeHIP(t, root), fakeGDR(t, root)
@@ -76,7 +86,28 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 				"fakecuda: a device-to-device copy", "small device put+signals: 48 of 8 B to 64 KiB, plain signal",
 				"stream atomic adds (cuStreamBatchMemOp_v2, data type 18 verified as 64-bit)",
 				"fakecuda: a stream atomic add to a signal word",
+				"device operations copy straight into its mapped device memory (IPC)",
+				"device agent: off: MPS is not running", "!the device agent"}},
+		// NCCL_RMA_WASM_DEVICE_AGENT=1: the copy context's small copies,
+		// signal writes and adds go through the device agent's ring (a
+		// thread in the fake, each command 50 µs late, the stream's work
+		// 200 µs late), large ones and the mapped device-to-device copies
+		// through the stream, the two kept in one order by the epoch and
+		// done words: every byte and signal is verified, teardown rounds
+		// included (pinned allocations pause the agent).
+		{"cuda_check_agent", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "FAKECUDA_DTOD_US=2000", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "device agent: running", "small device put+signals: 48 of 8 B to 64 KiB",
+				"plain signal, every byte there", "fakecuda: the device agent copied a payload", "fakecuda: the device agent applied a signal",
 				"device operations copy straight into its mapped device memory (IPC)"}},
+		// Copies above NCCL_RMA_WASM_DEVICE_AGENT_MAX_KB (4 KiB here) go
+		// to the stream between the agent's: the order must hold.
+		{"cuda_check_agent_mixed", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_DEVICE_AGENT_MAX_KB=4", "NCCL_RMA_WASM_INTRANODE_IPC=0"},
+			[]string{"RESULT PASS", "teardown: 2 rounds", "device agent: running", "small device put+signals: 48 of 8 B to 64 KiB",
+				"plain signal, every byte there", "fakecuda: the device agent copied a payload"}},
+		// auto starts it where MPS's control pipe exists, and not where
+		// it does not (the default case above: no pipe here).
+		{"cuda_check_agent_mps", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "CUDA_MPS_PIPE_DIRECTORY=" + fakeMPS(t)},
+			[]string{"RESULT PASS", "device agent: running", "fakecuda: the device agent copied a payload"}},
 		// NCCL_RMA_WASM_INTRANODE_IPC=0: nothing is mapped, every device
 		// payload is staged.
 		{"cuda_check_noipc", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=0"},

@@ -195,8 +195,35 @@ int cuMemFree_v2(unsigned long long p) {
   free((void*)(uintptr_t)p);
   return 0;
 }
-int cuMemHostAlloc(void** p, size_t n, unsigned f) { (void)f; *p = malloc(n); return 0; }
-int cuMemFreeHost(void* p) { free(p); return 0; }
+/* Pinned host memory is remembered, as the device reaches it (UVA): stream
+ * writes and waits and the agent may touch it. */
+#define MAXH 256
+static struct {
+  uintptr_t p;
+  size_t n;
+} hallocs[MAXH];
+static int hostmem(uintptr_t p, size_t n);
+int cuMemHostAlloc(void** p, size_t n, unsigned f) {
+  (void)f;
+  *p = malloc(n);
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < MAXH; i++)
+    if (!hallocs[i].p) {
+      hallocs[i].p = (uintptr_t)*p;
+      hallocs[i].n = n;
+      break;
+    }
+  pthread_mutex_unlock(&mu);
+  return 0;
+}
+int cuMemFreeHost(void* p) {
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < MAXH; i++)
+    if (hallocs[i].p == (uintptr_t)p) hallocs[i].p = 0;
+  pthread_mutex_unlock(&mu);
+  free(p);
+  return 0;
+}
 /* Pinning memory the caller mapped (the plugin's intra-node staging ring):
  * the range is remembered, so that copies of it can be watched.
  *
@@ -276,6 +303,10 @@ static void stage_copy(int to_device, void* dst, const void* src, size_t n, cons
 int cuMemcpyHtoD_v2(unsigned long long d, const void* h, size_t n) { memcpy((void*)(uintptr_t)d, h, n); return 0; }
 int cuMemcpyDtoH_v2(void* h, unsigned long long d, size_t n) { memcpy(h, (void*)(uintptr_t)d, n); return 0; }
 static void run_op(struct op* o) {
+  if (o->kind == 6) { /* cuStreamWaitValue64: until the word reaches v */
+    while (__atomic_load_n((uint64_t*)o->dst, __ATOMIC_ACQUIRE) < o->v) usleep(20);
+    return;
+  }
   if (o->kind == 4) { /* the recording reached */
     ipcev_reach((long*)o->dst, (long)o->v);
     return;
@@ -324,8 +355,13 @@ int cuDeviceGetAttribute(int* v, int attr, int dev) {
 }
 int cuStreamWriteValue64_v2(void* s, unsigned long long addr, unsigned long long v, unsigned flags) {
   (void)flags;
+  if (hostmem((uintptr_t)addr, 8) && addr % 8 == 0) return enqueue(s, (struct op){.kind = 1, .dst = (void*)(uintptr_t)addr, .v = v});
   if (!find((uintptr_t)addr) || addr % 8 || !second_ok(addr)) return 1;
   return enqueue(s, (struct op){.kind = 1, .dst = (void*)(uintptr_t)addr, .v = v});
+}
+int cuStreamWaitValue64_v2(void* s, unsigned long long addr, unsigned long long v, unsigned flags) {
+  if (flags != 0 || addr % 8 || !hostmem((uintptr_t)addr, 8)) return 1; /* GEQ on host memory only */
+  return enqueue(s, (struct op){.kind = 6, .dst = (void*)(uintptr_t)addr, .v = v});
 }
 /* cuStreamBatchMemOp_v2 with barriers (6) and atomic reductions (8): an
  * add whose data type is 18 (the value the plugin's probe tries first)
@@ -358,7 +394,93 @@ int cuStreamBatchMemOp_v2(void* s, unsigned count, struct fmemop* ops, unsigned 
   }
   return 0;
 }
-static int modobj, funcobj, waitmod, waitfunc;
+static int modobj, funcobj, waitmod, waitfunc, agentmod, agentfunc;
+
+/* hostmem reports whether [p, p+n) lies in pinned host memory. */
+static int hostmem(uintptr_t p, size_t n) {
+  pthread_mutex_lock(&mu);
+  int ok = 0;
+  for (int i = 0; i < MAXH; i++)
+    if (hallocs[i].p && p >= hallocs[i].p && p + n <= hallocs[i].p + hallocs[i].n) ok = 1;
+  for (int i = 0; i < MAXREG; i++)
+    if (regs[i].p && p >= regs[i].p && p + n <= regs[i].p + regs[i].n) ok = 1;
+  pthread_mutex_unlock(&mu);
+  return ok;
+}
+
+/* The plugin's device agent (host/devmem/cuda/agent.h), emulated by a
+ * thread that runs its ring's commands in order, with the layout the
+ * kernel reads. FAKECUDA_AGENT_US=n delays each command n microseconds,
+ * so that work ordered wrongly against the stream shows. A command with
+ * an address the GPU would fault on ends the process, as a real fault
+ * would poison the context. The stream the kernel runs on answers
+ * cuStreamQuery "not ready" while the thread runs. */
+struct agentargs {
+  volatile uint64_t* ring;
+  uint64_t mask, seq;
+  void* stream;
+};
+static void* agentStreams[64];
+static int agent_running(void* s) {
+  for (int i = 0; i < 64; i++)
+    if (__atomic_load_n(&agentStreams[i], __ATOMIC_ACQUIRE) == s) return 1;
+  return 0;
+}
+static void agent_bad(const char* what, uint64_t a, uint64_t n) {
+  fprintf(stderr, "fakecuda: the device agent was handed %s (%#llx, %llu bytes)\n", what, (unsigned long long)a, (unsigned long long)n);
+  abort();
+}
+static void* agent_main(void* arg) {
+  struct agentargs* x = arg;
+  static long us = -1;
+  static int saidCopy, saidSig;
+  if (us < 0) us = getenv("FAKECUDA_AGENT_US") ? atol(getenv("FAKECUDA_AGENT_US")) : 0;
+  __atomic_store_n(&x->ring[16], 1, __ATOMIC_RELEASE);
+  for (uint64_t seq = x->seq;; seq++) {
+    volatile uint64_t* sl = x->ring + (256 + (seq & x->mask) * 64) / 8;
+    for (int spins = 0; __atomic_load_n(&sl[0], __ATOMIC_ACQUIRE) != seq; spins++) {
+      if (spins > 200) usleep(50);
+      else sched_yield();
+    }
+    uint64_t kind = sl[2], n = sl[3], src = sl[4], dst = sl[5], val = sl[6];
+    if (us > 0) usleep(us);
+    switch (kind) {
+      case 1: {
+        int up = hostmem(src, n) && find(dst) && vmm_at(dst) && alloc_size(dst) && find(dst + n - 1);
+        int down = hostmem(dst, n) && find(src) && vmm_at(src) && find(src + n - 1);
+        if (!n || (!up && !down)) agent_bad("a copy it cannot reach", up ? dst : src, n);
+        memcpy((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, n);
+        if (!__atomic_exchange_n(&saidCopy, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent copied a payload\n");
+        break;
+      }
+      case 2:
+      case 3:
+        if (dst % 8 || !find(dst) || !vmm_at(dst)) agent_bad("a signal word it cannot reach", dst, 8);
+        if (kind == 2) __atomic_store_n((uint64_t*)(uintptr_t)dst, val, __ATOMIC_SEQ_CST);
+        else __atomic_add_fetch((uint64_t*)(uintptr_t)dst, val, __ATOMIC_SEQ_CST);
+        if (!__atomic_exchange_n(&saidSig, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent applied a signal\n");
+        break;
+      case 4:
+        if (dst % 8 || !hostmem(dst, 8)) agent_bad("an epoch word it cannot reach", dst, 8);
+        while (__atomic_load_n((uint64_t*)(uintptr_t)dst, __ATOMIC_ACQUIRE) < val) usleep(20);
+        break;
+      case 5:
+        break;
+      default:
+        agent_bad("an unknown command", kind, 0);
+    }
+    __atomic_store_n(&x->ring[0], seq, __ATOMIC_RELEASE);
+    if (kind == 5) break;
+  }
+  for (int i = 0; i < 64; i++)
+    if (__atomic_load_n(&agentStreams[i], __ATOMIC_ACQUIRE) == x->stream) {
+      __atomic_store_n(&agentStreams[i], NULL, __ATOMIC_RELEASE);
+      break;
+    }
+  free(x);
+  return NULL;
+}
+int cuStreamQuery(void* s) { return agent_running(s) ? 600 : 0; }
 int cuModuleLoadData(void** m, const void* image) {
   /* FAKECUDA_NO_MODULES=1: loading a module may synchronize a real
    * context (CUDA lazy loading), which deadlocks against an application
@@ -370,6 +492,10 @@ int cuModuleLoadData(void** m, const void* image) {
   }
   /* staging_bench's waiting kernel (BENCH_KERNEL_WAIT=1) is the other
    * module the fake knows. */
+  if (strstr(image, ".entry rmaw_agent") && strstr(image, "nanosleep")) {
+    *m = &agentmod;
+    return 0;
+  }
   if (strstr(image, ".entry bench_wait") && strstr(image, "%globaltimer")) {
     *m = &waitmod;
     return 0;
@@ -379,6 +505,10 @@ int cuModuleLoadData(void** m, const void* image) {
   return 0;
 }
 int cuModuleGetFunction(void** f, void* m, const char* name) {
+  if (m == &agentmod && strcmp(name, "rmaw_agent") == 0) {
+    *f = &agentfunc;
+    return 0;
+  }
   if (m == &waitmod && strcmp(name, "bench_wait") == 0) {
     *f = &waitfunc;
     return 0;
@@ -417,6 +547,25 @@ static void* bench_wait(void* a) {
 int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm,
                    void* s, void** params, void** extra) {
   (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shm, (void)extra;
+  if (f == &agentfunc) {
+    if (bx != 128 || gx != 1) return 1;
+    struct agentargs* x = malloc(sizeof *x);
+    x->ring = (volatile uint64_t*)(uintptr_t)*(uint64_t*)params[0];
+    x->mask = *(uint64_t*)params[1];
+    x->seq = *(uint64_t*)params[2];
+    x->stream = s;
+    if (!hostmem((uintptr_t)x->ring, 256 + (x->mask + 1) * 64)) return 700;
+    int slot = -1;
+    for (int i = 0; i < 64 && slot < 0; i++) {
+      void* none = NULL;
+      if (__atomic_compare_exchange_n(&agentStreams[i], &none, s, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) slot = i;
+    }
+    if (slot < 0) return 2;
+    pthread_t th;
+    if (pthread_create(&th, NULL, agent_main, x) != 0) return 2;
+    pthread_detach(th);
+    return 0;
+  }
   if (f == &waitfunc) {
     uint64_t w = *(uint64_t*)params[0];
     if (!find((uintptr_t)w) || w % 8) return 700;

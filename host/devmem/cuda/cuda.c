@@ -12,7 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sched.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_shim.h"
@@ -106,6 +109,10 @@ static struct {
   CUresult (*ipcGetEventHandle)(void*, void*);
   CUresult (*ipcOpenEventHandle)(void**, cuIpcEventHandle);
   CUresult (*streamWaitEvent)(CUstream, void*, unsigned);
+  /* Optional, for the device agent (agent.h). */
+  CUresult (*waitValue64)(CUstream, CUdeviceptr, unsigned long long, unsigned);
+  CUresult (*memHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
+  CUresult (*streamQuery)(CUstream);
 } cu;
 
 enum { MEMHOSTALLOC_PORTABLE = 1 };
@@ -126,6 +133,7 @@ typedef struct {
   CUstream copy[NCOPY];
   pthread_mutex_t cmu[NCOPY];
   unsigned next;
+  struct agent* ag; /* the device agent (agent.h), NULL: none */
 } ctxstream;
 
 /* copyContext: make copy contexts (NCCL_RMA_WASM_COPY_CONTEXT). Work
@@ -262,6 +270,10 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   *(void**)&cu.ipcGetEventHandle = dlsym(h, "cuIpcGetEventHandle");
   *(void**)&cu.ipcOpenEventHandle = dlsym(h, "cuIpcOpenEventHandle");
   *(void**)&cu.streamWaitEvent = dlsym(h, "cuStreamWaitEvent");
+  *(void**)&cu.waitValue64 = dlsym(h, "cuStreamWaitValue64_v2");
+  if (!cu.waitValue64 || cu.writeValueAttr != ATTR_64_BIT_MEM_OPS) cu.waitValue64 = NULL;
+  *(void**)&cu.memHostGetDevicePointer = dlsym(h, "cuMemHostGetDevicePointer_v2");
+  *(void**)&cu.streamQuery = dlsym(h, "cuStreamQuery");
   CUresult r = cu.init(0);
   if (r != 0) return rmaw_fail(err, errlen, "cuInit: %s (%d)", errstr(r), r);
   int n = 0;
@@ -376,30 +388,58 @@ static int cuda_copy_dtod(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n,
   return 0;
 }
 
-/* Portable page-locked memory: usable by copies of every context. */
+/* The device agent (agent.h) around calls that can wait for a context's
+ * kernels, and the host memory it may touch. */
+struct agent;
+static struct agent* ag_pause(uintptr_t ctx);
+static void ag_resume(struct agent* a);
+static void ag_pause_all(struct agent** out, int max);
+static void ag_resume_all(struct agent** a, int max);
+static void hr_add(void* p, uint64_t n);
+static void hr_drop(void* p);
+static int agentMode;
+
+/* Portable page-locked memory: usable by copies of every context (and
+ * reached by the device at the same address: UVA). */
 static int cuda_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen) {
+  struct agent* a = ag_pause(ctx);
   CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
   if (r == 0) r = cu.memHostAlloc(p, (size_t)n, MEMHOSTALLOC_PORTABLE);
+  ag_resume(a);
   if (r != 0) return rmaw_fail(err, errlen, "cuMemHostAlloc of %llu bytes: %s", (unsigned long long)n, errstr(r));
+  hr_add(*p, n);
   return 0;
 }
 
-static void cuda_host_free(void* p) { cu.memFreeHost(p); }
+static void cuda_host_free(void* p) {
+  struct agent* a[MAX_CTX];
+  hr_drop(p);
+  ag_pause_all(a, MAX_CTX);
+  cu.memFreeHost(p);
+  ag_resume_all(a, MAX_CTX);
+}
 
 /* Pins memory we mapped ourselves (the intra-node staging ring, shared
  * with another process), portable to every context. */
 static int cuda_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
   if (!cu.memHostRegister) return rmaw_fail(err, errlen, "the driver has no cuMemHostRegister");
+  struct agent* a = ag_pause(ctx);
   CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
-  if (r == 0) r = cu.memHostRegister(p, (size_t)n, MEMHOSTALLOC_PORTABLE);
+  /* DEVICEMAP where the agent may run, so that it reaches the ring. */
+  if (r == 0) r = cu.memHostRegister(p, (size_t)n, MEMHOSTALLOC_PORTABLE | (agentMode ? 2 : 0));
+  ag_resume(a);
   if (r != 0) return rmaw_fail(err, errlen, "cuMemHostRegister of %llu bytes: %s", (unsigned long long)n, errstr(r));
+  if (agentMode) hr_add(p, n);
   return 0;
 }
 
 /* Called from threads with no context (closeColl's, a service goroutine's
  * at teardown): set the registering one. */
 static void cuda_host_unregister(uintptr_t ctx, void* p) {
+  hr_drop(p);
+  struct agent* a = ag_pause(ctx);
   if (cu.memHostUnregister && cu.ctxSetCurrent((CUcontext)ctx) == 0) cu.memHostUnregister(p);
+  ag_resume(a);
 }
 
 /* Exports [base, base+n) (page-aligned by the caller) as a DMA-BUF fd
@@ -576,10 +616,32 @@ static ctxstream* ctx_stream(uintptr_t ctx, CUresult* r) {
   return e;
 }
 
+#include "agent.h"
+
+/* With the agent running, the context writes, adds and copies small
+ * payloads through it: no SM to find, no submission to wait for. */
 static int cuda_caps(uintptr_t ctx) {
   CUresult r;
   ctxstream* e = ctx_stream(ctx, &r);
-  return e ? e->caps : 0;
+  if (!e) return 0;
+  return e->caps | (ag_live(e) ? RMAW_CAP_WRITE64 | RMAW_CAP_STREAM_ATOMIC | RMAW_CAP_ASYNC : 0);
+}
+
+/* on_stream locks e's agent, if any, and makes the stream's next work
+ * wait for the agent's commands; off_stream records that the stream got
+ * work and unlocks. */
+static struct agent* on_stream(ctxstream* e, int* rc, char* err, size_t errlen) {
+  struct agent* a = __atomic_load_n(&e->ag, __ATOMIC_ACQUIRE);
+  *rc = 0;
+  if (!a) return NULL;
+  pthread_mutex_lock(&a->mu);
+  if (a->live) *rc = ag_lead(e, err, errlen);
+  return a;
+}
+static void off_stream(struct agent* a, int queued) {
+  if (!a) return;
+  if (queued) a->streamLast = 1;
+  pthread_mutex_unlock(&a->mu);
 }
 
 #define CTX_STREAM(e, what)           \
@@ -589,6 +651,10 @@ static int cuda_caps(uintptr_t ctx) {
 
 static int cuda_write64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen) {
   CTX_STREAM(e, "cuStreamWriteValue64");
+  if (ag_live(e)) {
+    if (dev & 7) return rmaw_fail(err, errlen, "signal word %#llx not 8-byte aligned", (unsigned long long)dev);
+    return ag_submit(e, AG_WRITE, 8, 0, dev, v, err, errlen);
+  }
   /* Flags 0: the write is ordered after the stream's earlier work and
    * preceded by a memory barrier. */
   r = cu.writeValue64(e->stream, (CUdeviceptr)dev, (unsigned long long)v, 0);
@@ -598,6 +664,10 @@ static int cuda_write64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size
 
 static int cuda_add64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t errlen) {
   CTX_STREAM(e, "atomic add");
+  if (ag_live(e)) {
+    if (dev & 7) return rmaw_fail(err, errlen, "signal word %#llx not 8-byte aligned", (unsigned long long)dev);
+    return ag_submit(e, AG_ADD, 8, 0, dev, v, err, errlen);
+  }
   if (e->reduceTy) {
     memop ops[2];
     reduce_fill(ops, e->reduceTy, (CUdeviceptr)dev, v);
@@ -627,8 +697,19 @@ static int cuda_add64(uintptr_t ctx, uint64_t dev, uint64_t v, char* err, size_t
 static int cuda_copy_async(uintptr_t ctx, int to_device, void* host, uint64_t dev, uint64_t n, char* err,
                            size_t errlen) {
   CTX_STREAM(e, "asynchronous copy");
+  if (ag_live(e) && n <= agentMax && hr_ok(host, n)) {
+    uint64_t h = (uint64_t)(uintptr_t)host;
+    return to_device ? ag_submit(e, AG_COPY, n, h, dev, 0, err, errlen) : ag_submit(e, AG_COPY, n, dev, h, 0, err, errlen);
+  }
+  int rc;
+  struct agent* a = on_stream(e, &rc, err, errlen);
+  if (rc != 0) {
+    off_stream(a, 0);
+    return rc;
+  }
   r = to_device ? cu.htod((CUdeviceptr)dev, host, (size_t)n, e->stream)
                 : cu.dtoh(host, (CUdeviceptr)dev, (size_t)n, e->stream);
+  off_stream(a, r == 0);
   if (r != 0)
     return rmaw_fail(err, errlen, "%s of %llu bytes: %s", to_device ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync",
                      (unsigned long long)n, errstr(r));
@@ -638,13 +719,37 @@ static int cuda_copy_async(uintptr_t ctx, int to_device, void* host, uint64_t de
 static int cuda_copy_dtod_async(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err, size_t errlen) {
   if (!cu.dtod) return 1;
   CTX_STREAM(e, "asynchronous device-to-device copy");
+  int rc;
+  struct agent* a = on_stream(e, &rc, err, errlen);
+  if (rc != 0) {
+    off_stream(a, 0);
+    return rc;
+  }
   r = cu.dtod((CUdeviceptr)dst, (CUdeviceptr)src, (size_t)n, e->stream);
+  off_stream(a, r == 0);
   if (r != 0) return rmaw_fail(err, errlen, "cuMemcpyDtoDAsync of %llu bytes: %s", (unsigned long long)n, errstr(r));
   return 0;
 }
 
 static int cuda_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t errlen) {
   CTX_STREAM(e, "cuEventRecord");
+  struct agent* a = ag_live(e) ? e->ag : NULL;
+  if (a && (*ev == 0 || (*ev & 1))) {
+    /* A ticket: the agent's last command, after the stream's work. */
+    pthread_mutex_lock(&a->mu);
+    int rc = a->live ? ag_follow(e, err, errlen) : rmaw_fail(err, errlen, "the device agent stopped");
+    if (rc == 0) *ev = (uintptr_t)(a->seq << 1 | 1);
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+  }
+  int rc;
+  a = on_stream(e, &rc, err, errlen);
+  if (rc != 0) {
+    off_stream(a, 0);
+    return rc;
+  }
+  off_stream(a, 0);
+  if (*ev & 1) *ev = 0; /* a ticket of an agent that stopped since */
   if (!*ev) {
     void* x = NULL;
     r = cu.eventCreate(&x, EVENT_DISABLE_TIMING);
@@ -658,17 +763,21 @@ static int cuda_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t err
 
 /* cuEventQuery needs no current context. */
 static int cuda_event_query(uintptr_t ctx, uintptr_t ev) {
-  (void)ctx;
+  if (ev & 1) return ag_ticket(ctx, ev);
   CUresult r = cu.eventQuery((void*)ev);
   return r == 0 ? 1 : r == ERROR_NOT_READY ? 0 : -1;
 }
 
 static void cuda_event_destroy(uintptr_t ctx, uintptr_t ev) {
-  if (ev && cu.ctxSetCurrent((CUcontext)ctx) == 0) cu.eventDestroy((void*)ev);
+  if (ev && !(ev & 1) && cu.ctxSetCurrent((CUcontext)ctx) == 0) cu.eventDestroy((void*)ev);
 }
 
 static int cuda_stream_sync(uintptr_t ctx, char* err, size_t errlen) {
   CTX_STREAM(e, "cuStreamSynchronize");
+  int rc;
+  struct agent* a = on_stream(e, &rc, err, errlen);
+  off_stream(a, 0);
+  if (rc != 0) return rc;
   r = cu.streamSynchronize(e->stream);
   if (r != 0) return rmaw_fail(err, errlen, "cuStreamSynchronize: %s", errstr(r));
   return 0;
@@ -733,7 +842,14 @@ static int cuda_ipc_export(uintptr_t ctx, uint64_t ptr, uint64_t size, int max, 
 /* cuda_ipc_unmap unmaps each segment (cuMemUnmap takes what one cuMemMap
  * mapped), then frees the reservation; it goes on past a failure and
  * reports the first. */
+static int cuda_ipc_unmap_now(uintptr_t ctx, uint64_t va, int n, const uint64_t* sizes, char* err, size_t errlen);
 static int cuda_ipc_unmap(uintptr_t ctx, uint64_t va, int n, const uint64_t* sizes, char* err, size_t errlen) {
+  struct agent* a = ag_pause(ctx);
+  int rc = cuda_ipc_unmap_now(ctx, va, n, sizes, err, errlen);
+  ag_resume(a);
+  return rc;
+}
+static int cuda_ipc_unmap_now(uintptr_t ctx, uint64_t va, int n, const uint64_t* sizes, char* err, size_t errlen) {
   if (!ipc_ready()) return rmaw_fail(err, errlen, "the driver lacks the cuMem IPC calls");
   CUresult r = cu.ctxSetCurrent((CUcontext)ctx), first = r;
   const char* what = r ? "cuCtxSetCurrent" : NULL;
@@ -753,7 +869,14 @@ static int cuda_ipc_unmap(uintptr_t ctx, uint64_t va, int n, const uint64_t* siz
   return 0;
 }
 
+static int cuda_ipc_import_now(uintptr_t ctx, int n, const rmaw_ipc_seg* segs, uint64_t* va, char* err, size_t errlen);
 static int cuda_ipc_import(uintptr_t ctx, int n, const rmaw_ipc_seg* segs, uint64_t* va, char* err, size_t errlen) {
+  struct agent* a = ag_pause(ctx);
+  int rc = cuda_ipc_import_now(ctx, n, segs, va, err, errlen);
+  ag_resume(a);
+  return rc;
+}
+static int cuda_ipc_import_now(uintptr_t ctx, int n, const rmaw_ipc_seg* segs, uint64_t* va, char* err, size_t errlen) {
   *va = 0;
   if (!ipc_ready()) return rmaw_fail(err, errlen, "the driver lacks the cuMem IPC calls");
   CUdevice dev = 0;
@@ -836,7 +959,14 @@ static int cuda_ipc_event_open(uintptr_t ctx, const unsigned char* handle, uintp
 static int cuda_stream_wait(uintptr_t ctx, uintptr_t ev, char* err, size_t errlen) {
   if (!cu.streamWaitEvent) return rmaw_fail(err, errlen, "the driver lacks cuStreamWaitEvent");
   CTX_STREAM(e, "cuStreamWaitEvent");
+  int rc;
+  struct agent* a = on_stream(e, &rc, err, errlen);
+  if (rc != 0) {
+    off_stream(a, 0);
+    return rc;
+  }
   r = cu.streamWaitEvent(e->stream, (void*)ev, 0);
+  off_stream(a, r == 0); /* the agent's next command follows the wait */
   if (r != 0) return rmaw_fail(err, errlen, "cuStreamWaitEvent: %s", errstr(r));
   return 0;
 }

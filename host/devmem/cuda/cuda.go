@@ -31,6 +31,8 @@ var Probe = sync.OnceFunc(func() {
 	if !config.StreamAtomic.Get() {
 		C.rmaw_cuda_stream_atomic(0)
 	}
+	mode := map[string]C.int{"0": 0, "1": 1, "auto": 2}[config.DeviceAgent.Get()]
+	C.rmaw_cuda_agent(mode, C.uint64_t(config.DeviceAgentMaxKiB.Get())<<10)
 	if !devrt.Load("CUDA", "CUDA driver", config.CUDA, open) {
 		return
 	}
@@ -90,6 +92,22 @@ func (cudaDevice) StreamAtomic() string {
 	var buf [240]C.char
 	C.rmaw_cuda_stream_atomic_note(&buf[0], C.size_t(len(buf)))
 	return C.GoString(&buf[0])
+}
+
+// StartAgent starts the device agent of ctx when ctx is a copy context
+// of the plugin's own and NCCL_RMA_WASM_DEVICE_AGENT allows it (agent.h):
+// registration calls it once its pinned memory is allocated.
+func (cudaDevice) StartAgent(ctx uintptr) { C.rmaw_cuda_agent_start(C.uintptr_t(ctx)) }
+
+// StopAgents ends every device agent (plugin finalize), so that no kernel
+// of the plugin outlives it.
+func (cudaDevice) StopAgents() { C.rmaw_cuda_agents_stop() }
+
+// Agent says how many device agents run and what the last start found.
+func (cudaDevice) Agent() (int, string) {
+	var buf [240]C.char
+	n := C.rmaw_cuda_agent_note(&buf[0], C.size_t(len(buf)))
+	return int(n), C.GoString(&buf[0])
 }
 
 // Locate says which CUDA device holds ptr, for direct registration with a

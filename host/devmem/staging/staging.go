@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -302,7 +303,28 @@ func Prewarm(ctx uintptr, chunk uint64) {
 	stagers.free = append(stagers.free, made...)
 	stagers.warm = true
 	stagers.mu.Unlock()
+	// Last: the agent's kernel runs from here on, and pinned allocations
+	// in its context would have to stop it.
+	if ag, ok := d.(deviceAgent); ok {
+		ag.StartAgent(ctx)
+		if _, how := ag.Agent(); !strings.HasPrefix(how, "not started") {
+			if last := agentSaid.Swap(&how); last == nil || *last != how {
+				logx.Info(abi.SubsysNet, "NET/wasm: device agent: %s", how)
+			}
+		}
+	}
 }
+
+// deviceAgent is what the CUDA device says and does about its agents
+// (host/devmem/cuda, agent.h).
+type deviceAgent interface {
+	StartAgent(ctx uintptr)
+	StopAgents()
+	Agent() (running int, note string)
+}
+
+// agentSaid is the agent's state last logged.
+var agentSaid atomic.Pointer[string]
 
 // getStager takes a stager of device d and chunk size chunk (0:
 // DefaultChunk) from the pool, or makes one: pinned before Prewarm ran,
@@ -379,6 +401,9 @@ func putStager(s *stager) {
 // pinned memory lives in a device context the application may destroy.
 // Stagers in use return to the pool and are freed at the next call.
 func Release() {
+	if ag, ok := devmem.Get().(deviceAgent); ok {
+		ag.StopAgents() // before the memory it reads and writes is freed
+	}
 	releaseQueues()
 	releaseSigPage()
 	stagers.mu.Lock()
