@@ -87,7 +87,7 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 				"stream atomic adds (cuStreamBatchMemOp_v2, data type 18 verified as 64-bit)",
 				"fakecuda: a stream atomic add to a signal word",
 				"device operations copy straight into its mapped device memory (IPC)",
-				"device agent: off: MPS is not running", "!the device agent"}},
+				"!device agent: running", "!the device agent"}},
 		// NCCL_RMA_WASM_DEVICE_AGENT=1: the copy context's small copies,
 		// signal writes and adds go through the device agent's ring (a
 		// thread in the fake, each command 50 µs late, the stream's work
@@ -104,9 +104,13 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check_agent_mixed", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_DEVICE_AGENT_MAX_KB=4", "NCCL_RMA_WASM_INTRANODE_IPC=0"},
 			[]string{"RESULT PASS", "teardown: 2 rounds", "device agent: running", "small device put+signals: 48 of 8 B to 64 KiB",
 				"plain signal, every byte there", "fakecuda: the device agent copied a payload"}},
-		// auto starts it where MPS's control pipe exists, and not where
-		// it does not (the default case above: no pipe here).
-		{"cuda_check_agent_mps", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "CUDA_MPS_PIPE_DIRECTORY=" + fakeMPS(t)},
+		// Three hardware queues: the agent's kernel would share the
+		// context stream's, so it is refused and every path stays.
+		{"cuda_check_agent_queues", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_DEVICE_AGENT=1", "CUDA_DEVICE_MAX_CONNECTIONS=3"},
+			[]string{"RESULT PASS", "device agent: off: with CUDA_DEVICE_MAX_CONNECTIONS=3", "!the device agent copied"}},
+		// auto starts it where MPS's control pipe exists; by default
+		// (0, until measured on a GPU) it never runs.
+		{"cuda_check_agent_mps", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "CUDA_MPS_PIPE_DIRECTORY=" + fakeMPS(t), "NCCL_RMA_WASM_DEVICE_AGENT=auto"},
 			[]string{"RESULT PASS", "device agent: running", "fakecuda: the device agent copied a payload"}},
 		// NCCL_RMA_WASM_INTRANODE_IPC=0: nothing is mapped, every device
 		// payload is staged.

@@ -125,7 +125,7 @@ if ! want host_rma; then
 elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/host_rma.cu" -o "$OUT/host_rma.o" >"$OUT/host_rma-build.log" 2>&1 &&
   mpicxx "$OUT/host_rma.o" -o "$OUT/host_rma" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/host_rma-build.log" 2>&1; then
   if timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
-    -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV \
+    -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV ${EXTRA_MPI_ENV:-} \
     "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma.log" 2>&1; then
     grep -E "HOSTRMA" "$OUT/host_rma.log"
     # Where an operation's time goes, seen from the plugin, every size
@@ -134,10 +134,11 @@ elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:co
     # The same with device windows mapped between the two processes for
     # every size (by default, with CUDA, from 64 KiB up).
     if timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
-      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET,REG -x NCCL_RMA_WASM_INTRANODE_IPC=1 -x NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV \
+      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET,REG -x NCCL_RMA_WASM_INTRANODE_IPC=1 -x NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV ${EXTRA_MPI_ENV:-} \
       "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-ipc.log" 2>&1; then
       grep -E "HOSTRMA" "$OUT/host_rma-ipc.log" | sed "s/^/[ipc] /"
       grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma-ipc.log" | sed "s/^/GIN-CHECK [host_rma ipc profile] /"
+      grep -E "device agent:" "$OUT/host_rma-ipc.log" | sed 's/.*NET.wasm: /GIN-CHECK [host_rma ipc] /' | sort -u
       grep -q "mapped device memory (IPC)" "$OUT/host_rma-ipc.log" && echo "GIN-CHECK [host_rma ipc] puts copied into the mapped peer window" ||
         echo "GIN-CHECK [host_rma ipc] the mapping was not used"
     else

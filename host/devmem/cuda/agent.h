@@ -176,7 +176,7 @@ static const char agent_ptx[] =
 
 /* agentMode: 0 off, 1 on, 2 auto (on when MPS looks active);
  * agentMax: the largest copy the agent takes (bytes). */
-static int agentMode = 2; /* declared before the host-memory calls */
+static int agentMode = 0; /* declared before the host-memory calls */
 static uint64_t agentMax = 64 << 10;
 static char agentNote[240] = "not started (no copy context used yet)";
 static int agentsRunning;
@@ -350,6 +350,35 @@ static void ag_stop(struct agent* a) {
   if (ag_done(a) >= a->seq) cu.streamSynchronize(a->stream);
 }
 
+/* ag_queues keeps the agent's stream off the hardware queues of the
+ * context's other streams. A context has CUDA_DEVICE_MAX_CONNECTIONS of
+ * them (8 by default), given to its streams in turn as they are made;
+ * work queued behind a kernel that never ends, on a stream that shares its
+ * queue, could wait for it forever. The context's stream was made first
+ * and the copy streams next, so the agent's, made last, lands on queue
+ * (1 + NCOPY) mod C: the shared stream there refuses the agent, and copy
+ * streams there are left unused (copy_take). The turn order is the
+ * driver's documented aliasing; the agent stays off (0) by default until
+ * measured on a GPU. */
+static int ag_queues(ctxstream* e) {
+  const char* v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  int c = v && atoi(v) > 0 ? atoi(v) : 8;
+  int q = (1 + NCOPY) % c;
+  unsigned skip = 0;
+  if (q == 0) {
+    snprintf(agentNote, sizeof agentNote, "off: with CUDA_DEVICE_MAX_CONNECTIONS=%d its kernel would share the hardware queue of the context's stream", c);
+    return -1;
+  }
+  for (int i = 0; i < NCOPY; i++)
+    if ((1 + i) % c == q) skip |= 1u << i;
+  if (skip == (1u << NCOPY) - 1) {
+    snprintf(agentNote, sizeof agentNote, "off: with CUDA_DEVICE_MAX_CONNECTIONS=%d every copy stream would share its kernel's hardware queue", c);
+    return -1;
+  }
+  __atomic_store_n(&e->skip, skip, __ATOMIC_RELEASE);
+  return 0;
+}
+
 /* ag_start makes and launches e's agent (under mu, e's context current;
  * e is one of the plugin's own contexts). A failure leaves the stream
  * paths, with the reason in agentNote. */
@@ -368,6 +397,7 @@ static void ag_start(ctxstream* e) {
     snprintf(agentNote, sizeof agentNote, "off: the driver lacks stream memory operations or kernel launches");
     return;
   }
+  if (ag_queues(e) != 0) return;
   struct agent* a = calloc(1, sizeof *a);
   void* mod = NULL;
   void* p = NULL;

@@ -134,7 +134,25 @@ typedef struct {
   pthread_mutex_t cmu[NCOPY];
   unsigned next;
   struct agent* ag; /* the device agent (agent.h), NULL: none */
+  unsigned skip;    /* bit i: copy[i] shares the agent's hardware queue, unused */
 } ctxstream;
+
+/* copy_take locks a copy stream of e that does not share the agent's
+ * hardware queue (agent.h, ag_queues) and returns its index. */
+static int copy_take(ctxstream* e) {
+  unsigned skip = __atomic_load_n(&e->skip, __ATOMIC_ACQUIRE);
+  if (!skip) return rmaw_pool_take(e->cmu, &e->next, NCOPY);
+  unsigned start = __atomic_fetch_add(&e->next, 1, __ATOMIC_RELAXED);
+  int first = -1;
+  for (int k = 0; k < NCOPY; k++) {
+    int i = (int)((start + (unsigned)k) % NCOPY);
+    if (skip >> i & 1) continue;
+    if (first < 0) first = i;
+    if (pthread_mutex_trylock(&e->cmu[i]) == 0) return i;
+  }
+  pthread_mutex_lock(&e->cmu[first]);
+  return first;
+}
 
 /* copyContext: make copy contexts (NCCL_RMA_WASM_COPY_CONTEXT). Work
  * queued on a stream of the application's context shares that context's
@@ -353,7 +371,7 @@ static int pool_copy(uintptr_t ctx, int kind, uint64_t dst, uint64_t src, uint64
    * may have no context: set the one captured at registration. */
   ctxstream* e = ctx_stream(ctx, r); /* makes ctx current */
   if (!e) return -1;
-  int i = rmaw_pool_take(e->cmu, &e->next, NCOPY);
+  int i = copy_take(e);
   CUstream s = e->copy[i];
   void* h = (void*)(uintptr_t)(kind == COPY_DTOH ? dst : src);
   *r = kind == COPY_HTOD   ? cu.htod((CUdeviceptr)dst, h, (size_t)n, s)
