@@ -22,7 +22,8 @@
 # time and is all these programs launch). For a short GPU loan:
 # CHECKS picks the parts (default "cuda_check host_rma gin example"),
 # GIN_REFS the reference runs after the per-size GIN alltoalls (default
-# "appctx synccopy selfwait lanes1 staged ipcwait ipc profile"; "" for none).
+# "agent appctx synccopy selfwait lanes1 staged ipcwait ipc profile"; "" for
+# none; "agent" also runs cuda_check and host_rma with the device agent).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,7 +32,7 @@ RUNS=${2:-20}
 OUT=${3:-/tmp/nccl-check}
 PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-90}
 CHECKS=${CHECKS:-cuda_check host_rma gin example}
-GIN_REFS=${GIN_REFS-appctx synccopy selfwait lanes1 staged ipcwait ipc profile}
+GIN_REFS=${GIN_REFS-agent appctx synccopy selfwait lanes1 staged ipcwait ipc profile}
 want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 ref() { case " $GIN_REFS " in *" $1 "*) return 0 ;; esac; return 1; }
 GENCODE=${NVCC_GENCODE:--gencode=arch=compute_90,code=sm_90}
@@ -84,6 +85,17 @@ elif echo "GIN-CHECK: cuda_check (device memory, then 20 teardown rounds)"; time
 else
   tail -20 "$OUT/cuda_check.log"
   echo "GIN-CHECK: cuda_check failed"
+fi
+
+# cuda_check again with the device agent (NCCL_RMA_WASM_DEVICE_AGENT=1,
+# off by default until measured): every byte and signal through its ring.
+if want cuda_check && ref agent; then
+  if NCCL_RMA_WASM_DEVICE_AGENT=1 timeout 300 "$ROOT/build/cuda_check" "$ROOT/build/librccl-rma-wasm.so" $((3 << 20)) 20 >"$OUT/cuda_check-agent.log" 2>&1; then
+    grep -E "RESULT|device agent:" "$OUT/cuda_check-agent.log" | sed 's/^/[agent] /' | sort -u
+  else
+    tail -20 "$OUT/cuda_check-agent.log"
+    echo "GIN-CHECK: cuda_check with the device agent failed"
+  fi
 fi
 
 cat >"$OUT/hostid.sh" <<'EOF'
@@ -144,6 +156,20 @@ elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:co
     else
       tail -20 "$OUT/host_rma-ipc.log"
       echo "GIN-CHECK: host_rma with IPC failed"
+      pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
+      if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
+    fi
+    # The same with the device agent (off by default until measured).
+    if ! ref agent; then
+      :
+    elif timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
+      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET -x NCCL_RMA_WASM_DEVICE_AGENT=1 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV ${EXTRA_MPI_ENV:-} \
+      "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-agent.log" 2>&1; then
+      grep -E "HOSTRMA" "$OUT/host_rma-agent.log" | sed "s/^/[agent] /"
+      grep -h "device agent:" "$OUT/host_rma-agent.log" | sed 's/.*NET.wasm: /GIN-CHECK [host_rma agent] /' | sort -u
+    else
+      tail -20 "$OUT/host_rma-agent.log"
+      echo "GIN-CHECK: host_rma with the device agent failed"
       pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
       if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
     fi
@@ -216,6 +242,14 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   gin_bad=0
   for b in $GIN_SIZES; do
     gin_run "$b" "$b" "$GIN_ITERS" || gin_bad=1
+  done
+  # The device agent (off by default until measured here): the copy
+  # context's small copies and signals through a resident block instead
+  # of driver submissions. Its INFO line says whether it ran.
+  for b in 64 4096; do
+    if ref agent && gin_run agent-$b $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET; then
+      grep -h "device agent:" "$OUT/gin_alltoall-agent-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [agent-'$b'] /' | sort -u
+    elif ref agent; then gin_bad=1; fi
   done
   # The reference for the copy context's cost (on by default): the
   # application's own context with a hardware queue per stream, which
