@@ -112,52 +112,8 @@ static void teardown_round(const ncclRma_v15_t* t, size_t size, int fd, int roun
   free(host);
 }
 
-/* The CUDA virtual memory management calls a multi-segment window needs
- * (optional: a driver without them skips that phase). Struct layouts are
- * the driver API's (CUmemAllocationProp is 32 bytes, CUmemAccessDesc 12). */
-typedef unsigned long long CUmemHandle;
-typedef struct {
-  int type; /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
-  int requestedHandleTypes;
-  int locType; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
-  int locId;
-  void* win32;
-  unsigned char compression, gpuDirectRDMACapable;
-  unsigned short usage;
-  unsigned char reserved[4];
-} memProp;
-typedef struct {
-  int locType, locId;
-  int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
-} memAccess;
-static struct {
-  CUresult (*granularity)(size_t*, const memProp*, int);
-  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
-  CUresult (*create)(CUmemHandle*, size_t, const memProp*, unsigned long long);
-  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemHandle, unsigned long long);
-  CUresult (*setAccess)(CUdeviceptr, size_t, const memAccess*, size_t);
-  CUresult (*unmap)(CUdeviceptr, size_t);
-  CUresult (*release)(CUmemHandle);
-  CUresult (*addressFree)(CUdeviceptr, size_t);
-  CUresult (*rangeHandle)(void*, CUdeviceptr, size_t, int, unsigned long long);
-} vmm;
-
-static bool vmm_open(void) {
-  if (hip_mode()) return false;
-  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!h) return false;
-  *(void**)&vmm.granularity = dlsym(h, "cuMemGetAllocationGranularity");
-  *(void**)&vmm.reserve = dlsym(h, "cuMemAddressReserve");
-  *(void**)&vmm.create = dlsym(h, "cuMemCreate");
-  *(void**)&vmm.map = dlsym(h, "cuMemMap");
-  *(void**)&vmm.setAccess = dlsym(h, "cuMemSetAccess");
-  *(void**)&vmm.unmap = dlsym(h, "cuMemUnmap");
-  *(void**)&vmm.release = dlsym(h, "cuMemRelease");
-  *(void**)&vmm.addressFree = dlsym(h, "cuMemAddressFree");
-  *(void**)&vmm.rangeHandle = dlsym(h, "cuMemGetHandleForAddressRange");
-  return vmm.granularity && vmm.reserve && vmm.create && vmm.map && vmm.setAccess && vmm.unmap && vmm.release &&
-         vmm.addressFree;
-}
+/* vmm_open of the CUDA driver only (gpu_rank.c). */
+static bool cuda_vmm(void) { return !hip_mode() && vmm_open(); }
 
 /* multiseg: as aws-ofi-nccl's rma_multiseg_signal and NCCL's symmetric
  * windows do, each rank builds one window of two physical allocations
@@ -166,7 +122,7 @@ static bool vmm_open(void) {
  * the caller may), and the peer puts a payload that straddles the two
  * segments with an ADD signal whose word lies in the second segment. */
 static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
-  if (!vmm_open()) {
+  if (!cuda_vmm()) {
     printf("[rank %d] multiseg: SKIP (%s)\n", rank, hip_mode() ? "CUDA only" : "the driver lacks the VMM calls");
     return;
   }

@@ -144,3 +144,36 @@ void gpu_rank_close(const ncclRma_v15_t* t, gpu_rank_t* r, void* const* mhs, int
   NC(t->closeColl(r->coll));
   NC(t->finalize(r->pctx));
 }
+
+vmm_calls_t vmm;
+
+bool vmm_open(void) {
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) return false;
+  *(void**)&vmm.granularity = dlsym(h, "cuMemGetAllocationGranularity");
+  *(void**)&vmm.reserve = dlsym(h, "cuMemAddressReserve");
+  *(void**)&vmm.create = dlsym(h, "cuMemCreate");
+  *(void**)&vmm.map = dlsym(h, "cuMemMap");
+  *(void**)&vmm.setAccess = dlsym(h, "cuMemSetAccess");
+  *(void**)&vmm.unmap = dlsym(h, "cuMemUnmap");
+  *(void**)&vmm.release = dlsym(h, "cuMemRelease");
+  *(void**)&vmm.addressFree = dlsym(h, "cuMemAddressFree");
+  *(void**)&vmm.rangeHandle = dlsym(h, "cuMemGetHandleForAddressRange");
+  return vmm.granularity && vmm.reserve && vmm.create && vmm.map && vmm.setAccess && vmm.unmap && vmm.release &&
+         vmm.addressFree;
+}
+
+
+CUresult vmm_alloc(size_t n, CUdeviceptr* out) {
+  memProp prop = {.type = 1, .locType = 1, .locId = 0, .gpuDirectRDMACapable = 1};
+  size_t gran = 0;
+  CUmemHandle h;
+  CUresult r = vmm.granularity(&gran, &prop, 0);
+  if (r != 0) return r;
+  n = (n + gran - 1) / gran * gran;
+  if ((r = vmm.reserve(out, n, gran, 0, 0)) != 0) return r;
+  if ((r = vmm.create(&h, n, &prop, 0)) != 0) return r;
+  if ((r = vmm.map(*out, n, 0, h, 0)) != 0) return r;
+  memAccess acc = {1, 0, 3};
+  return vmm.setAccess(*out, n, &acc, 1);
+}

@@ -100,4 +100,40 @@ void gpu_rank_connect(const ncclRma_v15_t* t, ncclDebugLogger_t logger, int rank
  * registrations in mhs, destroyContext, closeColl, finalize. */
 void gpu_rank_close(const ncclRma_v15_t* t, gpu_rank_t* r, void* const* mhs, int n);
 
+/* The CUDA virtual memory management calls a multi-segment window needs
+ * (optional: a driver without them skips what needs them). Struct layouts are
+ * the driver API's (CUmemAllocationProp is 32 bytes, CUmemAccessDesc 12). */
+typedef unsigned long long CUmemHandle;
+typedef struct {
+  int type; /* CU_MEM_ALLOCATION_TYPE_PINNED = 1 */
+  int requestedHandleTypes;
+  int locType; /* CU_MEM_LOCATION_TYPE_DEVICE = 1 */
+  int locId;
+  void* win32;
+  unsigned char compression, gpuDirectRDMACapable;
+  unsigned short usage;
+  unsigned char reserved[4];
+} memProp;
+typedef struct {
+  int locType, locId;
+  int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
+} memAccess;
+typedef struct {
+  CUresult (*granularity)(size_t*, const memProp*, int);
+  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*create)(CUmemHandle*, size_t, const memProp*, unsigned long long);
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemHandle, unsigned long long);
+  CUresult (*setAccess)(CUdeviceptr, size_t, const memAccess*, size_t);
+  CUresult (*unmap)(CUdeviceptr, size_t);
+  CUresult (*release)(CUmemHandle);
+  CUresult (*addressFree)(CUdeviceptr, size_t);
+  CUresult (*rangeHandle)(void*, CUdeviceptr, size_t, int, unsigned long long);
+} vmm_calls_t;
+extern vmm_calls_t vmm;
+
+/* vmm_open fills vmm (CUDA only); false when the driver lacks a call. */
+bool vmm_open(void);
+/* vmm_alloc maps one n-byte allocation of device 0, readable and
+ * writable by it, rounded up to the granularity; 0 on success. */
+CUresult vmm_alloc(size_t n, CUdeviceptr* out);
 #endif

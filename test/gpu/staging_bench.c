@@ -279,11 +279,23 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
   if (!getenv("BENCH_PROGRESS") || atoi(getenv("BENCH_PROGRESS"))) prog_t = t, prog_rma = rma;
 
   CUdeviceptr dsrc, ddst, dsig;
-  CU(cu.memAlloc(&dsrc, size));
-  CU(cu.memAlloc(&ddst, size));
-  /* 2 MiB: cuMemAlloc aligns it to its size, so the signal words' 64 KiB
-   * GPU page lies inside it and GDRCopy (when present) can map it. */
-  CU(cu.memAlloc(&dsig, 2 << 20));
+  /* BENCH_VMM=1: the buffers are cuMem mappings, as NCCL's ncclMemAlloc
+   * windows are, so the plugin copies them in its own context (and, with
+   * NCCL_RMA_WASM_DEVICE_AGENT=1, through its device agent). */
+  bool vmm_bufs = getenv("BENCH_VMM") && atoi(getenv("BENCH_VMM"));
+  if (vmm_bufs && !vmm_open()) FAIL("BENCH_VMM: the driver lacks the VMM calls");
+  if (vmm_bufs) {
+    CU(vmm_alloc(size, &dsrc));
+    CU(vmm_alloc(size, &ddst));
+    CU(vmm_alloc(2 << 20, &dsig));
+    if (rank == 0) printf("BUFFERS cuMem mappings (BENCH_VMM=1)\n");
+  } else {
+    CU(cu.memAlloc(&dsrc, size));
+    CU(cu.memAlloc(&ddst, size));
+    /* 2 MiB: cuMemAlloc aligns it to its size, so the signal words' 64
+     * KiB GPU page lies inside it and GDRCopy (when present) can map it. */
+    CU(cu.memAlloc(&dsig, 2 << 20));
+  }
   uint64_t zero[2] = {0, 0};
   CU(cu.htod(dsig, zero, 16));
   char* hsrc = malloc(size);

@@ -187,6 +187,7 @@ void rmaw_cuda_agent(int mode, uint64_t max) {
 }
 
 struct agent {
+  CUcontext ctx;          /* the copy context it runs in */
   volatile uint64_t* mem; /* pinned: header, then slots */
   CUdeviceptr dev;        /* mem's device address */
   CUstream stream;        /* the kernel's own */
@@ -326,9 +327,14 @@ static int ag_submit(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint
 static int ag_launch(struct agent* a, char* note, size_t notelen) {
   unsigned long long ring = a->dev, mask = AG_SLOTS - 1, seq0 = a->seq + 1;
   void* args[] = {&ring, &mask, &seq0};
+  CUresult r = cu.ctxSetCurrent(a->ctx); /* the function is its context's */
+  if (r != 0) {
+    snprintf(note, notelen, "cuCtxSetCurrent: %s", errstr(r));
+    return -1;
+  }
   __atomic_store_n(&a->mem[16], 0, __ATOMIC_RELEASE);
   __atomic_store_n(&a->mem[0], a->seq, __ATOMIC_RELEASE);
-  CUresult r = cu.launchKernel(a->fn, 1, 1, 1, AG_THREADS, 1, 1, 0, a->stream, args, NULL);
+  r = cu.launchKernel(a->fn, 1, 1, 1, AG_THREADS, 1, 1, 0, a->stream, args, NULL);
   if (r != 0) {
     snprintf(note, notelen, "cuLaunchKernel: %s", errstr(r));
     return -1;
@@ -344,10 +350,12 @@ static int ag_launch(struct agent* a, char* note, size_t notelen) {
 /* ag_stop ends the kernel (under a->mu): an EXIT command, waited for. */
 static void ag_stop(struct agent* a) {
   char err[160];
-  if (ag_put(a, AG_EXIT, 0, 0, 0, 0, err, sizeof err) == 0) {
+  /* A kernel that never started finds the EXIT if it ever does. */
+  int started = __atomic_load_n(&a->mem[16], __ATOMIC_ACQUIRE) == 1;
+  if (ag_put(a, AG_EXIT, 0, 0, 0, 0, err, sizeof err) == 0 && started) {
     for (int i = 0; i < 20000 && ag_done(a) < a->seq; i++) usleep(50);
   }
-  if (ag_done(a) >= a->seq) cu.streamSynchronize(a->stream);
+  if (ag_done(a) >= a->seq && cu.ctxSetCurrent(a->ctx) == 0) cu.streamSynchronize(a->stream);
 }
 
 /* ag_queues keeps the agent's stream off the hardware queues of the
@@ -417,6 +425,7 @@ static void ag_start(ctxstream* e) {
   }
   memset(p, 0, AG_HDR + AG_SLOTS * AG_SLOT);
   a->mem = p;
+  a->ctx = e->ctx;
   pthread_mutex_init(&a->mu, NULL);
   if (ag_launch(a, agentNote, sizeof agentNote) != 0) {
     /* A kernel that starts later polls an empty ring until finalize
