@@ -201,16 +201,17 @@ int cuMemFree_v2(unsigned long long p) {
 static struct {
   uintptr_t p;
   size_t n;
+  unsigned flags;
 } hallocs[MAXH];
 static int hostmem(uintptr_t p, size_t n);
 int cuMemHostAlloc(void** p, size_t n, unsigned f) {
-  (void)f;
   *p = malloc(n);
   pthread_mutex_lock(&mu);
   for (int i = 0; i < MAXH; i++)
     if (!hallocs[i].p) {
       hallocs[i].p = (uintptr_t)*p;
       hallocs[i].n = n;
+      hallocs[i].flags = f;
       break;
     }
   pthread_mutex_unlock(&mu);
@@ -241,18 +242,19 @@ int cuMemFreeHost(void* p) {
 static struct {
   uintptr_t p;
   size_t n;
+  unsigned flags;
 } regs[MAXREG];
 static volatile long* stage;
 static long stage_us = -1;
 
 int cuMemHostRegister_v2(void* p, size_t n, unsigned f) {
-  (void)f;
   if (!p || !n) return 1;
   pthread_mutex_lock(&mu);
   for (int i = 0; i < MAXREG; i++)
     if (!regs[i].p) {
       regs[i].p = (uintptr_t)p;
       regs[i].n = n;
+      regs[i].flags = f;
       break;
     }
   pthread_mutex_unlock(&mu);
@@ -517,9 +519,19 @@ int cuModuleGetFunction(void** f, void* m, const char* name) {
   *f = &funcobj;
   return 0;
 }
-/* Mapped host memory: the fake's device addresses are host addresses. */
+/* Mapped host memory: the fake's device addresses are host addresses. As
+ * the driver does, it answers only for pinned memory allocated or
+ * registered with DEVICEMAP (2). */
 int cuMemHostGetDevicePointer_v2(unsigned long long* d, void* p, unsigned f) {
-  (void)f;
+  if (f) return 1;
+  int ok = 0;
+  pthread_mutex_lock(&mu);
+  for (int i = 0; i < MAXH; i++)
+    if (hallocs[i].p && (uintptr_t)p >= hallocs[i].p && (uintptr_t)p < hallocs[i].p + hallocs[i].n && hallocs[i].flags & 2) ok = 1;
+  for (int i = 0; i < MAXREG; i++)
+    if (regs[i].p && (uintptr_t)p >= regs[i].p && (uintptr_t)p < regs[i].p + regs[i].n && regs[i].flags & 2) ok = 1;
+  pthread_mutex_unlock(&mu);
+  if (!ok) return 1; /* CUDA_ERROR_INVALID_VALUE */
   *d = (uintptr_t)p;
   return 0;
 }

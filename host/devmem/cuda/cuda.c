@@ -422,7 +422,9 @@ static int agentMode;
 static int cuda_host_alloc(uintptr_t ctx, uint64_t n, void** p, char* err, size_t errlen) {
   struct agent* a = ag_pause(ctx);
   CUresult r = cu.ctxSetCurrent((CUcontext)ctx);
-  if (r == 0) r = cu.memHostAlloc(p, (size_t)n, MEMHOSTALLOC_PORTABLE);
+  /* DEVICEMAP where the agent may run: cuMemHostGetDevicePointer, which
+   * tells the agent's memory (hr_add), answers only for such memory. */
+  if (r == 0) r = cu.memHostAlloc(p, (size_t)n, MEMHOSTALLOC_PORTABLE | (agentMode ? 2 : 0));
   ag_resume(a);
   if (r != 0) return rmaw_fail(err, errlen, "cuMemHostAlloc of %llu bytes: %s", (unsigned long long)n, errstr(r));
   hr_add(*p, n);
