@@ -149,6 +149,9 @@ func waitDoneWithin(tb testing.TB, o *memOwner, tag uint64, d time.Duration) abi
 		}
 		time.Sleep(time.Millisecond)
 	}
+	if h := stuckHook.Load(); h != nil {
+		(*h)()
+	}
 	tb.Fatalf("tag %d never completed", tag)
 	return 0
 }

@@ -39,6 +39,23 @@ func (m *Mesh) WriteState(w io.Writer) {
 			fmt.Fprintf(w, "    lane %d: open=%v opening=%v queued=%d%s writing=%v down=%v armed=%v unacked puts=%d gets=%d batches=%d%s\n",
 				l.idx, open, opening, qlen, head, writing, down, l.armed.Load(), l.pendingPuts(), l.pendingGets(), l.batches.Load(), shm)
 		}
+		// The incoming streams: who serves them, and what their rings hold.
+		for i, a := range t.acks {
+			r := a.rd.Load()
+			if r == nil {
+				continue
+			}
+			var shm string
+			r.smu.Lock()
+			if s := r.sview; s != nil {
+				tail, read, sleeping, waiting := s.State()
+				shm = fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v}", tail, read, sleeping, waiting)
+			}
+			r.smu.Unlock()
+			fmt.Fprintf(w, "    in %d: role=%#x active=%v napping=%v left=%v polled=%v rx %d µs ago, caller msgs %d, handoffs %d, ended=%v%s\n",
+				i, r.role.Load(), r.active.Load(), r.napping.Load(), r.left.Load(), r.polled.Load(), (Now()-r.rx.Load())/1000,
+				r.callerMsgs.Load(), r.handoffs.Load(), r.endErr(), shm)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"fmt"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,6 +37,10 @@ func setDelays(t *testing.T, d time.Duration, ds ...*delay) {
 
 // waitWord waits until the 8-byte word at off of o's memory reaches want
 // (atomic: the signal is the reader's proof that the payload landed).
+// stuckHook, when set, runs before waitWord fails: it writes what the
+// meshes hold and every goroutine's stack, to tell where a signal stuck.
+var stuckHook atomic.Pointer[func()]
+
 func waitWord(t *testing.T, o *memOwner, off int, want uint64, poll func()) {
 	t.Helper()
 	w := (*uint64)(unsafe.Pointer(&o.mem[off]))
@@ -45,6 +50,9 @@ func waitWord(t *testing.T, o *memOwner, off int, want uint64, poll func()) {
 			poll()
 		}
 		if time.Now().After(deadline) {
+			if h := stuckHook.Load(); h != nil {
+				(*h)()
+			}
 			t.Fatalf("signal word at %d is %d, want %d", off, atomic.LoadUint64(w), want)
 		}
 		runtime.Gosched()
@@ -154,6 +162,21 @@ func TestPiggybackedAcks(t *testing.T) {
 			}
 			os := newOwners(2, 8192)
 			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: c.intra, Lanes: c.lanes, LocalCompletion: c.localComp, StripeThreshold: 1 << 20})
+			var dumped atomic.Bool
+			dump := func() {
+				if dumped.Swap(true) {
+					return
+				}
+				var b strings.Builder
+				for _, m := range ms {
+					m.WriteState(&b)
+				}
+				buf := make([]byte, 1<<20)
+				b.Write(buf[:runtime.Stack(buf, true)])
+				t.Log(b.String())
+			}
+			stuckHook.Store(&dump)
+			defer stuckHook.Store(nil)
 			for r, m := range ms {
 				if a := tcpOf(t, m, 1-r).acks[c.lane[1-r]]; !a.rides() {
 					t.Fatalf("rank %d: acks of lane %d do not ride the answers", r, c.lane[1-r])

@@ -170,6 +170,9 @@ func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
 		r.setLowat(false)
 	}
 	r.sring = s
+	r.smu.Lock()
+	r.sview = s
+	r.smu.Unlock()
 	s.SetAttached()
 	return nil
 }

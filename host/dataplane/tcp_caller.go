@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -113,6 +114,8 @@ type inReader struct {
 	// end the service met (set by the service, the first one kept; read by
 	// a caller holding the role too, hence atomic); bells its scratch.
 	sring   *shmstream.Ring
+	sview   *shmstream.Ring // sring, for diagnostics from any thread (WriteState), under smu
+	smu     sync.Mutex      // sview: close unmaps the ring under it
 	sockErr atomic.Pointer[error]
 	bells   [64]byte
 }
@@ -530,7 +533,10 @@ func (r *inReader) close() {
 	r.dec.Release()
 	r.rxr.Close()
 	if r.sring != nil {
+		r.smu.Lock()
+		r.sview = nil
 		r.sring.Close()
+		r.smu.Unlock()
 	}
 	if r.nap != nil {
 		r.nap.Stop()
