@@ -32,7 +32,7 @@ static int ctxobj, ctx2obj;
 static __thread void* current;
 
 /* alloc_size is the size of the allocation holding p (0: none). */
-static size_t alloc_size(uintptr_t p) {
+__attribute__((unused)) static size_t alloc_size(uintptr_t p) {
   pthread_mutex_lock(&mu);
   size_t n = 0;
   for (int i = 0; i < MAXA; i++)
@@ -198,23 +198,25 @@ int cuMemFree_v2(unsigned long long p) {
 /* Pinned host memory is remembered, as the device reaches it (UVA): stream
  * writes and waits and the agent may touch it. */
 #define MAXH 256
-static struct {
+struct hrange {
   uintptr_t p;
   size_t n;
-  unsigned flags;
-} hallocs[MAXH];
-static int hostmem(uintptr_t p, size_t n);
-int cuMemHostAlloc(void** p, size_t n, unsigned f) {
-  *p = malloc(n);
+  unsigned flags; /* cuMemHostAlloc's or cuMemHostRegister's */
+};
+static struct hrange hallocs[MAXH];
+/* remember puts a range in the first free entry of t (max entries). */
+static void remember(struct hrange* t, int max, void* p, size_t n, unsigned f) {
   pthread_mutex_lock(&mu);
-  for (int i = 0; i < MAXH; i++)
-    if (!hallocs[i].p) {
-      hallocs[i].p = (uintptr_t)*p;
-      hallocs[i].n = n;
-      hallocs[i].flags = f;
+  for (int i = 0; i < max; i++)
+    if (!t[i].p) {
+      t[i] = (struct hrange){(uintptr_t)p, n, f};
       break;
     }
   pthread_mutex_unlock(&mu);
+}
+int cuMemHostAlloc(void** p, size_t n, unsigned f) {
+  *p = malloc(n);
+  remember(hallocs, MAXH, *p, n, f);
   return 0;
 }
 int cuMemFreeHost(void* p) {
@@ -239,25 +241,24 @@ int cuMemFreeHost(void* p) {
 #include <sys/mman.h>
 #include <unistd.h>
 #define MAXREG 64
-static struct {
-  uintptr_t p;
-  size_t n;
-  unsigned flags;
-} regs[MAXREG];
+static struct hrange regs[MAXREG];
+/* hostmem reports whether [p, p+n) lies in pinned host memory. */
+__attribute__((unused)) static int hostmem(uintptr_t p, size_t n) {
+  pthread_mutex_lock(&mu);
+  int ok = 0;
+  for (int i = 0; i < MAXH; i++)
+    if (hallocs[i].p && p >= hallocs[i].p && p + n <= hallocs[i].p + hallocs[i].n) ok = 1;
+  for (int i = 0; i < MAXREG; i++)
+    if (regs[i].p && p >= regs[i].p && p + n <= regs[i].p + regs[i].n) ok = 1;
+  pthread_mutex_unlock(&mu);
+  return ok;
+}
 static volatile long* stage;
 static long stage_us = -1;
 
 int cuMemHostRegister_v2(void* p, size_t n, unsigned f) {
   if (!p || !n) return 1;
-  pthread_mutex_lock(&mu);
-  for (int i = 0; i < MAXREG; i++)
-    if (!regs[i].p) {
-      regs[i].p = (uintptr_t)p;
-      regs[i].n = n;
-      regs[i].flags = f;
-      break;
-    }
-  pthread_mutex_unlock(&mu);
+  remember(regs, MAXREG, p, n, f);
   return 0;
 }
 int cuMemHostUnregister(void* p) {
@@ -398,17 +399,6 @@ int cuStreamBatchMemOp_v2(void* s, unsigned count, struct fmemop* ops, unsigned 
 }
 static int modobj, funcobj, waitmod, waitfunc, agentmod, agentfunc;
 
-/* hostmem reports whether [p, p+n) lies in pinned host memory. */
-static int hostmem(uintptr_t p, size_t n) {
-  pthread_mutex_lock(&mu);
-  int ok = 0;
-  for (int i = 0; i < MAXH; i++)
-    if (hallocs[i].p && p >= hallocs[i].p && p + n <= hallocs[i].p + hallocs[i].n) ok = 1;
-  for (int i = 0; i < MAXREG; i++)
-    if (regs[i].p && p >= regs[i].p && p + n <= regs[i].p + regs[i].n) ok = 1;
-  pthread_mutex_unlock(&mu);
-  return ok;
-}
 
 /* The plugin's device agent (host/devmem/cuda/agent.h), emulated by a
  * thread that runs its ring's commands in order, with the layout the
