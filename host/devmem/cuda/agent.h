@@ -179,7 +179,17 @@ static const char agent_ptx[] =
 static int agentMode = 0; /* declared before the host-memory calls */
 static uint64_t agentMax = 64 << 10;
 static char agentNote[240] = "not started (no copy context used yet)";
-static int agentsRunning;
+/* nmu guards agentNote alone: notes are set under mu or an agent's lock. */
+static pthread_mutex_t nmu = PTHREAD_MUTEX_INITIALIZER;
+
+__attribute__((format(printf, 1, 2))) static void ag_note(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  pthread_mutex_lock(&nmu);
+  vsnprintf(agentNote, sizeof agentNote, fmt, ap);
+  pthread_mutex_unlock(&nmu);
+  va_end(ap);
+}
 
 void rmaw_cuda_agent(int mode, uint64_t max) {
   agentMode = mode;
@@ -218,7 +228,7 @@ static void hr_add(void* p, uint64_t n) {
   pthread_mutex_lock(&mu);
   for (int i = 0; i < nhr; i++)
     if (__atomic_load_n(&hr[i].n, __ATOMIC_ACQUIRE) == 0) {
-      hr[i].p = (uint64_t)(uintptr_t)p;
+      __atomic_store_n(&hr[i].p, (uint64_t)(uintptr_t)p, __ATOMIC_RELAXED);
       __atomic_store_n(&hr[i].n, n, __ATOMIC_RELEASE);
       pthread_mutex_unlock(&mu);
       return;
@@ -244,7 +254,8 @@ static int hr_ok(const void* p, uint64_t n) {
   int k = __atomic_load_n(&nhr, __ATOMIC_ACQUIRE);
   for (int i = 0; i < k; i++) {
     uint64_t len = __atomic_load_n(&hr[i].n, __ATOMIC_ACQUIRE);
-    if (len && a >= hr[i].p && a + n <= hr[i].p + len && a + n >= a) return 1;
+    uint64_t base = __atomic_load_n(&hr[i].p, __ATOMIC_RELAXED);
+    if (len && a >= base && a + n <= base + len && a + n >= a) return 1;
   }
   return 0;
 }
@@ -304,7 +315,7 @@ static int ag_lead(ctxstream* e, char* err, size_t errlen) {
   return 0;
 }
 
-/* ag_of returns e's agent when it takes work (lock it with ag_lock). */
+/* ag_live returns e's agent when it runs and takes work, else NULL. */
 static struct agent* ag_live(ctxstream* e) {
   struct agent* a = __atomic_load_n(&e->ag, __ATOMIC_ACQUIRE);
   return a && __atomic_load_n(&a->live, __ATOMIC_ACQUIRE) ? a : NULL;
@@ -355,7 +366,10 @@ static void ag_stop(struct agent* a) {
   if (ag_put(a, AG_EXIT, 0, 0, 0, 0, err, sizeof err) == 0 && started) {
     for (int i = 0; i < 20000 && ag_done(a) < a->seq; i++) usleep(50);
   }
-  if (ag_done(a) >= a->seq && cu.ctxSetCurrent(a->ctx) == 0) cu.streamSynchronize(a->stream);
+  if (ag_done(a) >= a->seq && cu.ctxSetCurrent(a->ctx) == 0) {
+    cu.streamSynchronize(a->stream);
+    __atomic_store_n(&a->mem[16], 0, __ATOMIC_RELEASE); /* ended: a second stop waits for nothing */
+  }
 }
 
 /* ag_queues keeps the agent's stream off the hardware queues of the
@@ -374,13 +388,13 @@ static int ag_queues(ctxstream* e) {
   int q = (1 + NCOPY) % c;
   unsigned skip = 0;
   if (q == 0) {
-    snprintf(agentNote, sizeof agentNote, "off: with CUDA_DEVICE_MAX_CONNECTIONS=%d its kernel would share the hardware queue of the context's stream", c);
+    ag_note("off: with CUDA_DEVICE_MAX_CONNECTIONS=%d its kernel would share the hardware queue of the context's stream", c);
     return -1;
   }
   for (int i = 0; i < NCOPY; i++)
     if ((1 + i) % c == q) skip |= 1u << i;
   if (skip == (1u << NCOPY) - 1) {
-    snprintf(agentNote, sizeof agentNote, "off: with CUDA_DEVICE_MAX_CONNECTIONS=%d every copy stream would share its kernel's hardware queue", c);
+    ag_note("off: with CUDA_DEVICE_MAX_CONNECTIONS=%d every copy stream would share its kernel's hardware queue", c);
     return -1;
   }
   __atomic_store_n(&e->skip, skip, __ATOMIC_RELEASE);
@@ -397,12 +411,12 @@ static void ag_start(ctxstream* e) {
     char path[512];
     snprintf(path, sizeof path, "%s/control", dir && *dir ? dir : "/tmp/nvidia-mps");
     if (access(path, F_OK) != 0) {
-      snprintf(agentNote, sizeof agentNote, "off: MPS is not running (no %.150s; NCCL_RMA_WASM_DEVICE_AGENT=1 forces it)", path);
+      ag_note("off: MPS is not running (no %.150s; NCCL_RMA_WASM_DEVICE_AGENT=1 forces it)", path);
       return;
     }
   }
   if (!cu.launchKernel || !cu.moduleLoadData || !cu.waitValue64 || !cu.memHostGetDevicePointer || !(e->caps & RMAW_CAP_WRITE64)) {
-    snprintf(agentNote, sizeof agentNote, "off: the driver lacks stream memory operations or kernel launches");
+    ag_note("off: the driver lacks stream memory operations or kernel launches");
     return;
   }
   if (ag_queues(e) != 0) return;
@@ -418,7 +432,7 @@ static void ag_start(ctxstream* e) {
   else if ((r = cu.memHostGetDevicePointer(&a->dev, p, 0)) != 0) what = "cuMemHostGetDevicePointer";
   else if ((r = cu.streamCreate(&a->stream, STREAM_NON_BLOCKING)) != 0) what = "cuStreamCreate";
   if (what) {
-    snprintf(agentNote, sizeof agentNote, "off: %s: %s", what, a ? errstr(r) : "calloc");
+    ag_note("off: %s: %s", what, a ? errstr(r) : "calloc");
     if (p) cu.memFreeHost(p);
     free(a);
     return;
@@ -427,7 +441,9 @@ static void ag_start(ctxstream* e) {
   a->mem = p;
   a->ctx = e->ctx;
   pthread_mutex_init(&a->mu, NULL);
-  if (ag_launch(a, agentNote, sizeof agentNote) != 0) {
+  char note[160];
+  if (ag_launch(a, note, sizeof note) != 0) {
+    ag_note("off: %s", note);
     /* A kernel that starts later polls an empty ring until finalize
      * stops it; the memory stays. */
     __atomic_store_n(&e->ag, a, __ATOMIC_RELEASE);
@@ -436,8 +452,7 @@ static void ag_start(ctxstream* e) {
   a->live = 1;
   a->streamLast = 1; /* whatever the stream holds comes first */
   __atomic_store_n(&e->ag, a, __ATOMIC_RELEASE);
-  __atomic_add_fetch(&agentsRunning, 1, __ATOMIC_RELAXED);
-  snprintf(agentNote, sizeof agentNote, "running (one block of %d threads per copy context; copies up to %llu bytes)",
+  ag_note("running (one block of %d threads per copy context; copies up to %llu bytes)",
            AG_THREADS, (unsigned long long)agentMax);
 }
 
@@ -469,7 +484,7 @@ static void ag_resume(struct agent* a) {
   char note[160];
   if (ag_launch(a, note, sizeof note) != 0) {
     __atomic_store_n(&a->live, 0, __ATOMIC_RELEASE);
-    snprintf(agentNote, sizeof agentNote, "stopped: restarting it after a pinned allocation: %s", note);
+    ag_note("stopped: restarting it after a pinned allocation: %s", note);
   }
   pthread_mutex_unlock(&a->mu);
 }
@@ -513,7 +528,6 @@ void rmaw_cuda_agents_stop(void) {
     if (!a) continue;
     pthread_mutex_lock(&a->mu);
     if (cu.ctxSetCurrent(ctxs[i].ctx) == 0) {
-      if (a->live) __atomic_add_fetch(&agentsRunning, -1, __ATOMIC_RELAXED);
       __atomic_store_n(&a->live, 0, __ATOMIC_RELEASE);
       /* A kernel that never started may start later: it finds EXIT. */
       ag_stop(a);
@@ -540,21 +554,25 @@ void rmaw_cuda_agent_start(uintptr_t ctx) {
     ag_start(e);
   } else {
     pthread_mutex_lock(&a->mu);
-    if (!a->live && ag_done(a) >= a->seq && ag_launch(a, agentNote, sizeof agentNote) == 0) {
+    char note[160];
+    if (!a->live && ag_done(a) >= a->seq) {
       /* Stopped at a finalize; this registration starts it again. */
-      a->streamLast = 1;
-      __atomic_store_n(&a->live, 1, __ATOMIC_RELEASE);
-      __atomic_add_fetch(&agentsRunning, 1, __ATOMIC_RELAXED);
+      if (ag_launch(a, note, sizeof note) != 0) {
+        ag_note("off: restarting it: %s", note);
+      } else {
+        a->streamLast = 1;
+        __atomic_store_n(&a->live, 1, __ATOMIC_RELEASE);
+      }
     }
     pthread_mutex_unlock(&a->mu);
   }
   pthread_mutex_unlock(&mu);
 }
 
-/* rmaw_cuda_agent_note copies the agent's state. */
-int rmaw_cuda_agent_note(char* out, size_t n) {
-  pthread_mutex_lock(&mu);
+/* rmaw_cuda_agent_note copies what the last start or stop of an agent
+ * found. */
+void rmaw_cuda_agent_note(char* out, size_t n) {
+  pthread_mutex_lock(&nmu);
   snprintf(out, n, "%s", agentNote);
-  pthread_mutex_unlock(&mu);
-  return __atomic_load_n(&agentsRunning, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&nmu);
 }

@@ -647,16 +647,19 @@ static int cuda_caps(uintptr_t ctx) {
   return e->caps | (ag_live(e) ? RMAW_CAP_WRITE64 | RMAW_CAP_STREAM_ATOMIC | RMAW_CAP_ASYNC : 0);
 }
 
-/* on_stream locks e's agent, if any, and makes the stream's next work
- * wait for the agent's commands; off_stream records that the stream got
- * work and unlocks. */
-static struct agent* on_stream(ctxstream* e, int* rc, char* err, size_t errlen) {
-  struct agent* a = __atomic_load_n(&e->ag, __ATOMIC_ACQUIRE);
-  *rc = 0;
-  if (!a) return NULL;
-  pthread_mutex_lock(&a->mu);
-  if (a->live) *rc = ag_lead(e, err, errlen);
-  return a;
+/* on_stream locks e's agent, if any (*a, NULL: none), and makes the
+ * stream's next work wait for the agent's commands; on failure it unlocks
+ * and returns -1. off_stream records whether the stream got work and
+ * unlocks. */
+static int on_stream(ctxstream* e, struct agent** a, char* err, size_t errlen) {
+  *a = __atomic_load_n(&e->ag, __ATOMIC_ACQUIRE);
+  if (!*a) return 0;
+  pthread_mutex_lock(&(*a)->mu);
+  if ((*a)->live && ag_lead(e, err, errlen) != 0) {
+    pthread_mutex_unlock(&(*a)->mu);
+    return -1;
+  }
+  return 0;
 }
 static void off_stream(struct agent* a, int queued) {
   if (!a) return;
@@ -721,12 +724,8 @@ static int cuda_copy_async(uintptr_t ctx, int to_device, void* host, uint64_t de
     uint64_t h = (uint64_t)(uintptr_t)host;
     return to_device ? ag_submit(e, AG_COPY, n, h, dev, 0, err, errlen) : ag_submit(e, AG_COPY, n, dev, h, 0, err, errlen);
   }
-  int rc;
-  struct agent* a = on_stream(e, &rc, err, errlen);
-  if (rc != 0) {
-    off_stream(a, 0);
-    return rc;
-  }
+  struct agent* a;
+  if (on_stream(e, &a, err, errlen) != 0) return -1;
   r = to_device ? cu.htod((CUdeviceptr)dev, host, (size_t)n, e->stream)
                 : cu.dtoh(host, (CUdeviceptr)dev, (size_t)n, e->stream);
   off_stream(a, r == 0);
@@ -739,12 +738,8 @@ static int cuda_copy_async(uintptr_t ctx, int to_device, void* host, uint64_t de
 static int cuda_copy_dtod_async(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err, size_t errlen) {
   if (!cu.dtod) return 1;
   CTX_STREAM(e, "asynchronous device-to-device copy");
-  int rc;
-  struct agent* a = on_stream(e, &rc, err, errlen);
-  if (rc != 0) {
-    off_stream(a, 0);
-    return rc;
-  }
+  struct agent* a;
+  if (on_stream(e, &a, err, errlen) != 0) return -1;
   r = cu.dtod((CUdeviceptr)dst, (CUdeviceptr)src, (size_t)n, e->stream);
   off_stream(a, r == 0);
   if (r != 0) return rmaw_fail(err, errlen, "cuMemcpyDtoDAsync of %llu bytes: %s", (unsigned long long)n, errstr(r));
@@ -753,7 +748,7 @@ static int cuda_copy_dtod_async(uintptr_t ctx, uint64_t dst, uint64_t src, uint6
 
 static int cuda_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t errlen) {
   CTX_STREAM(e, "cuEventRecord");
-  struct agent* a = ag_live(e) ? e->ag : NULL;
+  struct agent* a = ag_live(e);
   if (a && (*ev == 0 || (*ev & 1))) {
     /* A ticket: the agent's last command, after the stream's work. */
     pthread_mutex_lock(&a->mu);
@@ -762,12 +757,7 @@ static int cuda_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t err
     pthread_mutex_unlock(&a->mu);
     return rc;
   }
-  int rc;
-  a = on_stream(e, &rc, err, errlen);
-  if (rc != 0) {
-    off_stream(a, 0);
-    return rc;
-  }
+  if (on_stream(e, &a, err, errlen) != 0) return -1;
   off_stream(a, 0);
   if (*ev & 1) *ev = 0; /* a ticket of an agent that stopped since */
   if (!*ev) {
@@ -794,10 +784,9 @@ static void cuda_event_destroy(uintptr_t ctx, uintptr_t ev) {
 
 static int cuda_stream_sync(uintptr_t ctx, char* err, size_t errlen) {
   CTX_STREAM(e, "cuStreamSynchronize");
-  int rc;
-  struct agent* a = on_stream(e, &rc, err, errlen);
+  struct agent* a;
+  if (on_stream(e, &a, err, errlen) != 0) return -1;
   off_stream(a, 0);
-  if (rc != 0) return rc;
   r = cu.streamSynchronize(e->stream);
   if (r != 0) return rmaw_fail(err, errlen, "cuStreamSynchronize: %s", errstr(r));
   return 0;
@@ -979,12 +968,8 @@ static int cuda_ipc_event_open(uintptr_t ctx, const unsigned char* handle, uintp
 static int cuda_stream_wait(uintptr_t ctx, uintptr_t ev, char* err, size_t errlen) {
   if (!cu.streamWaitEvent) return rmaw_fail(err, errlen, "the driver lacks cuStreamWaitEvent");
   CTX_STREAM(e, "cuStreamWaitEvent");
-  int rc;
-  struct agent* a = on_stream(e, &rc, err, errlen);
-  if (rc != 0) {
-    off_stream(a, 0);
-    return rc;
-  }
+  struct agent* a;
+  if (on_stream(e, &a, err, errlen) != 0) return -1;
   r = cu.streamWaitEvent(e->stream, (void*)ev, 0);
   off_stream(a, r == 0); /* the agent's next command follows the wait */
   if (r != 0) return rmaw_fail(err, errlen, "cuStreamWaitEvent: %s", errstr(r));

@@ -103,11 +103,11 @@ func (cudaDevice) StartAgent(ctx uintptr) { C.rmaw_cuda_agent_start(C.uintptr_t(
 // of the plugin outlives it.
 func (cudaDevice) StopAgents() { C.rmaw_cuda_agents_stop() }
 
-// Agent says how many device agents run and what the last start found.
-func (cudaDevice) Agent() (int, string) {
+// Agent says what the last start or stop of a device agent found.
+func (cudaDevice) Agent() string {
 	var buf [240]C.char
-	n := C.rmaw_cuda_agent_note(&buf[0], C.size_t(len(buf)))
-	return int(n), C.GoString(&buf[0])
+	C.rmaw_cuda_agent_note(&buf[0], C.size_t(len(buf)))
+	return C.GoString(&buf[0])
 }
 
 // Locate says which CUDA device holds ptr, for direct registration with a

@@ -17,7 +17,7 @@ void rmaw_cuda_stream_atomic_note(char* out, size_t n);
 void rmaw_cuda_agent(int mode, uint64_t max);
 void rmaw_cuda_agent_start(uintptr_t ctx);
 void rmaw_cuda_agents_stop(void);
-int rmaw_cuda_agent_note(char* out, size_t n);
+void rmaw_cuda_agent_note(char* out, size_t n);
 int rmaw_gdr_open(char* err, size_t errlen);
 int rmaw_gdr_add(uintptr_t ctx, uint64_t addr, uint64_t v);
 void rmaw_gdr_forget(uint64_t addr, uint64_t size);

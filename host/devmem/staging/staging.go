@@ -307,7 +307,7 @@ func Prewarm(ctx uintptr, chunk uint64) {
 	// in its context would have to stop it.
 	if ag, ok := d.(deviceAgent); ok {
 		ag.StartAgent(ctx)
-		if _, how := ag.Agent(); !strings.HasPrefix(how, "not started") {
+		if how := ag.Agent(); !strings.HasPrefix(how, "not started") {
 			if last := agentSaid.Swap(&how); last == nil || *last != how {
 				logx.Info(abi.SubsysNet, "NET/wasm: device agent: %s", how)
 			}
@@ -320,7 +320,7 @@ func Prewarm(ctx uintptr, chunk uint64) {
 type deviceAgent interface {
 	StartAgent(ctx uintptr)
 	StopAgents()
-	Agent() (running int, note string)
+	Agent() (note string)
 }
 
 // agentSaid is the agent's state last logged.
