@@ -36,11 +36,22 @@ func (m *Mesh) WriteState(w io.Writer) {
 				tail, read, sleeping, waiting := s.State()
 				shm = fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v bells %d}", tail, read, sleeping, waiting, l.bells.Load())
 			}
-			fmt.Fprintf(w, "    lane %d: open=%v opening=%v queued=%d%s writing=%v down=%v armed=%v unacked puts=%d gets=%d batches=%d%s\n",
-				l.idx, open, opening, qlen, head, writing, down, l.armed.Load(), l.pendingPuts(), l.pendingGets(), l.batches.Load(), shm)
+			var wait string
+			if since := l.waitSince.Load(); since != 0 {
+				wait = fmt.Sprintf(" oldest ack wait %d µs", (Now()-since)/1000)
+			}
+			fmt.Fprintf(w, "    lane %d: open=%v opening=%v queued=%d%s writing=%v down=%v armed=%v unacked puts=%d%s gets=%d batches=%d backstop asks %d rescued %d%s\n",
+				l.idx, open, opening, qlen, head, writing, down, l.armed.Load(), l.pendingPuts(), wait, l.pendingGets(), l.batches.Load(),
+				l.bsAsks.Load(), l.bsRescued.Load(), shm)
 		}
-		// The incoming streams: who serves them, and what their rings hold.
+		// The incoming streams: what their ackers owe, who serves them, and
+		// what their rings hold.
 		for i, a := range t.acks {
+			a.tmu.Lock()
+			armed := a.armed
+			a.tmu.Unlock()
+			fmt.Fprintf(w, "    acker %d: pub %d sent %d owed %d armed %v rides %v alone %d\n",
+				i, a.pub.Load(), a.sent.Load(), a.owed(), armed, a.rides(), a.alone.Load())
 			r := a.rd.Load()
 			if r == nil {
 				continue

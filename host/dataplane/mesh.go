@@ -368,6 +368,11 @@ type Stats struct {
 	// puts sent so far: carried in a batch of ours (SPEC.md §4,
 	// "Acknowledgements ride the reverse lanes"), or written alone.
 	AcksCarried, AcksAlone uint64
+	// BackstopAsks counts the liveness backstop's asks for acks that
+	// waited too long (tcp_lane.go, backstop), and AcksRescued the asks
+	// an ack answered: each is an ack the normal path failed to deliver
+	// in time.
+	BackstopAsks, AcksRescued uint64
 }
 
 // Stats reads the mesh's counters (at connect and close: it allocates).
@@ -385,7 +390,7 @@ func (m *Mesh) Stats() Stats {
 		st.FabricProvider = m.fab.Info.Provider
 	}
 	st.CompressedRaw, st.CompressedWire = m.compression()
-	st.AcksCarried, st.AcksAlone = m.acks()
+	st.AcksCarried, st.AcksAlone, st.BackstopAsks, st.AcksRescued = m.acks()
 	return st
 }
 

@@ -186,6 +186,7 @@ func (l *lane) migrate(cause error) {
 	}
 	// Their tags travel with them; the stream's count ends here.
 	l.puts.Clear()
+	l.waitSince.Store(0)
 	l.moved = true
 	l.amu.Unlock()
 	l.gmu.Lock()

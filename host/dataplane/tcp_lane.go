@@ -18,6 +18,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
@@ -93,6 +94,9 @@ type tcpLink struct {
 	// acks[i] acknowledges the puts of incoming stream i (tcp_service.go).
 	acks   []*acker
 	ride   bool // acks ride our lanes' batches (set by start)
+	// ackDeferred counts acker timers that found the stream held and
+	// left their acks to its holder (tests, the stall report).
+	ackDeferred atomic.Uint64
 	fences [abi.MaxLanes]sync.Once
 	fixed  bool // no failover: a broken stream fails the peer
 }
@@ -406,8 +410,17 @@ type lane struct {
 	amu    sync.Mutex
 	puts   ring.Ring[uint64]
 	pAcked uint64
-	moved  bool     // failed over: its puts went to another lane, and a late ack of them is void
-	ptags  []uint64 // owned by whoever holds writing: puts not yet in the FIFO
+	moved  bool // failed over: its puts went to another lane, and a late ack of them is void
+	// The liveness backstop (backstop): since when the oldest put of the
+	// FIFO has waited for an ack (Now(); 0: none waits), the slowest recent
+	// wait (a decaying maximum: the round trip seen), and when the
+	// backstop last asked (0: no ask outstanding).
+	waitSince atomic.Int64
+	ackWait   atomic.Int64
+	bsAt      atomic.Int64
+	bsAsks    atomic.Uint64 // asks the backstop sent
+	bsRescued atomic.Uint64 // acks that came only after such an ask
+	ptags     []uint64      // owned by whoever holds writing: puts not yet in the FIFO
 	// later (owned by whoever holds writing) are the batch's ops whose
 	// copies were gathered (sideGathered) and that complete once the
 	// batch is written, by their index in it.
@@ -615,6 +628,7 @@ func (l *lane) enqueue(op *Op, hold bool) (lone bool) {
 // at post time, remains the guarantee that nothing waits for a test.
 func (l *lane) flush() {
 	limit := l.t.inlineMax()
+	l.backstop()
 	if l.t.ackStale() && l.sendAck(true) {
 		return // nothing queued to carry an owed ack: it left alone, on this thread
 	}
@@ -638,15 +652,10 @@ func (l *lane) flush() {
 	n := l.takeLocked(limit)
 	l.mu.Unlock()
 	ok := l.writeBatch(l.batch[:n])
-	l.mu.Lock()
-	l.writing = false
 	// The send timer keeps running when everything left: it goes quiet
 	// by itself (sendTimer), and stopping it here would make the next
 	// post re-arm it, a timer update per op.
-	more := l.q.Len() > 0
-	l.mu.Unlock()
-	l.ackLeft()
-	if ok && more {
+	if more := l.letGo(); ok && more {
 		l.kick()
 	}
 }
@@ -735,7 +744,10 @@ func (t *tcpLink) batchesWritten() uint64 {
 func (t *tcpLink) sendAcksAlone() {
 	for _, l := range t.lanes {
 		if l.isOpen() {
-			l.sendAck(false)
+			if !l.sendAck(false) {
+				// Someone holds the stream: its letGo re-arms the timer.
+				t.ackDeferred.Add(1)
+			}
 			return
 		}
 	}
@@ -793,6 +805,77 @@ func (l *lane) unacked() int {
 	return l.puts.Len()
 }
 
+// The liveness backstop. Every put is acknowledged by the normal paths
+// (an ack that rides a batch, one written alone when no batch comes, the
+// acker's timer); a bug in them would leave a put that landed
+// unacknowledged and its request pending for ever, which hangs a job. So
+// the caller's test() and rmaProgress (flush) also look at how long the
+// oldest put of each lane has waited for its ack: past backstopBound, the
+// lane asks the target to acknowledge at once (wire.StatusAckNow, which
+// the target answers on the acknowledged stream itself, apart from every
+// lane's hold), again each bound while none comes. An ack that then comes
+// is counted (Mesh.Stats().AcksRescued) and reported in a rate-limited
+// INFO line: the normal path failed to deliver it in time, which the
+// operator (and the soak) should see. NCCL's proxies call test() on every
+// pending request, so a waiting caller always runs it.
+
+// backstopBound is how long a put may wait for its ack before the
+// backstop asks: four times the longest a held ack waits by design
+// (ackDelay for a batch, then ackBound for the timer), plus twice the
+// slowest wait seen lately, so that a slow machine or link (a starved CPU
+// makes round trips of tens of milliseconds) is not taken for a lost ack.
+func (l *lane) backstopBound() int64 {
+	return 4*int64(ackDelay.get()+ackBound.get()) + 2*l.ackWait.Load()
+}
+
+// ackedPuts records that an ack completed puts of the FIFO (amu held; empty:
+// none is left): how long the oldest waited, and an answer to the
+// backstop's ask.
+func (l *lane) ackedPuts(empty bool) {
+	now := Now()
+	if since := l.waitSince.Load(); since != 0 {
+		// The round trip seen: a maximum that decays by an eighth per ack.
+		w, old := now-since, l.ackWait.Load()
+		l.ackWait.Store(max(w, old-old/8))
+	}
+	if empty {
+		l.waitSince.Store(0)
+	} else {
+		l.waitSince.Store(now) // the next put's wait starts no earlier than this
+	}
+	if at := l.bsAt.Load(); at != 0 && l.bsAt.CompareAndSwap(at, 0) {
+		n := l.bsRescued.Add(1)
+		backstopInfo.Info(abi.SubsysNet, "NET/wasm: rank %d: puts to rank %d on lane %d were acknowledged only after the liveness backstop asked (they waited over %v; %d times on this lane)",
+			l.p.m.rank, l.p.rank, l.idx, time.Duration(l.backstopBound()), n)
+	}
+}
+
+// backstopInfo limits the backstop's INFO lines.
+var backstopInfo = logx.Limited{Burst: 5, Every: 10 * time.Second}
+
+// backstop asks for the acks of puts that waited past backstopBound
+// (flush, the caller's thread): one atomic load when none waits.
+func (l *lane) backstop() {
+	since := l.waitSince.Load()
+	if since == 0 || skipBackstop.Load() {
+		return
+	}
+	now, bound := Now(), l.backstopBound()
+	if now-since < bound {
+		return
+	}
+	if at := l.bsAt.Load(); at != 0 && now-at < bound {
+		return // asked already: ask again only when that ask went unanswered as long
+	}
+	l.bsAt.Store(now)
+	l.bsAsks.Add(1)
+	l.askAck.Store(true)
+}
+
+// skipBackstop switches the backstop off (tests that must see the normal
+// path alone deliver every ack).
+var skipBackstop atomic.Bool
+
 // askDue turns a flush's wait that outlasted askAfter into an ask.
 func (l *lane) askDue() {
 	at := l.askAt.Load()
@@ -819,18 +902,13 @@ func (l *lane) sendAsk() {
 	l.writing = true
 	l.mu.Unlock()
 	l.writeAlone()
-	l.ackLeft()
 }
 
 // writeAlone writes a batch of nothing but what carryAck adds and lets
 // the stream go; the caller took it (l.writing).
 func (l *lane) writeAlone() {
 	ok := l.writeBatch(l.batch[:0])
-	l.mu.Lock()
-	l.writing = false
-	more := l.q.Len() > 0
-	l.mu.Unlock()
-	if ok && more {
+	if more := l.letGo(); ok && more {
 		l.kick()
 	}
 }
@@ -838,7 +916,7 @@ func (l *lane) writeAlone() {
 // sendAck writes an ack that no batch carried in time, alone (test() or
 // rmaProgress through flush, idle set: only when nothing is queued, which
 // would carry it; or the acker's timer). When someone holds the stream,
-// that one re-arms the timer as it lets go (ackLeft), so the ack is never
+// that one re-arms the timer as it lets go (letGo), so the ack is never
 // stranded. It reports whether it took the stream.
 func (l *lane) sendAck(idle bool) bool {
 	l.mu.Lock()
@@ -852,8 +930,40 @@ func (l *lane) sendAck(idle bool) bool {
 	return true
 }
 
+// letGo ends a hold of the stream (l.writing = true, taken under mu by
+// flush, sendAsk, sendAck or the writer): every holder lets go through
+// here and nowhere else. It re-arms the acks still owed (ackLeft): an
+// acker's timer that fired while the stream was held found it busy and
+// left its ack to the holder (tcpLink.sendAcksAlone), so a holder that
+// let go without re-arming would strand it, and the put it acknowledges
+// would never complete. It reports whether ops are left queued.
+func (l *lane) letGo() (more bool) {
+	if h := letGoHook.Load(); h != nil {
+		(*h)(l) // tests: widen the window between the write and letting go
+	}
+	l.mu.Lock()
+	l.writing = false
+	more = l.q.Len() > 0
+	l.mu.Unlock()
+	if !skipRearm.Load() {
+		l.ackLeft()
+	}
+	return more
+}
+
+// letGoHook and skipRearm are test knobs (unset in production: an atomic
+// load each): letGoHook runs as a holder is about to let go, after its
+// write (a test sleeps there to open the window in which an acker's timer
+// finds the stream busy); skipRearm leaves owed acks unarmed as the
+// stream is let go (the bug letGo exists to prevent), for the negative
+// control.
+var (
+	letGoHook atomic.Pointer[func(*lane)]
+	skipRearm atomic.Bool
+)
+
 // ackLeft re-arms the ack timers of acks still owed as the stream is let
-// go: a timer may have fired while the stream was held.
+// go (letGo): a timer may have fired while the stream was held.
 func (l *lane) ackLeft() {
 	if !l.t.ride {
 		return
@@ -943,19 +1053,15 @@ func (l *lane) writer() {
 			n := l.takeLocked(^uint64(0))
 			if n == 0 {
 				// A paced op heads the queue: come back when it is due.
-				l.writing = false
 				wait := l.q.At(0).NotBefore - Now()
 				l.mu.Unlock()
-				l.ackLeft()
+				l.letGo()
 				l.due.Reset(time.Duration(max(wait, 1)))
 				break
 			}
 			l.mu.Unlock()
 			ok := l.writeBatch(l.batch[:n])
-			l.mu.Lock()
-			l.writing = false
-			l.mu.Unlock()
-			l.ackLeft()
+			l.letGo()
 			if !ok {
 				return
 			}
@@ -1215,19 +1321,22 @@ func (t *tcpLink) release() {
 // compression reports the payload bytes this mesh's TCP lanes compressed
 // so far and what they took on the wire (framing included): Stats.
 // acks counts the acknowledgements of peers' puts sent so far: carried in
-// a batch of ours, or written alone on the acknowledged stream.
-func (m *Mesh) acks() (carried, alone uint64) {
+// a batch of ours, or written alone on the acknowledged stream; and the
+// liveness backstop's asks and the acks that came only after one.
+func (m *Mesh) acks() (carried, alone, asks, rescued uint64) {
 	for _, p := range m.peers {
 		if t := streamsOf(p.t); t != nil {
 			for _, l := range t.lanes {
 				carried += l.carried.Load()
+				asks += l.bsAsks.Load()
+				rescued += l.bsRescued.Load()
 			}
 			for _, a := range t.acks {
 				alone += a.alone.Load()
 			}
 		}
 	}
-	return carried, alone
+	return carried, alone, asks, rescued
 }
 
 func (m *Mesh) compression() (raw, wire uint64) {
@@ -1259,6 +1368,9 @@ func (l *lane) awaitPuts(tags []uint64, ops []Op) {
 	}
 	if l.resend {
 		l.logSent(ops)
+	}
+	if l.puts.Len() == 0 && len(tags) > 0 {
+		l.waitSince.Store(Now())
 	}
 	for _, tag := range tags {
 		l.puts.Push(tag)
@@ -1295,6 +1407,9 @@ func (l *lane) ackPuts(n uint64) bool {
 		l.pAcked += uint64(k)
 		if l.resend {
 			l.popSent(k)
+		}
+		if k > 0 {
+			l.ackedPuts(l.puts.Len() == 0)
 		}
 		l.amu.Unlock()
 		if l.t.onAcked != nil {
@@ -1359,6 +1474,7 @@ func (l *lane) failPuts() {
 		tags = append(tags, tag)
 	}
 	l.sent.Clear() // failed here: never sent again
+	l.waitSince.Store(0)
 	l.amu.Unlock()
 	for _, tag := range tags {
 		if tag != 0 {

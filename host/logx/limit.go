@@ -3,6 +3,8 @@ package logx
 import (
 	"sync"
 	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 )
 
 // Limited is a WARN line that a remote party can trigger as often as it
@@ -24,6 +26,16 @@ type Limited struct {
 // Warn logs like logx.Warn unless the budget is spent; it reports whether
 // the line went out.
 func (l *Limited) Warn(subsys uint64, format string, args ...any) bool {
+	return l.log(abi.LogWarn, subsys, format, args)
+}
+
+// Info is Warn at INFO level, for events worth telling an operator that
+// are not failures (a liveness backstop that had to act).
+func (l *Limited) Info(subsys uint64, format string, args ...any) bool {
+	return l.log(abi.LogInfo, subsys, format, args)
+}
+
+func (l *Limited) log(level abi.LogLevel, subsys uint64, format string, args []any) bool {
 	burst, every := l.Burst, l.Every
 	if burst <= 0 {
 		burst = 10
@@ -52,7 +64,7 @@ func (l *Limited) Warn(subsys uint64, format string, args ...any) bool {
 		format += " (%d similar lines suppressed)"
 		args = append(args, dropped)
 	}
-	Warn(subsys, format, args...)
+	emit(level, subsys, format, args)
 	return true
 }
 
