@@ -92,13 +92,13 @@ type tcpLink struct {
 	inDone []chan struct{}
 	inDown atomic.Uint32
 	// acks[i] acknowledges the puts of incoming stream i (tcp_service.go).
-	acks   []*acker
-	ride   bool // acks ride our lanes' batches (set by start)
+	acks []*acker
+	ride bool // acks ride our lanes' batches (set by start)
 	// ackDeferred counts acker timers that found the stream held and
 	// left their acks to its holder (tests, the stall report).
 	ackDeferred atomic.Uint64
-	fences [abi.MaxLanes]sync.Once
-	fixed  bool // no failover: a broken stream fails the peer
+	fences      [abi.MaxLanes]sync.Once
+	fixed       bool // no failover: a broken stream fails the peer
 }
 
 // sidePath moves a payload beside the stream, which still carries the
