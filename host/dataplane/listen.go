@@ -311,6 +311,10 @@ func dialCtx(ctx context.Context, peer *wire.HandleInfo, id *handshake.Identity,
 			}
 			tc.Close()
 			err = herr
+			var ve *handshake.VersionError
+			if errors.As(herr, &ve) {
+				return nil, herr // another build: no retry makes it speak ours
+			}
 		}
 		lastErr = err
 		if ctx.Err() != nil {

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -30,6 +31,10 @@ func connectStreams(l *Listener, infos []wire.HandleInfo, want []bool, rank, lan
 	l.setPeers(infos, encrypt)
 	outs = make([][]*net.TCPConn, n)
 	errs := make([]error, n*lanes)
+	// A peer of another build (wire protocol) never connects either: stop
+	// waiting at once, the dial's error says why.
+	verFail := make(chan struct{}, 1)
+	stopped := false
 	var wg sync.WaitGroup
 	for i := range infos {
 		if !want[i] {
@@ -41,6 +46,13 @@ func connectStreams(l *Listener, infos []wire.HandleInfo, want []bool, rank, lan
 		go func(i int) {
 			defer wg.Done()
 			outs[i][0], errs[i*lanes] = dial(infos[i], &l.id, handshake.Claim{Rank: rank, NRanks: n, Lane: 0, Lanes: lanes, NoFabric: noFab, Encrypt: encrypt}, deadline)
+			var ve *handshake.VersionError
+			if errors.As(errs[i*lanes], &ve) {
+				select {
+				case verFail <- struct{}{}:
+				default:
+				}
+			}
 		}(i)
 	}
 	// Every rank opens lane 0 now; a further lane that a fast peer
@@ -55,8 +67,10 @@ func connectStreams(l *Listener, infos []wire.HandleInfo, want []bool, rank, lan
 	}
 	var acceptErr error
 	timer := time.NewTimer(time.Until(deadline))
-	for got < need && acceptErr == nil {
+	for got < need && acceptErr == nil && !stopped {
 		select {
+		case <-verFail:
+			stopped = true
 		case in := <-l.conns:
 			switch {
 			case in.NRanks != n || in.Rank < 0 || in.Rank >= n:

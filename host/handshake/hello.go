@@ -27,7 +27,7 @@ import (
 // listener has an ed25519 key pair; the public half rides its handle, the
 // private half never leaves the process. Four messages, little endian:
 //
-//	dialer → listener  hello (88):     0 "RMAH" | 4 version u8 (3) | 5 flags u8 | 6 zero [2]
+//	dialer → listener  hello (88):     0 "RMAH" | 4 protocol u8 (Protocol) | 5 flags u8 | 6 zero [2]
 //	                                   8 rank u32 | 12 nranks u32 | 16 lane u16 | 18 lanes u16
 //	                                   20 zero [4] | 24 dialer nonce [32]
 //	                                   56 dialer's ephemeral X25519 key [32] (zero unless encrypting)
@@ -35,6 +35,14 @@ import (
 //	                                   36 listener's ephemeral X25519 key [32] (zero unless encrypting)
 //	dialer → listener  proof (68):     0 "RMAP" | 4 ed25519 signature [64]
 //	listener → dialer  ack (68):       0 "RMAK" | 4 ed25519 signature [64]
+//
+// A listener that speaks another protocol answers the hello with a
+// refusal instead of a challenge, and closes:
+//
+//	listener → dialer  refusal (68):   0 "RMAV" | 4 protocol u8 | 5 zero [63]
+//
+// so that both sides of a job that mixes builds fail at connect with both
+// versions named (VersionError), never with a protocol error mid-run.
 //
 // Both signatures cover the transcript (transcriptSize bytes): a 32-byte
 // domain string naming the signer's role, the listener's nonce, the
@@ -53,7 +61,7 @@ const (
 	ChallengeMagic = "RMAC" // a challenge starts with it
 	proofMagic     = "RMAP"
 	ackMagic       = "RMAK"
-	helloVersion   = 3
+	refusalMagic   = "RMAV"
 	nonceSize      = 32
 	ephSize        = 32                        // an X25519 public key
 	HelloSize      = 24 + nonceSize + ephSize  // the dialer's first message
@@ -72,6 +80,27 @@ const (
 	// maxRanks bounds the nranks a hello may claim (NCCL's int).
 	maxRanks = 1 << 24
 )
+
+// Protocol is the version of the wire protocol this library speaks: the
+// hello, the stream headers and the messages they carry (host/wire). The
+// hello carries it, and two ranks that speak different versions refuse
+// each other at connect. Raise it with every change a peer of the previous
+// version would misread. History:
+//
+//	3: the authenticated hello; acks on the acknowledged stream.
+//	4: acks that ride the reverse lanes (wire.MsgAck, wire.StatusAckNow),
+//	   the liveness backstop's asks; the version refusal.
+const Protocol = 4
+
+// VersionError is a peer that speaks another wire protocol (Protocol): a
+// job whose ranks loaded different builds of the library.
+type VersionError struct {
+	Peer, Ours int
+}
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("the peer speaks wire protocol %d and this library %d: every rank must load the same build of rccl-rma-wasm", e.Peer, e.Ours)
+}
 
 // KeySize is the length of a listener's public key (ed25519).
 const KeySize = ed25519.PublicKeySize
@@ -121,7 +150,7 @@ var ErrSilent = errors.New("closed before its hello")
 func encodeHello(b *[HelloSize]byte, cl Claim, nonce *[nonceSize]byte, eph *[ephSize]byte) {
 	*b = [HelloSize]byte{}
 	copy(b[0:4], helloMagic)
-	b[4] = helloVersion
+	b[4] = Protocol
 	b[5] = byte(cl.flags())
 	binary.LittleEndian.PutUint32(b[8:], uint32(cl.Rank))
 	binary.LittleEndian.PutUint32(b[12:], uint32(cl.NRanks))
@@ -139,8 +168,8 @@ func decodeHello(b []byte) (Claim, [nonceSize]byte, [ephSize]byte, error) {
 	if len(b) != HelloSize || string(b[0:4]) != helloMagic {
 		return Claim{}, nonce, eph, errors.New("not an rccl-rma-wasm hello")
 	}
-	if b[4] != helloVersion {
-		return Claim{}, nonce, eph, fmt.Errorf("hello version %d, this library speaks %d", b[4], helloVersion)
+	if b[4] != Protocol {
+		return Claim{}, nonce, eph, &VersionError{Peer: int(b[4]), Ours: Protocol}
 	}
 	if b[5]&^(helloNoFabric|helloEncrypt)|b[6]|b[7]|b[20]|b[21]|b[22]|b[23] != 0 {
 		return Claim{}, nonce, eph, errors.New("hello with unknown flags or nonzero reserved bytes")
@@ -200,7 +229,10 @@ func Hello(c *net.TCPConn, peerKey *[KeySize]byte, id *Identity, cl Claim, deadl
 	}
 	var ch [ChallengeSize]byte
 	if _, err := io.ReadFull(c, ch[:]); err != nil {
-		return nil, fmt.Errorf("peer %s refused the connection: %w", c.RemoteAddr(), err)
+		return nil, fmt.Errorf("peer %s refused the connection (closed before its challenge: a rank of an older build of this library refuses a hello of protocol %d that way): %w", c.RemoteAddr(), Protocol, err)
+	}
+	if string(ch[0:4]) == refusalMagic {
+		return nil, &VersionError{Peer: int(ch[4]), Ours: Protocol}
 	}
 	if string(ch[0:4]) != ChallengeMagic {
 		return nil, errors.New("peer did not answer with a challenge")
@@ -265,8 +297,8 @@ func checkHelloPrefix(b []byte) error {
 			return errors.New("not an rccl-rma-wasm hello")
 		}
 	}
-	if len(b) > 4 && b[4] != helloVersion {
-		return fmt.Errorf("hello version %d, this library speaks %d", b[4], helloVersion)
+	if len(b) > 4 && b[4] != Protocol {
+		return &VersionError{Peer: int(b[4]), Ours: Protocol}
 	}
 	if len(b) > 5 && b[5]&^(helloNoFabric|helloEncrypt) != 0 {
 		return errors.New("hello with unknown flags or nonzero reserved bytes")
@@ -332,6 +364,15 @@ func Authenticate(c net.Conn, id *Identity, peerKey PeerKey, helloTimeout time.D
 	}
 	var hb [HelloSize]byte
 	if err := readChecked(c, hb[:], "hello", checkHelloPrefix); err != nil {
+		var ve *VersionError
+		if errors.As(err, &ve) {
+			// A rank of another build: tell it which protocol we speak,
+			// so that its connect fails naming both.
+			var rb [ChallengeSize]byte
+			copy(rb[0:4], refusalMagic)
+			rb[4] = Protocol
+			c.Write(rb[:])
+		}
 		return Claim{}, nil, err
 	}
 	cl, nonceD, ephD, err := decodeHello(hb[:])

@@ -3,6 +3,7 @@ package handshake
 import (
 	"bytes"
 	"crypto/ed25519"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -137,5 +138,82 @@ func TestDialerChecksListener(t *testing.T) {
 	_, err = Hello(c, &real.Pub, &me, Claim{Rank: 0, NRanks: 2, Lane: 0, Lanes: 1}, time.Now().Add(5*time.Second))
 	if err == nil || !strings.Contains(err.Error(), "did not prove it holds the key") {
 		t.Fatalf("a listener without the handle's key: %v", err)
+	}
+}
+
+// TestVersionsMeetAtHello: ranks of two builds meet at the hello. A
+// dialer of an older build (its hello carries protocol 3) is refused by
+// our listener, which answers with a refusal naming our protocol; our
+// dialer meeting such a refusal (a listener of another build) fails with
+// both versions named, instead of either side reading the other's
+// messages mid-run.
+func TestVersionsMeetAtHello(t *testing.T) {
+	id, err := NewIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, older := range []byte{3, Protocol + 1} {
+		t.Run(fmt.Sprintf("their=%d", older), func(t *testing.T) {
+			// Their dialer, our listener.
+			a, b := net.Pipe()
+			defer a.Close()
+			defer b.Close()
+			done := make(chan error, 1)
+			go func() {
+				_, _, err := Authenticate(b, &id, func(Claim) (*[KeySize]byte, bool, error) { return &id.Pub, false, nil }, 5*time.Second)
+				done <- err
+			}()
+			var hb [HelloSize]byte
+			var nonce [nonceSize]byte
+			var eph [ephSize]byte
+			encodeHello(&hb, Claim{Rank: 1, NRanks: 2, Lane: 0, Lanes: 1}, &nonce, &eph)
+			hb[4] = older
+			if _, err := a.Write(hb[:]); err != nil {
+				t.Fatal(err)
+			}
+			var rb [ChallengeSize]byte
+			if _, err := io.ReadFull(a, rb[:]); err != nil {
+				t.Fatalf("no refusal: %v", err)
+			}
+			if string(rb[0:4]) != refusalMagic || rb[4] != Protocol {
+				t.Fatalf("answer % x, want the refusal naming protocol %d", rb[:8], Protocol)
+			}
+			var ve *VersionError
+			if err := <-done; !errors.As(err, &ve) || ve.Peer != int(older) || ve.Ours != Protocol {
+				t.Fatalf("listener: %v, want a VersionError %d/%d", err, older, Protocol)
+			}
+			if msg := ve.Error(); !strings.Contains(msg, fmt.Sprintf("wire protocol %d", older)) || !strings.Contains(msg, fmt.Sprintf("this library %d", Protocol)) {
+				t.Fatalf("message %q does not name both versions", msg)
+			}
+
+			// Our dialer, their listener (one that refuses us as ours does).
+			ln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				var hb [HelloSize]byte
+				io.ReadFull(c, hb[:])
+				var rb [ChallengeSize]byte
+				copy(rb[:], refusalMagic)
+				rb[4] = older
+				c.Write(rb[:])
+			}()
+			c, err := net.DialTCP("tcp", nil, ln.Addr().(*net.TCPAddr))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			_, err = Hello(c, &id.Pub, &id, Claim{Rank: 1, NRanks: 2, Lane: 0, Lanes: 1}, time.Now().Add(5*time.Second))
+			if !errors.As(err, &ve) || ve.Peer != int(older) || ve.Ours != Protocol {
+				t.Fatalf("dialer: %v, want a VersionError %d/%d", err, older, Protocol)
+			}
+		})
 	}
 }

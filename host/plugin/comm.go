@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
@@ -173,7 +175,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: connect: rank %d of %d: %v", rank, n, err)
-		return 0, abi.SystemError
+		return 0, connectResult(err)
 	}
 	c.mesh = mesh
 	if opt.Lanes > 1 {
@@ -329,4 +331,16 @@ func spinOptions() (time.Duration, int) {
 		return 50 * time.Microsecond, spin.DefaultSlots()
 	}
 	return time.Duration(us) * time.Microsecond, max(spin.DefaultSlots(), 1)
+}
+
+// connectResult is connect's code for a failed mesh: ncclInvalidUsage for
+// ranks that loaded different builds (a peer speaking another wire
+// protocol: the job's set-up is wrong, not the system), ncclSystemError
+// for everything else (sockets, timeouts, dead peers).
+func connectResult(err error) abi.Result {
+	var ve *handshake.VersionError
+	if errors.As(err, &ve) {
+		return abi.InvalidUsage
+	}
+	return abi.SystemError
 }
