@@ -1,6 +1,7 @@
 // Package cuda registers the CUDA driver as the devmem.Device. It is cgo:
-// cuda.c finds libcuda.so.1 with dlopen at run time (never linked), so the
-// library still loads on machines without a GPU, and host stays pure Go.
+// driver.c finds libcuda.so.1 with dlopen at run time (never linked), so
+// the library still loads on machines without a GPU, and host stays pure
+// Go. The C files, one per concern, are listed in cuda_internal.h.
 package cuda
 
 /*
@@ -60,14 +61,14 @@ func open() (int, error) {
 	return int(n), nil
 }
 
-// cudaDevice reaches the CUDA driver through cuda.c: copies, pinned
+// cudaDevice reaches the CUDA driver through the C files: copies, pinned
 // memory and DMA-BUF export through its ops table (devrt), Locate and
 // GDRCopy directly.
 type cudaDevice struct {
 	devrt.Runtime[cudaOps]
 }
 
-// cudaOps names cuda.c's ops table.
+// cudaOps names the C files' ops table (driver.c).
 type cudaOps struct{}
 
 func (cudaOps) Ops() unsafe.Pointer { return unsafe.Pointer(&C.rmaw_cuda_ops) }
@@ -95,7 +96,7 @@ func (cudaDevice) StreamAtomic() string {
 }
 
 // StartAgent starts the device agent of ctx when ctx is a copy context
-// of the plugin's own and NCCL_RMA_WASM_DEVICE_AGENT allows it (agent.h):
+// of the plugin's own and NCCL_RMA_WASM_DEVICE_AGENT allows it (agent.c):
 // registration calls it once its pinned memory is allocated.
 func (cudaDevice) StartAgent(ctx uintptr) { C.rmaw_cuda_agent_start(C.uintptr_t(ctx)) }
 

@@ -21,4 +21,12 @@ void rmaw_cuda_agent_note(char* out, size_t n);
 int rmaw_gdr_open(char* err, size_t errlen);
 int rmaw_gdr_add(uintptr_t ctx, uint64_t addr, uint64_t v);
 void rmaw_gdr_forget(uint64_t addr, uint64_t size);
+/* The kernels (agent.ptx, atomics.ptx), NUL-terminated, copied in at the
+ * package's init (ptx.go), before any call above: C buffers that Go fills,
+ * rather than a function Go calls or C.CString, because cgo exports a
+ * wrapper for each C function a package calls (malloc included) and the
+ * library's exported symbols stay as they are. Room for each kernel and
+ * its NUL; ptx_test.go fails when one outgrows it. */
+extern char rmacu_agent_ptx[8192] __attribute__((visibility("hidden")));
+extern char rmacu_add64_ptx[1024] __attribute__((visibility("hidden")));
 #endif

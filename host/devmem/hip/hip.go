@@ -1,6 +1,7 @@
 // Package hip registers the AMD HIP runtime as the devmem.Device. It is cgo:
-// hip.c finds libamdhip64.so with dlopen at run time (never linked), so the
-// library still loads on machines without ROCm. RCCL passes HIP memory as
+// driver.c finds libamdhip64.so with dlopen at run time (never linked), so
+// the library still loads on machines without ROCm (the C files, one per
+// concern, are listed in hip_internal.h). RCCL passes HIP memory as
 // NCCL_PTR_CUDA; capi probes CUDA first and this package only when CUDA
 // found no device.
 package hip
@@ -22,13 +23,13 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devrt"
 )
 
-// hipDevice reaches the HIP runtime through hip.c's ops table (devrt). Its
-// contexts are device ordinals + 1.
+// hipDevice reaches the HIP runtime through the C files' ops table (devrt).
+// Its contexts are device ordinals + 1.
 type hipDevice struct {
 	devrt.Runtime[hipOps]
 }
 
-// hipOps names hip.c's ops table.
+// hipOps names the C files' ops table (driver.c).
 type hipOps struct{}
 
 func (hipOps) Ops() unsafe.Pointer { return unsafe.Pointer(&C.rmaw_hip_ops) }
@@ -63,7 +64,7 @@ func open(lib string) (int, error) {
 
 func (hipDevice) Name() string { return "HIP" }
 
-// Locate: a HIP context is the device ordinal + 1 (hip.c); libfabric's
+// Locate: a HIP context is the device ordinal + 1 (driver.c); libfabric's
 // FI_HMEM_ROCR finds the device from the address itself.
 func (hipDevice) Locate(ctx, _ uintptr) (int, int, error) {
 	if ctx == 0 {

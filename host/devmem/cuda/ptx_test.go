@@ -1,0 +1,79 @@
+package cuda
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// The kernels the C files load: which file loads which buffer, and the
+// embedded text it must hold.
+var kernels = []struct {
+	file, buffer, ptx string
+}{
+	{"agent.c", "rmacu_agent_ptx", agentPTX},
+	{"atomics.c", "rmacu_add64_ptx", add64PTX},
+}
+
+// TestPTXInC: what the C files hand cuModuleLoadData is the embedded text,
+// whole and NUL-terminated (no NUL inside cuts it short), with room left
+// in its buffer.
+func TestPTXInC(t *testing.T) {
+	agent, add64, agentRoom, add64Room := ptxInC()
+	for _, c := range []struct {
+		name, inC, embedded string
+		room                int
+	}{{"agent.ptx", agent, agentPTX, agentRoom}, {"atomics.ptx", add64, add64PTX, add64Room}} {
+		if strings.IndexByte(c.embedded, 0) >= 0 {
+			t.Errorf("%s holds a NUL byte: the driver would read it short", c.name)
+		}
+		if len(c.embedded) >= c.room {
+			t.Errorf("%s is %d bytes: its C buffer holds %d with the NUL; make it larger (cuda_shim.h and the .c file)", c.name, len(c.embedded), c.room)
+		}
+		if c.inC != c.embedded {
+			t.Errorf("%s: the C side holds %d bytes, the embedded file has %d", c.name, len(c.inC), len(c.embedded))
+		}
+	}
+}
+
+// TestPTXEntries: every function a C file looks up with cuModuleGetFunction
+// is an .entry of the PTX that file loads with cuModuleLoadData.
+func TestPTXEntries(t *testing.T) {
+	get := regexp.MustCompile(`moduleGetFunction\([^;]*?"(\w+)"\)`)
+	for _, k := range kernels {
+		src, err := os.ReadFile(k.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(src), "moduleLoadData(&mod, "+k.buffer+")") {
+			t.Errorf("%s does not load %s", k.file, k.buffer)
+		}
+		names := get.FindAllStringSubmatch(string(src), -1)
+		if len(names) == 0 {
+			t.Errorf("%s looks up no function", k.file)
+		}
+		for _, m := range names {
+			if !strings.Contains(k.ptx, ".visible .entry "+m[1]+"(") {
+				t.Errorf("%s looks up %s, which its PTX (%s) does not define", k.file, m[1], k.buffer)
+			}
+		}
+	}
+}
+
+// TestPTXUnchanged pins the kernels' bytes: those of the C strings they were
+// (cuda.c's add64_ptx and agent.h's agent_ptx) before they moved to .ptx
+// files. A deliberate change of a kernel updates its hash here.
+func TestPTXUnchanged(t *testing.T) {
+	for _, c := range []struct{ name, ptx, sum string }{
+		{"agent.ptx", agentPTX, "cec08a166e1d24b88fb71daf42915b9d46cdfe61eb60c1c741069b4592c8b334"},
+		{"atomics.ptx", add64PTX, "c8cfbac9b16b0ac7bee4ea8bc36078d4a233783f6424303d088b4cfba56b86ce"},
+	} {
+		h := sha256.Sum256([]byte(c.ptx))
+		if got := hex.EncodeToString(h[:]); got != c.sum {
+			t.Errorf("%s: sha256 %s, want %s (%d bytes)", c.name, got, c.sum, len(c.ptx))
+		}
+	}
+}
