@@ -10,6 +10,10 @@
 #                 ranks, failing guests; every byte verified (not in CI)
 #   make bench    benchmarks (bench.mk): ratios against raw TCP, process_vm_writev, memcpy;
 #                 make bench-pingpong: the C-driven 8-byte put+signal ping-pong against raw TCP
+#   make install  PREFIX=/usr/local DESTDIR=: the library and its NCCL-name link under lib/, rmaw
+#                 under bin/, the sample backends under share/rccl-rma-wasm/backends/, the docs under
+#                 share/doc/rccl-rma-wasm/ (docs/guide/install-and-build.md); make uninstall removes them
+#   make docs     regenerate docs/guide/variables.md from host/config (a test checks it is current)
 #   make clean
 
 GO      ?= go
@@ -24,6 +28,13 @@ RMAW    := $(BUILD)/rmaw
 HARNESS_SRC := $(addprefix test/harness/,main.c bootstrap.c plugin.c rank.c scenarios.c pingpong.c)
 
 GOFLAGS_LIB ?= -trimpath
+# The build's version and commit, linked into host/version (the plugin's init
+# line and rmaw version say them; Go's own VCS stamp is used where present,
+# but GOFLAGS=-buildvcs=false and archives without .git have none).
+MODULE  := github.com/rccl-rma-wasm/rccl-rma-wasm
+VERSION ?= $(shell git describe --always --dirty --tags 2>/dev/null || echo devel)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+LDFLAGS_VERSION := -X $(MODULE)/host/version.Version=$(VERSION) -X $(MODULE)/host/version.Commit=$(COMMIT)
 CFLAGS_DRIVER ?= -O2 -Wall -Wextra -Werror -pthread
 
 # ---------------------------------------------------------------------------
@@ -37,7 +48,8 @@ GUESTS :=
 -include bench.mk
 # ---------------------------------------------------------------------------
 
-.PHONY: all lib driver tools demo test setup build-deps bench bench-pingpong bench-device bench-scale clean gofmt-check gpu-check fuzz soak
+.PHONY: all lib driver tools demo test setup build-deps bench bench-pingpong bench-device bench-scale clean gofmt-check gpu-check fuzz soak \
+	install uninstall docs
 
 # Pinned so that a new release never turns a green tree red on its own.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -48,13 +60,13 @@ tools: $(RMAW)
 
 # The backend authors' tool; go build is incremental.
 $(RMAW): FORCE | $(BUILD)
-	$(GO) build -o $@ ./cmd/rmaw
+	$(GO) build -ldflags "$(LDFLAGS_VERSION)" -o $@ ./cmd/rmaw
 
 lib: $(LIB) $(LIBNCCL)
 
 # go build is incremental on its own; always ask it.
 $(LIB): FORCE $(GUESTS) | $(BUILD) build-deps
-	$(GO) build -buildmode=c-shared $(GOFLAGS_LIB) -o $@.tmp ./capi
+	$(GO) build -buildmode=c-shared $(GOFLAGS_LIB) -ldflags "$(LDFLAGS_VERSION)" -o $@.tmp ./capi
 	@rm -f $@.h $(BUILD)/librccl-rma-wasm.h   # cgo's generated header; capi/rma_plugin.h is ours
 	@mv -f $@.tmp $@   # rename: running processes keep the old mapping
 
@@ -180,6 +192,42 @@ GIN_RUNS ?= 20
 gpu-check: all
 	@test -n "$(NCCL_SRC)" || { echo "set NCCL_SRC to an NVIDIA NCCL (>= 2.30) source archive or tree"; exit 2; }
 	test/gpu/nccl_gin_check.sh $(NCCL_SRC) $(GIN_RUNS)
+
+# ---------------------------------------------------------------------------
+# Installation. make install PREFIX=/usr/local DESTDIR=/tmp/stage; make
+# uninstall with the same two removes exactly the files install wrote (and
+# the directories of our own that are left empty). test/install_test.go
+# checks both.
+PREFIX  ?= /usr/local
+DESTDIR ?=
+LIBDIR     := $(DESTDIR)$(PREFIX)/lib
+BINDIR     := $(DESTDIR)$(PREFIX)/bin
+BACKENDDIR := $(DESTDIR)$(PREFIX)/share/rccl-rma-wasm/backends
+DOCDIR     := $(DESTDIR)$(PREFIX)/share/doc/rccl-rma-wasm
+# The docs: the top-level pages and docs/ as it is laid out.
+DOC_TOP   := README.md SPEC.md RATIONALE.md CHANGELOG.md
+DOC_PAGES := $(shell find docs -name '*.md' 2>/dev/null | sort)
+INSTALL_BACKENDS := $(GUEST_C_WASM) $(GUEST_GO_WASM)
+
+install: lib tools guests
+	install -d $(LIBDIR) $(BINDIR) $(BACKENDDIR) $(DOCDIR)
+	install -m 0755 $(LIB) $(LIBDIR)/librccl-rma-wasm.so
+	ln -sf librccl-rma-wasm.so $(LIBDIR)/libnccl-rma-wasm.so
+	install -m 0755 $(RMAW) $(BINDIR)/rmaw
+	install -m 0644 $(INSTALL_BACKENDS) $(BACKENDDIR)/
+	install -m 0644 $(DOC_TOP) $(DOCDIR)/
+	@for f in $(DOC_PAGES); do install -D -m 0644 $$f $(DOCDIR)/$$f || exit 1; done
+
+uninstall:
+	rm -f $(LIBDIR)/librccl-rma-wasm.so $(LIBDIR)/libnccl-rma-wasm.so $(BINDIR)/rmaw
+	rm -f $(addprefix $(BACKENDDIR)/,$(notdir $(INSTALL_BACKENDS)))
+	rm -f $(addprefix $(DOCDIR)/,$(DOC_TOP) $(DOC_PAGES))
+	@for d in $$(cd $(DOCDIR) 2>/dev/null && find docs -depth -type d); do rmdir $(DOCDIR)/$$d 2>/dev/null || true; done
+	-@rmdir $(DOCDIR) $(BACKENDDIR) $(DESTDIR)$(PREFIX)/share/rccl-rma-wasm 2>/dev/null || true
+
+# docs/guide/variables.md is generated from host/config's declarations.
+docs:
+	$(GO) run ./host/config/gendoc -o docs/guide/variables.md
 
 clean:
 	rm -rf $(BUILD)

@@ -5,6 +5,7 @@
 //	rmaw new      -lang go|c [-repo DIR] <dir>  scaffold a backend that builds and validates
 //	rmaw test     [-config S] <mod.wasm>     conformance kit: drive the module through the contract
 //	rmaw bench    [-config S] [-ops N] <mod.wasm>  per-op policy cost against the native backend
+//	rmaw version                             the build's version and commit, as the plugin logs them at init
 //
 // Validation and the conformance kit load modules with host/sandbox, the
 // loader the plugin uses, so the tool and the plugin cannot disagree on a
@@ -23,6 +24,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/version"
 )
 
 // errFailed means "a check failed and was already reported".
@@ -44,6 +46,21 @@ var commands = []command{
 	{"new", "-lang go|c [-name N] [-repo DIR] <dir>", "scaffold a backend that builds and passes validate", runNew},
 	{"test", "[-config S] [-run REGEXP] <mod.wasm>", "conformance kit: drive the module through the contract", runTest},
 	{"bench", "[-config S] [-ops N] <mod.wasm>", "per-op policy cost and message rate against native", runBench},
+	{"version", "", "print the build's version and commit (the plugin's init line says the same)", runVersion},
+}
+
+// runVersion prints host/version's string: the plugin built from the same
+// tree logs the same at init (INFO, "NET/wasm: rccl-rma-wasm ...").
+func runVersion(e *env, args []string) error {
+	fs := e.flags("version")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usageError{"takes no arguments"}
+	}
+	fmt.Fprintln(e.stdout, version.String())
+	return nil
 }
 
 // env is what a subcommand writes to; tests give it buffers.

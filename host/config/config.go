@@ -1,6 +1,6 @@
 // Package config declares the NCCL_RMA_WASM_* variables, once each, with
-// their kind, default, allowed range and meaning (README.md's table is
-// checked against Table). Values come from libc getenv (installed by capi)
+// their kind, default, allowed range and meaning (docs/guide/variables.md is
+// generated from Table: go generate ./host/config, or make docs). Values come from libc getenv (installed by capi)
 // because os.Getenv inside a c-shared library only sees the environment as it
 // was at exec, not what the host setenv()s later; every accessor reads the
 // variable again, so a later setenv is seen.
@@ -56,13 +56,13 @@ func (k Kind) String() string {
 	return [...]string{"string", "bool", "int", "duration-ms", "enum"}[k]
 }
 
-// Var is one declaration: what the README table shows and how values are
+// Var is one declaration: what the variables page shows and how values are
 // checked. The typed wrappers (StringVar, ...) hold the default's value.
 type Var struct {
 	Name    string
 	Kind    Kind
-	Default string   // the default as README.md shows it
-	Doc     string   // one line: README.md's "meaning" column
+	Default string   // the default as docs/guide/variables.md shows it
+	Doc     string   // one line: the variables page's "meaning" column
 	Min     int64    // KindInt, KindDurationMs (milliseconds)
 	Max     int64    // KindInt, KindDurationMs (milliseconds)
 	Values  []string // KindEnum
@@ -70,7 +70,7 @@ type Var struct {
 	warned  atomic.Bool
 }
 
-// Table lists every variable in declaration order (the README's order).
+// Table lists every variable in declaration order (the variables page's order).
 var Table []*Var
 
 func declare(v *Var) *Var {
@@ -240,7 +240,7 @@ const maxMs = int64(1<<63-1) / int64(time.Millisecond)
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 
 // The declaring helpers, one per kind: each adds a variable to Table with
-// the default as README.md shows it (shown) and as its accessor returns it
+// the default as the variables page shows it (shown) and as its accessor returns it
 // (def).
 
 func stringVar(name, shown, def, doc string) StringVar {
@@ -281,7 +281,7 @@ func enumVar(name, def string, values []string, doc string) EnumVar {
 	return EnumVar{declare(&Var{Name: name, Kind: KindEnum, Default: "`" + def + "`", Values: values, Doc: doc}), def}
 }
 
-// The variables, in README.md's order.
+// The variables, in the variables page's order.
 var (
 	Backend         = stringVar("NCCL_RMA_WASM_BACKEND", "`default`", "default", "backend name (see above)")
 	Dir             = stringVar("NCCL_RMA_WASM_DIR", "unset", "", "directory of `.wasm` backends")
@@ -316,8 +316,8 @@ var (
 	GDRCopy           = boolVar("NCCL_RMA_WASM_GDRCOPY", true, "0 keeps device signal words on copies even where GDRCopy (`libgdrapi.so`, `/dev/gdrdrv`) is present")
 	DeviceAtomic      = boolVar("NCCL_RMA_WASM_DEVICE_ATOMIC", false, "1 adds to device signal words of registrations that are not never-reset with a one-thread CUDA kernel queued after the payload, instead of a read-modify-write (it needs a free SM: a kernel holding every SM while it waits for the signal would hang)")
 	StreamAtomic      = boolVar("NCCL_RMA_WASM_STREAM_ATOMIC", true, "adds to device signal words of registrations that are not never-reset with a stream atomic (`cuStreamBatchMemOp_v2` atomic reduction, CUDA 13.1 drivers; verified on a scratch word at a context's first use) queued after the payload: no kernel, no SM, no host wait; 0 keeps GDRCopy, the atomic kernel or the read-modify-write")
-	CopyContext       = boolVar("NCCL_RMA_WASM_COPY_CONTEXT", true, "device copies and signal writes for cuMem-mapped memory (NCCL's windows and GIN signal arrays) run in a CUDA context of the plugin's own, whose hardware queues no application stream shares, so that kernels the application queued behind one waiting for a signal cannot hold them (SPEC.md §4); 0 keeps them on the application's context")
-	DeviceAgent       = enumVar("NCCL_RMA_WASM_DEVICE_AGENT", "0", []string{"0", "1", "auto"}, "`1` runs a device agent in each CUDA copy context (NCCL_RMA_WASM_COPY_CONTEXT): one resident block of 128 threads that takes the context's small copies, signal writes and adds from a ring in pinned host memory, so that a small device hop costs no driver submission (SPEC.md §4, \"The device agent\"); `auto` runs it when MPS is running (its control pipe exists), where the copy context's kernels run beside the application's; `0` (the default until it is measured on a GPU) never. Without MPS a resident kernel in a second context would share the GPU by time slices")
+	CopyContext       = boolVar("NCCL_RMA_WASM_COPY_CONTEXT", true, "device copies and signal writes for cuMem-mapped memory (NCCL's windows and GIN signal arrays) run in a CUDA context of the plugin's own, whose hardware queues no application stream shares, so that kernels the application queued behind one waiting for a signal cannot hold them (docs/design/device-memory.md); 0 keeps them on the application's context")
+	DeviceAgent       = enumVar("NCCL_RMA_WASM_DEVICE_AGENT", "0", []string{"0", "1", "auto"}, "`1` runs a device agent in each CUDA copy context (NCCL_RMA_WASM_COPY_CONTEXT): one resident block of 128 threads that takes the context's small copies, signal writes and adds from a ring in pinned host memory, so that a small device hop costs no driver submission (docs/design/device-memory.md, \"The device agent\"); `auto` runs it when MPS is running (its control pipe exists), where the copy context's kernels run beside the application's; `0` (the default: not yet measured on a GPU) never. Without MPS a resident kernel in a second context would share the GPU by time slices")
 	DeviceAgentMaxKiB = intVar("NCCL_RMA_WASM_DEVICE_AGENT_MAX_KB", "64", 0, 1<<20, 64, "with the device agent running: the largest copy, in KiB, it takes; larger ones go to the copy engines")
 	SignalShadow      = boolVar("NCCL_RMA_WASM_SIGNAL_SHADOW", true, "0 updates device signal words of never-reset registrations (NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET) like any other word, by read-modify-write (or GDRCopy, or the atomic kernel), instead of from a host shadow with one stream-ordered write")
 	HIP               = boolVar("NCCL_RMA_WASM_HIP", true, "0 skips loading the HIP runtime (`libamdhip64.so`, probed when CUDA has no device)")
@@ -327,7 +327,7 @@ var (
 	SelfAsync         = boolVar("NCCL_RMA_WASM_SELF_ASYNC", true, "a rank's device-to-device operations to itself (a GIN alltoall's own slot, NCCL's flush puts) are queued on the context's stream and completed when an event says they executed, so NCCL's proxy thread does not wait for the copy; 0 waits for each copy (a strongly-ordered registration always does); needs NCCL_RMA_WASM_ASYNC_COPY_KB > 0")
 	IntraStream       = boolVar("NCCL_RMA_WASM_INTRANODE_STREAM", true, "0 keeps the request streams between processes of one host on their sockets instead of shared-memory rings (a ring's write is a copy and a store, its read a load and a copy: no system call while the reader polls; the socket still carries replies and wakes a sleeping reader)")
 	IntraRing         = boolVar("NCCL_RMA_WASM_INTRANODE_RING", true, "0 sends device payloads between processes of one host over the TCP lanes instead of a shared staging ring")
-	IntraIPC          = boolVarShown("NCCL_RMA_WASM_INTRANODE_IPC", "1 with CUDA, 0 with HIP", true, "1 maps the device windows (CUDA cuMem allocations, such as `ncclMemAlloc`'s; HIP `hipMalloc` ones) of peers on this host into each rank, handed over as file descriptors on an abstract unix socket, and copies device payloads of at least NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB straight into them: one copy on the device, no host staging, the target applying only the signal (SPEC.md §4, \"Device windows mapped\"); on by default with CUDA since measured on an H100 (5 December 2026), off with HIP until measured on an AMD GPU")
+	IntraIPC          = boolVarShown("NCCL_RMA_WASM_INTRANODE_IPC", "1 with CUDA, 0 with HIP", true, "1 maps the device windows (CUDA cuMem allocations, such as `ncclMemAlloc`'s; HIP `hipMalloc` ones) of peers on this host into each rank, handed over as file descriptors on an abstract unix socket, and copies device payloads of at least NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB straight into them: one copy on the device, no host staging, the target applying only the signal (docs/design/device-memory.md, \"Device windows mapped\"); on by default with CUDA since measured on an H100 (5 December 2026), off with HIP until measured on an AMD GPU")
 	IntraIPCMinKiB    = intVar("NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB", "64", 0, 1<<20, 64, "with NCCL_RMA_WASM_INTRANODE_IPC on: device puts and gets smaller than this many KiB (0..1048576; 0: every size) keep the staged path, which measured as fast or faster for small operations on an H100 under MPS, while larger ones copy straight into the mapped window (10× the bandwidth at 64 MiB)")
 	IntraIPCEvents    = boolVar("NCCL_RMA_WASM_INTRANODE_IPC_EVENTS", true, "with NCCL_RMA_WASM_INTRANODE_IPC=1 (CUDA and HIP): a put+signal into a mapped window records an interprocess event after its queued copy and leaves at once, and the target's stream waits for that event before the signal write, so no host waits for the copy; 0: the sender waits for its copies before the header leaves")
 	// DebugStderr is on when set to anything: it is read by logx on every
@@ -336,7 +336,7 @@ var (
 	LogFlavor   = enumVar("NCCL_RMA_WASM_LOG_FLAVOR", "auto", []string{"auto", "nccl", "rccl"}, "`nccl` or `rccl` log-level numbering; `auto` looks at the logger's library")
 )
 
-// Markdown returns the rows of README.md's variable table, one per
+// Markdown returns the rows of the variables page's table, one per
 // declaration: | `NAME` | default | meaning |.
 func Markdown() []string {
 	rows := make([]string, len(Table))

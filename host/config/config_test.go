@@ -179,21 +179,67 @@ func repoFile(t *testing.T, name string) string {
 	return string(b)
 }
 
-// TestREADMETable keeps README.md's variable table equal to the
-// declarations: same rows (variable, default, meaning), same order.
-func TestREADMETable(t *testing.T) {
-	readme := repoFile(t, "README.md")
-	var rows []string
-	for l := range strings.Lines(readme) {
-		if l = strings.TrimRight(l, "\n"); strings.HasPrefix(l, "| `NCCL_RMA_WASM_") && strings.Count(l, " | ") == 2 {
-			rows = append(rows, l)
+// TestVariablesPage keeps docs/guide/variables.md equal to what
+// VariablesPage renders from the declarations: run "make docs" (or
+// go generate ./host/config) after changing one.
+func TestVariablesPage(t *testing.T) {
+	got := repoFile(t, VariablesPath)
+	want := string(VariablesPage())
+	if got == want {
+		return
+	}
+	g, w := strings.Split(got, "\n"), strings.Split(want, "\n")
+	for i := range min(len(g), len(w)) {
+		if g[i] != w[i] {
+			t.Fatalf("%s is stale (run make docs): line %d is\n%s\nwant\n%s", VariablesPath, i+1, g[i], w[i])
 		}
 	}
-	want := Markdown()
-	if !slices.Equal(rows, want) {
-		t.Fatalf("README.md's variable table differs from host/config; want these rows:\n%s\ngot:\n%s",
-			strings.Join(want, "\n"), strings.Join(rows, "\n"))
+	t.Fatalf("%s is stale (run make docs): %d lines, want %d", VariablesPath, len(g), len(w))
+}
+
+// TestVariablesPageRows: the page has one table row per declaration, in
+// order, as Markdown renders them.
+func TestVariablesPageRows(t *testing.T) {
+	page := string(VariablesPage())
+	var names []string
+	main, _, _ := strings.Cut(page, "## Accepted values")
+	for l := range strings.Lines(main) {
+		if strings.HasPrefix(l, "| `NCCL_RMA_WASM_") && strings.Count(l, " | ") == 2 {
+			names = append(names, strings.Split(l, "`")[1])
+		}
 	}
+	if len(names) != len(Table) {
+		t.Fatalf("%d rows, %d declarations", len(names), len(Table))
+	}
+	for i, v := range Table {
+		if names[i] != v.Name {
+			t.Errorf("row %d is %s, want %s", i, names[i], v.Name)
+		}
+	}
+	if got := linkify(`x (SPEC.md §4, "Lanes") and docs/design/device-memory.md`); got != `x ([§4](../spec/wire.md), "Lanes") and [docs/design/device-memory.md](../design/device-memory.md)` {
+		t.Errorf("linkify: %s", got)
+	}
+}
+
+// docFiles lists the project's Markdown: the top level and docs/.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..")
+	files, _ := filepath.Glob(filepath.Join(root, "*.md"))
+	err := filepath.WalkDir(filepath.Join(root, "docs"), func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") {
+			files = append(files, p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range files {
+		files[i], _ = filepath.Rel(root, f)
+	}
+	return files
 }
 
 // TestDocsMentionDeclaredVariables: every NCCL_RMA_WASM_* the prose names
@@ -205,7 +251,7 @@ func TestDocsMentionDeclaredVariables(t *testing.T) {
 	}
 	name := regexp.MustCompile(`NCCL_RMA_WASM_[A-Z_]+`)
 	def := regexp.MustCompile("`(NCCL_RMA_WASM_[A-Z_]+)` \\(default ([^)]+)\\)")
-	for _, f := range []string{"README.md", "SPEC.md", "RATIONALE.md", "BENCH.md"} {
+	for _, f := range docFiles(t) {
 		text := repoFile(t, f)
 		for _, n := range name.FindAllString(text, -1) {
 			if byName[n] == nil {

@@ -84,6 +84,9 @@ func selectBackend() (*loaded, error) {
 
 // Init creates an independent plugin context.
 func Init(commID uint64) (uint64, abi.Result) {
+	// One line per process says which build runs (host/version; rmaw version
+	// prints the same), so that a WARN in a cluster's log can be tied to it.
+	logVersion()
 	// Before anything opens a file: without a descriptor for the runtime's
 	// poller the process would abort (dataplane.EnsurePoller).
 	if err := dataplane.EnsurePoller(); err != nil {
