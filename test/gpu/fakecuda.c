@@ -400,7 +400,7 @@ int cuStreamBatchMemOp_v2(void* s, unsigned count, struct fmemop* ops, unsigned 
 static int modobj, funcobj, waitmod, waitfunc, agentmod, agentfunc;
 
 
-/* The plugin's device agent (host/devmem/cuda/agent.h), emulated by a
+/* The plugin's device agent (host/devmem/cuda/agent.c), emulated by a
  * thread that runs its ring's commands in order, with the layout the
  * kernel reads. FAKECUDA_AGENT_US=n delays each command n microseconds,
  * so that work ordered wrongly against the stream shows. A command with

@@ -19,7 +19,7 @@
 # architecture (default sm_90, Hopper). NCCL_PREBUILT=<dir> skips the NCCL
 # build and uses <dir>/lib and <dir>/include. NCCL_ONLY_FUNCS is passed to
 # NCCL's build as ONLY_FUNCS ("SendRecv" builds in about a third of the
-# time and is all these programs launch). For a short GPU loan:
+# time and is all these programs launch). For a short GPU run:
 # CHECKS picks the parts (default "cuda_check host_rma gin example"),
 # GIN_REFS the reference runs after the per-size GIN alltoalls (default
 # "agent appctx synccopy selfwait lanes1 staged ipcwait ipc profile"; "" for

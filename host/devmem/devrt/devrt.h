@@ -1,5 +1,5 @@
-/* devrt.h: the ops table of a device runtime. Each runtime's C file (cuda.c
- * over libcuda.so.1, hip.c over libamdhip64.so, both found with dlopen)
+/* devrt.h: the ops table of a device runtime. Each runtime (host/devmem/cuda
+ * over libcuda.so.1, host/devmem/hip over libamdhip64.so, both found with dlopen)
  * fills one with its own functions; package devrt calls through it, so the
  * Go side of every runtime is one set of wrappers. Every function that can
  * fail returns 0 on success, or -1 with a message in err (errlen bytes). A
