@@ -316,7 +316,7 @@ func Prewarm(ctx uintptr, chunk uint64) {
 }
 
 // deviceAgent is what the CUDA device says and does about its agents
-// (host/devmem/cuda, agent.h).
+// (host/devmem/cuda, agent.c).
 type deviceAgent interface {
 	StartAgent(ctx uintptr)
 	StopAgents()
