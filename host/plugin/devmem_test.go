@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -661,17 +660,19 @@ func TestDeviceSignalWords(t *testing.T) {
 	}
 }
 
-// TestDeviceShadowReregistered: a never-reset signal range registered
-// again without the flag gets the same handle (one registration per
-// range) and a WARN that its words stay updated from the shadow.
+// TestDeviceShadowReregistered: registrations are shared by range and
+// flags. A never-reset signal range registered again with the same flags
+// is the same registration (same handle, one reference more); registered
+// again without the flag it is a registration of its own, with no
+// never-reset shadow: its words may be reset, which the first one's
+// shadow would silently break.
 func TestDeviceShadowReregistered(t *testing.T) {
-	logs := warnings(t)
 	g := newFakeDevice()
 	devmem.Register(g)
 	defer devmem.Register(nil)
 	rs := setup(t, 2, 64)
 	sig := []uintptr{g.alloc(64), g.alloc(64)}
-	for _, flags := range []uint64{abi.MrFlagSignalNeverReset, 0} {
+	reg := func(flags uint64) []uint64 {
 		var wg sync.WaitGroup
 		h := make([]uint64, len(rs))
 		for i := range rs {
@@ -685,18 +686,21 @@ func TestDeviceShadowReregistered(t *testing.T) {
 			}()
 		}
 		wg.Wait()
-		if m := lookupColl(rs[0].coll).lookupMR(h[0]); m == nil || m.shadow == nil {
-			t.Fatalf("flags %#x: the registration has no never-reset shadow", flags)
-		}
+		return h
 	}
-	n := 0
-	for _, l := range logs() {
-		if strings.Contains(l, "registered again without NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET") {
-			n++
-		}
+	first, again, plain := reg(abi.MrFlagSignalNeverReset), reg(abi.MrFlagSignalNeverReset), reg(0)
+	c := lookupColl(rs[0].coll)
+	if again[0] != first[0] {
+		t.Fatalf("the same range and flags registered twice: handles %#x and %#x, want one", first[0], again[0])
 	}
-	if n != len(rs) {
-		t.Fatalf("%d WARNs of the re-registration, want one per rank: %q", n, logs())
+	if m := c.lookupMR(first[0]); m == nil || m.shadow == nil || m.refs != 2 {
+		t.Fatalf("the never-reset registration: %+v, want a shadow and 2 references", m)
+	}
+	if plain[0] == first[0] {
+		t.Fatal("the range registered without NEVER_RESET shares the never-reset registration")
+	}
+	if m := c.lookupMR(plain[0]); m == nil || m.shadow != nil {
+		t.Fatalf("the registration without NEVER_RESET: %+v, want one without a shadow", m)
 	}
 }
 

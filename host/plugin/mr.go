@@ -44,7 +44,8 @@ type mr struct {
 }
 
 // RegMr registers host memory collectively. A second registration of the
-// same address (no larger) returns the same handle and takes a reference.
+// same address (no larger) with the same flags returns the same handle and
+// takes a reference; with other flags it is a registration of its own.
 func RegMr(h uint64, data uintptr, size uint64, typ int32, flags uint64) (uint64, abi.Result) {
 	return regMr(h, data, size, typ, flags, -1, 0)
 }
@@ -81,14 +82,8 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: size %d too large", size)
 		return 0, abi.InvalidArgument
 	}
-	if m := c.regs.reuse(data, size); m != nil {
-		if m.shadow != nil && flags&abi.MrFlagSignalNeverReset == 0 {
-			// One registration per range: its words keep being updated
-			// from the first registration's shadow, which a reset through
-			// this one would silently break.
-			logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: rank %d, %d bytes at %#x registered again without NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET; its signal words stay updated from the never-reset shadow of the first registration, so they must never be reset", c.rank, size, data)
-		}
-		return m.handle, abi.Success
+	if m := c.regs.reuse(data, size, flags); m != nil {
+		return m.handle, abi.Success // same range, same flags (registry.reuse)
 	}
 	m := &mr{base: *(*unsafe.Pointer)(unsafe.Pointer(&data)), size: size, typ: typ, devCtx: devCtx, flags: flags, refs: 1}
 	if devCtx != 0 {

@@ -22,7 +22,7 @@ type registry struct {
 	mu     sync.Mutex
 	cond   *sync.Cond // peers' announcements arrived, or the wait ended
 	byID   atomic.Pointer[[]*mr]
-	byAddr map[uintptr]*mr
+	byAddr map[regKey]*mr
 	nextID uint32
 	remote map[uint32]*remoteSizes // announcements not yet claimed by awaitPeers
 }
@@ -49,7 +49,7 @@ type remoteRegs struct {
 }
 
 func newRegistry(nranks int, closed *atomic.Bool) *registry {
-	g := &registry{nranks: nranks, closed: closed, byAddr: map[uintptr]*mr{}, remote: map[uint32]*remoteSizes{}}
+	g := &registry{nranks: nranks, closed: closed, byAddr: map[regKey]*mr{}, remote: map[uint32]*remoteSizes{}}
 	g.cond = sync.NewCond(&g.mu)
 	empty := []*mr{}
 	g.byID.Store(&empty)
@@ -65,12 +65,22 @@ func (g *registry) lookup(id uint32) *mr {
 	return mrs[id]
 }
 
-// reuse takes another reference on the registration of data when it
-// covers size bytes.
-func (g *registry) reuse(data uintptr, size uint64) *mr {
+// regKey is what makes two registrations one: the address and the
+// flags. A range registered again with other flags (NEVER_RESET or not,
+// FORCE_SO or not) is a registration of its own: sharing the first one's
+// never-reset signal shadow with a registration whose words may be reset
+// would silently break its signals after a reset.
+type regKey struct {
+	addr  uintptr
+	flags uint64
+}
+
+// reuse takes another reference on the registration of data with the
+// same flags when it covers size bytes.
+func (g *registry) reuse(data uintptr, size, flags uint64) *mr {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if m := g.byAddr[data]; m != nil && size <= m.size {
+	if m := g.byAddr[regKey{data, flags}]; m != nil && size <= m.size {
 		m.refs++
 		return m
 	}
@@ -88,7 +98,7 @@ func (g *registry) add(m *mr, data uintptr) {
 	copy(n, old)
 	n[m.id] = m
 	g.byID.Store(&n)
-	g.byAddr[data] = m
+	g.byAddr[regKey{data, m.flags}] = m
 }
 
 // release drops one reference and reports whether it was the last.
@@ -109,8 +119,8 @@ func (g *registry) drop(m *mr) {
 	copy(n, old)
 	n[m.id] = nil
 	g.byID.Store(&n)
-	if g.byAddr[uintptr(m.base)] == m {
-		delete(g.byAddr, uintptr(m.base))
+	if k := (regKey{uintptr(m.base), m.flags}); g.byAddr[k] == m {
+		delete(g.byAddr, k)
 	}
 }
 
