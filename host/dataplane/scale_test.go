@@ -42,6 +42,10 @@ const (
 // scalePattern is the byte at offset i of what rank from sends to rank to.
 func scalePattern(from, to, i int) byte { return byte(from*31 + to*7 + i*13 + 1) }
 
+// poisonByte is what a helper writes over a put's source once the put
+// completed (TestScaleHelper).
+const poisonByte = 0xee
+
 // scaleSampled reports whether traffic goes to and from rank r (of the
 // peers 1..): one in stride, plus the last.
 func scaleSampled(r, stride, total int) bool { return (r-1)%stride == 0 || r == total }
@@ -219,8 +223,11 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 			time.Sleep(time.Millisecond)
 		}
 		for i := 8; i < scaleSlot; i++ {
-			if owner.mem[r*scaleSlot+i] != scalePattern(r, 0, i) {
-				tb.Fatalf("byte %d from rank %d is %d, want %d", i, r, owner.mem[r*scaleSlot+i], scalePattern(r, 0, i))
+			if got := owner.mem[r*scaleSlot+i]; got != scalePattern(r, 0, i) {
+				if got == poisonByte && scalePattern(r, 0, i) != poisonByte {
+					tb.Fatalf("byte %d from rank %d is the poison its sender wrote once the put completed: the payload was read after completion", i, r)
+				}
+				tb.Fatalf("byte %d from rank %d is %d, want %d", i, r, got, scalePattern(r, 0, i))
 			}
 		}
 		// Read back what landed at the peer, signal word included.
@@ -447,6 +454,13 @@ func TestScaleHelper(t *testing.T) {
 			Local: unsafe.Pointer(&src[8]), Size: scalePayload, Off: uint64(r*scaleSlot + 8)}, false, r%lanes)
 		if st := waitDoneWithin(t, o, tag, 30*time.Second); st != abi.Success {
 			verdict = fmt.Sprintf("rank %d's put to rank 0: %v", r, st)
+		}
+		// Completion means arrival: the source may be reused at once. It
+		// is poisoned here, so a payload read after its put completed
+		// lands as poisonByte at rank 0, which says so by name (this once
+		// failed as a wrong pattern, the next rank's, never reproduced).
+		for j := range src {
+			src[j] = poisonByte
 		}
 		verified++
 	}
