@@ -28,7 +28,7 @@ func specPage(section string) string {
 
 var (
 	specRef = regexp.MustCompile(`SPEC\.md §([0-9]+)(\.[0-9]+)?`)
-	docsRef = regexp.MustCompile("docs/(design|spec|guide|bench)/([a-z0-9-]+)\\.md")
+	docsRef = regexp.MustCompile(`docs/(design|spec|guide|bench)/([a-z0-9-]+)\.md`)
 )
 
 // linkify turns "SPEC.md §3" and "docs/design/x.md" in a declaration's text
