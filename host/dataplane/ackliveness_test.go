@@ -169,17 +169,7 @@ func strandRound(t *testing.T, intra, lone bool, round int) bool {
 func TestAckBackstop(t *testing.T) {
 	for _, intra := range []bool{false, true} {
 		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) {
-			os := newOwners(2, 4096)
-			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
-			src := make([]byte, 64)
-			fill(src, 3)
-			// Rank 1 writes to us first, so that its lane wrote when our
-			// put lands there: it holds that put's ack for its next batch.
-			ms[1].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}, false, 0)
-			ms[1].Flush(0)
-			if st := waitDone(t, os[1], 1); st != abi.Success {
-				t.Fatalf("rank 1's put: %v", st)
-			}
+			ms, os, src := heldAckPair(t, intra, 3)
 			// The acker's timer is lost: armed as far as arm can tell, and
 			// stopped. No test() runs at rank 1 either.
 			a := tcpOf(t, ms[1], 0).acks[0]
@@ -191,18 +181,7 @@ func TestAckBackstop(t *testing.T) {
 				SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)
 			ms[0].Flush(1)
 			waitWord(t, os[1], 0, 1, nil)
-			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Microsecond) {
-				ms[0].Flush(1) // the proxy's test(): the backstop runs here
-				if st, ok := os[0].status(2); ok {
-					if st != abi.Success {
-						t.Fatalf("put: %v", st)
-					}
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("the put never completed: the backstop did not deliver its ack")
-				}
-			}
+			flushUntilDone(t, ms, os[0], 2, "(the backstop did not deliver its ack)")
 			st := ms[0].Stats()
 			if st.BackstopAsks == 0 || st.AcksRescued != 1 {
 				t.Fatalf("backstop asks %d, acks rescued %d; want at least 1 and 1", st.BackstopAsks, st.AcksRescued)
@@ -214,5 +193,41 @@ func TestAckBackstop(t *testing.T) {
 				t.Fatal("the put's bytes differ")
 			}
 		})
+	}
+}
+
+// heldAckPair connects two ranks over one lane and has rank 1 put to rank
+// 0 first, so that rank 1's lane wrote when a put of ours lands there:
+// it holds that put's ack for its next batch (acker.drained). It returns
+// the meshes, their memory and the source buffer (64 bytes of seed).
+func heldAckPair(t *testing.T, intra bool, seed int) ([]*Mesh, []*memOwner, []byte) {
+	t.Helper()
+	os := newOwners(2, 4096)
+	ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
+	src := make([]byte, 64)
+	fill(src, seed)
+	ms[1].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}, false, 0)
+	ms[1].Flush(0)
+	if st := waitDone(t, os[1], 1); st != abi.Success {
+		t.Fatalf("rank 1's put: %v", st)
+	}
+	return ms, os, src
+}
+
+// flushUntilDone calls rank 0's test() (Flush to peer 1) until tag
+// completes, as NCCL's proxy does; what names the wait in the failure.
+func flushUntilDone(t *testing.T, ms []*Mesh, o *memOwner, tag uint64, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+		ms[0].Flush(1)
+		if st, ok := o.status(tag); ok {
+			if st != abi.Success {
+				t.Fatalf("put: %v", st)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the put never completed %s", what)
+		}
 	}
 }

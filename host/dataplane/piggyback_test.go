@@ -277,18 +277,7 @@ func TestAskAcks(t *testing.T) {
 	for _, intra := range []bool{false, true} {
 		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) {
 			setDelays(t, time.Hour, ackDelay, ackBound)
-			os := newOwners(2, 4096)
-			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
-			src := make([]byte, 64)
-			fill(src, 9)
-			// Rank 1 writes to us first (its ack comes at once: our lane
-			// had written nothing), so that its lane wrote when our put
-			// lands there.
-			ms[1].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}, false, 0)
-			ms[1].Flush(0)
-			if st := waitDone(t, os[1], 1); st != abi.Success {
-				t.Fatalf("rank 1's put: %v", st)
-			}
+			ms, os, src := heldAckPair(t, intra, 9)
 			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128,
 				SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)
 			ms[0].Flush(1)
@@ -302,18 +291,7 @@ func TestAskAcks(t *testing.T) {
 				}
 			}
 			ms[0].AskAcks(1)
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Microsecond) {
-				ms[0].Flush(1) // the caller's test(): asks once askAfter passed, reads the ack
-				if st, ok := os[0].status(2); ok {
-					if st != abi.Success {
-						t.Fatalf("put: %v", st)
-					}
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("the put never completed after asking for its ack")
-				}
-			}
+			flushUntilDone(t, ms, os[0], 2, "after asking for its ack") // the caller's test(): asks once askAfter passed, reads the ack
 			if n := ms[1].peers[0].askedAcks.Load(); n != 1 {
 				t.Fatalf("the target answered %d asks, want 1", n)
 			}
