@@ -186,9 +186,9 @@ func TestAckBackstop(t *testing.T) {
 			if st.BackstopAsks == 0 || st.AcksRescued != 1 {
 				t.Fatalf("backstop asks %d, acks rescued %d; want at least 1 and 1", st.BackstopAsks, st.AcksRescued)
 			}
-			if n := ms[1].peers[0].askedAcks.Load(); n == 0 {
-				t.Fatal("the target answered no ask")
-			}
+			// (The target's count of asks is not checked: the ask's arrival
+			// wakes its reader, whose drain may send the ack before it reads
+			// the ask.)
 			if string(os[1].mem[128:192]) != string(src) {
 				t.Fatal("the put's bytes differ")
 			}
