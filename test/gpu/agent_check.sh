@@ -23,34 +23,73 @@ echo "AGENT-CHECK: nccl_gin_check done at $(($(date +%s) - t0)) s"
 
 # staging_bench: the kernel-watched signal word and small put+signals, cuMem
 # buffers (the plugin copies them in its own context, where the agent runs).
-if command -v nvidia-cuda-mps-control >/dev/null; then
+# A run that hangs (rc 124) poisons MPS for the next: MPS is restarted, and
+# the agent's remaining runs are skipped.
+mps_start() {
+  command -v nvidia-cuda-mps-control >/dev/null || return 1
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d && echo "AGENT-CHECK: MPS on"
-fi
-for pb in ${SB_BYTES-0 8 64 4096}; do
+  nvidia-cuda-mps-control -d
+}
+mps_stop() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; }
+mps_start && echo "AGENT-CHECK: MPS on"
+hung=""
+for pb in ${SB_BYTES-0 64 4096}; do
   for ag in 0 1; do
-    for path in intra tcp; do
-      ip=1; [ $path = tcp ] && ip=0
-      log=$O/sb-$pb-$ag-$path.log
-      NCCL_RMA_WASM_INTRANODE=$ip NCCL_RMA_WASM_DEVICE_AGENT=$ag BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=$pb \
-        NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET timeout 90 "$ROOT/build/staging_bench" "$LIB" $((1 << 20)) 2 ${PINGS:-1000} >"$log" 2>&1
-      echo "AGENT-CHECK sb bytes=$pb agent=$ag path=$path rc=$?"
-      grep -E '^SIGNAL|FAIL|no kernel waiter' "$log" | sed "s/^/AGENT-CHECK sb bytes=$pb agent=$ag /"
-      grep -h "device agent:" "$log" | sed 's/.*NET.wasm: /AGENT-CHECK sb agent-info: /' | sort -u | head -3
-    done
+    # One run times both paths (TCP, then intra-node: staging_bench sets
+    # NCCL_RMA_WASM_INTRANODE itself).
+    log=$O/sb-$pb-$ag.log
+    if [ "$ag" = 1 ] && [ -n "$hung" ]; then
+      echo "AGENT-CHECK sb bytes=$pb agent=$ag skipped (hung before)"
+      continue
+    fi
+    NCCL_RMA_WASM_DEVICE_AGENT=$ag BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=$pb \
+      NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET timeout ${SB_TIMEOUT:-60} "$ROOT/build/staging_bench" "$LIB" $((1 << 20)) 2 ${PINGS:-1000} >"$log" 2>&1
+    rc=$?
+    echo "AGENT-CHECK sb bytes=$pb agent=$ag rc=$rc"
+    grep -E '^SIGNAL .*word|FAIL|no kernel waiter' "$log" | sed "s/^/AGENT-CHECK sb bytes=$pb agent=$ag /"
+    grep -h "device agent:" "$log" | sed 's/.*NET.wasm: /AGENT-CHECK sb agent-info: /' | sort -u | head -3
+    if [ $rc = 124 ]; then
+      [ "$ag" = 1 ] && hung=1
+      pkill -9 -f "$ROOT/build/staging_bench" 2>/dev/null
+      mps_stop; mps_start >/dev/null
+    fi
   done
 done
-echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1
+mps_stop
 echo "AGENT-CHECK: staging_bench done at $(($(date +%s) - t0)) s"
 
 # compute-sanitizer on cuda_check with the agent forced on (MPS off).
 if command -v compute-sanitizer >/dev/null; then
   for tool in ${SANITIZERS-memcheck racecheck}; do
-    NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET timeout ${SANITIZER_S:-120} compute-sanitizer --tool $tool --target-processes all \
-      "$ROOT/build/cuda_check" "$LIB" $((1 << 20)) 2 >"$O/sanitizer-$tool.log" 2>&1
+    NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET timeout ${SANITIZER_S:-100} compute-sanitizer --tool $tool --target-processes all \
+      "$ROOT/build/cuda_check" "$LIB" $((1 << 20)) 1 >"$O/sanitizer-$tool.log" 2>&1
     echo "AGENT-CHECK sanitizer $tool rc=$?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$O/sanitizer-$tool.log" | sort | uniq -c | tr '\n' ' ')"
     grep -E "RESULT|device agent:" "$O/sanitizer-$tool.log" | sort -u | head -4
   done
 fi
+
+# One table: each series with the agent off and on, NCCL's send/recv beside.
+G=$O/gin
+hr() { grep -h "HOSTRMA latency size=$2 " "$1" 2>/dev/null | head -1 | sed -n "s/.*putsignal_us=\([0-9.]*\) nccl-sendrecv_us=\([0-9.]*\).*/\1 \2/p"; }
+ga() { grep -h "GINA2A bytes=$2 " "$1" 2>/dev/null | head -1 | sed -n 's/.*us_per_alltoall=\([0-9.]*\).*/\1/p'; }
+sb() { grep -h "^SIGNAL $2 " "$1" 2>/dev/null | head -1 | sed -n 's/.*device word *\([0-9.]*\) us.*/\1/p'; }
+cc() { grep -q "RESULT PASS" "$1" 2>/dev/null && echo pass || echo FAIL; }
+echo "AGENT-CHECK summary (µs; '-' not measured or failed)"
+printf '%-46s %10s %10s %12s\n' series agent-off agent-on nccl-sendrecv
+for b in 8 4096 65536; do
+  set -- $(hr "$G/host_rma.log" $b) ; off=${1:--} nccl=${2:--}
+  set -- $(hr "$G/host_rma-agent.log" $b) ; on=${1:--}
+  printf '%-46s %10s %10s %12s\n' "host_rma ncclPutSignal hop ${b} B" "$off" "$on" "$nccl"
+done
+for b in 64 4096; do
+  printf '%-46s %10s %10s %12s\n' "GIN alltoall ${b} B per peer" "$(ga "$G/gin_alltoall-$b.log" $b)" "$(ga "$G/gin_alltoall-agent-$b.log" $b)" ""
+done
+printf '%-46s %10s %10s %12s\n' "GIN alltoall 262144 B per peer" "$(ga "$G/gin_alltoall-262144.log" 262144)" "" ""
+for pb in ${SB_BYTES-0 64 4096}; do
+  for w in intranode tcp; do
+    printf '%-46s %10s %10s %12s\n' "kernel-watched word, ${pb} B payload, $w" "$(sb "$O/sb-$pb-0.log" $w)" "$(sb "$O/sb-$pb-1.log" $w)" ""
+  done
+done
+printf '%-46s %10s %10s %12s\n' "cuda_check (every byte)" "$(cc "$G/cuda_check.log")" "$(cc "$G/cuda_check-agent.log")" ""
 echo "AGENT-CHECK: all done at $(($(date +%s) - t0)) s"
