@@ -23,7 +23,8 @@
 # CHECKS picks the parts (default "cuda_check host_rma gin example"),
 # GIN_REFS the reference runs after the per-size GIN alltoalls (default
 # "agent appctx synccopy selfwait lanes1 staged ipcwait ipc profile"; "" for
-# none; "agent" also runs cuda_check and host_rma with the device agent).
+# none; "agent" also runs cuda_check and host_rma with the device agent;
+# "many" runs the 64 B and 4 KiB alltoalls with 4 ranks, GIN_NP=4).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -32,7 +33,7 @@ RUNS=${2:-20}
 OUT=${3:-/tmp/nccl-check}
 PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-90}
 CHECKS=${CHECKS:-cuda_check host_rma gin example}
-GIN_REFS=${GIN_REFS-agent appctx synccopy selfwait lanes1 staged ipcwait ipc profile}
+GIN_REFS=${GIN_REFS-agent many appctx synccopy selfwait lanes1 staged ipcwait ipc profile}
 want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 ref() { case " $GIN_REFS " in *" $1 "*) return 0 ;; esac; return 1; }
 GENCODE=${NVCC_GENCODE:--gencode=arch=compute_90,code=sm_90}
@@ -213,7 +214,7 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
       done
     ) &
     local wd=$!
-    timeout -s KILL "$PER_RUN_TIMEOUT" mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH \
+    timeout -s KILL "$PER_RUN_TIMEOUT" mpirun --allow-run-as-root -np "${GIN_NP:-2}" --bind-to none -x LD_LIBRARY_PATH \
       -x NCCL_RMA_PLUGIN="$PLUGIN" -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN $MPS_ENV \
       -x NCCL_RMA_WASM_STALL_REPORT_MS=$(((PER_RUN_TIMEOUT - 20) * 1000)) -x GINA2A_WATCH_S=$((PER_RUN_TIMEOUT / 3)) $envs ${EXTRA_MPI_ENV:-} "$OUT/hostid.sh" "$OUT/gin_alltoall" "$b" "$iters" >"$log" 2>&1
     local rc=$?
@@ -250,6 +251,11 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     if ref agent && gin_run agent-$b $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET; then
       grep -h "device agent:" "$OUT/gin_alltoall-agent-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [agent-'$b'] /' | sort -u
     elif ref agent; then gin_bad=1; fi
+  done
+  # Many peers: 4 ranks on the GPU, each a "host" (GIN_NP), beside the
+  # 2-rank figures above.
+  for b in 64 4096; do
+    if ref many; then GIN_NP=4 gin_run np4-$b $b "$GIN_ITERS" || gin_bad=1; fi
   done
   # The reference for the copy context's cost (on by default): the
   # application's own context with a hardware queue per stream, which
