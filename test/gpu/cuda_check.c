@@ -57,10 +57,10 @@ static void teardown_round(const ncclRma_v15_t* t, size_t size, int fd, int roun
   CU(cu.memAlloc(&dst, size));
   CU(cu.memAlloc(&sig, 16));
   uint8_t* host = calloc(1, size);
-  CU(cu.htod(dst, host, size));
-  CU(cu.htod(sig, host, 16));
+  CU(htod_done(dst, host, size));
+  CU(htod_done(sig, host, 16));
   for (size_t i = 0; i < size; i++) host[i] = pat(round + 3, i);
-  CU(cu.htod(src, host, size));
+  CU(htod_done(src, host, size));
   void *msrc, *mdst, *msig;
   NC(t->regMrSym(coll, (void*)src, size, NCCL_PTR_CUDA, 0, &msrc));
   NC(t->regMrSym(coll, (void*)dst, size, NCCL_PTR_CUDA, 0, &mdst));
@@ -140,7 +140,7 @@ static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
   memAccess acc = {1, 0, 3};
   CU(vmm.setAccess(base, win, &acc, 1));
   uint8_t* host = calloc(1, win);
-  CU(cu.htod(base, host, win));
+  CU(htod_done(base, host, win));
   int dfd = -1;
   const char* how = "regMrSymDmaBuf";
   if (!vmm.rangeHandle || vmm.rangeHandle(&dfd, base, win, 1 /* DMA_BUF_FD */, 0) != 0 || dfd < 0) {
@@ -159,7 +159,7 @@ static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
   CUdeviceptr src;
   CU(cu.memAlloc(&src, n));
   for (size_t i = 0; i < n; i++) host[i] = pat(rank + 5, i);
-  CU(cu.htod(src, host, n));
+  CU(htod_done(src, host, n));
   void* msrc;
   NC(t->regMrSym(coll, (void*)src, n, NCCL_PTR_CUDA, 0, &msrc));
   char b = 1, c;
@@ -189,7 +189,7 @@ static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
    * window, its signal ordered after it by an event or a host wait.) */
   static const size_t small[] = {8, 4096, 65536};
   for (size_t i = 0; i < 65536; i++) host[i] = pat(rank + 9, i);
-  CU(cu.htod(base, host, 65536)); /* our window's first 64 KiB: the source */
+  CU(htod_done(base, host, 65536)); /* our window's first 64 KiB: the source */
   xchg(fd, &b, &c, 1);
   for (int pass = 0; pass < 2; pass++) {
     for (int k = 0; k < 3; k++) {
@@ -244,10 +244,10 @@ static void small_ops(const ncclRma_v15_t* t, void* coll, void* rma, int fd, int
   CU(cu.memAlloc(&sig, 8));
   uint8_t* host = malloc(total);
   for (size_t i = 0; i < total; i++) host[i] = pat(rank + 11, i);
-  CU(cu.htod(src, host, total));
+  CU(htod_done(src, host, total));
   memset(host, 0, total);
-  CU(cu.htod(dst, host, total));
-  CU(cu.htod(sig, host, 8));
+  CU(htod_done(dst, host, total));
+  CU(htod_done(sig, host, 8));
   void *msrc, *mdst, *msig;
   NC(t->regMrSym(coll, (void*)src, total, NCCL_PTR_CUDA, 0, &msrc));
   NC(t->regMrSym(coll, (void*)dst, total, NCCL_PTR_CUDA, 0, &mdst));
@@ -306,10 +306,10 @@ static void host_view(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
   CU(cu.memAlloc(&flush, 16));
   uint8_t* host = malloc(2 * N * SZ);
   for (size_t i = 0; i < N * SZ; i++) host[i] = pat(rank + 21, i);
-  CU(cu.htod(src, host, N * SZ));
+  CU(htod_done(src, host, N * SZ));
   memset(host, 0, 2 * N * SZ);
-  CU(cu.htod(dst, host, 2 * N * SZ));
-  CU(cu.htod(flush, host, 16));
+  CU(htod_done(dst, host, 2 * N * SZ));
+  CU(htod_done(flush, host, 16));
   volatile uint64_t* hsig = calloc(1, 8);
   void *msrc, *mdst, *mflush, *mhsig;
   NC(t->regMrSym(coll, (void*)src, N * SZ, NCCL_PTR_CUDA, 0, &msrc));
@@ -381,11 +381,11 @@ static int run(const char* lib, size_t size, int rounds, int fd) {
   CU(cu.memAlloc(&get, size));
   uint8_t* host = malloc(2 * size);
   for (size_t i = 0; i < size; i++) host[i] = pat(rank, i);
-  CU(cu.htod(src, host, size));
+  CU(htod_done(src, host, size));
   memset(host, 0, 2 * size);
-  CU(cu.htod(dst, host, 2 * size));
-  CU(cu.htod(sig, host, 16));
-  CU(cu.htod(get, host, size));
+  CU(htod_done(dst, host, 2 * size));
+  CU(htod_done(sig, host, 16));
+  CU(htod_done(get, host, size));
   void *msrc, *mdst, *msig, *mget;
   NC(t->regMrSym(coll, (void*)src, size, NCCL_PTR_CUDA, 0, &msrc));
   NC(t->regMrSym(coll, (void*)dst, 2 * size, NCCL_PTR_CUDA, 0, &mdst));

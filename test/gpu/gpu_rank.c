@@ -177,3 +177,9 @@ CUresult vmm_alloc(size_t n, CUdeviceptr* out) {
   memAccess acc = {1, 0, 3};
   return vmm.setAccess(*out, n, &acc, 1);
 }
+
+CUresult htod_done(CUdeviceptr d, const void* h, size_t n) {
+  CUresult r = cu.htod(d, h, n);
+  unsigned char b;
+  return r != 0 ? r : cu.dtoh(&b, d, 1);
+}

@@ -36,6 +36,14 @@ typedef struct {
 } cuda_calls_t;
 extern cuda_calls_t cu;
 
+/* htod_done copies n > 0 bytes to the device and returns once they are
+ * there. cuMemcpyHtoD from pageable memory may return before its DMA
+ * reached the device (the driver stages the bytes and lets the copy run
+ * on), and a copy the plugin makes in another stream or context, told to
+ * read them right after, could then read the old bytes: a one-byte
+ * synchronous read-back on the same stream waits for the copy. */
+CUresult htod_done(CUdeviceptr d, const void* h, size_t n);
+
 /* who names the process in failure lines ("rank 1", "bounds"). */
 extern const char* who;
 #define FAIL(...)                     \

@@ -297,13 +297,13 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
     CU(cu.memAlloc(&dsig, 2 << 20));
   }
   uint64_t zero[2] = {0, 0};
-  CU(cu.htod(dsig, zero, 16));
+  CU(htod_done(dsig, zero, 16));
   char* hsrc = malloc(size);
   char* hdst = malloc(size);
   uint64_t* hsig = calloc(2, 8);
   memset(hsrc, rank + 1, size);
   memset(hdst, 0, size);
-  CU(cu.htod(dsrc, hsrc, size));
+  CU(htod_done(dsrc, hsrc, size));
   void *mdsrc, *mddst, *mdsig, *mhsrc, *mhdst, *mhsig;
   NC(t->regMrSym(coll, (void*)dsrc, size, NCCL_PTR_CUDA, 0, &mdsrc));
   NC(t->regMrSym(coll, (void*)ddst, size, NCCL_PTR_CUDA, 0, &mddst));
