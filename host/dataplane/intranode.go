@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync/atomic"
@@ -71,6 +72,28 @@ func (x *intraLink) props() Props {
 }
 
 func (x *intraLink) peerPid() int { return x.pid }
+
+// events are the link's interprocess events (ipc_events.go).
+func (x *intraLink) events() *linkEvents { return &x.evs }
+
+// writeState: the mapped device memory path, when it moved something or
+// was turned off, then the TCP lanes under it.
+func (x *intraLink) writeState(w io.Writer) {
+	if x.mapped.Load() > 0 || !x.mapOn.Load() {
+		fmt.Fprintf(w, "    mapped device memory: %d operations, usable=%v\n", x.mapped.Load(), x.mapOn.Load())
+	}
+	x.tcpLink.writeState(w)
+}
+
+// addStats counts the peer as an intra-node peer while the single-copy
+// path is enabled for it, and its lanes' acknowledgements (compression is
+// counted for plain TCP links only).
+func (x *intraLink) addStats(st *Stats) {
+	if x.props().Name == nameIntraNode {
+		st.IntraNodePeers++
+	}
+	x.tcpLink.addAcks(st)
+}
 
 func (x *intraLink) inlineMax() uint64 {
 	if x.on.Load() {

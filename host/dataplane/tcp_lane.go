@@ -114,6 +114,9 @@ type sidePath interface {
 	ringable(op *Op) bool
 	put(l *lane, op *Op) sideMove
 	get(l *lane, op *Op) sideMove
+	// events are the interprocess events that order the peer's mapped
+	// put+signals (ipc_events.go).
+	events() *linkEvents
 }
 
 // tellsTarget reports whether op, its payload moved by a side path, still
@@ -1316,39 +1319,6 @@ func (t *tcpLink) release() {
 		l.releaseRing()
 		l.releaseStream()
 	}
-}
-
-// compression reports the payload bytes this mesh's TCP lanes compressed
-// so far and what they took on the wire (framing included): Stats.
-// acks counts the acknowledgements of peers' puts sent so far: carried in
-// a batch of ours, or written alone on the acknowledged stream; and the
-// liveness backstop's asks and the acks that came only after one.
-func (m *Mesh) acks() (carried, alone, asks, rescued uint64) {
-	for _, p := range m.peers {
-		if t := streamsOf(p.t); t != nil {
-			for _, l := range t.lanes {
-				carried += l.carried.Load()
-				asks += l.bsAsks.Load()
-				rescued += l.bsRescued.Load()
-			}
-			for _, a := range t.acks {
-				alone += a.alone.Load()
-			}
-		}
-	}
-	return carried, alone, asks, rescued
-}
-
-func (m *Mesh) compression() (raw, wire uint64) {
-	for _, p := range m.peers {
-		if t, ok := p.t.(*tcpLink); ok {
-			for _, l := range t.lanes {
-				r, w := l.enc.Counts()
-				raw, wire = raw+r, wire+w
-			}
-		}
-	}
-	return raw, wire
 }
 
 // awaitPuts appends the tags of puts about to be written to the FIFO that

@@ -373,15 +373,18 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 // so that later signals follow that put's bytes. A header that names an
 // event it may not is a protocol error.
 func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) (sigRef, error) {
-	x, _ := t.side.(*intraLink)
+	var evs *linkEvents
+	if t.side != nil {
+		evs = t.side.events()
+	}
 	if h.Status&wire.StatusEvent == 0 {
-		if x != nil && sig.word() && x.evs.peer.Load() != nil {
-			sig.evs = &x.evs // an event waited for on a stream may be pending
+		if evs != nil && sig.word() && evs.peer.Load() != nil {
+			sig.evs = evs // an event waited for on a stream may be pending
 		}
 		return sig, nil
 	}
-	if x != nil && h.Typ == wire.MsgPutSignal && h.Size == 0 {
-		sig.ev = x.evs.peerEvent(int(h.Status & 0xff))
+	if evs != nil && h.Typ == wire.MsgPutSignal && h.Size == 0 {
+		sig.ev = evs.peerEvent(int(h.Status & 0xff))
 	}
 	if sig.ev == 0 {
 		what := "a put+signal by an event it never shared"
@@ -392,7 +395,7 @@ func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) (sigRef, error) {
 		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
 		return sig, err
 	}
-	sig.evs = &x.evs
+	sig.evs = evs
 	return sig, nil
 }
 
