@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
@@ -30,6 +31,16 @@ const (
 	ringOn             // attached by the target
 	ringOff            // refused, disabled or failed: the stream carries it
 )
+
+// laneRing is a lane's side of the intra-node staging ring: state and
+// fill count owned by whoever holds writing; the mapping is read by
+// replies too.
+type laneRing struct {
+	ringState  int
+	ringFilled uint32
+	ring       atomic.Pointer[staging.Ring]
+	ringNo     atomic.Bool // the target refused the ring
+}
 
 // ringReady reports whether this lane's put goes through the staging ring,
 // offering one to the target on the first call and waiting for its answer

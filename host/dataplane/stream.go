@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -40,6 +41,26 @@ import (
 // buffer (payloads of intraMin and up move by process_vm_writev, device
 // payloads through the staging ring).
 const StreamRingSize = 256 << 10
+
+// laneShm is a lane's side of the intra-node shared-memory stream: state
+// owned by whoever holds writing; the mapping is released with the lane.
+type laneShm struct {
+	sState int
+	sring  atomic.Pointer[shmstream.Ring]
+	sNo    atomic.Bool // the target refused the stream
+	sOn    atomic.Bool // sState is ringOn, for those who do not hold writing
+	bellFn func(fd uintptr)
+	sbuf   [1][]byte     // laneStream's iovec
+	bells  atomic.Uint64 // bells rung (tests and the stall report)
+}
+
+// inShm is an incoming stream's side of the shared-memory stream the
+// sender switched to: set by the service, read by whoever holds the role.
+type inShm struct {
+	sring *shmstream.Ring
+	sview *shmstream.Ring // sring, for diagnostics from any thread (WriteState), under smu
+	smu   sync.Mutex      // sview: close unmaps the ring under it
+}
 
 // streamOn reports whether this lane writes its requests into a shared
 // ring, offering one on the first call: to a peer on this host, where the

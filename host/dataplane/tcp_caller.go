@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -18,7 +17,6 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/nap"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -109,13 +107,11 @@ type inReader struct {
 	lowOn   bool
 	lowFn   func(fd uintptr)
 
-	// The shared-memory stream the sender switched to (stream.go): set by
-	// the service, read by whoever holds the role. sockErr is the socket's
-	// end the service met (set by the service, the first one kept; read by
-	// a caller holding the role too, hence atomic); bells its scratch.
-	sring   *shmstream.Ring
-	sview   *shmstream.Ring // sring, for diagnostics from any thread (WriteState), under smu
-	smu     sync.Mutex      // sview: close unmaps the ring under it
+	// The shared-memory stream the sender switched to (stream.go). sockErr
+	// is the socket's end the service met (set by the service, the first
+	// one kept; read by a caller holding the role too, hence atomic); bells
+	// its scratch.
+	inShm
 	sockErr atomic.Pointer[error]
 	bells   [64]byte
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -413,22 +412,10 @@ type lane struct {
 	// batch is written, by their index in it.
 	later []int
 
-	// The intra-node staging ring (ring.go): state and fill count owned by
-	// whoever holds writing; the mapping is read by replies too.
-	ringState  int
-	ringFilled uint32
-	ring       atomic.Pointer[staging.Ring]
-	ringNo     atomic.Bool // the target refused the ring
-
-	// The intra-node shared-memory stream (stream.go): state owned by
-	// whoever holds writing; the mapping is released with the lane.
-	sState int
-	sring  atomic.Pointer[shmstream.Ring]
-	sNo    atomic.Bool // the target refused the stream
-	sOn    atomic.Bool // sState is ringOn, for those who do not hold writing
-	bellFn func(fd uintptr)
-	sbuf   [1][]byte     // laneStream's iovec
-	bells  atomic.Uint64 // bells rung (tests and the stall report)
+	// The intra-node staging ring (ring.go) and shared-memory stream
+	// (stream.go) of the lane.
+	laneRing
+	laneShm
 
 	// With several lanes (resend), every put and registration notice
 	// written on the stream and not yet known to have been applied, as
