@@ -55,6 +55,9 @@ func newIntraLink(p *peer, outs, ins []*net.TCPConn, pid int) *intraLink {
 	x.on.Store(true)
 	x.mapOn.Store(true)
 	x.side = x
+	for _, l := range x.lanes {
+		l.ix = x.newLaneSide(l)
+	}
 	return x
 }
 

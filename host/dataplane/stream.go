@@ -65,64 +65,64 @@ type inShm struct {
 // streamOn reports whether this lane writes its requests into a shared
 // ring, offering one on the first call: to a peer on this host, where the
 // mesh allows it. Called by whoever holds writing, before its write.
-func (l *lane) streamOn() bool {
-	switch l.sState {
+func (x *intraLane) streamOn() bool {
+	switch x.sState {
 	case ringOn:
 		return true
 	case ringOff:
 		return false
 	}
-	l.sState = ringOff
-	if l.t.side == nil || l.p.m.noIntraStream || l.orc == nil {
+	x.sState = ringOff
+	if x.l.t.side == nil || x.l.p.m.noIntraStream || x.l.orc == nil {
 		return false
 	}
 	s, err := newStreamRing(StreamRingSize)
 	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no shared-memory stream (%v); requests ride the socket", l.p.rank, err)
+		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no shared-memory stream (%v); requests ride the socket", x.l.p.rank, err)
 		return false
 	}
-	l.sring.Store(s)
+	x.sring.Store(s)
 	fd, size := s.Offer()
 	h := wire.Header{Typ: wire.MsgStream, Off: fd, Size: size}
 	var hb [wire.HeaderSize]byte
 	h.Encode(hb[:])
-	if err := l.writeSocket([][]byte{hb[:]}); err != nil {
+	if err := x.l.writeSocket([][]byte{hb[:]}); err != nil {
 		return false // the lane fails at its next write, as it would have
 	}
-	if on, _ := s.AwaitAttach(l.sNo.Load, l); !on {
+	if on, _ := s.AwaitAttach(x.sNo.Load, x.l); !on {
 		return false
 	}
-	l.sState = ringOn
-	l.sOn.Store(true)
-	l.bellFn = l.bellFD
+	x.sState = ringOn
+	x.sOn.Store(true)
+	x.bellFn = x.bellFD
 	logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d, lane %d: requests through a shared-memory stream (%d KiB)",
-		l.p.rank, l.idx, size>>10)
+		x.l.p.rank, x.l.idx, size>>10)
 	return true
 }
 
 // streamRefused is the reply stream's wire.MsgStreamNo: wake the offer's wait.
-func (l *lane) streamRefused() {
-	l.sNo.Store(true)
-	if s := l.sring.Load(); s != nil {
+func (x *intraLane) streamRefused() {
+	x.sNo.Store(true)
+	if s := x.sring.Load(); s != nil {
 		s.WakeAttach()
 	}
 }
 
 // writeStream writes iov into the lane's shared ring.
-func (l *lane) writeStream(iov [][]byte) error {
-	return l.sring.Load().Write(iov, l, l)
+func (x *intraLane) writeStream(iov [][]byte) error {
+	return x.sring.Load().Write(iov, x, x.l)
 }
 
 // Ring is the stream's bell: one byte on the socket wakes the target's
 // reader from its sleep in the netpoller. A full socket already wakes it.
-func (l *lane) Ring() {
-	l.bells.Add(1)
-	if err := l.orc.Control(l.bellFn); err != nil {
+func (x *intraLane) Ring() {
+	x.bells.Add(1)
+	if err := x.l.orc.Control(x.bellFn); err != nil {
 		return // closed: the reader meets the end instead
 	}
 }
 
-func (l *lane) bellFD(fd uintptr) {
+func (x *intraLane) bellFD(fd uintptr) {
 	b := [1]byte{0xdb}
 	for {
 		_, _, e := syscall.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), 1)
@@ -133,22 +133,36 @@ func (l *lane) bellFD(fd uintptr) {
 }
 
 // streamWriter is what staging writes a device payload to: the ring's
-// writer when the lane has one, else the socket.
-func (l *lane) streamWriter() io.Writer {
-	if l.sState == ringOn {
-		return (*laneStream)(l)
+// writer when the lane has one, else nil (the socket).
+func (x *intraLane) streamWriter() io.Writer {
+	if x.sState == ringOn {
+		return (*laneStream)(x)
 	}
-	return l.out
+	return nil
+}
+
+// streamLive reports that the lane writes a shared-memory stream, for
+// those who do not hold writing.
+func (x *intraLane) streamLive() bool { return x.sOn.Load() }
+
+// shmState is the stall report's words on the lane's shared-memory
+// stream: where its writer and reader are, and the bells rung.
+func (x *intraLane) shmState() string {
+	if s := x.sring.Load(); s != nil {
+		tail, read, sleeping, waiting := s.State()
+		return fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v bells %d}", tail, read, sleeping, waiting, x.bells.Load())
+	}
+	return ""
 }
 
 // laneStream is a lane's shared ring as an io.Writer.
-type laneStream lane
+type laneStream intraLane
 
 func (s *laneStream) Write(b []byte) (int, error) {
-	l := (*lane)(s)
-	l.sbuf[0] = b
-	err := l.writeStream(l.sbuf[:])
-	l.sbuf[0] = nil
+	x := (*intraLane)(s)
+	x.sbuf[0] = b
+	err := x.writeStream(x.sbuf[:])
+	x.sbuf[0] = nil
 	if err != nil {
 		return 0, err
 	}
@@ -156,8 +170,8 @@ func (s *laneStream) Write(b []byte) (int, error) {
 }
 
 // releaseStream frees the lane's ring once its goroutines ended.
-func (l *lane) releaseStream() {
-	if s := l.sring.Swap(nil); s != nil {
+func (x *intraLane) releaseStream() {
+	if s := x.sring.Swap(nil); s != nil {
 		s.Close()
 	}
 }

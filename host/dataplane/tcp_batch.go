@@ -77,7 +77,7 @@ func (l *lane) writeOp(b *batchOut, i int, op *Op) (reached bool, err error) {
 	ringed := false
 	// A resent put goes on the stream: the target may drop its
 	// payload unread (tcp_failover.go), which a ring cannot do.
-	if (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal) && !op.Resent && l.ringState != ringOff && l.t.side != nil && l.t.side.ringable(op) {
+	if (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal) && !op.Resent && l.ix != nil && !l.ix.ringOff() && l.t.side.ringable(op) {
 		// What is gathered goes first: the first ring offer waits
 		// for the target's answer.
 		l.await(b)
@@ -85,7 +85,7 @@ func (l *lane) writeOp(b *batchOut, i int, op *Op) (reached bool, err error) {
 			return false, err
 		}
 		b.iov = b.iov[:0]
-		if ringed, err = l.ringReady(); err != nil {
+		if ringed, err = l.ix.ringReady(); err != nil {
 			return false, err
 		}
 	}
@@ -183,7 +183,7 @@ func (l *lane) putPayload(b *batchOut, op *Op, ringed, comp bool) (err error) {
 		// The header goes now; the payload through the ring.
 		l.await(b)
 		if err = l.writeIov(b.iov); err == nil {
-			err = l.ringSend(op)
+			err = l.ix.ringSend(op)
 		}
 		b.iov = b.iov[:0]
 	} else if g, gerr := l.gatherDev(op, len(b.iov)); g != nil {

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -110,6 +111,37 @@ type sidePath interface {
 	events() *linkEvents
 }
 
+// laneSide is what a side path does for one of our lanes (the intra-node
+// transport's intraLane): a staging ring for device payloads beside the
+// stream, and a shared-memory stream in place of the socket. Only whoever
+// holds writing calls it, but for streamLive, refusals and release.
+type laneSide interface {
+	// ringOff reports that the ring is refused, disabled or failed.
+	ringOff() bool
+	// ringReady reports whether the lane's put goes through the ring,
+	// offering one on the first call; ringSend moves op's payload through
+	// it once its header is on the stream; ringRefused is the reply
+	// stream's wire.MsgRingNo.
+	ringReady() (bool, error)
+	ringSend(op *Op) error
+	ringRefused()
+	// streamOn reports whether the lane writes its requests into a shared
+	// ring, offering one on the first call; writeStream writes them there;
+	// streamWriter is that ring as an io.Writer, nil while the socket
+	// carries the requests; streamLive is streamOn for those who do not
+	// hold writing; streamRefused is the reply stream's wire.MsgStreamNo.
+	streamOn() bool
+	writeStream(iov [][]byte) error
+	streamWriter() io.Writer
+	streamLive() bool
+	streamRefused()
+	// shmState is the stall report's words on the shared-memory stream,
+	// "" for none.
+	shmState() string
+	// release frees the mappings once the lane's goroutines ended.
+	release()
+}
+
 // tellsTarget reports whether op, its payload moved by a side path, still
 // goes to the target as a header (which it acknowledges): a signal to
 // apply, or a put's sequence number that landed. Gets are never numbered
@@ -215,7 +247,7 @@ func (t *tcpLink) submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op
 // writes it (writeLone) after letting go of the lock.
 func (t *tcpLink) submitCaller(lane int, op Op, hold bool) bool {
 	l := t.lanes[lane]
-	return l.enqueue(&op, hold) && (t.side == nil || l.sOn.Load())
+	return l.enqueue(&op, hold) && (t.side == nil || l.ix.streamLive())
 }
 
 func (t *tcpLink) writeLone(lane int) {
@@ -412,10 +444,10 @@ type lane struct {
 	// batch is written, by their index in it.
 	later []int
 
-	// The intra-node staging ring (ring.go) and shared-memory stream
-	// (stream.go) of the lane.
-	laneRing
-	laneShm
+	// ix is the lane's intra-node side (the staging ring and the
+	// shared-memory stream, ring.go and stream.go); nil on a plain TCP
+	// link.
+	ix laneSide
 
 	// With several lanes (resend), every put and registration notice
 	// written on the stream and not yet known to have been applied, as
@@ -517,7 +549,8 @@ func (t *tcpLink) signalApart(Op) bool { return false }
 // (intra-node links have them).
 func (t *tcpLink) release() {
 	for _, l := range t.lanes {
-		l.releaseRing()
-		l.releaseStream()
+		if l.ix != nil {
+			l.ix.release()
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"io"
 	"net"
 	"os"
 	"syscall"
@@ -27,8 +28,8 @@ func (l *lane) writeIov(iov [][]byte) error {
 		return nil
 	}
 	l.writes.Add(1)
-	if l.streamOn() {
-		return l.writeStream(iov)
+	if l.ix != nil && l.ix.streamOn() {
+		return l.ix.writeStream(iov)
 	}
 	return l.writeSocket(iov)
 }
@@ -125,3 +126,17 @@ func (l *lane) writevFD(fd uintptr) {
 		return
 	}
 }
+
+// streamWriter is what staging writes a device payload to: the lane's
+// shared-memory stream when it has one, else the socket.
+func (l *lane) streamWriter() io.Writer {
+	if l.ix != nil {
+		if w := l.ix.streamWriter(); w != nil {
+			return w
+		}
+	}
+	return l.out
+}
+
+// Gone is the staging ring's liveness check of a sending lane.
+func (l *lane) Gone() bool { return l.p.dead.Load() || l.isDown() }

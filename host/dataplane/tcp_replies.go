@@ -101,9 +101,13 @@ func (l *lane) replies() {
 		case wire.MsgByeAck:
 			p.ackBye()
 		case wire.MsgRingNo:
-			l.ringRefused()
+			if l.ix != nil {
+				l.ix.ringRefused()
+			}
 		case wire.MsgStreamNo:
-			l.streamRefused()
+			if l.ix != nil {
+				l.ix.streamRefused()
+			}
 		case wire.MsgNack:
 			st := rejected(h.Status)
 			p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d rejected a put of %d bytes at offset %d of registration %d (signal registration %d offset %d): %v",

@@ -27,9 +27,8 @@ func (t *tcpLink) writeState(w io.Writer) {
 		}
 		l.mu.Unlock()
 		var shm string
-		if s := l.sring.Load(); s != nil {
-			tail, read, sleeping, waiting := s.State()
-			shm = fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v bells %d}", tail, read, sleeping, waiting, l.bells.Load())
+		if l.ix != nil {
+			shm = l.ix.shmState()
 		}
 		var wait string
 		if since := l.waitSince.Load(); since != 0 {
