@@ -360,7 +360,7 @@ type Stats struct {
 	// "Acknowledgements ride the reverse lanes"), or written alone.
 	AcksCarried, AcksAlone uint64
 	// BackstopAsks counts the liveness backstop's asks for acks that
-	// waited too long (tcp_lane.go, backstop), and AcksRescued the asks
+	// waited too long (tcp_acks.go, backstop), and AcksRescued the asks
 	// an ack answered: each is an ack the normal path failed to deliver
 	// in time.
 	BackstopAsks, AcksRescued uint64
