@@ -43,7 +43,10 @@
 //   - intranode.go: process_vm_writev/readv to a peer on this host.
 //   - ring.go: a lane's intra-node side (intraLane) and its staging ring.
 //   - stream.go: intra-node request streams through shared-memory rings
-//     (host/shmstream), switched to in-band.
+//     (host/shmstream), switched to in-band: the lane's writer and the
+//     mapping of the peer's offer (sidePath.attachStream).
+//   - tcp_caller.go: an incoming stream's reader, served by the caller's
+//     thread or the service, from the socket or a shared-memory stream.
 //   - ipc_events.go: interprocess events of mapped put+signals, and the
 //     IPC exchange host/plugin's share.go makes with them.
 //   - fabric_link.go: libfabric writes, reads and signals to one peer.

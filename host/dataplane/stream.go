@@ -1,16 +1,10 @@
 package dataplane
 
 import (
-	"errors"
 	"fmt"
 	"io"
-	"net"
-	"os"
-	"runtime"
-	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -18,7 +12,6 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -52,14 +45,6 @@ type laneShm struct {
 	bellFn func(fd uintptr)
 	sbuf   [1][]byte     // laneStream's iovec
 	bells  atomic.Uint64 // bells rung (tests and the stall report)
-}
-
-// inShm is an incoming stream's side of the shared-memory stream the
-// sender switched to: set by the service, read by whoever holds the role.
-type inShm struct {
-	sring *shmstream.Ring
-	sview *shmstream.Ring // sring, for diagnostics from any thread (WriteState), under smu
-	smu   sync.Mutex      // sview: close unmaps the ring under it
 }
 
 // streamOn reports whether this lane writes its requests into a shared
@@ -176,42 +161,6 @@ func (x *intraLane) releaseStream() {
 	}
 }
 
-// attachStream answers a lane's offer: map its ring and read the stream
-// from there, or refuse on the reply stream (the sender keeps the socket).
-// The offer must be the last byte the socket carries.
-func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
-	p := t.p
-	if r.sring != nil {
-		return fmt.Errorf("protocol error: rank %d offered a second shared-memory stream on one lane", p.rank)
-	}
-	if r.br.Buffered() != 0 {
-		return fmt.Errorf("protocol error: rank %d wrote %d bytes on its socket after offering a shared-memory stream", p.rank, r.br.Buffered())
-	}
-	var err error
-	var s *shmstream.Ring
-	switch {
-	case t.side == nil:
-		err = errors.New("not an intra-node link")
-	case streamRefusal.Load() != nil:
-		err = *streamRefusal.Load()
-	default:
-		s, err = shmstream.Attach(t.side.peerPid(), h.Off, h.Size)
-	}
-	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's shared-memory stream (%v); its requests ride the socket", p.rank, err)
-		return t.reply(r.in, wire.MsgStreamNo, h, abi.InternalError, nil, r.resp)
-	}
-	if r.lowat {
-		r.setLowat(false)
-	}
-	r.sring = s
-	r.smu.Lock()
-	r.sview = s
-	r.smu.Unlock()
-	s.SetAttached()
-	return nil
-}
-
 // newStreamRing makes a lane's ring (a variable: a test keeps a hostile
 // writer's handle on one).
 var newStreamRing = shmstream.New
@@ -220,96 +169,15 @@ var newStreamRing = shmstream.New
 // error (atomic: a service of another test's mesh may still look).
 var streamRefusal atomic.Pointer[error]
 
-// readStream is inReader.Read from the shared ring: what it holds, or for
-// a caller (nb) errWouldBlock; the service sleeps on the socket, whose
-// bytes are bells, until the ring has bytes. The socket's end (or a
-// reset) ends the stream once the ring is drained.
-func (r *inReader) readStream(b []byte) (int, error) {
-	s := r.sring
-	for {
-		n, err := s.Read(b)
-		if n > 0 || err != nil {
-			return n, err
-		}
-		if err := r.endErr(); err != nil && !r.caller() {
-			return 0, err // the ring is drained: the stream ended
-		}
-		if r.nb {
-			return 0, errWouldBlock
-		}
-		if !s.Sleep() {
-			continue
-		}
-		_, err = r.in.Read(r.bells[:]) // bells: the ring says what came
-		s.Awake()
-		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				// A caller's wake-up (poll): look again.
-				r.in.SetReadDeadline(time.Time{})
-				continue
-			}
-			r.ended(err) // after what the ring still holds
-		}
+// attachStream maps the shared-memory stream a lane of the peer offered
+// (sidePath): its requests come through it from now on.
+func (x *intraLink) attachStream(h *wire.Header) (shmIn, error) {
+	if err := streamRefusal.Load(); err != nil {
+		return nil, *err
 	}
-}
-
-// waitStream is waitFD for a stream in the shared ring: true once the ring
-// holds bytes, a caller left some in the buffer, or the socket woke the
-// netpoller (a bell, or its end: the read meets it); false parks on the
-// netpoller, the ring marked asleep so that the next write rings. After
-// traffic it spins on the ring first, as waitFD does on the socket.
-func (r *inReader) waitStream(fd uintptr) bool {
-	s := r.sring
-	if r.parked {
-		s.Awake()
-		r.drainBells(fd)
-		return true
+	s, err := shmstream.Attach(x.peerPid(), h.Off, h.Size)
+	if err != nil {
+		return nil, err
 	}
-	spinning := false
-	var start int64
-	for {
-		// Pending, not Avail: a caller may hold the role and read.
-		if s.Pending() || r.left.Load() || r.endErr() != nil {
-			if spinning {
-				spin.Release()
-			}
-			return true
-		}
-		m := r.t.p.m
-		if !spinning {
-			if m.spinWait <= 0 || Now()-r.rx.Load() > int64(m.spinWait) || !spin.Acquire(int32(m.spinners)) {
-				break
-			}
-			spinning, start = true, Now()
-		} else if Now()-start > int64(m.spinWait) {
-			spin.Release()
-			break
-		}
-		runtime.Gosched()
-	}
-	if !r.drainBells(fd) || !s.Sleep() {
-		return true
-	}
-	r.parked = true
-	return false
-}
-
-// drainBells reads the bells the socket holds, without waiting; false
-// when the socket ended or failed (recorded for readStream).
-func (r *inReader) drainBells(fd uintptr) bool {
-	for {
-		n, _, e := syscall.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&r.bells[0])), uintptr(len(r.bells)), unix.MSG_DONTWAIT, 0, 0)
-		switch {
-		case e == unix.EINTR:
-			continue
-		case e == unix.EAGAIN:
-			return true
-		case e != 0:
-			r.ended(&net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("recvfrom", e)})
-			return false
-		case n == 0:
-			r.ended(io.EOF)
-			return false
-		}
-	}
+	return s, nil
 }

@@ -109,6 +109,9 @@ type sidePath interface {
 	// events are the interprocess events that order the peer's mapped
 	// put+signals (ipc_events.go).
 	events() *linkEvents
+	// attachStream maps the shared-memory stream the peer offered on one
+	// of its lanes (wire.MsgStream), or says why not.
+	attachStream(h *wire.Header) (shmIn, error)
 }
 
 // laneSide is what a side path does for one of our lanes (the intra-node
