@@ -74,6 +74,8 @@ func (x *intraLink) props() Props {
 	return pr
 }
 
+// peerPid is the peer's process, whose staging ring and stream offers are
+// mapped through /proc/<pid>/fd.
 func (x *intraLink) peerPid() int { return x.pid }
 
 // events are the link's interprocess events (ipc_events.go).

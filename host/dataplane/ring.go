@@ -1,9 +1,6 @@
 package dataplane
 
 import (
-	"errors"
-	"fmt"
-	"net"
 	"sync/atomic"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -119,9 +116,6 @@ func (x *intraLane) ringSend(op *Op) error {
 	return err
 }
 
-// Gone is the staging ring's liveness check of a peer's services.
-func (p *peer) Gone() bool { return p.dead.Load() }
-
 // releaseRing frees the lane's ring once its goroutines ended.
 func (x *intraLane) releaseRing() {
 	if r := x.ring.Swap(nil); r != nil {
@@ -132,25 +126,11 @@ func (x *intraLane) releaseRing() {
 // attachHook, when set (tests), refuses every ring offer with its error.
 var attachHook func() error
 
-// attachRing answers the sender's offer: map the ring and say so in it, or
-// refuse on the reply stream (the sender then uses the stream).
-func (t *tcpLink) attachRing(in *net.TCPConn, rx *staging.Receiver, h *wire.Header, resp []byte) error {
-	p := t.p
-	if rx.Attached() {
-		return fmt.Errorf("protocol error: rank %d offered a second staging ring on one stream", p.rank)
+// attachRing maps the staging ring the peer offered on one of its lanes
+// (sidePath) into rx.
+func (x *intraLink) attachRing(rx *staging.Receiver, h *wire.Header) error {
+	if attachHook != nil {
+		return attachHook()
 	}
-	var err error
-	switch {
-	case t.side == nil:
-		err = errors.New("not an intra-node link")
-	case attachHook != nil:
-		err = attachHook()
-	default:
-		err = rx.Attach(t.side.peerPid(), staging.Offer{FD: h.Off, Size: h.Size, Slots: h.Context, Chunk: h.SigValue})
-	}
-	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's intra-node staging ring (%v); its device payloads ride the TCP lanes", p.rank, err)
-		return t.reply(in, wire.MsgRingNo, h, abi.InternalError, nil, resp)
-	}
-	return nil
+	return rx.Attach(x.peerPid(), staging.Offer{FD: h.Off, Size: h.Size, Slots: h.Context, Chunk: h.SigValue})
 }

@@ -98,9 +98,6 @@ type tcpLink struct {
 // when they did not move it: the stream carries it then.
 type sidePath interface {
 	inlineMax() uint64
-	// peerPid is the peer's process, whose staging ring offers are mapped
-	// through /proc/<pid>/fd.
-	peerPid() int
 	// ringable reports whether op's payload should move through the
 	// shared staging ring (ring.go): device memory at either end.
 	ringable(op *Op) bool
@@ -110,8 +107,10 @@ type sidePath interface {
 	// put+signals (ipc_events.go).
 	events() *linkEvents
 	// attachStream maps the shared-memory stream the peer offered on one
-	// of its lanes (wire.MsgStream), or says why not.
+	// of its lanes (wire.MsgStream), or says why not; attachRing maps the
+	// staging ring it offered (wire.MsgRing) into rx.
 	attachStream(h *wire.Header) (shmIn, error)
+	attachRing(rx *staging.Receiver, h *wire.Header) error
 }
 
 // laneSide is what a side path does for one of our lanes (the intra-node
