@@ -56,7 +56,7 @@ func newIntraLink(p *peer, outs, ins []*net.TCPConn, pid int) *intraLink {
 	x.mapOn.Store(true)
 	x.side = x
 	for _, l := range x.lanes {
-		l.ix = x.newLaneSide(l)
+		l.ix = &intraLane{x: x, l: l, p: p}
 	}
 	return x
 }
@@ -122,7 +122,7 @@ func (x *intraLink) ringable(op *Op) bool {
 }
 
 // put writes op's payload into the peer; sideNo means "use TCP".
-func (x *intraLink) put(l *lane, op *Op) sideMove {
+func (x *intraLink) put(l *intraLane, op *Op) sideMove {
 	if op.Mapped != 0 {
 		if mv := x.viaMapping(l, op, true); mv != sideNo {
 			return mv
@@ -144,7 +144,7 @@ func (x *intraLink) put(l *lane, op *Op) sideMove {
 }
 
 // get reads op's bytes from the peer; sideNo means "use TCP".
-func (x *intraLink) get(l *lane, op *Op) sideMove {
+func (x *intraLink) get(l *intraLane, op *Op) sideMove {
 	if op.Mapped != 0 {
 		if mv := x.viaMapping(l, op, false); mv != sideNo {
 			return mv
@@ -183,7 +183,7 @@ func (x *intraLink) self() bool { return x.pid == os.Getpid() && x.p.rank == x.p
 // round trip through our own socket and both ends' staging: the target
 // registration is ours. sideNo (nothing moved): not such an operation, or
 // a range or copy the TCP path must refuse and report.
-func (x *intraLink) selfDevice(l *lane, op *Op, put bool) sideMove {
+func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) sideMove {
 	if op.Size == 0 || (op.LocalCtx == 0 && op.Remote != 0) {
 		return sideNo // host memory at both ends: the paths above
 	}
@@ -202,7 +202,7 @@ func (x *intraLink) selfDevice(l *lane, op *Op, put bool) sideMove {
 	if ctx == op.LocalCtx && x.selfQueue(op, put, uintptr(reg)) {
 		return sideQueued
 	}
-	l.settle()
+	l.l.settle()
 	var err error
 	if put {
 		err = staging.CopyLocal(ctx, reg, op.LocalCtx, op.Local, op.Size, x.p.m.stageChunk)
@@ -277,7 +277,7 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 // after the copies the batch queued before it. A failed copy turns the
 // path off for this peer and the TCP path takes the operation (the same
 // bytes again, so a partial copy does no harm).
-func (x *intraLink) viaMapping(l *lane, op *Op, put bool) sideMove {
+func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) sideMove {
 	if op.Size == 0 || !x.mapOn.Load() {
 		return sideNo
 	}
@@ -286,7 +286,7 @@ func (x *intraLink) viaMapping(l *lane, op *Op, put bool) sideMove {
 			x.mappedOnce()
 			return sideQueued // the target orders its signal by our event
 		}
-		queued, err := l.gather.AddCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
+		queued, err := l.l.addCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
 		if err != nil {
 			return x.mapFailed(op, err)
 		}
@@ -295,7 +295,7 @@ func (x *intraLink) viaMapping(l *lane, op *Op, put bool) sideMove {
 			return sideGathered
 		}
 	}
-	l.settle()
+	l.l.settle()
 	ctx := op.LocalCtx
 	if ctx == 0 {
 		ctx = op.MapCtx
@@ -341,7 +341,7 @@ var selfWarn logx.Limited
 
 // vm copies with the kernel, using the lane's iovec scratch (the caller
 // owns the lane's stream).
-func (x *intraLink) vm(l *lane, op *Op, write bool) bool {
+func (x *intraLink) vm(l *intraLane, op *Op, write bool) bool {
 	done := uint64(0)
 	for done < op.Size {
 		l.liov[0].Base = (*byte)(unsafe.Add(op.Local, done))

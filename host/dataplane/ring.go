@@ -3,6 +3,8 @@ package dataplane
 import (
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
@@ -30,15 +32,22 @@ const (
 )
 
 // intraLane is the intra-node side of one of our lanes (laneSide): its
-// staging ring and its shared-memory stream (stream.go).
+// payloads moved beside the stream (intranode.go), its staging ring and
+// its shared-memory stream (stream.go). It reaches the lane only through
+// laneIO.
 type intraLane struct {
-	l *lane
+	x *intraLink
+	l laneIO
+	p *peer
 	laneRing
 	laneShm
+	liov [1]unix.Iovec       // scratch for process_vm_writev/readv
+	riov [1]unix.RemoteIovec // (vm)
 }
 
-// newLaneSide makes lane l's intra-node side.
-func (x *intraLink) newLaneSide(l *lane) laneSide { return &intraLane{l: l} }
+// put and get move op's payload beside the stream (intraLink.put, get).
+func (x *intraLane) put(op *Op) sideMove { return x.x.put(x, op) }
+func (x *intraLane) get(op *Op) sideMove { return x.x.get(x, op) }
 
 // release frees the lane's ring and shared-memory stream once its
 // goroutines ended.
@@ -69,12 +78,12 @@ func (x *intraLane) ringReady() (bool, error) {
 		return false, nil
 	}
 	x.ringState = ringOff
-	if x.l.p.m.noIntraRing {
+	if x.p.m.noIntraRing {
 		return false, nil
 	}
-	r, err := staging.NewRing(staging.RingSlots, x.l.p.m.stageChunk)
+	r, err := staging.NewRing(staging.RingSlots, x.p.m.stageChunk)
 	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no staging ring (%v); device payloads ride the TCP lanes", x.l.p.rank, err)
+		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no staging ring (%v); device payloads ride the TCP lanes", x.p.rank, err)
 		return false, nil
 	}
 	x.ring.Store(r)
@@ -90,7 +99,7 @@ func (x *intraLane) ringReady() (bool, error) {
 	}
 	x.ringState = ringOn
 	logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d, lane %d: device payloads through a shared staging ring (%d slots of %d KiB)",
-		x.l.p.rank, x.l.idx, r.Slots(), r.Chunk()>>10)
+		x.p.rank, x.l.index(), r.Slots(), r.Chunk()>>10)
 	return true, nil
 }
 

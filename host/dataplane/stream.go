@@ -58,12 +58,12 @@ func (x *intraLane) streamOn() bool {
 		return false
 	}
 	x.sState = ringOff
-	if x.l.t.side == nil || x.l.p.m.noIntraStream || x.l.orc == nil {
+	if x.p.m.noIntraStream || !x.l.raw() {
 		return false
 	}
 	s, err := newStreamRing(StreamRingSize)
 	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no shared-memory stream (%v); requests ride the socket", x.l.p.rank, err)
+		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no shared-memory stream (%v); requests ride the socket", x.p.rank, err)
 		return false
 	}
 	x.sring.Store(s)
@@ -81,7 +81,7 @@ func (x *intraLane) streamOn() bool {
 	x.sOn.Store(true)
 	x.bellFn = x.bellFD
 	logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d, lane %d: requests through a shared-memory stream (%d KiB)",
-		x.l.p.rank, x.l.idx, size>>10)
+		x.p.rank, x.l.index(), size>>10)
 	return true
 }
 
@@ -102,7 +102,7 @@ func (x *intraLane) writeStream(iov [][]byte) error {
 // reader from its sleep in the netpoller. A full socket already wakes it.
 func (x *intraLane) Ring() {
 	x.bells.Add(1)
-	if err := x.l.orc.Control(x.bellFn); err != nil {
+	if err := x.l.control(x.bellFn); err != nil {
 		return // closed: the reader meets the end instead
 	}
 }

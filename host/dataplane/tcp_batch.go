@@ -71,7 +71,7 @@ func (l *lane) await(b *batchOut) {
 // reached is false when op never left (the batch stops before it); err
 // stops the batch after it.
 func (l *lane) writeOp(b *batchOut, i int, op *Op) (reached bool, err error) {
-	if l.t.side != nil && l.sideOp(b, i, op) {
+	if l.ix != nil && l.sideOp(b, i, op) {
 		return true, nil
 	}
 	ringed := false
@@ -114,13 +114,12 @@ func (l *lane) writeOp(b *batchOut, i int, op *Op) (reached bool, err error) {
 // gathered copy); otherwise the stream carries op, the signal (or the
 // number that landed) alone when the side path moved its payload.
 func (l *lane) sideOp(b *batchOut, i int, op *Op) bool {
-	side := l.t.side
 	var mv sideMove
 	switch op.Msg {
 	case wire.MsgPut, wire.MsgPutSignal:
-		mv = side.put(l, op)
+		mv = l.ix.put(op)
 	case wire.MsgGet:
-		mv = side.get(l, op)
+		mv = l.ix.get(op)
 	}
 	switch {
 	case mv == sideNo:

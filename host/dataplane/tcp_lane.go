@@ -101,8 +101,6 @@ type sidePath interface {
 	// ringable reports whether op's payload should move through the
 	// shared staging ring (ring.go): device memory at either end.
 	ringable(op *Op) bool
-	put(l *lane, op *Op) sideMove
-	get(l *lane, op *Op) sideMove
 	// events are the interprocess events that order the peer's mapped
 	// put+signals (ipc_events.go).
 	events() *linkEvents
@@ -113,11 +111,36 @@ type sidePath interface {
 	attachRing(rx *staging.Receiver, h *wire.Header) error
 }
 
+// laneIO is what a lane offers its side (laneSide): writes on its
+// stream, its liveness, and the device copies its batch gathers.
+type laneIO interface {
+	// writeIov writes iov on the lane's stream (the shared-memory one
+	// once on); writeSocket on its socket.
+	writeIov(iov [][]byte) error
+	writeSocket(iov [][]byte) error
+	// raw reports that the socket's RawConn is at hand; control runs fn
+	// on its descriptor (a bell).
+	raw() bool
+	control(fn func(fd uintptr)) error
+	// Gone reports the peer dead or the lane down.
+	Gone() bool
+	// index is the lane's number.
+	index() int
+	// settle waits for the copies the batch gathered so far; addCopy
+	// gathers one (staging.Gather.AddCopy).
+	settle()
+	addCopy(ctx, dst, src uintptr, n uint64) (bool, error)
+}
+
 // laneSide is what a side path does for one of our lanes (the intra-node
 // transport's intraLane): a staging ring for device payloads beside the
 // stream, and a shared-memory stream in place of the socket. Only whoever
 // holds writing calls it, but for streamLive, refusals and release.
 type laneSide interface {
+	// put and get move op's payload beside the stream, or report sideNo
+	// (the stream carries it).
+	put(op *Op) sideMove
+	get(op *Op) sideMove
 	// ringOff reports that the ring is refused, disabled or failed.
 	ringOff() bool
 	// ringReady reports whether the lane's put goes through the ring,
@@ -408,8 +431,6 @@ type lane struct {
 	ackHdr [abi.MaxLanes + 1][wire.HeaderSize]byte // piggybacked acks (wire.MsgAck), and an ask
 	askAck atomic.Bool                             // the next batch asks the peer for its acks now (askAcks)
 	askAt  atomic.Int64                            // when flush asks, if acks are still owed then (Now(); 0: no flush waits)
-	liov   [1]unix.Iovec                           // scratch for the side path
-	riov   [1]unix.RemoteIovec                     // (process_vm_writev/readv)
 	enc    codec.Encoder                           // wire compression (host/codec)
 	gather staging.Gather                          // small device payloads of the batch, copied asynchronously
 	// writeIov's raw writev: the stream's RawConn, the iovecs, the count

@@ -140,3 +140,11 @@ func (l *lane) streamWriter() io.Writer {
 
 // Gone is the staging ring's liveness check of a sending lane.
 func (l *lane) Gone() bool { return l.p.dead.Load() || l.isDown() }
+
+// raw, control, index and addCopy are the lane's laneIO for its side.
+func (l *lane) raw() bool                         { return l.orc != nil }
+func (l *lane) control(fn func(fd uintptr)) error { return l.orc.Control(fn) }
+func (l *lane) index() int                        { return l.idx }
+func (l *lane) addCopy(ctx, dst, src uintptr, n uint64) (bool, error) {
+	return l.gather.AddCopy(ctx, dst, src, n)
+}
