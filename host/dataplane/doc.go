@@ -29,12 +29,26 @@
 //   - peer.go: lanes, sequence numbers and striping; completions, failures.
 //   - order.go: a put landed, its signal resolved and ordered
 //     (host/seqorder keeps signals strong).
-//   - tcp_lane.go: a TCP lane's queue, batch writer and reply reader
-//     (its FIFOs are host/ring's).
+//   - tcp_lane.go: the TCP link and its lanes (its FIFOs are host/ring's),
+//     and the side path interfaces (sidePath, laneSide) the intra-node
+//     transport answers.
+//   - tcp_queue.go: a lane's queue and timers, and who holds its stream.
+//   - tcp_batch.go: the batch writer, one operation at a time.
+//   - tcp_acks.go: the acks we owe and carry, the asks for the peer's,
+//     the liveness backstop, and the FIFO of our puts they complete.
+//   - tcp_rawio.go: a lane's raw writes (writev, the shared-memory
+//     stream) and its device payloads gathered.
+//   - tcp_replies.go: the gets a lane awaits and its reply reader.
+//   - tcp_state.go: a TCP link's stall report and counters.
 //   - intranode.go: process_vm_writev/readv to a peer on this host.
-//   - ring.go: the lanes' side of the intra-node staging ring.
+//   - ring.go: a lane's intra-node side (intraLane) and its staging ring.
 //   - stream.go: intra-node request streams through shared-memory rings
-//     (host/shmstream), switched to in-band.
+//     (host/shmstream), switched to in-band: the lane's writer and the
+//     mapping of the peer's offer (sidePath.attachStream).
+//   - tcp_caller.go: an incoming stream's reader, served by the caller's
+//     thread or the service, from the socket or a shared-memory stream.
+//   - ipc_events.go: interprocess events of mapped put+signals, and the
+//     IPC exchange host/plugin's share.go makes with them.
 //   - fabric_link.go: libfabric writes, reads and signals to one peer.
 //   - fabric_dev.go: device memory staged over TCP beside a fabric link.
 //

@@ -12,3 +12,6 @@ func (m *Mesh) Parts(kind uint8, size uint64) int { return m.parts(kind, size, 0
 func (m *Mesh) PeerParts(peer int, kind uint8, size uint64) int {
 	return m.OpParts(peer, &Op{Msg: kind, Size: size})
 }
+
+// intra is an intra-node lane's side (ring.go, stream.go).
+func (l *lane) intra() *intraLane { return l.ix.(*intraLane) }

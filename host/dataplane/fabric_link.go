@@ -692,6 +692,14 @@ func (f *fabricLink) flush() {
 // lanes are left.
 func (f *fabricLink) turn() { f.tcpLink.turn() }
 
+// addStats counts the peer as a fabric peer, and the acknowledgements of
+// the TCP lanes beside its endpoint (compression is counted for plain TCP
+// links only).
+func (f *fabricLink) addStats(st *Stats) {
+	st.FabricPeers++
+	f.tcpLink.addAcks(st)
+}
+
 func (f *fabricLink) idle() bool {
 	return f.inflight.Load() == 0 && f.backlog.Load() == 0 && f.tcpLink.idle()
 }

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync/atomic"
@@ -54,6 +55,9 @@ func newIntraLink(p *peer, outs, ins []*net.TCPConn, pid int) *intraLink {
 	x.on.Store(true)
 	x.mapOn.Store(true)
 	x.side = x
+	for _, l := range x.lanes {
+		l.ix = &intraLane{x: x, l: l, p: p}
+	}
 	return x
 }
 
@@ -70,7 +74,31 @@ func (x *intraLink) props() Props {
 	return pr
 }
 
+// peerPid is the peer's process, whose staging ring and stream offers are
+// mapped through /proc/<pid>/fd.
 func (x *intraLink) peerPid() int { return x.pid }
+
+// events are the link's interprocess events (ipc_events.go).
+func (x *intraLink) events() *linkEvents { return &x.evs }
+
+// writeState: the mapped device memory path, when it moved something or
+// was turned off, then the TCP lanes under it.
+func (x *intraLink) writeState(w io.Writer) {
+	if x.mapped.Load() > 0 || !x.mapOn.Load() {
+		fmt.Fprintf(w, "    mapped device memory: %d operations, usable=%v\n", x.mapped.Load(), x.mapOn.Load())
+	}
+	x.tcpLink.writeState(w)
+}
+
+// addStats counts the peer as an intra-node peer while the single-copy
+// path is enabled for it, and its lanes' acknowledgements (compression is
+// counted for plain TCP links only).
+func (x *intraLink) addStats(st *Stats) {
+	if x.props().Name == nameIntraNode {
+		st.IntraNodePeers++
+	}
+	x.tcpLink.addAcks(st)
+}
 
 func (x *intraLink) inlineMax() uint64 {
 	if x.on.Load() {
@@ -94,7 +122,7 @@ func (x *intraLink) ringable(op *Op) bool {
 }
 
 // put writes op's payload into the peer; sideNo means "use TCP".
-func (x *intraLink) put(l *lane, op *Op) sideMove {
+func (x *intraLink) put(l *intraLane, op *Op) sideMove {
 	if op.Mapped != 0 {
 		if mv := x.viaMapping(l, op, true); mv != sideNo {
 			return mv
@@ -116,7 +144,7 @@ func (x *intraLink) put(l *lane, op *Op) sideMove {
 }
 
 // get reads op's bytes from the peer; sideNo means "use TCP".
-func (x *intraLink) get(l *lane, op *Op) sideMove {
+func (x *intraLink) get(l *intraLane, op *Op) sideMove {
 	if op.Mapped != 0 {
 		if mv := x.viaMapping(l, op, false); mv != sideNo {
 			return mv
@@ -155,7 +183,7 @@ func (x *intraLink) self() bool { return x.pid == os.Getpid() && x.p.rank == x.p
 // round trip through our own socket and both ends' staging: the target
 // registration is ours. sideNo (nothing moved): not such an operation, or
 // a range or copy the TCP path must refuse and report.
-func (x *intraLink) selfDevice(l *lane, op *Op, put bool) sideMove {
+func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) sideMove {
 	if op.Size == 0 || (op.LocalCtx == 0 && op.Remote != 0) {
 		return sideNo // host memory at both ends: the paths above
 	}
@@ -174,7 +202,7 @@ func (x *intraLink) selfDevice(l *lane, op *Op, put bool) sideMove {
 	if ctx == op.LocalCtx && x.selfQueue(op, put, uintptr(reg)) {
 		return sideQueued
 	}
-	l.settle()
+	l.l.settle()
 	var err error
 	if put {
 		err = staging.CopyLocal(ctx, reg, op.LocalCtx, op.Local, op.Size, x.p.m.stageChunk)
@@ -249,7 +277,7 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 // after the copies the batch queued before it. A failed copy turns the
 // path off for this peer and the TCP path takes the operation (the same
 // bytes again, so a partial copy does no harm).
-func (x *intraLink) viaMapping(l *lane, op *Op, put bool) sideMove {
+func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) sideMove {
 	if op.Size == 0 || !x.mapOn.Load() {
 		return sideNo
 	}
@@ -258,7 +286,7 @@ func (x *intraLink) viaMapping(l *lane, op *Op, put bool) sideMove {
 			x.mappedOnce()
 			return sideQueued // the target orders its signal by our event
 		}
-		queued, err := l.gather.AddCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
+		queued, err := l.l.addCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
 		if err != nil {
 			return x.mapFailed(op, err)
 		}
@@ -267,7 +295,7 @@ func (x *intraLink) viaMapping(l *lane, op *Op, put bool) sideMove {
 			return sideGathered
 		}
 	}
-	l.settle()
+	l.l.settle()
 	ctx := op.LocalCtx
 	if ctx == 0 {
 		ctx = op.MapCtx
@@ -313,7 +341,7 @@ var selfWarn logx.Limited
 
 // vm copies with the kernel, using the lane's iovec scratch (the caller
 // owns the lane's stream).
-func (x *intraLink) vm(l *lane, op *Op, write bool) bool {
+func (x *intraLink) vm(l *intraLane, op *Op, write bool) bool {
 	done := uint64(0)
 	for done < op.Size {
 		l.liov[0].Base = (*byte)(unsafe.Add(op.Local, done))

@@ -50,25 +50,50 @@ type linkEvents struct {
 
 var errNoIntra = errors.New("not a peer on this host's intra-node path")
 
-func (m *Mesh) intra(rank int) (*intraLink, error) {
+// IPC is the intra-node side's exchange with the other processes of this
+// host (host/plugin's share.go): which peer a process is, and the
+// interprocess events of mapped put+signals. It answers for the peers the
+// intra-node path carries; for any other, as for a peer it does not know.
+type IPC struct{ m *Mesh }
+
+// IPC returns the mesh's intra-node exchange.
+func (m *Mesh) IPC() IPC { return IPC{m} }
+
+// ipcPeer is what the exchange needs of an intra-node link.
+type ipcPeer interface {
+	peerPid() int
+	events() *linkEvents
+}
+
+func (c IPC) intra(rank int) (ipcPeer, error) {
+	m := c.m
 	if rank < 0 || rank >= len(m.peers) || rank == m.rank {
 		return nil, errNoIntra
 	}
-	x, ok := m.peers[rank].t.(*intraLink)
+	x, ok := m.peers[rank].t.(ipcPeer)
 	if !ok {
 		return nil, errNoIntra
 	}
 	return x, nil
 }
 
+// Pid is the pid of rank's process when the intra-node path carries
+// its operations (another process of this host), else 0.
+func (c IPC) Pid(rank int) int {
+	if x, err := c.intra(rank); err == nil {
+		return x.peerPid()
+	}
+	return 0
+}
+
 // MakeEvents makes, once, the events our mapped put+signals to rank
 // record (in ctx) and returns their handles.
-func (m *Mesh) MakeEvents(rank int, ctx uintptr) ([][64]byte, error) {
-	x, err := m.intra(rank)
+func (c IPC) MakeEvents(rank int, ctx uintptr) ([][64]byte, error) {
+	x, err := c.intra(rank)
 	if err != nil {
 		return nil, err
 	}
-	e := &x.evs
+	e := x.events()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -97,36 +122,38 @@ func (m *Mesh) MakeEvents(rank int, ctx uintptr) ([][64]byte, error) {
 
 // EventHandles returns the handles of the events MakeEvents made for
 // rank, or nil.
-func (m *Mesh) EventHandles(rank int) [][64]byte {
-	x, err := m.intra(rank)
+func (c IPC) EventHandles(rank int) [][64]byte {
+	x, err := c.intra(rank)
 	if err != nil {
 		return nil
 	}
-	x.evs.mu.Lock()
-	defer x.evs.mu.Unlock()
-	return x.evs.handles
+	e := x.events()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.handles
 }
 
 // SetEventsReady records that rank opened our events: our mapped
 // put+signals to it may use them from now on.
-func (m *Mesh) SetEventsReady(rank int) {
-	if x, err := m.intra(rank); err == nil {
-		x.evs.mu.Lock()
-		x.evs.ready.Store(x.evs.own != nil && !x.evs.closed)
-		x.evs.mu.Unlock()
+func (c IPC) SetEventsReady(rank int) {
+	if x, err := c.intra(rank); err == nil {
+		e := x.events()
+		e.mu.Lock()
+		e.ready.Store(e.own != nil && !e.closed)
+		e.mu.Unlock()
 	}
 }
 
 // EventsReady reports whether rank opened our events.
-func (m *Mesh) EventsReady(rank int) bool {
-	x, err := m.intra(rank)
-	return err == nil && x.evs.ready.Load()
+func (c IPC) EventsReady(rank int) bool {
+	x, err := c.intra(rank)
+	return err == nil && x.events().ready.Load()
 }
 
 // OpenPeerEvents opens rank's event handles in ctx, once: the events its
 // mapped put+signals to us record.
-func (m *Mesh) OpenPeerEvents(rank int, ctx uintptr, handles [][64]byte) error {
-	x, err := m.intra(rank)
+func (c IPC) OpenPeerEvents(rank int, ctx uintptr, handles [][64]byte) error {
+	x, err := c.intra(rank)
 	if err != nil {
 		return err
 	}
@@ -137,7 +164,7 @@ func (m *Mesh) OpenPeerEvents(rank int, ctx uintptr, handles [][64]byte) error {
 	if !ok {
 		return devmem.ErrUnsupported
 	}
-	e := &x.evs
+	e := x.events()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {

@@ -343,15 +343,6 @@ func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self wire.HandleInfo,
 	return newTCPLink(p, outs, ins), nil
 }
 
-// IntraPid is the pid of rank's process when the intra-node path carries
-// its operations (another process of this host), else 0.
-func (m *Mesh) IntraPid(rank int) int {
-	if x, err := m.intra(rank); err == nil {
-		return x.pid
-	}
-	return 0
-}
-
 // Stats is what a mesh reports of itself: its transports and what they
 // moved.
 type Stats struct {
@@ -369,7 +360,7 @@ type Stats struct {
 	// "Acknowledgements ride the reverse lanes"), or written alone.
 	AcksCarried, AcksAlone uint64
 	// BackstopAsks counts the liveness backstop's asks for acks that
-	// waited too long (tcp_lane.go, backstop), and AcksRescued the asks
+	// waited too long (tcp_acks.go, backstop), and AcksRescued the asks
 	// an ack answered: each is an ack the normal path failed to deliver
 	// in time.
 	BackstopAsks, AcksRescued uint64
@@ -379,18 +370,11 @@ type Stats struct {
 func (m *Mesh) Stats() Stats {
 	st := Stats{FabricRails: m.railNames(), RailBytes: m.railBytes()}
 	for _, p := range m.peers {
-		switch p.t.props().Name {
-		case nameFabric:
-			st.FabricPeers++
-		case nameIntraNode:
-			st.IntraNodePeers++
-		}
+		p.t.addStats(&st)
 	}
 	if m.fab != nil {
 		st.FabricProvider = m.fab.Info.Provider
 	}
-	st.CompressedRaw, st.CompressedWire = m.compression()
-	st.AcksCarried, st.AcksAlone, st.BackstopAsks, st.AcksRescued = m.acks()
 	return st
 }
 

@@ -319,3 +319,6 @@ func (p *peer) byeGone() {
 
 // idle reports whether every operation posted so far completed (puts arrived).
 func (p *peer) idle() bool { return p.dead.Load() || p.t.idle() }
+
+// Gone is the staging ring's liveness check of a peer's services.
+func (p *peer) Gone() bool { return p.dead.Load() }

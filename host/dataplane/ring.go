@@ -1,9 +1,9 @@
 package dataplane
 
 import (
-	"errors"
-	"fmt"
-	"net"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
@@ -31,70 +31,103 @@ const (
 	ringOff            // refused, disabled or failed: the stream carries it
 )
 
+// intraLane is the intra-node side of one of our lanes (laneSide): its
+// payloads moved beside the stream (intranode.go), its staging ring and
+// its shared-memory stream (stream.go). It reaches the lane only through
+// laneIO.
+type intraLane struct {
+	x *intraLink
+	l laneIO
+	p *peer
+	laneRing
+	laneShm
+	liov [1]unix.Iovec       // scratch for process_vm_writev/readv
+	riov [1]unix.RemoteIovec // (vm)
+}
+
+// put and get move op's payload beside the stream (intraLink.put, get).
+func (x *intraLane) put(op *Op) sideMove { return x.x.put(x, op) }
+func (x *intraLane) get(op *Op) sideMove { return x.x.get(x, op) }
+
+// release frees the lane's ring and shared-memory stream once its
+// goroutines ended.
+func (x *intraLane) release() {
+	x.releaseRing()
+	x.releaseStream()
+}
+
+// laneRing is a lane's side of the intra-node staging ring: state and
+// fill count owned by whoever holds writing; the mapping is read by
+// replies too.
+type laneRing struct {
+	ringState  int
+	ringFilled uint32
+	ring       atomic.Pointer[staging.Ring]
+	ringNo     atomic.Bool // the target refused the ring
+}
+
 // ringReady reports whether this lane's put goes through the staging ring,
 // offering one to the target on the first call and waiting for its answer
 // (the ring's attached word, or wire.MsgRingNo on the reply stream). Called by
 // whoever holds the stream, after what was gathered before was written.
-func (l *lane) ringReady() (bool, error) {
-	switch l.ringState {
+func (x *intraLane) ringReady() (bool, error) {
+	switch x.ringState {
 	case ringOn:
 		return true, nil
 	case ringOff:
 		return false, nil
 	}
-	l.ringState = ringOff
-	if l.p.m.noIntraRing {
+	x.ringState = ringOff
+	if x.p.m.noIntraRing {
 		return false, nil
 	}
-	r, err := staging.NewRing(staging.RingSlots, l.p.m.stageChunk)
+	r, err := staging.NewRing(staging.RingSlots, x.p.m.stageChunk)
 	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no staging ring (%v); device payloads ride the TCP lanes", l.p.rank, err)
+		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no staging ring (%v); device payloads ride the TCP lanes", x.p.rank, err)
 		return false, nil
 	}
-	l.ring.Store(r)
+	x.ring.Store(r)
 	o := r.Offer()
 	h := wire.Header{Typ: wire.MsgRing, Off: o.FD, Size: o.Size, Context: o.Slots, SigValue: o.Chunk}
 	var hb [wire.HeaderSize]byte
 	h.Encode(hb[:])
-	if err := l.writeIov([][]byte{hb[:]}); err != nil {
+	if err := x.l.writeIov([][]byte{hb[:]}); err != nil {
 		return false, err
 	}
-	if on, err := r.AwaitAttach(l.ringNo.Load, l.Gone); !on {
+	if on, err := r.AwaitAttach(x.ringNo.Load, x.l.Gone); !on {
 		return false, err
 	}
-	l.ringState = ringOn
+	x.ringState = ringOn
 	logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d, lane %d: device payloads through a shared staging ring (%d slots of %d KiB)",
-		l.p.rank, l.idx, r.Slots(), r.Chunk()>>10)
+		x.p.rank, x.l.index(), r.Slots(), r.Chunk()>>10)
 	return true, nil
 }
 
+// ringOff reports that the ring is refused, disabled or failed: the
+// stream carries the lane's device payloads.
+func (x *intraLane) ringOff() bool { return x.ringState == ringOff }
+
 // ringRefused is the reply stream's wire.MsgRingNo: wake the offer's wait.
-func (l *lane) ringRefused() {
-	l.ringNo.Store(true)
-	if r := l.ring.Load(); r != nil {
+func (x *intraLane) ringRefused() {
+	x.ringNo.Store(true)
+	if r := x.ring.Load(); r != nil {
 		r.WakeAttach()
 	}
 }
 
 // ringSend moves op's payload through the ring; its header (wire.StatusRing) is
 // on the stream already.
-func (l *lane) ringSend(op *Op) error {
-	k, err := l.ring.Load().Send(l.ringFilled, op.LocalCtx, op.Local, op.Size, l)
+func (x *intraLane) ringSend(op *Op) error {
+	k, err := x.ring.Load().Send(x.ringFilled, op.LocalCtx, op.Local, op.Size, x.l)
 	if err == nil {
-		l.ringFilled = k
+		x.ringFilled = k
 	}
 	return err
 }
 
-// Gone is the staging ring's liveness check of a sending lane.
-func (l *lane) Gone() bool { return l.p.dead.Load() || l.isDown() }
-
-// Gone is the staging ring's liveness check of a peer's services.
-func (p *peer) Gone() bool { return p.dead.Load() }
-
 // releaseRing frees the lane's ring once its goroutines ended.
-func (l *lane) releaseRing() {
-	if r := l.ring.Swap(nil); r != nil {
+func (x *intraLane) releaseRing() {
+	if r := x.ring.Swap(nil); r != nil {
 		r.Close()
 	}
 }
@@ -102,25 +135,11 @@ func (l *lane) releaseRing() {
 // attachHook, when set (tests), refuses every ring offer with its error.
 var attachHook func() error
 
-// attachRing answers the sender's offer: map the ring and say so in it, or
-// refuse on the reply stream (the sender then uses the stream).
-func (t *tcpLink) attachRing(in *net.TCPConn, rx *staging.Receiver, h *wire.Header, resp []byte) error {
-	p := t.p
-	if rx.Attached() {
-		return fmt.Errorf("protocol error: rank %d offered a second staging ring on one stream", p.rank)
+// attachRing maps the staging ring the peer offered on one of its lanes
+// (sidePath) into rx.
+func (x *intraLink) attachRing(rx *staging.Receiver, h *wire.Header) error {
+	if attachHook != nil {
+		return attachHook()
 	}
-	var err error
-	switch {
-	case t.side == nil:
-		err = errors.New("not an intra-node link")
-	case attachHook != nil:
-		err = attachHook()
-	default:
-		err = rx.Attach(t.side.peerPid(), staging.Offer{FD: h.Off, Size: h.Size, Slots: h.Context, Chunk: h.SigValue})
-	}
-	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's intra-node staging ring (%v); its device payloads ride the TCP lanes", p.rank, err)
-		return t.reply(in, wire.MsgRingNo, h, abi.InternalError, nil, resp)
-	}
-	return nil
+	return rx.Attach(x.peerPid(), staging.Offer{FD: h.Off, Size: h.Size, Slots: h.Context, Chunk: h.SigValue})
 }

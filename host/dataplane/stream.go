@@ -1,15 +1,10 @@
 package dataplane
 
 import (
-	"errors"
 	"fmt"
 	"io"
-	"net"
-	"os"
-	"runtime"
 	"sync/atomic"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -17,7 +12,6 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -41,67 +35,79 @@ import (
 // payloads through the staging ring).
 const StreamRingSize = 256 << 10
 
+// laneShm is a lane's side of the intra-node shared-memory stream: state
+// owned by whoever holds writing; the mapping is released with the lane.
+type laneShm struct {
+	sState int
+	sring  atomic.Pointer[shmstream.Ring]
+	sNo    atomic.Bool // the target refused the stream
+	sOn    atomic.Bool // sState is ringOn, for those who do not hold writing
+	bellFn func(fd uintptr)
+	sbuf   [1][]byte     // laneStream's iovec
+	bells  atomic.Uint64 // bells rung (tests and the stall report)
+}
+
 // streamOn reports whether this lane writes its requests into a shared
 // ring, offering one on the first call: to a peer on this host, where the
 // mesh allows it. Called by whoever holds writing, before its write.
-func (l *lane) streamOn() bool {
-	switch l.sState {
+func (x *intraLane) streamOn() bool {
+	switch x.sState {
 	case ringOn:
 		return true
 	case ringOff:
 		return false
 	}
-	l.sState = ringOff
-	if l.t.side == nil || l.p.m.noIntraStream || l.orc == nil {
+	x.sState = ringOff
+	if x.p.m.noIntraStream || !x.l.raw() {
 		return false
 	}
 	s, err := newStreamRing(StreamRingSize)
 	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no shared-memory stream (%v); requests ride the socket", l.p.rank, err)
+		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no shared-memory stream (%v); requests ride the socket", x.p.rank, err)
 		return false
 	}
-	l.sring.Store(s)
+	x.sring.Store(s)
 	fd, size := s.Offer()
 	h := wire.Header{Typ: wire.MsgStream, Off: fd, Size: size}
 	var hb [wire.HeaderSize]byte
 	h.Encode(hb[:])
-	if err := l.writeSocket([][]byte{hb[:]}); err != nil {
+	if err := x.l.writeSocket([][]byte{hb[:]}); err != nil {
 		return false // the lane fails at its next write, as it would have
 	}
-	if on, _ := s.AwaitAttach(l.sNo.Load, l); !on {
+	if on, _ := s.AwaitAttach(x.sNo.Load, x.l); !on {
 		return false
 	}
-	l.sState = ringOn
-	l.sOn.Store(true)
-	l.bellFn = l.bellFD
+	x.sState = ringOn
+	x.sOn.Store(true)
+	x.bellFn = x.bellFD
 	logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d, lane %d: requests through a shared-memory stream (%d KiB)",
-		l.p.rank, l.idx, size>>10)
+		x.p.rank, x.l.index(), size>>10)
 	return true
 }
 
 // streamRefused is the reply stream's wire.MsgStreamNo: wake the offer's wait.
-func (l *lane) streamRefused() {
-	l.sNo.Store(true)
-	if s := l.sring.Load(); s != nil {
+func (x *intraLane) streamRefused() {
+	x.sNo.Store(true)
+	if s := x.sring.Load(); s != nil {
 		s.WakeAttach()
 	}
 }
 
 // writeStream writes iov into the lane's shared ring.
-func (l *lane) writeStream(iov [][]byte) error {
-	return l.sring.Load().Write(iov, l, l)
+func (x *intraLane) writeStream(iov [][]byte) error {
+	return x.sring.Load().Write(iov, x, x.l)
 }
 
 // Ring is the stream's bell: one byte on the socket wakes the target's
 // reader from its sleep in the netpoller. A full socket already wakes it.
-func (l *lane) Ring() {
-	l.bells.Add(1)
-	if err := l.orc.Control(l.bellFn); err != nil {
+func (x *intraLane) Ring() {
+	x.bells.Add(1)
+	if err := x.l.control(x.bellFn); err != nil {
 		return // closed: the reader meets the end instead
 	}
 }
 
-func (l *lane) bellFD(fd uintptr) {
+func (x *intraLane) bellFD(fd uintptr) {
 	b := [1]byte{0xdb}
 	for {
 		_, _, e := syscall.RawSyscall(unix.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), 1)
@@ -112,22 +118,36 @@ func (l *lane) bellFD(fd uintptr) {
 }
 
 // streamWriter is what staging writes a device payload to: the ring's
-// writer when the lane has one, else the socket.
-func (l *lane) streamWriter() io.Writer {
-	if l.sState == ringOn {
-		return (*laneStream)(l)
+// writer when the lane has one, else nil (the socket).
+func (x *intraLane) streamWriter() io.Writer {
+	if x.sState == ringOn {
+		return (*laneStream)(x)
 	}
-	return l.out
+	return nil
+}
+
+// streamLive reports that the lane writes a shared-memory stream, for
+// those who do not hold writing.
+func (x *intraLane) streamLive() bool { return x.sOn.Load() }
+
+// shmState is the stall report's words on the lane's shared-memory
+// stream: where its writer and reader are, and the bells rung.
+func (x *intraLane) shmState() string {
+	if s := x.sring.Load(); s != nil {
+		tail, read, sleeping, waiting := s.State()
+		return fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v bells %d}", tail, read, sleeping, waiting, x.bells.Load())
+	}
+	return ""
 }
 
 // laneStream is a lane's shared ring as an io.Writer.
-type laneStream lane
+type laneStream intraLane
 
 func (s *laneStream) Write(b []byte) (int, error) {
-	l := (*lane)(s)
-	l.sbuf[0] = b
-	err := l.writeStream(l.sbuf[:])
-	l.sbuf[0] = nil
+	x := (*intraLane)(s)
+	x.sbuf[0] = b
+	err := x.writeStream(x.sbuf[:])
+	x.sbuf[0] = nil
 	if err != nil {
 		return 0, err
 	}
@@ -135,46 +155,10 @@ func (s *laneStream) Write(b []byte) (int, error) {
 }
 
 // releaseStream frees the lane's ring once its goroutines ended.
-func (l *lane) releaseStream() {
-	if s := l.sring.Swap(nil); s != nil {
+func (x *intraLane) releaseStream() {
+	if s := x.sring.Swap(nil); s != nil {
 		s.Close()
 	}
-}
-
-// attachStream answers a lane's offer: map its ring and read the stream
-// from there, or refuse on the reply stream (the sender keeps the socket).
-// The offer must be the last byte the socket carries.
-func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
-	p := t.p
-	if r.sring != nil {
-		return fmt.Errorf("protocol error: rank %d offered a second shared-memory stream on one lane", p.rank)
-	}
-	if r.br.Buffered() != 0 {
-		return fmt.Errorf("protocol error: rank %d wrote %d bytes on its socket after offering a shared-memory stream", p.rank, r.br.Buffered())
-	}
-	var err error
-	var s *shmstream.Ring
-	switch {
-	case t.side == nil:
-		err = errors.New("not an intra-node link")
-	case streamRefusal.Load() != nil:
-		err = *streamRefusal.Load()
-	default:
-		s, err = shmstream.Attach(t.side.peerPid(), h.Off, h.Size)
-	}
-	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's shared-memory stream (%v); its requests ride the socket", p.rank, err)
-		return t.reply(r.in, wire.MsgStreamNo, h, abi.InternalError, nil, r.resp)
-	}
-	if r.lowat {
-		r.setLowat(false)
-	}
-	r.sring = s
-	r.smu.Lock()
-	r.sview = s
-	r.smu.Unlock()
-	s.SetAttached()
-	return nil
 }
 
 // newStreamRing makes a lane's ring (a variable: a test keeps a hostile
@@ -185,96 +169,15 @@ var newStreamRing = shmstream.New
 // error (atomic: a service of another test's mesh may still look).
 var streamRefusal atomic.Pointer[error]
 
-// readStream is inReader.Read from the shared ring: what it holds, or for
-// a caller (nb) errWouldBlock; the service sleeps on the socket, whose
-// bytes are bells, until the ring has bytes. The socket's end (or a
-// reset) ends the stream once the ring is drained.
-func (r *inReader) readStream(b []byte) (int, error) {
-	s := r.sring
-	for {
-		n, err := s.Read(b)
-		if n > 0 || err != nil {
-			return n, err
-		}
-		if err := r.endErr(); err != nil && !r.caller() {
-			return 0, err // the ring is drained: the stream ended
-		}
-		if r.nb {
-			return 0, errWouldBlock
-		}
-		if !s.Sleep() {
-			continue
-		}
-		_, err = r.in.Read(r.bells[:]) // bells: the ring says what came
-		s.Awake()
-		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				// A caller's wake-up (poll): look again.
-				r.in.SetReadDeadline(time.Time{})
-				continue
-			}
-			r.ended(err) // after what the ring still holds
-		}
+// attachStream maps the shared-memory stream a lane of the peer offered
+// (sidePath): its requests come through it from now on.
+func (x *intraLink) attachStream(h *wire.Header) (shmIn, error) {
+	if err := streamRefusal.Load(); err != nil {
+		return nil, *err
 	}
-}
-
-// waitStream is waitFD for a stream in the shared ring: true once the ring
-// holds bytes, a caller left some in the buffer, or the socket woke the
-// netpoller (a bell, or its end: the read meets it); false parks on the
-// netpoller, the ring marked asleep so that the next write rings. After
-// traffic it spins on the ring first, as waitFD does on the socket.
-func (r *inReader) waitStream(fd uintptr) bool {
-	s := r.sring
-	if r.parked {
-		s.Awake()
-		r.drainBells(fd)
-		return true
+	s, err := shmstream.Attach(x.peerPid(), h.Off, h.Size)
+	if err != nil {
+		return nil, err
 	}
-	spinning := false
-	var start int64
-	for {
-		// Pending, not Avail: a caller may hold the role and read.
-		if s.Pending() || r.left.Load() || r.endErr() != nil {
-			if spinning {
-				spin.Release()
-			}
-			return true
-		}
-		m := r.t.p.m
-		if !spinning {
-			if m.spinWait <= 0 || Now()-r.rx.Load() > int64(m.spinWait) || !spin.Acquire(int32(m.spinners)) {
-				break
-			}
-			spinning, start = true, Now()
-		} else if Now()-start > int64(m.spinWait) {
-			spin.Release()
-			break
-		}
-		runtime.Gosched()
-	}
-	if !r.drainBells(fd) || !s.Sleep() {
-		return true
-	}
-	r.parked = true
-	return false
-}
-
-// drainBells reads the bells the socket holds, without waiting; false
-// when the socket ended or failed (recorded for readStream).
-func (r *inReader) drainBells(fd uintptr) bool {
-	for {
-		n, _, e := syscall.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&r.bells[0])), uintptr(len(r.bells)), unix.MSG_DONTWAIT, 0, 0)
-		switch {
-		case e == unix.EINTR:
-			continue
-		case e == unix.EAGAIN:
-			return true
-		case e != 0:
-			r.ended(&net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("recvfrom", e)})
-			return false
-		case n == 0:
-			r.ended(io.EOF)
-			return false
-		}
-	}
+	return s, nil
 }

@@ -65,10 +65,10 @@ func TestStreamRings(t *testing.T) {
 			for a := range 2 {
 				tl := tcpOf(t, ms[a], 1-a)
 				for _, l := range tl.lanes {
-					if l.sState != ringOn || l.sring.Load() == nil {
+					if l.intra().sState != ringOn || l.intra().sring.Load() == nil {
 						t.Fatalf("rank %d lane %d to rank %d: no shared-memory stream", a, l.idx, 1-a)
 					}
-					bells += l.bells.Load()
+					bells += l.intra().bells.Load()
 				}
 				target := tcpOf(t, ms[1-a], a)
 				for i, ac := range target.acks {
@@ -109,8 +109,8 @@ func TestStreamRefused(t *testing.T) {
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
 	streamPuts(t, ms, owners, 0, 1, 20, 0)
 	l := tcpOf(t, ms[0], 1).lanes[0]
-	if l.sState != ringOff || !l.sNo.Load() {
-		t.Fatalf("lane state %d (refused %v) after a refusal", l.sState, l.sNo.Load())
+	if l.intra().sState != ringOff || !l.intra().sNo.Load() {
+		t.Fatalf("lane state %d (refused %v) after a refusal", l.intra().sState, l.intra().sNo.Load())
 	}
 	if r := tcpOf(t, ms[1], 0).acks[0].rd.Load(); r == nil || r.sring != nil {
 		t.Fatal("the target reads a ring it refused")
@@ -122,7 +122,7 @@ func TestStreamOff(t *testing.T) {
 	owners := newOwners(2, 64+48*(8<<10))
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, NoIntraStream: true})
 	streamPuts(t, ms, owners, 0, 1, 8, 0)
-	if l := tcpOf(t, ms[0], 1).lanes[0]; l.sring.Load() != nil {
+	if l := tcpOf(t, ms[0], 1).lanes[0]; l.intra().sring.Load() != nil {
 		t.Fatal("a shared-memory stream although NoIntraStream")
 	}
 }
@@ -151,7 +151,7 @@ func TestStreamCorrupt(t *testing.T) {
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
 	streamPuts(t, ms, owners, 0, 1, 4, 0)
 	newStreamRing = shmstream.New
-	_, size := tcpOf(t, ms[0], 1).lanes[0].sring.Load().Offer()
+	_, size := tcpOf(t, ms[0], 1).lanes[0].intra().sring.Load().Offer()
 	if len(fds) != 1 {
 		t.Fatalf("%d rings made, want 1 (rank 0 to rank 1)", len(fds))
 	}
@@ -165,7 +165,7 @@ func TestStreamCorrupt(t *testing.T) {
 	tail := (*uint64)(unsafe.Pointer(&mem[128]))
 	atomic.AddUint64(tail, 3*size)
 	// Wake the target's service: a bell, as a writer would ring.
-	tcpOf(t, ms[0], 1).lanes[0].Ring()
+	tcpOf(t, ms[0], 1).lanes[0].intra().Ring()
 	deadline := time.Now().Add(10 * time.Second)
 	for !ms[1].peers[0].dead.Load() {
 		if time.Now().After(deadline) {
@@ -189,7 +189,7 @@ func TestStreamSecondOffer(t *testing.T) {
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
 	streamPuts(t, ms, owners, 0, 1, 4, 0)
 	l := tcpOf(t, ms[0], 1).lanes[0]
-	if l.sring.Load() == nil {
+	if l.intra().sring.Load() == nil {
 		t.Fatal("the lane did not switch to a shared-memory stream")
 	}
 	// Take the lane's writing role, as a batch does, and offer again.
@@ -211,7 +211,7 @@ func TestStreamSecondOffer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.Ring()
+	l.intra().Ring()
 	waitUntil(t, "the target to drop the peer", ms[1].peers[0].dead.Load)
 	owners[1].mu.Lock()
 	failed := fmt.Sprint(owners[1].failed)

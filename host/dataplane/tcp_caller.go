@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -15,10 +16,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/nap"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -109,13 +111,14 @@ type inReader struct {
 	lowOn   bool
 	lowFn   func(fd uintptr)
 
-	// The shared-memory stream the sender switched to (stream.go): set by
-	// the service, read by whoever holds the role. sockErr is the socket's
-	// end the service met (set by the service, the first one kept; read by
-	// a caller holding the role too, hence atomic); bells its scratch.
-	sring   *shmstream.Ring
-	sview   *shmstream.Ring // sring, for diagnostics from any thread (WriteState), under smu
-	smu     sync.Mutex      // sview: close unmaps the ring under it
+	// The shared-memory stream the sender switched to (below): set
+	// by the service, read by whoever holds the role. sockErr is the
+	// socket's end the service met (set by the service, the first one
+	// kept; read by a caller holding the role too, hence atomic); bells
+	// its scratch.
+	sring   shmIn
+	sview   shmIn      // sring, for diagnostics from any thread (WriteState), under smu
+	smu     sync.Mutex // sview: close unmaps the ring under it
 	sockErr atomic.Pointer[error]
 	bells   [64]byte
 }
@@ -540,5 +543,154 @@ func (r *inReader) close() {
 	}
 	if r.nap != nil {
 		r.nap.Stop()
+	}
+}
+
+// An incoming lane's requests through a shared-memory stream: the lane's
+// sender (an intra-node peer) offers one in-band, the side path maps it
+// (sidePath.attachStream, stream.go), and the reader reads from it in
+// place of the socket, whose bytes are then bells.
+
+// shmIn is the shared-memory stream an incoming lane reads its requests
+// from once the sender switched (*shmstream.Ring, which the side path
+// maps).
+type shmIn interface {
+	Read(b []byte) (int, error)
+	// Pending reports bytes to read; Sleep marks the reader asleep (false:
+	// bytes came meanwhile) and Awake awake again.
+	Pending() bool
+	Sleep() bool
+	Awake()
+	// SetAttached tells the sender that the reader reads the ring now.
+	SetAttached()
+	// State is what the stall report shows of the ring.
+	State() (tail, head uint64, sleeping, waiting bool)
+	Close() error
+}
+
+// attachStream answers a lane's offer: map its ring and read the stream
+// from there, or refuse on the reply stream (the sender keeps the socket).
+// The offer must be the last byte the socket carries.
+func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
+	p := t.p
+	if r.sring != nil {
+		return fmt.Errorf("protocol error: rank %d offered a second shared-memory stream on one lane", p.rank)
+	}
+	if r.br.Buffered() != 0 {
+		return fmt.Errorf("protocol error: rank %d wrote %d bytes on its socket after offering a shared-memory stream", p.rank, r.br.Buffered())
+	}
+	var err error
+	var s shmIn
+	if t.side == nil {
+		err = errors.New("not an intra-node link")
+	} else {
+		s, err = t.side.attachStream(h)
+	}
+	if err != nil {
+		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's shared-memory stream (%v); its requests ride the socket", p.rank, err)
+		return t.reply(r.in, wire.MsgStreamNo, h, abi.InternalError, nil, r.resp)
+	}
+	if r.lowat {
+		r.setLowat(false)
+	}
+	r.sring = s
+	r.smu.Lock()
+	r.sview = s
+	r.smu.Unlock()
+	s.SetAttached()
+	return nil
+}
+
+// readStream is inReader.Read from the shared ring: what it holds, or for
+// a caller (nb) errWouldBlock; the service sleeps on the socket, whose
+// bytes are bells, until the ring has bytes. The socket's end (or a
+// reset) ends the stream once the ring is drained.
+func (r *inReader) readStream(b []byte) (int, error) {
+	s := r.sring
+	for {
+		n, err := s.Read(b)
+		if n > 0 || err != nil {
+			return n, err
+		}
+		if err := r.endErr(); err != nil && !r.caller() {
+			return 0, err // the ring is drained: the stream ended
+		}
+		if r.nb {
+			return 0, errWouldBlock
+		}
+		if !s.Sleep() {
+			continue
+		}
+		_, err = r.in.Read(r.bells[:]) // bells: the ring says what came
+		s.Awake()
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				// A caller's wake-up (poll): look again.
+				r.in.SetReadDeadline(time.Time{})
+				continue
+			}
+			r.ended(err) // after what the ring still holds
+		}
+	}
+}
+
+// waitStream is waitFD for a stream in the shared ring: true once the ring
+// holds bytes, a caller left some in the buffer, or the socket woke the
+// netpoller (a bell, or its end: the read meets it); false parks on the
+// netpoller, the ring marked asleep so that the next write rings. After
+// traffic it spins on the ring first, as waitFD does on the socket.
+func (r *inReader) waitStream(fd uintptr) bool {
+	s := r.sring
+	if r.parked {
+		s.Awake()
+		r.drainBells(fd)
+		return true
+	}
+	spinning := false
+	var start int64
+	for {
+		// Pending, not Avail: a caller may hold the role and read.
+		if s.Pending() || r.left.Load() || r.endErr() != nil {
+			if spinning {
+				spin.Release()
+			}
+			return true
+		}
+		m := r.t.p.m
+		if !spinning {
+			if m.spinWait <= 0 || Now()-r.rx.Load() > int64(m.spinWait) || !spin.Acquire(int32(m.spinners)) {
+				break
+			}
+			spinning, start = true, Now()
+		} else if Now()-start > int64(m.spinWait) {
+			spin.Release()
+			break
+		}
+		runtime.Gosched()
+	}
+	if !r.drainBells(fd) || !s.Sleep() {
+		return true
+	}
+	r.parked = true
+	return false
+}
+
+// drainBells reads the bells the socket holds, without waiting; false
+// when the socket ended or failed (recorded for readStream).
+func (r *inReader) drainBells(fd uintptr) bool {
+	for {
+		n, _, e := syscall.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&r.bells[0])), uintptr(len(r.bells)), unix.MSG_DONTWAIT, 0, 0)
+		switch {
+		case e == unix.EINTR:
+			continue
+		case e == unix.EAGAIN:
+			return true
+		case e != 0:
+			r.ended(&net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("recvfrom", e)})
+			return false
+		case n == 0:
+			r.ended(io.EOF)
+			return false
+		}
 	}
 }

@@ -373,15 +373,18 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 // so that later signals follow that put's bytes. A header that names an
 // event it may not is a protocol error.
 func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) (sigRef, error) {
-	x, _ := t.side.(*intraLink)
+	var evs *linkEvents
+	if t.side != nil {
+		evs = t.side.events()
+	}
 	if h.Status&wire.StatusEvent == 0 {
-		if x != nil && sig.word() && x.evs.peer.Load() != nil {
-			sig.evs = &x.evs // an event waited for on a stream may be pending
+		if evs != nil && sig.word() && evs.peer.Load() != nil {
+			sig.evs = evs // an event waited for on a stream may be pending
 		}
 		return sig, nil
 	}
-	if x != nil && h.Typ == wire.MsgPutSignal && h.Size == 0 {
-		sig.ev = x.evs.peerEvent(int(h.Status & 0xff))
+	if evs != nil && h.Typ == wire.MsgPutSignal && h.Size == 0 {
+		sig.ev = evs.peerEvent(int(h.Status & 0xff))
 	}
 	if sig.ev == 0 {
 		what := "a put+signal by an event it never shared"
@@ -392,7 +395,7 @@ func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) (sigRef, error) {
 		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
 		return sig, err
 	}
-	sig.evs = &x.evs
+	sig.evs = evs
 	return sig, nil
 }
 
@@ -587,6 +590,26 @@ func (t *tcpLink) reply(in *net.TCPConn, typ uint8, req *wire.Header, status abi
 	}
 	if err != nil {
 		return fmt.Errorf("reply to rank %d: %w", t.p.rank, err)
+	}
+	return nil
+}
+
+// attachRing answers the sender's offer: map the ring and say so in it, or
+// refuse on the reply stream (the sender then uses the stream).
+func (t *tcpLink) attachRing(in *net.TCPConn, rx *staging.Receiver, h *wire.Header, resp []byte) error {
+	p := t.p
+	if rx.Attached() {
+		return fmt.Errorf("protocol error: rank %d offered a second staging ring on one stream", p.rank)
+	}
+	var err error
+	if t.side == nil {
+		err = errors.New("not an intra-node link")
+	} else {
+		err = t.side.attachRing(rx, h)
+	}
+	if err != nil {
+		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's intra-node staging ring (%v); its device payloads ride the TCP lanes", p.rank, err)
+		return t.reply(in, wire.MsgRingNo, h, abi.InternalError, nil, resp)
 	}
 	return nil
 }

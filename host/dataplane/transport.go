@@ -1,5 +1,7 @@
 package dataplane
 
+import "io"
+
 // The transport seam. The transports are layers, not alternatives: every
 // peer has a tcpLink, and TCP is its control plane and its fallback.
 // A peer (peer.go) is everything that does not depend on how bytes move:
@@ -91,6 +93,14 @@ type transport interface {
 	// release frees what outlives stop (the staging rings of the lanes);
 	// Close calls it once the transport's goroutines ended.
 	release()
+
+	// writeState writes what the transport holds, for the stall report
+	// (Mesh.WriteState): indented lines under the peer's. It may take the
+	// transport's locks briefly; it allocates.
+	writeState(w io.Writer)
+	// addStats adds the transport's counters to st (Mesh.Stats): the peer
+	// counted as a fabric or intra-node peer, and what its lanes moved.
+	addStats(st *Stats)
 }
 
 // Props describes a transport to one peer.

@@ -81,7 +81,7 @@ func (c *coll) offerShare(m *mr) uint64 {
 	}
 	local := false
 	for r := 0; r < c.nranks && !local; r++ {
-		local = c.mesh.IntraPid(r) != 0
+		local = c.mesh.IPC().Pid(r) != 0
 	}
 	if !local {
 		return 0
@@ -115,7 +115,7 @@ func (c *coll) offerShare(m *mr) uint64 {
 // sharePeer says whether pid is one of our intra-node peers.
 func (c *coll) sharePeer(pid int) bool {
 	for r := 0; r < c.nranks; r++ {
-		if p := c.mesh.IntraPid(r); p != 0 && p == pid {
+		if p := c.mesh.IPC().Pid(r); p != 0 && p == pid {
 			return true
 		}
 	}
@@ -182,7 +182,7 @@ func (c *coll) serveRegistration(pid int, id uint32) ([]byte, []int, error) {
 // ipc_events.go): their handles are fetched from its server.
 func (c *coll) serveOpenEvents(pid, r int, id uint32) ([]byte, []int, error) {
 	m := c.regs.lookup(id)
-	if r < 0 || r >= c.nranks || c.mesh.IntraPid(r) != pid || m == nil || m.devCtx == 0 {
+	if r < 0 || r >= c.nranks || c.mesh.IPC().Pid(r) != pid || m == nil || m.devCtx == 0 {
 		return nil, nil, errors.New("no such peer or registration")
 	}
 	// The asker's server is named in its MsgReg, which our service may
@@ -215,7 +215,7 @@ func (c *coll) serveOpenEvents(pid, r int, id uint32) ([]byte, []int, error) {
 	for i := range handles {
 		copy(handles[i][:], payload[8+64*i:])
 	}
-	if err := c.mesh.OpenPeerEvents(r, m.devCtx, handles); err != nil {
+	if err := c.mesh.IPC().OpenPeerEvents(r, m.devCtx, handles); err != nil {
 		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: the events of rank %d cannot be opened here: %v", c.rank, r, err)
 		return nil, nil, err
 	}
@@ -225,10 +225,10 @@ func (c *coll) serveOpenEvents(pid, r int, id uint32) ([]byte, []int, error) {
 // serveEventHandles answers the handles of our events for rank, which
 // must be process pid.
 func (c *coll) serveEventHandles(pid, r int) ([]byte, []int, error) {
-	if r < 0 || r >= c.nranks || c.mesh.IntraPid(r) != pid {
+	if r < 0 || r >= c.nranks || c.mesh.IPC().Pid(r) != pid {
 		return nil, nil, errors.New("not that rank")
 	}
-	hs := c.mesh.EventHandles(r)
+	hs := c.mesh.IPC().EventHandles(r)
 	if hs == nil {
 		return nil, nil, errors.New("no events")
 	}
@@ -245,14 +245,14 @@ func (c *coll) serveEventHandles(pid, r int) ([]byte, []int, error) {
 // in m's context and r is asked to open them. Any failure keeps the
 // host's wait for each copy (an INFO line, once).
 func (c *coll) orderByEvents(m *mr, rs *remoteRegs, r, pid int) {
-	if !config.IntraIPCEvents.Get() || c.mesh.EventsReady(r) {
+	if !config.IntraIPCEvents.Get() || c.mesh.IPC().EventsReady(r) {
 		return
 	}
 	if _, ok := devmem.Get().(devmem.IPCEvents); !ok {
 		return
 	}
 	var err error
-	if _, err = c.mesh.MakeEvents(r, m.devCtx); err == nil {
+	if _, err = c.mesh.IPC().MakeEvents(r, m.devCtx); err == nil {
 		var p []byte
 		var fds []int
 		p, fds, err = fdpass.Fetch(shareName(pid, rs.share[r]), keyOpenEvents|uint64(c.rank)<<keyRankShift|uint64(m.id), pid)
@@ -271,7 +271,7 @@ func (c *coll) orderByEvents(m *mr, rs *remoteRegs, r, pid int) {
 		}
 		return
 	}
-	c.mesh.SetEventsReady(r)
+	c.mesh.IPC().SetEventsReady(r)
 	if first {
 		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: mapped put+signals to rank %d are ordered by interprocess events: no host waits for their copies", c.rank, r)
 	}
@@ -313,7 +313,7 @@ func (c *coll) importShares(m *mr, rs *remoteRegs) {
 		return
 	}
 	for r := 0; r < c.nranks; r++ {
-		pid := c.mesh.IntraPid(r)
+		pid := c.mesh.IPC().Pid(r)
 		if rs.share[r] == 0 || !rs.dev[r] || pid == 0 {
 			continue
 		}

@@ -145,7 +145,7 @@ func TestRingPipelined(t *testing.T) {
 			x := ms[0].peers[1].t.(*intraLink)
 			rings := 0
 			for _, l := range x.lanes {
-				if l.ringState == ringOn {
+				if l.intra().ringState == ringOn {
 					rings++
 				}
 			}
@@ -208,8 +208,8 @@ func TestRingRefusedFallsBack(t *testing.T) {
 			t.Fatalf("put %d with the ring refused: %v", tag, st)
 		}
 	}
-	if l := ms[0].peers[1].t.(*intraLink).lanes[0]; l.ringState != ringOff {
-		t.Fatalf("ring state %d after a refusal, want off", l.ringState)
+	if l := ms[0].peers[1].t.(*intraLink).lanes[0]; l.intra().ringState != ringOff {
+		t.Fatalf("ring state %d after a refusal, want off", l.intra().ringState)
 	}
 }
 
@@ -226,8 +226,8 @@ func TestRingWithoutProcessVM(t *testing.T) {
 	if st := waitDone(t, &os[0].memOwner, 1); st != abi.Success || !bytes.Equal(dst, src) {
 		t.Fatalf("put: %v", st)
 	}
-	if l := ms[0].peers[1].t.(*intraLink).lanes[0]; l.ringState != ringOn {
-		t.Fatalf("ring state %d with process_vm_writev refused, want on", l.ringState)
+	if l := ms[0].peers[1].t.(*intraLink).lanes[0]; l.intra().ringState != ringOn {
+		t.Fatalf("ring state %d with process_vm_writev refused, want on", l.intra().ringState)
 	}
 }
 

@@ -1,0 +1,428 @@
+package dataplane
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// Acknowledgements: those this link owes the peer (carried in our batches
+// or written alone), the asks for the peer's, the liveness backstop, and
+// the FIFO of our puts that the peer's acks complete.
+
+// askAcks asks the peer to acknowledge every lane's puts at once
+// (lane.askAcks): the caller waits for them.
+func (t *tcpLink) askAcks() {
+	for _, l := range t.lanes {
+		l.askAcks()
+	}
+}
+
+// carryAck appends the acks this link owes the peer (acker.drained) to
+// the batch about to be written, the first things in it, and an ask for
+// the peer's acks of this lane's puts when one is due (the first header
+// carries it, or one of its own).
+func (l *lane) carryAck(iov [][]byte) [][]byte {
+	ask := l.askAck.Load() && l.askAck.Swap(false)
+	k := 0
+	if l.t.ride {
+		for i, a := range l.t.acks {
+			n := a.owed()
+			if n == 0 || !a.claim(n) {
+				continue
+			}
+			// MrID names the peer's lane (our incoming stream i) whose
+			// puts n acknowledges.
+			h := wire.Header{Typ: wire.MsgAck, MrID: uint32(i), Seq: n}
+			if ask && k == 0 {
+				h.Status = wire.StatusAckNow
+			}
+			h.Encode(l.ackHdr[k][:])
+			iov = append(iov, l.ackHdr[k][:])
+			k++
+		}
+		if k > 0 {
+			l.carried.Add(uint64(k))
+		}
+	}
+	if ask && k == 0 {
+		// Only asking: with Seq 0 the peer's counts are unchanged.
+		h := wire.Header{Typ: wire.MsgAck, MrID: uint32(l.idx), Status: wire.StatusAckNow}
+		h.Encode(l.ackHdr[0][:])
+		iov = append(iov, l.ackHdr[0][:])
+	}
+	return iov
+}
+
+// ackStale reports an owed ack that waited ackDelay for a batch in vain.
+func (t *tcpLink) ackStale() bool {
+	if !t.ride {
+		return false
+	}
+	for _, a := range t.acks {
+		if a.stale() {
+			return true
+		}
+	}
+	return false
+}
+
+// acksOwed reports whether any ack waits for a batch to carry it.
+func (t *tcpLink) acksOwed() bool {
+	if !t.ride {
+		return false
+	}
+	for _, a := range t.acks {
+		if a.owed() != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// batchesWritten counts the batches our lanes to the peer wrote: a change
+// since an incoming stream last drained means traffic flows both ways
+// (acker.drained).
+func (t *tcpLink) batchesWritten() uint64 {
+	var n uint64
+	for _, l := range t.lanes {
+		n += l.batches.Load()
+	}
+	return n
+}
+
+// sendAcksAlone writes the owed acks with no batch, on the first open
+// lane that did not fail (the acker's timer).
+func (t *tcpLink) sendAcksAlone() {
+	for _, l := range t.lanes {
+		if l.isOpen() {
+			if !l.sendAck(false) {
+				// Someone holds the stream: its letGo re-arms the timer.
+				t.ackDeferred.Add(1)
+			}
+			return
+		}
+	}
+}
+
+// isOpen reports whether the lane's stream is open and did not fail.
+func (l *lane) isOpen() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.out != nil && !l.down
+}
+
+// rehomeAcks: a lane failed over, and a count it had taken may have died
+// with it. Every riding acker's next carry repeats its whole count (the
+// peer keeps the highest it saw), on a live lane; the timer covers a link
+// that stays quiet.
+func (t *tcpLink) rehomeAcks() {
+	if !t.ride {
+		return
+	}
+	for _, a := range t.acks {
+		if a.rides() {
+			a.sent.Store(0)
+			a.arm()
+		}
+	}
+}
+
+// askAfter is how long a flush waits for the acks of its puts before it
+// asks for them: acks that come by themselves (most do, within a few µs)
+// cost no ask. A variable so that tests can ask at once.
+var askAfter = 10 * time.Microsecond
+
+// askAcks notes that the caller waits for the completions of our puts
+// (iflush): if acks are still owed askAfter from now, the next flush (the
+// caller's test()) makes the lane's next batch ask the target to
+// acknowledge them at once (wire.StatusAckNow), and writes that batch
+// when the stream is free. A target that wrote to us since it last
+// drained holds its acks for its next batch (acker.drained), and in a GIN
+// round that batch comes only after our wait ends, so without asking both
+// sides waited out ackDelay. Nothing is asked when every put was
+// acknowledged, or on a lane whose target cannot hold acks (one with
+// resend acks each on the reply stream as it lands). A busy stream
+// carries the ask in its next batch.
+func (l *lane) askAcks() {
+	if l.unacked() == 0 {
+		return
+	}
+	l.askAt.CompareAndSwap(0, Now()+int64(askAfter))
+}
+
+func (l *lane) unacked() int {
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	return l.puts.Len()
+}
+
+// The liveness backstop. Every put is acknowledged by the normal paths
+// (an ack that rides a batch, one written alone when no batch comes, the
+// acker's timer); a bug in them would leave a put that landed
+// unacknowledged and its request pending for ever, which hangs a job. So
+// the caller's test() and rmaProgress (flush) also look at how long the
+// oldest put of each lane has waited for its ack: past backstopBound, the
+// lane asks the target to acknowledge at once (wire.StatusAckNow, which
+// the target answers on the acknowledged stream itself, apart from every
+// lane's hold), again each bound while none comes. An ack that then comes
+// is counted (Mesh.Stats().AcksRescued) and reported in a rate-limited
+// INFO line: the normal path failed to deliver it in time, which the
+// operator (and the soak) should see. NCCL's proxies call test() on every
+// pending request, so a waiting caller always runs it.
+
+// backstopBound is how long a put may wait for its ack before the
+// backstop asks: four times the longest a held ack waits by design
+// (ackDelay for a batch, then ackBound for the timer), plus twice the
+// slowest wait seen lately, so that a slow machine or link (a starved CPU
+// makes round trips of tens of milliseconds) is not taken for a lost ack.
+func (l *lane) backstopBound() int64 {
+	return 4*int64(ackDelay.get()+ackBound.get()) + 2*l.ackWait.Load()
+}
+
+// ackedPuts records that an ack completed puts of the FIFO (amu held; empty:
+// none is left): how long the oldest waited, and an answer to the
+// backstop's ask.
+func (l *lane) ackedPuts(empty bool) {
+	now := Now()
+	if since := l.waitSince.Load(); since != 0 {
+		// The round trip seen: a maximum that decays by an eighth per ack.
+		w, old := now-since, l.ackWait.Load()
+		l.ackWait.Store(max(w, old-old/8))
+	}
+	if empty {
+		l.waitSince.Store(0)
+	} else {
+		l.waitSince.Store(now) // the next put's wait starts no earlier than this
+	}
+	if at := l.bsAt.Load(); at != 0 && l.bsAt.CompareAndSwap(at, 0) {
+		n := l.bsRescued.Add(1)
+		backstopInfo.Info(abi.SubsysNet, "NET/wasm: rank %d: puts to rank %d on lane %d were acknowledged only after the liveness backstop asked (they waited over %v; %d times on this lane)",
+			l.p.m.rank, l.p.rank, l.idx, time.Duration(l.backstopBound()), n)
+	}
+}
+
+// backstopInfo limits the backstop's INFO lines.
+var backstopInfo = logx.Limited{Burst: 5, Every: 10 * time.Second}
+
+// backstop asks for the acks of puts that waited past backstopBound
+// (flush, the caller's thread): one atomic load when none waits.
+func (l *lane) backstop() {
+	since := l.waitSince.Load()
+	if since == 0 || skipBackstop.Load() {
+		return
+	}
+	now, bound := Now(), l.backstopBound()
+	if now-since < bound {
+		return
+	}
+	if at := l.bsAt.Load(); at != 0 && now-at < bound {
+		return // asked already: ask again only when that ask went unanswered as long
+	}
+	l.bsAt.Store(now)
+	l.bsAsks.Add(1)
+	l.askAck.Store(true)
+}
+
+// skipBackstop switches the backstop off (tests that must see the normal
+// path alone deliver every ack).
+var skipBackstop atomic.Bool
+
+// askDue turns a flush's wait that outlasted askAfter into an ask.
+func (l *lane) askDue() {
+	at := l.askAt.Load()
+	if at == 0 || Now() < at || !l.askAt.CompareAndSwap(at, 0) {
+		return
+	}
+	if l.unacked() > 0 {
+		l.askAck.Store(true)
+	}
+}
+
+// sendAsk writes a batch of nothing but what carryAck adds, when an ask
+// is pending, nothing is queued (a batch would carry it) and the stream
+// is free.
+func (l *lane) sendAsk() {
+	if !l.askAck.Load() {
+		return
+	}
+	l.mu.Lock()
+	if l.writing || l.down || l.out == nil || l.p.dead.Load() || l.q.Len() > 0 {
+		l.mu.Unlock()
+		return
+	}
+	l.writing = true
+	l.mu.Unlock()
+	l.writeAlone()
+}
+
+// writeAlone writes a batch of nothing but what carryAck adds and lets
+// the stream go; the caller took it (l.writing).
+func (l *lane) writeAlone() {
+	ok := l.writeBatch(l.batch[:0])
+	if more := l.letGo(); ok && more {
+		l.kick()
+	}
+}
+
+// sendAck writes an ack that no batch carried in time, alone (test() or
+// rmaProgress through flush, idle set: only when nothing is queued, which
+// would carry it; or the acker's timer). When someone holds the stream,
+// that one re-arms the timer as it lets go (letGo), so the ack is never
+// stranded. It reports whether it took the stream.
+func (l *lane) sendAck(idle bool) bool {
+	l.mu.Lock()
+	if l.writing || l.down || l.out == nil || l.p.dead.Load() || !l.t.acksOwed() || (idle && l.q.Len() > 0) {
+		l.mu.Unlock()
+		return false
+	}
+	l.writing = true
+	l.mu.Unlock()
+	l.writeAlone()
+	return true
+}
+
+// awaitingReply: the lane has sent something the peer answers (a put to
+// acknowledge, a get to serve), so its replies reader spins for it.
+func (l *lane) awaitingReply() bool { return l.pendingPuts() > 0 || l.pendingGets() > 0 }
+
+// awaitPuts appends the tags of puts about to be written to the FIFO that
+// the target's acks complete. If the peer is already dead (failAll may have
+// emptied the FIFO), they fail here instead, so none is left behind.
+func (l *lane) awaitPuts(tags []uint64, ops []Op) {
+	if len(tags) == 0 && len(ops) == 0 {
+		return
+	}
+	l.amu.Lock()
+	if l.p.dead.Load() {
+		l.amu.Unlock()
+		for _, tag := range tags {
+			l.p.fail(&Op{Msg: wire.MsgPut, Tag: tag})
+		}
+		return
+	}
+	if l.resend {
+		l.logSent(ops)
+	}
+	if l.puts.Len() == 0 && len(tags) > 0 {
+		l.waitSince.Store(Now())
+	}
+	for _, tag := range tags {
+		l.puts.Push(tag)
+	}
+	l.amu.Unlock()
+}
+
+// ackPuts completes the puts a cumulative ack covers: the first n puts of
+// the stream. It reports false when n is more than the stream carried.
+func (l *lane) ackPuts(n uint64) bool {
+	var done [64]uint64 // completed outside the lock, a few at a time
+	for {
+		l.amu.Lock()
+		if l.moved {
+			// Its puts went to another lane, whose acks complete them;
+			// this count was on its way before the failover.
+			l.amu.Unlock()
+			return true
+		}
+		if n < l.pAcked {
+			// Stale: a piggybacked ack and one on the reply stream
+			// travel apart, and a higher count came first.
+			l.amu.Unlock()
+			return true
+		}
+		if n-l.pAcked > uint64(l.puts.Len()) {
+			l.amu.Unlock()
+			return false
+		}
+		k := min(int(n-l.pAcked), len(done))
+		for i := 0; i < k; i++ {
+			done[i], _ = l.puts.Pop()
+		}
+		l.pAcked += uint64(k)
+		if l.resend {
+			l.popSent(k)
+		}
+		if k > 0 {
+			l.ackedPuts(l.puts.Len() == 0)
+		}
+		l.amu.Unlock()
+		if l.t.onAcked != nil {
+			l.t.onAcked() // before the requests complete
+		}
+		for _, tag := range done[:k] {
+			if tag != 0 {
+				l.p.m.owner.Complete(tag, abi.Success)
+			}
+		}
+		if k < len(done) {
+			return true
+		}
+	}
+}
+
+// failPut fails the oldest put of request tag awaiting its ack (a nack
+// names it; nacks come in stream order, so the oldest is the one) and
+// leaves 0 in its place. In local-completion mode the put completed when
+// written: only the sticky error reports the rejection then.
+func (l *lane) failPut(tag uint64, st abi.Result) {
+	if tag == 0 {
+		return
+	}
+	found := false
+	l.amu.Lock()
+	for i := 0; i < l.puts.Len(); i++ {
+		if p := l.puts.At(i); *p == tag {
+			*p, found = 0, true
+			break
+		}
+	}
+	if found && l.resend {
+		// A resend must not complete the failed request again.
+		for i := 0; i < l.sent.Len(); i++ {
+			if e := l.sent.At(i); e.counts && e.op.Tag == tag {
+				e.op.Tag = 0
+				break
+			}
+		}
+	}
+	l.amu.Unlock()
+	if found {
+		l.p.m.owner.Complete(tag, st)
+	}
+}
+
+// rejected is the status a peer's rejection carries, as a failure: a
+// status that is not one (0, or beyond the codes) reads as a remote error.
+func rejected(status uint16) abi.Result {
+	if st := abi.Result(status); st != abi.Success && st <= abi.RemoteError {
+		return st
+	}
+	return abi.RemoteError
+}
+
+// failPuts fails every put awaiting its ack; the peer is dead.
+func (l *lane) failPuts() {
+	l.amu.Lock()
+	var tags []uint64
+	for tag, ok := l.puts.Pop(); ok; tag, ok = l.puts.Pop() {
+		tags = append(tags, tag)
+	}
+	l.sent.Clear() // failed here: never sent again
+	l.waitSince.Store(0)
+	l.amu.Unlock()
+	for _, tag := range tags {
+		if tag != 0 {
+			l.p.m.owner.Complete(tag, abi.RemoteError)
+		}
+	}
+}
+
+func (l *lane) pendingPuts() int {
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	return l.puts.Len()
+}

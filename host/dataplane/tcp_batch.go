@@ -1,0 +1,301 @@
+package dataplane
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// The batch writer: one writev of headers and payloads per batch.
+
+// writeBatch sends headers and payloads with one writev, straight from the
+// registered memory. A put completes when the target acknowledges that it
+// landed (wire.MsgPutAck, read by replies), not when the kernel has the bytes:
+// completion means arrival, as an RDMA write completion does. With a side
+// path (intra-node) payloads it takes are copied into the peer first, and a
+// put that needs nothing more from the target completes here; only what the
+// target must act on is sent.
+func (l *lane) writeBatch(ops []Op) bool {
+	b := batchOut{iov: l.carryAck(l.iov[:0]), pend: l.ptags[:0], pops: l.pops[:0], later: l.later[:0]}
+	if len(ops) > 0 {
+		l.batches.Add(1) // an ack alone is no sign of traffic (acker.drained)
+	}
+	l.enc.Reset()
+	defer l.enc.Release() // the arena goes back to the pool once the batch is written
+	defer l.gather.Done() // slots of copies gathered for a batch that failed
+	var err error
+	n := 0 // ops handled so far; a device copy failure stops the batch
+	for ; n < len(ops) && err == nil; n++ {
+		var reached bool
+		if reached, err = l.writeOp(&b, n, &ops[n]); !reached {
+			break // this op never left
+		}
+	}
+	if err == nil {
+		// Into the FIFO before the bytes leave: the ack may come back
+		// before writev returns.
+		l.awaitPuts(b.pend, b.pops)
+		err = l.writeIov(b.iov)
+	}
+	clear(b.iov)
+	clear(b.pops)
+	return l.batchWritten(ops, n, b.later, err)
+}
+
+// batchOut is what writeBatch gathers for its writev: the iovec, the tags
+// of the puts in it (for the FIFO the target's acks complete), the puts
+// the resend ring logs, and the ops (their indices) that complete once
+// the batch was written.
+type batchOut struct {
+	iov   [][]byte
+	pend  []uint64
+	pops  []Op
+	later []int
+}
+
+// await moves the puts gathered so far into the FIFO, before what is
+// gathered is written: the ack may race the write.
+func (l *lane) await(b *batchOut) {
+	l.awaitPuts(b.pend, b.pops)
+	b.pend, b.pops = b.pend[:0], b.pops[:0]
+}
+
+// writeOp adds ops[i] of the batch to b by what it is: a payload a side
+// path moves, a header, then a put's payload or a get's awaited reply.
+// reached is false when op never left (the batch stops before it); err
+// stops the batch after it.
+func (l *lane) writeOp(b *batchOut, i int, op *Op) (reached bool, err error) {
+	if l.ix != nil && l.sideOp(b, i, op) {
+		return true, nil
+	}
+	ringed := false
+	// A resent put goes on the stream: the target may drop its
+	// payload unread (tcp_failover.go), which a ring cannot do.
+	if (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal) && !op.Resent && l.ix != nil && !l.ix.ringOff() && l.t.side.ringable(op) {
+		// What is gathered goes first: the first ring offer waits
+		// for the target's answer.
+		l.await(b)
+		if err = l.writeIov(b.iov); err != nil {
+			return false, err
+		}
+		b.iov = b.iov[:0]
+		if ringed, err = l.ix.ringReady(); err != nil {
+			return false, err
+		}
+	}
+	// Compression is TCP's alone: a side path (intra-node) copies.
+	comp := l.t.side == nil && compressible(op)
+	b.iov = append(b.iov, l.header(i, op, ringed, comp))
+	if l.resend && (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal || op.Msg == wire.MsgReg) {
+		b.pops = append(b.pops, *op)
+	}
+	switch op.Msg {
+	case wire.MsgPut, wire.MsgPutSignal:
+		err = l.putPayload(b, op, ringed, comp)
+	case wire.MsgGet:
+		e := getEntry{tag: op.Tag, dst: op.Local, size: op.Size, ctx: op.LocalCtx}
+		if l.resend {
+			e.op = *op
+		}
+		l.pushGet(e)
+	}
+	return true, err
+}
+
+// sideOp offers ops[i] of the batch to the side path (intra-node): put
+// and get payloads it moves into or out of the peer. true: nothing is left
+// to tell the target (op is done, now or once the batch waited for its
+// gathered copy); otherwise the stream carries op, the signal (or the
+// number that landed) alone when the side path moved its payload.
+func (l *lane) sideOp(b *batchOut, i int, op *Op) bool {
+	var mv sideMove
+	switch op.Msg {
+	case wire.MsgPut, wire.MsgPutSignal:
+		mv = l.ix.put(op)
+	case wire.MsgGet:
+		mv = l.ix.get(op)
+	}
+	switch {
+	case mv == sideNo:
+	case tellsTarget(op):
+		op.Size = 0 // the payload is there: send the signal (or the number that landed) alone
+	default:
+		op.Msg = opDone // nothing to tell the target
+		switch mv {
+		case sideMoved:
+			l.p.m.owner.Complete(op.Tag, abi.Success)
+		case sideGathered:
+			b.later = append(b.later, i)
+		}
+		return true
+	}
+	return false
+}
+
+// header encodes ops[i]'s header into its slot of the lane's header
+// buffer and returns it: ringed, its payload goes through the staging
+// ring; comp, it is compressed.
+func (l *lane) header(i int, op *Op, ringed, comp bool) []byte {
+	h := wire.Header{Typ: op.Msg, SigOp: op.SigOp, MrID: op.MrID, Tag: op.Tag, Off: op.Off,
+		Size: op.Size, SigMrID: op.SigMrID, Context: op.Context, SigOff: op.SigOff, SigValue: op.SigValue, Seq: op.Seq}
+	if op.Msg == wire.MsgReg && op.Dev {
+		h.Status = 1
+	}
+	if op.Event != 0 {
+		h.Status = wire.StatusEvent | uint16(op.Event-1)
+	}
+	if ringed {
+		h.Status = StatusRing
+	}
+	if comp {
+		h.Status = uint16(op.Codec & guestabi.CodecIDMask) // requests: the payload's codec
+	}
+	if op.Resent {
+		h.Status |= wire.StatusResent | uint16(op.From)<<8
+	}
+	hb := l.hdrs[i*wire.HeaderSize : (i+1)*wire.HeaderSize]
+	h.Encode(hb)
+	return hb
+}
+
+// putPayload counts put op in the FIFO the target's acks complete and adds
+// its payload to b, by where it comes from: the staging ring, a small
+// device payload gathered, a device source staged chunk by chunk, a
+// compressed payload, or host memory written straight from the
+// registration.
+func (l *lane) putPayload(b *batchOut, op *Op, ringed, comp bool) (err error) {
+	if l.p.m.localComp {
+		// Completed below, once written. The FIFO still counts
+		// the put against the target's acks; tag 0 completes
+		// nothing when the ack comes.
+		b.pend = append(b.pend, 0)
+	} else {
+		b.pend = append(b.pend, op.Tag)
+	}
+	if ringed {
+		// The header goes now; the payload through the ring.
+		l.await(b)
+		if err = l.writeIov(b.iov); err == nil {
+			err = l.ix.ringSend(op)
+		}
+		b.iov = b.iov[:0]
+	} else if g, gerr := l.gatherDev(op, len(b.iov)); g != nil {
+		// A small device payload, its copy queued: the
+		// bytes join iov, written after writeIov waited.
+		b.iov = append(b.iov, g)
+	} else if gerr != nil {
+		// As a failed synchronous copy: the put is in the
+		// FIFO, failed (or resent) with the lane.
+		l.await(b)
+		err = gerr
+	} else if op.Size > 0 && op.LocalCtx != 0 {
+		// Device source: what is queued goes first, then the
+		// payload is staged through host memory chunk by chunk.
+		l.await(b)
+		if err = l.writeIov(b.iov); err == nil {
+			err = staging.WriteFromDevice(l.streamWriter(), op.LocalCtx, uintptr(op.Local), op.Size, l.p.m.stageChunk)
+		}
+		b.iov = b.iov[:0]
+	} else if comp {
+		b.iov, b.pend, b.pops, err = l.compress(b.iov, b.pend, b.pops, op)
+	} else if op.Size > 0 {
+		b.iov = append(b.iov, unsafe.Slice((*byte)(op.Local), op.Size))
+	}
+	return err
+}
+
+// batchWritten completes or fails the batch's ops once it was written
+// (err nil) or failed after its first n ops were handled; later are the
+// ops whose gathered copies the write waited for.
+func (l *lane) batchWritten(ops []Op, n int, later []int, err error) bool {
+	p := l.p
+	if err != nil {
+		// Copies the batch queued may still run: they finish before
+		// their requests fail (and the caller may free or unmap).
+		l.gather.Done()
+	}
+	for _, i := range later {
+		// Their copies were waited for by a writeIov that succeeded, or
+		// the batch failed.
+		if err == nil {
+			p.m.owner.Complete(ops[i].Tag, abi.Success)
+		} else {
+			p.fail(&ops[i])
+		}
+	}
+	if err != nil && l.canFailover() {
+		// The lane failed alone: what the loop did not reach goes to the
+		// other lanes with the rest of its work (tcp_failover.go).
+		l.keep(ops[n:])
+		l.broken(fmt.Errorf("send to rank %d on lane %d: %w", p.rank, l.idx, err))
+		return false
+	}
+	if err != nil {
+		for i := range ops {
+			// The puts and gets the loop reached are in the FIFOs, which
+			// markDead fails (but tag 0 there in local mode); the rest
+			// never left.
+			put := ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal
+			if (i >= n && (put || ops[i].Msg == wire.MsgGet)) || (put && p.m.localComp) {
+				p.fail(&ops[i])
+			}
+		}
+		p.markDead(fmt.Errorf("send to rank %d: %w", p.rank, err))
+		return false
+	}
+	if p.m.localComp {
+		for i := range ops {
+			if ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal {
+				p.m.owner.Complete(ops[i].Tag, abi.Success)
+			}
+		}
+	}
+	if profile.On() {
+		for i := range ops {
+			profile.Queued.Since(ops[i].Posted)
+		}
+	}
+	return true
+}
+
+// compress appends op's payload to iov as compressed blocks in the lane's
+// arena (a block the codec cannot shrink is sent as it is, from the source).
+// When the arena or iov is full, what is gathered is written first; pend's
+// tags go to the FIFO before that, as the acks may race the write.
+func (l *lane) compress(iov [][]byte, pend []uint64, pops []Op, op *Op) ([][]byte, []uint64, []Op, error) {
+	e := &l.enc
+	src := unsafe.Slice((*byte)(op.Local), op.Size)
+	for len(src) > 0 {
+		n := min(len(src), codec.BlockSize)
+		if !e.Room(n) || len(iov)+2 > cap(iov) {
+			l.awaitPuts(pend, pops)
+			pend, pops = pend[:0], pops[:0]
+			err := l.writeIov(iov)
+			clear(iov)
+			iov = iov[:0]
+			e.Reset()
+			if err != nil {
+				return iov, pend, pops, err
+			}
+		}
+		framed, stored := e.Block(op.Codec, src[:n])
+		iov = append(iov, framed)
+		if stored {
+			iov = append(iov, src[:n])
+		}
+		src = src[n:]
+	}
+	return iov, pend, pops, nil
+}
+
+// compressible reports whether op's payload is compressed on the wire.
+func compressible(op *Op) bool {
+	return op.Codec&guestabi.CodecIDMask != guestabi.CodecNone && op.Size >= codec.MinSize && op.LocalCtx == 0 &&
+		(op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal)
+}

@@ -1,0 +1,102 @@
+package dataplane
+
+import (
+	"fmt"
+	"io"
+)
+
+// What a TCP link tells of itself: its lanes and incoming streams for the
+// stall report (Mesh.WriteState), and its counters for Mesh.Stats.
+
+// streams: a TCP link carries its own lanes (and the intra-node and
+// libfabric links, which embed it, carry theirs).
+func (t *tcpLink) streams() *tcpLink { return t }
+
+// writeState writes, per TCP lane, whether it is open, its queue, whether
+// someone holds the stream, the puts written and not yet acknowledged, and
+// the gets awaiting replies; then the incoming streams. It takes each
+// lane's locks briefly; it allocates.
+func (t *tcpLink) writeState(w io.Writer) {
+	for _, l := range t.lanes {
+		l.mu.Lock()
+		open, opening, qlen, writing, down := l.out != nil, l.opening, l.q.Len(), l.writing, l.down
+		var head string
+		if qlen > 0 {
+			op := l.q.At(0)
+			head = fmt.Sprintf(" head{msg %d size %d seq %d notBefore %d}", op.Msg, op.Size, op.Seq, op.NotBefore)
+		}
+		l.mu.Unlock()
+		var shm string
+		if l.ix != nil {
+			shm = l.ix.shmState()
+		}
+		var wait string
+		if since := l.waitSince.Load(); since != 0 {
+			wait = fmt.Sprintf(" oldest ack wait %d µs", (Now()-since)/1000)
+		}
+		fmt.Fprintf(w, "    lane %d: open=%v opening=%v queued=%d%s writing=%v down=%v armed=%v unacked puts=%d%s gets=%d batches=%d backstop asks %d rescued %d%s\n",
+			l.idx, open, opening, qlen, head, writing, down, l.armed.Load(), l.pendingPuts(), wait, l.pendingGets(), l.batches.Load(),
+			l.bsAsks.Load(), l.bsRescued.Load(), shm)
+	}
+	// The incoming streams: what their ackers owe, who serves them, and
+	// what their rings hold.
+	for i, a := range t.acks {
+		a.tmu.Lock()
+		armed := a.armed
+		a.tmu.Unlock()
+		fmt.Fprintf(w, "    acker %d: pub %d sent %d owed %d armed %v rides %v alone %d\n",
+			i, a.pub.Load(), a.sent.Load(), a.owed(), armed, a.rides(), a.alone.Load())
+		r := a.rd.Load()
+		if r == nil {
+			continue
+		}
+		var shm string
+		r.smu.Lock()
+		if s := r.sview; s != nil {
+			tail, read, sleeping, waiting := s.State()
+			shm = fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v}", tail, read, sleeping, waiting)
+		}
+		r.smu.Unlock()
+		fmt.Fprintf(w, "    in %d: role=%#x active=%v napping=%v left=%v polled=%v rx %d µs ago, caller msgs %d, handoffs %d, ended=%v%s\n",
+			i, r.role.Load(), r.active.Load(), r.napping.Load(), r.left.Load(), r.polled.Load(), (Now()-r.rx.Load())/1000,
+			r.callerMsgs.Load(), r.handoffs.Load(), r.endErr(), shm)
+	}
+}
+
+// addStats adds the link's counters to st: the payload bytes its lanes
+// compressed and what they took on the wire, and its acknowledgements.
+// Compression is counted for plain TCP links only.
+func (t *tcpLink) addStats(st *Stats) {
+	for _, l := range t.lanes {
+		r, w := l.enc.Counts()
+		st.CompressedRaw, st.CompressedWire = st.CompressedRaw+r, st.CompressedWire+w
+	}
+	t.addAcks(st)
+}
+
+// addAcks adds the acknowledgements of the peer's puts sent so far to st:
+// carried in a batch of ours, or written alone on the acknowledged stream;
+// and the liveness backstop's asks and the acks that came only after one.
+func (t *tcpLink) addAcks(st *Stats) {
+	for _, l := range t.lanes {
+		st.AcksCarried += l.carried.Load()
+		st.BackstopAsks += l.bsAsks.Load()
+		st.AcksRescued += l.bsRescued.Load()
+	}
+	for _, a := range t.acks {
+		st.AcksAlone += a.alone.Load()
+	}
+}
+
+// streamer is a transport that carries TCP lanes: TCP's own link, and
+// the intra-node and libfabric links built over it.
+type streamer interface{ streams() *tcpLink }
+
+// streamsOf returns the TCP lanes a transport carries: its own, or those
+// under the intra-node and libfabric links; nil for none.
+func streamsOf(tr transport) *tcpLink {
+	if s, ok := tr.(streamer); ok {
+		return s.streams()
+	}
+	return nil
+}
