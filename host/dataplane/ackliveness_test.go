@@ -231,3 +231,35 @@ func flushUntilDone(t *testing.T, ms []*Mesh, o *memOwner, tag uint64, what stri
 		}
 	}
 }
+
+// TestBackstopGivesUp: a target that answers nothing (here its acks are
+// held for good) is not asked for ever. The backstop asks backstopAsks
+// times, each after twice the wait of the one before, then stops: a peer
+// that answers none of them is stopped or unreachable, and the peer
+// watchdog must see its streams go quiet, which endless asks (bytes the
+// stopped peer's kernel still acknowledges) would prevent.
+func TestBackstopGivesUp(t *testing.T) {
+	ms, os, src := heldAckPair(t, false, 5)
+	a := tcpOf(t, ms[1], 0).acks[0]
+	a.hold.Store(true)
+	defer a.hold.Store(false)
+	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128,
+		SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)
+	ms[0].Flush(1)
+	waitWord(t, os[1], 0, 1, nil)
+	l := tcpOf(t, ms[0], 1).lanes[0]
+	waitUntil(t, "the backstop's last ask", func() bool {
+		ms[0].Flush(1) // the proxy's test()
+		return l.bsAsks.Load() >= backstopAsks
+	})
+	// As long again as the three asks took, and more: no fourth.
+	for deadline := time.Now().Add(8 * time.Duration(l.backstopBound())); time.Now().Before(deadline); time.Sleep(100 * time.Microsecond) {
+		ms[0].Flush(1)
+	}
+	if n := l.bsAsks.Load(); n != backstopAsks {
+		t.Fatalf("the backstop asked %d times, want %d", n, backstopAsks)
+	}
+	if _, ok := os[0].status(2); ok {
+		t.Fatal("the put completed although the target acknowledged nothing")
+	}
+}

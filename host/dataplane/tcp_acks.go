@@ -168,7 +168,8 @@ func (l *lane) unacked() int {
 // oldest put of each lane has waited for its ack: past backstopBound, the
 // lane asks the target to acknowledge at once (wire.StatusAckNow, which
 // the target answers on the acknowledged stream itself, apart from every
-// lane's hold), again each bound while none comes. An ack that then comes
+// lane's hold), at most backstopAsks times, each after twice the wait of
+// the one before. An ack that then comes
 // is counted (Mesh.Stats().AcksRescued) and reported in a rate-limited
 // INFO line: the normal path failed to deliver it in time, which the
 // operator (and the soak) should see. NCCL's proxies call test() on every
@@ -198,6 +199,7 @@ func (l *lane) ackedPuts(empty bool) {
 	} else {
 		l.waitSince.Store(now) // the next put's wait starts no earlier than this
 	}
+	l.bsN.Store(0) // an ack: the next wait starts a new round of asks
 	if at := l.bsAt.Load(); at != 0 && l.bsAt.CompareAndSwap(at, 0) {
 		n := l.bsRescued.Add(1)
 		backstopInfo.Info(abi.SubsysNet, "NET/wasm: rank %d: puts to rank %d on lane %d were acknowledged only after the liveness backstop asked (they waited over %v; %d times on this lane)",
@@ -219,13 +221,26 @@ func (l *lane) backstop() {
 	if now-since < bound {
 		return
 	}
-	if at := l.bsAt.Load(); at != 0 && now-at < bound {
-		return // asked already: ask again only when that ask went unanswered as long
+	n := l.bsN.Load()
+	if n >= backstopAsks {
+		return // the peer answers nothing: the peer watchdog's case, not ours
 	}
+	if at := l.bsAt.Load(); at != 0 && now-at < bound<<n {
+		return // asked already: ask again only when that ask went unanswered twice as long
+	}
+	l.bsN.Store(n + 1)
 	l.bsAt.Store(now)
 	l.bsAsks.Add(1)
 	l.askAck.Store(true)
 }
+
+// backstopAsks is how many times the backstop asks for the same wait
+// (each after twice the time of the one before) before it gives up. A
+// peer that answers none of them is not holding an ack: it is stopped or
+// unreachable, which the peer watchdog (NCCL_RMA_WASM_PEER_TIMEOUT_MS)
+// fails. Asking for ever would defeat it: each ask is bytes the stopped
+// peer's kernel still acknowledges, which the watchdog counts as progress.
+const backstopAsks = 3
 
 // skipBackstop switches the backstop off (tests that must see the normal
 // path alone deliver every ack).

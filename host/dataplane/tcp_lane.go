@@ -459,6 +459,7 @@ type lane struct {
 	waitSince atomic.Int64
 	ackWait   atomic.Int64
 	bsAt      atomic.Int64
+	bsN       atomic.Int32  // asks of the current wait (backstopAsks at most)
 	bsAsks    atomic.Uint64 // asks the backstop sent
 	bsRescued atomic.Uint64 // acks that came only after such an ask
 	ptags     []uint64      // owned by whoever holds writing: puts not yet in the FIFO
