@@ -327,6 +327,7 @@ func fourLanes(t *testing.T, intra bool) ([]*memOwner, []*Mesh) {
 func ackLaneFailover(t *testing.T, intra bool) {
 	const n, size = 16, 64
 	os, ms := fourLanes(t, intra)
+	defer dumpWhenStuck(t, ms)()
 	a := tcpOf(t, ms[1], 0).acks[0]
 	if !a.rides() {
 		t.Fatal("acks of rank 0's lane 0 do not ride rank 1's lanes")
@@ -416,6 +417,7 @@ func TestLateAckOfMovedLane(t *testing.T) {
 func lateAckOfMovedLane(t *testing.T, intra bool) {
 	const n, size = 16, 64
 	os, ms := fourLanes(t, intra)
+	defer dumpWhenStuck(t, ms)()
 	a := tcpOf(t, ms[1], 0).acks[0]
 	src := make([]byte, n*size)
 	for i := range src {

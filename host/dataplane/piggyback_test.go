@@ -178,21 +178,7 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 	}
 	os := newOwners(2, 8192)
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: c.intra, Lanes: c.lanes, LocalCompletion: c.localComp, StripeThreshold: 1 << 20})
-	var dumped atomic.Bool
-	dump := func() {
-		if dumped.Swap(true) {
-			return
-		}
-		var b strings.Builder
-		for _, m := range ms {
-			m.WriteState(&b)
-		}
-		buf := make([]byte, 1<<20)
-		b.Write(buf[:runtime.Stack(buf, true)])
-		t.Log(b.String())
-	}
-	stuckHook.Store(&dump)
-	defer stuckHook.Store(nil)
+	defer dumpWhenStuck(t, ms)()
 	for r, m := range ms {
 		if a := tcpOf(t, m, 1-r).acks[c.lane[1-r]]; !a.rides() {
 			t.Fatalf("rank %d: acks of lane %d do not ride the answers", r, c.lane[1-r])
@@ -300,4 +286,25 @@ func TestAskAcks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dumpWhenStuck makes waitWord and waitDone write what ms hold and every
+// goroutine's stack, once, before they fail (to tell where an operation
+// stuck); call the function it returns when the test ends.
+func dumpWhenStuck(t *testing.T, ms []*Mesh) func() {
+	var dumped atomic.Bool
+	dump := func() {
+		if dumped.Swap(true) {
+			return
+		}
+		var b strings.Builder
+		for _, m := range ms {
+			m.WriteState(&b)
+		}
+		buf := make([]byte, 1<<20)
+		b.Write(buf[:runtime.Stack(buf, true)])
+		t.Log(b.String())
+	}
+	stuckHook.Store(&dump)
+	return func() { stuckHook.Store(nil) }
 }
