@@ -213,6 +213,42 @@ gpu-check-full: all
 	@test -n "$(NCCL_SRC)" || { echo "set NCCL_SRC to an NVIDIA NCCL (>= 2.30) source archive or tree"; exit 2; }
 	test/gpu/nccl_gin_check.sh $(NCCL_SRC) $(GIN_RUNS)
 
+# ---------------------------------------------------------------------------
+# Installation. make install PREFIX=/usr/local DESTDIR=/tmp/stage; make
+# uninstall with the same two removes exactly the files install wrote (and
+# the directories of our own that are left empty). test/install_test.go
+# checks both.
+PREFIX  ?= /usr/local
+DESTDIR ?=
+LIBDIR     := $(DESTDIR)$(PREFIX)/lib
+BINDIR     := $(DESTDIR)$(PREFIX)/bin
+BACKENDDIR := $(DESTDIR)$(PREFIX)/share/rccl-rma-wasm/backends
+DOCDIR     := $(DESTDIR)$(PREFIX)/share/doc/rccl-rma-wasm
+# The docs: the top-level pages and docs/ as it is laid out.
+DOC_TOP   := README.md SPEC.md RATIONALE.md CHANGELOG.md
+DOC_PAGES := $(shell find docs -name '*.md' 2>/dev/null | sort)
+INSTALL_BACKENDS := $(GUEST_C_WASM) $(GUEST_GO_WASM)
+
+install: lib tools guests
+	install -d $(LIBDIR) $(BINDIR) $(BACKENDDIR) $(DOCDIR)
+	install -m 0755 $(LIB) $(LIBDIR)/librccl-rma-wasm.so
+	ln -sf librccl-rma-wasm.so $(LIBDIR)/libnccl-rma-wasm.so
+	install -m 0755 $(RMAW) $(BINDIR)/rmaw
+	install -m 0644 $(INSTALL_BACKENDS) $(BACKENDDIR)/
+	install -m 0644 $(DOC_TOP) $(DOCDIR)/
+	@for f in $(DOC_PAGES); do install -D -m 0644 $$f $(DOCDIR)/$$f || exit 1; done
+
+uninstall:
+	rm -f $(LIBDIR)/librccl-rma-wasm.so $(LIBDIR)/libnccl-rma-wasm.so $(BINDIR)/rmaw
+	rm -f $(addprefix $(BACKENDDIR)/,$(notdir $(INSTALL_BACKENDS)))
+	rm -f $(addprefix $(DOCDIR)/,$(DOC_TOP) $(DOC_PAGES))
+	@for d in $$(cd $(DOCDIR) 2>/dev/null && find docs -depth -type d); do rmdir $(DOCDIR)/$$d 2>/dev/null || true; done
+	-@rmdir $(DOCDIR) $(BACKENDDIR) $(DESTDIR)$(PREFIX)/share/rccl-rma-wasm 2>/dev/null || true
+
+# docs/guide/variables.md is generated from host/config's declarations.
+docs:
+	$(GO) run ./host/config/gendoc -o docs/guide/variables.md
+
 clean:
 	rm -rf $(BUILD)
 
