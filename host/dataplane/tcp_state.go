@@ -40,6 +40,9 @@ func (t *tcpLink) writeState(w io.Writer) {
 	}
 	// The incoming streams: what their ackers owe, who serves them, and
 	// what their rings hold.
+	if n := t.ackDeferred.Load(); n > 0 {
+		fmt.Fprintf(w, "    ack timers that found a stream held (left to its holder): %d\n", n)
+	}
 	for i, a := range t.acks {
 		a.tmu.Lock()
 		armed := a.armed
