@@ -325,6 +325,16 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 		m.wg.Add(1)
 		go m.watch(opt.PeerTimeout)
 	}
+	var rings []streamWaker
+	for _, p := range m.peers {
+		if w, ok := p.t.(streamWaker); ok && !opt.NoIntraStream {
+			rings = append(rings, w)
+		}
+	}
+	if rings != nil {
+		m.wg.Add(1)
+		go m.watchStreams(rings)
+	}
 	return m, nil
 }
 
@@ -364,6 +374,10 @@ type Stats struct {
 	// an ack answered: each is an ack the normal path failed to deliver
 	// in time.
 	BackstopAsks, AcksRescued uint64
+	// StreamWakes counts the readers of shared-memory streams the wake
+	// backstop woke (stream_wake.go): each is a wake-up the normal path
+	// lost.
+	StreamWakes uint64
 }
 
 // Stats reads the mesh's counters (at connect and close: it allocates).

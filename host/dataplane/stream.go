@@ -102,6 +102,9 @@ func (x *intraLane) writeStream(iov [][]byte) error {
 // reader from its sleep in the netpoller. A full socket already wakes it.
 func (x *intraLane) Ring() {
 	x.bells.Add(1)
+	if dropBells.Load() {
+		return // tests: a lost wake-up (stream_wake.go)
+	}
 	if err := x.l.control(x.bellFn); err != nil {
 		return // closed: the reader meets the end instead
 	}
@@ -116,6 +119,10 @@ func (x *intraLane) bellFD(fd uintptr) {
 		}
 	}
 }
+
+// dropBells makes every bell a lost one (a test knob: the wake
+// backstop's test; unset in production, an atomic load per bell).
+var dropBells atomic.Bool
 
 // streamWriter is what staging writes a device payload to: the ring's
 // writer when the lane has one, else nil (the socket).

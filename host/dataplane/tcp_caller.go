@@ -121,6 +121,12 @@ type inReader struct {
 	smu     sync.Mutex // sview: close unmaps the ring under it
 	sockErr atomic.Pointer[error]
 	bells   [64]byte
+
+	// The wake backstop's (stream_wake.go): what its watcher saw at its
+	// last look (its goroutine only), and the wakes it made.
+	wHead uint64
+	wSeen bool
+	wakes atomic.Uint64
 }
 
 // endErr is the socket's end the service met, nil while open.

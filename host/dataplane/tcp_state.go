@@ -57,7 +57,7 @@ func (t *tcpLink) writeState(w io.Writer) {
 		r.smu.Lock()
 		if s := r.sview; s != nil {
 			tail, read, sleeping, waiting := s.State()
-			shm = fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v}", tail, read, sleeping, waiting)
+			shm = fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v wakes %d}", tail, read, sleeping, waiting, r.wakes.Load())
 		}
 		r.smu.Unlock()
 		fmt.Fprintf(w, "    in %d: role=%#x active=%v napping=%v left=%v polled=%v rx %d µs ago, caller msgs %d, handoffs %d, ended=%v%s\n",
@@ -88,6 +88,9 @@ func (t *tcpLink) addAcks(st *Stats) {
 	}
 	for _, a := range t.acks {
 		st.AcksAlone += a.alone.Load()
+		if r := a.rd.Load(); r != nil {
+			st.StreamWakes += r.wakes.Load()
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -98,21 +99,38 @@ func setupEnv(t testing.TB, n, size int, env map[string]string) []*rank {
 		}(i)
 	}
 	wg.Wait()
-	for _, e := range errs {
-		if e != nil {
-			t.Fatal(e)
-		}
-	}
+	// Registered before any failure is reported, so a setup that failed
+	// half way releases what it made (a leak would fail later tests).
 	t.Cleanup(func() {
 		for _, r := range rs {
 			for _, mh := range []uint64{r.srcMh, r.dstMh, r.sigMh, r.getMh} {
-				DeregMr(r.coll, mh)
+				if mh != 0 {
+					DeregMr(r.coll, mh)
+				}
 			}
-			DestroyContext(r.rma)
-			CloseColl(r.coll)
+			if r.rma != 0 {
+				DestroyContext(r.rma)
+			}
+			if r.coll != 0 {
+				CloseColl(r.coll)
+			}
 			Finalize(r.ctx)
 		}
 	})
+	for _, e := range errs {
+		if e != nil {
+			// What every rank's transports hold says where it stuck.
+			var b strings.Builder
+			for i, r := range rs {
+				if c := lookupColl(r.coll); c != nil {
+					fmt.Fprintf(&b, "rank %d:\n", i)
+					c.mesh.WriteState(&b)
+				}
+			}
+			t.Log(b.String())
+			t.Fatal(e)
+		}
+	}
 	return rs
 }
 

@@ -15,7 +15,7 @@ DUR=${1:-10m}
 MODE=${2:-}
 secs() { case "$1" in *h) echo $((${1%h} * 3600)) ;; *m) echo $((${1%m} * 60)) ;; *s) echo "${1%s}" ;; *) echo "$1" ;; esac; }
 end=$(($(date +%s) + $(secs "$DUR")))
-TESTS='^(TestPiggybackedAcks|TestStrandedAck|TestAckBackstop|TestAskAcks|TestLaneFailoverMidStream|TestResentPutsDeduplicated|TestAckLaneFailover|TestLateAckOfMovedLane|TestLazyLaneDialFails)$'
+TESTS='^(TestPiggybackedAcks|TestStrandedAck|TestAckBackstop|TestAskAcks|TestLaneFailoverMidStream|TestResentPutsDeduplicated|TestAckLaneFailover|TestLateAckOfMovedLane|TestLazyLaneDialFails|TestStreamWakeBackstop|TestStreamRings)$'
 if [ "$MODE" = negative ]; then
   TESTS='^TestStrandedAck$'
   export RMAW_NEGATIVE_CONTROL=rearm

@@ -1,0 +1,43 @@
+package dataplane
+
+import (
+	"os"
+	"testing"
+	"time"
+)
+
+// TestStreamWakeBackstop: with every bell of the shared-memory streams
+// lost (dropBells), a reader that parked stays asleep with a put in its
+// ring, and only the wake backstop (stream_wake.go) gets it read: the puts
+// land and complete, both ways, and both ranks count wakes. Nobody polls here,
+// so the services alone read the rings. With the backstop's wakes off
+// (skipStreamWake; RMAW_NEGATIVE_CONTROL=streamwake) the first put never
+// completes.
+func TestStreamWakeBackstop(t *testing.T) {
+	dropBells.Store(true)
+	t.Cleanup(func() { dropBells.Store(false) })
+	if os.Getenv("RMAW_NEGATIVE_CONTROL") == "streamwake" {
+		skipStreamWake.Store(true)
+		t.Cleanup(func() { skipStreamWake.Store(false) })
+	}
+	owners := newOwners(2, 64+8*(8<<10))
+	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
+	dumpWhenStuck(t, ms)
+	for i := range 3 {
+		for a := range 2 {
+			// Quiet long enough for both services to park on their sockets.
+			time.Sleep(50 * time.Millisecond)
+			streamPuts(t, ms, owners, a, 1-a, 1, uint64(i))
+		}
+	}
+	for a := range 2 {
+		if l := tcpOf(t, ms[a], 1-a).lanes[0]; l.intra().sState != ringOn {
+			t.Fatalf("rank %d's lane to rank %d writes no shared-memory stream", a, 1-a)
+		}
+		if n := ms[a].Stats().StreamWakes; n == 0 {
+			t.Fatalf("rank %d's wake backstop woke no reader, yet puts to it landed with every bell lost", a)
+		} else {
+			t.Logf("rank %d: %d wakes", a, n)
+		}
+	}
+}
