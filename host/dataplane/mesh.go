@@ -375,9 +375,10 @@ type Stats struct {
 	// in time.
 	BackstopAsks, AcksRescued uint64
 	// StreamWakes counts the readers of shared-memory streams the wake
-	// backstop woke (stream_wake.go): each is a wake-up the normal path
-	// lost.
-	StreamWakes uint64
+	// backstop woke (stream_wake.go): a wake-up the normal path lost, or
+	// a reader whose thread got no CPU for a tick. LostWakes counts those
+	// of them whose reader had marked itself asleep: lost wake-ups.
+	StreamWakes, LostWakes uint64
 }
 
 // Stats reads the mesh's counters (at connect and close: it allocates).

@@ -66,6 +66,9 @@ func (x *intraLink) wakeStuck() {
 		}
 		if stuck, sleeping := r.stuck(); stuck {
 			n := r.wakes.Add(1)
+			if sleeping {
+				r.lostWakes.Add(1)
+			}
 			streamWakeInfo.Info(abi.SubsysNet, "NET/wasm: rank %d: the reader of rank %d's shared-memory stream (lane %d) left bytes waiting for %v (marked asleep: %v); woken (%d times on this stream)",
 				x.p.m.rank, x.p.rank, r.lane, streamWakeTick, sleeping, n)
 			if !skipStreamWake.Load() {

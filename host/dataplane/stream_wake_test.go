@@ -34,10 +34,13 @@ func TestStreamWakeBackstop(t *testing.T) {
 		if l := tcpOf(t, ms[a], 1-a).lanes[0]; l.intra().sState != ringOn {
 			t.Fatalf("rank %d's lane to rank %d writes no shared-memory stream", a, 1-a)
 		}
-		if n := ms[a].Stats().StreamWakes; n == 0 {
+		st := ms[a].Stats()
+		if st.StreamWakes == 0 {
 			t.Fatalf("rank %d's wake backstop woke no reader, yet puts to it landed with every bell lost", a)
-		} else {
-			t.Logf("rank %d: %d wakes", a, n)
 		}
+		if st.LostWakes > st.StreamWakes {
+			t.Fatalf("rank %d: %d lost wake-ups counted of %d wakes", a, st.LostWakes, st.StreamWakes)
+		}
+		t.Logf("rank %d: %d wakes, %d of a reader marked asleep", a, st.StreamWakes, st.LostWakes)
 	}
 }

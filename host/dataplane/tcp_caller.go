@@ -124,9 +124,10 @@ type inReader struct {
 
 	// The wake backstop's (stream_wake.go): what its watcher saw at its
 	// last look (its goroutine only), and the wakes it made.
-	wHead uint64
-	wSeen bool
-	wakes atomic.Uint64
+	wHead     uint64
+	wSeen     bool
+	wakes     atomic.Uint64
+	lostWakes atomic.Uint64 // of wakes, those of a reader marked asleep
 }
 
 // endErr is the socket's end the service met, nil while open.

@@ -90,6 +90,7 @@ func (t *tcpLink) addAcks(st *Stats) {
 		st.AcksAlone += a.alone.Load()
 		if r := a.rd.Load(); r != nil {
 			st.StreamWakes += r.wakes.Load()
+			st.LostWakes += r.lostWakes.Load()
 		}
 	}
 }
