@@ -15,36 +15,6 @@ import (
 // the peer numbered before it has landed too (the peer's orderer,
 // host/seqorder).
 
-// ShadowOwner is implemented by an Owner whose device registrations may
-// carry a never-reset signal shadow (staging.Shadow): signals to their
-// words are written, not read and written.
-type ShadowOwner interface {
-	// SignalShadow returns registration mrID's shadow, or nil; the caller
-	// holds a Pin of the registration.
-	SignalShadow(mrID uint32) *staging.Shadow
-}
-
-// SharedOwner is implemented by an Owner whose device registrations may
-// be mapped into peers on this host (SPEC.md §4, "Device windows mapped"):
-// such a peer reads and writes them without this target's service, so a
-// put this target acknowledges must have landed already, not merely be
-// queued behind the stream's other work.
-type SharedOwner interface {
-	// Shared reports whether registration mrID was handed to a peer.
-	Shared(mrID uint32) bool
-}
-
-// StrongOwner is implemented by an Owner whose registrations may be
-// flagged strongly ordered (NCCL_NET_MR_FLAG_FORCE_SO): a device payload
-// put into one lands with synchronous copies, after every asynchronous
-// copy queued before it, so that its completion says everything before
-// it landed (NCCL's RMA proxy flushes with such a put to its own rank).
-type StrongOwner interface {
-	// StronglyOrdered reports whether registration mrID is flagged so;
-	// the caller holds a Pin of it.
-	StronglyOrdered(mrID uint32) bool
-}
-
 // sigRef is a signal word: host memory updated atomically, or a word of
 // device memory updated through the device runtime (staging.AddSignal).
 // On an intra-node link with interprocess events it also carries the

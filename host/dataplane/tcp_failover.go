@@ -51,14 +51,6 @@ import (
 // before. A peer could always write its own registrations; failover gives
 // it no new reach.
 
-// LaneObserver is an Owner that wants to hear of a lane failover: lane
-// of the connection to peer failed and moved operations went to the
-// others. It is called once per lane, from the lane's reader goroutine, before
-// any moved operation is resubmitted.
-type LaneObserver interface {
-	LaneFailed(peer, lane, moved int, err error)
-}
-
 // noFailover turns lane failover off for this link (both sides).
 func (t *tcpLink) noFailover() {
 	t.fixed = true

@@ -399,10 +399,6 @@ func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) (sigRef, error) {
 	return sig, nil
 }
 
-// Span reports whether [off, off+n) lies inside a registration of size
-// bytes, without overflowing. Initiator and target check with the same rule.
-func Span(off, n, size uint64) bool { return off <= size && n <= size-off }
-
 func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byte, dec *codec.Decoder, rx *staging.Receiver) error {
 	p := t.p
 	status := abi.Success
