@@ -26,11 +26,11 @@ import (
 const fabSigKnown = 4
 
 // Slot states, in the low two bits of fabSlot.state; the bits above hold
-// the owning peer's rank, so failAll claims only its own peer's slots.
+// the owning peer's rank, so FailAll claims only its own peer's slots.
 const (
 	slotFree   = 0
 	slotPosted = 1
-	slotFailed = 2 // failed by failAll; the late completion frees it
+	slotFailed = 2 // failed by FailAll; the late completion frees it
 )
 
 type fabSlot struct {
@@ -44,7 +44,7 @@ type fabSlot struct {
 	sig bool
 	// ctl: a control message (an acknowledgement, a verdict, a goodbye or
 	// its acknowledgement), not an operation: a peer that leaves before
-	// its send completion was reaped has lost nothing (fabricLink.awaiting).
+	// its send completion was reaped has lost nothing (fabricLink.Awaiting).
 	ctl bool
 	got uint8 // sigSent | sigVerdict
 	vst abi.Result

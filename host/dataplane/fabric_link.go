@@ -127,16 +127,16 @@ type fabPend struct {
 	cqsig       bool // a small put with signal: one write, the signal in its CQ data
 }
 
-// wholeOp: with one rail every lane posts on the same endpoint, so an op
+// WholeOp: with one rail every lane posts on the same endpoint, so an op
 // is cut only when the backend's plan asked for a chunk size or it is
 // staged over the TCP lanes (device memory).
-func (f *fabricLink) wholeOp(op Op) bool {
+func (f *fabricLink) WholeOp(op Op) bool {
 	return len(f.rails) == 1 && op.Chunk == 0 && !f.staged(&op)
 }
 
-// signalApart: the write and the signal message complete apart, unless the
+// SignalApart: the write and the signal message complete apart, unless the
 // op is staged over TCP or inline (one message either way).
-func (f *fabricLink) signalApart(op Op) bool {
+func (f *fabricLink) SignalApart(op Op) bool {
 	return op.Msg == wire.MsgPutSignal && op.Size > 0 && !f.staged(&op) && !f.inlined(&op)
 }
 
@@ -280,21 +280,21 @@ func (f *fabricLink) target(id uint32, off uint64, rail int) (uint64, uint64, bo
 	return off, r.keys[rail], true
 }
 
-func (f *fabricLink) props() Props {
+func (f *fabricLink) Props() Props {
 	// With FI_HMEM the NIC writes device memory itself, and nothing here
 	// flushes those writes before the signal behind them (SPEC.md §4).
 	return Props{Name: nameFabric, InlineMax: 1 << 62, Lanes: len(f.lanes), LateVisible: f.e.Info.HMEM}
 }
 
-// submitCaller is submit: the libfabric link sends from its own goroutines.
-func (f *fabricLink) submitCaller(lane int, op Op, hold bool) bool {
-	f.submit(lane, op, hold)
+// SubmitCaller is submit: the libfabric link sends from its own goroutines.
+func (f *fabricLink) SubmitCaller(lane int, op Op, hold bool) bool {
+	f.Submit(lane, op, hold)
 	return false
 }
 
-func (f *fabricLink) writeLone(int) {}
+func (f *fabricLink) WriteLone(int) {}
 
-func (f *fabricLink) submit(lane int, op Op, hold bool) {
+func (f *fabricLink) Submit(lane int, op Op, hold bool) {
 	if op.Msg == wire.MsgReg {
 		// The keys of rails 1.. first (SigOp names the rail), then rail
 		// 0's, which tells the peer's owner (peerRegistered). Context 1:
@@ -306,9 +306,9 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 		for r := 1; r < len(f.rails); r++ {
 			k := op
 			k.SigOp, k.SigValue = uint8(r), f.rails[r].e.Regs.Key(op.MrID)
-			f.tcpLink.submit(0, k, hold)
+			f.tcpLink.Submit(0, k, hold)
 		}
-		f.tcpLink.submit(0, op, hold)
+		f.tcpLink.Submit(0, op, hold)
 		return
 	}
 	f.posting.Add(1)
@@ -673,12 +673,12 @@ func (f *fabricLink) retry() {
 	f.pend = append(f.pend[:0], f.pend[k:]...)
 }
 
-// flush progresses the endpoint from the caller's thread (test() calls
+// Flush progresses the endpoint from the caller's thread (test() calls
 // it while it waits): with manual progress that is where the work is, and
 // on few cores a spinning caller would otherwise only take the CPU from
 // the progress goroutine.
-func (f *fabricLink) flush() {
-	f.tcpLink.flush()
+func (f *fabricLink) Flush() {
+	f.tcpLink.Flush()
 	if f.inflight.Load() > 0 || f.backlog.Load() > 0 {
 		for i := range f.rails {
 			if e := f.rails[i].e; e.CallerLeft(testPollGap) == 0 {
@@ -688,36 +688,36 @@ func (f *fabricLink) flush() {
 	}
 }
 
-// turn: Mesh.Progress polled the rails just before, so only the TCP
+// Turn: Mesh.Progress polled the rails just before, so only the TCP
 // lanes are left.
-func (f *fabricLink) turn() { f.tcpLink.turn() }
+func (f *fabricLink) Turn() { f.tcpLink.Turn() }
 
-// addStats counts the peer as a fabric peer, and the acknowledgements of
+// AddStats counts the peer as a fabric peer, and the acknowledgements of
 // the TCP lanes beside its endpoint (compression is counted for plain TCP
 // links only).
-func (f *fabricLink) addStats(st *Stats) {
+func (f *fabricLink) AddStats(st *Stats) {
 	st.FabricPeers++
 	f.tcpLink.addAcks(st)
 }
 
-func (f *fabricLink) idle() bool {
-	return f.inflight.Load() == 0 && f.backlog.Load() == 0 && f.tcpLink.idle()
+func (f *fabricLink) Idle() bool {
+	return f.inflight.Load() == 0 && f.backlog.Load() == 0 && f.tcpLink.Idle()
 }
 
-// awaiting counts operations, not control messages: an acknowledgement
+// Awaiting counts operations, not control messages: an acknowledgement
 // whose send completion was not yet reaped when the peer left (it went
 // right after our goodbye acknowledgement) is no lost operation.
-func (f *fabricLink) awaiting() int {
+func (f *fabricLink) Awaiting() int {
 	return int(f.inflight.Load()-f.ctlLive.Load()) + int(f.backlog.Load())
 }
 
-// failAll fails what was posted or queued; stop already raised the dead
+// FailAll fails what was posted or queued; stop already raised the dead
 // flag, so it waits only for submits that passed their check before.
-func (f *fabricLink) failAll() {
+func (f *fabricLink) FailAll() {
 	for f.posting.Load() > 0 {
 		runtime.Gosched()
 	}
-	f.tcpLink.failAll()
+	f.tcpLink.FailAll()
 	f.pmu.Lock()
 	pend := f.pend
 	f.pend = nil

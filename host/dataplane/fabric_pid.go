@@ -36,9 +36,9 @@ func (f *fabricLink) peerGone() error {
 	return fmt.Errorf("rank %d: %w", f.p.rank, errPeerExited)
 }
 
-// stop also closes the pidfd (posts after stop fail on the dead flag
+// Stop also closes the pidfd (posts after Stop fail on the dead flag
 // before they would check it).
-func (f *fabricLink) stop() {
-	f.tcpLink.stop()
+func (f *fabricLink) Stop() {
+	f.tcpLink.Stop()
 	f.pid.Close()
 }

@@ -61,13 +61,13 @@ func newIntraLink(p *peer, outs, ins []*net.TCPConn, pid int) *intraLink {
 	return x
 }
 
-func (x *intraLink) release() {
-	x.tcpLink.release()
+func (x *intraLink) Release() {
+	x.tcpLink.Release()
 	x.evs.release()
 }
 
-func (x *intraLink) props() Props {
-	pr := x.tcpLink.props()
+func (x *intraLink) Props() Props {
+	pr := x.tcpLink.Props()
 	if x.on.Load() {
 		pr.Name = nameIntraNode
 	}
@@ -81,20 +81,20 @@ func (x *intraLink) peerPid() int { return x.pid }
 // events are the link's interprocess events (ipc_events.go).
 func (x *intraLink) events() *linkEvents { return &x.evs }
 
-// writeState: the mapped device memory path, when it moved something or
+// WriteState: the mapped device memory path, when it moved something or
 // was turned off, then the TCP lanes under it.
-func (x *intraLink) writeState(w io.Writer) {
+func (x *intraLink) WriteState(w io.Writer) {
 	if x.mapped.Load() > 0 || !x.mapOn.Load() {
 		fmt.Fprintf(w, "    mapped device memory: %d operations, usable=%v\n", x.mapped.Load(), x.mapOn.Load())
 	}
-	x.tcpLink.writeState(w)
+	x.tcpLink.WriteState(w)
 }
 
-// addStats counts the peer as an intra-node peer while the single-copy
+// AddStats counts the peer as an intra-node peer while the single-copy
 // path is enabled for it, and its lanes' acknowledgements (compression is
 // counted for plain TCP links only).
-func (x *intraLink) addStats(st *Stats) {
-	if x.props().Name == nameIntraNode {
+func (x *intraLink) AddStats(st *Stats) {
+	if x.Props().Name == nameIntraNode {
 		st.IntraNodePeers++
 	}
 	x.tcpLink.addAcks(st)

@@ -209,7 +209,7 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 		return nil, err
 	}
 	for _, p := range m.peers {
-		p.t.start()
+		p.t.Start()
 	}
 	if lanes > 1 {
 		m.wg.Add(1)
@@ -264,7 +264,7 @@ type Stats struct {
 func (m *Mesh) Stats() Stats {
 	st := Stats{FabricRails: m.railNames(), RailBytes: m.railBytes()}
 	for _, p := range m.peers {
-		p.t.addStats(&st)
+		p.t.AddStats(&st)
 	}
 	if m.fab != nil {
 		st.FabricProvider = m.fab.Info.Provider
@@ -285,7 +285,7 @@ func (m *Mesh) Post(peerRank int, op *Op, hold bool, lane int) {
 
 // Flush sends what is queued for peer from the calling thread if the stream
 // is idle (see lane.flush). test() calls it for the peer of a pending request.
-func (m *Mesh) Flush(peerRank int) { m.peers[peerRank].t.flush() }
+func (m *Mesh) Flush(peerRank int) { m.peers[peerRank].t.Flush() }
 
 // FlushAll is Flush for every peer; rmaProgress and iflush call it.
 // Progress is FlushAll plus one poll of every libfabric endpoint on the
@@ -298,13 +298,13 @@ func (m *Mesh) Progress() {
 		e.CallerPoll()
 	}
 	for _, p := range m.peers {
-		p.t.turn()
+		p.t.Turn()
 	}
 }
 
 func (m *Mesh) FlushAll() {
 	for _, p := range m.peers {
-		p.t.flush()
+		p.t.Flush()
 	}
 }
 
@@ -324,7 +324,7 @@ func (m *Mesh) Kick() {
 		return
 	}
 	for _, p := range m.peers {
-		p.t.kick()
+		p.t.Kick()
 	}
 }
 
@@ -341,7 +341,7 @@ func (m *Mesh) OpParts(peer int, op *Op) int {
 	if p.striped(op) {
 		n = m.parts(op.Msg, op.Size, op.Chunk)
 	}
-	if n == 1 && p.t.signalApart(*op) {
+	if n == 1 && p.t.SignalApart(*op) {
 		n++
 	}
 	return n
@@ -379,7 +379,7 @@ func (m *Mesh) Drain() []int {
 func (m *Mesh) kickAll() {
 	m.held.Store(false)
 	for _, p := range m.peers {
-		p.t.kick()
+		p.t.Kick()
 	}
 }
 
@@ -416,7 +416,7 @@ func (m *Mesh) Close() error {
 	}
 	m.wg.Wait()
 	for _, p := range m.peers {
-		p.t.release()
+		p.t.Release()
 	}
 	m.logRails()
 	m.closeRails()

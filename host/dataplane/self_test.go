@@ -74,7 +74,7 @@ func TestSelfDevice(t *testing.T) {
 	// The next copy fails: the put goes through the socket and lands. (The
 	// refused put completed at its header: its payload may still be in
 	// the writer's hands.)
-	for deadline := time.Now().Add(10 * time.Second); !x.idle(); time.Sleep(50 * time.Microsecond) {
+	for deadline := time.Now().Add(10 * time.Second); !x.Idle(); time.Sleep(50 * time.Microsecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the lane never went idle")
 		}

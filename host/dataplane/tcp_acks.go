@@ -305,7 +305,7 @@ func (l *lane) sendAck(idle bool) bool {
 func (l *lane) awaitingReply() bool { return l.pendingPuts() > 0 || l.pendingGets() > 0 }
 
 // awaitPuts appends the tags of puts about to be written to the FIFO that
-// the target's acks complete. If the peer is already dead (failAll may have
+// the target's acks complete. If the peer is already dead (FailAll may have
 // emptied the FIFO), they fail here instead, so none is left behind.
 func (l *lane) awaitPuts(tags []uint64, ops []Op) {
 	if len(tags) == 0 && len(ops) == 0 {

@@ -138,7 +138,7 @@ func (l *lane) forward(op *Op, hold bool) {
 		p.fail(op) // every lane failed: the peer is going
 		return
 	}
-	p.t.submit(to, *op, hold)
+	p.t.Submit(to, *op, hold)
 }
 
 // migrate moves the work of the failed lane to the next live lane. It runs
@@ -214,10 +214,10 @@ func (l *lane) migrate(cause error) {
 		case to == l.idx:
 			p.fail(op) // no live lane left: the peer died meanwhile
 		default:
-			p.t.submit(to, *op, true)
+			p.t.Submit(to, *op, true)
 		}
 	}
-	p.t.kick()
+	p.t.Kick()
 }
 
 // logSent appends what a batch wrote to the resend ring; amu held.

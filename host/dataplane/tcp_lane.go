@@ -196,7 +196,7 @@ func newTCPLink(p *peer, outs, ins []*net.TCPConn) *tcpLink {
 	return t
 }
 
-func (t *tcpLink) props() Props {
+func (t *tcpLink) Props() Props {
 	return Props{Name: nameTCP, DeviceMemory: true, InlineMax: t.inlineMax(), Lanes: len(t.lanes)}
 }
 
@@ -208,7 +208,7 @@ func (t *tcpLink) inlineMax() uint64 {
 	return inlineMax
 }
 
-func (t *tcpLink) start() {
+func (t *tcpLink) Start() {
 	// Acks ride whichever of our lanes to the peer writes next (each
 	// names the stream it acknowledges), never beside a fabric endpoint
 	// (its staged puts' window is reaped by whichever reader acks them,
@@ -252,9 +252,9 @@ func (t *tcpLink) start() {
 	}
 }
 
-func (t *tcpLink) submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op, hold) }
+func (t *tcpLink) Submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op, hold) }
 
-// submitCaller is submit for an operation the caller posts itself
+// SubmitCaller is submit for an operation the caller posts itself
 // through peer.route, holding no lock. A signal is what the peer waits for: a
 // small put with signal (or a bare signal) posted without the aggregation
 // hint to an idle lane, with nothing of the lane in flight (no put
@@ -269,23 +269,23 @@ func (t *tcpLink) submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op
 // copies payloads itself, unless the lane writes a shared-memory stream
 // (stream.go): a lone signal is small, and its write there is a copy.
 // With several lanes the caller numbers the op under its peer's lock and
-// writes it (writeLone) after letting go of the lock.
-func (t *tcpLink) submitCaller(lane int, op Op, hold bool) bool {
+// writes it (WriteLone) after letting go of the lock.
+func (t *tcpLink) SubmitCaller(lane int, op Op, hold bool) bool {
 	l := t.lanes[lane]
 	return l.enqueue(&op, hold) && (t.side == nil || l.ix.streamLive())
 }
 
-func (t *tcpLink) writeLone(lane int) {
+func (t *tcpLink) WriteLone(lane int) {
 	if l := t.lanes[lane]; l.pendingPuts() == 0 && l.pendingGets() == 0 {
 		l.flush()
 	}
 }
 
-func (t *tcpLink) flush() { t.flushPoll(false) }
+func (t *tcpLink) Flush() { t.flushPoll(false) }
 
-// turn is flush for rmaProgress, which looks at the incoming sockets
-// on every call: one turn of a caller's loop calls it once (pollGap).
-func (t *tcpLink) turn() { t.flushPoll(true) }
+// Turn is flush for rmaProgress, which looks at the incoming sockets
+// on every call: one Turn of a caller's loop calls it once (pollGap).
+func (t *tcpLink) Turn() { t.flushPoll(true) }
 
 func (t *tcpLink) flushPoll(progress bool) {
 	// A lane with work queued (a reply the caller posted since its last
@@ -313,13 +313,13 @@ func (t *tcpLink) flushPoll(progress bool) {
 	}
 }
 
-func (t *tcpLink) kick() {
+func (t *tcpLink) Kick() {
 	for _, l := range t.lanes {
 		l.kick()
 	}
 }
 
-func (t *tcpLink) idle() bool {
+func (t *tcpLink) Idle() bool {
 	for _, l := range t.lanes {
 		l.mu.Lock()
 		busy := l.writing || l.q.Len() > 0
@@ -331,7 +331,7 @@ func (t *tcpLink) idle() bool {
 	return true
 }
 
-func (t *tcpLink) stop() {
+func (t *tcpLink) Stop() {
 	for _, l := range t.lanes {
 		l.mu.Lock()
 	}
@@ -362,7 +362,7 @@ func (t *tcpLink) stop() {
 	t.inMu.Unlock()
 }
 
-func (t *tcpLink) awaiting() int {
+func (t *tcpLink) Awaiting() int {
 	n := 0
 	for _, l := range t.lanes {
 		n += l.pendingGets() + l.pendingPuts()
@@ -370,7 +370,7 @@ func (t *tcpLink) awaiting() int {
 	return n
 }
 
-func (t *tcpLink) failAll() {
+func (t *tcpLink) FailAll() {
 	for _, l := range t.lanes {
 		l.drainFailed()
 		for {
@@ -563,15 +563,15 @@ func (l *lane) run() {
 	go l.replies()
 }
 
-// wholeOp: TCP lanes are independent streams, so cutting pays off.
-func (t *tcpLink) wholeOp(Op) bool { return false }
+// WholeOp: TCP lanes are independent streams, so cutting pays off.
+func (t *tcpLink) WholeOp(Op) bool { return false }
 
-// signalApart: on TCP a signal rides its put's header.
-func (t *tcpLink) signalApart(Op) bool { return false }
+// SignalApart: on TCP a signal rides its put's header.
+func (t *tcpLink) SignalApart(Op) bool { return false }
 
-// release frees the lanes' staging rings and shared-memory streams
+// Release frees the lanes' staging rings and shared-memory streams
 // (intra-node links have them).
-func (t *tcpLink) release() {
+func (t *tcpLink) Release() {
 	for _, l := range t.lanes {
 		if l.ix != nil {
 			l.ix.release()

@@ -37,11 +37,11 @@ func (l *lane) sendTimer() {
 }
 
 // loneGap is how long a lane must have had nothing posted for a signal to
-// leave at once (submitCaller): dense bursts batch, sparse exchanges do not wait.
+// leave at once (SubmitCaller): dense bursts batch, sparse exchanges do not wait.
 const loneGap = 10 * time.Microsecond
 
 // enqueue appends op to the queue, growing it rather than failing. It
-// reports whether op is a lone signal (submitCaller): a small put with signal or
+// reports whether op is a lone signal (SubmitCaller): a small put with signal or
 // bare signal, not held or paced, queued on an empty, idle, open lane
 // loneGap after the op before.
 func (l *lane) enqueue(op *Op, hold bool) (lone bool) {
@@ -91,7 +91,7 @@ func (l *lane) enqueue(op *Op, hold bool) (lone bool) {
 		}
 	case !l.armed.Swap(true) || l.long.Load():
 		// Small: the same, with the timer at sendDelay (which also
-		// covers a lone signal that submitCaller could not write after all).
+		// covers a lone signal that SubmitCaller could not write after all).
 		l.long.Store(false)
 		l.timer.Reset(sendDelay.get())
 	}

@@ -12,11 +12,11 @@ import (
 // libfabric links, which embed it, carry theirs).
 func (t *tcpLink) streams() *tcpLink { return t }
 
-// writeState writes, per TCP lane, whether it is open, its queue, whether
+// WriteState writes, per TCP lane, whether it is open, its queue, whether
 // someone holds the stream, the puts written and not yet acknowledged, and
 // the gets awaiting replies; then the incoming streams. It takes each
 // lane's locks briefly; it allocates.
-func (t *tcpLink) writeState(w io.Writer) {
+func (t *tcpLink) WriteState(w io.Writer) {
 	for _, l := range t.lanes {
 		l.mu.Lock()
 		open, opening, qlen, writing, down := l.out != nil, l.opening, l.q.Len(), l.writing, l.down
@@ -66,10 +66,10 @@ func (t *tcpLink) writeState(w io.Writer) {
 	}
 }
 
-// addStats adds the link's counters to st: the payload bytes its lanes
+// AddStats adds the link's counters to st: the payload bytes its lanes
 // compressed and what they took on the wire, and its acknowledgements.
 // Compression is counted for plain TCP links only.
-func (t *tcpLink) addStats(st *Stats) {
+func (t *tcpLink) AddStats(st *Stats) {
 	for _, l := range t.lanes {
 		r, w := l.enc.Counts()
 		st.CompressedRaw, st.CompressedWire = st.CompressedRaw+r, st.CompressedWire+w

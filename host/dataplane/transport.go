@@ -33,74 +33,74 @@ import "io"
 // calls it from many threads at once; every method but stop must be cheap,
 // take no global lock and allocate nothing on the per-operation path.
 type transport interface {
-	// props reports what the transport can do. It may change while the
+	// Props reports what the transport can do. It may change while the
 	// link runs (the intra-node path turns itself off on a refusal).
-	props() Props
+	Props() Props
 
-	// start launches what runs on its own: senders, completion readers,
+	// Start launches what runs on its own: senders, completion readers,
 	// and the service that lands the peer's puts, applies its signals and
 	// answers its gets on our memory with no call from this process.
-	start()
+	Start()
 
-	// submit queues op on lane (0..Props.Lanes-1): a put, put with signal
+	// Submit queues op on lane (0..Props.Lanes-1): a put, put with signal
 	// or get (op.Msg), a registration notice (MsgReg) or a goodbye
 	// (wire.MsgBye). It never blocks on the network and never fails for lack of
 	// space. hold keeps op until the next flush or kick (aggregation). Once
 	// stop ran, op is failed through peer.fail instead. op is passed by
 	// value: a pointer through an interface call escapes, and posting
 	// must not allocate.
-	submit(lane int, op Op, hold bool)
-	// submitCaller is submit for an operation the caller posts itself
+	Submit(lane int, op Op, hold bool)
+	// SubmitCaller is submit for an operation the caller posts itself
 	// (peer.route). true: a transport would send it at once on the
 	// caller's thread (tcpLink's lone signal), which the caller does with
-	// writeLone once it holds no lock.
-	submitCaller(lane int, op Op, hold bool) bool
-	// writeLone writes lane's queue on the caller's thread after
-	// submitCaller said so, unless the lane has work in flight by now.
-	writeLone(lane int)
-	// flush sends queued work from the caller's thread when that is cheap
+	// WriteLone once it holds no lock.
+	SubmitCaller(lane int, op Op, hold bool) bool
+	// WriteLone writes lane's queue on the caller's thread after
+	// SubmitCaller said so, unless the lane has work in flight by now.
+	WriteLone(lane int)
+	// Flush sends queued work from the caller's thread when that is cheap
 	// (test() calls it); otherwise the transport's own goroutines do.
-	flush()
-	// turn is flush for rmaProgress (Mesh.Progress), once per turn of
+	Flush()
+	// Turn is flush for rmaProgress (Mesh.Progress), once per Turn of
 	// a caller's loop: a TCP stream is looked at on every call, without
 	// test()'s gap, and a libfabric endpoint was just polled.
-	turn()
-	// kick wakes the senders, so held operations leave now.
-	kick()
-	// idle reports that every submitted operation completed: nothing
+	Turn()
+	// Kick wakes the senders, so held operations leave now.
+	Kick()
+	// Idle reports that every submitted operation completed: nothing
 	// queued or being sent, no reply or arrival acknowledgement awaited.
-	idle() bool
+	Idle() bool
 
-	// stop raises the peer's dead flag so that submit fails every later
+	// Stop raises the peer's dead flag so that submit fails every later
 	// op (under the queue locks, so none slips in between) and closes the
 	// connections, which ends the goroutines start launched.
-	stop()
-	// awaiting counts operations still waiting for the peer's reply (get
+	Stop()
+	// Awaiting counts operations still waiting for the peer's reply (get
 	// data, or the acknowledgement that a put arrived).
-	awaiting() int
-	// failAll fails everything queued and awaited; called after stop.
-	failAll()
+	Awaiting() int
+	// FailAll fails everything queued and awaited; called after stop.
+	FailAll()
 
-	// wholeOp reports that cutting op over the lanes gains nothing on this
+	// WholeOp reports that cutting op over the lanes gains nothing on this
 	// transport, whatever the connection's stripe threshold (libfabric
 	// with one rail: every lane posts on the same endpoint). op is a value
 	// for the reason submit's is.
-	wholeOp(op Op) bool
-	// signalApart reports that op, a put with signal that is not striped,
+	WholeOp(op Op) bool
+	// SignalApart reports that op, a put with signal that is not striped,
 	// completes in two parts: its write and the signal message behind it
 	// (libfabric, unless staged over TCP or sent inline).
-	signalApart(op Op) bool
-	// release frees what outlives stop (the staging rings of the lanes);
+	SignalApart(op Op) bool
+	// Release frees what outlives stop (the staging rings of the lanes);
 	// Close calls it once the transport's goroutines ended.
-	release()
+	Release()
 
-	// writeState writes what the transport holds, for the stall report
+	// WriteState writes what the transport holds, for the stall report
 	// (Mesh.WriteState): indented lines under the peer's. It may take the
 	// transport's locks briefly; it allocates.
-	writeState(w io.Writer)
-	// addStats adds the transport's counters to st (Mesh.Stats): the peer
+	WriteState(w io.Writer)
+	// AddStats adds the transport's counters to st (Mesh.Stats): the peer
 	// counted as a fabric or intra-node peer, and what its lanes moved.
-	addStats(st *Stats)
+	AddStats(st *Stats)
 }
 
 // FlushesOnSignal is getRmaProperties' flushesAllPutsOnAnySignal (SPEC.md
@@ -111,7 +111,7 @@ type transport interface {
 // put still in flight is not yet received.
 func (m *Mesh) FlushesOnSignal() bool {
 	for _, p := range m.peers {
-		if p != nil && p.t != nil && p.t.props().LateVisible {
+		if p != nil && p.t != nil && p.t.Props().LateVisible {
 			return false
 		}
 	}

@@ -59,7 +59,7 @@ func (m *Mesh) watch(timeout time.Duration) {
 				continue
 			}
 			n, ok := pr.progress()
-			if !ok || n != last[i] || p.t.idle() {
+			if !ok || n != last[i] || p.t.Idle() {
 				last[i], stalled[i] = n, 0
 				continue
 			}
