@@ -25,7 +25,7 @@
 //   - fabric_rails.go: further rails, one endpoint per NIC.
 //
 // Data path:
-//   - transport.go: the transport interface and Props.
+//   - transport.go: the transport seam (link.Transport, host/dataplane/link).
 //   - peer.go: lanes, sequence numbers and striping; completions, failures.
 //   - order.go: a put landed, its signal resolved and ordered
 //     (host/seqorder keeps signals strong).

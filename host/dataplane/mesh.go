@@ -18,6 +18,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -237,28 +238,8 @@ func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self wire.HandleInfo,
 	return newTCPLink(p, outs, ins), nil
 }
 
-// Stats is what a mesh reports of itself: its transports and what they
-// moved.
-type Stats struct {
-	FabricPeers    int      // peers reached over libfabric
-	IntraNodePeers int      // peers the single-copy path is enabled for
-	FabricProvider string   // the libfabric provider in use ("" for none)
-	FabricRails    []string // the domains (NICs) of the fabric endpoints, rail 0 first
-	RailBytes      []uint64 // what our puts and gets moved through each rail so far
-	// CompressedRaw and CompressedWire are the payload bytes the TCP
-	// lanes compressed so far and what they took on the wire (framing
-	// included).
-	CompressedRaw, CompressedWire uint64
-	// AcksCarried and AcksAlone count the acknowledgements of the peers'
-	// puts sent so far: carried in a batch of ours (SPEC.md §4,
-	// "Acknowledgements ride the reverse lanes"), or written alone.
-	AcksCarried, AcksAlone uint64
-	// BackstopAsks counts the liveness backstop's asks for acks that
-	// waited too long (tcp_acks.go, backstop), and AcksRescued the asks
-	// an ack answered: each is an ack the normal path failed to deliver
-	// in time.
-	BackstopAsks, AcksRescued uint64
-}
+// Stats is link.Stats: what a mesh reports of itself.
+type Stats = link.Stats
 
 // Stats reads the mesh's counters (at connect and close: it allocates).
 func (m *Mesh) Stats() Stats {
