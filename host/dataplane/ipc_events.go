@@ -245,13 +245,13 @@ func (e *linkEvents) peerEvent(i int) uintptr {
 	return (*p)[i]
 }
 
-// order makes a signal from the peer follow its mapped copies (target
+// Order makes a signal from the peer follow its mapped copies (target
 // side, the stream's reader): ev, when not 0, is the event the signal's
 // header named; ctx and stream say where the signal is applied (on ctx's
 // stream when stream, else from the host). An event waited for on a
 // stream is remembered, so that a later signal applied anywhere else
 // waits for it too.
-func (e *linkEvents) order(ev, ctx uintptr, stream bool) error {
+func (e *linkEvents) Order(ev, ctx uintptr, stream bool) error {
 	if ev == 0 {
 		if e.lastEv == 0 || (stream && ctx == e.lastCtx) {
 			return nil // nothing pending, or the same stream keeps the order

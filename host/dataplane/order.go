@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
@@ -27,7 +28,7 @@ type sigRef struct {
 	ctx  uintptr
 	sh   *staging.Shadow // the registration's never-reset shadow, or nil
 	pin  Pin             // the signal registration, held until the signal is applied
-	evs  *linkEvents     // the link's events, or nil: nothing to order
+	evs  link.Orderer    // the link's events, or nil: nothing to order
 	ev   uintptr         // the peer's event this put+signal named, or 0
 }
 
@@ -48,7 +49,7 @@ func (s sigRef) Release() { s.pin.Release() }
 // Apply adds v to the signal word, after the payload is visible.
 func (s sigRef) Apply(v uint64) error {
 	if s.evs != nil {
-		if err := s.evs.order(s.ev, s.ctx, s.onStream()); err != nil {
+		if err := s.evs.Order(s.ev, s.ctx, s.onStream()); err != nil {
 			return err
 		}
 	}

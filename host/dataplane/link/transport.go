@@ -98,3 +98,15 @@ type Stats struct {
 	// in time.
 	BackstopAsks, AcksRescued uint64
 }
+
+// Orderer orders a signal after the peer's copies into our memory through
+// a mapping (the intra-node link's interprocess events): the core's
+// orderer calls it when it applies a signal that carries one, so the core
+// need not know the intra-node transport's types.
+type Orderer interface {
+	// Order waits, or makes the signal's stream wait, for event ev of the
+	// peer (0: only for one a stream waits for already); ctx and stream
+	// say where the signal is applied (on ctx's stream when stream, else
+	// from the host).
+	Order(ev, ctx uintptr, stream bool) error
+}
