@@ -378,15 +378,15 @@ func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) (sigRef, error) {
 		evs = t.side.events()
 	}
 	if h.Status&wire.StatusEvent == 0 {
-		if evs != nil && sig.word() && evs.peer.Load() != nil {
-			sig.evs = evs // an event waited for on a stream may be pending
+		if evs != nil && sig.Word() && evs.peer.Load() != nil {
+			sig.Evs = evs // an event waited for on a stream may be pending
 		}
 		return sig, nil
 	}
 	if evs != nil && h.Typ == wire.MsgPutSignal && h.Size == 0 {
-		sig.ev = evs.peerEvent(int(h.Status & 0xff))
+		sig.Ev = evs.peerEvent(int(h.Status & 0xff))
 	}
-	if sig.ev == 0 {
+	if sig.Ev == 0 {
 		what := "a put+signal by an event it never shared"
 		if h.Typ != wire.MsgPutSignal {
 			what = "a put without signal by an event"
@@ -395,7 +395,7 @@ func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) (sigRef, error) {
 		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
 		return sig, err
 	}
-	sig.evs = evs
+	sig.Evs = evs
 	return sig, nil
 }
 
@@ -480,7 +480,7 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 	}
 	sig, err := t.orderMapped(h, sig)
 	if err != nil {
-		sig.pin.Release()
+		sig.Pin.Release()
 		return err
 	}
 	if err := p.landed(h.Seq, sig, add); err != nil {
