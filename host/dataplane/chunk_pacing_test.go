@@ -66,7 +66,7 @@ func TestPlanChunk(t *testing.T) {
 	}
 	used := 0
 	for _, l := range m.peers[1].t.(*tcpLink).lanes {
-		if l.pendingPuts() == 0 && l.p.seq > 0 {
+		if l.pendingPuts() == 0 && l.p.(*peer).seq > 0 {
 			used++
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
@@ -159,7 +160,7 @@ func (f *fabricLink) inlined(op *Op) bool {
 // accepted before (so a rejection, which has no verdict to ride on here,
 // means only that the registration went since), and a known key.
 func (f *fabricLink) cqSignal(op *Op, rail int) bool {
-	if !f.e.cq.SigCQ || f.p.m.localComp {
+	if !f.e.cq.SigCQ || f.p.Mesh().LocalCompletion {
 		return false
 	}
 	if op.SigOp != abi.SignalOpInc && (op.SigOp != abi.SignalOpAdd || op.SigValue != 1) {
@@ -212,7 +213,7 @@ func (f *fabricLink) forgetSignals(id uint32) {
 	}
 }
 
-func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
+func newFabricLink(p link.Peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
 	e := rails[0].e
 	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, rails: rails, piggy: make([]atomic.Uint64, len(rails)), ackWait: make([]fabAckQ, len(rails))}
 	// At most 2^seqBits numbers (the CQ data field) and the orderer's
@@ -224,8 +225,8 @@ func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLi
 	if e.cq.SigCQ {
 		size = min(size, 1<<endpoint.SigSeqBits) // the number field of a signal in CQ data
 	}
-	if p.m.orderWindow > 0 {
-		size = min(size, uint64(1)<<(63-bits.LeadingZeros64(p.m.orderWindow))) // a power of two at most the window
+	if p.Mesh().OrderWindow > 0 {
+		size = min(size, uint64(1)<<(63-bits.LeadingZeros64(p.Mesh().OrderWindow))) // a power of two at most the window
 	}
 	f.win = seqorder.NewWindow(size)
 	empty := []fabRemote{}
@@ -312,9 +313,9 @@ func (f *fabricLink) Submit(lane int, op Op, hold bool) {
 		return
 	}
 	f.posting.Add(1)
-	if f.p.dead.Load() {
+	if f.p.Dead() {
 		f.posting.Add(-1)
-		f.p.fail(&op)
+		f.p.Fail(op)
 		return
 	}
 	// Numbered here, in the caller's order: the target orders by these.
@@ -358,8 +359,8 @@ func (f *fabricLink) Submit(lane int, op Op, hold bool) {
 	f.posting.Add(-1)
 	f.rails[pd.rail].e.Nudge()
 	if err != nil {
-		f.p.failCause(&pd.op, err)
-		go f.p.markDead(err)
+		f.p.FailCause(pd.op, err)
+		go f.p.MarkDead(err)
 	}
 }
 
@@ -397,7 +398,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 	}
 	raddr, key, ok := f.target(op.MrID, op.Off, pd.rail)
 	if !ok {
-		return fmt.Errorf("rank %d registration %d has no fabric key for rail %d", f.p.rank, op.MrID, pd.rail)
+		return fmt.Errorf("rank %d registration %d has no fabric key for rail %d", f.p.Rank(), op.MrID, pd.rail)
 	}
 	if op.Msg != wire.MsgGet && !f.win.Fits(pd.seq) {
 		return fabric.ErrAgain
@@ -423,7 +424,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 		// Delivery complete unless local completion was asked for: a put
 		// completes when its bytes arrived, as over TCP (SPEC.md §3).
 		data := e.cq.Data(e.rank, pd.seq)
-		err = e.FI.WriteMsg(op.Local, op.Size, e.Regs.Desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.p.m.localComp)
+		err = e.FI.WriteMsg(op.Local, op.Size, e.Regs.Desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.p.Mesh().LocalCompletion)
 	}
 	if err != nil {
 		f.unslot(e, idx)
@@ -462,7 +463,7 @@ func (f *fabricLink) slot(e *fabEP, tag uint64, ctl bool) (uint32, bool) {
 	if ctl {
 		f.ctlLive.Add(1)
 	}
-	s.state.Store(slotPosted | uint32(f.p.rank)<<2)
+	s.state.Store(slotPosted | uint32(f.p.Rank())<<2)
 	return idx, true
 }
 
@@ -513,7 +514,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 		}
 		n = endpoint.PutSigHdr + size
 	}
-	verdict := complete && sig && !f.p.m.localComp
+	verdict := complete && sig && !f.p.Mesh().LocalCompletion
 	inject := verdict && n <= e.Info.InjectSize
 	if verdict {
 		// Kept until the target's verdict too (fabEP.verdict, which comes
@@ -545,7 +546,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 	case complete && !inject:
 		// A verdict, when one comes, says the message arrived: no
 		// delivery completion is needed for it.
-		err = e.FI.SendMsg(unsafe.Pointer(&b[0]), n, e.MemDesc(), rl.addr, e.SlotArea(idx), !f.p.m.localComp && !verdict)
+		err = e.FI.SendMsg(unsafe.Pointer(&b[0]), n, e.MemDesc(), rl.addr, e.SlotArea(idx), !f.p.Mesh().LocalCompletion && !verdict)
 		if err != nil {
 			f.unslot(e, idx)
 		}
@@ -608,7 +609,7 @@ func (f *fabricLink) sendVerdict(rail int, word uint64, status abi.Result) bool 
 // yet. A peer already gone needs none: it is failed instead.
 func (f *fabricLink) sendSmall(rail int, h endpoint.Msg, what string) bool {
 	if err := f.peerGone(); err != nil {
-		go f.p.markDead(err)
+		go f.p.MarkDead(err)
 		return true // nobody to tell
 	}
 	rl := &f.rails[rail]
@@ -622,7 +623,7 @@ func (f *fabricLink) sendSmall(rail int, h endpoint.Msg, what string) bool {
 	h.Put(b)
 	err := f.sendFree(rl, idx, b)
 	if err != nil && err != fabric.ErrAgain {
-		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: %s to rank %d: %v", what, f.p.rank, err)
+		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: %s to rank %d: %v", what, f.p.Rank(), err)
 	}
 	return err != fabric.ErrAgain
 }
@@ -655,7 +656,7 @@ func (f *fabricLink) retry() {
 	defer f.pmu.Unlock()
 	k := 0
 	for k < len(f.pend) {
-		if f.p.dead.Load() {
+		if f.p.Dead() {
 			break
 		}
 		pd := &f.pend[k]
@@ -666,8 +667,8 @@ func (f *fabricLink) retry() {
 		k++
 		f.backlog.Add(-1)
 		if err != nil {
-			f.p.failCause(&pd.op, err)
-			go f.p.markDead(err)
+			f.p.FailCause(pd.op, err)
+			go f.p.MarkDead(err)
 		}
 	}
 	f.pend = append(f.pend[:0], f.pend[k:]...)
@@ -724,7 +725,7 @@ func (f *fabricLink) FailAll() {
 	f.backlog.Add(-int32(len(pend)))
 	f.pmu.Unlock()
 	for i := range pend {
-		f.p.fail(&pend[i].op)
+		f.p.Fail(pend[i].op)
 	}
 	f.dropStaged()
 	for i := range f.rails {
@@ -743,15 +744,15 @@ func (f *fabricLink) FailAll() {
 // the poll lock: a signal's slot whose send completed waits only for the
 // verdict, which will not come; nobody else frees it.
 func (f *fabricLink) failSlots(e *fabEP) {
-	mine := slotPosted | uint32(f.p.rank)<<2
+	mine := slotPosted | uint32(f.p.Rank())<<2
 	e.LockPoll()
 	defer e.UnlockPoll()
 	for i := range e.slots {
 		s := &e.slots[i]
-		if s.state.CompareAndSwap(mine, slotFailed|uint32(f.p.rank)<<2) {
+		if s.state.CompareAndSwap(mine, slotFailed|uint32(f.p.Rank())<<2) {
 			f.done(s)
 			if s.tag != 0 {
-				f.p.m.owner.Complete(s.tag, abi.RemoteError)
+				f.p.Mesh().Owner.Complete(s.tag, abi.RemoteError)
 			}
 			if s.sig && s.got&sigSent != 0 {
 				s.link, s.sig, s.got, s.vst = nil, false, 0, abi.Success

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
@@ -50,7 +51,7 @@ type intraLink struct {
 // descriptor server (PeerReg.Share).
 const ShareOffer = 1
 
-func newIntraLink(p *peer, outs, ins []*net.TCPConn, pid int) *intraLink {
+func newIntraLink(p link.Peer, outs, ins []*net.TCPConn, pid int) *intraLink {
 	x := &intraLink{tcpLink: newTCPLink(p, outs, ins), pid: pid}
 	x.on.Store(true)
 	x.mapOn.Store(true)
@@ -176,7 +177,7 @@ func moved(ok bool) sideMove {
 // flushes with an 8-byte put to its own rank after every signal it awaits
 // for a CUDA graph without GDRCopy, and a GIN alltoall puts to its own
 // rank every round.
-func (x *intraLink) self() bool { return x.pid == os.Getpid() && x.p.rank == x.p.m.rank }
+func (x *intraLink) self() bool { return x.pid == os.Getpid() && x.p.Rank() == x.p.Mesh().Rank }
 
 // selfDevice moves the payload of op, an operation of this rank to itself
 // with device memory at either end, with the device's copies instead of a
@@ -187,7 +188,7 @@ func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) sideMove {
 	if op.Size == 0 || (op.LocalCtx == 0 && op.Remote != 0) {
 		return sideNo // host memory at both ends: the paths above
 	}
-	base, size, ctx, pin, ok := x.p.m.owner.Resolve(op.MrID)
+	base, size, ctx, pin, ok := x.p.Mesh().Owner.Resolve(op.MrID)
 	if !ok {
 		return sideNo
 	}
@@ -205,17 +206,17 @@ func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) sideMove {
 	l.l.settle()
 	var err error
 	if put {
-		err = staging.CopyLocal(ctx, reg, op.LocalCtx, op.Local, op.Size, x.p.m.stageChunk)
+		err = staging.CopyLocal(ctx, reg, op.LocalCtx, op.Local, op.Size, x.p.Mesh().StageChunk)
 	} else {
-		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, reg, op.Size, x.p.m.stageChunk)
+		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, reg, op.Size, x.p.Mesh().StageChunk)
 	}
 	if err != nil {
 		// The TCP path stages it again and fails it with its cause.
-		selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself: %v; sending it through its own socket instead", x.p.rank, op.Size, err)
+		selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself: %v; sending it through its own socket instead", x.p.Rank(), op.Size, err)
 		return sideNo
 	}
 	if x.selfs.Add(1) == 1 {
-		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory move by device copies, not through its own socket", x.p.rank)
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory move by device copies, not through its own socket", x.p.Rank())
 	}
 	return sideMoved
 }
@@ -230,12 +231,12 @@ func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) sideMove {
 // before it landed; an owner without parts; no spare slot; a failure to
 // queue, which the synchronous copy then reports).
 func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
-	m := x.p.m
+	m := x.p.Mesh()
 	if put && x.strong(op) {
 		return false
 	}
 	acked := tellsTarget(op)
-	po, parts := m.owner.(PartOwner)
+	po, parts := m.Owner.(PartOwner)
 	if acked && !parts {
 		return false
 	}
@@ -246,18 +247,18 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 	if acked {
 		po.AddPart(op.Tag) // taken back below when nothing was queued
 	}
-	ok, err := staging.CopySelfAsync(op.LocalCtx, dst, src, op.Size, m.owner, op.Tag)
+	ok, err := staging.CopySelfAsync(op.LocalCtx, dst, src, op.Size, m.Owner, op.Tag)
 	if !ok {
 		if acked {
-			m.owner.Complete(op.Tag, abi.Success) // the part added above
+			m.Owner.Complete(op.Tag, abi.Success) // the part added above
 		}
 		if err != nil {
-			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself not queued on the device: %v; copying it synchronously", x.p.rank, op.Size, err)
+			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself not queued on the device: %v; copying it synchronously", x.p.Rank(), op.Size, err)
 		}
 		return false
 	}
 	if x.selfs.Add(1) == 1 {
-		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory are queued on the device's stream and complete when they executed", x.p.rank)
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory are queued on the device's stream and complete when they executed", x.p.Rank())
 	}
 	return true
 }
@@ -302,9 +303,9 @@ func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) sideMove {
 	}
 	var err error
 	if put {
-		err = staging.CopyLocal(ctx, addrPtr(op.Mapped), op.LocalCtx, op.Local, op.Size, x.p.m.stageChunk)
+		err = staging.CopyLocal(ctx, addrPtr(op.Mapped), op.LocalCtx, op.Local, op.Size, x.p.Mesh().StageChunk)
 	} else {
-		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, addrPtr(op.Mapped), op.Size, x.p.m.stageChunk)
+		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, addrPtr(op.Mapped), op.Size, x.p.Mesh().StageChunk)
 	}
 	if err != nil {
 		return x.mapFailed(op, err)
@@ -317,7 +318,7 @@ func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) sideMove {
 // WARN): op and every later operation take the staged path.
 func (x *intraLink) mapFailed(op *Op, err error) sideMove {
 	if x.mapOn.Swap(false) {
-		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: device copy of %d bytes through the mapping of its memory failed: %v; its operations go through the staged path from now on", x.p.rank, op.Size, err)
+		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: device copy of %d bytes through the mapping of its memory failed: %v; its operations go through the staged path from now on", x.p.Rank(), op.Size, err)
 	}
 	return sideNo
 }
@@ -325,14 +326,14 @@ func (x *intraLink) mapFailed(op *Op, err error) sideMove {
 // strong reports whether op's target registration is strongly ordered
 // (NCCL_NET_MR_FLAG_FORCE_SO): its puts are copied and waited for.
 func (x *intraLink) strong(op *Op) bool {
-	so, ok := x.p.m.owner.(StrongOwner)
+	so, ok := x.p.Mesh().Owner.(StrongOwner)
 	return ok && so.StronglyOrdered(op.MrID)
 }
 
 // mappedOnce counts an operation moved through a mapping; the first says so.
 func (x *intraLink) mappedOnce() {
 	if x.mapped.Add(1) == 1 {
-		logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): device operations copy straight into its mapped device memory (IPC)", x.p.rank, x.pid)
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): device operations copy straight into its mapped device memory (IPC)", x.p.Rank(), x.pid)
 	}
 }
 
@@ -364,7 +365,7 @@ func (x *intraLink) vm(l *intraLane, op *Op, write bool) bool {
 				err = fmt.Errorf("short transfer after %d bytes: %v", done, err)
 			}
 			x.on.Store(false)
-			logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d (pid %d) refused by the kernel (%v); using TCP for this peer", x.p.rank, x.pid, err)
+			logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d (pid %d) refused by the kernel (%v); using TCP for this peer", x.p.Rank(), x.pid, err)
 			return false
 		}
 		done += uint64(n)

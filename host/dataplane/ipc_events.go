@@ -216,7 +216,7 @@ func (x *intraLink) queueMapped(op *Op) bool {
 	if !e.ready.Load() || op.Msg != wire.MsgPutSignal || op.LocalCtx != e.ctx {
 		return false
 	}
-	po, ok := x.p.m.owner.(PartOwner)
+	po, ok := x.p.Mesh().Owner.(PartOwner)
 	if !ok {
 		return false
 	}
@@ -224,11 +224,11 @@ func (x *intraLink) queueMapped(op *Op) bool {
 	// the target wait for the later of the two, never too little.
 	k := int(e.next.Add(1)-1) % len(e.own)
 	po.AddPart(op.Tag) // the copy's part; given back below when nothing was queued
-	ok, err := staging.CopyMappedAsync(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size, x.p.m.owner, op.Tag, e.own[k])
+	ok, err := staging.CopyMappedAsync(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size, x.p.Mesh().Owner, op.Tag, e.own[k])
 	if !ok {
-		x.p.m.owner.Complete(op.Tag, abi.Success)
+		x.p.Mesh().Owner.Complete(op.Tag, abi.Success)
 		if err != nil {
-			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: a mapped put+signal could not be ordered by an event: %v; waiting for its copy instead", x.p.rank, err)
+			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: a mapped put+signal could not be ordered by an event: %v; waiting for its copy instead", x.p.Rank(), err)
 		}
 		return false
 	}

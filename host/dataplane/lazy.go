@@ -26,26 +26,26 @@ import (
 // group counts the dial, so Close waits for it (p.quit cuts it short).
 func (l *lane) startOpen() {
 	l.opening = true
-	l.p.m.wg.Add(1)
+	l.p.Mesh().WG.Add(1)
 	go l.open()
 }
 
 func (l *lane) open() {
-	p, m := l.p, l.p.m
-	defer m.wg.Done()
-	c, err := m.dialLane(p, l.idx)
+	p := l.p
+	defer p.Mesh().WG.Done()
+	c, err := p.DialLane(l.idx)
 	if err == nil {
 		l.alloc()
 	}
 	l.mu.Lock()
-	if err == nil && (p.dead.Load() || l.down) {
+	if err == nil && (p.Dead() || l.down) {
 		l.mu.Unlock()
 		c.Close()
 		return
 	}
 	if err != nil {
 		l.mu.Unlock()
-		err = fmt.Errorf("open lane %d to rank %d: %w", l.idx, p.rank, err)
+		err = fmt.Errorf("open lane %d to rank %d: %w", l.idx, p.Rank(), err)
 		l.broken(err)
 		if l.isDown() {
 			l.migrate(err)
@@ -55,7 +55,7 @@ func (l *lane) open() {
 	l.q.Grow(laneQueue)
 	l.out = c
 	l.setOut(c)
-	p.opened.Or(1 << l.idx)
+	p.Opened().Or(1 << l.idx)
 	l.mu.Unlock()
 	l.run()
 	l.kick()
@@ -78,13 +78,13 @@ func (m *Mesh) dialLane(p *peer, lane int) (*net.TCPConn, error) {
 	defer cancel()
 	go func() {
 		select { // not on m.quit: Close waits for what was queued on the lane
-		case <-p.quit:
+		case <-p.Quit():
 			cancel()
 		case <-ctx.Done():
 		}
 	}()
 	cl := handshake.Claim{Rank: m.rank, NRanks: m.nranks, Lane: lane, Lanes: m.lanes, NoFabric: m.noFab, Encrypt: m.encrypt}
-	return dialCtx(ctx, &m.infos[p.rank], m.id, cl)
+	return dialCtx(ctx, &m.infos[p.Rank()], m.id, cl)
 }
 
 // closeIn closes incoming stream i if the peer opened it.
@@ -104,18 +104,18 @@ func (t *tcpLink) addIn(lane, lanes int, c *net.TCPConn) error {
 	defer t.inMu.Unlock()
 	switch {
 	case lanes != len(t.ins) || lane < 1 || lane >= lanes:
-		return fmt.Errorf("rank %d opened lane %d of %d; it announced %d lanes", t.p.rank, lane, lanes, len(t.ins))
+		return fmt.Errorf("rank %d opened lane %d of %d; it announced %d lanes", t.p.Rank(), lane, lanes, len(t.ins))
 	case t.ins[lane] != nil:
-		return fmt.Errorf("two connections claim rank %d lane %d", t.p.rank, lane)
+		return fmt.Errorf("two connections claim rank %d lane %d", t.p.Rank(), lane)
 	case t.fenced&(1<<lane) != 0:
-		return fmt.Errorf("rank %d opened lane %d after it resent that lane's operations", t.p.rank, lane)
-	case t.p.dead.Load():
-		return fmt.Errorf("%w: rank %d", ErrPeerGone, t.p.rank)
+		return fmt.Errorf("rank %d opened lane %d after it resent that lane's operations", t.p.Rank(), lane)
+	case t.p.Dead():
+		return fmt.Errorf("%w: rank %d", ErrPeerGone, t.p.Rank())
 	}
 	c.SetNoDelay(true)
 	t.ins[lane] = c
 	t.acks[lane].in = c
-	t.p.m.wg.Add(1)
+	t.p.Mesh().WG.Add(1)
 	go t.service(lane, c)
 	return nil
 }

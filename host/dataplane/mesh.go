@@ -120,6 +120,8 @@ type Mesh struct {
 	id             *handshake.Identity
 	noFab, encrypt bool
 	dialTimeout    time.Duration
+	// cfg is what the transports read of the mesh (link.Peer.Mesh).
+	cfg link.Config
 }
 
 // ErrPeerGone is the status of operations to a peer that closed or failed.
@@ -167,6 +169,9 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 	if m.closeTimeout <= 0 {
 		m.closeTimeout = DefaultCloseTimeout
 	}
+	m.cfg = link.Config{Rank: rank, Owner: owner, WG: &m.wg, StageChunk: m.stageChunk, LocalCompletion: m.localComp,
+		OrderWindow: m.orderWindow, SpinWait: m.spinWait, Spinners: m.spinners, CloseTimeout: m.closeTimeout,
+		NoIntraRing: m.noIntraRing, NoIntraStream: m.noIntraStream}
 	l.fitFabric(n)
 	outs, ins, peerNoFab, err := connectStreams(l, infos, want, rank, lanes, opt.NoFabric, opt.Encrypt, deadline, timeout)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -38,7 +39,7 @@ const (
 type intraLane struct {
 	x *intraLink
 	l laneIO
-	p *peer
+	p link.Peer
 	laneRing
 	laneShm
 	liov [1]unix.Iovec       // scratch for process_vm_writev/readv
@@ -78,12 +79,12 @@ func (x *intraLane) ringReady() (bool, error) {
 		return false, nil
 	}
 	x.ringState = ringOff
-	if x.p.m.noIntraRing {
+	if x.p.Mesh().NoIntraRing {
 		return false, nil
 	}
-	r, err := staging.NewRing(staging.RingSlots, x.p.m.stageChunk)
+	r, err := staging.NewRing(staging.RingSlots, x.p.Mesh().StageChunk)
 	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no staging ring (%v); device payloads ride the TCP lanes", x.p.rank, err)
+		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no staging ring (%v); device payloads ride the TCP lanes", x.p.Rank(), err)
 		return false, nil
 	}
 	x.ring.Store(r)
@@ -99,7 +100,7 @@ func (x *intraLane) ringReady() (bool, error) {
 	}
 	x.ringState = ringOn
 	logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d, lane %d: device payloads through a shared staging ring (%d slots of %d KiB)",
-		x.p.rank, x.l.index(), r.Slots(), r.Chunk()>>10)
+		x.p.Rank(), x.l.index(), r.Slots(), r.Chunk()>>10)
 	return true, nil
 }
 

@@ -58,12 +58,12 @@ func (x *intraLane) streamOn() bool {
 		return false
 	}
 	x.sState = ringOff
-	if x.p.m.noIntraStream || !x.l.raw() {
+	if x.p.Mesh().NoIntraStream || !x.l.raw() {
 		return false
 	}
 	s, err := newStreamRing(StreamRingSize)
 	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no shared-memory stream (%v); requests ride the socket", x.p.rank, err)
+		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no shared-memory stream (%v); requests ride the socket", x.p.Rank(), err)
 		return false
 	}
 	x.sring.Store(s)
@@ -81,7 +81,7 @@ func (x *intraLane) streamOn() bool {
 	x.sOn.Store(true)
 	x.bellFn = x.bellFD
 	logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d, lane %d: requests through a shared-memory stream (%d KiB)",
-		x.p.rank, x.l.index(), size>>10)
+		x.p.Rank(), x.l.index(), size>>10)
 	return true
 }
 

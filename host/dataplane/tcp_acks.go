@@ -203,7 +203,7 @@ func (l *lane) ackedPuts(empty bool) {
 	if at := l.bsAt.Load(); at != 0 && l.bsAt.CompareAndSwap(at, 0) {
 		n := l.bsRescued.Add(1)
 		backstopInfo.Info(abi.SubsysNet, "NET/wasm: rank %d: puts to rank %d on lane %d were acknowledged only after the liveness backstop asked (they waited over %v; %d times on this lane)",
-			l.p.m.rank, l.p.rank, l.idx, time.Duration(l.backstopBound()), n)
+			l.p.Mesh().Rank, l.p.Rank(), l.idx, time.Duration(l.backstopBound()), n)
 	}
 }
 
@@ -265,7 +265,7 @@ func (l *lane) sendAsk() {
 		return
 	}
 	l.mu.Lock()
-	if l.writing || l.down || l.out == nil || l.p.dead.Load() || l.q.Len() > 0 {
+	if l.writing || l.down || l.out == nil || l.p.Dead() || l.q.Len() > 0 {
 		l.mu.Unlock()
 		return
 	}
@@ -290,7 +290,7 @@ func (l *lane) writeAlone() {
 // stranded. It reports whether it took the stream.
 func (l *lane) sendAck(idle bool) bool {
 	l.mu.Lock()
-	if l.writing || l.down || l.out == nil || l.p.dead.Load() || !l.t.acksOwed() || (idle && l.q.Len() > 0) {
+	if l.writing || l.down || l.out == nil || l.p.Dead() || !l.t.acksOwed() || (idle && l.q.Len() > 0) {
 		l.mu.Unlock()
 		return false
 	}
@@ -312,10 +312,10 @@ func (l *lane) awaitPuts(tags []uint64, ops []Op) {
 		return
 	}
 	l.amu.Lock()
-	if l.p.dead.Load() {
+	if l.p.Dead() {
 		l.amu.Unlock()
 		for _, tag := range tags {
-			l.p.fail(&Op{Msg: wire.MsgPut, Tag: tag})
+			l.p.Fail(Op{Msg: wire.MsgPut, Tag: tag})
 		}
 		return
 	}
@@ -370,7 +370,7 @@ func (l *lane) ackPuts(n uint64) bool {
 		}
 		for _, tag := range done[:k] {
 			if tag != 0 {
-				l.p.m.owner.Complete(tag, abi.Success)
+				l.p.Mesh().Owner.Complete(tag, abi.Success)
 			}
 		}
 		if k < len(done) {
@@ -406,7 +406,7 @@ func (l *lane) failPut(tag uint64, st abi.Result) {
 	}
 	l.amu.Unlock()
 	if found {
-		l.p.m.owner.Complete(tag, st)
+		l.p.Mesh().Owner.Complete(tag, st)
 	}
 }
 
@@ -431,7 +431,7 @@ func (l *lane) failPuts() {
 	l.amu.Unlock()
 	for _, tag := range tags {
 		if tag != 0 {
-			l.p.m.owner.Complete(tag, abi.RemoteError)
+			l.p.Mesh().Owner.Complete(tag, abi.RemoteError)
 		}
 	}
 }

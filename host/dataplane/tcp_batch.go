@@ -129,7 +129,7 @@ func (l *lane) sideOp(b *batchOut, i int, op *Op) bool {
 		op.Msg = opDone // nothing to tell the target
 		switch mv {
 		case sideMoved:
-			l.p.m.owner.Complete(op.Tag, abi.Success)
+			l.p.Mesh().Owner.Complete(op.Tag, abi.Success)
 		case sideGathered:
 			b.later = append(b.later, i)
 		}
@@ -170,7 +170,7 @@ func (l *lane) header(i int, op *Op, ringed, comp bool) []byte {
 // compressed payload, or host memory written straight from the
 // registration.
 func (l *lane) putPayload(b *batchOut, op *Op, ringed, comp bool) (err error) {
-	if l.p.m.localComp {
+	if l.p.Mesh().LocalCompletion {
 		// Completed below, once written. The FIFO still counts
 		// the put against the target's acks; tag 0 completes
 		// nothing when the ack comes.
@@ -199,7 +199,7 @@ func (l *lane) putPayload(b *batchOut, op *Op, ringed, comp bool) (err error) {
 		// payload is staged through host memory chunk by chunk.
 		l.await(b)
 		if err = l.writeIov(b.iov); err == nil {
-			err = staging.WriteFromDevice(l.streamWriter(), op.LocalCtx, uintptr(op.Local), op.Size, l.p.m.stageChunk)
+			err = staging.WriteFromDevice(l.streamWriter(), op.LocalCtx, uintptr(op.Local), op.Size, l.p.Mesh().StageChunk)
 		}
 		b.iov = b.iov[:0]
 	} else if comp {
@@ -224,16 +224,16 @@ func (l *lane) batchWritten(ops []Op, n int, later []int, err error) bool {
 		// Their copies were waited for by a writeIov that succeeded, or
 		// the batch failed.
 		if err == nil {
-			p.m.owner.Complete(ops[i].Tag, abi.Success)
+			p.Mesh().Owner.Complete(ops[i].Tag, abi.Success)
 		} else {
-			p.fail(&ops[i])
+			p.Fail(ops[i])
 		}
 	}
 	if err != nil && l.canFailover() {
 		// The lane failed alone: what the loop did not reach goes to the
 		// other lanes with the rest of its work (tcp_failover.go).
 		l.keep(ops[n:])
-		l.broken(fmt.Errorf("send to rank %d on lane %d: %w", p.rank, l.idx, err))
+		l.broken(fmt.Errorf("send to rank %d on lane %d: %w", p.Rank(), l.idx, err))
 		return false
 	}
 	if err != nil {
@@ -242,17 +242,17 @@ func (l *lane) batchWritten(ops []Op, n int, later []int, err error) bool {
 			// markDead fails (but tag 0 there in local mode); the rest
 			// never left.
 			put := ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal
-			if (i >= n && (put || ops[i].Msg == wire.MsgGet)) || (put && p.m.localComp) {
-				p.fail(&ops[i])
+			if (i >= n && (put || ops[i].Msg == wire.MsgGet)) || (put && p.Mesh().LocalCompletion) {
+				p.Fail(ops[i])
 			}
 		}
-		p.markDead(fmt.Errorf("send to rank %d: %w", p.rank, err))
+		p.MarkDead(fmt.Errorf("send to rank %d: %w", p.Rank(), err))
 		return false
 	}
-	if p.m.localComp {
+	if p.Mesh().LocalCompletion {
 		for i := range ops {
 			if ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal {
-				p.m.owner.Complete(ops[i].Tag, abi.Success)
+				p.Mesh().Owner.Complete(ops[i].Tag, abi.Success)
 			}
 		}
 	}

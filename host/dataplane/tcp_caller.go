@@ -171,7 +171,7 @@ func newInReader(t *tcpLink, lane int, in *net.TCPConn, ack *acker) (*inReader, 
 		return nil, err
 	}
 	r := &inReader{t: t, lane: lane, in: in, rc: rc, ack: ack,
-		blk:  spin.NewReader(in, t.p.m.spinWait, t.p.m.spinners, nil),
+		blk:  spin.NewReader(in, t.p.Mesh().SpinWait, t.p.Mesh().Spinners, nil),
 		resp: make([]byte, wire.HeaderSize+smallResponse), dec: &codec.Decoder{}, rxr: &staging.Receiver{}}
 	r.rdFn = r.readFD
 	r.waitFn = r.waitFD
@@ -293,14 +293,14 @@ func (r *inReader) waitFD(fd uintptr) bool {
 			}
 			return true
 		}
-		m := r.t.p.m
+		m := r.t.p.Mesh()
 		if !spinning {
-			if r.parked || m.spinWait <= 0 || Now()-r.rx.Load() > int64(m.spinWait) || !spin.Acquire(int32(m.spinners)) {
+			if r.parked || m.SpinWait <= 0 || Now()-r.rx.Load() > int64(m.SpinWait) || !spin.Acquire(int32(m.Spinners)) {
 				r.parked = true
 				return false
 			}
 			spinning, start = true, Now()
-		} else if Now()-start > int64(m.spinWait) {
+		} else if Now()-start > int64(m.SpinWait) {
 			spin.Release()
 			r.parked = true
 			return false
@@ -336,12 +336,12 @@ func (r *inReader) wait() {
 				select {
 				case <-r.kick:
 				case <-r.nap.C():
-				case <-r.t.p.quit: // the streams are closed: the read ends the service
+				case <-r.t.p.Quit(): // the streams are closed: the read ends the service
 				}
 				r.nap.Stop()
 			}
 			r.napping.Store(false)
-			if !r.left.Load() && !r.t.p.dead.Load() {
+			if !r.left.Load() && !r.t.p.Dead() {
 				continue
 			}
 		} else {
@@ -574,10 +574,10 @@ type shmIn interface {
 func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
 	p := t.p
 	if r.sring != nil {
-		return fmt.Errorf("protocol error: rank %d offered a second shared-memory stream on one lane", p.rank)
+		return fmt.Errorf("protocol error: rank %d offered a second shared-memory stream on one lane", p.Rank())
 	}
 	if r.br.Buffered() != 0 {
-		return fmt.Errorf("protocol error: rank %d wrote %d bytes on its socket after offering a shared-memory stream", p.rank, r.br.Buffered())
+		return fmt.Errorf("protocol error: rank %d wrote %d bytes on its socket after offering a shared-memory stream", p.Rank(), r.br.Buffered())
 	}
 	var err error
 	var s shmIn
@@ -587,7 +587,7 @@ func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
 		s, err = t.side.attachStream(h)
 	}
 	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's shared-memory stream (%v); its requests ride the socket", p.rank, err)
+		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's shared-memory stream (%v); its requests ride the socket", p.Rank(), err)
 		return t.reply(r.in, wire.MsgStreamNo, h, abi.InternalError, nil, r.resp)
 	}
 	if r.lowat {
@@ -656,13 +656,13 @@ func (r *inReader) waitStream(fd uintptr) bool {
 			}
 			return true
 		}
-		m := r.t.p.m
+		m := r.t.p.Mesh()
 		if !spinning {
-			if m.spinWait <= 0 || Now()-r.rx.Load() > int64(m.spinWait) || !spin.Acquire(int32(m.spinners)) {
+			if m.SpinWait <= 0 || Now()-r.rx.Load() > int64(m.SpinWait) || !spin.Acquire(int32(m.Spinners)) {
 				break
 			}
 			spinning, start = true, Now()
-		} else if Now()-start > int64(m.spinWait) {
+		} else if Now()-start > int64(m.SpinWait) {
 			spin.Release()
 			break
 		}

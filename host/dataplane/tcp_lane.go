@@ -13,6 +13,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -58,7 +59,7 @@ func (d *delay) set(v time.Duration) { d.ns.Store(int64(v)) }
 // and the replies to them) and the peer's incoming streams (its requests to
 // our memory, served by tcp_service.go, and our replies).
 type tcpLink struct {
-	p     *peer
+	p     link.Peer
 	lanes []*lane
 	ins   []*net.TCPConn // nil for a lane the peer has not opened yet (inMu)
 	inMu  sync.Mutex     // guards ins and fenced once the link started (addIn)
@@ -185,7 +186,7 @@ const (
 	sideGathered                 // its copy is queued in the batch (staging.Gather.AddCopy): done once the batch waited for it
 )
 
-func newTCPLink(p *peer, outs, ins []*net.TCPConn) *tcpLink {
+func newTCPLink(p link.Peer, outs, ins []*net.TCPConn) *tcpLink {
 	t := &tcpLink{p: p, ins: ins}
 	for i, c := range outs {
 		t.lanes = append(t.lanes, newLane(t, i, c))
@@ -246,7 +247,7 @@ func (t *tcpLink) Start() {
 	defer t.inMu.Unlock()
 	for i, in := range t.ins {
 		if in != nil { // lanes beyond the first arrive when the peer uses them (addIn)
-			t.p.m.wg.Add(1)
+			t.p.Mesh().WG.Add(1)
 			go t.service(i, in)
 		}
 	}
@@ -335,7 +336,7 @@ func (t *tcpLink) Stop() {
 	for _, l := range t.lanes {
 		l.mu.Lock()
 	}
-	t.p.dead.Store(true)
+	t.p.RaiseDead()
 	outs := make([]*net.TCPConn, len(t.lanes)) // teardown: allocating is fine
 	for i, l := range t.lanes {
 		outs[i] = l.out
@@ -378,7 +379,7 @@ func (t *tcpLink) FailAll() {
 			if !ok {
 				break
 			}
-			t.p.m.owner.Complete(e.tag, abi.RemoteError)
+			t.p.Mesh().Owner.Complete(e.tag, abi.RemoteError)
 		}
 		l.failPuts()
 	}
@@ -396,7 +397,7 @@ type getEntry struct {
 // lane is one outgoing stream to a peer: a queue, the goroutine that writes
 // it, and the goroutine that reads the peer's replies on the same socket.
 type lane struct {
-	p   *peer
+	p   link.Peer
 	t   *tcpLink
 	idx int
 	out *net.TCPConn // nil until the lane opens (lazy.go); set under mu
@@ -497,9 +498,9 @@ type sentOp struct {
 func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
 	l := &lane{p: t.p, t: t, idx: idx, out: out, wake: make(chan struct{}, 1)}
 	if out != nil {
-		t.p.opened.Or(1 << idx)
+		t.p.Opened().Or(1 << idx)
 	}
-	l.resend = t.p.lanes > 1 && !t.p.m.localComp
+	l.resend = t.p.Lanes() > 1 && !t.p.Mesh().LocalCompletion
 	if out == nil {
 		// Not open yet (lazy.go): a small queue that grows, and the
 		// buffers when it opens, so an unused lane costs little.
@@ -558,7 +559,7 @@ func (l *lane) timers() {
 
 // run starts the lane's writer and reply reader on its open stream.
 func (l *lane) run() {
-	l.p.m.wg.Add(2)
+	l.p.Mesh().WG.Add(2)
 	go l.writer()
 	go l.replies()
 }

@@ -46,9 +46,9 @@ const loneGap = 10 * time.Microsecond
 // loneGap after the op before.
 func (l *lane) enqueue(op *Op, hold bool) (lone bool) {
 	l.mu.Lock()
-	if l.p.dead.Load() {
+	if l.p.Dead() {
 		l.mu.Unlock()
-		l.p.fail(op)
+		l.p.Fail(*op)
 		return false
 	}
 	if l.down {
@@ -113,7 +113,7 @@ func (l *lane) flush() {
 	l.askDue()
 	l.sendAsk() // an ask for the peer's acks that no batch carried yet
 	l.mu.Lock()
-	if l.writing || l.q.Len() == 0 || l.down || l.out == nil || l.q.At(0).NotBefore != 0 || l.p.dead.Load() {
+	if l.writing || l.q.Len() == 0 || l.down || l.out == nil || l.q.At(0).NotBefore != 0 || l.p.Dead() {
 		// A paced op at the head is the writer's, on its timer; an
 		// unopened lane's ops wait for it to open (lazy.go).
 		l.mu.Unlock()
@@ -234,7 +234,7 @@ func (l *lane) drainFailed() {
 	l.orphans = nil
 	l.mu.Unlock()
 	for i := range orphans {
-		l.p.fail(&orphans[i])
+		l.p.Fail(orphans[i])
 	}
 	for {
 		l.mu.Lock()
@@ -243,16 +243,16 @@ func (l *lane) drainFailed() {
 		if !ok {
 			return
 		}
-		l.p.fail(&op)
+		l.p.Fail(op)
 	}
 }
 
 func (l *lane) writer() {
-	defer l.p.m.wg.Done()
+	defer l.p.Mesh().WG.Done()
 	for {
 		select {
 		case <-l.wake:
-		case <-l.p.quit:
+		case <-l.p.Quit():
 			return
 		}
 		for {

@@ -139,7 +139,7 @@ func (l *lane) streamWriter() io.Writer {
 }
 
 // Gone is the staging ring's liveness check of a sending lane.
-func (l *lane) Gone() bool { return l.p.dead.Load() || l.isDown() }
+func (l *lane) Gone() bool { return l.p.Dead() || l.isDown() }
 
 // raw, control, index and addCopy are the lane's laneIO for its side.
 func (l *lane) raw() bool                         { return l.orc != nil }

@@ -210,12 +210,12 @@ const ackEvery = 64
 // arrives on its own thread (tcp_caller.go).
 func (t *tcpLink) service(lane int, in *net.TCPConn) {
 	p := t.p
-	defer p.m.wg.Done()
+	defer p.Mesh().WG.Done()
 	defer close(t.inDone[lane]) // after the last landing (fence waits for it)
 	ack := t.acks[lane]
 	r, err := newInReader(t, lane, in, ack)
 	if err != nil {
-		p.markDead(fmt.Errorf("serve rank %d: %w", p.rank, err))
+		p.MarkDead(fmt.Errorf("serve rank %d: %w", p.Rank(), err))
 		return
 	}
 	defer r.close() // holding the role: no caller touches the stream after this
@@ -238,7 +238,7 @@ func (t *tcpLink) serveAll(r *inReader) bool {
 			if streamEnded(err) && t.inLaneEnded(lane, err) {
 				return false
 			}
-			p.markDead(err)
+			p.MarkDead(err)
 			return false
 		}
 		var err error
@@ -267,11 +267,11 @@ func (t *tcpLink) serveAll(r *inReader) bool {
 			if t.inLaneEnded(lane, err) {
 				return false // the lane failed alone: the peer fails it over
 			}
-			p.markDead(fmt.Errorf("receive from rank %d: %w", p.rank, err))
+			p.MarkDead(fmt.Errorf("receive from rank %d: %w", p.Rank(), err))
 			return false
 		}
 		if r.bye {
-			p.markDead(fmt.Errorf("protocol error: rank %d sent message type %d after its goodbye", p.rank, r.hb[0]))
+			p.MarkDead(fmt.Errorf("protocol error: rank %d sent message type %d after its goodbye", p.Rank(), r.hb[0]))
 			return false
 		}
 		r.h.Decode(r.hb[:])
@@ -280,7 +280,7 @@ func (t *tcpLink) serveAll(r *inReader) bool {
 			if streamEnded(err) && t.inLaneEnded(lane, err) {
 				return false // broke mid-message: the peer sends it again
 			}
-			p.markDead(err)
+			p.MarkDead(err)
 			return false
 		}
 	}
@@ -300,12 +300,12 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 		case h.Status&wire.StatusResent == 0:
 			err = t.servePut(ack, br, h, resp, r.dec, r.rxr)
 		case h.Seq == 0:
-			err = fmt.Errorf("protocol error: rank %d resent a put without a sequence number", p.rank)
+			err = fmt.Errorf("protocol error: rank %d resent a put without a sequence number", p.Rank())
 		default:
 			// Sent again after lane From failed: only once nothing of
 			// that lane is still landing, and only if it never landed.
 			if err = t.fence(lane, int(h.Status&wire.StatusFromMask)>>8); err == nil {
-				if p.order.Seen(h.Seq) {
+				if p.Order().Seen(h.Seq) {
 					err = t.dropPut(br, h, r.dec)
 				} else {
 					err = t.servePut(ack, br, h, resp, r.dec, r.rxr)
@@ -324,7 +324,7 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 			err = t.piggyAck(h) // (an ask alone acknowledges nothing)
 		}
 		if err == nil && h.Status&wire.StatusAckNow != 0 {
-			t.p.askedAcks.Add(1)
+			t.p.AskedAcks().Add(1)
 			err = ack.flush() // the sender waits: no holding for a batch of ours
 		}
 	case wire.MsgGet:
@@ -345,7 +345,7 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 			if h.SigMrID == ShareOffer {
 				r.Share = h.Tag
 			}
-			p.m.owner.PeerRegistered(p.rank, r)
+			p.Mesh().Owner.PeerRegistered(p.Rank(), r)
 		}
 	case wire.MsgBye:
 		// Everything this lane carried before the goodbye has been
@@ -353,13 +353,13 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 		// sequence number of another lane is applied when that one
 		// lands, and that lane's goodbye comes after it).
 		// The puts it carried are acknowledged before the goodbye.
-		p.peerBye.Store(true)
+		p.SeeBye()
 		r.bye = true
 		if err = ack.flush(); err == nil {
 			err = t.reply(in, wire.MsgByeAck, h, abi.Success, nil, resp)
 		}
 	default:
-		err = fmt.Errorf("protocol error: message type %d from rank %d", h.Typ, p.rank)
+		err = fmt.Errorf("protocol error: message type %d from rank %d", h.Typ, p.Rank())
 	}
 	return err
 }
@@ -391,7 +391,7 @@ func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) (sigRef, error) {
 		if h.Typ != wire.MsgPutSignal {
 			what = "a put without signal by an event"
 		}
-		err := fmt.Errorf("protocol error: rank %d ordered %s (status %#x, %d bytes, seq %d)", t.p.rank, what, h.Status, h.Size, h.Seq)
+		err := fmt.Errorf("protocol error: rank %d ordered %s (status %#x, %d bytes, seq %d)", t.p.Rank(), what, h.Status, h.Size, h.Seq)
 		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
 		return sig, err
 	}
@@ -415,7 +415,7 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 		}()
 	}
 	if h.Size > 0 {
-		base, size, ctx, pin, ok := p.m.owner.Resolve(h.MrID)
+		base, size, ctx, pin, ok := p.Mesh().Owner.Resolve(h.MrID)
 		if !ok || !Span(h.Off, h.Size, size) {
 			status = abi.InvalidArgument
 		}
@@ -426,11 +426,11 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 			// The payload is in the staging ring: emptied even when
 			// the put is rejected, so the ring stays in step.
 			if cid != guestabi.CodecNone {
-				err = fmt.Errorf("protocol error: rank %d sent a compressed put through the staging ring", p.rank)
+				err = fmt.Errorf("protocol error: rank %d sent a compressed put through the staging ring", p.Rank())
 				break
 			}
-			if err = rx.Drain(p.rank, ctx, unsafe.Add(base, h.Off), h.Size, status == abi.Success, p); err != nil {
-				err = fmt.Errorf("receive put payload from rank %d through the staging ring: %w", p.rank, err)
+			if err = rx.Drain(p.Rank(), ctx, unsafe.Add(base, h.Off), h.Size, status == abi.Success, p); err != nil {
+				err = fmt.Errorf("receive put payload from rank %d through the staging ring: %w", p.Rank(), err)
 			}
 		case cid != guestabi.CodecNone:
 			// Compressed (SPEC.md §8.10): decoded into the range only.
@@ -446,26 +446,26 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 				// Rate-limited: a peer sending nothing but bad frames
 				// must not flood NCCL's log (each also fails its put).
 				codecWarn.Warn(abi.SubsysNet, "NET/wasm: protocol error from rank %d: put of %d bytes at offset %d of registration %d rejected: %v",
-					p.rank, h.Size, h.Off, h.MrID, bad)
+					p.Rank(), h.Size, h.Off, h.MrID, bad)
 				status = abi.RemoteError
 			}
 		case status != abi.Success:
 			if _, err = br.Discard(int(h.Size)); err != nil {
-				err = fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
+				err = fmt.Errorf("receive put payload from rank %d: %w", p.Rank(), err)
 			}
 		case ctx != 0:
 			land := staging.LandOnDevice
-			if so, ok := p.m.owner.(StrongOwner); ok && so.StronglyOrdered(h.MrID) {
+			if so, ok := p.Mesh().Owner.(StrongOwner); ok && so.StronglyOrdered(h.MrID) {
 				land = staging.ReadToDevice
-			} else if sh, ok := p.m.owner.(SharedOwner); ok && sh.Shared(h.MrID) {
+			} else if sh, ok := p.Mesh().Owner.(SharedOwner); ok && sh.Shared(h.MrID) {
 				land = staging.ReadToDevice
 			}
-			if err = land(br, ctx, devAddr(base, h.Off), h.Size, p.m.stageChunk); err != nil {
-				err = fmt.Errorf("receive put payload from rank %d into device memory: %w", p.rank, err)
+			if err = land(br, ctx, devAddr(base, h.Off), h.Size, p.Mesh().StageChunk); err != nil {
+				err = fmt.Errorf("receive put payload from rank %d into device memory: %w", p.Rank(), err)
 			}
 		default:
 			if _, err = io.ReadFull(br, unsafe.Slice((*byte)(unsafe.Add(base, h.Off)), h.Size)); err != nil {
-				err = fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
+				err = fmt.Errorf("receive put payload from rank %d: %w", p.Rank(), err)
 			}
 		}
 		pin.Release() // the payload is in (or the stream is broken)
@@ -476,14 +476,14 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 	var sig sigRef
 	var add uint64
 	if h.Typ == wire.MsgPutSignal && status == abi.Success {
-		sig, add, status = p.signalTarget(h.SigMrID, h.SigOff, h.SigOp, h.SigValue)
+		sig, add, status = p.SignalTarget(h.SigMrID, h.SigOff, h.SigOp, h.SigValue)
 	}
 	sig, err := t.orderMapped(h, sig)
 	if err != nil {
 		sig.Pin.Release()
 		return err
 	}
-	if err := p.landed(h.Seq, sig, add); err != nil {
+	if err := p.Landed(h.Seq, sig, add); err != nil {
 		return err
 	}
 	if status != abi.Success {
@@ -498,17 +498,17 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 // meanwhile is void (lane.ackPuts).
 func (t *tcpLink) piggyAck(h *wire.Header) error {
 	if int(h.MrID) >= len(t.lanes) {
-		return fmt.Errorf("protocol error: rank %d acknowledged puts of lane %d, which does not exist", t.p.rank, h.MrID)
+		return fmt.Errorf("protocol error: rank %d acknowledged puts of lane %d, which does not exist", t.p.Rank(), h.MrID)
 	}
 	if !t.lanes[h.MrID].ackPuts(h.Seq) {
-		return fmt.Errorf("protocol error: rank %d acknowledged %d puts on lane %d, more than it was sent", t.p.rank, h.Seq, h.MrID)
+		return fmt.Errorf("protocol error: rank %d acknowledged %d puts on lane %d, more than it was sent", t.p.Rank(), h.Seq, h.MrID)
 	}
 	return nil
 }
 
 func (t *tcpLink) serveGet(in *net.TCPConn, h *wire.Header, resp []byte) error {
 	p := t.p
-	base, size, ctx, pin, ok := p.m.owner.Resolve(h.MrID)
+	base, size, ctx, pin, ok := p.Mesh().Owner.Resolve(h.MrID)
 	defer pin.Release() // the bytes are on the socket when this returns
 	if !ok || !Span(h.Off, h.Size, size) {
 		return t.reply(in, wire.MsgGetResp, h, abi.InvalidArgument, nil, resp)
@@ -519,8 +519,8 @@ func (t *tcpLink) serveGet(in *net.TCPConn, h *wire.Header, resp []byte) error {
 		if err := t.reply(in, wire.MsgGetResp, h, abi.Success, nil, resp); err != nil {
 			return err
 		}
-		if err := staging.WriteFromDevice(in, ctx, devAddr(base, h.Off), h.Size, p.m.stageChunk); err != nil {
-			return fmt.Errorf("serve get from device memory to rank %d: %w", p.rank, err)
+		if err := staging.WriteFromDevice(in, ctx, devAddr(base, h.Off), h.Size, p.Mesh().StageChunk); err != nil {
+			return fmt.Errorf("serve get from device memory to rank %d: %w", p.Rank(), err)
 		}
 		return nil
 	}
@@ -542,25 +542,25 @@ func (t *tcpLink) readCompressed(br *bufio.Reader, cid uint8, size uint64, dst [
 	left, done := size, uint64(0)
 	for left > 0 {
 		if _, err := io.ReadFull(br, dec.Prefix[:]); err != nil {
-			return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.rank, err)
+			return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.Rank(), err)
 		}
 		clen, rawLen := codec.GetPrefix(dec.Prefix[:])
 		if err := codec.CheckFrame(clen, rawLen, left); err != nil {
-			return bad, fmt.Errorf("protocol error from rank %d: %w", t.p.rank, err)
+			return bad, fmt.Errorf("protocol error from rank %d: %w", t.p.Rank(), err)
 		}
 		switch {
 		case dst == nil || bad != nil:
 			if _, err := br.Discard(int(clen)); err != nil {
-				return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.rank, err)
+				return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.Rank(), err)
 			}
 		case clen == rawLen: // stored
 			if _, err := io.ReadFull(br, dst[done:done+uint64(rawLen)]); err != nil {
-				return bad, fmt.Errorf("receive put payload from rank %d: %w", t.p.rank, err)
+				return bad, fmt.Errorf("receive put payload from rank %d: %w", t.p.Rank(), err)
 			}
 		default:
 			dec.Take()
 			if _, err := io.ReadFull(br, dec.Buf[:clen]); err != nil {
-				return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.rank, err)
+				return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.Rank(), err)
 			}
 			bad = dec.Decode(cid, dst[done:done+uint64(rawLen)], dec.Buf[:clen])
 		}
@@ -585,7 +585,7 @@ func (t *tcpLink) reply(in *net.TCPConn, typ uint8, req *wire.Header, status abi
 		_, err = in.Write(data)
 	}
 	if err != nil {
-		return fmt.Errorf("reply to rank %d: %w", t.p.rank, err)
+		return fmt.Errorf("reply to rank %d: %w", t.p.Rank(), err)
 	}
 	return nil
 }
@@ -595,7 +595,7 @@ func (t *tcpLink) reply(in *net.TCPConn, typ uint8, req *wire.Header, status abi
 func (t *tcpLink) attachRing(in *net.TCPConn, rx *staging.Receiver, h *wire.Header, resp []byte) error {
 	p := t.p
 	if rx.Attached() {
-		return fmt.Errorf("protocol error: rank %d offered a second staging ring on one stream", p.rank)
+		return fmt.Errorf("protocol error: rank %d offered a second staging ring on one stream", p.Rank())
 	}
 	var err error
 	if t.side == nil {
@@ -604,7 +604,7 @@ func (t *tcpLink) attachRing(in *net.TCPConn, rx *staging.Receiver, h *wire.Head
 		err = t.side.attachRing(rx, h)
 	}
 	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's intra-node staging ring (%v); its device payloads ride the TCP lanes", p.rank, err)
+		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's intra-node staging ring (%v); its device payloads ride the TCP lanes", p.Rank(), err)
 		return t.reply(in, wire.MsgRingNo, h, abi.InternalError, nil, resp)
 	}
 	return nil
