@@ -47,9 +47,9 @@ type intraLink struct {
 	evs    linkEvents   // interprocess events of mapped put+signals (ipc_events.go)
 }
 
-// ShareOffer in a MsgReg's sigMrID says that its tag names the sender's
+// ShareOffer is link.ShareOffer: a MsgReg whose tag names the sender's
 // descriptor server (PeerReg.Share).
-const ShareOffer = 1
+const ShareOffer = link.ShareOffer
 
 func newIntraLink(p link.Peer, outs, ins []*net.TCPConn, pid int) *intraLink {
 	x := &intraLink{tcpLink: newTCPLink(p, outs, ins), pid: pid}

@@ -9,7 +9,6 @@
 package dataplane
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -124,8 +123,9 @@ type Mesh struct {
 	cfg link.Config
 }
 
-// ErrPeerGone is the status of operations to a peer that closed or failed.
-var ErrPeerGone = errors.New("peer connection lost")
+// ErrPeerGone is link.ErrPeerGone: the status of operations to a peer that
+// closed or failed.
+var ErrPeerGone = link.ErrPeerGone
 
 // Connect builds the full mesh: it dials lane 0 of every rank's listener
 // (including its own) and accepts lane 0 from every rank on l. It returns

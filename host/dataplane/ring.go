@@ -19,11 +19,9 @@ import (
 // order with everything else, and the target applies the signal only after
 // its last copy completed.
 
-const (
-	// StatusRing marks a put header whose payload is in the ring, not on
-	// the stream (requests use status for the payload's codec otherwise).
-	StatusRing = 0x8000
-)
+// StatusRing is link.StatusRing: a put header whose payload is in the
+// ring.
+const StatusRing = link.StatusRing
 
 // The sending lane's ring state, kept by whoever holds the stream.
 const (

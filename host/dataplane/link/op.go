@@ -1,6 +1,7 @@
 package link
 
 import (
+	"errors"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -168,3 +169,15 @@ type DeviceMemory struct {
 	// peer-memory module, for one).
 	Export func() (fd int, off uint64, err error)
 }
+
+// ErrPeerGone is the status of operations to a peer that closed or failed.
+var ErrPeerGone = errors.New("peer connection lost")
+
+// StatusRing marks a put header whose payload is in the intra-node
+// staging ring, not on the stream (requests use status for the payload's
+// codec otherwise).
+const StatusRing = 0x8000
+
+// ShareOffer in a MsgReg's sigMrID says that its tag names the sender's
+// descriptor server (PeerReg.Share).
+const ShareOffer = 1
