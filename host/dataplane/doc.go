@@ -30,7 +30,7 @@
 //   - order.go: a put landed, its signal resolved and ordered
 //     (host/seqorder keeps signals strong).
 //   - tcp_lane.go: the TCP link and its lanes (its FIFOs are host/ring's),
-//     and the side path interfaces (sidePath, laneSide) the intra-node
+//     and the side path interfaces (SidePath, LaneSide) the intra-node
 //     transport answers.
 //   - tcp_queue.go: a lane's queue and timers, and who holds its stream.
 //   - tcp_batch.go: the batch writer, one operation at a time.
@@ -44,7 +44,7 @@
 //   - ring.go: a lane's intra-node side (intraLane) and its staging ring.
 //   - stream.go: intra-node request streams through shared-memory rings
 //     (host/shmstream), switched to in-band: the lane's writer and the
-//     mapping of the peer's offer (sidePath.attachStream).
+//     mapping of the peer's offer (SidePath.AttachStream).
 //   - tcp_caller.go: an incoming stream's reader, served by the caller's
 //     thread or the service, from the socket or a shared-memory stream.
 //   - ipc_events.go: interprocess events of mapped put+signals, and the

@@ -235,7 +235,7 @@ func newFabricLink(p link.Peer, outs, ins []*net.TCPConn, rails []fabRail) *fabr
 	f.tcpLink.onAcked = f.reapStaged
 	// The streams beside an endpoint carry fabric-numbered work whose
 	// window has its own rules: a broken one fails the peer.
-	f.tcpLink.noFailover()
+	f.tcpLink.NoFailover()
 	return f
 }
 
@@ -633,7 +633,7 @@ func rejectedOrOK(b uint8) abi.Result {
 	if b == 0 {
 		return abi.Success
 	}
-	return rejected(uint16(b))
+	return Rejected(uint16(b))
 }
 
 // control sends a message that is not an operation (the goodbye's
@@ -698,7 +698,7 @@ func (f *fabricLink) Turn() { f.tcpLink.Turn() }
 // links only).
 func (f *fabricLink) AddStats(st *Stats) {
 	st.FabricPeers++
-	f.tcpLink.addAcks(st)
+	f.tcpLink.AddAcks(st)
 }
 
 func (f *fabricLink) Idle() bool {

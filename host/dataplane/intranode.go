@@ -98,10 +98,10 @@ func (x *intraLink) AddStats(st *Stats) {
 	if x.Props().Name == nameIntraNode {
 		st.IntraNodePeers++
 	}
-	x.tcpLink.addAcks(st)
+	x.tcpLink.AddAcks(st)
 }
 
-func (x *intraLink) inlineMax() uint64 {
+func (x *intraLink) InlineMax() uint64 {
 	if x.on.Load() {
 		return intraInlineMax
 	}
@@ -113,64 +113,64 @@ func (x *intraLink) takes(op *Op) bool {
 	return op.Size >= intraMin && op.Remote != 0 && op.LocalCtx == 0 && x.on.Load()
 }
 
-// ringable: a large put with device memory at either end (the target's is
+// Ringable: a large put with device memory at either end (the target's is
 // device memory when its address is unknown). Not tied to x.on: mapping
 // the peer's ring needs only ptrace read access to it, which Yama's
 // ptrace_scope=1 leaves to siblings that process_vm_writev is refused to;
 // the ring has its own refusal.
-func (x *intraLink) ringable(op *Op) bool {
+func (x *intraLink) Ringable(op *Op) bool {
 	return op.Size >= intraMin && (op.LocalCtx != 0 || op.Remote == 0)
 }
 
-// put writes op's payload into the peer; sideNo means "use TCP".
-func (x *intraLink) put(l *intraLane, op *Op) sideMove {
+// put writes op's payload into the peer; SideNo means "use TCP".
+func (x *intraLink) put(l *intraLane, op *Op) SideMove {
 	if op.Mapped != 0 {
-		if mv := x.viaMapping(l, op, true); mv != sideNo {
+		if mv := x.viaMapping(l, op, true); mv != SideNo {
 			return mv
 		}
 	}
 	if x.self() {
-		if mv := x.selfDevice(l, op, true); mv != sideNo {
+		if mv := x.selfDevice(l, op, true); mv != SideNo {
 			return mv
 		}
 	}
 	if !x.takes(op) {
-		return sideNo
+		return SideNo
 	}
 	if x.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size), unsafe.Slice((*byte)(op.Local), op.Size))
-		return sideMoved
+		return SideMoved
 	}
 	return moved(x.vm(l, op, true))
 }
 
-// get reads op's bytes from the peer; sideNo means "use TCP".
-func (x *intraLink) get(l *intraLane, op *Op) sideMove {
+// get reads op's bytes from the peer; SideNo means "use TCP".
+func (x *intraLink) get(l *intraLane, op *Op) SideMove {
 	if op.Mapped != 0 {
-		if mv := x.viaMapping(l, op, false); mv != sideNo {
+		if mv := x.viaMapping(l, op, false); mv != SideNo {
 			return mv
 		}
 	}
 	if x.self() {
-		if mv := x.selfDevice(l, op, false); mv != sideNo {
+		if mv := x.selfDevice(l, op, false); mv != SideNo {
 			return mv
 		}
 	}
 	if !x.takes(op) {
-		return sideNo
+		return SideNo
 	}
 	if x.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(op.Local), op.Size), unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size))
-		return sideMoved
+		return SideMoved
 	}
 	return moved(x.vm(l, op, false))
 }
 
-func moved(ok bool) sideMove {
+func moved(ok bool) SideMove {
 	if ok {
-		return sideMoved
+		return SideMoved
 	}
-	return sideNo
+	return SideNo
 }
 
 // self reports whether the peer is this very rank: NCCL's RMA proxy
@@ -182,28 +182,28 @@ func (x *intraLink) self() bool { return x.pid == os.Getpid() && x.p.Rank() == x
 // selfDevice moves the payload of op, an operation of this rank to itself
 // with device memory at either end, with the device's copies instead of a
 // round trip through our own socket and both ends' staging: the target
-// registration is ours. sideNo (nothing moved): not such an operation, or
+// registration is ours. SideNo (nothing moved): not such an operation, or
 // a range or copy the TCP path must refuse and report.
-func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) sideMove {
+func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) SideMove {
 	if op.Size == 0 || (op.LocalCtx == 0 && op.Remote != 0) {
-		return sideNo // host memory at both ends: the paths above
+		return SideNo // host memory at both ends: the paths above
 	}
 	base, size, ctx, pin, ok := x.p.Mesh().Owner.Resolve(op.MrID)
 	if !ok {
-		return sideNo
+		return SideNo
 	}
 	defer pin.Release()
 	if !Span(op.Off, op.Size, size) || (ctx == 0 && op.LocalCtx == 0) {
-		return sideNo
+		return SideNo
 	}
 	reg := unsafe.Add(base, op.Off) // a device address when ctx != 0, never dereferenced then
 	if profile.On() {
 		defer profile.SelfCopy.Since(profile.Now())
 	}
 	if ctx == op.LocalCtx && x.selfQueue(op, put, uintptr(reg)) {
-		return sideQueued
+		return SideQueued
 	}
-	l.l.settle()
+	l.l.Settle()
 	var err error
 	if put {
 		err = staging.CopyLocal(ctx, reg, op.LocalCtx, op.Local, op.Size, x.p.Mesh().StageChunk)
@@ -213,12 +213,12 @@ func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) sideMove {
 	if err != nil {
 		// The TCP path stages it again and fails it with its cause.
 		selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself: %v; sending it through its own socket instead", x.p.Rank(), op.Size, err)
-		return sideNo
+		return SideNo
 	}
 	if x.selfs.Add(1) == 1 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory move by device copies, not through its own socket", x.p.Rank())
 	}
-	return sideMoved
+	return SideMoved
 }
 
 // selfQueue queues the device copy of op, an operation of this rank to
@@ -235,7 +235,7 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 	if put && x.strong(op) {
 		return false
 	}
-	acked := tellsTarget(op)
+	acked := TellsTarget(op)
 	po, parts := m.Owner.(PartOwner)
 	if acked && !parts {
 		return false
@@ -268,7 +268,7 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 // SPEC.md §4, "Device windows mapped"). A put+signal from device memory
 // is queued with our event after it, which the target waits for
 // (queueMapped). Another put from device memory is queued on its
-// context's stream with the batch's other device copies (sideGathered):
+// context's stream with the batch's other device copies (SideGathered):
 // the lane waits for them all before it writes the batch, so the header
 // that follows (a signal, a numbered put) reaches the target only once
 // the bytes are in its memory, as the target's own landing would.
@@ -278,25 +278,25 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 // after the copies the batch queued before it. A failed copy turns the
 // path off for this peer and the TCP path takes the operation (the same
 // bytes again, so a partial copy does no harm).
-func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) sideMove {
+func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) SideMove {
 	if op.Size == 0 || !x.mapOn.Load() {
-		return sideNo
+		return SideNo
 	}
 	if put && op.LocalCtx != 0 && !x.strong(op) {
 		if x.queueMapped(op) {
 			x.mappedOnce()
-			return sideQueued // the target orders its signal by our event
+			return SideQueued // the target orders its signal by our event
 		}
-		queued, err := l.l.addCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
+		queued, err := l.l.AddCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
 		if err != nil {
 			return x.mapFailed(op, err)
 		}
 		if queued {
 			x.mappedOnce()
-			return sideGathered
+			return SideGathered
 		}
 	}
-	l.l.settle()
+	l.l.Settle()
 	ctx := op.LocalCtx
 	if ctx == 0 {
 		ctx = op.MapCtx
@@ -311,16 +311,16 @@ func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) sideMove {
 		return x.mapFailed(op, err)
 	}
 	x.mappedOnce()
-	return sideMoved
+	return SideMoved
 }
 
 // mapFailed turns the mapping off for this peer after a failed copy (one
 // WARN): op and every later operation take the staged path.
-func (x *intraLink) mapFailed(op *Op, err error) sideMove {
+func (x *intraLink) mapFailed(op *Op, err error) SideMove {
 	if x.mapOn.Swap(false) {
 		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: device copy of %d bytes through the mapping of its memory failed: %v; its operations go through the staged path from now on", x.p.Rank(), op.Size, err)
 	}
-	return sideNo
+	return SideNo
 }
 
 // strong reports whether op's target registration is strongly ordered

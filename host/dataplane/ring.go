@@ -30,13 +30,13 @@ const (
 	ringOff            // refused, disabled or failed: the stream carries it
 )
 
-// intraLane is the intra-node side of one of our lanes (laneSide): its
+// intraLane is the intra-node side of one of our lanes (LaneSide): its
 // payloads moved beside the stream (intranode.go), its staging ring and
 // its shared-memory stream (stream.go). It reaches the lane only through
-// laneIO.
+// LaneIO.
 type intraLane struct {
 	x *intraLink
-	l laneIO
+	l LaneIO
 	p link.Peer
 	laneRing
 	laneShm
@@ -44,13 +44,13 @@ type intraLane struct {
 	riov [1]unix.RemoteIovec // (vm)
 }
 
-// put and get move op's payload beside the stream (intraLink.put, get).
-func (x *intraLane) put(op *Op) sideMove { return x.x.put(x, op) }
-func (x *intraLane) get(op *Op) sideMove { return x.x.get(x, op) }
+// Put and get move op's payload beside the stream (intraLink.Put, get).
+func (x *intraLane) Put(op *Op) SideMove { return x.x.put(x, op) }
+func (x *intraLane) Get(op *Op) SideMove { return x.x.get(x, op) }
 
-// release frees the lane's ring and shared-memory stream once its
+// Release frees the lane's ring and shared-memory stream once its
 // goroutines ended.
-func (x *intraLane) release() {
+func (x *intraLane) Release() {
 	x.releaseRing()
 	x.releaseStream()
 }
@@ -65,11 +65,11 @@ type laneRing struct {
 	ringNo     atomic.Bool // the target refused the ring
 }
 
-// ringReady reports whether this lane's put goes through the staging ring,
+// RingReady reports whether this lane's put goes through the staging ring,
 // offering one to the target on the first call and waiting for its answer
 // (the ring's attached word, or wire.MsgRingNo on the reply stream). Called by
 // whoever holds the stream, after what was gathered before was written.
-func (x *intraLane) ringReady() (bool, error) {
+func (x *intraLane) RingReady() (bool, error) {
 	switch x.ringState {
 	case ringOn:
 		return true, nil
@@ -90,7 +90,7 @@ func (x *intraLane) ringReady() (bool, error) {
 	h := wire.Header{Typ: wire.MsgRing, Off: o.FD, Size: o.Size, Context: o.Slots, SigValue: o.Chunk}
 	var hb [wire.HeaderSize]byte
 	h.Encode(hb[:])
-	if err := x.l.writeIov([][]byte{hb[:]}); err != nil {
+	if err := x.l.WriteIov([][]byte{hb[:]}); err != nil {
 		return false, err
 	}
 	if on, err := r.AwaitAttach(x.ringNo.Load, x.l.Gone); !on {
@@ -98,25 +98,25 @@ func (x *intraLane) ringReady() (bool, error) {
 	}
 	x.ringState = ringOn
 	logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d, lane %d: device payloads through a shared staging ring (%d slots of %d KiB)",
-		x.p.Rank(), x.l.index(), r.Slots(), r.Chunk()>>10)
+		x.p.Rank(), x.l.Index(), r.Slots(), r.Chunk()>>10)
 	return true, nil
 }
 
-// ringOff reports that the ring is refused, disabled or failed: the
+// RingOff reports that the ring is refused, disabled or failed: the
 // stream carries the lane's device payloads.
-func (x *intraLane) ringOff() bool { return x.ringState == ringOff }
+func (x *intraLane) RingOff() bool { return x.ringState == ringOff }
 
-// ringRefused is the reply stream's wire.MsgRingNo: wake the offer's wait.
-func (x *intraLane) ringRefused() {
+// RingRefused is the reply stream's wire.MsgRingNo: wake the offer's wait.
+func (x *intraLane) RingRefused() {
 	x.ringNo.Store(true)
 	if r := x.ring.Load(); r != nil {
 		r.WakeAttach()
 	}
 }
 
-// ringSend moves op's payload through the ring; its header (wire.StatusRing) is
+// RingSend moves op's payload through the ring; its header (wire.StatusRing) is
 // on the stream already.
-func (x *intraLane) ringSend(op *Op) error {
+func (x *intraLane) RingSend(op *Op) error {
 	k, err := x.ring.Load().Send(x.ringFilled, op.LocalCtx, op.Local, op.Size, x.l)
 	if err == nil {
 		x.ringFilled = k
@@ -134,9 +134,9 @@ func (x *intraLane) releaseRing() {
 // attachHook, when set (tests), refuses every ring offer with its error.
 var attachHook func() error
 
-// attachRing maps the staging ring the peer offered on one of its lanes
-// (sidePath) into rx.
-func (x *intraLink) attachRing(rx *staging.Receiver, h *wire.Header) error {
+// AttachRing maps the staging ring the peer offered on one of its lanes
+// (SidePath) into rx.
+func (x *intraLink) AttachRing(rx *staging.Receiver, h *wire.Header) error {
 	if attachHook != nil {
 		return attachHook()
 	}

@@ -47,10 +47,10 @@ type laneShm struct {
 	bells  atomic.Uint64 // bells rung (tests and the stall report)
 }
 
-// streamOn reports whether this lane writes its requests into a shared
+// StreamOn reports whether this lane writes its requests into a shared
 // ring, offering one on the first call: to a peer on this host, where the
 // mesh allows it. Called by whoever holds writing, before its write.
-func (x *intraLane) streamOn() bool {
+func (x *intraLane) StreamOn() bool {
 	switch x.sState {
 	case ringOn:
 		return true
@@ -58,7 +58,7 @@ func (x *intraLane) streamOn() bool {
 		return false
 	}
 	x.sState = ringOff
-	if x.p.Mesh().NoIntraStream || !x.l.raw() {
+	if x.p.Mesh().NoIntraStream || !x.l.Raw() {
 		return false
 	}
 	s, err := newStreamRing(StreamRingSize)
@@ -71,7 +71,7 @@ func (x *intraLane) streamOn() bool {
 	h := wire.Header{Typ: wire.MsgStream, Off: fd, Size: size}
 	var hb [wire.HeaderSize]byte
 	h.Encode(hb[:])
-	if err := x.l.writeSocket([][]byte{hb[:]}); err != nil {
+	if err := x.l.WriteSocket([][]byte{hb[:]}); err != nil {
 		return false // the lane fails at its next write, as it would have
 	}
 	if on, _ := s.AwaitAttach(x.sNo.Load, x.l); !on {
@@ -81,20 +81,20 @@ func (x *intraLane) streamOn() bool {
 	x.sOn.Store(true)
 	x.bellFn = x.bellFD
 	logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d, lane %d: requests through a shared-memory stream (%d KiB)",
-		x.p.Rank(), x.l.index(), size>>10)
+		x.p.Rank(), x.l.Index(), size>>10)
 	return true
 }
 
-// streamRefused is the reply stream's wire.MsgStreamNo: wake the offer's wait.
-func (x *intraLane) streamRefused() {
+// StreamRefused is the reply stream's wire.MsgStreamNo: wake the offer's wait.
+func (x *intraLane) StreamRefused() {
 	x.sNo.Store(true)
 	if s := x.sring.Load(); s != nil {
 		s.WakeAttach()
 	}
 }
 
-// writeStream writes iov into the lane's shared ring.
-func (x *intraLane) writeStream(iov [][]byte) error {
+// WriteStream writes iov into the lane's shared ring.
+func (x *intraLane) WriteStream(iov [][]byte) error {
 	return x.sring.Load().Write(iov, x, x.l)
 }
 
@@ -102,7 +102,7 @@ func (x *intraLane) writeStream(iov [][]byte) error {
 // reader from its sleep in the netpoller. A full socket already wakes it.
 func (x *intraLane) Ring() {
 	x.bells.Add(1)
-	if err := x.l.control(x.bellFn); err != nil {
+	if err := x.l.Control(x.bellFn); err != nil {
 		return // closed: the reader meets the end instead
 	}
 }
@@ -117,22 +117,22 @@ func (x *intraLane) bellFD(fd uintptr) {
 	}
 }
 
-// streamWriter is what staging writes a device payload to: the ring's
+// StreamWriter is what staging writes a device payload to: the ring's
 // writer when the lane has one, else nil (the socket).
-func (x *intraLane) streamWriter() io.Writer {
+func (x *intraLane) StreamWriter() io.Writer {
 	if x.sState == ringOn {
 		return (*laneStream)(x)
 	}
 	return nil
 }
 
-// streamLive reports that the lane writes a shared-memory stream, for
+// StreamLive reports that the lane writes a shared-memory stream, for
 // those who do not hold writing.
-func (x *intraLane) streamLive() bool { return x.sOn.Load() }
+func (x *intraLane) StreamLive() bool { return x.sOn.Load() }
 
-// shmState is the stall report's words on the lane's shared-memory
+// ShmState is the stall report's words on the lane's shared-memory
 // stream: where its writer and reader are, and the bells rung.
-func (x *intraLane) shmState() string {
+func (x *intraLane) ShmState() string {
 	if s := x.sring.Load(); s != nil {
 		tail, read, sleeping, waiting := s.State()
 		return fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v bells %d}", tail, read, sleeping, waiting, x.bells.Load())
@@ -146,7 +146,7 @@ type laneStream intraLane
 func (s *laneStream) Write(b []byte) (int, error) {
 	x := (*intraLane)(s)
 	x.sbuf[0] = b
-	err := x.writeStream(x.sbuf[:])
+	err := x.WriteStream(x.sbuf[:])
 	x.sbuf[0] = nil
 	if err != nil {
 		return 0, err
@@ -169,9 +169,9 @@ var newStreamRing = shmstream.New
 // error (atomic: a service of another test's mesh may still look).
 var streamRefusal atomic.Pointer[error]
 
-// attachStream maps the shared-memory stream a lane of the peer offered
-// (sidePath): its requests come through it from now on.
-func (x *intraLink) attachStream(h *wire.Header) (shmIn, error) {
+// AttachStream maps the shared-memory stream a lane of the peer offered
+// (SidePath): its requests come through it from now on.
+func (x *intraLink) AttachStream(h *wire.Header) (ShmIn, error) {
 	if err := streamRefusal.Load(); err != nil {
 		return nil, *err
 	}

@@ -204,7 +204,7 @@ func TestStreamSecondOffer(t *testing.T) {
 	})
 	var b [wire.HeaderSize]byte
 	(&wire.Header{Typ: wire.MsgStream, Off: 3, Size: 1 << 18}).Encode(b[:])
-	err := l.writeIov([][]byte{b[:]})
+	err := l.WriteIov([][]byte{b[:]})
 	l.mu.Lock()
 	l.writing = false
 	l.mu.Unlock()

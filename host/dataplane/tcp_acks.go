@@ -410,9 +410,9 @@ func (l *lane) failPut(tag uint64, st abi.Result) {
 	}
 }
 
-// rejected is the status a peer's rejection carries, as a failure: a
+// Rejected is the status a peer's rejection carries, as a failure: a
 // status that is not one (0, or beyond the codes) reads as a remote error.
-func rejected(status uint16) abi.Result {
+func Rejected(status uint16) abi.Result {
 	if st := abi.Result(status); st != abi.Success && st <= abi.RemoteError {
 		return st
 	}

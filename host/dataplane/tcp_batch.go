@@ -41,7 +41,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 		// Into the FIFO before the bytes leave: the ack may come back
 		// before writev returns.
 		l.awaitPuts(b.pend, b.pops)
-		err = l.writeIov(b.iov)
+		err = l.WriteIov(b.iov)
 	}
 	clear(b.iov)
 	clear(b.pops)
@@ -77,15 +77,15 @@ func (l *lane) writeOp(b *batchOut, i int, op *Op) (reached bool, err error) {
 	ringed := false
 	// A resent put goes on the stream: the target may drop its
 	// payload unread (tcp_failover.go), which a ring cannot do.
-	if (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal) && !op.Resent && l.ix != nil && !l.ix.ringOff() && l.t.side.ringable(op) {
+	if (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal) && !op.Resent && l.ix != nil && !l.ix.RingOff() && l.t.side.Ringable(op) {
 		// What is gathered goes first: the first ring offer waits
 		// for the target's answer.
 		l.await(b)
-		if err = l.writeIov(b.iov); err != nil {
+		if err = l.WriteIov(b.iov); err != nil {
 			return false, err
 		}
 		b.iov = b.iov[:0]
-		if ringed, err = l.ix.ringReady(); err != nil {
+		if ringed, err = l.ix.RingReady(); err != nil {
 			return false, err
 		}
 	}
@@ -114,23 +114,23 @@ func (l *lane) writeOp(b *batchOut, i int, op *Op) (reached bool, err error) {
 // gathered copy); otherwise the stream carries op, the signal (or the
 // number that landed) alone when the side path moved its payload.
 func (l *lane) sideOp(b *batchOut, i int, op *Op) bool {
-	var mv sideMove
+	var mv SideMove
 	switch op.Msg {
 	case wire.MsgPut, wire.MsgPutSignal:
-		mv = l.ix.put(op)
+		mv = l.ix.Put(op)
 	case wire.MsgGet:
-		mv = l.ix.get(op)
+		mv = l.ix.Get(op)
 	}
 	switch {
-	case mv == sideNo:
-	case tellsTarget(op):
+	case mv == SideNo:
+	case TellsTarget(op):
 		op.Size = 0 // the payload is there: send the signal (or the number that landed) alone
 	default:
 		op.Msg = opDone // nothing to tell the target
 		switch mv {
-		case sideMoved:
+		case SideMoved:
 			l.p.Mesh().Owner.Complete(op.Tag, abi.Success)
-		case sideGathered:
+		case SideGathered:
 			b.later = append(b.later, i)
 		}
 		return true
@@ -181,13 +181,13 @@ func (l *lane) putPayload(b *batchOut, op *Op, ringed, comp bool) (err error) {
 	if ringed {
 		// The header goes now; the payload through the ring.
 		l.await(b)
-		if err = l.writeIov(b.iov); err == nil {
-			err = l.ix.ringSend(op)
+		if err = l.WriteIov(b.iov); err == nil {
+			err = l.ix.RingSend(op)
 		}
 		b.iov = b.iov[:0]
 	} else if g, gerr := l.gatherDev(op, len(b.iov)); g != nil {
 		// A small device payload, its copy queued: the
-		// bytes join iov, written after writeIov waited.
+		// bytes join iov, written after WriteIov waited.
 		b.iov = append(b.iov, g)
 	} else if gerr != nil {
 		// As a failed synchronous copy: the put is in the
@@ -198,7 +198,7 @@ func (l *lane) putPayload(b *batchOut, op *Op, ringed, comp bool) (err error) {
 		// Device source: what is queued goes first, then the
 		// payload is staged through host memory chunk by chunk.
 		l.await(b)
-		if err = l.writeIov(b.iov); err == nil {
+		if err = l.WriteIov(b.iov); err == nil {
 			err = staging.WriteFromDevice(l.streamWriter(), op.LocalCtx, uintptr(op.Local), op.Size, l.p.Mesh().StageChunk)
 		}
 		b.iov = b.iov[:0]
@@ -221,7 +221,7 @@ func (l *lane) batchWritten(ops []Op, n int, later []int, err error) bool {
 		l.gather.Done()
 	}
 	for _, i := range later {
-		// Their copies were waited for by a writeIov that succeeded, or
+		// Their copies were waited for by a WriteIov that succeeded, or
 		// the batch failed.
 		if err == nil {
 			p.Mesh().Owner.Complete(ops[i].Tag, abi.Success)
@@ -276,7 +276,7 @@ func (l *lane) compress(iov [][]byte, pend []uint64, pops []Op, op *Op) ([][]byt
 		if !e.Room(n) || len(iov)+2 > cap(iov) {
 			l.awaitPuts(pend, pops)
 			pend, pops = pend[:0], pops[:0]
-			err := l.writeIov(iov)
+			err := l.WriteIov(iov)
 			clear(iov)
 			iov = iov[:0]
 			e.Reset()

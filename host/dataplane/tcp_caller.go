@@ -116,8 +116,8 @@ type inReader struct {
 	// socket's end the service met (set by the service, the first one
 	// kept; read by a caller holding the role too, hence atomic); bells
 	// its scratch.
-	sring   shmIn
-	sview   shmIn      // sring, for diagnostics from any thread (WriteState), under smu
+	sring   ShmIn
+	sview   ShmIn      // sring, for diagnostics from any thread (WriteState), under smu
 	smu     sync.Mutex // sview: close unmaps the ring under it
 	sockErr atomic.Pointer[error]
 	bells   [64]byte
@@ -548,13 +548,13 @@ func (r *inReader) close() {
 
 // An incoming lane's requests through a shared-memory stream: the lane's
 // sender (an intra-node peer) offers one in-band, the side path maps it
-// (sidePath.attachStream, stream.go), and the reader reads from it in
+// (SidePath.AttachStream, stream.go), and the reader reads from it in
 // place of the socket, whose bytes are then bells.
 
-// shmIn is the shared-memory stream an incoming lane reads its requests
+// ShmIn is the shared-memory stream an incoming lane reads its requests
 // from once the sender switched (*shmstream.Ring, which the side path
 // maps).
-type shmIn interface {
+type ShmIn interface {
 	Read(b []byte) (int, error)
 	// Pending reports bytes to read; Sleep marks the reader asleep (false:
 	// bytes came meanwhile) and Awake awake again.
@@ -568,7 +568,7 @@ type shmIn interface {
 	Close() error
 }
 
-// attachStream answers a lane's offer: map its ring and read the stream
+// AttachStream answers a lane's offer: map its ring and read the stream
 // from there, or refuse on the reply stream (the sender keeps the socket).
 // The offer must be the last byte the socket carries.
 func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
@@ -580,11 +580,11 @@ func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
 		return fmt.Errorf("protocol error: rank %d wrote %d bytes on its socket after offering a shared-memory stream", p.Rank(), r.br.Buffered())
 	}
 	var err error
-	var s shmIn
+	var s ShmIn
 	if t.side == nil {
 		err = errors.New("not an intra-node link")
 	} else {
-		s, err = t.side.attachStream(h)
+		s, err = t.side.AttachStream(h)
 	}
 	if err != nil {
 		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's shared-memory stream (%v); its requests ride the socket", p.Rank(), err)

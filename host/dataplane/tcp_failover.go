@@ -51,8 +51,8 @@ import (
 // before. A peer could always write its own registrations; failover gives
 // it no new reach.
 
-// noFailover turns lane failover off for this link (both sides).
-func (t *tcpLink) noFailover() {
+// NoFailover turns lane failover off for this link (both sides).
+func (t *tcpLink) NoFailover() {
 	t.fixed = true
 	for _, l := range t.lanes {
 		l.resend, l.sent, l.pops = false, ring.Ring[sentOp]{}, nil

@@ -68,7 +68,7 @@ type tcpLink struct {
 	fenced uint32
 	// side moves large payloads beside the streams (the intra-node
 	// transport installs itself); nil for plain TCP.
-	side sidePath
+	side SidePath
 	// onReg hears of the peer's registrations (the fabric rail in the
 	// header's sigOp, id, address, the key in sigValue) before the owner
 	// does; the fabric transport installs it.
@@ -94,96 +94,96 @@ type tcpLink struct {
 	fixed       bool // no failover: a broken stream fails the peer
 }
 
-// sidePath moves a payload beside the stream, which still carries the
+// SidePath moves a payload beside the stream, which still carries the
 // header (or nothing, see writeBatch) in order. put and get report false
 // when they did not move it: the stream carries it then.
-type sidePath interface {
-	inlineMax() uint64
-	// ringable reports whether op's payload should move through the
+type SidePath interface {
+	InlineMax() uint64
+	// Ringable reports whether op's payload should move through the
 	// shared staging ring (ring.go): device memory at either end.
-	ringable(op *Op) bool
+	Ringable(op *Op) bool
 	// events are the interprocess events that order the peer's mapped
 	// put+signals (ipc_events.go).
 	events() *linkEvents
-	// attachStream maps the shared-memory stream the peer offered on one
-	// of its lanes (wire.MsgStream), or says why not; attachRing maps the
+	// AttachStream maps the shared-memory stream the peer offered on one
+	// of its lanes (wire.MsgStream), or says why not; AttachRing maps the
 	// staging ring it offered (wire.MsgRing) into rx.
-	attachStream(h *wire.Header) (shmIn, error)
-	attachRing(rx *staging.Receiver, h *wire.Header) error
+	AttachStream(h *wire.Header) (ShmIn, error)
+	AttachRing(rx *staging.Receiver, h *wire.Header) error
 }
 
-// laneIO is what a lane offers its side (laneSide): writes on its
+// LaneIO is what a lane offers its side (LaneSide): writes on its
 // stream, its liveness, and the device copies its batch gathers.
-type laneIO interface {
-	// writeIov writes iov on the lane's stream (the shared-memory one
+type LaneIO interface {
+	// WriteIov writes iov on the lane's stream (the shared-memory one
 	// once on); writeSocket on its socket.
-	writeIov(iov [][]byte) error
-	writeSocket(iov [][]byte) error
-	// raw reports that the socket's RawConn is at hand; control runs fn
+	WriteIov(iov [][]byte) error
+	WriteSocket(iov [][]byte) error
+	// Raw reports that the socket's RawConn is at hand; control runs fn
 	// on its descriptor (a bell).
-	raw() bool
-	control(fn func(fd uintptr)) error
+	Raw() bool
+	Control(fn func(fd uintptr)) error
 	// Gone reports the peer dead or the lane down.
 	Gone() bool
-	// index is the lane's number.
-	index() int
-	// settle waits for the copies the batch gathered so far; addCopy
+	// Index is the lane's number.
+	Index() int
+	// Settle waits for the copies the batch gathered so far; addCopy
 	// gathers one (staging.Gather.AddCopy).
-	settle()
-	addCopy(ctx, dst, src uintptr, n uint64) (bool, error)
+	Settle()
+	AddCopy(ctx, dst, src uintptr, n uint64) (bool, error)
 }
 
-// laneSide is what a side path does for one of our lanes (the intra-node
+// LaneSide is what a side path does for one of our lanes (the intra-node
 // transport's intraLane): a staging ring for device payloads beside the
 // stream, and a shared-memory stream in place of the socket. Only whoever
-// holds writing calls it, but for streamLive, refusals and release.
-type laneSide interface {
-	// put and get move op's payload beside the stream, or report sideNo
+// holds writing calls it, but for StreamLive, refusals and release.
+type LaneSide interface {
+	// Put and get move op's payload beside the stream, or report SideNo
 	// (the stream carries it).
-	put(op *Op) sideMove
-	get(op *Op) sideMove
-	// ringOff reports that the ring is refused, disabled or failed.
-	ringOff() bool
-	// ringReady reports whether the lane's put goes through the ring,
-	// offering one on the first call; ringSend moves op's payload through
-	// it once its header is on the stream; ringRefused is the reply
+	Put(op *Op) SideMove
+	Get(op *Op) SideMove
+	// RingOff reports that the ring is refused, disabled or failed.
+	RingOff() bool
+	// RingReady reports whether the lane's put goes through the ring,
+	// offering one on the first call; RingSend moves op's payload through
+	// it once its header is on the stream; RingRefused is the reply
 	// stream's wire.MsgRingNo.
-	ringReady() (bool, error)
-	ringSend(op *Op) error
-	ringRefused()
-	// streamOn reports whether the lane writes its requests into a shared
-	// ring, offering one on the first call; writeStream writes them there;
-	// streamWriter is that ring as an io.Writer, nil while the socket
-	// carries the requests; streamLive is streamOn for those who do not
-	// hold writing; streamRefused is the reply stream's wire.MsgStreamNo.
-	streamOn() bool
-	writeStream(iov [][]byte) error
-	streamWriter() io.Writer
-	streamLive() bool
-	streamRefused()
-	// shmState is the stall report's words on the shared-memory stream,
+	RingReady() (bool, error)
+	RingSend(op *Op) error
+	RingRefused()
+	// StreamOn reports whether the lane writes its requests into a shared
+	// ring, offering one on the first call; WriteStream writes them there;
+	// StreamWriter is that ring as an io.Writer, nil while the socket
+	// carries the requests; StreamLive is StreamOn for those who do not
+	// hold writing; StreamRefused is the reply stream's wire.MsgStreamNo.
+	StreamOn() bool
+	WriteStream(iov [][]byte) error
+	StreamWriter() io.Writer
+	StreamLive() bool
+	StreamRefused()
+	// ShmState is the stall report's words on the shared-memory stream,
 	// "" for none.
-	shmState() string
-	// release frees the mappings once the lane's goroutines ended.
-	release()
+	ShmState() string
+	// Release frees the mappings once the lane's goroutines ended.
+	Release()
 }
 
-// tellsTarget reports whether op, its payload moved by a side path, still
+// TellsTarget reports whether op, its payload moved by a side path, still
 // goes to the target as a header (which it acknowledges): a signal to
 // apply, or a put's sequence number that landed. Gets are never numbered
 // and complete where they are copied.
-func tellsTarget(op *Op) bool {
+func TellsTarget(op *Op) bool {
 	return op.Msg == wire.MsgPutSignal || (op.Msg == wire.MsgPut && op.Seq != 0)
 }
 
-// sideMove is what a side path did with an operation's payload.
-type sideMove uint8
+// SideMove is what a side path did with an operation's payload.
+type SideMove uint8
 
 const (
-	sideNo       sideMove = iota // nothing: the lane sends it
-	sideMoved                    // the payload is there
-	sideQueued                   // its copy is queued; the copy completes the request once more
-	sideGathered                 // its copy is queued in the batch (staging.Gather.AddCopy): done once the batch waited for it
+	SideNo       SideMove = iota // nothing: the lane sends it
+	SideMoved                    // the payload is there
+	SideQueued                   // its copy is queued; the copy completes the request once more
+	SideGathered                 // its copy is queued in the batch (staging.Gather.AddCopy): done once the batch waited for it
 )
 
 func newTCPLink(p link.Peer, outs, ins []*net.TCPConn) *tcpLink {
@@ -204,7 +204,7 @@ func (t *tcpLink) Props() Props {
 // inlineMax is the largest operation the caller's thread sends itself.
 func (t *tcpLink) inlineMax() uint64 {
 	if t.side != nil {
-		return t.side.inlineMax()
+		return t.side.InlineMax()
 	}
 	return inlineMax
 }
@@ -273,7 +273,7 @@ func (t *tcpLink) Submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op
 // writes it (WriteLone) after letting go of the lock.
 func (t *tcpLink) SubmitCaller(lane int, op Op, hold bool) bool {
 	l := t.lanes[lane]
-	return l.enqueue(&op, hold) && (t.side == nil || l.ix.streamLive())
+	return l.enqueue(&op, hold) && (t.side == nil || l.ix.StreamLive())
 }
 
 func (t *tcpLink) WriteLone(lane int) {
@@ -434,7 +434,7 @@ type lane struct {
 	askAt  atomic.Int64                            // when flush asks, if acks are still owed then (Now(); 0: no flush waits)
 	enc    codec.Encoder                           // wire compression (host/codec)
 	gather staging.Gather                          // small device payloads of the batch, copied asynchronously
-	// writeIov's raw writev: the stream's RawConn, the iovecs, the count
+	// WriteIov's raw writev: the stream's RawConn, the iovecs, the count
 	// and the outcome (bound once so that a write allocates nothing)
 	orc  syscall.RawConn
 	wiov []unix.Iovec
@@ -465,14 +465,14 @@ type lane struct {
 	bsRescued atomic.Uint64 // acks that came only after such an ask
 	ptags     []uint64      // owned by whoever holds writing: puts not yet in the FIFO
 	// later (owned by whoever holds writing) are the batch's ops whose
-	// copies were gathered (sideGathered) and that complete once the
+	// copies were gathered (SideGathered) and that complete once the
 	// batch is written, by their index in it.
 	later []int
 
 	// ix is the lane's intra-node side (the staging ring and the
 	// shared-memory stream, ring.go and stream.go); nil on a plain TCP
 	// link.
-	ix laneSide
+	ix LaneSide
 
 	// With several lanes (resend), every put and registration notice
 	// written on the stream and not yet known to have been applied, as
@@ -513,7 +513,7 @@ func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
 	return l
 }
 
-// setOut binds writeIov's raw writev to the lane's stream, once it is set.
+// setOut binds WriteIov's raw writev to the lane's stream, once it is set.
 func (l *lane) setOut(out *net.TCPConn) {
 	if rc, err := out.SyscallConn(); err == nil {
 		l.orc = rc
@@ -575,7 +575,7 @@ func (t *tcpLink) SignalApart(Op) bool { return false }
 func (t *tcpLink) Release() {
 	for _, l := range t.lanes {
 		if l.ix != nil {
-			l.ix.release()
+			l.ix.Release()
 		}
 	}
 }

@@ -102,14 +102,14 @@ func (l *lane) replies() {
 			p.AckBye()
 		case wire.MsgRingNo:
 			if l.ix != nil {
-				l.ix.ringRefused()
+				l.ix.RingRefused()
 			}
 		case wire.MsgStreamNo:
 			if l.ix != nil {
-				l.ix.streamRefused()
+				l.ix.StreamRefused()
 			}
 		case wire.MsgNack:
-			st := rejected(h.Status)
+			st := Rejected(h.Status)
 			p.Mesh().Owner.PeerFailed(p.Rank(), fmt.Errorf("rank %d rejected a put of %d bytes at offset %d of registration %d (signal registration %d offset %d): %v",
 				p.Rank(), h.Size, h.Off, h.MrID, h.SigMrID, h.SigOff, st))
 			// The nack comes before the ack that covers its put: the

@@ -590,7 +590,7 @@ func (t *tcpLink) reply(in *net.TCPConn, typ uint8, req *wire.Header, status abi
 	return nil
 }
 
-// attachRing answers the sender's offer: map the ring and say so in it, or
+// AttachRing answers the sender's offer: map the ring and say so in it, or
 // refuse on the reply stream (the sender then uses the stream).
 func (t *tcpLink) attachRing(in *net.TCPConn, rx *staging.Receiver, h *wire.Header, resp []byte) error {
 	p := t.p
@@ -601,7 +601,7 @@ func (t *tcpLink) attachRing(in *net.TCPConn, rx *staging.Receiver, h *wire.Head
 	if t.side == nil {
 		err = errors.New("not an intra-node link")
 	} else {
-		err = t.side.attachRing(rx, h)
+		err = t.side.AttachRing(rx, h)
 	}
 	if err != nil {
 		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's intra-node staging ring (%v); its device payloads ride the TCP lanes", p.Rank(), err)

@@ -28,7 +28,7 @@ func (t *tcpLink) WriteState(w io.Writer) {
 		l.mu.Unlock()
 		var shm string
 		if l.ix != nil {
-			shm = l.ix.shmState()
+			shm = l.ix.ShmState()
 		}
 		var wait string
 		if since := l.waitSince.Load(); since != 0 {
@@ -74,13 +74,13 @@ func (t *tcpLink) AddStats(st *Stats) {
 		r, w := l.enc.Counts()
 		st.CompressedRaw, st.CompressedWire = st.CompressedRaw+r, st.CompressedWire+w
 	}
-	t.addAcks(st)
+	t.AddAcks(st)
 }
 
-// addAcks adds the acknowledgements of the peer's puts sent so far to st:
+// AddAcks adds the acknowledgements of the peer's puts sent so far to st:
 // carried in a batch of ours, or written alone on the acknowledged stream;
 // and the liveness backstop's asks and the acks that came only after one.
-func (t *tcpLink) addAcks(st *Stats) {
+func (t *tcpLink) AddAcks(st *Stats) {
 	for _, l := range t.lanes {
 		st.AcksCarried += l.carried.Load()
 		st.BackstopAsks += l.bsAsks.Load()

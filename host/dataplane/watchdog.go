@@ -26,7 +26,7 @@ import (
 // progresser is a transport that can tell how many bytes moved to and
 // from the peer; ok is false when it cannot (the watchdog skips it).
 type progresser interface {
-	progress() (n uint64, ok bool)
+	Progress() (n uint64, ok bool)
 }
 
 // watchTick is the watchdog's period for timeout: an eighth of it, kept
@@ -58,7 +58,7 @@ func (m *Mesh) watch(timeout time.Duration) {
 			if !ok {
 				continue
 			}
-			n, ok := pr.progress()
+			n, ok := pr.Progress()
 			if !ok || n != last[i] || p.t.Idle() {
 				last[i], stalled[i] = n, 0
 				continue
@@ -73,9 +73,9 @@ func (m *Mesh) watch(timeout time.Duration) {
 	}
 }
 
-// progress sums what the kernel moved on every stream to and from the
+// Progress sums what the kernel moved on every stream to and from the
 // peer: bytes the peer acknowledged and bytes it sent us.
-func (t *tcpLink) progress() (uint64, bool) {
+func (t *tcpLink) Progress() (uint64, bool) {
 	var sum uint64
 	ok := false
 	add := func(fd uintptr) {
@@ -109,13 +109,13 @@ func (t *tcpLink) progress() (uint64, bool) {
 	return sum, ok
 }
 
-// progress over libfabric: completions involving the peer (fabricLink.heard),
+// Progress over libfabric: completions involving the peer (fabricLink.heard),
 // plus what its TCP streams moved (registrations, staged device memory).
 // A provider can lose a connection without telling us (a hostile message
 // longer than a receive buffer breaks the tcp provider's stream, a
 // verbs queue pair goes to its error state), so a silent peer with
 // operations outstanding fails here rather than hanging them.
-func (f *fabricLink) progress() (uint64, bool) {
-	n, _ := f.tcpLink.progress()
+func (f *fabricLink) Progress() (uint64, bool) {
+	n, _ := f.tcpLink.Progress()
 	return n + f.heard.Load(), true
 }
