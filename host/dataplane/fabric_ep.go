@@ -262,7 +262,7 @@ func (e *fabEP) Completion(c *fabric.Completion) {
 // earlier number landed. The payload is in place before the provider
 // reports the CQ data.
 func (e *fabEP) wrote(l *fabricLink, d endpoint.CQData) {
-	p := l.p
+	p := l.Peer()
 	seq := p.Order().Unwrap(d.Seq, d.Bits)
 	if !d.Sig {
 		if err := p.Landed(seq, sigRef{}, 0); err != nil {
@@ -326,11 +326,11 @@ func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 		l.done(s)
 		e.Put(idx)
 		if err != nil {
-			logx.Warn(abi.SubsysNet, "NET/wasm: operation to rank %d: %v", l.p.Rank(), err)
-			l.p.Mesh().Owner.PeerFailed(l.p.Rank(), fmt.Errorf("%w: operation to rank %d failed: %v", ErrPeerGone, l.p.Rank(), err))
+			logx.Warn(abi.SubsysNet, "NET/wasm: operation to rank %d: %v", l.Peer().Rank(), err)
+			l.Peer().Mesh().Owner.PeerFailed(l.Peer().Rank(), fmt.Errorf("%w: operation to rank %d failed: %v", ErrPeerGone, l.Peer().Rank(), err))
 		}
 		if tag != 0 {
-			l.p.Mesh().Owner.Complete(tag, status)
+			l.Peer().Mesh().Owner.Complete(tag, status)
 		}
 	case v&3 == slotFailed && s.state.CompareAndSwap(v, slotFree):
 		s.link, s.sig, s.got, s.vst = nil, false, 0, abi.Success
@@ -347,7 +347,7 @@ func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
 		if word>>48 == endpoint.NoSlot {
 			how = " carried in CQ data (its request completed on arrival)"
 		}
-		l.p.Mesh().Owner.PeerFailed(l.p.Rank(), fmt.Errorf("rank %d rejected a signal%s (sequence number %d): %v", l.p.Rank(), how, word&endpoint.SeqMask, status))
+		l.Peer().Mesh().Owner.PeerFailed(l.Peer().Rank(), fmt.Errorf("rank %d rejected a signal%s (sequence number %d): %v", l.Peer().Rank(), how, word&endpoint.SeqMask, status))
 	}
 	idx := uint32(word >> 48)
 	if idx >= endpoint.Slots {
@@ -415,7 +415,7 @@ func (e *fabEP) sendOwed() {
 func (e *fabEP) sendVerdicts() {
 	k := 0
 	for _, v := range e.verdicts {
-		if !v.link.p.Dead() && !v.link.sendVerdict(e.rail, v.word, v.status) {
+		if !v.link.Peer().Dead() && !v.link.sendVerdict(e.rail, v.word, v.status) {
 			e.verdicts[k] = v
 			k++
 		}
@@ -443,7 +443,7 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 		return
 	}
 	l.heard.Add(1)
-	p := l.p
+	p := l.Peer()
 	seq := h.Word & endpoint.SeqMask
 	switch h.Type {
 	case endpoint.MsgSignal:
@@ -525,7 +525,7 @@ func (e *fabEP) checkByes() {
 	k := 0
 	for _, b := range e.byes {
 		// Acknowledgements the peer awaits go first (fabric_ack.go).
-		if !b.link.p.Order().Passed(b.seq) || !b.link.flushAck(e.rail) || !b.link.control(e.rail, endpoint.MsgByeAck, 0) {
+		if !b.link.Peer().Order().Passed(b.seq) || !b.link.flushAck(e.rail) || !b.link.control(e.rail, endpoint.MsgByeAck, 0) {
 			e.byes[k] = b
 			k++
 		}

@@ -160,7 +160,7 @@ func (f *fabricLink) inlined(op *Op) bool {
 // accepted before (so a rejection, which has no verdict to ride on here,
 // means only that the registration went since), and a known key.
 func (f *fabricLink) cqSignal(op *Op, rail int) bool {
-	if !f.e.cq.SigCQ || f.p.Mesh().LocalCompletion {
+	if !f.e.cq.SigCQ || f.Peer().Mesh().LocalCompletion {
 		return false
 	}
 	if op.SigOp != abi.SignalOpInc && (op.SigOp != abi.SignalOpAdd || op.SigValue != 1) {
@@ -231,8 +231,7 @@ func newFabricLink(p link.Peer, outs, ins []*net.TCPConn, rails []fabRail) *fabr
 	f.win = seqorder.NewWindow(size)
 	empty := []fabRemote{}
 	f.remote.Store(&empty)
-	f.tcpLink.onReg = f.peerRegistered
-	f.tcpLink.onAcked = f.reapStaged
+	f.tcpLink.Hear(f.peerRegistered, f.reapStaged)
 	// The streams beside an endpoint carry fabric-numbered work whose
 	// window has its own rules: a broken one fails the peer.
 	f.tcpLink.NoFailover()
@@ -284,7 +283,7 @@ func (f *fabricLink) target(id uint32, off uint64, rail int) (uint64, uint64, bo
 func (f *fabricLink) Props() Props {
 	// With FI_HMEM the NIC writes device memory itself, and nothing here
 	// flushes those writes before the signal behind them (SPEC.md §4).
-	return Props{Name: nameFabric, InlineMax: 1 << 62, Lanes: len(f.lanes), LateVisible: f.e.Info.HMEM}
+	return Props{Name: nameFabric, InlineMax: 1 << 62, Lanes: f.LaneCount(), LateVisible: f.e.Info.HMEM}
 }
 
 // SubmitCaller is submit: the libfabric link sends from its own goroutines.
@@ -313,9 +312,9 @@ func (f *fabricLink) Submit(lane int, op Op, hold bool) {
 		return
 	}
 	f.posting.Add(1)
-	if f.p.Dead() {
+	if f.Peer().Dead() {
 		f.posting.Add(-1)
-		f.p.Fail(op)
+		f.Peer().Fail(op)
 		return
 	}
 	// Numbered here, in the caller's order: the target orders by these.
@@ -359,8 +358,8 @@ func (f *fabricLink) Submit(lane int, op Op, hold bool) {
 	f.posting.Add(-1)
 	f.rails[pd.rail].e.Nudge()
 	if err != nil {
-		f.p.FailCause(pd.op, err)
-		go f.p.MarkDead(err)
+		f.Peer().FailCause(pd.op, err)
+		go f.Peer().MarkDead(err)
 	}
 }
 
@@ -398,7 +397,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 	}
 	raddr, key, ok := f.target(op.MrID, op.Off, pd.rail)
 	if !ok {
-		return fmt.Errorf("rank %d registration %d has no fabric key for rail %d", f.p.Rank(), op.MrID, pd.rail)
+		return fmt.Errorf("rank %d registration %d has no fabric key for rail %d", f.Peer().Rank(), op.MrID, pd.rail)
 	}
 	if op.Msg != wire.MsgGet && !f.win.Fits(pd.seq) {
 		return fabric.ErrAgain
@@ -424,7 +423,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 		// Delivery complete unless local completion was asked for: a put
 		// completes when its bytes arrived, as over TCP (SPEC.md §3).
 		data := e.cq.Data(e.rank, pd.seq)
-		err = e.FI.WriteMsg(op.Local, op.Size, e.Regs.Desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.p.Mesh().LocalCompletion)
+		err = e.FI.WriteMsg(op.Local, op.Size, e.Regs.Desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.Peer().Mesh().LocalCompletion)
 	}
 	if err != nil {
 		f.unslot(e, idx)
@@ -463,7 +462,7 @@ func (f *fabricLink) slot(e *fabEP, tag uint64, ctl bool) (uint32, bool) {
 	if ctl {
 		f.ctlLive.Add(1)
 	}
-	s.state.Store(slotPosted | uint32(f.p.Rank())<<2)
+	s.state.Store(slotPosted | uint32(f.Peer().Rank())<<2)
 	return idx, true
 }
 
@@ -514,7 +513,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 		}
 		n = endpoint.PutSigHdr + size
 	}
-	verdict := complete && sig && !f.p.Mesh().LocalCompletion
+	verdict := complete && sig && !f.Peer().Mesh().LocalCompletion
 	inject := verdict && n <= e.Info.InjectSize
 	if verdict {
 		// Kept until the target's verdict too (fabEP.verdict, which comes
@@ -546,7 +545,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 	case complete && !inject:
 		// A verdict, when one comes, says the message arrived: no
 		// delivery completion is needed for it.
-		err = e.FI.SendMsg(unsafe.Pointer(&b[0]), n, e.MemDesc(), rl.addr, e.SlotArea(idx), !f.p.Mesh().LocalCompletion && !verdict)
+		err = e.FI.SendMsg(unsafe.Pointer(&b[0]), n, e.MemDesc(), rl.addr, e.SlotArea(idx), !f.Peer().Mesh().LocalCompletion && !verdict)
 		if err != nil {
 			f.unslot(e, idx)
 		}
@@ -609,7 +608,7 @@ func (f *fabricLink) sendVerdict(rail int, word uint64, status abi.Result) bool 
 // yet. A peer already gone needs none: it is failed instead.
 func (f *fabricLink) sendSmall(rail int, h endpoint.Msg, what string) bool {
 	if err := f.peerGone(); err != nil {
-		go f.p.MarkDead(err)
+		go f.Peer().MarkDead(err)
 		return true // nobody to tell
 	}
 	rl := &f.rails[rail]
@@ -623,7 +622,7 @@ func (f *fabricLink) sendSmall(rail int, h endpoint.Msg, what string) bool {
 	h.Put(b)
 	err := f.sendFree(rl, idx, b)
 	if err != nil && err != fabric.ErrAgain {
-		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: %s to rank %d: %v", what, f.p.Rank(), err)
+		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: %s to rank %d: %v", what, f.Peer().Rank(), err)
 	}
 	return err != fabric.ErrAgain
 }
@@ -656,7 +655,7 @@ func (f *fabricLink) retry() {
 	defer f.pmu.Unlock()
 	k := 0
 	for k < len(f.pend) {
-		if f.p.Dead() {
+		if f.Peer().Dead() {
 			break
 		}
 		pd := &f.pend[k]
@@ -667,8 +666,8 @@ func (f *fabricLink) retry() {
 		k++
 		f.backlog.Add(-1)
 		if err != nil {
-			f.p.FailCause(pd.op, err)
-			go f.p.MarkDead(err)
+			f.Peer().FailCause(pd.op, err)
+			go f.Peer().MarkDead(err)
 		}
 	}
 	f.pend = append(f.pend[:0], f.pend[k:]...)
@@ -725,7 +724,7 @@ func (f *fabricLink) FailAll() {
 	f.backlog.Add(-int32(len(pend)))
 	f.pmu.Unlock()
 	for i := range pend {
-		f.p.Fail(pend[i].op)
+		f.Peer().Fail(pend[i].op)
 	}
 	f.dropStaged()
 	for i := range f.rails {
@@ -744,15 +743,15 @@ func (f *fabricLink) FailAll() {
 // the poll lock: a signal's slot whose send completed waits only for the
 // verdict, which will not come; nobody else frees it.
 func (f *fabricLink) failSlots(e *fabEP) {
-	mine := slotPosted | uint32(f.p.Rank())<<2
+	mine := slotPosted | uint32(f.Peer().Rank())<<2
 	e.LockPoll()
 	defer e.UnlockPoll()
 	for i := range e.slots {
 		s := &e.slots[i]
-		if s.state.CompareAndSwap(mine, slotFailed|uint32(f.p.Rank())<<2) {
+		if s.state.CompareAndSwap(mine, slotFailed|uint32(f.Peer().Rank())<<2) {
 			f.done(s)
 			if s.tag != 0 {
-				f.p.Mesh().Owner.Complete(s.tag, abi.RemoteError)
+				f.Peer().Mesh().Owner.Complete(s.tag, abi.RemoteError)
 			}
 			if s.sig && s.got&sigSent != 0 {
 				s.link, s.sig, s.got, s.vst = nil, false, 0, abi.Success

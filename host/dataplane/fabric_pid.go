@@ -33,7 +33,7 @@ func (f *fabricLink) peerGone() error {
 	if !f.pid.Exited() {
 		return nil
 	}
-	return fmt.Errorf("rank %d: %w", f.p.Rank(), errPeerExited)
+	return fmt.Errorf("rank %d: %w", f.Peer().Rank(), errPeerExited)
 }
 
 // Stop also closes the pidfd (posts after Stop fail on the dead flag

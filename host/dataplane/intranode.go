@@ -55,10 +55,7 @@ func newIntraLink(p link.Peer, outs, ins []*net.TCPConn, pid int) *intraLink {
 	x := &intraLink{tcpLink: newTCPLink(p, outs, ins), pid: pid}
 	x.on.Store(true)
 	x.mapOn.Store(true)
-	x.side = x
-	for _, l := range x.lanes {
-		l.ix = &intraLane{x: x, l: l, p: p}
-	}
+	x.SetSide(x, func(l LaneIO) LaneSide { return &intraLane{x: x, l: l, p: p} })
 	return x
 }
 
@@ -80,7 +77,10 @@ func (x *intraLink) Props() Props {
 func (x *intraLink) peerPid() int { return x.pid }
 
 // events are the link's interprocess events (ipc_events.go).
-func (x *intraLink) events() *linkEvents { return &x.evs }
+func (x *intraLink) events() Events { return &x.evs }
+
+// ipcEvents is events, for the IPC exchange.
+func (x *intraLink) ipcEvents() *linkEvents { return &x.evs }
 
 // WriteState: the mapped device memory path, when it moved something or
 // was turned off, then the TCP lanes under it.
@@ -105,7 +105,7 @@ func (x *intraLink) InlineMax() uint64 {
 	if x.on.Load() {
 		return intraInlineMax
 	}
-	return inlineMax
+	return InlineMax
 }
 
 // takes reports whether op's payload should move beside the stream.
@@ -177,7 +177,9 @@ func moved(ok bool) SideMove {
 // flushes with an 8-byte put to its own rank after every signal it awaits
 // for a CUDA graph without GDRCopy, and a GIN alltoall puts to its own
 // rank every round.
-func (x *intraLink) self() bool { return x.pid == os.Getpid() && x.p.Rank() == x.p.Mesh().Rank }
+func (x *intraLink) self() bool {
+	return x.pid == os.Getpid() && x.Peer().Rank() == x.Peer().Mesh().Rank
+}
 
 // selfDevice moves the payload of op, an operation of this rank to itself
 // with device memory at either end, with the device's copies instead of a
@@ -188,7 +190,7 @@ func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) SideMove {
 	if op.Size == 0 || (op.LocalCtx == 0 && op.Remote != 0) {
 		return SideNo // host memory at both ends: the paths above
 	}
-	base, size, ctx, pin, ok := x.p.Mesh().Owner.Resolve(op.MrID)
+	base, size, ctx, pin, ok := x.Peer().Mesh().Owner.Resolve(op.MrID)
 	if !ok {
 		return SideNo
 	}
@@ -206,17 +208,17 @@ func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) SideMove {
 	l.l.Settle()
 	var err error
 	if put {
-		err = staging.CopyLocal(ctx, reg, op.LocalCtx, op.Local, op.Size, x.p.Mesh().StageChunk)
+		err = staging.CopyLocal(ctx, reg, op.LocalCtx, op.Local, op.Size, x.Peer().Mesh().StageChunk)
 	} else {
-		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, reg, op.Size, x.p.Mesh().StageChunk)
+		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, reg, op.Size, x.Peer().Mesh().StageChunk)
 	}
 	if err != nil {
 		// The TCP path stages it again and fails it with its cause.
-		selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself: %v; sending it through its own socket instead", x.p.Rank(), op.Size, err)
+		selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself: %v; sending it through its own socket instead", x.Peer().Rank(), op.Size, err)
 		return SideNo
 	}
 	if x.selfs.Add(1) == 1 {
-		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory move by device copies, not through its own socket", x.p.Rank())
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory move by device copies, not through its own socket", x.Peer().Rank())
 	}
 	return SideMoved
 }
@@ -231,7 +233,7 @@ func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) SideMove {
 // before it landed; an owner without parts; no spare slot; a failure to
 // queue, which the synchronous copy then reports).
 func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
-	m := x.p.Mesh()
+	m := x.Peer().Mesh()
 	if put && x.strong(op) {
 		return false
 	}
@@ -253,12 +255,12 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 			m.Owner.Complete(op.Tag, abi.Success) // the part added above
 		}
 		if err != nil {
-			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself not queued on the device: %v; copying it synchronously", x.p.Rank(), op.Size, err)
+			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself not queued on the device: %v; copying it synchronously", x.Peer().Rank(), op.Size, err)
 		}
 		return false
 	}
 	if x.selfs.Add(1) == 1 {
-		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory are queued on the device's stream and complete when they executed", x.p.Rank())
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory are queued on the device's stream and complete when they executed", x.Peer().Rank())
 	}
 	return true
 }
@@ -303,9 +305,9 @@ func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) SideMove {
 	}
 	var err error
 	if put {
-		err = staging.CopyLocal(ctx, addrPtr(op.Mapped), op.LocalCtx, op.Local, op.Size, x.p.Mesh().StageChunk)
+		err = staging.CopyLocal(ctx, addrPtr(op.Mapped), op.LocalCtx, op.Local, op.Size, x.Peer().Mesh().StageChunk)
 	} else {
-		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, addrPtr(op.Mapped), op.Size, x.p.Mesh().StageChunk)
+		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, addrPtr(op.Mapped), op.Size, x.Peer().Mesh().StageChunk)
 	}
 	if err != nil {
 		return x.mapFailed(op, err)
@@ -318,7 +320,7 @@ func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) SideMove {
 // WARN): op and every later operation take the staged path.
 func (x *intraLink) mapFailed(op *Op, err error) SideMove {
 	if x.mapOn.Swap(false) {
-		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: device copy of %d bytes through the mapping of its memory failed: %v; its operations go through the staged path from now on", x.p.Rank(), op.Size, err)
+		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: device copy of %d bytes through the mapping of its memory failed: %v; its operations go through the staged path from now on", x.Peer().Rank(), op.Size, err)
 	}
 	return SideNo
 }
@@ -326,14 +328,14 @@ func (x *intraLink) mapFailed(op *Op, err error) SideMove {
 // strong reports whether op's target registration is strongly ordered
 // (NCCL_NET_MR_FLAG_FORCE_SO): its puts are copied and waited for.
 func (x *intraLink) strong(op *Op) bool {
-	so, ok := x.p.Mesh().Owner.(StrongOwner)
+	so, ok := x.Peer().Mesh().Owner.(StrongOwner)
 	return ok && so.StronglyOrdered(op.MrID)
 }
 
 // mappedOnce counts an operation moved through a mapping; the first says so.
 func (x *intraLink) mappedOnce() {
 	if x.mapped.Add(1) == 1 {
-		logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): device operations copy straight into its mapped device memory (IPC)", x.p.Rank(), x.pid)
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): device operations copy straight into its mapped device memory (IPC)", x.Peer().Rank(), x.pid)
 	}
 }
 
@@ -365,7 +367,7 @@ func (x *intraLink) vm(l *intraLane, op *Op, write bool) bool {
 				err = fmt.Errorf("short transfer after %d bytes: %v", done, err)
 			}
 			x.on.Store(false)
-			logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d (pid %d) refused by the kernel (%v); using TCP for this peer", x.p.Rank(), x.pid, err)
+			logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d (pid %d) refused by the kernel (%v); using TCP for this peer", x.Peer().Rank(), x.pid, err)
 			return false
 		}
 		done += uint64(n)

@@ -62,7 +62,7 @@ func (m *Mesh) IPC() IPC { return IPC{m} }
 // ipcPeer is what the exchange needs of an intra-node link.
 type ipcPeer interface {
 	peerPid() int
-	events() *linkEvents
+	ipcEvents() *linkEvents
 }
 
 func (c IPC) intra(rank int) (ipcPeer, error) {
@@ -93,7 +93,7 @@ func (c IPC) MakeEvents(rank int, ctx uintptr) ([][64]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := x.events()
+	e := x.ipcEvents()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -127,7 +127,7 @@ func (c IPC) EventHandles(rank int) [][64]byte {
 	if err != nil {
 		return nil
 	}
-	e := x.events()
+	e := x.ipcEvents()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.handles
@@ -137,7 +137,7 @@ func (c IPC) EventHandles(rank int) [][64]byte {
 // put+signals to it may use them from now on.
 func (c IPC) SetEventsReady(rank int) {
 	if x, err := c.intra(rank); err == nil {
-		e := x.events()
+		e := x.ipcEvents()
 		e.mu.Lock()
 		e.ready.Store(e.own != nil && !e.closed)
 		e.mu.Unlock()
@@ -147,7 +147,7 @@ func (c IPC) SetEventsReady(rank int) {
 // EventsReady reports whether rank opened our events.
 func (c IPC) EventsReady(rank int) bool {
 	x, err := c.intra(rank)
-	return err == nil && x.events().ready.Load()
+	return err == nil && x.ipcEvents().ready.Load()
 }
 
 // OpenPeerEvents opens rank's event handles in ctx, once: the events its
@@ -164,7 +164,7 @@ func (c IPC) OpenPeerEvents(rank int, ctx uintptr, handles [][64]byte) error {
 	if !ok {
 		return devmem.ErrUnsupported
 	}
-	e := x.events()
+	e := x.ipcEvents()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -216,7 +216,7 @@ func (x *intraLink) queueMapped(op *Op) bool {
 	if !e.ready.Load() || op.Msg != wire.MsgPutSignal || op.LocalCtx != e.ctx {
 		return false
 	}
-	po, ok := x.p.Mesh().Owner.(PartOwner)
+	po, ok := x.Peer().Mesh().Owner.(PartOwner)
 	if !ok {
 		return false
 	}
@@ -224,11 +224,11 @@ func (x *intraLink) queueMapped(op *Op) bool {
 	// the target wait for the later of the two, never too little.
 	k := int(e.next.Add(1)-1) % len(e.own)
 	po.AddPart(op.Tag) // the copy's part; given back below when nothing was queued
-	ok, err := staging.CopyMappedAsync(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size, x.p.Mesh().Owner, op.Tag, e.own[k])
+	ok, err := staging.CopyMappedAsync(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size, x.Peer().Mesh().Owner, op.Tag, e.own[k])
 	if !ok {
-		x.p.Mesh().Owner.Complete(op.Tag, abi.Success)
+		x.Peer().Mesh().Owner.Complete(op.Tag, abi.Success)
 		if err != nil {
-			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: a mapped put+signal could not be ordered by an event: %v; waiting for its copy instead", x.p.Rank(), err)
+			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: a mapped put+signal could not be ordered by an event: %v; waiting for its copy instead", x.Peer().Rank(), err)
 		}
 		return false
 	}
@@ -236,8 +236,11 @@ func (x *intraLink) queueMapped(op *Op) bool {
 	return true
 }
 
-// peerEvent is the peer's event i, or 0.
-func (e *linkEvents) peerEvent(i int) uintptr {
+// PeerOpened reports that the peer's events were opened here.
+func (e *linkEvents) PeerOpened() bool { return e.peer.Load() != nil }
+
+// PeerEvent is the peer's event i, or 0.
+func (e *linkEvents) PeerEvent(i int) uintptr {
 	p := e.peer.Load()
 	if p == nil || i < 0 || i >= len(*p) {
 		return 0

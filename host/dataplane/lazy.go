@@ -61,9 +61,9 @@ func (l *lane) open() {
 	l.kick()
 }
 
-// laneUnused reports that nothing was ever queued on lane: it never
+// LaneUnused reports that nothing was ever queued on lane: it never
 // opened and is not opening.
-func (t *tcpLink) laneUnused(lane int) bool {
+func (t *tcpLink) LaneUnused(lane int) bool {
 	l := t.lanes[lane]
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -97,9 +97,9 @@ func (t *tcpLink) closeIn(i int) {
 	}
 }
 
-// addIn takes a stream the peer opened after connect for one of its
+// AddIn takes a stream the peer opened after connect for one of its
 // lanes beyond the first, and starts serving it.
-func (t *tcpLink) addIn(lane, lanes int, c *net.TCPConn) error {
+func (t *tcpLink) AddIn(lane, lanes int, c *net.TCPConn) error {
 	t.inMu.Lock()
 	defer t.inMu.Unlock()
 	switch {
@@ -135,11 +135,11 @@ func (m *Mesh) lateLanes(l *Listener) {
 			if in.NRanks != m.nranks || in.Rank < 0 || in.Rank >= m.nranks {
 				err = fmt.Errorf("it claims rank %d of %d; this communicator has %d ranks", in.Rank, in.NRanks, m.nranks)
 			} else if a, ok := m.peers[in.Rank].t.(interface {
-				addIn(lane, lanes int, c *net.TCPConn) error
+				AddIn(lane, lanes int, c *net.TCPConn) error
 			}); !ok {
 				err = fmt.Errorf("rank %d is not connected", in.Rank)
 			} else {
-				err = a.addIn(in.Lane, in.Lanes, in.conn)
+				err = a.AddIn(in.Lane, in.Lanes, in.conn)
 			}
 			if err != nil {
 				admission.Warn.Warn(abi.SubsysNet, "NET/wasm: rank %d: refused a lane opened after connect: %v", m.rank, err)

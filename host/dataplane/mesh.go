@@ -298,8 +298,8 @@ func (m *Mesh) FlushAll() {
 // they are not acknowledged soon: the caller waits for their completions
 // (iflush). Transports whose targets never hold their acks ignore it.
 func (m *Mesh) AskAcks(peerRank int) {
-	if a, ok := m.peers[peerRank].t.(interface{ askAcks() }); ok {
-		a.askAcks()
+	if a, ok := m.peers[peerRank].t.(interface{ AskAcks() }); ok {
+		a.AskAcks()
 	}
 }
 

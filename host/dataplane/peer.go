@@ -265,8 +265,8 @@ func (p *peer) sayGoodbye() {
 	// A lane never opened (lazy.go) carried nothing: no goodbye, which
 	// would only open it.
 	down := p.down.Load()
-	unused, _ := p.t.(interface{ laneUnused(int) bool })
-	skip := func(lane int) bool { return down&(1<<lane) != 0 || (unused != nil && unused.laneUnused(lane)) }
+	unused, _ := p.t.(interface{ LaneUnused(int) bool })
+	skip := func(lane int) bool { return down&(1<<lane) != 0 || (unused != nil && unused.LaneUnused(lane)) }
 	n := int32(0)
 	for lane := 0; lane < p.lanes; lane++ {
 		if !skip(lane) {

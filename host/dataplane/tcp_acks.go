@@ -13,9 +13,9 @@ import (
 // or written alone), the asks for the peer's, the liveness backstop, and
 // the FIFO of our puts that the peer's acks complete.
 
-// askAcks asks the peer to acknowledge every lane's puts at once
+// AskAcks asks the peer to acknowledge every lane's puts at once
 // (lane.askAcks): the caller waits for them.
-func (t *tcpLink) askAcks() {
+func (t *tcpLink) AskAcks() {
 	for _, l := range t.lanes {
 		l.askAcks()
 	}
@@ -441,3 +441,13 @@ func (l *lane) pendingPuts() int {
 	defer l.amu.Unlock()
 	return l.puts.Len()
 }
+
+// acked is how many puts of this stream the target acknowledged.
+func (l *lane) acked() uint64 {
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	return l.pAcked
+}
+
+// Acked is how many puts of lane i the target acknowledged.
+func (t *tcpLink) Acked(i int) uint64 { return t.lanes[i].acked() }

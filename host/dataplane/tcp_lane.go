@@ -104,12 +104,22 @@ type SidePath interface {
 	Ringable(op *Op) bool
 	// events are the interprocess events that order the peer's mapped
 	// put+signals (ipc_events.go).
-	events() *linkEvents
+	events() Events
 	// AttachStream maps the shared-memory stream the peer offered on one
 	// of its lanes (wire.MsgStream), or says why not; AttachRing maps the
 	// staging ring it offered (wire.MsgRing) into rx.
 	AttachStream(h *wire.Header) (ShmIn, error)
 	AttachRing(rx *staging.Receiver, h *wire.Header) error
+}
+
+// Events are an intra-node link's interprocess events as the service
+// orders the peer's mapped put+signals with them.
+type Events interface {
+	link.Orderer
+	// PeerOpened reports that the peer's events were opened here.
+	PeerOpened() bool
+	// PeerEvent is the peer's event i, 0 when there is none such.
+	PeerEvent(i int) uintptr
 }
 
 // LaneIO is what a lane offers its side (LaneSide): writes on its
@@ -196,6 +206,32 @@ func newTCPLink(p link.Peer, outs, ins []*net.TCPConn) *tcpLink {
 	}
 	return t
 }
+
+// Peer is the peer the link moves operations to.
+func (t *tcpLink) Peer() link.Peer { return t.p }
+
+// LaneCount is how many lanes the link has.
+func (t *tcpLink) LaneCount() int { return len(t.lanes) }
+
+// SetSide makes s the link's side path (the intra-node transport) and
+// gives each lane the side side(l) makes for it; before Start.
+func (t *tcpLink) SetSide(s SidePath, side func(l LaneIO) LaneSide) {
+	t.side = s
+	for _, l := range t.lanes {
+		l.ix = side(l)
+	}
+}
+
+// Hear makes the link tell onReg of the peer's registrations (their
+// rail, id, address, key, and whether device memory reached directly)
+// and onAcked when a lane's puts were acknowledged (libfabric beside the
+// lanes); before Start.
+func (t *tcpLink) Hear(onReg func(rail uint8, id uint32, base, key uint64, dev, direct bool), onAcked func()) {
+	t.onReg, t.onAcked = onReg, onAcked
+}
+
+// InlineMax is the largest operation a TCP link's caller sends itself.
+const InlineMax = inlineMax
 
 func (t *tcpLink) Props() Props {
 	return Props{Name: nameTCP, DeviceMemory: true, InlineMax: t.inlineMax(), Lanes: len(t.lanes)}

@@ -373,18 +373,18 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 // so that later signals follow that put's bytes. A header that names an
 // event it may not is a protocol error.
 func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) (sigRef, error) {
-	var evs *linkEvents
+	var evs Events
 	if t.side != nil {
 		evs = t.side.events()
 	}
 	if h.Status&wire.StatusEvent == 0 {
-		if evs != nil && sig.Word() && evs.peer.Load() != nil {
+		if evs != nil && sig.Word() && evs.PeerOpened() {
 			sig.Evs = evs // an event waited for on a stream may be pending
 		}
 		return sig, nil
 	}
 	if evs != nil && h.Typ == wire.MsgPutSignal && h.Size == 0 {
-		sig.Ev = evs.peerEvent(int(h.Status & 0xff))
+		sig.Ev = evs.PeerEvent(int(h.Status & 0xff))
 	}
 	if sig.Ev == 0 {
 		what := "a put+signal by an event it never shared"

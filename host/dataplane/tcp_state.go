@@ -3,14 +3,16 @@ package dataplane
 import (
 	"fmt"
 	"io"
+
+	"golang.org/x/sys/unix"
 )
 
 // What a TCP link tells of itself: its lanes and incoming streams for the
 // stall report (Mesh.WriteState), and its counters for Mesh.Stats.
 
-// streams: a TCP link carries its own lanes (and the intra-node and
+// Streams: a TCP link carries its own lanes (and the intra-node and
 // libfabric links, which embed it, carry theirs).
-func (t *tcpLink) streams() *tcpLink { return t }
+func (t *tcpLink) Streams() *tcpLink { return t }
 
 // WriteState writes, per TCP lane, whether it is open, its queue, whether
 // someone holds the stream, the puts written and not yet acknowledged, and
@@ -93,13 +95,49 @@ func (t *tcpLink) AddAcks(st *Stats) {
 
 // streamer is a transport that carries TCP lanes: TCP's own link, and
 // the intra-node and libfabric links built over it.
-type streamer interface{ streams() *tcpLink }
+type streamer interface{ Streams() *tcpLink }
 
 // streamsOf returns the TCP lanes a transport carries: its own, or those
 // under the intra-node and libfabric links; nil for none.
 func streamsOf(tr transport) *tcpLink {
 	if s, ok := tr.(streamer); ok {
-		return s.streams()
+		return s.Streams()
 	}
 	return nil
+}
+
+// Progress sums what the kernel moved on every stream to and from the
+// peer: bytes the peer acknowledged and bytes it sent us.
+func (t *tcpLink) Progress() (uint64, bool) {
+	var sum uint64
+	ok := false
+	add := func(fd uintptr) {
+		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		if err == nil {
+			sum += info.Bytes_acked + info.Bytes_received
+			ok = true
+		}
+	}
+	for _, l := range t.lanes {
+		l.mu.Lock()
+		out := l.out
+		l.mu.Unlock()
+		if out == nil {
+			continue // not opened yet
+		}
+		if rc, err := out.SyscallConn(); err == nil {
+			_ = rc.Control(add)
+		}
+	}
+	t.inMu.Lock()
+	defer t.inMu.Unlock()
+	for _, in := range t.ins {
+		if in == nil {
+			continue
+		}
+		if rc, err := in.SyscallConn(); err == nil {
+			_ = rc.Control(add)
+		}
+	}
+	return sum, ok
 }

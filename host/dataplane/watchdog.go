@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
@@ -71,42 +69,6 @@ func (m *Mesh) watch(timeout time.Duration) {
 			p.markDead(err)
 		}
 	}
-}
-
-// Progress sums what the kernel moved on every stream to and from the
-// peer: bytes the peer acknowledged and bytes it sent us.
-func (t *tcpLink) Progress() (uint64, bool) {
-	var sum uint64
-	ok := false
-	add := func(fd uintptr) {
-		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
-		if err == nil {
-			sum += info.Bytes_acked + info.Bytes_received
-			ok = true
-		}
-	}
-	for _, l := range t.lanes {
-		l.mu.Lock()
-		out := l.out
-		l.mu.Unlock()
-		if out == nil {
-			continue // not opened yet
-		}
-		if rc, err := out.SyscallConn(); err == nil {
-			_ = rc.Control(add)
-		}
-	}
-	t.inMu.Lock()
-	defer t.inMu.Unlock()
-	for _, in := range t.ins {
-		if in == nil {
-			continue
-		}
-		if rc, err := in.SyscallConn(); err == nil {
-			_ = rc.Control(add)
-		}
-	}
-	return sum, ok
 }
 
 // Progress over libfabric: completions involving the peer (fabricLink.heard),
