@@ -65,6 +65,10 @@ type ipcPeer interface {
 	ipcEvents() *linkEvents
 }
 
+// Found by assertion only: a renamed method would silently leave the
+// exchange without its peers.
+var _ ipcPeer = (*intraLink)(nil)
+
 func (c IPC) intra(rank int) (ipcPeer, error) {
 	m := c.m
 	if rank < 0 || rank >= len(m.peers) || rank == m.rank {

@@ -294,6 +294,16 @@ func (m *Mesh) FlushAll() {
 	}
 }
 
+// Mesh.AskAcks, peer.sayGoodbye and lateLanes find these TCP link methods
+// by assertion only: a renamed method would silently turn them off.
+var (
+	_ interface{ AskAcks() }            = (*tcpLink)(nil)
+	_ interface{ LaneUnused(int) bool } = (*tcpLink)(nil)
+	_ interface {
+		AddIn(lane, lanes int, c *net.TCPConn) error
+	} = (*tcpLink)(nil)
+)
+
 // AskAcks asks rank peerRank to acknowledge our puts to it at once if
 // they are not acknowledged soon: the caller waits for their completions
 // (iflush). Transports whose targets never hold their acks ignore it.

@@ -97,6 +97,9 @@ func (t *tcpLink) AddAcks(st *Stats) {
 // the intra-node and libfabric links built over it.
 type streamer interface{ Streams() *tcpLink }
 
+// Found by assertion only, like the side links' promoted Streams.
+var _ streamer = (*tcpLink)(nil)
+
 // streamsOf returns the TCP lanes a transport carries: its own, or those
 // under the intra-node and libfabric links; nil for none.
 func streamsOf(tr transport) *tcpLink {

@@ -27,6 +27,13 @@ type progresser interface {
 	Progress() (n uint64, ok bool)
 }
 
+// The watchdog finds these only by assertion: a renamed method would
+// silently turn it off for them.
+var (
+	_ progresser = (*tcpLink)(nil)
+	_ progresser = (*fabricLink)(nil)
+)
+
 // watchTick is the watchdog's period for timeout: an eighth of it, kept
 // between 10 ms and 1 s.
 func watchTick(timeout time.Duration) time.Duration {
