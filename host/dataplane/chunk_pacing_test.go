@@ -65,8 +65,8 @@ func TestPlanChunk(t *testing.T) {
 		time.Sleep(100 * time.Microsecond)
 	}
 	used := 0
-	for _, l := range m.peers[1].t.(*tcpLink).lanes {
-		if l.pendingPuts() == 0 && l.p.(*peer).seq > 0 {
+	for _, l := range m.peers[1].t.(*tcpLink).Lanes() {
+		if l.PendingPuts() == 0 && m.peers[1].seq > 0 {
 			used++
 		}
 	}

@@ -135,9 +135,9 @@ func TestHostileCompressedFrames(t *testing.T) {
 			_, mem, intact := codectest.Guarded(8192)
 			owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: mem, done: map[uint64]abi.Result{}}}
 			ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second})
-			l := ms[0].peers[1].t.(*tcpLink).lanes[0]
-			l.awaitPuts([]uint64{1}, nil) // the target acknowledges (or rejects) it like any put
-			if _, err := l.out.Write(c.wire); err != nil {
+			l := ms[0].peers[1].t.(*tcpLink).Lanes()[0]
+			l.AwaitPuts([]uint64{1}, nil) // the target acknowledges (or rejects) it like any put
+			if _, err := l.Out().Write(c.wire); err != nil {
 				t.Fatal(err)
 			}
 			// A good compressed put behind it, on the same stream.

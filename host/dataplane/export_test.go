@@ -13,5 +13,5 @@ func (m *Mesh) PeerParts(peer int, kind uint8, size uint64) int {
 	return m.OpParts(peer, &Op{Msg: kind, Size: size})
 }
 
-// intra is an intra-node lane's side (ring.go, stream.go).
-func (l *lane) intra() *intraLane { return l.ix.(*intraLane) }
+// intraOf is an intra-node lane's side (ring.go, stream.go).
+func intraOf(l *lane) *intraLane { return l.Side().(*intraLane) }

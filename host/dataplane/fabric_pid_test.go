@@ -18,7 +18,7 @@ func TestFabricPeerExited(t *testing.T) {
 	defer cmd.Process.Kill()
 	link := func(prov string) *fabricLink {
 		f := &fabricLink{e: &fabEP{Endpoint: &endpoint.Endpoint{}}}
-		f.tcpLink = &tcpLink{p: &peer{rank: 1}}
+		f.tcpLink = newTCPLink(&peer{rank: 1}, nil, nil)
 		f.e.Info.Provider = prov
 		f.watchPid(cmd.Process.Pid)
 		return f

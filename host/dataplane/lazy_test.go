@@ -18,20 +18,20 @@ import (
 // ours (lanes dialled) and the peer's (lanes it dialled to us).
 func (m *Mesh) openStreams(peer int) (outs, ins int) {
 	t := m.peers[peer].t.(*tcpLink)
-	for _, l := range t.lanes {
-		l.mu.Lock()
-		if l.out != nil {
+	for _, l := range t.Lanes() {
+		l.Mu().Lock()
+		if l.Out() != nil {
 			outs++
 		}
-		l.mu.Unlock()
+		l.Mu().Unlock()
 	}
-	t.inMu.Lock()
-	for _, c := range t.ins {
+	t.InMu().Lock()
+	for _, c := range t.Ins() {
 		if c != nil {
 			ins++
 		}
 	}
-	t.inMu.Unlock()
+	t.InMu().Unlock()
 	return outs, ins
 }
 

@@ -35,7 +35,7 @@ func TestMappedPeer(t *testing.T) {
 	fill(src[:size/2], 7)
 	target := os[1].dev // rank 1's device memory, "mapped" here: one process
 	sig := (*uint64)(unsafe.Pointer(&os[1].host[0]))
-	sent := x.lanes[0].writes.Load()
+	sent := x.Lanes()[0].Writes().Load()
 
 	// Put+signal: when the target applied the signal, the bytes are there.
 	for k, n := range []uint64{8, 40 << 10} {
@@ -87,7 +87,7 @@ func TestMappedPeer(t *testing.T) {
 		t.Fatalf("%d device-to-device copies queued, want 4 (the puts)", n)
 	}
 	// Two signals went as headers; the plain puts and the gets needed none.
-	if w := x.lanes[0].writes.Load() - sent; w > 2 {
+	if w := x.Lanes()[0].Writes().Load() - sent; w > 2 {
 		t.Fatalf("%d writes on the stream, want at most 2 (the signals' headers)", w)
 	}
 	// Rank 1's staged put into rank 0's shared registration: the target

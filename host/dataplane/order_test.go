@@ -80,7 +80,7 @@ func rawHeaderDrops(t *testing.T, ms []*Mesh, owners []*memOwner, h wire.Header,
 	t.Helper()
 	var b [wire.HeaderSize]byte
 	h.Encode(b[:])
-	if _, err := ms[0].peers[1].t.(*tcpLink).lanes[0].out.Write(b[:]); err != nil {
+	if _, err := ms[0].peers[1].t.(*tcpLink).Lanes()[0].Out().Write(b[:]); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the target to drop the peer", func() bool {

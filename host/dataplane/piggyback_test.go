@@ -29,9 +29,9 @@ func tcpOf(t *testing.T, m *Mesh, peer int) *tcpLink {
 // as their timers read them.
 func setDelays(t *testing.T, d time.Duration, ds ...*delay) {
 	for _, v := range ds {
-		saved := v.get()
-		v.set(d)
-		t.Cleanup(func() { v.set(saved) })
+		saved := v.Get()
+		v.Set(d)
+		t.Cleanup(func() { v.Set(saved) })
 	}
 }
 
@@ -86,20 +86,20 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 				ms[0].Post(1, &op, hold, 0)
 			}
 			// Part 1: the send timer never fires (no timed behaviour).
-			saved, savedHold := sendDelay.get(), holdDelay.get()
-			setDelays(t, time.Hour, sendDelay, holdDelay)
+			saved, savedHold := SendDelay().Get(), HoldDelay().Get()
+			setDelays(t, time.Hour, SendDelay(), HoldDelay())
 			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
-			l := tcpOf(t, ms[0], 1).lanes[0]
-			w0, b0 := l.writes.Load(), l.batches.Load()
+			l := tcpOf(t, ms[0], 1).Lanes()[0]
+			w0, b0 := l.Writes().Load(), l.Batches().Load()
 			for i := 0; i < n; i++ {
 				put(i, uint64(i+1), true)
 			}
-			if w, b := l.writes.Load()-w0, l.batches.Load()-b0; w != 0 || b != 0 {
+			if w, b := l.Writes().Load()-w0, l.Batches().Load()-b0; w != 0 || b != 0 {
 				t.Fatalf("%d held ops: %d writes and %d batches before any test, want none", n, w, b)
 			}
 			put(n, n+1, false)
 			ms[0].Flush(1) // the caller's test()
-			if w, b := l.writes.Load()-w0, l.batches.Load()-b0; w != 1 || b != 1 {
+			if w, b := l.Writes().Load()-w0, l.Batches().Load()-b0; w != 1 || b != 1 {
 				t.Fatalf("%d held ops and a plain one: %d writes and %d batches, want 1 and 1", n, w, b)
 			}
 			waitWord(t, os[1], sigOff, 1, nil)
@@ -116,8 +116,8 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 			}
 			// Part 2: held ops, then nothing at all from the caller (a
 			// fresh pair: the first one's send timer is armed for an hour).
-			sendDelay.set(saved)
-			holdDelay.set(savedHold)
+			SendDelay().Set(saved)
+			HoldDelay().Set(savedHold)
 			os = newOwners(2, 4096)
 			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 			for i := 0; i <= n; i++ {
@@ -180,7 +180,7 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: c.intra, Lanes: c.lanes, LocalCompletion: c.localComp, StripeThreshold: 1 << 20})
 	defer dumpWhenStuck(t, ms)()
 	for r, m := range ms {
-		if a := tcpOf(t, m, 1-r).acks[c.lane[1-r]]; !a.rides() {
+		if a := tcpOf(t, m, 1-r).Acks()[c.lane[1-r]]; !a.Rides() {
 			t.Fatalf("rank %d: acks of lane %d do not ride the answers", r, c.lane[1-r])
 		}
 	}
@@ -262,7 +262,7 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 func TestAskAcks(t *testing.T) {
 	for _, intra := range []bool{false, true} {
 		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) {
-			setDelays(t, time.Hour, ackDelay, ackBound)
+			setDelays(t, time.Hour, AckDelay(), AckBound())
 			ms, os, src := heldAckPair(t, intra, 9)
 			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128,
 				SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)

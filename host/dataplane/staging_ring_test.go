@@ -144,8 +144,8 @@ func TestRingPipelined(t *testing.T) {
 			}
 			x := ms[0].peers[1].t.(*intraLink)
 			rings := 0
-			for _, l := range x.lanes {
-				if l.intra().ringState == ringOn {
+			for _, l := range x.Lanes() {
+				if intraOf(l).ringState == ringOn {
 					rings++
 				}
 			}
@@ -208,8 +208,8 @@ func TestRingRefusedFallsBack(t *testing.T) {
 			t.Fatalf("put %d with the ring refused: %v", tag, st)
 		}
 	}
-	if l := ms[0].peers[1].t.(*intraLink).lanes[0]; l.intra().ringState != ringOff {
-		t.Fatalf("ring state %d after a refusal, want off", l.intra().ringState)
+	if l := ms[0].peers[1].t.(*intraLink).Lanes()[0]; intraOf(l).ringState != ringOff {
+		t.Fatalf("ring state %d after a refusal, want off", intraOf(l).ringState)
 	}
 }
 
@@ -226,8 +226,8 @@ func TestRingWithoutProcessVM(t *testing.T) {
 	if st := waitDone(t, &os[0].memOwner, 1); st != abi.Success || !bytes.Equal(dst, src) {
 		t.Fatalf("put: %v", st)
 	}
-	if l := ms[0].peers[1].t.(*intraLink).lanes[0]; l.intra().ringState != ringOn {
-		t.Fatalf("ring state %d with process_vm_writev refused, want on", l.intra().ringState)
+	if l := ms[0].peers[1].t.(*intraLink).Lanes()[0]; intraOf(l).ringState != ringOn {
+		t.Fatalf("ring state %d with process_vm_writev refused, want on", intraOf(l).ringState)
 	}
 }
 
@@ -261,7 +261,7 @@ func TestRingLaneFailover(t *testing.T) {
 	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size,
 		SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 3}, false, 0)
 	waitUntil(t, "the ring to carry part of the put", func() bool { return d.Overlap.Load()+d.Copies.Load() > 4 })
-	c := ms[1].peers[0].t.(*intraLink).ins[0] // reset at the target, as ss -K does
+	c := ms[1].peers[0].t.(*intraLink).Ins()[0] // reset at the target, as ss -K does
 	if err := c.SetLinger(0); err != nil {
 		t.Fatal(err)
 	}
