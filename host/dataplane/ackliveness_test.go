@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -32,13 +33,13 @@ import (
 // initiator waits for its put to complete. With the re-arm removed
 // (skipRearm; RMAW_NEGATIVE_CONTROL=rearm) the put never completes.
 func TestStrandedAck(t *testing.T) {
-	SkipBackstop().Store(true)
-	t.Cleanup(func() { SkipBackstop().Store(false) })
+	tcp.SkipBackstop().Store(true)
+	t.Cleanup(func() { tcp.SkipBackstop().Store(false) })
 	if os.Getenv("RMAW_NEGATIVE_CONTROL") == "rearm" {
 		// The soak's negative control (make soak-negative): the re-arm
 		// removed, this test must fail.
-		SkipRearm().Store(true)
-		t.Cleanup(func() { SkipRearm().Store(false) })
+		tcp.SkipRearm().Store(true)
+		t.Cleanup(func() { tcp.SkipRearm().Store(false) })
 	}
 	for _, intra := range []bool{false, true} {
 		for _, holder := range []string{"writer", "lone"} {
@@ -70,15 +71,15 @@ func strandRound(t *testing.T, intra, lone bool, round int) bool {
 	copy(owners[0].mem[64:128], src) // what rank 1 gets (before the meshes exist: no race)
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 2, StripeThreshold: 1 << 20})
 	tl := tcpOf(t, ms[1], 0)
-	var hold atomic.Pointer[lane]
-	hook := func(l *lane) {
+	var hold atomic.Pointer[tcp.Lane]
+	hook := func(l *tcp.Lane) {
 		if hold.Load() == l {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	LetGoHook().Store(&hook)
-	defer LetGoHook().Store(nil)
-	held := func(l *lane) bool {
+	tcp.LetGoHook().Store(&hook)
+	defer tcp.LetGoHook().Store(nil)
+	held := func(l *tcp.Lane) bool {
 		l.Mu().Lock()
 		defer l.Mu().Unlock()
 		return *l.Writing()
@@ -250,14 +251,14 @@ func TestBackstopGivesUp(t *testing.T) {
 	l := tcpOf(t, ms[0], 1).Lanes()[0]
 	waitUntil(t, "the backstop's last ask", func() bool {
 		ms[0].Flush(1) // the proxy's test()
-		return l.BsAsks().Load() >= BackstopAsks
+		return l.BsAsks().Load() >= tcp.BackstopAsks
 	})
 	// As long again as the three asks took, and more: no fourth.
 	for deadline := time.Now().Add(8 * time.Duration(l.BackstopBound())); time.Now().Before(deadline); time.Sleep(100 * time.Microsecond) {
 		ms[0].Flush(1)
 	}
-	if n := l.BsAsks().Load(); n != BackstopAsks {
-		t.Fatalf("the backstop asked %d times, want %d", n, BackstopAsks)
+	if n := l.BsAsks().Load(); n != tcp.BackstopAsks {
+		t.Fatalf("the backstop asked %d times, want %d", n, tcp.BackstopAsks)
 	}
 	if _, ok := os[0].status(2); ok {
 		t.Fatal("the put completed although the target acknowledged nothing")

@@ -1,5 +1,7 @@
 package dataplane
 
+import "github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
+
 // Test-only read-outs of the mesh.
 
 // Parts is how many completions the runtime must expect for an operation:
@@ -14,4 +16,4 @@ func (m *Mesh) PeerParts(peer int, kind uint8, size uint64) int {
 }
 
 // intraOf is an intra-node lane's side (ring.go, stream.go).
-func intraOf(l *lane) *intraLane { return l.Side().(*intraLane) }
+func intraOf(l *tcp.Lane) *intraLane { return l.Side().(*intraLane) }

@@ -80,7 +80,7 @@ func (f *fabricLink) postStaged(pd *fabPend) error {
 		f.srecs[lane] = append(f.srecs[lane], stagedRec{n: f.sput[lane], seq: pd.seq})
 		f.staging.Add(1)
 	}
-	f.tcpLink.Submit(lane, op, false)
+	f.Link.Submit(lane, op, false)
 	return nil
 }
 

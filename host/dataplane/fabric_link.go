@@ -11,6 +11,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
@@ -40,7 +41,7 @@ const fabSeqWindow = 1 << 16
 // so a signal is still applied only after every earlier write of that
 // peer landed, on whichever rail.
 type fabricLink struct {
-	*tcpLink
+	*tcp.Link
 	e     *fabEP    // rail 0's endpoint (the listener's)
 	rails []fabRail // at least one
 
@@ -215,7 +216,7 @@ func (f *fabricLink) forgetSignals(id uint32) {
 
 func newFabricLink(p link.Peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
 	e := rails[0].e
-	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, rails: rails, piggy: make([]atomic.Uint64, len(rails)), ackWait: make([]fabAckQ, len(rails))}
+	f := &fabricLink{Link: tcp.NewLink(p, outs, ins), e: e, rails: rails, piggy: make([]atomic.Uint64, len(rails)), ackWait: make([]fabAckQ, len(rails))}
 	// At most 2^seqBits numbers (the CQ data field) and the orderer's
 	// window past the target's first missing number.
 	size := uint64(fabSeqWindow)
@@ -231,10 +232,10 @@ func newFabricLink(p link.Peer, outs, ins []*net.TCPConn, rails []fabRail) *fabr
 	f.win = seqorder.NewWindow(size)
 	empty := []fabRemote{}
 	f.remote.Store(&empty)
-	f.tcpLink.Hear(f.peerRegistered, f.reapStaged)
+	f.Link.Hear(f.peerRegistered, f.reapStaged)
 	// The streams beside an endpoint carry fabric-numbered work whose
 	// window has its own rules: a broken one fails the peer.
-	f.tcpLink.NoFailover()
+	f.Link.NoFailover()
 	return f
 }
 
@@ -306,9 +307,9 @@ func (f *fabricLink) Submit(lane int, op Op, hold bool) {
 		for r := 1; r < len(f.rails); r++ {
 			k := op
 			k.SigOp, k.SigValue = uint8(r), f.rails[r].e.Regs.Key(op.MrID)
-			f.tcpLink.Submit(0, k, hold)
+			f.Link.Submit(0, k, hold)
 		}
-		f.tcpLink.Submit(0, op, hold)
+		f.Link.Submit(0, op, hold)
 		return
 	}
 	f.posting.Add(1)
@@ -632,7 +633,7 @@ func rejectedOrOK(b uint8) abi.Result {
 	if b == 0 {
 		return abi.Success
 	}
-	return Rejected(uint16(b))
+	return tcp.Rejected(uint16(b))
 }
 
 // control sends a message that is not an operation (the goodbye's
@@ -678,7 +679,7 @@ func (f *fabricLink) retry() {
 // on few cores a spinning caller would otherwise only take the CPU from
 // the progress goroutine.
 func (f *fabricLink) Flush() {
-	f.tcpLink.Flush()
+	f.Link.Flush()
 	if f.inflight.Load() > 0 || f.backlog.Load() > 0 {
 		for i := range f.rails {
 			if e := f.rails[i].e; e.CallerLeft(testPollGap) == 0 {
@@ -690,18 +691,18 @@ func (f *fabricLink) Flush() {
 
 // Turn: Mesh.Progress polled the rails just before, so only the TCP
 // lanes are left.
-func (f *fabricLink) Turn() { f.tcpLink.Turn() }
+func (f *fabricLink) Turn() { f.Link.Turn() }
 
 // AddStats counts the peer as a fabric peer, and the acknowledgements of
 // the TCP lanes beside its endpoint (compression is counted for plain TCP
 // links only).
 func (f *fabricLink) AddStats(st *Stats) {
 	st.FabricPeers++
-	f.tcpLink.AddAcks(st)
+	f.Link.AddAcks(st)
 }
 
 func (f *fabricLink) Idle() bool {
-	return f.inflight.Load() == 0 && f.backlog.Load() == 0 && f.tcpLink.Idle()
+	return f.inflight.Load() == 0 && f.backlog.Load() == 0 && f.Link.Idle()
 }
 
 // Awaiting counts operations, not control messages: an acknowledgement
@@ -717,7 +718,7 @@ func (f *fabricLink) FailAll() {
 	for f.posting.Load() > 0 {
 		runtime.Gosched()
 	}
-	f.tcpLink.FailAll()
+	f.Link.FailAll()
 	f.pmu.Lock()
 	pend := f.pend
 	f.pend = nil

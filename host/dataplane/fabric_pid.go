@@ -39,6 +39,6 @@ func (f *fabricLink) peerGone() error {
 // Stop also closes the pidfd (posts after Stop fail on the dead flag
 // before they would check it).
 func (f *fabricLink) Stop() {
-	f.tcpLink.Stop()
+	f.Link.Stop()
 	f.pid.Close()
 }

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -26,7 +27,7 @@ func (o *memOwner) LaneFailed(peer, lane, moved int, _ error) {
 // ss -K does: both ends see the stream break.
 func resetIn(t *testing.T, m *Mesh, peer, lane int) {
 	t.Helper()
-	tl := streamsOf(m.peers[peer].t)
+	tl := tcp.Of(m.peers[peer].t)
 	var c *net.TCPConn
 	waitUntil(t, "the lane to open", func() bool { // lanes open when first used (lazy.go)
 		tl.InMu().Lock()
@@ -125,7 +126,7 @@ func laneFailoverMidStream(t *testing.T, intra bool) {
 		if atomic.LoadUint64(sig) < round {
 			p := ms[0].peers[1]
 			t.Logf("down %b dead %v", p.down.Load(), p.dead.Load())
-			for _, l := range p.t.(*tcpLink).Lanes() {
+			for _, l := range p.t.(*tcp.Link).Lanes() {
 				l.Mu().Lock()
 				down, writing, queued, orphans := l.QueueState()
 				t.Logf("lane %d: down %v writing %v q %d orphans %d", l.Idx(), down, writing, queued, orphans)
@@ -136,7 +137,7 @@ func laneFailoverMidStream(t *testing.T, intra bool) {
 				l.Amu().Unlock()
 			}
 			q := ms[1].peers[0]
-			t.Logf("target: next %d inDown %b", q.order.Next(), q.t.(*tcpLink).InDown().Load())
+			t.Logf("target: next %d inDown %b", q.order.Next(), q.t.(*tcp.Link).InDown().Load())
 			owners[0].mu.Lock()
 			t.Logf("events %v failed %v", owners[0].laneEvents, owners[0].failed)
 			owners[0].mu.Unlock()
@@ -198,7 +199,7 @@ func TestResentPutsDeduplicated(t *testing.T) {
 	if st := waitDone(t, owners[0], 100); st != abi.Success {
 		t.Fatalf("get on lane 1: %v", st)
 	}
-	l := ms[0].peers[1].t.(*tcpLink).Lanes()[0]
+	l := ms[0].peers[1].t.(*tcp.Link).Lanes()[0]
 	send := func(tag, seq uint64, typ uint8, status uint16, fill byte) {
 		t.Helper()
 		h := wire.Header{Typ: typ, MrID: 1, Tag: tag, Off: 8, Size: 8, Status: status, Seq: seq}
@@ -252,7 +253,7 @@ func TestResendNamesBadLane(t *testing.T) {
 	for _, from := range []uint16{0, 5} {
 		owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 64), done: map[uint64]abi.Result{}}}
 		ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: time.Second})
-		l := ms[0].peers[1].t.(*tcpLink).Lanes()[0]
+		l := ms[0].peers[1].t.(*tcp.Link).Lanes()[0]
 		h := wire.Header{Typ: wire.MsgPut, MrID: 1, Tag: 1, Off: 8, Size: 0, Seq: 1, Status: wire.StatusResent | from<<8}
 		var b [wire.HeaderSize]byte
 		h.Encode(b[:])

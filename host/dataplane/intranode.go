@@ -12,6 +12,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
@@ -38,7 +39,7 @@ const (
 // Any refusal by the kernel (ptrace rules, other users, non-dumpable peers)
 // turns the path off for that peer and the operation goes over TCP.
 type intraLink struct {
-	*tcpLink
+	*tcp.Link
 	pid    int
 	on     atomic.Bool  // the single-copy path is usable for this peer
 	selfs  atomic.Int64 // operations to this very rank moved by selfDevice
@@ -52,20 +53,20 @@ type intraLink struct {
 const ShareOffer = link.ShareOffer
 
 func newIntraLink(p link.Peer, outs, ins []*net.TCPConn, pid int) *intraLink {
-	x := &intraLink{tcpLink: newTCPLink(p, outs, ins), pid: pid}
+	x := &intraLink{Link: tcp.NewLink(p, outs, ins), pid: pid}
 	x.on.Store(true)
 	x.mapOn.Store(true)
-	x.SetSide(x, func(l LaneIO) LaneSide { return &intraLane{x: x, l: l, p: p} })
+	x.SetSide(x, func(l tcp.LaneIO) tcp.LaneSide { return &intraLane{x: x, l: l, p: p} })
 	return x
 }
 
 func (x *intraLink) Release() {
-	x.tcpLink.Release()
+	x.Link.Release()
 	x.evs.release()
 }
 
 func (x *intraLink) Props() Props {
-	pr := x.tcpLink.Props()
+	pr := x.Link.Props()
 	if x.on.Load() {
 		pr.Name = nameIntraNode
 	}
@@ -76,8 +77,8 @@ func (x *intraLink) Props() Props {
 // mapped through /proc/<pid>/fd.
 func (x *intraLink) peerPid() int { return x.pid }
 
-// events are the link's interprocess events (ipc_events.go).
-func (x *intraLink) events() Events { return &x.evs }
+// PeerEvents are the link's interprocess events (ipc_events.go).
+func (x *intraLink) PeerEvents() tcp.Events { return &x.evs }
 
 // ipcEvents is events, for the IPC exchange.
 func (x *intraLink) ipcEvents() *linkEvents { return &x.evs }
@@ -88,7 +89,7 @@ func (x *intraLink) WriteState(w io.Writer) {
 	if x.mapped.Load() > 0 || !x.mapOn.Load() {
 		fmt.Fprintf(w, "    mapped device memory: %d operations, usable=%v\n", x.mapped.Load(), x.mapOn.Load())
 	}
-	x.tcpLink.WriteState(w)
+	x.Link.WriteState(w)
 }
 
 // AddStats counts the peer as an intra-node peer while the single-copy
@@ -98,14 +99,14 @@ func (x *intraLink) AddStats(st *Stats) {
 	if x.Props().Name == nameIntraNode {
 		st.IntraNodePeers++
 	}
-	x.tcpLink.AddAcks(st)
+	x.Link.AddAcks(st)
 }
 
 func (x *intraLink) InlineMax() uint64 {
 	if x.on.Load() {
 		return intraInlineMax
 	}
-	return InlineMax
+	return tcp.InlineMax
 }
 
 // takes reports whether op's payload should move beside the stream.
@@ -123,54 +124,54 @@ func (x *intraLink) Ringable(op *Op) bool {
 }
 
 // put writes op's payload into the peer; SideNo means "use TCP".
-func (x *intraLink) put(l *intraLane, op *Op) SideMove {
+func (x *intraLink) put(l *intraLane, op *Op) tcp.SideMove {
 	if op.Mapped != 0 {
-		if mv := x.viaMapping(l, op, true); mv != SideNo {
+		if mv := x.viaMapping(l, op, true); mv != tcp.SideNo {
 			return mv
 		}
 	}
 	if x.self() {
-		if mv := x.selfDevice(l, op, true); mv != SideNo {
+		if mv := x.selfDevice(l, op, true); mv != tcp.SideNo {
 			return mv
 		}
 	}
 	if !x.takes(op) {
-		return SideNo
+		return tcp.SideNo
 	}
 	if x.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size), unsafe.Slice((*byte)(op.Local), op.Size))
-		return SideMoved
+		return tcp.SideMoved
 	}
 	return moved(x.vm(l, op, true))
 }
 
 // get reads op's bytes from the peer; SideNo means "use TCP".
-func (x *intraLink) get(l *intraLane, op *Op) SideMove {
+func (x *intraLink) get(l *intraLane, op *Op) tcp.SideMove {
 	if op.Mapped != 0 {
-		if mv := x.viaMapping(l, op, false); mv != SideNo {
+		if mv := x.viaMapping(l, op, false); mv != tcp.SideNo {
 			return mv
 		}
 	}
 	if x.self() {
-		if mv := x.selfDevice(l, op, false); mv != SideNo {
+		if mv := x.selfDevice(l, op, false); mv != tcp.SideNo {
 			return mv
 		}
 	}
 	if !x.takes(op) {
-		return SideNo
+		return tcp.SideNo
 	}
 	if x.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(op.Local), op.Size), unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size))
-		return SideMoved
+		return tcp.SideMoved
 	}
 	return moved(x.vm(l, op, false))
 }
 
-func moved(ok bool) SideMove {
+func moved(ok bool) tcp.SideMove {
 	if ok {
-		return SideMoved
+		return tcp.SideMoved
 	}
-	return SideNo
+	return tcp.SideNo
 }
 
 // self reports whether the peer is this very rank: NCCL's RMA proxy
@@ -186,24 +187,24 @@ func (x *intraLink) self() bool {
 // round trip through our own socket and both ends' staging: the target
 // registration is ours. SideNo (nothing moved): not such an operation, or
 // a range or copy the TCP path must refuse and report.
-func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) SideMove {
+func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) tcp.SideMove {
 	if op.Size == 0 || (op.LocalCtx == 0 && op.Remote != 0) {
-		return SideNo // host memory at both ends: the paths above
+		return tcp.SideNo // host memory at both ends: the paths above
 	}
 	base, size, ctx, pin, ok := x.Peer().Mesh().Owner.Resolve(op.MrID)
 	if !ok {
-		return SideNo
+		return tcp.SideNo
 	}
 	defer pin.Release()
 	if !Span(op.Off, op.Size, size) || (ctx == 0 && op.LocalCtx == 0) {
-		return SideNo
+		return tcp.SideNo
 	}
 	reg := unsafe.Add(base, op.Off) // a device address when ctx != 0, never dereferenced then
 	if profile.On() {
 		defer profile.SelfCopy.Since(profile.Now())
 	}
 	if ctx == op.LocalCtx && x.selfQueue(op, put, uintptr(reg)) {
-		return SideQueued
+		return tcp.SideQueued
 	}
 	l.l.Settle()
 	var err error
@@ -215,12 +216,12 @@ func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) SideMove {
 	if err != nil {
 		// The TCP path stages it again and fails it with its cause.
 		selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself: %v; sending it through its own socket instead", x.Peer().Rank(), op.Size, err)
-		return SideNo
+		return tcp.SideNo
 	}
 	if x.selfs.Add(1) == 1 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory move by device copies, not through its own socket", x.Peer().Rank())
 	}
-	return SideMoved
+	return tcp.SideMoved
 }
 
 // selfQueue queues the device copy of op, an operation of this rank to
@@ -237,7 +238,7 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 	if put && x.strong(op) {
 		return false
 	}
-	acked := TellsTarget(op)
+	acked := tcp.TellsTarget(op)
 	po, parts := m.Owner.(PartOwner)
 	if acked && !parts {
 		return false
@@ -280,14 +281,14 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 // after the copies the batch queued before it. A failed copy turns the
 // path off for this peer and the TCP path takes the operation (the same
 // bytes again, so a partial copy does no harm).
-func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) SideMove {
+func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) tcp.SideMove {
 	if op.Size == 0 || !x.mapOn.Load() {
-		return SideNo
+		return tcp.SideNo
 	}
 	if put && op.LocalCtx != 0 && !x.strong(op) {
 		if x.queueMapped(op) {
 			x.mappedOnce()
-			return SideQueued // the target orders its signal by our event
+			return tcp.SideQueued // the target orders its signal by our event
 		}
 		queued, err := l.l.AddCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
 		if err != nil {
@@ -295,7 +296,7 @@ func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) SideMove {
 		}
 		if queued {
 			x.mappedOnce()
-			return SideGathered
+			return tcp.SideGathered
 		}
 	}
 	l.l.Settle()
@@ -313,16 +314,16 @@ func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) SideMove {
 		return x.mapFailed(op, err)
 	}
 	x.mappedOnce()
-	return SideMoved
+	return tcp.SideMoved
 }
 
 // mapFailed turns the mapping off for this peer after a failed copy (one
 // WARN): op and every later operation take the staged path.
-func (x *intraLink) mapFailed(op *Op, err error) SideMove {
+func (x *intraLink) mapFailed(op *Op, err error) tcp.SideMove {
 	if x.mapOn.Swap(false) {
 		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: device copy of %d bytes through the mapping of its memory failed: %v; its operations go through the staged path from now on", x.Peer().Rank(), op.Size, err)
 	}
-	return SideNo
+	return tcp.SideNo
 }
 
 // strong reports whether op's target registration is strongly ordered

@@ -11,13 +11,14 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // openStreams counts the streams of the connection to peer that are open:
 // ours (lanes dialled) and the peer's (lanes it dialled to us).
 func (m *Mesh) openStreams(peer int) (outs, ins int) {
-	t := m.peers[peer].t.(*tcpLink)
+	t := m.peers[peer].t.(*tcp.Link)
 	for _, l := range t.Lanes() {
 		l.Mu().Lock()
 		if l.Out() != nil {

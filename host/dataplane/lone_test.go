@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -32,7 +33,7 @@ func testLoneSignal(t *testing.T, lanes int) {
 	for i := range src {
 		src[i] = byte(i*3 + 1)
 	}
-	setDelays(t, time.Hour, SendDelay(), HoldDelay())
+	setDelays(t, time.Hour, tcp.SendDelay(), tcp.HoldDelay())
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20})
 	l := tcpOf(t, ms[0], 1).Lanes()[0]
 	post := func(i int, signal, hold bool) {
@@ -69,7 +70,7 @@ func testLoneSignal(t *testing.T, lanes int) {
 	done(1) // acknowledged: nothing in flight any more
 
 	// A lone put with signal: written by Post itself, lands untested.
-	time.Sleep(2 * LoneGap)
+	time.Sleep(2 * tcp.LoneGap)
 	w0 = l.Writes().Load()
 	post(1, true, false)
 	writes(w0, 1, "a lone put with signal when Post returned")
@@ -78,7 +79,7 @@ func testLoneSignal(t *testing.T, lanes int) {
 
 	// A put with signal behind a held put: both wait for the test, then
 	// leave together.
-	time.Sleep(2 * LoneGap)
+	time.Sleep(2 * tcp.LoneGap)
 	w0 = l.Writes().Load()
 	post(2, false, true)
 	post(3, true, false)

@@ -18,6 +18,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -240,7 +241,7 @@ func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self wire.HandleInfo,
 	if opt.IntraNode && peer.HostID == self.HostID && peer.Pid != 0 {
 		return newIntraLink(p, outs, ins, int(peer.Pid)), nil
 	}
-	return newTCPLink(p, outs, ins), nil
+	return tcp.NewLink(p, outs, ins), nil
 }
 
 // Stats is link.Stats: what a mesh reports of itself.
@@ -297,11 +298,11 @@ func (m *Mesh) FlushAll() {
 // Mesh.AskAcks, peer.sayGoodbye and lateLanes find these TCP link methods
 // by assertion only: a renamed method would silently turn them off.
 var (
-	_ interface{ AskAcks() }            = (*tcpLink)(nil)
-	_ interface{ LaneUnused(int) bool } = (*tcpLink)(nil)
+	_ interface{ AskAcks() }            = (*tcp.Link)(nil)
+	_ interface{ LaneUnused(int) bool } = (*tcp.Link)(nil)
 	_ interface {
 		AddIn(lane, lanes int, c *net.TCPConn) error
-	} = (*tcpLink)(nil)
+	} = (*tcp.Link)(nil)
 )
 
 // AskAcks asks rank peerRank to acknowledge our puts to it at once if

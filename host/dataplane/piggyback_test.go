@@ -10,14 +10,15 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // tcpOf is the TCP side of a peer's transport (the intra-node link runs
 // on it too).
-func tcpOf(t *testing.T, m *Mesh, peer int) *tcpLink {
+func tcpOf(t *testing.T, m *Mesh, peer int) *tcp.Link {
 	t.Helper()
-	if tl := streamsOf(m.peers[peer].t); tl != nil {
+	if tl := tcp.Of(m.peers[peer].t); tl != nil {
 		return tl
 	}
 	t.Fatalf("peer %d's transport is %T, not TCP", peer, m.peers[peer].t)
@@ -27,7 +28,7 @@ func tcpOf(t *testing.T, m *Mesh, peer int) *tcpLink {
 // setDelays sets each delay to d until t ends, restored after the meshes
 // t made closed (cleanups run last first, so call it before connecting),
 // as their timers read them.
-func setDelays(t *testing.T, d time.Duration, ds ...*delay) {
+func setDelays(t *testing.T, d time.Duration, ds ...*tcp.Delay) {
 	for _, v := range ds {
 		saved := v.Get()
 		v.Set(d)
@@ -86,8 +87,8 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 				ms[0].Post(1, &op, hold, 0)
 			}
 			// Part 1: the send timer never fires (no timed behaviour).
-			saved, savedHold := SendDelay().Get(), HoldDelay().Get()
-			setDelays(t, time.Hour, SendDelay(), HoldDelay())
+			saved, savedHold := tcp.SendDelay().Get(), tcp.HoldDelay().Get()
+			setDelays(t, time.Hour, tcp.SendDelay(), tcp.HoldDelay())
 			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 			l := tcpOf(t, ms[0], 1).Lanes()[0]
 			w0, b0 := l.Writes().Load(), l.Batches().Load()
@@ -116,8 +117,8 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 			}
 			// Part 2: held ops, then nothing at all from the caller (a
 			// fresh pair: the first one's send timer is armed for an hour).
-			SendDelay().Set(saved)
-			HoldDelay().Set(savedHold)
+			tcp.SendDelay().Set(saved)
+			tcp.HoldDelay().Set(savedHold)
 			os = newOwners(2, 4096)
 			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 			for i := 0; i <= n; i++ {
@@ -262,7 +263,7 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 func TestAskAcks(t *testing.T) {
 	for _, intra := range []bool{false, true} {
 		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) {
-			setDelays(t, time.Hour, AckDelay(), AckBound())
+			setDelays(t, time.Hour, tcp.AckDelay(), tcp.AckBound())
 			ms, os, src := heldAckPair(t, intra, 9)
 			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128,
 				SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)

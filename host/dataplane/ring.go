@@ -7,6 +7,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -36,7 +37,7 @@ const (
 // LaneIO.
 type intraLane struct {
 	x *intraLink
-	l LaneIO
+	l tcp.LaneIO
 	p link.Peer
 	laneRing
 	laneShm
@@ -45,8 +46,8 @@ type intraLane struct {
 }
 
 // Put and get move op's payload beside the stream (intraLink.Put, get).
-func (x *intraLane) Put(op *Op) SideMove { return x.x.put(x, op) }
-func (x *intraLane) Get(op *Op) SideMove { return x.x.get(x, op) }
+func (x *intraLane) Put(op *Op) tcp.SideMove { return x.x.put(x, op) }
+func (x *intraLane) Get(op *Op) tcp.SideMove { return x.x.get(x, op) }
 
 // Release frees the lane's ring and shared-memory stream once its
 // goroutines ended.

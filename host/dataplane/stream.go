@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -171,7 +172,7 @@ var streamRefusal atomic.Pointer[error]
 
 // AttachStream maps the shared-memory stream a lane of the peer offered
 // (SidePath): its requests come through it from now on.
-func (x *intraLink) AttachStream(h *wire.Header) (ShmIn, error) {
+func (x *intraLink) AttachStream(h *wire.Header) (tcp.ShmIn, error) {
 	if err := streamRefusal.Load(); err != nil {
 		return nil, *err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec/codectest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -164,9 +165,9 @@ func TestCallerReadsStream(t *testing.T) {
 // compressed put and a get are left to the service, which the caller
 // wakes; then the caller serves again.
 func TestCallerServesWhileServiceNaps(t *testing.T) {
-	savedA, savedW := *PollActive(), *CallerWindow()
-	*PollActive(), *CallerWindow() = time.Hour, time.Hour
-	t.Cleanup(func() { *PollActive(), *CallerWindow() = savedA, savedW }) // after the meshes closed
+	savedA, savedW := *tcp.PollActive(), *tcp.CallerWindow()
+	*tcp.PollActive(), *tcp.CallerWindow() = time.Hour, time.Hour
+	t.Cleanup(func() { *tcp.PollActive(), *tcp.CallerWindow() = savedA, savedW }) // after the meshes closed
 	const size = 256 << 10
 	os := newOwners(2, size)
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 1})

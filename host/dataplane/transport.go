@@ -1,6 +1,9 @@
 package dataplane
 
-import "github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+import (
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
+)
 
 // The transport seam. The transports are layers, not alternatives: every
 // peer has a tcpLink, and TCP is its control plane and its fallback.
@@ -50,6 +53,6 @@ func (m *Mesh) FlushesOnSignal() bool {
 
 // Transport names, as Props.Name reports them.
 const (
-	nameTCP       = "tcp"
+	nameTCP       = tcp.Name
 	nameIntraNode = "intranode"
 )

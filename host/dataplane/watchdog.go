@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -30,7 +31,7 @@ type progresser interface {
 // The watchdog finds these only by assertion: a renamed method would
 // silently turn it off for them.
 var (
-	_ progresser = (*tcpLink)(nil)
+	_ progresser = (*tcp.Link)(nil)
 	_ progresser = (*fabricLink)(nil)
 )
 
@@ -85,6 +86,6 @@ func (m *Mesh) watch(timeout time.Duration) {
 // verbs queue pair goes to its error state), so a silent peer with
 // operations outstanding fails here rather than hanging them.
 func (f *fabricLink) Progress() (uint64, bool) {
-	n, _ := f.tcpLink.Progress()
+	n, _ := f.Link.Progress()
 	return n + f.heard.Load(), true
 }

@@ -1,4 +1,4 @@
-package dataplane
+package tcp
 
 import (
 	"bufio"
@@ -33,7 +33,7 @@ import (
 //     whether or not this process calls the plugin again; it waits for
 //     input on the netpoller without holding the role, and may block in
 //     the middle of a message while it holds it;
-//   - a caller of test() or rmaProgress (poll, through tcpLink.flush),
+//   - a caller of test() or rmaProgress (poll, through Link.flush),
 //     which serves what the socket already holds on its own thread, never
 //     blocking. On a machine with few cores this is what makes a small
 //     exchange cheap: the message is applied where the caller already
@@ -43,7 +43,7 @@ import (
 // The bytes go through one buffer in stream order whoever reads them, so
 // no byte is consumed twice and signals still apply after their payload.
 type inReader struct {
-	t    *tcpLink
+	t    *Link
 	lane int
 	in   *net.TCPConn
 	rc   syscall.RawConn
@@ -165,7 +165,7 @@ var errWouldBlock = errors.New("would block")
 // pastDeadline wakes the service from its wait (SetReadDeadline).
 var pastDeadline = time.Unix(1, 0)
 
-func newInReader(t *tcpLink, lane int, in *net.TCPConn, ack *acker) (*inReader, error) {
+func newInReader(t *Link, lane int, in *net.TCPConn, ack *acker) (*inReader, error) {
 	rc, err := in.SyscallConn()
 	if err != nil {
 		return nil, err
@@ -407,7 +407,7 @@ func (r *inReader) release() { r.role.Store(0) }
 // poll is a caller's turn: when nobody holds the stream and it carried
 // traffic lately, serve what its socket holds, on this thread, without
 // blocking. test() and rmaProgress (progress) call it through
-// tcpLink.flush and tcpLink.turn.
+// Link.flush and Link.turn.
 func (r *inReader) poll(progress bool) {
 	if !r.polled.Load() {
 		r.polled.Store(true) // written only when it changes: the line stays shared
@@ -571,7 +571,7 @@ type ShmIn interface {
 // AttachStream answers a lane's offer: map its ring and read the stream
 // from there, or refuse on the reply stream (the sender keeps the socket).
 // The offer must be the last byte the socket carries.
-func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
+func (t *Link) attachStream(r *inReader, h *wire.Header) error {
 	p := t.p
 	if r.sring != nil {
 		return fmt.Errorf("protocol error: rank %d offered a second shared-memory stream on one lane", p.Rank())

@@ -1,4 +1,4 @@
-package dataplane
+package tcp
 
 import (
 	"bufio"
@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -25,7 +26,7 @@ func (l *lane) pushGet(e getEntry) {
 	l.gmu.Lock()
 	if l.p.Dead() {
 		l.gmu.Unlock()
-		l.p.Fail(Op{Msg: wire.MsgGet, Tag: e.tag})
+		l.p.Fail(link.Op{Msg: wire.MsgGet, Tag: e.tag})
 		return
 	}
 	l.gets.Push(e)

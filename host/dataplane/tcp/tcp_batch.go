@@ -1,4 +1,4 @@
-package dataplane
+package tcp
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -21,7 +22,7 @@ import (
 // path (intra-node) payloads it takes are copied into the peer first, and a
 // put that needs nothing more from the target completes here; only what the
 // target must act on is sent.
-func (l *lane) writeBatch(ops []Op) bool {
+func (l *lane) writeBatch(ops []link.Op) bool {
 	b := batchOut{iov: l.carryAck(l.iov[:0]), pend: l.ptags[:0], pops: l.pops[:0], later: l.later[:0]}
 	if len(ops) > 0 {
 		l.batches.Add(1) // an ack alone is no sign of traffic (acker.drained)
@@ -55,7 +56,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 type batchOut struct {
 	iov   [][]byte
 	pend  []uint64
-	pops  []Op
+	pops  []link.Op
 	later []int
 }
 
@@ -70,7 +71,7 @@ func (l *lane) await(b *batchOut) {
 // path moves, a header, then a put's payload or a get's awaited reply.
 // reached is false when op never left (the batch stops before it); err
 // stops the batch after it.
-func (l *lane) writeOp(b *batchOut, i int, op *Op) (reached bool, err error) {
+func (l *lane) writeOp(b *batchOut, i int, op *link.Op) (reached bool, err error) {
 	if l.ix != nil && l.sideOp(b, i, op) {
 		return true, nil
 	}
@@ -113,7 +114,7 @@ func (l *lane) writeOp(b *batchOut, i int, op *Op) (reached bool, err error) {
 // to tell the target (op is done, now or once the batch waited for its
 // gathered copy); otherwise the stream carries op, the signal (or the
 // number that landed) alone when the side path moved its payload.
-func (l *lane) sideOp(b *batchOut, i int, op *Op) bool {
+func (l *lane) sideOp(b *batchOut, i int, op *link.Op) bool {
 	var mv SideMove
 	switch op.Msg {
 	case wire.MsgPut, wire.MsgPutSignal:
@@ -126,7 +127,7 @@ func (l *lane) sideOp(b *batchOut, i int, op *Op) bool {
 	case TellsTarget(op):
 		op.Size = 0 // the payload is there: send the signal (or the number that landed) alone
 	default:
-		op.Msg = opDone // nothing to tell the target
+		op.Msg = link.OpDone // nothing to tell the target
 		switch mv {
 		case SideMoved:
 			l.p.Mesh().Owner.Complete(op.Tag, abi.Success)
@@ -141,7 +142,7 @@ func (l *lane) sideOp(b *batchOut, i int, op *Op) bool {
 // header encodes ops[i]'s header into its slot of the lane's header
 // buffer and returns it: ringed, its payload goes through the staging
 // ring; comp, it is compressed.
-func (l *lane) header(i int, op *Op, ringed, comp bool) []byte {
+func (l *lane) header(i int, op *link.Op, ringed, comp bool) []byte {
 	h := wire.Header{Typ: op.Msg, SigOp: op.SigOp, MrID: op.MrID, Tag: op.Tag, Off: op.Off,
 		Size: op.Size, SigMrID: op.SigMrID, Context: op.Context, SigOff: op.SigOff, SigValue: op.SigValue, Seq: op.Seq}
 	if op.Msg == wire.MsgReg && op.Dev {
@@ -151,7 +152,7 @@ func (l *lane) header(i int, op *Op, ringed, comp bool) []byte {
 		h.Status = wire.StatusEvent | uint16(op.Event-1)
 	}
 	if ringed {
-		h.Status = StatusRing
+		h.Status = link.StatusRing
 	}
 	if comp {
 		h.Status = uint16(op.Codec & guestabi.CodecIDMask) // requests: the payload's codec
@@ -169,7 +170,7 @@ func (l *lane) header(i int, op *Op, ringed, comp bool) []byte {
 // device payload gathered, a device source staged chunk by chunk, a
 // compressed payload, or host memory written straight from the
 // registration.
-func (l *lane) putPayload(b *batchOut, op *Op, ringed, comp bool) (err error) {
+func (l *lane) putPayload(b *batchOut, op *link.Op, ringed, comp bool) (err error) {
 	if l.p.Mesh().LocalCompletion {
 		// Completed below, once written. The FIFO still counts
 		// the put against the target's acks; tag 0 completes
@@ -213,7 +214,7 @@ func (l *lane) putPayload(b *batchOut, op *Op, ringed, comp bool) (err error) {
 // batchWritten completes or fails the batch's ops once it was written
 // (err nil) or failed after its first n ops were handled; later are the
 // ops whose gathered copies the write waited for.
-func (l *lane) batchWritten(ops []Op, n int, later []int, err error) bool {
+func (l *lane) batchWritten(ops []link.Op, n int, later []int, err error) bool {
 	p := l.p
 	if err != nil {
 		// Copies the batch queued may still run: they finish before
@@ -268,7 +269,7 @@ func (l *lane) batchWritten(ops []Op, n int, later []int, err error) bool {
 // arena (a block the codec cannot shrink is sent as it is, from the source).
 // When the arena or iov is full, what is gathered is written first; pend's
 // tags go to the FIFO before that, as the acks may race the write.
-func (l *lane) compress(iov [][]byte, pend []uint64, pops []Op, op *Op) ([][]byte, []uint64, []Op, error) {
+func (l *lane) compress(iov [][]byte, pend []uint64, pops []link.Op, op *link.Op) ([][]byte, []uint64, []link.Op, error) {
 	e := &l.enc
 	src := unsafe.Slice((*byte)(op.Local), op.Size)
 	for len(src) > 0 {
@@ -295,7 +296,7 @@ func (l *lane) compress(iov [][]byte, pend []uint64, pops []Op, op *Op) ([][]byt
 }
 
 // compressible reports whether op's payload is compressed on the wire.
-func compressible(op *Op) bool {
+func compressible(op *link.Op) bool {
 	return op.Codec&guestabi.CodecIDMask != guestabi.CodecNone && op.Size >= codec.MinSize && op.LocalCtx == 0 &&
 		(op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal)
 }

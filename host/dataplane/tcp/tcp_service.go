@@ -1,4 +1,4 @@
-package dataplane
+package tcp
 
 import (
 	"bufio"
@@ -14,6 +14,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
@@ -52,7 +53,7 @@ type acker struct {
 	pub   atomic.Uint64 // landed, as published at the last drain
 	sent  atomic.Uint64 // the highest count acknowledged, either way
 	piggy atomic.Int32  // piggyOff, piggyOn (acks may ride our lanes) or piggyBarred
-	link  *tcpLink      // whose lanes carry them; nil: none
+	link  *Link         // whose lanes carry them; nil: none
 	// hold keeps every acknowledgement back (tests: a lane that dies with
 	// puts landed and not yet acknowledged, whatever the timing).
 	hold  atomic.Bool
@@ -208,7 +209,7 @@ const ackEvery = 64
 // middle of a message if need be, and lets the role go while it waits for
 // input, so that a caller polling in test() or rmaProgress can serve what
 // arrives on its own thread (tcp_caller.go).
-func (t *tcpLink) service(lane int, in *net.TCPConn) {
+func (t *Link) service(lane int, in *net.TCPConn) {
 	p := t.p
 	defer p.Mesh().WG.Done()
 	defer close(t.inDone[lane]) // after the last landing (fence waits for it)
@@ -228,7 +229,7 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 
 // serveAll serves the stream holding the role until the socket is empty
 // between two messages (true: wait for more) or the stream ended (false).
-func (t *tcpLink) serveAll(r *inReader) bool {
+func (t *Link) serveAll(r *inReader) bool {
 	p, lane, br := t.p, r.lane, r.br
 	served := false
 	for {
@@ -290,7 +291,7 @@ func (t *tcpLink) serveAll(r *inReader) bool {
 // follows in the buffer. The holder of the role calls it: the service, or
 // a caller for the messages inReader.serveReady lets it serve, whole in
 // the buffer.
-func (t *tcpLink) serveMsg(r *inReader) error {
+func (t *Link) serveMsg(r *inReader) error {
 	p, lane, ack, br, h := t.p, r.lane, r.ack, r.br, &r.h
 	in, resp := r.in, r.resp
 	var err error
@@ -341,8 +342,8 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 			t.onReg(h.SigOp, h.MrID, h.Off, h.SigValue, h.Status == 1, h.Context == 1)
 		}
 		if h.SigOp == 0 {
-			r := PeerReg{MrID: h.MrID, Size: h.Size, Base: h.Off, Dev: h.Status == 1}
-			if h.SigMrID == ShareOffer {
+			r := link.PeerReg{MrID: h.MrID, Size: h.Size, Base: h.Off, Dev: h.Status == 1}
+			if h.SigMrID == link.ShareOffer {
 				r.Share = h.Tag
 			}
 			p.Mesh().Owner.PeerRegistered(p.Rank(), r)
@@ -372,10 +373,10 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 // several lanes); a refused signal (sig invalid) still carries h's event,
 // so that later signals follow that put's bytes. A header that names an
 // event it may not is a protocol error.
-func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) (sigRef, error) {
+func (t *Link) orderMapped(h *wire.Header, sig link.Signal) (link.Signal, error) {
 	var evs Events
 	if t.side != nil {
-		evs = t.side.events()
+		evs = t.side.PeerEvents()
 	}
 	if h.Status&wire.StatusEvent == 0 {
 		if evs != nil && sig.Word() && evs.PeerOpened() {
@@ -399,7 +400,7 @@ func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) (sigRef, error) {
 	return sig, nil
 }
 
-func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byte, dec *codec.Decoder, rx *staging.Receiver) error {
+func (t *Link) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byte, dec *codec.Decoder, rx *staging.Receiver) error {
 	p := t.p
 	status := abi.Success
 	var t0 int64
@@ -416,13 +417,13 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 	}
 	if h.Size > 0 {
 		base, size, ctx, pin, ok := p.Mesh().Owner.Resolve(h.MrID)
-		if !ok || !Span(h.Off, h.Size, size) {
+		if !ok || !link.Span(h.Off, h.Size, size) {
 			status = abi.InvalidArgument
 		}
 		dev = ctx != 0
 		var err error
 		switch cid := uint8(h.Status); {
-		case h.Status&StatusRing != 0:
+		case h.Status&link.StatusRing != 0:
 			// The payload is in the staging ring: emptied even when
 			// the put is rejected, so the ring stays in step.
 			if cid != guestabi.CodecNone {
@@ -455,12 +456,12 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 			}
 		case ctx != 0:
 			land := staging.LandOnDevice
-			if so, ok := p.Mesh().Owner.(StrongOwner); ok && so.StronglyOrdered(h.MrID) {
+			if so, ok := p.Mesh().Owner.(link.StrongOwner); ok && so.StronglyOrdered(h.MrID) {
 				land = staging.ReadToDevice
-			} else if sh, ok := p.Mesh().Owner.(SharedOwner); ok && sh.Shared(h.MrID) {
+			} else if sh, ok := p.Mesh().Owner.(link.SharedOwner); ok && sh.Shared(h.MrID) {
 				land = staging.ReadToDevice
 			}
-			if err = land(br, ctx, devAddr(base, h.Off), h.Size, p.Mesh().StageChunk); err != nil {
+			if err = land(br, ctx, link.DevAddr(base, h.Off), h.Size, p.Mesh().StageChunk); err != nil {
 				err = fmt.Errorf("receive put payload from rank %d into device memory: %w", p.Rank(), err)
 			}
 		default:
@@ -473,7 +474,7 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 			return err
 		}
 	}
-	var sig sigRef
+	var sig link.Signal
 	var add uint64
 	if h.Typ == wire.MsgPutSignal && status == abi.Success {
 		sig, add, status = p.SignalTarget(h.SigMrID, h.SigOff, h.SigOp, h.SigValue)
@@ -496,7 +497,7 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 // piggyAck applies an acknowledgement the peer's lane carried for our
 // outgoing lane h.mrID (wire.MsgAck). One for a lane that failed over
 // meanwhile is void (lane.ackPuts).
-func (t *tcpLink) piggyAck(h *wire.Header) error {
+func (t *Link) piggyAck(h *wire.Header) error {
 	if int(h.MrID) >= len(t.lanes) {
 		return fmt.Errorf("protocol error: rank %d acknowledged puts of lane %d, which does not exist", t.p.Rank(), h.MrID)
 	}
@@ -506,11 +507,11 @@ func (t *tcpLink) piggyAck(h *wire.Header) error {
 	return nil
 }
 
-func (t *tcpLink) serveGet(in *net.TCPConn, h *wire.Header, resp []byte) error {
+func (t *Link) serveGet(in *net.TCPConn, h *wire.Header, resp []byte) error {
 	p := t.p
 	base, size, ctx, pin, ok := p.Mesh().Owner.Resolve(h.MrID)
 	defer pin.Release() // the bytes are on the socket when this returns
-	if !ok || !Span(h.Off, h.Size, size) {
+	if !ok || !link.Span(h.Off, h.Size, size) {
 		return t.reply(in, wire.MsgGetResp, h, abi.InvalidArgument, nil, resp)
 	}
 	if ctx != 0 {
@@ -519,7 +520,7 @@ func (t *tcpLink) serveGet(in *net.TCPConn, h *wire.Header, resp []byte) error {
 		if err := t.reply(in, wire.MsgGetResp, h, abi.Success, nil, resp); err != nil {
 			return err
 		}
-		if err := staging.WriteFromDevice(in, ctx, devAddr(base, h.Off), h.Size, p.Mesh().StageChunk); err != nil {
+		if err := staging.WriteFromDevice(in, ctx, link.DevAddr(base, h.Off), h.Size, p.Mesh().StageChunk); err != nil {
 			return fmt.Errorf("serve get from device memory to rank %d: %w", p.Rank(), err)
 		}
 		return nil
@@ -538,7 +539,7 @@ var codecWarn logx.Limited
 // block, decoding into dst (nil: discard). bad reports a block that did
 // not decode (the put is rejected, the stream stays in step: the blocks
 // after it are read and dropped); err a broken stream or framing.
-func (t *tcpLink) readCompressed(br *bufio.Reader, cid uint8, size uint64, dst []byte, dec *codec.Decoder) (bad, err error) {
+func (t *Link) readCompressed(br *bufio.Reader, cid uint8, size uint64, dst []byte, dec *codec.Decoder) (bad, err error) {
 	left, done := size, uint64(0)
 	for left > 0 {
 		if _, err := io.ReadFull(br, dec.Prefix[:]); err != nil {
@@ -572,7 +573,7 @@ func (t *tcpLink) readCompressed(br *bufio.Reader, cid uint8, size uint64, dst [
 }
 
 // reply answers on an incoming lane, which only its service goroutine writes.
-func (t *tcpLink) reply(in *net.TCPConn, typ uint8, req *wire.Header, status abi.Result, data []byte, buf []byte) error {
+func (t *Link) reply(in *net.TCPConn, typ uint8, req *wire.Header, status abi.Result, data []byte, buf []byte) error {
 	h := *req
 	h.Typ = typ
 	h.Status = uint16(status)
@@ -592,7 +593,7 @@ func (t *tcpLink) reply(in *net.TCPConn, typ uint8, req *wire.Header, status abi
 
 // AttachRing answers the sender's offer: map the ring and say so in it, or
 // refuse on the reply stream (the sender then uses the stream).
-func (t *tcpLink) attachRing(in *net.TCPConn, rx *staging.Receiver, h *wire.Header, resp []byte) error {
+func (t *Link) attachRing(in *net.TCPConn, rx *staging.Receiver, h *wire.Header, resp []byte) error {
 	p := t.p
 	if rx.Attached() {
 		return fmt.Errorf("protocol error: rank %d offered a second staging ring on one stream", p.Rank())

@@ -1,9 +1,10 @@
-package dataplane
+package tcp
 
 import (
 	"fmt"
 	"io"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"golang.org/x/sys/unix"
 )
 
@@ -12,13 +13,13 @@ import (
 
 // Streams: a TCP link carries its own lanes (and the intra-node and
 // libfabric links, which embed it, carry theirs).
-func (t *tcpLink) Streams() *tcpLink { return t }
+func (t *Link) Streams() *Link { return t }
 
 // WriteState writes, per TCP lane, whether it is open, its queue, whether
 // someone holds the stream, the puts written and not yet acknowledged, and
 // the gets awaiting replies; then the incoming streams. It takes each
 // lane's locks briefly; it allocates.
-func (t *tcpLink) WriteState(w io.Writer) {
+func (t *Link) WriteState(w io.Writer) {
 	for _, l := range t.lanes {
 		l.mu.Lock()
 		open, opening, qlen, writing, down := l.out != nil, l.opening, l.q.Len(), l.writing, l.down
@@ -71,7 +72,7 @@ func (t *tcpLink) WriteState(w io.Writer) {
 // AddStats adds the link's counters to st: the payload bytes its lanes
 // compressed and what they took on the wire, and its acknowledgements.
 // Compression is counted for plain TCP links only.
-func (t *tcpLink) AddStats(st *Stats) {
+func (t *Link) AddStats(st *link.Stats) {
 	for _, l := range t.lanes {
 		r, w := l.enc.Counts()
 		st.CompressedRaw, st.CompressedWire = st.CompressedRaw+r, st.CompressedWire+w
@@ -82,7 +83,7 @@ func (t *tcpLink) AddStats(st *Stats) {
 // AddAcks adds the acknowledgements of the peer's puts sent so far to st:
 // carried in a batch of ours, or written alone on the acknowledged stream;
 // and the liveness backstop's asks and the acks that came only after one.
-func (t *tcpLink) AddAcks(st *Stats) {
+func (t *Link) AddAcks(st *link.Stats) {
 	for _, l := range t.lanes {
 		st.AcksCarried += l.carried.Load()
 		st.BackstopAsks += l.bsAsks.Load()
@@ -95,14 +96,14 @@ func (t *tcpLink) AddAcks(st *Stats) {
 
 // streamer is a transport that carries TCP lanes: TCP's own link, and
 // the intra-node and libfabric links built over it.
-type streamer interface{ Streams() *tcpLink }
+type streamer interface{ Streams() *Link }
 
 // Found by assertion only, like the side links' promoted Streams.
-var _ streamer = (*tcpLink)(nil)
+var _ streamer = (*Link)(nil)
 
-// streamsOf returns the TCP lanes a transport carries: its own, or those
+// Of returns the TCP lanes a transport carries: its own, or those
 // under the intra-node and libfabric links; nil for none.
-func streamsOf(tr transport) *tcpLink {
+func Of(tr link.Transport) *Link {
 	if s, ok := tr.(streamer); ok {
 		return s.Streams()
 	}
@@ -111,7 +112,7 @@ func streamsOf(tr transport) *tcpLink {
 
 // Progress sums what the kernel moved on every stream to and from the
 // peer: bytes the peer acknowledged and bytes it sent us.
-func (t *tcpLink) Progress() (uint64, bool) {
+func (t *Link) Progress() (uint64, bool) {
 	var sum uint64
 	ok := false
 	add := func(fd uintptr) {

@@ -1,10 +1,11 @@
-package dataplane
+package tcp
 
 import (
 	"sync/atomic"
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -15,7 +16,7 @@ import (
 
 // AskAcks asks the peer to acknowledge every lane's puts at once
 // (lane.askAcks): the caller waits for them.
-func (t *tcpLink) AskAcks() {
+func (t *Link) AskAcks() {
 	for _, l := range t.lanes {
 		l.askAcks()
 	}
@@ -58,7 +59,7 @@ func (l *lane) carryAck(iov [][]byte) [][]byte {
 }
 
 // ackStale reports an owed ack that waited ackDelay for a batch in vain.
-func (t *tcpLink) ackStale() bool {
+func (t *Link) ackStale() bool {
 	if !t.ride {
 		return false
 	}
@@ -71,7 +72,7 @@ func (t *tcpLink) ackStale() bool {
 }
 
 // acksOwed reports whether any ack waits for a batch to carry it.
-func (t *tcpLink) acksOwed() bool {
+func (t *Link) acksOwed() bool {
 	if !t.ride {
 		return false
 	}
@@ -86,7 +87,7 @@ func (t *tcpLink) acksOwed() bool {
 // batchesWritten counts the batches our lanes to the peer wrote: a change
 // since an incoming stream last drained means traffic flows both ways
 // (acker.drained).
-func (t *tcpLink) batchesWritten() uint64 {
+func (t *Link) batchesWritten() uint64 {
 	var n uint64
 	for _, l := range t.lanes {
 		n += l.batches.Load()
@@ -96,7 +97,7 @@ func (t *tcpLink) batchesWritten() uint64 {
 
 // sendAcksAlone writes the owed acks with no batch, on the first open
 // lane that did not fail (the acker's timer).
-func (t *tcpLink) sendAcksAlone() {
+func (t *Link) sendAcksAlone() {
 	for _, l := range t.lanes {
 		if l.isOpen() {
 			if !l.sendAck(false) {
@@ -119,7 +120,7 @@ func (l *lane) isOpen() bool {
 // with it. Every riding acker's next carry repeats its whole count (the
 // peer keeps the highest it saw), on a live lane; the timer covers a link
 // that stays quiet.
-func (t *tcpLink) rehomeAcks() {
+func (t *Link) rehomeAcks() {
 	if !t.ride {
 		return
 	}
@@ -307,7 +308,7 @@ func (l *lane) awaitingReply() bool { return l.pendingPuts() > 0 || l.pendingGet
 // awaitPuts appends the tags of puts about to be written to the FIFO that
 // the target's acks complete. If the peer is already dead (FailAll may have
 // emptied the FIFO), they fail here instead, so none is left behind.
-func (l *lane) awaitPuts(tags []uint64, ops []Op) {
+func (l *lane) awaitPuts(tags []uint64, ops []link.Op) {
 	if len(tags) == 0 && len(ops) == 0 {
 		return
 	}
@@ -315,7 +316,7 @@ func (l *lane) awaitPuts(tags []uint64, ops []Op) {
 	if l.p.Dead() {
 		l.amu.Unlock()
 		for _, tag := range tags {
-			l.p.Fail(Op{Msg: wire.MsgPut, Tag: tag})
+			l.p.Fail(link.Op{Msg: wire.MsgPut, Tag: tag})
 		}
 		return
 	}
@@ -450,4 +451,4 @@ func (l *lane) acked() uint64 {
 }
 
 // Acked is how many puts of lane i the target acknowledged.
-func (t *tcpLink) Acked(i int) uint64 { return t.lanes[i].acked() }
+func (t *Link) Acked(i int) uint64 { return t.lanes[i].acked() }

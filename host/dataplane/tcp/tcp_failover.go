@@ -1,4 +1,4 @@
-package dataplane
+package tcp
 
 import (
 	"bufio"
@@ -12,6 +12,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -52,7 +53,7 @@ import (
 // it no new reach.
 
 // NoFailover turns lane failover off for this link (both sides).
-func (t *tcpLink) NoFailover() {
+func (t *Link) NoFailover() {
 	t.fixed = true
 	for _, l := range t.lanes {
 		l.resend, l.sent, l.pops = false, ring.Ring[sentOp]{}, nil
@@ -116,10 +117,10 @@ func (l *lane) replyStreamEnded(err error) {
 
 // keep puts ops a failed write took from the queue, and never put on the
 // stream, aside for the failover.
-func (l *lane) keep(ops []Op) {
+func (l *lane) keep(ops []link.Op) {
 	l.mu.Lock()
 	for i := range ops {
-		if ops[i].Msg != opDone {
+		if ops[i].Msg != link.OpDone {
 			l.orphans = append(l.orphans, ops[i])
 		}
 	}
@@ -127,7 +128,7 @@ func (l *lane) keep(ops []Op) {
 }
 
 // forward sends op, posted to a lane that failed, to the next live one.
-func (l *lane) forward(op *Op, hold bool) {
+func (l *lane) forward(op *link.Op, hold bool) {
 	p := l.p
 	if op.Msg == wire.MsgBye {
 		p.ByeGone() // the dead stream needs no goodbye
@@ -158,7 +159,7 @@ func (l *lane) migrate(cause error) {
 	}
 	orphans := l.orphans
 	l.orphans = nil
-	queued := make([]Op, 0, l.q.Len())
+	queued := make([]link.Op, 0, l.q.Len())
 	for op, ok := l.q.Pop(); ok; op, ok = l.q.Pop() {
 		queued = append(queued, op)
 	}
@@ -168,7 +169,7 @@ func (l *lane) migrate(cause error) {
 	l.t.rehomeAcks()
 
 	// Failure path: allocating here is fine.
-	var work []Op
+	var work []link.Op
 	l.amu.Lock()
 	for e, ok := l.sent.Pop(); ok; e, ok = l.sent.Pop() {
 		if e.counts {
@@ -193,7 +194,7 @@ func (l *lane) migrate(cause error) {
 	moved := 0
 	if to != l.idx {
 		for i := range work {
-			if m := work[i].Msg; m != wire.MsgBye && m != opDone {
+			if m := work[i].Msg; m != wire.MsgBye && m != link.OpDone {
 				moved++
 			}
 		}
@@ -202,7 +203,7 @@ func (l *lane) migrate(cause error) {
 	// any moved operation can complete on its new lane.
 	logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: lane %d to rank %d failed (%v); %d operations moved to lane %d, none lost",
 		p.Mesh().Rank, l.idx, p.Rank(), cause, moved, to)
-	if o, ok := p.Mesh().Owner.(LaneObserver); ok {
+	if o, ok := p.Mesh().Owner.(link.LaneObserver); ok {
 		o.LaneFailed(p.Rank(), l.idx, moved, cause)
 	}
 	for i := range work {
@@ -210,7 +211,7 @@ func (l *lane) migrate(cause error) {
 		switch {
 		case op.Msg == wire.MsgBye:
 			p.ByeGone()
-		case op.Msg == opDone:
+		case op.Msg == link.OpDone:
 		case to == l.idx:
 			p.Fail(*op) // no live lane left: the peer died meanwhile
 		default:
@@ -221,7 +222,7 @@ func (l *lane) migrate(cause error) {
 }
 
 // logSent appends what a batch wrote to the resend ring; amu held.
-func (l *lane) logSent(ops []Op) {
+func (l *lane) logSent(ops []link.Op) {
 	for i := range ops {
 		l.sent.Push(sentOp{op: ops[i], counts: ops[i].Msg != wire.MsgReg})
 	}
@@ -251,7 +252,7 @@ func (l *lane) unpopGet(e getEntry) {
 // over and sends again what it did not see acknowledged), false when the
 // peer must be failed: it has one lane, it is closing, or this was the
 // last live lane.
-func (t *tcpLink) inLaneEnded(i int, err error) bool {
+func (t *Link) inLaneEnded(i int, err error) bool {
 	p := t.p
 	n := len(t.ins)
 	if n == 1 || t.fixed || p.Closing() || p.Dead() {
@@ -284,7 +285,7 @@ func streamEnded(err error) bool {
 // fence makes sure the service of incoming lane from returned before a
 // resent operation that left that lane is handled on lane i: it closes
 // that stream and waits for its service, at most the close timeout.
-func (t *tcpLink) fence(i, from int) error {
+func (t *Link) fence(i, from int) error {
 	p := t.p
 	if from >= len(t.ins) || from == i || t.fixed {
 		return fmt.Errorf("protocol error: rank %d resent an operation of lane %d on lane %d (it has %d)", p.Rank(), from, i, len(t.ins))
@@ -310,7 +311,7 @@ func (t *tcpLink) fence(i, from int) error {
 	case <-t.inDone[from]:
 		return nil
 	case <-p.Quit():
-		return fmt.Errorf("%w: rank %d", ErrPeerGone, p.Rank())
+		return fmt.Errorf("%w: rank %d", link.ErrPeerGone, p.Rank())
 	case <-timer.C:
 		return fmt.Errorf("protocol error: rank %d resent operations of lane %d, whose stream did not end within %v", p.Rank(), from, p.Mesh().CloseTimeout)
 	}
@@ -319,7 +320,7 @@ func (t *tcpLink) fence(i, from int) error {
 // dropPut reads and drops the payload of a resent put whose sequence
 // number already landed: no byte of it is written, its signal is not
 // applied again.
-func (t *tcpLink) dropPut(br *bufio.Reader, h *wire.Header, dec *codec.Decoder) error {
+func (t *Link) dropPut(br *bufio.Reader, h *wire.Header, dec *codec.Decoder) error {
 	if h.Size == 0 {
 		return nil
 	}

@@ -1,9 +1,10 @@
-package dataplane
+package tcp
 
 import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -44,7 +45,7 @@ const loneGap = 10 * time.Microsecond
 // reports whether op is a lone signal (SubmitCaller): a small put with signal or
 // bare signal, not held or paced, queued on an empty, idle, open lane
 // loneGap after the op before.
-func (l *lane) enqueue(op *Op, hold bool) (lone bool) {
+func (l *lane) enqueue(op *link.Op, hold bool) (lone bool) {
 	l.mu.Lock()
 	if l.p.Dead() {
 		l.mu.Unlock()
@@ -148,7 +149,7 @@ func (l *lane) queued() bool { return l.work.Load() }
 // flush, sendAsk, sendAck or the writer): every holder lets go through
 // here and nowhere else. It re-arms the acks still owed (ackLeft): an
 // acker's timer that fired while the stream was held found it busy and
-// left its ack to the holder (tcpLink.sendAcksAlone), so a holder that
+// left its ack to the holder (Link.sendAcksAlone), so a holder that
 // let go without re-arming would strand it, and the put it acknowledges
 // would never complete. It reports whether ops are left queued.
 func (l *lane) letGo() (more bool) {

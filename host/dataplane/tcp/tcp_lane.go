@@ -1,4 +1,4 @@
-package dataplane
+package tcp
 
 import (
 	"io"
@@ -55,10 +55,10 @@ func newDelay(d time.Duration) *delay {
 func (d *delay) get() time.Duration  { return time.Duration(d.ns.Load()) }
 func (d *delay) set(v time.Duration) { d.ns.Store(int64(v)) }
 
-// tcpLink is the TCP transport to one peer: our outgoing lanes (requests
+// Link is the TCP transport to one peer: our outgoing lanes (requests
 // and the replies to them) and the peer's incoming streams (its requests to
 // our memory, served by tcp_service.go, and our replies).
-type tcpLink struct {
+type Link struct {
 	p     link.Peer
 	lanes []*lane
 	ins   []*net.TCPConn // nil for a lane the peer has not opened yet (inMu)
@@ -101,10 +101,10 @@ type SidePath interface {
 	InlineMax() uint64
 	// Ringable reports whether op's payload should move through the
 	// shared staging ring (ring.go): device memory at either end.
-	Ringable(op *Op) bool
-	// events are the interprocess events that order the peer's mapped
+	Ringable(op *link.Op) bool
+	// PeerEvents are the interprocess events that order the peer's mapped
 	// put+signals (ipc_events.go).
-	events() Events
+	PeerEvents() Events
 	// AttachStream maps the shared-memory stream the peer offered on one
 	// of its lanes (wire.MsgStream), or says why not; AttachRing maps the
 	// staging ring it offered (wire.MsgRing) into rx.
@@ -150,8 +150,8 @@ type LaneIO interface {
 type LaneSide interface {
 	// Put and get move op's payload beside the stream, or report SideNo
 	// (the stream carries it).
-	Put(op *Op) SideMove
-	Get(op *Op) SideMove
+	Put(op *link.Op) SideMove
+	Get(op *link.Op) SideMove
 	// RingOff reports that the ring is refused, disabled or failed.
 	RingOff() bool
 	// RingReady reports whether the lane's put goes through the ring,
@@ -159,7 +159,7 @@ type LaneSide interface {
 	// it once its header is on the stream; RingRefused is the reply
 	// stream's wire.MsgRingNo.
 	RingReady() (bool, error)
-	RingSend(op *Op) error
+	RingSend(op *link.Op) error
 	RingRefused()
 	// StreamOn reports whether the lane writes its requests into a shared
 	// ring, offering one on the first call; WriteStream writes them there;
@@ -182,7 +182,7 @@ type LaneSide interface {
 // goes to the target as a header (which it acknowledges): a signal to
 // apply, or a put's sequence number that landed. Gets are never numbered
 // and complete where they are copied.
-func TellsTarget(op *Op) bool {
+func TellsTarget(op *link.Op) bool {
 	return op.Msg == wire.MsgPutSignal || (op.Msg == wire.MsgPut && op.Seq != 0)
 }
 
@@ -196,8 +196,8 @@ const (
 	SideGathered                 // its copy is queued in the batch (staging.Gather.AddCopy): done once the batch waited for it
 )
 
-func newTCPLink(p link.Peer, outs, ins []*net.TCPConn) *tcpLink {
-	t := &tcpLink{p: p, ins: ins}
+func NewLink(p link.Peer, outs, ins []*net.TCPConn) *Link {
+	t := &Link{p: p, ins: ins}
 	for i, c := range outs {
 		t.lanes = append(t.lanes, newLane(t, i, c))
 	}
@@ -208,14 +208,14 @@ func newTCPLink(p link.Peer, outs, ins []*net.TCPConn) *tcpLink {
 }
 
 // Peer is the peer the link moves operations to.
-func (t *tcpLink) Peer() link.Peer { return t.p }
+func (t *Link) Peer() link.Peer { return t.p }
 
 // LaneCount is how many lanes the link has.
-func (t *tcpLink) LaneCount() int { return len(t.lanes) }
+func (t *Link) LaneCount() int { return len(t.lanes) }
 
 // SetSide makes s the link's side path (the intra-node transport) and
 // gives each lane the side side(l) makes for it; before Start.
-func (t *tcpLink) SetSide(s SidePath, side func(l LaneIO) LaneSide) {
+func (t *Link) SetSide(s SidePath, side func(l LaneIO) LaneSide) {
 	t.side = s
 	for _, l := range t.lanes {
 		l.ix = side(l)
@@ -226,26 +226,26 @@ func (t *tcpLink) SetSide(s SidePath, side func(l LaneIO) LaneSide) {
 // rail, id, address, key, and whether device memory reached directly)
 // and onAcked when a lane's puts were acknowledged (libfabric beside the
 // lanes); before Start.
-func (t *tcpLink) Hear(onReg func(rail uint8, id uint32, base, key uint64, dev, direct bool), onAcked func()) {
+func (t *Link) Hear(onReg func(rail uint8, id uint32, base, key uint64, dev, direct bool), onAcked func()) {
 	t.onReg, t.onAcked = onReg, onAcked
 }
 
 // InlineMax is the largest operation a TCP link's caller sends itself.
 const InlineMax = inlineMax
 
-func (t *tcpLink) Props() Props {
-	return Props{Name: nameTCP, DeviceMemory: true, InlineMax: t.inlineMax(), Lanes: len(t.lanes)}
+func (t *Link) Props() link.Props {
+	return link.Props{Name: Name, DeviceMemory: true, InlineMax: t.inlineMax(), Lanes: len(t.lanes)}
 }
 
 // inlineMax is the largest operation the caller's thread sends itself.
-func (t *tcpLink) inlineMax() uint64 {
+func (t *Link) inlineMax() uint64 {
 	if t.side != nil {
 		return t.side.InlineMax()
 	}
 	return inlineMax
 }
 
-func (t *tcpLink) Start() {
+func (t *Link) Start() {
 	// Acks ride whichever of our lanes to the peer writes next (each
 	// names the stream it acknowledges), never beside a fabric endpoint
 	// (its staged puts' window is reaped by whichever reader acks them,
@@ -289,7 +289,7 @@ func (t *tcpLink) Start() {
 	}
 }
 
-func (t *tcpLink) Submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op, hold) }
+func (t *Link) Submit(lane int, op link.Op, hold bool) { t.lanes[lane].enqueue(&op, hold) }
 
 // SubmitCaller is submit for an operation the caller posts itself
 // through peer.route, holding no lock. A signal is what the peer waits for: a
@@ -307,24 +307,24 @@ func (t *tcpLink) Submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op
 // (stream.go): a lone signal is small, and its write there is a copy.
 // With several lanes the caller numbers the op under its peer's lock and
 // writes it (WriteLone) after letting go of the lock.
-func (t *tcpLink) SubmitCaller(lane int, op Op, hold bool) bool {
+func (t *Link) SubmitCaller(lane int, op link.Op, hold bool) bool {
 	l := t.lanes[lane]
 	return l.enqueue(&op, hold) && (t.side == nil || l.ix.StreamLive())
 }
 
-func (t *tcpLink) WriteLone(lane int) {
+func (t *Link) WriteLone(lane int) {
 	if l := t.lanes[lane]; l.pendingPuts() == 0 && l.pendingGets() == 0 {
 		l.flush()
 	}
 }
 
-func (t *tcpLink) Flush() { t.flushPoll(false) }
+func (t *Link) Flush() { t.flushPoll(false) }
 
 // Turn is flush for rmaProgress, which looks at the incoming sockets
 // on every call: one Turn of a caller's loop calls it once (pollGap).
-func (t *tcpLink) Turn() { t.flushPoll(true) }
+func (t *Link) Turn() { t.flushPoll(true) }
 
-func (t *tcpLink) flushPoll(progress bool) {
+func (t *Link) flushPoll(progress bool) {
 	// A lane with work queued (a reply the caller posted since its last
 	// call, which the peer waits for) writes it first: a look at an empty
 	// socket before it would hold it back by a system call. The others
@@ -350,13 +350,13 @@ func (t *tcpLink) flushPoll(progress bool) {
 	}
 }
 
-func (t *tcpLink) Kick() {
+func (t *Link) Kick() {
 	for _, l := range t.lanes {
 		l.kick()
 	}
 }
 
-func (t *tcpLink) Idle() bool {
+func (t *Link) Idle() bool {
 	for _, l := range t.lanes {
 		l.mu.Lock()
 		busy := l.writing || l.q.Len() > 0
@@ -368,7 +368,7 @@ func (t *tcpLink) Idle() bool {
 	return true
 }
 
-func (t *tcpLink) Stop() {
+func (t *Link) Stop() {
 	for _, l := range t.lanes {
 		l.mu.Lock()
 	}
@@ -399,7 +399,7 @@ func (t *tcpLink) Stop() {
 	t.inMu.Unlock()
 }
 
-func (t *tcpLink) Awaiting() int {
+func (t *Link) Awaiting() int {
 	n := 0
 	for _, l := range t.lanes {
 		n += l.pendingGets() + l.pendingPuts()
@@ -407,7 +407,7 @@ func (t *tcpLink) Awaiting() int {
 	return n
 }
 
-func (t *tcpLink) FailAll() {
+func (t *Link) FailAll() {
 	for _, l := range t.lanes {
 		l.drainFailed()
 		for {
@@ -427,14 +427,14 @@ type getEntry struct {
 	dst  unsafe.Pointer
 	size uint64
 	ctx  uintptr // non-zero: dst is device memory
-	op   Op      // the request as written, for a resend (lanes > 1)
+	op   link.Op // the request as written, for a resend (lanes > 1)
 }
 
 // lane is one outgoing stream to a peer: a queue, the goroutine that writes
 // it, and the goroutine that reads the peer's replies on the same socket.
 type lane struct {
 	p   link.Peer
-	t   *tcpLink
+	t   *Link
 	idx int
 	out *net.TCPConn // nil until the lane opens (lazy.go); set under mu
 	// opening: the first op queued on an unopened lane started its dial.
@@ -442,7 +442,7 @@ type lane struct {
 
 	mu      sync.Mutex // guards the queue and writing
 	writing bool       // someone owns the stream and the batch buffers
-	q       ring.Ring[Op]
+	q       ring.Ring[link.Op]
 	qSince  int64 // Now() when the queue last became non-empty
 	qUrgent bool  // it holds an op posted without the aggregation hint since
 	wake    chan struct{}
@@ -458,10 +458,10 @@ type lane struct {
 	// orphans are ops a failed write had taken from the queue but never
 	// put on the stream.
 	down    bool
-	orphans []Op
+	orphans []link.Op
 
 	// owned by whoever holds writing
-	batch  []Op
+	batch  []link.Op
 	hdrs   []byte
 	iov    [][]byte
 	bufs   net.Buffers
@@ -515,7 +515,7 @@ type lane struct {
 	// written, in stream order, under amu: what a failover sends again.
 	resend bool
 	sent   ring.Ring[sentOp]
-	pops   []Op // owned by whoever holds writing: parallel to ptags
+	pops   []link.Op // owned by whoever holds writing: parallel to ptags
 
 	// batches counts the batches written and writes the writev calls
 	// they took (tests count them; the acker reads batches).
@@ -527,11 +527,11 @@ type lane struct {
 // sentOp is an entry of the resend ring: counts tells a put (counted by
 // the target's acks) from a registration notice (not counted).
 type sentOp struct {
-	op     Op
+	op     link.Op
 	counts bool
 }
 
-func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
+func newLane(t *Link, idx int, out *net.TCPConn) *lane {
 	l := &lane{p: t.p, t: t, idx: idx, out: out, wake: make(chan struct{}, 1)}
 	if out != nil {
 		t.p.Opened().Or(1 << idx)
@@ -540,10 +540,10 @@ func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
 	if out == nil {
 		// Not open yet (lazy.go): a small queue that grows, and the
 		// buffers when it opens, so an unused lane costs little.
-		l.q = ring.New[Op](16)
+		l.q = ring.New[link.Op](16)
 		return l
 	}
-	l.q = ring.New[Op](laneQueue)
+	l.q = ring.New[link.Op](laneQueue)
 	l.alloc()
 	l.setOut(out)
 	return l
@@ -564,7 +564,7 @@ const laneQueue = 1024
 // set under their locks all the same: the watchdog reads their lengths
 // (idle) while a lazy lane opens.
 func (l *lane) alloc() {
-	l.batch = make([]Op, batchMax)
+	l.batch = make([]link.Op, batchMax)
 	l.hdrs = make([]byte, batchMax*wire.HeaderSize)
 	l.iov = make([][]byte, 0, 2*batchMax+len(l.ackHdr)) // + piggybacked acks
 	l.wiov = make([]unix.Iovec, 2*batchMax+len(l.ackHdr))
@@ -578,7 +578,7 @@ func (l *lane) alloc() {
 	l.puts = puts
 	if l.resend {
 		l.sent = ring.New[sentOp](256)
-		l.pops = make([]Op, 0, batchMax)
+		l.pops = make([]link.Op, 0, batchMax)
 	}
 	l.amu.Unlock()
 	l.ptags = make([]uint64, 0, batchMax)
@@ -601,14 +601,14 @@ func (l *lane) run() {
 }
 
 // WholeOp: TCP lanes are independent streams, so cutting pays off.
-func (t *tcpLink) WholeOp(Op) bool { return false }
+func (t *Link) WholeOp(link.Op) bool { return false }
 
 // SignalApart: on TCP a signal rides its put's header.
-func (t *tcpLink) SignalApart(Op) bool { return false }
+func (t *Link) SignalApart(link.Op) bool { return false }
 
 // Release frees the lanes' staging rings and shared-memory streams
 // (intra-node links have them).
-func (t *tcpLink) Release() {
+func (t *Link) Release() {
 	for _, l := range t.lanes {
 		if l.ix != nil {
 			l.ix.Release()

@@ -1,4 +1,4 @@
-package dataplane
+package tcp
 
 import (
 	"io"
@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"golang.org/x/sys/unix"
 )
 
@@ -92,7 +93,7 @@ func (l *lane) Settle() {
 // gatherDev queues the copy of op's device payload into a bounce slot
 // when iov has room (staging.Gather.Add says whether it is small enough):
 // the bytes to append to iov, or nil to stage it synchronously.
-func (l *lane) gatherDev(op *Op, niov int) ([]byte, error) {
+func (l *lane) gatherDev(op *link.Op, niov int) ([]byte, error) {
 	if op.LocalCtx == 0 || niov+1 >= cap(l.iov) {
 		return nil, nil
 	}

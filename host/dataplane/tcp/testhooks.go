@@ -1,10 +1,12 @@
-package dataplane
+package tcp
 
 import (
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 )
 
 // Hooks into a TCP link for the mesh's integration tests: they build whole
@@ -14,22 +16,22 @@ import (
 // the data path calls them.
 
 // Lanes are the link's lanes, lane 0 first.
-func (t *tcpLink) Lanes() []*lane { return t.lanes }
+func (t *Link) Lanes() []*lane { return t.lanes }
 
 // Acks are the acknowledgement state of the peer's incoming streams.
-func (t *tcpLink) Acks() []*acker { return t.acks }
+func (t *Link) Acks() []*acker { return t.acks }
 
 // InMu guards Ins.
-func (t *tcpLink) InMu() *sync.Mutex { return &t.inMu }
+func (t *Link) InMu() *sync.Mutex { return &t.inMu }
 
 // Ins are the peer's incoming streams (nil: not opened yet), under InMu.
-func (t *tcpLink) Ins() []*net.TCPConn { return t.ins }
+func (t *Link) Ins() []*net.TCPConn { return t.ins }
 
 // InDown has bit i set once the peer's lane i failed over.
-func (t *tcpLink) InDown() *atomic.Uint32 { return &t.inDown }
+func (t *Link) InDown() *atomic.Uint32 { return &t.inDown }
 
 // AckDeferred counts the ack timers that found a stream held.
-func (t *tcpLink) AckDeferred() *atomic.Uint64 { return &t.ackDeferred }
+func (t *Link) AckDeferred() *atomic.Uint64 { return &t.ackDeferred }
 
 // Mu guards the lane's queue and Writing.
 func (l *lane) Mu() *sync.Mutex { return &l.mu }
@@ -75,7 +77,7 @@ func (l *lane) PendingGets() int { return l.pendingGets() }
 func (l *lane) PushGet(tag, size uint64) { l.pushGet(getEntry{tag: tag, size: size}) }
 
 // AwaitPuts makes the lane await the acks of tags (ops: for a resend).
-func (l *lane) AwaitPuts(tags []uint64, ops []Op) { l.awaitPuts(tags, ops) }
+func (l *lane) AwaitPuts(tags []uint64, ops []link.Op) { l.awaitPuts(tags, ops) }
 
 // Amu guards the lane's ack FIFO (Moved and LaneState's counts).
 func (l *lane) Amu() *sync.Mutex { return &l.amu }
@@ -176,3 +178,9 @@ const (
 // SkipRearm leaves owed acks unarmed as a stream is let go (the negative
 // control of letGo's re-arming).
 func SkipRearm() *atomic.Bool { return &skipRearm }
+
+// Lane and Delay name a lane and a delay for the tests' hooks and helpers.
+type (
+	Lane  = lane
+	Delay = delay
+)
