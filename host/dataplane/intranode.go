@@ -56,7 +56,7 @@ func newIntraLink(p link.Peer, outs, ins []*net.TCPConn, pid int) *intraLink {
 	x := &intraLink{Link: tcp.NewLink(p, outs, ins), pid: pid}
 	x.on.Store(true)
 	x.mapOn.Store(true)
-	x.SetSide(x, func(l tcp.LaneIO) tcp.LaneSide { return &intraLane{x: x, l: l, p: p} })
+	x.SetSide(x, func(l link.LaneIO) link.LaneSide { return &intraLane{x: x, l: l, p: p} })
 	return x
 }
 
@@ -78,7 +78,7 @@ func (x *intraLink) Props() Props {
 func (x *intraLink) peerPid() int { return x.pid }
 
 // PeerEvents are the link's interprocess events (ipc_events.go).
-func (x *intraLink) PeerEvents() tcp.Events { return &x.evs }
+func (x *intraLink) PeerEvents() link.Events { return &x.evs }
 
 // ipcEvents is events, for the IPC exchange.
 func (x *intraLink) ipcEvents() *linkEvents { return &x.evs }
@@ -124,54 +124,54 @@ func (x *intraLink) Ringable(op *Op) bool {
 }
 
 // put writes op's payload into the peer; SideNo means "use TCP".
-func (x *intraLink) put(l *intraLane, op *Op) tcp.SideMove {
+func (x *intraLink) put(l *intraLane, op *Op) link.SideMove {
 	if op.Mapped != 0 {
-		if mv := x.viaMapping(l, op, true); mv != tcp.SideNo {
+		if mv := x.viaMapping(l, op, true); mv != link.SideNo {
 			return mv
 		}
 	}
 	if x.self() {
-		if mv := x.selfDevice(l, op, true); mv != tcp.SideNo {
+		if mv := x.selfDevice(l, op, true); mv != link.SideNo {
 			return mv
 		}
 	}
 	if !x.takes(op) {
-		return tcp.SideNo
+		return link.SideNo
 	}
 	if x.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size), unsafe.Slice((*byte)(op.Local), op.Size))
-		return tcp.SideMoved
+		return link.SideMoved
 	}
 	return moved(x.vm(l, op, true))
 }
 
 // get reads op's bytes from the peer; SideNo means "use TCP".
-func (x *intraLink) get(l *intraLane, op *Op) tcp.SideMove {
+func (x *intraLink) get(l *intraLane, op *Op) link.SideMove {
 	if op.Mapped != 0 {
-		if mv := x.viaMapping(l, op, false); mv != tcp.SideNo {
+		if mv := x.viaMapping(l, op, false); mv != link.SideNo {
 			return mv
 		}
 	}
 	if x.self() {
-		if mv := x.selfDevice(l, op, false); mv != tcp.SideNo {
+		if mv := x.selfDevice(l, op, false); mv != link.SideNo {
 			return mv
 		}
 	}
 	if !x.takes(op) {
-		return tcp.SideNo
+		return link.SideNo
 	}
 	if x.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(op.Local), op.Size), unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size))
-		return tcp.SideMoved
+		return link.SideMoved
 	}
 	return moved(x.vm(l, op, false))
 }
 
-func moved(ok bool) tcp.SideMove {
+func moved(ok bool) link.SideMove {
 	if ok {
-		return tcp.SideMoved
+		return link.SideMoved
 	}
-	return tcp.SideNo
+	return link.SideNo
 }
 
 // self reports whether the peer is this very rank: NCCL's RMA proxy
@@ -187,24 +187,24 @@ func (x *intraLink) self() bool {
 // round trip through our own socket and both ends' staging: the target
 // registration is ours. SideNo (nothing moved): not such an operation, or
 // a range or copy the TCP path must refuse and report.
-func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) tcp.SideMove {
+func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) link.SideMove {
 	if op.Size == 0 || (op.LocalCtx == 0 && op.Remote != 0) {
-		return tcp.SideNo // host memory at both ends: the paths above
+		return link.SideNo // host memory at both ends: the paths above
 	}
 	base, size, ctx, pin, ok := x.Peer().Mesh().Owner.Resolve(op.MrID)
 	if !ok {
-		return tcp.SideNo
+		return link.SideNo
 	}
 	defer pin.Release()
 	if !Span(op.Off, op.Size, size) || (ctx == 0 && op.LocalCtx == 0) {
-		return tcp.SideNo
+		return link.SideNo
 	}
 	reg := unsafe.Add(base, op.Off) // a device address when ctx != 0, never dereferenced then
 	if profile.On() {
 		defer profile.SelfCopy.Since(profile.Now())
 	}
 	if ctx == op.LocalCtx && x.selfQueue(op, put, uintptr(reg)) {
-		return tcp.SideQueued
+		return link.SideQueued
 	}
 	l.l.Settle()
 	var err error
@@ -216,12 +216,12 @@ func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) tcp.SideMove {
 	if err != nil {
 		// The TCP path stages it again and fails it with its cause.
 		selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself: %v; sending it through its own socket instead", x.Peer().Rank(), op.Size, err)
-		return tcp.SideNo
+		return link.SideNo
 	}
 	if x.selfs.Add(1) == 1 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory move by device copies, not through its own socket", x.Peer().Rank())
 	}
-	return tcp.SideMoved
+	return link.SideMoved
 }
 
 // selfQueue queues the device copy of op, an operation of this rank to
@@ -238,7 +238,7 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 	if put && x.strong(op) {
 		return false
 	}
-	acked := tcp.TellsTarget(op)
+	acked := link.TellsTarget(op)
 	po, parts := m.Owner.(PartOwner)
 	if acked && !parts {
 		return false
@@ -281,14 +281,14 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 // after the copies the batch queued before it. A failed copy turns the
 // path off for this peer and the TCP path takes the operation (the same
 // bytes again, so a partial copy does no harm).
-func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) tcp.SideMove {
+func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) link.SideMove {
 	if op.Size == 0 || !x.mapOn.Load() {
-		return tcp.SideNo
+		return link.SideNo
 	}
 	if put && op.LocalCtx != 0 && !x.strong(op) {
 		if x.queueMapped(op) {
 			x.mappedOnce()
-			return tcp.SideQueued // the target orders its signal by our event
+			return link.SideQueued // the target orders its signal by our event
 		}
 		queued, err := l.l.AddCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
 		if err != nil {
@@ -296,7 +296,7 @@ func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) tcp.SideMove {
 		}
 		if queued {
 			x.mappedOnce()
-			return tcp.SideGathered
+			return link.SideGathered
 		}
 	}
 	l.l.Settle()
@@ -314,16 +314,16 @@ func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) tcp.SideMove {
 		return x.mapFailed(op, err)
 	}
 	x.mappedOnce()
-	return tcp.SideMoved
+	return link.SideMoved
 }
 
 // mapFailed turns the mapping off for this peer after a failed copy (one
 // WARN): op and every later operation take the staged path.
-func (x *intraLink) mapFailed(op *Op, err error) tcp.SideMove {
+func (x *intraLink) mapFailed(op *Op, err error) link.SideMove {
 	if x.mapOn.Swap(false) {
 		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: device copy of %d bytes through the mapping of its memory failed: %v; its operations go through the staged path from now on", x.Peer().Rank(), op.Size, err)
 	}
-	return tcp.SideNo
+	return link.SideNo
 }
 
 // strong reports whether op's target registration is strongly ordered

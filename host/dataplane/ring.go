@@ -7,7 +7,6 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -37,7 +36,7 @@ const (
 // LaneIO.
 type intraLane struct {
 	x *intraLink
-	l tcp.LaneIO
+	l link.LaneIO
 	p link.Peer
 	laneRing
 	laneShm
@@ -46,8 +45,8 @@ type intraLane struct {
 }
 
 // Put and get move op's payload beside the stream (intraLink.Put, get).
-func (x *intraLane) Put(op *Op) tcp.SideMove { return x.x.put(x, op) }
-func (x *intraLane) Get(op *Op) tcp.SideMove { return x.x.get(x, op) }
+func (x *intraLane) Put(op *Op) link.SideMove { return x.x.put(x, op) }
+func (x *intraLane) Get(op *Op) link.SideMove { return x.x.get(x, op) }
 
 // Release frees the lane's ring and shared-memory stream once its
 // goroutines ended.

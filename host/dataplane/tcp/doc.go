@@ -3,7 +3,7 @@
 // host/wire, the target-side service that lands puts, applies signals and
 // serves gets, the acknowledgements, lane failover, and lanes opened when
 // first used. The intra-node and libfabric transports embed its Link and
-// move payloads beside its streams (SidePath, LaneSide, Hear).
+// move payloads beside its streams (SidePath, link.LaneSide, Hear).
 package tcp
 
 import "github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"

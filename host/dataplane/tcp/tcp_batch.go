@@ -115,7 +115,7 @@ func (l *lane) writeOp(b *batchOut, i int, op *link.Op) (reached bool, err error
 // gathered copy); otherwise the stream carries op, the signal (or the
 // number that landed) alone when the side path moved its payload.
 func (l *lane) sideOp(b *batchOut, i int, op *link.Op) bool {
-	var mv SideMove
+	var mv link.SideMove
 	switch op.Msg {
 	case wire.MsgPut, wire.MsgPutSignal:
 		mv = l.ix.Put(op)
@@ -123,15 +123,15 @@ func (l *lane) sideOp(b *batchOut, i int, op *link.Op) bool {
 		mv = l.ix.Get(op)
 	}
 	switch {
-	case mv == SideNo:
-	case TellsTarget(op):
+	case mv == link.SideNo:
+	case link.TellsTarget(op):
 		op.Size = 0 // the payload is there: send the signal (or the number that landed) alone
 	default:
 		op.Msg = link.OpDone // nothing to tell the target
 		switch mv {
-		case SideMoved:
+		case link.SideMoved:
 			l.p.Mesh().Owner.Complete(op.Tag, abi.Success)
-		case SideGathered:
+		case link.SideGathered:
 			b.later = append(b.later, i)
 		}
 		return true

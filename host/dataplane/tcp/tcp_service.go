@@ -374,7 +374,7 @@ func (t *Link) serveMsg(r *inReader) error {
 // so that later signals follow that put's bytes. A header that names an
 // event it may not is a protocol error.
 func (t *Link) orderMapped(h *wire.Header, sig link.Signal) (link.Signal, error) {
-	var evs Events
+	var evs link.Events
 	if t.side != nil {
 		evs = t.side.PeerEvents()
 	}

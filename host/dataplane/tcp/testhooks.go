@@ -52,7 +52,7 @@ func (l *lane) StartOpen() { l.startOpen() }
 func (l *lane) Idx() int { return l.idx }
 
 // Side is the lane's side path (the intra-node side), or nil.
-func (l *lane) Side() LaneSide { return l.ix }
+func (l *lane) Side() link.LaneSide { return l.ix }
 
 // Batches and Writes count the lane's batches and stream writes.
 func (l *lane) Batches() *atomic.Uint64 { return &l.batches }
