@@ -3,6 +3,7 @@ package dataplane
 import (
 	"sync/atomic"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 )
 
@@ -55,3 +56,15 @@ func Span(off, n, size uint64) bool { return link.Span(off, n, size) }
 
 // opDone is link.OpDone.
 const opDone = link.OpDone
+
+// ShareOffer is link.ShareOffer: a MsgReg whose tag names the sender's
+// descriptor server (PeerReg.Share).
+const ShareOffer = link.ShareOffer
+
+// StatusRing is link.StatusRing: a put header whose payload is in the
+// intra-node staging ring.
+const StatusRing = link.StatusRing
+
+// StreamRingSize is intranode.StreamRingSize: the data size of a lane's
+// shared-memory stream.
+const StreamRingSize = intranode.StreamRingSize

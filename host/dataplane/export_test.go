@@ -1,6 +1,11 @@
 package dataplane
 
-import "github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
+import (
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
+)
 
 // Test-only read-outs of the mesh.
 
@@ -16,4 +21,7 @@ func (m *Mesh) PeerParts(peer int, kind uint8, size uint64) int {
 }
 
 // intraOf is an intra-node lane's side (ring.go, stream.go).
-func intraOf(l *tcp.Lane) *intraLane { return l.Side().(*intraLane) }
+func intraOf(l *tcp.Lane) *intranode.Lane { return l.Side().(*intranode.Lane) }
+
+// addrPtr turns an address in this process into a pointer.
+func addrPtr(a uint64) unsafe.Pointer { return intranode.AddrPtr(a) }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
@@ -239,7 +240,7 @@ func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self wire.HandleInfo,
 		return m.fabricTransport(p, peer, self, outs, ins, railNames)
 	}
 	if opt.IntraNode && peer.HostID == self.HostID && peer.Pid != 0 {
-		return newIntraLink(p, outs, ins, int(peer.Pid)), nil
+		return intranode.New(p, outs, ins, int(peer.Pid)), nil
 	}
 	return tcp.NewLink(p, outs, ins), nil
 }

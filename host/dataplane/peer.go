@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
@@ -322,3 +323,11 @@ func (p *peer) idle() bool { return p.dead.Load() || p.t.Idle() }
 
 // Gone is the staging ring's liveness check of a peer's services.
 func (p *peer) Gone() bool { return p.dead.Load() }
+
+// addOffset advances a pointer into registered memory.
+func addOffset(ptr unsafe.Pointer, off uint64) unsafe.Pointer {
+	if ptr == nil {
+		return nil
+	}
+	return unsafe.Add(ptr, off)
+}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -65,10 +66,10 @@ func TestStreamRings(t *testing.T) {
 			for a := range 2 {
 				tl := tcpOf(t, ms[a], 1-a)
 				for _, l := range tl.Lanes() {
-					if intraOf(l).sState != ringOn || intraOf(l).sring.Load() == nil {
+					if intraOf(l).SState() != intranode.RingOn || intraOf(l).Sring().Load() == nil {
 						t.Fatalf("rank %d lane %d to rank %d: no shared-memory stream", a, l.Idx(), 1-a)
 					}
-					bells += intraOf(l).bells.Load()
+					bells += intraOf(l).Bells().Load()
 				}
 				target := tcpOf(t, ms[1-a], a)
 				for i, ac := range target.Acks() {
@@ -103,14 +104,14 @@ func TestStreamRings(t *testing.T) {
 // and the lane goes on with its socket.
 func TestStreamRefused(t *testing.T) {
 	refusal := errors.New("refused by the test")
-	streamRefusal.Store(&refusal)
-	defer streamRefusal.Store(nil)
+	intranode.StreamRefusal().Store(&refusal)
+	defer intranode.StreamRefusal().Store(nil)
 	owners := newOwners(2, 64+48*(8<<10))
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
 	streamPuts(t, ms, owners, 0, 1, 20, 0)
 	l := tcpOf(t, ms[0], 1).Lanes()[0]
-	if intraOf(l).sState != ringOff || !intraOf(l).sNo.Load() {
-		t.Fatalf("lane state %d (refused %v) after a refusal", intraOf(l).sState, intraOf(l).sNo.Load())
+	if intraOf(l).SState() != intranode.RingOff || !intraOf(l).SNo().Load() {
+		t.Fatalf("lane state %d (refused %v) after a refusal", intraOf(l).SState(), intraOf(l).SNo().Load())
 	}
 	if r := tcpOf(t, ms[1], 0).Acks()[0].Rd().Load(); r == nil || r.Sring() != nil {
 		t.Fatal("the target reads a ring it refused")
@@ -122,7 +123,7 @@ func TestStreamOff(t *testing.T) {
 	owners := newOwners(2, 64+48*(8<<10))
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, NoIntraStream: true})
 	streamPuts(t, ms, owners, 0, 1, 8, 0)
-	if l := tcpOf(t, ms[0], 1).Lanes()[0]; intraOf(l).sring.Load() != nil {
+	if l := tcpOf(t, ms[0], 1).Lanes()[0]; intraOf(l).Sring().Load() != nil {
 		t.Fatal("a shared-memory stream although NoIntraStream")
 	}
 }
@@ -134,7 +135,7 @@ func TestStreamCorrupt(t *testing.T) {
 	// The hostile writer keeps a descriptor of every ring made (the lanes
 	// close theirs once the target answered).
 	var fds []*os.File
-	newStreamRing = func(size uint64) (*shmstream.Ring, error) {
+	*intranode.NewStreamRing() = func(size uint64) (*shmstream.Ring, error) {
 		r, err := shmstream.New(size)
 		if err == nil {
 			fd, _ := r.Offer()
@@ -146,12 +147,12 @@ func TestStreamCorrupt(t *testing.T) {
 		}
 		return r, err
 	}
-	defer func() { newStreamRing = shmstream.New }()
+	defer func() { *intranode.NewStreamRing() = shmstream.New }()
 	owners := newOwners(2, 64+48*(8<<10))
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
 	streamPuts(t, ms, owners, 0, 1, 4, 0)
-	newStreamRing = shmstream.New
-	_, size := intraOf(tcpOf(t, ms[0], 1).Lanes()[0]).sring.Load().Offer()
+	*intranode.NewStreamRing() = shmstream.New
+	_, size := intraOf(tcpOf(t, ms[0], 1).Lanes()[0]).Sring().Load().Offer()
 	if len(fds) != 1 {
 		t.Fatalf("%d rings made, want 1 (rank 0 to rank 1)", len(fds))
 	}
@@ -189,7 +190,7 @@ func TestStreamSecondOffer(t *testing.T) {
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
 	streamPuts(t, ms, owners, 0, 1, 4, 0)
 	l := tcpOf(t, ms[0], 1).Lanes()[0]
-	if intraOf(l).sring.Load() == nil {
+	if intraOf(l).Sring().Load() == nil {
 		t.Fatal("the lane did not switch to a shared-memory stream")
 	}
 	// Take the lane's writing role, as a batch does, and offer again.

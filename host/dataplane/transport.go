@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 )
@@ -54,5 +55,5 @@ func (m *Mesh) FlushesOnSignal() bool {
 // Transport names, as Props.Name reports them.
 const (
 	nameTCP       = tcp.Name
-	nameIntraNode = "intranode"
+	nameIntraNode = intranode.Name
 )

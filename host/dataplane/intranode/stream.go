@@ -1,4 +1,4 @@
-package dataplane
+package intranode
 
 import (
 	"fmt"
@@ -172,11 +172,11 @@ var streamRefusal atomic.Pointer[error]
 
 // AttachStream maps the shared-memory stream a lane of the peer offered
 // (SidePath): its requests come through it from now on.
-func (x *intraLink) AttachStream(h *wire.Header) (tcp.ShmIn, error) {
+func (x *Link) AttachStream(h *wire.Header) (tcp.ShmIn, error) {
 	if err := streamRefusal.Load(); err != nil {
 		return nil, *err
 	}
-	s, err := shmstream.Attach(x.peerPid(), h.Off, h.Size)
+	s, err := shmstream.Attach(x.PeerPid(), h.Off, h.Size)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package dataplane
+package intranode
 
 import (
 	"fmt"
@@ -29,7 +29,7 @@ const (
 	intraMin = 16 << 10
 )
 
-// intraLink is the intra-node transport, for a peer on the same host (same
+// Link is the intra-node transport, for a peer on the same host (same
 // host id in its handle): large host payloads move straight between the two
 // processes' registered memory with process_vm_writev/readv, one copy and no
 // socket. Everything else (small operations, signals, registrations,
@@ -38,7 +38,7 @@ const (
 // that follows a put still leaves on the stream after its payload landed.
 // Any refusal by the kernel (ptrace rules, other users, non-dumpable peers)
 // turns the path off for that peer and the operation goes over TCP.
-type intraLink struct {
+type Link struct {
 	*tcp.Link
 	pid    int
 	on     atomic.Bool  // the single-copy path is usable for this peer
@@ -48,44 +48,40 @@ type intraLink struct {
 	evs    linkEvents   // interprocess events of mapped put+signals (ipc_events.go)
 }
 
-// ShareOffer is link.ShareOffer: a MsgReg whose tag names the sender's
-// descriptor server (PeerReg.Share).
-const ShareOffer = link.ShareOffer
-
-func newIntraLink(p link.Peer, outs, ins []*net.TCPConn, pid int) *intraLink {
-	x := &intraLink{Link: tcp.NewLink(p, outs, ins), pid: pid}
+func New(p link.Peer, outs, ins []*net.TCPConn, pid int) *Link {
+	x := &Link{Link: tcp.NewLink(p, outs, ins), pid: pid}
 	x.on.Store(true)
 	x.mapOn.Store(true)
 	x.SetSide(x, func(l link.LaneIO) link.LaneSide { return &intraLane{x: x, l: l, p: p} })
 	return x
 }
 
-func (x *intraLink) Release() {
+func (x *Link) Release() {
 	x.Link.Release()
 	x.evs.release()
 }
 
-func (x *intraLink) Props() Props {
+func (x *Link) Props() link.Props {
 	pr := x.Link.Props()
 	if x.on.Load() {
-		pr.Name = nameIntraNode
+		pr.Name = Name
 	}
 	return pr
 }
 
 // peerPid is the peer's process, whose staging ring and stream offers are
 // mapped through /proc/<pid>/fd.
-func (x *intraLink) peerPid() int { return x.pid }
+func (x *Link) PeerPid() int { return x.pid }
 
 // PeerEvents are the link's interprocess events (ipc_events.go).
-func (x *intraLink) PeerEvents() link.Events { return &x.evs }
+func (x *Link) PeerEvents() link.Events { return &x.evs }
 
 // ipcEvents is events, for the IPC exchange.
-func (x *intraLink) ipcEvents() *linkEvents { return &x.evs }
+func (x *Link) IPCEvents() *linkEvents { return &x.evs }
 
 // WriteState: the mapped device memory path, when it moved something or
 // was turned off, then the TCP lanes under it.
-func (x *intraLink) WriteState(w io.Writer) {
+func (x *Link) WriteState(w io.Writer) {
 	if x.mapped.Load() > 0 || !x.mapOn.Load() {
 		fmt.Fprintf(w, "    mapped device memory: %d operations, usable=%v\n", x.mapped.Load(), x.mapOn.Load())
 	}
@@ -95,14 +91,14 @@ func (x *intraLink) WriteState(w io.Writer) {
 // AddStats counts the peer as an intra-node peer while the single-copy
 // path is enabled for it, and its lanes' acknowledgements (compression is
 // counted for plain TCP links only).
-func (x *intraLink) AddStats(st *Stats) {
-	if x.Props().Name == nameIntraNode {
+func (x *Link) AddStats(st *link.Stats) {
+	if x.Props().Name == Name {
 		st.IntraNodePeers++
 	}
 	x.Link.AddAcks(st)
 }
 
-func (x *intraLink) InlineMax() uint64 {
+func (x *Link) InlineMax() uint64 {
 	if x.on.Load() {
 		return intraInlineMax
 	}
@@ -110,7 +106,7 @@ func (x *intraLink) InlineMax() uint64 {
 }
 
 // takes reports whether op's payload should move beside the stream.
-func (x *intraLink) takes(op *Op) bool {
+func (x *Link) takes(op *link.Op) bool {
 	return op.Size >= intraMin && op.Remote != 0 && op.LocalCtx == 0 && x.on.Load()
 }
 
@@ -119,12 +115,12 @@ func (x *intraLink) takes(op *Op) bool {
 // the peer's ring needs only ptrace read access to it, which Yama's
 // ptrace_scope=1 leaves to siblings that process_vm_writev is refused to;
 // the ring has its own refusal.
-func (x *intraLink) Ringable(op *Op) bool {
+func (x *Link) Ringable(op *link.Op) bool {
 	return op.Size >= intraMin && (op.LocalCtx != 0 || op.Remote == 0)
 }
 
 // put writes op's payload into the peer; SideNo means "use TCP".
-func (x *intraLink) put(l *intraLane, op *Op) link.SideMove {
+func (x *Link) put(l *intraLane, op *link.Op) link.SideMove {
 	if op.Mapped != 0 {
 		if mv := x.viaMapping(l, op, true); mv != link.SideNo {
 			return mv
@@ -146,7 +142,7 @@ func (x *intraLink) put(l *intraLane, op *Op) link.SideMove {
 }
 
 // get reads op's bytes from the peer; SideNo means "use TCP".
-func (x *intraLink) get(l *intraLane, op *Op) link.SideMove {
+func (x *Link) get(l *intraLane, op *link.Op) link.SideMove {
 	if op.Mapped != 0 {
 		if mv := x.viaMapping(l, op, false); mv != link.SideNo {
 			return mv
@@ -178,7 +174,7 @@ func moved(ok bool) link.SideMove {
 // flushes with an 8-byte put to its own rank after every signal it awaits
 // for a CUDA graph without GDRCopy, and a GIN alltoall puts to its own
 // rank every round.
-func (x *intraLink) self() bool {
+func (x *Link) self() bool {
 	return x.pid == os.Getpid() && x.Peer().Rank() == x.Peer().Mesh().Rank
 }
 
@@ -187,7 +183,7 @@ func (x *intraLink) self() bool {
 // round trip through our own socket and both ends' staging: the target
 // registration is ours. SideNo (nothing moved): not such an operation, or
 // a range or copy the TCP path must refuse and report.
-func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) link.SideMove {
+func (x *Link) selfDevice(l *intraLane, op *link.Op, put bool) link.SideMove {
 	if op.Size == 0 || (op.LocalCtx == 0 && op.Remote != 0) {
 		return link.SideNo // host memory at both ends: the paths above
 	}
@@ -196,7 +192,7 @@ func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) link.SideMove {
 		return link.SideNo
 	}
 	defer pin.Release()
-	if !Span(op.Off, op.Size, size) || (ctx == 0 && op.LocalCtx == 0) {
+	if !link.Span(op.Off, op.Size, size) || (ctx == 0 && op.LocalCtx == 0) {
 		return link.SideNo
 	}
 	reg := unsafe.Add(base, op.Off) // a device address when ctx != 0, never dereferenced then
@@ -233,13 +229,13 @@ func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) link.SideMove {
 // strongly ordered registration, whose put completes once everything
 // before it landed; an owner without parts; no spare slot; a failure to
 // queue, which the synchronous copy then reports).
-func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
+func (x *Link) selfQueue(op *link.Op, put bool, reg uintptr) bool {
 	m := x.Peer().Mesh()
 	if put && x.strong(op) {
 		return false
 	}
 	acked := link.TellsTarget(op)
-	po, parts := m.Owner.(PartOwner)
+	po, parts := m.Owner.(link.PartOwner)
 	if acked && !parts {
 		return false
 	}
@@ -281,7 +277,7 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 // after the copies the batch queued before it. A failed copy turns the
 // path off for this peer and the TCP path takes the operation (the same
 // bytes again, so a partial copy does no harm).
-func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) link.SideMove {
+func (x *Link) viaMapping(l *intraLane, op *link.Op, put bool) link.SideMove {
 	if op.Size == 0 || !x.mapOn.Load() {
 		return link.SideNo
 	}
@@ -319,7 +315,7 @@ func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) link.SideMove {
 
 // mapFailed turns the mapping off for this peer after a failed copy (one
 // WARN): op and every later operation take the staged path.
-func (x *intraLink) mapFailed(op *Op, err error) link.SideMove {
+func (x *Link) mapFailed(op *link.Op, err error) link.SideMove {
 	if x.mapOn.Swap(false) {
 		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: device copy of %d bytes through the mapping of its memory failed: %v; its operations go through the staged path from now on", x.Peer().Rank(), op.Size, err)
 	}
@@ -328,13 +324,13 @@ func (x *intraLink) mapFailed(op *Op, err error) link.SideMove {
 
 // strong reports whether op's target registration is strongly ordered
 // (NCCL_NET_MR_FLAG_FORCE_SO): its puts are copied and waited for.
-func (x *intraLink) strong(op *Op) bool {
-	so, ok := x.Peer().Mesh().Owner.(StrongOwner)
+func (x *Link) strong(op *link.Op) bool {
+	so, ok := x.Peer().Mesh().Owner.(link.StrongOwner)
 	return ok && so.StronglyOrdered(op.MrID)
 }
 
 // mappedOnce counts an operation moved through a mapping; the first says so.
-func (x *intraLink) mappedOnce() {
+func (x *Link) mappedOnce() {
 	if x.mapped.Add(1) == 1 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): device operations copy straight into its mapped device memory (IPC)", x.Peer().Rank(), x.pid)
 	}
@@ -345,7 +341,7 @@ var selfWarn logx.Limited
 
 // vm copies with the kernel, using the lane's iovec scratch (the caller
 // owns the lane's stream).
-func (x *intraLink) vm(l *intraLane, op *Op, write bool) bool {
+func (x *Link) vm(l *intraLane, op *link.Op, write bool) bool {
 	done := uint64(0)
 	for done < op.Size {
 		l.liov[0].Base = (*byte)(unsafe.Add(op.Local, done))
@@ -379,11 +375,3 @@ func (x *intraLink) vm(l *intraLane, op *Op, write bool) bool {
 // addrPtr turns an address in this process into a pointer without tripping
 // vet's uintptr check; the memory is C memory registered by the caller.
 func addrPtr(a uint64) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&a)) }
-
-// addOffset advances a pointer into registered memory.
-func addOffset(ptr unsafe.Pointer, off uint64) unsafe.Pointer {
-	if ptr == nil {
-		return nil
-	}
-	return unsafe.Add(ptr, off)
-}

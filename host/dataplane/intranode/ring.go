@@ -1,4 +1,4 @@
-package dataplane
+package intranode
 
 import (
 	"sync/atomic"
@@ -19,10 +19,6 @@ import (
 // order with everything else, and the target applies the signal only after
 // its last copy completed.
 
-// StatusRing is link.StatusRing: a put header whose payload is in the
-// ring.
-const StatusRing = link.StatusRing
-
 // The sending lane's ring state, kept by whoever holds the stream.
 const (
 	ringUnknown = iota // not tried yet
@@ -35,7 +31,7 @@ const (
 // its shared-memory stream (stream.go). It reaches the lane only through
 // LaneIO.
 type intraLane struct {
-	x *intraLink
+	x *Link
 	l link.LaneIO
 	p link.Peer
 	laneRing
@@ -44,9 +40,9 @@ type intraLane struct {
 	riov [1]unix.RemoteIovec // (vm)
 }
 
-// Put and get move op's payload beside the stream (intraLink.Put, get).
-func (x *intraLane) Put(op *Op) link.SideMove { return x.x.put(x, op) }
-func (x *intraLane) Get(op *Op) link.SideMove { return x.x.get(x, op) }
+// Put and get move op's payload beside the stream (Link.Put, get).
+func (x *intraLane) Put(op *link.Op) link.SideMove { return x.x.put(x, op) }
+func (x *intraLane) Get(op *link.Op) link.SideMove { return x.x.get(x, op) }
 
 // Release frees the lane's ring and shared-memory stream once its
 // goroutines ended.
@@ -116,7 +112,7 @@ func (x *intraLane) RingRefused() {
 
 // RingSend moves op's payload through the ring; its header (wire.StatusRing) is
 // on the stream already.
-func (x *intraLane) RingSend(op *Op) error {
+func (x *intraLane) RingSend(op *link.Op) error {
 	k, err := x.ring.Load().Send(x.ringFilled, op.LocalCtx, op.Local, op.Size, x.l)
 	if err == nil {
 		x.ringFilled = k
@@ -136,9 +132,9 @@ var attachHook func() error
 
 // AttachRing maps the staging ring the peer offered on one of its lanes
 // (SidePath) into rx.
-func (x *intraLink) AttachRing(rx *staging.Receiver, h *wire.Header) error {
+func (x *Link) AttachRing(rx *staging.Receiver, h *wire.Header) error {
 	if attachHook != nil {
 		return attachHook()
 	}
-	return rx.Attach(x.peerPid(), staging.Offer{FD: h.Off, Size: h.Size, Slots: h.Context, Chunk: h.SigValue})
+	return rx.Attach(x.PeerPid(), staging.Offer{FD: h.Off, Size: h.Size, Slots: h.Context, Chunk: h.SigValue})
 }
