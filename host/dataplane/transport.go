@@ -7,23 +7,23 @@ import (
 )
 
 // The transport seam. The transports are layers, not alternatives: every
-// peer has a tcpLink, and TCP is its control plane and its fallback.
+// peer has a tcp.Link, and TCP is its control plane and its fallback.
 // A peer (peer.go) is everything that does not depend on how bytes move:
 // sequence numbers and striping over lanes, the target-side orderer that
 // keeps signals strong, completions and failures reported to the Owner,
 // and the teardown (Drain, goodbyes, markDead). It hands each operation to
 // the transport Connect chose for that peer (chooseTransport):
 //
-//   - tcpLink (tcp_*.go): Lanes streams, the 64-byte header protocol of
+//   - tcp.Link (host/dataplane/tcp): Lanes streams, the 64-byte header protocol of
 //     host/wire, device memory staged through host buffers
 //     (host/devmem/staging), compression (host/codec). Registrations,
 //     goodbyes, replies and anything the layers above decline ride it.
-//   - intraLink (intranode.go) embeds *tcpLink and takes over large host
+//   - intranode.Link (host/dataplane/intranode) embeds *tcp.Link and takes over large host
 //     payloads to a peer on this host with process_vm_writev/readv, and
-//     device payloads through a shared staging ring (ring.go); the stream
+//     device payloads through a shared staging ring; the stream
 //     still carries everything else, in order, so a signal follows its
 //     payload.
-//   - fabricLink (fabric_*.go) embeds *tcpLink and takes over the payload
+//   - fabricLink (fabric_*.go) embeds *tcp.Link and takes over the payload
 //     over libfabric: writes and reads on one or more rails, a signal as
 //     write data or a message behind the payload on the same ordered
 //     endpoint, a completion goroutine per rail, and the target side on
