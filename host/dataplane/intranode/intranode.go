@@ -69,14 +69,14 @@ func (x *Link) Props() link.Props {
 	return pr
 }
 
-// peerPid is the peer's process, whose staging ring and stream offers are
+// PeerPid is the peer's process, whose staging ring and stream offers are
 // mapped through /proc/<pid>/fd.
 func (x *Link) PeerPid() int { return x.pid }
 
 // PeerEvents are the link's interprocess events (ipc_events.go).
 func (x *Link) PeerEvents() link.Events { return &x.evs }
 
-// ipcEvents is events, for the IPC exchange.
+// IPCEvents are the link's events, for the mesh's IPC exchange.
 func (x *Link) IPCEvents() *linkEvents { return &x.evs }
 
 // WriteState: the mapped device memory path, when it moved something or

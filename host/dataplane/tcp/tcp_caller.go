@@ -568,7 +568,7 @@ type ShmIn interface {
 	Close() error
 }
 
-// AttachStream answers a lane's offer: map its ring and read the stream
+// attachStream answers a lane's offer: map its ring and read the stream
 // from there, or refuse on the reply stream (the sender keeps the socket).
 // The offer must be the last byte the socket carries.
 func (t *Link) attachStream(r *inReader, h *wire.Header) error {

@@ -128,7 +128,7 @@ func (l *lane) writevFD(fd uintptr) {
 	}
 }
 
-// StreamWriter is what staging writes a device payload to: the lane's
+// streamWriter is what staging writes a device payload to: the lane's
 // shared-memory stream when it has one, else the socket.
 func (l *lane) streamWriter() io.Writer {
 	if l.ix != nil {

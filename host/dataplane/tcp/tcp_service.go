@@ -591,7 +591,7 @@ func (t *Link) reply(in *net.TCPConn, typ uint8, req *wire.Header, status abi.Re
 	return nil
 }
 
-// AttachRing answers the sender's offer: map the ring and say so in it, or
+// attachRing answers the sender's offer: map the ring and say so in it, or
 // refuse on the reply stream (the sender then uses the stream).
 func (t *Link) attachRing(in *net.TCPConn, rx *staging.Receiver, h *wire.Header, resp []byte) error {
 	p := t.p
