@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -32,13 +33,13 @@ import (
 // initiator waits for its put to complete. With the re-arm removed
 // (skipRearm; RMAW_NEGATIVE_CONTROL=rearm) the put never completes.
 func TestStrandedAck(t *testing.T) {
-	skipBackstop.Store(true)
-	t.Cleanup(func() { skipBackstop.Store(false) })
+	tcp.SkipBackstop().Store(true)
+	t.Cleanup(func() { tcp.SkipBackstop().Store(false) })
 	if os.Getenv("RMAW_NEGATIVE_CONTROL") == "rearm" {
 		// The soak's negative control (make soak-negative): the re-arm
 		// removed, this test must fail.
-		skipRearm.Store(true)
-		t.Cleanup(func() { skipRearm.Store(false) })
+		tcp.SkipRearm().Store(true)
+		t.Cleanup(func() { tcp.SkipRearm().Store(false) })
 	}
 	for _, intra := range []bool{false, true} {
 		for _, holder := range []string{"writer", "lone"} {
@@ -70,18 +71,18 @@ func strandRound(t *testing.T, intra, lone bool, round int) bool {
 	copy(owners[0].mem[64:128], src) // what rank 1 gets (before the meshes exist: no race)
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 2, StripeThreshold: 1 << 20})
 	tl := tcpOf(t, ms[1], 0)
-	var hold atomic.Pointer[lane]
-	hook := func(l *lane) {
+	var hold atomic.Pointer[tcp.Lane]
+	hook := func(l *tcp.Lane) {
 		if hold.Load() == l {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
-	letGoHook.Store(&hook)
-	defer letGoHook.Store(nil)
-	held := func(l *lane) bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return l.writing
+	tcp.LetGoHook().Store(&hook)
+	defer tcp.LetGoHook().Store(nil)
+	held := func(l *tcp.Lane) bool {
+		l.Mu().Lock()
+		defer l.Mu().Unlock()
+		return *l.Writing()
 	}
 	waitFor := func(what string, cond func() bool) {
 		for deadline := time.Now().Add(10 * time.Second); !cond(); runtime.Gosched() {
@@ -99,7 +100,7 @@ func strandRound(t *testing.T, intra, lone bool, round int) bool {
 			SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)
 		ms[0].Flush(1)
 	}
-	l0, l1 := tl.lanes[0], tl.lanes[1]
+	l0, l1 := tl.Lanes()[0], tl.Lanes()[1]
 	if lone {
 		// A get on lane 0 opens it (the acker writes alone on the first
 		// open lane) and counts as a batch: the next put's ack is held.
@@ -114,30 +115,30 @@ func strandRound(t *testing.T, intra, lone bool, round int) bool {
 		waitFor("the first put's ack written alone", func() bool { _, ok := owners[0].status(10); return ok && held(l0) })
 		// A batch of lane 1 (the writer goroutine, which lets go at
 		// once): the next put's ack is held for the lanes too.
-		b := l1.batches.Load()
+		b := l1.Batches().Load()
 		get(2, 1)
-		waitFor("lane 1's batch", func() bool { return l1.batches.Load() > b && !held(l1) })
+		waitFor("lane 1's batch", func() bool { return l1.Batches().Load() > b && !held(l1) })
 	} else {
 		// Lane 0's writer writes a get (the send timer wakes it: no
 		// Flush) and holds the stream.
 		hold.Store(l0)
 		get(2, 0)
-		waitFor("lane 0's writer holding its stream", func() bool { return held(l0) && l0.batches.Load() > 0 })
+		waitFor("lane 0's writer holding its stream", func() bool { return held(l0) && l0.Batches().Load() > 0 })
 	}
 	// Every other ack of rank 1 delivered and its timer spent, so that no
 	// timer but the one of the put below can run into the window.
 	waitFor("rank 1's acks quiet", func() bool {
-		for _, a := range tl.acks {
-			a.tmu.Lock()
-			armed := a.armed
-			a.tmu.Unlock()
-			if armed || a.owed() != 0 {
+		for _, a := range tl.Acks() {
+			a.Tmu().Lock()
+			armed := *a.Armed()
+			a.Tmu().Unlock()
+			if armed || a.Owed() != 0 {
 				return false
 			}
 		}
 		return true
 	})
-	deferred := tl.ackDeferred.Load()
+	deferred := tl.AckDeferred().Load()
 	// The put lands while the stream is held; from here on nobody calls
 	// the plugin, and the put completes only if letting go re-armed its ack.
 	put(11, 256)
@@ -156,7 +157,7 @@ func strandRound(t *testing.T, intra, lone bool, round int) bool {
 	if string(owners[1].mem[256:320]) != string(src) || string(dsts[getLane]) != string(src) {
 		t.Fatal("the put's or the get's bytes differ")
 	}
-	return tl.ackDeferred.Load() > deferred
+	return tl.AckDeferred().Load() > deferred
 }
 
 // TestAckBackstop: the target's normal paths lose an ack (its acker's
@@ -172,11 +173,11 @@ func TestAckBackstop(t *testing.T) {
 			ms, os, src := heldAckPair(t, intra, 3)
 			// The acker's timer is lost: armed as far as arm can tell, and
 			// stopped. No test() runs at rank 1 either.
-			a := tcpOf(t, ms[1], 0).acks[0]
-			a.tmu.Lock()
-			a.armed = true
-			a.timer.Stop()
-			a.tmu.Unlock()
+			a := tcpOf(t, ms[1], 0).Acks()[0]
+			a.Tmu().Lock()
+			*a.Armed() = true
+			a.Timer().Stop()
+			a.Tmu().Unlock()
 			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128,
 				SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)
 			ms[0].Flush(1)
@@ -240,24 +241,24 @@ func flushUntilDone(t *testing.T, ms []*Mesh, o *memOwner, tag uint64, what stri
 // stopped peer's kernel still acknowledges) would prevent.
 func TestBackstopGivesUp(t *testing.T) {
 	ms, os, src := heldAckPair(t, false, 5)
-	a := tcpOf(t, ms[1], 0).acks[0]
-	a.hold.Store(true)
-	defer a.hold.Store(false)
+	a := tcpOf(t, ms[1], 0).Acks()[0]
+	a.Hold().Store(true)
+	defer a.Hold().Store(false)
 	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128,
 		SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)
 	ms[0].Flush(1)
 	waitWord(t, os[1], 0, 1, nil)
-	l := tcpOf(t, ms[0], 1).lanes[0]
+	l := tcpOf(t, ms[0], 1).Lanes()[0]
 	waitUntil(t, "the backstop's last ask", func() bool {
 		ms[0].Flush(1) // the proxy's test()
-		return l.bsAsks.Load() >= backstopAsks
+		return l.BsAsks().Load() >= tcp.BackstopAsks
 	})
 	// As long again as the three asks took, and more: no fourth.
-	for deadline := time.Now().Add(8 * time.Duration(l.backstopBound())); time.Now().Before(deadline); time.Sleep(100 * time.Microsecond) {
+	for deadline := time.Now().Add(8 * time.Duration(l.BackstopBound())); time.Now().Before(deadline); time.Sleep(100 * time.Microsecond) {
 		ms[0].Flush(1)
 	}
-	if n := l.bsAsks.Load(); n != backstopAsks {
-		t.Fatalf("the backstop asked %d times, want %d", n, backstopAsks)
+	if n := l.BsAsks().Load(); n != tcp.BackstopAsks {
+		t.Fatalf("the backstop asked %d times, want %d", n, tcp.BackstopAsks)
 	}
 	if _, ok := os[0].status(2); ok {
 		t.Fatal("the put completed although the target acknowledged nothing")

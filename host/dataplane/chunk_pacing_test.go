@@ -9,6 +9,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec/codectest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -65,8 +66,8 @@ func TestPlanChunk(t *testing.T) {
 		time.Sleep(100 * time.Microsecond)
 	}
 	used := 0
-	for _, l := range m.peers[1].t.(*tcpLink).lanes {
-		if l.pendingPuts() == 0 && l.p.seq > 0 {
+	for _, l := range m.peers[1].t.(*tcp.Link).Lanes() {
+		if l.PendingPuts() == 0 && m.peers[1].seq > 0 {
 			used++
 		}
 	}

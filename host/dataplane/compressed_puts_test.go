@@ -16,6 +16,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec/codectest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -135,9 +136,9 @@ func TestHostileCompressedFrames(t *testing.T) {
 			_, mem, intact := codectest.Guarded(8192)
 			owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: mem, done: map[uint64]abi.Result{}}}
 			ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second})
-			l := ms[0].peers[1].t.(*tcpLink).lanes[0]
-			l.awaitPuts([]uint64{1}, nil) // the target acknowledges (or rejects) it like any put
-			if _, err := l.out.Write(c.wire); err != nil {
+			l := ms[0].peers[1].t.(*tcp.Link).Lanes()[0]
+			l.AwaitPuts([]uint64{1}, nil) // the target acknowledges (or rejects) it like any put
+			if _, err := l.Out().Write(c.wire); err != nil {
 				t.Fatal(err)
 			}
 			// A good compressed put behind it, on the same stream.

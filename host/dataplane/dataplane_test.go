@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -302,7 +303,7 @@ func TestServiceSurvivesGarbage(t *testing.T) {
 		binary.LittleEndian.PutUint32(b[4:], uint32(next()%3))
 		binary.LittleEndian.PutUint64(b[24:], next()%512)
 		binary.LittleEndian.PutUint64(b[56:], next()%4)
-		if _, err := ms[0].peers[1].t.(*tcpLink).lanes[0].out.Write(b[:]); err != nil {
+		if _, err := ms[0].peers[1].t.(*tcp.Link).Lanes()[0].Out().Write(b[:]); err != nil {
 			t.Fatal(err)
 		}
 		// Close queues a goodbye behind the garbage on the same stream and

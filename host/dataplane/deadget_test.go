@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 )
 
 // TestGetRecordedAfterDeath: a writer that records a get after the peer
@@ -15,9 +16,9 @@ func TestGetRecordedAfterDeath(t *testing.T) {
 	ms, os := mesh2(t, false)
 	p := ms[0].peers[1]
 	p.markDead(errors.New("test: the peer died"))
-	l := p.t.(*tcpLink).lanes[0]
-	l.pushGet(getEntry{tag: 77, size: 8})
-	if n := l.pendingGets(); n != 0 {
+	l := p.t.(*tcp.Link).Lanes()[0]
+	l.PushGet(77, 8)
+	if n := l.PendingGets(); n != 0 {
 		t.Fatalf("%d gets wait for a dead peer's reply", n)
 	}
 	if st, ok := os[0].status(77); !ok || st != abi.RemoteError {

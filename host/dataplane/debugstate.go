@@ -13,8 +13,8 @@ import (
 func (m *Mesh) WriteState(w io.Writer) {
 	fmt.Fprintf(w, "=== NET/wasm mesh of rank %d: %d peers\n", m.rank, len(m.peers))
 	for i, p := range m.peers {
-		name := p.t.props().Name
-		fmt.Fprintf(w, "  rank %d: %s dead=%v opened=%#x down=%#x idle=%v\n", i, name, p.dead.Load(), p.opened.Load(), p.down.Load(), p.t.idle())
-		p.t.writeState(w)
+		name := p.t.Props().Name
+		fmt.Fprintf(w, "  rank %d: %s dead=%v opened=%#x down=%#x idle=%v\n", i, name, p.dead.Load(), p.opened.Load(), p.down.Load(), p.t.Idle())
+		p.t.WriteState(w)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -14,7 +15,7 @@ import (
 // left queued.
 func TestWriteState(t *testing.T) {
 	os := newOwners(2, 4096)
-	setDelays(t, time.Hour, sendDelay, holdDelay)
+	setDelays(t, time.Hour, tcp.SendDelay(), tcp.HoldDelay())
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 1})
 	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Size: 0, Off: 64}, true, 0)
 	var b strings.Builder

@@ -17,43 +17,30 @@
 //   - mesh.go: Options, Connect, the transport choice, Stats, Post and
 //     flushing, Drain and Close.
 //   - tcp_connect.go: dialing and accepting every peer's lane 0.
-//   - lazy.go: a further lane, opened when first used; the peer's mesh
-//     takes it from its listener.
+//   - lazy.go: a further lane, opened when first used (the lane's half is
+//     tcp's lazy.go); the peer's mesh takes it from its listener.
 //   - peers.go: a peer list (Options.Peers): ranks not connected.
 //   - fabric_setup.go: the listener's endpoint handed to the mesh, rails
 //     opened and exchanged, fabric links made and started.
 //   - fabric_rails.go: further rails, one endpoint per NIC.
 //
 // Data path:
-//   - transport.go: the transport interface and Props.
+//   - transport.go: the transport seam (link.Transport, host/dataplane/link).
 //   - peer.go: lanes, sequence numbers and striping; completions, failures.
 //   - order.go: a put landed, its signal resolved and ordered
 //     (host/seqorder keeps signals strong).
-//   - tcp_lane.go: the TCP link and its lanes (its FIFOs are host/ring's),
-//     and the side path interfaces (sidePath, laneSide) the intra-node
-//     transport answers.
-//   - tcp_queue.go: a lane's queue and timers, and who holds its stream.
-//   - tcp_batch.go: the batch writer, one operation at a time.
-//   - tcp_acks.go: the acks we owe and carry, the asks for the peer's,
-//     the liveness backstop, and the FIFO of our puts they complete.
-//   - tcp_rawio.go: a lane's raw writes (writev, the shared-memory
-//     stream) and its device payloads gathered.
-//   - tcp_replies.go: the gets a lane awaits and its reply reader.
-//   - tcp_state.go: a TCP link's stall report and counters.
-//   - intranode.go: process_vm_writev/readv to a peer on this host.
-//   - ring.go: a lane's intra-node side (intraLane) and its staging ring.
-//   - stream.go: intra-node request streams through shared-memory rings
-//     (host/shmstream), switched to in-band: the lane's writer and the
-//     mapping of the peer's offer (sidePath.attachStream).
-//   - tcp_caller.go: an incoming stream's reader, served by the caller's
-//     thread or the service, from the socket or a shared-memory stream.
-//   - ipc_events.go: interprocess events of mapped put+signals, and the
-//     IPC exchange host/plugin's share.go makes with them.
+//   - peer_link.go: the peer as its transport sees it (link.Peer).
+//   - aliases.go: the contract's names (Op, Owner, Pin, ...) kept here.
+//   - ipc.go: the IPC exchange host/plugin's share.go makes with the
+//     intra-node links' interprocess events.
+//   - The transports are packages of their own: host/dataplane/tcp (the
+//     TCP link, its lanes, service, acks and failover) and
+//     host/dataplane/intranode (process_vm_writev/readv, the staging
+//     ring, shared-memory streams, interprocess events).
 //   - fabric_link.go: libfabric writes, reads and signals to one peer.
 //   - fabric_dev.go: device memory staged over TCP beside a fabric link.
 //
 // Target service:
-//   - tcp_service.go: landing puts, applying signals, serving gets.
 //   - fabric_ep.go: what the endpoint's completions mean: our operations
 //     done, the target side of libfabric writes, signals and messages.
 //
@@ -62,7 +49,6 @@
 //     endpoint's table: endpoint.Regs).
 //
 // Teardown and watchdog:
-//   - tcp_failover.go: a failed TCP lane's work moved to the others.
 //   - fabric_pid.go: a local shm peer's exit noticed (host/procid's pidfd
 //     watch) before a post could spin on its lock.
 //   - watchdog.go: peers whose streams stopped moving are failed.

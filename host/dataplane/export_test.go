@@ -1,5 +1,12 @@
 package dataplane
 
+import (
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
+)
+
 // Test-only read-outs of the mesh.
 
 // Parts is how many completions the runtime must expect for an operation:
@@ -13,5 +20,8 @@ func (m *Mesh) PeerParts(peer int, kind uint8, size uint64) int {
 	return m.OpParts(peer, &Op{Msg: kind, Size: size})
 }
 
-// intra is an intra-node lane's side (ring.go, stream.go).
-func (l *lane) intra() *intraLane { return l.ix.(*intraLane) }
+// intraOf is an intra-node lane's side (ring.go, stream.go).
+func intraOf(l *tcp.Lane) *intranode.Lane { return l.Side().(*intranode.Lane) }
+
+// addrPtr turns an address in this process into a pointer.
+func addrPtr(a uint64) unsafe.Pointer { return intranode.AddrPtr(a) }

@@ -83,7 +83,7 @@ func (f *fabricLink) takeAck() uint64 {
 		if f.ackWant.Load() <= sent {
 			return 0
 		}
-		passed := f.p.order.Next() - 1
+		passed := f.Peer().Order().Next() - 1
 		if passed <= sent {
 			return 0
 		}
@@ -128,9 +128,9 @@ func (e *fabEP) acked(l *fabricLink, n uint64) {
 		return
 	}
 	if a := l.acked.Add(n); a > l.seq.Load() || a < n {
-		err := fmt.Errorf("protocol violation by rank %d: it acknowledged %d of our sequence numbers, we sent %d", l.p.rank, a, l.seq.Load())
+		err := fmt.Errorf("protocol violation by rank %d: it acknowledged %d of our sequence numbers, we sent %d", l.Peer().Rank(), a, l.seq.Load())
 		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
-		go l.p.markDead(err)
+		go l.Peer().MarkDead(err)
 		return
 	}
 	e.popAcked(l)
@@ -211,7 +211,7 @@ func (e *fabEP) sendAcks() {
 	for _, a := range e.acking {
 		// A peer we are leaving gets its acknowledgement at once: our
 		// goodbye may end the pair before another poll.
-		if a.l.p.dead.Load() || a.l.ackOwed(e.rail, msgs && (e.polls-a.at >= ackPolls || a.l.p.closing.Load())) {
+		if a.l.Peer().Dead() || a.l.ackOwed(e.rail, msgs && (e.polls-a.at >= ackPolls || a.l.Peer().Closing())) {
 			continue
 		}
 		e.acking[k] = a
@@ -235,7 +235,7 @@ func (l *fabricLink) ackOwed(rail int, send bool) bool {
 	if !send {
 		return false
 	}
-	passed := l.p.order.Next() - 1
+	passed := l.Peer().Order().Next() - 1
 	if passed <= sent || !l.ackSent.CompareAndSwap(sent, passed) {
 		return false // an earlier number is still missing, or a put took some
 	}
@@ -260,7 +260,7 @@ func (l *fabricLink) flushAck(rail int) bool {
 		if sent >= l.ackWant.Load() {
 			return true
 		}
-		passed := l.p.order.Next() - 1
+		passed := l.Peer().Order().Next() - 1
 		if passed <= sent {
 			return false
 		}

@@ -67,11 +67,11 @@ func (f *fabricLink) postStaged(pd *fabPend) error {
 	if put && !f.win.Fits(pd.seq) {
 		return fabric.ErrAgain
 	}
-	lane := pd.lane % len(f.lanes)
+	lane := pd.lane % f.LaneCount()
 	f.smu.Lock()
 	defer f.smu.Unlock()
 	if f.sput == nil {
-		f.sput, f.srecs = make([]uint64, len(f.lanes)), make([][]stagedRec, len(f.lanes))
+		f.sput, f.srecs = make([]uint64, f.LaneCount()), make([][]stagedRec, f.LaneCount())
 	}
 	op.Seq = 0
 	if put {
@@ -80,7 +80,7 @@ func (f *fabricLink) postStaged(pd *fabPend) error {
 		f.srecs[lane] = append(f.srecs[lane], stagedRec{n: f.sput[lane], seq: pd.seq})
 		f.staging.Add(1)
 	}
-	f.tcpLink.submit(lane, op, false)
+	f.Link.Submit(lane, op, false)
 	return nil
 }
 
@@ -96,7 +96,7 @@ func (f *fabricLink) reapStaged() {
 		if len(recs) == 0 {
 			continue
 		}
-		acked := f.lanes[i].acked()
+		acked := f.Acked(i)
 		k := 0
 		for k < len(recs) && recs[k].n <= acked {
 			f.win.Complete(recs[k].seq)
@@ -117,11 +117,4 @@ func (f *fabricLink) dropStaged() {
 	}
 	f.staging.Store(0)
 	f.smu.Unlock()
-}
-
-// acked is how many puts of this stream the target acknowledged.
-func (l *lane) acked() uint64 {
-	l.amu.Lock()
-	defer l.amu.Unlock()
-	return l.pAcked
 }

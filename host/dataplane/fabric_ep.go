@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
@@ -26,11 +27,11 @@ import (
 const fabSigKnown = 4
 
 // Slot states, in the low two bits of fabSlot.state; the bits above hold
-// the owning peer's rank, so failAll claims only its own peer's slots.
+// the owning peer's rank, so FailAll claims only its own peer's slots.
 const (
 	slotFree   = 0
 	slotPosted = 1
-	slotFailed = 2 // failed by failAll; the late completion frees it
+	slotFailed = 2 // failed by FailAll; the late completion frees it
 )
 
 type fabSlot struct {
@@ -44,7 +45,7 @@ type fabSlot struct {
 	sig bool
 	// ctl: a control message (an acknowledgement, a verdict, a goodbye or
 	// its acknowledgement), not an operation: a peer that leaves before
-	// its send completion was reaped has lost nothing (fabricLink.awaiting).
+	// its send completion was reaped has lost nothing (fabricLink.Awaiting).
 	ctl bool
 	got uint8 // sigSent | sigVerdict
 	vst abi.Result
@@ -261,19 +262,19 @@ func (e *fabEP) Completion(c *fabric.Completion) {
 // earlier number landed. The payload is in place before the provider
 // reports the CQ data.
 func (e *fabEP) wrote(l *fabricLink, d endpoint.CQData) {
-	p := l.p
-	seq := p.order.Unwrap(d.Seq, d.Bits)
+	p := l.Peer()
+	seq := p.Order().Unwrap(d.Seq, d.Bits)
 	if !d.Sig {
-		if err := p.landed(seq, sigRef{}, 0); err != nil {
-			go p.markDead(err)
+		if err := p.Landed(seq, sigRef{}, 0); err != nil {
+			go p.MarkDead(err)
 		}
 		return
 	}
 	e.acked(l, d.Ack)
 	e.wantAck(l, seq) // the sender completes the write on our acknowledgement
-	sig, add, status := p.signalTarget(d.SigID, d.SigOff, abi.SignalOpInc, 1)
-	if err := p.landed(seq, sig, add); err != nil {
-		go p.markDead(err)
+	sig, add, status := p.SignalTarget(d.SigID, d.SigOff, abi.SignalOpInc, 1)
+	if err := p.Landed(seq, sig, add); err != nil {
+		go p.MarkDead(err)
 		return
 	}
 	if status != abi.Success {
@@ -325,11 +326,11 @@ func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 		l.done(s)
 		e.Put(idx)
 		if err != nil {
-			logx.Warn(abi.SubsysNet, "NET/wasm: operation to rank %d: %v", l.p.rank, err)
-			l.p.m.owner.PeerFailed(l.p.rank, fmt.Errorf("%w: operation to rank %d failed: %v", ErrPeerGone, l.p.rank, err))
+			logx.Warn(abi.SubsysNet, "NET/wasm: operation to rank %d: %v", l.Peer().Rank(), err)
+			l.Peer().Mesh().Owner.PeerFailed(l.Peer().Rank(), fmt.Errorf("%w: operation to rank %d failed: %v", ErrPeerGone, l.Peer().Rank(), err))
 		}
 		if tag != 0 {
-			l.p.m.owner.Complete(tag, status)
+			l.Peer().Mesh().Owner.Complete(tag, status)
 		}
 	case v&3 == slotFailed && s.state.CompareAndSwap(v, slotFree):
 		s.link, s.sig, s.got, s.vst = nil, false, 0, abi.Success
@@ -346,7 +347,7 @@ func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
 		if word>>48 == endpoint.NoSlot {
 			how = " carried in CQ data (its request completed on arrival)"
 		}
-		l.p.m.owner.PeerFailed(l.p.rank, fmt.Errorf("rank %d rejected a signal%s (sequence number %d): %v", l.p.rank, how, word&endpoint.SeqMask, status))
+		l.Peer().Mesh().Owner.PeerFailed(l.Peer().Rank(), fmt.Errorf("rank %d rejected a signal%s (sequence number %d): %v", l.Peer().Rank(), how, word&endpoint.SeqMask, status))
 	}
 	idx := uint32(word >> 48)
 	if idx >= endpoint.Slots {
@@ -414,7 +415,7 @@ func (e *fabEP) sendOwed() {
 func (e *fabEP) sendVerdicts() {
 	k := 0
 	for _, v := range e.verdicts {
-		if !v.link.p.dead.Load() && !v.link.sendVerdict(e.rail, v.word, v.status) {
+		if !v.link.Peer().Dead() && !v.link.sendVerdict(e.rail, v.word, v.status) {
 			e.verdicts[k] = v
 			k++
 		}
@@ -442,32 +443,32 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 		return
 	}
 	l.heard.Add(1)
-	p := l.p
+	p := l.Peer()
 	seq := h.Word & endpoint.SeqMask
 	switch h.Type {
 	case endpoint.MsgSignal:
-		sig, add, status := p.signalTarget(h.SigMrID, h.SigOff, h.Op, h.SigValue)
-		if err := p.landed(seq, sig, add); err != nil {
-			go p.markDead(err)
+		sig, add, status := p.SignalTarget(h.SigMrID, h.SigOff, h.Op, h.SigValue)
+		if err := p.Landed(seq, sig, add); err != nil {
+			go p.MarkDead(err)
 			return
 		}
 		// The initiator's request completes on this verdict: with the
 		// rejection's code when the word is not a valid signal target.
 		e.queueVerdict(l, h.Word, status)
 	case endpoint.MsgPutSignal:
-		status, err := p.inlinePut(&h, m)
+		status, err := inlinePut(p, &h, m)
 		if err != nil {
-			logx.Warn(abi.SubsysNet, "NET/wasm: protocol violation by rank %d: %v; dropping its connections", p.rank, err)
-			go p.markDead(err)
+			logx.Warn(abi.SubsysNet, "NET/wasm: protocol violation by rank %d: %v; dropping its connections", p.Rank(), err)
+			go p.MarkDead(err)
 			return
 		}
 		var sig sigRef
 		var add uint64
 		if status == abi.Success {
-			sig, add, status = p.signalTarget(h.SigMrID, h.SigOff, h.Op, h.SigValue)
+			sig, add, status = p.SignalTarget(h.SigMrID, h.SigOff, h.Op, h.SigValue)
 		}
-		if err := p.landed(seq, sig, add); err != nil {
-			go p.markDead(err)
+		if err := p.Landed(seq, sig, add); err != nil {
+			go p.MarkDead(err)
 			return
 		}
 		e.queueVerdict(l, h.Word, status)
@@ -480,16 +481,16 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 		l.acksIn.Add(1)
 		e.acked(l, h.Word&endpoint.SeqMask)
 	case endpoint.MsgBye:
-		p.peerBye.Store(true)
-		if err := p.landed(seq, sigRef{}, 0); err != nil {
-			go p.markDead(err)
+		p.SeeBye()
+		if err := p.Landed(seq, sigRef{}, 0); err != nil {
+			go p.MarkDead(err)
 			return
 		}
 		e.byeMu.Lock()
 		e.byes = append(e.byes, fabBye{l, seq})
 		e.byeMu.Unlock()
 	case endpoint.MsgByeAck:
-		p.ackBye()
+		p.AckBye()
 	}
 }
 
@@ -497,7 +498,7 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 // registration. status is what its verdict reports (a range outside the
 // registration, or device memory, which senders never inline, is
 // rejected); err is a malformed message, which drops the peer.
-func (p *peer) inlinePut(h *endpoint.Msg, m []byte) (abi.Result, error) {
+func inlinePut(p link.Peer, h *endpoint.Msg, m []byte) (abi.Result, error) {
 	if len(m) < endpoint.PutSigHdr {
 		return 0, fmt.Errorf("inline put of %d bytes is shorter than its %d-byte header", len(m), endpoint.PutSigHdr)
 	}
@@ -508,7 +509,7 @@ func (p *peer) inlinePut(h *endpoint.Msg, m []byte) (abi.Result, error) {
 	if size == 0 {
 		return abi.Success, nil // a signal alone, or its payload was written
 	}
-	base, rsize, ctx, pin, ok := p.m.owner.Resolve(id)
+	base, rsize, ctx, pin, ok := p.Mesh().Owner.Resolve(id)
 	defer pin.Release()
 	if !ok || !Span(off, size, rsize) || ctx != 0 {
 		return abi.InvalidArgument, nil
@@ -524,7 +525,7 @@ func (e *fabEP) checkByes() {
 	k := 0
 	for _, b := range e.byes {
 		// Acknowledgements the peer awaits go first (fabric_ack.go).
-		if !b.link.p.order.Passed(b.seq) || !b.link.flushAck(e.rail) || !b.link.control(e.rail, endpoint.MsgByeAck, 0) {
+		if !b.link.Peer().Order().Passed(b.seq) || !b.link.flushAck(e.rail) || !b.link.control(e.rail, endpoint.MsgByeAck, 0) {
 			e.byes[k] = b
 			k++
 		}

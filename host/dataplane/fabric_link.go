@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
@@ -39,7 +41,7 @@ const fabSeqWindow = 1 << 16
 // so a signal is still applied only after every earlier write of that
 // peer landed, on whichever rail.
 type fabricLink struct {
-	*tcpLink
+	*tcp.Link
 	e     *fabEP    // rail 0's endpoint (the listener's)
 	rails []fabRail // at least one
 
@@ -127,16 +129,16 @@ type fabPend struct {
 	cqsig       bool // a small put with signal: one write, the signal in its CQ data
 }
 
-// wholeOp: with one rail every lane posts on the same endpoint, so an op
+// WholeOp: with one rail every lane posts on the same endpoint, so an op
 // is cut only when the backend's plan asked for a chunk size or it is
 // staged over the TCP lanes (device memory).
-func (f *fabricLink) wholeOp(op Op) bool {
+func (f *fabricLink) WholeOp(op Op) bool {
 	return len(f.rails) == 1 && op.Chunk == 0 && !f.staged(&op)
 }
 
-// signalApart: the write and the signal message complete apart, unless the
+// SignalApart: the write and the signal message complete apart, unless the
 // op is staged over TCP or inline (one message either way).
-func (f *fabricLink) signalApart(op Op) bool {
+func (f *fabricLink) SignalApart(op Op) bool {
 	return op.Msg == wire.MsgPutSignal && op.Size > 0 && !f.staged(&op) && !f.inlined(&op)
 }
 
@@ -159,7 +161,7 @@ func (f *fabricLink) inlined(op *Op) bool {
 // accepted before (so a rejection, which has no verdict to ride on here,
 // means only that the registration went since), and a known key.
 func (f *fabricLink) cqSignal(op *Op, rail int) bool {
-	if !f.e.cq.SigCQ || f.p.m.localComp {
+	if !f.e.cq.SigCQ || f.Peer().Mesh().LocalCompletion {
 		return false
 	}
 	if op.SigOp != abi.SignalOpInc && (op.SigOp != abi.SignalOpAdd || op.SigValue != 1) {
@@ -212,9 +214,9 @@ func (f *fabricLink) forgetSignals(id uint32) {
 	}
 }
 
-func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
+func newFabricLink(p link.Peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
 	e := rails[0].e
-	f := &fabricLink{tcpLink: newTCPLink(p, outs, ins), e: e, rails: rails, piggy: make([]atomic.Uint64, len(rails)), ackWait: make([]fabAckQ, len(rails))}
+	f := &fabricLink{Link: tcp.NewLink(p, outs, ins), e: e, rails: rails, piggy: make([]atomic.Uint64, len(rails)), ackWait: make([]fabAckQ, len(rails))}
 	// At most 2^seqBits numbers (the CQ data field) and the orderer's
 	// window past the target's first missing number.
 	size := uint64(fabSeqWindow)
@@ -224,17 +226,16 @@ func newFabricLink(p *peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLi
 	if e.cq.SigCQ {
 		size = min(size, 1<<endpoint.SigSeqBits) // the number field of a signal in CQ data
 	}
-	if p.m.orderWindow > 0 {
-		size = min(size, uint64(1)<<(63-bits.LeadingZeros64(p.m.orderWindow))) // a power of two at most the window
+	if p.Mesh().OrderWindow > 0 {
+		size = min(size, uint64(1)<<(63-bits.LeadingZeros64(p.Mesh().OrderWindow))) // a power of two at most the window
 	}
 	f.win = seqorder.NewWindow(size)
 	empty := []fabRemote{}
 	f.remote.Store(&empty)
-	f.tcpLink.onReg = f.peerRegistered
-	f.tcpLink.onAcked = f.reapStaged
+	f.Link.Hear(f.peerRegistered, f.reapStaged)
 	// The streams beside an endpoint carry fabric-numbered work whose
 	// window has its own rules: a broken one fails the peer.
-	f.tcpLink.noFailover()
+	f.Link.NoFailover()
 	return f
 }
 
@@ -280,21 +281,21 @@ func (f *fabricLink) target(id uint32, off uint64, rail int) (uint64, uint64, bo
 	return off, r.keys[rail], true
 }
 
-func (f *fabricLink) props() Props {
+func (f *fabricLink) Props() Props {
 	// With FI_HMEM the NIC writes device memory itself, and nothing here
 	// flushes those writes before the signal behind them (SPEC.md §4).
-	return Props{Name: nameFabric, InlineMax: 1 << 62, Lanes: len(f.lanes), LateVisible: f.e.Info.HMEM}
+	return Props{Name: nameFabric, InlineMax: 1 << 62, Lanes: f.LaneCount(), LateVisible: f.e.Info.HMEM}
 }
 
-// submitCaller is submit: the libfabric link sends from its own goroutines.
-func (f *fabricLink) submitCaller(lane int, op Op, hold bool) bool {
-	f.submit(lane, op, hold)
+// SubmitCaller is submit: the libfabric link sends from its own goroutines.
+func (f *fabricLink) SubmitCaller(lane int, op Op, hold bool) bool {
+	f.Submit(lane, op, hold)
 	return false
 }
 
-func (f *fabricLink) writeLone(int) {}
+func (f *fabricLink) WriteLone(int) {}
 
-func (f *fabricLink) submit(lane int, op Op, hold bool) {
+func (f *fabricLink) Submit(lane int, op Op, hold bool) {
 	if op.Msg == wire.MsgReg {
 		// The keys of rails 1.. first (SigOp names the rail), then rail
 		// 0's, which tells the peer's owner (peerRegistered). Context 1:
@@ -306,15 +307,15 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 		for r := 1; r < len(f.rails); r++ {
 			k := op
 			k.SigOp, k.SigValue = uint8(r), f.rails[r].e.Regs.Key(op.MrID)
-			f.tcpLink.submit(0, k, hold)
+			f.Link.Submit(0, k, hold)
 		}
-		f.tcpLink.submit(0, op, hold)
+		f.Link.Submit(0, op, hold)
 		return
 	}
 	f.posting.Add(1)
-	if f.p.dead.Load() {
+	if f.Peer().Dead() {
 		f.posting.Add(-1)
-		f.p.fail(&op)
+		f.Peer().Fail(op)
 		return
 	}
 	// Numbered here, in the caller's order: the target orders by these.
@@ -358,8 +359,8 @@ func (f *fabricLink) submit(lane int, op Op, hold bool) {
 	f.posting.Add(-1)
 	f.rails[pd.rail].e.Nudge()
 	if err != nil {
-		f.p.failCause(&pd.op, err)
-		go f.p.markDead(err)
+		f.Peer().FailCause(pd.op, err)
+		go f.Peer().MarkDead(err)
 	}
 }
 
@@ -397,7 +398,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 	}
 	raddr, key, ok := f.target(op.MrID, op.Off, pd.rail)
 	if !ok {
-		return fmt.Errorf("rank %d registration %d has no fabric key for rail %d", f.p.rank, op.MrID, pd.rail)
+		return fmt.Errorf("rank %d registration %d has no fabric key for rail %d", f.Peer().Rank(), op.MrID, pd.rail)
 	}
 	if op.Msg != wire.MsgGet && !f.win.Fits(pd.seq) {
 		return fabric.ErrAgain
@@ -423,7 +424,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 		// Delivery complete unless local completion was asked for: a put
 		// completes when its bytes arrived, as over TCP (SPEC.md §3).
 		data := e.cq.Data(e.rank, pd.seq)
-		err = e.FI.WriteMsg(op.Local, op.Size, e.Regs.Desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.p.m.localComp)
+		err = e.FI.WriteMsg(op.Local, op.Size, e.Regs.Desc(op.LocalMr), data, rl.addr, raddr, key, ctx, !f.Peer().Mesh().LocalCompletion)
 	}
 	if err != nil {
 		f.unslot(e, idx)
@@ -462,7 +463,7 @@ func (f *fabricLink) slot(e *fabEP, tag uint64, ctl bool) (uint32, bool) {
 	if ctl {
 		f.ctlLive.Add(1)
 	}
-	s.state.Store(slotPosted | uint32(f.p.rank)<<2)
+	s.state.Store(slotPosted | uint32(f.Peer().Rank())<<2)
 	return idx, true
 }
 
@@ -513,7 +514,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 		}
 		n = endpoint.PutSigHdr + size
 	}
-	verdict := complete && sig && !f.p.m.localComp
+	verdict := complete && sig && !f.Peer().Mesh().LocalCompletion
 	inject := verdict && n <= e.Info.InjectSize
 	if verdict {
 		// Kept until the target's verdict too (fabEP.verdict, which comes
@@ -545,7 +546,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 	case complete && !inject:
 		// A verdict, when one comes, says the message arrived: no
 		// delivery completion is needed for it.
-		err = e.FI.SendMsg(unsafe.Pointer(&b[0]), n, e.MemDesc(), rl.addr, e.SlotArea(idx), !f.p.m.localComp && !verdict)
+		err = e.FI.SendMsg(unsafe.Pointer(&b[0]), n, e.MemDesc(), rl.addr, e.SlotArea(idx), !f.Peer().Mesh().LocalCompletion && !verdict)
 		if err != nil {
 			f.unslot(e, idx)
 		}
@@ -608,7 +609,7 @@ func (f *fabricLink) sendVerdict(rail int, word uint64, status abi.Result) bool 
 // yet. A peer already gone needs none: it is failed instead.
 func (f *fabricLink) sendSmall(rail int, h endpoint.Msg, what string) bool {
 	if err := f.peerGone(); err != nil {
-		go f.p.markDead(err)
+		go f.Peer().MarkDead(err)
 		return true // nobody to tell
 	}
 	rl := &f.rails[rail]
@@ -622,7 +623,7 @@ func (f *fabricLink) sendSmall(rail int, h endpoint.Msg, what string) bool {
 	h.Put(b)
 	err := f.sendFree(rl, idx, b)
 	if err != nil && err != fabric.ErrAgain {
-		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: %s to rank %d: %v", what, f.p.rank, err)
+		logx.Warn(abi.SubsysNet, "NET/wasm: fabric: %s to rank %d: %v", what, f.Peer().Rank(), err)
 	}
 	return err != fabric.ErrAgain
 }
@@ -632,7 +633,7 @@ func rejectedOrOK(b uint8) abi.Result {
 	if b == 0 {
 		return abi.Success
 	}
-	return rejected(uint16(b))
+	return tcp.Rejected(uint16(b))
 }
 
 // control sends a message that is not an operation (the goodbye's
@@ -655,7 +656,7 @@ func (f *fabricLink) retry() {
 	defer f.pmu.Unlock()
 	k := 0
 	for k < len(f.pend) {
-		if f.p.dead.Load() {
+		if f.Peer().Dead() {
 			break
 		}
 		pd := &f.pend[k]
@@ -666,19 +667,19 @@ func (f *fabricLink) retry() {
 		k++
 		f.backlog.Add(-1)
 		if err != nil {
-			f.p.failCause(&pd.op, err)
-			go f.p.markDead(err)
+			f.Peer().FailCause(pd.op, err)
+			go f.Peer().MarkDead(err)
 		}
 	}
 	f.pend = append(f.pend[:0], f.pend[k:]...)
 }
 
-// flush progresses the endpoint from the caller's thread (test() calls
+// Flush progresses the endpoint from the caller's thread (test() calls
 // it while it waits): with manual progress that is where the work is, and
 // on few cores a spinning caller would otherwise only take the CPU from
 // the progress goroutine.
-func (f *fabricLink) flush() {
-	f.tcpLink.flush()
+func (f *fabricLink) Flush() {
+	f.Link.Flush()
 	if f.inflight.Load() > 0 || f.backlog.Load() > 0 {
 		for i := range f.rails {
 			if e := f.rails[i].e; e.CallerLeft(testPollGap) == 0 {
@@ -688,43 +689,43 @@ func (f *fabricLink) flush() {
 	}
 }
 
-// turn: Mesh.Progress polled the rails just before, so only the TCP
+// Turn: Mesh.Progress polled the rails just before, so only the TCP
 // lanes are left.
-func (f *fabricLink) turn() { f.tcpLink.turn() }
+func (f *fabricLink) Turn() { f.Link.Turn() }
 
-// addStats counts the peer as a fabric peer, and the acknowledgements of
+// AddStats counts the peer as a fabric peer, and the acknowledgements of
 // the TCP lanes beside its endpoint (compression is counted for plain TCP
 // links only).
-func (f *fabricLink) addStats(st *Stats) {
+func (f *fabricLink) AddStats(st *Stats) {
 	st.FabricPeers++
-	f.tcpLink.addAcks(st)
+	f.Link.AddAcks(st)
 }
 
-func (f *fabricLink) idle() bool {
-	return f.inflight.Load() == 0 && f.backlog.Load() == 0 && f.tcpLink.idle()
+func (f *fabricLink) Idle() bool {
+	return f.inflight.Load() == 0 && f.backlog.Load() == 0 && f.Link.Idle()
 }
 
-// awaiting counts operations, not control messages: an acknowledgement
+// Awaiting counts operations, not control messages: an acknowledgement
 // whose send completion was not yet reaped when the peer left (it went
 // right after our goodbye acknowledgement) is no lost operation.
-func (f *fabricLink) awaiting() int {
+func (f *fabricLink) Awaiting() int {
 	return int(f.inflight.Load()-f.ctlLive.Load()) + int(f.backlog.Load())
 }
 
-// failAll fails what was posted or queued; stop already raised the dead
+// FailAll fails what was posted or queued; stop already raised the dead
 // flag, so it waits only for submits that passed their check before.
-func (f *fabricLink) failAll() {
+func (f *fabricLink) FailAll() {
 	for f.posting.Load() > 0 {
 		runtime.Gosched()
 	}
-	f.tcpLink.failAll()
+	f.Link.FailAll()
 	f.pmu.Lock()
 	pend := f.pend
 	f.pend = nil
 	f.backlog.Add(-int32(len(pend)))
 	f.pmu.Unlock()
 	for i := range pend {
-		f.p.fail(&pend[i].op)
+		f.Peer().Fail(pend[i].op)
 	}
 	f.dropStaged()
 	for i := range f.rails {
@@ -743,15 +744,15 @@ func (f *fabricLink) failAll() {
 // the poll lock: a signal's slot whose send completed waits only for the
 // verdict, which will not come; nobody else frees it.
 func (f *fabricLink) failSlots(e *fabEP) {
-	mine := slotPosted | uint32(f.p.rank)<<2
+	mine := slotPosted | uint32(f.Peer().Rank())<<2
 	e.LockPoll()
 	defer e.UnlockPoll()
 	for i := range e.slots {
 		s := &e.slots[i]
-		if s.state.CompareAndSwap(mine, slotFailed|uint32(f.p.rank)<<2) {
+		if s.state.CompareAndSwap(mine, slotFailed|uint32(f.Peer().Rank())<<2) {
 			f.done(s)
 			if s.tag != 0 {
-				f.p.m.owner.Complete(s.tag, abi.RemoteError)
+				f.Peer().Mesh().Owner.Complete(s.tag, abi.RemoteError)
 			}
 			if s.sig && s.got&sigSent != 0 {
 				s.link, s.sig, s.got, s.vst = nil, false, 0, abi.Success

@@ -33,12 +33,12 @@ func (f *fabricLink) peerGone() error {
 	if !f.pid.Exited() {
 		return nil
 	}
-	return fmt.Errorf("rank %d: %w", f.p.rank, errPeerExited)
+	return fmt.Errorf("rank %d: %w", f.Peer().Rank(), errPeerExited)
 }
 
-// stop also closes the pidfd (posts after stop fail on the dead flag
+// Stop also closes the pidfd (posts after Stop fail on the dead flag
 // before they would check it).
-func (f *fabricLink) stop() {
-	f.tcpLink.stop()
+func (f *fabricLink) Stop() {
+	f.Link.Stop()
 	f.pid.Close()
 }

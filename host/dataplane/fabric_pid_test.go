@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 )
 
@@ -18,7 +19,7 @@ func TestFabricPeerExited(t *testing.T) {
 	defer cmd.Process.Kill()
 	link := func(prov string) *fabricLink {
 		f := &fabricLink{e: &fabEP{Endpoint: &endpoint.Endpoint{}}}
-		f.tcpLink = &tcpLink{p: &peer{rank: 1}}
+		f.Link = tcp.NewLink(&peer{rank: 1}, nil, nil)
 		f.e.Info.Provider = prov
 		f.watchPid(cmd.Process.Pid)
 		return f

@@ -47,19 +47,6 @@ func (m *Mesh) RegisterMemory(id uint32, base unsafe.Pointer, size uint64, dev b
 	return key, nil
 }
 
-// DeviceMemory describes a device registration for RegisterDevice.
-type DeviceMemory struct {
-	Iface, Device int    // devmem.IfaceCUDA or IfaceROCR, and the ordinal
-	DMABUFFd      int    // a DMA-BUF of the range (-1: none); read during the call only
-	DMABUFOff     uint64 // the range's offset in it
-	// Export, when not nil, makes a DMA-BUF of the range (an fd the
-	// caller closes, and the offset): used when no fd came with the
-	// registration and the loaded libfabric imports DMA-BUFs, which is how
-	// NICs reach memory they cannot pin by address (ROCm without a
-	// peer-memory module, for one).
-	Export func() (fd int, off uint64, err error)
-}
-
 // RegisterDevice registers device memory with the fabric endpoint where
 // the provider reaches it (FI_HMEM), on every rail, and returns rail 0's
 // key and direct = true; otherwise (no fabric, no FI_HMEM, or the

@@ -52,9 +52,9 @@ func (m *Mesh) takeFabric(l *Listener, opt Options, infos []wire.HandleInfo, pee
 func (m *Mesh) fabricTransport(p *peer, peer, self wire.HandleInfo, outs, ins []*net.TCPConn, railNames [][]byte) (transport, error) {
 	addr, err := m.fab.FI.Insert(peer.FabricName)
 	if err != nil {
-		return nil, fmt.Errorf("fabric address of rank %d: %w", p.rank, err)
+		return nil, fmt.Errorf("fabric address of rank %d: %w", p.Rank(), err)
 	}
-	rails, err := m.fabricRails(p.rank, addr, railNames)
+	rails, err := m.fabricRails(p.Rank(), addr, railNames)
 	if err != nil {
 		return nil, err
 	}
@@ -63,7 +63,7 @@ func (m *Mesh) fabricTransport(p *peer, peer, self wire.HandleInfo, outs, ins []
 		f.watchPid(int(peer.Pid))
 	}
 	for _, r := range rails {
-		r.e.links[p.rank] = f
+		r.e.links[p.Rank()] = f
 	}
 	return f, nil
 }

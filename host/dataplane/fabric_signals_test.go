@@ -339,7 +339,7 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 // TestFabricControlNotAwaited: a control message whose send completion
 // was not reaped yet (an acknowledgement sent with a completion, here a
 // slot taken as the senders take it) is in flight but is no operation a
-// leaving peer could lose: awaiting() counts operations only. A peer that
+// leaving peer could lose: Awaiting() counts operations only. A peer that
 // left right after such a message was reported as failed with one
 // operation lost (the driver's teardown scenario over tcp;ofi_rxm, a few
 // runs in 150 under load).
@@ -358,9 +358,9 @@ func TestFabricControlNotAwaited(t *testing.T) {
 		ms[0].fab.UnlockPoll()
 		t.Fatal("no free slot")
 	}
-	flying, awaited := l.inflight.Load(), l.awaiting()
+	flying, awaited := l.inflight.Load(), l.Awaiting()
 	op, ok := l.slot(e, 7, false)
-	withOp := l.awaiting()
+	withOp := l.Awaiting()
 	if ok {
 		l.unslot(e, op)
 	}

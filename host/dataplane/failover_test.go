@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -26,12 +27,12 @@ func (o *memOwner) LaneFailed(peer, lane, moved int, _ error) {
 // ss -K does: both ends see the stream break.
 func resetIn(t *testing.T, m *Mesh, peer, lane int) {
 	t.Helper()
-	tl := streamsOf(m.peers[peer].t)
+	tl := tcp.Of(m.peers[peer].t)
 	var c *net.TCPConn
 	waitUntil(t, "the lane to open", func() bool { // lanes open when first used (lazy.go)
-		tl.inMu.Lock()
-		defer tl.inMu.Unlock()
-		c = tl.ins[lane]
+		tl.InMu().Lock()
+		defer tl.InMu().Unlock()
+		c = tl.Ins()[lane]
 		return c != nil
 	})
 	if err := c.SetLinger(0); err != nil {
@@ -45,12 +46,12 @@ func resetIn(t *testing.T, m *Mesh, peer, lane int) {
 func openLanes(t *testing.T, m *Mesh, peer int) {
 	t.Helper()
 	p := m.peers[peer]
-	for _, l := range tcpOf(t, m, peer).lanes {
-		l.mu.Lock()
-		if l.out == nil && !l.opening {
-			l.startOpen()
+	for _, l := range tcpOf(t, m, peer).Lanes() {
+		l.Mu().Lock()
+		if l.Out() == nil && !l.Opening() {
+			l.StartOpen()
 		}
-		l.mu.Unlock()
+		l.Mu().Unlock()
 	}
 	all := uint32(1)<<p.lanes - 1
 	waitUntil(t, "every lane to open", func() bool { return p.opened.Load() == all })
@@ -100,9 +101,9 @@ func laneFailoverMidStream(t *testing.T, intra bool) {
 		// that it dies with work in flight however fast the puts land.
 		switch round {
 		case 1:
-			tcpOf(t, ms[1], 0).acks[2].hold.Store(true)
+			tcpOf(t, ms[1], 0).Acks()[2].Hold().Store(true)
 		case 2:
-			tcpOf(t, ms[1], 0).acks[3].hold.Store(true)
+			tcpOf(t, ms[1], 0).Acks()[3].Hold().Store(true)
 		}
 		for k := uint64(0); k < n; k++ {
 			off := 8 + k*piece
@@ -125,16 +126,18 @@ func laneFailoverMidStream(t *testing.T, intra bool) {
 		if atomic.LoadUint64(sig) < round {
 			p := ms[0].peers[1]
 			t.Logf("down %b dead %v", p.down.Load(), p.dead.Load())
-			for _, l := range p.t.(*tcpLink).lanes {
-				l.mu.Lock()
-				t.Logf("lane %d: down %v writing %v q %d orphans %d", l.idx, l.down, l.writing, l.q.Len(), len(l.orphans))
-				l.mu.Unlock()
-				l.amu.Lock()
-				t.Logf("   sent %d puts %d acked %d", l.sent.Len(), l.puts.Len(), l.pAcked)
-				l.amu.Unlock()
+			for _, l := range p.t.(*tcp.Link).Lanes() {
+				l.Mu().Lock()
+				down, writing, queued, orphans := l.QueueState()
+				t.Logf("lane %d: down %v writing %v q %d orphans %d", l.Idx(), down, writing, queued, orphans)
+				l.Mu().Unlock()
+				l.Amu().Lock()
+				sent, puts, acked := l.AckState()
+				t.Logf("   sent %d puts %d acked %d", sent, puts, acked)
+				l.Amu().Unlock()
 			}
 			q := ms[1].peers[0]
-			t.Logf("target: next %d inDown %b", q.order.Next(), q.t.(*tcpLink).inDown.Load())
+			t.Logf("target: next %d inDown %b", q.order.Next(), q.t.(*tcp.Link).InDown().Load())
 			owners[0].mu.Lock()
 			t.Logf("events %v failed %v", owners[0].laneEvents, owners[0].failed)
 			owners[0].mu.Unlock()
@@ -196,7 +199,7 @@ func TestResentPutsDeduplicated(t *testing.T) {
 	if st := waitDone(t, owners[0], 100); st != abi.Success {
 		t.Fatalf("get on lane 1: %v", st)
 	}
-	l := ms[0].peers[1].t.(*tcpLink).lanes[0]
+	l := ms[0].peers[1].t.(*tcp.Link).Lanes()[0]
 	send := func(tag, seq uint64, typ uint8, status uint16, fill byte) {
 		t.Helper()
 		h := wire.Header{Typ: typ, MrID: 1, Tag: tag, Off: 8, Size: 8, Status: status, Seq: seq}
@@ -206,8 +209,8 @@ func TestResentPutsDeduplicated(t *testing.T) {
 		var b [wire.HeaderSize + 8]byte
 		h.Encode(b[:wire.HeaderSize])
 		copy(b[wire.HeaderSize:], bytes.Repeat([]byte{fill}, 8))
-		l.awaitPuts([]uint64{tag}, nil) // the target acknowledges it like any put
-		if _, err := l.out.Write(b[:]); err != nil {
+		l.AwaitPuts([]uint64{tag}, nil) // the target acknowledges it like any put
+		if _, err := l.Out().Write(b[:]); err != nil {
 			t.Fatal(err)
 		}
 		if st := waitDone(t, owners[0], tag); st != abi.Success {
@@ -237,8 +240,8 @@ func TestResentPutsDeduplicated(t *testing.T) {
 	h := wire.Header{Typ: wire.MsgPut, MrID: 1, Tag: 6, Off: 8, Size: 0, Seq: 2}
 	var b [wire.HeaderSize]byte
 	h.Encode(b[:])
-	l.awaitPuts([]uint64{6}, nil)
-	if _, err := l.out.Write(b[:]); err != nil {
+	l.AwaitPuts([]uint64{6}, nil)
+	if _, err := l.Out().Write(b[:]); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "the peer to be dropped", func() bool { return ms[1].peers[0].dead.Load() })
@@ -250,12 +253,12 @@ func TestResendNamesBadLane(t *testing.T) {
 	for _, from := range []uint16{0, 5} {
 		owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 64), done: map[uint64]abi.Result{}}}
 		ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: time.Second})
-		l := ms[0].peers[1].t.(*tcpLink).lanes[0]
+		l := ms[0].peers[1].t.(*tcp.Link).Lanes()[0]
 		h := wire.Header{Typ: wire.MsgPut, MrID: 1, Tag: 1, Off: 8, Size: 0, Seq: 1, Status: wire.StatusResent | from<<8}
 		var b [wire.HeaderSize]byte
 		h.Encode(b[:])
-		l.awaitPuts([]uint64{1}, nil)
-		if _, err := l.out.Write(b[:]); err != nil {
+		l.AwaitPuts([]uint64{1}, nil)
+		if _, err := l.Out().Write(b[:]); err != nil {
 			t.Fatal(err)
 		}
 		waitUntil(t, "the peer to be dropped", func() bool { return ms[1].peers[0].dead.Load() })
@@ -328,8 +331,8 @@ func ackLaneFailover(t *testing.T, intra bool) {
 	const n, size = 16, 64
 	os, ms := fourLanes(t, intra)
 	defer dumpWhenStuck(t, ms)()
-	a := tcpOf(t, ms[1], 0).acks[0]
-	if !a.rides() {
+	a := tcpOf(t, ms[1], 0).Acks()[0]
+	if !a.Rides() {
 		t.Fatal("acks of rank 0's lane 0 do not ride rank 1's lanes")
 	}
 	src := make([]byte, 2*n*size)
@@ -342,7 +345,7 @@ func ackLaneFailover(t *testing.T, intra bool) {
 		ms[0].Post(1, &op, false, 0)
 		ms[0].Flush(1)
 	}
-	a.hold.Store(true) // rank 1 acknowledges nothing until its lane 0 died
+	a.Hold().Store(true) // rank 1 acknowledges nothing until its lane 0 died
 	for i := 0; i < n; i++ {
 		put(i)
 	}
@@ -356,11 +359,11 @@ func ackLaneFailover(t *testing.T, intra bool) {
 	// claimed (sent) but never read by rank 0. (The signals apply as the
 	// puts land; the count is published when the reader drains, which on
 	// a loaded machine may come a little after the last signal.)
-	waitUntil(t, "rank 1 to publish every landed put", func() bool { return a.pub.Load() == n })
-	if !a.claim(n) {
+	waitUntil(t, "rank 1 to publish every landed put", func() bool { return a.Pub().Load() == n })
+	if !a.Claim(n) {
 		t.Fatalf("rank 1's count of %d landed puts was already sent", n)
 	}
-	a.hold.Store(false)
+	a.Hold().Store(false)
 	resetIn(t, ms[0], 1, 0) // rank 1's lane 0 to rank 0: both ends see it break
 	waitUntil(t, "rank 1's lane 0 to fail over", func() bool { return ms[1].peers[0].down.Load()&1 != 0 })
 	// Nothing more arrives on the stream, and nobody calls rank 1: the
@@ -418,12 +421,12 @@ func lateAckOfMovedLane(t *testing.T, intra bool) {
 	const n, size = 16, 64
 	os, ms := fourLanes(t, intra)
 	defer dumpWhenStuck(t, ms)()
-	a := tcpOf(t, ms[1], 0).acks[0]
+	a := tcpOf(t, ms[1], 0).Acks()[0]
 	src := make([]byte, n*size)
 	for i := range src {
 		src[i] = byte(i*11 + 7)
 	}
-	a.hold.Store(true)
+	a.Hold().Store(true)
 	for i := 0; i < n; i++ {
 		op := Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(200 + i), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size),
 			Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size]))), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}
@@ -433,12 +436,12 @@ func lateAckOfMovedLane(t *testing.T, intra bool) {
 	waitWord(t, os[1], 0, n, func() { ms[1].Flush(0) })
 	resetIn(t, ms[1], 0, 0) // rank 0's lane 0 to rank 1
 	waitUntil(t, "rank 0's lane 0 to fail over", func() bool {
-		l := tcpOf(t, ms[0], 1).lanes[0]
-		l.amu.Lock()
-		defer l.amu.Unlock()
-		return l.moved
+		l := tcpOf(t, ms[0], 1).Lanes()[0]
+		l.Amu().Lock()
+		defer l.Amu().Unlock()
+		return l.Moved()
 	})
-	a.hold.Store(false)
+	a.Hold().Store(false)
 	// Rank 1 writes to rank 0 on its lane 0: the batch carries the ack of
 	// the old stream's puts.
 	back := make([]byte, 8)

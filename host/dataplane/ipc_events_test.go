@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
@@ -24,7 +25,7 @@ func TestEventOrderFollowsSequence(t *testing.T) {
 	d := &eventDevice{streamSelfDevice: &streamSelfDevice{Stream: devtest.NewStream(1<<16, 0)}}
 	devmem.Register(d)
 	t.Cleanup(func() { devmem.Register(nil) })
-	evs := linkEvents{peerCtx: 3} // the context the peer's events were opened in
+	evs := intranode.NewEvents(3) // the context the peer's events were opened in
 	var o seqorder.Orderer[sigRef]
 	o.OnErr = func(err error) { t.Error(err) }
 	sh := staging.NewShadow(d.Base, 1<<16)
@@ -32,7 +33,7 @@ func TestEventOrderFollowsSequence(t *testing.T) {
 	const ev1, ev2 = 0xe1, 0xe2
 
 	// Number 2, a host word with no event of its own, arrives first.
-	if err := o.Done(2, sigRef{host: &host, evs: &evs}, 1); err != nil {
+	if err := o.Done(2, sigRef{Host: &host, Evs: evs}, 1); err != nil {
 		t.Fatal(err)
 	}
 	if len(d.calls) != 0 || atomic.LoadUint64(&host) != 0 {
@@ -42,7 +43,7 @@ func TestEventOrderFollowsSequence(t *testing.T) {
 	// written on context 1's stream: its stream waits for the event, then
 	// number 2's host word waits for it from the host (in the context the
 	// event was opened in).
-	if err := o.Done(1, sigRef{dev: d.Base, ctx: 1, sh: sh, evs: &evs, ev: ev1}, 1); err != nil {
+	if err := o.Done(1, sigRef{Dev: d.Base, Ctx: 1, Sh: sh, Evs: evs, Ev: ev1}, 1); err != nil {
 		t.Fatal(err)
 	}
 	if want := []string{"stream 1 e1", "host 3 e1"}; !slices.Equal(d.calls, want) || atomic.LoadUint64(&host) != 1 {
@@ -51,7 +52,7 @@ func TestEventOrderFollowsSequence(t *testing.T) {
 	// Number 3 on the same stream: the host wait covered event 1.
 	// Number 4, a refused signal whose put was ordered by event 2: the
 	// host waits for it, so that later signals follow that put's bytes.
-	for seq, s := range map[uint64]sigRef{3: {dev: d.Base + 8, ctx: 1, sh: sh, evs: &evs}, 4: {evs: &evs, ev: ev2}} {
+	for seq, s := range map[uint64]sigRef{3: {Dev: d.Base + 8, Ctx: 1, Sh: sh, Evs: evs}, 4: {Evs: evs, Ev: ev2}} {
 		if err := o.Done(seq, s, 1); err != nil {
 			t.Fatal(err)
 		}

@@ -22,54 +22,6 @@ import (
 // failover (peer.opened): a failed lane's work never waits on a dial. A peer never used beyond lane 0 costs one
 // stream each way.
 
-// startOpen dials the lane in the background; l.mu held. The mesh's wait
-// group counts the dial, so Close waits for it (p.quit cuts it short).
-func (l *lane) startOpen() {
-	l.opening = true
-	l.p.m.wg.Add(1)
-	go l.open()
-}
-
-func (l *lane) open() {
-	p, m := l.p, l.p.m
-	defer m.wg.Done()
-	c, err := m.dialLane(p, l.idx)
-	if err == nil {
-		l.alloc()
-	}
-	l.mu.Lock()
-	if err == nil && (p.dead.Load() || l.down) {
-		l.mu.Unlock()
-		c.Close()
-		return
-	}
-	if err != nil {
-		l.mu.Unlock()
-		err = fmt.Errorf("open lane %d to rank %d: %w", l.idx, p.rank, err)
-		l.broken(err)
-		if l.isDown() {
-			l.migrate(err)
-		}
-		return
-	}
-	l.q.Grow(laneQueue)
-	l.out = c
-	l.setOut(c)
-	p.opened.Or(1 << l.idx)
-	l.mu.Unlock()
-	l.run()
-	l.kick()
-}
-
-// laneUnused reports that nothing was ever queued on lane: it never
-// opened and is not opening.
-func (t *tcpLink) laneUnused(lane int) bool {
-	l := t.lanes[lane]
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.out == nil && !l.opening
-}
-
 // dialLane opens lane of the connection to p: the dial and the hello of
 // connect, bounded by the connect timeout and cut short when the peer
 // dies (Close marks it dead once its goodbyes were answered or timed out).
@@ -78,46 +30,13 @@ func (m *Mesh) dialLane(p *peer, lane int) (*net.TCPConn, error) {
 	defer cancel()
 	go func() {
 		select { // not on m.quit: Close waits for what was queued on the lane
-		case <-p.quit:
+		case <-p.Quit():
 			cancel()
 		case <-ctx.Done():
 		}
 	}()
 	cl := handshake.Claim{Rank: m.rank, NRanks: m.nranks, Lane: lane, Lanes: m.lanes, NoFabric: m.noFab, Encrypt: m.encrypt}
-	return dialCtx(ctx, &m.infos[p.rank], m.id, cl)
-}
-
-// closeIn closes incoming stream i if the peer opened it.
-func (t *tcpLink) closeIn(i int) {
-	t.inMu.Lock()
-	c := t.ins[i]
-	t.inMu.Unlock()
-	if c != nil {
-		c.Close()
-	}
-}
-
-// addIn takes a stream the peer opened after connect for one of its
-// lanes beyond the first, and starts serving it.
-func (t *tcpLink) addIn(lane, lanes int, c *net.TCPConn) error {
-	t.inMu.Lock()
-	defer t.inMu.Unlock()
-	switch {
-	case lanes != len(t.ins) || lane < 1 || lane >= lanes:
-		return fmt.Errorf("rank %d opened lane %d of %d; it announced %d lanes", t.p.rank, lane, lanes, len(t.ins))
-	case t.ins[lane] != nil:
-		return fmt.Errorf("two connections claim rank %d lane %d", t.p.rank, lane)
-	case t.fenced&(1<<lane) != 0:
-		return fmt.Errorf("rank %d opened lane %d after it resent that lane's operations", t.p.rank, lane)
-	case t.p.dead.Load():
-		return fmt.Errorf("%w: rank %d", ErrPeerGone, t.p.rank)
-	}
-	c.SetNoDelay(true)
-	t.ins[lane] = c
-	t.acks[lane].in = c
-	t.p.m.wg.Add(1)
-	go t.service(lane, c)
-	return nil
+	return dialCtx(ctx, &m.infos[p.Rank()], m.id, cl)
 }
 
 // lateLanes hands the streams peers open after connect to their links,
@@ -135,11 +54,11 @@ func (m *Mesh) lateLanes(l *Listener) {
 			if in.NRanks != m.nranks || in.Rank < 0 || in.Rank >= m.nranks {
 				err = fmt.Errorf("it claims rank %d of %d; this communicator has %d ranks", in.Rank, in.NRanks, m.nranks)
 			} else if a, ok := m.peers[in.Rank].t.(interface {
-				addIn(lane, lanes int, c *net.TCPConn) error
+				AddIn(lane, lanes int, c *net.TCPConn) error
 			}); !ok {
 				err = fmt.Errorf("rank %d is not connected", in.Rank)
 			} else {
-				err = a.addIn(in.Lane, in.Lanes, in.conn)
+				err = a.AddIn(in.Lane, in.Lanes, in.conn)
 			}
 			if err != nil {
 				admission.Warn.Warn(abi.SubsysNet, "NET/wasm: rank %d: refused a lane opened after connect: %v", m.rank, err)

@@ -11,27 +11,28 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // openStreams counts the streams of the connection to peer that are open:
 // ours (lanes dialled) and the peer's (lanes it dialled to us).
 func (m *Mesh) openStreams(peer int) (outs, ins int) {
-	t := m.peers[peer].t.(*tcpLink)
-	for _, l := range t.lanes {
-		l.mu.Lock()
-		if l.out != nil {
+	t := m.peers[peer].t.(*tcp.Link)
+	for _, l := range t.Lanes() {
+		l.Mu().Lock()
+		if l.Out() != nil {
 			outs++
 		}
-		l.mu.Unlock()
+		l.Mu().Unlock()
 	}
-	t.inMu.Lock()
-	for _, c := range t.ins {
+	t.InMu().Lock()
+	for _, c := range t.Ins() {
 		if c != nil {
 			ins++
 		}
 	}
-	t.inMu.Unlock()
+	t.InMu().Unlock()
 	return outs, ins
 }
 

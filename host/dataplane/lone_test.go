@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -32,9 +33,9 @@ func testLoneSignal(t *testing.T, lanes int) {
 	for i := range src {
 		src[i] = byte(i*3 + 1)
 	}
-	setDelays(t, time.Hour, sendDelay, holdDelay)
+	setDelays(t, time.Hour, tcp.SendDelay(), tcp.HoldDelay())
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20})
-	l := tcpOf(t, ms[0], 1).lanes[0]
+	l := tcpOf(t, ms[0], 1).Lanes()[0]
 	post := func(i int, signal, hold bool) {
 		op := Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(i + 1), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size),
 			Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size])))}
@@ -55,13 +56,13 @@ func testLoneSignal(t *testing.T, lanes int) {
 	// writes checks how many writes the lane made since w0.
 	writes := func(w0 uint64, want uint64, what string) {
 		t.Helper()
-		if w := l.writes.Load() - w0; w != want {
+		if w := l.Writes().Load() - w0; w != want {
 			t.Fatalf("%s: %d writes, want %d", what, w, want)
 		}
 	}
 
 	// A plain put: queued until the caller tests.
-	w0 := l.writes.Load()
+	w0 := l.Writes().Load()
 	post(0, false, false)
 	writes(w0, 0, "a plain put before any test")
 	ms[0].Flush(1)
@@ -69,8 +70,8 @@ func testLoneSignal(t *testing.T, lanes int) {
 	done(1) // acknowledged: nothing in flight any more
 
 	// A lone put with signal: written by Post itself, lands untested.
-	time.Sleep(2 * loneGap)
-	w0 = l.writes.Load()
+	time.Sleep(2 * tcp.LoneGap)
+	w0 = l.Writes().Load()
 	post(1, true, false)
 	writes(w0, 1, "a lone put with signal when Post returned")
 	waitWord(t, os[1], sigOff, 1, nil)
@@ -78,8 +79,8 @@ func testLoneSignal(t *testing.T, lanes int) {
 
 	// A put with signal behind a held put: both wait for the test, then
 	// leave together.
-	time.Sleep(2 * loneGap)
-	w0 = l.writes.Load()
+	time.Sleep(2 * tcp.LoneGap)
+	w0 = l.Writes().Load()
 	post(2, false, true)
 	post(3, true, false)
 	writes(w0, 0, "a put with signal behind queued work, before any test")

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -30,12 +31,12 @@ func TestMappedPeer(t *testing.T) {
 	}
 	ms := connectOwners(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
 		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10})
-	x := ms[0].peers[1].t.(*intraLink)
+	x := ms[0].peers[1].t.(*intranode.Link)
 	src := d.At(os[0].dev, size)
 	fill(src[:size/2], 7)
 	target := os[1].dev // rank 1's device memory, "mapped" here: one process
 	sig := (*uint64)(unsafe.Pointer(&os[1].host[0]))
-	sent := x.lanes[0].writes.Load()
+	sent := x.Lanes()[0].Writes().Load()
 
 	// Put+signal: when the target applied the signal, the bytes are there.
 	for k, n := range []uint64{8, 40 << 10} {
@@ -80,14 +81,14 @@ func TestMappedPeer(t *testing.T) {
 	if st := waitDone(t, &os[0].memOwner, 30); st != abi.Success {
 		t.Fatalf("put before the get: %v", st)
 	}
-	if n := x.mapped.Load(); n != 6 {
+	if n := x.Mapped().Load(); n != 6 {
 		t.Fatalf("%d of 6 operations moved through the mapping", n)
 	}
 	if n := d.DtoDs.Load(); n != 4 {
 		t.Fatalf("%d device-to-device copies queued, want 4 (the puts)", n)
 	}
 	// Two signals went as headers; the plain puts and the gets needed none.
-	if w := x.lanes[0].writes.Load() - sent; w > 2 {
+	if w := x.Lanes()[0].Writes().Load() - sent; w > 2 {
 		t.Fatalf("%d writes on the stream, want at most 2 (the signals' headers)", w)
 	}
 	// Rank 1's staged put into rank 0's shared registration: the target

@@ -9,124 +9,20 @@
 package dataplane
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
-
-// Owner is what the dataplane needs from the communicator above it.
-type Owner interface {
-	// Resolve maps a registration id to its local memory, for the target
-	// side. ctx is non-zero for device memory (base is then a device address
-	// that must never be dereferenced). It must be lock-free: it runs once
-	// per incoming operation.
-	// On success the registration is pinned: deregMrSym waits until the
-	// returned Pin is released, so memory being landed into, served from or
-	// holding a pending signal word is never handed back mid-operation.
-	Resolve(mrID uint32) (base unsafe.Pointer, size uint64, ctx uintptr, pin Pin, ok bool)
-	// PeerRegistered records a peer's registration (MsgReg).
-	PeerRegistered(peer int, r PeerReg)
-	// Complete finishes the request named by tag.
-	Complete(tag uint64, status abi.Result)
-	// PeerFailed reports a lost peer or an operation the peer rejected.
-	PeerFailed(peer int, err error)
-}
-
-// PeerReg is a peer's announcement of a registration (MsgReg).
-type PeerReg struct {
-	MrID       uint32
-	Size, Base uint64 // its size, and its address in the peer's process
-	Dev        bool   // device memory
-	// Share, non-zero, names the peer's descriptor server (host/fdpass)
-	// from which an intra-node peer may fetch the registration's device
-	// allocations to map them (SPEC.md §4, "Device windows mapped").
-	Share uint64
-}
-
-// PartOwner is implemented by an Owner whose requests can wait for one
-// completion more than they were posted with: an operation of a rank to
-// itself whose device copy is queued (staging.CopySelfAsync) and which the
-// target also acknowledges completes once both happened. Without it such
-// an operation waits for its copy.
-type PartOwner interface {
-	// AddPart makes the request named by tag wait for one more Complete;
-	// it is called before the request can complete.
-	AddPart(tag uint64)
-}
-
-// Pin holds a registration the target side is using (see Owner.Resolve).
-// The zero Pin holds nothing. Releasing is one atomic add.
-type Pin struct{ n *atomic.Int32 }
-
-// NewPin pins by adding one to n; Release takes it back.
-func NewPin(n *atomic.Int32) Pin { n.Add(1); return Pin{n} }
-
-// Release gives the registration back.
-func (p Pin) Release() {
-	if p.n != nil {
-		p.n.Add(-1)
-	}
-}
-
-// Op is one operation to post. It is copied into the peer's queue, so posting
-// allocates nothing.
-type Op struct {
-	Msg      uint8 // the request's wire message type: MsgPut, MsgPutSignal, MsgGet or MsgReg
-	SigOp    uint8
-	MrID     uint32 // target registration (dst for puts, src for gets)
-	SigMrID  uint32
-	Context  uint32
-	Tag      uint64         // request handle, echoed back on errors
-	Local    unsafe.Pointer // put: source bytes; get: destination bytes
-	LocalMr  uint32         // the registration Local lies in (its fabric descriptor)
-	LocalCtx uintptr        // non-zero: Local is device memory of this context
-	Dev      bool           // MsgReg: the registration is device memory
-	Size     uint64
-	Off      uint64 // offset in the target registration (MsgReg: its address)
-	Remote   uint64 // address of Off in the target process (intra-node path)
-	// Mapped, when non-zero, is the address of Off in this process: the
-	// target's device memory mapped here (intra-node IPC), reachable from
-	// MapCtx's device; the payload is copied straight into (or, for a
-	// get, out of) it.
-	Mapped uint64
-	MapCtx uintptr
-	// Event, set by the lane (1 + an index), names our interprocess event
-	// recorded after the mapped copy, which the target waits for before
-	// it applies the signal (ipc_events.go).
-	Event    uint8
-	SigOff   uint64
-	SigValue uint64 // MsgReg: the registration's fabric key
-	Seq      uint64 // set by the mesh when lanes > 1 (signal order; completion counts per lane)
-	// Set by the plan (SPEC.md §8.10):
-	Chunk     uint64 // non-zero: stripe over the lanes in pieces of this size
-	NotBefore int64  // non-zero: not sent before this Now() (pacing)
-	Codec     uint32 // guestabi codec word of a put's payload on TCP
-	// Set by a lane failover (tcp_failover.go): the op is sent again on
-	// another lane; From is the lane that carried it first.
-	Resent bool
-	From   uint8
-	// Posted is when the op was issued (host/profile's clock), 0 unless
-	// NCCL_RMA_WASM_PROFILE is on.
-	Posted int64
-}
-
-// Now is the dataplane's clock for Op.NotBefore: monotonic nanoseconds.
-func Now() int64 { return int64(time.Since(epoch)) }
-
-var epoch = time.Now()
-
-// opDone replaces Op.Msg when the writer completed the operation itself
-// (the intra-node path): nothing to send.
-const opDone = 0
 
 // Options tune Connect.
 type Options struct {
@@ -225,10 +121,13 @@ type Mesh struct {
 	id             *handshake.Identity
 	noFab, encrypt bool
 	dialTimeout    time.Duration
+	// cfg is what the transports read of the mesh (link.Peer.Mesh).
+	cfg link.Config
 }
 
-// ErrPeerGone is the status of operations to a peer that closed or failed.
-var ErrPeerGone = errors.New("peer connection lost")
+// ErrPeerGone is link.ErrPeerGone: the status of operations to a peer that
+// closed or failed.
+var ErrPeerGone = link.ErrPeerGone
 
 // Connect builds the full mesh: it dials lane 0 of every rank's listener
 // (including its own) and accepts lane 0 from every rank on l. It returns
@@ -272,6 +171,9 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 	if m.closeTimeout <= 0 {
 		m.closeTimeout = DefaultCloseTimeout
 	}
+	m.cfg = link.Config{Rank: rank, Owner: owner, WG: &m.wg, StageChunk: m.stageChunk, LocalCompletion: m.localComp,
+		OrderWindow: m.orderWindow, SpinWait: m.spinWait, Spinners: m.spinners, CloseTimeout: m.closeTimeout,
+		NoIntraRing: m.noIntraRing, NoIntraStream: m.noIntraStream}
 	l.fitFabric(n)
 	outs, ins, peerNoFab, err := connectStreams(l, infos, want, rank, lanes, opt.NoFabric, opt.Encrypt, deadline, timeout)
 	if err != nil {
@@ -315,7 +217,7 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 		return nil, err
 	}
 	for _, p := range m.peers {
-		p.t.start()
+		p.t.Start()
 	}
 	if lanes > 1 {
 		m.wg.Add(1)
@@ -348,44 +250,19 @@ func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self wire.HandleInfo,
 		return m.fabricTransport(p, peer, self, outs, ins, railNames)
 	}
 	if opt.IntraNode && peer.HostID == self.HostID && peer.Pid != 0 {
-		return newIntraLink(p, outs, ins, int(peer.Pid)), nil
+		return intranode.New(p, outs, ins, int(peer.Pid)), nil
 	}
-	return newTCPLink(p, outs, ins), nil
+	return tcp.NewLink(p, outs, ins), nil
 }
 
-// Stats is what a mesh reports of itself: its transports and what they
-// moved.
-type Stats struct {
-	FabricPeers    int      // peers reached over libfabric
-	IntraNodePeers int      // peers the single-copy path is enabled for
-	FabricProvider string   // the libfabric provider in use ("" for none)
-	FabricRails    []string // the domains (NICs) of the fabric endpoints, rail 0 first
-	RailBytes      []uint64 // what our puts and gets moved through each rail so far
-	// CompressedRaw and CompressedWire are the payload bytes the TCP
-	// lanes compressed so far and what they took on the wire (framing
-	// included).
-	CompressedRaw, CompressedWire uint64
-	// AcksCarried and AcksAlone count the acknowledgements of the peers'
-	// puts sent so far: carried in a batch of ours (SPEC.md §4,
-	// "Acknowledgements ride the reverse lanes"), or written alone.
-	AcksCarried, AcksAlone uint64
-	// BackstopAsks counts the liveness backstop's asks for acks that
-	// waited too long (tcp_acks.go, backstop), and AcksRescued the asks
-	// an ack answered: each is an ack the normal path failed to deliver
-	// in time.
-	BackstopAsks, AcksRescued uint64
-	// StreamWakes counts the readers of shared-memory streams the wake
-	// backstop woke (stream_wake.go): a wake-up the normal path lost, or
-	// a reader whose thread got no CPU for a tick. LostWakes counts those
-	// of them whose reader had marked itself asleep: lost wake-ups.
-	StreamWakes, LostWakes uint64
-}
+// Stats is link.Stats: what a mesh reports of itself.
+type Stats = link.Stats
 
 // Stats reads the mesh's counters (at connect and close: it allocates).
 func (m *Mesh) Stats() Stats {
 	st := Stats{FabricRails: m.railNames(), RailBytes: m.railBytes()}
 	for _, p := range m.peers {
-		p.t.addStats(&st)
+		p.t.AddStats(&st)
 	}
 	if m.fab != nil {
 		st.FabricProvider = m.fab.Info.Provider
@@ -406,7 +283,7 @@ func (m *Mesh) Post(peerRank int, op *Op, hold bool, lane int) {
 
 // Flush sends what is queued for peer from the calling thread if the stream
 // is idle (see lane.flush). test() calls it for the peer of a pending request.
-func (m *Mesh) Flush(peerRank int) { m.peers[peerRank].t.flush() }
+func (m *Mesh) Flush(peerRank int) { m.peers[peerRank].t.Flush() }
 
 // FlushAll is Flush for every peer; rmaProgress and iflush call it.
 // Progress is FlushAll plus one poll of every libfabric endpoint on the
@@ -419,22 +296,32 @@ func (m *Mesh) Progress() {
 		e.CallerPoll()
 	}
 	for _, p := range m.peers {
-		p.t.turn()
+		p.t.Turn()
 	}
 }
 
 func (m *Mesh) FlushAll() {
 	for _, p := range m.peers {
-		p.t.flush()
+		p.t.Flush()
 	}
 }
+
+// Mesh.AskAcks, peer.sayGoodbye and lateLanes find these TCP link methods
+// by assertion only: a renamed method would silently turn them off.
+var (
+	_ interface{ AskAcks() }            = (*tcp.Link)(nil)
+	_ interface{ LaneUnused(int) bool } = (*tcp.Link)(nil)
+	_ interface {
+		AddIn(lane, lanes int, c *net.TCPConn) error
+	} = (*tcp.Link)(nil)
+)
 
 // AskAcks asks rank peerRank to acknowledge our puts to it at once if
 // they are not acknowledged soon: the caller waits for their completions
 // (iflush). Transports whose targets never hold their acks ignore it.
 func (m *Mesh) AskAcks(peerRank int) {
-	if a, ok := m.peers[peerRank].t.(interface{ askAcks() }); ok {
-		a.askAcks()
+	if a, ok := m.peers[peerRank].t.(interface{ AskAcks() }); ok {
+		a.AskAcks()
 	}
 }
 
@@ -445,7 +332,7 @@ func (m *Mesh) Kick() {
 		return
 	}
 	for _, p := range m.peers {
-		p.t.kick()
+		p.t.Kick()
 	}
 }
 
@@ -462,7 +349,7 @@ func (m *Mesh) OpParts(peer int, op *Op) int {
 	if p.striped(op) {
 		n = m.parts(op.Msg, op.Size, op.Chunk)
 	}
-	if n == 1 && p.t.signalApart(*op) {
+	if n == 1 && p.t.SignalApart(*op) {
 		n++
 	}
 	return n
@@ -500,7 +387,7 @@ func (m *Mesh) Drain() []int {
 func (m *Mesh) kickAll() {
 	m.held.Store(false)
 	for _, p := range m.peers {
-		p.t.kick()
+		p.t.Kick()
 	}
 }
 
@@ -537,7 +424,7 @@ func (m *Mesh) Close() error {
 	}
 	m.wg.Wait()
 	for _, p := range m.peers {
-		p.t.release()
+		p.t.Release()
 	}
 	m.logRails()
 	m.closeRails()

@@ -2,11 +2,10 @@ package dataplane
 
 import (
 	"fmt"
-	"sync/atomic"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -15,90 +14,12 @@ import (
 // the peer numbered before it has landed too (the peer's orderer,
 // host/seqorder).
 
-// ShadowOwner is implemented by an Owner whose device registrations may
-// carry a never-reset signal shadow (staging.Shadow): signals to their
-// words are written, not read and written.
-type ShadowOwner interface {
-	// SignalShadow returns registration mrID's shadow, or nil; the caller
-	// holds a Pin of the registration.
-	SignalShadow(mrID uint32) *staging.Shadow
-}
+// sigRef is link.Signal: a signal word, and the order of mapped copies it
+// follows.
+type sigRef = link.Signal
 
-// SharedOwner is implemented by an Owner whose device registrations may
-// be mapped into peers on this host (SPEC.md §4, "Device windows mapped"):
-// such a peer reads and writes them without this target's service, so a
-// put this target acknowledges must have landed already, not merely be
-// queued behind the stream's other work.
-type SharedOwner interface {
-	// Shared reports whether registration mrID was handed to a peer.
-	Shared(mrID uint32) bool
-}
-
-// StrongOwner is implemented by an Owner whose registrations may be
-// flagged strongly ordered (NCCL_NET_MR_FLAG_FORCE_SO): a device payload
-// put into one lands with synchronous copies, after every asynchronous
-// copy queued before it, so that its completion says everything before
-// it landed (NCCL's RMA proxy flushes with such a put to its own rank).
-type StrongOwner interface {
-	// StronglyOrdered reports whether registration mrID is flagged so;
-	// the caller holds a Pin of it.
-	StronglyOrdered(mrID uint32) bool
-}
-
-// sigRef is a signal word: host memory updated atomically, or a word of
-// device memory updated through the device runtime (staging.AddSignal).
-// On an intra-node link with interprocess events it also carries the
-// ordering of the peer's mapped copies (ipc_events.go), done when it is
-// applied: in sequence order, so a signal numbered after a mapped
-// put+signal that another lane carried follows that put's bytes too.
-type sigRef struct {
-	host *uint64
-	dev  uintptr
-	ctx  uintptr
-	sh   *staging.Shadow // the registration's never-reset shadow, or nil
-	pin  Pin             // the signal registration, held until the signal is applied
-	evs  *linkEvents     // the link's events, or nil: nothing to order
-	ev   uintptr         // the peer's event this put+signal named, or 0
-}
-
-// Valid reports whether s has something to apply (seqorder.Signal): a
-// word, or the order of a mapped put whose signal was refused.
-func (s sigRef) Valid() bool { return s.word() || s.ev != 0 }
-
-// word reports whether s names a signal word.
-func (s sigRef) word() bool { return s.host != nil || s.dev != 0 }
-
-// onStream reports whether Apply writes s on its context's stream, after
-// what is queued there.
-func (s sigRef) onStream() bool { return s.dev != 0 && staging.SignalStreamOrdered(s.ctx, s.sh) }
-
-// Release lets go of the signal registration's pin.
-func (s sigRef) Release() { s.pin.Release() }
-
-// Apply adds v to the signal word, after the payload is visible.
-func (s sigRef) Apply(v uint64) error {
-	if s.evs != nil {
-		if err := s.evs.order(s.ev, s.ctx, s.onStream()); err != nil {
-			return err
-		}
-	}
-	switch {
-	case s.host != nil:
-		// A device payload before it may still be queued on a stream:
-		// the host word must not say it landed before it did.
-		if err := staging.Fence(); err != nil {
-			return err
-		}
-		atomic.AddUint64(s.host, v)
-		return nil
-	case s.dev != 0:
-		return staging.AddSignal(s.ctx, s.dev, v, s.sh)
-	}
-	return nil // only the order of a refused signal's put
-}
-
-// devAddr is the device address a registration base stands for.
-func devAddr(p unsafe.Pointer, off uint64) uintptr { return uintptr(p) + uintptr(off) }
+// devAddr is link.DevAddr.
+func devAddr(p unsafe.Pointer, off uint64) uintptr { return link.DevAddr(p, off) }
 
 // landed records that the put numbered seq landed and applies sig (when
 // valid) in order. seq 0 means one ordered channel: apply at once. A
@@ -107,7 +28,7 @@ func devAddr(p unsafe.Pointer, off uint64) uintptr { return uintptr(p) + uintptr
 func (p *peer) landed(seq uint64, sig sigRef, add uint64) error {
 	if seq != 0 {
 		if err := p.order.Done(seq, sig, add); err != nil {
-			sig.pin.Release()
+			sig.Pin.Release()
 			err = fmt.Errorf("protocol violation by rank %d: %w", p.rank, err)
 			logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
 			return err
@@ -118,7 +39,7 @@ func (p *peer) landed(seq uint64, sig sigRef, add uint64) error {
 		if err := sig.Apply(add); err != nil {
 			p.m.owner.PeerFailed(p.rank, fmt.Errorf("signal from rank %d: %w", p.rank, err))
 		}
-		sig.pin.Release()
+		sig.Pin.Release()
 	}
 	return nil
 }
@@ -134,14 +55,14 @@ func (p *peer) signalTarget(mrID uint32, off uint64, op uint8, value uint64) (si
 		pin.Release()
 		return sigRef{}, 0, abi.InvalidArgument
 	}
-	ref := sigRef{pin: pin}
+	ref := sigRef{Pin: pin}
 	if ctx != 0 {
-		ref.dev, ref.ctx = devAddr(base, off), ctx
+		ref.Dev, ref.Ctx = devAddr(base, off), ctx
 		if so, ok := p.m.owner.(ShadowOwner); ok {
-			ref.sh = so.SignalShadow(mrID)
+			ref.Sh = so.SignalShadow(mrID)
 		}
 	} else {
-		ref.host = (*uint64)(unsafe.Add(base, off))
+		ref.Host = (*uint64)(unsafe.Add(base, off))
 	}
 	if op == abi.SignalOpInc {
 		return ref, 1, abi.Success

@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -80,7 +81,7 @@ func rawHeaderDrops(t *testing.T, ms []*Mesh, owners []*memOwner, h wire.Header,
 	t.Helper()
 	var b [wire.HeaderSize]byte
 	h.Encode(b[:])
-	if _, err := ms[0].peers[1].t.(*tcpLink).lanes[0].out.Write(b[:]); err != nil {
+	if _, err := ms[0].peers[1].t.(*tcp.Link).Lanes()[0].Out().Write(b[:]); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the target to drop the peer", func() bool {

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
@@ -71,26 +72,26 @@ func newPeer(m *Mesh, rank int) *peer {
 // one.
 func (p *peer) route(op *Op, hold bool, lane int) {
 	if p.lanes == 1 {
-		if p.t.submitCaller(0, *op, hold) {
-			p.t.writeLone(0) // a lone signal leaves at once
+		if p.t.SubmitCaller(0, *op, hold) {
+			p.t.WriteLone(0) // a lone signal leaves at once
 		}
 		return
 	}
 	if op.Msg == wire.MsgReg {
-		p.t.submit(p.live(0), *op, hold)
+		p.t.Submit(p.live(0), *op, hold)
 		return
 	}
 	if lane < 0 || lane >= p.lanes {
 		lane = 0
 	}
 	if lane, lone := p.number(op, hold, lane); lone {
-		p.t.writeLone(lane) // as on one lane, once the number is taken
+		p.t.WriteLone(lane) // as on one lane, once the number is taken
 	}
 }
 
 // number numbers op (a get takes none) and queues it, on lane or, striped,
 // on them all; lone: the lane it went to would write it at once
-// (submitCaller), which the caller does without the lock.
+// (SubmitCaller), which the caller does without the lock.
 func (p *peer) number(op *Op, hold bool, lane int) (int, bool) {
 	p.seqMu.Lock()
 	defer p.seqMu.Unlock()
@@ -103,7 +104,7 @@ func (p *peer) number(op *Op, hold bool, lane int) (int, bool) {
 		op.Seq = p.seq
 	}
 	lane = p.live(lane)
-	return lane, p.t.submitCaller(lane, *op, hold)
+	return lane, p.t.SubmitCaller(lane, *op, hold)
 }
 
 // live is lane, or the next lane after it that has not failed (lane itself
@@ -150,17 +151,17 @@ func (p *peer) stripe(op *Op, hold bool, sigLane int) {
 		}
 		lane := p.live(p.rr % p.lanes)
 		p.rr++
-		p.t.submit(lane, c, true)
+		p.t.Submit(lane, c, true)
 	}
 	if op.Msg == wire.MsgPutSignal {
 		s := *op
 		s.Size, s.Local, s.Remote, s.Mapped, s.Off, s.MrID = 0, nil, 0, 0, 0, 0
 		p.seq++
 		s.Seq = p.seq
-		p.t.submit(p.live(sigLane), s, true)
+		p.t.Submit(p.live(sigLane), s, true)
 	}
 	if !hold {
-		p.t.kick()
+		p.t.Kick()
 	}
 }
 
@@ -196,7 +197,7 @@ func (m *Mesh) pieceSize(size, chunk uint64) uint64 {
 // operations: it is not striped unless the backend's plan asked for a
 // chunk size, or it is staged over the TCP lanes (device memory).
 func (p *peer) striped(op *Op) bool {
-	if p.t.wholeOp(*op) {
+	if p.t.WholeOp(*op) {
 		return false
 	}
 	return p.m.striped(op.Msg, op.Size, op.Chunk)
@@ -244,15 +245,15 @@ func (p *peer) failCause(op *Op, err error) {
 func (p *peer) markDead(err error) {
 	p.deadOnce.Do(func() {
 		p.why.CompareAndSwap(nil, &err)
-		p.t.stop()
+		p.t.Stop()
 		close(p.quit)
-		lost := p.t.awaiting()
+		lost := p.t.Awaiting()
 		if !p.closing.Load() && (!p.peerBye.Load() || lost > 0) {
 			p.m.owner.PeerFailed(p.rank, fmt.Errorf("%w: %v", ErrPeerGone, err))
 		}
 		// After the report: whoever sees a failed request also sees
 		// queryLastError report it.
-		p.t.failAll()
+		p.t.FailAll()
 	})
 }
 
@@ -265,8 +266,8 @@ func (p *peer) sayGoodbye() {
 	// A lane never opened (lazy.go) carried nothing: no goodbye, which
 	// would only open it.
 	down := p.down.Load()
-	unused, _ := p.t.(interface{ laneUnused(int) bool })
-	skip := func(lane int) bool { return down&(1<<lane) != 0 || (unused != nil && unused.laneUnused(lane)) }
+	unused, _ := p.t.(interface{ LaneUnused(int) bool })
+	skip := func(lane int) bool { return down&(1<<lane) != 0 || (unused != nil && unused.LaneUnused(lane)) }
 	n := int32(0)
 	for lane := 0; lane < p.lanes; lane++ {
 		if !skip(lane) {
@@ -276,7 +277,7 @@ func (p *peer) sayGoodbye() {
 	p.byeLanes.Store(max(n, 1))
 	for lane := 0; lane < p.lanes; lane++ {
 		if !skip(lane) || n == 0 {
-			p.t.submit(lane, Op{Msg: wire.MsgBye}, false)
+			p.t.Submit(lane, Op{Msg: wire.MsgBye}, false)
 		}
 	}
 }
@@ -318,7 +319,15 @@ func (p *peer) byeGone() {
 }
 
 // idle reports whether every operation posted so far completed (puts arrived).
-func (p *peer) idle() bool { return p.dead.Load() || p.t.idle() }
+func (p *peer) idle() bool { return p.dead.Load() || p.t.Idle() }
 
 // Gone is the staging ring's liveness check of a peer's services.
 func (p *peer) Gone() bool { return p.dead.Load() }
+
+// addOffset advances a pointer into registered memory.
+func addOffset(ptr unsafe.Pointer, off uint64) unsafe.Pointer {
+	if ptr == nil {
+		return nil
+	}
+	return unsafe.Add(ptr, off)
+}

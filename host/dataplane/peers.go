@@ -44,20 +44,20 @@ func absentPeer(m *Mesh, rank int) *peer {
 // a lost peer.
 type absentLink struct{ p *peer }
 
-func (a absentLink) props() Props                           { return Props{Name: "absent", Lanes: a.p.lanes} }
-func (a absentLink) start()                                 {}
-func (a absentLink) submit(_ int, op Op, _ bool)            { a.p.fail(&op) }
-func (a absentLink) submitCaller(_ int, op Op, _ bool) bool { a.p.fail(&op); return false }
-func (a absentLink) writeLone(int)                          {}
-func (a absentLink) flush()                                 {}
-func (a absentLink) turn()                                  {}
-func (a absentLink) kick()                                  {}
-func (a absentLink) idle() bool                             { return true }
-func (a absentLink) stop()                                  {}
-func (a absentLink) awaiting() int                          { return 0 }
-func (a absentLink) failAll()                               {}
-func (a absentLink) wholeOp(Op) bool                        { return true }
-func (a absentLink) signalApart(Op) bool                    { return false }
-func (a absentLink) release()                               {}
-func (a absentLink) writeState(io.Writer)                   {}
-func (a absentLink) addStats(*Stats)                        {}
+func (a absentLink) Props() Props                           { return Props{Name: "absent", Lanes: a.p.lanes} }
+func (a absentLink) Start()                                 {}
+func (a absentLink) Submit(_ int, op Op, _ bool)            { a.p.fail(&op) }
+func (a absentLink) SubmitCaller(_ int, op Op, _ bool) bool { a.p.fail(&op); return false }
+func (a absentLink) WriteLone(int)                          {}
+func (a absentLink) Flush()                                 {}
+func (a absentLink) Turn()                                  {}
+func (a absentLink) Kick()                                  {}
+func (a absentLink) Idle() bool                             { return true }
+func (a absentLink) Stop()                                  {}
+func (a absentLink) Awaiting() int                          { return 0 }
+func (a absentLink) FailAll()                               {}
+func (a absentLink) WholeOp(Op) bool                        { return true }
+func (a absentLink) SignalApart(Op) bool                    { return false }
+func (a absentLink) Release()                               {}
+func (a absentLink) WriteState(io.Writer)                   {}
+func (a absentLink) AddStats(*Stats)                        {}

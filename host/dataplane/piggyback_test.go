@@ -10,14 +10,15 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // tcpOf is the TCP side of a peer's transport (the intra-node link runs
 // on it too).
-func tcpOf(t *testing.T, m *Mesh, peer int) *tcpLink {
+func tcpOf(t *testing.T, m *Mesh, peer int) *tcp.Link {
 	t.Helper()
-	if tl := streamsOf(m.peers[peer].t); tl != nil {
+	if tl := tcp.Of(m.peers[peer].t); tl != nil {
 		return tl
 	}
 	t.Fatalf("peer %d's transport is %T, not TCP", peer, m.peers[peer].t)
@@ -27,11 +28,11 @@ func tcpOf(t *testing.T, m *Mesh, peer int) *tcpLink {
 // setDelays sets each delay to d until t ends, restored after the meshes
 // t made closed (cleanups run last first, so call it before connecting),
 // as their timers read them.
-func setDelays(t *testing.T, d time.Duration, ds ...*delay) {
+func setDelays(t *testing.T, d time.Duration, ds ...*tcp.Delay) {
 	for _, v := range ds {
-		saved := v.get()
-		v.set(d)
-		t.Cleanup(func() { v.set(saved) })
+		saved := v.Get()
+		v.Set(d)
+		t.Cleanup(func() { v.Set(saved) })
 	}
 }
 
@@ -86,20 +87,20 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 				ms[0].Post(1, &op, hold, 0)
 			}
 			// Part 1: the send timer never fires (no timed behaviour).
-			saved, savedHold := sendDelay.get(), holdDelay.get()
-			setDelays(t, time.Hour, sendDelay, holdDelay)
+			saved, savedHold := tcp.SendDelay().Get(), tcp.HoldDelay().Get()
+			setDelays(t, time.Hour, tcp.SendDelay(), tcp.HoldDelay())
 			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
-			l := tcpOf(t, ms[0], 1).lanes[0]
-			w0, b0 := l.writes.Load(), l.batches.Load()
+			l := tcpOf(t, ms[0], 1).Lanes()[0]
+			w0, b0 := l.Writes().Load(), l.Batches().Load()
 			for i := 0; i < n; i++ {
 				put(i, uint64(i+1), true)
 			}
-			if w, b := l.writes.Load()-w0, l.batches.Load()-b0; w != 0 || b != 0 {
+			if w, b := l.Writes().Load()-w0, l.Batches().Load()-b0; w != 0 || b != 0 {
 				t.Fatalf("%d held ops: %d writes and %d batches before any test, want none", n, w, b)
 			}
 			put(n, n+1, false)
 			ms[0].Flush(1) // the caller's test()
-			if w, b := l.writes.Load()-w0, l.batches.Load()-b0; w != 1 || b != 1 {
+			if w, b := l.Writes().Load()-w0, l.Batches().Load()-b0; w != 1 || b != 1 {
 				t.Fatalf("%d held ops and a plain one: %d writes and %d batches, want 1 and 1", n, w, b)
 			}
 			waitWord(t, os[1], sigOff, 1, nil)
@@ -116,8 +117,8 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 			}
 			// Part 2: held ops, then nothing at all from the caller (a
 			// fresh pair: the first one's send timer is armed for an hour).
-			sendDelay.set(saved)
-			holdDelay.set(savedHold)
+			tcp.SendDelay().Set(saved)
+			tcp.HoldDelay().Set(savedHold)
 			os = newOwners(2, 4096)
 			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 			for i := 0; i <= n; i++ {
@@ -180,7 +181,7 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: c.intra, Lanes: c.lanes, LocalCompletion: c.localComp, StripeThreshold: 1 << 20})
 	defer dumpWhenStuck(t, ms)()
 	for r, m := range ms {
-		if a := tcpOf(t, m, 1-r).acks[c.lane[1-r]]; !a.rides() {
+		if a := tcpOf(t, m, 1-r).Acks()[c.lane[1-r]]; !a.Rides() {
 			t.Fatalf("rank %d: acks of lane %d do not ride the answers", r, c.lane[1-r])
 		}
 	}
@@ -262,7 +263,7 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 func TestAskAcks(t *testing.T) {
 	for _, intra := range []bool{false, true} {
 		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) {
-			setDelays(t, time.Hour, ackDelay, ackBound)
+			setDelays(t, time.Hour, tcp.AckDelay(), tcp.AckBound())
 			ms, os, src := heldAckPair(t, intra, 9)
 			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128,
 				SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)

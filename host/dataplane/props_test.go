@@ -9,8 +9,8 @@ import (
 // fabric link, an asynchronous landing copy).
 type lateLink struct{ transport }
 
-func (l lateLink) props() Props {
-	pr := l.transport.props()
+func (l lateLink) Props() Props {
+	pr := l.transport.Props()
 	pr.LateVisible = true
 	return pr
 }

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
@@ -26,7 +27,7 @@ import (
 func TestSelfDevice(t *testing.T) {
 	const size = 64 << 10
 	ms, os, d := ringMesh(t, size, 1)
-	x := ms[0].peers[0].t.(*intraLink)
+	x := ms[0].peers[0].t.(*intranode.Link)
 	src := d.At(os[0].dev, size)
 	fill(src[:size/2], 3)
 	clear(src[size/2:])
@@ -63,7 +64,7 @@ func TestSelfDevice(t *testing.T) {
 	if st := waitDone(t, &os[0].memOwner, 21); st != abi.Success || !bytes.Equal(g, src[200:200+4096]) {
 		t.Fatalf("device->host self get: %v", st)
 	}
-	if n := x.selfs.Load(); n != 4 {
+	if n := x.Selfs().Load(); n != 4 {
 		t.Fatalf("%d of 4 operations to itself moved by local copies", n)
 	}
 	// Out of range: refused as over the socket.
@@ -74,7 +75,7 @@ func TestSelfDevice(t *testing.T) {
 	// The next copy fails: the put goes through the socket and lands. (The
 	// refused put completed at its header: its payload may still be in
 	// the writer's hands.)
-	for deadline := time.Now().Add(10 * time.Second); !x.idle(); time.Sleep(50 * time.Microsecond) {
+	for deadline := time.Now().Add(10 * time.Second); !x.Idle(); time.Sleep(50 * time.Microsecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the lane never went idle")
 		}
@@ -85,7 +86,7 @@ func TestSelfDevice(t *testing.T) {
 	if st := waitDone(t, &os[0].memOwner, 23); st != abi.Success || !bytes.Equal(src[size/2:size/2+64], src[:64]) {
 		t.Fatalf("self put after a failed local copy: %v", st)
 	}
-	if n := x.selfs.Load(); n != 4 {
+	if n := x.Selfs().Load(); n != 4 {
 		t.Fatalf("%d operations moved locally, want still 4", n)
 	}
 	for _, m := range ms {
@@ -183,7 +184,7 @@ func selfDeviceQueued(t *testing.T, lanes int) {
 	}
 	ms := connectOwners(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
 		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10})
-	x := ms[0].peers[0].t.(*intraLink)
+	x := ms[0].peers[0].t.(*intranode.Link)
 	src := d.At(os[0].dev, size)
 	fill(src[:size/2], 3)
 	wait := func(tag uint64) abi.Result {
@@ -240,7 +241,7 @@ func selfDeviceQueued(t *testing.T, lanes int) {
 	if os[0].failed != abi.Success {
 		t.Fatalf("a part failed: %v", os[0].failed)
 	}
-	if n := x.selfs.Load(); n != 4 {
+	if n := x.Selfs().Load(); n != 4 {
 		t.Fatalf("%d operations to itself moved locally, want 4", n)
 	}
 	for _, m := range ms {

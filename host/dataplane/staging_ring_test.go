@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -142,10 +143,10 @@ func TestRingPipelined(t *testing.T) {
 			if d.Overlap.Load() == 0 {
 				t.Fatal("no device copy of the sender ran while the target copied in: the ring stages ran one after the other")
 			}
-			x := ms[0].peers[1].t.(*intraLink)
+			x := ms[0].peers[1].t.(*intranode.Link)
 			rings := 0
-			for _, l := range x.lanes {
-				if l.intra().ringState == ringOn {
+			for _, l := range x.Lanes() {
+				if intraOf(l).RingState() == intranode.RingOn {
 					rings++
 				}
 			}
@@ -195,8 +196,8 @@ func TestRingPipelined(t *testing.T) {
 // TestRingRefusedFallsBack: a target that cannot map the ring refuses it,
 // and device payloads ride the stream instead, every byte intact.
 func TestRingRefusedFallsBack(t *testing.T) {
-	attachHook = func() error { return errors.New("refused by the test") }
-	defer func() { attachHook = nil }()
+	*intranode.AttachHook() = func() error { return errors.New("refused by the test") }
+	defer func() { *intranode.AttachHook() = nil }()
 	const size = 64 << 10
 	ms, os, d := ringMesh(t, size, 1)
 	src, dst := d.At(os[0].dev, size), d.At(os[1].dev, size)
@@ -208,8 +209,8 @@ func TestRingRefusedFallsBack(t *testing.T) {
 			t.Fatalf("put %d with the ring refused: %v", tag, st)
 		}
 	}
-	if l := ms[0].peers[1].t.(*intraLink).lanes[0]; l.intra().ringState != ringOff {
-		t.Fatalf("ring state %d after a refusal, want off", l.intra().ringState)
+	if l := ms[0].peers[1].t.(*intranode.Link).Lanes()[0]; intraOf(l).RingState() != intranode.RingOff {
+		t.Fatalf("ring state %d after a refusal, want off", intraOf(l).RingState())
 	}
 }
 
@@ -219,15 +220,15 @@ func TestRingRefusedFallsBack(t *testing.T) {
 func TestRingWithoutProcessVM(t *testing.T) {
 	const size = 64 << 10
 	ms, os, d := ringMesh(t, size, 1)
-	ms[0].peers[1].t.(*intraLink).on.Store(false)
+	ms[0].peers[1].t.(*intranode.Link).On().Store(false)
 	src, dst := d.At(os[0].dev, size), d.At(os[1].dev, size)
 	fill(src, 5)
 	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size}, false, -1)
 	if st := waitDone(t, &os[0].memOwner, 1); st != abi.Success || !bytes.Equal(dst, src) {
 		t.Fatalf("put: %v", st)
 	}
-	if l := ms[0].peers[1].t.(*intraLink).lanes[0]; l.intra().ringState != ringOn {
-		t.Fatalf("ring state %d with process_vm_writev refused, want on", l.intra().ringState)
+	if l := ms[0].peers[1].t.(*intranode.Link).Lanes()[0]; intraOf(l).RingState() != intranode.RingOn {
+		t.Fatalf("ring state %d with process_vm_writev refused, want on", intraOf(l).RingState())
 	}
 }
 
@@ -261,7 +262,7 @@ func TestRingLaneFailover(t *testing.T) {
 	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size,
 		SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 3}, false, 0)
 	waitUntil(t, "the ring to carry part of the put", func() bool { return d.Overlap.Load()+d.Copies.Load() > 4 })
-	c := ms[1].peers[0].t.(*intraLink).ins[0] // reset at the target, as ss -K does
+	c := ms[1].peers[0].t.(*intranode.Link).Ins()[0] // reset at the target, as ss -K does
 	if err := c.SetLinger(0); err != nil {
 		t.Fatal(err)
 	}

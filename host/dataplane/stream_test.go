@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -64,15 +65,15 @@ func TestStreamRings(t *testing.T) {
 			var bells uint64
 			for a := range 2 {
 				tl := tcpOf(t, ms[a], 1-a)
-				for _, l := range tl.lanes {
-					if l.intra().sState != ringOn || l.intra().sring.Load() == nil {
-						t.Fatalf("rank %d lane %d to rank %d: no shared-memory stream", a, l.idx, 1-a)
+				for _, l := range tl.Lanes() {
+					if intraOf(l).SState() != intranode.RingOn || intraOf(l).Sring().Load() == nil {
+						t.Fatalf("rank %d lane %d to rank %d: no shared-memory stream", a, l.Idx(), 1-a)
 					}
-					bells += l.intra().bells.Load()
+					bells += intraOf(l).Bells().Load()
 				}
 				target := tcpOf(t, ms[1-a], a)
-				for i, ac := range target.acks {
-					if r := ac.rd.Load(); r == nil || r.sring == nil {
+				for i, ac := range target.Acks() {
+					if r := ac.Rd().Load(); r == nil || r.Sring() == nil {
 						t.Fatalf("rank %d's reader of lane %d from rank %d reads no ring", 1-a, i, a)
 					}
 				}
@@ -103,16 +104,16 @@ func TestStreamRings(t *testing.T) {
 // and the lane goes on with its socket.
 func TestStreamRefused(t *testing.T) {
 	refusal := errors.New("refused by the test")
-	streamRefusal.Store(&refusal)
-	defer streamRefusal.Store(nil)
+	intranode.StreamRefusal().Store(&refusal)
+	defer intranode.StreamRefusal().Store(nil)
 	owners := newOwners(2, 64+48*(8<<10))
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
 	streamPuts(t, ms, owners, 0, 1, 20, 0)
-	l := tcpOf(t, ms[0], 1).lanes[0]
-	if l.intra().sState != ringOff || !l.intra().sNo.Load() {
-		t.Fatalf("lane state %d (refused %v) after a refusal", l.intra().sState, l.intra().sNo.Load())
+	l := tcpOf(t, ms[0], 1).Lanes()[0]
+	if intraOf(l).SState() != intranode.RingOff || !intraOf(l).SNo().Load() {
+		t.Fatalf("lane state %d (refused %v) after a refusal", intraOf(l).SState(), intraOf(l).SNo().Load())
 	}
-	if r := tcpOf(t, ms[1], 0).acks[0].rd.Load(); r == nil || r.sring != nil {
+	if r := tcpOf(t, ms[1], 0).Acks()[0].Rd().Load(); r == nil || r.Sring() != nil {
 		t.Fatal("the target reads a ring it refused")
 	}
 }
@@ -122,7 +123,7 @@ func TestStreamOff(t *testing.T) {
 	owners := newOwners(2, 64+48*(8<<10))
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, NoIntraStream: true})
 	streamPuts(t, ms, owners, 0, 1, 8, 0)
-	if l := tcpOf(t, ms[0], 1).lanes[0]; l.intra().sring.Load() != nil {
+	if l := tcpOf(t, ms[0], 1).Lanes()[0]; intraOf(l).Sring().Load() != nil {
 		t.Fatal("a shared-memory stream although NoIntraStream")
 	}
 }
@@ -134,7 +135,7 @@ func TestStreamCorrupt(t *testing.T) {
 	// The hostile writer keeps a descriptor of every ring made (the lanes
 	// close theirs once the target answered).
 	var fds []*os.File
-	newStreamRing = func(size uint64) (*shmstream.Ring, error) {
+	*intranode.NewStreamRing() = func(size uint64) (*shmstream.Ring, error) {
 		r, err := shmstream.New(size)
 		if err == nil {
 			fd, _ := r.Offer()
@@ -146,12 +147,12 @@ func TestStreamCorrupt(t *testing.T) {
 		}
 		return r, err
 	}
-	defer func() { newStreamRing = shmstream.New }()
+	defer func() { *intranode.NewStreamRing() = shmstream.New }()
 	owners := newOwners(2, 64+48*(8<<10))
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
 	streamPuts(t, ms, owners, 0, 1, 4, 0)
-	newStreamRing = shmstream.New
-	_, size := tcpOf(t, ms[0], 1).lanes[0].intra().sring.Load().Offer()
+	*intranode.NewStreamRing() = shmstream.New
+	_, size := intraOf(tcpOf(t, ms[0], 1).Lanes()[0]).Sring().Load().Offer()
 	if len(fds) != 1 {
 		t.Fatalf("%d rings made, want 1 (rank 0 to rank 1)", len(fds))
 	}
@@ -165,7 +166,7 @@ func TestStreamCorrupt(t *testing.T) {
 	tail := (*uint64)(unsafe.Pointer(&mem[128]))
 	atomic.AddUint64(tail, 3*size)
 	// Wake the target's service: a bell, as a writer would ring.
-	tcpOf(t, ms[0], 1).lanes[0].intra().Ring()
+	intraOf(tcpOf(t, ms[0], 1).Lanes()[0]).Ring()
 	deadline := time.Now().Add(10 * time.Second)
 	for !ms[1].peers[0].dead.Load() {
 		if time.Now().After(deadline) {
@@ -188,30 +189,30 @@ func TestStreamSecondOffer(t *testing.T) {
 	owners := newOwners(2, 64+48*(8<<10))
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
 	streamPuts(t, ms, owners, 0, 1, 4, 0)
-	l := tcpOf(t, ms[0], 1).lanes[0]
-	if l.intra().sring.Load() == nil {
+	l := tcpOf(t, ms[0], 1).Lanes()[0]
+	if intraOf(l).Sring().Load() == nil {
 		t.Fatal("the lane did not switch to a shared-memory stream")
 	}
 	// Take the lane's writing role, as a batch does, and offer again.
 	waitUntil(t, "the lane's writing role", func() bool {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		if l.writing {
+		l.Mu().Lock()
+		defer l.Mu().Unlock()
+		if *l.Writing() {
 			return false
 		}
-		l.writing = true
+		*l.Writing() = true
 		return true
 	})
 	var b [wire.HeaderSize]byte
 	(&wire.Header{Typ: wire.MsgStream, Off: 3, Size: 1 << 18}).Encode(b[:])
-	err := l.writeIov([][]byte{b[:]})
-	l.mu.Lock()
-	l.writing = false
-	l.mu.Unlock()
+	err := l.WriteIov([][]byte{b[:]})
+	l.Mu().Lock()
+	*l.Writing() = false
+	l.Mu().Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.intra().Ring()
+	intraOf(l).Ring()
 	waitUntil(t, "the target to drop the peer", ms[1].peers[0].dead.Load)
 	owners[1].mu.Lock()
 	failed := fmt.Sprint(owners[1].failed)

@@ -4,6 +4,9 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 )
 
 // TestStreamWakeBackstop: with every bell of the shared-memory streams
@@ -11,14 +14,14 @@ import (
 // ring, and only the wake backstop (stream_wake.go) gets it read: the puts
 // land and complete, both ways, and both ranks count wakes. Nobody polls here,
 // so the services alone read the rings. With the backstop's wakes off
-// (skipStreamWake; RMAW_NEGATIVE_CONTROL=streamwake) the first put never
+// (tcp.SkipStreamWake; RMAW_NEGATIVE_CONTROL=streamwake) the first put never
 // completes.
 func TestStreamWakeBackstop(t *testing.T) {
-	dropBells.Store(true)
-	t.Cleanup(func() { dropBells.Store(false) })
+	intranode.DropBells(true)
+	t.Cleanup(func() { intranode.DropBells(false) })
 	if os.Getenv("RMAW_NEGATIVE_CONTROL") == "streamwake" {
-		skipStreamWake.Store(true)
-		t.Cleanup(func() { skipStreamWake.Store(false) })
+		tcp.SkipStreamWake.Store(true)
+		t.Cleanup(func() { tcp.SkipStreamWake.Store(false) })
 	}
 	owners := newOwners(2, 64+8*(8<<10))
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
@@ -31,7 +34,7 @@ func TestStreamWakeBackstop(t *testing.T) {
 		}
 	}
 	for a := range 2 {
-		if l := tcpOf(t, ms[a], 1-a).lanes[0]; l.intra().sState != ringOn {
+		if l := tcpOf(t, ms[a], 1-a).Lanes()[0]; intraOf(l).SState() != intranode.RingOn {
 			t.Fatalf("rank %d's lane to rank %d writes no shared-memory stream", a, 1-a)
 		}
 		st := ms[a].Stats()

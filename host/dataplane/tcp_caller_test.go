@@ -12,6 +12,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec/codectest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -143,10 +144,10 @@ func TestCallerReadsStream(t *testing.T) {
 				t.Fatalf("signal word %d, want %d", got, n)
 			}
 			var msgs, hand uint64
-			for _, a := range tcpOf(t, ms[1], 0).acks {
-				if r := a.rd.Load(); r != nil {
-					msgs += r.callerMsgs.Load()
-					hand += r.handoffs.Load()
+			for _, a := range tcpOf(t, ms[1], 0).Acks() {
+				if r := a.Rd().Load(); r != nil {
+					msgs += r.CallerMsgs().Load()
+					hand += r.Handoffs().Load()
 				}
 			}
 			t.Logf("callers served %d messages, left the stream to the service %d times", msgs, hand)
@@ -164,17 +165,17 @@ func TestCallerReadsStream(t *testing.T) {
 // compressed put and a get are left to the service, which the caller
 // wakes; then the caller serves again.
 func TestCallerServesWhileServiceNaps(t *testing.T) {
-	savedA, savedW := pollActive, callerWindow
-	pollActive, callerWindow = time.Hour, time.Hour
-	t.Cleanup(func() { pollActive, callerWindow = savedA, savedW }) // after the meshes closed
+	savedA, savedW := *tcp.PollActive(), *tcp.CallerWindow()
+	*tcp.PollActive(), *tcp.CallerWindow() = time.Hour, time.Hour
+	t.Cleanup(func() { *tcp.PollActive(), *tcp.CallerWindow() = savedA, savedW }) // after the meshes closed
 	const size = 256 << 10
 	os := newOwners(2, size)
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 1})
 	src := codectest.CompressibleData(size, 3)
-	r := tcpOf(t, ms[1], 0).acks[0].rd.Load()
+	r := tcpOf(t, ms[1], 0).Acks()[0].Rd().Load()
 	for r == nil { // the service publishes its reader as it starts
 		runtime.Gosched()
-		r = tcpOf(t, ms[1], 0).acks[0].rd.Load()
+		r = tcpOf(t, ms[1], 0).Acks()[0].Rd().Load()
 	}
 	sig := uint64(0)
 	tag := uint64(0)
@@ -197,20 +198,20 @@ func TestCallerServesWhileServiceNaps(t *testing.T) {
 		// Until the service naps, leaving the stream to callers, it serves
 		// (a put wakes it; it naps when a caller called since its last
 		// look).
-		for !r.napping.Load() {
+		for !r.Napping().Load() {
 			ms[1].Flush(0)
 			put(64, 8, 0)
 		}
-		m0 := r.callerMsgs.Load()
+		m0 := r.CallerMsgs().Load()
 		for i := 0; i < k; i++ {
 			put(64+8*i, 8, 0)
 		}
-		if got := r.callerMsgs.Load() - m0; got != uint64(k) {
+		if got := r.CallerMsgs().Load() - m0; got != uint64(k) {
 			t.Fatalf("the caller served %d of %d small puts, want all (the service naps)", got, k)
 		}
 	}
 	small(50)
-	h0 := r.handoffs.Load()
+	h0 := r.Handoffs().Load()
 	put(4096, 100<<10, 0) // more than a read buffer
 	put(128<<10, 64<<10, guestabi.Codec(guestabi.CodecS2, 0))
 	dst := make([]byte, 512)
@@ -227,7 +228,7 @@ func TestCallerServesWhileServiceNaps(t *testing.T) {
 	if st := waitDone(t, os[0], tag); st != abi.Success || string(dst) != string(src[4096:4096+512]) {
 		t.Fatalf("get: %v, or its bytes differ", st)
 	}
-	if r.handoffs.Load() == h0 {
+	if r.Handoffs().Load() == h0 {
 		t.Fatal("the caller served a put bigger than its buffer, a compressed put and a get itself")
 	}
 	small(50)

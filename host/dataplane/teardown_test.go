@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -223,11 +224,11 @@ func TestAckWithinARead(t *testing.T) {
 		mo[0].mu.Lock()
 		done := len(mo[0].done)
 		mo[0].mu.Unlock()
-		if done >= ackEvery {
+		if done >= tcp.AckEvery {
 			if done >= 100 {
 				t.Fatalf("%d puts completed while the target is stuck landing the 100th", done)
 			}
-			for k := 1; k <= ackEvery; k++ {
+			for k := 1; k <= tcp.AckEvery; k++ {
 				if st, ok := mo[0].status(uint64(k)); !ok || st != abi.Success {
 					t.Fatalf("put %d: completed %v, status %v", k, ok, st)
 				}
@@ -235,7 +236,7 @@ func TestAckWithinARead(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d puts completed while the target lands the 100th of one burst; want the first %d acknowledged", done, ackEvery)
+			t.Fatalf("%d puts completed while the target lands the 100th of one burst; want the first %d acknowledged", done, tcp.AckEvery)
 		}
 		time.Sleep(time.Millisecond)
 	}

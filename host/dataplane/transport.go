@@ -1,25 +1,29 @@
 package dataplane
 
-import "io"
+import (
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
+)
 
 // The transport seam. The transports are layers, not alternatives: every
-// peer has a tcpLink, and TCP is its control plane and its fallback.
+// peer has a tcp.Link, and TCP is its control plane and its fallback.
 // A peer (peer.go) is everything that does not depend on how bytes move:
 // sequence numbers and striping over lanes, the target-side orderer that
 // keeps signals strong, completions and failures reported to the Owner,
 // and the teardown (Drain, goodbyes, markDead). It hands each operation to
 // the transport Connect chose for that peer (chooseTransport):
 //
-//   - tcpLink (tcp_*.go): Lanes streams, the 64-byte header protocol of
+//   - tcp.Link (host/dataplane/tcp): Lanes streams, the 64-byte header protocol of
 //     host/wire, device memory staged through host buffers
 //     (host/devmem/staging), compression (host/codec). Registrations,
 //     goodbyes, replies and anything the layers above decline ride it.
-//   - intraLink (intranode.go) embeds *tcpLink and takes over large host
+//   - intranode.Link (host/dataplane/intranode) embeds *tcp.Link and takes over large host
 //     payloads to a peer on this host with process_vm_writev/readv, and
-//     device payloads through a shared staging ring (ring.go); the stream
+//     device payloads through a shared staging ring; the stream
 //     still carries everything else, in order, so a signal follows its
 //     payload.
-//   - fabricLink (fabric_*.go) embeds *tcpLink and takes over the payload
+//   - fabricLink (fabric_*.go) embeds *tcp.Link and takes over the payload
 //     over libfabric: writes and reads on one or more rails, a signal as
 //     write data or a message behind the payload on the same ordered
 //     endpoint, a completion goroutine per rail, and the target side on
@@ -29,100 +33,9 @@ import "io"
 // The core asks a transport only through this interface: no code outside
 // a transport's own files names its concrete type.
 
-// transport moves operations between this rank and one peer. The peer
-// calls it from many threads at once; every method but stop must be cheap,
-// take no global lock and allocate nothing on the per-operation path.
-type transport interface {
-	// props reports what the transport can do. It may change while the
-	// link runs (the intra-node path turns itself off on a refusal).
-	props() Props
-
-	// start launches what runs on its own: senders, completion readers,
-	// and the service that lands the peer's puts, applies its signals and
-	// answers its gets on our memory with no call from this process.
-	start()
-
-	// submit queues op on lane (0..Props.Lanes-1): a put, put with signal
-	// or get (op.Msg), a registration notice (MsgReg) or a goodbye
-	// (wire.MsgBye). It never blocks on the network and never fails for lack of
-	// space. hold keeps op until the next flush or kick (aggregation). Once
-	// stop ran, op is failed through peer.fail instead. op is passed by
-	// value: a pointer through an interface call escapes, and posting
-	// must not allocate.
-	submit(lane int, op Op, hold bool)
-	// submitCaller is submit for an operation the caller posts itself
-	// (peer.route). true: a transport would send it at once on the
-	// caller's thread (tcpLink's lone signal), which the caller does with
-	// writeLone once it holds no lock.
-	submitCaller(lane int, op Op, hold bool) bool
-	// writeLone writes lane's queue on the caller's thread after
-	// submitCaller said so, unless the lane has work in flight by now.
-	writeLone(lane int)
-	// flush sends queued work from the caller's thread when that is cheap
-	// (test() calls it); otherwise the transport's own goroutines do.
-	flush()
-	// turn is flush for rmaProgress (Mesh.Progress), once per turn of
-	// a caller's loop: a TCP stream is looked at on every call, without
-	// test()'s gap, and a libfabric endpoint was just polled.
-	turn()
-	// kick wakes the senders, so held operations leave now.
-	kick()
-	// idle reports that every submitted operation completed: nothing
-	// queued or being sent, no reply or arrival acknowledgement awaited.
-	idle() bool
-
-	// stop raises the peer's dead flag so that submit fails every later
-	// op (under the queue locks, so none slips in between) and closes the
-	// connections, which ends the goroutines start launched.
-	stop()
-	// awaiting counts operations still waiting for the peer's reply (get
-	// data, or the acknowledgement that a put arrived).
-	awaiting() int
-	// failAll fails everything queued and awaited; called after stop.
-	failAll()
-
-	// wholeOp reports that cutting op over the lanes gains nothing on this
-	// transport, whatever the connection's stripe threshold (libfabric
-	// with one rail: every lane posts on the same endpoint). op is a value
-	// for the reason submit's is.
-	wholeOp(op Op) bool
-	// signalApart reports that op, a put with signal that is not striped,
-	// completes in two parts: its write and the signal message behind it
-	// (libfabric, unless staged over TCP or sent inline).
-	signalApart(op Op) bool
-	// release frees what outlives stop (the staging rings of the lanes);
-	// Close calls it once the transport's goroutines ended.
-	release()
-
-	// writeState writes what the transport holds, for the stall report
-	// (Mesh.WriteState): indented lines under the peer's. It may take the
-	// transport's locks briefly; it allocates.
-	writeState(w io.Writer)
-	// addStats adds the transport's counters to st (Mesh.Stats): the peer
-	// counted as a fabric or intra-node peer, and what its lanes moved.
-	addStats(st *Stats)
-}
-
-// Props describes a transport to one peer.
-type Props struct {
-	Name string
-	// DeviceMemory: operations on NCCL_PTR_CUDA registrations work;
-	// DeviceDirect: their payloads move without host staging (GPUDirect).
-	DeviceMemory, DeviceDirect bool
-	// InlineMax is the largest operation the caller's thread sends itself
-	// from flush; larger ones go to the transport's goroutines.
-	InlineMax uint64
-	// Lanes is how many independent ordered channels submit accepts.
-	Lanes int
-	// LateVisible: a put this transport landed may become visible only
-	// after a flush NCCL's device barrier makes, so a signal that arrived
-	// behind it does not prove it visible: a NIC writing device memory
-	// (FI_HMEM, dma-buf), or a landing copy still in flight when the
-	// service moves on (an asynchronous device copy sets it). TCP and the
-	// intra-node path land each put whole (a memcpy, process_vm_writev or
-	// a synchronous device copy) before they read anything behind it.
-	LateVisible bool
-}
+// transport is link.Transport: what the core asks of the transport to one
+// peer.
+type transport = link.Transport
 
 // FlushesOnSignal is getRmaProperties' flushesAllPutsOnAnySignal (SPEC.md
 // §2): true when no peer's transport lands puts that become visible late
@@ -132,7 +45,7 @@ type Props struct {
 // put still in flight is not yet received.
 func (m *Mesh) FlushesOnSignal() bool {
 	for _, p := range m.peers {
-		if p != nil && p.t != nil && p.t.props().LateVisible {
+		if p != nil && p.t != nil && p.t.Props().LateVisible {
 			return false
 		}
 	}
@@ -141,6 +54,6 @@ func (m *Mesh) FlushesOnSignal() bool {
 
 // Transport names, as Props.Name reports them.
 const (
-	nameTCP       = "tcp"
-	nameIntraNode = "intranode"
+	nameTCP       = tcp.Name
+	nameIntraNode = intranode.Name
 )

@@ -4,9 +4,8 @@ import (
 	"fmt"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
 
@@ -26,8 +25,15 @@ import (
 // progresser is a transport that can tell how many bytes moved to and
 // from the peer; ok is false when it cannot (the watchdog skips it).
 type progresser interface {
-	progress() (n uint64, ok bool)
+	Progress() (n uint64, ok bool)
 }
+
+// The watchdog finds these only by assertion: a renamed method would
+// silently turn it off for them.
+var (
+	_ progresser = (*tcp.Link)(nil)
+	_ progresser = (*fabricLink)(nil)
+)
 
 // watchTick is the watchdog's period for timeout: an eighth of it, kept
 // between 10 ms and 1 s.
@@ -58,8 +64,8 @@ func (m *Mesh) watch(timeout time.Duration) {
 			if !ok {
 				continue
 			}
-			n, ok := pr.progress()
-			if !ok || n != last[i] || p.t.idle() {
+			n, ok := pr.Progress()
+			if !ok || n != last[i] || p.t.Idle() {
 				last[i], stalled[i] = n, 0
 				continue
 			}
@@ -73,49 +79,13 @@ func (m *Mesh) watch(timeout time.Duration) {
 	}
 }
 
-// progress sums what the kernel moved on every stream to and from the
-// peer: bytes the peer acknowledged and bytes it sent us.
-func (t *tcpLink) progress() (uint64, bool) {
-	var sum uint64
-	ok := false
-	add := func(fd uintptr) {
-		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
-		if err == nil {
-			sum += info.Bytes_acked + info.Bytes_received
-			ok = true
-		}
-	}
-	for _, l := range t.lanes {
-		l.mu.Lock()
-		out := l.out
-		l.mu.Unlock()
-		if out == nil {
-			continue // not opened yet
-		}
-		if rc, err := out.SyscallConn(); err == nil {
-			_ = rc.Control(add)
-		}
-	}
-	t.inMu.Lock()
-	defer t.inMu.Unlock()
-	for _, in := range t.ins {
-		if in == nil {
-			continue
-		}
-		if rc, err := in.SyscallConn(); err == nil {
-			_ = rc.Control(add)
-		}
-	}
-	return sum, ok
-}
-
-// progress over libfabric: completions involving the peer (fabricLink.heard),
+// Progress over libfabric: completions involving the peer (fabricLink.heard),
 // plus what its TCP streams moved (registrations, staged device memory).
 // A provider can lose a connection without telling us (a hostile message
 // longer than a receive buffer breaks the tcp provider's stream, a
 // verbs queue pair goes to its error state), so a silent peer with
 // operations outstanding fails here rather than hanging them.
-func (f *fabricLink) progress() (uint64, bool) {
-	n, _ := f.tcpLink.progress()
+func (f *fabricLink) Progress() (uint64, bool) {
+	n, _ := f.Link.Progress()
 	return n + f.heard.Load(), true
 }

@@ -1,4 +1,4 @@
-package dataplane
+package tcp
 
 import (
 	"bufio"
@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -23,9 +24,9 @@ import (
 // FIFO, and both sides look under gmu, so every get is failed exactly once.
 func (l *lane) pushGet(e getEntry) {
 	l.gmu.Lock()
-	if l.p.dead.Load() {
+	if l.p.Dead() {
 		l.gmu.Unlock()
-		l.p.fail(&Op{Msg: wire.MsgGet, Tag: e.tag})
+		l.p.Fail(link.Op{Msg: wire.MsgGet, Tag: e.tag})
 		return
 	}
 	l.gets.Push(e)
@@ -50,13 +51,13 @@ func (l *lane) pendingGets() int {
 // sticky error is set before the put completes).
 func (l *lane) replies() {
 	p := l.p
-	defer p.m.wg.Done()
-	br := bufio.NewReaderSize(spin.NewReader(l.out, p.m.spinWait, p.m.spinners, l.awaitingReply), readBufSize)
+	defer p.Mesh().WG.Done()
+	br := bufio.NewReaderSize(spin.NewReader(l.out, p.Mesh().SpinWait, p.Mesh().Spinners, l.awaitingReply), readBufSize)
 	var hb [wire.HeaderSize]byte
 	var h wire.Header
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
-			l.replyStreamEnded(fmt.Errorf("receive from rank %d on lane %d: %w", p.rank, l.idx, err))
+			l.replyStreamEnded(fmt.Errorf("receive from rank %d on lane %d: %w", p.Rank(), l.idx, err))
 			return
 		}
 		h.Decode(hb[:])
@@ -64,19 +65,19 @@ func (l *lane) replies() {
 		case wire.MsgGetResp:
 			e, ok := l.popGet()
 			if !ok || e.tag != h.Tag || (h.Status == 0 && e.size != h.Size) {
-				p.markDead(fmt.Errorf("rank %d answered a get we did not ask for (tag %#x)", p.rank, h.Tag))
+				p.MarkDead(fmt.Errorf("rank %d answered a get we did not ask for (tag %#x)", p.Rank(), h.Tag))
 				return
 			}
 			if h.Status != 0 {
-				p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d rejected a get of %d bytes at offset %d of registration %d: %v",
-					p.rank, e.size, h.Off, h.MrID, abi.Result(h.Status)))
-				p.m.owner.Complete(e.tag, abi.Result(h.Status))
+				p.Mesh().Owner.PeerFailed(p.Rank(), fmt.Errorf("rank %d rejected a get of %d bytes at offset %d of registration %d: %v",
+					p.Rank(), e.size, h.Off, h.MrID, abi.Result(h.Status)))
+				p.Mesh().Owner.Complete(e.tag, abi.Result(h.Status))
 				continue
 			}
 			if e.size > 0 && e.ctx != 0 {
-				if err := staging.ReadToDevice(br, e.ctx, uintptr(e.dst), e.size, p.m.stageChunk); err != nil {
-					p.markDead(fmt.Errorf("receive get data from rank %d into device memory: %w", p.rank, err))
-					p.m.owner.Complete(e.tag, abi.RemoteError)
+				if err := staging.ReadToDevice(br, e.ctx, uintptr(e.dst), e.size, p.Mesh().StageChunk); err != nil {
+					p.MarkDead(fmt.Errorf("receive get data from rank %d into device memory: %w", p.Rank(), err))
+					p.Mesh().Owner.Complete(e.tag, abi.RemoteError)
 					return
 				}
 			} else if e.size > 0 {
@@ -84,39 +85,39 @@ func (l *lane) replies() {
 					if l.canFailover() {
 						// The get goes again on another lane, whole.
 						l.unpopGet(e)
-						l.replyStreamEnded(fmt.Errorf("receive get data from rank %d on lane %d: %w", p.rank, l.idx, err))
+						l.replyStreamEnded(fmt.Errorf("receive get data from rank %d on lane %d: %w", p.Rank(), l.idx, err))
 						return
 					}
-					p.markDead(fmt.Errorf("receive get data from rank %d: %w", p.rank, err))
-					p.m.owner.Complete(e.tag, abi.RemoteError)
+					p.MarkDead(fmt.Errorf("receive get data from rank %d: %w", p.Rank(), err))
+					p.Mesh().Owner.Complete(e.tag, abi.RemoteError)
 					return
 				}
 			}
-			p.m.owner.Complete(e.tag, abi.Success)
+			p.Mesh().Owner.Complete(e.tag, abi.Success)
 		case wire.MsgPutAck:
 			if !l.ackPuts(h.Seq) {
-				p.markDead(fmt.Errorf("protocol error: rank %d acknowledged %d puts on lane %d, more than it was sent", p.rank, h.Seq, l.idx))
+				p.MarkDead(fmt.Errorf("protocol error: rank %d acknowledged %d puts on lane %d, more than it was sent", p.Rank(), h.Seq, l.idx))
 				return
 			}
 		case wire.MsgByeAck:
-			p.ackBye()
+			p.AckBye()
 		case wire.MsgRingNo:
 			if l.ix != nil {
-				l.ix.ringRefused()
+				l.ix.RingRefused()
 			}
 		case wire.MsgStreamNo:
 			if l.ix != nil {
-				l.ix.streamRefused()
+				l.ix.StreamRefused()
 			}
 		case wire.MsgNack:
-			st := rejected(h.Status)
-			p.m.owner.PeerFailed(p.rank, fmt.Errorf("rank %d rejected a put of %d bytes at offset %d of registration %d (signal registration %d offset %d): %v",
-				p.rank, h.Size, h.Off, h.MrID, h.SigMrID, h.SigOff, st))
+			st := Rejected(h.Status)
+			p.Mesh().Owner.PeerFailed(p.Rank(), fmt.Errorf("rank %d rejected a put of %d bytes at offset %d of registration %d (signal registration %d offset %d): %v",
+				p.Rank(), h.Size, h.Off, h.MrID, h.SigMrID, h.SigOff, st))
 			// The nack comes before the ack that covers its put: the
 			// request fails now, and the ack completes nothing for it.
 			l.failPut(h.Tag, st)
 		default:
-			p.markDead(fmt.Errorf("protocol error: message type %d from rank %d", h.Typ, p.rank))
+			p.MarkDead(fmt.Errorf("protocol error: message type %d from rank %d", h.Typ, p.Rank()))
 			return
 		}
 	}

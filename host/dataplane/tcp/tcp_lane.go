@@ -1,7 +1,6 @@
-package dataplane
+package tcp
 
 import (
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -54,11 +54,11 @@ func newDelay(d time.Duration) *delay {
 func (d *delay) get() time.Duration  { return time.Duration(d.ns.Load()) }
 func (d *delay) set(v time.Duration) { d.ns.Store(int64(v)) }
 
-// tcpLink is the TCP transport to one peer: our outgoing lanes (requests
+// Link is the TCP transport to one peer: our outgoing lanes (requests
 // and the replies to them) and the peer's incoming streams (its requests to
 // our memory, served by tcp_service.go, and our replies).
-type tcpLink struct {
-	p     *peer
+type Link struct {
+	p     link.Peer
 	lanes []*lane
 	ins   []*net.TCPConn // nil for a lane the peer has not opened yet (inMu)
 	inMu  sync.Mutex     // guards ins and fenced once the link started (addIn)
@@ -67,7 +67,7 @@ type tcpLink struct {
 	fenced uint32
 	// side moves large payloads beside the streams (the intra-node
 	// transport installs itself); nil for plain TCP.
-	side sidePath
+	side SidePath
 	// onReg hears of the peer's registrations (the fabric rail in the
 	// header's sigOp, id, address, the key in sigValue) before the owner
 	// does; the fabric transport installs it.
@@ -93,100 +93,26 @@ type tcpLink struct {
 	fixed       bool // no failover: a broken stream fails the peer
 }
 
-// sidePath moves a payload beside the stream, which still carries the
+// SidePath moves a payload beside the stream, which still carries the
 // header (or nothing, see writeBatch) in order. put and get report false
 // when they did not move it: the stream carries it then.
-type sidePath interface {
-	inlineMax() uint64
-	// ringable reports whether op's payload should move through the
+type SidePath interface {
+	InlineMax() uint64
+	// Ringable reports whether op's payload should move through the
 	// shared staging ring (ring.go): device memory at either end.
-	ringable(op *Op) bool
-	// events are the interprocess events that order the peer's mapped
+	Ringable(op *link.Op) bool
+	// PeerEvents are the interprocess events that order the peer's mapped
 	// put+signals (ipc_events.go).
-	events() *linkEvents
-	// attachStream maps the shared-memory stream the peer offered on one
-	// of its lanes (wire.MsgStream), or says why not; attachRing maps the
+	PeerEvents() link.Events
+	// AttachStream maps the shared-memory stream the peer offered on one
+	// of its lanes (wire.MsgStream), or says why not; AttachRing maps the
 	// staging ring it offered (wire.MsgRing) into rx.
-	attachStream(h *wire.Header) (shmIn, error)
-	attachRing(rx *staging.Receiver, h *wire.Header) error
+	AttachStream(h *wire.Header) (ShmIn, error)
+	AttachRing(rx *staging.Receiver, h *wire.Header) error
 }
 
-// laneIO is what a lane offers its side (laneSide): writes on its
-// stream, its liveness, and the device copies its batch gathers.
-type laneIO interface {
-	// writeIov writes iov on the lane's stream (the shared-memory one
-	// once on); writeSocket on its socket.
-	writeIov(iov [][]byte) error
-	writeSocket(iov [][]byte) error
-	// raw reports that the socket's RawConn is at hand; control runs fn
-	// on its descriptor (a bell).
-	raw() bool
-	control(fn func(fd uintptr)) error
-	// Gone reports the peer dead or the lane down.
-	Gone() bool
-	// index is the lane's number.
-	index() int
-	// settle waits for the copies the batch gathered so far; addCopy
-	// gathers one (staging.Gather.AddCopy).
-	settle()
-	addCopy(ctx, dst, src uintptr, n uint64) (bool, error)
-}
-
-// laneSide is what a side path does for one of our lanes (the intra-node
-// transport's intraLane): a staging ring for device payloads beside the
-// stream, and a shared-memory stream in place of the socket. Only whoever
-// holds writing calls it, but for streamLive, refusals and release.
-type laneSide interface {
-	// put and get move op's payload beside the stream, or report sideNo
-	// (the stream carries it).
-	put(op *Op) sideMove
-	get(op *Op) sideMove
-	// ringOff reports that the ring is refused, disabled or failed.
-	ringOff() bool
-	// ringReady reports whether the lane's put goes through the ring,
-	// offering one on the first call; ringSend moves op's payload through
-	// it once its header is on the stream; ringRefused is the reply
-	// stream's wire.MsgRingNo.
-	ringReady() (bool, error)
-	ringSend(op *Op) error
-	ringRefused()
-	// streamOn reports whether the lane writes its requests into a shared
-	// ring, offering one on the first call; writeStream writes them there;
-	// streamWriter is that ring as an io.Writer, nil while the socket
-	// carries the requests; streamLive is streamOn for those who do not
-	// hold writing; streamRefused is the reply stream's wire.MsgStreamNo.
-	streamOn() bool
-	writeStream(iov [][]byte) error
-	streamWriter() io.Writer
-	streamLive() bool
-	streamRefused()
-	// shmState is the stall report's words on the shared-memory stream,
-	// "" for none.
-	shmState() string
-	// release frees the mappings once the lane's goroutines ended.
-	release()
-}
-
-// tellsTarget reports whether op, its payload moved by a side path, still
-// goes to the target as a header (which it acknowledges): a signal to
-// apply, or a put's sequence number that landed. Gets are never numbered
-// and complete where they are copied.
-func tellsTarget(op *Op) bool {
-	return op.Msg == wire.MsgPutSignal || (op.Msg == wire.MsgPut && op.Seq != 0)
-}
-
-// sideMove is what a side path did with an operation's payload.
-type sideMove uint8
-
-const (
-	sideNo       sideMove = iota // nothing: the lane sends it
-	sideMoved                    // the payload is there
-	sideQueued                   // its copy is queued; the copy completes the request once more
-	sideGathered                 // its copy is queued in the batch (staging.Gather.AddCopy): done once the batch waited for it
-)
-
-func newTCPLink(p *peer, outs, ins []*net.TCPConn) *tcpLink {
-	t := &tcpLink{p: p, ins: ins}
+func NewLink(p link.Peer, outs, ins []*net.TCPConn) *Link {
+	t := &Link{p: p, ins: ins}
 	for i, c := range outs {
 		t.lanes = append(t.lanes, newLane(t, i, c))
 	}
@@ -196,19 +122,45 @@ func newTCPLink(p *peer, outs, ins []*net.TCPConn) *tcpLink {
 	return t
 }
 
-func (t *tcpLink) props() Props {
-	return Props{Name: nameTCP, DeviceMemory: true, InlineMax: t.inlineMax(), Lanes: len(t.lanes)}
+// Peer is the peer the link moves operations to.
+func (t *Link) Peer() link.Peer { return t.p }
+
+// LaneCount is how many lanes the link has.
+func (t *Link) LaneCount() int { return len(t.lanes) }
+
+// SetSide makes s the link's side path (the intra-node transport) and
+// gives each lane the side side(l) makes for it; before Start.
+func (t *Link) SetSide(s SidePath, side func(l link.LaneIO) link.LaneSide) {
+	t.side = s
+	for _, l := range t.lanes {
+		l.ix = side(l)
+	}
+}
+
+// Hear makes the link tell onReg of the peer's registrations (their
+// rail, id, address, key, and whether device memory reached directly)
+// and onAcked when a lane's puts were acknowledged (libfabric beside the
+// lanes); before Start.
+func (t *Link) Hear(onReg func(rail uint8, id uint32, base, key uint64, dev, direct bool), onAcked func()) {
+	t.onReg, t.onAcked = onReg, onAcked
+}
+
+// InlineMax is the largest operation a TCP link's caller sends itself.
+const InlineMax = inlineMax
+
+func (t *Link) Props() link.Props {
+	return link.Props{Name: Name, DeviceMemory: true, InlineMax: t.inlineMax(), Lanes: len(t.lanes)}
 }
 
 // inlineMax is the largest operation the caller's thread sends itself.
-func (t *tcpLink) inlineMax() uint64 {
+func (t *Link) inlineMax() uint64 {
 	if t.side != nil {
-		return t.side.inlineMax()
+		return t.side.InlineMax()
 	}
 	return inlineMax
 }
 
-func (t *tcpLink) start() {
+func (t *Link) Start() {
 	// Acks ride whichever of our lanes to the peer writes next (each
 	// names the stream it acknowledges), never beside a fabric endpoint
 	// (its staged puts' window is reaped by whichever reader acks them,
@@ -246,15 +198,15 @@ func (t *tcpLink) start() {
 	defer t.inMu.Unlock()
 	for i, in := range t.ins {
 		if in != nil { // lanes beyond the first arrive when the peer uses them (addIn)
-			t.p.m.wg.Add(1)
+			t.p.Mesh().WG.Add(1)
 			go t.service(i, in)
 		}
 	}
 }
 
-func (t *tcpLink) submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op, hold) }
+func (t *Link) Submit(lane int, op link.Op, hold bool) { t.lanes[lane].enqueue(&op, hold) }
 
-// submitCaller is submit for an operation the caller posts itself
+// SubmitCaller is submit for an operation the caller posts itself
 // through peer.route, holding no lock. A signal is what the peer waits for: a
 // small put with signal (or a bare signal) posted without the aggregation
 // hint to an idle lane, with nothing of the lane in flight (no put
@@ -269,25 +221,25 @@ func (t *tcpLink) submit(lane int, op Op, hold bool) { t.lanes[lane].enqueue(&op
 // copies payloads itself, unless the lane writes a shared-memory stream
 // (stream.go): a lone signal is small, and its write there is a copy.
 // With several lanes the caller numbers the op under its peer's lock and
-// writes it (writeLone) after letting go of the lock.
-func (t *tcpLink) submitCaller(lane int, op Op, hold bool) bool {
+// writes it (WriteLone) after letting go of the lock.
+func (t *Link) SubmitCaller(lane int, op link.Op, hold bool) bool {
 	l := t.lanes[lane]
-	return l.enqueue(&op, hold) && (t.side == nil || l.ix.streamLive())
+	return l.enqueue(&op, hold) && (t.side == nil || l.ix.StreamLive())
 }
 
-func (t *tcpLink) writeLone(lane int) {
+func (t *Link) WriteLone(lane int) {
 	if l := t.lanes[lane]; l.pendingPuts() == 0 && l.pendingGets() == 0 {
 		l.flush()
 	}
 }
 
-func (t *tcpLink) flush() { t.flushPoll(false) }
+func (t *Link) Flush() { t.flushPoll(false) }
 
-// turn is flush for rmaProgress, which looks at the incoming sockets
-// on every call: one turn of a caller's loop calls it once (pollGap).
-func (t *tcpLink) turn() { t.flushPoll(true) }
+// Turn is flush for rmaProgress, which looks at the incoming sockets
+// on every call: one Turn of a caller's loop calls it once (pollGap).
+func (t *Link) Turn() { t.flushPoll(true) }
 
-func (t *tcpLink) flushPoll(progress bool) {
+func (t *Link) flushPoll(progress bool) {
 	// A lane with work queued (a reply the caller posted since its last
 	// call, which the peer waits for) writes it first: a look at an empty
 	// socket before it would hold it back by a system call. The others
@@ -313,13 +265,13 @@ func (t *tcpLink) flushPoll(progress bool) {
 	}
 }
 
-func (t *tcpLink) kick() {
+func (t *Link) Kick() {
 	for _, l := range t.lanes {
 		l.kick()
 	}
 }
 
-func (t *tcpLink) idle() bool {
+func (t *Link) Idle() bool {
 	for _, l := range t.lanes {
 		l.mu.Lock()
 		busy := l.writing || l.q.Len() > 0
@@ -331,11 +283,11 @@ func (t *tcpLink) idle() bool {
 	return true
 }
 
-func (t *tcpLink) stop() {
+func (t *Link) Stop() {
 	for _, l := range t.lanes {
 		l.mu.Lock()
 	}
-	t.p.dead.Store(true)
+	t.p.RaiseDead()
 	outs := make([]*net.TCPConn, len(t.lanes)) // teardown: allocating is fine
 	for i, l := range t.lanes {
 		outs[i] = l.out
@@ -362,7 +314,7 @@ func (t *tcpLink) stop() {
 	t.inMu.Unlock()
 }
 
-func (t *tcpLink) awaiting() int {
+func (t *Link) Awaiting() int {
 	n := 0
 	for _, l := range t.lanes {
 		n += l.pendingGets() + l.pendingPuts()
@@ -370,7 +322,7 @@ func (t *tcpLink) awaiting() int {
 	return n
 }
 
-func (t *tcpLink) failAll() {
+func (t *Link) FailAll() {
 	for _, l := range t.lanes {
 		l.drainFailed()
 		for {
@@ -378,7 +330,7 @@ func (t *tcpLink) failAll() {
 			if !ok {
 				break
 			}
-			t.p.m.owner.Complete(e.tag, abi.RemoteError)
+			t.p.Mesh().Owner.Complete(e.tag, abi.RemoteError)
 		}
 		l.failPuts()
 	}
@@ -390,14 +342,14 @@ type getEntry struct {
 	dst  unsafe.Pointer
 	size uint64
 	ctx  uintptr // non-zero: dst is device memory
-	op   Op      // the request as written, for a resend (lanes > 1)
+	op   link.Op // the request as written, for a resend (lanes > 1)
 }
 
 // lane is one outgoing stream to a peer: a queue, the goroutine that writes
 // it, and the goroutine that reads the peer's replies on the same socket.
 type lane struct {
-	p   *peer
-	t   *tcpLink
+	p   link.Peer
+	t   *Link
 	idx int
 	out *net.TCPConn // nil until the lane opens (lazy.go); set under mu
 	// opening: the first op queued on an unopened lane started its dial.
@@ -405,7 +357,7 @@ type lane struct {
 
 	mu      sync.Mutex // guards the queue and writing
 	writing bool       // someone owns the stream and the batch buffers
-	q       ring.Ring[Op]
+	q       ring.Ring[link.Op]
 	qSince  int64 // Now() when the queue last became non-empty
 	qUrgent bool  // it holds an op posted without the aggregation hint since
 	wake    chan struct{}
@@ -421,10 +373,10 @@ type lane struct {
 	// orphans are ops a failed write had taken from the queue but never
 	// put on the stream.
 	down    bool
-	orphans []Op
+	orphans []link.Op
 
 	// owned by whoever holds writing
-	batch  []Op
+	batch  []link.Op
 	hdrs   []byte
 	iov    [][]byte
 	bufs   net.Buffers
@@ -433,7 +385,7 @@ type lane struct {
 	askAt  atomic.Int64                            // when flush asks, if acks are still owed then (Now(); 0: no flush waits)
 	enc    codec.Encoder                           // wire compression (host/codec)
 	gather staging.Gather                          // small device payloads of the batch, copied asynchronously
-	// writeIov's raw writev: the stream's RawConn, the iovecs, the count
+	// WriteIov's raw writev: the stream's RawConn, the iovecs, the count
 	// and the outcome (bound once so that a write allocates nothing)
 	orc  syscall.RawConn
 	wiov []unix.Iovec
@@ -464,21 +416,21 @@ type lane struct {
 	bsRescued atomic.Uint64 // acks that came only after such an ask
 	ptags     []uint64      // owned by whoever holds writing: puts not yet in the FIFO
 	// later (owned by whoever holds writing) are the batch's ops whose
-	// copies were gathered (sideGathered) and that complete once the
+	// copies were gathered (SideGathered) and that complete once the
 	// batch is written, by their index in it.
 	later []int
 
 	// ix is the lane's intra-node side (the staging ring and the
 	// shared-memory stream, ring.go and stream.go); nil on a plain TCP
 	// link.
-	ix laneSide
+	ix link.LaneSide
 
 	// With several lanes (resend), every put and registration notice
 	// written on the stream and not yet known to have been applied, as
 	// written, in stream order, under amu: what a failover sends again.
 	resend bool
 	sent   ring.Ring[sentOp]
-	pops   []Op // owned by whoever holds writing: parallel to ptags
+	pops   []link.Op // owned by whoever holds writing: parallel to ptags
 
 	// batches counts the batches written and writes the writev calls
 	// they took (tests count them; the acker reads batches).
@@ -490,29 +442,29 @@ type lane struct {
 // sentOp is an entry of the resend ring: counts tells a put (counted by
 // the target's acks) from a registration notice (not counted).
 type sentOp struct {
-	op     Op
+	op     link.Op
 	counts bool
 }
 
-func newLane(t *tcpLink, idx int, out *net.TCPConn) *lane {
+func newLane(t *Link, idx int, out *net.TCPConn) *lane {
 	l := &lane{p: t.p, t: t, idx: idx, out: out, wake: make(chan struct{}, 1)}
 	if out != nil {
-		t.p.opened.Or(1 << idx)
+		t.p.Opened().Or(1 << idx)
 	}
-	l.resend = t.p.lanes > 1 && !t.p.m.localComp
+	l.resend = t.p.Lanes() > 1 && !t.p.Mesh().LocalCompletion
 	if out == nil {
 		// Not open yet (lazy.go): a small queue that grows, and the
 		// buffers when it opens, so an unused lane costs little.
-		l.q = ring.New[Op](16)
+		l.q = ring.New[link.Op](16)
 		return l
 	}
-	l.q = ring.New[Op](laneQueue)
+	l.q = ring.New[link.Op](laneQueue)
 	l.alloc()
 	l.setOut(out)
 	return l
 }
 
-// setOut binds writeIov's raw writev to the lane's stream, once it is set.
+// setOut binds WriteIov's raw writev to the lane's stream, once it is set.
 func (l *lane) setOut(out *net.TCPConn) {
 	if rc, err := out.SyscallConn(); err == nil {
 		l.orc = rc
@@ -527,7 +479,7 @@ const laneQueue = 1024
 // set under their locks all the same: the watchdog reads their lengths
 // (idle) while a lazy lane opens.
 func (l *lane) alloc() {
-	l.batch = make([]Op, batchMax)
+	l.batch = make([]link.Op, batchMax)
 	l.hdrs = make([]byte, batchMax*wire.HeaderSize)
 	l.iov = make([][]byte, 0, 2*batchMax+len(l.ackHdr)) // + piggybacked acks
 	l.wiov = make([]unix.Iovec, 2*batchMax+len(l.ackHdr))
@@ -541,7 +493,7 @@ func (l *lane) alloc() {
 	l.puts = puts
 	if l.resend {
 		l.sent = ring.New[sentOp](256)
-		l.pops = make([]Op, 0, batchMax)
+		l.pops = make([]link.Op, 0, batchMax)
 	}
 	l.amu.Unlock()
 	l.ptags = make([]uint64, 0, batchMax)
@@ -558,23 +510,23 @@ func (l *lane) timers() {
 
 // run starts the lane's writer and reply reader on its open stream.
 func (l *lane) run() {
-	l.p.m.wg.Add(2)
+	l.p.Mesh().WG.Add(2)
 	go l.writer()
 	go l.replies()
 }
 
-// wholeOp: TCP lanes are independent streams, so cutting pays off.
-func (t *tcpLink) wholeOp(Op) bool { return false }
+// WholeOp: TCP lanes are independent streams, so cutting pays off.
+func (t *Link) WholeOp(link.Op) bool { return false }
 
-// signalApart: on TCP a signal rides its put's header.
-func (t *tcpLink) signalApart(Op) bool { return false }
+// SignalApart: on TCP a signal rides its put's header.
+func (t *Link) SignalApart(link.Op) bool { return false }
 
-// release frees the lanes' staging rings and shared-memory streams
+// Release frees the lanes' staging rings and shared-memory streams
 // (intra-node links have them).
-func (t *tcpLink) release() {
+func (t *Link) Release() {
 	for _, l := range t.lanes {
 		if l.ix != nil {
-			l.ix.release()
+			l.ix.Release()
 		}
 	}
 }

@@ -1,6 +1,6 @@
 //go:build !race
 
-package dataplane
+package tcp
 
 import (
 	"syscall"

@@ -1,4 +1,4 @@
-package dataplane
+package tcp
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -21,7 +22,7 @@ import (
 // path (intra-node) payloads it takes are copied into the peer first, and a
 // put that needs nothing more from the target completes here; only what the
 // target must act on is sent.
-func (l *lane) writeBatch(ops []Op) bool {
+func (l *lane) writeBatch(ops []link.Op) bool {
 	b := batchOut{iov: l.carryAck(l.iov[:0]), pend: l.ptags[:0], pops: l.pops[:0], later: l.later[:0]}
 	if len(ops) > 0 {
 		l.batches.Add(1) // an ack alone is no sign of traffic (acker.drained)
@@ -41,7 +42,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 		// Into the FIFO before the bytes leave: the ack may come back
 		// before writev returns.
 		l.awaitPuts(b.pend, b.pops)
-		err = l.writeIov(b.iov)
+		err = l.WriteIov(b.iov)
 	}
 	clear(b.iov)
 	clear(b.pops)
@@ -55,7 +56,7 @@ func (l *lane) writeBatch(ops []Op) bool {
 type batchOut struct {
 	iov   [][]byte
 	pend  []uint64
-	pops  []Op
+	pops  []link.Op
 	later []int
 }
 
@@ -70,22 +71,22 @@ func (l *lane) await(b *batchOut) {
 // path moves, a header, then a put's payload or a get's awaited reply.
 // reached is false when op never left (the batch stops before it); err
 // stops the batch after it.
-func (l *lane) writeOp(b *batchOut, i int, op *Op) (reached bool, err error) {
+func (l *lane) writeOp(b *batchOut, i int, op *link.Op) (reached bool, err error) {
 	if l.ix != nil && l.sideOp(b, i, op) {
 		return true, nil
 	}
 	ringed := false
 	// A resent put goes on the stream: the target may drop its
 	// payload unread (tcp_failover.go), which a ring cannot do.
-	if (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal) && !op.Resent && l.ix != nil && !l.ix.ringOff() && l.t.side.ringable(op) {
+	if (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal) && !op.Resent && l.ix != nil && !l.ix.RingOff() && l.t.side.Ringable(op) {
 		// What is gathered goes first: the first ring offer waits
 		// for the target's answer.
 		l.await(b)
-		if err = l.writeIov(b.iov); err != nil {
+		if err = l.WriteIov(b.iov); err != nil {
 			return false, err
 		}
 		b.iov = b.iov[:0]
-		if ringed, err = l.ix.ringReady(); err != nil {
+		if ringed, err = l.ix.RingReady(); err != nil {
 			return false, err
 		}
 	}
@@ -113,24 +114,24 @@ func (l *lane) writeOp(b *batchOut, i int, op *Op) (reached bool, err error) {
 // to tell the target (op is done, now or once the batch waited for its
 // gathered copy); otherwise the stream carries op, the signal (or the
 // number that landed) alone when the side path moved its payload.
-func (l *lane) sideOp(b *batchOut, i int, op *Op) bool {
-	var mv sideMove
+func (l *lane) sideOp(b *batchOut, i int, op *link.Op) bool {
+	var mv link.SideMove
 	switch op.Msg {
 	case wire.MsgPut, wire.MsgPutSignal:
-		mv = l.ix.put(op)
+		mv = l.ix.Put(op)
 	case wire.MsgGet:
-		mv = l.ix.get(op)
+		mv = l.ix.Get(op)
 	}
 	switch {
-	case mv == sideNo:
-	case tellsTarget(op):
+	case mv == link.SideNo:
+	case link.TellsTarget(op):
 		op.Size = 0 // the payload is there: send the signal (or the number that landed) alone
 	default:
-		op.Msg = opDone // nothing to tell the target
+		op.Msg = link.OpDone // nothing to tell the target
 		switch mv {
-		case sideMoved:
-			l.p.m.owner.Complete(op.Tag, abi.Success)
-		case sideGathered:
+		case link.SideMoved:
+			l.p.Mesh().Owner.Complete(op.Tag, abi.Success)
+		case link.SideGathered:
 			b.later = append(b.later, i)
 		}
 		return true
@@ -141,7 +142,7 @@ func (l *lane) sideOp(b *batchOut, i int, op *Op) bool {
 // header encodes ops[i]'s header into its slot of the lane's header
 // buffer and returns it: ringed, its payload goes through the staging
 // ring; comp, it is compressed.
-func (l *lane) header(i int, op *Op, ringed, comp bool) []byte {
+func (l *lane) header(i int, op *link.Op, ringed, comp bool) []byte {
 	h := wire.Header{Typ: op.Msg, SigOp: op.SigOp, MrID: op.MrID, Tag: op.Tag, Off: op.Off,
 		Size: op.Size, SigMrID: op.SigMrID, Context: op.Context, SigOff: op.SigOff, SigValue: op.SigValue, Seq: op.Seq}
 	if op.Msg == wire.MsgReg && op.Dev {
@@ -151,7 +152,7 @@ func (l *lane) header(i int, op *Op, ringed, comp bool) []byte {
 		h.Status = wire.StatusEvent | uint16(op.Event-1)
 	}
 	if ringed {
-		h.Status = StatusRing
+		h.Status = link.StatusRing
 	}
 	if comp {
 		h.Status = uint16(op.Codec & guestabi.CodecIDMask) // requests: the payload's codec
@@ -169,8 +170,8 @@ func (l *lane) header(i int, op *Op, ringed, comp bool) []byte {
 // device payload gathered, a device source staged chunk by chunk, a
 // compressed payload, or host memory written straight from the
 // registration.
-func (l *lane) putPayload(b *batchOut, op *Op, ringed, comp bool) (err error) {
-	if l.p.m.localComp {
+func (l *lane) putPayload(b *batchOut, op *link.Op, ringed, comp bool) (err error) {
+	if l.p.Mesh().LocalCompletion {
 		// Completed below, once written. The FIFO still counts
 		// the put against the target's acks; tag 0 completes
 		// nothing when the ack comes.
@@ -181,13 +182,13 @@ func (l *lane) putPayload(b *batchOut, op *Op, ringed, comp bool) (err error) {
 	if ringed {
 		// The header goes now; the payload through the ring.
 		l.await(b)
-		if err = l.writeIov(b.iov); err == nil {
-			err = l.ix.ringSend(op)
+		if err = l.WriteIov(b.iov); err == nil {
+			err = l.ix.RingSend(op)
 		}
 		b.iov = b.iov[:0]
 	} else if g, gerr := l.gatherDev(op, len(b.iov)); g != nil {
 		// A small device payload, its copy queued: the
-		// bytes join iov, written after writeIov waited.
+		// bytes join iov, written after WriteIov waited.
 		b.iov = append(b.iov, g)
 	} else if gerr != nil {
 		// As a failed synchronous copy: the put is in the
@@ -198,8 +199,8 @@ func (l *lane) putPayload(b *batchOut, op *Op, ringed, comp bool) (err error) {
 		// Device source: what is queued goes first, then the
 		// payload is staged through host memory chunk by chunk.
 		l.await(b)
-		if err = l.writeIov(b.iov); err == nil {
-			err = staging.WriteFromDevice(l.streamWriter(), op.LocalCtx, uintptr(op.Local), op.Size, l.p.m.stageChunk)
+		if err = l.WriteIov(b.iov); err == nil {
+			err = staging.WriteFromDevice(l.streamWriter(), op.LocalCtx, uintptr(op.Local), op.Size, l.p.Mesh().StageChunk)
 		}
 		b.iov = b.iov[:0]
 	} else if comp {
@@ -213,7 +214,7 @@ func (l *lane) putPayload(b *batchOut, op *Op, ringed, comp bool) (err error) {
 // batchWritten completes or fails the batch's ops once it was written
 // (err nil) or failed after its first n ops were handled; later are the
 // ops whose gathered copies the write waited for.
-func (l *lane) batchWritten(ops []Op, n int, later []int, err error) bool {
+func (l *lane) batchWritten(ops []link.Op, n int, later []int, err error) bool {
 	p := l.p
 	if err != nil {
 		// Copies the batch queued may still run: they finish before
@@ -221,19 +222,19 @@ func (l *lane) batchWritten(ops []Op, n int, later []int, err error) bool {
 		l.gather.Done()
 	}
 	for _, i := range later {
-		// Their copies were waited for by a writeIov that succeeded, or
+		// Their copies were waited for by a WriteIov that succeeded, or
 		// the batch failed.
 		if err == nil {
-			p.m.owner.Complete(ops[i].Tag, abi.Success)
+			p.Mesh().Owner.Complete(ops[i].Tag, abi.Success)
 		} else {
-			p.fail(&ops[i])
+			p.Fail(ops[i])
 		}
 	}
 	if err != nil && l.canFailover() {
 		// The lane failed alone: what the loop did not reach goes to the
 		// other lanes with the rest of its work (tcp_failover.go).
 		l.keep(ops[n:])
-		l.broken(fmt.Errorf("send to rank %d on lane %d: %w", p.rank, l.idx, err))
+		l.broken(fmt.Errorf("send to rank %d on lane %d: %w", p.Rank(), l.idx, err))
 		return false
 	}
 	if err != nil {
@@ -242,17 +243,17 @@ func (l *lane) batchWritten(ops []Op, n int, later []int, err error) bool {
 			// markDead fails (but tag 0 there in local mode); the rest
 			// never left.
 			put := ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal
-			if (i >= n && (put || ops[i].Msg == wire.MsgGet)) || (put && p.m.localComp) {
-				p.fail(&ops[i])
+			if (i >= n && (put || ops[i].Msg == wire.MsgGet)) || (put && p.Mesh().LocalCompletion) {
+				p.Fail(ops[i])
 			}
 		}
-		p.markDead(fmt.Errorf("send to rank %d: %w", p.rank, err))
+		p.MarkDead(fmt.Errorf("send to rank %d: %w", p.Rank(), err))
 		return false
 	}
-	if p.m.localComp {
+	if p.Mesh().LocalCompletion {
 		for i := range ops {
 			if ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal {
-				p.m.owner.Complete(ops[i].Tag, abi.Success)
+				p.Mesh().Owner.Complete(ops[i].Tag, abi.Success)
 			}
 		}
 	}
@@ -268,7 +269,7 @@ func (l *lane) batchWritten(ops []Op, n int, later []int, err error) bool {
 // arena (a block the codec cannot shrink is sent as it is, from the source).
 // When the arena or iov is full, what is gathered is written first; pend's
 // tags go to the FIFO before that, as the acks may race the write.
-func (l *lane) compress(iov [][]byte, pend []uint64, pops []Op, op *Op) ([][]byte, []uint64, []Op, error) {
+func (l *lane) compress(iov [][]byte, pend []uint64, pops []link.Op, op *link.Op) ([][]byte, []uint64, []link.Op, error) {
 	e := &l.enc
 	src := unsafe.Slice((*byte)(op.Local), op.Size)
 	for len(src) > 0 {
@@ -276,7 +277,7 @@ func (l *lane) compress(iov [][]byte, pend []uint64, pops []Op, op *Op) ([][]byt
 		if !e.Room(n) || len(iov)+2 > cap(iov) {
 			l.awaitPuts(pend, pops)
 			pend, pops = pend[:0], pops[:0]
-			err := l.writeIov(iov)
+			err := l.WriteIov(iov)
 			clear(iov)
 			iov = iov[:0]
 			e.Reset()
@@ -295,7 +296,7 @@ func (l *lane) compress(iov [][]byte, pend []uint64, pops []Op, op *Op) ([][]byt
 }
 
 // compressible reports whether op's payload is compressed on the wire.
-func compressible(op *Op) bool {
+func compressible(op *link.Op) bool {
 	return op.Codec&guestabi.CodecIDMask != guestabi.CodecNone && op.Size >= codec.MinSize && op.LocalCtx == 0 &&
 		(op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal)
 }

@@ -1,15 +1,17 @@
-package dataplane
+package intranode
 
 import (
 	"fmt"
 	"io"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -47,10 +49,10 @@ type laneShm struct {
 	bells  atomic.Uint64 // bells rung (tests and the stall report)
 }
 
-// streamOn reports whether this lane writes its requests into a shared
+// StreamOn reports whether this lane writes its requests into a shared
 // ring, offering one on the first call: to a peer on this host, where the
 // mesh allows it. Called by whoever holds writing, before its write.
-func (x *intraLane) streamOn() bool {
+func (x *intraLane) StreamOn() bool {
 	switch x.sState {
 	case ringOn:
 		return true
@@ -58,12 +60,12 @@ func (x *intraLane) streamOn() bool {
 		return false
 	}
 	x.sState = ringOff
-	if x.p.m.noIntraStream || !x.l.raw() {
+	if x.p.Mesh().NoIntraStream || !x.l.Raw() {
 		return false
 	}
 	s, err := newStreamRing(StreamRingSize)
 	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no shared-memory stream (%v); requests ride the socket", x.p.rank, err)
+		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no shared-memory stream (%v); requests ride the socket", x.p.Rank(), err)
 		return false
 	}
 	x.sring.Store(s)
@@ -71,7 +73,7 @@ func (x *intraLane) streamOn() bool {
 	h := wire.Header{Typ: wire.MsgStream, Off: fd, Size: size}
 	var hb [wire.HeaderSize]byte
 	h.Encode(hb[:])
-	if err := x.l.writeSocket([][]byte{hb[:]}); err != nil {
+	if err := x.l.WriteSocket([][]byte{hb[:]}); err != nil {
 		return false // the lane fails at its next write, as it would have
 	}
 	if on, _ := s.AwaitAttach(x.sNo.Load, x.l); !on {
@@ -81,20 +83,20 @@ func (x *intraLane) streamOn() bool {
 	x.sOn.Store(true)
 	x.bellFn = x.bellFD
 	logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d, lane %d: requests through a shared-memory stream (%d KiB)",
-		x.p.rank, x.l.index(), size>>10)
+		x.p.Rank(), x.l.Index(), size>>10)
 	return true
 }
 
-// streamRefused is the reply stream's wire.MsgStreamNo: wake the offer's wait.
-func (x *intraLane) streamRefused() {
+// StreamRefused is the reply stream's wire.MsgStreamNo: wake the offer's wait.
+func (x *intraLane) StreamRefused() {
 	x.sNo.Store(true)
 	if s := x.sring.Load(); s != nil {
 		s.WakeAttach()
 	}
 }
 
-// writeStream writes iov into the lane's shared ring.
-func (x *intraLane) writeStream(iov [][]byte) error {
+// WriteStream writes iov into the lane's shared ring.
+func (x *intraLane) WriteStream(iov [][]byte) error {
 	return x.sring.Load().Write(iov, x, x.l)
 }
 
@@ -103,9 +105,9 @@ func (x *intraLane) writeStream(iov [][]byte) error {
 func (x *intraLane) Ring() {
 	x.bells.Add(1)
 	if dropBells.Load() {
-		return // tests: a lost wake-up (stream_wake.go)
+		return // tests: a lost wake-up (the wake backstop's test)
 	}
-	if err := x.l.control(x.bellFn); err != nil {
+	if err := x.l.Control(x.bellFn); err != nil {
 		return // closed: the reader meets the end instead
 	}
 }
@@ -120,26 +122,26 @@ func (x *intraLane) bellFD(fd uintptr) {
 	}
 }
 
-// dropBells makes every bell a lost one (a test knob: the wake
-// backstop's test; unset in production, an atomic load per bell).
+// dropBells makes every bell a lost one (a test knob, DropBells: the
+// wake backstop's test; unset in production, an atomic load per bell).
 var dropBells atomic.Bool
 
-// streamWriter is what staging writes a device payload to: the ring's
+// StreamWriter is what staging writes a device payload to: the ring's
 // writer when the lane has one, else nil (the socket).
-func (x *intraLane) streamWriter() io.Writer {
+func (x *intraLane) StreamWriter() io.Writer {
 	if x.sState == ringOn {
 		return (*laneStream)(x)
 	}
 	return nil
 }
 
-// streamLive reports that the lane writes a shared-memory stream, for
+// StreamLive reports that the lane writes a shared-memory stream, for
 // those who do not hold writing.
-func (x *intraLane) streamLive() bool { return x.sOn.Load() }
+func (x *intraLane) StreamLive() bool { return x.sOn.Load() }
 
-// shmState is the stall report's words on the lane's shared-memory
+// ShmState is the stall report's words on the lane's shared-memory
 // stream: where its writer and reader are, and the bells rung.
-func (x *intraLane) shmState() string {
+func (x *intraLane) ShmState() string {
 	if s := x.sring.Load(); s != nil {
 		tail, read, sleeping, waiting := s.State()
 		return fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v bells %d}", tail, read, sleeping, waiting, x.bells.Load())
@@ -153,7 +155,7 @@ type laneStream intraLane
 func (s *laneStream) Write(b []byte) (int, error) {
 	x := (*intraLane)(s)
 	x.sbuf[0] = b
-	err := x.writeStream(x.sbuf[:])
+	err := x.WriteStream(x.sbuf[:])
 	x.sbuf[0] = nil
 	if err != nil {
 		return 0, err
@@ -176,15 +178,20 @@ var newStreamRing = shmstream.New
 // error (atomic: a service of another test's mesh may still look).
 var streamRefusal atomic.Pointer[error]
 
-// attachStream maps the shared-memory stream a lane of the peer offered
-// (sidePath): its requests come through it from now on.
-func (x *intraLink) attachStream(h *wire.Header) (shmIn, error) {
+// AttachStream maps the shared-memory stream a lane of the peer offered
+// (SidePath): its requests come through it from now on.
+func (x *Link) AttachStream(h *wire.Header) (tcp.ShmIn, error) {
 	if err := streamRefusal.Load(); err != nil {
 		return nil, *err
 	}
-	s, err := shmstream.Attach(x.peerPid(), h.Off, h.Size)
+	s, err := shmstream.Attach(x.PeerPid(), h.Off, h.Size)
 	if err != nil {
 		return nil, err
 	}
 	return s, nil
 }
+
+// WakeStuck is the mesh's wake backstop for this link's incoming
+// shared-memory streams (tcp.Link.WakeStuckStreams): only an intra-node
+// link reads rings, so only it is watched.
+func (x *Link) WakeStuck(tick time.Duration) { x.Link.WakeStuckStreams(tick) }

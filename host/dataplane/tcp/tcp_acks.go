@@ -1,10 +1,11 @@
-package dataplane
+package tcp
 
 import (
 	"sync/atomic"
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -13,9 +14,9 @@ import (
 // or written alone), the asks for the peer's, the liveness backstop, and
 // the FIFO of our puts that the peer's acks complete.
 
-// askAcks asks the peer to acknowledge every lane's puts at once
+// AskAcks asks the peer to acknowledge every lane's puts at once
 // (lane.askAcks): the caller waits for them.
-func (t *tcpLink) askAcks() {
+func (t *Link) AskAcks() {
 	for _, l := range t.lanes {
 		l.askAcks()
 	}
@@ -58,7 +59,7 @@ func (l *lane) carryAck(iov [][]byte) [][]byte {
 }
 
 // ackStale reports an owed ack that waited ackDelay for a batch in vain.
-func (t *tcpLink) ackStale() bool {
+func (t *Link) ackStale() bool {
 	if !t.ride {
 		return false
 	}
@@ -71,7 +72,7 @@ func (t *tcpLink) ackStale() bool {
 }
 
 // acksOwed reports whether any ack waits for a batch to carry it.
-func (t *tcpLink) acksOwed() bool {
+func (t *Link) acksOwed() bool {
 	if !t.ride {
 		return false
 	}
@@ -86,7 +87,7 @@ func (t *tcpLink) acksOwed() bool {
 // batchesWritten counts the batches our lanes to the peer wrote: a change
 // since an incoming stream last drained means traffic flows both ways
 // (acker.drained).
-func (t *tcpLink) batchesWritten() uint64 {
+func (t *Link) batchesWritten() uint64 {
 	var n uint64
 	for _, l := range t.lanes {
 		n += l.batches.Load()
@@ -96,7 +97,7 @@ func (t *tcpLink) batchesWritten() uint64 {
 
 // sendAcksAlone writes the owed acks with no batch, on the first open
 // lane that did not fail (the acker's timer).
-func (t *tcpLink) sendAcksAlone() {
+func (t *Link) sendAcksAlone() {
 	for _, l := range t.lanes {
 		if l.isOpen() {
 			if !l.sendAck(false) {
@@ -119,7 +120,7 @@ func (l *lane) isOpen() bool {
 // with it. Every riding acker's next carry repeats its whole count (the
 // peer keeps the highest it saw), on a live lane; the timer covers a link
 // that stays quiet.
-func (t *tcpLink) rehomeAcks() {
+func (t *Link) rehomeAcks() {
 	if !t.ride {
 		return
 	}
@@ -203,7 +204,7 @@ func (l *lane) ackedPuts(empty bool) {
 	if at := l.bsAt.Load(); at != 0 && l.bsAt.CompareAndSwap(at, 0) {
 		n := l.bsRescued.Add(1)
 		backstopInfo.Info(abi.SubsysNet, "NET/wasm: rank %d: puts to rank %d on lane %d were acknowledged only after the liveness backstop asked (they waited over %v; %d times on this lane)",
-			l.p.m.rank, l.p.rank, l.idx, time.Duration(l.backstopBound()), n)
+			l.p.Mesh().Rank, l.p.Rank(), l.idx, time.Duration(l.backstopBound()), n)
 	}
 }
 
@@ -265,7 +266,7 @@ func (l *lane) sendAsk() {
 		return
 	}
 	l.mu.Lock()
-	if l.writing || l.down || l.out == nil || l.p.dead.Load() || l.q.Len() > 0 {
+	if l.writing || l.down || l.out == nil || l.p.Dead() || l.q.Len() > 0 {
 		l.mu.Unlock()
 		return
 	}
@@ -290,7 +291,7 @@ func (l *lane) writeAlone() {
 // stranded. It reports whether it took the stream.
 func (l *lane) sendAck(idle bool) bool {
 	l.mu.Lock()
-	if l.writing || l.down || l.out == nil || l.p.dead.Load() || !l.t.acksOwed() || (idle && l.q.Len() > 0) {
+	if l.writing || l.down || l.out == nil || l.p.Dead() || !l.t.acksOwed() || (idle && l.q.Len() > 0) {
 		l.mu.Unlock()
 		return false
 	}
@@ -305,17 +306,17 @@ func (l *lane) sendAck(idle bool) bool {
 func (l *lane) awaitingReply() bool { return l.pendingPuts() > 0 || l.pendingGets() > 0 }
 
 // awaitPuts appends the tags of puts about to be written to the FIFO that
-// the target's acks complete. If the peer is already dead (failAll may have
+// the target's acks complete. If the peer is already dead (FailAll may have
 // emptied the FIFO), they fail here instead, so none is left behind.
-func (l *lane) awaitPuts(tags []uint64, ops []Op) {
+func (l *lane) awaitPuts(tags []uint64, ops []link.Op) {
 	if len(tags) == 0 && len(ops) == 0 {
 		return
 	}
 	l.amu.Lock()
-	if l.p.dead.Load() {
+	if l.p.Dead() {
 		l.amu.Unlock()
 		for _, tag := range tags {
-			l.p.fail(&Op{Msg: wire.MsgPut, Tag: tag})
+			l.p.Fail(link.Op{Msg: wire.MsgPut, Tag: tag})
 		}
 		return
 	}
@@ -370,7 +371,7 @@ func (l *lane) ackPuts(n uint64) bool {
 		}
 		for _, tag := range done[:k] {
 			if tag != 0 {
-				l.p.m.owner.Complete(tag, abi.Success)
+				l.p.Mesh().Owner.Complete(tag, abi.Success)
 			}
 		}
 		if k < len(done) {
@@ -406,13 +407,13 @@ func (l *lane) failPut(tag uint64, st abi.Result) {
 	}
 	l.amu.Unlock()
 	if found {
-		l.p.m.owner.Complete(tag, st)
+		l.p.Mesh().Owner.Complete(tag, st)
 	}
 }
 
-// rejected is the status a peer's rejection carries, as a failure: a
+// Rejected is the status a peer's rejection carries, as a failure: a
 // status that is not one (0, or beyond the codes) reads as a remote error.
-func rejected(status uint16) abi.Result {
+func Rejected(status uint16) abi.Result {
 	if st := abi.Result(status); st != abi.Success && st <= abi.RemoteError {
 		return st
 	}
@@ -431,7 +432,7 @@ func (l *lane) failPuts() {
 	l.amu.Unlock()
 	for _, tag := range tags {
 		if tag != 0 {
-			l.p.m.owner.Complete(tag, abi.RemoteError)
+			l.p.Mesh().Owner.Complete(tag, abi.RemoteError)
 		}
 	}
 }
@@ -441,3 +442,13 @@ func (l *lane) pendingPuts() int {
 	defer l.amu.Unlock()
 	return l.puts.Len()
 }
+
+// acked is how many puts of this stream the target acknowledged.
+func (l *lane) acked() uint64 {
+	l.amu.Lock()
+	defer l.amu.Unlock()
+	return l.pAcked
+}
+
+// Acked is how many puts of lane i the target acknowledged.
+func (t *Link) Acked(i int) uint64 { return t.lanes[i].acked() }

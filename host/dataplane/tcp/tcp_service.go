@@ -1,4 +1,4 @@
-package dataplane
+package tcp
 
 import (
 	"bufio"
@@ -14,6 +14,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
@@ -52,7 +53,7 @@ type acker struct {
 	pub   atomic.Uint64 // landed, as published at the last drain
 	sent  atomic.Uint64 // the highest count acknowledged, either way
 	piggy atomic.Int32  // piggyOff, piggyOn (acks may ride our lanes) or piggyBarred
-	link  *tcpLink      // whose lanes carry them; nil: none
+	link  *Link         // whose lanes carry them; nil: none
 	// hold keeps every acknowledgement back (tests: a lane that dies with
 	// puts landed and not yet acknowledged, whatever the timing).
 	hold  atomic.Bool
@@ -208,14 +209,14 @@ const ackEvery = 64
 // middle of a message if need be, and lets the role go while it waits for
 // input, so that a caller polling in test() or rmaProgress can serve what
 // arrives on its own thread (tcp_caller.go).
-func (t *tcpLink) service(lane int, in *net.TCPConn) {
+func (t *Link) service(lane int, in *net.TCPConn) {
 	p := t.p
-	defer p.m.wg.Done()
+	defer p.Mesh().WG.Done()
 	defer close(t.inDone[lane]) // after the last landing (fence waits for it)
 	ack := t.acks[lane]
 	r, err := newInReader(t, lane, in, ack)
 	if err != nil {
-		p.markDead(fmt.Errorf("serve rank %d: %w", p.rank, err))
+		p.MarkDead(fmt.Errorf("serve rank %d: %w", p.Rank(), err))
 		return
 	}
 	defer r.close() // holding the role: no caller touches the stream after this
@@ -228,7 +229,7 @@ func (t *tcpLink) service(lane int, in *net.TCPConn) {
 
 // serveAll serves the stream holding the role until the socket is empty
 // between two messages (true: wait for more) or the stream ended (false).
-func (t *tcpLink) serveAll(r *inReader) bool {
+func (t *Link) serveAll(r *inReader) bool {
 	p, lane, br := t.p, r.lane, r.br
 	served := false
 	for {
@@ -238,7 +239,7 @@ func (t *tcpLink) serveAll(r *inReader) bool {
 			if streamEnded(err) && t.inLaneEnded(lane, err) {
 				return false
 			}
-			p.markDead(err)
+			p.MarkDead(err)
 			return false
 		}
 		var err error
@@ -267,11 +268,11 @@ func (t *tcpLink) serveAll(r *inReader) bool {
 			if t.inLaneEnded(lane, err) {
 				return false // the lane failed alone: the peer fails it over
 			}
-			p.markDead(fmt.Errorf("receive from rank %d: %w", p.rank, err))
+			p.MarkDead(fmt.Errorf("receive from rank %d: %w", p.Rank(), err))
 			return false
 		}
 		if r.bye {
-			p.markDead(fmt.Errorf("protocol error: rank %d sent message type %d after its goodbye", p.rank, r.hb[0]))
+			p.MarkDead(fmt.Errorf("protocol error: rank %d sent message type %d after its goodbye", p.Rank(), r.hb[0]))
 			return false
 		}
 		r.h.Decode(r.hb[:])
@@ -280,7 +281,7 @@ func (t *tcpLink) serveAll(r *inReader) bool {
 			if streamEnded(err) && t.inLaneEnded(lane, err) {
 				return false // broke mid-message: the peer sends it again
 			}
-			p.markDead(err)
+			p.MarkDead(err)
 			return false
 		}
 	}
@@ -290,7 +291,7 @@ func (t *tcpLink) serveAll(r *inReader) bool {
 // follows in the buffer. The holder of the role calls it: the service, or
 // a caller for the messages inReader.serveReady lets it serve, whole in
 // the buffer.
-func (t *tcpLink) serveMsg(r *inReader) error {
+func (t *Link) serveMsg(r *inReader) error {
 	p, lane, ack, br, h := t.p, r.lane, r.ack, r.br, &r.h
 	in, resp := r.in, r.resp
 	var err error
@@ -300,12 +301,12 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 		case h.Status&wire.StatusResent == 0:
 			err = t.servePut(ack, br, h, resp, r.dec, r.rxr)
 		case h.Seq == 0:
-			err = fmt.Errorf("protocol error: rank %d resent a put without a sequence number", p.rank)
+			err = fmt.Errorf("protocol error: rank %d resent a put without a sequence number", p.Rank())
 		default:
 			// Sent again after lane From failed: only once nothing of
 			// that lane is still landing, and only if it never landed.
 			if err = t.fence(lane, int(h.Status&wire.StatusFromMask)>>8); err == nil {
-				if p.order.Seen(h.Seq) {
+				if p.Order().Seen(h.Seq) {
 					err = t.dropPut(br, h, r.dec)
 				} else {
 					err = t.servePut(ack, br, h, resp, r.dec, r.rxr)
@@ -324,7 +325,7 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 			err = t.piggyAck(h) // (an ask alone acknowledges nothing)
 		}
 		if err == nil && h.Status&wire.StatusAckNow != 0 {
-			t.p.askedAcks.Add(1)
+			t.p.AskedAcks().Add(1)
 			err = ack.flush() // the sender waits: no holding for a batch of ours
 		}
 	case wire.MsgGet:
@@ -341,11 +342,11 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 			t.onReg(h.SigOp, h.MrID, h.Off, h.SigValue, h.Status == 1, h.Context == 1)
 		}
 		if h.SigOp == 0 {
-			r := PeerReg{MrID: h.MrID, Size: h.Size, Base: h.Off, Dev: h.Status == 1}
-			if h.SigMrID == ShareOffer {
+			r := link.PeerReg{MrID: h.MrID, Size: h.Size, Base: h.Off, Dev: h.Status == 1}
+			if h.SigMrID == link.ShareOffer {
 				r.Share = h.Tag
 			}
-			p.m.owner.PeerRegistered(p.rank, r)
+			p.Mesh().Owner.PeerRegistered(p.Rank(), r)
 		}
 	case wire.MsgBye:
 		// Everything this lane carried before the goodbye has been
@@ -353,13 +354,13 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 		// sequence number of another lane is applied when that one
 		// lands, and that lane's goodbye comes after it).
 		// The puts it carried are acknowledged before the goodbye.
-		p.peerBye.Store(true)
+		p.SeeBye()
 		r.bye = true
 		if err = ack.flush(); err == nil {
 			err = t.reply(in, wire.MsgByeAck, h, abi.Success, nil, resp)
 		}
 	default:
-		err = fmt.Errorf("protocol error: message type %d from rank %d", h.Typ, p.rank)
+		err = fmt.Errorf("protocol error: message type %d from rank %d", h.Typ, p.Rank())
 	}
 	return err
 }
@@ -372,38 +373,34 @@ func (t *tcpLink) serveMsg(r *inReader) error {
 // several lanes); a refused signal (sig invalid) still carries h's event,
 // so that later signals follow that put's bytes. A header that names an
 // event it may not is a protocol error.
-func (t *tcpLink) orderMapped(h *wire.Header, sig sigRef) (sigRef, error) {
-	var evs *linkEvents
+func (t *Link) orderMapped(h *wire.Header, sig link.Signal) (link.Signal, error) {
+	var evs link.Events
 	if t.side != nil {
-		evs = t.side.events()
+		evs = t.side.PeerEvents()
 	}
 	if h.Status&wire.StatusEvent == 0 {
-		if evs != nil && sig.word() && evs.peer.Load() != nil {
-			sig.evs = evs // an event waited for on a stream may be pending
+		if evs != nil && sig.Word() && evs.PeerOpened() {
+			sig.Evs = evs // an event waited for on a stream may be pending
 		}
 		return sig, nil
 	}
 	if evs != nil && h.Typ == wire.MsgPutSignal && h.Size == 0 {
-		sig.ev = evs.peerEvent(int(h.Status & 0xff))
+		sig.Ev = evs.PeerEvent(int(h.Status & 0xff))
 	}
-	if sig.ev == 0 {
+	if sig.Ev == 0 {
 		what := "a put+signal by an event it never shared"
 		if h.Typ != wire.MsgPutSignal {
 			what = "a put without signal by an event"
 		}
-		err := fmt.Errorf("protocol error: rank %d ordered %s (status %#x, %d bytes, seq %d)", t.p.rank, what, h.Status, h.Size, h.Seq)
+		err := fmt.Errorf("protocol error: rank %d ordered %s (status %#x, %d bytes, seq %d)", t.p.Rank(), what, h.Status, h.Size, h.Seq)
 		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
 		return sig, err
 	}
-	sig.evs = evs
+	sig.Evs = evs
 	return sig, nil
 }
 
-// Span reports whether [off, off+n) lies inside a registration of size
-// bytes, without overflowing. Initiator and target check with the same rule.
-func Span(off, n, size uint64) bool { return off <= size && n <= size-off }
-
-func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byte, dec *codec.Decoder, rx *staging.Receiver) error {
+func (t *Link) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byte, dec *codec.Decoder, rx *staging.Receiver) error {
 	p := t.p
 	status := abi.Success
 	var t0 int64
@@ -419,22 +416,22 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 		}()
 	}
 	if h.Size > 0 {
-		base, size, ctx, pin, ok := p.m.owner.Resolve(h.MrID)
-		if !ok || !Span(h.Off, h.Size, size) {
+		base, size, ctx, pin, ok := p.Mesh().Owner.Resolve(h.MrID)
+		if !ok || !link.Span(h.Off, h.Size, size) {
 			status = abi.InvalidArgument
 		}
 		dev = ctx != 0
 		var err error
 		switch cid := uint8(h.Status); {
-		case h.Status&StatusRing != 0:
+		case h.Status&link.StatusRing != 0:
 			// The payload is in the staging ring: emptied even when
 			// the put is rejected, so the ring stays in step.
 			if cid != guestabi.CodecNone {
-				err = fmt.Errorf("protocol error: rank %d sent a compressed put through the staging ring", p.rank)
+				err = fmt.Errorf("protocol error: rank %d sent a compressed put through the staging ring", p.Rank())
 				break
 			}
-			if err = rx.Drain(p.rank, ctx, unsafe.Add(base, h.Off), h.Size, status == abi.Success, p); err != nil {
-				err = fmt.Errorf("receive put payload from rank %d through the staging ring: %w", p.rank, err)
+			if err = rx.Drain(p.Rank(), ctx, unsafe.Add(base, h.Off), h.Size, status == abi.Success, p); err != nil {
+				err = fmt.Errorf("receive put payload from rank %d through the staging ring: %w", p.Rank(), err)
 			}
 		case cid != guestabi.CodecNone:
 			// Compressed (SPEC.md §8.10): decoded into the range only.
@@ -450,26 +447,26 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 				// Rate-limited: a peer sending nothing but bad frames
 				// must not flood NCCL's log (each also fails its put).
 				codecWarn.Warn(abi.SubsysNet, "NET/wasm: protocol error from rank %d: put of %d bytes at offset %d of registration %d rejected: %v",
-					p.rank, h.Size, h.Off, h.MrID, bad)
+					p.Rank(), h.Size, h.Off, h.MrID, bad)
 				status = abi.RemoteError
 			}
 		case status != abi.Success:
 			if _, err = br.Discard(int(h.Size)); err != nil {
-				err = fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
+				err = fmt.Errorf("receive put payload from rank %d: %w", p.Rank(), err)
 			}
 		case ctx != 0:
 			land := staging.LandOnDevice
-			if so, ok := p.m.owner.(StrongOwner); ok && so.StronglyOrdered(h.MrID) {
+			if so, ok := p.Mesh().Owner.(link.StrongOwner); ok && so.StronglyOrdered(h.MrID) {
 				land = staging.ReadToDevice
-			} else if sh, ok := p.m.owner.(SharedOwner); ok && sh.Shared(h.MrID) {
+			} else if sh, ok := p.Mesh().Owner.(link.SharedOwner); ok && sh.Shared(h.MrID) {
 				land = staging.ReadToDevice
 			}
-			if err = land(br, ctx, devAddr(base, h.Off), h.Size, p.m.stageChunk); err != nil {
-				err = fmt.Errorf("receive put payload from rank %d into device memory: %w", p.rank, err)
+			if err = land(br, ctx, link.DevAddr(base, h.Off), h.Size, p.Mesh().StageChunk); err != nil {
+				err = fmt.Errorf("receive put payload from rank %d into device memory: %w", p.Rank(), err)
 			}
 		default:
 			if _, err = io.ReadFull(br, unsafe.Slice((*byte)(unsafe.Add(base, h.Off)), h.Size)); err != nil {
-				err = fmt.Errorf("receive put payload from rank %d: %w", p.rank, err)
+				err = fmt.Errorf("receive put payload from rank %d: %w", p.Rank(), err)
 			}
 		}
 		pin.Release() // the payload is in (or the stream is broken)
@@ -477,17 +474,17 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 			return err
 		}
 	}
-	var sig sigRef
+	var sig link.Signal
 	var add uint64
 	if h.Typ == wire.MsgPutSignal && status == abi.Success {
-		sig, add, status = p.signalTarget(h.SigMrID, h.SigOff, h.SigOp, h.SigValue)
+		sig, add, status = p.SignalTarget(h.SigMrID, h.SigOff, h.SigOp, h.SigValue)
 	}
 	sig, err := t.orderMapped(h, sig)
 	if err != nil {
-		sig.pin.Release()
+		sig.Pin.Release()
 		return err
 	}
-	if err := p.landed(h.Seq, sig, add); err != nil {
+	if err := p.Landed(h.Seq, sig, add); err != nil {
 		return err
 	}
 	if status != abi.Success {
@@ -500,21 +497,21 @@ func (t *tcpLink) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []
 // piggyAck applies an acknowledgement the peer's lane carried for our
 // outgoing lane h.mrID (wire.MsgAck). One for a lane that failed over
 // meanwhile is void (lane.ackPuts).
-func (t *tcpLink) piggyAck(h *wire.Header) error {
+func (t *Link) piggyAck(h *wire.Header) error {
 	if int(h.MrID) >= len(t.lanes) {
-		return fmt.Errorf("protocol error: rank %d acknowledged puts of lane %d, which does not exist", t.p.rank, h.MrID)
+		return fmt.Errorf("protocol error: rank %d acknowledged puts of lane %d, which does not exist", t.p.Rank(), h.MrID)
 	}
 	if !t.lanes[h.MrID].ackPuts(h.Seq) {
-		return fmt.Errorf("protocol error: rank %d acknowledged %d puts on lane %d, more than it was sent", t.p.rank, h.Seq, h.MrID)
+		return fmt.Errorf("protocol error: rank %d acknowledged %d puts on lane %d, more than it was sent", t.p.Rank(), h.Seq, h.MrID)
 	}
 	return nil
 }
 
-func (t *tcpLink) serveGet(in *net.TCPConn, h *wire.Header, resp []byte) error {
+func (t *Link) serveGet(in *net.TCPConn, h *wire.Header, resp []byte) error {
 	p := t.p
-	base, size, ctx, pin, ok := p.m.owner.Resolve(h.MrID)
+	base, size, ctx, pin, ok := p.Mesh().Owner.Resolve(h.MrID)
 	defer pin.Release() // the bytes are on the socket when this returns
-	if !ok || !Span(h.Off, h.Size, size) {
+	if !ok || !link.Span(h.Off, h.Size, size) {
 		return t.reply(in, wire.MsgGetResp, h, abi.InvalidArgument, nil, resp)
 	}
 	if ctx != 0 {
@@ -523,8 +520,8 @@ func (t *tcpLink) serveGet(in *net.TCPConn, h *wire.Header, resp []byte) error {
 		if err := t.reply(in, wire.MsgGetResp, h, abi.Success, nil, resp); err != nil {
 			return err
 		}
-		if err := staging.WriteFromDevice(in, ctx, devAddr(base, h.Off), h.Size, p.m.stageChunk); err != nil {
-			return fmt.Errorf("serve get from device memory to rank %d: %w", p.rank, err)
+		if err := staging.WriteFromDevice(in, ctx, link.DevAddr(base, h.Off), h.Size, p.Mesh().StageChunk); err != nil {
+			return fmt.Errorf("serve get from device memory to rank %d: %w", p.Rank(), err)
 		}
 		return nil
 	}
@@ -542,29 +539,29 @@ var codecWarn logx.Limited
 // block, decoding into dst (nil: discard). bad reports a block that did
 // not decode (the put is rejected, the stream stays in step: the blocks
 // after it are read and dropped); err a broken stream or framing.
-func (t *tcpLink) readCompressed(br *bufio.Reader, cid uint8, size uint64, dst []byte, dec *codec.Decoder) (bad, err error) {
+func (t *Link) readCompressed(br *bufio.Reader, cid uint8, size uint64, dst []byte, dec *codec.Decoder) (bad, err error) {
 	left, done := size, uint64(0)
 	for left > 0 {
 		if _, err := io.ReadFull(br, dec.Prefix[:]); err != nil {
-			return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.rank, err)
+			return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.Rank(), err)
 		}
 		clen, rawLen := codec.GetPrefix(dec.Prefix[:])
 		if err := codec.CheckFrame(clen, rawLen, left); err != nil {
-			return bad, fmt.Errorf("protocol error from rank %d: %w", t.p.rank, err)
+			return bad, fmt.Errorf("protocol error from rank %d: %w", t.p.Rank(), err)
 		}
 		switch {
 		case dst == nil || bad != nil:
 			if _, err := br.Discard(int(clen)); err != nil {
-				return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.rank, err)
+				return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.Rank(), err)
 			}
 		case clen == rawLen: // stored
 			if _, err := io.ReadFull(br, dst[done:done+uint64(rawLen)]); err != nil {
-				return bad, fmt.Errorf("receive put payload from rank %d: %w", t.p.rank, err)
+				return bad, fmt.Errorf("receive put payload from rank %d: %w", t.p.Rank(), err)
 			}
 		default:
 			dec.Take()
 			if _, err := io.ReadFull(br, dec.Buf[:clen]); err != nil {
-				return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.rank, err)
+				return bad, fmt.Errorf("receive compressed put from rank %d: %w", t.p.Rank(), err)
 			}
 			bad = dec.Decode(cid, dst[done:done+uint64(rawLen)], dec.Buf[:clen])
 		}
@@ -576,7 +573,7 @@ func (t *tcpLink) readCompressed(br *bufio.Reader, cid uint8, size uint64, dst [
 }
 
 // reply answers on an incoming lane, which only its service goroutine writes.
-func (t *tcpLink) reply(in *net.TCPConn, typ uint8, req *wire.Header, status abi.Result, data []byte, buf []byte) error {
+func (t *Link) reply(in *net.TCPConn, typ uint8, req *wire.Header, status abi.Result, data []byte, buf []byte) error {
 	h := *req
 	h.Typ = typ
 	h.Status = uint16(status)
@@ -589,26 +586,26 @@ func (t *tcpLink) reply(in *net.TCPConn, typ uint8, req *wire.Header, status abi
 		_, err = in.Write(data)
 	}
 	if err != nil {
-		return fmt.Errorf("reply to rank %d: %w", t.p.rank, err)
+		return fmt.Errorf("reply to rank %d: %w", t.p.Rank(), err)
 	}
 	return nil
 }
 
 // attachRing answers the sender's offer: map the ring and say so in it, or
 // refuse on the reply stream (the sender then uses the stream).
-func (t *tcpLink) attachRing(in *net.TCPConn, rx *staging.Receiver, h *wire.Header, resp []byte) error {
+func (t *Link) attachRing(in *net.TCPConn, rx *staging.Receiver, h *wire.Header, resp []byte) error {
 	p := t.p
 	if rx.Attached() {
-		return fmt.Errorf("protocol error: rank %d offered a second staging ring on one stream", p.rank)
+		return fmt.Errorf("protocol error: rank %d offered a second staging ring on one stream", p.Rank())
 	}
 	var err error
 	if t.side == nil {
 		err = errors.New("not an intra-node link")
 	} else {
-		err = t.side.attachRing(rx, h)
+		err = t.side.AttachRing(rx, h)
 	}
 	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's intra-node staging ring (%v); its device payloads ride the TCP lanes", p.rank, err)
+		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's intra-node staging ring (%v); its device payloads ride the TCP lanes", p.Rank(), err)
 		return t.reply(in, wire.MsgRingNo, h, abi.InternalError, nil, resp)
 	}
 	return nil

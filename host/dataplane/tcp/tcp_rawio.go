@@ -1,4 +1,4 @@
-package dataplane
+package tcp
 
 import (
 	"io"
@@ -7,15 +7,16 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"golang.org/x/sys/unix"
 )
 
 // Raw I/O: the lane's writes to its stream, a socket's writev or a
 // shared-memory stream, and the device payloads gathered into host memory.
 
-// writeIov sends the gathered headers and payloads: into the shared-memory
+// WriteIov sends the gathered headers and payloads: into the shared-memory
 // stream of an intra-node lane (stream.go), else with one writev.
-func (l *lane) writeIov(iov [][]byte) error {
+func (l *lane) WriteIov(iov [][]byte) error {
 	if l.gather.Pending() {
 		// Device payloads gathered in iov: their copies first; the slots
 		// go back once the bytes were written.
@@ -28,15 +29,15 @@ func (l *lane) writeIov(iov [][]byte) error {
 		return nil
 	}
 	l.writes.Add(1)
-	if l.ix != nil && l.ix.streamOn() {
-		return l.ix.writeStream(iov)
+	if l.ix != nil && l.ix.StreamOn() {
+		return l.ix.WriteStream(iov)
 	}
-	return l.writeSocket(iov)
+	return l.WriteSocket(iov)
 }
 
-// writeSocket writes iov on the lane's socket, with one writev where the
+// WriteSocket writes iov on the lane's socket, with one writev where the
 // socket takes it all.
-func (l *lane) writeSocket(iov [][]byte) error {
+func (l *lane) WriteSocket(iov [][]byte) error {
 	if total := iovLen(iov); l.orc != nil && len(iov) <= len(l.wiov) && total <= rawWriteMax {
 		// A first try without the connection's write lock and poller
 		// bookkeeping: one non-blocking writev as a raw system call. The
@@ -79,11 +80,11 @@ func (l *lane) writeSocket(iov [][]byte) error {
 	return err
 }
 
-// settle waits for the device copies the batch gathered so far, before a
+// Settle waits for the device copies the batch gathered so far, before a
 // synchronous copy that must not overtake them (a strongly-ordered put's
 // completion means everything before it landed; a get may read what an
 // earlier put writes). A failure is the batch's: its write reports it.
-func (l *lane) settle() {
+func (l *lane) Settle() {
 	if l.gather.Pending() {
 		l.gather.Wait()
 	}
@@ -92,14 +93,14 @@ func (l *lane) settle() {
 // gatherDev queues the copy of op's device payload into a bounce slot
 // when iov has room (staging.Gather.Add says whether it is small enough):
 // the bytes to append to iov, or nil to stage it synchronously.
-func (l *lane) gatherDev(op *Op, niov int) ([]byte, error) {
+func (l *lane) gatherDev(op *link.Op, niov int) ([]byte, error) {
 	if op.LocalCtx == 0 || niov+1 >= cap(l.iov) {
 		return nil, nil
 	}
 	return l.gather.Add(op.LocalCtx, uintptr(op.Local), op.Size)
 }
 
-// rawWriteMax is the most a raw writev (writeIov) takes: a raw system call
+// rawWriteMax is the most a raw writev (WriteIov) takes: a raw system call
 // keeps its P, so a long copy would hold the goroutines queued on it.
 const rawWriteMax = inlineMax
 
@@ -111,7 +112,7 @@ func iovLen(iov [][]byte) int {
 	return n
 }
 
-// writevFD is writeIov's raw writev (through the connection's Control).
+// writevFD is WriteIov's raw writev (through the connection's Control).
 func (l *lane) writevFD(fd uintptr) {
 	for {
 		n, _, e := syscall.RawSyscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&l.wiov[0])), uintptr(l.wcnt))
@@ -131,7 +132,7 @@ func (l *lane) writevFD(fd uintptr) {
 // shared-memory stream when it has one, else the socket.
 func (l *lane) streamWriter() io.Writer {
 	if l.ix != nil {
-		if w := l.ix.streamWriter(); w != nil {
+		if w := l.ix.StreamWriter(); w != nil {
 			return w
 		}
 	}
@@ -139,12 +140,12 @@ func (l *lane) streamWriter() io.Writer {
 }
 
 // Gone is the staging ring's liveness check of a sending lane.
-func (l *lane) Gone() bool { return l.p.dead.Load() || l.isDown() }
+func (l *lane) Gone() bool { return l.p.Dead() || l.isDown() }
 
-// raw, control, index and addCopy are the lane's laneIO for its side.
-func (l *lane) raw() bool                         { return l.orc != nil }
-func (l *lane) control(fn func(fd uintptr)) error { return l.orc.Control(fn) }
-func (l *lane) index() int                        { return l.idx }
-func (l *lane) addCopy(ctx, dst, src uintptr, n uint64) (bool, error) {
+// Raw, control, index and addCopy are the lane's LaneIO for its side.
+func (l *lane) Raw() bool                         { return l.orc != nil }
+func (l *lane) Control(fn func(fd uintptr)) error { return l.orc.Control(fn) }
+func (l *lane) Index() int                        { return l.idx }
+func (l *lane) AddCopy(ctx, dst, src uintptr, n uint64) (bool, error) {
 	return l.gather.AddCopy(ctx, dst, src, n)
 }

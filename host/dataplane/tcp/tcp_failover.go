@@ -1,4 +1,4 @@
-package dataplane
+package tcp
 
 import (
 	"bufio"
@@ -12,6 +12,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -51,16 +52,8 @@ import (
 // before. A peer could always write its own registrations; failover gives
 // it no new reach.
 
-// LaneObserver is an Owner that wants to hear of a lane failover: lane
-// of the connection to peer failed and moved operations went to the
-// others. It is called once per lane, from the lane's reader goroutine, before
-// any moved operation is resubmitted.
-type LaneObserver interface {
-	LaneFailed(peer, lane, moved int, err error)
-}
-
-// noFailover turns lane failover off for this link (both sides).
-func (t *tcpLink) noFailover() {
+// NoFailover turns lane failover off for this link (both sides).
+func (t *Link) NoFailover() {
 	t.fixed = true
 	for _, l := range t.lanes {
 		l.resend, l.sent, l.pops = false, ring.Ring[sentOp]{}, nil
@@ -74,15 +67,15 @@ func (l *lane) broken(err error) {
 	p := l.p
 	bit := uint32(1) << l.idx
 	for {
-		d := p.down.Load()
+		d := p.Down().Load()
 		if d&bit != 0 {
 			return // failed over already
 		}
-		if !l.resend || p.opened.Load()&^(d|bit) == 0 || p.closing.Load() || p.peerBye.Load() || p.dead.Load() {
-			p.markDead(err)
+		if !l.resend || p.Opened().Load()&^(d|bit) == 0 || p.Closing() || p.ByeSeen() || p.Dead() {
+			p.MarkDead(err)
 			return
 		}
-		if p.down.CompareAndSwap(d, d|bit) {
+		if p.Down().CompareAndSwap(d, d|bit) {
 			break
 		}
 	}
@@ -100,34 +93,34 @@ func (l *lane) broken(err error) {
 
 // isDown reports whether the lane failed over (a writer waiting on the
 // peer, e.g. for room in the staging ring, gives up then).
-func (l *lane) isDown() bool { return l.p.down.Load()&(1<<l.idx) != 0 }
+func (l *lane) isDown() bool { return l.p.Down().Load()&(1<<l.idx) != 0 }
 
 // canFailover reports whether a failure of this lane would fail it over
 // (rather than fail the peer).
 func (l *lane) canFailover() bool {
 	p := l.p
-	if !l.resend || p.closing.Load() || p.peerBye.Load() || p.dead.Load() {
+	if !l.resend || p.Closing() || p.ByeSeen() || p.Dead() {
 		return false
 	}
 	bit := uint32(1) << l.idx
-	return p.opened.Load()&^(p.down.Load()|bit) != 0
+	return p.Opened().Load()&^(p.Down().Load()|bit) != 0
 }
 
 // replyStreamEnded: the lane's reader could not read. It fails the lane
 // over (or the peer) and, when the lane was failed over, moves its work.
 func (l *lane) replyStreamEnded(err error) {
 	l.broken(err)
-	if l.p.down.Load()&(1<<l.idx) != 0 {
+	if l.p.Down().Load()&(1<<l.idx) != 0 {
 		l.migrate(err)
 	}
 }
 
 // keep puts ops a failed write took from the queue, and never put on the
 // stream, aside for the failover.
-func (l *lane) keep(ops []Op) {
+func (l *lane) keep(ops []link.Op) {
 	l.mu.Lock()
 	for i := range ops {
-		if ops[i].Msg != opDone {
+		if ops[i].Msg != link.OpDone {
 			l.orphans = append(l.orphans, ops[i])
 		}
 	}
@@ -135,18 +128,18 @@ func (l *lane) keep(ops []Op) {
 }
 
 // forward sends op, posted to a lane that failed, to the next live one.
-func (l *lane) forward(op *Op, hold bool) {
+func (l *lane) forward(op *link.Op, hold bool) {
 	p := l.p
 	if op.Msg == wire.MsgBye {
-		p.byeGone() // the dead stream needs no goodbye
+		p.ByeGone() // the dead stream needs no goodbye
 		return
 	}
-	to := p.live(l.idx)
+	to := p.Live(l.idx)
 	if to == l.idx {
-		p.fail(op) // every lane failed: the peer is going
+		p.Fail(*op) // every lane failed: the peer is going
 		return
 	}
-	p.t.submit(to, *op, hold)
+	p.Transport().Submit(to, *op, hold)
 }
 
 // migrate moves the work of the failed lane to the next live lane. It runs
@@ -166,7 +159,7 @@ func (l *lane) migrate(cause error) {
 	}
 	orphans := l.orphans
 	l.orphans = nil
-	queued := make([]Op, 0, l.q.Len())
+	queued := make([]link.Op, 0, l.q.Len())
 	for op, ok := l.q.Pop(); ok; op, ok = l.q.Pop() {
 		queued = append(queued, op)
 	}
@@ -176,7 +169,7 @@ func (l *lane) migrate(cause error) {
 	l.t.rehomeAcks()
 
 	// Failure path: allocating here is fine.
-	var work []Op
+	var work []link.Op
 	l.amu.Lock()
 	for e, ok := l.sent.Pop(); ok; e, ok = l.sent.Pop() {
 		if e.counts {
@@ -197,11 +190,11 @@ func (l *lane) migrate(cause error) {
 	work = append(work, orphans...)
 	work = append(work, queued...)
 
-	to := p.live(l.idx)
+	to := p.Live(l.idx)
 	moved := 0
 	if to != l.idx {
 		for i := range work {
-			if m := work[i].Msg; m != wire.MsgBye && m != opDone {
+			if m := work[i].Msg; m != wire.MsgBye && m != link.OpDone {
 				moved++
 			}
 		}
@@ -209,27 +202,27 @@ func (l *lane) migrate(cause error) {
 	// Tell first, then resubmit: an observer hears of the failover before
 	// any moved operation can complete on its new lane.
 	logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: lane %d to rank %d failed (%v); %d operations moved to lane %d, none lost",
-		p.m.rank, l.idx, p.rank, cause, moved, to)
-	if o, ok := p.m.owner.(LaneObserver); ok {
-		o.LaneFailed(p.rank, l.idx, moved, cause)
+		p.Mesh().Rank, l.idx, p.Rank(), cause, moved, to)
+	if o, ok := p.Mesh().Owner.(link.LaneObserver); ok {
+		o.LaneFailed(p.Rank(), l.idx, moved, cause)
 	}
 	for i := range work {
 		op := &work[i]
 		switch {
 		case op.Msg == wire.MsgBye:
-			p.byeGone()
-		case op.Msg == opDone:
+			p.ByeGone()
+		case op.Msg == link.OpDone:
 		case to == l.idx:
-			p.fail(op) // no live lane left: the peer died meanwhile
+			p.Fail(*op) // no live lane left: the peer died meanwhile
 		default:
-			p.t.submit(to, *op, true)
+			p.Transport().Submit(to, *op, true)
 		}
 	}
-	p.t.kick()
+	p.Transport().Kick()
 }
 
 // logSent appends what a batch wrote to the resend ring; amu held.
-func (l *lane) logSent(ops []Op) {
+func (l *lane) logSent(ops []link.Op) {
 	for i := range ops {
 		l.sent.Push(sentOp{op: ops[i], counts: ops[i].Msg != wire.MsgReg})
 	}
@@ -259,10 +252,10 @@ func (l *lane) unpopGet(e getEntry) {
 // over and sends again what it did not see acknowledged), false when the
 // peer must be failed: it has one lane, it is closing, or this was the
 // last live lane.
-func (t *tcpLink) inLaneEnded(i int, err error) bool {
+func (t *Link) inLaneEnded(i int, err error) bool {
 	p := t.p
 	n := len(t.ins)
-	if n == 1 || t.fixed || p.closing.Load() || p.dead.Load() {
+	if n == 1 || t.fixed || p.Closing() || p.Dead() {
 		return false
 	}
 	bit := uint32(1) << i
@@ -278,7 +271,7 @@ func (t *tcpLink) inLaneEnded(i int, err error) bool {
 	}
 	t.closeIn(i)
 	logx.Info(abi.SubsysNet, "NET/wasm: rank %d: incoming lane %d from rank %d ended (%v); the rank sends again what it did not see acknowledged",
-		p.m.rank, i, p.rank, err)
+		p.Mesh().Rank, i, p.Rank(), err)
 	return true
 }
 
@@ -292,10 +285,10 @@ func streamEnded(err error) bool {
 // fence makes sure the service of incoming lane from returned before a
 // resent operation that left that lane is handled on lane i: it closes
 // that stream and waits for its service, at most the close timeout.
-func (t *tcpLink) fence(i, from int) error {
+func (t *Link) fence(i, from int) error {
 	p := t.p
 	if from >= len(t.ins) || from == i || t.fixed {
-		return fmt.Errorf("protocol error: rank %d resent an operation of lane %d on lane %d (it has %d)", p.rank, from, i, len(t.ins))
+		return fmt.Errorf("protocol error: rank %d resent an operation of lane %d on lane %d (it has %d)", p.Rank(), from, i, len(t.ins))
 	}
 	select {
 	case <-t.inDone[from]:
@@ -312,22 +305,22 @@ func (t *tcpLink) fence(i, from int) error {
 	}
 	t.inMu.Unlock()
 	t.fences[from].Do(func() { t.closeIn(from) })
-	timer := time.NewTimer(p.m.closeTimeout)
+	timer := time.NewTimer(p.Mesh().CloseTimeout)
 	defer timer.Stop()
 	select {
 	case <-t.inDone[from]:
 		return nil
-	case <-p.quit:
-		return fmt.Errorf("%w: rank %d", ErrPeerGone, p.rank)
+	case <-p.Quit():
+		return fmt.Errorf("%w: rank %d", link.ErrPeerGone, p.Rank())
 	case <-timer.C:
-		return fmt.Errorf("protocol error: rank %d resent operations of lane %d, whose stream did not end within %v", p.rank, from, p.m.closeTimeout)
+		return fmt.Errorf("protocol error: rank %d resent operations of lane %d, whose stream did not end within %v", p.Rank(), from, p.Mesh().CloseTimeout)
 	}
 }
 
 // dropPut reads and drops the payload of a resent put whose sequence
 // number already landed: no byte of it is written, its signal is not
 // applied again.
-func (t *tcpLink) dropPut(br *bufio.Reader, h *wire.Header, dec *codec.Decoder) error {
+func (t *Link) dropPut(br *bufio.Reader, h *wire.Header, dec *codec.Decoder) error {
 	if h.Size == 0 {
 		return nil
 	}
@@ -336,10 +329,10 @@ func (t *tcpLink) dropPut(br *bufio.Reader, h *wire.Header, dec *codec.Decoder) 
 		return err
 	}
 	if h.Size > math.MaxInt64 {
-		return fmt.Errorf("protocol error: rank %d resent a put of %d bytes", t.p.rank, h.Size)
+		return fmt.Errorf("protocol error: rank %d resent a put of %d bytes", t.p.Rank(), h.Size)
 	}
 	if _, err := br.Discard(int(h.Size)); err != nil {
-		return fmt.Errorf("receive resent put from rank %d: %w", t.p.rank, err)
+		return fmt.Errorf("receive resent put from rank %d: %w", t.p.Rank(), err)
 	}
 	return nil
 }

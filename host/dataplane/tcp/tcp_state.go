@@ -1,22 +1,25 @@
-package dataplane
+package tcp
 
 import (
 	"fmt"
 	"io"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"golang.org/x/sys/unix"
 )
 
 // What a TCP link tells of itself: its lanes and incoming streams for the
 // stall report (Mesh.WriteState), and its counters for Mesh.Stats.
 
-// streams: a TCP link carries its own lanes (and the intra-node and
+// Streams: a TCP link carries its own lanes (and the intra-node and
 // libfabric links, which embed it, carry theirs).
-func (t *tcpLink) streams() *tcpLink { return t }
+func (t *Link) Streams() *Link { return t }
 
-// writeState writes, per TCP lane, whether it is open, its queue, whether
+// WriteState writes, per TCP lane, whether it is open, its queue, whether
 // someone holds the stream, the puts written and not yet acknowledged, and
 // the gets awaiting replies; then the incoming streams. It takes each
 // lane's locks briefly; it allocates.
-func (t *tcpLink) writeState(w io.Writer) {
+func (t *Link) WriteState(w io.Writer) {
 	for _, l := range t.lanes {
 		l.mu.Lock()
 		open, opening, qlen, writing, down := l.out != nil, l.opening, l.q.Len(), l.writing, l.down
@@ -28,7 +31,7 @@ func (t *tcpLink) writeState(w io.Writer) {
 		l.mu.Unlock()
 		var shm string
 		if l.ix != nil {
-			shm = l.ix.shmState()
+			shm = l.ix.ShmState()
 		}
 		var wait string
 		if since := l.waitSince.Load(); since != 0 {
@@ -66,21 +69,21 @@ func (t *tcpLink) writeState(w io.Writer) {
 	}
 }
 
-// addStats adds the link's counters to st: the payload bytes its lanes
+// AddStats adds the link's counters to st: the payload bytes its lanes
 // compressed and what they took on the wire, and its acknowledgements.
 // Compression is counted for plain TCP links only.
-func (t *tcpLink) addStats(st *Stats) {
+func (t *Link) AddStats(st *link.Stats) {
 	for _, l := range t.lanes {
 		r, w := l.enc.Counts()
 		st.CompressedRaw, st.CompressedWire = st.CompressedRaw+r, st.CompressedWire+w
 	}
-	t.addAcks(st)
+	t.AddAcks(st)
 }
 
-// addAcks adds the acknowledgements of the peer's puts sent so far to st:
+// AddAcks adds the acknowledgements of the peer's puts sent so far to st:
 // carried in a batch of ours, or written alone on the acknowledged stream;
 // and the liveness backstop's asks and the acks that came only after one.
-func (t *tcpLink) addAcks(st *Stats) {
+func (t *Link) AddAcks(st *link.Stats) {
 	for _, l := range t.lanes {
 		st.AcksCarried += l.carried.Load()
 		st.BackstopAsks += l.bsAsks.Load()
@@ -97,13 +100,52 @@ func (t *tcpLink) addAcks(st *Stats) {
 
 // streamer is a transport that carries TCP lanes: TCP's own link, and
 // the intra-node and libfabric links built over it.
-type streamer interface{ streams() *tcpLink }
+type streamer interface{ Streams() *Link }
 
-// streamsOf returns the TCP lanes a transport carries: its own, or those
+// Found by assertion only, like the side links' promoted Streams.
+var _ streamer = (*Link)(nil)
+
+// Of returns the TCP lanes a transport carries: its own, or those
 // under the intra-node and libfabric links; nil for none.
-func streamsOf(tr transport) *tcpLink {
+func Of(tr link.Transport) *Link {
 	if s, ok := tr.(streamer); ok {
-		return s.streams()
+		return s.Streams()
 	}
 	return nil
+}
+
+// Progress sums what the kernel moved on every stream to and from the
+// peer: bytes the peer acknowledged and bytes it sent us.
+func (t *Link) Progress() (uint64, bool) {
+	var sum uint64
+	ok := false
+	add := func(fd uintptr) {
+		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		if err == nil {
+			sum += info.Bytes_acked + info.Bytes_received
+			ok = true
+		}
+	}
+	for _, l := range t.lanes {
+		l.mu.Lock()
+		out := l.out
+		l.mu.Unlock()
+		if out == nil {
+			continue // not opened yet
+		}
+		if rc, err := out.SyscallConn(); err == nil {
+			_ = rc.Control(add)
+		}
+	}
+	t.inMu.Lock()
+	defer t.inMu.Unlock()
+	for _, in := range t.ins {
+		if in == nil {
+			continue
+		}
+		if rc, err := in.SyscallConn(); err == nil {
+			_ = rc.Control(add)
+		}
+	}
+	return sum, ok
 }

@@ -1,4 +1,4 @@
-package dataplane
+package intranode
 
 import (
 	"fmt"
@@ -11,6 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
@@ -27,7 +29,7 @@ const (
 	intraMin = 16 << 10
 )
 
-// intraLink is the intra-node transport, for a peer on the same host (same
+// Link is the intra-node transport, for a peer on the same host (same
 // host id in its handle): large host payloads move straight between the two
 // processes' registered memory with process_vm_writev/readv, one copy and no
 // socket. Everything else (small operations, signals, registrations,
@@ -36,8 +38,8 @@ const (
 // that follows a put still leaves on the stream after its payload landed.
 // Any refusal by the kernel (ptrace rules, other users, non-dumpable peers)
 // turns the path off for that peer and the operation goes over TCP.
-type intraLink struct {
-	*tcpLink
+type Link struct {
+	*tcp.Link
 	pid    int
 	on     atomic.Bool  // the single-copy path is usable for this peer
 	selfs  atomic.Int64 // operations to this very rank moved by selfDevice
@@ -46,178 +48,176 @@ type intraLink struct {
 	evs    linkEvents   // interprocess events of mapped put+signals (ipc_events.go)
 }
 
-// ShareOffer in a MsgReg's sigMrID says that its tag names the sender's
-// descriptor server (PeerReg.Share).
-const ShareOffer = 1
-
-func newIntraLink(p *peer, outs, ins []*net.TCPConn, pid int) *intraLink {
-	x := &intraLink{tcpLink: newTCPLink(p, outs, ins), pid: pid}
+func New(p link.Peer, outs, ins []*net.TCPConn, pid int) *Link {
+	x := &Link{Link: tcp.NewLink(p, outs, ins), pid: pid}
 	x.on.Store(true)
 	x.mapOn.Store(true)
-	x.side = x
-	for _, l := range x.lanes {
-		l.ix = &intraLane{x: x, l: l, p: p}
-	}
+	x.SetSide(x, func(l link.LaneIO) link.LaneSide { return &intraLane{x: x, l: l, p: p} })
 	return x
 }
 
-func (x *intraLink) release() {
-	x.tcpLink.release()
+func (x *Link) Release() {
+	x.Link.Release()
 	x.evs.release()
 }
 
-func (x *intraLink) props() Props {
-	pr := x.tcpLink.props()
+func (x *Link) Props() link.Props {
+	pr := x.Link.Props()
 	if x.on.Load() {
-		pr.Name = nameIntraNode
+		pr.Name = Name
 	}
 	return pr
 }
 
-// peerPid is the peer's process, whose staging ring and stream offers are
+// PeerPid is the peer's process, whose staging ring and stream offers are
 // mapped through /proc/<pid>/fd.
-func (x *intraLink) peerPid() int { return x.pid }
+func (x *Link) PeerPid() int { return x.pid }
 
-// events are the link's interprocess events (ipc_events.go).
-func (x *intraLink) events() *linkEvents { return &x.evs }
+// PeerEvents are the link's interprocess events (ipc_events.go).
+func (x *Link) PeerEvents() link.Events { return &x.evs }
 
-// writeState: the mapped device memory path, when it moved something or
+// IPCEvents are the link's events, for the mesh's IPC exchange.
+func (x *Link) IPCEvents() *linkEvents { return &x.evs }
+
+// WriteState: the mapped device memory path, when it moved something or
 // was turned off, then the TCP lanes under it.
-func (x *intraLink) writeState(w io.Writer) {
+func (x *Link) WriteState(w io.Writer) {
 	if x.mapped.Load() > 0 || !x.mapOn.Load() {
 		fmt.Fprintf(w, "    mapped device memory: %d operations, usable=%v\n", x.mapped.Load(), x.mapOn.Load())
 	}
-	x.tcpLink.writeState(w)
+	x.Link.WriteState(w)
 }
 
-// addStats counts the peer as an intra-node peer while the single-copy
+// AddStats counts the peer as an intra-node peer while the single-copy
 // path is enabled for it, and its lanes' acknowledgements (compression is
 // counted for plain TCP links only).
-func (x *intraLink) addStats(st *Stats) {
-	if x.props().Name == nameIntraNode {
+func (x *Link) AddStats(st *link.Stats) {
+	if x.Props().Name == Name {
 		st.IntraNodePeers++
 	}
-	x.tcpLink.addAcks(st)
+	x.Link.AddAcks(st)
 }
 
-func (x *intraLink) inlineMax() uint64 {
+func (x *Link) InlineMax() uint64 {
 	if x.on.Load() {
 		return intraInlineMax
 	}
-	return inlineMax
+	return tcp.InlineMax
 }
 
 // takes reports whether op's payload should move beside the stream.
-func (x *intraLink) takes(op *Op) bool {
+func (x *Link) takes(op *link.Op) bool {
 	return op.Size >= intraMin && op.Remote != 0 && op.LocalCtx == 0 && x.on.Load()
 }
 
-// ringable: a large put with device memory at either end (the target's is
+// Ringable: a large put with device memory at either end (the target's is
 // device memory when its address is unknown). Not tied to x.on: mapping
 // the peer's ring needs only ptrace read access to it, which Yama's
 // ptrace_scope=1 leaves to siblings that process_vm_writev is refused to;
 // the ring has its own refusal.
-func (x *intraLink) ringable(op *Op) bool {
+func (x *Link) Ringable(op *link.Op) bool {
 	return op.Size >= intraMin && (op.LocalCtx != 0 || op.Remote == 0)
 }
 
-// put writes op's payload into the peer; sideNo means "use TCP".
-func (x *intraLink) put(l *intraLane, op *Op) sideMove {
+// put writes op's payload into the peer; SideNo means "use TCP".
+func (x *Link) put(l *intraLane, op *link.Op) link.SideMove {
 	if op.Mapped != 0 {
-		if mv := x.viaMapping(l, op, true); mv != sideNo {
+		if mv := x.viaMapping(l, op, true); mv != link.SideNo {
 			return mv
 		}
 	}
 	if x.self() {
-		if mv := x.selfDevice(l, op, true); mv != sideNo {
+		if mv := x.selfDevice(l, op, true); mv != link.SideNo {
 			return mv
 		}
 	}
 	if !x.takes(op) {
-		return sideNo
+		return link.SideNo
 	}
 	if x.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size), unsafe.Slice((*byte)(op.Local), op.Size))
-		return sideMoved
+		return link.SideMoved
 	}
 	return moved(x.vm(l, op, true))
 }
 
-// get reads op's bytes from the peer; sideNo means "use TCP".
-func (x *intraLink) get(l *intraLane, op *Op) sideMove {
+// get reads op's bytes from the peer; SideNo means "use TCP".
+func (x *Link) get(l *intraLane, op *link.Op) link.SideMove {
 	if op.Mapped != 0 {
-		if mv := x.viaMapping(l, op, false); mv != sideNo {
+		if mv := x.viaMapping(l, op, false); mv != link.SideNo {
 			return mv
 		}
 	}
 	if x.self() {
-		if mv := x.selfDevice(l, op, false); mv != sideNo {
+		if mv := x.selfDevice(l, op, false); mv != link.SideNo {
 			return mv
 		}
 	}
 	if !x.takes(op) {
-		return sideNo
+		return link.SideNo
 	}
 	if x.pid == os.Getpid() {
 		copy(unsafe.Slice((*byte)(op.Local), op.Size), unsafe.Slice((*byte)(addrPtr(op.Remote)), op.Size))
-		return sideMoved
+		return link.SideMoved
 	}
 	return moved(x.vm(l, op, false))
 }
 
-func moved(ok bool) sideMove {
+func moved(ok bool) link.SideMove {
 	if ok {
-		return sideMoved
+		return link.SideMoved
 	}
-	return sideNo
+	return link.SideNo
 }
 
 // self reports whether the peer is this very rank: NCCL's RMA proxy
 // flushes with an 8-byte put to its own rank after every signal it awaits
 // for a CUDA graph without GDRCopy, and a GIN alltoall puts to its own
 // rank every round.
-func (x *intraLink) self() bool { return x.pid == os.Getpid() && x.p.rank == x.p.m.rank }
+func (x *Link) self() bool {
+	return x.pid == os.Getpid() && x.Peer().Rank() == x.Peer().Mesh().Rank
+}
 
 // selfDevice moves the payload of op, an operation of this rank to itself
 // with device memory at either end, with the device's copies instead of a
 // round trip through our own socket and both ends' staging: the target
-// registration is ours. sideNo (nothing moved): not such an operation, or
+// registration is ours. SideNo (nothing moved): not such an operation, or
 // a range or copy the TCP path must refuse and report.
-func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) sideMove {
+func (x *Link) selfDevice(l *intraLane, op *link.Op, put bool) link.SideMove {
 	if op.Size == 0 || (op.LocalCtx == 0 && op.Remote != 0) {
-		return sideNo // host memory at both ends: the paths above
+		return link.SideNo // host memory at both ends: the paths above
 	}
-	base, size, ctx, pin, ok := x.p.m.owner.Resolve(op.MrID)
+	base, size, ctx, pin, ok := x.Peer().Mesh().Owner.Resolve(op.MrID)
 	if !ok {
-		return sideNo
+		return link.SideNo
 	}
 	defer pin.Release()
-	if !Span(op.Off, op.Size, size) || (ctx == 0 && op.LocalCtx == 0) {
-		return sideNo
+	if !link.Span(op.Off, op.Size, size) || (ctx == 0 && op.LocalCtx == 0) {
+		return link.SideNo
 	}
 	reg := unsafe.Add(base, op.Off) // a device address when ctx != 0, never dereferenced then
 	if profile.On() {
 		defer profile.SelfCopy.Since(profile.Now())
 	}
 	if ctx == op.LocalCtx && x.selfQueue(op, put, uintptr(reg)) {
-		return sideQueued
+		return link.SideQueued
 	}
-	l.l.settle()
+	l.l.Settle()
 	var err error
 	if put {
-		err = staging.CopyLocal(ctx, reg, op.LocalCtx, op.Local, op.Size, x.p.m.stageChunk)
+		err = staging.CopyLocal(ctx, reg, op.LocalCtx, op.Local, op.Size, x.Peer().Mesh().StageChunk)
 	} else {
-		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, reg, op.Size, x.p.m.stageChunk)
+		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, reg, op.Size, x.Peer().Mesh().StageChunk)
 	}
 	if err != nil {
 		// The TCP path stages it again and fails it with its cause.
-		selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself: %v; sending it through its own socket instead", x.p.rank, op.Size, err)
-		return sideNo
+		selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself: %v; sending it through its own socket instead", x.Peer().Rank(), op.Size, err)
+		return link.SideNo
 	}
 	if x.selfs.Add(1) == 1 {
-		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory move by device copies, not through its own socket", x.p.rank)
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory move by device copies, not through its own socket", x.Peer().Rank())
 	}
-	return sideMoved
+	return link.SideMoved
 }
 
 // selfQueue queues the device copy of op, an operation of this rank to
@@ -229,13 +229,13 @@ func (x *intraLink) selfDevice(l *intraLane, op *Op, put bool) sideMove {
 // strongly ordered registration, whose put completes once everything
 // before it landed; an owner without parts; no spare slot; a failure to
 // queue, which the synchronous copy then reports).
-func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
-	m := x.p.m
+func (x *Link) selfQueue(op *link.Op, put bool, reg uintptr) bool {
+	m := x.Peer().Mesh()
 	if put && x.strong(op) {
 		return false
 	}
-	acked := tellsTarget(op)
-	po, parts := m.owner.(PartOwner)
+	acked := link.TellsTarget(op)
+	po, parts := m.Owner.(link.PartOwner)
 	if acked && !parts {
 		return false
 	}
@@ -246,18 +246,18 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 	if acked {
 		po.AddPart(op.Tag) // taken back below when nothing was queued
 	}
-	ok, err := staging.CopySelfAsync(op.LocalCtx, dst, src, op.Size, m.owner, op.Tag)
+	ok, err := staging.CopySelfAsync(op.LocalCtx, dst, src, op.Size, m.Owner, op.Tag)
 	if !ok {
 		if acked {
-			m.owner.Complete(op.Tag, abi.Success) // the part added above
+			m.Owner.Complete(op.Tag, abi.Success) // the part added above
 		}
 		if err != nil {
-			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself not queued on the device: %v; copying it synchronously", x.p.rank, op.Size, err)
+			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: operation of %d bytes to itself not queued on the device: %v; copying it synchronously", x.Peer().Rank(), op.Size, err)
 		}
 		return false
 	}
 	if x.selfs.Add(1) == 1 {
-		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory are queued on the device's stream and complete when they executed", x.p.rank)
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d: operations to itself with device memory are queued on the device's stream and complete when they executed", x.Peer().Rank())
 	}
 	return true
 }
@@ -267,7 +267,7 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 // SPEC.md §4, "Device windows mapped"). A put+signal from device memory
 // is queued with our event after it, which the target waits for
 // (queueMapped). Another put from device memory is queued on its
-// context's stream with the batch's other device copies (sideGathered):
+// context's stream with the batch's other device copies (SideGathered):
 // the lane waits for them all before it writes the batch, so the header
 // that follows (a signal, a numbered put) reaches the target only once
 // the bytes are in its memory, as the target's own landing would.
@@ -277,62 +277,62 @@ func (x *intraLink) selfQueue(op *Op, put bool, reg uintptr) bool {
 // after the copies the batch queued before it. A failed copy turns the
 // path off for this peer and the TCP path takes the operation (the same
 // bytes again, so a partial copy does no harm).
-func (x *intraLink) viaMapping(l *intraLane, op *Op, put bool) sideMove {
+func (x *Link) viaMapping(l *intraLane, op *link.Op, put bool) link.SideMove {
 	if op.Size == 0 || !x.mapOn.Load() {
-		return sideNo
+		return link.SideNo
 	}
 	if put && op.LocalCtx != 0 && !x.strong(op) {
 		if x.queueMapped(op) {
 			x.mappedOnce()
-			return sideQueued // the target orders its signal by our event
+			return link.SideQueued // the target orders its signal by our event
 		}
-		queued, err := l.l.addCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
+		queued, err := l.l.AddCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
 		if err != nil {
 			return x.mapFailed(op, err)
 		}
 		if queued {
 			x.mappedOnce()
-			return sideGathered
+			return link.SideGathered
 		}
 	}
-	l.l.settle()
+	l.l.Settle()
 	ctx := op.LocalCtx
 	if ctx == 0 {
 		ctx = op.MapCtx
 	}
 	var err error
 	if put {
-		err = staging.CopyLocal(ctx, addrPtr(op.Mapped), op.LocalCtx, op.Local, op.Size, x.p.m.stageChunk)
+		err = staging.CopyLocal(ctx, addrPtr(op.Mapped), op.LocalCtx, op.Local, op.Size, x.Peer().Mesh().StageChunk)
 	} else {
-		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, addrPtr(op.Mapped), op.Size, x.p.m.stageChunk)
+		err = staging.CopyLocal(op.LocalCtx, op.Local, ctx, addrPtr(op.Mapped), op.Size, x.Peer().Mesh().StageChunk)
 	}
 	if err != nil {
 		return x.mapFailed(op, err)
 	}
 	x.mappedOnce()
-	return sideMoved
+	return link.SideMoved
 }
 
 // mapFailed turns the mapping off for this peer after a failed copy (one
 // WARN): op and every later operation take the staged path.
-func (x *intraLink) mapFailed(op *Op, err error) sideMove {
+func (x *Link) mapFailed(op *link.Op, err error) link.SideMove {
 	if x.mapOn.Swap(false) {
-		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: device copy of %d bytes through the mapping of its memory failed: %v; its operations go through the staged path from now on", x.p.rank, op.Size, err)
+		logx.Warn(abi.SubsysNet, "NET/wasm: rank %d: device copy of %d bytes through the mapping of its memory failed: %v; its operations go through the staged path from now on", x.Peer().Rank(), op.Size, err)
 	}
-	return sideNo
+	return link.SideNo
 }
 
 // strong reports whether op's target registration is strongly ordered
 // (NCCL_NET_MR_FLAG_FORCE_SO): its puts are copied and waited for.
-func (x *intraLink) strong(op *Op) bool {
-	so, ok := x.p.m.owner.(StrongOwner)
+func (x *Link) strong(op *link.Op) bool {
+	so, ok := x.Peer().Mesh().Owner.(link.StrongOwner)
 	return ok && so.StronglyOrdered(op.MrID)
 }
 
 // mappedOnce counts an operation moved through a mapping; the first says so.
-func (x *intraLink) mappedOnce() {
+func (x *Link) mappedOnce() {
 	if x.mapped.Add(1) == 1 {
-		logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): device operations copy straight into its mapped device memory (IPC)", x.p.rank, x.pid)
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): device operations copy straight into its mapped device memory (IPC)", x.Peer().Rank(), x.pid)
 	}
 }
 
@@ -341,7 +341,7 @@ var selfWarn logx.Limited
 
 // vm copies with the kernel, using the lane's iovec scratch (the caller
 // owns the lane's stream).
-func (x *intraLink) vm(l *intraLane, op *Op, write bool) bool {
+func (x *Link) vm(l *intraLane, op *link.Op, write bool) bool {
 	done := uint64(0)
 	for done < op.Size {
 		l.liov[0].Base = (*byte)(unsafe.Add(op.Local, done))
@@ -364,7 +364,7 @@ func (x *intraLink) vm(l *intraLane, op *Op, write bool) bool {
 				err = fmt.Errorf("short transfer after %d bytes: %v", done, err)
 			}
 			x.on.Store(false)
-			logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d (pid %d) refused by the kernel (%v); using TCP for this peer", x.p.rank, x.pid, err)
+			logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d (pid %d) refused by the kernel (%v); using TCP for this peer", x.Peer().Rank(), x.pid, err)
 			return false
 		}
 		done += uint64(n)
@@ -375,11 +375,3 @@ func (x *intraLink) vm(l *intraLane, op *Op, write bool) bool {
 // addrPtr turns an address in this process into a pointer without tripping
 // vet's uintptr check; the memory is C memory registered by the caller.
 func addrPtr(a uint64) unsafe.Pointer { return *(*unsafe.Pointer)(unsafe.Pointer(&a)) }
-
-// addOffset advances a pointer into registered memory.
-func addOffset(ptr unsafe.Pointer, off uint64) unsafe.Pointer {
-	if ptr == nil {
-		return nil
-	}
-	return unsafe.Add(ptr, off)
-}

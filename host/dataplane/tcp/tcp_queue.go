@@ -1,9 +1,10 @@
-package dataplane
+package tcp
 
 import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -37,18 +38,18 @@ func (l *lane) sendTimer() {
 }
 
 // loneGap is how long a lane must have had nothing posted for a signal to
-// leave at once (submitCaller): dense bursts batch, sparse exchanges do not wait.
+// leave at once (SubmitCaller): dense bursts batch, sparse exchanges do not wait.
 const loneGap = 10 * time.Microsecond
 
 // enqueue appends op to the queue, growing it rather than failing. It
-// reports whether op is a lone signal (submitCaller): a small put with signal or
+// reports whether op is a lone signal (SubmitCaller): a small put with signal or
 // bare signal, not held or paced, queued on an empty, idle, open lane
 // loneGap after the op before.
-func (l *lane) enqueue(op *Op, hold bool) (lone bool) {
+func (l *lane) enqueue(op *link.Op, hold bool) (lone bool) {
 	l.mu.Lock()
-	if l.p.dead.Load() {
+	if l.p.Dead() {
 		l.mu.Unlock()
-		l.p.fail(op)
+		l.p.Fail(*op)
 		return false
 	}
 	if l.down {
@@ -91,7 +92,7 @@ func (l *lane) enqueue(op *Op, hold bool) (lone bool) {
 		}
 	case !l.armed.Swap(true) || l.long.Load():
 		// Small: the same, with the timer at sendDelay (which also
-		// covers a lone signal that submitCaller could not write after all).
+		// covers a lone signal that SubmitCaller could not write after all).
 		l.long.Store(false)
 		l.timer.Reset(sendDelay.get())
 	}
@@ -113,7 +114,7 @@ func (l *lane) flush() {
 	l.askDue()
 	l.sendAsk() // an ask for the peer's acks that no batch carried yet
 	l.mu.Lock()
-	if l.writing || l.q.Len() == 0 || l.down || l.out == nil || l.q.At(0).NotBefore != 0 || l.p.dead.Load() {
+	if l.writing || l.q.Len() == 0 || l.down || l.out == nil || l.q.At(0).NotBefore != 0 || l.p.Dead() {
 		// A paced op at the head is the writer's, on its timer; an
 		// unopened lane's ops wait for it to open (lazy.go).
 		l.mu.Unlock()
@@ -148,7 +149,7 @@ func (l *lane) queued() bool { return l.work.Load() }
 // flush, sendAsk, sendAck or the writer): every holder lets go through
 // here and nowhere else. It re-arms the acks still owed (ackLeft): an
 // acker's timer that fired while the stream was held found it busy and
-// left its ack to the holder (tcpLink.sendAcksAlone), so a holder that
+// left its ack to the holder (Link.sendAcksAlone), so a holder that
 // let go without re-arming would strand it, and the put it acknowledges
 // would never complete. It reports whether ops are left queued.
 func (l *lane) letGo() (more bool) {
@@ -234,7 +235,7 @@ func (l *lane) drainFailed() {
 	l.orphans = nil
 	l.mu.Unlock()
 	for i := range orphans {
-		l.p.fail(&orphans[i])
+		l.p.Fail(orphans[i])
 	}
 	for {
 		l.mu.Lock()
@@ -243,16 +244,16 @@ func (l *lane) drainFailed() {
 		if !ok {
 			return
 		}
-		l.p.fail(&op)
+		l.p.Fail(op)
 	}
 }
 
 func (l *lane) writer() {
-	defer l.p.m.wg.Done()
+	defer l.p.Mesh().WG.Done()
 	for {
 		select {
 		case <-l.wake:
-		case <-l.p.quit:
+		case <-l.p.Quit():
 			return
 		}
 		for {

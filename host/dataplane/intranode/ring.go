@@ -1,4 +1,4 @@
-package dataplane
+package intranode
 
 import (
 	"sync/atomic"
@@ -6,6 +6,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -18,12 +19,6 @@ import (
 // order with everything else, and the target applies the signal only after
 // its last copy completed.
 
-const (
-	// StatusRing marks a put header whose payload is in the ring, not on
-	// the stream (requests use status for the payload's codec otherwise).
-	StatusRing = 0x8000
-)
-
 // The sending lane's ring state, kept by whoever holds the stream.
 const (
 	ringUnknown = iota // not tried yet
@@ -31,27 +26,27 @@ const (
 	ringOff            // refused, disabled or failed: the stream carries it
 )
 
-// intraLane is the intra-node side of one of our lanes (laneSide): its
+// intraLane is the intra-node side of one of our lanes (LaneSide): its
 // payloads moved beside the stream (intranode.go), its staging ring and
 // its shared-memory stream (stream.go). It reaches the lane only through
-// laneIO.
+// LaneIO.
 type intraLane struct {
-	x *intraLink
-	l laneIO
-	p *peer
+	x *Link
+	l link.LaneIO
+	p link.Peer
 	laneRing
 	laneShm
 	liov [1]unix.Iovec       // scratch for process_vm_writev/readv
 	riov [1]unix.RemoteIovec // (vm)
 }
 
-// put and get move op's payload beside the stream (intraLink.put, get).
-func (x *intraLane) put(op *Op) sideMove { return x.x.put(x, op) }
-func (x *intraLane) get(op *Op) sideMove { return x.x.get(x, op) }
+// Put and get move op's payload beside the stream (Link.Put, get).
+func (x *intraLane) Put(op *link.Op) link.SideMove { return x.x.put(x, op) }
+func (x *intraLane) Get(op *link.Op) link.SideMove { return x.x.get(x, op) }
 
-// release frees the lane's ring and shared-memory stream once its
+// Release frees the lane's ring and shared-memory stream once its
 // goroutines ended.
-func (x *intraLane) release() {
+func (x *intraLane) Release() {
 	x.releaseRing()
 	x.releaseStream()
 }
@@ -66,11 +61,11 @@ type laneRing struct {
 	ringNo     atomic.Bool // the target refused the ring
 }
 
-// ringReady reports whether this lane's put goes through the staging ring,
+// RingReady reports whether this lane's put goes through the staging ring,
 // offering one to the target on the first call and waiting for its answer
 // (the ring's attached word, or wire.MsgRingNo on the reply stream). Called by
 // whoever holds the stream, after what was gathered before was written.
-func (x *intraLane) ringReady() (bool, error) {
+func (x *intraLane) RingReady() (bool, error) {
 	switch x.ringState {
 	case ringOn:
 		return true, nil
@@ -78,12 +73,12 @@ func (x *intraLane) ringReady() (bool, error) {
 		return false, nil
 	}
 	x.ringState = ringOff
-	if x.p.m.noIntraRing {
+	if x.p.Mesh().NoIntraRing {
 		return false, nil
 	}
-	r, err := staging.NewRing(staging.RingSlots, x.p.m.stageChunk)
+	r, err := staging.NewRing(staging.RingSlots, x.p.Mesh().StageChunk)
 	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no staging ring (%v); device payloads ride the TCP lanes", x.p.rank, err)
+		logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d: no staging ring (%v); device payloads ride the TCP lanes", x.p.Rank(), err)
 		return false, nil
 	}
 	x.ring.Store(r)
@@ -91,7 +86,7 @@ func (x *intraLane) ringReady() (bool, error) {
 	h := wire.Header{Typ: wire.MsgRing, Off: o.FD, Size: o.Size, Context: o.Slots, SigValue: o.Chunk}
 	var hb [wire.HeaderSize]byte
 	h.Encode(hb[:])
-	if err := x.l.writeIov([][]byte{hb[:]}); err != nil {
+	if err := x.l.WriteIov([][]byte{hb[:]}); err != nil {
 		return false, err
 	}
 	if on, err := r.AwaitAttach(x.ringNo.Load, x.l.Gone); !on {
@@ -99,25 +94,25 @@ func (x *intraLane) ringReady() (bool, error) {
 	}
 	x.ringState = ringOn
 	logx.Info(abi.SubsysNet, "NET/wasm: intra-node path to rank %d, lane %d: device payloads through a shared staging ring (%d slots of %d KiB)",
-		x.p.rank, x.l.index(), r.Slots(), r.Chunk()>>10)
+		x.p.Rank(), x.l.Index(), r.Slots(), r.Chunk()>>10)
 	return true, nil
 }
 
-// ringOff reports that the ring is refused, disabled or failed: the
+// RingOff reports that the ring is refused, disabled or failed: the
 // stream carries the lane's device payloads.
-func (x *intraLane) ringOff() bool { return x.ringState == ringOff }
+func (x *intraLane) RingOff() bool { return x.ringState == ringOff }
 
-// ringRefused is the reply stream's wire.MsgRingNo: wake the offer's wait.
-func (x *intraLane) ringRefused() {
+// RingRefused is the reply stream's wire.MsgRingNo: wake the offer's wait.
+func (x *intraLane) RingRefused() {
 	x.ringNo.Store(true)
 	if r := x.ring.Load(); r != nil {
 		r.WakeAttach()
 	}
 }
 
-// ringSend moves op's payload through the ring; its header (wire.StatusRing) is
+// RingSend moves op's payload through the ring; its header (wire.StatusRing) is
 // on the stream already.
-func (x *intraLane) ringSend(op *Op) error {
+func (x *intraLane) RingSend(op *link.Op) error {
 	k, err := x.ring.Load().Send(x.ringFilled, op.LocalCtx, op.Local, op.Size, x.l)
 	if err == nil {
 		x.ringFilled = k
@@ -135,11 +130,11 @@ func (x *intraLane) releaseRing() {
 // attachHook, when set (tests), refuses every ring offer with its error.
 var attachHook func() error
 
-// attachRing maps the staging ring the peer offered on one of its lanes
-// (sidePath) into rx.
-func (x *intraLink) attachRing(rx *staging.Receiver, h *wire.Header) error {
+// AttachRing maps the staging ring the peer offered on one of its lanes
+// (SidePath) into rx.
+func (x *Link) AttachRing(rx *staging.Receiver, h *wire.Header) error {
 	if attachHook != nil {
 		return attachHook()
 	}
-	return rx.Attach(x.peerPid(), staging.Offer{FD: h.Off, Size: h.Size, Slots: h.Context, Chunk: h.SigValue})
+	return rx.Attach(x.PeerPid(), staging.Offer{FD: h.Off, Size: h.Size, Slots: h.Context, Chunk: h.SigValue})
 }

@@ -1,4 +1,4 @@
-package dataplane
+package tcp
 
 import (
 	"bufio"
@@ -33,7 +33,7 @@ import (
 //     whether or not this process calls the plugin again; it waits for
 //     input on the netpoller without holding the role, and may block in
 //     the middle of a message while it holds it;
-//   - a caller of test() or rmaProgress (poll, through tcpLink.flush),
+//   - a caller of test() or rmaProgress (poll, through Link.flush),
 //     which serves what the socket already holds on its own thread, never
 //     blocking. On a machine with few cores this is what makes a small
 //     exchange cheap: the message is applied where the caller already
@@ -43,7 +43,7 @@ import (
 // The bytes go through one buffer in stream order whoever reads them, so
 // no byte is consumed twice and signals still apply after their payload.
 type inReader struct {
-	t    *tcpLink
+	t    *Link
 	lane int
 	in   *net.TCPConn
 	rc   syscall.RawConn
@@ -116,8 +116,8 @@ type inReader struct {
 	// socket's end the service met (set by the service, the first one
 	// kept; read by a caller holding the role too, hence atomic); bells
 	// its scratch.
-	sring   shmIn
-	sview   shmIn      // sring, for diagnostics from any thread (WriteState), under smu
+	sring   ShmIn
+	sview   ShmIn      // sring, for diagnostics from any thread (WriteState), under smu
 	smu     sync.Mutex // sview: close unmaps the ring under it
 	sockErr atomic.Pointer[error]
 	bells   [64]byte
@@ -172,13 +172,13 @@ var errWouldBlock = errors.New("would block")
 // pastDeadline wakes the service from its wait (SetReadDeadline).
 var pastDeadline = time.Unix(1, 0)
 
-func newInReader(t *tcpLink, lane int, in *net.TCPConn, ack *acker) (*inReader, error) {
+func newInReader(t *Link, lane int, in *net.TCPConn, ack *acker) (*inReader, error) {
 	rc, err := in.SyscallConn()
 	if err != nil {
 		return nil, err
 	}
 	r := &inReader{t: t, lane: lane, in: in, rc: rc, ack: ack,
-		blk:  spin.NewReader(in, t.p.m.spinWait, t.p.m.spinners, nil),
+		blk:  spin.NewReader(in, t.p.Mesh().SpinWait, t.p.Mesh().Spinners, nil),
 		resp: make([]byte, wire.HeaderSize+smallResponse), dec: &codec.Decoder{}, rxr: &staging.Receiver{}}
 	r.rdFn = r.readFD
 	r.waitFn = r.waitFD
@@ -300,14 +300,14 @@ func (r *inReader) waitFD(fd uintptr) bool {
 			}
 			return true
 		}
-		m := r.t.p.m
+		m := r.t.p.Mesh()
 		if !spinning {
-			if r.parked || m.spinWait <= 0 || Now()-r.rx.Load() > int64(m.spinWait) || !spin.Acquire(int32(m.spinners)) {
+			if r.parked || m.SpinWait <= 0 || Now()-r.rx.Load() > int64(m.SpinWait) || !spin.Acquire(int32(m.Spinners)) {
 				r.parked = true
 				return false
 			}
 			spinning, start = true, Now()
-		} else if Now()-start > int64(m.spinWait) {
+		} else if Now()-start > int64(m.SpinWait) {
 			spin.Release()
 			r.parked = true
 			return false
@@ -343,12 +343,12 @@ func (r *inReader) wait() {
 				select {
 				case <-r.kick:
 				case <-r.nap.C():
-				case <-r.t.p.quit: // the streams are closed: the read ends the service
+				case <-r.t.p.Quit(): // the streams are closed: the read ends the service
 				}
 				r.nap.Stop()
 			}
 			r.napping.Store(false)
-			if !r.left.Load() && !r.t.p.dead.Load() {
+			if !r.left.Load() && !r.t.p.Dead() {
 				continue
 			}
 		} else {
@@ -414,7 +414,7 @@ func (r *inReader) release() { r.role.Store(0) }
 // poll is a caller's turn: when nobody holds the stream and it carried
 // traffic lately, serve what its socket holds, on this thread, without
 // blocking. test() and rmaProgress (progress) call it through
-// tcpLink.flush and tcpLink.turn.
+// Link.flush and Link.turn.
 func (r *inReader) poll(progress bool) {
 	if !r.polled.Load() {
 		r.polled.Store(true) // written only when it changes: the line stays shared
@@ -555,13 +555,13 @@ func (r *inReader) close() {
 
 // An incoming lane's requests through a shared-memory stream: the lane's
 // sender (an intra-node peer) offers one in-band, the side path maps it
-// (sidePath.attachStream, stream.go), and the reader reads from it in
+// (SidePath.AttachStream, stream.go), and the reader reads from it in
 // place of the socket, whose bytes are then bells.
 
-// shmIn is the shared-memory stream an incoming lane reads its requests
+// ShmIn is the shared-memory stream an incoming lane reads its requests
 // from once the sender switched (*shmstream.Ring, which the side path
 // maps).
-type shmIn interface {
+type ShmIn interface {
 	Read(b []byte) (int, error)
 	// Pending reports bytes to read; Sleep marks the reader asleep (false:
 	// bytes came meanwhile) and Awake awake again.
@@ -578,23 +578,23 @@ type shmIn interface {
 // attachStream answers a lane's offer: map its ring and read the stream
 // from there, or refuse on the reply stream (the sender keeps the socket).
 // The offer must be the last byte the socket carries.
-func (t *tcpLink) attachStream(r *inReader, h *wire.Header) error {
+func (t *Link) attachStream(r *inReader, h *wire.Header) error {
 	p := t.p
 	if r.sring != nil {
-		return fmt.Errorf("protocol error: rank %d offered a second shared-memory stream on one lane", p.rank)
+		return fmt.Errorf("protocol error: rank %d offered a second shared-memory stream on one lane", p.Rank())
 	}
 	if r.br.Buffered() != 0 {
-		return fmt.Errorf("protocol error: rank %d wrote %d bytes on its socket after offering a shared-memory stream", p.rank, r.br.Buffered())
+		return fmt.Errorf("protocol error: rank %d wrote %d bytes on its socket after offering a shared-memory stream", p.Rank(), r.br.Buffered())
 	}
 	var err error
-	var s shmIn
+	var s ShmIn
 	if t.side == nil {
 		err = errors.New("not an intra-node link")
 	} else {
-		s, err = t.side.attachStream(h)
+		s, err = t.side.AttachStream(h)
 	}
 	if err != nil {
-		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's shared-memory stream (%v); its requests ride the socket", p.rank, err)
+		logx.Info(abi.SubsysNet, "NET/wasm: refusing rank %d's shared-memory stream (%v); its requests ride the socket", p.Rank(), err)
 		return t.reply(r.in, wire.MsgStreamNo, h, abi.InternalError, nil, r.resp)
 	}
 	if r.lowat {
@@ -663,13 +663,13 @@ func (r *inReader) waitStream(fd uintptr) bool {
 			}
 			return true
 		}
-		m := r.t.p.m
+		m := r.t.p.Mesh()
 		if !spinning {
-			if m.spinWait <= 0 || Now()-r.rx.Load() > int64(m.spinWait) || !spin.Acquire(int32(m.spinners)) {
+			if m.SpinWait <= 0 || Now()-r.rx.Load() > int64(m.SpinWait) || !spin.Acquire(int32(m.Spinners)) {
 				break
 			}
 			spinning, start = true, Now()
-		} else if Now()-start > int64(m.spinWait) {
+		} else if Now()-start > int64(m.SpinWait) {
 			spin.Release()
 			break
 		}

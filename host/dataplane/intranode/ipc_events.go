@@ -1,4 +1,4 @@
-package dataplane
+package intranode
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -48,144 +49,8 @@ type linkEvents struct {
 	lastEv, lastCtx uintptr
 }
 
-var errNoIntra = errors.New("not a peer on this host's intra-node path")
-
-// IPC is the intra-node side's exchange with the other processes of this
-// host (host/plugin's share.go): which peer a process is, and the
-// interprocess events of mapped put+signals. It answers for the peers the
-// intra-node path carries; for any other, as for a peer it does not know.
-type IPC struct{ m *Mesh }
-
-// IPC returns the mesh's intra-node exchange.
-func (m *Mesh) IPC() IPC { return IPC{m} }
-
-// ipcPeer is what the exchange needs of an intra-node link.
-type ipcPeer interface {
-	peerPid() int
-	events() *linkEvents
-}
-
-func (c IPC) intra(rank int) (ipcPeer, error) {
-	m := c.m
-	if rank < 0 || rank >= len(m.peers) || rank == m.rank {
-		return nil, errNoIntra
-	}
-	x, ok := m.peers[rank].t.(ipcPeer)
-	if !ok {
-		return nil, errNoIntra
-	}
-	return x, nil
-}
-
-// Pid is the pid of rank's process when the intra-node path carries
-// its operations (another process of this host), else 0.
-func (c IPC) Pid(rank int) int {
-	if x, err := c.intra(rank); err == nil {
-		return x.peerPid()
-	}
-	return 0
-}
-
-// MakeEvents makes, once, the events our mapped put+signals to rank
-// record (in ctx) and returns their handles.
-func (c IPC) MakeEvents(rank int, ctx uintptr) ([][64]byte, error) {
-	x, err := c.intra(rank)
-	if err != nil {
-		return nil, err
-	}
-	e := x.events()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return nil, errNoIntra
-	}
-	if e.own != nil {
-		return e.handles, nil
-	}
-	ie, ok := devmem.Get().(devmem.IPCEvents)
-	if !ok {
-		return nil, devmem.ErrUnsupported
-	}
-	own := make([]uintptr, 0, nLinkEvents)
-	handles := make([][64]byte, 0, nLinkEvents)
-	for len(own) < nLinkEvents {
-		ev, h, err := ie.IPCEventNew(ctx)
-		if err != nil {
-			freeEvents(ctx, own)
-			return nil, fmt.Errorf("interprocess event for rank %d: %w", rank, err)
-		}
-		own, handles = append(own, ev), append(handles, h)
-	}
-	e.ctx, e.own, e.handles = ctx, own, handles
-	return handles, nil
-}
-
-// EventHandles returns the handles of the events MakeEvents made for
-// rank, or nil.
-func (c IPC) EventHandles(rank int) [][64]byte {
-	x, err := c.intra(rank)
-	if err != nil {
-		return nil
-	}
-	e := x.events()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.handles
-}
-
-// SetEventsReady records that rank opened our events: our mapped
-// put+signals to it may use them from now on.
-func (c IPC) SetEventsReady(rank int) {
-	if x, err := c.intra(rank); err == nil {
-		e := x.events()
-		e.mu.Lock()
-		e.ready.Store(e.own != nil && !e.closed)
-		e.mu.Unlock()
-	}
-}
-
-// EventsReady reports whether rank opened our events.
-func (c IPC) EventsReady(rank int) bool {
-	x, err := c.intra(rank)
-	return err == nil && x.events().ready.Load()
-}
-
-// OpenPeerEvents opens rank's event handles in ctx, once: the events its
-// mapped put+signals to us record.
-func (c IPC) OpenPeerEvents(rank int, ctx uintptr, handles [][64]byte) error {
-	x, err := c.intra(rank)
-	if err != nil {
-		return err
-	}
-	if len(handles) == 0 || len(handles) > 256 {
-		return fmt.Errorf("%d event handles from rank %d", len(handles), rank)
-	}
-	ie, ok := devmem.Get().(devmem.IPCEvents)
-	if !ok {
-		return devmem.ErrUnsupported
-	}
-	e := x.events()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return errNoIntra
-	}
-	if e.peer.Load() != nil {
-		return nil
-	}
-	evs := make([]uintptr, 0, len(handles))
-	for _, h := range handles {
-		ev, err := ie.IPCEventOpen(ctx, h)
-		if err != nil {
-			freeEvents(ctx, evs)
-			return fmt.Errorf("open an event of rank %d: %w", rank, err)
-		}
-		evs = append(evs, ev)
-	}
-	e.peerCtx = ctx
-	e.peer.Store(&evs)
-	return nil
-}
+// ErrNoIntra is the answer for a peer the intra-node path does not carry.
+var ErrNoIntra = errors.New("not a peer on this host's intra-node path")
 
 // release frees both ways' events (the mesh is closed).
 func (e *linkEvents) release() {
@@ -211,12 +76,12 @@ func freeEvents(ctx uintptr, evs []uintptr) {
 // queueMapped queues op's copy into the peer's mapped memory and records
 // our next event after it (sender side), for a put+signal the target can
 // order by that event. false: the lane's other ways.
-func (x *intraLink) queueMapped(op *Op) bool {
+func (x *Link) queueMapped(op *link.Op) bool {
 	e := &x.evs
 	if !e.ready.Load() || op.Msg != wire.MsgPutSignal || op.LocalCtx != e.ctx {
 		return false
 	}
-	po, ok := x.p.m.owner.(PartOwner)
+	po, ok := x.Peer().Mesh().Owner.(link.PartOwner)
 	if !ok {
 		return false
 	}
@@ -224,11 +89,11 @@ func (x *intraLink) queueMapped(op *Op) bool {
 	// the target wait for the later of the two, never too little.
 	k := int(e.next.Add(1)-1) % len(e.own)
 	po.AddPart(op.Tag) // the copy's part; given back below when nothing was queued
-	ok, err := staging.CopyMappedAsync(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size, x.p.m.owner, op.Tag, e.own[k])
+	ok, err := staging.CopyMappedAsync(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size, x.Peer().Mesh().Owner, op.Tag, e.own[k])
 	if !ok {
-		x.p.m.owner.Complete(op.Tag, abi.Success)
+		x.Peer().Mesh().Owner.Complete(op.Tag, abi.Success)
 		if err != nil {
-			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: a mapped put+signal could not be ordered by an event: %v; waiting for its copy instead", x.p.rank, err)
+			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: a mapped put+signal could not be ordered by an event: %v; waiting for its copy instead", x.Peer().Rank(), err)
 		}
 		return false
 	}
@@ -236,8 +101,11 @@ func (x *intraLink) queueMapped(op *Op) bool {
 	return true
 }
 
-// peerEvent is the peer's event i, or 0.
-func (e *linkEvents) peerEvent(i int) uintptr {
+// PeerOpened reports that the peer's events were opened here.
+func (e *linkEvents) PeerOpened() bool { return e.peer.Load() != nil }
+
+// PeerEvent is the peer's event i, or 0.
+func (e *linkEvents) PeerEvent(i int) uintptr {
 	p := e.peer.Load()
 	if p == nil || i < 0 || i >= len(*p) {
 		return 0
@@ -245,13 +113,13 @@ func (e *linkEvents) peerEvent(i int) uintptr {
 	return (*p)[i]
 }
 
-// order makes a signal from the peer follow its mapped copies (target
+// Order makes a signal from the peer follow its mapped copies (target
 // side, the stream's reader): ev, when not 0, is the event the signal's
 // header named; ctx and stream say where the signal is applied (on ctx's
 // stream when stream, else from the host). An event waited for on a
 // stream is remembered, so that a later signal applied anywhere else
 // waits for it too.
-func (e *linkEvents) order(ev, ctx uintptr, stream bool) error {
+func (e *linkEvents) Order(ev, ctx uintptr, stream bool) error {
 	if ev == 0 {
 		if e.lastEv == 0 || (stream && ctx == e.lastCtx) {
 			return nil // nothing pending, or the same stream keeps the order
@@ -273,5 +141,88 @@ func (e *linkEvents) order(ev, ctx uintptr, stream bool) error {
 	} else {
 		e.lastEv = 0
 	}
+	return nil
+}
+
+// Events names a link's interprocess events for the mesh's IPC exchange
+// (host/dataplane's IPC), which reaches them through Link.IPCEvents.
+type Events = linkEvents
+
+// Make makes, once, the events our mapped put+signals to the peer (rank)
+// record (in ctx) and returns their handles.
+func (e *linkEvents) Make(rank int, ctx uintptr) ([][64]byte, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, ErrNoIntra
+	}
+	if e.own != nil {
+		return e.handles, nil
+	}
+	ie, ok := devmem.Get().(devmem.IPCEvents)
+	if !ok {
+		return nil, devmem.ErrUnsupported
+	}
+	own := make([]uintptr, 0, nLinkEvents)
+	handles := make([][64]byte, 0, nLinkEvents)
+	for len(own) < nLinkEvents {
+		ev, h, err := ie.IPCEventNew(ctx)
+		if err != nil {
+			freeEvents(ctx, own)
+			return nil, fmt.Errorf("interprocess event for rank %d: %w", rank, err)
+		}
+		own, handles = append(own, ev), append(handles, h)
+	}
+	e.ctx, e.own, e.handles = ctx, own, handles
+	return handles, nil
+}
+
+// Handles returns the handles of the events Make made, or nil.
+func (e *linkEvents) Handles() [][64]byte {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.handles
+}
+
+// SetReady records that the peer opened our events: our mapped
+// put+signals to it may use them from now on.
+func (e *linkEvents) SetReady() {
+	e.mu.Lock()
+	e.ready.Store(e.own != nil && !e.closed)
+	e.mu.Unlock()
+}
+
+// Ready reports whether the peer opened our events.
+func (e *linkEvents) Ready() bool { return e.ready.Load() }
+
+// OpenPeer opens the peer's (rank's) event handles in ctx, once: the
+// events its mapped put+signals to us record.
+func (e *linkEvents) OpenPeer(rank int, ctx uintptr, handles [][64]byte) error {
+	if len(handles) == 0 || len(handles) > 256 {
+		return fmt.Errorf("%d event handles from rank %d", len(handles), rank)
+	}
+	ie, ok := devmem.Get().(devmem.IPCEvents)
+	if !ok {
+		return devmem.ErrUnsupported
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrNoIntra
+	}
+	if e.peer.Load() != nil {
+		return nil
+	}
+	evs := make([]uintptr, 0, len(handles))
+	for _, h := range handles {
+		ev, err := ie.IPCEventOpen(ctx, h)
+		if err != nil {
+			freeEvents(ctx, evs)
+			return fmt.Errorf("open an event of rank %d: %w", rank, err)
+		}
+		evs = append(evs, ev)
+	}
+	e.peerCtx = ctx
+	e.peer.Store(&evs)
 	return nil
 }
