@@ -54,9 +54,6 @@ func Now() int64 { return link.Now() }
 // Span is link.Span: whether [off, off+n) lies inside size bytes.
 func Span(off, n, size uint64) bool { return link.Span(off, n, size) }
 
-// opDone is link.OpDone.
-const opDone = link.OpDone
-
 // ShareOffer is link.ShareOffer: a MsgReg whose tag names the sender's
 // descriptor server (PeerReg.Share).
 const ShareOffer = link.ShareOffer

@@ -1,9 +1,7 @@
 package dataplane
 
 import (
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 )
 
 // The transport seam. The transports are layers, not alternatives: every
@@ -51,9 +49,3 @@ func (m *Mesh) FlushesOnSignal() bool {
 	}
 	return true
 }
-
-// Transport names, as Props.Name reports them.
-const (
-	nameTCP       = tcp.Name
-	nameIntraNode = intranode.Name
-)
