@@ -20,9 +20,9 @@
 //   - lazy.go: a further lane, opened when first used (the lane's half is
 //     tcp's lazy.go); the peer's mesh takes it from its listener.
 //   - peers.go: a peer list (Options.Peers): ranks not connected.
-//   - fabric_setup.go: the listener's endpoint handed to the mesh, rails
-//     opened and exchanged, fabric links made and started.
-//   - fabric_rails.go: further rails, one endpoint per NIC.
+//   - fabric.go: the listener's endpoint handed to the mesh as its rails
+//     (ofi.Rails), which pairs use libfabric, and the registrations made
+//     on every rail.
 //
 // Data path:
 //   - transport.go: the transport seam (link.Transport, host/dataplane/link).
@@ -34,23 +34,13 @@
 //   - ipc.go: the IPC exchange host/plugin's share.go makes with the
 //     intra-node links' interprocess events.
 //   - The transports are packages of their own: host/dataplane/tcp (the
-//     TCP link, its lanes, service, acks and failover) and
+//     TCP link, its lanes, service, acks and failover),
 //     host/dataplane/intranode (process_vm_writev/readv, the staging
-//     ring, shared-memory streams, interprocess events).
-//   - fabric_link.go: libfabric writes, reads and signals to one peer.
-//   - fabric_dev.go: device memory staged over TCP beside a fabric link.
-//
-// Target service:
-//   - fabric_ep.go: what the endpoint's completions mean: our operations
-//     done, the target side of libfabric writes, signals and messages.
-//
-// Registration:
-//   - fabric_reg.go: communicator memory registered on every rail (each
-//     endpoint's table: endpoint.Regs).
+//     ring, shared-memory streams, interprocess events) and
+//     host/dataplane/ofi (libfabric: rails, writes, reads and signals,
+//     the endpoints' completions, registrations, device staging).
 //
 // Teardown and watchdog:
-//   - fabric_pid.go: a local shm peer's exit noticed (host/procid's pidfd
-//     watch) before a post could spin on its lock.
 //   - watchdog.go: peers whose streams stopped moving are failed.
 //
 // Leaves it builds on: host/wire (the 64-byte header protocol and the

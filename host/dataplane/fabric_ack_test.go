@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
@@ -26,7 +27,7 @@ func fabLinks(t *testing.T, ms []*Mesh) [2]*fabricLink {
 		}
 		f[r] = l
 	}
-	if !f[0].e.cq.SigCQ {
+	if !f[0].EP().CQ().SigCQ {
 		t.Skip("the provider has no 8-byte CQ data")
 	}
 	return f
@@ -77,10 +78,10 @@ func TestFabricAckInCQData(t *testing.T) {
 	// The first signal to each word is a message (accepted by its
 	// verdict); those after it may go in CQ data.
 	firstSignals(t, os, word, func(r int) uint64 { return put(r, 8, 4096) })
-	fabTestNoAckMsg.Store(true)
-	defer fabTestNoAckMsg.Store(false)
-	base := [2]uint64{f[0].cqSigs.Load(), f[1].cqSigs.Load()}
-	in := [2]uint64{f[0].acksIn.Load(), f[1].acksIn.Load()}
+	ofi.TestNoAckMsg.Store(true)
+	defer ofi.TestNoAckMsg.Store(false)
+	base := [2]uint64{f[0].CQSigs().Load(), f[1].CQSigs().Load()}
+	in := [2]uint64{f[0].AcksIn().Load(), f[1].AcksIn().Load()}
 	const n = 200
 	var last [2]uint64
 	for i := range n {
@@ -99,18 +100,18 @@ func TestFabricAckInCQData(t *testing.T) {
 	}
 	for r := range 2 {
 		sentInCQ(t, f[r], r, base[r], n)
-		if got := f[r].acksIn.Load() - in[r]; got != 0 {
+		if got := f[r].AcksIn().Load() - in[r]; got != 0 {
 			t.Fatalf("rank %d received %d acknowledgement messages with them off", r, got)
 		}
 	}
 	if os[1].isDone(last[1]) {
 		t.Fatal("rank 1's last put completed with no acknowledgement sent")
 	}
-	fabTestNoAckMsg.Store(false)
+	ofi.TestNoAckMsg.Store(false)
 	if st := os[1].wait(t, last[1]); st != abi.Success {
 		t.Fatalf("rank 1's last put: %v", st)
 	}
-	if f[1].acksIn.Load() == in[1] {
+	if f[1].AcksIn().Load() == in[1] {
 		t.Fatal("rank 1's last put completed without an acknowledgement message")
 	}
 }
@@ -138,7 +139,7 @@ func TestFabricAckAfterArrival(t *testing.T) {
 	for i := range sb {
 		sb[i] = byte(0xa0 + i)
 	}
-	e0, e1 := ms[0].fab, ms[1].fab
+	e0, e1 := ms[0].fab.EP(0), ms[1].fab.EP(0)
 	e1.LockPoll()
 	locked := true
 	defer func() {
@@ -146,21 +147,15 @@ func TestFabricAckAfterArrival(t *testing.T) {
 			e1.UnlockPoll()
 		}
 	}()
-	before := f.cqSigs.Load()
+	before := f.CQSigs().Load()
 	post(2, 2048)
-	if f.cqSigs.Load() != before+1 {
+	if f.CQSigs().Load() != before+1 {
 		t.Fatal("the put with signal did not go in CQ data")
 	}
 	// Wait for the send's completion: the slot of our put keeps sigSent.
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		sent := false
 		e0.LockPoll()
-		for i := range e0.slots {
-			s := &e0.slots[i]
-			if s.state.Load()&3 == slotPosted && s.link == f && s.tag == 2 && s.got&sigSent != 0 {
-				sent = true
-			}
-		}
+		sent := e0.SignalSent(f, 2)
 		e0.UnlockPoll()
 		if sent {
 			break
@@ -196,8 +191,8 @@ func TestFabricAckAfterArrival(t *testing.T) {
 // sent is a protocol violation: the receiver drops the sender.
 func TestFabricAckForged(t *testing.T) {
 	ms, _ := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
-	e := ms[0].fab
-	dest := e.links[1].rails[0].addr
+	e := ms[0].fab.EP(0)
+	dest := e.Links()[1].Rails()[0].Addr()
 	buf := fabric.Alloc(endpoint.MsgSize)
 	defer fabric.Free(buf)
 	h := endpoint.Msg{Type: endpoint.MsgAck, Rank: 0, Word: 1000}
@@ -223,11 +218,11 @@ func TestFabricAckBeforeGoodbye(t *testing.T) {
 	if st := os[0].wait(t, 1); st != abi.Success {
 		t.Fatalf("first signal: %v", st)
 	}
-	fabTestNoAckMsg.Store(true)
-	defer fabTestNoAckMsg.Store(false)
-	before := f.cqSigs.Load()
+	ofi.TestNoAckMsg.Store(true)
+	defer ofi.TestNoAckMsg.Store(false)
+	before := f.CQSigs().Load()
 	post(2, 2048)
-	if f.cqSigs.Load() != before+1 {
+	if f.CQSigs().Load() != before+1 {
 		t.Fatal("the put with signal did not go in CQ data")
 	}
 	waitFabWord(t, os[1].mem, 2)
@@ -260,8 +255,8 @@ func TestFabricAckRails(t *testing.T) {
 	dom := ns[0].Domain
 	ms, os := fabMesh2Rails(t, prov, 1<<20, 2, [2]bool{}, dom, [2][]string{{dom}, {dom}})
 	f := fabLinks(t, ms)
-	if len(f[0].rails) != 2 || len(f[1].rails) != 2 {
-		t.Fatalf("rails %d and %d, want 2", len(f[0].rails), len(f[1].rails))
+	if len(f[0].Rails()) != 2 || len(f[1].Rails()) != 2 {
+		t.Fatalf("rails %d and %d, want 2", len(f[0].Rails()), len(f[1].Rails()))
 	}
 	src := [2]unsafe.Pointer{fabric.Alloc(64), fabric.Alloc(64)}
 	defer fabric.Free(src[0])
@@ -274,9 +269,9 @@ func TestFabricAckRails(t *testing.T) {
 		return tags[r]
 	}
 	firstSignals(t, os, word, func(r int) uint64 { return put(r, 0, 4096) })
-	fabTestNoAckMsg.Store(true)
-	defer fabTestNoAckMsg.Store(false)
-	base := [2]uint64{f[0].cqSigs.Load(), f[1].cqSigs.Load()}
+	ofi.TestNoAckMsg.Store(true)
+	defer ofi.TestNoAckMsg.Store(false)
+	base := [2]uint64{f[0].CQSigs().Load(), f[1].CQSigs().Load()}
 	const n = 100
 	var last [2]uint64
 	for i := range n {
@@ -325,7 +320,7 @@ func stepAcked(t *testing.T, os []*fabOwner, last *[2]uint64, r, i int, tag uint
 // CQ data since its count was base.
 func sentInCQ(t *testing.T, f *fabricLink, r int, base, n uint64) {
 	t.Helper()
-	if got := f.cqSigs.Load() - base; got != n {
+	if got := f.CQSigs().Load() - base; got != n {
 		t.Fatalf("rank %d sent %d of %d puts with signal in CQ data", r, got, n)
 	}
 }

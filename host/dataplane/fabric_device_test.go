@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
@@ -88,7 +89,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 				}
 			}
 			f := ms[0].peers[1].t.(*fabricLink)
-			for deadline := time.Now().Add(5 * time.Second); !func() bool { d, _ := f.remoteDev(2); return d }(); {
+			for deadline := time.Now().Add(5 * time.Second); !func() bool { d, _ := f.RemoteDev(2); return d }(); {
 				if time.Now().After(deadline) {
 					t.Fatal("device registration never announced")
 				}
@@ -195,11 +196,11 @@ func TestFabricDeviceStaged(t *testing.T) {
 			// The lane releases the window when the acks arrive, unless a
 			// poller was reaping at that moment (reapStaged takes turns);
 			// then that poller's next round does: wait for it, bounded.
-			for end := time.Now().Add(10 * time.Second); f.staging.Load() != 0 && time.Now().Before(end); {
+			for end := time.Now().Add(10 * time.Second); f.Staging().Load() != 0 && time.Now().Before(end); {
 				time.Sleep(time.Millisecond)
 			}
-			if f.staging.Load() != 0 {
-				t.Errorf("%d staged puts still hold the window", f.staging.Load())
+			if f.Staging().Load() != 0 {
+				t.Errorf("%d staged puts still hold the window", f.Staging().Load())
 			}
 			if len(owners[0].fail)+len(owners[1].fail) > 0 {
 				t.Fatalf("failures: %v %v", owners[0].fail, owners[1].fail)
@@ -214,14 +215,11 @@ func TestFabricDeviceStaged(t *testing.T) {
 // target registration (its MsgReg says so); host memory always does.
 func TestFabricStagedChoice(t *testing.T) {
 	local := []fabric.MR{1: {}, 2: {Dev: true}} // 1 host, 2 device registered with FI_HMEM
-	e := &fabEP{Endpoint: &endpoint.Endpoint{Regs: endpoint.NewRegs(nil, 0, local)}}
-	f := &fabricLink{e: e, rails: []fabRail{{e: e}}}
-	empty := []fabRemote{}
-	f.remote.Store(&empty)
-	f.peerRegistered(0, 1, 0x1000, 11, false, false) // host
-	f.peerRegistered(0, 2, 0x2000, 12, true, false)  // device, not registered with the provider: staged
-	f.peerRegistered(0, 3, 0x3000, 13, true, true)   // device registered with FI_HMEM
-	f.peerRegistered(0, 4, 0x4000, 14, false, true)  // host: "direct" means nothing there
+	f := ofi.BareLink(&endpoint.Endpoint{Regs: endpoint.NewRegs(nil, 0, local)}, nil)
+	f.PeerRegistered(0, 1, 0x1000, 11, false, false) // host
+	f.PeerRegistered(0, 2, 0x2000, 12, true, false)  // device, not registered with the provider: staged
+	f.PeerRegistered(0, 3, 0x3000, 13, true, true)   // device registered with FI_HMEM
+	f.PeerRegistered(0, 4, 0x4000, 14, false, true)  // host: "direct" means nothing there
 	dev := uintptr(0x7e00_0000_0000)
 	for _, c := range []struct {
 		name   string
@@ -241,25 +239,11 @@ func TestFabricStagedChoice(t *testing.T) {
 		{"empty put to staged device", Op{Msg: wire.MsgPut, MrID: 2, LocalMr: 1}, false},
 		{"goodbye", Op{Msg: wire.MsgBye}, false},
 	} {
-		if got := f.staged(&c.op); got != c.staged {
+		if got := f.Staged(&c.op); got != c.staged {
 			t.Errorf("%s: staged %v, want %v", c.name, got, c.staged)
 		}
 	}
-	if d, direct := f.remoteDev(4); d || direct {
+	if d, direct := f.RemoteDev(4); d || direct {
 		t.Errorf("host registration 4 reads as device %v direct %v", d, direct)
-	}
-}
-
-// TestTakesDmaBuf: device memory goes to NIC providers as a DMA-BUF, to
-// shm and tcp by address, and to none when NCCL_RMA_WASM_FI_DMABUF=0.
-func TestTakesDmaBuf(t *testing.T) {
-	for prov, want := range map[string]bool{"verbs;ofi_rxm": true, "efa": true, "cxi": true, "psm3": true, "opx": true,
-		"shm": false, "tcp;ofi_rxm": false, "tcp": false, "verbsx": false} {
-		if got := takesDmaBuf(prov, false); got != want {
-			t.Errorf("takesDmaBuf(%q) = %v, want %v", prov, got, want)
-		}
-	}
-	if takesDmaBuf("efa", true) {
-		t.Error("efa takes a DMA-BUF with NCCL_RMA_WASM_FI_DMABUF=0")
 	}
 }

@@ -165,7 +165,7 @@ func fabMesh2Rails(t testing.TB, prov string, size uint64, lanes int, noFab [2]b
 		for _, m := range ms {
 			for _, p := range m.peers {
 				if f, isFab := p.t.(*fabricLink); isFab {
-					_, _, known := f.target(1, 0, len(f.rails)-1)
+					_, _, known := f.Target(1, 0, len(f.Rails())-1)
 					ok = ok && known
 				}
 			}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 )
@@ -18,34 +19,33 @@ func TestFabricPeerExited(t *testing.T) {
 	}
 	defer cmd.Process.Kill()
 	link := func(prov string) *fabricLink {
-		f := &fabricLink{e: &fabEP{Endpoint: &endpoint.Endpoint{}}}
-		f.Link = tcp.NewLink(&peer{rank: 1}, nil, nil)
-		f.e.Info.Provider = prov
-		f.watchPid(cmd.Process.Pid)
+		f := ofi.BareLink(&endpoint.Endpoint{}, tcp.NewLink(&peer{rank: 1}, nil, nil))
+		f.EP().Info.Provider = prov
+		f.WatchPid(cmd.Process.Pid)
 		return f
 	}
 	tcp, shm := link("tcp;ofi_rxm"), link("shm")
-	if tcp.pid.Armed() {
+	if tcp.Pid().Armed() {
 		t.Fatal("a tcp link watches its peer's pid")
 	}
-	if !shm.pid.Armed() {
+	if !shm.Pid().Armed() {
 		t.Skip("no pidfd on this kernel")
 	}
-	if shm.pid.Exited() || shm.peerGone() != nil {
+	if shm.Pid().Exited() || shm.PeerGone() != nil {
 		t.Fatal("a live peer reported exited")
 	}
-	if a := testing.AllocsPerRun(100, func() { shm.pid.Exited() }); a != 0 {
+	if a := testing.AllocsPerRun(100, func() { shm.Pid().Exited() }); a != 0 {
 		t.Fatalf("exited allocates %.0f times", a)
 	}
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); !shm.pid.Exited(); time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); !shm.Pid().Exited(); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the peer's exit was not seen")
 		}
 	}
-	if err := shm.peerGone(); err == nil {
+	if err := shm.PeerGone(); err == nil {
 		t.Fatal("peerGone is nil for an exited peer")
 	}
 	_ = cmd.Wait()

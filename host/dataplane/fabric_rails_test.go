@@ -34,8 +34,8 @@ func TestFabricRails(t *testing.T) {
 			t.Fatalf("rank %d rails %v, want [%s %s]", i, got, dom, dom)
 		}
 		for _, p := range m.peers {
-			if f := p.t.(*fabricLink); len(f.rails) != 2 {
-				t.Fatalf("rank %d link to %d has %d rails", i, p.rank, len(f.rails))
+			if f := p.t.(*fabricLink); len(f.Rails()) != 2 {
+				t.Fatalf("rank %d link to %d has %d rails", i, p.rank, len(f.Rails()))
 			}
 		}
 	}
@@ -111,8 +111,8 @@ func TestFabricRailsUneven(t *testing.T) {
 			if i == 0 && p.rank == 0 {
 				want = 2 // rank 0 to itself: both ends have two
 			}
-			if f := p.t.(*fabricLink); len(f.rails) != want {
-				t.Fatalf("rank %d link to %d: %d rails, want %d", i, p.rank, len(f.rails), want)
+			if f := p.t.(*fabricLink); len(f.Rails()) != want {
+				t.Fatalf("rank %d link to %d: %d rails, want %d", i, p.rank, len(f.Rails()), want)
 			}
 		}
 	}

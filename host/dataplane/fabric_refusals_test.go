@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -119,8 +120,8 @@ func TestFabricHostileMessages(t *testing.T) {
 	fabTestPeerTimeout = time.Second
 	defer func() { fabTestPeerTimeout = 0 }()
 	ms, _ := fabMesh2(t, "tcp;ofi_rxm", size, 1)
-	e := ms[0].fab
-	dest := e.links[1].rails[0].addr
+	e := ms[0].fab.EP(0)
+	dest := e.Links()[1].Rails()[0].Addr()
 	const long = endpoint.MsgMax + 64
 	buf := fabric.Alloc(long)
 	defer fabric.Free(buf)
@@ -136,8 +137,8 @@ func TestFabricHostileMessages(t *testing.T) {
 
 	// Oversized, on a fresh pair.
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
-	e = ms[0].fab
-	dest = e.links[1].rails[0].addr
+	e = ms[0].fab.EP(0)
+	dest = e.Links()[1].Rails()[0].Addr()
 	ctxs := fabric.Alloc(endpoint.Recvs * 2 * fabric.ContextSize)
 	defer fabric.Free(ctxs)
 	clear(b)
@@ -175,8 +176,8 @@ func TestFabricHostileMessages(t *testing.T) {
 // deadlocked and every later operation hung (on shm with 100 B..4 KiB
 // puts, every run).
 func TestFabricRefusedPosts(t *testing.T) {
-	fabTestRefuse = 3
-	defer func() { fabTestRefuse = 0 }()
+	ofi.TestRefuse = 3
+	defer func() { ofi.TestRefuse = 0 }()
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<18, 1) // room for every put apart
 	const n = 200
 	srcs := fabric.Alloc(8 * (n + 1))
@@ -241,7 +242,7 @@ func TestFabricRefusedPosts(t *testing.T) {
 			}
 		}
 	}
-	if fabTestRefused.Load() == 0 {
+	if ofi.TestRefused.Load() == 0 {
 		t.Fatal("nothing was refused: the hook is not reached")
 	}
 	if len(os[0].fail)+len(os[1].fail) > 0 {

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -21,12 +22,12 @@ import (
 // field cut to 8 bits (as with 4-byte CQ data, only narrower), so the
 // target's unwrap is crossed many times, with one lane and with three.
 func TestFabricNarrowCQData(t *testing.T) {
-	fabTestSeqBits = 8
-	defer func() { fabTestSeqBits = 0 }()
+	ofi.TestSeqBits = 8
+	defer func() { ofi.TestSeqBits = 0 }()
 	for _, lanes := range []int{1, 3} {
 		ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, lanes)
-		if ms[0].fab.cq.SeqBits != 8 {
-			t.Fatalf("seqBits %d", ms[0].fab.cq.SeqBits)
+		if ms[0].fab.EP(0).CQ().SeqBits != 8 {
+			t.Fatalf("seqBits %d", ms[0].fab.EP(0).CQ().SeqBits)
 		}
 		src := fabric.Alloc(8)
 		const n = 700
@@ -56,12 +57,12 @@ func TestFabricNarrowCQData(t *testing.T) {
 // the rest wait in order and land once completions flow, every byte and
 // the signal count right.
 func TestFabricSeqWindowHolds(t *testing.T) {
-	fabTestSeqBits = 6
-	defer func() { fabTestSeqBits = 0 }()
+	ofi.TestSeqBits = 6
+	defer func() { ofi.TestSeqBits = 0 }()
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
-	l := ms[0].fab.links[1]
-	if l.win.Size() != 64 {
-		t.Fatalf("window %d, want 64 for a 6-bit field", l.win.Size())
+	l := ms[0].fab.EP(0).Links()[1]
+	if l.Win().Size() != 64 {
+		t.Fatalf("window %d, want 64 for a 6-bit field", l.Win().Size())
 	}
 	src := fabric.Alloc(8 * 1024)
 	defer fabric.Free(src)
@@ -69,15 +70,15 @@ func TestFabricSeqWindowHolds(t *testing.T) {
 	// One put first: rxm connects on the first send, which needs progress.
 	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1 << 20, Local: src, Size: 8, Off: 0}, false, -1)
 	os[0].wait(t, 1<<20)
-	ms[0].fab.LockPoll() // nobody reaps: nothing of ours completes
+	ms[0].fab.EP(0).LockPoll() // nobody reaps: nothing of ours completes
 	for i := uint64(1); i <= n; i++ {
 		*(*uint64)(unsafe.Add(src, 8*i)) = i
 		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: i, Local: unsafe.Add(src, 8*i), Size: 8, Off: 8 * i}, false, -1)
 	}
 	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, Tag: n + 1, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
-	posted := l.inflight.Load()
-	waiting := l.backlog.Load()
-	ms[0].fab.UnlockPoll()
+	posted := l.Inflight().Load()
+	waiting := l.Backlog().Load()
+	ms[0].fab.EP(0).UnlockPoll()
 	t.Logf("%d posted, %d waiting", posted, waiting)
 	if posted > 64 || waiting < n+1-64 {
 		t.Fatalf("%d posted and %d waiting with nothing completed; the window allows 64", posted, waiting)
@@ -165,7 +166,7 @@ func TestFabricSignalInCQData(t *testing.T) {
 	const size = 8 << 20
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
 	f := fabLink0(t, ms)
-	if !f.e.cq.SigCQ {
+	if !f.EP().CQ().SigCQ {
 		t.Skip("the provider has no 8-byte CQ data")
 	}
 	src := fabric.Alloc(4096)
@@ -185,7 +186,7 @@ func TestFabricSignalInCQData(t *testing.T) {
 	// A plain put, then the first signal to the word (a message: not yet
 	// accepted), then many with the signal in CQ data, each after a plain
 	// put of its own marker.
-	base := f.cqSigs.Load()
+	base := f.CQSigs().Load()
 	const n = 300
 	for i := uint64(0); i < n; i++ {
 		binary.LittleEndian.PutUint64(sb, i+1)
@@ -194,7 +195,7 @@ func TestFabricSignalInCQData(t *testing.T) {
 		put(Op{Msg: wire.MsgPutSignal, Size: 8 + i%73, Off: 65536 + 128*i, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc, SigValue: 0})
 		want++
 	}
-	if got := f.cqSigs.Load() - base; got < n-1 {
+	if got := f.CQSigs().Load() - base; got < n-1 {
 		t.Fatalf("%d of %d puts with signal went in CQ data, want at least %d", got, n, n-1)
 	}
 	// Each write is complete on arrival: its bytes are there; the counter
@@ -231,7 +232,7 @@ func TestFabricSignalInCQData(t *testing.T) {
 		}
 	}
 	// Fallbacks: each goes as a message, and still applies once.
-	before := f.cqSigs.Load()
+	before := f.CQSigs().Load()
 	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 2}) // add 2
 	want += 2
 	put(Op{Msg: wire.MsgPutSignal, Size: endpoint.InlineMax + 1, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc}) // not inline
@@ -239,13 +240,13 @@ func TestFabricSignalInCQData(t *testing.T) {
 	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // past 2^16 words
 	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // still past, though accepted
 	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 8192 - 8, SigOp: abi.SignalOpInc}) // above the word accepted
-	if got := f.cqSigs.Load() - before; got != 0 {
+	if got := f.CQSigs().Load() - before; got != 0 {
 		t.Fatalf("%d fallbacks went in CQ data", got)
 	}
 	// The last one taught the link a higher word: words below it now fit.
 	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 1})
 	want++
-	if got := f.cqSigs.Load() - before; got != 1 {
+	if got := f.CQSigs().Load() - before; got != 1 {
 		t.Fatalf("an add of 1 to an accepted word: %d in CQ data, want 1", got)
 	}
 	for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64(sig) != want ||
@@ -271,7 +272,7 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 	const size = 1 << 16
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
 	f := fabLink0(t, ms)
-	if !f.e.cq.SigCQ {
+	if !f.EP().CQ().SigCQ {
 		t.Skip("the provider has no 8-byte CQ data")
 	}
 	src := fabric.Alloc(64)
@@ -282,15 +283,15 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 	if st := os[0].wait(t, 1); st != abi.InvalidArgument {
 		t.Fatalf("signal to an unknown registration: %v, want %v", st, abi.InvalidArgument)
 	}
-	if f.cqSigs.Load() != 0 {
+	if f.CQSigs().Load() != 0 {
 		t.Fatal("an unaccepted target went in CQ data")
 	}
 	os[0].mu.Lock()
 	nfail := len(os[0].fail)
 	os[0].mu.Unlock()
 	// Forged: registration 9 and a word past registration 1's end.
-	f.learnSignal(9, 8)
-	f.learnSignal(1, size+64)
+	f.LearnSignal(9, 8)
+	f.LearnSignal(1, size+64)
 	for i, o := range []Op{
 		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 8, Off: 16, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc},
 		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 3, Local: src, Size: 8, Off: 24, SigMrID: 1, SigOff: size + 64, SigOp: abi.SignalOpInc},
@@ -300,8 +301,8 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 			t.Fatalf("forged %d: request %v, want success (complete on arrival)", i, st)
 		}
 	}
-	if f.cqSigs.Load() != 2 {
-		t.Fatalf("%d forged signals went in CQ data, want 2", f.cqSigs.Load())
+	if f.CQSigs().Load() != 2 {
+		t.Fatalf("%d forged signals went in CQ data, want 2", f.CQSigs().Load())
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		os[0].mu.Lock()
@@ -345,34 +346,34 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 // runs in 150 under load).
 func TestFabricControlNotAwaited(t *testing.T) {
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
-	l := ms[0].fab.links[1]
+	l := ms[0].fab.EP(0).Links()[1]
 	src := fabric.Alloc(64)
 	defer fabric.Free(src)
 	// One put first: rxm connects on the first send, which needs progress.
 	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: src, Size: 8, Off: 0}, false, -1)
 	os[0].wait(t, 1)
-	e := l.rails[0].e
-	ms[0].fab.LockPoll() // nobody reaps meanwhile
-	ctl, ok := l.slot(e, 0, true)
+	e := l.Rails()[0].EP()
+	ms[0].fab.EP(0).LockPoll() // nobody reaps meanwhile
+	ctl, ok := l.Slot(e, 0, true)
 	if !ok {
-		ms[0].fab.UnlockPoll()
+		ms[0].fab.EP(0).UnlockPoll()
 		t.Fatal("no free slot")
 	}
-	flying, awaited := l.inflight.Load(), l.Awaiting()
-	op, ok := l.slot(e, 7, false)
+	flying, awaited := l.Inflight().Load(), l.Awaiting()
+	op, ok := l.Slot(e, 7, false)
 	withOp := l.Awaiting()
 	if ok {
-		l.unslot(e, op)
+		l.Unslot(e, op)
 	}
-	l.unslot(e, ctl)
-	ms[0].fab.UnlockPoll()
+	l.Unslot(e, ctl)
+	ms[0].fab.EP(0).UnlockPoll()
 	if flying != 1 || awaited != 0 {
 		t.Fatalf("a control message in flight: inflight %d, awaiting %d; want 1 and 0", flying, awaited)
 	}
 	if !ok || withOp != 1 {
 		t.Fatalf("an operation beside it: awaiting %d, want 1", withOp)
 	}
-	if n, c := l.inflight.Load(), l.ctlLive.Load(); n != 0 || c != 0 {
+	if n, c := l.Inflight().Load(), l.CtlLive().Load(); n != 0 || c != 0 {
 		t.Fatalf("after both were freed: inflight %d, control %d; want 0 and 0", n, c)
 	}
 }

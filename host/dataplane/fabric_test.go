@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -203,7 +204,7 @@ func TestFabricIdleWake(t *testing.T) {
 	prev := endpoint.SetWaitBound(600_000)
 	t.Cleanup(func() { endpoint.SetWaitBound(prev) })
 	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
-	if !ms[1].fab.CanWait() {
+	if !ms[1].fab.EP(0).CanWait() {
 		t.Skip("tcp;ofi_rxm offers no CQ wait fd here")
 	}
 	src := fabric.Alloc(64)
@@ -211,7 +212,7 @@ func TestFabricIdleWake(t *testing.T) {
 	sig := (*uint64)(os[1].mem)
 	for i := uint64(1); i <= 3; i++ {
 		asleep := time.Now().Add(20 * time.Second)
-		for !ms[1].fab.InWait() || !ms[0].fab.InWait() {
+		for !ms[1].fab.EP(0).InWait() || !ms[0].fab.EP(0).InWait() {
 			if time.Now().After(asleep) {
 				t.Fatalf("round %d: the progress goroutines never went to sleep", i)
 			}
@@ -227,7 +228,7 @@ func TestFabricIdleWake(t *testing.T) {
 		}
 		t.Logf("round %d: woke and applied in %v", i, time.Since(start))
 	}
-	if !ms[1].fab.CanWait() {
+	if !ms[1].fab.EP(0).CanWait() {
 		t.Fatal("the provider refused to wait after all")
 	}
 }
@@ -277,8 +278,8 @@ func BenchmarkFabricPing(b *testing.B) {
 // verdicts included, goes with a completion, and closing still delivers
 // everything (the meshes close at cleanup, through their goodbyes).
 func TestFabricNoInject(t *testing.T) {
-	fabTestNoInject = true
-	defer func() { fabTestNoInject = false }()
+	ofi.TestNoInject = true
+	defer func() { ofi.TestNoInject = false }()
 	t.Run("inline", TestFabricInlinePutSignal)
 	t.Run("ordered", TestFabricOrderedSignals)
 	t.Run("rejected-signal", TestFabricRejectedSignal)

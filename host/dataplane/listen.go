@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
@@ -78,9 +79,9 @@ type Listener struct {
 	// gate counts the connections accepted and not yet authenticated or
 	// dropped, capped per listener and per source.
 	gate admission.Gate
-	fab  *fabEP // libfabric endpoint (ListenOptions.Provider), until a Mesh takes it
+	fab  *ofi.EP // libfabric endpoint (ListenOptions.Provider), until a Mesh takes it
 	// The provider and the NICs (domains) of further rails: Connect opens
-	// endpoints on as many as the plan has lanes (fabric_rails.go).
+	// endpoints on as many as the plan has lanes (host/dataplane/ofi's rails.go).
 	prov  string
 	rails []string
 }
@@ -99,7 +100,7 @@ type ListenOptions struct {
 	Domain string
 	// Rails are the domains of further rails: a communicator with lanes > 1
 	// stripes large operations over endpoints on up to lanes of Domain,
-	// Rails[0], Rails[1], ... (fabric_rails.go).
+	// Rails[0], Rails[1], ... (host/dataplane/ofi's rails.go).
 	Rails []string
 }
 
@@ -128,7 +129,7 @@ func Listen(opt ListenOptions) (*Listener, *wire.Handle, error) {
 	l.info.Pid = uint32(os.Getpid())
 	l.info.UID = uint32(os.Getuid())
 	if prov != "" {
-		fab, err := openFabric(prov, domain)
+		fab, err := ofi.Open(prov, domain)
 		if err != nil {
 			logx.Warn(abi.SubsysNet|abi.SubsysInit, "NET/wasm: fabric endpoint on %s: %v; this communicator uses TCP", prov, err)
 		} else {
@@ -272,7 +273,7 @@ func (l *Listener) Close() error {
 	l.fab = nil
 	l.closeMu.Unlock()
 	if fab != nil {
-		fab.close()
+		fab.Discard()
 	}
 	err := l.ln.Close()
 	for {
@@ -356,14 +357,14 @@ func Prewarm(addr string) {
 }
 
 // fabric is the listener's endpoint, if any.
-func (l *Listener) fabric() *fabEP {
+func (l *Listener) fabric() *ofi.EP {
 	l.closeMu.Lock()
 	defer l.closeMu.Unlock()
 	return l.fab
 }
 
 // takeFabric hands the endpoint to the mesh that connected.
-func (l *Listener) takeFabric() *fabEP {
+func (l *Listener) takeFabric() *ofi.EP {
 	l.closeMu.Lock()
 	defer l.closeMu.Unlock()
 	f := l.fab
@@ -374,7 +375,7 @@ func (l *Listener) takeFabric() *fabEP {
 // dropFabric closes the endpoint before connecting over TCP only.
 func (l *Listener) dropFabric() {
 	if f := l.takeFabric(); f != nil {
-		f.close()
+		f.Discard()
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -114,8 +115,7 @@ type Mesh struct {
 	noIntraRing   bool          // Options.NoIntraRing
 	noIntraStream bool          // Options.NoIntraStream
 	noDmaBuf      bool          // Options.NoDmaBuf
-	fab           *fabEP        // the libfabric endpoint (rail 0), nil without one
-	rails         []*fabEP      // every rail's endpoint, fab first (fabric_rails.go)
+	fab           *ofi.Rails    // the libfabric endpoints, nil without them
 	// What a lane opened after connect dials with (lazy.go).
 	infos          []wire.HandleInfo
 	id             *handshake.Identity
@@ -187,7 +187,7 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 				}
 			}
 		}
-		m.closeRails()
+		m.fab.Close()
 	}
 	rails, err := m.takeFabric(l, opt, infos, peerNoFab, outs, ins, deadline)
 	if err != nil {
@@ -212,7 +212,8 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 		p.t = t
 		m.peers[i] = p
 	}
-	if err := m.startRails(); err != nil {
+	if err := m.fab.Start(m.stripe); err != nil {
+		m.fab = nil // Start closed the rails
 		closeAll()
 		return nil, err
 	}
@@ -244,10 +245,10 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 // listeners opened an endpoint on the same provider, else the intra-node
 // path for a peer on this host (same host id, a pid to copy into), else
 // TCP. Both sides see both handles and both hellos, so they choose alike.
-// railNames are the peer's rails 1.. (exchangeRails).
+// railNames are the peer's rails 1.. (ofi.Rails.Exchange).
 func (m *Mesh) chooseTransport(p *peer, opt Options, peer, self wire.HandleInfo, outs, ins []*net.TCPConn, noFab bool, railNames [][]byte) (transport, error) {
 	if m.fab != nil && !noFab && peer.FabricHash == self.FabricHash && len(peer.FabricName) > 0 {
-		return m.fabricTransport(p, peer, self, outs, ins, railNames)
+		return m.fab.Transport(p, peer, self, outs, ins, railNames)
 	}
 	if opt.IntraNode && peer.HostID == self.HostID && peer.Pid != 0 {
 		return intranode.New(p, outs, ins, int(peer.Pid)), nil
@@ -260,12 +261,9 @@ type Stats = link.Stats
 
 // Stats reads the mesh's counters (at connect and close: it allocates).
 func (m *Mesh) Stats() Stats {
-	st := Stats{FabricRails: m.railNames(), RailBytes: m.railBytes()}
+	st := Stats{FabricRails: m.fab.Names(), RailBytes: m.fab.Bytes(), FabricProvider: m.fab.Provider()}
 	for _, p := range m.peers {
 		p.t.AddStats(&st)
-	}
-	if m.fab != nil {
-		st.FabricProvider = m.fab.Info.Provider
 	}
 	return st
 }
@@ -292,9 +290,7 @@ func (m *Mesh) Flush(peerRank int) { m.peers[peerRank].t.Flush() }
 // goroutine, which leaves the CQs to callers while they keep calling
 // (endpoint.CallerGrace).
 func (m *Mesh) Progress() {
-	for _, e := range m.rails {
-		e.CallerPoll()
-	}
+	m.fab.Poll()
 	for _, p := range m.peers {
 		p.t.Turn()
 	}
@@ -426,8 +422,8 @@ func (m *Mesh) Close() error {
 	for _, p := range m.peers {
 		p.t.Release()
 	}
-	m.logRails()
-	m.closeRails()
+	m.fab.Log()
+	m.fab.Close()
 	if late != nil {
 		return &ErrUnconfirmed{Ranks: late, Timeout: m.closeTimeout}
 	}

@@ -21,12 +21,12 @@ import (
 //     device payloads through a shared staging ring; the stream
 //     still carries everything else, in order, so a signal follows its
 //     payload.
-//   - fabricLink (fabric_*.go) embeds *tcp.Link and takes over the payload
+//   - ofi.Link (host/dataplane/ofi) embeds *tcp.Link and takes over the payload
 //     over libfabric: writes and reads on one or more rails, a signal as
 //     write data or a message behind the payload on the same ordered
 //     endpoint, a completion goroutine per rail, and the target side on
 //     the receive completions. Device memory the provider cannot reach is
-//     staged over the embedded TCP lanes (fabric_dev.go).
+//     staged over the embedded TCP lanes (ofi's dev.go).
 //
 // The core asks a transport only through this interface: no code outside
 // a transport's own files names its concrete type.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
@@ -32,7 +33,7 @@ type progresser interface {
 // silently turn it off for them.
 var (
 	_ progresser = (*tcp.Link)(nil)
-	_ progresser = (*fabricLink)(nil)
+	_ progresser = (*ofi.Link)(nil)
 )
 
 // watchTick is the watchdog's period for timeout: an eighth of it, kept
@@ -77,15 +78,4 @@ func (m *Mesh) watch(timeout time.Duration) {
 			p.markDead(err)
 		}
 	}
-}
-
-// Progress over libfabric: completions involving the peer (fabricLink.heard),
-// plus what its TCP streams moved (registrations, staged device memory).
-// A provider can lose a connection without telling us (a hostile message
-// longer than a receive buffer breaks the tcp provider's stream, a
-// verbs queue pair goes to its error state), so a silent peer with
-// operations outstanding fails here rather than hanging them.
-func (f *fabricLink) Progress() (uint64, bool) {
-	n, _ := f.Link.Progress()
-	return n + f.heard.Load(), true
 }

@@ -1,5 +1,5 @@
 // Package fabric is the thin cgo layer over libfabric for the RDMA
-// transport (host/dataplane/fabric_link.go). libfabric is dlopen'ed at run
+// transport (host/dataplane/ofi). libfabric is dlopen'ed at run
 // time, never linked: a host without it keeps working over TCP. Building
 // needs its headers (libfabric-dev), because the data-path calls are
 // static inlines there; shim.c wraps them so Go makes one cgo call per

@@ -74,7 +74,7 @@ type Link struct {
 	onReg func(rail uint8, id uint32, base, key uint64, dev, direct bool)
 	// onAcked runs when a lane's puts were acknowledged, before their
 	// requests complete: the fabric transport releases the number window
-	// its staged puts hold (fabric_dev.go).
+	// its staged puts hold (host/dataplane/ofi's dev.go).
 	onAcked func()
 
 	// Lane failover, target side (tcp_failover.go): inDone[i] is closed

@@ -335,7 +335,7 @@ func (t *Link) serveMsg(r *inReader) error {
 	case wire.MsgStream:
 		err = t.attachStream(r, h)
 	case wire.MsgReg:
-		// sigOp: the fabric rail whose key sigValue is (fabricLink's
+		// sigOp: the fabric rail whose key sigValue is (ofi.Link's
 		// submit sends rails 1.. first); rail 0's also tells the owner.
 		// context 1: device memory its provider registered (FI_HMEM).
 		if t.onReg != nil {

@@ -1,9 +1,10 @@
-package dataplane
+package ofi
 
 import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -37,7 +38,7 @@ type fabStaged struct {
 // staged reports whether op moves over the TCP lanes: a payload to or from
 // device memory the provider does not reach (our registration of the
 // local buffer, or the peer's of the target, was not made with FI_HMEM).
-func (f *fabricLink) staged(op *Op) bool {
+func (f *Link) staged(op *link.Op) bool {
 	if op.Size == 0 || (op.Msg != wire.MsgPut && op.Msg != wire.MsgPutSignal && op.Msg != wire.MsgGet) {
 		return false
 	}
@@ -50,7 +51,7 @@ func (f *fabricLink) staged(op *Op) bool {
 
 // remoteDev reports whether the peer's registration id is device memory,
 // and whether its provider registered it (direct).
-func (f *fabricLink) remoteDev(id uint32) (dev, direct bool) {
+func (f *Link) remoteDev(id uint32) (dev, direct bool) {
 	t := *f.remote.Load()
 	if int(id) >= len(t) {
 		return false, false
@@ -61,7 +62,7 @@ func (f *fabricLink) remoteDev(id uint32) (dev, direct bool) {
 // postStaged hands a staged operation to its TCP lane, in order (the
 // caller posts pend's operations in order, and submit's numbers are
 // taken in the caller's order).
-func (f *fabricLink) postStaged(pd *fabPend) error {
+func (f *Link) postStaged(pd *fabPend) error {
 	op := pd.op
 	put := op.Msg != wire.MsgGet
 	if put && !f.win.Fits(pd.seq) {
@@ -87,7 +88,7 @@ func (f *fabricLink) postStaged(pd *fabPend) error {
 // reapStaged moves the window past staged puts their lane's cumulative
 // acknowledgements cover. A lane calls it when acks arrive, before their
 // requests complete, and pollers call it too; one at a time does work.
-func (f *fabricLink) reapStaged() {
+func (f *Link) reapStaged() {
 	if f.staging.Load() == 0 || !f.smu.TryLock() {
 		return
 	}
@@ -110,7 +111,7 @@ func (f *fabricLink) reapStaged() {
 }
 
 // dropStaged forgets the records (the peer is dead).
-func (f *fabricLink) dropStaged() {
+func (f *Link) dropStaged() {
 	f.smu.Lock()
 	for i := range f.srecs {
 		f.srecs[i] = f.srecs[i][:0]

@@ -1,4 +1,4 @@
-package dataplane
+package ofi
 
 import (
 	"fmt"
@@ -23,7 +23,7 @@ import (
 // landing in our memory).
 
 // fabSigKnown: signal targets per peer whose acceptance by the peer we
-// remember (fabricLink.sigOK).
+// remember (Link.sigOK).
 const fabSigKnown = 4
 
 // Slot states, in the low two bits of fabSlot.state; the bits above hold
@@ -36,7 +36,7 @@ const (
 
 type fabSlot struct {
 	state atomic.Uint32
-	link  *fabricLink // written before state turns posted
+	link  *Link // written before state turns posted
 	tag   uint64
 	// A signal's slot is kept until both its send completed (the provider
 	// is done with the context) and the target's verdict came: the request
@@ -45,7 +45,7 @@ type fabSlot struct {
 	sig bool
 	// ctl: a control message (an acknowledgement, a verdict, a goodbye or
 	// its acknowledgement), not an operation: a peer that leaves before
-	// its send completion was reaped has lost nothing (fabricLink.Awaiting).
+	// its send completion was reaped has lost nothing (Link.Awaiting).
 	ctl bool
 	got uint8 // sigSent | sigVerdict
 	vst abi.Result
@@ -62,19 +62,17 @@ const (
 	sigVerdict = 2
 )
 
-// fabEP is the endpoint of one listener, then of the Mesh it connects; a
-// Mesh with several rails has one per NIC (fabric_rails.go). It is the
-// endpoint's Handler.
-type fabEP struct {
+// EP is the endpoint of one listener, then one of the Rails of the Mesh
+// it connects (one per NIC, rails.go). It is the endpoint's Handler.
+type EP struct {
 	*endpoint.Endpoint
-	rail int // its index among the Mesh's rails
+	rail int // its index among the communicator's rails (Rails)
 	// bytes counts what our puts and gets moved through this endpoint
 	// (logged per rail at close).
 	bytes atomic.Uint64
 
-	m     *Mesh
 	rank  int
-	links []*fabricLink // by rank; nil where the peer is not on this fabric
+	links []*Link // by rank; nil where the peer is not on this fabric
 	cq    endpoint.CQLayout
 
 	slots []fabSlot // by the endpoint's slot index
@@ -88,11 +86,11 @@ type fabEP struct {
 	nverdicts atomic.Int32
 	// links whose piggy for this rail was set since the last poll: what
 	// callers' messages have not carried goes out then.
-	owing   []*fabricLink
+	owing   []*Link
 	nowing  atomic.Int32
 	spilled atomic.Bool // some link's spill holds verdicts (unowe)
 	// links whose peer awaits an arrival acknowledgement from us
-	// (fabric_ack.go); ackDone is popAcked's scratch
+	// (ack.go); ackDone is popAcked's scratch
 	acking  []fabAcking
 	nacking atomic.Int32
 	ackDone []fabAckWait
@@ -106,79 +104,79 @@ type fabEP struct {
 const testPollGap = 20 * time.Microsecond
 
 type fabBye struct {
-	link *fabricLink
+	link *Link
 	seq  uint64
 }
 
 type fabVerdict struct {
-	link   *fabricLink
+	link   *Link
 	word   uint64 // seq and slot, as the signal carried them
 	status abi.Result
 }
 
-// openFabric opens an endpoint on prov for a new listener
+// Open opens an endpoint on prov for a new listener
 // (endpoint.Open: with FI_HMEM where it can).
-func openFabric(prov, domain string) (*fabEP, error) {
-	e := &fabEP{}
+func Open(prov, domain string) (*EP, error) {
+	e := &EP{}
 	var err error
 	e.Endpoint, err = endpoint.Open(endpoint.Config{Provider: prov, Domain: domain, MsgMax: endpoint.MsgMax, NameMax: wire.FabNameMax, CQData: 4}, e)
 	if err != nil {
 		return nil, err
 	}
-	if fabTestNoInject {
+	if TestNoInject {
 		e.Info.InjectSize = 0
 	}
 	e.slots = make([]fabSlot, endpoint.Slots)
 	e.verdicts = make([]fabVerdict, 0, endpoint.Recvs) // one per receive buffer, at most, per poll
-	e.owing = make([]*fabricLink, 0, endpoint.Recvs)
+	e.owing = make([]*Link, 0, endpoint.Recvs)
 	e.acking = make([]fabAcking, 0, endpoint.Recvs)
 	e.ackDone = make([]fabAckWait, 0, 64)
 	return e, nil
 }
 
-// fabTestNoInject, when set by a test, makes endpoints behave as if the
+// TestNoInject, when set by a test, makes endpoints behave as if the
 // provider injected nothing (shm with FI_HMEM): every message is sent
 // with a completion.
-var fabTestNoInject bool
+var TestNoInject bool
 
-// layout sets how the CQ data splits between rank and sequence number for
+// Fits sets how the CQ data splits between rank and sequence number for
 // n ranks (endpoint.Layout); false when n ranks do not fit.
-func (e *fabEP) layout(n int) bool {
+func (e *EP) Fits(n int) bool {
 	c, ok := endpoint.Layout(e.Info.CQDataSize, n)
 	if !ok {
 		return false
 	}
-	if fabTestSeqBits != 0 {
-		c.SeqBits = fabTestSeqBits
+	if TestSeqBits != 0 {
+		c.SeqBits = TestSeqBits
 	}
-	c.SigCQ = c.SeqBits == 48 && !fabTestNoSigCQ
+	c.SigCQ = c.SeqBits == 48 && !TestNoSigCQ
 	e.cq = c
 	return true
 }
 
-// fabTestRefuse, when set by a test to n > 1, makes n-1 of every n writes
+// TestRefuse, when set by a test to n > 1, makes n-1 of every n writes
 // and signal sends find no room (ErrAgain), as shm refuses every post to a
 // peer while one write to it is in segmentation and reassembly.
 var (
-	fabTestRefuse  uint64
-	fabTestRefused atomic.Uint64
+	TestRefuse  uint64
+	TestRefused atomic.Uint64
 )
 
 func fabRefused() bool {
-	return fabTestRefuse > 1 && fabTestRefused.Add(1)%fabTestRefuse != 0
+	return TestRefuse > 1 && TestRefused.Add(1)%TestRefuse != 0
 }
 
-// fabTestNoSigCQ, when set by a test, keeps every signal in a message
+// TestNoSigCQ, when set by a test, keeps every signal in a message
 // (as with 4-byte CQ data).
-var fabTestNoSigCQ bool
+var TestNoSigCQ bool
 
-// fabTestSeqBits, when set by a test, narrows the sequence field so that
+// TestSeqBits, when set by a test, narrows the sequence field so that
 // it wraps quickly.
-var fabTestSeqBits uint
+var TestSeqBits uint
 
-// close stops the progress goroutine and closes the endpoint and every
+// Discard stops the progress goroutine and closes the endpoint and every
 // registration left.
-func (e *fabEP) close() {
+func (e *EP) Discard() {
 	e.Close()
 	e.Release()
 }
@@ -187,7 +185,7 @@ func (e *fabEP) close() {
 // while the message was handled: the caller that just saw its signal
 // word change answers first, and its answer carries the verdict if it is
 // a signal on this rail (owed).
-func (e *fabEP) BeforePoll() {
+func (e *EP) BeforePoll() {
 	e.polls++
 	if len(e.verdicts) > 0 || e.nowing.Load() > 0 || e.spilled.Load() {
 		e.sendOwed()
@@ -199,14 +197,14 @@ func (e *fabEP) BeforePoll() {
 }
 
 // AfterPoll retries what waited for room and acknowledges goodbyes.
-func (e *fabEP) AfterPoll() {
+func (e *EP) AfterPoll() {
 	e.retry()
 	e.checkByes()
 }
 
 // Busy reports operations of ours in flight or waiting for room, or
 // verdicts waiting to be sent.
-func (e *fabEP) Busy() bool {
+func (e *EP) Busy() bool {
 	if e.nverdicts.Load() > 0 || e.nowing.Load() > 0 || e.spilled.Load() || e.nacking.Load() > 0 {
 		return true
 	}
@@ -220,7 +218,7 @@ func (e *fabEP) Busy() bool {
 
 // Completion handles one completion: an operation of ours done, a peer's
 // write landed (its CQ data), or a peer's message received.
-func (e *fabEP) Completion(c *fabric.Completion) {
+func (e *EP) Completion(c *fabric.Completion) {
 	ctx, flags := fabric.Ctx(c), fabric.Flags(c)
 	idx, recv, ok := e.SlotOf(ctx)
 	if errno := fabric.Err(c); errno != 0 {
@@ -261,11 +259,11 @@ func (e *fabEP) Completion(c *fabric.Completion) {
 // and the signal it carries, which the orderer applies once every
 // earlier number landed. The payload is in place before the provider
 // reports the CQ data.
-func (e *fabEP) wrote(l *fabricLink, d endpoint.CQData) {
+func (e *EP) wrote(l *Link, d endpoint.CQData) {
 	p := l.Peer()
 	seq := p.Order().Unwrap(d.Seq, d.Bits)
 	if !d.Sig {
-		if err := p.Landed(seq, sigRef{}, 0); err != nil {
+		if err := p.Landed(seq, link.Signal{}, 0); err != nil {
 			go p.MarkDead(err)
 		}
 		return
@@ -285,7 +283,7 @@ func (e *fabEP) wrote(l *fabricLink, d endpoint.CQData) {
 	}
 }
 
-func (e *fabEP) link(rank int) *fabricLink {
+func (e *EP) link(rank int) *Link {
 	if rank < 0 || rank >= len(e.links) {
 		return nil
 	}
@@ -293,7 +291,7 @@ func (e *fabEP) link(rank int) *fabricLink {
 }
 
 // finish completes the operation in slot idx and frees the slot.
-func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
+func (e *EP) finish(idx uint32, status abi.Result, err error) {
 	s := &e.slots[idx]
 	v := s.state.Load()
 	if v&3 == slotPosted && s.seq != 0 && !s.sig {
@@ -327,7 +325,7 @@ func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 		e.Put(idx)
 		if err != nil {
 			logx.Warn(abi.SubsysNet, "NET/wasm: operation to rank %d: %v", l.Peer().Rank(), err)
-			l.Peer().Mesh().Owner.PeerFailed(l.Peer().Rank(), fmt.Errorf("%w: operation to rank %d failed: %v", ErrPeerGone, l.Peer().Rank(), err))
+			l.Peer().Mesh().Owner.PeerFailed(l.Peer().Rank(), fmt.Errorf("%w: operation to rank %d failed: %v", link.ErrPeerGone, l.Peer().Rank(), err))
 		}
 		if tag != 0 {
 			l.Peer().Mesh().Owner.Complete(tag, status)
@@ -341,7 +339,7 @@ func (e *fabEP) finish(idx uint32, status abi.Result, err error) {
 // verdict is the target's answer to our signal in slot idx (under the poll lock).
 // A verdict that matches no signal of ours awaiting one (a stale or forged
 // slot) changes nothing but a rejection's sticky error.
-func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
+func (e *EP) verdict(l *Link, word uint64, status abi.Result) {
 	if status != abi.Success {
 		how := ""
 		if word>>48 == endpoint.NoSlot {
@@ -373,7 +371,7 @@ func (e *fabEP) verdict(l *fabricLink, word uint64, status abi.Result) {
 // queueVerdict queues a verdict for the next poll (under the poll lock): a
 // success as l's owed verdict on this rail, which our next signal to l
 // may carry, when none is owed yet.
-func (e *fabEP) queueVerdict(l *fabricLink, word uint64, status abi.Result) {
+func (e *EP) queueVerdict(l *Link, word uint64, status abi.Result) {
 	if status == abi.Success && l.piggy[e.rail].CompareAndSwap(0, word) {
 		e.owing = append(e.owing, l)
 		e.nowing.Store(int32(len(e.owing)))
@@ -385,8 +383,8 @@ func (e *fabEP) queueVerdict(l *fabricLink, word uint64, status abi.Result) {
 
 // sendOwed moves the verdicts no message carried to the verdict queue
 // (under the poll lock).
-func (e *fabEP) sendOwed() {
-	take := func(l *fabricLink) {
+func (e *EP) sendOwed() {
+	take := func(l *Link) {
 		if w := l.piggy[e.rail].Swap(0); w != 0 {
 			e.verdicts = append(e.verdicts, fabVerdict{l, w, abi.Success})
 		}
@@ -412,7 +410,7 @@ func (e *fabEP) sendOwed() {
 
 // sendVerdicts sends the queued verdicts; those that find no room wait
 // for the next poll (under the poll lock).
-func (e *fabEP) sendVerdicts() {
+func (e *EP) sendVerdicts() {
 	k := 0
 	for _, v := range e.verdicts {
 		if !v.link.Peer().Dead() && !v.link.sendVerdict(e.rail, v.word, v.status) {
@@ -432,7 +430,7 @@ const fabCanceled = int(unix.ECANCELED)
 var fabRecvWarn logx.Limited
 
 // message applies a control message from a peer.
-func (e *fabEP) message(b unsafe.Pointer, n uint64) {
+func (e *EP) message(b unsafe.Pointer, n uint64) {
 	if n < endpoint.MsgSize || n > endpoint.MsgMax {
 		return
 	}
@@ -462,7 +460,7 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 			go p.MarkDead(err)
 			return
 		}
-		var sig sigRef
+		var sig link.Signal
 		var add uint64
 		if status == abi.Success {
 			sig, add, status = p.SignalTarget(h.SigMrID, h.SigOff, h.Op, h.SigValue)
@@ -482,7 +480,7 @@ func (e *fabEP) message(b unsafe.Pointer, n uint64) {
 		e.acked(l, h.Word&endpoint.SeqMask)
 	case endpoint.MsgBye:
 		p.SeeBye()
-		if err := p.Landed(seq, sigRef{}, 0); err != nil {
+		if err := p.Landed(seq, link.Signal{}, 0); err != nil {
 			go p.MarkDead(err)
 			return
 		}
@@ -511,7 +509,7 @@ func inlinePut(p link.Peer, h *endpoint.Msg, m []byte) (abi.Result, error) {
 	}
 	base, rsize, ctx, pin, ok := p.Mesh().Owner.Resolve(id)
 	defer pin.Release()
-	if !ok || !Span(off, size, rsize) || ctx != 0 {
+	if !ok || !link.Span(off, size, rsize) || ctx != 0 {
 		return abi.InvalidArgument, nil
 	}
 	copy(unsafe.Slice((*byte)(unsafe.Add(base, off)), size), m[endpoint.PutSigHdr:])
@@ -519,12 +517,12 @@ func inlinePut(p link.Peer, h *endpoint.Msg, m []byte) (abi.Result, error) {
 }
 
 // checkByes acknowledges every goodbye whose predecessors all landed.
-func (e *fabEP) checkByes() {
+func (e *EP) checkByes() {
 	e.byeMu.Lock()
 	defer e.byeMu.Unlock()
 	k := 0
 	for _, b := range e.byes {
-		// Acknowledgements the peer awaits go first (fabric_ack.go).
+		// Acknowledgements the peer awaits go first (ack.go).
 		if !b.link.Peer().Order().Passed(b.seq) || !b.link.flushAck(e.rail) || !b.link.control(e.rail, endpoint.MsgByeAck, 0) {
 			e.byes[k] = b
 			k++
@@ -535,7 +533,7 @@ func (e *fabEP) checkByes() {
 
 // retry posts what found no room earlier, after moving the links' windows
 // past staged puts that landed.
-func (e *fabEP) retry() {
+func (e *EP) retry() {
 	for _, l := range e.links {
 		if l == nil {
 			continue

@@ -1,4 +1,4 @@
-package dataplane
+package ofi
 
 import (
 	"errors"
@@ -22,14 +22,14 @@ var errPeerExited = errors.New("its process exited (the shm provider cannot reac
 
 // watchPid arms the check for a peer on the same host reached through
 // shm; a kernel without pidfds (before 5.3) leaves it unarmed.
-func (f *fabricLink) watchPid(pid int) {
+func (f *Link) watchPid(pid int) {
 	if strings.HasPrefix(f.e.Info.Provider, "shm") {
 		f.pid.Open(pid)
 	}
 }
 
 // peerGone fails the peer when its process exited; posts call it first.
-func (f *fabricLink) peerGone() error {
+func (f *Link) peerGone() error {
 	if !f.pid.Exited() {
 		return nil
 	}
@@ -38,7 +38,7 @@ func (f *fabricLink) peerGone() error {
 
 // Stop also closes the pidfd (posts after Stop fail on the dead flag
 // before they would check it).
-func (f *fabricLink) Stop() {
+func (f *Link) Stop() {
 	f.Link.Stop()
 	f.pid.Close()
 }

@@ -1,4 +1,4 @@
-package dataplane
+package ofi
 
 import (
 	"fmt"
@@ -20,13 +20,13 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
-const nameFabric = "fabric"
+const Name = "fabric"
 
 // fabSeqWindow is the most sequence numbers a fabric link lets run ahead
 // of its oldest one that may still be in flight (seqorder.Window).
 const fabSeqWindow = 1 << 16
 
-// fabricLink is the libfabric transport to one peer. Puts are RMA writes
+// Link is the libfabric transport to one peer. Puts are RMA writes
 // carrying our rank and a sequence number as remote CQ data; a signal is a
 // small message after its payload with a later sequence number, which the
 // target applies once every earlier number landed (the orderer); gets are
@@ -35,14 +35,14 @@ const fabSeqWindow = 1 << 16
 // the MsgReg header) and the liveness of the peer stay on the embedded TCP
 // link: its streams ending is how a dead peer is noticed.
 //
-// With several rails (one endpoint per NIC, fabric_rails.go) lane l
+// With several rails (one endpoint per NIC, rails.go) lane l
 // posts on rail l mod len(rails), paired with the peer's rail of the same
 // index; the sequence numbers, the window and the orderer stay per peer,
 // so a signal is still applied only after every earlier write of that
 // peer landed, on whichever rail.
-type fabricLink struct {
+type Link struct {
 	*tcp.Link
-	e     *fabEP    // rail 0's endpoint (the listener's)
+	e     *EP       // rail 0's endpoint (the listener's)
 	rails []fabRail // at least one
 
 	seq      atomic.Uint64 // our sequence numbers to this peer
@@ -56,7 +56,7 @@ type fabricLink struct {
 	heard atomic.Uint64
 	// piggy[r] is a verdict we owe the peer for a signal it sent on rail
 	// r (its word; 0: none), which our next signal message on that rail
-	// carries instead of a verdict message of its own (fabEP.verdict);
+	// carries instead of a verdict message of its own (EP.verdict);
 	// the poller sends what is left at its next poll. spill holds words
 	// taken for a message whose post then failed.
 	piggy []atomic.Uint64
@@ -80,7 +80,7 @@ type fabricLink struct {
 	cqSigs  atomic.Uint64 // puts with signal sent as one write (tests)
 
 	// Arrival acknowledgements of puts with signal in CQ data
-	// (fabric_ack.go). As initiator: how many of our numbers the peer
+	// (ack.go). As initiator: how many of our numbers the peer
 	// acknowledged, and by rail our writes awaiting that. As target: the
 	// peer's highest number awaiting our acknowledgement, how many of its
 	// numbers our acknowledgements covered, and whether an endpoint's
@@ -92,15 +92,15 @@ type fabricLink struct {
 	acking  atomic.Bool
 	acksIn  atomic.Uint64 // acknowledgements that came in a MsgAck (tests)
 
-	pid procid.Watch // the shm peer's process (fabric_pid.go)
+	pid procid.Watch // the shm peer's process (pid.go)
 
-	fabStaged // device memory sent over the TCP lanes (fabric_dev.go)
+	fabStaged // device memory sent over the TCP lanes (dev.go)
 }
 
 // fabRail is one of the link's rails: our endpoint on one NIC and the
 // peer's endpoint of the same rail index in its address vector.
 type fabRail struct {
-	e    *fabEP
+	e    *EP
 	addr uint64
 }
 
@@ -111,7 +111,7 @@ type fabRemote struct {
 	base uint64
 	keys [abi.MaxLanes]uint64
 	set  uint8
-	dev  bool // device memory: operations on it are staged over TCP (fabric_dev.go)
+	dev  bool // device memory: operations on it are staged over TCP (dev.go)
 	// direct: device memory the peer registered with its provider
 	// (FI_HMEM): RDMA reaches it.
 	direct bool
@@ -120,11 +120,11 @@ type fabRemote struct {
 // fabPend is an operation that found no room, with the sequence numbers it
 // was given at submit (ordering does not depend on when it is posted).
 type fabPend struct {
-	op          Op
+	op          link.Op
 	seq, sigSeq uint64
 	lane, rail  int
 	sigOnly     bool // the payload was posted; only the signal is left
-	staged      bool // device memory: sent on the TCP lane (fabric_dev.go)
+	staged      bool // device memory: sent on the TCP lane (dev.go)
 	inline      bool // a small put with signal: one message, payload inline
 	cqsig       bool // a small put with signal: one write, the signal in its CQ data
 }
@@ -132,13 +132,13 @@ type fabPend struct {
 // WholeOp: with one rail every lane posts on the same endpoint, so an op
 // is cut only when the backend's plan asked for a chunk size or it is
 // staged over the TCP lanes (device memory).
-func (f *fabricLink) WholeOp(op Op) bool {
+func (f *Link) WholeOp(op link.Op) bool {
 	return len(f.rails) == 1 && op.Chunk == 0 && !f.staged(&op)
 }
 
 // SignalApart: the write and the signal message complete apart, unless the
 // op is staged over TCP or inline (one message either way).
-func (f *fabricLink) SignalApart(op Op) bool {
+func (f *Link) SignalApart(op link.Op) bool {
 	return op.Msg == wire.MsgPutSignal && op.Size > 0 && !f.staged(&op) && !f.inlined(&op)
 }
 
@@ -147,7 +147,7 @@ func (f *fabricLink) SignalApart(op Op) bool {
 // bytes, host memory at both ends. One send instead of a write and a
 // message, and one sequence number; the verdict, sent after the copy,
 // says the bytes arrived.
-func (f *fabricLink) inlined(op *Op) bool {
+func (f *Link) inlined(op *link.Op) bool {
 	if op.Msg != wire.MsgPutSignal || op.Size == 0 || op.Size > endpoint.InlineMax || op.LocalCtx != 0 {
 		return false
 	}
@@ -160,7 +160,7 @@ func (f *fabricLink) inlined(op *Op) bool {
 // an add of 1 to a word the encoding reaches, of a target the peer has
 // accepted before (so a rejection, which has no verdict to ride on here,
 // means only that the registration went since), and a known key.
-func (f *fabricLink) cqSignal(op *Op, rail int) bool {
+func (f *Link) cqSignal(op *link.Op, rail int) bool {
 	if !f.e.cq.SigCQ || f.Peer().Mesh().LocalCompletion {
 		return false
 	}
@@ -174,7 +174,7 @@ func (f *fabricLink) cqSignal(op *Op, rail int) bool {
 	return ok
 }
 
-func (f *fabricLink) sigKnown(id uint32, off uint64) bool {
+func (f *Link) sigKnown(id uint32, off uint64) bool {
 	for i := range f.sigOK {
 		if v := f.sigOK[i].Load(); v>>32 == uint64(id)+1 && off+8 <= v&(1<<32-1) {
 			return true
@@ -185,7 +185,7 @@ func (f *fabricLink) sigKnown(id uint32, off uint64) bool {
 
 // learnSignal remembers that the peer accepted signal word off of
 // registration id: every aligned word below it is in range too.
-func (f *fabricLink) learnSignal(id uint32, off uint64) {
+func (f *Link) learnSignal(id uint32, off uint64) {
 	if !endpoint.SigFits(id, off) {
 		return
 	}
@@ -206,7 +206,7 @@ func (f *fabricLink) learnSignal(id uint32, off uint64) {
 
 // forgetSignals drops what sigOK holds for registration id (the peer
 // registered under that id again).
-func (f *fabricLink) forgetSignals(id uint32) {
+func (f *Link) forgetSignals(id uint32) {
 	for i := range f.sigOK {
 		if v := f.sigOK[i].Load(); v>>32 == uint64(id)+1 {
 			f.sigOK[i].CompareAndSwap(v, 0)
@@ -214,9 +214,9 @@ func (f *fabricLink) forgetSignals(id uint32) {
 	}
 }
 
-func newFabricLink(p link.Peer, outs, ins []*net.TCPConn, rails []fabRail) *fabricLink {
+func newLink(p link.Peer, outs, ins []*net.TCPConn, rails []fabRail) *Link {
 	e := rails[0].e
-	f := &fabricLink{Link: tcp.NewLink(p, outs, ins), e: e, rails: rails, piggy: make([]atomic.Uint64, len(rails)), ackWait: make([]fabAckQ, len(rails))}
+	f := &Link{Link: tcp.NewLink(p, outs, ins), e: e, rails: rails, piggy: make([]atomic.Uint64, len(rails)), ackWait: make([]fabAckQ, len(rails))}
 	// At most 2^seqBits numbers (the CQ data field) and the orderer's
 	// window past the target's first missing number.
 	size := uint64(fabSeqWindow)
@@ -244,7 +244,7 @@ func newFabricLink(p link.Peer, outs, ins []*net.TCPConn, rails []fabRail) *fabr
 // hears of it). The peer sends the keys of rails 1.. before rail 0's, and
 // the owner hears of the registration with rail 0's: by then every rail's
 // key is here. A rail we do not share with the peer is ignored.
-func (f *fabricLink) peerRegistered(rail uint8, id uint32, base, key uint64, dev, direct bool) {
+func (f *Link) peerRegistered(rail uint8, id uint32, base, key uint64, dev, direct bool) {
 	if int(rail) >= len(f.rails) {
 		return
 	}
@@ -269,7 +269,7 @@ func (f *fabricLink) peerRegistered(rail uint8, id uint32, base, key uint64, dev
 
 // target is the remote address and rail's key of off in the peer's
 // registration id.
-func (f *fabricLink) target(id uint32, off uint64, rail int) (uint64, uint64, bool) {
+func (f *Link) target(id uint32, off uint64, rail int) (uint64, uint64, bool) {
 	t := *f.remote.Load()
 	if int(id) >= len(t) || t[id].set&(1<<rail) == 0 {
 		return 0, 0, false
@@ -281,21 +281,21 @@ func (f *fabricLink) target(id uint32, off uint64, rail int) (uint64, uint64, bo
 	return off, r.keys[rail], true
 }
 
-func (f *fabricLink) Props() Props {
+func (f *Link) Props() link.Props {
 	// With FI_HMEM the NIC writes device memory itself, and nothing here
 	// flushes those writes before the signal behind them (SPEC.md §4).
-	return Props{Name: nameFabric, InlineMax: 1 << 62, Lanes: f.LaneCount(), LateVisible: f.e.Info.HMEM}
+	return link.Props{Name: Name, InlineMax: 1 << 62, Lanes: f.LaneCount(), LateVisible: f.e.Info.HMEM}
 }
 
 // SubmitCaller is submit: the libfabric link sends from its own goroutines.
-func (f *fabricLink) SubmitCaller(lane int, op Op, hold bool) bool {
+func (f *Link) SubmitCaller(lane int, op link.Op, hold bool) bool {
 	f.Submit(lane, op, hold)
 	return false
 }
 
-func (f *fabricLink) WriteLone(int) {}
+func (f *Link) WriteLone(int) {}
 
-func (f *fabricLink) Submit(lane int, op Op, hold bool) {
+func (f *Link) Submit(lane int, op link.Op, hold bool) {
 	if op.Msg == wire.MsgReg {
 		// The keys of rails 1.. first (SigOp names the rail), then rail
 		// 0's, which tells the peer's owner (peerRegistered). Context 1:
@@ -325,7 +325,7 @@ func (f *fabricLink) Submit(lane int, op Op, hold bool) {
 		pd.lane, pd.rail = lane, lane%len(f.rails)
 	}
 	// Device memory the provider cannot reach goes over the TCP lanes,
-	// staged (fabric_dev.go): one number for a put with signal there.
+	// staged (dev.go): one number for a put with signal there.
 	pd.staged = f.staged(&op)
 	switch op.Msg {
 	case wire.MsgPut, wire.MsgBye:
@@ -366,7 +366,7 @@ func (f *fabricLink) Submit(lane int, op Op, hold bool) {
 
 // post tries once; ErrAgain leaves pd as what is still to post, for the
 // retry.
-func (f *fabricLink) post(pd *fabPend) error {
+func (f *Link) post(pd *fabPend) error {
 	op := &pd.op
 	if pd.staged {
 		return f.postStaged(pd)
@@ -418,7 +418,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 	case op.Msg == wire.MsgGet:
 		err = e.FI.Read(op.Local, op.Size, e.Regs.Desc(op.LocalMr), rl.addr, raddr, key, ctx)
 	case pd.cqsig:
-		// Completes on the peer's acknowledgement (fabric_ack.go).
+		// Completes on the peer's acknowledgement (ack.go).
 		err = f.postAcked(pd, rl, idx, raddr, key)
 	default:
 		// Delivery complete unless local completion was asked for: a put
@@ -451,7 +451,7 @@ func (f *fabricLink) post(pd *fabPend) error {
 
 // slot takes a context of endpoint e for an operation completing request
 // tag, or for a control message (ctl).
-func (f *fabricLink) slot(e *fabEP, tag uint64, ctl bool) (uint32, bool) {
+func (f *Link) slot(e *EP, tag uint64, ctl bool) (uint32, bool) {
 	idx, ok := e.Take()
 	if !ok {
 		return 0, false
@@ -468,14 +468,14 @@ func (f *fabricLink) slot(e *fabEP, tag uint64, ctl bool) (uint32, bool) {
 }
 
 // done counts slot s of this link as no longer in flight.
-func (f *fabricLink) done(s *fabSlot) {
+func (f *Link) done(s *fabSlot) {
 	if s.ctl {
 		f.ctlLive.Add(-1)
 	}
 	f.inflight.Add(-1)
 }
 
-func (f *fabricLink) unslot(e *fabEP, idx uint32) {
+func (f *Link) unslot(e *EP, idx uint32) {
 	s := &e.slots[idx]
 	s.state.Store(slotFree)
 	s.link = nil
@@ -487,7 +487,7 @@ func (f *fabricLink) unslot(e *fabEP, idx uint32) {
 // so nothing escapes to the Go heap). A signal (endpoint.MsgPutSignal, with op's
 // payload when inline) completes op's request on its verdict; a goodbye
 // or its acknowledgement is injected and needs none.
-func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inline bool) error {
+func (f *Link) msg(rail int, typ uint8, seq uint64, op *link.Op, complete, inline bool) error {
 	tag := uint64(0)
 	if complete {
 		tag = op.Tag
@@ -517,7 +517,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 	verdict := complete && sig && !f.Peer().Mesh().LocalCompletion
 	inject := verdict && n <= e.Info.InjectSize
 	if verdict {
-		// Kept until the target's verdict too (fabEP.verdict, which comes
+		// Kept until the target's verdict too (EP.verdict, which comes
 		// back on this rail); set before the post, so before any poller
 		// can see the completion. Injected, the send is done once posted:
 		// only the verdict is awaited.
@@ -567,7 +567,7 @@ func (f *fabricLink) msg(rail int, typ uint8, seq uint64, op *Op, complete, inli
 // nothing: injected where the provider injects that much (the slot is
 // free at once), else with a completion that frees the slot (shm with
 // FI_HMEM injects nothing).
-func (f *fabricLink) sendFree(rl *fabRail, idx uint32, b []byte) error {
+func (f *Link) sendFree(rl *fabRail, idx uint32, b []byte) error {
 	e := rl.e
 	n := uint64(len(b))
 	if n <= e.Info.InjectSize {
@@ -585,7 +585,7 @@ func (f *fabricLink) sendFree(rl *fabRail, idx uint32, b []byte) error {
 
 // unowe puts back a verdict taken for a message that was not sent. This
 // may run under the poller's lock (retry), so it takes only vmu.
-func (f *fabricLink) unowe(rail int, word uint64) {
+func (f *Link) unowe(rail int, word uint64) {
 	// The next poll looks at every link's piggy and spill (rare: a post
 	// failed with a verdict on board).
 	if f.piggy[rail].CompareAndSwap(0, word) {
@@ -600,14 +600,14 @@ func (f *fabricLink) unowe(rail int, word uint64) {
 
 // sendVerdict tells the peer whether its signal (word: seq and slot, as it
 // sent them on rail) targets a valid word; false means no room yet.
-func (f *fabricLink) sendVerdict(rail int, word uint64, status abi.Result) bool {
+func (f *Link) sendVerdict(rail int, word uint64, status abi.Result) bool {
 	return f.sendSmall(rail, endpoint.Msg{Type: endpoint.MsgVerdict, Op: uint8(status), Word: word}, "verdict")
 }
 
 // sendSmall sends a one-slot message of ours (a verdict, an
 // acknowledgement) on rail, with our rank filled in; false means no room
 // yet. A peer already gone needs none: it is failed instead.
-func (f *fabricLink) sendSmall(rail int, h endpoint.Msg, what string) bool {
+func (f *Link) sendSmall(rail int, h endpoint.Msg, what string) bool {
 	if err := f.peerGone(); err != nil {
 		go f.Peer().MarkDead(err)
 		return true // nobody to tell
@@ -638,12 +638,12 @@ func rejectedOrOK(b uint8) abi.Result {
 
 // control sends a message that is not an operation (the goodbye's
 // acknowledgement) on rail; false means no room yet.
-func (f *fabricLink) control(rail int, typ uint8, seq uint64) bool {
+func (f *Link) control(rail int, typ uint8, seq uint64) bool {
 	err := f.msg(rail, typ, seq, nil, false, false)
 	return err != fabric.ErrAgain
 }
 
-func (f *fabricLink) queue(pd fabPend) {
+func (f *Link) queue(pd fabPend) {
 	f.pmu.Lock()
 	f.pend = append(f.pend, pd)
 	f.backlog.Add(1)
@@ -651,7 +651,7 @@ func (f *fabricLink) queue(pd fabPend) {
 }
 
 // retry posts queued operations in order until one finds no room.
-func (f *fabricLink) retry() {
+func (f *Link) retry() {
 	f.pmu.Lock()
 	defer f.pmu.Unlock()
 	k := 0
@@ -678,7 +678,7 @@ func (f *fabricLink) retry() {
 // it while it waits): with manual progress that is where the work is, and
 // on few cores a spinning caller would otherwise only take the CPU from
 // the progress goroutine.
-func (f *fabricLink) Flush() {
+func (f *Link) Flush() {
 	f.Link.Flush()
 	if f.inflight.Load() > 0 || f.backlog.Load() > 0 {
 		for i := range f.rails {
@@ -691,30 +691,30 @@ func (f *fabricLink) Flush() {
 
 // Turn: Mesh.Progress polled the rails just before, so only the TCP
 // lanes are left.
-func (f *fabricLink) Turn() { f.Link.Turn() }
+func (f *Link) Turn() { f.Link.Turn() }
 
 // AddStats counts the peer as a fabric peer, and the acknowledgements of
 // the TCP lanes beside its endpoint (compression is counted for plain TCP
 // links only).
-func (f *fabricLink) AddStats(st *Stats) {
+func (f *Link) AddStats(st *link.Stats) {
 	st.FabricPeers++
 	f.Link.AddAcks(st)
 }
 
-func (f *fabricLink) Idle() bool {
+func (f *Link) Idle() bool {
 	return f.inflight.Load() == 0 && f.backlog.Load() == 0 && f.Link.Idle()
 }
 
 // Awaiting counts operations, not control messages: an acknowledgement
 // whose send completion was not yet reaped when the peer left (it went
 // right after our goodbye acknowledgement) is no lost operation.
-func (f *fabricLink) Awaiting() int {
+func (f *Link) Awaiting() int {
 	return int(f.inflight.Load()-f.ctlLive.Load()) + int(f.backlog.Load())
 }
 
 // FailAll fails what was posted or queued; stop already raised the dead
 // flag, so it waits only for submits that passed their check before.
-func (f *fabricLink) FailAll() {
+func (f *Link) FailAll() {
 	for f.posting.Load() > 0 {
 		runtime.Gosched()
 	}
@@ -743,7 +743,7 @@ func (f *fabricLink) FailAll() {
 // failSlots fails this peer's operations posted on endpoint e. Under
 // the poll lock: a signal's slot whose send completed waits only for the
 // verdict, which will not come; nobody else frees it.
-func (f *fabricLink) failSlots(e *fabEP) {
+func (f *Link) failSlots(e *EP) {
 	mine := slotPosted | uint32(f.Peer().Rank())<<2
 	e.LockPoll()
 	defer e.UnlockPoll()
@@ -761,4 +761,15 @@ func (f *fabricLink) failSlots(e *fabEP) {
 			}
 		}
 	}
+}
+
+// Progress over libfabric: completions involving the peer (Link.heard),
+// plus what its TCP streams moved (registrations, staged device memory).
+// A provider can lose a connection without telling us (a hostile message
+// longer than a receive buffer breaks the tcp provider's stream, a
+// verbs queue pair goes to its error state), so a silent peer with
+// operations outstanding fails here rather than hanging them.
+func (f *Link) Progress() (uint64, bool) {
+	n, _ := f.Link.Progress()
+	return n + f.heard.Load(), true
 }

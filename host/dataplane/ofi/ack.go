@@ -1,4 +1,4 @@
-package dataplane
+package ofi
 
 import (
 	"fmt"
@@ -77,7 +77,7 @@ func (a *fabAckQ) clear() {
 // back when the post failed. It asks the orderer only while the peer
 // awaits an acknowledgement: a caller that saw the peer's signal applied
 // then finds its number passed (the orderer applies under its lock).
-func (f *fabricLink) takeAck() uint64 {
+func (f *Link) takeAck() uint64 {
 	for {
 		sent := f.ackSent.Load()
 		if f.ackWant.Load() <= sent {
@@ -94,7 +94,7 @@ func (f *fabricLink) takeAck() uint64 {
 	}
 }
 
-func (f *fabricLink) giveAck(d uint64) {
+func (f *Link) giveAck(d uint64) {
 	if d != 0 {
 		f.ackSent.Add(-d)
 	}
@@ -103,7 +103,7 @@ func (f *fabricLink) giveAck(d uint64) {
 // postAcked posts a put with signal in CQ data (pd.cqsig) on rail rl from
 // slot idx: without delivery completion, the slot kept until the peer
 // acknowledges the number (acked).
-func (f *fabricLink) postAcked(pd *fabPend, rl *fabRail, idx uint32, raddr, key uint64) error {
+func (f *Link) postAcked(pd *fabPend, rl *fabRail, idx uint32, raddr, key uint64) error {
 	e, op := rl.e, &pd.op
 	s := &e.slots[idx]
 	s.sig, s.got, s.vst, s.learn = true, 0, abi.Success, false
@@ -123,7 +123,7 @@ func (f *fabricLink) postAcked(pd *fabPend, rl *fabRail, idx uint32, raddr, key 
 // endpoint e's completion, under its poll lock) and completes what that
 // covers on e's rail; other rails' pollers complete theirs (popAcked).
 // More than we ever sent is a protocol violation.
-func (e *fabEP) acked(l *fabricLink, n uint64) {
+func (e *EP) acked(l *Link, n uint64) {
 	if n == 0 {
 		return
 	}
@@ -143,7 +143,7 @@ func (e *fabEP) acked(l *fabricLink, n uint64) {
 
 // popAcked completes l's writes on e's rail whose numbers the peer
 // acknowledged (under e's poll lock).
-func (e *fabEP) popAcked(l *fabricLink) {
+func (e *EP) popAcked(l *Link) {
 	q := &l.ackWait[e.rail]
 	if q.n.Load() == 0 {
 		return
@@ -172,7 +172,7 @@ func (e *fabEP) popAcked(l *fabricLink) {
 // it passed the orderer, which our next such put carries or, failing
 // that, a MsgAck at a later poll. Noted before the orderer applies the
 // signal, so that a caller who sees it and answers carries it.
-func (e *fabEP) wantAck(l *fabricLink, seq uint64) {
+func (e *EP) wantAck(l *Link, seq uint64) {
 	for {
 		w := l.ackWant.Load()
 		if w >= seq || l.ackWant.CompareAndSwap(w, seq) {
@@ -188,7 +188,7 @@ func (e *fabEP) wantAck(l *fabricLink, seq uint64) {
 // fabAcking is a link on an endpoint's acking list and the endpoint's
 // poll count when it was listed.
 type fabAcking struct {
-	l  *fabricLink
+	l  *Link
 	at uint64
 }
 
@@ -198,16 +198,16 @@ type fabAcking struct {
 // signal, should carry the acknowledgement instead.
 const ackPolls = 2
 
-// fabTestNoAckMsg, when set by a test, sends no MsgAck from a poll:
+// TestNoAckMsg, when set by a test, sends no MsgAck from a poll:
 // acknowledgements travel in CQ data, or before a goodbye (flushAck).
-var fabTestNoAckMsg atomic.Bool
+var TestNoAckMsg atomic.Bool
 
 // sendAcks acknowledges what no put carried (under the poll lock): a link
 // stays on the list while the peer awaits an acknowledgement, including
 // while its number waits in the orderer for an earlier one.
-func (e *fabEP) sendAcks() {
+func (e *EP) sendAcks() {
 	k := 0
-	msgs := !fabTestNoAckMsg.Load()
+	msgs := !TestNoAckMsg.Load()
 	for _, a := range e.acking {
 		// A peer we are leaving gets its acknowledgement at once: our
 		// goodbye may end the pair before another poll.
@@ -224,7 +224,7 @@ func (e *fabEP) sendAcks() {
 
 // ackOwed sends a MsgAck on rail if the peer awaits one and send allows
 // it; true when nothing more is owed (l leaves the acking list).
-func (l *fabricLink) ackOwed(rail int, send bool) bool {
+func (l *Link) ackOwed(rail int, send bool) bool {
 	sent := l.ackSent.Load()
 	if sent >= l.ackWant.Load() {
 		l.acking.Store(false)
@@ -246,7 +246,7 @@ func (l *fabricLink) ackOwed(rail int, send bool) bool {
 }
 
 // sendAck sends a MsgAck of n numbers on rail; false means no room yet.
-func (l *fabricLink) sendAck(rail int, n uint64) bool {
+func (l *Link) sendAck(rail int, n uint64) bool {
 	return l.sendSmall(rail, endpoint.Msg{Type: endpoint.MsgAck, Word: n & endpoint.SeqMask}, "acknowledgement")
 }
 
@@ -254,7 +254,7 @@ func (l *fabricLink) sendAck(rail int, n uint64) bool {
 // awaits; false when it could not (no room, or a number still missing).
 // A goodbye and its acknowledgement go after it on the same rail, so the
 // peer completes its writes before it learns the pair is closing.
-func (l *fabricLink) flushAck(rail int) bool {
+func (l *Link) flushAck(rail int) bool {
 	for {
 		sent := l.ackSent.Load()
 		if sent >= l.ackWant.Load() {
