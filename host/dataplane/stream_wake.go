@@ -13,7 +13,8 @@ import (
 // would never arrive: a hang. So a watcher looks at every incoming ring
 // once per streamWakeTick, and a ring that holds bytes while its reader's
 // position did not move for a whole tick gets its reader woken
-// (tcp.Link.WakeStuckStreams). Each such wake is counted
+// (intranode.Link.WakeStuck, over tcp.Link.RingView and WakeReader).
+// Each such wake is counted
 // (Stats.StreamWakes, and Stats.LostWakes when the reader had marked
 // itself asleep) and reported in a rate-limited INFO line: the normal path
 // failed to wake the reader, or the reader's thread got no CPU for a

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 )
 
 // TestStreamWakeBackstop: with every bell of the shared-memory streams
@@ -14,14 +13,14 @@ import (
 // ring, and only the wake backstop (stream_wake.go) gets it read: the puts
 // land and complete, both ways, and both ranks count wakes. Nobody polls here,
 // so the services alone read the rings. With the backstop's wakes off
-// (tcp.SkipStreamWake; RMAW_NEGATIVE_CONTROL=streamwake) the first put never
+// (intranode.SkipStreamWake; RMAW_NEGATIVE_CONTROL=streamwake) the first put never
 // completes.
 func TestStreamWakeBackstop(t *testing.T) {
 	intranode.DropBells(true)
 	t.Cleanup(func() { intranode.DropBells(false) })
 	if os.Getenv("RMAW_NEGATIVE_CONTROL") == "streamwake" {
-		tcp.SkipStreamWake.Store(true)
-		t.Cleanup(func() { tcp.SkipStreamWake.Store(false) })
+		intranode.SkipStreamWake.Store(true)
+		t.Cleanup(func() { intranode.SkipStreamWake.Store(false) })
 	}
 	owners := newOwners(2, 64+8*(8<<10))
 	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})

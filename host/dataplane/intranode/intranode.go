@@ -46,10 +46,12 @@ type Link struct {
 	mapOn  atomic.Bool  // copies into the peer's mapped device memory work
 	mapped atomic.Int64 // operations moved through a mapping (viaMapping)
 	evs    linkEvents   // interprocess events of mapped put+signals (ipc_events.go)
+	wake   []wakeState  // the wake backstop's, per incoming stream (wake.go)
 }
 
 func New(p link.Peer, outs, ins []*net.TCPConn, pid int) *Link {
 	x := &Link{Link: tcp.NewLink(p, outs, ins), pid: pid}
+	x.wake = make([]wakeState, x.Incoming())
 	x.on.Store(true)
 	x.mapOn.Store(true)
 	x.SetSide(x, func(l link.LaneIO) link.LaneSide { return &intraLane{x: x, l: l, p: p} })
@@ -86,6 +88,7 @@ func (x *Link) WriteState(w io.Writer) {
 		fmt.Fprintf(w, "    mapped device memory: %d operations, usable=%v\n", x.mapped.Load(), x.mapOn.Load())
 	}
 	x.Link.WriteState(w)
+	x.writeWakes(w)
 }
 
 // AddStats counts the peer as an intra-node peer while the single-copy
@@ -96,6 +99,7 @@ func (x *Link) AddStats(st *link.Stats) {
 		st.IntraNodePeers++
 	}
 	x.Link.AddAcks(st)
+	x.addWakes(st)
 }
 
 func (x *Link) InlineMax() uint64 {

@@ -5,7 +5,6 @@ import (
 	"io"
 	"sync/atomic"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -190,8 +189,3 @@ func (x *Link) AttachStream(h *wire.Header) (tcp.ShmIn, error) {
 	}
 	return s, nil
 }
-
-// WakeStuck is the mesh's wake backstop for this link's incoming
-// shared-memory streams (tcp.Link.WakeStuckStreams): only an intra-node
-// link reads rings, so only it is watched.
-func (x *Link) WakeStuck(tick time.Duration) { x.Link.WakeStuckStreams(tick) }

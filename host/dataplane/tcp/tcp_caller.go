@@ -21,6 +21,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/nap"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/rawio"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/spin"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -121,13 +122,6 @@ type inReader struct {
 	smu     sync.Mutex // sview: close unmaps the ring under it
 	sockErr atomic.Pointer[error]
 	bells   [64]byte
-
-	// The wake backstop's (stream_wake.go): what its watcher saw at its
-	// last look (its goroutine only), and the wakes it made.
-	wHead     uint64
-	wSeen     bool
-	wakes     atomic.Uint64
-	lostWakes atomic.Uint64 // of wakes, those of a reader marked asleep
 }
 
 // endErr is the socket's end the service met, nil while open.
@@ -190,10 +184,10 @@ func newInReader(t *Link, lane int, in *net.TCPConn, ack *acker) (*inReader, err
 	return r, nil
 }
 
-// readFD is a caller's non-blocking read (readNB).
+// readFD is a caller's non-blocking read (rawio.ReadNB).
 func (r *inReader) readFD(fd uintptr) {
 	for {
-		n, errno := readNB(int(fd), r.b)
+		n, errno := rawio.ReadNB(int(fd), r.b)
 		if errno == unix.EINTR {
 			continue
 		}

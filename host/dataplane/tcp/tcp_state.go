@@ -60,7 +60,7 @@ func (t *Link) WriteState(w io.Writer) {
 		r.smu.Lock()
 		if s := r.sview; s != nil {
 			tail, read, sleeping, waiting := s.State()
-			shm = fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v wakes %d}", tail, read, sleeping, waiting, r.wakes.Load())
+			shm = fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v}", tail, read, sleeping, waiting)
 		}
 		r.smu.Unlock()
 		fmt.Fprintf(w, "    in %d: role=%#x active=%v napping=%v left=%v polled=%v rx %d µs ago, caller msgs %d, handoffs %d, ended=%v%s\n",
@@ -91,10 +91,6 @@ func (t *Link) AddAcks(st *link.Stats) {
 	}
 	for _, a := range t.acks {
 		st.AcksAlone += a.alone.Load()
-		if r := a.rd.Load(); r != nil {
-			st.StreamWakes += r.wakes.Load()
-			st.LostWakes += r.lostWakes.Load()
-		}
 	}
 }
 

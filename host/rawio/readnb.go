@@ -1,17 +1,18 @@
 //go:build !race
 
-package tcp
+package rawio
 
 import (
 	"syscall"
 	"unsafe"
 )
 
-// readNB is a caller's read of a non-blocking socket. It never blocks (a
-// microsecond at most), so it goes in as a raw system call: no hand-off of
-// the P (entersyscall/exitsyscall), about a tenth of an empty poll turn.
+// ReadNB is a read of a non-blocking socket (a polling caller's). It
+// never blocks (a microsecond at most), so it goes in as a raw system
+// call: no hand-off of the P (entersyscall/exitsyscall), about a tenth of
+// an empty poll turn.
 // The race build reads through syscall.Read instead (readnb_race.go).
-func readNB(fd int, b []byte) (int, syscall.Errno) {
+func ReadNB(fd int, b []byte) (int, syscall.Errno) {
 	var p unsafe.Pointer
 	if len(b) > 0 {
 		p = unsafe.Pointer(&b[0])

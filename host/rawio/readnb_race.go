@@ -1,13 +1,13 @@
 //go:build race
 
-package tcp
+package rawio
 
 import "syscall"
 
-// readNB reads through syscall.Read, which tells the race detector that
+// ReadNB reads through syscall.Read, which tells the race detector that
 // what was written before the bytes were sent happened before (as the net
 // package's reads do).
-func readNB(fd int, b []byte) (int, syscall.Errno) {
+func ReadNB(fd int, b []byte) (int, syscall.Errno) {
 	n, err := syscall.Read(fd, b)
 	if err != nil {
 		if e, ok := err.(syscall.Errno); ok {
