@@ -454,6 +454,11 @@ func TestScaleHelper(t *testing.T) {
 			Local: unsafe.Pointer(&src[8]), Size: scalePayload, Off: uint64(r*scaleSlot + 8)}, false, r%lanes)
 		if st := waitDoneWithin(t, o, tag, 30*time.Second); st != abi.Success {
 			verdict = fmt.Sprintf("rank %d's put to rank 0: %v", r, st)
+			// Said at once, with the mesh's lanes: rank 0 checks the
+			// bytes before it reads the verdicts, and a failed put that
+			// is written later would land as the poison below.
+			fmt.Fprintf(os.Stderr, "scale helper: rank %d's put to rank 0 completed with %v; its source is poisoned now\n", r, st)
+			m.WriteState(os.Stderr)
 		}
 		// Completion means arrival: the source may be reused at once. It
 		// is poisoned here, so a payload read after its put completed
