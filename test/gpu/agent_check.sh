@@ -33,6 +33,29 @@ mps_start() {
 }
 mps_stop() { echo quit | nvidia-cuda-mps-control >/dev/null 2>&1; sleep 1; }
 mps_start && echo "AGENT-CHECK: MPS on"
+# sb_run log timeout env...: one staging_bench run; on a hang, every rank's
+# native stacks (hang_dump.sh) go to the log before the kill, and MPS is
+# restarted. Returns the run's status (124: hung).
+sb_run() {
+  local log=$1 lim=$2; shift 2
+  env "$@" NCCL_RMA_WASM_STALL_REPORT_MS=5000 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET \
+    "$ROOT/build/staging_bench" "$LIB" $((1 << 20)) 2 ${PINGS:-1000} >"$log" 2>&1 &
+  local pid=$! i=0
+  while kill -0 $pid 2>/dev/null && [ $i -lt $lim ]; do sleep 1; i=$((i + 1)); done
+  if kill -0 $pid 2>/dev/null; then
+    echo "=== hung after $lim s: native stacks" >>"$log"
+    "$ROOT/test/gpu/hang_dump.sh" "$ROOT/build/staging_bench" "$log"
+    pkill -9 -f "$ROOT/build/staging_bench" 2>/dev/null
+    wait $pid 2>/dev/null
+    mps_stop; mps_start >/dev/null
+    return 124
+  fi
+  wait $pid
+}
+sb_show() { # log label
+  grep -E '^SIGNAL .*word|FAIL|no kernel waiter' "$1" | sed "s/^/AGENT-CHECK sb $2 /"
+  grep -h "device agent:" "$1" | sed 's/.*NET.wasm: /AGENT-CHECK sb agent-info: /' | sort -u | head -3
+}
 hung=""
 for pb in ${SB_BYTES-0 64 4096}; do
   for ag in 0 1; do
@@ -43,21 +66,42 @@ for pb in ${SB_BYTES-0 64 4096}; do
       echo "AGENT-CHECK sb bytes=$pb agent=$ag skipped (hung before)"
       continue
     fi
-    NCCL_RMA_WASM_DEVICE_AGENT=$ag BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=$pb \
-      NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET timeout ${SB_TIMEOUT:-60} "$ROOT/build/staging_bench" "$LIB" $((1 << 20)) 2 ${PINGS:-1000} >"$log" 2>&1
+    sb_run "$log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=$ag BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=$pb
     rc=$?
     echo "AGENT-CHECK sb bytes=$pb agent=$ag rc=$rc"
-    grep -E '^SIGNAL .*word|FAIL|no kernel waiter' "$log" | sed "s/^/AGENT-CHECK sb bytes=$pb agent=$ag /"
-    grep -h "device agent:" "$log" | sed 's/.*NET.wasm: /AGENT-CHECK sb agent-info: /' | sort -u | head -3
-    if [ $rc = 124 ]; then
-      [ "$ag" = 1 ] && hung=1
-      pkill -9 -f "$ROOT/build/staging_bench" 2>/dev/null
-      mps_stop; mps_start >/dev/null
-    fi
+    sb_show "$log" "bytes=$pb agent=$ag"
+    [ $rc = 124 ] && [ "$ag" = 1 ] && hung=1
   done
 done
+# Where the agent hung: the same run without the waiting kernel, and with
+# 32 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), each once.
+if [ -n "$hung" ]; then
+  for v in "BENCH_KERNEL_WAIT=0" "BENCH_KERNEL_WAIT=1 CUDA_DEVICE_MAX_CONNECTIONS=32"; do
+    log=$O/sb-64-1-$(echo "$v" | tr -c 'A-Za-z0-9\n' _ | cut -c1-40).log
+    sb_run "$log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=1 BENCH_VMM=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=64 $v
+    echo "AGENT-CHECK sb control [$v] rc=$?"
+    sb_show "$log" "control [$v]"
+  done
+fi
 mps_stop
 echo "AGENT-CHECK: staging_bench done at $(($(date +%s) - t0)) s"
+
+# cuda_check again and again (agent off), over TCP and the intra-node path:
+# every byte of each run, the count of passes and failures.
+cc_loop() { # name n env...
+  local name=$1 n=$2 p=0 f=0; shift 2
+  for i in $(seq 1 "$n"); do
+    if env "$@" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET timeout 40 "$ROOT/build/cuda_check" "$LIB" $((1 << 20)) 4 >"$O/cc-$name.log" 2>&1; then
+      p=$((p + 1))
+    else
+      f=$((f + 1)); cp "$O/cc-$name.log" "$O/cc-$name-fail-$i.log"; grep -h "RESULT FAIL\|FAIL" "$O/cc-$name.log" | head -1
+    fi
+  done
+  echo "AGENT-CHECK cuda_check repeated $name: pass $p fail $f"
+}
+cc_loop tcp ${CC_REPEAT:-4} NCCL_RMA_WASM_INTRANODE=0
+cc_loop intranode ${CC_REPEAT:-4}
+echo "AGENT-CHECK: cuda_check repeats done at $(($(date +%s) - t0)) s"
 
 # compute-sanitizer on cuda_check with the agent forced on (MPS off).
 if command -v compute-sanitizer >/dev/null; then

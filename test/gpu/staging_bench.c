@@ -58,7 +58,8 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char* fil
   va_end(ap);
   /* WARN always; INFO only about device memory, staging and transports. */
   if (level <= 2 || (level == 3 && (strstr(buf, "CUDA") || strstr(buf, "pinned") || strstr(buf, "intra-node") ||
-                                    strstr(buf, "GDR") || strstr(buf, "HIP") || strstr(buf, "signal words"))))
+                                    strstr(buf, "GDR") || strstr(buf, "HIP") || strstr(buf, "signal words") ||
+                                    strstr(buf, "agent") || strstr(buf, "stall") || strstr(buf, "pending"))))
     fprintf(stderr, "[%s] plugin: %s\n", who, buf);
 }
 
