@@ -406,17 +406,35 @@ static int modobj, funcobj, waitmod, waitfunc, agentmod, agentfunc;
  * so that work ordered wrongly against the stream shows. A command with
  * an address the GPU would fault on ends the process, as a real fault
  * would poison the context. The stream the kernel runs on answers
- * cuStreamQuery "not ready" while the thread runs. */
+ * cuStreamQuery "not ready" while a thread runs or waits to. Kernels
+ * launched on one stream run one after the other, as on a GPU: a launch
+ * while one runs waits for it to end. The kernel parks as the real one
+ * does: once idle for its idle parameter (ns, 0 never) it writes awake = 0
+ * (header word 24), fences, looks at the next slot once more, and ends
+ * unless a command came. */
 struct agentargs {
   volatile uint64_t* ring;
-  uint64_t mask, seq;
+  uint64_t mask, idle;
   void* stream;
 };
-static void* agentStreams[64];
+static struct {
+  void* s;
+  int running, queued;
+} agentStreams[64];
+static pthread_mutex_t agentMu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t agentCv = PTHREAD_COND_INITIALIZER;
 static int agent_running(void* s) {
+  pthread_mutex_lock(&agentMu);
+  int busy = 0;
   for (int i = 0; i < 64; i++)
-    if (__atomic_load_n(&agentStreams[i], __ATOMIC_ACQUIRE) == s) return 1;
-  return 0;
+    if (agentStreams[i].s == s) busy = 1;
+  pthread_mutex_unlock(&agentMu);
+  return busy;
+}
+static uint64_t mono_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 static void agent_bad(const char* what, uint64_t a, uint64_t n) {
   fprintf(stderr, "fakecuda: the device agent was handed %s (%#llx, %llu bytes)\n", what, (unsigned long long)a, (unsigned long long)n);
@@ -427,13 +445,37 @@ static void* agent_main(void* arg) {
   static long us = -1;
   static int saidCopy, saidSig;
   if (us < 0) us = getenv("FAKECUDA_AGENT_US") ? atol(getenv("FAKECUDA_AGENT_US")) : 0;
+  int me = -1;
+  pthread_mutex_lock(&agentMu);
+  for (int i = 0; i < 64 && me < 0; i++)
+    if (agentStreams[i].s == x->stream) me = i;
+  while (agentStreams[me].running) pthread_cond_wait(&agentCv, &agentMu);
+  agentStreams[me].running = 1;
+  agentStreams[me].queued--;
+  pthread_mutex_unlock(&agentMu);
+  __atomic_store_n(&x->ring[24], 1, __ATOMIC_RELEASE);
   __atomic_store_n(&x->ring[16], 1, __ATOMIC_RELEASE);
-  for (uint64_t seq = x->seq;; seq++) {
+  for (uint64_t seq = __atomic_load_n(&x->ring[0], __ATOMIC_ACQUIRE) + 1;; seq++) {
     volatile uint64_t* sl = x->ring + (256 + (seq & x->mask) * 64) / 8;
+    int parked = 0;
+    uint64_t since = mono_ns();
     for (int spins = 0; __atomic_load_n(&sl[0], __ATOMIC_ACQUIRE) != seq; spins++) {
+      if (x->idle && mono_ns() - since >= x->idle) {
+        __atomic_store_n(&x->ring[24], 0, __ATOMIC_SEQ_CST);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&sl[0], __ATOMIC_ACQUIRE) != seq) {
+          static int saidPark;
+          if (!__atomic_exchange_n(&saidPark, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent parked\n");
+          parked = 1;
+          break;
+        }
+        __atomic_store_n(&x->ring[24], 1, __ATOMIC_SEQ_CST);
+        break;
+      }
       if (spins > 200) usleep(50);
       else sched_yield();
     }
+    if (parked) break;
     uint64_t kind = sl[2], n = sl[3], src = sl[4], dst = sl[5], val = sl[6];
     if (us > 0) usleep(us);
     switch (kind) {
@@ -464,11 +506,11 @@ static void* agent_main(void* arg) {
     __atomic_store_n(&x->ring[0], seq, __ATOMIC_RELEASE);
     if (kind == 5) break;
   }
-  for (int i = 0; i < 64; i++)
-    if (__atomic_load_n(&agentStreams[i], __ATOMIC_ACQUIRE) == x->stream) {
-      __atomic_store_n(&agentStreams[i], NULL, __ATOMIC_RELEASE);
-      break;
-    }
+  pthread_mutex_lock(&agentMu);
+  agentStreams[me].running = 0;
+  if (!agentStreams[me].queued) agentStreams[me].s = NULL;
+  pthread_cond_broadcast(&agentCv);
+  pthread_mutex_unlock(&agentMu);
   free(x);
   return NULL;
 }
@@ -554,14 +596,17 @@ int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
     struct agentargs* x = malloc(sizeof *x);
     x->ring = (volatile uint64_t*)(uintptr_t)*(uint64_t*)params[0];
     x->mask = *(uint64_t*)params[1];
-    x->seq = *(uint64_t*)params[2];
+    x->idle = *(uint64_t*)params[2];
     x->stream = s;
     if (!hostmem((uintptr_t)x->ring, 256 + (x->mask + 1) * 64)) return 700;
     int slot = -1;
-    for (int i = 0; i < 64 && slot < 0; i++) {
-      void* none = NULL;
-      if (__atomic_compare_exchange_n(&agentStreams[i], &none, s, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) slot = i;
-    }
+    pthread_mutex_lock(&agentMu);
+    for (int i = 0; i < 64 && slot < 0; i++)
+      if (agentStreams[i].s == s) slot = i;
+    for (int i = 0; i < 64 && slot < 0; i++)
+      if (!agentStreams[i].s) slot = i, agentStreams[i].s = s;
+    if (slot >= 0) agentStreams[slot].queued++;
+    pthread_mutex_unlock(&agentMu);
     if (slot < 0) return 2;
     pthread_t th;
     if (pthread_create(&th, NULL, agent_main, x) != 0) return 2;

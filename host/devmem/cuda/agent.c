@@ -35,8 +35,10 @@
 
 /* The ring: a header, then AG_SLOTS slots of 64 bytes. Header words (byte
  * offsets): done at 0 (agent writes), epoch at 64 (the stream writes),
- * started at 128 (agent writes 1 when it runs). A slot: seq at 0 (written
- * last, with release), then kind, n, src, dst, val at 16..56. */
+ * started at 128 (agent writes 1 when it runs), awake at 192 (1 while a
+ * kernel polls; the kernel writes 0 when it parks, the host 1 when it
+ * launches one). A slot: seq at 0 (written last, with release), then
+ * kind, n, src, dst, val at 16..56. */
 #define AG_SLOTS 1024
 #define AG_HDR 256
 #define AG_SLOT 64
@@ -59,6 +61,9 @@ char rmacu_agent_ptx[8192]; /* agent.ptx, NUL-terminated (ptx.go) */
  * rmacu_agent_max: the largest copy the agent takes (bytes). */
 int rmacu_agent_mode = 0; /* read by the host-memory calls (copy.c) */
 uint64_t rmacu_agent_max = 64 << 10;
+/* ag_idle_ns: how long the kernel polls an empty ring before it parks
+ * (ends; the next submission launches it again); 0 never. */
+static uint64_t ag_idle_ns = 1000000;
 static char agentNote[240] = "not started (no copy context used yet)";
 /* nmu guards agentNote alone: notes are set under rmacu_mu or an agent's lock. */
 static pthread_mutex_t nmu = PTHREAD_MUTEX_INITIALIZER;
@@ -72,9 +77,10 @@ __attribute__((format(printf, 1, 2))) static void ag_note(const char* fmt, ...) 
   va_end(ap);
 }
 
-void rmaw_cuda_agent(int mode, uint64_t max) {
+void rmaw_cuda_agent(int mode, uint64_t max, uint64_t idle_us) {
   rmacu_agent_mode = mode;
   rmacu_agent_max = max;
+  ag_idle_ns = idle_us * 1000;
 }
 
 struct agent {
@@ -90,6 +96,7 @@ struct agent {
   int streamLast;     /* the stream got work after the agent's last command (under mu) */
   int live;           /* running and taking work (atomic) */
   unsigned polls;     /* not-passed ticket queries, to look at the kernel now and then */
+  uint64_t wakes;     /* launches after the kernel parked (under mu) */
 };
 
 /* Host memory the agent may read or write: what rmacu_host_alloc returned
@@ -146,6 +153,23 @@ static volatile uint64_t* ag_slot(struct agent* a, uint64_t s) {
 }
 static uint64_t ag_done(struct agent* a) { return __atomic_load_n(&a->mem[0], __ATOMIC_ACQUIRE); }
 
+/* ag_wake launches the kernel again after it parked (under a->mu); it
+ * does not wait for it to start: the commands wait in the ring. */
+static int ag_wake(struct agent* a, char* err, size_t errlen) {
+  unsigned long long ring = a->dev, mask = AG_SLOTS - 1, idle = ag_idle_ns;
+  void* args[] = {&ring, &mask, &idle};
+  __atomic_store_n(&a->mem[24], 1, __ATOMIC_RELEASE);
+  CUresult r = rmacu_cu.ctxSetCurrent(a->ctx);
+  if (r == 0) r = rmacu_cu.launchKernel(a->fn, 1, 1, 1, AG_THREADS, 1, 1, 0, a->stream, args, NULL);
+  if (r != 0) {
+    __atomic_store_n(&a->live, 0, __ATOMIC_RELEASE);
+    ag_note("stopped: launching it after it parked: cuLaunchKernel: %s", rmacu_errstr(r));
+    return rmaw_fail(err, errlen, "device agent: cuLaunchKernel after it parked: %s", rmacu_errstr(r));
+  }
+  a->wakes++;
+  return 0;
+}
+
 /* ag_put writes command s (under a->mu): it waits, for at most two
  * seconds, for the slot's previous command to be done. */
 static int ag_put(struct agent* a, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, char* err,
@@ -170,6 +194,14 @@ static int ag_put(struct agent* a, uint64_t kind, uint64_t n, uint64_t src, uint
   sl[6] = val;
   __atomic_store_n(&sl[0], s, __ATOMIC_RELEASE);
   a->seq = s;
+  /* The kernel parks when idle: it writes awake = 0, fences, and looks at
+   * the next slot once more. The host publishes the slot, fences, and
+   * looks at awake. One of the two sees the other's store, so a command
+   * is never left without a kernel; both seeing it only queues a second
+   * kernel behind the first on its stream, which reads done at its start
+   * and parks in turn. */
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&a->mem[24], __ATOMIC_ACQUIRE) == 0) return ag_wake(a, err, errlen);
   return 0;
 }
 
@@ -247,15 +279,16 @@ void rmacu_off_stream(struct agent* a, int queued) {
 /* ag_launch starts the kernel at command seq+1 and waits up to 500 ms
  * for it to run (under a->mu, the context current); 0 when it runs. */
 static int ag_launch(struct agent* a, char* note, size_t notelen) {
-  unsigned long long ring = a->dev, mask = AG_SLOTS - 1, seq0 = a->seq + 1;
-  void* args[] = {&ring, &mask, &seq0};
+  unsigned long long ring = a->dev, mask = AG_SLOTS - 1, idle = ag_idle_ns;
+  void* args[] = {&ring, &mask, &idle};
   CUresult r = rmacu_cu.ctxSetCurrent(a->ctx); /* the function is its context's */
   if (r != 0) {
     snprintf(note, notelen, "cuCtxSetCurrent: %s", rmacu_errstr(r));
     return -1;
   }
   __atomic_store_n(&a->mem[16], 0, __ATOMIC_RELEASE);
-  __atomic_store_n(&a->mem[0], a->seq, __ATOMIC_RELEASE);
+  __atomic_store_n(&a->mem[0], a->seq, __ATOMIC_RELEASE); /* the kernel starts at done + 1 */
+  __atomic_store_n(&a->mem[24], 1, __ATOMIC_RELEASE);
   r = rmacu_cu.launchKernel(a->fn, 1, 1, 1, AG_THREADS, 1, 1, 0, a->stream, args, NULL);
   if (r != 0) {
     snprintf(note, notelen, "cuLaunchKernel: %s", rmacu_errstr(r));
@@ -426,8 +459,14 @@ int rmacu_ag_ticket(uintptr_t ctx, uintptr_t ev) {
   if (!__atomic_load_n(&a->live, __ATOMIC_ACQUIRE)) return -1;
   /* Now and then, ask whether the kernel still runs. */
   if ((__atomic_add_fetch(&a->polls, 1, __ATOMIC_RELAXED) & 4095) == 0 && rmacu_cu.streamQuery) {
-    CUresult r = rmacu_cu.streamQuery(a->stream);
-    if (r != ERROR_NOT_READY && ag_done(a) < s) return -1;
+    /* Under a->mu: a submission launches the kernel again, if it parked,
+     * before it lets go, so an idle stream with the ticket not done means
+     * the kernel failed. */
+    pthread_mutex_lock(&a->mu);
+    CUresult r = ag_done(a) >= s ? ERROR_NOT_READY : rmacu_cu.streamQuery(a->stream);
+    int dead = r != ERROR_NOT_READY && ag_done(a) < s;
+    pthread_mutex_unlock(&a->mu);
+    if (dead) return -1;
   }
   return 0;
 }

@@ -33,7 +33,7 @@ var Probe = sync.OnceFunc(func() {
 		C.rmaw_cuda_stream_atomic(0)
 	}
 	mode := map[string]C.int{"0": 0, "1": 1, "auto": 2}[config.DeviceAgent.Get()]
-	C.rmaw_cuda_agent(mode, C.uint64_t(config.DeviceAgentMaxKiB.Get())<<10)
+	C.rmaw_cuda_agent(mode, C.uint64_t(config.DeviceAgentMaxKiB.Get())<<10, C.uint64_t(config.DeviceAgentIdleUs.Get()))
 	if !devrt.Load("CUDA", "CUDA driver", config.CUDA, open) {
 		return
 	}
