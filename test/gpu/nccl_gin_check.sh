@@ -91,7 +91,7 @@ fi
 # cuda_check again with the device agent (NCCL_RMA_WASM_DEVICE_AGENT=1,
 # off by default until measured): every byte and signal through its ring.
 if want cuda_check && ref agent; then
-  if NCCL_RMA_WASM_DEVICE_AGENT=1 timeout 300 "$ROOT/build/cuda_check" "$ROOT/build/librccl-rma-wasm.so" $((3 << 20)) 20 >"$OUT/cuda_check-agent.log" 2>&1; then
+  if NCCL_RMA_WASM_DEVICE_AGENT=1 timeout ${AGENT_CC_TIMEOUT:-120} "$ROOT/build/cuda_check" "$ROOT/build/librccl-rma-wasm.so" $((3 << 20)) 20 >"$OUT/cuda_check-agent.log" 2>&1; then
     grep -E "RESULT|device agent:" "$OUT/cuda_check-agent.log" | sed 's/^/[agent] /' | sort -u
   else
     tail -20 "$OUT/cuda_check-agent.log"
