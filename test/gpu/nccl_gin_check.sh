@@ -160,7 +160,7 @@ elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:co
       pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
       if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
     fi
-    # The same with the device agent (off by default until measured).
+    # The same with the device agent (off by default).
     if ! ref agent; then
       :
     elif timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
@@ -244,7 +244,7 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   for b in $GIN_SIZES; do
     gin_run "$b" "$b" "$GIN_ITERS" || gin_bad=1
   done
-  # The device agent (off by default until measured here): the copy
+  # The device agent (off by default): the copy
   # context's small copies and signals through a resident block instead
   # of driver submissions. Its INFO line says whether it ran.
   for b in 64 4096; do

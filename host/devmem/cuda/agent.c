@@ -18,9 +18,11 @@
  * agent, for an epoch word the stream writes (cuStreamWriteValue64). So
  * the context keeps one order, as if it had one stream.
  *
- * The kernel never ends while the agent runs, so a call that can wait for
- * the context's kernels (pinned allocation and registration, unmapping)
- * first stops it (an EXIT command) and starts it again after (rmacu_ag_pause,
+ * The kernel parks (ends) after ag_idle_ns of an empty ring, and the
+ * next command launches it again (ag_put): a module load waits for the
+ * kernels already running on the device, and a kernel that never ended
+ * made it wait for ever. A call that can wait for the context's kernels
+ * (pinned allocation and registration, unmapping) first stops it (an EXIT command) and starts it again after (rmacu_ag_pause,
  * rmacu_ag_resume). It runs only in the plugin's own contexts, never the
  * application's: the application's device synchronisations never wait
  * for it. Events of an agent context are tickets, (sequence << 1) | 1,
@@ -324,8 +326,7 @@ static void ag_stop(struct agent* a) {
  * and the copy streams next, so the agent's, made last, lands on queue
  * (1 + NCOPY) mod C: the shared stream there refuses the agent, and copy
  * streams there are left unused (copy_take). The turn order is the
- * driver's documented aliasing; the agent stays off (0) by default until
- * measured on a GPU. */
+ * driver's documented aliasing. */
 static int ag_queues(ctxstream* e) {
   const char* v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   int c = v && atoi(v) > 0 ? atoi(v) : 8;
