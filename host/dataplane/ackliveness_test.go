@@ -93,11 +93,10 @@ func strandRound(t *testing.T, intra, lone bool, round int) bool {
 	}
 	dsts := [2][]byte{make([]byte, 64), make([]byte, 64)}
 	get := func(tag uint64, lane int) {
-		ms[1].Post(0, &Op{Msg: wire.MsgGet, MrID: 1, Tag: tag, Local: unsafe.Pointer(&dsts[lane][0]), Size: 64, Off: 64}, false, lane)
+		ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: tag, Local: unsafe.Pointer(&dsts[lane][0]), Size: 64, Off: 64}}, false, lane)
 	}
 	put := func(tag uint64, off uint64) {
-		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64, Off: off,
-			SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64, Off: off, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
 		ms[0].Flush(1)
 	}
 	l0, l1 := tl.Lanes()[0], tl.Lanes()[1]
@@ -178,8 +177,7 @@ func TestAckBackstop(t *testing.T) {
 			*a.Armed() = true
 			a.Timer().Stop()
 			a.Tmu().Unlock()
-			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128,
-				SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)
+			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
 			ms[0].Flush(1)
 			waitWord(t, os[1], 0, 1, nil)
 			flushUntilDone(t, ms, os[0], 2, "(the backstop did not deliver its ack)")
@@ -207,7 +205,7 @@ func heldAckPair(t *testing.T, intra bool, seed int) ([]*Mesh, []*memOwner, []by
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 	src := make([]byte, 64)
 	fill(src, seed)
-	ms[1].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}, false, 0)
+	ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}}, false, 0)
 	ms[1].Flush(0)
 	if st := waitDone(t, os[1], 1); st != abi.Success {
 		t.Fatalf("rank 1's put: %v", st)
@@ -244,8 +242,7 @@ func TestBackstopGivesUp(t *testing.T) {
 	a := tcpOf(t, ms[1], 0).Acks()[0]
 	a.Hold().Store(true)
 	defer a.Hold().Store(false)
-	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128,
-		SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
 	ms[0].Flush(1)
 	waitWord(t, os[1], 0, 1, nil)
 	l := tcpOf(t, ms[0], 1).Lanes()[0]

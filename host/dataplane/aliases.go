@@ -38,6 +38,13 @@ type Pin = link.Pin
 // Op is link.Op: one operation to post.
 type Op = link.Op
 
+// Request, Plan and Route are Op's three parts (link.Op).
+type (
+	Request = link.Request
+	Plan    = link.Plan
+	Route   = link.Route
+)
+
 // DeviceMemory is link.DeviceMemory: a device registration for
 // RegisterDevice.
 type DeviceMemory = link.DeviceMemory

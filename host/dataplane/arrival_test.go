@@ -74,8 +74,7 @@ func TestCompletionMeansArrival(t *testing.T) {
 						src[i] = byte(iter) + byte(i)
 					}
 					tag := uint64(iter)<<8 | uint64(si)
-					op := Op{Msg: wire.MsgPut, MrID: 1, Local: unsafe.Pointer(&src[0]), Size: size, Off: payOff,
-						Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[payOff])))}
+					op := Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Local: unsafe.Pointer(&src[0]), Size: size, Off: payOff}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[payOff])))}}
 					if iter%2 == 0 {
 						tag |= 0x80
 						op.Msg, op.SigMrID, op.SigOp, op.SigOff = wire.MsgPutSignal, 1, abi.SignalOpInc, sigOff

@@ -35,12 +35,12 @@ func TestPlanChunk(t *testing.T) {
 		{wire.MsgPutSignal, 0, 4096, 1},      // a bare signal
 		{wire.MsgPut, 1<<30 + 1, 4096, 1024}, // size/1024 rounds up
 	} {
-		if got := m.OpParts(1, &Op{Msg: c.kind, Size: c.size, Chunk: c.chunk}); got != c.want {
+		if got := m.OpParts(1, &Op{Request: Request{Msg: c.kind, Size: c.size}, Plan: Plan{Chunk: c.chunk}}); got != c.want {
 			t.Errorf("kind %d size %d chunk %d: %d parts, want %d", c.kind, c.size, c.chunk, got, c.want)
 		}
 	}
 	src := randomData(size, 5)
-	op := Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 9, Local: unsafe.Pointer(&src[0]), Size: size, Off: 8, Chunk: 8192}
+	op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 9, Local: unsafe.Pointer(&src[0]), Size: size, Off: 8}, Plan: Plan{Chunk: 8192}}
 	want := m.OpParts(1, &op)
 	m.Post(1, &op, false, 2)
 	deadline := time.Now().Add(10 * time.Second)
@@ -87,9 +87,9 @@ func TestPacing(t *testing.T) {
 	// on a loaded machine.
 	const delay = 400 * time.Millisecond
 	start := time.Now()
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64, NotBefore: Now() + int64(delay)}, false, 0)
-	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 2}, false, 0)
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 3, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 1024}, false, 1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}, Plan: Plan{NotBefore: Now() + int64(delay)}}, false, 0)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 2}}, false, 0)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 3, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 1024}}, false, 1)
 	if el := time.Since(start); el >= delay {
 		t.Fatalf("posting a paced op blocked for %v (its delay)", el)
 	}

@@ -50,8 +50,7 @@ func TestCompressedPuts(t *testing.T) {
 				for _, n := range []int{codec.MinSize - 1, 70000, size} {
 					off := 8 + int(tag-1)*slot
 					src := data[:n]
-					ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: tag, Codec: cw,
-						Local: unsafe.Pointer(&src[0]), Size: uint64(n), Off: uint64(off)}, false, -1)
+					ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: uint64(n), Off: uint64(off)}, Plan: Plan{Codec: cw}}, false, -1)
 					signals++
 					tag++
 					deadline := time.Now().Add(20 * time.Second)
@@ -142,7 +141,7 @@ func TestHostileCompressedFrames(t *testing.T) {
 				t.Fatal(err)
 			}
 			// A good compressed put behind it, on the same stream.
-			ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 2, Codec: guestabi.CodecZstd, Local: unsafe.Pointer(&good[0]), Size: 4096, Off: 4096}, false, -1)
+			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 2, Local: unsafe.Pointer(&good[0]), Size: 4096, Off: 4096}, Plan: Plan{Codec: guestabi.CodecZstd}}, false, -1)
 			st := waitDone(t, owners[0], 2)
 			owners[0].mu.Lock()
 			failed := append([]error(nil), owners[0].failed...)

@@ -58,7 +58,7 @@ func putLands(t *testing.T, ms []*Mesh, owners []*memOwner, seed byte) {
 		src[i] = seed + byte(i)
 	}
 	tag := uint64(seed) + 100
-	ms[1].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64}, false, -1)
+	ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, -1)
 	if st := waitDone(t, owners[1], tag); st != abi.Success {
 		t.Fatalf("put from rank 1: %v", st)
 	}

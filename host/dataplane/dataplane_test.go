@@ -163,16 +163,16 @@ func TestTargetRejectsBadRanges(t *testing.T) {
 	for _, intra := range []bool{false, true} {
 		ms, os := mesh2(t, intra)
 		src := bytes.Repeat([]byte{7}, 64)
-		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 250}, false, -1)
-		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 9, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 8}, false, -1)
-		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: 3, Tag: 3}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 250}}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 9, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 8}}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: 3, Tag: 3}}, false, -1)
 		dst := make([]byte, 64)
-		ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 4, Local: unsafe.Pointer(&dst[0]), Size: 64, Off: 200}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 4, Local: unsafe.Pointer(&dst[0]), Size: 64, Off: 200}}, false, -1)
 		if st := waitDone(t, os[0], 4); st != abi.InvalidArgument {
 			t.Fatalf("out-of-range get: %v", st)
 		}
-		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 5, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 0}, false, -1)
-		ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 6, Local: unsafe.Pointer(&dst[0]), Size: 64, Off: 0}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 5, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 0}}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 6, Local: unsafe.Pointer(&dst[0]), Size: 64, Off: 0}}, false, -1)
 		if st := waitDone(t, os[0], 6); st != abi.Success || !bytes.Equal(dst, src) {
 			t.Fatalf("stream unusable after rejections: %v %v", st, dst[:8])
 		}
@@ -184,7 +184,7 @@ func TestTargetRejectsBadRanges(t *testing.T) {
 		}
 		// The rejected puts and signals fail their own requests too, with
 		// the target's code, and never complete as a success.
-		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 9, SigOp: abi.SignalOpInc, Tag: 7, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 9, SigOp: abi.SignalOpInc, Tag: 7, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}}, false, -1)
 		for _, tag := range []uint64{1, 2, 3, 7} {
 			if st := waitDone(t, os[0], tag); st != abi.InvalidArgument {
 				t.Fatalf("intra=%v: request %d rejected at the target completed with %v, want %v", intra, tag, st, abi.InvalidArgument)
@@ -249,7 +249,7 @@ func TestStripedLanes(t *testing.T) {
 	// The signal word lives in the first 8 bytes of the target registration,
 	// so the payload goes from offset 8.
 	n := uint64(size - 8)
-	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 7, Local: unsafe.Pointer(&src[8]), Size: n, Off: 8}, false, 1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 7, Local: unsafe.Pointer(&src[8]), Size: n, Off: 8}}, false, 1)
 	deadline := time.Now().Add(10 * time.Second)
 	for atomic.LoadUint64((*uint64)(unsafe.Pointer(&owners[1].mem[0]))) != 1 {
 		if time.Now().After(deadline) {
@@ -261,7 +261,7 @@ func TestStripedLanes(t *testing.T) {
 		t.Fatal("signal visible before all striped chunks landed")
 	}
 	dst := make([]byte, size)
-	ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 8, Local: unsafe.Pointer(&dst[0]), Size: size, Off: size}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 8, Local: unsafe.Pointer(&dst[0]), Size: size, Off: size}}, false, -1)
 	want := ms[0].Parts(wire.MsgGet, size)
 	for {
 		owners[0].mu.Lock()

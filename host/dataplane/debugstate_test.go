@@ -17,7 +17,7 @@ func TestWriteState(t *testing.T) {
 	os := newOwners(2, 4096)
 	setDelays(t, time.Hour, tcp.SendDelay(), tcp.HoldDelay())
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 1})
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Size: 0, Off: 64}, true, 0)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Size: 0, Off: 64}}, true, 0)
 	var b strings.Builder
 	ms[0].WriteState(&b)
 	out := b.String()

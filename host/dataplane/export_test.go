@@ -17,7 +17,7 @@ func (m *Mesh) Parts(kind uint8, size uint64) int { return m.parts(kind, size, 0
 // signal that is not striped completes twice, once for the write and once
 // for the signal message behind it.
 func (m *Mesh) PeerParts(peer int, kind uint8, size uint64) int {
-	return m.OpParts(peer, &Op{Msg: kind, Size: size})
+	return m.OpParts(peer, &Op{Request: Request{Msg: kind, Size: size}})
 }
 
 // intraOf is an intra-node lane's side (ring.go, stream.go).

@@ -62,7 +62,7 @@ func TestFabricAckInCQData(t *testing.T) {
 	put := func(r int, size, off uint64) uint64 {
 		t.Helper()
 		tags[r]++
-		ms[r].Post(1-r, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tags[r], Local: src[r], Size: size, Off: off, SigMrID: 1, SigOff: word, SigOp: abi.SignalOpInc}, false, -1)
+		ms[r].Post(1-r, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tags[r], Local: src[r], Size: size, Off: off, SigMrID: 1, SigOff: word, SigOp: abi.SignalOpInc}}, false, -1)
 		return tags[r]
 	}
 	check := func(r int, size, off uint64, step int) {
@@ -129,7 +129,7 @@ func TestFabricAckAfterArrival(t *testing.T) {
 	defer fabric.Free(src)
 	sb := unsafe.Slice((*byte)(src), 64)
 	post := func(tag, off uint64) {
-		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: 40, Off: off, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: 40, Off: off, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
 	}
 	post(1, 1024) // the word's first signal: a message
 	if st := os[0].wait(t, 1); st != abi.Success {
@@ -212,7 +212,7 @@ func TestFabricAckBeforeGoodbye(t *testing.T) {
 	defer fabric.Free(src)
 	binary.LittleEndian.PutUint64(unsafe.Slice((*byte)(src), 64), 0x5eed)
 	post := func(tag, off uint64) {
-		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: 8, Off: off, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: 8, Off: off, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
 	}
 	post(1, 1024)
 	if st := os[0].wait(t, 1); st != abi.Success {
@@ -265,7 +265,7 @@ func TestFabricAckRails(t *testing.T) {
 	tags := [2]uint64{}
 	put := func(r, lane int, off uint64) uint64 {
 		tags[r]++
-		ms[r].Post(1-r, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tags[r], Local: src[r], Size: 24, Off: off, SigMrID: 1, SigOff: word, SigOp: abi.SignalOpInc}, false, lane)
+		ms[r].Post(1-r, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tags[r], Local: src[r], Size: 24, Off: off, SigMrID: 1, SigOff: word, SigOp: abi.SignalOpInc}}, false, lane)
 		return tags[r]
 	}
 	firstSignals(t, os, word, func(r int) uint64 { return put(r, 0, 4096) })

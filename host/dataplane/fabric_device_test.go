@@ -84,8 +84,8 @@ func TestFabricDeviceStaged(t *testing.T) {
 					t.Fatalf("device registration on a fabric communicator: %v", err)
 				}
 				for p := 0; p < 2; p++ {
-					m.Post(p, &Op{Msg: wire.MsgReg, MrID: 1, Size: hsize, Off: uint64(uintptr(owners[i].mem)), SigValue: key}, false, 0)
-					m.Post(p, &Op{Msg: wire.MsgReg, MrID: 2, Size: dsize, Off: uint64(owners[i].dev), Dev: true}, false, 0)
+					m.Post(p, &Op{Request: Request{Msg: wire.MsgReg, MrID: 1, Size: hsize, Off: uint64(uintptr(owners[i].mem)), SigValue: key}}, false, 0)
+					m.Post(p, &Op{Request: Request{Msg: wire.MsgReg, MrID: 2, Size: dsize, Off: uint64(owners[i].dev), Dev: true}}, false, 0)
 				}
 			}
 			f := ms[0].peers[1].t.(*fabricLink)
@@ -121,12 +121,12 @@ func TestFabricDeviceStaged(t *testing.T) {
 				off := k * (n + 4096) % (dsize - n)
 				switch k % 2 {
 				case 0: // device source → device destination, staged
-					steps = append(steps, step{Op{Msg: wire.MsgPutSignal, MrID: 2, Local: nil, LocalCtx: 1, Size: n, Off: off, SigMrID: 1, SigOp: abi.SignalOpInc}, false})
+					steps = append(steps, step{Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 2, Local: nil, LocalCtx: 1, Size: n, Off: off, SigMrID: 1, SigOp: abi.SignalOpInc}}, false})
 					steps[len(steps)-1].op.Local = *(*unsafe.Pointer)(unsafe.Pointer(&[]uintptr{d.Base + uintptr(off)}[0]))
 				default: // host → host over RDMA, then host → device staged
 					hn := min(n, hsize/2)
-					steps = append(steps, step{Op{Msg: wire.MsgPut, MrID: 1, Local: unsafe.Add(owners[0].mem, 8), Size: hn - 8, Off: hsize/2 + 8, LocalMr: 1}, true})
-					steps = append(steps, step{Op{Msg: wire.MsgPutSignal, MrID: 2, Local: unsafe.Add(owners[0].mem, 8), Size: hn - 8, Off: dsize - hn, LocalMr: 1, SigMrID: 1, SigOp: abi.SignalOpInc}, false})
+					steps = append(steps, step{Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Local: unsafe.Add(owners[0].mem, 8), Size: hn - 8, Off: hsize/2 + 8, LocalMr: 1}}, true})
+					steps = append(steps, step{Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 2, Local: unsafe.Add(owners[0].mem, 8), Size: hn - 8, Off: dsize - hn, LocalMr: 1, SigMrID: 1, SigOp: abi.SignalOpInc}}, false})
 				}
 			}
 			for i := range steps {
@@ -186,7 +186,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 				t.Errorf("the fabric moved %d bytes, want %d (the host puts only)", got, hostBytes)
 			}
 			// Rank 1 gets device bytes of rank 0 into its host memory.
-			ms[1].Post(0, &Op{Msg: wire.MsgGet, MrID: 2, Tag: 500, Local: unsafe.Add(owners[1].mem, 4096), LocalMr: 1, Size: 128 << 10, Off: 4096}, false, -1)
+			ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 2, Tag: 500, Local: unsafe.Add(owners[1].mem, 4096), LocalMr: 1, Size: 128 << 10, Off: 4096}}, false, -1)
 			if st := owners[1].waitN(t, 500, ms[1].Parts(wire.MsgGet, 128<<10)); st != abi.Success {
 				t.Fatalf("get: %v", st)
 			}
@@ -226,18 +226,18 @@ func TestFabricStagedChoice(t *testing.T) {
 		op     Op
 		staged bool
 	}{
-		{"host to host", Op{Msg: wire.MsgPut, MrID: 1, LocalMr: 1, Size: 64}, false},
-		{"host to staged device", Op{Msg: wire.MsgPutSignal, MrID: 2, LocalMr: 1, Size: 64}, true},
-		{"host to direct device", Op{Msg: wire.MsgPut, MrID: 3, LocalMr: 1, Size: 64}, false},
-		{"host to host marked direct", Op{Msg: wire.MsgPut, MrID: 4, LocalMr: 1, Size: 64}, false},
-		{"direct device to host", Op{Msg: wire.MsgPut, MrID: 1, LocalMr: 2, LocalCtx: dev, Size: 64}, false},
-		{"unregistered device to host", Op{Msg: wire.MsgPut, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}, true},
-		{"direct device to staged device", Op{Msg: wire.MsgPut, MrID: 2, LocalMr: 2, LocalCtx: dev, Size: 64}, true},
-		{"get from staged device", Op{Msg: wire.MsgGet, MrID: 2, LocalMr: 1, Size: 64}, true},
-		{"get into unregistered device", Op{Msg: wire.MsgGet, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}, true},
-		{"signal alone to a device word", Op{Msg: wire.MsgPutSignal, SigMrID: 2}, false},
-		{"empty put to staged device", Op{Msg: wire.MsgPut, MrID: 2, LocalMr: 1}, false},
-		{"goodbye", Op{Msg: wire.MsgBye}, false},
+		{"host to host", Op{Request: Request{Msg: wire.MsgPut, MrID: 1, LocalMr: 1, Size: 64}}, false},
+		{"host to staged device", Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 2, LocalMr: 1, Size: 64}}, true},
+		{"host to direct device", Op{Request: Request{Msg: wire.MsgPut, MrID: 3, LocalMr: 1, Size: 64}}, false},
+		{"host to host marked direct", Op{Request: Request{Msg: wire.MsgPut, MrID: 4, LocalMr: 1, Size: 64}}, false},
+		{"direct device to host", Op{Request: Request{Msg: wire.MsgPut, MrID: 1, LocalMr: 2, LocalCtx: dev, Size: 64}}, false},
+		{"unregistered device to host", Op{Request: Request{Msg: wire.MsgPut, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}}, true},
+		{"direct device to staged device", Op{Request: Request{Msg: wire.MsgPut, MrID: 2, LocalMr: 2, LocalCtx: dev, Size: 64}}, true},
+		{"get from staged device", Op{Request: Request{Msg: wire.MsgGet, MrID: 2, LocalMr: 1, Size: 64}}, true},
+		{"get into unregistered device", Op{Request: Request{Msg: wire.MsgGet, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}}, true},
+		{"signal alone to a device word", Op{Request: Request{Msg: wire.MsgPutSignal, SigMrID: 2}}, false},
+		{"empty put to staged device", Op{Request: Request{Msg: wire.MsgPut, MrID: 2, LocalMr: 1}}, false},
+		{"goodbye", Op{Request: Request{Msg: wire.MsgBye}}, false},
 	} {
 		if got := f.Staged(&c.op); got != c.staged {
 			t.Errorf("%s: staged %v, want %v", c.name, got, c.staged)

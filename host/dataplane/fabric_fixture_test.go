@@ -156,7 +156,7 @@ func fabMesh2Rails(t testing.TB, prov string, size uint64, lanes int, noFab [2]b
 			t.Fatal(err)
 		}
 		for p := 0; p < 2; p++ {
-			m.Post(p, &Op{Msg: wire.MsgReg, MrID: 1, Size: size, Off: uint64(uintptr(os[i].mem)), SigValue: key}, false, 0)
+			m.Post(p, &Op{Request: Request{Msg: wire.MsgReg, MrID: 1, Size: size, Off: uint64(uintptr(os[i].mem)), SigValue: key}}, false, 0)
 		}
 	}
 	// The keys arrive over TCP; wait until both links know them.

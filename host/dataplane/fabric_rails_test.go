@@ -51,12 +51,12 @@ func TestFabricRails(t *testing.T) {
 		// A striped put with signal, then small ones on lane 1 (rail 1)
 		// each counted by the same signal: it may reach k only once the
 		// first k operations of this round landed, pieces included.
-		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 10 * r, Local: src, Size: n, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 10 * r, Local: src, Size: n, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}}, false, -1)
 		for k := uint64(1); k <= 3; k++ {
-			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 10*r + k, Local: unsafe.Add(src, n+8*k), Size: 8, Off: n + 8*k, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}, false, 1)
+			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 10*r + k, Local: unsafe.Add(src, n+8*k), Size: 8, Off: n + 8*k, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}}, false, 1)
 		}
 		for k := uint64(0); k <= 3; k++ {
-			if st := os[0].waitN(t, 10*r+k, ms[0].OpParts(1, &Op{Msg: wire.MsgPutSignal, Size: map[bool]uint64{true: n, false: 8}[k == 0]})); st != abi.Success {
+			if st := os[0].waitN(t, 10*r+k, ms[0].OpParts(1, &Op{Request: Request{Msg: wire.MsgPutSignal, Size: map[bool]uint64{true: n, false: 8}[k == 0]}})); st != abi.Success {
 				t.Fatalf("round %d op %d: %v", r, k, st)
 			}
 		}
@@ -74,7 +74,7 @@ func TestFabricRails(t *testing.T) {
 	// Rank 1 reads it back, striped over its rails too.
 	dst := fabric.Alloc(n)
 	defer fabric.Free(dst)
-	ms[1].Post(0, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 99, Local: dst, Size: n}, false, -1)
+	ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 99, Local: dst, Size: n}}, false, -1)
 	if st := os[1].waitN(t, 99, ms[1].Parts(wire.MsgGet, n)); st != abi.Success {
 		t.Fatalf("get: %v", st)
 	}
@@ -123,8 +123,8 @@ func TestFabricRailsUneven(t *testing.T) {
 		s[i] = byte(i*5 + 1)
 	}
 	const n = 2 << 20
-	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: n, SigMrID: 1, SigOff: size - 8, SigOp: abi.SignalOpInc}, false, -1)
-	if st := os[0].waitN(t, 1, ms[0].OpParts(1, &Op{Msg: wire.MsgPutSignal, Size: n})); st != abi.Success {
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: n, SigMrID: 1, SigOff: size - 8, SigOp: abi.SignalOpInc}}, false, -1)
+	if st := os[0].waitN(t, 1, ms[0].OpParts(1, &Op{Request: Request{Msg: wire.MsgPutSignal, Size: n}})); st != abi.Success {
 		t.Fatal(st)
 	}
 	for deadline := time.Now().Add(5 * time.Second); atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, size-8))) != 1; {
@@ -153,8 +153,8 @@ func TestFabricOneRailNoStripe(t *testing.T) {
 	for i := range sb {
 		sb[i] = byte(i*13 + 1)
 	}
-	plain := Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: src, Size: 4 << 20}
-	chunked := Op{Msg: wire.MsgPut, MrID: 1, Tag: 2, Local: src, Size: 4 << 20, Off: 4 << 20, Chunk: 1 << 20}
+	plain := Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: src, Size: 4 << 20}}
+	chunked := Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 2, Local: src, Size: 4 << 20, Off: 4 << 20}, Plan: Plan{Chunk: 1 << 20}}
 	if n := ms[0].OpParts(1, &plain); n != 1 {
 		t.Fatalf("a 4 MiB put over one rail has %d parts, want 1", n)
 	}

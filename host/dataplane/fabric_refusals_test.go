@@ -41,7 +41,7 @@ func TestFabricDeclined(t *testing.T) {
 		for i := range b {
 			b[i] = byte(i * 3)
 		}
-		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
 		os[0].waitN(t, 1, ms[0].PeerParts(1, wire.MsgPutSignal, 4096))
 		deadline := time.Now().Add(10 * time.Second)
 		for atomic.LoadUint64((*uint64)(os[1].mem)) != 1 {
@@ -68,16 +68,16 @@ func TestFabricRejectedSignal(t *testing.T) {
 	src := fabric.Alloc(4096)
 	defer fabric.Free(src)
 	bad := []Op{
-		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, SigMrID: 9, SigOp: abi.SignalOpInc},
-		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 64, SigMrID: 1, SigOff: size, SigOp: abi.SignalOpInc},
-		{Msg: wire.MsgPutSignal, Tag: 3, SigMrID: 1, SigOff: 12, SigOp: abi.SignalOpInc},
-		{Msg: wire.MsgPutSignal, Tag: 4, SigMrID: 1, SigOff: 16, SigOp: 9},
+		{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, SigMrID: 9, SigOp: abi.SignalOpInc}},
+		{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 64, SigMrID: 1, SigOff: size, SigOp: abi.SignalOpInc}},
+		{Request: Request{Msg: wire.MsgPutSignal, Tag: 3, SigMrID: 1, SigOff: 12, SigOp: abi.SignalOpInc}},
+		{Request: Request{Msg: wire.MsgPutSignal, Tag: 4, SigMrID: 1, SigOff: 16, SigOp: 9}},
 		// Inline puts (at most endpoint.InlineMax bytes) whose range the target
 		// rejects: past the end, an unknown registration, an offset that
 		// overflows. Their signals must not apply either.
-		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 6, Local: src, Size: 16, Off: size - 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc},
-		{Msg: wire.MsgPutSignal, MrID: 7, Tag: 7, Local: src, Size: 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc},
-		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 8, Local: src, Size: 8, Off: 1<<64 - 4, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc},
+		{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 6, Local: src, Size: 16, Off: size - 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}},
+		{Request: Request{Msg: wire.MsgPutSignal, MrID: 7, Tag: 7, Local: src, Size: 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}},
+		{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 8, Local: src, Size: 8, Off: 1<<64 - 4, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}},
 	}
 	for i := range bad {
 		ms[0].Post(1, &bad[i], false, -1)
@@ -88,7 +88,7 @@ func TestFabricRejectedSignal(t *testing.T) {
 			t.Fatalf("signal %d rejected at the target: request completed with %v, want %v", bad[i].Tag, st, abi.InvalidArgument)
 		}
 	}
-	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, Tag: 5, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: 3}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, Tag: 5, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: 3}}, false, -1)
 	if st := os[0].waitN(t, 5, ms[0].PeerParts(1, wire.MsgPutSignal, 0)); st != abi.Success {
 		t.Fatalf("valid signal after rejections: %v", st)
 	}
@@ -155,7 +155,7 @@ func TestFabricHostileMessages(t *testing.T) {
 			e.Poll()
 		}
 	}
-	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: buf, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: buf, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}}, false, -1)
 	switch st := os[0].waitN(t, 1, 1); {
 	case st == abi.Success:
 		if ms[1].peers[0].dead.Load() || ms[0].peers[1].dead.Load() {
@@ -204,7 +204,7 @@ func TestFabricRefusedPosts(t *testing.T) {
 		}
 		// Several in flight, so that refused ones queue behind each other
 		// (the large source is reused: wait before the next one).
-		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: local, Size: size, Off: offs[i], SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: local, Size: size, Off: offs[i], SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
 		pending = append(pending, i)
 		if size > 8 || len(pending) >= 8 {
 			for _, k := range pending {

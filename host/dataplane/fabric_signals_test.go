@@ -33,7 +33,7 @@ func TestFabricNarrowCQData(t *testing.T) {
 		const n = 700
 		for i := uint64(1); i <= n; i++ {
 			*(*uint64)(src) = i
-			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
 			os[0].waitN(t, i, ms[0].PeerParts(1, wire.MsgPutSignal, 8))
 		}
 		fabric.Free(src)
@@ -68,14 +68,14 @@ func TestFabricSeqWindowHolds(t *testing.T) {
 	defer fabric.Free(src)
 	const n = 600
 	// One put first: rxm connects on the first send, which needs progress.
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1 << 20, Local: src, Size: 8, Off: 0}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1 << 20, Local: src, Size: 8, Off: 0}}, false, -1)
 	os[0].wait(t, 1<<20)
 	ms[0].fab.EP(0).LockPoll() // nobody reaps: nothing of ours completes
 	for i := uint64(1); i <= n; i++ {
 		*(*uint64)(unsafe.Add(src, 8*i)) = i
-		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: i, Local: unsafe.Add(src, 8*i), Size: 8, Off: 8 * i}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: i, Local: unsafe.Add(src, 8*i), Size: 8, Off: 8 * i}}, false, -1)
 	}
-	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, Tag: n + 1, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, Tag: n + 1, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
 	posted := l.Inflight().Load()
 	waiting := l.Backlog().Load()
 	ms[0].fab.EP(0).UnlockPoll()
@@ -118,7 +118,7 @@ func TestFabricInlinePutSignal(t *testing.T) {
 			sb[i] = byte(uint64(i)*7 + n)
 		}
 		tag++
-		op := Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: n, Off: off, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: n}
+		op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: n, Off: off, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: n}}
 		want := 1
 		if n > endpoint.InlineMax {
 			want = 2
@@ -190,9 +190,9 @@ func TestFabricSignalInCQData(t *testing.T) {
 	const n = 300
 	for i := uint64(0); i < n; i++ {
 		binary.LittleEndian.PutUint64(sb, i+1)
-		put(Op{Msg: wire.MsgPut, Size: 8, Off: 8192 + 8*i})
+		put(Op{Request: Request{Msg: wire.MsgPut, Size: 8, Off: 8192 + 8*i}})
 		binary.LittleEndian.PutUint64(sb[8:], ^i)
-		put(Op{Msg: wire.MsgPutSignal, Size: 8 + i%73, Off: 65536 + 128*i, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc, SigValue: 0})
+		put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: 8 + i%73, Off: 65536 + 128*i, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc, SigValue: 0}})
 		want++
 	}
 	if got := f.CQSigs().Load() - base; got < n-1 {
@@ -233,18 +233,18 @@ func TestFabricSignalInCQData(t *testing.T) {
 	}
 	// Fallbacks: each goes as a message, and still applies once.
 	before := f.CQSigs().Load()
-	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 2}) // add 2
+	put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 2}}) // add 2
 	want += 2
-	put(Op{Msg: wire.MsgPutSignal, Size: endpoint.InlineMax + 1, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc}) // not inline
+	put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: endpoint.InlineMax + 1, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc}}) // not inline
 	want++
-	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // past 2^16 words
-	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc})  // still past, though accepted
-	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 8192 - 8, SigOp: abi.SignalOpInc}) // above the word accepted
+	put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc}})  // past 2^16 words
+	put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc}})  // still past, though accepted
+	put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 8192 - 8, SigOp: abi.SignalOpInc}}) // above the word accepted
 	if got := f.CQSigs().Load() - before; got != 0 {
 		t.Fatalf("%d fallbacks went in CQ data", got)
 	}
 	// The last one taught the link a higher word: words below it now fit.
-	put(Op{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 1})
+	put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 1}})
 	want++
 	if got := f.CQSigs().Load() - before; got != 1 {
 		t.Fatalf("an add of 1 to an accepted word: %d in CQ data, want 1", got)
@@ -278,7 +278,7 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 	src := fabric.Alloc(64)
 	defer fabric.Free(src)
 	// Never accepted: a message, rejected with the target's code.
-	op := Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 8, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc}
+	op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 8, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc}}
 	ms[0].Post(1, &op, false, -1)
 	if st := os[0].wait(t, 1); st != abi.InvalidArgument {
 		t.Fatalf("signal to an unknown registration: %v, want %v", st, abi.InvalidArgument)
@@ -293,8 +293,8 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 	f.LearnSignal(9, 8)
 	f.LearnSignal(1, size+64)
 	for i, o := range []Op{
-		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 8, Off: 16, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc},
-		{Msg: wire.MsgPutSignal, MrID: 1, Tag: 3, Local: src, Size: 8, Off: 24, SigMrID: 1, SigOff: size + 64, SigOp: abi.SignalOpInc},
+		{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 8, Off: 16, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc}},
+		{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 3, Local: src, Size: 8, Off: 24, SigMrID: 1, SigOff: size + 64, SigOp: abi.SignalOpInc}},
 	} {
 		ms[0].Post(1, &o, false, -1)
 		if st := os[0].wait(t, o.Tag); st != abi.Success {
@@ -322,7 +322,7 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	// The link still works, in order: a valid signal after them applies.
-	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 4, Local: src, Size: 8, Off: 32, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 4, Local: src, Size: 8, Off: 32, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
 	if st := os[0].wait(t, 4); st != abi.Success {
 		t.Fatalf("valid signal after rejections: %v", st)
 	}
@@ -350,7 +350,7 @@ func TestFabricControlNotAwaited(t *testing.T) {
 	src := fabric.Alloc(64)
 	defer fabric.Free(src)
 	// One put first: rxm connects on the first send, which needs progress.
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: src, Size: 8, Off: 0}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: src, Size: 8, Off: 0}}, false, -1)
 	os[0].wait(t, 1)
 	e := l.Rails()[0].EP()
 	ms[0].fab.EP(0).LockPoll() // nobody reaps meanwhile

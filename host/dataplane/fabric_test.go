@@ -34,8 +34,8 @@ func TestFabricPutSignalGet(t *testing.T) {
 				// at the registration's last 8 bytes, then a signal alone.
 				const n = 3 << 20
 				sigOff := uint64(size - 8)
-				ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: n, Off: 0, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpAdd, SigValue: 5}, false, -1)
-				ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, Tag: 2, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}, false, -1)
+				ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: n, Off: 0, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpAdd, SigValue: 5}}, false, -1)
+				ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, Tag: 2, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}}, false, -1)
 				for _, tag := range []uint64{1, 2} {
 					if st := os[0].wait(t, tag); st != abi.Success {
 						t.Fatalf("tag %d: %v", tag, st)
@@ -57,9 +57,9 @@ func TestFabricPutSignalGet(t *testing.T) {
 				// Rank 1 reads it back.
 				dst := fabric.Alloc(n)
 				defer fabric.Free(dst)
-				ms[1].Post(0, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 3, Local: dst, Size: n, Off: 0}, false, -1)
+				ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 3, Local: dst, Size: n, Off: 0}}, false, -1)
 				_ = os[1].wait(t, 3)
-				ms[1].Post(0, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 4, Local: dst, Size: n, Off: 0}, false, -1)
+				ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 4, Local: dst, Size: n, Off: 0}}, false, -1)
 				if st := os[1].wait(t, 4); st != abi.Success {
 					t.Fatalf("get: %v", st)
 				}
@@ -81,7 +81,7 @@ func TestFabricOrderedSignals(t *testing.T) {
 	const n = 500
 	for i := uint64(1); i <= n; i++ {
 		*(*uint64)(src) = i
-		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
 		os[0].waitN(t, i, ms[0].PeerParts(1, wire.MsgPutSignal, 8)) // the source is reused
 	}
 	sig := (*uint64)(os[1].mem)
@@ -112,11 +112,11 @@ func TestFabricLatency(t *testing.T) {
 			s0, s1 := (*uint64)(os[0].mem), (*uint64)(os[1].mem)
 			start := time.Now()
 			for i := uint64(1); i <= n; i++ {
-				ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 1 << 15, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+				ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 1 << 15, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
 				for atomic.LoadUint64(s1) != i {
 					runtime.Gosched()
 				}
-				ms[1].Post(0, &Op{Msg: wire.MsgPutSignal, Tag: i, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+				ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPutSignal, Tag: i, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
 				for atomic.LoadUint64(s0) != i {
 					runtime.Gosched()
 				}
@@ -137,7 +137,7 @@ func TestFabricThroughput(t *testing.T) {
 		if i > window {
 			os[0].wait(t, i-window)
 		}
-		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: i, Local: src, Size: size, Off: (i % window) * size}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: i, Local: src, Size: size, Off: (i % window) * size}}, false, -1)
 	}
 	os[0].wait(t, total)
 	el := time.Since(start)
@@ -176,7 +176,7 @@ func TestFabricPostAllocs(t *testing.T) {
 	src := fabric.Alloc(8)
 	defer fabric.Free(src)
 	tag := uint64(0)
-	op := Op{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 8, SigMrID: 1, SigOp: abi.SignalOpInc}
+	op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 8, SigMrID: 1, SigOp: abi.SignalOpInc}}
 	allocs := testing.AllocsPerRun(200, func() {
 		tag++
 		op.Tag = tag
@@ -218,7 +218,7 @@ func TestFabricIdleWake(t *testing.T) {
 			}
 			time.Sleep(time.Millisecond)
 		}
-		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 64, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 64, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
 		start := time.Now()
 		for atomic.LoadUint64(sig) != i {
 			if time.Since(start) > 60*time.Second {
@@ -246,7 +246,7 @@ func BenchmarkFabricPing(b *testing.B) {
 	go func() {
 		runtime.LockOSThread()
 		defer close(done)
-		op := Op{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}
+		op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}}
 		for i := uint64(1); i <= n; i++ {
 			for atomic.LoadUint64(s1) != i {
 				ms[1].Progress()
@@ -260,7 +260,7 @@ func BenchmarkFabricPing(b *testing.B) {
 	}()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	op := Op{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}
+	op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}}
 	b.ResetTimer()
 	for i := uint64(1); i <= n; i++ {
 		op.Tag = i

@@ -107,9 +107,9 @@ func laneFailoverMidStream(t *testing.T, intra bool) {
 		}
 		for k := uint64(0); k < n; k++ {
 			off := 8 + k*piece
-			ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: base + k, Local: unsafe.Pointer(&src[off]), Size: piece, Off: off}, true, int(k%4))
+			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: base + k, Local: unsafe.Pointer(&src[off]), Size: piece, Off: off}}, true, int(k%4))
 		}
-		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: base + n}, false, 0)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: base + n}}, false, 0)
 		ms[0].kickAll()
 		switch round {
 		case 1:
@@ -195,7 +195,7 @@ func TestResentPutsDeduplicated(t *testing.T) {
 	// Open lane 1 (lanes open when first used) with a get, which takes no
 	// sequence number.
 	var got [8]byte
-	ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 100, Local: unsafe.Pointer(&got[0]), Size: 8, Off: 8}, false, 1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 100, Local: unsafe.Pointer(&got[0]), Size: 8, Off: 8}}, false, 1)
 	if st := waitDone(t, owners[0], 100); st != abi.Success {
 		t.Fatalf("get on lane 1: %v", st)
 	}
@@ -275,7 +275,7 @@ func TestAllLanesDownPeerDead(t *testing.T) {
 	openLanes(t, ms[0], 1)
 	src := make([]byte, 16*piece)
 	for k := 0; k < 16; k++ {
-		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*piece]), Size: piece, Off: 8 + uint64(k*piece)}, false, k%2)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*piece]), Size: piece, Off: 8 + uint64(k*piece)}}, false, k%2)
 	}
 	resetIn(t, ms[1], 0, 0)
 	resetIn(t, ms[1], 0, 1)
@@ -290,7 +290,7 @@ func TestAllLanesDownPeerDead(t *testing.T) {
 	}
 	waitUntil(t, "the peer to die", func() bool { return ms[0].peers[1].dead.Load() })
 	// Posted after the death: fails at once.
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 99, Local: unsafe.Pointer(&src[0]), Size: 8, Off: 8}, false, 1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 99, Local: unsafe.Pointer(&src[0]), Size: 8, Off: 8}}, false, 1)
 	if st := waitDone(t, owners[0], 99); st != abi.RemoteError {
 		t.Fatalf("op after the death: %v, want ncclRemoteError", st)
 	}
@@ -340,8 +340,7 @@ func ackLaneFailover(t *testing.T, intra bool) {
 		src[i] = byte(i*5 + 3)
 	}
 	put := func(i int) {
-		op := Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(100 + i), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size),
-			Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size]))), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}
+		op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(100 + i), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size])))}}
 		ms[0].Post(1, &op, false, 0)
 		ms[0].Flush(1)
 	}
@@ -428,8 +427,7 @@ func lateAckOfMovedLane(t *testing.T, intra bool) {
 	}
 	a.Hold().Store(true)
 	for i := 0; i < n; i++ {
-		op := Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(200 + i), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size),
-			Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size]))), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}
+		op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(200 + i), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size])))}}
 		ms[0].Post(1, &op, false, 0)
 		ms[0].Flush(1)
 	}
@@ -445,8 +443,7 @@ func lateAckOfMovedLane(t *testing.T, intra bool) {
 	// Rank 1 writes to rank 0 on its lane 0: the batch carries the ack of
 	// the old stream's puts.
 	back := make([]byte, 8)
-	op := Op{Msg: wire.MsgPut, MrID: 1, Tag: 300, Local: unsafe.Pointer(&back[0]), Size: 8, Off: 4096,
-		Remote: uint64(uintptr(unsafe.Pointer(&os[0].mem[4096])))}
+	op := Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 300, Local: unsafe.Pointer(&back[0]), Size: 8, Off: 4096}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[0].mem[4096])))}}
 	ms[1].Post(0, &op, false, 0)
 	ms[1].Flush(0)
 	if st := waitDone(t, os[1], 300); st != abi.Success {

@@ -105,8 +105,8 @@ func TestLazyLanes(t *testing.T) {
 	// A put on lane 2, then a put with signal on lane 3: both lanes open,
 	// and the signal is applied only after the put of lane 2 landed.
 	word := (*uint64)(unsafe.Pointer(&owners[1].mem[0]))
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[8]), Size: 4096, Off: 8}, false, 2)
-	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 2, Local: unsafe.Pointer(&src[8+4096]), Size: 4096, Off: 8 + 4096}, false, 3)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[8]), Size: 4096, Off: 8}}, false, 2)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 2, Local: unsafe.Pointer(&src[8+4096]), Size: 4096, Off: 8 + 4096}}, false, 3)
 	waitUntil(t, "the signal", func() bool { return atomic.LoadUint64(word) == 1 })
 	if !bytes.Equal(owners[1].mem[8:8+8192], src[8:8+8192]) {
 		t.Fatal("the signal of lane 3 was applied before the put of lane 2 landed")
@@ -122,7 +122,7 @@ func TestLazyLanes(t *testing.T) {
 	waitUntil(t, "rank 1 to take the new lanes", func() bool { _, i := ms[1].openStreams(0); return i == 3 })
 	// A striped put with signal opens the last lane; every byte arrives
 	// before the signal.
-	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 3, Local: unsafe.Pointer(&src[size]), Size: size, Off: size}, false, 0)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 3, Local: unsafe.Pointer(&src[size]), Size: size, Off: size}}, false, 0)
 	waitUntil(t, "the striped signal", func() bool { return atomic.LoadUint64(word) == 2 })
 	if !bytes.Equal(owners[1].mem[size:], src[size:]) {
 		t.Fatal("the striped put's signal was applied before all of it landed")
@@ -169,7 +169,7 @@ func TestLazyLaneDialFails(t *testing.T) {
 	ls[1].Close() // lane 1 to rank 1 can no longer open
 	src := bytes.Repeat([]byte("lazy"), 1024)
 	word := (*uint64)(unsafe.Pointer(&owners[1].mem[0]))
-	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: uint64(len(src)), Off: 8}, false, 1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: uint64(len(src)), Off: 8}}, false, 1)
 	if st := waitDone(t, owners[0], 1); st != abi.Success {
 		t.Fatalf("put with signal on a lane that cannot open: %v", st)
 	}

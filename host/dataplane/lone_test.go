@@ -37,8 +37,7 @@ func testLoneSignal(t *testing.T, lanes int) {
 	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20})
 	l := tcpOf(t, ms[0], 1).Lanes()[0]
 	post := func(i int, signal, hold bool) {
-		op := Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(i + 1), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size),
-			Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size])))}
+		op := Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(i + 1), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size)}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size])))}}
 		if signal {
 			op.Msg, op.SigMrID, op.SigOp, op.SigOff, op.SigValue = wire.MsgPutSignal, 1, abi.SignalOpAdd, sigOff, 1
 		}

@@ -42,8 +42,7 @@ func TestMappedPeer(t *testing.T) {
 	for k, n := range []uint64{8, 40 << 10} {
 		off := uint64(k) * (64 << 10)
 		tag := uint64(10 + k)
-		ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: n, Off: off,
-			Mapped: uint64(target) + off, MapCtx: 1, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: n, Off: off, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}, Route: Route{Mapped: uint64(target) + off, MapCtx: 1}}, false, -1)
 		for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64(sig) != uint64(k+1); time.Sleep(20 * time.Microsecond) {
 			if time.Now().After(deadline) {
 				t.Fatalf("put+signal of %d bytes: signal %d", n, atomic.LoadUint64(sig))
@@ -57,24 +56,20 @@ func TestMappedPeer(t *testing.T) {
 		}
 	}
 	// A plain put completes once its bytes are there.
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: addrPtr(uint64(os[0].dev) + 4096), LocalCtx: 1, Size: 8192, Off: size / 2,
-		Mapped: uint64(target) + size/2, MapCtx: 1}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: addrPtr(uint64(os[0].dev) + 4096), LocalCtx: 1, Size: 8192, Off: size / 2}, Route: Route{Mapped: uint64(target) + size/2, MapCtx: 1}}, false, -1)
 	if st := waitDone(t, &os[0].memOwner, 20); st != abi.Success || !bytes.Equal(d.Peek(target+size/2, 8192), src[4096:4096+8192]) {
 		t.Fatalf("plain put: %v, or completed before its bytes landed", st)
 	}
 	// A get out of the mapping.
-	ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: addrPtr(uint64(os[0].dev) + size*3/4), LocalCtx: 1, Size: 4096, Off: size / 2,
-		Mapped: uint64(target) + size/2, MapCtx: 1}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: addrPtr(uint64(os[0].dev) + size*3/4), LocalCtx: 1, Size: 4096, Off: size / 2}, Route: Route{Mapped: uint64(target) + size/2, MapCtx: 1}}, false, -1)
 	if st := waitDone(t, &os[0].memOwner, 21); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size*3/4, 4096), src[4096:8192]) {
 		t.Fatalf("get: %v", st)
 	}
 	// One batch: a queued put, then a get of the same bytes copied on the
 	// spot, which must wait for the put's copy.
 	fill(src[:4096], 9)
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 30, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 4096, Off: 3 * size / 4,
-		Mapped: uint64(target) + 3*size/4, MapCtx: 1}, true, -1)
-	ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 31, Local: addrPtr(uint64(os[0].dev) + size/4), LocalCtx: 1, Size: 4096, Off: 3 * size / 4,
-		Mapped: uint64(target) + 3*size/4, MapCtx: 1}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 30, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 4096, Off: 3 * size / 4}, Route: Route{Mapped: uint64(target) + 3*size/4, MapCtx: 1}}, true, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 31, Local: addrPtr(uint64(os[0].dev) + size/4), LocalCtx: 1, Size: 4096, Off: 3 * size / 4}, Route: Route{Mapped: uint64(target) + 3*size/4, MapCtx: 1}}, false, -1)
 	if st := waitDone(t, &os[0].memOwner, 31); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size/4, 4096), src[:4096]) {
 		t.Fatalf("get behind a queued put of the same bytes: %v, or it overtook the put's copy", st)
 	}
@@ -96,7 +91,7 @@ func TestMappedPeer(t *testing.T) {
 	// mapping peers read and write it without the target's service).
 	fill(os[1].host[:8192], 11)
 	copies := d.Copies.Load()
-	ms[1].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 40, Local: unsafe.Pointer(&os[1].host[0]), Size: 8192, Off: 4096}, false, -1)
+	ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 40, Local: unsafe.Pointer(&os[1].host[0]), Size: 8192, Off: 4096}}, false, -1)
 	for deadline := time.Now().Add(10 * time.Second); ; runtime.Gosched() {
 		// Looked at the moment it completes, both ranks polling as NCCL's
 		// proxies do (acks leave at once): the stream runs the landing

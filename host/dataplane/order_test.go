@@ -24,7 +24,7 @@ func TestSequenceBeyondWindowDropsPeer(t *testing.T) {
 		src[i] = byte(i + 1)
 	}
 	// A healthy put first: the stream works and its bytes land.
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, -1)
 	if st := waitDone(t, owners[0], 1); st != abi.Success {
 		t.Fatalf("healthy put: %v", st)
 	}
@@ -37,7 +37,7 @@ func TestSequenceBeyondWindowDropsPeer(t *testing.T) {
 	}
 	// The initiator sees its connection go and fails what it posts.
 	waitFor(t, "the initiator to see the peer gone", func() bool { return ms[0].peers[1].dead.Load() })
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, -1)
 	if st := waitDone(t, owners[0], 2); st != abi.RemoteError {
 		t.Fatalf("a put to the dropped peer: %v, want RemoteError", st)
 	}

@@ -277,7 +277,7 @@ func (p *peer) sayGoodbye() {
 	p.byeLanes.Store(max(n, 1))
 	for lane := 0; lane < p.lanes; lane++ {
 		if !skip(lane) || n == 0 {
-			p.t.Submit(lane, Op{Msg: wire.MsgBye}, false)
+			p.t.Submit(lane, Op{Request: Request{Msg: wire.MsgBye}}, false)
 		}
 	}
 }

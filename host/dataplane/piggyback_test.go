@@ -79,8 +79,7 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 				src[i] = byte(i*7 + 1)
 			}
 			put := func(i int, tag uint64, hold bool) {
-				op := Op{Msg: wire.MsgPut, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size),
-					Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size])))}
+				op := Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size)}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size])))}}
 				if i == n {
 					op.Msg, op.SigMrID, op.SigOp, op.SigOff, op.SigValue = wire.MsgPutSignal, 1, abi.SignalOpAdd, sigOff, 1
 				}
@@ -194,9 +193,7 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 	}
 	post := func(r, i int) uint64 {
 		tag := uint64(r+1)<<32 | uint64(i)
-		op := Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&srcs[r][8*i]), Size: 8,
-			Off: uint64(64 + 8*(i%64)), Remote: uint64(uintptr(unsafe.Pointer(&os[1-r].mem[64+8*(i%64)]))),
-			SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}
+		op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&srcs[r][8*i]), Size: 8, Off: uint64(64 + 8*(i%64)), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1-r].mem[64+8*(i%64)])))}}
 		if r == 0 && i == bad {
 			op.MrID, op.Remote = 2, 0 // the target rejects it (and applies no signal)
 		}
@@ -265,8 +262,7 @@ func TestAskAcks(t *testing.T) {
 		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) {
 			setDelays(t, time.Hour, tcp.AckDelay(), tcp.AckBound())
 			ms, os, src := heldAckPair(t, intra, 9)
-			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128,
-				SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}, false, 0)
+			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
 			ms[0].Flush(1)
 			waitWord(t, os[1], 0, 1, nil)
 			// Landed, and its ack held: our test() calls do not bring it.

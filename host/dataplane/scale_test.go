@@ -206,9 +206,8 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 		}
 		half := uint64(scalePayload / 2)
 		// On two lanes (they open now): the signal waits for the put.
-		m.Post(r, &Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(3 * r), Local: unsafe.Pointer(&s[8]), Size: half, Off: 8}, false, r%lanes)
-		m.Post(r, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: uint64(3*r + 1),
-			Local: unsafe.Pointer(&s[8+half]), Size: scalePayload - half, Off: 8 + half}, false, (r+1)%lanes)
+		m.Post(r, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(3 * r), Local: unsafe.Pointer(&s[8]), Size: half, Off: 8}}, false, r%lanes)
+		m.Post(r, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: uint64(3*r + 1), Local: unsafe.Pointer(&s[8+half]), Size: scalePayload - half, Off: 8 + half}}, false, (r+1)%lanes)
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for r := 1; r < total; r++ {
@@ -231,7 +230,7 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 			}
 		}
 		// Read back what landed at the peer, signal word included.
-		m.Post(r, &Op{Msg: wire.MsgGet, MrID: 1, Tag: uint64(3*r + 2), Local: unsafe.Pointer(&gets[r*scaleSlot]), Size: scaleSlot, Off: 0}, false, r%lanes)
+		m.Post(r, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: uint64(3*r + 2), Local: unsafe.Pointer(&gets[r*scaleSlot]), Size: scaleSlot, Off: 0}}, false, r%lanes)
 	}
 	for r := 1; r < total; r++ {
 		if !scaleSampled(r, stride, peers) {
@@ -450,8 +449,7 @@ func TestScaleHelper(t *testing.T) {
 			src[j] = scalePattern(r, 0, j)
 		}
 		tag := uint64(r)
-		m.Post(0, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: uint64(r * scaleSlot), Tag: tag,
-			Local: unsafe.Pointer(&src[8]), Size: scalePayload, Off: uint64(r*scaleSlot + 8)}, false, r%lanes)
+		m.Post(0, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: uint64(r * scaleSlot), Tag: tag, Local: unsafe.Pointer(&src[8]), Size: scalePayload, Off: uint64(r*scaleSlot + 8)}}, false, r%lanes)
 		if st := waitDoneWithin(t, o, tag, 30*time.Second); st != abi.Success {
 			verdict = fmt.Sprintf("rank %d's put to rank 0: %v", r, st)
 			// Said at once, with the mesh's lanes: rank 0 checks the

@@ -137,9 +137,8 @@ func TestEncryptedStreams(t *testing.T) {
 		}
 		src := pattern(size)
 		copy(owners[1].mem, src)
-		ms[1].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 2 << 20}, false, -1)
-		ms[1].Post(0, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[2<<20]), Size: 4096, Off: 2 << 20,
-			SigMrID: 1, SigOff: size - 8, SigOp: abi.SignalOpInc}, false, -1)
+		ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 2 << 20}}, false, -1)
+		ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[2<<20]), Size: 4096, Off: 2 << 20, SigMrID: 1, SigOff: size - 8, SigOp: abi.SignalOpInc}}, false, -1)
 		// Striped requests complete piece by piece: wait for every piece.
 		want := map[uint64]int{1: ms[1].parts(wire.MsgPut, 2<<20, 0), 2: ms[1].parts(wire.MsgPutSignal, 4096, 0), 3: ms[1].parts(wire.MsgGet, 1<<20, 0)}
 		wait := func(tag uint64) {
@@ -156,7 +155,7 @@ func TestEncryptedStreams(t *testing.T) {
 		wait(2)
 		// The get reads back what the first put wrote, once it landed.
 		got := make([]byte, 1<<20)
-		ms[1].Post(0, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 3, Local: unsafe.Pointer(&got[0]), Size: 1 << 20, Off: 1 << 20}, false, -1)
+		ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 3, Local: unsafe.Pointer(&got[0]), Size: 1 << 20, Off: 1 << 20}}, false, -1)
 		wait(3)
 		if !bytes.Equal(owners[0].mem[:2<<20+4096], src[:2<<20+4096]) || !bytes.Equal(got, src[1<<20:2<<20]) {
 			t.Fatalf("encrypt=%v: bytes differ after put and get", encrypt)
@@ -198,7 +197,7 @@ func TestEncryptedTamper(t *testing.T) {
 	flip = int64(len(tp.wire())) + 4 + 100
 	armed.Unlock()
 	src := pattern(1 << 16)
-	ms[1].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 1 << 16}, false, -1)
+	ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 1 << 16}}, false, -1)
 	if st := waitDone(t, owners[1], 1); st != abi.RemoteError {
 		t.Fatalf("a put whose bytes were altered on the way: %v, want RemoteError", st)
 	}

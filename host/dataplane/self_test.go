@@ -36,8 +36,7 @@ func TestSelfDevice(t *testing.T) {
 	// Device to device, 8 bytes (the flush) and 20 KiB, with a signal.
 	for k, n := range []uint64{8, 20 << 10} {
 		tag := uint64(10 + k)
-		ms[0].Post(0, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: n, Off: size / 2,
-			SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}, false, -1)
+		ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: n, Off: size / 2, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}}, false, -1)
 		if st := waitDone(t, &os[0].memOwner, tag); st != abi.Success {
 			t.Fatalf("self put of %d bytes: %v", n, st)
 		}
@@ -55,12 +54,12 @@ func TestSelfDevice(t *testing.T) {
 	// Host to device, and a get from our device into our host memory.
 	h := os[0].host[64 : 64+4096]
 	fill(h, 5)
-	ms[0].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: unsafe.Pointer(&h[0]), Size: 4096, Off: 100}, false, -1)
+	ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: unsafe.Pointer(&h[0]), Size: 4096, Off: 100}}, false, -1)
 	if st := waitDone(t, &os[0].memOwner, 20); st != abi.Success || !bytes.Equal(src[100:100+4096], h) {
 		t.Fatalf("host->device self put: %v", st)
 	}
 	g := os[0].host[8192 : 8192+4096]
-	ms[0].Post(0, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: unsafe.Pointer(&g[0]), Size: 4096, Off: 200}, false, -1)
+	ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: unsafe.Pointer(&g[0]), Size: 4096, Off: 200}}, false, -1)
 	if st := waitDone(t, &os[0].memOwner, 21); st != abi.Success || !bytes.Equal(g, src[200:200+4096]) {
 		t.Fatalf("device->host self get: %v", st)
 	}
@@ -68,7 +67,7 @@ func TestSelfDevice(t *testing.T) {
 		t.Fatalf("%d of 4 operations to itself moved by local copies", n)
 	}
 	// Out of range: refused as over the socket.
-	ms[0].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 22, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 4096, Off: size - 100}, false, -1)
+	ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 22, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 4096, Off: size - 100}}, false, -1)
 	if st := waitDone(t, &os[0].memOwner, 22); st != abi.InvalidArgument {
 		t.Fatalf("out-of-range self put completed with %v", st)
 	}
@@ -82,7 +81,7 @@ func TestSelfDevice(t *testing.T) {
 	}
 	d.FailAt.Store(d.Copies.Load() + 1)
 	clear(src[size/2 : size/2+64])
-	ms[0].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 23, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 64, Off: size / 2}, false, -1)
+	ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 23, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 64, Off: size / 2}}, false, -1)
 	if st := waitDone(t, &os[0].memOwner, 23); st != abi.Success || !bytes.Equal(src[size/2:size/2+64], src[:64]) {
 		t.Fatalf("self put after a failed local copy: %v", st)
 	}
@@ -205,8 +204,7 @@ func selfDeviceQueued(t *testing.T, lanes int) {
 	for k, n := range []uint64{8, 20 << 10} {
 		tag := uint64(10 + k)
 		off := size/2 + uint64(k)*(64<<10)
-		ms[0].Post(0, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: n, Off: off,
-			SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}, false, -1)
+		ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: n, Off: off, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}}, false, -1)
 		if st := wait(tag); st != abi.Success {
 			t.Fatalf("self put+signal of %d bytes: %v", n, st)
 		}
@@ -219,11 +217,11 @@ func selfDeviceQueued(t *testing.T, lanes int) {
 			}
 		}
 	}
-	ms[0].Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: addrPtr(uint64(os[0].dev) + 4096), LocalCtx: 1, Size: 4096, Off: size - 8192}, false, -1)
+	ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: addrPtr(uint64(os[0].dev) + 4096), LocalCtx: 1, Size: 4096, Off: size - 8192}}, false, -1)
 	if st := wait(20); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size-8192, 4096), src[4096:8192]) {
 		t.Fatalf("self put: %v, or completed before its bytes landed", st)
 	}
-	ms[0].Post(0, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: addrPtr(uint64(os[0].dev) + size/4), LocalCtx: 1, Size: 4096, Off: 8192}, false, -1)
+	ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: addrPtr(uint64(os[0].dev) + size/4), LocalCtx: 1, Size: 4096, Off: 8192}}, false, -1)
 	if st := wait(21); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size/4, 4096), src[8192:8192+4096]) {
 		t.Fatalf("self get: %v, or completed before its bytes landed", st)
 	}

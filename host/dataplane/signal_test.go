@@ -118,8 +118,7 @@ func TestDeviceSignalWords(t *testing.T) {
 				for i := range puts {
 					v := uint64(1 + i%3)
 					want += v
-					ms[s].Post(0, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(i + 1), Local: unsafe.Pointer(&src[0]), Size: putSize,
-						Off: uint64(((s-1)*puts + i) * putSize), SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpAdd, SigValue: v}, false, i%2)
+					ms[s].Post(0, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(i + 1), Local: unsafe.Pointer(&src[0]), Size: putSize, Off: uint64(((s-1)*puts + i) * putSize), SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpAdd, SigValue: v}}, false, i%2)
 				}
 			}
 			for s := 1; s <= 2; s++ {

@@ -119,8 +119,7 @@ func TestRingPipelined(t *testing.T) {
 			fill(src, lanes)
 			d.Delay.Store(int64(time.Millisecond))
 			sig := (*uint64)(unsafe.Pointer(&os[1].host[0]))
-			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size,
-				SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 5}, false, -1)
+			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 5}}, false, -1)
 			// The signal says the payload is there: check it the moment
 			// the signal appears.
 			deadline := time.Now().Add(20 * time.Second)
@@ -161,23 +160,22 @@ func TestRingPipelined(t *testing.T) {
 			// memory (an odd size: a partial last chunk).
 			h := os[0].host[:40<<10+3]
 			fill(h, 9)
-			ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 2, Local: unsafe.Pointer(&h[0]), Size: uint64(len(h)), Off: 5}, false, -1)
+			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 2, Local: unsafe.Pointer(&h[0]), Size: uint64(len(h)), Off: 5}}, false, -1)
 			if st := waitDone(t, &os[0].memOwner, 2); st != abi.Success || !bytes.Equal(dst[5:5+len(h)], h) {
 				t.Fatalf("host->device put through the ring: %v", st)
 			}
-			ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 2, Tag: 3, Local: addrPtr(uint64(os[0].dev) + 100), LocalCtx: 1, Size: 48 << 10, Off: 8,
-				Remote: uint64(uintptr(unsafe.Pointer(&os[1].host[8])))}, false, -1)
+			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 2, Tag: 3, Local: addrPtr(uint64(os[0].dev) + 100), LocalCtx: 1, Size: 48 << 10, Off: 8}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].host[8])))}}, false, -1)
 			if st := waitDone(t, &os[0].memOwner, 3); st != abi.Success || !bytes.Equal(os[1].host[8:8+48<<10], src[100:100+48<<10]) {
 				t.Fatalf("device->host put through the ring: %v", st)
 			}
 			// A put the target rejects still empties its slots: the
 			// next one lands.
-			ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 4, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 32 << 10, Off: size - 100}, false, -1)
+			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 4, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 32 << 10, Off: size - 100}}, false, -1)
 			if st := waitDone(t, &os[0].memOwner, 4); st != abi.InvalidArgument {
 				t.Fatalf("out-of-range put through the ring completed with %v", st)
 			}
 			clear(dst)
-			ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 5, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 32 << 10}, false, -1)
+			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 5, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 32 << 10}}, false, -1)
 			if st := waitDone(t, &os[0].memOwner, 5); st != abi.Success || !bytes.Equal(dst[:32<<10], src[:32<<10]) {
 				t.Fatalf("put after a rejected one: %v", st)
 			}
@@ -204,7 +202,7 @@ func TestRingRefusedFallsBack(t *testing.T) {
 	fill(src, 3)
 	for tag := uint64(1); tag <= 3; tag++ {
 		clear(dst)
-		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size}, false, -1)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size}}, false, -1)
 		if st := waitDone(t, &os[0].memOwner, tag); st != abi.Success || !bytes.Equal(dst, src) {
 			t.Fatalf("put %d with the ring refused: %v", tag, st)
 		}
@@ -223,7 +221,7 @@ func TestRingWithoutProcessVM(t *testing.T) {
 	ms[0].peers[1].t.(*intranode.Link).On().Store(false)
 	src, dst := d.At(os[0].dev, size), d.At(os[1].dev, size)
 	fill(src, 5)
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size}}, false, -1)
 	if st := waitDone(t, &os[0].memOwner, 1); st != abi.Success || !bytes.Equal(dst, src) {
 		t.Fatalf("put: %v", st)
 	}
@@ -238,7 +236,7 @@ func TestRingPeerGone(t *testing.T) {
 	const size = 256 << 10
 	ms, os, d := ringMesh(t, size, 1)
 	d.Delay.Store(int64(20 * time.Millisecond)) // the target copies slowly: the sender waits for slots
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size}, false, -1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size}}, false, -1)
 	time.Sleep(60 * time.Millisecond)
 	ms[1].Close()
 	if st := waitDone(t, &os[0].memOwner, 1); st == abi.Success {
@@ -259,8 +257,7 @@ func TestRingLaneFailover(t *testing.T) {
 	src, dst := d.At(os[0].dev, size), d.At(os[1].dev, size)
 	fill(src, 8)
 	sig := (*uint64)(unsafe.Pointer(&os[1].host[0]))
-	ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size,
-		SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 3}, false, 0)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: size, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 3}}, false, 0)
 	waitUntil(t, "the ring to carry part of the put", func() bool { return d.Overlap.Load()+d.Copies.Load() > 4 })
 	c := ms[1].peers[0].t.(*intranode.Link).Ins()[0] // reset at the target, as ss -K does
 	if err := c.SetLinger(0); err != nil {

@@ -447,7 +447,7 @@ func floodChild(t *testing.T, role, dir string) {
 		src[i] = byte(0xa0 + i)
 	}
 	if rank == 1 {
-		m.Post(0, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 7, Local: unsafe.Pointer(&src[0]), Size: 64}, false, -1)
+		m.Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 7, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, -1)
 		if st := waitDone(t, owner, 7); st != abi.Success {
 			t.Fatalf("put from rank 1: %v", st)
 		}

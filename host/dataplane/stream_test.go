@@ -36,8 +36,7 @@ func streamPuts(t *testing.T, ms []*Mesh, owners []*memOwner, a, b, n int, base 
 		// the raw writev of a socket lane order them).
 		off := uint64(64 + (int(base)+i)*(8<<10))
 		tag := uint64(a)<<32 | (base + uint64(i) + 1) // tag 0 asks for no completion
-		ms[a].Post(b, &Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: size, Off: off,
-			SigMrID: 1, SigOp: abi.SignalOpInc}, false, i%ms[a].lanes)
+		ms[a].Post(b, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: size, Off: off, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, i%ms[a].lanes)
 		if st := waitDone(t, owners[a], tag); st != abi.Success {
 			t.Fatalf("put %d of %d bytes: %v", i, size, st)
 		}

@@ -100,8 +100,7 @@ func TestCallerReadsStream(t *testing.T) {
 			dsts := make([][]byte, 0, n/10)
 			for i := 0; i < n; i++ {
 				a, b := offs[i], offs[i+1]
-				op := Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(i + 1), Size: uint64(b - a), Off: uint64(a),
-					Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[a]))), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}
+				op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(i + 1), Size: uint64(b - a), Off: uint64(a), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[a])))}}
 				if b > a {
 					op.Local = unsafe.Pointer(&src[a-64])
 				}
@@ -112,8 +111,7 @@ func TestCallerReadsStream(t *testing.T) {
 				if i%10 == 5 {
 					dst := make([]byte, getSize)
 					dsts = append(dsts, dst)
-					ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: uint64(1<<32 | len(dsts)), Local: unsafe.Pointer(&dst[0]),
-						Size: getSize, Off: uint64(getsAt)}, false, 0)
+					ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: uint64(1<<32 | len(dsts)), Local: unsafe.Pointer(&dst[0]), Size: getSize, Off: uint64(getsAt)}}, false, 0)
 				}
 				if i%4 == 0 {
 					ms[0].Flush(1)
@@ -182,8 +180,7 @@ func TestCallerServesWhileServiceNaps(t *testing.T) {
 	put := func(off, n int, cw uint32) {
 		tag++
 		sig++
-		op := Op{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[off]), Size: uint64(n), Off: uint64(off),
-			SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1, Codec: cw}
+		op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[off]), Size: uint64(n), Off: uint64(off), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}, Plan: Plan{Codec: cw}}
 		ms[0].Post(1, &op, false, 0)
 		ms[0].Flush(1)
 		waitWord(t, os[1], 0, sig, func() { ms[1].Flush(0) })
@@ -216,7 +213,7 @@ func TestCallerServesWhileServiceNaps(t *testing.T) {
 	put(128<<10, 64<<10, guestabi.Codec(guestabi.CodecS2, 0))
 	dst := make([]byte, 512)
 	tag++
-	ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: tag, Local: unsafe.Pointer(&dst[0]), Size: 512, Off: 4096}, false, 0)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: tag, Local: unsafe.Pointer(&dst[0]), Size: 512, Off: 4096}}, false, 0)
 	ms[0].Flush(1)
 	for {
 		if _, ok := os[0].status(tag); ok {

@@ -40,10 +40,9 @@ func TestCloseDeliversQueuedOps(t *testing.T) {
 			// 15 puts of 4 KiB, spread over the lanes, held for a test()
 			// that never comes; then one striped put with the signal.
 			for k := 0; k < 15; k++ {
-				ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}, true, k%lanes)
+				ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}}, true, k%lanes)
 			}
-			ms[0].Post(1, &Op{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 5, SigOff: sigOff, Tag: 99,
-				Local: unsafe.Pointer(&src[15*4096]), Size: 4096 - 8, Off: 15 * 4096}, false, 0)
+			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 5, SigOff: sigOff, Tag: 99, Local: unsafe.Pointer(&src[15*4096]), Size: 4096 - 8, Off: 15 * 4096}}, false, 0)
 			if err := ms[0].Close(); err != nil {
 				t.Fatalf("lanes %d round %d: close: %v", lanes, round, err)
 			}
@@ -110,7 +109,7 @@ func TestCloseBoundedOnStalledPeer(t *testing.T) {
 	defer ms[1].Close()
 	defer close(g.gate) // before ms[1].Close, whose service waits on it
 	src := make([]byte, 64)
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64}, false, 0)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, 0)
 	done := make(chan error, 1)
 	go func() { done <- ms[0].Close() }()
 	select {
@@ -142,9 +141,9 @@ func drainCompletesPosted(t *testing.T, local bool) {
 	src := make([]byte, 64<<10)
 	dst := make([]byte, 4096)
 	for k := 0; k < 8; k++ {
-		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}, true, k%2)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}}, true, k%2)
 	}
-	ms[0].Post(1, &Op{Msg: wire.MsgGet, MrID: 1, Tag: 50, Local: unsafe.Pointer(&dst[0]), Size: 4096}, true, 1)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 50, Local: unsafe.Pointer(&dst[0]), Size: 4096}}, true, 1)
 	if busy := ms[0].Drain(); len(busy) != 0 {
 		t.Fatalf("drain left ranks %v busy", busy)
 	}
@@ -153,7 +152,7 @@ func drainCompletesPosted(t *testing.T, local bool) {
 			t.Fatalf("tag %d after drain: done %v status %v", tag, ok, st)
 		}
 	}
-	ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: 60, Local: unsafe.Pointer(&src[0]), Size: 64}, false, 0)
+	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 60, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, 0)
 	if st := waitDone(t, os[0], 60); st != abi.Success {
 		t.Fatalf("put after drain: %v", st)
 	}
@@ -215,7 +214,7 @@ func TestAckWithinARead(t *testing.T) {
 	src := make([]byte, 8)
 	const n = 150
 	for k := 0; k < n; k++ { // held, then one writev
-		ms[0].Post(1, &Op{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[0]), Size: 8, Off: uint64(8 * k)}, true, 0)
+		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[0]), Size: 8, Off: uint64(8 * k)}}, true, 0)
 	}
 	ms[0].Flush(1)
 	select {

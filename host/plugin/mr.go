@@ -111,7 +111,7 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 		return 0, abi.SystemError
 	}
 	// Tell every peer our size; wait until every peer told us theirs.
-	reg := dataplane.Op{Msg: wire.MsgReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0, SigValue: key}
+	reg := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0, SigValue: key}}
 	if tok := c.offerShare(m); tok != 0 {
 		reg.SigMrID, reg.Tag = dataplane.ShareOffer, tok
 	}

@@ -283,8 +283,7 @@ func oneSided(name, localName, remoteName string, kind backend.OpKind, msg uint8
 	if res != abi.Success {
 		return 0, res
 	}
-	op := dataplane.Op{Msg: msg, MrID: remote.id, Context: uint32(context),
-		Local: unsafe.Add(local.base, localOff), LocalMr: local.id, LocalCtx: local.devCtx, Size: size, Off: remoteOff}
+	op := dataplane.Op{Request: dataplane.Request{Msg: msg, MrID: remote.id, Context: uint32(context), Local: unsafe.Add(local.base, localOff), LocalMr: local.id, LocalCtx: local.devCtx, Size: size, Off: remoteOff}}
 	remote.target(&op, local, rank, remoteOff)
 	return r.issue(context, rank, kind, optFlags, 0, &op)
 }
@@ -311,8 +310,7 @@ func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint
 		logx.Warn(abi.SubsysNet, "NET/wasm: iputSignal: signal offset %d is not 8-byte aligned", signalOff)
 		return 0, abi.InvalidArgument
 	}
-	op := dataplane.Op{Msg: wire.MsgPutSignal, SigOp: uint8(signalOp), SigMrID: sig.id, Context: uint32(context),
-		SigOff: signalOff, SigValue: signalValue}
+	op := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, SigOp: uint8(signalOp), SigMrID: sig.id, Context: uint32(context), SigOff: signalOff, SigValue: signalValue}}
 	if size > 0 {
 		src, dst, res := pair("iputSignal", "source", "destination", c, srcMh, srcOff, dstMh, dstOff, size, rank)
 		if res != abi.Success {

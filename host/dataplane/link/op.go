@@ -65,8 +65,19 @@ func (p Pin) Release() {
 }
 
 // Op is one operation to post. It is copied into the peer's queue, so posting
-// allocates nothing.
+// allocates nothing. Its three parts say who decided what: the caller
+// (Request), the backend's plan (Plan), and the mesh and the transport on
+// the way to the wire (Route). Their fields are promoted: op.Size is
+// op.Request.Size.
 type Op struct {
+	Request
+	Plan
+	Route
+}
+
+// Request is what the caller asked: the operation, its registrations, its
+// bytes and its signal, as NCCL's proxy posted them.
+type Request struct {
 	Msg      uint8 // the request's wire message type: MsgPut, MsgPutSignal, MsgGet or MsgReg
 	SigOp    uint8
 	MrID     uint32 // target registration (dst for puts, src for gets)
@@ -79,7 +90,26 @@ type Op struct {
 	Dev      bool           // MsgReg: the registration is device memory
 	Size     uint64
 	Off      uint64 // offset in the target registration (MsgReg: its address)
-	Remote   uint64 // address of Off in the target process (intra-node path)
+	SigOff   uint64
+	SigValue uint64 // MsgReg: the registration's fabric key
+	// Posted is when the op was issued (host/profile's clock), 0 unless
+	// NCCL_RMA_WASM_PROFILE is on.
+	Posted int64
+}
+
+// Plan is what the backend's plan decided for the operation (SPEC.md
+// §8.10).
+type Plan struct {
+	Chunk     uint64 // non-zero: stripe over the lanes in pieces of this size
+	NotBefore int64  // non-zero: not sent before this Now() (pacing)
+	Codec     uint32 // guestabi codec word of a put's payload on TCP
+}
+
+// Route is where the operation goes and how it got there: set by the mesh
+// (Seq), the intra-node path (Remote, Mapped, MapCtx, Event) and a lane
+// failover (Resent, From).
+type Route struct {
+	Remote uint64 // address of Off in the target process (intra-node path)
 	// Mapped, when non-zero, is the address of Off in this process: the
 	// target's device memory mapped here (intra-node IPC), reachable from
 	// MapCtx's device; the payload is copied straight into (or, for a
@@ -89,21 +119,12 @@ type Op struct {
 	// Event, set by the lane (1 + an index), names our interprocess event
 	// recorded after the mapped copy, which the target waits for before
 	// it applies the signal (ipc_events.go).
-	Event    uint8
-	SigOff   uint64
-	SigValue uint64 // MsgReg: the registration's fabric key
-	Seq      uint64 // set by the mesh when lanes > 1 (signal order; completion counts per lane)
-	// Set by the plan (SPEC.md §8.10):
-	Chunk     uint64 // non-zero: stripe over the lanes in pieces of this size
-	NotBefore int64  // non-zero: not sent before this Now() (pacing)
-	Codec     uint32 // guestabi codec word of a put's payload on TCP
+	Event uint8
+	Seq   uint64 // set by the mesh when lanes > 1 (signal order; completion counts per lane)
 	// Set by a lane failover (tcp_failover.go): the op is sent again on
 	// another lane; From is the lane that carried it first.
 	Resent bool
 	From   uint8
-	// Posted is when the op was issued (host/profile's clock), 0 unless
-	// NCCL_RMA_WASM_PROFILE is on.
-	Posted int64
 }
 
 // Now is the dataplane's clock for Op.NotBefore: monotonic nanoseconds.

@@ -316,7 +316,7 @@ func (l *lane) awaitPuts(tags []uint64, ops []link.Op) {
 	if l.p.Dead() {
 		l.amu.Unlock()
 		for _, tag := range tags {
-			l.p.Fail(link.Op{Msg: wire.MsgPut, Tag: tag})
+			l.p.Fail(link.Op{Request: link.Request{Msg: wire.MsgPut, Tag: tag}})
 		}
 		return
 	}

@@ -26,7 +26,7 @@ func (l *lane) pushGet(e getEntry) {
 	l.gmu.Lock()
 	if l.p.Dead() {
 		l.gmu.Unlock()
-		l.p.Fail(link.Op{Msg: wire.MsgGet, Tag: e.tag})
+		l.p.Fail(link.Op{Request: link.Request{Msg: wire.MsgGet, Tag: e.tag}})
 		return
 	}
 	l.gets.Push(e)
