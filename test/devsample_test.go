@@ -105,7 +105,8 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// ag_put): a command left with no kernel hangs the check.
 		{"cuda_check_agent_parks", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=20", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_DEVICE_AGENT_IDLE_US=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "device agent: running", "small device put+signals: 48 of 8 B to 64 KiB",
-				"plain signal, every byte there", "fakecuda: the device agent copied a payload", "fakecuda: the device agent parked"}},
+				"plain signal, every byte there", "fakecuda: the device agent copied a payload", "fakecuda: the device agent parked",
+				"launches after parking"}},
 		// Copies above NCCL_RMA_WASM_DEVICE_AGENT_MAX_KB (4 KiB here) go
 		// to the stream between the agent's: the order must hold.
 		{"cuda_check_agent_mixed", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_DEVICE_AGENT_MAX_KB=4", "NCCL_RMA_WASM_INTRANODE_IPC=0"},

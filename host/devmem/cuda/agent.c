@@ -30,6 +30,7 @@
  * stay real events. */
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -98,7 +99,10 @@ struct agent {
   int streamLast;     /* the stream got work after the agent's last command (under mu) */
   int live;           /* running and taking work (atomic) */
   unsigned polls;     /* not-passed ticket queries, to look at the kernel now and then */
-  uint64_t wakes;     /* launches after the kernel parked (under mu) */
+  /* Counts (under mu), for the INFO line at finalize: commands by kind,
+   * epoch waits (stream work before agent work: one stream write each),
+   * stream waits for the agent, launches after the kernel parked. */
+  uint64_t nkind[8], follows, leads, wakes;
 };
 
 /* Host memory the agent may read or write: what rmacu_host_alloc returned
@@ -196,6 +200,7 @@ static int ag_put(struct agent* a, uint64_t kind, uint64_t n, uint64_t src, uint
   sl[6] = val;
   __atomic_store_n(&sl[0], s, __ATOMIC_RELEASE);
   a->seq = s;
+  a->nkind[kind & 7]++;
   /* The kernel parks when idle: it writes awake = 0, fences, and looks at
    * the next slot once more. The host publishes the slot, fences, and
    * looks at awake. One of the two sees the other's store, so a command
@@ -216,6 +221,7 @@ static int ag_follow(ctxstream* e, char* err, size_t errlen) {
   if (r != 0) return rmaw_fail(err, errlen, "cuStreamWriteValue64 (agent epoch): %s", rmacu_errstr(r));
   a->epoch++;
   a->streamLast = 0;
+  a->follows++;
   return ag_put(a, AG_WAIT, 0, 0, a->dev + 64, a->epoch, err, errlen);
 }
 
@@ -227,6 +233,7 @@ static int ag_lead(ctxstream* e, char* err, size_t errlen) {
   CUresult r = rmacu_cu.waitValue64(e->stream, a->dev, (unsigned long long)a->seq, 0 /* GEQ */);
   if (r != 0) return rmaw_fail(err, errlen, "cuStreamWaitValue64 (agent done): %s", rmacu_errstr(r));
   a->waited = a->seq;
+  a->leads++;
   return 0;
 }
 
@@ -514,6 +521,26 @@ void rmaw_cuda_agent_start(uintptr_t ctx) {
     pthread_mutex_unlock(&a->mu);
   }
   pthread_mutex_unlock(&rmacu_mu);
+}
+
+/* rmaw_cuda_agent_stats sums every agent's counts: out[0] copies, [1]
+ * signal writes and adds, [2] epoch waits, [3] stream waits for the
+ * agent, [4] launches after parking, [5] agents. */
+void rmaw_cuda_agent_stats(uint64_t out[6]) {
+  memset(out, 0, 6 * sizeof out[0]);
+  int n = __atomic_load_n(&rmacu_nctxs, __ATOMIC_ACQUIRE);
+  for (int i = 0; i < n; i++) {
+    struct agent* a = __atomic_load_n(&rmacu_ctxs[i].ag, __ATOMIC_ACQUIRE);
+    if (!a) continue;
+    pthread_mutex_lock(&a->mu);
+    out[0] += a->nkind[AG_COPY];
+    out[1] += a->nkind[AG_WRITE] + a->nkind[AG_ADD];
+    out[2] += a->follows;
+    out[3] += a->leads;
+    out[4] += a->wakes;
+    out[5]++;
+    pthread_mutex_unlock(&a->mu);
+  }
 }
 
 /* rmaw_cuda_agent_note copies what the last start or stop of an agent

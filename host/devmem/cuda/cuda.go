@@ -12,6 +12,7 @@ import "C"
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"unsafe"
 
@@ -103,6 +104,19 @@ func (cudaDevice) StartAgent(ctx uintptr) { C.rmaw_cuda_agent_start(C.uintptr_t(
 // StopAgents ends every device agent (plugin finalize), so that no kernel
 // of the plugin outlives it.
 func (cudaDevice) StopAgents() { C.rmaw_cuda_agents_stop() }
+
+// AgentStats says what the device agents did since they started: their
+// commands, and the driver calls that ordering them with the context's
+// stream cost (docs/design/device-memory.md); "" when none ran.
+func (cudaDevice) AgentStats() string {
+	var v [6]C.uint64_t
+	C.rmaw_cuda_agent_stats(&v[0])
+	if v[5] == 0 || v[0]+v[1] == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d copies and %d signal writes or adds by %d agent(s); %d waited for the context's stream (a stream write each), %d stream waits for an agent, %d launches after parking",
+		v[0], v[1], v[5], v[2], v[3], v[4])
+}
 
 // Agent says what the last start or stop of a device agent found.
 func (cudaDevice) Agent() string {

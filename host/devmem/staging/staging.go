@@ -321,6 +321,7 @@ type deviceAgent interface {
 	StartAgent(ctx uintptr)
 	StopAgents()
 	Agent() (note string)
+	AgentStats() string
 }
 
 // agentSaid is the agent's state last logged.
@@ -402,6 +403,9 @@ func putStager(s *stager) {
 // Stagers in use return to the pool and are freed at the next call.
 func Release() {
 	if ag, ok := devmem.Get().(deviceAgent); ok {
+		if st := ag.AgentStats(); st != "" {
+			logx.Info(abi.SubsysNet, "NET/wasm: device agent: %s", st)
+		}
 		ag.StopAgents() // before the memory it reads and writes is freed
 	}
 	releaseQueues()
