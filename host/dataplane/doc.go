@@ -31,8 +31,9 @@
 //     (host/seqorder keeps signals strong).
 //   - peer_link.go: the peer as its transport sees it (link.Peer).
 //   - aliases.go: the contract's names (Op, Owner, Pin, ...) kept here.
-//   - ipc.go: the IPC exchange host/plugin's share.go makes with the
-//     intra-node links' interprocess events.
+//   - ipc.go: the mesh's side of the descriptor exchange
+//     (host/dataplane/intranode/share): the intra-node links' pids and
+//     interprocess events.
 //   - The transports are packages of their own: host/dataplane/tcp (the
 //     TCP link, its lanes, service, acks and failover),
 //     host/dataplane/intranode (process_vm_writev/readv, the staging

@@ -4,10 +4,11 @@ import "github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
 
 var errNoIntra = intranode.ErrNoIntra
 
-// IPC is the intra-node side's exchange with the other processes of this
-// host (host/plugin's share.go): which peer a process is, and the
-// interprocess events of mapped put+signals. It answers for the peers the
-// intra-node path carries; for any other, as for a peer it does not know.
+// IPC is the mesh's side of the descriptor exchange with the other
+// processes of this host (share.IPC, host/dataplane/intranode/share):
+// which peer a process is, and the interprocess events of mapped
+// put+signals. It answers for the peers the intra-node path carries; for
+// any other, as for a peer it does not know.
 type IPC struct{ m *Mesh }
 
 // IPC returns the mesh's intra-node exchange.

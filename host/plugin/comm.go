@@ -13,6 +13,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode/share"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
@@ -59,7 +60,7 @@ type coll struct {
 
 	lanes laneLog // lanes the mesh failed over (lanes.go)
 
-	shares shares // device windows shared with peers of this host (share.go)
+	shares *share.Exchange // device windows shared with peers of this host (share.go)
 }
 
 var (
@@ -154,6 +155,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	plan.Lanes = clampLanes(lc.be.b.Name(), plan.Lanes, int(config.Lanes.Get()))
 	c := &coll{commID: lc.commID, rank: int(rank), nranks: n, dev: lc.dev, be: lc.be, plan: plan}
 	c.regs = newRegistry(n, &c.closed)
+	c.shares = newShares(c)
 	hs := make([]*wire.Handle, n)
 	for i, h := range handles {
 		hs[i] = (*wire.Handle)(h)
@@ -178,6 +180,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		return 0, connectResult(err)
 	}
 	c.mesh = mesh
+	c.shares.Attach(mesh.IPC())
 	if opt.Lanes > 1 {
 		c.ln = lc.l
 		lc.held.Store(true)
@@ -238,7 +241,7 @@ func CloseColl(h uint64) abi.Result {
 	for _, r := range rmas {
 		r.destroy()
 	}
-	c.stopSharing()
+	c.shares.Stop()
 	if err := c.mesh.Close(); err != nil {
 		logx.Warn(abi.SubsysNet, "NET/wasm: closeColl: rank %d: %v (%s)", c.rank, err, config.CloseTimeout.Name)
 	}
@@ -289,14 +292,7 @@ func (c *coll) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, dataplane.Pi
 // PeerRegistered records a peer's size, address, memory kind and share
 // offer for a registration.
 func (c *coll) PeerRegistered(peer int, r dataplane.PeerReg) {
-	if r.Share != 0 {
-		c.shares.mu.Lock()
-		if c.shares.tokens == nil {
-			c.shares.tokens = map[int]uint64{}
-		}
-		c.shares.tokens[peer] = r.Share
-		c.shares.mu.Unlock()
-	}
+	c.shares.PeerOffered(peer, r.Share)
 	c.regs.peerRegistered(peer, r)
 }
 

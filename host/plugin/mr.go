@@ -10,6 +10,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode/share"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
@@ -39,7 +40,7 @@ type mr struct {
 	// maps are the peers' parts of this registration mapped here
 	// (share.go), unmapped when it is deregistered; shared is set once
 	// our part was handed to a peer.
-	maps   []shareMap
+	maps   share.Mapped
 	shared atomic.Bool
 }
 
@@ -200,7 +201,7 @@ func DeregMr(h, mh uint64) abi.Result {
 				logx.Warn(abi.SubsysReg, "NET/wasm: deregMrSym: rank %d, registration %d: %v", c.rank, m.id, err)
 			}
 			// Nothing queued uses the peers' parts mapped here any more.
-			c.unmapShares(m)
+			c.shares.Unmap(&m.maps)
 			// The caller may free the memory now: no CPU mapping of it
 			// (GDRCopy) may outlive the registration.
 			if wa, ok := devmem.Get().(devmem.WordAdder); ok {

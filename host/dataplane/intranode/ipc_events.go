@@ -21,7 +21,7 @@ import (
 // that event (or, for a signal it applies from the host, waits for it
 // there), so neither host waits for the copy. The request completes when
 // the target acknowledged it and our copy executed. Events are made and
-// exchanged at registration (host/plugin's share.go), and used only once
+// exchanged at registration (host/dataplane/intranode/share), and used only once
 // the peer said it opened ours.
 
 // nLinkEvents is how many events a link cycles through. Reusing one

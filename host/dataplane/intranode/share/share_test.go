@@ -1,4 +1,4 @@
-package plugin
+package share
 
 import (
 	"encoding/binary"
@@ -57,4 +57,35 @@ func TestParseSegments(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
+}
+
+// Any answer parses or is refused without a panic, and one that parses
+// holds contiguous segments of bounded total size, each with its fd.
+func FuzzParseSegments(f *testing.F) {
+	seed := binary.LittleEndian.AppendUint32(nil, 1)
+	seed = binary.LittleEndian.AppendUint32(seed, segFds)
+	seed = binary.LittleEndian.AppendUint64(seed, 0x200000)
+	seed = binary.LittleEndian.AppendUint64(seed, 0x200000)
+	f.Add(seed, uint8(1))
+	f.Add(seed[:8], uint8(0))
+	f.Fuzz(func(t *testing.T, p []byte, nfds uint8) {
+		fds := make([]int, nfds)
+		for i := range fds {
+			fds[i] = 100 + i
+		}
+		segs, err := parseSegments(p, fds)
+		if err != nil {
+			return
+		}
+		span := uint64(0)
+		for i, s := range segs {
+			if s.Size == 0 || (i > 0 && s.Base != segs[i-1].Base+segs[i-1].Size) || (s.Fd >= 0 && s.Fd != fds[i]) {
+				t.Fatalf("segment %d accepted: %+v", i, s)
+			}
+			span += s.Size
+		}
+		if len(segs) == 0 || span > maxShareSpan {
+			t.Fatalf("%d segments of %d bytes accepted", len(segs), span)
+		}
+	})
 }
