@@ -102,7 +102,7 @@ struct agent {
   /* Counts (under mu), for the INFO line at finalize: commands by kind,
    * epoch waits (stream work before agent work: one stream write each),
    * stream waits for the agent, launches after the kernel parked. */
-  uint64_t nkind[8], follows, leads, wakes;
+  uint64_t nkind[8], follows, leads, wakes, syncs;
 };
 
 /* Host memory the agent may read or write: what rmacu_host_alloc returned
@@ -263,6 +263,29 @@ int rmacu_ag_record(ctxstream* e, struct agent* a, uintptr_t* ev, char* err, siz
   if (rc == 0) *ev = (uintptr_t)(a->seq << 1 | 1);
   pthread_mutex_unlock(&a->mu);
   return rc;
+}
+
+/* rmacu_ag_sync waits on the host until everything queued in e ran, when
+ * e's agent took the last work (the stream got none after its last
+ * command: the first agent command after stream work waited for it).
+ * Returns 0 when it waited, 1 when the stream must be synchronized
+ * instead (no live agent, or stream work after the agent's), -1 when the
+ * agent stopped first. */
+int rmacu_ag_sync(ctxstream* e) {
+  struct agent* a = rmacu_ag_live(e);
+  if (!a) return 1;
+  pthread_mutex_lock(&a->mu);
+  uint64_t want = a->seq;
+  int stream = !a->live || a->streamLast;
+  if (!stream) a->syncs++;
+  pthread_mutex_unlock(&a->mu);
+  if (stream) return 1;
+  for (unsigned spin = 0;; spin++) {
+    int t = rmacu_ag_ticket((uintptr_t)a->ctx, (uintptr_t)(want << 1 | 1));
+    if (t != 0) return t > 0 ? 0 : -1;
+    if (spin < 1000) sched_yield();
+    else usleep(20);
+  }
 }
 
 /* rmacu_on_stream locks e's agent, if any (*a, NULL: none), and makes the
@@ -525,9 +548,10 @@ void rmaw_cuda_agent_start(uintptr_t ctx) {
 
 /* rmaw_cuda_agent_stats sums every agent's counts: out[0] copies, [1]
  * signal writes and adds, [2] epoch waits, [3] stream waits for the
- * agent, [4] launches after parking, [5] agents. */
-void rmaw_cuda_agent_stats(uint64_t out[6]) {
-  memset(out, 0, 6 * sizeof out[0]);
+ * agent, [4] launches after parking, [5] agents, [6] synchronizations
+ * waited for on the host. */
+void rmaw_cuda_agent_stats(uint64_t out[7]) {
+  memset(out, 0, 7 * sizeof out[0]);
   int n = __atomic_load_n(&rmacu_nctxs, __ATOMIC_ACQUIRE);
   for (int i = 0; i < n; i++) {
     struct agent* a = __atomic_load_n(&rmacu_ctxs[i].ag, __ATOMIC_ACQUIRE);
@@ -539,6 +563,7 @@ void rmaw_cuda_agent_stats(uint64_t out[6]) {
     out[3] += a->leads;
     out[4] += a->wakes;
     out[5]++;
+    out[6] += a->syncs;
     pthread_mutex_unlock(&a->mu);
   }
 }

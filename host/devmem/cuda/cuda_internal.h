@@ -196,6 +196,7 @@ struct agent* rmacu_ag_pause(uintptr_t ctx);
 void rmacu_ag_resume(struct agent* a);
 void rmacu_ag_pause_all(struct agent** out, int max);
 void rmacu_ag_resume_all(struct agent** a, int max);
+int rmacu_ag_sync(ctxstream* e);
 int rmacu_on_stream(ctxstream* e, struct agent** a, char* err, size_t errlen);
 void rmacu_off_stream(struct agent* a, int queued);
 void rmacu_hr_add(void* p, uint64_t n);

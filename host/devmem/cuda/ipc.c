@@ -39,6 +39,12 @@ void rmacu_event_destroy(uintptr_t ctx, uintptr_t ev) {
 
 int rmacu_stream_sync(uintptr_t ctx, char* err, size_t errlen) {
   CTX_STREAM(e, "cuStreamSynchronize");
+  /* Where the agent's last command came after the stream's last work,
+   * its done word says when everything ran: waited for on the host, with
+   * no driver call (a stream wait and a synchronize cost a submission). */
+  int done = rmacu_ag_sync(e);
+  if (done == 0) return 0;
+  if (done < 0) return rmaw_fail(err, errlen, "the device agent stopped before the context's work ran");
   struct agent* a;
   if (rmacu_on_stream(e, &a, err, errlen) != 0) return -1;
   rmacu_off_stream(a, 0);
