@@ -32,7 +32,8 @@ type memOwner struct {
 	mem        []byte
 	whole      []byte // mem with 64 guard bytes on each side
 	done       map[uint64]abi.Result
-	parts      map[uint64]int // completions seen per tag (striped ops have several)
+	parts      map[uint64]int        // completions seen per tag (striped ops have several)
+	bad        map[uint64]abi.Result // the first failure among a tag's completions
 	failed     []error
 	pins       atomic.Int32 // registrations the target side holds (Resolve)
 	laneEvents [][3]int     // LaneFailed: peer, lane, moved
@@ -52,6 +53,14 @@ func (o *memOwner) Complete(tag uint64, st abi.Result) {
 		o.parts = map[uint64]int{}
 	}
 	o.parts[tag]++
+	if st != abi.Success {
+		if o.bad == nil {
+			o.bad = map[uint64]abi.Result{}
+		}
+		if _, ok := o.bad[tag]; !ok {
+			o.bad[tag] = st
+		}
+	}
 	o.mu.Unlock()
 }
 func (o *memOwner) PeerFailed(_ int, err error) {
@@ -134,6 +143,45 @@ func connectAll(t testing.TB, ls []*Listener, hs []*wire.Handle, owner func(int)
 		t.FailNow()
 	}
 	return ms
+}
+
+// requestDone is the status of request tag once its parts completions
+// came (Mesh.OpParts: a striped op completes once per piece, and once more
+// for its signal): the first failure among them, else success. Only then
+// is the request done, as the runtime counts it (host/plugin's
+// completeRequest), and its source free for reuse: the parts complete on
+// their own lanes' acks, in no order, and one can complete while another
+// still waits in its lane's queue (TestSignalPartBeforeItsPiece).
+func (o *memOwner) requestDone(tag uint64, parts int) (abi.Result, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.parts[tag] < parts {
+		return 0, false
+	}
+	if st, ok := o.bad[tag]; ok {
+		return st, true
+	}
+	return abi.Success, true
+}
+
+// waitRequestWithin is requestDone once the request is done, within d; a
+// request that is not ends the test.
+func waitRequestWithin(tb testing.TB, o *memOwner, tag uint64, parts int, d time.Duration) abi.Result {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if st, ok := o.requestDone(tag, parts); ok {
+			return st
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if h := stuckHook.Load(); h != nil {
+		(*h)()
+	}
+	o.mu.Lock()
+	n := o.parts[tag]
+	o.mu.Unlock()
+	tb.Fatalf("tag %d never completed (%d of %d parts)", tag, n, parts)
+	return 0
 }
 
 func waitDone(t testing.TB, o *memOwner, tag uint64) abi.Result {

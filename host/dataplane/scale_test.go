@@ -192,8 +192,12 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 	// Traffic: to every sampled peer a put (no signal), then a put with
 	// an increment, then a get of what the peer wrote to itself; the peer
 	// checks its slot when its signal is 1 and puts back with a signal.
+	// Options' zero StripeThreshold stripes every put: a piece per put on
+	// the lanes in turn (0, then 1), the signal on lane (r+1)%lanes; each
+	// request is done after all its parts (Mesh.OpParts).
 	src := make([]byte, total*scaleSlot)
 	gets := make([]byte, total*scaleSlot)
+	parts := make([]int, 3*total) // by tag: the completions each request gets
 	sampled := 0
 	for r := 1; r < total; r++ {
 		if !scaleSampled(r, stride, peers) {
@@ -205,9 +209,13 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 			s[i] = scalePattern(0, r, i)
 		}
 		half := uint64(scalePayload / 2)
-		// On two lanes (they open now): the signal waits for the put.
-		m.Post(r, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(3 * r), Local: unsafe.Pointer(&s[8]), Size: half, Off: 8}}, false, r%lanes)
-		m.Post(r, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: uint64(3*r + 1), Local: unsafe.Pointer(&s[8+half]), Size: scalePayload - half, Off: 8 + half}}, false, (r+1)%lanes)
+		// Over lanes that open now: the signal waits for both pieces.
+		ops := [2]*Op{{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(3 * r), Local: unsafe.Pointer(&s[8]), Size: half, Off: 8}},
+			{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: uint64(3*r + 1), Local: unsafe.Pointer(&s[8+half]), Size: scalePayload - half, Off: 8 + half}}}
+		for k, op := range ops {
+			parts[3*r+k] = m.OpParts(r, op)
+			m.Post(r, op, false, (r+k)%lanes)
+		}
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for r := 1; r < total; r++ {
@@ -230,7 +238,9 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 			}
 		}
 		// Read back what landed at the peer, signal word included.
-		m.Post(r, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: uint64(3*r + 2), Local: unsafe.Pointer(&gets[r*scaleSlot]), Size: scaleSlot, Off: 0}}, false, r%lanes)
+		get := &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: uint64(3*r + 2), Local: unsafe.Pointer(&gets[r*scaleSlot]), Size: scaleSlot, Off: 0}}
+		parts[3*r+2] = m.OpParts(r, get)
+		m.Post(r, get, false, r%lanes)
 	}
 	for r := 1; r < total; r++ {
 		if !scaleSampled(r, stride, peers) {
@@ -242,7 +252,7 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 			continue
 		}
 		for k := range 3 {
-			if st := waitDoneWithin(tb, owner, uint64(3*r+k), 30*time.Second); st != abi.Success {
+			if st := waitRequestWithin(tb, owner, uint64(3*r+k), parts[3*r+k], 30*time.Second); st != abi.Success {
 				tb.Fatalf("operation %d to rank %d: %v", k, r, st)
 			}
 		}
@@ -449,8 +459,15 @@ func TestScaleHelper(t *testing.T) {
 			src[j] = scalePattern(r, 0, j)
 		}
 		tag := uint64(r)
-		m.Post(0, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: uint64(r * scaleSlot), Tag: tag, Local: unsafe.Pointer(&src[8]), Size: scalePayload, Off: uint64(r*scaleSlot + 8)}}, false, r%lanes)
-		if st := waitDoneWithin(t, o, tag, 30*time.Second); st != abi.Success {
+		op := &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: uint64(r * scaleSlot), Tag: tag, Local: unsafe.Pointer(&src[8]), Size: scalePayload, Off: uint64(r*scaleSlot + 8)}}
+		// Striped (Options' zero StripeThreshold): a piece on lane 0 and
+		// the signal on lane r%lanes, each completing on its own lane's
+		// ack. The request is done when both are: the signal's part may
+		// complete while the piece still waits in lane 0's queue
+		// (TestSignalPartBeforeItsPiece).
+		parts := m.OpParts(0, op)
+		m.Post(0, op, false, r%lanes)
+		if st := waitRequestWithin(t, o, tag, parts, 30*time.Second); st != abi.Success {
 			verdict = fmt.Sprintf("rank %d's put to rank 0: %v", r, st)
 			// Said at once, with the mesh's lanes: rank 0 checks the
 			// bytes before it reads the verdicts, and a failed put that
@@ -460,8 +477,9 @@ func TestScaleHelper(t *testing.T) {
 		}
 		// Completion means arrival: the source may be reused at once. It
 		// is poisoned here, so a payload read after its put completed
-		// lands as poisonByte at rank 0, which says so by name (this once
-		// failed as a wrong pattern, the next rank's, never reproduced).
+		// lands as poisonByte at rank 0, which says so by name. (It once
+		// landed so, and once as the next rank's pattern, while this
+		// waited for the first completion of the tag, the signal's part.)
 		for j := range src {
 			src[j] = poisonByte
 		}

@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -307,10 +308,14 @@ func (l *lane) awaitingReply() bool { return l.pendingPuts() > 0 || l.pendingGet
 
 // awaitPuts appends the tags of puts about to be written to the FIFO that
 // the target's acks complete. If the peer is already dead (FailAll may have
-// emptied the FIFO), they fail here instead, so none is left behind.
-func (l *lane) awaitPuts(tags []uint64, ops []link.Op) {
+// emptied the FIFO), they fail here instead, so none is left behind, and
+// it returns errPutsFailed: their requests completed, so their sources
+// may be reused already, and the caller must not write what it gathered.
+// (markDead raises the dead flag before it closes the streams: a write
+// in between would still leave, with bytes read after the completion.)
+func (l *lane) awaitPuts(tags []uint64, ops []link.Op) error {
 	if len(tags) == 0 && len(ops) == 0 {
-		return
+		return nil
 	}
 	l.amu.Lock()
 	if l.p.Dead() {
@@ -318,7 +323,7 @@ func (l *lane) awaitPuts(tags []uint64, ops []link.Op) {
 		for _, tag := range tags {
 			l.p.Fail(link.Op{Request: link.Request{Msg: wire.MsgPut, Tag: tag}})
 		}
-		return
+		return errPutsFailed
 	}
 	if l.resend {
 		l.logSent(ops)
@@ -330,7 +335,12 @@ func (l *lane) awaitPuts(tags []uint64, ops []link.Op) {
 		l.puts.Push(tag)
 	}
 	l.amu.Unlock()
+	return nil
 }
+
+// errPutsFailed: awaitPuts found the peer dead and failed the puts it was
+// given, which must not be written any more.
+var errPutsFailed = fmt.Errorf("%w: its puts failed before they were written", link.ErrPeerGone)
 
 // ackPuts completes the puts a cumulative ack covers: the first n puts of
 // the stream. It reports false when n is more than the stream carried.

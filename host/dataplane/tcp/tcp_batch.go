@@ -40,9 +40,10 @@ func (l *lane) writeBatch(ops []link.Op) bool {
 	}
 	if err == nil {
 		// Into the FIFO before the bytes leave: the ack may come back
-		// before writev returns.
-		l.awaitPuts(b.pend, b.pops)
-		err = l.WriteIov(b.iov)
+		// before writev returns. Puts failed there are not written.
+		if err = l.awaitPuts(b.pend, b.pops); err == nil {
+			err = l.WriteIov(b.iov)
+		}
 	}
 	clear(b.iov)
 	clear(b.pops)
@@ -61,10 +62,12 @@ type batchOut struct {
 }
 
 // await moves the puts gathered so far into the FIFO, before what is
-// gathered is written: the ack may race the write.
-func (l *lane) await(b *batchOut) {
-	l.awaitPuts(b.pend, b.pops)
+// gathered is written: the ack may race the write. An error (the peer
+// died, the puts failed) means what is gathered must not be written.
+func (l *lane) await(b *batchOut) error {
+	err := l.awaitPuts(b.pend, b.pops)
 	b.pend, b.pops = b.pend[:0], b.pops[:0]
+	return err
 }
 
 // writeOp adds ops[i] of the batch to b by what it is: a payload a side
@@ -81,8 +84,10 @@ func (l *lane) writeOp(b *batchOut, i int, op *link.Op) (reached bool, err error
 	if (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal) && !op.Resent && l.ix != nil && !l.ix.RingOff() && l.t.side.Ringable(op) {
 		// What is gathered goes first: the first ring offer waits
 		// for the target's answer.
-		l.await(b)
-		if err = l.WriteIov(b.iov); err != nil {
+		if err = l.await(b); err == nil {
+			err = l.WriteIov(b.iov)
+		}
+		if err != nil {
 			return false, err
 		}
 		b.iov = b.iov[:0]
@@ -181,9 +186,10 @@ func (l *lane) putPayload(b *batchOut, op *link.Op, ringed, comp bool) (err erro
 	}
 	if ringed {
 		// The header goes now; the payload through the ring.
-		l.await(b)
-		if err = l.WriteIov(b.iov); err == nil {
-			err = l.ix.RingSend(op)
+		if err = l.await(b); err == nil {
+			if err = l.WriteIov(b.iov); err == nil {
+				err = l.ix.RingSend(op)
+			}
 		}
 		b.iov = b.iov[:0]
 	} else if g, gerr := l.gatherDev(op, len(b.iov)); g != nil {
@@ -193,13 +199,16 @@ func (l *lane) putPayload(b *batchOut, op *link.Op, ringed, comp bool) (err erro
 	} else if gerr != nil {
 		// As a failed synchronous copy: the put is in the
 		// FIFO, failed (or resent) with the lane.
-		l.await(b)
-		err = gerr
+		if err = l.await(b); err == nil {
+			err = gerr
+		}
 	} else if op.Size > 0 && op.LocalCtx != 0 {
 		// Device source: what is queued goes first, then the
 		// payload is staged through host memory chunk by chunk.
-		l.await(b)
-		if err = l.WriteIov(b.iov); err == nil {
+		if err = l.await(b); err == nil {
+			err = l.WriteIov(b.iov)
+		}
+		if err == nil {
 			err = staging.WriteFromDevice(l.streamWriter(), op.LocalCtx, uintptr(op.Local), op.Size, l.p.Mesh().StageChunk)
 		}
 		b.iov = b.iov[:0]
@@ -275,9 +284,11 @@ func (l *lane) compress(iov [][]byte, pend []uint64, pops []link.Op, op *link.Op
 	for len(src) > 0 {
 		n := min(len(src), codec.BlockSize)
 		if !e.Room(n) || len(iov)+2 > cap(iov) {
-			l.awaitPuts(pend, pops)
+			err := l.awaitPuts(pend, pops)
 			pend, pops = pend[:0], pops[:0]
-			err := l.WriteIov(iov)
+			if err == nil {
+				err = l.WriteIov(iov)
+			}
 			clear(iov)
 			iov = iov[:0]
 			e.Reset()

@@ -76,8 +76,9 @@ func (l *lane) PendingGets() int { return l.pendingGets() }
 // PushGet makes the lane await the reply to a get of size bytes named tag.
 func (l *lane) PushGet(tag, size uint64) { l.pushGet(getEntry{tag: tag, size: size}) }
 
-// AwaitPuts makes the lane await the acks of tags (ops: for a resend).
-func (l *lane) AwaitPuts(tags []uint64, ops []link.Op) { l.awaitPuts(tags, ops) }
+// AwaitPuts makes the lane await the acks of tags (ops: for a resend); an
+// error when the peer is dead (the puts failed).
+func (l *lane) AwaitPuts(tags []uint64, ops []link.Op) error { return l.awaitPuts(tags, ops) }
 
 // Amu guards the lane's ack FIFO (Moved and LaneState's counts).
 func (l *lane) Amu() *sync.Mutex { return &l.amu }
