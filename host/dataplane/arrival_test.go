@@ -5,7 +5,7 @@
 
 //go:build !race
 
-package dataplane
+package dataplane_test
 
 import (
 	"encoding/binary"
@@ -16,6 +16,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -36,8 +38,8 @@ func TestCompletionMeansArrival(t *testing.T) {
 		spin  time.Duration
 	}{{false, 1, 0}, {false, 3, 0}, {true, 1, 0}, {true, 2, 0}, {false, 1, time.Millisecond}, {false, 3, 200 * time.Microsecond}} {
 		t.Run(fmt.Sprintf("intra=%v/lanes=%d/spin=%v", cfg.intra, cfg.lanes, cfg.spin), func(t *testing.T) {
-			os := newOwners(2, payOff+1<<20)
-			ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: cfg.intra, Lanes: cfg.lanes,
+			os := meshtest.NewOwners(2, payOff+1<<20)
+			ms := meshtest.Connect2(t, os, dataplane.Options{Timeout: 10 * time.Second, IntraNode: cfg.intra, Lanes: cfg.lanes,
 				StripeThreshold: 256 << 10, ChunkSize: 64 << 10, SpinWait: cfg.spin, Spinners: 3})
 			src := make([]byte, 1<<20)
 			notify := make(chan uint64) // out of band: "request tag completed"
@@ -47,7 +49,7 @@ func TestCompletionMeansArrival(t *testing.T) {
 				sig := uint64(0)
 				for tag := range notify {
 					size, iter := sizes[tag%uint64(len(sizes))], byte(tag>>8)
-					got := os[1].mem[payOff : payOff+size]
+					got := os[1].Mem[payOff : payOff+size]
 					var err error
 					for i := range got {
 						if got[i] != iter+byte(i) {
@@ -57,7 +59,7 @@ func TestCompletionMeansArrival(t *testing.T) {
 					}
 					if tag&0x80 != 0 {
 						sig++
-						if w := binary.LittleEndian.Uint64(os[1].mem[sigOff:]); err == nil && w != sig {
+						if w := binary.LittleEndian.Uint64(os[1].Mem[sigOff:]); err == nil && w != sig {
 							err = fmt.Errorf("put with signal %d completed but the signal word is %d, want %d", tag, w, sig)
 						}
 					}
@@ -74,7 +76,7 @@ func TestCompletionMeansArrival(t *testing.T) {
 						src[i] = byte(iter) + byte(i)
 					}
 					tag := uint64(iter)<<8 | uint64(si)
-					op := Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Local: unsafe.Pointer(&src[0]), Size: size, Off: payOff}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[payOff])))}}
+					op := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Local: unsafe.Pointer(&src[0]), Size: size, Off: payOff}, Route: dataplane.Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].Mem[payOff])))}}
 					if iter%2 == 0 {
 						tag |= 0x80
 						op.Msg, op.SigMrID, op.SigOp, op.SigOff = wire.MsgPutSignal, 1, abi.SignalOpInc, sigOff
@@ -86,9 +88,9 @@ func TestCompletionMeansArrival(t *testing.T) {
 					deadline := time.Now().Add(10 * time.Second)
 					for {
 						ms[0].Flush(1)
-						os[0].mu.Lock()
-						n, st := os[0].parts[tag], os[0].done[tag]
-						os[0].mu.Unlock()
+						os[0].Mu.Lock()
+						n, st := os[0].Parts[tag], os[0].Done[tag]
+						os[0].Mu.Unlock()
 						if n == want {
 							if st != abi.Success {
 								t.Fatalf("put %d: %v", tag, st)

@@ -1,4 +1,4 @@
-package dataplane
+package dataplane_test
 
 import (
 	"bytes"
@@ -6,64 +6,31 @@ import (
 	"io"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
-// pair is two listeners of a 2-rank communicator and their handles.
-func pair(t *testing.T) ([]*Listener, []*wire.Handle, []wire.HandleInfo) {
-	t.Helper()
-	ls, hs := listenN(t, 2)
-	his := make([]wire.HandleInfo, 2)
-	for i, h := range hs {
-		his[i], _ = wire.DecodeHandle(h)
-	}
-	return ls, hs, his
-}
-
-// connectPair runs Connect for both ranks (rank r sees handles views[r])
-// and returns the meshes with their 64-byte registrations.
-func connectPair(t *testing.T, ls []*Listener, views [][]*wire.Handle) ([]*Mesh, []*memOwner) {
-	t.Helper()
-	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 64), done: map[uint64]abi.Result{}}}
-	ms := make([]*Mesh, 2)
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for i := range ms {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			ms[i], errs[i] = Connect(ls[i], views[i], i, owners[i], Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second})
-		}(i)
-	}
-	wg.Wait()
-	if errs[0] != nil || errs[1] != nil {
-		t.Fatalf("connect: rank 0: %v; rank 1: %v", errs[0], errs[1])
-	}
-	t.Cleanup(func() { ms[0].Close(); ms[1].Close() })
-	return ms, owners
-}
-
 // putLands sends 64 bytes from rank 1 to rank 0 and checks they arrived.
-func putLands(t *testing.T, ms []*Mesh, owners []*memOwner, seed byte) {
+func putLands(t *testing.T, ms []*dataplane.Mesh, owners []*meshtest.MemOwner, seed byte) {
 	t.Helper()
 	src := make([]byte, 64)
 	for i := range src {
 		src[i] = seed + byte(i)
 	}
 	tag := uint64(seed) + 100
-	ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, -1)
-	if st := waitDone(t, owners[1], tag); st != abi.Success {
+	ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, -1)
+	if st := meshtest.WaitDone(t, owners[1], tag); st != abi.Success {
 		t.Fatalf("put from rank 1: %v", st)
 	}
-	if !bytes.Equal(owners[0].mem, src) {
-		t.Fatalf("rank 0's memory holds %x, want %x", owners[0].mem[:8], src[:8])
+	if !bytes.Equal(owners[0].Mem, src) {
+		t.Fatalf("rank 0's memory holds %x, want %x", owners[0].Mem[:8], src[:8])
 	}
 }
 
@@ -75,9 +42,9 @@ func putLands(t *testing.T, ms []*Mesh, owners []*memOwner, seed byte) {
 // replayed token was admitted and the connect failed with "two connections
 // claim rank 1 lane 0").
 func TestHelloReplayDuringConnect(t *testing.T) {
-	got := warnings(t)
-	resetLimits()
-	ls, hs, his := pair(t)
+	got := meshtest.Warnings(t)
+	meshtest.ResetLimits()
+	ls, hs, his := meshtest.Pair(t)
 	relay, err := net.ListenTCP("tcp", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	if err != nil {
 		t.Fatal(err)
@@ -122,12 +89,12 @@ func TestHelloReplayDuringConnect(t *testing.T) {
 		u.Write(rec[handshake.HelloSize:])
 		io.Copy(u, a)
 	}()
-	ms, owners := connectPair(t, ls, [][]*wire.Handle{hs, {&h0, hs[1]}})
+	ms, owners := meshtest.ConnectPair(t, ls, [][]*wire.Handle{hs, {&h0, hs[1]}})
 	answer := <-replayGot
 	if len(answer) != handshake.ChallengeSize || string(answer[:4]) != handshake.ChallengeMagic {
 		t.Fatalf("the replay got %d bytes %q, want a challenge and nothing after it", len(answer), answer)
 	}
-	if countMatching(got(), "claims rank 1 of 2 lane 0 but its signature does not verify") != 1 {
+	if meshtest.CountMatching(got(), "claims rank 1 of 2 lane 0 but its signature does not verify") != 1 {
 		t.Fatalf("no WARN for the replay: %q", got())
 	}
 	putLands(t, ms, owners, 7)
@@ -139,9 +106,9 @@ func TestHelloReplayDuringConnect(t *testing.T) {
 // put lands (before, the impostor was admitted silently and the real
 // rank 1's stream either aborted the connect or was parked).
 func TestImpostorWithAllHandles(t *testing.T) {
-	got := warnings(t)
-	resetLimits()
-	ls, hs, his := pair(t)
+	got := meshtest.Warnings(t)
+	meshtest.ResetLimits()
+	ls, hs, his := meshtest.Pair(t)
 	evil, err := handshake.NewIdentity()
 	if err != nil {
 		t.Fatal(err)
@@ -162,14 +129,14 @@ func TestImpostorWithAllHandles(t *testing.T) {
 			impostor <- err
 		}(id)
 	}
-	waitFor(t, "the impostors to wait for connect", func() bool { return ls[0].gate.Strangers() == 2 })
-	ms, owners := connectPair(t, ls, [][]*wire.Handle{hs, hs})
+	meshtest.WaitFor(t, "the impostors to wait for connect", func() bool { return ls[0].Gate().Strangers() == 2 })
+	ms, owners := meshtest.ConnectPair(t, ls, [][]*wire.Handle{hs, hs})
 	for i := 0; i < 2; i++ {
 		if err := <-impostor; err == nil {
 			t.Fatal("an impostor was admitted as rank 1")
 		}
 	}
-	if n := countMatching(got(), "claims rank 1 of 2 lane 0 but its signature does not verify"); n != 2 {
+	if n := meshtest.CountMatching(got(), "claims rank 1 of 2 lane 0 but its signature does not verify"); n != 2 {
 		t.Fatalf("%d WARN lines for 2 impostors: %q", n, got())
 	}
 	putLands(t, ms, owners, 3)
@@ -192,16 +159,16 @@ func dialerSteps(t *testing.T, addr *net.TCPAddr, key *[wire.KeySize]byte, id *h
 // TestHelloRefusals: every way a proof can be wrong is refused with a
 // rate-limited WARN and never reaches connect, which then succeeds.
 func TestHelloRefusals(t *testing.T) {
-	got := warnings(t)
-	resetLimits()
-	ls, hs, his := pair(t)
-	ls[0].setPeers(his, false)
-	other, _, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	got := meshtest.Warnings(t)
+	meshtest.ResetLimits()
+	ls, hs, his := meshtest.Pair(t)
+	ls[0].SetPeers(his, false)
+	other, _, err := dataplane.Listen(dataplane.ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	r1 := &ls[1].id
+	r1 := ls[1].ID()
 	good := handshake.Claim{Rank: 1, NRanks: 2, Lane: 0, Lanes: 1}
 	for _, c := range []struct {
 		name        string
@@ -213,7 +180,7 @@ func TestHelloRefusals(t *testing.T) {
 		{"bit flipped in the signature", &his[0].Key, good, good, func(p []byte) { p[20] ^= 1 }, "signature does not verify"},
 		{"signed for lane 1, claims lane 0", &his[0].Key, good, handshake.Claim{Rank: 1, NRanks: 2, Lane: 1, Lanes: 2}, nil, "signature does not verify"},
 		{"fabric flag flipped on the way", &his[0].Key, handshake.Claim{Rank: 1, NRanks: 2, Lane: 0, Lanes: 1, NoFabric: true}, good, nil, "signature does not verify"},
-		{"signed for another listener", &other.info.Key, good, good, nil, "signature does not verify"},
+		{"signed for another listener", &other.Info().Key, good, good, nil, "signature does not verify"},
 		{"claims a 3-rank communicator", &his[0].Key, handshake.Claim{Rank: 1, NRanks: 3, Lane: 0, Lanes: 1}, handshake.Claim{Rank: 1, NRanks: 3, Lane: 0, Lanes: 1}, nil, "this communicator has 2 ranks"},
 		{"no proof magic", &his[0].Key, good, good, func(p []byte) { copy(p, "XXXX") }, "sent no proof"},
 		{"rank outside nranks", &his[0].Key, handshake.Claim{Rank: 2, NRanks: 2, Lane: 0, Lanes: 1}, good, nil, "hello claims rank 2 of 2"},
@@ -224,7 +191,7 @@ func TestHelloRefusals(t *testing.T) {
 		if len(answer) != 0 {
 			t.Fatalf("%s: the listener answered the proof with %q", c.name, answer)
 		}
-		waitFor(t, c.name+" WARN", func() bool { return len(got()) > before })
+		meshtest.WaitFor(t, c.name+" WARN", func() bool { return len(got()) > before })
 		if line := got()[before]; !strings.Contains(line, c.warn) || !strings.Contains(line, "rejected connection") {
 			t.Fatalf("%s: WARN %q, want it to say %q", c.name, line, c.warn)
 		}
@@ -237,21 +204,21 @@ func TestHelloRefusals(t *testing.T) {
 	}
 	// That stream is rank 1 lane 0 now; connect takes it as such and
 	// refuses the real one as a second proven stream for the same lane.
-	if in := <-ls[0].conns; in.Claim != good {
+	if in := <-ls[0].Conns(); in.Claim != good {
 		t.Fatalf("admitted %+v", in.Claim)
 	}
-	if len(ls[0].conns) != 0 {
+	if len(ls[0].Conns()) != 0 {
 		t.Fatal("a refused connection reached connect")
 	}
-	ms, owners := connectPair(t, ls, [][]*wire.Handle{hs, hs})
+	ms, owners := meshtest.ConnectPair(t, ls, [][]*wire.Handle{hs, hs})
 	putLands(t, ms, owners, 9)
 }
 
 // TestDuplicateProvenStream: two authenticated streams for one rank and
 // lane are an error of connect, not silently parked.
 func TestDuplicateProvenStream(t *testing.T) {
-	ls, hs, his := pair(t)
-	ls[1].setPeers(his, false) // rank 1's listener answers rank 0's dial
+	ls, hs, his := meshtest.Pair(t)
+	ls[1].SetPeers(his, false) // rank 1's listener answers rank 0's dial
 	done := make(chan error, 2)
 	for i := 0; i < 2; i++ {
 		extra, err := net.DialTCP("tcp", nil, his[0].Addr)
@@ -260,15 +227,15 @@ func TestDuplicateProvenStream(t *testing.T) {
 		}
 		defer extra.Close()
 		go func() {
-			_, err := handshake.Hello(extra, &his[0].Key, &ls[1].id, handshake.Claim{Rank: 1, NRanks: 2, Lane: 0, Lanes: 1}, time.Now().Add(10*time.Second))
+			_, err := handshake.Hello(extra, &his[0].Key, ls[1].ID(), handshake.Claim{Rank: 1, NRanks: 2, Lane: 0, Lanes: 1}, time.Now().Add(10*time.Second))
 			done <- err
 		}()
 	}
 	// Both are proven and queued before connect looks, so it sees them
 	// ahead of rank 0's own stream.
-	ls[0].setPeers(his, false)
-	waitFor(t, "both streams admitted", func() bool { return len(ls[0].conns) == 2 })
-	_, err := Connect(ls[0], hs, 0, &memOwner{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, Options{Timeout: 5 * time.Second, Lanes: 1})
+	ls[0].SetPeers(his, false)
+	meshtest.WaitFor(t, "both streams admitted", func() bool { return len(ls[0].Conns()) == 2 })
+	_, err := dataplane.Connect(ls[0], hs, 0, &meshtest.MemOwner{Mem: make([]byte, 64), Done: map[uint64]abi.Result{}}, dataplane.Options{Timeout: 5 * time.Second, Lanes: 1})
 	if err == nil || !strings.Contains(err.Error(), "two connections claim rank 1 lane 0") {
 		t.Fatalf("connect with two proven streams for rank 1 lane 0: %v", err)
 	}
@@ -282,9 +249,9 @@ func TestDuplicateProvenStream(t *testing.T) {
 // TestStrangerFloodQuiet: 300 connections with garbage hellos produce a
 // bounded number of WARN lines, and a real connect still works.
 func TestStrangerFloodQuiet(t *testing.T) {
-	got := warnings(t)
-	resetLimits()
-	ls, hs, his := pair(t)
+	got := meshtest.Warnings(t)
+	meshtest.ResetLimits()
+	ls, hs, his := meshtest.Pair(t)
 	start := time.Now()
 	garbage := bytes.Repeat([]byte{0x5a}, handshake.HelloSize)
 	for i := 0; i < 300; i++ {
@@ -300,9 +267,9 @@ func TestStrangerFloodQuiet(t *testing.T) {
 		c.Close()
 	}
 	limit := 10 + int(time.Since(start)/time.Second) + 1
-	if n := countMatching(got(), "rejected connection"); n == 0 || n > limit {
+	if n := meshtest.CountMatching(got(), "rejected connection"); n == 0 || n > limit {
 		t.Fatalf("%d WARN lines for 300 rejected strangers in %v (limit %d)", n, time.Since(start), limit)
 	}
-	ms, owners := connectPair(t, ls, [][]*wire.Handle{hs, hs})
+	ms, owners := meshtest.ConnectPair(t, ls, [][]*wire.Handle{hs, hs})
 	putLands(t, ms, owners, 1)
 }

@@ -1,4 +1,4 @@
-package dataplane
+package dataplane_test
 
 import (
 	"sync"
@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -15,22 +17,22 @@ import (
 func BenchmarkConnect8(b *testing.B) {
 	const n = 8
 	for i := 0; i < b.N; i++ {
-		ls := make([]*Listener, n)
+		ls := make([]*dataplane.Listener, n)
 		hs := make([]*wire.Handle, n)
 		for r := range ls {
-			l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+			l, h, err := dataplane.Listen(dataplane.ListenOptions{Addr: "127.0.0.1"})
 			if err != nil {
 				b.Fatal(err)
 			}
 			ls[r], hs[r] = l, h
 		}
-		ms := make([]*Mesh, n)
+		ms := make([]*dataplane.Mesh, n)
 		var wg sync.WaitGroup
 		for r := range ms {
 			wg.Add(1)
 			go func(r int) {
 				defer wg.Done()
-				m, err := Connect(ls[r], hs, r, &memOwner{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, Options{Timeout: 20 * time.Second, Lanes: 1, CloseTimeout: time.Second})
+				m, err := dataplane.Connect(ls[r], hs, r, &meshtest.MemOwner{Mem: make([]byte, 64), Done: map[uint64]abi.Result{}}, dataplane.Options{Timeout: 20 * time.Second, Lanes: 1, CloseTimeout: time.Second})
 				if err != nil {
 					b.Error(err)
 				}

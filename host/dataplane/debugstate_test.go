@@ -1,4 +1,4 @@
-package dataplane
+package dataplane_test
 
 import (
 	"strings"
@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -14,10 +16,10 @@ import (
 // lanes of its TCP streams (streamsOf), with the one put a held operation
 // left queued.
 func TestWriteState(t *testing.T) {
-	os := newOwners(2, 4096)
-	setDelays(t, time.Hour, tcp.SendDelay(), tcp.HoldDelay())
-	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 1})
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Size: 0, Off: 64}}, true, 0)
+	os := meshtest.NewOwners(2, 4096)
+	meshtest.SetDelays(t, time.Hour, tcp.SendDelay(), tcp.HoldDelay())
+	ms := meshtest.Connect2(t, os, dataplane.Options{Timeout: 10 * time.Second, Lanes: 1})
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Size: 0, Off: 64}}, true, 0)
 	var b strings.Builder
 	ms[0].WriteState(&b)
 	out := b.String()
@@ -27,7 +29,7 @@ func TestWriteState(t *testing.T) {
 		}
 	}
 	ms[0].Flush(1)
-	if st := waitDone(t, os[0], 1); st != abi.Success {
+	if st := meshtest.WaitDone(t, os[0], 1); st != abi.Success {
 		t.Fatalf("the held put: %v", st)
 	}
 }

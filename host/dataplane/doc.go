@@ -31,6 +31,11 @@
 //     (host/seqorder keeps signals strong).
 //   - peer_link.go: the peer as its transport sees it (link.Peer).
 //   - aliases.go: the contract's names (Op, Owner, Pin, ...) kept here.
+//   - testhooks.go: test-only accessors of a mesh, its peers and its
+//     listener for the integration tests, which are external test
+//     packages here and in the transports' directories, their fixtures in
+//     host/dataplane/meshtest (test support, never imported by non-test
+//     code).
 //   - ipc.go: the mesh's side of the descriptor exchange
 //     (host/dataplane/intranode/share): the intra-node links' pids and
 //     interprocess events.

@@ -1,4 +1,4 @@
-package dataplane
+package dataplane_test
 
 import (
 	"errors"
@@ -12,39 +12,11 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake/admission"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx/logtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
-
-// warnings captures the WARN lines logged until the test ends.
-func warnings(t *testing.T) func() []string {
-	t.Helper()
-	return logtest.Warnings(t)
-}
-
-// waitFor polls cond for up to 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func countMatching(lines []string, sub string) int {
-	n := 0
-	for _, l := range lines {
-		if strings.Contains(l, sub) {
-			n++
-		}
-	}
-	return n
-}
 
 // TestAcceptSurvivesEMFILE runs in a child process whose descriptor limit
 // it lowers: strangers' connections use up every descriptor, so accept
@@ -61,12 +33,12 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 		}
 		return
 	}
-	got := warnings(t)
-	resetLimits()
-	ls := make([]*Listener, 2)
+	got := meshtest.Warnings(t)
+	meshtest.ResetLimits()
+	ls := make([]*dataplane.Listener, 2)
 	hs := make([]*wire.Handle, 2)
 	for i := range ls {
-		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+		l, h, err := dataplane.Listen(dataplane.ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -104,19 +76,19 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 		t.Fatal("never ran out of descriptors")
 	}
 	// The kernel completed handshakes that accept cannot take: it fails.
-	waitFor(t, "an accept failure WARN", func() bool { return countMatching(got(), "too many open files") > 0 })
+	meshtest.WaitFor(t, "an accept failure WARN", func() bool { return meshtest.CountMatching(got(), "too many open files") > 0 })
 	for _, c := range strangers {
 		c.Close()
 	}
-	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 64), done: map[uint64]abi.Result{}}}
-	ms := make([]*Mesh, 2)
+	owners := []*meshtest.MemOwner{{Mem: make([]byte, 64), Done: map[uint64]abi.Result{}}, {Mem: make([]byte, 64), Done: map[uint64]abi.Result{}}}
+	ms := make([]*dataplane.Mesh, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for i := range ms {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			ms[i], errs[i] = Connect(ls[i], hs, i, owners[i], Options{Timeout: 20 * time.Second, Lanes: 1, CloseTimeout: time.Second})
+			ms[i], errs[i] = dataplane.Connect(ls[i], hs, i, owners[i], dataplane.Options{Timeout: 20 * time.Second, Lanes: 1, CloseTimeout: time.Second})
 		}(i)
 	}
 	wg.Wait()
@@ -125,7 +97,7 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 	}
 	ms[0].Close()
 	ms[1].Close()
-	if n := countMatching(got(), "NET/wasm: accept on"); n > 11 {
+	if n := meshtest.CountMatching(got(), "NET/wasm: accept on"); n > 11 {
 		t.Fatalf("%d accept failure lines: not rate limited", n)
 	}
 }
@@ -134,11 +106,11 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 // accept with a rate-limited WARN; once the hello deadline frees the slots
 // a real dialer gets in.
 func TestStrangerCap(t *testing.T) {
-	got := warnings(t)
-	resetLimits()
-	defer func(n int32, d time.Duration) { maxStrangers, helloTimeout = n, d }(maxStrangers, helloTimeout)
-	maxStrangers, helloTimeout = 4, 500*time.Millisecond
-	l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	got := meshtest.Warnings(t)
+	meshtest.ResetLimits()
+	defer func(n int32, d time.Duration) { *dataplane.MaxStrangers(), *dataplane.HelloTimeout() = n, d }(*dataplane.MaxStrangers(), *dataplane.HelloTimeout())
+	*dataplane.MaxStrangers(), *dataplane.HelloTimeout() = 4, 500*time.Millisecond
+	l, h, err := dataplane.Listen(dataplane.ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,26 +137,19 @@ func TestStrangerCap(t *testing.T) {
 	if closed < 36 {
 		t.Fatalf("%d of 40 idle strangers closed at once, want at least 36", closed)
 	}
-	if n := l.gate.Strangers(); n > 4 {
+	if n := l.Gate().Strangers(); n > 4 {
 		t.Fatalf("listener holds %d strangers, cap 4", n)
 	}
 	lines := got()
-	if n := countMatching(lines, "have not authenticated"); n == 0 || n > 11 {
+	if n := meshtest.CountMatching(lines, "have not authenticated"); n == 0 || n > 11 {
 		t.Fatalf("%d cap lines for 36 refusals (want 1..11): %q", n, lines)
 	}
 	// The held ones time out; then a real dialer is admitted.
-	waitFor(t, "the strangers' hello deadline", func() bool { return l.gate.Strangers() == 0 })
-	l.setPeers([]wire.HandleInfo{hi}, false)
-	c, err := dial(hi, &l.id, handshake.Claim{Rank: 0, NRanks: 1, Lane: 0, Lanes: 1}, time.Now().Add(5*time.Second))
+	meshtest.WaitFor(t, "the strangers' hello deadline", func() bool { return l.Gate().Strangers() == 0 })
+	l.SetPeers([]wire.HandleInfo{hi}, false)
+	c, err := dataplane.Dial(hi, l.ID(), handshake.Claim{Rank: 0, NRanks: 1, Lane: 0, Lanes: 1}, time.Now().Add(5*time.Second))
 	if err != nil {
 		t.Fatalf("a real dialer after the strangers left: %v", err)
 	}
 	c.Close()
-}
-
-// resetLimits gives the process-wide rate limits a full budget, so a test
-// sees its own lines.
-func resetLimits() {
-	admission.Warn.Reset()
-	acceptWarn.Reset()
 }

@@ -1,4 +1,4 @@
-package dataplane
+package dataplane_test
 
 import (
 	"fmt"
@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -17,33 +19,33 @@ import (
 // it with a WARN, drop the peer and report the loss; the initiator's
 // operations then fail with ncclRemoteError after its sticky error is set.
 func TestSequenceBeyondWindowDropsPeer(t *testing.T) {
-	got := warnings(t)
-	ms, owners := mesh2(t, false)
+	got := meshtest.Warnings(t)
+	ms, owners := meshtest.Mesh2(t, false)
 	src := make([]byte, 64)
 	for i := range src {
 		src[i] = byte(i + 1)
 	}
 	// A healthy put first: the stream works and its bytes land.
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, -1)
-	if st := waitDone(t, owners[0], 1); st != abi.Success {
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, -1)
+	if st := meshtest.WaitDone(t, owners[0], 1); st != abi.Success {
 		t.Fatalf("healthy put: %v", st)
 	}
 	rawHeaderDrops(t, ms, owners, wire.Header{Typ: wire.MsgPut, MrID: 1, Size: 0, Seq: 1 << 40}, "protocol violation by rank 0", "beyond the window")
-	if countMatching(got(), "protocol violation by rank 0") == 0 {
+	if meshtest.CountMatching(got(), "protocol violation by rank 0") == 0 {
 		t.Fatalf("no WARN for the violation: %q", got())
 	}
-	if n := ms[1].peers[0].order.Slots(); n > 1024 {
+	if n := ms[1].Peer(0).Order().Slots(); n > 1024 {
 		t.Fatalf("the target's ring grew to %d slots", n)
 	}
 	// The initiator sees its connection go and fails what it posts.
-	waitFor(t, "the initiator to see the peer gone", func() bool { return ms[0].peers[1].dead.Load() })
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, -1)
-	if st := waitDone(t, owners[0], 2); st != abi.RemoteError {
+	meshtest.WaitFor(t, "the initiator to see the peer gone", func() bool { return ms[0].Peer(1).Dead() })
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, -1)
+	if st := meshtest.WaitDone(t, owners[0], 2); st != abi.RemoteError {
 		t.Fatalf("a put to the dropped peer: %v, want RemoteError", st)
 	}
-	owners[0].mu.Lock()
-	sticky := len(owners[0].failed)
-	owners[0].mu.Unlock()
+	owners[0].Mu.Lock()
+	sticky := len(owners[0].Failed)
+	owners[0].Mu.Unlock()
 	if sticky == 0 {
 		t.Fatal("the initiator's sticky error was not set")
 	}
@@ -63,13 +65,13 @@ func TestUnsharedEventDropsPeer(t *testing.T) {
 }
 
 func unsharedEvent(t *testing.T, typ uint8, want string) {
-	got := warnings(t)
-	ms, owners := mesh2(t, false)
+	got := meshtest.Warnings(t)
+	ms, owners := meshtest.Mesh2(t, false)
 	rawHeaderDrops(t, ms, owners, wire.Header{Typ: typ, MrID: 1, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpAdd, SigValue: 1, Status: wire.StatusEvent | 3}, want)
-	if countMatching(got(), want) == 0 {
+	if meshtest.CountMatching(got(), want) == 0 {
 		t.Fatalf("no WARN for the violation: %q", got())
 	}
-	if w := *(*uint64)(unsafe.Pointer(&owners[1].mem[0])); w != 0 {
+	if w := *(*uint64)(unsafe.Pointer(&owners[1].Mem[0])); w != 0 {
 		t.Fatalf("the signal word was updated to %d", w)
 	}
 }
@@ -77,17 +79,17 @@ func unsharedEvent(t *testing.T, typ uint8, want string) {
 // rawHeaderDrops writes h on rank 0's authenticated stream to rank 1 and
 // waits until rank 1 failed the peer with an error containing every
 // string in says.
-func rawHeaderDrops(t *testing.T, ms []*Mesh, owners []*memOwner, h wire.Header, says ...string) {
+func rawHeaderDrops(t *testing.T, ms []*dataplane.Mesh, owners []*meshtest.MemOwner, h wire.Header, says ...string) {
 	t.Helper()
 	var b [wire.HeaderSize]byte
 	h.Encode(b[:])
-	if _, err := ms[0].peers[1].t.(*tcp.Link).Lanes()[0].Out().Write(b[:]); err != nil {
+	if _, err := ms[0].Peer(1).Transport().(*tcp.Link).Lanes()[0].Out().Write(b[:]); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the target to drop the peer", func() bool {
-		owners[1].mu.Lock()
-		defer owners[1].mu.Unlock()
-		for _, e := range owners[1].failed {
+	meshtest.WaitFor(t, "the target to drop the peer", func() bool {
+		owners[1].Mu.Lock()
+		defer owners[1].Mu.Unlock()
+		for _, e := range owners[1].Failed {
 			all := true
 			for _, w := range says {
 				all = all && strings.Contains(e.Error(), w)

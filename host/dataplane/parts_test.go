@@ -1,4 +1,4 @@
-package dataplane
+package dataplane_test
 
 import (
 	"sync/atomic"
@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -26,24 +28,24 @@ import (
 // was read after completion") and once the pattern of the helper's next
 // peer (its helpers reuse one source), because TestScaleHelper waited
 // for the first completion of its tag. The request is done, and its
-// source free, after Mesh.OpParts completions (memOwner.requestDone), as
+// source free, after Mesh.OpParts completions (meshtest.MemOwner.requestDone), as
 // the runtime counts them.
 func TestSignalPartBeforeItsPiece(t *testing.T) {
-	owners := newOwners(2, scaleSlot)
-	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 4, CloseTimeout: 5 * time.Second})
+	owners := meshtest.NewOwners(2, scaleSlot)
+	ms := meshtest.Connect2(t, owners, dataplane.Options{Timeout: 10 * time.Second, Lanes: 4, CloseTimeout: 5 * time.Second})
 	src := make([]byte, scaleSlot)
 	for i := range src {
 		src[i] = scalePattern(0, 1, i)
 	}
 	const tag = 7
-	op := &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: tag, Local: unsafe.Pointer(&src[8]), Size: scalePayload, Off: 8}}
+	op := &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: tag, Local: unsafe.Pointer(&src[8]), Size: scalePayload, Off: 8}}
 	parts := ms[0].OpParts(1, op)
 	if parts != 2 {
 		t.Fatalf("a put with signal of %d bytes over 4 lanes has %d parts, want 2 (a piece and the signal)", scalePayload, parts)
 	}
 	// Hold lane 0's stream: its writer leaves the piece in the queue.
-	l0 := tcpOf(t, ms[0], 1).Lanes()[0]
-	waitUntil(t, "lane 0's writing role", func() bool {
+	l0 := meshtest.TCPOf(t, ms[0], 1).Lanes()[0]
+	meshtest.WaitUntil(t, "lane 0's writing role", func() bool {
 		l0.Mu().Lock()
 		defer l0.Mu().Unlock()
 		if *l0.Writing() {
@@ -53,10 +55,10 @@ func TestSignalPartBeforeItsPiece(t *testing.T) {
 		return true
 	})
 	ms[0].Post(1, op, false, 1) // the signal on lane 1, which opens for it
-	waitUntil(t, "the completion of the signal's part", func() bool {
-		owners[0].mu.Lock()
-		defer owners[0].mu.Unlock()
-		return owners[0].parts[tag] == 1
+	meshtest.WaitUntil(t, "the completion of the signal's part", func() bool {
+		owners[0].Mu.Lock()
+		defer owners[0].Mu.Unlock()
+		return owners[0].Parts[tag] == 1
 	})
 	l0.Mu().Lock()
 	_, _, queued, _ := l0.QueueState()
@@ -65,8 +67,8 @@ func TestSignalPartBeforeItsPiece(t *testing.T) {
 		t.Fatalf("lane 0 holds %d ops queued at the first completion, want the piece", queued)
 	}
 	reused := false
-	if _, done := owners[0].requestDone(tag, parts); done {
-		// The request looks done: the caller reuses its source at once,
+	if _, done := owners[0].RequestDone(tag, parts); done {
+		// The request looks Done: the caller reuses its source at once,
 		// as TestScaleHelper poisons it.
 		for i := range src {
 			src[i] = poisonByte
@@ -76,13 +78,13 @@ func TestSignalPartBeforeItsPiece(t *testing.T) {
 	l0.Mu().Lock()
 	*l0.Writing() = false
 	l0.Mu().Unlock()
-	tcpOf(t, ms[0], 1).Kick() // as a holder that lets go with work queued
-	word := (*uint64)(unsafe.Pointer(&owners[1].mem[0]))
-	waitUntil(t, "the signal at the target", func() bool { return atomic.LoadUint64(word) == 1 })
+	meshtest.TCPOf(t, ms[0], 1).Kick() // as a holder that lets go with work queued
+	word := (*uint64)(unsafe.Pointer(&owners[1].Mem[0]))
+	meshtest.WaitUntil(t, "the signal at the target", func() bool { return atomic.LoadUint64(word) == 1 })
 	for i := 8; i < scaleSlot; i++ {
-		if got := owners[1].mem[i]; got != scalePattern(0, 1, i) {
+		if got := owners[1].Mem[i]; got != scalePattern(0, 1, i) {
 			if reused && got == poisonByte {
-				t.Fatalf("byte %d landed as the poison written over the source once the request looked done: the payload was read after that (the first of %d completions)", i, parts)
+				t.Fatalf("byte %d landed as the poison written over the source once the request looked Done: the payload was read after that (the first of %d completions)", i, parts)
 			}
 			t.Fatalf("byte %d landed as %d, want %d", i, got, scalePattern(0, 1, i))
 		}
@@ -90,7 +92,7 @@ func TestSignalPartBeforeItsPiece(t *testing.T) {
 	if reused {
 		t.Fatal("the request looked done with its payload still queued")
 	}
-	if st := waitRequestWithin(t, owners[0], tag, parts, 10*time.Second); st != abi.Success {
+	if st := meshtest.WaitRequestWithin(t, owners[0], tag, parts, 10*time.Second); st != abi.Success {
 		t.Fatalf("the put: %v", st)
 	}
 }

@@ -1,16 +1,20 @@
-package dataplane
+package dataplane_test
 
 import (
 	"testing"
 	"time"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 )
 
 // lateLink is a transport whose puts become visible late (an FI_HMEM
 // fabric link, an asynchronous landing copy).
-type lateLink struct{ transport }
+type lateLink struct{ link.Transport }
 
-func (l lateLink) Props() Props {
-	pr := l.transport.Props()
+func (l lateLink) Props() dataplane.Props {
+	pr := l.Transport.Props()
 	pr.LateVisible = true
 	return pr
 }
@@ -20,15 +24,14 @@ func (l lateLink) Props() Props {
 // transport lands puts that become visible late.
 func TestFlushesOnSignal(t *testing.T) {
 	for _, intra := range []bool{false, true} {
-		ms := connect2(t, newOwners(2, 64), Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
+		ms := meshtest.Connect2(t, meshtest.NewOwners(2, 64), dataplane.Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 		if !ms[0].FlushesOnSignal() || !ms[1].FlushesOnSignal() {
 			t.Fatalf("intra=%v: FlushesOnSignal false on a mesh with no late-visible transport", intra)
 		}
-		p := ms[0].peers[1]
-		real := p.t
-		p.t = lateLink{real}
+		real := ms[0].Peer(1).Transport()
+		ms[0].SetTransport(1, lateLink{real})
 		late := ms[0].FlushesOnSignal()
-		p.t = real
+		ms[0].SetTransport(1, real)
 		if late {
 			t.Fatalf("intra=%v: FlushesOnSignal true with a late-visible peer", intra)
 		}

@@ -1,4 +1,4 @@
-package dataplane
+package dataplane_test
 
 // The scale simulation: one real rank (this process) against 1,024 peers
 // hosted by four helper processes (this test binary again, 256 listeners
@@ -30,6 +30,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -74,7 +76,7 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 	}
 	hs := make([]*helper, procs)
 	handles := make([]*wire.Handle, total)
-	l, h0, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	l, h0, err := dataplane.Listen(dataplane.ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -155,7 +157,7 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 	for _, h := range handles {
 		fmt.Fprintf(&all, "%x\n", h[:])
 	}
-	owner := &memOwner{mem: make([]byte, total*scaleSlot), done: map[uint64]abi.Result{}}
+	owner := &meshtest.MemOwner{Mem: make([]byte, total*scaleSlot), Done: map[uint64]abi.Result{}}
 	runtime.GC()
 	debug.FreeOSMemory()
 	fd0, rss0, cpu0 := settledFDs(tb), rssKiB(tb), cpuTime()
@@ -165,7 +167,7 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 		}
 	}
 	start := time.Now()
-	m, err := Connect(l, handles, 0, owner, Options{Timeout: 60 * time.Second, Lanes: lanes, CloseTimeout: 10 * time.Second})
+	m, err := dataplane.Connect(l, handles, 0, owner, dataplane.Options{Timeout: 60 * time.Second, Lanes: lanes, CloseTimeout: 10 * time.Second})
 	res.connect = time.Since(start)
 	res.cpu = cpuTime() - cpu0
 	if err != nil {
@@ -210,8 +212,8 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 		}
 		half := uint64(scalePayload / 2)
 		// Over lanes that open now: the signal waits for both pieces.
-		ops := [2]*Op{{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(3 * r), Local: unsafe.Pointer(&s[8]), Size: half, Off: 8}},
-			{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: uint64(3*r + 1), Local: unsafe.Pointer(&s[8+half]), Size: scalePayload - half, Off: 8 + half}}}
+		ops := [2]*dataplane.Op{{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(3 * r), Local: unsafe.Pointer(&s[8]), Size: half, Off: 8}},
+			{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: uint64(3*r + 1), Local: unsafe.Pointer(&s[8+half]), Size: scalePayload - half, Off: 8 + half}}}
 		for k, op := range ops {
 			parts[3*r+k] = m.OpParts(r, op)
 			m.Post(r, op, false, (r+k)%lanes)
@@ -222,7 +224,7 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 		if !scaleSampled(r, stride, peers) {
 			continue
 		}
-		w := (*uint64)(unsafe.Pointer(&owner.mem[r*scaleSlot]))
+		w := (*uint64)(unsafe.Pointer(&owner.Mem[r*scaleSlot]))
 		for atomic.LoadUint64(w) != 1 {
 			if time.Now().After(deadline) {
 				tb.Fatalf("no signal from rank %d", r)
@@ -230,7 +232,7 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 			time.Sleep(time.Millisecond)
 		}
 		for i := 8; i < scaleSlot; i++ {
-			if got := owner.mem[r*scaleSlot+i]; got != scalePattern(r, 0, i) {
+			if got := owner.Mem[r*scaleSlot+i]; got != scalePattern(r, 0, i) {
 				if got == poisonByte && scalePattern(r, 0, i) != poisonByte {
 					tb.Fatalf("byte %d from rank %d is the poison its sender wrote once the put completed: the payload was read after completion", i, r)
 				}
@@ -238,21 +240,21 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 			}
 		}
 		// Read back what landed at the peer, signal word included.
-		get := &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: uint64(3*r + 2), Local: unsafe.Pointer(&gets[r*scaleSlot]), Size: scaleSlot, Off: 0}}
+		get := &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 1, Tag: uint64(3*r + 2), Local: unsafe.Pointer(&gets[r*scaleSlot]), Size: scaleSlot, Off: 0}}
 		parts[3*r+2] = m.OpParts(r, get)
 		m.Post(r, get, false, r%lanes)
 	}
 	for r := 1; r < total; r++ {
 		if !scaleSampled(r, stride, peers) {
 			for i := range scaleSlot {
-				if owner.mem[r*scaleSlot+i] != 0 {
+				if owner.Mem[r*scaleSlot+i] != 0 {
 					tb.Fatalf("rank %d, never sent to, wrote byte %d", r, i)
 				}
 			}
 			continue
 		}
 		for k := range 3 {
-			if st := waitRequestWithin(tb, owner, uint64(3*r+k), parts[3*r+k], 30*time.Second); st != abi.Success {
+			if st := meshtest.WaitRequestWithin(tb, owner, uint64(3*r+k), parts[3*r+k], 30*time.Second); st != abi.Success {
 				tb.Fatalf("operation %d to rank %d: %v", k, r, st)
 			}
 		}
@@ -275,8 +277,8 @@ func runScale(tb testing.TB, peers, procs, lanes, stride int) scaleResult {
 	if res.verified != sampled {
 		tb.Fatalf("helpers verified %d peers, %d sampled", res.verified, sampled)
 	}
-	if len(owner.failed) > 0 {
-		tb.Fatalf("peers failed: %v", owner.failed[0])
+	if len(owner.Failed) > 0 {
+		tb.Fatalf("peers failed: %v", owner.Failed[0])
 	}
 	for _, h := range hs {
 		h.in.Close() // the helpers close their meshes
@@ -387,9 +389,9 @@ func TestScaleHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := bufio.NewWriter(os.Stdout)
-	ls := make([]*Listener, count)
+	ls := make([]*dataplane.Listener, count)
 	for i := range ls {
-		l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+		l, h, err := dataplane.Listen(dataplane.ListenOptions{Addr: "127.0.0.1"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -411,16 +413,16 @@ func TestScaleHelper(t *testing.T) {
 		handles[i] = new(wire.Handle)
 		copy(handles[i][:], b)
 	}
-	owners := make([]*memOwner, count)
-	ms := make([]*Mesh, count)
+	owners := make([]*meshtest.MemOwner, count)
+	ms := make([]*dataplane.Mesh, count)
 	cpu0 := cpuTime()
 	var wg sync.WaitGroup
 	for i := range ms {
-		owners[i] = &memOwner{mem: make([]byte, scaleSlot), done: map[uint64]abi.Result{}}
+		owners[i] = &meshtest.MemOwner{Mem: make([]byte, scaleSlot), Done: map[uint64]abi.Result{}}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m, err := Connect(ls[i], handles, first+i, owners[i], Options{Timeout: 60 * time.Second, Lanes: lanes, CloseTimeout: 10 * time.Second, Peers: []int{0}})
+			m, err := dataplane.Connect(ls[i], handles, first+i, owners[i], dataplane.Options{Timeout: 60 * time.Second, Lanes: lanes, CloseTimeout: 10 * time.Second, Peers: []int{0}})
 			if err != nil {
 				t.Error(err)
 			}
@@ -442,7 +444,7 @@ func TestScaleHelper(t *testing.T) {
 			continue
 		}
 		o := owners[i]
-		w := (*uint64)(unsafe.Pointer(&o.mem[0]))
+		w := (*uint64)(unsafe.Pointer(&o.Mem[0]))
 		deadline := time.Now().Add(60 * time.Second)
 		for atomic.LoadUint64(w) != 1 {
 			if time.Now().After(deadline) {
@@ -451,15 +453,15 @@ func TestScaleHelper(t *testing.T) {
 			time.Sleep(time.Millisecond)
 		}
 		for j := 8; j < scaleSlot && verdict == "ok"; j++ {
-			if o.mem[j] != scalePattern(0, r, j) {
-				verdict = fmt.Sprintf("rank %d byte %d is %d, want %d", r, j, o.mem[j], scalePattern(0, r, j))
+			if o.Mem[j] != scalePattern(0, r, j) {
+				verdict = fmt.Sprintf("rank %d byte %d is %d, want %d", r, j, o.Mem[j], scalePattern(0, r, j))
 			}
 		}
 		for j := range src {
 			src[j] = scalePattern(r, 0, j)
 		}
 		tag := uint64(r)
-		op := &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: uint64(r * scaleSlot), Tag: tag, Local: unsafe.Pointer(&src[8]), Size: scalePayload, Off: uint64(r*scaleSlot + 8)}}
+		op := &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, SigOff: uint64(r * scaleSlot), Tag: tag, Local: unsafe.Pointer(&src[8]), Size: scalePayload, Off: uint64(r*scaleSlot + 8)}}
 		// Striped (Options' zero StripeThreshold): a piece on lane 0 and
 		// the signal on lane r%lanes, each completing on its own lane's
 		// ack. The request is done when both are: the signal's part may
@@ -467,7 +469,7 @@ func TestScaleHelper(t *testing.T) {
 		// (TestSignalPartBeforeItsPiece).
 		parts := m.OpParts(0, op)
 		m.Post(0, op, false, r%lanes)
-		if st := waitRequestWithin(t, o, tag, parts, 30*time.Second); st != abi.Success {
+		if st := meshtest.WaitRequestWithin(t, o, tag, parts, 30*time.Second); st != abi.Success {
 			verdict = fmt.Sprintf("rank %d's put to rank 0: %v", r, st)
 			// Said at once, with the mesh's lanes: rank 0 checks the
 			// bytes before it reads the verdicts, and a failed put that
@@ -486,7 +488,7 @@ func TestScaleHelper(t *testing.T) {
 		verified++
 	}
 	for i, o := range owners {
-		if !scaleSampled(first+i, stride, total-1) && !bytes.Equal(o.mem, make([]byte, scaleSlot)) {
+		if !scaleSampled(first+i, stride, total-1) && !bytes.Equal(o.Mem, make([]byte, scaleSlot)) {
 			verdict = fmt.Sprintf("rank %d, never sent to, received bytes", first+i)
 		}
 	}

@@ -1,8 +1,7 @@
-package dataplane
+package dataplane_test
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -11,9 +10,9 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -26,18 +25,18 @@ import (
 // delivers it.
 func TestSelfDevice(t *testing.T) {
 	const size = 64 << 10
-	ms, os, d := ringMesh(t, size, 1)
-	x := ms[0].peers[0].t.(*intranode.Link)
-	src := d.At(os[0].dev, size)
-	fill(src[:size/2], 3)
+	ms, os, d := meshtest.RingMesh(t, size, 1)
+	x := ms[0].Peer(0).Transport().(*intranode.Link)
+	src := d.At(os[0].Dev, size)
+	meshtest.Fill(src[:size/2], 3)
 	clear(src[size/2:])
-	sig := (*uint64)(unsafe.Pointer(&os[0].host[0]))
+	sig := (*uint64)(unsafe.Pointer(&os[0].Host[0]))
 
 	// Device to device, 8 bytes (the flush) and 20 KiB, with a signal.
 	for k, n := range []uint64{8, 20 << 10} {
 		tag := uint64(10 + k)
-		ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: n, Off: size / 2, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}}, false, -1)
-		if st := waitDone(t, &os[0].memOwner, tag); st != abi.Success {
+		ms[0].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: meshtest.AddrPtr(uint64(os[0].Dev)), LocalCtx: 1, Size: n, Off: size / 2, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}}, false, -1)
+		if st := meshtest.WaitDone(t, &os[0].MemOwner, tag); st != abi.Success {
 			t.Fatalf("self put of %d bytes: %v", n, st)
 		}
 		deadline := time.Now().Add(10 * time.Second)
@@ -52,23 +51,23 @@ func TestSelfDevice(t *testing.T) {
 		}
 	}
 	// Host to device, and a get from our device into our host memory.
-	h := os[0].host[64 : 64+4096]
-	fill(h, 5)
-	ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: unsafe.Pointer(&h[0]), Size: 4096, Off: 100}}, false, -1)
-	if st := waitDone(t, &os[0].memOwner, 20); st != abi.Success || !bytes.Equal(src[100:100+4096], h) {
+	h := os[0].Host[64 : 64+4096]
+	meshtest.Fill(h, 5)
+	ms[0].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: unsafe.Pointer(&h[0]), Size: 4096, Off: 100}}, false, -1)
+	if st := meshtest.WaitDone(t, &os[0].MemOwner, 20); st != abi.Success || !bytes.Equal(src[100:100+4096], h) {
 		t.Fatalf("host->device self put: %v", st)
 	}
-	g := os[0].host[8192 : 8192+4096]
-	ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: unsafe.Pointer(&g[0]), Size: 4096, Off: 200}}, false, -1)
-	if st := waitDone(t, &os[0].memOwner, 21); st != abi.Success || !bytes.Equal(g, src[200:200+4096]) {
+	g := os[0].Host[8192 : 8192+4096]
+	ms[0].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: unsafe.Pointer(&g[0]), Size: 4096, Off: 200}}, false, -1)
+	if st := meshtest.WaitDone(t, &os[0].MemOwner, 21); st != abi.Success || !bytes.Equal(g, src[200:200+4096]) {
 		t.Fatalf("device->host self get: %v", st)
 	}
 	if n := x.Selfs().Load(); n != 4 {
 		t.Fatalf("%d of 4 operations to itself moved by local copies", n)
 	}
 	// Out of range: refused as over the socket.
-	ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 22, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 4096, Off: size - 100}}, false, -1)
-	if st := waitDone(t, &os[0].memOwner, 22); st != abi.InvalidArgument {
+	ms[0].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 22, Local: meshtest.AddrPtr(uint64(os[0].Dev)), LocalCtx: 1, Size: 4096, Off: size - 100}}, false, -1)
+	if st := meshtest.WaitDone(t, &os[0].MemOwner, 22); st != abi.InvalidArgument {
 		t.Fatalf("out-of-range self put completed with %v", st)
 	}
 	// The next copy fails: the put goes through the socket and lands. (The
@@ -81,8 +80,8 @@ func TestSelfDevice(t *testing.T) {
 	}
 	d.FailAt.Store(d.Copies.Load() + 1)
 	clear(src[size/2 : size/2+64])
-	ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 23, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 64, Off: size / 2}}, false, -1)
-	if st := waitDone(t, &os[0].memOwner, 23); st != abi.Success || !bytes.Equal(src[size/2:size/2+64], src[:64]) {
+	ms[0].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 23, Local: meshtest.AddrPtr(uint64(os[0].Dev)), LocalCtx: 1, Size: 64, Off: size / 2}}, false, -1)
+	if st := meshtest.WaitDone(t, &os[0].MemOwner, 23); st != abi.Success || !bytes.Equal(src[size/2:size/2+64], src[:64]) {
 		t.Fatalf("self put after a failed local copy: %v", st)
 	}
 	if n := x.Selfs().Load(); n != 4 {
@@ -95,40 +94,11 @@ func TestSelfDevice(t *testing.T) {
 	}
 }
 
-// streamSelfDevice is a device with one in-order stream (devtest.Stream,
-// which queues the copies and counts the device-to-device ones).
-type streamSelfDevice struct{ *devtest.Stream }
-
-func (d *streamSelfDevice) Caps(uintptr) devmem.Caps { return devmem.CapWriteWord | devmem.CapAsync }
-func (d *streamSelfDevice) WriteWord(_, addr uintptr, v uint64) error {
-	d.Enqueue(func() { atomic.StoreUint64((*uint64)(unsafe.Pointer(&d.At(addr, 8)[0])), v) })
-	return nil
-}
-func (d *streamSelfDevice) AtomicAdd(uintptr, uintptr, uint64) error {
-	return errors.New("no atomic add")
-}
-
-// queuedDevice registers a streamSelfDevice of size bytes whose stream
-// runs each operation 2 ms late, with asynchronous copies on and context
-// 1's bounce slots made, all undone when t ends.
-func queuedDevice(t *testing.T, size int) *streamSelfDevice {
-	d := &streamSelfDevice{Stream: devtest.NewStream(size, 2*time.Millisecond)}
-	devmem.Register(d)
-	staging.SetAsyncCopy(64 << 10)
-	staging.Prewarm(1, 64<<10)
-	t.Cleanup(func() {
-		staging.Release()
-		staging.SetAsyncCopy(0)
-		devmem.Register(nil)
-	})
-	return d
-}
-
-// partOwner is a devOwner whose requests can wait for a part more
+// partOwner is a meshtest.DevOwner whose requests can wait for a part more
 // (PartOwner): the extra completions are counted, not recorded, and the
 // first failure among them is kept.
 type partOwner struct {
-	*devOwner
+	*meshtest.DevOwner
 	pmu    sync.Mutex
 	extra  map[uint64]int
 	added  atomic.Int32
@@ -153,7 +123,7 @@ func (o *partOwner) Complete(tag uint64, st abi.Result) {
 		return
 	}
 	o.pmu.Unlock()
-	o.devOwner.Complete(tag, st)
+	o.DevOwner.Complete(tag, st)
 }
 
 // TestSelfDeviceQueued: where the device queues copies on a stream, a
@@ -173,24 +143,24 @@ func TestSelfDeviceQueued(t *testing.T) {
 
 func selfDeviceQueued(t *testing.T, lanes int) {
 	const size = 1 << 20
-	d := queuedDevice(t, 2*size)
+	d := meshtest.QueuedDevice(t, 2*size)
 	os := make([]*partOwner, 2)
-	owners := make([]Owner, 2)
+	owners := make([]dataplane.Owner, 2)
 	for r := range os {
-		os[r] = &partOwner{devOwner: &devOwner{memOwner: memOwner{done: map[uint64]abi.Result{}}, dev: d.Base + uintptr(r)*size,
-			size: size, host: make([]byte, 64<<10)}, extra: map[uint64]int{}}
+		os[r] = &partOwner{DevOwner: &meshtest.DevOwner{MemOwner: meshtest.MemOwner{Done: map[uint64]abi.Result{}}, Dev: d.Base + uintptr(r)*size,
+			Size: size, Host: make([]byte, 64<<10)}, extra: map[uint64]int{}}
 		owners[r] = os[r]
 	}
-	ms := connectOwners(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
+	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
 		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10})
-	x := ms[0].peers[0].t.(*intranode.Link)
-	src := d.At(os[0].dev, size)
-	fill(src[:size/2], 3)
+	x := ms[0].Peer(0).Transport().(*intranode.Link)
+	src := d.At(os[0].Dev, size)
+	meshtest.Fill(src[:size/2], 3)
 	wait := func(tag uint64) abi.Result {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Microsecond) {
 			staging.Reap() // as the plugin's test() does
-			if st, ok := os[0].status(tag); ok {
+			if st, ok := os[0].Status(tag); ok {
 				return st
 			}
 		}
@@ -200,15 +170,15 @@ func selfDeviceQueued(t *testing.T, lanes int) {
 	sync0 := d.Copies.Load()
 	// Put+signal (the signal a host word: it waits for the queued copy),
 	// a plain put, and a get, each device to device.
-	sig := (*uint64)(unsafe.Pointer(&os[0].host[0]))
+	sig := (*uint64)(unsafe.Pointer(&os[0].Host[0]))
 	for k, n := range []uint64{8, 20 << 10} {
 		tag := uint64(10 + k)
 		off := size/2 + uint64(k)*(64<<10)
-		ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: n, Off: off, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}}, false, -1)
+		ms[0].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: meshtest.AddrPtr(uint64(os[0].Dev)), LocalCtx: 1, Size: n, Off: off, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}}, false, -1)
 		if st := wait(tag); st != abi.Success {
 			t.Fatalf("self put+signal of %d bytes: %v", n, st)
 		}
-		if !bytes.Equal(d.Peek(os[0].dev+uintptr(off), n), src[:n]) {
+		if !bytes.Equal(d.Peek(os[0].Dev+uintptr(off), n), src[:n]) {
 			t.Fatalf("self put+signal of %d bytes: completed before its bytes landed", n)
 		}
 		for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64(sig) != uint64(k+1); time.Sleep(50 * time.Microsecond) {
@@ -217,12 +187,12 @@ func selfDeviceQueued(t *testing.T, lanes int) {
 			}
 		}
 	}
-	ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: addrPtr(uint64(os[0].dev) + 4096), LocalCtx: 1, Size: 4096, Off: size - 8192}}, false, -1)
-	if st := wait(20); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size-8192, 4096), src[4096:8192]) {
+	ms[0].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: meshtest.AddrPtr(uint64(os[0].Dev) + 4096), LocalCtx: 1, Size: 4096, Off: size - 8192}}, false, -1)
+	if st := wait(20); st != abi.Success || !bytes.Equal(d.Peek(os[0].Dev+size-8192, 4096), src[4096:8192]) {
 		t.Fatalf("self put: %v, or completed before its bytes landed", st)
 	}
-	ms[0].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: addrPtr(uint64(os[0].dev) + size/4), LocalCtx: 1, Size: 4096, Off: 8192}}, false, -1)
-	if st := wait(21); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size/4, 4096), src[8192:8192+4096]) {
+	ms[0].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: meshtest.AddrPtr(uint64(os[0].Dev) + size/4), LocalCtx: 1, Size: 4096, Off: 8192}}, false, -1)
+	if st := wait(21); st != abi.Success || !bytes.Equal(d.Peek(os[0].Dev+size/4, 4096), src[8192:8192+4096]) {
 		t.Fatalf("self get: %v, or completed before its bytes landed", st)
 	}
 	if n := d.DtoDs.Load(); n != 4 {
@@ -248,7 +218,7 @@ func selfDeviceQueued(t *testing.T, lanes int) {
 		}
 	}
 	for _, tag := range []uint64{10, 11, 20, 21} {
-		if p := os[0].parts[tag]; p != 1 {
+		if p := os[0].Parts[tag]; p != 1 {
 			t.Fatalf("tag %d completed %d times", tag, p)
 		}
 	}

@@ -1,4 +1,4 @@
-package dataplane
+package dataplane_test
 
 import (
 	"encoding/binary"
@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -88,7 +90,7 @@ func TestDeviceSignalWords(t *testing.T) {
 	)
 	for _, mode := range []string{"copies", "gdr", "gdr-declines"} {
 		t.Run(mode, func(t *testing.T) {
-			pd := &devtest.Pipe{Mem: mapAnon(t, 3*region+4096), Base: 0x7e00_0000_0000}
+			pd := &devtest.Pipe{Mem: meshtest.MapAnon(t, 3*region+4096), Base: 0x7e00_0000_0000}
 			pd.Delay.Store(int64(20 * time.Microsecond))
 			sd := &sigDevice{Pipe: pd, putSize: putSize}
 			var gd *gdrSigDevice
@@ -99,38 +101,38 @@ func TestDeviceSignalWords(t *testing.T) {
 			}
 			devmem.Register(dev)
 			defer devmem.Register(nil)
-			os := make([]*devOwner, 3)
-			owners := make([]Owner, 3)
+			os := make([]*meshtest.DevOwner, 3)
+			owners := make([]dataplane.Owner, 3)
 			for r := range os {
-				os[r] = &devOwner{memOwner: memOwner{done: map[uint64]abi.Result{}}, dev: pd.Base + uintptr(r*region), size: region,
-					host: mapAnon(t, putSize)}
+				os[r] = &meshtest.DevOwner{MemOwner: meshtest.MemOwner{Done: map[uint64]abi.Result{}}, Dev: pd.Base + uintptr(r*region), Size: region,
+					Host: meshtest.MapAnon(t, putSize)}
 				owners[r] = os[r]
 			}
 			// The signal word: the last 8 bytes of rank 0's region, so
 			// that no payload lands on it.
 			sigOff := uint64(region - 8)
-			ms := connectOwners(t, owners, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 30, ChunkSize: 1 << 20,
+			ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 30, ChunkSize: 1 << 20,
 				CloseTimeout: 2 * time.Second})
 			want := uint64(0)
 			for s := 1; s <= 2; s++ {
-				src := os[s].host
-				fill(src, s)
+				src := os[s].Host
+				meshtest.Fill(src, s)
 				for i := range puts {
 					v := uint64(1 + i%3)
 					want += v
-					ms[s].Post(0, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(i + 1), Local: unsafe.Pointer(&src[0]), Size: putSize, Off: uint64(((s-1)*puts + i) * putSize), SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpAdd, SigValue: v}}, false, i%2)
+					ms[s].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(i + 1), Local: unsafe.Pointer(&src[0]), Size: putSize, Off: uint64(((s-1)*puts + i) * putSize), SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpAdd, SigValue: v}}, false, i%2)
 				}
 			}
 			for s := 1; s <= 2; s++ {
 				for i := range puts {
-					if st := waitDone(t, &os[s].memOwner, uint64(i+1)); st != abi.Success {
+					if st := meshtest.WaitDone(t, &os[s].MemOwner, uint64(i+1)); st != abi.Success {
 						t.Fatalf("rank %d put %d: %v", s, i, st)
 					}
 				}
 			}
 			// Completion means the target landed the payload; its signal
 			// may follow a moment later.
-			word := func() uint64 { return binary.LittleEndian.Uint64(pd.At(os[0].dev+uintptr(sigOff), 8)) }
+			word := func() uint64 { return binary.LittleEndian.Uint64(pd.At(os[0].Dev+uintptr(sigOff), 8)) }
 			deadline := time.Now().Add(30 * time.Second)
 			for word() != want && time.Now().Before(deadline) {
 				time.Sleep(time.Millisecond)
@@ -145,7 +147,7 @@ func TestDeviceSignalWords(t *testing.T) {
 			for s := 1; s <= 2; s++ {
 				for i := range puts {
 					off := ((s-1)*puts + i) * putSize
-					if string(pd.At(os[0].dev+uintptr(off), putSize)) != string(os[s].host) {
+					if string(pd.At(os[0].Dev+uintptr(off), putSize)) != string(os[s].Host) {
 						t.Fatalf("payload %d of rank %d differs", i, s)
 					}
 				}

@@ -1,4 +1,4 @@
-package dataplane
+package dataplane_test
 
 import (
 	"bytes"
@@ -20,6 +20,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -77,7 +79,7 @@ func validHello() []byte {
 
 // afterHello sends a well-formed hello on a new connection to l, takes the
 // challenge, then sends proof.
-func afterHello(t *testing.T, l *Listener, proof []byte) net.Conn {
+func afterHello(t *testing.T, l *dataplane.Listener, proof []byte) net.Conn {
 	t.Helper()
 	c, err := net.Dial("tcp", l.Addr().String())
 	if err != nil {
@@ -129,11 +131,11 @@ func closedByServer(t *testing.T, c net.Conn, what string) {
 // hello bound (at most the documented 2 s; checked within 5 s) and frees
 // its slot.
 func TestStrangersClosedWithinHelloBound(t *testing.T) {
-	resetLimits()
-	if helloTimeout > 2*time.Second {
-		t.Fatalf("helloTimeout %v, the documented bound is 2 s", helloTimeout)
+	meshtest.ResetLimits()
+	if *dataplane.HelloTimeout() > 2*time.Second {
+		t.Fatalf("helloTimeout %v, the documented bound is 2 s", *dataplane.HelloTimeout())
 	}
-	l, _, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	l, _, err := dataplane.Listen(dataplane.ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,18 +160,18 @@ func TestStrangersClosedWithinHelloBound(t *testing.T) {
 	c := afterHello(t, l, []byte("RMAP"))
 	defer c.Close()
 	closedByServer(t, c, "a hello with half a proof")
-	waitFor(t, "the strangers' slots", func() bool { return l.gate.Strangers() == 0 })
+	meshtest.WaitFor(t, "the strangers' slots", func() bool { return l.Gate().Strangers() == 0 })
 }
 
 // TestWrongPrefixRejectedAtOnce: with the hello bound far away (a minute),
 // a wrong magic, version, flag or a length frame is still closed, so it
 // was refused when its bytes arrived.
 func TestWrongPrefixRejectedAtOnce(t *testing.T) {
-	got := warnings(t)
-	resetLimits()
-	defer func(d, k time.Duration) { helloTimeout, keyWaitTimeout = d, k }(helloTimeout, keyWaitTimeout)
-	helloTimeout, keyWaitTimeout = time.Minute, time.Minute
-	l, _, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	got := meshtest.Warnings(t)
+	meshtest.ResetLimits()
+	defer func(d, k time.Duration) { *dataplane.HelloTimeout(), *dataplane.KeyWaitTimeout() = d, k }(*dataplane.HelloTimeout(), *dataplane.KeyWaitTimeout())
+	*dataplane.HelloTimeout(), *dataplane.KeyWaitTimeout() = time.Minute, time.Minute
+	l, _, err := dataplane.Listen(dataplane.ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +193,7 @@ func TestWrongPrefixRejectedAtOnce(t *testing.T) {
 	closedByServer(t, c, "a proof with a wrong magic")
 	c.Close()
 	lines := got()
-	if countMatching(lines, "not an rccl-rma-wasm hello") == 0 || countMatching(lines, "speaks wire protocol 2 and this library") == 0 {
+	if meshtest.CountMatching(lines, "not an rccl-rma-wasm hello") == 0 || meshtest.CountMatching(lines, "speaks wire protocol 2 and this library") == 0 {
 		t.Fatalf("the refusals do not say why: %q", lines)
 	}
 }
@@ -204,11 +206,13 @@ func TestWrongPrefixRejectedAtOnce(t *testing.T) {
 // dialling from 127.0.0.1 is admitted, and once they leave, one from their
 // source too.
 func TestStrangerCapPerAddr(t *testing.T) {
-	got := warnings(t)
-	resetLimits()
-	defer func(n, p int32, d time.Duration) { maxStrangers, maxStrangersPerAddr, helloTimeout = n, p, d }(maxStrangers, maxStrangersPerAddr, helloTimeout)
-	maxStrangers, maxStrangersPerAddr, helloTimeout = 100, 4, time.Minute
-	l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	got := meshtest.Warnings(t)
+	meshtest.ResetLimits()
+	defer func(n, p int32, d time.Duration) {
+		*dataplane.MaxStrangers(), *dataplane.MaxStrangersPerAddr(), *dataplane.HelloTimeout() = n, p, d
+	}(*dataplane.MaxStrangers(), *dataplane.MaxStrangersPerAddr(), *dataplane.HelloTimeout())
+	*dataplane.MaxStrangers(), *dataplane.MaxStrangersPerAddr(), *dataplane.HelloTimeout() = 100, 4, time.Minute
+	l, h, err := dataplane.Listen(dataplane.ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,15 +251,15 @@ func TestStrangerCapPerAddr(t *testing.T) {
 	if closed < 16 {
 		t.Fatalf("%d of 20 strangers from one address closed, want at least 16", closed)
 	}
-	if n := l.gate.Strangers(); n > 4 {
+	if n := l.Gate().Strangers(); n > 4 {
 		t.Fatalf("listener holds %d strangers from one address, cap 4", n)
 	}
-	if n := countMatching(got(), "from "+netip.IPv6Loopback().String()+" that have not authenticated"); n == 0 {
+	if n := meshtest.CountMatching(got(), "from "+netip.IPv6Loopback().String()+" that have not authenticated"); n == 0 {
 		t.Fatalf("no WARN names the source: %q", got())
 	}
 	cl := handshake.Claim{Rank: 0, NRanks: 1, Lane: 0, Lanes: 1}
-	l.setPeers([]wire.HandleInfo{hi}, false)
-	c, err := dial(hi, &l.id, cl, time.Now().Add(10*time.Second))
+	l.SetPeers([]wire.HandleInfo{hi}, false)
+	c, err := dataplane.Dial(hi, l.ID(), cl, time.Now().Add(10*time.Second))
 	if err != nil {
 		t.Fatalf("a rank from the listener's own address while another source is at its cap: %v", err)
 	}
@@ -263,15 +267,15 @@ func TestStrangerCapPerAddr(t *testing.T) {
 	for _, c := range held {
 		c.Close()
 	}
-	waitFor(t, "the source's count to drop", func() bool {
-		return l.gate.Strangers() == 0 && l.gate.Sources() == 0
+	meshtest.WaitFor(t, "the source's count to drop", func() bool {
+		return l.Gate().Strangers() == 0 && l.Gate().Sources() == 0
 	})
 	c2, err := net.DialTCP("tcp", other, l.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	if _, ok := handshake.ForgeHello(c2, &hi.Key, &l.id, cl, cl, nil); !ok {
+	if _, ok := handshake.ForgeHello(c2, &hi.Key, l.ID(), cl, cl, nil); !ok {
 		t.Fatal("a rank from 127.0.0.2 after its strangers left was refused")
 	}
 }
@@ -281,12 +285,12 @@ func TestStrangerCapPerAddr(t *testing.T) {
 // hello bound (its own bound, keyWaitTimeout) and is admitted once they
 // come; with a short key bound, it is closed instead.
 func TestKeyWaitOutlivesHelloBound(t *testing.T) {
-	resetLimits()
-	defer func(d, k time.Duration) { helloTimeout, keyWaitTimeout = d, k }(helloTimeout, keyWaitTimeout)
-	helloTimeout = 400 * time.Millisecond
+	meshtest.ResetLimits()
+	defer func(d, k time.Duration) { *dataplane.HelloTimeout(), *dataplane.KeyWaitTimeout() = d, k }(*dataplane.HelloTimeout(), *dataplane.KeyWaitTimeout())
+	*dataplane.HelloTimeout() = 400 * time.Millisecond
 	cl := handshake.Claim{Rank: 0, NRanks: 1, Lane: 0, Lanes: 1}
 
-	l, h, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	l, h, err := dataplane.Listen(dataplane.ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,29 +302,29 @@ func TestKeyWaitOutlivesHelloBound(t *testing.T) {
 	}
 	res := make(chan result, 1)
 	go func() {
-		a, ok := dialerSteps(t, hi.Addr, &hi.Key, &l.id, cl, cl, nil)
+		a, ok := dialerSteps(t, hi.Addr, &hi.Key, l.ID(), cl, cl, nil)
 		res <- result{a, ok}
 	}()
 	// Let five hello bounds pass with the proof sent and no peers known,
 	// then start "connect".
-	waitFor(t, "the dialer to be waiting", func() bool { return l.gate.Strangers() == 1 })
-	time.Sleep(5 * helloTimeout)
-	l.setPeers([]wire.HandleInfo{hi}, false)
+	meshtest.WaitFor(t, "the dialer to be waiting", func() bool { return l.Gate().Strangers() == 1 })
+	time.Sleep(5 * *dataplane.HelloTimeout())
+	l.SetPeers([]wire.HandleInfo{hi}, false)
 	if r := <-res; !r.acked {
 		t.Fatalf("a rank waiting for connect past the hello bound got %x, not an ack", r.answer)
 	}
 
-	keyWaitTimeout = 300 * time.Millisecond
-	l2, h2, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	*dataplane.KeyWaitTimeout() = 300 * time.Millisecond
+	l2, h2, err := dataplane.Listen(dataplane.ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l2.Close()
 	hi2, _ := wire.DecodeHandle(h2)
-	if a, ok := dialerSteps(t, hi2.Addr, &hi2.Key, &l2.id, cl, cl, nil); ok || len(a) != 0 {
+	if a, ok := dialerSteps(t, hi2.Addr, &hi2.Key, l2.ID(), cl, cl, nil); ok || len(a) != 0 {
 		t.Fatalf("connect never started, yet the key wait answered %x", a)
 	}
-	waitFor(t, "the slot", func() bool { return l2.gate.Strangers() == 0 })
+	meshtest.WaitFor(t, "the slot", func() bool { return l2.Gate().Strangers() == 0 })
 }
 
 // TestRankConnectsDuringFloodNetns: three network namespaces on a bridge,
@@ -409,7 +413,7 @@ func floodChild(t *testing.T, role, dir string) {
 				}
 			}()
 		}
-		waitFor(t, "the flood to fill the listener", func() bool { return dials.Load() >= floodConns && closes.Load() > 0 })
+		meshtest.WaitFor(t, "the flood to fill the listener", func() bool { return dials.Load() >= floodConns && closes.Load() > 0 })
 		os.WriteFile(filepath.Join(dir, "flooding"), nil, 0o644)
 		wg.Wait()
 		t.Logf("flood: %d connections opened, %d closed by the listener", dials.Load(), closes.Load())
@@ -420,9 +424,9 @@ func floodChild(t *testing.T, role, dir string) {
 	}
 	rank := int(role[len(role)-1] - '0')
 	if rank == 0 {
-		maxStrangers, maxStrangersPerAddr = floodCap, floodCapPerAddr
+		*dataplane.MaxStrangers(), *dataplane.MaxStrangersPerAddr() = floodCap, floodCapPerAddr
 	}
-	l, h, err := Listen(ListenOptions{Addr: floodAddr(rank)})
+	l, h, err := dataplane.Listen(dataplane.ListenOptions{Addr: floodAddr(rank)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -436,8 +440,8 @@ func floodChild(t *testing.T, role, dir string) {
 		hs[r] = new(wire.Handle)
 		copy(hs[r][:], hb)
 	}
-	owner := &memOwner{mem: make([]byte, 64), done: map[uint64]abi.Result{}}
-	m, err := Connect(l, hs, rank, owner, Options{Timeout: 30 * time.Second, Lanes: 1, CloseTimeout: time.Second})
+	owner := &meshtest.MemOwner{Mem: make([]byte, 64), Done: map[uint64]abi.Result{}}
+	m, err := dataplane.Connect(l, hs, rank, owner, dataplane.Options{Timeout: 30 * time.Second, Lanes: 1, CloseTimeout: time.Second})
 	if err != nil {
 		t.Fatalf("rank %d could not connect during the flood: %v", rank, err)
 	}
@@ -447,8 +451,8 @@ func floodChild(t *testing.T, role, dir string) {
 		src[i] = byte(0xa0 + i)
 	}
 	if rank == 1 {
-		m.Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 7, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, -1)
-		if st := waitDone(t, owner, 7); st != abi.Success {
+		m.Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 7, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, -1)
+		if st := meshtest.WaitDone(t, owner, 7); st != abi.Success {
 			t.Fatalf("put from rank 1: %v", st)
 		}
 		os.WriteFile(filepath.Join(dir, "put"), nil, 0o644)
@@ -457,12 +461,12 @@ func floodChild(t *testing.T, role, dir string) {
 	}
 	waitFile(t, filepath.Join(dir, "put"))
 	m.Close() // its service goroutines, which wrote the put, have ended
-	if !bytes.Equal(owner.mem, src) {
-		t.Fatalf("rank 0's memory holds %x, want %x", owner.mem, src)
+	if !bytes.Equal(owner.Mem, src) {
+		t.Fatalf("rank 0's memory holds %x, want %x", owner.Mem, src)
 	}
 	// The flood was capped by its source, and the listener never filled:
 	// no rank's connection was refused for want of room.
-	full, source := l.gate.Refused()
+	full, source := l.Gate().Refused()
 	t.Logf("rank 0: %d flood connections closed at accept by the per-address cap, %d for a full listener", source, full)
 	if source == 0 || full != 0 {
 		t.Fatalf("refused %d by source and %d for a full listener; want some and none", source, full)

@@ -1,4 +1,4 @@
-package dataplane
+package dataplane_test
 
 import (
 	"bytes"
@@ -10,18 +10,11 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
-
-func newOwners(n, size int) []*memOwner {
-	os := make([]*memOwner, n)
-	for i := range os {
-		whole := make([]byte, 64+size+64)
-		os[i] = &memOwner{mem: whole[64 : 64+size : 64+size], whole: whole, done: map[uint64]abi.Result{}}
-	}
-	return os
-}
 
 // TestCloseDeliversQueuedOps posts puts on every lane, some held back by
 // the aggregation hint, and a put with a signal, then closes at once: the
@@ -30,8 +23,8 @@ func newOwners(n, size int) []*memOwner {
 func TestCloseDeliversQueuedOps(t *testing.T) {
 	for _, lanes := range []int{1, 3} {
 		for round := 0; round < 20; round++ {
-			os := newOwners(2, 64<<10)
-			ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 16 << 10, ChunkSize: 4096})
+			os := meshtest.NewOwners(2, 64<<10)
+			ms := meshtest.Connect2(t, os, dataplane.Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 16 << 10, ChunkSize: 4096})
 			src := make([]byte, 64<<10)
 			for i := range src {
 				src[i] = byte(i*7 + round)
@@ -40,26 +33,26 @@ func TestCloseDeliversQueuedOps(t *testing.T) {
 			// 15 puts of 4 KiB, spread over the lanes, held for a test()
 			// that never comes; then one striped put with the signal.
 			for k := 0; k < 15; k++ {
-				ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}}, true, k%lanes)
+				ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}}, true, k%lanes)
 			}
-			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 5, SigOff: sigOff, Tag: 99, Local: unsafe.Pointer(&src[15*4096]), Size: 4096 - 8, Off: 15 * 4096}}, false, 0)
+			ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 5, SigOff: sigOff, Tag: 99, Local: unsafe.Pointer(&src[15*4096]), Size: 4096 - 8, Off: 15 * 4096}}, false, 0)
 			if err := ms[0].Close(); err != nil {
 				t.Fatalf("lanes %d round %d: close: %v", lanes, round, err)
 			}
 			// The close returned after the target acknowledged: no waiting.
-			if got := binary.LittleEndian.Uint64(os[1].mem[sigOff:]); got != 5 {
+			if got := binary.LittleEndian.Uint64(os[1].Mem[sigOff:]); got != 5 {
 				t.Fatalf("lanes %d round %d: signal word is %d after the close, want 5", lanes, round, got)
 			}
-			if !bytes.Equal(os[1].mem[:sigOff], src[:sigOff]) {
+			if !bytes.Equal(os[1].Mem[:sigOff], src[:sigOff]) {
 				t.Fatalf("lanes %d round %d: bytes put before the close are missing at the target", lanes, round)
 			}
-			if n := os[1].pins.Load(); n != 0 {
+			if n := os[1].Pins.Load(); n != 0 {
 				t.Fatalf("lanes %d round %d: the target still holds %d registration pins after every put and signal landed", lanes, round, n)
 			}
 			for _, o := range os {
-				o.mu.Lock()
-				failed := o.failed
-				o.mu.Unlock()
+				o.Mu.Lock()
+				failed := o.Failed
+				o.Mu.Unlock()
 				if len(failed) > 0 {
 					t.Fatalf("lanes %d round %d: an orderly close reported errors: %v", lanes, round, failed)
 				}
@@ -72,31 +65,31 @@ func TestCloseDeliversQueuedOps(t *testing.T) {
 // gatedOwner is a target whose service stalls in Resolve until the gate
 // opens, like a peer process that stopped (SIGSTOP) with its sockets open.
 type gatedOwner struct {
-	*memOwner
+	*meshtest.MemOwner
 	gate    chan struct{}
 	stalled atomic.Bool
 }
 
-func (o *gatedOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, bool) {
+func (o *gatedOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, dataplane.Pin, bool) {
 	o.stalled.Store(true)
 	<-o.gate
-	return o.memOwner.Resolve(id)
+	return o.MemOwner.Resolve(id)
 }
 
 // TestCloseBoundedOnStalledPeer: a peer whose service never gets to the
 // goodbye cannot hold closeColl beyond the close timeout, and the close
 // names it.
 func TestCloseBoundedOnStalledPeer(t *testing.T) {
-	mo := newOwners(2, 4096)
-	g := &gatedOwner{memOwner: mo[1], gate: make(chan struct{})}
-	ls, hs := listenN(t, 2)
-	opt := Options{Timeout: 10 * time.Second, Lanes: 2, CloseTimeout: 300 * time.Millisecond}
-	owners := []Owner{mo[0], g}
-	ms := make([]*Mesh, 2)
+	mo := meshtest.NewOwners(2, 4096)
+	g := &gatedOwner{MemOwner: mo[1], gate: make(chan struct{})}
+	ls, hs := meshtest.ListenN(t, 2)
+	opt := dataplane.Options{Timeout: 10 * time.Second, Lanes: 2, CloseTimeout: 300 * time.Millisecond}
+	owners := []dataplane.Owner{mo[0], g}
+	ms := make([]*dataplane.Mesh, 2)
 	errs := make(chan error, 2)
 	for i := range ms {
 		go func(i int) {
-			m, err := Connect(ls[i], hs, i, owners[i], opt)
+			m, err := dataplane.Connect(ls[i], hs, i, owners[i], opt)
 			ms[i] = m
 			errs <- err
 		}(i)
@@ -109,12 +102,12 @@ func TestCloseBoundedOnStalledPeer(t *testing.T) {
 	defer ms[1].Close()
 	defer close(g.gate) // before ms[1].Close, whose service waits on it
 	src := make([]byte, 64)
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, 0)
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, 0)
 	done := make(chan error, 1)
 	go func() { done <- ms[0].Close() }()
 	select {
 	case err := <-done:
-		var u *ErrUnconfirmed
+		var u *dataplane.ErrUnconfirmed
 		if !errors.As(err, &u) || len(u.Ranks) != 1 || u.Ranks[0] != 1 {
 			t.Fatalf("close with a stalled peer returned %v, want ErrUnconfirmed naming rank 1", err)
 		}
@@ -136,24 +129,24 @@ func TestDrainCompletesPosted(t *testing.T) {
 }
 
 func drainCompletesPosted(t *testing.T, local bool) {
-	os := newOwners(2, 64<<10)
-	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 16 << 10, ChunkSize: 4096, LocalCompletion: local})
+	os := meshtest.NewOwners(2, 64<<10)
+	ms := meshtest.Connect2(t, os, dataplane.Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 16 << 10, ChunkSize: 4096, LocalCompletion: local})
 	src := make([]byte, 64<<10)
 	dst := make([]byte, 4096)
 	for k := 0; k < 8; k++ {
-		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}}, true, k%2)
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*4096]), Size: 4096, Off: uint64(k * 4096)}}, true, k%2)
 	}
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 50, Local: unsafe.Pointer(&dst[0]), Size: 4096}}, true, 1)
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 1, Tag: 50, Local: unsafe.Pointer(&dst[0]), Size: 4096}}, true, 1)
 	if busy := ms[0].Drain(); len(busy) != 0 {
 		t.Fatalf("drain left ranks %v busy", busy)
 	}
 	for _, tag := range []uint64{1, 2, 3, 4, 5, 6, 7, 8, 50} {
-		if st, ok := os[0].status(tag); !ok || st != abi.Success {
+		if st, ok := os[0].Status(tag); !ok || st != abi.Success {
 			t.Fatalf("tag %d after drain: done %v status %v", tag, ok, st)
 		}
 	}
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 60, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, 0)
-	if st := waitDone(t, os[0], 60); st != abi.Success {
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 60, Local: unsafe.Pointer(&src[0]), Size: 64}}, false, 0)
+	if st := meshtest.WaitDone(t, os[0], 60); st != abi.Success {
 		t.Fatalf("put after drain: %v", st)
 	}
 }
@@ -161,19 +154,19 @@ func drainCompletesPosted(t *testing.T, local bool) {
 // countGateOwner stalls the service in the Resolve of its n-th put until
 // the gate opens.
 type countGateOwner struct {
-	*memOwner
+	*meshtest.MemOwner
 	n       int32
 	calls   atomic.Int32
 	gate    chan struct{}
 	stalled chan struct{}
 }
 
-func (o *countGateOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, bool) {
+func (o *countGateOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, dataplane.Pin, bool) {
 	if o.calls.Add(1) == o.n {
 		close(o.stalled)
 		<-o.gate
 	}
-	return o.memOwner.Resolve(id)
+	return o.MemOwner.Resolve(id)
 }
 
 // TestAckWithinARead: a burst of small puts that the target reads at once
@@ -185,15 +178,15 @@ func (o *countGateOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pi
 // machine), so at least the first 99-ackEvery+1 must complete, none past
 // the 99th. Acknowledged only between reads, none would.
 func TestAckWithinARead(t *testing.T) {
-	mo := newOwners(2, 4096)
-	g := &countGateOwner{memOwner: mo[1], n: 100, gate: make(chan struct{}), stalled: make(chan struct{})}
-	ls, hs := listenN(t, 2)
-	owners := []Owner{mo[0], g}
-	ms := make([]*Mesh, 2)
+	mo := meshtest.NewOwners(2, 4096)
+	g := &countGateOwner{MemOwner: mo[1], n: 100, gate: make(chan struct{}), stalled: make(chan struct{})}
+	ls, hs := meshtest.ListenN(t, 2)
+	owners := []dataplane.Owner{mo[0], g}
+	ms := make([]*dataplane.Mesh, 2)
 	errs := make(chan error, 2)
 	for i := range ms {
 		go func(i int) {
-			m, err := Connect(ls[i], hs, i, owners[i], Options{Timeout: 10 * time.Second, Lanes: 1})
+			m, err := dataplane.Connect(ls[i], hs, i, owners[i], dataplane.Options{Timeout: 10 * time.Second, Lanes: 1})
 			ms[i] = m
 			errs <- err
 		}(i)
@@ -214,7 +207,7 @@ func TestAckWithinARead(t *testing.T) {
 	src := make([]byte, 8)
 	const n = 150
 	for k := 0; k < n; k++ { // held, then one writev
-		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[0]), Size: 8, Off: uint64(8 * k)}}, true, 0)
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[0]), Size: 8, Off: uint64(8 * k)}}, true, 0)
 	}
 	ms[0].Flush(1)
 	select {
@@ -224,15 +217,15 @@ func TestAckWithinARead(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		mo[0].mu.Lock()
-		done := len(mo[0].done)
-		mo[0].mu.Unlock()
+		mo[0].Mu.Lock()
+		done := len(mo[0].Done)
+		mo[0].Mu.Unlock()
 		if least := 99 - tcp.AckEvery + 1; done >= least {
 			if done >= 100 {
 				t.Fatalf("%d puts completed while the target is stuck landing the 100th", done)
 			}
 			for k := 1; k <= least; k++ {
-				if st, ok := mo[0].status(uint64(k)); !ok || st != abi.Success {
+				if st, ok := mo[0].Status(uint64(k)); !ok || st != abi.Success {
 					t.Fatalf("put %d: completed %v, status %v", k, ok, st)
 				}
 			}
@@ -246,7 +239,7 @@ func TestAckWithinARead(t *testing.T) {
 	close(g.gate)
 	opened = true
 	for k := 1; k <= n; k++ {
-		if st := waitDone(t, mo[0], uint64(k)); st != abi.Success {
+		if st := meshtest.WaitDone(t, mo[0], uint64(k)); st != abi.Success {
 			t.Fatalf("put %d: %v", k, st)
 		}
 	}

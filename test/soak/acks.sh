@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The acknowledgement soak: the ack and lane-failover tests of
-# host/dataplane, looped under -race while two CPU hogs run, for a given
-# time. Prints the runs, the failures and the first failure's log.
+# The acknowledgement soak: the ack and lane-failover tests of the TCP
+# transport (host/dataplane/tcp) and the shared-memory stream tests of the
+# intra-node one (host/dataplane/intranode), looped under -race while two
+# CPU hogs run, for a given time. Prints the runs, the failures and the
+# first failure's log.
 #
 #   test/soak/acks.sh [duration, e.g. 30m] [negative]
 #
@@ -15,13 +17,30 @@ DUR=${1:-10m}
 MODE=${2:-}
 secs() { case "$1" in *h) echo $((${1%h} * 3600)) ;; *m) echo $((${1%m} * 60)) ;; *s) echo "${1%s}" ;; *) echo "$1" ;; esac; }
 end=$(($(date +%s) + $(secs "$DUR")))
-TESTS='^(TestPiggybackedAcks|TestStrandedAck|TestAckBackstop|TestAskAcks|TestLaneFailoverMidStream|TestResentPutsDeduplicated|TestAckLaneFailover|TestLateAckOfMovedLane|TestLazyLaneDialFails|TestStreamWakeBackstop|TestStreamRings)$'
+# Each package's tests, as "package directory|-test.run pattern"; a run
+# runs every package's in turn.
+SUITES=(
+  'host/dataplane/tcp|^(TestPiggybackedAcks|TestStrandedAck|TestAckBackstop|TestAskAcks|TestLaneFailoverMidStream|TestResentPutsDeduplicated|TestAckLaneFailover|TestLateAckOfMovedLane|TestLazyLaneDialFails)$'
+  'host/dataplane/intranode|^(TestStreamWakeBackstop|TestStreamRings)$'
+)
 if [ "$MODE" = negative ]; then
-  TESTS='^TestStrandedAck$'
+  SUITES=('host/dataplane/tcp|^TestStrandedAck$')
   export RMAW_NEGATIVE_CONTROL=rearm
 fi
 work=$(mktemp -d /tmp/soak-acks.XXXXXX)
-(cd "$ROOT" && go test -race -c -o "$work/dataplane.test" ./host/dataplane) || exit 2
+for s in "${SUITES[@]}"; do
+  pkg=${s%%|*}
+  (cd "$ROOT" && go test -race -c -o "$work/$(basename "$pkg").test" "./$pkg") || exit 2
+done
+# runsuites runs every suite's tests once, its output in log; fails with
+# the first suite that fails.
+runsuites() {
+  local log=$1 s pkg
+  for s in "${SUITES[@]}"; do
+    pkg=${s%%|*}
+    (cd "$ROOT/$pkg" && timeout 600 "$work/$(basename "$pkg").test" -test.count=1 -test.run "${s#*|}" -test.timeout 590s >>"$log" 2>&1) || return 1
+  done
+}
 hogs=()
 for _ in 1 2; do
   sh -c 'while :; do :; done' &
@@ -32,7 +51,7 @@ runs=0 fails=0 first=""
 while [ "$(date +%s)" -lt "$end" ]; do
   runs=$((runs + 1))
   log=$work/run-$runs.log
-  if ! (cd "$ROOT/host/dataplane" && timeout 600 "$work/dataplane.test" -test.count=1 -test.run "$TESTS" -test.timeout 590s >"$log" 2>&1); then
+  if ! runsuites "$log"; then
     fails=$((fails + 1))
     [ -z "$first" ] && first=$log
     [ "$MODE" = negative ] && break

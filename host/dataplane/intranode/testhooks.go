@@ -7,9 +7,10 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 )
 
-// Hooks into an intra-node link for the mesh's integration tests, which
-// build whole meshes and look at or steer a lane's ring and stream.
-// Nothing in the data path calls them.
+// Hooks into an intra-node link for the integration tests (package
+// intranode_test and the mesh's, which build whole meshes with
+// host/dataplane/meshtest): they look at or steer a lane's ring and
+// stream. Test-only: nothing in the data path calls them.
 
 // Lane names a lane's intra-node side (tcp.Lane.Side's value).
 type Lane = intraLane

@@ -10,10 +10,11 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/seqorder"
 )
 
-// Hooks into the libfabric transport for the mesh's integration tests:
-// they build whole meshes and look at or drive the endpoints, slots and
-// windows underneath. Kept apart from the data path so that the tests in
-// package dataplane reach only these; nothing in the data path calls them.
+// Hooks into the libfabric transport for its integration tests (package
+// ofi_test, which build whole meshes with host/dataplane/meshtest): they
+// look at or drive the endpoints, slots and windows underneath. Kept apart
+// from the data path so that the tests reach only these; test-only,
+// nothing in the data path calls them.
 
 // EP is rail i's endpoint.
 func (r *Rails) EP(i int) *EP { return r.eps[i] }

@@ -9,11 +9,11 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 )
 
-// Hooks into a TCP link for the mesh's integration tests: they build whole
-// meshes and look at or pin the lanes, acks and readers underneath. Kept
-// apart from the data path so that the TCP transport can move into a
-// package of its own with these as its exported test surface. Nothing in
-// the data path calls them.
+// Hooks into a TCP link for the integration tests (package tcp_test and
+// the mesh's, which build whole meshes with host/dataplane/meshtest): they
+// look at or pin the lanes, acks and readers underneath. Kept apart from
+// the data path as the transport's exported test surface; test-only,
+// nothing in the data path calls them.
 
 // Lanes are the link's lanes, lane 0 first.
 func (t *Link) Lanes() []*lane { return t.lanes }

@@ -1,64 +1,17 @@
-package dataplane
+package tcp_test
 
 import (
 	"fmt"
-	"runtime"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
-
-// tcpOf is the TCP side of a peer's transport (the intra-node link runs
-// on it too).
-func tcpOf(t *testing.T, m *Mesh, peer int) *tcp.Link {
-	t.Helper()
-	if tl := tcp.Of(m.peers[peer].t); tl != nil {
-		return tl
-	}
-	t.Fatalf("peer %d's transport is %T, not TCP", peer, m.peers[peer].t)
-	return nil
-}
-
-// setDelays sets each delay to d until t ends, restored after the meshes
-// t made closed (cleanups run last first, so call it before connecting),
-// as their timers read them.
-func setDelays(t *testing.T, d time.Duration, ds ...*tcp.Delay) {
-	for _, v := range ds {
-		saved := v.Get()
-		v.Set(d)
-		t.Cleanup(func() { v.Set(saved) })
-	}
-}
-
-// waitWord waits until the 8-byte word at off of o's memory reaches want
-// (atomic: the signal is the reader's proof that the payload landed).
-// stuckHook, when set, runs before waitWord fails: it writes what the
-// meshes hold and every goroutine's stack, to tell where a signal stuck.
-var stuckHook atomic.Pointer[func()]
-
-func waitWord(t *testing.T, o *memOwner, off int, want uint64, poll func()) {
-	t.Helper()
-	w := (*uint64)(unsafe.Pointer(&o.mem[off]))
-	deadline := time.Now().Add(20 * time.Second)
-	for atomic.LoadUint64(w) < want {
-		if poll != nil {
-			poll()
-		}
-		if time.Now().After(deadline) {
-			if h := stuckHook.Load(); h != nil {
-				(*h)()
-			}
-			t.Fatalf("signal word at %d is %d, want %d", off, atomic.LoadUint64(w), want)
-		}
-		runtime.Gosched()
-	}
-}
 
 // TestAggregatedBatchOneWrite: ops posted with the aggregation hint (hold)
 // are not written one by one: N of them and the plain op behind them leave
@@ -72,14 +25,14 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 			const n = 40
 			const size = 16
 			const sigOff = 0
-			os := newOwners(2, 4096)
-			var ms []*Mesh
+			os := meshtest.NewOwners(2, 4096)
+			var ms []*dataplane.Mesh
 			src := make([]byte, (n+1)*size)
 			for i := range src {
 				src[i] = byte(i*7 + 1)
 			}
 			put := func(i int, tag uint64, hold bool) {
-				op := Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size)}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size])))}}
+				op := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size)}, Route: dataplane.Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].Mem[64+i*size])))}}
 				if i == n {
 					op.Msg, op.SigMrID, op.SigOp, op.SigOff, op.SigValue = wire.MsgPutSignal, 1, abi.SignalOpAdd, sigOff, 1
 				}
@@ -87,9 +40,9 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 			}
 			// Part 1: the send timer never fires (no timed behaviour).
 			saved, savedHold := tcp.SendDelay().Get(), tcp.HoldDelay().Get()
-			setDelays(t, time.Hour, tcp.SendDelay(), tcp.HoldDelay())
-			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
-			l := tcpOf(t, ms[0], 1).Lanes()[0]
+			meshtest.SetDelays(t, time.Hour, tcp.SendDelay(), tcp.HoldDelay())
+			ms = meshtest.Connect2(t, os, dataplane.Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
+			l := meshtest.TCPOf(t, ms[0], 1).Lanes()[0]
 			w0, b0 := l.Writes().Load(), l.Batches().Load()
 			for i := 0; i < n; i++ {
 				put(i, uint64(i+1), true)
@@ -102,15 +55,15 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 			if w, b := l.Writes().Load()-w0, l.Batches().Load()-b0; w != 1 || b != 1 {
 				t.Fatalf("%d held ops and a plain one: %d writes and %d batches, want 1 and 1", n, w, b)
 			}
-			waitWord(t, os[1], sigOff, 1, nil)
+			meshtest.WaitWord(t, os[1], sigOff, 1, nil)
 			for i := 0; i <= n; i++ {
-				got, want := os[1].mem[64+i*size:64+(i+1)*size], src[i*size:(i+1)*size]
+				got, want := os[1].Mem[64+i*size:64+(i+1)*size], src[i*size:(i+1)*size]
 				if string(got) != string(want) {
 					t.Fatalf("put %d: target holds % x, want % x", i, got, want)
 				}
 			}
 			for tag := uint64(1); tag <= n+1; tag++ {
-				if st := waitDone(t, os[0], tag); st != abi.Success {
+				if st := meshtest.WaitDone(t, os[0], tag); st != abi.Success {
 					t.Fatalf("put %d: %v", tag, st)
 				}
 			}
@@ -118,15 +71,15 @@ func TestAggregatedBatchOneWrite(t *testing.T) {
 			// fresh pair: the first one's send timer is armed for an hour).
 			tcp.SendDelay().Set(saved)
 			tcp.HoldDelay().Set(savedHold)
-			os = newOwners(2, 4096)
-			ms = connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
+			os = meshtest.NewOwners(2, 4096)
+			ms = meshtest.Connect2(t, os, dataplane.Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 			for i := 0; i <= n; i++ {
 				src[i*size] ^= 0xff
 				put(i, uint64(100+i), true)
 			}
-			waitWord(t, os[1], sigOff, 1, nil)
+			meshtest.WaitWord(t, os[1], sigOff, 1, nil)
 			for i := 0; i <= n; i++ {
-				if got, want := os[1].mem[64+i*size], src[i*size]; got != want {
+				if got, want := os[1].Mem[64+i*size], src[i*size]; got != want {
 					t.Fatalf("held put %d: first byte %#x, want %#x", i, got, want)
 				}
 			}
@@ -176,11 +129,11 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 	if c.localComp {
 		bad = -1
 	}
-	os := newOwners(2, 8192)
-	ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: c.intra, Lanes: c.lanes, LocalCompletion: c.localComp, StripeThreshold: 1 << 20})
-	defer dumpWhenStuck(t, ms)()
+	os := meshtest.NewOwners(2, 8192)
+	ms := meshtest.Connect2(t, os, dataplane.Options{Timeout: 10 * time.Second, IntraNode: c.intra, Lanes: c.lanes, LocalCompletion: c.localComp, StripeThreshold: 1 << 20})
+	defer meshtest.DumpWhenStuck(t, ms)()
 	for r, m := range ms {
-		if a := tcpOf(t, m, 1-r).Acks()[c.lane[1-r]]; !a.Rides() {
+		if a := meshtest.TCPOf(t, m, 1-r).Acks()[c.lane[1-r]]; !a.Rides() {
 			t.Fatalf("rank %d: acks of lane %d do not ride the answers", r, c.lane[1-r])
 		}
 	}
@@ -193,7 +146,7 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 	}
 	post := func(r, i int) uint64 {
 		tag := uint64(r+1)<<32 | uint64(i)
-		op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&srcs[r][8*i]), Size: 8, Off: uint64(64 + 8*(i%64)), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1-r].mem[64+8*(i%64)])))}}
+		op := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&srcs[r][8*i]), Size: 8, Off: uint64(64 + 8*(i%64)), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}, Route: dataplane.Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1-r].Mem[64+8*(i%64)])))}}
 		if r == 0 && i == bad {
 			op.MrID, op.Remote = 2, 0 // the target rejects it (and applies no signal)
 		}
@@ -201,7 +154,7 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 		return tag
 	}
 	check := func(r, i int) {
-		got, want := os[r].mem[64+8*(i%64):64+8*(i%64)+8], srcs[1-r][8*i:8*i+8]
+		got, want := os[r].Mem[64+8*(i%64):64+8*(i%64)+8], srcs[1-r][8*i:8*i+8]
 		if string(got) != string(want) {
 			t.Errorf("rank %d, put %d: target holds % x, want % x", r, i, got, want)
 		}
@@ -213,7 +166,7 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 		for i := 0; i < iters; i++ {
 			if i != bad {
 				seen++
-				waitWord(t, os[1], 0, seen, func() { ms[1].Flush(0) })
+				meshtest.WaitWord(t, os[1], 0, seen, func() { ms[1].Flush(0) })
 				check(1, i)
 			}
 			post(1, i)
@@ -223,7 +176,7 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 	for i := 0; i < iters; i++ {
 		post(0, i)
 		ms[0].Flush(1)
-		waitWord(t, os[0], 0, uint64(i+1), func() { ms[0].Flush(1) })
+		meshtest.WaitWord(t, os[0], 0, uint64(i+1), func() { ms[0].Flush(1) })
 		check(0, i)
 	}
 	<-done
@@ -241,7 +194,7 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 	for r := 0; r < 2; r++ {
 		for i := 0; i < iters; i++ {
 			tag := uint64(r+1)<<32 | uint64(i)
-			st := waitDone(t, os[r], tag)
+			st := meshtest.WaitDone(t, os[r], tag)
 			if want := abi.Success; r == 0 && i == bad {
 				if st == abi.Success {
 					t.Fatalf("rank 0's rejected put %d completed successfully", i)
@@ -260,48 +213,27 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 func TestAskAcks(t *testing.T) {
 	for _, intra := range []bool{false, true} {
 		t.Run(fmt.Sprintf("intra=%v", intra), func(t *testing.T) {
-			setDelays(t, time.Hour, tcp.AckDelay(), tcp.AckBound())
+			meshtest.SetDelays(t, time.Hour, tcp.AckDelay(), tcp.AckBound())
 			ms, os, src := heldAckPair(t, intra, 9)
-			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
+			ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
 			ms[0].Flush(1)
-			waitWord(t, os[1], 0, 1, nil)
+			meshtest.WaitWord(t, os[1], 0, 1, nil)
 			// Landed, and its ack held: our test() calls do not bring it.
 			for deadline := time.Now().Add(100 * time.Millisecond); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 				ms[0].Flush(1)
 				ms[1].Flush(0)
-				if _, ok := os[0].status(2); ok {
+				if _, ok := os[0].Status(2); ok {
 					t.Fatal("the put completed although the target held its ack")
 				}
 			}
 			ms[0].AskAcks(1)
 			flushUntilDone(t, ms, os[0], 2, "after asking for its ack") // the caller's test(): asks once askAfter passed, reads the ack
-			if n := ms[1].peers[0].askedAcks.Load(); n != 1 {
+			if n := ms[1].Peer(0).AskedAcks().Load(); n != 1 {
 				t.Fatalf("the target answered %d asks, want 1", n)
 			}
-			if string(os[1].mem[128:192]) != string(src) {
+			if string(os[1].Mem[128:192]) != string(src) {
 				t.Fatal("the put's bytes differ")
 			}
 		})
 	}
-}
-
-// dumpWhenStuck makes waitWord and waitDone write what ms hold and every
-// goroutine's stack, once, before they fail (to tell where an operation
-// stuck); call the function it returns when the test ends.
-func dumpWhenStuck(t *testing.T, ms []*Mesh) func() {
-	var dumped atomic.Bool
-	dump := func() {
-		if dumped.Swap(true) {
-			return
-		}
-		var b strings.Builder
-		for _, m := range ms {
-			m.WriteState(&b)
-		}
-		buf := make([]byte, 1<<20)
-		b.Write(buf[:runtime.Stack(buf, true)])
-		t.Log(b.String())
-	}
-	stuckHook.Store(&dump)
-	return func() { stuckHook.Store(nil) }
 }

@@ -1,4 +1,4 @@
-package dataplane
+package tcp_test
 
 import (
 	"fmt"
@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -28,16 +30,16 @@ func TestLoneSignalLeavesAtOnce(t *testing.T) {
 func testLoneSignal(t *testing.T, lanes int) {
 	const size = 8
 	const sigOff = 0
-	os := newOwners(2, 4096)
+	os := meshtest.NewOwners(2, 4096)
 	src := make([]byte, 4*size)
 	for i := range src {
 		src[i] = byte(i*3 + 1)
 	}
-	setDelays(t, time.Hour, tcp.SendDelay(), tcp.HoldDelay())
-	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20})
-	l := tcpOf(t, ms[0], 1).Lanes()[0]
+	meshtest.SetDelays(t, time.Hour, tcp.SendDelay(), tcp.HoldDelay())
+	ms := meshtest.Connect2(t, os, dataplane.Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20})
+	l := meshtest.TCPOf(t, ms[0], 1).Lanes()[0]
 	post := func(i int, signal, hold bool) {
-		op := Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(i + 1), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size)}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[64+i*size])))}}
+		op := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(i + 1), Local: unsafe.Pointer(&src[i*size]), Size: size, Off: uint64(64 + i*size)}, Route: dataplane.Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].Mem[64+i*size])))}}
 		if signal {
 			op.Msg, op.SigMrID, op.SigOp, op.SigOff, op.SigValue = wire.MsgPutSignal, 1, abi.SignalOpAdd, sigOff, 1
 		}
@@ -46,7 +48,7 @@ func testLoneSignal(t *testing.T, lanes int) {
 	done := func(tags ...uint64) {
 		t.Helper()
 		for _, tag := range tags {
-			if st := waitDone(t, os[0], tag); st != abi.Success {
+			if st := meshtest.WaitDone(t, os[0], tag); st != abi.Success {
 				t.Fatalf("put %d: %v", tag, st)
 			}
 		}
@@ -73,7 +75,7 @@ func testLoneSignal(t *testing.T, lanes int) {
 	w0 = l.Writes().Load()
 	post(1, true, false)
 	writes(w0, 1, "a lone put with signal when Post returned")
-	waitWord(t, os[1], sigOff, 1, nil)
+	meshtest.WaitWord(t, os[1], sigOff, 1, nil)
 	done(2)
 
 	// A put with signal behind a held put: both wait for the test, then
@@ -85,10 +87,10 @@ func testLoneSignal(t *testing.T, lanes int) {
 	writes(w0, 0, "a put with signal behind queued work, before any test")
 	ms[0].Flush(1)
 	writes(w0, 1, "a held put and a put with signal after a test")
-	waitWord(t, os[1], sigOff, 2, nil)
+	meshtest.WaitWord(t, os[1], sigOff, 2, nil)
 	done(3, 4)
 	for i := 0; i < 4; i++ {
-		if got, want := os[1].mem[64+i*size:64+(i+1)*size], src[i*size:(i+1)*size]; string(got) != string(want) {
+		if got, want := os[1].Mem[64+i*size:64+(i+1)*size], src[i*size:(i+1)*size]; string(got) != string(want) {
 			t.Fatalf("put %d: target holds % x, want % x", i, got, want)
 		}
 	}

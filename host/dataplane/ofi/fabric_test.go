@@ -1,4 +1,4 @@
-package dataplane
+package ofi_test
 
 import (
 	"runtime"
@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
@@ -23,7 +25,7 @@ func TestFabricPutSignalGet(t *testing.T) {
 		for _, lanes := range []int{1, 3} {
 			t.Run(prov+"/lanes"+string(rune('0'+lanes)), func(t *testing.T) {
 				const size = 4 << 20
-				ms, os := fabMesh2(t, prov, size, lanes)
+				ms, os := meshtest.FabMesh2(t, prov, size, lanes)
 				src := fabric.Alloc(size)
 				defer fabric.Free(src)
 				s := unsafe.Slice((*byte)(src), size)
@@ -34,21 +36,21 @@ func TestFabricPutSignalGet(t *testing.T) {
 				// at the registration's last 8 bytes, then a signal alone.
 				const n = 3 << 20
 				sigOff := uint64(size - 8)
-				ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: n, Off: 0, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpAdd, SigValue: 5}}, false, -1)
-				ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, Tag: 2, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}}, false, -1)
+				ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: n, Off: 0, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpAdd, SigValue: 5}}, false, -1)
+				ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, Tag: 2, SigMrID: 1, SigOff: sigOff, SigOp: abi.SignalOpInc}}, false, -1)
 				for _, tag := range []uint64{1, 2} {
-					if st := os[0].wait(t, tag); st != abi.Success {
+					if st := os[0].Wait(t, tag); st != abi.Success {
 						t.Fatalf("tag %d: %v", tag, st)
 					}
 				}
-				sig := (*uint64)(unsafe.Add(os[1].mem, sigOff))
+				sig := (*uint64)(unsafe.Add(os[1].Mem, sigOff))
 				for deadline := time.Now().Add(5 * time.Second); *(*uint64)(unsafe.Pointer(sig)) != 6; {
 					if time.Now().After(deadline) {
 						t.Fatalf("signal %d, want 6", *sig)
 					}
 					time.Sleep(10 * time.Microsecond)
 				}
-				got := os[1].bytes()
+				got := os[1].Bytes()
 				for i := 0; i < n; i++ {
 					if got[i] != s[i] {
 						t.Fatalf("byte %d: %d, want %d", i, got[i], s[i])
@@ -57,14 +59,14 @@ func TestFabricPutSignalGet(t *testing.T) {
 				// Rank 1 reads it back.
 				dst := fabric.Alloc(n)
 				defer fabric.Free(dst)
-				ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 3, Local: dst, Size: n, Off: 0}}, false, -1)
-				_ = os[1].wait(t, 3)
-				ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 4, Local: dst, Size: n, Off: 0}}, false, -1)
-				if st := os[1].wait(t, 4); st != abi.Success {
+				ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 1, Tag: 3, Local: dst, Size: n, Off: 0}}, false, -1)
+				_ = os[1].Wait(t, 3)
+				ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 1, Tag: 4, Local: dst, Size: n, Off: 0}}, false, -1)
+				if st := os[1].Wait(t, 4); st != abi.Success {
 					t.Fatalf("get: %v", st)
 				}
-				if len(os[0].fail)+len(os[1].fail) > 0 {
-					t.Fatalf("failures: %v %v", os[0].fail, os[1].fail)
+				if len(os[0].Fail)+len(os[1].Fail) > 0 {
+					t.Fatalf("failures: %v %v", os[0].Fail, os[1].Fail)
 				}
 			})
 		}
@@ -75,16 +77,16 @@ func TestFabricPutSignalGet(t *testing.T) {
 // signal: whenever the target sees the counter at k, the first k puts
 // landed.
 func TestFabricOrderedSignals(t *testing.T) {
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
 	src := fabric.Alloc(8)
 	defer fabric.Free(src)
 	const n = 500
 	for i := uint64(1); i <= n; i++ {
 		*(*uint64)(src) = i
-		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
-		os[0].waitN(t, i, ms[0].PeerParts(1, wire.MsgPutSignal, 8)) // the source is reused
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
+		os[0].WaitN(t, i, ms[0].PeerParts(1, wire.MsgPutSignal, 8)) // the source is reused
 	}
-	sig := (*uint64)(os[1].mem)
+	sig := (*uint64)(os[1].Mem)
 	for deadline := time.Now().Add(5 * time.Second); *sig != n; {
 		if time.Now().After(deadline) {
 			t.Fatalf("signal %d, want %d", *sig, n)
@@ -92,7 +94,7 @@ func TestFabricOrderedSignals(t *testing.T) {
 		time.Sleep(10 * time.Microsecond)
 	}
 	for i := uint64(1); i <= n; i++ {
-		if v := *(*uint64)(unsafe.Add(os[1].mem, 8*i)); v != i {
+		if v := *(*uint64)(unsafe.Add(os[1].Mem, 8*i)); v != i {
 			t.Fatalf("word %d: %d", i, v)
 		}
 	}
@@ -105,18 +107,18 @@ func TestFabricLatency(t *testing.T) {
 	// endpoints in one Go process crash inside libfabric 1.17.
 	for _, prov := range []string{"tcp;ofi_rxm"} {
 		t.Run(prov, func(t *testing.T) {
-			ms, os := fabMesh2(t, prov, 1<<16, 1)
+			ms, os := meshtest.FabMesh2(t, prov, 1<<16, 1)
 			src := fabric.Alloc(1 << 16)
 			defer fabric.Free(src)
 			const n = 200
-			s0, s1 := (*uint64)(os[0].mem), (*uint64)(os[1].mem)
+			s0, s1 := (*uint64)(os[0].Mem), (*uint64)(os[1].Mem)
 			start := time.Now()
 			for i := uint64(1); i <= n; i++ {
-				ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 1 << 15, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
+				ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 1 << 15, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
 				for atomic.LoadUint64(s1) != i {
 					runtime.Gosched()
 				}
-				ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPutSignal, Tag: i, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
+				ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, Tag: i, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
 				for atomic.LoadUint64(s0) != i {
 					runtime.Gosched()
 				}
@@ -129,17 +131,17 @@ func TestFabricLatency(t *testing.T) {
 // TestFabricThroughput reports 1 MiB puts, 16 in flight (a log, not a check).
 func TestFabricThroughput(t *testing.T) {
 	const size, window, total = 1 << 20, 16, 256
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", size*window, 1)
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", size*window, 1)
 	src := fabric.Alloc(size)
 	defer fabric.Free(src)
 	start := time.Now()
 	for i := uint64(1); i <= total; i++ {
 		if i > window {
-			os[0].wait(t, i-window)
+			os[0].Wait(t, i-window)
 		}
-		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: i, Local: src, Size: size, Off: (i % window) * size}}, false, -1)
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: i, Local: src, Size: size, Off: (i % window) * size}}, false, -1)
 	}
-	os[0].wait(t, total)
+	os[0].Wait(t, total)
 	el := time.Since(start)
 	t.Logf("tcp;ofi_rxm: %d × 1 MiB puts, window %d: %.2f GB/s", total, window, float64(total*size)/el.Seconds()/1e9)
 }
@@ -147,12 +149,12 @@ func TestFabricThroughput(t *testing.T) {
 // TestHandleFabricName: the endpoint name and provider hash ride the
 // handle; a name too long for it leaves the handle TCP-only.
 func TestHandleFabricName(t *testing.T) {
-	l, _, err := Listen(ListenOptions{Addr: "127.0.0.1"})
+	l, _, err := dataplane.Listen(dataplane.ListenOptions{Addr: "127.0.0.1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	hi := l.info
+	hi := l.Info()
 	hi.FabricHash, hi.FabricName = endpoint.ProviderHash("tcp;ofi_rxm"), []byte{2, 0, 0x1f, 0x90, 127, 0, 0, 1}
 	var h wire.Handle
 	hi.Encode(&h)
@@ -172,11 +174,11 @@ func TestHandleFabricName(t *testing.T) {
 
 // TestFabricPostAllocs: posting over the fabric allocates nothing.
 func TestFabricPostAllocs(t *testing.T) {
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
 	src := fabric.Alloc(8)
 	defer fabric.Free(src)
 	tag := uint64(0)
-	op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 8, SigMrID: 1, SigOp: abi.SignalOpInc}}
+	op := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 8, SigMrID: 1, SigOp: abi.SignalOpInc}}
 	allocs := testing.AllocsPerRun(200, func() {
 		tag++
 		op.Tag = tag
@@ -184,7 +186,7 @@ func TestFabricPostAllocs(t *testing.T) {
 	})
 	// 8 bytes travel inline (one message, one part); larger ones as a
 	// write and a signal message (two parts).
-	os[0].waitN(t, tag, 1)
+	os[0].WaitN(t, tag, 1)
 	if n := ms[0].PeerParts(1, wire.MsgPutSignal, 8); n != 1 {
 		t.Fatalf("an inline put with signal over the fabric has %d parts, want 1", n)
 	}
@@ -203,22 +205,22 @@ func TestFabricPostAllocs(t *testing.T) {
 func TestFabricIdleWake(t *testing.T) {
 	prev := endpoint.SetWaitBound(600_000)
 	t.Cleanup(func() { endpoint.SetWaitBound(prev) })
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
-	if !ms[1].fab.EP(0).CanWait() {
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
+	if !ms[1].Fab().EP(0).CanWait() {
 		t.Skip("tcp;ofi_rxm offers no CQ wait fd here")
 	}
 	src := fabric.Alloc(64)
 	defer fabric.Free(src)
-	sig := (*uint64)(os[1].mem)
+	sig := (*uint64)(os[1].Mem)
 	for i := uint64(1); i <= 3; i++ {
 		asleep := time.Now().Add(20 * time.Second)
-		for !ms[1].fab.EP(0).InWait() || !ms[0].fab.EP(0).InWait() {
+		for !ms[1].Fab().EP(0).InWait() || !ms[0].Fab().EP(0).InWait() {
 			if time.Now().After(asleep) {
 				t.Fatalf("round %d: the progress goroutines never went to sleep", i)
 			}
 			time.Sleep(time.Millisecond)
 		}
-		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 64, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 64, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
 		start := time.Now()
 		for atomic.LoadUint64(sig) != i {
 			if time.Since(start) > 60*time.Second {
@@ -228,7 +230,7 @@ func TestFabricIdleWake(t *testing.T) {
 		}
 		t.Logf("round %d: woke and applied in %v", i, time.Since(start))
 	}
-	if !ms[1].fab.EP(0).CanWait() {
+	if !ms[1].Fab().EP(0).CanWait() {
 		t.Fatal("the provider refused to wait after all")
 	}
 }
@@ -237,21 +239,21 @@ func TestFabricIdleWake(t *testing.T) {
 // side polling as NCCL's proxy does (Progress, the caller's thread); one
 // op is half a round trip.
 func BenchmarkFabricPing(b *testing.B) {
-	ms, os := fabMesh2(b, "tcp;ofi_rxm", 1<<16, 1)
+	ms, os := meshtest.FabMesh2(b, "tcp;ofi_rxm", 1<<16, 1)
 	src := fabric.Alloc(64)
 	defer fabric.Free(src)
-	s0, s1 := (*uint64)(unsafe.Add(os[0].mem, 8)), (*uint64)(unsafe.Add(os[1].mem, 8))
+	s0, s1 := (*uint64)(unsafe.Add(os[0].Mem, 8)), (*uint64)(unsafe.Add(os[1].Mem, 8))
 	n := uint64(b.N/2 + 1)
 	done := make(chan struct{})
 	go func() {
 		runtime.LockOSThread()
 		defer close(done)
-		op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}}
+		op := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}}
 		for i := uint64(1); i <= n; i++ {
 			for atomic.LoadUint64(s1) != i {
 				ms[1].Progress()
 			}
-			for i > 1 && !os[1].isDone(i-1) {
+			for i > 1 && !os[1].IsDone(i-1) {
 				ms[1].Progress()
 			}
 			op.Tag = i
@@ -260,12 +262,12 @@ func BenchmarkFabricPing(b *testing.B) {
 	}()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}}
+	op := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Local: src, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}}
 	b.ResetTimer()
 	for i := uint64(1); i <= n; i++ {
 		op.Tag = i
 		ms[0].Post(1, &op, false, -1)
-		for atomic.LoadUint64(s0) != i || !os[0].isDone(i) {
+		for atomic.LoadUint64(s0) != i || !os[0].IsDone(i) {
 			ms[0].Progress()
 		}
 	}

@@ -1,4 +1,4 @@
-package dataplane
+package tcp_test
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec/codectest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -18,8 +20,8 @@ import (
 // signal still follows every piece.
 func TestPlanChunk(t *testing.T) {
 	const size = 100000
-	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, size+8), done: map[uint64]abi.Result{}}}
-	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 3, StripeThreshold: 1 << 30, ChunkSize: 64 << 10})
+	owners := []*meshtest.MemOwner{{Mem: make([]byte, 64), Done: map[uint64]abi.Result{}}, {Mem: make([]byte, size+8), Done: map[uint64]abi.Result{}}}
+	ms := meshtest.Connect2(t, owners, dataplane.Options{Timeout: 10 * time.Second, Lanes: 3, StripeThreshold: 1 << 30, ChunkSize: 64 << 10})
 	m := ms[0]
 	for _, c := range []struct {
 		kind        uint8
@@ -35,28 +37,28 @@ func TestPlanChunk(t *testing.T) {
 		{wire.MsgPutSignal, 0, 4096, 1},      // a bare signal
 		{wire.MsgPut, 1<<30 + 1, 4096, 1024}, // size/1024 rounds up
 	} {
-		if got := m.OpParts(1, &Op{Request: Request{Msg: c.kind, Size: c.size}, Plan: Plan{Chunk: c.chunk}}); got != c.want {
+		if got := m.OpParts(1, &dataplane.Op{Request: dataplane.Request{Msg: c.kind, Size: c.size}, Plan: dataplane.Plan{Chunk: c.chunk}}); got != c.want {
 			t.Errorf("kind %d size %d chunk %d: %d parts, want %d", c.kind, c.size, c.chunk, got, c.want)
 		}
 	}
 	src := randomData(size, 5)
-	op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 9, Local: unsafe.Pointer(&src[0]), Size: size, Off: 8}, Plan: Plan{Chunk: 8192}}
+	op := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 9, Local: unsafe.Pointer(&src[0]), Size: size, Off: 8}, Plan: dataplane.Plan{Chunk: 8192}}
 	want := m.OpParts(1, &op)
 	m.Post(1, &op, false, 2)
 	deadline := time.Now().Add(10 * time.Second)
-	for atomic.LoadUint64((*uint64)(unsafe.Pointer(&owners[1].mem[0]))) != 1 {
+	for atomic.LoadUint64((*uint64)(unsafe.Pointer(&owners[1].Mem[0]))) != 1 {
 		if time.Now().After(deadline) {
 			t.Fatal("signal never arrived")
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
-	if !bytes.Equal(owners[1].mem[8:], src) {
+	if !bytes.Equal(owners[1].Mem[8:], src) {
 		t.Fatal("signal visible before every piece landed")
 	}
 	for {
-		owners[0].mu.Lock()
-		got := owners[0].parts[9]
-		owners[0].mu.Unlock()
+		owners[0].Mu.Lock()
+		got := owners[0].Parts[9]
+		owners[0].Mu.Unlock()
 		if got == want {
 			break
 		}
@@ -66,8 +68,8 @@ func TestPlanChunk(t *testing.T) {
 		time.Sleep(100 * time.Microsecond)
 	}
 	used := 0
-	for _, l := range m.peers[1].t.(*tcp.Link).Lanes() {
-		if l.PendingPuts() == 0 && m.peers[1].seq > 0 {
+	for _, l := range m.Peer(1).Transport().(*tcp.Link).Lanes() {
+		if l.PendingPuts() == 0 && m.PeerSeq(1) > 0 {
 			used++
 		}
 	}
@@ -80,35 +82,35 @@ func TestPlanChunk(t *testing.T) {
 // once, ops behind it on its lane wait with it (order), and other lanes
 // do not.
 func TestPacing(t *testing.T) {
-	owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: make([]byte, 4096), done: map[uint64]abi.Result{}}}
-	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 30, ChunkSize: 64 << 10})
+	owners := []*meshtest.MemOwner{{Mem: make([]byte, 64), Done: map[uint64]abi.Result{}}, {Mem: make([]byte, 4096), Done: map[uint64]abi.Result{}}}
+	ms := meshtest.Connect2(t, owners, dataplane.Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 1 << 30, ChunkSize: 64 << 10})
 	src := codectest.CompressibleData(64, 1)
 	// Long enough that a Post blocking on the pacing could not go unseen
 	// on a loaded machine.
 	const delay = 400 * time.Millisecond
 	start := time.Now()
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}, Plan: Plan{NotBefore: Now() + int64(delay)}}, false, 0)
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 2}}, false, 0)
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 3, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 1024}}, false, 1)
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}, Plan: dataplane.Plan{NotBefore: dataplane.Now() + int64(delay)}}, false, 0)
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: 2}}, false, 0)
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 3, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 1024}}, false, 1)
 	if el := time.Since(start); el >= delay {
 		t.Fatalf("posting a paced op blocked for %v (its delay)", el)
 	}
-	if st := waitDone(t, owners[0], 3); st != abi.Success {
+	if st := meshtest.WaitDone(t, owners[0], 3); st != abi.Success {
 		t.Fatal(st)
 	}
-	if _, done := owners[0].status(1); done {
+	if _, done := owners[0].Status(1); done {
 		t.Fatal("the paced op completed before an op on another lane posted after it")
 	}
 	ms[0].Flush(1) // a test() must not send it early either
-	waitDone(t, owners[0], 1)
+	meshtest.WaitDone(t, owners[0], 1)
 	if el := time.Since(start); el < delay {
 		t.Fatalf("the paced op completed after %v, before its %v", el, delay)
 	}
-	waitDone(t, owners[0], 2)
-	if got := atomic.LoadUint64((*uint64)(unsafe.Pointer(&owners[1].mem[0]))); got != 1 {
+	meshtest.WaitDone(t, owners[0], 2)
+	if got := atomic.LoadUint64((*uint64)(unsafe.Pointer(&owners[1].Mem[0]))); got != 1 {
 		t.Fatalf("signal %d", got)
 	}
-	if !bytes.Equal(owners[1].mem[64:128], src) {
+	if !bytes.Equal(owners[1].Mem[64:128], src) {
 		t.Fatal("paced payload wrong")
 	}
 }

@@ -1,4 +1,4 @@
-package dataplane
+package ofi_test
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
@@ -23,7 +25,7 @@ import (
 // and bytes and signals still arrive.
 func TestFabricDeclined(t *testing.T) {
 	for _, noFab := range [][2]bool{{false, false}, {true, false}, {false, true}} {
-		ms, os := fabMesh2NoFab(t, "tcp;ofi_rxm", 1<<16, 1, noFab)
+		ms, os := meshtest.FabMesh2NoFab(t, "tcp;ofi_rxm", 1<<16, 1, noFab)
 		for i, m := range ms {
 			want := 0 // a rank reaches itself too
 			if !noFab[i] {
@@ -41,16 +43,16 @@ func TestFabricDeclined(t *testing.T) {
 		for i := range b {
 			b[i] = byte(i * 3)
 		}
-		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
-		os[0].waitN(t, 1, ms[0].PeerParts(1, wire.MsgPutSignal, 4096))
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, Off: 64, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
+		os[0].WaitN(t, 1, ms[0].PeerParts(1, wire.MsgPutSignal, 4096))
 		deadline := time.Now().Add(10 * time.Second)
-		for atomic.LoadUint64((*uint64)(os[1].mem)) != 1 {
+		for atomic.LoadUint64((*uint64)(os[1].Mem)) != 1 {
 			if time.Now().After(deadline) {
 				t.Fatalf("decline %v: signal never arrived", noFab)
 			}
 			time.Sleep(100 * time.Microsecond)
 		}
-		if !bytes.Equal(unsafe.Slice((*byte)(unsafe.Add(os[1].mem, 64)), 4096), b) {
+		if !bytes.Equal(unsafe.Slice((*byte)(unsafe.Add(os[1].Mem, 64)), 4096), b) {
 			t.Fatalf("decline %v: bytes differ", noFab)
 		}
 		fabric.Free(src)
@@ -64,47 +66,47 @@ func TestFabricDeclined(t *testing.T) {
 // the link stays usable.
 func TestFabricRejectedSignal(t *testing.T) {
 	const size = 1 << 16
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", size, 1)
 	src := fabric.Alloc(4096)
 	defer fabric.Free(src)
-	bad := []Op{
-		{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, SigMrID: 9, SigOp: abi.SignalOpInc}},
-		{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 64, SigMrID: 1, SigOff: size, SigOp: abi.SignalOpInc}},
-		{Request: Request{Msg: wire.MsgPutSignal, Tag: 3, SigMrID: 1, SigOff: 12, SigOp: abi.SignalOpInc}},
-		{Request: Request{Msg: wire.MsgPutSignal, Tag: 4, SigMrID: 1, SigOff: 16, SigOp: 9}},
+	bad := []dataplane.Op{
+		{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 4096, SigMrID: 9, SigOp: abi.SignalOpInc}},
+		{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 64, SigMrID: 1, SigOff: size, SigOp: abi.SignalOpInc}},
+		{Request: dataplane.Request{Msg: wire.MsgPutSignal, Tag: 3, SigMrID: 1, SigOff: 12, SigOp: abi.SignalOpInc}},
+		{Request: dataplane.Request{Msg: wire.MsgPutSignal, Tag: 4, SigMrID: 1, SigOff: 16, SigOp: 9}},
 		// Inline puts (at most endpoint.InlineMax bytes) whose range the target
 		// rejects: past the end, an unknown registration, an offset that
 		// overflows. Their signals must not apply either.
-		{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 6, Local: src, Size: 16, Off: size - 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}},
-		{Request: Request{Msg: wire.MsgPutSignal, MrID: 7, Tag: 7, Local: src, Size: 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}},
-		{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 8, Local: src, Size: 8, Off: 1<<64 - 4, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}},
+		{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 6, Local: src, Size: 16, Off: size - 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}},
+		{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 7, Tag: 7, Local: src, Size: 8, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}},
+		{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 8, Local: src, Size: 8, Off: 1<<64 - 4, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}},
 	}
 	for i := range bad {
 		ms[0].Post(1, &bad[i], false, -1)
 	}
 	for i := range bad {
 		parts := ms[0].PeerParts(1, bad[i].Msg, bad[i].Size)
-		if st := os[0].waitN(t, bad[i].Tag, parts); st != abi.InvalidArgument {
+		if st := os[0].WaitN(t, bad[i].Tag, parts); st != abi.InvalidArgument {
 			t.Fatalf("signal %d rejected at the target: request completed with %v, want %v", bad[i].Tag, st, abi.InvalidArgument)
 		}
 	}
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, Tag: 5, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: 3}}, false, -1)
-	if st := os[0].waitN(t, 5, ms[0].PeerParts(1, wire.MsgPutSignal, 0)); st != abi.Success {
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, Tag: 5, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: 3}}, false, -1)
+	if st := os[0].WaitN(t, 5, ms[0].PeerParts(1, wire.MsgPutSignal, 0)); st != abi.Success {
 		t.Fatalf("valid signal after rejections: %v", st)
 	}
-	if w := *(*uint64)(unsafe.Add(os[1].mem, 8)); w != 3 {
+	if w := *(*uint64)(unsafe.Add(os[1].Mem, 8)); w != 3 {
 		t.Fatalf("signal word %d, want 3", w)
 	}
 	time.Sleep(10 * time.Millisecond) // a duplicate completion would show now
-	os[0].mu.Lock()
-	defer os[0].mu.Unlock()
+	os[0].Mu.Lock()
+	defer os[0].Mu.Unlock()
 	for i := range bad {
-		if got, want := os[0].parts[bad[i].Tag], ms[0].PeerParts(1, bad[i].Msg, bad[i].Size); got != want {
+		if got, want := os[0].Parts[bad[i].Tag], ms[0].PeerParts(1, bad[i].Msg, bad[i].Size); got != want {
 			t.Errorf("request %d completed %d times, want %d", bad[i].Tag, got, want)
 		}
 	}
-	if len(os[0].fail) < len(bad) {
-		t.Fatalf("%d rejections reported to the sender, want %d: %v", len(os[0].fail), len(bad), os[0].fail)
+	if len(os[0].Fail) < len(bad) {
+		t.Fatalf("%d rejections reported to the sender, want %d: %v", len(os[0].Fail), len(bad), os[0].Fail)
 	}
 }
 
@@ -117,10 +119,10 @@ func TestFabricRejectedSignal(t *testing.T) {
 // failed request: never a hang.
 func TestFabricHostileMessages(t *testing.T) {
 	const size = 1 << 16
-	fabTestPeerTimeout = time.Second
-	defer func() { fabTestPeerTimeout = 0 }()
-	ms, _ := fabMesh2(t, "tcp;ofi_rxm", size, 1)
-	e := ms[0].fab.EP(0)
+	meshtest.FabTestPeerTimeout = time.Second
+	defer func() { meshtest.FabTestPeerTimeout = 0 }()
+	ms, _ := meshtest.FabMesh2(t, "tcp;ofi_rxm", size, 1)
+	e := ms[0].Fab().EP(0)
 	dest := e.Links()[1].Rails()[0].Addr()
 	const long = endpoint.MsgMax + 64
 	buf := fabric.Alloc(long)
@@ -132,12 +134,12 @@ func TestFabricHostileMessages(t *testing.T) {
 	binary.LittleEndian.PutUint64(b[8:], 1<<40)
 	binary.LittleEndian.PutUint32(b[32:], 1)
 	binary.LittleEndian.PutUint32(b[36:], 40)
-	injectForged(t, e, buf, endpoint.PutSigHdr+8, dest)
-	awaitDropped(t, ms[1].peers[0], "a malformed inline put did not drop its sender")
+	meshtest.InjectForged(t, e, buf, endpoint.PutSigHdr+8, dest)
+	meshtest.AwaitDropped(t, ms[1].Peer(0), "a malformed inline put did not drop its sender")
 
 	// Oversized, on a fresh pair.
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
-	e = ms[0].fab.EP(0)
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", size, 1)
+	e = ms[0].Fab().EP(0)
 	dest = e.Links()[1].Rails()[0].Addr()
 	ctxs := fabric.Alloc(endpoint.Recvs * 2 * fabric.ContextSize)
 	defer fabric.Free(ctxs)
@@ -155,14 +157,14 @@ func TestFabricHostileMessages(t *testing.T) {
 			e.Poll()
 		}
 	}
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: buf, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}}, false, -1)
-	switch st := os[0].waitN(t, 1, 1); {
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: buf, Size: 8, Off: 64, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpInc}}, false, -1)
+	switch st := os[0].WaitN(t, 1, 1); {
 	case st == abi.Success:
-		if ms[1].peers[0].dead.Load() || ms[0].peers[1].dead.Load() {
+		if ms[1].Peer(0).Dead() || ms[0].Peer(1).Dead() {
 			t.Fatal("the put completed but a peer was dropped")
 		}
-	case st == abi.RemoteError && ms[0].peers[1].dead.Load():
-		t.Logf("the provider broke the connection; the watchdog failed the peer: %v", os[0].fail)
+	case st == abi.RemoteError && ms[0].Peer(1).Dead():
+		t.Logf("the provider broke the connection; the watchdog failed the peer: %v", os[0].Fail)
 	default:
 		t.Fatalf("put with signal after %d oversized messages: %v", endpoint.Recvs+endpoint.Recvs/2, st)
 	}
@@ -178,7 +180,7 @@ func TestFabricHostileMessages(t *testing.T) {
 func TestFabricRefusedPosts(t *testing.T) {
 	ofi.TestRefuse = 3
 	defer func() { ofi.TestRefuse = 0 }()
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<18, 1) // room for every put apart
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", 1<<18, 1) // room for every put apart
 	const n = 200
 	srcs := fabric.Alloc(8 * (n + 1))
 	defer fabric.Free(srcs)
@@ -204,18 +206,18 @@ func TestFabricRefusedPosts(t *testing.T) {
 		}
 		// Several in flight, so that refused ones queue behind each other
 		// (the large source is reused: wait before the next one).
-		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: local, Size: size, Off: offs[i], SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: local, Size: size, Off: offs[i], SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
 		pending = append(pending, i)
 		if size > 8 || len(pending) >= 8 {
 			for _, k := range pending {
-				if st := os[0].waitN(t, k, ms[0].PeerParts(1, wire.MsgPutSignal, sizes[k%4])); st != abi.Success {
+				if st := os[0].WaitN(t, k, ms[0].PeerParts(1, wire.MsgPutSignal, sizes[k%4])); st != abi.Success {
 					t.Fatalf("put %d: %v", k, st)
 				}
 			}
 			pending = pending[:0]
 		}
 		if size > 8 {
-			got := unsafe.Slice((*byte)(unsafe.Add(os[1].mem, offs[i])), size)
+			got := unsafe.Slice((*byte)(unsafe.Add(os[1].Mem, offs[i])), size)
 			for j := range got {
 				if got[j] != byte(i+uint64(j)) {
 					t.Fatalf("put %d (%d B), byte %d: %d, want %d", i, size, j, got[j], byte(i+uint64(j)))
@@ -224,11 +226,11 @@ func TestFabricRefusedPosts(t *testing.T) {
 		}
 	}
 	for _, k := range pending {
-		if st := os[0].waitN(t, k, ms[0].PeerParts(1, wire.MsgPutSignal, sizes[k%4])); st != abi.Success {
+		if st := os[0].WaitN(t, k, ms[0].PeerParts(1, wire.MsgPutSignal, sizes[k%4])); st != abi.Success {
 			t.Fatalf("put %d: %v", k, st)
 		}
 	}
-	sig := (*uint64)(os[1].mem)
+	sig := (*uint64)(os[1].Mem)
 	for deadline := time.Now().Add(time.Minute); *sig != n; {
 		if time.Now().After(deadline) {
 			t.Fatalf("signal %d, want %d", *sig, n)
@@ -237,7 +239,7 @@ func TestFabricRefusedPosts(t *testing.T) {
 	}
 	for i := uint64(1); i <= n; i++ {
 		if sizes[i%4] == 8 {
-			if v := *(*uint64)(unsafe.Add(os[1].mem, offs[i])); v != i {
+			if v := *(*uint64)(unsafe.Add(os[1].Mem, offs[i])); v != i {
 				t.Fatalf("put %d: word %d", i, v)
 			}
 		}
@@ -245,7 +247,7 @@ func TestFabricRefusedPosts(t *testing.T) {
 	if ofi.TestRefused.Load() == 0 {
 		t.Fatal("nothing was refused: the hook is not reached")
 	}
-	if len(os[0].fail)+len(os[1].fail) > 0 {
-		t.Fatalf("failures: %v %v", os[0].fail, os[1].fail)
+	if len(os[0].Fail)+len(os[1].Fail) > 0 {
+		t.Fatalf("failures: %v %v", os[0].Fail, os[1].Fail)
 	}
 }

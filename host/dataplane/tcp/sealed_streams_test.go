@@ -1,4 +1,4 @@
-package dataplane
+package tcp_test
 
 import (
 	"bytes"
@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -88,17 +90,17 @@ func (tp *tap) wire() []byte {
 }
 
 // connectOpt is connectPair with options and size-byte registrations.
-func connectOpt(t *testing.T, ls []*Listener, views [][]*wire.Handle, opts []Options, size int) ([]*Mesh, []*memOwner, []error) {
+func connectOpt(t *testing.T, ls []*dataplane.Listener, views [][]*wire.Handle, opts []dataplane.Options, size int) ([]*dataplane.Mesh, []*meshtest.MemOwner, []error) {
 	t.Helper()
-	owners := []*memOwner{{mem: make([]byte, size), done: map[uint64]abi.Result{}}, {mem: make([]byte, size), done: map[uint64]abi.Result{}}}
-	ms := make([]*Mesh, 2)
+	owners := []*meshtest.MemOwner{{Mem: make([]byte, size), Done: map[uint64]abi.Result{}}, {Mem: make([]byte, size), Done: map[uint64]abi.Result{}}}
+	ms := make([]*dataplane.Mesh, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for i := range ms {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			ms[i], errs[i] = Connect(ls[i], views[i], i, owners[i], opts[i])
+			ms[i], errs[i] = dataplane.Connect(ls[i], views[i], i, owners[i], opts[i])
 		}(i)
 	}
 	wg.Wait()
@@ -127,40 +129,40 @@ func pattern(n int) []byte {
 // it there (so the tap sees the payload stream).
 func TestEncryptedStreams(t *testing.T) {
 	for _, encrypt := range []bool{false, true} {
-		ls, hs, his := pair(t)
+		ls, hs, his := meshtest.Pair(t)
 		tp := newTap(t, his[0].Addr, nil)
 		const size = 3 << 20
-		opt := Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 256 << 10, ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second, Encrypt: encrypt}
-		ms, owners, errs := connectOpt(t, ls, [][]*wire.Handle{hs, tp.view(t, his, hs)}, []Options{opt, opt}, size)
+		opt := dataplane.Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 256 << 10, ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second, Encrypt: encrypt}
+		ms, owners, errs := connectOpt(t, ls, [][]*wire.Handle{hs, tp.view(t, his, hs)}, []dataplane.Options{opt, opt}, size)
 		if errs[0] != nil || errs[1] != nil {
 			t.Fatalf("encrypt=%v: connect: %v / %v", encrypt, errs[0], errs[1])
 		}
 		src := pattern(size)
-		copy(owners[1].mem, src)
-		ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 2 << 20}}, false, -1)
-		ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[2<<20]), Size: 4096, Off: 2 << 20, SigMrID: 1, SigOff: size - 8, SigOp: abi.SignalOpInc}}, false, -1)
+		copy(owners[1].Mem, src)
+		ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 2 << 20}}, false, -1)
+		ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[2<<20]), Size: 4096, Off: 2 << 20, SigMrID: 1, SigOff: size - 8, SigOp: abi.SignalOpInc}}, false, -1)
 		// Striped requests complete piece by piece: wait for every piece.
-		want := map[uint64]int{1: ms[1].parts(wire.MsgPut, 2<<20, 0), 2: ms[1].parts(wire.MsgPutSignal, 4096, 0), 3: ms[1].parts(wire.MsgGet, 1<<20, 0)}
+		want := map[uint64]int{1: ms[1].Parts(wire.MsgPut, 2<<20), 2: ms[1].Parts(wire.MsgPutSignal, 4096), 3: ms[1].Parts(wire.MsgGet, 1<<20)}
 		wait := func(tag uint64) {
-			if st := waitDone(t, owners[1], tag); st != abi.Success {
+			if st := meshtest.WaitDone(t, owners[1], tag); st != abi.Success {
 				t.Fatalf("encrypt=%v: op %d: %v", encrypt, tag, st)
 			}
-			waitFor(t, "every piece", func() bool {
-				owners[1].mu.Lock()
-				defer owners[1].mu.Unlock()
-				return owners[1].parts[tag] == want[tag]
+			meshtest.WaitFor(t, "every piece", func() bool {
+				owners[1].Mu.Lock()
+				defer owners[1].Mu.Unlock()
+				return owners[1].Parts[tag] == want[tag]
 			})
 		}
 		wait(1)
 		wait(2)
 		// The get reads back what the first put wrote, once it landed.
 		got := make([]byte, 1<<20)
-		ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 3, Local: unsafe.Pointer(&got[0]), Size: 1 << 20, Off: 1 << 20}}, false, -1)
+		ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 1, Tag: 3, Local: unsafe.Pointer(&got[0]), Size: 1 << 20, Off: 1 << 20}}, false, -1)
 		wait(3)
-		if !bytes.Equal(owners[0].mem[:2<<20+4096], src[:2<<20+4096]) || !bytes.Equal(got, src[1<<20:2<<20]) {
+		if !bytes.Equal(owners[0].Mem[:2<<20+4096], src[:2<<20+4096]) || !bytes.Equal(got, src[1<<20:2<<20]) {
 			t.Fatalf("encrypt=%v: bytes differ after put and get", encrypt)
 		}
-		if w := *(*uint64)(unsafe.Pointer(&owners[0].mem[size-8])); w != 1 {
+		if w := *(*uint64)(unsafe.Pointer(&owners[0].Mem[size-8])); w != 1 {
 			t.Fatalf("encrypt=%v: signal word %d, want 1", encrypt, w)
 		}
 		seen := bytes.Contains(tp.wire(), src[:64])
@@ -174,10 +176,10 @@ func TestEncryptedStreams(t *testing.T) {
 // reach memory: the record fails to open, the receiver WARNs and drops the
 // stream, and the sender's operation fails with ncclRemoteError.
 func TestEncryptedTamper(t *testing.T) {
-	got := warnings(t)
-	resetLimits()
+	got := meshtest.Warnings(t)
+	meshtest.ResetLimits()
 	handshake.ResetWarnings()
-	ls, hs, his := pair(t)
+	ls, hs, his := meshtest.Pair(t)
 	var armed sync.Mutex
 	flip := int64(-1)
 	tp := newTap(t, his[0].Addr, func(off int64, b []byte) {
@@ -187,8 +189,8 @@ func TestEncryptedTamper(t *testing.T) {
 			b[flip-off] ^= 0x40
 		}
 	})
-	opt := Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second, Encrypt: true}
-	ms, owners, errs := connectOpt(t, ls, [][]*wire.Handle{hs, tp.view(t, his, hs)}, []Options{opt, opt}, 1<<16)
+	opt := dataplane.Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second, Encrypt: true}
+	ms, owners, errs := connectOpt(t, ls, [][]*wire.Handle{hs, tp.view(t, his, hs)}, []dataplane.Options{opt, opt}, 1<<16)
 	if errs[0] != nil || errs[1] != nil {
 		t.Fatalf("connect: %v / %v", errs[0], errs[1])
 	}
@@ -197,14 +199,14 @@ func TestEncryptedTamper(t *testing.T) {
 	flip = int64(len(tp.wire())) + 4 + 100
 	armed.Unlock()
 	src := pattern(1 << 16)
-	ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 1 << 16}}, false, -1)
-	if st := waitDone(t, owners[1], 1); st != abi.RemoteError {
+	ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 1 << 16}}, false, -1)
+	if st := meshtest.WaitDone(t, owners[1], 1); st != abi.RemoteError {
 		t.Fatalf("a put whose bytes were altered on the way: %v, want RemoteError", st)
 	}
-	if bytes.Contains(owners[0].mem, []byte("SECRET")) && !bytes.Equal(owners[0].mem, src) {
+	if bytes.Contains(owners[0].Mem, []byte("SECRET")) && !bytes.Equal(owners[0].Mem, src) {
 		t.Fatal("altered bytes reached the target's memory")
 	}
-	if countMatching(got(), "does not authenticate") == 0 {
+	if meshtest.CountMatching(got(), "does not authenticate") == 0 {
 		t.Fatalf("no WARN for the altered record: %q", got())
 	}
 }
@@ -212,17 +214,17 @@ func TestEncryptedTamper(t *testing.T) {
 // TestEncryptMismatch: a rank that requires encryption refuses a peer that
 // does not seal its streams, with a WARN that names the variable.
 func TestEncryptMismatch(t *testing.T) {
-	got := warnings(t)
-	resetLimits()
-	ls, hs, _ := pair(t)
-	on := Options{Timeout: 1500 * time.Millisecond, Lanes: 1, Encrypt: true}
+	got := meshtest.Warnings(t)
+	meshtest.ResetLimits()
+	ls, hs, _ := meshtest.Pair(t)
+	on := dataplane.Options{Timeout: 1500 * time.Millisecond, Lanes: 1, Encrypt: true}
 	off := on
 	off.Encrypt = false
-	_, _, errs := connectOpt(t, ls, [][]*wire.Handle{hs, hs}, []Options{on, off}, 64)
+	_, _, errs := connectOpt(t, ls, [][]*wire.Handle{hs, hs}, []dataplane.Options{on, off}, 64)
 	if errs[0] == nil || errs[1] == nil {
 		t.Fatalf("mismatched encryption connected: %v / %v", errs[0], errs[1])
 	}
-	if countMatching(got(), "NCCL_RMA_WASM_ENCRYPT must be set alike") == 0 {
+	if meshtest.CountMatching(got(), "NCCL_RMA_WASM_ENCRYPT must be set alike") == 0 {
 		t.Fatalf("no WARN naming the variable: %q", got())
 	}
 }

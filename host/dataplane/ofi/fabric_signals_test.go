@@ -1,4 +1,4 @@
-package dataplane
+package ofi_test
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
@@ -25,19 +27,19 @@ func TestFabricNarrowCQData(t *testing.T) {
 	ofi.TestSeqBits = 8
 	defer func() { ofi.TestSeqBits = 0 }()
 	for _, lanes := range []int{1, 3} {
-		ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, lanes)
-		if ms[0].fab.EP(0).CQ().SeqBits != 8 {
-			t.Fatalf("seqBits %d", ms[0].fab.EP(0).CQ().SeqBits)
+		ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", 1<<16, lanes)
+		if ms[0].Fab().EP(0).CQ().SeqBits != 8 {
+			t.Fatalf("seqBits %d", ms[0].Fab().EP(0).CQ().SeqBits)
 		}
 		src := fabric.Alloc(8)
 		const n = 700
 		for i := uint64(1); i <= n; i++ {
 			*(*uint64)(src) = i
-			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
-			os[0].waitN(t, i, ms[0].PeerParts(1, wire.MsgPutSignal, 8))
+			ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: i, Local: src, Size: 8, Off: 8 * i, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
+			os[0].WaitN(t, i, ms[0].PeerParts(1, wire.MsgPutSignal, 8))
 		}
 		fabric.Free(src)
-		sig := (*uint64)(os[1].mem)
+		sig := (*uint64)(os[1].Mem)
 		for deadline := time.Now().Add(5 * time.Second); *sig != n; {
 			if time.Now().After(deadline) {
 				t.Fatalf("lanes %d: signal %d, want %d", lanes, *sig, n)
@@ -45,7 +47,7 @@ func TestFabricNarrowCQData(t *testing.T) {
 			time.Sleep(10 * time.Microsecond)
 		}
 		for i := uint64(1); i <= n; i++ {
-			if v := *(*uint64)(unsafe.Add(os[1].mem, 8*i)); v != i {
+			if v := *(*uint64)(unsafe.Add(os[1].Mem, 8*i)); v != i {
 				t.Fatalf("lanes %d: word %d: %d", lanes, i, v)
 			}
 		}
@@ -59,8 +61,8 @@ func TestFabricNarrowCQData(t *testing.T) {
 func TestFabricSeqWindowHolds(t *testing.T) {
 	ofi.TestSeqBits = 6
 	defer func() { ofi.TestSeqBits = 0 }()
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
-	l := ms[0].fab.EP(0).Links()[1]
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
+	l := ms[0].Fab().EP(0).Links()[1]
 	if l.Win().Size() != 64 {
 		t.Fatalf("window %d, want 64 for a 6-bit field", l.Win().Size())
 	}
@@ -68,35 +70,35 @@ func TestFabricSeqWindowHolds(t *testing.T) {
 	defer fabric.Free(src)
 	const n = 600
 	// One put first: rxm connects on the first send, which needs progress.
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1 << 20, Local: src, Size: 8, Off: 0}}, false, -1)
-	os[0].wait(t, 1<<20)
-	ms[0].fab.EP(0).LockPoll() // nobody reaps: nothing of ours completes
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 1 << 20, Local: src, Size: 8, Off: 0}}, false, -1)
+	os[0].Wait(t, 1<<20)
+	ms[0].Fab().EP(0).LockPoll() // nobody reaps: nothing of ours completes
 	for i := uint64(1); i <= n; i++ {
 		*(*uint64)(unsafe.Add(src, 8*i)) = i
-		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: i, Local: unsafe.Add(src, 8*i), Size: 8, Off: 8 * i}}, false, -1)
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: i, Local: unsafe.Add(src, 8*i), Size: 8, Off: 8 * i}}, false, -1)
 	}
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, Tag: n + 1, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, Tag: n + 1, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, -1)
 	posted := l.Inflight().Load()
 	waiting := l.Backlog().Load()
-	ms[0].fab.EP(0).UnlockPoll()
+	ms[0].Fab().EP(0).UnlockPoll()
 	t.Logf("%d posted, %d waiting", posted, waiting)
 	if posted > 64 || waiting < n+1-64 {
 		t.Fatalf("%d posted and %d waiting with nothing completed; the window allows 64", posted, waiting)
 	}
 	for i := uint64(1); i <= n; i++ {
-		if st := os[0].wait(t, i); st != abi.Success {
+		if st := os[0].Wait(t, i); st != abi.Success {
 			t.Fatalf("put %d: %v", i, st)
 		}
 	}
-	os[0].waitN(t, n+1, ms[0].PeerParts(1, wire.MsgPutSignal, 0))
-	for deadline := time.Now().Add(5 * time.Second); *(*uint64)(os[1].mem) != 1; {
+	os[0].WaitN(t, n+1, ms[0].PeerParts(1, wire.MsgPutSignal, 0))
+	for deadline := time.Now().Add(5 * time.Second); *(*uint64)(os[1].Mem) != 1; {
 		if time.Now().After(deadline) {
 			t.Fatal("signal never applied")
 		}
 		time.Sleep(10 * time.Microsecond)
 	}
 	for i := uint64(1); i <= n; i++ {
-		if v := *(*uint64)(unsafe.Add(os[1].mem, 8*i)); v != i {
+		if v := *(*uint64)(unsafe.Add(os[1].Mem, 8*i)); v != i {
 			t.Fatalf("word %d: %d", i, v)
 		}
 	}
@@ -108,7 +110,7 @@ func TestFabricSeqWindowHolds(t *testing.T) {
 // once, after its payload.
 func TestFabricInlinePutSignal(t *testing.T) {
 	const size = 1 << 16
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", size, 1)
 	src := fabric.Alloc(4096)
 	defer fabric.Free(src)
 	sb := unsafe.Slice((*byte)(src), 4096)
@@ -118,7 +120,7 @@ func TestFabricInlinePutSignal(t *testing.T) {
 			sb[i] = byte(uint64(i)*7 + n)
 		}
 		tag++
-		op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: n, Off: off, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: n}}
+		op := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: n, Off: off, SigMrID: 1, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: n}}
 		want := 1
 		if n > endpoint.InlineMax {
 			want = 2
@@ -127,12 +129,12 @@ func TestFabricInlinePutSignal(t *testing.T) {
 			t.Fatalf("%d bytes: %d parts, want %d", n, got, want)
 		}
 		ms[0].Post(1, &op, false, -1)
-		if st := os[0].waitN(t, tag, want); st != abi.Success {
+		if st := os[0].WaitN(t, tag, want); st != abi.Success {
 			t.Fatalf("%d bytes: %v", n, st)
 		}
 		// Completion means arrival: the bytes and the signal are there
 		// without the target doing anything.
-		got := os[1].bytes()[off : off+n]
+		got := os[1].Bytes()[off : off+n]
 		for i := range got {
 			if got[i] != sb[i] {
 				t.Fatalf("%d bytes: byte %d is %d, want %d", n, i, got[i], sb[i])
@@ -144,14 +146,14 @@ func TestFabricInlinePutSignal(t *testing.T) {
 	for _, n := range []uint64{1, 7, 8, 56, endpoint.InlineMax - 1, endpoint.InlineMax, endpoint.InlineMax + 1, 4096} {
 		sum += n
 	}
-	for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 8))) != sum; {
+	for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64((*uint64)(unsafe.Add(os[1].Mem, 8))) != sum; {
 		if time.Now().After(deadline) {
-			t.Fatalf("signal word %d, want %d", atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 8))), sum)
+			t.Fatalf("signal word %d, want %d", atomic.LoadUint64((*uint64)(unsafe.Add(os[1].Mem, 8))), sum)
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if len(os[0].fail)+len(os[1].fail) != 0 {
-		t.Fatalf("failures: %v %v", os[0].fail, os[1].fail)
+	if len(os[0].Fail)+len(os[1].Fail) != 0 {
+		t.Fatalf("failures: %v %v", os[0].Fail, os[1].Fail)
 	}
 }
 
@@ -164,22 +166,22 @@ func TestFabricInlinePutSignal(t *testing.T) {
 // payload landed (strong signals). Every byte and the word are checked.
 func TestFabricSignalInCQData(t *testing.T) {
 	const size = 8 << 20
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
-	f := fabLink0(t, ms)
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", size, 1)
+	f := meshtest.FabLink0(t, ms)
 	if !f.EP().CQ().SigCQ {
 		t.Skip("the provider has no 8-byte CQ data")
 	}
 	src := fabric.Alloc(4096)
 	defer fabric.Free(src)
 	sb := unsafe.Slice((*byte)(src), 4096)
-	sig := (*uint64)(unsafe.Add(os[1].mem, 4096)) // word 512 of registration 1
+	sig := (*uint64)(unsafe.Add(os[1].Mem, 4096)) // word 512 of registration 1
 	tag, want := uint64(0), uint64(0)
-	put := func(op Op) {
+	put := func(op dataplane.Op) {
 		t.Helper()
 		tag++
 		op.Tag, op.MrID, op.Local = tag, 1, src
 		ms[0].Post(1, &op, false, -1)
-		if st := os[0].waitN(t, tag, ms[0].OpParts(1, &op)); st != abi.Success {
+		if st := os[0].WaitN(t, tag, ms[0].OpParts(1, &op)); st != abi.Success {
 			t.Fatalf("op %d (%d bytes): %v", tag, op.Size, st)
 		}
 	}
@@ -190,9 +192,9 @@ func TestFabricSignalInCQData(t *testing.T) {
 	const n = 300
 	for i := uint64(0); i < n; i++ {
 		binary.LittleEndian.PutUint64(sb, i+1)
-		put(Op{Request: Request{Msg: wire.MsgPut, Size: 8, Off: 8192 + 8*i}})
+		put(dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, Size: 8, Off: 8192 + 8*i}})
 		binary.LittleEndian.PutUint64(sb[8:], ^i)
-		put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: 8 + i%73, Off: 65536 + 128*i, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc, SigValue: 0}})
+		put(dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, Size: 8 + i%73, Off: 65536 + 128*i, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc, SigValue: 0}})
 		want++
 	}
 	if got := f.CQSigs().Load() - base; got < n-1 {
@@ -206,7 +208,7 @@ func TestFabricSignalInCQData(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	mem := os[1].bytes()
+	mem := os[1].Bytes()
 	for i := uint64(0); i < n; i++ {
 		if v := binary.LittleEndian.Uint64(mem[8192+8*i:]); v != i+1 {
 			t.Fatalf("put %d: %d", i, v)
@@ -233,32 +235,32 @@ func TestFabricSignalInCQData(t *testing.T) {
 	}
 	// Fallbacks: each goes as a message, and still applies once.
 	before := f.CQSigs().Load()
-	put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 2}}) // add 2
+	put(dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 2}}) // add 2
 	want += 2
-	put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: endpoint.InlineMax + 1, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc}}) // not inline
+	put(dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, Size: endpoint.InlineMax + 1, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpInc}}) // not inline
 	want++
-	put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc}})  // past 2^16 words
-	put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc}})  // still past, though accepted
-	put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 8192 - 8, SigOp: abi.SignalOpInc}}) // above the word accepted
+	put(dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc}})  // past 2^16 words
+	put(dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 5 << 20, SigOp: abi.SignalOpInc}})  // still past, though accepted
+	put(dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 8192 - 8, SigOp: abi.SignalOpInc}}) // above the word accepted
 	if got := f.CQSigs().Load() - before; got != 0 {
 		t.Fatalf("%d fallbacks went in CQ data", got)
 	}
 	// The last one taught the link a higher word: words below it now fit.
-	put(Op{Request: Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 1}})
+	put(dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, Size: 8, Off: 0, SigMrID: 1, SigOff: 4096, SigOp: abi.SignalOpAdd, SigValue: 1}})
 	want++
 	if got := f.CQSigs().Load() - before; got != 1 {
 		t.Fatalf("an add of 1 to an accepted word: %d in CQ data, want 1", got)
 	}
 	for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64(sig) != want ||
-		atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 5<<20))) != 2 || atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 8192-8))) != 1; {
+		atomic.LoadUint64((*uint64)(unsafe.Add(os[1].Mem, 5<<20))) != 2 || atomic.LoadUint64((*uint64)(unsafe.Add(os[1].Mem, 8192-8))) != 1; {
 		if time.Now().After(deadline) {
-			t.Fatalf("signal words %d %d %d, want %d 2 1", atomic.LoadUint64(sig), atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 5<<20))),
-				atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 8192-8))), want)
+			t.Fatalf("signal words %d %d %d, want %d 2 1", atomic.LoadUint64(sig), atomic.LoadUint64((*uint64)(unsafe.Add(os[1].Mem, 5<<20))),
+				atomic.LoadUint64((*uint64)(unsafe.Add(os[1].Mem, 8192-8))), want)
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if len(os[0].fail)+len(os[1].fail) != 0 {
-		t.Fatalf("failures: %v %v", os[0].fail, os[1].fail)
+	if len(os[0].Fail)+len(os[1].Fail) != 0 {
+		t.Fatalf("failures: %v %v", os[0].Fail, os[1].Fail)
 	}
 }
 
@@ -270,34 +272,34 @@ func TestFabricSignalInCQData(t *testing.T) {
 // fails with the target's code.
 func TestFabricSignalInCQDataRejected(t *testing.T) {
 	const size = 1 << 16
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
-	f := fabLink0(t, ms)
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", size, 1)
+	f := meshtest.FabLink0(t, ms)
 	if !f.EP().CQ().SigCQ {
 		t.Skip("the provider has no 8-byte CQ data")
 	}
 	src := fabric.Alloc(64)
 	defer fabric.Free(src)
 	// Never accepted: a message, rejected with the target's code.
-	op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 8, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc}}
+	op := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 1, Local: src, Size: 8, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc}}
 	ms[0].Post(1, &op, false, -1)
-	if st := os[0].wait(t, 1); st != abi.InvalidArgument {
+	if st := os[0].Wait(t, 1); st != abi.InvalidArgument {
 		t.Fatalf("signal to an unknown registration: %v, want %v", st, abi.InvalidArgument)
 	}
 	if f.CQSigs().Load() != 0 {
 		t.Fatal("an unaccepted target went in CQ data")
 	}
-	os[0].mu.Lock()
-	nfail := len(os[0].fail)
-	os[0].mu.Unlock()
+	os[0].Mu.Lock()
+	nfail := len(os[0].Fail)
+	os[0].Mu.Unlock()
 	// Forged: registration 9 and a word past registration 1's end.
 	f.LearnSignal(9, 8)
 	f.LearnSignal(1, size+64)
-	for i, o := range []Op{
-		{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 8, Off: 16, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc}},
-		{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 3, Local: src, Size: 8, Off: 24, SigMrID: 1, SigOff: size + 64, SigOp: abi.SignalOpInc}},
+	for i, o := range []dataplane.Op{
+		{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: src, Size: 8, Off: 16, SigMrID: 9, SigOff: 8, SigOp: abi.SignalOpInc}},
+		{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 3, Local: src, Size: 8, Off: 24, SigMrID: 1, SigOff: size + 64, SigOp: abi.SignalOpInc}},
 	} {
 		ms[0].Post(1, &o, false, -1)
-		if st := os[0].wait(t, o.Tag); st != abi.Success {
+		if st := os[0].Wait(t, o.Tag); st != abi.Success {
 			t.Fatalf("forged %d: request %v, want success (complete on arrival)", i, st)
 		}
 	}
@@ -305,9 +307,9 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 		t.Fatalf("%d forged signals went in CQ data, want 2", f.CQSigs().Load())
 	}
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		os[0].mu.Lock()
-		got := os[0].fail[nfail:]
-		os[0].mu.Unlock()
+		os[0].Mu.Lock()
+		got := os[0].Fail[nfail:]
+		os[0].Mu.Unlock()
 		if len(got) >= 2 {
 			for _, err := range got {
 				if !bytes.Contains([]byte(err.Error()), []byte("CQ data")) {
@@ -322,17 +324,17 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	// The link still works, in order: a valid signal after them applies.
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 4, Local: src, Size: 8, Off: 32, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
-	if st := os[0].wait(t, 4); st != abi.Success {
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 4, Local: src, Size: 8, Off: 32, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
+	if st := os[0].Wait(t, 4); st != abi.Success {
 		t.Fatalf("valid signal after rejections: %v", st)
 	}
-	for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64((*uint64)(os[1].mem)) != 1; {
+	for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64((*uint64)(os[1].Mem)) != 1; {
 		if time.Now().After(deadline) {
-			t.Fatalf("signal word %d, want 1", atomic.LoadUint64((*uint64)(os[1].mem)))
+			t.Fatalf("signal word %d, want 1", atomic.LoadUint64((*uint64)(os[1].Mem)))
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if w := atomic.LoadUint64((*uint64)(unsafe.Add(os[1].mem, 8))); w != 0 {
+	if w := atomic.LoadUint64((*uint64)(unsafe.Add(os[1].Mem, 8))); w != 0 {
 		t.Fatalf("a rejected signal changed word 1 to %d", w)
 	}
 }
@@ -345,18 +347,18 @@ func TestFabricSignalInCQDataRejected(t *testing.T) {
 // operation lost (the driver's teardown scenario over tcp;ofi_rxm, a few
 // runs in 150 under load).
 func TestFabricControlNotAwaited(t *testing.T) {
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
-	l := ms[0].fab.EP(0).Links()[1]
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
+	l := ms[0].Fab().EP(0).Links()[1]
 	src := fabric.Alloc(64)
 	defer fabric.Free(src)
 	// One put first: rxm connects on the first send, which needs progress.
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: src, Size: 8, Off: 0}}, false, -1)
-	os[0].wait(t, 1)
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: src, Size: 8, Off: 0}}, false, -1)
+	os[0].Wait(t, 1)
 	e := l.Rails()[0].EP()
-	ms[0].fab.EP(0).LockPoll() // nobody reaps meanwhile
+	ms[0].Fab().EP(0).LockPoll() // nobody reaps meanwhile
 	ctl, ok := l.Slot(e, 0, true)
 	if !ok {
-		ms[0].fab.EP(0).UnlockPoll()
+		ms[0].Fab().EP(0).UnlockPoll()
 		t.Fatal("no free slot")
 	}
 	flying, awaited := l.Inflight().Load(), l.Awaiting()
@@ -366,7 +368,7 @@ func TestFabricControlNotAwaited(t *testing.T) {
 		l.Unslot(e, op)
 	}
 	l.Unslot(e, ctl)
-	ms[0].fab.EP(0).UnlockPoll()
+	ms[0].Fab().EP(0).UnlockPoll()
 	if flying != 1 || awaited != 0 {
 		t.Fatalf("a control message in flight: inflight %d, awaiting %d; want 1 and 0", flying, awaited)
 	}

@@ -1,10 +1,11 @@
-package dataplane
+package ofi_test
 
 import (
 	"os/exec"
 	"testing"
 	"time"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
@@ -18,8 +19,8 @@ func TestFabricPeerExited(t *testing.T) {
 		t.Skip(err)
 	}
 	defer cmd.Process.Kill()
-	link := func(prov string) *fabricLink {
-		f := ofi.BareLink(&endpoint.Endpoint{}, tcp.NewLink(&peer{rank: 1}, nil, nil))
+	link := func(prov string) *ofi.Link {
+		f := ofi.BareLink(&endpoint.Endpoint{}, tcp.NewLink(dataplane.BarePeer(1), nil, nil))
 		f.EP().Info.Provider = prov
 		f.WatchPid(cmd.Process.Pid)
 		return f

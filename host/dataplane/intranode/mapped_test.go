@@ -1,4 +1,4 @@
-package dataplane
+package intranode_test
 
 import (
 	"bytes"
@@ -9,7 +9,9 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -22,27 +24,27 @@ import (
 // payload byte crosses the socket or a bounce slot.
 func TestMappedPeer(t *testing.T) {
 	const size = 1 << 20
-	d := queuedDevice(t, 2*size)
-	os := make([]*devOwner, 2)
-	owners := make([]Owner, 2)
+	d := meshtest.QueuedDevice(t, 2*size)
+	os := make([]*meshtest.DevOwner, 2)
+	owners := make([]dataplane.Owner, 2)
 	for r := range os {
-		os[r] = &devOwner{memOwner: memOwner{done: map[uint64]abi.Result{}}, dev: d.Base + uintptr(r)*size, size: size, host: make([]byte, 64<<10)}
+		os[r] = &meshtest.DevOwner{MemOwner: meshtest.MemOwner{Done: map[uint64]abi.Result{}}, Dev: d.Base + uintptr(r)*size, Size: size, Host: make([]byte, 64<<10)}
 		owners[r] = sharedOwner{os[r]}
 	}
-	ms := connectOwners(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
+	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
 		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10})
-	x := ms[0].peers[1].t.(*intranode.Link)
-	src := d.At(os[0].dev, size)
-	fill(src[:size/2], 7)
-	target := os[1].dev // rank 1's device memory, "mapped" here: one process
-	sig := (*uint64)(unsafe.Pointer(&os[1].host[0]))
+	x := ms[0].Peer(1).Transport().(*intranode.Link)
+	src := d.At(os[0].Dev, size)
+	meshtest.Fill(src[:size/2], 7)
+	target := os[1].Dev // rank 1's device memory, "mapped" here: one process
+	sig := (*uint64)(unsafe.Pointer(&os[1].Host[0]))
 	sent := x.Lanes()[0].Writes().Load()
 
 	// Put+signal: when the target applied the signal, the bytes are there.
 	for k, n := range []uint64{8, 40 << 10} {
 		off := uint64(k) * (64 << 10)
 		tag := uint64(10 + k)
-		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: n, Off: off, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}, Route: Route{Mapped: uint64(target) + off, MapCtx: 1}}, false, -1)
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: meshtest.AddrPtr(uint64(os[0].Dev)), LocalCtx: 1, Size: n, Off: off, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}, Route: dataplane.Route{Mapped: uint64(target) + off, MapCtx: 1}}, false, -1)
 		for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint64(sig) != uint64(k+1); time.Sleep(20 * time.Microsecond) {
 			if time.Now().After(deadline) {
 				t.Fatalf("put+signal of %d bytes: signal %d", n, atomic.LoadUint64(sig))
@@ -51,29 +53,29 @@ func TestMappedPeer(t *testing.T) {
 		if !bytes.Equal(d.Peek(target+uintptr(off), n), src[:n]) {
 			t.Fatalf("put+signal of %d bytes: the signal came before the bytes", n)
 		}
-		if st := waitDone(t, &os[0].memOwner, tag); st != abi.Success {
+		if st := meshtest.WaitDone(t, &os[0].MemOwner, tag); st != abi.Success {
 			t.Fatalf("put+signal of %d bytes: %v", n, st)
 		}
 	}
 	// A plain put completes once its bytes are there.
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: addrPtr(uint64(os[0].dev) + 4096), LocalCtx: 1, Size: 8192, Off: size / 2}, Route: Route{Mapped: uint64(target) + size/2, MapCtx: 1}}, false, -1)
-	if st := waitDone(t, &os[0].memOwner, 20); st != abi.Success || !bytes.Equal(d.Peek(target+size/2, 8192), src[4096:4096+8192]) {
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 20, Local: meshtest.AddrPtr(uint64(os[0].Dev) + 4096), LocalCtx: 1, Size: 8192, Off: size / 2}, Route: dataplane.Route{Mapped: uint64(target) + size/2, MapCtx: 1}}, false, -1)
+	if st := meshtest.WaitDone(t, &os[0].MemOwner, 20); st != abi.Success || !bytes.Equal(d.Peek(target+size/2, 8192), src[4096:4096+8192]) {
 		t.Fatalf("plain put: %v, or completed before its bytes landed", st)
 	}
 	// A get out of the mapping.
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: addrPtr(uint64(os[0].dev) + size*3/4), LocalCtx: 1, Size: 4096, Off: size / 2}, Route: Route{Mapped: uint64(target) + size/2, MapCtx: 1}}, false, -1)
-	if st := waitDone(t, &os[0].memOwner, 21); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size*3/4, 4096), src[4096:8192]) {
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 1, Tag: 21, Local: meshtest.AddrPtr(uint64(os[0].Dev) + size*3/4), LocalCtx: 1, Size: 4096, Off: size / 2}, Route: dataplane.Route{Mapped: uint64(target) + size/2, MapCtx: 1}}, false, -1)
+	if st := meshtest.WaitDone(t, &os[0].MemOwner, 21); st != abi.Success || !bytes.Equal(d.Peek(os[0].Dev+size*3/4, 4096), src[4096:8192]) {
 		t.Fatalf("get: %v", st)
 	}
 	// One batch: a queued put, then a get of the same bytes copied on the
 	// spot, which must wait for the put's copy.
-	fill(src[:4096], 9)
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 30, Local: addrPtr(uint64(os[0].dev)), LocalCtx: 1, Size: 4096, Off: 3 * size / 4}, Route: Route{Mapped: uint64(target) + 3*size/4, MapCtx: 1}}, true, -1)
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: 31, Local: addrPtr(uint64(os[0].dev) + size/4), LocalCtx: 1, Size: 4096, Off: 3 * size / 4}, Route: Route{Mapped: uint64(target) + 3*size/4, MapCtx: 1}}, false, -1)
-	if st := waitDone(t, &os[0].memOwner, 31); st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+size/4, 4096), src[:4096]) {
+	meshtest.Fill(src[:4096], 9)
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 30, Local: meshtest.AddrPtr(uint64(os[0].Dev)), LocalCtx: 1, Size: 4096, Off: 3 * size / 4}, Route: dataplane.Route{Mapped: uint64(target) + 3*size/4, MapCtx: 1}}, true, -1)
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 1, Tag: 31, Local: meshtest.AddrPtr(uint64(os[0].Dev) + size/4), LocalCtx: 1, Size: 4096, Off: 3 * size / 4}, Route: dataplane.Route{Mapped: uint64(target) + 3*size/4, MapCtx: 1}}, false, -1)
+	if st := meshtest.WaitDone(t, &os[0].MemOwner, 31); st != abi.Success || !bytes.Equal(d.Peek(os[0].Dev+size/4, 4096), src[:4096]) {
 		t.Fatalf("get behind a queued put of the same bytes: %v, or it overtook the put's copy", st)
 	}
-	if st := waitDone(t, &os[0].memOwner, 30); st != abi.Success {
+	if st := meshtest.WaitDone(t, &os[0].MemOwner, 30); st != abi.Success {
 		t.Fatalf("put before the get: %v", st)
 	}
 	if n := x.Mapped().Load(); n != 6 {
@@ -89,23 +91,23 @@ func TestMappedPeer(t *testing.T) {
 	// Rank 1's staged put into rank 0's shared registration: the target
 	// acknowledges it once it landed, not once its copy is queued (rank 0's
 	// mapping peers read and write it without the target's service).
-	fill(os[1].host[:8192], 11)
+	meshtest.Fill(os[1].Host[:8192], 11)
 	copies := d.Copies.Load()
-	ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 40, Local: unsafe.Pointer(&os[1].host[0]), Size: 8192, Off: 4096}}, false, -1)
+	ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 40, Local: unsafe.Pointer(&os[1].Host[0]), Size: 8192, Off: 4096}}, false, -1)
 	for deadline := time.Now().Add(10 * time.Second); ; runtime.Gosched() {
 		// Looked at the moment it completes, both ranks polling as NCCL's
 		// proxies do (acks leave at once): the stream runs the landing
 		// 2 ms after it was queued.
 		ms[0].Progress()
 		ms[1].Progress()
-		st, ok := os[1].status(40)
+		st, ok := os[1].Status(40)
 		if !ok {
 			if time.Now().After(deadline) {
 				t.Fatal("staged put into a shared registration never completed")
 			}
 			continue
 		}
-		if st != abi.Success || !bytes.Equal(d.Peek(os[0].dev+4096, 8192), os[1].host[:8192]) {
+		if st != abi.Success || !bytes.Equal(d.Peek(os[0].Dev+4096, 8192), os[1].Host[:8192]) {
 			t.Fatalf("staged put into a shared registration: %v, or acknowledged before it landed", st)
 		}
 		break
@@ -120,8 +122,8 @@ func TestMappedPeer(t *testing.T) {
 	}
 }
 
-// sharedOwner is a devOwner whose device registration was handed to a
+// sharedOwner is a meshtest.DevOwner whose device registration was handed to a
 // peer (SharedOwner).
-type sharedOwner struct{ *devOwner }
+type sharedOwner struct{ *meshtest.DevOwner }
 
 func (sharedOwner) Shared(id uint32) bool { return id == 1 }

@@ -1,11 +1,13 @@
-package dataplane
+package intranode_test
 
 import (
 	"os"
 	"testing"
 	"time"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 )
 
 // TestStreamWakeBackstop: with every bell of the shared-memory streams
@@ -22,9 +24,9 @@ func TestStreamWakeBackstop(t *testing.T) {
 		intranode.SkipStreamWake.Store(true)
 		t.Cleanup(func() { intranode.SkipStreamWake.Store(false) })
 	}
-	owners := newOwners(2, 64+8*(8<<10))
-	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
-	dumpWhenStuck(t, ms)
+	owners := meshtest.NewOwners(2, 64+8*(8<<10))
+	ms := meshtest.Connect2(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
+	meshtest.DumpWhenStuck(t, ms)
 	for i := range 3 {
 		for a := range 2 {
 			// Quiet long enough for both services to park on their sockets.
@@ -33,7 +35,7 @@ func TestStreamWakeBackstop(t *testing.T) {
 		}
 	}
 	for a := range 2 {
-		if l := tcpOf(t, ms[a], 1-a).Lanes()[0]; intraOf(l).SState() != intranode.RingOn {
+		if l := meshtest.TCPOf(t, ms[a], 1-a).Lanes()[0]; meshtest.IntraOf(l).SState() != intranode.RingOn {
 			t.Fatalf("rank %d's lane to rank %d writes no shared-memory stream", a, 1-a)
 		}
 		st := ms[a].Stats()

@@ -1,4 +1,4 @@
-package dataplane
+package ofi_test
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
@@ -20,21 +22,21 @@ import (
 // Device memory over libfabric: staged over the TCP lanes beside the
 // endpoint, or direct (dma-buf).
 
-// devFabOwner is fabOwner with a second registration (id 2) in a fake
+// devFabOwner is meshtest.FabOwner with a second registration (id 2) in a fake
 // device's memory: ops on it must be staged (the provider here has no
 // FI_HMEM, and the fake's addresses cannot be dereferenced).
 type devFabOwner struct {
-	*fabOwner
+	*meshtest.FabOwner
 	dev  uintptr
 	size uint64
 }
 
-func (o *devFabOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, Pin, bool) {
+func (o *devFabOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, dataplane.Pin, bool) {
 	if id == 2 {
 		a := o.dev
-		return *(*unsafe.Pointer)(unsafe.Pointer(&a)), o.size, 1, Pin{}, true
+		return *(*unsafe.Pointer)(unsafe.Pointer(&a)), o.size, 1, dataplane.Pin{}, true
 	}
-	return o.fabOwner.Resolve(id)
+	return o.FabOwner.Resolve(id)
 }
 
 // TestFabricDeviceStaged: puts from and to device memory, with signals,
@@ -50,33 +52,33 @@ func TestFabricDeviceStaged(t *testing.T) {
 			d := &devtest.Pipe{Mem: make([]byte, 2*dsize), Base: 0x7e00_0000_0000}
 			devmem.Register(d)
 			defer devmem.Register(nil)
-			prov := fabricProvider(t, "tcp;ofi_rxm")
+			prov := meshtest.FabricProvider(t, "tcp;ofi_rxm")
 			owners := make([]*devFabOwner, 2)
-			ms := make([]*Mesh, 2)
+			ms := make([]*dataplane.Mesh, 2)
 			{
-				ls := make([]*Listener, 2)
+				ls := make([]*dataplane.Listener, 2)
 				hs := make([]*wire.Handle, 2)
 				for i := range ls {
-					owners[i] = &devFabOwner{fabOwner: &fabOwner{mem: fabric.Alloc(hsize), size: hsize, done: map[uint64]abi.Result{}}, dev: d.Base + uintptr(i*dsize), size: dsize}
-					l, h, err := Listen(ListenOptions{Addr: "127.0.0.1", Provider: prov})
+					owners[i] = &devFabOwner{FabOwner: &meshtest.FabOwner{Mem: fabric.Alloc(hsize), Size: hsize, Done: map[uint64]abi.Result{}}, dev: d.Base + uintptr(i*dsize), size: dsize}
+					l, h, err := dataplane.Listen(dataplane.ListenOptions{Addr: "127.0.0.1", Provider: prov})
 					if err != nil {
 						t.Fatal(err)
 					}
 					ls[i], hs[i] = l, h
 					t.Cleanup(func() { l.Close() })
 				}
-				copy(ms, connectAll(t, ls, hs, func(i int) Owner { return owners[i] }, func(int) Options {
-					return Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 256 << 10, CloseTimeout: time.Second}
+				copy(ms, meshtest.ConnectAll(t, ls, hs, func(i int) dataplane.Owner { return owners[i] }, func(int) dataplane.Options {
+					return dataplane.Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 256 << 10, CloseTimeout: time.Second}
 				}))
 			}
 			defer func() {
 				ms[0].Close()
 				ms[1].Close()
-				fabric.Free(owners[0].mem)
-				fabric.Free(owners[1].mem)
+				fabric.Free(owners[0].Mem)
+				fabric.Free(owners[1].Mem)
 			}()
 			for i, m := range ms {
-				key, err := m.RegisterMemory(1, owners[i].mem, hsize, false)
+				key, err := m.RegisterMemory(1, owners[i].Mem, hsize, false)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -84,11 +86,11 @@ func TestFabricDeviceStaged(t *testing.T) {
 					t.Fatalf("device registration on a fabric communicator: %v", err)
 				}
 				for p := 0; p < 2; p++ {
-					m.Post(p, &Op{Request: Request{Msg: wire.MsgReg, MrID: 1, Size: hsize, Off: uint64(uintptr(owners[i].mem)), SigValue: key}}, false, 0)
-					m.Post(p, &Op{Request: Request{Msg: wire.MsgReg, MrID: 2, Size: dsize, Off: uint64(owners[i].dev), Dev: true}}, false, 0)
+					m.Post(p, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgReg, MrID: 1, Size: hsize, Off: uint64(uintptr(owners[i].Mem)), SigValue: key}}, false, 0)
+					m.Post(p, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgReg, MrID: 2, Size: dsize, Off: uint64(owners[i].dev), Dev: true}}, false, 0)
 				}
 			}
-			f := ms[0].peers[1].t.(*fabricLink)
+			f := ms[0].Peer(1).Transport().(*ofi.Link)
 			for deadline := time.Now().Add(5 * time.Second); !func() bool { d, _ := f.RemoteDev(2); return d }(); {
 				if time.Now().After(deadline) {
 					t.Fatal("device registration never announced")
@@ -96,7 +98,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 			// Rank 0's source: its host registration and its device memory.
-			hsrc := owners[0].bytes()
+			hsrc := owners[0].Bytes()
 			for i := range hsrc {
 				hsrc[i] = byte(i*7 + 3)
 			}
@@ -109,7 +111,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 			// host registration; the target must see every earlier op
 			// landed whenever the signal moves.
 			type step struct {
-				op     Op
+				op     dataplane.Op
 				fabric bool
 			}
 			var steps []step
@@ -121,12 +123,12 @@ func TestFabricDeviceStaged(t *testing.T) {
 				off := k * (n + 4096) % (dsize - n)
 				switch k % 2 {
 				case 0: // device source → device destination, staged
-					steps = append(steps, step{Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 2, Local: nil, LocalCtx: 1, Size: n, Off: off, SigMrID: 1, SigOp: abi.SignalOpInc}}, false})
+					steps = append(steps, step{dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 2, Local: nil, LocalCtx: 1, Size: n, Off: off, SigMrID: 1, SigOp: abi.SignalOpInc}}, false})
 					steps[len(steps)-1].op.Local = *(*unsafe.Pointer)(unsafe.Pointer(&[]uintptr{d.Base + uintptr(off)}[0]))
 				default: // host → host over RDMA, then host → device staged
 					hn := min(n, hsize/2)
-					steps = append(steps, step{Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Local: unsafe.Add(owners[0].mem, 8), Size: hn - 8, Off: hsize/2 + 8, LocalMr: 1}}, true})
-					steps = append(steps, step{Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 2, Local: unsafe.Add(owners[0].mem, 8), Size: hn - 8, Off: dsize - hn, LocalMr: 1, SigMrID: 1, SigOp: abi.SignalOpInc}}, false})
+					steps = append(steps, step{dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Local: unsafe.Add(owners[0].Mem, 8), Size: hn - 8, Off: hsize/2 + 8, LocalMr: 1}}, true})
+					steps = append(steps, step{dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 2, Local: unsafe.Add(owners[0].Mem, 8), Size: hn - 8, Off: dsize - hn, LocalMr: 1, SigMrID: 1, SigOp: abi.SignalOpInc}}, false})
 				}
 			}
 			for i := range steps {
@@ -134,7 +136,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 				ms[0].Post(1, &steps[i].op, false, -1)
 			}
 			for i := range steps {
-				if st := owners[0].waitN(t, steps[i].op.Tag, ms[0].OpParts(1, &steps[i].op)); st != abi.Success {
+				if st := owners[0].WaitN(t, steps[i].op.Tag, ms[0].OpParts(1, &steps[i].op)); st != abi.Success {
 					t.Fatalf("op %d: %v", i, st)
 				}
 			}
@@ -144,7 +146,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 					sigs++
 				}
 			}
-			sig := (*uint64)(owners[1].mem)
+			sig := (*uint64)(owners[1].Mem)
 			for deadline := time.Now().Add(5 * time.Second); atomic.LoadUint64(sig) != sigs; {
 				if time.Now().After(deadline) {
 					t.Fatalf("signal %d, want %d", atomic.LoadUint64(sig), sigs)
@@ -172,7 +174,7 @@ func TestFabricDeviceStaged(t *testing.T) {
 					t.Fatalf("op %d: device bytes differ", i)
 				}
 			}
-			if got := owners[1].bytes()[hsize/2+8 : hsize/2+64<<10]; !bytes.Equal(got, hsrc[8:64<<10]) {
+			if got := owners[1].Bytes()[hsize/2+8 : hsize/2+64<<10]; !bytes.Equal(got, hsrc[8:64<<10]) {
 				t.Fatal("host put over the fabric: bytes differ")
 			}
 			// Only the host puts used the fabric.
@@ -186,11 +188,11 @@ func TestFabricDeviceStaged(t *testing.T) {
 				t.Errorf("the fabric moved %d bytes, want %d (the host puts only)", got, hostBytes)
 			}
 			// Rank 1 gets device bytes of rank 0 into its host memory.
-			ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 2, Tag: 500, Local: unsafe.Add(owners[1].mem, 4096), LocalMr: 1, Size: 128 << 10, Off: 4096}}, false, -1)
-			if st := owners[1].waitN(t, 500, ms[1].Parts(wire.MsgGet, 128<<10)); st != abi.Success {
+			ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 2, Tag: 500, Local: unsafe.Add(owners[1].Mem, 4096), LocalMr: 1, Size: 128 << 10, Off: 4096}}, false, -1)
+			if st := owners[1].WaitN(t, 500, ms[1].Parts(wire.MsgGet, 128<<10)); st != abi.Success {
 				t.Fatalf("get: %v", st)
 			}
-			if !bytes.Equal(owners[1].bytes()[4096:4096+128<<10], dsrc[4096:4096+128<<10]) {
+			if !bytes.Equal(owners[1].Bytes()[4096:4096+128<<10], dsrc[4096:4096+128<<10]) {
 				t.Fatal("get from device memory: bytes differ")
 			}
 			// The lane releases the window when the acks arrive, unless a
@@ -202,8 +204,8 @@ func TestFabricDeviceStaged(t *testing.T) {
 			if f.Staging().Load() != 0 {
 				t.Errorf("%d staged puts still hold the window", f.Staging().Load())
 			}
-			if len(owners[0].fail)+len(owners[1].fail) > 0 {
-				t.Fatalf("failures: %v %v", owners[0].fail, owners[1].fail)
+			if len(owners[0].Fail)+len(owners[1].Fail) > 0 {
+				t.Fatalf("failures: %v %v", owners[0].Fail, owners[1].Fail)
 			}
 		})
 	}
@@ -223,21 +225,21 @@ func TestFabricStagedChoice(t *testing.T) {
 	dev := uintptr(0x7e00_0000_0000)
 	for _, c := range []struct {
 		name   string
-		op     Op
+		op     dataplane.Op
 		staged bool
 	}{
-		{"host to host", Op{Request: Request{Msg: wire.MsgPut, MrID: 1, LocalMr: 1, Size: 64}}, false},
-		{"host to staged device", Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 2, LocalMr: 1, Size: 64}}, true},
-		{"host to direct device", Op{Request: Request{Msg: wire.MsgPut, MrID: 3, LocalMr: 1, Size: 64}}, false},
-		{"host to host marked direct", Op{Request: Request{Msg: wire.MsgPut, MrID: 4, LocalMr: 1, Size: 64}}, false},
-		{"direct device to host", Op{Request: Request{Msg: wire.MsgPut, MrID: 1, LocalMr: 2, LocalCtx: dev, Size: 64}}, false},
-		{"unregistered device to host", Op{Request: Request{Msg: wire.MsgPut, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}}, true},
-		{"direct device to staged device", Op{Request: Request{Msg: wire.MsgPut, MrID: 2, LocalMr: 2, LocalCtx: dev, Size: 64}}, true},
-		{"get from staged device", Op{Request: Request{Msg: wire.MsgGet, MrID: 2, LocalMr: 1, Size: 64}}, true},
-		{"get into unregistered device", Op{Request: Request{Msg: wire.MsgGet, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}}, true},
-		{"signal alone to a device word", Op{Request: Request{Msg: wire.MsgPutSignal, SigMrID: 2}}, false},
-		{"empty put to staged device", Op{Request: Request{Msg: wire.MsgPut, MrID: 2, LocalMr: 1}}, false},
-		{"goodbye", Op{Request: Request{Msg: wire.MsgBye}}, false},
+		{"host to host", dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, LocalMr: 1, Size: 64}}, false},
+		{"host to staged device", dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 2, LocalMr: 1, Size: 64}}, true},
+		{"host to direct device", dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 3, LocalMr: 1, Size: 64}}, false},
+		{"host to host marked direct", dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 4, LocalMr: 1, Size: 64}}, false},
+		{"direct device to host", dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, LocalMr: 2, LocalCtx: dev, Size: 64}}, false},
+		{"unregistered device to host", dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}}, true},
+		{"direct device to staged device", dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 2, LocalMr: 2, LocalCtx: dev, Size: 64}}, true},
+		{"get from staged device", dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 2, LocalMr: 1, Size: 64}}, true},
+		{"get into unregistered device", dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 1, LocalMr: 1, LocalCtx: dev, Size: 64}}, true},
+		{"signal alone to a device word", dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, SigMrID: 2}}, false},
+		{"empty put to staged device", dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 2, LocalMr: 1}}, false},
+		{"goodbye", dataplane.Op{Request: dataplane.Request{Msg: wire.MsgBye}}, false},
 	} {
 		if got := f.Staged(&c.op); got != c.staged {
 			t.Errorf("%s: staged %v, want %v", c.name, got, c.staged)

@@ -1,4 +1,4 @@
-package dataplane
+package intranode_test
 
 import (
 	"encoding/binary"
@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
@@ -22,18 +24,18 @@ import (
 // that another lane delivered first, applied from the host, still waits
 // for that put's copy.
 func TestEventOrderFollowsSequence(t *testing.T) {
-	d := &eventDevice{streamSelfDevice: &streamSelfDevice{Stream: devtest.NewStream(1<<16, 0)}}
+	d := &eventDevice{StreamSelfDevice: &meshtest.StreamSelfDevice{Stream: devtest.NewStream(1<<16, 0)}}
 	devmem.Register(d)
 	t.Cleanup(func() { devmem.Register(nil) })
 	evs := intranode.NewEvents(3) // the context the peer's events were opened in
-	var o seqorder.Orderer[sigRef]
+	var o seqorder.Orderer[link.Signal]
 	o.OnErr = func(err error) { t.Error(err) }
 	sh := staging.NewShadow(d.Base, 1<<16)
 	var host uint64
 	const ev1, ev2 = 0xe1, 0xe2
 
 	// Number 2, a host word with no event of its own, arrives first.
-	if err := o.Done(2, sigRef{Host: &host, Evs: evs}, 1); err != nil {
+	if err := o.Done(2, link.Signal{Host: &host, Evs: evs}, 1); err != nil {
 		t.Fatal(err)
 	}
 	if len(d.calls) != 0 || atomic.LoadUint64(&host) != 0 {
@@ -43,7 +45,7 @@ func TestEventOrderFollowsSequence(t *testing.T) {
 	// written on context 1's stream: its stream waits for the event, then
 	// number 2's host word waits for it from the host (in the context the
 	// event was opened in).
-	if err := o.Done(1, sigRef{Dev: d.Base, Ctx: 1, Sh: sh, Evs: evs, Ev: ev1}, 1); err != nil {
+	if err := o.Done(1, link.Signal{Dev: d.Base, Ctx: 1, Sh: sh, Evs: evs, Ev: ev1}, 1); err != nil {
 		t.Fatal(err)
 	}
 	if want := []string{"stream 1 e1", "host 3 e1"}; !slices.Equal(d.calls, want) || atomic.LoadUint64(&host) != 1 {
@@ -52,7 +54,7 @@ func TestEventOrderFollowsSequence(t *testing.T) {
 	// Number 3 on the same stream: the host wait covered event 1.
 	// Number 4, a refused signal whose put was ordered by event 2: the
 	// host waits for it, so that later signals follow that put's bytes.
-	for seq, s := range map[uint64]sigRef{3: {Dev: d.Base + 8, Ctx: 1, Sh: sh, Evs: evs}, 4: {Evs: evs, Ev: ev2}} {
+	for seq, s := range map[uint64]link.Signal{3: {Dev: d.Base + 8, Ctx: 1, Sh: sh, Evs: evs}, 4: {Evs: evs, Ev: ev2}} {
 		if err := o.Done(seq, s, 1); err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +72,7 @@ func TestEventOrderFollowsSequence(t *testing.T) {
 
 // eventDevice records the waits for a peer's events (0xe0 and up).
 type eventDevice struct {
-	*streamSelfDevice
+	*meshtest.StreamSelfDevice
 	calls []string
 }
 
@@ -89,5 +91,5 @@ func (d *eventDevice) Passed(ctx, ev uintptr) (bool, error) {
 		d.calls = append(d.calls, fmt.Sprintf("host %d %x", ctx, ev))
 		return true, nil
 	}
-	return d.streamSelfDevice.Passed(ctx, ev)
+	return d.StreamSelfDevice.Passed(ctx, ev)
 }

@@ -1,4 +1,4 @@
-package dataplane
+package tcp_test
 
 import (
 	"bytes"
@@ -16,6 +16,8 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec/codectest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -40,8 +42,8 @@ func TestCompressedPuts(t *testing.T) {
 		// order a signal gives across a socket, so no range is reused.
 		const slot = size + 4096
 		_, mem, intact := codectest.Guarded(8 + 24*slot)
-		owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: mem, done: map[uint64]abi.Result{}}}
-		ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 64 << 10})
+		owners := []*meshtest.MemOwner{{Mem: make([]byte, 64), Done: map[uint64]abi.Result{}}, {Mem: mem, Done: map[uint64]abi.Result{}}}
+		ms := meshtest.Connect2(t, owners, dataplane.Options{Timeout: 10 * time.Second, Lanes: lanes, StripeThreshold: 1 << 20, ChunkSize: 64 << 10})
 		sig := (*uint64)(unsafe.Pointer(&mem[0]))
 		tag, signals := uint64(1), uint64(0) // tag 0 completes nothing
 		for ci, cw := range codecs {
@@ -50,20 +52,20 @@ func TestCompressedPuts(t *testing.T) {
 				for _, n := range []int{codec.MinSize - 1, 70000, size} {
 					off := 8 + int(tag-1)*slot
 					src := data[:n]
-					ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: uint64(n), Off: uint64(off)}, Plan: Plan{Codec: cw}}, false, -1)
+					ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: uint64(n), Off: uint64(off)}, Plan: dataplane.Plan{Codec: cw}}, false, -1)
 					signals++
 					tag++
 					deadline := time.Now().Add(20 * time.Second)
 					for atomic.LoadUint64(sig) != signals {
 						if time.Now().After(deadline) {
-							t.Fatalf("lanes %d codec %#x data %d size %d: signal never arrived (failures %v)", lanes, cw, di, n, owners[0].failed)
+							t.Fatalf("lanes %d codec %#x data %d size %d: signal never arrived (failures %v)", lanes, cw, di, n, owners[0].Failed)
 						}
 						time.Sleep(100 * time.Microsecond)
 					}
 					if !bytes.Equal(mem[off:off+n], src) {
 						t.Fatalf("lanes %d codec %#x data %d size %d: bytes differ after the signal", lanes, cw, di, n)
 					}
-					if st := waitDone(t, owners[0], tag-1); st != abi.Success {
+					if st := meshtest.WaitDone(t, owners[0], tag-1); st != abi.Success {
 						t.Fatalf("put completed with %v", st)
 					}
 				}
@@ -80,8 +82,8 @@ func TestCompressedPuts(t *testing.T) {
 		if raw == 0 || wire > raw*3/4 || wire < raw/2 {
 			t.Fatalf("lanes %d: %d raw bytes went as %d on the wire", lanes, raw, wire)
 		}
-		if len(owners[0].failed) > 0 || len(owners[1].failed) > 0 {
-			t.Fatalf("failures: %v %v", owners[0].failed, owners[1].failed)
+		if len(owners[0].Failed) > 0 || len(owners[1].Failed) > 0 {
+			t.Fatalf("failures: %v %v", owners[0].Failed, owners[1].Failed)
 		}
 	}
 }
@@ -133,19 +135,19 @@ func TestHostileCompressedFrames(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			_, mem, intact := codectest.Guarded(8192)
-			owners := []*memOwner{{mem: make([]byte, 64), done: map[uint64]abi.Result{}}, {mem: mem, done: map[uint64]abi.Result{}}}
-			ms := connect2(t, owners, Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second})
-			l := ms[0].peers[1].t.(*tcp.Link).Lanes()[0]
+			owners := []*meshtest.MemOwner{{Mem: make([]byte, 64), Done: map[uint64]abi.Result{}}, {Mem: mem, Done: map[uint64]abi.Result{}}}
+			ms := meshtest.Connect2(t, owners, dataplane.Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second})
+			l := ms[0].Peer(1).Transport().(*tcp.Link).Lanes()[0]
 			l.AwaitPuts([]uint64{1}, nil) // the target acknowledges (or rejects) it like any put
 			if _, err := l.Out().Write(c.wire); err != nil {
 				t.Fatal(err)
 			}
 			// A good compressed put behind it, on the same stream.
-			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 2, Local: unsafe.Pointer(&good[0]), Size: 4096, Off: 4096}, Plan: Plan{Codec: guestabi.CodecZstd}}, false, -1)
-			st := waitDone(t, owners[0], 2)
-			owners[0].mu.Lock()
-			failed := append([]error(nil), owners[0].failed...)
-			owners[0].mu.Unlock()
+			ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 2, Local: unsafe.Pointer(&good[0]), Size: 4096, Off: 4096}, Plan: dataplane.Plan{Codec: guestabi.CodecZstd}}, false, -1)
+			st := meshtest.WaitDone(t, owners[0], 2)
+			owners[0].Mu.Lock()
+			failed := append([]error(nil), owners[0].Failed...)
+			owners[0].Mu.Unlock()
 			if c.broken {
 				if st == abi.Success {
 					t.Fatalf("the put behind a framing lie completed: the stream stayed open")
@@ -157,7 +159,7 @@ func TestHostileCompressedFrames(t *testing.T) {
 				if len(failed) == 0 || !strings.Contains(failed[0].Error(), "rejected a put") {
 					t.Fatalf("no rejection reported: %v", failed)
 				}
-				if st, ok := owners[0].status(1); !ok || st == abi.Success {
+				if st, ok := owners[0].Status(1); !ok || st == abi.Success {
 					t.Fatalf("the rejected put's request: %v (done %v), want a failure", st, ok)
 				}
 			}

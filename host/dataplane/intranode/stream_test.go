@@ -1,4 +1,4 @@
-package dataplane
+package intranode_test
 
 import (
 	"bytes"
@@ -14,7 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -22,7 +24,7 @@ import (
 // streamPuts posts n put+signals of 8 B to 8 KiB from rank a to rank b,
 // round-robin over the lanes, each with its own bytes, and checks every
 // byte and the signal count (word 0 of b's memory counts to base+n).
-func streamPuts(t *testing.T, ms []*Mesh, owners []*memOwner, a, b, n int, base uint64) {
+func streamPuts(t *testing.T, ms []*dataplane.Mesh, owners []*meshtest.MemOwner, a, b, n int, base uint64) {
 	t.Helper()
 	sizes := []uint64{8, 64, 1024, 8 << 10}
 	src := make([]byte, 16<<10)
@@ -36,12 +38,12 @@ func streamPuts(t *testing.T, ms []*Mesh, owners []*memOwner, a, b, n int, base 
 		// the raw writev of a socket lane order them).
 		off := uint64(64 + (int(base)+i)*(8<<10))
 		tag := uint64(a)<<32 | (base + uint64(i) + 1) // tag 0 asks for no completion
-		ms[a].Post(b, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: size, Off: off, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, i%ms[a].lanes)
-		if st := waitDone(t, owners[a], tag); st != abi.Success {
+		ms[a].Post(b, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: size, Off: off, SigMrID: 1, SigOp: abi.SignalOpInc}}, false, i%ms[a].Lanes())
+		if st := meshtest.WaitDone(t, owners[a], tag); st != abi.Success {
 			t.Fatalf("put %d of %d bytes: %v", i, size, st)
 		}
-		waitWord(t, owners[b], 0, base+uint64(i)+1, nil)
-		if got := owners[b].mem[off : off+size]; !bytes.Equal(got, src[:size]) {
+		meshtest.WaitWord(t, owners[b], 0, base+uint64(i)+1, nil)
+		if got := owners[b].Mem[off : off+size]; !bytes.Equal(got, src[:size]) {
 			t.Fatalf("put %d of %d bytes: bytes differ once its signal was seen", i, size)
 		}
 	}
@@ -54,8 +56,8 @@ func streamPuts(t *testing.T, ms []*Mesh, owners []*memOwner, a, b, n int, base 
 func TestStreamRings(t *testing.T) {
 	for _, lanes := range []int{1, 2} {
 		t.Run(fmt.Sprintf("lanes=%d", lanes), func(t *testing.T) {
-			owners := newOwners(2, 64+48*(8<<10))
-			ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes, CloseTimeout: time.Second})
+			owners := meshtest.NewOwners(2, 64+48*(8<<10))
+			ms := meshtest.Connect2(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes, CloseTimeout: time.Second})
 			streamPuts(t, ms, owners, 0, 1, 40, 0)
 			streamPuts(t, ms, owners, 1, 0, 40, 0)
 			// Quiet long enough for the services to park, then one more.
@@ -63,14 +65,14 @@ func TestStreamRings(t *testing.T) {
 			streamPuts(t, ms, owners, 0, 1, 1, 40)
 			var bells uint64
 			for a := range 2 {
-				tl := tcpOf(t, ms[a], 1-a)
+				tl := meshtest.TCPOf(t, ms[a], 1-a)
 				for _, l := range tl.Lanes() {
-					if intraOf(l).SState() != intranode.RingOn || intraOf(l).Sring().Load() == nil {
+					if meshtest.IntraOf(l).SState() != intranode.RingOn || meshtest.IntraOf(l).Sring().Load() == nil {
 						t.Fatalf("rank %d lane %d to rank %d: no shared-memory stream", a, l.Idx(), 1-a)
 					}
-					bells += intraOf(l).Bells().Load()
+					bells += meshtest.IntraOf(l).Bells().Load()
 				}
-				target := tcpOf(t, ms[1-a], a)
+				target := meshtest.TCPOf(t, ms[1-a], a)
 				for i, ac := range target.Acks() {
 					if r := ac.Rd().Load(); r == nil || r.Sring() == nil {
 						t.Fatalf("rank %d's reader of lane %d from rank %d reads no ring", 1-a, i, a)
@@ -91,8 +93,8 @@ func TestStreamRings(t *testing.T) {
 				}
 			}
 			for _, o := range owners {
-				if len(o.failed) > 0 {
-					t.Fatalf("errors: %v", o.failed)
+				if len(o.Failed) > 0 {
+					t.Fatalf("errors: %v", o.Failed)
 				}
 			}
 		})
@@ -105,24 +107,24 @@ func TestStreamRefused(t *testing.T) {
 	refusal := errors.New("refused by the test")
 	intranode.StreamRefusal().Store(&refusal)
 	defer intranode.StreamRefusal().Store(nil)
-	owners := newOwners(2, 64+48*(8<<10))
-	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
+	owners := meshtest.NewOwners(2, 64+48*(8<<10))
+	ms := meshtest.Connect2(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
 	streamPuts(t, ms, owners, 0, 1, 20, 0)
-	l := tcpOf(t, ms[0], 1).Lanes()[0]
-	if intraOf(l).SState() != intranode.RingOff || !intraOf(l).SNo().Load() {
-		t.Fatalf("lane state %d (refused %v) after a refusal", intraOf(l).SState(), intraOf(l).SNo().Load())
+	l := meshtest.TCPOf(t, ms[0], 1).Lanes()[0]
+	if meshtest.IntraOf(l).SState() != intranode.RingOff || !meshtest.IntraOf(l).SNo().Load() {
+		t.Fatalf("lane state %d (refused %v) after a refusal", meshtest.IntraOf(l).SState(), meshtest.IntraOf(l).SNo().Load())
 	}
-	if r := tcpOf(t, ms[1], 0).Acks()[0].Rd().Load(); r == nil || r.Sring() != nil {
+	if r := meshtest.TCPOf(t, ms[1], 0).Acks()[0].Rd().Load(); r == nil || r.Sring() != nil {
 		t.Fatal("the target reads a ring it refused")
 	}
 }
 
 // TestStreamOff: NoIntraStream keeps the socket.
 func TestStreamOff(t *testing.T) {
-	owners := newOwners(2, 64+48*(8<<10))
-	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, NoIntraStream: true})
+	owners := meshtest.NewOwners(2, 64+48*(8<<10))
+	ms := meshtest.Connect2(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, NoIntraStream: true})
 	streamPuts(t, ms, owners, 0, 1, 8, 0)
-	if l := tcpOf(t, ms[0], 1).Lanes()[0]; intraOf(l).Sring().Load() != nil {
+	if l := meshtest.TCPOf(t, ms[0], 1).Lanes()[0]; meshtest.IntraOf(l).Sring().Load() != nil {
 		t.Fatal("a shared-memory stream although NoIntraStream")
 	}
 }
@@ -147,11 +149,11 @@ func TestStreamCorrupt(t *testing.T) {
 		return r, err
 	}
 	defer func() { *intranode.NewStreamRing() = shmstream.New }()
-	owners := newOwners(2, 64+48*(8<<10))
-	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
+	owners := meshtest.NewOwners(2, 64+48*(8<<10))
+	ms := meshtest.Connect2(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
 	streamPuts(t, ms, owners, 0, 1, 4, 0)
 	*intranode.NewStreamRing() = shmstream.New
-	_, size := intraOf(tcpOf(t, ms[0], 1).Lanes()[0]).Sring().Load().Offer()
+	_, size := meshtest.IntraOf(meshtest.TCPOf(t, ms[0], 1).Lanes()[0]).Sring().Load().Offer()
 	if len(fds) != 1 {
 		t.Fatalf("%d rings made, want 1 (rank 0 to rank 1)", len(fds))
 	}
@@ -165,17 +167,17 @@ func TestStreamCorrupt(t *testing.T) {
 	tail := (*uint64)(unsafe.Pointer(&mem[128]))
 	atomic.AddUint64(tail, 3*size)
 	// Wake the target's service: a bell, as a writer would ring.
-	intraOf(tcpOf(t, ms[0], 1).Lanes()[0]).Ring()
+	meshtest.IntraOf(meshtest.TCPOf(t, ms[0], 1).Lanes()[0]).Ring()
 	deadline := time.Now().Add(10 * time.Second)
-	for !ms[1].peers[0].dead.Load() {
+	for !ms[1].Peer(0).Dead() {
 		if time.Now().After(deadline) {
 			t.Fatal("the target still serves a corrupted stream")
 		}
 		time.Sleep(time.Millisecond)
 	}
-	owners[1].mu.Lock()
-	failed := fmt.Sprint(owners[1].failed)
-	owners[1].mu.Unlock()
+	owners[1].Mu.Lock()
+	failed := fmt.Sprint(owners[1].Failed)
+	owners[1].Mu.Unlock()
 	if !strings.Contains(failed, "corrupted") {
 		t.Fatalf("the target's error does not name the corruption: %s", failed)
 	}
@@ -185,15 +187,15 @@ func TestStreamCorrupt(t *testing.T) {
 // stream on a lane that already reads one breaks the protocol: the target
 // drops the peer with an error that says so, and nothing hangs.
 func TestStreamSecondOffer(t *testing.T) {
-	owners := newOwners(2, 64+48*(8<<10))
-	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
+	owners := meshtest.NewOwners(2, 64+48*(8<<10))
+	ms := meshtest.Connect2(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, CloseTimeout: time.Second})
 	streamPuts(t, ms, owners, 0, 1, 4, 0)
-	l := tcpOf(t, ms[0], 1).Lanes()[0]
-	if intraOf(l).Sring().Load() == nil {
+	l := meshtest.TCPOf(t, ms[0], 1).Lanes()[0]
+	if meshtest.IntraOf(l).Sring().Load() == nil {
 		t.Fatal("the lane did not switch to a shared-memory stream")
 	}
 	// Take the lane's writing role, as a batch does, and offer again.
-	waitUntil(t, "the lane's writing role", func() bool {
+	meshtest.WaitUntil(t, "the lane's writing role", func() bool {
 		l.Mu().Lock()
 		defer l.Mu().Unlock()
 		if *l.Writing() {
@@ -211,11 +213,11 @@ func TestStreamSecondOffer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	intraOf(l).Ring()
-	waitUntil(t, "the target to drop the peer", ms[1].peers[0].dead.Load)
-	owners[1].mu.Lock()
-	failed := fmt.Sprint(owners[1].failed)
-	owners[1].mu.Unlock()
+	meshtest.IntraOf(l).Ring()
+	meshtest.WaitUntil(t, "the target to drop the peer", ms[1].Peer(0).Dead)
+	owners[1].Mu.Lock()
+	failed := fmt.Sprint(owners[1].Failed)
+	owners[1].Mu.Unlock()
 	if !strings.Contains(failed, "second shared-memory stream") {
 		t.Fatalf("the target's error does not name the second offer: %s", failed)
 	}

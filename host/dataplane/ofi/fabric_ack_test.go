@@ -1,4 +1,4 @@
-package dataplane
+package ofi_test
 
 import (
 	"encoding/binary"
@@ -8,6 +8,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/endpoint"
@@ -17,11 +19,11 @@ import (
 
 // fabLinks returns both directions' fabric links of a two-rank pair, or
 // skips where the provider's CQ data cannot carry a signal.
-func fabLinks(t *testing.T, ms []*Mesh) [2]*fabricLink {
+func fabLinks(t *testing.T, ms []*dataplane.Mesh) [2]*ofi.Link {
 	t.Helper()
-	var f [2]*fabricLink
+	var f [2]*ofi.Link
 	for r := range f {
-		l, ok := ms[r].peers[1-r].t.(*fabricLink)
+		l, ok := ms[r].Peer(1 - r).Transport().(*ofi.Link)
 		if !ok {
 			t.Fatalf("rank %d does not reach rank %d over fabric", r, 1-r)
 		}
@@ -52,7 +54,7 @@ func waitFabWord(t *testing.T, p unsafe.Pointer, want uint64) {
 // checked at every step.
 func TestFabricAckInCQData(t *testing.T) {
 	const size = 1 << 20
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", size, 1)
 	f := fabLinks(t, ms)
 	src := [2]unsafe.Pointer{fabric.Alloc(128), fabric.Alloc(128)}
 	defer fabric.Free(src[0])
@@ -62,12 +64,12 @@ func TestFabricAckInCQData(t *testing.T) {
 	put := func(r int, size, off uint64) uint64 {
 		t.Helper()
 		tags[r]++
-		ms[r].Post(1-r, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tags[r], Local: src[r], Size: size, Off: off, SigMrID: 1, SigOff: word, SigOp: abi.SignalOpInc}}, false, -1)
+		ms[r].Post(1-r, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tags[r], Local: src[r], Size: size, Off: off, SigMrID: 1, SigOff: word, SigOp: abi.SignalOpInc}}, false, -1)
 		return tags[r]
 	}
 	check := func(r int, size, off uint64, step int) {
 		t.Helper()
-		got := os[1-r].bytes()[off : off+size]
+		got := os[1-r].Bytes()[off : off+size]
 		want := unsafe.Slice((*byte)(src[r]), size)
 		for j := range got {
 			if got[j] != want[j] {
@@ -93,7 +95,7 @@ func TestFabricAckInCQData(t *testing.T) {
 			}
 			binary.LittleEndian.PutUint64(b, uint64(i)<<8|uint64(r))
 			tag := put(r, sz, off)
-			waitFabWord(t, unsafe.Add(os[1-r].mem, word), uint64(i+2))
+			waitFabWord(t, unsafe.Add(os[1-r].Mem, word), uint64(i+2))
 			check(r, sz, off, i)
 			stepAcked(t, os, &last, r, i, tag)
 		}
@@ -104,11 +106,11 @@ func TestFabricAckInCQData(t *testing.T) {
 			t.Fatalf("rank %d received %d acknowledgement messages with them off", r, got)
 		}
 	}
-	if os[1].isDone(last[1]) {
+	if os[1].IsDone(last[1]) {
 		t.Fatal("rank 1's last put completed with no acknowledgement sent")
 	}
 	ofi.TestNoAckMsg.Store(false)
-	if st := os[1].wait(t, last[1]); st != abi.Success {
+	if st := os[1].Wait(t, last[1]); st != abi.Success {
 		t.Fatalf("rank 1's last put: %v", st)
 	}
 	if f[1].AcksIn().Load() == in[1] {
@@ -123,23 +125,23 @@ func TestFabricAckInCQData(t *testing.T) {
 // its bytes and signal in place.
 func TestFabricAckAfterArrival(t *testing.T) {
 	const size = 1 << 16
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", size, 1)
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", size, 1)
 	f := fabLinks(t, ms)[0]
 	src := fabric.Alloc(64)
 	defer fabric.Free(src)
 	sb := unsafe.Slice((*byte)(src), 64)
 	post := func(tag, off uint64) {
-		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: 40, Off: off, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: 40, Off: off, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
 	}
 	post(1, 1024) // the word's first signal: a message
-	if st := os[0].wait(t, 1); st != abi.Success {
+	if st := os[0].Wait(t, 1); st != abi.Success {
 		t.Fatalf("first signal: %v", st)
 	}
-	waitFabWord(t, os[1].mem, 1)
+	waitFabWord(t, os[1].Mem, 1)
 	for i := range sb {
 		sb[i] = byte(0xa0 + i)
 	}
-	e0, e1 := ms[0].fab.EP(0), ms[1].fab.EP(0)
+	e0, e1 := ms[0].Fab().EP(0), ms[1].Fab().EP(0)
 	e1.LockPoll()
 	locked := true
 	defer func() {
@@ -165,21 +167,21 @@ func TestFabricAckAfterArrival(t *testing.T) {
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
-	if os[0].isDone(2) {
+	if os[0].IsDone(2) {
 		t.Fatal("the put with signal completed before the target landed it")
 	}
-	if w := atomic.LoadUint64((*uint64)(os[1].mem)); w != 1 {
+	if w := atomic.LoadUint64((*uint64)(os[1].Mem)); w != 1 {
 		t.Fatalf("the signal applied (%d) while the target's poll lock was held", w)
 	}
 	e1.UnlockPoll()
 	locked = false
-	if st := os[0].wait(t, 2); st != abi.Success {
+	if st := os[0].Wait(t, 2); st != abi.Success {
 		t.Fatalf("put with signal: %v", st)
 	}
-	if w := atomic.LoadUint64((*uint64)(os[1].mem)); w != 2 {
+	if w := atomic.LoadUint64((*uint64)(os[1].Mem)); w != 2 {
 		t.Fatalf("signal word %d after completion, want 2", w)
 	}
-	got := os[1].bytes()[2048 : 2048+40]
+	got := os[1].Bytes()[2048 : 2048+40]
 	for i := range got {
 		if got[i] != sb[i] {
 			t.Fatalf("byte %d is %d after completion, want %d", i, got[i], sb[i])
@@ -190,15 +192,15 @@ func TestFabricAckAfterArrival(t *testing.T) {
 // TestFabricAckForged: an acknowledgement of more numbers than we ever
 // sent is a protocol violation: the receiver drops the sender.
 func TestFabricAckForged(t *testing.T) {
-	ms, _ := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
-	e := ms[0].fab.EP(0)
+	ms, _ := meshtest.FabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
+	e := ms[0].Fab().EP(0)
 	dest := e.Links()[1].Rails()[0].Addr()
 	buf := fabric.Alloc(endpoint.MsgSize)
 	defer fabric.Free(buf)
 	h := endpoint.Msg{Type: endpoint.MsgAck, Rank: 0, Word: 1000}
 	h.Put(unsafe.Slice((*byte)(buf), endpoint.MsgSize))
-	injectForged(t, e, buf, endpoint.MsgSize, dest)
-	awaitDropped(t, ms[1].peers[0], "an acknowledgement of numbers never sent did not drop its sender")
+	meshtest.InjectForged(t, e, buf, endpoint.MsgSize, dest)
+	meshtest.AwaitDropped(t, ms[1].Peer(0), "an acknowledgement of numbers never sent did not drop its sender")
 }
 
 // TestFabricAckBeforeGoodbye: a target that closes right after a put with
@@ -206,16 +208,16 @@ func TestFabricAckForged(t *testing.T) {
 // initiator's request succeeds rather than failing with the pair. Poll
 // acknowledgements are off: only the goodbye's can complete it.
 func TestFabricAckBeforeGoodbye(t *testing.T) {
-	ms, os := fabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
+	ms, os := meshtest.FabMesh2(t, "tcp;ofi_rxm", 1<<16, 1)
 	f := fabLinks(t, ms)[0]
 	src := fabric.Alloc(64)
 	defer fabric.Free(src)
 	binary.LittleEndian.PutUint64(unsafe.Slice((*byte)(src), 64), 0x5eed)
 	post := func(tag, off uint64) {
-		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: 8, Off: off, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: src, Size: 8, Off: off, SigMrID: 1, SigOff: 0, SigOp: abi.SignalOpInc}}, false, -1)
 	}
 	post(1, 1024)
-	if st := os[0].wait(t, 1); st != abi.Success {
+	if st := os[0].Wait(t, 1); st != abi.Success {
 		t.Fatalf("first signal: %v", st)
 	}
 	ofi.TestNoAckMsg.Store(true)
@@ -225,17 +227,17 @@ func TestFabricAckBeforeGoodbye(t *testing.T) {
 	if f.CQSigs().Load() != before+1 {
 		t.Fatal("the put with signal did not go in CQ data")
 	}
-	waitFabWord(t, os[1].mem, 2)
-	if os[0].isDone(2) {
+	waitFabWord(t, os[1].Mem, 2)
+	if os[0].IsDone(2) {
 		t.Fatal("the put completed with no acknowledgement sent")
 	}
 	if err := ms[1].Close(); err != nil {
 		t.Fatalf("target close: %v", err)
 	}
-	if st := os[0].wait(t, 2); st != abi.Success {
+	if st := os[0].Wait(t, 2); st != abi.Success {
 		t.Fatalf("put with signal before the target's goodbye: %v", st)
 	}
-	if v := binary.LittleEndian.Uint64(os[1].bytes()[2048:]); v != 0x5eed {
+	if v := binary.LittleEndian.Uint64(os[1].Bytes()[2048:]); v != 0x5eed {
 		t.Fatalf("payload %#x", v)
 	}
 }
@@ -247,13 +249,13 @@ func TestFabricAckBeforeGoodbye(t *testing.T) {
 // exchange; every byte and signal is checked; then rank 1 closes and
 // rank 0's last put still succeeds (acknowledged before the goodbye).
 func TestFabricAckRails(t *testing.T) {
-	prov := fabricProvider(t, "tcp;ofi_rxm")
+	prov := meshtest.FabricProvider(t, "tcp;ofi_rxm")
 	ns := nics.List(prov)
 	if len(ns) < 1 {
 		t.Skipf("%s offers no domain here", prov)
 	}
 	dom := ns[0].Domain
-	ms, os := fabMesh2Rails(t, prov, 1<<20, 2, [2]bool{}, dom, [2][]string{{dom}, {dom}})
+	ms, os := meshtest.FabMesh2Rails(t, prov, 1<<20, 2, [2]bool{}, dom, [2][]string{{dom}, {dom}})
 	f := fabLinks(t, ms)
 	if len(f[0].Rails()) != 2 || len(f[1].Rails()) != 2 {
 		t.Fatalf("rails %d and %d, want 2", len(f[0].Rails()), len(f[1].Rails()))
@@ -265,7 +267,7 @@ func TestFabricAckRails(t *testing.T) {
 	tags := [2]uint64{}
 	put := func(r, lane int, off uint64) uint64 {
 		tags[r]++
-		ms[r].Post(1-r, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tags[r], Local: src[r], Size: 24, Off: off, SigMrID: 1, SigOff: word, SigOp: abi.SignalOpInc}}, false, lane)
+		ms[r].Post(1-r, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tags[r], Local: src[r], Size: 24, Off: off, SigMrID: 1, SigOff: word, SigOp: abi.SignalOpInc}}, false, lane)
 		return tags[r]
 	}
 	firstSignals(t, os, word, func(r int) uint64 { return put(r, 0, 4096) })
@@ -282,8 +284,8 @@ func TestFabricAckRails(t *testing.T) {
 			}
 			off := uint64(8192 + 64*i)
 			tag := put(r, (i+r)%2, off)
-			waitFabWord(t, unsafe.Add(os[1-r].mem, word), uint64(i+2))
-			got := os[1-r].bytes()[off : off+24]
+			waitFabWord(t, unsafe.Add(os[1-r].Mem, word), uint64(i+2))
+			got := os[1-r].Bytes()[off : off+24]
 			for j := range got {
 				if got[j] != b[j] {
 					t.Fatalf("step %d, rank %d: byte %d is %d, want %d", i, r, j, got[j], b[j])
@@ -298,7 +300,7 @@ func TestFabricAckRails(t *testing.T) {
 	if err := ms[1].Close(); err != nil {
 		t.Fatalf("rank 1 close: %v", err)
 	}
-	if st := os[0].wait(t, last[0]); st != abi.Success {
+	if st := os[0].Wait(t, last[0]); st != abi.Success {
 		t.Fatalf("rank 0's last put: %v", st)
 	}
 }
@@ -306,10 +308,10 @@ func TestFabricAckRails(t *testing.T) {
 // stepAcked: rank r's put tag, step i of a ping-pong, carried the
 // acknowledgement of the other rank's previous put, which completes now;
 // tag becomes r's last.
-func stepAcked(t *testing.T, os []*fabOwner, last *[2]uint64, r, i int, tag uint64) {
+func stepAcked(t *testing.T, os []*meshtest.FabOwner, last *[2]uint64, r, i int, tag uint64) {
 	t.Helper()
 	if prev := last[1-r]; prev != 0 {
-		if st := os[1-r].wait(t, prev); st != abi.Success {
+		if st := os[1-r].Wait(t, prev); st != abi.Success {
 			t.Fatalf("step %d: rank %d's put: %v", i, 1-r, st)
 		}
 	}
@@ -318,7 +320,7 @@ func stepAcked(t *testing.T, os []*fabOwner, last *[2]uint64, r, i int, tag uint
 
 // sentInCQ checks that link f of rank r sent n puts with their signal in
 // CQ data since its count was base.
-func sentInCQ(t *testing.T, f *fabricLink, r int, base, n uint64) {
+func sentInCQ(t *testing.T, f *ofi.Link, r int, base, n uint64) {
 	t.Helper()
 	if got := f.CQSigs().Load() - base; got != n {
 		t.Fatalf("rank %d sent %d of %d puts with signal in CQ data", r, got, n)
@@ -328,12 +330,12 @@ func sentInCQ(t *testing.T, f *fabricLink, r int, base, n uint64) {
 // firstSignals sends each rank's first signal to the other's word (a
 // message, accepted by its verdict: only later ones may ride CQ data) with
 // put, which returns the request's tag, and waits until both landed.
-func firstSignals(t *testing.T, os []*fabOwner, word int, put func(r int) uint64) {
+func firstSignals(t *testing.T, os []*meshtest.FabOwner, word int, put func(r int) uint64) {
 	t.Helper()
 	for r := range 2 {
-		if st := os[r].wait(t, put(r)); st != abi.Success {
+		if st := os[r].Wait(t, put(r)); st != abi.Success {
 			t.Fatalf("rank %d's first signal: %v", r, st)
 		}
-		waitFabWord(t, unsafe.Add(os[1-r].mem, word), 1)
+		waitFabWord(t, unsafe.Add(os[1-r].Mem, word), 1)
 	}
 }

@@ -1,4 +1,4 @@
-package dataplane
+package tcp_test
 
 import (
 	"fmt"
@@ -10,6 +10,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -65,12 +67,12 @@ func TestStrandedAck(t *testing.T) {
 // posts gets: rank 0 then owes no ack back, its lanes stay silent, and
 // nothing arrives on rank 1's incoming stream to make it drain again.
 func strandRound(t *testing.T, intra, lone bool, round int) bool {
-	owners := newOwners(2, 4096)
+	owners := meshtest.NewOwners(2, 4096)
 	src := make([]byte, 64)
-	fill(src, round)
-	copy(owners[0].mem[64:128], src) // what rank 1 gets (before the meshes exist: no race)
-	ms := connect2(t, owners, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 2, StripeThreshold: 1 << 20})
-	tl := tcpOf(t, ms[1], 0)
+	meshtest.Fill(src, round)
+	copy(owners[0].Mem[64:128], src) // what rank 1 gets (before the meshes exist: no race)
+	ms := meshtest.Connect2(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 2, StripeThreshold: 1 << 20})
+	tl := meshtest.TCPOf(t, ms[1], 0)
 	var hold atomic.Pointer[tcp.Lane]
 	hook := func(l *tcp.Lane) {
 		if hold.Load() == l {
@@ -93,10 +95,10 @@ func strandRound(t *testing.T, intra, lone bool, round int) bool {
 	}
 	dsts := [2][]byte{make([]byte, 64), make([]byte, 64)}
 	get := func(tag uint64, lane int) {
-		ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: tag, Local: unsafe.Pointer(&dsts[lane][0]), Size: 64, Off: 64}}, false, lane)
+		ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 1, Tag: tag, Local: unsafe.Pointer(&dsts[lane][0]), Size: 64, Off: 64}}, false, lane)
 	}
 	put := func(tag uint64, off uint64) {
-		ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64, Off: off, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64, Off: off, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
 		ms[0].Flush(1)
 	}
 	l0, l1 := tl.Lanes()[0], tl.Lanes()[1]
@@ -104,14 +106,14 @@ func strandRound(t *testing.T, intra, lone bool, round int) bool {
 		// A get on lane 0 opens it (the acker writes alone on the first
 		// open lane) and counts as a batch: the next put's ack is held.
 		get(1, 0)
-		if st := waitDone(t, owners[1], 1); st != abi.Success {
+		if st := meshtest.WaitDone(t, owners[1], 1); st != abi.Success {
 			t.Fatalf("rank 1's first get: %v", st)
 		}
 		// Put 10 lands; its ack is held, and the acker's timer writes it
 		// alone on lane 0, which then holds the stream.
 		hold.Store(l0)
 		put(10, 128)
-		waitFor("the first put's ack written alone", func() bool { _, ok := owners[0].status(10); return ok && held(l0) })
+		waitFor("the first put's ack written alone", func() bool { _, ok := owners[0].Status(10); return ok && held(l0) })
 		// A batch of lane 1 (the writer goroutine, which lets go at
 		// once): the next put's ack is held for the lanes too.
 		b := l1.Batches().Load()
@@ -141,19 +143,19 @@ func strandRound(t *testing.T, intra, lone bool, round int) bool {
 	// The put lands while the stream is held; from here on nobody calls
 	// the plugin, and the put completes only if letting go re-armed its ack.
 	put(11, 256)
-	waitWord(t, owners[1], 0, map[bool]uint64{false: 1, true: 2}[lone], nil)
-	if st := waitDone(t, owners[0], 11); st != abi.Success {
+	meshtest.WaitWord(t, owners[1], 0, map[bool]uint64{false: 1, true: 2}[lone], nil)
+	if st := meshtest.WaitDone(t, owners[0], 11); st != abi.Success {
 		t.Fatalf("put: %v", st)
 	}
 	hold.Store(nil)
-	if st := waitDone(t, owners[1], 2); st != abi.Success {
+	if st := meshtest.WaitDone(t, owners[1], 2); st != abi.Success {
 		t.Fatalf("rank 1's get: %v", st)
 	}
 	getLane := 0
 	if lone {
 		getLane = 1
 	}
-	if string(owners[1].mem[256:320]) != string(src) || string(dsts[getLane]) != string(src) {
+	if string(owners[1].Mem[256:320]) != string(src) || string(dsts[getLane]) != string(src) {
 		t.Fatal("the put's or the get's bytes differ")
 	}
 	return tl.AckDeferred().Load() > deferred
@@ -172,14 +174,14 @@ func TestAckBackstop(t *testing.T) {
 			ms, os, src := heldAckPair(t, intra, 3)
 			// The acker's timer is lost: armed as far as arm can tell, and
 			// stopped. No test() runs at rank 1 either.
-			a := tcpOf(t, ms[1], 0).Acks()[0]
+			a := meshtest.TCPOf(t, ms[1], 0).Acks()[0]
 			a.Tmu().Lock()
 			*a.Armed() = true
 			a.Timer().Stop()
 			a.Tmu().Unlock()
-			ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
+			ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
 			ms[0].Flush(1)
-			waitWord(t, os[1], 0, 1, nil)
+			meshtest.WaitWord(t, os[1], 0, 1, nil)
 			flushUntilDone(t, ms, os[0], 2, "(the backstop did not deliver its ack)")
 			st := ms[0].Stats()
 			if st.BackstopAsks == 0 || st.AcksRescued != 1 {
@@ -188,7 +190,7 @@ func TestAckBackstop(t *testing.T) {
 			// (The target's count of asks is not checked: the ask's arrival
 			// wakes its reader, whose drain may send the ack before it reads
 			// the ask.)
-			if string(os[1].mem[128:192]) != string(src) {
+			if string(os[1].Mem[128:192]) != string(src) {
 				t.Fatal("the put's bytes differ")
 			}
 		})
@@ -199,15 +201,15 @@ func TestAckBackstop(t *testing.T) {
 // 0 first, so that rank 1's lane wrote when a put of ours lands there:
 // it holds that put's ack for its next batch (acker.drained). It returns
 // the meshes, their memory and the source buffer (64 bytes of seed).
-func heldAckPair(t *testing.T, intra bool, seed int) ([]*Mesh, []*memOwner, []byte) {
+func heldAckPair(t *testing.T, intra bool, seed int) ([]*dataplane.Mesh, []*meshtest.MemOwner, []byte) {
 	t.Helper()
-	os := newOwners(2, 4096)
-	ms := connect2(t, os, Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
+	os := meshtest.NewOwners(2, 4096)
+	ms := meshtest.Connect2(t, os, dataplane.Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
 	src := make([]byte, 64)
-	fill(src, seed)
-	ms[1].Post(0, &Op{Request: Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}}, false, 0)
+	meshtest.Fill(src, seed)
+	ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}}, false, 0)
 	ms[1].Flush(0)
-	if st := waitDone(t, os[1], 1); st != abi.Success {
+	if st := meshtest.WaitDone(t, os[1], 1); st != abi.Success {
 		t.Fatalf("rank 1's put: %v", st)
 	}
 	return ms, os, src
@@ -215,11 +217,11 @@ func heldAckPair(t *testing.T, intra bool, seed int) ([]*Mesh, []*memOwner, []by
 
 // flushUntilDone calls rank 0's test() (Flush to peer 1) until tag
 // completes, as NCCL's proxy does; what names the wait in the failure.
-func flushUntilDone(t *testing.T, ms []*Mesh, o *memOwner, tag uint64, what string) {
+func flushUntilDone(t *testing.T, ms []*dataplane.Mesh, o *meshtest.MemOwner, tag uint64, what string) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Microsecond) {
 		ms[0].Flush(1)
-		if st, ok := o.status(tag); ok {
+		if st, ok := o.Status(tag); ok {
 			if st != abi.Success {
 				t.Fatalf("put: %v", st)
 			}
@@ -239,14 +241,14 @@ func flushUntilDone(t *testing.T, ms []*Mesh, o *memOwner, tag uint64, what stri
 // stopped peer's kernel still acknowledges) would prevent.
 func TestBackstopGivesUp(t *testing.T) {
 	ms, os, src := heldAckPair(t, false, 5)
-	a := tcpOf(t, ms[1], 0).Acks()[0]
+	a := meshtest.TCPOf(t, ms[1], 0).Acks()[0]
 	a.Hold().Store(true)
 	defer a.Hold().Store(false)
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 2, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
 	ms[0].Flush(1)
-	waitWord(t, os[1], 0, 1, nil)
-	l := tcpOf(t, ms[0], 1).Lanes()[0]
-	waitUntil(t, "the backstop's last ask", func() bool {
+	meshtest.WaitWord(t, os[1], 0, 1, nil)
+	l := meshtest.TCPOf(t, ms[0], 1).Lanes()[0]
+	meshtest.WaitUntil(t, "the backstop's last ask", func() bool {
 		ms[0].Flush(1) // the proxy's test()
 		return l.BsAsks().Load() >= tcp.BackstopAsks
 	})
@@ -257,7 +259,7 @@ func TestBackstopGivesUp(t *testing.T) {
 	if n := l.BsAsks().Load(); n != tcp.BackstopAsks {
 		t.Fatalf("the backstop asked %d times, want %d", n, tcp.BackstopAsks)
 	}
-	if _, ok := os[0].status(2); ok {
+	if _, ok := os[0].Status(2); ok {
 		t.Fatal("the put completed although the target acknowledged nothing")
 	}
 }

@@ -1,4 +1,4 @@
-package dataplane
+package tcp_test
 
 import (
 	"fmt"
@@ -12,6 +12,8 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec/codectest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -32,11 +34,11 @@ import (
 func TestCallerReadsStream(t *testing.T) {
 	for _, c := range []struct {
 		name string
-		opt  Options
+		opt  dataplane.Options
 	}{
-		{"tcp", Options{Lanes: 1}},
-		{"sealed", Options{Lanes: 1, Encrypt: true}},
-		{"lanes2", Options{Lanes: 2}},
+		{"tcp", dataplane.Options{Lanes: 1}},
+		{"sealed", dataplane.Options{Lanes: 1, Encrypt: true}},
+		{"lanes2", dataplane.Options{Lanes: 2}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			const n = 240
@@ -49,14 +51,14 @@ func TestCallerReadsStream(t *testing.T) {
 			const getSize = 256
 			size := offs[n] + 64 + getSize
 			getsAt := offs[n] + 64
-			os := newOwners(2, size)
+			os := meshtest.NewOwners(2, size)
 			for i := 0; i < getSize; i++ {
-				os[1].mem[getsAt+i] = byte(i*5 + 3)
+				os[1].Mem[getsAt+i] = byte(i*5 + 3)
 			}
 			src := codectest.CompressibleData(offs[n], 7)
 			opt := c.opt
 			opt.Timeout = 10 * time.Second
-			ms := connect2(t, os, opt)
+			ms := meshtest.Connect2(t, os, opt)
 			// The callers of rank 1.
 			var stop atomic.Bool
 			var wg sync.WaitGroup
@@ -77,14 +79,14 @@ func TestCallerReadsStream(t *testing.T) {
 			// The checker of rank 1: puts 0..k-1 whole once the word reads k.
 			checked := make(chan error, 1)
 			go func() {
-				w := (*uint64)(unsafe.Pointer(&os[1].mem[0]))
+				w := (*uint64)(unsafe.Pointer(&os[1].Mem[0]))
 				seen := 0
 				deadline := time.Now().Add(30 * time.Second)
 				for seen < n {
 					k := int(atomic.LoadUint64(w))
 					for ; seen < k; seen++ {
 						a, b := offs[seen], offs[seen+1]
-						if string(os[1].mem[a:b]) != string(src[a-64:b-64]) {
+						if string(os[1].Mem[a:b]) != string(src[a-64:b-64]) {
 							checked <- fmt.Errorf("signal reads %d but put %d (%d bytes at %d) differs", k, seen, b-a, a)
 							return
 						}
@@ -100,7 +102,7 @@ func TestCallerReadsStream(t *testing.T) {
 			dsts := make([][]byte, 0, n/10)
 			for i := 0; i < n; i++ {
 				a, b := offs[i], offs[i+1]
-				op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(i + 1), Size: uint64(b - a), Off: uint64(a), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}, Route: Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].mem[a])))}}
+				op := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(i + 1), Size: uint64(b - a), Off: uint64(a), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}, Route: dataplane.Route{Remote: uint64(uintptr(unsafe.Pointer(&os[1].Mem[a])))}}
 				if b > a {
 					op.Local = unsafe.Pointer(&src[a-64])
 				}
@@ -111,7 +113,7 @@ func TestCallerReadsStream(t *testing.T) {
 				if i%10 == 5 {
 					dst := make([]byte, getSize)
 					dsts = append(dsts, dst)
-					ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: uint64(1<<32 | len(dsts)), Local: unsafe.Pointer(&dst[0]), Size: getSize, Off: uint64(getsAt)}}, false, 0)
+					ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 1, Tag: uint64(1<<32 | len(dsts)), Local: unsafe.Pointer(&dst[0]), Size: getSize, Off: uint64(getsAt)}}, false, 0)
 				}
 				if i%4 == 0 {
 					ms[0].Flush(1)
@@ -122,12 +124,12 @@ func TestCallerReadsStream(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i := 0; i < n; i++ {
-				if st := waitDone(t, os[0], uint64(i+1)); st != abi.Success {
+				if st := meshtest.WaitDone(t, os[0], uint64(i+1)); st != abi.Success {
 					t.Fatalf("put %d: %v", i, st)
 				}
 			}
 			for j, dst := range dsts {
-				if st := waitDone(t, os[0], uint64(1<<32|(j+1))); st != abi.Success {
+				if st := meshtest.WaitDone(t, os[0], uint64(1<<32|(j+1))); st != abi.Success {
 					t.Fatalf("get %d: %v", j, st)
 				}
 				for i, b := range dst {
@@ -138,19 +140,19 @@ func TestCallerReadsStream(t *testing.T) {
 			}
 			stop.Store(true)
 			wg.Wait()
-			if got := *(*uint64)(unsafe.Pointer(&os[1].mem[0])); got != n {
+			if got := *(*uint64)(unsafe.Pointer(&os[1].Mem[0])); got != n {
 				t.Fatalf("signal word %d, want %d", got, n)
 			}
 			var msgs, hand uint64
-			for _, a := range tcpOf(t, ms[1], 0).Acks() {
+			for _, a := range meshtest.TCPOf(t, ms[1], 0).Acks() {
 				if r := a.Rd().Load(); r != nil {
 					msgs += r.CallerMsgs().Load()
 					hand += r.Handoffs().Load()
 				}
 			}
 			t.Logf("callers served %d messages, left the stream to the service %d times", msgs, hand)
-			if len(os[1].failed) != 0 || len(os[0].failed) != 0 {
-				t.Fatalf("errors: %v %v", os[0].failed, os[1].failed)
+			if len(os[1].Failed) != 0 || len(os[0].Failed) != 0 {
+				t.Fatalf("errors: %v %v", os[0].Failed, os[1].Failed)
 			}
 		})
 	}
@@ -167,27 +169,27 @@ func TestCallerServesWhileServiceNaps(t *testing.T) {
 	*tcp.PollActive(), *tcp.CallerWindow() = time.Hour, time.Hour
 	t.Cleanup(func() { *tcp.PollActive(), *tcp.CallerWindow() = savedA, savedW }) // after the meshes closed
 	const size = 256 << 10
-	os := newOwners(2, size)
-	ms := connect2(t, os, Options{Timeout: 10 * time.Second, Lanes: 1})
+	os := meshtest.NewOwners(2, size)
+	ms := meshtest.Connect2(t, os, dataplane.Options{Timeout: 10 * time.Second, Lanes: 1})
 	src := codectest.CompressibleData(size, 3)
-	r := tcpOf(t, ms[1], 0).Acks()[0].Rd().Load()
+	r := meshtest.TCPOf(t, ms[1], 0).Acks()[0].Rd().Load()
 	for r == nil { // the service publishes its reader as it starts
 		runtime.Gosched()
-		r = tcpOf(t, ms[1], 0).Acks()[0].Rd().Load()
+		r = meshtest.TCPOf(t, ms[1], 0).Acks()[0].Rd().Load()
 	}
 	sig := uint64(0)
 	tag := uint64(0)
 	put := func(off, n int, cw uint32) {
 		tag++
 		sig++
-		op := Op{Request: Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[off]), Size: uint64(n), Off: uint64(off), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}, Plan: Plan{Codec: cw}}
+		op := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[off]), Size: uint64(n), Off: uint64(off), SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1}, Plan: dataplane.Plan{Codec: cw}}
 		ms[0].Post(1, &op, false, 0)
 		ms[0].Flush(1)
-		waitWord(t, os[1], 0, sig, func() { ms[1].Flush(0) })
-		if string(os[1].mem[off:off+n]) != string(src[off:off+n]) {
+		meshtest.WaitWord(t, os[1], 0, sig, func() { ms[1].Flush(0) })
+		if string(os[1].Mem[off:off+n]) != string(src[off:off+n]) {
 			t.Fatalf("put of %d bytes at %d: the target's bytes differ", n, off)
 		}
-		if st := waitDone(t, os[0], tag); st != abi.Success {
+		if st := meshtest.WaitDone(t, os[0], tag); st != abi.Success {
 			t.Fatalf("put of %d bytes at %d: %v", n, off, st)
 		}
 	}
@@ -213,16 +215,16 @@ func TestCallerServesWhileServiceNaps(t *testing.T) {
 	put(128<<10, 64<<10, guestabi.Codec(guestabi.CodecS2, 0))
 	dst := make([]byte, 512)
 	tag++
-	ms[0].Post(1, &Op{Request: Request{Msg: wire.MsgGet, MrID: 1, Tag: tag, Local: unsafe.Pointer(&dst[0]), Size: 512, Off: 4096}}, false, 0)
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgGet, MrID: 1, Tag: tag, Local: unsafe.Pointer(&dst[0]), Size: 512, Off: 4096}}, false, 0)
 	ms[0].Flush(1)
 	for {
-		if _, ok := os[0].status(tag); ok {
+		if _, ok := os[0].Status(tag); ok {
 			break
 		}
 		ms[1].Flush(0)
 		runtime.Gosched()
 	}
-	if st := waitDone(t, os[0], tag); st != abi.Success || string(dst) != string(src[4096:4096+512]) {
+	if st := meshtest.WaitDone(t, os[0], tag); st != abi.Success || string(dst) != string(src[4096:4096+512]) {
 		t.Fatalf("get: %v, or its bytes differ", st)
 	}
 	if r.Handoffs().Load() == h0 {
@@ -249,8 +251,8 @@ func TestCallerServesWhileServiceNaps(t *testing.T) {
 	stop.Store(true)
 	<-polled
 	for i, o := range os {
-		if len(o.failed) != 0 {
-			t.Fatalf("rank %d: %v", i, o.failed)
+		if len(o.Failed) != 0 {
+			t.Fatalf("rank %d: %v", i, o.Failed)
 		}
 	}
 }
