@@ -107,6 +107,14 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 			[]string{"RESULT PASS", "teardown: 4 rounds", "device agent: running", "small device put+signals: 48 of 8 B to 64 KiB",
 				"plain signal, every byte there", "fakecuda: the device agent copied a payload", "fakecuda: the device agent parked",
 				"launches after parking"}},
+		// Every copy small enough for the agent and nothing mapped: the
+		// stream never gets work between two agent commands, so it never
+		// waits for the agent. The bounce slots' events, made real before
+		// the agent started, become tickets at their first record
+		// (host/devmem/cuda/ipc.c); recorded on the stream they cost a
+		// stream wait for the agent and the record every time.
+		{"cuda_check_agent_alone", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=20", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_DEVICE_AGENT_MAX_KB=1024", "NCCL_RMA_WASM_INTRANODE_IPC=0"},
+			[]string{"RESULT PASS", "device agent: running", "fakecuda: the device agent copied a payload", " 0 stream waits for an agent", "!fakecuda: an interprocess event recorded"}},
 		// Copies above NCCL_RMA_WASM_DEVICE_AGENT_MAX_KB (4 KiB here) go
 		// to the stream between the agent's: the order must hold.
 		{"cuda_check_agent_mixed", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_DEVICE_AGENT_MAX_KB=4", "NCCL_RMA_WASM_INTRANODE_IPC=0"},

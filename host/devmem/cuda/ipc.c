@@ -5,11 +5,41 @@
 
 #include "cuda_internal.h"
 
+/* The interprocess events we made (rmacu_ipc_event_new): they stay real
+ * events where the agent runs, since another process waits for them.
+ * Appended and cleared under rmacu_mu, read without it. */
+#define MAX_IPC_EV 256
+static uintptr_t ipcEvents[MAX_IPC_EV];
+
+static int ipc_event(uintptr_t ev) {
+  for (int i = 0; i < MAX_IPC_EV; i++)
+    if (__atomic_load_n(&ipcEvents[i], __ATOMIC_ACQUIRE) == ev) return 1;
+  return 0;
+}
+
+static void ipc_event_mark(uintptr_t ev, uintptr_t was) {
+  pthread_mutex_lock(&rmacu_mu);
+  for (int i = 0; i < MAX_IPC_EV; i++)
+    if (__atomic_load_n(&ipcEvents[i], __ATOMIC_RELAXED) == was) {
+      __atomic_store_n(&ipcEvents[i], ev, __ATOMIC_RELEASE);
+      break;
+    }
+  pthread_mutex_unlock(&rmacu_mu);
+}
+
 /* Events of the context's stream; where the agent runs, an event is a
  * ticket (agent.c). */
 int rmacu_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t errlen) {
   CTX_STREAM(e, "cuEventRecord");
   struct agent* a = rmacu_ag_live(e);
+  /* A real event made before the agent started (the bounce slots' are
+   * made at registration) becomes a ticket: recorded on the stream it
+   * would cost a stream wait for the agent and the record, two driver
+   * submissions, every time. Interprocess events stay real. */
+  if (a && *ev && !(*ev & 1) && !ipc_event(*ev)) {
+    rmacu_cu.eventDestroy((void*)*ev); /* released once it completed */
+    *ev = 0;
+  }
   /* A ticket: the agent's last command, after the stream's work. */
   if (a && (*ev == 0 || (*ev & 1))) return rmacu_ag_record(e, a, ev, err, errlen);
   if (rmacu_on_stream(e, &a, err, errlen) != 0) return -1;
@@ -34,6 +64,7 @@ int rmacu_event_query(uintptr_t ctx, uintptr_t ev) {
 }
 
 void rmacu_event_destroy(uintptr_t ctx, uintptr_t ev) {
+  if (ev && !(ev & 1) && ipc_event(ev)) ipc_event_mark(0, ev);
   if (ev && !(ev & 1) && rmacu_cu.ctxSetCurrent((CUcontext)ctx) == 0) rmacu_cu.eventDestroy((void*)ev);
 }
 
@@ -225,6 +256,7 @@ int rmacu_ipc_event_new(uintptr_t ctx, uintptr_t* ev, unsigned char* handle, cha
     return rmaw_fail(err, errlen, "cuIpcGetEventHandle: %s", rmacu_errstr(r));
   }
   *ev = (uintptr_t)e;
+  ipc_event_mark(*ev, 0);
   return 0;
 }
 
