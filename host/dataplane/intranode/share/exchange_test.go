@@ -56,7 +56,7 @@ func TestExchangeServe(t *testing.T) {
 		"unknown registration": 8,
 		"host memory":          7,
 		"unknown kind":         9 << 32,
-		"events of a stranger": keyEventHandles | 0,
+		"events of a stranger": keyEventHandles, // rank 0, which is not pid 4242
 		"events of no rank":    keyEventHandles | 5,
 		"open for no peer":     keyOpenEvents | 5<<keyRankShift | 7,
 		"open in host memory":  keyOpenEvents | 1<<keyRankShift | 7,
