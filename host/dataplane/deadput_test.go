@@ -43,24 +43,13 @@ func TestPutFailedAtDeathNotWritten(t *testing.T) {
 	o0 := &reuseOwner{MemOwner: owners[0], src: src}
 	ms := meshtest.ConnectOwners(t, []dataplane.Owner{o0, owners[1]}, dataplane.Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second})
 	l := meshtest.TCPOf(t, ms[0], 1).Lanes()[0]
-	meshtest.WaitUntil(t, "lane 0's writing role", func() bool {
-		l.Mu().Lock()
-		defer l.Mu().Unlock()
-		if *l.Writing() {
-			return false
-		}
-		*l.Writing() = true
-		return true
-	})
+	meshtest.HoldWriter(t, l)
 	const tag = 5
 	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpInc, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: uint64(len(src)), Off: 8}}, false, 0)
 	writes := l.Writes().Load()
 	// Stop's first step alone: the flag, the streams still open.
 	ms[0].Peer(1).RaiseDead()
-	l.Mu().Lock()
-	*l.Writing() = false
-	l.Mu().Unlock()
-	meshtest.TCPOf(t, ms[0], 1).Kick()
+	meshtest.ReleaseWriter(l, meshtest.TCPOf(t, ms[0], 1))
 	if st := meshtest.WaitDone(t, owners[0], tag); st != abi.RemoteError {
 		t.Fatalf("the put to a dead peer completed with %v, want ncclRemoteError", st)
 	}

@@ -6,12 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
@@ -80,18 +78,8 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 	for _, c := range strangers {
 		c.Close()
 	}
-	owners := []*meshtest.MemOwner{{Mem: make([]byte, 64), Done: map[uint64]abi.Result{}}, {Mem: make([]byte, 64), Done: map[uint64]abi.Result{}}}
-	ms := make([]*dataplane.Mesh, 2)
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for i := range ms {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			ms[i], errs[i] = dataplane.Connect(ls[i], hs, i, owners[i], dataplane.Options{Timeout: 20 * time.Second, Lanes: 1, CloseTimeout: time.Second})
-		}(i)
-	}
-	wg.Wait()
+	opt := dataplane.Options{Timeout: 20 * time.Second, Lanes: 1, CloseTimeout: time.Second}
+	ms, _, errs := meshtest.ConnectPairOpt(t, ls, [][]*wire.Handle{hs, hs}, []dataplane.Options{opt, opt}, 64)
 	if errs[0] != nil || errs[1] != nil {
 		t.Fatalf("connect after the descriptors came back: %v / %v", errs[0], errs[1])
 	}

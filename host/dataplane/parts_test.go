@@ -45,15 +45,7 @@ func TestSignalPartBeforeItsPiece(t *testing.T) {
 	}
 	// Hold lane 0's stream: its writer leaves the piece in the queue.
 	l0 := meshtest.TCPOf(t, ms[0], 1).Lanes()[0]
-	meshtest.WaitUntil(t, "lane 0's writing role", func() bool {
-		l0.Mu().Lock()
-		defer l0.Mu().Unlock()
-		if *l0.Writing() {
-			return false
-		}
-		*l0.Writing() = true
-		return true
-	})
+	meshtest.HoldWriter(t, l0)
 	ms[0].Post(1, op, false, 1) // the signal on lane 1, which opens for it
 	meshtest.WaitUntil(t, "the completion of the signal's part", func() bool {
 		owners[0].Mu.Lock()
@@ -75,10 +67,7 @@ func TestSignalPartBeforeItsPiece(t *testing.T) {
 		}
 		reused = true
 	}
-	l0.Mu().Lock()
-	*l0.Writing() = false
-	l0.Mu().Unlock()
-	meshtest.TCPOf(t, ms[0], 1).Kick() // as a holder that lets go with work queued
+	meshtest.ReleaseWriter(l0, meshtest.TCPOf(t, ms[0], 1)) // as a holder that lets go with work queued
 	word := (*uint64)(unsafe.Pointer(&owners[1].Mem[0]))
 	meshtest.WaitUntil(t, "the signal at the target", func() bool { return atomic.LoadUint64(word) == 1 })
 	for i := 8; i < scaleSlot; i++ {

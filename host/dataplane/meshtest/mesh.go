@@ -99,7 +99,20 @@ func Pair(t testing.TB) ([]*dataplane.Listener, []*wire.Handle, []wire.HandleInf
 // and returns the meshes with their 64-byte registrations.
 func ConnectPair(t testing.TB, ls []*dataplane.Listener, views [][]*wire.Handle) ([]*dataplane.Mesh, []*MemOwner) {
 	t.Helper()
-	owners := []*MemOwner{{Mem: make([]byte, 64), Done: map[uint64]abi.Result{}}, {Mem: make([]byte, 64), Done: map[uint64]abi.Result{}}}
+	opt := dataplane.Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second}
+	ms, owners, errs := ConnectPairOpt(t, ls, views, []dataplane.Options{opt, opt}, 64)
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("connect: rank 0: %v; rank 1: %v", errs[0], errs[1])
+	}
+	return ms, owners
+}
+
+// ConnectPairOpt is ConnectPair with each rank's options and size-byte
+// registrations; it returns each rank's Connect error instead of failing,
+// and closes the meshes that came up when the test ends.
+func ConnectPairOpt(t testing.TB, ls []*dataplane.Listener, views [][]*wire.Handle, opts []dataplane.Options, size int) ([]*dataplane.Mesh, []*MemOwner, []error) {
+	t.Helper()
+	owners := []*MemOwner{{Mem: make([]byte, size), Done: map[uint64]abi.Result{}}, {Mem: make([]byte, size), Done: map[uint64]abi.Result{}}}
 	ms := make([]*dataplane.Mesh, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
@@ -107,13 +120,16 @@ func ConnectPair(t testing.TB, ls []*dataplane.Listener, views [][]*wire.Handle)
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			ms[i], errs[i] = dataplane.Connect(ls[i], views[i], i, owners[i], dataplane.Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second})
+			ms[i], errs[i] = dataplane.Connect(ls[i], views[i], i, owners[i], opts[i])
 		}(i)
 	}
 	wg.Wait()
-	if errs[0] != nil || errs[1] != nil {
-		t.Fatalf("connect: rank 0: %v; rank 1: %v", errs[0], errs[1])
-	}
-	t.Cleanup(func() { ms[0].Close(); ms[1].Close() })
-	return ms, owners
+	t.Cleanup(func() {
+		for _, m := range ms {
+			if m != nil {
+				m.Close()
+			}
+		}
+	})
+	return ms, owners, errs
 }

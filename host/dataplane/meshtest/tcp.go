@@ -45,3 +45,27 @@ func OpenLanes(t testing.TB, m *dataplane.Mesh, peer int) {
 	all := uint32(1)<<p.Lanes() - 1
 	WaitUntil(t, "every lane to open", func() bool { return p.Opened().Load() == all })
 }
+
+// HoldWriter takes lane l's writing role, as a writer holding its stream
+// does: nothing queued on l is written until ReleaseWriter.
+func HoldWriter(t testing.TB, l *tcp.Lane) {
+	t.Helper()
+	WaitUntil(t, "the lane's writing role", func() bool {
+		l.Mu().Lock()
+		defer l.Mu().Unlock()
+		if *l.Writing() {
+			return false
+		}
+		*l.Writing() = true
+		return true
+	})
+}
+
+// ReleaseWriter gives l's writing role back and kicks its link k, as a
+// holder that lets go with work queued.
+func ReleaseWriter(l *tcp.Lane, k *tcp.Link) {
+	l.Mu().Lock()
+	*l.Writing() = false
+	l.Mu().Unlock()
+	k.Kick()
+}

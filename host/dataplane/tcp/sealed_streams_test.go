@@ -89,31 +89,6 @@ func (tp *tap) wire() []byte {
 	return append([]byte(nil), tp.sent.Bytes()...)
 }
 
-// connectOpt is connectPair with options and size-byte registrations.
-func connectOpt(t *testing.T, ls []*dataplane.Listener, views [][]*wire.Handle, opts []dataplane.Options, size int) ([]*dataplane.Mesh, []*meshtest.MemOwner, []error) {
-	t.Helper()
-	owners := []*meshtest.MemOwner{{Mem: make([]byte, size), Done: map[uint64]abi.Result{}}, {Mem: make([]byte, size), Done: map[uint64]abi.Result{}}}
-	ms := make([]*dataplane.Mesh, 2)
-	errs := make([]error, 2)
-	var wg sync.WaitGroup
-	for i := range ms {
-		wg.Add(1)
-		go func(i int) {
-			defer wg.Done()
-			ms[i], errs[i] = dataplane.Connect(ls[i], views[i], i, owners[i], opts[i])
-		}(i)
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		for _, m := range ms {
-			if m != nil {
-				m.Close()
-			}
-		}
-	})
-	return ms, owners, errs
-}
-
 // pattern is a payload that is easy to find on the wire.
 func pattern(n int) []byte {
 	b := make([]byte, n)
@@ -133,7 +108,7 @@ func TestEncryptedStreams(t *testing.T) {
 		tp := newTap(t, his[0].Addr, nil)
 		const size = 3 << 20
 		opt := dataplane.Options{Timeout: 10 * time.Second, Lanes: 2, StripeThreshold: 256 << 10, ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second, Encrypt: encrypt}
-		ms, owners, errs := connectOpt(t, ls, [][]*wire.Handle{hs, tp.view(t, his, hs)}, []dataplane.Options{opt, opt}, size)
+		ms, owners, errs := meshtest.ConnectPairOpt(t, ls, [][]*wire.Handle{hs, tp.view(t, his, hs)}, []dataplane.Options{opt, opt}, size)
 		if errs[0] != nil || errs[1] != nil {
 			t.Fatalf("encrypt=%v: connect: %v / %v", encrypt, errs[0], errs[1])
 		}
@@ -190,7 +165,7 @@ func TestEncryptedTamper(t *testing.T) {
 		}
 	})
 	opt := dataplane.Options{Timeout: 10 * time.Second, Lanes: 1, CloseTimeout: time.Second, Encrypt: true}
-	ms, owners, errs := connectOpt(t, ls, [][]*wire.Handle{hs, tp.view(t, his, hs)}, []dataplane.Options{opt, opt}, 1<<16)
+	ms, owners, errs := meshtest.ConnectPairOpt(t, ls, [][]*wire.Handle{hs, tp.view(t, his, hs)}, []dataplane.Options{opt, opt}, 1<<16)
 	if errs[0] != nil || errs[1] != nil {
 		t.Fatalf("connect: %v / %v", errs[0], errs[1])
 	}
@@ -220,7 +195,7 @@ func TestEncryptMismatch(t *testing.T) {
 	on := dataplane.Options{Timeout: 1500 * time.Millisecond, Lanes: 1, Encrypt: true}
 	off := on
 	off.Encrypt = false
-	_, _, errs := connectOpt(t, ls, [][]*wire.Handle{hs, hs}, []dataplane.Options{on, off}, 64)
+	_, _, errs := meshtest.ConnectPairOpt(t, ls, [][]*wire.Handle{hs, hs}, []dataplane.Options{on, off}, 64)
 	if errs[0] == nil || errs[1] == nil {
 		t.Fatalf("mismatched encryption connected: %v / %v", errs[0], errs[1])
 	}
