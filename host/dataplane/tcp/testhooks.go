@@ -21,17 +21,8 @@ func (t *Link) Lanes() []*lane { return t.lanes }
 // Acks are the acknowledgement state of the peer's incoming streams.
 func (t *Link) Acks() []*acker { return t.acks }
 
-// InMu guards Ins.
-func (t *Link) InMu() *sync.Mutex { return &t.inMu }
-
 // Ins are the peer's incoming streams (nil: not opened yet), under InMu.
 func (t *Link) Ins() []*net.TCPConn { return t.ins }
-
-// InDown has bit i set once the peer's lane i failed over.
-func (t *Link) InDown() *atomic.Uint32 { return &t.inDown }
-
-// AckDeferred counts the ack timers that found a stream held.
-func (t *Link) AckDeferred() *atomic.Uint64 { return &t.ackDeferred }
 
 // Mu guards the lane's queue and Writing.
 func (l *lane) Mu() *sync.Mutex { return &l.mu }
@@ -54,21 +45,8 @@ func (l *lane) Idx() int { return l.idx }
 // Side is the lane's side path (the intra-node side), or nil.
 func (l *lane) Side() link.LaneSide { return l.ix }
 
-// Batches and Writes count the lane's batches and stream writes.
-func (l *lane) Batches() *atomic.Uint64 { return &l.batches }
-
 // Writes counts the lane's stream writes.
 func (l *lane) Writes() *atomic.Uint64 { return &l.writes }
-
-// BsAsks counts the asks the backstop sent.
-func (l *lane) BsAsks() *atomic.Uint64 { return &l.bsAsks }
-
-// BackstopBound is how long the backstop waits for an ack.
-func (l *lane) BackstopBound() int64 { return l.backstopBound() }
-
-// PendingPuts and PendingGets count the puts awaiting acks and the gets
-// awaiting replies.
-func (l *lane) PendingPuts() int { return l.pendingPuts() }
 
 // PendingGets counts the gets awaiting replies.
 func (l *lane) PendingGets() int { return l.pendingGets() }
@@ -76,31 +54,12 @@ func (l *lane) PendingGets() int { return l.pendingGets() }
 // PushGet makes the lane await the reply to a get of size bytes named tag.
 func (l *lane) PushGet(tag, size uint64) { l.pushGet(getEntry{tag: tag, size: size}) }
 
-// AwaitPuts makes the lane await the acks of tags (ops: for a resend); an
-// error when the peer is dead (the puts failed).
-func (l *lane) AwaitPuts(tags []uint64, ops []link.Op) error { return l.awaitPuts(tags, ops) }
-
-// Amu guards the lane's ack FIFO (Moved and LaneState's counts).
-func (l *lane) Amu() *sync.Mutex { return &l.amu }
-
-// Moved reports that the lane failed over (under Amu).
-func (l *lane) Moved() bool { return l.moved }
-
 // QueueState is the failover's words on the lane: whether it is down and
 // its writer holds the stream, how many ops are queued and orphaned
 // (under Mu).
 func (l *lane) QueueState() (down, writing bool, queued, orphans int) {
 	return l.down, l.writing, l.q.Len(), len(l.orphans)
 }
-
-// AckState is the lane's ack FIFO: ops sent and awaiting a resend, puts
-// awaiting acks, and puts acknowledged (under Amu).
-func (l *lane) AckState() (sent, puts int, acked uint64) {
-	return l.sent.Len(), l.puts.Len(), l.pAcked
-}
-
-// Tmu guards Armed and the ack timer.
-func (a *acker) Tmu() *sync.Mutex { return &a.tmu }
 
 // Armed reports the ack timer armed (under Tmu).
 func (a *acker) Armed() *bool { return &a.armed }
@@ -114,9 +73,6 @@ func (a *acker) Owed() uint64 { return a.owed() }
 // Hold holds the stream's acks back.
 func (a *acker) Hold() *atomic.Bool { return &a.hold }
 
-// Rides reports that the acks ride the reverse lanes.
-func (a *acker) Rides() bool { return a.rides() }
-
 // Pub is the landed count published at the last drain.
 func (a *acker) Pub() *atomic.Uint64 { return &a.pub }
 
@@ -128,15 +84,6 @@ func (a *acker) Rd() *atomic.Pointer[inReader] { return &a.rd }
 
 // Sring is the shared-memory stream the reader reads, or nil.
 func (r *inReader) Sring() ShmIn { return r.sring }
-
-// CallerMsgs counts the messages callers' threads served.
-func (r *inReader) CallerMsgs() *atomic.Uint64 { return &r.callerMsgs }
-
-// Handoffs counts the reader's hand-offs to the service.
-func (r *inReader) Handoffs() *atomic.Uint64 { return &r.handoffs }
-
-// Napping reports the service napping.
-func (r *inReader) Napping() *atomic.Bool { return &r.napping }
 
 // Get and Set read and change a delay.
 func (d *delay) Get() time.Duration { return d.get() }
@@ -151,34 +98,12 @@ func SendDelay() *delay { return sendDelay }
 // HoldDelay is the delay of held (aggregated) operations.
 func HoldDelay() *delay { return holdDelay }
 
-// AckDelay is how long an ack waits for a batch to ride.
-func AckDelay() *delay { return ackDelay }
-
-// AckBound bounds how long an ack waits at all.
-func AckBound() *delay { return ackBound }
-
-// SkipBackstop turns the liveness backstop off.
-func SkipBackstop() *atomic.Bool { return &skipBackstop }
-
-// LetGoHook runs as a lane's writer lets its stream go.
-func LetGoHook() *atomic.Pointer[func(*lane)] { return &letGoHook }
-
-// PollActive and CallerWindow pin the service to its naps when long.
-func PollActive() *time.Duration { return &pollActive }
-
-// CallerWindow is how recently a caller must have called to be waited for.
-func CallerWindow() *time.Duration { return &callerWindow }
-
 // Test constants of the lanes and services.
 const (
 	LoneGap      = loneGap
 	AckEvery     = ackEvery
 	BackstopAsks = backstopAsks
 )
-
-// SkipRearm leaves owed acks unarmed as a stream is let go (the negative
-// control of letGo's re-arming).
-func SkipRearm() *atomic.Bool { return &skipRearm }
 
 // Lane and Delay name a lane and a delay for the tests' hooks and helpers.
 type (
