@@ -17,14 +17,18 @@ static int ipc_event(uintptr_t ev) {
   return 0;
 }
 
-static void ipc_event_mark(uintptr_t ev, uintptr_t was) {
+/* ipc_event_mark replaces the entry was with ev (0: a free entry);
+ * returns 0 when there was none. */
+static int ipc_event_mark(uintptr_t ev, uintptr_t was) {
+  int ok = 0;
   pthread_mutex_lock(&rmacu_mu);
-  for (int i = 0; i < MAX_IPC_EV; i++)
+  for (int i = 0; i < MAX_IPC_EV && !ok; i++)
     if (__atomic_load_n(&ipcEvents[i], __ATOMIC_RELAXED) == was) {
       __atomic_store_n(&ipcEvents[i], ev, __ATOMIC_RELEASE);
-      break;
+      ok = 1;
     }
   pthread_mutex_unlock(&rmacu_mu);
+  return ok;
 }
 
 /* Events of the context's stream; where the agent runs, an event is a
@@ -255,8 +259,13 @@ int rmacu_ipc_event_new(uintptr_t ctx, uintptr_t* ev, unsigned char* handle, cha
     rmacu_cu.eventDestroy(e);
     return rmaw_fail(err, errlen, "cuIpcGetEventHandle: %s", rmacu_errstr(r));
   }
+  /* Known as interprocess, or the agent would make it a ticket that the
+   * peer's wait never sees recorded. */
+  if (!ipc_event_mark((uintptr_t)e, 0)) {
+    rmacu_cu.eventDestroy(e);
+    return rmaw_fail(err, errlen, "more than %d interprocess events", MAX_IPC_EV);
+  }
   *ev = (uintptr_t)e;
-  ipc_event_mark(*ev, 0);
   return 0;
 }
 
