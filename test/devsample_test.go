@@ -88,6 +88,11 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 				"fakecuda: a stream atomic add to a signal word",
 				"device operations copy straight into its mapped device memory (IPC)",
 				"!device agent: running", "!the device agent"}},
+		// The interprocess events of the mapped put+signals stay real
+		// events with the agent running (marked at their making,
+		// host/devmem/cuda/ipc.c): made tickets like the bounce slots'
+		// events, the target's wait would not order its signal after the
+		// copy, which the late device-to-device copies here expose.
 		// NCCL_RMA_WASM_DEVICE_AGENT=1: the copy context's small copies,
 		// signal writes and adds go through the device agent's ring (a
 		// thread in the fake, each command 50 µs late, the stream's work

@@ -5,31 +5,12 @@
 
 #include "cuda_internal.h"
 
-/* The interprocess events we made (rmacu_ipc_event_new): they stay real
- * events where the agent runs, since another process waits for them.
- * Appended and cleared under rmacu_mu, read without it. */
-#define MAX_IPC_EV 256
-static uintptr_t ipcEvents[MAX_IPC_EV];
-
-static int ipc_event(uintptr_t ev) {
-  for (int i = 0; i < MAX_IPC_EV; i++)
-    if (__atomic_load_n(&ipcEvents[i], __ATOMIC_ACQUIRE) == ev) return 1;
-  return 0;
-}
-
-/* ipc_event_mark replaces the entry was with ev (0: a free entry);
- * returns 0 when there was none. */
-static int ipc_event_mark(uintptr_t ev, uintptr_t was) {
-  int ok = 0;
-  pthread_mutex_lock(&rmacu_mu);
-  for (int i = 0; i < MAX_IPC_EV && !ok; i++)
-    if (__atomic_load_n(&ipcEvents[i], __ATOMIC_RELAXED) == was) {
-      __atomic_store_n(&ipcEvents[i], ev, __ATOMIC_RELEASE);
-      ok = 1;
-    }
-  pthread_mutex_unlock(&rmacu_mu);
-  return ok;
-}
+/* An event handle is the driver's pointer with its low bits free: bit 0
+ * set makes it an agent's ticket (agent.c), bit 1 marks an interprocess
+ * event we made (rmacu_ipc_event_new), which stays a real event where the
+ * agent runs, since another process waits for it. */
+#define EV_IPC 2
+static void* ev_ptr(uintptr_t ev) { return (void*)(ev & ~(uintptr_t)EV_IPC); }
 
 /* Events of the context's stream; where the agent runs, an event is a
  * ticket (agent.c). */
@@ -40,7 +21,7 @@ int rmacu_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t errlen) {
    * made at registration) becomes a ticket: recorded on the stream it
    * would cost a stream wait for the agent and the record, two driver
    * submissions, every time. Interprocess events stay real. */
-  if (a && *ev && !(*ev & 1) && !ipc_event(*ev)) {
+  if (a && *ev && !(*ev & (1 | EV_IPC))) {
     rmacu_cu.eventDestroy((void*)*ev); /* released once it completed */
     *ev = 0;
   }
@@ -55,7 +36,7 @@ int rmacu_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t errlen) {
     if (r != 0) return rmaw_fail(err, errlen, "cuEventCreate: %s", rmacu_errstr(r));
     *ev = (uintptr_t)x;
   }
-  r = rmacu_cu.eventRecord((void*)*ev, e->stream);
+  r = rmacu_cu.eventRecord(ev_ptr(*ev), e->stream);
   if (r != 0) return rmaw_fail(err, errlen, "cuEventRecord: %s", rmacu_errstr(r));
   return 0;
 }
@@ -63,13 +44,12 @@ int rmacu_event_record(uintptr_t ctx, uintptr_t* ev, char* err, size_t errlen) {
 /* cuEventQuery needs no current context. */
 int rmacu_event_query(uintptr_t ctx, uintptr_t ev) {
   if (ev & 1) return rmacu_ag_ticket(ctx, ev);
-  CUresult r = rmacu_cu.eventQuery((void*)ev);
+  CUresult r = rmacu_cu.eventQuery(ev_ptr(ev));
   return r == 0 ? 1 : r == ERROR_NOT_READY ? 0 : -1;
 }
 
 void rmacu_event_destroy(uintptr_t ctx, uintptr_t ev) {
-  if (ev && !(ev & 1) && ipc_event(ev)) ipc_event_mark(0, ev);
-  if (ev && !(ev & 1) && rmacu_cu.ctxSetCurrent((CUcontext)ctx) == 0) rmacu_cu.eventDestroy((void*)ev);
+  if (ev && !(ev & 1) && rmacu_cu.ctxSetCurrent((CUcontext)ctx) == 0) rmacu_cu.eventDestroy(ev_ptr(ev));
 }
 
 int rmacu_stream_sync(uintptr_t ctx, char* err, size_t errlen) {
@@ -259,13 +239,13 @@ int rmacu_ipc_event_new(uintptr_t ctx, uintptr_t* ev, unsigned char* handle, cha
     rmacu_cu.eventDestroy(e);
     return rmaw_fail(err, errlen, "cuIpcGetEventHandle: %s", rmacu_errstr(r));
   }
-  /* Known as interprocess, or the agent would make it a ticket that the
-   * peer's wait never sees recorded. */
-  if (!ipc_event_mark((uintptr_t)e, 0)) {
+  if ((uintptr_t)e & (1 | EV_IPC)) { /* no room for the marks */
     rmacu_cu.eventDestroy(e);
-    return rmaw_fail(err, errlen, "more than %d interprocess events", MAX_IPC_EV);
+    return rmaw_fail(err, errlen, "cuEventCreate (interprocess): a handle with its low bits set");
   }
-  *ev = (uintptr_t)e;
+  /* Marked, or the agent would make it a ticket that the peer's wait
+   * never sees recorded. */
+  *ev = (uintptr_t)e | EV_IPC;
   return 0;
 }
 
@@ -286,7 +266,7 @@ int rmacu_stream_wait(uintptr_t ctx, uintptr_t ev, char* err, size_t errlen) {
   CTX_STREAM(e, "cuStreamWaitEvent");
   struct agent* a;
   if (rmacu_on_stream(e, &a, err, errlen) != 0) return -1;
-  r = rmacu_cu.streamWaitEvent(e->stream, (void*)ev, 0);
+  r = rmacu_cu.streamWaitEvent(e->stream, ev_ptr(ev), 0);
   rmacu_off_stream(a, r == 0); /* the agent's next command follows the wait */
   if (r != 0) return rmaw_fail(err, errlen, "cuStreamWaitEvent: %s", rmacu_errstr(r));
   return 0;
