@@ -177,6 +177,15 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check_ipc_lanes", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_LANES=4"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified",
 				"ordered by interprocess events", "fakecuda: an interprocess event recorded", "fakecuda: a stream waits for another process's event"}},
+		// With the device agent: a mapped put+signal's copy is the agent's
+		// (device to device, each command 50 µs late) and the lane waits
+		// for its ticket before the header leaves, instead of an
+		// interprocess event the target's stream waits for (an event
+		// costs driver submissions the agent's copy does not).
+		{"cuda_check_ipc_agent", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
+			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified",
+				"device operations copy straight into its mapped device memory (IPC)", "device agent: running",
+				"fakecuda: the device agent copied device to device", "!fakecuda: an interprocess event recorded"}},
 		// The same on the application's context.
 		{"cuda_check_ipc_appctx", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_COPY_CONTEXT=0"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified",

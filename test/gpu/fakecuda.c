@@ -482,7 +482,13 @@ static void* agent_main(void* arg) {
       case 1: {
         int up = hostmem(src, n) && find(dst) && vmm_at(dst) && alloc_size(dst) && find(dst + n - 1);
         int down = hostmem(dst, n) && find(src) && vmm_at(src) && find(src + n - 1);
-        if (!n || (!up && !down)) agent_bad("a copy it cannot reach", up ? dst : src, n);
+        /* Device to device: both ends cuMem mappings (a peer's window
+         * mapped here, the copy context's own memory). */
+        int across = find(src) && vmm_at(src) && find(src + n - 1) && find(dst) && vmm_at(dst) && find(dst + n - 1);
+        if (!n || (!up && !down && !across)) agent_bad("a copy it cannot reach", up ? dst : src, n);
+        static int saidAcross;
+        if (across && !__atomic_exchange_n(&saidAcross, 1, __ATOMIC_RELAXED))
+          fprintf(stderr, "fakecuda: the device agent copied device to device\n");
         memcpy((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, n);
         if (!__atomic_exchange_n(&saidCopy, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent copied a payload\n");
         break;

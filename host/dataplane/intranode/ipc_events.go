@@ -81,6 +81,12 @@ func (x *Link) queueMapped(op *link.Op) bool {
 	if !e.ready.Load() || op.Msg != wire.MsgPutSignal || op.LocalCtx != e.ctx {
 		return false
 	}
+	if staging.AgentRuns(op.LocalCtx) {
+		// The agent copies and its ticket passes with no driver call:
+		// the lane's gathered copies (waited for before the header
+		// leaves) beat an event's record and the target's wait.
+		return false
+	}
 	po, ok := x.Peer().Mesh().Owner.(link.PartOwner)
 	if !ok {
 		return false

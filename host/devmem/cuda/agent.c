@@ -546,6 +546,12 @@ void rmaw_cuda_agent_start(uintptr_t ctx) {
   pthread_mutex_unlock(&rmacu_mu);
 }
 
+/* rmaw_cuda_agent_runs reports whether ctx's agent runs and takes work. */
+int rmaw_cuda_agent_runs(uintptr_t ctx) {
+  struct agent* a = ag_find(ctx);
+  return a && __atomic_load_n(&a->live, __ATOMIC_ACQUIRE);
+}
+
 /* rmaw_cuda_agent_stats sums every agent's counts: out[0] copies, [1]
  * signal writes and adds, [2] epoch waits, [3] stream waits for the
  * agent, [4] launches after parking, [5] agents, [6] synchronizations

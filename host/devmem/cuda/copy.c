@@ -144,6 +144,11 @@ int rmacu_copy_async(uintptr_t ctx, int to_device, void* host, uint64_t dev, uin
 int rmacu_copy_dtod_async(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, char* err, size_t errlen) {
   if (!rmacu_cu.dtod) return 1;
   CTX_STREAM(e, "asynchronous device-to-device copy");
+  /* The agent's kernel reads and writes device memory as it does host
+   * memory: a small copy into a peer's mapped window costs no driver
+   * submission. Only cuMem mappings reach a copy context (its agent's
+   * memory), so both ends are reachable from its kernel. */
+  if (rmacu_ag_live(e) && n <= rmacu_agent_max) return rmacu_ag_submit(e, AG_COPY, n, src, dst, 0, err, errlen);
   struct agent* a;
   if (rmacu_on_stream(e, &a, err, errlen) != 0) return -1;
   r = rmacu_cu.dtod((CUdeviceptr)dst, (CUdeviceptr)src, (size_t)n, e->stream);

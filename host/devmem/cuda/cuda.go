@@ -105,6 +105,11 @@ func (cudaDevice) StartAgent(ctx uintptr) { C.rmaw_cuda_agent_start(C.uintptr_t(
 // of the plugin outlives it.
 func (cudaDevice) StopAgents() { C.rmaw_cuda_agents_stop() }
 
+// AgentRuns reports whether ctx has a device agent that takes work now:
+// its small copies, device-to-device ones included, and its events need
+// no driver submission.
+func (cudaDevice) AgentRuns(ctx uintptr) bool { return C.rmaw_cuda_agent_runs(C.uintptr_t(ctx)) != 0 }
+
 // AgentStats says what the device agents did since they started: their
 // commands, and the driver calls that ordering them with the context's
 // stream cost (docs/design/device-memory.md); "" when none ran.

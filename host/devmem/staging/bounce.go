@@ -355,6 +355,16 @@ func CopySelfAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64) (bo
 	return copyQueued(ctx, dst, src, n, c, tag, 0)
 }
 
+// AgentRuns reports whether ctx's device runs a device agent in it now
+// (host/devmem/cuda, NCCL_RMA_WASM_DEVICE_AGENT): its small copies and the
+// events that watch them cost no driver submission, while an interprocess
+// event recorded after its work costs two (a stream wait for the agent and
+// the record) and the target's wait a third.
+func AgentRuns(ctx uintptr) bool {
+	a, ok := devmem.Get().(interface{ AgentRuns(ctx uintptr) bool })
+	return ok && ctx != 0 && a.AgentRuns(ctx)
+}
+
 // CopyMappedAsync is CopySelfAsync for a put into a peer's device memory
 // mapped into this process (SPEC.md §4, "Device windows mapped"), of at
 // most a bounce slot: after the copy it also records ev, an interprocess
