@@ -41,12 +41,10 @@ func (l *lane) writeBatch(ops []link.Op) bool {
 	if err == nil {
 		// Into the FIFO before the bytes leave: the ack may come back
 		// before writev returns. Puts failed there are not written.
-		if err = l.awaitPuts(b.pend, b.pops); err == nil {
-			err = l.WriteIov(b.iov)
-		}
+		err = l.sendGathered(&b)
 	}
 	clear(b.iov)
-	clear(b.pops)
+	clear(b.pops) // a batch that failed before await
 	return l.batchWritten(ops, n, b.later, err)
 }
 
@@ -66,8 +64,18 @@ type batchOut struct {
 // died, the puts failed) means what is gathered must not be written.
 func (l *lane) await(b *batchOut) error {
 	err := l.awaitPuts(b.pend, b.pops)
+	clear(b.pops) // the FIFO and resend log copied them: drop their pointers
 	b.pend, b.pops = b.pend[:0], b.pops[:0]
 	return err
+}
+
+// sendGathered awaits b's puts, then writes what is gathered; puts failed
+// there (the peer died) are not written.
+func (l *lane) sendGathered(b *batchOut) error {
+	if err := l.await(b); err != nil {
+		return err
+	}
+	return l.WriteIov(b.iov)
 }
 
 // writeOp adds ops[i] of the batch to b by what it is: a payload a side
@@ -84,10 +92,7 @@ func (l *lane) writeOp(b *batchOut, i int, op *link.Op) (reached bool, err error
 	if (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal) && !op.Resent && l.ix != nil && !l.ix.RingOff() && l.t.side.Ringable(op) {
 		// What is gathered goes first: the first ring offer waits
 		// for the target's answer.
-		if err = l.await(b); err == nil {
-			err = l.WriteIov(b.iov)
-		}
-		if err != nil {
+		if err = l.sendGathered(b); err != nil {
 			return false, err
 		}
 		b.iov = b.iov[:0]
@@ -186,10 +191,8 @@ func (l *lane) putPayload(b *batchOut, op *link.Op, ringed, comp bool) (err erro
 	}
 	if ringed {
 		// The header goes now; the payload through the ring.
-		if err = l.await(b); err == nil {
-			if err = l.WriteIov(b.iov); err == nil {
-				err = l.ix.RingSend(op)
-			}
+		if err = l.sendGathered(b); err == nil {
+			err = l.ix.RingSend(op)
 		}
 		b.iov = b.iov[:0]
 	} else if g, gerr := l.gatherDev(op, len(b.iov)); g != nil {
@@ -205,10 +208,7 @@ func (l *lane) putPayload(b *batchOut, op *link.Op, ringed, comp bool) (err erro
 	} else if op.Size > 0 && op.LocalCtx != 0 {
 		// Device source: what is queued goes first, then the
 		// payload is staged through host memory chunk by chunk.
-		if err = l.await(b); err == nil {
-			err = l.WriteIov(b.iov)
-		}
-		if err == nil {
+		if err = l.sendGathered(b); err == nil {
 			err = staging.WriteFromDevice(l.streamWriter(), op.LocalCtx, uintptr(op.Local), op.Size, l.p.Mesh().StageChunk)
 		}
 		b.iov = b.iov[:0]
