@@ -2,7 +2,8 @@
 # Native stacks of every process whose command line matches a pattern, for
 # a run that hangs: cuda-gdb attaches (it debugs host code too; the GPU
 # images carry no gdb) and prints each thread's stack, libcuda's exported
-# calls named. Bounded: a stuck attach is killed after 45 s.
+# calls named. Bounded: a stuck attach is killed after HANG_DUMP_S
+# seconds (45).
 #
 #   test/gpu/hang_dump.sh <pgrep -f pattern> [outfile]
 pat=$1
@@ -12,7 +13,7 @@ for pid in $(pgrep -f "$pat"); do
   [ "$pid" = $$ ] && continue
   {
     echo "=== pid $pid: $(tr '\0' ' ' </proc/$pid/cmdline 2>/dev/null | cut -c1-200)"
-    timeout -k 5 45 "$dbg" -q -batch -nx -p "$pid" -ex "set pagination off" -ex "info threads" \
+    timeout -k 5 "${HANG_DUMP_S:-45}" "$dbg" -q -batch -nx -p "$pid" -ex "set pagination off" -ex "info threads" \
       -ex "thread apply all bt 16" 2>&1 | grep -v "^\[New LWP\|^warning: .*debug\|^Reading symbols"
   } >>"$out"
 done

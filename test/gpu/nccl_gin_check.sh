@@ -195,10 +195,10 @@ if ! want gin; then
 elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/gin_alltoall.cu" -o "$OUT/gin_alltoall.o" >"$OUT/gin_alltoall-build.log" 2>&1 &&
   mpicxx "$OUT/gin_alltoall.o" -o "$OUT/gin_alltoall" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/gin_alltoall-build.log" 2>&1; then
   # gin_run NAME BYTES ITERS [VAR=VALUE ...]: one two-rank run; a run still
-  # alive 5 s before its timeout gets SIGUSR2 (with the stall report on,
+  # alive 15 s before its timeout gets SIGUSR2 (with the stall report on,
   # the plugin writes its goroutines, last operations, signal updates and
-  # lane state to the log) and has every thread's stack recorded (gdb,
-  # where installed) in $OUT/stacks-NAME.txt before it is killed; the
+  # lane state to the log) and has every thread's stack recorded
+  # (hang_dump.sh) in $OUT/stacks-NAME.txt before it is killed; the
   # program's own watchdog (GINA2A_WATCH_S) says where its kernels are.
   gin_run() {
     local name=$1 b=$2 iters=$3
@@ -206,12 +206,9 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     local log=$OUT/gin_alltoall-$name.log envs="" kv
     for kv in "$@"; do envs="$envs -x $kv"; done
     (
-      sleep $((PER_RUN_TIMEOUT - 5))
-      for p in $(pgrep -f "^$OUT/gin_alltoall "); do
-        kill -USR2 "$p" 2>/dev/null
-        echo "=== pid $p" >>"$OUT/stacks-$name.txt"
-        timeout 20 gdb -p "$p" -batch -ex 'thread apply all bt 12' >>"$OUT/stacks-$name.txt" 2>&1
-      done
+      sleep $((PER_RUN_TIMEOUT - 15))
+      pkill -USR2 -f "^$OUT/gin_alltoall " 2>/dev/null
+      HANG_DUMP_S=10 "$ROOT/test/gpu/hang_dump.sh" "^$OUT/gin_alltoall " "$OUT/stacks-$name.txt"
     ) &
     local wd=$!
     timeout -s KILL "$PER_RUN_TIMEOUT" mpirun --allow-run-as-root -np "${GIN_NP:-2}" --bind-to none -x LD_LIBRARY_PATH \

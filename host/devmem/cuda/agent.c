@@ -22,7 +22,8 @@
  * next command launches it again (ag_put): a module load waits for the
  * kernels already running on the device, and a kernel that never ended
  * made it wait for ever. A call that can wait for the context's kernels
- * (pinned allocation and registration, unmapping) first stops it (an EXIT command) and starts it again after (rmacu_ag_pause,
+ * (pinned allocation and registration, unmapping) first stops it (an
+ * EXIT command) and starts it again after (rmacu_ag_pause,
  * rmacu_ag_resume). It runs only in the plugin's own contexts, never the
  * application's: the application's device synchronisations never wait
  * for it. Events of an agent context are tickets, (sequence << 1) | 1,
