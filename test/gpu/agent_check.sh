@@ -126,12 +126,11 @@ for b in 8 4096 65536; do
   set -- $(hr "$G/host_rma-agent.log" $b) ; on=${1:--}
   printf '%-46s %10s %10s %12s\n' "host_rma ncclPutSignal hop ${b} B" "$off" "$on" "$nccl"
 done
-for b in 64 4096; do
+for b in 64 4096 262144; do
   printf '%-46s %10s %10s %12s\n' "GIN alltoall ${b} B per peer" "$(ga "$G/gin_alltoall-$b.log" $b)" "$(ga "$G/gin_alltoall-agent-$b.log" $b)" ""
 done
-printf '%-46s %10s %10s %12s\n' "GIN alltoall 262144 B per peer" "$(ga "$G/gin_alltoall-262144.log" 262144)" "" ""
 for b in 64 4096; do
-  printf '%-46s %10s %10s %12s\n' "GIN alltoall ${b} B per peer, 4 ranks" "$(ga "$G/gin_alltoall-np4-$b.log" $b)" "" ""
+  printf '%-46s %10s %10s %12s\n' "GIN alltoall ${b} B per peer, 4 ranks" "$(ga "$G/gin_alltoall-np4-$b.log" $b)" "$(ga "$G/gin_alltoall-np4-agent-$b.log" $b)" ""
 done
 for pb in ${SB_BYTES-0 64 4096}; do
   for w in intranode tcp; do

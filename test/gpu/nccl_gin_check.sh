@@ -244,7 +244,7 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # The device agent (off by default): the copy
   # context's small copies and signals through a resident block instead
   # of driver submissions. Its INFO line says whether it ran.
-  for b in 64 4096; do
+  for b in 64 4096 262144; do
     if ref agent && gin_run agent-$b $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET; then
       grep -h "device agent:" "$OUT/gin_alltoall-agent-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [agent-'$b'] /' | sort -u
     elif ref agent; then gin_bad=1; fi
@@ -253,6 +253,11 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # 2-rank figures above.
   for b in 64 4096; do
     if ref many; then GIN_NP=4 gin_run np4-$b $b "$GIN_ITERS" || gin_bad=1; fi
+    if ref many && ref agent; then
+      if GIN_NP=4 gin_run np4-agent-$b $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET; then
+        grep -h "device agent:" "$OUT/gin_alltoall-np4-agent-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [np4-agent-'$b'] /' | sort -u | head -2
+      else gin_bad=1; fi
+    fi
   done
   # The reference for the copy context's cost (on by default): the
   # application's own context with a hardware queue per stream, which
