@@ -79,7 +79,7 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// FAKECUDA_NO_MODULES: the default signal paths never load a
 		// module (a load can synchronize the context, and under MPS that
 		// deadlocked against NCCL's ncclWaitSignal kernel).
-		{"cuda_check", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_NO_MODULES=1"},
+		{"cuda_check", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_NO_MODULES=1", "CUDA_MPS_PIPE_DIRECTORY=" + t.TempDir()},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified",
 				"device payloads through a shared staging ring", "small device put+signals: 48 of 8 B to 64 KiB",
 				"copied asynchronously", "operations to itself with device memory are queued on the device's stream",
@@ -87,7 +87,7 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 				"stream atomic adds (cuStreamBatchMemOp_v2, data type 18 verified as 64-bit)",
 				"fakecuda: a stream atomic add to a signal word",
 				"device operations copy straight into its mapped device memory (IPC)",
-				"!device agent: running", "!the device agent"}},
+				"!device agent: running", "!the device agent", "device agent: off: MPS is not running"}},
 		// The interprocess events of the mapped put+signals stay real
 		// events with the agent running (marked at their making,
 		// host/devmem/cuda/ipc.c): made tickets like the bounce slots'
@@ -112,6 +112,12 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 			[]string{"RESULT PASS", "teardown: 4 rounds", "device agent: running", "small device put+signals: 48 of 8 B to 64 KiB",
 				"plain signal, every byte there", "fakecuda: the device agent copied a payload", "fakecuda: the device agent parked",
 				"launches after parking"}},
+		// The first launch after parking starts 1.5 s late (its block
+		// waiting for an SM): the operations behind it wait, and the
+		// stall watch WARNs once (NCCL_RMA_WASM_DEVICE_AGENT_WARN_MS);
+		// nothing is lost once it runs.
+		{"cuda_check_agent_late", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_LATE_MS=1500", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_DEVICE_AGENT_IDLE_US=1", "NCCL_RMA_WASM_DEVICE_AGENT_WARN_MS=300"},
+			[]string{"RESULT PASS", "device agent: running", "fakecuda: the device agent's kernel started 1500 ms late", "none done for", "its kernel is not running"}},
 		// Every copy small enough for the agent and nothing mapped: the
 		// stream never gets work between two agent commands, so it never
 		// waits for the agent. The bounce slots' events, made real before
@@ -129,9 +135,9 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// context stream's, so it is refused and every path stays.
 		{"cuda_check_agent_queues", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_DEVICE_AGENT=1", "CUDA_DEVICE_MAX_CONNECTIONS=3"},
 			[]string{"RESULT PASS", "device agent: off: with CUDA_DEVICE_MAX_CONNECTIONS=3", "!the device agent copied"}},
-		// auto starts it where MPS's control pipe exists; by default
-		// (0, until measured on a GPU) it never runs.
-		{"cuda_check_agent_mps", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "CUDA_MPS_PIPE_DIRECTORY=" + fakeMPS(t), "NCCL_RMA_WASM_DEVICE_AGENT=auto"},
+		// The default (auto) starts it where MPS's control pipe exists;
+		// without it (the plain cuda_check above) it never runs.
+		{"cuda_check_agent_mps", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "CUDA_MPS_PIPE_DIRECTORY=" + fakeMPS(t)},
 			[]string{"RESULT PASS", "device agent: running", "fakecuda: the device agent copied a payload"}},
 		// NCCL_RMA_WASM_INTRANODE_IPC=0: nothing is mapped, every device
 		// payload is staged.

@@ -453,6 +453,20 @@ static void* agent_main(void* arg) {
   agentStreams[me].running = 1;
   agentStreams[me].queued--;
   pthread_mutex_unlock(&agentMu);
+  /* FAKECUDA_AGENT_LATE_MS: the first launch after the kernel parked
+   * (started stays 1: the host clears it only for a launch it waits for)
+   * that finds a command other than EXIT waiting starts this late, as a
+   * block waits for an SM another grid holds. */
+  static int lateDone;
+  const char* late = getenv("FAKECUDA_AGENT_LATE_MS");
+  if (late && __atomic_load_n(&x->ring[16], __ATOMIC_ACQUIRE) == 1) {
+    uint64_t next = __atomic_load_n(&x->ring[0], __ATOMIC_ACQUIRE) + 1;
+    volatile uint64_t* sl = x->ring + (256 + (next & x->mask) * 64) / 8;
+    if (__atomic_load_n(&sl[0], __ATOMIC_ACQUIRE) == next && sl[2] != 5 && !__atomic_exchange_n(&lateDone, 1, __ATOMIC_RELAXED)) {
+      usleep((useconds_t)atol(late) * 1000);
+      fprintf(stderr, "fakecuda: the device agent's kernel started %s ms late\n", late);
+    }
+  }
   __atomic_store_n(&x->ring[24], 1, __ATOMIC_RELEASE);
   __atomic_store_n(&x->ring[16], 1, __ATOMIC_RELEASE);
   for (uint64_t seq = __atomic_load_n(&x->ring[0], __ATOMIC_ACQUIRE) + 1;; seq++) {

@@ -34,6 +34,9 @@ OUT=${3:-/tmp/nccl-check}
 PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-90}
 CHECKS=${CHECKS:-cuda_check host_rma gin example}
 GIN_REFS=${GIN_REFS-agent many appctx synccopy selfwait lanes1 staged ipcwait ipc profile}
+# The runs that do not name the device agent run without it (its default,
+# auto, runs it under MPS): the agent's own runs say NCCL_RMA_WASM_DEVICE_AGENT=1.
+export NCCL_RMA_WASM_DEVICE_AGENT=${NCCL_RMA_WASM_DEVICE_AGENT:-0}
 want() { case " $CHECKS " in *" $1 "*) return 0 ;; esac; return 1; }
 ref() { case " $GIN_REFS " in *" $1 "*) return 0 ;; esac; return 1; }
 GENCODE=${NVCC_GENCODE:--gencode=arch=compute_90,code=sm_90}
@@ -138,7 +141,7 @@ if ! want host_rma; then
 elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/host_rma.cu" -o "$OUT/host_rma.o" >"$OUT/host_rma-build.log" 2>&1 &&
   mpicxx "$OUT/host_rma.o" -o "$OUT/host_rma" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/host_rma-build.log" 2>&1; then
   if timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
-    -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV ${EXTRA_MPI_ENV:-} \
+    -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN -x NCCL_RMA_WASM_PROFILE=1 -x NCCL_RMA_WASM_DEVICE_AGENT $MPS_ENV ${EXTRA_MPI_ENV:-} \
     "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma.log" 2>&1; then
     grep -E "HOSTRMA" "$OUT/host_rma.log"
     # Where an operation's time goes, seen from the plugin, every size
@@ -147,7 +150,7 @@ elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:co
     # The same with device windows mapped between the two processes for
     # every size (by default, with CUDA, from 64 KiB up).
     if timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
-      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET,REG -x NCCL_RMA_WASM_INTRANODE_IPC=1 -x NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV ${EXTRA_MPI_ENV:-} \
+      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET,REG -x NCCL_RMA_WASM_INTRANODE_IPC=1 -x NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0 -x NCCL_RMA_WASM_PROFILE=1 -x NCCL_RMA_WASM_DEVICE_AGENT $MPS_ENV ${EXTRA_MPI_ENV:-} \
       "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-ipc.log" 2>&1; then
       grep -E "HOSTRMA" "$OUT/host_rma-ipc.log" | sed "s/^/[ipc] /"
       grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma-ipc.log" | sed "s/^/GIN-CHECK [host_rma ipc profile] /"
@@ -205,6 +208,7 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     shift 3
     local log=$OUT/gin_alltoall-$name.log envs="" kv
     for kv in "$@"; do envs="$envs -x $kv"; done
+    case " $* " in *" NCCL_RMA_WASM_DEVICE_AGENT="*) ;; *) envs="$envs -x NCCL_RMA_WASM_DEVICE_AGENT" ;; esac
     (
       sleep $((PER_RUN_TIMEOUT - 15))
       pkill -USR2 -f "^$OUT/gin_alltoall " 2>/dev/null
@@ -249,6 +253,13 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
       grep -h "device agent:" "$OUT/gin_alltoall-agent-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [agent-'$b'] /' | sort -u
     elif ref agent; then gin_bad=1; fi
   done
+  # The shipped default (auto) runs the agent where MPS runs.
+  if ref agent && [ "$mps_on" = 1 ]; then
+    if gin_run default-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=auto NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET; then
+      grep -q "device agent: running" "$OUT/gin_alltoall-default-64.log" && echo "GIN-CHECK [default-64] the default (auto) runs the device agent under MPS" ||
+        { echo "GIN-CHECK [default-64] FAIL: the default (auto) did not run the device agent under MPS"; gin_bad=1; }
+    else gin_bad=1; fi
+  fi
   # Many peers: 4 ranks on the GPU, each a "host" (GIN_NP), beside the
   # 2-rank figures above.
   for b in 64 4096; do
@@ -320,7 +331,7 @@ for i in $(seq 1 "$RUNS"); do
   s=$(date +%s%N)
   timeout -s KILL "$PER_RUN_TIMEOUT" mpirun --allow-run-as-root -np 2 --bind-to none \
     -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" -x NCCL_SOCKET_IFNAME=lo \
-    -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET $MPS_ENV \
+    -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET -x NCCL_RMA_WASM_DEVICE_AGENT $MPS_ENV \
     ${EXTRA_MPI_ENV:-} "$OUT/hostid.sh" "$EX/alltoall_gin" >"$log" 2>&1
   rc=$?
   ms=$((($(date +%s%N) - s) / 1000000))

@@ -104,6 +104,9 @@ struct agent {
    * epoch waits (stream work before agent work: one stream write each),
    * stream waits for the agent, launches after the kernel parked. */
   uint64_t nkind[8], follows, leads, wakes, syncs;
+  /* The stall watch's own (rmaw_cuda_agent_stalled): the done word it saw
+   * last, and since when (ns) commands have waited with done unchanged. */
+  uint64_t wdone, wsince;
 };
 
 /* Host memory the agent may read or write: what rmacu_host_alloc returned
@@ -573,6 +576,42 @@ void rmaw_cuda_agent_stats(uint64_t out[7]) {
     out[6] += a->syncs;
     pthread_mutex_unlock(&a->mu);
   }
+}
+
+/* rmaw_cuda_agent_stalled returns the longest time, in ms, that an agent
+ * with commands waiting has done none of them (0: none), and in *pending
+ * how many wait there. A kernel launched but not running (no SM free for
+ * its block) leaves commands waiting with nothing to say so: the watch
+ * (one goroutine, cuda.go) WARNs. Only the watch calls it. */
+uint64_t rmaw_cuda_agent_stalled(uint64_t* pending) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  uint64_t now = (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec, worst = 0;
+  *pending = 0;
+  int n = __atomic_load_n(&rmacu_nctxs, __ATOMIC_ACQUIRE);
+  for (int i = 0; i < n; i++) {
+    struct agent* a = __atomic_load_n(&rmacu_ctxs[i].ag, __ATOMIC_ACQUIRE);
+    if (!a) continue;
+    pthread_mutex_lock(&a->mu);
+    uint64_t seq = a->seq;
+    int live = a->live;
+    pthread_mutex_unlock(&a->mu);
+    uint64_t d = ag_done(a);
+    if (!live || d >= seq) {
+      a->wsince = 0;
+      continue;
+    }
+    if (!a->wsince || d != a->wdone) {
+      a->wdone = d;
+      a->wsince = now;
+      continue;
+    }
+    if (now - a->wsince > worst) {
+      worst = now - a->wsince;
+      *pending = seq - d;
+    }
+  }
+  return worst / 1000000;
 }
 
 /* rmaw_cuda_agent_note copies what the last start or stop of an agent

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -99,7 +100,39 @@ func (cudaDevice) StreamAtomic() string {
 // StartAgent starts the device agent of ctx when ctx is a copy context
 // of the plugin's own and NCCL_RMA_WASM_DEVICE_AGENT allows it (agent.c):
 // registration calls it once its pinned memory is allocated.
-func (cudaDevice) StartAgent(ctx uintptr) { C.rmaw_cuda_agent_start(C.uintptr_t(ctx)) }
+func (cudaDevice) StartAgent(ctx uintptr) {
+	C.rmaw_cuda_agent_start(C.uintptr_t(ctx))
+	if C.rmaw_cuda_agent_runs(C.uintptr_t(ctx)) != 0 {
+		agentWatch.Do(func() { go watchAgents(config.DeviceAgentWarnMs.Get()) })
+	}
+}
+
+var agentWatch sync.Once
+
+// watchAgents WARNs once per stall when a device agent has had commands
+// waiting and done none of them for warn: its kernel is not running, and
+// nothing else would say so (the operations behind it just never
+// complete). It looks every warn/5, at most once a second.
+func watchAgents(warn time.Duration) {
+	if warn <= 0 {
+		return
+	}
+	every := min(warn/5, time.Second)
+	said := false
+	for range time.Tick(every) {
+		var pending C.uint64_t
+		ms := time.Duration(C.rmaw_cuda_agent_stalled(&pending)) * time.Millisecond
+		switch {
+		case ms == 0:
+			said = false
+		case ms >= warn && !said:
+			said = true
+			logx.Warn(abi.SubsysNet, "NET/wasm: device agent: %d command(s) waiting and none done for %v: its kernel is not running. "+
+				"Its block needs a free SM: a grid that holds every SM while it waits for the plugin's signal waits for ever. "+
+				"NCCL_RMA_WASM_DEVICE_AGENT=0 moves the plugin's copies and signals to the copy engines", uint64(pending), ms)
+		}
+	}
+}
 
 // StopAgents ends every device agent (plugin finalize), so that no kernel
 // of the plugin outlives it.
