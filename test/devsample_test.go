@@ -317,7 +317,8 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// the plugin's own context; with the device agent on, the small
 		// pings' payloads and signals go through its ring.
 		{"staging_bench_agent", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_VMM=1", "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
-			[]string{"RESULT ", "BUFFERS cuMem mappings", "watched by a waiting kernel", "fakecuda: the device agent copied a payload", "fakecuda: the device agent applied a signal"}},
+			[]string{"RESULT ", "BUFFERS cuMem mappings", "watched by a waiting kernel", "fakecuda: the device agent copied a payload", "fakecuda: the device agent applied a signal",
+				"SELF   tcp       8 B device->host", "SELF   intranode 8 B device->host"}},
 		{"staging_bench_gdr", "staging_bench", []string{lib, "2097152", "2", "50"}, []string{"LD_LIBRARY_PATH=" + fakeWithGDR},
 			[]string{"RESULT ", "GDRCopy loaded", "fakegdr: page", "unpinned"}},
 	} {

@@ -53,7 +53,7 @@ sb_run() {
   wait $pid
 }
 sb_show() { # log label
-  grep -E '^SIGNAL .*word|FAIL|no kernel waiter' "$1" | sed "s/^/AGENT-CHECK sb $2 /"
+  grep -E '^SIGNAL .*word|^SELF|FAIL|no kernel waiter' "$1" | sed "s/^/AGENT-CHECK sb $2 /"
   grep -h "device agent:" "$1" | sed 's/.*NET.wasm: /AGENT-CHECK sb agent-info: /' | sort -u | head -3
 }
 hung=""
@@ -118,6 +118,7 @@ G=$O/gin
 hr() { grep -h "HOSTRMA latency size=$2 " "$1" 2>/dev/null | head -1 | sed -n "s/.*putsignal_us=\([0-9.]*\) nccl-sendrecv_us=\([0-9.]*\).*/\1 \2/p"; }
 ga() { grep -h "GINA2A bytes=$2 " "$1" 2>/dev/null | head -1 | sed -n 's/.*us_per_alltoall=\([0-9.]*\).*/\1/p'; }
 sb() { grep -h "^SIGNAL $2 " "$1" 2>/dev/null | head -1 | sed -n 's/.*device word *\([0-9.]*\) us.*/\1/p'; }
+self() { grep -h "^SELF   $2 " "$1" 2>/dev/null | head -1 | sed -n "s/.*$3 *\([0-9.]*\) us.*/\1/p"; }
 cc() { grep -q "RESULT PASS" "$1" 2>/dev/null && echo pass || echo FAIL; }
 echo "AGENT-CHECK summary (µs; '-' not measured or failed)"
 printf '%-46s %10s %10s %12s\n' series agent-off agent-on nccl-sendrecv
@@ -135,6 +136,11 @@ done
 for pb in ${SB_BYTES-0 64 4096}; do
   for w in intranode tcp; do
     printf '%-46s %10s %10s %12s\n' "kernel-watched word, ${pb} B payload, $w" "$(sb "$O/sb-$pb-0.log" $w)" "$(sb "$O/sb-$pb-1.log" $w)" ""
+  done
+done
+for w in intranode tcp; do
+  for dir in "device->host" "host->device"; do
+    printf '%-46s %10s %10s %12s\n' "8 B put to itself, $dir, $w" "$(self "$O/sb-0-0.log" $w "$dir")" "$(self "$O/sb-0-1.log" $w "$dir")" ""
   done
 done
 printf '%-46s %10s %10s %12s\n' "cuda_check (every byte)" "$(cc "$G/cuda_check.log")" "$(cc "$G/cuda_check-agent.log")" ""

@@ -66,7 +66,7 @@ static void logger(ncclDebugLogLevel level, unsigned long flags, const char* fil
 
 /* Results travel to the parent through a pipe, in this order. */
 enum { B_D2H_PIN, B_H2D_PIN, B_D2H_PAGE, B_H2D_PAGE, B_D2H_CHUNK, B_H2D_CHUNK, NBOUNDS };
-enum { P_HOST, P_DEV, P_SIG_HOST_US, P_SIG_DEV_US, NPUT };
+enum { P_HOST, P_DEV, P_SIG_HOST_US, P_SIG_DEV_US, P_SELF_D2H_US, P_SELF_H2D_US, NPUT };
 
 static size_t chunk_bytes(void) {
   const char* s = getenv("NCCL_RMA_WASM_STAGE_CHUNK_KB");
@@ -387,6 +387,25 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
     }
     res[k] = (now() - t0) / pings / 2 * 1e6;
   }
+  /* A rank's 8-byte put to itself, device to host and host to device:
+   * one device copy and its completion seen by test(), no wire (the
+   * device agent's round trip when it runs, else a copy engine's). The
+   * median of 1000, rank 0 alone. */
+  if (rank == 0) {
+    static double st[1000];
+    for (int k = P_SELF_D2H_US; k <= P_SELF_H2D_US; k++) {
+      void *src = k == P_SELF_D2H_US ? mdsrc : mhsrc, *dst = k == P_SELF_D2H_US ? mhdst : mddst;
+      for (int i = 0; i < 1010; i++) {
+        double t0 = now();
+        void* req;
+        NC(t->iput(rma, 0, 64, src, 8, 64, dst, 0, 0, &req));
+        wait_req(t, coll, req);
+        if (i >= 10) st[i - 10] = now() - t0;
+      }
+      res[k] = median(st, 1000) * 1e6;
+    }
+    if (hdst[64] != 1) FAIL("the self put from device wrote %d, want 1", hdst[64]);
+  }
   if (kern && rank == 0) printf("SIGNAL device words watched by a waiting kernel (BENCH_KERNEL_WAIT=1)\n");
   if (pb && rank == 0) printf("SIGNAL each ping carries a %zu-byte payload (BENCH_PING_BYTES)\n", pb);
   bool bad = false;
@@ -453,6 +472,8 @@ int main(int argc, char** argv) {
     printf("PUT    %-9s device->dev  %7.2f GB/s\n", modes[m], r[m][P_DEV]);
     printf("SIGNAL %-9s host word %7.1f us   device word %7.1f us  (one way, half a ping-pong)\n", modes[m],
            r[m][P_SIG_HOST_US], r[m][P_SIG_DEV_US]);
+    printf("SELF   %-9s 8 B device->host %6.1f us   host->device %6.1f us  (a put to itself until test() sees it, median)\n",
+           modes[m], r[m][P_SELF_D2H_US], r[m][P_SELF_H2D_US]);
   }
   bool pass = true;
   for (int m = 0; m < 2; m++) {
