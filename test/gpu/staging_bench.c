@@ -241,6 +241,18 @@ static void progress(void) {
   if (prog_t && prog_t->rmaProgress) prog_t->rmaProgress(prog_rma);
 }
 
+/* wait_done tests req until it completes, calling rmaProgress between
+ * tests as NCCL's proxy does (every microsecond or so). */
+static void wait_done(const ncclRma_v15_t* t, void* coll, void* req) {
+  int done = 0;
+  double t0 = now();
+  while (!done) {
+    progress();
+    NC(t->test(coll, req, &done));
+    if (now() - t0 > 60) FAIL("request did not complete in 60 s");
+  }
+}
+
 static void kwait_wait(kwait_t* k, uint64_t want) {
   double t0 = now();
   uint64_t v;
@@ -331,7 +343,7 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
         double t0 = now();
         void* req;
         NC(t->iputSignal(rma, 0, 0, src, size, 0, dst, 1, 0, sig, 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
-        wait_req(t, coll, req);
+        wait_done(t, coll, req);
         char c;
         if (read(fd, &c, 1) != 1) FAIL("peer died");
         if (i >= 2) tm[i - 2] = now() - t0;
@@ -379,7 +391,7 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
       void* psrc = pb ? (k == P_SIG_DEV_US ? mdsrc : mhsrc) : NULL;
       void* pdst = pb ? (k == P_SIG_DEV_US ? mddst : mhdst) : NULL;
       NC(t->iputSignal(rma, 0, 0, psrc, pb, 0, pdst, 1 - rank, 8, sig, 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
-      if (req) wait_req(t, coll, req);
+      if (req) wait_done(t, coll, req);
       if (rank == 0) {
         if (kdev) kwait_wait(&kw, want);
         else wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want, 0);
@@ -399,7 +411,7 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
         double t0 = now();
         void* req;
         NC(t->iput(rma, 0, 64, src, 8, 64, dst, 0, 0, &req));
-        wait_req(t, coll, req);
+        wait_done(t, coll, req);
         if (i >= 10) st[i - 10] = now() - t0;
       }
       res[k] = median(st, 1000) * 1e6;
