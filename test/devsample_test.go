@@ -192,6 +192,17 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified",
 				"device operations copy straight into its mapped device memory (IPC)", "device agent: running",
 				"fakecuda: the device agent copied device to device", "!fakecuda: an interprocess event recorded"}},
+		// No size reaches the floor (NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB),
+		// but with the agent running in the source's context the puts it
+		// copies are mapped all the same (NCCL_RMA_WASM_INTRANODE_IPC_AGENT,
+		// on by default): the target lands nothing. Turned off, they are
+		// staged again.
+		{"cuda_check_ipc_agent_small", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
+			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "device agent: running",
+				"fakecuda: the device agent copied device to device", "!fakecuda: an interprocess event recorded"}},
+		{"cuda_check_ipc_agent_staged", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_IPC_AGENT=0"},
+			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "device agent: running",
+				"!fakecuda: the device agent copied device to device"}},
 		// The same on the application's context.
 		{"cuda_check_ipc_appctx", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_COPY_CONTEXT=0"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified",

@@ -242,19 +242,32 @@ func (c *coll) lookupMR(mh uint64) *mr {
 // init: the per-operation path reads no environment.
 var ipcMinBytes atomic.Uint64
 
+// ipcAgentMax is the largest put mapped because the device agent copies
+// it (NCCL_RMA_WASM_DEVICE_AGENT_MAX_KB in bytes; 0 with
+// NCCL_RMA_WASM_INTRANODE_IPC_AGENT off), read at init.
+var ipcAgentMax atomic.Uint64
+
 // target writes where off in rank's part of this registration is, for the
 // intra-node paths (remoteRange has already checked the range): op.Remote,
 // its address in rank's process, where neither side is device memory
 // (which process_vm_writev cannot reach); op.Mapped and op.MapCtx, its
 // address here where rank's part is mapped (share.go) and the context to
 // copy in (local's, or ours for host memory), for operations of at least
-// NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB (op.Size is set).
+// NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB (op.Size is set), and for puts the
+// device agent copies (from device memory whose context runs it, up to
+// its largest copy; NCCL_RMA_WASM_INTRANODE_IPC_AGENT): its copy and
+// ticket cost no driver call, while a staged put costs the target a
+// landing.
 func (m *mr) target(op *dataplane.Op, local *mr, rank uint32, off uint64) {
 	r := m.remote.Load()
 	if !r.dev[rank] && local.devCtx == 0 {
 		op.Remote = r.bases[rank] + off
 	}
-	if r.mapped != nil && r.mapped[rank] != 0 && op.Size >= ipcMinBytes.Load() {
+	if r.mapped == nil || r.mapped[rank] == 0 {
+		return
+	}
+	if op.Size >= ipcMinBytes.Load() ||
+		(op.Msg != wire.MsgGet && op.Size <= ipcAgentMax.Load() && local.devCtx != 0 && staging.AgentRuns(local.devCtx)) {
 		op.Mapped, op.MapCtx = uint64(r.mapped[rank])+off, m.devCtx
 		if local.devCtx != 0 {
 			op.MapCtx = local.devCtx

@@ -99,6 +99,9 @@ func Init(commID uint64) (uint64, abi.Result) {
 	staging.SetAsyncCopy(uint64(config.AsyncCopyKiB.Get()) << 10)
 	staging.SetSelfAsync(config.SelfAsync.Get())
 	ipcMinBytes.Store(uint64(config.IntraIPCMinKiB.Get()) << 10)
+	if config.IntraIPCAgent.Get() {
+		ipcAgentMax.Store(uint64(config.DeviceAgentMaxKiB.Get()) << 10)
+	}
 	profile.SetOn(config.Profile.Get())
 	// An explicit transport or provider that cannot be honoured fails here,
 	// as NCCL fails an explicit NCCL_NET, rather than running at a tenth of
