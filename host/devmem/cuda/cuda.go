@@ -127,9 +127,10 @@ func watchAgents(warn time.Duration) {
 			said = false
 		case ms >= warn && !said:
 			said = true
-			logx.Warn(abi.SubsysNet, "NET/wasm: device agent: %d command(s) waiting and none done for %v: its kernel is not running. "+
-				"Its block needs a free SM: a grid that holds every SM while it waits for the plugin's signal waits for ever. "+
-				"NCCL_RMA_WASM_DEVICE_AGENT=0 moves the plugin's copies and signals to the copy engines", uint64(pending), ms)
+			logx.Warn(abi.SubsysNet, "NET/wasm: device agent: %d command(s) waiting and none done for %v: its kernel is not running, "+
+				"or waits for earlier work on the plugin's stream. Its block needs a free SM: a grid that holds every SM while it waits for "+
+				"the plugin's signal waits for ever. NCCL_RMA_WASM_DEVICE_AGENT=0 moves the plugin's copies and signals to the copy engines",
+				uint64(pending), ms)
 		}
 	}
 }
