@@ -78,6 +78,10 @@ type Options struct {
 	// NoIntraStream keeps intra-node request streams on their sockets
 	// instead of shared-memory rings (NCCL_RMA_WASM_INTRANODE_STREAM=0).
 	NoIntraStream bool
+	// GatherWriter: the caller's thread never waits for the device copies
+	// of the payloads it gathers; the lane's writer goroutine does, and
+	// writes the batch (NCCL_RMA_WASM_GATHER_WRITER).
+	GatherWriter bool
 	// Peers, when non-nil, are the only ranks this rank connects to (its
 	// own rank is always one): a peer list, as NCCL's v17 ABI would pass
 	// it. Operations to any other rank fail as to a lost peer. Every rank
@@ -173,7 +177,7 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 	}
 	m.cfg = link.Config{Rank: rank, Owner: owner, WG: &m.wg, StageChunk: m.stageChunk, LocalCompletion: m.localComp,
 		OrderWindow: m.orderWindow, SpinWait: m.spinWait, Spinners: m.spinners, CloseTimeout: m.closeTimeout,
-		NoIntraRing: m.noIntraRing, NoIntraStream: m.noIntraStream}
+		NoIntraRing: m.noIntraRing, NoIntraStream: m.noIntraStream, GatherWriter: opt.GatherWriter}
 	l.fitFabric(n)
 	outs, ins, peerNoFab, err := connectStreams(l, infos, want, rank, lanes, opt.NoFabric, opt.Encrypt, deadline, timeout)
 	if err != nil {

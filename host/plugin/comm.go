@@ -171,7 +171,8 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		Encrypt:    config.Encrypt.Get(),
 		StageChunk: uint64(config.StageChunkKiB.Get()) << 10, NoIntraRing: !config.IntraRing.Get(),
 		// A shared ring carries requests in the clear: not under encryption.
-		NoIntraStream: !config.IntraStream.Get() || config.Encrypt.Get(), NoDmaBuf: !config.FIDmaBuf.Get()}
+		NoIntraStream: !config.IntraStream.Get() || config.Encrypt.Get(), NoDmaBuf: !config.FIDmaBuf.Get(),
+		GatherWriter: config.GatherWriter.Get()}
 	opt.SpinWait, opt.Spinners = spinOptions()
 	checkNoFile(n, opt.Lanes, opt.Encrypt)
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
@@ -259,6 +260,9 @@ func CloseColl(h uint64) abi.Result {
 	}
 	if st.AcksCarried+st.AcksAlone > 0 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d acknowledged its peers' puts %d times in its own batches and %d times alone", c.rank, st.AcksCarried, st.AcksAlone)
+	}
+	if st.Handed > 0 {
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d handed %d batches to its lanes' writers to wait for their gathered device copies (NCCL_RMA_WASM_GATHER_WRITER)", c.rank, st.Handed)
 	}
 	c.regs.wake()
 	return abi.Success

@@ -32,6 +32,10 @@ type Config struct {
 	// NoIntraRing and NoIntraStream keep the intra-node path off its
 	// staging ring and off shared-memory streams.
 	NoIntraRing, NoIntraStream bool
+	// GatherWriter hands a batch whose small device payloads are being
+	// gathered from the caller's thread to the lane's writer goroutine,
+	// which waits for the copies and writes it (NCCL_RMA_WASM_GATHER_WRITER).
+	GatherWriter bool
 }
 
 // Peer is what a transport asks of, and tells, the mesh about the rank it

@@ -92,6 +92,10 @@ type Stats struct {
 	// puts sent so far: carried in a batch of ours (SPEC.md §4,
 	// "Acknowledgements ride the reverse lanes"), or written alone.
 	AcksCarried, AcksAlone uint64
+	// Handed counts the batches the caller's thread handed to a lane's
+	// writer goroutine to wait for their gathered device copies
+	// (Config.GatherWriter).
+	Handed uint64
 	// BackstopAsks counts the liveness backstop's asks for acks that
 	// waited too long (tcp_acks.go, backstop), and AcksRescued the asks
 	// an ack answered: each is an ack the normal path failed to deliver

@@ -279,7 +279,7 @@ func (l *lane) sendAsk() {
 // writeAlone writes a batch of nothing but what carryAck adds and lets
 // the stream go; the caller took it (l.writing).
 func (l *lane) writeAlone() {
-	ok := l.writeBatch(l.batch[:0])
+	ok, _ := l.writeBatch(l.batch[:0], false)
 	if more := l.letGo(); ok && more {
 		l.kick()
 	}

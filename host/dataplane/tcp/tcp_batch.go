@@ -22,14 +22,17 @@ import (
 // path (intra-node) payloads it takes are copied into the peer first, and a
 // put that needs nothing more from the target completes here; only what the
 // target must act on is sent.
-func (l *lane) writeBatch(ops []link.Op) bool {
+//
+// mayHand (the caller's thread, with Config.GatherWriter): a batch left
+// waiting for gathered device copies is not written here but handed to
+// the lane's writer goroutine (handed true), which keeps the stream and
+// finishes it (finishHanded); the caller returns at once.
+func (l *lane) writeBatch(ops []link.Op, mayHand bool) (ok, handed bool) {
 	b := batchOut{iov: l.carryAck(l.iov[:0]), pend: l.ptags[:0], pops: l.pops[:0], later: l.later[:0]}
 	if len(ops) > 0 {
 		l.batches.Add(1) // an ack alone is no sign of traffic (acker.drained)
 	}
 	l.enc.Reset()
-	defer l.enc.Release() // the arena goes back to the pool once the batch is written
-	defer l.gather.Done() // slots of copies gathered for a batch that failed
 	var err error
 	n := 0 // ops handled so far; a device copy failure stops the batch
 	for ; n < len(ops) && err == nil; n++ {
@@ -38,14 +41,52 @@ func (l *lane) writeBatch(ops []link.Op) bool {
 			break // this op never left
 		}
 	}
+	if err == nil && mayHand && l.gather.Pending() {
+		l.hand = handedBatch{ops: ops, n: n, b: b}
+		l.handed.Store(true) // after the fields: the writer loads it first
+		l.handedN.Add(1)
+		l.kick()
+		return true, true
+	}
+	return l.finishBatch(ops, n, &b, err), false
+}
+
+// handedBatch is a batch the caller's thread handed to the writer
+// goroutine (writeBatch): its ops, how many it handled, what it gathered.
+type handedBatch struct {
+	ops []link.Op
+	n   int
+	b   batchOut
+}
+
+// finishBatch writes what the batch gathered (err nil) and completes or
+// fails its ops.
+func (l *lane) finishBatch(ops []link.Op, n int, b *batchOut, err error) bool {
+	defer l.enc.Release() // the arena goes back to the pool once the batch is written
+	defer l.gather.Done() // slots of copies gathered for a batch that failed
 	if err == nil {
 		// Into the FIFO before the bytes leave: the ack may come back
 		// before writev returns. Puts failed there are not written.
-		err = l.sendGathered(&b)
+		err = l.sendGathered(b)
 	}
 	clear(b.iov)
 	clear(b.pops) // a batch that failed before await
 	return l.batchWritten(ops, n, b.later, err)
+}
+
+// finishHanded finishes a batch handed to the writer goroutine, if one
+// is, and lets the stream go: ran reports whether there was one, ok
+// whether it was written.
+func (l *lane) finishHanded() (ran, ok bool) {
+	if !l.handed.Load() {
+		return false, true
+	}
+	h := l.hand
+	l.hand = handedBatch{}
+	l.handed.Store(false)
+	ok = l.finishBatch(h.ops, h.n, &h.b, nil)
+	l.letGo()
+	return true, ok
 }
 
 // batchOut is what writeBatch gathers for its writev: the iovec, the tags

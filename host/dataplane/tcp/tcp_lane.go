@@ -385,6 +385,11 @@ type lane struct {
 	askAt  atomic.Int64                            // when flush asks, if acks are still owed then (Now(); 0: no flush waits)
 	enc    codec.Encoder                           // wire compression (host/codec)
 	gather staging.Gather                          // small device payloads of the batch, copied asynchronously
+	// A batch handed to the writer goroutine (writeBatch, mayHand): hand
+	// is written before handed is set and read after it is seen.
+	hand    handedBatch
+	handed  atomic.Bool
+	handedN atomic.Uint64 // batches handed over so far (Stats.Handed)
 	// WriteIov's raw writev: the stream's RawConn, the iovecs, the count
 	// and the outcome (bound once so that a write allocates nothing)
 	orc  syscall.RawConn

@@ -130,7 +130,10 @@ func (l *lane) flush() {
 	l.writing = true
 	n := l.takeLocked(limit)
 	l.mu.Unlock()
-	ok := l.writeBatch(l.batch[:n])
+	ok, handed := l.writeBatch(l.batch[:n], l.p.Mesh().GatherWriter)
+	if handed {
+		return // the writer goroutine waits for the copies, writes, lets go
+	}
 	// The send timer keeps running when everything left: it goes quiet
 	// by itself (sendTimer), and stopping it here would make the next
 	// post re-arm it, a timer update per op.
@@ -254,9 +257,18 @@ func (l *lane) writer() {
 		select {
 		case <-l.wake:
 		case <-l.p.Quit():
+			// A batch handed over and not yet written: written now, or
+			// failed with the closing stream, never left hanging.
+			l.finishHanded()
 			return
 		}
 		for {
+			if ran, ok := l.finishHanded(); ran {
+				if !ok {
+					return
+				}
+				continue
+			}
 			l.mu.Lock()
 			if l.writing || l.q.Len() == 0 || l.down {
 				// An inline writer owns the stream; it kicks us when it
@@ -275,7 +287,7 @@ func (l *lane) writer() {
 				break
 			}
 			l.mu.Unlock()
-			ok := l.writeBatch(l.batch[:n])
+			ok, _ := l.writeBatch(l.batch[:n], false)
 			l.letGo()
 			if !ok {
 				return

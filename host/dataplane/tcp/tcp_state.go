@@ -86,6 +86,7 @@ func (t *Link) AddStats(st *link.Stats) {
 func (t *Link) AddAcks(st *link.Stats) {
 	for _, l := range t.lanes {
 		st.AcksCarried += l.carried.Load()
+		st.Handed += l.handedN.Load()
 		st.BackstopAsks += l.bsAsks.Load()
 		st.AcksRescued += l.bsRescued.Load()
 	}

@@ -1,0 +1,105 @@
+package tcp_test
+
+import (
+	"bytes"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// TestGatherWriter: with Options.GatherWriter (NCCL_RMA_WASM_GATHER_WRITER)
+// the caller's thread, which gathers a small device payload (its
+// device-to-host copy queued on the stream), hands the batch to the lane's
+// writer goroutine instead of waiting for the copy. The test holds the
+// device's stream (nothing on it runs) while the caller posts and calls
+// Progress: those calls return only if they did not wait for the copy.
+// Without the option the same calls are still waiting when the stream is
+// let go. Then every put+signal lands, each signal after its bytes, and
+// the mesh counts the hand-offs.
+func TestGatherWriter(t *testing.T) {
+	for _, handOff := range []bool{true, false} {
+		name := "handed"
+		if !handOff {
+			name = "waited"
+		}
+		t.Run(name, func(t *testing.T) { gatherWriter(t, handOff) })
+	}
+}
+
+func gatherWriter(t *testing.T, handOff bool) {
+	const size, n = 1 << 20, 8
+	d := meshtest.QueuedDevice(t, 2*size)
+	os := make([]*meshtest.DevOwner, 2)
+	owners := make([]dataplane.Owner, 2)
+	for r := range os {
+		os[r] = &meshtest.DevOwner{MemOwner: meshtest.MemOwner{Done: map[uint64]abi.Result{}}, Dev: d.Base + uintptr(r)*size, Size: size, Host: make([]byte, 64<<10)}
+		owners[r] = os[r]
+	}
+	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, Lanes: 1, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
+		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10, GatherWriter: handOff})
+	defer func() {
+		for _, m := range ms {
+			m.Close()
+		}
+	}()
+	src := d.At(os[0].Dev, size)
+	meshtest.Fill(src[:n*4096], 5)
+	sig := (*uint64)(unsafe.Pointer(&os[1].Host[0]))
+	post := func(k int) {
+		// k+1 KiB from rank 0's device memory into rank 1's host memory,
+		// then add 1 to the word at its start.
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 2, Tag: uint64(100 + k),
+			Local: meshtest.AddrPtr(uint64(os[0].Dev) + uint64(k)*4096), LocalCtx: 1, Size: uint64(k+1) << 10, Off: uint64(k+1) * 4096,
+			SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}}, false, -1)
+		ms[0].Progress()
+	}
+
+	d.Exec.Lock() // the stream runs nothing until let go
+	returned := make(chan struct{})
+	go func() {
+		post(0)
+		close(returned)
+	}()
+	select {
+	case <-returned:
+		if !handOff {
+			d.Exec.Unlock()
+			t.Fatal("the caller's post and Progress returned while the copy of its payload could not run, without the hand-off")
+		}
+	case <-time.After(map[bool]time.Duration{true: 20 * time.Second, false: 300 * time.Millisecond}[handOff]):
+		if handOff {
+			d.Exec.Unlock()
+			t.Fatal("the caller's post and Progress waited for the copy of its payload")
+		}
+	}
+	d.Exec.Unlock()
+	<-returned
+	for k := 1; k < n; k++ {
+		post(k)
+	}
+	for deadline := time.Now().Add(20 * time.Second); atomic.LoadUint64(sig) != n; time.Sleep(20 * time.Microsecond) {
+		ms[0].Progress()
+		ms[1].Progress()
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d signals arrived", atomic.LoadUint64(sig), n)
+		}
+	}
+	for k := range n {
+		off := (k + 1) * 4096
+		if got, want := os[1].Host[off:off+(k+1)<<10], src[k*4096:k*4096+(k+1)<<10]; !bytes.Equal(got, want) {
+			t.Fatalf("put %d: its bytes differ once every signal arrived", k)
+		}
+		if st := meshtest.WaitDone(t, &os[0].MemOwner, uint64(100+k)); st != abi.Success {
+			t.Fatalf("put %d: %v", k, st)
+		}
+	}
+	if h := ms[0].Stats().Handed; (h > 0) != handOff {
+		t.Fatalf("%d batches handed to the writer (GatherWriter %v)", h, handOff)
+	}
+}
