@@ -17,7 +17,7 @@ mkdir -p "$O"
 export PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
 nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 t0=$(date +%s)
-NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin} GIN_REFS=${GIN_REFS-agent many} \
+NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin} GIN_REFS=${GIN_REFS-agent many gatherwriter} \
   PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-60} timeout ${GIN_CHECK_S:-400} "$ROOT/test/gpu/nccl_gin_check.sh" "$SRC" 0 "$O/gin"
 echo "AGENT-CHECK: nccl_gin_check done at $(($(date +%s) - t0)) s"
 
@@ -133,6 +133,8 @@ done
 for b in 64 4096; do
   printf '%-46s %10s %10s %12s\n' "GIN alltoall ${b} B per peer, 4 ranks" "$(ga "$G/gin_alltoall-np4-$b.log" $b)" "$(ga "$G/gin_alltoall-np4-agent-$b.log" $b)" ""
 done
+printf '%-46s %10s %10s %12s\n' "GIN alltoall 64 B, agent + gather writer" "" "$(ga "$G/gin_alltoall-gw-64.log" 64)" ""
+printf '%-46s %10s %10s %12s\n' "the same, 4 ranks" "" "$(ga "$G/gin_alltoall-np4-gw-64.log" 64)" ""
 for pb in ${SB_BYTES-0 64 4096}; do
   for w in intranode tcp; do
     printf '%-46s %10s %10s %12s\n' "kernel-watched word, ${pb} B payload, $w" "$(sb "$O/sb-$pb-0.log" $w)" "$(sb "$O/sb-$pb-1.log" $w)" ""

@@ -24,7 +24,9 @@
 # GIN_REFS the reference runs after the per-size GIN alltoalls (default
 # "agent appctx synccopy selfwait lanes1 staged ipcwait ipc profile"; "" for
 # none; "agent" also runs cuda_check and host_rma with the device agent;
-# "many" runs the 64 B and 4 KiB alltoalls with 4 ranks, GIN_NP=4).
+# "many" runs the 64 B and 4 KiB alltoalls with 4 ranks, GIN_NP=4;
+# "gatherwriter" the 64 B alltoall with 2 and 4 ranks, the agent on and
+# NCCL_RMA_WASM_GATHER_WRITER=1).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -260,6 +262,13 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
       if [ "$ran" = "$mps_on" ]; then echo "GIN-CHECK [default-64] the default (auto) $([ $ran = 1 ] && echo runs || echo does not run) the device agent (MPS $([ "$mps_on" = 1 ] && echo on || echo off))"
       else echo "GIN-CHECK [default-64] FAIL: the default (auto) ran the device agent: $ran, MPS on: $mps_on"; gin_bad=1; fi
     else gin_bad=1; fi
+  fi
+  # The proxy thread never waiting for a gathered copy (off by default
+  # until measured): the lanes' writers wait (NCCL_RMA_WASM_GATHER_WRITER),
+  # with the agent, 2 and 4 ranks.
+  if ref gatherwriter; then
+    gin_run gw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=1 || gin_bad=1
+    GIN_NP=4 gin_run np4-gw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=1 || gin_bad=1
   fi
   # Many peers: 4 ranks on the GPU, each a "host" (GIN_NP), beside the
   # 2-rank figures above.
