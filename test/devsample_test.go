@@ -79,7 +79,7 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// FAKECUDA_NO_MODULES: the default signal paths never load a
 		// module (a load can synchronize the context, and under MPS that
 		// deadlocked against NCCL's ncclWaitSignal kernel).
-		{"cuda_check", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_NO_MODULES=1", "CUDA_MPS_PIPE_DIRECTORY=" + t.TempDir()},
+		{"cuda_check", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_NO_MODULES=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "VMM window registered with regMrSymDmaBuf, verified",
 				"device payloads through a shared staging ring", "small device put+signals: 48 of 8 B to 64 KiB",
 				"copied asynchronously", "operations to itself with device memory are queued on the device's stream",
@@ -351,8 +351,11 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 			defer cancel()
 			cmd := exec.CommandContext(ctx, filepath.Join(root, "build", c.prog), c.args...)
 			cmd.Dir = root
+			// No MPS unless a case says so: the device agent's default
+			// (auto) runs it where MPS's control pipe exists, and this
+			// machine's MPS must not decide what a case tests.
 			cmd.Env = append(append(os.Environ(), "NCCL_RMA_WASM_ADDR=127.0.0.1",
-				"NCCL_RMA_WASM_CACHE_DIR="+t.TempDir()), c.env...)
+				"NCCL_RMA_WASM_CACHE_DIR="+t.TempDir(), "CUDA_MPS_PIPE_DIRECTORY="+t.TempDir()), c.env...)
 			out, err := cmd.CombinedOutput()
 			text := string(out)
 			if ctx.Err() != nil {
