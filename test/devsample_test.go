@@ -209,10 +209,10 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// TCP, and intra-node with the agent's mapped copies (their tickets
 		// waited for there too). Every byte and signal, in order.
 		{"cuda_check_gather_writer", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_GATHER_WRITER=1"},
-			[]string{"RESULT PASS", "small device put+signals: 48 of 8 B to 64 KiB", "batches to its lanes' writers to wait for their gathered device copies"}},
+			[]string{"RESULT PASS", "small device put+signals: 48 of 8 B to 64 KiB", "instead of waiting for their gathered device copies (NCCL_RMA_WASM_GATHER_WRITER)"}},
 		{"cuda_check_gather_writer_agent", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_GATHER_WRITER=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "fakecuda: the device agent copied device to device",
-				"batches to its lanes' writers to wait for their gathered device copies"}},
+				"instead of waiting for their gathered device copies (NCCL_RMA_WASM_GATHER_WRITER)"}},
 		// The same on the application's context.
 		{"cuda_check_ipc_appctx", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_COPY_CONTEXT=0"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified",

@@ -262,7 +262,7 @@ func CloseColl(h uint64) abi.Result {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d acknowledged its peers' puts %d times in its own batches and %d times alone", c.rank, st.AcksCarried, st.AcksAlone)
 	}
 	if st.Handed > 0 {
-		logx.Info(abi.SubsysNet, "NET/wasm: rank %d handed %d batches to its lanes' writers to wait for their gathered device copies (NCCL_RMA_WASM_GATHER_WRITER)", c.rank, st.Handed)
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d handed over %d batches instead of waiting for their gathered device copies (NCCL_RMA_WASM_GATHER_WRITER): %d written by the caller's next call, the rest by its lanes' writers", c.rank, st.Handed, st.HandedByCaller)
 	}
 	c.regs.wake()
 	return abi.Success

@@ -94,8 +94,9 @@ type Stats struct {
 	AcksCarried, AcksAlone uint64
 	// Handed counts the batches the caller's thread handed to a lane's
 	// writer goroutine to wait for their gathered device copies
-	// (Config.GatherWriter).
-	Handed uint64
+	// (Config.GatherWriter), and HandedByCaller those a later call of the
+	// caller wrote (the others, the writer goroutine).
+	Handed, HandedByCaller uint64
 	// BackstopAsks counts the liveness backstop's asks for acks that
 	// waited too long (tcp_acks.go, backstop), and AcksRescued the asks
 	// an ack answered: each is an ack the normal path failed to deliver

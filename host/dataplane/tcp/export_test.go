@@ -85,3 +85,12 @@ func CallerWindow() *time.Duration { return &callerWindow }
 // SkipRearm leaves owed acks unarmed as a stream is let go (the negative
 // control of letGo's re-arming).
 func SkipRearm() *atomic.Bool { return &skipRearm }
+
+// SetSendDelay sets how long queued work waits for the caller before the
+// writer goroutine takes it (and a handed batch's backstop); the returned
+// func restores it.
+func SetSendDelay(d time.Duration) (restore func()) {
+	old := sendDelay.get()
+	sendDelay.set(d)
+	return func() { sendDelay.set(old) }
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -48,6 +49,10 @@ func gatherWriter(t *testing.T, handOff bool) {
 			m.Close()
 		}
 	}()
+	// The caller's calls alone take the lane's work: the send timer would
+	// hand it to the writer goroutine on a slow machine.
+	defer tcp.SetSendDelay(time.Hour)()
+	warmUp(t, ms, os)
 	src := d.At(os[0].Dev, size)
 	meshtest.Fill(src[:n*4096], 5)
 	sig := (*uint64)(unsafe.Pointer(&os[1].Host[0]))
@@ -101,5 +106,92 @@ func gatherWriter(t *testing.T, handOff bool) {
 	}
 	if h := ms[0].Stats().Handed; (h > 0) != handOff {
 		t.Fatalf("%d batches handed to the writer (GatherWriter %v)", h, handOff)
+	}
+}
+
+// TestGatherWriterFinishers: a handed batch is finished by whoever comes
+// first once its copies executed. With the send timer out of the way the
+// caller's own next calls (NCCL's proxy polling) write it; with nobody
+// calling at all, the send timer wakes the lane's writer goroutine,
+// which waits for the copies and writes it. Either way every byte and
+// signal arrives.
+func TestGatherWriterFinishers(t *testing.T) {
+	t.Run("caller", func(t *testing.T) {
+		defer tcp.SetSendDelay(time.Hour)()
+		if st := gatherFinish(t, true); st.HandedByCaller == 0 || st.HandedByCaller != st.Handed {
+			t.Fatalf("%d of %d handed batches written by the caller's calls, want all", st.HandedByCaller, st.Handed)
+		}
+	})
+	t.Run("writer", func(t *testing.T) {
+		if st := gatherFinish(t, false); st.Handed == 0 || st.HandedByCaller != 0 {
+			t.Fatalf("%d handed batches, %d written by the caller, who made no call after posting", st.Handed, st.HandedByCaller)
+		}
+	})
+}
+
+// gatherFinish posts 4 small device put+signals from rank 0, each with
+// one Progress call (which hands its batch over), then waits for every
+// signal, calling rank 0's Progress meanwhile only when poll is set. It
+// checks every byte and returns rank 0's counts.
+func gatherFinish(t *testing.T, poll bool) dataplane.Stats {
+	const size, n = 1 << 20, 4
+	d := meshtest.QueuedDevice(t, 2*size)
+	os := make([]*meshtest.DevOwner, 2)
+	owners := make([]dataplane.Owner, 2)
+	for r := range os {
+		os[r] = &meshtest.DevOwner{MemOwner: meshtest.MemOwner{Done: map[uint64]abi.Result{}}, Dev: d.Base + uintptr(r)*size, Size: size, Host: make([]byte, 64<<10)}
+		owners[r] = os[r]
+	}
+	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, Lanes: 1, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
+		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10, GatherWriter: true})
+	defer func() {
+		for _, m := range ms {
+			m.Close()
+		}
+	}()
+	warmUp(t, ms, os)
+	src := d.At(os[0].Dev, size)
+	meshtest.Fill(src[:n*4096], 3)
+	sig := (*uint64)(unsafe.Pointer(&os[1].Host[0]))
+	for k := range n {
+		// The stream held while posting: the copy cannot have executed
+		// when the call that hands the batch over looks.
+		d.Exec.Lock()
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 2, Tag: uint64(200 + k),
+			Local: meshtest.AddrPtr(uint64(os[0].Dev) + uint64(k)*4096), LocalCtx: 1, Size: 512, Off: uint64(k+1) * 4096,
+			SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}}, false, -1)
+		ms[0].Progress()
+		d.Exec.Unlock()
+		for deadline := time.Now().Add(20 * time.Second); atomic.LoadUint64(sig) != uint64(k+1); time.Sleep(20 * time.Microsecond) {
+			if poll {
+				ms[0].Progress()
+			}
+			ms[1].Progress()
+			if time.Now().After(deadline) {
+				t.Fatalf("put+signal %d: its signal never arrived (poll %v)", k, poll)
+			}
+		}
+		if off := (k + 1) * 4096; !bytes.Equal(os[1].Host[off:off+512], src[k*4096:k*4096+512]) {
+			t.Fatalf("put+signal %d: the signal came before its bytes", k)
+		}
+	}
+	return ms[0].Stats()
+}
+
+// warmUp sends one put+signal from host memory, rank 0 to rank 1, and
+// waits for it: the lanes are open and idle after it.
+func warmUp(t *testing.T, ms []*dataplane.Mesh, os []*meshtest.DevOwner) {
+	sig := (*uint64)(unsafe.Pointer(&os[1].Host[8]))
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 2, Tag: 1,
+		Local: unsafe.Pointer(&os[0].Host[60<<10]), Size: 64, Off: 60 << 10, SigMrID: 2, SigOff: 8, SigOp: abi.SignalOpAdd, SigValue: 1}}, false, -1)
+	for deadline := time.Now().Add(20 * time.Second); atomic.LoadUint64(sig) != 1; time.Sleep(20 * time.Microsecond) {
+		ms[0].Progress()
+		ms[1].Progress()
+		if time.Now().After(deadline) {
+			t.Fatal("the warm-up put+signal never arrived")
+		}
+	}
+	if st := meshtest.WaitDone(t, &os[0].MemOwner, 1); st != abi.Success {
+		t.Fatalf("warm-up put: %v", st)
 	}
 }

@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"fmt"
+	"runtime"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -24,9 +25,12 @@ import (
 // target must act on is sent.
 //
 // mayHand (the caller's thread, with Config.GatherWriter): a batch left
-// waiting for gathered device copies is not written here but handed to
-// the lane's writer goroutine (handed true), which keeps the stream and
-// finishes it (finishHanded); the caller returns at once.
+// waiting for gathered device copies is not written here but handed over
+// (handed true), keeping the stream: the caller's next flush finishes it
+// if its copies executed by then (a look at their events: NCCL's proxy
+// calls every microsecond or so), and the send timer wakes the lane's
+// writer goroutine, which waits for them, if no flush did within
+// sendDelay (finishHanded). The caller returns at once.
 func (l *lane) writeBatch(ops []link.Op, mayHand bool) (ok, handed bool) {
 	b := batchOut{iov: l.carryAck(l.iov[:0]), pend: l.ptags[:0], pops: l.pops[:0], later: l.later[:0]}
 	if len(ops) > 0 {
@@ -43,9 +47,11 @@ func (l *lane) writeBatch(ops []link.Op, mayHand bool) (ok, handed bool) {
 	}
 	if err == nil && mayHand && l.gather.Pending() {
 		l.hand = handedBatch{ops: ops, n: n, b: b}
-		l.handed.Store(true) // after the fields: the writer loads it first
+		l.handed.Store(handWaiting) // after the fields: who claims it loads it first
 		l.handedN.Add(1)
-		l.kick()
+		if !l.armed.Swap(true) {
+			l.timer.Reset(sendDelay.get()) // the writer's turn if no flush finishes it
+		}
 		return true, true
 	}
 	return l.finishBatch(ops, n, &b, err), false
@@ -74,16 +80,39 @@ func (l *lane) finishBatch(ops []link.Op, n int, b *batchOut, err error) bool {
 	return l.batchWritten(ops, n, b.later, err)
 }
 
-// finishHanded finishes a batch handed to the writer goroutine, if one
-// is, and lets the stream go: ran reports whether there was one, ok
-// whether it was written.
-func (l *lane) finishHanded() (ran, ok bool) {
-	if !l.handed.Load() {
-		return false, true
+// The states of a handed batch (lane.handed): none; waiting for its
+// copies; claimed by a flush looking at them or by the writer finishing it.
+const (
+	handNone int32 = iota
+	handWaiting
+	handClaimed
+)
+
+// finishHanded finishes the handed batch, if there is one, and lets the
+// stream go: ran reports whether it did, ok whether the batch was
+// written. block (the writer goroutine) waits for the copies, and for a
+// flush that is looking at them; otherwise (a flush) it finishes the
+// batch only if its copies already executed, and leaves it if another
+// thread holds it.
+func (l *lane) finishHanded(block bool) (ran, ok bool) {
+	for !l.handed.CompareAndSwap(handWaiting, handClaimed) {
+		if !block || l.handed.Load() == handNone {
+			return false, true
+		}
+		runtime.Gosched() // a flush is looking at the copies' events
+	}
+	if !block {
+		if ready, err := l.gather.Ready(); !ready && err == nil {
+			l.handed.Store(handWaiting)
+			return false, true
+		}
+	}
+	if !block {
+		l.handedCaller.Add(1)
 	}
 	h := l.hand
 	l.hand = handedBatch{}
-	l.handed.Store(false)
+	l.handed.Store(handNone) // the stream stays held until letGo
 	ok = l.finishBatch(h.ops, h.n, &h.b, nil)
 	l.letGo()
 	return true, ok

@@ -388,8 +388,10 @@ type lane struct {
 	// A batch handed to the writer goroutine (writeBatch, mayHand): hand
 	// is written before handed is set and read after it is seen.
 	hand    handedBatch
-	handed  atomic.Bool
+	handed  atomic.Int32  // handNone, handWaiting, handClaimed
 	handedN atomic.Uint64 // batches handed over so far (Stats.Handed)
+	// handedCaller: of those, finished by a caller's flush (Stats.HandedByCaller)
+	handedCaller atomic.Uint64
 	// WriteIov's raw writev: the stream's RawConn, the iovecs, the count
 	// and the outcome (bound once so that a write allocates nothing)
 	orc  syscall.RawConn

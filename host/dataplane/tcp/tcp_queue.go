@@ -19,12 +19,13 @@ import (
 // caller that tests in time never sees the writer.
 func (l *lane) sendTimer() {
 	l.mu.Lock()
-	more := l.q.Len() > 0
+	handed := l.handed.Load() != handNone
+	more := l.q.Len() > 0 || handed
 	d := holdDelay.get()
 	if l.qUrgent {
 		d = sendDelay.get()
 	}
-	if wait := l.qSince + int64(d) - Now(); more && wait > 0 {
+	if wait := l.qSince + int64(d) - Now(); more && wait > 0 && !handed {
 		l.timer.Reset(time.Duration(wait))
 		l.mu.Unlock()
 		return
@@ -107,6 +108,11 @@ func (l *lane) enqueue(op *link.Op, hold bool) (lone bool) {
 // at post time, remains the guarantee that nothing waits for a test.
 func (l *lane) flush() {
 	limit := l.t.inlineMax()
+	if l.handed.Load() == handWaiting {
+		// A batch this thread handed over: written now if its copies
+		// executed, else left to the next look or the writer.
+		l.finishHanded(false)
+	}
 	l.backstop()
 	if l.t.ackStale() && l.sendAck(true) {
 		return // nothing queued to carry an owed ack: it left alone, on this thread
@@ -259,11 +265,11 @@ func (l *lane) writer() {
 		case <-l.p.Quit():
 			// A batch handed over and not yet written: written now, or
 			// failed with the closing stream, never left hanging.
-			l.finishHanded()
+			l.finishHanded(true)
 			return
 		}
 		for {
-			if ran, ok := l.finishHanded(); ran {
+			if ran, ok := l.finishHanded(true); ran {
 				if !ok {
 					return
 				}

@@ -87,6 +87,7 @@ func (t *Link) AddAcks(st *link.Stats) {
 	for _, l := range t.lanes {
 		st.AcksCarried += l.carried.Load()
 		st.Handed += l.handedN.Load()
+		st.HandedByCaller += l.handedCaller.Load()
 		st.BackstopAsks += l.bsAsks.Load()
 		st.AcksRescued += l.bsRescued.Load()
 	}

@@ -662,6 +662,7 @@ type gathered struct {
 	i      int
 	used   uint64
 	copies bool // device-to-device copies were queued before the slot's event (AddCopy)
+	rec    bool // the slot's event is recorded after its last copy (Ready)
 }
 
 // Add queues a copy of n bytes at device address src of context ctx and
@@ -686,6 +687,7 @@ func (g *Gather) Add(ctx, src uintptr, n uint64) ([]byte, error) {
 		return nil, fmt.Errorf("asynchronous copy of %d bytes from device: %w", n, err)
 	}
 	h.used = (h.used + n + 7) &^ 7 // the next payload starts aligned
+	h.rec = false
 	g.waited = false
 	return unsafe.Slice((*byte)(p), n), nil
 }
@@ -714,6 +716,7 @@ func (g *Gather) AddCopy(ctx, dst, src uintptr, n uint64) (bool, error) {
 		return false, err
 	}
 	h.copies = true
+	h.rec = false
 	g.waited = false
 	return true, nil
 }
@@ -754,7 +757,9 @@ func (g *Gather) Wait() error {
 		if h.used == 0 && !h.copies {
 			continue
 		}
-		if err := q.st.Record(q.ctx, &q.ev[h.i]); err != nil {
+		if h.rec {
+			// Ready recorded it after the slot's last copy.
+		} else if err := q.st.Record(q.ctx, &q.ev[h.i]); err != nil {
 			// Without the event the stream itself is waited for.
 			if err := q.st.Sync(q.ctx); err != nil {
 				return fmt.Errorf("wait for asynchronous copies from device: %w", err)
@@ -780,6 +785,29 @@ func (g *Gather) Wait() error {
 	}
 	g.waited = true
 	return nil
+}
+
+// Ready reports, without waiting, whether every gathered copy executed:
+// it records each slot's event once, after its last copy, and looks at
+// it. Not ready (or an event that cannot be recorded): Wait, later, waits
+// or synchronizes the stream; an error is a copy's.
+func (g *Gather) Ready() (bool, error) {
+	for k := 0; k < g.n; k++ {
+		h := &g.held[k]
+		if h.used == 0 && !h.copies {
+			continue
+		}
+		if !h.rec {
+			if err := h.q.st.Record(h.q.ctx, &h.q.ev[h.i]); err != nil {
+				return false, nil
+			}
+			h.rec = true
+		}
+		if ok, err := h.q.st.Passed(h.q.ctx, h.q.ev[h.i]); err != nil || !ok {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // Done gives the gathered slots back: their bytes were written (or the
