@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"fmt"
-	"runtime"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -23,14 +22,9 @@ import (
 // path (intra-node) payloads it takes are copied into the peer first, and a
 // put that needs nothing more from the target completes here; only what the
 // target must act on is sent.
-//
-// mayHand (the caller's thread, with Config.GatherWriter): a batch left
-// waiting for gathered device copies is not written here but handed over
-// (handed true), keeping the stream: the caller's next flush finishes it
-// if its copies executed by then (a look at their events: NCCL's proxy
-// calls every microsecond or so), and the send timer wakes the lane's
-// writer goroutine, which waits for them, if no flush did within
-// sendDelay (finishHanded). The caller returns at once.
+// mayHand (a caller's flush, Config.GatherWriter): a batch whose gathered
+// device copies are still running is handed over with the stream instead
+// (handed true; finishHanded, by a later flush or the writer).
 func (l *lane) writeBatch(ops []link.Op, mayHand bool) (ok, handed bool) {
 	b := batchOut{iov: l.carryAck(l.iov[:0]), pend: l.ptags[:0], pops: l.pops[:0], later: l.later[:0]}
 	if len(ops) > 0 {
@@ -46,9 +40,7 @@ func (l *lane) writeBatch(ops []link.Op, mayHand bool) (ok, handed bool) {
 		}
 	}
 	if err == nil && mayHand && l.gather.Pending() {
-		l.hand = handedBatch{ops: ops, n: n, b: b}
-		l.handed.Store(handWaiting) // after the fields: who claims it loads it first
-		l.handedN.Add(1)
+		l.hand.Put(handedBatch{ops: ops, n: n, b: b})
 		if !l.armed.Swap(true) {
 			l.timer.Reset(sendDelay.get()) // the writer's turn if no flush finishes it
 		}
@@ -57,8 +49,8 @@ func (l *lane) writeBatch(ops []link.Op, mayHand bool) (ok, handed bool) {
 	return l.finishBatch(ops, n, &b, err), false
 }
 
-// handedBatch is a batch the caller's thread handed to the writer
-// goroutine (writeBatch): its ops, how many it handled, what it gathered.
+// handedBatch is a batch handed over (writeBatch): its ops, how many it
+// handled, what it gathered.
 type handedBatch struct {
 	ops []link.Op
 	n   int
@@ -80,39 +72,19 @@ func (l *lane) finishBatch(ops []link.Op, n int, b *batchOut, err error) bool {
 	return l.batchWritten(ops, n, b.later, err)
 }
 
-// The states of a handed batch (lane.handed): none; waiting for its
-// copies; claimed by a flush looking at them or by the writer finishing it.
-const (
-	handNone int32 = iota
-	handWaiting
-	handClaimed
-)
-
-// finishHanded finishes the handed batch, if there is one, and lets the
-// stream go: ran reports whether it did, ok whether the batch was
-// written. block (the writer goroutine) waits for the copies, and for a
-// flush that is looking at them; otherwise (a flush) it finishes the
-// batch only if its copies already executed, and leaves it if another
-// thread holds it.
+// finishHanded finishes the handed batch, if any, and lets the stream go
+// (ran: it did; ok: the batch was written). block (the writer) waits for
+// its copies; a flush takes it only once they executed.
 func (l *lane) finishHanded(block bool) (ran, ok bool) {
-	for !l.handed.CompareAndSwap(handWaiting, handClaimed) {
-		if !block || l.handed.Load() == handNone {
-			return false, true
-		}
-		runtime.Gosched() // a flush is looking at the copies' events
+	var h handedBatch
+	if block {
+		h, ran = l.hand.Take()
+	} else {
+		h, ran = l.hand.Poll(l.ready)
 	}
-	if !block {
-		if ready, err := l.gather.Ready(); !ready && err == nil {
-			l.handed.Store(handWaiting)
-			return false, true
-		}
+	if !ran {
+		return false, true
 	}
-	if !block {
-		l.handedCaller.Add(1)
-	}
-	h := l.hand
-	l.hand = handedBatch{}
-	l.handed.Store(handNone) // the stream stays held until letGo
 	ok = l.finishBatch(h.ops, h.n, &h.b, nil)
 	l.letGo()
 	return true, ok
@@ -380,4 +352,11 @@ func (l *lane) compress(iov [][]byte, pend []uint64, pops []link.Op, op *link.Op
 func compressible(op *link.Op) bool {
 	return op.Codec&guestabi.CodecIDMask != guestabi.CodecNone && op.Size >= codec.MinSize && op.LocalCtx == 0 &&
 		(op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal)
+}
+
+// gatherReady reports whether the handed batch's copies executed (a copy
+// that failed counts: the write reports it).
+func (l *lane) gatherReady() bool {
+	ready, err := l.gather.Ready()
+	return ready || err != nil
 }

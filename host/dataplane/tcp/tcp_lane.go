@@ -12,6 +12,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/handoff"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
@@ -387,11 +388,8 @@ type lane struct {
 	gather staging.Gather                          // small device payloads of the batch, copied asynchronously
 	// A batch handed to the writer goroutine (writeBatch, mayHand): hand
 	// is written before handed is set and read after it is seen.
-	hand    handedBatch
-	handed  atomic.Int32  // handNone, handWaiting, handClaimed
-	handedN atomic.Uint64 // batches handed over so far (Stats.Handed)
-	// handedCaller: of those, finished by a caller's flush (Stats.HandedByCaller)
-	handedCaller atomic.Uint64
+	hand  handoff.Slot[handedBatch]
+	ready func() bool // gatherReady, bound once (a method value allocates)
 	// WriteIov's raw writev: the stream's RawConn, the iovecs, the count
 	// and the outcome (bound once so that a write allocates nothing)
 	orc  syscall.RawConn
@@ -455,6 +453,7 @@ type sentOp struct {
 
 func newLane(t *Link, idx int, out *net.TCPConn) *lane {
 	l := &lane{p: t.p, t: t, idx: idx, out: out, wake: make(chan struct{}, 1)}
+	l.ready = l.gatherReady
 	if out != nil {
 		t.p.Opened().Or(1 << idx)
 	}

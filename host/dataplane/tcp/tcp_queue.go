@@ -19,7 +19,7 @@ import (
 // caller that tests in time never sees the writer.
 func (l *lane) sendTimer() {
 	l.mu.Lock()
-	handed := l.handed.Load() != handNone
+	handed := l.hand.Waiting()
 	more := l.q.Len() > 0 || handed
 	d := holdDelay.get()
 	if l.qUrgent {
@@ -108,10 +108,8 @@ func (l *lane) enqueue(op *link.Op, hold bool) (lone bool) {
 // at post time, remains the guarantee that nothing waits for a test.
 func (l *lane) flush() {
 	limit := l.t.inlineMax()
-	if l.handed.Load() == handWaiting {
-		// A batch this thread handed over: written now if its copies
-		// executed, else left to the next look or the writer.
-		l.finishHanded(false)
+	if l.hand.Waiting() {
+		l.finishHanded(false) // a handed batch whose copies executed
 	}
 	l.backstop()
 	if l.t.ackStale() && l.sendAck(true) {

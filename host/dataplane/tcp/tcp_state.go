@@ -86,8 +86,8 @@ func (t *Link) AddStats(st *link.Stats) {
 func (t *Link) AddAcks(st *link.Stats) {
 	for _, l := range t.lanes {
 		st.AcksCarried += l.carried.Load()
-		st.Handed += l.handedN.Load()
-		st.HandedByCaller += l.handedCaller.Load()
+		st.Handed += l.hand.Handed()
+		st.HandedByCaller += l.hand.Polled()
 		st.BackstopAsks += l.bsAsks.Load()
 		st.AcksRescued += l.bsRescued.Load()
 	}
