@@ -22,35 +22,25 @@ func TestOneFinisher(t *testing.T) {
 		got[v].Add(1)
 		taken <- struct{}{}
 	}
+	// take runs until done: the poller (ready on every other look) and
+	// the backstop each race for every value.
+	race := func(take func() (int, bool)) {
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if v, ok := take(); ok {
+				finish(v)
+			}
+			runtime.Gosched()
+		}
+	}
 	wg.Add(2)
-	go func() { // the poller
-		defer wg.Done()
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			if v, ok := s.Poll(func() bool { return looks.Add(1)%2 == 0 }); ok {
-				finish(v)
-			}
-			runtime.Gosched()
-		}
-	}()
-	go func() { // the backstop
-		defer wg.Done()
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			if v, ok := s.Take(); ok {
-				finish(v)
-			}
-			runtime.Gosched()
-		}
-	}()
+	go race(func() (int, bool) { return s.Poll(func() bool { return looks.Add(1)%2 == 0 }) })
+	go race(s.Take)
 	for i := range n {
 		s.Put(i)
 		<-taken // the slot is empty again before the next Put

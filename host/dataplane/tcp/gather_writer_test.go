@@ -34,26 +34,13 @@ func TestGatherWriter(t *testing.T) {
 }
 
 func gatherWriter(t *testing.T, handOff bool) {
-	const size, n = 1 << 20, 8
-	d := meshtest.QueuedDevice(t, 2*size)
-	os := make([]*meshtest.DevOwner, 2)
-	owners := make([]dataplane.Owner, 2)
-	for r := range os {
-		os[r] = &meshtest.DevOwner{MemOwner: meshtest.MemOwner{Done: map[uint64]abi.Result{}}, Dev: d.Base + uintptr(r)*size, Size: size, Host: make([]byte, 64<<10)}
-		owners[r] = os[r]
-	}
-	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, Lanes: 1, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
-		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10, GatherWriter: handOff})
-	defer func() {
-		for _, m := range ms {
-			m.Close()
-		}
-	}()
+	const n = 8
+	d, os, ms := gatherMesh(t, handOff)
 	// The caller's calls alone take the lane's work: the send timer would
 	// hand it to the writer goroutine on a slow machine.
 	defer tcp.SetSendDelay(time.Hour)()
 	warmUp(t, ms, os)
-	src := d.At(os[0].Dev, size)
+	src := d.At(os[0].Dev, gatherSize)
 	meshtest.Fill(src[:n*4096], 5)
 	sig := (*uint64)(unsafe.Pointer(&os[1].Host[0]))
 	post := func(k int) {
@@ -134,23 +121,10 @@ func TestGatherWriterFinishers(t *testing.T) {
 // signal, calling rank 0's Progress meanwhile only when poll is set. It
 // checks every byte and returns rank 0's counts.
 func gatherFinish(t *testing.T, poll bool) dataplane.Stats {
-	const size, n = 1 << 20, 4
-	d := meshtest.QueuedDevice(t, 2*size)
-	os := make([]*meshtest.DevOwner, 2)
-	owners := make([]dataplane.Owner, 2)
-	for r := range os {
-		os[r] = &meshtest.DevOwner{MemOwner: meshtest.MemOwner{Done: map[uint64]abi.Result{}}, Dev: d.Base + uintptr(r)*size, Size: size, Host: make([]byte, 64<<10)}
-		owners[r] = os[r]
-	}
-	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, Lanes: 1, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
-		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10, GatherWriter: true})
-	defer func() {
-		for _, m := range ms {
-			m.Close()
-		}
-	}()
+	const n = 4
+	d, os, ms := gatherMesh(t, true)
 	warmUp(t, ms, os)
-	src := d.At(os[0].Dev, size)
+	src := d.At(os[0].Dev, gatherSize)
 	meshtest.Fill(src[:n*4096], 3)
 	sig := (*uint64)(unsafe.Pointer(&os[1].Host[0]))
 	for k := range n {
@@ -194,4 +168,27 @@ func warmUp(t *testing.T, ms []*dataplane.Mesh, os []*meshtest.DevOwner) {
 	if st := meshtest.WaitDone(t, &os[0].MemOwner, 1); st != abi.Success {
 		t.Fatalf("warm-up put: %v", st)
 	}
+}
+
+const gatherSize = 1 << 20
+
+// gatherMesh connects two ranks over TCP, each with gatherSize bytes of a
+// device whose stream runs every operation 2 ms late (registration 1)
+// and 64 KiB of host memory (registration 2); the meshes close when t ends.
+func gatherMesh(t *testing.T, handOff bool) (*meshtest.StreamSelfDevice, []*meshtest.DevOwner, []*dataplane.Mesh) {
+	d := meshtest.QueuedDevice(t, 2*gatherSize)
+	os := make([]*meshtest.DevOwner, 2)
+	owners := make([]dataplane.Owner, 2)
+	for r := range os {
+		os[r] = &meshtest.DevOwner{MemOwner: meshtest.MemOwner{Done: map[uint64]abi.Result{}}, Dev: d.Base + uintptr(r)*gatherSize, Size: gatherSize, Host: make([]byte, 64<<10)}
+		owners[r] = os[r]
+	}
+	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, Lanes: 1, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
+		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10, GatherWriter: handOff})
+	t.Cleanup(func() {
+		for _, m := range ms {
+			m.Close()
+		}
+	})
+	return d, os, ms
 }
