@@ -192,3 +192,57 @@ func gatherMesh(t *testing.T, handOff bool) (*meshtest.StreamSelfDevice, []*mesh
 	})
 	return d, os, ms
 }
+
+// TestGatherWriterPeerDies: a batch is handed over (its copy held on the
+// device's stream) and then the target goes away, or our own mesh
+// closes. The put fails (the caller's next call, or the close, finishing
+// the batch) rather than hanging or completing, and the close returns.
+func TestGatherWriterPeerDies(t *testing.T) {
+	for _, ownClose := range []bool{false, true} {
+		name := map[bool]string{false: "peer", true: "close"}[ownClose]
+		t.Run(name, func(t *testing.T) {
+			defer tcp.SetSendDelay(time.Hour)() // only the caller or the close finishes it
+			d, os, ms := gatherMesh(t, true)
+			warmUp(t, ms, os)
+			d.Exec.Lock()
+			ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 2, Tag: 300,
+				Local: meshtest.AddrPtr(uint64(os[0].Dev)), LocalCtx: 1, Size: 256, Off: 4096,
+				SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}}, false, -1)
+			ms[0].Progress()
+			if ms[0].Stats().Handed == 0 {
+				d.Exec.Unlock()
+				t.Fatal("the batch was not handed over")
+			}
+			closed := make(chan error, 1)
+			if ownClose {
+				go func() { closed <- ms[0].Close() }()
+			} else {
+				ms[1].Close()
+			}
+			d.Exec.Unlock()
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				if st, ok := os[0].Status(300); ok {
+					if st == abi.Success && !ownClose {
+						t.Fatal("a put handed over to a target that went away completed")
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the handed put never completed or failed")
+				}
+				if !ownClose {
+					ms[0].Progress()
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+			if ownClose {
+				select {
+				case <-closed:
+				case <-time.After(30 * time.Second):
+					t.Fatal("the close never returned with a batch handed over")
+				}
+			}
+		})
+	}
+}
