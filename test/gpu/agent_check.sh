@@ -133,6 +133,9 @@ done
 for b in 64 4096; do
   printf '%-46s %10s %10s %12s\n' "GIN alltoall ${b} B per peer, 4 ranks" "$(ga "$G/gin_alltoall-np4-$b.log" $b)" "$(ga "$G/gin_alltoall-np4-agent-$b.log" $b)" ""
 done
+for b in 64 4096; do
+  printf '%-46s %10s %10s %12s\n' "GIN alltoall ${b} B, agent, small puts staged" "" "$(ga "$G/gin_alltoall-agent-staged-$b.log" $b)" ""
+done
 printf '%-46s %10s %10s %12s\n' "GIN alltoall 64 B, agent + gather writer" "" "$(ga "$G/gin_alltoall-gw-64.log" 64)" ""
 printf '%-46s %10s %10s %12s\n' "the same, 4 ranks" "" "$(ga "$G/gin_alltoall-np4-gw-64.log" 64)" ""
 for pb in ${SB_BYTES-0 64 4096}; do

@@ -270,6 +270,13 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     gin_run gw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=1 || gin_bad=1
     GIN_NP=4 gin_run np4-gw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=1 || gin_bad=1
   fi
+  # The agent's small intra-node puts staged instead of mapped
+  # (NCCL_RMA_WASM_INTRANODE_IPC_AGENT=0): the reference for their mapping.
+  if ref agent; then
+    for b in 64 4096; do
+      gin_run agent-staged-$b $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_IPC_AGENT=0 || gin_bad=1
+    done
+  fi
   # Many peers: 4 ranks on the GPU, each a "host" (GIN_NP), beside the
   # 2-rank figures above.
   for b in 64 4096; do
