@@ -199,7 +199,7 @@ bench-scale:
 # NCCL built with ONLY_FUNCS=SendRecv, then cuda_check, host_rma and the GIN
 # alltoalls with the device agent off and on, staging_bench's kernel-watched
 # series, compute-sanitizer, and one summary table (test/gpu/agent_check.sh;
-# about 3 minutes on an H100 with 16 cores). Go is not needed there: what `make` built
+# about 4 minutes on an H100 with 16 cores). Go is not needed there: what `make` built
 # into build/ is used as it is. gpu-check-full is the longer check with
 # every reference run and NCCL's own GIN example GIN_RUNS times.
 NCCL_SRC ?= $(wildcard $(BUILD)/nccl-src.tar.gz)
