@@ -55,6 +55,7 @@ sb_run() {
 sb_show() { # log label
   grep -E '^SIGNAL .*word|^SELF|FAIL|no kernel waiter' "$1" | sed "s/^/AGENT-CHECK sb $2 /"
   grep -h "device agent:" "$1" | sed 's/.*NET.wasm: /AGENT-CHECK sb agent-info: /' | sort -u | head -3
+  grep -hE "gathered device copies|landed or queued \(device memory\)|device signal applied" "$1" | sort -u | head -6 | sed "s/^ */AGENT-CHECK sb $2 profile: /"
 }
 hung=""
 for pb in ${SB_BYTES-0 64 4096}; do
@@ -66,7 +67,10 @@ for pb in ${SB_BYTES-0 64 4096}; do
       echo "AGENT-CHECK sb bytes=$pb agent=$ag skipped (hung before)"
       continue
     fi
-    sb_run "$log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=$ag BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=$pb
+    # With a payload, the plugin's profile too: its gather wait is one
+    # device-to-host copy's round trip (the agent's, or a copy engine's).
+    prof=0; [ "$pb" != 0 ] && prof=1
+    sb_run "$log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=$ag BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=$pb NCCL_RMA_WASM_PROFILE=$prof
     rc=$?
     echo "AGENT-CHECK sb bytes=$pb agent=$ag rc=$rc"
     sb_show "$log" "bytes=$pb agent=$ag"
@@ -119,6 +123,7 @@ hr() { grep -h "HOSTRMA latency size=$2 " "$1" 2>/dev/null | head -1 | sed -n "s
 ga() { grep -h "GINA2A bytes=$2 " "$1" 2>/dev/null | head -1 | sed -n 's/.*us_per_alltoall=\([0-9.]*\).*/\1/p'; }
 sb() { grep -h "^SIGNAL $2 " "$1" 2>/dev/null | head -1 | sed -n 's/.*device word *\([0-9.]*\) us.*/\1/p'; }
 self() { grep -h "^SELF   $2 " "$1" 2>/dev/null | head -1 | sed -n "s/.*$3 *\([0-9.]*\) us.*/\1/p"; }
+gw() { grep -h "$2" "$1" 2>/dev/null | head -1 | sed -n 's/.*p50 *\([0-9.]*\) µs.*/\1/p'; }
 cc() { grep -q "RESULT PASS" "$1" 2>/dev/null && echo pass || echo FAIL; }
 echo "AGENT-CHECK summary (µs; '-' not measured or failed)"
 printf '%-46s %10s %10s %12s\n' series agent-off agent-on nccl-sendrecv
@@ -143,6 +148,8 @@ for pb in ${SB_BYTES-0 64 4096}; do
     printf '%-46s %10s %10s %12s\n' "kernel-watched word, ${pb} B payload, $w" "$(sb "$O/sb-$pb-0.log" $w)" "$(sb "$O/sb-$pb-1.log" $w)" ""
   done
 done
+printf '%-46s %10s %10s %12s\n' "gather wait (one d2h round trip), 64 B, p50" "$(gw "$O/sb-64-0.log" "gathered device copies")" "$(gw "$O/sb-64-1.log" "gathered device copies")" ""
+printf '%-46s %10s %10s %12s\n' "target landing (device), 64 B, p50" "$(gw "$O/sb-64-0.log" "landed or queued")" "$(gw "$O/sb-64-1.log" "landed or queued")" ""
 for w in intranode tcp; do
   for dir in "device->host" "host->device"; do
     printf '%-46s %10s %10s %12s\n' "8 B put to itself, $dir, $w" "$(self "$O/sb-0-0.log" $w "$dir")" "$(self "$O/sb-0-1.log" $w "$dir")" ""
