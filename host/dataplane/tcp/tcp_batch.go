@@ -22,6 +22,7 @@ import (
 // path (intra-node) payloads it takes are copied into the peer first, and a
 // put that needs nothing more from the target completes here; only what the
 // target must act on is sent.
+//
 // mayHand (a caller's flush, Config.GatherWriter): a batch whose gathered
 // device copies are still running is handed over with the stream instead
 // (handed true; finishHanded, by a later flush or the writer).

@@ -386,8 +386,8 @@ type lane struct {
 	askAt  atomic.Int64                            // when flush asks, if acks are still owed then (Now(); 0: no flush waits)
 	enc    codec.Encoder                           // wire compression (host/codec)
 	gather staging.Gather                          // small device payloads of the batch, copied asynchronously
-	// A batch handed to the writer goroutine (writeBatch, mayHand): hand
-	// is written before handed is set and read after it is seen.
+	// A batch handed over with the stream while its gathered copies run
+	// (writeBatch, mayHand), finished by a later flush or the writer.
 	hand  handoff.Slot[handedBatch]
 	ready func() bool // gatherReady, bound once (a method value allocates)
 	// WriteIov's raw writev: the stream's RawConn, the iovecs, the count

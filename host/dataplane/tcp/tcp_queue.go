@@ -136,7 +136,7 @@ func (l *lane) flush() {
 	l.mu.Unlock()
 	ok, handed := l.writeBatch(l.batch[:n], l.p.Mesh().GatherWriter)
 	if handed {
-		return // the writer goroutine waits for the copies, writes, lets go
+		return // a later flush, or the writer, writes it and lets go
 	}
 	// The send timer keeps running when everything left: it goes quiet
 	// by itself (sendTimer), and stopping it here would make the next

@@ -82,7 +82,8 @@ func (t *Link) AddStats(st *link.Stats) {
 
 // AddAcks adds the acknowledgements of the peer's puts sent so far to st:
 // carried in a batch of ours, or written alone on the acknowledged stream;
-// and the liveness backstop's asks and the acks that came only after one.
+// the liveness backstop's asks and the acks that came only after one; and
+// the lanes' batches handed over (every transport over TCP lanes calls it).
 func (t *Link) AddAcks(st *link.Stats) {
 	for _, l := range t.lanes {
 		st.AcksCarried += l.carried.Load()

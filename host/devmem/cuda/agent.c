@@ -163,14 +163,20 @@ static volatile uint64_t* ag_slot(struct agent* a, uint64_t s) {
 }
 static uint64_t ag_done(struct agent* a) { return __atomic_load_n(&a->mem[0], __ATOMIC_ACQUIRE); }
 
-/* ag_wake launches the kernel again after it parked (under a->mu); it
- * does not wait for it to start: the commands wait in the ring. */
-static int ag_wake(struct agent* a, char* err, size_t errlen) {
+/* ag_kernel launches the kernel on the agent's stream, awake set first
+ * (under a->mu): the function is its context's, made current. */
+static CUresult ag_kernel(struct agent* a) {
   unsigned long long ring = a->dev, mask = AG_SLOTS - 1, idle = ag_idle_ns;
   void* args[] = {&ring, &mask, &idle};
   __atomic_store_n(&a->mem[24], 1, __ATOMIC_RELEASE);
   CUresult r = rmacu_cu.ctxSetCurrent(a->ctx);
-  if (r == 0) r = rmacu_cu.launchKernel(a->fn, 1, 1, 1, AG_THREADS, 1, 1, 0, a->stream, args, NULL);
+  return r != 0 ? r : rmacu_cu.launchKernel(a->fn, 1, 1, 1, AG_THREADS, 1, 1, 0, a->stream, args, NULL);
+}
+
+/* ag_wake launches the kernel again after it parked (under a->mu); it
+ * does not wait for it to start: the commands wait in the ring. */
+static int ag_wake(struct agent* a, char* err, size_t errlen) {
+  CUresult r = ag_kernel(a);
   if (r != 0) {
     __atomic_store_n(&a->live, 0, __ATOMIC_RELEASE);
     ag_note("stopped: launching it after it parked: cuLaunchKernel: %s", rmacu_errstr(r));
@@ -315,19 +321,11 @@ void rmacu_off_stream(struct agent* a, int queued) {
 /* ag_launch starts the kernel at command seq+1 and waits up to 500 ms
  * for it to run (under a->mu, the context current); 0 when it runs. */
 static int ag_launch(struct agent* a, char* note, size_t notelen) {
-  unsigned long long ring = a->dev, mask = AG_SLOTS - 1, idle = ag_idle_ns;
-  void* args[] = {&ring, &mask, &idle};
-  CUresult r = rmacu_cu.ctxSetCurrent(a->ctx); /* the function is its context's */
-  if (r != 0) {
-    snprintf(note, notelen, "cuCtxSetCurrent: %s", rmacu_errstr(r));
-    return -1;
-  }
   __atomic_store_n(&a->mem[16], 0, __ATOMIC_RELEASE);
   __atomic_store_n(&a->mem[0], a->seq, __ATOMIC_RELEASE); /* the kernel starts at done + 1 */
-  __atomic_store_n(&a->mem[24], 1, __ATOMIC_RELEASE);
-  r = rmacu_cu.launchKernel(a->fn, 1, 1, 1, AG_THREADS, 1, 1, 0, a->stream, args, NULL);
+  CUresult r = ag_kernel(a);
   if (r != 0) {
-    snprintf(note, notelen, "cuLaunchKernel: %s", rmacu_errstr(r));
+    snprintf(note, notelen, "launching its kernel: %s", rmacu_errstr(r));
     return -1;
   }
   for (int i = 0; i < 10000; i++) {

@@ -757,9 +757,7 @@ func (g *Gather) Wait() error {
 		if h.used == 0 && !h.copies {
 			continue
 		}
-		if h.rec {
-			// Ready recorded it after the slot's last copy.
-		} else if err := q.st.Record(q.ctx, &q.ev[h.i]); err != nil {
+		if err := h.record(); err != nil {
 			// Without the event the stream itself is waited for.
 			if err := q.st.Sync(q.ctx); err != nil {
 				return fmt.Errorf("wait for asynchronous copies from device: %w", err)
@@ -787,6 +785,19 @@ func (g *Gather) Wait() error {
 	return nil
 }
 
+// record records h's event after the slot's last copy, once (Wait and
+// Ready both look at it).
+func (h *gathered) record() error {
+	if h.rec {
+		return nil
+	}
+	if err := h.q.st.Record(h.q.ctx, &h.q.ev[h.i]); err != nil {
+		return err
+	}
+	h.rec = true
+	return nil
+}
+
 // Ready reports, without waiting, whether every gathered copy executed:
 // it records each slot's event once, after its last copy, and looks at
 // it. Not ready (or an event that cannot be recorded): Wait, later, waits
@@ -797,11 +808,8 @@ func (g *Gather) Ready() (bool, error) {
 		if h.used == 0 && !h.copies {
 			continue
 		}
-		if !h.rec {
-			if err := h.q.st.Record(h.q.ctx, &h.q.ev[h.i]); err != nil {
-				return false, nil
-			}
-			h.rec = true
+		if h.record() != nil {
+			return false, nil
 		}
 		if ok, err := h.q.st.Passed(h.q.ctx, h.q.ev[h.i]); err != nil || !ok {
 			return false, err
