@@ -386,10 +386,8 @@ type lane struct {
 	askAt  atomic.Int64                            // when flush asks, if acks are still owed then (Now(); 0: no flush waits)
 	enc    codec.Encoder                           // wire compression (host/codec)
 	gather staging.Gather                          // small device payloads of the batch, copied asynchronously
-	// A batch handed over with the stream while its gathered copies run
-	// (writeBatch, mayHand), finished by a later flush or the writer.
-	hand  handoff.Slot[handedBatch]
-	ready func() bool // gatherReady, bound once (a method value allocates)
+	hand   handoff.Slot[handedBatch]               // a batch handed over with the stream (writeBatch, mayHand)
+	ready  func() bool                             // gatherReady, bound once (a method value allocates)
 	// WriteIov's raw writev: the stream's RawConn, the iovecs, the count
 	// and the outcome (bound once so that a write allocates nothing)
 	orc  syscall.RawConn

@@ -82,8 +82,7 @@ func (t *Link) AddStats(st *link.Stats) {
 
 // AddAcks adds the acknowledgements of the peer's puts sent so far to st:
 // carried in a batch of ours, or written alone on the acknowledged stream;
-// the liveness backstop's asks and the acks that came only after one; and
-// the lanes' batches handed over (every transport over TCP lanes calls it).
+// the backstop's asks and the acks that came only after one; batches handed over.
 func (t *Link) AddAcks(st *link.Stats) {
 	for _, l := range t.lanes {
 		st.AcksCarried += l.carried.Load()
