@@ -136,9 +136,10 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check_agent_queues", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_DEVICE_AGENT=1", "CUDA_DEVICE_MAX_CONNECTIONS=3"},
 			[]string{"RESULT PASS", "device agent: off: with CUDA_DEVICE_MAX_CONNECTIONS=3", "!the device agent copied"}},
 		// The default (auto) starts it where MPS's control pipe exists;
-		// without it (the plain cuda_check above) it never runs.
-		{"cuda_check_agent_mps", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "CUDA_MPS_PIPE_DIRECTORY=" + fakeMPS(t)},
-			[]string{"RESULT PASS", "device agent: running", "fakecuda: the device agent copied a payload"}},
+		// without it (the plain cuda_check above) it never runs. The
+		// gather writer's default (auto) follows it.
+		{"cuda_check_agent_mps", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_INTRANODE=0", "CUDA_MPS_PIPE_DIRECTORY=" + fakeMPS(t)},
+			[]string{"RESULT PASS", "device agent: running", "fakecuda: the device agent copied a payload", "instead of waiting for their gathered device copies (NCCL_RMA_WASM_GATHER_WRITER)"}},
 		// NCCL_RMA_WASM_INTRANODE_IPC=0: nothing is mapped, every device
 		// payload is staged.
 		{"cuda_check_noipc", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=0"},
@@ -197,20 +198,21 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// copies are mapped all the same (NCCL_RMA_WASM_INTRANODE_IPC_AGENT,
 		// on by default): the target lands nothing. Turned off, they are
 		// staged again.
-		{"cuda_check_ipc_agent_small", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
+		{"cuda_check_ipc_agent_small", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_GATHER_WRITER=0"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "device agent: running",
-				"fakecuda: the device agent copied device to device", "!fakecuda: an interprocess event recorded"}},
+				"fakecuda: the device agent copied device to device", "!fakecuda: an interprocess event recorded", "!" + "instead of waiting for their gathered device copies (NCCL_RMA_WASM_GATHER_WRITER)"}},
 		{"cuda_check_ipc_agent_staged", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_IPC_AGENT=0"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "device agent: running",
 				"!fakecuda: the device agent copied device to device"}},
 		// NCCL_RMA_WASM_GATHER_WRITER=1: the caller's thread hands a batch
 		// whose device payloads it gathered to the lane's writer goroutine,
 		// which waits for their copies (200 µs late) and writes it: over
-		// TCP, and intra-node with the agent's mapped copies (their tickets
-		// waited for there too). Every byte and signal, in order.
+		// TCP without the agent, and (its default, auto, with the agent)
+		// intra-node with the agent's mapped copies (their tickets waited
+		// for there too). Every byte and signal, in order.
 		{"cuda_check_gather_writer", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_GATHER_WRITER=1"},
 			[]string{"RESULT PASS", "small device put+signals: 48 of 8 B to 64 KiB", "instead of waiting for their gathered device copies (NCCL_RMA_WASM_GATHER_WRITER)"}},
-		{"cuda_check_gather_writer_agent", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_GATHER_WRITER=1"},
+		{"cuda_check_gather_writer_agent", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "fakecuda: the device agent copied device to device",
 				"instead of waiting for their gathered device copies (NCCL_RMA_WASM_GATHER_WRITER)"}},
 		// The same on the application's context.
@@ -239,7 +241,7 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check_async", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_NO_MODULES=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48", "copied asynchronously", "host view: device payloads there",
 				"plain signal, every byte there", "fakecuda: a stream atomic add to a signal word",
-				"operations to itself with device memory are queued on the device's stream"}},
+				"operations to itself with device memory are queued on the device's stream", "!" + "instead of waiting for their gathered device copies (NCCL_RMA_WASM_GATHER_WRITER)"}},
 		// The same over four lanes per peer, as on a 16-core host: every
 		// put and signal numbered, signals applied in number order, acks
 		// riding the reverse lanes.

@@ -14,6 +14,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode/share"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
@@ -172,7 +173,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		StageChunk: uint64(config.StageChunkKiB.Get()) << 10, NoIntraRing: !config.IntraRing.Get(),
 		// A shared ring carries requests in the clear: not under encryption.
 		NoIntraStream: !config.IntraStream.Get() || config.Encrypt.Get(), NoDmaBuf: !config.FIDmaBuf.Get(),
-		GatherWriter: config.GatherWriter.Get()}
+		GatherWriter: gatherWriter()}
 	opt.SpinWait, opt.Spinners = spinOptions()
 	checkNoFile(n, opt.Lanes, opt.Encrypt)
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
@@ -322,6 +323,19 @@ func (c *coll) AddPart(tag uint64) {
 
 // PeerFailed makes the error visible through queryLastError.
 func (c *coll) PeerFailed(peer int, err error) { c.setError(peer, err) }
+
+// gatherWriter resolves NCCL_RMA_WASM_GATHER_WRITER: auto hands gathered
+// batches over where the device agent runs, the configuration it was
+// measured to win in (docs/design/device-memory.md).
+func gatherWriter() bool {
+	switch config.GatherWriter.Get() {
+	case "1":
+		return true
+	case "auto":
+		return staging.AgentWanted()
+	}
+	return false
+}
 
 // spinOptions reads NCCL_RMA_WASM_SPIN_US: unset, readers spin 50 µs, one
 // per four cores at once; set, they spin that long on any machine.

@@ -141,8 +141,8 @@ done
 for b in 64 4096; do
   printf '%-46s %10s %10s %12s\n' "GIN alltoall ${b} B, agent, small puts staged" "" "$(ga "$G/gin_alltoall-agent-staged-$b.log" $b)" ""
 done
-printf '%-46s %10s %10s %12s\n' "GIN alltoall 64 B, agent + gather writer" "" "$(ga "$G/gin_alltoall-gw-64.log" 64)" ""
-printf '%-46s %10s %10s %12s\n' "the same, 4 ranks" "" "$(ga "$G/gin_alltoall-np4-gw-64.log" 64)" ""
+printf '%-46s %10s %10s %12s\n' "GIN alltoall 64 B, agent, no gather writer" "" "$(ga "$G/gin_alltoall-nogw-64.log" 64)" ""
+printf '%-46s %10s %10s %12s\n' "the same, 4 ranks" "" "$(ga "$G/gin_alltoall-np4-nogw-64.log" 64)" ""
 for pb in ${SB_BYTES-0 64 4096}; do
   for w in intranode tcp; do
     printf '%-46s %10s %10s %12s\n' "kernel-watched word, ${pb} B payload, $w" "$(sb "$O/sb-$pb-0.log" $w)" "$(sb "$O/sb-$pb-1.log" $w)" ""

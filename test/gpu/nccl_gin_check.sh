@@ -26,7 +26,8 @@
 # none; "agent" also runs cuda_check and host_rma with the device agent;
 # "many" runs the 64 B and 4 KiB alltoalls with 4 ranks, GIN_NP=4;
 # "gatherwriter" the 64 B alltoall with 2 and 4 ranks, the agent on and
-# NCCL_RMA_WASM_GATHER_WRITER=1).
+# NCCL_RMA_WASM_GATHER_WRITER=0, the reference for its default with the
+# agent).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -263,12 +264,12 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
       else echo "GIN-CHECK [default-64] FAIL: the default (auto) ran the device agent: $ran, MPS on: $mps_on"; gin_bad=1; fi
     else gin_bad=1; fi
   fi
-  # The proxy thread never waiting for a gathered copy (off by default
-  # until measured): the lanes' writers wait (NCCL_RMA_WASM_GATHER_WRITER),
-  # with the agent, 2 and 4 ranks.
+  # The gather writer's reference: with the agent its default (auto) hands
+  # gathered batches over; here the proxy thread waits for them
+  # (NCCL_RMA_WASM_GATHER_WRITER=0), 2 and 4 ranks.
   if ref gatherwriter; then
-    gin_run gw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=1 || gin_bad=1
-    GIN_NP=4 gin_run np4-gw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=1 || gin_bad=1
+    gin_run nogw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=0 || gin_bad=1
+    GIN_NP=4 gin_run np4-nogw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=0 || gin_bad=1
   fi
   # The agent's small intra-node puts staged instead of mapped
   # (NCCL_RMA_WASM_INTRANODE_IPC_AGENT=0): the reference for their mapping.

@@ -378,19 +378,31 @@ static int ag_queues(ctxstream* e) {
   return 0;
 }
 
+/* ag_mps reports whether MPS's control pipe exists (the path it looked at
+ * in path). */
+static int ag_mps(char* path, size_t n) {
+  const char* dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+  snprintf(path, n, "%s/control", dir && *dir ? dir : "/tmp/nvidia-mps");
+  return access(path, F_OK) == 0;
+}
+
+/* rmaw_cuda_agent_wanted reports whether the mode asks for agents here:
+ * on, or auto with MPS running (whether one then starts depends on the
+ * driver and the contexts). */
+int rmaw_cuda_agent_wanted(void) {
+  char path[512];
+  return rmacu_agent_mode == 1 || (rmacu_agent_mode == 2 && ag_mps(path, sizeof path));
+}
+
 /* ag_start makes and launches e's agent (under rmacu_mu, e's context current;
  * e is one of the plugin's own contexts). A failure leaves the stream
  * paths, with the reason in agentNote. */
 static void ag_start(ctxstream* e) {
   if (!rmacu_agent_mode || e->ag) return;
-  if (rmacu_agent_mode == 2) {
-    const char* dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
-    char path[512];
-    snprintf(path, sizeof path, "%s/control", dir && *dir ? dir : "/tmp/nvidia-mps");
-    if (access(path, F_OK) != 0) {
-      ag_note("off: MPS is not running (no %.150s; NCCL_RMA_WASM_DEVICE_AGENT=1 forces it)", path);
-      return;
-    }
+  char path[512];
+  if (rmacu_agent_mode == 2 && !ag_mps(path, sizeof path)) {
+    ag_note("off: MPS is not running (no %.150s; NCCL_RMA_WASM_DEVICE_AGENT=1 forces it)", path);
+    return;
   }
   if (!rmacu_cu.launchKernel || !rmacu_cu.moduleLoadData || !rmacu_cu.waitValue64 || !rmacu_cu.memHostGetDevicePointer ||
       !(e->caps & RMAW_CAP_WRITE64)) {

@@ -144,6 +144,10 @@ func (cudaDevice) StopAgents() { C.rmaw_cuda_agents_stop() }
 // no driver submission.
 func (cudaDevice) AgentRuns(ctx uintptr) bool { return C.rmaw_cuda_agent_runs(C.uintptr_t(ctx)) != 0 }
 
+// AgentWanted reports whether NCCL_RMA_WASM_DEVICE_AGENT asks for device
+// agents in this process: 1, or auto with MPS running.
+func (cudaDevice) AgentWanted() bool { return C.rmaw_cuda_agent_wanted() != 0 }
+
 // AgentStats says what the device agents did since they started: their
 // commands, and the driver calls that ordering them with the context's
 // stream cost (docs/design/device-memory.md); "" when none ran.

@@ -365,6 +365,14 @@ func AgentRuns(ctx uintptr) bool {
 	return ok && ctx != 0 && a.AgentRuns(ctx)
 }
 
+// AgentWanted reports whether the process's device asks for device agents
+// (NCCL_RMA_WASM_DEVICE_AGENT 1, or auto with MPS running); false without
+// a device that has them.
+func AgentWanted() bool {
+	a, ok := devmem.Get().(interface{ AgentWanted() bool })
+	return ok && a.AgentWanted()
+}
+
 // CopyMappedAsync is CopySelfAsync for a put into a peer's device memory
 // mapped into this process (SPEC.md §4, "Device windows mapped"), of at
 // most a bounce slot: after the copy it also records ev, an interprocess
