@@ -1,0 +1,198 @@
+// agent_probe: the device agent's round trip by itself, beside the driver's
+// own ways to the same effect, on one GPU in one process. It speaks the
+// agent's ring protocol (host/devmem/cuda/agent.c: a 256-byte header, then
+// 64-byte slots; a slot's seq written last with release; done at byte 0)
+// to each PTX file named, one kernel at a time, and times from the host:
+//
+//   nop        a command that does nothing (pickup and publish)
+//   copy d2h   64 B from device memory to pinned host memory
+//   copy h2d   64 B from pinned host memory to device memory
+//   add        an atomic add to a device word
+//
+// and, as the baselines, a 64 B cuMemcpyDtoHAsync + event polled with
+// cuEventQuery, and a cuStreamWriteValue64 to a host word polled by the
+// host. Medians (p10, p90) of ITERS each, in microseconds. Built and run by
+// test/gpu/agent_probe.sh on the GPU machine (nvcc, -lcuda).
+#include <cuda.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <algorithm>
+#include <vector>
+
+#define CK(x)                                                              \
+  do {                                                                     \
+    CUresult r_ = (x);                                                     \
+    if (r_ != CUDA_SUCCESS) {                                              \
+      const char* s_ = "?";                                                \
+      cuGetErrorString(r_, &s_);                                           \
+      fprintf(stderr, "PROBE FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #x, s_); \
+      exit(1);                                                             \
+    }                                                                      \
+  } while (0)
+
+static const int SLOTS = 1024, HDR = 256, SLOT = 64;
+
+static double now_us() {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static void report(const char* variant, const char* what, std::vector<double>& v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  printf("PROBE %-28s %-10s p50 %7.2f us  p10 %7.2f  p90 %7.2f  (n=%zu)\n", variant, what, v[n / 2], v[n / 10],
+         v[n * 9 / 10], n);
+}
+
+struct ring {
+  volatile uint64_t* mem;
+  CUdeviceptr dev;
+  uint64_t seq;
+};
+
+static volatile uint64_t* slot(ring& r, uint64_t s) { return r.mem + (HDR + (s & (SLOTS - 1)) * SLOT) / 8; }
+
+// put writes command s and returns it.
+static uint64_t put(ring& r, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val) {
+  uint64_t s = ++r.seq;
+  volatile uint64_t* sl = slot(r, s);
+  sl[2] = kind;
+  sl[3] = n;
+  sl[4] = src;
+  sl[5] = dst;
+  sl[6] = val;
+  __atomic_store_n(&sl[0], s, __ATOMIC_RELEASE);
+  return s;
+}
+
+static bool wait_done(ring& r, uint64_t s) {
+  double t0 = now_us();
+  while (__atomic_load_n(&r.mem[0], __ATOMIC_ACQUIRE) < s)
+    if (now_us() - t0 > 2e6) return false;
+  return true;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: agent_probe ITERS PTX...\n");
+    return 2;
+  }
+  int iters = atoi(argv[1]);
+  CK(cuInit(0));
+  CUdevice d;
+  CK(cuDeviceGet(&d, 0));
+  CUcontext ctx;
+  CK(cuDevicePrimaryCtxRetain(&ctx, d));
+  CK(cuCtxSetCurrent(ctx));
+  // Every module is loaded before any agent runs: a load waits for a
+  // resident kernel.
+  int nv = argc - 2;
+  std::vector<CUfunction> fns(nv);
+  for (int i = 0; i < nv; i++) {
+    FILE* f = fopen(argv[2 + i], "rb");
+    if (!f) {
+      fprintf(stderr, "PROBE FAIL open %s\n", argv[2 + i]);
+      return 1;
+    }
+    std::vector<char> ptx(1 << 16);
+    size_t k = fread(ptx.data(), 1, ptx.size() - 1, f);
+    fclose(f);
+    ptx[k] = 0;
+    CUmodule m;
+    CK(cuModuleLoadData(&m, ptx.data()));
+    CK(cuModuleGetFunction(&fns[i], m, "rmaw_agent"));
+  }
+  void* hp;
+  CK(cuMemHostAlloc(&hp, HDR + SLOTS * SLOT, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+  ring r;
+  r.mem = (volatile uint64_t*)hp;
+  CK(cuMemHostGetDevicePointer(&r.dev, hp, 0));
+  void* hbuf;
+  CK(cuMemHostAlloc(&hbuf, 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+  CUdeviceptr hbufDev;
+  CK(cuMemHostGetDevicePointer(&hbufDev, hbuf, 0));
+  CUdeviceptr dbuf;
+  CK(cuMemAlloc(&dbuf, 4096));
+  CK(cuMemsetD8(dbuf, 7, 4096));
+  CUstream st;
+  CK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+
+  // Baselines first, while no agent holds an SM.
+  {
+    CUevent ev;
+    CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    std::vector<double> v;
+    for (int i = 0; i < iters; i++) {
+      double t0 = now_us();
+      CK(cuMemcpyDtoHAsync(hbuf, dbuf, 64, st));
+      CK(cuEventRecord(ev, st));
+      while (cuEventQuery(ev) == CUDA_ERROR_NOT_READY) {
+      }
+      v.push_back(now_us() - t0);
+    }
+    report("driver", "copy d2h", v);
+    v.clear();
+    volatile uint64_t* w = (volatile uint64_t*)hbuf + 64;
+    for (int i = 0; i < iters; i++) {
+      double t0 = now_us();
+      CK(cuStreamWriteValue64(st, hbufDev + 512, (cuuint64_t)(i + 1), 0));
+      while (*w != (uint64_t)(i + 1)) {
+      }
+      v.push_back(now_us() - t0);
+    }
+    report("driver", "write", v);
+  }
+
+  for (int k = 0; k < nv; k++) {
+    memset(hp, 0, HDR + SLOTS * SLOT);
+    r.seq = 0;
+    unsigned long long ring = r.dev, mask = SLOTS - 1, idle = 0;
+    void* args[] = {&ring, &mask, &idle};
+    r.mem[24] = 1;
+    CK(cuLaunchKernel(fns[k], 1, 1, 1, 128, 1, 1, 0, st, args, NULL));
+    const char* name = strrchr(argv[2 + k], '/') ? strrchr(argv[2 + k], '/') + 1 : argv[2 + k];
+    // Warm up, and check that the copies copy.
+    for (int i = 0; i < 100; i++) put(r, 0, 0, 0, 0, 0);
+    if (!wait_done(r, r.seq)) {
+      printf("PROBE FAIL %s: the agent never answered\n", name);
+      return 1;
+    }
+    struct {
+      const char* what;
+      uint64_t kind, n, src, dst, val;
+    } cs[] = {
+        {"nop", 0, 0, 0, 0, 0},
+        {"copy d2h", 1, 64, (uint64_t)dbuf, (uint64_t)hbufDev, 0},
+        {"copy h2d", 1, 64, (uint64_t)hbufDev + 1024, (uint64_t)dbuf + 1024, 0},
+        {"add", 3, 0, 0, (uint64_t)dbuf + 2048, 1},
+    };
+    for (auto& c : cs) {
+      std::vector<double> v;
+      for (int i = 0; i < iters; i++) {
+        double t0 = now_us();
+        uint64_t s = put(r, c.kind, c.n, c.src, c.dst, c.val);
+        if (!wait_done(r, s)) {
+          printf("PROBE FAIL %s %s: no answer\n", name, c.what);
+          return 1;
+        }
+        v.push_back(now_us() - t0);
+      }
+      report(name, c.what, v);
+    }
+    // The copies arrived: the device bytes (7) in the host buffer.
+    if (((volatile unsigned char*)hbuf)[63] != 7) printf("PROBE FAIL %s: copy d2h did not land\n", name);
+    put(r, 5, 0, 0, 0, 0);  // stop
+    CK(cuStreamSynchronize(st));
+    uint64_t word = 0;
+    CK(cuMemcpyDtoH(&word, dbuf + 2048, 8));
+    printf("PROBE %s: device word after %d adds: %s\n", name, iters,
+           word == 0x0707070707070707ull + (uint64_t)iters ? "right" : "WRONG");
+  }
+  printf("PROBE done\n");
+  return 0;
+}
