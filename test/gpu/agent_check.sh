@@ -4,7 +4,8 @@
 # alltoalls with and without the agent (nccl_gin_check.sh, GIN_REFS=agent),
 # staging_bench's kernel-watched series with cuMem buffers (BENCH_VMM=1)
 # under MPS with the agent off and on, and cuda_check with the agent under
-# compute-sanitizer (memcheck, racecheck). Needs what `make` built in build/
+# compute-sanitizer (memcheck, racecheck); first, the agent's round trip by
+# itself (agent_probe.sh). Needs what `make` built in build/
 # and an NCCL source archive (build/nccl-src.tar.gz by default).
 #
 #   test/gpu/agent_check.sh [outdir] [nccl-src.tar.gz]
@@ -17,6 +18,10 @@ mkdir -p "$O"
 export PATH=${CUDA_HOME:-/usr/local/cuda}/bin:$PATH
 nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 t0=$(date +%s)
+# The agent's round trip by itself beside the driver's (a few seconds),
+# before any MPS daemon of the checks below runs: the probe starts its own.
+PROBE_OUT=$O/probe timeout 150 "$ROOT/test/gpu/agent_probe.sh" 2000 >"$O/probe.log" 2>&1
+grep -E "^PROBE" "$O/probe.log" | grep -v "of 2\]" | sed 's/^/AGENT-CHECK /'
 NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin} GIN_REFS=${GIN_REFS-agent many gatherwriter} \
   PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-60} timeout ${GIN_CHECK_S:-400} "$ROOT/test/gpu/nccl_gin_check.sh" "$SRC" 0 "$O/gin"
 echo "AGENT-CHECK: nccl_gin_check done at $(($(date +%s) - t0)) s"

@@ -32,5 +32,6 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
     timeout 120 "$OUT/agent_probe" "$ITERS" "${PTX[@]}" | sed 's/^PROBE /PROBE [2 of 2] /'
     wait
     echo quit | nvidia-cuda-mps-control
+    sleep 1
   fi
 fi
