@@ -215,6 +215,17 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check_gather_writer_agent", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "fakecuda: the device agent copied device to device",
 				"instead of waiting for their gathered device copies (NCCL_RMA_WASM_GATHER_WRITER)"}},
+		// NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1: the window's small
+		// put+signals, plain puts and signals alone come first
+		// (CUDA_CHECK_DIRECT), and our agent adds each signal into the
+		// peer's mapped word right after its copy (2 ms a command, so a
+		// signal ahead of its bytes is seen); then a 128 KiB put the
+		// target lands ends the path, and the signal alone after it must
+		// not pass it. Every word counted exactly (no signal twice).
+		{"cuda_check_direct_signal", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1", "CUDA_CHECK_DIRECT=1"},
+			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "adds signals straight into its mapped signal words"}},
+		{"cuda_check_direct_signal_off", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "CUDA_CHECK_DIRECT=1"},
+			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "!adds signals straight into its mapped signal words"}},
 		// The same on the application's context.
 		{"cuda_check_ipc_appctx", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "FAKECUDA_NO_MODULES=1", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_COPY_CONTEXT=0"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified",

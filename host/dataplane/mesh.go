@@ -82,6 +82,10 @@ type Options struct {
 	// of the payloads it gathers; the lane's writer goroutine does, and
 	// writes the batch (NCCL_RMA_WASM_GATHER_WRITER).
 	GatherWriter bool
+	// DirectSignal lets operations marked by the caller (Route.SigMapped)
+	// have the device agent add their signal into the peer's mapped word
+	// (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL; peer.directRoute).
+	DirectSignal bool
 	// Peers, when non-nil, are the only ranks this rank connects to (its
 	// own rank is always one): a peer list, as NCCL's v17 ABI would pass
 	// it. Operations to any other rank fail as to a lost peer. Every rank
@@ -119,6 +123,7 @@ type Mesh struct {
 	noIntraRing   bool          // Options.NoIntraRing
 	noIntraStream bool          // Options.NoIntraStream
 	noDmaBuf      bool          // Options.NoDmaBuf
+	directSignal  bool          // Options.DirectSignal
 	fab           *ofi.Rails    // the libfabric endpoints, nil without them
 	// What a lane opened after connect dials with (lazy.go).
 	infos          []wire.HandleInfo
@@ -167,7 +172,7 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n), lanes: lanes,
 		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout, localComp: opt.LocalCompletion,
 		orderWindow: opt.OrderWindow, spinWait: opt.SpinWait, spinners: opt.Spinners, quit: make(chan struct{}),
-		stageChunk: opt.StageChunk, noIntraRing: opt.NoIntraRing, noIntraStream: opt.NoIntraStream, noDmaBuf: opt.NoDmaBuf,
+		stageChunk: opt.StageChunk, noIntraRing: opt.NoIntraRing, noIntraStream: opt.NoIntraStream, noDmaBuf: opt.NoDmaBuf, directSignal: opt.DirectSignal,
 		infos: infos, id: &l.id, noFab: opt.NoFabric, encrypt: opt.Encrypt, dialTimeout: timeout}
 	if m.orderWindow == 0 {
 		m.orderWindow = DefaultOrderWindow

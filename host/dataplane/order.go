@@ -7,6 +7,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
 // The target side every transport shares: a put (or a piece of one) has
@@ -47,6 +48,9 @@ func (p *peer) landed(seq uint64, sig sigRef, add uint64) error {
 // signalTarget resolves and checks the 64-bit signal word a put with
 // signal updates, and the amount to add to it.
 func (p *peer) signalTarget(mrID uint32, off uint64, op uint8, value uint64) (sigRef, uint64, abi.Result) {
+	if op&wire.SigApplied != 0 {
+		return sigRef{}, 0, abi.Success // added by the sender's agent (wire.SigApplied)
+	}
 	base, size, ctx, pin, ok := p.m.owner.Resolve(mrID)
 	if !ok {
 		return sigRef{}, 0, abi.InvalidArgument

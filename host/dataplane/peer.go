@@ -54,6 +54,9 @@ type peer struct {
 	// only to an opened lane that is not down: with none, the peer fails,
 	// as it did when every lane opened at connect and all of them broke.
 	opened atomic.Uint32
+	// directOff ends the device agent's own adds of signals to the peer
+	// (directRoute).
+	directOff atomic.Bool
 }
 
 // newPeer makes the peer; Connect gives it its transport before start.
@@ -71,6 +74,9 @@ func newPeer(m *Mesh, rank int) *peer {
 // it landed. A lane that failed is skipped: its work goes to the next live
 // one.
 func (p *peer) route(op *Op, hold bool, lane int) {
+	if p.m.directSignal {
+		lane = p.directRoute(op, lane)
+	}
 	if p.lanes == 1 {
 		if p.t.SubmitCaller(0, *op, hold) {
 			p.t.WriteLone(0) // a lone signal leaves at once
@@ -105,6 +111,29 @@ func (p *peer) number(op *Op, hold bool, lane int) (int, bool) {
 	}
 	lane = p.live(lane)
 	return lane, p.t.SubmitCaller(lane, *op, hold)
+}
+
+// directRoute keeps a signal that our device agent adds into the peer's
+// mapped word itself (op.SigMapped, NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL)
+// after everything posted to the peer before it. The agent runs commands
+// in order (after the context's stream work queued before them), so such
+// operations, and puts copied into the peer's mapped memory in the same
+// context (op.Direct), go on lane 0, whose writer hands them over in
+// order. Any other put's bytes or signal are landed by the target, after
+// a later agent add could already be visible: the first one ends the path
+// for the peer, before it is queued.
+func (p *peer) directRoute(op *Op, lane int) int {
+	if op.Msg != wire.MsgPut && op.Msg != wire.MsgPutSignal {
+		return lane
+	}
+	if op.Direct && !p.directOff.Load() && !p.striped(op) {
+		return 0
+	}
+	op.Direct, op.SigMapped = false, 0
+	if !p.directOff.Load() {
+		p.directOff.Store(true)
+	}
+	return lane
 }
 
 // live is lane, or the next lane after it that has not failed (lane itself

@@ -68,6 +68,9 @@ func (p *peer) Down() *atomic.Uint32 { return &p.down }
 // Opened is the bit set of lanes with a stream.
 func (p *peer) Opened() *atomic.Uint32 { return &p.opened }
 
+// DirectOff is link.Peer's.
+func (p *peer) DirectOff() *atomic.Bool { return &p.directOff }
+
 // AskedAcks counts the peer's asks for acks we answered.
 func (p *peer) AskedAcks() *atomic.Int64 { return &p.askedAcks }
 

@@ -173,7 +173,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		StageChunk: uint64(config.StageChunkKiB.Get()) << 10, NoIntraRing: !config.IntraRing.Get(),
 		// A shared ring carries requests in the clear: not under encryption.
 		NoIntraStream: !config.IntraStream.Get() || config.Encrypt.Get(), NoDmaBuf: !config.FIDmaBuf.Get(),
-		GatherWriter: gatherWriter()}
+		GatherWriter: gatherWriter(), DirectSignal: directSignal.Load()}
 	opt.SpinWait, opt.Spinners = spinOptions()
 	checkNoFile(n, opt.Lanes, opt.Encrypt)
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
@@ -297,8 +297,10 @@ func (c *coll) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, dataplane.Pi
 // PeerRegistered records a peer's size, address, memory kind and share
 // offer for a registration.
 func (c *coll) PeerRegistered(peer int, r dataplane.PeerReg) {
+	adds := r.Share&share.DirectAdds != 0
+	r.Share &^= share.DirectAdds
 	c.shares.PeerOffered(peer, r.Share)
-	c.regs.peerRegistered(peer, r)
+	c.regs.peerRegistered(peer, r, adds)
 }
 
 // drain sends what was posted and waits until it completed (arrived), before

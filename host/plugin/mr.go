@@ -37,6 +37,10 @@ type mr struct {
 	// shadow is the host copy of a never-reset device signal array
 	// (abi.MrFlagSignalNeverReset), nil for other registrations.
 	shadow *staging.Shadow
+	// adds: peers' device agents may add to this registration's signal
+	// words (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL; direct.go), so it has
+	// no shadow and its own adds are atomics on the device.
+	adds bool
 	// maps are the peers' parts of this registration mapped here
 	// (share.go), unmapped when it is deregistered; shared is set once
 	// our part was handed to a peer.
@@ -93,7 +97,8 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 		// allocation can wait for it.
 		staging.Prewarm(devCtx, uint64(config.StageChunkKiB.Get())<<10)
 	}
-	if devCtx != 0 && flags&abi.MrFlagSignalNeverReset != 0 && config.SignalShadow.Get() {
+	m.adds = devCtx != 0 && directSignal.Load() && ipcOn() && staging.DeviceAtomicAdds(devCtx)
+	if devCtx != 0 && flags&abi.MrFlagSignalNeverReset != 0 && config.SignalShadow.Get() && !m.adds {
 		m.shadow = staging.NewShadow(data, size)
 	}
 	c.regs.add(m, data)
@@ -114,6 +119,9 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 	// Tell every peer our size; wait until every peer told us theirs.
 	reg := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0, SigValue: key}}
 	if tok := c.offerShare(m); tok != 0 {
+		if m.adds {
+			tok |= share.DirectAdds
+		}
 		reg.SigMrID, reg.Tag = dataplane.ShareOffer, tok
 	}
 	for p := 0; p < c.nranks; p++ {

@@ -285,6 +285,9 @@ func oneSided(name, localName, remoteName string, kind backend.OpKind, msg uint8
 	}
 	op := dataplane.Op{Request: dataplane.Request{Msg: msg, MrID: remote.id, Context: uint32(context), Local: unsafe.Add(local.base, localOff), LocalMr: local.id, LocalCtx: local.devCtx, Size: size, Off: remoteOff}}
 	remote.target(&op, local, rank, remoteOff)
+	// A device put copied into the peer's mapped memory keeps the order of
+	// the signals our agent adds there (direct.go).
+	op.Direct = directSignal.Load() && msg == wire.MsgPut && op.Mapped != 0 && op.LocalCtx != 0
 	return r.issue(context, rank, kind, optFlags, 0, &op)
 }
 
@@ -319,6 +322,9 @@ func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint
 		op.MrID, op.Local, op.Size, op.Off = dst.id, unsafe.Add(src.base, srcOff), size, dstOff
 		op.LocalCtx, op.LocalMr = src.devCtx, src.id
 		dst.target(&op, src, rank, dstOff)
+	}
+	if directSignal.Load() {
+		sig.markDirect(&op, rank, signalOff)
 	}
 	return r.issue(context, rank, backend.OpPutSignal, optFlags, signalOp, &op)
 }

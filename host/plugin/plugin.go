@@ -99,6 +99,7 @@ func Init(commID uint64) (uint64, abi.Result) {
 	staging.SetAsyncCopy(uint64(config.AsyncCopyKiB.Get()) << 10)
 	staging.SetSelfAsync(config.SelfAsync.Get())
 	ipcMinBytes.Store(uint64(config.IntraIPCMinKiB.Get()) << 10)
+	directSignal.Store(config.DirectSignal.Get())
 	if config.IntraIPCAgent.Get() {
 		ipcAgentMax.Store(uint64(config.DeviceAgentMaxKiB.Get()) << 10)
 	}

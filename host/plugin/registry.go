@@ -46,6 +46,9 @@ type remoteRegs struct {
 	// nil when none is (share.go).
 	share  []uint64
 	mapped []uintptr
+	// adds says which ranks' parts take our device agent's adds to their
+	// signal words (direct.go), nil when none does.
+	adds []bool
 }
 
 func newRegistry(nranks int, closed *atomic.Bool) *registry {
@@ -125,7 +128,7 @@ func (g *registry) drop(m *mr) {
 }
 
 // peerRegistered records a peer's size, address and memory kind for id.
-func (g *registry) peerRegistered(peer int, r dataplane.PeerReg) {
+func (g *registry) peerRegistered(peer int, r dataplane.PeerReg, adds bool) {
 	id := r.MrID
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -147,6 +150,12 @@ func (g *registry) peerRegistered(peer int, r dataplane.PeerReg) {
 			rs.peers.share = make([]uint64, g.nranks)
 		}
 		rs.peers.share[peer] = r.Share
+	}
+	if adds {
+		if rs.peers.adds == nil {
+			rs.peers.adds = make([]bool, g.nranks)
+		}
+		rs.peers.adds[peer] = true
 	}
 	g.cond.Broadcast()
 }

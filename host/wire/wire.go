@@ -78,6 +78,12 @@ const StatusAckNow = 1
 // low byte of the status (dataplane's ipc_events.go).
 const StatusEvent = 0x2000
 
+// SigApplied, or'ed into a put+signal's signal op, says that the sender's
+// device agent already added the signal into the target's word through a
+// mapping (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL): the target numbers and
+// acknowledges the operation and applies nothing.
+const SigApplied = 0x80
+
 // HeaderSize is the fixed size of every message header.
 const HeaderSize = 64
 

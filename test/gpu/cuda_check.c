@@ -115,13 +115,101 @@ static void teardown_round(const ncclRma_v15_t* t, size_t size, int fd, int roun
 /* vmm_open of the CUDA driver only (gpu_rank.c). */
 static bool cuda_vmm(void) { return !hip_mode() && vmm_open(); }
 
+/* window_small: small put+signals from window to window (multiseg's
+ * window), each followed by a plain 8-byte put and a signal alone. */
+static void window_small(const ncclRma_v15_t* t, void* coll, void* rma, int fd, void* mwin, CUdeviceptr base, size_t win,
+                         size_t seg, uint8_t* host) {
+  /* Small put+signals from window to window, as GIN puts from its own
+   * window: 8 B, 4 KiB and 64 KiB, each with an ADD to a word of the
+   * second segment, whose bytes must be there once it is seen. One rank
+   * puts while the other watches, then the other way, so that no copy of
+   * the watcher's own can hold its signal back by luck. (With
+   * NCCL_RMA_WASM_INTRANODE_IPC=1 each is one device copy into the mapped
+   * window, its signal ordered after it by an event or a host wait.) */
+  static const size_t small[] = {8, 4096, 65536};
+  char b = 1, c;
+  void* req;
+  double t0;
+  uint64_t v;
+  for (size_t i = 0; i < 131072; i++) host[i] = pat(rank + 9, i);
+  CU(htod_done(base, host, 131072)); /* our window's first 128 KiB: the source */
+  xchg(fd, &b, &c, 1);
+  for (int pass = 0; pass < 2; pass++) {
+    for (int k = 0; k < 3; k++) {
+      size_t doff = 3 * seg / 2 + (size_t)k * 65536;
+      if (rank == pass) {
+        NC(t->iputSignal(rma, 0, 0, mwin, small[k], doff, mwin, 1 - rank, win - 16, mwin, 1, NCCL_NET_SIGNAL_OP_ADD, true,
+                         0, &req));
+        wait_req(t, coll, req);
+        /* Then a plain put of 8 B and a signal alone (INC), strong: once
+         * the watcher sees it, both puts' bytes are there. */
+        NC(t->iput(rma, 0, 0, mwin, 8, 3 * seg / 2 + 3 * 65536 + (size_t)k * 8, mwin, 1 - rank, 0, &req));
+        wait_req(t, coll, req);
+        NC(t->iputSignal(rma, 0, 0, NULL, 0, 0, NULL, 1 - rank, win - 24, mwin, 0, NCCL_NET_SIGNAL_OP_INC, true, 0, &req));
+        wait_req(t, coll, req);
+        continue;
+      }
+      t0 = now();
+      for (v = 0; v < (uint64_t)k + 1;) {
+        CU(cu.dtoh(&v, base + win - 16, 8));
+        if (now() - t0 > 60) FAIL("multiseg: small signal %d is %llu", k, (unsigned long long)v);
+      }
+      CU(cu.dtoh(host + 65536, base + doff, small[k]));
+      for (size_t i = 0; i < small[k]; i++)
+        if (host[65536 + i] != pat(1 - rank + 9, i))
+          FAIL("multiseg: byte %zu of the %zu-byte put+signal is %u once its signal was seen, want %u", i, small[k],
+               host[65536 + i], pat(1 - rank + 9, i));
+      for (v = 0; v < (uint64_t)k + 1;) {
+        CU(cu.dtoh(&v, base + win - 24, 8));
+        if (now() - t0 > 60) FAIL("multiseg: small signal alone %d is %llu", k, (unsigned long long)v);
+      }
+      CU(cu.dtoh(host + 65536, base + 3 * seg / 2 + 3 * 65536 + (size_t)k * 8, 8));
+      for (size_t i = 0; i < 8; i++)
+        if (host[65536 + i] != pat(1 - rank + 9, i))
+          FAIL("multiseg: byte %zu of the 8-byte put before signal alone %d is %u, want %u", i, k, host[65536 + i], pat(1 - rank + 9, i));
+    }
+    xchg(fd, &b, &c, 1);
+  }
+  /* A put larger than the device agent copies, landed by the target, then
+   * a signal alone: the signal must not pass the put (with
+   * NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL the put ends the agent's adds). */
+  size_t boff = 3 * seg / 2 + 3 * 65536 + 64;
+  for (int pass = 0; pass < 2; pass++) {
+    if (rank == pass) {
+      void* preq;
+      NC(t->iput(rma, 0, 0, mwin, 131072, boff, mwin, 1 - rank, 0, &preq));
+      NC(t->iputSignal(rma, 0, 0, NULL, 0, 0, NULL, 1 - rank, win - 32, mwin, 0, NCCL_NET_SIGNAL_OP_INC, true, 0, &req));
+      wait_req(t, coll, preq);
+      wait_req(t, coll, req);
+    } else {
+      t0 = now();
+      for (v = 0; v < 1;) {
+        CU(cu.dtoh(&v, base + win - 32, 8));
+        if (now() - t0 > 60) FAIL("multiseg: the signal after the 128 KiB put is %llu", (unsigned long long)v);
+      }
+      CU(cu.dtoh(host + 131072, base + boff, 131072));
+      for (size_t i = 0; i < 131072; i++)
+        if (host[131072 + i] != pat(1 - rank + 9, i))
+          FAIL("multiseg: byte %zu of the 128 KiB put is %u once the signal after it was seen, want %u", i, host[131072 + i],
+               pat(1 - rank + 9, i));
+    }
+    xchg(fd, &b, &c, 1);
+  }
+  /* Every signal once: 3 ADDs of 1 and 3 INCs from the peer, exactly. */
+  uint64_t w[2];
+  CU(cu.dtoh(w, base + win - 24, 16));
+  if (w[0] != 3 || w[1] != 3)
+    FAIL("multiseg: after 3 small put+signals and 3 signals alone the words are %llu and %llu, want 3 and 3",
+         (unsigned long long)w[1], (unsigned long long)w[0]);
+}
+
 /* multiseg: as aws-ofi-nccl's rma_multiseg_signal and NCCL's symmetric
  * windows do, each rank builds one window of two physical allocations
  * mapped back to back in one VMM reservation, registers it with
  * regMrSymDmaBuf (a DMA-BUF fd of the whole range, closed right after, as
  * the caller may), and the peer puts a payload that straddles the two
  * segments with an ADD signal whose word lies in the second segment. */
-static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
+static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd, int direct) {
   if (!cuda_vmm()) {
     printf("[rank %d] multiseg: SKIP (%s)\n", rank, hip_mode() ? "CUDA only" : "the driver lacks the VMM calls");
     return;
@@ -164,6 +252,9 @@ static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
   NC(t->regMrSym(coll, (void*)src, n, NCCL_PTR_CUDA, 0, &msrc));
   char b = 1, c;
   xchg(fd, &b, &c, 1);
+  /* With NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL the first put to a peer
+   * that the agent cannot carry ends the path: the small ones go first. */
+  if (direct) window_small(t, coll, rma, fd, mwin, base, win, seg, host);
   void* req;
   NC(t->iputSignal(rma, 0, 0, msrc, n, off, mwin, 1 - rank, sigoff, mwin, 5, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
   wait_req(t, coll, req);
@@ -178,41 +269,9 @@ static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd) {
     if (host[off + i] != pat(1 - rank + 5, i))
       FAIL("multiseg: window byte %zu (segment %zu) is %u, want %u", off + i, (off + i) / seg, host[off + i],
            pat(1 - rank + 5, i));
-  for (size_t i = 0; i < off; i++)
+  for (size_t i = direct ? 131072 : 0; i < off; i++) /* (direct: our source first) */
     if (host[i]) FAIL("multiseg: byte %zu before the put's range was written", i);
-  /* Small put+signals from window to window, as GIN puts from its own
-   * window: 8 B, 4 KiB and 64 KiB, each with an ADD to a word of the
-   * second segment, whose bytes must be there once it is seen. One rank
-   * puts while the other watches, then the other way, so that no copy of
-   * the watcher's own can hold its signal back by luck. (With
-   * NCCL_RMA_WASM_INTRANODE_IPC=1 each is one device copy into the mapped
-   * window, its signal ordered after it by an event or a host wait.) */
-  static const size_t small[] = {8, 4096, 65536};
-  for (size_t i = 0; i < 65536; i++) host[i] = pat(rank + 9, i);
-  CU(htod_done(base, host, 65536)); /* our window's first 64 KiB: the source */
-  xchg(fd, &b, &c, 1);
-  for (int pass = 0; pass < 2; pass++) {
-    for (int k = 0; k < 3; k++) {
-      size_t doff = 3 * seg / 2 + (size_t)k * 65536;
-      if (rank == pass) {
-        NC(t->iputSignal(rma, 0, 0, mwin, small[k], doff, mwin, 1 - rank, win - 16, mwin, 1, NCCL_NET_SIGNAL_OP_ADD, true,
-                         0, &req));
-        wait_req(t, coll, req);
-        continue;
-      }
-      t0 = now();
-      for (v = 0; v < (uint64_t)k + 1;) {
-        CU(cu.dtoh(&v, base + win - 16, 8));
-        if (now() - t0 > 60) FAIL("multiseg: small signal %d is %llu", k, (unsigned long long)v);
-      }
-      CU(cu.dtoh(host + 65536, base + doff, small[k]));
-      for (size_t i = 0; i < small[k]; i++)
-        if (host[65536 + i] != pat(1 - rank + 9, i))
-          FAIL("multiseg: byte %zu of the %zu-byte put+signal is %u once its signal was seen, want %u", i, small[k],
-               host[65536 + i], pat(1 - rank + 9, i));
-    }
-    xchg(fd, &b, &c, 1);
-  }
+  if (!direct) window_small(t, coll, rma, fd, mwin, base, win, seg, host);
   xchg(fd, &b, &c, 1);
   NC(t->deregMrSym(coll, msrc));
   NC(t->deregMrSym(coll, mwin));
@@ -392,6 +451,10 @@ static int run(const char* lib, size_t size, int rounds, int fd) {
   NC(t->regMrSym(coll, (void*)sig, 16, NCCL_PTR_CUDA, NCCL_NET_MR_FLAG_FORCE_SO, &msig));
   NC(t->regMrSym(coll, (void*)get, size, NCCL_PTR_CUDA, 0, &mget));
 
+  /* NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL: the window's small operations
+   * first, before any put the device agent cannot carry. */
+  int direct = getenv("CUDA_CHECK_DIRECT") != NULL;
+  if (direct) multiseg(t, coll, rma, fd, 1);
   /* Put into the peer's device memory with a device signal, and to ourselves. */
   for (int peer = 0; peer < 2; peer++) {
     void* req;
@@ -426,7 +489,7 @@ static int run(const char* lib, size_t size, int rounds, int fd) {
   NC(t->queryLastError(rma, &bad));
   if (bad) FAIL("queryLastError reports an error");
 
-  multiseg(t, coll, rma, fd);
+  if (!direct) multiseg(t, coll, rma, fd, 0);
   small_ops(t, coll, rma, fd, 1);
   small_ops(t, coll, rma, fd, 0);
   host_view(t, coll, rma, fd);

@@ -46,6 +46,7 @@ type Link struct {
 	mapOn  atomic.Bool  // copies into the peer's mapped device memory work
 	mapped atomic.Int64 // operations moved through a mapping (viaMapping)
 	evs    linkEvents   // interprocess events of mapped put+signals (ipc_events.go)
+	dsig   directState  // signals our device agent adds into the peer's words (direct.go)
 	wake   []wakeState  // the wake backstop's, per incoming stream (wake.go)
 }
 
@@ -125,6 +126,11 @@ func (x *Link) Ringable(op *link.Op) bool {
 
 // put writes op's payload into the peer; SideNo means "use TCP".
 func (x *Link) put(l *intraLane, op *link.Op) link.SideMove {
+	if op.Direct {
+		if mv := x.direct(l, op); mv != link.SideNo {
+			return mv
+		}
+	}
 	if op.Mapped != 0 {
 		if mv := x.viaMapping(l, op, true); mv != link.SideNo {
 			return mv
@@ -290,7 +296,7 @@ func (x *Link) viaMapping(l *intraLane, op *link.Op, put bool) link.SideMove {
 			x.mappedOnce()
 			return link.SideQueued // the target orders its signal by our event
 		}
-		queued, err := l.l.AddCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
+		queued, err := l.l.Gathered().AddCopy(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
 		if err != nil {
 			return x.mapFailed(op, err)
 		}

@@ -120,7 +120,16 @@ type Route struct {
 	// recorded after the mapped copy, which the target waits for before
 	// it applies the signal (ipc_events.go).
 	Event uint8
-	Seq   uint64 // set by the mesh when lanes > 1 (signal order; completion counts per lane)
+	// SigMapped, when non-zero, is the address here of the target's
+	// signal word, mapped: the device agent of the payload's context (or,
+	// for a signal alone, of MapCtx) may add the signal itself
+	// (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL; the intra-node link's direct).
+	SigMapped uint64
+	// Direct: the caller found op fit for the direct path (SigMapped
+	// set, or a put into mapped device memory from device memory); the
+	// mesh's directRoute confirms or clears it.
+	Direct bool
+	Seq    uint64 // set by the mesh when lanes > 1 (signal order; completion counts per lane)
 	// Set by a lane failover (tcp_failover.go): the op is sent again on
 	// another lane; From is the lane that carried it first.
 	Resent bool

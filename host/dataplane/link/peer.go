@@ -78,6 +78,10 @@ type Peer interface {
 	SeeBye()
 	AckBye()
 	ByeGone()
+	// DirectOff is set once an operation to the peer went without the
+	// device agent's own add of its signal (Route.SigMapped): from then
+	// on none does, as such an add could overtake that operation.
+	DirectOff() *atomic.Bool
 	// Down has bit i set once lane i failed over; Opened once lane i has
 	// a stream. Both are shared with the mesh's lane choice.
 	Down() *atomic.Uint32

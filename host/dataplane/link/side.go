@@ -3,6 +3,7 @@ package link
 import (
 	"io"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -35,10 +36,11 @@ type LaneIO interface {
 	Gone() bool
 	// Index is the lane's number.
 	Index() int
-	// Settle waits for the copies the batch gathered so far; addCopy
-	// gathers one (staging.Gather.AddCopy).
+	// Settle waits for the copies the batch gathered so far; Gathered
+	// is the batch's gather, which copies (AddCopy) and a device agent's
+	// adds (AddAdd) join.
 	Settle()
-	AddCopy(ctx, dst, src uintptr, n uint64) (bool, error)
+	Gathered() *staging.Gather
 }
 
 // LaneSide is what a side path does for one of our lanes (the intra-node

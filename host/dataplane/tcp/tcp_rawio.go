@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"golang.org/x/sys/unix"
 )
 
@@ -142,10 +143,8 @@ func (l *lane) streamWriter() io.Writer {
 // Gone is the staging ring's liveness check of a sending lane.
 func (l *lane) Gone() bool { return l.p.Dead() || l.isDown() }
 
-// Raw, control, index and addCopy are the lane's LaneIO for its side.
+// Raw, Control, Index and Gathered are the lane's LaneIO for its side.
 func (l *lane) Raw() bool                         { return l.orc != nil }
 func (l *lane) Control(fn func(fd uintptr)) error { return l.orc.Control(fn) }
 func (l *lane) Index() int                        { return l.idx }
-func (l *lane) AddCopy(ctx, dst, src uintptr, n uint64) (bool, error) {
-	return l.gather.AddCopy(ctx, dst, src, n)
-}
+func (l *lane) Gathered() *staging.Gather         { return &l.gather }

@@ -729,6 +729,39 @@ func (g *Gather) AddCopy(ctx, dst, src uintptr, n uint64) (bool, error) {
 	return true, nil
 }
 
+// AddAdd queues an atomic add of v to the 8-byte word at device address
+// dev (a peer's signal word mapped into this process) on ctx's device
+// agent, after what the batch queued there (AddCopy), as part of the
+// batch: Wait waits for it with the rest. false (and no error): ctx runs
+// no agent, whose commands alone keep the add after the copies and reach
+// a peer's memory with an atomic (the caller lets the target apply the
+// signal instead).
+func (g *Gather) AddAdd(ctx, dev uintptr, v uint64) (bool, error) {
+	d := devmem.Get()
+	st, ok := d.(devmem.Streams)
+	if !ok || dev%8 != 0 || !AgentRuns(ctx) {
+		return false, nil
+	}
+	q := queueOf(d, ctx)
+	if q == nil {
+		return false, nil
+	}
+	if err := fence(d, ctx); err != nil {
+		return false, err
+	}
+	h, err := g.hold(q, 0) // for its event only
+	if h == nil {
+		return false, err
+	}
+	if err := st.AtomicAdd(ctx, dev, v); err != nil {
+		return false, fmt.Errorf("device agent's add to a peer's signal word: %w", err)
+	}
+	h.copies = true
+	h.rec = false
+	g.waited = false
+	return true, nil
+}
+
 // hold returns the batch's slot of q with room for n more bytes: the last
 // one taken, or a new one. nil: none to be had (the batch holds
 // gatherSlots already, or q has none free), with the error of a failed

@@ -151,6 +151,24 @@ func shadowWrites(st devmem.Streams, ctx uintptr, sh *Shadow) bool {
 	return sh != nil && st != nil && st.Caps(ctx)&devmem.CapWriteWord != 0
 }
 
+// DeviceAtomicAdds reports whether AddSignal adds to a device word of ctx
+// with an atomic on the device (the device agent, a stream atomic or the
+// atomic kernel) when the registration has no shadow: only then may a
+// peer's agent add to the same words (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL).
+// GDRCopy and the read-modify-write update from the host, which a
+// device's atomic would race.
+func DeviceAtomicAdds(ctx uintptr) bool {
+	d := devmem.Get()
+	st, ok := d.(devmem.Streams)
+	if !ok || ctx == 0 {
+		return false
+	}
+	if _, gdr := d.(devmem.WordAdder); gdr {
+		return false
+	}
+	return queuedAdd(st, ctx) != 0
+}
+
 // SignalStreamOrdered reports whether AddSignal applies a signal to the
 // device word of ctx (sh its never-reset shadow, or nil) on ctx's stream,
 // after the work queued there: a target's stream can then wait for a

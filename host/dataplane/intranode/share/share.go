@@ -149,6 +149,12 @@ const (
 	segEvents       = 3  // an answer's kind: event handles
 )
 
+// DirectAdds is a bit no token has: set in a registration's offer, it
+// says that the registration takes its peers' device agents' atomic adds
+// (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL): its owner adds to its signal
+// words atomically on the device and keeps no never-reset shadow.
+const DirectAdds = 1 << 63
+
 // shareName is the abstract socket of pid's server for token.
 func shareName(pid int, token uint64) string {
 	return fmt.Sprintf("rccl-rma-wasm/%d/%016x", pid, token)
@@ -199,7 +205,7 @@ func (x *Exchange) Offer(m Local) uint64 {
 	}
 	var b [8]byte
 	rand.Read(b[:])
-	tok := binary.LittleEndian.Uint64(b[:]) | 1
+	tok := (binary.LittleEndian.Uint64(b[:]) | 1) &^ DirectAdds
 	srv, err := fdpass.Listen(shareName(os.Getpid(), tok), x.sharePeer, x.serve)
 	if err != nil {
 		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: device windows are not shared with peers on this host: %v", x.rank, err)

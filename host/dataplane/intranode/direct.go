@@ -1,0 +1,95 @@
+package intranode
+
+import (
+	"sync/atomic"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// Signals our device agent adds into the peer's mapped word itself
+// (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL, SPEC.md §4 "Device windows
+// mapped"). A put+signal whose payload the agent copies into the peer's
+// mapped window gets, right behind that copy on the same agent, an
+// atomic add into the peer's signal word; a signal alone is the add. The
+// agent runs its commands in order, so the signal follows its payload and
+// every earlier such operation; the batch waits for both before the
+// header leaves, marked applied (wire.SigApplied), so that the target
+// numbers and acknowledges it as before and every later operation it
+// lands follows the add. The mesh routes these operations to lane 0 and
+// ends the path for the peer at its first other put (peer.directRoute);
+// an operation this lane cannot carry so ends it too.
+
+// directState is a link's: the context whose agent added its signals
+// (all must be the same agent, whose order is the order), and how many.
+type directState struct {
+	ctx  atomic.Uintptr
+	adds atomic.Int64
+}
+
+// direct carries op (op.Direct): the payload's copy into the mapped window
+// and the signal's add (op.SigMapped), on the agent of op's context,
+// gathered in the lane's batch; a put without signal through the mapping
+// in that context (viaMapping). SideNo: not so (the lane's other ways
+// carry op and the target lands it and applies its signal), and the path
+// is over for the peer.
+func (x *Link) direct(l *intraLane, op *link.Op) link.SideMove {
+	ctx := op.LocalCtx
+	if op.Size == 0 {
+		ctx = op.MapCtx
+	}
+	d := &x.dsig
+	off := x.Peer().DirectOff()
+	if off.Load() || !x.mapOn.Load() || ctx == 0 || (op.Size > 0 && op.Mapped == 0) ||
+		(!d.ctx.CompareAndSwap(0, ctx) && d.ctx.Load() != ctx) {
+		off.Store(true)
+		return link.SideNo
+	}
+	if op.SigMapped == 0 {
+		mv := x.viaMapping(l, op, true)
+		if mv == link.SideNo {
+			off.Store(true)
+		}
+		return mv
+	}
+	g := l.l.Gathered()
+	if op.Size > 0 {
+		queued, err := g.AddCopy(ctx, uintptr(op.Mapped), uintptr(op.Local), op.Size)
+		if err != nil || !queued {
+			off.Store(true)
+			if err != nil {
+				return x.mapFailed(op, err)
+			}
+			return link.SideNo
+		}
+	}
+	v := op.SigValue
+	if op.SigOp == abi.SignalOpInc {
+		v = 1
+	}
+	ok, err := g.AddAdd(ctx, uintptr(op.SigMapped), v)
+	if !ok || err != nil {
+		off.Store(true)
+		if err != nil {
+			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: %v; its signals are applied by its host from now on", x.Peer().Rank(), err)
+		}
+		if op.Size > 0 {
+			x.mappedOnce()
+			return link.SideGathered // the copy is queued; the target applies the signal
+		}
+		return link.SideNo
+	}
+	op.SigOp |= wire.SigApplied
+	if op.Size > 0 {
+		x.mappedOnce()
+	}
+	if d.adds.Add(1) == 1 {
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): our device agent adds signals straight into its mapped signal words (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL)", x.Peer().Rank(), x.pid)
+	}
+	return link.SideGathered
+}
+
+// DirectAdds is how many signals our agent added into the peer's words.
+func (x *Link) DirectAdds() int64 { return x.dsig.adds.Load() }
