@@ -27,7 +27,8 @@
 # "many" runs the 64 B and 4 KiB alltoalls with 4 ranks, GIN_NP=4;
 # "gatherwriter" the 64 B alltoall with 2 and 4 ranks, the agent on and
 # NCCL_RMA_WASM_GATHER_WRITER=0, the reference for its default with the
-# agent).
+# agent; "direct" the 64 B and 4 KiB alltoalls, and 64 B with 4 ranks,
+# with the agent and NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -263,6 +264,18 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
       if [ "$ran" = "$mps_on" ]; then echo "GIN-CHECK [default-64] the default (auto) $([ $ran = 1 ] && echo runs || echo does not run) the device agent (MPS $([ "$mps_on" = 1 ] && echo on || echo off))"
       else echo "GIN-CHECK [default-64] FAIL: the default (auto) ran the device agent: $ran, MPS on: $mps_on"; gin_bad=1; fi
     else gin_bad=1; fi
+  fi
+  # The device agent adding each signal into the peer's mapped word
+  # itself (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL, off until measured).
+  if ref direct; then
+    for b in 64 4096; do
+      if gin_run direct-$b $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET; then
+        grep -q "adds signals straight into its mapped signal words" "$OUT/gin_alltoall-direct-$b.log" &&
+          echo "GIN-CHECK [direct-$b] the agent added signals into the peers' words" ||
+          echo "GIN-CHECK [direct-$b] the agent added no signal itself (the path was not taken)"
+      else gin_bad=1; fi
+    done
+    GIN_NP=4 gin_run np4-direct-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1 || gin_bad=1
   fi
   # The gather writer's reference: with the agent its default (auto) hands
   # gathered batches over; here the proxy thread waits for them
