@@ -570,8 +570,8 @@ int rmaw_cuda_agent_runs(uintptr_t ctx) {
  * signal writes and adds, [2] epoch waits, [3] stream waits for the
  * agent, [4] launches after parking, [5] agents, [6] synchronizations
  * waited for on the host. */
-void rmaw_cuda_agent_stats(uint64_t out[7]) {
-  memset(out, 0, 7 * sizeof out[0]);
+void rmaw_cuda_agent_stats(uint64_t out[8]) {
+  memset(out, 0, 8 * sizeof out[0]);
   int n = __atomic_load_n(&rmacu_nctxs, __ATOMIC_ACQUIRE);
   for (int i = 0; i < n; i++) {
     struct agent* a = __atomic_load_n(&rmacu_ctxs[i].ag, __ATOMIC_ACQUIRE);
@@ -579,6 +579,7 @@ void rmaw_cuda_agent_stats(uint64_t out[7]) {
     pthread_mutex_lock(&a->mu);
     out[0] += a->nkind[AG_COPY];
     out[1] += a->nkind[AG_WRITE] + a->nkind[AG_ADD];
+    out[7] += a->nkind[AG_ADD];
     out[2] += a->follows;
     out[3] += a->leads;
     out[4] += a->wakes;

@@ -152,13 +152,13 @@ func (cudaDevice) AgentWanted() bool { return C.rmaw_cuda_agent_wanted() != 0 }
 // commands, and the driver calls that ordering them with the context's
 // stream cost (docs/design/device-memory.md); "" when none ran.
 func (cudaDevice) AgentStats() string {
-	var v [7]C.uint64_t
+	var v [8]C.uint64_t
 	C.rmaw_cuda_agent_stats(&v[0])
 	if v[5] == 0 || v[0]+v[1] == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%d copies and %d signal writes or adds by %d agent(s); %d waited for the context's stream (a stream write each), %d stream waits for an agent, %d synchronizations waited for on the host, %d launches after parking",
-		v[0], v[1], v[5], v[2], v[3], v[6], v[4])
+	return fmt.Sprintf("%d copies and %d signal writes or adds (%d adds) by %d agent(s); %d waited for the context's stream (a stream write each), %d stream waits for an agent, %d synchronizations waited for on the host, %d launches after parking",
+		v[0], v[1], v[7], v[5], v[2], v[3], v[6], v[4])
 }
 
 // Agent says what the last start or stop of a device agent found.

@@ -227,3 +227,45 @@ func TestShadowCompare(t *testing.T) {
 		t.Fatalf("%d pinned buffers after Compare, want 1 (the signal page)", d.Live())
 	}
 }
+
+// agentDevice is a streamDevice whose contexts run a device agent and
+// whose driver has no stream atomics: the agent's adds are its only
+// atomics (as on an H100 whose driver reported no stream atomic
+// reductions).
+type agentDevice struct{ *streamDevice }
+
+func (agentDevice) AgentRuns(uintptr) bool { return true }
+func (d agentDevice) AtomicAdd(_, addr uintptr, v uint64) error {
+	d.adds.Add(1)
+	d.enqueue(func() { atomic.AddUint64(d.word(addr), v) })
+	return nil
+}
+
+// TestSignalAgentAdds: where the device agent runs and the driver has no
+// stream atomics, adds to a plain signal word are the agent's (no
+// read-back), and only then are the registration's words offered to the
+// peers' agents (DeviceAtomicAdds).
+func TestSignalAgentAdds(t *testing.T) {
+	d := agentDevice{newStreamDevice(64, devmem.CapAsync, 0)}
+	devmem.Register(d)
+	defer devmem.Register(nil)
+	if !DeviceAtomicAdds(1) {
+		t.Fatal("DeviceAtomicAdds is false with the agent running")
+	}
+	for range 100 {
+		if err := AddSignal(1, d.Base+8, 3, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Quiesce(1); err != nil {
+		t.Fatal(err)
+	}
+	if got := *d.word(d.Base + 8); got != 300 || d.adds.Load() != 100 || d.rmw.Load() != 0 {
+		t.Fatalf("signal %d, %d agent adds, %d read-backs; want 300, 100, 0", got, d.adds.Load(), d.rmw.Load())
+	}
+	plain := newStreamDevice(64, devmem.CapAsync, 0)
+	devmem.Register(plain)
+	if DeviceAtomicAdds(1) {
+		t.Fatal("DeviceAtomicAdds is true with no agent and no stream atomics (its adds are read-modify-writes)")
+	}
+}

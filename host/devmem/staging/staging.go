@@ -54,8 +54,9 @@ var devSigLocks [64]sync.Mutex
 //     wait (Shadow.add);
 //   - a CPU mapping of the word (GDRCopy);
 //   - an atomic add queued on ctx's stream: a stream memory operation
-//     where the driver has one (CapStreamAtomic), else CUDA's one-thread
-//     kernel where NCCL_RMA_WASM_DEVICE_ATOMIC=1 allows it;
+//     where the driver has one (CapStreamAtomic), else the device agent's
+//     add where it runs in ctx, else CUDA's one-thread kernel where
+//     NCCL_RMA_WASM_DEVICE_ATOMIC=1 allows it;
 //   - a read-modify-write with synchronous copies, serialised per word.
 func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 	if profile.On() {
@@ -129,6 +130,11 @@ func queuedAdd(st devmem.Streams, ctx uintptr) int {
 	switch c := st.Caps(ctx); {
 	case c&devmem.CapStreamAtomic != 0:
 		return pathStreamAtomic
+	case AgentRuns(ctx):
+		// The agent adds atomically, in order with the stream's work,
+		// where the driver has no stream atomics (an H100 with driver
+		// 580 under MPS reported none).
+		return pathAgentAdd
 	case atomicKernel.Load() && c&devmem.CapAtomicAdd != 0:
 		return pathAtomic
 	}
@@ -274,7 +280,7 @@ func Prewarm(ctx uintptr, chunk uint64) {
 	if sa, ok := d.(streamAtomics); ok && !streamAtomicSaid.Swap(true) {
 		how := sa.StreamAtomic()
 		if st, ok := d.(devmem.Streams); !ok || st.Caps(ctx)&devmem.CapStreamAtomic == 0 {
-			how = "no stream atomics (" + how + "): GDRCopy where present, else the atomic kernel where NCCL_RMA_WASM_DEVICE_ATOMIC=1, else a read-modify-write"
+			how = "no stream atomics (" + how + "): GDRCopy where present, else the device agent's atomic add where it runs, else the atomic kernel where NCCL_RMA_WASM_DEVICE_ATOMIC=1, else a read-modify-write"
 		}
 		logx.Info(abi.SubsysNet, "NET/wasm: device signal words of registrations that are not never-reset: %s", how)
 	}

@@ -37,9 +37,10 @@ const (
 	pathAtomic
 	pathRMW
 	pathStreamAtomic
+	pathAgentAdd
 )
 
-var pathNames = [...]string{"?", "shadow write", "folded into a pending write", "GDRCopy", "atomic kernel", "read-modify-write", "stream atomic"}
+var pathNames = [...]string{"?", "shadow write", "folded into a pending write", "GDRCopy", "atomic kernel", "read-modify-write", "stream atomic", "device agent's add"}
 
 // SetTrace turns the signal trace on or off.
 func SetTrace(on bool) { trace.on.Store(on) }
