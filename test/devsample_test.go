@@ -291,8 +291,8 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// would otherwise take precedence over the kernel.)
 		// A driver without stream atomics and the device agent running:
 		// adds to plain signal words are the agent's atomic adds, not
-		// read-modify-writes.
-		{"cuda_check_agent_noreduce", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_DEVICE_AGENT=1", "FAKECUDA_NO_REDUCE=1", "NCCL_RMA_WASM_STALL_REPORT_MS=60000"},
+		// read-modify-writes (with NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL).
+		{"cuda_check_agent_noreduce", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_DEVICE_AGENT=1", "FAKECUDA_NO_REDUCE=1", "NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1"},
 			[]string{"RESULT PASS", "plain signal, every byte there", "else the device agent's atomic add where it runs", "fakecuda: the device agent applied a signal", "!a stream atomic add", "adds) by 1 agent", "!(0 adds)"}},
 		{"cuda_check_atomic", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_DEVICE_ATOMIC=1", "FAKECUDA_NO_REDUCE=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "reports no stream atomic reductions", "!a stream atomic add"}},

@@ -100,6 +100,7 @@ func Init(commID uint64) (uint64, abi.Result) {
 	staging.SetSelfAsync(config.SelfAsync.Get())
 	ipcMinBytes.Store(uint64(config.IntraIPCMinKiB.Get()) << 10)
 	directSignal.Store(config.DirectSignal.Get())
+	staging.SetAgentAdds(directSignal.Load())
 	if config.IntraIPCAgent.Get() {
 		ipcAgentMax.Store(uint64(config.DeviceAgentMaxKiB.Get()) << 10)
 	}

@@ -246,6 +246,8 @@ func (d agentDevice) AtomicAdd(_, addr uintptr, v uint64) error {
 // read-back), and only then are the registration's words offered to the
 // peers' agents (DeviceAtomicAdds).
 func TestSignalAgentAdds(t *testing.T) {
+	SetAgentAdds(true)
+	defer SetAgentAdds(false)
 	d := agentDevice{newStreamDevice(64, devmem.CapAsync, 0)}
 	devmem.Register(d)
 	defer devmem.Register(nil)

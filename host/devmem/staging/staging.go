@@ -130,7 +130,7 @@ func queuedAdd(st devmem.Streams, ctx uintptr) int {
 	switch c := st.Caps(ctx); {
 	case c&devmem.CapStreamAtomic != 0:
 		return pathStreamAtomic
-	case AgentRuns(ctx):
+	case agentAdds.Load() && AgentRuns(ctx):
 		// The agent adds atomically, in order with the stream's work,
 		// where the driver has no stream atomics (an H100 with driver
 		// 580 under MPS reported none).
@@ -140,6 +140,15 @@ func queuedAdd(st devmem.Streams, ctx uintptr) int {
 	}
 	return 0
 }
+
+// agentAdds lets the device agent add to plain signal words where the
+// driver has no stream atomics; host/plugin sets it with
+// NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL, which needs it, until it is
+// measured on a GPU by itself.
+var agentAdds atomic.Bool
+
+// SetAgentAdds allows or forbids the device agent's adds (agentAdds).
+func SetAgentAdds(on bool) { agentAdds.Store(on) }
 
 // atomicKernel allows the atomic-add kernel (NCCL_RMA_WASM_DEVICE_ATOMIC):
 // off by default, as a persistent kernel that holds every SM while it
