@@ -358,6 +358,10 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"staging_bench_agent", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_VMM=1", "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
 			[]string{"RESULT ", "BUFFERS cuMem mappings", "watched by a waiting kernel", "fakecuda: the device agent copied a payload", "fakecuda: the device agent applied a signal",
 				"SELF   tcp       8 B device->host", "SELF   intranode 8 B device->host"}},
+		// The device ping first (BENCH_PING_FIRST), with the agent adding
+		// each ping's signal into the peer's mapped word itself.
+		{"staging_bench_direct", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_VMM=1", "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64", "BENCH_PING_FIRST=1", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1"},
+			[]string{"RESULT ", "watched by a waiting kernel", "adds signals straight into its mapped signal words"}},
 		{"staging_bench_gdr", "staging_bench", []string{lib, "2097152", "2", "50"}, []string{"LD_LIBRARY_PATH=" + fakeWithGDR},
 			[]string{"RESULT ", "GDRCopy loaded", "fakegdr: page", "unpinned"}},
 	} {

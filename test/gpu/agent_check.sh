@@ -82,6 +82,13 @@ for pb in ${SB_BYTES-0 64 4096}; do
     [ $rc = 124 ] && [ "$ag" = 1 ] && hung=1
   done
 done
+# The agent adding each ping's signal into the peer's word itself
+# (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL), the device ping first.
+if [ -z "$hung" ]; then
+  sb_run "$O/sb-64-direct.log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1 BENCH_PING_FIRST=1 BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=64
+  echo "AGENT-CHECK sb direct rc=$? $(grep -q 'adds signals straight' "$O/sb-64-direct.log" && echo '(the agent added the signals)' || echo '(the path was not taken)')"
+  sb_show "$O/sb-64-direct.log" "direct"
+fi
 # Where the agent hung: the same run without the waiting kernel, and with
 # 32 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), each once.
 if [ -n "$hung" ]; then
@@ -156,6 +163,7 @@ for pb in ${SB_BYTES-0 64 4096}; do
     printf '%-46s %10s %10s %12s\n' "kernel-watched word, ${pb} B payload, $w" "$(sb "$O/sb-$pb-0.log" $w)" "$(sb "$O/sb-$pb-1.log" $w)" ""
   done
 done
+printf '%-46s %10s %10s %12s\n' "the same, 64 B, intranode, agent adds signal" "" "$(sb "$O/sb-64-direct.log" intranode)" ""
 printf '%-46s %10s %10s %12s\n' "gather wait (one d2h round trip), 64 B, p50" "$(gw "$O/sb-64-0.log" "gathered device copies")" "$(gw "$O/sb-64-1.log" "gathered device copies")" ""
 printf '%-46s %10s %10s %12s\n' "target landing (device), 64 B, p50" "$(gw "$O/sb-64-0.log" "landed or queued")" "$(gw "$O/sb-64-1.log" "landed or queued")" ""
 for w in intranode tcp; do

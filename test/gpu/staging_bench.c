@@ -277,6 +277,58 @@ static void wait_sig(volatile uint64_t* host, CUdeviceptr dev, uint64_t want, in
   }
 }
 
+/* bench is what a ping-pong needs of a rank's set-up (ranks). */
+typedef struct {
+  const ncclRma_v15_t* t;
+  void *coll, *rma;
+  int fd, pings, rank;
+  bool kern;
+  kwait_t* kw;
+  size_t pb;
+  void *mdsrc, *mddst, *mhsrc, *mhdst, *mdsig, *mhsig;
+  CUdeviceptr dsig;
+  uint64_t* hsig;
+} bench;
+
+/* ping runs the signal ping-pong k (P_SIG_HOST_US or P_SIG_DEV_US) and
+ * returns the one-way time in microseconds. */
+static double ping(const bench* b, int k) {
+  const ncclRma_v15_t* t = b->t;
+  void *coll = b->coll, *rma = b->rma;
+  int fd = b->fd, pings = b->pings, rank = b->rank;
+  bool kern = b->kern;
+  kwait_t* kwp = b->kw;
+  size_t pb = b->pb;
+  void *mdsrc = b->mdsrc, *mddst = b->mddst, *mhsrc = b->mhsrc, *mhdst = b->mhdst, *mdsig = b->mdsig, *mhsig = b->mhsig;
+  CUdeviceptr dsig = b->dsig;
+  uint64_t* hsig = b->hsig;
+  void* sig = k == P_SIG_DEV_US ? mdsig : mhsig;
+  bool kdev = kern && k == P_SIG_DEV_US;
+  sync_peer(fd);
+  double t0 = 0;
+  if (kdev && rank == 1) kwait_launch(kwp, dsig + 8, 1);
+  for (int i = 0; i < pings + 10; i++) {
+    if (i == 10) t0 = now(); /* after warm-up */
+    uint64_t want = (uint64_t)i + 1;
+    if (kdev && rank == 0) kwait_launch(kwp, dsig + 8, want);
+    if (rank == 1) {
+      if (kdev) kwait_wait(kwp, want);
+      else wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want, 0);
+      if (kdev && i + 1 < pings + 10) kwait_launch(kwp, dsig + 8, want + 1);
+    }
+    void* req;
+    void* psrc = pb ? (k == P_SIG_DEV_US ? mdsrc : mhsrc) : NULL;
+    void* pdst = pb ? (k == P_SIG_DEV_US ? mddst : mhdst) : NULL;
+    NC(t->iputSignal(rma, 0, 0, psrc, pb, 0, pdst, 1 - rank, 8, sig, 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
+    if (req) wait_done(t, coll, req);
+    if (rank == 0) {
+      if (kdev) kwait_wait(kwp, want);
+      else wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want, 0);
+    }
+  }
+  return (now() - t0) / pings / 2 * 1e6;
+}
+
 static void ranks(const char* lib, size_t size, int iters, int pings, int rank, int fd, int out) {
   static char name[32];
   snprintf(name, sizeof name, "rank %d", rank);
@@ -330,7 +382,25 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
   NC(t->regMrSym(coll, hsig, 16, NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO, &mhsig));
   sync_peer(fd);
 
+  /* Signal latency: ping-pong of empty put-with-signals on word 1. With
+   * the kernel waiter, each side's kernel is launched before the signal
+   * it waits for can arrive (rank 0's before its own put). */
+  kwait_t kw;
+  bool kern = kwait_open(&kw);
+  /* BENCH_PING_BYTES=n: each ping carries an n-byte payload (device to
+   * device for the device word, host to host for the host word), as a
+   * GIN put with signal does: the small-operation latency. */
+  size_t pb = getenv("BENCH_PING_BYTES") ? strtoull(getenv("BENCH_PING_BYTES"), NULL, 0) : 0;
+  if (pb > size) pb = size;
+  /* BENCH_PING_FIRST=1: the device ping-pong first, before any put the
+   * device agent cannot carry (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL
+   * ends its own signal adds to a peer at the first such put). */
+  bool ping_first = getenv("BENCH_PING_FIRST") && atoi(getenv("BENCH_PING_FIRST"));
   double res[NPUT];
+  if (ping_first) {
+    bench b0 = {t, coll, rma, fd, pings, rank, kern, &kw, pb, mdsrc, mddst, mhsrc, mhdst, mdsig, mhsig, dsig, hsig};
+    res[P_SIG_DEV_US] = ping(&b0, P_SIG_DEV_US);
+  }
   double tm[64];
   if (iters > 62) iters = 62;
   /* Puts: rank 0 to rank 1, signal word 0; two warm-up rounds (connections,
@@ -362,43 +432,9 @@ static void ranks(const char* lib, size_t size, int iters, int pings, int rank, 
     for (size_t i = 0; i < size; i++)
       if (hdst[i] != 1) FAIL("device byte %zu is %d after the device put, want 1", i, hdst[i]);
   }
-  /* Signal latency: ping-pong of empty put-with-signals on word 1. With
-   * the kernel waiter, each side's kernel is launched before the signal
-   * it waits for can arrive (rank 0's before its own put). */
-  kwait_t kw;
-  bool kern = kwait_open(&kw);
-  /* BENCH_PING_BYTES=n: each ping carries an n-byte payload (device to
-   * device for the device word, host to host for the host word), as a
-   * GIN put with signal does: the small-operation latency. */
-  size_t pb = getenv("BENCH_PING_BYTES") ? strtoull(getenv("BENCH_PING_BYTES"), NULL, 0) : 0;
-  if (pb > size) pb = size;
-  for (int k = P_SIG_HOST_US; k <= P_SIG_DEV_US; k++) {
-    void* sig = k == P_SIG_DEV_US ? mdsig : mhsig;
-    bool kdev = kern && k == P_SIG_DEV_US;
-    sync_peer(fd);
-    double t0 = 0;
-    if (kdev && rank == 1) kwait_launch(&kw, dsig + 8, 1);
-    for (int i = 0; i < pings + 10; i++) {
-      if (i == 10) t0 = now(); /* after warm-up */
-      uint64_t want = (uint64_t)i + 1;
-      if (kdev && rank == 0) kwait_launch(&kw, dsig + 8, want);
-      if (rank == 1) {
-        if (kdev) kwait_wait(&kw, want);
-        else wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want, 0);
-        if (kdev && i + 1 < pings + 10) kwait_launch(&kw, dsig + 8, want + 1);
-      }
-      void* req;
-      void* psrc = pb ? (k == P_SIG_DEV_US ? mdsrc : mhsrc) : NULL;
-      void* pdst = pb ? (k == P_SIG_DEV_US ? mddst : mhdst) : NULL;
-      NC(t->iputSignal(rma, 0, 0, psrc, pb, 0, pdst, 1 - rank, 8, sig, 1, NCCL_NET_SIGNAL_OP_ADD, true, 0, &req));
-      if (req) wait_done(t, coll, req);
-      if (rank == 0) {
-        if (kdev) kwait_wait(&kw, want);
-        else wait_sig(k == P_SIG_DEV_US ? NULL : (volatile uint64_t*)&hsig[1], dsig + 8, want, 0);
-      }
-    }
-    res[k] = (now() - t0) / pings / 2 * 1e6;
-  }
+  bench bb = {t, coll, rma, fd, pings, rank, kern, &kw, pb, mdsrc, mddst, mhsrc, mhdst, mdsig, mhsig, dsig, hsig};
+  for (int k = P_SIG_HOST_US; k <= P_SIG_DEV_US; k++)
+    if (!(ping_first && k == P_SIG_DEV_US)) res[k] = ping(&bb, k);
   /* A rank's 8-byte put to itself, device to host and host to device:
    * one device copy and its completion seen by test(), no wire (the
    * device agent's round trip when it runs, else a copy engine's). The
