@@ -15,7 +15,8 @@ import (
 // DirectAdds bit in its MsgReg): it keeps no never-reset shadow for them
 // and adds to their words with device atomics only. A sender marks a
 // put+signal for it when the signal registration's part on the target
-// takes the adds and is mapped here on the same GPU, and the agent runs
+// takes the adds and is mapped here on our GPU or one whose memory our
+// GPU's atomics reach natively (NVLink), and the agent runs
 // in the context that copies: its payload's, mapped too, or for a signal
 // alone the signal registration's.
 
@@ -46,9 +47,12 @@ func (sig *mr) markDirect(op *dataplane.Op, rank uint32, off uint64) {
 	}
 }
 
-// keepSameDevice drops the adds of ranks whose part of m is not on the
-// GPU of ours (mapped over NVLink or PCIe, where a device atomic may not
-// be one): the agent adds only within one GPU.
+// peerAtomics is the device's PeerAtomics (host/devmem/cuda).
+type peerAtomics interface{ PeerAtomics(a, b int) bool }
+
+// keepSameDevice drops the adds of ranks whose part of m lies on another
+// GPU that ours reaches without native atomics (over PCIe, where a device
+// atomic may not be one): the agent adds within one GPU, or across NVLink.
 func keepSameDevice(m *mr, rs *remoteRegs) {
 	if rs.adds == nil {
 		return
@@ -67,7 +71,8 @@ func keepSameDevice(m *mr, rs *remoteRegs) {
 			rs.adds[p] = false
 			continue
 		}
-		if _, dev, err := d.Locate(m.devCtx, rs.mapped[p]); err != nil || dev != own {
+		_, dev, err := d.Locate(m.devCtx, rs.mapped[p])
+		if pa, ok := d.(peerAtomics); err != nil || (dev != own && (!ok || !pa.PeerAtomics(own, dev))) {
 			rs.adds[p] = false
 		}
 	}

@@ -131,6 +131,19 @@ int rmacu_inspect(uint64_t ptr, uint64_t size, uintptr_t* ctx, char* err, size_t
   return 0;
 }
 
+/* rmaw_cuda_p2p_atomics reports whether device a's atomics reach device
+ * b's memory natively (CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED, 3:
+ * NVLink; PCIe mostly not); 1 for one device. */
+int rmaw_cuda_p2p_atomics(int a, int b) {
+  if (a == b) return 1;
+  CUdevice da, db;
+  int v = 0;
+  if (!rmacu_cu.deviceGetP2PAttribute || rmacu_cu.deviceGet(&da, a) != 0 || rmacu_cu.deviceGet(&db, b) != 0 ||
+      rmacu_cu.deviceGetP2PAttribute(&v, 3, da, db) != 0)
+    return 0;
+  return v == 1;
+}
+
 /* rmaw_cuda_ordinal is the device ordinal of a CUDA address (-1: none). */
 int rmaw_cuda_ordinal(uint64_t ptr) {
   int o = -1;

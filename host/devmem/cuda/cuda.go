@@ -178,6 +178,10 @@ func (cudaDevice) Locate(_, ptr uintptr) (int, int, error) {
 	return devmem.IfaceCUDA, o, nil
 }
 
+// PeerAtomics reports whether device a's atomics reach device b's memory
+// natively (NVLink; over PCIe mostly not); true for one device.
+func (cudaDevice) PeerAtomics(a, b int) bool { return C.rmaw_cuda_p2p_atomics(C.int(a), C.int(b)) != 0 }
+
 // gdrDevice is the CUDA device with GDRCopy for signal words.
 type gdrDevice struct{ cudaDevice }
 

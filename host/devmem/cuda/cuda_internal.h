@@ -95,6 +95,7 @@ typedef struct {
   /* Optional, for stream-ordered signals and asynchronous copies. */
   CUresult (*ctxGetDevice)(CUdevice*);
   CUresult (*deviceGetAttribute)(int*, int, CUdevice);
+  CUresult (*deviceGetP2PAttribute)(int*, int, CUdevice, CUdevice); /* optional */
   CUresult (*writeValue64)(CUstream, CUdeviceptr, unsigned long long, unsigned);
   /* Optional, for the copy context (rmaw_cuda_copy_context). */
   CUresult (*ctxCreate)(CUcontext*, unsigned, CUdevice);

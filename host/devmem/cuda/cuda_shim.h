@@ -19,6 +19,7 @@ void rmaw_cuda_agent_stats(uint64_t out[8]);
 uint64_t rmaw_cuda_agent_stalled(uint64_t* pending);
 int rmaw_cuda_agent_runs(uintptr_t ctx);
 int rmaw_cuda_agent_wanted(void);
+int rmaw_cuda_p2p_atomics(int a, int b);
 void rmaw_cuda_agent_start(uintptr_t ctx);
 void rmaw_cuda_agents_stop(void);
 void rmaw_cuda_agent_note(char* out, size_t n);

@@ -45,6 +45,7 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   *(void**)&rmacu_cu.dtod = dlsym(h, "cuMemcpyDtoDAsync_v2");
   *(void**)&rmacu_cu.ctxGetDevice = dlsym(h, "cuCtxGetDevice");
   *(void**)&rmacu_cu.deviceGetAttribute = dlsym(h, "cuDeviceGetAttribute");
+  *(void**)&rmacu_cu.deviceGetP2PAttribute = dlsym(h, "cuDeviceGetP2PAttribute");
   /* cuda.h maps cuStreamWriteValue64 to the _v2 entry point from CUDA 11.7
    * on, whose 64-bit support CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
    * (122) reports; the older entry point answers to the _V1 attribute (93). */
