@@ -50,10 +50,10 @@ func (sig *mr) markDirect(op *dataplane.Op, rank uint32, off uint64) {
 // peerAtomics is the device's PeerAtomics (host/devmem/cuda).
 type peerAtomics interface{ PeerAtomics(a, b int) bool }
 
-// keepSameDevice drops the adds of ranks whose part of m lies on another
+// keepAtomicPeers drops the adds of ranks whose part of m lies on another
 // GPU that ours reaches without native atomics (over PCIe, where a device
 // atomic may not be one): the agent adds within one GPU, or across NVLink.
-func keepSameDevice(m *mr, rs *remoteRegs) {
+func keepAtomicPeers(m *mr, rs *remoteRegs) {
 	if rs.adds == nil {
 		return
 	}

@@ -36,7 +36,7 @@ func TestDirectAddsOnlyWhereAtomic(t *testing.T) {
 	own := at(1)
 	m := &mr{base: *(*unsafe.Pointer)(unsafe.Pointer(&own)), devCtx: 1} // ours, on GPU 1
 	rs := &remoteRegs{adds: []bool{true, true, true, true, false}, mapped: []uintptr{at(1), at(2), at(3), 0, at(1)}}
-	keepSameDevice(m, rs)
+	keepAtomicPeers(m, rs)
 	want := []bool{true, true, false, false, false}
 	for p := range want {
 		if rs.adds[p] != want[p] {

@@ -51,7 +51,7 @@ func (c *coll) importShares(m *mr, rs *remoteRegs) {
 		return
 	}
 	rs.mapped, m.maps = c.shares.Import(m.local(), share.Remote{Tokens: rs.share, Dev: rs.dev, Bases: rs.bases, Sizes: rs.sizes})
-	keepSameDevice(m, rs)
+	keepAtomicPeers(m, rs)
 }
 
 // closeShares unmaps the mappings of registrations the caller never
