@@ -37,9 +37,10 @@ type mr struct {
 	// shadow is the host copy of a never-reset device signal array
 	// (abi.MrFlagSignalNeverReset), nil for other registrations.
 	shadow *staging.Shadow
-	// adds: peers' device agents may add to this registration's signal
-	// words (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL; direct.go), so it has
-	// no shadow and its own adds are atomics on the device.
+	// adds: the registration is offered for peers' device agents' adds to
+	// its signal words where it is shared at all
+	// (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL; direct.go), so it has no
+	// shadow and its own adds are atomics on the device.
 	adds bool
 	// maps are the peers' parts of this registration mapped here
 	// (share.go), unmapped when it is deregistered; shared is set once

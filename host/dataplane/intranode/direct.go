@@ -90,6 +90,3 @@ func (x *Link) direct(l *intraLane, op *link.Op) link.SideMove {
 	}
 	return link.SideGathered
 }
-
-// DirectAdds is how many signals our agent added into the peer's words.
-func (x *Link) DirectAdds() int64 { return x.dsig.adds.Load() }
