@@ -131,6 +131,22 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check_agent_mixed", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_DEVICE_AGENT_MAX_KB=4", "NCCL_RMA_WASM_INTRANODE_IPC=0"},
 			[]string{"RESULT PASS", "teardown: 2 rounds", "device agent: running", "small device put+signals: 48 of 8 B to 64 KiB",
 				"plain signal, every byte there", "fakecuda: the device agent copied a payload"}},
+		// Fused landings (NCCL_RMA_WASM_FUSED_LANDING=1) over TCP lanes
+		// (NCCL_RMA_WASM_INTRANODE=0, as between hosts): a small
+		// put+signal's payload is held in its bounce slot and landed with
+		// its signal by one agent command, up to 64 B carried in the
+		// command. The agent runs each command 300 µs late, stream work
+		// 200 µs late: a signal seen before its payload, or one lost
+		// beside the shadow's folded writes, fails the byte and count
+		// checks; teardown's odd rounds take never-reset words (the
+		// shadow's writes), even ones plain words (the agent's adds).
+		{"cuda_check_fused_landing", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=300", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_FUSED_LANDING=1"},
+			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48 of 8 B to 64 KiB", "plain signal, every byte there",
+				"fakecuda: the device agent landed a payload and its signal in one command",
+				"fakecuda: the device agent landed an inline payload and its signal in one command", "fused landings ("}},
+		// The same with fused landings off: no command fuses.
+		{"cuda_check_fused_landing_off", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
+			[]string{"RESULT PASS", "fakecuda: the device agent copied a payload", "!in one command"}},
 		// Three hardware queues: the agent's kernel would share the
 		// context stream's, so it is refused and every path stays.
 		{"cuda_check_agent_queues", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_DEVICE_AGENT=1", "CUDA_DEVICE_MAX_CONNECTIONS=3"},

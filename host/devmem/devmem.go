@@ -67,6 +67,18 @@ type WordAdder interface {
 	Forget(addr uintptr, size uint64)
 }
 
+// FusedLander is implemented by a device whose device agent lands a small
+// payload and then updates its signal word as one command
+// (host/devmem/cuda): no second command to pick up, and a payload of up to
+// 64 bytes read with the command itself.
+type FusedLander interface {
+	// LandSignal queues, after the work queued on ctx so far, the copy of
+	// n bytes from pinned host memory src to device address dst, then the
+	// write (add false) or atomic add of v to the 8-byte word sig. false
+	// (and no error): not for this context or copy; queue them apart.
+	LandSignal(ctx, dst uintptr, src unsafe.Pointer, n uint64, sig uintptr, v uint64, add bool) (bool, error)
+}
+
 // Caps are the stream-ordered operations a device supports for a context
 // (Streams.Caps).
 type Caps uint32

@@ -101,6 +101,7 @@ func Init(commID uint64) (uint64, abi.Result) {
 	ipcMinBytes.Store(uint64(config.IntraIPCMinKiB.Get()) << 10)
 	directSignal.Store(config.DirectSignal.Get())
 	staging.SetAgentAdds(directSignal.Load())
+	staging.SetFusedLanding(config.FusedLanding.Get())
 	if config.IntraIPCAgent.Get() {
 		ipcAgentMax.Store(uint64(config.DeviceAgentMaxKiB.Get()) << 10)
 	}

@@ -22,7 +22,7 @@ t0=$(date +%s)
 # before any MPS daemon of the checks below runs: the probe starts its own.
 PROBE_OUT=$O/probe timeout 150 "$ROOT/test/gpu/agent_probe.sh" 2000 >"$O/probe.log" 2>&1
 grep -E "^PROBE" "$O/probe.log" | grep -v "of 2\]" | sed 's/^/AGENT-CHECK /'
-NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin} GIN_REFS=${GIN_REFS-agent many gatherwriter direct} \
+NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin} GIN_REFS=${GIN_REFS-agent many gatherwriter direct fused} \
   PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-60} timeout ${GIN_CHECK_S:-400} "$ROOT/test/gpu/nccl_gin_check.sh" "$SRC" 0 "$O/gin"
 echo "AGENT-CHECK: nccl_gin_check done at $(($(date +%s) - t0)) s"
 
@@ -88,6 +88,11 @@ if [ -z "$hung" ]; then
   sb_run "$O/sb-64-direct.log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1 BENCH_PING_FIRST=1 BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=64
   echo "AGENT-CHECK sb direct rc=$? $(grep -q 'adds signals straight' "$O/sb-64-direct.log" && echo '(the agent added the signals)' || echo '(the path was not taken)')"
   sb_show "$O/sb-64-direct.log" "direct"
+  # Fused landings (NCCL_RMA_WASM_FUSED_LANDING): the TCP ping's payload
+  # and signal landed by one agent command (the 64 B payload inline).
+  sb_run "$O/sb-64-fused.log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FUSED_LANDING=1 BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=64 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET
+  echo "AGENT-CHECK sb fused rc=$?"
+  sb_show "$O/sb-64-fused.log" "fused"
 fi
 # Where the agent hung: the same run without the waiting kernel, and with
 # 32 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), each once.
@@ -158,12 +163,15 @@ printf '%-46s %10s %10s %12s\n' "the same, 4 ranks" "" "$(ga "$G/gin_alltoall-np
 printf '%-46s %10s %10s %12s\n' "GIN alltoall 64 B, agent adds signals itself" "" "$(ga "$G/gin_alltoall-direct-64.log" 64)" ""
 printf '%-46s %10s %10s %12s\n' "GIN alltoall 4096 B, agent adds signals itself" "" "$(ga "$G/gin_alltoall-direct-4096.log" 4096)" ""
 printf '%-46s %10s %10s %12s\n' "the same at 64 B, 4 ranks" "" "$(ga "$G/gin_alltoall-np4-direct-64.log" 64)" ""
+printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, TCP lanes, agent (unfused|fused)" "$(ga "$G/gin_alltoall-tcp-agent-64.log" 64)" "$(ga "$G/gin_alltoall-fused-64.log" 64)" ""
+printf '%-46s %10s %10s %12s\n' "GIN a2a 4096 B, TCP lanes, agent (unfused|fused)" "$(ga "$G/gin_alltoall-tcp-agent-4096.log" 4096)" "$(ga "$G/gin_alltoall-fused-4096.log" 4096)" ""
 for pb in ${SB_BYTES-0 64 4096}; do
   for w in intranode tcp; do
     printf '%-46s %10s %10s %12s\n' "kernel-watched word, ${pb} B payload, $w" "$(sb "$O/sb-$pb-0.log" $w)" "$(sb "$O/sb-$pb-1.log" $w)" ""
   done
 done
 printf '%-46s %10s %10s %12s\n' "the same, 64 B, intranode, agent adds signal" "" "$(sb "$O/sb-64-direct.log" intranode)" ""
+printf '%-46s %10s %10s %12s\n' "the same, 64 B, tcp, fused landing" "" "$(sb "$O/sb-64-fused.log" tcp)" ""
 printf '%-46s %10s %10s %12s\n' "gather wait (one d2h round trip), 64 B, p50" "$(gw "$O/sb-64-0.log" "gathered device copies")" "$(gw "$O/sb-64-1.log" "gathered device copies")" ""
 printf '%-46s %10s %10s %12s\n' "target landing (device), 64 B, p50" "$(gw "$O/sb-64-0.log" "landed or queued")" "$(gw "$O/sb-64-1.log" "landed or queued")" ""
 for w in intranode tcp; do

@@ -1,13 +1,16 @@
 // agent_probe: the device agent's round trip by itself, beside the driver's
 // own ways to the same effect, on one GPU in one process. It speaks the
 // agent's ring protocol (host/devmem/cuda/agent.c: a 256-byte header, then
-// 64-byte slots; a slot's seq written last with release; done at byte 0)
+// 128-byte slots; a slot's seq written last with release; done at byte 0)
 // to each PTX file named, one kernel at a time, and times from the host:
 //
-//   nop        a command that does nothing (pickup and publish)
-//   copy d2h   64 B from device memory to pinned host memory
-//   copy h2d   64 B from pinned host memory to device memory
-//   add        an atomic add to a device word
+//   nop           a command that does nothing (pickup and publish)
+//   copy d2h      64 B from device memory to pinned host memory
+//   copy h2d      64 B from pinned host memory to device memory
+//   add           an atomic add to a device word
+//   copy+add      a fused landing: 64 B from pinned host memory, then an add
+//   inline+write  64 B carried in the slot, then a signal write
+//   inline+add    8 B carried in the slot, then an add
 //
 // and, as the baselines, a 64 B cuMemcpyDtoHAsync + event polled with
 // cuEventQuery, and a cuStreamWriteValue64 to a host word polled by the
@@ -34,7 +37,7 @@
     }                                                                      \
   } while (0)
 
-static const int SLOTS = 1024, HDR = 256, SLOT = 64;
+static const int SLOTS = 1024, HDR = 256, SLOT = 128;
 
 static double now_us() {
   struct timespec t;
@@ -58,7 +61,8 @@ struct ring {
 static volatile uint64_t* slot(ring& r, uint64_t s) { return r.mem + (HDR + (s & (SLOTS - 1)) * SLOT) / 8; }
 
 // put writes command s and returns it.
-static uint64_t put(ring& r, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val) {
+static uint64_t put(ring& r, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, uint64_t sig = 0,
+                    const void* inl = nullptr) {
   uint64_t s = ++r.seq;
   volatile uint64_t* sl = slot(r, s);
   sl[2] = kind;
@@ -66,6 +70,8 @@ static uint64_t put(ring& r, uint64_t kind, uint64_t n, uint64_t src, uint64_t d
   sl[4] = src;
   sl[5] = dst;
   sl[6] = val;
+  sl[7] = sig;
+  if (inl) memcpy((void*)(sl + 8), inl, n);
   __atomic_store_n(&sl[0], s, __ATOMIC_RELEASE);
   return s;
 }
@@ -151,7 +157,7 @@ int main(int argc, char** argv) {
   for (int k = 0; k < nv; k++) {
     memset(hp, 0, HDR + SLOTS * SLOT);
     r.seq = 0;
-    CK(cuMemsetD8(dbuf + 2048, 0, 8));  // the add's word, counted per variant
+    CK(cuMemsetD8(dbuf + 2048, 0, 32));  // the add's word and the fused commands' signals, per variant
     unsigned long long ring = r.dev, mask = SLOTS - 1, idle = 0;
     void* args[] = {&ring, &mask, &idle};
     r.mem[24] = 1;
@@ -163,20 +169,26 @@ int main(int argc, char** argv) {
       printf("PROBE FAIL %s: the agent never answered\n", name);
       return 1;
     }
+    unsigned char pay[64];
     struct {
       const char* what;
-      uint64_t kind, n, src, dst, val;
+      uint64_t kind, n, src, dst, val, sig;
+      bool inl, count;
     } cs[] = {
-        {"nop", 0, 0, 0, 0, 0},
-        {"copy d2h", 1, 64, (uint64_t)dbuf, (uint64_t)hbufDev, 0},
-        {"copy h2d", 1, 64, (uint64_t)hbufDev + 1024, (uint64_t)dbuf + 1024, 0},
-        {"add", 3, 0, 0, (uint64_t)dbuf + 2048, 1},
+        {"nop", 0, 0, 0, 0, 0, 0, false, false},
+        {"copy d2h", 1, 64, (uint64_t)dbuf, (uint64_t)hbufDev, 0, 0, false, false},
+        {"copy h2d", 1, 64, (uint64_t)hbufDev + 1024, (uint64_t)dbuf + 1024, 0, 0, false, false},
+        {"add", 3, 0, 0, (uint64_t)dbuf + 2048, 1, 0, false, false},
+        {"copy+add", 8, 64, (uint64_t)hbufDev + 1024, (uint64_t)dbuf + 1024, 1, (uint64_t)dbuf + 2056, false, false},
+        {"inline+write", 9, 64, 0, (uint64_t)dbuf + 3072, 0, (uint64_t)dbuf + 2064, true, true},
+        {"inline+add", 10, 8, 0, (uint64_t)dbuf + 3200, 1, (uint64_t)dbuf + 2072, true, false},
     };
     for (auto& c : cs) {
       std::vector<double> v;
       for (int i = 0; i < iters; i++) {
+        for (int k = 0; k < 64; k++) pay[k] = (unsigned char)(i * 7 + k);
         double t0 = now_us();
-        uint64_t s = put(r, c.kind, c.n, c.src, c.dst, c.val);
+        uint64_t s = put(r, c.kind, c.n, c.src, c.dst, c.count ? (uint64_t)(i + 1) : c.val, c.sig, c.inl ? pay : nullptr);
         if (!wait_done(r, s)) {
           printf("PROBE FAIL %s %s: no answer\n", name, c.what);
           return 1;
@@ -193,6 +205,19 @@ int main(int argc, char** argv) {
     CK(cuMemcpyDtoH(&word, dbuf + 2048, 8));
     printf("PROBE %s: device word after %d adds: %s\n", name, iters,
            word == (uint64_t)iters ? "right" : "WRONG");
+    // The fused commands' signals, and the last inline payloads.
+    uint64_t sigs[3];
+    CK(cuMemcpyDtoH(sigs, dbuf + 2056, 24));
+    unsigned char got[72];
+    CK(cuMemcpyDtoH(got, dbuf + 3072, 64));
+    CK(cuMemcpyDtoH(got + 64, dbuf + 3200, 8));
+    bool bytes = true;
+    for (int k = 0; k < 64; k++) bytes = bytes && got[k] == (unsigned char)((iters - 1) * 7 + k);
+    for (int k = 0; k < 8; k++) bytes = bytes && got[64 + k] == (unsigned char)((iters - 1) * 7 + k);
+    printf("PROBE %s: fused signals (copy+add %llu, inline+write %llu, inline+add %llu of %d) and inline bytes: %s\n",
+           name, (unsigned long long)sigs[0], (unsigned long long)sigs[1], (unsigned long long)sigs[2], iters,
+           sigs[0] == (uint64_t)iters && sigs[1] == (uint64_t)iters && sigs[2] == (uint64_t)iters && bytes ? "right"
+                                                                                                        : "WRONG");
   }
   printf("PROBE done\n");
   return 0;

@@ -461,7 +461,7 @@ static void* agent_main(void* arg) {
   const char* late = getenv("FAKECUDA_AGENT_LATE_MS");
   if (late && __atomic_load_n(&x->ring[16], __ATOMIC_ACQUIRE) == 1) {
     uint64_t next = __atomic_load_n(&x->ring[0], __ATOMIC_ACQUIRE) + 1;
-    volatile uint64_t* sl = x->ring + (256 + (next & x->mask) * 64) / 8;
+    volatile uint64_t* sl = x->ring + (256 + (next & x->mask) * 128) / 8;
     if (__atomic_load_n(&sl[0], __ATOMIC_ACQUIRE) == next && sl[2] != 5 && !__atomic_exchange_n(&lateDone, 1, __ATOMIC_RELAXED)) {
       usleep((useconds_t)atol(late) * 1000);
       fprintf(stderr, "fakecuda: the device agent's kernel started %s ms late\n", late);
@@ -470,7 +470,7 @@ static void* agent_main(void* arg) {
   __atomic_store_n(&x->ring[24], 1, __ATOMIC_RELEASE);
   __atomic_store_n(&x->ring[16], 1, __ATOMIC_RELEASE);
   for (uint64_t seq = __atomic_load_n(&x->ring[0], __ATOMIC_ACQUIRE) + 1;; seq++) {
-    volatile uint64_t* sl = x->ring + (256 + (seq & x->mask) * 64) / 8;
+    volatile uint64_t* sl = x->ring + (256 + (seq & x->mask) * 128) / 8;
     int parked = 0;
     uint64_t since = mono_ns();
     for (int spins = 0; __atomic_load_n(&sl[0], __ATOMIC_ACQUIRE) != seq; spins++) {
@@ -490,10 +490,25 @@ static void* agent_main(void* arg) {
       else sched_yield();
     }
     if (parked) break;
-    uint64_t kind = sl[2], n = sl[3], src = sl[4], dst = sl[5], val = sl[6];
+    uint64_t kind = sl[2], n = sl[3], src = sl[4], dst = sl[5], val = sl[6], sig = sl[7];
+    unsigned char inl[64];
+    if (kind == 9 || kind == 10) {
+      if (!n || n > sizeof inl) agent_bad("an inline payload it cannot carry", dst, n);
+      memcpy(inl, (const void*)(sl + 8), n); /* read with the slot, as the kernel does */
+    }
     if (us > 0) usleep(us);
     switch (kind) {
-      case 1: {
+      case 9:
+      case 10:
+        if (!find(dst) || !vmm_at(dst) || !find(dst + n - 1)) agent_bad("an inline payload for memory it cannot reach", dst, n);
+        memcpy((void*)(uintptr_t)dst, inl, n);
+        static int saidInline;
+        if (!__atomic_exchange_n(&saidInline, 1, __ATOMIC_RELAXED))
+          fprintf(stderr, "fakecuda: the device agent landed an inline payload and its signal in one command\n");
+        break;
+      case 1:
+      case 7:
+      case 8: {
         int up = hostmem(src, n) && find(dst) && vmm_at(dst) && alloc_size(dst) && find(dst + n - 1);
         int down = hostmem(dst, n) && find(src) && vmm_at(src) && find(src + n - 1);
         /* Device to device: both ends cuMem mappings (a peer's window
@@ -505,6 +520,9 @@ static void* agent_main(void* arg) {
           fprintf(stderr, "fakecuda: the device agent copied device to device\n");
         memcpy((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, n);
         if (!__atomic_exchange_n(&saidCopy, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent copied a payload\n");
+        static int saidFused;
+        if (kind != 1 && !__atomic_exchange_n(&saidFused, 1, __ATOMIC_RELAXED))
+          fprintf(stderr, "fakecuda: the device agent landed a payload and its signal in one command\n");
         break;
       }
       case 2:
@@ -522,6 +540,12 @@ static void* agent_main(void* arg) {
         break;
       default:
         agent_bad("an unknown command", kind, 0);
+    }
+    if (kind >= 7) {
+      /* A fused command's signal, after its payload. */
+      if (sig % 8 || !find(sig) || !vmm_at(sig)) agent_bad("a signal word it cannot reach", sig, 8);
+      if (kind == 7 || kind == 9) __atomic_store_n((uint64_t*)(uintptr_t)sig, val, __ATOMIC_SEQ_CST);
+      else __atomic_add_fetch((uint64_t*)(uintptr_t)sig, val, __ATOMIC_SEQ_CST);
     }
     __atomic_store_n(&x->ring[0], seq, __ATOMIC_RELEASE);
     if (kind == 5) break;

@@ -28,7 +28,9 @@
 # "gatherwriter" the 64 B alltoall with 2 and 4 ranks, the agent on and
 # NCCL_RMA_WASM_GATHER_WRITER=0, the reference for its default with the
 # agent; "direct" the 64 B and 4 KiB alltoalls, and 64 B with 4 ranks,
-# with the agent and NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1).
+# with the agent and NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1; "fused" the
+# 64 B and 4 KiB alltoalls over TCP lanes only, NCCL_RMA_WASM_INTRANODE=0,
+# the agent on, with and without NCCL_RMA_WASM_FUSED_LANDING=1).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -276,6 +278,17 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
       else gin_bad=1; fi
     done
     GIN_NP=4 gin_run np4-direct-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1 || gin_bad=1
+  fi
+  # Fused landings (NCCL_RMA_WASM_FUSED_LANDING, off until measured): the
+  # peers reach each other over TCP lanes only (NCCL_RMA_WASM_INTRANODE=0,
+  # as between hosts), the agent on, fused and not, 64 B and 4 KiB.
+  if ref fused; then
+    for b in 64 4096; do
+      gin_run tcp-agent-$b $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 || gin_bad=1
+      if gin_run fused-$b $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FUSED_LANDING=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET; then
+        grep -h "device agent:.*fused landings" "$OUT/gin_alltoall-fused-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [fused-'$b'] /' | sort -u | head -2
+      else gin_bad=1; fi
+    done
   fi
   # The gather writer's reference: with the agent its default (auto) hands
   # gathered batches over; here the proxy thread waits for them

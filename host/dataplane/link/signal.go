@@ -21,6 +21,10 @@ type Signal struct {
 	Pin  Pin             // the signal registration, held until the signal is applied
 	Evs  Orderer         // the link's events, or nil: nothing to order
 	Ev   uintptr         // the peer's event this put+signal named, or 0
+	// Held is the put's payload, its copy held for this signal
+	// (staging.LandHeld), or nil. Only a signal applied at once, on the
+	// thread that read the payload, carries one.
+	Held *staging.Held
 }
 
 // Valid reports whether s has something to apply (seqorder.Signal): a
@@ -46,6 +50,9 @@ func (s Signal) Apply(v uint64) error {
 	}
 	switch {
 	case s.Host != nil:
+		if err := s.Held.Flush(); err != nil {
+			return err
+		}
 		// A device payload before it may still be queued on a stream:
 		// the host word must not say it landed before it did.
 		if err := staging.Fence(); err != nil {
@@ -54,9 +61,9 @@ func (s Signal) Apply(v uint64) error {
 		atomic.AddUint64(s.Host, v)
 		return nil
 	case s.Dev != 0:
-		return staging.AddSignal(s.Ctx, s.Dev, v, s.Sh)
+		return staging.AddSignalAfter(s.Ctx, s.Dev, v, s.Sh, s.Held)
 	}
-	return nil // only the order of a refused signal's put
+	return s.Held.Flush() // only the order of a refused signal's put
 }
 
 // DevAddr is the device address a registration base stands for.

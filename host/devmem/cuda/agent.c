@@ -37,25 +37,29 @@
 
 #include "cuda_internal.h"
 
-/* The ring: a header, then AG_SLOTS slots of 64 bytes. Header words (byte
+/* The ring: a header, then AG_SLOTS slots of 128 bytes. Header words (byte
  * offsets): done at 0 (agent writes), epoch at 64 (the stream writes),
  * started at 128 (agent writes 1 when it runs), awake at 192 (1 while a
  * kernel polls; the kernel writes 0 when it parks, the host 1 when it
  * launches one). A slot: seq at 0 (written last, with release), then
- * kind, n, src, dst, val at 16..56. */
+ * kind, n, src, dst, val, sig at 16..64, then up to AG_INLINE payload
+ * bytes at 64..128 (an inline command's). The kernel reads the whole slot
+ * at once: an inline payload costs no read of its own. */
 #define AG_SLOTS 1024
 #define AG_HDR 256
-#define AG_SLOT 64
+#define AG_SLOT 128
 #define AG_THREADS 128
 
 /* The kernel (agent.ptx), sm_70 PTX (acquire loads, nanosleep), which the driver
  * compiles for the GPU at hand. Thread 0 polls the next slot (backing
- * off with nanosleep once idle for a while) and shares its fields through
- * shared memory; every thread copies its share of a COPY (16-byte
- * accesses, four in flight per thread, when both ends are 16-byte aligned,
- * else bytes); each fences its writes at system scope before the barrier;
- * thread 0 then writes or adds the signal, or waits for the epoch, fences
- * again and publishes done. Loads are relaxed at system scope: the sources
+ * off with nanosleep once idle for a while) and shares its fields and
+ * inline bytes through shared memory; every thread copies its share of a
+ * COPY (16-byte accesses, four in flight per thread, when both ends are
+ * 16-byte aligned, else bytes) or one byte of an inline payload; each
+ * fences its writes at system scope before the barrier; thread 0 then
+ * writes or adds the signal (a WRITE's or ADD's word, or a fused
+ * command's sig), or waits for the epoch, fences again and publishes
+ * done. Loads are relaxed at system scope: the sources
  * were written by the CPU or by another process's kernel. In a COPY,
  * n16 is n rounded down to 16 when src and dst are 16-aligned (else 0):
  * VLOOP copies that much in 16-byte accesses, BLOOP the rest in bytes. */
@@ -103,7 +107,7 @@ struct agent {
   /* Counts (under mu), for the INFO line at finalize: commands by kind,
    * epoch waits (stream work before agent work: one stream write each),
    * stream waits for the agent, launches after the kernel parked. */
-  uint64_t nkind[8], follows, leads, wakes, syncs;
+  uint64_t nkind[16], follows, leads, wakes, syncs;
   /* The stall watch's own (rmaw_cuda_agent_stalled): the done word it saw
    * last, and since when (ns) commands have waited with done unchanged. */
   uint64_t wdone, wsince;
@@ -188,8 +192,8 @@ static int ag_wake(struct agent* a, char* err, size_t errlen) {
 
 /* ag_put writes command s (under a->mu): it waits, for at most two
  * seconds, for the slot's previous command to be done. */
-static int ag_put(struct agent* a, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, char* err,
-                  size_t errlen) {
+static int ag_put(struct agent* a, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, uint64_t sig,
+                  const void* inl, char* err, size_t errlen) {
   uint64_t s = a->seq + 1;
   if (s > AG_SLOTS && ag_done(a) < s - AG_SLOTS) {
     struct timespec t0, t;
@@ -208,9 +212,11 @@ static int ag_put(struct agent* a, uint64_t kind, uint64_t n, uint64_t src, uint
   sl[4] = src;
   sl[5] = dst;
   sl[6] = val;
+  sl[7] = sig;
+  if (inl) memcpy((void*)(sl + 8), inl, (size_t)n); /* n <= AG_INLINE (rmaw_cuda_land_signal) */
   __atomic_store_n(&sl[0], s, __ATOMIC_RELEASE);
   a->seq = s;
-  a->nkind[kind & 7]++;
+  a->nkind[kind & 15]++;
   /* The kernel parks when idle: it writes awake = 0, fences, and looks at
    * the next slot once more. The host publishes the slot, fences, and
    * looks at awake. One of the two sees the other's store, so a command
@@ -232,7 +238,7 @@ static int ag_follow(ctxstream* e, char* err, size_t errlen) {
   a->epoch++;
   a->streamLast = 0;
   a->follows++;
-  return ag_put(a, AG_WAIT, 0, 0, a->dev + 64, a->epoch, err, errlen);
+  return ag_put(a, AG_WAIT, 0, 0, a->dev + 64, a->epoch, 0, NULL, err, errlen);
 }
 
 /* ag_lead makes the stream's next work wait for the agent's commands
@@ -260,7 +266,32 @@ int rmacu_ag_submit(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint6
   pthread_mutex_lock(&a->mu);
   int rc = -1;
   if (!a->live) rc = rmaw_fail(err, errlen, "the device agent stopped");
-  else if (ag_follow(e, err, errlen) == 0) rc = ag_put(a, kind, n, src, dst, val, err, errlen);
+  else if (ag_follow(e, err, errlen) == 0) rc = ag_put(a, kind, n, src, dst, val, 0, NULL, err, errlen);
+  pthread_mutex_unlock(&a->mu);
+  return rc;
+}
+
+/* rmaw_cuda_land_signal queues, as one agent command after the context's
+ * earlier work, the copy of n bytes from pinned host memory host to device
+ * address dst and then the write (add 0) or atomic add (add 1) of v to the
+ * device word sig: a payload of at most AG_INLINE bytes rides in the
+ * command's slot. 1 (nothing queued): the context runs no agent, or the
+ * copy is too large for it, or host is memory it cannot read. */
+int rmaw_cuda_land_signal(uintptr_t ctx, uint64_t dst, const void* host, uint64_t n, uint64_t sig, uint64_t v, int add,
+                      char* err, size_t errlen) {
+  CTX_STREAM(e, "fused landing");
+  (void)r;
+  struct agent* a = rmacu_ag_live(e);
+  if (!a || n == 0 || n > rmacu_agent_max) return 1;
+  if (sig & 7) return rmaw_fail(err, errlen, "signal word %#llx not 8-byte aligned", (unsigned long long)sig);
+  int inl = n <= AG_INLINE;
+  if (!inl && !rmacu_hr_ok(host, n)) return 1;
+  uint64_t kind = inl ? (add ? AG_INLINE_ADD : AG_INLINE_WRITE) : (add ? AG_COPY_ADD : AG_COPY_WRITE);
+  pthread_mutex_lock(&a->mu);
+  int rc = -1;
+  if (!a->live) rc = rmaw_fail(err, errlen, "the device agent stopped");
+  else if (ag_follow(e, err, errlen) == 0)
+    rc = ag_put(a, kind, n, inl ? 0 : (uint64_t)(uintptr_t)host, dst, v, sig, inl ? host : NULL, err, errlen);
   pthread_mutex_unlock(&a->mu);
   return rc;
 }
@@ -341,7 +372,7 @@ static void ag_stop(struct agent* a) {
   char err[160];
   /* A kernel that never started finds the EXIT if it ever does. */
   int started = __atomic_load_n(&a->mem[16], __ATOMIC_ACQUIRE) == 1;
-  if (ag_put(a, AG_EXIT, 0, 0, 0, 0, err, sizeof err) == 0 && started) {
+  if (ag_put(a, AG_EXIT, 0, 0, 0, 0, 0, NULL, err, sizeof err) == 0 && started) {
     for (int i = 0; i < 20000 && ag_done(a) < a->seq; i++) usleep(50);
   }
   if (ag_done(a) >= a->seq && rmacu_cu.ctxSetCurrent(a->ctx) == 0) {
@@ -569,9 +600,10 @@ int rmaw_cuda_agent_runs(uintptr_t ctx) {
 /* rmaw_cuda_agent_stats sums every agent's counts: out[0] copies, [1]
  * signal writes and adds, [2] epoch waits, [3] stream waits for the
  * agent, [4] launches after parking, [5] agents, [6] synchronizations
- * waited for on the host. */
-void rmaw_cuda_agent_stats(uint64_t out[8]) {
-  memset(out, 0, 8 * sizeof out[0]);
+ * waited for on the host, [7] adds, [8] fused landings (copy, then the
+ * signal), [9] of them inline. */
+void rmaw_cuda_agent_stats(uint64_t out[10]) {
+  memset(out, 0, 10 * sizeof out[0]);
   int n = __atomic_load_n(&rmacu_nctxs, __ATOMIC_ACQUIRE);
   for (int i = 0; i < n; i++) {
     struct agent* a = __atomic_load_n(&rmacu_ctxs[i].ag, __ATOMIC_ACQUIRE);
@@ -580,6 +612,8 @@ void rmaw_cuda_agent_stats(uint64_t out[8]) {
     out[0] += a->nkind[AG_COPY];
     out[1] += a->nkind[AG_WRITE] + a->nkind[AG_ADD];
     out[7] += a->nkind[AG_ADD];
+    out[8] += a->nkind[AG_COPY_WRITE] + a->nkind[AG_COPY_ADD];
+    out[9] += a->nkind[AG_INLINE_WRITE] + a->nkind[AG_INLINE_ADD];
     out[2] += a->follows;
     out[3] += a->leads;
     out[4] += a->wakes;

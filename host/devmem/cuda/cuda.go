@@ -152,13 +152,38 @@ func (cudaDevice) AgentWanted() bool { return C.rmaw_cuda_agent_wanted() != 0 }
 // commands, and the driver calls that ordering them with the context's
 // stream cost (docs/design/device-memory.md); "" when none ran.
 func (cudaDevice) AgentStats() string {
-	var v [8]C.uint64_t
+	var v [10]C.uint64_t
 	C.rmaw_cuda_agent_stats(&v[0])
-	if v[5] == 0 || v[0]+v[1] == 0 {
+	if v[5] == 0 || v[0]+v[1]+v[8] == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%d copies and %d signal writes or adds (%d adds) by %d agent(s); %d waited for the context's stream (a stream write each), %d stream waits for an agent, %d synchronizations waited for on the host, %d launches after parking",
-		v[0], v[1], v[7], v[5], v[2], v[3], v[6], v[4])
+	return fmt.Sprintf("%d copies and %d signal writes or adds (%d adds), %d fused landings (%d inline), by %d agent(s); %d waited for the context's stream (a stream write each), %d stream waits for an agent, %d synchronizations waited for on the host, %d launches after parking",
+		v[0], v[1], v[7], v[8], v[9], v[5], v[2], v[3], v[6], v[4])
+}
+
+// LandSignal queues, as one command of ctx's device agent after the
+// context's earlier work, the copy of n bytes from pinned host memory src
+// to device address dst and then the write (add false) or atomic add of v
+// to the device word sig; a payload of up to 64 bytes rides in the
+// command itself. false (and no error): ctx runs no agent, or the agent
+// cannot take this copy.
+func (cudaDevice) LandSignal(ctx, dst uintptr, src unsafe.Pointer, n uint64, sig uintptr, v uint64, add bool) (bool, error) {
+	var buf [256]C.char
+	a := C.int(0)
+	if add {
+		a = 1
+	}
+	switch C.rmaw_cuda_land_signal(C.uintptr_t(ctx), C.uint64_t(dst), src, C.uint64_t(n), C.uint64_t(sig), C.uint64_t(v), a, &buf[0], C.size_t(len(buf))) {
+	case 0:
+		return true, nil
+	case 1:
+		return false, nil
+	}
+	n0 := 0
+	for n0 < len(buf) && buf[n0] != 0 {
+		n0++
+	}
+	return false, errors.New(string(unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), n0)))
 }
 
 // Agent says what the last start or stop of a device agent found.

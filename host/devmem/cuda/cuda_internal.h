@@ -187,7 +187,21 @@ void rmacu_reduce_probe(ctxstream* e, int have_dev, CUdevice dev);
  * active); rmacu_agent_max: the largest copy the agent takes (bytes). */
 extern int rmacu_agent_mode;
 extern uint64_t rmacu_agent_max;
-enum { AG_COPY = 1, AG_WRITE = 2, AG_ADD = 3, AG_WAIT = 4, AG_EXIT = 5 };
+/* Kinds 7-10 copy, then write or add the signal word at slot word 7: from
+ * src (COPY_*), or from the payload bytes the slot carries (INLINE_*, at
+ * most AG_INLINE). */
+enum {
+  AG_COPY = 1,
+  AG_WRITE = 2,
+  AG_ADD = 3,
+  AG_WAIT = 4,
+  AG_EXIT = 5,
+  AG_COPY_WRITE = 7,
+  AG_COPY_ADD = 8,
+  AG_INLINE_WRITE = 9,
+  AG_INLINE_ADD = 10
+};
+#define AG_INLINE 64
 struct agent* rmacu_ag_live(ctxstream* e);
 int rmacu_ag_submit(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, char* err,
                     size_t errlen);

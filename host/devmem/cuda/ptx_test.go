@@ -66,10 +66,11 @@ func TestPTXEntries(t *testing.T) {
 // TestPTXUnchanged pins the kernels' bytes: those of the C strings they were
 // (cuda.c's add64_ptx and agent.h's agent_ptx) before they moved to .ptx
 // files. A deliberate change of a kernel updates its hash here (agent.ptx:
-// the kernel parks when idle, and reads where to start from the ring).
+// the kernel parks when idle, and reads where to start from the ring;
+// 128-byte slots with the fused landings, inline payloads included).
 func TestPTXUnchanged(t *testing.T) {
 	for _, c := range []struct{ name, ptx, sum string }{
-		{"agent.ptx", agentPTX, "3e753503dd3ba8df6e5394f916f3162c9751a0fa5bc60c822f1de08931871f5a"},
+		{"agent.ptx", agentPTX, "cbec26dcf0763acb560a977501ecd4e6116621ed307fdda25bd88599c26c022e"},
 		{"atomics.ptx", add64PTX, "c8cfbac9b16b0ac7bee4ea8bc36078d4a233783f6424303d088b4cfba56b86ce"},
 	} {
 		h := sha256.Sum256([]byte(c.ptx))

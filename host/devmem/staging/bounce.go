@@ -219,6 +219,12 @@ func (q *ctxQueue) push(i int, dst uintptr, n uint64) error {
 		q.free |= 1 << i
 		return fmt.Errorf("asynchronous copy of %d bytes to device: %w", n, err)
 	}
+	return q.watchLocked(i, n)
+}
+
+// watchLocked records slot i's event after the copy of n bytes just
+// queued from it and queues the slot until the event passed; q.mu held.
+func (q *ctxQueue) watchLocked(i int, n uint64) error {
 	if err := q.st.Record(q.ctx, &q.ev[i]); err != nil {
 		// The copy is queued and cannot be watched: the slot waits for
 		// the stream before it is reused.

@@ -75,6 +75,46 @@ func (s *Shadow) add(st devmem.Streams, ctx, dev uintptr, v uint64) error {
 	return nil
 }
 
+// addFused is add for a put whose payload h holds: the copy and the
+// write of the new value go as one command of the device agent
+// (Held.fuse), or one after the other where it cannot take them. It never
+// folds into another writer's write, which could be queued before the
+// held copy: under the stripe lock it adds and writes itself; a writer
+// waiting for the lock writes again after it, with a value that includes
+// this one.
+func (s *Shadow) addFused(st devmem.Streams, ctx, dev uintptr, v uint64, h *Held) error {
+	i := (dev - s.base) / 8
+	if dev < s.base || dev%8 != 0 || i >= uintptr(len(s.words)) {
+		return fmt.Errorf("signal word %#x outside its shadow [%#x, +%d words)", dev, s.base, len(s.words))
+	}
+	w := &s.words[i]
+	mu := &devSigLocks[(dev>>3)%uintptr(len(devSigLocks))]
+	mu.Lock()
+	defer mu.Unlock()
+	if !w.seeded {
+		if err := s.seed(st, ctx, dev, w); err != nil {
+			return err
+		}
+	}
+	val := w.val.Add(v)
+	done, err := h.fuse(dev, val, false)
+	if err != nil {
+		return err
+	}
+	if !done {
+		if err := h.Flush(); err != nil {
+			return err
+		}
+		if err := st.WriteWord(ctx, dev, val); err != nil {
+			return fmt.Errorf("write device signal: %w", err)
+		}
+		traceSignal(dev, v, val, pathShadow)
+		return nil
+	}
+	traceSignal(dev, v, val, pathFused)
+	return nil
+}
+
 // seed adds the device's current value of the word to the shadow, once;
 // called with the stripe lock held.
 func (s *Shadow) seed(st devmem.Streams, ctx, dev uintptr, w *shadowWord) error {

@@ -59,12 +59,32 @@ var devSigLocks [64]sync.Mutex
 //     NCCL_RMA_WASM_DEVICE_ATOMIC=1 allows it;
 //   - a read-modify-write with synchronous copies, serialised per word.
 func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
+	return AddSignalAfter(ctx, dev, v, sh, nil)
+}
+
+// AddSignalAfter is AddSignal for a put+signal whose payload h holds
+// (LandHeld; nil or empty: none): the payload's copy and the signal go to
+// the device agent as one command where they can (fusedSignal), else the
+// copy is queued first. h holds nothing when it returns, error or not.
+func AddSignalAfter(ctx, dev uintptr, v uint64, sh *Shadow, h *Held) error {
 	if profile.On() {
 		defer profile.DevSignal.Since(profile.Now())
 	}
 	d := devmem.Get()
 	if d == nil {
 		return ErrNoDevice
+	}
+	if h.Pending() {
+		done, err := fusedSignal(d, ctx, dev, v, sh, h)
+		if done || err != nil {
+			if ferr := h.Flush(); err == nil {
+				err = ferr
+			}
+			return err
+		}
+		if err := h.Flush(); err != nil {
+			return err
+		}
 	}
 	// Caps is asked only where its answer picks the path.
 	st, _ := d.(devmem.Streams)

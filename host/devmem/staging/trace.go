@@ -38,9 +38,10 @@ const (
 	pathRMW
 	pathStreamAtomic
 	pathAgentAdd
+	pathFused
 )
 
-var pathNames = [...]string{"?", "shadow write", "folded into a pending write", "GDRCopy", "atomic kernel", "read-modify-write", "stream atomic", "device agent's add"}
+var pathNames = [...]string{"?", "shadow write", "folded into a pending write", "GDRCopy", "atomic kernel", "read-modify-write", "stream atomic", "device agent's add", "device agent's landing and signal in one command"}
 
 // SetTrace turns the signal trace on or off.
 func SetTrace(on bool) { trace.on.Store(on) }
