@@ -4,6 +4,12 @@
 // serves gets, the acknowledgements, lane failover, and lanes opened when
 // first used. The intra-node and libfabric transports embed its Link and
 // move payloads beside its streams (SidePath, link.LaneSide, Hear).
+//
+// Two parts are packages of their own, beneath it:
+// host/dataplane/tcp/putack decides when the acknowledgements of the puts
+// an incoming stream landed leave (alone, or riding a lane's batch), and
+// host/dataplane/tcp/instream is an incoming stream's reading side, whose
+// turns the service goroutine and polling callers take.
 package tcp
 
 import "github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/instream"
 )
 
 // Hooks that only this package's own tests use (package tcp_test builds
@@ -49,21 +50,6 @@ func (l *lane) AckState() (sent, puts int, acked uint64) {
 	return l.sent.Len(), l.puts.Len(), l.pAcked
 }
 
-// Tmu guards Armed and the ack timer.
-func (a *acker) Tmu() *sync.Mutex { return &a.tmu }
-
-// Rides reports that the acks ride the reverse lanes.
-func (a *acker) Rides() bool { return a.rides() }
-
-// CallerMsgs counts the messages callers' threads served.
-func (r *inReader) CallerMsgs() *atomic.Uint64 { return &r.callerMsgs }
-
-// Handoffs counts the reader's hand-offs to the service.
-func (r *inReader) Handoffs() *atomic.Uint64 { return &r.handoffs }
-
-// Napping reports the service napping.
-func (r *inReader) Napping() *atomic.Bool { return &r.napping }
-
 // AckDelay is how long an ack waits for a batch to ride.
 func AckDelay() *delay { return ackDelay }
 
@@ -77,10 +63,10 @@ func SkipBackstop() *atomic.Bool { return &skipBackstop }
 func LetGoHook() *atomic.Pointer[func(*lane)] { return &letGoHook }
 
 // PollActive and CallerWindow pin the service to its naps when long.
-func PollActive() *time.Duration { return &pollActive }
+func PollActive() *time.Duration { return instream.PollActive() }
 
 // CallerWindow is how recently a caller must have called to be waited for.
-func CallerWindow() *time.Duration { return &callerWindow }
+func CallerWindow() *time.Duration { return instream.CallerWindow() }
 
 // SkipRearm leaves owed acks unarmed as a stream is let go (the negative
 // control of letGo's re-arming).

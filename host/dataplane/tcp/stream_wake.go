@@ -12,13 +12,7 @@ func (t *Link) RingView(i int) (tail, head uint64, sleeping, ok bool) {
 	if r == nil {
 		return 0, 0, false, false
 	}
-	r.smu.Lock()
-	defer r.smu.Unlock()
-	if r.sview == nil {
-		return 0, 0, false, false
-	}
-	tail, head, sleeping, _ = r.sview.State()
-	return tail, head, sleeping, true
+	return r.RingView()
 }
 
 // WakeReader wakes incoming stream i's reader as a polling caller wakes
@@ -27,7 +21,7 @@ func (t *Link) RingView(i int) (tail, head uint64, sleeping, ok bool) {
 // socket).
 func (t *Link) WakeReader(i int) {
 	if r := t.acks[i].rd.Load(); r != nil {
-		r.in.SetReadDeadline(pastDeadline)
+		r.Wake()
 	}
 }
 

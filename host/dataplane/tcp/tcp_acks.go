@@ -32,8 +32,8 @@ func (l *lane) carryAck(iov [][]byte) [][]byte {
 	k := 0
 	if l.t.ride {
 		for i, a := range l.t.acks {
-			n := a.owed()
-			if n == 0 || !a.claim(n) {
+			n := a.Owed()
+			if n == 0 || !a.Claim(n) {
 				continue
 			}
 			// MrID names the peer's lane (our incoming stream i) whose
@@ -65,7 +65,7 @@ func (t *Link) ackStale() bool {
 		return false
 	}
 	for _, a := range t.acks {
-		if a.stale() {
+		if a.Stale() {
 			return true
 		}
 	}
@@ -78,22 +78,11 @@ func (t *Link) acksOwed() bool {
 		return false
 	}
 	for _, a := range t.acks {
-		if a.owed() != 0 {
+		if a.Owed() != 0 {
 			return true
 		}
 	}
 	return false
-}
-
-// batchesWritten counts the batches our lanes to the peer wrote: a change
-// since an incoming stream last drained means traffic flows both ways
-// (acker.drained).
-func (t *Link) batchesWritten() uint64 {
-	var n uint64
-	for _, l := range t.lanes {
-		n += l.batches.Load()
-	}
-	return n
 }
 
 // sendAcksAlone writes the owed acks with no batch, on the first open
@@ -118,18 +107,13 @@ func (l *lane) isOpen() bool {
 }
 
 // rehomeAcks: a lane failed over, and a count it had taken may have died
-// with it. Every riding acker's next carry repeats its whole count (the
-// peer keeps the highest it saw), on a live lane; the timer covers a link
-// that stays quiet.
+// with it (putack.Acker.Rehome).
 func (t *Link) rehomeAcks() {
 	if !t.ride {
 		return
 	}
 	for _, a := range t.acks {
-		if a.rides() {
-			a.sent.Store(0)
-			a.arm()
-		}
+		a.Rehome()
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/handoff"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/putack"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/ring"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -173,11 +174,12 @@ func (t *Link) Start() {
 	// acks of a lane it moved.
 	if t.onAcked == nil {
 		t.ride = true
+		lanes := &putack.Lanes{Delay: &ackDelay.ns, Bound: &ackBound.ns, Alone: t.sendAcksAlone}
+		for _, l := range t.lanes {
+			lanes.Batches = append(lanes.Batches, &l.batches)
+		}
 		for _, a := range t.acks {
-			a.link = t
-			a.timer = time.AfterFunc(time.Hour, a.expire)
-			a.timer.Stop()
-			a.piggy.Store(piggyOn)
+			a.Ride(lanes)
 		}
 	}
 	// The lanes start once their acks are attached and every lane's
@@ -255,8 +257,8 @@ func (t *Link) flushPoll(progress bool) {
 	// What arrived: acks it carries and signals it applies may be what
 	// the caller waits for, and the acks owed leave with the batch.
 	for _, a := range t.acks {
-		if r := a.rd.Load(); r != nil {
-			r.poll(progress)
+		if r := a.rd.Load(); r != nil && r.TakeTurn(progress) {
+			r.serveTurn(progress)
 		}
 	}
 	for i, l := range t.lanes {
@@ -302,9 +304,7 @@ func (t *Link) Stop() {
 		l.due.Stop()
 	}
 	for _, a := range t.acks {
-		if a.timer != nil {
-			a.timer.Stop()
-		}
+		a.Stop()
 	}
 	t.inMu.Lock()
 	for _, in := range t.ins {
@@ -436,7 +436,7 @@ type lane struct {
 	pops   []link.Op // owned by whoever holds writing: parallel to ptags
 
 	// batches counts the batches written and writes the writev calls
-	// they took (tests count them; the acker reads batches).
+	// they took (tests count them; the ackers read batches: putack.Lanes).
 	batches atomic.Uint64
 	writes  atomic.Uint64
 	carried atomic.Uint64 // acks of the peer's puts its batches carried (Mesh.Stats)

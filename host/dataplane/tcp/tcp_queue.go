@@ -191,8 +191,8 @@ func (l *lane) ackLeft() {
 		return
 	}
 	for _, a := range l.t.acks {
-		if a.owed() != 0 {
-			a.arm()
+		if a.Owed() != 0 {
+			a.Arm()
 		}
 	}
 }

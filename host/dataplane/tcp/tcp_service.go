@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -15,64 +14,31 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi/guestabi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/instream"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/putack"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
-// acker sends the cumulative put acknowledgements of one incoming stream.
+// acker is the acknowledgement side of one incoming stream: the acks of
+// what it landed (putack.Acker, which decides when they leave), with the
+// stream they are written on when they go alone and the stream's reader.
 // It sits between the socket and the stream's buffered reader (inReader:
-// the service or a polling caller reads through it), so an ack leaves
-// just before each read from the socket: at most one per read (one per up
-// to readBufSize bytes of small puts), never held while the service waits
-// for input, and never starved by a stream that keeps the buffer full.
-//
-// Piggybacking (SPEC.md §4, "Acknowledgements ride the reverse lanes"): an
-// ack need not cost a write and a wake-up of its own. When one of our
-// lanes to the peer carried something since the last time the input
-// drained (traffic flows both ways, as in a ping-pong), the ack is left
-// for them instead: the next batch any of them writes carries it
-// (wire.MsgAck, naming this stream) in the same writev, and the peer's
-// reader (its service or a polling caller), which reads that batch
-// anyway, completes the puts.
-// When no batch comes, the next test() or rmaProgress of this process sends
-// it alone once it waited ackDelay (on the caller's thread: no wake-up
-// here), and a timer armed at most once per ackBound covers a process that
-// stops calling. Every ack still counts only puts that landed, so
-// completion still means arrival.
+// the service or a polling caller reads through it), so an ack leaves just
+// before each read from the socket, or is left for our lanes' next batch.
 type acker struct {
-	in     *net.TCPConn
-	landed uint64 // puts of this stream that landed (the reader counts)
-	buf    [wire.HeaderSize]byte
-
+	putack.Acker
+	in *net.TCPConn             // the stream, which acks alone are written on
 	r  io.Reader                // the stream's inReader (tcp_caller.go)
 	rd atomic.Pointer[inReader] // set once its service started: callers read it
-
-	// Shared with our lanes to the peer, which carry the acks (piggybacking).
-	pub   atomic.Uint64 // landed, as published at the last drain
-	sent  atomic.Uint64 // the highest count acknowledged, either way
-	piggy atomic.Int32  // piggyOff, piggyOn (acks may ride our lanes) or piggyBarred
-	link  *Link         // whose lanes carry them; nil: none
-	// hold keeps every acknowledgement back (tests: a lane that dies with
-	// puts landed and not yet acknowledged, whatever the timing).
-	hold  atomic.Bool
-	alone atomic.Uint64 // acks written on the stream itself (Mesh.Stats)
-	outs  uint64        // the lane's batches at the last drain (reader only)
-	held  uint64        // the count last left for the lane (reader only)
-	due   atomic.Int64  // Now() after which test() sends an owed ack alone
-	tmu   sync.Mutex    // guards armed and the timer's state
-	armed bool
-	timer *time.Timer // the bound when nobody calls: never stopped, so
-	// that arming it costs no wake-up per ack (a stopped timer still
-	// wakes a parked poller at its old deadline)
 }
 
 // ackDelay is how long a piggybacked ack waits for a batch of the lane
 // before test() or rmaProgress sends it alone, and ackBound how long at
-// most when neither is called. They only matter when a prediction that
-// the lane will write soon was wrong. Variables so that tests can make a
-// hold last.
+// most when neither is called (putack.Lanes). Variables so that tests can
+// make a hold last.
 var (
 	ackDelay = newDelay(50 * time.Microsecond)
 	ackBound = newDelay(500 * time.Microsecond)
@@ -85,118 +51,15 @@ func (a *acker) Read(b []byte) (int, error) {
 	return a.r.Read(b)
 }
 
-// drained runs when the stream's reader (the service or a polling caller,
-// inReader) has consumed everything it read: the
-// acks of what landed leave now, or ride the lane's next batch.
-func (a *acker) drained() error {
-	if a.landed == a.sent.Load() {
-		return nil
-	}
-	if a.link != nil && a.rides() {
-		if a.held == a.landed && Now() < a.due.Load() {
-			// Already left for the lane, and a caller polling the stream
-			// drains it again and again before the lane writes: the ack
-			// waits its ackDelay, as it would for the service.
-			return nil
-		}
-		if n := a.link.batchesWritten(); n != a.outs {
-			// A lane wrote since the last drain: expect one again. The
-			// deadline goes before the count: a caller that sees the count
-			// owed (owed) must see how long it may wait for a batch
-			// (stale), or it sends the ack alone at once.
-			a.outs = n
-			a.held = a.landed
-			a.due.Store(Now() + int64(ackDelay.get()))
-			a.pub.Store(a.landed)
-			a.arm()
-			return nil
-		}
-	}
-	return a.flush() // publishes the count too
-}
+// drained runs when the stream's reader has consumed everything it read
+// (putack.Acker.Drained).
+func (a *acker) drained() error { return a.Drained(a.in) }
 
-// flush acknowledges every put counted so far on the incoming stream
-// itself, if any is new. Only the holder of the stream's reading role
-// (inReader) writes that stream.
-func (a *acker) flush() error {
-	a.pub.Store(a.landed)
-	if a.hold.Load() || !a.claim(a.landed) {
-		return nil
-	}
-	h := wire.Header{Typ: wire.MsgPutAck, Seq: a.landed}
-	h.Encode(a.buf[:])
-	if _, err := a.in.Write(a.buf[:]); err != nil {
-		return fmt.Errorf("acknowledge puts: %w", err)
-	}
-	a.alone.Add(1)
-	return nil
-}
+// flush acknowledges what landed on the stream itself (putack.Acker.Flush).
+func (a *acker) flush() error { return a.Flush(a.in) }
 
-// claim records n as acknowledged; false when a count as high was
-// already sent. The peer ignores a count below one it has seen (the two
-// ways to send one travel on different streams).
-func (a *acker) claim(n uint64) bool {
-	for {
-		s := a.sent.Load()
-		if n <= s {
-			return false
-		}
-		if a.sent.CompareAndSwap(s, n) {
-			return true
-		}
-	}
-}
-
-// owed is the published count the lane should carry, 0 when none.
-func (a *acker) owed() uint64 {
-	n := a.pub.Load()
-	if n <= a.sent.Load() || !a.rides() || a.hold.Load() {
-		return 0
-	}
-	return n
-}
-
-// arm starts the bound unless it runs; it is not stopped when the lane
-// carries the ack, so a busy stream arms it once per ackBound at most.
-func (a *acker) arm() {
-	a.tmu.Lock()
-	if !a.armed {
-		a.armed = true
-		a.timer.Reset(ackBound.get())
-	}
-	a.tmu.Unlock()
-}
-
-// stale reports an owed ack that waited ackDelay for the lane in vain.
-func (a *acker) stale() bool { return a.owed() != 0 && Now() >= a.due.Load() }
-
-// expire: no batch carried the ack in time; a lane sends it alone. (A
-// stream whose acks do not ride sends them as it drains.)
-func (a *acker) expire() {
-	a.tmu.Lock()
-	a.armed = false
-	a.tmu.Unlock()
-	if a.rides() {
-		a.link.sendAcksAlone()
-	}
-}
-
-// nacked: a put of this stream is rejected. Its nack travels on the
-// incoming stream, which the peer reads apart from the lane, so an ack
-// covering the put must follow it on that same stream: no more
-// piggybacking on this stream (rejections are failures, not a fast path).
-func (a *acker) nacked() { a.piggy.Store(piggyBarred) }
-
-// Piggybacking states (acker.piggy): off (the link's acks never ride:
-// beside a fabric endpoint), on, or barred for good by a nack.
-const (
-	piggyOff int32 = iota
-	piggyOn
-	piggyBarred
-)
-
-// rides reports whether acks may ride our lanes.
-func (a *acker) rides() bool { return a.piggy.Load() == piggyOn }
+// nacked: a put of this stream is rejected (putack.Acker.Nacked).
+func (a *acker) nacked() { a.Nacked() }
 
 // ackEvery is the most puts the service lands before it acknowledges them,
 // even with more of them already read (it acknowledges before each read
@@ -222,8 +85,8 @@ func (t *Link) service(lane int, in *net.TCPConn) {
 	defer r.close() // holding the role: no caller touches the stream after this
 	ack.rd.Store(r)
 	for t.serveAll(r) {
-		r.release()
-		r.wait()
+		r.Release()
+		r.Wait()
 	}
 }
 
@@ -233,9 +96,8 @@ func (t *Link) serveAll(r *inReader) bool {
 	p, lane, br := t.p, r.lane, r.br
 	served := false
 	for {
-		if err := r.perr; err != nil {
+		if err := r.CallerErr(); err != nil {
 			// A caller met it serving a message on its thread.
-			r.perr = nil
 			if streamEnded(err) && t.inLaneEnded(lane, err) {
 				return false
 			}
@@ -243,14 +105,11 @@ func (t *Link) serveAll(r *inReader) bool {
 			return false
 		}
 		var err error
-		if br.Buffered() == 0 && r.stash == nil {
+		if br.Buffered() == 0 {
 			// Between messages: look without parking.
-			r.nb = true
-			_, err = br.Peek(1)
-			r.nb = false
-			if err == errWouldBlock {
+			if err = r.Probe(br); err == instream.ErrWouldBlock {
 				if served {
-					r.rx.Store(Now()) // once per batch: a clock read per message shows in the rate
+					r.Served() // once per batch: a clock read per message shows in the rate
 				}
 				return true
 			}
@@ -313,8 +172,8 @@ func (t *Link) serveMsg(r *inReader) error {
 				}
 			}
 		}
-		ack.landed++
-		if err == nil && ack.landed-ack.sent.Load() >= ackEvery {
+		ack.Land()
+		if err == nil && ack.Unacked() >= ackEvery {
 			// A read buffer of small puts holds hundreds: acknowledge
 			// part of it now so the initiator refills its window while
 			// the rest lands.

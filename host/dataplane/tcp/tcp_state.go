@@ -47,25 +47,12 @@ func (t *Link) WriteState(w io.Writer) {
 		fmt.Fprintf(w, "    ack timers that found a stream held (left to its holder): %d\n", n)
 	}
 	for i, a := range t.acks {
-		a.tmu.Lock()
-		armed := a.armed
-		a.tmu.Unlock()
+		pub, sent, armed := a.State()
 		fmt.Fprintf(w, "    acker %d: pub %d sent %d owed %d armed %v rides %v alone %d\n",
-			i, a.pub.Load(), a.sent.Load(), a.owed(), armed, a.rides(), a.alone.Load())
-		r := a.rd.Load()
-		if r == nil {
-			continue
+			i, pub, sent, a.Owed(), armed, a.Rides(), a.Alone())
+		if r := a.rd.Load(); r != nil {
+			fmt.Fprintf(w, "    in %d: %s\n", i, r.State())
 		}
-		var shm string
-		r.smu.Lock()
-		if s := r.sview; s != nil {
-			tail, read, sleeping, waiting := s.State()
-			shm = fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v}", tail, read, sleeping, waiting)
-		}
-		r.smu.Unlock()
-		fmt.Fprintf(w, "    in %d: role=%#x active=%v napping=%v left=%v polled=%v rx %d µs ago, caller msgs %d, handoffs %d, ended=%v%s\n",
-			i, r.role.Load(), r.active.Load(), r.napping.Load(), r.left.Load(), r.polled.Load(), (Now()-r.rx.Load())/1000,
-			r.callerMsgs.Load(), r.handoffs.Load(), r.endErr(), shm)
 	}
 }
 
@@ -92,7 +79,7 @@ func (t *Link) AddAcks(st *link.Stats) {
 		st.AcksRescued += l.bsRescued.Load()
 	}
 	for _, a := range t.acks {
-		st.AcksAlone += a.alone.Load()
+		st.AcksAlone += a.Alone()
 	}
 }
 

@@ -61,29 +61,8 @@ func (l *lane) QueueState() (down, writing bool, queued, orphans int) {
 	return l.down, l.writing, l.q.Len(), len(l.orphans)
 }
 
-// Armed reports the ack timer armed (under Tmu).
-func (a *acker) Armed() *bool { return &a.armed }
-
-// Timer is the ack timer (under Tmu).
-func (a *acker) Timer() *time.Timer { return a.timer }
-
-// Owed is how many acks the stream owes.
-func (a *acker) Owed() uint64 { return a.owed() }
-
-// Hold holds the stream's acks back.
-func (a *acker) Hold() *atomic.Bool { return &a.hold }
-
-// Pub is the landed count published at the last drain.
-func (a *acker) Pub() *atomic.Uint64 { return &a.pub }
-
-// Claim claims acks up to n.
-func (a *acker) Claim(n uint64) bool { return a.claim(n) }
-
 // Rd is the stream's reader, once its service started.
 func (a *acker) Rd() *atomic.Pointer[inReader] { return &a.rd }
-
-// Sring is the shared-memory stream the reader reads, or nil.
-func (r *inReader) Sring() ShmIn { return r.sring }
 
 // Get and Set read and change a delay.
 func (d *delay) Get() time.Duration { return d.get() }
