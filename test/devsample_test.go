@@ -140,7 +140,7 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// beside the shadow's folded writes, fails the byte and count
 		// checks; teardown's odd rounds take never-reset words (the
 		// shadow's writes), even ones plain words (the agent's adds).
-		{"cuda_check_fused_landing", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=300", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_FUSED_LANDING=1"},
+		{"cuda_check_fused_landing", "cuda_check", []string{lib, "196608", "4"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=300", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_FUSED_LANDING=1", "CUDA_CHECK_DIRECT=1"},
 			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48 of 8 B to 64 KiB", "plain signal, every byte there",
 				"fakecuda: the device agent landed a payload and its signal in one command",
 				"fakecuda: the device agent landed an inline payload and its signal in one command", "fused landings ("}},

@@ -36,6 +36,7 @@ type inReader struct {
 	resp []byte
 	dec  *codec.Decoder
 	rxr  *staging.Receiver
+	held staging.Held // a put's payload held for its signal (servePut)
 }
 
 // ShmIn is the shared-memory stream an incoming lane reads its requests

@@ -158,7 +158,7 @@ func (t *Link) serveMsg(r *inReader) error {
 	case wire.MsgPut, wire.MsgPutSignal:
 		switch {
 		case h.Status&wire.StatusResent == 0:
-			err = t.servePut(ack, br, h, resp, r.dec, r.rxr)
+			err = t.servePut(ack, br, h, resp, r.dec, r.rxr, &r.held)
 		case h.Seq == 0:
 			err = fmt.Errorf("protocol error: rank %d resent a put without a sequence number", p.Rank())
 		default:
@@ -168,7 +168,7 @@ func (t *Link) serveMsg(r *inReader) error {
 				if p.Order().Seen(h.Seq) {
 					err = t.dropPut(br, h, r.dec)
 				} else {
-					err = t.servePut(ack, br, h, resp, r.dec, r.rxr)
+					err = t.servePut(ack, br, h, resp, r.dec, r.rxr, &r.held)
 				}
 			}
 		}
@@ -259,8 +259,9 @@ func (t *Link) orderMapped(h *wire.Header, sig link.Signal) (link.Signal, error)
 	return sig, nil
 }
 
-func (t *Link) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byte, dec *codec.Decoder, rx *staging.Receiver) error {
+func (t *Link) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byte, dec *codec.Decoder, rx *staging.Receiver, held *staging.Held) error {
 	p := t.p
+	var heldPin link.Pin // the registration of a held payload, kept until its copy is queued
 	status := abi.Success
 	var t0 int64
 	var dev bool
@@ -319,6 +320,17 @@ func (t *Link) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byt
 				land = staging.ReadToDevice
 			} else if sh, ok := p.Mesh().Owner.(link.SharedOwner); ok && sh.Shared(h.MrID) {
 				land = staging.ReadToDevice
+			} else if fusable(p, h) {
+				// Held for its signal, which lands it (staging.LandHeld).
+				var ok bool
+				if ok, err = staging.LandHeld(br, ctx, link.DevAddr(base, h.Off), h.Size, held); ok {
+					if err != nil {
+						err = fmt.Errorf("receive put payload from rank %d into device memory: %w", p.Rank(), err)
+					} else {
+						heldPin, pin = pin, link.Pin{}
+					}
+					break
+				}
 			}
 			if err = land(br, ctx, link.DevAddr(base, h.Off), h.Size, p.Mesh().StageChunk); err != nil {
 				err = fmt.Errorf("receive put payload from rank %d into device memory: %w", p.Rank(), err)
@@ -341,14 +353,40 @@ func (t *Link) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byt
 	sig, err := t.orderMapped(h, sig)
 	if err != nil {
 		sig.Pin.Release()
-		return err
+		return errors.Join(err, settleHeld(held, heldPin, p.Rank()))
+	}
+	if held.Pending() && sig.Word() {
+		sig.Held = held
 	}
 	if err := p.Landed(h.Seq, sig, add); err != nil {
+		return errors.Join(err, settleHeld(held, heldPin, p.Rank()))
+	}
+	if err := settleHeld(held, heldPin, p.Rank()); err != nil {
 		return err
 	}
 	if status != abi.Success {
 		ack.nacked()
 		return t.reply(ack.in, wire.MsgNack, h, status, nil, resp)
+	}
+	return nil
+}
+
+// fusable reports whether the put+signal h may hold its device payload for
+// its signal (staging.LandHeld): the signal is the target's to apply, and
+// will be at once, on this thread, as every operation numbered before it
+// has landed (or it is unnumbered); nothing else then waits for the held
+// copy, which settleHeld queues at the latest.
+func fusable(p link.Peer, h *wire.Header) bool {
+	return h.Typ == wire.MsgPutSignal && h.SigOp&wire.SigApplied == 0 && (h.Seq == 0 || p.Order().Next() == h.Seq)
+}
+
+// settleHeld queues what of a held payload its signal did not take, then
+// lets its registration go: deregistration waits for queued copies only.
+func settleHeld(held *staging.Held, pin link.Pin, rank int) error {
+	err := held.Flush()
+	pin.Release()
+	if err != nil {
+		return fmt.Errorf("land put payload from rank %d into device memory: %w", rank, err)
 	}
 	return nil
 }

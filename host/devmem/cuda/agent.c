@@ -612,7 +612,7 @@ void rmaw_cuda_agent_stats(uint64_t out[10]) {
     out[0] += a->nkind[AG_COPY];
     out[1] += a->nkind[AG_WRITE] + a->nkind[AG_ADD];
     out[7] += a->nkind[AG_ADD];
-    out[8] += a->nkind[AG_COPY_WRITE] + a->nkind[AG_COPY_ADD];
+    out[8] += a->nkind[AG_COPY_WRITE] + a->nkind[AG_COPY_ADD] + a->nkind[AG_INLINE_WRITE] + a->nkind[AG_INLINE_ADD];
     out[9] += a->nkind[AG_INLINE_WRITE] + a->nkind[AG_INLINE_ADD];
     out[2] += a->follows;
     out[3] += a->leads;

@@ -157,8 +157,8 @@ func (cudaDevice) AgentStats() string {
 	if v[5] == 0 || v[0]+v[1]+v[8] == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%d copies and %d signal writes or adds (%d adds), %d fused landings (%d inline), by %d agent(s); %d waited for the context's stream (a stream write each), %d stream waits for an agent, %d synchronizations waited for on the host, %d launches after parking",
-		v[0], v[1], v[7], v[8], v[9], v[5], v[2], v[3], v[6], v[4])
+	return fmt.Sprintf("%d copies and %d signal writes or adds (%d adds) by %d agent(s), %d fused landings (%d inline); %d waited for the context's stream (a stream write each), %d stream waits for an agent, %d synchronizations waited for on the host, %d launches after parking",
+		v[0], v[1], v[7], v[5], v[8], v[9], v[2], v[3], v[6], v[4])
 }
 
 // LandSignal queues, as one command of ctx's device agent after the
