@@ -7,6 +7,10 @@ package cuda
 /*
 #cgo CFLAGS: -I${SRCDIR}/../devrt -Wall -Werror=incompatible-pointer-types -Werror=int-conversion -Werror=implicit-function-declaration
 #include "cuda_shim.h"
+// The per-operation call keeps its error buffer on the Go stack: the C
+// side neither keeps the pointer nor calls back into Go.
+#cgo noescape rmaw_cuda_land_signal
+#cgo nocallback rmaw_cuda_land_signal
 */
 import "C"
 
