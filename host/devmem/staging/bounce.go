@@ -645,19 +645,28 @@ func settleQueue(d devmem.Device, ctx uintptr) error {
 // to device address dst. false (and no error): no slot could be had, use
 // a synchronous copy.
 func landAsync(d devmem.Device, r io.Reader, ctx, dst uintptr, n uint64) (bool, error) {
-	q := queueOf(d, ctx)
-	if q == nil || n > q.size {
-		return false, nil
+	q, i, read, err := readSlot(d, r, ctx, n)
+	if q == nil {
+		return read, err
 	}
-	i, err := q.take()
-	if i < 0 {
-		return false, err
+	return true, q.push(i, dst, n)
+}
+
+// readSlot reads n bytes from r into slot i of ctx's bounce slots and
+// returns them held. q nil: nothing held; read says whether r was read
+// (a read error gives the slot back), err what failed.
+func readSlot(d devmem.Device, r io.Reader, ctx uintptr, n uint64) (q *ctxQueue, i int, read bool, err error) {
+	if q = queueOf(d, ctx); q == nil || n > q.size {
+		return nil, 0, false, nil
+	}
+	if i, err = q.take(); i < 0 {
+		return nil, 0, false, err
 	}
 	if _, err := io.ReadFull(r, unsafe.Slice((*byte)(q.slot(i)), n)); err != nil {
 		q.put(i)
-		return true, err
+		return nil, 0, true, err
 	}
-	return true, q.push(i, dst, n)
+	return q, i, true, nil
 }
 
 // Gather collects the small device payloads of one sender's batch: Add

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 )
@@ -59,17 +58,9 @@ func LandHeld(r io.Reader, ctx, dst uintptr, n uint64, h *Held) (bool, error) {
 	if _, ok := d.(devmem.FusedLander); !ok || !AgentRuns(ctx) {
 		return false, nil
 	}
-	q := queueOf(d, ctx)
-	if q == nil || n > q.size {
-		return false, nil
-	}
-	i, err := q.take()
-	if i < 0 {
-		return false, err
-	}
-	if _, err := io.ReadFull(r, unsafe.Slice((*byte)(q.slot(i)), n)); err != nil {
-		q.put(i)
-		return true, err
+	q, i, read, err := readSlot(d, r, ctx, n)
+	if q == nil {
+		return read, err
 	}
 	*h = Held{q: q, i: i, dst: dst, n: n}
 	return true, nil

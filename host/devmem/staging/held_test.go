@@ -230,14 +230,7 @@ func TestFusedConcurrent(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range words {
-		want := uint64(0)
-		for p := range peers {
-			for k := range per {
-				if (p+k)%words == i {
-					want += uint64(p + 1)
-				}
-			}
-		}
+		want := spreadSum(i, words, peers, per)
 		if got := d.peekWord(d.Base + uintptr(8*i)); got != want {
 			t.Errorf("word %d: %d, want %d", i, got, want)
 		}

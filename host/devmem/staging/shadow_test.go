@@ -83,6 +83,20 @@ func (d *streamDevice) Passed(ctx, ev uintptr) (bool, error) {
 	return d.Stream.Passed(ctx, ev)
 }
 
+// spreadSum is what peers p = 0.. add to word i of words when each adds
+// p+1, per times, its k-th add to word (p+k) % words.
+func spreadSum(i, words, peers, per int) uint64 {
+	var sum uint64
+	for p := range peers {
+		for k := range per {
+			if (p+k)%words == i {
+				sum += uint64(p + 1)
+			}
+		}
+	}
+	return sum
+}
+
 // TestShadowSignals: several peers add to a few never-reset words at once;
 // every word ends exact, only the first update of a word reads it, and
 // adds that met a pending write were folded into it.
@@ -113,14 +127,7 @@ func TestShadowSignals(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range words {
-		want := uint64(1000 * i)
-		for p := range peers {
-			for k := range per {
-				if (p+k)%words == i {
-					want += uint64(p + 1)
-				}
-			}
-		}
+		want := uint64(1000*i) + spreadSum(i, words, peers, per)
 		if got := *d.word(d.Base + uintptr(8*i)); got != want {
 			t.Errorf("word %d = %d, want %d", i, got, want)
 		}

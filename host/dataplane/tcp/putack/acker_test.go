@@ -86,18 +86,26 @@ func TestAloneOnDrain(t *testing.T) {
 	}
 }
 
+// riding returns an Acker riding one lane whose batch count it returns,
+// with the given delay and bound, alone called for an ack sent alone; it
+// stops at the test's end.
+func riding(t *testing.T, delay, bound time.Duration, alone func()) (*putack.Acker, *atomic.Uint64) {
+	var d, b atomic.Int64
+	written := new(atomic.Uint64)
+	d.Store(int64(delay))
+	b.Store(int64(bound))
+	a := new(putack.Acker)
+	a.Ride(&putack.Lanes{Batches: []*atomic.Uint64{written}, Delay: &d, Bound: &b, Alone: alone})
+	t.Cleanup(a.Stop)
+	return a, written
+}
+
 // TestRideAndClaim: after a lane wrote, a drain leaves the ack to the
 // lanes (owed, stale once Delay passed); the lane that claims it carries
 // it, and nobody can claim that count again.
 func TestRideAndClaim(t *testing.T) {
 	in, out := tcpPair(t)
-	var delay, bound atomic.Int64
-	var written atomic.Uint64
-	delay.Store(int64(time.Hour))
-	bound.Store(int64(time.Hour))
-	var a putack.Acker
-	a.Ride(&putack.Lanes{Batches: []*atomic.Uint64{&written}, Delay: &delay, Bound: &bound, Alone: func() {}})
-	defer a.Stop()
+	a, written := riding(t, time.Hour, time.Hour, func() {})
 	written.Add(1) // a lane wrote since the last drain: traffic both ways
 	a.Land()
 	a.Land()
@@ -128,12 +136,7 @@ func TestRideAndClaim(t *testing.T) {
 // acknowledges alone; an ack left for the lanes goes stale after Delay.
 func TestStaleAndNoBatch(t *testing.T) {
 	in, out := tcpPair(t)
-	var delay, bound atomic.Int64
-	var written atomic.Uint64
-	bound.Store(int64(time.Hour))
-	var a putack.Acker
-	a.Ride(&putack.Lanes{Batches: []*atomic.Uint64{&written}, Delay: &delay, Bound: &bound, Alone: func() {}})
-	defer a.Stop()
+	a, written := riding(t, 0, time.Hour, func() {})
 	a.Land()
 	if err := a.Drained(in); err != nil {
 		t.Fatal(err)
@@ -155,19 +158,13 @@ func TestStaleAndNoBatch(t *testing.T) {
 // through Lanes.Alone once Bound passed, with nobody calling.
 func TestTimerSendsAlone(t *testing.T) {
 	in, _ := tcpPair(t)
-	var delay, bound atomic.Int64
-	var written atomic.Uint64
-	delay.Store(int64(time.Hour))
-	bound.Store(int64(time.Millisecond))
 	alone := make(chan struct{}, 1)
-	var a putack.Acker
-	a.Ride(&putack.Lanes{Batches: []*atomic.Uint64{&written}, Delay: &delay, Bound: &bound, Alone: func() {
+	a, written := riding(t, time.Hour, time.Millisecond, func() {
 		select {
 		case alone <- struct{}{}:
 		default:
 		}
-	}})
-	defer a.Stop()
+	})
 	written.Add(1)
 	a.Land()
 	if err := a.Drained(in); err != nil {
@@ -187,13 +184,7 @@ func TestTimerSendsAlone(t *testing.T) {
 // stream itself, even when a lane wrote.
 func TestNackedBarsRiding(t *testing.T) {
 	in, out := tcpPair(t)
-	var delay, bound atomic.Int64
-	var written atomic.Uint64
-	delay.Store(int64(time.Hour))
-	bound.Store(int64(time.Hour))
-	var a putack.Acker
-	a.Ride(&putack.Lanes{Batches: []*atomic.Uint64{&written}, Delay: &delay, Bound: &bound, Alone: func() {}})
-	defer a.Stop()
+	a, written := riding(t, time.Hour, time.Hour, func() {})
 	a.Nacked()
 	if a.Rides() {
 		t.Fatal("acks still ride after a nack")
