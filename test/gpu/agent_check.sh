@@ -26,6 +26,19 @@ NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma 
   PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-60} timeout ${GIN_CHECK_S:-400} "$ROOT/test/gpu/nccl_gin_check.sh" "$SRC" 0 "$O/gin"
 echo "AGENT-CHECK: nccl_gin_check done at $(($(date +%s) - t0)) s"
 
+# cc_loop: cuda_check again and again, over TCP and the intra-node path:
+# every byte of each run, the count of passes and failures.
+cc_loop() { # name n env...
+  local name=$1 n=$2 p=0 f=0; shift 2
+  for i in $(seq 1 "$n"); do
+    if env "$@" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET timeout 40 "$ROOT/build/cuda_check" "$LIB" $((1 << 20)) 4 >"$O/cc-$name.log" 2>&1; then
+      p=$((p + 1))
+    else
+      f=$((f + 1)); cp "$O/cc-$name.log" "$O/cc-$name-fail-$i.log"; grep -h "RESULT FAIL\|FAIL" "$O/cc-$name.log" | head -1
+    fi
+  done
+  echo "AGENT-CHECK cuda_check repeated $name: pass $p fail $f"
+}
 # staging_bench: the kernel-watched signal word and small put+signals, cuMem
 # buffers (the plugin copies them in its own context, where the agent runs).
 # A run that hangs (rc 124) poisons MPS for the next: MPS is restarted, and
@@ -104,22 +117,14 @@ if [ -n "$hung" ]; then
     sb_show "$log" "control [$v]"
   done
 fi
+# cuda_check with fused landings over TCP lanes, the agent on, under MPS:
+# every byte and signal, and how many commands fused.
+cc_loop tcp-fused ${CC_REPEAT:-4} NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FUSED_LANDING=1
+grep -h "fused landings" "$O/cc-tcp-fused.log" | sed 's/.*NET.wasm: /AGENT-CHECK cuda_check tcp-fused: /' | sort -u | head -2
 mps_stop
 echo "AGENT-CHECK: staging_bench done at $(($(date +%s) - t0)) s"
 
-# cuda_check again and again (agent off), over TCP and the intra-node path:
-# every byte of each run, the count of passes and failures.
-cc_loop() { # name n env...
-  local name=$1 n=$2 p=0 f=0; shift 2
-  for i in $(seq 1 "$n"); do
-    if env "$@" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET timeout 40 "$ROOT/build/cuda_check" "$LIB" $((1 << 20)) 4 >"$O/cc-$name.log" 2>&1; then
-      p=$((p + 1))
-    else
-      f=$((f + 1)); cp "$O/cc-$name.log" "$O/cc-$name-fail-$i.log"; grep -h "RESULT FAIL\|FAIL" "$O/cc-$name.log" | head -1
-    fi
-  done
-  echo "AGENT-CHECK cuda_check repeated $name: pass $p fail $f"
-}
+# cuda_check with the defaults, MPS off (so no agent).
 cc_loop tcp ${CC_REPEAT:-4} NCCL_RMA_WASM_INTRANODE=0
 cc_loop intranode ${CC_REPEAT:-4}
 echo "AGENT-CHECK: cuda_check repeats done at $(($(date +%s) - t0)) s"
