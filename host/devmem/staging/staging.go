@@ -163,8 +163,8 @@ func queuedAdd(st devmem.Streams, ctx uintptr) int {
 
 // agentAdds lets the device agent add to plain signal words where the
 // driver has no stream atomics; host/plugin sets it with
-// NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL, which needs it, until it is
-// measured on a GPU by itself.
+// NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL or NCCL_RMA_WASM_FUSED_LANDING,
+// which need it, until it is measured on a GPU by itself.
 var agentAdds atomic.Bool
 
 // SetAgentAdds allows or forbids the device agent's adds (agentAdds).
