@@ -72,7 +72,7 @@ func AddSignalAfter(ctx, dev uintptr, v uint64, sh *Shadow, h *Held) error {
 	}
 	d := devmem.Get()
 	if d == nil {
-		return ErrNoDevice
+		return errors.Join(ErrNoDevice, h.Flush())
 	}
 	if h.Pending() {
 		done, err := fusedSignal(d, ctx, dev, v, sh, h)
