@@ -2,6 +2,7 @@ package staging
 
 import (
 	"bytes"
+	"encoding/binary"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/devtest"
 )
 
 // fusedDevice is a device whose contexts run a device agent that lands a
@@ -244,5 +246,46 @@ func TestFusedConcurrent(t *testing.T) {
 	}
 	if d.fused.Load() == 0 {
 		t.Fatal("no fused command")
+	}
+}
+
+// immediateFused is immediateDevice with a device agent that lands a
+// payload and its signal in one command, as queued, allocating nothing.
+type immediateFused struct{ immediateDevice }
+
+func (d *immediateFused) AgentRuns(uintptr) bool { return true }
+func (d *immediateFused) LandSignal(_, dst uintptr, src unsafe.Pointer, n uint64, sig uintptr, v uint64, _ bool) (bool, error) {
+	copy(d.At(dst, n), unsafe.Slice((*byte)(src), n))
+	binary.LittleEndian.PutUint64(d.At(sig, 8), v)
+	return true, nil
+}
+
+// TestHeldPathAllocatesNothing: holding a small payload and landing it
+// with its never-reset signal allocate nothing (the per-operation path's
+// rule).
+func TestHeldPathAllocatesNothing(t *testing.T) {
+	d := &immediateFused{immediateDevice{devtest.Pipe{Mem: make([]byte, 1<<20), Base: 0x7e00_0000_0000}}}
+	fusedSetup(t, d)
+	sh := NewShadow(d.Base, 64)
+	p := pattern(64, 3)
+	var r bytes.Reader
+	var h Held
+	if err := AddSignal(1, d.Base, 1, sh); err != nil { // the word's one read-back
+		t.Fatal(err)
+	}
+	a := testing.AllocsPerRun(200, func() {
+		r.Reset(p)
+		if ok, err := LandHeld(&r, 1, d.Base+8192, 64, &h); !ok || err != nil {
+			t.Fatalf("LandHeld = %v, %v", ok, err)
+		}
+		if err := AddSignalAfter(1, d.Base, 1, sh, &h); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if a != 0 {
+		t.Fatalf("%.1f allocations per held put", a)
+	}
+	if !bytes.Equal(d.At(d.Base+8192, 64), p) || binary.LittleEndian.Uint64(d.At(d.Base, 8)) != 202 {
+		t.Fatal("payload or signal differs")
 	}
 }
