@@ -8,7 +8,7 @@
 # itself (agent_probe.sh). Needs what `make` built in build/
 # and an NCCL source archive (build/nccl-src.tar.gz by default).
 #
-#   test/gpu/agent_check.sh [outdir] [nccl-src.tar.gz]
+#   test/gpu/agent_check.sh [outdir] [nccl-src.tar.gz]   (GIN_CHECK=0: no NCCL part)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 O=${1:-/tmp/agent-check}
@@ -22,9 +22,13 @@ t0=$(date +%s)
 # before any MPS daemon of the checks below runs: the probe starts its own.
 PROBE_OUT=$O/probe timeout 150 "$ROOT/test/gpu/agent_probe.sh" 2000 >"$O/probe.log" 2>&1
 grep -E "^PROBE" "$O/probe.log" | grep -v "of 2\]" | sed 's/^/AGENT-CHECK /'
-NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin} GIN_REFS=${GIN_REFS-agent many gatherwriter direct fused} \
-  PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-60} timeout ${GIN_CHECK_S:-400} "$ROOT/test/gpu/nccl_gin_check.sh" "$SRC" 0 "$O/gin"
-echo "AGENT-CHECK: nccl_gin_check done at $(($(date +%s) - t0)) s"
+# GIN_CHECK=0 skips the real-NCCL part (no NCCL build): the probe,
+# staging_bench and cuda_check alone, for a short look.
+if [ "${GIN_CHECK:-1}" != 0 ]; then
+  NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin} GIN_REFS=${GIN_REFS-agent many gatherwriter direct fused} \
+    PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-60} timeout ${GIN_CHECK_S:-400} "$ROOT/test/gpu/nccl_gin_check.sh" "$SRC" 0 "$O/gin"
+  echo "AGENT-CHECK: nccl_gin_check done at $(($(date +%s) - t0)) s"
+fi
 
 # cc_loop: cuda_check again and again, over TCP and the intra-node path:
 # every byte of each run, the count of passes and failures.
