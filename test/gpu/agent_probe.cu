@@ -158,8 +158,8 @@ int main(int argc, char** argv) {
     memset(hp, 0, HDR + SLOTS * SLOT);
     r.seq = 0;
     CK(cuMemsetD8(dbuf + 2048, 0, 32));  // the add's word and the fused commands' signals, per variant
-    unsigned long long ring = r.dev, mask = SLOTS - 1, idle = 0;
-    void* args[] = {&ring, &mask, &idle};
+    unsigned long long ring = r.dev, mask = SLOTS - 1, idle = 0, flags = 1; /* inline commands too */
+    void* args[] = {&ring, &mask, &idle, &flags};
     r.mem[24] = 1;
     CK(cuLaunchKernel(fns[k], 1, 1, 1, 128, 1, 1, 0, st, args, NULL));
     const char* name = strrchr(argv[2 + k], '/') ? strrchr(argv[2 + k], '/') + 1 : argv[2 + k];

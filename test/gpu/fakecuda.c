@@ -415,6 +415,7 @@ static int modobj, funcobj, waitmod, waitfunc, agentmod, agentfunc;
 struct agentargs {
   volatile uint64_t* ring;
   uint64_t mask, idle;
+  int inl; /* the flags parameter's bit 0: inline commands may come */
   void* stream;
 };
 static struct {
@@ -493,6 +494,7 @@ static void* agent_main(void* arg) {
     uint64_t kind = sl[2], n = sl[3], src = sl[4], dst = sl[5], val = sl[6], sig = sl[7];
     unsigned char inl[64];
     if (kind == 9 || kind == 10) {
+      if (!x->inl) agent_bad("an inline command, started without reading inline bytes", dst, n);
       if (!n || n > sizeof inl) agent_bad("an inline payload it cannot carry", dst, n);
       memcpy(inl, (const void*)(sl + 8), n); /* read with the slot, as the kernel does */
     }
@@ -641,6 +643,7 @@ int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
     x->ring = (volatile uint64_t*)(uintptr_t)*(uint64_t*)params[0];
     x->mask = *(uint64_t*)params[1];
     x->idle = *(uint64_t*)params[2];
+    x->inl = *(uint64_t*)params[3] & 1;
     x->stream = s;
     if (!hostmem((uintptr_t)x->ring, 256 + (x->mask + 1) * 64)) return 700;
     int slot = -1;

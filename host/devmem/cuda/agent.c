@@ -43,8 +43,9 @@
  * kernel polls; the kernel writes 0 when it parks, the host 1 when it
  * launches one). A slot: seq at 0 (written last, with release), then
  * kind, n, src, dst, val, sig at 16..64, then up to AG_INLINE payload
- * bytes at 64..128 (an inline command's). The kernel reads the whole slot
- * at once: an inline payload costs no read of its own. */
+ * bytes at 64..128 (an inline command's). A kernel started for inline
+ * commands (ag_inline) reads the whole slot at once, so an inline payload
+ * costs no read of its own; otherwise it reads the first 64 bytes. */
 #define AG_SLOTS 1024
 #define AG_HDR 256
 #define AG_SLOT 128
@@ -72,6 +73,11 @@ uint64_t rmacu_agent_max = 64 << 10;
 /* ag_idle_ns: how long the kernel polls an empty ring before it parks
  * (ends; the next submission launches it again); 0 never. */
 static uint64_t ag_idle_ns = 1000000;
+/* ag_inline: the kernel reads each slot's inline bytes (its flags
+ * parameter's bit 0), so that inline commands may be sent; set only with
+ * NCCL_RMA_WASM_FUSED_LANDING, so that the default kernel reads what it
+ * did before fused landings existed. */
+static int ag_inline;
 static char agentNote[240] = "not started (no copy context used yet)";
 /* nmu guards agentNote alone: notes are set under rmacu_mu or an agent's lock. */
 static pthread_mutex_t nmu = PTHREAD_MUTEX_INITIALIZER;
@@ -85,10 +91,11 @@ __attribute__((format(printf, 1, 2))) static void ag_note(const char* fmt, ...) 
   va_end(ap);
 }
 
-void rmaw_cuda_agent(int mode, uint64_t max, uint64_t idle_us) {
+void rmaw_cuda_agent(int mode, uint64_t max, uint64_t idle_us, int inl) {
   rmacu_agent_mode = mode;
   rmacu_agent_max = max;
   ag_idle_ns = idle_us * 1000;
+  ag_inline = inl;
 }
 
 struct agent {
@@ -170,8 +177,8 @@ static uint64_t ag_done(struct agent* a) { return __atomic_load_n(&a->mem[0], __
 /* ag_kernel launches the kernel on the agent's stream, awake set first
  * (under a->mu): the function is its context's, made current. */
 static CUresult ag_kernel(struct agent* a) {
-  unsigned long long ring = a->dev, mask = AG_SLOTS - 1, idle = ag_idle_ns;
-  void* args[] = {&ring, &mask, &idle};
+  unsigned long long ring = a->dev, mask = AG_SLOTS - 1, idle = ag_idle_ns, flags = ag_inline ? 1 : 0;
+  void* args[] = {&ring, &mask, &idle, &flags};
   __atomic_store_n(&a->mem[24], 1, __ATOMIC_RELEASE);
   CUresult r = rmacu_cu.ctxSetCurrent(a->ctx);
   return r != 0 ? r : rmacu_cu.launchKernel(a->fn, 1, 1, 1, AG_THREADS, 1, 1, 0, a->stream, args, NULL);
@@ -284,7 +291,7 @@ int rmaw_cuda_land_signal(uintptr_t ctx, uint64_t dst, const void* host, uint64_
   struct agent* a = rmacu_ag_live(e);
   if (!a || n == 0 || n > rmacu_agent_max) return 1;
   if (sig & 7) return rmaw_fail(err, errlen, "signal word %#llx not 8-byte aligned", (unsigned long long)sig);
-  int inl = n <= AG_INLINE;
+  int inl = ag_inline && n <= AG_INLINE;
   if (!inl && !rmacu_hr_ok(host, n)) return 1;
   uint64_t kind = inl ? (add ? AG_INLINE_ADD : AG_INLINE_WRITE) : (add ? AG_COPY_ADD : AG_COPY_WRITE);
   pthread_mutex_lock(&a->mu);

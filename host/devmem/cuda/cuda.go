@@ -39,7 +39,11 @@ var Probe = sync.OnceFunc(func() {
 		C.rmaw_cuda_stream_atomic(0)
 	}
 	mode := map[string]C.int{"0": 0, "1": 1, "auto": 2}[config.DeviceAgent.Get()]
-	C.rmaw_cuda_agent(mode, C.uint64_t(config.DeviceAgentMaxKiB.Get())<<10, C.uint64_t(config.DeviceAgentIdleUs.Get()))
+	inl := C.int(0)
+	if config.FusedLanding.Get() {
+		inl = 1 // the kernel reads inline payloads only where they may come
+	}
+	C.rmaw_cuda_agent(mode, C.uint64_t(config.DeviceAgentMaxKiB.Get())<<10, C.uint64_t(config.DeviceAgentIdleUs.Get()), inl)
 	if !devrt.Load("CUDA", "CUDA driver", config.CUDA, open) {
 		return
 	}
