@@ -187,11 +187,7 @@ func (cudaDevice) LandSignal(ctx, dst uintptr, src unsafe.Pointer, n uint64, sig
 	case 1:
 		return false, nil
 	}
-	n0 := 0
-	for n0 < len(buf) && buf[n0] != 0 {
-		n0++
-	}
-	return false, errors.New(string(unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), n0)))
+	return false, devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
 }
 
 // Agent says what the last start or stop of a device agent found.

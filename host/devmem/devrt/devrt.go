@@ -138,15 +138,19 @@ func (Runtime[T]) ops() *C.rmaw_devrt_ops {
 // errBuf receives a C function's failure message.
 type errBuf [256]C.char
 
-func (b *errBuf) err() error {
-	// Read in Go rather than with C.GoString, which would move every
-	// caller's buffer to the heap (the per-operation calls keep it on
-	// the stack).
-	n := 0
-	for n < len(b) && b[n] != 0 {
-		n++
+func (b *errBuf) err() error { return ErrText(unsafe.Pointer(&b[0]), len(b)) }
+
+// ErrText is the NUL-terminated message a C function wrote into the n
+// bytes at p, as an error. It reads in Go rather than with C.GoString,
+// which would move every caller's buffer to the heap (the per-operation
+// calls keep it on the stack).
+func ErrText(p unsafe.Pointer, n int) error {
+	b := unsafe.Slice((*byte)(p), n)
+	k := 0
+	for k < n && b[k] != 0 {
+		k++
 	}
-	return errors.New(string(unsafe.Slice((*byte)(unsafe.Pointer(&b[0])), n)))
+	return errors.New(string(b[:k]))
 }
 
 // Inspect checks that [ptr, ptr+size) is device memory of one device and
