@@ -377,7 +377,8 @@ func (t *Link) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byt
 // has landed (or it is unnumbered); nothing else then waits for the held
 // copy, which settleHeld queues at the latest.
 func fusable(p link.Peer, h *wire.Header) bool {
-	return h.Typ == wire.MsgPutSignal && h.SigOp&wire.SigApplied == 0 && (h.Seq == 0 || p.Order().Next() == h.Seq)
+	return staging.FusedLanding() && h.Typ == wire.MsgPutSignal && h.SigOp&wire.SigApplied == 0 &&
+		(h.Seq == 0 || p.Order().Next() == h.Seq) // the orderer's lock, only where holding is on
 }
 
 // settleHeld queues what of a held payload its signal did not take, then

@@ -31,6 +31,10 @@ var fusedLanding atomic.Bool
 // SetFusedLanding allows or forbids fused landings.
 func SetFusedLanding(on bool) { fusedLanding.Store(on) }
 
+// FusedLanding reports whether fused landings are allowed: a caller asks
+// before it does any work toward holding a payload.
+func FusedLanding() bool { return fusedLanding.Load() }
+
 // Held is a put's small device payload read into a bounce slot, its copy
 // to the device not yet queued: its signal's application queues both
 // (AddSignalAfter), or Flush queues the copy alone. The zero value holds
@@ -116,7 +120,9 @@ func (q *ctxQueue) pushFused(fl devmem.FusedLander, i int, dst uintptr, n uint64
 // false (and no error): apply it apart, after flushing h.
 func fusedSignal(d devmem.Device, ctx, dev uintptr, v uint64, sh *Shadow, h *Held) (bool, error) {
 	st, ok := d.(devmem.Streams)
-	if !ok || h.q.ctx != ctx || dev%8 != 0 || !AgentRuns(ctx) {
+	// LandHeld saw ctx's agent run; one that stopped since declines the
+	// command (fuse), and the signal goes apart.
+	if !ok || h.q.ctx != ctx || dev%8 != 0 {
 		return false, nil
 	}
 	if _, gdr := d.(devmem.WordAdder); gdr {
