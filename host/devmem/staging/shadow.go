@@ -46,11 +46,10 @@ func (s *Shadow) Folds() uint64 { return s.folds.Load() }
 // device's value once (a registration's initial contents are the
 // application's).
 func (s *Shadow) add(st devmem.Streams, ctx, dev uintptr, v uint64) error {
-	i := (dev - s.base) / 8
-	if dev < s.base || dev%8 != 0 || i >= uintptr(len(s.words)) {
-		return fmt.Errorf("signal word %#x outside its shadow [%#x, +%d words)", dev, s.base, len(s.words))
+	w, err := s.word(dev)
+	if err != nil {
+		return err
 	}
-	w := &s.words[i]
 	w.val.Add(v)
 	if !w.pending.CompareAndSwap(0, 1) {
 		s.folds.Add(1)
@@ -83,11 +82,10 @@ func (s *Shadow) add(st devmem.Streams, ctx, dev uintptr, v uint64) error {
 // waiting for the lock writes again after it, with a value that includes
 // this one.
 func (s *Shadow) addFused(st devmem.Streams, ctx, dev uintptr, v uint64, h *Held) error {
-	i := (dev - s.base) / 8
-	if dev < s.base || dev%8 != 0 || i >= uintptr(len(s.words)) {
-		return fmt.Errorf("signal word %#x outside its shadow [%#x, +%d words)", dev, s.base, len(s.words))
+	w, err := s.word(dev)
+	if err != nil {
+		return err
 	}
-	w := &s.words[i]
 	mu := &devSigLocks[(dev>>3)%uintptr(len(devSigLocks))]
 	mu.Lock()
 	defer mu.Unlock()
@@ -113,6 +111,15 @@ func (s *Shadow) addFused(st devmem.Streams, ctx, dev uintptr, v uint64, h *Held
 	}
 	traceSignal(dev, v, val, pathFused)
 	return nil
+}
+
+// word is the shadow of the device word dev.
+func (s *Shadow) word(dev uintptr) (*shadowWord, error) {
+	i := (dev - s.base) / 8
+	if dev < s.base || dev%8 != 0 || i >= uintptr(len(s.words)) {
+		return nil, fmt.Errorf("signal word %#x outside its shadow [%#x, +%d words)", dev, s.base, len(s.words))
+	}
+	return &s.words[i], nil
 }
 
 // seed adds the device's current value of the word to the shadow, once;
