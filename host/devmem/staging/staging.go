@@ -75,14 +75,12 @@ func AddSignalAfter(ctx, dev uintptr, v uint64, sh *Shadow, h *Held) error {
 		return errors.Join(ErrNoDevice, h.Flush())
 	}
 	if h.Pending() {
+		// Not fused (or failed): the held copy is queued before the signal.
 		done, err := fusedSignal(d, ctx, dev, v, sh, h)
-		if done || err != nil {
-			if ferr := h.Flush(); err == nil {
-				err = ferr
-			}
-			return err
+		if ferr := h.Flush(); err == nil {
+			err = ferr
 		}
-		if err := h.Flush(); err != nil {
+		if done || err != nil {
 			return err
 		}
 	}
