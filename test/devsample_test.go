@@ -378,6 +378,11 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// each ping's signal into the peer's mapped word itself.
 		{"staging_bench_direct", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_VMM=1", "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64", "BENCH_PING_FIRST=1", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1"},
 			[]string{"RESULT ", "watched by a waiting kernel", "adds signals straight into its mapped signal words"}},
+		// The same with buffers made without POSIX fds (GPU_VMM_FD=0):
+		// they cannot be mapped into the peer, so the agent never adds a
+		// signal itself, and the plugin says why.
+		{"staging_bench_direct_unshared", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_VMM=1", "GPU_VMM_FD=0", "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64", "BENCH_PING_FIRST=1", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1"},
+			[]string{"RESULT ", "watched by a waiting kernel", "!adds signals straight into its mapped signal words", "not added by our device agent (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL): its part of the signal registration is not mapped here"}},
 		{"staging_bench_gdr", "staging_bench", []string{lib, "2097152", "2", "50"}, []string{"LD_LIBRARY_PATH=" + fakeWithGDR},
 			[]string{"RESULT ", "GDRCopy loaded", "fakegdr: page", "unpinned"}},
 	} {

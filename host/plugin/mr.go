@@ -99,6 +99,9 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 		staging.Prewarm(devCtx, uint64(config.StageChunkKiB.Get())<<10)
 	}
 	m.adds = devCtx != 0 && directSignal.Load() && ipcOn() && staging.DeviceAtomicAdds(devCtx)
+	if devCtx != 0 && directSignal.Load() && !m.adds {
+		directNotOurs()
+	}
 	if devCtx != 0 && flags&abi.MrFlagSignalNeverReset != 0 && config.SignalShadow.Get() && !m.adds {
 		m.shadow = staging.NewShadow(data, size)
 	}

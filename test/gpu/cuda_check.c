@@ -214,7 +214,9 @@ static void multiseg(const ncclRma_v15_t* t, void* coll, void* rma, int fd, int 
     printf("[rank %d] multiseg: SKIP (%s)\n", rank, hip_mode() ? "CUDA only" : "the driver lacks the VMM calls");
     return;
   }
-  memProp prop = {.type = 1, .locType = 1, .locId = 0, .gpuDirectRDMACapable = 1};
+  /* POSIX fds, as NCCL's ncclMemAlloc asks for: the plugin maps such
+   * windows into the other ranks of the host. */
+  memProp prop = {.type = 1, .requestedHandleTypes = 1, .locType = 1, .locId = 0, .gpuDirectRDMACapable = 1};
   size_t gran = 0;
   CU(vmm.granularity(&gran, &prop, 0));
   size_t seg = gran < (2 << 20) ? (size_t)2 << 20 : gran, win = 2 * seg;

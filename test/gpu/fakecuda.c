@@ -726,9 +726,13 @@ int cuMemAddressReserve(unsigned long long* p, size_t n, size_t align, unsigned 
   *p = (uintptr_t)m;
   return 0;
 }
+/* An allocation made without POSIX fds among its requested handle types
+ * (CUmemAllocationProp's second int) cannot be exported, as on a real
+ * driver: its memfd is named so. */
 int cuMemCreate(unsigned long long* h, size_t n, const void* prop, unsigned long long f) {
-  (void)prop, (void)f;
-  int fd = memfd_create("fake-vmm", MFD_CLOEXEC);
+  (void)f;
+  int types = ((const int*)prop)[1];
+  int fd = memfd_create(types & 1 ? "fake-vmm" : "fake-vmm-private", MFD_CLOEXEC);
   if (fd < 0 || ftruncate(fd, (off_t)n) != 0) return 2;
   *h = HMARK | (unsigned long long)fd;
   return 0;
@@ -736,6 +740,10 @@ int cuMemCreate(unsigned long long* h, size_t n, const void* prop, unsigned long
 int cuMemExportToShareableHandle(void* out, unsigned long long h, int type, unsigned long long f) {
   (void)f;
   if (type != 1 || !(h & HMARK)) return 1; /* POSIX fds of cuMemCreate'd memory only */
+  char link[64], name[128];
+  snprintf(link, sizeof link, "/proc/self/fd/%d", (int)(h & ~HMARK));
+  ssize_t k = readlink(link, name, sizeof name - 1);
+  if (k > 0 && (name[k] = 0, strstr(name, "fake-vmm-private"))) return 1; /* refused: not shareable */
   int fd = dup((int)(h & ~HMARK));
   if (fd < 0) return 2;
   *(int*)out = fd;

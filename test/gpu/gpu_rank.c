@@ -165,7 +165,11 @@ bool vmm_open(void) {
 
 
 CUresult vmm_alloc(size_t n, CUdeviceptr* out) {
-  memProp prop = {.type = 1, .locType = 1, .locId = 0, .gpuDirectRDMACapable = 1};
+  /* POSIX fds (requestedHandleTypes 1), as NCCL's ncclMemAlloc asks for,
+   * so that the plugin can map the allocation into the other ranks of the
+   * host; GPU_VMM_FD=0 makes one that cannot be shared. */
+  int fd = !getenv("GPU_VMM_FD") || atoi(getenv("GPU_VMM_FD"));
+  memProp prop = {.type = 1, .requestedHandleTypes = fd ? 1 : 0, .locType = 1, .locId = 0, .gpuDirectRDMACapable = 1};
   size_t gran = 0;
   CUmemHandle h;
   CUresult r = vmm.granularity(&gran, &prop, 0);

@@ -142,6 +142,7 @@ extern vmm_calls_t vmm;
 /* vmm_open fills vmm (CUDA only); false when the driver lacks a call. */
 bool vmm_open(void);
 /* vmm_alloc maps one n-byte allocation of device 0, readable and
- * writable by it, rounded up to the granularity; 0 on success. */
+ * writable by it, rounded up to the granularity, exportable as a POSIX fd
+ * unless GPU_VMM_FD=0; 0 on success. */
 CUresult vmm_alloc(size_t n, CUdeviceptr* out);
 #endif
