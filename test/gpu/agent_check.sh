@@ -20,7 +20,9 @@ nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 t0=$(date +%s)
 # The agent's round trip by itself beside the driver's (a few seconds),
 # before any MPS daemon of the checks below runs: the probe starts its own.
-PROBE_OUT=$O/probe timeout 150 "$ROOT/test/gpu/agent_probe.sh" 2000 >"$O/probe.log" 2>&1
+# PROBE_PTX: more kernels (PTX files) to time beside the shipped one.
+# shellcheck disable=SC2086
+PROBE_OUT=$O/probe timeout 150 "$ROOT/test/gpu/agent_probe.sh" 2000 "$ROOT/host/devmem/cuda/agent.ptx" ${PROBE_PTX:-} >"$O/probe.log" 2>&1
 grep -E "^PROBE" "$O/probe.log" | grep -v "of 2\]" | sed 's/^/AGENT-CHECK /'
 # GIN_CHECK=0 skips the real-NCCL part (no NCCL build): the probe,
 # staging_bench and cuda_check alone, for a short look.
