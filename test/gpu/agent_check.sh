@@ -153,6 +153,8 @@ sb() { grep -h "^SIGNAL $2 " "$1" 2>/dev/null | head -1 | sed -n 's/.*device wor
 self() { grep -h "^SELF   $2 " "$1" 2>/dev/null | head -1 | sed -n "s/.*$3 *\([0-9.]*\) us.*/\1/p"; }
 gw() { grep -h "$2" "$1" 2>/dev/null | head -1 | sed -n 's/.*p50 *\([0-9.]*\) µs.*/\1/p'; }
 cc() { grep -q "RESULT PASS" "$1" 2>/dev/null && echo pass || echo FAIL; }
+# pr kernel flags what: the probe's p50 under MPS (one probe alone).
+pr() { sed -n '/^PROBE: under MPS$/,/^PROBE: under MPS, two/p' "$O/probe.log" 2>/dev/null | grep -E "^PROBE $1 f$2 +${3//+/\\+} +p50" | head -1 | sed -n 's/.*p50 *\([0-9.]*\) us.*/\1/p'; }
 echo "AGENT-CHECK summary (µs; '-' not measured or failed)"
 printf '%-46s %10s %10s %12s\n' series agent-off agent-on nccl-sendrecv
 for b in 8 4096 65536; do
@@ -189,6 +191,9 @@ for w in intranode tcp; do
   for dir in "device->host" "host->device"; do
     printf '%-46s %10s %10s %12s\n' "8 B put to itself, $dir, $w" "$(self "$O/sb-0-0.log" $w "$dir")" "$(self "$O/sb-0-1.log" $w "$dir")" ""
   done
+done
+for what in nop "copy h2d" "copy+add"; do
+  printf '%-46s %10s %10s %12s\n' "agent round trip, $what (plain|inline kernel)" "$(pr agent.ptx 0 "$what")" "$(pr agent.ptx 1 "$what")" ""
 done
 printf '%-46s %10s %10s %12s\n' "cuda_check (every byte)" "$(cc "$G/cuda_check.log")" "$(cc "$G/cuda_check-agent.log")" ""
 echo "AGENT-CHECK: all done at $(($(date +%s) - t0)) s"
