@@ -27,7 +27,7 @@ grep -E "^PROBE" "$O/probe.log" | grep -v "of 2\]" | sed 's/^/AGENT-CHECK /'
 # GIN_CHECK=0 skips the real-NCCL part (no NCCL build): the probe,
 # staging_bench and cuda_check alone, for a short look.
 if [ "${GIN_CHECK:-1}" != 0 ]; then
-  NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin} GIN_REFS=${GIN_REFS-agent many gatherwriter direct fused} \
+  NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin} GIN_REFS=${GIN_REFS-agent many gatherwriter fused} \
     PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-60} timeout ${GIN_CHECK_S:-400} "$ROOT/test/gpu/nccl_gin_check.sh" "$SRC" 0 "$O/gin"
   echo "AGENT-CHECK: nccl_gin_check done at $(($(date +%s) - t0)) s"
 fi
