@@ -149,6 +149,8 @@ fi
 G=$O/gin
 hr() { grep -h "HOSTRMA latency size=$2 " "$1" 2>/dev/null | head -1 | sed -n "s/.*putsignal_us=\([0-9.]*\) nccl-sendrecv_us=\([0-9.]*\).*/\1 \2/p"; }
 ga() { grep -h "GINA2A bytes=$2 " "$1" 2>/dev/null | head -1 | sed -n 's/.*us_per_alltoall=\([0-9.]*\).*/\1/p'; }
+# gm name bytes: the mean of a run and its repeats (name, name-2, ...).
+gm() { for f in "$G/gin_alltoall-$1.log" "$G"/gin_alltoall-"$1"-[0-9].log; do ga "$f" "$2"; done | awk '{s += $1; n++} END {if (n) printf "%.1f\n", s / n}'; }
 sb() { grep -h "^SIGNAL $2 " "$1" 2>/dev/null | head -1 | sed -n 's/.*device word *\([0-9.]*\) us.*/\1/p'; }
 self() { grep -h "^SELF   $2 " "$1" 2>/dev/null | head -1 | sed -n "s/.*$3 *\([0-9.]*\) us.*/\1/p"; }
 gw() { grep -h "$2" "$1" 2>/dev/null | head -1 | sed -n 's/.*p50 *\([0-9.]*\) µs.*/\1/p'; }
@@ -176,8 +178,8 @@ printf '%-46s %10s %10s %12s\n' "the same, 4 ranks" "" "$(ga "$G/gin_alltoall-np
 printf '%-46s %10s %10s %12s\n' "GIN alltoall 64 B, agent adds signals itself" "" "$(ga "$G/gin_alltoall-direct-64.log" 64)" ""
 printf '%-46s %10s %10s %12s\n' "GIN alltoall 4096 B, agent adds signals itself" "" "$(ga "$G/gin_alltoall-direct-4096.log" 4096)" ""
 printf '%-46s %10s %10s %12s\n' "the same at 64 B, 4 ranks" "" "$(ga "$G/gin_alltoall-np4-direct-64.log" 64)" ""
-printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, TCP lanes, agent (unfused|fused)" "$(ga "$G/gin_alltoall-tcp-agent-64.log" 64)" "$(ga "$G/gin_alltoall-fused-64.log" 64)" ""
-printf '%-46s %10s %10s %12s\n' "GIN a2a 4096 B, TCP lanes, agent (unfused|fused)" "$(ga "$G/gin_alltoall-tcp-agent-4096.log" 4096)" "$(ga "$G/gin_alltoall-fused-4096.log" 4096)" ""
+printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, TCP lanes, agent (unfused|fused) mean" "$(gm tcp-agent-64 64)" "$(gm fused-64 64)" ""
+printf '%-46s %10s %10s %12s\n' "GIN a2a 4096 B, TCP lanes, agent (unfused|fused) mean" "$(gm tcp-agent-4096 4096)" "$(gm fused-4096 4096)" ""
 for pb in ${SB_BYTES-0 64 4096}; do
   for w in intranode tcp; do
     printf '%-46s %10s %10s %12s\n' "kernel-watched word, ${pb} B payload, $w" "$(sb "$O/sb-$pb-0.log" $w)" "$(sb "$O/sb-$pb-1.log" $w)" ""

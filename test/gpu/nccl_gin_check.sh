@@ -30,7 +30,9 @@
 # agent; "direct" the 64 B and 4 KiB alltoalls, and 64 B with 4 ranks,
 # with the agent and NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1; "fused" the
 # 64 B and 4 KiB alltoalls over TCP lanes only, NCCL_RMA_WASM_INTRANODE=0,
-# the agent on, with and without NCCL_RMA_WASM_FUSED_LANDING=1).
+# the agent on, without and with NCCL_RMA_WASM_FUSED_LANDING=1, in turn
+# FUSED_PAIRS times (default 2; logs after the first end in -2, -3...), so
+# that drift between runs falls on both sides).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -284,10 +286,13 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # as between hosts), the agent on, fused and not, 64 B and 4 KiB.
   if ref fused; then
     for b in 64 4096; do
-      gin_run tcp-agent-$b $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 || gin_bad=1
-      if gin_run fused-$b $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FUSED_LANDING=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET; then
-        grep -h "device agent:.*fused landings" "$OUT/gin_alltoall-fused-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [fused-'$b'] /' | sort -u | head -2
-      else gin_bad=1; fi
+      for i in $(seq 1 "${FUSED_PAIRS:-2}"); do
+        sfx=; [ "$i" -gt 1 ] && sfx=-$i
+        gin_run tcp-agent-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 || gin_bad=1
+        if gin_run fused-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FUSED_LANDING=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET; then
+          [ -z "$sfx" ] && grep -h "device agent:.*fused landings" "$OUT/gin_alltoall-fused-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [fused-'$b'] /' | sort -u | head -2
+        else gin_bad=1; fi
+      done
     done
   fi
   # The gather writer's reference: with the agent its default (auto) hands
