@@ -178,8 +178,8 @@ printf '%-46s %10s %10s %12s\n' "the same, 4 ranks" "" "$(ga "$G/gin_alltoall-np
 printf '%-46s %10s %10s %12s\n' "GIN alltoall 64 B, agent adds signals itself" "" "$(ga "$G/gin_alltoall-direct-64.log" 64)" ""
 printf '%-46s %10s %10s %12s\n' "GIN alltoall 4096 B, agent adds signals itself" "" "$(ga "$G/gin_alltoall-direct-4096.log" 4096)" ""
 printf '%-46s %10s %10s %12s\n' "the same at 64 B, 4 ranks" "" "$(ga "$G/gin_alltoall-np4-direct-64.log" 64)" ""
-printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, TCP lanes, agent (unfused|fused) mean" "$(gm tcp-agent-64 64)" "$(gm fused-64 64)" ""
-printf '%-46s %10s %10s %12s\n' "GIN a2a 4096 B, TCP lanes, agent (unfused|fused) mean" "$(gm tcp-agent-4096 4096)" "$(gm fused-4096 4096)" ""
+printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, TCP lanes, unfused|fused, mean" "$(gm tcp-agent-64 64)" "$(gm fused-64 64)" ""
+printf '%-46s %10s %10s %12s\n' "GIN a2a 4 KiB, TCP lanes, unfused|fused, mean" "$(gm tcp-agent-4096 4096)" "$(gm fused-4096 4096)" ""
 for pb in ${SB_BYTES-0 64 4096}; do
   for w in intranode tcp; do
     printf '%-46s %10s %10s %12s\n' "kernel-watched word, ${pb} B payload, $w" "$(sb "$O/sb-$pb-0.log" $w)" "$(sb "$O/sb-$pb-1.log" $w)" ""
