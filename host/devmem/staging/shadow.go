@@ -3,6 +3,7 @@ package staging
 import (
 	"fmt"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -56,15 +57,12 @@ func (s *Shadow) add(st devmem.Streams, ctx, dev uintptr, v uint64) error {
 		traceSignal(dev, v, 0, pathFolded)
 		return nil
 	}
-	mu := &devSigLocks[(dev>>3)%uintptr(len(devSigLocks))]
-	mu.Lock()
-	defer mu.Unlock()
-	if !w.seeded {
-		if err := s.seed(st, ctx, dev, w); err != nil {
-			w.pending.Store(0)
-			return err
-		}
+	mu, err := s.lockSeeded(st, ctx, dev, w)
+	if err != nil {
+		w.pending.Store(0)
+		return err
 	}
+	defer mu.Unlock()
 	w.pending.Store(0)
 	val := w.val.Load()
 	if err := st.WriteWord(ctx, dev, val); err != nil {
@@ -86,14 +84,11 @@ func (s *Shadow) addFused(st devmem.Streams, ctx, dev uintptr, v uint64, h *Held
 	if err != nil {
 		return err
 	}
-	mu := &devSigLocks[(dev>>3)%uintptr(len(devSigLocks))]
-	mu.Lock()
-	defer mu.Unlock()
-	if !w.seeded {
-		if err := s.seed(st, ctx, dev, w); err != nil {
-			return err
-		}
+	mu, err := s.lockSeeded(st, ctx, dev, w)
+	if err != nil {
+		return err
 	}
+	defer mu.Unlock()
 	val := w.val.Add(v)
 	done, err := h.fuse(dev, val, false)
 	if err != nil {
@@ -111,6 +106,20 @@ func (s *Shadow) addFused(st devmem.Streams, ctx, dev uintptr, v uint64, h *Held
 	}
 	traceSignal(dev, v, val, pathFused)
 	return nil
+}
+
+// lockSeeded takes the stripe lock of the device word dev and seeds its
+// shadow w once; the caller unlocks. On an error nothing is held.
+func (s *Shadow) lockSeeded(st devmem.Streams, ctx, dev uintptr, w *shadowWord) (*sync.Mutex, error) {
+	mu := &devSigLocks[(dev>>3)%uintptr(len(devSigLocks))]
+	mu.Lock()
+	if !w.seeded {
+		if err := s.seed(st, ctx, dev, w); err != nil {
+			mu.Unlock()
+			return nil, err
+		}
+	}
+	return mu, nil
 }
 
 // word is the shadow of the device word dev.
