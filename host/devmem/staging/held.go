@@ -63,8 +63,11 @@ func LandHeld(r io.Reader, ctx, dst uintptr, n uint64, h *Held) (bool, error) {
 		return false, nil
 	}
 	q, i, read, err := readSlot(d, r, ctx, n)
+	if !read {
+		return false, nil // no slot: LandOnDevice lands it, and meets any error itself
+	}
 	if q == nil {
-		return read, err
+		return true, err
 	}
 	*h = Held{q: q, i: i, dst: dst, n: n}
 	return true, nil
