@@ -269,16 +269,24 @@ struct agent* rmacu_ag_live(ctxstream* e) {
   return a && __atomic_load_n(&a->live, __ATOMIC_ACQUIRE) ? a : NULL;
 }
 
-/* rmacu_ag_submit queues one command after the context's earlier work. */
-int rmacu_ag_submit(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, char* err,
-                    size_t errlen) {
+/* ag_submit queues one command after the context's earlier work: a
+ * fused one names its signal word sig, an inline one carries its payload
+ * inl (NULL: none). */
+static int ag_submit(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, uint64_t sig,
+                     const void* inl, char* err, size_t errlen) {
   struct agent* a = e->ag;
   pthread_mutex_lock(&a->mu);
   int rc = -1;
   if (!a->live) rc = rmaw_fail(err, errlen, "the device agent stopped");
-  else if (ag_follow(e, err, errlen) == 0) rc = ag_put(a, kind, n, src, dst, val, 0, NULL, err, errlen);
+  else if (ag_follow(e, err, errlen) == 0) rc = ag_put(a, kind, n, src, dst, val, sig, inl, err, errlen);
   pthread_mutex_unlock(&a->mu);
   return rc;
+}
+
+/* rmacu_ag_submit queues one command after the context's earlier work. */
+int rmacu_ag_submit(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, char* err,
+                    size_t errlen) {
+  return ag_submit(e, kind, n, src, dst, val, 0, NULL, err, errlen);
 }
 
 /* rmaw_cuda_land_signal queues, as one agent command after the context's
@@ -291,19 +299,12 @@ int rmaw_cuda_land_signal(uintptr_t ctx, uint64_t dst, const void* host, uint64_
                       char* err, size_t errlen) {
   CTX_STREAM(e, "fused landing");
   (void)r;
-  struct agent* a = rmacu_ag_live(e);
-  if (!a || n == 0 || n > rmacu_agent_max) return 1;
+  if (!rmacu_ag_live(e) || n == 0 || n > rmacu_agent_max) return 1;
   if (sig & 7) return rmaw_fail(err, errlen, "signal word %#llx not 8-byte aligned", (unsigned long long)sig);
   int inl = ag_inline && n <= AG_INLINE;
   if (!inl && !rmacu_hr_ok(host, n)) return 1;
   uint64_t kind = inl ? (add ? AG_INLINE_ADD : AG_INLINE_WRITE) : (add ? AG_COPY_ADD : AG_COPY_WRITE);
-  pthread_mutex_lock(&a->mu);
-  int rc = -1;
-  if (!a->live) rc = rmaw_fail(err, errlen, "the device agent stopped");
-  else if (ag_follow(e, err, errlen) == 0)
-    rc = ag_put(a, kind, n, inl ? 0 : (uint64_t)(uintptr_t)host, dst, v, sig, inl ? host : NULL, err, errlen);
-  pthread_mutex_unlock(&a->mu);
-  return rc;
+  return ag_submit(e, kind, n, inl ? 0 : (uint64_t)(uintptr_t)host, dst, v, sig, inl ? host : NULL, err, errlen);
 }
 
 /* rmacu_ag_record records a ticket in *ev (an event of a's context): the
