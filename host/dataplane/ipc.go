@@ -88,3 +88,27 @@ func (c IPC) OpenPeerEvents(rank int, ctx uintptr, handles [][64]byte) error {
 	}
 	return x.IPCEvents().OpenPeer(rank, ctx, handles)
 }
+
+// OpenPeerMarks maps rank's mark page from fd, once: the page its agent
+// marks its mapped copies into our memory on.
+func (c IPC) OpenPeerMarks(rank int, fd int) error {
+	x, err := c.intra(rank)
+	if err != nil {
+		return err
+	}
+	return x.IPCEvents().OpenPeerMarks(fd, x.PeerPid())
+}
+
+// SetMarksReady records that rank mapped our mark page: our mapped
+// put+signals to it whose copy is the agent's are marked from now on.
+func (c IPC) SetMarksReady(rank int) {
+	if x, err := c.intra(rank); err == nil {
+		x.IPCEvents().SetMarksReady()
+	}
+}
+
+// MarksReady reports whether rank mapped our mark page.
+func (c IPC) MarksReady(rank int) bool {
+	x, err := c.intra(rank)
+	return err == nil && x.IPCEvents().MarksReady()
+}

@@ -76,6 +76,34 @@ func unsharedEvent(t *testing.T, typ uint8, want string) {
 	}
 }
 
+// TestUnsharedMarkDropsPeer: a put+signal whose header orders it by an
+// agent mark of a page the sender never handed over (wire.StatusMark), or
+// names mark 0, is a protocol error: the target drops the peer with a
+// WARN, and applies nothing.
+func TestUnsharedMarkDropsPeer(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		h    wire.Header
+	}{
+		{"no page", wire.Header{Typ: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1, Status: wire.StatusMark | 2, Off: 7}},
+		{"mark 0", wire.Header{Typ: wire.MsgPutSignal, MrID: 1, SigMrID: 1, SigOp: abi.SignalOpAdd, SigValue: 1, Status: wire.StatusMark}},
+		{"put without signal", wire.Header{Typ: wire.MsgPut, MrID: 1, Status: wire.StatusMark | 1, Off: 3}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			const want = "by a mark it may not name"
+			got := meshtest.Warnings(t)
+			ms, owners := meshtest.Mesh2(t, false)
+			rawHeaderDrops(t, ms, owners, c.h, want)
+			if meshtest.CountMatching(got(), want) == 0 {
+				t.Fatalf("no WARN for the violation: %q", got())
+			}
+			if w := *(*uint64)(unsafe.Pointer(&owners[1].Mem[0])); w != 0 {
+				t.Fatalf("the signal word was updated to %d", w)
+			}
+		})
+	}
+}
+
 // rawHeaderDrops writes h on rank 0's authenticated stream to rank 1 and
 // waits until rank 1 failed the peer with an error containing every
 // string in says.

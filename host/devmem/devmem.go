@@ -79,6 +79,20 @@ type FusedLander interface {
 	LandSignal(ctx, dst uintptr, src unsafe.Pointer, n uint64, sig uintptr, v uint64, add bool) (bool, error)
 }
 
+// CopyMarker is implemented by a device whose device agent copies between
+// device addresses and then writes the command's number to a host word
+// (host/devmem/cuda): a peer process that maps the word learns, by
+// reading it, that the copy is visible, with no event and no host of ours
+// waiting (staging.CopyMappedMark).
+type CopyMarker interface {
+	// CopyMark queues, after the work queued on ctx so far, the copy of n
+	// bytes from src to dst and then the write of the command's number,
+	// which it returns, to the 8-byte word mark (pinned host memory the
+	// device reaches); a word written this way only grows. false (and no
+	// error): not for this context, copy or word.
+	CopyMark(ctx, dst, src uintptr, n uint64, mark uintptr) (uint64, bool, error)
+}
+
 // Caps are the stream-ordered operations a device supports for a context
 // (Streams.Caps).
 type Caps uint32

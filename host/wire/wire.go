@@ -78,6 +78,14 @@ const StatusAckNow = 1
 // low byte of the status (dataplane's ipc_events.go).
 const StatusEvent = 0x2000
 
+// StatusMark on a put+signal without payload (its bytes were copied into
+// the target's memory through a mapping, by the sender's device agent)
+// says that the target must apply the signal only once word (the low byte
+// of the status) of the sender's mark page, mapped at the target, reached
+// the header's off, which carries that number in place of an offset
+// (staging's marks.go).
+const StatusMark = 0x1000
+
 // SigApplied, or'ed into a put+signal's signal op, says that the sender's
 // device agent already added the signal into the target's word through a
 // mapping (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL): the target numbers and

@@ -544,8 +544,13 @@ static void* agent_main(void* arg) {
         agent_bad("an unknown command", kind, 0);
     }
     if (kind >= 7) {
-      /* A fused command's signal, after its payload. */
-      if (sig % 8 || !find(sig) || !vmm_at(sig)) agent_bad("a signal word it cannot reach", sig, 8);
+      /* A fused command's signal, after its payload: a device word, or
+       * (a copy's mark, kind 7) a word of pinned host memory. */
+      int marked = kind == 7 && sig % 8 == 0 && hostmem(sig, 8);
+      if (!marked && (sig % 8 || !find(sig) || !vmm_at(sig))) agent_bad("a signal word it cannot reach", sig, 8);
+      static int saidMark;
+      if (marked && !__atomic_exchange_n(&saidMark, 1, __ATOMIC_RELAXED))
+        fprintf(stderr, "fakecuda: the device agent marked a copy in host memory\n");
       if (kind == 7 || kind == 9) __atomic_store_n((uint64_t*)(uintptr_t)sig, val, __ATOMIC_SEQ_CST);
       else __atomic_add_fetch((uint64_t*)(uintptr_t)sig, val, __ATOMIC_SEQ_CST);
     }

@@ -41,6 +41,11 @@ type linkEvents struct {
 
 	peerCtx uintptr                   // the context the peer's were opened in
 	peer    atomic.Pointer[[]uintptr] // the peer's, opened here
+	// Agent marks (staging's marks.go): marksReady, the peer mapped our
+	// mark page; peerMarks, the peer's page mapped here.
+	marksReady atomic.Bool
+	peerMarks  atomic.Pointer[staging.PeerMarks]
+
 	// lastEv is the peer's event a stream of ours last waited for (on
 	// lastCtx's stream), 0 once a host wait covered it: a later signal
 	// from the peer applied elsewhere waits for it first. Only whoever
@@ -63,6 +68,8 @@ func (e *linkEvents) release() {
 	if p := e.peer.Swap(nil); p != nil {
 		freeEvents(e.peerCtx, *p)
 	}
+	e.marksReady.Store(false)
+	e.peerMarks.Swap(nil).Close()
 }
 
 func freeEvents(ctx uintptr, evs []uintptr) {
@@ -75,20 +82,26 @@ func freeEvents(ctx uintptr, evs []uintptr) {
 
 // queueMapped queues op's copy into the peer's mapped memory and records
 // our next event after it (sender side), for a put+signal the target can
-// order by that event. false: the lane's other ways.
+// order by that event, or, where the device agent copies, marks our page
+// after it (queueMarked). false: the lane's other ways.
 func (x *Link) queueMapped(op *link.Op) bool {
 	e := &x.evs
-	if !e.ready.Load() || op.Msg != wire.MsgPutSignal || op.LocalCtx != e.ctx {
-		return false
-	}
-	if staging.AgentRuns(op.LocalCtx) {
-		// The agent copies and its ticket passes with no driver call:
-		// the lane's gathered copies (waited for before the header
-		// leaves) beat an event's record and the target's wait.
+	evs, marks := e.ready.Load(), e.marksReady.Load()
+	if op.Msg != wire.MsgPutSignal || (!evs && !marks) {
 		return false
 	}
 	po, ok := x.Peer().Mesh().Owner.(link.PartOwner)
 	if !ok {
+		return false
+	}
+	if staging.AgentRuns(op.LocalCtx) {
+		// The agent copies and its ticket passes with no driver call:
+		// the agent's mark where the peer mapped our page, else the
+		// lane's gathered copies (waited for before the header leaves)
+		// beat an event's record and the target's wait.
+		return marks && x.queueMarked(op, po)
+	}
+	if !evs || op.LocalCtx != e.ctx {
 		return false
 	}
 	// Lanes may race for a slot: two copies recording one event make
@@ -106,6 +119,55 @@ func (x *Link) queueMapped(op *link.Op) bool {
 	op.Event = uint8(k + 1)
 	return true
 }
+
+// queueMarked queues op's copy into the peer's mapped memory as an agent
+// command that then marks our page (staging.CopyMappedMark): the header
+// leaves at once naming the mark, which the target waits for.
+func (x *Link) queueMarked(op *link.Op, po link.PartOwner) bool {
+	po.AddPart(op.Tag) // the copy's part; given back below when nothing was queued
+	ok, k, v, err := staging.CopyMappedMark(op.LocalCtx, uintptr(op.Mapped), uintptr(op.Local), op.Size, x.Peer().Mesh().Owner, op.Tag)
+	if !ok {
+		x.Peer().Mesh().Owner.Complete(op.Tag, abi.Success)
+		if err != nil {
+			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: a mapped put+signal could not be marked by the device agent: %v; waiting for its copy instead", x.Peer().Rank(), err)
+		}
+		return false
+	}
+	op.Mark, op.MarkV = uint8(k+1), v
+	return true
+}
+
+// SetMarksReady records that the peer mapped our mark page: our mapped
+// put+signals whose copy is the agent's are marked from now on.
+func (e *linkEvents) SetMarksReady() {
+	e.mu.Lock()
+	e.marksReady.Store(!e.closed)
+	e.mu.Unlock()
+}
+
+// MarksReady reports whether the peer mapped our mark page.
+func (e *linkEvents) MarksReady() bool { return e.marksReady.Load() }
+
+// OpenPeerMarks maps the peer's (process pid's) mark page from fd, once.
+func (e *linkEvents) OpenPeerMarks(fd, pid int) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrNoIntra
+	}
+	if e.peerMarks.Load() != nil {
+		return nil
+	}
+	m, err := staging.OpenPeerMarks(fd, pid)
+	if err != nil {
+		return err
+	}
+	e.peerMarks.Store(m)
+	return nil
+}
+
+// PeerMarks is the peer's mark page mapped here, or nil.
+func (e *linkEvents) PeerMarks() *staging.PeerMarks { return e.peerMarks.Load() }
 
 // PeerOpened reports that the peer's events were opened here.
 func (e *linkEvents) PeerOpened() bool { return e.peer.Load() != nil }

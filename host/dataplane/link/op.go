@@ -106,7 +106,7 @@ type Plan struct {
 }
 
 // Route is where the operation goes and how it got there: set by the mesh
-// (Seq), the intra-node path (Remote, Mapped, MapCtx, Event) and a lane
+// (Seq), the intra-node path (Remote, Mapped, MapCtx, Event, Mark) and a lane
 // failover (Resent, From).
 type Route struct {
 	Remote uint64 // address of Off in the target process (intra-node path)
@@ -120,6 +120,12 @@ type Route struct {
 	// recorded after the mapped copy, which the target waits for before
 	// it applies the signal (ipc_events.go).
 	Event uint8
+	// Mark, set by the lane (1 + a word of our mark page), and MarkV: the
+	// device agent writes MarkV to that word after the mapped copy, and
+	// the target waits for it before it applies the signal
+	// (staging.CopyMappedMark).
+	Mark  uint8
+	MarkV uint64
 	// SigMapped, when non-zero, is the address here of the target's
 	// signal word, mapped: the device agent of the payload's context (or,
 	// for a signal alone, of MapCtx) may add the signal itself

@@ -19,6 +19,9 @@ type Events interface {
 	PeerOpened() bool
 	// PeerEvent is the peer's event i, 0 when there is none such.
 	PeerEvent(i int) uintptr
+	// PeerMarks is the peer's mark page mapped here, nil when it was
+	// never handed over (staging's marks.go).
+	PeerMarks() *staging.PeerMarks
 }
 
 // LaneIO is what a lane offers its side (LaneSide): writes on its

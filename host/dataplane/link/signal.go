@@ -9,8 +9,8 @@ import (
 
 // Signal is a signal word: host memory updated atomically, or a word of
 // device memory updated through the device runtime (staging.AddSignal).
-// On an intra-node link with interprocess events it also carries the
-// ordering of the peer's mapped copies (the intra-node link's interprocess events), done when it is
+// On an intra-node link with interprocess events or agent marks it also
+// carries the ordering of the peer's mapped copies, done when it is
 // applied: in sequence order, so a signal numbered after a mapped
 // put+signal that another lane carried follows that put's bytes too.
 type Signal struct {
@@ -21,6 +21,11 @@ type Signal struct {
 	Pin  Pin             // the signal registration, held until the signal is applied
 	Evs  Orderer         // the link's events, or nil: nothing to order
 	Ev   uintptr         // the peer's event this put+signal named, or 0
+	// Marks, MarkK and MarkV: the peer's mark page and the word and
+	// number this put+signal named (wire.StatusMark); Marks nil: none.
+	Marks *staging.PeerMarks
+	MarkK uint8
+	MarkV uint64
 	// Held is the put's payload, its copy held for this signal
 	// (staging.LandHeld), or nil. Only a signal applied at once, on the
 	// thread that read the payload, carries one.
@@ -29,7 +34,7 @@ type Signal struct {
 
 // Valid reports whether s has something to apply (seqorder.Signal): a
 // word, or the order of a mapped put whose signal was refused.
-func (s Signal) Valid() bool { return s.Word() || s.Ev != 0 }
+func (s Signal) Valid() bool { return s.Word() || s.Ev != 0 || s.Marks != nil }
 
 // Word reports whether s names a signal word.
 func (s Signal) Word() bool { return s.Host != nil || s.Dev != 0 }
@@ -43,6 +48,11 @@ func (s Signal) Release() { s.Pin.Release() }
 
 // Apply adds v to the signal word, after the payload is visible.
 func (s Signal) Apply(v uint64) error {
+	if s.Marks != nil {
+		if err := s.Marks.Wait(int(s.MarkK), s.MarkV); err != nil {
+			return err
+		}
+	}
 	if s.Evs != nil {
 		if err := s.Evs.Order(s.Ev, s.Ctx, s.OnStream()); err != nil {
 			return err

@@ -204,6 +204,9 @@ func (l *lane) header(i int, op *link.Op, ringed, comp bool) []byte {
 	if op.Event != 0 {
 		h.Status = wire.StatusEvent | uint16(op.Event-1)
 	}
+	if op.Mark != 0 {
+		h.Status, h.Off = wire.StatusMark|uint16(op.Mark-1), op.MarkV
+	}
 	if ringed {
 		h.Status = link.StatusRing
 	}

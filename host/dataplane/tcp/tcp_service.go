@@ -237,6 +237,9 @@ func (t *Link) orderMapped(h *wire.Header, sig link.Signal) (link.Signal, error)
 	if t.side != nil {
 		evs = t.side.PeerEvents()
 	}
+	if h.Status&wire.StatusMark != 0 && h.Status&(wire.StatusEvent|link.StatusRing) == 0 {
+		return t.orderMarked(h, sig, evs)
+	}
 	if h.Status&wire.StatusEvent == 0 {
 		if evs != nil && sig.Word() && evs.PeerOpened() {
 			sig.Evs = evs // an event waited for on a stream may be pending
@@ -256,6 +259,28 @@ func (t *Link) orderMapped(h *wire.Header, sig link.Signal) (link.Signal, error)
 		return sig, err
 	}
 	sig.Evs = evs
+	return sig, nil
+}
+
+// orderMarked makes the signal sig of the put+signal h follow the
+// peer's device agent's copy into our memory, marked on the peer's mark
+// page (wire.StatusMark: word in the status's low byte, number in off),
+// and whatever a stream of ours waits for (orderMapped). A header that
+// names a mark it may not is a protocol error.
+func (t *Link) orderMarked(h *wire.Header, sig link.Signal, evs link.Events) (link.Signal, error) {
+	var pm *staging.PeerMarks
+	if evs != nil && h.Typ == wire.MsgPutSignal && h.Size == 0 {
+		pm = evs.PeerMarks()
+	}
+	if k := int(h.Status & 0xff); pm == nil || k >= staging.MarkWords || h.Off == 0 {
+		err := fmt.Errorf("protocol error: rank %d ordered a put+signal by a mark it may not name (status %#x, %d bytes, mark %d, seq %d)", t.p.Rank(), h.Status, h.Size, h.Off, h.Seq)
+		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
+		return sig, err
+	}
+	sig.Marks, sig.MarkK, sig.MarkV = pm, uint8(h.Status), h.Off
+	if evs.PeerOpened() {
+		sig.Evs = evs // an event waited for on a stream may be pending
+	}
 	return sig, nil
 }
 

@@ -116,8 +116,9 @@ struct agent {
   unsigned polls;     /* not-passed ticket queries, to look at the kernel now and then */
   /* Counts (under mu), for the INFO line at finalize: commands by kind,
    * epoch waits (stream work before agent work: one stream write each),
-   * stream waits for the agent, launches after the kernel parked. */
-  uint64_t nkind[16], follows, leads, wakes, syncs;
+   * stream waits for the agent, launches after the kernel parked, marked
+   * copies (rmaw_cuda_copy_mark). */
+  uint64_t nkind[16], follows, leads, wakes, syncs, marks;
   /* The stall watch's own (rmaw_cuda_agent_stalled): the done word it saw
    * last, and since when (ns) commands have waited with done unchanged. */
   uint64_t wdone, wsince;
@@ -305,6 +306,36 @@ int rmaw_cuda_land_signal(uintptr_t ctx, uint64_t dst, const void* host, uint64_
   if (!inl && !rmacu_hr_ok(host, n)) return 1;
   uint64_t kind = inl ? (add ? AG_INLINE_ADD : AG_INLINE_WRITE) : (add ? AG_COPY_ADD : AG_COPY_WRITE);
   return ag_submit(e, kind, n, inl ? 0 : (uint64_t)(uintptr_t)host, dst, v, sig, inl ? host : NULL, err, errlen);
+}
+
+/* rmaw_cuda_copy_mark queues, as one agent command after the context's
+ * earlier work, the copy of n bytes from device address src to dst (a
+ * peer's window mapped here) and then the write of the command's own
+ * number to the 8-byte word mark, pinned host memory the agent reaches (the
+ * process's mark page, which the peers of this host map): *v is that
+ * number. The agent runs its commands in order and fences a copy's writes
+ * at system scope before it writes, so mark >= *v says the copy is visible
+ * to every process. 1 (nothing queued): the context runs no agent, or the
+ * copy is too large for it, or mark is memory it cannot reach. */
+int rmaw_cuda_copy_mark(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, uint64_t mark, uint64_t* v, char* err,
+                        size_t errlen) {
+  CTX_STREAM(e, "marked copy");
+  (void)r;
+  if (!rmacu_ag_live(e) || n == 0 || n > rmacu_agent_max) return 1;
+  if ((mark & 7) || !rmacu_hr_ok((const void*)(uintptr_t)mark, 8)) return 1;
+  struct agent* a = e->ag;
+  pthread_mutex_lock(&a->mu);
+  int rc = -1;
+  if (!a->live) rc = rmaw_fail(err, errlen, "the device agent stopped");
+  else if (ag_follow(e, err, errlen) == 0) {
+    /* Numbered under the lock, so a word only ever grows: the agent
+     * writes its marks in the order of their numbers. */
+    *v = a->seq + 1;
+    rc = ag_put(a, AG_COPY_WRITE, n, src, dst, *v, mark, NULL, err, errlen);
+    if (rc == 0) a->marks++;
+  }
+  pthread_mutex_unlock(&a->mu);
+  return rc;
 }
 
 /* rmacu_ag_record records a ticket in *ev (an event of a's context): the
@@ -612,9 +643,10 @@ int rmaw_cuda_agent_runs(uintptr_t ctx) {
  * signal writes and adds, [2] epoch waits, [3] stream waits for the
  * agent, [4] launches after parking, [5] agents, [6] synchronizations
  * waited for on the host, [7] adds, [8] fused landings (copy, then the
- * signal), [9] of them inline. */
-void rmaw_cuda_agent_stats(uint64_t out[10]) {
-  memset(out, 0, 10 * sizeof out[0]);
+ * signal), [9] of them inline, [10] marked copies (counted apart from the
+ * fused landings, whose command they share). */
+void rmaw_cuda_agent_stats(uint64_t out[11]) {
+  memset(out, 0, 11 * sizeof out[0]);
   int n = __atomic_load_n(&rmacu_nctxs, __ATOMIC_ACQUIRE);
   for (int i = 0; i < n; i++) {
     struct agent* a = __atomic_load_n(&rmacu_ctxs[i].ag, __ATOMIC_ACQUIRE);
@@ -623,13 +655,14 @@ void rmaw_cuda_agent_stats(uint64_t out[10]) {
     out[0] += a->nkind[AG_COPY];
     out[1] += a->nkind[AG_WRITE] + a->nkind[AG_ADD];
     out[7] += a->nkind[AG_ADD];
-    out[8] += a->nkind[AG_COPY_WRITE] + a->nkind[AG_COPY_ADD] + a->nkind[AG_INLINE_WRITE] + a->nkind[AG_INLINE_ADD];
+    out[8] += a->nkind[AG_COPY_WRITE] - a->marks + a->nkind[AG_COPY_ADD] + a->nkind[AG_INLINE_WRITE] + a->nkind[AG_INLINE_ADD];
     out[9] += a->nkind[AG_INLINE_WRITE] + a->nkind[AG_INLINE_ADD];
     out[2] += a->follows;
     out[3] += a->leads;
     out[4] += a->wakes;
     out[5]++;
     out[6] += a->syncs;
+    out[10] += a->marks;
     pthread_mutex_unlock(&a->mu);
   }
 }

@@ -11,6 +11,8 @@ package cuda
 // side neither keeps the pointer nor calls back into Go.
 #cgo noescape rmaw_cuda_land_signal
 #cgo nocallback rmaw_cuda_land_signal
+#cgo noescape rmaw_cuda_copy_mark
+#cgo nocallback rmaw_cuda_copy_mark
 */
 import "C"
 
@@ -160,13 +162,13 @@ func (cudaDevice) AgentWanted() bool { return C.rmaw_cuda_agent_wanted() != 0 }
 // commands, and the driver calls that ordering them with the context's
 // stream cost (docs/design/device-memory.md); "" when none ran.
 func (cudaDevice) AgentStats() string {
-	var v [10]C.uint64_t
+	var v [11]C.uint64_t
 	C.rmaw_cuda_agent_stats(&v[0])
-	if v[5] == 0 || v[0]+v[1]+v[8] == 0 {
+	if v[5] == 0 || v[0]+v[1]+v[8]+v[10] == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%d copies and %d signal writes or adds (%d adds) by %d agent(s), %d fused landings (%d inline); %d waited for the context's stream (a stream write each), %d stream waits for an agent, %d synchronizations waited for on the host, %d launches after parking",
-		v[0], v[1], v[7], v[5], v[8], v[9], v[2], v[3], v[6], v[4])
+	return fmt.Sprintf("%d copies and %d signal writes or adds (%d adds) by %d agent(s), %d fused landings (%d inline), %d marked copies; %d waited for the context's stream (a stream write each), %d stream waits for an agent, %d synchronizations waited for on the host, %d launches after parking",
+		v[0], v[1], v[7], v[5], v[8], v[9], v[10], v[2], v[3], v[6], v[4])
 }
 
 // LandSignal queues, as one command of ctx's device agent after the
@@ -188,6 +190,24 @@ func (cudaDevice) LandSignal(ctx, dst uintptr, src unsafe.Pointer, n uint64, sig
 		return false, nil
 	}
 	return false, devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
+}
+
+// CopyMark queues, as one command of ctx's device agent after the
+// context's earlier work, the copy of n bytes from device address src to
+// dst and then the write of the command's number to the host word mark
+// (the mark page, staging.CopyMappedMark), and returns that number. false
+// (and no error): ctx runs no agent, or the agent cannot take this copy
+// or reach mark.
+func (cudaDevice) CopyMark(ctx, dst, src uintptr, n uint64, mark uintptr) (uint64, bool, error) {
+	var buf [256]C.char
+	var v C.uint64_t
+	switch C.rmaw_cuda_copy_mark(C.uintptr_t(ctx), C.uint64_t(dst), C.uint64_t(src), C.uint64_t(n), C.uint64_t(mark), &v, &buf[0], C.size_t(len(buf))) {
+	case 0:
+		return uint64(v), true, nil
+	case 1:
+		return 0, false, nil
+	}
+	return 0, false, devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
 }
 
 // Agent says what the last start or stop of a device agent found.

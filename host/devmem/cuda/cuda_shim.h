@@ -15,7 +15,7 @@ int rmaw_cuda_copy_context_failed(void);
 void rmaw_cuda_stream_atomic(int on);
 void rmaw_cuda_stream_atomic_note(char* out, size_t n);
 void rmaw_cuda_agent(int mode, uint64_t max, uint64_t idle_us, int inl);
-void rmaw_cuda_agent_stats(uint64_t out[10]);
+void rmaw_cuda_agent_stats(uint64_t out[11]);
 uint64_t rmaw_cuda_agent_stalled(uint64_t* pending);
 int rmaw_cuda_agent_runs(uintptr_t ctx);
 int rmaw_cuda_agent_wanted(void);
@@ -25,6 +25,8 @@ void rmaw_cuda_agents_stop(void);
 void rmaw_cuda_agent_note(char* out, size_t n);
 int rmaw_cuda_land_signal(uintptr_t ctx, uint64_t dst, const void* host, uint64_t n, uint64_t sig, uint64_t v, int add,
                           char* err, size_t errlen);
+int rmaw_cuda_copy_mark(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, uint64_t mark, uint64_t* v, char* err,
+                        size_t errlen);
 int rmaw_gdr_open(char* err, size_t errlen);
 int rmaw_gdr_add(uintptr_t ctx, uint64_t addr, uint64_t v);
 void rmaw_gdr_forget(uint64_t addr, uint64_t size);

@@ -443,6 +443,7 @@ func Release() {
 	}
 	releaseQueues()
 	releaseSigPage()
+	releaseMarks()
 	stagers.mu.Lock()
 	free := stagers.free
 	stagers.free, stagers.warm = nil, false

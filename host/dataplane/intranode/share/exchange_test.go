@@ -25,6 +25,9 @@ func (f *fakeIPC) EventsReady(int) bool                        { return false }
 func (f *fakeIPC) OpenPeerEvents(int, uintptr, [][64]byte) error {
 	return nil
 }
+func (f *fakeIPC) OpenPeerMarks(int, int) error { return nil }
+func (f *fakeIPC) SetMarksReady(int)            {}
+func (f *fakeIPC) MarksReady(int) bool          { return false }
 
 // fakeRegs holds registration 7, host memory.
 type fakeRegs struct {
@@ -60,6 +63,11 @@ func TestExchangeServe(t *testing.T) {
 		"events of no rank":    keyEventHandles | 5,
 		"open for no peer":     keyOpenEvents | 5<<keyRankShift | 7,
 		"open in host memory":  keyOpenEvents | 1<<keyRankShift | 7,
+		"marks of a stranger":  keyMarkPage, // rank 0, which is not pid 4242
+		"marks of no rank":     keyMarkPage | 5,
+		"no mark page":         keyMarkPage | 1, // none was made
+		"marks for no peer":    keyOpenMarks | 5,
+		"marks, no server":     keyOpenMarks | 1, // rank 1 offered none
 	} {
 		if _, _, err := x.serve(4242, key); err == nil {
 			t.Errorf("%s: served", name)

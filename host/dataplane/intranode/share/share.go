@@ -35,6 +35,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fdpass"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 )
@@ -75,6 +76,12 @@ type IPC interface {
 	EventsReady(rank int) bool
 	// OpenPeerEvents opens rank's event handles in ctx, once.
 	OpenPeerEvents(rank int, ctx uintptr, handles [][64]byte) error
+	// OpenPeerMarks maps rank's mark page from fd (which the caller
+	// closes), once; SetMarksReady records that rank mapped ours, and
+	// MarksReady reports it (staging's marks.go).
+	OpenPeerMarks(rank int, fd int) error
+	SetMarksReady(rank int)
+	MarksReady(rank int) bool
 }
 
 // Config is what New needs of a communicator.
@@ -89,6 +96,10 @@ type Config struct {
 	// events (NCCL_RMA_WASM_INTRANODE_IPC_EVENTS), asked when a peer's
 	// registration was mapped; nil: never.
 	Events func() bool
+	// Marks says whether mapped put+signals whose copy is the device
+	// agent's are ordered by agent marks
+	// (NCCL_RMA_WASM_INTRANODE_AGENT_MARKS), asked likewise; nil: never.
+	Marks func() bool
 }
 
 // Exchange is one communicator's side of the descriptor exchange: its
@@ -98,6 +109,7 @@ type Exchange struct {
 	regs         Registry
 	closed       *atomic.Bool
 	events       func() bool
+	marks        func() bool
 	ipc          IPC
 
 	mu     sync.Mutex
@@ -106,6 +118,7 @@ type Exchange struct {
 	said   bool           // the INFO line about a failed mapping was written
 	tokens map[int]uint64 // each peer's server, from its offers
 	evSaid bool           // the INFO line about events was written
+	mkSaid bool           // the INFO line about marks was written
 }
 
 // New returns a communicator's exchange; it records peers' offers at once
@@ -115,7 +128,7 @@ func New(cfg Config) *Exchange {
 	if closed == nil {
 		closed = new(atomic.Bool)
 	}
-	return &Exchange{rank: cfg.Rank, nranks: cfg.Ranks, regs: cfg.Regs, closed: closed, events: cfg.Events}
+	return &Exchange{rank: cfg.Rank, nranks: cfg.Ranks, regs: cfg.Regs, closed: closed, events: cfg.Events, marks: cfg.Marks}
 }
 
 // Attach gives the exchange the mesh's side, once the communicator is
@@ -144,9 +157,12 @@ type Remote struct {
 const (
 	keyOpenEvents   = 1 << 32 // | asker's rank << 40 | registration id: open its events, in that registration's context
 	keyEventHandles = 2 << 32 // | rank: the handles of our events for that rank (the asker)
+	keyMarkPage     = 3 << 32 // | rank: our mark page, for that rank (the asker)
+	keyOpenMarks    = 4 << 32 // | asker's rank: map its mark page
 	keyKind         = 0xff << 32
 	keyRankShift    = 40 // the asker's rank in keyOpenEvents (several ranks may share a process)
 	segEvents       = 3  // an answer's kind: event handles
+	segMarks        = 4  // an answer's kind: the mark page's fd
 )
 
 // DirectAdds is a bit no token has: set in a registration's offer, it
@@ -234,6 +250,10 @@ func (x *Exchange) serve(pid int, key uint64) ([]byte, []int, error) {
 		return x.serveOpenEvents(pid, int(key>>keyRankShift), uint32(key))
 	case key&^0xffffffff == keyEventHandles:
 		return x.serveEventHandles(pid, int(uint32(key)))
+	case key&^0xffffffff == keyMarkPage:
+		return x.serveMarkPage(pid, int(uint32(key)))
+	case key&^0xffffffff == keyOpenMarks:
+		return x.serveOpenMarks(pid, int(uint32(key)))
 	}
 	return nil, nil, errors.New("no such registration")
 }
@@ -289,19 +309,9 @@ func (x *Exchange) serveOpenEvents(pid, r int, id uint32) ([]byte, []int, error)
 	if ctx == 0 {
 		return nil, nil, errors.New("no such peer or registration")
 	}
-	// The asker's server is named in its MsgReg, which our service may
-	// not have read yet: it was sent before the asker's wait for ours.
-	var tok uint64
-	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
-		x.mu.Lock()
-		tok = x.tokens[r]
-		x.mu.Unlock()
-		if tok != 0 || time.Now().After(deadline) || x.closed.Load() {
-			break
-		}
-	}
-	if tok == 0 {
-		return nil, nil, fmt.Errorf("rank %d offered no descriptor server", r)
+	tok, err := x.peerToken(r)
+	if err != nil {
+		return nil, nil, err
 	}
 	payload, fds, err := fdpass.Fetch(shareName(pid, tok), keyEventHandles|uint64(x.rank), pid)
 	closeFds(fds)
@@ -324,6 +334,25 @@ func (x *Exchange) serveOpenEvents(pid, r int, id uint32) ([]byte, []int, error)
 		return nil, nil, err
 	}
 	return []byte{1}, nil, nil
+}
+
+// peerToken returns rank r's descriptor server. It is named in r's
+// MsgReg, which our service may not have read yet: it was sent before the
+// asker's wait for ours.
+func (x *Exchange) peerToken(r int) (uint64, error) {
+	var tok uint64
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+		x.mu.Lock()
+		tok = x.tokens[r]
+		x.mu.Unlock()
+		if tok != 0 || time.Now().After(deadline) || x.closed.Load() {
+			break
+		}
+	}
+	if tok == 0 {
+		return 0, fmt.Errorf("rank %d offered no descriptor server", r)
+	}
+	return tok, nil
 }
 
 // serveEventHandles answers the handles of our events for rank, which
@@ -379,6 +408,86 @@ func (x *Exchange) orderByEvents(m Local, tok uint64, r, pid int) {
 	if first {
 		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: mapped put+signals to rank %d are ordered by interprocess events: no host waits for their copies", x.rank, r)
 	}
+}
+
+// orderByMarks makes our mapped put+signals to rank r (process pid)
+// whose copy is the device agent's ordered by agent marks, once per peer:
+// our mark page is made (pinned from m's context) and r (whose server is
+// tok) is asked to map it. Any failure keeps the lane's wait for each
+// copy (an INFO line, once).
+func (x *Exchange) orderByMarks(m Local, tok uint64, r, pid int) {
+	if x.marks == nil || !x.marks() || x.ipc.MarksReady(r) || !staging.AgentWanted() {
+		return
+	}
+	_, err := staging.MarkPage(m.Ctx)
+	if err == nil {
+		var p []byte
+		var fds []int
+		p, fds, err = fdpass.Fetch(shareName(pid, tok), keyOpenMarks|uint64(x.rank), pid)
+		closeFds(fds)
+		if err == nil && (len(p) != 1 || p[0] != 1) {
+			err = errors.New("malformed answer")
+		}
+	}
+	x.mu.Lock()
+	first := !x.mkSaid
+	x.mkSaid = true
+	x.mu.Unlock()
+	if err != nil {
+		if first {
+			logx.Info(abi.SubsysReg, "NET/wasm: rank %d: mapped put+signals to rank %d are not ordered by device agent marks: %v", x.rank, r, err)
+		}
+		return
+	}
+	x.ipc.SetMarksReady(r)
+	if first {
+		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: mapped put+signals to rank %d are ordered by device agent marks: no host waits for their copies", x.rank, r)
+	}
+}
+
+// serveOpenMarks maps the mark page of the intra-node peer pid (rank r),
+// which orders its mapped put+signals to us by it: the page comes from
+// its server.
+func (x *Exchange) serveOpenMarks(pid, r int) ([]byte, []int, error) {
+	if r < 0 || r >= x.nranks || x.ipc.Pid(r) != pid {
+		return nil, nil, errors.New("no such peer")
+	}
+	tok, err := x.peerToken(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	payload, fds, err := fdpass.Fetch(shareName(pid, tok), keyMarkPage|uint64(x.rank), pid)
+	defer closeFds(fds)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(payload) != 8 || binary.LittleEndian.Uint32(payload) != 1 || binary.LittleEndian.Uint32(payload[4:]) != segMarks || len(fds) != 1 {
+		return nil, nil, fmt.Errorf("malformed mark page from rank %d", r)
+	}
+	if err := x.ipc.OpenPeerMarks(r, fds[0]); err != nil {
+		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: the mark page of rank %d cannot be mapped here: %v", x.rank, r, err)
+		return nil, nil, err
+	}
+	return []byte{1}, nil, nil
+}
+
+// serveMarkPage answers our mark page's fd for rank, which must be
+// process pid (the server closes what it sends: a duplicate).
+func (x *Exchange) serveMarkPage(pid, r int) ([]byte, []int, error) {
+	if r < 0 || r >= x.nranks || x.ipc.Pid(r) != pid {
+		return nil, nil, errors.New("not that rank")
+	}
+	fd := staging.MarkPageFD()
+	if fd < 0 {
+		return nil, nil, errors.New("no mark page")
+	}
+	dup, err := unix.Dup(fd)
+	if err != nil {
+		return nil, nil, fmt.Errorf("mark page: %w", err)
+	}
+	payload := binary.LittleEndian.AppendUint32(nil, 1)
+	payload = binary.LittleEndian.AppendUint32(payload, segMarks)
+	return payload, []int{dup}, nil
 }
 
 func closeFds(fds []int) {
@@ -456,6 +565,7 @@ func (x *Exchange) Import(m Local, peers Remote) ([]uintptr, Mapped) {
 		}
 		mapped[r] = va
 		x.orderByEvents(m, peers.Tokens[r], r, pid)
+		x.orderByMarks(m, peers.Tokens[r], r, pid)
 	}
 	return mapped, maps
 }

@@ -1,0 +1,281 @@
+package staging
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// Agent marks (SPEC.md §4, "Device windows mapped";
+// NCCL_RMA_WASM_INTRANODE_AGENT_MARKS). A put+signal into a peer's mapped
+// window whose copy is the device agent's is queued as one agent command:
+// the copy, then the write of the command's number to this process's
+// word of its agent in the mark page, shared memory pinned here and mapped
+// read-only by the peers of this host. The header leaves at once, naming
+// the word and the number; the target applies the signal once the word
+// reached it (PeerMarks.Wait). Neither host waits for the copy, and no
+// driver call is made: the agent's answer to the interprocess event.
+
+// MarkWords is how many words the mark page holds: one per copy context
+// whose agent marks (host/devmem/cuda's MAX_CTX).
+const MarkWords = 64
+
+// markPageSize is the page's size: MarkWords words, a page of memory.
+const markPageSize = 4096
+
+// markPage is the process's mark page: word i is written by the agent of
+// ctxs[i] alone, with its commands' numbers, so it only grows.
+type markPage struct {
+	fd   int
+	mem  []byte
+	ctx  uintptr // the context it was registered from
+	ctxs [MarkWords]atomic.Uintptr
+}
+
+var marks struct {
+	mu   sync.Mutex // makes and frees the page
+	page atomic.Pointer[markPage]
+	err  error // why it could not be made (asked once)
+}
+
+// MarkPage makes the process's mark page once, pinned from ctx, and
+// returns its memory's fd, which peers map (host/dataplane/intranode/share
+// hands it over). An error says why there is none; it is made once, so
+// the same error comes back.
+func MarkPage(ctx uintptr) (int, error) {
+	if p := marks.page.Load(); p != nil {
+		return p.fd, nil
+	}
+	marks.mu.Lock()
+	defer marks.mu.Unlock()
+	if p := marks.page.Load(); p != nil {
+		return p.fd, nil
+	}
+	if marks.err != nil {
+		return -1, marks.err
+	}
+	p, err := newMarkPage(ctx)
+	if err != nil {
+		marks.err = err
+		return -1, err
+	}
+	marks.page.Store(p)
+	return p.fd, nil
+}
+
+// MarkPageFD is the mark page's fd, -1 when there is none.
+func MarkPageFD() int {
+	if p := marks.page.Load(); p != nil {
+		return p.fd
+	}
+	return -1
+}
+
+func newMarkPage(ctx uintptr) (*markPage, error) {
+	d := devmem.Get()
+	hr, ok := d.(devmem.HostRegisterer)
+	if _, ok2 := d.(devmem.CopyMarker); !ok || !ok2 {
+		return nil, errors.New("the device runtime has no agent marks")
+	}
+	fd, err := unix.MemfdCreate("rccl-rma-wasm-marks", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("mark page: memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, markPageSize); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mark page: ftruncate: %w", err)
+	}
+	mem, err := unix.Mmap(fd, 0, markPageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mark page: mmap: %w", err)
+	}
+	if err := hr.HostRegister(ctx, unsafe.Pointer(&mem[0]), markPageSize); err != nil {
+		unix.Munmap(mem)
+		unix.Close(fd)
+		return nil, fmt.Errorf("mark page: %w", err)
+	}
+	return &markPage{fd: fd, mem: mem, ctx: ctx}, nil
+}
+
+// releaseMarks frees the page (finalize, the agents stopped): the peers
+// keep their own mappings of it.
+func releaseMarks() {
+	marks.mu.Lock()
+	defer marks.mu.Unlock()
+	p := marks.page.Swap(nil)
+	marks.err = nil
+	if p == nil {
+		return
+	}
+	if hr, ok := devmem.Get().(devmem.HostRegisterer); ok {
+		hr.HostUnregister(p.ctx, unsafe.Pointer(&p.mem[0]))
+	}
+	unix.Munmap(p.mem)
+	unix.Close(p.fd)
+}
+
+// word returns the index of ctx's word, claiming a free one at its first
+// mark; false when every word is taken.
+func (p *markPage) word(ctx uintptr) (int, bool) {
+	// Words are claimed in order and never given back: ctx's, if any,
+	// comes before the first free one.
+	for i := range p.ctxs {
+		c := p.ctxs[i].Load()
+		if c == 0 && p.ctxs[i].CompareAndSwap(0, ctx) {
+			return i, true
+		}
+		if c == 0 {
+			c = p.ctxs[i].Load() // another thread claimed it first
+		}
+		if c == ctx {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+func (p *markPage) addr(i int) uintptr { return uintptr(unsafe.Pointer(&p.mem[i*8])) }
+
+// CopyMappedMark queues the copy of n bytes (at most a bounce slot) from
+// our device memory src to dst, a peer's window mapped here, as one
+// command of ctx's device agent that then writes its number v to ctx's
+// word k of the mark page; the target applies the signal once word k
+// reached v (PeerMarks.Wait). c.Complete(tag, ...) once the copy executed,
+// as CopyMappedAsync. false (and no error): no page, no agent in ctx, no
+// free word or slot; the caller's other ways.
+func CopyMappedMark(ctx, dst, src uintptr, n uint64, c Completer, tag uint64) (bool, int, uint64, error) {
+	p := marks.page.Load()
+	if p == nil || n > bounceSize.Load() {
+		return false, 0, 0, nil
+	}
+	cm, ok := devmem.Get().(devmem.CopyMarker)
+	if !ok {
+		return false, 0, 0, nil
+	}
+	k, ok := p.word(ctx)
+	if !ok {
+		return false, 0, 0, nil
+	}
+	_, q, err := dtodQueue(ctx, n)
+	if q == nil {
+		return false, 0, 0, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	// Half the slots stay for the landings of other ranks' puts.
+	if q.dead || bits.OnesCount32(q.free) <= bounceSlots/2 {
+		return false, 0, 0, nil
+	}
+	i := bits.TrailingZeros32(q.free)
+	v, ok, err := cm.CopyMark(ctx, dst, src, n, p.addr(k))
+	if !ok {
+		if err != nil {
+			err = fmt.Errorf("marked copy of %d bytes into a mapped window: %w", n, err)
+		}
+		return false, 0, 0, err
+	}
+	if err := q.st.Record(q.ctx, &q.ev[i]); err != nil {
+		// Queued and not watchable: wait for it here.
+		if err := q.drainLocked(); err != nil {
+			return false, 0, 0, err
+		}
+		c.Complete(tag, abi.Success)
+		return true, k, v, nil
+	}
+	q.free &^= 1 << i
+	q.owed[i] = owed{c: c, tag: tag}
+	q.waiting.Add(1)
+	q.queueLocked(i)
+	return true, k, v, nil
+}
+
+// PeerMarks is a peer's mark page, mapped read-only here (the target's
+// side of agent marks).
+type PeerMarks struct {
+	mem []byte
+	w   *[MarkWords]atomic.Uint64
+	pid int // the peer's process: gone, its agent writes nothing more
+}
+
+// OpenPeerMarks maps the mark page of process pid from fd (the caller
+// keeps fd and closes it).
+func OpenPeerMarks(fd, pid int) (*PeerMarks, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("mark page of pid %d: %w", pid, err)
+	}
+	if st.Size != markPageSize {
+		return nil, fmt.Errorf("mark page of pid %d: %d bytes, want %d", pid, st.Size, markPageSize)
+	}
+	mem, err := unix.Mmap(fd, 0, markPageSize, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mark page of pid %d: mmap: %w", pid, err)
+	}
+	return &PeerMarks{mem: mem, w: (*[MarkWords]atomic.Uint64)(unsafe.Pointer(&mem[0])), pid: pid}, nil
+}
+
+// Close unmaps the page; nothing waits on it any more.
+func (m *PeerMarks) Close() {
+	if m != nil && m.mem != nil {
+		unix.Munmap(m.mem)
+		m.mem, m.w = nil, nil
+	}
+}
+
+// markTimeout bounds a wait for a live peer's mark: its copy runs on a
+// device of this host, so only a stuck device outlasts it.
+var markTimeout = 30 * time.Second
+
+// ErrMarkPeerGone is the error of a wait whose peer process exited before
+// its agent wrote the mark: the copy may never have run.
+var ErrMarkPeerGone = errors.New("the peer's process exited before its agent marked the copy")
+
+// Wait returns once word k reached v: the peer's agent copied the payload
+// of the put+signal that named (k, v), and every copy it queued before.
+// It polls, yielding, then sleeping; it gives up when the peer's process
+// is gone or after markTimeout.
+func (m *PeerMarks) Wait(k int, v uint64) error {
+	w := &m.w[k]
+	if w.Load() >= v {
+		return nil
+	}
+	var deadline time.Time
+	for spin := 0; ; spin++ {
+		if w.Load() >= v {
+			return nil
+		}
+		switch {
+		case spin < 200:
+			runtime.Gosched()
+			continue
+		case spin == 200:
+			deadline = time.Now().Add(markTimeout)
+		case spin%100 == 0:
+			if unix.Kill(m.pid, 0) == unix.ESRCH {
+				if w.Load() >= v {
+					return nil
+				}
+				return fmt.Errorf("mark %d of word %d (pid %d): %w", v, k, m.pid, ErrMarkPeerGone)
+			}
+			if time.Now().After(deadline) {
+				markWarn.Warn(abi.SubsysNet, "NET/wasm: pid %d's device agent did not mark a copy into our memory in %s (word %d at %d, waiting for %d)", m.pid, markTimeout, k, w.Load(), v)
+				return fmt.Errorf("mark %d of word %d (pid %d) not reached in %s", v, k, m.pid, markTimeout)
+			}
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
+}
+
+var markWarn logx.Limited

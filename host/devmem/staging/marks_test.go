@@ -1,0 +1,102 @@
+package staging
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// markFile is a page as a sender makes it: its fd, and the sender's
+// read-write view of its words.
+func markFile(t *testing.T) (int, *[MarkWords]atomic.Uint64) {
+	t.Helper()
+	fd, err := unix.MemfdCreate("marks-test", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Skipf("memfd_create: %v", err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Ftruncate(fd, markPageSize); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(fd, 0, markPageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	return fd, (*[MarkWords]atomic.Uint64)(unsafe.Pointer(&mem[0]))
+}
+
+// A wait returns once the sender's word reached the number, not before,
+// whichever word it names; a word past the number passes at once.
+func TestPeerMarksWait(t *testing.T) {
+	fd, w := markFile(t)
+	m, err := OpenPeerMarks(fd, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	w[5].Store(9)
+	if err := m.Wait(5, 9); err != nil {
+		t.Fatal(err)
+	}
+	var reached atomic.Bool
+	done := make(chan error)
+	go func() { done <- m.Wait(63, 4) }()
+	for _, v := range []uint64{1, 3} { // below the number: still waiting
+		w[63].Store(v)
+		select {
+		case err := <-done:
+			t.Fatalf("the wait ended at %d (want 4): %v", v, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	reached.Store(true)
+	w[63].Store(6)
+	if err := <-done; err != nil || !reached.Load() {
+		t.Fatalf("wait: %v", err)
+	}
+}
+
+// A page of the wrong size is refused; a wait on a process that exited
+// fails instead of waiting for a mark that never comes, and so does one
+// past markTimeout.
+func TestPeerMarksNoHang(t *testing.T) {
+	fd, _ := markFile(t)
+	small, err := unix.MemfdCreate("marks-small", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(small)
+	if _, err := OpenPeerMarks(small, os.Getpid()); err == nil {
+		t.Fatal("an empty page was mapped")
+	}
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Skipf("no process to outlive: %v", err)
+	}
+	gone, err := OpenPeerMarks(fd, cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gone.Close()
+	if err := gone.Wait(0, 1); !errors.Is(err, ErrMarkPeerGone) {
+		t.Fatalf("wait on an exited process: %v", err)
+	}
+	live, err := OpenPeerMarks(fd, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	old := markTimeout
+	markTimeout = 50 * time.Millisecond
+	defer func() { markTimeout = old }()
+	if err := live.Wait(1, 1); err == nil || errors.Is(err, ErrMarkPeerGone) {
+		t.Fatalf("wait past the timeout: %v", err)
+	}
+}
