@@ -386,6 +386,11 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// each ping's signal into the peer's mapped word itself.
 		{"staging_bench_direct", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_VMM=1", "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64", "BENCH_PING_FIRST=1", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1"},
 			[]string{"RESULT ", "watched by a waiting kernel", "adds signals straight into its mapped signal words"}},
+		// Agent marks: the intra-node ping's copy into the peer's mapped
+		// window marks our page, its header leaves at once, and the
+		// kernel watching the peer's word sees the payload with it.
+		{"staging_bench_marks", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_VMM=1", "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1", "FAKECUDA_AGENT_US=200"},
+			[]string{"RESULT ", "watched by a waiting kernel", "are ordered by device agent marks", "fakecuda: the device agent marked a copy in host memory"}},
 		// The same with buffers made without POSIX fds (GPU_VMM_FD=0):
 		// they cannot be mapped into the peer, so the agent never adds a
 		// signal itself, and the plugin says why.

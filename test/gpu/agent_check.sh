@@ -27,7 +27,7 @@ grep -E "^PROBE" "$O/probe.log" | grep -v "of 2\]" | sed 's/^/AGENT-CHECK /'
 # GIN_CHECK=0 skips the real-NCCL part (no NCCL build): the probe,
 # staging_bench and cuda_check alone, for a short look.
 if [ "${GIN_CHECK:-1}" != 0 ]; then
-  NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin} GIN_REFS=${GIN_REFS-agent many gatherwriter fused} \
+  NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin} GIN_REFS=${GIN_REFS-agent many gatherwriter fused marks} \
     PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-60} timeout ${GIN_CHECK_S:-400} "$ROOT/test/gpu/nccl_gin_check.sh" "$SRC" 0 "$O/gin"
   echo "AGENT-CHECK: nccl_gin_check done at $(($(date +%s) - t0)) s"
 fi
@@ -112,6 +112,11 @@ if [ -z "$hung" ]; then
   sb_run "$O/sb-64-fused.log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FUSED_LANDING=1 BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=64 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET
   echo "AGENT-CHECK sb fused rc=$?"
   sb_show "$O/sb-64-fused.log" "fused"
+  # Agent marks (NCCL_RMA_WASM_INTRANODE_AGENT_MARKS): the intra-node
+  # ping's header leaves before its mapped copy ran.
+  sb_run "$O/sb-64-marks.log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=64 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET,REG
+  echo "AGENT-CHECK sb marks rc=$? $(grep -q 'ordered by device agent marks' "$O/sb-64-marks.log" && echo '(marked)' || echo '(the path was not taken)')"
+  sb_show "$O/sb-64-marks.log" "marks"
 fi
 # Where the agent hung: the same run without the waiting kernel, and with
 # 32 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), each once.
@@ -178,6 +183,12 @@ printf '%-46s %10s %10s %12s\n' "the same, 4 ranks" "" "$(ga "$G/gin_alltoall-np
 printf '%-46s %10s %10s %12s\n' "GIN alltoall 64 B, agent adds signals itself" "" "$(ga "$G/gin_alltoall-direct-64.log" 64)" ""
 printf '%-46s %10s %10s %12s\n' "GIN alltoall 4096 B, agent adds signals itself" "" "$(ga "$G/gin_alltoall-direct-4096.log" 4096)" ""
 printf '%-46s %10s %10s %12s\n' "the same at 64 B, 4 ranks" "" "$(ga "$G/gin_alltoall-np4-direct-64.log" 64)" ""
+printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, agent, unmarked|marked, mean" "$(gm agent-ref-64 64)" "$(gm marks-64 64)" ""
+printf '%-46s %10s %10s %12s\n' "GIN a2a 4 KiB, agent, unmarked|marked, mean" "$(gm agent-ref-4096 4096)" "$(gm marks-4096 4096)" ""
+for b in 8 4096; do
+  set -- $(hr "$G/host_rma-marks.log" $b) ; mk=${1:--}
+  printf '%-46s %10s %10s %12s\n' "host_rma hop ${b} B, agent, marked" "" "$mk" ""
+done
 printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, TCP lanes, unfused|fused, mean" "$(gm tcp-agent-64 64)" "$(gm fused-64 64)" ""
 printf '%-46s %10s %10s %12s\n' "GIN a2a 4 KiB, TCP lanes, unfused|fused, mean" "$(gm tcp-agent-4096 4096)" "$(gm fused-4096 4096)" ""
 for pb in ${SB_BYTES-0 64 4096}; do
@@ -187,6 +198,7 @@ for pb in ${SB_BYTES-0 64 4096}; do
 done
 printf '%-46s %10s %10s %12s\n' "the same, 64 B, intranode, agent adds signal" "" "$(sb "$O/sb-64-direct.log" intranode)" ""
 printf '%-46s %10s %10s %12s\n' "the same, 64 B, tcp, fused landing" "" "$(sb "$O/sb-64-fused.log" tcp)" ""
+printf '%-46s %10s %10s %12s\n' "the same, 64 B, intranode, agent marks" "" "$(sb "$O/sb-64-marks.log" intranode)" ""
 printf '%-46s %10s %10s %12s\n' "gather wait (one d2h round trip), 64 B, p50" "$(gw "$O/sb-64-0.log" "gathered device copies")" "$(gw "$O/sb-64-1.log" "gathered device copies")" ""
 printf '%-46s %10s %10s %12s\n' "target landing (device), 64 B, p50" "$(gw "$O/sb-64-0.log" "landed or queued")" "$(gw "$O/sb-64-1.log" "landed or queued")" ""
 for w in intranode tcp; do

@@ -32,7 +32,10 @@
 # 64 B and 4 KiB alltoalls over TCP lanes only, NCCL_RMA_WASM_INTRANODE=0,
 # the agent on, without and with NCCL_RMA_WASM_FUSED_LANDING=1, in turn
 # FUSED_PAIRS times (default 2; logs after the first end in -2, -3...), so
-# that drift between runs falls on both sides).
+# that drift between runs falls on both sides); "marks" host_rma with the
+# agent and NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1, and the 64 B and 4 KiB
+# alltoalls with the agent, without and with marks, in turn MARKS_PAIRS
+# times (default 2).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -171,6 +174,22 @@ elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:co
       pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
       if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
     fi
+    # With the device agent and agent marks (off until measured): the
+    # mapped puts' headers leave before their copies ran.
+    if ! ref marks; then
+      :
+    elif timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
+      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET,REG -x NCCL_RMA_WASM_DEVICE_AGENT=1 -x NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV ${EXTRA_MPI_ENV:-} \
+      "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-marks.log" 2>&1; then
+      grep -E "HOSTRMA" "$OUT/host_rma-marks.log" | sed "s/^/[marks] /"
+      grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma-marks.log" | sed "s/^/GIN-CHECK [host_rma marks profile] /"
+      grep -hE "device agent:|device agent marks" "$OUT/host_rma-marks.log" | sed 's/.*NET.wasm: /GIN-CHECK [host_rma marks] /' | sort -u | head -3
+    else
+      tail -20 "$OUT/host_rma-marks.log"
+      echo "GIN-CHECK: host_rma with agent marks failed"
+      pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
+      if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
+    fi
     # The same with the device agent (off by default).
     if ! ref agent; then
       :
@@ -291,6 +310,19 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
         gin_run tcp-agent-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 || gin_bad=1
         if gin_run fused-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FUSED_LANDING=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET; then
           [ -z "$sfx" ] && grep -h "device agent:.*fused landings" "$OUT/gin_alltoall-fused-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [fused-'$b'] /' | sort -u | head -2
+        else gin_bad=1; fi
+      done
+    done
+  fi
+  # Agent marks (NCCL_RMA_WASM_INTRANODE_AGENT_MARKS, off until
+  # measured): the agent's runs without and with them, in turn.
+  if ref marks; then
+    for b in 64 4096; do
+      for i in $(seq 1 "${MARKS_PAIRS:-2}"); do
+        sfx=; [ "$i" -gt 1 ] && sfx=-$i
+        gin_run agent-ref-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 || gin_bad=1
+        if gin_run marks-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET,REG; then
+          [ -z "$sfx" ] && grep -hE "device agent:.*marked|device agent marks" "$OUT/gin_alltoall-marks-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [marks-'$b'] /' | sort -u | head -3
         else gin_bad=1; fi
       done
     done
