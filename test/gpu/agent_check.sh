@@ -27,7 +27,7 @@ grep -E "^PROBE" "$O/probe.log" | grep -v "of 2\]" | sed 's/^/AGENT-CHECK /'
 # GIN_CHECK=0 skips the real-NCCL part (no NCCL build): the probe,
 # staging_bench and cuda_check alone, for a short look.
 if [ "${GIN_CHECK:-1}" != 0 ]; then
-  NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin} GIN_REFS=${GIN_REFS-agent many gatherwriter fused marks} \
+  NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin pingpong} GIN_REFS=${GIN_REFS-agent many gatherwriter fused marks} \
     PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-60} timeout ${GIN_CHECK_S:-400} "$ROOT/test/gpu/nccl_gin_check.sh" "$SRC" 0 "$O/gin"
   echo "AGENT-CHECK: nccl_gin_check done at $(($(date +%s) - t0)) s"
 fi
@@ -183,6 +183,10 @@ printf '%-46s %10s %10s %12s\n' "the same, 4 ranks" "" "$(ga "$G/gin_alltoall-np
 printf '%-46s %10s %10s %12s\n' "GIN alltoall 64 B, agent adds signals itself" "" "$(ga "$G/gin_alltoall-direct-64.log" 64)" ""
 printf '%-46s %10s %10s %12s\n' "GIN alltoall 4096 B, agent adds signals itself" "" "$(ga "$G/gin_alltoall-direct-4096.log" 4096)" ""
 printf '%-46s %10s %10s %12s\n' "the same at 64 B, 4 ranks" "" "$(ga "$G/gin_alltoall-np4-direct-64.log" 64)" ""
+pp() { grep -h "GINPP bytes=$2 " "$1" 2>/dev/null | head -1 | sed -n 's/.*us_one_way=\([0-9.]*\).*/\1/p'; }
+for b in ${PP_SIZES:-8 64}; do
+  printf '%-46s %10s %10s %12s\n' "GIN ping-pong one way ${b} B (on: plain|marks)" "$(pp "$G/gin_pingpong-off-$b.log" $b)" "$(pp "$G/gin_pingpong-agent-$b.log" $b)|$(pp "$G/gin_pingpong-marks-$b.log" $b)" ""
+done
 printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, agent, unmarked|marked, mean" "$(gm agent-ref-64 64)" "$(gm marks-64 64)" ""
 printf '%-46s %10s %10s %12s\n' "GIN a2a 4 KiB, agent, unmarked|marked, mean" "$(gm agent-ref-4096 4096)" "$(gm marks-4096 4096)" ""
 for b in 8 4096; do

@@ -20,7 +20,8 @@
 # build and uses <dir>/lib and <dir>/include. NCCL_ONLY_FUNCS is passed to
 # NCCL's build as ONLY_FUNCS ("SendRecv" builds in about a third of the
 # time and is all these programs launch). For a short GPU run:
-# CHECKS picks the parts (default "cuda_check host_rma gin example"),
+# CHECKS picks the parts (default "cuda_check host_rma gin example";
+# "pingpong" adds the GPU-initiated ping-pong, gin_pingpong.cu),
 # GIN_REFS the reference runs after the per-size GIN alltoalls (default
 # "agent appctx synccopy selfwait lanes1 staged ipcwait ipc profile"; "" for
 # none; "agent" also runs cuda_check and host_rma with the device agent;
@@ -403,6 +404,40 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
 else
   tail -20 "$OUT/gin_alltoall-build.log"
   echo "GIN-CHECK: gin_alltoall build failed"
+fi
+
+# GPU-initiated ping-pong (test/gpu/gin_pingpong.cu): the one-way time of
+# a small put+signal from one rank's kernel to the other's waiting kernel,
+# every byte and the order of bytes and signal checked; the agent off, on,
+# and on with agent marks. PP_SIZES (default "8 64"), PP_ROUNDS (2000).
+if ! want pingpong; then
+  :
+elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/gin_pingpong.cu" -o "$OUT/gin_pingpong.o" >"$OUT/gin_pingpong-build.log" 2>&1 &&
+  mpicxx "$OUT/gin_pingpong.o" -o "$OUT/gin_pingpong" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/gin_pingpong-build.log" 2>&1; then
+  for b in ${PP_SIZES:-8 64}; do
+    for v in "off NCCL_RMA_WASM_DEVICE_AGENT=0" "agent NCCL_RMA_WASM_DEVICE_AGENT=1" "marks NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1"; do
+      set -- $v
+      name=$1; shift
+      envs=""
+      for kv in "$@"; do envs="$envs -x $kv"; done
+      log=$OUT/gin_pingpong-$name-$b.log
+      timeout -s KILL "${PER_RUN_TIMEOUT}" mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH \
+        -x NCCL_RMA_PLUGIN="$PLUGIN" -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN $MPS_ENV $envs ${EXTRA_MPI_ENV:-} \
+        "$OUT/hostid.sh" "$OUT/gin_pingpong" "$b" "${PP_ROUNDS:-2000}" >"$log" 2>&1
+      rc=$?
+      if [ $rc -eq 0 ] && grep -q "GINPP PASS" "$log"; then
+        grep "GINPP bytes" "$log" | sed "s/^/GIN-CHECK [pingpong $name] /"
+      else
+        echo "GIN-CHECK gin_pingpong [$name] bytes=$b $([ $rc -eq 137 ] && echo "HANG (killed after ${PER_RUN_TIMEOUT}s)" || echo "FAIL rc=$rc")"
+        grep -E "WARN|FAIL|error" "$log" | head -10
+        pkill -9 -f "^$OUT/gin_pingpong " >/dev/null 2>&1
+        if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
+      fi
+    done
+  done
+else
+  tail -20 "$OUT/gin_pingpong-build.log"
+  echo "GIN-CHECK: gin_pingpong build failed"
 fi
 
 pass=0 hang=0 fail=0
