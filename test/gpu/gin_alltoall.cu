@@ -141,18 +141,12 @@ int main(int argc, char** argv) {
   int iters = argc > 2 ? atoi(argv[2]) : 200;
   if (bytes == 0 || iters <= 0) FAIL("usage: gin_alltoall BYTES_PER_PEER ITERATIONS");
   ncclComm_t comm = openComm(nranks);
-  ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
-  NCCL(ncclCommQueryProperties(comm, &props));
-  if (!props.deviceApiSupport || props.ginType == NCCL_GIN_TYPE_NONE)
-    FAIL("no device API or no GIN on this communicator (ginType %d)", (int)props.ginType);
+  requireGin(comm);
 
   size_t total = (size_t)iters * nranks * bytes;
   void *send, *recv;
-  NCCL(ncclMemAlloc(&send, total));
-  NCCL(ncclMemAlloc(&recv, total));
   ncclWindow_t sendwin, recvwin;
-  NCCL(ncclCommWindowRegister(comm, send, total, &sendwin, NCCL_WIN_COLL_SYMMETRIC));
-  NCCL(ncclCommWindowRegister(comm, recv, total, &recvwin, NCCL_WIN_COLL_SYMMETRIC));
+  openWindows(comm, total, &send, &sendwin, &recv, &recvwin);
   cudaStream_t s;
   CUDA(cudaStreamCreate(&s));
   fill<<<256, 256, 0, s>>>((uint8_t*)send, rank_, nranks, bytes, iters);

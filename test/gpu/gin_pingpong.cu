@@ -80,19 +80,13 @@ int main(int argc, char** argv) {
   if (bytes == 0 || rounds <= 0 || warm < 0) FAIL("usage: gin_pingpong BYTES ROUNDS");
   if (nranks != 2) FAIL("needs 2 ranks, got %d", nranks);
   ncclComm_t comm = openComm(nranks);
-  ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
-  NCCL(ncclCommQueryProperties(comm, &props));
-  if (!props.deviceApiSupport || props.ginType == NCCL_GIN_TYPE_NONE)
-    FAIL("no device API or no GIN on this communicator (ginType %d)", (int)props.ginType);
+  requireGin(comm);
 
   int all = warm + rounds;
   size_t total = (size_t)all * bytes;
   void *send, *recv;
-  NCCL(ncclMemAlloc(&send, total));
-  NCCL(ncclMemAlloc(&recv, total));
   ncclWindow_t sendwin, recvwin;
-  NCCL(ncclCommWindowRegister(comm, send, total, &sendwin, NCCL_WIN_COLL_SYMMETRIC));
-  NCCL(ncclCommWindowRegister(comm, recv, total, &recvwin, NCCL_WIN_COLL_SYMMETRIC));
+  openWindows(comm, total, &send, &sendwin, &recv, &recvwin);
   cudaStream_t s;
   CUDA(cudaStreamCreate(&s));
   fill<<<64, 256, 0, s>>>((uint8_t*)send, rank_, bytes, all);

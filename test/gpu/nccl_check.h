@@ -59,6 +59,26 @@ static ncclComm_t openComm(int nranks) {
   return comm;
 }
 
+#ifdef NCCL_COMM_PROPERTIES_INITIALIZER
+// requireGin fails the run unless comm offers NCCL's device API with GIN
+// (for programs that include nccl_device.h first).
+static void requireGin(ncclComm_t comm) {
+  ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
+  NCCL(ncclCommQueryProperties(comm, &props));
+  if (!props.deviceApiSupport || props.ginType == NCCL_GIN_TYPE_NONE)
+    FAIL("no device API or no GIN on this communicator (ginType %d)", (int)props.ginType);
+}
+#endif
+
+// openWindows allocates (ncclMemAlloc) and registers two symmetric windows
+// of n bytes each; closeComm undoes it.
+static void openWindows(ncclComm_t comm, size_t n, void** b0, ncclWindow_t* w0, void** b1, ncclWindow_t* w1) {
+  NCCL(ncclMemAlloc(b0, n));
+  NCCL(ncclMemAlloc(b1, n));
+  NCCL(ncclCommWindowRegister(comm, *b0, n, w0, NCCL_WIN_COLL_SYMMETRIC));
+  NCCL(ncclCommWindowRegister(comm, *b1, n, w1, NCCL_WIN_COLL_SYMMETRIC));
+}
+
 // closeComm deregisters the windows w0 and w1, frees their memory b0 and b1
 // (from ncclMemAlloc), and finalizes and destroys comm.
 static void closeComm(ncclComm_t comm, ncclWindow_t w0, void* b0, ncclWindow_t w1, void* b1) {

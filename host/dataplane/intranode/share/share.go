@@ -384,20 +384,11 @@ func (x *Exchange) orderByEvents(m Local, tok uint64, r, pid int) {
 	if _, ok := devmem.Get().(devmem.IPCEvents); !ok {
 		return
 	}
-	var err error
-	if _, err = x.ipc.MakeEvents(r, m.Ctx); err == nil {
-		var p []byte
-		var fds []int
-		p, fds, err = fdpass.Fetch(shareName(pid, tok), keyOpenEvents|uint64(x.rank)<<keyRankShift|uint64(m.ID), pid)
-		closeFds(fds)
-		if err == nil && (len(p) != 1 || p[0] != 1) {
-			err = errors.New("malformed answer")
-		}
+	_, err := x.ipc.MakeEvents(r, m.Ctx)
+	if err == nil {
+		err = askYes(tok, pid, keyOpenEvents|uint64(x.rank)<<keyRankShift|uint64(m.ID))
 	}
-	x.mu.Lock()
-	first := !x.evSaid
-	x.evSaid = true
-	x.mu.Unlock()
+	first := x.first(&x.evSaid)
 	if err != nil {
 		if first {
 			logx.Info(abi.SubsysReg, "NET/wasm: rank %d: mapped put+signals to rank %d wait for their copies on the host: %v", x.rank, r, err)
@@ -408,6 +399,27 @@ func (x *Exchange) orderByEvents(m Local, tok uint64, r, pid int) {
 	if first {
 		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: mapped put+signals to rank %d are ordered by interprocess events: no host waits for their copies", x.rank, r)
 	}
+}
+
+// askYes asks the server tok of process pid for key, which it answers
+// with the single byte 1 once done.
+func askYes(tok uint64, pid int, key uint64) error {
+	p, fds, err := fdpass.Fetch(shareName(pid, tok), key, pid)
+	closeFds(fds)
+	if err == nil && (len(p) != 1 || p[0] != 1) {
+		err = errors.New("malformed answer")
+	}
+	return err
+}
+
+// first reports whether *said was still unset, and sets it (under x.mu):
+// each feature's INFO line is written once per communicator.
+func (x *Exchange) first(said *bool) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	f := !*said
+	*said = true
+	return f
 }
 
 // orderByMarks makes our mapped put+signals to rank r (process pid)
@@ -421,18 +433,9 @@ func (x *Exchange) orderByMarks(m Local, tok uint64, r, pid int) {
 	}
 	_, err := staging.MarkPage(m.Ctx)
 	if err == nil {
-		var p []byte
-		var fds []int
-		p, fds, err = fdpass.Fetch(shareName(pid, tok), keyOpenMarks|uint64(x.rank), pid)
-		closeFds(fds)
-		if err == nil && (len(p) != 1 || p[0] != 1) {
-			err = errors.New("malformed answer")
-		}
+		err = askYes(tok, pid, keyOpenMarks|uint64(x.rank))
 	}
-	x.mu.Lock()
-	first := !x.mkSaid
-	x.mkSaid = true
-	x.mu.Unlock()
+	first := x.first(&x.mkSaid)
 	if err != nil {
 		if first {
 			logx.Info(abi.SubsysReg, "NET/wasm: rank %d: mapped put+signals to rank %d are not ordered by device agent marks: %v", x.rank, r, err)
@@ -551,11 +554,7 @@ func (x *Exchange) Import(m Local, peers Remote) ([]uintptr, Mapped) {
 		}
 		va, err := x.importShare(sh, m, &maps, peers, r, pid)
 		if err != nil {
-			x.mu.Lock()
-			first := !x.said
-			x.said = true
-			x.mu.Unlock()
-			if first {
+			if x.first(&x.said) {
 				logx.Info(abi.SubsysReg, "NET/wasm: rank %d: registration %d of rank %d (pid %d) is not mapped here, its device operations are staged: %v", x.rank, m.ID, r, pid, err)
 			}
 			continue
