@@ -235,8 +235,13 @@ func (m *PeerMarks) Close() {
 }
 
 // markTimeout bounds a wait for a live peer's mark: its copy runs on a
-// device of this host, so only a stuck device outlasts it.
-var markTimeout = 30 * time.Second
+// device of this host, so only a stuck device outlasts it. markSpin is how
+// long a wait yields before it sleeps: a mark is usually a few
+// microseconds behind its header, and a sleep costs tens of them.
+var (
+	markTimeout = 30 * time.Second
+	markSpin    = 200 * time.Microsecond
+)
 
 // ErrMarkPeerGone is the error of a wait whose peer process exited before
 // its agent wrote the mark: the copy may never have run.
@@ -244,32 +249,34 @@ var ErrMarkPeerGone = errors.New("the peer's process exited before its agent mar
 
 // Wait returns once word k reached v: the peer's agent copied the payload
 // of the put+signal that named (k, v), and every copy it queued before.
-// It polls, yielding, then sleeping; it gives up when the peer's process
-// is gone or after markTimeout.
+// It polls, yielding for markSpin, then sleeping; it gives up when the
+// peer's process is gone or after markTimeout.
 func (m *PeerMarks) Wait(k int, v uint64) error {
 	w := &m.w[k]
 	if w.Load() >= v {
 		return nil
 	}
-	var deadline time.Time
-	for spin := 0; ; spin++ {
+	start := time.Now()
+	for time.Since(start) < markSpin {
+		for range 64 {
+			if w.Load() >= v {
+				return nil
+			}
+			runtime.Gosched()
+		}
+	}
+	for n := 0; ; n++ {
 		if w.Load() >= v {
 			return nil
 		}
-		switch {
-		case spin < 200:
-			runtime.Gosched()
-			continue
-		case spin == 200:
-			deadline = time.Now().Add(markTimeout)
-		case spin%100 == 0:
+		if n%100 == 0 {
 			if unix.Kill(m.pid, 0) == unix.ESRCH {
 				if w.Load() >= v {
 					return nil
 				}
 				return fmt.Errorf("mark %d of word %d (pid %d): %w", v, k, m.pid, ErrMarkPeerGone)
 			}
-			if time.Now().After(deadline) {
+			if time.Since(start) > markTimeout {
 				markWarn.Warn(abi.SubsysNet, "NET/wasm: pid %d's device agent did not mark a copy into our memory in %s (word %d at %d, waiting for %d)", m.pid, markTimeout, k, w.Load(), v)
 				return fmt.Errorf("mark %d of word %d (pid %d) not reached in %s", v, k, m.pid, markTimeout)
 			}
