@@ -114,10 +114,11 @@ var (
 	TargetHost = &Series{Name: "target: put received and landed (host memory)"}
 	TargetDev  = &Series{Name: "target: put received and landed or queued (device memory)"}
 	DevSignal  = &Series{Name: "target: device signal applied or queued"}
+	MarkWait   = &Series{Name: "target: wait for the sender agent's mark (not there at the first look)"}
 	PutDone    = &Series{Name: "request: put issued to completed"}
 	GetDone    = &Series{Name: "request: get issued to completed"}
 	Noticed    = &Series{Name: "request: completed to reported by test()"}
-	all        = []*Series{CallGap, InPost, ProgGap, InProgress, InTest, Queued, GatherWait, StageOut, SelfCopy, TargetHost, TargetDev, DevSignal, PutDone, GetDone, Noticed}
+	all        = []*Series{CallGap, InPost, ProgGap, InProgress, InTest, Queued, GatherWait, StageOut, SelfCopy, TargetHost, TargetDev, DevSignal, MarkWait, PutDone, GetDone, Noticed}
 )
 
 var lastCall atomic.Int64

@@ -416,6 +416,8 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   mpicxx "$OUT/gin_pingpong.o" -o "$OUT/gin_pingpong" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/gin_pingpong-build.log" 2>&1; then
   for b in ${PP_SIZES:-8 64}; do
     for v in "off NCCL_RMA_WASM_DEVICE_AGENT=0" "agent NCCL_RMA_WASM_DEVICE_AGENT=1" "marks NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1"; do
+      # PP_PROFILE=1: the plugin's per-stage profile in each run's log.
+      [ "${PP_PROFILE:-0}" = 1 ] && v="$v NCCL_RMA_WASM_PROFILE=1"
       set -- $v
       name=$1; shift
       envs=""

@@ -15,6 +15,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 )
 
 // Agent marks (SPEC.md §4, "Device windows mapped";
@@ -255,6 +256,9 @@ func (m *PeerMarks) Wait(k int, v uint64) error {
 	w := &m.w[k]
 	if w.Load() >= v {
 		return nil
+	}
+	if profile.On() {
+		defer profile.MarkWait.Since(profile.Now())
 	}
 	start := time.Now()
 	for time.Since(start) < markSpin {
