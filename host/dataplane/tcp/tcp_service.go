@@ -173,19 +173,10 @@ func (t *Link) serveMsg(r *inReader) error {
 			}
 		}
 		ack.Land()
-		switch {
-		case err != nil:
-		case ack.Unacked() >= ackEvery:
+		if err == nil && ack.Unacked() >= ackEvery {
 			// A read buffer of small puts holds hundreds: acknowledge
 			// part of it now so the initiator refills its window while
 			// the rest lands.
-			err = ack.flush()
-		case h.Status&wire.StatusMark != 0:
-			// A marked put's header came before its copy ran, and its
-			// sender's request waits for this ack: held for a batch of
-			// ours, it waited out the hold whenever our next batch was
-			// itself waiting for the sender (a stream-ordered
-			// ping-pong, on an H100: 55 -> 115 µs a hop).
 			err = ack.flush()
 		}
 	case wire.MsgAck:
