@@ -217,6 +217,11 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check_ipc_agent_marks", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "are ordered by device agent marks",
 				"fakecuda: the device agent marked a copy in host memory", "marked copies", "!fakecuda: an interprocess event recorded"}},
+		// The same with the agent's commands at once: most marks are
+		// there before their headers, and the proxy's polling thread
+		// serves those headers itself instead of waking the service.
+		{"cuda_check_ipc_agent_marks_quick", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1"},
+			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "are ordered by device agent marks", "marked copies"}},
 		// No size reaches the floor (NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB),
 		// but with the agent running in the source's context the puts it
 		// copies are mapped all the same (NCCL_RMA_WASM_INTRANODE_IPC_AGENT,

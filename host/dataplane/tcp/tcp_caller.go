@@ -65,7 +65,8 @@ func (r *inReader) serveTurn(progress bool) {
 
 // serveReady serves the whole messages the buffer and the socket hold that
 // a caller may serve (puts without resend, compression or staging ring,
-// and piggybacked acks), until the socket is empty. left reports bytes
+// marked ones whose mark is there, and piggybacked acks), until the
+// socket is empty. left reports bytes
 // left in the buffer, or an error stashed, for the service.
 func (r *inReader) serveReady() (served, left bool) {
 	t, br := r.t, r.br
@@ -98,7 +99,7 @@ func (r *inReader) serveReady() (served, left bool) {
 		var need uint64
 		switch h.Typ {
 		case wire.MsgPut, wire.MsgPutSignal:
-			if h.Status != 0 || h.Size > uint64(br.Size()-wire.HeaderSize) {
+			if (h.Status != 0 && !t.markReached(h)) || h.Size > uint64(br.Size()-wire.HeaderSize) {
 				return served, true
 			}
 			need = wire.HeaderSize + h.Size
@@ -166,4 +167,20 @@ func (t *Link) attachStream(r *inReader, h *wire.Header) error {
 	}
 	r.Attach(s)
 	return nil
+}
+
+// markReached reports whether h is a put+signal ordered by an agent mark
+// alone (wire.StatusMark) whose mark the peer's page already holds: a
+// caller serves it without waiting. Others, and one whose copy is still
+// running, are the service's, which may wait for the mark.
+func (t *Link) markReached(h *wire.Header) bool {
+	if h.Status&^0xff != wire.StatusMark || h.Typ != wire.MsgPutSignal || h.Size != 0 || t.side == nil {
+		return false
+	}
+	evs := t.side.PeerEvents()
+	if evs == nil {
+		return false
+	}
+	pm := evs.PeerMarks()
+	return pm != nil && pm.Reached(int(h.Status&0xff), h.Off)
 }

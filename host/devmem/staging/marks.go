@@ -235,6 +235,11 @@ func (m *PeerMarks) Close() {
 	}
 }
 
+// Reached reports whether word k (a valid index or not) already reached v.
+func (m *PeerMarks) Reached(k int, v uint64) bool {
+	return k >= 0 && k < MarkWords && v != 0 && m.w[k].Load() >= v
+}
+
 // markTimeout bounds a wait for a live peer's mark: its copy runs on a
 // device of this host, so only a stuck device outlasts it. markSpin is how
 // long a wait yields before it sleeps: a mark is usually a few

@@ -41,9 +41,15 @@ func TestPeerMarksWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
+	if m.Reached(5, 9) {
+		t.Fatal("an unwritten word reached 9")
+	}
 	w[5].Store(9)
 	if err := m.Wait(5, 9); err != nil {
 		t.Fatal(err)
+	}
+	if !m.Reached(5, 9) || !m.Reached(5, 1) || m.Reached(5, 10) || m.Reached(5, 0) || m.Reached(64, 1) || m.Reached(-1, 1) {
+		t.Fatal("Reached does not tell a word's number, or takes an index or number no header may name")
 	}
 	var reached atomic.Bool
 	done := make(chan error)
