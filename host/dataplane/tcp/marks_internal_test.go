@@ -1,0 +1,85 @@
+package tcp
+
+import (
+	"os"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// markSide is an intra-node side whose peer's mark page is pm (nil: none
+// handed over).
+type markSide struct {
+	SidePath
+	evs markEvents
+}
+
+func (s *markSide) PeerEvents() link.Events { return &s.evs }
+
+type markEvents struct{ pm *staging.PeerMarks }
+
+func (markEvents) Order(uintptr, uintptr, bool) error { return nil }
+func (markEvents) PeerOpened() bool                   { return false }
+func (markEvents) PeerEvent(int) uintptr              { return 0 }
+func (e *markEvents) PeerMarks() *staging.PeerMarks   { return e.pm }
+
+// The polling caller serves a marked put+signal only when its mark is
+// already there and nothing else in its status asks for the service
+// (a resent put, a ring, an event), and never a marked header on a link
+// whose peer handed no page over.
+func TestMarkReachedServedByCaller(t *testing.T) {
+	fd, err := unix.MemfdCreate("marks-caller", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Skipf("memfd_create: %v", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, 4096); err != nil {
+		t.Fatal(err)
+	}
+	w, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(w)
+	w[3*8] = 7 // word 3 (little endian) at 7
+	pm, err := staging.OpenPeerMarks(fd, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pm.Close()
+	side := &markSide{evs: markEvents{pm: pm}}
+	l := &Link{side: side}
+	marked := func(k uint16, v uint64) *wire.Header {
+		return &wire.Header{Typ: wire.MsgPutSignal, Status: wire.StatusMark | k, Off: v}
+	}
+	for _, c := range []struct {
+		name string
+		h    *wire.Header
+		want bool
+	}{
+		{"reached", marked(3, 7), true},
+		{"passed", marked(3, 2), true},
+		{"not yet", marked(3, 8), false},
+		{"another word", marked(4, 1), false},
+		{"resent", &wire.Header{Typ: wire.MsgPutSignal, Status: wire.StatusMark | wire.StatusResent | 3, Off: 1}, false},
+		{"with payload", &wire.Header{Typ: wire.MsgPutSignal, Status: wire.StatusMark | 3, Off: 1, Size: 8}, false},
+		{"put without signal", &wire.Header{Typ: wire.MsgPut, Status: wire.StatusMark | 3, Off: 1}, false},
+		{"event", &wire.Header{Typ: wire.MsgPutSignal, Status: wire.StatusEvent | 3}, false},
+		{"word past the page", marked(200, 1), false},
+	} {
+		if got := l.markReached(c.h); got != c.want {
+			t.Errorf("%s: markReached = %v, want %v", c.name, got, c.want)
+		}
+	}
+	side.evs.pm = nil
+	if l.markReached(marked(3, 7)) {
+		t.Error("a marked header served with no page handed over")
+	}
+	if (&Link{}).markReached(marked(3, 7)) {
+		t.Error("a marked header served on a link with no intra-node side")
+	}
+}
