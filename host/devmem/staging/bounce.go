@@ -358,7 +358,8 @@ func CopySelfAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64) (bo
 	if !selfAsync.Load() {
 		return false, nil
 	}
-	return copyQueued(ctx, dst, src, n, c, tag, 0)
+	ok, _, err := copyQueued(ctx, dst, src, n, c, tag, 0, 0)
+	return ok, err
 }
 
 // AgentRuns reports whether ctx's device runs a device agent in it now
@@ -389,25 +390,40 @@ func CopyMappedAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, e
 	if n > bounceSize.Load() || ev == 0 {
 		return false, nil
 	}
-	return copyQueued(ctx, dst, src, n, c, tag, ev)
+	ok, _, err := copyQueued(ctx, dst, src, n, c, tag, ev, 0)
+	return ok, err
 }
 
 // copyQueued queues the copy, then records ipc (when not 0), then a
-// slot's event that completes tag.
-func copyQueued(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ipc uintptr) (bool, error) {
+// slot's event that completes tag. With mark (not 0) the copy is a device
+// agent's command that then writes its number, returned, to the host word
+// mark (CopyMappedMark).
+func copyQueued(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ipc, mark uintptr) (bool, uint64, error) {
 	ac, q, err := dtodQueue(ctx, n)
 	if q == nil {
-		return false, err
+		return false, 0, err
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	// Half the slots stay for the landings of other ranks' puts.
 	if q.dead || bits.OnesCount32(q.free) <= bounceSlots/2 {
-		return false, nil
+		return false, 0, nil
 	}
 	i := bits.TrailingZeros32(q.free)
-	if ok, err := queueDtoD(ac, ctx, dst, src, n); !ok {
-		return false, err
+	var v uint64
+	if mark != 0 {
+		cm, ok := q.d.(devmem.CopyMarker)
+		if !ok {
+			return false, 0, nil
+		}
+		if v, ok, err = cm.CopyMark(ctx, dst, src, n, mark); !ok {
+			if err != nil {
+				err = fmt.Errorf("marked copy of %d bytes into a mapped window: %w", n, err)
+			}
+			return false, 0, err
+		}
+	} else if ok, err := queueDtoD(ac, ctx, dst, src, n); !ok {
+		return false, 0, err
 	}
 	if ipc != 0 {
 		// Recorded through a field of q (held under q.mu): a pointer to
@@ -416,22 +432,22 @@ func copyQueued(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ipc ui
 		if err := q.st.Record(q.ctx, &q.ipc); err != nil {
 			// The copy is queued and the target cannot wait for it:
 			// the caller copies again and waits (the same bytes).
-			return false, fmt.Errorf("record the event of a mapped copy: %w", err)
+			return false, 0, fmt.Errorf("record the event of a mapped copy: %w", err)
 		}
 	}
 	if err := q.st.Record(q.ctx, &q.ev[i]); err != nil {
 		// Queued and not watchable: wait for it here.
 		if err := q.drainLocked(); err != nil {
-			return false, err
+			return false, 0, err
 		}
 		c.Complete(tag, abi.Success)
-		return true, nil
+		return true, v, nil
 	}
 	q.free &^= 1 << i
 	q.owed[i] = owed{c: c, tag: tag}
 	q.waiting.Add(1)
 	q.queueLocked(i)
-	return true, nil
+	return true, v, nil
 }
 
 // dtodQueue returns what a queued device-to-device copy of n bytes in ctx

@@ -3,7 +3,6 @@ package staging
 import (
 	"errors"
 	"fmt"
-	"math/bits"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -161,45 +160,12 @@ func CopyMappedMark(ctx, dst, src uintptr, n uint64, c Completer, tag uint64) (b
 	if p == nil || n > bounceSize.Load() {
 		return false, 0, 0, nil
 	}
-	cm, ok := devmem.Get().(devmem.CopyMarker)
-	if !ok {
-		return false, 0, 0, nil
-	}
 	k, ok := p.word(ctx)
 	if !ok {
 		return false, 0, 0, nil
 	}
-	_, q, err := dtodQueue(ctx, n)
-	if q == nil {
-		return false, 0, 0, err
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	// Half the slots stay for the landings of other ranks' puts.
-	if q.dead || bits.OnesCount32(q.free) <= bounceSlots/2 {
-		return false, 0, 0, nil
-	}
-	i := bits.TrailingZeros32(q.free)
-	v, ok, err := cm.CopyMark(ctx, dst, src, n, p.addr(k))
-	if !ok {
-		if err != nil {
-			err = fmt.Errorf("marked copy of %d bytes into a mapped window: %w", n, err)
-		}
-		return false, 0, 0, err
-	}
-	if err := q.st.Record(q.ctx, &q.ev[i]); err != nil {
-		// Queued and not watchable: wait for it here.
-		if err := q.drainLocked(); err != nil {
-			return false, 0, 0, err
-		}
-		c.Complete(tag, abi.Success)
-		return true, k, v, nil
-	}
-	q.free &^= 1 << i
-	q.owed[i] = owed{c: c, tag: tag}
-	q.waiting.Add(1)
-	q.queueLocked(i)
-	return true, k, v, nil
+	ok, v, err := copyQueued(ctx, dst, src, n, c, tag, 0, p.addr(k))
+	return ok, k, v, err
 }
 
 // PeerMarks is a peer's mark page, mapped read-only here (the target's
