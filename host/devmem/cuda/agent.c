@@ -272,14 +272,21 @@ struct agent* rmacu_ag_live(ctxstream* e) {
 
 /* ag_submit queues one command after the context's earlier work: a
  * fused one names its signal word sig, an inline one carries its payload
- * inl (NULL: none). */
+ * inl (NULL: none). With own (not NULL) the value written is the
+ * command's own number, stored in *own: numbered under the lock, so a
+ * word written only this way grows in the order the agent runs them (a
+ * marked copy, rmaw_cuda_copy_mark). */
 static int ag_submit(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, uint64_t sig,
-                     const void* inl, char* err, size_t errlen) {
+                     const void* inl, uint64_t* own, char* err, size_t errlen) {
   struct agent* a = e->ag;
   pthread_mutex_lock(&a->mu);
   int rc = -1;
   if (!a->live) rc = rmaw_fail(err, errlen, "the device agent stopped");
-  else if (ag_follow(e, err, errlen) == 0) rc = ag_put(a, kind, n, src, dst, val, sig, inl, err, errlen);
+  else if (ag_follow(e, err, errlen) == 0) {
+    if (own) val = *own = a->seq + 1;
+    rc = ag_put(a, kind, n, src, dst, val, sig, inl, err, errlen);
+    if (rc == 0 && own) a->marks++;
+  }
   pthread_mutex_unlock(&a->mu);
   return rc;
 }
@@ -287,7 +294,7 @@ static int ag_submit(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint
 /* rmacu_ag_submit queues one command after the context's earlier work. */
 int rmacu_ag_submit(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, char* err,
                     size_t errlen) {
-  return ag_submit(e, kind, n, src, dst, val, 0, NULL, err, errlen);
+  return ag_submit(e, kind, n, src, dst, val, 0, NULL, NULL, err, errlen);
 }
 
 /* rmaw_cuda_land_signal queues, as one agent command after the context's
@@ -305,7 +312,7 @@ int rmaw_cuda_land_signal(uintptr_t ctx, uint64_t dst, const void* host, uint64_
   int inl = ag_inline && n <= AG_INLINE;
   if (!inl && !rmacu_hr_ok(host, n)) return 1;
   uint64_t kind = inl ? (add ? AG_INLINE_ADD : AG_INLINE_WRITE) : (add ? AG_COPY_ADD : AG_COPY_WRITE);
-  return ag_submit(e, kind, n, inl ? 0 : (uint64_t)(uintptr_t)host, dst, v, sig, inl ? host : NULL, err, errlen);
+  return ag_submit(e, kind, n, inl ? 0 : (uint64_t)(uintptr_t)host, dst, v, sig, inl ? host : NULL, NULL, err, errlen);
 }
 
 /* rmaw_cuda_copy_mark queues, as one agent command after the context's
@@ -323,19 +330,7 @@ int rmaw_cuda_copy_mark(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, u
   (void)r;
   if (!rmacu_ag_live(e) || n == 0 || n > rmacu_agent_max) return 1;
   if ((mark & 7) || !rmacu_hr_ok((const void*)(uintptr_t)mark, 8)) return 1;
-  struct agent* a = e->ag;
-  pthread_mutex_lock(&a->mu);
-  int rc = -1;
-  if (!a->live) rc = rmaw_fail(err, errlen, "the device agent stopped");
-  else if (ag_follow(e, err, errlen) == 0) {
-    /* Numbered under the lock, so a word only ever grows: the agent
-     * writes its marks in the order of their numbers. */
-    *v = a->seq + 1;
-    rc = ag_put(a, AG_COPY_WRITE, n, src, dst, *v, mark, NULL, err, errlen);
-    if (rc == 0) a->marks++;
-  }
-  pthread_mutex_unlock(&a->mu);
-  return rc;
+  return ag_submit(e, AG_COPY_WRITE, n, src, dst, 0, mark, NULL, v, err, errlen);
 }
 
 /* rmacu_ag_record records a ticket in *ev (an event of a's context): the
