@@ -8,6 +8,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -32,18 +33,11 @@ func (e *markEvents) PeerMarks() *staging.PeerMarks   { return e.pm }
 // (a resent put, a ring, an event), and never a marked header on a link
 // whose peer handed no page over.
 func TestMarkReachedServedByCaller(t *testing.T) {
-	fd, err := unix.MemfdCreate("marks-caller", unix.MFD_CLOEXEC)
+	fd, w, err := shmstream.CreateSealed("marks-caller", 4096)
 	if err != nil {
-		t.Skipf("memfd_create: %v", err)
+		t.Skipf("sealed memfd: %v", err)
 	}
 	defer unix.Close(fd)
-	if err := unix.Ftruncate(fd, 4096); err != nil {
-		t.Fatal(err)
-	}
-	w, err := unix.Mmap(fd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer unix.Munmap(w)
 	w[3*8] = 7 // word 3 (little endian) at 7
 	pm, err := staging.OpenPeerMarks(fd, os.Getpid())

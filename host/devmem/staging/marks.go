@@ -15,6 +15,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 )
 
 // Agent marks (SPEC.md §4, "Device windows mapped";
@@ -49,37 +50,41 @@ var marks struct {
 	err  error // why it could not be made (asked once)
 }
 
-// MarkPage makes the process's mark page once, pinned from ctx, and
-// returns its memory's fd, which peers map (host/dataplane/intranode/share
-// hands it over). An error says why there is none; it is made once, so
+// MarkPage makes the process's mark page once, pinned from ctx, for
+// peers to map (host/dataplane/intranode/share hands it over,
+// MarkPageReadOnly). An error says why there is none; it is made once, so
 // the same error comes back.
-func MarkPage(ctx uintptr) (int, error) {
-	if p := marks.page.Load(); p != nil {
-		return p.fd, nil
+func MarkPage(ctx uintptr) error {
+	if marks.page.Load() != nil {
+		return nil
 	}
 	marks.mu.Lock()
 	defer marks.mu.Unlock()
-	if p := marks.page.Load(); p != nil {
-		return p.fd, nil
-	}
-	if marks.err != nil {
-		return -1, marks.err
+	if marks.page.Load() != nil || marks.err != nil {
+		return marks.err
 	}
 	p, err := newMarkPage(ctx)
 	if err != nil {
 		marks.err = err
-		return -1, err
+		return err
 	}
 	marks.page.Store(p)
-	return p.fd, nil
+	return nil
 }
 
-// MarkPageFD is the mark page's fd, -1 when there is none.
-func MarkPageFD() int {
-	if p := marks.page.Load(); p != nil {
-		return p.fd
+// MarkPageReadOnly opens the mark page again, read-only, for a peer: the
+// caller sends and closes the fd. A peer that holds it can map the page
+// for reading only, so it cannot write the marks we send other peers.
+func MarkPageReadOnly() (int, error) {
+	p := marks.page.Load()
+	if p == nil {
+		return -1, errors.New("no mark page")
 	}
-	return -1
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", p.fd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("mark page, read-only: %w", err)
+	}
+	return fd, nil
 }
 
 func newMarkPage(ctx uintptr) (*markPage, error) {
@@ -88,18 +93,11 @@ func newMarkPage(ctx uintptr) (*markPage, error) {
 	if _, ok2 := d.(devmem.CopyMarker); !ok || !ok2 {
 		return nil, errors.New("the device runtime has no agent marks")
 	}
-	fd, err := unix.MemfdCreate("rccl-rma-wasm-marks", unix.MFD_CLOEXEC)
+	// Sealed against resizing, as the staging ring: a peer's mapping of
+	// it can never fault, whatever a process holding the fd does.
+	fd, mem, err := shmstream.CreateSealed("rccl-rma-wasm-marks", markPageSize)
 	if err != nil {
-		return nil, fmt.Errorf("mark page: memfd_create: %w", err)
-	}
-	if err := unix.Ftruncate(fd, markPageSize); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("mark page: ftruncate: %w", err)
-	}
-	mem, err := unix.Mmap(fd, 0, markPageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("mark page: mmap: %w", err)
+		return nil, fmt.Errorf("mark page: %w", err)
 	}
 	if err := hr.HostRegister(ctx, unsafe.Pointer(&mem[0]), markPageSize); err != nil {
 		unix.Munmap(mem)
@@ -185,6 +183,12 @@ func OpenPeerMarks(fd, pid int) (*PeerMarks, error) {
 	}
 	if st.Size != markPageSize {
 		return nil, fmt.Errorf("mark page of pid %d: %d bytes, want %d", pid, st.Size, markPageSize)
+	}
+	// Sealed against resizing, or a sender that shrank it would fault our
+	// reads of the mapping.
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
+		return nil, fmt.Errorf("mark page of pid %d: not sealed against resizing (%v)", pid, err)
 	}
 	mem, err := unix.Mmap(fd, 0, markPageSize, unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {

@@ -10,25 +10,19 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 )
 
 // markFile is a page as a sender makes it: its fd, and the sender's
 // read-write view of its words.
 func markFile(t *testing.T) (int, *[MarkWords]atomic.Uint64) {
 	t.Helper()
-	fd, err := unix.MemfdCreate("marks-test", unix.MFD_CLOEXEC)
+	fd, mem, err := shmstream.CreateSealed("marks-test", markPageSize)
 	if err != nil {
-		t.Skipf("memfd_create: %v", err)
+		t.Skipf("sealed memfd: %v", err)
 	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if err := unix.Ftruncate(fd, markPageSize); err != nil {
-		t.Fatal(err)
-	}
-	mem, err := unix.Mmap(fd, 0, markPageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(mem) })
+	t.Cleanup(func() { unix.Munmap(mem); unix.Close(fd) })
 	return fd, (*[MarkWords]atomic.Uint64)(unsafe.Pointer(&mem[0]))
 }
 
@@ -81,6 +75,12 @@ func TestPeerMarksNoHang(t *testing.T) {
 	defer unix.Close(small)
 	if _, err := OpenPeerMarks(small, os.Getpid()); err == nil {
 		t.Fatal("an empty page was mapped")
+	}
+	if err := unix.Ftruncate(small, markPageSize); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenPeerMarks(small, os.Getpid()); err == nil {
+		t.Fatal("a page its sender could shrink under our mapping was mapped")
 	}
 	cmd := exec.Command("true")
 	if err := cmd.Run(); err != nil {

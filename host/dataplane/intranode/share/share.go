@@ -431,7 +431,7 @@ func (x *Exchange) orderByMarks(m Local, tok uint64, r, pid int) {
 	if x.marks == nil || !x.marks() || x.ipc.MarksReady(r) || !staging.AgentWanted() {
 		return
 	}
-	_, err := staging.MarkPage(m.Ctx)
+	err := staging.MarkPage(m.Ctx)
 	if err == nil {
 		err = askYes(tok, pid, keyOpenMarks|uint64(x.rank))
 	}
@@ -474,23 +474,19 @@ func (x *Exchange) serveOpenMarks(pid, r int) ([]byte, []int, error) {
 	return []byte{1}, nil, nil
 }
 
-// serveMarkPage answers our mark page's fd for rank, which must be
-// process pid (the server closes what it sends: a duplicate).
+// serveMarkPage answers our mark page for rank, which must be process
+// pid: a read-only fd of it, which the server closes once sent.
 func (x *Exchange) serveMarkPage(pid, r int) ([]byte, []int, error) {
 	if r < 0 || r >= x.nranks || x.ipc.Pid(r) != pid {
 		return nil, nil, errors.New("not that rank")
 	}
-	fd := staging.MarkPageFD()
-	if fd < 0 {
-		return nil, nil, errors.New("no mark page")
-	}
-	dup, err := unix.Dup(fd)
+	fd, err := staging.MarkPageReadOnly()
 	if err != nil {
-		return nil, nil, fmt.Errorf("mark page: %w", err)
+		return nil, nil, err
 	}
 	payload := binary.LittleEndian.AppendUint32(nil, 1)
 	payload = binary.LittleEndian.AppendUint32(payload, segMarks)
-	return payload, []int{dup}, nil
+	return payload, []int{fd}, nil
 }
 
 func closeFds(fds []int) {
