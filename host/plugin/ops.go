@@ -166,6 +166,7 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 	}
 	q.prof = 0
 	if profile.On() {
+		q.firstAt.Store(0)
 		profile.Call()
 		q.prof = profile.Now()
 		op.Posted = q.prof

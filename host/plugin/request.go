@@ -43,9 +43,11 @@ type request struct {
 	peer   uint32
 	size   uint64
 	start  int64
-	prof   int64      // profile.Now() at issue, 0: not profiled
-	doneAt int64      // profile.Now() at completion (profiled requests)
-	st     stallStamp // only with the stall report on (stall.go)
+	prof   int64 // profile.Now() at issue, 0: not profiled
+	doneAt int64 // profile.Now() at completion (profiled requests)
+	// firstAt: profile.Now() when the first of several parts completed.
+	firstAt atomic.Int64
+	st      stallStamp // only with the stall report on (stall.go)
 }
 
 type slab [slabSize]request
@@ -152,6 +154,9 @@ func completeRequest(h uint64, status abi.Result) {
 	if status != abi.Success {
 		q.status.CompareAndSwap(0, int32(status)) // the first failure wins
 	}
+	if q.prof != 0 && q.parts.Load() > 1 {
+		q.firstAt.CompareAndSwap(0, profile.Now())
+	}
 	if q.parts.Add(-1) <= 0 {
 		if q.prof != 0 {
 			// Before the state change: test() may reuse the slot after it.
@@ -172,4 +177,7 @@ func profRequest(q *request) {
 		profile.PutDone.Add(q.doneAt - q.prof)
 	}
 	profile.Noticed.Since(q.doneAt)
+	if t := q.firstAt.Load(); t != 0 {
+		profile.FirstPart.Add(t - q.prof)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
@@ -169,10 +170,16 @@ func (t *Link) attachStream(r *inReader, h *wire.Header) error {
 	return nil
 }
 
+// callerMarkWait is how long a polling caller waits for a mark its header
+// arrived ahead of: the agent's copy is usually a few microseconds behind
+// the header, while handing the header to the service costs a goroutine's
+// wake-up from a foreign thread (tens of microseconds).
+const callerMarkWait = 25 * time.Microsecond
+
 // markReached reports whether h is a put+signal ordered by an agent mark
-// alone (wire.StatusMark) whose mark the peer's page already holds: a
-// caller serves it without waiting. Others, and one whose copy is still
-// running, are the service's, which may wait for the mark.
+// alone (wire.StatusMark) whose mark the peer's page holds, or does within
+// callerMarkWait: a caller serves it. Others, and one whose copy is still
+// running after that, are the service's, which may wait for the mark.
 func (t *Link) markReached(h *wire.Header) bool {
 	if h.Status&^0xff != wire.StatusMark || h.Typ != wire.MsgPutSignal || h.Size != 0 || t.side == nil {
 		return false
@@ -182,5 +189,5 @@ func (t *Link) markReached(h *wire.Header) bool {
 		return false
 	}
 	pm := evs.PeerMarks()
-	return pm != nil && pm.Reached(int(h.Status&0xff), h.Off)
+	return pm != nil && pm.ReachedWithin(int(h.Status&0xff), h.Off, callerMarkWait)
 }

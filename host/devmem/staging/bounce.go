@@ -272,6 +272,9 @@ func (q *ctxQueue) settledLocked() {
 // completes the request it owes; q.mu held.
 func (q *ctxQueue) popLocked() {
 	i := q.order[q.head]
+	if profile.On() {
+		profile.CopyReaped.Add(int64(time.Since(stuckEpoch)) - q.pushed[i])
+	}
 	q.free |= 1 << i
 	q.head = (q.head + 1) % bounceSlots
 	q.nq--

@@ -210,6 +210,33 @@ func (m *PeerMarks) Reached(k int, v uint64) bool {
 	return k >= 0 && k < MarkWords && v != 0 && m.w[k].Load() >= v
 }
 
+// ReachedWithin reports whether word k (a valid index or not) reaches v
+// within d, polling: a polling caller's short wait for a mark a few
+// microseconds behind its header, which costs less than handing the
+// header to a goroutine that must be woken.
+func (m *PeerMarks) ReachedWithin(k int, v uint64, d time.Duration) bool {
+	if k < 0 || k >= MarkWords || v == 0 {
+		return false
+	}
+	w := &m.w[k]
+	if w.Load() >= v {
+		return true
+	}
+	if profile.On() {
+		defer profile.MarkWait.Since(profile.Now())
+	}
+	start := time.Now()
+	for time.Since(start) < d {
+		for range 64 {
+			if w.Load() >= v {
+				return true
+			}
+		}
+		runtime.Gosched()
+	}
+	return w.Load() >= v
+}
+
 // markTimeout bounds a wait for a live peer's mark: its copy runs on a
 // device of this host, so only a stuck device outlasts it. markSpin is how
 // long a wait yields before it sleeps: a mark is usually a few

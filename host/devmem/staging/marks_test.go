@@ -63,6 +63,35 @@ func TestPeerMarksWait(t *testing.T) {
 	}
 }
 
+// ReachedWithin answers at once for a word already there, waits for one
+// written while it polls, and gives up (false) on one never written.
+func TestPeerMarksReachedWithin(t *testing.T) {
+	fd, w := markFile(t)
+	m, err := OpenPeerMarks(fd, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if m.ReachedWithin(3, 1, 0) || m.ReachedWithin(3, 1, time.Millisecond) {
+		t.Fatal("an unwritten word reached 1")
+	}
+	if m.ReachedWithin(64, 1, time.Millisecond) || m.ReachedWithin(-1, 1, 0) || m.ReachedWithin(3, 0, 0) {
+		t.Fatal("ReachedWithin takes an index or number no header may name")
+	}
+	w[3].Store(2)
+	if !m.ReachedWithin(3, 2, 0) || m.ReachedWithin(3, 3, 0) {
+		t.Fatal("ReachedWithin does not tell a word's number")
+	}
+	go func() {
+		time.Sleep(time.Millisecond)
+		w[3].Store(7)
+	}()
+	// A bound no loaded machine reaches: the word is written while it polls.
+	if !m.ReachedWithin(3, 7, time.Minute) {
+		t.Fatal("a word written during the wait was not seen")
+	}
+}
+
 // A page of the wrong size is refused; a wait on a process that exited
 // fails instead of waiting for a mark that never comes, and so does one
 // past markTimeout.
