@@ -225,6 +225,9 @@ func (m *PeerMarks) ReachedWithin(k int, v uint64, d time.Duration) bool {
 	if profile.On() {
 		defer profile.MarkWait.Since(profile.Now())
 	}
+	// Loads only: the caller is a foreign thread in a cgo callback, whose
+	// goroutine is locked to it, and a yield there hands the thread off
+	// and back through the scheduler (microseconds each).
 	start := time.Now()
 	for time.Since(start) < d {
 		for range 64 {
@@ -232,7 +235,6 @@ func (m *PeerMarks) ReachedWithin(k int, v uint64, d time.Duration) bool {
 				return true
 			}
 		}
-		runtime.Gosched()
 	}
 	return w.Load() >= v
 }
