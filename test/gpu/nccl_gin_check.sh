@@ -195,7 +195,7 @@ elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:co
     if ! ref agent; then
       :
     elif timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
-      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET -x NCCL_RMA_WASM_DEVICE_AGENT=1 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV ${EXTRA_MPI_ENV:-} \
+      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET -x NCCL_RMA_WASM_DEVICE_AGENT=1 -x NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV ${EXTRA_MPI_ENV:-} \
       "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-agent.log" 2>&1; then
       grep -E "HOSTRMA" "$OUT/host_rma-agent.log" | sed "s/^/[agent] /"
       grep -h "device agent:" "$OUT/host_rma-agent.log" | sed 's/.*NET.wasm: /GIN-CHECK [host_rma agent] /' | sort -u
@@ -321,7 +321,7 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     for b in 64 4096; do
       for i in $(seq 1 "${MARKS_PAIRS:-2}"); do
         sfx=; [ "$i" -gt 1 ] && sfx=-$i
-        gin_run agent-ref-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 || gin_bad=1
+        gin_run agent-ref-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0 || gin_bad=1
         if gin_run marks-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET,REG; then
           [ -z "$sfx" ] && grep -hE "device agent:.*marked|device agent marks" "$OUT/gin_alltoall-marks-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [marks-'$b'] /' | sort -u | head -3
         else gin_bad=1; fi
@@ -415,7 +415,7 @@ if ! want pingpong; then
 elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/gin_pingpong.cu" -o "$OUT/gin_pingpong.o" >"$OUT/gin_pingpong-build.log" 2>&1 &&
   mpicxx "$OUT/gin_pingpong.o" -o "$OUT/gin_pingpong" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/gin_pingpong-build.log" 2>&1; then
   for b in ${PP_SIZES:-8 64}; do
-    for v in "off NCCL_RMA_WASM_DEVICE_AGENT=0" "agent NCCL_RMA_WASM_DEVICE_AGENT=1" "marks NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1"; do
+    for v in "off NCCL_RMA_WASM_DEVICE_AGENT=0" "agent NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0" "marks NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1"; do
       # PP_PROFILE=1: the plugin's per-stage profile in each run's log.
       [ "${PP_PROFILE:-0}" = 1 ] && v="$v NCCL_RMA_WASM_PROFILE=1"
       set -- $v
