@@ -94,7 +94,8 @@ for pb in ${SB_BYTES-0 64 4096}; do
     # With a payload, the plugin's profile too: its gather wait is one
     # device-to-host copy's round trip (the agent's, or a copy engine's).
     prof=0; [ "$pb" != 0 ] && prof=1
-    sb_run "$log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=$ag BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=$pb NCCL_RMA_WASM_PROFILE=$prof
+    # Agent marks apart (their own run below): the agent's series without them.
+    sb_run "$log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=$ag NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0 BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=$pb NCCL_RMA_WASM_PROFILE=$prof
     rc=$?
     echo "AGENT-CHECK sb bytes=$pb agent=$ag rc=$rc"
     sb_show "$log" "bytes=$pb agent=$ag"
@@ -112,8 +113,8 @@ if [ -z "$hung" ]; then
   sb_run "$O/sb-64-fused.log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FUSED_LANDING=1 BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=64 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET
   echo "AGENT-CHECK sb fused rc=$?"
   sb_show "$O/sb-64-fused.log" "fused"
-  # Agent marks (NCCL_RMA_WASM_INTRANODE_AGENT_MARKS): the intra-node
-  # ping's header leaves before its mapped copy ran.
+  # Agent marks (NCCL_RMA_WASM_INTRANODE_AGENT_MARKS, the default with the
+  # agent): the intra-node ping's header leaves before its mapped copy ran.
   sb_run "$O/sb-64-marks.log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=64 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET,REG
   echo "AGENT-CHECK sb marks rc=$? $(grep -q 'ordered by device agent marks' "$O/sb-64-marks.log" && echo '(marked)' || echo '(the path was not taken)')"
   sb_show "$O/sb-64-marks.log" "marks"

@@ -175,8 +175,8 @@ elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:co
       pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
       if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
     fi
-    # With the device agent and agent marks (off until measured): the
-    # mapped puts' headers leave before their copies ran.
+    # With the device agent and agent marks (the default where the agent
+    # runs): the mapped puts' headers leave before their copies ran.
     if ! ref marks; then
       :
     elif timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
@@ -191,7 +191,8 @@ elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:co
       pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
       if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
     fi
-    # The same with the device agent (off by default).
+    # The same with the device agent without agent marks (the reference
+    # for the marks run).
     if ! ref agent; then
       :
     elif timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
@@ -315,8 +316,8 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
       done
     done
   fi
-  # Agent marks (NCCL_RMA_WASM_INTRANODE_AGENT_MARKS, off until
-  # measured): the agent's runs without and with them, in turn.
+  # Agent marks (NCCL_RMA_WASM_INTRANODE_AGENT_MARKS, on by default with
+  # the agent): the agent's runs without and with them, in turn.
   if ref marks; then
     for b in 64 4096; do
       for i in $(seq 1 "${MARKS_PAIRS:-2}"); do
