@@ -139,6 +139,10 @@ echo "AGENT-CHECK: staging_bench done at $(($(date +%s) - t0)) s"
 # cuda_check with the defaults, MPS off (so no agent).
 cc_loop tcp ${CC_REPEAT:-4} NCCL_RMA_WASM_INTRANODE=0
 cc_loop intranode ${CC_REPEAT:-4}
+# The agent forced on without MPS (time-sliced), with its defaults (agent
+# marks among them): slower, never hung, every byte.
+cc_loop intranode-agent-nomps ${CC_REPEAT:-4} NCCL_RMA_WASM_DEVICE_AGENT=1
+grep -h "device agent:" "$O/cc-intranode-agent-nomps.log" | sed 's/.*NET.wasm: /AGENT-CHECK cuda_check intranode-agent-nomps: /' | sort -u | head -2
 echo "AGENT-CHECK: cuda_check repeats done at $(($(date +%s) - t0)) s"
 
 # compute-sanitizer on cuda_check with the agent forced on (MPS off).
@@ -215,4 +219,5 @@ for what in nop "copy h2d" "copy+add"; do
   printf '%-46s %10s %10s %12s\n' "agent round trip, $what (plain|inline kernel)" "$(pr agent.ptx 0 "$what")" "$(pr agent.ptx 1 "$what")" ""
 done
 printf '%-46s %10s %10s %12s\n' "cuda_check (every byte)" "$(cc "$G/cuda_check.log")" "$(cc "$G/cuda_check-agent.log")" ""
+printf '%-46s %10s %10s %12s\n' "cuda_check intra-node, MPS off (every byte)" "$(cc "$O/cc-intranode.log")" "$(cc "$O/cc-intranode-agent-nomps.log")" ""
 echo "AGENT-CHECK: all done at $(($(date +%s) - t0)) s"
