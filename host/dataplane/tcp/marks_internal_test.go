@@ -77,3 +77,38 @@ func TestMarkReachedServedByCaller(t *testing.T) {
 		t.Error("a marked header served on a link with no intra-node side")
 	}
 }
+
+// The polling caller's wait for marks stops after markMissesMax misses in
+// a row, comes back once every markRetryEvery headers, and a mark seen in
+// time (waited for or not) turns it on again.
+func TestMarkWaitsAdapt(t *testing.T) {
+	var m markWaits
+	for i := 0; i < markMissesMax; i++ {
+		d := m.bound()
+		if d != callerMarkWait {
+			t.Fatalf("miss %d: wait %v, want %v", i, d, callerMarkWait)
+		}
+		m.record(d, false)
+	}
+	waits := 0
+	for i := 0; i < 2*markRetryEvery; i++ {
+		d := m.bound()
+		if d != 0 {
+			waits++
+		}
+		m.record(d, false)
+	}
+	if waits != 2 {
+		t.Fatalf("after %d misses in a row: %d waits in %d headers, want 2", markMissesMax, waits, 2*markRetryEvery)
+	}
+	m.record(0, false) // a look that did not wait is no miss
+	m.record(0, true)  // a mark there at the first look
+	if d := m.bound(); d != callerMarkWait {
+		t.Fatalf("after a mark in time: wait %v, want %v", d, callerMarkWait)
+	}
+	// A miss below the bound does not stop the waits.
+	m.record(callerMarkWait, false)
+	if d := m.bound(); d != callerMarkWait {
+		t.Fatalf("after one miss: wait %v, want %v", d, callerMarkWait)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -176,10 +177,47 @@ func (t *Link) attachStream(r *inReader, h *wire.Header) error {
 // wake-up from a foreign thread (tens of microseconds).
 const callerMarkWait = 25 * time.Microsecond
 
+// markWaits adapts the polling caller's wait for marks on one link: where
+// the peer's marks keep arriving later than callerMarkWait (its agent
+// time-sliced without MPS, a busy device), waiting only holds NCCL's proxy
+// thread, so after markMissesMax waits in a row that missed, a caller only
+// looks, and waits again once every markRetryEvery headers to notice
+// marks that came back on time. A mark seen in time resets it.
+type markWaits struct {
+	misses atomic.Uint32 // waits in a row that ended before their mark
+	n      atomic.Uint32 // headers looked at while waiting is off
+}
+
+const (
+	markMissesMax  = 4
+	markRetryEvery = 64
+)
+
+// bound is how long a caller waits for the next mark.
+func (m *markWaits) bound() time.Duration {
+	if m.misses.Load() < markMissesMax || m.n.Add(1)%markRetryEvery == 0 {
+		return callerMarkWait
+	}
+	return 0
+}
+
+// record notes whether a caller's wait of d saw its mark.
+func (m *markWaits) record(d time.Duration, reached bool) {
+	switch {
+	case reached:
+		if m.misses.Load() != 0 {
+			m.misses.Store(0)
+		}
+	case d > 0 && m.misses.Load() < markMissesMax:
+		m.misses.Add(1)
+	}
+}
+
 // markReached reports whether h is a put+signal ordered by an agent mark
 // alone (wire.StatusMark) whose mark the peer's page holds, or does within
-// callerMarkWait: a caller serves it. Others, and one whose copy is still
-// running after that, are the service's, which may wait for the mark.
+// the caller's wait (markWaits): a caller serves it. Others, and one whose
+// copy is still running after that, are the service's, which may wait for
+// the mark.
 func (t *Link) markReached(h *wire.Header) bool {
 	if h.Status&^0xff != wire.StatusMark || h.Typ != wire.MsgPutSignal || h.Size != 0 || t.side == nil {
 		return false
@@ -189,5 +227,11 @@ func (t *Link) markReached(h *wire.Header) bool {
 		return false
 	}
 	pm := evs.PeerMarks()
-	return pm != nil && pm.ReachedWithin(int(h.Status&0xff), h.Off, callerMarkWait)
+	if pm == nil {
+		return false
+	}
+	d := t.markWaits.bound()
+	ok := pm.ReachedWithin(int(h.Status&0xff), h.Off, d)
+	t.markWaits.record(d, ok)
+	return ok
 }

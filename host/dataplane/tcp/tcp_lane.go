@@ -67,6 +67,9 @@ type Link struct {
 	// fenced has bit i set when a resent operation named incoming lane i
 	// before it ever opened: it may not open any more (fence).
 	fenced uint32
+	// markWaits adapts the polling caller's wait for agent marks
+	// (tcp_caller.go).
+	markWaits markWaits
 	// side moves large payloads beside the streams (the intra-node
 	// transport installs itself); nil for plain TCP.
 	side SidePath
