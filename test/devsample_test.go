@@ -205,10 +205,13 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// for its ticket before the header leaves, instead of an
 		// interprocess event the target's stream waits for (an event
 		// costs driver submissions the agent's copy does not).
-		{"cuda_check_ipc_agent", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
+		// Agent marks off (NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0; on by
+		// default): the lane's wait for each ticket.
+		{"cuda_check_ipc_agent", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified",
 				"device operations copy straight into its mapped device memory (IPC)", "device agent: running",
-				"fakecuda: the device agent copied device to device", "!fakecuda: an interprocess event recorded"}},
+				"fakecuda: the device agent copied device to device", "!fakecuda: an interprocess event recorded",
+				"!are ordered by device agent marks", "!fakecuda: the device agent marked a copy"}},
 		// NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1: the agent's copy (each
 		// command 2 ms late) then marks our page, and the header leaves at
 		// once; the target applies the signal only once the mark came, so

@@ -262,6 +262,9 @@ func CloseColl(h uint64) abi.Result {
 	if st.AcksCarried+st.AcksAlone > 0 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d acknowledged its peers' puts %d times in its own batches and %d times alone", c.rank, st.AcksCarried, st.AcksAlone)
 	}
+	if n := st.MarksAtOnce + st.MarksWaited + st.MarksLeft; n > 0 {
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d met %d put+signals ordered by its peers' agent marks on NCCL's thread: %d with the mark there, %d after waiting for it, %d left to the lanes' services", c.rank, n, st.MarksAtOnce, st.MarksWaited, st.MarksLeft)
+	}
 	if st.Handed > 0 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d handed over %d batches instead of waiting for their gathered device copies (NCCL_RMA_WASM_GATHER_WRITER): %d written by the caller's next call, the rest by its lanes' writers", c.rank, st.Handed, st.HandedByCaller)
 	}

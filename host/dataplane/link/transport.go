@@ -97,6 +97,12 @@ type Stats struct {
 	// (Config.GatherWriter), and HandedByCaller those a later call of the
 	// caller wrote (the others, the writer goroutine).
 	Handed, HandedByCaller uint64
+	// MarksAtOnce, MarksWaited and MarksLeft count the put+signals
+	// ordered by a peer's agent marks that the polling caller met: served
+	// with the mark already there, served after its wait for the mark,
+	// and left to the lane's service (the mark later than the wait, or
+	// waiting off on that link).
+	MarksAtOnce, MarksWaited, MarksLeft uint64
 	// BackstopAsks counts the liveness backstop's asks for acks that
 	// waited too long (tcp_acks.go, backstop), and AcksRescued the asks
 	// an ack answered: each is an ack the normal path failed to deliver

@@ -69,6 +69,13 @@ func TestMarkReachedServedByCaller(t *testing.T) {
 			t.Errorf("%s: markReached = %v, want %v", c.name, got, c.want)
 		}
 	}
+	// What the caller did with the marked ones (link.Stats): the two
+	// reached at once, the three it gave up on; no wait saw its mark.
+	var st link.Stats
+	l.AddAcks(&st)
+	if st.MarksAtOnce != 2 || st.MarksWaited != 0 || st.MarksLeft != 3 {
+		t.Errorf("marks at once %d, after a wait %d, left %d; want 2, 0, 3", st.MarksAtOnce, st.MarksWaited, st.MarksLeft)
+	}
 	side.evs.pm = nil
 	if l.markReached(marked(3, 7)) {
 		t.Error("a marked header served with no page handed over")

@@ -186,6 +186,9 @@ const callerMarkWait = 25 * time.Microsecond
 type markWaits struct {
 	misses atomic.Uint32 // waits in a row that ended before their mark
 	n      atomic.Uint32 // headers looked at while waiting is off
+	// What became of the headers (link.Stats): served with the mark
+	// there at once, served after a wait, left to the service.
+	atOnce, waited, left atomic.Uint64
 }
 
 const (
@@ -230,8 +233,19 @@ func (t *Link) markReached(h *wire.Header) bool {
 	if pm == nil {
 		return false
 	}
+	k, v := int(h.Status&0xff), h.Off
+	if pm.Reached(k, v) {
+		t.markWaits.record(0, true)
+		t.markWaits.atOnce.Add(1)
+		return true
+	}
 	d := t.markWaits.bound()
-	ok := pm.ReachedWithin(int(h.Status&0xff), h.Off, d)
+	ok := pm.ReachedWithin(k, v, d)
 	t.markWaits.record(d, ok)
+	if ok {
+		t.markWaits.waited.Add(1)
+	} else {
+		t.markWaits.left.Add(1)
+	}
 	return ok
 }

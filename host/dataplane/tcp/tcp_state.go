@@ -69,7 +69,8 @@ func (t *Link) AddStats(st *link.Stats) {
 
 // AddAcks adds the acknowledgements of the peer's puts sent so far to st:
 // carried in a batch of ours, or written alone on the acknowledged stream;
-// the backstop's asks and the acks that came only after one; batches handed over.
+// the backstop's asks and the acks that came only after one; batches handed
+// over; what the polling caller did with headers ordered by agent marks.
 func (t *Link) AddAcks(st *link.Stats) {
 	for _, l := range t.lanes {
 		st.AcksCarried += l.carried.Load()
@@ -81,6 +82,9 @@ func (t *Link) AddAcks(st *link.Stats) {
 	for _, a := range t.acks {
 		st.AcksAlone += a.Alone()
 	}
+	st.MarksAtOnce += t.markWaits.atOnce.Load()
+	st.MarksWaited += t.markWaits.waited.Load()
+	st.MarksLeft += t.markWaits.left.Load()
 }
 
 // streamer is a transport that carries TCP lanes: TCP's own link, and
