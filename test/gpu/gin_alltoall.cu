@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <pthread.h>
 #include <unistd.h>
+#include <algorithm>
 #include <vector>
 
 #define FAIL_TAG "GINA2A"
@@ -44,38 +45,47 @@ struct Progress {
   volatile unsigned long long where, base, want;
 };
 
-__device__ static inline void mark(Progress* p, int it, int stage) {
+// Each stage's time too (%globaltimer, ns), in device memory, 8 words per
+// iteration: the phases' medians tell where an alltoall's time goes (the
+// launch gap, the first barrier, the puts' posting, the signal's wait, the
+// flush, the last barrier), printed as one "GINA2A PHASES" line per rank.
+enum { STAGES = 8 };
+
+__device__ static inline void mark(Progress* p, int it, int stage, unsigned long long* times) {
   if (threadIdx.x == 0 && blockIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    times[(size_t)it * STAGES + stage] = t;
     p->where = (unsigned long long)it * 8 + stage;
     __threadfence_system();
   }
 }
 
 __global__ void alltoall(ncclWindow_t sendwin, ncclWindow_t recvwin, size_t bytes, int it, ncclDevComm dc,
-                         Progress* prog) {
+                         Progress* prog, unsigned long long* times) {
   ncclGin gin{dc, 0};
   unsigned sig = blockIdx.x;
-  mark(prog, it, 1);
+  mark(prog, it, 1, times);
   uint64_t base = gin.readSignal(sig);
   if (threadIdx.x == 0 && blockIdx.x == 0) prog->base = base, prog->want = base + dc.nRanks;
   ncclGinBarrierSession<ncclCoopCta> bar{ncclCoopCta(), gin, ncclTeamTagWorld(), blockIdx.x};
   // Nobody puts before everybody read its signal's starting value.
   bar.sync(ncclCoopCta(), cuda::memory_order_acquire, ncclGinFenceLevel::None);
-  mark(prog, it, 2);
+  mark(prog, it, 2, times);
   size_t slot = (size_t)it * dc.nRanks * bytes;
   int tid = threadIdx.x + blockIdx.x * blockDim.x;
   int nthreads = blockDim.x * gridDim.x;
   for (int r = tid; r < dc.nRanks; r += nthreads)
     gin.put(ncclTeamWorld(dc), r, recvwin, slot + (size_t)dc.rank * bytes, sendwin, slot + (size_t)r * bytes, bytes,
             ncclGin_StrongSignalInc{sig});
-  mark(prog, it, 3);
+  mark(prog, it, 3, times);
   // Every put to rank r comes from thread r, so it lands on signal r/THREADS.
   if (blockIdx.x == (dc.rank % nthreads) / blockDim.x) gin.waitSignal(ncclCoopCta(), sig, base + dc.nRanks);
-  mark(prog, it, 4);
+  mark(prog, it, 4, times);
   gin.flush(ncclCoopCta());
-  mark(prog, it, 5);
+  mark(prog, it, 5, times);
   bar.sync(ncclCoopCta(), cuda::memory_order_release, ncclGinFenceLevel::None);
-  mark(prog, it, 6);
+  mark(prog, it, 6, times);
 }
 
 // The watchdog: a run still going after GINA2A_WATCH_S seconds (default
@@ -135,6 +145,32 @@ __global__ void fill(uint8_t* p, int from, int nranks, size_t bytes, int iters) 
   }
 }
 
+static double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// phases prints the medians of each kernel's phases (µs), the first ten
+// kernels left out (warm-up): the gap from the previous kernel's end to
+// this one's start, the first barrier, posting the puts, waiting for the
+// signal, the flush, the last barrier, and the whole kernel.
+static void phases(const unsigned long long* dev, int iters) {
+  std::vector<unsigned long long> t((size_t)iters * STAGES);
+  if (cudaMemcpy(t.data(), dev, t.size() * sizeof t[0], cudaMemcpyDeviceToHost) != cudaSuccess) return;
+  const char* names[] = {"launch-gap", "barrier1", "post", "signal", "flush", "barrier2", "kernel"};
+  std::vector<double> d[7];
+  for (int it = 10; it < iters; it++) {
+    const unsigned long long* x = &t[(size_t)it * STAGES];
+    for (int k = 1; k < 6; k++) d[k].push_back((x[k + 1] - x[k]) / 1000.0);
+    d[0].push_back((x[1] - t[(size_t)(it - 1) * STAGES + 6]) / 1000.0);
+    d[6].push_back((x[6] - x[1]) / 1000.0);
+  }
+  printf("[rank %d] GINA2A PHASES median µs:", rank_);
+  for (int k = 0; k < 7; k++) printf(" %s=%.1f", names[k], median(d[k]));
+  printf("\n");
+}
+
 int main(int argc, char** argv) {
   int nranks = startRank(&argc, &argv);
   size_t bytes = argc > 1 ? strtoull(argv[1], NULL, 0) : 4096;
@@ -168,6 +204,9 @@ int main(int argc, char** argv) {
   prog->where = prog->base = prog->want = 0;
   Progress* progDev;
   CUDA(cudaHostGetDevicePointer((void**)&progDev, prog, 0));
+  unsigned long long* times;
+  CUDA(cudaMalloc((void**)&times, (size_t)iters * STAGES * sizeof *times));
+  CUDA(cudaMemset(times, 0, (size_t)iters * STAGES * sizeof *times));
   Watch w = {prog, (const uint8_t*)recv, bytes, nranks, iters, 0};
   pthread_t wt;
   pthread_create(&wt, NULL, watch, &w);
@@ -178,7 +217,7 @@ int main(int argc, char** argv) {
   // §4, "Copies queued behind the application's kernels").
   bool syncEach = getenv("GINA2A_SYNC_EACH") && atoi(getenv("GINA2A_SYNC_EACH"));
   for (int it = 0; it < iters; it++) {
-    alltoall<<<CTAS, THREADS, 0, s>>>(sendwin, recvwin, bytes, it, dc, progDev);
+    alltoall<<<CTAS, THREADS, 0, s>>>(sendwin, recvwin, bytes, it, dc, progDev, times);
     if (syncEach) CUDA(cudaStreamSynchronize(s));
   }
   CUDA(cudaEventRecord(e1, s));
@@ -198,6 +237,8 @@ int main(int argc, char** argv) {
         if (got != want)
           FAIL("iteration %d: byte %zu from rank %d is %u, want %u", it, i, from, got, want);
       }
+  phases(times, iters);
+  CUDA(cudaFree(times));
   double us = ms * 1000.0 / iters, worst = 0;
   MPI_Allreduce(&us, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (rank_ == 0)

@@ -251,7 +251,7 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     kill "$wd" 2>/dev/null
     wait "$wd" 2>/dev/null
     if [ $rc -eq 0 ] && grep -q "GINA2A PASS" "$log"; then
-      grep "GINA2A bytes" "$log" | sed "s/^/GIN-CHECK [$name] /"
+      grep "GINA2A bytes\|GINA2A PHASES" "$log" | sed "s/^/GIN-CHECK [$name] /"
       return 0
     fi
     [ $rc -eq 137 ] && echo "GIN-CHECK gin_alltoall [$name] bytes=$b HANG (killed after ${PER_RUN_TIMEOUT}s)" ||
