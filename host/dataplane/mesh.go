@@ -82,6 +82,9 @@ type Options struct {
 	// of the payloads it gathers; the lane's writer goroutine does, and
 	// writes the batch (NCCL_RMA_WASM_GATHER_WRITER).
 	GatherWriter bool
+	// FlushAskAtOnce lets a flush ask at once for acks the target keeps
+	// holding (NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE; tcp's askPacer).
+	FlushAskAtOnce bool
 	// DirectSignal lets operations marked by the caller (Route.SigMapped)
 	// have the device agent add their signal into the peer's mapped word
 	// (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL; peer.directRoute).
@@ -182,7 +185,8 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 	}
 	m.cfg = link.Config{Rank: rank, Owner: owner, WG: &m.wg, StageChunk: m.stageChunk, LocalCompletion: m.localComp,
 		OrderWindow: m.orderWindow, SpinWait: m.spinWait, Spinners: m.spinners, CloseTimeout: m.closeTimeout,
-		NoIntraRing: m.noIntraRing, NoIntraStream: m.noIntraStream, GatherWriter: opt.GatherWriter}
+		NoIntraRing: m.noIntraRing, NoIntraStream: m.noIntraStream, GatherWriter: opt.GatherWriter,
+		FlushAskAtOnce: opt.FlushAskAtOnce}
 	l.fitFabric(n)
 	outs, ins, peerNoFab, err := connectStreams(l, infos, want, rank, lanes, opt.NoFabric, opt.Encrypt, deadline, timeout)
 	if err != nil {

@@ -173,7 +173,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		StageChunk: uint64(config.StageChunkKiB.Get()) << 10, NoIntraRing: !config.IntraRing.Get(),
 		// A shared ring carries requests in the clear: not under encryption.
 		NoIntraStream: !config.IntraStream.Get() || config.Encrypt.Get(), NoDmaBuf: !config.FIDmaBuf.Get(),
-		GatherWriter: gatherWriter(), DirectSignal: directSignal.Load()}
+		GatherWriter: gatherWriter(), DirectSignal: directSignal.Load(), FlushAskAtOnce: config.FlushAskAtOnce.Get()}
 	opt.SpinWait, opt.Spinners = spinOptions()
 	checkNoFile(n, opt.Lanes, opt.Encrypt)
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
@@ -264,6 +264,9 @@ func CloseColl(h uint64) abi.Result {
 	}
 	if n := st.MarksAtOnce + st.MarksWaited + st.MarksLeft; n > 0 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d met %d put+signals ordered by its peers' agent marks on NCCL's thread: %d with the mark there, %d after waiting for it, %d left to the lanes' services", c.rank, n, st.MarksAtOnce, st.MarksWaited, st.MarksLeft)
+	}
+	if st.FlushAsks > 0 {
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d's flushes asked their targets for held acks %d times, %d of them without waiting first", c.rank, st.FlushAsks, st.FlushAsksAtOnce)
 	}
 	if st.Handed > 0 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d handed over %d batches instead of waiting for their gathered device copies (NCCL_RMA_WASM_GATHER_WRITER): %d written by the caller's next call, the rest by its lanes' writers", c.rank, st.Handed, st.HandedByCaller)

@@ -194,6 +194,8 @@ for b in ${PP_SIZES:-8 64}; do
 done
 printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, agent, unmarked|marked, mean" "$(gm agent-ref-64 64)" "$(gm marks-64 64)" ""
 printf '%-46s %10s %10s %12s\n' "GIN a2a 4 KiB, agent, unmarked|marked, mean" "$(gm agent-ref-4096 4096)" "$(gm marks-4096 4096)" ""
+printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, flush ask waits|at once, mean" "$(gm askwait-64 64)" "$(gm askonce-64 64)" ""
+printf '%-46s %10s %10s %12s\n' "GIN a2a 4 KiB, flush ask waits|at once, mean" "$(gm askwait-4096 4096)" "$(gm askonce-4096 4096)" ""
 for b in 8 4096; do
   set -- $(hr "$G/host_rma-marks.log" $b) ; mk=${1:--}
   printf '%-46s %10s %10s %12s\n' "host_rma hop ${b} B, agent, marked" "" "$mk" ""

@@ -29,7 +29,9 @@
 # "gatherwriter" the 64 B alltoall with 2 and 4 ranks, the agent on and
 # NCCL_RMA_WASM_GATHER_WRITER=0, the reference for its default with the
 # agent; "direct" the 64 B and 4 KiB alltoalls, and 64 B with 4 ranks,
-# with the agent and NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1; "fused" the
+# with the agent and NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1; "askwait"
+# pairs of 64 B and 4 KiB alltoalls with NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE
+# off and on (MARKS_PAIRS of each); "fused" the
 # 64 B and 4 KiB alltoalls over TCP lanes only, NCCL_RMA_WASM_INTRANODE=0,
 # the agent on, without and with NCCL_RMA_WASM_FUSED_LANDING=1, in turn
 # FUSED_PAIRS times (default 2; logs after the first end in -2, -3...), so
@@ -325,6 +327,20 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
         gin_run agent-ref-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0 || gin_bad=1
         if gin_run marks-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET,REG; then
           [ -z "$sfx" ] && grep -hE "device agent:.*marked|device agent marks" "$OUT/gin_alltoall-marks-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [marks-'$b'] /' | sort -u | head -3
+        else gin_bad=1; fi
+      done
+    done
+  fi
+  # The flush's ask for held acks (NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE): the
+  # default (the agent by MPS, asking at once once the target keeps holding
+  # its acks) beside always waiting 10 µs first, in pairs, 64 B and 4 KiB.
+  if ref askwait; then
+    for b in 64 4096; do
+      for i in $(seq 1 "${MARKS_PAIRS:-2}"); do
+        sfx=; [ "$i" -gt 1 ] && sfx=-$i
+        gin_run askwait-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE=0 || gin_bad=1
+        if gin_run askonce-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET; then
+          [ -z "$sfx" ] && grep -h "flushes asked" "$OUT/gin_alltoall-askonce-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [askonce-'$b'] /' | sort -u | head -2
         else gin_bad=1; fi
       done
     done

@@ -36,6 +36,9 @@ type Config struct {
 	// gathered from the caller's thread to the lane's writer goroutine,
 	// which waits for the copies and writes it (NCCL_RMA_WASM_GATHER_WRITER).
 	GatherWriter bool
+	// FlushAskAtOnce lets a flush ask at once for acks the target keeps
+	// holding, instead of waiting first (NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE).
+	FlushAskAtOnce bool
 }
 
 // Peer is what a transport asks of, and tells, the mesh about the rank it

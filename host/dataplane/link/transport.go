@@ -108,6 +108,11 @@ type Stats struct {
 	// an ack answered: each is an ack the normal path failed to deliver
 	// in time.
 	BackstopAsks, AcksRescued uint64
+	// FlushAsks counts the asks for acks that flushes made (a target
+	// holds its acks for a batch of its own until asked), and
+	// FlushAsksAtOnce the flushes that asked without waiting first
+	// (tcp_acks.go, askPacer: the target kept holding them).
+	FlushAsks, FlushAsksAtOnce uint64
 	// StreamWakes counts the readers of shared-memory streams the wake
 	// backstop woke (host/dataplane's stream_wake.go): a wake-up the
 	// normal path lost, or a reader whose thread got no CPU for a tick.

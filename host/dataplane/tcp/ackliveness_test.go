@@ -203,8 +203,14 @@ func TestAckBackstop(t *testing.T) {
 // the meshes, their memory and the source buffer (64 bytes of seed).
 func heldAckPair(t *testing.T, intra bool, seed int) ([]*dataplane.Mesh, []*meshtest.MemOwner, []byte) {
 	t.Helper()
+	return heldAckPairOpt(t, dataplane.Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1}, seed)
+}
+
+// heldAckPairOpt is heldAckPair with the meshes' options.
+func heldAckPairOpt(t *testing.T, opt dataplane.Options, seed int) ([]*dataplane.Mesh, []*meshtest.MemOwner, []byte) {
+	t.Helper()
 	os := meshtest.NewOwners(2, 4096)
-	ms := meshtest.Connect2(t, os, dataplane.Options{Timeout: 10 * time.Second, IntraNode: intra, Lanes: 1})
+	ms := meshtest.Connect2(t, os, opt)
 	src := make([]byte, 64)
 	meshtest.Fill(src, seed)
 	ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 64}}, false, 0)

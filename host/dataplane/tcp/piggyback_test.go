@@ -237,3 +237,54 @@ func TestAskAcks(t *testing.T) {
 		})
 	}
 }
+
+// TestAskAcksAtOnce: GIN rounds, each side's put followed by its flush,
+// against a target that holds its acks until asked: after a few rounds
+// the flush asks without waiting first (askPacer; only waiting with
+// FlushAskAtOnce off), and every round's put completes with its bytes and
+// signal.
+func TestAskAcksAtOnce(t *testing.T) {
+	meshtest.SetDelays(t, time.Hour, tcp.AckDelay(), tcp.AckBound())
+	for _, adapt := range []bool{true, false} {
+		t.Run(fmt.Sprintf("adapt=%v", adapt), func(t *testing.T) { askAcksRounds(t, adapt) })
+	}
+}
+
+func askAcksRounds(t *testing.T, adapt bool) {
+	ms, os, src := heldAckPairOpt(t, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, FlushAskAtOnce: adapt}, 11)
+	const rounds = 12
+	for i := 0; i < rounds; i++ {
+		tag := uint64(100 + i)
+		back := uint64(200 + i)
+		// The target writes to us first, so it holds its acks for a
+		// batch of its own, as in a GIN round.
+		ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: back, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 256}}, false, 0)
+		ms[1].Flush(0)
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
+		ms[0].Flush(1)
+		meshtest.WaitWord(t, os[1], 0, uint64(i+1), nil)
+		ms[0].AskAcks(1)
+		flushUntilDone(t, ms, os[0], tag, fmt.Sprintf("in round %d", i))
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+			ms[1].AskAcks(0)
+			ms[1].Flush(0)
+			ms[0].Flush(1)
+			if st, ok := os[1].Status(back); ok {
+				if st != abi.Success {
+					t.Fatalf("round %d: rank 1's put: %v", i, st)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: rank 1's put never completed", i)
+			}
+		}
+		if string(os[1].Mem[128:192]) != string(src) || string(os[0].Mem[256:320]) != string(src) {
+			t.Fatalf("round %d: the puts' bytes differ", i)
+		}
+	}
+	st := ms[0].Stats()
+	if st.FlushAsks == 0 || (st.FlushAsksAtOnce == 0) == adapt {
+		t.Fatalf("adapting %v: rank 0's flushes asked %d times, %d without waiting, after %d held rounds", adapt, st.FlushAsks, st.FlushAsksAtOnce, rounds)
+	}
+}

@@ -137,7 +137,52 @@ func (l *lane) askAcks() {
 	if l.unacked() == 0 {
 		return
 	}
-	l.askAt.CompareAndSwap(0, Now()+int64(askAfter))
+	l.askAt.CompareAndSwap(0, Now()+int64(l.asks.after(l.p.Mesh().FlushAskAtOnce)))
+}
+
+// askPacer adapts a lane's askAfter: where the target keeps holding its
+// acks until asked (a GIN round, where each side's puts are followed by
+// its flush and the target's next batch comes only after ours ends),
+// waiting askAfter before each ask only delays the flush. After
+// askMissesMax flushes in a row had to ask, a flush asks at once, and
+// waits askAfter again once every askRetryEvery flushes, to notice acks
+// that came back by themselves; acks that came before the ask reset it.
+type askPacer struct {
+	misses atomic.Uint32 // flushes in a row whose acks had to be asked for
+	n      atomic.Uint32 // flushes while asking at once
+	// For link.Stats: the asks flushes made, and the flushes that did
+	// not wait askAfter first.
+	asks, early atomic.Uint64
+}
+
+const (
+	askMissesMax  = 4
+	askRetryEvery = 64
+)
+
+// after is how long the next flush waits for its acks before it asks
+// (adapt false: always askAfter).
+func (a *askPacer) after(adapt bool) time.Duration {
+	if !adapt || a.misses.Load() < askMissesMax || a.n.Add(1)%askRetryEvery == 0 {
+		return askAfter
+	}
+	a.early.Add(1)
+	return 0
+}
+
+// asked notes a flush that had to ask for its acks.
+func (a *askPacer) asked() {
+	a.asks.Add(1)
+	if a.misses.Load() < askMissesMax {
+		a.misses.Add(1)
+	}
+}
+
+// cameAlone notes a flush's acks that came before it asked.
+func (a *askPacer) cameAlone() {
+	if a.misses.Load() != 0 {
+		a.misses.Store(0)
+	}
 }
 
 func (l *lane) unacked() int {
@@ -182,6 +227,9 @@ func (l *lane) ackedPuts(empty bool) {
 	}
 	if empty {
 		l.waitSince.Store(0)
+		if l.askAt.Load() != 0 {
+			l.asks.cameAlone() // a flush waited, and its acks came unasked
+		}
 	} else {
 		l.waitSince.Store(now) // the next put's wait starts no earlier than this
 	}
@@ -239,6 +287,7 @@ func (l *lane) askDue() {
 		return
 	}
 	if l.unacked() > 0 {
+		l.asks.asked()
 		l.askAck.Store(true)
 	}
 }

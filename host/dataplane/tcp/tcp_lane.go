@@ -387,6 +387,7 @@ type lane struct {
 	ackHdr [abi.MaxLanes + 1][wire.HeaderSize]byte // piggybacked acks (wire.MsgAck), and an ask
 	askAck atomic.Bool                             // the next batch asks the peer for its acks now (askAcks)
 	askAt  atomic.Int64                            // when flush asks, if acks are still owed then (Now(); 0: no flush waits)
+	asks   askPacer                                // how long a flush waits before it asks (askAfter, or none)
 	enc    codec.Encoder                           // wire compression (host/codec)
 	gather staging.Gather                          // small device payloads of the batch, copied asynchronously
 	hand   handoff.Slot[handedBatch]               // a batch handed over with the stream (writeBatch, mayHand)

@@ -69,8 +69,9 @@ func (t *Link) AddStats(st *link.Stats) {
 
 // AddAcks adds the acknowledgements of the peer's puts sent so far to st:
 // carried in a batch of ours, or written alone on the acknowledged stream;
-// the backstop's asks and the acks that came only after one; batches handed
-// over; what the polling caller did with headers ordered by agent marks.
+// the backstop's asks and the acks that came only after one; the flushes'
+// asks; batches handed over; what the polling caller did with headers
+// ordered by agent marks.
 func (t *Link) AddAcks(st *link.Stats) {
 	for _, l := range t.lanes {
 		st.AcksCarried += l.carried.Load()
@@ -78,6 +79,8 @@ func (t *Link) AddAcks(st *link.Stats) {
 		st.HandedByCaller += l.hand.Polled()
 		st.BackstopAsks += l.bsAsks.Load()
 		st.AcksRescued += l.bsRescued.Load()
+		st.FlushAsks += l.asks.asks.Load()
+		st.FlushAsksAtOnce += l.asks.early.Load()
 	}
 	for _, a := range t.acks {
 		st.AcksAlone += a.Alone()
