@@ -191,9 +191,12 @@ printf '%-46s %10s %10s %12s\n' "the same at 64 B, 4 ranks" "" "$(ga "$G/gin_all
 pp() { grep -h "GINPP bytes=$2 " "$1" 2>/dev/null | head -1 | sed -n 's/.*us_one_way=\([0-9.]*\).*/\1/p'; }
 for b in ${PP_SIZES:-8 64}; do
   printf '%-46s %10s %10s %12s\n' "GIN ping-pong one way ${b} B (on: plain|marks)" "$(pp "$G/gin_pingpong-off-$b.log" $b)" "$(pp "$G/gin_pingpong-agent-$b.log" $b)|$(pp "$G/gin_pingpong-marks-$b.log" $b)" ""
+  [ -f "$G/gin_pingpong-acqrel-$b.log" ] && printf '%-46s %10s %10s %12s\n' "the same, marks with acqrel fences" "" "$(pp "$G/gin_pingpong-acqrel-$b.log" $b)" ""
 done
 printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, agent, unmarked|marked, mean" "$(gm agent-ref-64 64)" "$(gm marks-64 64)" ""
 printf '%-46s %10s %10s %12s\n' "GIN a2a 4 KiB, agent, unmarked|marked, mean" "$(gm agent-ref-4096 4096)" "$(gm marks-4096 4096)" ""
+printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, agent fences sc|acqrel, mean" "$(gm fencesc-64 64)" "$(gm fenceacq-64 64)" ""
+printf '%-46s %10s %10s %12s\n' "GIN a2a 4 KiB, agent fences sc|acqrel, mean" "$(gm fencesc-4096 4096)" "$(gm fenceacq-4096 4096)" ""
 printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, flush ask waits|at once, mean" "$(gm askwait-64 64)" "$(gm askonce-64 64)" ""
 printf '%-46s %10s %10s %12s\n' "GIN a2a 4 KiB, flush ask waits|at once, mean" "$(gm askwait-4096 4096)" "$(gm askonce-4096 4096)" ""
 for b in 8 4096; do

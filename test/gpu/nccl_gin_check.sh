@@ -31,7 +31,9 @@
 # agent; "direct" the 64 B and 4 KiB alltoalls, and 64 B with 4 ranks,
 # with the agent and NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1; "askwait"
 # pairs of 64 B and 4 KiB alltoalls with NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE
-# off and on (MARKS_PAIRS of each); "fused" the
+# off and on (MARKS_PAIRS of each); "fence" pairs of 64 B and 4 KiB
+# alltoalls with NCCL_RMA_WASM_DEVICE_AGENT_FENCE sc and acqrel, and the
+# ping-pong's marks series with acqrel; "fused" the
 # 64 B and 4 KiB alltoalls over TCP lanes only, NCCL_RMA_WASM_INTRANODE=0,
 # the agent on, without and with NCCL_RMA_WASM_FUSED_LANDING=1, in turn
 # FUSED_PAIRS times (default 2; logs after the first end in -2, -3...), so
@@ -345,6 +347,17 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
       done
     done
   fi
+  # The agent's fences (NCCL_RMA_WASM_DEVICE_AGENT_FENCE): SC (the
+  # default) and acquire-release in turn, 64 B and 4 KiB, MARKS_PAIRS each.
+  if ref fence; then
+    for b in 64 4096; do
+      for i in $(seq 1 "${MARKS_PAIRS:-2}"); do
+        sfx=; [ "$i" -gt 1 ] && sfx=-$i
+        gin_run fencesc-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT_FENCE=sc || gin_bad=1
+        gin_run fenceacq-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT_FENCE=acqrel || gin_bad=1
+      done
+    done
+  fi
   # The gather writer's reference: with the agent its default (auto) hands
   # gathered batches over; here the proxy thread waits for them
   # (NCCL_RMA_WASM_GATHER_WRITER=0), 2 and 4 ranks.
@@ -432,7 +445,11 @@ if ! want pingpong; then
 elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/gin_pingpong.cu" -o "$OUT/gin_pingpong.o" >"$OUT/gin_pingpong-build.log" 2>&1 &&
   mpicxx "$OUT/gin_pingpong.o" -o "$OUT/gin_pingpong" -L"$NCCL_HOME/lib" -lnccl -L"$CUDA_HOME/lib64" -lcudart >>"$OUT/gin_pingpong-build.log" 2>&1; then
   for b in ${PP_SIZES:-8 64}; do
-    for v in "off NCCL_RMA_WASM_DEVICE_AGENT=0" "agent NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0" "marks NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1"; do
+    pp="off NCCL_RMA_WASM_DEVICE_AGENT=0|agent NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0|marks NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1"
+    # "fence": the marks series again with the agent's acquire-release fences.
+    ref fence && pp="$pp|acqrel NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_DEVICE_AGENT_FENCE=acqrel"
+    IFS='|' read -r -a ppv <<<"$pp"
+    for v in "${ppv[@]}"; do
       # PP_PROFILE=1: the plugin's per-stage profile in each run's log.
       [ "${PP_PROFILE:-0}" = 1 ] && v="$v NCCL_RMA_WASM_PROFILE=1"
       set -- $v

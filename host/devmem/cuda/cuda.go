@@ -45,6 +45,9 @@ var Probe = sync.OnceFunc(func() {
 	if config.FusedLanding.Get() {
 		inl = 1 // the kernel reads inline payloads only where they may come
 	}
+	if config.DeviceAgentFence.Get() == "acqrel" {
+		fillPTX(C.rmacu_agent_ptx[:], agentAcqRelPTX(agentPTX))
+	}
 	C.rmaw_cuda_agent(mode, C.uint64_t(config.DeviceAgentMaxKiB.Get())<<10, C.uint64_t(config.DeviceAgentIdleUs.Get()), inl)
 	if !devrt.Load("CUDA", "CUDA driver", config.CUDA, open) {
 		return

@@ -7,6 +7,7 @@ import "C"
 
 import (
 	_ "embed" // the kernels' PTX
+	"strings"
 )
 
 // The device agent's kernel (agent.c) and the one-thread atomic add
@@ -25,6 +26,19 @@ var (
 func init() {
 	fillPTX(C.rmacu_agent_ptx[:], agentPTX)
 	fillPTX(C.rmacu_add64_ptx[:], add64PTX)
+}
+
+// agentAcqRelPTX is the agent's kernel with its two publishing fences
+// (thread 0's, before a command's signal word and before its done word)
+// acquire-release instead of sequentially consistent: each precedes a
+// store that must not overtake the writes before it (the copies of every
+// thread, ordered before thread 0 by their own fence and the barrier, and
+// then the signal), a release, which needs no store-load ordering. The
+// park handshake keeps its SC fence: there a store must precede a load
+// (NCCL_RMA_WASM_DEVICE_AGENT_FENCE=acqrel; RATIONALE.md).
+func agentAcqRelPTX(p string) string {
+	p = strings.Replace(p, "  @!%p1 bra NEXT;\n  fence.sc.sys;", "  @!%p1 bra NEXT;\n  fence.acq_rel.sys;", 1)
+	return strings.Replace(p, "PUBLISH:\n  fence.sc.sys;", "PUBLISH:\n  fence.acq_rel.sys;", 1)
 }
 
 // fillPTX copies s and a NUL into dst. A kernel that does not fit leaves

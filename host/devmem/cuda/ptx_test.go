@@ -79,3 +79,27 @@ func TestPTXUnchanged(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentAcqRelPTX: the acqrel kernel differs from the shipped one in its
+// two publishing fences only (before the signal word, before the done
+// word), the park handshake's SC fence kept; a change to the kernel that
+// moves either fence fails here instead of loading the shipped text.
+func TestAgentAcqRelPTX(t *testing.T) {
+	v := agentAcqRelPTX(agentPTX)
+	if n := strings.Count(agentPTX, "fence.sc.sys;"); n != 3 {
+		t.Fatalf("agent.ptx has %d SC fences, want 3 (park, signal, publish)", n)
+	}
+	if n := strings.Count(v, "fence.sc.sys;"); n != 1 {
+		t.Fatalf("the acqrel kernel keeps %d SC fences, want 1 (the park handshake)", n)
+	}
+	if !strings.Contains(v, "PARK:\n  mov.u64 %rd34, 0;\n  st.relaxed.sys.u64 [%rd1+192], %rd34;\n  fence.sc.sys;") {
+		t.Fatal("the acqrel kernel lost the park handshake's SC fence")
+	}
+	if strings.Replace(strings.Replace(v, "fence.acq_rel.sys;", "fence.sc.sys;", -1), "fence.sc.sys;", "", -1) !=
+		strings.Replace(strings.Replace(agentPTX, "fence.acq_rel.sys;", "fence.sc.sys;", -1), "fence.sc.sys;", "", -1) {
+		t.Fatal("the acqrel kernel differs from agent.ptx in more than its fences")
+	}
+	if strings.Count(v, "fence.acq_rel.sys;") != strings.Count(agentPTX, "fence.acq_rel.sys;")+2 {
+		t.Fatal("the acqrel kernel does not have two more acquire-release fences")
+	}
+}
