@@ -306,58 +306,42 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     done
     GIN_NP=4 gin_run np4-direct-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1 || gin_bad=1
   fi
+  # abrun PAIRS A "A's VAR=VALUE..." B "B's VAR=VALUE..." PATTERN: the 64 B
+  # and 4 KiB alltoalls with A's settings and B's in turn, PAIRS times (logs
+  # after the first end in -2, -3...), so that drift between runs falls on
+  # both sides; the first B run's INFO lines matching PATTERN are shown.
+  abrun() {
+    local pairs=$1 a=$2 ea=$3 bn=$4 eb=$5 pat=$6 b i sfx
+    for b in 64 4096; do
+      for i in $(seq 1 "$pairs"); do
+        sfx=; [ "$i" -gt 1 ] && sfx=-$i
+        # shellcheck disable=SC2086
+        gin_run "$a-$b$sfx" $b "$GIN_ITERS" $ea || gin_bad=1
+        # shellcheck disable=SC2086
+        if gin_run "$bn-$b$sfx" $b "$GIN_ITERS" $eb NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET,REG; then
+          [ -z "$sfx" ] && grep -hE "$pat" "$OUT/gin_alltoall-$bn-$b.log" | sed "s/.*NET.wasm: /GIN-CHECK [$bn-$b] /" | sort -u | head -3
+        else gin_bad=1; fi
+      done
+    done
+  }
   # Fused landings (NCCL_RMA_WASM_FUSED_LANDING, off until measured): the
   # peers reach each other over TCP lanes only (NCCL_RMA_WASM_INTRANODE=0,
-  # as between hosts), the agent on, fused and not, 64 B and 4 KiB.
-  if ref fused; then
-    for b in 64 4096; do
-      for i in $(seq 1 "${FUSED_PAIRS:-2}"); do
-        sfx=; [ "$i" -gt 1 ] && sfx=-$i
-        gin_run tcp-agent-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 || gin_bad=1
-        if gin_run fused-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FUSED_LANDING=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET; then
-          [ -z "$sfx" ] && grep -h "device agent:.*fused landings" "$OUT/gin_alltoall-fused-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [fused-'$b'] /' | sort -u | head -2
-        else gin_bad=1; fi
-      done
-    done
-  fi
+  # as between hosts), the agent on, fused and not.
+  ref fused && abrun "${FUSED_PAIRS:-2}" tcp-agent "NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1" \
+    fused "NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FUSED_LANDING=1" "device agent:.*fused landings"
   # Agent marks (NCCL_RMA_WASM_INTRANODE_AGENT_MARKS, on by default with
-  # the agent): the agent's runs without and with them, in turn.
-  if ref marks; then
-    for b in 64 4096; do
-      for i in $(seq 1 "${MARKS_PAIRS:-2}"); do
-        sfx=; [ "$i" -gt 1 ] && sfx=-$i
-        gin_run agent-ref-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0 || gin_bad=1
-        if gin_run marks-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET,REG; then
-          [ -z "$sfx" ] && grep -hE "device agent:.*marked|device agent marks" "$OUT/gin_alltoall-marks-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [marks-'$b'] /' | sort -u | head -3
-        else gin_bad=1; fi
-      done
-    done
-  fi
-  # The flush's ask for held acks (NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE): the
-  # default (the agent by MPS, asking at once once the target keeps holding
-  # its acks) beside always waiting 10 µs first, in pairs, 64 B and 4 KiB.
-  if ref askwait; then
-    for b in 64 4096; do
-      for i in $(seq 1 "${MARKS_PAIRS:-2}"); do
-        sfx=; [ "$i" -gt 1 ] && sfx=-$i
-        gin_run askwait-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE=0 || gin_bad=1
-        if gin_run askonce-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE=1 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET; then
-          [ -z "$sfx" ] && grep -h "flushes asked" "$OUT/gin_alltoall-askonce-$b.log" | sed 's/.*NET.wasm: /GIN-CHECK [askonce-'$b'] /' | sort -u | head -2
-        else gin_bad=1; fi
-      done
-    done
-  fi
-  # The agent's fences (NCCL_RMA_WASM_DEVICE_AGENT_FENCE): SC (the
-  # default) and acquire-release in turn, 64 B and 4 KiB, MARKS_PAIRS each.
-  if ref fence; then
-    for b in 64 4096; do
-      for i in $(seq 1 "${MARKS_PAIRS:-2}"); do
-        sfx=; [ "$i" -gt 1 ] && sfx=-$i
-        gin_run fencesc-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT_FENCE=sc || gin_bad=1
-        gin_run fenceacq-$b$sfx $b "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT_FENCE=acqrel || gin_bad=1
-      done
-    done
-  fi
+  # the agent): the agent's runs without and with them.
+  ref marks && abrun "${MARKS_PAIRS:-2}" agent-ref "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0" \
+    marks "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1" "device agent:.*marked|device agent marks"
+  # The flush's ask for held acks (NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE): always
+  # waiting 10 µs first beside the default (asking at once once the target
+  # keeps holding its acks).
+  ref askwait && abrun "${MARKS_PAIRS:-2}" askwait "NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE=0" \
+    askonce "NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE=1" "flushes asked"
+  # The agent's fences (NCCL_RMA_WASM_DEVICE_AGENT_FENCE): SC (the default)
+  # and acquire-release.
+  ref fence && abrun "${MARKS_PAIRS:-2}" fencesc "NCCL_RMA_WASM_DEVICE_AGENT_FENCE=sc" \
+    fenceacq "NCCL_RMA_WASM_DEVICE_AGENT_FENCE=acqrel" "device agent: running"
   # The gather writer's reference: with the agent its default (auto) hands
   # gathered batches over; here the proxy thread waits for them
   # (NCCL_RMA_WASM_GATHER_WRITER=0), 2 and 4 ranks.
