@@ -222,17 +222,29 @@ func (m *PeerMarks) ReachedWithin(k int, v uint64, d time.Duration) bool {
 	if w.Load() >= v {
 		return true
 	}
+	if d <= 0 {
+		return false // a look, not a wait: nothing to profile
+	}
 	if profile.On() {
 		defer profile.MarkWait.Since(profile.Now())
 	}
 	// Loads only: the caller is a foreign thread in a cgo callback, whose
 	// goroutine is locked to it, and a yield there hands the thread off
 	// and back through the scheduler (microseconds each).
+	return reach(w, v, d, false)
+}
+
+// reach polls w until it reaches v or d passed, in rounds of loads,
+// yielding after each load when yield is set.
+func reach(w *atomic.Uint64, v uint64, d time.Duration, yield bool) bool {
 	start := time.Now()
 	for time.Since(start) < d {
 		for range 64 {
 			if w.Load() >= v {
 				return true
+			}
+			if yield {
+				runtime.Gosched()
 			}
 		}
 	}
@@ -265,13 +277,8 @@ func (m *PeerMarks) Wait(k int, v uint64) error {
 		defer profile.MarkWait.Since(profile.Now())
 	}
 	start := time.Now()
-	for time.Since(start) < markSpin {
-		for range 64 {
-			if w.Load() >= v {
-				return nil
-			}
-			runtime.Gosched()
-		}
+	if reach(w, v, markSpin, true) {
+		return nil
 	}
 	for n := 0; ; n++ {
 		if w.Load() >= v {
