@@ -85,12 +85,12 @@ func TestMarkReachedServedByCaller(t *testing.T) {
 	}
 }
 
-// The polling caller's wait for marks stops after markMissesMax misses in
-// a row, comes back once every markRetryEvery headers, and a mark seen in
+// The polling caller's wait for marks stops after waitMissesMax misses in
+// a row, comes back once every waitRetryEvery headers, and a mark seen in
 // time (waited for or not) turns it on again.
 func TestMarkWaitsAdapt(t *testing.T) {
 	var m markWaits
-	for i := 0; i < markMissesMax; i++ {
+	for i := 0; i < waitMissesMax; i++ {
 		d := m.bound()
 		if d != callerMarkWait {
 			t.Fatalf("miss %d: wait %v, want %v", i, d, callerMarkWait)
@@ -98,7 +98,7 @@ func TestMarkWaitsAdapt(t *testing.T) {
 		m.record(d, false)
 	}
 	waits := 0
-	for i := 0; i < 2*markRetryEvery; i++ {
+	for i := 0; i < 2*waitRetryEvery; i++ {
 		d := m.bound()
 		if d != 0 {
 			waits++
@@ -106,7 +106,7 @@ func TestMarkWaitsAdapt(t *testing.T) {
 		m.record(d, false)
 	}
 	if waits != 2 {
-		t.Fatalf("after %d misses in a row: %d waits in %d headers, want 2", markMissesMax, waits, 2*markRetryEvery)
+		t.Fatalf("after %d misses in a row: %d waits in %d headers, want 2", waitMissesMax, waits, 2*waitRetryEvery)
 	}
 	m.record(0, false) // a look that did not wait is no miss
 	m.record(0, true)  // a mark there at the first look

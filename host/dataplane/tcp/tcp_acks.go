@@ -140,30 +140,23 @@ func (l *lane) askAcks() {
 	l.askAt.CompareAndSwap(0, Now()+int64(l.asks.after(l.p.Mesh().FlushAskAtOnce)))
 }
 
-// askPacer adapts a lane's askAfter: where the target keeps holding its
-// acks until asked (a GIN round, where each side's puts are followed by
-// its flush and the target's next batch comes only after ours ends),
-// waiting askAfter before each ask only delays the flush. After
-// askMissesMax flushes in a row had to ask, a flush asks at once, and
-// waits askAfter again once every askRetryEvery flushes, to notice acks
-// that came back by themselves; acks that came before the ask reset it.
+// askPacer adapts a lane's askAfter (waitPolicy): where the target keeps
+// holding its acks until asked (a GIN round, where each side's puts are
+// followed by its flush and the target's next batch comes only after ours
+// ends), waiting askAfter before each ask only delays the flush, so the
+// flush then asks at once; acks that came before the ask turn the wait
+// back on.
 type askPacer struct {
-	misses atomic.Uint32 // flushes in a row whose acks had to be asked for
-	n      atomic.Uint32 // flushes while asking at once
+	waitPolicy
 	// For link.Stats: the asks flushes made, and the flushes that did
 	// not wait askAfter first.
 	asks, early atomic.Uint64
 }
 
-const (
-	askMissesMax  = 4
-	askRetryEvery = 64
-)
-
 // after is how long the next flush waits for its acks before it asks
 // (adapt false: always askAfter).
 func (a *askPacer) after(adapt bool) time.Duration {
-	if !adapt || a.misses.Load() < askMissesMax || a.n.Add(1)%askRetryEvery == 0 {
+	if !adapt || a.waiting() {
 		return askAfter
 	}
 	a.early.Add(1)
@@ -173,17 +166,11 @@ func (a *askPacer) after(adapt bool) time.Duration {
 // asked notes a flush that had to ask for its acks.
 func (a *askPacer) asked() {
 	a.asks.Add(1)
-	if a.misses.Load() < askMissesMax {
-		a.misses.Add(1)
-	}
+	a.vain()
 }
 
 // cameAlone notes a flush's acks that came before it asked.
-func (a *askPacer) cameAlone() {
-	if a.misses.Load() != 0 {
-		a.misses.Store(0)
-	}
-}
+func (a *askPacer) cameAlone() { a.paid() }
 
 func (l *lane) unacked() int {
 	l.amu.Lock()

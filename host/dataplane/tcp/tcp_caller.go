@@ -177,28 +177,20 @@ func (t *Link) attachStream(r *inReader, h *wire.Header) error {
 // wake-up from a foreign thread (tens of microseconds).
 const callerMarkWait = 25 * time.Microsecond
 
-// markWaits adapts the polling caller's wait for marks on one link: where
-// the peer's marks keep arriving later than callerMarkWait (its agent
-// time-sliced without MPS, a busy device), waiting only holds NCCL's proxy
-// thread, so after markMissesMax waits in a row that missed, a caller only
-// looks, and waits again once every markRetryEvery headers to notice
-// marks that came back on time. A mark seen in time resets it.
+// markWaits adapts the polling caller's wait for marks on one link
+// (waitPolicy): where the peer's marks keep arriving later than
+// callerMarkWait (its agent time-sliced without MPS, a busy device),
+// waiting only holds NCCL's proxy thread, so the caller then only looks.
 type markWaits struct {
-	misses atomic.Uint32 // waits in a row that ended before their mark
-	n      atomic.Uint32 // headers looked at while waiting is off
+	waitPolicy
 	// What became of the headers (link.Stats): served with the mark
 	// there at once, served after a wait, left to the service.
 	atOnce, waited, left atomic.Uint64
 }
 
-const (
-	markMissesMax  = 4
-	markRetryEvery = 64
-)
-
 // bound is how long a caller waits for the next mark.
 func (m *markWaits) bound() time.Duration {
-	if m.misses.Load() < markMissesMax || m.n.Add(1)%markRetryEvery == 0 {
+	if m.waiting() {
 		return callerMarkWait
 	}
 	return 0
@@ -208,11 +200,9 @@ func (m *markWaits) bound() time.Duration {
 func (m *markWaits) record(d time.Duration, reached bool) {
 	switch {
 	case reached:
-		if m.misses.Load() != 0 {
-			m.misses.Store(0)
-		}
-	case d > 0 && m.misses.Load() < markMissesMax:
-		m.misses.Add(1)
+		m.paid()
+	case d > 0:
+		m.vain()
 	}
 }
 
