@@ -335,13 +335,14 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     marks "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1" "device agent:.*marked|device agent marks"
   # The flush's ask for held acks (NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE): always
   # waiting 10 µs first beside the default (asking at once once the target
-  # keeps holding its acks).
-  ref askwait && abrun "${MARKS_PAIRS:-2}" askwait "NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE=0" \
-    askonce "NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE=1" "flushes asked"
+  # keeps holding its acks). Both with the device agent, as the default
+  # runs it under MPS (this script's runs leave it off unless they say).
+  ref askwait && abrun "${MARKS_PAIRS:-2}" askwait "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE=0" \
+    askonce "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE=1" "flushes asked"
   # The agent's fences (NCCL_RMA_WASM_DEVICE_AGENT_FENCE): SC (the default)
   # and acquire-release.
-  ref fence && abrun "${MARKS_PAIRS:-2}" fencesc "NCCL_RMA_WASM_DEVICE_AGENT_FENCE=sc" \
-    fenceacq "NCCL_RMA_WASM_DEVICE_AGENT_FENCE=acqrel" "device agent: running"
+  ref fence && abrun "${MARKS_PAIRS:-2}" fencesc "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_DEVICE_AGENT_FENCE=sc" \
+    fenceacq "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_DEVICE_AGENT_FENCE=acqrel" "device agent: running"
   # The gather writer's reference: with the agent its default (auto) hands
   # gathered batches over; here the proxy thread waits for them
   # (NCCL_RMA_WASM_GATHER_WRITER=0), 2 and 4 ranks.
@@ -403,6 +404,10 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     :
   elif gin_run profile-64 64 "$GIN_ITERS" NCCL_RMA_WASM_PROFILE=1; then
     grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/gin_alltoall-profile-64.log" | sed "s/^/GIN-CHECK [profile-64] /"
+    # The same with the device agent (the default under MPS).
+    if gin_run profile-agent-64 64 "$GIN_ITERS" NCCL_RMA_WASM_PROFILE=1 NCCL_RMA_WASM_DEVICE_AGENT=1; then
+      grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/gin_alltoall-profile-agent-64.log" | sed "s/^/GIN-CHECK [profile-agent-64] /"
+    else gin_bad=1; fi
   else
     gin_bad=1
   fi
