@@ -85,6 +85,9 @@ type Options struct {
 	// FlushAskAtOnce lets a flush ask at once for acks the target keeps
 	// holding (NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE; tcp's askPacer).
 	FlushAskAtOnce bool
+	// AckHoldAdapt holds an ack for a batch of ours only while holding
+	// pays (NCCL_RMA_WASM_ACK_HOLD_ADAPT; putack.Lanes.Adapt).
+	AckHoldAdapt bool
 	// DirectSignal lets operations marked by the caller (Route.SigMapped)
 	// have the device agent add their signal into the peer's mapped word
 	// (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL; peer.directRoute).
@@ -186,7 +189,7 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 	m.cfg = link.Config{Rank: rank, Owner: owner, WG: &m.wg, StageChunk: m.stageChunk, LocalCompletion: m.localComp,
 		OrderWindow: m.orderWindow, SpinWait: m.spinWait, Spinners: m.spinners, CloseTimeout: m.closeTimeout,
 		NoIntraRing: m.noIntraRing, NoIntraStream: m.noIntraStream, GatherWriter: opt.GatherWriter,
-		FlushAskAtOnce: opt.FlushAskAtOnce}
+		FlushAskAtOnce: opt.FlushAskAtOnce, AckHoldAdapt: opt.AckHoldAdapt}
 	l.fitFabric(n)
 	outs, ins, peerNoFab, err := connectStreams(l, infos, want, rank, lanes, opt.NoFabric, opt.Encrypt, deadline, timeout)
 	if err != nil {

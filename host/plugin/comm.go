@@ -173,7 +173,8 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		StageChunk: uint64(config.StageChunkKiB.Get()) << 10, NoIntraRing: !config.IntraRing.Get(),
 		// A shared ring carries requests in the clear: not under encryption.
 		NoIntraStream: !config.IntraStream.Get() || config.Encrypt.Get(), NoDmaBuf: !config.FIDmaBuf.Get(),
-		GatherWriter: gatherWriter(), DirectSignal: directSignal.Load(), FlushAskAtOnce: config.FlushAskAtOnce.Get()}
+		GatherWriter: gatherWriter(), DirectSignal: directSignal.Load(), FlushAskAtOnce: config.FlushAskAtOnce.Get(),
+		AckHoldAdapt: config.AckHoldAdapt.Get()}
 	opt.SpinWait, opt.Spinners = spinOptions()
 	checkNoFile(n, opt.Lanes, opt.Encrypt)
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
@@ -260,7 +261,7 @@ func CloseColl(h uint64) abi.Result {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d compressed %d payload bytes into %d on the wire (%.2fx)", c.rank, raw, wire, float64(raw)/float64(wire))
 	}
 	if st.AcksCarried+st.AcksAlone > 0 {
-		logx.Info(abi.SubsysNet, "NET/wasm: rank %d acknowledged its peers' puts %d times in its own batches and %d times alone", c.rank, st.AcksCarried, st.AcksAlone)
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d acknowledged its peers' puts %d times in its own batches and %d times alone; %d times it sent them at once instead of holding them for a batch (holding had not paid)", c.rank, st.AcksCarried, st.AcksAlone, st.AcksAtOnce)
 	}
 	if n := st.MarksAtOnce + st.MarksWaited + st.MarksLeft; n > 0 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d met %d put+signals ordered by its peers' agent marks on NCCL's thread: %d with the mark there, %d after waiting for it, %d left to the lanes' services", c.rank, n, st.MarksAtOnce, st.MarksWaited, st.MarksLeft)

@@ -339,6 +339,11 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # runs it under MPS (this script's runs leave it off unless they say).
   ref askwait && abrun "${MARKS_PAIRS:-2}" askwait "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE=0" \
     askonce "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE=1" "flushes asked"
+  # The target's hold of its acks for a batch of its own
+  # (NCCL_RMA_WASM_ACK_HOLD_ADAPT): always, and only while it pays (the
+  # default), with the device agent.
+  ref ackhold && abrun "${MARKS_PAIRS:-2}" ackhold "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_ACK_HOLD_ADAPT=0" \
+    ackadapt "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_ACK_HOLD_ADAPT=1" "acknowledged its peers"
   # The agent's fences (NCCL_RMA_WASM_DEVICE_AGENT_FENCE): SC (the default)
   # and acquire-release.
   ref fence && abrun "${MARKS_PAIRS:-2}" fencesc "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_DEVICE_AGENT_FENCE=sc" \

@@ -76,6 +76,7 @@ typedef struct {
   int pp_only; /* pingpong: -1 every kind, else only this one (raw, raw-poll, plugin) */
   int yield_after_post; /* pingpong: sched_yield after each post, as NCCL's proxy ends its turn */
   int flush_round;      /* pingpong: both put, wait, iflush and wait for completion (a GIN round) */
+  int gin_flush;        /* with flush_round: no iflush, test() alone (NCCL's device flush without gets) */
   int intranode;        /* pingpong: keep the intra-node path (shared-memory streams) */
 } options_t;
 

@@ -13,7 +13,7 @@
 #include "harness.h"
 
 options_t opt = {"build/librccl-rma-wasm.so", 15, 2, 1 << 20, 3, 2, 1, SC_BASIC, 1, 300, 0, 0, 0, 0, 0, 0,
-                 F_KILL_PUT, 300, 1500, 0, NULL, 0, 1, 9, 16, -1, 0, 0, 0};
+                 F_KILL_PUT, 300, 1500, 0, NULL, 0, 1, 9, 16, -1, 0, 0, 0, 0};
 
 const char* scenario_name(enum scenario s) {
   return s == SC_BAD_INPUT ? "bad-input" : s == SC_KILL ? "kill" : s == SC_TEARDOWN ? "teardown"
@@ -63,6 +63,8 @@ static void usage(FILE* f) {
           "  --flush-round     pingpong: a GIN round instead of a ping-pong: both ranks put+signal,\n"
           "                    wait for the other's signal, iflush and wait until their puts\n"
           "                    completed (the plugin blocks; plugin_us is a whole round)\n"
+          "  --gin-flush       with --flush-round: no iflush, only test() until the puts completed,\n"
+          "                    as NCCL's device flush does when no get is outstanding\n"
           "  --only K          pingpong: run only blocks of kind K (raw, raw-poll, plugin), for\n"
           "                    profiling; the figures of the others read 0\n"
           "  --kill-rank R     rank the parent SIGKILLs after round 0 (kill; default 1), the\n"
@@ -208,6 +210,7 @@ int main(int argc, char** argv) {
                                {"netns", 1, 0, 'x'},     {"device", 1, 0, 'e'},   {"comms", 1, 0, 'C'},
                                {"blocks", 1, 0, 'B'},    {"spin", 1, 0, 'p'},     {"only", 1, 0, 'O'},
                                {"yield-after-post", 0, 0, 'Q'}, {"intranode", 0, 0, 'I'}, {"flush-round", 0, 0, 'R'},
+                               {"gin-flush", 0, 0, 'g'},
                                {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
   int ch, iters_given = 0;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -221,6 +224,7 @@ int main(int argc, char** argv) {
       case 'p': opt.spin = atoi(optarg); break;
       case 'Q': opt.yield_after_post = 1; break;
       case 'R': opt.flush_round = 1; break;
+      case 'g': opt.gin_flush = 1; break;
       case 'I': opt.intranode = 1; break;
       case 'O':
         opt.pp_only = !strcmp(optarg, "raw") ? 0 : !strcmp(optarg, "raw-poll") ? 1 : !strcmp(optarg, "plugin") ? 2 : -2;

@@ -151,6 +151,9 @@ static int pp_drain(void) {
 /* pp_flush is GIN's flush after a round's puts: iflush to the peer, then
  * test() of everything in flight until it all completed. */
 static int pp_flush(int peer) {
+  /* NCCL's device flush (2.30.7) only waits until the proxy saw every put
+   * complete; it posts a flush (iflush) only after gets. */
+  if (opt.gin_flush) return pp_drain();
   void* rq = NULL;
   ncclResult_t rc = R.pl.t.iflush(R.cm.rctx, 0, R.cm.sigMh, (uint32_t)peer, &rq);
   if (rc != ncclSuccess) {
@@ -166,14 +169,29 @@ static int pp_flush(int peer) {
   return pp_drain();
 }
 
+/* pp_meet: both ranks exchange a byte over the raw connection. */
+static int pp_meet(void) {
+  char c = 1;
+  if (write_full(pp_fd, &c, 1) || read_full(pp_fd, &c, 1)) {
+    failf("pingpong: meeting over the raw TCP connection failed: %s", strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
 /* one plugin block; rank 0 returns the half round trip in µs (with
  * --flush-round: a whole round) */
 static int plugin_block(int iters, double* half_us) {
   int peer = 1 - g_rank;
   double t0 = now_s();
   if (opt.flush_round) {
-    for (int i = 0; i < iters; i++)
+    for (int i = 0; i < iters; i++) {
       if (pp_send(peer) || pp_wait(peer) || pp_flush(peer)) return -1;
+      /* --gin-flush: the ranks meet before the next round, as the GIN
+       * kernel's barrier lines them up, so that both put at once (over
+       * the raw connection: nothing of the plugin's). */
+      if (opt.gin_flush && pp_meet()) return -1;
+    }
     *half_us = (now_s() - t0) * 1e6 / iters;
     return 0;
   }

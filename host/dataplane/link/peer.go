@@ -39,6 +39,10 @@ type Config struct {
 	// FlushAskAtOnce lets a flush ask at once for acks the target keeps
 	// holding, instead of waiting first (NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE).
 	FlushAskAtOnce bool
+	// AckHoldAdapt holds an ack for a batch of ours only while holding
+	// pays, instead of whenever a lane wrote since the stream last
+	// drained (NCCL_RMA_WASM_ACK_HOLD_ADAPT).
+	AckHoldAdapt bool
 }
 
 // Peer is what a transport asks of, and tells, the mesh about the rank it

@@ -90,8 +90,10 @@ type Stats struct {
 	CompressedRaw, CompressedWire uint64
 	// AcksCarried and AcksAlone count the acknowledgements of the peers'
 	// puts sent so far: carried in a batch of ours (SPEC.md §4,
-	// "Acknowledgements ride the reverse lanes"), or written alone.
-	AcksCarried, AcksAlone uint64
+	// "Acknowledgements ride the reverse lanes"), or written alone;
+	// AcksAtOnce those of the alone that were not held for a batch
+	// because holding had not paid (putack.Lanes.Adapt).
+	AcksCarried, AcksAlone, AcksAtOnce uint64
 	// Handed counts the batches the caller's thread handed to a lane's
 	// writer goroutine to wait for their gathered device copies
 	// (Config.GatherWriter), and HandedByCaller those a later call of the

@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/waitpolicy"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -85,12 +86,12 @@ func TestMarkReachedServedByCaller(t *testing.T) {
 	}
 }
 
-// The polling caller's wait for marks stops after waitMissesMax misses in
-// a row, comes back once every waitRetryEvery headers, and a mark seen in
+// The polling caller's wait for marks stops after waitpolicy.MissesMax misses in
+// a row, comes back once every waitpolicy.RetryEvery headers, and a mark seen in
 // time (waited for or not) turns it on again.
 func TestMarkWaitsAdapt(t *testing.T) {
 	var m markWaits
-	for i := 0; i < waitMissesMax; i++ {
+	for i := 0; i < waitpolicy.MissesMax; i++ {
 		d := m.bound()
 		if d != callerMarkWait {
 			t.Fatalf("miss %d: wait %v, want %v", i, d, callerMarkWait)
@@ -98,7 +99,7 @@ func TestMarkWaitsAdapt(t *testing.T) {
 		m.record(d, false)
 	}
 	waits := 0
-	for i := 0; i < 2*waitRetryEvery; i++ {
+	for i := 0; i < 2*waitpolicy.RetryEvery; i++ {
 		d := m.bound()
 		if d != 0 {
 			waits++
@@ -106,7 +107,7 @@ func TestMarkWaitsAdapt(t *testing.T) {
 		m.record(d, false)
 	}
 	if waits != 2 {
-		t.Fatalf("after %d misses in a row: %d waits in %d headers, want 2", waitMissesMax, waits, 2*waitRetryEvery)
+		t.Fatalf("after %d misses in a row: %d waits in %d headers, want 2", waitpolicy.MissesMax, waits, 2*waitpolicy.RetryEvery)
 	}
 	m.record(0, false) // a look that did not wait is no miss
 	m.record(0, true)  // a mark there at the first look

@@ -10,6 +10,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/waitpolicy"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -286,5 +287,57 @@ func askAcksRounds(t *testing.T, adapt bool) {
 	st := ms[0].Stats()
 	if st.FlushAsks == 0 || (st.FlushAsksAtOnce == 0) == adapt {
 		t.Fatalf("adapting %v: rank 0's flushes asked %d times, %d without waiting, after %d held rounds", adapt, st.FlushAsks, st.FlushAsksAtOnce, rounds)
+	}
+}
+
+// TestAckHoldAdapts: GIN rounds waited for as NCCL's device flush waits
+// (test() until the puts completed, no iflush, so nobody asks). Each
+// round the target writes to us before our put lands, so it holds the
+// ack for a batch of its own, which comes only after the round: every
+// hold is in vain, and the ack leaves after ackDelay. Adapting
+// (Options.AckHoldAdapt), the target stops holding after
+// waitpolicy.MissesMax such holds and acknowledges at once; not
+// adapting, it holds every time. Every byte and signal is checked.
+func TestAckHoldAdapts(t *testing.T) {
+	meshtest.SetDelays(t, 2*time.Millisecond, tcp.AckDelay())
+	meshtest.SetDelays(t, time.Second, tcp.AckBound())
+	for _, adapt := range []bool{true, false} {
+		t.Run(fmt.Sprintf("adapt=%v", adapt), func(t *testing.T) { ackHoldRounds(t, adapt) })
+	}
+}
+
+func ackHoldRounds(t *testing.T, adapt bool) {
+	ms, os, src := heldAckPairOpt(t, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, AckHoldAdapt: adapt}, 13)
+	const rounds = 12
+	for i := 0; i < rounds; i++ {
+		tag, back := uint64(100+i), uint64(200+i)
+		ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: back, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 256}}, false, 0)
+		ms[1].Flush(0)
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
+		ms[0].Flush(1)
+		meshtest.WaitWord(t, os[1], 0, uint64(i+1), nil)
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Microsecond) {
+			ms[0].Flush(1)
+			ms[1].Flush(0)
+			st0, ok0 := os[0].Status(tag)
+			st1, ok1 := os[1].Status(back)
+			if ok0 && ok1 {
+				if st0 != abi.Success || st1 != abi.Success {
+					t.Fatalf("round %d: puts: %v, %v", i, st0, st1)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the puts never completed (%v, %v)", i, ok0, ok1)
+			}
+		}
+		if string(os[1].Mem[128:192]) != string(src) || string(os[0].Mem[256:320]) != string(src) {
+			t.Fatalf("round %d: the puts' bytes differ", i)
+		}
+	}
+	st := ms[1].Stats()
+	if adapt && st.AcksAtOnce < rounds-waitpolicy.MissesMax-1 || !adapt && st.AcksAtOnce != 0 {
+		t.Fatalf("adapting %v: rank 1 acknowledged at once %d times in %d rounds whose holds never paid (%d carried, %d alone)",
+			adapt, st.AcksAtOnce, rounds, st.AcksCarried, st.AcksAlone)
 	}
 }

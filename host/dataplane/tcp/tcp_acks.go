@@ -7,6 +7,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/waitpolicy"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -26,8 +27,9 @@ func (t *Link) AskAcks() {
 // carryAck appends the acks this link owes the peer (acker.drained) to
 // the batch about to be written, the first things in it, and an ask for
 // the peer's acks of this lane's puts when one is due (the first header
-// carries it, or one of its own).
-func (l *lane) carryAck(iov [][]byte) [][]byte {
+// carries it, or one of its own). batch: the batch carries operations too
+// (else the acks leave alone, and a hold of theirs was in vain).
+func (l *lane) carryAck(iov [][]byte, batch bool) [][]byte {
 	ask := l.askAck.Load() && l.askAck.Swap(false)
 	k := 0
 	if l.t.ride {
@@ -35,6 +37,11 @@ func (l *lane) carryAck(iov [][]byte) [][]byte {
 			n := a.Owed()
 			if n == 0 || !a.Claim(n) {
 				continue
+			}
+			if batch {
+				a.Rode()
+			} else {
+				a.WentAlone()
 			}
 			// MrID names the peer's lane (our incoming stream i) whose
 			// puts n acknowledges.
@@ -140,14 +147,14 @@ func (l *lane) askAcks() {
 	l.askAt.CompareAndSwap(0, Now()+int64(l.asks.after(l.p.Mesh().FlushAskAtOnce)))
 }
 
-// askPacer adapts a lane's askAfter (waitPolicy): where the target keeps
+// askPacer adapts a lane's askAfter (waitpolicy.Policy): where the target keeps
 // holding its acks until asked (a GIN round, where each side's puts are
 // followed by its flush and the target's next batch comes only after ours
 // ends), waiting askAfter before each ask only delays the flush, so the
 // flush then asks at once; acks that came before the ask turn the wait
 // back on.
 type askPacer struct {
-	waitPolicy
+	waitpolicy.Policy
 	// For link.Stats: the asks flushes made, and the flushes that did
 	// not wait askAfter first.
 	asks, early atomic.Uint64
@@ -156,7 +163,7 @@ type askPacer struct {
 // after is how long the next flush waits for its acks before it asks
 // (adapt false: always askAfter).
 func (a *askPacer) after(adapt bool) time.Duration {
-	if !adapt || a.waiting() {
+	if !adapt || a.Waiting() {
 		return askAfter
 	}
 	a.early.Add(1)
@@ -166,11 +173,11 @@ func (a *askPacer) after(adapt bool) time.Duration {
 // asked notes a flush that had to ask for its acks.
 func (a *askPacer) asked() {
 	a.asks.Add(1)
-	a.vain()
+	a.Vain()
 }
 
 // cameAlone notes a flush's acks that came before it asked.
-func (a *askPacer) cameAlone() { a.paid() }
+func (a *askPacer) cameAlone() { a.Paid() }
 
 func (l *lane) unacked() int {
 	l.amu.Lock()

@@ -27,7 +27,7 @@ import (
 // device copies are still running is handed over with the stream instead
 // (handed true; finishHanded, by a later flush or the writer).
 func (l *lane) writeBatch(ops []link.Op, mayHand bool) (ok, handed bool) {
-	b := batchOut{iov: l.carryAck(l.iov[:0]), pend: l.ptags[:0], pops: l.pops[:0], later: l.later[:0]}
+	b := batchOut{iov: l.carryAck(l.iov[:0], len(ops) > 0), pend: l.ptags[:0], pops: l.pops[:0], later: l.later[:0]}
 	if len(ops) > 0 {
 		l.batches.Add(1) // an ack alone is no sign of traffic (acker.drained)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/instream"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/waitpolicy"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -178,11 +179,11 @@ func (t *Link) attachStream(r *inReader, h *wire.Header) error {
 const callerMarkWait = 25 * time.Microsecond
 
 // markWaits adapts the polling caller's wait for marks on one link
-// (waitPolicy): where the peer's marks keep arriving later than
+// (waitpolicy.Policy): where the peer's marks keep arriving later than
 // callerMarkWait (its agent time-sliced without MPS, a busy device),
 // waiting only holds NCCL's proxy thread, so the caller then only looks.
 type markWaits struct {
-	waitPolicy
+	waitpolicy.Policy
 	// What became of the headers (link.Stats): served with the mark
 	// there at once, served after a wait, left to the service.
 	atOnce, waited, left atomic.Uint64
@@ -190,7 +191,7 @@ type markWaits struct {
 
 // bound is how long a caller waits for the next mark.
 func (m *markWaits) bound() time.Duration {
-	if m.waiting() {
+	if m.Waiting() {
 		return callerMarkWait
 	}
 	return 0
@@ -200,9 +201,9 @@ func (m *markWaits) bound() time.Duration {
 func (m *markWaits) record(d time.Duration, reached bool) {
 	switch {
 	case reached:
-		m.paid()
+		m.Paid()
 	case d > 0:
-		m.vain()
+		m.Vain()
 	}
 }
 

@@ -177,7 +177,7 @@ func (t *Link) Start() {
 	// acks of a lane it moved.
 	if t.onAcked == nil {
 		t.ride = true
-		lanes := &putack.Lanes{Delay: &ackDelay.ns, Bound: &ackBound.ns, Alone: t.sendAcksAlone}
+		lanes := &putack.Lanes{Delay: &ackDelay.ns, Bound: &ackBound.ns, Alone: t.sendAcksAlone, Adapt: t.p.Mesh().AckHoldAdapt}
 		for _, l := range t.lanes {
 			lanes.Batches = append(lanes.Batches, &l.batches)
 		}

@@ -84,6 +84,7 @@ func (t *Link) AddAcks(st *link.Stats) {
 	}
 	for _, a := range t.acks {
 		st.AcksAlone += a.Alone()
+		st.AcksAtOnce += a.AtOnce()
 	}
 	st.MarksAtOnce += t.markWaits.atOnce.Load()
 	st.MarksWaited += t.markWaits.waited.Load()

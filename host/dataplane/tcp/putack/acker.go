@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/waitpolicy"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -39,6 +40,14 @@ import (
 // caller's thread: no wake-up here), and a timer armed at most once per
 // Lanes.Bound covers a process that stops calling.
 //
+// Holding adapts (Lanes.Adapt): a hold pays when a batch carries the ack
+// and is in vain when the ack leaves alone after all. Where holds keep
+// being in vain (a GIN round: each side's next batch comes only after its
+// flush, which waits for the ack the other side holds, so both sides sat
+// out Lanes.Delay), the stream acknowledges at once instead of holding,
+// and holds again now and then to notice traffic that comes back
+// (waitpolicy.Policy).
+//
 // The zero Acker acknowledges on the stream alone; Ride lets its acks
 // ride the lanes.
 type Acker struct {
@@ -54,6 +63,12 @@ type Acker struct {
 	// puts landed and not yet acknowledged, whatever the timing).
 	hold  atomic.Bool
 	alone atomic.Uint64 // acks written on the stream itself (Mesh.Stats)
+	// holds decides whether to hold (Lanes.Adapt); holding is set while
+	// a hold's outcome is pending; atOnce counts the acks written at
+	// once because holding had not paid (Mesh.Stats).
+	holds   waitpolicy.Policy
+	holding atomic.Bool
+	atOnce  atomic.Uint64
 	outs  uint64        // the lanes' batches at the last drain (reader only)
 	held  uint64        // the count last left for the lanes (reader only)
 	due   atomic.Int64  // link.Now() after which Stale reports an owed ack
@@ -77,8 +92,13 @@ type Lanes struct {
 	// transport's tunables: tests change them while timers read them.
 	Delay, Bound *atomic.Int64
 	// Alone writes the owed acks with no batch, on an open lane (the
-	// timer: no batch carried them in time).
+	// timer: no batch carried them in time; Drained: holding them would
+	// not pay).
 	Alone func()
+	// Adapt holds an ack for a batch only while holding pays (the
+	// Acker's doc); false holds whenever a lane wrote since the last
+	// drain.
+	Adapt bool
 }
 
 // written counts the batches the lanes wrote.
@@ -135,6 +155,20 @@ func (a *Acker) Drained(in *net.TCPConn) error {
 			// owed (Owed) must see how long it may wait for a batch
 			// (Stale), or it sends the ack alone at once.
 			a.outs = n
+			if a.lanes.Adapt && !a.holds.Waiting() {
+				// Holds have not paid lately: the initiator would wait.
+				// The ack leaves now, alone on a lane: the peer reads
+				// our lanes on its polling thread, where an ack on
+				// this stream would wait for its replies reader to wake.
+				a.atOnce.Add(1)
+				a.held = a.landed
+				a.due.Store(link.Now()) // stale at once, if a lane is busy
+				a.pub.Store(a.landed)
+				a.Arm()
+				a.lanes.Alone()
+				return nil
+			}
+			a.holding.Store(true)
 			a.held = a.landed
 			a.due.Store(link.Now() + a.lanes.Delay.Load())
 			a.pub.Store(a.landed)
@@ -155,12 +189,33 @@ func (a *Acker) Flush(in *net.TCPConn) error {
 	}
 	h := wire.Header{Typ: wire.MsgPutAck, Seq: a.landed}
 	h.Encode(a.buf[:])
+	a.WentAlone()
 	if _, err := in.Write(a.buf[:]); err != nil {
 		return fmt.Errorf("acknowledge puts: %w", err)
 	}
 	a.alone.Add(1)
 	return nil
 }
+
+// Rode notes that a batch of our lanes carried the acks (Claim): a
+// pending hold paid.
+func (a *Acker) Rode() {
+	if a.holding.Load() && a.holding.Swap(false) {
+		a.holds.Paid()
+	}
+}
+
+// WentAlone notes that the acks left with no batch, on a lane or on the
+// stream (Claim): a pending hold was in vain.
+func (a *Acker) WentAlone() {
+	if a.holding.Load() && a.holding.Swap(false) {
+		a.holds.Vain()
+	}
+}
+
+// AtOnce counts the acks written at once because holding had not paid
+// (Mesh.Stats).
+func (a *Acker) AtOnce() uint64 { return a.atOnce.Load() }
 
 // Claim records n as acknowledged; false when a count as high was
 // already sent. The peer ignores a count below one it has seen (the two
