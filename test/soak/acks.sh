@@ -20,7 +20,7 @@ end=$(($(date +%s) + $(secs "$DUR")))
 # Each package's tests, as "package directory|-test.run pattern"; a run
 # runs every package's in turn.
 SUITES=(
-  'host/dataplane/tcp|^(TestPiggybackedAcks|TestStrandedAck|TestAckBackstop|TestAskAcks|TestAskAcksAtOnce|TestLaneFailoverMidStream|TestResentPutsDeduplicated|TestAckLaneFailover|TestLateAckOfMovedLane|TestLazyLaneDialFails)$'
+  'host/dataplane/tcp|^(TestPiggybackedAcks|TestStrandedAck|TestAckBackstop|TestAskAcks|TestAskAcksAtOnce|TestAckHoldAdapts|TestLaneFailoverMidStream|TestResentPutsDeduplicated|TestAckLaneFailover|TestLateAckOfMovedLane|TestLazyLaneDialFails)$'
   'host/dataplane/intranode|^(TestStreamWakeBackstop|TestStreamRings)$'
 )
 if [ "$MODE" = negative ]; then
