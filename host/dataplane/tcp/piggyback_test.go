@@ -251,19 +251,25 @@ func TestAskAcksAtOnce(t *testing.T) {
 	}
 }
 
+// ginRound posts round i's two puts: rank 1's (tag back) first, so that
+// rank 1 holds its acks for a batch of its own as in a GIN round, then
+// rank 0's put+signal (tag), and waits for its signal.
+func ginRound(t *testing.T, ms []*dataplane.Mesh, os []*meshtest.MemOwner, src []byte, i int) (tag, back uint64) {
+	t.Helper()
+	tag, back = uint64(100+i), uint64(200+i)
+	ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: back, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 256}}, false, 0)
+	ms[1].Flush(0)
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
+	ms[0].Flush(1)
+	meshtest.WaitWord(t, os[1], 0, uint64(i+1), nil)
+	return tag, back
+}
+
 func askAcksRounds(t *testing.T, adapt bool) {
 	ms, os, src := heldAckPairOpt(t, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, FlushAskAtOnce: adapt}, 11)
 	const rounds = 12
 	for i := 0; i < rounds; i++ {
-		tag := uint64(100 + i)
-		back := uint64(200 + i)
-		// The target writes to us first, so it holds its acks for a
-		// batch of its own, as in a GIN round.
-		ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: back, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 256}}, false, 0)
-		ms[1].Flush(0)
-		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
-		ms[0].Flush(1)
-		meshtest.WaitWord(t, os[1], 0, uint64(i+1), nil)
+		tag, back := ginRound(t, ms, os, src, i)
 		ms[0].AskAcks(1)
 		flushUntilDone(t, ms, os[0], tag, fmt.Sprintf("in round %d", i))
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Microsecond) {
@@ -310,12 +316,7 @@ func ackHoldRounds(t *testing.T, adapt bool) {
 	ms, os, src := heldAckPairOpt(t, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, AckHoldAdapt: adapt}, 13)
 	const rounds = 12
 	for i := 0; i < rounds; i++ {
-		tag, back := uint64(100+i), uint64(200+i)
-		ms[1].Post(0, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: back, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 256}}, false, 0)
-		ms[1].Flush(0)
-		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: tag, Local: unsafe.Pointer(&src[0]), Size: 64, Off: 128, SigMrID: 1, SigOp: abi.SignalOpAdd, SigOff: 0, SigValue: 1}}, false, 0)
-		ms[0].Flush(1)
-		meshtest.WaitWord(t, os[1], 0, uint64(i+1), nil)
+		tag, back := ginRound(t, ms, os, src, i)
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Microsecond) {
 			ms[0].Flush(1)
 			ms[1].Flush(0)

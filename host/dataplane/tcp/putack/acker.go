@@ -69,12 +69,12 @@ type Acker struct {
 	holds   waitpolicy.Policy
 	holding atomic.Bool
 	atOnce  atomic.Uint64
-	outs  uint64        // the lanes' batches at the last drain (reader only)
-	held  uint64        // the count last left for the lanes (reader only)
-	due   atomic.Int64  // link.Now() after which Stale reports an owed ack
-	tmu   sync.Mutex    // guards armed and the timer's state
-	armed bool
-	timer *time.Timer // the bound when nobody calls: never stopped, so
+	outs    uint64       // the lanes' batches at the last drain (reader only)
+	held    uint64       // the count last left for the lanes (reader only)
+	due     atomic.Int64 // link.Now() after which Stale reports an owed ack
+	tmu     sync.Mutex   // guards armed and the timer's state
+	armed   bool
+	timer   *time.Timer // the bound when nobody calls: never stopped, so
 	// that arming it costs no wake-up per ack (a stopped timer still
 	// wakes a parked poller at its old deadline)
 }
