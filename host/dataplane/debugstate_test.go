@@ -23,7 +23,7 @@ func TestWriteState(t *testing.T) {
 	var b strings.Builder
 	ms[0].WriteState(&b)
 	out := b.String()
-	for _, want := range []string{"=== NET/wasm mesh of rank 0: 2 peers", "rank 1: tcp", "lane 0: open=true", "queued=1 head{msg "} {
+	for _, want := range []string{"=== NET/wasm mesh of rank 0: 2 peers", "rank 1: tcp", "lane 0: open=true", "queued=1 head{msg ", "socket holds 0 bytes (low-water mark "} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("WriteState lacks %q:\n%s", want, out)
 		}

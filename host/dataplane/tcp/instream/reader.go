@@ -540,7 +540,18 @@ func (r *Reader) State() string {
 		shm = fmt.Sprintf(" shm{written %d read %d sleeping %v waiting %v}", tail, read, sleeping, waiting)
 	}
 	r.smu.Unlock()
-	return fmt.Sprintf("role=%#x active=%v napping=%v left=%v polled=%v rx %d µs ago, caller msgs %d, handoffs %d, ended=%v%s",
+	// What the socket holds unread and its low-water mark: bytes there
+	// that nobody reads are a wake-up lost.
+	inq, lowat := -1, -1
+	_ = r.rc.Control(func(fd uintptr) {
+		if n, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ); err == nil {
+			inq = n
+		}
+		if n, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT); err == nil {
+			lowat = n
+		}
+	})
+	return fmt.Sprintf("role=%#x active=%v napping=%v left=%v polled=%v rx %d µs ago, caller msgs %d, handoffs %d, socket holds %d bytes (low-water mark %d), ended=%v%s",
 		r.role.Load(), r.active.Load(), r.napping.Load(), r.left.Load(), r.polled.Load(), (link.Now()-r.rx.Load())/1000,
-		r.callerMsgs.Load(), r.handoffs.Load(), r.endErr(), shm)
+		r.callerMsgs.Load(), r.handoffs.Load(), inq, lowat, r.endErr(), shm)
 }
