@@ -92,8 +92,7 @@ type Lanes struct {
 	// transport's tunables: tests change them while timers read them.
 	Delay, Bound *atomic.Int64
 	// Alone writes the owed acks with no batch, on an open lane (the
-	// timer: no batch carried them in time; Drained: holding them would
-	// not pay).
+	// timer: no batch carried them in time).
 	Alone func()
 	// Adapt holds an ack for a batch only while holding pays (the
 	// Acker's doc); false holds whenever a lane wrote since the last
@@ -157,15 +156,18 @@ func (a *Acker) Drained(in *net.TCPConn) error {
 			a.outs = n
 			if a.lanes.Adapt && !a.holds.Waiting() {
 				// Holds have not paid lately: the initiator would wait.
-				// The ack leaves now, alone on a lane: the peer reads
-				// our lanes on its polling thread, where an ack on
-				// this stream would wait for its replies reader to wake.
+				// The ack is owed stale at once: the next test() or
+				// rmaProgress of this process sends it alone on a lane
+				// (the peer reads our lanes on its polling thread, where
+				// an ack on this stream would wait for its replies
+				// reader to wake), and the timer when nobody calls. Not
+				// written here: a reader that blocked writing to a lane
+				// whose peer blocks the same way would deadlock both.
 				a.atOnce.Add(1)
 				a.held = a.landed
-				a.due.Store(link.Now()) // stale at once, if a lane is busy
+				a.due.Store(link.Now())
 				a.pub.Store(a.landed)
 				a.Arm()
-				a.lanes.Alone()
 				return nil
 			}
 			a.holding.Store(true)
