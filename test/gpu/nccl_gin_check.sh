@@ -31,7 +31,12 @@
 # agent; "direct" the 64 B and 4 KiB alltoalls, and 64 B with 4 ranks,
 # with the agent and NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1; "askwait"
 # pairs of 64 B and 4 KiB alltoalls with NCCL_RMA_WASM_FLUSH_ASK_AT_ONCE
-# off and on (MARKS_PAIRS of each); "fence" pairs of 64 B and 4 KiB
+# off and on (MARKS_PAIRS of each), the agent on; "ackhold" such pairs
+# with NCCL_RMA_WASM_ACK_HOLD_ADAPT off and on; "spin" the 64 B alltoall
+# with 4 ranks and the agent, with and without spinning readers
+# (NCCL_RMA_WASM_SPIN_US=0), twice, with the acks the liveness backstop
+# had to ask for; "profile" the plugin's profile of the 64 B alltoall,
+# without and with the agent; "fence" pairs of 64 B and 4 KiB
 # alltoalls with NCCL_RMA_WASM_DEVICE_AGENT_FENCE sc and acqrel, and the
 # ping-pong's marks series with acqrel; "fused" the
 # 64 B and 4 KiB alltoalls over TCP lanes only, NCCL_RMA_WASM_INTRANODE=0,
