@@ -20,9 +20,16 @@ func TestWriteState(t *testing.T) {
 	meshtest.SetDelays(t, time.Hour, tcp.SendDelay(), tcp.HoldDelay())
 	ms := meshtest.Connect2(t, os, dataplane.Options{Timeout: 10 * time.Second, Lanes: 1})
 	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: 1, Size: 0, Off: 64}}, true, 0)
-	var b strings.Builder
-	ms[0].WriteState(&b)
-	out := b.String()
+	// An incoming stream is listed once its service started, which a
+	// loaded machine may delay: the dump is taken again until it is.
+	var out string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		var b strings.Builder
+		ms[0].WriteState(&b)
+		if out = b.String(); strings.Contains(out, "socket holds") || time.Now().After(deadline) {
+			break
+		}
+	}
 	for _, want := range []string{"=== NET/wasm mesh of rank 0: 2 peers", "rank 1: tcp", "lane 0: open=true", "queued=1 head{msg ", "socket holds 0 bytes (low-water mark "} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("WriteState lacks %q:\n%s", want, out)
