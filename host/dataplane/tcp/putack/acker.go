@@ -154,6 +154,7 @@ func (a *Acker) Drained(in *net.TCPConn) error {
 			// owed (Owed) must see how long it may wait for a batch
 			// (Stale), or it sends the ack alone at once.
 			a.outs = n
+			wait := a.lanes.Delay.Load()
 			if a.lanes.Adapt && !a.holds.Waiting() {
 				// Holds have not paid lately: the initiator would wait.
 				// The ack is owed stale at once: the next test() or
@@ -163,16 +164,13 @@ func (a *Acker) Drained(in *net.TCPConn) error {
 				// reader to wake), and the timer when nobody calls. Not
 				// written here: a reader that blocked writing to a lane
 				// whose peer blocks the same way would deadlock both.
+				wait = 0
 				a.atOnce.Add(1)
-				a.held = a.landed
-				a.due.Store(link.Now())
-				a.pub.Store(a.landed)
-				a.Arm()
-				return nil
+			} else {
+				a.holding.Store(true)
 			}
-			a.holding.Store(true)
 			a.held = a.landed
-			a.due.Store(link.Now() + a.lanes.Delay.Load())
+			a.due.Store(link.Now() + wait)
 			a.pub.Store(a.landed)
 			a.Arm()
 			return nil
