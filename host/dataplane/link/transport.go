@@ -90,9 +90,11 @@ type Stats struct {
 	CompressedRaw, CompressedWire uint64
 	// AcksCarried and AcksAlone count the acknowledgements of the peers'
 	// puts sent so far: carried in a batch of ours (SPEC.md §4,
-	// "Acknowledgements ride the reverse lanes"), or written alone;
-	// AcksAtOnce those of the alone that were not held for a batch
-	// because holding had not paid (putack.Lanes.Adapt).
+	// "Acknowledgements ride the reverse lanes"; a lone ack a lane wrote
+	// counts here too), or written alone on the acknowledged stream.
+	// AcksAtOnce counts the drains whose acks were not held for a batch
+	// because holding had not paid (putack.Lanes.Adapt): they leave alone
+	// on a lane at the caller's next call.
 	AcksCarried, AcksAlone, AcksAtOnce uint64
 	// Handed counts the batches the caller's thread handed to a lane's
 	// writer goroutine to wait for their gathered device copies
