@@ -214,10 +214,12 @@ func (l *lane) backstopBound() int64 {
 // backstop's ask.
 func (l *lane) ackedPuts(empty bool) {
 	now := Now()
+	var waited int64
 	if since := l.waitSince.Load(); since != 0 {
 		// The round trip seen: a maximum that decays by an eighth per ack.
-		w, old := now-since, l.ackWait.Load()
-		l.ackWait.Store(max(w, old-old/8))
+		old := l.ackWait.Load()
+		waited = now - since
+		l.ackWait.Store(max(waited, old-old/8))
 	}
 	if empty {
 		l.waitSince.Store(0)
@@ -230,8 +232,8 @@ func (l *lane) ackedPuts(empty bool) {
 	l.bsN.Store(0) // an ack: the next wait starts a new round of asks
 	if at := l.bsAt.Load(); at != 0 && l.bsAt.CompareAndSwap(at, 0) {
 		n := l.bsRescued.Add(1)
-		backstopInfo.Info(abi.SubsysNet, "NET/wasm: rank %d: puts to rank %d on lane %d were acknowledged only after the liveness backstop asked (they waited over %v; %d times on this lane)",
-			l.p.Mesh().Rank, l.p.Rank(), l.idx, time.Duration(l.backstopBound()), n)
+		backstopInfo.Info(abi.SubsysNet, "NET/wasm: rank %d: puts to rank %d on lane %d were acknowledged only after the liveness backstop asked (the oldest waited %v, %v of it after the ask; %d times on this lane)",
+			l.p.Mesh().Rank, l.p.Rank(), l.idx, time.Duration(waited), time.Duration(now-at), n)
 	}
 }
 
