@@ -30,7 +30,7 @@ func TestWriteState(t *testing.T) {
 			break
 		}
 	}
-	for _, want := range []string{"=== NET/wasm mesh of rank 0: 2 peers", "rank 1: tcp", "lane 0: open=true", "queued=1 head{msg ", "socket holds 0 bytes (low-water mark "} {
+	for _, want := range []string{"=== NET/wasm mesh of rank 0: 2 peers (at ", "rank 1: tcp", "lane 0: open=true", "queued=1 head{msg ", "socket holds 0 bytes (low-water mark ", "socket unsent 0 bytes, unacknowledged by the peer's kernel "} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("WriteState lacks %q:\n%s", want, out)
 		}

@@ -3,6 +3,7 @@ package tcp
 import (
 	"fmt"
 	"io"
+	"net"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"golang.org/x/sys/unix"
@@ -23,6 +24,7 @@ func (t *Link) WriteState(w io.Writer) {
 	for _, l := range t.lanes {
 		l.mu.Lock()
 		open, opening, qlen, writing, down := l.out != nil, l.opening, l.q.Len(), l.writing, l.down
+		outq := socketOutq(l.out)
 		var head string
 		if qlen > 0 {
 			op := l.q.At(0)
@@ -37,9 +39,9 @@ func (t *Link) WriteState(w io.Writer) {
 		if since := l.waitSince.Load(); since != 0 {
 			wait = fmt.Sprintf(" oldest ack wait %d µs", (Now()-since)/1000)
 		}
-		fmt.Fprintf(w, "    lane %d: open=%v opening=%v queued=%d%s writing=%v down=%v armed=%v unacked puts=%d%s gets=%d batches=%d backstop asks %d rescued %d%s\n",
+		fmt.Fprintf(w, "    lane %d: open=%v opening=%v queued=%d%s writing=%v down=%v armed=%v unacked puts=%d%s gets=%d batches=%d backstop asks %d rescued %d%s%s\n",
 			l.idx, open, opening, qlen, head, writing, down, l.armed.Load(), l.pendingPuts(), wait, l.pendingGets(), l.batches.Load(),
-			l.bsAsks.Load(), l.bsRescued.Load(), shm)
+			l.bsAsks.Load(), l.bsRescued.Load(), outq, shm)
 	}
 	// The incoming streams: what their ackers owe, who serves them, and
 	// what their rings hold.
@@ -141,4 +143,27 @@ func (t *Link) Progress() (uint64, bool) {
 		}
 	}
 	return sum, ok
+}
+
+// socketOutq tells what a lane's socket has not sent yet, and what the
+// peer's kernel has not acknowledged: bytes our writes left there that
+// never leave are the kernel's (or a peer that stopped reading), not ours.
+func socketOutq(c *net.TCPConn) string {
+	if c == nil {
+		return ""
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return ""
+	}
+	unsent, unacked := -1, -1
+	_ = rc.Control(func(fd uintptr) {
+		if n, err := unix.IoctlGetInt(int(fd), unix.SIOCOUTQNSD); err == nil {
+			unsent = n
+		}
+		if n, err := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ); err == nil {
+			unacked = n
+		}
+	})
+	return fmt.Sprintf(" socket unsent %d bytes, unacknowledged by the peer's kernel %d", unsent, unacked)
 }
