@@ -307,7 +307,7 @@ var (
 	// SpinUs -1 (unset) is the default: 50 µs, with one spinning reader
 	// per four cores (none below four); a value set here spins on any
 	// machine.
-	SpinUs            = intVar("NCCL_RMA_WASM_SPIN_US", "50 (off below 4 cores)", 0, 10000, -1, "how long a TCP stream's reader (and a libfabric endpoint's progress goroutine) keeps polling after traffic before it sleeps, in µs (0..10000; 0 off); at most one per four cores spins at once")
+	SpinUs            = intVar("NCCL_RMA_WASM_SPIN_US", "50 (off below 4 cores)", 0, 10000, -1, "how long a TCP stream's reader (and a libfabric endpoint's progress goroutine) keeps polling after traffic before it sleeps, in µs (0..10000; 0 off); unset, at most one per four cores of the host spins at once, that budget shared among the job's processes on the host; set, each process may spin one per four cores (at least one)")
 	Transport         = enumVar("NCCL_RMA_WASM_TRANSPORT", "auto", []string{"auto", "tcp", "fabric"}, "`tcp`, `fabric` (libfabric RDMA, any provider) or `auto` (libfabric only on RDMA hardware: verbs, efa, cxi, psm3, opx)")
 	FIProvider        = stringVar("NCCL_RMA_WASM_FI_PROVIDER", "unset", "", "libfabric provider to use (e.g. `verbs;ofi_rxm`, `efa`, `cxi`, `tcp;ofi_rxm`, `shm`); naming one requires it: `init` fails with `ncclInvalidUsage` if it cannot be used")
 	FILibrary         = stringVar("NCCL_RMA_WASM_FI_LIBRARY", "`libfabric.so.1`", "libfabric.so.1", "libfabric library dlopen'ed at init (a name or a path)")

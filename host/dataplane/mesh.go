@@ -22,6 +22,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/ofi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -58,6 +59,11 @@ type Options struct {
 	// readers of the process may spin at once (host/spin).
 	SpinWait time.Duration
 	Spinners int
+	// SpinShare makes Spinners the host's budget rather than the
+	// process's: it is divided among the job's processes on this host
+	// (the ranks whose handles name this host, by their pids), so that
+	// four ranks on one host spin no more readers in all than one would.
+	SpinShare bool
 	// PeerTimeout fails a peer with operations outstanding whose streams
 	// moved no byte for this long (watchdog.go); 0 waits forever.
 	PeerTimeout time.Duration
@@ -175,6 +181,14 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 	if lanes < 1 || lanes > abi.MaxLanes {
 		return nil, fmt.Errorf("%d lanes requested, allowed 1..%d", lanes, abi.MaxLanes)
 	}
+	if opt.SpinShare {
+		budget, procs := opt.Spinners, 0
+		opt.Spinners, procs = shareSpinners(budget, infos, rank)
+		if procs > 1 && budget > 0 {
+			logx.Info(abi.SubsysNet|abi.SubsysInit, "NET/wasm: rank %d: %d processes of this job on this host share its %d spinning readers: %d each",
+				rank, procs, budget, opt.Spinners)
+		}
+	}
 	m := &Mesh{rank: rank, nranks: n, owner: owner, peers: make([]*peer, n), lanes: lanes,
 		stripe: max(opt.StripeThreshold, 1), chunk: max(opt.ChunkSize, 4096), closeTimeout: opt.CloseTimeout, localComp: opt.LocalCompletion,
 		orderWindow: opt.OrderWindow, spinWait: opt.SpinWait, spinners: opt.Spinners, quit: make(chan struct{}),
@@ -255,6 +269,27 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 		go m.watchStreams(rings)
 	}
 	return m, nil
+}
+
+// shareSpinners divides a host's budget of spinning readers among the
+// job's processes on this host: those of the ranks in infos whose handles
+// name this host's id, told apart by pid (one process may hold several
+// ranks' communicators). Each process's share is the budget divided by
+// their number, rounded down (procs: how many): where the cores cannot give every process a
+// spinner, none spins, as on a machine of fewer than four cores. A spinner
+// holds a core; several processes each spinning their own budget beside
+// NCCL's polling proxies took more cores than the host has, and a reader
+// that waits for a core for milliseconds costs more than its spin saves.
+func shareSpinners(budget int, infos []wire.HandleInfo, rank int) (share, procs int) {
+	self := infos[rank]
+	pids := make(map[uint32]bool) // once per connect
+	pids[self.Pid] = true
+	for _, hi := range infos {
+		if hi.HostID == self.HostID && hi.Pid != 0 {
+			pids[hi.Pid] = true
+		}
+	}
+	return budget / len(pids), len(pids)
 }
 
 // chooseTransport picks how bytes move to one peer: libfabric when both

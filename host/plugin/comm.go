@@ -175,7 +175,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		NoIntraStream: !config.IntraStream.Get() || config.Encrypt.Get(), NoDmaBuf: !config.FIDmaBuf.Get(),
 		GatherWriter: gatherWriter(), DirectSignal: directSignal.Load(), FlushAskAtOnce: config.FlushAskAtOnce.Get(),
 		AckHoldAdapt: config.AckHoldAdapt.Get()}
-	opt.SpinWait, opt.Spinners = spinOptions()
+	opt.SpinWait, opt.Spinners, opt.SpinShare = spinOptions()
 	checkNoFile(n, opt.Lanes, opt.Encrypt)
 	mesh, err := dataplane.Connect(lc.l, hs, int(rank), c, opt)
 	if err != nil {
@@ -347,13 +347,15 @@ func gatherWriter() bool {
 }
 
 // spinOptions reads NCCL_RMA_WASM_SPIN_US: unset, readers spin 50 µs, one
-// per four cores at once; set, they spin that long on any machine.
-func spinOptions() (time.Duration, int) {
+// per four cores of the host at once, shared among the job's processes
+// on it; set, they spin that long on any machine, each process's own
+// budget.
+func spinOptions() (wait time.Duration, slots int, share bool) {
 	us := config.SpinUs.Get()
 	if us < 0 {
-		return 50 * time.Microsecond, spin.DefaultSlots()
+		return 50 * time.Microsecond, spin.DefaultSlots(), true
 	}
-	return time.Duration(us) * time.Microsecond, max(spin.DefaultSlots(), 1)
+	return time.Duration(us) * time.Microsecond, max(spin.DefaultSlots(), 1), false
 }
 
 // connectResult is connect's code for a failed mesh: ncclInvalidUsage for

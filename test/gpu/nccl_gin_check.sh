@@ -350,12 +350,15 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   ref ackhold && abrun "${MARKS_PAIRS:-2}" ackhold "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_ACK_HOLD_ADAPT=0" \
     ackadapt "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_ACK_HOLD_ADAPT=1" "acknowledged its peers"
   # Spinning readers with four ranks on one host (NCCL_RMA_WASM_SPIN_US):
-  # the default against none, the agent on, in turn; with the count of
+  # the default (one per four cores of the host, shared among its
+  # processes) against each process spinning its own budget (the variable
+  # set: 50 µs) and against none, the agent on, in turn; with the count of
   # acks the liveness backstop had to ask for (a reader that got no CPU).
   if ref spin; then
     for i in 1 2; do
-      for v in spin nospin; do
+      for v in spin ownspin nospin; do
         sp=; [ $v = nospin ] && sp=NCCL_RMA_WASM_SPIN_US=0
+        [ $v = ownspin ] && sp=NCCL_RMA_WASM_SPIN_US=50
         # shellcheck disable=SC2086
         GIN_NP=4 gin_run np4-$v-64-$i 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 $sp NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET || gin_bad=1
         echo "GIN-CHECK [np4-$v-64-$i] acks the backstop asked for: $(grep -c 'backstop asked' "$OUT/gin_alltoall-np4-$v-64-$i.log")"
