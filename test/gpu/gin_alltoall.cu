@@ -169,6 +169,14 @@ static void phases(const unsigned long long* dev, int iters) {
   printf("[rank %d] GINA2A PHASES median µs:", rank_);
   for (int k = 0; k < 7; k++) printf(" %s=%.1f", names[k], median(d[k]));
   printf("\n");
+  // The mean from kernel 10's start to the last kernel's end: the steady
+  // state, without the first kernels' one-time setup (windows mapped,
+  // lanes opened), beside the slowest kernel of that span.
+  if (iters > 11) {
+    double span = (t[(size_t)(iters - 1) * STAGES + 6] - t[(size_t)10 * STAGES + 1]) / 1000.0, worst = 0;
+    for (size_t i = 0; i < d[6].size(); i++) worst = d[6][i] > worst ? d[6][i] : worst;
+    printf("[rank %d] GINA2A STEADY us_per_alltoall=%.1f (kernels 10 to %d) slowest_kernel_us=%.1f\n", rank_, span / (iters - 10), iters - 1, worst);
+  }
 }
 
 int main(int argc, char** argv) {

@@ -260,7 +260,7 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     kill "$wd" 2>/dev/null
     wait "$wd" 2>/dev/null
     if [ $rc -eq 0 ] && grep -q "GINA2A PASS" "$log"; then
-      grep "GINA2A bytes\|GINA2A PHASES" "$log" | sed "s/^/GIN-CHECK [$name] /"
+      grep "GINA2A bytes\|GINA2A PHASES\|GINA2A STEADY" "$log" | sed "s/^/GIN-CHECK [$name] /"
       return 0
     fi
     [ $rc -eq 137 ] && echo "GIN-CHECK gin_alltoall [$name] bytes=$b HANG (killed after ${PER_RUN_TIMEOUT}s)" ||
@@ -355,7 +355,7 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # set: 50 µs) and against none, the agent on, in turn; with the count of
   # acks the liveness backstop had to ask for (a reader that got no CPU).
   if ref spin; then
-    for i in 1 2; do
+    for i in $(seq 1 "${SPIN_ROUNDS:-2}"); do
       for v in spin ownspin nospin; do
         sp=; [ $v = nospin ] && sp=NCCL_RMA_WASM_SPIN_US=0
         [ $v = ownspin ] && sp=NCCL_RMA_WASM_SPIN_US=50
