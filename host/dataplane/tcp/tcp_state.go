@@ -23,14 +23,15 @@ func (t *Link) Streams() *Link { return t }
 func (t *Link) WriteState(w io.Writer) {
 	for _, l := range t.lanes {
 		l.mu.Lock()
-		open, opening, qlen, writing, down := l.out != nil, l.opening, l.q.Len(), l.writing, l.down
-		outq := socketOutq(l.out)
+		out, opening, qlen, writing, down := l.out, l.opening, l.q.Len(), l.writing, l.down
+		open := out != nil
 		var head string
 		if qlen > 0 {
 			op := l.q.At(0)
 			head = fmt.Sprintf(" head{msg %d size %d seq %d notBefore %d}", op.Msg, op.Size, op.Seq, op.NotBefore)
 		}
 		l.mu.Unlock()
+		outq := socketOutq(out) // system calls: not under the lane's lock
 		var shm string
 		if l.ix != nil {
 			shm = l.ix.ShmState()
