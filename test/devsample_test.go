@@ -144,6 +144,16 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 			[]string{"RESULT PASS", "teardown: 4 rounds", "small device put+signals: 48 of 8 B to 64 KiB", "plain signal, every byte there",
 				"fakecuda: the device agent landed a payload and its signal in one command",
 				"fakecuda: the device agent landed an inline payload and its signal in one command", "fused landings ("}},
+		// NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ=1: the kernel takes a slot
+		// by its check word (agent.c, rmacu_ag_check), which the fake
+		// recomputes for every command, inline payloads' bytes included
+		// where the kernel reads them, and ends the process on a mismatch.
+		{"cuda_check_agent_one_read", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=20", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ=1"},
+			[]string{"RESULT PASS", "small device put+signals: 48 of 8 B to 64 KiB", "plain signal, every byte there",
+				"fakecuda: the device agent copied a payload", "fakecuda: the device agent read a slot whole, its check word matched"}},
+		{"cuda_check_fused_landing_one_read", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_FUSED_LANDING=1", "CUDA_CHECK_DIRECT=1", "NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ=1"},
+			[]string{"RESULT PASS", "fakecuda: the device agent landed an inline payload and its signal in one command",
+				"fakecuda: the device agent read a slot whole, its check word matched"}},
 		// The same with fused landings off: no command fuses.
 		{"cuda_check_fused_landing_off", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
 			[]string{"RESULT PASS", "fakecuda: the device agent copied a payload", "!in one command"}},

@@ -60,6 +60,23 @@ struct ring {
 
 static volatile uint64_t* slot(ring& r, uint64_t s) { return r.mem + (HDR + (s & (SLOTS - 1)) * SLOT) / 8; }
 
+// checkWords: how many of a slot's words its check word covers (16 when
+// the kernel reads inline bytes, else 8); set per kernel run below.
+static int checkWords = 8;
+
+// check is the slot's check word (host/devmem/cuda/agent.c, ag_check): the
+// one-read kernel (flags bit 1) takes a slot only when it matches.
+static uint64_t check(volatile uint64_t* sl, uint64_t s) {
+  uint64_t h = 0;
+  for (int j = 0; j < checkWords; j++) {
+    uint64_t x = (j == 0 ? s : j == 1 ? 0 : sl[j]) ^ (uint64_t)j * 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    h ^= x ^ (x >> 31);
+  }
+  return h;
+}
+
 // put writes command s and returns it.
 static uint64_t put(ring& r, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, uint64_t sig = 0,
                     const void* inl = nullptr) {
@@ -72,6 +89,7 @@ static uint64_t put(ring& r, uint64_t kind, uint64_t n, uint64_t src, uint64_t d
   sl[6] = val;
   sl[7] = sig;
   if (inl) memcpy((void*)(sl + 8), inl, n);
+  sl[1] = check(sl, s);
   __atomic_store_n(&sl[0], s, __ATOMIC_RELEASE);
   return s;
 }
@@ -154,11 +172,14 @@ int main(int argc, char** argv) {
     report("driver", "write", v);
   }
 
-  // Each kernel twice: started without inline commands (flags 0, as the
-  // default agent runs) and with them (flags 1, fused landings on).
-  for (int kf = 0; kf < 2 * nv; kf++) {
-    int k = kf / 2;
-    unsigned long long flags = kf % 2;
+  // Each kernel four times: started without inline commands (flags 0, as
+  // the default agent runs) and with them (flags 1, fused landings on),
+  // each with the two-trip read of a slot and the one-read (flags 2 and
+  // 3, NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ).
+  for (int kf = 0; kf < 4 * nv; kf++) {
+    int k = kf / 4;
+    unsigned long long flags = kf % 4;
+    checkWords = flags & 1 ? 16 : 8;
     memset(hp, 0, HDR + SLOTS * SLOT);
     r.seq = 0;
     CK(cuMemsetD8(dbuf + 2048, 0, 32));  // the add's word and the fused commands' signals, per variant
@@ -189,7 +210,7 @@ int main(int argc, char** argv) {
         {"inline+add", 10, 8, 0, (uint64_t)dbuf + 3200, 1, (uint64_t)dbuf + 2072, true, false},
     };
     for (auto& c : cs) {
-      if (c.inl && !flags) continue;  // a kernel started without them reads no inline bytes
+      if (c.inl && !(flags & 1)) continue;  // a kernel started without them reads no inline bytes
       std::vector<double> v;
       for (int i = 0; i < iters; i++) {
         for (int k = 0; k < 64; k++) pay[k] = (unsigned char)(i * 7 + k);
@@ -220,7 +241,9 @@ int main(int argc, char** argv) {
     bool bytes = true;
     for (int k = 0; k < 64; k++) bytes = bytes && got[k] == (unsigned char)((iters - 1) * 7 + k);
     for (int k = 0; k < 8; k++) bytes = bytes && got[64 + k] == (unsigned char)((iters - 1) * 7 + k);
-    if (!flags) {  // no inline commands ran: only copy+add's signal counts
+    if (flags & 2)
+      printf("PROBE %s: slots read again the two-trip way after a torn read: %llu\n", name, (unsigned long long)r.mem[17]);
+    if (!(flags & 1)) {  // no inline commands ran: only copy+add's signal counts
       printf("PROBE %s: fused signals (copy+add %llu of %d): %s\n", name, (unsigned long long)sigs[0], iters,
              sigs[0] == (uint64_t)iters ? "right" : "WRONG");
       continue;

@@ -39,10 +39,12 @@
 
 /* The ring: a header, then AG_SLOTS slots of 128 bytes. Header words (byte
  * offsets): done at 0 (agent writes), epoch at 64 (the stream writes),
- * started at 128 (agent writes 1 when it runs), awake at 192 (1 while a
+ * started at 128 (agent writes 1 when it runs), slow reads at 136 (the
+ * one-read kernel counts there the slots it took the two-trip way,
+ * ag_check), awake at 192 (1 while a
  * kernel polls; the kernel writes 0 when it parks, the host 1 when it
- * launches one). A slot: seq at 0 (written last, with release), then
- * kind, n, src, dst, val, sig at 16..64, then up to AG_INLINE payload
+ * launches one). A slot: seq at 0 (written last, with release), its check word
+ * at 8 (ag_check), then kind, n, src, dst, val, sig at 16..64, then up to AG_INLINE payload
  * bytes at 64..128 (an inline command's). Once thread 0 saw the seq,
  * lanes 1..3 of the first warp read bytes 16..64 in one coalesced access
  * (lanes 1..7, bytes 16..128, in a kernel started for inline commands,
@@ -67,7 +69,7 @@
  * were written by the CPU or by another process's kernel. In a COPY,
  * n16 is n rounded down to 16 when src and dst are 16-aligned (else 0):
  * VLOOP copies that much in 16-byte accesses, BLOOP the rest in bytes. */
-char rmacu_agent_ptx[8192]; /* agent.ptx, NUL-terminated (ptx.go) */
+char rmacu_agent_ptx[12288]; /* agent.ptx, NUL-terminated (ptx.go) */
 
 /* rmacu_agent_mode: 0 off, 1 on, 2 auto (on when MPS looks active);
  * rmacu_agent_max: the largest copy the agent takes (bytes). */
@@ -81,6 +83,9 @@ static uint64_t ag_idle_ns = 1000000;
  * NCCL_RMA_WASM_FUSED_LANDING, so that the default kernel reads what it
  * did before fused landings existed. */
 static int ag_inline;
+/* ag_one_read: the kernel reads a slot whole in one round trip (its flags
+ * parameter's bit 1, NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ), see ag_check. */
+static int ag_one_read;
 static char agentNote[240] = "not started (no copy context used yet)";
 /* nmu guards agentNote alone: notes are set under rmacu_mu or an agent's lock. */
 static pthread_mutex_t nmu = PTHREAD_MUTEX_INITIALIZER;
@@ -94,11 +99,12 @@ __attribute__((format(printf, 1, 2))) static void ag_note(const char* fmt, ...) 
   va_end(ap);
 }
 
-void rmaw_cuda_agent(int mode, uint64_t max, uint64_t idle_us, int inl) {
+void rmaw_cuda_agent(int mode, uint64_t max, uint64_t idle_us, int inl, int one_read) {
   rmacu_agent_mode = mode;
   rmacu_agent_max = max;
   ag_idle_ns = idle_us * 1000;
   ag_inline = inl;
+  ag_one_read = one_read;
 }
 
 struct agent {
@@ -173,6 +179,31 @@ int rmacu_hr_ok(const void* p, uint64_t n) {
   return 0;
 }
 
+/* ag_check is a slot's check word (its word 1). The classic pickup costs
+ * two round trips over PCIe: thread 0's acquire load that sees the seq,
+ * then the first warp's loads of the fields. A kernel started with bit 1
+ * of its flags (ag_one_read) reads the whole slot each time it polls, in
+ * one round trip, with relaxed loads that may see some words of the
+ * slot's previous command beside the new seq; it takes the slot only
+ * when the words it read give this check word, and after three reads
+ * that do not it takes the two-trip path. The check: the XOR over the
+ * slot's words j (8, or 16 when the kernel reads inline bytes; word 1
+ * counted as 0) of splitmix64's finalizer of (word ^ j * the golden
+ * ratio), so that a torn read passes with a chance of about 2^-64. It is
+ * written for every command, one-read or not (a few ns). */
+static uint64_t ag_mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+uint64_t rmacu_ag_check(const volatile uint64_t* sl, uint64_t seq, int words) {
+  uint64_t h = 0;
+  for (int j = 0; j < words; j++) h ^= ag_mix((j == 0 ? seq : j == 1 ? 0 : sl[j]) ^ (uint64_t)j * 0x9e3779b97f4a7c15ull);
+  return h;
+}
+
 static volatile uint64_t* ag_slot(struct agent* a, uint64_t s) {
   return a->mem + (AG_HDR + (s & (AG_SLOTS - 1)) * AG_SLOT) / 8;
 }
@@ -181,7 +212,8 @@ static uint64_t ag_done(struct agent* a) { return __atomic_load_n(&a->mem[0], __
 /* ag_kernel launches the kernel on the agent's stream, awake set first
  * (under a->mu): the function is its context's, made current. */
 static CUresult ag_kernel(struct agent* a) {
-  unsigned long long ring = a->dev, mask = AG_SLOTS - 1, idle = ag_idle_ns, flags = ag_inline ? 1 : 0;
+  unsigned long long ring = a->dev, mask = AG_SLOTS - 1, idle = ag_idle_ns,
+                     flags = (ag_inline ? 1 : 0) | (ag_one_read ? 2 : 0);
   void* args[] = {&ring, &mask, &idle, &flags};
   __atomic_store_n(&a->mem[24], 1, __ATOMIC_RELEASE);
   CUresult r = rmacu_cu.ctxSetCurrent(a->ctx);
@@ -225,6 +257,7 @@ static int ag_put(struct agent* a, uint64_t kind, uint64_t n, uint64_t src, uint
   sl[6] = val;
   sl[7] = sig;
   if (inl) memcpy((void*)(sl + 8), inl, (size_t)n); /* n <= AG_INLINE (rmaw_cuda_land_signal) */
+  sl[1] = rmacu_ag_check(sl, s, ag_inline ? 16 : 8);
   __atomic_store_n(&sl[0], s, __ATOMIC_RELEASE);
   a->seq = s;
   a->nkind[kind & 15]++;
@@ -639,9 +672,10 @@ int rmaw_cuda_agent_runs(uintptr_t ctx) {
  * agent, [4] launches after parking, [5] agents, [6] synchronizations
  * waited for on the host, [7] adds, [8] fused landings (copy, then the
  * signal), [9] of them inline, [10] marked copies (counted apart from the
- * fused landings, whose command they share). */
-void rmaw_cuda_agent_stats(uint64_t out[11]) {
-  memset(out, 0, 11 * sizeof out[0]);
+ * fused landings, whose command they share), [11] slots the one-read
+ * kernel took the two-trip way (ag_check). */
+void rmaw_cuda_agent_stats(uint64_t out[12]) {
+  memset(out, 0, 12 * sizeof out[0]);
   int n = __atomic_load_n(&rmacu_nctxs, __ATOMIC_ACQUIRE);
   for (int i = 0; i < n; i++) {
     struct agent* a = __atomic_load_n(&rmacu_ctxs[i].ag, __ATOMIC_ACQUIRE);
@@ -658,6 +692,7 @@ void rmaw_cuda_agent_stats(uint64_t out[11]) {
     out[5]++;
     out[6] += a->syncs;
     out[10] += a->marks;
+    out[11] += __atomic_load_n(&a->mem[17], __ATOMIC_RELAXED);
     pthread_mutex_unlock(&a->mu);
   }
 }

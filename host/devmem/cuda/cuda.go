@@ -48,7 +48,11 @@ var Probe = sync.OnceFunc(func() {
 	if config.DeviceAgentFence.Get() == "acqrel" {
 		fillPTX(C.rmacu_agent_ptx[:], agentAcqRelPTX(agentPTX))
 	}
-	C.rmaw_cuda_agent(mode, C.uint64_t(config.DeviceAgentMaxKiB.Get())<<10, C.uint64_t(config.DeviceAgentIdleUs.Get()), inl)
+	oneRead := C.int(0)
+	if config.DeviceAgentOneRead.Get() {
+		oneRead = 1
+	}
+	C.rmaw_cuda_agent(mode, C.uint64_t(config.DeviceAgentMaxKiB.Get())<<10, C.uint64_t(config.DeviceAgentIdleUs.Get()), inl, oneRead)
 	if !devrt.Load("CUDA", "CUDA driver", config.CUDA, open) {
 		return
 	}
@@ -165,13 +169,17 @@ func (cudaDevice) AgentWanted() bool { return C.rmaw_cuda_agent_wanted() != 0 }
 // commands, and the driver calls that ordering them with the context's
 // stream cost (docs/design/device-memory.md); "" when none ran.
 func (cudaDevice) AgentStats() string {
-	var v [11]C.uint64_t
+	var v [12]C.uint64_t
 	C.rmaw_cuda_agent_stats(&v[0])
 	if v[5] == 0 || v[0]+v[1]+v[8]+v[10] == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%d copies and %d signal writes or adds (%d adds) by %d agent(s), %d fused landings (%d inline), %d marked copies; %d waited for the context's stream (a stream write each), %d stream waits for an agent, %d synchronizations waited for on the host, %d launches after parking",
+	s := fmt.Sprintf("%d copies and %d signal writes or adds (%d adds) by %d agent(s), %d fused landings (%d inline), %d marked copies; %d waited for the context's stream (a stream write each), %d stream waits for an agent, %d synchronizations waited for on the host, %d launches after parking",
 		v[0], v[1], v[7], v[5], v[8], v[9], v[10], v[2], v[3], v[6], v[4])
+	if config.DeviceAgentOneRead.Get() {
+		s += fmt.Sprintf("; slots read whole, %d of them read again the two-trip way after torn reads", v[11])
+	}
+	return s
 }
 
 // LandSignal queues, as one command of ctx's device agent after the

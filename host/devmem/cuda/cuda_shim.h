@@ -14,8 +14,8 @@ int rmaw_cuda_copy_contexts(void);
 int rmaw_cuda_copy_context_failed(void);
 void rmaw_cuda_stream_atomic(int on);
 void rmaw_cuda_stream_atomic_note(char* out, size_t n);
-void rmaw_cuda_agent(int mode, uint64_t max, uint64_t idle_us, int inl);
-void rmaw_cuda_agent_stats(uint64_t out[11]);
+void rmaw_cuda_agent(int mode, uint64_t max, uint64_t idle_us, int inl, int one_read);
+void rmaw_cuda_agent_stats(uint64_t out[12]);
 uint64_t rmaw_cuda_agent_stalled(uint64_t* pending);
 int rmaw_cuda_agent_runs(uintptr_t ctx);
 int rmaw_cuda_agent_wanted(void);
@@ -36,6 +36,6 @@ void rmaw_gdr_forget(uint64_t addr, uint64_t size);
  * wrapper for each C function a package calls (malloc included) and the
  * library's exported symbols stay as they are. Room for each kernel and
  * its NUL; ptx_test.go fails when one outgrows it. */
-extern char rmacu_agent_ptx[8192] __attribute__((visibility("hidden")));
+extern char rmacu_agent_ptx[12288] __attribute__((visibility("hidden")));
 extern char rmacu_add64_ptx[1024] __attribute__((visibility("hidden")));
 #endif

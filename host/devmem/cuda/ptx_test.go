@@ -67,10 +67,11 @@ func TestPTXEntries(t *testing.T) {
 // (cuda.c's add64_ptx and agent.h's agent_ptx) before they moved to .ptx
 // files. A deliberate change of a kernel updates its hash here (agent.ptx:
 // the kernel parks when idle, and reads where to start from the ring;
-// 128-byte slots with the fused landings, inline payloads included).
+// 128-byte slots with the fused landings, inline payloads included; the
+// one-read pickup by a slot's check word).
 func TestPTXUnchanged(t *testing.T) {
 	for _, c := range []struct{ name, ptx, sum string }{
-		{"agent.ptx", agentPTX, "aa7e895ce7f530ac419310076bcd005ad47a8a91e6395679dad7a32e5d617e68"},
+		{"agent.ptx", agentPTX, "700b8ee061df698fab12a2087b3fbec4e28de24b32df0dc4df21d1edab9572fe"},
 		{"atomics.ptx", add64PTX, "c8cfbac9b16b0ac7bee4ea8bc36078d4a233783f6424303d088b4cfba56b86ce"},
 	} {
 		h := sha256.Sum256([]byte(c.ptx))
@@ -101,5 +102,44 @@ func TestAgentAcqRelPTX(t *testing.T) {
 	}
 	if strings.Count(v, "fence.acq_rel.sys;") != strings.Count(agentPTX, "fence.acq_rel.sys;")+2 {
 		t.Fatal("the acqrel kernel does not have two more acquire-release fences")
+	}
+}
+
+// TestAgentCheckWordConstants: the one-read kernel's check (agent.ptx,
+// CHECK) and the host's (agent.c, ag_check) use the same constants: the
+// mixer's two multipliers and the step between words, as signed decimals
+// in the PTX and as hex in C. A slot whose check word never matches would
+// only be slow on a GPU (three reads, then the two-trip path), which no
+// test here would see.
+func TestAgentCheckWordConstants(t *testing.T) {
+	src, err := os.ReadFile("agent.c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		hex string
+		dec string
+		n   int // times in the PTX
+	}{
+		{"0xbf58476d1ce4e5b9ull", "mul.lo.u64 %rd84, %rd84, -4658895280553007687;", 1},
+		{"0x94d049bb133111ebull", "mul.lo.u64 %rd84, %rd84, -7723592293110705685;", 1},
+		{"0x9e3779b97f4a7c15ull", "add.u64 %rd80, %rd80, -7046029254386353131;", 1},
+	} {
+		if !strings.Contains(string(src), c.hex) {
+			t.Errorf("agent.c lacks %s", c.hex)
+		}
+		if n := strings.Count(agentPTX, c.dec); n != c.n {
+			t.Errorf("agent.ptx has %q %d times, want %d", c.dec, n, c.n)
+		}
+	}
+	for _, shift := range []string{"shr.u64 %rd85, %rd84, 30;", "shr.u64 %rd85, %rd84, 27;", "shr.u64 %rd85, %rd84, 31;"} {
+		if !strings.Contains(agentPTX, shift) {
+			t.Errorf("agent.ptx lacks %q", shift)
+		}
+	}
+	for _, shift := range []string{"x >> 30", "x >> 27", "x >> 31"} {
+		if !strings.Contains(string(src), shift) {
+			t.Errorf("agent.c lacks %q", shift)
+		}
 	}
 }
