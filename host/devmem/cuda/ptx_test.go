@@ -71,7 +71,7 @@ func TestPTXEntries(t *testing.T) {
 // one-read pickup by a slot's check word).
 func TestPTXUnchanged(t *testing.T) {
 	for _, c := range []struct{ name, ptx, sum string }{
-		{"agent.ptx", agentPTX, "700b8ee061df698fab12a2087b3fbec4e28de24b32df0dc4df21d1edab9572fe"},
+		{"agent.ptx", agentPTX, "97243a3869cbf576147145514fb83044199de1743655276e4fa39ccace7aec85"},
 		{"atomics.ptx", add64PTX, "c8cfbac9b16b0ac7bee4ea8bc36078d4a233783f6424303d088b4cfba56b86ce"},
 	} {
 		h := sha256.Sum256([]byte(c.ptx))
@@ -106,40 +106,37 @@ func TestAgentAcqRelPTX(t *testing.T) {
 }
 
 // TestAgentCheckWordConstants: the one-read kernel's check (agent.ptx,
-// CHECK) and the host's (agent.c, ag_check) use the same constants: the
-// mixer's two multipliers and the step between words, as signed decimals
-// in the PTX and as hex in C. A slot whose check word never matches would
-// only be slow on a GPU (three reads, then the two-trip path), which no
-// test here would see.
+// POLLW: each of the first warp's lanes mixes its two words, the warp
+// XORs the lanes' terms) and the host's (agent.c, ag_check) use the same
+// constants: the mixer's two multipliers and shifts, and the step between
+// words (the golden ratio, twice it per lane), as signed decimals in the
+// PTX and as hex in C. A slot whose check word never matches would only
+// be slow on a GPU (three reads, then the two-trip path), which no test
+// here would see.
 func TestAgentCheckWordConstants(t *testing.T) {
 	src, err := os.ReadFile("agent.c")
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, hex := range []string{"0xbf58476d1ce4e5b9ull", "0x94d049bb133111ebull", "0x9e3779b97f4a7c15ull", "x >> 30", "x >> 27", "x >> 31"} {
+		if !strings.Contains(string(src), hex) {
+			t.Errorf("agent.c lacks %s", hex)
+		}
+	}
 	for _, c := range []struct {
-		hex string
-		dec string
-		n   int // times in the PTX
+		re string
+		n  int
 	}{
-		{"0xbf58476d1ce4e5b9ull", "mul.lo.u64 %rd84, %rd84, -4658895280553007687;", 1},
-		{"0x94d049bb133111ebull", "mul.lo.u64 %rd84, %rd84, -7723592293110705685;", 1},
-		{"0x9e3779b97f4a7c15ull", "add.u64 %rd80, %rd80, -7046029254386353131;", 1},
+		{`mul\.lo\.u64 (%rd8[34]), (%rd8[34]), -4658895280553007687;`, 2},
+		{`mul\.lo\.u64 (%rd8[34]), (%rd8[34]), -7723592293110705685;`, 2},
+		{`shr\.u64 %rd85, %rd8[34], 30;`, 2},
+		{`shr\.u64 %rd85, %rd8[34], 27;`, 2},
+		{`shr\.u64 %rd85, %rd8[34], 31;`, 2},
+		{`add\.u64 %rd84, %rd92, -7046029254386353131;`, 1},    // word 2l+1: + K
+		{`mul\.lo\.u64 %rd92, %rd40, 4354685564936845354;`, 1}, // word 2l: lane * 2K
 	} {
-		if !strings.Contains(string(src), c.hex) {
-			t.Errorf("agent.c lacks %s", c.hex)
-		}
-		if n := strings.Count(agentPTX, c.dec); n != c.n {
-			t.Errorf("agent.ptx has %q %d times, want %d", c.dec, n, c.n)
-		}
-	}
-	for _, shift := range []string{"shr.u64 %rd85, %rd84, 30;", "shr.u64 %rd85, %rd84, 27;", "shr.u64 %rd85, %rd84, 31;"} {
-		if !strings.Contains(agentPTX, shift) {
-			t.Errorf("agent.ptx lacks %q", shift)
-		}
-	}
-	for _, shift := range []string{"x >> 30", "x >> 27", "x >> 31"} {
-		if !strings.Contains(string(src), shift) {
-			t.Errorf("agent.c lacks %q", shift)
+		if n := len(regexp.MustCompile(c.re).FindAllString(agentPTX, -1)); n != c.n {
+			t.Errorf("agent.ptx matches %q %d times, want %d", c.re, n, c.n)
 		}
 	}
 }
