@@ -38,7 +38,8 @@
 # had to ask for; "profile" the plugin's profile of the 64 B alltoall,
 # without and with the agent; "fence" pairs of 64 B and 4 KiB
 # alltoalls with NCCL_RMA_WASM_DEVICE_AGENT_FENCE sc and acqrel, and the
-# ping-pong's marks series with acqrel; "oneread" the same pairs and
+# ping-pong's marks series with acqrel; "lean" the same with
+# NCCL_RMA_WASM_DEVICE_AGENT_FENCE sc and lean; "oneread" the same pairs and
 # series with NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ 0 and 1; "fused" the
 # 64 B and 4 KiB alltoalls over TCP lanes only, NCCL_RMA_WASM_INTRANODE=0,
 # the agent on, without and with NCCL_RMA_WASM_FUSED_LANDING=1, in turn
@@ -370,6 +371,9 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # and acquire-release.
   ref fence && abrun "${MARKS_PAIRS:-2}" fencesc "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_DEVICE_AGENT_FENCE=sc" \
     fenceacq "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_DEVICE_AGENT_FENCE=acqrel" "device agent: running"
+  # "lean": SC fences, the one before a signal word only after a copy.
+  ref lean && abrun "${MARKS_PAIRS:-2}" fencesc "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_DEVICE_AGENT_FENCE=sc" \
+    fencelean "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_DEVICE_AGENT_FENCE=lean" "device agent: running"
   # The agent's one-read pickup (NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ, off
   # until measured): a slot read whole in one round trip, or its number
   # and then its fields.
@@ -469,6 +473,7 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     pp="off NCCL_RMA_WASM_DEVICE_AGENT=0|agent NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0|marks NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1"
     # "fence": the marks series again with the agent's acquire-release fences.
     ref fence && pp="$pp|acqrel NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_DEVICE_AGENT_FENCE=acqrel"
+    ref lean && pp="$pp|lean NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_DEVICE_AGENT_FENCE=lean"
     # "oneread": the marks series again with the agent's one-read pickup.
     ref oneread && pp="$pp|oneread NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ=1"
     IFS='|' read -r -a ppv <<<"$pp"

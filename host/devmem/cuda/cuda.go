@@ -45,8 +45,11 @@ var Probe = sync.OnceFunc(func() {
 	if config.FusedLanding.Get() {
 		inl = 1 // the kernel reads inline payloads only where they may come
 	}
-	if config.DeviceAgentFence.Get() == "acqrel" {
+	switch config.DeviceAgentFence.Get() {
+	case "acqrel":
 		fillPTX(C.rmacu_agent_ptx[:], agentAcqRelPTX(agentPTX))
+	case "lean":
+		fillPTX(C.rmacu_agent_ptx[:], agentLeanPTX(agentPTX))
 	}
 	oneRead := C.int(0)
 	if config.DeviceAgentOneRead.Get() {

@@ -41,6 +41,20 @@ func agentAcqRelPTX(p string) string {
 	return strings.Replace(p, "PUBLISH:\n  fence.sc.sys;", "PUBLISH:\n  fence.acq_rel.sys;", 1)
 }
 
+// agentLeanPTX is the agent's kernel with thread 0's fence before a
+// command's signal word kept only for the fused commands (kinds 7 to 10:
+// a copy, then its signal in the same command), where it orders the
+// block's copies before the signal. Any other command has no copy of its
+// own before the store: the previous command's copies were fenced before
+// its done word (PUBLISH), and a signal that follows a payload landed
+// elsewhere (a peer's agent, the context's stream, the host) is ordered
+// by the acquire of the slot's number, after the host saw that payload
+// land. agent_probe measured that fence at 0.5–0.6 µs per command on an
+// H100 (NCCL_RMA_WASM_DEVICE_AGENT_FENCE=lean; RATIONALE.md).
+func agentLeanPTX(p string) string {
+	return strings.Replace(p, "  @!%p1 bra NEXT;\n  fence.sc.sys;", "  @!%p1 bra NEXT;\n  setp.ge.u64 %p31, %rd7, 7;\n  @%p31 fence.sc.sys;", 1)
+}
+
 // fillPTX copies s and a NUL into dst. A kernel that does not fit leaves
 // dst empty, so that cuModuleLoadData fails and that kernel's path stays
 // off (ptx_test.go fails first).

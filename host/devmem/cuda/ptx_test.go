@@ -140,3 +140,26 @@ func TestAgentCheckWordConstants(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentLeanPTX: the lean kernel differs from the shipped one in thread
+// 0's fence before the signal word alone, now taken by fused commands
+// (kind 7 and up) only; the publishing fence before done and the park
+// handshake's stay unconditional.
+func TestAgentLeanPTX(t *testing.T) {
+	v := agentLeanPTX(agentPTX)
+	if v == agentPTX {
+		t.Fatal("the lean kernel is the shipped one: the text it replaces moved")
+	}
+	if !strings.Contains(v, "  @!%p1 bra NEXT;\n  setp.ge.u64 %p31, %rd7, 7;\n  @%p31 fence.sc.sys;\n") {
+		t.Fatal("the lean kernel does not predicate the signal's fence on a fused command")
+	}
+	if n := strings.Count(v, "\n  fence.sc.sys;"); n != 2 {
+		t.Fatalf("the lean kernel keeps %d unconditional SC fences, want 2 (park, publish)", n)
+	}
+	if strings.Contains(agentPTX, "%p31") {
+		t.Fatal("agent.ptx uses predicate 31, which the lean kernel takes")
+	}
+	if strings.Replace(v, "  setp.ge.u64 %p31, %rd7, 7;\n  @%p31 fence.sc.sys;", "  fence.sc.sys;", 1) != agentPTX {
+		t.Fatal("the lean kernel differs from agent.ptx in more than the signal's fence")
+	}
+}
