@@ -11,10 +11,15 @@
 //   copy+add      a fused landing: 64 B from pinned host memory, then an add
 //   inline+write  64 B carried in the slot, then a signal write
 //   inline+add    8 B carried in the slot, then an add
+//   h2d 4K, h2d 64K, d2h 64K   larger copies (64 KiB: the agent's largest
+//                 by default), to see how its threads' loads of pinned host
+//                 memory add up
 //
 // and, as the baselines, a 64 B cuMemcpyDtoHAsync + event polled with
-// cuEventQuery, and a cuStreamWriteValue64 to a host word polled by the
-// host. Medians (p10, p90) of ITERS each, in microseconds. Built and run by
+// cuEventQuery, a 64 KiB cuMemcpyHtoDAsync + event, and a
+// cuStreamWriteValue64 to a host word polled by the host. Each kernel runs
+// started four ways (flags 0-3: inline bytes read or not, a slot read in
+// one request or two). Medians (p10, p90) of ITERS each, in microseconds. Built and run by
 // test/gpu/agent_probe.sh on the GPU machine (nvcc, -lcuda).
 #include <cuda.h>
 #include <stdint.h>
@@ -143,6 +148,14 @@ int main(int argc, char** argv) {
   CUdeviceptr dbuf;
   CK(cuMemAlloc(&dbuf, 4096));
   CK(cuMemsetD8(dbuf, 7, 4096));
+  // Larger copies (4 KiB, 64 KiB: the agent's largest by default), to see
+  // how its threads' loads of pinned host memory add up.
+  void* hbig;
+  CK(cuMemHostAlloc(&hbig, 65536, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+  memset(hbig, 5, 65536);
+  CUdeviceptr hbigDev, dbig;
+  CK(cuMemHostGetDevicePointer(&hbigDev, hbig, 0));
+  CK(cuMemAlloc(&dbig, 65536));
   CUstream st;
   CK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
 
@@ -160,6 +173,16 @@ int main(int argc, char** argv) {
       v.push_back(now_us() - t0);
     }
     report("driver", "copy d2h", v);
+    v.clear();
+    for (int i = 0; i < iters; i++) {
+      double t0 = now_us();
+      CK(cuMemcpyHtoDAsync(dbig, hbig, 65536, st));
+      CK(cuEventRecord(ev, st));
+      while (cuEventQuery(ev) == CUDA_ERROR_NOT_READY) {
+      }
+      v.push_back(now_us() - t0);
+    }
+    report("driver", "h2d 64K", v);
     v.clear();
     volatile uint64_t* w = (volatile uint64_t*)hbuf + 64;
     for (int i = 0; i < iters; i++) {
@@ -206,6 +229,9 @@ int main(int argc, char** argv) {
         {"copy h2d", 1, 64, (uint64_t)hbufDev + 1024, (uint64_t)dbuf + 1024, 0, 0, false, false},
         {"add", 3, 0, 0, (uint64_t)dbuf + 2048, 1, 0, false, false},
         {"copy+add", 8, 64, (uint64_t)hbufDev + 1024, (uint64_t)dbuf + 1024, 1, (uint64_t)dbuf + 2056, false, false},
+        {"h2d 4K", 1, 4096, (uint64_t)hbigDev, (uint64_t)dbig, 0, 0, false, false},
+        {"h2d 64K", 1, 65536, (uint64_t)hbigDev, (uint64_t)dbig, 0, 0, false, false},
+        {"d2h 64K", 1, 65536, (uint64_t)dbig, (uint64_t)hbigDev, 0, 0, false, false},
         {"inline+write", 9, 64, 0, (uint64_t)dbuf + 3072, 0, (uint64_t)dbuf + 2064, true, true},
         {"inline+add", 10, 8, 0, (uint64_t)dbuf + 3200, 1, (uint64_t)dbuf + 2072, true, false},
     };
