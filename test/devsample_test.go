@@ -145,7 +145,7 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 				"fakecuda: the device agent landed a payload and its signal in one command",
 				"fakecuda: the device agent landed an inline payload and its signal in one command", "fused landings ("}},
 		// NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ=1: the kernel takes a slot
-		// by its check word (agent.c, rmacu_ag_check), which the fake
+		// by its check word (agent.c, ag_check), which the fake
 		// recomputes for every command, inline payloads' bytes included
 		// where the kernel reads them, and ends the process on a mismatch.
 		{"cuda_check_agent_one_read", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=20", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ=1"},

@@ -182,9 +182,11 @@ int rmacu_hr_ok(const void* p, uint64_t n) {
 /* ag_check is a slot's check word (its word 1). The classic pickup costs
  * two round trips over PCIe: thread 0's acquire load that sees the seq,
  * then the first warp's loads of the fields. A kernel started with bit 1
- * of its flags (ag_one_read) reads the whole slot each time it polls, in
- * one round trip, with relaxed loads that may see some words of the
- * slot's previous command beside the new seq; it takes the slot only
+ * of its flags (ag_one_read) has its first warp read the whole slot each
+ * time it looks, in one request (lanes 0..3, or 0..7 with inline bytes,
+ * 16 bytes each, in one instruction: a thread's own loads of host memory
+ * go to the bus one after another), with relaxed loads that may see some
+ * words of the slot's previous command beside the new seq; it takes the slot only
  * when the words it read give this check word, and after three reads
  * that do not it takes the two-trip path. The check: the XOR over the
  * slot's words j (8, or 16 when the kernel reads inline bytes; word 1
@@ -198,7 +200,7 @@ static uint64_t ag_mix(uint64_t x) {
   x *= 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
-uint64_t rmacu_ag_check(const volatile uint64_t* sl, uint64_t seq, int words) {
+static uint64_t ag_check(const volatile uint64_t* sl, uint64_t seq, int words) {
   uint64_t h = 0;
   for (int j = 0; j < words; j++) h ^= ag_mix((j == 0 ? seq : j == 1 ? 0 : sl[j]) ^ (uint64_t)j * 0x9e3779b97f4a7c15ull);
   return h;
@@ -257,7 +259,7 @@ static int ag_put(struct agent* a, uint64_t kind, uint64_t n, uint64_t src, uint
   sl[6] = val;
   sl[7] = sig;
   if (inl) memcpy((void*)(sl + 8), inl, (size_t)n); /* n <= AG_INLINE (rmaw_cuda_land_signal) */
-  sl[1] = rmacu_ag_check(sl, s, ag_inline ? 16 : 8);
+  sl[1] = ag_check(sl, s, ag_inline ? 16 : 8);
   __atomic_store_n(&sl[0], s, __ATOMIC_RELEASE);
   a->seq = s;
   a->nkind[kind & 15]++;
