@@ -192,7 +192,8 @@ int rmacu_hr_ok(const void* p, uint64_t n) {
  * slot's words j (8, or 16 when the kernel reads inline bytes; word 1
  * counted as 0) of splitmix64's finalizer of (word ^ j * the golden
  * ratio), so that a torn read passes with a chance of about 2^-64. It is
- * written for every command, one-read or not (a few ns). */
+ * written only where the kernel reads slots that way: the default's
+ * commands, on NCCL's proxy thread, do not pay for it. */
 static uint64_t ag_mix(uint64_t x) {
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ull;
@@ -259,7 +260,7 @@ static int ag_put(struct agent* a, uint64_t kind, uint64_t n, uint64_t src, uint
   sl[6] = val;
   sl[7] = sig;
   if (inl) memcpy((void*)(sl + 8), inl, (size_t)n); /* n <= AG_INLINE (rmaw_cuda_land_signal) */
-  sl[1] = ag_check(sl, s, ag_inline ? 16 : 8);
+  if (ag_one_read) sl[1] = ag_check(sl, s, ag_inline ? 16 : 8);
   __atomic_store_n(&sl[0], s, __ATOMIC_RELEASE);
   a->seq = s;
   a->nkind[kind & 15]++;
