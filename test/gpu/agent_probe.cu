@@ -275,6 +275,126 @@ int main(int argc, char** argv) {
            sigs[0] == (uint64_t)iters && sigs[1] == (uint64_t)iters && sigs[2] == (uint64_t)iters && bytes ? "right"
                                                                                                         : "WRONG");
   }
+  // The peer inbox (agent.ptx, ISCAN): agent B, its ring header naming an
+  // inbox of device words and a table of the signal words it may add to,
+  // takes an entry that agent A wrote after a copy (a COPY_WRITE whose
+  // signal word is B's inbox slot) and adds the entry's value to the
+  // table's word, publishing how far it read in pinned host memory. Beside
+  // it, the way a put+signal goes today: A's copy, then its mark in host
+  // memory, seen by the host, which then has B add. And B's no-op with its
+  // inbox polled, against the no-op above without one. Shipped kernel only.
+  {
+    const int P = 2, LOGE = 6, E = 1 << LOGE;
+    void* hpB;
+    CK(cuMemHostAlloc(&hpB, HDR + SLOTS * SLOT, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+    ring rb;
+    rb.mem = (volatile uint64_t*)hpB;
+    CK(cuMemHostGetDevicePointer(&rb.dev, hpB, 0));
+    void* hc;
+    CK(cuMemHostAlloc(&hc, 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+    volatile uint64_t* cons = (volatile uint64_t*)hc;
+    CUdeviceptr consDev, inbox, table, sigw, pay;
+    CK(cuMemHostGetDevicePointer(&consDev, hc, 0));
+    CK(cuMemAlloc(&inbox, 16 * E * 8));
+    CK(cuMemAlloc(&table, 64 * 16));
+    CK(cuMemAlloc(&sigw, 64));
+    CK(cuMemAlloc(&pay, 4096));
+    uint64_t tab[128] = {0};
+    tab[5 * 2] = sigw, tab[5 * 2 + 1] = 16;  // entry 5: two words; entry 9 stays empty
+    CK(cuMemcpyHtoD(table, tab, sizeof tab));
+    CUstream st2;
+    CK(cuStreamCreate(&st2, CU_STREAM_NON_BLOCKING));
+    const uint64_t low62 = (1ull << 62) - 1;
+    auto entry = [&](uint64_t pos, uint64_t idx, uint64_t off, uint64_t val) {
+      return ((pos / E) % 255 + 1) << 56 | idx << 50 | (off / 8) << 28 | val;
+    };
+    for (unsigned long long flags = 0; flags < 4; flags += 2) {
+      checkWords = 8;
+      memset(hp, 0, HDR + SLOTS * SLOT);
+      memset(hpB, 0, HDR + SLOTS * SLOT);
+      memset(hc, 0, 4096);
+      r.seq = rb.seq = 0;
+      CK(cuMemsetD8(inbox, 0, 16 * E * 8));
+      CK(cuMemsetD8(sigw, 0, 64));
+      rb.mem[25] = inbox, rb.mem[26] = P, rb.mem[27] = LOGE, rb.mem[28] = consDev, rb.mem[29] = table;
+      unsigned long long ringA = r.dev, ringB = rb.dev, mask = SLOTS - 1, idle = 0;
+      void* argsA[] = {&ringA, &mask, &idle, &flags};
+      void* argsB[] = {&ringB, &mask, &idle, &flags};
+      r.mem[24] = rb.mem[24] = 1;
+      CK(cuLaunchKernel(fns[0], 1, 1, 1, 128, 1, 1, 0, st, argsA, NULL));
+      CK(cuLaunchKernel(fns[0], 1, 1, 1, 128, 1, 1, 0, st2, argsB, NULL));
+      char name[64];
+      snprintf(name, sizeof name, "inbox f%llu", flags);
+      for (int i = 0; i < 100; i++) put(r, 0, 0, 0, 0, 0), put(rb, 0, 0, 0, 0, 0);
+      if (!wait_done(r, r.seq) || !wait_done(rb, rb.seq)) {
+        printf("PROBE FAIL %s: an agent never answered\n", name);
+        return 1;
+      }
+      std::vector<double> v;
+      uint64_t pos = 0;
+      bool ok = true;
+      // A copies 64 B and writes the entry into B's inbox (peer 1); B adds 1.
+      for (int i = 0; i < iters && ok; i++, pos++) {
+        double t0 = now_us();
+        put(r, 7, 64, (uint64_t)dbuf, (uint64_t)pay, entry(pos, 5, 0, 1), (uint64_t)inbox + (1 * E + pos % E) * 8);
+        while ((__atomic_load_n(&cons[1], __ATOMIC_ACQUIRE) & low62) < pos + 1)
+          if (now_us() - t0 > 2e6) {
+            printf("PROBE FAIL %s: entry %llu never taken\n", name, (unsigned long long)pos);
+            ok = false;
+            break;
+          }
+        v.push_back(now_us() - t0);
+      }
+      if (!ok) return 1;
+      report(name, "copy+entry", v);
+      v.clear();
+      // Today's way: A's copy and its mark in host memory; the host sees the
+      // mark and has B add.
+      volatile uint64_t* mark = (volatile uint64_t*)hbuf + 192;
+      for (int i = 0; i < iters; i++) {
+        double t0 = now_us();
+        put(r, 7, 64, (uint64_t)dbuf, (uint64_t)pay, (uint64_t)(i + 1), (uint64_t)hbufDev + 1536);
+        while (*mark < (uint64_t)(i + 1))
+          if (now_us() - t0 > 2e6) {
+            printf("PROBE FAIL %s: no mark\n", name);
+            return 1;
+          }
+        uint64_t s = put(rb, 3, 0, 0, (uint64_t)sigw + 8, 1);
+        if (!wait_done(rb, s)) {
+          printf("PROBE FAIL %s: B never added\n", name);
+          return 1;
+        }
+        v.push_back(now_us() - t0);
+      }
+      report(name, "mark+add", v);
+      v.clear();
+      for (int i = 0; i < iters; i++) {
+        double t0 = now_us();
+        uint64_t s = put(rb, 0, 0, 0, 0, 0);
+        if (!wait_done(rb, s)) return 1;
+        v.push_back(now_us() - t0);
+      }
+      report(name, "B nop", v);
+      // An entry naming an empty table entry, then one past its word: both
+      // read, neither added, the peer's word flagged.
+      put(r, 2, 0, 0, (uint64_t)inbox + (1 * E + pos % E) * 8, entry(pos, 9, 0, 1)), pos++;
+      put(r, 2, 0, 0, (uint64_t)inbox + (1 * E + pos % E) * 8, entry(pos, 5, 16, 1)), pos++;
+      double t0 = now_us();
+      while ((__atomic_load_n(&cons[1], __ATOMIC_ACQUIRE) & low62) < pos && now_us() - t0 < 2e6) {
+      }
+      uint64_t c1 = cons[1];
+      put(r, 5, 0, 0, 0, 0);
+      put(rb, 5, 0, 0, 0, 0);
+      CK(cuStreamSynchronize(st));
+      CK(cuStreamSynchronize(st2));
+      uint64_t w[2];
+      CK(cuMemcpyDtoH(w, sigw, 16));
+      printf("PROBE %s: inbox adds %llu of %d, host-applied adds %llu of %d, bad entries read %s and flagged %s: %s\n", name,
+             (unsigned long long)w[0], iters, (unsigned long long)w[1], iters, (c1 & low62) == pos ? "yes" : "NO",
+             c1 >> 62 & 1 ? "yes" : "NO",
+             w[0] == (uint64_t)iters && w[1] == (uint64_t)iters && (c1 & low62) == pos && (c1 >> 62 & 1) ? "right" : "WRONG");
+    }
+  }
   printf("PROBE done\n");
   return 0;
 }

@@ -43,7 +43,7 @@
  * one-read kernel counts there the slots it took the two-trip way,
  * ag_check), awake at 192 (1 while a
  * kernel polls; the kernel writes 0 when it parks, the host 1 when it
- * launches one). A slot: seq at 0 (written last, with release), its check word
+ * launches one), the peer inbox at 200..240 (below). A slot: seq at 0 (written last, with release), its check word
  * at 8 (ag_check), then kind, n, src, dst, val, sig at 16..64, then up to AG_INLINE payload
  * bytes at 64..128 (an inline command's). Once thread 0 saw the seq,
  * lanes 1..3 of the first warp read bytes 16..64 in one coalesced access
@@ -69,6 +69,24 @@
  * were written by the CPU or by another process's kernel. In a COPY,
  * n16 is n rounded down to 16 when src and dst are 16-aligned (else 0):
  * VLOOP copies that much in 16-byte accesses, BLOOP the rest in bytes. */
+/* The peer inbox (agent.ptx, ISCAN), read from the ring header when the
+ * kernel starts: at 200 the device address of P rows of E 8-byte entries
+ * (peer i's row at i * E * 8), at 208 P (at most 16; 0: no inbox), at 216
+ * log2 E, at 224 the pinned host words where the kernel publishes, per row,
+ * how many entries it took (bit 62 set once one was refused), at 232 the
+ * device address of the table of the signal words it may add to (64
+ * entries of {base, size}). A peer's agent writes row i's entry for
+ * position p (as a command's signal word, after its copy and fence): bits
+ * 56..63 the lap (p / E) % 255 + 1, 50..55 the table index, 28..49 the
+ * word's offset in that entry / 8, 0..27 the value. Thread 0 looks at
+ * each row's next entry after every command and each empty look at the
+ * ring; an entry of the expected lap is taken, its value added (relaxed,
+ * at system scope, after an acquire-release fence, so that a reader of
+ * the word sees the peer's copy) where the table's entry holds the word,
+ * else refused; either way the row moves on and the count is published.
+ * Nothing in the plugin fills these words yet: agent_probe measures the
+ * path (a peer's copy and entry, against its copy, mark, and an add the
+ * host asks for). */
 char rmacu_agent_ptx[12288]; /* agent.ptx, NUL-terminated (ptx.go) */
 
 /* rmacu_agent_mode: 0 off, 1 on, 2 auto (on when MPS looks active);

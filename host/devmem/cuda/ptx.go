@@ -52,7 +52,7 @@ func agentAcqRelPTX(p string) string {
 // land. agent_probe measured that fence at 0.5–0.6 µs per command on an
 // H100 (NCCL_RMA_WASM_DEVICE_AGENT_FENCE=lean; RATIONALE.md).
 func agentLeanPTX(p string) string {
-	return strings.Replace(p, "  @!%p1 bra NEXT;\n  fence.sc.sys;", "  @!%p1 bra NEXT;\n  setp.ge.u64 %p31, %rd7, 7;\n  @%p31 fence.sc.sys;", 1)
+	return strings.Replace(p, "  @!%p1 bra NEXT;\n  fence.sc.sys;", "  @!%p1 bra NEXT;\n  setp.ge.u64 %p39, %rd7, 7;\n  @%p39 fence.sc.sys;", 1)
 }
 
 // fillPTX copies s and a NUL into dst. A kernel that does not fit leaves
