@@ -93,6 +93,33 @@ type CopyMarker interface {
 	CopyMark(ctx, dst, src uintptr, n uint64, mark uintptr) (uint64, bool, error)
 }
 
+// Inboxer is implemented by a device whose agent keeps a peer inbox
+// (host/devmem/cuda's inbox.c): rows of device memory that the agents of
+// other processes of the host write 8-byte entries into, each adding a
+// value to a signal word that the owner's table names. The owner's agent
+// takes them between its own commands, with no host on the way.
+type Inboxer interface {
+	// InboxOpen makes ctx's inbox once; ctx must run the agent.
+	InboxOpen(ctx uintptr) error
+	// InboxRow hands out ctx's next row and returns it with the rows'
+	// allocation for a peer to map (Fd the caller's to send and close;
+	// Size its bytes) and the row's entries (a power of two).
+	InboxRow(ctx uintptr) (row int, seg Segment, entries int, err error)
+	// InboxTable sets table entry idx to the n bytes at base (n 0: empty)
+	// and returns once the agent uses it.
+	InboxTable(ctx uintptr, idx int, base uintptr, n uint64) error
+	// InboxTaken is row's count of entries taken, with bit 62 set once
+	// one was refused.
+	InboxTaken(ctx uintptr, row int) uint64
+	// InboxKick launches ctx's agent if it parked.
+	InboxKick(ctx uintptr) error
+	// CopyWrite queues, after the work queued on ctx so far, the copy of n
+	// bytes from src to dst (n 0: none) and then the write of v to the
+	// device word w (an inbox entry, mapped here). false (and no error):
+	// not for this context or copy.
+	CopyWrite(ctx, dst, src uintptr, n uint64, w uintptr, v uint64) (bool, error)
+}
+
 // Caps are the stream-ordered operations a device supports for a context
 // (Streams.Caps).
 type Caps uint32

@@ -442,6 +442,61 @@ static void agent_bad(const char* what, uint64_t a, uint64_t n) {
   fprintf(stderr, "fakecuda: the device agent was handed %s (%#llx, %llu bytes)\n", what, (unsigned long long)a, (unsigned long long)n);
   abort();
 }
+/* The peer inbox (agent.ptx, ISCAN; host/devmem/cuda/inbox.c): rows of
+ * entries a peer's agent writes into our device memory, read from the
+ * ring header when the kernel starts and looked at between commands. */
+struct ibx {
+  uint64_t rows, P, E, logE, next[16];
+  volatile uint64_t* taken;
+  const volatile uint64_t* table;
+};
+static void ib_load(volatile uint64_t* ring, struct ibx* b) {
+  memset(b, 0, sizeof *b);
+  b->rows = ring[25];
+  b->P = ring[26] > 16 ? 16 : ring[26];
+  b->logE = ring[27] > 16 ? 16 : ring[27];
+  b->E = 1ull << b->logE;
+  b->taken = (volatile uint64_t*)(uintptr_t)ring[28];
+  b->table = (const volatile uint64_t*)(uintptr_t)ring[29];
+  if (!b->rows || !b->P || !b->taken || !b->table) {
+    b->P = 0;
+    return;
+  }
+  if (!hostmem((uintptr_t)b->taken, b->P * 8)) agent_bad("inbox counts it cannot reach", (uintptr_t)b->taken, b->P * 8);
+  if (!find(b->rows) || !vmm_at(b->rows) || !find(b->rows + b->P * b->E * 8 - 1)) agent_bad("inbox rows it cannot reach", b->rows, b->P * b->E * 8);
+  if (!find((uintptr_t)b->table) || !find((uintptr_t)b->table + 64 * 16 - 1)) agent_bad("an inbox table it cannot reach", (uintptr_t)b->table, 1024);
+  for (uint64_t i = 0; i < b->P; i++) b->next[i] = b->taken[i];
+}
+/* ib_scan takes every entry there is (each us late, as commands are);
+ * 1 when it took one. */
+static int ib_scan(struct ibx* b, long us) {
+  const uint64_t low62 = (1ull << 62) - 1;
+  int took = 0;
+  for (uint64_t i = 0; i < b->P; i++)
+    for (;;) {
+      uint64_t pos = b->next[i] & low62;
+      uint64_t w = __atomic_load_n((uint64_t*)(uintptr_t)(b->rows + (i * b->E + (pos & (b->E - 1))) * 8), __ATOMIC_ACQUIRE);
+      if (w >> 56 != (pos >> b->logE) % 255 + 1) break;
+      if (us > 0) usleep(us);
+      uint64_t idx = w >> 50 & 63, off = (w >> 28 & 0x3fffff) * 8, val = w & 0xfffffff;
+      uint64_t base = b->table[idx * 2], size = b->table[idx * 2 + 1];
+      if (base && off + 8 <= size) {
+        if (!find(base + off) || !vmm_at(base + off)) agent_bad("a table entry naming memory it cannot reach", base, size);
+        __atomic_add_fetch((uint64_t*)(uintptr_t)(base + off), val, __ATOMIC_SEQ_CST);
+        static int saidInbox;
+        if (!__atomic_exchange_n(&saidInbox, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent added a peer's inbox entry\n");
+      } else {
+        b->next[i] |= 1ull << 62;
+        static int saidRefused;
+        if (!__atomic_exchange_n(&saidRefused, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent refused an inbox entry\n");
+      }
+      b->next[i]++;
+      __atomic_store_n(&b->taken[i], b->next[i], __ATOMIC_RELEASE);
+      took = 1;
+    }
+  return took;
+}
+
 static void* agent_main(void* arg) {
   struct agentargs* x = arg;
   static long us = -1;
@@ -471,11 +526,19 @@ static void* agent_main(void* arg) {
   }
   __atomic_store_n(&x->ring[24], 1, __ATOMIC_RELEASE);
   __atomic_store_n(&x->ring[16], 1, __ATOMIC_RELEASE);
+  struct ibx ib;
+  ib_load(x->ring, &ib);
   for (uint64_t seq = __atomic_load_n(&x->ring[0], __ATOMIC_ACQUIRE) + 1;; seq++) {
     volatile uint64_t* sl = x->ring + (256 + (seq & x->mask) * 128) / 8;
     int parked = 0;
     uint64_t since = mono_ns();
+    if (ib.P) ib_scan(&ib, us);
     for (int spins = 0; __atomic_load_n(&sl[0], __ATOMIC_ACQUIRE) != seq; spins++) {
+      if (ib.P && ib_scan(&ib, us)) {
+        since = mono_ns();
+        spins = 0;
+        continue;
+      }
       if (x->idle && mono_ns() - since >= x->idle) {
         __atomic_store_n(&x->ring[24], 0, __ATOMIC_SEQ_CST);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
@@ -556,6 +619,7 @@ static void* agent_main(void* arg) {
         if (dst % 8 || !hostmem(dst, 8)) agent_bad("an epoch word it cannot reach", dst, 8);
         while (__atomic_load_n((uint64_t*)(uintptr_t)dst, __ATOMIC_ACQUIRE) < val) usleep(20);
         break;
+      case 0: /* nothing: a launch's reason (the peer inbox's kick) */
       case 5:
         break;
       default:

@@ -225,6 +225,8 @@ static uint64_t ag_check(const volatile uint64_t* sl, uint64_t seq, int words) {
   return h;
 }
 
+static struct agent* ag_find(uintptr_t ctx);
+
 static volatile uint64_t* ag_slot(struct agent* a, uint64_t s) {
   return a->mem + (AG_HDR + (s & (AG_SLOTS - 1)) * AG_SLOT) / 8;
 }
@@ -385,6 +387,19 @@ int rmaw_cuda_copy_mark(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, u
   if (!rmacu_ag_live(e) || n == 0 || n > rmacu_agent_max) return 1;
   if ((mark & 7) || !rmacu_hr_ok((const void*)(uintptr_t)mark, 8)) return 1;
   return ag_submit(e, AG_COPY_WRITE, n, src, dst, 0, mark, NULL, v, err, errlen);
+}
+
+/* rmacu_ag_submit_sig queues a fused command (kinds 7 and 8) after the
+ * context's earlier work: its copy, then its signal word sig. */
+int rmacu_ag_submit_sig(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, uint64_t sig,
+                        char* err, size_t errlen) {
+  return ag_submit(e, kind, n, src, dst, val, sig, NULL, NULL, err, errlen);
+}
+
+/* rmacu_ag_header is the ring header of ctx's agent, NULL: none. */
+volatile uint64_t* rmacu_ag_header(uintptr_t ctx) {
+  struct agent* a = ag_find(ctx);
+  return a ? a->mem : NULL;
 }
 
 /* rmacu_ag_record records a ticket in *ev (an event of a's context): the
@@ -652,6 +667,7 @@ void rmaw_cuda_agents_stop(void) {
     }
     pthread_mutex_unlock(&a->mu);
   }
+  rmacu_inbox_close();
 }
 
 /* rmaw_cuda_agent_start starts the agent of ctx when it is one of the

@@ -13,6 +13,8 @@ package cuda
 #cgo nocallback rmaw_cuda_land_signal
 #cgo noescape rmaw_cuda_copy_mark
 #cgo nocallback rmaw_cuda_copy_mark
+#cgo noescape rmaw_cuda_copy_write
+#cgo nocallback rmaw_cuda_copy_write
 */
 import "C"
 
@@ -222,6 +224,66 @@ func (cudaDevice) CopyMark(ctx, dst, src uintptr, n uint64, mark uintptr) (uint6
 		return 0, false, nil
 	}
 	return 0, false, devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
+}
+
+// InboxOpen makes ctx's peer inbox once (devmem.Inboxer).
+func (cudaDevice) InboxOpen(ctx uintptr) error {
+	var buf [256]C.char
+	if C.rmaw_cuda_inbox_open(C.uintptr_t(ctx), &buf[0], C.size_t(len(buf))) != 0 {
+		return devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
+	}
+	return nil
+}
+
+// InboxEntries is how many entries a row of the peer inbox holds (inbox.c's
+// IB_E).
+const InboxEntries = 64
+
+// InboxRow hands out ctx's next inbox row (devmem.Inboxer).
+func (cudaDevice) InboxRow(ctx uintptr) (int, devmem.Segment, int, error) {
+	var buf [256]C.char
+	var row, fd C.int
+	var size C.uint64_t
+	if C.rmaw_cuda_inbox_row(C.uintptr_t(ctx), &row, &fd, &size, &buf[0], C.size_t(len(buf))) != 0 {
+		return 0, devmem.Segment{Fd: -1}, 0, devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
+	}
+	return int(row), devmem.Segment{Fd: int(fd), Size: uint64(size)}, InboxEntries, nil
+}
+
+// InboxTable sets entry idx of ctx's inbox table (devmem.Inboxer).
+func (cudaDevice) InboxTable(ctx uintptr, idx int, base uintptr, n uint64) error {
+	var buf [256]C.char
+	if C.rmaw_cuda_inbox_table(C.uintptr_t(ctx), C.int(idx), C.uint64_t(base), C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
+		return devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
+	}
+	return nil
+}
+
+// InboxTaken is row's count of entries taken (devmem.Inboxer).
+func (cudaDevice) InboxTaken(ctx uintptr, row int) uint64 {
+	return uint64(C.rmaw_cuda_inbox_taken(C.uintptr_t(ctx), C.int(row)))
+}
+
+// InboxKick launches ctx's agent if it parked (devmem.Inboxer).
+func (cudaDevice) InboxKick(ctx uintptr) error {
+	var buf [256]C.char
+	if C.rmaw_cuda_inbox_kick(C.uintptr_t(ctx), &buf[0], C.size_t(len(buf))) != 0 {
+		return devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
+	}
+	return nil
+}
+
+// CopyWrite queues a copy and then the write of v to the device word w on
+// ctx's agent (devmem.Inboxer).
+func (cudaDevice) CopyWrite(ctx, dst, src uintptr, n uint64, w uintptr, v uint64) (bool, error) {
+	var buf [256]C.char
+	switch C.rmaw_cuda_copy_write(C.uintptr_t(ctx), C.uint64_t(dst), C.uint64_t(src), C.uint64_t(n), C.uint64_t(w), C.uint64_t(v), &buf[0], C.size_t(len(buf))) {
+	case 0:
+		return true, nil
+	case 1:
+		return false, nil
+	}
+	return false, devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
 }
 
 // Agent says what the last start or stop of a device agent found.

@@ -128,6 +128,9 @@ typedef struct {
   CUresult (*waitValue64)(CUstream, CUdeviceptr, unsigned long long, unsigned);
   CUresult (*memHostGetDevicePointer)(CUdeviceptr*, void*, unsigned);
   CUresult (*streamQuery)(CUstream);
+  /* Optional, for the agent's peer inbox (inbox.c). */
+  CUresult (*memCreate)(unsigned long long*, size_t, const void*, unsigned long long);
+  CUresult (*granularity)(size_t*, const void*, int);
 } rmacu_driver;
 extern rmacu_driver rmacu_cu;
 
@@ -135,6 +138,16 @@ extern rmacu_driver rmacu_cu;
 const char* rmacu_errstr(CUresult r);
 
 enum { MEMHOSTALLOC_PORTABLE = 1 };
+
+/* CUmemAllocationProp (inbox.c's allocation, selftest.go's). */
+typedef struct {
+  int type, handleTypes, locType, locId;
+  void* win32;
+  unsigned char compression, rdma;
+  unsigned short usage;
+  unsigned char reserved[4];
+} allocProp;
+_Static_assert(sizeof(allocProp) == 32, "CUmemAllocationProp is 32 bytes");
 
 /* The device agent (agent.c); its struct is agent.c's alone. */
 struct agent;
@@ -191,6 +204,7 @@ extern uint64_t rmacu_agent_max;
  * src (COPY_*), or from the payload bytes the slot carries (INLINE_*, at
  * most AG_INLINE). */
 enum {
+  AG_NOP = 0, /* nothing (a launch of a parked kernel is its point) */
   AG_COPY = 1,
   AG_WRITE = 2,
   AG_ADD = 3,
@@ -205,6 +219,10 @@ enum {
 struct agent* rmacu_ag_live(ctxstream* e);
 int rmacu_ag_submit(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, char* err,
                     size_t errlen);
+int rmacu_ag_submit_sig(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, uint64_t sig,
+                        char* err, size_t errlen);
+volatile uint64_t* rmacu_ag_header(uintptr_t ctx);
+void rmacu_inbox_close(void); /* inbox.c */
 int rmacu_ag_record(ctxstream* e, struct agent* a, uintptr_t* ev, char* err, size_t errlen);
 int rmacu_ag_ticket(uintptr_t ctx, uintptr_t ev);
 struct agent* rmacu_ag_pause(uintptr_t ctx);

@@ -81,6 +81,8 @@ int rmaw_cuda_open(char* err, size_t errlen) {
   if (!rmacu_cu.waitValue64 || rmacu_cu.writeValueAttr != ATTR_64_BIT_MEM_OPS) rmacu_cu.waitValue64 = NULL;
   *(void**)&rmacu_cu.memHostGetDevicePointer = dlsym(h, "cuMemHostGetDevicePointer_v2");
   *(void**)&rmacu_cu.streamQuery = dlsym(h, "cuStreamQuery");
+  *(void**)&rmacu_cu.memCreate = dlsym(h, "cuMemCreate");
+  *(void**)&rmacu_cu.granularity = dlsym(h, "cuMemGetAllocationGranularity");
   CUresult r = rmacu_cu.init(0);
   if (r != 0) return rmaw_fail(err, errlen, "cuInit: %s (%d)", rmacu_errstr(r), r);
   int n = 0;
