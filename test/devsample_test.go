@@ -266,6 +266,15 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// not pass it. Every word counted exactly (no signal twice).
 		{"cuda_check_direct_signal", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1", "CUDA_CHECK_DIRECT=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "adds signals straight into its mapped signal words"}},
+		// NCCL_RMA_WASM_INTRANODE_INBOX=1: the same operations, each
+		// small put+signal's and signal alone's signal added by the
+		// target's agent from our agent's entry in its inbox (2 ms a
+		// command and an entry, so a header that comes before its entry
+		// was taken is waited for); the 128 KiB put ends the path, and
+		// the signal alone after it must follow the entries before it.
+		{"cuda_check_inbox", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_INBOX=1", "CUDA_CHECK_DIRECT=1"},
+			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "go through its peer inbox: its device agent adds them",
+				"hands signals to its agent through its peer inbox", "fakecuda: the device agent added a peer's inbox entry", "!fakecuda: the device agent refused an inbox entry"}},
 		{"cuda_check_direct_signal_off", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "CUDA_CHECK_DIRECT=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "!adds signals straight into its mapped signal words"}},
 		// The same on the application's context.

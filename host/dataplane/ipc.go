@@ -1,6 +1,10 @@
 package dataplane
 
-import "github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
+import (
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+)
 
 var errNoIntra = intranode.ErrNoIntra
 
@@ -97,6 +101,32 @@ func (c IPC) OpenPeerMarks(rank int, fd int) error {
 		return err
 	}
 	return x.IPCEvents().OpenPeerMarks(fd, x.PeerPid())
+}
+
+// SetPeerInbox keeps rank's inbox row mapped here (p is closed when the
+// link cannot take it).
+func (c IPC) SetPeerInbox(rank int, p *inbox.Peer) bool {
+	x, err := c.intra(rank)
+	if err != nil {
+		p.Close()
+		return false
+	}
+	return x.IPCEvents().SetPeerInbox(p)
+}
+
+// SetInboxRow records the row of our inbox that rank got.
+func (c IPC) SetInboxRow(rank, row int) {
+	if x, err := c.intra(rank); err == nil {
+		x.IPCEvents().SetInboxRow(row, x.PeerPid())
+	}
+}
+
+// PeerMarks is rank's mark page mapped here, or nil.
+func (c IPC) PeerMarks(rank int) *staging.PeerMarks {
+	if x, err := c.intra(rank); err == nil {
+		return x.IPCEvents().PeerMarks()
+	}
+	return nil
 }
 
 // SetMarksReady records that rank mapped our mark page: our mapped

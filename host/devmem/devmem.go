@@ -99,8 +99,11 @@ type CopyMarker interface {
 // value to a signal word that the owner's table names. The owner's agent
 // takes them between its own commands, with no host on the way.
 type Inboxer interface {
-	// InboxOpen makes ctx's inbox once; ctx must run the agent.
-	InboxOpen(ctx uintptr) error
+	// InboxOpen makes ctx's inbox once; ctx must run the agent. taken,
+	// not 0, is where the agent counts the entries it took, a word per
+	// row (pinned host memory it reaches: the mark page, which the peers
+	// map); 0: memory of its own.
+	InboxOpen(ctx, taken uintptr) error
 	// InboxRow hands out ctx's next row and returns it with the rows'
 	// allocation for a peer to map (Fd the caller's to send and close;
 	// Size its bytes) and the row's entries (a power of two).

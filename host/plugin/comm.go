@@ -173,7 +173,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 		StageChunk: uint64(config.StageChunkKiB.Get()) << 10, NoIntraRing: !config.IntraRing.Get(),
 		// A shared ring carries requests in the clear: not under encryption.
 		NoIntraStream: !config.IntraStream.Get() || config.Encrypt.Get(), NoDmaBuf: !config.FIDmaBuf.Get(),
-		GatherWriter: gatherWriter(), DirectSignal: directSignal.Load(), FlushAskAtOnce: config.FlushAskAtOnce.Get(),
+		GatherWriter: gatherWriter(), DirectSignal: directSignal.Load() || inboxOn.Load(), FlushAskAtOnce: config.FlushAskAtOnce.Get(),
 		AckHoldAdapt: config.AckHoldAdapt.Get()}
 	opt.SpinWait, opt.Spinners, opt.SpinShare = spinOptions()
 	checkNoFile(n, opt.Lanes, opt.Encrypt)

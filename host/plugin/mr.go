@@ -12,6 +12,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/intranode/share"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -42,6 +43,11 @@ type mr struct {
 	// (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL; direct.go), so it has no
 	// shadow and its own adds are atomics on the device.
 	adds bool
+	// inbox is 1 + the entry of our peer inbox's table that holds the
+	// registration (NCCL_RMA_WASM_INTRANODE_INBOX; host/devmem/inbox): the
+	// peers' agents have ours add to its signal words, so it too has no
+	// shadow. 0: not in the table.
+	inbox uint8
 	// maps are the peers' parts of this registration mapped here
 	// (share.go), unmapped when it is deregistered; shared is set once
 	// our part was handed to a peer.
@@ -102,6 +108,11 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 	if devCtx != 0 && directSignal.Load() && !m.adds {
 		directNotOurs()
 	}
+	if devCtx != 0 && inboxOn.Load() && ipcOn() && staging.DeviceAtomicAdds(devCtx) {
+		if idx, ok := inbox.Claim(devCtx, m.id, data, size); ok {
+			m.inbox, m.adds = uint8(idx+1), true
+		}
+	}
 	if devCtx != 0 && flags&abi.MrFlagSignalNeverReset != 0 && config.SignalShadow.Get() && !m.adds {
 		m.shadow = staging.NewShadow(data, size)
 	}
@@ -122,6 +133,9 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 	}
 	// Tell every peer our size; wait until every peer told us theirs.
 	reg := dataplane.Op{Request: dataplane.Request{Msg: wire.MsgReg, MrID: m.id, Size: size, Off: uint64(data), Dev: devCtx != 0, SigValue: key}}
+	if m.inbox != 0 {
+		reg.SigOff = 1<<63 | uint64(m.inbox-1) // the inbox's table entry (tcp_service.go)
+	}
 	if tok := c.offerShare(m); tok != 0 {
 		if m.adds {
 			tok |= share.DirectAdds
@@ -214,6 +228,10 @@ func DeregMr(h, mh uint64) abi.Result {
 			}
 			// Nothing queued uses the peers' parts mapped here any more.
 			c.shares.Unmap(&m.maps)
+			// Our agent adds nothing more here for the peers.
+			if m.inbox != 0 {
+				inbox.Release(m.id, int(m.inbox-1))
+			}
 			// The caller may free the memory now: no CPU mapping of it
 			// (GDRCopy) may outlive the registration.
 			if wa, ok := devmem.Get().(devmem.WordAdder); ok {

@@ -288,7 +288,7 @@ func oneSided(name, localName, remoteName string, kind backend.OpKind, msg uint8
 	remote.target(&op, local, rank, remoteOff)
 	// A device put copied into the peer's mapped memory keeps the order of
 	// the signals our agent adds there (direct.go).
-	op.Direct = directSignal.Load() && msg == wire.MsgPut && op.Mapped != 0 && op.LocalCtx != 0
+	op.Direct = (directSignal.Load() || inboxOn.Load()) && msg == wire.MsgPut && op.Mapped != 0 && op.LocalCtx != 0
 	return r.issue(context, rank, kind, optFlags, 0, &op)
 }
 
@@ -324,7 +324,10 @@ func IputSignal(h uint64, context int32, srcOff, srcMh, size, dstOff, dstMh uint
 		op.LocalCtx, op.LocalMr = src.devCtx, src.id
 		dst.target(&op, src, rank, dstOff)
 	}
-	if directSignal.Load() {
+	if inboxOn.Load() {
+		sig.markInbox(&op, rank, signalOff)
+	}
+	if directSignal.Load() && !op.Direct {
 		sig.markDirect(&op, rank, signalOff)
 	}
 	return r.issue(context, rank, backend.OpPutSignal, optFlags, signalOp, &op)

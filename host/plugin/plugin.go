@@ -100,9 +100,10 @@ func Init(commID uint64) (uint64, abi.Result) {
 	staging.SetSelfAsync(config.SelfAsync.Get())
 	ipcMinBytes.Store(uint64(config.IntraIPCMinKiB.Get()) << 10)
 	directSignal.Store(config.DirectSignal.Get())
-	// Both need the agent's adds where the driver has no stream atomics
+	inboxOn.Store(config.IntraInbox.Get())
+	// All need the agent's adds where the driver has no stream atomics
 	// (plain signal words would otherwise take read-modify-writes).
-	staging.SetAgentAdds(directSignal.Load() || config.FusedLanding.Get())
+	staging.SetAgentAdds(directSignal.Load() || inboxOn.Load() || config.FusedLanding.Get())
 	staging.SetFusedLanding(config.FusedLanding.Get())
 	if config.IntraIPCAgent.Get() {
 		ipcAgentMax.Store(uint64(config.DeviceAgentMaxKiB.Get()) << 10)

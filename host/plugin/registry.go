@@ -49,6 +49,9 @@ type remoteRegs struct {
 	// adds says which ranks' parts take our device agent's adds to their
 	// signal words (direct.go), nil when none does.
 	adds []bool
+	// inbox is each rank's 1 + the entry of its peer inbox's table that
+	// holds its part (0: none), nil when no rank's does.
+	inbox []uint8
 }
 
 func newRegistry(nranks int, closed *atomic.Bool) *registry {
@@ -150,6 +153,12 @@ func (g *registry) peerRegistered(peer int, r dataplane.PeerReg, adds bool) {
 			rs.peers.share = make([]uint64, g.nranks)
 		}
 		rs.peers.share[peer] = r.Share
+	}
+	if r.Inbox != 0 {
+		if rs.peers.inbox == nil {
+			rs.peers.inbox = make([]uint8, g.nranks)
+		}
+		rs.peers.inbox[peer] = r.Inbox
 	}
 	if adds {
 		if rs.peers.adds == nil {

@@ -16,7 +16,7 @@ import (
 // newShares returns the communicator's exchange; its mesh side is
 // attached once connected.
 func newShares(c *coll) *share.Exchange {
-	return share.New(share.Config{Rank: c.rank, Ranks: c.nranks, Regs: c, Closed: &c.closed, Events: config.IntraIPCEvents.Get, Marks: config.IntraAgentMarks.Get})
+	return share.New(share.Config{Rank: c.rank, Ranks: c.nranks, Regs: c, Closed: &c.closed, Events: config.IntraIPCEvents.Get, Marks: config.IntraAgentMarks.Get, Inbox: inboxOn.Load})
 }
 
 // ipcOn says whether device windows are mapped between the ranks of a

@@ -86,6 +86,15 @@ const StatusEvent = 0x2000
 // (staging's marks.go).
 const StatusMark = 0x1000
 
+// StatusInbox on a put+signal without payload (its bytes, if any, were
+// copied into the target's memory through a mapping, by the sender's
+// device agent, which then wrote an entry into the target's peer inbox,
+// its signal op carrying SigApplied) says that the entry is row (the low
+// byte of the status) position off - 1 of the target's inbox: the target's
+// agent adds the signal; its host numbers and acknowledges the operation
+// once the agent took the entry (staging's inbox.go).
+const StatusInbox = 0x0800
+
 // SigApplied, or'ed into a put+signal's signal op, says that the sender's
 // device agent already added the signal into the target's word through a
 // mapping (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL): the target numbers and

@@ -38,7 +38,8 @@
 # had to ask for; "profile" the plugin's profile of the 64 B alltoall,
 # without and with the agent; "fence" pairs of 64 B and 4 KiB
 # alltoalls with NCCL_RMA_WASM_DEVICE_AGENT_FENCE sc and acqrel, and the
-# ping-pong's marks series with acqrel; "lean" the same with
+# ping-pong's marks series with acqrel; "inbox" pairs and a ping-pong
+# series with NCCL_RMA_WASM_INTRANODE_INBOX off and on; "lean" the same with
 # NCCL_RMA_WASM_DEVICE_AGENT_FENCE sc and lean; "oneread" the same pairs and
 # series with NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ 0 and 1; "fused" the
 # 64 B and 4 KiB alltoalls over TCP lanes only, NCCL_RMA_WASM_INTRANODE=0,
@@ -379,6 +380,11 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # and then its fields.
   ref oneread && abrun "${MARKS_PAIRS:-2}" tworead "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ=0" \
     oneread "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ=1" "slots read whole"
+  # The peer inbox (NCCL_RMA_WASM_INTRANODE_INBOX, off until measured):
+  # the target's agent adds each small put+signal's signal from the
+  # sender's agent's entry, or its host applies it after the mark.
+  ref inbox && abrun "${MARKS_PAIRS:-2}" noinbox "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=0" \
+    inbox "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1" "peer inbox"
   # The gather writer's reference: with the agent its default (auto) hands
   # gathered batches over; here the proxy thread waits for them
   # (NCCL_RMA_WASM_GATHER_WRITER=0), 2 and 4 ranks.
@@ -474,6 +480,8 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     # "fence": the marks series again with the agent's acquire-release fences.
     ref fence && pp="$pp|acqrel NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_DEVICE_AGENT_FENCE=acqrel"
     ref lean && pp="$pp|lean NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_DEVICE_AGENT_FENCE=lean"
+    # "inbox": the marks series again with the peer inbox.
+    ref inbox && pp="$pp|inbox NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_INTRANODE_INBOX=1"
     # "oneread": the marks series again with the agent's one-read pickup.
     ref oneread && pp="$pp|oneread NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ=1"
     IFS='|' read -r -a ppv <<<"$pp"

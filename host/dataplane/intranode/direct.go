@@ -5,6 +5,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -25,8 +26,9 @@ import (
 // directState is a link's: the context whose agent added its signals
 // (all must be the same agent, whose order is the order), and how many.
 type directState struct {
-	ctx  atomic.Uintptr
-	adds atomic.Int64
+	ctx     atomic.Uintptr
+	adds    atomic.Int64
+	entries atomic.Int64 // signals through the peer's inbox (inbox)
 }
 
 // direct carries op (op.Direct): the payload's copy into the mapped window
@@ -40,12 +42,21 @@ func (x *Link) direct(l *intraLane, op *link.Op) link.SideMove {
 	if op.Size == 0 {
 		ctx = op.MapCtx
 	}
+	var ib *inbox.Peer
+	if op.InboxIdx != 0 {
+		if ib = x.evs.PeerInbox(); ib != nil && op.Size == 0 {
+			ctx = ib.Ctx() // a signal alone: the agent that writes our entries
+		}
+	}
 	d := &x.dsig
 	off := x.Peer().DirectOff()
 	if off.Load() || !x.mapOn.Load() || ctx == 0 || (op.Size > 0 && op.Mapped == 0) ||
 		(!d.ctx.CompareAndSwap(0, ctx) && d.ctx.Load() != ctx) {
 		off.Store(true)
 		return link.SideNo
+	}
+	if op.InboxIdx != 0 {
+		return x.inboxEntry(l, op, ib, ctx)
 	}
 	if op.SigMapped == 0 {
 		mv := x.viaMapping(l, op, true)
@@ -87,6 +98,46 @@ func (x *Link) direct(l *intraLane, op *link.Op) link.SideMove {
 	}
 	if d.adds.Add(1) == 1 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): our device agent adds signals straight into its mapped signal words (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL)", x.Peer().Rank(), x.pid)
+	}
+	return link.SideGathered
+}
+
+// inboxEntry carries op (op.InboxIdx): the payload's copy into the mapped
+// window, then our agent's entry in the peer's inbox, whose agent adds the
+// signal (host/devmem/inbox), gathered in the lane's batch; the header,
+// marked applied, names the entry. SideNo: not so (no row of the peer's
+// mapped here, the agent of the payload's context is not the one that
+// writes our entries, no room in the row in time), and the path is over
+// for the peer.
+func (x *Link) inboxEntry(l *intraLane, op *link.Op, ib *inbox.Peer, ctx uintptr) link.SideMove {
+	off := x.Peer().DirectOff()
+	if ib == nil || ctx != ib.Ctx() {
+		off.Store(true)
+		return link.SideNo
+	}
+	v := op.SigValue
+	if op.SigOp == abi.SignalOpInc {
+		v = 1
+	}
+	var dst, src uintptr
+	if op.Size > 0 {
+		dst, src = uintptr(op.Mapped), uintptr(op.Local)
+	}
+	pos, ok, err := ib.Queue(l.l.Gathered(), dst, src, op.Size, int(op.InboxIdx-1), op.SigOff, v)
+	if err != nil || !ok {
+		off.Store(true)
+		if err != nil {
+			return x.mapFailed(op, err)
+		}
+		return link.SideNo
+	}
+	op.SigOp |= wire.SigApplied
+	op.Inbox, op.InboxPos = uint8(ib.Row()+1), pos
+	if op.Size > 0 {
+		x.mappedOnce()
+	}
+	if x.dsig.entries.Add(1) == 1 {
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): our device agent hands signals to its agent through its peer inbox (NCCL_RMA_WASM_INTRANODE_INBOX)", x.Peer().Rank(), x.pid)
 	}
 	return link.SideGathered
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -45,6 +46,12 @@ type linkEvents struct {
 	// mark page; peerMarks, the peer's page mapped here.
 	marksReady atomic.Bool
 	peerMarks  atomic.Pointer[staging.PeerMarks]
+	// The peer inbox (host/devmem/inbox): peerInbox, the peer's row mapped
+	// here (we send); inboxRow, 1 + the row of ours the peer was given,
+	// and inboxPid, its process (we receive).
+	peerInbox atomic.Pointer[inbox.Peer]
+	inboxRow  atomic.Int32
+	inboxPid  atomic.Int32
 
 	// lastEv is the peer's event a stream of ours last waited for (on
 	// lastCtx's stream), 0 once a host wait covered it: a later signal
@@ -70,6 +77,34 @@ func (e *linkEvents) release() {
 	}
 	e.marksReady.Store(false)
 	e.peerMarks.Swap(nil).Close()
+	e.peerInbox.Swap(nil).Close()
+	e.inboxRow.Store(0)
+}
+
+// SetPeerInbox keeps the peer's inbox row mapped here; false (p closed)
+// once the link was released, or when one was set already.
+func (e *linkEvents) SetPeerInbox(p *inbox.Peer) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed || !e.peerInbox.CompareAndSwap(nil, p) {
+		p.Close()
+		return false
+	}
+	return true
+}
+
+// PeerInbox is the peer's inbox row mapped here, or nil.
+func (e *linkEvents) PeerInbox() *inbox.Peer { return e.peerInbox.Load() }
+
+// SetInboxRow records the row of our inbox the peer (process pid) got.
+func (e *linkEvents) SetInboxRow(row, pid int) {
+	e.inboxPid.Store(int32(pid))
+	e.inboxRow.Store(int32(row + 1))
+}
+
+// InboxRow is the row of our inbox the peer got (-1: none) and its pid.
+func (e *linkEvents) InboxRow() (int, int) {
+	return int(e.inboxRow.Load()) - 1, int(e.inboxPid.Load())
 }
 
 func freeEvents(ctx uintptr, evs []uintptr) {

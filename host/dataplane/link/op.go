@@ -37,6 +37,10 @@ type PeerReg struct {
 	// from which an intra-node peer may fetch the registration's device
 	// allocations to map them (SPEC.md §4, "Device windows mapped").
 	Share uint64
+	// Inbox, non-zero, is 1 + the entry of the peer's inbox table that
+	// holds the registration (host/devmem/inbox): the peer's agent adds
+	// our inbox entries' signals to its words.
+	Inbox uint8
 }
 
 // PartOwner is implemented by an Owner whose requests can wait for one
@@ -131,6 +135,15 @@ type Route struct {
 	// for a signal alone, of MapCtx) may add the signal itself
 	// (NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL; the intra-node link's direct).
 	SigMapped uint64
+	// InboxIdx, when non-zero, is 1 + the entry of the target's peer inbox
+	// table that holds the signal registration (the caller's, from the
+	// target's MsgReg); the intra-node link's direct path then has our
+	// agent write an entry into the target's inbox (host/devmem/inbox)
+	// after the copy, and sets Inbox (1 + our row there) and InboxPos (the
+	// entry's position + 1), which the header carries.
+	InboxIdx uint8
+	Inbox    uint8
+	InboxPos uint64
 	// Direct: the caller found op fit for the direct path (SigMapped
 	// set, or a put into mapped device memory from device memory); the
 	// mesh's directRoute confirms or clears it.

@@ -3,6 +3,7 @@ package link
 import (
 	"io"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -22,6 +23,11 @@ type Events interface {
 	// PeerMarks is the peer's mark page mapped here, nil when it was
 	// never handed over (staging's marks.go).
 	PeerMarks() *staging.PeerMarks
+	// PeerInbox is the peer's inbox row mapped here (we send), nil when
+	// none was handed over; InboxRow is the row of ours the peer was
+	// given (-1: none) and the peer's process (host/devmem/inbox).
+	PeerInbox() *inbox.Peer
+	InboxRow() (row, pid int)
 }
 
 // LaneIO is what a lane offers its side (LaneSide): writes on its

@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 )
 
@@ -26,6 +27,13 @@ type Signal struct {
 	Marks *staging.PeerMarks
 	MarkK uint8
 	MarkV uint64
+	// InboxRow and InboxPos: the row of our peer inbox and the position +
+	// 1 of the entry this put+signal's sender wrote there
+	// (wire.StatusInbox); InboxPos 0: none. InboxPid is the sender's
+	// process.
+	InboxRow uint8
+	InboxPos uint64
+	InboxPid int
 	// Held is the put's payload, its copy held for this signal
 	// (staging.LandHeld), or nil. Only a signal applied at once, on the
 	// thread that read the payload, carries one.
@@ -34,7 +42,7 @@ type Signal struct {
 
 // Valid reports whether s has something to apply (seqorder.Signal): a
 // word, or the order of a mapped put whose signal was refused.
-func (s Signal) Valid() bool { return s.Word() || s.Ev != 0 || s.Marks != nil }
+func (s Signal) Valid() bool { return s.Word() || s.Ev != 0 || s.Marks != nil || s.InboxPos != 0 }
 
 // Word reports whether s names a signal word.
 func (s Signal) Word() bool { return s.Host != nil || s.Dev != 0 }
@@ -48,6 +56,12 @@ func (s Signal) Release() { s.Pin.Release() }
 
 // Apply adds v to the signal word, after the payload is visible.
 func (s Signal) Apply(v uint64) error {
+	if s.InboxPos != 0 {
+		// Our agent adds the signal; later ones we apply follow it.
+		if err := inbox.Wait(int(s.InboxRow), s.InboxPos, s.InboxPid); err != nil {
+			return err
+		}
+	}
 	if s.Marks != nil {
 		if err := s.Marks.Wait(int(s.MarkK), s.MarkV); err != nil {
 			return err

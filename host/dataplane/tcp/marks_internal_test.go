@@ -8,6 +8,7 @@ import (
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/waitpolicy"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -28,6 +29,8 @@ func (markEvents) Order(uintptr, uintptr, bool) error { return nil }
 func (markEvents) PeerOpened() bool                   { return false }
 func (markEvents) PeerEvent(int) uintptr              { return 0 }
 func (e *markEvents) PeerMarks() *staging.PeerMarks   { return e.pm }
+func (markEvents) PeerInbox() *inbox.Peer             { return nil }
+func (markEvents) InboxRow() (int, int)               { return -1, 0 }
 
 // The polling caller serves a marked put+signal only when its mark is
 // already there and nothing else in its status asks for the service
@@ -118,5 +121,41 @@ func TestMarkWaitsAdapt(t *testing.T) {
 	m.record(callerMarkWait, false)
 	if d := m.bound(); d != callerMarkWait {
 		t.Fatalf("after one miss: wait %v, want %v", d, callerMarkWait)
+	}
+}
+
+// A header naming an inbox entry is taken only as its sender was allowed
+// to send it: the row it was given, no payload, its signal marked
+// applied, a position; anything else is a protocol error (orderInbox),
+// and a caller serves none whose link has no row.
+func TestInboxHeaders(t *testing.T) {
+	ok := func() *wire.Header {
+		return &wire.Header{Typ: wire.MsgPutSignal, Status: wire.StatusInbox | 2, SigOp: 2 | wire.SigApplied, Off: 5}
+	}
+	if !inboxHeaderOK(ok(), 2) {
+		t.Fatal("a well-formed inbox header refused")
+	}
+	again := ok()
+	again.Status |= wire.StatusResent | 1<<8
+	if !inboxHeaderOK(again, 2) {
+		t.Fatal("an inbox header sent again after a lane failed refused")
+	}
+	for name, mut := range map[string]func(h *wire.Header) int{
+		"no row given":   func(h *wire.Header) int { return -1 },
+		"another row":    func(h *wire.Header) int { h.Status = wire.StatusInbox | 3; return 2 },
+		"with payload":   func(h *wire.Header) int { h.Size = 8; return 2 },
+		"not applied":    func(h *wire.Header) int { h.SigOp = 2; return 2 },
+		"no position":    func(h *wire.Header) int { h.Off = 0; return 2 },
+		"put, no signal": func(h *wire.Header) int { h.Typ = wire.MsgPut; return 2 },
+		"marked as well": func(h *wire.Header) int { h.Status |= wire.StatusMark; return 2 },
+	} {
+		h := ok()
+		if row := mut(h); inboxHeaderOK(h, row) {
+			t.Errorf("%s: taken", name)
+		}
+	}
+	l := &Link{side: &markSide{evs: markEvents{}}}
+	if l.inboxReached(ok()) {
+		t.Error("a caller served an inbox header on a link that gave no row")
 	}
 }

@@ -207,6 +207,9 @@ func (l *lane) header(i int, op *link.Op, ringed, comp bool) []byte {
 	if op.Mark != 0 {
 		h.Status, h.Off = wire.StatusMark|uint16(op.Mark-1), op.MarkV
 	}
+	if op.InboxPos != 0 {
+		h.Status, h.Off = wire.StatusInbox|uint16(op.Inbox-1), op.InboxPos
+	}
 	if ringed {
 		h.Status = link.StatusRing
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/instream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/waitpolicy"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
@@ -102,7 +103,7 @@ func (r *inReader) serveReady() (served, left bool) {
 		var need uint64
 		switch h.Typ {
 		case wire.MsgPut, wire.MsgPutSignal:
-			if (h.Status != 0 && !t.markReached(h)) || h.Size > uint64(br.Size()-wire.HeaderSize) {
+			if (h.Status != 0 && !t.markReached(h) && !t.inboxReached(h)) || h.Size > uint64(br.Size()-wire.HeaderSize) {
 				return served, true
 			}
 			need = wire.HeaderSize + h.Size
@@ -205,6 +206,21 @@ func (m *markWaits) record(d time.Duration, reached bool) {
 	case d > 0:
 		m.Vain()
 	}
+}
+
+// inboxReached reports whether h is a put+signal whose signal our agent
+// added from our peer inbox (wire.StatusInbox) and already took: a caller
+// serves it (its wait is over at once). Others are the service's.
+func (t *Link) inboxReached(h *wire.Header) bool {
+	if h.Status&^0xff != wire.StatusInbox || h.Typ != wire.MsgPutSignal || h.Size != 0 || t.side == nil {
+		return false
+	}
+	evs := t.side.PeerEvents()
+	if evs == nil {
+		return false
+	}
+	row, _ := evs.InboxRow()
+	return row >= 0 && int(h.Status&0xff) == row && inbox.Reached(row, h.Off)
 }
 
 // markReached reports whether h is a put+signal ordered by an agent mark

@@ -205,6 +205,10 @@ func (t *Link) serveMsg(r *inReader) error {
 			if h.SigMrID == link.ShareOffer {
 				r.Share = h.Tag
 			}
+			// sigOff: 1<<63 | the peer inbox's table entry (host/devmem/inbox).
+			if h.SigOff>>63 == 1 && h.SigOff&^(1<<63) < 64 {
+				r.Inbox = uint8(h.SigOff&63) + 1
+			}
 			p.Mesh().Owner.PeerRegistered(p.Rank(), r)
 		}
 	case wire.MsgBye:
@@ -236,6 +240,9 @@ func (t *Link) orderMapped(h *wire.Header, sig link.Signal) (link.Signal, error)
 	var evs link.Events
 	if t.side != nil {
 		evs = t.side.PeerEvents()
+	}
+	if h.Status&wire.StatusInbox != 0 && h.Status&(wire.StatusEvent|wire.StatusMark|link.StatusRing) == 0 {
+		return t.orderInbox(h, sig, evs)
 	}
 	if h.Status&wire.StatusMark != 0 && h.Status&(wire.StatusEvent|link.StatusRing) == 0 {
 		return t.orderMarked(h, sig, evs)
@@ -282,6 +289,38 @@ func (t *Link) orderMarked(h *wire.Header, sig link.Signal, evs link.Events) (li
 		sig.Evs = evs // an event waited for on a stream may be pending
 	}
 	return sig, nil
+}
+
+// orderInbox makes the put+signal h, whose signal the peer's agent had
+// ours add through our peer inbox (wire.StatusInbox: row in the status's
+// low byte, the entry's position + 1 in off), wait in sequence order until
+// our agent took that entry, so that every signal applied after it
+// follows its payload. A header that names a row the peer was not given,
+// or that carries a payload or a signal of its own, is a protocol error.
+func (t *Link) orderInbox(h *wire.Header, sig link.Signal, evs link.Events) (link.Signal, error) {
+	row, pid := -1, 0
+	if evs != nil {
+		row, pid = evs.InboxRow()
+	}
+	if !inboxHeaderOK(h, row) {
+		err := fmt.Errorf("protocol error: rank %d named an inbox entry it may not (status %#x, %d bytes, position %d, seq %d)", t.p.Rank(), h.Status, h.Size, h.Off, h.Seq)
+		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
+		return sig, err
+	}
+	sig.InboxRow, sig.InboxPos, sig.InboxPid = uint8(row), h.Off, pid
+	if evs.PeerOpened() {
+		sig.Evs = evs // an event waited for on a stream may be pending
+	}
+	return sig, nil
+}
+
+// inboxHeaderOK reports whether h may name an entry of row, the row of
+// our inbox its sender was given (-1: none): a put+signal without payload
+// whose signal is marked applied, naming that row and a position (sent
+// again after a lane failed, or not).
+func inboxHeaderOK(h *wire.Header, row int) bool {
+	return row >= 0 && int(h.Status&0xff) == row && h.Status&^(0xff|wire.StatusResent|wire.StatusFromMask) == wire.StatusInbox && h.Typ == wire.MsgPutSignal &&
+		h.Size == 0 && h.SigOp&wire.SigApplied != 0 && h.Off != 0
 }
 
 func (t *Link) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byte, dec *codec.Decoder, rx *staging.Receiver, held *staging.Held) error {

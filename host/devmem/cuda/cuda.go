@@ -227,9 +227,9 @@ func (cudaDevice) CopyMark(ctx, dst, src uintptr, n uint64, mark uintptr) (uint6
 }
 
 // InboxOpen makes ctx's peer inbox once (devmem.Inboxer).
-func (cudaDevice) InboxOpen(ctx uintptr) error {
+func (cudaDevice) InboxOpen(ctx, taken uintptr) error {
 	var buf [256]C.char
-	if C.rmaw_cuda_inbox_open(C.uintptr_t(ctx), &buf[0], C.size_t(len(buf))) != 0 {
+	if C.rmaw_cuda_inbox_open(C.uintptr_t(ctx), C.uint64_t(taken), &buf[0], C.size_t(len(buf))) != 0 {
 		return devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
 	}
 	return nil

@@ -38,6 +38,7 @@ struct inbox {
   size_t tsize;
   volatile uint64_t* taken; /* pinned: per row, entries taken | 1 << 62 once one was refused */
   uint64_t* tab;            /* pinned: the table's host copy, the agent's copy source */
+  void* page;               /* tab's page (and taken's, unless the caller's) */
   int nrows;
 };
 
@@ -67,8 +68,11 @@ static void ib_config(struct inbox* b) {
 }
 
 /* rmaw_cuda_inbox_open makes ctx's inbox once (the agent must run there):
- * 0, or -1 with err. */
-int rmaw_cuda_inbox_open(uintptr_t ctx, char* err, size_t errlen) {
+ * 0, or -1 with err. taken (not 0: IB_ROWS words of pinned host memory the
+ * agent reaches, which the caller shares with the peers so that a sender
+ * sees how far its row was taken) receives the counts; 0: a page of its
+ * own. */
+int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, char* err, size_t errlen) {
   pthread_mutex_lock(&ibmu);
   struct inbox* b = ib_find(ctx);
   if (b) {
@@ -103,7 +107,14 @@ int rmaw_cuda_inbox_open(uintptr_t ctx, char* err, size_t errlen) {
   tprop.handleTypes = 0;
   if (rmacu_host_alloc(ctx, 4096, &hp, err, errlen) != 0) goto fail;
   memset(hp, 0, 4096);
-  x.taken = (volatile uint64_t*)hp;
+  x.taken = taken ? (volatile uint64_t*)(uintptr_t)taken : (volatile uint64_t*)hp;
+  if (taken && !rmacu_hr_ok((const void*)(uintptr_t)taken, IB_ROWS * 8)) {
+    what = "the counts' memory is not the agent's";
+    rmacu_host_free(hp);
+    goto out;
+  }
+  for (int i = 0; i < IB_ROWS; i++) x.taken[i] = 0;
+  x.page = hp;
   x.tab = (uint64_t*)hp + 256; /* bytes 2048..3071 */
   struct agent* a = rmacu_ag_pause(ctx);
   int mapped = 0;
@@ -253,7 +264,7 @@ void rmacu_inbox_close(void) {
       rmacu_cu.addressFree(b->rows, b->size);
       rmacu_cu.memRelease(b->h);
     }
-    rmacu_host_free((void*)b->taken);
+    rmacu_host_free(b->page);
   }
   __atomic_store_n(&nboxes, 0, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&ibmu);

@@ -796,6 +796,35 @@ func (g *Gather) AddAdd(ctx, dev uintptr, v uint64) (bool, error) {
 	return true, nil
 }
 
+// AddAgent joins to the batch the agent command that queue queues on ctx
+// (a peer inbox entry, host/devmem/inbox), after what the batch queued
+// there: Wait waits for it with the rest. false (and no error): ctx runs
+// no agent, or queue queued nothing.
+func (g *Gather) AddAgent(ctx uintptr, queue func() (bool, error)) (bool, error) {
+	d := devmem.Get()
+	if !AgentRuns(ctx) {
+		return false, nil
+	}
+	q := queueOf(d, ctx)
+	if q == nil {
+		return false, nil
+	}
+	if err := fence(d, ctx); err != nil {
+		return false, err
+	}
+	h, err := g.hold(q, 0) // for its event only
+	if h == nil {
+		return false, err
+	}
+	if ok, err := queue(); !ok || err != nil {
+		return false, err
+	}
+	h.copies = true
+	h.rec = false
+	g.waited = false
+	return true, nil
+}
+
 // hold returns the batch's slot of q with room for n more bytes: the last
 // one taken, or a new one. nil: none to be had (the batch holds
 // gatherSlots already, or q has none free), with the error of a failed

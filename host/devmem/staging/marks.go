@@ -146,6 +146,25 @@ func (p *markPage) word(ctx uintptr) (int, bool) {
 
 func (p *markPage) addr(i int) uintptr { return uintptr(unsafe.Pointer(&p.mem[i*8])) }
 
+// MarkPageRest is the page's second half, after the mark words: the peer
+// inbox's counts live there (host/devmem/inbox), where the peers that map
+// the page read them. 0: no page (MarkPage first).
+func MarkPageRest() uintptr {
+	p := marks.page.Load()
+	if p == nil {
+		return 0
+	}
+	return uintptr(unsafe.Pointer(&p.mem[markPageSize/2]))
+}
+
+// Rest is word i of the page's second half (MarkPageRest), 0 past its end.
+func (m *PeerMarks) Rest(i int) uint64 {
+	if i < 0 || i >= markPageSize/16 || m.mem == nil {
+		return 0
+	}
+	return (*atomic.Uint64)(unsafe.Pointer(&m.mem[markPageSize/2+i*8])).Load()
+}
+
 // CopyMappedMark queues the copy of n bytes (at most a bounce slot) from
 // our device memory src to dst, a peer's window mapped here, as one
 // command of ctx's device agent that then writes its number v to ctx's

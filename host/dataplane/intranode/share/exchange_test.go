@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 )
 
 // fakeIPC is a mesh whose rank 1 is process 4242 on this host.
@@ -25,9 +27,15 @@ func (f *fakeIPC) EventsReady(int) bool                        { return false }
 func (f *fakeIPC) OpenPeerEvents(int, uintptr, [][64]byte) error {
 	return nil
 }
-func (f *fakeIPC) OpenPeerMarks(int, int) error { return nil }
-func (f *fakeIPC) SetMarksReady(int)            {}
-func (f *fakeIPC) MarksReady(int) bool          { return false }
+func (f *fakeIPC) OpenPeerMarks(int, int) error     { return nil }
+func (f *fakeIPC) SetMarksReady(int)                {}
+func (f *fakeIPC) MarksReady(int) bool              { return false }
+func (f *fakeIPC) PeerMarks(int) *staging.PeerMarks { return nil }
+func (f *fakeIPC) SetPeerInbox(_ int, p *inbox.Peer) bool {
+	p.Close()
+	return false
+}
+func (f *fakeIPC) SetInboxRow(int, int) {}
 
 // fakeRegs holds registration 7, host memory.
 type fakeRegs struct {

@@ -35,6 +35,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fdpass"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
@@ -82,6 +83,13 @@ type IPC interface {
 	OpenPeerMarks(rank int, fd int) error
 	SetMarksReady(rank int)
 	MarksReady(rank int) bool
+	// PeerMarks is rank's mark page mapped here, or nil; SetPeerInbox
+	// keeps rank's inbox row mapped here (false: closed, or one already);
+	// SetInboxRow records the row of ours that rank got
+	// (host/devmem/inbox).
+	PeerMarks(rank int) *staging.PeerMarks
+	SetPeerInbox(rank int, p *inbox.Peer) bool
+	SetInboxRow(rank, row int)
 }
 
 // Config is what New needs of a communicator.
@@ -100,6 +108,9 @@ type Config struct {
 	// agent's are ordered by agent marks
 	// (NCCL_RMA_WASM_INTRANODE_AGENT_MARKS), asked likewise; nil: never.
 	Marks func() bool
+	// Inbox says whether our signals go through the peers' inboxes
+	// (NCCL_RMA_WASM_INTRANODE_INBOX), asked likewise; nil: never.
+	Inbox func() bool
 }
 
 // Exchange is one communicator's side of the descriptor exchange: its
@@ -110,6 +121,7 @@ type Exchange struct {
 	closed       *atomic.Bool
 	events       func() bool
 	marks        func() bool
+	inbox        func() bool
 	ipc          IPC
 
 	mu     sync.Mutex
@@ -119,6 +131,9 @@ type Exchange struct {
 	tokens map[int]uint64 // each peer's server, from its offers
 	evSaid bool           // the INFO line about events was written
 	mkSaid bool           // the INFO line about marks was written
+	ibSaid bool           // the INFO line about the inbox was written
+	rows   map[int]bool   // the ranks that got a row of our inbox
+	asked  map[int]bool   // the ranks whose inbox row we asked for
 }
 
 // New returns a communicator's exchange; it records peers' offers at once
@@ -128,7 +143,7 @@ func New(cfg Config) *Exchange {
 	if closed == nil {
 		closed = new(atomic.Bool)
 	}
-	return &Exchange{rank: cfg.Rank, nranks: cfg.Ranks, regs: cfg.Regs, closed: closed, events: cfg.Events, marks: cfg.Marks}
+	return &Exchange{rank: cfg.Rank, nranks: cfg.Ranks, regs: cfg.Regs, closed: closed, events: cfg.Events, marks: cfg.Marks, inbox: cfg.Inbox}
 }
 
 // Attach gives the exchange the mesh's side, once the communicator is
@@ -159,10 +174,12 @@ const (
 	keyEventHandles = 2 << 32 // | rank: the handles of our events for that rank (the asker)
 	keyMarkPage     = 3 << 32 // | rank: our mark page, for that rank (the asker)
 	keyOpenMarks    = 4 << 32 // | asker's rank: map its mark page
+	keyInboxRow     = 5 << 32 // | asker's rank: a row of our peer inbox for it
 	keyKind         = 0xff << 32
 	keyRankShift    = 40 // the asker's rank in keyOpenEvents (several ranks may share a process)
 	segEvents       = 3  // an answer's kind: event handles
 	segMarks        = 4  // an answer's kind: the mark page's fd
+	segInbox        = 5  // an answer's kind: an inbox row and the rows' fd
 )
 
 // DirectAdds is a bit no token has: set in a registration's offer, it
@@ -254,6 +271,8 @@ func (x *Exchange) serve(pid int, key uint64) ([]byte, []int, error) {
 		return x.serveMarkPage(pid, int(uint32(key)))
 	case key&^0xffffffff == keyOpenMarks:
 		return x.serveOpenMarks(pid, int(uint32(key)))
+	case key&^0xffffffff == keyInboxRow:
+		return x.serveInboxRow(pid, int(uint32(key)))
 	}
 	return nil, nil, errors.New("no such registration")
 }
@@ -561,6 +580,7 @@ func (x *Exchange) Import(m Local, peers Remote) ([]uintptr, Mapped) {
 		mapped[r] = va
 		x.orderByEvents(m, peers.Tokens[r], r, pid)
 		x.orderByMarks(m, peers.Tokens[r], r, pid)
+		x.openInbox(m, peers.Tokens[r], r, pid)
 	}
 	return mapped, maps
 }

@@ -1,0 +1,127 @@
+package share
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fdpass"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// The peer inbox's hand-over (host/devmem/inbox;
+// NCCL_RMA_WASM_INTRANODE_INBOX). After the first mapping of a peer's
+// registration, a rank asks the peer's server for a row of its inbox (key
+// 5<<32 | its rank: answered only to that rank's process, once) and maps
+// the peer's mark page, whose second half counts the entries the peer's
+// agent took; the row's rows are mapped into the context of our
+// registration, whose agent then writes our entries.
+
+// maxInboxBytes bounds the rows' allocation a peer may hand us.
+const maxInboxBytes = 1 << 30
+
+// openInbox asks rank r (process pid, server tok) for a row of its inbox,
+// once per peer, and keeps it on the link: any failure leaves our signals
+// to r on the other paths (an INFO line, once).
+func (x *Exchange) openInbox(m Local, tok uint64, r, pid int) {
+	if x.inbox == nil || !x.inbox() || !staging.AgentRuns(m.Ctx) {
+		return
+	}
+	x.mu.Lock()
+	if x.asked == nil {
+		x.asked = map[int]bool{}
+	}
+	again := x.asked[r]
+	x.asked[r] = true
+	x.mu.Unlock()
+	if again {
+		return
+	}
+	err := x.fetchInbox(m, tok, r, pid)
+	first := x.first(&x.ibSaid)
+	if err != nil {
+		if first {
+			logx.Info(abi.SubsysReg, "NET/wasm: rank %d: signals to rank %d do not go through its peer inbox: %v", x.rank, r, err)
+		}
+		return
+	}
+	if first {
+		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: signals to rank %d go through its peer inbox: its device agent adds them, no host on the way", x.rank, r)
+	}
+}
+
+// fetchInbox maps r's mark page (unless it is already) and r's inbox row.
+func (x *Exchange) fetchInbox(m Local, tok uint64, r, pid int) error {
+	pm := x.ipc.PeerMarks(r)
+	if pm == nil {
+		payload, fds, err := fdpass.Fetch(shareName(pid, tok), keyMarkPage|uint64(x.rank), pid)
+		defer closeFds(fds)
+		if err != nil {
+			return fmt.Errorf("its mark page: %w", err)
+		}
+		if len(payload) != 8 || binary.LittleEndian.Uint32(payload) != 1 || binary.LittleEndian.Uint32(payload[4:]) != segMarks || len(fds) != 1 {
+			return fmt.Errorf("malformed mark page from rank %d", r)
+		}
+		if err := x.ipc.OpenPeerMarks(r, fds[0]); err != nil {
+			return err
+		}
+		if pm = x.ipc.PeerMarks(r); pm == nil {
+			return errors.New("its mark page is not mapped here")
+		}
+	}
+	payload, fds, err := fdpass.Fetch(shareName(pid, tok), keyInboxRow|uint64(x.rank), pid)
+	defer closeFds(fds)
+	if err != nil {
+		return err
+	}
+	if len(payload) != 24 || binary.LittleEndian.Uint32(payload) != 1 || binary.LittleEndian.Uint32(payload[4:]) != segInbox || len(fds) != 1 {
+		return fmt.Errorf("malformed inbox row from rank %d", r)
+	}
+	row, entries := int(binary.LittleEndian.Uint32(payload[8:])), int(binary.LittleEndian.Uint32(payload[12:]))
+	size := binary.LittleEndian.Uint64(payload[16:])
+	if size == 0 || size > maxInboxBytes {
+		return fmt.Errorf("an inbox of %d bytes from rank %d", size, r)
+	}
+	p, err := inbox.Open(m.Ctx, devmem.Segment{Fd: fds[0], Size: size}, row, entries, pm)
+	if err != nil {
+		return err
+	}
+	if !x.ipc.SetPeerInbox(r, p) {
+		return errors.New("its link is closed, or has a row already")
+	}
+	return nil
+}
+
+// serveInboxRow hands the intra-node peer pid (rank r) a row of our inbox,
+// once: the row, its entries, and an fd of the rows' allocation, which
+// the server closes once sent.
+func (x *Exchange) serveInboxRow(pid, r int) ([]byte, []int, error) {
+	if r < 0 || r >= x.nranks || x.ipc.Pid(r) != pid {
+		return nil, nil, errors.New("no such peer")
+	}
+	x.mu.Lock()
+	if x.rows == nil {
+		x.rows = map[int]bool{}
+	}
+	again := x.rows[r]
+	x.rows[r] = true
+	x.mu.Unlock()
+	if again {
+		return nil, nil, errors.New("a row was handed out already")
+	}
+	row, seg, entries, err := inbox.Row()
+	if err != nil {
+		return nil, nil, err
+	}
+	x.ipc.SetInboxRow(r, row)
+	payload := binary.LittleEndian.AppendUint32(nil, 1)
+	payload = binary.LittleEndian.AppendUint32(payload, segInbox)
+	payload = binary.LittleEndian.AppendUint32(payload, uint32(row))
+	payload = binary.LittleEndian.AppendUint32(payload, uint32(entries))
+	payload = binary.LittleEndian.AppendUint64(payload, seg.Size)
+	return payload, []int{seg.Fd}, nil
+}
