@@ -66,14 +66,15 @@ var box struct {
 	mu   sync.Mutex
 	ctx  uintptr // the context whose agent keeps the inbox; 0: none yet
 	err  error   // why there is none (said once)
-	tab  [TableSize]uint32
+	tab  [TableSize]bool // entries taken
 	rows int
 }
 
 // Claim enters the n bytes at base of registration id, device memory of
-// ctx, into the table, opening the inbox in ctx at the first call: the
-// entry's index, or false (no inbox here: no agent in ctx, another
-// context has it, the entry is another registration's).
+// ctx, into the table's first free entry, opening the inbox in ctx at the
+// first call: the entry's index (the registration's MsgReg names it), or
+// false (no inbox here: no agent in ctx, another context has it, the table
+// is full). Registrations of every communicator of the process share it.
 func Claim(ctx uintptr, id uint32, base uintptr, n uint64) (int, bool) {
 	d, ok := devmem.Get().(devmem.Inboxer)
 	if !ok || !staging.AgentRuns(ctx) {
@@ -96,28 +97,34 @@ func Claim(ctx uintptr, id uint32, base uintptr, n uint64) (int, bool) {
 		}
 		box.ctx = ctx
 	}
-	idx := int(id % TableSize)
-	if ctx != box.ctx || box.tab[idx] != 0 {
+	idx := 0
+	for idx < TableSize && box.tab[idx] {
+		idx++
+	}
+	if ctx != box.ctx || idx == TableSize {
+		if ctx == box.ctx {
+			logx.Info(abi.SubsysReg, "NET/wasm: registration %d is not in the peer inbox's table: its %d entries are taken", id, TableSize)
+		}
 		return 0, false
 	}
 	if err := d.InboxTable(ctx, idx, base, n); err != nil {
 		logx.Info(abi.SubsysReg, "NET/wasm: registration %d is not in the peer inbox's table: %v", id, err)
 		return 0, false
 	}
-	box.tab[idx] = id + 1
+	box.tab[idx] = true
 	return idx, true
 }
 
-// Release takes registration id's entry idx out of the table before its
-// memory goes: the agent adds nothing there afterwards.
+// Release takes registration id's entry idx (Claim's) out of the table
+// before its memory goes: the agent adds nothing there afterwards.
 func Release(id uint32, idx int) {
 	d, ok := devmem.Get().(devmem.Inboxer)
 	box.mu.Lock()
 	defer box.mu.Unlock()
-	if !ok || idx < 0 || idx >= TableSize || box.tab[idx] != id+1 {
+	if !ok || idx < 0 || idx >= TableSize || !box.tab[idx] {
 		return
 	}
-	box.tab[idx] = 0
+	box.tab[idx] = false
 	if err := d.InboxTable(box.ctx, idx, 0, 0); err != nil {
 		logx.Warn(abi.SubsysReg, "NET/wasm: emptying the peer inbox's entry of registration %d: %v", id, err)
 	}
