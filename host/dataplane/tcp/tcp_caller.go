@@ -209,8 +209,9 @@ func (m *markWaits) record(d time.Duration, reached bool) {
 }
 
 // inboxReached reports whether h is a put+signal whose signal our agent
-// added from our peer inbox (wire.StatusInbox) and already took: a caller
-// serves it (its wait is over at once). Others are the service's.
+// added from our peer inbox (wire.StatusInbox) and took, or takes within
+// callerMarkWait (the sender wrote it before the header left): a caller
+// serves it. Others are the service's.
 func (t *Link) inboxReached(h *wire.Header) bool {
 	if h.Status&^0xff != wire.StatusInbox || h.Typ != wire.MsgPutSignal || h.Size != 0 || t.side == nil {
 		return false
@@ -220,7 +221,7 @@ func (t *Link) inboxReached(h *wire.Header) bool {
 		return false
 	}
 	row, _ := evs.InboxRow()
-	return row >= 0 && int(h.Status&0xff) == row && inbox.Reached(row, h.Off)
+	return row >= 0 && int(h.Status&0xff) == row && inbox.Reached(row, h.Off, callerMarkWait)
 }
 
 // markReached reports whether h is a put+signal ordered by an agent mark

@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -159,10 +160,38 @@ func Taken(row int) uint64 {
 // entries: the peer named a word outside our table.
 var ErrRefused = errors.New("the peer's inbox entry named a signal word outside our table")
 
-// Reached reports whether the agent took row's entry pos - 1.
-func Reached(row int, pos uint64) bool {
-	t := Taken(row)
-	return t&refused == 0 && t&(refused-1) >= pos
+// Reached reports whether the agent took row's entry pos - 1 within d,
+// polling its count with loads: a polling caller's short wait for an
+// entry a few microseconds behind its header, which costs less than
+// handing the header to a goroutine that must be woken. A refused entry
+// is for the waiter (Wait) to report.
+func Reached(row int, pos uint64, d time.Duration) bool {
+	w := counts(row)
+	if w == nil {
+		return false
+	}
+	for start := time.Now(); ; {
+		for range 64 {
+			if t := w.Load(); t&refused == 0 && t >= pos {
+				return true
+			}
+		}
+		if time.Since(start) >= d {
+			return false
+		}
+	}
+}
+
+// counts is row's count of entries taken, in our mark page's second half
+// (where the agent publishes it), nil without an inbox.
+func counts(row int) *atomic.Uint64 {
+	box.mu.Lock()
+	ctx := box.ctx
+	box.mu.Unlock()
+	if ctx == 0 || row < 0 || row >= Rows {
+		return nil
+	}
+	return staging.MarkPageRestWord(row)
 }
 
 // waitTimeout bounds a wait for a live peer's entry.

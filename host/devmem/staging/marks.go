@@ -157,6 +157,16 @@ func MarkPageRest() uintptr {
 	return uintptr(unsafe.Pointer(&p.mem[markPageSize/2]))
 }
 
+// MarkPageRestWord is word i of our page's second half (MarkPageRest),
+// nil without a page or past its end.
+func MarkPageRestWord(i int) *atomic.Uint64 {
+	p := marks.page.Load()
+	if p == nil || i < 0 || i >= markPageSize/16 {
+		return nil
+	}
+	return (*atomic.Uint64)(unsafe.Pointer(&p.mem[markPageSize/2+i*8]))
+}
+
 // Rest is word i of the page's second half (MarkPageRest), 0 past its end.
 func (m *PeerMarks) Rest(i int) uint64 {
 	if i < 0 || i >= markPageSize/16 || m.mem == nil {
