@@ -119,11 +119,32 @@ func (x *Link) inboxEntry(l *intraLane, op *link.Op, ib *inbox.Peer, ctx uintptr
 	if op.SigOp == abi.SignalOpInc {
 		v = 1
 	}
+	idx := int(op.InboxIdx - 1)
+	if op.Size > 0 {
+		// The header leaves at once and the request waits for the
+		// command (the target waits for its entry), as a marked copy's.
+		if po, ok := x.Peer().Mesh().Owner.(link.PartOwner); ok && !x.strong(op) {
+			po.AddPart(op.Tag) // the command's part; given back below when nothing was queued
+			pos, ok, err := ib.QueueMapped(uintptr(op.Mapped), uintptr(op.Local), op.Size, idx, op.SigOff, v, x.Peer().Mesh().Owner, op.Tag)
+			if ok {
+				op.SigOp |= wire.SigApplied
+				op.Inbox, op.InboxPos = uint8(ib.Row()+1), pos
+				x.mappedOnce()
+				x.inboxOnce()
+				return link.SideQueued
+			}
+			x.Peer().Mesh().Owner.Complete(op.Tag, abi.Success)
+			if err != nil {
+				off.Store(true)
+				return x.mapFailed(op, err)
+			}
+		}
+	}
 	var dst, src uintptr
 	if op.Size > 0 {
 		dst, src = uintptr(op.Mapped), uintptr(op.Local)
 	}
-	pos, ok, err := ib.Queue(l.l.Gathered(), dst, src, op.Size, int(op.InboxIdx-1), op.SigOff, v)
+	pos, ok, err := ib.Queue(l.l.Gathered(), dst, src, op.Size, idx, op.SigOff, v)
 	if err != nil || !ok {
 		off.Store(true)
 		if err != nil {
@@ -136,8 +157,13 @@ func (x *Link) inboxEntry(l *intraLane, op *link.Op, ib *inbox.Peer, ctx uintptr
 	if op.Size > 0 {
 		x.mappedOnce()
 	}
+	x.inboxOnce()
+	return link.SideGathered
+}
+
+// inboxOnce counts a signal through the peer's inbox; the first says so.
+func (x *Link) inboxOnce() {
 	if x.dsig.entries.Add(1) == 1 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): our device agent hands signals to its agent through its peer inbox (NCCL_RMA_WASM_INTRANODE_INBOX)", x.Peer().Rank(), x.pid)
 	}
-	return link.SideGathered
 }

@@ -311,6 +311,26 @@ func (p *Peer) Queue(g *staging.Gather, dst, src uintptr, n uint64, idx int, off
 	return pos + 1, true, nil
 }
 
+// QueueMapped is Queue for a payload (n > 0) whose request waits for the
+// command itself: c.Complete(tag, ...) once it executed
+// (staging.CopyMappedWrite), so the header need not wait for it.
+func (p *Peer) QueueMapped(dst, src uintptr, n uint64, idx int, off, v uint64, c staging.Completer, tag uint64) (uint64, bool, error) {
+	if p.va == 0 || n == 0 || !Fits(off, v) || idx < 0 || idx >= TableSize {
+		return 0, false, nil
+	}
+	pos := p.next
+	if pos >= p.e && !p.room(pos) {
+		return 0, false, nil
+	}
+	w := p.va + uintptr((uint64(p.row)*p.e+pos%p.e)*8)
+	ok, err := staging.CopyMappedWrite(p.ctx, dst, src, n, w, Entry(pos, p.e, idx, off, v), c, tag)
+	if !ok || err != nil {
+		return 0, false, err
+	}
+	p.next++
+	return pos + 1, true, nil
+}
+
 // room waits up to roomWait for the peer to take position pos - e.
 func (p *Peer) room(pos uint64) bool {
 	want := pos - p.e + 1

@@ -361,7 +361,7 @@ func CopySelfAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64) (bo
 	if !selfAsync.Load() {
 		return false, nil
 	}
-	ok, _, err := copyQueued(ctx, dst, src, n, c, tag, 0, 0)
+	ok, _, err := copyQueued(ctx, dst, src, n, c, tag, 0, 0, 0, 0)
 	return ok, err
 }
 
@@ -393,15 +393,29 @@ func CopyMappedAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, e
 	if n > bounceSize.Load() || ev == 0 {
 		return false, nil
 	}
-	ok, _, err := copyQueued(ctx, dst, src, n, c, tag, ev, 0)
+	ok, _, err := copyQueued(ctx, dst, src, n, c, tag, ev, 0, 0, 0)
+	return ok, err
+}
+
+// CopyMappedWrite is CopyMappedAsync where ctx's device agent copies: one
+// agent command copies, then writes v to the device word w (a peer's inbox
+// entry, host/devmem/inbox), and c.Complete(tag, ...) once it executed; no
+// event. false (and no error): no agent in ctx, more than a bounce slot,
+// no free slot.
+func CopyMappedWrite(ctx, dst, src uintptr, n uint64, w uintptr, v uint64, c Completer, tag uint64) (bool, error) {
+	if n == 0 || n > bounceSize.Load() || w == 0 || !AgentRuns(ctx) {
+		return false, nil
+	}
+	ok, _, err := copyQueued(ctx, dst, src, n, c, tag, 0, 0, w, v)
 	return ok, err
 }
 
 // copyQueued queues the copy, then records ipc (when not 0), then a
 // slot's event that completes tag. With mark (not 0) the copy is a device
 // agent's command that then writes its number, returned, to the host word
-// mark (CopyMappedMark).
-func copyQueued(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ipc, mark uintptr) (bool, uint64, error) {
+// mark (CopyMappedMark); with w (not 0), one that then writes wv to the
+// device word w (CopyMappedWrite).
+func copyQueued(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ipc, mark, w uintptr, wv uint64) (bool, uint64, error) {
 	ac, q, err := dtodQueue(ctx, n)
 	if q == nil {
 		return false, 0, err
@@ -422,6 +436,17 @@ func copyQueued(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ipc, m
 		if v, ok, err = cm.CopyMark(ctx, dst, src, n, mark); !ok {
 			if err != nil {
 				err = fmt.Errorf("marked copy of %d bytes into a mapped window: %w", n, err)
+			}
+			return false, 0, err
+		}
+	} else if w != 0 {
+		ib, ok := q.d.(devmem.Inboxer)
+		if !ok {
+			return false, 0, nil
+		}
+		if ok, err = ib.CopyWrite(ctx, dst, src, n, w, wv); !ok {
+			if err != nil {
+				err = fmt.Errorf("copy of %d bytes into a mapped window and its inbox entry: %w", n, err)
 			}
 			return false, 0, err
 		}

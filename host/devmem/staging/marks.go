@@ -191,7 +191,7 @@ func CopyMappedMark(ctx, dst, src uintptr, n uint64, c Completer, tag uint64) (b
 	if !ok {
 		return false, 0, 0, nil
 	}
-	ok, v, err := copyQueued(ctx, dst, src, n, c, tag, 0, p.addr(k))
+	ok, v, err := copyQueued(ctx, dst, src, n, c, tag, 0, p.addr(k), 0, 0)
 	return ok, k, v, err
 }
 
