@@ -65,8 +65,8 @@ func Fits(off, v uint64) bool { return v <= MaxValue && off < MaxOffset && off%8
 
 var box struct {
 	mu   sync.Mutex
-	ctx  uintptr // the context whose agent keeps the inbox; 0: none yet
-	err  error   // why there is none (said once)
+	ctx  uintptr         // the context whose agent keeps the inbox; 0: none yet
+	err  error           // why there is none (said once)
 	tab  [TableSize]bool // entries taken
 	rows int
 }
