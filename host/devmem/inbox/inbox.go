@@ -27,6 +27,7 @@ package inbox
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -194,8 +195,14 @@ func counts(row int) *atomic.Uint64 {
 	return staging.MarkPageRestWord(row)
 }
 
-// waitTimeout bounds a wait for a live peer's entry.
-var waitTimeout = 30 * time.Second
+// waitTimeout bounds a wait for a live peer's entry; waitSpin is how long
+// a wait yields before it sleeps (an entry is usually a few microseconds
+// behind its header, and a sleep costs tens of them), launching a parked
+// agent first.
+var (
+	waitTimeout = 30 * time.Second
+	waitSpin    = 200 * time.Microsecond
+)
 
 // Wait returns once the agent took row's entry pos - 1, launching it when
 // it parked (an entry does not wake it); it gives up when the sender's
@@ -203,36 +210,55 @@ var waitTimeout = 30 * time.Second
 // when the agent refused an entry of the row.
 func Wait(row int, pos uint64, pid int) error {
 	d, ok := devmem.Get().(devmem.Inboxer)
+	w := counts(row)
 	box.mu.Lock()
 	ctx := box.ctx
 	box.mu.Unlock()
-	if !ok || ctx == 0 {
+	if !ok || w == nil {
 		return errors.New("no peer inbox here")
 	}
-	start := time.Now()
-	for n := 0; ; n++ {
-		t := d.InboxTaken(ctx, row)
+	take := func() (bool, error) {
+		t := w.Load()
 		if t&refused != 0 {
-			return ErrRefused
+			return false, ErrRefused
 		}
-		if t >= pos {
-			return nil
+		return t >= pos, nil
+	}
+	if done, err := take(); done || err != nil {
+		return err
+	}
+	start := time.Now()
+	for kicked := false; time.Since(start) < waitSpin; {
+		for range 64 {
+			if done, err := take(); done || err != nil {
+				return err
+			}
+			runtime.Gosched()
 		}
-		if n < 64 {
-			continue
+		if !kicked && time.Since(start) > waitSpin/8 {
+			// Parked (idle past its limit): the host launches it.
+			if err := d.InboxKick(ctx); err != nil {
+				return fmt.Errorf("peer inbox: %w", err)
+			}
+			kicked = true
 		}
-		if err := d.InboxKick(ctx); err != nil {
-			return fmt.Errorf("peer inbox: %w", err)
+	}
+	for n := 0; ; n++ {
+		if done, err := take(); done || err != nil {
+			return err
 		}
-		if n%1000 == 0 {
+		if n%100 == 0 {
+			if err := d.InboxKick(ctx); err != nil {
+				return fmt.Errorf("peer inbox: %w", err)
+			}
 			if pid > 0 && unix.Kill(pid, 0) == unix.ESRCH {
-				if d.InboxTaken(ctx, row) >= pos {
-					return nil
+				if done, err := take(); done || err != nil {
+					return err
 				}
 				return fmt.Errorf("peer inbox row %d: the sender (pid %d) exited before its entry %d", row, pid, pos-1)
 			}
 			if time.Since(start) > waitTimeout {
-				return fmt.Errorf("peer inbox row %d: entry %d not taken in %s (taken %d)", row, pos-1, waitTimeout, t)
+				return fmt.Errorf("peer inbox row %d: entry %d not taken in %s (taken %d)", row, pos-1, waitTimeout, w.Load())
 			}
 		}
 		time.Sleep(10 * time.Microsecond)
