@@ -115,12 +115,13 @@ var (
 	TargetDev  = &Series{Name: "target: put received and landed or queued (device memory)"}
 	DevSignal  = &Series{Name: "target: device signal applied or queued"}
 	MarkWait   = &Series{Name: "target: wait for the sender agent's mark (not there at the first look)"}
+	InboxWait  = &Series{Name: "target: wait for our agent to take an inbox entry (not at the first look)"}
 	CopyReaped = &Series{Name: "initiator: queued device copy, queued to seen executed"}
 	FirstPart  = &Series{Name: "request: issued to its first part done (of several)"}
 	PutDone    = &Series{Name: "request: put issued to completed"}
 	GetDone    = &Series{Name: "request: get issued to completed"}
 	Noticed    = &Series{Name: "request: completed to reported by test()"}
-	all        = []*Series{CallGap, InPost, ProgGap, InProgress, InTest, Queued, GatherWait, StageOut, SelfCopy, TargetHost, TargetDev, DevSignal, MarkWait, CopyReaped, FirstPart, PutDone, GetDone, Noticed}
+	all        = []*Series{CallGap, InPost, ProgGap, InProgress, InTest, Queued, GatherWait, StageOut, SelfCopy, TargetHost, TargetDev, DevSignal, MarkWait, InboxWait, CopyReaped, FirstPart, PutDone, GetDone, Noticed}
 )
 
 var lastCall atomic.Int64

@@ -38,6 +38,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 )
 
 const (
@@ -226,6 +227,9 @@ func Wait(row int, pos uint64, pid int) error {
 	}
 	if done, err := take(); done || err != nil {
 		return err
+	}
+	if profile.On() {
+		defer profile.InboxWait.Since(profile.Now())
 	}
 	start := time.Now()
 	for kicked := false; time.Since(start) < waitSpin; {
