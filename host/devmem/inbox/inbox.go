@@ -70,7 +70,7 @@ var box struct {
 	ctx  uintptr         // the context whose agent keeps the inbox; 0: none yet
 	err  error           // why there is none (said once)
 	tab  [TableSize]bool // entries taken
-	rows int
+	e    uint64          // a row's entries (Row's)
 }
 
 // Claim enters the n bytes at base of registration id, device memory of
@@ -143,7 +143,11 @@ func Row() (int, devmem.Segment, int, error) {
 	if !ok || box.ctx == 0 {
 		return 0, devmem.Segment{Fd: -1}, 0, errors.New("no peer inbox here")
 	}
-	return d.InboxRow(box.ctx)
+	row, seg, e, err := d.InboxRow(box.ctx)
+	if err == nil {
+		box.e = uint64(e)
+	}
+	return row, seg, e, err
 }
 
 // Taken is row's count of entries taken, with the refused bit.
@@ -159,8 +163,13 @@ func Taken(row int) uint64 {
 }
 
 // ErrRefused is a wait's error when the agent refused one of the row's
-// entries: the peer named a word outside our table.
-var ErrRefused = errors.New("the peer's inbox entry named a signal word outside our table")
+// entries: the peer named a word outside our table. ErrAhead is one for
+// a position more than a row ahead of what the agent took, which no
+// sender writes (it waits for room).
+var (
+	ErrRefused = errors.New("the peer's inbox entry named a signal word outside our table")
+	ErrAhead   = errors.New("the peer named an inbox position more than a row ahead of what our agent took")
+)
 
 // Reached reports whether the agent took row's entry pos - 1 within d,
 // polling its count with loads: a polling caller's short wait for an
@@ -213,7 +222,7 @@ func Wait(row int, pos uint64, pid int) error {
 	d, ok := devmem.Get().(devmem.Inboxer)
 	w := counts(row)
 	box.mu.Lock()
-	ctx := box.ctx
+	ctx, e := box.ctx, box.e
 	box.mu.Unlock()
 	if !ok || w == nil {
 		return errors.New("no peer inbox here")
@@ -222,6 +231,9 @@ func Wait(row int, pos uint64, pid int) error {
 		t := w.Load()
 		if t&refused != 0 {
 			return false, ErrRefused
+		}
+		if pos > t+e {
+			return false, ErrAhead
 		}
 		return t >= pos, nil
 	}
