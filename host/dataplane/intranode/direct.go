@@ -140,6 +140,21 @@ func (x *Link) inboxEntry(l *intraLane, op *link.Op, ib *inbox.Peer, ctx uintptr
 			}
 		}
 	}
+	if op.Size == 0 {
+		// A signal alone: the entry's write, and the header at once.
+		pos, ok, err := ib.QueueSignal(idx, op.SigOff, v)
+		if ok {
+			op.SigOp |= wire.SigApplied
+			op.Inbox, op.InboxPos = uint8(ib.Row()+1), pos
+			x.inboxOnce()
+			return link.SideQueued
+		}
+		if err != nil {
+			off.Store(true)
+			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: %v; its signals are applied by its host from now on", x.Peer().Rank(), err)
+			return link.SideNo
+		}
+	}
 	var dst, src uintptr
 	if op.Size > 0 {
 		dst, src = uintptr(op.Mapped), uintptr(op.Local)

@@ -373,6 +373,27 @@ func (p *Peer) QueueMapped(dst, src uintptr, n uint64, idx int, off, v uint64, c
 	return pos + 1, true, nil
 }
 
+// QueueSignal is Queue for a signal alone: the entry's write, queued on
+// ctx's agent after what was queued on the device before it, with nothing
+// waiting for it (the target waits for the entry), so that its header and
+// the operations behind it leave at once.
+func (p *Peer) QueueSignal(idx int, off, v uint64) (uint64, bool, error) {
+	if p.va == 0 || !Fits(off, v) || idx < 0 || idx >= TableSize {
+		return 0, false, nil
+	}
+	pos := p.next
+	if pos >= p.e && !p.room(pos) {
+		return 0, false, nil
+	}
+	w := p.va + uintptr((uint64(p.row)*p.e+pos%p.e)*8)
+	ok, err := staging.AgentWrite(p.ctx, w, Entry(pos, p.e, idx, off, v))
+	if !ok || err != nil {
+		return 0, false, err
+	}
+	p.next++
+	return pos + 1, true, nil
+}
+
 // room waits up to roomWait for the peer to take position pos - e.
 func (p *Peer) room(pos uint64) bool {
 	want := pos - p.e + 1

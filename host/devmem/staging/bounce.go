@@ -410,6 +410,22 @@ func CopyMappedWrite(ctx, dst, src uintptr, n uint64, w uintptr, v uint64, c Com
 	return ok, err
 }
 
+// AgentWrite queues, as ctx's device agent's command after the work
+// queued on the device so far, the write of v to the device word w (a
+// peer's inbox entry for a signal alone, host/devmem/inbox): nothing waits
+// for it here. false (and no error): no agent in ctx.
+func AgentWrite(ctx, w uintptr, v uint64) (bool, error) {
+	d := devmem.Get()
+	ib, ok := d.(devmem.Inboxer)
+	if !ok || w == 0 || !AgentRuns(ctx) {
+		return false, nil
+	}
+	if err := fence(d, ctx); err != nil {
+		return false, err
+	}
+	return ib.CopyWrite(ctx, 0, 0, 0, w, v)
+}
+
 // copyQueued queues the copy, then records ipc (when not 0), then a
 // slot's event that completes tag. With mark (not 0) the copy is a device
 // agent's command that then writes its number, returned, to the host word
