@@ -66,11 +66,11 @@ func Entry(pos, e uint64, idx int, off, v uint64) uint64 {
 func Fits(off, v uint64) bool { return v <= MaxValue && off < MaxOffset && off%8 == 0 }
 
 var box struct {
-	mu   sync.Mutex
-	ctx  uintptr         // the context whose agent keeps the inbox; 0: none yet
-	err  error           // why there is none (said once)
-	tab  [TableSize]bool // entries taken
-	e    uint64          // a row's entries (Row's)
+	mu  sync.Mutex
+	ctx uintptr         // the context whose agent keeps the inbox; 0: none yet
+	err error           // why there is none (said once)
+	tab [TableSize]bool // entries taken
+	e   uint64          // a row's entries (Row's)
 }
 
 // Claim enters the n bytes at base of registration id, device memory of
