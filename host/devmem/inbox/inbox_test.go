@@ -4,7 +4,15 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 )
 
 // TestEntryLayout: an entry decodes, with the kernel's shifts and masks
@@ -62,5 +70,45 @@ func TestKernelDecodesSo(t *testing.T) {
 	}
 	if refused != 1<<62 {
 		t.Fatal("the refused bit is not the kernel's")
+	}
+}
+
+// TestRoomWaitsForTheTarget: a sender writes position pos of a row of e
+// entries only once the target took position pos - e (its count in the
+// target's mark page, mapped here), and gives up after roomWait.
+func TestRoomWaitsForTheTarget(t *testing.T) {
+	fd, mem, err := shmstream.CreateSealed("inbox-room", 4096)
+	if err != nil {
+		t.Skipf("sealed memfd: %v", err)
+	}
+	defer unix.Close(fd)
+	defer unix.Munmap(mem)
+	pm, err := staging.OpenPeerMarks(fd, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pm.Close()
+	p := &Peer{row: 3, e: 4, marks: pm}
+	count := (*atomic.Uint64)(unsafe.Pointer(&mem[2048+3*8]))
+	count.Store(1) // position 0 taken
+	if !p.room(4) {
+		t.Fatal("position 4 refused with position 0 taken")
+	}
+	if p.room(5) {
+		t.Fatal("position 5 written over position 1, not taken yet")
+	}
+	count.Store(1 | refused)
+	if !p.room(4) {
+		t.Fatal("the refused bit kept a taken position from counting")
+	}
+	go func() {
+		time.Sleep(50 * time.Microsecond)
+		count.Store(2)
+	}()
+	old := roomWait
+	roomWait = 10 * time.Second
+	defer func() { roomWait = old }()
+	if !p.room(5) {
+		t.Fatal("position 5 refused once position 1 was taken")
 	}
 }
