@@ -66,11 +66,14 @@ func Entry(pos, e uint64, idx int, off, v uint64) uint64 {
 func Fits(off, v uint64) bool { return v <= MaxValue && off < MaxOffset && off%8 == 0 }
 
 var box struct {
-	mu  sync.Mutex
-	ctx uintptr         // the context whose agent keeps the inbox; 0: none yet
-	err error           // why there is none (said once)
-	tab [TableSize]bool // entries taken
-	e   uint64          // a row's entries (Row's)
+	mu  sync.Mutex      // makes the inbox, takes and frees table entries
+	err error           // why there is none (said once; under mu)
+	tab [TableSize]bool // entries taken (under mu)
+	// ctx is the context whose agent keeps the inbox (0: none yet) and e
+	// a row's entries (Row's): set under mu, read with loads on the
+	// operations' path.
+	ctx atomic.Uintptr
+	e   atomic.Uint64
 }
 
 // Claim enters the n bytes at base of registration id, device memory of
@@ -85,7 +88,7 @@ func Claim(ctx uintptr, id uint32, base uintptr, n uint64) (int, bool) {
 	}
 	box.mu.Lock()
 	defer box.mu.Unlock()
-	if box.ctx == 0 {
+	if box.ctx.Load() == 0 {
 		if box.err != nil {
 			return 0, false
 		}
@@ -98,14 +101,14 @@ func Claim(ctx uintptr, id uint32, base uintptr, n uint64) (int, bool) {
 			logx.Info(abi.SubsysReg, "NET/wasm: no peer inbox (NCCL_RMA_WASM_INTRANODE_INBOX): %v", err)
 			return 0, false
 		}
-		box.ctx = ctx
+		box.ctx.Store(ctx)
 	}
 	idx := 0
 	for idx < TableSize && box.tab[idx] {
 		idx++
 	}
-	if ctx != box.ctx || idx == TableSize {
-		if ctx == box.ctx {
+	if ctx != box.ctx.Load() || idx == TableSize {
+		if ctx == box.ctx.Load() {
 			logx.Info(abi.SubsysReg, "NET/wasm: registration %d is not in the peer inbox's table: its %d entries are taken", id, TableSize)
 		}
 		return 0, false
@@ -128,7 +131,7 @@ func Release(id uint32, idx int) {
 		return
 	}
 	box.tab[idx] = false
-	if err := d.InboxTable(box.ctx, idx, 0, 0); err != nil {
+	if err := d.InboxTable(box.ctx.Load(), idx, 0, 0); err != nil {
 		logx.Warn(abi.SubsysReg, "NET/wasm: emptying the peer inbox's entry of registration %d: %v", id, err)
 	}
 }
@@ -140,12 +143,12 @@ func Row() (int, devmem.Segment, int, error) {
 	d, ok := devmem.Get().(devmem.Inboxer)
 	box.mu.Lock()
 	defer box.mu.Unlock()
-	if !ok || box.ctx == 0 {
+	if !ok || box.ctx.Load() == 0 {
 		return 0, devmem.Segment{Fd: -1}, 0, errors.New("no peer inbox here")
 	}
-	row, seg, e, err := d.InboxRow(box.ctx)
+	row, seg, e, err := d.InboxRow(box.ctx.Load())
 	if err == nil {
-		box.e = uint64(e)
+		box.e.Store(uint64(e))
 	}
 	return row, seg, e, err
 }
@@ -153,9 +156,7 @@ func Row() (int, devmem.Segment, int, error) {
 // Taken is row's count of entries taken, with the refused bit.
 func Taken(row int) uint64 {
 	d, ok := devmem.Get().(devmem.Inboxer)
-	box.mu.Lock()
-	ctx := box.ctx
-	box.mu.Unlock()
+	ctx := box.ctx.Load()
 	if !ok || ctx == 0 {
 		return 0
 	}
@@ -196,10 +197,7 @@ func Reached(row int, pos uint64, d time.Duration) bool {
 // counts is row's count of entries taken, in our mark page's second half
 // (where the agent publishes it), nil without an inbox.
 func counts(row int) *atomic.Uint64 {
-	box.mu.Lock()
-	ctx := box.ctx
-	box.mu.Unlock()
-	if ctx == 0 || row < 0 || row >= Rows {
+	if box.ctx.Load() == 0 || row < 0 || row >= Rows {
 		return nil
 	}
 	return staging.MarkPageRestWord(row)
@@ -221,9 +219,7 @@ var (
 func Wait(row int, pos uint64, pid int) error {
 	d, ok := devmem.Get().(devmem.Inboxer)
 	w := counts(row)
-	box.mu.Lock()
-	ctx, e := box.ctx, box.e
-	box.mu.Unlock()
+	ctx, e := box.ctx.Load(), box.e.Load()
 	if !ok || w == nil {
 		return errors.New("no peer inbox here")
 	}

@@ -812,29 +812,16 @@ func (g *Gather) AddCopy(ctx, dst, src uintptr, n uint64) (bool, error) {
 // a peer's memory with an atomic (the caller lets the target apply the
 // signal instead).
 func (g *Gather) AddAdd(ctx, dev uintptr, v uint64) (bool, error) {
-	d := devmem.Get()
-	st, ok := d.(devmem.Streams)
-	if !ok || dev%8 != 0 || !AgentRuns(ctx) {
+	st, ok := devmem.Get().(devmem.Streams)
+	if !ok || dev%8 != 0 {
 		return false, nil
 	}
-	q := queueOf(d, ctx)
-	if q == nil {
-		return false, nil
-	}
-	if err := fence(d, ctx); err != nil {
-		return false, err
-	}
-	h, err := g.hold(q, 0) // for its event only
-	if h == nil {
-		return false, err
-	}
-	if err := st.AtomicAdd(ctx, dev, v); err != nil {
-		return false, fmt.Errorf("device agent's add to a peer's signal word: %w", err)
-	}
-	h.copies = true
-	h.rec = false
-	g.waited = false
-	return true, nil
+	return g.AddAgent(ctx, func() (bool, error) {
+		if err := st.AtomicAdd(ctx, dev, v); err != nil {
+			return false, fmt.Errorf("device agent's add to a peer's signal word: %w", err)
+		}
+		return true, nil
+	})
 }
 
 // AddAgent joins to the batch the agent command that queue queues on ctx
