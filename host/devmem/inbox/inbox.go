@@ -284,8 +284,12 @@ type Peer struct {
 	size  uint64
 	row   int
 	e     uint64
-	next  uint64             // positions queued (the one lane that carries them)
 	marks *staging.PeerMarks // the peer's mark page: its counts
+	// mu queues one entry at a time, in position order (lane 0's writer
+	// alone, unless that lane failed over); next counts the positions
+	// queued (under mu).
+	mu   sync.Mutex
+	next uint64
 }
 
 // Open maps seg, a peer's inbox rows, into ctx: row is ours, of entries
@@ -335,6 +339,8 @@ func (p *Peer) Queue(g *staging.Gather, dst, src uintptr, n uint64, idx int, off
 	if !ok || p.va == 0 || !Fits(off, v) || idx < 0 || idx >= TableSize {
 		return 0, false, nil
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	pos := p.next
 	if pos >= p.e && !p.room(pos) {
 		return 0, false, nil
@@ -356,6 +362,8 @@ func (p *Peer) QueueMapped(dst, src uintptr, n uint64, idx int, off, v uint64, c
 	if p.va == 0 || n == 0 || !Fits(off, v) || idx < 0 || idx >= TableSize {
 		return 0, false, nil
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	pos := p.next
 	if pos >= p.e && !p.room(pos) {
 		return 0, false, nil
@@ -377,6 +385,8 @@ func (p *Peer) QueueSignal(idx int, off, v uint64) (uint64, bool, error) {
 	if p.va == 0 || !Fits(off, v) || idx < 0 || idx >= TableSize {
 		return 0, false, nil
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	pos := p.next
 	if pos >= p.e && !p.room(pos) {
 		return 0, false, nil
