@@ -331,12 +331,39 @@ var roomWait = 200 * time.Microsecond
 // of n bytes from src to dst (a peer's window mapped here; n 0: none) and
 // then the write of the entry adding v to the word at off of the peer's
 // table entry idx; it returns the position + 1, which the header carries.
-// Called by one goroutine at a time (the lane's writer): positions go to
-// the agent in order. false (and no error): no room in the row in time,
-// or the agent took no command.
+// Entries go to the agent one at a time, in position order. false (and no
+// error): no room in the row in time, or the agent took no command.
 func (p *Peer) Queue(g *staging.Gather, dst, src uintptr, n uint64, idx int, off, v uint64) (uint64, bool, error) {
+	return p.queue(inBatch, g, dst, src, n, idx, off, v, nil, 0)
+}
+
+// QueueMapped is Queue for a payload (n > 0) whose request waits for the
+// command itself: c.Complete(tag, ...) once it executed
+// (staging.CopyMappedWrite), so the header need not wait for it.
+func (p *Peer) QueueMapped(dst, src uintptr, n uint64, idx int, off, v uint64, c staging.Completer, tag uint64) (uint64, bool, error) {
+	return p.queue(withCopy, nil, dst, src, n, idx, off, v, c, tag)
+}
+
+// QueueSignal is Queue for a signal alone: the entry's write, queued on
+// ctx's agent after what was queued on the device before it, with nothing
+// waiting for it (the target waits for the entry), so that its header and
+// the operations behind it leave at once.
+func (p *Peer) QueueSignal(idx int, off, v uint64) (uint64, bool, error) {
+	return p.queue(alone, nil, 0, 0, 0, idx, off, v, nil, 0)
+}
+
+// how an entry goes to the agent (queue).
+type how int
+
+const (
+	inBatch  how = iota // joined to a lane's gathered batch (Queue)
+	withCopy            // behind its copy, its request waiting for the command (QueueMapped)
+	alone               // a signal alone's entry (QueueSignal)
+)
+
+func (p *Peer) queue(h how, g *staging.Gather, dst, src uintptr, n uint64, idx int, off, v uint64, c staging.Completer, tag uint64) (uint64, bool, error) {
 	d, ok := devmem.Get().(devmem.Inboxer)
-	if !ok || p.va == 0 || !Fits(off, v) || idx < 0 || idx >= TableSize {
+	if !ok || p.va == 0 || !Fits(off, v) || idx < 0 || idx >= TableSize || (h == withCopy && n == 0) {
 		return 0, false, nil
 	}
 	p.mu.Lock()
@@ -347,52 +374,15 @@ func (p *Peer) Queue(g *staging.Gather, dst, src uintptr, n uint64, idx int, off
 	}
 	w := p.va + uintptr((uint64(p.row)*p.e+pos%p.e)*8)
 	e := Entry(pos, p.e, idx, off, v)
-	ok, err := g.AddAgent(p.ctx, func() (bool, error) { return d.CopyWrite(p.ctx, dst, src, n, w, e) })
-	if !ok || err != nil {
-		return 0, false, err
+	var err error
+	switch h {
+	case inBatch:
+		ok, err = g.AddAgent(p.ctx, func() (bool, error) { return d.CopyWrite(p.ctx, dst, src, n, w, e) })
+	case withCopy:
+		ok, err = staging.CopyMappedWrite(p.ctx, dst, src, n, w, e, c, tag)
+	default:
+		ok, err = staging.AgentWrite(p.ctx, w, e)
 	}
-	p.next++
-	return pos + 1, true, nil
-}
-
-// QueueMapped is Queue for a payload (n > 0) whose request waits for the
-// command itself: c.Complete(tag, ...) once it executed
-// (staging.CopyMappedWrite), so the header need not wait for it.
-func (p *Peer) QueueMapped(dst, src uintptr, n uint64, idx int, off, v uint64, c staging.Completer, tag uint64) (uint64, bool, error) {
-	if p.va == 0 || n == 0 || !Fits(off, v) || idx < 0 || idx >= TableSize {
-		return 0, false, nil
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	pos := p.next
-	if pos >= p.e && !p.room(pos) {
-		return 0, false, nil
-	}
-	w := p.va + uintptr((uint64(p.row)*p.e+pos%p.e)*8)
-	ok, err := staging.CopyMappedWrite(p.ctx, dst, src, n, w, Entry(pos, p.e, idx, off, v), c, tag)
-	if !ok || err != nil {
-		return 0, false, err
-	}
-	p.next++
-	return pos + 1, true, nil
-}
-
-// QueueSignal is Queue for a signal alone: the entry's write, queued on
-// ctx's agent after what was queued on the device before it, with nothing
-// waiting for it (the target waits for the entry), so that its header and
-// the operations behind it leave at once.
-func (p *Peer) QueueSignal(idx int, off, v uint64) (uint64, bool, error) {
-	if p.va == 0 || !Fits(off, v) || idx < 0 || idx >= TableSize {
-		return 0, false, nil
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	pos := p.next
-	if pos >= p.e && !p.room(pos) {
-		return 0, false, nil
-	}
-	w := p.va + uintptr((uint64(p.row)*p.e+pos%p.e)*8)
-	ok, err := staging.AgentWrite(p.ctx, w, Entry(pos, p.e, idx, off, v))
 	if !ok || err != nil {
 		return 0, false, err
 	}
