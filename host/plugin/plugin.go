@@ -11,6 +11,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/fabric/nics"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
@@ -139,7 +140,8 @@ func Finalize(ctx uint64) abi.Result {
 	// communicators still use them, and remaking them would allocate
 	// pinned memory on the data path, where a kernel may be waiting.
 	if ctxs.empty() {
-		staging.Release()
+		staging.Release() // stops the agents: their inboxes go with them
+		inbox.Forget()
 	}
 	return abi.Success
 }

@@ -121,6 +121,18 @@ func Claim(ctx uintptr, id uint32, base uintptr, n uint64) (int, bool) {
 	return idx, true
 }
 
+// Forget drops what the process knew of its inbox once the agents stopped
+// (the plugin's last finalize frees the inbox with them, and the mark
+// page): a later registration opens a new one.
+func Forget() {
+	box.mu.Lock()
+	defer box.mu.Unlock()
+	box.err = nil
+	box.tab = [TableSize]bool{}
+	box.ctx.Store(0)
+	box.e.Store(0)
+}
+
 // Release takes registration id's entry idx (Claim's) out of the table
 // before its memory goes: the agent adds nothing there afterwards.
 func Release(id uint32, idx int) {
