@@ -111,9 +111,6 @@ type Inboxer interface {
 	// InboxTable sets table entry idx to the n bytes at base (n 0: empty)
 	// and returns once the agent uses it.
 	InboxTable(ctx uintptr, idx int, base uintptr, n uint64) error
-	// InboxTaken is row's count of entries taken, with bit 62 set once
-	// one was refused.
-	InboxTaken(ctx uintptr, row int) uint64
 	// InboxKick launches ctx's agent if it parked.
 	InboxKick(ctx uintptr) error
 	// CopyWrite queues, after the work queued on ctx so far, the copy of n

@@ -92,7 +92,7 @@ const StatusMark = 0x1000
 // its signal op carrying SigApplied) says that the entry is row (the low
 // byte of the status) position off - 1 of the target's inbox: the target's
 // agent adds the signal; its host numbers and acknowledges the operation
-// once the agent took the entry (staging's inbox.go).
+// once the agent took the entry (host/devmem/inbox).
 const StatusInbox = 0x0800
 
 // SigApplied, or'ed into a put+signal's signal op, says that the sender's

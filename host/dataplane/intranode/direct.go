@@ -104,11 +104,14 @@ func (x *Link) direct(l *intraLane, op *link.Op) link.SideMove {
 
 // inboxEntry carries op (op.InboxIdx): the payload's copy into the mapped
 // window, then our agent's entry in the peer's inbox, whose agent adds the
-// signal (host/devmem/inbox), gathered in the lane's batch; the header,
-// marked applied, names the entry. SideNo: not so (no row of the peer's
-// mapped here, the agent of the payload's context is not the one that
-// writes our entries, no room in the row in time), and the path is over
-// for the peer.
+// signal (host/devmem/inbox). The header, marked applied, names the entry
+// and leaves at once: a signal alone's entry needs nothing more, and a
+// put+signal's request waits for the command, as a marked copy's; only
+// where the command could not get a slot of its own does the lane's
+// batch wait for it before the header leaves. SideNo: not so (no row of
+// the peer's mapped here, the agent of the payload's context is not the
+// one that writes our entries, no room in the row in time), and the path
+// is over for the peer.
 func (x *Link) inboxEntry(l *intraLane, op *link.Op, ib *inbox.Peer, ctx uintptr) link.SideMove {
 	off := x.Peer().DirectOff()
 	if ib == nil || ctx != ib.Ctx() {
@@ -120,50 +123,32 @@ func (x *Link) inboxEntry(l *intraLane, op *link.Op, ib *inbox.Peer, ctx uintptr
 		v = 1
 	}
 	idx := int(op.InboxIdx - 1)
-	if op.Size > 0 {
-		// The header leaves at once and the request waits for the
-		// command (the target waits for its entry), as a marked copy's.
-		if po, ok := x.Peer().Mesh().Owner.(link.PartOwner); ok && !x.strong(op) {
-			po.AddPart(op.Tag) // the command's part; given back below when nothing was queued
-			pos, ok, err := ib.QueueMapped(uintptr(op.Mapped), uintptr(op.Local), op.Size, idx, op.SigOff, v, x.Peer().Mesh().Owner, op.Tag)
-			if ok {
-				op.SigOp |= wire.SigApplied
-				op.Inbox, op.InboxPos = uint8(ib.Row()+1), pos
-				x.mappedOnce()
-				x.inboxOnce()
-				return link.SideQueued
-			}
-			x.Peer().Mesh().Owner.Complete(op.Tag, abi.Success)
-			if err != nil {
-				off.Store(true)
-				return x.mapFailed(op, err)
-			}
-		}
-	}
+	owner := x.Peer().Mesh().Owner
+	var pos uint64
+	var ok bool
+	var err error
+	mv := link.SideQueued
 	if op.Size == 0 {
-		// A signal alone: the entry's write, and the header at once.
-		pos, ok, err := ib.QueueSignal(idx, op.SigOff, v)
-		if ok {
-			op.SigOp |= wire.SigApplied
-			op.Inbox, op.InboxPos = uint8(ib.Row()+1), pos
-			x.inboxOnce()
-			return link.SideQueued
+		pos, ok, err = ib.QueueSignal(idx, op.SigOff, v)
+	} else {
+		if po, isPO := owner.(link.PartOwner); isPO && !x.strong(op) {
+			po.AddPart(op.Tag) // the command's part; given back below when nothing was queued
+			if pos, ok, err = ib.QueueMapped(uintptr(op.Mapped), uintptr(op.Local), op.Size, idx, op.SigOff, v, owner, op.Tag); !ok {
+				owner.Complete(op.Tag, abi.Success)
+			}
 		}
-		if err != nil {
-			off.Store(true)
-			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: %v; its signals are applied by its host from now on", x.Peer().Rank(), err)
-			return link.SideNo
+		if !ok && err == nil {
+			mv = link.SideGathered
+			pos, ok, err = ib.Queue(l.l.Gathered(), uintptr(op.Mapped), uintptr(op.Local), op.Size, idx, op.SigOff, v)
 		}
 	}
-	var dst, src uintptr
-	if op.Size > 0 {
-		dst, src = uintptr(op.Mapped), uintptr(op.Local)
-	}
-	pos, ok, err := ib.Queue(l.l.Gathered(), dst, src, op.Size, idx, op.SigOff, v)
-	if err != nil || !ok {
+	if !ok || err != nil {
 		off.Store(true)
-		if err != nil {
+		switch {
+		case err != nil && op.Size > 0:
 			return x.mapFailed(op, err)
+		case err != nil:
+			selfWarn.Warn(abi.SubsysNet, "NET/wasm: rank %d: %v; its signals are applied by its host from now on", x.Peer().Rank(), err)
 		}
 		return link.SideNo
 	}
@@ -173,7 +158,7 @@ func (x *Link) inboxEntry(l *intraLane, op *link.Op, ib *inbox.Peer, ctx uintptr
 		x.mappedOnce()
 	}
 	x.inboxOnce()
-	return link.SideGathered
+	return mv
 }
 
 // inboxOnce counts a signal through the peer's inbox; the first says so.

@@ -259,7 +259,8 @@ func (cudaDevice) InboxTable(ctx uintptr, idx int, base uintptr, n uint64) error
 	return nil
 }
 
-// InboxTaken is row's count of entries taken (devmem.Inboxer).
+// InboxTaken is row's count of entries taken, with bit 62 set once one was
+// refused (inboxCheck's; the plugin reads the counts in the mark page).
 func (cudaDevice) InboxTaken(ctx uintptr, row int) uint64 {
 	return uint64(C.rmaw_cuda_inbox_taken(C.uintptr_t(ctx), C.int(row)))
 }

@@ -153,7 +153,6 @@ int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, char* err, size_t errlen
     goto out;
   }
   boxes[nboxes] = x;
-  b = &boxes[nboxes];
   __atomic_store_n(&nboxes, nboxes + 1, __ATOMIC_RELEASE);
   rc = 0;
 out:
@@ -214,7 +213,8 @@ int rmaw_cuda_inbox_table(uintptr_t ctx, int idx, uint64_t base, uint64_t n, cha
   return rc;
 }
 
-/* rmaw_cuda_inbox_taken is row's count of entries taken, bit 62 set once
+/* rmaw_cuda_inbox_taken is row's count of entries taken (the self-check's:
+ * the plugin reads the counts in the mark page), bit 62 set once
  * one was refused; 0 for no inbox. */
 uint64_t rmaw_cuda_inbox_taken(uintptr_t ctx, int row) {
   int n = __atomic_load_n(&nboxes, __ATOMIC_ACQUIRE);

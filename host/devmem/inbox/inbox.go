@@ -165,16 +165,6 @@ func Row() (int, devmem.Segment, int, error) {
 	return row, seg, e, err
 }
 
-// Taken is row's count of entries taken, with the refused bit.
-func Taken(row int) uint64 {
-	d, ok := devmem.Get().(devmem.Inboxer)
-	ctx := box.ctx.Load()
-	if !ok || ctx == 0 {
-		return 0
-	}
-	return d.InboxTaken(ctx, row)
-}
-
 // ErrRefused is a wait's error when the agent refused one of the row's
 // entries: the peer named a word outside our table. ErrAhead is one for
 // a position more than a row ahead of what the agent took, which no

@@ -825,8 +825,8 @@ func (g *Gather) AddAdd(ctx, dev uintptr, v uint64) (bool, error) {
 }
 
 // AddAgent joins to the batch the agent command that queue queues on ctx
-// (a peer inbox entry, host/devmem/inbox), after what the batch queued
-// there: Wait waits for it with the rest. false (and no error): ctx runs
+// (an add to a peer's signal word, a peer inbox entry: host/devmem/inbox),
+// after what the batch queued there: Wait waits for it with the rest. false (and no error): ctx runs
 // no agent, or queue queued nothing.
 func (g *Gather) AddAgent(ctx uintptr, queue func() (bool, error)) (bool, error) {
 	d := devmem.Get()

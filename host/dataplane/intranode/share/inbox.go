@@ -58,16 +58,8 @@ func (x *Exchange) openInbox(m Local, tok uint64, r, pid int) {
 func (x *Exchange) fetchInbox(m Local, tok uint64, r, pid int) error {
 	pm := x.ipc.PeerMarks(r)
 	if pm == nil {
-		payload, fds, err := fdpass.Fetch(shareName(pid, tok), keyMarkPage|uint64(x.rank), pid)
-		defer closeFds(fds)
-		if err != nil {
+		if err := x.mapPeerMarks(tok, r, pid); err != nil {
 			return fmt.Errorf("its mark page: %w", err)
-		}
-		if len(payload) != 8 || binary.LittleEndian.Uint32(payload) != 1 || binary.LittleEndian.Uint32(payload[4:]) != segMarks || len(fds) != 1 {
-			return fmt.Errorf("malformed mark page from rank %d", r)
-		}
-		if err := x.ipc.OpenPeerMarks(r, fds[0]); err != nil {
-			return err
 		}
 		if pm = x.ipc.PeerMarks(r); pm == nil {
 			return errors.New("its mark page is not mapped here")

@@ -478,19 +478,29 @@ func (x *Exchange) serveOpenMarks(pid, r int) ([]byte, []int, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	payload, fds, err := fdpass.Fetch(shareName(pid, tok), keyMarkPage|uint64(x.rank), pid)
-	defer closeFds(fds)
-	if err != nil {
-		return nil, nil, err
-	}
-	if len(payload) != 8 || binary.LittleEndian.Uint32(payload) != 1 || binary.LittleEndian.Uint32(payload[4:]) != segMarks || len(fds) != 1 {
-		return nil, nil, fmt.Errorf("malformed mark page from rank %d", r)
-	}
-	if err := x.ipc.OpenPeerMarks(r, fds[0]); err != nil {
-		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: the mark page of rank %d cannot be mapped here: %v", x.rank, r, err)
+	if err := x.mapPeerMarks(tok, r, pid); err != nil {
 		return nil, nil, err
 	}
 	return []byte{1}, nil, nil
+}
+
+// mapPeerMarks fetches the mark page of rank r (process pid, server tok)
+// and maps it here, once (read-only): the words its agent marks its
+// copies into our memory on, and the counts of its peer inbox.
+func (x *Exchange) mapPeerMarks(tok uint64, r, pid int) error {
+	payload, fds, err := fdpass.Fetch(shareName(pid, tok), keyMarkPage|uint64(x.rank), pid)
+	defer closeFds(fds)
+	if err != nil {
+		return err
+	}
+	if len(payload) != 8 || binary.LittleEndian.Uint32(payload) != 1 || binary.LittleEndian.Uint32(payload[4:]) != segMarks || len(fds) != 1 {
+		return fmt.Errorf("malformed mark page from rank %d", r)
+	}
+	if err := x.ipc.OpenPeerMarks(r, fds[0]); err != nil {
+		logx.Info(abi.SubsysReg, "NET/wasm: rank %d: the mark page of rank %d cannot be mapped here: %v", x.rank, r, err)
+		return err
+	}
+	return nil
 }
 
 // serveMarkPage answers our mark page for rank, which must be process
