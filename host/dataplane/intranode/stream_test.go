@@ -175,12 +175,7 @@ func TestStreamCorrupt(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	owners[1].Mu.Lock()
-	failed := fmt.Sprint(owners[1].Failed)
-	owners[1].Mu.Unlock()
-	if !strings.Contains(failed, "corrupted") {
-		t.Fatalf("the target's error does not name the corruption: %s", failed)
-	}
+	owners[1].WaitFailure(t, "corrupted")
 }
 
 // TestStreamSecondOffer: a sender that offers a second shared-memory
@@ -215,10 +210,5 @@ func TestStreamSecondOffer(t *testing.T) {
 	}
 	meshtest.IntraOf(l).Ring()
 	meshtest.WaitUntil(t, "the target to drop the peer", ms[1].Peer(0).Dead)
-	owners[1].Mu.Lock()
-	failed := fmt.Sprint(owners[1].Failed)
-	owners[1].Mu.Unlock()
-	if !strings.Contains(failed, "second shared-memory stream") {
-		t.Fatalf("the target's error does not name the second offer: %s", failed)
-	}
+	owners[1].WaitFailure(t, "second shared-memory stream")
 }

@@ -1,8 +1,11 @@
 package meshtest
 
 import (
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -87,6 +90,20 @@ func (o *MemOwner) PeerFailed(_ int, err error) {
 	o.Mu.Lock()
 	o.Failed = append(o.Failed, err)
 	o.Mu.Unlock()
+}
+
+// WaitFailure waits until a PeerFailed report names substr, and fails the
+// test with the reports so far if none does within 15 s. A peer is marked
+// dead before its loss is reported, so a test that saw Dead waits here.
+func (o *MemOwner) WaitFailure(t testing.TB, substr string) {
+	t.Helper()
+	var got string
+	WaitUntilOr(t, func() bool {
+		o.Mu.Lock()
+		got = fmt.Sprint(o.Failed)
+		o.Mu.Unlock()
+		return strings.Contains(got, substr)
+	}, func() string { return fmt.Sprintf("no reported failure names %q: %s", substr, got) })
 }
 
 // LaneFailed records a lane's failover (dataplane.LaneObserver).

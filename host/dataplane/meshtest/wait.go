@@ -107,6 +107,19 @@ func WaitUntil(t testing.TB, what string, cond func() bool) {
 	}
 }
 
+// WaitUntilOr is WaitUntil whose failure message is why(), for a
+// condition whose last state says more than its name.
+func WaitUntilOr(t testing.TB, cond func() bool, why func() string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal(why())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // Warnings captures the WARN lines logged until the test ends.
 func Warnings(t testing.TB) func() []string {
 	t.Helper()
