@@ -230,6 +230,13 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check_ipc_agent_marks", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "are ordered by device agent marks",
 				"fakecuda: the device agent marked a copy in host memory", "marked copies", "!fakecuda: an interprocess event recorded"}},
+		// NCCL_RMA_WASM_PLACED_COMPLETION=1: the same, each put+signal
+		// completing once the agent's copy executed and its header was
+		// written, without the target's acknowledgement; every byte and
+		// signal still verified at the target, in order.
+		{"cuda_check_ipc_agent_marks_placed", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1", "NCCL_RMA_WASM_PLACED_COMPLETION=1"},
+			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "are ordered by device agent marks",
+				"puts placed in its mapped memory complete once their copy executed"}},
 		// The same with the agent's commands at once: most marks are
 		// there before their headers, and the proxy's polling thread
 		// serves those headers itself instead of waking the service.
@@ -275,6 +282,12 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check_inbox", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_INBOX=1", "CUDA_CHECK_DIRECT=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "go through its peer inbox: its device agent adds them",
 				"hands signals to its agent through its peer inbox", "fakecuda: the device agent added a peer's inbox entry", "!fakecuda: the device agent refused an inbox entry"}},
+		// The same with placed completions: a put+signal's request
+		// completes once its copy and entry executed and its header was
+		// written; the signal alone still waits for the target.
+		{"cuda_check_inbox_placed", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_INBOX=1", "NCCL_RMA_WASM_PLACED_COMPLETION=1", "CUDA_CHECK_DIRECT=1"},
+			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "hands signals to its agent through its peer inbox",
+				"puts placed in its mapped memory complete once their copy executed", "!fakecuda: the device agent refused an inbox entry"}},
 		{"cuda_check_direct_signal_off", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "CUDA_CHECK_DIRECT=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "!adds signals straight into its mapped signal words"}},
 		// The same on the application's context.

@@ -302,6 +302,8 @@ var (
 	IntraNode       = boolVar("NCCL_RMA_WASM_INTRANODE", true, "0 turns the single-copy path off for ranks on one host")
 	// Off by default: a put completes when it arrived (SPEC.md §3).
 	LocalCompletion = boolVar("NCCL_RMA_WASM_LOCAL_COMPLETION", false, "1: a put completes when the kernel has its bytes, before the target acknowledged them (faster, weaker; SPEC.md §3)")
+	// Off by default until measured on a GPU (SPEC.md §3).
+	PlacedCompletion = boolVar("NCCL_RMA_WASM_PLACED_COMPLETION", false, "1: a put or put+signal whose payload a device copy placed straight into an intra-node peer's mapped device memory completes once that copy executed and its header was written, without waiting for the target's acknowledgement; the bytes are in the target's memory by then, and its signal follows in order (GIN's flush asks for no more: the source may be reused). A rejection the target reports later reaches the sticky error (queryLastError) only. 0 (the default): such a put also waits for the acknowledgement")
 	// Lanes 0 (the default) keeps the backend's plan.
 	Lanes = intVar("NCCL_RMA_WASM_LANES", "backend's plan (1 per 4 cores, ≤ 4)", 0, abi.MaxLanes, 0, fmt.Sprintf("TCP streams per peer (1..%d); large puts and gets are striped over them; over libfabric also the rails: an endpoint on each of up to that many NICs", abi.MaxLanes))
 	// SpinUs -1 (unset) is the default: 50 µs, with one spinning reader

@@ -44,6 +44,11 @@ type Options struct {
 	// (NCCL_RMA_WASM_LOCAL_COMPLETION), which an out-of-band reader at the
 	// target cannot rely on.
 	LocalCompletion bool
+	// PlacedCompletion completes a put whose payload a device copy placed
+	// straight into an intra-node peer's mapped memory once that copy
+	// executed and its header was written, without the target's ack
+	// (NCCL_RMA_WASM_PLACED_COMPLETION): the bytes are there already.
+	PlacedCompletion bool
 	// NoFabric declines libfabric for every peer (the connection plan
 	// asked for TCP or the intra-node path). Each rank tells its peers in
 	// the connection hello, so a pair uses libfabric only if neither
@@ -200,7 +205,7 @@ func Connect(l *Listener, handles []*wire.Handle, rank int, owner Owner, opt Opt
 	if m.closeTimeout <= 0 {
 		m.closeTimeout = DefaultCloseTimeout
 	}
-	m.cfg = link.Config{Rank: rank, Owner: owner, WG: &m.wg, StageChunk: m.stageChunk, LocalCompletion: m.localComp,
+	m.cfg = link.Config{Rank: rank, Owner: owner, WG: &m.wg, StageChunk: m.stageChunk, LocalCompletion: m.localComp, PlacedCompletion: opt.PlacedCompletion,
 		OrderWindow: m.orderWindow, SpinWait: m.spinWait, Spinners: m.spinners, CloseTimeout: m.closeTimeout,
 		NoIntraRing: m.noIntraRing, NoIntraStream: m.noIntraStream, GatherWriter: opt.GatherWriter,
 		FlushAskAtOnce: opt.FlushAskAtOnce, AckHoldAdapt: opt.AckHoldAdapt}

@@ -164,7 +164,7 @@ func Connect(handles []*[abi.HandleSize]byte, rank int32, listen uint64) (uint64
 	start := time.Now()
 	opt := dataplane.Options{Timeout: config.ConnectTimeout.Get(), IntraNode: config.IntraNode.Get() && plan.Transport != backend.TransportTCP,
 		Lanes: int(plan.Lanes), StripeThreshold: plan.StripeThreshold, ChunkSize: plan.ChunkSize, CloseTimeout: config.CloseTimeout.Get(),
-		LocalCompletion: config.LocalCompletion.Get(),
+		LocalCompletion: config.LocalCompletion.Get(), PlacedCompletion: config.PlacedCompletion.Get(),
 		// The plan chooses among what the operator enabled (SPEC.md §8.10).
 		// Encryption declines libfabric too: its RMA writes would bypass the seal.
 		NoFabric:    plan.Transport == backend.TransportTCP || plan.Transport == backend.TransportIntraNode || config.Encrypt.Get(),

@@ -39,7 +39,9 @@
 # without and with the agent; "fence" pairs of 64 B and 4 KiB
 # alltoalls with NCCL_RMA_WASM_DEVICE_AGENT_FENCE sc and acqrel, and the
 # ping-pong's marks series with acqrel; "inbox" pairs and a ping-pong
-# series with NCCL_RMA_WASM_INTRANODE_INBOX off and on; "lean" the same with
+# series with NCCL_RMA_WASM_INTRANODE_INBOX off and on; "placed" pairs
+# with NCCL_RMA_WASM_PLACED_COMPLETION off and on, "placedinbox" the same
+# with the peer inbox; "lean" the same with
 # NCCL_RMA_WASM_DEVICE_AGENT_FENCE sc and lean; "oneread" the same pairs and
 # series with NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ 0 and 1; "fused" the
 # 64 B and 4 KiB alltoalls over TCP lanes only, NCCL_RMA_WASM_INTRANODE=0,
@@ -200,6 +202,22 @@ elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:co
     else
       tail -20 "$OUT/host_rma-marks.log"
       echo "GIN-CHECK: host_rma with agent marks failed"
+      pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
+      if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
+    fi
+    # "placed": the marks run with placed completions
+    # (NCCL_RMA_WASM_PLACED_COMPLETION=1), its hop beside the marks run's.
+    if ! ref placed; then
+      :
+    elif timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
+      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET,REG -x NCCL_RMA_WASM_DEVICE_AGENT=1 -x NCCL_RMA_WASM_PLACED_COMPLETION=1 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV ${EXTRA_MPI_ENV:-} \
+      "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-placed.log" 2>&1; then
+      grep -E "HOSTRMA" "$OUT/host_rma-placed.log" | sed "s/^/[placed] /"
+      grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma-placed.log" | sed "s/^/GIN-CHECK [host_rma placed profile] /"
+      grep -hE "puts placed in its mapped memory" "$OUT/host_rma-placed.log" | sed 's/.*NET.wasm: /GIN-CHECK [host_rma placed] /' | sort -u | head -2
+    else
+      tail -20 "$OUT/host_rma-placed.log"
+      echo "GIN-CHECK: host_rma with placed completions failed"
       pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
       if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
     fi
@@ -385,6 +403,15 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # sender's agent's entry, or its host applies it after the mark.
   ref inbox && abrun "${MARKS_PAIRS:-2}" noinbox "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=0" \
     inbox "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1" "peer inbox"
+  # Placed completions (NCCL_RMA_WASM_PLACED_COMPLETION, off until
+  # measured): a put+signal the agent copied into the peer's mapped window
+  # completes once its copy executed and its header was written, not on
+  # the target's acknowledgement; with marks (the default), then with the
+  # peer inbox ("placedinbox").
+  ref placed && abrun "${MARKS_PAIRS:-2}" acked "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_PLACED_COMPLETION=0" \
+    placed "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_PLACED_COMPLETION=1" "puts placed in its mapped memory"
+  ref placedinbox && abrun "${MARKS_PAIRS:-2}" inbox-acked "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1 NCCL_RMA_WASM_PLACED_COMPLETION=0" \
+    inbox-placed "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1 NCCL_RMA_WASM_PLACED_COMPLETION=1" "puts placed in its mapped memory"
   # The gather writer's reference: with the agent its default (auto) hands
   # gathered batches over; here the proxy thread waits for them
   # (NCCL_RMA_WASM_GATHER_WRITER=0), 2 and 4 ranks.

@@ -148,6 +148,11 @@ type Route struct {
 	// set, or a put into mapped device memory from device memory); the
 	// mesh's directRoute confirms or clears it.
 	Direct bool
+	// Placed, set by the lane: the side path placed the payload in the
+	// target's memory and Config.PlacedCompletion is on; the header tells
+	// the target (its signal, its number), and the request completes
+	// once that header was written, not on the target's ack.
+	Placed bool
 	Seq    uint64 // set by the mesh when lanes > 1 (signal order; completion counts per lane)
 	// Set by a lane failover (tcp_failover.go): the op is sent again on
 	// another lane; From is the lane that carried it first.

@@ -22,6 +22,10 @@ type Config struct {
 	StageChunk uint64
 	// LocalCompletion completes a put once the kernel has its bytes.
 	LocalCompletion bool
+	// PlacedCompletion completes a put whose payload the side path placed
+	// in the peer's memory once its header was written (and its copy
+	// executed), not on the target's ack (Route.Placed).
+	PlacedCompletion bool
 	// OrderWindow bounds how far a peer's sequence numbers may run ahead.
 	OrderWindow uint64
 	// SpinWait and Spinners tune the stream readers' spinning (host/spin).

@@ -9,6 +9,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/codec"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
@@ -148,6 +149,11 @@ func (l *lane) writeOp(b *batchOut, i int, op *link.Op) (reached bool, err error
 	b.iov = append(b.iov, l.header(i, op, ringed, comp))
 	if l.resend && (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal || op.Msg == wire.MsgReg) {
 		b.pops = append(b.pops, *op)
+		if op.Placed {
+			// Completed once written (batchWritten): a resend's ack
+			// must not complete the request again.
+			b.pops[len(b.pops)-1].Tag = 0
+		}
 	}
 	switch op.Msg {
 	case wire.MsgPut, wire.MsgPutSignal:
@@ -178,7 +184,14 @@ func (l *lane) sideOp(b *batchOut, i int, op *link.Op) bool {
 	switch {
 	case mv == link.SideNo:
 	case link.TellsTarget(op):
-		op.Size = 0 // the payload is there: send the signal (or the number that landed) alone
+		// The payload is there (or its copy queued, which completes the
+		// request once more): send the signal, or the number that
+		// landed, alone.
+		op.Placed = op.Size > 0 && l.p.Mesh().PlacedCompletion
+		if op.Placed && !l.t.placedSaid.Load() && !l.t.placedSaid.Swap(true) {
+			logx.Info(abi.SubsysNet, "NET/wasm: rank %d: puts placed in its mapped memory complete once their copy executed and their header was written, without its acknowledgement (NCCL_RMA_WASM_PLACED_COMPLETION)", l.p.Rank())
+		}
+		op.Size = 0
 	default:
 		op.Msg = link.OpDone // nothing to tell the target
 		switch mv {
@@ -230,7 +243,7 @@ func (l *lane) header(i int, op *link.Op, ringed, comp bool) []byte {
 // compressed payload, or host memory written straight from the
 // registration.
 func (l *lane) putPayload(b *batchOut, op *link.Op, ringed, comp bool) (err error) {
-	if l.p.Mesh().LocalCompletion {
+	if l.p.Mesh().LocalCompletion || op.Placed {
 		// Completed below, once written. The FIFO still counts
 		// the put against the target's acks; tag 0 completes
 		// nothing when the ack comes.
@@ -290,7 +303,14 @@ func (l *lane) batchWritten(ops []link.Op, n int, later []int, err error) bool {
 	}
 	if err != nil && l.canFailover() {
 		// The lane failed alone: what the loop did not reach goes to the
-		// other lanes with the rest of its work (tcp_failover.go).
+		// other lanes with the rest of its work (tcp_failover.go). A
+		// placed put it reached is resent from the log, with no request
+		// to complete: it completes here, as it would have once written.
+		for i := range ops[:n] {
+			if ops[i].Placed {
+				p.Mesh().Owner.Complete(ops[i].Tag, abi.Success)
+			}
+		}
 		l.keep(ops[n:])
 		l.broken(fmt.Errorf("send to rank %d on lane %d: %w", p.Rank(), l.idx, err))
 		return false
@@ -301,18 +321,16 @@ func (l *lane) batchWritten(ops []link.Op, n int, later []int, err error) bool {
 			// markDead fails (but tag 0 there in local mode); the rest
 			// never left.
 			put := ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal
-			if (i >= n && (put || ops[i].Msg == wire.MsgGet)) || (put && p.Mesh().LocalCompletion) {
+			if (i >= n && (put || ops[i].Msg == wire.MsgGet)) || (put && (p.Mesh().LocalCompletion || ops[i].Placed)) {
 				p.Fail(ops[i])
 			}
 		}
 		p.MarkDead(fmt.Errorf("send to rank %d: %w", p.Rank(), err))
 		return false
 	}
-	if p.Mesh().LocalCompletion {
-		for i := range ops {
-			if ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal {
-				p.Mesh().Owner.Complete(ops[i].Tag, abi.Success)
-			}
+	for i := range ops {
+		if (ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal) && (p.Mesh().LocalCompletion || ops[i].Placed) {
+			p.Mesh().Owner.Complete(ops[i].Tag, abi.Success)
 		}
 	}
 	if profile.On() {

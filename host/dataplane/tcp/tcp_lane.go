@@ -96,6 +96,8 @@ type Link struct {
 	ackDeferred atomic.Uint64
 	fences      [abi.MaxLanes]sync.Once
 	fixed       bool // no failover: a broken stream fails the peer
+	// placedSaid: the INFO line about placed completions was logged.
+	placedSaid atomic.Bool
 }
 
 // SidePath moves a payload beside the stream, which still carries the

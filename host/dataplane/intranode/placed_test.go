@@ -1,0 +1,128 @@
+package intranode_test
+
+import (
+	"bytes"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
+)
+
+// gatedOwner is a sharedOwner whose signal registration (2) cannot be
+// resolved while gate is closed: the target's service stops at the signal
+// of a put+signal, before it applies or acknowledges it.
+type gatedOwner struct {
+	sharedOwner
+	closed atomic.Bool
+	gate   chan struct{}
+}
+
+func (o *gatedOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, dataplane.Pin, bool) {
+	if id == 2 && o.closed.Load() {
+		<-o.gate
+	}
+	return o.sharedOwner.Resolve(id)
+}
+
+// TestPlacedCompletion: a put+signal whose payload the device copy placed
+// straight into the peer's mapped memory completes, with PlacedCompletion
+// on, once that copy executed and its header was written, while the
+// target cannot yet apply or acknowledge its signal; the bytes are in the
+// target's memory then, and the signal follows once the target goes on.
+// With it off, the request waits for the acknowledgement. A signal alone
+// always waits for it.
+func TestPlacedCompletion(t *testing.T) {
+	for _, placed := range []bool{true, false} {
+		t.Run(map[bool]string{true: "placed", false: "acked"}[placed], func(t *testing.T) { placedCompletion(t, placed) })
+	}
+}
+
+func placedCompletion(t *testing.T, placed bool) {
+	const size = 1 << 20
+	d := meshtest.QueuedDevice(t, 2*size)
+	os := make([]*meshtest.DevOwner, 2)
+	owners := make([]dataplane.Owner, 2)
+	for r := range os {
+		os[r] = &meshtest.DevOwner{MemOwner: meshtest.MemOwner{Done: map[uint64]abi.Result{}}, Dev: d.Base + uintptr(r)*size, Size: size, Host: make([]byte, 64<<10)}
+		owners[r] = sharedOwner{os[r]}
+	}
+	gated := &gatedOwner{sharedOwner: sharedOwner{os[1]}, gate: make(chan struct{})}
+	owners[1] = gated
+	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, StripeThreshold: 1 << 40,
+		ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second, StageChunk: 4 << 10, PlacedCompletion: placed})
+	src := d.At(os[0].Dev, size)
+	target := os[1].Dev // rank 1's device memory, "mapped" here: one process
+	sig := (*uint64)(unsafe.Pointer(&os[1].Host[0]))
+	gated.closed.Store(true)
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			gated.closed.Store(false)
+			close(gated.gate)
+		}
+	}
+	defer open()
+
+	// Two put+signals, then a signal alone, all held at the target.
+	for k, n := range []uint64{8, 40 << 10} {
+		meshtest.Fill(src[uint64(k)*(64<<10):uint64(k)*(64<<10)+n], 20+k)
+		off := uint64(k) * (64 << 10)
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: uint64(10 + k), Local: meshtest.AddrPtr(uint64(os[0].Dev) + off), LocalCtx: 1, Size: n, Off: off, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}, Route: dataplane.Route{Mapped: uint64(target) + off, MapCtx: 1}}, false, -1)
+	}
+	ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, Tag: 12, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}}, false, -1)
+
+	if placed {
+		for k, n := range []uint64{8, 40 << 10} {
+			off := uint64(k) * (64 << 10)
+			if st := meshtest.WaitDone(t, &os[0].MemOwner, uint64(10+k)); st != abi.Success {
+				t.Fatalf("put+signal of %d bytes: %v", n, st)
+			}
+			// Completed: its bytes are in the target's memory already.
+			if !bytes.Equal(d.Peek(target+uintptr(off), n), src[off:off+n]) {
+				t.Fatalf("put+signal of %d bytes completed before its bytes were placed", n)
+			}
+		}
+	} else {
+		// Without the ack nothing completes: wait until the bytes are
+		// there, then look once more.
+		for k, n := range []uint64{8, 40 << 10} {
+			off := uint64(k) * (64 << 10)
+			meshtest.WaitUntil(t, "the bytes to be placed", func() bool { return bytes.Equal(d.Peek(target+uintptr(off), n), src[off:off+n]) })
+		}
+		time.Sleep(10 * time.Millisecond)
+		for _, tag := range []uint64{10, 11} {
+			if _, done := os[0].Status(tag); done {
+				t.Fatalf("put+signal %d completed before the target acknowledged it", tag)
+			}
+		}
+	}
+	if _, done := os[0].Status(12); done {
+		t.Fatal("a signal alone completed before the target acknowledged it")
+	}
+	if v := atomic.LoadUint64(sig); v != 0 {
+		t.Fatalf("signal %d while the target was held", v)
+	}
+	open()
+	for _, tag := range []uint64{10, 11, 12} {
+		if st := meshtest.WaitDone(t, &os[0].MemOwner, tag); st != abi.Success {
+			t.Fatalf("request %d: %v", tag, st)
+		}
+	}
+	meshtest.WaitUntil(t, "the three signals", func() bool { return atomic.LoadUint64(sig) == 3 })
+	for _, m := range ms {
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os[0].Mu.Lock()
+	defer os[0].Mu.Unlock()
+	if len(os[0].Failed) > 0 || len(os[1].Failed) > 0 {
+		t.Fatalf("failures: %v %v", os[0].Failed, os[1].Failed)
+	}
+}
