@@ -159,6 +159,32 @@ echo "GIN-CHECK: MPS $([ "$mps_on" = 1 ] && echo on || echo off)"
 MPS_ENV=""
 [ "$mps_on" = 1 ] && MPS_ENV="-x CUDA_MPS_PIPE_DIRECTORY"
 
+# rma_variant NAME WHAT PATTERN [VAR=VALUE ...]: host_rma again with the
+# variables set and NCCL's INFO lines on: its hops (HOSTRMA, prefixed
+# [NAME]), its profile and the INFO lines PATTERN picks, from
+# $OUT/host_rma-NAME.log; a failed run is said and its processes killed.
+rma_variant() {
+  local name=$1 what=$2 pat=$3 v
+  shift 3
+  local env=()
+  for v in "$@"; do env+=(-x "$v"); done
+  # shellcheck disable=SC2086
+  if timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
+    -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO "${env[@]}" $MPS_ENV ${EXTRA_MPI_ENV:-} \
+    "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-$name.log" 2>&1; then
+    grep -E "HOSTRMA" "$OUT/host_rma-$name.log" | sed "s/^/[$name] /"
+    grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma-$name.log" | sed "s/^/GIN-CHECK [host_rma $name profile] /"
+    grep -hE "$pat" "$OUT/host_rma-$name.log" | sed "s/.*NET.wasm: /GIN-CHECK [host_rma $name] /" | sort -u | head -3
+    return 0
+  else
+    tail -20 "$OUT/host_rma-$name.log"
+    echo "GIN-CHECK: host_rma with $what failed"
+    pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
+    if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
+    return 1
+  fi
+}
+
 # NCCL's host RMA API over the plugin (nvcc does not take -Wl options, so
 # mpicxx links).
 arch=$(echo "$GENCODE" | sed -n 's/.*code=\(sm_[0-9]*\).*/\1/p')
@@ -175,67 +201,23 @@ elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:co
     grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma.log" | sed "s/^/GIN-CHECK [host_rma profile] /"
     # The same with device windows mapped between the two processes for
     # every size (by default, with CUDA, from 64 KiB up).
-    if timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
-      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET,REG -x NCCL_RMA_WASM_INTRANODE_IPC=1 -x NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0 -x NCCL_RMA_WASM_PROFILE=1 -x NCCL_RMA_WASM_DEVICE_AGENT $MPS_ENV ${EXTRA_MPI_ENV:-} \
-      "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-ipc.log" 2>&1; then
-      grep -E "HOSTRMA" "$OUT/host_rma-ipc.log" | sed "s/^/[ipc] /"
-      grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma-ipc.log" | sed "s/^/GIN-CHECK [host_rma ipc profile] /"
-      grep -E "device agent:" "$OUT/host_rma-ipc.log" | sed 's/.*NET.wasm: /GIN-CHECK [host_rma ipc] /' | sort -u
+    if rma_variant ipc IPC "device agent:" NCCL_DEBUG_SUBSYS=NET,REG NCCL_RMA_WASM_INTRANODE_IPC=1 NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0 \
+      NCCL_RMA_WASM_PROFILE=1 NCCL_RMA_WASM_DEVICE_AGENT; then
       grep -q "mapped device memory (IPC)" "$OUT/host_rma-ipc.log" && echo "GIN-CHECK [host_rma ipc] puts copied into the mapped peer window" ||
         echo "GIN-CHECK [host_rma ipc] the mapping was not used"
-    else
-      tail -20 "$OUT/host_rma-ipc.log"
-      echo "GIN-CHECK: host_rma with IPC failed"
-      pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
-      if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
     fi
     # With the device agent and agent marks (the default where the agent
     # runs): the mapped puts' headers leave before their copies ran.
-    if ! ref marks; then
-      :
-    elif timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
-      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET,REG -x NCCL_RMA_WASM_DEVICE_AGENT=1 -x NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV ${EXTRA_MPI_ENV:-} \
-      "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-marks.log" 2>&1; then
-      grep -E "HOSTRMA" "$OUT/host_rma-marks.log" | sed "s/^/[marks] /"
-      grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma-marks.log" | sed "s/^/GIN-CHECK [host_rma marks profile] /"
-      grep -hE "device agent:|device agent marks" "$OUT/host_rma-marks.log" | sed 's/.*NET.wasm: /GIN-CHECK [host_rma marks] /' | sort -u | head -3
-    else
-      tail -20 "$OUT/host_rma-marks.log"
-      echo "GIN-CHECK: host_rma with agent marks failed"
-      pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
-      if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
-    fi
+    ref marks && rma_variant marks "agent marks" "device agent:|device agent marks" \
+      NCCL_DEBUG_SUBSYS=NET,REG NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_PROFILE=1
     # "placed": the marks run with placed completions
     # (NCCL_RMA_WASM_PLACED_COMPLETION=1), its hop beside the marks run's.
-    if ! ref placed; then
-      :
-    elif timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
-      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET,REG -x NCCL_RMA_WASM_DEVICE_AGENT=1 -x NCCL_RMA_WASM_PLACED_COMPLETION=1 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV ${EXTRA_MPI_ENV:-} \
-      "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-placed.log" 2>&1; then
-      grep -E "HOSTRMA" "$OUT/host_rma-placed.log" | sed "s/^/[placed] /"
-      grep -E "NET/wasm profile|^  (caller|initiator|wire|target|request):" "$OUT/host_rma-placed.log" | sed "s/^/GIN-CHECK [host_rma placed profile] /"
-      grep -hE "puts placed in its mapped memory" "$OUT/host_rma-placed.log" | sed 's/.*NET.wasm: /GIN-CHECK [host_rma placed] /' | sort -u | head -2
-    else
-      tail -20 "$OUT/host_rma-placed.log"
-      echo "GIN-CHECK: host_rma with placed completions failed"
-      pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
-      if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
-    fi
+    ref placed && rma_variant placed "placed completions" "puts placed in its mapped memory" \
+      NCCL_DEBUG_SUBSYS=NET,REG NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_PLACED_COMPLETION=1 NCCL_RMA_WASM_PROFILE=1
     # The same with the device agent without agent marks (the reference
     # for the marks run).
-    if ! ref agent; then
-      :
-    elif timeout -s KILL 300 mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH -x NCCL_RMA_PLUGIN="$PLUGIN" \
-      -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=NET -x NCCL_RMA_WASM_DEVICE_AGENT=1 -x NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0 -x NCCL_RMA_WASM_PROFILE=1 $MPS_ENV ${EXTRA_MPI_ENV:-} \
-      "$OUT/hostid.sh" "$OUT/host_rma" >"$OUT/host_rma-agent.log" 2>&1; then
-      grep -E "HOSTRMA" "$OUT/host_rma-agent.log" | sed "s/^/[agent] /"
-      grep -h "device agent:" "$OUT/host_rma-agent.log" | sed 's/.*NET.wasm: /GIN-CHECK [host_rma agent] /' | sort -u
-    else
-      tail -20 "$OUT/host_rma-agent.log"
-      echo "GIN-CHECK: host_rma with the device agent failed"
-      pkill -9 -f "^$OUT/host_rma" >/dev/null 2>&1
-      if [ "$mps_on" = 1 ]; then stop_mps; start_mps; fi
-    fi
+    ref agent && rma_variant agent "the device agent" "device agent:" \
+      NCCL_DEBUG_SUBSYS=NET NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0 NCCL_RMA_WASM_PROFILE=1
   else
     tail -20 "$OUT/host_rma.log"
     echo "GIN-CHECK: host_rma failed"
