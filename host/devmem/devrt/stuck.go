@@ -21,9 +21,11 @@ import (
 
 const stuckSlots = 64
 
-// stuckAfter is how long a copy runs before its WARN (tests shorten it
-// before the first copy).
-var stuckAfter = 5 * time.Second
+// stuckAfter is how long a copy runs before its WARN, in ns (tests
+// shorten it before the first copy; atomic, as the watch reads it).
+var stuckAfter atomic.Int64
+
+func init() { stuckAfter.Store(int64(5 * time.Second)) }
 
 type copySlot struct {
 	since atomic.Int64 // Now() in ns at start; 0: free
@@ -65,12 +67,12 @@ func endCopy(i int) {
 }
 
 func watchStuck() {
-	for range time.Tick(stuckAfter / 5) {
+	for range time.Tick(time.Duration(stuckAfter.Load()) / 5) {
 		now := int64(time.Since(epoch))
 		for i := range stuck.slots {
 			s := &stuck.slots[i]
 			t := s.since.Load()
-			if t == 0 || now-t < int64(stuckAfter) || s.said.Swap(true) {
+			if t == 0 || now-t < stuckAfter.Load() || s.said.Swap(true) {
 				continue
 			}
 			dir := "from"

@@ -12,7 +12,7 @@ import (
 // gets one WARN naming its size, direction and the remedies; a copy that
 // ended in time gets none.
 func TestStuckCopyWarns(t *testing.T) {
-	stuckAfter = 100 * time.Millisecond
+	stuckAfter.Store(int64(100 * time.Millisecond))
 	warns := logtest.Warnings(t)
 	quick := beginCopy(8, false)
 	endCopy(quick)
