@@ -2,6 +2,7 @@ package intranode_test
 
 import (
 	"bytes"
+	"maps"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,13 +37,27 @@ func (o *gatedOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, datapl
 // target's memory then, and the signal follows once the target goes on.
 // With it off, the request waits for the acknowledgement. A signal alone
 // always waits for it.
+// Each request completes as many times in both modes (the lane's ack
+// completes nothing of a placed put twice), with one lane and with four.
 func TestPlacedCompletion(t *testing.T) {
-	for _, placed := range []bool{true, false} {
-		t.Run(map[bool]string{true: "placed", false: "acked"}[placed], func(t *testing.T) { placedCompletion(t, placed) })
+	parts := map[string]map[uint64]int{}
+	for _, c := range []struct {
+		name   string
+		placed bool
+		lanes  int
+	}{{"acked", false, 1}, {"placed", true, 1}, {"placed-4-lanes", true, 4}} {
+		t.Run(c.name, func(t *testing.T) { parts[c.name] = placedCompletion(t, c.placed, c.lanes) })
+	}
+	for name, p := range parts {
+		for _, tag := range []uint64{10, 11, 12} {
+			if p[tag] != parts["acked"][tag] {
+				t.Errorf("%s: request %d completed %d times, %d when acknowledged", name, tag, p[tag], parts["acked"][tag])
+			}
+		}
 	}
 }
 
-func placedCompletion(t *testing.T, placed bool) {
+func placedCompletion(t *testing.T, placed bool, lanes int) map[uint64]int {
 	const size = 1 << 20
 	d := meshtest.QueuedDevice(t, 2*size)
 	os := make([]*meshtest.DevOwner, 2)
@@ -53,7 +68,7 @@ func placedCompletion(t *testing.T, placed bool) {
 	}
 	gated := &gatedOwner{sharedOwner: sharedOwner{os[1]}, gate: make(chan struct{})}
 	owners[1] = gated
-	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, StripeThreshold: 1 << 40,
+	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes, StripeThreshold: 1 << 40,
 		ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second, StageChunk: 4 << 10, PlacedCompletion: placed})
 	src := d.At(os[0].Dev, size)
 	target := os[1].Dev // rank 1's device memory, "mapped" here: one process
@@ -125,4 +140,5 @@ func placedCompletion(t *testing.T, placed bool) {
 	if len(os[0].Failed) > 0 || len(os[1].Failed) > 0 {
 		t.Fatalf("failures: %v %v", os[0].Failed, os[1].Failed)
 	}
+	return maps.Clone(os[0].Parts)
 }
