@@ -127,7 +127,12 @@ func (l *lane) sendGathered(b *batchOut) error {
 // reached is false when op never left (the batch stops before it); err
 // stops the batch after it.
 func (l *lane) writeOp(b *batchOut, i int, op *link.Op) (reached bool, err error) {
-	if l.ix != nil && l.sideOp(b, i, op) {
+	// A resent op goes on the stream as it is: a payload the side path
+	// moved is in the target already (its header alone is resent), and
+	// the side path again would copy, add or write an inbox entry a
+	// second time, which the target's check of resent numbers cannot
+	// undo (the sender's agent applies a direct signal itself).
+	if l.ix != nil && !op.Resent && l.sideOp(b, i, op) {
 		return true, nil
 	}
 	ringed := false
