@@ -109,7 +109,7 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 		directNotOurs()
 	}
 	if devCtx != 0 && inboxOn.Load() && ipcOn() && staging.DeviceAtomicAdds(devCtx) {
-		if idx, ok := inbox.Claim(devCtx, m.id, data, size); ok {
+		if idx, ok := inbox.Claim(devCtx, data, size); ok {
 			m.inbox, m.adds = uint8(idx+1), true
 		}
 	}
@@ -151,12 +151,23 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 		logx.Warn(abi.SubsysReg, "NET/wasm: regMrSym: rank %d, registration %d (%d bytes at %#x): %v", c.rank, m.id, size, data, err)
 		c.regs.drop(m)
 		c.mesh.DeregisterMemory(m.id)
+		m.releaseInbox() // the caller may free the memory: no entry may name it
+
 		return 0, abi.SystemError
 	}
 	c.importShares(m, sizes)
 	m.remote.Store(sizes)
 	logx.Trace(abi.SubsysReg, "NET/wasm: registered %d bytes at %#x as %d", size, data, m.id)
 	return m.handle, abi.Success
+}
+
+// releaseInbox takes m out of our peer inbox's table, if it is there: our
+// agent adds nothing more to its words for the peers.
+func (m *mr) releaseInbox() {
+	if m.inbox != 0 {
+		inbox.Release(m.id, int(m.inbox-1))
+		m.inbox = 0
+	}
 }
 
 // RegMrDmaBuf registers device memory NCCL exported as a DMA-BUF. The
@@ -228,10 +239,7 @@ func DeregMr(h, mh uint64) abi.Result {
 			}
 			// Nothing queued uses the peers' parts mapped here any more.
 			c.shares.Unmap(&m.maps)
-			// Our agent adds nothing more here for the peers.
-			if m.inbox != 0 {
-				inbox.Release(m.id, int(m.inbox-1))
-			}
+			m.releaseInbox()
 			// The caller may free the memory now: no CPU mapping of it
 			// (GDRCopy) may outlive the registration.
 			if wa, ok := devmem.Get().(devmem.WordAdder); ok {

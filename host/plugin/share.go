@@ -55,12 +55,15 @@ func (c *coll) importShares(m *mr, rs *remoteRegs) {
 }
 
 // closeShares unmaps the mappings of registrations the caller never
-// deregistered (the mesh is closed: nothing uses them).
+// deregistered (the mesh is closed: nothing uses them) and takes them
+// out of our peer inbox's table, which the process's other communicators
+// keep using.
 func (c *coll) closeShares() {
 	c.shares.Stop()
 	for _, m := range *c.regs.byID.Load() {
 		if m != nil {
 			c.shares.Unmap(&m.maps)
+			m.releaseInbox()
 		}
 	}
 }

@@ -62,22 +62,22 @@ func withFake(t *testing.T) *fakeInboxer {
 // released is taken again; the counts live in the mark page.
 func TestTableBound(t *testing.T) {
 	f := withFake(t)
-	if _, ok := Claim(8, 1, 0x1000, 64); ok {
+	if _, ok := Claim(8, 0x1000, 64); ok {
 		t.Fatal("a registration of a context without an agent entered")
 	}
 	for i := 0; i < TableSize; i++ {
-		if idx, ok := Claim(7, uint32(i), 0x1000, 64); !ok || idx != i {
+		if idx, ok := Claim(7, 0x1000, 64); !ok || idx != i {
 			t.Fatalf("registration %d: entry %d, %v", i, idx, ok)
 		}
 	}
-	if _, ok := Claim(7, 99, 0x1000, 64); ok {
+	if _, ok := Claim(7, 0x1000, 64); ok {
 		t.Fatal("a registration entered into a full table")
 	}
 	Release(10, 10)
 	if f.tab[10] != 0 {
 		t.Fatal("a released entry still names its words")
 	}
-	if idx, ok := Claim(7, 100, 0x1000, 64); !ok || idx != 10 {
+	if idx, ok := Claim(7, 0x1000, 64); !ok || idx != 10 {
 		t.Fatalf("after a release: entry %d, %v; want 10", idx, ok)
 	}
 	if f.counts == 0 || f.counts != uintptr(unsafe.Pointer(staging.MarkPageRestWord(0))) {
@@ -91,7 +91,7 @@ func TestTableBound(t *testing.T) {
 // exited.
 func TestWaitBounds(t *testing.T) {
 	f := withFake(t)
-	if _, ok := Claim(7, 1, 0x1000, 64); !ok {
+	if _, ok := Claim(7, 0x1000, 64); !ok {
 		t.Fatal("no inbox")
 	}
 	row, _, e, err := Row()

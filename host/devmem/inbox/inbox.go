@@ -17,7 +17,7 @@
 //
 // Target side: Claim enters a device registration into the table (one
 // inbox per process, in the first context that claims), Row hands a row
-// to a peer, Wait and Taken follow a row. Sender side: Open maps a peer's
+// to a peer, Wait and Reached follow a row. Sender side: Open maps a peer's
 // row, Queue writes an entry behind a copy. The counts of entries taken
 // live in the second half of the process's mark page (staging's marks.go),
 // which the peers map read-only: a sender writes a position only once the
@@ -76,12 +76,12 @@ var box struct {
 	e   atomic.Uint64
 }
 
-// Claim enters the n bytes at base of registration id, device memory of
-// ctx, into the table's first free entry, opening the inbox in ctx at the
+// Claim enters the n bytes at base, device memory of ctx (a registration
+// being made), into the table's first free entry, opening the inbox in ctx at the
 // first call: the entry's index (the registration's MsgReg names it), or
 // false (no inbox here: no agent in ctx, another context has it, the table
 // is full). Registrations of every communicator of the process share it.
-func Claim(ctx uintptr, id uint32, base uintptr, n uint64) (int, bool) {
+func Claim(ctx uintptr, base uintptr, n uint64) (int, bool) {
 	d, ok := devmem.Get().(devmem.Inboxer)
 	if !ok || !staging.AgentRuns(ctx) {
 		return 0, false
@@ -109,12 +109,12 @@ func Claim(ctx uintptr, id uint32, base uintptr, n uint64) (int, bool) {
 	}
 	if ctx != box.ctx.Load() || idx == TableSize {
 		if ctx == box.ctx.Load() {
-			logx.Info(abi.SubsysReg, "NET/wasm: registration %d is not in the peer inbox's table: its %d entries are taken", id, TableSize)
+			logx.Info(abi.SubsysReg, "NET/wasm: the registration at %#x is not in the peer inbox's table: its %d entries are taken", base, TableSize)
 		}
 		return 0, false
 	}
 	if err := d.InboxTable(ctx, idx, base, n); err != nil {
-		logx.Info(abi.SubsysReg, "NET/wasm: registration %d is not in the peer inbox's table: %v", id, err)
+		logx.Info(abi.SubsysReg, "NET/wasm: the registration at %#x is not in the peer inbox's table: %v", base, err)
 		return 0, false
 	}
 	box.tab[idx] = true
