@@ -210,10 +210,15 @@ elif nvcc -O2 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:co
     # runs): the mapped puts' headers leave before their copies ran.
     ref marks && rma_variant marks "agent marks" "device agent:|device agent marks" \
       NCCL_DEBUG_SUBSYS=NET,REG NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_PROFILE=1
-    # "placed": the marks run with placed completions
-    # (NCCL_RMA_WASM_PLACED_COMPLETION=1), its hop beside the marks run's.
-    ref placed && rma_variant placed "placed completions" "puts placed in its mapped memory" \
-      NCCL_DEBUG_SUBSYS=NET,REG NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_PLACED_COMPLETION=1 NCCL_RMA_WASM_PROFILE=1
+    # "placed": the agent with marks, each put+signal completing on the
+    # target's acknowledgement (NCCL_RMA_WASM_PLACED_COMPLETION=0), then
+    # once its copy executed and its header was written (=1, the default).
+    if ref placed; then
+      rma_variant acked "acknowledged completions" "device agent:" \
+        NCCL_DEBUG_SUBSYS=NET,REG NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_PLACED_COMPLETION=0 NCCL_RMA_WASM_PROFILE=1
+      rma_variant placed "placed completions" "puts placed in its mapped memory" \
+        NCCL_DEBUG_SUBSYS=NET,REG NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_PLACED_COMPLETION=1 NCCL_RMA_WASM_PROFILE=1
+    fi
     # The same with the device agent without agent marks (the reference
     # for the marks run).
     ref agent && rma_variant agent "the device agent" "device agent:" \
@@ -385,11 +390,11 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # sender's agent's entry, or its host applies it after the mark.
   ref inbox && abrun "${MARKS_PAIRS:-2}" noinbox "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=0" \
     inbox "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1" "peer inbox"
-  # Placed completions (NCCL_RMA_WASM_PLACED_COMPLETION, off until
-  # measured): a put+signal the agent copied into the peer's mapped window
-  # completes once its copy executed and its header was written, not on
-  # the target's acknowledgement; with marks (the default), then with the
-  # peer inbox ("placedinbox").
+  # Placed completions (NCCL_RMA_WASM_PLACED_COMPLETION, on by default):
+  # a put+signal the agent copied into the peer's mapped window completes
+  # once its copy executed and its header was written, not on the target's
+  # acknowledgement; with marks (the default), then with the peer inbox
+  # ("placedinbox").
   ref placed && abrun "${MARKS_PAIRS:-2}" acked "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_PLACED_COMPLETION=0" \
     placed "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_PLACED_COMPLETION=1" "puts placed in its mapped memory"
   ref placedinbox && abrun "${MARKS_PAIRS:-2}" inbox-acked "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1 NCCL_RMA_WASM_PLACED_COMPLETION=0" \

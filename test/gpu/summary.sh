@@ -16,7 +16,7 @@ gm() { for f in "$G/gin_alltoall-$1.log" "$G"/gin_alltoall-"$1"-[0-9].log; do ga
 sb() { grep -h "^SIGNAL $2 " "$1" 2>/dev/null | head -1 | sed -n 's/.*device word *\([0-9.]*\) us.*/\1/p'; }
 self() { grep -h "^SELF   $2 " "$1" 2>/dev/null | head -1 | sed -n "s/.*$3 *\([0-9.]*\) us.*/\1/p"; }
 gw() { grep -h "$2" "$1" 2>/dev/null | head -1 | sed -n 's/.*p50 *\([0-9.]*\) µs.*/\1/p'; }
-cc() { grep -q "RESULT PASS" "$1" 2>/dev/null && echo pass || echo FAIL; }
+cc() { [ -f "$1" ] || { echo -; return; }; grep -q "RESULT PASS" "$1" && echo pass || echo FAIL; }
 # pr kernel flags what: the probe's p50 under MPS (one probe alone).
 pr() { sed -n '/^PROBE: under MPS$/,/^PROBE: under MPS, two/p' "$O/probe.log" 2>/dev/null | grep -E "^PROBE $1 f$2 +${3//+/\\+} +p50" | head -1 | sed -n 's/.*p50 *\([0-9.]*\) us.*/\1/p'; }
 echo "AGENT-CHECK summary (µs; '-' not measured or failed)"
@@ -62,9 +62,10 @@ for b in 64 4096; do
   printf '%-46s %10s %10s %12s\n' "GIN a2a $b B, agent, acked|placed, mean" "$(gm acked-$b $b)" "$(gm placed-$b $b)" ""
   printf '%-46s %10s %10s %12s\n' "GIN a2a $b B, inbox, acked|placed, mean" "$(gm inbox-acked-$b $b)" "$(gm inbox-placed-$b $b)" ""
 done
-for b in 8 4096; do
-  set -- $(hr "$G/host_rma-placed.log" $b) ; pl=${1:--}
-  printf '%-46s %10s %10s %12s\n' "host_rma hop ${b} B, agent, placed" "" "$pl" ""
+for b in 8 4096 65536; do
+  set -- $(hr "$G/host_rma-acked.log" $b) ; ak=${1:--}
+  set -- $(hr "$G/host_rma-placed.log" $b) ; pl=${1:--} nccl=${2:--}
+  printf '%-46s %10s %10s %12s\n' "host_rma hop ${b} B, agent, acked|placed" "$ak" "$pl" "$nccl"
 done
 for b in ${PP_SIZES:-8 64}; do
   [ -f "$G/gin_pingpong-inbox-$b.log" ] && printf '%-46s %10s %10s %12s\n' "GIN ping-pong one way ${b} B, inbox" "" "$(pp "$G/gin_pingpong-inbox-$b.log" $b)" ""
