@@ -19,6 +19,20 @@ func TCPOf(t testing.TB, m *dataplane.Mesh, peer int) *tcp.Link {
 	return nil
 }
 
+// ResetIn resets rank m's incoming stream of lane from peer, once it
+// opened, as a link that breaks does: the peer's lane fails over.
+func ResetIn(t testing.TB, m *dataplane.Mesh, peer, lane int) {
+	t.Helper()
+	tl := TCPOf(t, m, peer)
+	WaitUntil(t, "the lane to open", func() bool {
+		done, err := tl.ResetIn(lane)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return done
+	})
+}
+
 // SetDelays sets each delay to d until t ends, restored after the meshes
 // t made closed (cleanups run last first, so call it before connecting),
 // as their timers read them.

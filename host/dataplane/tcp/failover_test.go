@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,24 +17,6 @@ import (
 )
 
 // Lane failover (tcp_failover.go, SPEC.md §4).
-
-// resetIn aborts incoming stream lane of peer at the target with a RST, as
-// ss -K does: both ends see the stream break.
-func resetIn(t *testing.T, m *dataplane.Mesh, peer, lane int) {
-	t.Helper()
-	tl := tcp.Of(m.Peer(peer).Transport())
-	var c *net.TCPConn
-	meshtest.WaitUntil(t, "the lane to open", func() bool { // lanes open when first used (lazy.go)
-		tl.InMu().Lock()
-		defer tl.InMu().Unlock()
-		c = tl.Ins()[lane]
-		return c != nil
-	})
-	if err := c.SetLinger(0); err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-}
 
 // TestLaneFailoverMidStream resets one of four lanes while 16 MiB of puts
 // and a put with signal are in flight: every put completes once with
@@ -83,10 +64,10 @@ func laneFailoverMidStream(t *testing.T, intra bool) {
 		switch round {
 		case 1:
 			time.Sleep(200 * time.Microsecond) // some of it on the wire, some landed
-			resetIn(t, ms[1], 0, 2)
+			meshtest.ResetIn(t, ms[1], 0, 2)
 		case 2:
 			time.Sleep(300 * time.Microsecond) // a second lane, with resent work on it
-			resetIn(t, ms[1], 0, 3)
+			meshtest.ResetIn(t, ms[1], 0, 3)
 		}
 		deadline := time.Now().Add(5 * time.Second)
 		for atomic.LoadUint64(sig) < round && time.Now().Before(deadline) {
@@ -246,8 +227,8 @@ func TestAllLanesDownPeerDead(t *testing.T) {
 	for k := 0; k < 16; k++ {
 		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPut, MrID: 1, Tag: uint64(k + 1), Local: unsafe.Pointer(&src[k*piece]), Size: piece, Off: 8 + uint64(k*piece)}}, false, k%2)
 	}
-	resetIn(t, ms[1], 0, 0)
-	resetIn(t, ms[1], 0, 1)
+	meshtest.ResetIn(t, ms[1], 0, 0)
+	meshtest.ResetIn(t, ms[1], 0, 1)
 	failed := 0
 	for k := 1; k <= 16; k++ {
 		if st := meshtest.WaitDone(t, owners[0], uint64(k)); st != abi.Success {
@@ -332,7 +313,7 @@ func ackLaneFailover(t *testing.T, intra bool) {
 		t.Fatalf("rank 1's count of %d landed puts was already sent", n)
 	}
 	a.Hold().Store(false)
-	resetIn(t, ms[0], 1, 0) // rank 1's lane 0 to rank 0: both ends see it break
+	meshtest.ResetIn(t, ms[0], 1, 0) // rank 1's lane 0 to rank 0: both ends see it break
 	meshtest.WaitUntil(t, "rank 1's lane 0 to fail over", func() bool { return ms[1].Peer(0).Down().Load()&1 != 0 })
 	// Nothing more arrives on the stream, and nobody calls rank 1: the
 	// whole count leaves by itself, on a live lane.
@@ -401,7 +382,7 @@ func lateAckOfMovedLane(t *testing.T, intra bool) {
 		ms[0].Flush(1)
 	}
 	meshtest.WaitWord(t, os[1], 0, n, func() { ms[1].Flush(0) })
-	resetIn(t, ms[1], 0, 0) // rank 0's lane 0 to rank 1
+	meshtest.ResetIn(t, ms[1], 0, 0) // rank 0's lane 0 to rank 1
 	meshtest.WaitUntil(t, "rank 0's lane 0 to fail over", func() bool {
 		l := meshtest.TCPOf(t, ms[0], 1).Lanes()[0]
 		l.Amu().Lock()

@@ -155,9 +155,10 @@ func (l *lane) writeOp(b *batchOut, i int, op *link.Op) (reached bool, err error
 	if l.resend && (op.Msg == wire.MsgPut || op.Msg == wire.MsgPutSignal || op.Msg == wire.MsgReg) {
 		b.pops = append(b.pops, *op)
 		if op.Placed {
-			// Completed once written (batchWritten): a resend's ack
-			// must not complete the request again.
-			b.pops[len(b.pops)-1].Tag = 0
+			// Completed once written (batchWritten): its resend (the
+			// header alone) completes nothing, neither when written nor
+			// when acknowledged.
+			b.pops[len(b.pops)-1].Tag, b.pops[len(b.pops)-1].Placed = 0, false
 		}
 	}
 	switch op.Msg {

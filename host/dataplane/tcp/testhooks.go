@@ -24,6 +24,22 @@ func (t *Link) Acks() []*acker { return t.acks }
 // Ins are the peer's incoming streams (nil: not opened yet), under InMu.
 func (t *Link) Ins() []*net.TCPConn { return t.ins }
 
+// ResetIn resets the peer's incoming stream of lane i (an RST: linger 0),
+// as a link that breaks does; false (and nothing done) while it is not
+// open yet (lanes open when first used).
+func (t *Link) ResetIn(i int) (bool, error) {
+	t.inMu.Lock()
+	c := t.ins[i]
+	t.inMu.Unlock()
+	if c == nil {
+		return false, nil
+	}
+	if err := c.SetLinger(0); err != nil {
+		return false, err
+	}
+	return true, c.Close()
+}
+
 // Mu guards the lane's queue and Writing.
 func (l *lane) Mu() *sync.Mutex { return &l.mu }
 
