@@ -25,12 +25,7 @@ import (
 func TestMappedPeer(t *testing.T) {
 	const size = 1 << 20
 	d := meshtest.QueuedDevice(t, 2*size)
-	os := make([]*meshtest.DevOwner, 2)
-	owners := make([]dataplane.Owner, 2)
-	for r := range os {
-		os[r] = &meshtest.DevOwner{MemOwner: meshtest.MemOwner{Done: map[uint64]abi.Result{}}, Dev: d.Base + uintptr(r)*size, Size: size, Host: make([]byte, 64<<10)}
-		owners[r] = sharedOwner{os[r]}
-	}
+	os, owners := devOwners(d, size)
 	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 1, StripeThreshold: 1 << 40, ChunkSize: 64 << 10,
 		CloseTimeout: 2 * time.Second, StageChunk: 4 << 10})
 	x := ms[0].Peer(1).Transport().(*intranode.Link)
@@ -120,6 +115,19 @@ func TestMappedPeer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// devOwners are two ranks' owners of the stand-in device d, size bytes of
+// its memory each (rank r's at d.Base + r*size), their registration 1
+// handed to the peer (sharedOwner).
+func devOwners(d *meshtest.StreamSelfDevice, size uintptr) ([]*meshtest.DevOwner, []dataplane.Owner) {
+	os := make([]*meshtest.DevOwner, 2)
+	owners := make([]dataplane.Owner, 2)
+	for r := range os {
+		os[r] = &meshtest.DevOwner{MemOwner: meshtest.MemOwner{Done: map[uint64]abi.Result{}}, Dev: d.Base + uintptr(r)*size, Size: uint64(size), Host: make([]byte, 64<<10)}
+		owners[r] = sharedOwner{os[r]}
+	}
+	return os, owners
 }
 
 // sharedOwner is a meshtest.DevOwner whose device registration was handed to a

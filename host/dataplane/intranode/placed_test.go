@@ -30,6 +30,28 @@ func (o *gatedOwner) Resolve(id uint32) (unsafe.Pointer, uint64, uintptr, datapl
 	return o.sharedOwner.Resolve(id)
 }
 
+// heldPair connects two ranks over the intra-node path, each with size
+// bytes of the stand-in device's memory, rank 1's signal registration held
+// (gatedOwner) until open is called, with lanes lanes and placed
+// completions on or off.
+func heldPair(t *testing.T, size uintptr, placed bool, lanes int) (*meshtest.StreamSelfDevice, []*meshtest.DevOwner, []*dataplane.Mesh, func()) {
+	d := meshtest.QueuedDevice(t, int(2*size))
+	os, owners := devOwners(d, size)
+	gated := &gatedOwner{sharedOwner: sharedOwner{os[1]}, gate: make(chan struct{})}
+	owners[1] = gated
+	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes, StripeThreshold: 1 << 40,
+		ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second, StageChunk: 4 << 10, PlacedCompletion: placed})
+	gated.closed.Store(true)
+	opened := false
+	return d, os, ms, func() {
+		if !opened {
+			opened = true
+			gated.closed.Store(false)
+			close(gated.gate)
+		}
+	}
+}
+
 // TestPlacedCompletion: a put+signal whose payload the device copy placed
 // straight into the peer's mapped memory completes, with PlacedCompletion
 // on, once that copy executed and its header was written, while the
@@ -59,30 +81,11 @@ func TestPlacedCompletion(t *testing.T) {
 
 func placedCompletion(t *testing.T, placed bool, lanes int) map[uint64]int {
 	const size = 1 << 20
-	d := meshtest.QueuedDevice(t, 2*size)
-	os := make([]*meshtest.DevOwner, 2)
-	owners := make([]dataplane.Owner, 2)
-	for r := range os {
-		os[r] = &meshtest.DevOwner{MemOwner: meshtest.MemOwner{Done: map[uint64]abi.Result{}}, Dev: d.Base + uintptr(r)*size, Size: size, Host: make([]byte, 64<<10)}
-		owners[r] = sharedOwner{os[r]}
-	}
-	gated := &gatedOwner{sharedOwner: sharedOwner{os[1]}, gate: make(chan struct{})}
-	owners[1] = gated
-	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: lanes, StripeThreshold: 1 << 40,
-		ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second, StageChunk: 4 << 10, PlacedCompletion: placed})
+	d, os, ms, open := heldPair(t, size, placed, lanes)
+	defer open()
 	src := d.At(os[0].Dev, size)
 	target := os[1].Dev // rank 1's device memory, "mapped" here: one process
 	sig := (*uint64)(unsafe.Pointer(&os[1].Host[0]))
-	gated.closed.Store(true)
-	opened := false
-	open := func() {
-		if !opened {
-			opened = true
-			gated.closed.Store(false)
-			close(gated.gate)
-		}
-	}
-	defer open()
 
 	// Two put+signals, then a signal alone, all held at the target.
 	for k, n := range []uint64{8, 40 << 10} {
@@ -155,31 +158,12 @@ func TestPlacedFailover(t *testing.T) {
 		n    = 16
 		step = 16 << 10
 	)
-	d := meshtest.QueuedDevice(t, 2*size)
-	os := make([]*meshtest.DevOwner, 2)
-	owners := make([]dataplane.Owner, 2)
-	for r := range os {
-		os[r] = &meshtest.DevOwner{MemOwner: meshtest.MemOwner{Done: map[uint64]abi.Result{}}, Dev: d.Base + uintptr(r)*size, Size: size, Host: make([]byte, 64<<10)}
-		owners[r] = sharedOwner{os[r]}
-	}
-	gated := &gatedOwner{sharedOwner: sharedOwner{os[1]}, gate: make(chan struct{})}
-	owners[1] = gated
-	ms := meshtest.ConnectOwners(t, owners, dataplane.Options{Timeout: 10 * time.Second, IntraNode: true, Lanes: 4, StripeThreshold: 1 << 40,
-		ChunkSize: 64 << 10, CloseTimeout: 2 * time.Second, StageChunk: 4 << 10, PlacedCompletion: true})
+	d, os, ms, open := heldPair(t, size, true, 4)
+	defer open()
 	meshtest.OpenLanes(t, ms[0], 1)
 	src := d.At(os[0].Dev, size)
 	target := os[1].Dev
 	sig := (*uint64)(unsafe.Pointer(&os[1].Host[0]))
-	gated.closed.Store(true)
-	opened := false
-	open := func() {
-		if !opened {
-			opened = true
-			gated.closed.Store(false)
-			close(gated.gate)
-		}
-	}
-	defer open()
 
 	for k := range uint64(n) {
 		off, m := k*step, 8+k*1000
