@@ -50,7 +50,8 @@
 # that drift between runs falls on both sides); "marks" host_rma with the
 # agent and NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1, and the 64 B and 4 KiB
 # alltoalls with the agent, without and with marks, in turn MARKS_PAIRS
-# times (default 2).
+# times (default 2); "gwnp4" pairs of 4-rank alltoalls with the agent and
+# NCCL_RMA_WASM_GATHER_WRITER on and off.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -406,6 +407,10 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     gin_run nogw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=0 || gin_bad=1
     GIN_NP=4 gin_run np4-nogw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=0 || gin_bad=1
   fi
+  # "gwnp4": 4 ranks with the agent, the gather writer on (its default with
+  # the agent) and off, in turn GW_PAIRS times (default 2).
+  ref gwnp4 && GIN_NP=4 abrun "${GW_PAIRS:-2}" np4-gw "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=1" \
+    np4-nogw "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=0" "gather writer"
   # The agent's small intra-node puts staged instead of mapped
   # (NCCL_RMA_WASM_INTRANODE_IPC_AGENT=0): the reference for their mapping.
   if ref agent; then
