@@ -51,7 +51,8 @@
 # agent and NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1, and the 64 B and 4 KiB
 # alltoalls with the agent, without and with marks, in turn MARKS_PAIRS
 # times (default 2); "gwnp4" pairs of 4-rank alltoalls with the agent and
-# NCCL_RMA_WASM_GATHER_WRITER on and off.
+# NCCL_RMA_WASM_GATHER_WRITER on and off; "inboxlanes1" pairs of the
+# agent with marks and with the inbox, one lane per peer.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -407,6 +408,11 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     gin_run nogw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=0 || gin_bad=1
     GIN_NP=4 gin_run np4-nogw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=0 || gin_bad=1
   fi
+  # "inboxlanes1": the inbox against marks with one lane per peer
+  # (NCCL_RMA_WASM_LANES=1), as the inbox puts every operation to a peer
+  # on lane 0: whether the lanes explain its slower alltoall.
+  ref inboxlanes1 && abrun "${MARKS_PAIRS:-2}" l1-marks "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_LANES=1" \
+    l1-inbox "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_LANES=1 NCCL_RMA_WASM_INTRANODE_INBOX=1" "peer inbox"
   # "gwnp4": 4 ranks with the agent, the gather writer on (its default with
   # the agent) and off, in turn GW_PAIRS times (default 2).
   ref gwnp4 && GIN_NP=4 abrun "${GW_PAIRS:-2}" np4-gw "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=1" \
