@@ -155,8 +155,11 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 			[]string{"RESULT PASS", "fakecuda: the device agent landed an inline payload and its signal in one command",
 				"fakecuda: the device agent read a slot whole, its check word matched"}},
 		// The same with fused landings off: no command fuses.
-		{"cuda_check_fused_landing_off", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
+		{"cuda_check_fused_landing_off", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_FUSED_LANDING=0"},
 			[]string{"RESULT PASS", "fakecuda: the device agent copied a payload", "!in one command"}},
+		// Unset, fused landings are on where the agent runs.
+		{"cuda_check_fused_landing_default", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_INTRANODE=0", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
+			[]string{"RESULT PASS", "fakecuda: the device agent landed an inline payload and its signal in one command"}},
 		// Three hardware queues: the agent's kernel would share the
 		// context stream's, so it is refused and every path stays.
 		{"cuda_check_agent_queues", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "NCCL_RMA_WASM_DEVICE_AGENT=1", "CUDA_DEVICE_MAX_CONNECTIONS=3"},

@@ -94,8 +94,9 @@ for pb in ${SB_BYTES-0 64 4096}; do
     # With a payload, the plugin's profile too: its gather wait is one
     # device-to-host copy's round trip (the agent's, or a copy engine's).
     prof=0; [ "$pb" != 0 ] && prof=1
-    # Agent marks apart (their own run below): the agent's series without them.
-    sb_run "$log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=$ag NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0 BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=$pb NCCL_RMA_WASM_PROFILE=$prof
+    # Agent marks and fused landings apart (their own runs below): the
+    # agent's series without them.
+    sb_run "$log" ${SB_TIMEOUT:-60} NCCL_RMA_WASM_DEVICE_AGENT=$ag NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=0 NCCL_RMA_WASM_FUSED_LANDING=0 BENCH_VMM=1 BENCH_KERNEL_WAIT=1 BENCH_SIG_NEVER_RESET=1 BENCH_PING_BYTES=$pb NCCL_RMA_WASM_PROFILE=$prof
     rc=$?
     echo "AGENT-CHECK sb bytes=$pb agent=$ag rc=$rc"
     sb_show "$log" "bytes=$pb agent=$ag"

@@ -339,10 +339,10 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
       done
     done
   }
-  # Fused landings (NCCL_RMA_WASM_FUSED_LANDING, off until measured): the
+  # Fused landings (NCCL_RMA_WASM_FUSED_LANDING, on by default): the
   # peers reach each other over TCP lanes only (NCCL_RMA_WASM_INTRANODE=0,
   # as between hosts), the agent on, fused and not.
-  ref fused && abrun "${FUSED_PAIRS:-2}" tcp-agent "NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1" \
+  ref fused && abrun "${FUSED_PAIRS:-2}" tcp-agent "NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FUSED_LANDING=0" \
     fused "NCCL_RMA_WASM_INTRANODE=0 NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_FUSED_LANDING=1" "device agent:.*fused landings"
   # Agent marks (NCCL_RMA_WASM_INTRANODE_AGENT_MARKS, on by default with
   # the agent): the agent's runs without and with them.
