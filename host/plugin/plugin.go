@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/backend"
@@ -102,6 +103,7 @@ func Init(commID uint64) (uint64, abi.Result) {
 	ipcMinBytes.Store(uint64(config.IntraIPCMinKiB.Get()) << 10)
 	directSignal.Store(config.DirectSignal.Get())
 	inboxOn.Store(config.IntraInbox.Get())
+	inbox.SetCallerWait(time.Duration(config.InboxCallerWaitUs.Get()) * time.Microsecond)
 	// All need the agent's adds where the driver has no stream atomics
 	// (plain signal words would otherwise take read-modify-writes).
 	staging.SetAgentAdds(directSignal.Load() || inboxOn.Load() || config.FusedLanding.Get())

@@ -52,7 +52,8 @@
 # alltoalls with the agent, without and with marks, in turn MARKS_PAIRS
 # times (default 2); "gwnp4" pairs of 4-rank alltoalls with the agent and
 # NCCL_RMA_WASM_GATHER_WRITER on and off; "inboxlanes1" pairs of the
-# agent with marks and with the inbox, one lane per peer.
+# agent with marks and with the inbox, one lane per peer; "inboxwait"
+# pairs of the inbox with the proxy's wait for an entry at 25 µs and 0.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -408,6 +409,11 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     gin_run nogw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=0 || gin_bad=1
     GIN_NP=4 gin_run np4-nogw-64 64 "$GIN_ITERS" NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_GATHER_WRITER=0 || gin_bad=1
   fi
+  # "inboxwait": the inbox with NCCL's proxy thread waiting up to 25 µs for
+  # each entry (NCCL_RMA_WASM_INTRANODE_INBOX_CALLER_WAIT_US=25, as before
+  # it was a setting) and only looking (0, the default).
+  ref inboxwait && abrun "${MARKS_PAIRS:-2}" inbox-wait25 "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1 NCCL_RMA_WASM_INTRANODE_INBOX_CALLER_WAIT_US=25" \
+    inbox-wait0 "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1 NCCL_RMA_WASM_INTRANODE_INBOX_CALLER_WAIT_US=0" "peer inbox"
   # "inboxlanes1": the inbox against marks with one lane per peer
   # (NCCL_RMA_WASM_LANES=1), as the inbox puts every operation to a peer
   # on lane 0: whether the lanes explain its slower alltoall.

@@ -71,6 +71,7 @@ for b in ${PP_SIZES:-8 64}; do
   [ -f "$G/gin_pingpong-inbox-$b.log" ] && printf '%-46s %10s %10s %12s\n' "GIN ping-pong one way ${b} B, inbox" "" "$(pp "$G/gin_pingpong-inbox-$b.log" $b)" ""
 done
 for b in 64 4096; do
+  printf '%-46s %10s %10s %12s\n' "GIN a2a $b B, inbox, proxy waits 25 µs|0, mean" "$(gm inbox-wait25-$b $b)" "$(gm inbox-wait0-$b $b)" ""
   printf '%-46s %10s %10s %12s\n' "GIN a2a $b B, one lane, marks|inbox, mean" "$(gm l1-marks-$b $b)" "$(gm l1-inbox-$b $b)" ""
   printf '%-46s %10s %10s %12s\n' "GIN a2a $b B, 4 ranks, gather writer on|off, mean" "$(gm np4-gw-$b $b)" "$(gm np4-nogw-$b $b)" ""
 done

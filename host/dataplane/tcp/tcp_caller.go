@@ -210,8 +210,10 @@ func (m *markWaits) record(d time.Duration, reached bool) {
 
 // inboxReached reports whether h is a put+signal whose signal our agent
 // added from our peer inbox (wire.StatusInbox) and took, or takes within
-// callerMarkWait (the sender wrote it before the header left): a caller
-// serves it. Others are the service's.
+// inbox.CallerWait (0 by default: the entry reaches the signal word with
+// no host on the way, so a wait would only hold NCCL's proxy thread): a
+// caller serves it. Others are the service's, which acknowledges them
+// once the entry was taken.
 func (t *Link) inboxReached(h *wire.Header) bool {
 	if h.Status&^0xff != wire.StatusInbox || h.Typ != wire.MsgPutSignal || h.Size != 0 || t.side == nil {
 		return false
@@ -221,7 +223,7 @@ func (t *Link) inboxReached(h *wire.Header) bool {
 		return false
 	}
 	row, _ := evs.InboxRow()
-	return row >= 0 && int(h.Status&0xff) == row && inbox.Reached(row, h.Off, callerMarkWait)
+	return row >= 0 && int(h.Status&0xff) == row && inbox.Reached(row, h.Off, inbox.CallerWait())
 }
 
 // markReached reports whether h is a put+signal ordered by an agent mark

@@ -174,6 +174,20 @@ var (
 	ErrAhead   = errors.New("the peer named an inbox position more than a row ahead of what our agent took")
 )
 
+// callerWait is how long a polling caller waits for an entry (Reached's
+// d for the TCP link's callers); see SetCallerWait.
+var callerWait atomic.Int64
+
+// SetCallerWait sets how long NCCL's proxy thread, reading a header whose
+// entry the agent has not taken yet, waits for it before it leaves the
+// header to the stream's service (NCCL_RMA_WASM_INTRANODE_INBOX_CALLER_WAIT_US).
+// The entry needs no host to reach its signal word, so a wait only holds
+// the proxy from posting its own operations.
+func SetCallerWait(d time.Duration) { callerWait.Store(int64(d)) }
+
+// CallerWait is SetCallerWait's value (0 by default: only look).
+func CallerWait() time.Duration { return time.Duration(callerWait.Load()) }
+
 // Reached reports whether the agent took row's entry pos - 1 within d,
 // polling its count with loads: a polling caller's short wait for an
 // entry a few microseconds behind its header, which costs less than
