@@ -21,7 +21,7 @@ end=$(($(date +%s) + $(secs "$DUR")))
 # runs every package's in turn.
 SUITES=(
   'host/dataplane/tcp|^(TestPiggybackedAcks|TestStrandedAck|TestAckBackstop|TestAskAcks|TestAskAcksAtOnce|TestAckHoldAdapts|TestLaneFailoverMidStream|TestResentPutsDeduplicated|TestAckLaneFailover|TestLateAckOfMovedLane|TestLazyLaneDialFails)$'
-  'host/dataplane/intranode|^(TestStreamWakeBackstop|TestStreamRings)$'
+  'host/dataplane/intranode|^(TestStreamWakeBackstop|TestStreamRings|TestPlacedCompletion|TestPlacedFailover)$'
 )
 if [ "$MODE" = negative ]; then
   SUITES=('host/dataplane/tcp|^TestStrandedAck$')
