@@ -152,7 +152,6 @@ func regMr(h uint64, data uintptr, size uint64, typ int32, flags uint64, fd int,
 		c.regs.drop(m)
 		c.mesh.DeregisterMemory(m.id)
 		m.releaseInbox() // the caller may free the memory: no entry may name it
-
 		return 0, abi.SystemError
 	}
 	c.importShares(m, sizes)

@@ -243,13 +243,19 @@ func (l *lane) header(i int, op *link.Op, ringed, comp bool) []byte {
 	return hb
 }
 
+// writtenCompletes reports whether put op's request completes once its
+// header (and payload) was written rather than on the target's ack: in
+// local-completion mode, or when the side path placed its payload in the
+// target's memory (Route.Placed). Its FIFO entry then completes nothing.
+func writtenCompletes(c *link.Config, op *link.Op) bool { return c.LocalCompletion || op.Placed }
+
 // putPayload counts put op in the FIFO the target's acks complete and adds
 // its payload to b, by where it comes from: the staging ring, a small
 // device payload gathered, a device source staged chunk by chunk, a
 // compressed payload, or host memory written straight from the
 // registration.
 func (l *lane) putPayload(b *batchOut, op *link.Op, ringed, comp bool) (err error) {
-	if l.p.Mesh().LocalCompletion || op.Placed {
+	if writtenCompletes(l.p.Mesh(), op) {
 		// Completed below, once written. The FIFO still counts
 		// the put against the target's acks; tag 0 completes
 		// nothing when the ack comes.
@@ -327,7 +333,7 @@ func (l *lane) batchWritten(ops []link.Op, n int, later []int, err error) bool {
 			// markDead fails (but tag 0 there in local mode); the rest
 			// never left.
 			put := ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal
-			if (i >= n && (put || ops[i].Msg == wire.MsgGet)) || (put && (p.Mesh().LocalCompletion || ops[i].Placed)) {
+			if (i >= n && (put || ops[i].Msg == wire.MsgGet)) || (put && writtenCompletes(p.Mesh(), &ops[i])) {
 				p.Fail(ops[i])
 			}
 		}
@@ -335,7 +341,7 @@ func (l *lane) batchWritten(ops []link.Op, n int, later []int, err error) bool {
 		return false
 	}
 	for i := range ops {
-		if (ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal) && (p.Mesh().LocalCompletion || ops[i].Placed) {
+		if (ops[i].Msg == wire.MsgPut || ops[i].Msg == wire.MsgPutSignal) && writtenCompletes(p.Mesh(), &ops[i]) {
 			p.Mesh().Owner.Complete(ops[i].Tag, abi.Success)
 		}
 	}
