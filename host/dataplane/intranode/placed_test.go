@@ -11,6 +11,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/meshtest"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -220,5 +221,58 @@ func TestPlacedFailover(t *testing.T) {
 	}
 	if len(os[0].Failed) > 0 || len(os[1].Failed) > 0 {
 		t.Fatalf("failures although only one lane broke: %v %v", os[0].Failed, os[1].Failed)
+	}
+}
+
+// TestPlacedBound: a lane lets at most placedMax puts complete before
+// their acks while earlier ones still await theirs; past it, a placed
+// put waits for its ack like any other, so a target that never
+// acknowledges holds the caller's requests, not the sender's memory.
+func TestPlacedBound(t *testing.T) {
+	const size, n, max = 1 << 20, 5, 2
+	defer tcp.SetPlacedMax(max)()
+	d, os, ms, open := heldPair(t, size, true, 1)
+	defer open()
+	src := d.At(os[0].Dev, size)
+	target := os[1].Dev
+	sig := (*uint64)(unsafe.Pointer(&os[1].Host[0]))
+	l := meshtest.TCPOf(t, ms[0], 1).Lanes()[0]
+	for k := range uint64(n) {
+		off := k * 4096
+		meshtest.Fill(src[off:off+64], int(40+k))
+		// One at a time, each in the lane's FIFO before the next is
+		// posted, so that the bound is looked at for every one.
+		ms[0].Post(1, &dataplane.Op{Request: dataplane.Request{Msg: wire.MsgPutSignal, MrID: 1, Tag: 300 + k, Local: meshtest.AddrPtr(uint64(os[0].Dev) + off), LocalCtx: 1, Size: 64, Off: off, SigMrID: 2, SigOp: abi.SignalOpAdd, SigValue: 1}, Route: dataplane.Route{Mapped: uint64(target) + off, MapCtx: 1}}, false, 0)
+		meshtest.WaitUntil(t, "the put in the lane's FIFO", func() bool { return l.PendingPuts() == int(k+1) })
+	}
+	for k := range uint64(max) {
+		if st := meshtest.WaitDone(t, &os[0].MemOwner, 300+k); st != abi.Success {
+			t.Fatalf("put+signal %d: %v", k, st)
+		}
+	}
+	time.Sleep(10 * time.Millisecond)
+	for k := uint64(max); k < n; k++ {
+		if _, done := os[0].Status(300 + k); done {
+			t.Fatalf("put+signal %d completed unacknowledged with %d puts awaiting acks (bound %d)", k, k, max)
+		}
+	}
+	open()
+	for k := range uint64(n) {
+		if st := meshtest.WaitDone(t, &os[0].MemOwner, 300+k); st != abi.Success {
+			t.Fatalf("put+signal %d after the target went on: %v", k, st)
+		}
+	}
+	meshtest.WaitUntil(t, "every signal", func() bool { return atomic.LoadUint64(sig) == n })
+	for _, m := range ms {
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os[0].Mu.Lock()
+	defer os[0].Mu.Unlock()
+	for tag, c := range os[0].Parts {
+		if c != 1 {
+			t.Errorf("request %d completed %d times", tag, c)
+		}
 	}
 }

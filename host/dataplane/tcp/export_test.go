@@ -30,10 +30,6 @@ func (l *lane) BsAsks() *atomic.Uint64 { return &l.bsAsks }
 // BackstopBound is how long the backstop waits for an ack.
 func (l *lane) BackstopBound() int64 { return l.backstopBound() }
 
-// PendingPuts and PendingGets count the puts awaiting acks and the gets
-// awaiting replies.
-func (l *lane) PendingPuts() int { return l.pendingPuts() }
-
 // AwaitPuts makes the lane await the acks of tags (ops: for a resend); an
 // error when the peer is dead (the puts failed).
 func (l *lane) AwaitPuts(tags []uint64, ops []link.Op) error { return l.awaitPuts(tags, ops) }

@@ -141,7 +141,7 @@ var askAfter = 10 * time.Microsecond
 // resend acks each on the reply stream as it lands). A busy stream
 // carries the ask in its next batch.
 func (l *lane) askAcks() {
-	if l.unacked() == 0 {
+	if l.pendingPuts() == 0 {
 		return
 	}
 	l.askAt.CompareAndSwap(0, Now()+int64(l.asks.after(l.p.Mesh().FlushAskAtOnce)))
@@ -178,12 +178,6 @@ func (a *askPacer) asked() {
 
 // cameAlone notes a flush's acks that came before it asked.
 func (a *askPacer) cameAlone() { a.Paid() }
-
-func (l *lane) unacked() int {
-	l.amu.Lock()
-	defer l.amu.Unlock()
-	return l.puts.Len()
-}
 
 // The liveness backstop. Every put is acknowledged by the normal paths
 // (an ack that rides a batch, one written alone when no batch comes, the
@@ -282,7 +276,7 @@ func (l *lane) askDue() {
 	if at == 0 || Now() < at || !l.askAt.CompareAndSwap(at, 0) {
 		return
 	}
-	if l.unacked() > 0 {
+	if l.pendingPuts() > 0 {
 		l.asks.asked()
 		l.askAck.Store(true)
 	}
@@ -363,6 +357,7 @@ func (l *lane) awaitPuts(tags []uint64, ops []link.Op) error {
 	for _, tag := range tags {
 		l.puts.Push(tag)
 	}
+	l.nputs.Store(int64(l.puts.Len()))
 	l.amu.Unlock()
 	return nil
 }
@@ -397,6 +392,7 @@ func (l *lane) ackPuts(n uint64) bool {
 		for i := 0; i < k; i++ {
 			done[i], _ = l.puts.Pop()
 		}
+		l.nputs.Store(int64(l.puts.Len()))
 		l.pAcked += uint64(k)
 		if l.resend {
 			l.popSent(k)
@@ -466,6 +462,7 @@ func (l *lane) failPuts() {
 	for tag, ok := l.puts.Pop(); ok; tag, ok = l.puts.Pop() {
 		tags = append(tags, tag)
 	}
+	l.nputs.Store(0)
 	l.sent.Clear() // failed here: never sent again
 	l.waitSince.Store(0)
 	l.amu.Unlock()
@@ -476,11 +473,8 @@ func (l *lane) failPuts() {
 	}
 }
 
-func (l *lane) pendingPuts() int {
-	l.amu.Lock()
-	defer l.amu.Unlock()
-	return l.puts.Len()
-}
+// pendingPuts is how many puts of the stream await their ack.
+func (l *lane) pendingPuts() int { return int(l.nputs.Load()) }
 
 // acked is how many puts of this stream the target acknowledged.
 func (l *lane) acked() uint64 {

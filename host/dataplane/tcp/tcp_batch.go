@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
@@ -193,7 +194,10 @@ func (l *lane) sideOp(b *batchOut, i int, op *link.Op) bool {
 		// The payload is there (or its copy queued, which completes the
 		// request once more): send the signal, or the number that
 		// landed, alone.
-		op.Placed = op.Size > 0 && l.p.Mesh().PlacedCompletion
+		// Bounded: past placedMax puts awaiting acks on the lane, the
+		// request waits for its ack, so a target that never acknowledges
+		// holds the caller's requests, not our memory.
+		op.Placed = op.Size > 0 && l.p.Mesh().PlacedCompletion && l.nputs.Load() < placedMax.Load()
 		if op.Placed && !l.t.placedSaid.Load() && !l.t.placedSaid.Swap(true) {
 			logx.Info(abi.SubsysNet, "NET/wasm: rank %d: puts placed in its mapped memory complete once their copy executed and their header was written, without its acknowledgement (NCCL_RMA_WASM_PLACED_COMPLETION)", l.p.Rank())
 		}
@@ -242,6 +246,14 @@ func (l *lane) header(i int, op *link.Op, ringed, comp bool) []byte {
 	h.Encode(hb)
 	return hb
 }
+
+// placedMax bounds the puts a lane lets complete before their ack while
+// earlier ones still await theirs (the FIFO and resend log entries a
+// silent target makes us keep): several times what NCCL keeps in flight
+// per peer (256 per context).
+var placedMax atomic.Int64
+
+func init() { placedMax.Store(4096) }
 
 // writtenCompletes reports whether put op's request completes once its
 // header (and payload) was written rather than on the target's ack: in

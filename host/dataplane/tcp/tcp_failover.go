@@ -179,6 +179,7 @@ func (l *lane) migrate(cause error) {
 	}
 	// Their tags travel with them; the stream's count ends here.
 	l.puts.Clear()
+	l.nputs.Store(0)
 	l.waitSince.Store(0)
 	l.moved = true
 	l.amu.Unlock()

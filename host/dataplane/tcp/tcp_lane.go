@@ -412,7 +412,10 @@ type lane struct {
 	amu    sync.Mutex
 	puts   ring.Ring[uint64]
 	pAcked uint64
-	moved  bool // failed over: its puts went to another lane, and a late ack of them is void
+	// nputs mirrors puts.Len(), set under amu, read without it
+	// (pendingPuts; placed completions' bound on the operations' path).
+	nputs atomic.Int64
+	moved bool // failed over: its puts went to another lane, and a late ack of them is void
 	// The liveness backstop (backstop): since when the oldest put of the
 	// FIFO has waited for an ack (Now(); 0: none waits), the slowest recent
 	// wait (a decaying maximum: the round trip seen), and when the

@@ -105,3 +105,13 @@ type (
 	Lane  = lane
 	Delay = delay
 )
+
+// SetPlacedMax sets how many puts a lane lets complete before their ack
+// while earlier ones await theirs; the returned func restores it.
+func SetPlacedMax(n int) func() {
+	old := placedMax.Swap(int64(n))
+	return func() { placedMax.Store(old) }
+}
+
+// PendingPuts is how many puts of the lane's stream await their ack.
+func (l *lane) PendingPuts() int { return l.pendingPuts() }
