@@ -291,6 +291,13 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check_inbox_placed", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_INBOX=1", "NCCL_RMA_WASM_PLACED_COMPLETION=1", "CUDA_CHECK_DIRECT=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "hands signals to its agent through its peer inbox",
 				"puts placed in its mapped memory complete once their copy executed", "!fakecuda: the device agent refused an inbox entry"}},
+		// Communicators come and go (18 more, one after another, past the
+		// inbox's 16 rows) while the first keeps the plugin initialized:
+		// each goes through the peer inbox, sharing the row the peer
+		// handed our process, every byte and signal verified in each.
+		{"cuda_check_inbox_churn", "cuda_check", []string{lib, "65536", "0"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=200", "FAKECUDA_DTOD_US=500", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_INBOX=1", "CUDA_CHECK_DIRECT=1", "CUDA_CHECK_CHURN=18"},
+			[]string{"RESULT PASS", "churn: 18 more communicators one after another, every byte and signal verified", "go through its peer inbox: its device agent adds them",
+				"fakecuda: the device agent added a peer's inbox entry", "!do not go through its peer inbox", "!fakecuda: the device agent refused an inbox entry"}},
 		{"cuda_check_direct_signal_off", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=50", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "CUDA_CHECK_DIRECT=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "!adds signals straight into its mapped signal words"}},
 		// The same on the application's context.

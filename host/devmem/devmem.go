@@ -104,10 +104,14 @@ type Inboxer interface {
 	// row (pinned host memory it reaches: the mark page, which the peers
 	// map); 0: memory of its own.
 	InboxOpen(ctx, taken uintptr) error
-	// InboxRow hands out ctx's next row and returns it with the rows'
-	// allocation for a peer to map (Fd the caller's to send and close;
-	// Size its bytes) and the row's entries (a power of two).
-	InboxRow(ctx uintptr) (row int, seg Segment, entries int, err error)
+	// InboxRow hands out ctx's next row (row negative), or row again (one
+	// handed out before), and returns it with the rows' allocation for a
+	// peer to map (Fd the caller's to send and close; Size its bytes) and
+	// the row's entries (a power of two).
+	InboxRow(ctx uintptr, row int) (int, Segment, int, error)
+	// InboxReset empties row, handed out before, for a new sender: its
+	// entries zeroed and its count 0. No sender may write it any more.
+	InboxReset(ctx uintptr, row int) error
 	// InboxTable sets table entry idx to the n bytes at base (n 0: empty)
 	// and returns once the agent uses it.
 	InboxTable(ctx uintptr, idx int, base uintptr, n uint64) error

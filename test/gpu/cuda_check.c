@@ -497,6 +497,21 @@ static int run(const char* lib, size_t size, int rounds, int fd) {
   host_view(t, coll, rma, fd);
   char b = 1, c;
   xchg(fd, &b, &c, 1); /* both done before anyone tears down */
+  /* CUDA_CHECK_CHURN=n: n more communicators, one after another, while this
+   * one keeps the plugin initialized, each with multiseg's window (its
+   * small put+signals first). With the peer inbox each of them must go
+   * through it: a row of the peer's inbox belongs to our process, not to
+   * one communicator, so communicators that come and go never run out of
+   * rows. */
+  const char* churn = getenv("CUDA_CHECK_CHURN");
+  int nchurn = churn ? atoi(churn) : 0;
+  for (int i = 0; i < nchurn; i++) {
+    gpu_rank_t g2;
+    gpu_rank_connect(t, logger, rank, fd, true, &g2);
+    multiseg(t, g2.coll, g2.rma, fd, 1);
+    gpu_rank_close(t, &g2, NULL, 0);
+  }
+  if (nchurn > 0) printf("[rank %d] churn: %d more communicators one after another, every byte and signal verified\n", rank, nchurn);
   gpu_rank_close(t, &g, (void* const[]){msrc, mdst, msig, mget}, 4);
   printf("[rank %d] device memory (%s device %d): %zu-byte put+signal and get verified byte by byte\n", rank,
          hip_mode() ? "HIP" : "CUDA", dev, size);

@@ -239,15 +239,27 @@ func (cudaDevice) InboxOpen(ctx, taken uintptr) error {
 // IB_E).
 const InboxEntries = 64
 
-// InboxRow hands out ctx's next inbox row (devmem.Inboxer).
-func (cudaDevice) InboxRow(ctx uintptr) (int, devmem.Segment, int, error) {
+// InboxRow hands out ctx's next inbox row, or row again (devmem.Inboxer).
+func (cudaDevice) InboxRow(ctx uintptr, row int) (int, devmem.Segment, int, error) {
 	var buf [256]C.char
-	var row, fd C.int
+	r, fd := C.int(row), C.int(-1)
+	if row < 0 {
+		r = -1
+	}
 	var size C.uint64_t
-	if C.rmaw_cuda_inbox_row(C.uintptr_t(ctx), &row, &fd, &size, &buf[0], C.size_t(len(buf))) != 0 {
+	if C.rmaw_cuda_inbox_row(C.uintptr_t(ctx), &r, &fd, &size, &buf[0], C.size_t(len(buf))) != 0 {
 		return 0, devmem.Segment{Fd: -1}, 0, devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
 	}
-	return int(row), devmem.Segment{Fd: int(fd), Size: uint64(size)}, InboxEntries, nil
+	return int(r), devmem.Segment{Fd: int(fd), Size: uint64(size)}, InboxEntries, nil
+}
+
+// InboxReset empties row for a new sender (devmem.Inboxer).
+func (cudaDevice) InboxReset(ctx uintptr, row int) error {
+	var buf [256]C.char
+	if C.rmaw_cuda_inbox_reset(C.uintptr_t(ctx), C.int(row), &buf[0], C.size_t(len(buf))) != 0 {
+		return devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
+	}
+	return nil
 }
 
 // InboxTable sets entry idx of ctx's inbox table (devmem.Inboxer).

@@ -29,6 +29,7 @@ int rmaw_cuda_copy_mark(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, u
                         size_t errlen);
 int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, char* err, size_t errlen);
 int rmaw_cuda_inbox_row(uintptr_t ctx, int* row, int* fd, uint64_t* size, char* err, size_t errlen);
+int rmaw_cuda_inbox_reset(uintptr_t ctx, int row, char* err, size_t errlen);
 int rmaw_cuda_inbox_table(uintptr_t ctx, int idx, uint64_t base, uint64_t n, char* err, size_t errlen);
 uint64_t rmaw_cuda_inbox_taken(uintptr_t ctx, int row);
 int rmaw_cuda_inbox_kick(uintptr_t ctx, char* err, size_t errlen);

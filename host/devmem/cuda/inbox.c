@@ -162,8 +162,9 @@ fail:
   return rc;
 }
 
-/* rmaw_cuda_inbox_row hands out ctx's next row (for a peer: the caller
- * keeps which) and an fd of the rows' allocation for that peer to map
+/* rmaw_cuda_inbox_row hands out ctx's next row when *row is negative (for
+ * a peer: the caller keeps which), or hands row *row (one handed out
+ * before) again, with an fd of the rows' allocation for that peer to map
  * (*size bytes; the caller sends and closes it); the kernel polls the rows
  * handed out. -1 when none is left. */
 int rmaw_cuda_inbox_row(uintptr_t ctx, int* row, int* fd, uint64_t* size, char* err, size_t errlen) {
@@ -171,16 +172,47 @@ int rmaw_cuda_inbox_row(uintptr_t ctx, int* row, int* fd, uint64_t* size, char* 
   struct inbox* b = ib_find(ctx);
   int rc = -1;
   if (!b) rc = rmaw_fail(err, errlen, "peer inbox: none in the context");
-  else if (b->nrows == IB_ROWS) rc = rmaw_fail(err, errlen, "peer inbox: all %d rows handed out", IB_ROWS);
+  else if (*row >= b->nrows) rc = rmaw_fail(err, errlen, "peer inbox: row %d was not handed out", *row);
+  else if (*row < 0 && b->nrows == IB_ROWS) rc = rmaw_fail(err, errlen, "peer inbox: all %d rows handed out", IB_ROWS);
   else {
     CUresult r = rmacu_cu.memExport(fd, b->h, 1 /* POSIX fd */, 0);
     if (r != 0 || *fd < 0) rc = rmaw_fail(err, errlen, "peer inbox: cuMemExportToShareableHandle: %s", rmacu_errstr(r));
     else {
-      *row = b->nrows++;
       *size = b->size;
-      ib_config(b);
+      if (*row < 0) {
+        *row = b->nrows++;
+        ib_config(b);
+      }
       rc = 0;
     }
+  }
+  pthread_mutex_unlock(&ibmu);
+  return rc;
+}
+
+/* rmaw_cuda_inbox_reset empties row (one handed out) for a new sender: its
+ * entries zeroed and its count 0, with the agent stopped, which reloads
+ * its position from the count when it starts again. The caller knows that
+ * no sender writes the row any more (its process exited, or it asked
+ * afresh). */
+int rmaw_cuda_inbox_reset(uintptr_t ctx, int row, char* err, size_t errlen) {
+  pthread_mutex_lock(&ibmu);
+  struct inbox* b = ib_find(ctx);
+  int rc = -1;
+  CUresult r = 0;
+  ctxstream* e = rmacu_ctx_stream(ctx, &r);
+  if (!b || !e) rc = rmaw_fail(err, errlen, "peer inbox: none in the context");
+  else if (row < 0 || row >= b->nrows) rc = rmaw_fail(err, errlen, "peer inbox: row %d was not handed out", row);
+  else {
+    static const unsigned char zero[IB_E * 8];
+    struct agent* a = rmacu_ag_pause(ctx);
+    if ((r = rmacu_cu.ctxSetCurrent((CUcontext)ctx)) == 0 && (r = rmacu_cu.htod(b->rows + (uint64_t)row * IB_E * 8, zero, sizeof zero, e->stream)) == 0)
+      r = rmacu_cu.streamSynchronize(e->stream);
+    if (r == 0) {
+      __atomic_store_n(&b->taken[row], 0, __ATOMIC_RELEASE);
+      rc = 0;
+    } else rc = rmaw_fail(err, errlen, "peer inbox: zeroing row %d: %s", row, rmacu_errstr(r));
+    rmacu_ag_resume(a);
   }
   pthread_mutex_unlock(&ibmu);
   return rc;

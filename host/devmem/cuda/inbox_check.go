@@ -87,7 +87,7 @@ func inboxCheck(iters int) (string, error) {
 	if err := d.InboxTable(ctx, 5, sig, 16); err != nil {
 		return "", err
 	}
-	row, seg, e, err := d.InboxRow(ctx)
+	row, seg, e, err := d.InboxRow(ctx, -1)
 	if err != nil {
 		return "", err
 	}
@@ -187,9 +187,57 @@ func inboxCheck(iters int) (string, error) {
 	if d.InboxTaken(ctx, row)>>62 != 1 || words[1] != uint64(iters) || words[0] != 0 {
 		return "", fmt.Errorf("bad entries: flag %d, words %d %d", d.InboxTaken(ctx, row)>>62, words[0], words[1])
 	}
+	// Reset for a new sender: first-lap entries in every slot, which the
+	// agent ignores now (the row is laps past them), must not be taken once
+	// the row starts again at 0, nor the refused flag stay; the row handed
+	// again is the same row, and a new first entry adds once.
+	stale := make([]uint64, e)
+	for k := range stale {
+		stale[k] = InboxEntry(uint64(k), e, 5, 8, 1)
+	}
+	if C.rmacu_copy(cctx, 1, unsafe.Pointer(&stale[0]), C.uint64_t(slot(0)), C.uint64_t(8*e), &buf[0], C.size_t(len(buf))) != 0 {
+		return "", errText()
+	}
+	if err := d.InboxKick(ctx); err != nil {
+		return "", err
+	}
+	time.Sleep(20 * time.Millisecond)
+	if got := d.InboxTaken(ctx, row) & low62; got != pos {
+		return "", fmt.Errorf("entries of a lap long past taken: count %d, want %d", got, pos)
+	}
+	if err := d.InboxReset(ctx, row); err != nil {
+		return "", err
+	}
+	if err := d.InboxKick(ctx); err != nil {
+		return "", err
+	}
+	time.Sleep(20 * time.Millisecond)
+	if got := d.InboxTaken(ctx, row); got != 0 {
+		return "", fmt.Errorf("the row reset: count %#x, want 0 (an old entry taken, or the refused flag kept)", got)
+	}
+	again, s2, _, err := d.InboxRow(ctx, row)
+	if err != nil {
+		return "", err
+	}
+	syscall.Close(s2.Fd)
+	if again != row {
+		return "", fmt.Errorf("row %d handed again as row %d", row, again)
+	}
+	if ok, err := d.CopyWrite(ctx, 0, 0, 0, slot(0), InboxEntry(0, e, 5, 8, 1)); err != nil || !ok {
+		return "", fmt.Errorf("the reset row's first entry: queued %v: %v", ok, err)
+	}
+	if err := wait(1, true); err != nil {
+		return "", err
+	}
+	if C.rmacu_copy(cctx, 0, unsafe.Pointer(&words[0]), C.uint64_t(sig), 16, &buf[0], C.size_t(len(buf))) != 0 {
+		return "", errText()
+	}
+	if words[1] != uint64(iters)+1 || d.InboxTaken(ctx, row) != 1 {
+		return "", fmt.Errorf("the reset row's first entry: word %d, want %d; count %#x, want 1", words[1], iters+1, d.InboxTaken(ctx, row))
+	}
 	rows := 1
 	for ; rows < 32; rows++ {
-		_, s, _, err := d.InboxRow(ctx)
+		_, s, _, err := d.InboxRow(ctx, -1)
 		if err != nil {
 			break
 		}
@@ -198,5 +246,5 @@ func inboxCheck(iters int) (string, error) {
 	if rows != 16 {
 		return "", fmt.Errorf("%d rows handed out, want 16", rows)
 	}
-	return fmt.Sprintf("%d entries taken (the last after a kick), their copies there, 2 bad ones refused and flagged, %d rows", iters, rows), nil
+	return fmt.Sprintf("%d entries taken (the last after a kick), their copies there, 2 bad ones refused and flagged, the row reset and taken again from 0, %d rows", iters, rows), nil
 }

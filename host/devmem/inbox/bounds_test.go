@@ -23,6 +23,9 @@ type fakeInboxer struct {
 	tab    map[int]uint64 // entry -> size
 	kicks  atomic.Int32
 	counts uintptr
+	resets map[int]int     // row -> times emptied
+	maps   map[uintptr]int // imported rows' address -> 1 while mapped
+	nmaps  int
 }
 
 func (f *fakeInboxer) AgentRuns(ctx uintptr) bool                         { return ctx == 7 }
@@ -32,9 +35,36 @@ func (f *fakeInboxer) CopyMark(_, _, _ uintptr, _ uint64, _ uintptr) (uint64, bo
 	return 0, false, nil
 }
 func (f *fakeInboxer) InboxOpen(_, taken uintptr) error { f.counts = taken; return nil }
-func (f *fakeInboxer) InboxRow(uintptr) (int, devmem.Segment, int, error) {
-	f.rows++
-	return f.rows - 1, devmem.Segment{Fd: -1, Size: 1 << 21}, 64, nil
+func (f *fakeInboxer) InboxRow(_ uintptr, row int) (int, devmem.Segment, int, error) {
+	if row >= f.rows {
+		return 0, devmem.Segment{Fd: -1}, 0, errors.New("a row not handed out")
+	}
+	if row < 0 {
+		f.rows++
+		row = f.rows - 1
+	}
+	return row, devmem.Segment{Fd: -1, Size: 1 << 21}, 64, nil
+}
+
+// InboxReset empties the row as the agent would see it: its count 0.
+func (f *fakeInboxer) InboxReset(_ uintptr, row int) error {
+	f.resets[row]++
+	staging.MarkPageRestWord(row).Store(0)
+	return nil
+}
+func (f *fakeInboxer) IPCExport(uintptr, uintptr, uint64) ([]devmem.Segment, error) { return nil, nil }
+func (f *fakeInboxer) IPCImport(uintptr, []devmem.Segment) (uintptr, error) {
+	f.nmaps++
+	va := uintptr(0x7000_0000 + f.nmaps<<21)
+	f.maps[va] = 1
+	return va, nil
+}
+func (f *fakeInboxer) IPCUnmap(_, va uintptr, _ []uint64) error {
+	if f.maps[va] != 1 {
+		return errors.New("not mapped")
+	}
+	delete(f.maps, va)
+	return nil
 }
 func (f *fakeInboxer) InboxTable(_ uintptr, idx int, _ uintptr, n uint64) error {
 	f.tab[idx] = n
@@ -47,7 +77,7 @@ func (f *fakeInboxer) CopyWrite(_, _, _ uintptr, _ uint64, _ uintptr, _ uint64) 
 
 func withFake(t *testing.T) *fakeInboxer {
 	t.Helper()
-	f := &fakeInboxer{Pipe: &devtest.Pipe{Mem: make([]byte, 4096), Base: 1 << 20}, tab: map[int]uint64{}}
+	f := &fakeInboxer{Pipe: &devtest.Pipe{Mem: make([]byte, 4096), Base: 1 << 20}, tab: map[int]uint64{}, resets: map[int]int{}, maps: map[uintptr]int{}}
 	devmem.Register(f)
 	t.Cleanup(func() {
 		Forget()
@@ -94,7 +124,7 @@ func TestWaitBounds(t *testing.T) {
 	if _, ok := Claim(7, 0x1000, 64); !ok {
 		t.Fatal("no inbox")
 	}
-	row, _, e, err := Row()
+	row, _, e, err := Row(os.Getpid(), 0, true)
 	if err != nil || e != 64 {
 		t.Fatalf("row %d of %d entries: %v", row, e, err)
 	}

@@ -22,6 +22,13 @@
 // live in the second half of the process's mark page (staging's marks.go),
 // which the peers map read-only: a sender writes a position only once the
 // target took the one a row's length before it.
+//
+// A row belongs to a sender, a process of the host and the context its
+// agent writes from, not to a communicator: every communicator between the
+// two processes shares it and its positions (Attach, Row), so that the 16
+// rows serve 16 peer processes however many communicators come and go. A
+// row comes back only when its process exited, and is emptied for a
+// sender that asks afresh (its plugin finalized and started again).
 package inbox
 
 import (
@@ -74,6 +81,45 @@ var box struct {
 	// operations' path.
 	ctx atomic.Uintptr
 	e   atomic.Uint64
+	// rows is how many rows the device handed out, held who holds each
+	// (under mu).
+	rows int
+	held [Rows]holder
+}
+
+// holder is the sender a row of ours is for: process pid's context slot
+// (the sender's numbering), pidfd its process (-1: none could be opened,
+// kill(pid, 0) then).
+type holder struct {
+	pid, slot int
+	pidfd     int
+}
+
+// hold returns the holder for process pid's slot, its process opened.
+func hold(pid, slot int) holder {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		fd = -1
+	}
+	return holder{pid: pid, slot: slot, pidfd: fd}
+}
+
+// exited reports whether h's process ended (it writes no entry any more).
+func (h *holder) exited() bool {
+	if h.pidfd >= 0 {
+		fds := []unix.PollFd{{Fd: int32(h.pidfd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return err == nil && n == 1
+	}
+	return unix.Kill(h.pid, 0) == unix.ESRCH
+}
+
+// drop closes h's process handle and frees its place.
+func (h *holder) drop() {
+	if h.pidfd >= 0 {
+		unix.Close(h.pidfd)
+	}
+	*h = holder{}
 }
 
 // Claim enters the n bytes at base, device memory of ctx (a registration
@@ -126,11 +172,16 @@ func Claim(ctx uintptr, base uintptr, n uint64) (int, bool) {
 // page): a later registration opens a new one.
 func Forget() {
 	box.mu.Lock()
-	defer box.mu.Unlock()
 	box.err = nil
 	box.tab = [TableSize]bool{}
 	box.ctx.Store(0)
 	box.e.Store(0)
+	for i := range box.held {
+		box.held[i].drop()
+	}
+	box.rows = 0
+	box.mu.Unlock()
+	forgetPeers()
 }
 
 // Release takes registration id's entry idx (Claim's) out of the table
@@ -148,21 +199,63 @@ func Release(id uint32, idx int) {
 	}
 }
 
-// Row hands out a row of the inbox for a peer, with the rows' allocation
-// for it to map (the fd the caller's to send and close) and the row's
-// entries.
-func Row() (int, devmem.Segment, int, error) {
+// Row hands a row of the inbox to the sender that is process pid's
+// context slot, with the rows' allocation for it to map (the fd the
+// caller's to send and close) and the row's entries: the row it holds
+// already (emptied first when it asks afresh, its earlier entries being
+// from a plugin that finalized, or when its process is a new one of the
+// same pid), else a row never handed out, else one whose process exited,
+// emptied.
+func Row(pid, slot int, fresh bool) (int, devmem.Segment, int, error) {
 	d, ok := devmem.Get().(devmem.Inboxer)
 	box.mu.Lock()
 	defer box.mu.Unlock()
-	if !ok || box.ctx.Load() == 0 {
+	ctx := box.ctx.Load()
+	if !ok || ctx == 0 {
 		return 0, devmem.Segment{Fd: -1}, 0, errors.New("no peer inbox here")
 	}
-	row, seg, e, err := d.InboxRow(box.ctx.Load())
-	if err == nil {
-		box.e.Store(uint64(e))
+	if pid <= 0 {
+		return 0, devmem.Segment{Fd: -1}, 0, fmt.Errorf("peer inbox: no row for process %d", pid)
 	}
-	return row, seg, e, err
+	r := -1
+	for i := 0; i < box.rows; i++ {
+		if h := &box.held[i]; h.pid == pid && h.slot == slot {
+			r = i
+			break
+		}
+	}
+	switch {
+	case r >= 0 && (fresh || box.held[r].exited()):
+		if err := d.InboxReset(ctx, r); err != nil {
+			return 0, devmem.Segment{Fd: -1}, 0, fmt.Errorf("peer inbox: %w", err)
+		}
+		box.held[r].drop()
+		box.held[r] = hold(pid, slot)
+	case r < 0 && box.rows < Rows:
+		row, seg, e, err := d.InboxRow(ctx, -1)
+		if err != nil {
+			return row, seg, e, err
+		}
+		box.rows++
+		box.held[row] = hold(pid, slot)
+		box.e.Store(uint64(e))
+		return row, seg, e, nil
+	case r < 0:
+		for i := 0; i < box.rows && r < 0; i++ {
+			if box.held[i].exited() {
+				r = i
+			}
+		}
+		if r < 0 {
+			return 0, devmem.Segment{Fd: -1}, 0, fmt.Errorf("peer inbox: its %d rows are held by live processes", Rows)
+		}
+		if err := d.InboxReset(ctx, r); err != nil {
+			return 0, devmem.Segment{Fd: -1}, 0, fmt.Errorf("peer inbox: %w", err)
+		}
+		box.held[r].drop()
+		box.held[r] = hold(pid, slot)
+	}
+	return d.InboxRow(ctx, r)
 }
 
 // ErrRefused is a wait's error when the agent refused one of the row's
@@ -293,7 +386,8 @@ func Wait(row int, pos uint64, pid int) error {
 	}
 }
 
-// Peer is a peer's inbox row mapped here (the sender's side).
+// Peer is a peer's inbox row mapped here (the sender's side), shared by
+// every communicator of ours with that process from one context.
 type Peer struct {
 	ctx   uintptr // the context whose agent writes our entries
 	va    uintptr // the peer's rows, mapped
@@ -301,19 +395,117 @@ type Peer struct {
 	row   int
 	e     uint64
 	marks *staging.PeerMarks // the peer's mark page: its counts
+	key   peerKey
+	// refs counts the links that use it and stale is set once the peer's
+	// process was found replaced (under senders.mu): unmapped when both.
+	refs  int
+	stale bool
 	// mu queues one entry at a time, in position order (lane 0's writer
-	// alone, unless that lane failed over); next counts the positions
-	// queued (under mu).
+	// of each link to the peer); next counts the positions queued (under
+	// mu).
 	mu   sync.Mutex
 	next uint64
 }
 
-// Open maps seg, a peer's inbox rows, into ctx: row is ours, of entries
-// entries; marks is the peer's mark page mapped here, whose second half
-// holds its counts.
-func Open(ctx uintptr, seg devmem.Segment, row, entries int, marks *staging.PeerMarks) (*Peer, error) {
+// peerKey names a Peer: the target's process and our context.
+type peerKey struct {
+	pid int
+	ctx uintptr
+}
+
+// senders are the rows of peers' inboxes mapped here.
+var senders struct {
+	// open makes one Attach at a time, so that a row is asked for afresh
+	// once; it is held across the peer's answer, which mu is not.
+	open sync.Mutex
+	mu   sync.Mutex
+	m    map[peerKey]*Peer
+	// slots are our contexts in the order they first asked for a row: a
+	// context's index is its slot in the target's rows (Row).
+	slots []uintptr
+}
+
+// maxSlots bounds our contexts that write to inboxes.
+const maxSlots = 256
+
+// Fetch asks the target for a row for our context slot (afresh: we map
+// none of its rows from that context) and returns it, the rows'
+// allocation (its fd the caller's to close, after Attach returned) and the
+// row's entries.
+type Fetch func(slot int, fresh bool) (row int, seg devmem.Segment, entries int, err error)
+
+// Attach returns the row of process pid's inbox that ctx's agent writes,
+// for one more link: the one mapped here already for pid and ctx when the
+// target hands the same row again, else the one fetch brings, mapped into
+// ctx. marks is pid's mark page mapped here, whose second half holds its
+// counts; a Peer keeps it as long as it lives. Each Attach is undone by
+// one Close.
+func Attach(ctx uintptr, pid int, marks *staging.PeerMarks, fetch Fetch) (*Peer, error) {
+	if marks == nil {
+		return nil, errors.New("peer inbox: the peer's mark page is not mapped here")
+	}
+	senders.open.Lock()
+	defer senders.open.Unlock()
+	k := peerKey{pid, ctx}
+	senders.mu.Lock()
+	slot := -1
+	for i, c := range senders.slots {
+		if c == ctx {
+			slot = i
+		}
+	}
+	if slot < 0 && len(senders.slots) < maxSlots {
+		slot = len(senders.slots)
+		senders.slots = append(senders.slots, ctx)
+	}
+	p := senders.m[k]
+	if p != nil && p.marks.ID() != marks.ID() {
+		// A new process of the same pid: the old one's row goes once no
+		// link uses it.
+		p.stale = true
+		delete(senders.m, k)
+		if p.refs == 0 {
+			p.unmap()
+		}
+		p = nil
+	}
+	senders.mu.Unlock()
+	if slot < 0 {
+		return nil, fmt.Errorf("peer inbox: %d contexts of ours write inboxes already", maxSlots)
+	}
+	row, seg, e, err := fetch(slot, p == nil)
+	if err != nil {
+		return nil, err
+	}
+	if p != nil {
+		if row != p.row || uint64(e) != p.e || seg.Size != p.size {
+			return nil, fmt.Errorf("peer inbox: the peer handed row %d (%d entries, %d bytes), where we write row %d (%d entries, %d bytes)", row, e, seg.Size, p.row, p.e, p.size)
+		}
+		senders.mu.Lock()
+		p.refs++
+		senders.mu.Unlock()
+		return p, nil
+	}
+	p, err = open(ctx, seg, row, e, marks)
+	if err != nil {
+		return nil, err
+	}
+	marks.Retain()
+	p.key, p.refs = k, 1
+	senders.mu.Lock()
+	if senders.m == nil {
+		senders.m = map[peerKey]*Peer{}
+	}
+	senders.m[k] = p
+	senders.mu.Unlock()
+	return p, nil
+}
+
+// open maps seg, a peer's inbox rows, into ctx: row is ours, of entries
+// entries; marks is the peer's mark page mapped here.
+func open(ctx uintptr, seg devmem.Segment, row, entries int, marks *staging.PeerMarks) (*Peer, error) {
 	sh, ok := devmem.Get().(devmem.IPCSharer)
-	if !ok || marks == nil || row < 0 || row >= Rows || entries <= 0 || entries&(entries-1) != 0 ||
+	if !ok || row < 0 || row >= Rows || entries <= 0 || entries&(entries-1) != 0 ||
 		uint64(Rows)*uint64(entries)*8 > seg.Size {
 		return nil, fmt.Errorf("peer inbox: row %d of %d entries in %d bytes", row, entries, seg.Size)
 	}
@@ -324,12 +516,42 @@ func Open(ctx uintptr, seg devmem.Segment, row, entries int, marks *staging.Peer
 	return &Peer{ctx: ctx, va: va, size: seg.Size, row: row, e: uint64(entries), marks: marks}, nil
 }
 
-// Close unmaps the rows (the lane carries no more entries).
+// Close ends a link's use of the row (Attach's). The row stays mapped for
+// the next communicator with the peer, until its process is found
+// replaced or the plugin finalizes (Forget).
 func (p *Peer) Close() {
-	if sh, ok := devmem.Get().(devmem.IPCSharer); ok && p != nil && p.va != 0 {
-		sh.IPCUnmap(p.ctx, p.va, []uint64{p.size})
-		p.va = 0
+	if p == nil {
+		return
 	}
+	senders.mu.Lock()
+	defer senders.mu.Unlock()
+	if p.refs--; p.refs <= 0 && p.stale {
+		p.unmap()
+	}
+}
+
+// unmap unmaps the rows and lets the mark page go (under senders.mu, or
+// once nothing else reaches p).
+func (p *Peer) unmap() {
+	if sh, ok := devmem.Get().(devmem.IPCSharer); ok && p.va != 0 {
+		sh.IPCUnmap(p.ctx, p.va, []uint64{p.size})
+	}
+	if p.va != 0 || p.marks != nil {
+		p.marks.Close()
+	}
+	p.va, p.marks = 0, nil
+}
+
+// forgetPeers unmaps every row of a peer's inbox mapped here (the last
+// finalize, the agents stopped): a later plugin asks afresh.
+func forgetPeers() {
+	senders.mu.Lock()
+	defer senders.mu.Unlock()
+	for k, p := range senders.m {
+		p.unmap()
+		delete(senders.m, k)
+	}
+	senders.slots = nil
 }
 
 // Ctx is the context whose agent writes the entries.

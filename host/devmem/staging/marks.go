@@ -201,6 +201,10 @@ type PeerMarks struct {
 	mem []byte
 	w   *[MarkWords]atomic.Uint64
 	pid int // the peer's process: gone, its agent writes nothing more
+	// id is the page's file (device and inode), which no other page has
+	// while this mapping holds it; refs counts Open and Retain less Close.
+	id   [2]uint64
+	refs atomic.Int32
 }
 
 // OpenPeerMarks maps the mark page of process pid from fd (the caller
@@ -223,12 +227,23 @@ func OpenPeerMarks(fd, pid int) (*PeerMarks, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mark page of pid %d: mmap: %w", pid, err)
 	}
-	return &PeerMarks{mem: mem, w: (*[MarkWords]atomic.Uint64)(unsafe.Pointer(&mem[0])), pid: pid}, nil
+	m := &PeerMarks{mem: mem, w: (*[MarkWords]atomic.Uint64)(unsafe.Pointer(&mem[0])), pid: pid, id: [2]uint64{uint64(st.Dev), st.Ino}}
+	m.refs.Store(1)
+	return m, nil
 }
 
-// Close unmaps the page; nothing waits on it any more.
+// Retain adds a holder of the page (the peer inbox's sender, which may
+// outlive the link that mapped it); each holder calls Close once.
+func (m *PeerMarks) Retain() { m.refs.Add(1) }
+
+// ID tells the page apart from any other mapped here: a peer process that
+// ended and one that started since have different pages.
+func (m *PeerMarks) ID() [2]uint64 { return m.id }
+
+// Close drops a holder; the last one unmaps the page, once nothing waits
+// on it any more.
 func (m *PeerMarks) Close() {
-	if m != nil && m.mem != nil {
+	if m != nil && m.refs.Add(-1) == 0 && m.mem != nil {
 		unix.Munmap(m.mem)
 		m.mem, m.w = nil, nil
 	}

@@ -16,10 +16,12 @@ import (
 // The peer inbox's hand-over (host/devmem/inbox;
 // NCCL_RMA_WASM_INTRANODE_INBOX). After the first mapping of a peer's
 // registration, a rank asks the peer's server for a row of its inbox (key
-// 5<<32 | its rank: answered only to that rank's process, once) and maps
-// the peer's mark page, whose second half counts the entries the peer's
-// agent took; the row's rows are mapped into the context of our
-// registration, whose agent then writes our entries.
+// 5<<32 | afresh<<48 | our context's slot<<40 | its rank: answered only to
+// that rank's process, once per communicator) and maps the peer's mark
+// page, whose second half counts the entries the peer's agent took; the
+// rows are mapped into the context of our registration, whose agent then
+// writes our entries. A process's communicators with the peer share the
+// row (inbox.Attach): the rows are mapped once.
 
 // maxInboxBytes bounds the rows' allocation a peer may hand us.
 const maxInboxBytes = 1 << 30
@@ -65,20 +67,29 @@ func (x *Exchange) fetchInbox(m Local, tok uint64, r, pid int) error {
 			return errors.New("its mark page is not mapped here")
 		}
 	}
-	payload, fds, err := fdpass.Fetch(shareName(pid, tok), keyInboxRow|uint64(x.rank), pid)
-	defer closeFds(fds)
-	if err != nil {
-		return err
-	}
-	if len(payload) != 24 || binary.LittleEndian.Uint32(payload) != 1 || binary.LittleEndian.Uint32(payload[4:]) != segInbox || len(fds) != 1 {
-		return fmt.Errorf("malformed inbox row from rank %d", r)
-	}
-	row, entries := int(binary.LittleEndian.Uint32(payload[8:])), int(binary.LittleEndian.Uint32(payload[12:]))
-	size := binary.LittleEndian.Uint64(payload[16:])
-	if size == 0 || size > maxInboxBytes {
-		return fmt.Errorf("an inbox of %d bytes from rank %d", size, r)
-	}
-	p, err := inbox.Open(m.Ctx, devmem.Segment{Fd: fds[0], Size: size}, row, entries, pm)
+	var fds []int
+	defer func() { closeFds(fds) }()
+	p, err := inbox.Attach(m.Ctx, pid, pm, func(slot int, fresh bool) (int, devmem.Segment, int, error) {
+		key := keyInboxRow | uint64(slot)<<keyRankShift | uint64(x.rank)
+		if fresh {
+			key |= 1 << 48
+		}
+		var payload []byte
+		var err error
+		payload, fds, err = fdpass.Fetch(shareName(pid, tok), key, pid)
+		if err != nil {
+			return 0, devmem.Segment{}, 0, err
+		}
+		if len(payload) != 24 || binary.LittleEndian.Uint32(payload) != 1 || binary.LittleEndian.Uint32(payload[4:]) != segInbox || len(fds) != 1 {
+			return 0, devmem.Segment{}, 0, fmt.Errorf("malformed inbox row from rank %d", r)
+		}
+		row, entries := int(binary.LittleEndian.Uint32(payload[8:])), int(binary.LittleEndian.Uint32(payload[12:]))
+		size := binary.LittleEndian.Uint64(payload[16:])
+		if size == 0 || size > maxInboxBytes {
+			return 0, devmem.Segment{}, 0, fmt.Errorf("an inbox of %d bytes from rank %d", size, r)
+		}
+		return row, devmem.Segment{Fd: fds[0], Size: size}, entries, nil
+	})
 	if err != nil {
 		return err
 	}
@@ -88,10 +99,11 @@ func (x *Exchange) fetchInbox(m Local, tok uint64, r, pid int) error {
 	return nil
 }
 
-// serveInboxRow hands the intra-node peer pid (rank r) a row of our inbox,
-// once: the row, its entries, and an fd of the rows' allocation, which
-// the server closes once sent.
-func (x *Exchange) serveInboxRow(pid, r int) ([]byte, []int, error) {
+// serveInboxRow hands the intra-node peer pid (rank r) the row of our
+// inbox for its context slot (afresh: it maps none of our rows from that
+// context), once per communicator: the row, its entries, and an fd of the
+// rows' allocation, which the server closes once sent.
+func (x *Exchange) serveInboxRow(pid, r, slot int, fresh bool) ([]byte, []int, error) {
 	if r < 0 || r >= x.nranks || x.ipc.Pid(r) != pid {
 		return nil, nil, errors.New("no such peer")
 	}
@@ -105,7 +117,7 @@ func (x *Exchange) serveInboxRow(pid, r int) ([]byte, []int, error) {
 	if again {
 		return nil, nil, errors.New("a row was handed out already")
 	}
-	row, seg, entries, err := inbox.Row()
+	row, seg, entries, err := inbox.Row(pid, slot, fresh)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -174,7 +174,7 @@ const (
 	keyEventHandles = 2 << 32 // | rank: the handles of our events for that rank (the asker)
 	keyMarkPage     = 3 << 32 // | rank: our mark page, for that rank (the asker)
 	keyOpenMarks    = 4 << 32 // | asker's rank: map its mark page
-	keyInboxRow     = 5 << 32 // | asker's rank: a row of our peer inbox for it
+	keyInboxRow     = 5 << 32 // | afresh << 48 | slot << 40 | asker's rank: a row of our peer inbox for it (inbox.Row)
 	keyKind         = 0xff << 32
 	keyRankShift    = 40 // the asker's rank in keyOpenEvents (several ranks may share a process)
 	segEvents       = 3  // an answer's kind: event handles
@@ -271,8 +271,8 @@ func (x *Exchange) serve(pid int, key uint64) ([]byte, []int, error) {
 		return x.serveMarkPage(pid, int(uint32(key)))
 	case key&^0xffffffff == keyOpenMarks:
 		return x.serveOpenMarks(pid, int(uint32(key)))
-	case key&^0xffffffff == keyInboxRow:
-		return x.serveInboxRow(pid, int(uint32(key)))
+	case key&keyKind == keyInboxRow && key>>49 == 0:
+		return x.serveInboxRow(pid, int(uint32(key)), int(key>>keyRankShift&0xff), key>>48&1 == 1)
 	}
 	return nil, nil, errors.New("no such registration")
 }

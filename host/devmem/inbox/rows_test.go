@@ -1,0 +1,169 @@
+package inbox
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
+)
+
+// TestRowsPerSender: a row belongs to a sender (a process and its context
+// slot), not to a communicator: the same sender asking again gets its row
+// back, unchanged, however often; asking afresh empties it; a sender
+// beyond the 16 rows is refused while every holder lives, and takes the
+// row of one that exited, emptied.
+func TestRowsPerSender(t *testing.T) {
+	f := withFake(t)
+	if _, ok := Claim(7, 0x1000, 64); !ok {
+		t.Fatal("no inbox")
+	}
+	me := os.Getpid()
+	row := func(pid, slot int, fresh bool) int {
+		t.Helper()
+		r, seg, e, err := Row(pid, slot, fresh)
+		if err != nil || e != 64 || seg.Size == 0 {
+			t.Fatalf("pid %d slot %d: row %d of %d entries: %v", pid, slot, r, e, err)
+		}
+		return r
+	}
+	if r := row(me, 0, true); r != 0 || f.resets[0] != 0 {
+		t.Fatalf("first sender: row %d, emptied %d times", r, f.resets[0])
+	}
+	staging.MarkPageRestWord(0).Store(9) // nine entries taken
+	for i := 0; i < 20; i++ {            // communicators come and go
+		if r := row(me, 0, false); r != 0 {
+			t.Fatalf("the same sender again: row %d", r)
+		}
+	}
+	if f.rows != 1 || f.resets[0] != 0 || staging.MarkPageRestWord(0).Load() != 9 {
+		t.Fatalf("asking again: %d rows handed out, row 0 emptied %d times, its count %d", f.rows, f.resets[0], staging.MarkPageRestWord(0).Load())
+	}
+	if r := row(me, 0, true); r != 0 || f.resets[0] != 1 || staging.MarkPageRestWord(0).Load() != 0 {
+		t.Fatalf("afresh: row %d, emptied %d times, count %d", r, f.resets[0], staging.MarkPageRestWord(0).Load())
+	}
+	if r := row(me, 1, false); r != 1 {
+		t.Fatalf("another context of the same process: row %d, want 1", r)
+	}
+	for slot := 2; slot < Rows-1; slot++ {
+		if r := row(me, slot, false); r != slot {
+			t.Fatalf("slot %d: row %d", slot, r)
+		}
+	}
+	child := exec.Command("sleep", "60")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer child.Process.Kill()
+	if r := row(child.Process.Pid, 0, true); r != Rows-1 {
+		t.Fatalf("the child: row %d", r)
+	}
+	if _, _, _, err := Row(me, 99, false); err == nil || !strings.Contains(err.Error(), "held by live processes") {
+		t.Fatalf("a 17th sender while the 16 live: %v", err)
+	}
+	if r := row(child.Process.Pid, 0, false); r != Rows-1 || f.resets[Rows-1] != 0 {
+		t.Fatalf("the child again: row %d, emptied %d times", r, f.resets[Rows-1])
+	}
+	child.Process.Kill()
+	child.Wait()
+	if r := row(me, 99, false); r != Rows-1 || f.resets[Rows-1] != 1 {
+		t.Fatalf("after the child exited: row %d (want its row %d), emptied %d times", r, Rows-1, f.resets[Rows-1])
+	}
+	if f.rows != Rows {
+		t.Fatalf("%d rows handed out", f.rows)
+	}
+	if _, _, _, err := Row(0, 0, false); err == nil {
+		t.Fatal("a row for pid 0")
+	}
+}
+
+// TestAttachShares: a process's links to one peer, from one context, share
+// one mapping of its row and its positions; the row is asked for afresh
+// only the first time; closing every link keeps it for the next; a peer
+// process found replaced (another mark page) gets a new mapping, the old
+// one going with its last link; Forget unmaps the rest.
+func TestAttachShares(t *testing.T) {
+	f := withFake(t)
+	if _, ok := Claim(7, 0x1000, 64); !ok {
+		t.Fatal("no inbox")
+	}
+	me := os.Getpid()
+	marks := func() *staging.PeerMarks {
+		t.Helper()
+		fd, err := staging.MarkPageReadOnly()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.NewFile(uintptr(fd), "marks").Close()
+		m, err := staging.OpenPeerMarks(fd, me)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	var asked []bool
+	fetch := func(slot int, fresh bool) (int, devmem.Segment, int, error) {
+		asked = append(asked, fresh)
+		return Row(me, slot, fresh)
+	}
+	m1 := marks()
+	a, err := Attach(7, me, m1, fetch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Attach(7, me, m1, fetch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != b || len(f.maps) != 1 || len(asked) != 2 || !asked[0] || asked[1] {
+		t.Fatalf("two links: shared %v, %d mappings, asked afresh %v", a == b, len(f.maps), asked)
+	}
+	a.next = 5 // positions queued through a
+	a.Close()
+	b.Close()
+	m1.Close() // the link's own hold on the page
+	c, err := Attach(7, me, m1, fetch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != a || c.next != 5 || len(f.maps) != 1 || asked[2] {
+		t.Fatalf("after every link closed: the same row %v, position %d, %d mappings, afresh %v", c == a, c.next, len(f.maps), asked[2])
+	}
+	if c.marks.Rest(0) != staging.MarkPageRestWord(0).Load() {
+		t.Fatal("the row's counts are not read from the peer's page")
+	}
+	// The peer's process replaced: a new mark page, hence a new mapping.
+	staging.Release()
+	if err := staging.MarkPage(7); err != nil {
+		t.Fatal(err)
+	}
+	m2 := marks()
+	if m2.ID() == m1.ID() {
+		t.Fatal("two pages with one identity")
+	}
+	d, err := Attach(7, me, m2, fetch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d == c || !asked[3] || d.next != 0 || len(f.maps) != 2 {
+		t.Fatalf("a replaced peer: new row %v, afresh %v, position %d, %d mappings", d != c, asked[3], d.next, len(f.maps))
+	}
+	c.Close()
+	if len(f.maps) != 1 || c.va != 0 {
+		t.Fatalf("the replaced peer's row after its last link: %d mappings", len(f.maps))
+	}
+	e, err := Attach(8, me, m2, fetch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e == d || !asked[4] || len(f.maps) != 2 {
+		t.Fatalf("another context: its own row %v, afresh %v, %d mappings", e != d, asked[4], len(f.maps))
+	}
+	m2.Close()
+	Forget()
+	if len(f.maps) != 0 {
+		t.Fatalf("after Forget: %d mappings", len(f.maps))
+	}
+}
