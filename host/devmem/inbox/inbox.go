@@ -87,6 +87,10 @@ var box struct {
 	held [Rows]holder
 }
 
+// maxRowsPerProcess bounds the rows one process holds (one per context it
+// writes from), so that no peer takes them all.
+const maxRowsPerProcess = Rows / 2
+
 // holder is the sender a row of ours is for: process pid's context slot
 // (the sender's numbering), pidfd its process (-1: none could be opened,
 // kill(pid, 0) then).
@@ -217,12 +221,17 @@ func Row(pid, slot int, fresh bool) (int, devmem.Segment, int, error) {
 	if pid <= 0 {
 		return 0, devmem.Segment{Fd: -1}, 0, fmt.Errorf("peer inbox: no row for process %d", pid)
 	}
-	r := -1
+	r, mine := -1, 0
 	for i := 0; i < box.rows; i++ {
-		if h := &box.held[i]; h.pid == pid && h.slot == slot {
-			r = i
-			break
+		if h := &box.held[i]; h.pid == pid {
+			mine++
+			if h.slot == slot {
+				r = i
+			}
 		}
+	}
+	if r < 0 && mine >= maxRowsPerProcess {
+		return 0, devmem.Segment{Fd: -1}, 0, fmt.Errorf("peer inbox: process %d holds %d rows already", pid, mine)
 	}
 	switch {
 	case r >= 0 && (fresh || box.held[r].exited()):

@@ -47,29 +47,37 @@ func TestRowsPerSender(t *testing.T) {
 	if r := row(me, 1, false); r != 1 {
 		t.Fatalf("another context of the same process: row %d, want 1", r)
 	}
-	for slot := 2; slot < Rows-1; slot++ {
+	for slot := 2; slot < maxRowsPerProcess; slot++ {
 		if r := row(me, slot, false); r != slot {
 			t.Fatalf("slot %d: row %d", slot, r)
 		}
 	}
-	child := exec.Command("sleep", "60")
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
+	if _, _, _, err := Row(me, maxRowsPerProcess, false); err == nil || !strings.Contains(err.Error(), "holds 8 rows already") {
+		t.Fatalf("a process past its share of the rows: %v", err)
 	}
-	defer child.Process.Kill()
-	if r := row(child.Process.Pid, 0, true); r != Rows-1 {
-		t.Fatalf("the child: row %d", r)
+	var kids []*exec.Cmd
+	for i := maxRowsPerProcess; i < Rows; i++ {
+		child := exec.Command("sleep", "60")
+		if err := child.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer child.Process.Kill()
+		kids = append(kids, child)
+		if r := row(child.Process.Pid, 0, true); r != i {
+			t.Fatalf("child %d: row %d", i, r)
+		}
 	}
-	if _, _, _, err := Row(me, 99, false); err == nil || !strings.Contains(err.Error(), "held by live processes") {
+	last := kids[len(kids)-1]
+	if _, _, _, err := Row(last.Process.Pid, 1, false); err == nil || !strings.Contains(err.Error(), "held by live processes") {
 		t.Fatalf("a 17th sender while the 16 live: %v", err)
 	}
-	if r := row(child.Process.Pid, 0, false); r != Rows-1 || f.resets[Rows-1] != 0 {
-		t.Fatalf("the child again: row %d, emptied %d times", r, f.resets[Rows-1])
+	if r := row(last.Process.Pid, 0, false); r != Rows-1 || f.resets[Rows-1] != 0 {
+		t.Fatalf("the last child again: row %d, emptied %d times", r, f.resets[Rows-1])
 	}
-	child.Process.Kill()
-	child.Wait()
-	if r := row(me, 99, false); r != Rows-1 || f.resets[Rows-1] != 1 {
-		t.Fatalf("after the child exited: row %d (want its row %d), emptied %d times", r, Rows-1, f.resets[Rows-1])
+	last.Process.Kill()
+	last.Wait()
+	if r := row(kids[0].Process.Pid, 1, false); r != Rows-1 || f.resets[Rows-1] != 1 {
+		t.Fatalf("after the last child exited: row %d (want its row %d), emptied %d times", r, Rows-1, f.resets[Rows-1])
 	}
 	if f.rows != Rows {
 		t.Fatalf("%d rows handed out", f.rows)
