@@ -210,9 +210,9 @@ func (m *markWaits) record(d time.Duration, reached bool) {
 
 // inboxReached reports whether h is a put+signal whose signal our agent
 // added from our peer inbox (wire.StatusInbox) and took, or takes within
-// inbox.CallerWait (0 by default: the entry reaches the signal word with
-// no host on the way, so a wait would only hold NCCL's proxy thread): a
-// caller serves it. Others are the service's, which acknowledges them
+// inbox.CallerWait (25 µs by default: the sender's request waits for our
+// acknowledgement, which the service, woken for the header, sends later):
+// a caller serves it. Others are the service's, which acknowledges them
 // once the entry was taken.
 func (t *Link) inboxReached(h *wire.Header) bool {
 	if h.Status&^0xff != wire.StatusInbox || h.Typ != wire.MsgPutSignal || h.Size != 0 || t.side == nil {

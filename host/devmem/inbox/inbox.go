@@ -283,11 +283,12 @@ var callerWait atomic.Int64
 // SetCallerWait sets how long NCCL's proxy thread, reading a header whose
 // entry the agent has not taken yet, waits for it before it leaves the
 // header to the stream's service (NCCL_RMA_WASM_INTRANODE_INBOX_CALLER_WAIT_US).
-// The entry needs no host to reach its signal word, so a wait only holds
-// the proxy from posting its own operations.
+// The entry needs no host to reach its signal word, but the sender's
+// request waits for our acknowledgement, which a service woken for the
+// header sends later than the proxy that waited a few microseconds.
 func SetCallerWait(d time.Duration) { callerWait.Store(int64(d)) }
 
-// CallerWait is SetCallerWait's value (0 by default: only look).
+// CallerWait is SetCallerWait's value (0: only look).
 func CallerWait() time.Duration { return time.Duration(callerWait.Load()) }
 
 // Reached reports whether the agent took row's entry pos - 1 within d,
