@@ -287,9 +287,11 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 				"hands signals to its agent through its peer inbox", "fakecuda: the device agent added a peer's inbox entry", "!fakecuda: the device agent refused an inbox entry"}},
 		// The same with placed completions: a put+signal's request
 		// completes once its copy and entry executed and its header was
-		// written; the signal alone still waits for the target.
+		// written, a signal alone's once its entry executed and its
+		// header was written.
 		{"cuda_check_inbox_placed", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_INBOX=1", "NCCL_RMA_WASM_PLACED_COMPLETION=1", "CUDA_CHECK_DIRECT=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "hands signals to its agent through its peer inbox",
+				"signals alone through its peer inbox complete once their entry is in its row",
 				"puts placed in its mapped memory complete once their copy executed", "!fakecuda: the device agent refused an inbox entry"}},
 		// Communicators come and go (18 more, one after another, past the
 		// inbox's 16 rows) while the first keeps the plugin initialized:

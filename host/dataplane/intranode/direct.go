@@ -29,6 +29,7 @@ type directState struct {
 	ctx     atomic.Uintptr
 	adds    atomic.Int64
 	entries atomic.Int64 // signals through the peer's inbox (inbox)
+	placed  atomic.Int64 // of them, signals alone completed once their entry executed
 }
 
 // direct carries op (op.Direct): the payload's copy into the mapped window
@@ -108,7 +109,9 @@ func (x *Link) direct(l *intraLane, op *link.Op) link.SideMove {
 // and leaves at once: a signal alone's entry needs nothing more, and a
 // put+signal's request waits for the command, as a marked copy's; only
 // where the command could not get a slot of its own does the lane's
-// batch wait for it before the header leaves. SideNo: not so (no row of
+// batch wait for it before the header leaves. With placed completions a
+// signal alone's request also waits for its command, and completes
+// without the peer's acknowledgement (SideQueued). SideNo: not so (no row of
 // the peer's mapped here, the agent of the payload's context is not the
 // one that writes our entries, no room in the row in time), and the path
 // is over for the peer.
@@ -129,7 +132,24 @@ func (x *Link) inboxEntry(l *intraLane, op *link.Op, ib *inbox.Peer, ctx uintptr
 	var err error
 	mv := link.SideQueued
 	if op.Size == 0 {
-		pos, ok, err = ib.QueueSignal(idx, op.SigOff, v)
+		// A signal alone completes once its entry is in the peer's row,
+		// as a placed put once its bytes are (placed completions);
+		// otherwise on the peer's acknowledgement.
+		mv = link.SideMoved
+		if po, isPO := owner.(link.PartOwner); isPO && x.Peer().Mesh().PlacedCompletion {
+			po.AddPart(op.Tag) // the command's part; given back below when nothing was queued
+			if pos, ok, err = ib.QueueSignalPlaced(idx, op.SigOff, v, owner, op.Tag); ok {
+				mv = link.SideQueued
+				if x.dsig.placed.Add(1) == 1 {
+					logx.Info(abi.SubsysNet, "NET/wasm: rank %d (pid %d): signals alone through its peer inbox complete once their entry is in its row, without its acknowledgement (NCCL_RMA_WASM_PLACED_COMPLETION)", x.Peer().Rank(), x.pid)
+				}
+			} else {
+				owner.Complete(op.Tag, abi.Success)
+			}
+		}
+		if !ok && err == nil {
+			pos, ok, err = ib.QueueSignal(idx, op.SigOff, v)
+		}
 	} else {
 		if po, isPO := owner.(link.PartOwner); isPO && !x.strong(op) {
 			po.AddPart(op.Tag) // the command's part; given back below when nothing was queued

@@ -197,7 +197,9 @@ func (l *lane) sideOp(b *batchOut, i int, op *link.Op) bool {
 		// Bounded: past placedMax puts awaiting acks on the lane, the
 		// request waits for its ack, so a target that never acknowledges
 		// holds the caller's requests, not our memory.
-		op.Placed = op.Size > 0 && l.p.Mesh().PlacedCompletion && l.nputs.Load() < placedMax.Load()
+		// A signal alone is placed once its command (an inbox entry's
+		// write) completes its request once more (SideQueued).
+		op.Placed = (op.Size > 0 || mv == link.SideQueued) && l.p.Mesh().PlacedCompletion && l.nputs.Load() < placedMax.Load()
 		if op.Placed && !l.t.placedSaid.Load() && !l.t.placedSaid.Swap(true) {
 			logx.Info(abi.SubsysNet, "NET/wasm: rank %d: puts placed in its mapped memory complete once their copy executed and their header was written, without its acknowledgement (NCCL_RMA_WASM_PLACED_COMPLETION)", l.p.Rank())
 		}

@@ -600,6 +600,13 @@ func (p *Peer) QueueSignal(idx int, off, v uint64) (uint64, bool, error) {
 	return p.queue(alone, nil, 0, 0, 0, idx, off, v, nil, 0)
 }
 
+// QueueSignalPlaced is QueueSignal for a signal alone whose request
+// completes once the entry is in the peer's row: c.Complete(tag, ...) once
+// the command executed.
+func (p *Peer) QueueSignalPlaced(idx int, off, v uint64, c staging.Completer, tag uint64) (uint64, bool, error) {
+	return p.queue(alonePlaced, nil, 0, 0, 0, idx, off, v, c, tag)
+}
+
 // how an entry goes to the agent (queue).
 type how int
 
@@ -607,6 +614,7 @@ const (
 	inBatch  how = iota // joined to a lane's gathered batch (Queue)
 	withCopy            // behind its copy, its request waiting for the command (QueueMapped)
 	alone               // a signal alone's entry (QueueSignal)
+	alonePlaced         // the same, its request waiting for the command (QueueSignalPlaced)
 )
 
 func (p *Peer) queue(h how, g *staging.Gather, dst, src uintptr, n uint64, idx int, off, v uint64, c staging.Completer, tag uint64) (uint64, bool, error) {
@@ -626,7 +634,7 @@ func (p *Peer) queue(h how, g *staging.Gather, dst, src uintptr, n uint64, idx i
 	switch h {
 	case inBatch:
 		ok, err = g.AddAgent(p.ctx, func() (bool, error) { return d.CopyWrite(p.ctx, dst, src, n, w, e) })
-	case withCopy:
+	case withCopy, alonePlaced:
 		ok, err = staging.CopyMappedWrite(p.ctx, dst, src, n, w, e, c, tag)
 	default:
 		ok, err = staging.AgentWrite(p.ctx, w, e)

@@ -398,12 +398,12 @@ func CopyMappedAsync(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, e
 }
 
 // CopyMappedWrite is CopyMappedAsync where ctx's device agent copies: one
-// agent command copies, then writes v to the device word w (a peer's inbox
-// entry, host/devmem/inbox), and c.Complete(tag, ...) once it executed; no
-// event. false (and no error): no agent in ctx, more than a bounce slot,
+// agent command copies (n 0: nothing), then writes v to the device word w
+// (a peer's inbox entry, host/devmem/inbox), and c.Complete(tag, ...) once
+// it executed; no event. false (and no error): no agent in ctx, more than a bounce slot,
 // no free slot.
 func CopyMappedWrite(ctx, dst, src uintptr, n uint64, w uintptr, v uint64, c Completer, tag uint64) (bool, error) {
-	if n == 0 || n > bounceSize.Load() || w == 0 || !AgentRuns(ctx) {
+	if n > bounceSize.Load() || w == 0 || !AgentRuns(ctx) {
 		return false, nil
 	}
 	ok, _, err := copyQueued(ctx, dst, src, n, c, tag, 0, 0, w, v)
@@ -433,6 +433,9 @@ func AgentWrite(ctx, w uintptr, v uint64) (bool, error) {
 // device word w (CopyMappedWrite).
 func copyQueued(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ipc, mark, w uintptr, wv uint64) (bool, uint64, error) {
 	ac, q, err := dtodQueue(ctx, n)
+	if n == 0 && w != 0 {
+		ac, q, err = agentQueue(ctx) // the entry's write alone
+	}
 	if q == nil {
 		return false, 0, err
 	}
@@ -501,9 +504,18 @@ func copyQueued(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ipc, m
 // ahead of it on its stream). A nil queue (and no error): copy
 // synchronously (no such copies, asynchronous copies off, no stream).
 func dtodQueue(ctx uintptr, n uint64) (devmem.AsyncDeviceCopier, *ctxQueue, error) {
+	if n == 0 {
+		return nil, nil, nil
+	}
+	return agentQueue(ctx)
+}
+
+// agentQueue is dtodQueue for a command with or without a copy (an inbox
+// entry's write alone).
+func agentQueue(ctx uintptr) (devmem.AsyncDeviceCopier, *ctxQueue, error) {
 	d := devmem.Get()
 	ac, ok := d.(devmem.AsyncDeviceCopier)
-	if !ok || n == 0 || bounceSize.Load() == 0 {
+	if !ok || bounceSize.Load() == 0 {
 		return nil, nil, nil
 	}
 	q := queueOf(d, ctx)
