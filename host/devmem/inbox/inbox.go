@@ -611,10 +611,10 @@ func (p *Peer) QueueSignalPlaced(idx int, off, v uint64, c staging.Completer, ta
 type how int
 
 const (
-	inBatch  how = iota // joined to a lane's gathered batch (Queue)
-	withCopy            // behind its copy, its request waiting for the command (QueueMapped)
-	alone               // a signal alone's entry (QueueSignal)
-	alonePlaced         // the same, its request waiting for the command (QueueSignalPlaced)
+	inBatch     how = iota // joined to a lane's gathered batch (Queue)
+	withCopy               // behind its copy, its request waiting for the command (QueueMapped)
+	alone                  // a signal alone's entry (QueueSignal)
+	alonePlaced            // the same, its request waiting for the command (QueueSignalPlaced)
 )
 
 func (p *Peer) queue(h how, g *staging.Gather, dst, src uintptr, n uint64, idx int, off, v uint64, c staging.Completer, tag uint64) (uint64, bool, error) {
