@@ -235,11 +235,9 @@ func Row(pid, slot int, fresh bool) (int, devmem.Segment, int, error) {
 	}
 	switch {
 	case r >= 0 && (fresh || box.held[r].exited()):
-		if err := d.InboxReset(ctx, r); err != nil {
-			return 0, devmem.Segment{Fd: -1}, 0, fmt.Errorf("peer inbox: %w", err)
+		if err := rehold(d, ctx, r, pid, slot); err != nil {
+			return 0, devmem.Segment{Fd: -1}, 0, err
 		}
-		box.held[r].drop()
-		box.held[r] = hold(pid, slot)
 	case r < 0 && box.rows < Rows:
 		row, seg, e, err := d.InboxRow(ctx, -1)
 		if err != nil {
@@ -258,13 +256,21 @@ func Row(pid, slot int, fresh bool) (int, devmem.Segment, int, error) {
 		if r < 0 {
 			return 0, devmem.Segment{Fd: -1}, 0, fmt.Errorf("peer inbox: its %d rows are held by live processes", Rows)
 		}
-		if err := d.InboxReset(ctx, r); err != nil {
-			return 0, devmem.Segment{Fd: -1}, 0, fmt.Errorf("peer inbox: %w", err)
+		if err := rehold(d, ctx, r, pid, slot); err != nil {
+			return 0, devmem.Segment{Fd: -1}, 0, err
 		}
-		box.held[r].drop()
-		box.held[r] = hold(pid, slot)
 	}
 	return d.InboxRow(ctx, r)
+}
+
+// rehold empties row r and gives it to process pid's slot (under box.mu).
+func rehold(d devmem.Inboxer, ctx uintptr, r, pid, slot int) error {
+	if err := d.InboxReset(ctx, r); err != nil {
+		return fmt.Errorf("peer inbox: %w", err)
+	}
+	box.held[r].drop()
+	box.held[r] = hold(pid, slot)
+	return nil
 }
 
 // ErrRefused is a wait's error when the agent refused one of the row's
@@ -405,7 +411,6 @@ type Peer struct {
 	row   int
 	e     uint64
 	marks *staging.PeerMarks // the peer's mark page: its counts
-	key   peerKey
 	// refs counts the links that use it and stale is set once the peer's
 	// process was found replaced (under senders.mu): unmapped when both.
 	refs  int
@@ -462,6 +467,7 @@ func Attach(ctx uintptr, pid int, marks *staging.PeerMarks, fetch Fetch) (*Peer,
 	for i, c := range senders.slots {
 		if c == ctx {
 			slot = i
+			break
 		}
 	}
 	if slot < 0 && len(senders.slots) < maxSlots {
@@ -501,7 +507,7 @@ func Attach(ctx uintptr, pid int, marks *staging.PeerMarks, fetch Fetch) (*Peer,
 		return nil, err
 	}
 	marks.Retain()
-	p.key, p.refs = k, 1
+	p.refs = 1
 	senders.mu.Lock()
 	if senders.m == nil {
 		senders.m = map[peerKey]*Peer{}
@@ -546,9 +552,7 @@ func (p *Peer) unmap() {
 	if sh, ok := devmem.Get().(devmem.IPCSharer); ok && p.va != 0 {
 		sh.IPCUnmap(p.ctx, p.va, []uint64{p.size})
 	}
-	if p.va != 0 || p.marks != nil {
-		p.marks.Close()
-	}
+	p.marks.Close() // nil once unmapped
 	p.va, p.marks = 0, nil
 }
 

@@ -432,10 +432,10 @@ func AgentWrite(ctx, w uintptr, v uint64) (bool, error) {
 // mark (CopyMappedMark); with w (not 0), one that then writes wv to the
 // device word w (CopyMappedWrite).
 func copyQueued(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ipc, mark, w uintptr, wv uint64) (bool, uint64, error) {
-	ac, q, err := dtodQueue(ctx, n)
-	if n == 0 && w != 0 {
-		ac, q, err = agentQueue(ctx) // the entry's write alone
+	if n == 0 && w == 0 {
+		return false, 0, nil // (an inbox entry's write may come alone)
 	}
+	ac, q, err := queueFor(ctx)
 	if q == nil {
 		return false, 0, err
 	}
@@ -507,12 +507,11 @@ func dtodQueue(ctx uintptr, n uint64) (devmem.AsyncDeviceCopier, *ctxQueue, erro
 	if n == 0 {
 		return nil, nil, nil
 	}
-	return agentQueue(ctx)
+	return queueFor(ctx)
 }
 
-// agentQueue is dtodQueue for a command with or without a copy (an inbox
-// entry's write alone).
-func agentQueue(ctx uintptr) (devmem.AsyncDeviceCopier, *ctxQueue, error) {
+// queueFor is dtodQueue whatever the size.
+func queueFor(ctx uintptr) (devmem.AsyncDeviceCopier, *ctxQueue, error) {
 	d := devmem.Get()
 	ac, ok := d.(devmem.AsyncDeviceCopier)
 	if !ok || bounceSize.Load() == 0 {
