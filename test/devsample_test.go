@@ -289,6 +289,15 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// completes once its copy and entry executed and its header was
 		// written, a signal alone's once its entry executed and its
 		// header was written.
+		// The peer inbox with host rows: the rows a memfd of pinned host
+		// memory the agent reads; signals alone with nothing queued before
+		// them written by the sender's host, those behind a queued copy
+		// (window_small's 4 KiB puts, each followed at once by a signal
+		// alone) by its agent, after the copy.
+		{"cuda_check_inbox_host_rows", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_INBOX_US=0", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_INBOX=1", "NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS=1", "NCCL_RMA_WASM_PLACED_COMPLETION=1", "CUDA_CHECK_DIRECT=1"},
+			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "hands signals to its agent through its peer inbox",
+				"fakecuda: the device agent reads inbox rows in host memory", "fakecuda: the device agent added a peer's inbox entry",
+				"peer inbox entries written by the host itself", "!fakecuda: the device agent refused an inbox entry", "!the peer inbox's rows are device memory"}},
 		{"cuda_check_inbox_placed", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=1048576", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_INBOX=1", "NCCL_RMA_WASM_PLACED_COMPLETION=1", "CUDA_CHECK_DIRECT=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "hands signals to its agent through its peer inbox",
 				"signals alone through its peer inbox complete once their entry is in its row",

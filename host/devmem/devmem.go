@@ -102,8 +102,11 @@ type Inboxer interface {
 	// InboxOpen makes ctx's inbox once; ctx must run the agent. taken,
 	// not 0, is where the agent counts the entries it took, a word per
 	// row (pinned host memory it reaches: the mark page, which the peers
-	// map); 0: memory of its own.
-	InboxOpen(ctx, taken uintptr) error
+	// map); 0: memory of its own. rows, not 0, is where the rows live:
+	// size bytes of pinned host memory the agent reaches, the caller's
+	// to share with the peers (InboxRow's Segment then has no fd) and to
+	// free after the inbox; 0: device memory of the inbox's own.
+	InboxOpen(ctx, taken, rows uintptr, size uint64) error
 	// InboxRow hands out ctx's next row (row negative), or row again (one
 	// handed out before), and returns it with the rows' allocation for a
 	// peer to map (Fd the caller's to send and close; Size its bytes) and
@@ -198,6 +201,17 @@ type Segment struct {
 	Fd         int
 	Base, Size uint64
 	Handle     [64]byte
+}
+
+// IdleWriter is implemented by a device whose agent can tell, under its
+// own lock, that everything queued in a context ran: the host then writes
+// a peer inbox entry in shared host memory itself, where an agent command
+// would cost the device's round trip to the ring.
+type IdleWriter interface {
+	// WriteIdle stores v to the 8-byte host word w and returns true when
+	// every command and stream work queued in ctx so far executed (none
+	// can be queued meanwhile); false, storing nothing, otherwise.
+	WriteIdle(ctx, w uintptr, v uint64) bool
 }
 
 // IPCSharer is implemented by a device whose memory another process of

@@ -104,6 +104,7 @@ func Init(commID uint64) (uint64, abi.Result) {
 	directSignal.Store(config.DirectSignal.Get())
 	inboxOn.Store(config.IntraInbox.Get())
 	inbox.SetCallerWait(time.Duration(config.InboxCallerWaitUs.Get()) * time.Microsecond)
+	inbox.SetHostRows(config.InboxHostRows.Get())
 	// All need the agent's adds where the driver has no stream atomics
 	// (plain signal words would otherwise take read-modify-writes).
 	staging.SetAgentAdds(directSignal.Load() || inboxOn.Load() || config.FusedLanding.Get())

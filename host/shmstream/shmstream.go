@@ -361,15 +361,26 @@ func OpenSealed(pid int, fd, size uint64) ([]byte, error) {
 		return nil, err
 	}
 	defer f.Close()
+	return MapSealed(int(f.Fd()), size)
+}
+
+// MapSealed maps fd, a memfd a peer handed over (SCM_RIGHTS, or opened
+// through /proc), read and write, after checking that the file is exactly
+// size bytes and sealed against shrinking and growing: the mapping can
+// never fault, whatever the peer does to the file. fd stays the caller's.
+func MapSealed(fd int, size uint64) ([]byte, error) {
+	if fd < 0 || size == 0 || size > math.MaxInt32 {
+		return nil, fmt.Errorf("bad memfd offer (fd %d, %d bytes)", fd, size)
+	}
 	var st unix.Stat_t
-	if err = unix.Fstat(int(f.Fd()), &st); err != nil || uint64(st.Size) != size {
+	if err := unix.Fstat(fd, &st); err != nil || uint64(st.Size) != size {
 		return nil, fmt.Errorf("file of %d bytes, offered %d (%v)", st.Size, size, err)
 	}
-	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
 	if err != nil || seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
 		return nil, fmt.Errorf("file not sealed against resizing (%v)", err)
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("map it: %w", err)
 	}

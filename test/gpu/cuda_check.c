@@ -170,6 +170,34 @@ static void window_small(const ncclRma_v15_t* t, void* coll, void* rma, int fd, 
     }
     xchg(fd, &b, &c, 1);
   }
+  /* Plain 4 KiB puts, each followed at once (not waited for) by a signal
+   * alone: the signal must not pass its put however it goes (with the
+   * peer inbox's host rows, a signal alone with nothing queued before it
+   * is written by the host; here the put's copy is still queued). */
+  size_t qoff = 3 * seg / 2 + 3 * 65536 + 64 + 131072; /* after the 128 KiB put's bytes below */
+  for (int pass = 0; pass < 2; pass++) {
+    for (int k = 0; k < 4; k++) {
+      if (rank == pass) {
+        void* preq;
+        NC(t->iput(rma, 0, (size_t)k * 4096, mwin, 4096, qoff + (size_t)k * 4096, mwin, 1 - rank, 0, &preq));
+        NC(t->iputSignal(rma, 0, 0, NULL, 0, 0, NULL, 1 - rank, win - 40, mwin, 0, NCCL_NET_SIGNAL_OP_INC, true, 0, &req));
+        wait_req(t, coll, preq);
+        wait_req(t, coll, req);
+      } else {
+        t0 = now();
+        for (v = 0; v < (uint64_t)k + 1;) {
+          CU(cu.dtoh(&v, base + win - 40, 8));
+          if (now() - t0 > 60) FAIL("multiseg: the signal after 4 KiB put %d is %llu", k, (unsigned long long)v);
+        }
+        CU(cu.dtoh(host + 131072, base + qoff + (size_t)k * 4096, 4096));
+        for (size_t i = 0; i < 4096; i++)
+          if (host[131072 + i] != pat(1 - rank + 9, (size_t)k * 4096 + i))
+            FAIL("multiseg: byte %zu of 4 KiB put %d is %u once the signal posted right after it was seen, want %u", i, k,
+                 host[131072 + i], pat(1 - rank + 9, (size_t)k * 4096 + i));
+      }
+      xchg(fd, &b, &c, 1);
+    }
+  }
   /* A put larger than the device agent copies, landed by the target, then
    * a signal alone: the signal must not pass the put (with
    * NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL the put ends the agent's adds). */

@@ -463,7 +463,12 @@ static void ib_load(volatile uint64_t* ring, struct ibx* b) {
     return;
   }
   if (!hostmem((uintptr_t)b->taken, b->P * 8)) agent_bad("inbox counts it cannot reach", (uintptr_t)b->taken, b->P * 8);
-  if (!find(b->rows) || !vmm_at(b->rows) || !find(b->rows + b->P * b->E * 8 - 1)) agent_bad("inbox rows it cannot reach", b->rows, b->P * b->E * 8);
+  /* Rows of device memory, or of pinned host memory (host rows). */
+  int hostRows = hostmem(b->rows, b->P * b->E * 8);
+  if (!hostRows && (!find(b->rows) || !vmm_at(b->rows) || !find(b->rows + b->P * b->E * 8 - 1)))
+    agent_bad("inbox rows it cannot reach", b->rows, b->P * b->E * 8);
+  static int saidHost;
+  if (hostRows && !__atomic_exchange_n(&saidHost, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent reads inbox rows in host memory\n");
   if (!find((uintptr_t)b->table) || !find((uintptr_t)b->table + 64 * 16 - 1)) agent_bad("an inbox table it cannot reach", (uintptr_t)b->table, 1024);
   for (uint64_t i = 0; i < b->P; i++) b->next[i] = b->taken[i];
 }
@@ -502,6 +507,10 @@ static void* agent_main(void* arg) {
   static long us = -1;
   static int saidCopy, saidSig;
   if (us < 0) us = getenv("FAKECUDA_AGENT_US") ? atol(getenv("FAKECUDA_AGENT_US")) : 0;
+  /* FAKECUDA_INBOX_US=n: inbox entries n us late instead (0: at once, so
+   * that a peer's entry that ran ahead of its copy shows). */
+  static long ius = -2;
+  if (ius == -2) ius = getenv("FAKECUDA_INBOX_US") ? atol(getenv("FAKECUDA_INBOX_US")) : us;
   int me = -1;
   pthread_mutex_lock(&agentMu);
   for (int i = 0; i < 64 && me < 0; i++)
@@ -532,9 +541,9 @@ static void* agent_main(void* arg) {
     volatile uint64_t* sl = x->ring + (256 + (seq & x->mask) * 128) / 8;
     int parked = 0;
     uint64_t since = mono_ns();
-    if (ib.P) ib_scan(&ib, us);
+    if (ib.P) ib_scan(&ib, ius);
     for (int spins = 0; __atomic_load_n(&sl[0], __ATOMIC_ACQUIRE) != seq; spins++) {
-      if (ib.P && ib_scan(&ib, us)) {
+      if (ib.P && ib_scan(&ib, ius)) {
         since = mono_ns();
         spins = 0;
         continue;
@@ -610,7 +619,10 @@ static void* agent_main(void* arg) {
       }
       case 2:
       case 3:
-        if (dst % 8 || !find(dst) || !vmm_at(dst)) agent_bad("a signal word it cannot reach", dst, 8);
+        /* A write may go to pinned host memory too (a peer's host inbox
+         * rows); an add only to device memory. */
+        if (dst % 8 || ((!find(dst) || !vmm_at(dst)) && (kind == 3 || !hostmem(dst, 8))))
+          agent_bad("a signal word it cannot reach", dst, 8);
         if (kind == 2) __atomic_store_n((uint64_t*)(uintptr_t)dst, val, __ATOMIC_SEQ_CST);
         else __atomic_add_fetch((uint64_t*)(uintptr_t)dst, val, __ATOMIC_SEQ_CST);
         if (!__atomic_exchange_n(&saidSig, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent applied a signal\n");

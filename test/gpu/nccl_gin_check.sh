@@ -53,7 +53,9 @@
 # times (default 2); "gwnp4" pairs of 4-rank alltoalls with the agent and
 # NCCL_RMA_WASM_GATHER_WRITER on and off; "inboxlanes1" pairs of the
 # agent with marks and with the inbox, one lane per peer; "inboxwait"
-# pairs of the inbox with the proxy's wait for an entry at 25 µs and 0.
+# pairs of the inbox with the proxy's wait for an entry at 25 µs and 0;
+# "inboxhost" pairs (and a ping-pong series) of the inbox with device rows
+# and with host rows.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -414,6 +416,12 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # it was a setting) and only looking (0, the default).
   ref inboxwait && abrun "${MARKS_PAIRS:-2}" inbox-wait25 "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1 NCCL_RMA_WASM_INTRANODE_INBOX_CALLER_WAIT_US=25" \
     inbox-wait0 "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1 NCCL_RMA_WASM_INTRANODE_INBOX_CALLER_WAIT_US=0" "peer inbox"
+  # "inboxhost": the inbox with its rows in device memory (the default) and
+  # in host memory (NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS=1), where NCCL's
+  # proxy thread writes a signal alone's entry itself when nothing is
+  # queued before it.
+  ref inboxhost && abrun "${MARKS_PAIRS:-2}" inbox-devrows "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1" \
+    inbox-hostrows "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1 NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS=1" "written by the host itself"
   # "inboxlanes1": the inbox against marks with one lane per peer
   # (NCCL_RMA_WASM_LANES=1), as the inbox puts every operation to a peer
   # on lane 0: whether the lanes explain its slower alltoall.
@@ -513,6 +521,8 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     ref lean && pp="$pp|lean NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_DEVICE_AGENT_FENCE=lean"
     # "inbox": the marks series again with the peer inbox.
     ref inbox && pp="$pp|inbox NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_INTRANODE_INBOX=1"
+    # "inboxhost": the inbox series again with host rows.
+    ref inboxhost && pp="$pp|inboxhost NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_INTRANODE_INBOX=1 NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS=1"
     # "oneread": the marks series again with the agent's one-read pickup.
     ref oneread && pp="$pp|oneread NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ=1"
     IFS='|' read -r -a ppv <<<"$pp"

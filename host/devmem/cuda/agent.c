@@ -141,8 +141,9 @@ struct agent {
   /* Counts (under mu), for the INFO line at finalize: commands by kind,
    * epoch waits (stream work before agent work: one stream write each),
    * stream waits for the agent, launches after the kernel parked, marked
-   * copies (rmaw_cuda_copy_mark). */
-  uint64_t nkind[16], follows, leads, wakes, syncs, marks;
+   * copies (rmaw_cuda_copy_mark), inbox entries the host wrote itself
+   * with nothing queued (rmaw_cuda_write_idle). */
+  uint64_t nkind[16], follows, leads, wakes, syncs, marks, direct;
   /* The stall watch's own (rmaw_cuda_agent_stalled): the done word it saw
    * last, and since when (ns) commands have waited with done unchanged. */
   uint64_t wdone, wsince;
@@ -394,6 +395,27 @@ int rmaw_cuda_copy_mark(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, u
 int rmacu_ag_submit_sig(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, uint64_t sig,
                         char* err, size_t errlen) {
   return ag_submit(e, kind, n, src, dst, val, sig, NULL, NULL, err, errlen);
+}
+
+/* rmaw_cuda_write_idle stores v to the host word w (a peer's inbox row in
+ * shared host memory) from this thread when everything queued in ctx ran:
+ * the agent's done word reached its last command and the stream got no
+ * work after it (work before it, the agent waited for). Under the agent's
+ * lock, so no command is queued meanwhile. 0: stored; 1: not so (work
+ * still queued, or no live agent), the caller queues the write on the
+ * agent instead. */
+int rmaw_cuda_write_idle(uintptr_t ctx, uint64_t w, uint64_t v) {
+  struct agent* a = ag_find(ctx);
+  if (!a || (w & 7) || !w) return 1;
+  pthread_mutex_lock(&a->mu);
+  int rc = 1;
+  if (a->live && !a->streamLast && ag_done(a) >= a->seq) {
+    __atomic_store_n((uint64_t*)(uintptr_t)w, v, __ATOMIC_RELEASE);
+    a->direct++;
+    rc = 0;
+  }
+  pthread_mutex_unlock(&a->mu);
+  return rc;
 }
 
 /* rmacu_ag_header is the ring header of ctx's agent, NULL: none. */
@@ -711,8 +733,8 @@ int rmaw_cuda_agent_runs(uintptr_t ctx) {
  * signal), [9] of them inline, [10] marked copies (counted apart from the
  * fused landings, whose command they share), [11] slots the one-read
  * kernel took the two-trip way (ag_check). */
-void rmaw_cuda_agent_stats(uint64_t out[12]) {
-  memset(out, 0, 12 * sizeof out[0]);
+void rmaw_cuda_agent_stats(uint64_t out[13]) {
+  memset(out, 0, 13 * sizeof out[0]);
   int n = __atomic_load_n(&rmacu_nctxs, __ATOMIC_ACQUIRE);
   for (int i = 0; i < n; i++) {
     struct agent* a = __atomic_load_n(&rmacu_ctxs[i].ag, __ATOMIC_ACQUIRE);
@@ -730,6 +752,7 @@ void rmaw_cuda_agent_stats(uint64_t out[12]) {
     out[6] += a->syncs;
     out[10] += a->marks;
     out[11] += __atomic_load_n(&a->mem[17], __ATOMIC_RELAXED);
+    out[12] += a->direct;
     pthread_mutex_unlock(&a->mu);
   }
 }

@@ -174,13 +174,16 @@ func (cudaDevice) AgentWanted() bool { return C.rmaw_cuda_agent_wanted() != 0 }
 // commands, and the driver calls that ordering them with the context's
 // stream cost (docs/design/device-memory.md); "" when none ran.
 func (cudaDevice) AgentStats() string {
-	var v [12]C.uint64_t
+	var v [13]C.uint64_t
 	C.rmaw_cuda_agent_stats(&v[0])
 	if v[5] == 0 || v[0]+v[1]+v[8]+v[10] == 0 {
 		return ""
 	}
 	s := fmt.Sprintf("%d copies and %d signal writes or adds (%d adds) by %d agent(s), %d fused landings (%d inline), %d marked copies; %d waited for the context's stream (a stream write each), %d stream waits for an agent, %d synchronizations waited for on the host, %d launches after parking",
 		v[0], v[1], v[7], v[5], v[8], v[9], v[10], v[2], v[3], v[6], v[4])
+	if v[12] > 0 {
+		s += fmt.Sprintf("; %d peer inbox entries written by the host itself, nothing being queued", v[12])
+	}
 	if config.DeviceAgentOneRead.Get() {
 		s += fmt.Sprintf("; slots read whole, %d of them read again the two-trip way after torn reads", v[11])
 	}
@@ -227,9 +230,9 @@ func (cudaDevice) CopyMark(ctx, dst, src uintptr, n uint64, mark uintptr) (uint6
 }
 
 // InboxOpen makes ctx's peer inbox once (devmem.Inboxer).
-func (cudaDevice) InboxOpen(ctx, taken uintptr) error {
+func (cudaDevice) InboxOpen(ctx, taken, rows uintptr, size uint64) error {
 	var buf [256]C.char
-	if C.rmaw_cuda_inbox_open(C.uintptr_t(ctx), C.uint64_t(taken), &buf[0], C.size_t(len(buf))) != 0 {
+	if C.rmaw_cuda_inbox_open(C.uintptr_t(ctx), C.uint64_t(taken), C.uint64_t(rows), C.uint64_t(size), &buf[0], C.size_t(len(buf))) != 0 {
 		return devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
 	}
 	return nil
@@ -284,6 +287,12 @@ func (cudaDevice) InboxKick(ctx uintptr) error {
 		return devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
 	}
 	return nil
+}
+
+// WriteIdle stores v to the host word w now when everything queued in ctx
+// ran (devmem.IdleWriter).
+func (cudaDevice) WriteIdle(ctx, w uintptr, v uint64) bool {
+	return C.rmaw_cuda_write_idle(C.uintptr_t(ctx), C.uint64_t(w), C.uint64_t(v)) == 0
 }
 
 // CopyWrite queues a copy and then the write of v to the device word w on

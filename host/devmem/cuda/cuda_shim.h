@@ -15,7 +15,7 @@ int rmaw_cuda_copy_context_failed(void);
 void rmaw_cuda_stream_atomic(int on);
 void rmaw_cuda_stream_atomic_note(char* out, size_t n);
 void rmaw_cuda_agent(int mode, uint64_t max, uint64_t idle_us, int inl, int one_read);
-void rmaw_cuda_agent_stats(uint64_t out[12]);
+void rmaw_cuda_agent_stats(uint64_t out[13]);
 uint64_t rmaw_cuda_agent_stalled(uint64_t* pending);
 int rmaw_cuda_agent_runs(uintptr_t ctx);
 int rmaw_cuda_agent_wanted(void);
@@ -27,7 +27,8 @@ int rmaw_cuda_land_signal(uintptr_t ctx, uint64_t dst, const void* host, uint64_
                           char* err, size_t errlen);
 int rmaw_cuda_copy_mark(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, uint64_t mark, uint64_t* v, char* err,
                         size_t errlen);
-int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, char* err, size_t errlen);
+int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, uint64_t rows, uint64_t rowsize, char* err, size_t errlen);
+int rmaw_cuda_write_idle(uintptr_t ctx, uint64_t w, uint64_t v);
 int rmaw_cuda_inbox_row(uintptr_t ctx, int* row, int* fd, uint64_t* size, char* err, size_t errlen);
 int rmaw_cuda_inbox_reset(uintptr_t ctx, int row, char* err, size_t errlen);
 int rmaw_cuda_inbox_table(uintptr_t ctx, int idx, uint64_t base, uint64_t n, char* err, size_t errlen);

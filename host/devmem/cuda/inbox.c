@@ -16,7 +16,10 @@
  *
  * The rows are one cuMem allocation with a POSIX fd (the peers map it and
  * may write all of it: a peer may forge another peer's entries, which only
- * adds to words the table names); the table is a cuMem allocation of ours
+ * adds to words the table names), or, with host rows
+ * (NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS), a sealed memfd the plugin
+ * made, mapped and pinned, which the agent reads at the same address and
+ * a sender's host writes itself (a signal alone, no agent command); the table is a cuMem allocation of ours
  * without a shareable handle, which no peer maps, so an entry reaches no
  * word outside a registration the table holds. The counts of entries taken are pinned host memory. */
 #include <string.h>
@@ -40,6 +43,7 @@ struct inbox {
   uint64_t* tab;            /* pinned: the table's host copy, the agent's copy source */
   void* page;               /* tab's page (and taken's, unless the caller's) */
   int nrows;
+  int host; /* rows: the caller's pinned host memory (not freed here) */
 };
 
 static struct inbox boxes[MAX_CTX];
@@ -71,8 +75,10 @@ static void ib_config(struct inbox* b) {
  * 0, or -1 with err. taken (not 0: IB_ROWS words of pinned host memory the
  * agent reaches, which the caller shares with the peers so that a sender
  * sees how far its row was taken) receives the counts; 0: a page of its
- * own. */
-int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, char* err, size_t errlen) {
+ * own. rows (not 0: rowsize bytes of pinned host memory the agent reaches,
+ * the caller's, which it shares and frees) holds the rows; 0: device
+ * memory of a cuMem allocation exported to the peers. */
+int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, uint64_t rows, uint64_t rowsize, char* err, size_t errlen) {
   pthread_mutex_lock(&ibmu);
   struct inbox* b = ib_find(ctx);
   if (b) {
@@ -100,6 +106,15 @@ int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, char* err, size_t errlen
     goto out;
   }
   x.size = (IB_ROWS * IB_E * 8 + gran - 1) / gran * gran;
+  if (rows) {
+    if (rowsize < IB_ROWS * IB_E * 8 || (rows & 7) || !rmacu_hr_ok((const void*)(uintptr_t)rows, IB_ROWS * IB_E * 8)) {
+      what = "the host rows are not pinned memory the agent reaches";
+      goto out;
+    }
+    x.rows = rows;
+    x.size = rowsize;
+    x.host = 1;
+  }
   x.tsize = (IB_TABLE * 16 + gran - 1) / gran * gran;
   /* The table: a cuMem allocation too (the agent reaches those in its
    * context), with no shareable handle. */
@@ -119,13 +134,13 @@ int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, char* err, size_t errlen
   struct agent* a = rmacu_ag_pause(ctx);
   int mapped = 0;
   if ((r = rmacu_cu.ctxSetCurrent((CUcontext)ctx)) != 0) what = "cuCtxSetCurrent";
-  else if ((r = rmacu_cu.memCreate(&x.h, x.size, &prop, 0)) != 0) what = "cuMemCreate (POSIX fd)";
-  else if ((r = rmacu_cu.addressReserve(&x.rows, x.size, 0, 0, 0)) != 0) what = "cuMemAddressReserve";
-  else if ((r = rmacu_cu.memMap(x.rows, x.size, 0, x.h, 0)) != 0) what = "cuMemMap";
+  else if (!x.host && (r = rmacu_cu.memCreate(&x.h, x.size, &prop, 0)) != 0) what = "cuMemCreate (POSIX fd)";
+  else if (!x.host && (r = rmacu_cu.addressReserve(&x.rows, x.size, 0, 0, 0)) != 0) what = "cuMemAddressReserve";
+  else if (!x.host && (r = rmacu_cu.memMap(x.rows, x.size, 0, x.h, 0)) != 0) what = "cuMemMap";
   else {
     int acc[3] = {1 /* device */, dev, 3 /* read and write */};
-    mapped = 1;
-    if ((r = rmacu_cu.memSetAccess(x.rows, x.size, acc, 1)) != 0) what = "cuMemSetAccess";
+    mapped = !x.host;
+    if (!x.host && (r = rmacu_cu.memSetAccess(x.rows, x.size, acc, 1)) != 0) what = "cuMemSetAccess";
     else if ((r = rmacu_cu.memCreate(&x.th, x.tsize, &tprop, 0)) != 0 || (r = rmacu_cu.addressReserve(&x.table, x.tsize, 0, 0, 0)) != 0 ||
              (r = rmacu_cu.memMap(x.table, x.tsize, 0, x.th, 0)) != 0 || (mapped = 2, r = rmacu_cu.memSetAccess(x.table, x.tsize, acc, 1)) != 0)
       what = "the table's cuMem allocation";
@@ -133,7 +148,8 @@ int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, char* err, size_t errlen
       static const unsigned char zero[IB_ROWS * IB_E * 8];
       /* Zeroed with the agent stopped: no row reads as an entry, no
        * table entry names a word (the kernel reads no further). */
-      r = rmacu_cu.htod(x.rows, zero, sizeof zero, e->stream);
+      if (x.host) memset((void*)(uintptr_t)x.rows, 0, sizeof zero);
+      else r = rmacu_cu.htod(x.rows, zero, sizeof zero, e->stream);
       if (r == 0) r = rmacu_cu.htod(x.table, zero, IB_TABLE * 16, e->stream);
       if (r == 0) r = rmacu_cu.streamSynchronize(e->stream);
       if (r != 0) what = "zeroing the rows";
@@ -144,7 +160,7 @@ int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, char* err, size_t errlen
     if (x.table) rmacu_cu.addressFree(x.table, x.tsize);
     if (x.th) rmacu_cu.memRelease(x.th);
     if (mapped) rmacu_cu.memUnmap(x.rows, x.size);
-    if (x.rows) rmacu_cu.addressFree(x.rows, x.size);
+    if (x.rows && !x.host) rmacu_cu.addressFree(x.rows, x.size);
     if (x.h) rmacu_cu.memRelease(x.h);
   }
   rmacu_ag_resume(a);
@@ -165,8 +181,9 @@ fail:
 /* rmaw_cuda_inbox_row hands out ctx's next row when *row is negative (for
  * a peer: the caller keeps which), or hands row *row (one handed out
  * before) again, with an fd of the rows' allocation for that peer to map
- * (*size bytes; the caller sends and closes it); the kernel polls the rows
- * handed out. -1 when none is left. */
+ * (*size bytes; the caller sends and closes it; -1 for host rows, whose
+ * memfd is the caller's); the kernel polls the rows handed out. -1 when
+ * none is left. */
 int rmaw_cuda_inbox_row(uintptr_t ctx, int* row, int* fd, uint64_t* size, char* err, size_t errlen) {
   pthread_mutex_lock(&ibmu);
   struct inbox* b = ib_find(ctx);
@@ -175,8 +192,10 @@ int rmaw_cuda_inbox_row(uintptr_t ctx, int* row, int* fd, uint64_t* size, char* 
   else if (*row >= b->nrows) rc = rmaw_fail(err, errlen, "peer inbox: row %d was not handed out", *row);
   else if (*row < 0 && b->nrows == IB_ROWS) rc = rmaw_fail(err, errlen, "peer inbox: all %d rows handed out", IB_ROWS);
   else {
-    CUresult r = rmacu_cu.memExport(fd, b->h, 1 /* POSIX fd */, 0);
-    if (r != 0 || *fd < 0) rc = rmaw_fail(err, errlen, "peer inbox: cuMemExportToShareableHandle: %s", rmacu_errstr(r));
+    CUresult r = 0;
+    *fd = -1;
+    if (!b->host) r = rmacu_cu.memExport(fd, b->h, 1 /* POSIX fd */, 0);
+    if (r != 0 || (*fd < 0 && !b->host)) rc = rmaw_fail(err, errlen, "peer inbox: cuMemExportToShareableHandle: %s", rmacu_errstr(r));
     else {
       *size = b->size;
       if (*row < 0) {
@@ -206,7 +225,9 @@ int rmaw_cuda_inbox_reset(uintptr_t ctx, int row, char* err, size_t errlen) {
   else {
     static const unsigned char zero[IB_E * 8];
     struct agent* a = rmacu_ag_pause(ctx);
-    if ((r = rmacu_cu.ctxSetCurrent((CUcontext)ctx)) == 0 && (r = rmacu_cu.htod(b->rows + (uint64_t)row * IB_E * 8, zero, sizeof zero, e->stream)) == 0)
+    if (b->host) memset((void*)(uintptr_t)(b->rows + (uint64_t)row * IB_E * 8), 0, sizeof zero);
+    else if ((r = rmacu_cu.ctxSetCurrent((CUcontext)ctx)) == 0 &&
+             (r = rmacu_cu.htod(b->rows + (uint64_t)row * IB_E * 8, zero, sizeof zero, e->stream)) == 0)
       r = rmacu_cu.streamSynchronize(e->stream);
     if (r == 0) {
       __atomic_store_n(&b->taken[row], 0, __ATOMIC_RELEASE);
@@ -292,9 +313,11 @@ void rmacu_inbox_close(void) {
       rmacu_cu.memUnmap(b->table, b->tsize);
       rmacu_cu.addressFree(b->table, b->tsize);
       rmacu_cu.memRelease(b->th);
-      rmacu_cu.memUnmap(b->rows, b->size);
-      rmacu_cu.addressFree(b->rows, b->size);
-      rmacu_cu.memRelease(b->h);
+      if (!b->host) {
+        rmacu_cu.memUnmap(b->rows, b->size);
+        rmacu_cu.addressFree(b->rows, b->size);
+        rmacu_cu.memRelease(b->h);
+      }
     }
     rmacu_host_free(b->page);
   }

@@ -81,7 +81,7 @@ func inboxCheck(iters int) (string, error) {
 	defer C.rmaw_cuda_agents_stop()
 	d := cudaDevice{}
 	sig, src, dst := uintptr(mem), uintptr(mem)+4096, uintptr(mem)+8192
-	if err := d.InboxOpen(ctx, 0); err != nil {
+	if err := d.InboxOpen(ctx, 0, 0, 0); err != nil {
 		return "", err
 	}
 	if err := d.InboxTable(ctx, 5, sig, 16); err != nil {

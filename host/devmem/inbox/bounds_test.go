@@ -34,7 +34,7 @@ func (f *fakeInboxer) HostUnregister(uintptr, unsafe.Pointer)             {}
 func (f *fakeInboxer) CopyMark(_, _, _ uintptr, _ uint64, _ uintptr) (uint64, bool, error) {
 	return 0, false, nil
 }
-func (f *fakeInboxer) InboxOpen(_, taken uintptr) error { f.counts = taken; return nil }
+func (f *fakeInboxer) InboxOpen(_, taken, _ uintptr, _ uint64) error { f.counts = taken; return nil }
 func (f *fakeInboxer) InboxRow(_ uintptr, row int) (int, devmem.Segment, int, error) {
 	if row >= f.rows {
 		return 0, devmem.Segment{Fd: -1}, 0, errors.New("a row not handed out")

@@ -23,6 +23,14 @@
 // which the peers map read-only: a sender writes a position only once the
 // target took the one a row's length before it.
 //
+// With host rows (SetHostRows; NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS)
+// the rows are a sealed memfd of host memory, pinned at both ends, which
+// the target's agent reads at the same address: the sender's agent still
+// writes the entries that follow its copies, but a signal alone, when
+// nothing is queued on the sender's device before it, is written by the
+// sender's host itself (no agent command, no device round trip at the
+// sender), and the target's agent takes it as any other entry.
+//
 // A row belongs to a sender, a process of the host and the context its
 // agent writes from, not to a communicator: every communicator between the
 // two processes shares it and its positions (Attach, Row), so that the 16
@@ -38,6 +46,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -46,6 +55,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/shmstream"
 )
 
 const (
@@ -85,6 +95,66 @@ var box struct {
 	// (under mu).
 	rows int
 	held [Rows]holder
+	// host is the rows' memory with host rows (under mu): a sealed memfd,
+	// mapped and pinned from the inbox's context; fd -1: device rows.
+	host hostRows
+}
+
+// hostRows is the memory of an inbox's host rows.
+type hostRows struct {
+	fd  int
+	mem []byte
+	ctx uintptr // the context it was pinned from
+}
+
+// hostRowsSize is the host rows' bytes: Rows rows of inbox.c's IB_E (64)
+// entries, a whole number of pages.
+const hostRowsSize = Rows * 64 * 8
+
+// hostWanted is SetHostRows's.
+var hostWanted atomic.Bool
+
+// SetHostRows asks for the rows in shared host memory
+// (NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS) for an inbox opened later.
+func SetHostRows(on bool) { hostWanted.Store(on) }
+
+// RowsInHost reports whether our inbox's rows are host memory: a peer
+// maps its row as a memfd, not as a device allocation.
+func RowsInHost() bool {
+	box.mu.Lock()
+	defer box.mu.Unlock()
+	return box.host.mem != nil
+}
+
+// makeHostRows makes the host rows' memfd, mapped and pinned from ctx.
+func makeHostRows(ctx uintptr) (hostRows, error) {
+	hr, ok := devmem.Get().(devmem.HostRegisterer)
+	if !ok {
+		return hostRows{fd: -1}, errors.New("the device runtime cannot pin host memory")
+	}
+	fd, mem, err := shmstream.CreateSealed("rccl-rma-wasm-inbox", hostRowsSize)
+	if err != nil {
+		return hostRows{fd: -1}, err
+	}
+	if err := hr.HostRegister(ctx, unsafe.Pointer(&mem[0]), hostRowsSize); err != nil {
+		unix.Munmap(mem)
+		unix.Close(fd)
+		return hostRows{fd: -1}, err
+	}
+	return hostRows{fd: fd, mem: mem, ctx: ctx}, nil
+}
+
+// free unpins, unmaps and closes h (the inbox freed first).
+func (h *hostRows) free() {
+	if h.mem == nil {
+		return
+	}
+	if hr, ok := devmem.Get().(devmem.HostRegisterer); ok {
+		hr.HostUnregister(h.ctx, unsafe.Pointer(&h.mem[0]))
+	}
+	unix.Munmap(h.mem)
+	unix.Close(h.fd)
+	*h = hostRows{fd: -1}
 }
 
 // maxRowsPerProcess bounds the rows one process holds (one per context it
@@ -143,8 +213,22 @@ func Claim(ctx uintptr, base uintptr, n uint64) (int, bool) {
 			return 0, false
 		}
 		err := staging.MarkPage(ctx)
-		if err == nil {
-			err = d.InboxOpen(ctx, staging.MarkPageRest())
+		if err == nil && hostWanted.Load() {
+			h, herr := makeHostRows(ctx)
+			if herr == nil {
+				herr = d.InboxOpen(ctx, staging.MarkPageRest(), uintptr(unsafe.Pointer(&h.mem[0])), hostRowsSize)
+				if herr == nil {
+					box.host = h
+				} else {
+					h.free()
+				}
+			}
+			if herr != nil {
+				logx.Info(abi.SubsysReg, "NET/wasm: the peer inbox's rows are device memory (NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS): %v", herr)
+			}
+		}
+		if err == nil && box.host.mem == nil {
+			err = d.InboxOpen(ctx, staging.MarkPageRest(), 0, 0)
 		}
 		if err != nil {
 			box.err = err
@@ -184,6 +268,7 @@ func Forget() {
 		box.held[i].drop()
 	}
 	box.rows = 0
+	box.host.free()
 	box.mu.Unlock()
 	forgetPeers()
 }
@@ -246,7 +331,7 @@ func Row(pid, slot int, fresh bool) (int, devmem.Segment, int, error) {
 		box.rows++
 		box.held[row] = hold(pid, slot)
 		box.e.Store(uint64(e))
-		return row, seg, e, nil
+		return hostSeg(row, seg, e, nil)
 	case r < 0:
 		for i := 0; i < box.rows && r < 0; i++ {
 			if box.held[i].exited() {
@@ -260,7 +345,23 @@ func Row(pid, slot int, fresh bool) (int, devmem.Segment, int, error) {
 			return 0, devmem.Segment{Fd: -1}, 0, err
 		}
 	}
-	return d.InboxRow(ctx, r)
+	return hostSeg(d.InboxRow(ctx, r))
+}
+
+// hostSeg gives a row handed out with host rows (under box.mu) an fd of
+// the rows' memfd for the peer to map (the caller's to send and close).
+func hostSeg(row int, seg devmem.Segment, e int, err error) (int, devmem.Segment, int, error) {
+	if err != nil || box.host.mem == nil {
+		return row, seg, e, err
+	}
+	if seg.Fd >= 0 {
+		unix.Close(seg.Fd)
+	}
+	fd, err := unix.FcntlInt(uintptr(box.host.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return 0, devmem.Segment{Fd: -1}, 0, fmt.Errorf("peer inbox: the host rows' fd: %w", err)
+	}
+	return row, devmem.Segment{Fd: fd, Size: uint64(len(box.host.mem))}, e, nil
 }
 
 // rehold empties row r and gives it to process pid's slot (under box.mu).
@@ -411,6 +512,9 @@ type Peer struct {
 	row   int
 	e     uint64
 	marks *staging.PeerMarks // the peer's mark page: its counts
+	// host is the peer's rows mapped as host memory (its host rows,
+	// pinned here for our agent), nil for device rows.
+	host []byte
 	// refs counts the links that use it and stale is set once the peer's
 	// process was found replaced (under senders.mu): unmapped when both.
 	refs  int
@@ -445,9 +549,10 @@ const maxSlots = 256
 
 // Fetch asks the target for a row for our context slot (afresh: we map
 // none of its rows from that context) and returns it, the rows'
-// allocation (its fd the caller's to close, after Attach returned) and the
-// row's entries.
-type Fetch func(slot int, fresh bool) (row int, seg devmem.Segment, entries int, err error)
+// allocation (its fd the caller's to close, after Attach returned), the
+// row's entries, and whether the rows are host memory (a sealed memfd)
+// rather than a device allocation.
+type Fetch func(slot int, fresh bool) (row int, seg devmem.Segment, entries int, host bool, err error)
 
 // Attach returns the row of process pid's inbox that ctx's agent writes,
 // for one more link: the one mapped here already for pid and ctx when the
@@ -489,12 +594,12 @@ func Attach(ctx uintptr, pid int, marks *staging.PeerMarks, fetch Fetch) (*Peer,
 	if slot < 0 {
 		return nil, fmt.Errorf("peer inbox: %d contexts of ours write inboxes already", maxSlots)
 	}
-	row, seg, e, err := fetch(slot, p == nil)
+	row, seg, e, host, err := fetch(slot, p == nil)
 	if err != nil {
 		return nil, err
 	}
 	if p != nil {
-		if row != p.row || uint64(e) != p.e || seg.Size != p.size {
+		if row != p.row || uint64(e) != p.e || seg.Size != p.size || host != (p.host != nil) {
 			return nil, fmt.Errorf("peer inbox: the peer handed row %d (%d entries, %d bytes), where we write row %d (%d entries, %d bytes)", row, e, seg.Size, p.row, p.e, p.size)
 		}
 		senders.mu.Lock()
@@ -502,7 +607,7 @@ func Attach(ctx uintptr, pid int, marks *staging.PeerMarks, fetch Fetch) (*Peer,
 		senders.mu.Unlock()
 		return p, nil
 	}
-	p, err = open(ctx, seg, row, e, marks)
+	p, err = open(ctx, seg, row, e, host, marks)
 	if err != nil {
 		return nil, err
 	}
@@ -517,19 +622,41 @@ func Attach(ctx uintptr, pid int, marks *staging.PeerMarks, fetch Fetch) (*Peer,
 	return p, nil
 }
 
-// open maps seg, a peer's inbox rows, into ctx: row is ours, of entries
-// entries; marks is the peer's mark page mapped here.
-func open(ctx uintptr, seg devmem.Segment, row, entries int, marks *staging.PeerMarks) (*Peer, error) {
+// open maps seg, a peer's inbox rows (host: a memfd), into ctx: row is
+// ours, of entries entries; marks is the peer's mark page mapped here.
+func open(ctx uintptr, seg devmem.Segment, row, entries int, host bool, marks *staging.PeerMarks) (*Peer, error) {
 	sh, ok := devmem.Get().(devmem.IPCSharer)
 	if !ok || row < 0 || row >= Rows || entries <= 0 || entries&(entries-1) != 0 ||
 		uint64(Rows)*uint64(entries)*8 > seg.Size {
 		return nil, fmt.Errorf("peer inbox: row %d of %d entries in %d bytes", row, entries, seg.Size)
+	}
+	if host {
+		return openHost(ctx, seg, row, entries, marks)
 	}
 	va, err := sh.IPCImport(ctx, []devmem.Segment{seg})
 	if err != nil {
 		return nil, fmt.Errorf("peer inbox: %w", err)
 	}
 	return &Peer{ctx: ctx, va: va, size: seg.Size, row: row, e: uint64(entries), marks: marks}, nil
+}
+
+// openHost maps the peer's host rows (a sealed memfd, checked) and pins
+// them from ctx, so that our agent writes the entries behind its copies
+// there and our host the entries of signals alone.
+func openHost(ctx uintptr, seg devmem.Segment, row, entries int, marks *staging.PeerMarks) (*Peer, error) {
+	hr, ok := devmem.Get().(devmem.HostRegisterer)
+	if !ok {
+		return nil, errors.New("peer inbox: the device runtime cannot pin the peer's host rows")
+	}
+	mem, err := shmstream.MapSealed(seg.Fd, seg.Size)
+	if err != nil {
+		return nil, fmt.Errorf("peer inbox: its host rows: %w", err)
+	}
+	if err := hr.HostRegister(ctx, unsafe.Pointer(&mem[0]), seg.Size); err != nil {
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("peer inbox: its host rows: %w", err)
+	}
+	return &Peer{ctx: ctx, va: uintptr(unsafe.Pointer(&mem[0])), size: seg.Size, row: row, e: uint64(entries), marks: marks, host: mem}, nil
 }
 
 // Close ends a link's use of the row (Attach's). The row stays mapped for
@@ -549,7 +676,13 @@ func (p *Peer) Close() {
 // unmap unmaps the rows and lets the mark page go (under senders.mu, or
 // once nothing else reaches p).
 func (p *Peer) unmap() {
-	if sh, ok := devmem.Get().(devmem.IPCSharer); ok && p.va != 0 {
+	if p.host != nil {
+		if hr, ok := devmem.Get().(devmem.HostRegisterer); ok {
+			hr.HostUnregister(p.ctx, unsafe.Pointer(&p.host[0]))
+		}
+		unix.Munmap(p.host)
+		p.host = nil
+	} else if sh, ok := devmem.Get().(devmem.IPCSharer); ok && p.va != 0 {
 		sh.IPCUnmap(p.ctx, p.va, []uint64{p.size})
 	}
 	p.marks.Close() // nil once unmapped
@@ -627,13 +760,33 @@ func (p *Peer) queue(h how, g *staging.Gather, dst, src uintptr, n uint64, idx i
 		return 0, false, nil
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	pos := p.next
 	if pos >= p.e && !p.room(pos) {
+		p.mu.Unlock()
 		return 0, false, nil
 	}
 	w := p.va + uintptr((uint64(p.row)*p.e+pos%p.e)*8)
 	e := Entry(pos, p.e, idx, off, v)
+	if p.host != nil && (h == alone || h == alonePlaced) {
+		// A signal alone with nothing queued before it on our device: our
+		// host writes the entry (the peer's agent reads host rows).
+		done, err := staging.WriteIdle(p.ctx, w, e)
+		if err != nil || done {
+			if done {
+				p.next++
+			}
+			p.mu.Unlock()
+			if !done {
+				return 0, false, err
+			}
+			hostWrites.Add(1)
+			if h == alonePlaced {
+				c.Complete(tag, abi.Success) // nothing left to place
+			}
+			return pos + 1, true, nil
+		}
+	}
+	defer p.mu.Unlock()
 	var err error
 	switch h {
 	case inBatch:
@@ -649,6 +802,13 @@ func (p *Peer) queue(h how, g *staging.Gather, dst, src uintptr, n uint64, idx i
 	p.next++
 	return pos + 1, true, nil
 }
+
+// hostWrites counts the entries our host wrote itself (HostWrites).
+var hostWrites atomic.Int64
+
+// HostWrites is how many signals alone our host wrote into peers' host
+// rows itself, with nothing queued on the device before them.
+func HostWrites() int64 { return hostWrites.Load() }
 
 // room waits up to roomWait for the peer to take position pos - e.
 func (p *Peer) room(pos uint64) bool {

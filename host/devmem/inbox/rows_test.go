@@ -1,11 +1,16 @@
 package inbox
 
 import (
+	"encoding/binary"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"unsafe"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 )
@@ -112,9 +117,10 @@ func TestAttachShares(t *testing.T) {
 		return m
 	}
 	var asked []bool
-	fetch := func(slot int, fresh bool) (int, devmem.Segment, int, error) {
+	fetch := func(slot int, fresh bool) (int, devmem.Segment, int, bool, error) {
 		asked = append(asked, fresh)
-		return Row(me, slot, fresh)
+		row, seg, e, err := Row(me, slot, fresh)
+		return row, seg, e, false, err
 	}
 	m1 := marks()
 	a, err := Attach(7, me, m1, fetch)
@@ -173,5 +179,103 @@ func TestAttachShares(t *testing.T) {
 	Forget()
 	if len(f.maps) != 0 {
 		t.Fatalf("after Forget: %d mappings", len(f.maps))
+	}
+}
+
+// idleFake is fakeInboxer whose device says, through WriteIdle, whether
+// everything queued ran (idle), storing the entry then into mem (the
+// sender's mapping of the rows).
+type idleFake struct {
+	*fakeInboxer
+	idle bool
+	mem  []byte
+}
+
+func (f *idleFake) WriteIdle(_, w uintptr, v uint64) bool {
+	if f.idle {
+		binary.LittleEndian.PutUint64(f.mem[w-uintptr(unsafe.Pointer(&f.mem[0])):], v)
+	}
+	return f.idle
+}
+
+// completions records Complete's calls.
+type completions map[uint64]abi.Result
+
+func (c completions) Complete(tag uint64, r abi.Result) { c[tag] = r }
+
+// TestHostRows: with host rows the target hands a sealed memfd, which
+// the sender maps and writes its signals alone into itself when nothing
+// is queued on its device (completing a placed one at once), and leaves
+// to its agent otherwise; a memfd that is not sealed is refused.
+func TestHostRows(t *testing.T) {
+	f := &idleFake{fakeInboxer: withFake(t)}
+	devmem.Register(f)
+	SetHostRows(true)
+	defer SetHostRows(false)
+	idx, ok := Claim(7, 0x1000, 64)
+	if !ok || !RowsInHost() {
+		t.Fatalf("no inbox with host rows (%v, %v)", ok, RowsInHost())
+	}
+	me := os.Getpid()
+	fd, err := staging.MarkPageReadOnly()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm, err := staging.OpenPeerMarks(fd, me)
+	os.NewFile(uintptr(fd), "marks").Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pm.Close()
+	var fds []int
+	fetch := func(slot int, fresh bool) (int, devmem.Segment, int, bool, error) {
+		row, seg, e, err := Row(me, slot, fresh)
+		fds = append(fds, seg.Fd)
+		return row, seg, e, RowsInHost(), err
+	}
+	p, err := Attach(7, me, pm, fetch)
+	for _, fd := range fds {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.host == nil {
+		t.Fatal("the host rows were not mapped as host memory")
+	}
+	f.mem = p.host // its own mapping: the entries reach the target's through the memfd
+	at := func(pos uint64) uint64 {
+		return binary.LittleEndian.Uint64(box.host.mem[(uint64(p.row)*p.e+pos)*8:])
+	}
+	f.idle = true
+	before := HostWrites()
+	if pos, ok, err := p.QueueSignal(idx, 8, 3); !ok || err != nil || pos != 1 {
+		t.Fatalf("a signal alone, nothing queued: position %d, %v, %v", pos, ok, err)
+	}
+	if at(0) != Entry(0, p.e, idx, 8, 3) || HostWrites() != before+1 {
+		t.Fatalf("entry 0 is %#x, want %#x (host writes %d)", at(0), Entry(0, p.e, idx, 8, 3), HostWrites()-before)
+	}
+	c := completions{}
+	if pos, ok, err := p.QueueSignalPlaced(idx, 16, 1, c, 42); !ok || err != nil || pos != 2 || c[42] != abi.Success {
+		t.Fatalf("a placed signal alone, nothing queued: position %d, %v, %v, completed %v", pos, ok, err, c)
+	}
+	f.idle = false // work queued on the device: the agent must write it
+	if _, ok, err := p.QueueSignal(idx, 8, 1); ok || err != nil || at(2) != 0 {
+		t.Fatalf("a signal alone behind queued work was written by the host (%v, %v, entry %#x)", ok, err, at(2))
+	}
+	// A memfd a peer could shrink under our mapping: refused.
+	bad, err := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(bad)
+	if err := unix.Ftruncate(bad, hostRowsSize); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open(8, devmem.Segment{Fd: bad, Size: hostRowsSize}, 1, 64, true, pm); err == nil || !strings.Contains(err.Error(), "sealed") {
+		t.Fatalf("an unsealed memfd as host rows: %v", err)
 	}
 }

@@ -426,6 +426,26 @@ func AgentWrite(ctx, w uintptr, v uint64) (bool, error) {
 	return ib.CopyWrite(ctx, 0, 0, 0, w, v)
 }
 
+// WriteIdle writes v to the host word w (a peer's inbox entry in shared
+// host memory, a signal alone's) from this thread when everything queued
+// on the device before it executed: the asynchronous copies of other
+// contexts settled first, as for AgentWrite, and ctx's agent and stream
+// with nothing left to run. No agent command, so no device round trip
+// before the peer's agent sees it. false (and no error): work is still
+// queued in ctx, or no agent runs there; the caller queues the write
+// (AgentWrite).
+func WriteIdle(ctx, w uintptr, v uint64) (bool, error) {
+	d := devmem.Get()
+	iw, ok := d.(devmem.IdleWriter)
+	if !ok || w == 0 || !AgentRuns(ctx) {
+		return false, nil
+	}
+	if err := fence(d, ctx); err != nil {
+		return false, err
+	}
+	return iw.WriteIdle(ctx, w, v), nil
+}
+
 // copyQueued queues the copy, then records ipc (when not 0), then a
 // slot's event that completes tag. With mark (not 0) the copy is a device
 // agent's command that then writes its number, returned, to the host word

@@ -21,7 +21,9 @@ import (
 // page, whose second half counts the entries the peer's agent took; the
 // rows are mapped into the context of our registration, whose agent then
 // writes our entries. A process's communicators with the peer share the
-// row (inbox.Attach): the rows are mapped once.
+// row (inbox.Attach): the rows are mapped once. Host rows
+// (NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS) come as a memfd (segInboxHost),
+// mapped after its size and seals are checked, and pinned here.
 
 // maxInboxBytes bounds the rows' allocation a peer may hand us.
 const maxInboxBytes = 1 << 30
@@ -69,7 +71,7 @@ func (x *Exchange) fetchInbox(m Local, tok uint64, r, pid int) error {
 	}
 	var fds []int
 	defer func() { closeFds(fds) }()
-	p, err := inbox.Attach(m.Ctx, pid, pm, func(slot int, fresh bool) (int, devmem.Segment, int, error) {
+	p, err := inbox.Attach(m.Ctx, pid, pm, func(slot int, fresh bool) (int, devmem.Segment, int, bool, error) {
 		key := keyInboxRow | uint64(slot)<<keyRankShift | uint64(x.rank)
 		if fresh {
 			key |= 1 << 48
@@ -78,17 +80,21 @@ func (x *Exchange) fetchInbox(m Local, tok uint64, r, pid int) error {
 		var err error
 		payload, fds, err = fdpass.Fetch(shareName(pid, tok), key, pid)
 		if err != nil {
-			return 0, devmem.Segment{}, 0, err
+			return 0, devmem.Segment{}, 0, false, err
 		}
-		if len(payload) != 24 || binary.LittleEndian.Uint32(payload) != 1 || binary.LittleEndian.Uint32(payload[4:]) != segInbox || len(fds) != 1 {
-			return 0, devmem.Segment{}, 0, fmt.Errorf("malformed inbox row from rank %d", r)
+		var kind uint32
+		if len(payload) == 24 {
+			kind = binary.LittleEndian.Uint32(payload[4:])
+		}
+		if len(payload) != 24 || binary.LittleEndian.Uint32(payload) != 1 || (kind != segInbox && kind != segInboxHost) || len(fds) != 1 {
+			return 0, devmem.Segment{}, 0, false, fmt.Errorf("malformed inbox row from rank %d", r)
 		}
 		row, entries := int(binary.LittleEndian.Uint32(payload[8:])), int(binary.LittleEndian.Uint32(payload[12:]))
 		size := binary.LittleEndian.Uint64(payload[16:])
 		if size == 0 || size > maxInboxBytes {
-			return 0, devmem.Segment{}, 0, fmt.Errorf("an inbox of %d bytes from rank %d", size, r)
+			return 0, devmem.Segment{}, 0, false, fmt.Errorf("an inbox of %d bytes from rank %d", size, r)
 		}
-		return row, devmem.Segment{Fd: fds[0], Size: size}, entries, nil
+		return row, devmem.Segment{Fd: fds[0], Size: size}, entries, kind == segInboxHost, nil
 	})
 	if err != nil {
 		return err
@@ -123,7 +129,11 @@ func (x *Exchange) serveInboxRow(pid, r, slot int, fresh bool) ([]byte, []int, e
 	}
 	x.ipc.SetInboxRow(r, row)
 	payload := binary.LittleEndian.AppendUint32(nil, 1)
-	payload = binary.LittleEndian.AppendUint32(payload, segInbox)
+	kind := uint32(segInbox)
+	if inbox.RowsInHost() {
+		kind = segInboxHost
+	}
+	payload = binary.LittleEndian.AppendUint32(payload, kind)
 	payload = binary.LittleEndian.AppendUint32(payload, uint32(row))
 	payload = binary.LittleEndian.AppendUint32(payload, uint32(entries))
 	payload = binary.LittleEndian.AppendUint64(payload, seg.Size)
