@@ -405,10 +405,18 @@ int rmacu_ag_submit_sig(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, u
  * still queued, or no live agent), the caller queues the write on the
  * agent instead. */
 int rmaw_cuda_write_idle(uintptr_t ctx, uint64_t w, uint64_t v) {
-  struct agent* a = ag_find(ctx);
+  ctxstream* e = NULL;
+  int n = __atomic_load_n(&rmacu_nctxs, __ATOMIC_ACQUIRE);
+  for (int i = 0; i < n && !e; i++)
+    if (rmacu_ctxs[i].ctx == (CUcontext)ctx) e = &rmacu_ctxs[i];
+  struct agent* a = e ? __atomic_load_n(&e->ag, __ATOMIC_ACQUIRE) : NULL;
   if (!a || (w & 7) || !w) return 1;
   pthread_mutex_lock(&a->mu);
   int rc = 1;
+  /* Stream work after the agent's last command that has all run needs no
+   * wait any more: the flag goes, here and for the next command. */
+  if (a->live && a->streamLast && ag_done(a) >= a->seq && rmacu_cu.streamQuery && rmacu_cu.streamQuery(e->stream) == 0)
+    a->streamLast = 0;
   if (a->live && !a->streamLast && ag_done(a) >= a->seq) {
     __atomic_store_n((uint64_t*)(uintptr_t)w, v, __ATOMIC_RELEASE);
     a->direct++;
