@@ -415,15 +415,12 @@ func CopyMappedWrite(ctx, dst, src uintptr, n uint64, w uintptr, v uint64, c Com
 // peer's inbox entry for a signal alone, host/devmem/inbox): nothing waits
 // for it here. false (and no error): no agent in ctx.
 func AgentWrite(ctx, w uintptr, v uint64) (bool, error) {
-	d := devmem.Get()
-	ib, ok := d.(devmem.Inboxer)
-	if !ok || w == 0 || !AgentRuns(ctx) {
+	return writeAfter(ctx, w, func(d devmem.Device) (bool, error) {
+		if ib, ok := d.(devmem.Inboxer); ok {
+			return ib.CopyWrite(ctx, 0, 0, 0, w, v)
+		}
 		return false, nil
-	}
-	if err := fence(d, ctx); err != nil {
-		return false, err
-	}
-	return ib.CopyWrite(ctx, 0, 0, 0, w, v)
+	})
 }
 
 // WriteIdle writes v to the host word w (a peer's inbox entry in shared
@@ -435,15 +432,24 @@ func AgentWrite(ctx, w uintptr, v uint64) (bool, error) {
 // queued in ctx, or no agent runs there; the caller queues the write
 // (AgentWrite).
 func WriteIdle(ctx, w uintptr, v uint64) (bool, error) {
+	return writeAfter(ctx, w, func(d devmem.Device) (bool, error) {
+		iw, ok := d.(devmem.IdleWriter)
+		return ok && iw.WriteIdle(ctx, w, v), nil
+	})
+}
+
+// writeAfter settles the asynchronous copies of contexts other than ctx
+// and then writes w as write does; false (and no error): no word, or no
+// agent in ctx.
+func writeAfter(ctx, w uintptr, write func(devmem.Device) (bool, error)) (bool, error) {
 	d := devmem.Get()
-	iw, ok := d.(devmem.IdleWriter)
-	if !ok || w == 0 || !AgentRuns(ctx) {
+	if d == nil || w == 0 || !AgentRuns(ctx) {
 		return false, nil
 	}
 	if err := fence(d, ctx); err != nil {
 		return false, err
 	}
-	return iw.WriteIdle(ctx, w, v), nil
+	return write(d)
 }
 
 // copyQueued queues the copy, then records ipc (when not 0), then a
