@@ -107,6 +107,9 @@ type hostRows struct {
 	ctx uintptr // the context it was pinned from
 }
 
+// maxHostRowsBytes bounds the host rows a peer may hand us to map and pin.
+const maxHostRowsBytes = 1 << 20
+
 // hostRowsSize is the host rows' bytes: Rows rows of inbox.c's IB_E (64)
 // entries, a whole number of pages.
 const hostRowsSize = Rows * 64 * 8
@@ -647,6 +650,11 @@ func openHost(ctx uintptr, seg devmem.Segment, row, entries int, marks *staging.
 	hr, ok := devmem.Get().(devmem.HostRegisterer)
 	if !ok {
 		return nil, errors.New("peer inbox: the device runtime cannot pin the peer's host rows")
+	}
+	if seg.Size > maxHostRowsBytes {
+		// Pinned here for as long as we write to the peer: a peer's
+		// word alone must not make us pin much.
+		return nil, fmt.Errorf("peer inbox: host rows of %d bytes (at most %d)", seg.Size, maxHostRowsBytes)
 	}
 	mem, err := shmstream.MapSealed(seg.Fd, seg.Size)
 	if err != nil {

@@ -278,4 +278,8 @@ func TestHostRows(t *testing.T) {
 	if _, err := open(8, devmem.Segment{Fd: bad, Size: hostRowsSize}, 1, 64, true, pm); err == nil || !strings.Contains(err.Error(), "sealed") {
 		t.Fatalf("an unsealed memfd as host rows: %v", err)
 	}
+	// Rows too large to pin for a peer: refused before they are mapped.
+	if _, err := open(8, devmem.Segment{Fd: bad, Size: 64 << 20}, 1, 64, true, pm); err == nil || !strings.Contains(err.Error(), "at most") {
+		t.Fatalf("64 MiB of host rows: %v", err)
+	}
 }
