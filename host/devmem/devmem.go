@@ -101,12 +101,12 @@ type CopyMarker interface {
 type Inboxer interface {
 	// InboxOpen makes ctx's inbox once; ctx must run the agent. taken,
 	// not 0, is where the agent counts the entries it took, a word per
-	// row (pinned host memory it reaches: the mark page, which the peers
-	// map); 0: memory of its own. rows, not 0, is where the rows live:
-	// size bytes of pinned host memory the agent reaches, the caller's
-	// to share with the peers (InboxRow's Segment then has no fd) and to
-	// free after the inbox; 0: device memory of the inbox's own.
-	InboxOpen(ctx, taken, rows uintptr, size uint64) error
+	// row, the device rows' then the host rows' (pinned host memory it
+	// reaches: the mark page, which the peers map); 0: memory of its
+	// own. hrows, not 0, is host rows beside the device rows: size bytes
+	// of pinned host memory the agent reaches, the caller's to share with
+	// the peers and to free after the inbox; 0: none.
+	InboxOpen(ctx, taken, hrows uintptr, size uint64) error
 	// InboxRow hands out ctx's next row (row negative), or row again (one
 	// handed out before), and returns it with the rows' allocation for a
 	// peer to map (Fd the caller's to send and close; Size its bytes) and

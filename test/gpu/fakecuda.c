@@ -446,13 +446,14 @@ static void agent_bad(const char* what, uint64_t a, uint64_t n) {
  * entries a peer's agent writes into our device memory, read from the
  * ring header when the kernel starts and looked at between commands. */
 struct ibx {
-  uint64_t rows, P, E, logE, next[16];
+  uint64_t rows, hrows, P, E, logE, next[32];
   volatile uint64_t* taken;
   const volatile uint64_t* table;
 };
 static void ib_load(volatile uint64_t* ring, struct ibx* b) {
   memset(b, 0, sizeof *b);
   b->rows = ring[25];
+  b->hrows = ring[30];
   b->P = ring[26] > 16 ? 16 : ring[26];
   b->logE = ring[27] > 16 ? 16 : ring[27];
   b->E = 1ull << b->logE;
@@ -462,25 +463,24 @@ static void ib_load(volatile uint64_t* ring, struct ibx* b) {
     b->P = 0;
     return;
   }
-  if (!hostmem((uintptr_t)b->taken, b->P * 8)) agent_bad("inbox counts it cannot reach", (uintptr_t)b->taken, b->P * 8);
-  /* Rows of device memory, or of pinned host memory (host rows). */
-  int hostRows = hostmem(b->rows, b->P * b->E * 8);
-  if (!hostRows && (!find(b->rows) || !vmm_at(b->rows) || !find(b->rows + b->P * b->E * 8 - 1)))
+  if (!hostmem((uintptr_t)b->taken, 32 * 8)) agent_bad("inbox counts it cannot reach", (uintptr_t)b->taken, 32 * 8);
+  if (b->hrows && !hostmem(b->hrows, b->P * b->E * 8)) agent_bad("inbox host rows it cannot reach", b->hrows, b->P * b->E * 8);
+  if (!find(b->rows) || !vmm_at(b->rows) || !find(b->rows + b->P * b->E * 8 - 1))
     agent_bad("inbox rows it cannot reach", b->rows, b->P * b->E * 8);
   static int saidHost;
-  if (hostRows && !__atomic_exchange_n(&saidHost, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent reads inbox rows in host memory\n");
+  if (b->hrows && !__atomic_exchange_n(&saidHost, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent reads inbox rows in host memory\n");
   if (!find((uintptr_t)b->table) || !find((uintptr_t)b->table + 64 * 16 - 1)) agent_bad("an inbox table it cannot reach", (uintptr_t)b->table, 1024);
-  for (uint64_t i = 0; i < b->P; i++) b->next[i] = b->taken[i];
+  for (uint64_t i = 0; i < b->P; i++) b->next[i] = b->taken[i], b->next[16 + i] = b->taken[16 + i];
 }
 /* ib_scan takes every entry there is (each us late, as commands are);
  * 1 when it took one. */
 static int ib_scan(struct ibx* b, long us) {
   const uint64_t low62 = (1ull << 62) - 1;
   int took = 0;
-  for (uint64_t i = 0; i < b->P; i++)
-    for (;;) {
-      uint64_t pos = b->next[i] & low62;
-      uint64_t w = __atomic_load_n((uint64_t*)(uintptr_t)(b->rows + (i * b->E + (pos & (b->E - 1))) * 8), __ATOMIC_ACQUIRE);
+  for (uint64_t j = 0; j < 32; j++)
+    for (uint64_t i = j & 15; i < b->P && (j < 16 || b->hrows);) {
+      uint64_t pos = b->next[j] & low62;
+      uint64_t w = __atomic_load_n((uint64_t*)(uintptr_t)((j < 16 ? b->rows : b->hrows) + (i * b->E + (pos & (b->E - 1))) * 8), __ATOMIC_ACQUIRE);
       if (w >> 56 != (pos >> b->logE) % 255 + 1) break;
       if (us > 0) usleep(us);
       uint64_t idx = w >> 50 & 63, off = (w >> 28 & 0x3fffff) * 8, val = w & 0xfffffff;
@@ -491,12 +491,12 @@ static int ib_scan(struct ibx* b, long us) {
         static int saidInbox;
         if (!__atomic_exchange_n(&saidInbox, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent added a peer's inbox entry\n");
       } else {
-        b->next[i] |= 1ull << 62;
+        b->next[j] |= 1ull << 62;
         static int saidRefused;
         if (!__atomic_exchange_n(&saidRefused, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent refused an inbox entry\n");
       }
-      b->next[i]++;
-      __atomic_store_n(&b->taken[i], b->next[i], __ATOMIC_RELEASE);
+      b->next[j]++;
+      __atomic_store_n(&b->taken[j], b->next[j], __ATOMIC_RELEASE);
       took = 1;
     }
   return took;

@@ -173,7 +173,11 @@ func (x *Link) inboxEntry(l *intraLane, op *link.Op, ib *inbox.Peer, ctx uintptr
 		return link.SideNo
 	}
 	op.SigOp |= wire.SigApplied
-	op.Inbox, op.InboxPos = uint8(ib.Row()+1), pos
+	row := ib.Row()
+	if pos&inbox.HostPos != 0 {
+		row, pos = row+inbox.Rows, pos&^inbox.HostPos // our row of the peer's host rows
+	}
+	op.Inbox, op.InboxPos = uint8(row+1), pos
 	if op.Size > 0 {
 		x.mappedOnce()
 	}

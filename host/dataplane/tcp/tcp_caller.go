@@ -223,7 +223,8 @@ func (t *Link) inboxReached(h *wire.Header) bool {
 		return false
 	}
 	row, _ := evs.InboxRow()
-	return row >= 0 && int(h.Status&0xff) == row && inbox.Reached(row, h.Off, inbox.CallerWait())
+	r := int(h.Status & 0xff)
+	return row >= 0 && inboxRowOK(r, row) && inbox.Reached(r, h.Off, inbox.CallerWait())
 }
 
 // markReached reports whether h is a put+signal ordered by an agent mark

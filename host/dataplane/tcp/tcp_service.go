@@ -16,6 +16,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/link"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/instream"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp/putack"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
@@ -307,7 +308,7 @@ func (t *Link) orderInbox(h *wire.Header, sig link.Signal, evs link.Events) (lin
 		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
 		return sig, err
 	}
-	sig.InboxRow, sig.InboxPos, sig.InboxPid = uint8(row), h.Off, pid
+	sig.InboxRow, sig.InboxPos, sig.InboxPid = uint8(h.Status&0xff), h.Off, pid
 	if evs.PeerOpened() {
 		sig.Evs = evs // an event waited for on a stream may be pending
 	}
@@ -319,8 +320,14 @@ func (t *Link) orderInbox(h *wire.Header, sig link.Signal, evs link.Events) (lin
 // whose signal is marked applied, naming that row and a position (sent
 // again after a lane failed, or not).
 func inboxHeaderOK(h *wire.Header, row int) bool {
-	return row >= 0 && int(h.Status&0xff) == row && h.Status&^(0xff|wire.StatusResent|wire.StatusFromMask) == wire.StatusInbox && h.Typ == wire.MsgPutSignal &&
+	return row >= 0 && inboxRowOK(int(h.Status&0xff), row) && h.Status&^(0xff|wire.StatusResent|wire.StatusFromMask) == wire.StatusInbox && h.Typ == wire.MsgPutSignal &&
 		h.Size == 0 && h.SigOp&wire.SigApplied != 0 && h.Off != 0
+}
+
+// inboxRowOK reports whether a header's row r is the row of our inbox
+// its sender was given, or that row's twin among our host rows.
+func inboxRowOK(r, row int) bool {
+	return r == row || (r == row+inbox.Rows && inbox.RowsInHost())
 }
 
 func (t *Link) servePut(ack *acker, br *bufio.Reader, h *wire.Header, resp []byte, dec *codec.Decoder, rx *staging.Receiver, held *staging.Held) error {

@@ -16,10 +16,12 @@
  *
  * The rows are one cuMem allocation with a POSIX fd (the peers map it and
  * may write all of it: a peer may forge another peer's entries, which only
- * adds to words the table names), or, with host rows
- * (NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS), a sealed memfd the plugin
- * made, mapped and pinned, which the agent reads at the same address and
- * a sender's host writes itself (a signal alone, no agent command); the table is a cuMem allocation of ours
+ * adds to words the table names); beside them, with host rows
+ * (NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS), a second set of 16 rows in
+ * a sealed memfd the plugin made, mapped and pinned, which a sender's host
+ * writes itself (a signal alone, no agent command) and the kernel looks at
+ * only when its ring is empty (header word 30; their counts follow the
+ * device rows' in the counts' page). The table is a cuMem allocation of ours
  * without a shareable handle, which no peer maps, so an entry reaches no
  * word outside a registration the table holds. The counts of entries taken are pinned host memory. */
 #include <string.h>
@@ -39,11 +41,11 @@ struct inbox {
   CUdeviceptr table; /* IB_TABLE {base, size}: ours alone, never exported */
   unsigned long long th;
   size_t tsize;
-  volatile uint64_t* taken; /* pinned: per row, entries taken | 1 << 62 once one was refused */
+  volatile uint64_t* taken; /* pinned: per row, entries taken | 1 << 62 once one was refused; device rows, then host rows */
   uint64_t* tab;            /* pinned: the table's host copy, the agent's copy source */
   void* page;               /* tab's page (and taken's, unless the caller's) */
   int nrows;
-  int host; /* rows: the caller's pinned host memory (not freed here) */
+  uint64_t hrows; /* host rows beside the device rows: the caller's pinned memory (0: none) */
 };
 
 static struct inbox boxes[MAX_CTX];
@@ -67,6 +69,7 @@ static void ib_config(struct inbox* b) {
     h[27] = IB_LOGE;
     h[28] = (uint64_t)(uintptr_t)b->taken;
     h[29] = b->table;
+    h[30] = b->hrows;
   }
   rmacu_ag_resume(a);
 }
@@ -75,9 +78,10 @@ static void ib_config(struct inbox* b) {
  * 0, or -1 with err. taken (not 0: IB_ROWS words of pinned host memory the
  * agent reaches, which the caller shares with the peers so that a sender
  * sees how far its row was taken) receives the counts; 0: a page of its
- * own. rows (not 0: rowsize bytes of pinned host memory the agent reaches,
- * the caller's, which it shares and frees) holds the rows; 0: device
- * memory of a cuMem allocation exported to the peers. */
+ * own (2 * IB_ROWS words: device rows', then host rows'). rows (not 0:
+ * rowsize bytes of pinned host memory the agent reaches, the caller's,
+ * which it shares and frees) holds the host rows beside the device rows
+ * (a cuMem allocation exported to the peers); 0: none. */
 int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, uint64_t rows, uint64_t rowsize, char* err, size_t errlen) {
   pthread_mutex_lock(&ibmu);
   struct inbox* b = ib_find(ctx);
@@ -111,9 +115,7 @@ int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, uint64_t rows, uint64_t 
       what = "the host rows are not pinned memory the agent reaches";
       goto out;
     }
-    x.rows = rows;
-    x.size = rowsize;
-    x.host = 1;
+    x.hrows = rows;
   }
   x.tsize = (IB_TABLE * 16 + gran - 1) / gran * gran;
   /* The table: a cuMem allocation too (the agent reaches those in its
@@ -123,24 +125,24 @@ int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, uint64_t rows, uint64_t 
   if (rmacu_host_alloc(ctx, 4096, &hp, err, errlen) != 0) goto fail;
   memset(hp, 0, 4096);
   x.taken = taken ? (volatile uint64_t*)(uintptr_t)taken : (volatile uint64_t*)hp;
-  if (taken && !rmacu_hr_ok((const void*)(uintptr_t)taken, IB_ROWS * 8)) {
+  if (taken && !rmacu_hr_ok((const void*)(uintptr_t)taken, 2 * IB_ROWS * 8)) {
     what = "the counts' memory is not the agent's";
     rmacu_host_free(hp);
     goto out;
   }
-  for (int i = 0; i < IB_ROWS; i++) x.taken[i] = 0;
+  for (int i = 0; i < 2 * IB_ROWS; i++) x.taken[i] = 0;
   x.page = hp;
   x.tab = (uint64_t*)hp + 256; /* bytes 2048..3071 */
   struct agent* a = rmacu_ag_pause(ctx);
   int mapped = 0;
   if ((r = rmacu_cu.ctxSetCurrent((CUcontext)ctx)) != 0) what = "cuCtxSetCurrent";
-  else if (!x.host && (r = rmacu_cu.memCreate(&x.h, x.size, &prop, 0)) != 0) what = "cuMemCreate (POSIX fd)";
-  else if (!x.host && (r = rmacu_cu.addressReserve(&x.rows, x.size, 0, 0, 0)) != 0) what = "cuMemAddressReserve";
-  else if (!x.host && (r = rmacu_cu.memMap(x.rows, x.size, 0, x.h, 0)) != 0) what = "cuMemMap";
+  else if ((r = rmacu_cu.memCreate(&x.h, x.size, &prop, 0)) != 0) what = "cuMemCreate (POSIX fd)";
+  else if ((r = rmacu_cu.addressReserve(&x.rows, x.size, 0, 0, 0)) != 0) what = "cuMemAddressReserve";
+  else if ((r = rmacu_cu.memMap(x.rows, x.size, 0, x.h, 0)) != 0) what = "cuMemMap";
   else {
     int acc[3] = {1 /* device */, dev, 3 /* read and write */};
-    mapped = !x.host;
-    if (!x.host && (r = rmacu_cu.memSetAccess(x.rows, x.size, acc, 1)) != 0) what = "cuMemSetAccess";
+    mapped = 1;
+    if ((r = rmacu_cu.memSetAccess(x.rows, x.size, acc, 1)) != 0) what = "cuMemSetAccess";
     else if ((r = rmacu_cu.memCreate(&x.th, x.tsize, &tprop, 0)) != 0 || (r = rmacu_cu.addressReserve(&x.table, x.tsize, 0, 0, 0)) != 0 ||
              (r = rmacu_cu.memMap(x.table, x.tsize, 0, x.th, 0)) != 0 || (mapped = 2, r = rmacu_cu.memSetAccess(x.table, x.tsize, acc, 1)) != 0)
       what = "the table's cuMem allocation";
@@ -148,8 +150,8 @@ int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, uint64_t rows, uint64_t 
       static const unsigned char zero[IB_ROWS * IB_E * 8];
       /* Zeroed with the agent stopped: no row reads as an entry, no
        * table entry names a word (the kernel reads no further). */
-      if (x.host) memset((void*)(uintptr_t)x.rows, 0, sizeof zero);
-      else r = rmacu_cu.htod(x.rows, zero, sizeof zero, e->stream);
+      if (x.hrows) memset((void*)(uintptr_t)x.hrows, 0, sizeof zero);
+      r = rmacu_cu.htod(x.rows, zero, sizeof zero, e->stream);
       if (r == 0) r = rmacu_cu.htod(x.table, zero, IB_TABLE * 16, e->stream);
       if (r == 0) r = rmacu_cu.streamSynchronize(e->stream);
       if (r != 0) what = "zeroing the rows";
@@ -160,7 +162,7 @@ int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, uint64_t rows, uint64_t 
     if (x.table) rmacu_cu.addressFree(x.table, x.tsize);
     if (x.th) rmacu_cu.memRelease(x.th);
     if (mapped) rmacu_cu.memUnmap(x.rows, x.size);
-    if (x.rows && !x.host) rmacu_cu.addressFree(x.rows, x.size);
+    if (x.rows) rmacu_cu.addressFree(x.rows, x.size);
     if (x.h) rmacu_cu.memRelease(x.h);
   }
   rmacu_ag_resume(a);
@@ -181,9 +183,9 @@ fail:
 /* rmaw_cuda_inbox_row hands out ctx's next row when *row is negative (for
  * a peer: the caller keeps which), or hands row *row (one handed out
  * before) again, with an fd of the rows' allocation for that peer to map
- * (*size bytes; the caller sends and closes it; -1 for host rows, whose
- * memfd is the caller's); the kernel polls the rows handed out. -1 when
- * none is left. */
+ * (*size bytes; the caller sends and closes it; host rows are the
+ * caller's to share); the kernel polls the rows handed out, and their
+ * twins among the host rows. -1 when none is left. */
 int rmaw_cuda_inbox_row(uintptr_t ctx, int* row, int* fd, uint64_t* size, char* err, size_t errlen) {
   pthread_mutex_lock(&ibmu);
   struct inbox* b = ib_find(ctx);
@@ -192,10 +194,8 @@ int rmaw_cuda_inbox_row(uintptr_t ctx, int* row, int* fd, uint64_t* size, char* 
   else if (*row >= b->nrows) rc = rmaw_fail(err, errlen, "peer inbox: row %d was not handed out", *row);
   else if (*row < 0 && b->nrows == IB_ROWS) rc = rmaw_fail(err, errlen, "peer inbox: all %d rows handed out", IB_ROWS);
   else {
-    CUresult r = 0;
-    *fd = -1;
-    if (!b->host) r = rmacu_cu.memExport(fd, b->h, 1 /* POSIX fd */, 0);
-    if (r != 0 || (*fd < 0 && !b->host)) rc = rmaw_fail(err, errlen, "peer inbox: cuMemExportToShareableHandle: %s", rmacu_errstr(r));
+    CUresult r = rmacu_cu.memExport(fd, b->h, 1 /* POSIX fd */, 0);
+    if (r != 0 || *fd < 0) rc = rmaw_fail(err, errlen, "peer inbox: cuMemExportToShareableHandle: %s", rmacu_errstr(r));
     else {
       *size = b->size;
       if (*row < 0) {
@@ -225,12 +225,13 @@ int rmaw_cuda_inbox_reset(uintptr_t ctx, int row, char* err, size_t errlen) {
   else {
     static const unsigned char zero[IB_E * 8];
     struct agent* a = rmacu_ag_pause(ctx);
-    if (b->host) memset((void*)(uintptr_t)(b->rows + (uint64_t)row * IB_E * 8), 0, sizeof zero);
-    else if ((r = rmacu_cu.ctxSetCurrent((CUcontext)ctx)) == 0 &&
-             (r = rmacu_cu.htod(b->rows + (uint64_t)row * IB_E * 8, zero, sizeof zero, e->stream)) == 0)
+    if (b->hrows) memset((void*)(uintptr_t)(b->hrows + (uint64_t)row * IB_E * 8), 0, sizeof zero);
+    if ((r = rmacu_cu.ctxSetCurrent((CUcontext)ctx)) == 0 &&
+        (r = rmacu_cu.htod(b->rows + (uint64_t)row * IB_E * 8, zero, sizeof zero, e->stream)) == 0)
       r = rmacu_cu.streamSynchronize(e->stream);
     if (r == 0) {
       __atomic_store_n(&b->taken[row], 0, __ATOMIC_RELEASE);
+      __atomic_store_n(&b->taken[IB_ROWS + row], 0, __ATOMIC_RELEASE);
       rc = 0;
     } else rc = rmaw_fail(err, errlen, "peer inbox: zeroing row %d: %s", row, rmacu_errstr(r));
     rmacu_ag_resume(a);
@@ -272,7 +273,7 @@ int rmaw_cuda_inbox_table(uintptr_t ctx, int idx, uint64_t base, uint64_t n, cha
 uint64_t rmaw_cuda_inbox_taken(uintptr_t ctx, int row) {
   int n = __atomic_load_n(&nboxes, __ATOMIC_ACQUIRE);
   for (int i = 0; i < n; i++)
-    if (boxes[i].ctx == (CUcontext)ctx && row >= 0 && row < IB_ROWS) return __atomic_load_n(&boxes[i].taken[row], __ATOMIC_ACQUIRE);
+    if (boxes[i].ctx == (CUcontext)ctx && row >= 0 && row < 2 * IB_ROWS) return __atomic_load_n(&boxes[i].taken[row], __ATOMIC_ACQUIRE);
   return 0;
 }
 
@@ -308,16 +309,14 @@ void rmacu_inbox_close(void) {
   for (int i = 0; i < nboxes; i++) {
     struct inbox* b = &boxes[i];
     volatile uint64_t* h = rmacu_ag_header((uintptr_t)b->ctx);
-    if (h) h[25] = h[26] = h[28] = h[29] = 0; /* a kernel started later polls none */
+    if (h) h[25] = h[26] = h[28] = h[29] = h[30] = 0; /* a kernel started later polls none */
     if (rmacu_cu.ctxSetCurrent(b->ctx) == 0) {
       rmacu_cu.memUnmap(b->table, b->tsize);
       rmacu_cu.addressFree(b->table, b->tsize);
       rmacu_cu.memRelease(b->th);
-      if (!b->host) {
-        rmacu_cu.memUnmap(b->rows, b->size);
-        rmacu_cu.addressFree(b->rows, b->size);
-        rmacu_cu.memRelease(b->h);
-      }
+      rmacu_cu.memUnmap(b->rows, b->size);
+      rmacu_cu.addressFree(b->rows, b->size);
+      rmacu_cu.memRelease(b->h);
     }
     rmacu_host_free(b->page);
   }

@@ -33,6 +33,7 @@ import "C"
 
 import (
 	"fmt"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -81,7 +82,21 @@ func inboxCheck(iters int) (string, error) {
 	defer C.rmaw_cuda_agents_stop()
 	d := cudaDevice{}
 	sig, src, dst := uintptr(mem), uintptr(mem)+4096, uintptr(mem)+8192
-	if err := d.InboxOpen(ctx, 0, 0, 0); err != nil {
+	// Host rows beside the device rows: pinned host memory the host
+	// writes entries into itself, as a peer's proxy thread would.
+	hmem, err := syscall.Mmap(-1, 0, 16*64*8, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_ANONYMOUS)
+	if err != nil {
+		return "", err
+	}
+	defer syscall.Munmap(hmem)
+	if err := d.HostRegister(ctx, unsafe.Pointer(&hmem[0]), uint64(len(hmem))); err != nil {
+		return "", err
+	}
+	defer func() {
+		C.rmaw_cuda_agents_stop() // the inbox closed first: the kernel reads the host rows
+		d.HostUnregister(ctx, unsafe.Pointer(&hmem[0]))
+	}()
+	if err := d.InboxOpen(ctx, 0, uintptr(unsafe.Pointer(&hmem[0])), uint64(len(hmem))); err != nil {
 		return "", err
 	}
 	if err := d.InboxTable(ctx, 5, sig, 16); err != nil {
@@ -170,6 +185,31 @@ func inboxCheck(iters int) (string, error) {
 		return "", err
 	}
 	iters++
+	// Host rows: entries the host writes into the row's twin in host
+	// memory, taken with their own count (16 + row).
+	hslot := func(pos uint64) *uint64 {
+		return (*uint64)(unsafe.Pointer(&hmem[(uint64(row)*uint64(e)+pos%uint64(e))*8]))
+	}
+	hwait := func(pos uint64) error {
+		for t0 := time.Now(); d.InboxTaken(ctx, 16+row)&low62 < pos; {
+			if err := d.InboxKick(ctx); err != nil {
+				return err
+			}
+			if time.Since(t0) > 10*time.Second {
+				return fmt.Errorf("host entry %d of row %d not taken in 10 s (taken %d)", pos, row, d.InboxTaken(ctx, 16+row)&low62)
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
+		return nil
+	}
+	const hostEntries = 3 * 64 / 2 // a lap and a half: the laps tell new from old
+	for hp := uint64(0); hp < hostEntries; hp++ {
+		atomicStore(hslot(hp), InboxEntry(hp, e, 5, 8, 1))
+		if err := hwait(hp + 1); err != nil {
+			return "", err
+		}
+	}
+	iters += hostEntries
 	// Refused: an empty table entry, then a word past its entry's end;
 	// the row moves on, flagged, and adds nothing.
 	for _, bad := range [][2]uint64{{9, 0}, {5, 16}} {
@@ -184,7 +224,7 @@ func inboxCheck(iters int) (string, error) {
 	if C.rmacu_copy(cctx, 0, unsafe.Pointer(&words[0]), C.uint64_t(sig), 16, &buf[0], C.size_t(len(buf))) != 0 {
 		return "", errText()
 	}
-	if d.InboxTaken(ctx, row)>>62 != 1 || words[1] != uint64(iters) || words[0] != 0 {
+	if d.InboxTaken(ctx, row)>>62 != 1 || words[1] != uint64(iters) || words[0] != 0 || d.InboxTaken(ctx, 16+row)>>62 != 0 {
 		return "", fmt.Errorf("bad entries: flag %d, words %d %d", d.InboxTaken(ctx, row)>>62, words[0], words[1])
 	}
 	// Reset for a new sender: first-lap entries in every slot, which the
@@ -212,8 +252,8 @@ func inboxCheck(iters int) (string, error) {
 		return "", err
 	}
 	time.Sleep(20 * time.Millisecond)
-	if got := d.InboxTaken(ctx, row); got != 0 {
-		return "", fmt.Errorf("the row reset: count %#x, want 0 (an old entry taken, or the refused flag kept)", got)
+	if got := d.InboxTaken(ctx, row); got != 0 || d.InboxTaken(ctx, 16+row) != 0 {
+		return "", fmt.Errorf("the row reset: counts %#x and %#x, want 0 (an old entry taken, or the refused flag kept)", got, d.InboxTaken(ctx, 16+row))
 	}
 	again, s2, _, err := d.InboxRow(ctx, row)
 	if err != nil {
@@ -246,5 +286,9 @@ func inboxCheck(iters int) (string, error) {
 	if rows != 16 {
 		return "", fmt.Errorf("%d rows handed out, want 16", rows)
 	}
-	return fmt.Sprintf("%d entries taken (the last after a kick), their copies there, 2 bad ones refused and flagged, the row reset and taken again from 0, %d rows", iters, rows), nil
+	return fmt.Sprintf("%d entries taken (the last after a kick, %d from the host rows), their copies there, 2 bad ones refused and flagged, the row reset and taken again from 0, %d rows", iters, hostEntries, rows), nil
 }
+
+// atomicStore stores v to *p as one 8-byte store (the agent reads it
+// whole).
+func atomicStore(p *uint64, v uint64) { atomic.StoreUint64(p, v) }

@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -68,10 +70,11 @@ func TestPTXEntries(t *testing.T) {
 // files. A deliberate change of a kernel updates its hash here (agent.ptx:
 // the kernel parks when idle, and reads where to start from the ring;
 // 128-byte slots with the fused landings, inline payloads included; the
-// one-read pickup by a slot's check word; the peer inbox, ISCAN).
+// one-read pickup by a slot's check word; the peer inbox, ISCAN; its host
+// rows beside the device rows, looked at when the ring is empty).
 func TestPTXUnchanged(t *testing.T) {
 	for _, c := range []struct{ name, ptx, sum string }{
-		{"agent.ptx", agentPTX, "e8cfb289f72d2b8b12b5b2cef247ed807e9367f295ec665b692a73626f4b0c99"},
+		{"agent.ptx", agentPTX, "bfaf6cebb72430bc3be87254f004512c5796b30118c988e634c3b14a6c5770a2"},
 		{"atomics.ptx", add64PTX, "c8cfbac9b16b0ac7bee4ea8bc36078d4a233783f6424303d088b4cfba56b86ce"},
 	} {
 		h := sha256.Sum256([]byte(c.ptx))
@@ -161,5 +164,40 @@ func TestAgentLeanPTX(t *testing.T) {
 	}
 	if strings.Replace(v, "  setp.ge.u64 %p39, %rd7, 7;\n  @%p39 fence.sc.sys;", "  fence.sc.sys;", 1) != agentPTX {
 		t.Fatal("the lean kernel differs from agent.ptx in more than the signal's fence")
+	}
+}
+
+// TestPTXAssembles hands every kernel the plugin may load (agent.ptx, its
+// acqrel and lean variants, atomics.ptx) to ptxas for the oldest and the
+// newest architecture the plugin runs on, where a ptxas is at hand
+// (PTXAS, or on the PATH, or CUDA's default install): a kernel the driver
+// could not load would leave the plugin without its agent, found only on
+// a GPU.
+func TestPTXAssembles(t *testing.T) {
+	ptxas := os.Getenv("PTXAS")
+	if ptxas == "" {
+		if p, err := exec.LookPath("ptxas"); err == nil {
+			ptxas = p
+		} else if _, err := os.Stat("/usr/local/cuda/bin/ptxas"); err == nil {
+			ptxas = "/usr/local/cuda/bin/ptxas"
+		}
+	}
+	if ptxas == "" {
+		t.Skip("no ptxas here (set PTXAS to one): the kernels are assembled on a GPU machine")
+	}
+	dir := t.TempDir()
+	for _, k := range []struct{ name, ptx string }{
+		{"agent", agentPTX}, {"agent-acqrel", agentAcqRelPTX(agentPTX)}, {"agent-lean", agentLeanPTX(agentPTX)}, {"atomics", add64PTX},
+	} {
+		src := filepath.Join(dir, k.name+".ptx")
+		if err := os.WriteFile(src, []byte(k.ptx), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, arch := range []string{"sm_70", "sm_90"} {
+			out, err := exec.Command(ptxas, "-arch="+arch, src, "-o", filepath.Join(dir, k.name+"-"+arch+".cubin")).CombinedOutput()
+			if err != nil {
+				t.Errorf("ptxas -arch=%s %s: %v\n%s", arch, k.name, err, out)
+			}
+		}
 	}
 }

@@ -24,12 +24,14 @@
 // target took the one a row's length before it.
 //
 // With host rows (SetHostRows; NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS)
-// the rows are a sealed memfd of host memory, pinned at both ends, which
-// the target's agent reads at the same address: the sender's agent still
-// writes the entries that follow its copies, but a signal alone, when
-// nothing is queued on the sender's device before it, is written by the
-// sender's host itself (no agent command, no device round trip at the
-// sender), and the target's agent takes it as any other entry.
+// each sender's device row has a twin among 16 host rows, a sealed memfd
+// pinned at both ends, which the target's agent looks at when its ring is
+// empty (counts in words Rows.. of the page's second half). The sender's
+// host writes a signal alone there itself when it can pass nothing (its
+// device-row entries taken, nothing queued on its device before it: no
+// agent command, no device round trip at the sender); an entry for the
+// device row waits until the host row's were taken. A header names row
+// Rows + r for an entry of host row r.
 //
 // A row belongs to a sender, a process of the host and the context its
 // agent writes from, not to a communicator: every communicator between the
@@ -95,8 +97,8 @@ var box struct {
 	// (under mu).
 	rows int
 	held [Rows]holder
-	// host is the rows' memory with host rows (under mu): a sealed memfd,
-	// mapped and pinned from the inbox's context; fd -1: device rows.
+	// host is the host rows' memory (under mu): a sealed memfd, mapped
+	// and pinned from the inbox's context; mem nil: none.
 	host hostRows
 }
 
@@ -117,17 +119,17 @@ const hostRowsSize = Rows * 64 * 8
 // hostWanted is SetHostRows's.
 var hostWanted atomic.Bool
 
-// SetHostRows asks for the rows in shared host memory
+// SetHostRows asks for host rows beside the device rows
 // (NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS) for an inbox opened later.
 func SetHostRows(on bool) { hostWanted.Store(on) }
 
-// RowsInHost reports whether our inbox's rows are host memory: a peer
-// maps its row as a memfd, not as a device allocation.
-func RowsInHost() bool {
-	box.mu.Lock()
-	defer box.mu.Unlock()
-	return box.host.mem != nil
-}
+// hostOn is set while our inbox has host rows (RowsInHost).
+var hostOn atomic.Bool
+
+// RowsInHost reports whether our inbox has host rows beside its device
+// rows: a header may name a sender's row there (Rows + its row). No lock:
+// headers ask it.
+func RowsInHost() bool { return hostOn.Load() }
 
 // makeHostRows makes the host rows' memfd, mapped and pinned from ctx.
 func makeHostRows(ctx uintptr) (hostRows, error) {
@@ -222,12 +224,13 @@ func Claim(ctx uintptr, base uintptr, n uint64) (int, bool) {
 				herr = d.InboxOpen(ctx, staging.MarkPageRest(), uintptr(unsafe.Pointer(&h.mem[0])), hostRowsSize)
 				if herr == nil {
 					box.host = h
+					hostOn.Store(true)
 				} else {
 					h.free()
 				}
 			}
 			if herr != nil {
-				logx.Info(abi.SubsysReg, "NET/wasm: the peer inbox's rows are device memory (NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS): %v", herr)
+				logx.Info(abi.SubsysReg, "NET/wasm: the peer inbox has no host rows (NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS): %v", herr)
 			}
 		}
 		if err == nil && box.host.mem == nil {
@@ -271,6 +274,7 @@ func Forget() {
 		box.held[i].drop()
 	}
 	box.rows = 0
+	hostOn.Store(false)
 	box.host.free()
 	box.mu.Unlock()
 	forgetPeers()
@@ -334,7 +338,7 @@ func Row(pid, slot int, fresh bool) (int, devmem.Segment, int, error) {
 		box.rows++
 		box.held[row] = hold(pid, slot)
 		box.e.Store(uint64(e))
-		return hostSeg(row, seg, e, nil)
+		return row, seg, e, nil
 	case r < 0:
 		for i := 0; i < box.rows && r < 0; i++ {
 			if box.held[i].exited() {
@@ -348,23 +352,22 @@ func Row(pid, slot int, fresh bool) (int, devmem.Segment, int, error) {
 			return 0, devmem.Segment{Fd: -1}, 0, err
 		}
 	}
-	return hostSeg(d.InboxRow(ctx, r))
+	return d.InboxRow(ctx, r)
 }
 
-// hostSeg gives a row handed out with host rows (under box.mu) an fd of
-// the rows' memfd for the peer to map (the caller's to send and close).
-func hostSeg(row int, seg devmem.Segment, e int, err error) (int, devmem.Segment, int, error) {
-	if err != nil || box.host.mem == nil {
-		return row, seg, e, err
-	}
-	if seg.Fd >= 0 {
-		unix.Close(seg.Fd)
+// HostRowsFd returns, with host rows, an fd of their memfd for a peer to
+// map (the caller's to send and close) and its size; -1 without.
+func HostRowsFd() (int, uint64, error) {
+	box.mu.Lock()
+	defer box.mu.Unlock()
+	if box.host.mem == nil {
+		return -1, 0, nil
 	}
 	fd, err := unix.FcntlInt(uintptr(box.host.fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return 0, devmem.Segment{Fd: -1}, 0, fmt.Errorf("peer inbox: the host rows' fd: %w", err)
+		return -1, 0, fmt.Errorf("peer inbox: the host rows' fd: %w", err)
 	}
-	return row, devmem.Segment{Fd: fd, Size: uint64(len(box.host.mem))}, e, nil
+	return fd, uint64(len(box.host.mem)), nil
 }
 
 // rehold empties row r and gives it to process pid's slot (under box.mu).
@@ -426,7 +429,7 @@ func Reached(row int, pos uint64, d time.Duration) bool {
 // counts is row's count of entries taken, in our mark page's second half
 // (where the agent publishes it), nil without an inbox.
 func counts(row int) *atomic.Uint64 {
-	if box.ctx.Load() == 0 || row < 0 || row >= Rows {
+	if box.ctx.Load() == 0 || row < 0 || row >= 2*Rows {
 		return nil
 	}
 	return staging.MarkPageRestWord(row)
@@ -515,8 +518,9 @@ type Peer struct {
 	row   int
 	e     uint64
 	marks *staging.PeerMarks // the peer's mark page: its counts
-	// host is the peer's rows mapped as host memory (its host rows,
-	// pinned here for our agent), nil for device rows.
+	// host is the peer's host rows mapped here (nil: none): our host
+	// writes a signal alone into row Rows + row when nothing is queued
+	// before it (hnext positions, under mu).
 	host []byte
 	// refs counts the links that use it and stale is set once the peer's
 	// process was found replaced (under senders.mu): unmapped when both.
@@ -525,8 +529,9 @@ type Peer struct {
 	// mu queues one entry at a time, in position order (lane 0's writer
 	// of each link to the peer); next counts the positions queued (under
 	// mu).
-	mu   sync.Mutex
-	next uint64
+	mu    sync.Mutex
+	next  uint64
+	hnext uint64
 }
 
 // peerKey names a Peer: the target's process and our context.
@@ -553,9 +558,8 @@ const maxSlots = 256
 // Fetch asks the target for a row for our context slot (afresh: we map
 // none of its rows from that context) and returns it, the rows'
 // allocation (its fd the caller's to close, after Attach returned), the
-// row's entries, and whether the rows are host memory (a sealed memfd)
-// rather than a device allocation.
-type Fetch func(slot int, fresh bool) (row int, seg devmem.Segment, entries int, host bool, err error)
+// row's entries, and the peer's host rows (a sealed memfd; Fd -1: none).
+type Fetch func(slot int, fresh bool) (row int, seg devmem.Segment, entries int, host devmem.Segment, err error)
 
 // Attach returns the row of process pid's inbox that ctx's agent writes,
 // for one more link: the one mapped here already for pid and ctx when the
@@ -602,7 +606,7 @@ func Attach(ctx uintptr, pid int, marks *staging.PeerMarks, fetch Fetch) (*Peer,
 		return nil, err
 	}
 	if p != nil {
-		if row != p.row || uint64(e) != p.e || seg.Size != p.size || host != (p.host != nil) {
+		if row != p.row || uint64(e) != p.e || seg.Size != p.size || (host.Fd >= 0) != (p.host != nil) {
 			return nil, fmt.Errorf("peer inbox: the peer handed row %d (%d entries, %d bytes), where we write row %d (%d entries, %d bytes)", row, e, seg.Size, p.row, p.e, p.size)
 		}
 		senders.mu.Lock()
@@ -625,36 +629,42 @@ func Attach(ctx uintptr, pid int, marks *staging.PeerMarks, fetch Fetch) (*Peer,
 	return p, nil
 }
 
-// open maps seg, a peer's inbox rows (host: a memfd), into ctx: row is
-// ours, of entries entries; marks is the peer's mark page mapped here.
-func open(ctx uintptr, seg devmem.Segment, row, entries int, host bool, marks *staging.PeerMarks) (*Peer, error) {
+// open maps seg, a peer's inbox rows, into ctx, and host, its host rows
+// (Fd -1: none): row is ours, of entries entries; marks is the peer's
+// mark page mapped here.
+func open(ctx uintptr, seg devmem.Segment, row, entries int, host devmem.Segment, marks *staging.PeerMarks) (*Peer, error) {
 	sh, ok := devmem.Get().(devmem.IPCSharer)
 	if !ok || row < 0 || row >= Rows || entries <= 0 || entries&(entries-1) != 0 ||
 		uint64(Rows)*uint64(entries)*8 > seg.Size {
 		return nil, fmt.Errorf("peer inbox: row %d of %d entries in %d bytes", row, entries, seg.Size)
 	}
-	if host {
-		return openHost(ctx, seg, row, entries, marks)
+	var hmem []byte
+	if host.Fd >= 0 {
+		var err error
+		if hmem, err = mapHost(ctx, host); err != nil {
+			return nil, err
+		}
 	}
 	va, err := sh.IPCImport(ctx, []devmem.Segment{seg})
 	if err != nil {
+		unmapHost(ctx, hmem)
 		return nil, fmt.Errorf("peer inbox: %w", err)
 	}
-	return &Peer{ctx: ctx, va: va, size: seg.Size, row: row, e: uint64(entries), marks: marks}, nil
+	return &Peer{ctx: ctx, va: va, size: seg.Size, row: row, e: uint64(entries), marks: marks, host: hmem}, nil
 }
 
-// openHost maps the peer's host rows (a sealed memfd, checked) and pins
-// them from ctx, so that our agent writes the entries behind its copies
-// there and our host the entries of signals alone.
-func openHost(ctx uintptr, seg devmem.Segment, row, entries int, marks *staging.PeerMarks) (*Peer, error) {
+// mapHost maps the peer's host rows (a sealed memfd, checked) and pins
+// them from ctx, so that our host writes the entries of signals alone
+// there.
+func mapHost(ctx uintptr, seg devmem.Segment) ([]byte, error) {
 	hr, ok := devmem.Get().(devmem.HostRegisterer)
 	if !ok {
 		return nil, errors.New("peer inbox: the device runtime cannot pin the peer's host rows")
 	}
-	if seg.Size > maxHostRowsBytes {
+	if seg.Size > maxHostRowsBytes || seg.Size < hostRowsSize {
 		// Pinned here for as long as we write to the peer: a peer's
 		// word alone must not make us pin much.
-		return nil, fmt.Errorf("peer inbox: host rows of %d bytes (at most %d)", seg.Size, maxHostRowsBytes)
+		return nil, fmt.Errorf("peer inbox: host rows of %d bytes (%d to %d)", seg.Size, hostRowsSize, maxHostRowsBytes)
 	}
 	mem, err := shmstream.MapSealed(seg.Fd, seg.Size)
 	if err != nil {
@@ -664,7 +674,18 @@ func openHost(ctx uintptr, seg devmem.Segment, row, entries int, marks *staging.
 		unix.Munmap(mem)
 		return nil, fmt.Errorf("peer inbox: its host rows: %w", err)
 	}
-	return &Peer{ctx: ctx, va: uintptr(unsafe.Pointer(&mem[0])), size: seg.Size, row: row, e: uint64(entries), marks: marks, host: mem}, nil
+	return mem, nil
+}
+
+// unmapHost undoes mapHost (nil: nothing).
+func unmapHost(ctx uintptr, mem []byte) {
+	if mem == nil {
+		return
+	}
+	if hr, ok := devmem.Get().(devmem.HostRegisterer); ok {
+		hr.HostUnregister(ctx, unsafe.Pointer(&mem[0]))
+	}
+	unix.Munmap(mem)
 }
 
 // Close ends a link's use of the row (Attach's). The row stays mapped for
@@ -684,13 +705,9 @@ func (p *Peer) Close() {
 // unmap unmaps the rows and lets the mark page go (under senders.mu, or
 // once nothing else reaches p).
 func (p *Peer) unmap() {
-	if p.host != nil {
-		if hr, ok := devmem.Get().(devmem.HostRegisterer); ok {
-			hr.HostUnregister(p.ctx, unsafe.Pointer(&p.host[0]))
-		}
-		unix.Munmap(p.host)
-		p.host = nil
-	} else if sh, ok := devmem.Get().(devmem.IPCSharer); ok && p.va != 0 {
+	unmapHost(p.ctx, p.host)
+	p.host = nil
+	if sh, ok := devmem.Get().(devmem.IPCSharer); ok && p.va != 0 {
 		sh.IPCUnmap(p.ctx, p.va, []uint64{p.size})
 	}
 	p.marks.Close() // nil once unmapped
@@ -773,28 +790,31 @@ func (p *Peer) queue(h how, g *staging.Gather, dst, src uintptr, n uint64, idx i
 		p.mu.Unlock()
 		return 0, false, nil
 	}
-	w := p.va + uintptr((uint64(p.row)*p.e+pos%p.e)*8)
-	e := Entry(pos, p.e, idx, off, v)
 	if p.host != nil && (h == alone || h == alonePlaced) {
 		// A signal alone with nothing queued before it on our device: our
-		// host writes the entry (the peer's agent reads host rows).
-		done, err := staging.WriteIdle(p.ctx, w, e)
+		// host writes the entry into our host row.
+		hp, done, err := p.hostWrite(idx, off, v)
 		if err != nil || done {
-			if done {
-				p.next++
-			}
 			p.mu.Unlock()
-			if !done {
+			if err != nil {
 				return 0, false, err
 			}
 			hostWrites.Add(1)
 			if h == alonePlaced {
 				c.Complete(tag, abi.Success) // nothing left to place
 			}
-			return pos + 1, true, nil
+			return (hp + 1) | HostPos, true, nil
 		}
 	}
 	defer p.mu.Unlock()
+	if p.hnext > 0 && !p.hostTaken() {
+		// The peer's agent looks at host rows between its commands only
+		// when idle: an entry of ours there not taken yet must not be
+		// passed by this one.
+		return 0, false, nil
+	}
+	w := p.va + uintptr((uint64(p.row)*p.e+pos%p.e)*8)
+	e := Entry(pos, p.e, idx, off, v)
 	var err error
 	switch h {
 	case inBatch:
@@ -809,6 +829,44 @@ func (p *Peer) queue(h how, g *staging.Gather, dst, src uintptr, n uint64, idx i
 	}
 	p.next++
 	return pos + 1, true, nil
+}
+
+// HostPos marks a position (Queue's) that names our row of the peer's
+// host rows (Rows + Row()) instead of its device row.
+const HostPos = 1 << 63
+
+// hostWrite writes, under mu, the entry for a signal alone into our host
+// row when every entry of ours in the device row was taken (so that it
+// passes none), there is room, and nothing is queued on our device before
+// it (staging.WriteIdle): its position, or false.
+func (p *Peer) hostWrite(idx int, off, v uint64) (uint64, bool, error) {
+	if p.marks.Rest(p.row)&(refused-1) < p.next {
+		return 0, false, nil
+	}
+	hp := p.hnext
+	if hp >= p.e && p.marks.Rest(Rows+p.row)&(refused-1) < hp-p.e+1 {
+		return 0, false, nil
+	}
+	w := uintptr(unsafe.Pointer(&p.host[(uint64(p.row)*p.e+hp%p.e)*8]))
+	done, err := staging.WriteIdle(p.ctx, w, Entry(hp, p.e, idx, off, v))
+	if !done || err != nil {
+		return 0, false, err
+	}
+	p.hnext++
+	return hp, true, nil
+}
+
+// hostTaken waits up to roomWait for the peer to take every entry of our
+// host row (under mu).
+func (p *Peer) hostTaken() bool {
+	for start := time.Now(); ; {
+		if p.marks.Rest(Rows+p.row)&(refused-1) >= p.hnext {
+			return true
+		}
+		if time.Since(start) > roomWait {
+			return false
+		}
+	}
 }
 
 // hostWrites counts the entries our host wrote itself (HostWrites).

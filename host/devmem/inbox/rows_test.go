@@ -117,10 +117,10 @@ func TestAttachShares(t *testing.T) {
 		return m
 	}
 	var asked []bool
-	fetch := func(slot int, fresh bool) (int, devmem.Segment, int, bool, error) {
+	fetch := func(slot int, fresh bool) (int, devmem.Segment, int, devmem.Segment, error) {
 		asked = append(asked, fresh)
 		row, seg, e, err := Row(me, slot, fresh)
-		return row, seg, e, false, err
+		return row, seg, e, devmem.Segment{Fd: -1}, err
 	}
 	m1 := marks()
 	a, err := Attach(7, me, m1, fetch)
@@ -184,11 +184,13 @@ func TestAttachShares(t *testing.T) {
 
 // idleFake is fakeInboxer whose device says, through WriteIdle, whether
 // everything queued ran (idle), storing the entry then into mem (the
-// sender's mapping of the rows).
+// sender's mapping of the host rows), and whose agent takes every write
+// (counted).
 type idleFake struct {
 	*fakeInboxer
-	idle bool
-	mem  []byte
+	idle   bool
+	mem    []byte
+	writes int
 }
 
 func (f *idleFake) WriteIdle(_, w uintptr, v uint64) bool {
@@ -198,15 +200,23 @@ func (f *idleFake) WriteIdle(_, w uintptr, v uint64) bool {
 	return f.idle
 }
 
+func (f *idleFake) CopyWrite(_, _, _ uintptr, _ uint64, _ uintptr, _ uint64) (bool, error) {
+	f.writes++
+	return true, nil
+}
+
 // completions records Complete's calls.
 type completions map[uint64]abi.Result
 
 func (c completions) Complete(tag uint64, r abi.Result) { c[tag] = r }
 
-// TestHostRows: with host rows the target hands a sealed memfd, which
-// the sender maps and writes its signals alone into itself when nothing
-// is queued on its device (completing a placed one at once), and leaves
-// to its agent otherwise; a memfd that is not sealed is refused.
+// TestHostRows: with host rows the target hands a sealed memfd beside its
+// device rows, which the sender maps; it writes a signal alone there
+// itself only when nothing is queued on its device and the peer took
+// every entry of its device row (completing a placed one at once), and
+// an entry for the device row waits until the peer took its host-row
+// entries; host rows too large, or a memfd that is not sealed, are
+// refused.
 func TestHostRows(t *testing.T) {
 	f := &idleFake{fakeInboxer: withFake(t)}
 	devmem.Register(f)
@@ -228,10 +238,14 @@ func TestHostRows(t *testing.T) {
 	}
 	defer pm.Close()
 	var fds []int
-	fetch := func(slot int, fresh bool) (int, devmem.Segment, int, bool, error) {
+	fetch := func(slot int, fresh bool) (int, devmem.Segment, int, devmem.Segment, error) {
 		row, seg, e, err := Row(me, slot, fresh)
-		fds = append(fds, seg.Fd)
-		return row, seg, e, RowsInHost(), err
+		hfd, hsize, herr := HostRowsFd()
+		if err == nil {
+			err = herr
+		}
+		fds = append(fds, seg.Fd, hfd)
+		return row, seg, e, devmem.Segment{Fd: hfd, Size: hsize}, err
 	}
 	p, err := Attach(7, me, pm, fetch)
 	for _, fd := range fds {
@@ -244,7 +258,7 @@ func TestHostRows(t *testing.T) {
 	}
 	defer p.Close()
 	if p.host == nil {
-		t.Fatal("the host rows were not mapped as host memory")
+		t.Fatal("the host rows were not mapped")
 	}
 	f.mem = p.host // its own mapping: the entries reach the target's through the memfd
 	at := func(pos uint64) uint64 {
@@ -252,21 +266,36 @@ func TestHostRows(t *testing.T) {
 	}
 	f.idle = true
 	before := HostWrites()
-	if pos, ok, err := p.QueueSignal(idx, 8, 3); !ok || err != nil || pos != 1 {
-		t.Fatalf("a signal alone, nothing queued: position %d, %v, %v", pos, ok, err)
+	if pos, ok, err := p.QueueSignal(idx, 8, 3); !ok || err != nil || pos != 1|HostPos {
+		t.Fatalf("a signal alone, nothing queued: position %#x, %v, %v", pos, ok, err)
 	}
-	if at(0) != Entry(0, p.e, idx, 8, 3) || HostWrites() != before+1 {
-		t.Fatalf("entry 0 is %#x, want %#x (host writes %d)", at(0), Entry(0, p.e, idx, 8, 3), HostWrites()-before)
+	if at(0) != Entry(0, p.e, idx, 8, 3) || HostWrites() != before+1 || f.writes != 0 {
+		t.Fatalf("host entry 0 is %#x, want %#x (host writes %d, agent writes %d)", at(0), Entry(0, p.e, idx, 8, 3), HostWrites()-before, f.writes)
 	}
 	c := completions{}
-	if pos, ok, err := p.QueueSignalPlaced(idx, 16, 1, c, 42); !ok || err != nil || pos != 2 || c[42] != abi.Success {
-		t.Fatalf("a placed signal alone, nothing queued: position %d, %v, %v, completed %v", pos, ok, err, c)
+	if pos, ok, err := p.QueueSignalPlaced(idx, 16, 1, c, 42); !ok || err != nil || pos != 2|HostPos || c[42] != abi.Success {
+		t.Fatalf("a placed signal alone, nothing queued: position %#x, %v, %v, completed %v", pos, ok, err, c)
 	}
-	f.idle = false // work queued on the device: the agent must write it
-	if _, ok, err := p.QueueSignal(idx, 8, 1); ok || err != nil || at(2) != 0 {
-		t.Fatalf("a signal alone behind queued work was written by the host (%v, %v, entry %#x)", ok, err, at(2))
+	// Work queued on the device: the agent must write it, to the device
+	// row, but not before the peer took the two host entries.
+	f.idle = false
+	if _, ok, err := p.QueueSignal(idx, 8, 1); ok || err != nil || f.writes != 0 {
+		t.Fatalf("a device entry passed host entries not yet taken (%v, %v, %d agent writes)", ok, err, f.writes)
 	}
-	// A memfd a peer could shrink under our mapping: refused.
+	staging.MarkPageRestWord(Rows + p.row).Store(2) // the peer took them
+	if pos, ok, err := p.QueueSignal(idx, 8, 1); !ok || err != nil || pos != 1 || f.writes != 1 || at(2) != 0 {
+		t.Fatalf("a signal alone behind queued work: position %#x, %v, %v, %d agent writes, host entry %#x", pos, ok, err, f.writes, at(2))
+	}
+	// Idle again, but the device row's entry not taken yet: the device row.
+	f.idle = true
+	if pos, ok, err := p.QueueSignal(idx, 8, 1); !ok || err != nil || pos != 2 || f.writes != 2 {
+		t.Fatalf("a signal alone behind an untaken device entry: position %#x, %v, %v, %d agent writes", pos, ok, err, f.writes)
+	}
+	staging.MarkPageRestWord(p.row).Store(2)
+	if pos, ok, err := p.QueueSignal(idx, 8, 1); !ok || err != nil || pos != 3|HostPos {
+		t.Fatalf("a signal alone, the device row taken: position %#x, %v, %v", pos, ok, err)
+	}
+	// A memfd a peer could shrink under our mapping, or too large: refused.
 	bad, err := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
 	if err != nil {
 		t.Fatal(err)
@@ -275,11 +304,10 @@ func TestHostRows(t *testing.T) {
 	if err := unix.Ftruncate(bad, hostRowsSize); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := open(8, devmem.Segment{Fd: bad, Size: hostRowsSize}, 1, 64, true, pm); err == nil || !strings.Contains(err.Error(), "sealed") {
+	if _, err := mapHost(8, devmem.Segment{Fd: bad, Size: hostRowsSize}); err == nil || !strings.Contains(err.Error(), "sealed") {
 		t.Fatalf("an unsealed memfd as host rows: %v", err)
 	}
-	// Rows too large to pin for a peer: refused before they are mapped.
-	if _, err := open(8, devmem.Segment{Fd: bad, Size: 64 << 20}, 1, 64, true, pm); err == nil || !strings.Contains(err.Error(), "at most") {
+	if _, err := mapHost(8, devmem.Segment{Fd: bad, Size: 64 << 20}); err == nil || !strings.Contains(err.Error(), "bytes") {
 		t.Fatalf("64 MiB of host rows: %v", err)
 	}
 }

@@ -71,7 +71,8 @@ func (x *Exchange) fetchInbox(m Local, tok uint64, r, pid int) error {
 	}
 	var fds []int
 	defer func() { closeFds(fds) }()
-	p, err := inbox.Attach(m.Ctx, pid, pm, func(slot int, fresh bool) (int, devmem.Segment, int, bool, error) {
+	none := devmem.Segment{Fd: -1}
+	p, err := inbox.Attach(m.Ctx, pid, pm, func(slot int, fresh bool) (int, devmem.Segment, int, devmem.Segment, error) {
 		key := keyInboxRow | uint64(slot)<<keyRankShift | uint64(x.rank)
 		if fresh {
 			key |= 1 << 48
@@ -80,21 +81,30 @@ func (x *Exchange) fetchInbox(m Local, tok uint64, r, pid int) error {
 		var err error
 		payload, fds, err = fdpass.Fetch(shareName(pid, tok), key, pid)
 		if err != nil {
-			return 0, devmem.Segment{}, 0, false, err
+			return 0, none, 0, none, err
 		}
 		var kind uint32
-		if len(payload) == 24 {
+		if len(payload) >= 24 {
 			kind = binary.LittleEndian.Uint32(payload[4:])
 		}
-		if len(payload) != 24 || binary.LittleEndian.Uint32(payload) != 1 || (kind != segInbox && kind != segInboxHost) || len(fds) != 1 {
-			return 0, devmem.Segment{}, 0, false, fmt.Errorf("malformed inbox row from rank %d", r)
+		host := kind == segInboxHost
+		want, nfds := 24, 1
+		if host {
+			want, nfds = 32, 2 // the host rows' size and memfd too
+		}
+		if len(payload) != want || binary.LittleEndian.Uint32(payload) != 1 || (kind != segInbox && !host) || len(fds) != nfds {
+			return 0, none, 0, none, fmt.Errorf("malformed inbox row from rank %d", r)
 		}
 		row, entries := int(binary.LittleEndian.Uint32(payload[8:])), int(binary.LittleEndian.Uint32(payload[12:]))
 		size := binary.LittleEndian.Uint64(payload[16:])
 		if size == 0 || size > maxInboxBytes {
-			return 0, devmem.Segment{}, 0, false, fmt.Errorf("an inbox of %d bytes from rank %d", size, r)
+			return 0, none, 0, none, fmt.Errorf("an inbox of %d bytes from rank %d", size, r)
 		}
-		return row, devmem.Segment{Fd: fds[0], Size: size}, entries, kind == segInboxHost, nil
+		hseg := none
+		if host {
+			hseg = devmem.Segment{Fd: fds[1], Size: binary.LittleEndian.Uint64(payload[24:])}
+		}
+		return row, devmem.Segment{Fd: fds[0], Size: size}, entries, hseg, nil
 	})
 	if err != nil {
 		return err
@@ -129,13 +139,22 @@ func (x *Exchange) serveInboxRow(pid, r, slot int, fresh bool) ([]byte, []int, e
 	}
 	x.ipc.SetInboxRow(r, row)
 	payload := binary.LittleEndian.AppendUint32(nil, 1)
+	hfd, hsize, err := inbox.HostRowsFd()
+	if err != nil {
+		closeFds([]int{seg.Fd})
+		return nil, nil, err
+	}
 	kind := uint32(segInbox)
-	if inbox.RowsInHost() {
+	if hfd >= 0 {
 		kind = segInboxHost
 	}
 	payload = binary.LittleEndian.AppendUint32(payload, kind)
 	payload = binary.LittleEndian.AppendUint32(payload, uint32(row))
 	payload = binary.LittleEndian.AppendUint32(payload, uint32(entries))
 	payload = binary.LittleEndian.AppendUint64(payload, seg.Size)
-	return payload, []int{seg.Fd}, nil
+	if hfd < 0 {
+		return payload, []int{seg.Fd}, nil
+	}
+	payload = binary.LittleEndian.AppendUint64(payload, hsize)
+	return payload, []int{seg.Fd, hfd}, nil
 }

@@ -180,7 +180,7 @@ const (
 	segEvents       = 3  // an answer's kind: event handles
 	segMarks        = 4  // an answer's kind: the mark page's fd
 	segInbox        = 5  // an answer's kind: an inbox row and the rows' fd
-	segInboxHost    = 6  // an answer's kind: an inbox row and the host rows' memfd
+	segInboxHost    = 6  // an answer's kind: an inbox row, the rows' fd, and the host rows' size and memfd
 )
 
 // DirectAdds is a bit no token has: set in a registration's offer, it
