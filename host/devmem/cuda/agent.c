@@ -227,6 +227,7 @@ static uint64_t ag_check(const volatile uint64_t* sl, uint64_t seq, int words) {
 }
 
 static struct agent* ag_find(uintptr_t ctx);
+static ctxstream* ctx_find(uintptr_t ctx);
 
 static volatile uint64_t* ag_slot(struct agent* a, uint64_t s) {
   return a->mem + (AG_HDR + (s & (AG_SLOTS - 1)) * AG_SLOT) / 8;
@@ -405,10 +406,7 @@ int rmacu_ag_submit_sig(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, u
  * still queued, or no live agent), the caller queues the write on the
  * agent instead. */
 int rmaw_cuda_write_idle(uintptr_t ctx, uint64_t w, uint64_t v) {
-  ctxstream* e = NULL;
-  int n = __atomic_load_n(&rmacu_nctxs, __ATOMIC_ACQUIRE);
-  for (int i = 0; i < n && !e; i++)
-    if (rmacu_ctxs[i].ctx == (CUcontext)ctx) e = &rmacu_ctxs[i];
+  ctxstream* e = ctx_find(ctx);
   struct agent* a = e ? __atomic_load_n(&e->ag, __ATOMIC_ACQUIRE) : NULL;
   if (!a || (w & 7) || !w) return 1;
   pthread_mutex_lock(&a->mu);
@@ -614,11 +612,18 @@ static void ag_start(ctxstream* e) {
 }
 
 /* ag_find returns the agent of ctx without making ctx current. */
-static struct agent* ag_find(uintptr_t ctx) {
+/* ctx_find is ctx's entry in the context table, without a lock; NULL:
+ * none. */
+static ctxstream* ctx_find(uintptr_t ctx) {
   int n = __atomic_load_n(&rmacu_nctxs, __ATOMIC_ACQUIRE);
   for (int i = 0; i < n; i++)
-    if (rmacu_ctxs[i].ctx == (CUcontext)ctx) return __atomic_load_n(&rmacu_ctxs[i].ag, __ATOMIC_ACQUIRE);
+    if (rmacu_ctxs[i].ctx == (CUcontext)ctx) return &rmacu_ctxs[i];
   return NULL;
+}
+
+static struct agent* ag_find(uintptr_t ctx) {
+  ctxstream* e = ctx_find(ctx);
+  return e ? __atomic_load_n(&e->ag, __ATOMIC_ACQUIRE) : NULL;
 }
 
 /* rmacu_ag_pause stops ctx's agent around a call that may wait for the

@@ -204,7 +204,7 @@ func inboxCheck(iters int) (string, error) {
 	}
 	const hostEntries = 3 * 64 / 2 // a lap and a half: the laps tell new from old
 	for hp := uint64(0); hp < hostEntries; hp++ {
-		atomicStore(hslot(hp), InboxEntry(hp, e, 5, 8, 1))
+		atomic.StoreUint64(hslot(hp), InboxEntry(hp, e, 5, 8, 1)) // one 8-byte store: the agent reads it whole
 		if err := hwait(hp + 1); err != nil {
 			return "", err
 		}
@@ -288,7 +288,3 @@ func inboxCheck(iters int) (string, error) {
 	}
 	return fmt.Sprintf("%d entries taken (the last after a kick, %d from the host rows), their copies there, 2 bad ones refused and flagged, the row reset and taken again from 0, %d rows", iters, hostEntries, rows), nil
 }
-
-// atomicStore stores v to *p as one 8-byte store (the agent reads it
-// whole).
-func atomicStore(p *uint64, v uint64) { atomic.StoreUint64(p, v) }
