@@ -55,7 +55,8 @@
 # agent with marks and with the inbox, one lane per peer; "inboxwait"
 # pairs of the inbox with the proxy's wait for an entry at 25 µs and 0;
 # "inboxhost" pairs (and a ping-pong series) of the inbox with device rows
-# and with host rows.
+# and with host rows; "hostrows" pairs of marks (the default) and the
+# inbox with host rows beside its device rows.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -422,6 +423,10 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # queued before it.
   ref inboxhost && abrun "${MARKS_PAIRS:-2}" inbox-devrows "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1" \
     inbox-hostrows "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1 NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS=1" "written by the host itself"
+  # "hostrows": marks (the default) against the inbox with host rows
+  # beside its device rows, the candidate to replace it.
+  ref hostrows && abrun "${MARKS_PAIRS:-2}" hr-marks "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=0" \
+    hr-inbox "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1 NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS=1" "written by the host itself"
   # "inboxlanes1": the inbox against marks with one lane per peer
   # (NCCL_RMA_WASM_LANES=1), as the inbox puts every operation to a peer
   # on lane 0: whether the lanes explain its slower alltoall.
