@@ -81,7 +81,7 @@ static void ib_config(struct inbox* b) {
  * own (2 * IB_ROWS words: device rows', then host rows'). rows (not 0:
  * rowsize bytes of pinned host memory the agent reaches, the caller's,
  * which it shares and frees) holds the host rows beside the device rows
- * (a cuMem allocation exported to the peers); 0: none. */
+ * (which are a cuMem allocation exported to the peers); 0: none. */
 int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, uint64_t rows, uint64_t rowsize, char* err, size_t errlen) {
   pthread_mutex_lock(&ibmu);
   struct inbox* b = ib_find(ctx);

@@ -154,10 +154,7 @@ func (h *hostRows) free() {
 	if h.mem == nil {
 		return
 	}
-	if hr, ok := devmem.Get().(devmem.HostRegisterer); ok {
-		hr.HostUnregister(h.ctx, unsafe.Pointer(&h.mem[0]))
-	}
-	unix.Munmap(h.mem)
+	unmapHost(h.ctx, h.mem)
 	unix.Close(h.fd)
 	*h = hostRows{fd: -1}
 }
@@ -607,7 +604,8 @@ func Attach(ctx uintptr, pid int, marks *staging.PeerMarks, fetch Fetch) (*Peer,
 	}
 	if p != nil {
 		if row != p.row || uint64(e) != p.e || seg.Size != p.size || (host.Fd >= 0) != (p.host != nil) {
-			return nil, fmt.Errorf("peer inbox: the peer handed row %d (%d entries, %d bytes), where we write row %d (%d entries, %d bytes)", row, e, seg.Size, p.row, p.e, p.size)
+			return nil, fmt.Errorf("peer inbox: the peer handed row %d (%d entries, %d bytes, host rows %v), where we write row %d (%d entries, %d bytes, host rows %v)",
+				row, e, seg.Size, host.Fd >= 0, p.row, p.e, p.size, p.host != nil)
 		}
 		senders.mu.Lock()
 		p.refs++
