@@ -74,7 +74,7 @@ $(LIB): FORCE $(GUESTS) | $(BUILD) build-deps
 $(LIBNCCL): $(LIB)
 	ln -sf librccl-rma-wasm.so $@
 
-driver: $(DRIVER) $(HELLO) $(BUILD)/cuda_check $(BUILD)/staging_bench
+driver: $(DRIVER) $(HELLO) $(BUILD)/cuda_check $(BUILD)/staging_bench $(BUILD)/hoptrace
 
 $(DRIVER): $(HARNESS_SRC) test/harness/harness.h capi/rma_plugin.h | $(BUILD)
 	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ $(HARNESS_SRC) -ldl
@@ -93,6 +93,10 @@ $(BUILD)/cuda_check: test/gpu/cuda_check.c $(GPU_RANK) capi/rma_plugin.h | $(BUI
 # Staging throughput against pinned-copy and wire bounds (test/gpu/staging_bench.sh).
 $(BUILD)/staging_bench: test/gpu/staging_bench.c $(GPU_RANK) capi/rma_plugin.h | $(BUILD)
 	$(CC) $(CFLAGS_DRIVER) -Icapi -o $@ test/gpu/staging_bench.c test/gpu/gpu_rank.c -ldl
+
+# Reads a GPU ping-pong's trace (test/gpu/nccl_gin_check.sh, PP_TRACE=1).
+$(BUILD)/hoptrace: FORCE | $(BUILD)
+	$(GO) build -o $@ ./test/gpu/hoptrace
 
 $(BUILD):
 	mkdir -p $@

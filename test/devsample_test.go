@@ -3,6 +3,7 @@ package test
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -490,6 +491,64 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHopTraceOnFakeCUDA: with NCCL_RMA_WASM_PROFILE_TRACE, the two
+// processes of each of staging_bench's rounds (the kernel-watched
+// intra-node ping with agent marks among them) write their trace at close, and between them every point of a
+// marked put+signal's way is there: the call, the marked copy, the header
+// written, the header looked at by the target's caller, the mark seen and
+// the signal applied, each in time order within its file.
+func TestHopTraceOnFakeCUDA(t *testing.T) {
+	root := build(t)
+	fake := fakeCUDA(t, root)
+	lib := filepath.Join(root, "build/librccl-rma-wasm.so")
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "build/staging_bench"), lib, "1048576", "2", "20")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "NCCL_RMA_WASM_ADDR=127.0.0.1", "NCCL_RMA_WASM_CACHE_DIR="+t.TempDir(),
+		"CUDA_MPS_PIPE_DIRECTORY="+t.TempDir(), "LD_LIBRARY_PATH="+fake, "BENCH_VMM=1", "BENCH_KERNEL_WAIT=1",
+		"BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64", "NCCL_RMA_WASM_DEVICE_AGENT=1",
+		"NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1", "NCCL_RMA_WASM_PROFILE_TRACE="+filepath.Join(dir, "trace"))
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.Contains(string(out), "RESULT FAIL") {
+		if !strings.Contains(string(out), "RESULT BELOW-TARGET") {
+			t.Fatalf("staging_bench failed (%v):\n%s", err, tail(string(out)))
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "trace.*"))
+	if len(files) < 2 {
+		t.Fatalf("trace files %v: want one per process (two per round of the bench)", files)
+	}
+	counts := map[string]int{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var last int64
+		for i, l := range strings.Split(strings.TrimSpace(string(b)), "\n")[1:] {
+			var name string
+			var ts int64
+			if _, err := fmt.Sscan(l, &name, &ts); err != nil {
+				t.Fatalf("%s line %d %q: %v", f, i+2, l, err)
+			}
+			if ts < last-int64(time.Millisecond) {
+				// Points are numbered as they are met; two threads may
+				// stamp them a little out of order, never by much.
+				t.Fatalf("%s line %d: %d is a millisecond before the point before it", f, i+2, ts)
+			}
+			last = max(last, ts)
+			counts[name]++
+		}
+	}
+	for _, p := range []string{"post", "copy", "wire", "read", "mark", "signal"} {
+		if counts[p] == 0 {
+			t.Errorf("no %q point in the traces (%v)", p, counts)
+		}
 	}
 }
 

@@ -252,6 +252,9 @@ func CloseColl(h uint64) abi.Result {
 	if profile.On() {
 		profile.Write(os.Stderr, fmt.Sprintf("rank %d (pid %d)", c.rank, os.Getpid()))
 	}
+	if profile.Tracing() {
+		writeTrace(c.rank)
+	}
 	if c.ln != nil {
 		c.ln.Close()
 	}

@@ -165,6 +165,7 @@ func (r *rmaCtx) issue(context int32, rank uint32, kind backend.OpKind, optFlags
 		traceOp(kind, false, context, rank, op.Size, op.Off, op.SigOff, handle)
 	}
 	q.prof = 0
+	profile.Mark(profile.PtPost)
 	if profile.On() {
 		q.firstAt.Store(0)
 		profile.Call()

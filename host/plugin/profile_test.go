@@ -2,8 +2,12 @@ package plugin
 
 import (
 	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/config"
@@ -65,5 +69,71 @@ func TestProfile(t *testing.T) {
 	}
 	if profile.PutDone.Count() != n {
 		t.Fatal("a put was profiled with the profile off")
+	}
+}
+
+// TestProfileTrace: with NCCL_RMA_WASM_PROFILE_TRACE set, each data call
+// and each header written is a trace point, and closing the communicator
+// writes them to <prefix>.<pid> (every point so far, rewritten at each
+// close); unset, no file.
+func TestProfileTrace(t *testing.T) {
+	profile.ResetTrace()
+	defer profile.ResetTrace()
+	defer profile.SetTrace(false)
+	prefix := filepath.Join(t.TempDir(), "trace")
+	path := fmt.Sprintf("%s.%d", prefix, os.Getpid())
+	const puts = 20
+	t.Run("on", func(t *testing.T) {
+		rs := setupEnv(t, 2, 4096, map[string]string{config.ProfileTrace.Name: prefix})
+		if !profile.Tracing() {
+			t.Fatal("NCCL_RMA_WASM_PROFILE_TRACE did not turn the trace on")
+		}
+		r0 := rs[0]
+		for k := range puts {
+			req, res := IputSignal(r0.rma, 0, 0, r0.srcMh, 64, 64*uint64(k), r0.dstMh, 1, 8, r0.sigMh, 1, abi.SignalOpAdd, true, 0)
+			if res != abi.Success || wait(t, r0.coll, req) != abi.Success {
+				t.Fatalf("put %d: %v", k, res)
+			}
+		}
+		if _, err := os.Stat(path); err == nil {
+			t.Fatal("a trace file before any communicator closed")
+		}
+	})
+	profile.SetTrace(false) // after the close wrote it
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("no trace written at close: %v", err)
+	}
+	counts := map[string]int{}
+	var last int64
+	for i, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if i == 0 {
+			if !strings.HasPrefix(l, "# NET/wasm trace of rank ") {
+				t.Fatalf("header %q", l)
+			}
+			continue
+		}
+		var name string
+		var ts int64
+		if _, err := fmt.Sscan(l, &name, &ts); err != nil || ts < last-int64(time.Second) {
+			t.Fatalf("line %d %q: %v", i, l, err)
+		}
+		counts[name]++
+	}
+	if counts["post"] < puts || counts["wire"] < puts {
+		t.Fatalf("points %v: want at least %d posts and %d headers written", counts, puts, puts)
+	}
+
+	os.Remove(path)
+	t.Run("off", func(t *testing.T) {
+		rs := setupEnv(t, 2, 4096, nil)
+		r0 := rs[0]
+		req, res := IputSignal(r0.rma, 0, 0, r0.srcMh, 64, 0, r0.dstMh, 1, 8, r0.sigMh, 1, abi.SignalOpAdd, true, 0)
+		if res != abi.Success || wait(t, r0.coll, req) != abi.Success {
+			t.Fatalf("put: %v", res)
+		}
+	})
+	if _, err := os.Stat(path); err == nil {
+		t.Fatal("a trace written with NCCL_RMA_WASM_PROFILE_TRACE unset")
 	}
 }

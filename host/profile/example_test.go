@@ -1,7 +1,9 @@
 package profile_test
 
 import (
+	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
@@ -22,4 +24,24 @@ func Example() {
 	// Output:
 	// === NET/wasm profile of rank 0 (NCCL_RMA_WASM_PROFILE; since init; percentiles within 25%)
 	//   target: put received and landed (host memory)                  n=10       p50     2.6 µs  p90     2.6 µs  p99     2.6 µs
+}
+
+// With the trace on, each point the data path meets is recorded with the
+// host's realtime clock; WriteTrace lists them (a communicator's close
+// writes them to NCCL_RMA_WASM_PROFILE_TRACE's file).
+func ExampleMark() {
+	profile.SetTrace(true)
+	defer profile.SetTrace(false)
+	defer profile.ResetTrace()
+	profile.Mark(profile.PtPost)
+	profile.Mark(profile.PtWire)
+	var b strings.Builder
+	profile.WriteTrace(&b, "rank 0")
+	for _, l := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+		fmt.Println(strings.Fields(l)[0])
+	}
+	// Output:
+	// #
+	// post
+	// wire
 }

@@ -2,6 +2,7 @@ package profile
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -53,5 +54,44 @@ func TestQuantilesAndWrite(t *testing.T) {
 	}
 	if strings.Contains(out, GetDone.Name) {
 		t.Fatalf("report names a stage that recorded nothing:\n%s", out)
+	}
+}
+
+// TestTrace: points are recorded in order with a clock that does not run
+// backwards, nothing is recorded while off, and past TraceCap the rest are
+// dropped rather than written out of bounds.
+func TestTrace(t *testing.T) {
+	defer SetTrace(false)
+	defer ResetTrace()
+	Mark(PtPost) // off: nothing
+	SetTrace(true)
+	ResetTrace()
+	for _, p := range []Point{PtPost, PtCopy, PtWire, PtRead, PtMark, PtSignal} {
+		Mark(p)
+	}
+	var b strings.Builder
+	if err := WriteTrace(&b, "rank 1"); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 7 || !strings.Contains(lines[0], "rank 1: 6 points") {
+		t.Fatalf("trace:\n%s", b.String())
+	}
+	var last int64
+	for i, want := range []string{"post", "copy", "wire", "read", "mark", "signal"} {
+		var name string
+		var ts int64
+		if _, err := fmt.Sscan(lines[i+1], &name, &ts); err != nil || name != want || ts < last {
+			t.Fatalf("line %d %q: want %s at or after %d (%v)", i+1, lines[i+1], want, last, err)
+		}
+		last = ts
+	}
+	for range TraceCap + 10 {
+		Mark(PtWire)
+	}
+	b.Reset()
+	WriteTrace(&b, "full")
+	if n := strings.Count(b.String(), "\n"); n != TraceCap+1 {
+		t.Fatalf("a full trace wrote %d lines, want %d", n, TraceCap+1)
 	}
 }

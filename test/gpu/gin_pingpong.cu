@@ -16,6 +16,14 @@
 // rounds (default 20) is not timed. Prints "GINPP bytes=.. rounds=..
 // us_one_way=.." (the timed kernel's time over 2 x ROUNDS) and "GINPP PASS",
 // or "GINPP FAIL <why>".
+//
+// With GINPP_TRACE=<prefix>, thread 0 also stamps each timed round's put
+// and the moment its wait saw the peer's signal (%globaltimer), and the
+// rank calibrates that clock against the host's realtime clock (a kernel
+// and the host answering each other through pinned memory), writing both
+// to <prefix>.rank<r>.kernel: with the plugin's own trace
+// (NCCL_RMA_WASM_PROFILE_TRACE=<prefix>), test/gpu/hoptrace sets the
+// plugin's points of each hop between the two kernels' stamps.
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -23,6 +31,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <algorithm>
 #include <vector>
 
 #define FAIL_TAG "GINPP"
@@ -38,8 +50,14 @@ __host__ __device__ static inline uint8_t pat(int from, int r, size_t i) {
 // pingpong runs rounds [first, first+n): thread 0 puts and checks (with
 // volatile loads, after the signal's acquire), the CTA waits for the
 // signal together. *early counts signals seen before their bytes.
+__device__ static inline uint64_t gtime() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 __global__ void pingpong(ncclWindow_t sendwin, ncclWindow_t recvwin, const volatile uint8_t* recv, size_t bytes, int first,
-                         int n, ncclDevComm dc, unsigned* early) {
+                         int n, ncclDevComm dc, unsigned* early, uint64_t* stamps) {
   ncclGin gin{dc, 0};
   const unsigned sig = 0;
   uint64_t base = gin.readSignal(sig);
@@ -51,19 +69,81 @@ __global__ void pingpong(ncclWindow_t sendwin, ncclWindow_t recvwin, const volat
     size_t slot = (size_t)(first + k) * bytes;
     if (dc.rank == 1) {
       gin.waitSignal(ncclCoopCta(), sig, base + k + 1);
+      if (stamps && threadIdx.x == 0) stamps[2 * k + 1] = gtime();
       if (threadIdx.x == 0 && (recv[slot] != pat(0, first + k, 0) || recv[slot + bytes - 1] != pat(0, first + k, bytes - 1)))
         atomicAdd(early, 1u);
     }
+    if (stamps && threadIdx.x == 0) stamps[2 * k] = gtime();
     if (threadIdx.x == 0)
       gin.put(ncclTeamWorld(dc), peer, recvwin, slot, sendwin, slot, bytes, ncclGin_StrongSignalInc{sig});
     if (dc.rank == 0) {
       gin.waitSignal(ncclCoopCta(), sig, base + k + 1);
+      if (stamps && threadIdx.x == 0) stamps[2 * k + 1] = gtime();
       if (threadIdx.x == 0 && (recv[slot] != pat(1, first + k, 0) || recv[slot + bytes - 1] != pat(1, first + k, bytes - 1)))
         atomicAdd(early, 1u);
     }
   }
   gin.flush(ncclCoopCta());
   bar.sync(ncclCoopCta(), cuda::memory_order_release, ncclGinFenceLevel::None);
+}
+
+// clockpong: n exchanges with the host through pinned memory h: the kernel
+// stamps g0 and publishes it with the exchange's number, the host answers
+// with its realtime, the kernel stamps g1 once it sees the answer. The host
+// time lies between g0 and g1 on the device's clock (plus the offset).
+__global__ void clockpong(volatile uint64_t* h, uint64_t* out, int n) {
+  for (int i = 0; i < n; i++) {
+    uint64_t g0 = gtime();
+    h[0] = g0;
+    __threadfence_system();
+    h[1] = i + 1;
+    while (h[2] != (uint64_t)(i + 1)) {
+    }
+    uint64_t g1 = gtime();
+    out[2 * i] = g0, out[2 * i + 1] = g1;
+  }
+}
+
+static uint64_t realtimeNs() {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+// calibrate returns the offset o with realtime = globaltimer + o, from the
+// narrowest tenth of 2,000 exchanges (the median of their midpoints), and
+// the width of those exchanges (the bound on its error) in *width.
+static int64_t calibrate(cudaStream_t s, int64_t* width) {
+  const int n = 2000;
+  uint64_t* h;
+  CUDA(cudaHostAlloc((void**)&h, 4096, cudaHostAllocMapped | cudaHostAllocPortable));
+  memset(h, 0, 4096);
+  uint64_t* hd;
+  CUDA(cudaHostGetDevicePointer((void**)&hd, h, 0));
+  uint64_t* out;
+  CUDA(cudaMalloc((void**)&out, 2 * n * sizeof(uint64_t)));
+  clockpong<<<1, 1, 0, s>>>(hd, out, n);
+  std::vector<uint64_t> host(n);
+  for (int i = 0; i < n; i++) {
+    while (__atomic_load_n(&h[1], __ATOMIC_ACQUIRE) != (uint64_t)(i + 1)) {
+    }
+    host[i] = realtimeNs();
+    __atomic_store_n(&h[2], (uint64_t)(i + 1), __ATOMIC_RELEASE);
+  }
+  CUDA(cudaStreamSynchronize(s));
+  std::vector<uint64_t> g(2 * n);
+  CUDA(cudaMemcpy(g.data(), out, g.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  CUDA(cudaFree(out));
+  CUDA(cudaFreeHost(h));
+  std::vector<std::pair<int64_t, int64_t>> ex;  // (width, offset)
+  for (int i = 0; i < n; i++)
+    ex.push_back({(int64_t)(g[2 * i + 1] - g[2 * i]), (int64_t)host[i] - (int64_t)(g[2 * i] + (g[2 * i + 1] - g[2 * i]) / 2)});
+  std::sort(ex.begin(), ex.end());
+  std::vector<int64_t> off;
+  for (int i = 0; i < n / 10; i++) off.push_back(ex[i].second);
+  std::sort(off.begin(), off.end());
+  *width = ex[n / 20].first;
+  return off[off.size() / 2];
 }
 
 __global__ void fill(uint8_t* p, int from, size_t bytes, int rounds) {
@@ -107,15 +187,38 @@ int main(int argc, char** argv) {
   CUDA(cudaEventCreate(&e0));
   CUDA(cudaEventCreate(&e1));
   MPI_Barrier(MPI_COMM_WORLD);
-  if (warm > 0) pingpong<<<1, THREADS, 0, s>>>(sendwin, recvwin, (const volatile uint8_t*)recv, bytes, 0, warm, dc, early);
+  if (warm > 0) pingpong<<<1, THREADS, 0, s>>>(sendwin, recvwin, (const volatile uint8_t*)recv, bytes, 0, warm, dc, early, nullptr);
+  const char* trace = getenv("GINPP_TRACE");
+  uint64_t* stamps = nullptr;
+  if (trace && *trace) {
+    CUDA(cudaMalloc((void**)&stamps, 2 * (size_t)rounds * sizeof(uint64_t)));
+    CUDA(cudaMemsetAsync(stamps, 0, 2 * (size_t)rounds * sizeof(uint64_t), s));
+  }
   CUDA(cudaEventRecord(e0, s));
-  pingpong<<<1, THREADS, 0, s>>>(sendwin, recvwin, (const volatile uint8_t*)recv, bytes, warm, rounds, dc, early);
+  pingpong<<<1, THREADS, 0, s>>>(sendwin, recvwin, (const volatile uint8_t*)recv, bytes, warm, rounds, dc, early, stamps);
   CUDA(cudaEventRecord(e1, s));
   CUDA(cudaStreamSynchronize(s));
   CUDA(cudaGetLastError());
   float ms = 0;
   CUDA(cudaEventElapsedTime(&ms, e0, e1));
 
+  if (stamps) {
+    int64_t width = 0, off = calibrate(s, &width);
+    std::vector<uint64_t> st(2 * (size_t)rounds);
+    CUDA(cudaMemcpy(st.data(), stamps, st.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    CUDA(cudaFree(stamps));
+    char path[4096];
+    snprintf(path, sizeof path, "%s.rank%d.kernel", trace, rank_);
+    FILE* f = fopen(path, "w");
+    if (!f) FAIL("cannot write %s", path);
+    fprintf(f, "# gin_pingpong rank %d bytes %zu rounds %d: realtime = globaltimer + %lld ns (exchange width %lld ns)\n", rank_,
+            bytes, rounds, (long long)off, (long long)width);
+    fprintf(f, "offset %lld %lld\n", (long long)off, (long long)width);
+    for (int k = 0; k < rounds; k++)
+      fprintf(f, "round %d %llu %llu\n", k, (unsigned long long)(st[2 * k] + off), (unsigned long long)(st[2 * k + 1] + off));
+    fclose(f);
+    printf("GINPP TRACE rank %d: %s (clock offset %lld ns, exchange width %lld ns)\n", rank_, path, (long long)off, (long long)width);
+  }
   unsigned seenEarly = 0;
   CUDA(cudaMemcpy(&seenEarly, early, sizeof seenEarly, cudaMemcpyDeviceToHost));
   if (seenEarly) FAIL("%u signals were seen before their bytes", seenEarly);

@@ -514,7 +514,9 @@ fi
 # GPU-initiated ping-pong (test/gpu/gin_pingpong.cu): the one-way time of
 # a small put+signal from one rank's kernel to the other's waiting kernel,
 # every byte and the order of bytes and signal checked; the agent off, on,
-# and on with agent marks. PP_SIZES (default "8 64"), PP_ROUNDS (2000).
+# and on with agent marks. PP_SIZES (default "8 64"), PP_ROUNDS (2000);
+# PP_TRACE=1 traces each hop (GINPP_TRACE, NCCL_RMA_WASM_PROFILE_TRACE) and
+# prints where its time goes (build/hoptrace, or HOPTRACE).
 if ! want pingpong; then
   :
 elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/gin_pingpong.cu" -o "$OUT/gin_pingpong.o" >"$OUT/gin_pingpong-build.log" 2>&1 &&
@@ -538,6 +540,12 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
       name=$1; shift
       envs=""
       for kv in "$@"; do envs="$envs -x $kv"; done
+      # PP_TRACE=1: the kernels' stamps and the plugin's trace points of
+      # each hop (test/gpu/hoptrace says where a hop's time goes).
+      if [ "${PP_TRACE:-0}" = 1 ]; then
+        mkdir -p "$OUT/trace"
+        envs="$envs -x GINPP_TRACE=$OUT/trace/$name-$b -x NCCL_RMA_WASM_PROFILE_TRACE=$OUT/trace/$name-$b"
+      fi
       log=$OUT/gin_pingpong-$name-$b.log
       timeout -s KILL "${PER_RUN_TIMEOUT}" mpirun --allow-run-as-root -np 2 --bind-to none -x LD_LIBRARY_PATH \
         -x NCCL_RMA_PLUGIN="$PLUGIN" -x NCCL_SOCKET_IFNAME=lo -x NCCL_RMA_WASM_ADDR -x NCCL_DEBUG=WARN $MPS_ENV $envs ${EXTRA_MPI_ENV:-} \
@@ -545,6 +553,14 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
       rc=$?
       if [ $rc -eq 0 ] && grep -q "GINPP PASS" "$log"; then
         grep "GINPP bytes" "$log" | sed "s/^/GIN-CHECK [pingpong $name] /"
+        if [ "${PP_TRACE:-0}" = 1 ]; then
+          ht=${HOPTRACE:-$ROOT/build/hoptrace}
+          if [ -x "$ht" ]; then
+            "$ht" "$OUT/trace/$name-$b" 2>&1 | sed "s/^/GIN-CHECK [pingpong $name $b] /"
+          else
+            echo "GIN-CHECK [pingpong $name] no $ht to read the trace (make driver builds it)"
+          fi
+        fi
       else
         echo "GIN-CHECK gin_pingpong [$name] bytes=$b $([ $rc -eq 137 ] && echo "HANG (killed after ${PER_RUN_TIMEOUT}s)" || echo "FAIL rc=$rc")"
         grep -E "WARN|FAIL|error" "$log" | head -10

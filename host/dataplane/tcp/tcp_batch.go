@@ -364,6 +364,11 @@ func (l *lane) batchWritten(ops []link.Op, n int, later []int, err error) bool {
 			profile.Queued.Since(ops[i].Posted)
 		}
 	}
+	if profile.Tracing() {
+		for range ops {
+			profile.Mark(profile.PtWire)
+		}
+	}
 	return true
 }
 

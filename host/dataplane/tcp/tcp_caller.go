@@ -15,6 +15,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/inbox"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem/staging"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -245,7 +246,9 @@ func (t *Link) markReached(h *wire.Header) bool {
 		return false
 	}
 	k, v := int(h.Status&0xff), h.Off
+	profile.Mark(profile.PtRead)
 	if pm.Reached(k, v) {
+		profile.Mark(profile.PtMark)
 		t.markWaits.record(0, true)
 		t.markWaits.atOnce.Add(1)
 		return true
@@ -254,6 +257,7 @@ func (t *Link) markReached(h *wire.Header) bool {
 	ok := pm.ReachedWithin(k, v, d)
 	t.markWaits.record(d, ok)
 	if ok {
+		profile.Mark(profile.PtMark)
 		t.markWaits.waited.Add(1)
 	} else {
 		t.markWaits.left.Add(1)

@@ -484,6 +484,7 @@ func copyQueued(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ipc, m
 			}
 			return false, 0, err
 		}
+		profile.Mark(profile.PtCopy)
 	} else if w != 0 {
 		ib, ok := q.d.(devmem.Inboxer)
 		if !ok {

@@ -322,6 +322,7 @@ func (m *PeerMarks) Wait(k int, v uint64) error {
 	}
 	start := time.Now()
 	if reach(w, v, markSpin, true) {
+		profile.Mark(profile.PtMark)
 		return nil
 	}
 	for n := 0; ; n++ {
