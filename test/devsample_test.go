@@ -234,6 +234,15 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		{"cuda_check_ipc_agent_marks", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1"},
 			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "are ordered by device agent marks",
 				"fakecuda: the device agent marked a copy in host memory", "marked copies", "!fakecuda: an interprocess event recorded"}},
+		// NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=1: the same, each
+		// header served at once and its signal handed to the target's
+		// agent, which waits for the sender's mark itself (each sender's
+		// command 2 ms late, so nearly every header comes first): every
+		// signal still follows its bytes.
+		{"cuda_check_ipc_agent_marks_device_wait", "cuda_check", []string{lib, "196608", "2"}, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_ASYNC_US=200", "FAKECUDA_AGENT_US=2000", "FAKECUDA_DTOD_US=5000", "NCCL_RMA_WASM_INTRANODE_IPC=1", "NCCL_RMA_WASM_INTRANODE_IPC_MIN_KB=0", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1", "NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=1"},
+			[]string{"RESULT PASS", "8 B to 64 KiB put+signals window to window, verified", "are ordered by device agent marks",
+				"fakecuda: the device agent waited for a peer's mark before a signal", "signals that waited on the device for their peer's mark (0 skipped",
+				"!cannot be read by the device"}},
 		// NCCL_RMA_WASM_PLACED_COMPLETION=1: the same, each put+signal
 		// completing once the agent's copy executed and its header was
 		// written, without the target's acknowledgement; every byte and

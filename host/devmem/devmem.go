@@ -254,6 +254,25 @@ func PageSpan(ptr uintptr, size uint64) (base uintptr, n, off uint64) {
 	return base, uint64(end - base), uint64(ptr - base)
 }
 
+// MarkWaiter is implemented by a device whose agent can wait for a peer's
+// agent mark before a signal (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE):
+// the target's host then queues a marked put+signal's signal without
+// waiting for the mark itself.
+type MarkWaiter interface {
+	// HostRegisterReadOnly pins [p, p+n), mapped read-only here (a peer's
+	// mark page), for the device to read; HostRegisterer's HostUnregister
+	// undoes it.
+	HostRegisterReadOnly(ctx uintptr, p unsafe.Pointer, n uint64) error
+	// SignalAfterMark queues, after the work queued on ctx so far, the
+	// write (add false) or atomic add of v to the device word sig, run
+	// once the host word mark (pinned by HostRegisterReadOnly) reached
+	// mv. false (and no error): ctx runs no agent, or it cannot reach mark.
+	SignalAfterMark(ctx, sig uintptr, v uint64, add bool, mark uintptr, mv uint64) (bool, error)
+	// MarkWaitTimeouts is how many such signals the agents skipped because
+	// the mark did not come within 30 s.
+	MarkWaitTimeouts() uint64
+}
+
 // HostRegisterer is implemented by a device that can pin host memory it
 // did not allocate (cuMemHostRegister): the intra-node staging ring, shared
 // memory mapped by two processes, is pinned at both ends this way.

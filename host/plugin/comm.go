@@ -266,8 +266,8 @@ func CloseColl(h uint64) abi.Result {
 	if st.AcksCarried+st.AcksAlone > 0 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d acknowledged its peers' puts %d times in its own batches and %d times alone; %d times it sent them at once instead of holding them for a batch (holding had not paid)", c.rank, st.AcksCarried, st.AcksAlone, st.AcksAtOnce)
 	}
-	if n := st.MarksAtOnce + st.MarksWaited + st.MarksLeft; n > 0 {
-		logx.Info(abi.SubsysNet, "NET/wasm: rank %d met %d put+signals ordered by its peers' agent marks on NCCL's thread: %d with the mark there, %d after waiting for it, %d left to the lanes' services", c.rank, n, st.MarksAtOnce, st.MarksWaited, st.MarksLeft)
+	if n := st.MarksAtOnce + st.MarksWaited + st.MarksLeft + st.MarksToDevice; n > 0 {
+		logx.Info(abi.SubsysNet, "NET/wasm: rank %d met %d put+signals ordered by its peers' agent marks on NCCL's thread: %d with the mark there, %d after waiting for it, %d left to the lanes' services, %d before it, for the device agent to wait for", c.rank, n, st.MarksAtOnce, st.MarksWaited, st.MarksLeft, st.MarksToDevice)
 	}
 	if st.FlushAsks > 0 {
 		logx.Info(abi.SubsysNet, "NET/wasm: rank %d's flushes asked their targets for held acks %d times, %d of them without waiting first", c.rank, st.FlushAsks, st.FlushAsksAtOnce)

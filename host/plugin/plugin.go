@@ -113,6 +113,7 @@ func Init(commID uint64) (uint64, abi.Result) {
 		ipcAgentMax.Store(uint64(config.DeviceAgentMaxKiB.Get()) << 10)
 	}
 	profile.SetOn(config.Profile.Get())
+	staging.SetMarkWaitDevice(config.IntraMarkWaitDevice.Get())
 	profile.SetTrace(config.ProfileTrace.Get() != "")
 	// An explicit transport or provider that cannot be honoured fails here,
 	// as NCCL fails an explicit NCCL_NET, rather than running at a tenth of

@@ -582,6 +582,29 @@ static void* agent_main(void* arg) {
       if (!__atomic_exchange_n(&saidOneRead, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent read a slot whole, its check word matched\n");
     }
     uint64_t kind = sl[2], n = sl[3], src = sl[4], dst = sl[5], val = sl[6], sig = sl[7];
+    /* A write or add after a mark (kind | 16, AG_AFTER_MARK): first wait
+     * until the pinned host word src reached n, at most
+     * FAKECUDA_MARK_WAIT_MS (the kernel's 30 s), then skip the signal and
+     * count it at header word 19, as the kernel does. */
+    int afterMark = (kind & 16) != 0, skipped = 0;
+    kind &= 15;
+    if (afterMark) {
+      if (kind != 2 && kind != 3) agent_bad("a wait for a mark before a command that is no signal", kind, 0);
+      if (src % 8 || !hostmem(src, 8)) agent_bad("a mark it cannot reach", src, 8);
+      const char* ms = getenv("FAKECUDA_MARK_WAIT_MS");
+      uint64_t limit = (ms ? strtoull(ms, NULL, 10) : 30000) * 1000000ull, t0 = mono_ns();
+      while (__atomic_load_n((uint64_t*)(uintptr_t)src, __ATOMIC_ACQUIRE) < n) {
+        if (mono_ns() - t0 >= limit) {
+          skipped = 1;
+          __atomic_add_fetch(&x->ring[19], 1, __ATOMIC_SEQ_CST);
+          break;
+        }
+        usleep(20);
+      }
+      static int saidMarkWait;
+      if (!__atomic_exchange_n(&saidMarkWait, 1, __ATOMIC_RELAXED))
+        fprintf(stderr, "fakecuda: the device agent waited for a peer's mark before a signal\n");
+    }
     unsigned char inl[64];
     if (kind == 9 || kind == 10) {
       if (!x->inl) agent_bad("an inline command, started without reading inline bytes", dst, n);
@@ -623,6 +646,7 @@ static void* agent_main(void* arg) {
          * rows); an add only to device memory. */
         if (dst % 8 || ((!find(dst) || !vmm_at(dst)) && (kind == 3 || !hostmem(dst, 8))))
           agent_bad("a signal word it cannot reach", dst, 8);
+        if (skipped) break;
         if (kind == 2) __atomic_store_n((uint64_t*)(uintptr_t)dst, val, __ATOMIC_SEQ_CST);
         else __atomic_add_fetch((uint64_t*)(uintptr_t)dst, val, __ATOMIC_SEQ_CST);
         if (!__atomic_exchange_n(&saidSig, 1, __ATOMIC_RELAXED)) fprintf(stderr, "fakecuda: the device agent applied a signal\n");

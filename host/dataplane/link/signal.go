@@ -62,13 +62,20 @@ func (s Signal) Apply(v uint64) error {
 			return err
 		}
 	}
-	if s.Marks != nil {
-		if err := s.Marks.Wait(int(s.MarkK), s.MarkV); err != nil {
+	if s.Evs != nil {
+		if err := s.Evs.Order(s.Ev, s.Ctx, s.OnStream()); err != nil {
 			return err
 		}
 	}
-	if s.Evs != nil {
-		if err := s.Evs.Order(s.Ev, s.Ctx, s.OnStream()); err != nil {
+	if s.Marks != nil {
+		// Our agent may wait for the mark itself, before the signal
+		// (staging.AddSignalAfterMark); else the host waits.
+		if s.Dev != 0 && s.Held == nil {
+			if done, err := staging.AddSignalAfterMark(s.Ctx, s.Dev, v, s.Sh, s.Marks, int(s.MarkK), s.MarkV); done || err != nil {
+				return err
+			}
+		}
+		if err := s.Marks.Wait(int(s.MarkK), s.MarkV); err != nil {
 			return err
 		}
 	}

@@ -105,8 +105,10 @@ type Stats struct {
 	// ordered by a peer's agent marks that the polling caller met: served
 	// with the mark already there, served after its wait for the mark,
 	// and left to the lane's service (the mark later than the wait, or
-	// waiting off on that link).
-	MarksAtOnce, MarksWaited, MarksLeft uint64
+	// waiting off on that link); MarksToDevice those served before their
+	// mark, our device agent waiting for it
+	// (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE).
+	MarksAtOnce, MarksWaited, MarksLeft, MarksToDevice uint64
 	// BackstopAsks counts the liveness backstop's asks for acks that
 	// waited too long (tcp_acks.go, backstop), and AcksRescued the asks
 	// an ack answered: each is an ack the normal path failed to deliver

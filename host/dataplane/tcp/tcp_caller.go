@@ -187,8 +187,9 @@ const callerMarkWait = 25 * time.Microsecond
 type markWaits struct {
 	waitpolicy.Policy
 	// What became of the headers (link.Stats): served with the mark
-	// there at once, served after a wait, left to the service.
-	atOnce, waited, left atomic.Uint64
+	// there at once, served after a wait, left to the service, served
+	// before it for our device agent to wait for it.
+	atOnce, waited, left, device atomic.Uint64
 }
 
 // bound is how long a caller waits for the next mark.
@@ -251,6 +252,12 @@ func (t *Link) markReached(h *wire.Header) bool {
 		profile.Mark(profile.PtMark)
 		t.markWaits.record(0, true)
 		t.markWaits.atOnce.Add(1)
+		return true
+	}
+	if pm.DeviceWaits() {
+		// Our agent can wait for the mark before the signal
+		// (staging.AddSignalAfterMark): served now, NCCL's thread free.
+		t.markWaits.device.Add(1)
 		return true
 	}
 	d := t.markWaits.bound()

@@ -92,6 +92,7 @@ func (t *Link) AddAcks(st *link.Stats) {
 	st.MarksAtOnce += t.markWaits.atOnce.Load()
 	st.MarksWaited += t.markWaits.waited.Load()
 	st.MarksLeft += t.markWaits.left.Load()
+	st.MarksToDevice += t.markWaits.device.Load()
 }
 
 // streamer is a transport that carries TCP lanes: TCP's own link, and

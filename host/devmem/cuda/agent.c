@@ -87,7 +87,7 @@
  * Nothing in the plugin fills these words yet: agent_probe measures the
  * path (a peer's copy and entry, against its copy, mark, and an add the
  * host asks for). */
-char rmacu_agent_ptx[12288]; /* agent.ptx, NUL-terminated (ptx.go) */
+char rmacu_agent_ptx[16384]; /* agent.ptx, NUL-terminated (ptx.go) */
 
 /* rmacu_agent_mode: 0 off, 1 on, 2 auto (on when MPS looks active);
  * rmacu_agent_max: the largest copy the agent takes (bytes). */
@@ -143,7 +143,7 @@ struct agent {
    * stream waits for the agent, launches after the kernel parked, marked
    * copies (rmaw_cuda_copy_mark), inbox entries the host wrote itself
    * with nothing queued (rmaw_cuda_write_idle). */
-  uint64_t nkind[16], follows, leads, wakes, syncs, marks, direct;
+  uint64_t nkind[16], follows, leads, wakes, syncs, marks, direct, afterMarks;
   /* The stall watch's own (rmaw_cuda_agent_stalled): the done word it saw
    * last, and since when (ns) commands have waited with done unchanged. */
   uint64_t wdone, wsince;
@@ -344,6 +344,7 @@ static int ag_submit(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint
     if (own) val = *own = a->seq + 1;
     rc = ag_put(a, kind, n, src, dst, val, sig, inl, err, errlen);
     if (rc == 0 && own) a->marks++;
+    if (rc == 0 && (kind & AG_AFTER_MARK)) a->afterMarks++;
   }
   pthread_mutex_unlock(&a->mu);
   return rc;
@@ -389,6 +390,24 @@ int rmaw_cuda_copy_mark(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, u
   if (!rmacu_ag_live(e) || n == 0 || n > rmacu_agent_max) return 1;
   if ((mark & 7) || !rmacu_hr_ok((const void*)(uintptr_t)mark, 8)) return 1;
   return ag_submit(e, AG_COPY_WRITE, n, src, dst, 0, mark, NULL, v, err, errlen);
+}
+
+/* rmaw_cuda_signal_after_mark queues, as one agent command after the
+ * context's earlier work, the write (add 0) or atomic add (add 1) of v to
+ * the device word sig once the host word mark (a peer's mark page,
+ * registered here read-only) reached mv: the kernel polls it with acquire
+ * loads and fences (acquire-release, system scope) before the signal, so
+ * a reader of sig sees what the peer's agent copied before it marked. The
+ * host does not wait for the mark. 1 (nothing queued): the context runs no
+ * agent, or mark is memory it cannot reach. */
+int rmaw_cuda_signal_after_mark(uintptr_t ctx, uint64_t sig, uint64_t v, int add, uint64_t mark, uint64_t mv, char* err,
+                                size_t errlen) {
+  CTX_STREAM(e, "signal after a mark");
+  (void)r;
+  if (!rmacu_ag_live(e)) return 1;
+  if ((mark & 7) || !rmacu_hr_ok((const void*)(uintptr_t)mark, 8)) return 1;
+  if (sig & 7) return rmaw_fail(err, errlen, "signal word %#llx not 8-byte aligned", (unsigned long long)sig);
+  return ag_submit(e, (add ? AG_ADD : AG_WRITE) | AG_AFTER_MARK, mv, mark, sig, v, 0, NULL, NULL, err, errlen);
 }
 
 /* rmacu_ag_submit_sig queues a fused command (kinds 7 and 8) after the
@@ -745,9 +764,12 @@ int rmaw_cuda_agent_runs(uintptr_t ctx) {
  * waited for on the host, [7] adds, [8] fused landings (copy, then the
  * signal), [9] of them inline, [10] marked copies (counted apart from the
  * fused landings, whose command they share), [11] slots the one-read
- * kernel took the two-trip way (ag_check). */
-void rmaw_cuda_agent_stats(uint64_t out[13]) {
-  memset(out, 0, 13 * sizeof out[0]);
+ * kernel took the two-trip way (ag_check), [12] host writes of inbox rows
+ * (rmaw_cuda_write_idle), [13] signals queued to follow a peer's mark
+ * (rmaw_cuda_signal_after_mark), [14] of them skipped because the mark did
+ * not come within 30 s. */
+void rmaw_cuda_agent_stats(uint64_t out[15]) {
+  memset(out, 0, 15 * sizeof out[0]);
   int n = __atomic_load_n(&rmacu_nctxs, __ATOMIC_ACQUIRE);
   for (int i = 0; i < n; i++) {
     struct agent* a = __atomic_load_n(&rmacu_ctxs[i].ag, __ATOMIC_ACQUIRE);
@@ -766,6 +788,8 @@ void rmaw_cuda_agent_stats(uint64_t out[13]) {
     out[10] += a->marks;
     out[11] += __atomic_load_n(&a->mem[17], __ATOMIC_RELAXED);
     out[12] += a->direct;
+    out[13] += a->afterMarks;
+    out[14] += __atomic_load_n(&a->mem[19], __ATOMIC_RELAXED);
     pthread_mutex_unlock(&a->mu);
   }
 }

@@ -114,6 +114,21 @@ int rmacu_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t er
   return 0;
 }
 
+/* rmaw_cuda_host_register_ro pins memory mapped read-only here (a peer's
+ * mark page) for the agent to read: CU_MEMHOSTREGISTER_READ_ONLY (8), which
+ * a mapping without write access needs, with PORTABLE and DEVICEMAP. */
+int rmaw_cuda_host_register_ro(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
+  if (!rmacu_cu.memHostRegister) return rmaw_fail(err, errlen, "the driver has no cuMemHostRegister");
+  struct agent* a = rmacu_ag_pause(ctx);
+  CUresult r = rmacu_cu.ctxSetCurrent((CUcontext)ctx);
+  if (r == 0) r = rmacu_cu.memHostRegister(p, (size_t)n, MEMHOSTALLOC_PORTABLE | 2 | 8);
+  rmacu_ag_resume(a);
+  if (r != 0)
+    return rmaw_fail(err, errlen, "cuMemHostRegister (read-only) of %llu bytes: %s", (unsigned long long)n, rmacu_errstr(r));
+  rmacu_hr_add(p, n);
+  return 0;
+}
+
 /* Called from threads with no context (closeColl's, a service goroutine's
  * at teardown): set the registering one. */
 void rmacu_host_unregister(uintptr_t ctx, void* p) {

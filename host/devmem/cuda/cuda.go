@@ -15,6 +15,8 @@ package cuda
 #cgo nocallback rmaw_cuda_copy_mark
 #cgo noescape rmaw_cuda_copy_write
 #cgo nocallback rmaw_cuda_copy_write
+#cgo noescape rmaw_cuda_signal_after_mark
+#cgo nocallback rmaw_cuda_signal_after_mark
 */
 import "C"
 
@@ -174,7 +176,7 @@ func (cudaDevice) AgentWanted() bool { return C.rmaw_cuda_agent_wanted() != 0 }
 // commands, and the driver calls that ordering them with the context's
 // stream cost (docs/design/device-memory.md); "" when none ran.
 func (cudaDevice) AgentStats() string {
-	var v [13]C.uint64_t
+	var v [15]C.uint64_t
 	C.rmaw_cuda_agent_stats(&v[0])
 	if v[5] == 0 || v[0]+v[1]+v[8]+v[10] == 0 {
 		return ""
@@ -187,7 +189,49 @@ func (cudaDevice) AgentStats() string {
 	if config.DeviceAgentOneRead.Get() {
 		s += fmt.Sprintf("; slots read whole, %d of them read again the two-trip way after torn reads", v[11])
 	}
+	if v[13] > 0 {
+		s += fmt.Sprintf("; %d signals that waited on the device for their peer's mark (%d skipped: no mark within 30 s)", v[13], v[14])
+	}
 	return s
+}
+
+// MarkWaitTimeouts is how many signals after a mark the agents skipped
+// because the mark did not come within 30 s (devmem.MarkWaiter).
+func (cudaDevice) MarkWaitTimeouts() uint64 {
+	var v [15]C.uint64_t
+	C.rmaw_cuda_agent_stats(&v[0])
+	return uint64(v[14])
+}
+
+// SignalAfterMark queues, as one command of ctx's device agent after the
+// context's earlier work, the write (add false) or atomic add of v to the
+// device word sig once the host word mark (a peer's mark page, registered
+// here with HostRegisterReadOnly) reached mv (devmem.MarkWaiter). false
+// (and no error): ctx runs no agent, or it cannot reach mark.
+func (cudaDevice) SignalAfterMark(ctx, sig uintptr, v uint64, add bool, mark uintptr, mv uint64) (bool, error) {
+	var buf [256]C.char
+	a := C.int(0)
+	if add {
+		a = 1
+	}
+	switch C.rmaw_cuda_signal_after_mark(C.uintptr_t(ctx), C.uint64_t(sig), C.uint64_t(v), a, C.uint64_t(mark), C.uint64_t(mv), &buf[0], C.size_t(len(buf))) {
+	case 0:
+		return true, nil
+	case 1:
+		return false, nil
+	}
+	return false, devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
+}
+
+// HostRegisterReadOnly pins [p, p+n), memory mapped read-only here (a
+// peer's mark page), for the device to read (devmem.MarkWaiter); the
+// devmem.HostRegisterer's HostUnregister undoes it.
+func (cudaDevice) HostRegisterReadOnly(ctx uintptr, p unsafe.Pointer, n uint64) error {
+	var buf [256]C.char
+	if C.rmaw_cuda_host_register_ro(C.uintptr_t(ctx), p, C.uint64_t(n), &buf[0], C.size_t(len(buf))) != 0 {
+		return devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf))
+	}
+	return nil
 }
 
 // LandSignal queues, as one command of ctx's device agent after the

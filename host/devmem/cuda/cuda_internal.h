@@ -215,6 +215,11 @@ enum {
   AG_INLINE_WRITE = 9,
   AG_INLINE_ADD = 10
 };
+/* AG_AFTER_MARK, or'ed into a WRITE or an ADD: first wait until the 8-byte
+ * host word at src (a peer's mark page, registered here) reached n; the
+ * kernel gives up after 30 s (the signal skipped, counted at header byte
+ * 152, rmaw_cuda_mark_wait_timeouts). */
+#define AG_AFTER_MARK 16
 #define AG_INLINE 64
 struct agent* rmacu_ag_live(ctxstream* e);
 int rmacu_ag_submit(ctxstream* e, uint64_t kind, uint64_t n, uint64_t src, uint64_t dst, uint64_t val, char* err,

@@ -646,6 +646,7 @@ var (
 
 func watchQueues() {
 	for range time.Tick(time.Second) {
+		watchMarkWaits()
 		n := int(queues.n.Load())
 		for i := 0; i < n; i++ {
 			if q := queues.q[i].Load(); q != nil {

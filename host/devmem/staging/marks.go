@@ -205,6 +205,9 @@ type PeerMarks struct {
 	// while this mapping holds it; refs counts Open and Retain less Close.
 	id   [2]uint64
 	refs atomic.Int32
+	// pinCtx: the context the page is pinned from for the device to read
+	// (marksig.go), 0: not pinned.
+	pinCtx uintptr
 }
 
 // OpenPeerMarks maps the mark page of process pid from fd (the caller
@@ -229,6 +232,7 @@ func OpenPeerMarks(fd, pid int) (*PeerMarks, error) {
 	}
 	m := &PeerMarks{mem: mem, w: (*[MarkWords]atomic.Uint64)(unsafe.Pointer(&mem[0])), pid: pid, id: [2]uint64{uint64(st.Dev), st.Ino}}
 	m.refs.Store(1)
+	m.pinForDevice()
 	return m, nil
 }
 
@@ -244,6 +248,7 @@ func (m *PeerMarks) ID() [2]uint64 { return m.id }
 // on it any more.
 func (m *PeerMarks) Close() {
 	if m != nil && m.refs.Add(-1) == 0 && m.mem != nil {
+		m.unpinForDevice()
 		unix.Munmap(m.mem)
 		m.mem, m.w = nil, nil
 	}

@@ -1,0 +1,184 @@
+package staging
+
+import (
+	"fmt"
+	"math/bits"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+)
+
+// Signals that wait on the device for their mark
+// (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE). A marked put+signal's header
+// usually reaches the target a few microseconds before the sender's agent
+// marks its copy; the target's host otherwise waits for the mark and only
+// then hands the signal to its own agent, whose pickup then adds a bus
+// round trip or two. With this on, the target hands the signal over at
+// once as one agent command that first polls the peer's mark word itself
+// (the peer's mark page, pinned here read-only when it is mapped, from our
+// own page's context, the only one whose signals take this way), so the
+// pickup overlaps the sender's copy and NCCL's proxy thread never waits.
+//
+// Order with everything else: the command takes a bounce slot of its
+// context, its event the command's ticket, as a queued copy does; so every
+// fence (a host signal word, a synchronous copy, a get served, a signal on
+// another context's stream) waits for it, as it waits for copies queued
+// before it, and signals of the same context follow it in the agent's
+// order. A mark that never comes (the peer's process died) holds that
+// agent for at most 30 s, after which the kernel skips the signal and
+// counts it; the queue watch WARNs (watchMarkWaits).
+
+var markWaitDevice atomic.Bool
+
+// SetMarkWaitDevice turns the device's mark waits on or off (host/plugin,
+// at init; peers' pages mapped before keep their state).
+func SetMarkWaitDevice(on bool) { markWaitDevice.Store(on) }
+
+// pinForDevice pins m's page read-only for the device to read, from ctx
+// (our own mark page's context), where the device waits for marks; one
+// INFO line when it cannot, and the host waits for this peer's marks.
+func (m *PeerMarks) pinForDevice() {
+	p := marks.page.Load()
+	if !markWaitDevice.Load() || p == nil {
+		return
+	}
+	mw, ok := devmem.Get().(devmem.MarkWaiter)
+	if !ok {
+		return
+	}
+	if err := mw.HostRegisterReadOnly(p.ctx, unsafe.Pointer(&m.mem[0]), markPageSize); err != nil {
+		logx.Info(abi.SubsysNet, "NET/wasm: the mark page of pid %d cannot be read by the device, so the host waits for its marks: %v", m.pid, err)
+		return
+	}
+	m.pinCtx = p.ctx
+}
+
+// DeviceWaits reports whether our device agent may wait for m's marks
+// (AddSignalAfterMark): the setting is on and the page is pinned here.
+func (m *PeerMarks) DeviceWaits() bool { return markWaitDevice.Load() && m.pinCtx != 0 }
+
+// unpinForDevice undoes pinForDevice before the page is unmapped.
+func (m *PeerMarks) unpinForDevice() {
+	if m.pinCtx == 0 {
+		return
+	}
+	if hr, ok := devmem.Get().(devmem.HostRegisterer); ok {
+		hr.HostUnregister(m.pinCtx, unsafe.Pointer(&m.mem[0]))
+	}
+	m.pinCtx = 0
+}
+
+// AddSignalAfterMark is AddSignal for a put+signal whose payload the peer's
+// agent copies and marks as word k reaching mv of its page pm: where that
+// mark is not there yet and ctx's agent can wait for it, the signal is
+// queued as one agent command that waits first, and true returned; false
+// (and no error): the caller waits for the mark on the host and adds as
+// before (no agent, no slot free, the page not pinned here, the mark
+// already there, a word the agent does not update).
+func AddSignalAfterMark(ctx, dev uintptr, v uint64, sh *Shadow, pm *PeerMarks, k int, mv uint64) (bool, error) {
+	// Only in the context the page is pinned from: unpinning it pauses
+	// that context's agent, which first runs every command queued before,
+	// so no agent reads the page after it is gone.
+	if !markWaitDevice.Load() || pm == nil || pm.pinCtx == 0 || pm.pinCtx != ctx || k < 0 || k >= MarkWords || dev%8 != 0 || pm.Reached(k, mv) {
+		return false, nil
+	}
+	d := devmem.Get()
+	mw, ok := d.(devmem.MarkWaiter)
+	st, _ := d.(devmem.Streams)
+	if !ok || st == nil {
+		return false, nil
+	}
+	if _, gdr := d.(devmem.WordAdder); gdr {
+		return false, nil // GDRCopy's adds are the CPU's: the agent's would race them
+	}
+	mark := uintptr(unsafe.Pointer(&pm.mem[k*8]))
+	if shadowWrites(st, ctx, sh) {
+		w, err := sh.word(dev)
+		if err != nil {
+			return false, err
+		}
+		// Never folded into another writer's write, which would not wait
+		// for this mark: under the stripe lock it adds and writes itself,
+		// as a fused landing does; a writer waiting for the lock writes
+		// again after it, in the agent's order.
+		mu, err := sh.lockSeeded(st, ctx, dev, w)
+		if err != nil {
+			return false, err
+		}
+		defer mu.Unlock()
+		val := w.val.Add(v)
+		ok, err := queueAfterMark(mw, ctx, dev, val, false, mark, mv)
+		if !ok {
+			w.val.Add(-v) // not queued: the caller's path adds it
+		} else {
+			traceSignal(dev, v, val, pathShadow)
+		}
+		return ok, err
+	}
+	if queuedAdd(st, ctx) == 0 {
+		return false, nil
+	}
+	ok, err := queueAfterMark(mw, ctx, dev, v, true, mark, mv)
+	if ok {
+		traceSignal(dev, v, 0, pathAgentAdd)
+	}
+	return ok, err
+}
+
+// queueAfterMark queues the signal command on ctx's agent with a bounce
+// slot whose event is its ticket, so that fences wait for it as for a
+// queued copy. false (and no error): no queue or slot, or the agent
+// declined; nothing queued.
+func queueAfterMark(mw devmem.MarkWaiter, ctx, dev uintptr, v uint64, add bool, mark uintptr, mv uint64) (bool, error) {
+	_, q, err := queueFor(ctx) // (after the other contexts' queued copies)
+	if q == nil {
+		return false, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	// Slots whose commands ran go back first: nothing else reaps a slot
+	// that owes no request but a fence.
+	for q.nq > 0 {
+		if ok, err := q.st.Passed(q.ctx, q.ev[q.order[q.head]]); err != nil || !ok {
+			break
+		}
+		q.popLocked()
+	}
+	if q.dead || bits.OnesCount32(q.free) <= bounceSlots/2 {
+		return false, nil
+	}
+	i := bits.TrailingZeros32(q.free)
+	ok, err := mw.SignalAfterMark(ctx, dev, v, add, mark, mv)
+	if !ok {
+		if err != nil {
+			err = fmt.Errorf("signal after a peer's mark: %w", err)
+		}
+		return false, err
+	}
+	if err := q.st.Record(q.ctx, &q.ev[i]); err != nil {
+		// Queued and not watchable: wait for it here.
+		return true, q.drainLocked()
+	}
+	q.free &^= 1 << i
+	q.queueLocked(i)
+	return true, nil
+}
+
+// markWaitsWarned is how many skipped signals the watch has reported.
+var markWaitsWarned atomic.Uint64
+
+// watchMarkWaits WARNs when the agents skipped signals whose marks did not
+// come within 30 s since the last look (the queue watch, each second).
+func watchMarkWaits() {
+	mw, ok := devmem.Get().(devmem.MarkWaiter)
+	if !ok || !markWaitDevice.Load() {
+		return
+	}
+	n := mw.MarkWaitTimeouts()
+	if was := markWaitsWarned.Load(); n > was && markWaitsWarned.CompareAndSwap(was, n) {
+		logx.Warn(abi.SubsysNet, "NET/wasm: %d signal(s) were dropped: the device agent waited 30 s for a peer's mark that never came (the peer's process died or its agent stopped mid-copy); their operations' data may be missing (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=0 has the host wait instead)", n-was)
+	}
+}
