@@ -56,7 +56,9 @@
 # pairs of the inbox with the proxy's wait for an entry at 25 µs and 0;
 # "inboxhost" pairs (and a ping-pong series) of the inbox with device rows
 # and with host rows; "hostrows" pairs of marks (the default) and the
-# inbox with host rows beside its device rows.
+# inbox with host rows beside its device rows; "markwait" pairs (and a
+# ping-pong series) of marks with the host waiting for each mark and with
+# the target's agent waiting for it (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -427,6 +429,10 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # beside its device rows, the candidate to replace it.
   ref hostrows && abrun "${MARKS_PAIRS:-2}" hr-marks "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=0" \
     hr-inbox "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_INBOX=1 NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS=1" "written by the host itself"
+  # "markwait": marks (the default) with the host waiting for each mark
+  # and with the target's device agent waiting for it.
+  ref markwait && abrun "${MARKS_PAIRS:-2}" mw-host "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=0" \
+    mw-device "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=1" "for the device agent to wait for|waited on the device|cannot be read by the device"
   # "inboxlanes1": the inbox against marks with one lane per peer
   # (NCCL_RMA_WASM_LANES=1), as the inbox puts every operation to a peer
   # on lane 0: whether the lanes explain its slower alltoall.
@@ -530,6 +536,9 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     ref inbox && pp="$pp|inbox NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_INTRANODE_INBOX=1"
     # "inboxhost": the inbox series again with host rows.
     ref inboxhost && pp="$pp|inboxhost NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_INTRANODE_INBOX=1 NCCL_RMA_WASM_INTRANODE_INBOX_HOST_ROWS=1"
+    # "markwait": the marks series again with the target's agent waiting
+    # for each mark.
+    ref markwait && pp="$pp|markwait NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=1"
     # "oneread": the marks series again with the agent's one-read pickup.
     ref oneread && pp="$pp|oneread NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ=1"
     IFS='|' read -r -a ppv <<<"$pp"

@@ -117,7 +117,7 @@ var segments = []string{
 	"call -> marked copy handed to the agent",
 	"copy handed -> header written",
 	"header written -> target's caller looks at it",
-	"looked at -> sender's mark seen",
+	"looked at -> sender's mark seen (0: the agent waits)",
 	"mark seen -> signal applied (agent command queued)",
 	"signal applied -> target kernel sees it",
 }
@@ -133,6 +133,13 @@ func hop(put, seen, tol int64, s, t pluginTrace) ([]int64, bool) {
 		tr   pluginTrace
 		name string
 	}{{s, "post"}, {s, "copy"}, {s, "wire"}, {t, "read"}, {t, "mark"}, {t, "signal"}} {
+		if step.name == "mark" && len(t["mark"]) == 0 {
+			// The target's agent waits for the mark itself
+			// (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE): no host sees it,
+			// and the look is followed by the signal at once.
+			pts = append(pts, at)
+			continue
+		}
 		x := step.tr.first(step.name, at)
 		if x < 0 || x > seen+tol {
 			return nil, false

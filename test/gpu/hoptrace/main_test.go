@@ -14,9 +14,19 @@ import (
 // other operations (a barrier's signal before each put, a late duplicate
 // look), come out as those gaps, and a round missing a point is skipped.
 func TestRun(t *testing.T) {
+	t.Run("marks seen by the host", func(t *testing.T) { testRun(t, false) })
+	// The target's agent waits for the mark: no mark point, and the
+	// segment reads 0.
+	t.Run("marks waited for on the device", func(t *testing.T) { testRun(t, true) })
+}
+
+func testRun(t *testing.T, noMark bool) {
 	dir := t.TempDir()
 	prefix := filepath.Join(dir, "marks-8")
 	gaps := []int64{2000, 1000, 500, 3000, 1000, 500, 4000}
+	if noMark {
+		gaps[4] = 0
+	}
 	var kern [2]strings.Builder
 	var plug [2]strings.Builder
 	for r := range 2 {
@@ -35,7 +45,7 @@ func TestRun(t *testing.T) {
 			names := []string{"post", "copy", "wire", "read", "mark", "signal"}
 			for i, name := range names {
 				at += gaps[i]
-				if k == 7 && name == "mark" {
+				if name == "mark" && (noMark || k == 7) {
 					continue // round 7 loses its mark: skipped
 				}
 				who := d.from
@@ -68,7 +78,11 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := out.String()
-	if !strings.Contains(s, "98 of 100 hops had every point") {
+	want := "98 of 100 hops had every point"
+	if noMark {
+		want = "100 of 100 hops had every point"
+	}
+	if !strings.Contains(s, want) {
 		t.Fatalf("output:\n%s", s)
 	}
 	for i, name := range segments {
@@ -77,7 +91,11 @@ func TestRun(t *testing.T) {
 			t.Errorf("want %q in:\n%s", want, s)
 		}
 	}
-	if !strings.Contains(s, fmt.Sprintf("%-52s p50 %7.2f", "the hop, kernel to kernel", 12.0)) {
+	total := 12.0
+	if noMark {
+		total = 11.0
+	}
+	if !strings.Contains(s, fmt.Sprintf("%-52s p50 %7.2f", "the hop, kernel to kernel", total)) {
 		t.Errorf("the whole hop is not 12 µs:\n%s", s)
 	}
 }
