@@ -11,6 +11,8 @@
 //   copy+add      a fused landing: 64 B from pinned host memory, then an add
 //   inline+write  64 B carried in the slot, then a signal write
 //   inline+add    8 B carried in the slot, then an add
+//   mark+add      an add that first waits for a host word (a peer's mark,
+//                 here already there: the wait's own cost, AG_AFTER_MARK)
 //   h2d 4K, h2d 64K, d2h 64K   larger copies (64 KiB: the agent's largest
 //                 by default), to see how its threads' loads of pinned host
 //                 memory add up
@@ -201,7 +203,8 @@ int main(int argc, char** argv) {
     checkWords = flags & 1 ? 16 : 8;
     memset(hp, 0, HDR + SLOTS * SLOT);
     r.seq = 0;
-    CK(cuMemsetD8(dbuf + 2048, 0, 32));  // the add's word and the fused commands' signals, per variant
+    CK(cuMemsetD8(dbuf + 2048, 0, 40));  // the add's word, the fused commands' signals, the marked add's, per variant
+    ((volatile uint64_t*)hbuf)[256] = 1;  // the mark the marked add waits for, already there
     unsigned long long ring = r.dev, mask = SLOTS - 1, idle = 0;
     void* args[] = {&ring, &mask, &idle, &flags};
     r.mem[24] = 1;
@@ -230,6 +233,7 @@ int main(int argc, char** argv) {
         {"d2h 64K", 1, 65536, (uint64_t)dbig, (uint64_t)hbigDev, 0, 0, false, false},
         {"inline+write", 9, 64, 0, (uint64_t)dbuf + 3072, 0, (uint64_t)dbuf + 2064, true, true},
         {"inline+add", 10, 8, 0, (uint64_t)dbuf + 3200, 1, (uint64_t)dbuf + 2072, true, false},
+        {"mark+add", 3 | 16, 1, (uint64_t)hbufDev + 2048, (uint64_t)dbuf + 2080, 1, 0, false, false},
     };
     for (auto& c : cs) {
       if (c.inl && !(flags & 1)) continue;  // a kernel started without them reads no inline bytes
@@ -263,6 +267,10 @@ int main(int argc, char** argv) {
     bool bytes = true;
     for (int k = 0; k < 64; k++) bytes = bytes && got[k] == (unsigned char)((iters - 1) * 7 + k);
     for (int k = 0; k < 8; k++) bytes = bytes && got[64 + k] == (unsigned char)((iters - 1) * 7 + k);
+    uint64_t marked = 0;
+    CK(cuMemcpyDtoH(&marked, dbuf + 2080, 8));
+    printf("PROBE %s: marked adds %llu of %d (skipped %llu): %s\n", name, (unsigned long long)marked, iters,
+           (unsigned long long)r.mem[19], marked == (uint64_t)iters && r.mem[19] == 0 ? "right" : "WRONG");
     if (flags & 2)
       printf("PROBE %s: slots read again the two-trip way after a torn read: %llu\n", name, (unsigned long long)r.mem[17]);
     if (!(flags & 1)) {  // no inline commands ran: only copy+add's signal counts
