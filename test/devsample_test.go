@@ -462,6 +462,12 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// kernel watching the peer's word sees the payload with it.
 		{"staging_bench_marks", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_VMM=1", "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1", "FAKECUDA_AGENT_US=200"},
 			[]string{"RESULT ", "watched by a waiting kernel", "are ordered by device agent marks", "fakecuda: the device agent marked a copy in host memory"}},
+		// The same with the target's agent waiting for each mark itself
+		// (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE): both ranks pin the
+		// other's page (mapped before or after their own was made), and
+		// the kernel watching the word still sees every payload with it.
+		{"staging_bench_marks_device_wait", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_VMM=1", "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1", "FAKECUDA_AGENT_US=200", "NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=1"},
+			[]string{"RESULT ", "watched by a waiting kernel", "fakecuda: the device agent waited for a peer's mark before a signal", "for the device agent to wait for", "!cannot be read by the device"}},
 		// The same with buffers made without POSIX fds (GPU_VMM_FD=0):
 		// they cannot be mapped into the peer, so the agent never adds a
 		// signal itself, and the plugin says why.

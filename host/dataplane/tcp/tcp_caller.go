@@ -229,6 +229,18 @@ func (t *Link) inboxReached(h *wire.Header) bool {
 	return row >= 0 && inboxRowOK(r, row) && inbox.Reached(r, h.Off, inbox.CallerWait())
 }
 
+// signalCtxWaits reports whether h's signal word is device memory of the
+// context our agent waits for pm's marks in: otherwise its signal would
+// take the host's wait, which the caller must not start unbounded.
+func (t *Link) signalCtxWaits(h *wire.Header, pm *staging.PeerMarks) bool {
+	_, _, ctx, pin, ok := t.p.Mesh().Owner.Resolve(h.SigMrID)
+	if !ok {
+		return false
+	}
+	pin.Release()
+	return pm.DeviceWaitsIn(ctx)
+}
+
 // markReached reports whether h is a put+signal ordered by an agent mark
 // alone (wire.StatusMark) whose mark the peer's page holds, or does within
 // the caller's wait (markWaits): a caller serves it. Others, and one whose
@@ -254,7 +266,7 @@ func (t *Link) markReached(h *wire.Header) bool {
 		t.markWaits.atOnce.Add(1)
 		return true
 	}
-	if pm.DeviceWaits() {
+	if pm.DeviceWaits() && t.signalCtxWaits(h, pm) {
 		// Our agent can wait for the mark before the signal
 		// (staging.AddSignalAfterMark): served now, NCCL's thread free.
 		t.markWaits.device.Add(1)

@@ -69,6 +69,7 @@ func MarkPage(ctx uintptr) error {
 		return err
 	}
 	marks.page.Store(p)
+	pinPending(ctx)
 	return nil
 }
 
@@ -207,7 +208,7 @@ type PeerMarks struct {
 	refs atomic.Int32
 	// pinCtx: the context the page is pinned from for the device to read
 	// (marksig.go), 0: not pinned.
-	pinCtx uintptr
+	pinCtx atomic.Uintptr
 }
 
 // OpenPeerMarks maps the mark page of process pid from fd (the caller

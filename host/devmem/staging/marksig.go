@@ -3,6 +3,8 @@ package staging
 import (
 	"fmt"
 	"math/bits"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -37,38 +39,77 @@ var markWaitDevice atomic.Bool
 // at init; peers' pages mapped before keep their state).
 func SetMarkWaitDevice(on bool) { markWaitDevice.Store(on) }
 
-// pinForDevice pins m's page read-only for the device to read, from ctx
-// (our own mark page's context), where the device waits for marks; one
-// INFO line when it cannot, and the host waits for this peer's marks.
+// pendingPins holds the peers' pages mapped before our own page was made
+// (a peer may hand its page over first): MarkPage pins them, from our
+// page's context, once it exists.
+var pendingPins struct {
+	sync.Mutex
+	ms []*PeerMarks
+}
+
+// pinForDevice pins m's page read-only for the device to read, from our
+// own mark page's context, where the device waits for marks; without our
+// page yet, once it is made (pinPending).
 func (m *PeerMarks) pinForDevice() {
+	if !markWaitDevice.Load() {
+		return
+	}
+	pendingPins.Lock()
+	defer pendingPins.Unlock()
 	p := marks.page.Load()
-	if !markWaitDevice.Load() || p == nil {
+	if p == nil {
+		pendingPins.ms = append(pendingPins.ms, m)
 		return
 	}
+	m.pinLocked(p.ctx)
+}
+
+// pinPending pins the pages mapped before our page (made from ctx)
+// existed.
+func pinPending(ctx uintptr) {
+	pendingPins.Lock()
+	defer pendingPins.Unlock()
+	for _, m := range pendingPins.ms {
+		m.pinLocked(ctx)
+	}
+	pendingPins.ms = nil
+}
+
+// pinLocked pins m from ctx; one INFO line when it cannot, and the host
+// waits for this peer's marks. pendingPins held.
+func (m *PeerMarks) pinLocked(ctx uintptr) {
 	mw, ok := devmem.Get().(devmem.MarkWaiter)
-	if !ok {
+	if !ok || m.mem == nil {
 		return
 	}
-	if err := mw.HostRegisterReadOnly(p.ctx, unsafe.Pointer(&m.mem[0]), markPageSize); err != nil {
+	if err := mw.HostRegisterReadOnly(ctx, unsafe.Pointer(&m.mem[0]), markPageSize); err != nil {
 		logx.Info(abi.SubsysNet, "NET/wasm: the mark page of pid %d cannot be read by the device, so the host waits for its marks: %v", m.pid, err)
 		return
 	}
-	m.pinCtx = p.ctx
+	m.pinCtx.Store(ctx)
 }
 
 // DeviceWaits reports whether our device agent may wait for m's marks
 // (AddSignalAfterMark): the setting is on and the page is pinned here.
-func (m *PeerMarks) DeviceWaits() bool { return markWaitDevice.Load() && m.pinCtx != 0 }
+func (m *PeerMarks) DeviceWaits() bool { return markWaitDevice.Load() && m.pinCtx.Load() != 0 }
+
+// DeviceWaitsIn reports whether it may for a signal of context ctx.
+func (m *PeerMarks) DeviceWaitsIn(ctx uintptr) bool { return m.DeviceWaits() && ctx == m.pinCtx.Load() }
 
 // unpinForDevice undoes pinForDevice before the page is unmapped.
 func (m *PeerMarks) unpinForDevice() {
-	if m.pinCtx == 0 {
+	pendingPins.Lock()
+	defer pendingPins.Unlock()
+	if i := slices.Index(pendingPins.ms, m); i >= 0 {
+		pendingPins.ms = slices.Delete(pendingPins.ms, i, i+1)
+	}
+	ctx := m.pinCtx.Swap(0)
+	if ctx == 0 {
 		return
 	}
 	if hr, ok := devmem.Get().(devmem.HostRegisterer); ok {
-		hr.HostUnregister(m.pinCtx, unsafe.Pointer(&m.mem[0]))
+		hr.HostUnregister(ctx, unsafe.Pointer(&m.mem[0]))
 	}
-	m.pinCtx = 0
 }
 
 // AddSignalAfterMark is AddSignal for a put+signal whose payload the peer's
@@ -82,7 +123,7 @@ func AddSignalAfterMark(ctx, dev uintptr, v uint64, sh *Shadow, pm *PeerMarks, k
 	// Only in the context the page is pinned from: unpinning it pauses
 	// that context's agent, which first runs every command queued before,
 	// so no agent reads the page after it is gone.
-	if !markWaitDevice.Load() || pm == nil || pm.pinCtx == 0 || pm.pinCtx != ctx || k < 0 || k >= MarkWords || dev%8 != 0 || pm.Reached(k, mv) {
+	if !markWaitDevice.Load() || pm == nil || ctx == 0 || pm.pinCtx.Load() != ctx || k < 0 || k >= MarkWords || dev%8 != 0 || pm.Reached(k, mv) {
 		return false, nil
 	}
 	d := devmem.Get()

@@ -52,7 +52,8 @@ func (d *markWaitDev) SignalAfterMark(_, sig uintptr, v uint64, add bool, mark u
 		return false, nil
 	}
 	d.waits.Add(1)
-	w := (*atomic.Uint64)(unsafe.Pointer(mark))
+	// mark is the mapped page's address (not Go memory).
+	w := (*atomic.Uint64)(unsafe.Add(unsafe.Pointer(nil), mark))
 	d.enqueue(func() {
 		for start := time.Now(); w.Load() < mv; time.Sleep(20 * time.Microsecond) {
 			if time.Since(start) > d.limit {
@@ -280,7 +281,43 @@ func TestPeerMarksPin(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pm3.Close()
-	if pm3.pinCtx != 0 {
+	if pm3.pinCtx.Load() != 0 {
 		t.Fatal("pinned with the setting off")
+	}
+}
+
+// TestPeerMarksPinLater: a peer's page mapped before our own page was made
+// is pinned once ours is, from its context; one closed meanwhile is not.
+func TestPeerMarksPinLater(t *testing.T) {
+	d := newMarkWaitDev(0)
+	asyncSetup(t, d)
+	SetMarkWaitDevice(true)
+	defer SetMarkWaitDevice(false)
+	fd, _ := markFile(t)
+	early, err := OpenPeerMarks(fd, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer early.Close()
+	fd2, _ := markFile(t)
+	gone, err := OpenPeerMarks(fd2, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if early.DeviceWaits() || gone.DeviceWaits() {
+		t.Fatal("pinned before our own page (and its context) existed")
+	}
+	gone.Close()
+	if err := MarkPage(1); err != nil {
+		t.Fatal(err)
+	}
+	if !early.DeviceWaitsIn(1) || early.DeviceWaitsIn(2) {
+		t.Fatal("the early page was not pinned from our page's context once it was made")
+	}
+	d.mu.Lock()
+	n := len(d.pinned)
+	d.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d pages pinned, want 1 (a closed page pinned after its Close?)", n)
 	}
 }
