@@ -75,6 +75,12 @@ for b in 64 4096; do
   printf '%-46s %10s %10s %12s\n' "GIN a2a $b B, one lane, marks|inbox, mean" "$(gm l1-marks-$b $b)" "$(gm l1-inbox-$b $b)" ""
   printf '%-46s %10s %10s %12s\n' "GIN a2a $b B, 4 ranks, gather writer on|off, mean" "$(gm np4-gw-$b $b)" "$(gm np4-nogw-$b $b)" ""
 done
+for b in 64 4096; do
+  printf '%-46s %10s %10s %12s\n' "GIN a2a $b B, marks waited by host|device, mean" "$(gm mw-host-$b $b)" "$(gm mw-device-$b $b)" ""
+done
+for b in ${PP_SIZES:-8 64}; do
+  [ -f "$G/gin_pingpong-markwait-$b.log" ] && printf '%-46s %10s %10s %12s\n' "GIN ping-pong one way ${b} B, marks waited on device" "" "$(pp "$G/gin_pingpong-markwait-$b.log" $b)" ""
+done
 printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, TCP lanes, unfused|fused, mean" "$(gm tcp-agent-64 64)" "$(gm fused-64 64)" ""
 printf '%-46s %10s %10s %12s\n' "GIN a2a 4 KiB, TCP lanes, unfused|fused, mean" "$(gm tcp-agent-4096 4096)" "$(gm fused-4096 4096)" ""
 for pb in ${SB_BYTES-0 64 4096}; do

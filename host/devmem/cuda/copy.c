@@ -125,6 +125,12 @@ int rmaw_cuda_host_register_ro(uintptr_t ctx, void* p, uint64_t n, char* err, si
   rmacu_ag_resume(a);
   if (r != 0)
     return rmaw_fail(err, errlen, "cuMemHostRegister (read-only) of %llu bytes: %s", (unsigned long long)n, rmacu_errstr(r));
+  /* The agent reads host memory at its host address only (rmacu_hr_ok). */
+  CUdeviceptr d = 0;
+  if (!rmacu_cu.memHostGetDevicePointer || rmacu_cu.memHostGetDevicePointer(&d, p, 0) != 0 || d != (CUdeviceptr)(uintptr_t)p) {
+    rmacu_host_unregister(ctx, p);
+    return rmaw_fail(err, errlen, "the device does not see the pinned page at its host address");
+  }
   rmacu_hr_add(p, n);
   return 0;
 }
