@@ -11,6 +11,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 )
 
 // Signals that wait on the device for their mark
@@ -156,6 +157,7 @@ func AddSignalAfterMark(ctx, dev uintptr, v uint64, sh *Shadow, pm *PeerMarks, k
 			w.val.Add(-v) // not queued: the caller's path adds it
 		} else {
 			traceSignal(dev, v, val, pathShadow)
+			profile.Mark(profile.PtSignal)
 		}
 		return ok, err
 	}
@@ -165,6 +167,7 @@ func AddSignalAfterMark(ctx, dev uintptr, v uint64, sh *Shadow, pm *PeerMarks, k
 	ok, err := queueAfterMark(mw, ctx, dev, v, true, mark, mv)
 	if ok {
 		traceSignal(dev, v, 0, pathAgentAdd)
+		profile.Mark(profile.PtSignal)
 	}
 	return ok, err
 }
