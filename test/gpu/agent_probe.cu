@@ -33,24 +33,10 @@
 #include <algorithm>
 #include <vector>
 
-#define CK(x)                                                              \
-  do {                                                                     \
-    CUresult r_ = (x);                                                     \
-    if (r_ != CUDA_SUCCESS) {                                              \
-      const char* s_ = "?";                                                \
-      cuGetErrorString(r_, &s_);                                           \
-      fprintf(stderr, "PROBE FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #x, s_); \
-      exit(1);                                                             \
-    }                                                                      \
-  } while (0)
+#define PROBE_TAG "PROBE"
+#include "probe_common.h"
 
 static const int SLOTS = 1024, HDR = 256, SLOT = 128;
-
-static double now_us() {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
 
 static void report(const char* variant, const char* what, std::vector<double>& v) {
   std::sort(v.begin(), v.end());

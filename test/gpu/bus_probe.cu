@@ -27,16 +27,8 @@
 #include <algorithm>
 #include <vector>
 
-#define CK(x)                                                                  \
-  do {                                                                         \
-    CUresult r_ = (x);                                                         \
-    if (r_ != CUDA_SUCCESS) {                                                  \
-      const char* s_ = "?";                                                    \
-      cuGetErrorString(r_, &s_);                                               \
-      fprintf(stderr, "BUS FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #x, s_); \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
+#define PROBE_TAG "BUS"
+#include "probe_common.h"
 
 typedef unsigned long long u64;
 
@@ -115,12 +107,6 @@ extern "C" __global__ void pong(u64* a, u64* b, u64* c, int mode, u64 n, int war
     if (atomicMax(&last, x) < x) str(b, x);
     if (x >= n) return;
   }
-}
-
-static double now_us() {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
 
 int main(int argc, char** argv) {
