@@ -13,6 +13,9 @@
 //   inline+add    8 B carried in the slot, then an add
 //   mark+add      an add that first waits for a host word (a peer's mark,
 //                 here already there: the wait's own cost, AG_AFTER_MARK)
+//   late mark     a mark written 10 us after the agent was asked to wait
+//                 for it, timed from the mark to the add done, against the
+//                 host seeing the mark and then asking for the add
 //   h2d 4K, h2d 64K, d2h 64K   larger copies (64 KiB: the agent's largest
 //                 by default), to see how its threads' loads of pinned host
 //                 memory add up
@@ -189,7 +192,7 @@ int main(int argc, char** argv) {
     checkWords = flags & 1 ? 16 : 8;
     memset(hp, 0, HDR + SLOTS * SLOT);
     r.seq = 0;
-    CK(cuMemsetD8(dbuf + 2048, 0, 40));  // the add's word, the fused commands' signals, the marked add's, per variant
+    CK(cuMemsetD8(dbuf + 2048, 0, 56));  // the add's word, the fused commands' signals, the marked adds', per variant
     ((volatile uint64_t*)hbuf)[256] = 1;  // the mark the marked add waits for, already there
     unsigned long long ring = r.dev, mask = SLOTS - 1, idle = 0;
     void* args[] = {&ring, &mask, &idle, &flags};
@@ -236,6 +239,32 @@ int main(int argc, char** argv) {
       }
       report(name, c.what, v);
     }
+    // A peer's mark that comes late, from the mark to the signal's add
+    // done: the host seeing the mark and then asking the agent to add
+    // (today's way), against the agent, asked 10 us before, waiting for
+    // the mark itself (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE).
+    volatile uint64_t* late = (volatile uint64_t*)hbuf + 260;
+    for (int dev = 0; dev < 2; dev++) {
+      std::vector<double> v;
+      *late = 0;
+      for (int i = 0; i < iters; i++) {
+        uint64_t s = 0;
+        if (dev) {
+          s = put(r, 3 | 16, (uint64_t)(i + 1), (uint64_t)hbufDev + 2080, (uint64_t)dbuf + 2088, 1);
+          for (double t = now_us(); now_us() - t < 10;) {
+          }
+        }
+        double t0 = now_us();
+        __atomic_store_n((uint64_t*)late, (uint64_t)(i + 1), __ATOMIC_RELEASE);
+        if (!dev) s = put(r, 3, 0, 0, (uint64_t)dbuf + 2096, 1);
+        if (!wait_done(r, s)) {
+          printf("PROBE FAIL %s late mark: no answer\n", name);
+          return 1;
+        }
+        v.push_back(now_us() - t0);
+      }
+      report(name, dev ? "late mark, agent waits" : "late mark, host adds", v);
+    }
     // The copies arrived: the device bytes (7) in the host buffer.
     if (((volatile unsigned char*)hbuf)[63] != 7) printf("PROBE FAIL %s: copy d2h did not land\n", name);
     put(r, 5, 0, 0, 0, 0);  // stop
@@ -253,10 +282,14 @@ int main(int argc, char** argv) {
     bool bytes = true;
     for (int k = 0; k < 64; k++) bytes = bytes && got[k] == (unsigned char)((iters - 1) * 7 + k);
     for (int k = 0; k < 8; k++) bytes = bytes && got[64 + k] == (unsigned char)((iters - 1) * 7 + k);
-    uint64_t marked = 0;
-    CK(cuMemcpyDtoH(&marked, dbuf + 2080, 8));
-    printf("PROBE %s: marked adds %llu of %d (skipped %llu): %s\n", name, (unsigned long long)marked, iters,
-           (unsigned long long)r.mem[19], marked == (uint64_t)iters && r.mem[19] == 0 ? "right" : "WRONG");
+    uint64_t marked[3] = {0, 0, 0};
+    CK(cuMemcpyDtoH(marked, dbuf + 2080, 24));
+    printf("PROBE %s: marked adds %llu, late-marked adds %llu and host adds %llu of %d (skipped %llu): %s\n", name,
+           (unsigned long long)marked[0], (unsigned long long)marked[1], (unsigned long long)marked[2], iters,
+           (unsigned long long)r.mem[19],
+           marked[0] == (uint64_t)iters && marked[1] == (uint64_t)iters && marked[2] == (uint64_t)iters && r.mem[19] == 0
+               ? "right"
+               : "WRONG");
     if (flags & 2)
       printf("PROBE %s: slots read again the two-trip way after a torn read: %llu\n", name, (unsigned long long)r.mem[17]);
     if (!(flags & 1)) {  // no inline commands ran: only copy+add's signal counts
