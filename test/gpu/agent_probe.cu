@@ -103,12 +103,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   int iters = atoi(argv[1]);
-  CK(cuInit(0));
-  CUdevice d;
-  CK(cuDeviceGet(&d, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, d));
-  CK(cuCtxSetCurrent(ctx));
+  probe_context();
   // Every module is loaded before any agent runs: a load waits for a
   // resident kernel.
   int nv = argc - 2;

@@ -111,12 +111,7 @@ extern "C" __global__ void pong(u64* a, u64* b, u64* c, int mode, u64 n, int war
 
 int main(int argc, char** argv) {
   int iters = argc > 1 ? atoi(argv[1]) : 2000;
-  CK(cuInit(0));
-  CUdevice d;
-  CK(cuDeviceGet(&d, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, d));
-  CK(cuCtxSetCurrent(ctx));
+  probe_context();
   void* hp;
   CK(cuMemHostAlloc(&hp, 3 * 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
   volatile u64* a = (volatile u64*)hp;
