@@ -137,6 +137,12 @@ func AddSignalAfterMark(ctx, dev uintptr, v uint64, sh *Shadow, pm *PeerMarks, k
 		return false, nil // GDRCopy's adds are the CPU's: the agent's would race them
 	}
 	mark := uintptr(unsafe.Pointer(&pm.mem[k*8]))
+	// The payloads queued on other contexts before it land first, as for
+	// any signal written on a stream, waited for before the stripe lock is
+	// taken (queueFor's fence then finds them settled).
+	if err := fence(d, ctx); err != nil {
+		return false, err
+	}
 	if shadowWrites(st, ctx, sh) {
 		w, err := sh.word(dev)
 		if err != nil {
