@@ -266,8 +266,10 @@ type MarkWaiter interface {
 	// SignalAfterMark queues, after the work queued on ctx so far, the
 	// write (add false) or atomic add of v to the device word sig, run
 	// once the host word mark (pinned by HostRegisterReadOnly) reached
-	// mv. false (and no error): ctx runs no agent, or it cannot reach mark.
-	SignalAfterMark(ctx, sig uintptr, v uint64, add bool, mark uintptr, mv uint64) (bool, error)
+	// mv, or skipped once the pinned host word release (0: none) is not
+	// 0. false (and no error): ctx runs no agent, or it cannot reach mark
+	// or release.
+	SignalAfterMark(ctx, sig uintptr, v uint64, add bool, mark uintptr, mv uint64, release uintptr) (bool, error)
 	// MarkWaitTimeouts is how many such signals the agents skipped because
 	// the mark did not come within 30 s.
 	MarkWaitTimeouts() uint64

@@ -584,17 +584,19 @@ static void* agent_main(void* arg) {
     uint64_t kind = sl[2], n = sl[3], src = sl[4], dst = sl[5], val = sl[6], sig = sl[7];
     /* A write or add after a mark (kind | 16, AG_AFTER_MARK): first wait
      * until the pinned host word src reached n, at most
-     * FAKECUDA_MARK_WAIT_MS (the kernel's 30 s), then skip the signal and
-     * count it at header word 19, as the kernel does. */
+     * FAKECUDA_MARK_WAIT_MS (the kernel's 30 s) or until the pinned host
+     * word sig (when not 0: the release word) is not 0, then skip the
+     * signal and count it at header word 19, as the kernel does. */
     int afterMark = (kind & 16) != 0, skipped = 0;
     kind &= 15;
     if (afterMark) {
       if (kind != 2 && kind != 3) agent_bad("a wait for a mark before a command that is no signal", kind, 0);
       if (src % 8 || !hostmem(src, 8)) agent_bad("a mark it cannot reach", src, 8);
+      if (sig && (sig % 8 || !hostmem(sig, 8))) agent_bad("a release word it cannot reach", sig, 8);
       const char* ms = getenv("FAKECUDA_MARK_WAIT_MS");
       uint64_t limit = (ms ? strtoull(ms, NULL, 10) : 30000) * 1000000ull, t0 = mono_ns();
       while (__atomic_load_n((uint64_t*)(uintptr_t)src, __ATOMIC_ACQUIRE) < n) {
-        if (mono_ns() - t0 >= limit) {
+        if (mono_ns() - t0 >= limit || (sig && __atomic_load_n((uint64_t*)(uintptr_t)sig, __ATOMIC_ACQUIRE) != 0)) {
           skipped = 1;
           __atomic_add_fetch(&x->ring[19], 1, __ATOMIC_SEQ_CST);
           break;

@@ -398,16 +398,19 @@ int rmaw_cuda_copy_mark(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, u
  * registered here read-only) reached mv: the kernel polls it with acquire
  * loads and fences (acquire-release, system scope) before the signal, so
  * a reader of sig sees what the peer's agent copied before it marked. The
- * host does not wait for the mark. 1 (nothing queued): the context runs no
- * agent, or mark is memory it cannot reach. */
-int rmaw_cuda_signal_after_mark(uintptr_t ctx, uint64_t sig, uint64_t v, int add, uint64_t mark, uint64_t mv, char* err,
-                                size_t errlen) {
+ * host does not wait for the mark. With release (not 0, a pinned host
+ * word), the kernel skips the signal once that word is not 0: the host
+ * sets it when the peer's process is gone. 1 (nothing queued): the context
+ * runs no agent, or mark or release is memory it cannot reach. */
+int rmaw_cuda_signal_after_mark(uintptr_t ctx, uint64_t sig, uint64_t v, int add, uint64_t mark, uint64_t mv,
+                                uint64_t release, char* err, size_t errlen) {
   CTX_STREAM(e, "signal after a mark");
   (void)r;
   if (!rmacu_ag_live(e)) return 1;
   if ((mark & 7) || !rmacu_hr_ok((const void*)(uintptr_t)mark, 8)) return 1;
+  if (release && ((release & 7) || !rmacu_hr_ok((const void*)(uintptr_t)release, 8))) return 1;
   if (sig & 7) return rmaw_fail(err, errlen, "signal word %#llx not 8-byte aligned", (unsigned long long)sig);
-  return ag_submit(e, (add ? AG_ADD : AG_WRITE) | AG_AFTER_MARK, mv, mark, sig, v, 0, NULL, NULL, err, errlen);
+  return ag_submit(e, (add ? AG_ADD : AG_WRITE) | AG_AFTER_MARK, mv, mark, sig, v, release, NULL, NULL, err, errlen);
 }
 
 /* rmacu_ag_submit_sig queues a fused command (kinds 7 and 8) after the

@@ -206,15 +206,16 @@ func (cudaDevice) MarkWaitTimeouts() uint64 {
 // SignalAfterMark queues, as one command of ctx's device agent after the
 // context's earlier work, the write (add false) or atomic add of v to the
 // device word sig once the host word mark (a peer's mark page, registered
-// here with HostRegisterReadOnly) reached mv (devmem.MarkWaiter). false
-// (and no error): ctx runs no agent, or it cannot reach mark.
-func (cudaDevice) SignalAfterMark(ctx, sig uintptr, v uint64, add bool, mark uintptr, mv uint64) (bool, error) {
+// here with HostRegisterReadOnly) reached mv, or skips it once the pinned
+// host word release (0: none) is not 0 (devmem.MarkWaiter). false (and no
+// error): ctx runs no agent, or it cannot reach mark or release.
+func (cudaDevice) SignalAfterMark(ctx, sig uintptr, v uint64, add bool, mark uintptr, mv uint64, release uintptr) (bool, error) {
 	var buf [256]C.char
 	a := C.int(0)
 	if add {
 		a = 1
 	}
-	switch C.rmaw_cuda_signal_after_mark(C.uintptr_t(ctx), C.uint64_t(sig), C.uint64_t(v), a, C.uint64_t(mark), C.uint64_t(mv), &buf[0], C.size_t(len(buf))) {
+	switch C.rmaw_cuda_signal_after_mark(C.uintptr_t(ctx), C.uint64_t(sig), C.uint64_t(v), a, C.uint64_t(mark), C.uint64_t(mv), C.uint64_t(release), &buf[0], C.size_t(len(buf))) {
 	case 0:
 		return true, nil
 	case 1:

@@ -217,8 +217,9 @@ enum {
 };
 /* AG_AFTER_MARK, or'ed into a WRITE or an ADD: first wait until the 8-byte
  * host word at src (a peer's mark page, registered here) reached n; the
- * kernel gives up after 30 s (the signal skipped, counted at header byte
- * 152, rmaw_cuda_mark_wait_timeouts). */
+ * kernel gives up, skipping the signal and counting it at header byte 152,
+ * once the host word at the slot's sig (when not 0) is not 0 (the peer's
+ * process is gone) or after 30 s. */
 #define AG_AFTER_MARK 16
 #define AG_INLINE 64
 struct agent* rmacu_ag_live(ctxstream* e);

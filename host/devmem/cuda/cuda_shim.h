@@ -27,8 +27,8 @@ int rmaw_cuda_land_signal(uintptr_t ctx, uint64_t dst, const void* host, uint64_
                           char* err, size_t errlen);
 int rmaw_cuda_copy_mark(uintptr_t ctx, uint64_t dst, uint64_t src, uint64_t n, uint64_t mark, uint64_t* v, char* err,
                         size_t errlen);
-int rmaw_cuda_signal_after_mark(uintptr_t ctx, uint64_t sig, uint64_t v, int add, uint64_t mark, uint64_t mv, char* err,
-                                size_t errlen);
+int rmaw_cuda_signal_after_mark(uintptr_t ctx, uint64_t sig, uint64_t v, int add, uint64_t mark, uint64_t mv,
+                                uint64_t release, char* err, size_t errlen);
 int rmaw_cuda_host_register_ro(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen);
 int rmaw_cuda_inbox_open(uintptr_t ctx, uint64_t taken, uint64_t rows, uint64_t rowsize, char* err, size_t errlen);
 int rmaw_cuda_write_idle(uintptr_t ctx, uint64_t w, uint64_t v);

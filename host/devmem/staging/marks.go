@@ -113,6 +113,7 @@ func newMarkPage(ctx uintptr) (*markPage, error) {
 func releaseMarks() {
 	marks.mu.Lock()
 	defer marks.mu.Unlock()
+	freeReleaseWords()
 	p := marks.page.Swap(nil)
 	marks.err = nil
 	if p == nil {
@@ -207,8 +208,13 @@ type PeerMarks struct {
 	id   [2]uint64
 	refs atomic.Int32
 	// pinCtx: the context the page is pinned from for the device to read
-	// (marksig.go), 0: not pinned.
-	pinCtx atomic.Uintptr
+	// (marksig.go), 0: not pinned; rel, its release word's address (0:
+	// none), relIdx its index and released whether it was set (both under
+	// pendingPins).
+	pinCtx   atomic.Uintptr
+	rel      atomic.Uintptr
+	relIdx   int
+	released bool
 }
 
 // OpenPeerMarks maps the mark page of process pid from fd (the caller

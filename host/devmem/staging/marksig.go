@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/abi"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/devmem"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
@@ -42,11 +44,24 @@ func SetMarkWaitDevice(on bool) { markWaitDevice.Store(on) }
 
 // pendingPins holds the peers' pages mapped before our own page was made
 // (a peer may hand its page over first): MarkPage pins them, from our
-// page's context, once it exists.
+// page's context, once it exists. pinned holds the pinned pages, each with
+// a release word: a pinned host word the agent's wait also reads, which
+// the queue watch sets once the page's process is gone, so that a wait
+// for a mark that will never come ends within a second instead of 30 s
+// (releaseDead). The words live in one pinned page, made with the first
+// pin and freed at the last finalize.
 var pendingPins struct {
 	sync.Mutex
-	ms []*PeerMarks
+	ms     []*PeerMarks
+	pinned []*PeerMarks
+	rel    unsafe.Pointer // releaseWords pinned words
+	relCtx uintptr
+	relUse [releaseWords]bool
 }
+
+// releaseWords is how many pages may be pinned at once (a 4 KiB page of
+// words).
+const releaseWords = 512
 
 // pinForDevice pins m's page read-only for the device to read, from our
 // own mark page's context, where the device waits for marks; without our
@@ -83,11 +98,66 @@ func (m *PeerMarks) pinLocked(ctx uintptr) {
 	if !ok || m.mem == nil {
 		return
 	}
+	i := slices.Index(pendingPins.relUse[:], false)
+	if pendingPins.rel == nil && i >= 0 {
+		p, err := devmem.Get().AllocPinned(ctx, releaseWords*8)
+		if err != nil {
+			logx.Info(abi.SubsysNet, "NET/wasm: the device cannot wait for the peers' marks, so the host does: %v", err)
+			return
+		}
+		clear(unsafe.Slice((*uint64)(p), releaseWords))
+		pendingPins.rel, pendingPins.relCtx = p, ctx
+	}
+	if i < 0 {
+		logx.Info(abi.SubsysNet, "NET/wasm: %d peers' mark pages are waited for on the device already; the host waits for those of pid %d", releaseWords, m.pid)
+		return
+	}
 	if err := mw.HostRegisterReadOnly(ctx, unsafe.Pointer(&m.mem[0]), markPageSize); err != nil {
 		logx.Info(abi.SubsysNet, "NET/wasm: the mark page of pid %d cannot be read by the device, so the host waits for its marks: %v", m.pid, err)
 		return
 	}
+	pendingPins.relUse[i] = true
+	m.relIdx = i
+	w := m.releaseWord()
+	w.Store(0)
+	m.rel.Store(uintptr(unsafe.Pointer(w)))
+	pendingPins.pinned = append(pendingPins.pinned, m)
 	m.pinCtx.Store(ctx)
+}
+
+// releaseWord is m's release word (pendingPins held, m pinned).
+func (m *PeerMarks) releaseWord() *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Add(pendingPins.rel, m.relIdx*8))
+}
+
+// releaseDead sets the release word of each pinned page whose process is
+// gone, once (the queue watch, each second): its agent will never mark,
+// and the device's waits for it end, their signals skipped and counted.
+func releaseDead() {
+	pendingPins.Lock()
+	defer pendingPins.Unlock()
+	for _, m := range pendingPins.pinned {
+		if m.released || unix.Kill(m.pid, 0) != unix.ESRCH {
+			continue
+		}
+		m.released = true
+		m.releaseWord().Store(1)
+		logx.Info(abi.SubsysNet, "NET/wasm: pid %d exited: the device agent no longer waits for its marks", m.pid)
+	}
+}
+
+// freeReleaseWords frees the release words' page (the last finalize, every
+// agent stopped and every page unpinned).
+func freeReleaseWords() {
+	pendingPins.Lock()
+	defer pendingPins.Unlock()
+	if pendingPins.rel == nil || slices.Contains(pendingPins.relUse[:], true) {
+		return
+	}
+	if d := devmem.Get(); d != nil {
+		d.FreePinned(pendingPins.rel)
+	}
+	pendingPins.rel, pendingPins.relCtx = nil, 0
 }
 
 // DeviceWaits reports whether our device agent may wait for m's marks
@@ -108,9 +178,16 @@ func (m *PeerMarks) unpinForDevice() {
 	if ctx == 0 {
 		return
 	}
+	// Unregistering pauses ctx's agent, which first runs every command
+	// queued before: none reads the page or its release word after.
 	if hr, ok := devmem.Get().(devmem.HostRegisterer); ok {
 		hr.HostUnregister(ctx, unsafe.Pointer(&m.mem[0]))
 	}
+	if i := slices.Index(pendingPins.pinned, m); i >= 0 {
+		pendingPins.pinned = slices.Delete(pendingPins.pinned, i, i+1)
+	}
+	m.rel.Store(0)
+	pendingPins.relUse[m.relIdx] = false
 }
 
 // AddSignalAfterMark is AddSignal for a put+signal whose payload the peer's
@@ -158,7 +235,7 @@ func AddSignalAfterMark(ctx, dev uintptr, v uint64, sh *Shadow, pm *PeerMarks, k
 		}
 		defer mu.Unlock()
 		val := w.val.Add(v)
-		ok, err := queueAfterMark(mw, ctx, dev, val, false, mark, mv)
+		ok, err := queueAfterMark(mw, ctx, dev, val, false, mark, mv, pm.rel.Load())
 		if !ok {
 			w.val.Add(-v) // not queued: the caller's path adds it
 		} else {
@@ -170,7 +247,7 @@ func AddSignalAfterMark(ctx, dev uintptr, v uint64, sh *Shadow, pm *PeerMarks, k
 	if queuedAdd(st, ctx) == 0 {
 		return false, nil
 	}
-	ok, err := queueAfterMark(mw, ctx, dev, v, true, mark, mv)
+	ok, err := queueAfterMark(mw, ctx, dev, v, true, mark, mv, pm.rel.Load())
 	if ok {
 		traceSignal(dev, v, 0, pathAgentAdd)
 		profile.Mark(profile.PtSignal)
@@ -182,7 +259,7 @@ func AddSignalAfterMark(ctx, dev uintptr, v uint64, sh *Shadow, pm *PeerMarks, k
 // slot whose event is its ticket, so that fences wait for it as for a
 // queued copy. false (and no error): no queue or slot, or the agent
 // declined; nothing queued.
-func queueAfterMark(mw devmem.MarkWaiter, ctx, dev uintptr, v uint64, add bool, mark uintptr, mv uint64) (bool, error) {
+func queueAfterMark(mw devmem.MarkWaiter, ctx, dev uintptr, v uint64, add bool, mark uintptr, mv uint64, rel uintptr) (bool, error) {
 	_, q, err := queueFor(ctx) // (after the other contexts' queued copies)
 	if q == nil {
 		return false, err
@@ -201,7 +278,7 @@ func queueAfterMark(mw devmem.MarkWaiter, ctx, dev uintptr, v uint64, add bool, 
 		return false, nil
 	}
 	i := bits.TrailingZeros32(q.free)
-	ok, err := mw.SignalAfterMark(ctx, dev, v, add, mark, mv)
+	ok, err := mw.SignalAfterMark(ctx, dev, v, add, mark, mv, rel)
 	if !ok {
 		if err != nil {
 			err = fmt.Errorf("signal after a peer's mark: %w", err)
@@ -227,6 +304,7 @@ func watchMarkWaits() {
 	if !ok || !markWaitDevice.Load() {
 		return
 	}
+	releaseDead()
 	n := mw.MarkWaitTimeouts()
 	if was := markWaitsWarned.Load(); n > was && markWaitsWarned.CompareAndSwap(was, n) {
 		logx.Warn(abi.SubsysNet, "NET/wasm: %d signal(s) were dropped: the device agent waited 30 s for a peer's mark that never came (the peer's process died or its agent stopped mid-copy); their operations' data may be missing (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=0 has the host wait instead)", n-was)

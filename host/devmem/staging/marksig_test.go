@@ -3,11 +3,14 @@ package staging
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // markWaitDev is a device whose agent (its one slow stream) can wait
@@ -17,6 +20,7 @@ type markWaitDev struct {
 	agentDevice
 	mu       sync.Mutex
 	pinned   map[uintptr]bool // read-only pins, by address
+	mapped   [][]byte         // AllocPinned's
 	pinFail  atomic.Bool      // HostRegisterReadOnly fails
 	refuse   atomic.Bool      // SignalAfterMark declines
 	waits    atomic.Int64     // SignalAfterMark commands queued
@@ -28,6 +32,29 @@ func newMarkWaitDev(delay time.Duration) *markWaitDev {
 	return &markWaitDev{agentDevice: agentDevice{newStreamDevice(1<<20, asyncCaps, delay)}, pinned: map[uintptr]bool{}, limit: 10 * time.Second}
 }
 
+// AllocPinned maps memory outside Go's heap, as the driver's pinned memory
+// is: the release words are handed to the device by address.
+func (d *markWaitDev) AllocPinned(_ uintptr, n uint64) (unsafe.Pointer, error) {
+	b, err := unix.Mmap(-1, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.mapped = append(d.mapped, b)
+	d.mu.Unlock()
+	return unsafe.Pointer(&b[0]), nil
+}
+func (d *markWaitDev) FreePinned(p unsafe.Pointer) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, b := range d.mapped {
+		if unsafe.Pointer(&b[0]) == p {
+			unix.Munmap(b)
+			d.mapped = append(d.mapped[:i], d.mapped[i+1:]...)
+			return
+		}
+	}
+}
 func (d *markWaitDev) HostRegister(uintptr, unsafe.Pointer, uint64) error { return nil }
 func (d *markWaitDev) HostUnregister(_ uintptr, p unsafe.Pointer) {
 	d.mu.Lock()
@@ -47,16 +74,20 @@ func (d *markWaitDev) HostRegisterReadOnly(_ uintptr, p unsafe.Pointer, n uint64
 	return nil
 }
 func (d *markWaitDev) MarkWaitTimeouts() uint64 { return d.timeouts.Load() }
-func (d *markWaitDev) SignalAfterMark(_, sig uintptr, v uint64, add bool, mark uintptr, mv uint64) (bool, error) {
+func (d *markWaitDev) SignalAfterMark(_, sig uintptr, v uint64, add bool, mark uintptr, mv uint64, release uintptr) (bool, error) {
 	if d.refuse.Load() {
 		return false, nil
 	}
 	d.waits.Add(1)
 	// mark is the mapped page's address (not Go memory).
 	w := (*atomic.Uint64)(unsafe.Add(unsafe.Pointer(nil), mark))
+	var rel *atomic.Uint64
+	if release != 0 {
+		rel = (*atomic.Uint64)(unsafe.Add(unsafe.Pointer(nil), release))
+	}
 	d.enqueue(func() {
 		for start := time.Now(); w.Load() < mv; time.Sleep(20 * time.Microsecond) {
-			if time.Since(start) > d.limit {
+			if time.Since(start) > d.limit || (rel != nil && rel.Load() != 0) {
 				d.timeouts.Add(1)
 				return // skipped, as the kernel does
 			}
@@ -319,5 +350,48 @@ func TestPeerMarksPinLater(t *testing.T) {
 	d.mu.Unlock()
 	if n != 1 {
 		t.Fatalf("%d pages pinned, want 1 (a closed page pinned after its Close?)", n)
+	}
+}
+
+// TestSignalAfterMarkPeerGone: a wait for the mark of a process that has
+// exited ends at the watch's next look (its release word set), the signal
+// skipped and counted, long before the 30 s bound; a live peer's page is
+// not released.
+func TestSignalAfterMarkPeerGone(t *testing.T) {
+	d := newMarkWaitDev(0)
+	live, _ := markWaitSetup(t, d)
+	SetAgentAdds(true)
+	defer SetAgentAdds(false)
+	c := exec.Command("true")
+	if err := c.Run(); err != nil {
+		t.Skipf("no child process: %v", err)
+	}
+	fd, _ := markFile(t)
+	gone, err := OpenPeerMarks(fd, c.Process.Pid) // exited and reaped
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gone.Close()
+	if !gone.DeviceWaits() {
+		t.Fatal("not pinned")
+	}
+	sig := d.Base + 4096
+	if ok, err := AddSignalAfterMark(1, sig, 1, nil, gone, 0, 5); !ok || err != nil {
+		t.Fatalf("%v, %v", ok, err)
+	}
+	start := time.Now()
+	watchMarkWaits() // releases it, and then (the skip done) WARNs
+	if err := Quiesce(1); err != nil {
+		t.Fatal(err)
+	}
+	if d.timeouts.Load() != 1 || d.peekWord(sig) != 0 || time.Since(start) > 5*time.Second {
+		t.Fatalf("skipped %d, word %d after %v: want the wait ended at once, the signal skipped", d.timeouts.Load(), d.peekWord(sig), time.Since(start))
+	}
+	if live.releaseWord().Load() != 0 {
+		t.Fatal("a live peer's page was released")
+	}
+	watchMarkWaits()
+	if markWaitsWarned.Load() != 1 {
+		t.Fatalf("the watch reported %d skipped signals, want 1", markWaitsWarned.Load())
 	}
 }
