@@ -451,8 +451,13 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 		// the plugin's own context; with the device agent on, the small
 		// pings' payloads and signals go through its ring.
 		{"staging_bench_agent", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_VMM=1", "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64", "NCCL_RMA_WASM_DEVICE_AGENT=1"},
-			[]string{"RESULT ", "BUFFERS cuMem mappings", "watched by a waiting kernel", "fakecuda: the device agent copied a payload", "fakecuda: the device agent applied a signal",
+			[]string{"RESULT ", "BUFFERS cuMem mappings", "watched by a waiting kernel", "fakecuda: the device agent copied a payload", "fakecuda: the device agent applied a signal", "!staggered pollers",
 				"SELF   tcp       8 B device->host", "SELF   intranode 8 B device->host"}},
+		// NCCL_RMA_WASM_DEVICE_AGENT_STAGGER=1 reaches the kernel (its
+		// flags' bit 2), and the ping runs as before (the stand-in runs no
+		// PTX: the pollers themselves run only on a GPU).
+		{"staging_bench_agent_stagger", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_VMM=1", "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_DEVICE_AGENT_STAGGER=1"},
+			[]string{"RESULT ", "watched by a waiting kernel", "fakecuda: the device agent's kernel started with staggered pollers"}},
 		// The device ping first (BENCH_PING_FIRST), with the agent adding
 		// each ping's signal into the peer's mapped word itself.
 		{"staging_bench_direct", "staging_bench", []string{lib, "1048576", "2", "20"}, []string{"LD_LIBRARY_PATH=" + fake, "BENCH_VMM=1", "BENCH_KERNEL_WAIT=1", "BENCH_SIG_NEVER_RESET=1", "BENCH_PING_BYTES=64", "BENCH_PING_FIRST=1", "NCCL_RMA_WASM_DEVICE_AGENT=1", "NCCL_RMA_WASM_INTRANODE_DIRECT_SIGNAL=1"},

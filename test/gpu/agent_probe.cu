@@ -177,13 +177,15 @@ int main(int argc, char** argv) {
     report("driver", "write", v);
   }
 
-  // Each kernel four times: started without inline commands (flags 0, as
+  // Each kernel five times: started without inline commands (flags 0, as
   // the default agent runs) and with them (flags 1, fused landings on),
   // each with the two-trip read of a slot and the one-read (flags 2 and
   // 3, NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ).
-  for (int kf = 0; kf < 4 * nv; kf++) {
-    int k = kf / 4;
-    unsigned long long flags = kf % 4;
+  // And a fifth (f4): the two-trip read with three more warps polling,
+  // staggered (NCCL_RMA_WASM_DEVICE_AGENT_STAGGER).
+  for (int kf = 0; kf < 5 * nv; kf++) {
+    int k = kf / 5;
+    unsigned long long flags = kf % 5;
     checkWords = flags & 1 ? 16 : 8;
     memset(hp, 0, HDR + SLOTS * SLOT);
     r.seq = 0;

@@ -770,6 +770,9 @@ int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
     x->idle = *(uint64_t*)params[2];
     x->inl = *(uint64_t*)params[3] & 1;
     x->oneRead = (*(uint64_t*)params[3] & 2) != 0;
+    static int saidStagger;
+    if ((*(uint64_t*)params[3] & 4) && !__atomic_exchange_n(&saidStagger, 1, __ATOMIC_RELAXED))
+      fprintf(stderr, "fakecuda: the device agent's kernel started with staggered pollers\n");
     x->stream = s;
     if (!hostmem((uintptr_t)x->ring, 256 + (x->mask + 1) * 64)) return 700;
     int slot = -1;

@@ -58,7 +58,9 @@
 # and with host rows; "hostrows" pairs of marks (the default) and the
 # inbox with host rows beside its device rows; "markwait" pairs (and a
 # ping-pong series) of marks with the host waiting for each mark and with
-# the target's agent waiting for it (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE).
+# the target's agent waiting for it (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE);
+# "stagger" the same with the agent's kernel polling from one warp and from
+# four, staggered (NCCL_RMA_WASM_DEVICE_AGENT_STAGGER).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -433,6 +435,10 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
   # and with the target's device agent waiting for it.
   ref markwait && abrun "${MARKS_PAIRS:-2}" mw-host "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=0" \
     mw-device "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=1" "for the device agent to wait for|waited on the device|cannot be read by the device"
+  # "stagger": the agent's kernel polling its ring from thread 0 alone and
+  # from lane 0 of four warps, staggered.
+  ref stagger && abrun "${MARKS_PAIRS:-2}" st-one "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_DEVICE_AGENT_STAGGER=0" \
+    st-four "NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_DEVICE_AGENT_STAGGER=1" "device agent:"
   # "inboxlanes1": the inbox against marks with one lane per peer
   # (NCCL_RMA_WASM_LANES=1), as the inbox puts every operation to a peer
   # on lane 0: whether the lanes explain its slower alltoall.
@@ -539,6 +545,8 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     # "markwait": the marks series again with the target's agent waiting
     # for each mark.
     ref markwait && pp="$pp|markwait NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=1"
+    # "stagger": the marks series again with the staggered pollers.
+    ref stagger && pp="$pp|stagger NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_DEVICE_AGENT_STAGGER=1"
     # "oneread": the marks series again with the agent's one-read pickup.
     ref oneread && pp="$pp|oneread NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ=1"
     IFS='|' read -r -a ppv <<<"$pp"

@@ -78,7 +78,11 @@ done
 for b in 64 4096; do
   printf '%-46s %10s %10s %12s\n' "GIN a2a $b B, marks waited by host|device, mean" "$(gm mw-host-$b $b)" "$(gm mw-device-$b $b)" ""
 done
+for b in 64 4096; do
+  printf '%-46s %10s %10s %12s\n' "GIN a2a $b B, agent polls from 1|4 warps, mean" "$(gm st-one-$b $b)" "$(gm st-four-$b $b)" ""
+done
 for b in ${PP_SIZES:-8 64}; do
+  [ -f "$G/gin_pingpong-stagger-$b.log" ] && printf '%-46s %10s %10s %12s\n' "GIN ping-pong one way ${b} B, staggered pollers" "" "$(pp "$G/gin_pingpong-stagger-$b.log" $b)" ""
   [ -f "$G/gin_pingpong-markwait-$b.log" ] && printf '%-46s %10s %10s %12s\n' "GIN ping-pong one way ${b} B, marks waited on device" "" "$(pp "$G/gin_pingpong-markwait-$b.log" $b)" ""
 done
 printf '%-46s %10s %10s %12s\n' "GIN a2a 64 B, TCP lanes, unfused|fused, mean" "$(gm tcp-agent-64 64)" "$(gm fused-64 64)" ""

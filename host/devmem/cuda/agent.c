@@ -104,6 +104,11 @@ static int ag_inline;
 /* ag_one_read: the kernel reads a slot whole in one round trip (its flags
  * parameter's bit 1, NCCL_RMA_WASM_DEVICE_AGENT_ONE_READ), see ag_check. */
 static int ag_one_read;
+/* ag_stagger: lane 0 of warps 1-3 poll the ring beside thread 0, each
+ * round's first look 256 ns apart per warp, so that a command is seen
+ * sooner than one load's round trip after it lands (its flags parameter's
+ * bit 2, NCCL_RMA_WASM_DEVICE_AGENT_STAGGER; two-trip reads only). */
+static int ag_stagger;
 static char agentNote[240] = "not started (no copy context used yet)";
 /* nmu guards agentNote alone: notes are set under rmacu_mu or an agent's lock. */
 static pthread_mutex_t nmu = PTHREAD_MUTEX_INITIALIZER;
@@ -117,12 +122,13 @@ __attribute__((format(printf, 1, 2))) static void ag_note(const char* fmt, ...) 
   va_end(ap);
 }
 
-void rmaw_cuda_agent(int mode, uint64_t max, uint64_t idle_us, int inl, int one_read) {
+void rmaw_cuda_agent(int mode, uint64_t max, uint64_t idle_us, int inl, int one_read, int stagger) {
   rmacu_agent_mode = mode;
   rmacu_agent_max = max;
   ag_idle_ns = idle_us * 1000;
   ag_inline = inl;
   ag_one_read = one_read;
+  ag_stagger = stagger;
 }
 
 struct agent {
@@ -238,7 +244,7 @@ static uint64_t ag_done(struct agent* a) { return __atomic_load_n(&a->mem[0], __
  * (under a->mu): the function is its context's, made current. */
 static CUresult ag_kernel(struct agent* a) {
   unsigned long long ring = a->dev, mask = AG_SLOTS - 1, idle = ag_idle_ns,
-                     flags = (ag_inline ? 1 : 0) | (ag_one_read ? 2 : 0);
+                     flags = (ag_inline ? 1 : 0) | (ag_one_read ? 2 : 0) | (ag_stagger ? 4 : 0);
   void* args[] = {&ring, &mask, &idle, &flags};
   __atomic_store_n(&a->mem[24], 1, __ATOMIC_RELEASE);
   CUresult r = rmacu_cu.ctxSetCurrent(a->ctx);

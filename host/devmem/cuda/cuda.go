@@ -55,11 +55,14 @@ var Probe = sync.OnceFunc(func() {
 	case "lean":
 		fillPTX(C.rmacu_agent_ptx[:], agentLeanPTX(agentPTX))
 	}
-	oneRead := C.int(0)
+	oneRead, stagger := C.int(0), C.int(0)
 	if config.DeviceAgentOneRead.Get() {
 		oneRead = 1
 	}
-	C.rmaw_cuda_agent(mode, C.uint64_t(config.DeviceAgentMaxKiB.Get())<<10, C.uint64_t(config.DeviceAgentIdleUs.Get()), inl, oneRead)
+	if config.DeviceAgentStagger.Get() {
+		stagger = 1
+	}
+	C.rmaw_cuda_agent(mode, C.uint64_t(config.DeviceAgentMaxKiB.Get())<<10, C.uint64_t(config.DeviceAgentIdleUs.Get()), inl, oneRead, stagger)
 	if !devrt.Load("CUDA", "CUDA driver", config.CUDA, open) {
 		return
 	}

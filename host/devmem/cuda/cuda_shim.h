@@ -14,7 +14,7 @@ int rmaw_cuda_copy_contexts(void);
 int rmaw_cuda_copy_context_failed(void);
 void rmaw_cuda_stream_atomic(int on);
 void rmaw_cuda_stream_atomic_note(char* out, size_t n);
-void rmaw_cuda_agent(int mode, uint64_t max, uint64_t idle_us, int inl, int one_read);
+void rmaw_cuda_agent(int mode, uint64_t max, uint64_t idle_us, int inl, int one_read, int stagger);
 void rmaw_cuda_agent_stats(uint64_t out[15]);
 uint64_t rmaw_cuda_agent_stalled(uint64_t* pending);
 int rmaw_cuda_agent_runs(uintptr_t ctx);

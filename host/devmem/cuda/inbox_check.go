@@ -60,7 +60,7 @@ func inboxCheck(iters int) (string, error) {
 	var buf [256]C.char
 	errText := func() error { return devrt.ErrText(unsafe.Pointer(&buf[0]), len(buf)) }
 	C.rmaw_cuda_copy_context(1)
-	C.rmaw_cuda_agent(1, 64<<10, 2000, 0, 0)
+	C.rmaw_cuda_agent(1, 64<<10, 2000, 0, 0, 0)
 	if C.rmaw_cuda_open(&buf[0], C.size_t(len(buf))) < 1 {
 		return "", fmt.Errorf("driver: %w", errText())
 	}
