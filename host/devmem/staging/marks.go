@@ -209,10 +209,12 @@ type PeerMarks struct {
 	refs atomic.Int32
 	// pinCtx: the context the page is pinned from for the device to read
 	// (marksig.go), 0: not pinned; rel, its release word's address (0:
-	// none), relIdx its index and released whether it was set (both under
-	// pendingPins).
+	// none), relw the word, relIdx its index (set under pendingPins before
+	// the page is listed in pinnedPages) and released whether releaseDead
+	// set it (under pinnedPages).
 	pinCtx   atomic.Uintptr
 	rel      atomic.Uintptr
+	relw     *atomic.Uint64
 	relIdx   int
 	released bool
 }

@@ -53,10 +53,18 @@ func SetMarkWaitDevice(on bool) { markWaitDevice.Store(on) }
 var pendingPins struct {
 	sync.Mutex
 	ms     []*PeerMarks
-	pinned []*PeerMarks
 	rel    unsafe.Pointer // releaseWords pinned words
 	relCtx uintptr
 	relUse [releaseWords]bool
+}
+
+// pinnedPages lists the pinned pages for releaseDead. Its lock is never
+// held across a driver call, which can wait for an agent that waits for
+// the very release releaseDead would give (pendingPins is, around pinning
+// and unpinning).
+var pinnedPages struct {
+	sync.Mutex
+	ms []*PeerMarks
 }
 
 // releaseWords is how many pages may be pinned at once (a 4 KiB page of
@@ -118,30 +126,29 @@ func (m *PeerMarks) pinLocked(ctx uintptr) {
 	}
 	pendingPins.relUse[i] = true
 	m.relIdx = i
-	w := m.releaseWord()
-	w.Store(0)
-	m.rel.Store(uintptr(unsafe.Pointer(w)))
-	pendingPins.pinned = append(pendingPins.pinned, m)
+	m.relw = (*atomic.Uint64)(unsafe.Add(pendingPins.rel, i*8))
+	m.relw.Store(0)
+	m.rel.Store(uintptr(unsafe.Pointer(m.relw)))
+	pinnedPages.Lock()
+	pinnedPages.ms = append(pinnedPages.ms, m)
+	pinnedPages.Unlock()
 	m.pinCtx.Store(ctx)
-}
-
-// releaseWord is m's release word (pendingPins held, m pinned).
-func (m *PeerMarks) releaseWord() *atomic.Uint64 {
-	return (*atomic.Uint64)(unsafe.Add(pendingPins.rel, m.relIdx*8))
 }
 
 // releaseDead sets the release word of each pinned page whose process is
 // gone, once (the queue watch, each second): its agent will never mark,
 // and the device's waits for it end, their signals skipped and counted.
+// A page stays listed until its unpinning drained its agent, so the word
+// it sets is still that page's.
 func releaseDead() {
-	pendingPins.Lock()
-	defer pendingPins.Unlock()
-	for _, m := range pendingPins.pinned {
+	pinnedPages.Lock()
+	defer pinnedPages.Unlock()
+	for _, m := range pinnedPages.ms {
 		if m.released || unix.Kill(m.pid, 0) != unix.ESRCH {
 			continue
 		}
 		m.released = true
-		m.releaseWord().Store(1)
+		m.relw.Store(1)
 		logx.Info(abi.SubsysNet, "NET/wasm: pid %d exited: the device agent no longer waits for its marks", m.pid)
 	}
 }
@@ -179,13 +186,17 @@ func (m *PeerMarks) unpinForDevice() {
 		return
 	}
 	// Unregistering pauses ctx's agent, which first runs every command
-	// queued before: none reads the page or its release word after.
+	// queued before (a wait for a dead peer's mark ends by releaseDead,
+	// the page still listed): none reads the page or its release word
+	// after.
 	if hr, ok := devmem.Get().(devmem.HostRegisterer); ok {
 		hr.HostUnregister(ctx, unsafe.Pointer(&m.mem[0]))
 	}
-	if i := slices.Index(pendingPins.pinned, m); i >= 0 {
-		pendingPins.pinned = slices.Delete(pendingPins.pinned, i, i+1)
+	pinnedPages.Lock()
+	if i := slices.Index(pinnedPages.ms, m); i >= 0 {
+		pinnedPages.ms = slices.Delete(pinnedPages.ms, i, i+1)
 	}
+	pinnedPages.Unlock()
 	m.rel.Store(0)
 	pendingPins.relUse[m.relIdx] = false
 }

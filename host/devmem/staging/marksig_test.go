@@ -387,11 +387,26 @@ func TestSignalAfterMarkPeerGone(t *testing.T) {
 	if d.timeouts.Load() != 1 || d.peekWord(sig) != 0 || time.Since(start) > 5*time.Second {
 		t.Fatalf("skipped %d, word %d after %v: want the wait ended at once, the signal skipped", d.timeouts.Load(), d.peekWord(sig), time.Since(start))
 	}
-	if live.releaseWord().Load() != 0 {
+	if live.relw.Load() != 0 {
 		t.Fatal("a live peer's page was released")
 	}
 	watchMarkWaits()
 	if markWaitsWarned.Load() != 1 {
 		t.Fatalf("the watch reported %d skipped signals, want 1", markWaitsWarned.Load())
+	}
+}
+
+// TestReleaseDeadWhilePinning: releaseDead does not wait for a pin or an
+// unpin in progress, which hold pendingPins across driver calls that can
+// wait for the very agent it would release.
+func TestReleaseDeadWhilePinning(t *testing.T) {
+	pendingPins.Lock()
+	defer pendingPins.Unlock()
+	done := make(chan struct{})
+	go func() { releaseDead(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("releaseDead waited for a pin in progress")
 	}
 }
