@@ -23,7 +23,9 @@
 // and the host answering each other through pinned memory), writing both
 // to <prefix>.rank<r>.kernel: with the plugin's own trace
 // (NCCL_RMA_WASM_PROFILE_TRACE=<prefix>), test/gpu/hoptrace sets the
-// plugin's points of each hop between the two kernels' stamps.
+// plugin's points of each hop between the two kernels' stamps. With
+// GINPP_SIGNAL=1 each round is a signal alone (a GIN barrier's hop), no
+// payload: only the signals are checked.
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -57,7 +59,7 @@ __device__ static inline uint64_t gtime() {
 }
 
 __global__ void pingpong(ncclWindow_t sendwin, ncclWindow_t recvwin, const volatile uint8_t* recv, size_t bytes, int first,
-                         int n, ncclDevComm dc, unsigned* early, uint64_t* stamps) {
+                         int n, ncclDevComm dc, unsigned* early, uint64_t* stamps, bool sigOnly) {
   ncclGin gin{dc, 0};
   const unsigned sig = 0;
   uint64_t base = gin.readSignal(sig);
@@ -70,16 +72,19 @@ __global__ void pingpong(ncclWindow_t sendwin, ncclWindow_t recvwin, const volat
     if (dc.rank == 1) {
       gin.waitSignal(ncclCoopCta(), sig, base + k + 1);
       if (stamps && threadIdx.x == 0) stamps[2 * k + 1] = gtime();
-      if (threadIdx.x == 0 && (recv[slot] != pat(0, first + k, 0) || recv[slot + bytes - 1] != pat(0, first + k, bytes - 1)))
+      if (!sigOnly && threadIdx.x == 0 &&
+          (recv[slot] != pat(0, first + k, 0) || recv[slot + bytes - 1] != pat(0, first + k, bytes - 1)))
         atomicAdd(early, 1u);
     }
     if (stamps && threadIdx.x == 0) stamps[2 * k] = gtime();
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0 && sigOnly) gin.signal(ncclTeamWorld(dc), peer, ncclGin_StrongSignalInc{sig});
+    else if (threadIdx.x == 0)
       gin.put(ncclTeamWorld(dc), peer, recvwin, slot, sendwin, slot, bytes, ncclGin_StrongSignalInc{sig});
     if (dc.rank == 0) {
       gin.waitSignal(ncclCoopCta(), sig, base + k + 1);
       if (stamps && threadIdx.x == 0) stamps[2 * k + 1] = gtime();
-      if (threadIdx.x == 0 && (recv[slot] != pat(1, first + k, 0) || recv[slot + bytes - 1] != pat(1, first + k, bytes - 1)))
+      if (!sigOnly && threadIdx.x == 0 &&
+          (recv[slot] != pat(1, first + k, 0) || recv[slot + bytes - 1] != pat(1, first + k, bytes - 1)))
         atomicAdd(early, 1u);
     }
   }
@@ -187,7 +192,9 @@ int main(int argc, char** argv) {
   CUDA(cudaEventCreate(&e0));
   CUDA(cudaEventCreate(&e1));
   MPI_Barrier(MPI_COMM_WORLD);
-  if (warm > 0) pingpong<<<1, THREADS, 0, s>>>(sendwin, recvwin, (const volatile uint8_t*)recv, bytes, 0, warm, dc, early, nullptr);
+  const bool sigOnly = getenv("GINPP_SIGNAL") && atoi(getenv("GINPP_SIGNAL")) != 0;
+  if (warm > 0)
+    pingpong<<<1, THREADS, 0, s>>>(sendwin, recvwin, (const volatile uint8_t*)recv, bytes, 0, warm, dc, early, nullptr, sigOnly);
   const char* trace = getenv("GINPP_TRACE");
   uint64_t* stamps = nullptr;
   if (trace && *trace) {
@@ -195,7 +202,7 @@ int main(int argc, char** argv) {
     CUDA(cudaMemsetAsync(stamps, 0, 2 * (size_t)rounds * sizeof(uint64_t), s));
   }
   CUDA(cudaEventRecord(e0, s));
-  pingpong<<<1, THREADS, 0, s>>>(sendwin, recvwin, (const volatile uint8_t*)recv, bytes, warm, rounds, dc, early, stamps);
+  pingpong<<<1, THREADS, 0, s>>>(sendwin, recvwin, (const volatile uint8_t*)recv, bytes, warm, rounds, dc, early, stamps, sigOnly);
   CUDA(cudaEventRecord(e1, s));
   CUDA(cudaStreamSynchronize(s));
   CUDA(cudaGetLastError());
@@ -225,13 +232,15 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> host(total);
   CUDA(cudaMemcpy(host.data(), recv, total, cudaMemcpyDeviceToHost));
   int peer = rank_ ^ 1;
-  for (int r = 0; r < all; r++)
+  for (int r = 0; r < all && !sigOnly; r++)
     for (size_t i = 0; i < bytes; i++)
       if (host[(size_t)r * bytes + i] != pat(peer, r, i))
         FAIL("round %d: byte %zu is %u, want %u", r, i, host[(size_t)r * bytes + i], pat(peer, r, i));
   double us = ms * 1000.0 / (2.0 * rounds), worst = 0;
   MPI_Allreduce(&us, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  if (rank_ == 0) printf("GINPP bytes=%zu rounds=%d us_one_way=%.2f verified=%zu\n", bytes, rounds, worst, 2 * total);
+  if (rank_ == 0)
+    printf("GINPP bytes=%zu rounds=%d us_one_way=%.2f verified=%zu%s\n", bytes, rounds, worst, sigOnly ? 0 : 2 * total,
+           sigOnly ? " signals_alone=1" : "");
 
   CUDA(cudaFree(early));
   NCCL(ncclDevCommDestroy(comm, &dc));

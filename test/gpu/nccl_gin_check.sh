@@ -528,7 +528,8 @@ fi
 # every byte and the order of bytes and signal checked; the agent off, on,
 # and on with agent marks. PP_SIZES (default "8 64"), PP_ROUNDS (2000);
 # PP_TRACE=1 traces each hop (GINPP_TRACE, NCCL_RMA_WASM_PROFILE_TRACE) and
-# prints where its time goes (build/hoptrace, or HOPTRACE).
+# prints where its time goes (build/hoptrace, or HOPTRACE); PP_SIGNAL=1 adds
+# a series of signals alone (a GIN barrier's hop).
 if ! want pingpong; then
   :
 elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx --showme:compile) -c "$ROOT/test/gpu/gin_pingpong.cu" -o "$OUT/gin_pingpong.o" >"$OUT/gin_pingpong-build.log" 2>&1 &&
@@ -545,6 +546,9 @@ elif nvcc -O2 -std=c++17 -arch="${arch:-sm_90}" -I"$NCCL_HOME/include" $(mpicxx 
     # "markwait": the marks series again with the target's agent waiting
     # for each mark.
     ref markwait && pp="$pp|markwait NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=1"
+    # PP_SIGNAL=1: the default's series with signals alone (GINPP_SIGNAL),
+    # a GIN barrier's hop.
+    [ "${PP_SIGNAL:-0}" = 1 ] && pp="$pp|signal NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 GINPP_SIGNAL=1"
     # "stagger": the marks series again with the staggered pollers.
     ref stagger && pp="$pp|stagger NCCL_RMA_WASM_DEVICE_AGENT=1 NCCL_RMA_WASM_INTRANODE_AGENT_MARKS=1 NCCL_RMA_WASM_DEVICE_AGENT_STAGGER=1"
     # "oneread": the marks series again with the agent's one-read pickup.

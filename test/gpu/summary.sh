@@ -82,6 +82,7 @@ for b in 64 4096; do
   printf '%-46s %10s %10s %12s\n' "GIN a2a $b B, agent polls from 1|4 warps, mean" "$(gm st-one-$b $b)" "$(gm st-four-$b $b)" ""
 done
 for b in ${PP_SIZES:-8 64}; do
+  [ -f "$G/gin_pingpong-signal-$b.log" ] && printf '%-46s %10s %10s %12s\n' "GIN ping-pong one way ${b} B, signals alone" "" "$(pp "$G/gin_pingpong-signal-$b.log" $b)" ""
   [ -f "$G/gin_pingpong-stagger-$b.log" ] && printf '%-46s %10s %10s %12s\n' "GIN ping-pong one way ${b} B, staggered pollers" "" "$(pp "$G/gin_pingpong-stagger-$b.log" $b)" ""
   [ -f "$G/gin_pingpong-markwait-$b.log" ] && printf '%-46s %10s %10s %12s\n' "GIN ping-pong one way ${b} B, marks waited on device" "" "$(pp "$G/gin_pingpong-markwait-$b.log" $b)" ""
 done

@@ -9,7 +9,9 @@
 // marked copy, the header written), then the target's (the header looked
 // at, the mark seen, the signal applied), then the target's kernel seeing
 // the signal, and prints the median, 10th and 90th percentiles of each
-// segment over the rounds where every point was found.
+// segment over the rounds where every point was found. A point the series
+// never meets (a signal alone has no copy and no marked header; a mark the
+// target's agent waits for is seen by no host) counts 0.
 //
 //	hoptrace <prefix>
 package main
@@ -114,9 +116,9 @@ func (p pluginTrace) first(name string, t int64) int64 {
 // kernels' stamps.
 var segments = []string{
 	"sender kernel's put -> plugin call entered",
-	"call -> marked copy handed to the agent",
+	"call -> marked copy handed to the agent (0: none)",
 	"copy handed -> header written",
-	"header written -> target's caller looks at it",
+	"header written -> target's caller looks (0: unmarked)",
 	"looked at -> sender's mark seen (0: the agent waits)",
 	"mark seen -> signal applied (agent command queued)",
 	"signal applied -> target kernel sees it",
@@ -133,10 +135,11 @@ func hop(put, seen, tol int64, s, t pluginTrace) ([]int64, bool) {
 		tr   pluginTrace
 		name string
 	}{{s, "post"}, {s, "copy"}, {s, "wire"}, {t, "read"}, {t, "mark"}, {t, "signal"}} {
-		if step.name == "mark" && len(t["mark"]) == 0 {
-			// The target's agent waits for the mark itself
-			// (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE): no host sees it,
-			// and the look is followed by the signal at once.
+		if len(step.tr[step.name]) == 0 {
+			// A point this series never meets counts 0: no marked copy
+			// and no look at a marked header for a signal alone
+			// (GINPP_SIGNAL), no mark seen by the host where the target's
+			// agent waits for it (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE).
 			pts = append(pts, at)
 			continue
 		}

@@ -20,6 +20,47 @@ func TestRun(t *testing.T) {
 	t.Run("marks waited for on the device", func(t *testing.T) { testRun(t, true) })
 }
 
+// TestRunSignalsAlone: a series of signals alone (GINPP_SIGNAL) has no
+// copy, look or mark point: the call, the header and the signal still
+// give the hop, the missing segments 0.
+func TestRunSignalsAlone(t *testing.T) {
+	dir := t.TempDir()
+	prefix := filepath.Join(dir, "sig-8")
+	var kern, plug [2]strings.Builder
+	for r := range 2 {
+		fmt.Fprintf(&kern[r], "offset 0 500\n")
+		fmt.Fprintf(&plug[r], "# NET/wasm trace of rank %d (pid %d): n points (realtime ns)\n", r, 20+r)
+	}
+	t0 := int64(5_000_000_000)
+	var puts, seens [2][10]int64
+	for k := range 10 {
+		for _, d := range []struct{ from, to int }{{0, 1}, {1, 0}} {
+			puts[d.from][k] = t0
+			fmt.Fprintf(&plug[d.from], "post %d\nwire %d\n", t0+2000, t0+3000)
+			fmt.Fprintf(&plug[d.to], "signal %d\n", t0+7000)
+			seens[d.to][k] = t0 + 10000
+			t0 += 20000
+		}
+	}
+	for r := range 2 {
+		for k := range 10 {
+			fmt.Fprintf(&kern[r], "round %d %d %d\n", k, puts[r][k], seens[r][k])
+		}
+		os.WriteFile(fmt.Sprintf("%s.rank%d.kernel", prefix, r), []byte(kern[r].String()), 0o644)
+		os.WriteFile(fmt.Sprintf("%s.%d", prefix, 20+r), []byte(plug[r].String()), 0o644)
+	}
+	var out strings.Builder
+	if err := run(prefix, &out); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for i, want := range []float64{2, 0, 1, 0, 0, 4, 3} {
+		if !strings.Contains(s, fmt.Sprintf("%-52s p50 %7.2f", segments[i], want)) {
+			t.Errorf("segment %q: want %.2f in:\n%s", segments[i], want, s)
+		}
+	}
+}
+
 func testRun(t *testing.T, noMark bool) {
 	dir := t.TempDir()
 	prefix := filepath.Join(dir, "marks-8")
