@@ -308,8 +308,9 @@ func queueAfterMark(mw devmem.MarkWaiter, ctx, dev uintptr, v uint64, add bool, 
 // markWaitsWarned is how many skipped signals the watch has reported.
 var markWaitsWarned atomic.Uint64
 
-// watchMarkWaits WARNs when the agents skipped signals whose marks did not
-// come within 30 s since the last look (the queue watch, each second).
+// watchMarkWaits releases the waits for exited peers' marks (releaseDead)
+// and WARNs when the agents skipped signals since the last look (the queue
+// watch, each second).
 func watchMarkWaits() {
 	mw, ok := devmem.Get().(devmem.MarkWaiter)
 	if !ok || !markWaitDevice.Load() {
@@ -318,6 +319,6 @@ func watchMarkWaits() {
 	releaseDead()
 	n := mw.MarkWaitTimeouts()
 	if was := markWaitsWarned.Load(); n > was && markWaitsWarned.CompareAndSwap(was, n) {
-		logx.Warn(abi.SubsysNet, "NET/wasm: %d signal(s) were dropped: the device agent waited 30 s for a peer's mark that never came (the peer's process died or its agent stopped mid-copy); their operations' data may be missing (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=0 has the host wait instead)", n-was)
+		logx.Warn(abi.SubsysNet, "NET/wasm: %d signal(s) were dropped: the device agent stopped waiting for a peer's mark that did not come (the peer's process exited, or 30 s passed: its agent stopped mid-copy); their operations' data may be missing (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=0 has the host wait instead)", n-was)
 	}
 }
