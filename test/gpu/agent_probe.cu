@@ -392,6 +392,29 @@ int main(int argc, char** argv) {
       }
       report(name, "mark+add", v);
       v.clear();
+      // B asked first to wait for A's mark itself, then A's copy and mark
+      // (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE), from A's command to B's
+      // add done: the mark in pinned host memory (as the mark page), then
+      // in device memory (what a device mirror of the marks would give).
+      for (int where = 0; where < 2; where++) {
+        uint64_t mk = where ? (uint64_t)sigw + 32 : (uint64_t)hbufDev + 1544;
+        uint64_t s0 = put(rb, 2, 0, 0, mk, 0);  // the mark word from 0, by B's agent
+        if (!wait_done(rb, s0)) return 1;
+        for (int i = 0; i < iters; i++) {
+          uint64_t s = put(rb, 3 | 16, (uint64_t)(i + 1), mk, (uint64_t)sigw + 16 + 8 * where, 1);
+          for (double t = now_us(); now_us() - t < 5;) {
+          }
+          double t0 = now_us();
+          put(r, 7, 64, (uint64_t)dbuf, (uint64_t)pay, (uint64_t)(i + 1), mk);
+          if (!wait_done(rb, s)) {
+            printf("PROBE FAIL %s: B never added after the mark\n", name);
+            return 1;
+          }
+          v.push_back(now_us() - t0);
+        }
+        report(name, where ? "mark (device)+B waits" : "mark (host)+B waits", v);
+        v.clear();
+      }
       for (int i = 0; i < iters; i++) {
         double t0 = now_us();
         uint64_t s = put(rb, 0, 0, 0, 0, 0);
@@ -411,12 +434,15 @@ int main(int argc, char** argv) {
       put(rb, 5, 0, 0, 0, 0);
       CK(cuStreamSynchronize(st));
       CK(cuStreamSynchronize(st2));
-      uint64_t w[2];
-      CK(cuMemcpyDtoH(w, sigw, 16));
-      printf("PROBE %s: inbox adds %llu of %d, host-applied adds %llu of %d, bad entries read %s and flagged %s: %s\n", name,
-             (unsigned long long)w[0], iters, (unsigned long long)w[1], iters, (c1 & low62) == pos ? "yes" : "NO",
-             c1 >> 62 & 1 ? "yes" : "NO",
-             w[0] == (uint64_t)iters && w[1] == (uint64_t)iters && (c1 & low62) == pos && (c1 >> 62 & 1) ? "right" : "WRONG");
+      uint64_t w[4];
+      CK(cuMemcpyDtoH(w, sigw, 32));
+      printf("PROBE %s: inbox adds %llu of %d, host-applied adds %llu of %d, adds after host and device marks %llu, %llu, bad entries read %s and flagged %s: %s\n",
+             name, (unsigned long long)w[0], iters, (unsigned long long)w[1], iters, (unsigned long long)w[2],
+             (unsigned long long)w[3], (c1 & low62) == pos ? "yes" : "NO", c1 >> 62 & 1 ? "yes" : "NO",
+             w[0] == (uint64_t)iters && w[1] == (uint64_t)iters && w[2] == (uint64_t)iters && w[3] == (uint64_t)iters &&
+                     (c1 & low62) == pos && (c1 >> 62 & 1)
+                 ? "right"
+                 : "WRONG");
     }
   }
   printf("PROBE done\n");
