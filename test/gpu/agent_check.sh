@@ -25,9 +25,10 @@ t0=$(date +%s)
 PROBE_OUT=$O/probe timeout 150 "$ROOT/test/gpu/agent_probe.sh" 2000 "$ROOT/host/devmem/cuda/agent.ptx" ${PROBE_PTX:-} >"$O/probe.log" 2>&1
 grep -E "^PROBE" "$O/probe.log" | grep -v "of 2\]" | sed 's/^/AGENT-CHECK /'
 # GIN_CHECK=0 skips the real-NCCL part (no NCCL build): the probe,
-# staging_bench and cuda_check alone, for a short look.
+# staging_bench and cuda_check alone, for a short look. The ping-pongs are
+# traced hop by hop (PP_TRACE, build/hoptrace; PP_TRACE=0 leaves it out).
 if [ "${GIN_CHECK:-1}" != 0 ]; then
-  NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin pingpong} GIN_REFS=${GIN_REFS-agent many gatherwriter fused marks} \
+  PP_TRACE=${PP_TRACE-1} NCCL_ONLY_FUNCS=${NCCL_ONLY_FUNCS-SendRecv} CHECKS=${CHECKS-cuda_check host_rma gin pingpong} GIN_REFS=${GIN_REFS-agent many gatherwriter fused marks} \
     PER_RUN_TIMEOUT=${PER_RUN_TIMEOUT:-60} timeout ${GIN_CHECK_S:-400} "$ROOT/test/gpu/nccl_gin_check.sh" "$SRC" 0 "$O/gin"
   echo "AGENT-CHECK: nccl_gin_check done at $(($(date +%s) - t0)) s"
 fi
