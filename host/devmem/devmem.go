@@ -270,9 +270,9 @@ type MarkWaiter interface {
 	// 0. false (and no error): ctx runs no agent, or it cannot reach mark
 	// or release.
 	SignalAfterMark(ctx, sig uintptr, v uint64, add bool, mark uintptr, mv uint64, release uintptr) (bool, error)
-	// MarkWaitTimeouts is how many such signals the agents skipped because
-	// the mark did not come within 30 s.
-	MarkWaitTimeouts() uint64
+	// MarkWaitsSkipped is how many such signals the agents skipped: the
+	// release word was set (the peer exited), or no mark within 30 s.
+	MarkWaitsSkipped() uint64
 }
 
 // HostRegisterer is implemented by a device that can pin host memory it

@@ -775,8 +775,8 @@ int rmaw_cuda_agent_runs(uintptr_t ctx) {
  * fused landings, whose command they share), [11] slots the one-read
  * kernel took the two-trip way (ag_check), [12] host writes of inbox rows
  * (rmaw_cuda_write_idle), [13] signals queued to follow a peer's mark
- * (rmaw_cuda_signal_after_mark), [14] of them skipped because the mark did
- * not come within 30 s. */
+ * (rmaw_cuda_signal_after_mark), [14] of them skipped (the release word
+ * set, or no mark within 30 s). */
 void rmaw_cuda_agent_stats(uint64_t out[15]) {
   memset(out, 0, 15 * sizeof out[0]);
   int n = __atomic_load_n(&rmacu_nctxs, __ATOMIC_ACQUIRE);

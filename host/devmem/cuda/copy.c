@@ -100,16 +100,24 @@ void rmacu_host_free(void* p) {
   rmacu_ag_resume_all(a, MAX_CTX);
 }
 
-/* Pins memory we mapped ourselves (the intra-node staging ring, shared
- * with another process), portable to every context. */
-int rmacu_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
+/* host_register pins [p, p+n) from ctx with flags, ctx's agent paused
+ * around the call (it can wait for the context's kernels). */
+static int host_register(uintptr_t ctx, void* p, uint64_t n, unsigned flags, const char* what, char* err, size_t errlen) {
   if (!rmacu_cu.memHostRegister) return rmaw_fail(err, errlen, "the driver has no cuMemHostRegister");
   struct agent* a = rmacu_ag_pause(ctx);
   CUresult r = rmacu_cu.ctxSetCurrent((CUcontext)ctx);
-  /* DEVICEMAP where the agent may run, so that it reaches the ring. */
-  if (r == 0) r = rmacu_cu.memHostRegister(p, (size_t)n, MEMHOSTALLOC_PORTABLE | (rmacu_agent_mode ? 2 : 0));
+  if (r == 0) r = rmacu_cu.memHostRegister(p, (size_t)n, flags);
   rmacu_ag_resume(a);
-  if (r != 0) return rmaw_fail(err, errlen, "cuMemHostRegister of %llu bytes: %s", (unsigned long long)n, rmacu_errstr(r));
+  if (r != 0) return rmaw_fail(err, errlen, "%s of %llu bytes: %s", what, (unsigned long long)n, rmacu_errstr(r));
+  return 0;
+}
+
+/* Pins memory we mapped ourselves (the intra-node staging ring, shared
+ * with another process), portable to every context. */
+int rmacu_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
+  /* DEVICEMAP where the agent may run, so that it reaches the ring. */
+  if (host_register(ctx, p, n, MEMHOSTALLOC_PORTABLE | (rmacu_agent_mode ? 2 : 0), "cuMemHostRegister", err, errlen) != 0)
+    return -1;
   if (rmacu_agent_mode) rmacu_hr_add(p, n);
   return 0;
 }
@@ -118,13 +126,7 @@ int rmacu_host_register(uintptr_t ctx, void* p, uint64_t n, char* err, size_t er
  * mark page) for the agent to read: CU_MEMHOSTREGISTER_READ_ONLY (8), which
  * a mapping without write access needs, with PORTABLE and DEVICEMAP. */
 int rmaw_cuda_host_register_ro(uintptr_t ctx, void* p, uint64_t n, char* err, size_t errlen) {
-  if (!rmacu_cu.memHostRegister) return rmaw_fail(err, errlen, "the driver has no cuMemHostRegister");
-  struct agent* a = rmacu_ag_pause(ctx);
-  CUresult r = rmacu_cu.ctxSetCurrent((CUcontext)ctx);
-  if (r == 0) r = rmacu_cu.memHostRegister(p, (size_t)n, MEMHOSTALLOC_PORTABLE | 2 | 8);
-  rmacu_ag_resume(a);
-  if (r != 0)
-    return rmaw_fail(err, errlen, "cuMemHostRegister (read-only) of %llu bytes: %s", (unsigned long long)n, rmacu_errstr(r));
+  if (host_register(ctx, p, n, MEMHOSTALLOC_PORTABLE | 2 | 8, "cuMemHostRegister (read-only)", err, errlen) != 0) return -1;
   /* The agent reads host memory at its host address only (rmacu_hr_ok). */
   CUdeviceptr d = 0;
   if (!rmacu_cu.memHostGetDevicePointer || rmacu_cu.memHostGetDevicePointer(&d, p, 0) != 0 || d != (CUdeviceptr)(uintptr_t)p) {

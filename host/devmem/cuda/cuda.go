@@ -193,14 +193,15 @@ func (cudaDevice) AgentStats() string {
 		s += fmt.Sprintf("; slots read whole, %d of them read again the two-trip way after torn reads", v[11])
 	}
 	if v[13] > 0 {
-		s += fmt.Sprintf("; %d signals that waited on the device for their peer's mark (%d skipped: no mark within 30 s)", v[13], v[14])
+		s += fmt.Sprintf("; %d signals that waited on the device for their peer's mark (%d skipped: the peer exited, or no mark within 30 s)", v[13], v[14])
 	}
 	return s
 }
 
-// MarkWaitTimeouts is how many signals after a mark the agents skipped
-// because the mark did not come within 30 s (devmem.MarkWaiter).
-func (cudaDevice) MarkWaitTimeouts() uint64 {
+// MarkWaitsSkipped is how many signals after a mark the agents skipped:
+// the peer's process exited, or the mark did not come within 30 s
+// (devmem.MarkWaiter).
+func (cudaDevice) MarkWaitsSkipped() uint64 {
 	var v [15]C.uint64_t
 	C.rmaw_cuda_agent_stats(&v[0])
 	return uint64(v[14])

@@ -209,7 +209,7 @@ type PeerMarks struct {
 	refs atomic.Int32
 	// pinCtx: the context the page is pinned from for the device to read
 	// (marksig.go), 0: not pinned; rel, its release word's address (0:
-	// none), relw the word, relIdx its index (set under pendingPins before
+	// none), relw the word, relIdx its index (set under devicePins before
 	// the page is listed in pinnedPages) and released whether releaseDead
 	// set it (under pinnedPages).
 	pinCtx   atomic.Uintptr

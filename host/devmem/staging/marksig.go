@@ -42,25 +42,24 @@ var markWaitDevice atomic.Bool
 // at init; peers' pages mapped before keep their state).
 func SetMarkWaitDevice(on bool) { markWaitDevice.Store(on) }
 
-// pendingPins holds the peers' pages mapped before our own page was made
-// (a peer may hand its page over first): MarkPage pins them, from our
-// page's context, once it exists. pinned holds the pinned pages, each with
-// a release word: a pinned host word the agent's wait also reads, which
-// the queue watch sets once the page's process is gone, so that a wait
-// for a mark that will never come ends within a second instead of 30 s
-// (releaseDead). The words live in one pinned page, made with the first
-// pin and freed at the last finalize.
-var pendingPins struct {
+// devicePins is the state of the peers' pages pinned for the device: ms
+// holds those mapped before our own page was made (a peer may hand its
+// page over first), which MarkPage pins, from our page's context, once it
+// exists; rel is one pinned page of release words, one per pinned peer
+// page (relUse), which the agent's wait also reads and the queue watch
+// sets once that page's process is gone, so that a wait for a mark that
+// will never come ends within a second instead of 30 s (releaseDead). The
+// words are made with the first pin and freed at the last finalize.
+var devicePins struct {
 	sync.Mutex
 	ms     []*PeerMarks
 	rel    unsafe.Pointer // releaseWords pinned words
-	relCtx uintptr
 	relUse [releaseWords]bool
 }
 
 // pinnedPages lists the pinned pages for releaseDead. Its lock is never
 // held across a driver call, which can wait for an agent that waits for
-// the very release releaseDead would give (pendingPins is, around pinning
+// the very release releaseDead would give (devicePins is, around pinning
 // and unpinning).
 var pinnedPages struct {
 	sync.Mutex
@@ -78,11 +77,11 @@ func (m *PeerMarks) pinForDevice() {
 	if !markWaitDevice.Load() {
 		return
 	}
-	pendingPins.Lock()
-	defer pendingPins.Unlock()
+	devicePins.Lock()
+	defer devicePins.Unlock()
 	p := marks.page.Load()
 	if p == nil {
-		pendingPins.ms = append(pendingPins.ms, m)
+		devicePins.ms = append(devicePins.ms, m)
 		return
 	}
 	m.pinLocked(p.ctx)
@@ -91,30 +90,30 @@ func (m *PeerMarks) pinForDevice() {
 // pinPending pins the pages mapped before our page (made from ctx)
 // existed.
 func pinPending(ctx uintptr) {
-	pendingPins.Lock()
-	defer pendingPins.Unlock()
-	for _, m := range pendingPins.ms {
+	devicePins.Lock()
+	defer devicePins.Unlock()
+	for _, m := range devicePins.ms {
 		m.pinLocked(ctx)
 	}
-	pendingPins.ms = nil
+	devicePins.ms = nil
 }
 
 // pinLocked pins m from ctx; one INFO line when it cannot, and the host
-// waits for this peer's marks. pendingPins held.
+// waits for this peer's marks. devicePins held.
 func (m *PeerMarks) pinLocked(ctx uintptr) {
 	mw, ok := devmem.Get().(devmem.MarkWaiter)
 	if !ok || m.mem == nil {
 		return
 	}
-	i := slices.Index(pendingPins.relUse[:], false)
-	if pendingPins.rel == nil && i >= 0 {
+	i := slices.Index(devicePins.relUse[:], false)
+	if devicePins.rel == nil && i >= 0 {
 		p, err := devmem.Get().AllocPinned(ctx, releaseWords*8)
 		if err != nil {
 			logx.Info(abi.SubsysNet, "NET/wasm: the device cannot wait for the peers' marks, so the host does: %v", err)
 			return
 		}
 		clear(unsafe.Slice((*uint64)(p), releaseWords))
-		pendingPins.rel, pendingPins.relCtx = p, ctx
+		devicePins.rel = p
 	}
 	if i < 0 {
 		logx.Info(abi.SubsysNet, "NET/wasm: %d peers' mark pages are waited for on the device already; the host waits for those of pid %d", releaseWords, m.pid)
@@ -124,9 +123,9 @@ func (m *PeerMarks) pinLocked(ctx uintptr) {
 		logx.Info(abi.SubsysNet, "NET/wasm: the mark page of pid %d cannot be read by the device, so the host waits for its marks: %v", m.pid, err)
 		return
 	}
-	pendingPins.relUse[i] = true
+	devicePins.relUse[i] = true
 	m.relIdx = i
-	m.relw = (*atomic.Uint64)(unsafe.Add(pendingPins.rel, i*8))
+	m.relw = (*atomic.Uint64)(unsafe.Add(devicePins.rel, i*8))
 	m.relw.Store(0)
 	m.rel.Store(uintptr(unsafe.Pointer(m.relw)))
 	pinnedPages.Lock()
@@ -156,15 +155,15 @@ func releaseDead() {
 // freeReleaseWords frees the release words' page (the last finalize, every
 // agent stopped and every page unpinned).
 func freeReleaseWords() {
-	pendingPins.Lock()
-	defer pendingPins.Unlock()
-	if pendingPins.rel == nil || slices.Contains(pendingPins.relUse[:], true) {
+	devicePins.Lock()
+	defer devicePins.Unlock()
+	if devicePins.rel == nil || slices.Contains(devicePins.relUse[:], true) {
 		return
 	}
 	if d := devmem.Get(); d != nil {
-		d.FreePinned(pendingPins.rel)
+		d.FreePinned(devicePins.rel)
 	}
-	pendingPins.rel, pendingPins.relCtx = nil, 0
+	devicePins.rel = nil
 }
 
 // DeviceWaits reports whether our device agent may wait for m's marks
@@ -176,10 +175,10 @@ func (m *PeerMarks) DeviceWaitsIn(ctx uintptr) bool { return m.DeviceWaits() && 
 
 // unpinForDevice undoes pinForDevice before the page is unmapped.
 func (m *PeerMarks) unpinForDevice() {
-	pendingPins.Lock()
-	defer pendingPins.Unlock()
-	if i := slices.Index(pendingPins.ms, m); i >= 0 {
-		pendingPins.ms = slices.Delete(pendingPins.ms, i, i+1)
+	devicePins.Lock()
+	defer devicePins.Unlock()
+	if i := slices.Index(devicePins.ms, m); i >= 0 {
+		devicePins.ms = slices.Delete(devicePins.ms, i, i+1)
 	}
 	ctx := m.pinCtx.Swap(0)
 	if ctx == 0 {
@@ -198,7 +197,7 @@ func (m *PeerMarks) unpinForDevice() {
 	}
 	pinnedPages.Unlock()
 	m.rel.Store(0)
-	pendingPins.relUse[m.relIdx] = false
+	devicePins.relUse[m.relIdx] = false
 }
 
 // AddSignalAfterMark is AddSignal for a put+signal whose payload the peer's
@@ -317,7 +316,7 @@ func watchMarkWaits() {
 		return
 	}
 	releaseDead()
-	n := mw.MarkWaitTimeouts()
+	n := mw.MarkWaitsSkipped()
 	if was := markWaitsWarned.Load(); n > was && markWaitsWarned.CompareAndSwap(was, n) {
 		logx.Warn(abi.SubsysNet, "NET/wasm: %d signal(s) were dropped: the device agent stopped waiting for a peer's mark that did not come (the peer's process exited, or 30 s passed: its agent stopped mid-copy); their operations' data may be missing (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE=0 has the host wait instead)", n-was)
 	}

@@ -73,7 +73,7 @@ func (d *markWaitDev) HostRegisterReadOnly(_ uintptr, p unsafe.Pointer, n uint64
 	d.mu.Unlock()
 	return nil
 }
-func (d *markWaitDev) MarkWaitTimeouts() uint64 { return d.timeouts.Load() }
+func (d *markWaitDev) MarkWaitsSkipped() uint64 { return d.timeouts.Load() }
 func (d *markWaitDev) SignalAfterMark(_, sig uintptr, v uint64, add bool, mark uintptr, mv uint64, release uintptr) (bool, error) {
 	if d.refuse.Load() {
 		return false, nil
@@ -397,11 +397,11 @@ func TestSignalAfterMarkPeerGone(t *testing.T) {
 }
 
 // TestReleaseDeadWhilePinning: releaseDead does not wait for a pin or an
-// unpin in progress, which hold pendingPins across driver calls that can
+// unpin in progress, which hold devicePins across driver calls that can
 // wait for the very agent it would release.
 func TestReleaseDeadWhilePinning(t *testing.T) {
-	pendingPins.Lock()
-	defer pendingPins.Unlock()
+	devicePins.Lock()
+	defer devicePins.Unlock()
 	done := make(chan struct{})
 	go func() { releaseDead(); close(done) }()
 	select {
