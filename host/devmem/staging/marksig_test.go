@@ -410,3 +410,49 @@ func TestReleaseDeadWhilePinning(t *testing.T) {
 		t.Fatal("releaseDead waited for a pin in progress")
 	}
 }
+
+// TestPeerMarksPinBound: past releaseWords pinned pages a page is not
+// pinned (the host waits for its marks), and a page unpinned gives its
+// word back for the next.
+func TestPeerMarksPinBound(t *testing.T) {
+	d := newMarkWaitDev(0)
+	first, _ := markWaitSetup(t, d)
+	devicePins.Lock()
+	for i := range devicePins.relUse {
+		devicePins.relUse[i] = true // every word taken (first's among them)
+	}
+	devicePins.Unlock()
+	fd, _ := markFile(t)
+	over, err := OpenPeerMarks(fd, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if over.DeviceWaits() {
+		t.Fatal("a page pinned with every release word taken")
+	}
+	over.Close()
+	devicePins.Lock()
+	for i := range devicePins.relUse {
+		devicePins.relUse[i] = i == first.relIdx
+	}
+	devicePins.Unlock()
+	first.Retain()
+	first.Close()
+	first.Close() // unpinned: its word free again
+	devicePins.Lock()
+	free := !devicePins.relUse[first.relIdx]
+	devicePins.Unlock()
+	if !free {
+		t.Fatal("an unpinned page kept its release word")
+	}
+	first.refs.Store(1) // the setup's cleanup closes it once more
+	fd2, _ := markFile(t)
+	next, err := OpenPeerMarks(fd2, os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	if !next.DeviceWaits() {
+		t.Fatal("a freed release word was not given to the next page")
+	}
+}
