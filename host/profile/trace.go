@@ -21,7 +21,7 @@ const (
 	PtPost   Point = iota + 1 // initiator: a data call (iput, iputSignal, iget) entered
 	PtCopy                    // initiator: its device copy handed to the device agent with a mark
 	PtWire                    // initiator: its header written to the lane
-	PtRead                    // target: a marked header looked at by the caller's thread
+	PtRead                    // target: a marked header looked at (NCCL's thread or the service)
 	PtMark                    // target: the sender's mark seen
 	PtSignal                  // target: the signal applied or queued on the device
 )

@@ -285,6 +285,9 @@ func (t *Link) orderMarked(h *wire.Header, sig link.Signal, evs link.Events) (li
 		logx.Warn(abi.SubsysNet, "NET/wasm: %v; dropping its connections", err)
 		return sig, err
 	}
+	// The caller's thread may have looked at it first (markReached); a
+	// trace takes the first look.
+	profile.Mark(profile.PtRead)
 	sig.Marks, sig.MarkK, sig.MarkV = pm, uint8(h.Status), h.Off
 	if evs.PeerOpened() {
 		sig.Evs = evs // an event waited for on a stream may be pending

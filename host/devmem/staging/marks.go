@@ -329,6 +329,7 @@ var ErrMarkPeerGone = errors.New("the peer's process exited before its agent mar
 func (m *PeerMarks) Wait(k int, v uint64) error {
 	w := &m.w[k]
 	if w.Load() >= v {
+		profile.Mark(profile.PtMark)
 		return nil
 	}
 	if profile.On() {
@@ -341,11 +342,13 @@ func (m *PeerMarks) Wait(k int, v uint64) error {
 	}
 	for n := 0; ; n++ {
 		if w.Load() >= v {
+			profile.Mark(profile.PtMark)
 			return nil
 		}
 		if n%100 == 0 {
 			if unix.Kill(m.pid, 0) == unix.ESRCH {
 				if w.Load() >= v {
+					profile.Mark(profile.PtMark)
 					return nil
 				}
 				return fmt.Errorf("mark %d of word %d (pid %d): %w", v, k, m.pid, ErrMarkPeerGone)
