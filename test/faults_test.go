@@ -20,6 +20,37 @@ import (
 // did not reach still carried puts): the harness reports that as clean.
 var faultLine = regexp.MustCompile(`\[rank (\d+)\] fault (\S+): lost rank (\d+): .* (?:ncclRemoteError|refusal \(ncclInvalidArgument\)) after ([0-9.]+) s, queryLastError true after ([0-9.]+) s`)
 
+// faultFailedAt matches the end of a fault line: when the first operation
+// failed on the host's monotonic clock, which every process shares.
+var faultFailedAt = regexp.MustCompile(`\[rank (\d+)\] fault (\S+): lost rank .* none pending \(failed at ([0-9.]+)\)`)
+
+// faultSince returns, per reporting rank, the seconds from the parent's
+// strike (the first match of strike in out, whose group 1 is its monotonic
+// time) to that rank's first failed operation. Unlike faultRuns' phase
+// clocks, which start when each rank got going, it counts from the strike
+// itself, however late a loaded machine ran a survivor.
+func faultSince(t *testing.T, out, fault, strike string, want int) map[int]float64 {
+	t.Helper()
+	m := regexp.MustCompile(strike).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no %q line:\n%s", strike, tail(out))
+	}
+	at, _ := strconv.ParseFloat(m[1], 64)
+	got := map[int]float64{}
+	for _, m := range faultFailedAt.FindAllStringSubmatch(out, -1) {
+		if m[2] != fault {
+			continue
+		}
+		r, _ := strconv.Atoi(m[1])
+		f, _ := strconv.ParseFloat(m[3], 64)
+		got[r] = f - at
+	}
+	if len(got) != want {
+		t.Fatalf("%d ranks reported the %s fault with its time, want %d:\n%s", len(got), fault, want, tail(out))
+	}
+	return got
+}
+
 // faultRuns returns, per reporting rank, the seconds after the start of the
 // fault phase at which an operation failed.
 func faultRuns(t *testing.T, out, fault string, want int) map[int]float64 {
@@ -54,13 +85,12 @@ func TestFaultKillMidOperation(t *testing.T) {
 			if !strings.Contains(out, "SIGKILL rank 2") {
 				t.Fatalf("the victim was not killed:\n%s", tail(out))
 			}
-			for r, s := range faultRuns(t, out, c.fault, 2) {
-				// The kill comes 0.3 s into the killer's phase; the loss must
-				// show within 10 s of it. No lower bound: each rank's phase
-				// clock starts when that rank enters it, which a loaded
-				// machine delays by a variable amount.
-				if s > 10.3 {
-					t.Errorf("rank %d saw the loss %.3f s into the phase, want it within 10 s of the kill", r, s)
+			faultRuns(t, out, c.fault, 2)
+			for r, s := range faultSince(t, out, c.fault, `SIGKILL rank 2 \(at ([0-9.]+)\)`, 2) {
+				// Nothing fails before the kill, and the loss shows
+				// within 10 s of it.
+				if s < 0 || s > 10 {
+					t.Errorf("rank %d saw the loss %.3f s after the kill, want it within 10 s", r, s)
 				}
 			}
 		})
@@ -80,11 +110,13 @@ func TestFaultStoppedPeer(t *testing.T) {
 			out := runDriver(t, []string{"NCCL_RMA_WASM_PEER_TIMEOUT_MS=2000", "NCCL_RMA_WASM_INTRANODE=" + intra},
 				"--ranks", "3", "--scenario", "fault", "--fault", "stop", "--kill-rank", "2",
 				"--size", "8m", "--iters", "1", "--timeout", "30")
-			for r, s := range faultRuns(t, out, "stop", 2) {
-				// The phase clock starts when the survivor got going, which
-				// on a loaded machine can be a little after the SIGSTOP.
-				if s < 1.5 || s > 15 {
-					t.Errorf("rank %d failed the stopped peer %.3f s into the phase, want the 2 s timeout (1.5..15)", r, s)
+			faultRuns(t, out, "stop", 2)
+			for r, s := range faultSince(t, out, "stop", `SIGSTOP rank 2 \(pid \d+\) for good \(at ([0-9.]+)\)`, 2) {
+				// No byte moves after the SIGSTOP, so the 2 s count cannot
+				// end much before 2 s after it (a survivor's last byte may
+				// have moved a little before it).
+				if s < 1.5 || s > 20 {
+					t.Errorf("rank %d failed the stopped peer %.3f s after the SIGSTOP, want the 2 s timeout (1.5..20)", r, s)
 				}
 			}
 			if !strings.Contains(out, "moved no byte for 2s with operations outstanding") {
@@ -95,22 +127,28 @@ func TestFaultStoppedPeer(t *testing.T) {
 }
 
 // TestFaultStopCont stops a rank for 1.5 s at the start of a round and
-// lets it go on, well within the peer timeout: the round waits for it, then
-// every byte and signal of it and of the next round is verified and no
-// rank reports an error.
+// lets it go on, well within the peer timeout: the round waits for it (no
+// survivor ends it before the SIGCONT, on the host's monotonic clock, which
+// every process shares), then every byte and signal of it and of the next
+// round is verified and no rank reports an error.
 func TestFaultStopCont(t *testing.T) {
 	out := runDriver(t, []string{"NCCL_RMA_WASM_PEER_TIMEOUT_MS=20000", "NCCL_RMA_WASM_INTRANODE=0"},
 		"--ranks", "3", "--scenario", "fault", "--fault", "stop-cont", "--stop-ms", "1500", "--kill-rank", "2",
 		"--size", "4m", "--iters", "3", "--timeout", "30")
-	re := regexp.MustCompile(`\[rank (\d+)\] stop-cont: round 1 took ([0-9.]+) s, every byte and signal verified`)
+	re := regexp.MustCompile(`\[rank (\d+)\] stop-cont: round 1 took ([0-9.]+) s, every byte and signal verified \(ended at ([0-9.]+)\)`)
 	m := re.FindAllStringSubmatch(out, -1)
 	if len(m) != 3 || strings.Count(out, "stop-cont: round 2 took") != 3 {
 		t.Fatalf("%d ranks verified round 1 (and round 2), want 3:\n%s", len(m), tail(out))
 	}
+	c := regexp.MustCompile(`SIGCONT rank 2 after [0-9.]+ s \(at ([0-9.]+)\)`).FindStringSubmatch(out)
+	if c == nil {
+		t.Fatalf("no SIGCONT line:\n%s", tail(out))
+	}
+	cont, _ := strconv.ParseFloat(c[1], 64)
 	for _, x := range m {
-		s, _ := strconv.ParseFloat(x[2], 64)
-		if x[1] != "2" && s < 1.2 {
-			t.Errorf("rank %s finished round 1 in %.3f s although rank 2 was stopped for 1.5 s", x[1], s)
+		end, _ := strconv.ParseFloat(x[3], 64)
+		if x[1] != "2" && end < cont {
+			t.Errorf("rank %s finished round 1 (%s s) %.3f s before rank 2 was let go on", x[1], x[2], cont-end)
 		}
 	}
 }

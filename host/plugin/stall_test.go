@@ -19,18 +19,30 @@ func TestStallReportPollingStopped(t *testing.T) {
 	logs := warnings(t)
 	rs := setupEnv(t, 2, 1<<12, map[string]string{config.StallReport.Name: "150"})
 	a := rs[0]
-	for end := time.Now().Add(400 * time.Millisecond); time.Now().Before(end); {
+	// A loaded machine may itself stop this loop for the period; that is
+	// a real stop, rightly reported, so only a report while no gap between
+	// two polls came near the period fails the test.
+	var gap time.Duration
+	last := time.Now()
+	for end := last.Add(400 * time.Millisecond); time.Now().Before(end); {
 		if res := Progress(a.rma); res != abi.Success {
 			t.Fatalf("rmaProgress: %v", res)
 		}
+		gap = max(gap, time.Since(last))
+		last = time.Now()
 		time.Sleep(time.Millisecond)
 	}
-	for _, l := range logs() {
+	reports := logs()
+	gap = max(gap, time.Since(last)) // the loop's end counts as a stop too
+	for _, l := range reports {
 		if strings.Contains(l, "stall report") {
-			t.Fatalf("reported while the caller polled: %q", l)
+			if gap < 100*time.Millisecond {
+				t.Fatalf("reported while the caller polled (longest gap %v): %q", gap, l)
+			}
+			t.Skipf("this machine stopped the polling loop for %v, longer than the report allows", gap)
 		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		n := 0
 		for _, l := range logs() {

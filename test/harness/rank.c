@@ -571,8 +571,8 @@ static int run_cycle(int cycle) {
   for (int i = 0; i < iters; i++) {
     if (run_iter(i)) return -1;
     if (opt.scenario == SC_FAULT && (opt.fault == F_STOP_CONT || opt.fault == F_LANE_RESET) && i >= 1)
-      printf("[rank %d] %s: round %d took %.3f s, every byte and signal verified\n", g_rank,
-             fault_name(opt.fault), i, R.round_s);
+      printf("[rank %d] %s: round %d took %.3f s, every byte and signal verified (ended at %.6f)\n",
+             g_rank, fault_name(opt.fault), i, R.round_s, now_s());
     if (opt.scenario == SC_FAULT && opt.fault != F_STOP_CONT && opt.fault != F_LANE_RESET && i == 0) {
       if (g_rank == opt.kill_rank && opt.fault != F_RESET && opt.fault != F_STOP) {
         /* the victim keeps its own operations in flight until it is killed */

@@ -441,8 +441,9 @@ int fault_storm(void) {
     }
   }
   printf("[rank %d] fault %s: lost rank %d: %s after %.3f s, queryLastError true after %.3f s; "
-         "%ld ops issued, %ld ok, %ld failed with ncclRemoteError, none pending\n",
-         g_rank, fault_name(opt.fault), target, how, t_remote - t0, t_qle - t0, issued, ok, failed);
+         "%ld ops issued, %ld ok, %ld failed with ncclRemoteError, none pending (failed at %.6f)\n",
+         g_rank, fault_name(opt.fault), target, how, t_remote - t0, t_qle - t0, issued, ok, failed,
+         t_remote);
   return 0;
 }
 
@@ -469,7 +470,8 @@ void fault_after_collective(child_t* C, int N, int tag) {
       case F_LANE_RESET: g_fs = FS_DONE; break; /* the victim strikes itself, mid-round */
       case F_STOP:
         kill(C[v].pid, SIGSTOP);
-        printf("rma_driver: fault phase begins; SIGSTOP rank %d (pid %d) for good\n", v, (int)C[v].pid);
+        printf("rma_driver: fault phase begins; SIGSTOP rank %d (pid %d) for good (at %.6f)\n", v,
+               (int)C[v].pid, g_fs_t0);
         g_fs = FS_STOPPED_FOR_GOOD;
         break;
       default:
@@ -496,13 +498,13 @@ void fault_tick(child_t* C, int N) {
              t - g_fs_t0, n, v);
     } else {
       reap_victim(C, v);
-      printf("rma_driver: %.3f s into the fault phase (%s): SIGKILL rank %d\n", t - g_fs_t0,
-             fault_name(opt.fault), v);
+      printf("rma_driver: %.3f s into the fault phase (%s): SIGKILL rank %d (at %.6f)\n", t - g_fs_t0,
+             fault_name(opt.fault), v, t);
     }
     g_fs = FS_DONE;
   } else if (g_fs == FS_STOPPED && t >= g_fs_at) {
     kill(C[v].pid, SIGCONT);
-    printf("rma_driver: SIGCONT rank %d after %.3f s\n", v, t - g_fs_t0);
+    printf("rma_driver: SIGCONT rank %d after %.3f s (at %.6f)\n", v, t - g_fs_t0, t);
     g_fs = FS_DONE;
   } else if (g_fs == FS_STOPPED_FOR_GOOD) {
     for (int r = 0; r < N; r++)

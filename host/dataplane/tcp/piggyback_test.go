@@ -130,6 +130,10 @@ func piggyPingPong(t *testing.T, c piggyCase, iters int) {
 		bad = -1
 	}
 	os := meshtest.NewOwners(2, 8192)
+	// An ack rides the answer only when that is posted within ackDelay; a
+	// loaded machine's pauses are far longer than the 50 µs default, and
+	// only the ride itself is under test here.
+	meshtest.SetDelays(t, 50*time.Millisecond, tcp.AckDelay())
 	ms := meshtest.Connect2(t, os, dataplane.Options{Timeout: 10 * time.Second, IntraNode: c.intra, Lanes: c.lanes, LocalCompletion: c.localComp, StripeThreshold: 1 << 20})
 	defer meshtest.DumpWhenStuck(t, ms)()
 	for r, m := range ms {
