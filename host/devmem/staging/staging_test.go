@@ -17,6 +17,7 @@ type slowWriter struct {
 	d          *devtest.Pipe
 	delay      time.Duration
 	overlapped int
+	chunks     int // the copies a pipeline makes; 0: do not wait for one
 	failAt     int // 1-based write that fails
 	writes     int
 }
@@ -29,6 +30,17 @@ func (w *slowWriter) Write(p []byte) (int, error) {
 	time.Sleep(w.delay)
 	if w.d.Copying.Load() {
 		w.overlapped++
+	} else if w.chunks > 0 {
+		// A pipeline copies the next chunk while this one is written:
+		// wait for that copy to end rather than hope to catch it running.
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Microsecond) {
+			if n := int(w.d.Copies.Load()); n > w.writes {
+				w.overlapped++
+				break
+			} else if n >= w.chunks {
+				break
+			}
+		}
 	}
 	return w.Buffer.Write(p)
 }
@@ -67,7 +79,8 @@ func TestStagingPipeline(t *testing.T) {
 	t.Run("overlap", func(t *testing.T) {
 		d.Delay.Store(int64(2 * time.Millisecond))
 		defer d.Delay.Store(0)
-		w := &slowWriter{d: d, delay: 2 * time.Millisecond}
+		d.Copies.Store(0)
+		w := &slowWriter{d: d, delay: 2 * time.Millisecond, chunks: 16}
 		if err := WriteFromDevice(w, 1, d.Base, 16*chunk, chunk); err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +115,12 @@ func TestStagingPipeline(t *testing.T) {
 		}
 	})
 	stagers.mu.Lock()
-	pooled := len(stagers.free)
+	pooled := 0
+	for _, s := range stagers.free {
+		if s.dev == d { // not an earlier run's (-count)
+			pooled++
+		}
+	}
 	stagers.mu.Unlock()
 	if d.Live() != 2*pooled {
 		t.Fatalf("%d pinned buffers live for %d pooled stagers", d.Live(), pooled)
