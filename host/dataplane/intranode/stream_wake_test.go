@@ -29,8 +29,13 @@ func TestStreamWakeBackstop(t *testing.T) {
 	meshtest.DumpWhenStuck(t, ms)
 	for i := range 3 {
 		for a := range 2 {
-			// Quiet long enough for both services to park on their sockets.
+			// Quiet until the target's reader parked (once its ring
+			// exists): every bell is lost, so only the backstop wakes it.
 			time.Sleep(50 * time.Millisecond)
+			in := meshtest.TCPOf(t, ms[1-a], a)
+			if _, _, _, ok := in.RingView(0); ok {
+				meshtest.WaitFor(t, "the reader parked", func() bool { _, _, sleeping, _ := in.RingView(0); return sleeping })
+			}
 			streamPuts(t, ms, owners, a, 1-a, 1, uint64(i))
 		}
 	}
