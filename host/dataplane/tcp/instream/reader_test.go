@@ -57,7 +57,7 @@ func newReader(t *testing.T) (*instream.Reader, *bufio.Reader, *net.TCPConn) {
 // peekNB peeks n bytes in a turn that may not block, until they came.
 func peekNB(t *testing.T, br *bufio.Reader, n int) []byte {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Microsecond) {
 		b, err := br.Peek(n)
 		if err == nil {
 			return b
@@ -73,7 +73,7 @@ func waitClosed(t *testing.T, ch chan struct{}, what string) {
 	t.Helper()
 	select {
 	case <-ch:
-	case <-time.After(5 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatalf("timed out waiting for %s", what)
 	}
 }
@@ -86,7 +86,7 @@ func TestProbe(t *testing.T) {
 		t.Fatalf("probe of an empty socket: %v, want ErrWouldBlock", err)
 	}
 	out.Write([]byte("hello"))
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Microsecond) {
 		err := r.Probe(br)
 		if err == nil {
 			break
@@ -100,7 +100,7 @@ func TestProbe(t *testing.T) {
 		t.Fatalf("read %q, %v; want hello", b, err)
 	}
 	out.Close()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Microsecond) {
 		err := r.Probe(br)
 		if errors.Is(err, io.EOF) {
 			break
@@ -156,7 +156,7 @@ func TestCallerTurns(t *testing.T) {
 		r.Wait()
 		close(done)
 	}()
-	for deadline := time.Now().Add(5 * time.Second); !r.Napping().Load(); time.Sleep(100 * time.Microsecond) {
+	for deadline := time.Now().Add(time.Minute); !r.Napping().Load(); time.Sleep(100 * time.Microsecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the service never napped for its callers")
 		}
