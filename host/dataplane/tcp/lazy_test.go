@@ -161,7 +161,9 @@ func TestLazyLaneDialFails(t *testing.T) {
 	owners := meshtest.NewOwners(2, 64<<10)
 	ls, hs := meshtest.ListenN(t, 2)
 	ms := meshtest.ConnectAll(t, ls, hs, func(i int) dataplane.Owner { return owners[i] }, func(int) dataplane.Options {
-		return dataplane.Options{Timeout: 500 * time.Millisecond, Lanes: 2, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: 5 * time.Second}
+		// The lane that cannot open fails over once this passes; the
+		// connect that must succeed gets it too, on a loaded machine.
+		return dataplane.Options{Timeout: 2 * time.Second, Lanes: 2, StripeThreshold: 1 << 40, ChunkSize: 1 << 20, CloseTimeout: 5 * time.Second}
 	})
 	t.Cleanup(func() {
 		for _, m := range ms {
