@@ -36,17 +36,9 @@ func faultSince(t *testing.T, out, fault, strike string, want int) map[int]float
 		t.Fatalf("no %q line:\n%s", strike, tail(out))
 	}
 	at, _ := strconv.ParseFloat(m[1], 64)
-	got := map[int]float64{}
-	for _, m := range faultFailedAt.FindAllStringSubmatch(out, -1) {
-		if m[2] != fault {
-			continue
-		}
-		r, _ := strconv.Atoi(m[1])
-		f, _ := strconv.ParseFloat(m[3], 64)
-		got[r] = f - at
-	}
-	if len(got) != want {
-		t.Fatalf("%d ranks reported the %s fault with its time, want %d:\n%s", len(got), fault, want, tail(out))
+	got := perRank(t, out, fault, faultFailedAt, 3, want)
+	for r := range got {
+		got[r] -= at
 	}
 	return got
 }
@@ -55,14 +47,20 @@ func faultSince(t *testing.T, out, fault, strike string, want int) map[int]float
 // fault phase at which an operation failed.
 func faultRuns(t *testing.T, out, fault string, want int) map[int]float64 {
 	t.Helper()
+	return perRank(t, out, fault, faultLine, 4, want)
+}
+
+// perRank returns, per rank reporting fault on a line re matches (the rank
+// in group 1, the fault in group 2), the number in group g; want ranks.
+func perRank(t *testing.T, out, fault string, re *regexp.Regexp, g, want int) map[int]float64 {
+	t.Helper()
 	got := map[int]float64{}
-	for _, m := range faultLine.FindAllStringSubmatch(out, -1) {
+	for _, m := range re.FindAllStringSubmatch(out, -1) {
 		if m[2] != fault {
 			continue
 		}
 		r, _ := strconv.Atoi(m[1])
-		s, _ := strconv.ParseFloat(m[4], 64)
-		got[r] = s
+		got[r], _ = strconv.ParseFloat(m[g], 64)
 	}
 	if len(got) != want {
 		t.Fatalf("%d ranks reported the %s fault, want %d:\n%s", len(got), fault, want, tail(out))
