@@ -517,9 +517,10 @@ func TestDeviceSamplesOnFakeCUDA(t *testing.T) {
 // TestHopTraceOnFakeCUDA: with NCCL_RMA_WASM_PROFILE_TRACE, the two
 // processes of each of staging_bench's rounds (the kernel-watched
 // intra-node ping with agent marks among them) write their trace at close, and between them every point of a
-// marked put+signal's way is there: the call, the marked copy, the header
-// written, the header looked at by the target's caller, the mark seen and
-// the signal applied, each in time order within its file.
+// marked put+signal's way is there: the call, the data plane's post, the
+// marked copy's queue, the copy handed over, the header written, the
+// header looked at by the target, the mark seen, the signal's device write
+// entered and the signal applied, each in time order within its file.
 func TestHopTraceOnFakeCUDA(t *testing.T) {
 	root := build(t)
 	fake := fakeCUDA(t, root)
@@ -565,7 +566,7 @@ func TestHopTraceOnFakeCUDA(t *testing.T) {
 			counts[name]++
 		}
 	}
-	for _, p := range []string{"post", "copy", "wire", "read", "mark", "signal"} {
+	for _, p := range []string{"post", "plan", "queue", "copy", "wire", "read", "mark", "sigcall", "signal"} {
 		if counts[p] == 0 {
 			t.Errorf("no %q point in the traces (%v)", p, counts)
 		}

@@ -23,6 +23,7 @@ import (
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/dataplane/tcp"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/handshake"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/logx"
+	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/profile"
 	"github.com/rccl-rma-wasm/rccl-rma-wasm/host/wire"
 )
 
@@ -327,6 +328,7 @@ func (m *Mesh) Stats() Stats {
 // Post queues op for peer. It never blocks on the network and never fails for
 // lack of space; an op to a lost peer completes with an error.
 func (m *Mesh) Post(peerRank int, op *Op, hold bool, lane int) {
+	profile.Mark(profile.PtPlan)
 	m.peers[peerRank].route(op, hold, lane)
 	// Raise the flag after the op is queued, so a Kick that clears it
 	// always finds the op.

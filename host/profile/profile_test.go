@@ -66,7 +66,7 @@ func TestTrace(t *testing.T) {
 	Mark(PtPost) // off: nothing
 	SetTrace(true)
 	ResetTrace()
-	for _, p := range []Point{PtPost, PtCopy, PtWire, PtRead, PtMark, PtSignal} {
+	for _, p := range []Point{PtPost, PtPlan, PtQueue, PtCopy, PtWire, PtRead, PtMark, PtSigCall, PtSignal} {
 		Mark(p)
 	}
 	var b strings.Builder
@@ -74,11 +74,11 @@ func TestTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(lines) != 7 || !strings.Contains(lines[0], "rank 1: 6 points") {
+	if len(lines) != 10 || !strings.Contains(lines[0], "rank 1: 9 points") {
 		t.Fatalf("trace:\n%s", b.String())
 	}
 	var last int64
-	for i, want := range []string{"post", "copy", "wire", "read", "mark", "signal"} {
+	for i, want := range []string{"post", "plan", "queue", "copy", "wire", "read", "mark", "sigcall", "signal"} {
 		var name string
 		var ts int64
 		if _, err := fmt.Sscan(lines[i+1], &name, &ts); err != nil || name != want || ts < last {

@@ -16,7 +16,8 @@ import (
 // kernel's %globaltimer: where a GPU-initiated hop's time goes, end to end.
 type Point uint8
 
-// The points, in the order a marked put+signal meets them.
+// The points. A marked put+signal meets them in the order post, plan,
+// queue, copy, wire, read, mark, sigcall, signal.
 const (
 	PtPost   Point = iota + 1 // initiator: a data call (iput, iputSignal, iget) entered
 	PtCopy                    // initiator: its device copy handed to the device agent with a mark
@@ -24,9 +25,15 @@ const (
 	PtRead                    // target: a marked header looked at (NCCL's thread or the service)
 	PtMark                    // target: the sender's mark seen
 	PtSignal                  // target: the signal applied or queued on the device
+	// Finer points within the plugin's own parts, numbered after the
+	// first six so that a trace's names keep their meaning.
+	PtPlan    // initiator: the data plane's post entered (the call's own work done)
+	PtQueue   // initiator: a marked device copy's queue entered (routing done)
+	PtSigCall // target: the signal's device write entered (its order, and its mark, met)
 )
 
-var pointNames = [...]string{PtPost: "post", PtCopy: "copy", PtWire: "wire", PtRead: "read", PtMark: "mark", PtSignal: "signal"}
+var pointNames = [...]string{PtPost: "post", PtCopy: "copy", PtWire: "wire", PtRead: "read", PtMark: "mark", PtSignal: "signal",
+	PtPlan: "plan", PtQueue: "queue", PtSigCall: "sigcall"}
 
 // String is the point's name in a trace file.
 func (p Point) String() string {

@@ -461,6 +461,9 @@ func copyQueued(ctx, dst, src uintptr, n uint64, c Completer, tag uint64, ipc, m
 	if n == 0 && w == 0 {
 		return false, 0, nil // (an inbox entry's write may come alone)
 	}
+	if mark != 0 {
+		profile.Mark(profile.PtQueue)
+	}
 	ac, q, err := queueFor(ctx)
 	if q == nil {
 		return false, 0, err

@@ -67,6 +67,7 @@ func AddSignal(ctx, dev uintptr, v uint64, sh *Shadow) error {
 // the device agent as one command where they can (fusedSignal), else the
 // copy is queued first. h holds nothing when it returns, error or not.
 func AddSignalAfter(ctx, dev uintptr, v uint64, sh *Shadow, h *Held) error {
+	profile.Mark(profile.PtSigCall)
 	defer profile.Mark(profile.PtSignal)
 	if profile.On() {
 		defer profile.DevSignal.Since(profile.Now())

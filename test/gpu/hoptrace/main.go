@@ -116,34 +116,47 @@ func (p pluginTrace) first(name string, t int64) int64 {
 // kernels' stamps.
 var segments = []string{
 	"sender kernel's put -> plugin call entered",
-	"call -> marked copy handed to the agent (0: none)",
+	"call -> data plane's post (the call's own work)",
+	"post -> marked copy's queue (routing; 0: none)",
+	"queue -> marked copy handed to the agent (0: none)",
 	"copy handed -> header written",
 	"header written -> target's caller looks (0: unmarked)",
 	"looked at -> sender's mark seen (0: the agent waits)",
-	"mark seen -> signal applied (agent command queued)",
+	"mark seen -> signal's device write entered",
+	"write entered -> signal applied (agent command queued)",
 	"signal applied -> target kernel sees it",
 }
 
+// steps are the plugin's points between the kernels' stamps, in order,
+// each on the sender's side (false) or the target's (true).
+var steps = []struct {
+	target bool
+	name   string
+}{{false, "post"}, {false, "plan"}, {false, "queue"}, {false, "copy"}, {false, "wire"},
+	{true, "read"}, {true, "mark"}, {true, "sigcall"}, {true, "signal"}}
+
 // hop finds one hop's points: put on the sender's kernel, seen on the
 // target's; tol is how far before the put a plugin point may lie (the
-// calibration's error). It returns the seven segments, or false.
+// calibration's error). It returns the segments, or false.
 func hop(put, seen, tol int64, s, t pluginTrace) ([]int64, bool) {
-	pts := make([]int64, 0, 8)
+	pts := make([]int64, 0, len(steps)+2)
 	pts = append(pts, put)
 	at := put - tol
-	for _, step := range []struct {
-		tr   pluginTrace
-		name string
-	}{{s, "post"}, {s, "copy"}, {s, "wire"}, {t, "read"}, {t, "mark"}, {t, "signal"}} {
-		if len(step.tr[step.name]) == 0 {
+	for _, step := range steps {
+		tr := s
+		if step.target {
+			tr = t
+		}
+		if len(tr[step.name]) == 0 {
 			// A point this series never meets counts 0: no marked copy
 			// and no look at a marked header for a signal alone
 			// (GINPP_SIGNAL), no mark seen by the host where the target's
-			// agent waits for it (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE).
+			// agent waits for it (NCCL_RMA_WASM_INTRANODE_MARK_WAIT_DEVICE),
+			// none of the finer points in a plugin without them.
 			pts = append(pts, at)
 			continue
 		}
-		x := step.tr.first(step.name, at)
+		x := tr.first(step.name, at)
 		if x < 0 || x > seen+tol {
 			return nil, false
 		}
@@ -231,7 +244,7 @@ func run(prefix string, w io.Writer) error {
 		if i < len(segments) {
 			name = segments[i]
 		}
-		fmt.Fprintf(w, "HOPTRACE   %-52s p50 %7.2f  p10 %7.2f  p90 %7.2f\n", name, pct(v, 0.5), pct(v, 0.1), pct(v, 0.9))
+		fmt.Fprintf(w, "HOPTRACE   %-54s p50 %7.2f  p10 %7.2f  p90 %7.2f\n", name, pct(v, 0.5), pct(v, 0.1), pct(v, 0.9))
 	}
 	return nil
 }
