@@ -545,10 +545,14 @@ func TestHopTraceOnFakeCUDA(t *testing.T) {
 		t.Fatalf("trace files %v: want one per process (two per round of the bench)", files)
 	}
 	counts := map[string]int{}
+	var marked []string // the files of the round with marked copies
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if strings.Contains(string(b), "\ncopy ") {
+			marked = append(marked, f)
 		}
 		var last int64
 		for i, l := range strings.Split(strings.TrimSpace(string(b)), "\n")[1:] {
@@ -570,6 +574,14 @@ func TestHopTraceOnFakeCUDA(t *testing.T) {
 		if counts[p] == 0 {
 			t.Errorf("no %q point in the traces (%v)", p, counts)
 		}
+	}
+	// hoptrace -host sets that round's points in order, call to signal.
+	if len(marked) != 2 {
+		t.Fatalf("%d trace files with marked copies, want the two of one round", len(marked))
+	}
+	ht, err := exec.Command(filepath.Join(root, "build/hoptrace"), "-host", marked[0], marked[1]).CombinedOutput()
+	if err != nil || !strings.Contains(string(ht), "calls reached the peer's signal with every point") {
+		t.Fatalf("hoptrace -host (%v):\n%s", err, ht)
 	}
 }
 

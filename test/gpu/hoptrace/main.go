@@ -13,7 +13,12 @@
 // never meets (a signal alone has no copy and no marked header; a mark the
 // target's agent waits for is seen by no host) counts 0.
 //
+// With -host and two trace files of one run (rank 0's and rank 1's, from
+// any client: staging_bench, host_rma), it prints the plugin's own parts
+// alone, from each call to the peer's signal, with no kernel stamps.
+//
 //	hoptrace <prefix>
+//	hoptrace -host <trace of rank 0> <trace of rank 1>
 package main
 
 import (
@@ -176,11 +181,17 @@ func pct(v []int64, q float64) float64 {
 }
 
 func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: hoptrace <prefix>")
+	var err error
+	switch {
+	case len(os.Args) == 2:
+		err = run(os.Args[1], os.Stdout)
+	case len(os.Args) == 4 && os.Args[1] == "-host":
+		err = runHost([2]string{os.Args[2], os.Args[3]}, os.Stdout)
+	default:
+		fmt.Fprintln(os.Stderr, "usage: hoptrace <prefix> | hoptrace -host <trace> <trace>")
 		os.Exit(2)
 	}
-	if err := run(os.Args[1], os.Stdout); err != nil {
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "hoptrace:", err)
 		os.Exit(1)
 	}
@@ -215,36 +226,50 @@ func run(prefix string, w io.Writer) error {
 	tol := max(ks[0].width, ks[1].width, 1000)
 	fmt.Fprintf(w, "HOPTRACE %s: clock offsets %d, %d ns (exchange widths %d, %d ns)\n", filepath.Base(prefix),
 		ks[0].offset, ks[1].offset, ks[0].width, ks[1].width)
-	seg := make([][]int64, len(segments)+1)
+	seg := newSeries(len(segments))
 	n, rounds := 0, min(len(ks[0].put), len(ks[1].put))
 	for k := range rounds {
 		// 0 -> 1: rank 0's put, rank 1's wait; 1 -> 0: rank 1's reply.
 		for _, d := range []struct{ from, to int }{{0, 1}, {1, 0}} {
 			put, seen := ks[d.from].put[k], ks[d.to].seen[k]
-			parts, ok := hop(put, seen, tol, ps[d.from], ps[d.to])
-			if !ok {
-				continue
+			if parts, ok := hop(put, seen, tol, ps[d.from], ps[d.to]); ok {
+				n++
+				seg.add(parts)
 			}
-			n++
-			var sum int64
-			for i, x := range parts {
-				seg[i] = append(seg[i], x)
-				sum += x
-			}
-			seg[len(segments)] = append(seg[len(segments)], sum)
 		}
 	}
 	if n == 0 {
 		return fmt.Errorf("no hop had every point (%d rounds)", rounds)
 	}
 	fmt.Fprintf(w, "HOPTRACE %d of %d hops had every point; µs:\n", n, 2*rounds)
+	printSegments(w, seg, segments, "the hop, kernel to kernel")
+	return nil
+}
+
+// series holds each segment's samples, and last their sums.
+type series [][]int64
+
+func newSeries(segments int) series { return make(series, segments+1) }
+
+// add records one hop's segments and their sum.
+func (s series) add(parts []int64) {
+	var sum int64
+	for i, x := range parts {
+		s[i] = append(s[i], x)
+		sum += x
+	}
+	s[len(s)-1] = append(s[len(s)-1], sum)
+}
+
+// printSegments prints each segment's median, 10th and 90th percentile,
+// named by names, and the last one's, the sum, named total.
+func printSegments(w io.Writer, seg series, names []string, total string) {
 	for i, v := range seg {
 		slices.Sort(v)
-		name := "the hop, kernel to kernel"
-		if i < len(segments) {
-			name = segments[i]
+		name := total
+		if i < len(names) {
+			name = names[i]
 		}
 		fmt.Fprintf(w, "HOPTRACE   %-54s p50 %7.2f  p10 %7.2f  p90 %7.2f\n", name, pct(v, 0.5), pct(v, 0.1), pct(v, 0.9))
 	}
-	return nil
 }

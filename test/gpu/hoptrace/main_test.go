@@ -142,3 +142,64 @@ func testRun(t *testing.T, noMark bool) {
 		t.Errorf("the whole hop is not 12 µs:\n%s", s)
 	}
 }
+
+// TestRunHost: two ranks' traces without kernel stamps, each call's points
+// at known gaps (µs: 0.3 to the data plane's post, 0.2 to the queue, 0.5
+// to the copy, 0.5 to the header, 3 to the look, 1 to the mark, 0.4 to the
+// signal's write, 0.1 to the signal), both ways, with a get between them
+// (a call with no copy, header or signal of its own before the next call):
+// the gaps come out exact and the get is left out.
+func TestRunHost(t *testing.T) {
+	dir := t.TempDir()
+	gaps := []int64{300, 200, 500, 500, 3000, 1000, 400, 100}
+	var plug [2]strings.Builder
+	for r := range 2 {
+		fmt.Fprintf(&plug[r], "# NET/wasm trace of rank %d (pid %d): n points (realtime ns)\n", r, 30+r)
+	}
+	at := int64(7_000_000_000)
+	for k := range 20 {
+		for _, from := range []int{0, 1} {
+			fmt.Fprintf(&plug[from], "post %d\n", at)
+			for i, st := range steps[1:] {
+				at += gaps[i]
+				who := from
+				if st.target {
+					who = 1 - from
+				}
+				fmt.Fprintf(&plug[who], "%s %d\n", st.name, at)
+			}
+			at += 10000
+			if k == 5 {
+				fmt.Fprintf(&plug[from], "post %d\nplan %d\n", at, at+300) // a get
+				at += 10000
+			}
+		}
+	}
+	var files [2]string
+	for r := range 2 {
+		files[r] = filepath.Join(dir, fmt.Sprintf("t.%d", 30+r))
+		if err := os.WriteFile(files[r], []byte(plug[r].String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out strings.Builder
+	if err := runHost(files, &out); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	if !strings.Contains(s, "40 of 42 calls reached the peer's signal") {
+		t.Fatalf("output:\n%s", s)
+	}
+	for i, name := range hostSegments {
+		if want := fmt.Sprintf("%-54s p50 %7.2f", name, float64(gaps[i])/1e3); !strings.Contains(s, want) {
+			t.Errorf("want %q in:\n%s", want, s)
+		}
+	}
+	if !strings.Contains(s, fmt.Sprintf("%-54s p50 %7.2f", "the plugin's part, call to signal applied", 6.0)) {
+		t.Errorf("the plugin's part is not 6 µs:\n%s", s)
+	}
+	files[1] = files[0]
+	if err := runHost(files, &out); err == nil {
+		t.Error("two traces of rank 0 were taken for a pair")
+	}
+}
