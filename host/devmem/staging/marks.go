@@ -325,11 +325,19 @@ var ErrMarkPeerGone = errors.New("the peer's process exited before its agent mar
 // Wait returns once word k reached v: the peer's agent copied the payload
 // of the put+signal that named (k, v), and every copy it queued before.
 // It polls, yielding for markSpin, then sleeping; it gives up when the
-// peer's process is gone or after markTimeout.
+// peer's process is gone or after markTimeout. A trace marks the moment
+// the mark was seen, whichever way it was.
 func (m *PeerMarks) Wait(k int, v uint64) error {
+	err := m.wait(k, v)
+	if err == nil {
+		profile.Mark(profile.PtMark)
+	}
+	return err
+}
+
+func (m *PeerMarks) wait(k int, v uint64) error {
 	w := &m.w[k]
 	if w.Load() >= v {
-		profile.Mark(profile.PtMark)
 		return nil
 	}
 	if profile.On() {
@@ -337,18 +345,15 @@ func (m *PeerMarks) Wait(k int, v uint64) error {
 	}
 	start := time.Now()
 	if reach(w, v, markSpin, true) {
-		profile.Mark(profile.PtMark)
 		return nil
 	}
 	for n := 0; ; n++ {
 		if w.Load() >= v {
-			profile.Mark(profile.PtMark)
 			return nil
 		}
 		if n%100 == 0 {
 			if unix.Kill(m.pid, 0) == unix.ESRCH {
 				if w.Load() >= v {
-					profile.Mark(profile.PtMark)
 					return nil
 				}
 				return fmt.Errorf("mark %d of word %d (pid %d): %w", v, k, m.pid, ErrMarkPeerGone)
